@@ -1,0 +1,1 @@
+"""Cluster: render and submit SLURM jobs and sweeps that call the `sinklab` command."""

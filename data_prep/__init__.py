@@ -1,0 +1,1 @@
+"""Data preparation: read corpora, tokenize, pack into memory-mapped shards with a manifest."""

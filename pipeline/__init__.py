@@ -1,0 +1,1 @@
+"""SinkLab training layer: model, metrics, training, analysis and experiments."""

@@ -1,0 +1,1 @@
+"""Analysis: sink metrics on probes, pretrained models, streaming perplexity, plots."""

@@ -1,0 +1,47 @@
+"""`sinklab` console command: a thin dispatcher to each part's own entry point.
+
+Each subcommand lives in the module that owns it and is imported only when used, so
+`sinklab prep` never pays for importing Lightning and `sinklab submit` never imports torch.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "prep": ("data_prep.cli", "tokenize and pack a corpus into a training dataset"),
+    "fit": ("pipeline.train.cli", "train a model (LightningCLI; --config YAML)"),
+    "consolidate": ("pipeline.train.consolidate", "turn a DeepSpeed ZeRO checkpoint into one fp32 state dict"),
+    "export-hf": ("pipeline.model.hf_export", "export a checkpoint as a Hugging Face model directory"),
+    "analyze": ("pipeline.analysis.analyze", "sink metrics and plots for a checkpoint or a pretrained HF model"),
+    "stream-ppl": ("pipeline.analysis.streaming", "streaming perplexity with x initial + y recent cached tokens"),
+    "submit": ("cluster.submit", "render and submit a SLURM job for a training config"),
+    "sweep": ("pipeline.experiments.sweep", "run or submit every variant of a paper experiment"),
+    "report": ("pipeline.experiments.report", "the paper's table beside the measured values, from MLflow"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    lines = ["usage: sinklab <command> [args...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += ["", "Run `sinklab <command> --help` for the options of one command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"sinklab: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    result = module.main(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Paper experiments: experiment files, sweeps and reports."""

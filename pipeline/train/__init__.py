@@ -1,0 +1,1 @@
+"""Training layer: data module, Lightning module, callbacks, MLflow tracking, CLI."""

@@ -1,0 +1,56 @@
+"""Fixtures shared by every part's tests. Each part keeps its own in tests/<part>/conftest.py."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server over HTTP on loopback, started once per test run."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    mlflow = Path(sys.executable).with_name("mlflow")
+    cmd = [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port),
+           "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+           "--artifacts-destination", str(root / "artifacts"), "--workers", "1"]
+    log = open(root / "server.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+                            start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(f"MLflow server did not start; see {root / 'server.log'}:\n"
+                               + (root / "server.log").read_text()[-3000:])
+        time.sleep(0.5)
+    yield uri
+    os.killpg(proc.pid, 15)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+    log.close()
