@@ -1,0 +1,57 @@
+"""Group a document stream into chunks (the unit of parallel work and of resumption),
+applying the domain filter and counting what is skipped."""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from data_prep.pack import ChunkTask
+from data_prep.readers import ByteCounter, ReaderOptions, read_documents
+
+
+@dataclass
+class Chunk:
+    task: ChunkTask
+    # documents_read, empty_documents, invalid_utf8_documents, filtered_documents
+    counts: Counter = field(default_factory=Counter)
+    text_chars: int = 0
+
+
+def iter_chunks(
+    stream: str,
+    inputs: list[str],
+    options: ReaderOptions,
+    chunk_chars: int,
+    domains: frozenset[str] | None = None,
+    counter: ByteCounter | None = None,
+    seen_domains: set[str] | None = None,
+) -> Iterator[Chunk]:
+    """Chunks of at least `chunk_chars` characters of kept documents (the last may be smaller).
+
+    Chunk boundaries depend only on the documents, never on the worker count, so the
+    input-to-shard mapping is deterministic.
+    """
+    index = 0
+    chunk = Chunk(ChunkTask(stream, index, [], []))
+    for doc in read_documents(inputs, options, counter):
+        chunk.counts["documents_read"] += 1
+        if seen_domains is not None:
+            seen_domains.add(doc.domain)
+        if domains is not None and doc.domain not in domains:
+            chunk.counts["filtered_documents"] += 1
+            continue
+        if not doc.text.strip():
+            chunk.counts["empty_documents"] += 1
+            continue
+        if doc.invalid_utf8:
+            chunk.counts["invalid_utf8_documents"] += 1
+        chunk.task.texts.append(doc.text)
+        chunk.task.domains.append(doc.domain)
+        chunk.text_chars += len(doc.text)
+        if chunk.text_chars >= chunk_chars:
+            yield chunk
+            index += 1
+            chunk = Chunk(ChunkTask(stream, index, [], []))
+    if chunk.task.texts or chunk.counts:
+        yield chunk

@@ -1,0 +1,149 @@
+"""Finish a preparation: place shards, the probe set and the tokenizer in the dataset
+directory and write manifest.json last (temp name, then rename)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from data_prep.dataset import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, content_hash
+from data_prep.errors import DataPrepError
+from data_prep.pack import SPLITS, shard_file, write_atomic
+
+if TYPE_CHECKING:
+    from data_prep.chunks import Chunk
+    from data_prep.prepare import Preparation
+    from data_prep.tokenizer import LoadedTokenizer
+
+
+def spec_hash(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def spec_differences(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """'context_length: 256 there, 128 here; inputs differ' for an error message."""
+    parts = []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            a, b = old.get(key), new.get(key)
+            short = all(not isinstance(v, (list, dict)) for v in (a, b))
+            parts.append(f"{key}: {a!r} there, {b!r} here" if short else f"{key} differ")
+    return "; ".join(parts) or "same settings, different manifest"
+
+
+class ProbeReservoir:
+    """A uniform, seeded sample of `size` probe windows from all candidates, in arrival order
+    (reservoir sampling), so memory stays at `size` windows however large the corpus."""
+
+    def __init__(self, size: int, seed: int):
+        self.size = size
+        self.rng = np.random.default_rng([seed, 41])
+        self.seen = 0
+        self.items: list[tuple[int, list[int]]] = []
+
+    def add(self, windows: list[list[int]]) -> None:
+        for window in windows:
+            if len(self.items) < self.size:
+                self.items.append((self.seen, window))
+            else:
+                slot = int(self.rng.integers(0, self.seen + 1))
+                if slot < self.size:
+                    self.items[slot] = (self.seen, window)
+            self.seen += 1
+
+    def array(self, dtype: str) -> np.ndarray:
+        return np.array([w for _, w in sorted(self.items, key=lambda item: item[0])], dtype=dtype)
+
+
+def _place(source: Path, target: Path) -> None:
+    """Hard link (same file system: free) or copy a finished file into the dataset."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def finalize(prep: Preparation, tok: LoadedTokenizer, dtype: str, used: list[tuple[Chunk, dict[str, Any]]]) -> dict[str, Any]:
+    cfg, out, staging = prep.cfg, prep.out, prep.staging
+    pool = prep.probe_pool
+    if len(pool.items) < cfg.probe_sequences:
+        raise DataPrepError(
+            f"{(cfg.val_inputs or cfg.inputs)[0]}: the validation documents hold only {len(pool.items)} windows of "
+            f"{cfg.probe_length} tokens for the probe set, {cfg.probe_sequences} needed; add validation data "
+            "(--val-input, a larger --val-fraction) or lower --probe-sequences/--probe-length"
+        )
+    for leftover in ("train", "val"):  # from a finalize that was interrupted before the manifest
+        shutil.rmtree(out / leftover, ignore_errors=True)
+    splits: dict[str, Any] = {}
+    for split in SPLITS:
+        (out / split).mkdir(parents=True)
+        shards, domains = [], {}
+        totals: Counter = Counter()
+        for chunk, result in used:
+            info = result["splits"][split]
+            for key in ("sequences", "documents", "document_tokens", "dropped_tail_tokens"):
+                totals[key] += info[key]
+            for domain, counts in info["domains"].items():
+                entry = domains.setdefault(domain, {"documents": 0, "tokens": 0})
+                entry["documents"] += counts["documents"]
+                entry["tokens"] += counts["tokens"]
+            if info["sequences"]:
+                rel = f"{split}/{len(shards):05d}.bin"
+                target = out / rel
+                target.unlink(missing_ok=True)
+                _place(shard_file(staging, chunk.task.name, split), target)
+                shards.append({"path": rel, "sequences": info["sequences"], "sha256": info["sha256"]})
+        splits[split] = {
+            "sequences": totals["sequences"],
+            "tokens": totals["sequences"] * cfg.context_length,
+            "documents": totals["documents"],
+            "document_tokens": totals["document_tokens"],
+            "dropped_tail_tokens": totals["dropped_tail_tokens"],
+            "domains": dict(sorted(domains.items())),
+            "shards": shards,
+        }
+    probe = pool.array(dtype)
+    write_atomic(out / "probe.bin", memoryview(probe).cast("B"))
+    write_atomic(out / "tokenizer.json", tok.json_text.encode("utf-8"))
+    counts: Counter = Counter()
+    for chunk, result in used:
+        counts.update(chunk.counts)
+        counts["invalid_utf8_documents"] += result["invalid_utf8"]
+    manifest: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "tokenizer": {"source": tok.source, "sha256": tok.sha256, "file": "tokenizer.json"},
+        "vocab_size": tok.vocab_size,
+        "special_ids": dict(sorted(tok.special_ids.items())),
+        "bos": cfg.bos,
+        "context_length": cfg.context_length,
+        "dtype": dtype,
+        "packing": "[BOS] tokens EOS per document, concatenated, cut into sequences of context_length; tail dropped",
+        "splits": splits,
+        "probe": {
+            "path": "probe.bin",
+            "sequences": int(probe.shape[0]),
+            "length": int(probe.shape[1]),
+            "bos": False,
+            "source": "held-out validation documents, windows inside one document",
+            "sha256": hashlib.sha256(probe.tobytes()).hexdigest(),
+        },
+        "documents": {key: counts[key] for key in ("documents_read", "empty_documents", "invalid_utf8_documents", "filtered_documents")},
+        "invalid_utf8": "undecodable bytes replaced by U+FFFD and counted",
+        "max_tokens": cfg.max_tokens,
+        "seed": cfg.seed,
+        "command": cfg.command or " ".join(sys.argv),
+        "spec": prep.spec,
+        "spec_hash": prep.spec_hash,
+    }
+    manifest["hash"] = content_hash(manifest)
+    write_atomic(out / MANIFEST_NAME, (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
+    shutil.rmtree(staging, ignore_errors=True)
+    return manifest

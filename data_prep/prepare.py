@@ -1,0 +1,281 @@
+"""Prepare a dataset: read, tokenize in N worker processes, pack and write shards, resumably.
+
+Work happens in `<out>/.partial/` (tokenizer, shards, one done marker per chunk); the final
+files are linked into `<out>` and `manifest.json` is written last, so `<out>` holds either a
+finished dataset or nothing of one. An interrupted run resumes from the markers and yields
+the same bytes; a run that fails on bad input removes its partial work.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from data_prep.chunks import Chunk, iter_chunks
+from data_prep.errors import DataPrepError
+from data_prep.manifest import ProbeReservoir, finalize, spec_differences, spec_hash
+from data_prep.pack import PackConfig, val_mask
+from data_prep.readers import ByteCounter, ReaderOptions, expand_inputs
+from data_prep.runner import ChunkRunner
+from data_prep.tokenizer import LoadedTokenizer, load_tokenizer, token_dtype, train_bpe, trained_tokenizer
+
+STAGING = ".partial"
+
+
+def default_workers() -> int:
+    """The cores this process may use (all of them unless pinned)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@dataclass
+class PrepConfig:
+    """Everything `sinklab prep` takes; see docs/parts/data_prep.md for each option."""
+
+    inputs: list[str]
+    out: str
+    fmt: str = "pile"
+    val_inputs: list[str] = field(default_factory=list)
+    val_fraction: float = 0.01
+    tokenizer: str | None = None  # tokenizer.json or HF dir; None: train one
+    vocab_size: int = 32000
+    tokenizer_train_chars: int = 100_000_000
+    bos_token: str | None = None
+    eos_token: str | None = None
+    pad_token: str | None = None
+    context_length: int = 2048
+    bos: bool = True
+    dtype: str | None = None
+    domains: list[str] | None = None
+    max_tokens: int | None = None
+    probe_sequences: int = 100
+    probe_length: int = 64
+    workers: int = field(default_factory=default_workers)
+    seed: int = 0
+    chunk_chars: int = 4 << 20
+    reader: ReaderOptions = field(default_factory=ReaderOptions)
+    hf_val_split: str | None = None
+    progress: bool = True
+    command: str = ""
+
+
+@dataclass
+class PrepResult:
+    out: Path
+    manifest: dict[str, Any]
+    reused: bool  # the directory already held this dataset
+    elapsed_s: float
+    chunks_tokenized: int = 0
+    chunks_resumed: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+def _validate(cfg: PrepConfig) -> None:
+    checks = [
+        (cfg.context_length >= 2, f"--context-length {cfg.context_length}: must be at least 2"),
+        (0 <= cfg.val_fraction < 1, f"--val-fraction {cfg.val_fraction}: must be in [0, 1)"),
+        (cfg.probe_sequences >= 1 and cfg.probe_length >= 1, "--probe-sequences and --probe-length must be positive"),
+        (cfg.workers >= 1, f"--workers {cfg.workers}: must be at least 1"),
+        (cfg.max_tokens is None or cfg.max_tokens >= cfg.context_length, f"--max-tokens {cfg.max_tokens}: must be at least one sequence ({cfg.context_length} tokens)"),
+        (bool(cfg.inputs), "--input: give at least one input"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise DataPrepError(message)
+
+
+def _input_entries(refs: list[str], out: Path) -> list[dict[str, Any]]:
+    entries = []
+    for ref in refs:
+        path = Path(ref)
+        if path.exists():
+            resolved = path.resolve()
+            try:  # inputs inside the dataset directory (the embedded raw shards) stay valid if it moves
+                name = "<out>/" + str(resolved.relative_to(out.resolve()))
+            except ValueError:
+                name = str(resolved)
+            entries.append({"path": name, "bytes": path.stat().st_size if path.is_file() else None})
+        else:
+            entries.append({"path": ref, "bytes": None})
+    return entries
+
+
+def build_spec(cfg: PrepConfig, inputs: list[str], val_inputs: list[str]) -> dict[str, Any]:
+    """What determines the output bytes (not the worker count or the progress bar)."""
+    out = Path(cfg.out)
+    if cfg.tokenizer is None:
+        tokenizer: dict[str, Any] = {"train_vocab_size": cfg.vocab_size, "train_chars": cfg.tokenizer_train_chars}
+    else:
+        tok = Path(cfg.tokenizer)
+        tok = tok / "tokenizer.json" if tok.is_dir() else tok
+        digest = hashlib.sha256(tok.read_bytes()).hexdigest() if tok.is_file() else None
+        tokenizer = {"file_sha256": digest, "roles": [cfg.bos_token, cfg.eos_token, cfg.pad_token]}
+    return {
+        "format": cfg.fmt,
+        "inputs": _input_entries(inputs, out),
+        "val_inputs": _input_entries(val_inputs, out),
+        "reader": asdict(cfg.reader) | {"hf_val_split": cfg.hf_val_split},
+        "domains": sorted(cfg.domains) if cfg.domains else None,
+        "tokenizer": tokenizer,
+        "context_length": cfg.context_length,
+        "bos": cfg.bos,
+        "dtype": cfg.dtype,
+        "max_tokens": cfg.max_tokens,
+        "val_fraction": cfg.val_fraction,
+        "probe": [cfg.probe_sequences, cfg.probe_length],
+        "seed": cfg.seed,
+        "chunk_chars": cfg.chunk_chars,
+    }
+
+
+class Preparation:
+    def __init__(self, cfg: PrepConfig, on_chunk: Callable[[dict[str, Any]], None] | None = None):
+        _validate(cfg)
+        self.cfg = cfg = replace(cfg, reader=replace(cfg.reader, fmt=cfg.fmt))
+        self.on_chunk = on_chunk
+        self.out = Path(cfg.out)
+        self.staging = self.out / STAGING
+        self.inputs = expand_inputs(cfg.inputs, cfg.fmt)
+        self.val_inputs = expand_inputs(cfg.val_inputs, cfg.fmt) if cfg.val_inputs else []
+        self.spec = build_spec(cfg, self.inputs, self.val_inputs)
+        self.spec_hash = spec_hash(self.spec)
+        self.counter = ByteCounter()
+        self.seen_domains: set[str] = set()
+        self.warnings: list[str] = []
+        self.probe_pool = ProbeReservoir(cfg.probe_sequences, cfg.seed)
+
+    # ---- document streams ----------------------------------------------------------------
+
+    def streams(self) -> list[tuple[str, list[str], ReaderOptions]]:
+        streams = [("main", self.inputs, self.cfg.reader)]
+        if self.val_inputs:
+            streams.append(("val", self.val_inputs, self.cfg.reader))
+        elif self.cfg.fmt == "hf" and self.cfg.hf_val_split:
+            streams.append(("val", self.inputs, replace(self.cfg.reader, hf_split=self.cfg.hf_val_split)))
+        return streams
+
+    @property
+    def carve_fraction(self) -> float:
+        """Fraction of main-stream documents held out: none when validation has its own stream."""
+        return 0.0 if len(self.streams()) > 1 else self.cfg.val_fraction
+
+    def chunks(self, stream: str, inputs: list[str], options: ReaderOptions) -> Iterator[Chunk]:
+        domains = frozenset(self.cfg.domains) if self.cfg.domains else None
+        return iter_chunks(stream, inputs, options, self.cfg.chunk_chars, domains, self.counter, self.seen_domains)
+
+    # ---- tokenizer -----------------------------------------------------------------------
+
+    def tokenizer(self) -> LoadedTokenizer:
+        file = self.staging / "tokenizer.json"
+        cfg = self.cfg
+        roles = {"bos": cfg.bos_token, "eos": cfg.eos_token, "pad": cfg.pad_token}
+        if cfg.tokenizer is not None:
+            loaded = load_tokenizer(cfg.tokenizer, roles)
+        elif file.is_file():  # trained by an interrupted run with the same spec
+            loaded = load_tokenizer(str(file), roles)
+            loaded = replace(loaded, source=f"trained: byte-level BPE, vocab {cfg.vocab_size}")
+        else:
+            loaded = trained_tokenizer(train_bpe(self._training_texts(), cfg.vocab_size), cfg.vocab_size)
+            self.counter.value = 0  # the progress bar counts the packing pass only
+        if not file.is_file():
+            tmp = file.with_suffix(".tmp")
+            tmp.write_text(loaded.json_text, encoding="utf-8")
+            os.replace(tmp, file)
+        return loaded
+
+    def _training_texts(self) -> Iterator[str]:
+        """Train-split documents of the main stream, up to `tokenizer_train_chars`."""
+        budget = self.cfg.tokenizer_train_chars
+        name, inputs, options = self.streams()[0]
+        for chunk in self.chunks(name, inputs, options):
+            is_val = val_mask(self.cfg.seed, name, chunk.task.index, len(chunk.task.texts), self.carve_fraction)
+            for text, held_out in zip(chunk.task.texts, is_val):
+                if held_out:
+                    continue
+                yield text[:budget]
+                budget -= len(text)
+                if budget <= 0:
+                    return
+
+    # ---- the run -------------------------------------------------------------------------
+
+    def check_output_dir(self) -> dict[str, Any] | None:
+        """The existing manifest when `out` already holds this dataset; errors for anything else."""
+        manifest_file = self.out / "manifest.json"
+        if manifest_file.is_file():
+            try:
+                existing = json.loads(manifest_file.read_text(encoding="utf-8"))
+            except json.JSONDecodeError:
+                raise DataPrepError(f"{manifest_file}: not valid JSON; delete {self.out} or choose another --out") from None
+            if existing.get("spec_hash") == self.spec_hash:
+                return existing
+            diff = spec_differences(existing.get("spec", {}), self.spec)
+            raise DataPrepError(f"{self.out}: already holds a different dataset ({diff}); choose another --out or delete it")
+        leftovers = [p for p in ("train", "val", "probe.bin") if (self.out / p).exists()]
+        if leftovers and not self.staging.exists():
+            raise DataPrepError(f"{self.out}: holds {', '.join(leftovers)} but no manifest.json; choose another --out or delete them")
+        spec_file = self.staging / "spec.json"
+        if spec_file.is_file() and json.loads(spec_file.read_text(encoding="utf-8")) != self.spec:
+            diff = spec_differences(json.loads(spec_file.read_text(encoding="utf-8")), self.spec)
+            raise DataPrepError(f"{self.staging}: an unfinished preparation with other settings ({diff}); delete it or use the same settings")
+        return None
+
+    def run(self) -> PrepResult:
+        start = time.perf_counter()
+        existing = self.check_output_dir()
+        if existing is not None:
+            return PrepResult(self.out, existing, True, time.perf_counter() - start)
+        created_out = not self.out.exists()
+        try:
+            for sub in ("shards", "done"):
+                (self.staging / sub).mkdir(parents=True, exist_ok=True)
+            (self.staging / "spec.json").write_text(json.dumps(self.spec, indent=1), encoding="utf-8")
+            tok = self.tokenizer()
+            dtype = token_dtype(tok.vocab_size, self.cfg.dtype)
+            used, tokenized, resumed = self._pack_all(tok, dtype)
+            self._check_domains(used)
+            manifest = finalize(self, tok, dtype, used)
+        except DataPrepError:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            if created_out and self.out.is_dir() and not any(self.out.iterdir()):
+                self.out.rmdir()
+            raise
+        return PrepResult(self.out, manifest, False, time.perf_counter() - start, tokenized, resumed, self.warnings)
+
+    def _check_domains(self, used: list[tuple[Chunk, dict[str, Any]]]) -> None:
+        if not any(r["splits"]["train"]["sequences"] for _, r in used):
+            known = ", ".join(sorted(self.seen_domains)) or "none"
+            raise DataPrepError(
+                f"{self.cfg.inputs[0]}: no full training sequence of {self.cfg.context_length} tokens"
+                f"{' after --domains ' + ','.join(self.cfg.domains) if self.cfg.domains else ''} (domains in the input: {known})"
+            )
+        for domain in self.cfg.domains or []:
+            if domain not in self.seen_domains:
+                self.warnings.append(f"--domains: {domain!r} does not occur in the input (it has: {', '.join(sorted(self.seen_domains))})")
+
+    def _pack_all(self, tok: LoadedTokenizer, dtype: str) -> tuple[list[tuple[Chunk, dict[str, Any]]], int, int]:
+        cfg = self.cfg
+        pack_config = PackConfig(
+            staging=str(self.staging), tokenizer_file=str(self.staging / "tokenizer.json"),
+            context_length=cfg.context_length, bos_id=tok.special_ids["bos"] if cfg.bos else None,
+            eos_id=tok.special_ids["eos"], dtype=dtype, val_fraction=self.carve_fraction,
+            probe_length=cfg.probe_length, probe_sequences=cfg.probe_sequences, seed=cfg.seed,
+        )
+        runner = ChunkRunner(self, pack_config)
+        runner.run()
+        if runner.budget is not None and runner.train_sequences < runner.budget:
+            self.warnings.append(
+                f"--max-tokens {cfg.max_tokens} is more than the corpus holds; used all "
+                f"{runner.train_sequences * cfg.context_length} training tokens"
+            )
+        return runner.used, runner.tokenized, runner.resumed
+
+
+def prepare(cfg: PrepConfig, on_chunk: Callable[[dict[str, Any]], None] | None = None) -> PrepResult:
+    """Prepare (or find already prepared) the dataset `cfg` describes."""
+    return Preparation(cfg, on_chunk).run()

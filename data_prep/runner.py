@@ -1,0 +1,92 @@
+"""Run chunks through N worker processes with bounded look-ahead, account for them in input
+order (so the token budget cuts at the same place however many workers run), and reuse the
+done markers of an interrupted run."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from data_prep.chunks import Chunk
+from data_prep.pack import PackConfig, init_worker, marker_file, process_chunk
+from data_prep.progress import PrepProgress
+
+if TYPE_CHECKING:
+    from data_prep.prepare import Preparation
+
+
+class ChunkRunner:
+    def __init__(self, prep: Preparation, pack_config: PackConfig):
+        self.prep = prep
+        self.pack_config = pack_config
+        cfg = prep.cfg
+        self.budget = cfg.max_tokens // cfg.context_length if cfg.max_tokens else None  # train sequences
+        self.look_ahead = 2 * cfg.workers  # chunks read ahead of the oldest unfinished one
+        self.used: list[tuple[Chunk, dict[str, Any]]] = []
+        self.train_sequences = self.tokenized = self.resumed = 0
+        self.executor: ProcessPoolExecutor | None = None
+        self.progress: PrepProgress | None = None
+
+    def run(self) -> None:
+        cfg = self.prep.cfg
+        total_bytes = sum(e["bytes"] or 0 for e in self.prep.spec["inputs"] + self.prep.spec["val_inputs"]) or None
+        # spawn: workers never inherit the parent's tokenizer threads; an executor (unlike
+        # multiprocessing.Pool) fails fast when a worker dies instead of respawning forever.
+        self.executor = ProcessPoolExecutor(cfg.workers, multiprocessing.get_context("spawn"), init_worker, (self.pack_config,))
+        try:
+            with PrepProgress(total_bytes, enabled=cfg.progress) as self.progress:
+                for stream, inputs, options in self.prep.streams():
+                    self._run_stream(self.prep.chunks(stream, inputs, options))
+        except BaseException:
+            self.executor.shutdown(wait=True, cancel_futures=True)
+            raise
+        self.executor.shutdown(wait=True)
+
+    def _run_stream(self, chunks) -> None:
+        pending: deque[tuple[Chunk, dict[str, Any] | Future]] = deque()
+        for chunk in chunks:
+            marker = marker_file(self.prep.staging, chunk.task.name)
+            if marker.is_file():
+                pending.append((chunk, json.loads(marker.read_text(encoding="utf-8"))))
+                self.resumed += 1
+            else:
+                pending.append((chunk, self.executor.submit(process_chunk, chunk.task)))
+                self.tokenized += 1
+            while pending and (len(pending) > self.look_ahead or _ready(pending[0][1])):
+                if self._consume(*_resolve(pending.popleft())):
+                    return  # budget reached: chunks read ahead are dropped
+        while pending:
+            if self._consume(*_resolve(pending.popleft())):
+                return
+
+    def _consume(self, chunk: Chunk, result: dict[str, Any]) -> bool:
+        """Account one chunk, in input order; True when the token budget is reached."""
+        stop = False
+        if chunk.task.stream == "main" and self.budget is not None:
+            remaining = self.budget - self.train_sequences
+            full = result["splits"]["train"]["sequences"]
+            if (result["limit"] is None and full > remaining) or result["limit"] not in (None, remaining):
+                # The budget ends inside this chunk: pack only the documents it needs.
+                result = self.executor.submit(process_chunk, replace(chunk.task, limit=remaining)).result()
+                self.tokenized += 1
+            stop = result["limit"] is not None or full == remaining
+        self.train_sequences += result["splits"]["train"]["sequences"]
+        self.prep.probe_pool.add(result.get("probe_candidates", []))
+        self.used.append((chunk, {k: v for k, v in result.items() if k != "probe_candidates"}))
+        chunk.task.texts, chunk.task.domains = [], []  # memory must not grow with the corpus
+        self.progress.update(self.prep.counter.value, result)
+        if self.prep.on_chunk is not None:
+            self.prep.on_chunk(result)
+        return stop
+
+
+def _ready(item: dict[str, Any] | Future) -> bool:
+    return isinstance(item, dict) or item.done()
+
+
+def _resolve(entry: tuple[Chunk, dict[str, Any] | Future]) -> tuple[Chunk, dict[str, Any]]:
+    chunk, item = entry
+    return chunk, item if isinstance(item, dict) else item.result()

@@ -1,0 +1,123 @@
+"""Tokenizers (HF `tokenizers`): load a tokenizer.json or a local HF tokenizer directory, or
+train a byte-level BPE on the corpus; find the special ids; identify it by sha256."""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from data_prep.errors import DataPrepError
+
+# Special tokens of a tokenizer trained here, in this order: ids 0, 1, 2.
+TRAINED_SPECIALS = {"bos": "<|bos|>", "eos": "<|eos|>", "pad": "<|pad|>"}
+# Names tried, in order, when a loaded tokenizer does not say which token is which.
+KNOWN_NAMES = {
+    "bos": ("<|bos|>", "<s>", "<|begin_of_text|>", "<bos>", "[CLS]", "<|startoftext|>"),
+    "eos": ("<|eos|>", "</s>", "<|end_of_text|>", "<eos>", "<|endoftext|>", "[SEP]"),
+    "pad": ("<|pad|>", "<pad>", "[PAD]", "<|padding|>"),
+}
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    tokenizer: Tokenizer
+    json_text: str  # the serialized tokenizer.json copied into the dataset
+    source: str  # path it came from, or "trained: byte-level BPE ..."
+    special_ids: dict[str, int]
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.json_text.encode("utf-8")).hexdigest()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE of `vocab_size` ids (3 of them special) trained on `texts`."""
+    if vocab_size < 256 + len(TRAINED_SPECIALS) + 1:
+        raise DataPrepError(f"--vocab-size {vocab_size} is too small; a byte-level BPE needs at least {256 + len(TRAINED_SPECIALS) + 1}")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(TRAINED_SPECIALS.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def trained_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> LoadedTokenizer:
+    ids = {role: tokenizer.token_to_id(name) for role, name in TRAINED_SPECIALS.items()}
+    return LoadedTokenizer(tokenizer, tokenizer.to_str(), f"trained: byte-level BPE, vocab {vocab_size}", ids)
+
+
+def _config_token(value) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):  # {"content": "<s>", ...} in tokenizer_config.json
+        return value.get("content")
+    return None
+
+
+def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> LoadedTokenizer:
+    """Load `tokenizer.json` or a local HF tokenizer directory and resolve BOS/EOS/PAD ids.
+
+    Roles come from `overrides` (token strings), then the directory's tokenizer_config.json /
+    special_tokens_map.json, then well-known token names. Without a BOS token the EOS token
+    serves as BOS (the GPT-2 convention); without EOS the tokenizer cannot pack documents.
+    """
+    path = Path(ref)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise DataPrepError(f"{ref}: no tokenizer.json there; --tokenizer takes a tokenizer.json file or a local HF tokenizer directory")
+    json_text = file.read_text(encoding="utf-8")
+    try:
+        tokenizer = Tokenizer.from_str(json_text)
+    except Exception as exc:
+        raise DataPrepError(f"{file}: not a valid HF tokenizers file ({exc})") from None
+    names: dict[str, str | None] = {}
+    for config_name in ("special_tokens_map.json", "tokenizer_config.json"):
+        config_file = file.parent / config_name
+        if config_file.is_file():
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+            for role in ("bos", "eos", "pad"):
+                names.setdefault(role, _config_token(config.get(f"{role}_token")))
+    for role, value in (overrides or {}).items():
+        if value:
+            names[role] = value
+    ids: dict[str, int] = {}
+    for role in ("bos", "eos", "pad"):
+        candidates = [names[role]] if names.get(role) else list(KNOWN_NAMES[role])
+        for name in candidates:
+            token_id = tokenizer.token_to_id(name)
+            if token_id is not None:
+                ids[role] = token_id
+                break
+        else:
+            if names.get(role):
+                raise DataPrepError(f"{file}: the {role.upper()} token {names[role]!r} is not in the vocabulary; pass --{role}-token with one that is")
+    if "eos" not in ids:
+        raise DataPrepError(f"{file}: no EOS token found (tried {', '.join(KNOWN_NAMES['eos'])}); pass --eos-token")
+    ids.setdefault("bos", ids["eos"])
+    ids.setdefault("pad", ids["eos"])
+    return LoadedTokenizer(tokenizer, json_text, str(file), ids)
+
+
+def token_dtype(vocab_size: int, forced: str | None = None) -> str:
+    """uint16 when every id fits, else uint32; a forced dtype must fit."""
+    if forced is None:
+        return "uint16" if vocab_size <= 1 << 16 else "uint32"
+    if forced == "uint16" and vocab_size > 1 << 16:
+        raise DataPrepError(f"--dtype uint16 holds ids below 65536 but the tokenizer has {vocab_size} ids; use --dtype uint32 or leave --dtype out")
+    if forced not in ("uint16", "uint32"):
+        raise DataPrepError(f"--dtype {forced!r}: choose uint16 or uint32")
+    return forced

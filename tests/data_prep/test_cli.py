@@ -1,0 +1,139 @@
+"""`sinklab prep` from the command line: bad inputs give one clear line and exit 2 leaving no
+output; the embedded preset runs end to end."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from dp_helpers import make_docs, write_jsonl
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from data_prep.cli import main
+from data_prep.dataset import PackedSplit, load_manifest, load_probe
+from data_prep.readers import read_pile
+
+
+def prep(args, tokenizer=None) -> list[str]:
+    base = ["--context-length", "32", "--probe-sequences", "5", "--probe-length", "8", "--workers", "1", "--no-progress"]
+    return args + base + (["--tokenizer", str(tokenizer)] if tokenizer else [])
+
+
+def error_of(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sinklab prep: error: ")
+    return err[0]
+
+
+def test_truncated_zst_leaves_no_output(tmp_path, capsys, tokenizer_file):
+    bad = write_jsonl(tmp_path / "cut.jsonl.zst", make_docs(2000, 1), compress=True)
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    out = tmp_path / "ds"
+    line = error_of(capsys, prep(["--input", str(bad), "--out", str(out)], tokenizer_file))
+    assert f"{bad}: truncated zstd stream" in line and "re-create or re-download" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        (['{"text": "a b c"}', "not json"], "line 302: not valid JSON (Expecting value at column 1); each line must be"),
+        (['{"text": "a b c"}', '{"meta": {}}'], "line 302: has no string field 'text'; each line must be"),
+    ],
+)
+def test_bad_lines_leave_no_output(tmp_path, capsys, tokenizer_file, lines, expected):
+    good = [json.dumps(d) for d in make_docs(300, 3)]
+    bad = write_jsonl(tmp_path / "bad.jsonl", good + lines)
+    out = tmp_path / "ds"
+    out.mkdir()  # an existing empty directory stays, empty
+    line = error_of(capsys, prep(["--input", str(bad), "--val-fraction", "0.2", "--out", str(out)], tokenizer_file))
+    assert f"{bad}: {expected}" in line
+    assert list(out.iterdir()) == []
+
+
+def test_invalid_utf8_and_empty_documents_are_counted(tmp_path, capsys, tokenizer_file):
+    good = [json.dumps(d) for d in make_docs(300, 4)]
+    path = tmp_path / "mixed.jsonl"
+    extra = [b'{"text": "caf\xe9 au lait"}', b'{"text": ""}', b'{"text": "   \\n  "}', b'{"text": "lone \\ud800 surrogate"}']
+    path.write_bytes(b"\n".join([g.encode() for g in good] + extra) + b"\n")
+    out = tmp_path / "ds"
+    assert main(prep(["--input", str(path), "--val-fraction", "0.2", "--out", str(out)], tokenizer_file)) == 0
+    printed = capsys.readouterr().out
+    assert "empty skipped 2  invalid UTF-8 replaced 2" in printed
+    docs = json.loads((out / "manifest.json").read_text())["documents"]
+    assert docs == {"documents_read": 304, "empty_documents": 2, "invalid_utf8_documents": 2, "filtered_documents": 0}
+
+
+def test_output_dir_with_another_dataset_is_refused(tmp_path, capsys, tokenizer_file):
+    data = write_jsonl(tmp_path / "d.jsonl", make_docs(300, 5))
+    out = tmp_path / "ds"
+    assert main(prep(["--input", str(data), "--val-fraction", "0.2", "--out", str(out)], tokenizer_file)) == 0
+    before = (out / "manifest.json").read_bytes()
+    line = error_of(capsys, prep(["--input", str(data), "--val-fraction", "0.3", "--out", str(out)], tokenizer_file))
+    assert f"{out}: already holds a different dataset (val_fraction: 0.2 there, 0.3 here)" in line
+    assert (out / "manifest.json").read_bytes() == before
+
+
+def test_forced_uint16_with_a_large_vocabulary_is_refused(tmp_path, capsys):
+    vocab = {f"w{i}": i for i in range(70_000)} | {"<|eos|>": 70_000, "[UNK]": 70_001}
+    big = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    big.pre_tokenizer = pre_tokenizers.Whitespace()
+    big.save(str(tmp_path / "big.json"))
+    data = write_jsonl(tmp_path / "d.jsonl", make_docs(50, 6))
+    out = tmp_path / "ds"
+    line = error_of(capsys, prep(["--input", str(data), "--out", str(out), "--dtype", "uint16"], tmp_path / "big.json"))
+    assert line == "sinklab prep: error: --dtype uint16 holds ids below 65536 but the tokenizer has 70002 ids; use --dtype uint32 or leave --dtype out"
+    assert not out.exists()
+
+
+def test_missing_input_and_unknown_tokenizer(tmp_path, capsys):
+    line = error_of(capsys, prep(["--input", str(tmp_path / "none.jsonl.zst"), "--out", str(tmp_path / "ds")]))
+    assert "none.jsonl.zst: no such file or directory" in line
+    data = write_jsonl(tmp_path / "d.jsonl", make_docs(5, 7))
+    line = error_of(capsys, prep(["--input", str(data), "--out", str(tmp_path / "ds")], tmp_path / "nope"))
+    assert "nope: no tokenizer.json there" in line
+
+
+def test_embedded_preset_end_to_end(tmp_path, capsys):
+    out = tmp_path / "embedded"
+    argv = ["embedded", "--out", str(out), "--domain-chars", "200k", "--vocab-size", "400", "--probe-sequences", "20", "--workers", "1", "--no-progress"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert "Shakespeare" in first and "Python-stdlib" in first and "(already prepared" not in first
+    # the raw corpus is Pile format: the same reader reads it
+    raw = list(read_pile(str(out / "raw" / "val.jsonl.zst"))) + list(read_pile(str(out / "raw" / "train" / "00.jsonl.zst")))
+    assert {d.domain for d in raw} == {"Shakespeare", "Python-stdlib"}
+    assert any(d.text.startswith("A Midsummer Night's Dream\nACT I\nSCENE") for d in raw)
+    m = load_manifest(out)
+    assert (m.context_length, m.vocab_size, m.bos, m.bos_id, m.dtype) == (128, 400, True, 0, "uint16")
+    assert set(m.splits["train"].domains) == {"Shakespeare", "Python-stdlib"}
+    train = PackedSplit(out, "train")
+    assert train[0][0] == 0  # the first sequence starts a document with BOS
+    assert load_probe(out).shape == (20, 64) and not (load_probe(out) == 0).any()
+    tokenizer_hash = m.raw["tokenizer"]["sha256"]
+
+    start = time.perf_counter()
+    assert main(argv) == 0
+    assert time.perf_counter() - start < 5
+    assert "(already prepared; nothing to do)" in capsys.readouterr().out
+    assert load_manifest(out).hash == m.hash
+
+    # the BPE training is deterministic: a fresh directory gives the same tokenizer and data
+    again = tmp_path / "again"
+    assert main([a if a != str(out) else str(again) for a in argv]) == 0
+    assert load_manifest(again).raw["tokenizer"]["sha256"] == tokenizer_hash
+    assert load_manifest(again).hash == m.hash
+
+
+def test_text_files_through_the_cli(tmp_path, capsys, tokenizer_file):
+    docs = [d["text"] for d in make_docs(200, 8)]
+    (tmp_path / "books").mkdir()
+    (tmp_path / "books" / "a.txt").write_text("\n\n".join(docs[:100]) + "\n")
+    (tmp_path / "books" / "b.txt").write_text("\n\n".join(docs[100:]) + "\n")
+    out = tmp_path / "ds"
+    argv = ["--input", str(tmp_path / "books"), "--format", "text", "--text-unit", "paragraph", "--domain", "books", "--val-fraction", "0.25"]
+    assert main(prep(argv + ["--out", str(out)], tokenizer_file)) == 0
+    m = load_manifest(out)
+    assert m.splits["train"].documents + m.splits["val"].documents == 200
+    assert set(m.splits["train"].domains) == {"books"} and m.raw["documents"]["documents_read"] == 200
