@@ -1,0 +1,121 @@
+"""Training-step throughput of SinkLab's model against HF LlamaForCausalLM, side by side.
+
+One process, CPU, the same dims, batch, thread count and loss (F.cross_entropy on the
+logits) for both; forward + backward + AdamW step; warm-up, then interleaved repeats (order
+alternating), median. Timed by the process CPU clock by default (with one thread it is the
+work done, and it is not inflated by other jobs on a shared machine); ``--clock wall`` for
+wall-clock time.
+Also the slow-down of each non-softmax attention operation relative to softmax.
+The last line is ``ratio=<ours over HF>``.
+
+    python benchmarks/bench_model.py [--preset tiny] [--vocab 8192] [--batch 8] [--seq 256]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.model import ModelConfig, Transformer
+from pipeline.model.hf_export import to_hf
+
+OPS = {
+    "sigmoid (Z=1)": dict(op="sigmoid", normalizer="none"),
+    "sigmoid (Z=sum)": dict(op="sigmoid", normalizer="sum"),
+    "elu+1 (Z=1)": dict(op="elu1", normalizer="none"),
+    "kernel identity (Z=max(|sum|,1))": dict(op="kernel", kernel="identity", normalizer="abs_clamp"),
+    "kernel elu+1 (Z=sum)": dict(op="kernel", kernel="elu1", normalizer="sum"),
+    "kernel mlp (Z=1)": dict(op="kernel", kernel="mlp", normalizer="none"),
+    "p-softmax (p=0.5)": dict(op="softmax", p=0.5),
+    "clipped softmax": dict(op="clipped_softmax"),
+}
+
+
+def make_step(model: torch.nn.Module, idx: torch.Tensor, vocab: int):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    inputs, targets = idx[:, :-1], idx[:, 1:]
+
+    def step() -> None:
+        logits = model(inputs).logits
+        loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+
+
+def timed(step, n_steps: int, clock) -> float:
+    start = clock()
+    for _ in range(n_steps):
+        step()
+    return clock() - start
+
+
+def compare(steps: dict, tokens: int, warmup: int, repeats: int, n_steps: int, clock) -> dict[str, float]:
+    """Median tokens/s per entry; repeats interleaved, order alternating, so drift hits all alike."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    seconds: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(repeats):
+        for name in list(steps) if r % 2 == 0 else list(steps)[::-1]:
+            seconds[name].append(timed(steps[name], n_steps, clock))
+    return {name: tokens * n_steps / statistics.median(s) for name, s in seconds.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=1, help="the same for both models; 1 is steadiest on a shared machine")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
+    parser.add_argument("--skip-ops", action="store_true", help="only the HF comparison")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    cfg = ModelConfig.preset(args.preset, vocab_size=args.vocab, max_seq_len=max(args.seq, 256))
+    ours = Transformer(cfg).train()
+    hf = to_hf(ours).train()
+    hf.config._attn_implementation = "sdpa"
+    idx = torch.randint(0, args.vocab, (args.batch, args.seq + 1))
+    tokens = args.batch * args.seq
+    print(f"preset={args.preset} d={cfg.d_model} L={cfg.n_layers} H={cfg.n_heads} ffn={cfg.d_ffn} "
+          f"vocab={args.vocab} batch={args.batch}x{args.seq} threads={args.threads} clock={args.clock} "
+          f"torch={torch.__version__}")
+    clock = CLOCKS[args.clock]
+
+    speeds = compare(
+        {"sinklab": make_step(ours, idx, args.vocab), "hf-llama": make_step(hf, idx, args.vocab)},
+        tokens, args.warmup, args.repeats, args.steps, clock,
+    )
+    for name, tps in speeds.items():
+        print(f"{name:10s} {tps:10.0f} tokens/s (train step: fwd+bwd+AdamW)")
+
+    if not args.skip_ops:
+        print("attention operations, training-step slow-down relative to softmax (SDPA):")
+        steps = {"softmax": make_step(ours, idx, args.vocab)}
+        for name, acfg in OPS.items():
+            torch.manual_seed(0)
+            steps[name] = make_step(Transformer(cfg.replace(attention=acfg)).train(), idx, args.vocab)
+        op_speeds = compare(steps, tokens, 1, max(3, args.repeats - 2), args.steps, clock)
+        for name, tps in op_speeds.items():
+            print(f"  {name:34s} {tps:9.0f} tokens/s  slow-down x{op_speeds['softmax'] / tps:.2f}")
+
+    print(f"ratio={speeds['sinklab'] / speeds['hf-llama']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""SinkLab's model: one LLaMA-style decoder whose every paper factor is a config field.
+
+Torch only (no Lightning, MLflow or DeepSpeed), so analysis tools and exports use it as is.
+"""
+from .cache import StreamingCache
+from .config import PRESETS, AttentionConfig, BiasConfig, ConfigError, ModelConfig
+from .loading import load_pretrained, save_pretrained
+from .transformer import Block, ModelOutput, Transformer
+
+__all__ = [
+    "AttentionConfig",
+    "BiasConfig",
+    "Block",
+    "ConfigError",
+    "ModelConfig",
+    "ModelOutput",
+    "PRESETS",
+    "StreamingCache",
+    "Transformer",
+    "load_pretrained",
+    "save_pretrained",
+]

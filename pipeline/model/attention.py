@@ -1,0 +1,157 @@
+"""Multi-head self-attention with the paper's biases (Tables 4, 5, 12, 13) and operations.
+
+Key slots that are not tokens come first, in this order: the k*/v* slot (kinds ``kv``/``k``),
+then the sink-logit column (a zero key with a zero value whose logit is a learned per-head
+scalar, or 0 for softmax-off-by-one). Softmax with p = 1 runs on
+F.scaled_dot_product_attention (flash-attn on CUDA when installed) unless attention
+probabilities are requested; everything else uses the eager ops of attention_ops.py.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention_ops import OPS, build_kernel
+from .config import ModelConfig
+from .masks import AttentionContext
+from .positional import apply_rotary
+
+try:  # optional, CUDA only
+    from flash_attn import flash_attn_func
+except ImportError:  # pragma: no cover - depends on the machine
+    flash_attn_func = None
+
+
+class AttentionRecord(NamedTuple):
+    weights: Tensor | None   # [B, H, Tq, Tk] incl. slot columns
+    kind: str
+    q: Tensor | None         # [B, H, Tq, dh] after rotation
+    k: Tensor | None         # [B, H, Tq, dh] keys of this step's inputs, after rotation
+    v: Tensor | None
+
+
+class KeyValueSlot(nn.Module):
+    """k* (learnable; only the first d_a dims when key_dims > 0) and v* (learnable for
+    ``kv``; fixed m v' or m v'' for ``k``), one per head or shared by the heads."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        b, dh = cfg.biases, cfg.head_dim
+        heads = 1 if b.shared_heads else cfg.n_heads
+        self.head_dim = dh
+        self.key = nn.Parameter(torch.zeros(heads, b.key_dims or dh))
+        if b.kind == "kv":
+            self.value = nn.Parameter(torch.zeros(heads, dh))
+        else:
+            direction = torch.zeros(dh)
+            if b.value_direction == "onehot":
+                direction[0] = 1.0
+            else:
+                direction[:] = 1.0 / math.sqrt(dh)
+            self.register_buffer("value", (b.value_norm * direction).expand(heads, dh).clone())
+
+    def keys_values(self, batch: int, n_heads: int) -> tuple[Tensor, Tensor]:
+        key = F.pad(self.key, (0, self.head_dim - self.key.shape[-1]))
+        expand = (batch, n_heads, 1, self.head_dim)
+        return key[None, :, None, :].expand(expand), self.value[None, :, None, :].expand(expand)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, H, dh = cfg.d_model, cfg.n_heads, cfg.head_dim
+        self.n_heads, self.head_dim = H, dh
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.out = nn.Linear(d if cfg.head_merge == "concat" else dh, d, bias=False)
+        a, b = cfg.attention, cfg.biases
+        self.q_norm = nn.RMSNorm(dh, eps=cfg.norm_eps) if a.qk_norm else None
+        self.k_norm = nn.RMSNorm(dh, eps=cfg.norm_eps) if a.qk_norm else None
+        self.gate = nn.Linear(d, H, bias=False) if a.gated else None
+        self.kv_slot = KeyValueSlot(cfg) if b.kind in ("kv", "k") else None
+        self.value_bias = nn.Parameter(torch.zeros(1 if b.shared_heads else H, dh)) if b.kind == "v" else None
+        self.sink_logit = nn.Parameter(torch.zeros(H)) if a.sink_logit else None
+        self.op = OPS[a.op]
+        self.kernel = build_kernel(a, dh)
+
+    # ---- slots ---------------------------------------------------------------------------
+    def _with_slots(self, k: Tensor, v: Tensor, ctx: AttentionContext, need_mask: bool):
+        """Prepend the non-token key slots; return keys, values, additive mask (or None)."""
+        B, Tq = k.shape[0], ctx.q_pos.shape[0]
+        keys, values, columns = [], [], []
+        if self.kv_slot is not None:
+            ks, vs = self.kv_slot.keys_values(B, self.n_heads)
+            keys.append(ks.to(k.dtype))
+            values.append(vs.to(v.dtype))
+            columns.append(k.new_zeros(1, 1, Tq, 1))
+        if self.cfg.has_sink_logit:
+            keys.append(k.new_zeros(B, self.n_heads, 1, self.head_dim))
+            values.append(v.new_zeros(B, self.n_heads, 1, self.head_dim))
+            logit = self.sink_logit if self.sink_logit is not None else k.new_zeros(self.n_heads)
+            columns.append(logit.to(k.dtype)[None, :, None, None].expand(1, self.n_heads, Tq, 1))
+        if not keys:
+            return k, v, (ctx.additive_mask().to(k.dtype) if need_mask or not ctx.plain_causal else None)
+        base = ctx.additive_mask().to(k.dtype)
+        heads = max([base.shape[1]] + [c.shape[1] for c in columns])
+        mask = torch.cat([c.expand(1, heads, Tq, 1) for c in columns] + [base.expand(1, heads, *base.shape[2:])], -1)
+        return torch.cat(keys + [k], 2), torch.cat(values + [v], 2), mask
+
+    # ---- forward -------------------------------------------------------------------------
+    def forward(
+        self,
+        x: Tensor,
+        ctx: AttentionContext,
+        layer_cache=None,
+        need_weights: bool = False,
+        need_qkv: bool = False,
+    ) -> tuple[Tensor, AttentionRecord | None]:
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if layer_cache is not None:
+            k, v = layer_cache.append(k, v)  # keys are cached before the rotation
+        if ctx.rotary_q is not None:
+            q = apply_rotary(q, *ctx.rotary_q)
+            k = apply_rotary(k, *ctx.rotary_k)
+
+        use_sdpa = self.cfg.uses_sdpa and not need_weights
+        keys, values, mask = self._with_slots(k, v, ctx, need_mask=not use_sdpa)
+        if use_sdpa:
+            y = self._sdpa(q, keys, values, mask)
+            weights, kind = None, "probs"
+        else:
+            result = self.op(q, keys, mask, self.cfg.attention, self.kernel)
+            y = result.weights.to(values.dtype) @ values
+            weights, kind = (result.reported if need_weights else None), result.kind
+        if self.cfg.attention.scale != 1.0:
+            y = y * self.cfg.attention.scale
+        if self.value_bias is not None:
+            y = y + self.value_bias[None, :, None, :].to(y.dtype)
+        if self.gate is not None:
+            y = y * torch.sigmoid(self.gate(x)).transpose(1, 2)[..., None]
+        y = self._merge(y)
+        record = None
+        if need_weights or need_qkv:
+            new_k, new_v = (k[:, :, -T:], v[:, :, -T:]) if need_qkv else (None, None)
+            record = AttentionRecord(weights, kind, q if need_qkv else None, new_k, new_v)
+        return self.out(y), record
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        if mask is None:
+            if flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+                out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+                return out.transpose(1, 2)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def _merge(self, y: Tensor) -> Tensor:
+        """Concat (W_O: d x d) or sum over heads (W_O: d_h x d), Table 12 left."""
+        if self.cfg.head_merge == "sum":
+            return y.sum(dim=1)
+        B, H, T, dh = y.shape
+        return y.transpose(1, 2).reshape(B, T, H * dh)

@@ -1,0 +1,277 @@
+"""Typed model configuration: one dataclass tree, named presets, validation.
+
+Every architectural factor the paper varies is a plain field here, so LightningCLI /
+jsonargparse can override any of them (``--model.attention.op sigmoid``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_type_hints
+
+Positional = Literal["rope", "nope", "sinusoidal", "learned", "relative", "t5", "alibi"]
+NormPosition = Literal["pre", "post"]
+FFNKind = Literal["swiglu", "geglu", "reglu", "relu", "gelu", "swish"]
+HeadMerge = Literal["concat", "sum"]
+MaskKind = Literal["causal", "prefix", "sliding"]
+AttentionOp = Literal["softmax", "sigmoid", "elu1", "kernel", "softmax_off_by_one", "clipped_softmax"]
+Kernel = Literal["identity", "elu1", "mlp"]
+Normalizer = Literal["sum", "abs_clamp", "none"]
+BiasKind = Literal["none", "kv", "k", "v"]
+FixedValue = Literal["onehot", "uniform"]
+
+
+class ConfigError(ValueError):
+    """A model config field has a value the model cannot build."""
+
+
+@dataclass
+class AttentionConfig:
+    """How queries meet keys (paper section 7.4, Tables 6, 14, 15; seed 004 mitigations).
+
+    op: similarity function. ``softmax`` (default), ``sigmoid`` = sigmoid(qk/sqrt(dh)),
+      ``elu1`` = elu(qk/sqrt(dh)) + 1, ``kernel`` = phi(q) phi(k)^T / sqrt(dh);
+      beyond the paper: ``softmax_off_by_one`` (Miller 2023), ``clipped_softmax``
+      (Bondarenko et al. 2023).
+    normalizer: Z_i for non-softmax ops: ``sum`` (Z = sum_j sim, or its p-norm),
+      ``abs_clamp`` (Z = max(|sum_j sim|, 1), for signed kernels), ``none`` (Z = 1).
+    kernel: phi for ``op=kernel``: identity, elu1 (elu+1) or mlp (per-layer 2-layer MLP).
+    scale: alpha, the normalisation scale (Z -> Z / alpha; Table 14 left). 1 = default.
+    p: p-normalisation (Eq. 43-44); 1 = ordinary. For softmax: softmax(p*s)^(1/p).
+    clip_gamma, clip_zeta: clipped softmax clip((zeta - gamma) softmax + gamma, 0, 1).
+    sink_logit: learned per-head logit in the softmax denominator (an extra key column
+      whose value is zero; reported as a key slot).
+    gated: per-head sigmoid gate on the attention output (Bondarenko et al. 2023).
+    qk_norm: RMSNorm on each head's queries and keys before the rotation (Dehghani et al.).
+    """
+
+    op: AttentionOp = "softmax"
+    normalizer: Normalizer = "sum"
+    kernel: Kernel = "identity"
+    scale: float = 1.0
+    p: float = 1.0
+    clip_gamma: float = -0.03
+    clip_zeta: float = 1.0
+    sink_logit: bool = False
+    gated: bool = False
+    qk_norm: bool = False
+
+
+@dataclass
+class BiasConfig:
+    """Explicit attention biases (Tables 4, 5, 12 right, 13).
+
+    kind: ``kv`` learnable k* and v* as an extra key/value slot; ``k`` learnable k* with a
+      fixed v* (zero unless value_norm > 0); ``v`` learnable v* added to each head's output.
+    shared_heads: one bias shared by all heads of a layer (Table 12 right).
+    key_dims: d_a, the number of learnable leading dimensions of k* (the rest are zero);
+      0 means all d_h dimensions (Table 13).
+    value_norm, value_direction: the fixed v* = m v' (onehot: v' = [1,0,..,0]) or
+      m v'' (uniform: v'' = [1,..,1]/sqrt(d_h)) of the ``k`` setup (Table 5).
+    """
+
+    kind: BiasKind = "none"
+    shared_heads: bool = False
+    key_dims: int = 0
+    value_norm: float = 0.0
+    value_direction: FixedValue = "onehot"
+
+
+@dataclass
+class ModelConfig:
+    """One LLaMA-style decoder; the defaults are the paper's block (RoPE, pre-norm RMSNorm,
+    SwiGLU, no linear biases, untied embeddings). ``vocab_size`` is set from the dataset's
+    manifest by the trainer."""
+
+    vocab_size: int = 32000
+    d_model: int = 768
+    n_layers: int = 10
+    n_heads: int = 8
+    d_ffn: int = 1536
+    max_seq_len: int = 2048
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    tie_embeddings: bool = False
+    positional: Positional = "rope"
+    rope_theta: float = 10000.0
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    norm_position: NormPosition = "pre"
+    ffn: FFNKind = "swiglu"
+    head_merge: HeadMerge = "concat"
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    biases: BiasConfig = field(default_factory=BiasConfig)
+    sink_tokens: int = 0
+    mask: MaskKind = "causal"
+    prefix_len: int = 0
+    window: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attention, dict):
+            self.attention = _build(AttentionConfig, self.attention, "attention")
+        if isinstance(self.biases, dict):
+            self.biases = _build(BiasConfig, self.biases, "biases")
+        self.validate()
+
+    # ---- derived sizes -------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def n_bias_slots(self) -> int:
+        """Leading key columns that are not tokens: k*/v* slot, then the sink-logit column."""
+        kv_slot = 1 if self.biases.kind in ("kv", "k") else 0
+        return kv_slot + int(self.has_sink_logit)
+
+    @property
+    def has_sink_logit(self) -> bool:
+        return self.attention.sink_logit or self.attention.op == "softmax_off_by_one"
+
+    @property
+    def uses_sdpa(self) -> bool:
+        """Whether the training path can use F.scaled_dot_product_attention."""
+        a = self.attention
+        return a.op in ("softmax", "softmax_off_by_one") and a.p == 1.0
+
+    # ---- validation ----------------------------------------------------------------------
+    def validate(self) -> None:
+        _check_literals(self, "")
+        _check_literals(self.attention, "attention.")
+        _check_literals(self.biases, "biases.")
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name}={getattr(self, name)}: must be a positive integer")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"model.n_heads={self.n_heads}: must divide d_model={self.d_model}")
+        if self.positional == "rope" and self.head_dim % 2:
+            raise ConfigError(f"model.n_heads={self.n_heads}: rope needs an even head_dim, got {self.head_dim}")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ConfigError(f"model.d_model={self.d_model}: sinusoidal PE needs an even d_model")
+        if self.sink_tokens not in (0, 1, 2, 3, 4):
+            raise ConfigError(f"model.sink_tokens={self.sink_tokens}: allowed 0..4 (the paper uses 0, 1, 2)")
+        if self.mask == "prefix" and self.prefix_len < 1:
+            raise ConfigError(f"model.prefix_len={self.prefix_len}: mask=prefix needs prefix_len >= 1")
+        if self.mask == "sliding" and self.window < 1:
+            raise ConfigError(f"model.window={self.window}: mask=sliding needs window >= 1")
+        if self.positional in ("relative", "t5") and self.relative_buckets < 2:
+            raise ConfigError(f"model.relative_buckets={self.relative_buckets}: must be >= 2")
+        if self.positional in ("relative", "t5") and self.relative_max_distance <= self.relative_buckets // 2:
+            raise ConfigError(
+                f"model.relative_max_distance={self.relative_max_distance}: must exceed relative_buckets/2"
+            )
+        a, b = self.attention, self.biases
+        if a.scale <= 0:
+            raise ConfigError(f"model.attention.scale={a.scale}: alpha must be > 0")
+        if a.p <= 0:
+            raise ConfigError(f"model.attention.p={a.p}: must be > 0")
+        if a.op in ("softmax", "softmax_off_by_one", "clipped_softmax") and a.normalizer != "sum":
+            raise ConfigError(
+                f"model.attention.normalizer={a.normalizer}: op={a.op} always normalises; use 'sum'"
+            )
+        if a.op != "softmax" and a.p != 1.0 and a.op != "sigmoid":
+            raise ConfigError(f"model.attention.p={a.p}: p-normalisation is defined for op softmax or sigmoid")
+        if a.p != 1.0 and a.op == "sigmoid" and a.normalizer != "sum":
+            raise ConfigError("model.attention.p: p-normalised sigmoid needs normalizer='sum'")
+        if a.sink_logit and a.op not in ("softmax", "softmax_off_by_one", "clipped_softmax"):
+            raise ConfigError(f"model.attention.sink_logit=true: needs a softmax op, got op={a.op}")
+        if a.op == "kernel" and self.positional in ("alibi", "relative", "t5"):
+            raise ConfigError(
+                f"model.positional={self.positional}: additive score biases are undefined for op=kernel; "
+                "use rope, nope, sinusoidal or learned"
+            )
+        if b.key_dims < 0 or b.key_dims > self.head_dim:
+            raise ConfigError(f"model.biases.key_dims={b.key_dims}: allowed 0 (all) .. head_dim={self.head_dim}")
+        if b.key_dims and b.kind not in ("kv", "k"):
+            raise ConfigError(f"model.biases.key_dims={b.key_dims}: only meaningful for kind 'kv' or 'k'")
+        if b.value_norm and b.kind != "k":
+            raise ConfigError(f"model.biases.value_norm={b.value_norm}: the fixed v* belongs to kind 'k'")
+
+    # ---- (de)serialisation ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        return _build(cls, dict(data), "")
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+        """A named preset with field overrides; nested fields as dicts
+        (``attention={"op": "sigmoid"}``) or with a double underscore (``attention__op``)."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown model preset {name!r}; allowed: {', '.join(PRESETS)}")
+        data = _deep_merge(PRESETS[name], _unflatten(overrides))
+        return cls.from_dict(data)
+
+    def replace(self, **overrides: Any) -> "ModelConfig":
+        return ModelConfig.from_dict(_deep_merge(self.to_dict(), _unflatten(overrides)))
+
+
+def _unflatten(overrides: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        parts = key.split("__")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown field model.{prefix}{unknown[0]}; allowed: {', '.join(sorted(names))}")
+    hints = get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = _build(hint, value, f"{prefix}{key}.")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _check_literals(obj: Any, prefix: str) -> None:
+    hints = get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        hint = hints[f.name]
+        value = getattr(obj, f.name)
+        if getattr(hint, "__origin__", None) is Literal:
+            allowed = get_args(hint)
+            if value not in allowed:
+                raise ConfigError(
+                    f"model.{prefix}{f.name}={value!r}: allowed values are {', '.join(map(str, allowed))}"
+                )
+        elif hint in (int, float, bool) and not isinstance(value, hint if hint is not float else (int, float)):
+            raise ConfigError(f"model.{prefix}{f.name}={value!r}: expected {hint.__name__}")
+        elif hint is float and isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"model.{prefix}{f.name}={value!r}: must be finite")
+
+
+# Presets (litgpt style). Parameter counts: `python -m pipeline.model.params`.
+PRESETS: dict[str, dict[str, Any]] = {
+    # The paper's default 60M model (section 4): d=768, L=10, H=8, FFN 1536.
+    "llama-60m": dict(d_model=768, n_layers=10, n_heads=8, d_ffn=1536, max_seq_len=2048),
+    # A 1B LLaMA shape: TinyLlama-1.1B's dims (d=2048, L=22, H=32, FFN 5632) with full
+    # multi-head attention (TinyLlama itself uses 4 KV groups).
+    "llama-1b": dict(d_model=2048, n_layers=22, n_heads=32, d_ffn=5632, max_seq_len=2048),
+    # CPU presets: `tiny` trains in the embedded default recipe, `micro` is for tests.
+    "tiny": dict(d_model=128, n_layers=4, n_heads=4, d_ffn=512, max_seq_len=256),
+    "micro": dict(d_model=32, n_layers=2, n_heads=2, d_ffn=64, max_seq_len=64, vocab_size=64),
+}
+
+__all__ = ["AttentionConfig", "BiasConfig", "ModelConfig", "ConfigError", "PRESETS"]

@@ -1,0 +1,139 @@
+"""Saving and loading SinkLab models.
+
+``load_pretrained(path)`` accepts:
+  (a) a SinkLab export dir: ``sinklab_config.json`` + ``model.safetensors``;
+  (b) a Lightning ``.ckpt``: ``hyper_parameters["model_config"]`` (a ModelConfig dict) and a
+      ``state_dict`` whose keys start with ``model.``;
+  (c) a plain fp32 state-dict file (DeepSpeed's consolidated output, ``.bin``/``.pt``/
+      ``.safetensors``) together with ``config=`` (a sinklab_config.json, or a YAML/JSON run
+      config in which the model section is found).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import ModelConfig
+from .transformer import Transformer
+
+CONFIG_NAME = "sinklab_config.json"
+WEIGHTS_NAME = "model.safetensors"
+_PREFIXES = ("_forward_module.", "module.", "model.")
+
+
+def save_pretrained(model: Transformer, out_dir: str | os.PathLike) -> Path:
+    """Write ``sinklab_config.json`` + ``model.safetensors`` atomically into out_dir."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt", "sinklab": "1"})
+        (tmp / CONFIG_NAME).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def load_pretrained(
+    path: str | os.PathLike, config: str | os.PathLike | ModelConfig | dict | None = None, map_location: str = "cpu"
+) -> Transformer:
+    p = Path(path)
+    if p.is_dir():
+        cfg_file, weights = p / CONFIG_NAME, p / WEIGHTS_NAME
+        for f in (cfg_file, weights):
+            if not f.exists():
+                raise FileNotFoundError(f"{p}: not a SinkLab export dir, missing {f.name}")
+        model_config = _as_config(config) if config is not None else read_config(cfg_file)
+        return _build(model_config, load_file(str(weights), device=map_location), str(weights))
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such checkpoint")
+    if p.suffix == ".safetensors":
+        state: dict[str, Any] = load_file(str(p), device=map_location)
+        blob: dict[str, Any] = {}
+    else:
+        blob = torch.load(p, map_location=map_location, weights_only=False)
+        state = blob.get("state_dict", blob.get("module", blob)) if isinstance(blob, dict) else {}
+    if config is not None:
+        model_config = _as_config(config)
+    elif isinstance(blob, dict) and "model_config" in blob.get("hyper_parameters", {}):
+        model_config = _as_config(blob["hyper_parameters"]["model_config"])
+    else:
+        raise ValueError(f"{p}: no model config inside; pass config=<sinklab_config.json or run config.yaml>")
+    return _build(model_config, state, str(p))
+
+
+def read_config(path: str | os.PathLike) -> ModelConfig:
+    """A ModelConfig from sinklab_config.json, or from the model section of a run config."""
+    p = Path(path)
+    text = p.read_text()
+    if p.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    found = _find_model_section(data)
+    if found is None:
+        raise ValueError(f"{p}: no model config found (a mapping with d_model, n_layers, n_heads)")
+    return ModelConfig.from_dict(found)
+
+
+def _find_model_section(data: Any) -> dict | None:
+    if isinstance(data, dict):
+        if {"d_model", "n_layers", "n_heads"} <= set(data):
+            return data
+        for value in data.values():
+            found = _find_model_section(value)
+            if found is not None:
+                return found
+    return None
+
+
+def _as_config(config: str | os.PathLike | ModelConfig | dict) -> ModelConfig:
+    if isinstance(config, ModelConfig):
+        return config
+    if isinstance(config, dict):
+        return ModelConfig.from_dict(config)
+    return read_config(config)
+
+
+def _strip_prefixes(state: dict[str, Any], expected: set[str]) -> dict[str, torch.Tensor]:
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    for _ in range(3):
+        if set(tensors) & expected:
+            break
+        for prefix in _PREFIXES:
+            if any(k.startswith(prefix) for k in tensors):
+                tensors = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+                break
+    return tensors
+
+
+def _build(config: ModelConfig, state: dict[str, Any], source: str) -> Transformer:
+    model = Transformer(config)
+    expected = set(model.state_dict())
+    tensors = _strip_prefixes(state, expected)
+    if config.tie_embeddings:
+        tensors.setdefault("lm_head.weight", tensors.get("embed.weight"))
+    missing = sorted(expected - set(tensors))
+    unexpected = sorted(set(tensors) - expected)
+    if missing or unexpected:
+        raise ValueError(
+            f"{source}: weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    model.load_state_dict({k: v.float() for k, v in tensors.items()})
+    return model

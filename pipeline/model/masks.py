@@ -1,0 +1,50 @@
+"""Which (query, key) pairs attention admits (section 6, Figures 5 and 6), and the additive
+mask shared by all layers of one forward pass."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .config import ModelConfig
+
+
+def admitted_pairs(cfg: ModelConfig, q_idx: Tensor, k_idx: Tensor) -> Tensor:
+    """Bool [Tq, Tk] over slot indices (sink tokens first).
+
+    causal: j <= i. prefix: additionally every pair inside the first ``prefix_len`` real
+    tokens (and the sink tokens before them) sees each other. sliding: j <= i and
+    i - j < window, so token t sees down to token t - w + 1.
+    """
+    qi, kj = q_idx[:, None], k_idx[None, :]
+    causal = kj <= qi
+    if cfg.mask == "prefix":
+        prefix = cfg.sink_tokens + cfg.prefix_len
+        return causal | ((qi < prefix) & (kj < prefix))
+    if cfg.mask == "sliding":
+        return causal & (qi - kj < cfg.window)
+    return causal
+
+
+@dataclass
+class AttentionContext:
+    """Per-forward facts shared by every layer: positions, rotary angles, the mask."""
+
+    q_pos: Tensor
+    k_pos: Tensor
+    rotary_q: tuple[Tensor, Tensor] | None
+    rotary_k: tuple[Tensor, Tensor] | None
+    admitted: Tensor                      # bool [Tq, Tk]
+    score_bias: Tensor | None             # float [1|H, Tq, Tk] positional bias
+    plain_causal: bool                    # SDPA may use is_causal=True and no mask
+    _mask: Tensor | None = field(default=None, repr=False)
+
+    def additive_mask(self) -> Tensor:
+        """Float [1, 1|H, Tq, Tk]: positional bias where admitted, -inf elsewhere."""
+        if self._mask is None:
+            bias = self.score_bias if self.score_bias is not None else torch.zeros(
+                1, *self.admitted.shape, device=self.admitted.device
+            )
+            self._mask = bias.masked_fill(~self.admitted, float("-inf"))[None]
+        return self._mask

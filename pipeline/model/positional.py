@@ -1,0 +1,157 @@
+"""Positional embeddings (Table 3, Appendix A). Each is one small module with three hooks:
+
+- ``input_embedding(pos)``: P added to the token embeddings (absolute, learnable), or None;
+- ``rotary(pos)``: (cos, sin) that rotate queries and keys (RoPE), or None;
+- ``score_bias(q_pos, k_pos)``: g(i - j) added to the attention logits, [H|1, Tq, Tk], or None.
+
+Positions are 0-based slot indices (sink tokens occupy the first slots).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+
+class Positional(nn.Module):
+    def input_embedding(self, pos: Tensor) -> Tensor | None:
+        return None
+
+    def rotary(self, pos: Tensor) -> tuple[Tensor, Tensor] | None:
+        return None
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        return None
+
+
+class NoPE(Positional):
+    """No positional information at all (P = 0)."""
+
+
+class Sinusoidal(Positional):
+    """Eq. 5: p_t = [sin(w_1 t), cos(w_1 t), ..., sin(w_{d/2} t), cos(w_{d/2} t)],
+    w_i = 1 / 10000^{2(i-1)/d}; interleaved as written in the paper."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.d_model = cfg.d_model
+
+    def input_embedding(self, pos: Tensor) -> Tensor:
+        i = torch.arange(self.d_model // 2, device=pos.device, dtype=torch.float32)
+        omega = 1.0 / (10000.0 ** (2 * i / self.d_model))
+        angles = pos.float()[:, None] * omega[None, :]
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
+
+
+class Learned(Positional):
+    """Learnable P (GPT-2 style): one vector per slot up to max_seq_len + sink tokens."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.table = nn.Embedding(cfg.max_seq_len + cfg.sink_tokens, cfg.d_model)
+
+    def input_embedding(self, pos: Tensor) -> Tensor:
+        return self.table(pos)
+
+
+class Rotary(Positional):
+    """RoPE (Eq. 8) in the half-split layout of HF Llama (dims i and i + d_h/2 form a pair);
+    it is the paper's interleaved R_{Theta,m} up to a fixed permutation of head dims."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.theta = cfg.rope_theta
+
+    def rotary(self, pos: Tensor) -> tuple[Tensor, Tensor]:
+        i = torch.arange(0, self.head_dim, 2, device=pos.device, dtype=torch.float32)
+        inv_freq = 1.0 / (self.theta ** (i / self.head_dim))
+        angles = pos.float()[:, None] * inv_freq[None, :]
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x [..., T, d_h] by the angles of its positions (cos/sin: [T, d_h])."""
+    half = x.shape[-1] // 2
+    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos.to(x.dtype) + rotated_half * sin.to(x.dtype))
+
+
+def relative_bucket(distance: Tensor, n_buckets: int, max_distance: int) -> Tensor:
+    """Eq. 6 bucket g(i - j) for causal distances n = i - j >= 0 (T5's unidirectional
+    buckets): n if n < B/2; B/2 + floor(log(n / (B/2)) / log(D / (B/2)) * B/2) if
+    B/2 <= n < D; B - 1 if n >= D."""
+    half = n_buckets // 2
+    n = distance.clamp(min=0)
+    log_ratio = torch.log(n.float().clamp(min=1) / half) / math.log(max_distance / half)
+    large = half + torch.floor(log_ratio * (n_buckets - half)).long()
+    large = large.clamp(max=n_buckets - 1)
+    bucket = torch.where(n < half, n, large)
+    return torch.where(n >= max_distance, torch.full_like(bucket, n_buckets - 1), bucket)
+
+
+class RelativeBucket(Positional):
+    """The paper's relative PE taken literally: <q_i, k_j> = q_i k_j^T + g(i - j), with the
+    bucket index g itself (Eq. 6) as a fixed bias, shared by all heads."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_buckets = cfg.relative_buckets
+        self.max_distance = cfg.relative_max_distance
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        distance = q_pos[:, None] - k_pos[None, :]
+        return relative_bucket(distance, self.n_buckets, self.max_distance).float()[None]
+
+
+class T5Bias(Positional):
+    """T5's relative PE: a learned scalar per (bucket, head), bucket from Eq. 6; one table
+    shared by all layers, as in T5."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_buckets = cfg.relative_buckets
+        self.max_distance = cfg.relative_max_distance
+        self.table = nn.Embedding(cfg.relative_buckets, cfg.n_heads)
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        bucket = relative_bucket(q_pos[:, None] - k_pos[None, :], self.n_buckets, self.max_distance)
+        return self.table(bucket).permute(2, 0, 1)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Eq. 7: m_h = 2^{-h * 2^{-log2(H) + 3}} = 2^{-8h/H}, h = 1..H."""
+    h = torch.arange(1, n_heads + 1, dtype=torch.float64)
+    return torch.pow(2.0, -h * 2.0 ** (-math.log2(n_heads) + 3)).float()
+
+
+class ALiBi(Positional):
+    """g(i - j) = -(i - j) m_h with the fixed head slopes of Eq. 7."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        distance = (q_pos[:, None] - k_pos[None, :]).float()
+        return -distance[None] * self.slopes.to(q_pos.device)[:, None, None]
+
+
+POSITIONAL: dict[str, type[Positional]] = {
+    "nope": NoPE,
+    "sinusoidal": Sinusoidal,
+    "learned": Learned,
+    "rope": Rotary,
+    "relative": RelativeBucket,
+    "t5": T5Bias,
+    "alibi": ALiBi,
+}
+
+
+def build_positional(cfg: ModelConfig) -> Positional:
+    cls = POSITIONAL[cfg.positional]
+    return cls() if cls is NoPE else cls(cfg)

@@ -1,0 +1,176 @@
+"""The decoder: embeddings (+ optional learnable sink tokens), L blocks, final norm, head."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .attention import Attention
+from .cache import StreamingCache
+from .config import ModelConfig
+from .ffn import build_ffn
+from .masks import AttentionContext, admitted_pairs
+from .positional import build_positional
+
+
+@dataclass
+class ModelOutput:
+    logits: Tensor                                 # [B, T, V], real tokens only
+    attentions: list[Tensor] | None = None         # per layer [B, H, Tq, Tk]
+    attention_kind: str = "probs"                  # "probs" | "sim_nonneg" | "sim_signed"
+    n_query_slots: int = 0                         # leading rows that are sink tokens
+    n_key_slots: int = 0                           # leading columns that are not real tokens
+    hidden_states: list[Tensor] | None = None      # per block [B, Tq, d]; last before final norm
+    queries: list[Tensor] | None = None            # per layer [B, H, T, dh], real tokens, rotated
+    keys: list[Tensor] | None = None
+    values: list[Tensor] | None = None
+
+
+class Block(nn.Module):
+    """Pre-norm (Eq. 2): h + MHSA(LN(h)), then + FFN(LN(.)).
+    Post-norm (Eq. 3): LN(h + MHSA(h)), then LN(. + FFN(.))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.pre_norm = cfg.norm_position == "pre"
+        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.ffn = build_ffn(cfg)
+
+    def forward(self, x: Tensor, ctx: AttentionContext, layer_cache=None, need_weights=False, need_qkv=False):
+        if self.pre_norm:
+            a, record = self.attn(self.attn_norm(x), ctx, layer_cache, need_weights, need_qkv)
+            x = x + a
+            return x + self.ffn(self.ffn_norm(x)), record
+        a, record = self.attn(x, ctx, layer_cache, need_weights, need_qkv)
+        x = self.attn_norm(x + a)
+        return self.ffn_norm(x + self.ffn(x)), record
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.sink_tokens = nn.Parameter(torch.zeros(config.sink_tokens, config.d_model)) if config.sink_tokens else None
+        self.positional = build_positional(config)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        # post-norm blocks already end in a norm
+        self.norm = nn.RMSNorm(config.d_model, eps=config.norm_eps) if config.norm_position == "pre" else nn.Identity()
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.reset_parameters()
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def reset_parameters(self) -> None:
+        std = self.config.init_std
+        residual_std = std / math.sqrt(2 * self.config.n_layers)
+        for name, p in self.named_parameters():
+            if name.endswith(("attn.out.weight", "ffn.down.weight")):
+                nn.init.normal_(p, 0.0, residual_std)
+            elif name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            elif name.endswith("sink_logit"):
+                nn.init.zeros_(p)
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def num_parameters(self, embeddings: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if not embeddings:
+            n -= self.embed.weight.numel()
+            if not self.config.tie_embeddings:
+                n -= self.lm_head.weight.numel()
+        return n
+
+    def forward(
+        self,
+        idx: Tensor,
+        *,
+        positions: Tensor | None = None,
+        cache: StreamingCache | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+        output_qkv: bool = False,
+    ) -> ModelOutput:
+        cfg = self.config
+        B = idx.shape[0]
+        x = self.embed(idx)
+        add_sinks = self.sink_tokens is not None and (cache is None or cache.seen == 0)
+        n_sinks = cfg.sink_tokens if add_sinks else 0
+        if add_sinks:
+            x = torch.cat((self.sink_tokens[None].expand(B, -1, -1).to(x.dtype), x), dim=1)
+        T = x.shape[1]
+
+        offset = 0
+        if cache is not None:
+            if positions is not None:
+                raise ValueError("positions= and cache= are exclusive: the cache sets positions itself")
+            cache.make_room(T)
+            offset = cache.length
+        q_idx = torch.arange(offset, offset + T, device=idx.device)
+        k_idx = torch.arange(0, offset + T, device=idx.device)
+        q_pos = positions.to(idx.device) if positions is not None else q_idx
+        k_pos = q_pos if positions is not None else k_idx
+        if positions is not None and positions.shape != (T,):
+            raise ValueError(f"positions must have shape ({T},) (sink tokens included), got {tuple(positions.shape)}")
+
+        absolute = self.positional.input_embedding(q_pos)
+        if absolute is not None:
+            x = x + absolute.to(x.dtype)[None]
+        rotary_k = self.positional.rotary(k_pos)
+        ctx = AttentionContext(
+            q_pos=q_pos,
+            k_pos=k_pos,
+            rotary_q=None if rotary_k is None else tuple(t[-T:] for t in rotary_k),
+            rotary_k=rotary_k,
+            admitted=admitted_pairs(cfg, q_idx, k_idx),
+            score_bias=self.positional.score_bias(q_pos, k_pos),
+            plain_causal=cfg.mask == "causal" and offset == 0,
+        )
+        if ctx.score_bias is not None:
+            ctx.plain_causal = False
+
+        want_records = output_attentions or output_qkv
+        hidden, records = [], []
+        for i, block in enumerate(self.blocks):
+            layer_cache = cache.layers[i] if cache is not None else None
+            x, record = block(x, ctx, layer_cache, output_attentions, output_qkv)
+            if output_hidden_states:
+                hidden.append(x)
+            if want_records:
+                records.append(record)
+        if cache is not None:
+            cache.advance(T, n_sinks)
+
+        logits = self.lm_head(self.norm(x[:, n_sinks:]))
+        sinks_in_keys = cache.sinks_kept if cache is not None else n_sinks
+        out = ModelOutput(
+            logits=logits,
+            n_query_slots=n_sinks,
+            n_key_slots=cfg.n_bias_slots + sinks_in_keys,
+            hidden_states=hidden if output_hidden_states else None,
+        )
+        if output_attentions:
+            out.attentions = [r.weights for r in records]
+            out.attention_kind = records[0].kind
+        else:
+            out.attention_kind = _kind_of(cfg)
+        if output_qkv:
+            out.queries = [r.q[:, :, n_sinks:] for r in records]
+            out.keys = [r.k[:, :, n_sinks:] for r in records]
+            out.values = [r.v[:, :, n_sinks:] for r in records]
+        return out
+
+
+def _kind_of(cfg: ModelConfig) -> str:
+    a = cfg.attention
+    if a.op in ("softmax", "softmax_off_by_one", "clipped_softmax"):
+        return "probs" if a.p == 1.0 else "sim_nonneg"
+    if a.op == "kernel" and a.kernel != "elu1":
+        return "sim_signed"
+    return "sim_nonneg"

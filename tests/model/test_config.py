@@ -1,0 +1,76 @@
+import json
+
+import pytest
+import torch
+
+from pipeline.model import PRESETS, ConfigError, ModelConfig, Transformer
+
+
+def _non_embedding_params(name: str) -> int:
+    with torch.device("meta"):
+        return Transformer(ModelConfig.preset(name)).num_parameters(embeddings=False)
+
+
+def test_presets_have_the_documented_shapes():
+    c = ModelConfig.preset("llama-60m")
+    assert (c.d_model, c.n_layers, c.n_heads, c.d_ffn) == (768, 10, 8, 1536)
+    assert (c.positional, c.norm_position, c.ffn, c.tie_embeddings) == ("rope", "pre", "swiglu", False)
+    tiny = ModelConfig.preset("tiny")
+    assert (tiny.d_model, tiny.n_layers, tiny.n_heads, tiny.d_ffn) == (128, 4, 4, 512)
+    assert set(PRESETS) >= {"llama-60m", "llama-1b", "tiny", "micro"}
+
+
+def test_60m_preset_counts_about_60m_parameters_without_embeddings():
+    # per layer: 4 d^2 (attention) + 3 d f (SwiGLU) + 2 d (norms); plus the final norm
+    d, f, L = 768, 1536, 10
+    expected = L * (4 * d * d + 3 * d * f + 2 * d) + d
+    assert _non_embedding_params("llama-60m") == expected == 58_998_528
+
+
+def test_1b_preset_is_about_a_billion():
+    assert 1.0e9 < _non_embedding_params("llama-1b") < 1.2e9
+
+
+def test_overrides_nested_and_roundtrip():
+    c = ModelConfig.preset("micro", attention={"op": "sigmoid", "normalizer": "none"}, biases__kind="k")
+    assert c.attention.op == "sigmoid" and c.attention.normalizer == "none" and c.biases.kind == "k"
+    again = ModelConfig.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert again == c
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(positional="xpos"), "model.positional"),
+        (dict(attention__op="relu"), "model.attention.op"),
+        (dict(n_heads=3), "model.n_heads"),
+        (dict(mask="sliding"), "model.window"),
+        (dict(mask="prefix"), "model.prefix_len"),
+        (dict(biases__key_dims=4), "model.biases.key_dims"),
+        (dict(attention__op="sigmoid", attention__sink_logit=True), "model.attention.sink_logit"),
+        (dict(attention__op="kernel", positional="alibi"), "model.positional"),
+        (dict(attention__normalizer="none"), "model.attention.normalizer"),
+        (dict(sink_tokens=9), "model.sink_tokens"),
+        (dict(colour="red"), "model.colour"),
+    ],
+)
+def test_bad_values_name_the_field(overrides, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        ModelConfig.preset("micro", **overrides)
+
+
+def test_unknown_preset_lists_the_allowed_ones():
+    with pytest.raises(ConfigError, match="llama-60m"):
+        ModelConfig.preset("gpt-5")
+
+
+def test_jsonargparse_overrides_every_nested_field():
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_argument("--model", type=ModelConfig, default=ModelConfig.preset("tiny"))
+    args = parser.parse_args(["--model.attention.op", "sigmoid", "--model.attention.normalizer", "none",
+                              "--model.biases.kind", "kv", "--model.d_model", "64"])
+    cfg = parser.instantiate(args).model
+    assert isinstance(cfg, ModelConfig)
+    assert (cfg.attention.op, cfg.biases.kind, cfg.d_model, cfg.n_layers) == ("sigmoid", "kv", 64, 4)
