@@ -1,0 +1,169 @@
+"""Training callbacks: step checkpoints, live sink metrics, throughput / MFU."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, Checkpoint
+
+from .perf import device_peak_flops, flops_per_token, matmul_params, mfu
+from .rundir import RunDir, checkpoint_name
+
+
+class StepCheckpoint(Checkpoint):
+    """Saves ``<run_dir>/checkpoints/step-NNNNNN.ckpt`` every ``every`` optimizer steps and at
+    the end, keeping the newest ``keep_last``. Each one is written under a hidden temporary
+    name and renamed into place, so a crash never leaves a half-written checkpoint where
+    ``--resume auto`` looks (works for files and for DeepSpeed's checkpoint directories)."""
+
+    def __init__(self, run_dir: Path, every: int, keep_last: int = 3):
+        self.run = RunDir(run_dir)
+        self.every, self.keep_last = every, keep_last
+        self.last_saved = -1
+
+    def save(self, trainer: L.Trainer) -> Path:
+        step = trainer.global_step
+        final = self.run.checkpoints / checkpoint_name(step)
+        tmp = self.run.checkpoints / f".{final.name}.partial"
+        if trainer.is_global_zero:
+            _remove(tmp)
+        trainer.strategy.barrier("sinklab_ckpt_pre")
+        trainer.save_checkpoint(tmp, weights_only=False)
+        trainer.strategy.barrier("sinklab_ckpt_post")
+        if trainer.is_global_zero:
+            _remove(final)
+            os.replace(tmp, final)
+            self.run.prune(self.keep_last)
+        trainer.strategy.barrier("sinklab_ckpt_done")
+        self.last_saved = step
+        return final
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if self.every > 0 and step > 0 and step % self.every == 0 and step != self.last_saved:
+            self.save(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.global_step != self.last_saved and trainer.global_step > 0:
+            self.save(trainer)
+
+    def state_dict(self) -> dict:
+        return {"last_saved": self.last_saved}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.last_saved = state.get("last_saved", -1)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+class SinkMetrics(Callback):
+    """Every ``every`` steps (and at step 0), on rank 0: ``run_probe`` on the dataset's probe
+    set (eval mode, no grad, fp32), logged as ``sink/...`` and ``act/...``; every
+    ``plot_every`` steps an alpha_1 heat map (layer x head) into ``<run_dir>/plots`` and MLflow.
+    The time it takes is kept (``seconds``) so its share of the run can be reported."""
+
+    def __init__(self, every: int, plot_every: int, run_dir: Path, eps: float = 0.3, positions: int = 10):
+        self.every, self.plot_every = every, plot_every
+        self.plot_dir = Path(run_dir) / "plots"
+        self.eps, self.positions = eps, positions
+        self.history: list[tuple[int, float]] = []
+        self.seconds = 0.0
+        self._probe: torch.Tensor | None = None
+        self._done_step = -1
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._maybe_probe(trainer, pl_module, force=trainer.global_step == 0)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._maybe_probe(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._maybe_probe(trainer, pl_module, force=True)
+
+    def _maybe_probe(self, trainer, pl_module, force: bool = False) -> None:
+        step = trainer.global_step
+        if self.every <= 0 or step == self._done_step or not (force or step % self.every == 0):
+            return
+        self._done_step = step
+        zero3 = getattr(trainer.strategy, "zero_stage_3", False)
+        if not (trainer.is_global_zero or zero3):
+            return
+        from pipeline.analysis.probe import run_probe
+
+        t0 = time.perf_counter()
+        if self._probe is None:
+            self._probe = trainer.datamodule.probe_tokens()
+        model = pl_module.model
+        tokens = self._probe.to(pl_module.device)
+        if zero3:  # ZeRO-3 shards the weights: every rank takes part in gathering them
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(model.parameters())):
+                report = run_probe(model, tokens, eps=self.eps, positions=self.positions)
+            if not trainer.is_global_zero:
+                return
+        else:
+            report = run_probe(model, tokens, eps=self.eps, positions=self.positions)
+        metrics = report.to_metrics()
+        self.history.append((step, report.sink1))
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+        if self.plot_every > 0 and (step % self.plot_every == 0 or force):
+            from pipeline.analysis.plots import alpha1_heatmap
+
+            path = alpha1_heatmap(report.alpha1, self.plot_dir / f"alpha1_step-{step:06d}.png",
+                                  f"step {step}: α₁ per layer and head (Sink₁ = {report.sink1:.1f}%)")
+            for logger in trainer.loggers:
+                if hasattr(logger, "log_artifact"):
+                    logger.log_artifact(path, artifact_path="plots")
+        self.seconds += time.perf_counter() - t0
+
+
+class Throughput(Callback):
+    """Tokens/s over windows of ``window`` optimizer steps (wall time, everything included)
+    and, on a GPU with a known peak, MFU = tokens/s/device x FLOPs/token / peak (perf.py)."""
+
+    def __init__(self, tokens_per_step: int, context_length: int, window: int = 10):
+        self.tokens_per_step, self.context_length, self.window = tokens_per_step, context_length, window
+        self.train_seconds = 0.0
+        self.steps_timed = 0
+        self._t_window: float | None = None
+        self._step_window = 0
+        self._t_start: float | None = None
+        self._flops_token: float | None = None
+        self._peak: float | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        cfg = pl_module.model_config
+        self._flops_token = flops_per_token(matmul_params(pl_module.model), cfg.n_layers, cfg.d_model,
+                                            self.context_length)
+        self._peak = device_peak_flops(pl_module.device) if pl_module.device.type == "cuda" else None
+        self._t_start = self._t_window = time.perf_counter()
+        self._step_window = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step - self._step_window < self.window:
+            return
+        now = time.perf_counter()
+        tokens_per_s = (step - self._step_window) * self.tokens_per_step / (now - self._t_window)
+        metrics = {"perf/tokens_per_s": tokens_per_s}
+        value = mfu(tokens_per_s / trainer.world_size, self._flops_token or 0.0, self._peak)
+        if value is not None:
+            metrics["perf/mfu"] = value
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+        self._t_window, self._step_window = now, step
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._t_start is not None:
+            self.train_seconds = time.perf_counter() - self._t_start

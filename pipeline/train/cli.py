@@ -1,0 +1,216 @@
+"""`sinklab fit`: LightningCLI over SinkLabModule + SinkDataModule, plus the run directory.
+
+    sinklab fit --config configs/recipes/embedded.yaml [--run-dir D] [--resume auto|never|PATH]
+                [--model.model.attention.op sigmoid] [--model.optim.lr 1e-3] [--data.interventions.resample [1]]
+                [--trainer.max_steps 100] [--run.sink_every 50] ...
+
+Sections: ``model`` (``model.model`` = every ModelConfig field, ``model.optim``), ``data``,
+``trainer`` (Lightning's Trainer), ``run`` (:class:`RunOptions`: names, cadences). Derived, not
+set by hand: ``trainer.accumulate_grad_batches`` (from data.global_batch_tokens) and
+``trainer.val_check_interval`` (from run.val_every).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities import rank_zero_only
+
+from data_prep.dataset import DatasetError
+from pipeline.model.config import ConfigError
+
+from .batching import BatchConfigError
+from .callbacks import SinkMetrics, StepCheckpoint, Throughput
+from .data import SinkDataModule
+from .module import NonFiniteLossError, SinkLabModule
+from .rundir import RunDir, RunDirError, acquire_lock, release_lock
+from .summary import print_summary
+from .tracking import RunLogger, code_version, flatten, open_run
+
+
+@dataclass
+class RunOptions:
+    """name: run name (default run dir runs/<name>). experiment: MLflow experiment.
+    variant: one-line summary of what this run changes (a tag; default: derived).
+    checkpoint_every / keep_last: step checkpoints and how many to keep (0 = all).
+    sink_every / plot_every: cadence of the live sink metrics and the alpha_1 heat maps.
+    val_every: validation cadence in optimizer steps. throughput_window: steps per tokens/s value."""
+
+    name: str = "sinklab"
+    experiment: str = "sinklab"
+    variant: str = ""
+    checkpoint_every: int = 1000
+    keep_last: int = 3
+    sink_every: int = 200
+    plot_every: int = 2000
+    val_every: int = 500
+    throughput_window: int = 20
+
+
+_LOCKED: list[RunDir] = []  # run dirs this process locked, released on the way out
+
+
+class SinkLabCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_class_arguments(RunOptions, "run")
+        parser.add_argument("--run-dir", type=str | None, default=None,
+                            help="run directory (default runs/<run.name>)")
+        parser.add_argument("--resume", type=str, default="never",
+                            help="auto: newest checkpoint in the run dir (a fresh start if none); "
+                                 "never: refuse a run dir that has checkpoints; or a checkpoint path")
+
+    # ---- before any class exists: run dir, lock, MLflow run ---------------------------------
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config
+        opts: RunOptions = RunOptions(**{k: v for k, v in dict(cfg["run"]).items()})
+        self.opts = opts
+        self.run = RunDir(Path(cfg.get("run_dir") or cfg.get("run-dir") or f"runs/{opts.name}"))
+        self.resume_from = self._resume_path(cfg.get("resume", "never"))
+        self.rank0 = rank_zero_only.rank == 0
+        self.run_id = None
+        if not self.rank0:
+            self.run_id = self.run.mlflow_run_id()
+            return
+        acquire_lock(self.run)
+        _LOCKED.append(self.run)
+        self.run.create()
+        stored = cfg.clone()
+        stored["resume"] = None  # how this start was resumed is not part of the run's config
+        text = self.parser.dump(stored, skip_validation=True)
+        config_file = self.run.save_config(text)
+        from data_prep.dataset import load_manifest
+
+        manifest = load_manifest(cfg["data"]["path"])
+        variant = opts.variant or _variant_summary(cfg)
+        tags = {"sinklab.experiment": opts.experiment, "sinklab.variant": variant,
+                "sinklab.code_version": code_version(), "sinklab.dataset_hash": manifest.hash,
+                "sinklab.run_dir": str(self.run.root.resolve()), "sinklab.status": "running"}
+        if os.environ.get("SLURM_JOB_ID"):
+            tags["sinklab.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+        params = flatten(_as_plain(cfg))
+        self.run_id = open_run(self.run, opts.experiment, opts.name, tags, params, [config_file])
+
+    def _resume_path(self, resume: str) -> str | None:
+        if resume == "auto":
+            newest = self.run.newest_checkpoint()
+            return str(newest) if newest else None
+        if resume in ("never", "", None):
+            if self.run.step_checkpoints():
+                raise RunDirError(f"{self.run.root}: already has checkpoints; continue it with --resume auto, "
+                                  "or choose another --run-dir")
+            return None
+        if not Path(resume).exists():
+            raise RunDirError(f"--resume {resume}: no such checkpoint")
+        return resume
+
+    # ---- the trainer: logger, callbacks, SLURM, derived batch settings -------------------------
+    def instantiate_trainer(self, **kwargs: Any):
+        opts, data = self.opts, self.datamodule
+        trainer_cfg = self._get(self.config_init, "trainer", default={})
+        if trainer_cfg.get("accumulate_grad_batches", 1) != 1:
+            raise ConfigError("trainer.accumulate_grad_batches is derived from data.global_batch_tokens, "
+                             "data.micro_batch_size and the world size; leave it unset")
+        logger = RunLogger(str(self.run.root), opts.experiment, self.run_id)
+        context = data.manifest.context_length
+        self.sink_cb = SinkMetrics(opts.sink_every, opts.plot_every, self.run.root)
+        self.throughput_cb = Throughput(data.global_batch_tokens, context, opts.throughput_window)
+        self.ckpt_cb = StepCheckpoint(self.run.root, opts.checkpoint_every, opts.keep_last)
+        callbacks = list(trainer_cfg.get("callbacks") or []) + [self.ckpt_cb, self.sink_cb, self.throughput_cb]
+        extra: dict[str, Any] = {"logger": logger, "callbacks": callbacks, "default_root_dir": str(self.run.root),
+                                 "use_distributed_sampler": False, "check_val_every_n_epoch": None,
+                                 "max_epochs": -1}
+        if SLURMEnvironment.detect():
+            extra["plugins"] = list(trainer_cfg.get("plugins") or []) + [
+                SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1)]
+        trainer = super().instantiate_trainer(**extra)
+        if trainer.max_steps is None or trainer.max_steps < 1:
+            raise ConfigError("trainer.max_steps must be set (the cosine schedule and the data order need it)")
+        plan = data.make_plan(trainer.world_size)
+        trainer.accumulate_grad_batches = plan.grad_accum
+        trainer.val_check_interval = max(1, opts.val_every) * plan.grad_accum
+        self.plan = plan
+        if type(trainer.strategy).__name__ == "DeepSpeedStrategy" and trainer.strategy.config is not None:
+            trainer.strategy.config.setdefault("train_micro_batch_size_per_gpu", plan.micro_batch_size)
+        if rank_zero_only.rank == 0:
+            print(f"sinklab: run dir {self.run.root}; batch: {plan.describe()}", flush=True)
+        return trainer
+
+
+def _as_plain(cfg) -> dict:
+    from jsonargparse import Namespace
+
+    def plain(v):
+        if isinstance(v, Namespace):
+            return {k: plain(x) for k, x in vars(v).items()}
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+
+    out = plain(cfg)
+    out.pop("config", None)
+    return out
+
+
+def _variant_summary(cfg) -> str:
+    """One line naming what differs from the paper's default block and data."""
+    from pipeline.model import ModelConfig
+
+    plain = _as_plain(cfg)
+    model = plain.get("model", {}).get("model") or {}
+    default = flatten(ModelConfig().to_dict())
+    diffs = [f"{k}={v}" for k, v in sorted(flatten(model).items())
+             if k not in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_seq_len")
+             and default.get(k) != v]
+    optim = plain.get("model", {}).get("optim") or {}
+    diffs += [f"lr={optim.get('lr')}", f"wd={optim.get('weight_decay')}"]
+    inter = plain.get("data", {}).get("interventions") or {}
+    if inter.get("resample"):
+        diffs.append("resample=" + ",".join(map(str, inter["resample"])))
+    if inter.get("fix_position"):
+        diffs.append(f"fix x{inter['fix_position']}={inter.get('fix_token')}")
+    if plain.get("data", {}).get("token_budget"):
+        diffs.append(f"token_budget={plain['data']['token_budget']}")
+    return ", ".join(diffs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `sinklab fit ...` hands us argv without "fit"; Lightning's DDP launcher re-runs sys.argv as is
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    warnings.filterwarnings("ignore", message=".*srun. command is available on your system")
+    warnings.filterwarnings("ignore", message=".*litlogger")
+    cli = None
+    status = "failed"
+    try:
+        cli = SinkLabCLI(SinkLabModule, SinkDataModule, args=argv, run=False, save_config_callback=None,
+                         auto_configure_optimizers=False, seed_everything_default=1234,
+                         parser_kwargs={"default_env": False, "exit_on_error": True})
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.resume_from)
+        status = "finished" if not cli.trainer.interrupted else "interrupted"
+        if cli.trainer.is_global_zero:
+            print_summary(cli)
+        return 0 if status == "finished" else 130
+    except NonFiniteLossError as exc:
+        status = "nonfinite"
+        print(f"sinklab fit: {exc}", file=sys.stderr, flush=True)
+        return 3
+    except (RunDirError, BatchConfigError, ConfigError, DatasetError, FileNotFoundError) as exc:
+        print(f"sinklab fit: {exc}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        trainer = getattr(cli, "trainer", None)
+        if trainer is not None and trainer.is_global_zero and isinstance(trainer.logger, RunLogger):
+            trainer.logger.set_tag("sinklab.status", status)
+            if status != "finished":
+                trainer.logger.finalize("failed" if status in ("failed", "nonfinite") else "finished")
+        while _LOCKED:
+            release_lock(_LOCKED.pop())

@@ -1,0 +1,201 @@
+"""Training data: a deterministic global order over memory-mapped packed sequences.
+
+Order. Epoch e of the training split is the permutation ``default_rng([seed, e])`` of the
+sequences in use (all of them, or a seeded subset of ``token_budget`` tokens for the
+data-amount study: same steps and batch, so the data repeats). Sample g of the run (g = 0, 1,
+...) is sequence ``perm_{g // n}[g % n]``. Optimizer step s consumes samples
+[s*G, (s+1)*G), G = global batch in sequences; within the step, micro-step a gives rank r the
+samples starting at s*G + (a*W + r)*m. The order is global, so resuming on another world size
+with the same global batch continues the same stream.
+
+Resume. The loader's state (``state_dict``) is the number of samples consumed by completed
+optimizer steps, read from the trainer's global step when Lightning saves a checkpoint, so
+batches already fetched ahead of time are not counted. Lightning stores it in the checkpoint
+(``loops.fit_loop.state_dict.combined_loader``) and hands it back on resume: training goes on
+at the next unseen sample, no batch is replayed or skipped.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from data_prep.dataset import PackedSplit, load_manifest, load_probe
+
+from .batching import BatchPlan, plan_batch
+from .interventions import Interventions, apply_interventions
+
+
+class GlobalOrder:
+    """Sample index g -> (epoch, sequence index); permutations cached per epoch."""
+
+    def __init__(self, n_total: int, seed: int, budget_sequences: int | None = None):
+        self.seed = seed
+        if budget_sequences is not None and budget_sequences < n_total:
+            pool = np.random.default_rng([seed, 0xB0D6E7]).permutation(n_total)[:budget_sequences]
+            self.pool = np.sort(pool)
+        else:
+            self.pool = np.arange(n_total)
+        self.n = len(self.pool)
+        self._perms: dict[int, np.ndarray] = {}
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            if len(self._perms) > 2:
+                self._perms.pop(min(self._perms))
+            self._perms[epoch] = self.pool[np.random.default_rng([self.seed, epoch]).permutation(self.n)]
+        return self._perms[epoch]
+
+    def lookup(self, g: int) -> tuple[int, int]:
+        epoch, i = divmod(g, self.n)
+        return epoch, int(self.permutation(epoch)[i])
+
+
+class RankBatchSampler(Sampler[list[int]]):
+    """Yields this rank's micro-batches as lists of global sample indices."""
+
+    def __init__(self, plan: BatchPlan, rank: int, total_steps: int):
+        self.plan, self.rank, self.total_steps = plan, rank, total_steps
+        self.batch_size = plan.micro_batch_size  # read by Lightning's DeepSpeed strategy
+        self.start_sample = 0
+
+    def __len__(self) -> int:
+        return self.total_steps * self.plan.grad_accum
+
+    def __iter__(self) -> Iterator[list[int]]:
+        p, G = self.plan, self.plan.global_batch_seqs
+        first_step = self.start_sample // G
+        for step in range(first_step, self.total_steps):
+            for a in range(p.grad_accum):
+                start = step * G + (a * p.world_size + self.rank) * p.micro_batch_size
+                yield list(range(start, start + p.micro_batch_size))
+
+
+class PackedTrainSet(Dataset):
+    """Global sample index -> dict(input_ids, sample, epoch), interventions applied per row."""
+
+    def __init__(self, split: PackedSplit, order: GlobalOrder, interventions: Interventions,
+                 vocab_size: int, seed: int, special_ids: dict[str, int]):
+        self.split, self.order, self.interventions = split, order, interventions
+        self.vocab_size, self.seed, self.special_ids = vocab_size, seed, special_ids
+
+    def __getitems__(self, samples: list[int]) -> dict[str, torch.Tensor]:
+        looked = [self.order.lookup(g) for g in samples]
+        tokens = self.split.take([i for _, i in looked])
+        epochs = np.array([e for e, _ in looked])
+        tokens = apply_interventions(tokens, np.asarray(samples), epochs, self.interventions,
+                                     self.vocab_size, self.seed, self.special_ids)
+        return {"input_ids": torch.from_numpy(tokens), "sample": torch.tensor(samples),
+                "epoch": torch.from_numpy(epochs)}
+
+    def __getitem__(self, g: int):
+        return self.__getitems__([g])
+
+    def __len__(self) -> int:  # samples are drawn by global index, not enumerated
+        return 2**62
+
+
+class StatefulLoader(DataLoader):
+    """A DataLoader Lightning can checkpoint (it saves loaders that have state_dict)."""
+
+    def __init__(self, dataset: PackedTrainSet, sampler: RankBatchSampler,
+                 consumed_samples: Callable[[], int], **kwargs):
+        super().__init__(dataset, batch_sampler=sampler, collate_fn=_identity, **kwargs)
+        self._consumed_samples = consumed_samples
+
+    def state_dict(self) -> dict:
+        s: RankBatchSampler = self.batch_sampler
+        return {"consumed_samples": int(self._consumed_samples()),
+                "global_batch_seqs": s.plan.global_batch_seqs, "seed": self.dataset.order.seed,
+                "n_sequences": self.dataset.order.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        s: RankBatchSampler = self.batch_sampler
+        for key, mine in (("global_batch_seqs", s.plan.global_batch_seqs), ("seed", self.dataset.order.seed),
+                          ("n_sequences", self.dataset.order.n)):
+            if state.get(key) != mine:
+                raise ValueError(f"resume: the checkpoint's data {key}={state.get(key)} differs from this "
+                                 f"run's {mine}; resume with the same data settings or start a new run")
+        s.start_sample = int(state["consumed_samples"])
+
+
+def _identity(batch):
+    return batch
+
+
+class EvalSet(Dataset):
+    def __init__(self, split: PackedSplit, n: int):
+        self.split, self.n = split, min(n, len(split))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(self.split[i], dtype=np.int64))
+
+
+class SinkDataModule(L.LightningDataModule):
+    """path: prepared dataset directory (``sinklab prep``). global_batch_tokens: tokens per
+    optimizer step over all processes. micro_batch_size: sequences per process per forward.
+    token_budget: use only this many training tokens (Figure 5 right), 0 = all. val_batches:
+    validation micro-batches per evaluation. seed: data order and resampling seed."""
+
+    def __init__(self, path: str = "data/embedded", global_batch_tokens: int = 2**20,
+                 micro_batch_size: int = 8, token_budget: int = 0, val_batches: int = 8,
+                 num_workers: int = 0, seed: int = 1234,
+                 interventions: Interventions | None = None):
+        super().__init__()
+        self.path = Path(path)
+        if not (self.path / "manifest.json").is_file():
+            raise FileNotFoundError(f"data.path={path}: no manifest.json there; prepare it with `sinklab prep`")
+        self.manifest = load_manifest(self.path)
+        self.global_batch_tokens, self.micro_batch_size = global_batch_tokens, micro_batch_size
+        self.token_budget, self.val_batches, self.num_workers, self.seed = token_budget, val_batches, num_workers, seed
+        self.interventions = interventions if isinstance(interventions, Interventions) else Interventions()
+        self.interventions.validate(self.manifest.context_length, self.special_ids)
+        self.plan: BatchPlan | None = None
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        ids = {k.lower(): int(v) for k, v in (self.manifest.special_ids or {}).items()}
+        if self.manifest.bos_id is not None:
+            ids.setdefault("bos", int(self.manifest.bos_id))
+        if self.manifest.eos_id is not None:
+            ids.setdefault("eos", int(self.manifest.eos_id))
+        return ids
+
+    def make_plan(self, world_size: int) -> BatchPlan:
+        self.plan = plan_batch(self.global_batch_tokens, self.manifest.context_length,
+                               self.micro_batch_size, world_size)
+        return self.plan
+
+    def train_order(self) -> GlobalOrder:
+        split = PackedSplit(self.path, "train", self.manifest)
+        budget = None
+        if self.token_budget:
+            budget = max(1, self.token_budget // self.manifest.context_length)
+        return GlobalOrder(len(split), self.seed, budget)
+
+    def train_dataloader(self) -> StatefulLoader:
+        trainer = self.trainer
+        plan = self.plan or self.make_plan(trainer.world_size)
+        split = PackedSplit(self.path, "train", self.manifest)
+        dataset = PackedTrainSet(split, self.train_order(), self.interventions,
+                                 self.manifest.vocab_size, self.seed, self.special_ids)
+        sampler = RankBatchSampler(plan, trainer.global_rank, trainer.max_steps)
+        return StatefulLoader(dataset, sampler, lambda: trainer.global_step * plan.global_batch_seqs,
+                              num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        split = PackedSplit(self.path, "val", self.manifest)
+        n = self.val_batches * self.micro_batch_size
+        # every rank evaluates the same sequences; the loss is averaged over ranks
+        return DataLoader(EvalSet(split, n), batch_size=self.micro_batch_size, shuffle=False,
+                          num_workers=self.num_workers)
+
+    def probe_tokens(self) -> torch.Tensor:
+        return torch.as_tensor(load_probe(self.path), dtype=torch.long)

@@ -1,0 +1,83 @@
+"""The paper's data interventions (section 5, Table 10 right, Figure 5), applied when a batch is
+formed so that one prepared dataset serves every experiment.
+
+Positions are 1-based, as in the paper (x_1 is the first token of a packed chunk).
+
+- ``resample``: positions whose token is replaced by a draw from Uniform(V) ("x1 ~ U(V)",
+  "x1, x2 ~ U(V)", "x2 ~ U(V)"). Each sequence draws from its own generator seeded by
+  (seed, epoch, sample index), so the draw is the same on any world size and after resume.
+- ``fix_position`` / ``fix_token``: x_p <- x_fix for every chunk (Table 10 right: p = 1, 2, 3).
+  ``fix_token`` is a token id or the name of a special token of the dataset ("bos", "eos").
+  With ``fix_position: 1, fix_token: bos`` every chunk starts with BOS, which is what a
+  BOS-on dataset gives the documents but not the chunks cut from their middle.
+- the prefix-LM loss (loss from token p+1) and learnable sink tokens are model-config fields
+  (``model.mask: prefix, model.prefix_len: p``; ``model.sink_tokens``);
+- ``token_budget`` (the data-amount study, Figure 5 right) lives in the DataModule's order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.model.config import ConfigError
+
+
+@dataclass
+class Interventions:
+    resample: list[int] = field(default_factory=list)
+    fix_position: int = 0
+    fix_token: int | str | None = None
+
+    def validate(self, context_length: int, special_ids: dict[str, int]) -> None:
+        for p in self.resample:
+            if not 1 <= p <= context_length:
+                raise ConfigError(f"data.interventions.resample: position {p} outside 1..{context_length}")
+        if self.fix_position:
+            if not 1 <= self.fix_position <= context_length:
+                raise ConfigError(f"data.interventions.fix_position={self.fix_position}: outside 1..{context_length}")
+            if self.fix_token is None:
+                raise ConfigError("data.interventions.fix_position is set but fix_token is not "
+                                 f"(a token id or one of {sorted(special_ids)})")
+            self.resolve_fix_token(special_ids)
+            if self.fix_position in self.resample:
+                raise ConfigError(f"data.interventions: position {self.fix_position} is both fixed and resampled")
+
+    def resolve_fix_token(self, special_ids: dict[str, int]) -> int:
+        token = self.fix_token
+        if isinstance(token, str) and not token.isdigit():
+            key = token.lower()
+            if key not in special_ids:
+                raise ConfigError(f"data.interventions.fix_token={token!r}: the dataset's special tokens are "
+                                 f"{sorted(special_ids)}; or give a token id")
+            return int(special_ids[key])
+        return int(token)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.resample or self.fix_position)
+
+    def summary(self) -> str:
+        parts = []
+        if self.resample:
+            parts.append("resample x" + ",x".join(map(str, self.resample)) + "~U(V)")
+        if self.fix_position:
+            parts.append(f"fix x{self.fix_position}={self.fix_token}")
+        return "; ".join(parts)
+
+
+def apply_interventions(tokens: np.ndarray, sample_ids: np.ndarray, epoch_ids: np.ndarray,
+                        cfg: Interventions, vocab_size: int, seed: int,
+                        special_ids: dict[str, int]) -> np.ndarray:
+    """tokens [B, C] int64 (modified copy); sample_ids / epoch_ids [B] identify each row."""
+    if not cfg.active:
+        return tokens
+    out = tokens.copy()
+    if cfg.resample:
+        cols = np.asarray(cfg.resample) - 1
+        for row, (sample, epoch) in enumerate(zip(sample_ids, epoch_ids)):
+            rng = np.random.default_rng([seed, 0x5EED, int(epoch), int(sample)])
+            out[row, cols] = rng.integers(0, vocab_size, size=len(cols))
+    if cfg.fix_position:
+        out[:, cfg.fix_position - 1] = cfg.resolve_fix_token(special_ids)
+    return out

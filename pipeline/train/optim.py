@@ -1,0 +1,82 @@
+"""AdamW with the paper's schedule: linear warm-up, then cosine decay to a minimum.
+
+Paper default (section 4): peak lr 4e-4, 100 warm-up steps, cosine over 20k steps, AdamW with
+weight decay 0.1. The paper does not state a minimum; ``min_lr`` defaults to a tenth of the
+peak (a common choice) and must be below it.
+
+Weight decay (Table 2 studies gamma in ``L + gamma * ||theta||^2``): ``decay_on`` picks which
+parameters it applies to. ``all`` (default) decays every parameter, as the paper's formula and
+its TinyLlama-based trainer do; ``matrices`` spares 1-d tensors (norm gains, biases, learned
+per-head sink logits); ``matrices_no_embeddings`` also spares the token embedding and the
+learnable sink tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from pipeline.model.config import ConfigError
+from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, SequentialLR
+
+DecayOn = Literal["all", "matrices", "matrices_no_embeddings"]
+
+
+@dataclass
+class OptimConfig:
+    """lr: peak learning rate. min_lr: the cosine's floor (reached at the last step).
+    warmup_steps: linear warm-up from lr/warmup_steps to lr. weight_decay: AdamW's decoupled
+    decay ratio. decay_on: which parameters decay (module docstring). betas, eps: AdamW's."""
+
+    lr: float = 4e-4
+    min_lr: float = 4e-5
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    decay_on: DecayOn = "all"
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+
+    def validate(self, max_steps: int) -> None:
+        if not 0 <= self.min_lr < self.lr:
+            raise ConfigError(f"model.optim.min_lr={self.min_lr}: must be >= 0 and below lr={self.lr}")
+        if not 0 <= self.warmup_steps < max_steps:
+            raise ConfigError(f"model.optim.warmup_steps={self.warmup_steps}: must be in [0, trainer.max_steps={max_steps})")
+        if self.weight_decay < 0:
+            raise ConfigError(f"model.optim.weight_decay={self.weight_decay}: must be >= 0")
+
+
+def _no_decay(name: str, p: torch.nn.Parameter, decay_on: DecayOn) -> bool:
+    if decay_on == "all":
+        return False
+    if p.ndim < 2:
+        return True
+    leaf = name.rsplit(".", 2)
+    return decay_on == "matrices_no_embeddings" and (name.endswith("embed.weight") or leaf[-1] == "sink_tokens")
+
+
+def param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
+    decay, keep = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (keep if _no_decay(name, p, cfg.decay_on) else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
+    if keep:
+        groups.append({"params": keep, "weight_decay": 0.0})
+    return groups
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             eps=cfg.eps)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int):
+    """Step-wise: lr(s) = lr * (s+1)/W for s < W, then min_lr + (lr-min_lr)(1+cos(pi (s-W)/(S-W)))/2."""
+    cfg.validate(max_steps)
+    decay = CosineAnnealingLR(optimizer, T_max=max_steps - cfg.warmup_steps, eta_min=cfg.min_lr)
+    if cfg.warmup_steps == 0:
+        return decay
+    warm = LambdaLR(optimizer, lambda s: (s + 1) / cfg.warmup_steps)
+    return SequentialLR(optimizer, [warm, decay], milestones=[cfg.warmup_steps])

@@ -1,0 +1,188 @@
+"""The run directory: where one training run keeps everything a resumed job needs.
+
+```
+runs/<name>/
+  config.yaml        resolved config of the first start (later starts write config.<n>.yaml if it changed)
+  checkpoints/       step-000100.ckpt ...  (files, or directories under DeepSpeed)
+  mlflow_run_id      the one MLflow run of this job, continued after every resume
+  metrics.jsonl      every logged metric, written locally whatever MLflow does
+  lock               pid / host / SLURM job id of the job that owns the directory
+```
+
+All of it is decided here, so a requeued SLURM job and a user typing `--resume auto` find the
+same run. Checkpoint names avoid ``ckpt_``: Lightning's SLURM support scans the root dir for
+``hpc_ckpt_*`` and a stray name with that fragment would confuse it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+CKPT_RE = re.compile(r"^step-(\d{6,})\.ckpt$")
+HPC_RE = re.compile(r"^hpc_ckpt_(\d+)\.ckpt$")
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be used as asked."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:06d}.ckpt"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _complete(path: Path) -> bool:
+    """A file checkpoint is complete once renamed into place; a DeepSpeed directory once
+    DeepSpeed has written its ``latest`` tag file (it does so last)."""
+    return path.is_file() or (path.is_dir() and (path / "latest").is_file())
+
+
+@dataclass
+class RunDir:
+    root: Path
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / "lock"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    def create(self) -> None:
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def step_checkpoints(self) -> list[tuple[int, Path]]:
+        """Complete `step-N.ckpt` checkpoints, oldest first."""
+        if not self.checkpoints.is_dir():
+            return []
+        found = []
+        for p in self.checkpoints.iterdir():
+            m = CKPT_RE.match(p.name)
+            if m and _complete(p):
+                found.append((int(m.group(1)), p))
+        return sorted(found)
+
+    def newest_checkpoint(self) -> Path | None:
+        """The checkpoint `--resume auto` continues from: the newest complete step checkpoint,
+        or a newer Lightning SLURM requeue checkpoint (hpc_ckpt_N.ckpt in the run dir)."""
+        candidates = [p for _, p in self.step_checkpoints()[-1:]]
+        hpc = [(int(m.group(1)), p) for p in self.root.glob("hpc_ckpt_*.ckpt")
+               if (m := HPC_RE.match(p.name)) and _complete(p)]
+        if hpc:
+            candidates.append(max(hpc)[1])
+        if not candidates:
+            return None
+        return max(candidates, key=lambda p: p.stat().st_mtime_ns)
+
+    def prune(self, keep_last: int) -> list[Path]:
+        """Delete all but the newest `keep_last` step checkpoints (0 keeps all)."""
+        if keep_last <= 0:
+            return []
+        doomed = [p for _, p in self.step_checkpoints()[:-keep_last]]
+        for p in doomed:
+            if p.is_dir():
+                import shutil
+
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        return doomed
+
+    # ---- MLflow run id -----------------------------------------------------------------------
+    def mlflow_run_id(self) -> str | None:
+        path = self.root / "mlflow_run_id"
+        return path.read_text().strip() or None if path.exists() else None
+
+    def save_mlflow_run_id(self, run_id: str) -> None:
+        atomic_write_text(self.root / "mlflow_run_id", run_id + "\n")
+
+    # ---- resolved config ---------------------------------------------------------------------
+    def save_config(self, text: str) -> Path:
+        """Keep the first start's config as config.yaml; a resume with a changed config adds
+        config.1.yaml, config.2.yaml ... so the history of a run stays readable."""
+        first = self.root / "config.yaml"
+        if not first.exists():
+            atomic_write_text(first, text)
+            return first
+        versions = sorted(self.root.glob("config*.yaml"), key=lambda p: p.stat().st_mtime_ns)
+        if versions[-1].read_text() == text:
+            return versions[-1]
+        n = len(versions)
+        path = self.root / f"config.{n}.yaml"
+        atomic_write_text(path, text)
+        return path
+
+
+# ---- lock -------------------------------------------------------------------------------------
+def _owner() -> dict:
+    return {"pid": os.getpid(), "host": socket.gethostname(),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def acquire_lock(run: RunDir) -> dict:
+    """Claim the run directory for this job, or raise if another live job holds it.
+
+    A lock is taken over when its holder is a dead process on this host, or the same SLURM job
+    id (a requeued job restarts under its old id, possibly on another node)."""
+    run.root.mkdir(parents=True, exist_ok=True)
+    me = _owner()
+    payload = json.dumps(me)
+    for _ in range(2):
+        try:
+            fd = os.open(run.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                holder = json.loads(run.lock_path.read_text() or "{}")
+            except (OSError, json.JSONDecodeError):
+                holder = {}
+            same_job = me["slurm_job_id"] and holder.get("slurm_job_id") == me["slurm_job_id"]
+            dead_local = (holder.get("host") == me["host"] and isinstance(holder.get("pid"), int)
+                          and not _pid_alive(holder["pid"]))
+            if not (same_job or dead_local or not holder):
+                raise RunDirError(
+                    f"{run.lock_path}: run directory is in use by pid {holder.get('pid')} on "
+                    f"{holder.get('host')} (SLURM job {holder.get('slurm_job_id')}); wait for it to end, "
+                    "use another --run-dir, or delete the lock file if that job is gone")
+            run.lock_path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(payload)
+        return me
+    raise RunDirError(f"{run.lock_path}: could not take over the lock (another job raced for it)")
+
+
+def release_lock(run: RunDir) -> None:
+    try:
+        holder = json.loads(run.lock_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return
+    if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+        run.lock_path.unlink(missing_ok=True)

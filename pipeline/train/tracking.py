@@ -1,0 +1,192 @@
+"""MLflow for training runs: one run per job, kept across resumes, and tolerant of outages.
+
+``RunLogger`` is Lightning's MLFlowLogger with two additions:
+
+- every metric is also appended to ``<run_dir>/metrics.jsonl`` (rank 0), whatever MLflow does;
+- if the tracking server cannot be reached, training goes on: the failed batch and all later
+  ones are buffered in memory and re-sent in order once the server answers again (tried at most
+  every ``retry_every_s`` seconds, and at the end of the run). A warning says so once.
+
+The run itself is created (or found again) by :func:`open_run` on rank 0 before the Trainer
+starts; its id lives in the run directory, so a resumed or requeued job continues it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+from .rundir import RunDir
+
+DEFAULT_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+                   "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
+def _notice(message: str) -> None:
+    print(f"sinklab: {message}", file=sys.stderr, flush=True)
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlruns' / 'mlflow.db'}"
+
+
+def code_version() -> str:
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--tags"], cwd=repo,
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return out
+
+
+def _prepare_sqlite(uri: str) -> None:
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+
+
+def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
+             params: dict[str, str], artifacts: list[Path]) -> str | None:
+    """Rank 0: the MLflow run of this run directory (created on the first start). Returns its
+    id, or None when the tracking store cannot be reached (training then goes on offline)."""
+    from mlflow.entities import Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    for key, value in DEFAULT_RETRIES.items():
+        os.environ.setdefault(key, value)
+    uri = tracking_uri()
+    _prepare_sqlite(uri)
+    client = MlflowClient(uri)
+    run_id = run.mlflow_run_id()
+    try:
+        if run_id is None:
+            exp = client.get_experiment_by_name(experiment)
+            exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+            created = client.create_run(exp_id, run_name=run_name, tags=tags)
+            run_id = created.info.run_id
+            run.save_mlflow_run_id(run_id)
+            items = [Param(k, v[:6000]) for k, v in params.items()]
+            for i in range(0, len(items), 100):
+                client.log_batch(run_id, params=items[i:i + 100])
+        else:
+            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            client.update_run(run_id, status="RUNNING")
+        for path in artifacts:
+            client.log_artifact(run_id, str(path), artifact_path="config")
+    except Exception as exc:  # noqa: BLE001 - any failure of the store means "offline"
+        _notice(f"MLflow at {uri} unreachable ({type(exc).__name__}: {str(exc)[:200]}); "
+                f"training goes on, metrics are kept in {run.metrics_path}")
+    return run_id
+
+
+class RunLogger(MLFlowLogger):
+    """MLFlowLogger that never stops training and mirrors metrics to metrics.jsonl."""
+
+    def __init__(self, run_dir: str, experiment_name: str, run_id: str | None,
+                 retry_every_s: float = 60.0, **kwargs: Any):
+        uri = tracking_uri()
+        super().__init__(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, **kwargs)
+        self.run = RunDir(Path(run_dir))
+        self.retry_every_s = retry_every_s
+        self._pending: list[tuple[dict[str, float], int]] = []
+        self._last_failure = 0.0
+        self.offline = run_id is None
+        self.sent_batches = 0
+
+    # Lightning asks for name/version to build paths; answer without touching the server.
+    @property
+    def name(self) -> str:
+        return self._experiment_name
+
+    @property
+    def version(self) -> str:
+        return self._run_id or "offline"
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any) -> None:
+        """The resolved config is logged once by :func:`open_run`; Lightning's copy is skipped."""
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        metrics = {k: float(v) for k, v in metrics.items()}
+        step = int(step or 0)
+        with open(self.run.metrics_path, "a") as f:
+            f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        self._pending.append((metrics, step))
+        self.flush()
+
+    def flush(self, force: bool = False) -> bool:
+        """Send buffered metrics in order; returns True when nothing is left to send."""
+        if not self._pending or self._run_id is None:
+            return not self._pending
+        if self.offline and not force and time.time() - self._last_failure < self.retry_every_s:
+            return False
+        try:
+            while self._pending:
+                metrics, step = self._pending[0]
+                super().log_metrics(metrics, step)
+                self._pending.pop(0)
+                self.sent_batches += 1
+        except Exception as exc:  # noqa: BLE001
+            if not self.offline:
+                _notice(f"MLflow tracking server unreachable ({type(exc).__name__}: {str(exc)[:200]}); "
+                        f"training goes on, metrics are buffered and kept in {self.run.metrics_path}")
+            self.offline, self._last_failure = True, time.time()
+            return False
+        if self.offline:
+            _notice(f"MLflow reachable again: {self.sent_batches} metric batches now on the server")
+        self.offline = False
+        return True
+
+    @rank_zero_only
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if self._run_id is None:
+            return
+        try:
+            self.experiment.log_artifact(self._run_id, str(path), artifact_path=artifact_path)
+        except Exception as exc:  # noqa: BLE001
+            _notice(f"MLflow: artifact {path} not uploaded ({type(exc).__name__}); it stays in the run dir")
+
+    @rank_zero_only
+    def set_tag(self, key: str, value: str) -> None:
+        if self._run_id is None:
+            return
+        try:
+            self.experiment.set_tag(self._run_id, key, value)
+        except Exception:  # noqa: BLE001
+            pass
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        if self._run_id is None:
+            return
+        if not self.flush(force=True):
+            _notice(f"MLflow: {len(self._pending)} metric batches could not be sent; they are in "
+                    f"{self.run.metrics_path}")
+            return
+        mlflow_status = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED"}.get(status, "FINISHED")
+        try:
+            self.experiment.set_terminated(self._run_id, mlflow_status)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        pass

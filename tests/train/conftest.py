@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from datasets import make_dataset  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = str(REPO / "configs" / "recipes" / "cpu-tiny.yaml")
+
+
+@pytest.fixture(scope="session")
+def tiny_ds(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("ds") / "tiny")
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {row["step"]: row["train/loss"] for row in read_metrics(run_dir) if "train/loss" in row}
+
+
+def fit_in_process(args: list[str], monkeypatch, tracking_uri: str) -> int:
+    from pipeline.train.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    return main(["--config", TINY, *args])

@@ -1,0 +1,204 @@
+"""`sinklab fit` end to end on CPU, logging to a real MLflow tracking server over HTTP."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+from conftest import fit_in_process, losses, read_metrics
+from mlflow.tracking import MlflowClient
+
+from data_prep.dataset import PackedSplit, load_manifest
+from pipeline.model import load_pretrained
+from pipeline.train import module as module_mod
+
+
+def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path, monkeypatch, mlflow_server):
+    run_dir = tmp_path / "run"
+    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--trainer.max_steps", "8",
+                         "--run.plot_every", "8", "--run.experiment", "train-fit",
+                         "--data.interventions.fix_position", "2", "--data.interventions.fix_token", "bos"],
+                        monkeypatch, mlflow_server)
+    assert rc == 0
+    client = MlflowClient(mlflow_server)
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    run = client.get_run(run_id)
+    exp = client.get_experiment_by_name("train-fit")
+    assert len(client.search_runs([exp.experiment_id])) == 1
+    assert run.info.status == "FINISHED"
+    params, tags = run.data.params, run.data.tags
+    assert params["model.optim.lr"] == "0.003" and params["model.model.d_model"] == "32"
+    assert params["data.interventions.fix_position"] == "2"
+    assert tags["sinklab.dataset_hash"] == load_manifest(tiny_ds).hash
+    assert tags["sinklab.status"] == "finished" and tags["sinklab.code_version"]
+    assert "fix x2=bos" in tags["sinklab.variant"]
+    hist = {m.step: m.value for m in client.get_metric_history(run_id, "train/loss")}
+    assert sorted(hist) == list(range(8))
+    assert hist == losses(run_dir)
+    assert [m.step for m in client.get_metric_history(run_id, "sink/sink1")] == [0, 4, 8]
+    assert [m.step for m in client.get_metric_history(run_id, "val/loss")] == [4, 8]
+    assert client.get_metric_history(run_id, "act/massive_ratio_l1")
+    assert client.get_metric_history(run_id, "perf/tokens_per_s")
+    lrs = [m.value for m in sorted(client.get_metric_history(run_id, "train/lr"), key=lambda m: m.step)]
+    assert lrs[:3] == pytest.approx([1.5e-3, 3e-3, 3e-3]) and lrs[-1] < lrs[2]
+    artifacts = {a.path for a in client.list_artifacts(run_id, "config")} | {
+        a.path for a in client.list_artifacts(run_id, "plots")}
+    assert {"config/config.yaml", "plots/alpha1_step-000008.png"} <= artifacts
+    # checkpoints: named step-N, last 2 kept, loadable by pipeline.model.load_pretrained
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert ckpts == ["step-000004.ckpt", "step-000008.ckpt"]
+    blob = torch.load(run_dir / "checkpoints" / "step-000008.ckpt", weights_only=False)
+    assert blob["hyper_parameters"]["model_config"]["vocab_size"] == 64
+    assert all(k.startswith("model.") for k in blob["state_dict"])
+    model = load_pretrained(run_dir / "checkpoints" / "step-000008.ckpt")
+    assert torch.equal(model.embed.weight, blob["state_dict"]["model.embed.weight"])
+    assert not (run_dir / "lock").exists()
+    # a second start on the same directory without --resume refuses
+    assert fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir)], monkeypatch, mlflow_server) == 2
+
+
+def test_batches_hold_the_global_order_with_interventions(tiny_ds, tmp_path, monkeypatch, mlflow_server):
+    seen: list[torch.Tensor] = []
+    original = module_mod.SinkLabModule.lm_loss
+
+    def spy(self, tokens):
+        if self.training:
+            seen.append(tokens.clone())
+        return original(self, tokens)
+
+    monkeypatch.setattr(module_mod.SinkLabModule, "lm_loss", spy)
+    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "r"), "--trainer.max_steps", "3",
+                         "--data.interventions.resample", "[1, 3]", "--data.token_budget", "160",
+                         "--run.sink_every", "0", "--run.val_every", "100"], monkeypatch, mlflow_server)
+    assert rc == 0
+    batches = torch.cat(seen).numpy()
+    assert batches.shape == (24, 16)  # 3 steps x 8 sequences
+    split = PackedSplit(tiny_ds, "train")
+    from pipeline.train.data import GlobalOrder
+
+    order = GlobalOrder(len(split), seed=1234, budget_sequences=10)  # 160 tokens / 16
+    for g, row in enumerate(batches):
+        epoch, index = order.lookup(g)
+        expected = split[index]
+        assert np.array_equal(row[[1] + list(range(3, 16))], expected[[1] + list(range(3, 16))])
+    assert len({order.lookup(g)[1] for g in range(24)}) == 10  # 24 samples from a 10-sequence budget
+    changed = (batches[:, [0, 2]] != np.stack([split[order.lookup(g)[1]] for g in range(24)])[:, [0, 2]])
+    assert changed.mean() > 0.8
+
+
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
+    original = module_mod.SinkLabModule.lm_loss
+
+    def poisoned(self, tokens):
+        loss = original(self, tokens)
+        return loss * float("nan") if self.training and self.global_step >= 5 else loss
+
+    monkeypatch.setattr(module_mod.SinkLabModule, "lm_loss", poisoned)
+    run_dir = tmp_path / "nan"
+    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.sink_every", "0"],
+                        monkeypatch, mlflow_server)
+    assert rc == 3
+    assert "non-finite training loss (nan) at step 5" in capsys.readouterr().err
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-000004.ckpt"]
+    assert sorted(losses(run_dir)) == [0, 1, 2, 3, 4]
+    client = MlflowClient(mlflow_server)
+    run = client.get_run((run_dir / "mlflow_run_id").read_text().strip())
+    assert run.data.tags["sinklab.status"] == "nonfinite" and run.info.status == "FAILED"
+    assert not (run_dir / "lock").exists()
+
+
+def test_second_job_on_a_run_dir_refuses(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
+    run_dir = tmp_path / "locked"
+    run_dir.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run_dir / "lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
+                                                  "slurm_job_id": None}))
+        rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir)], monkeypatch, mlflow_server)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rc == 2
+    assert f"in use by pid {holder.pid}" in capsys.readouterr().err
+
+
+def test_impossible_batch_is_a_one_line_error(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
+    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "b"),
+                         "--data.micro_batch_size", "3"], monkeypatch, mlflow_server)
+    assert rc == 2
+    assert "data.micro_batch_size=3" in capsys.readouterr().err
+
+
+class _Proxy:
+    """A TCP relay in front of the MLflow server that can be cut and restored."""
+
+    def __init__(self, target: str):
+        host, port = target.rsplit(":", 1)
+        self.target = (host.replace("http://", ""), int(port))
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.up = True
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if not self.up:
+                conn.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                conn.close()
+                continue
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, a, b):
+        try:
+            while (data := a.recv(65536)) and self.up:  # cutting also drops kept-alive connections
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def test_training_survives_an_mlflow_outage(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
+    proxy = _Proxy(mlflow_server)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    original = module_mod.SinkLabModule._end_of_step
+
+    def toggling(self):
+        proxy.up = not (3 <= self.global_step < 7)  # the server is unreachable for steps 3..6
+        return original(self)
+
+    monkeypatch.setattr(module_mod.SinkLabModule, "_end_of_step", toggling)
+    from pipeline.train import tracking
+
+    monkeypatch.setattr(tracking.RunLogger, "__init__.__defaults__", (1.0,), raising=False)
+    run_dir = tmp_path / "outage"
+    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.sink_every", "0",
+                         "--trainer.max_steps", "10"], monkeypatch, f"http://127.0.0.1:{proxy.port}")
+    assert rc == 0
+    assert "MLflow tracking server unreachable" in capsys.readouterr().err
+    client = MlflowClient(mlflow_server)
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    hist = {m.step: m.value for m in client.get_metric_history(run_id, "train/loss")}
+    assert hist == losses(run_dir) and sorted(hist) == list(range(10))
+    assert client.get_run(run_id).info.status == "FINISHED"

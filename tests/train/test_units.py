@@ -1,0 +1,195 @@
+"""Pure pieces of the training layer, checked against hand-computed values."""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.model import ModelConfig
+from pipeline.model.config import ConfigError
+from pipeline.train.batching import BatchConfigError, plan_batch
+from pipeline.train.data import GlobalOrder, RankBatchSampler
+from pipeline.train.interventions import Interventions, apply_interventions
+from pipeline.train.module import SinkLabModule
+from pipeline.train.optim import OptimConfig, build_optimizer, build_scheduler, param_groups
+from pipeline.train.rundir import RunDir, RunDirError, acquire_lock, release_lock
+
+SPECIAL = {"bos": 1, "eos": 2, "pad": 0}
+
+
+# ---- batch arithmetic ---------------------------------------------------------------------------
+def test_paper_batch_is_512_sequences():
+    plan = plan_batch(2**20, 2048, 16, 8)
+    assert (plan.global_batch_seqs, plan.grad_accum) == (512, 4)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ((1000, 16, 4, 1), "use 992 or 1008"),
+    ((128, 16, 4, 3), "3 processes cannot share evenly"),
+    ((128, 16, 3, 1), "micro batch sizes that work: [1, 2, 4]"),
+])
+def test_impossible_batches_say_what_works(args, fragment):
+    with pytest.raises(BatchConfigError) as err:
+        plan_batch(*args)
+    assert fragment in str(err.value)
+
+
+# ---- schedule -----------------------------------------------------------------------------------
+def test_warmup_then_cosine_to_the_floor():
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([p], lr=1.0)
+    sched = build_scheduler(opt, OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=2), max_steps=6)
+    seen = []
+    for _ in range(7):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    c = lambda k: 0.1 + 0.9 * (1 + math.cos(math.pi * k / 4)) / 2  # noqa: E731
+    assert seen == pytest.approx([0.5, 1.0, 1.0, c(1), c(2), c(3), 0.1], abs=1e-9)
+    assert min(seen) == pytest.approx(0.1) and max(seen) == 1.0
+
+
+def test_min_lr_must_be_below_peak():
+    with pytest.raises(ConfigError, match="min_lr"):
+        OptimConfig(lr=1e-3, min_lr=1e-3).validate(100)
+
+
+def test_weight_decay_groups():
+    cfg = ModelConfig.preset("micro", sink_tokens=1)
+    module = SinkLabModule(cfg)
+    from pipeline.model import Transformer
+
+    model = Transformer(cfg)
+    n_all = sum(1 for _ in model.parameters())
+    assert [len(g["params"]) for g in param_groups(model, OptimConfig(decay_on="all"))] == [n_all]
+    decay, keep = param_groups(model, OptimConfig(decay_on="matrices"))
+    assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim < 2 for p in keep["params"])
+    assert keep["weight_decay"] == 0.0 and len(keep["params"]) == 2 * cfg.n_layers + 1  # RMSNorm gains
+    decay2, keep2 = param_groups(model, OptimConfig(decay_on="matrices_no_embeddings"))
+    assert len(keep2["params"]) == len(keep["params"]) + 2  # + token embedding + sink tokens
+    assert module.optim.weight_decay == 0.1
+
+
+# ---- data order ---------------------------------------------------------------------------------
+def test_epochs_are_permutations_and_budget_repeats_a_subset():
+    order = GlobalOrder(50, seed=3)
+    for e in range(3):
+        assert sorted(order.lookup(e * 50 + i)[1] for i in range(50)) == list(range(50))
+    budget = GlobalOrder(50, seed=3, budget_sequences=10)
+    seen = [budget.lookup(g) for g in range(30)]
+    pool = {i for _, i in seen}
+    assert len(pool) == 10
+    for e in range(3):
+        assert sorted(i for ep, i in seen if ep == e) == sorted(pool)
+
+
+def test_ranks_split_each_step_and_resume_skips_exactly():
+    plan = plan_batch(8 * 16, 16, 2, 2)  # 8 seqs, world 2, micro 2 -> accum 2
+    samplers = [RankBatchSampler(plan, r, total_steps=3) for r in range(2)]
+    per_rank = [list(s) for s in samplers]
+    assert len(per_rank[0]) == len(samplers[0]) == 6
+    for step in range(3):
+        got = sorted(i for r in range(2) for b in per_rank[r][2 * step:2 * step + 2] for i in b)
+        assert got == list(range(8 * step, 8 * step + 8))
+    samplers[1].start_sample = 16  # two steps done
+    assert list(samplers[1]) == per_rank[1][4:]
+
+
+# ---- interventions ------------------------------------------------------------------------------
+def test_resample_positions_uniform_and_deterministic():
+    V, B = 64, 4000
+    tokens = np.full((B, 6), 5, dtype=np.int64)
+    ids, epochs = np.arange(B), np.zeros(B, dtype=np.int64)
+    cfg = Interventions(resample=[1, 2])
+    out = apply_interventions(tokens, ids, epochs, cfg, V, seed=0, special_ids=SPECIAL)
+    assert (out[:, 2:] == 5).all() and (tokens == 5).all()
+    again = apply_interventions(tokens[:200], ids[:200], epochs[:200], cfg, V, seed=0, special_ids=SPECIAL)
+    assert np.array_equal(out[:200], again)
+    other_epoch = apply_interventions(tokens[:200], ids[:200], epochs[:200] + 1, cfg, V, seed=0, special_ids=SPECIAL)
+    assert (other_epoch[:, :2] != out[:200, :2]).mean() > 0.9
+    for col in (0, 1):
+        counts = np.bincount(out[:, col], minlength=V)
+        chi2 = ((counts - B / V) ** 2 / (B / V)).sum()
+        assert chi2 < 110, chi2  # 63 degrees of freedom: p < 0.001 beyond ~103
+    assert np.corrcoef(out[:, 0], out[:, 1])[0, 1] < 0.05
+
+
+@pytest.mark.parametrize("position", [1, 2, 3])
+def test_fix_token_at_a_position(position):
+    tokens = np.arange(40, dtype=np.int64).reshape(4, 10)
+    cfg = Interventions(fix_position=position, fix_token="bos")
+    cfg.validate(10, SPECIAL)
+    out = apply_interventions(tokens, np.arange(4), np.zeros(4, int), cfg, 64, 0, SPECIAL)
+    assert (out[:, position - 1] == 1).all()
+    keep = [c for c in range(10) if c != position - 1]
+    assert np.array_equal(out[:, keep], tokens[:, keep])
+
+
+def test_bad_intervention_names_the_field():
+    with pytest.raises(ConfigError, match="fix_token='cls'.*bos"):
+        Interventions(fix_position=1, fix_token="cls").validate(10, SPECIAL)
+    with pytest.raises(ConfigError, match="resample: position 11"):
+        Interventions(resample=[11]).validate(10, SPECIAL)
+
+
+# ---- prefix-LM loss -----------------------------------------------------------------------------
+def test_prefix_lm_loss_starts_after_p_tokens():
+    from pipeline.model import Transformer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("micro", mask="prefix", prefix_len=3)
+    module = SinkLabModule(cfg)
+    module.model = Transformer(cfg)
+    tokens = torch.randint(0, 64, (2, 10))
+    logits = module.model(tokens).logits
+    # L = sum_{t=p+1..C} log p(x_t | ...): targets x_4..x_10 (1-based) = tokens[:, 3:]
+    expected = torch.nn.functional.cross_entropy(logits[:, 2:-1].reshape(-1, 64), tokens[:, 3:].reshape(-1))
+    assert module.loss_start() == 2
+    assert torch.allclose(module.lm_loss(tokens), expected)
+
+
+# ---- run directory lock -------------------------------------------------------------------------
+def _write_lock(run: RunDir, pid: int, job: str | None = None):
+    import json
+
+    run.root.mkdir(parents=True, exist_ok=True)
+    run.lock_path.write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "slurm_job_id": job}))
+
+
+def test_lock_refuses_a_live_job_and_takes_over_dead_or_requeued(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    run = RunDir(tmp_path / "run")
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _write_lock(run, live.pid)
+        with pytest.raises(RunDirError, match=f"in use by pid {live.pid}"):
+            acquire_lock(run)
+        monkeypatch.setenv("SLURM_JOB_ID", "777")
+        _write_lock(run, live.pid, job="777")  # requeued SLURM job: same id, maybe another node
+        assert acquire_lock(run)["pid"] == os.getpid()
+    finally:
+        live.kill()
+        live.wait()
+    monkeypatch.delenv("SLURM_JOB_ID")
+    _write_lock(run, live.pid)  # now a dead pid on this host
+    assert acquire_lock(run)["pid"] == os.getpid()
+    release_lock(run)
+    assert not run.lock_path.exists()
+
+
+def test_newest_checkpoint_skips_partial_and_prunes(tmp_path):
+    run = RunDir(tmp_path)
+    run.create()
+    for step in (4, 8, 12):
+        (run.checkpoints / f"step-{step:06d}.ckpt").write_bytes(b"x")
+    (run.checkpoints / ".step-000016.ckpt.partial").write_bytes(b"x")
+    (run.checkpoints / "step-000020.ckpt").mkdir()  # DeepSpeed dir without 'latest': incomplete
+    assert run.newest_checkpoint().name == "step-000012.ckpt"
+    run.prune(2)
+    assert [s for s, _ in run.step_checkpoints()] == [8, 12]
