@@ -1,0 +1,174 @@
+"""`sinklab submit`: render a SLURM batch script for a training config and submit it.
+
+    sinklab submit CONFIG [--nodes N] [--gpus-per-node G] [--time T] [--partition P]
+                   [--account A] [--qos Q] [--setup 'module load ...'] [--run-dir D]
+                   [--dry-run] [-- extra fit arguments]
+
+The script (from cluster/train.sbatch) is written to `<run_dir>/slurm/train.sbatch`; the job
+runs `sinklab fit --config CONFIG --run-dir RUN_DIR --resume auto` with one srun task per GPU,
+requeues itself on SIGUSR1 and resumes from the newest checkpoint of the run directory.
+Python API: `render_job`, `submit_job`, `render_array`, `submit_array`, `JobSpec`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from cluster.jobs import JobError, JobSpec, check_path, render_array, render_job, write_run_list
+
+__all__ = ["JobError", "JobSpec", "render_job", "render_array", "submit_job", "submit_array",
+           "write_run_list", "main"]
+
+_LIGHTNING_CKPT_SCAN = re.compile(r"^hpc_ckpt_\d+\.ckpt$")
+
+
+def check_config(config: str | Path) -> Path:
+    """The config as an absolute path, after checking that it is a readable YAML mapping."""
+    path = check_path(config, "config")
+    if not path.is_file():
+        raise JobError(f"config {config}: no such file")
+    try:
+        content = yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        raise JobError(f"config {config}, line {mark.line + 1}: not valid YAML ({error.problem})") from None
+    if not isinstance(content, dict):
+        raise JobError(f"config {config}: expected a YAML mapping of settings, got {type(content).__name__}")
+    return path
+
+
+def run_name(config: Path) -> str:
+    """The run's name as `sinklab fit` derives it: `run.name` in the config, else the file name."""
+    run = (yaml.safe_load(config.read_text()) or {}).get("run")
+    name = run.get("name") if isinstance(run, dict) else None
+    return str(name) if name else config.stem
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse run directories where Lightning's requeue-checkpoint numbering would break."""
+    if not run_dir.is_dir():
+        return
+    stray = sorted(p.name for p in run_dir.iterdir()
+                   if "ckpt_" in p.name and not _LIGHTNING_CKPT_SCAN.match(p.name))
+    if stray:
+        raise JobError(f"run directory {run_dir} holds {', '.join(stray)}: Lightning numbers its "
+                       "requeue checkpoints by every name containing 'ckpt_' there; move these away")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def sbatch(script: Path) -> str:
+    """Submit a batch script; return the job id."""
+    try:
+        done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise JobError("sbatch not found: run `sinklab submit` on a SLURM login node "
+                       "(or use --dry-run to only print the script)") from None
+    if done.returncode != 0:
+        raise JobError(f"sbatch {script} failed: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout.strip().split(";")[0]
+
+
+def submit_job(config: str | Path, run_dir: str | Path, spec: JobSpec) -> str:
+    """Write `<run_dir>/slurm/train.sbatch`, submit it and return the SLURM job id."""
+    config, run_dir = check_config(config), check_path(run_dir, "run directory")
+    check_run_dir(run_dir)
+    script = render_job(config, run_dir, spec)
+    path = run_dir / "slurm" / "train.sbatch"
+    _write_atomic(path, script)
+    return sbatch(path)
+
+
+def submit_array(runs: list[tuple[str | Path, str | Path]], sweep_dir: str | Path, spec: JobSpec,
+                 max_parallel: int | None = None) -> str:
+    """Submit one array job whose task i trains `runs[i] = (config, run_dir)`; return its id.
+
+    Writes `<sweep_dir>/runs.tsv` and `<sweep_dir>/array.sbatch`; logs go to
+    `<sweep_dir>/slurm/<jobid>_<task>.out`.
+    """
+    sweep_dir = check_path(sweep_dir, "sweep directory")
+    for config, run_dir in runs:
+        check_config(config)
+        check_run_dir(check_path(run_dir, "run directory"))
+    list_file = write_run_list(runs, sweep_dir / "runs.tsv")
+    (sweep_dir / "slurm").mkdir(parents=True, exist_ok=True)
+    script = render_array(list_file, len(runs), sweep_dir / "slurm", spec, max_parallel)
+    path = sweep_dir / "array.sbatch"
+    _write_atomic(path, script)
+    return sbatch(path)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    fit_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, fit_args = argv[:cut], argv[cut + 1:]
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="sinklab submit", description="Render and submit a SLURM job that runs `sinklab fit`.",
+        epilog="Arguments after `--` are passed to `sinklab fit` (e.g. -- --trainer.max_steps 1000). "
+               "Defaults for --partition/--account/--qos/--time/--setup come from SINKLAB_PARTITION, "
+               "SINKLAB_ACCOUNT, SINKLAB_QOS, SINKLAB_TIME and SINKLAB_SETUP.")
+    parser.add_argument("config", help="training recipe YAML (as for `sinklab fit --config`)")
+    parser.add_argument("--run-dir", help="run directory (default: runs/<run.name of the config>)")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--gpus-per-node", type=int, default=1, help="0 for a CPU job")
+    parser.add_argument("--tasks-per-node", type=int, default=1, help="processes per node of a CPU job")
+    parser.add_argument("--cpus-per-task", type=int, default=8)
+    parser.add_argument("--mem", help="memory per node, e.g. 200G")
+    parser.add_argument("--time", default=env("SINKLAB_TIME"), help="time limit, e.g. 2-00:00:00")
+    parser.add_argument("--partition", default=env("SINKLAB_PARTITION"))
+    parser.add_argument("--account", default=env("SINKLAB_ACCOUNT"))
+    parser.add_argument("--qos", default=env("SINKLAB_QOS"))
+    parser.add_argument("--setup", default=env("SINKLAB_SETUP", ""),
+                        help="shell lines run before training, e.g. 'module load cuda; source venv/bin/activate'")
+    parser.add_argument("--signal-seconds", type=int, default=180,
+                        help="send SIGUSR1 this many seconds before the time limit (checkpoint + requeue)")
+    parser.add_argument("--job-name", help="default: the run name")
+    parser.add_argument("--sbatch-option", action="append", default=[], metavar="--NAME=VALUE",
+                        help="extra #SBATCH line, e.g. --sbatch-option=--constraint=a100 (repeatable)")
+    parser.add_argument("--sinklab", default=None, help="command that runs sinklab inside the job "
+                        "(default: SINKLAB_COMMAND or the sinklab of this Python)")
+    parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    return parser.parse_args(argv), fit_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, fit_args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        config = check_config(args.config)
+        name = run_name(config)
+        run_dir = check_path(args.run_dir or Path("runs") / name, "run directory")
+        spec = JobSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
+                       cpus_per_task=args.cpus_per_task, time=args.time, partition=args.partition,
+                       account=args.account, qos=args.qos, mem=args.mem, signal_seconds=args.signal_seconds,
+                       setup=args.setup, job_name=args.job_name or re.sub(r"[^\w.+-]", "_", name),
+                       sbatch_options=args.sbatch_option, fit_args=fit_args)
+        if args.sinklab:
+            spec.sinklab = args.sinklab
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            spec.environment["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
+        if args.dry_run:
+            print(render_job(config, run_dir, spec), end="")
+            return 0
+        job_id = submit_job(config, run_dir, spec)
+    except JobError as error:
+        print(f"sinklab submit: {error}", file=sys.stderr)
+        return 2
+    print(f"Submitted job {job_id}: {run_dir}/slurm/train.sbatch, log {run_dir}/slurm/{job_id}.out")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
