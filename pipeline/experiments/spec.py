@@ -1,0 +1,320 @@
+"""Experiment files: one YAML per experiment of the paper, loaded into typed specs.
+
+An experiment file (configs/experiments/<group>/<name>.yaml) names the base recipe for each
+scale, the variants (config overrides), the metric columns of the paper's table and the
+paper's published values. Every error names the file, the line and the field that is wrong.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+EXPERIMENTS_DIR = REPO / "configs" / "experiments"
+SCALES = ("paper", "cpu")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
+TOP_KEYS = {"name", "title", "group", "paper_ref", "description", "scale", "columns", "variants",
+            "cpu_notes", "paper_notes", "plot"}
+VARIANT_KEYS = {"name", "label", "overrides", "cpu_overrides", "paper_overrides", "paper",
+                "paper_source", "paper_status", "note"}
+COLUMN_KEYS = {"key", "metric", "label"}
+PLOT_KEYS = {"kind", "metric", "x", "title"}
+PLOT_KINDS = ("curve", "bar")
+
+
+class ExperimentError(ValueError):
+    """A malformed experiment file; the message starts with `file:line: field:`."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One metric column of the paper's table: `metric` is the MLflow metric name."""
+    key: str
+    metric: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    label: str
+    overrides: dict[str, Any]
+    cpu_overrides: dict[str, Any]
+    paper_overrides: dict[str, Any]
+    paper: dict[str, float | None]
+    paper_source: str | None = None
+    paper_status: str | None = None  # e.g. "training failure" where the paper reports "-"
+    note: str | None = None
+
+    def overrides_for(self, scale: str) -> dict[str, Any]:
+        extra = self.cpu_overrides if scale == "cpu" else self.paper_overrides
+        return {**self.overrides, **extra}
+
+
+@dataclass(frozen=True)
+class ScaleSetup:
+    recipe: str  # path relative to the repository root
+    overrides: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    kind: str  # "curve": metric over steps, one line per variant; "bar": final metric per variant
+    metric: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    title: str
+    group: str
+    paper_ref: str
+    description: str
+    scales: dict[str, ScaleSetup]
+    columns: list[Column]
+    variants: list[Variant]
+    path: Path
+    cpu_notes: str | None = None
+    paper_notes: str | None = None
+    plot: PlotSpec | None = None
+
+    @property
+    def mlflow_experiment(self) -> str:
+        return f"sinklab/{self.name}"
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise ExperimentError(f"{self.name}: no variant {name!r}; variants: "
+                       + ", ".join(v.name for v in self.variants))
+
+    def overrides(self, variant: Variant, scale: str) -> dict[str, Any]:
+        """The scale's base overrides, then the variant's (the variant wins)."""
+        return {**self.scales[scale].overrides, **variant.overrides_for(scale)}
+
+
+def _line_map(text: str) -> dict[tuple, int]:
+    """Map each YAML path (tuple of keys / indices) to its 1-based line number."""
+    lines: dict[tuple, int] = {}
+
+    def walk(node: yaml.Node, path: tuple) -> None:
+        lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                lines[path + (key_node.value,)] = key_node.start_mark.line + 1
+                walk(value_node, path + (key_node.value,))
+                lines[path + (key_node.value,)] = key_node.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, path + (i,))
+
+    root = yaml.compose(text)
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+class _Reader:
+    """Type-checked access to the parsed YAML with errors that name file, line and field."""
+
+    def __init__(self, path: Path, text: str):
+        self.path = path
+        self.lines = _line_map(text)
+
+    def where(self, path: tuple) -> str:
+        probe = path
+        while probe and probe not in self.lines:
+            probe = probe[:-1]
+        line = self.lines.get(probe, 1)
+        dotted = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p))
+                         for i, p in enumerate(path)) or "<top>"
+        return f"{self.path}:{line}: {dotted}"
+
+    def fail(self, path: tuple, message: str) -> ExperimentError:
+        return ExperimentError(f"{self.where(path)}: {message}")
+
+    def mapping(self, value: Any, path: tuple, allowed: set[str] | None = None,
+                required: tuple[str, ...] = ()) -> dict:
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise self.fail(path, f"expected a mapping, got {type(value).__name__}")
+        if allowed is not None:
+            for key in value:
+                if key not in allowed:
+                    raise self.fail(path + (key,), f"unknown field {key!r}; allowed: "
+                                    + ", ".join(sorted(allowed)))
+        for key in required:
+            if key not in value:
+                raise self.fail(path, f"missing required field {key!r}")
+        return value
+
+    def text(self, value: Any, path: tuple, optional: bool = False) -> str | None:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(path, f"expected a non-empty string, got {value!r}")
+        return value.strip()
+
+    def name(self, value: Any, path: tuple) -> str:
+        value = self.text(value, path)
+        if not NAME_RE.match(value):
+            raise self.fail(path, f"{value!r} is not a valid name (lowercase letters, digits, "
+                            "and . _ + - ; it becomes a directory name)")
+        return value
+
+    def overrides(self, value: Any, path: tuple) -> dict[str, Any]:
+        value = self.mapping(value, path)
+        for key, item in value.items():
+            if not isinstance(key, str) or not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$", key):
+                raise self.fail(path + (key,), f"override key {key!r} must be a dotted config "
+                                "path such as model.config.n_heads")
+            if isinstance(item, dict):
+                raise self.fail(path + (key,), "override values must be scalars or lists; "
+                                "write nested fields as dotted keys")
+        return dict(value)
+
+    def number_or_null(self, value: Any, path: tuple) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(path, f"expected a number or null (null where the paper gives "
+                            f"no number), got {value!r}")
+        return float(value)
+
+
+def _find_file(name_or_path: str | Path) -> Path:
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+        return candidate
+    matches = [p for p in experiment_files() if p.stem == str(name_or_path)]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise ExperimentError(f"experiment name {name_or_path!r} is ambiguous: "
+                              + ", ".join(map(str, matches)))
+    known = ", ".join(experiment_names()) or "(none)"
+    raise ExperimentError(f"no experiment {name_or_path!r} under {EXPERIMENTS_DIR}; known: {known}")
+
+
+def experiment_files() -> list[Path]:
+    """Every experiment file; folders whose name starts with `_` hold shared recipes."""
+    return sorted(p for p in EXPERIMENTS_DIR.rglob("*.yaml")
+                  if not any(part.startswith("_") for part in p.relative_to(EXPERIMENTS_DIR).parts))
+
+
+def experiment_names() -> list[str]:
+    return [p.stem for p in experiment_files()]
+
+
+def load_experiment(name_or_path: str | Path) -> Experiment:
+    """Load and validate one experiment by name (file stem) or path."""
+    path = _find_file(name_or_path)
+    text = path.read_text()
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ExperimentError(f"{path}: not valid YAML: {err}") from None
+    try:
+        shown = path.resolve().relative_to(REPO)
+    except ValueError:
+        shown = path
+    return _parse(raw, _Reader(shown, text), path)
+
+
+def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
+    top = r.mapping(raw, (), TOP_KEYS, required=("name", "title", "paper_ref", "scale",
+                                                  "columns", "variants"))
+    name = r.name(top["name"], ("name",))
+    if name != path.stem:
+        raise r.fail(("name",), f"name {name!r} must equal the file name {path.stem!r}")
+
+    scale_raw = r.mapping(top["scale"], ("scale",), set(SCALES), required=SCALES)
+    scales = {}
+    for scale in SCALES:
+        s = r.mapping(scale_raw[scale], ("scale", scale), {"recipe", "overrides"},
+                      required=("recipe",))
+        recipe = r.text(s["recipe"], ("scale", scale, "recipe"))
+        scales[scale] = ScaleSetup(recipe, r.overrides(s.get("overrides"),
+                                                       ("scale", scale, "overrides")))
+
+    columns_raw = top["columns"]
+    if not isinstance(columns_raw, list) or not columns_raw:
+        raise r.fail(("columns",), "expected a non-empty list of {key, metric, label}")
+    columns = []
+    for i, c in enumerate(columns_raw):
+        c = r.mapping(c, ("columns", i), COLUMN_KEYS, required=("key", "metric", "label"))
+        columns.append(Column(r.name(c["key"], ("columns", i, "key")),
+                              r.text(c["metric"], ("columns", i, "metric")),
+                              r.text(c["label"], ("columns", i, "label"))))
+    keys = [c.key for c in columns]
+    if len(set(keys)) != len(keys):
+        raise r.fail(("columns",), f"column keys must be unique, got {keys}")
+
+    variants_raw = top["variants"]
+    if not isinstance(variants_raw, list) or not variants_raw:
+        raise r.fail(("variants",), "expected a non-empty list of variants")
+    variants = [_parse_variant(v, i, r, keys) for i, v in enumerate(variants_raw)]
+    names = [v.name for v in variants]
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            raise r.fail(("variants", i, "name"), f"variant name {n!r} is used twice")
+
+    plot = None
+    if top.get("plot") is not None:
+        p = r.mapping(top["plot"], ("plot",), PLOT_KEYS, required=("kind", "metric"))
+        if p["kind"] not in PLOT_KINDS:
+            raise r.fail(("plot", "kind"), f"expected one of {PLOT_KINDS}, got {p['kind']!r}")
+        plot = PlotSpec(p["kind"], r.text(p["metric"], ("plot", "metric")),
+                        r.text(p.get("title"), ("plot", "title"), optional=True) or top["title"])
+
+    return Experiment(
+        name=name,
+        title=r.text(top["title"], ("title",)),
+        group=r.text(top.get("group"), ("group",), optional=True) or path.parent.name,
+        paper_ref=r.text(top["paper_ref"], ("paper_ref",)),
+        description=r.text(top.get("description"), ("description",), optional=True) or "",
+        scales=scales, columns=columns, variants=variants, path=path,
+        cpu_notes=r.text(top.get("cpu_notes"), ("cpu_notes",), optional=True),
+        paper_notes=r.text(top.get("paper_notes"), ("paper_notes",), optional=True),
+        plot=plot)
+
+
+def _parse_variant(raw: Any, i: int, r: _Reader, column_keys: list[str]) -> Variant:
+    at = ("variants", i)
+    v = r.mapping(raw, at, VARIANT_KEYS, required=("name",))
+    name = r.name(v["name"], at + ("name",))
+    paper_raw = r.mapping(v.get("paper"), at + ("paper",))
+    paper = {}
+    for key, value in paper_raw.items():
+        if key not in column_keys:
+            raise r.fail(at + ("paper", key), f"no column {key!r}; columns: {', '.join(column_keys)}")
+        paper[key] = r.number_or_null(value, at + ("paper", key))
+    for key in column_keys:
+        paper.setdefault(key, None)
+    return Variant(
+        name=name,
+        label=r.text(v.get("label"), at + ("label",), optional=True) or name,
+        overrides=r.overrides(v.get("overrides"), at + ("overrides",)),
+        cpu_overrides=r.overrides(v.get("cpu_overrides"), at + ("cpu_overrides",)),
+        paper_overrides=r.overrides(v.get("paper_overrides"), at + ("paper_overrides",)),
+        paper=paper,
+        paper_source=r.text(v.get("paper_source"), at + ("paper_source",), optional=True),
+        paper_status=r.text(v.get("paper_status"), at + ("paper_status",), optional=True),
+        note=r.text(v.get("note"), at + ("note",), optional=True))
+
+
+def load_all() -> list[Experiment]:
+    experiments = [load_experiment(p) for p in experiment_files()]
+    seen: dict[str, Path] = {}
+    for e in experiments:
+        if e.name in seen:
+            raise ExperimentError(f"{e.path}: experiment name {e.name!r} also used by {seen[e.name]}")
+        seen[e.name] = e.path
+    return experiments

@@ -1,0 +1,234 @@
+"""`sinklab sweep EXPERIMENT`: train every variant of a paper experiment.
+
+    sinklab sweep weight-decay --scale cpu --local        # one after another, here
+    sinklab sweep weight-decay --scale paper --submit     # one SLURM job array
+    sinklab sweep weight-decay --dry-run                  # print the plan only
+
+Each variant gets `runs/<experiment>/<scale>/<variant>/` as its run directory and its own
+config `runs/<experiment>/<scale>/<variant>.yaml` (the recipe with the variant's overrides);
+all of them log to the MLflow experiment `sinklab/<experiment>`. A variant whose run already
+finished (tag sinklab.status=finished) is skipped, so the command is safe to repeat; failed
+and interrupted runs are listed and run again (they resume from their newest checkpoint).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from cluster.jobs import JobError
+from pipeline.experiments import runs as mlruns
+from pipeline.experiments.configs import variant_config, write_config
+from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
+
+RESERVED_NAMES = {"slurm", "runs.tsv", "array.sbatch"}
+
+
+@dataclass
+class PlannedRun:
+    variant: str
+    run_dir: Path
+    config_path: Path
+    state: str                    # "pending", "finished", "failed" or "incomplete"
+    previous_run_id: str | None = None
+
+    @property
+    def to_run(self) -> bool:
+        return self.state != "finished"
+
+
+def sweep_dir(experiment: Experiment, scale: str, runs_root: Path) -> Path:
+    return runs_root / experiment.name / scale
+
+
+def plan(experiment: Experiment, scale: str, runs_root: Path,
+         mlflow: mlruns.MlflowClient | None) -> list[PlannedRun]:
+    """One PlannedRun per variant with its state from MLflow (None: treat all as pending)."""
+    known = mlruns.variant_runs(mlflow, experiment.mlflow_experiment, scale) if mlflow else {}
+    root = sweep_dir(experiment, scale, runs_root)
+    planned = []
+    for variant in experiment.variants:
+        if variant.name in RESERVED_NAMES:
+            raise ExperimentError(f"{experiment.path}: variant name {variant.name!r} is reserved")
+        records = known.get(variant.name, [])
+        newest = records[0] if records else None
+        if any(r.finished for r in records):
+            state = "finished"
+            newest = next(r for r in records if r.finished)
+        elif newest is None:
+            state = "pending"
+        elif newest.status in ("failed", "nonfinite", "killed"):
+            state = "failed"
+        else:
+            state = "incomplete"
+        planned.append(PlannedRun(variant.name, root / variant.name, root / f"{variant.name}.yaml",
+                                  state, newest.run_id if newest else None))
+    return planned
+
+
+def sinklab_command() -> list[str]:
+    """The `sinklab` entry point of this Python (the same one a user types)."""
+    beside = Path(sys.executable).with_name("sinklab")
+    return [str(beside)] if beside.exists() else [sys.executable, "-m", "pipeline.cli"]
+
+
+def fit_command(run: PlannedRun, extra: list[str] = ()) -> list[str]:
+    return [*sinklab_command(), "fit", "--config", str(run.config_path), "--run-dir",
+            str(run.run_dir), "--resume", "auto", *extra]
+
+
+def write_configs(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> None:
+    for run in planned:
+        if run.to_run:
+            write_config(variant_config(experiment, experiment.variant(run.variant), scale),
+                         run.config_path)
+
+
+Runner = Callable[[PlannedRun, list[str]], int]
+
+
+def subprocess_runner(run: PlannedRun, command: list[str]) -> int:
+    """Run one variant as its own process; its output goes to <run_dir>/sweep.log."""
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run.run_dir / "sweep.log", "ab") as log:
+        return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+
+
+def run_local(planned: list[PlannedRun], runner: Runner = subprocess_runner,
+              extra: list[str] = (), out=None) -> dict[str, int]:
+    """Run every variant that has not finished, one after another; return exit codes."""
+    out = out or sys.stdout
+    todo = [r for r in planned if r.to_run]
+    codes = {}
+    for i, run in enumerate(todo, 1):
+        command = fit_command(run, list(extra))
+        print(f"[{i}/{len(todo)}] {run.variant}: {' '.join(command)}", file=out, flush=True)
+        start = time.monotonic()
+        codes[run.variant] = code = runner(run, command)
+        verdict = "done" if code == 0 else f"FAILED (exit {code}; see {run.run_dir / 'sweep.log'})"
+        print(f"[{i}/{len(todo)}] {run.variant}: {verdict} in {time.monotonic() - start:.0f} s",
+              file=out, flush=True)
+        log = run.run_dir / "sweep.log"
+        if code != 0 and log.exists():
+            with open(log, errors="replace") as f:
+                print("".join("    | " + line for line in deque(f, maxlen=6)), end="", file=out)
+    return codes
+
+
+def check_configs(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> None:
+    """Parse each config to be run with `sinklab fit`'s parser, so a typo fails here and not
+    in the middle of a job array."""
+    from pipeline.experiments.validate import check_config
+
+    for run in planned:
+        if run.to_run:
+            check_config(variant_config(experiment, experiment.variant(run.variant), scale),
+                         f"{experiment.path}: variant {run.variant!r} at scale {scale}")
+
+
+def submit(experiment: Experiment, scale: str, planned: list[PlannedRun], runs_root: Path,
+           job_args: argparse.Namespace, extra: list[str]) -> str:
+    """Submit every variant that has not finished as one SLURM job array; return its id."""
+    from cluster.submit import JobSpec, submit_array
+
+    todo = [r for r in planned if r.to_run]
+    spec = JobSpec(nodes=job_args.nodes, gpus_per_node=job_args.gpus_per_node,
+                   time=job_args.time or os.environ.get("SINKLAB_TIME"),
+                   job_name=f"sweep-{experiment.name}-{scale}", fit_args=list(extra))
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        spec.environment["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
+    return submit_array([(r.config_path, r.run_dir) for r in todo],
+                        sweep_dir(experiment, scale, runs_root), spec,
+                        max_parallel=job_args.max_parallel)
+
+
+def format_plan(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> str:
+    lines = [f"{experiment.name} ({experiment.paper_ref}), scale {scale}: "
+             f"{len(planned)} variants -> MLflow experiment {experiment.mlflow_experiment}"]
+    for run in planned:
+        action = {"finished": "skip (finished)", "pending": "run",
+                  "failed": "run again (failed before)",
+                  "incomplete": "resume (unfinished before)"}[run.state]
+        previous = f"  [mlflow run {run.previous_run_id}]" if run.previous_run_id else ""
+        lines.append(f"  {run.variant:<24} {action:<28} {run.run_dir}{previous}")
+    failed = [r.variant for r in planned if r.state == "failed"]
+    if failed:
+        lines.append(f"failed before: {', '.join(failed)}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(
+        prog="sinklab sweep", description="Train every variant of a paper experiment "
+        "(configs/experiments/**/<EXPERIMENT>.yaml).",
+        epilog="Arguments after `--` go to every `sinklab fit` (e.g. -- --trainer.max_steps 5).")
+    parser.add_argument("experiment", help="experiment name (file stem) or path to its YAML")
+    parser.add_argument("--scale", choices=SCALES, default="cpu")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--local", action="store_true", help="run the variants here, one after another (default)")
+    mode.add_argument("--submit", action="store_true", help="submit one SLURM job array")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and commands, run nothing")
+    parser.add_argument("--variants", help="comma-separated subset of variants to consider")
+    parser.add_argument("--runs-root", type=Path, default=Path("runs"))
+    parser.add_argument("--no-check", action="store_true",
+                        help="skip parsing each variant's config with `sinklab fit`'s parser first")
+    parser.add_argument("--nodes", type=int, default=1, help="(--submit) nodes per variant")
+    parser.add_argument("--gpus-per-node", type=int, default=1, help="(--submit) GPUs per node")
+    parser.add_argument("--time", help="(--submit) time limit per array task")
+    parser.add_argument("--max-parallel", type=int, help="(--submit) array tasks running at once")
+    return parser.parse_args(argv), extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        experiment = load_experiment(args.experiment)
+        if args.variants:
+            wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
+            for name in wanted:
+                experiment.variant(name)  # raises with the list of known variants
+            experiment = dataclasses.replace(
+                experiment, variants=[v for v in experiment.variants if v.name in wanted])
+        planned = plan(experiment, args.scale, args.runs_root, mlruns.client())
+        print(format_plan(experiment, args.scale, planned))
+        todo = [r for r in planned if r.to_run]
+        if todo and not args.no_check:
+            check_configs(experiment, args.scale, planned)
+            print(f"checked {len(todo)} configs with the `sinklab fit` parser")
+        if args.dry_run:
+            for run in todo:
+                print("  $ " + " ".join(fit_command(run, extra)))
+            return 0
+        if not todo:
+            print("nothing to run: every variant has finished")
+            return 0
+        write_configs(experiment, args.scale, planned)
+        if args.submit:
+            job_id = submit(experiment, args.scale, planned, args.runs_root, args, extra)
+            print(f"submitted job array {job_id} with {len(todo)} tasks; logs in "
+                  f"{sweep_dir(experiment, args.scale, args.runs_root) / 'slurm'}")
+            return 0
+        codes = run_local(planned, extra=extra)
+    except (ExperimentError, JobError) as error:
+        print(f"sinklab sweep: {error}", file=sys.stderr)
+        return 2
+    failed = [name for name, code in codes.items() if code != 0]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Check variant configs with `sinklab fit`'s own parser before anything runs.
+
+Every override must name a real field of the training config (LightningCLI / jsonargparse
+checks names and types, e.g. a Literal such as model.model.attention.op), and the model part
+must pass ModelConfig's own cross-field validation. Nothing is instantiated: no run
+directory, no MLflow run, no dataset, no weights.
+"""
+from __future__ import annotations
+
+import warnings
+from functools import lru_cache
+from typing import Any
+
+from pipeline.experiments.configs import variant_config
+from pipeline.experiments.spec import Experiment, ExperimentError
+
+
+@lru_cache(maxsize=1)
+def _fit_parser():
+    from pipeline.train.cli import SinkLabCLI
+    from pipeline.train.data import SinkDataModule
+    from pipeline.train.module import SinkLabModule
+
+    class ParseOnly(SinkLabCLI):
+        def _set_seed(self) -> None:
+            pass
+
+        def before_instantiate_classes(self) -> None:
+            pass
+
+        def instantiate_classes(self) -> None:
+            pass
+
+        def after_instantiate_classes(self) -> None:
+            pass
+
+    with warnings.catch_warnings():  # "args given while sys.argv has arguments": intended here
+        warnings.simplefilter("ignore", UserWarning)
+        cli = ParseOnly(SinkLabModule, SinkDataModule, args=[], run=False, save_config_callback=None,
+                        auto_configure_optimizers=False, seed_everything_default=1234,
+                        parser_kwargs={"default_env": False, "exit_on_error": False})
+    return cli.parser
+
+
+_NOISE = ("NoneType", "Does not validate against", "Subtypes:", "Errors:", "Given value")
+
+
+def _essence(message: str) -> str:
+    """jsonargparse explains every Union alternative; keep the lines that say what is wrong."""
+    lines = [line.strip(" -") for line in message.splitlines()]
+    kept = [line for line in lines if line and not any(n in line for n in _NOISE)]
+    return "; ".join(kept)[:500]
+
+
+def check_config(config: dict[str, Any], where: str) -> None:
+    """Raise ExperimentError (starting with `where`) unless `sinklab fit` would accept `config`."""
+    from jsonargparse import Namespace
+
+    from pipeline.model.config import ConfigError, ModelConfig
+
+    try:
+        parsed = _fit_parser().parse_object(config)
+    except Exception as error:  # jsonargparse's ArgumentError or a type error
+        raise ExperimentError(f"{where}: `sinklab fit` rejects it: {_essence(str(error))}") from None
+    model = parsed.model.model
+    fields = model.as_dict() if isinstance(model, Namespace) else dict(vars(model))
+    try:
+        ModelConfig.from_dict(fields)
+    except (ConfigError, TypeError) as error:
+        raise ExperimentError(f"{where}: {error}") from None
+
+
+def check_experiment(experiment: Experiment, scale: str) -> int:
+    """Check every variant's config at `scale`; return how many were checked."""
+    for variant in experiment.variants:
+        check_config(variant_config(experiment, variant, scale),
+                     f"{experiment.path}: variant {variant.name!r} at scale {scale}")
+    return len(experiment.variants)

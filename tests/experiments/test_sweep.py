@@ -1,0 +1,104 @@
+"""Sweeps: planning from MLflow, idempotence, configs on disk, the dry run (with a fake runner)."""
+from __future__ import annotations
+
+import yaml
+
+from pipeline.experiments import sweep
+from pipeline.experiments.spec import load_experiment
+
+from experiment_helpers import log_training_run, write_experiment
+
+
+def test_plan_skips_finished_runs_and_reruns_the_rest(tmp_path, mlflow_env, unique_name):
+    exp = load_experiment(write_experiment(tmp_path, unique_name))
+    finished_a = log_training_run(mlflow_env, unique_name, "a", "cpu", status="finished", metrics={"val/loss": 4.0})
+    failed_b = log_training_run(mlflow_env, unique_name, "b", "cpu", status="failed", metrics={})
+    log_training_run(mlflow_env, unique_name, "c", "paper", status="finished", metrics={})  # other scale
+    runs_root = tmp_path / "runs"
+
+    planned = sweep.plan(exp, "cpu", runs_root, mlflow_env)
+    assert [(r.variant, r.state, r.previous_run_id) for r in planned] == [
+        ("a", "finished", finished_a), ("b", "failed", failed_b), ("c", "pending", None)]
+    assert planned[1].run_dir == runs_root / unique_name / "cpu" / "b"
+    text = sweep.format_plan(exp, "cpu", planned)
+    assert "skip (finished)" in text and "run again (failed before)" in text
+    assert text.splitlines()[-1] == "failed before: b"
+
+    calls = []
+
+    def fake_fit(run, command):  # what `sinklab fit` would leave behind: a run in MLflow
+        calls.append(command)
+        ok = run.variant == "c"
+        log_training_run(mlflow_env, unique_name, run.variant, "cpu",
+                         status="finished" if ok else "nonfinite", metrics={})
+        return 0 if ok else 3
+
+    sweep.write_configs(exp, "cpu", planned)
+    codes = sweep.run_local(planned, runner=fake_fit, extra=["--trainer.max_steps", "5"])
+    assert codes == {"b": 3, "c": 0}
+    assert calls[1][-9:] == ["fit", "--config", str(runs_root / unique_name / "cpu" / "c.yaml"),
+                             "--run-dir", str(runs_root / unique_name / "cpu" / "c"), "--resume", "auto",
+                             "--trainer.max_steps", "5"][-9:]
+    # configs are written for the variants that run, none for the finished one
+    written = yaml.safe_load((runs_root / unique_name / "cpu" / "c.yaml").read_text())
+    assert written["model"]["optim"]["weight_decay"] == 5.0
+    assert written["run"] == {**written["run"], "experiment": f"sinklab/{unique_name}", "variant": "c",
+                              "name": f"{unique_name}/cpu/c"}
+    assert not (runs_root / unique_name / "cpu" / "a.yaml").exists()
+
+    again = sweep.plan(exp, "cpu", runs_root, mlflow_env)
+    assert [(r.variant, r.state) for r in again] == [("a", "finished"), ("b", "failed"), ("c", "finished")]
+    calls.clear()
+    assert sweep.run_local([r for r in again if r.variant != "b"], runner=fake_fit) == {}
+    assert calls == []
+
+
+def test_an_interrupted_run_is_resumed(tmp_path, mlflow_env, unique_name):
+    exp = load_experiment(write_experiment(tmp_path, unique_name))
+    log_training_run(mlflow_env, unique_name, "a", "cpu", status="interrupted", metrics={})
+    planned = sweep.plan(exp, "cpu", tmp_path, mlflow_env)
+    assert planned[0].state == "incomplete" and planned[0].to_run
+    assert "resume (unfinished before)" in sweep.format_plan(exp, "cpu", planned)
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, mlflow_env, unique_name, capsys):
+    path = write_experiment(tmp_path, unique_name)
+    code = sweep.main([str(path), "--dry-run", "--no-check", "--runs-root", str(tmp_path / "runs"),
+                       "--variants", "a,c", "--", "--trainer.max_steps", "3"])
+    assert code == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{unique_name} (002 Table 2), scale cpu: 2 variants -> MLflow experiment sinklab/{unique_name}"
+    commands = [line for line in out if line.startswith("  $ ")]
+    assert len(commands) == 2 and commands[1].endswith(
+        f"fit --config {tmp_path}/runs/{unique_name}/cpu/c.yaml --run-dir {tmp_path}/runs/{unique_name}/cpu/c "
+        "--resume auto --trainer.max_steps 3")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unknown_variant_is_an_error(tmp_path, mlflow_env, unique_name, capsys):
+    path = write_experiment(tmp_path, unique_name)
+    assert sweep.main([str(path), "--dry-run", "--variants", "a,zz"]) == 2
+    assert "no variant 'zz'; variants: a, b, c" in capsys.readouterr().err
+
+
+def test_submit_sends_one_job_array_of_the_unfinished_variants(tmp_path, mlflow_env, unique_name,
+                                                              monkeypatch, capsys):
+    import cluster.submit
+
+    submitted = []
+    monkeypatch.setattr(cluster.submit, "sbatch", lambda script: submitted.append(script) or "4242")
+    monkeypatch.setenv("SINKLAB_PARTITION", "gpu")
+    path = write_experiment(tmp_path, unique_name)
+    log_training_run(mlflow_env, unique_name, "b", "cpu", status="finished", metrics={})
+    root = tmp_path / "runs"
+    assert sweep.main([str(path), "--submit", "--no-check", "--runs-root", str(root), "--gpus-per-node", "2",
+                       "--time", "1:00:00", "--", "--trainer.max_steps", "7"]) == 0
+    assert "submitted job array 4242 with 2 tasks" in capsys.readouterr().out
+    sweep_dir = root / unique_name / "cpu"
+    assert submitted == [sweep_dir / "array.sbatch"]
+    assert (sweep_dir / "runs.tsv").read_text().splitlines() == [
+        f"{sweep_dir / 'a.yaml'}\t{sweep_dir / 'a'}", f"{sweep_dir / 'c.yaml'}\t{sweep_dir / 'c'}"]
+    script = (sweep_dir / "array.sbatch").read_text()
+    assert "#SBATCH --array=0-1" in script and "#SBATCH --partition=gpu" in script
+    assert "#SBATCH --gpus-per-node=2" in script and "#SBATCH --time=1:00:00" in script
+    assert "--trainer.max_steps 7" in script and f"MLFLOW_TRACKING_URI={mlflow_env.tracking_uri}" in script

@@ -1,0 +1,50 @@
+"""Every variant's overrides resolve against `sinklab fit`'s real config classes."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from pipeline.experiments.configs import variant_config
+from pipeline.experiments.spec import ExperimentError, load_all, load_experiment
+from pipeline.experiments.validate import check_config, check_experiment
+
+
+def test_every_variant_resolves_at_cpu_scale_and_every_paper_override_too():
+    checked = 0
+    for experiment in load_all():
+        checked += check_experiment(experiment, "cpu")
+        # paper scale: the recipe with its base overrides, and every variant that differs there
+        paper_variants = [v for v in experiment.variants if v.paper_overrides] or experiment.variants[:1]
+        for variant in paper_variants:
+            check_config(variant_config(experiment, variant, "paper"), f"{experiment.name}/{variant.name}")
+            checked += 1
+    assert checked > 130
+
+
+def test_variant_config_applies_overrides_and_identity():
+    e = load_experiment("attention-operations")
+    config = variant_config(e, e.variant("kernel-mlp-clamp"), "cpu")
+    attention = config["model"]["model"]["attention"]
+    assert (attention["op"], attention["kernel"], attention["normalizer"]) == ("kernel", "mlp", "abs_clamp")
+    assert config["run"]["experiment"] == "sinklab/attention-operations"
+    assert config["run"]["variant"] == "kernel-mlp-clamp"
+    assert config["run"]["name"] == "attention-operations/cpu/kernel-mlp-clamp"
+    assert config["model"]["model"]["d_model"] == 128  # the cpu recipe underneath is kept
+
+
+@pytest.mark.parametrize("path,value,message", [
+    (("model", "model", "attention", "op"), "bogus", 'Parser key "attention.op"'),
+    (("model", "optim", "lrr"), 1.0, "Option 'lrr' is not accepted"),
+    (("model", "model", "biases"), {"kind": "v", "key_dims": 3}, "key_dims=3: only meaningful for kind"),
+])
+def test_wrong_overrides_are_named(path, value, message):
+    e = load_experiment("weight-decay")
+    config = copy.deepcopy(variant_config(e, e.variants[0], "cpu"))
+    node = config
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    with pytest.raises(ExperimentError, match="^weight-decay/wd-0.0: ") as err:
+        check_config(config, "weight-decay/wd-0.0")
+    assert message in str(err.value)
