@@ -1,0 +1,145 @@
+"""Model FLOPs per trained token, device peaks and model FLOPs utilisation (MFU). Pure functions.
+
+Counting (forward + backward = 3 x forward; a multiply-add is 2 FLOPs; recomputation by
+activation checkpointing or by a flash/blocked backward is *not* counted: this is MFU, not HFU):
+
+    F_token = [ 6 (C + S) N_blocks  +  6 C N_head  +  12 L d P ] / C
+
+- N_blocks: weights of the matrix multiplies inside the L blocks, per token: W_QKV (3 d^2),
+  W_O (d^2, or d_h d when heads are summed), the FFN (3 d f gated, 2 d f plain), the gate of
+  gated attention (d H), and the phi-MLP of kernel attention (2 d_h^2, applied to the queries
+  and keys of every head: 4 H d_h^2 per token). The input embedding is a lookup: not counted.
+- N_head: the LM head, d V (tied or not: the matmul runs either way).
+- P: admitted (query, key) pairs per layer and sequence, over the C real tokens plus S
+  learnable sink tokens, plus one column per bias slot (k*/v*, sink logit) for every query.
+  Each pair costs 2 d_h FLOPs in q k^T and 2 d_h in A V per head, i.e. 4 d forward, 12 d
+  forward + backward.
+
+For the plain causal mask P = C (C + 1) / 2, so F = 6 N + 6 L d (C + 1), the *exact* count of
+useful work. PaLM (appendix B) counts the full C x C square, F = 6 N + 12 L d C; pass
+``convention="palm"`` for figures comparable with papers that use it (PaLM, nanoGPT,
+torchtitan). The attention term counts the similarity matrix as the paper defines it for every
+operation, including linear kernels computed in O(T d^2) form, so that MFU compares
+implementations of one model rather than models.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Literal
+
+Convention = Literal["exact", "palm"]
+PEAK_ENV = "SINKLAB_PEAK_TFLOPS"
+
+# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s per device, from the vendors' data
+# sheets. Matched against torch.cuda.get_device_name() in this order (first match wins), so
+# the more specific names come first.
+DEVICE_PEAK_TFLOPS: list[tuple[str, str, float]] = [
+    # (regex on the device name, table label, dense bf16 TFLOP/s)
+    (r"H100.*PCIE", "H100 PCIe", 756.0),
+    (r"H100.*NVL", "H100 NVL", 835.0),
+    (r"H100|H800", "H100 SXM", 989.0),
+    (r"H200.*NVL", "H200 NVL", 835.0),
+    (r"GH200|H200", "H200 SXM / GH200", 989.0),
+    (r"B200", "B200", 2250.0),
+    (r"A100|A800", "A100", 312.0),
+    (r"L40S", "L40S", 362.0),
+    (r"\bL4\b", "L4", 121.0),
+    (r"\bA10\b", "A10", 125.0),
+    (r"MI300X", "MI300X", 1307.0),
+]
+
+
+def _cfg(config: Any, name: str, default: Any = None) -> Any:
+    return getattr(config, name, default)
+
+
+def matmul_params_per_token(config: Any) -> tuple[float, float]:
+    """(N_blocks, N_head): weights each token multiplies in the blocks and in the LM head."""
+    d, L, H, f, V = config.d_model, config.n_layers, config.n_heads, config.d_ffn, config.vocab_size
+    dh = d // H
+    attention, ffn = _cfg(config, "attention"), _cfg(config, "ffn", "swiglu")
+    per_layer = 3 * d * d
+    per_layer += (dh if _cfg(config, "head_merge", "concat") == "sum" else d) * d
+    per_layer += (3 if ffn in ("swiglu", "geglu", "reglu") else 2) * d * f
+    if attention is not None and attention.gated:
+        per_layer += d * H
+    if attention is not None and attention.op == "kernel" and attention.kernel == "mlp":
+        per_layer += 2 * dh * dh * 2 * H  # two dh x dh layers, on q and k of each head
+    return float(L * per_layer), float(d * V)
+
+
+def admitted_pairs_count(config: Any, context_length: int) -> int:
+    """(query, key) pairs one layer computes for one sequence: tokens (sink tokens included)
+    under the config's mask, plus every bias-slot column. Closed forms of the model's
+    ``masks.admitted_pairs``."""
+    n = context_length + int(_cfg(config, "sink_tokens", 0))
+    mask = _cfg(config, "mask", "causal")
+    pairs = n * (n + 1) // 2
+    if mask == "sliding":
+        w = config.window
+        pairs = pairs if n <= w else w * (w + 1) // 2 + (n - w) * w
+    elif mask == "prefix":
+        p = min(n, int(_cfg(config, "sink_tokens", 0)) + config.prefix_len)
+        pairs += p * (p - 1) // 2
+    return pairs + n * int(_cfg(config, "n_bias_slots", 0))
+
+
+def flops_per_token(model_config: Any, context_length: int, convention: Convention = "exact") -> float:
+    """Training FLOPs per real token (forward + backward) for sequences of ``context_length``
+    tokens. ``model_config`` is a pipeline.model.ModelConfig (or anything with its fields)."""
+    if context_length < 1:
+        raise ValueError(f"context_length={context_length}: must be >= 1")
+    n_blocks, n_head = matmul_params_per_token(model_config)
+    L, d, C = model_config.n_layers, model_config.d_model, context_length
+    if convention == "palm":
+        return 6.0 * (n_blocks + n_head) + 12.0 * L * d * C
+    if convention != "exact":
+        raise ValueError(f"convention={convention!r}: allowed 'exact' or 'palm'")
+    S = int(_cfg(model_config, "sink_tokens", 0))
+    per_sequence = 6.0 * (C + S) * n_blocks + 6.0 * C * n_head
+    per_sequence += 12.0 * L * d * admitted_pairs_count(model_config, C)
+    return per_sequence / C
+
+
+def device_peak_flops(name: str | None = None) -> float | None:
+    """Dense bf16 peak FLOP/s of one device. ``SINKLAB_PEAK_TFLOPS`` (TFLOP/s) overrides the
+    table; ``name`` defaults to torch.cuda.get_device_name(). None on CPU or an unknown device
+    (then MFU is not reported; set the variable)."""
+    override = os.environ.get(PEAK_ENV, "").strip()
+    if override:
+        try:
+            value = float(override)
+        except ValueError:
+            value = float("nan")
+        if not value > 0 or value == float("inf"):
+            raise ValueError(f"{PEAK_ENV}={override!r}: expected a positive number of TFLOP/s, e.g. 989")
+        return value * 1e12
+    if name is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        name = torch.cuda.get_device_name()
+    for pattern, _label, tflops in DEVICE_PEAK_TFLOPS:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            return tflops * 1e12
+    return None
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak: float | None) -> float | None:
+    """Achieved model FLOP/s over peak FLOP/s (per device: pass one device's tokens/s)."""
+    if peak is None or peak <= 0:
+        return None
+    return tokens_per_s * flops_per_token / peak
+
+
+__all__ = [
+    "DEVICE_PEAK_TFLOPS",
+    "PEAK_ENV",
+    "admitted_pairs_count",
+    "device_peak_flops",
+    "flops_per_token",
+    "matmul_params_per_token",
+    "mfu",
+]

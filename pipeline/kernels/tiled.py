@@ -1,0 +1,233 @@
+"""Tiled attention for element-wise similarities (sigmoid, elu+1, kernel dot products) that
+never materialises the T x T matrix, forward or backward.
+
+    y_i = sum_j sim_ij v_j / Z_i,   sim_ij = f(q_i k_j^T * scale + b_ij) on admitted pairs, else 0
+
+with Z_i = sum_j sim_ij (or its p-norm), max(|sum_j sim_ij|, 1), or 1. A custom autograd
+Function loops over (query block, key block) tiles, keeps only per-row statistics (u_i =
+sum_j sim_ij v_j, S_i = sum_j sim_ij) and recomputes each tile in backward, like
+FlashAttention does for softmax. Memory: O(T d_h + block_q block_k) per (batch, head) plus the
+saved inputs, with block_q = T by default (a key-block loop: T / block_k tiles per layer, few
+kernel launches); tiles, and queries of a tile, that the mask hides (causal, sliding window)
+are skipped.
+
+Backward, with u_i = Z_i y_i and D_i = dZ_i = -(dy_i . y_i) / Z_i:
+    dsim_ij = dy_i . v_j / Z_i + D_i dZ_i/dsim_ij    (1 | sign(S_i) [|S_i| > 1] | (sim_ij/Z_i)^(p-1) | 0)
+    ds_ij   = dsim_ij f'(s_ij) on admitted pairs;   dq = ds k scale,  dk = ds^T q scale,  dv = sim^T dy / Z
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Similarity = Literal["sigmoid", "elu1", "identity"]
+Normalizer = Literal["sum", "abs_clamp", "none"]
+MaskKind = Literal["causal", "prefix", "sliding"]
+ScoreBias = Callable[[Tensor, Tensor], Tensor]  # (query slot idx [bq], key slot idx [bk]) -> [1|H, bq, bk]
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """Which (query, key) slot pairs are admitted, computed per tile from indices (the model's
+    masks.admitted_pairs): causal j <= i; prefix: also i, j < prefix; sliding: j <= i and
+    i - j < window. Queries are slots q_offset .. q_offset + Tq - 1; keys are slots 0 .. Tk - 1."""
+
+    kind: MaskKind = "causal"
+    window: int = 0
+    prefix: int = 0
+    q_offset: int = 0
+
+    def admitted(self, q_idx: Tensor, k_idx: Tensor) -> Tensor:
+        qi, kj = q_idx[:, None], k_idx[None, :]
+        causal = kj <= qi
+        if self.kind == "prefix":
+            return causal | ((qi < self.prefix) & (kj < self.prefix))
+        if self.kind == "sliding":
+            return causal & (qi - kj < self.window)
+        return causal
+
+    def key_range(self, q_lo: int, q_hi: int, n_keys: int) -> tuple[int, int]:
+        """Keys [lo, hi) that some query slot in [q_lo, q_hi) may see."""
+        hi = q_hi
+        if self.kind == "prefix" and q_lo < self.prefix:
+            hi = max(hi, self.prefix)
+        lo = max(0, q_lo - self.window + 1) if self.kind == "sliding" else 0
+        return lo, min(hi, n_keys)
+
+    def query_range(self, k_lo: int, k_hi: int, q_lo: int, q_hi: int) -> tuple[int, int]:
+        """The part of query slots [q_lo, q_hi) that sees some key in [k_lo, k_hi)."""
+        lo = q_lo if self.kind == "prefix" and k_lo < self.prefix else max(q_lo, k_lo)
+        hi = min(q_hi, k_hi + self.window - 1) if self.kind == "sliding" else q_hi
+        return lo, max(lo, hi)
+
+
+@dataclass(frozen=True)
+class TileSpec:
+    similarity: Similarity
+    normalizer: Normalizer = "sum"
+    p: float = 1.0
+    scale: float = 1.0
+    mask: MaskSpec = MaskSpec()
+    block_q: int | None = None   # None: all queries in one block (fewest kernel launches)
+    block_k: int = 128
+
+
+def _similarity(s: Tensor, kind: Similarity) -> tuple[Tensor, Tensor]:
+    """f(s) and f'(s)."""
+    if kind == "sigmoid":
+        sim = torch.sigmoid(s)
+        return sim, sim * (1.0 - sim)
+    if kind == "elu1":
+        sim = F.elu(s) + 1.0                     # = exp(s) for s <= 0
+        return sim, torch.where(s > 0, torch.ones_like(s), sim)
+    return s, torch.ones_like(s)
+
+
+class _Tiles:
+    """Recomputes one tile's scores; shared by forward and backward."""
+
+    def __init__(self, q, k, v, slot_k, slot_v, bias, spec: TileSpec):
+        self.q, self.k, self.v, self.slot_k, self.slot_v, self.bias, self.spec = q, k, v, slot_k, slot_v, bias, spec
+        self.n_slots = 0 if slot_k is None else slot_k.shape[2]
+        self.acc = torch.promote_types(q.dtype, torch.float32)  # accumulate in fp32 (fp64 stays fp64)
+
+    def blocks(self):
+        """Yield (q_lo, q_hi, tile): a range of queries and the key tile they see, where a tile
+        is (k_lo, k_hi) over token keys or None for the bias-slot columns (admitted for every
+        query, no positional bias). Queries that see nothing of a tile are trimmed off."""
+        spec, mask, Tq, Tk = self.spec, self.spec.mask, self.q.shape[2], self.k.shape[2]
+        off = mask.q_offset
+        block_q = spec.block_q or Tq
+        for q_lo in range(0, Tq, block_q):
+            q_hi = min(Tq, q_lo + block_q)
+            if self.n_slots:
+                yield q_lo, q_hi, None
+            lo, hi = mask.key_range(q_lo + off, q_hi + off, Tk)
+            for k_lo in range(lo, hi, spec.block_k):
+                k_hi = min(hi, k_lo + spec.block_k)
+                a, b = mask.query_range(k_lo, k_hi, q_lo + off, q_hi + off)
+                if b > a:
+                    yield a - off, b - off, (k_lo, k_hi)
+
+    def keys(self, tile):
+        return (self.slot_k, self.slot_v) if tile is None else (self.k[:, :, tile[0]:tile[1]], self.v[:, :, tile[0]:tile[1]])
+
+    def scores(self, q_lo: int, q_hi: int, tile):
+        """sim = f(s) and f'(s), in the accumulation dtype, zero off the mask."""
+        spec = self.spec
+        keys, _ = self.keys(tile)
+        s = (self.q[:, :, q_lo:q_hi] @ keys.transpose(-2, -1)).to(self.acc) * spec.scale
+        admitted = None
+        if tile is not None:
+            q_idx = torch.arange(q_lo, q_hi, device=s.device) + spec.mask.q_offset
+            k_idx = torch.arange(*tile, device=s.device)
+            admitted = spec.mask.admitted(q_idx, k_idx)
+            if self.bias is not None:
+                s = s + self.bias(q_idx, k_idx).to(self.acc)[None]
+        sim, dsim_ds = _similarity(s, spec.similarity)
+        if admitted is not None:  # always masked: testing admitted.all() would sync a GPU per tile
+            sim = sim.masked_fill(~admitted, 0.0)
+            dsim_ds = dsim_ds.masked_fill(~admitted, 0.0)
+        return sim, dsim_ds
+
+
+def _normaliser(row_sum: Tensor, row_pow: Tensor | None, spec: TileSpec) -> Tensor:
+    if spec.normalizer == "none":
+        return torch.ones_like(row_sum)
+    if spec.normalizer == "abs_clamp":
+        return row_sum.abs().clamp(min=1.0)
+    return row_sum if row_pow is None else row_pow.pow(1.0 / spec.p)
+
+
+class TiledAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, slot_k, slot_v, bias, spec: TileSpec):
+        tiles = _Tiles(q, k, v, slot_k, slot_v, bias, spec)
+        B, H, Tq, dh = q.shape
+        acc = tiles.acc
+        u = q.new_zeros(B, H, Tq, v.shape[-1], dtype=acc)
+        row_sum = q.new_zeros(B, H, Tq, dtype=acc)
+        row_pow = q.new_zeros(B, H, Tq, dtype=acc) if spec.p != 1.0 else None
+        for q_lo, q_hi, tile in tiles.blocks():
+            sim, _ = tiles.scores(q_lo, q_hi, tile)
+            _, values = tiles.keys(tile)
+            u[:, :, q_lo:q_hi] += (sim.to(values.dtype) @ values).to(acc)
+            row_sum[:, :, q_lo:q_hi] += sim.sum(-1)
+            if row_pow is not None:
+                row_pow[:, :, q_lo:q_hi] += sim.pow(spec.p).sum(-1)
+        z = _normaliser(row_sum, row_pow, spec)
+        y = u / z[..., None]
+        ctx.save_for_backward(q, k, v, slot_k, slot_v, y, z, row_sum)
+        ctx.bias, ctx.spec = bias, spec
+        return y.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        q, k, v, slot_k, slot_v, y, z, row_sum = ctx.saved_tensors
+        spec = ctx.spec
+        tiles = _Tiles(q, k, v, slot_k, slot_v, ctx.bias, spec)
+        acc = tiles.acc
+        dy = dy.to(acc)
+        du = dy / z[..., None]                                   # dL/du_i
+        dz = -(dy * y).sum(-1) / z                               # dL/dZ_i
+        if spec.normalizer == "none":
+            dz = torch.zeros_like(dz)
+        elif spec.normalizer == "abs_clamp":
+            dz = dz * torch.sign(row_sum) * (row_sum.abs() > 1.0)
+        dq = torch.zeros_like(q, dtype=acc)
+        dk = torch.zeros_like(k, dtype=acc)
+        dv = torch.zeros_like(v, dtype=acc)
+        dsk = None if slot_k is None else torch.zeros_like(slot_k, dtype=acc)
+        dsv = None if slot_v is None else torch.zeros_like(slot_v, dtype=acc)
+        mm = lambda a, b: (a.to(q.dtype) @ b.to(q.dtype)).to(acc)  # tensor-core dtype in, fp32 out
+        for q_lo, q_hi, tile in tiles.blocks():
+            q_blk, du_blk, dz_blk = q[:, :, q_lo:q_hi], du[:, :, q_lo:q_hi], dz[:, :, q_lo:q_hi, None]
+            sim, dsim_ds = tiles.scores(q_lo, q_hi, tile)
+            keys, values = tiles.keys(tile)
+            dsim = mm(du_blk, values.transpose(-2, -1))
+            if spec.p != 1.0:  # dZ/dsim = (sim / Z)^(p-1); zero off the mask even for p < 1
+                ratio = (sim / z[:, :, q_lo:q_hi, None]).clamp(min=torch.finfo(sim.dtype).tiny)
+                dsim = dsim + dz_blk * torch.where(sim > 0, ratio.pow(spec.p - 1.0), 0.0)
+            else:
+                dsim = dsim + dz_blk
+            ds = dsim * dsim_ds * spec.scale
+            dq[:, :, q_lo:q_hi] += mm(ds, keys)
+            dk_tile, dv_tile = mm(ds.transpose(-2, -1), q_blk), mm(sim.transpose(-2, -1), du_blk)
+            if tile is None:
+                dsk += dk_tile
+                dsv += dv_tile
+            else:
+                dk[:, :, tile[0]:tile[1]] += dk_tile
+                dv[:, :, tile[0]:tile[1]] += dv_tile
+        grads = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+                 None if dsk is None else dsk.to(slot_k.dtype), None if dsv is None else dsv.to(slot_v.dtype)]
+        return (*grads, None, None)
+
+
+def tiled_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    spec: TileSpec,
+    slot_k: Tensor | None = None,
+    slot_v: Tensor | None = None,
+    score_bias: ScoreBias | None = None,
+) -> Tensor:
+    """[B, H, Tq, d_h] = sum_j sim_ij v_j / Z_i over bias slots (``slot_k``/``slot_v``
+    [B, H, S, d_h], admitted for every query) and token keys ``k``/``v`` [B, H, Tk, d_h].
+    ``score_bias`` (a fixed positional bias such as ALiBi's) is evaluated per tile and must
+    not need gradients."""
+    if (slot_k is None) != (slot_v is None):
+        raise ValueError("tiled_attention: pass slot_k and slot_v together")
+    if score_bias is not None:
+        probe = torch.zeros(1, dtype=torch.long, device=q.device)
+        if torch.is_grad_enabled() and score_bias(probe, probe).requires_grad:
+            raise ValueError("tiled_attention: score_bias needs gradients (a learned bias such as T5's); "
+                             "use the eager attention path for it")
+    if spec.mask.kind == "sliding" and spec.mask.window < 1:
+        raise ValueError(f"tiled_attention: mask sliding needs window >= 1, got {spec.mask.window}")
+    return TiledAttention.apply(q, k, v, slot_k, slot_v, score_bias, spec)
