@@ -1,8 +1,10 @@
-"""Training callbacks: step checkpoints, live sink metrics, throughput / MFU."""
+"""Training callbacks: step checkpoints, preemption, live sink metrics, throughput / MFU."""
 from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -56,6 +58,50 @@ class StepCheckpoint(Checkpoint):
 
     def load_state_dict(self, state: dict) -> None:
         self.last_saved = state.get("last_saved", -1)
+
+
+class Preemption(Callback):
+    """SIGUSR1 (SLURM's ``--signal=USR1@s`` before the time limit, or ``scancel --signal=USR1``)
+    asks the run to stop at the next optimizer-step boundary. The handler only sets a flag; the
+    ranks agree on it at each step end, write the same step checkpoint a periodic save writes,
+    and stop. ``requeue()`` then puts the SLURM job back in the queue; its rerun resumes from
+    that checkpoint, so no step is lost or trained twice. (Lightning's own SLURM handler
+    checkpoints inside the signal handler, mid-step, which replays the interrupted step.)"""
+
+    def __init__(self, checkpoint: StepCheckpoint, sig: int = signal.SIGUSR1):
+        self.checkpoint, self.sig = checkpoint, sig
+        self.received = False
+        self.stopped_at: int | None = None
+        self._seen_step = -1
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        signal.signal(self.sig, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.received = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step == self._seen_step:  # inside a gradient accumulation: not a step boundary
+            return
+        self._seen_step = step
+        if trainer.strategy.reduce_boolean_decision(self.received, all=False):
+            if self.checkpoint.last_saved != step:
+                self.checkpoint.save(trainer)
+            self.stopped_at = step
+            trainer.should_stop = True
+
+    def requeue(self) -> bool:
+        """On rank 0 of a SLURM job stopped by the signal: ``scontrol requeue`` the job."""
+        job = os.environ.get("SLURM_JOB_ID")
+        if array := os.environ.get("SLURM_ARRAY_JOB_ID"):
+            job = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+        if self.stopped_at is None or not job:
+            return False
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"sinklab fit: scontrol requeue {job} failed: {done.stderr.strip()}", flush=True)
+        return done.returncode == 0
 
 
 def _remove(path: Path) -> None:

@@ -12,7 +12,6 @@ set by hand: ``trainer.accumulate_grad_batches`` (from data.global_batch_tokens)
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import warnings
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from data_prep.dataset import DatasetError
 from pipeline.model.config import ConfigError
 
 from .batching import BatchConfigError
-from .callbacks import SinkMetrics, StepCheckpoint, Throughput
+from .callbacks import Preemption, SinkMetrics, StepCheckpoint, Throughput
 from .data import SinkDataModule
 from .module import NonFiniteLossError, SinkLabModule
 from .rundir import RunDir, RunDirError, acquire_lock, release_lock
@@ -122,13 +121,14 @@ class SinkLabCLI(LightningCLI):
         self.sink_cb = SinkMetrics(opts.sink_every, opts.plot_every, self.run.root)
         self.throughput_cb = Throughput(data.global_batch_tokens, context, opts.throughput_window)
         self.ckpt_cb = StepCheckpoint(self.run.root, opts.checkpoint_every, opts.keep_last)
-        callbacks = list(trainer_cfg.get("callbacks") or []) + [self.ckpt_cb, self.sink_cb, self.throughput_cb]
+        self.preemption_cb = Preemption(self.ckpt_cb)
+        callbacks = list(trainer_cfg.get("callbacks") or []) + [self.ckpt_cb, self.sink_cb, self.throughput_cb,
+                                                                self.preemption_cb]
         extra: dict[str, Any] = {"logger": logger, "callbacks": callbacks, "default_root_dir": str(self.run.root),
                                  "use_distributed_sampler": False, "check_val_every_n_epoch": None,
                                  "max_epochs": -1}
-        if SLURMEnvironment.detect():
-            extra["plugins"] = list(trainer_cfg.get("plugins") or []) + [
-                SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1)]
+        if SLURMEnvironment.detect():  # requeue is ours (Preemption), at a step boundary
+            extra["plugins"] = list(trainer_cfg.get("plugins") or []) + [SLURMEnvironment(auto_requeue=False)]
         trainer = super().instantiate_trainer(**extra)
         if trainer.max_steps is None or trainer.max_steps < 1:
             raise ConfigError("trainer.max_steps must be set (the cosine schedule and the data order need it)")
@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                          auto_configure_optimizers=False, seed_everything_default=1234,
                          parser_kwargs={"default_env": False, "exit_on_error": True})
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.resume_from)
+        if cli.preemption_cb.stopped_at is not None:
+            status = "preempted"
+            return 0
         status = "finished" if not cli.trainer.interrupted else "interrupted"
         if cli.trainer.is_global_zero:
             print_summary(cli)
@@ -214,3 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 trainer.logger.finalize("failed" if status in ("failed", "nonfinite") else "finished")
         while _LOCKED:
             release_lock(_LOCKED.pop())
+        if status == "preempted" and trainer is not None and trainer.is_global_zero:
+            print(f"sinklab fit: stopped by SIGUSR1 at step {cli.preemption_cb.stopped_at}, checkpoint saved",
+                  flush=True)
+            cli.preemption_cb.requeue()

@@ -152,7 +152,11 @@ class SlurmCluster:
         while True:
             state, reason = self.job_state(job_id)
             if state in states:
-                return state
+                # A job requeued as it ends can show FAILED for a moment before it is PENDING again.
+                time.sleep(2)
+                if self.job_state(job_id)[0] == state:
+                    return state
+                continue
             if release_requeued and state == "PENDING" and reason == "BeginTime":
                 self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now", check=False)
             if time.time() > deadline:

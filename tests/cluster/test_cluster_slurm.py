@@ -23,9 +23,9 @@ EXPERIMENT = "sinklab-tests"  # run.experiment of the CPU recipe
 
 
 def tiny_dataset(root: Path) -> Path:
-    """The training tests' synthetic packed dataset (tests/train/datasets.py)."""
+    """The training tests' synthetic packed dataset (tests/train/train_datasets.py)."""
     spec = importlib.util.spec_from_file_location("sinklab_train_test_datasets",
-                                                  REPO / "tests" / "train" / "datasets.py")
+                                                  REPO / "tests" / "train" / "train_datasets.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.make_dataset(root)

@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from datasets import make_dataset  # noqa: E402
+from train_datasets import make_dataset  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "recipes" / "cpu-tiny.yaml")
