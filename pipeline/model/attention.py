@@ -4,7 +4,9 @@ Key slots that are not tokens come first, in this order: the k*/v* slot (kinds `
 then the sink-logit column (a zero key with a zero value whose logit is a learned per-head
 scalar, or 0 for softmax-off-by-one). Softmax with p = 1 runs on
 F.scaled_dot_product_attention (flash-attn on CUDA when installed) unless attention
-probabilities are requested; everything else uses the eager ops of attention_ops.py.
+probabilities are requested. Sigmoid, elu+1 and kernel ops train through the blocked kernels
+of pipeline.kernels (no T x T tensor); with weights requested, and for the rest, the eager
+ops of attention_ops.py run.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from pipeline.kernels import blocked_attention, supports as blocked_supports
 
 from .attention_ops import OPS, build_kernel
 from .config import ModelConfig
@@ -120,11 +124,19 @@ class Attention(nn.Module):
             k = apply_rotary(k, *ctx.rotary_k)
 
         use_sdpa = self.cfg.uses_sdpa and not need_weights
-        keys, values, mask = self._with_slots(k, v, ctx, need_mask=not use_sdpa)
-        if use_sdpa:
+        if self._use_blocked(ctx, layer_cache, need_weights):
+            slot_k = slot_v = None
+            if self.kv_slot is not None:
+                slot_k, slot_v = (t.to(q.dtype) for t in self.kv_slot.keys_values(B, self.n_heads))
+            y = blocked_attention(q, k, v, self.cfg, kernel=self.kernel, slot_k=slot_k, slot_v=slot_v,
+                                  score_bias=ctx.score_bias)
+            weights, kind = None, None
+        elif use_sdpa:
+            keys, values, mask = self._with_slots(k, v, ctx, need_mask=False)
             y = self._sdpa(q, keys, values, mask)
             weights, kind = None, "probs"
         else:
+            keys, values, mask = self._with_slots(k, v, ctx, need_mask=True)
             result = self.op(q, keys, mask, self.cfg.attention, self.kernel)
             y = result.weights.to(values.dtype) @ values
             weights, kind = (result.reported if need_weights else None), result.kind
@@ -140,6 +152,13 @@ class Attention(nn.Module):
             new_k, new_v = (k[:, :, -T:], v[:, :, -T:]) if need_qkv else (None, None)
             record = AttentionRecord(weights, kind, q if need_qkv else None, new_k, new_v)
         return self.out(y), record
+
+    def _use_blocked(self, ctx: AttentionContext, layer_cache, need_weights: bool) -> bool:
+        """The training path of sigmoid / elu+1 / kernel attention (learned positional biases
+        and the sink-logit column stay on the eager ops)."""
+        learned_bias = ctx.score_bias is not None and ctx.score_bias.requires_grad
+        return (not need_weights and layer_cache is None and blocked_supports(self.cfg)
+                and not self.cfg.has_sink_logit and not learned_bias)
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         if mask is None:

@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint
 
-from .perf import device_peak_flops, flops_per_token, matmul_params, mfu
+from pipeline.flops import PEAK_ENV, device_peak_flops, flops_per_token, mfu
 from .rundir import RunDir, checkpoint_name
 
 
@@ -176,7 +176,7 @@ class SinkMetrics(Callback):
 
 class Throughput(Callback):
     """Tokens/s over windows of ``window`` optimizer steps (wall time, everything included)
-    and, on a GPU with a known peak, MFU = tokens/s/device x FLOPs/token / peak (perf.py)."""
+    and, on a GPU with a known peak, MFU = tokens/s/device x FLOPs/token / peak (pipeline.flops)."""
 
     def __init__(self, tokens_per_step: int, context_length: int, window: int = 10):
         self.tokens_per_step, self.context_length, self.window = tokens_per_step, context_length, window
@@ -189,10 +189,9 @@ class Throughput(Callback):
         self._peak: float | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
-        cfg = pl_module.model_config
-        self._flops_token = flops_per_token(matmul_params(pl_module.model), cfg.n_layers, cfg.d_model,
-                                            self.context_length)
-        self._peak = device_peak_flops(pl_module.device) if pl_module.device.type == "cuda" else None
+        self._flops_token = flops_per_token(pl_module.model_config, self.context_length)
+        # on CPU only an explicit SINKLAB_PEAK_TFLOPS gives a peak (the table names GPUs)
+        self._peak = device_peak_flops() if pl_module.device.type == "cuda" or os.environ.get(PEAK_ENV) else None
         self._t_start = self._t_window = time.perf_counter()
         self._step_window = trainer.global_step
 

@@ -188,7 +188,7 @@ class SinkDataModule(L.LightningDataModule):
                                  self.manifest.vocab_size, self.seed, self.special_ids)
         sampler = RankBatchSampler(plan, trainer.global_rank, trainer.max_steps)
         return StatefulLoader(dataset, sampler, lambda: trainer.global_step * plan.global_batch_seqs,
-                              num_workers=self.num_workers)
+                              num_workers=self.num_workers, pin_memory=torch.cuda.is_available())
 
     def val_dataloader(self) -> DataLoader:
         split = PackedSplit(self.path, "val", self.manifest)

@@ -68,8 +68,9 @@ def param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    on_cuda = all(p.is_cuda for p in model.parameters())  # the fused kernel is CUDA only
     return torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             eps=cfg.eps)
+                             eps=cfg.eps, fused=on_cuda or None)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int):

@@ -171,9 +171,14 @@ def test_no_tensor_of_t_by_t_elements_is_allocated(attention):
     dict(attention=dict(op="elu1"), mask="sliding", window=6, positional="alibi", sink_tokens=1),
     dict(attention=dict(op="kernel", kernel="mlp", normalizer="abs_clamp"), mask="prefix", prefix_len=4),
 ], ids=["sigmoid-kv", "elu1-sliding-alibi", "kernel-mlp-prefix"])
-def test_model_training_path_matches_its_eager_path(overrides):
-    """The model's training path (which uses pipeline.kernels once wired into Attention.forward)
-    against its output_attentions path (always eager): logits and every gradient, fp64."""
+def test_model_training_path_matches_its_eager_path(overrides, monkeypatch):
+    """The model's training path (pipeline.kernels, called from Attention.forward) against its
+    output_attentions path (always eager): logits and every gradient, fp64."""
+    import pipeline.model.attention as attention_module
+
+    calls = []
+    real = attention_module.blocked_attention
+    monkeypatch.setattr(attention_module, "blocked_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     torch.manual_seed(0)
     model = Transformer(ModelConfig.preset("micro", init_std=0.2, **overrides)).double()
     idx = torch.randint(0, 64, (2, 21))
@@ -183,5 +188,6 @@ def test_model_training_path_matches_its_eager_path(overrides):
         logits = model(idx, output_attentions=flag).logits
         logits.square().mean().backward()
         results.append([logits.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None])
+        assert len(calls) == model.config.n_layers, "only the training path uses the blocked kernel"
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

@@ -14,12 +14,14 @@ from conftest import fit_in_process, losses, read_metrics
 from mlflow.tracking import MlflowClient
 
 from data_prep.dataset import PackedSplit, load_manifest
+from pipeline.flops import flops_per_token
 from pipeline.model import load_pretrained
 from pipeline.train import module as module_mod
 
 
 def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path, monkeypatch, mlflow_server):
     run_dir = tmp_path / "run"
+    monkeypatch.setenv("SINKLAB_PEAK_TFLOPS", "0.001")  # a peak for the CPU, so MFU is logged
     rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--trainer.max_steps", "8",
                          "--run.plot_every", "8", "--run.experiment", "train-fit",
                          "--data.interventions.fix_position", "2", "--data.interventions.fix_token", "bos"],
@@ -43,7 +45,13 @@ def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path
     assert [m.step for m in client.get_metric_history(run_id, "sink/sink1")] == [0, 4, 8]
     assert [m.step for m in client.get_metric_history(run_id, "val/loss")] == [4, 8]
     assert client.get_metric_history(run_id, "act/massive_ratio_l1")
-    assert client.get_metric_history(run_id, "perf/tokens_per_s")
+    speed = {m.step: m.value for m in client.get_metric_history(run_id, "perf/tokens_per_s")}
+    mfu = {m.step: m.value for m in client.get_metric_history(run_id, "perf/mfu")}
+    config = load_pretrained(run_dir / "checkpoints" / "step-000008.ckpt").config
+    flops = flops_per_token(config, load_manifest(tiny_ds).context_length)
+    assert speed and sorted(mfu) == sorted(speed)
+    for step, tokens_per_s in speed.items():
+        assert mfu[step] == pytest.approx(tokens_per_s * flops / 1e9, rel=1e-6)
     lrs = [m.value for m in sorted(client.get_metric_history(run_id, "train/lr"), key=lambda m: m.step)]
     assert lrs[:3] == pytest.approx([1.5e-3, 3e-3, 3e-3]) and lrs[-1] < lrs[2]
     artifacts = {a.path for a in client.list_artifacts(run_id, "config")} | {
