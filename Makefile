@@ -26,7 +26,7 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 # CPU recipe for a bounded time, log to the local MLflow store and print a summary.
 run: venv
 	$(VENV)/bin/sinklab prep embedded --out data/embedded
-	$(VENV)/bin/sinklab fit --config configs/recipes/embedded.yaml
+	$(VENV)/bin/sinklab fit --config configs/recipes/embedded.yaml --resume auto
 
 test: venv
 	$(PY) -m pytest -q tests

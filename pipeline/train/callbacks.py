@@ -207,6 +207,8 @@ class Throughput(Callback):
             metrics["perf/mfu"] = value
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
+        pl_module.log_dict({name.removeprefix("perf/"): value for name, value in metrics.items()},
+                           prog_bar=True, logger=False)
         self._t_window, self._step_window = now, step
 
     def on_train_end(self, trainer, pl_module) -> None:

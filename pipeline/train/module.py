@@ -12,6 +12,7 @@ import math
 import lightning as L
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from pipeline.model import ConfigError, ModelConfig, Transformer
 
@@ -22,14 +23,27 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite."""
 
 
+def _recomputed(forward):
+    """The block's forward under non-reentrant activation checkpointing when gradients flow."""
+    def run(*args, **kwargs):
+        if torch.is_grad_enabled():
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return forward(*args, **kwargs)
+    return run
+
+
 class SinkLabModule(L.LightningModule):
     """model: every field of pipeline.model.ModelConfig (``--model.model.attention.op sigmoid``);
-    ``vocab_size`` is taken from the dataset's manifest. optim: peak/min lr, warm-up, AdamW."""
+    ``vocab_size`` is taken from the dataset's manifest. optim: peak/min lr, warm-up, AdamW.
+    compile: ``torch.compile`` each block (in place, so checkpoints keep their keys).
+    activation_checkpointing: recompute each block in backward instead of keeping activations."""
 
-    def __init__(self, model: ModelConfig | None = None, optim: OptimConfig | None = None):
+    def __init__(self, model: ModelConfig | None = None, optim: OptimConfig | None = None,
+                 compile: bool = False, activation_checkpointing: bool = False):
         super().__init__()
         self.model_config = model if model is not None else ModelConfig()
         self.optim = optim if optim is not None else OptimConfig()
+        self.compile_blocks, self.activation_checkpointing = compile, activation_checkpointing
         self.model: Transformer | None = None
         self._step_loss, self._micro, self._val = 0.0, 0, []
         self.save_hyperparameters({"model_config": self.model_config.to_dict(),
@@ -43,6 +57,11 @@ class SinkLabModule(L.LightningModule):
         if dm is not None and hasattr(dm, "manifest"):
             self.set_vocab(dm.manifest.vocab_size, dm.manifest.context_length)
         self.model = Transformer(self.model_config)
+        for block in self.model.blocks:
+            if self.activation_checkpointing:
+                block.forward = _recomputed(block.forward)
+            if self.compile_blocks:
+                block.compile()
 
     def set_vocab(self, vocab_size: int, context_length: int) -> None:
         cfg = self.model_config.replace(vocab_size=vocab_size)

@@ -127,9 +127,10 @@ def test_files_live_under_configs_experiments():
     assert all(p.is_relative_to(EXPERIMENTS_DIR) for p in experiment_files())
 
 
-def test_the_readme_part_lists_every_experiment_with_its_paper_table():
-    doc = (EXPERIMENTS_DIR.parents[1] / "docs" / "parts" / "experiments.md").read_text()
+@pytest.mark.parametrize("doc_path", ["README.md", "docs/experiments.md"])
+def test_the_docs_list_every_experiment_with_its_paper_table(doc_path):
+    doc = (EXPERIMENTS_DIR.parents[1] / doc_path).read_text()
     for e in load_all():
         row = next((line for line in doc.splitlines() if line.startswith(f"| `{e.group}/{e.name}` |")), None)
-        assert row is not None, f"docs/parts/experiments.md has no row for {e.group}/{e.name}"
+        assert row is not None, f"{doc_path} has no row for {e.group}/{e.name}"
         assert e.paper_ref.split()[0] in row  # the seed number (002, 000, 004) of its table

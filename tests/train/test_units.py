@@ -193,3 +193,33 @@ def test_newest_checkpoint_skips_partial_and_prunes(tmp_path):
     assert run.newest_checkpoint().name == "step-000012.ckpt"
     run.prune(2)
     assert [s for s, _ in run.step_checkpoints()] == [8, 12]
+
+
+# ---- speed options: same numbers, other execution ------------------------------------------------
+@pytest.mark.parametrize("option", ["activation_checkpointing", "compile"])
+def test_speed_options_leave_loss_and_gradients_unchanged(option, monkeypatch):
+    from pipeline.train import module as module_mod
+
+    recomputed = []
+    real_checkpoint = module_mod.checkpoint
+    monkeypatch.setattr(module_mod, "checkpoint", lambda *a, **kw: recomputed.append(1) or real_checkpoint(*a, **kw))
+
+    def loss_and_grads(**flags):
+        torch.manual_seed(0)
+        module = SinkLabModule(ModelConfig.preset("micro", vocab_size=64), **flags)
+        module.configure_model()
+        tokens = torch.randint(0, 64, (2, 16))
+        loss = module.lm_loss(tokens)
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in module.model.named_parameters()}, module
+
+    loss, grads, _ = loss_and_grads()
+    loss2, grads2, module = loss_and_grads(**{option: True})
+    torch.testing.assert_close(loss2, loss, rtol=1e-5, atol=1e-6)
+    assert grads2.keys() == grads.keys()  # in-place: checkpoints keep their parameter names
+    for name in grads:
+        torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    if option == "compile":
+        assert all(block._compiled_call_impl is not None for block in module.model.blocks)
+    else:
+        assert len(recomputed) == len(module.model.blocks)
