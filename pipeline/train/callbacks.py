@@ -16,6 +16,11 @@ from pipeline.flops import PEAK_ENV, device_peak_flops, flops_per_token, mfu
 from .rundir import RunDir, checkpoint_name
 
 
+def at_step_end(trainer: L.Trainer, batch_idx: int) -> bool:
+    """Whether this batch ended an optimizer step (not a micro-batch inside an accumulation)."""
+    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+
+
 class StepCheckpoint(Checkpoint):
     """Saves ``<run_dir>/checkpoints/step-NNNNNN.ckpt`` every ``every`` optimizer steps and at
     the end, keeping the newest ``keep_last``. Each one is written under a hidden temporary
@@ -34,6 +39,7 @@ class StepCheckpoint(Checkpoint):
         if trainer.is_global_zero:
             _remove(tmp)
         trainer.strategy.barrier("sinklab_ckpt_pre")
+        self.last_saved = step  # before saving, so the checkpoint's own state says it is saved
         trainer.save_checkpoint(tmp, weights_only=False)
         trainer.strategy.barrier("sinklab_ckpt_post")
         if trainer.is_global_zero:
@@ -41,12 +47,12 @@ class StepCheckpoint(Checkpoint):
             os.replace(tmp, final)
             self.run.prune(self.keep_last)
         trainer.strategy.barrier("sinklab_ckpt_done")
-        self.last_saved = step
         return final
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if self.every > 0 and step > 0 and step % self.every == 0 and step != self.last_saved:
+        if (at_step_end(trainer, batch_idx) and self.every > 0 and step > 0 and step % self.every == 0
+                and step != self.last_saved):
             self.save(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -72,7 +78,6 @@ class Preemption(Callback):
         self.checkpoint, self.sig = checkpoint, sig
         self.received = False
         self.stopped_at: int | None = None
-        self._seen_step = -1
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         signal.signal(self.sig, self._on_signal)
@@ -81,10 +86,9 @@ class Preemption(Callback):
         self.received = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if step == self._seen_step:  # inside a gradient accumulation: not a step boundary
+        if not at_step_end(trainer, batch_idx):
             return
-        self._seen_step = step
+        step = trainer.global_step
         if trainer.strategy.reduce_boolean_decision(self.received, all=False):
             if self.checkpoint.last_saved != step:
                 self.checkpoint.save(trainer)
@@ -130,7 +134,8 @@ class SinkMetrics(Callback):
         self._maybe_probe(trainer, pl_module, force=trainer.global_step == 0)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._maybe_probe(trainer, pl_module)
+        if at_step_end(trainer, batch_idx):
+            self._maybe_probe(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._maybe_probe(trainer, pl_module, force=True)

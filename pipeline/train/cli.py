@@ -135,6 +135,8 @@ class SinkLabCLI(LightningCLI):
         plan = data.make_plan(trainer.world_size)
         trainer.accumulate_grad_batches = plan.grad_accum
         trainer.val_check_interval = max(1, opts.val_every) * plan.grad_accum
+        if opts.val_every <= 0:  # 0 turns validation off, as 0 turns off the other periodic work
+            trainer.limit_val_batches = 0
         self.plan = plan
         if type(trainer.strategy).__name__ == "DeepSpeedStrategy" and trainer.strategy.config is not None:
             trainer.strategy.config.setdefault("train_micro_batch_size_per_gpu", plan.micro_batch_size)

@@ -198,4 +198,11 @@ class SinkDataModule(L.LightningDataModule):
                           num_workers=self.num_workers)
 
     def probe_tokens(self) -> torch.Tensor:
-        return torch.as_tensor(load_probe(self.path), dtype=torch.long)
+        """The probe set; with a fixed token at position p in training, the probe carries it
+        at p too (Table 10 right measures the sink on the fixed token)."""
+        probe = load_probe(self.path)
+        fix = self.interventions.fix_position
+        if fix and fix <= probe.shape[1]:
+            probe = probe.copy()
+            probe[:, fix - 1] = self.interventions.resolve_fix_token(self.special_ids)
+        return torch.as_tensor(probe, dtype=torch.long)

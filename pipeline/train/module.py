@@ -105,7 +105,8 @@ class SinkLabModule(L.LightningModule):
         if not math.isfinite(value):
             raise NonFiniteLossError(
                 f"non-finite training loss ({value}) at step {self.global_step}: stopping; the last good "
-                "checkpoint is kept. Lower model.optim.lr, lengthen the warm-up, or check the data.")
+                "checkpoint is kept. Start a new run directory with a lower model.optim.lr or a longer "
+                "warm-up (a resume restores the optimizer's lr from the checkpoint), or check the data.")
         self.log("loss", value, prog_bar=True, logger=False)
         every = max(1, self.trainer.log_every_n_steps)
         if self.global_step % every == 0 and self.trainer.is_global_zero:

@@ -210,3 +210,19 @@ def test_training_survives_an_mlflow_outage(tiny_ds, tmp_path, monkeypatch, mlfl
     hist = {m.step: m.value for m in client.get_metric_history(run_id, "train/loss")}
     assert hist == losses(run_dir) and sorted(hist) == list(range(10))
     assert client.get_run(run_id).info.status == "FINISHED"
+
+
+@pytest.mark.parametrize("position", [1, 2])
+def test_probe_carries_the_fixed_token_where_training_fixed_it(tiny_ds, position):
+    from data_prep.dataset import load_probe
+    from pipeline.train.data import SinkDataModule
+    from pipeline.train.interventions import Interventions
+
+    raw = torch.as_tensor(load_probe(tiny_ds), dtype=torch.long)
+    dm = SinkDataModule(str(tiny_ds), interventions=Interventions(fix_position=position, fix_token="eos"))
+    probe = dm.probe_tokens()
+    eos = dm.special_ids["eos"]
+    assert (probe[:, position - 1] == eos).all()
+    keep = [c for c in range(raw.shape[1]) if c != position - 1]
+    assert torch.equal(probe[:, keep], raw[:, keep])
+    assert torch.equal(SinkDataModule(str(tiny_ds)).probe_tokens(), raw)  # no intervention: the probe as prepared

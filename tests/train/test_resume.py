@@ -90,3 +90,30 @@ def test_two_process_ddp_over_gloo_matches_one_process(tiny_ds, tmp_path, monkey
     exp = client.get_experiment_by_name("train-ddp")
     assert len(client.search_runs([exp.experiment_id])) == 2  # one per job, none from rank 1
     assert len([r for r in read_metrics(two) if "train/loss" in r]) == 4  # rank 0 only
+
+
+def test_resume_twice_with_gradient_accumulation(tiny_ds, tmp_path, monkeypatch, mlflow_server):
+    """Micro-batch 2 of an 8-sequence step: 4 micro-batches per step. Checkpoints must be taken at
+    step ends only, so resuming from one, and again from the next, reproduces the reference."""
+    import shutil
+
+    args = ["--data.path", str(tiny_ds), "--data.micro_batch_size", "2", *ARGS]
+    ref_dir = tmp_path / "reference"
+    assert fit_in_process([*args, "--run-dir", str(ref_dir)], monkeypatch, mlflow_server) == 0
+    ref = losses(ref_dir)
+    source = ref_dir / "checkpoints" / "step-000004.ckpt"
+    for hop, resume_step in enumerate((4, 8)):
+        run_dir = tmp_path / f"hop{hop}"
+        (run_dir / "checkpoints").mkdir(parents=True)
+        start = run_dir / "checkpoints" / source.name
+        shutil.copy(source, start)
+        blob = torch.load(start, weights_only=False)
+        assert blob["global_step"] == resume_step
+        assert blob["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["consumed_samples"] == 8 * resume_step
+        assert fit_in_process([*args, "--run-dir", str(run_dir), "--resume", "auto"], monkeypatch, mlflow_server) == 0
+        resumed = losses(run_dir)
+        # the checkpoint it resumed from is not written again (once, mid-accumulation, it was)
+        assert start.read_bytes() == source.read_bytes()
+        assert sorted(resumed) == list(range(resume_step, 12))
+        assert resumed == {s: ref[s] for s in resumed}
+        source = run_dir / "checkpoints" / "step-000008.ckpt"
