@@ -71,6 +71,10 @@ class Subject:
     @staticmethod
     def _detect(spec: str) -> str:
         path = Path(spec)
+        if not path.exists() and (path.suffix in (".ckpt", ".gguf", ".pt", ".bin", ".safetensors")
+                                  or spec.startswith((".", "/", "~"))):
+            raise SystemExit(f"sinklab analyze: {spec}: no such file or directory (a checkpoint, .gguf file or "
+                             "HF model directory; or smollm2, gemma3-270m or a hub name)")
         if path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").exists()) or not path.exists():
             return "hf"
         return "sinklab"
@@ -243,7 +247,10 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
 
 def format_table(record: dict) -> str:
     s = record["settings"]
-    lines = [f"{record['model']}: Sink_1^ε (%), ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, no BOS", "",
+    proxy = any(rep.get("is_proxy") for rep in record.get("reports", {}).values())
+    scores = " on proxy scores (attention without softmax)" if proxy else ""
+    lines = [f"{record['model']}: Sink_1^ε (%){scores}, ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, "
+             "no BOS", "",
              "| " + " | ".join(record["table1"]) + " |", "|" + "---|" * len(record["table1"]),
              "| " + " | ".join(f"{v:.2f}" for v in record["table1"].values()) + " |"]
     if record.get("domains"):

@@ -1,7 +1,9 @@
 """lm-evaluation-harness adapter for SinkLab checkpoints (zero-shot tables, seed 000 Table 9).
 
-    lm_eval --model sinklab --model_args pretrained=<export dir or .ckpt>,tokenizer=<tokenizer.json> \\
-            --tasks hellaswag,piqa --include_path pipeline/analysis   # or python -m lm_eval after importing this module
+    python -c 'import pipeline.analysis.lm_eval_adapter; from lm_eval.__main__ import cli_evaluate; cli_evaluate()' \\
+        --model sinklab --model_args pretrained=<export dir or .ckpt>,tokenizer=<tokenizer.json> --tasks hellaswag,piqa
+
+or from Python, ``lm_eval.simple_evaluate(model="sinklab", model_args=...)`` after importing this module.
 
 Importing this module registers the model name ``sinklab``. Sequences longer than the model's
 ``max_seq_len`` keep their last ``max_seq_len`` tokens. Needs the ``eval`` extra (lm-eval).

@@ -10,14 +10,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .config import AttentionConfig, BiasConfig, ModelConfig
-from .loading import load_pretrained
+from .loading import atomic_directory, load_pretrained
 from .transformer import Transformer
 
 # (field path, value HF Llama needs)
@@ -145,20 +144,11 @@ def export_hf(model: Transformer, out_dir: str | os.PathLike, dtype: torch.dtype
               tokenizer: str | os.PathLike | None = None) -> Path:
     """Write a save_pretrained directory (config.json + model.safetensors) atomically."""
     hf = to_hf(model).to(dtype)
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out_dir) as tmp:
         hf.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             shutil.copy(tokenizer, tmp / "tokenizer.json")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,8 +14,9 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -28,24 +29,32 @@ WEIGHTS_NAME = "model.safetensors"
 _PREFIXES = ("_forward_module.", "module.", "model.")
 
 
-def save_pretrained(model: Transformer, out_dir: str | os.PathLike) -> Path:
-    """Write ``sinklab_config.json`` + ``model.safetensors`` atomically into out_dir."""
+@contextmanager
+def atomic_directory(out_dir: str | os.PathLike) -> Iterator[Path]:
+    """A temporary sibling directory to fill; on success it replaces ``out_dir`` whole, on an
+    error it is removed, so a half-written directory never stands at ``out_dir``."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-        if model.config.tie_embeddings:
-            state.pop("lm_head.weight", None)
-        save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt", "sinklab": "1"})
-        (tmp / CONFIG_NAME).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+        yield tmp
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
+
+
+def save_pretrained(model: Transformer, out_dir: str | os.PathLike) -> Path:
+    """Write ``sinklab_config.json`` + ``model.safetensors`` atomically into out_dir."""
+    with atomic_directory(out_dir) as tmp:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt", "sinklab": "1"})
+        (tmp / CONFIG_NAME).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+    return Path(out_dir)
 
 
 def load_pretrained(

@@ -41,8 +41,8 @@ def print_summary(cli) -> None:
         f"run dir      {cli.run.root}",
         f"steps        {steps}  ({plan.describe()})",
         f"tokens       {tokens:,}",
-        f"val loss     " + ("  ".join(f"{s}:{v:.3f}" for s, v in vals[-6:]) if vals else "(none)"),
-        f"Sink_1 (ε=0.3, % of layer×head×sequence)",
+        "val loss     " + ("  ".join(f"{s}:{v:.3f}" for s, v in vals[-6:]) if vals else "(none)"),
+        "Sink_1 (ε=0.3, % of layer×head×sequence)",
         f"             {sink_trajectory(cli.sink_cb.history)}",
         f"time         {train_s:.0f} s training; sink metrics {sink_s:.1f} s "
         f"({100 * sink_s / train_s if train_s else 0:.2f}% of it)",

@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 
-from pipeline import metrics
 from pipeline.analysis import analyze
 from pipeline.analysis.hf_capture import capture, hf_sink_report
 

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import fit_in_process, losses, read_metrics
+from conftest import fit_in_process, losses
 from mlflow.tracking import MlflowClient
 
 from data_prep.dataset import PackedSplit, load_manifest
