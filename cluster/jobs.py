@@ -184,9 +184,13 @@ def write_run_list(runs: list[tuple[str | Path, str | Path]], list_file: str | P
         if not config.is_file():
             raise JobError(f"config {config} does not exist")
         lines.append(f"{config}\t{check_path(run_dir, 'run directory')}")
-    list_file = Path(list_file)
-    list_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = list_file.with_name(list_file.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, list_file)
-    return list_file
+    return write_text_atomic(Path(list_file), "\n".join(lines) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write via a temp name and a rename, so sbatch never reads half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path

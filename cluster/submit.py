@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from cluster.jobs import JobError, JobSpec, check_path, render_array, render_job, write_run_list
+from cluster.jobs import JobError, JobSpec, check_path, render_array, render_job, write_run_list, write_text_atomic
 
 __all__ = ["JobError", "JobSpec", "render_job", "render_array", "submit_job", "submit_array",
            "write_run_list", "main"]
@@ -28,8 +28,8 @@ __all__ = ["JobError", "JobSpec", "render_job", "render_array", "submit_job", "s
 _LIGHTNING_CKPT_SCAN = re.compile(r"^hpc_ckpt_\d+\.ckpt$")
 
 
-def check_config(config: str | Path) -> Path:
-    """The config as an absolute path, after checking that it is a readable YAML mapping."""
+def load_config(config: str | Path) -> tuple[Path, dict]:
+    """The config as an absolute path and its settings, after checking that it is a readable YAML mapping."""
     path = check_path(config, "config")
     if not path.is_file():
         raise JobError(f"config {config}: no such file")
@@ -40,12 +40,16 @@ def check_config(config: str | Path) -> Path:
         raise JobError(f"config {config}, line {mark.line + 1}: not valid YAML ({error.problem})") from None
     if not isinstance(content, dict):
         raise JobError(f"config {config}: expected a YAML mapping of settings, got {type(content).__name__}")
-    return path
+    return path, content
 
 
-def run_name(config: Path) -> str:
+def check_config(config: str | Path) -> Path:
+    return load_config(config)[0]
+
+
+def run_name(config: Path, settings: dict) -> str:
     """The run's name as `sinklab fit` derives it: `run.name` in the config, else the file name."""
-    run = (yaml.safe_load(config.read_text()) or {}).get("run")
+    run = settings.get("run")
     name = run.get("name") if isinstance(run, dict) else None
     return str(name) if name else config.stem
 
@@ -59,13 +63,6 @@ def check_run_dir(run_dir: Path) -> None:
     if stray:
         raise JobError(f"run directory {run_dir} holds {', '.join(stray)}: Lightning numbers its "
                        "requeue checkpoints by every name containing 'ckpt_' there; move these away")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def sbatch(script: Path) -> str:
@@ -85,9 +82,7 @@ def submit_job(config: str | Path, run_dir: str | Path, spec: JobSpec) -> str:
     config, run_dir = check_config(config), check_path(run_dir, "run directory")
     check_run_dir(run_dir)
     script = render_job(config, run_dir, spec)
-    path = run_dir / "slurm" / "train.sbatch"
-    _write_atomic(path, script)
-    return sbatch(path)
+    return sbatch(write_text_atomic(run_dir / "slurm" / "train.sbatch", script))
 
 
 def submit_array(runs: list[tuple[str | Path, str | Path]], sweep_dir: str | Path, spec: JobSpec,
@@ -104,9 +99,7 @@ def submit_array(runs: list[tuple[str | Path, str | Path]], sweep_dir: str | Pat
     list_file = write_run_list(runs, sweep_dir / "runs.tsv")
     (sweep_dir / "slurm").mkdir(parents=True, exist_ok=True)
     script = render_array(list_file, len(runs), sweep_dir / "slurm", spec, max_parallel)
-    path = sweep_dir / "array.sbatch"
-    _write_atomic(path, script)
-    return sbatch(path)
+    return sbatch(write_text_atomic(sweep_dir / "array.sbatch", script))
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -147,8 +140,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     args, fit_args = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        config = check_config(args.config)
-        name = run_name(config)
+        config, settings = load_config(args.config)
+        name = run_name(config, settings)
         run_dir = check_path(args.run_dir or Path("runs") / name, "run directory")
         spec = JobSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
                        cpus_per_task=args.cpus_per_task, time=args.time, partition=args.partition,

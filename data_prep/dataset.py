@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,19 +183,24 @@ class PackedSplit:
         return self._maps
 
     def __getitem__(self, index: int) -> np.ndarray:
-        n = len(self)
-        if not -n <= index < n:
-            raise IndexError(f"sequence {index} out of range for split {self.split!r} of {n} sequences")
-        index %= n
-        shard = int(np.searchsorted(self._starts, index, side="right")) - 1
-        return np.asarray(self._shards()[shard][index - self._starts[shard]], dtype=np.int64)
+        return self.take([operator.index(index)])[0]
 
     def take(self, indices) -> np.ndarray:
         """Sequences at `indices` (any int array-like) as an int64 array (len(indices), C)."""
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self)
+        outside = (indices < -n) | (indices >= n)
+        if outside.any():
+            raise IndexError(f"sequence {int(indices[outside][0])} out of range for split {self.split!r} of {n} sequences")
         out = np.empty((len(indices), self.context_length), dtype=np.int64)
-        for row, index in enumerate(indices):
-            out[row] = self[int(index)]
+        if not len(indices):
+            return out
+        indices = indices % n  # not in place: the caller may own the array
+        shards = np.searchsorted(self._starts, indices, side="right") - 1
+        rows = indices - self._starts[shards]
+        maps = self._shards()
+        for i, (shard, row) in enumerate(zip(shards.tolist(), rows.tolist())):
+            out[i] = maps[shard][row]
         return out
 
     def __getstate__(self) -> dict[str, Any]:

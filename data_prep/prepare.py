@@ -17,10 +17,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from data_prep.chunks import Chunk, iter_chunks
+from data_prep.dataset import MANIFEST_NAME
 from data_prep.errors import DataPrepError
 from data_prep.manifest import ProbeReservoir, finalize, spec_differences, spec_hash
-from data_prep.pack import PackConfig, val_mask
+from data_prep.pack import PackConfig, val_mask, write_atomic
 from data_prep.readers import ByteCounter, ReaderOptions, expand_inputs
 from data_prep.runner import ChunkRunner
 from data_prep.tokenizer import LoadedTokenizer, load_tokenizer, token_dtype, train_bpe, trained_tokenizer
@@ -177,15 +180,13 @@ class Preparation:
         if cfg.tokenizer is not None:
             loaded = load_tokenizer(cfg.tokenizer, roles)
         elif file.is_file():  # trained by an interrupted run with the same spec
-            loaded = load_tokenizer(str(file), roles)
-            loaded = replace(loaded, source=f"trained: byte-level BPE, vocab {cfg.vocab_size}")
+            json_text = file.read_text(encoding="utf-8")
+            loaded = trained_tokenizer(Tokenizer.from_str(json_text), cfg.vocab_size, json_text)
         else:
             loaded = trained_tokenizer(train_bpe(self._training_texts(), cfg.vocab_size), cfg.vocab_size)
             self.counter.value = 0  # the progress bar counts the packing pass only
         if not file.is_file():
-            tmp = file.with_suffix(".tmp")
-            tmp.write_text(loaded.json_text, encoding="utf-8")
-            os.replace(tmp, file)
+            write_atomic(file, loaded.json_text.encode("utf-8"))
         return loaded
 
     def _training_texts(self) -> Iterator[str]:
@@ -206,7 +207,7 @@ class Preparation:
 
     def check_output_dir(self) -> dict[str, Any] | None:
         """The existing manifest when `out` already holds this dataset; errors for anything else."""
-        manifest_file = self.out / "manifest.json"
+        manifest_file = self.out / MANIFEST_NAME
         if manifest_file.is_file():
             try:
                 existing = json.loads(manifest_file.read_text(encoding="utf-8"))
@@ -220,8 +221,9 @@ class Preparation:
         if leftovers and not self.staging.exists():
             raise DataPrepError(f"{self.out}: holds {', '.join(leftovers)} but no manifest.json; choose another --out or delete them")
         spec_file = self.staging / "spec.json"
-        if spec_file.is_file() and json.loads(spec_file.read_text(encoding="utf-8")) != self.spec:
-            diff = spec_differences(json.loads(spec_file.read_text(encoding="utf-8")), self.spec)
+        staged = json.loads(spec_file.read_text(encoding="utf-8")) if spec_file.is_file() else self.spec
+        if staged != self.spec:
+            diff = spec_differences(staged, self.spec)
             raise DataPrepError(f"{self.staging}: an unfinished preparation with other settings ({diff}); delete it or use the same settings")
         return None
 

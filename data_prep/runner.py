@@ -67,8 +67,8 @@ class ChunkRunner:
         stop = False
         if chunk.task.stream == "main" and self.budget is not None:
             remaining = self.budget - self.train_sequences
-            full = result["splits"]["train"]["sequences"]
-            if (result["limit"] is None and full > remaining) or result["limit"] not in (None, remaining):
+            full, limit = result["splits"]["train"]["sequences"], result["limit"]
+            if (full > remaining) if limit is None else (limit != remaining):
                 # The budget ends inside this chunk: pack only the documents it needs.
                 result = self.executor.submit(process_chunk, replace(chunk.task, limit=remaining)).result()
                 self.tokenized += 1

@@ -55,9 +55,11 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def trained_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> LoadedTokenizer:
+def trained_tokenizer(tokenizer: Tokenizer, vocab_size: int, json_text: str | None = None) -> LoadedTokenizer:
+    """A tokenizer from `train_bpe`; `json_text` is its saved file when reloaded from one."""
     ids = {role: tokenizer.token_to_id(name) for role, name in TRAINED_SPECIALS.items()}
-    return LoadedTokenizer(tokenizer, tokenizer.to_str(), f"trained: byte-level BPE, vocab {vocab_size}", ids)
+    text = tokenizer.to_str() if json_text is None else json_text
+    return LoadedTokenizer(tokenizer, text, f"trained: byte-level BPE, vocab {vocab_size}", ids)
 
 
 def _config_token(value) -> str | None:

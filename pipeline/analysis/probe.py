@@ -40,7 +40,8 @@ class SinkReport:
     alpha1_all: Tensor | None = field(default=None, repr=False)  # [N, L, H]
 
     def to_metrics(self) -> dict[str, float]:
-        out = {"sink/sink1": self.sink1}
+        # mean alpha_1 over layers, heads and sequences: moves before Sink_1 crosses eps
+        out = {"sink/sink1": self.sink1, "sink/alpha1_mean": float(self.alpha1.mean())}
         out.update({f"sink/sink_star_{name}": v for name, v in self.sink_star.items()})
         out.update({f"sink/sink_k{k}": v for k, v in enumerate(self.profile, start=1)})
         out.update({f"act/massive_ratio_l{l}": float(v) for l, v in enumerate(self.massive_ratio)})

@@ -18,12 +18,14 @@ import yaml
 from pipeline.experiments.spec import REPO, Experiment, ExperimentError, Variant
 
 
-
 def load_recipe(experiment: Experiment, scale: str) -> dict[str, Any]:
     path = REPO / experiment.scales[scale].recipe
     if not path.is_file():
         raise ExperimentError(f"{experiment.path}: scale.{scale}.recipe: no such file {path}")
-    recipe = yaml.safe_load(path.read_text())
+    try:
+        recipe = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ExperimentError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(recipe, dict):
         raise ExperimentError(f"{path}: a recipe must be a YAML mapping")
     return recipe
@@ -62,17 +64,24 @@ def identity(experiment: Experiment, variant: Variant, scale: str) -> dict[str, 
 
 def variant_config(experiment: Experiment, variant: Variant, scale: str) -> dict[str, Any]:
     config = load_recipe(experiment, scale)
-    for key, value in experiment.overrides(variant, scale).items():
-        set_dotted(config, key, value)
-    for key, value in identity(experiment, variant, scale).items():
-        set_dotted(config, key, value)
+    settings = {**experiment.overrides(variant, scale), **identity(experiment, variant, scale)}
+    try:
+        for key, value in settings.items():
+            set_dotted(config, key, value)
+    except ExperimentError as err:
+        recipe = experiment.scales[scale].recipe
+        raise ExperimentError(f"{experiment.path}: variant {variant.name!r} at scale {scale} (recipe {recipe}): {err}") from None
     return config
 
 
-def write_config(config: dict[str, Any], path: Path) -> Path:
-    """Write atomically (temp name, then rename), so a crash never leaves half a config."""
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write via a temp name and a rename, so a crash never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+    tmp.write_text(text)
     os.replace(tmp, path)
     return path
+
+
+def write_config(config: dict[str, Any], path: Path) -> Path:
+    return write_text_atomic(path, yaml.safe_dump(config, sort_keys=False))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.experiments import runs as mlruns
+from pipeline.experiments.configs import write_text_atomic
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 
 MISSING = "—"
@@ -134,14 +135,6 @@ def log_report(mlflow, experiment: Experiment, scale: str, files: list[Path]) ->
     return run_id
 
 
-def write_atomic(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sinklab report",
                                      description="The paper's table beside the measured values, from MLflow.")
@@ -166,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = build_rows(experiment, records)
     markdown = to_markdown(experiment, args.scale, rows)
     out = args.out or Path("runs") / experiment.name / args.scale / "report"
-    files = [write_atomic(out / "report.md", markdown)]
+    files = [write_text_atomic(out / "report.md", markdown)]
     if args.plot:
         figure = plot(experiment, rows, mlflow, out / f"{experiment.name}-{args.scale}.png")
         if figure is None:

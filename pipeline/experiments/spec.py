@@ -107,9 +107,8 @@ def _line_map(text: str) -> dict[tuple, int]:
         lines[path] = node.start_mark.line + 1
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
-                lines[path + (key_node.value,)] = key_node.start_mark.line + 1
                 walk(value_node, path + (key_node.value,))
-                lines[path + (key_node.value,)] = key_node.start_mark.line + 1
+                lines[path + (key_node.value,)] = key_node.start_mark.line + 1  # the key's line, not the value's
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
                 walk(item, path + (i,))

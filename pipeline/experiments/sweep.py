@@ -43,6 +43,10 @@ class PlannedRun:
     def to_run(self) -> bool:
         return self.state != "finished"
 
+    @property
+    def log(self) -> Path:
+        return self.run_dir / "sweep.log"
+
 
 def sweep_dir(experiment: Experiment, scale: str, runs_root: Path) -> Path:
     return runs_root / experiment.name / scale
@@ -57,19 +61,17 @@ def plan(experiment: Experiment, scale: str, runs_root: Path,
     for variant in experiment.variants:
         if variant.name in RESERVED_NAMES:
             raise ExperimentError(f"{experiment.path}: variant name {variant.name!r} is reserved")
-        records = known.get(variant.name, [])
-        newest = records[0] if records else None
-        if any(r.finished for r in records):
-            state = "finished"
-            newest = next(r for r in records if r.finished)
-        elif newest is None:
+        best = mlruns.best_run(known.get(variant.name, []))
+        if best is None:
             state = "pending"
-        elif newest.status in ("failed", "nonfinite", "killed"):
+        elif best.finished:
+            state = "finished"
+        elif best.status in ("failed", "nonfinite", "killed"):
             state = "failed"
         else:
             state = "incomplete"
         planned.append(PlannedRun(variant.name, root / variant.name, root / f"{variant.name}.yaml",
-                                  state, newest.run_id if newest else None))
+                                  state, best.run_id if best else None))
     return planned
 
 
@@ -97,7 +99,7 @@ Runner = Callable[[PlannedRun, list[str]], int]
 def subprocess_runner(run: PlannedRun, command: list[str]) -> int:
     """Run one variant as its own process; its output goes to <run_dir>/sweep.log."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run.run_dir / "sweep.log", "ab") as log:
+    with open(run.log, "ab") as log:
         return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
 
 
@@ -112,12 +114,11 @@ def run_local(planned: list[PlannedRun], runner: Runner = subprocess_runner,
         print(f"[{i}/{len(todo)}] {run.variant}: {' '.join(command)}", file=out, flush=True)
         start = time.monotonic()
         codes[run.variant] = code = runner(run, command)
-        verdict = "done" if code == 0 else f"FAILED (exit {code}; see {run.run_dir / 'sweep.log'})"
+        verdict = "done" if code == 0 else f"FAILED (exit {code}; see {run.log})"
         print(f"[{i}/{len(todo)}] {run.variant}: {verdict} in {time.monotonic() - start:.0f} s",
               file=out, flush=True)
-        log = run.run_dir / "sweep.log"
-        if code != 0 and log.exists():
-            with open(log, errors="replace") as f:
+        if code != 0 and run.log.exists():
+            with open(run.log, errors="replace") as f:
                 print("".join("    | " + line for line in deque(f, maxlen=6)), end="", file=out)
     return codes
 
@@ -125,12 +126,11 @@ def run_local(planned: list[PlannedRun], runner: Runner = subprocess_runner,
 def check_configs(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> None:
     """Parse each config to be run with `sinklab fit`'s parser, so a typo fails here and not
     in the middle of a job array."""
-    from pipeline.experiments.validate import check_config
+    from pipeline.experiments.validate import check_variant
 
     for run in planned:
         if run.to_run:
-            check_config(variant_config(experiment, experiment.variant(run.variant), scale),
-                         f"{experiment.path}: variant {run.variant!r} at scale {scale}")
+            check_variant(experiment, experiment.variant(run.variant), scale)
 
 
 def submit(experiment: Experiment, scale: str, planned: list[PlannedRun], runs_root: Path,

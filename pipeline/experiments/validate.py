@@ -12,7 +12,7 @@ from functools import lru_cache
 from typing import Any
 
 from pipeline.experiments.configs import variant_config
-from pipeline.experiments.spec import Experiment, ExperimentError
+from pipeline.experiments.spec import Experiment, ExperimentError, Variant
 
 
 @lru_cache(maxsize=1)
@@ -70,9 +70,13 @@ def check_config(config: dict[str, Any], where: str) -> None:
         raise ExperimentError(f"{where}: {error}") from None
 
 
+def check_variant(experiment: Experiment, variant: Variant, scale: str) -> None:
+    check_config(variant_config(experiment, variant, scale),
+                 f"{experiment.path}: variant {variant.name!r} at scale {scale}")
+
+
 def check_experiment(experiment: Experiment, scale: str) -> int:
     """Check every variant's config at `scale`; return how many were checked."""
     for variant in experiment.variants:
-        check_config(variant_config(experiment, variant, scale),
-                     f"{experiment.path}: variant {variant.name!r} at scale {scale}")
+        check_variant(experiment, variant, scale)
     return len(experiment.variants)

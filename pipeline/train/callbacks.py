@@ -125,7 +125,7 @@ class SinkMetrics(Callback):
         self.every, self.plot_every = every, plot_every
         self.plot_dir = Path(run_dir) / "plots"
         self.eps, self.positions = eps, positions
-        self.history: list[tuple[int, float]] = []
+        self.history: list[tuple[int, float, float]] = []  # (step, Sink_1 %, mean alpha_1)
         self.seconds = 0.0
         self._probe: torch.Tensor | None = None
         self._done_step = -1
@@ -165,7 +165,7 @@ class SinkMetrics(Callback):
         else:
             report = run_probe(model, tokens, eps=self.eps, positions=self.positions)
         metrics = report.to_metrics()
-        self.history.append((step, report.sink1))
+        self.history.append((step, report.sink1, float(report.alpha1.mean())))
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         if self.plot_every > 0 and (step % self.plot_every == 0 or force):

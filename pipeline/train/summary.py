@@ -4,14 +4,16 @@ from __future__ import annotations
 import json
 
 
-def sink_trajectory(history: list[tuple[int, float]], width: int = 12) -> str:
+def sink_trajectory(history: list[tuple[int, float, float]], width: int = 12, column: int = 1,
+                    fmt: str = "{:.1f}%") -> str:
+    """`step:value` pairs of one column of the sink history, thinned to about `width` of them."""
     if not history:
         return "(no sink measurements)"
     stride = max(1, len(history) // width)
     picked = history[::stride]
     if picked[-1] != history[-1]:
         picked.append(history[-1])
-    return "  ".join(f"{step}:{value:.1f}%" for step, value in picked)
+    return "  ".join(f"{row[0]}:" + fmt.format(row[column]) for row in picked)
 
 
 def val_losses(metrics_path) -> list[tuple[int, float]]:
@@ -44,6 +46,7 @@ def print_summary(cli) -> None:
         "val loss     " + ("  ".join(f"{s}:{v:.3f}" for s, v in vals[-6:]) if vals else "(none)"),
         "Sink_1 (ε=0.3, % of layer×head×sequence)",
         f"             {sink_trajectory(cli.sink_cb.history)}",
+        "mean α₁      " + sink_trajectory(cli.sink_cb.history, column=2, fmt="{:.3f}"),
         f"time         {train_s:.0f} s training; sink metrics {sink_s:.1f} s "
         f"({100 * sink_s / train_s if train_s else 0:.2f}% of it)",
     ]

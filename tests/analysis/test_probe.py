@@ -69,6 +69,7 @@ def test_run_probe_counts_every_sequence(batch_size):
     assert model.training and all(mode == (False, False) for mode in model.modes_seen)
     m = rep.to_metrics()
     assert m["sink/sink1"] == rep.sink1 and m["sink/sink_k2"] == 0.0 and m["act/massive_ratio_l1"] == 10.0
+    assert m["sink/alpha1_mean"] == pytest.approx(float(rep.alpha1.mean()))
 
 
 def test_run_probe_last_sequence_alone_is_counted():

@@ -223,3 +223,12 @@ def test_speed_options_leave_loss_and_gradients_unchanged(option, monkeypatch):
         assert all(block._compiled_call_impl is not None for block in module.model.blocks)
     else:
         assert len(recomputed) == len(module.model.blocks)
+
+
+def test_summary_trajectory_thins_and_keeps_the_last_point():
+    from pipeline.train.summary import sink_trajectory
+
+    history = [(s, s / 10, s / 1000) for s in range(0, 500, 100)]
+    assert sink_trajectory(history, width=2) == "0:0.0%  200:20.0%  400:40.0%"
+    assert sink_trajectory(history, width=2, column=2, fmt="{:.3f}") == "0:0.000  200:0.200  400:0.400"
+    assert sink_trajectory([]) == "(no sink measurements)"
