@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pile", type=Path, help="Pile-format .jsonl[.zst] shard: add a Sink_1 breakdown per domain")
     p.add_argument("--gpt2-positions", metavar="MODE:T,T..", action="append",
                    help="Table 7 on models with learned absolute positions: e.g. replace:5,10,25 or swap:5,10")
+    p.add_argument("--bos", action="store_true",
+                   help="start every sequence with the tokenizer's BOS (T tokens in all; the paper's protocol has none)")
     p.add_argument("--out", type=Path, help="output directory (default: analysis/<model>)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI; no MLflow run when neither is set)")
@@ -117,6 +119,11 @@ def probe_sets(subject: Subject, args) -> dict[str, torch.Tensor]:
             sets[kind] = inputs.random_tokens(ids, args.num_sequences, args.seq_len, args.seed)
         else:
             sets[kind] = inputs.repeated_token(ids, args.num_sequences, args.seq_len, args.seed)
+    if args.bos:
+        bos = getattr(subject.tokenizer, "bos_token_id", None)
+        if bos is None:
+            raise SystemExit("sinklab analyze: --bos needs a model whose tokenizer has a BOS token")
+        sets = {kind: torch.cat([torch.full_like(t[:, :1], bos), t[:, :-1]], dim=1) for kind, t in sets.items()}
     return sets
 
 
@@ -219,7 +226,7 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     record = {
         "model": name, "source": subject.source, "kind": subject.kind, "out": str(out),
         "settings": {"num_sequences": args.num_sequences, "seq_len": args.seq_len, "eps": args.eps, "seed": args.seed,
-                     "positions": args.positions, "bos": False},
+                     "positions": args.positions, "bos": args.bos},
         "table1": {kind: rep.sink1 for kind, rep in reports.items()},
         "reports": {kind: rep.to_json() for kind, rep in reports.items()},
     }
@@ -250,7 +257,7 @@ def format_table(record: dict) -> str:
     proxy = any(rep.get("is_proxy") for rep in record.get("reports", {}).values())
     scores = " on proxy scores (attention without softmax)" if proxy else ""
     lines = [f"{record['model']}: Sink_1^ε (%){scores}, ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, "
-             "no BOS", "",
+             ("BOS first" if s.get("bos") else "no BOS"), "",
              "| " + " | ".join(record["table1"]) + " |", "|" + "---|" * len(record["table1"]),
              "| " + " | ".join(f"{v:.2f}" for v in record["table1"].values()) + " |"]
     if record.get("domains"):

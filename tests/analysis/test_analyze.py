@@ -126,3 +126,16 @@ def test_sinklab_checkpoint(tmp_path):
     assert rec["kind"] == "sinklab" and set(rec["reports"]["random"]["sink_star"]) == {"0"}
     with pytest.raises(SystemExit, match="--dataset"):
         analyze.main([str(ckpt), "--inputs", "natural", "-n", "2", "-T", "8", "--out", str(tmp_path / "o2")])
+
+
+def test_bos_option_starts_every_probe_sequence_with_bos(tiny_gpt2_dir):
+    subject = analyze.Subject(str(tiny_gpt2_dir), "auto")
+    with pytest.raises(SystemExit, match="--bos needs a model whose tokenizer has a BOS token"):
+        analyze.probe_sets(subject, _args(str(tiny_gpt2_dir), "-n", "3", "-T", "10", "--bos"))
+    subject.tokenizer.bos_token = "<|endoftext|>"
+    plain = analyze.probe_sets(subject, _args(str(tiny_gpt2_dir), "-n", "3", "-T", "10"))
+    with_bos = analyze.probe_sets(subject, _args(str(tiny_gpt2_dir), "-n", "3", "-T", "10", "--bos"))
+    bos = subject.tokenizer.bos_token_id
+    for kind, tokens in plain.items():
+        assert with_bos[kind].shape == tokens.shape == (3, 10)
+        assert (with_bos[kind][:, 0] == bos).all() and torch.equal(with_bos[kind][:, 1:], tokens[:, :-1])
