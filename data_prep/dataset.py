@@ -209,11 +209,17 @@ class PackedSplit:
         return state
 
 
+def _existing(file: Path) -> Path:
+    if not file.is_file():
+        raise DatasetError(f"{file}: missing, though the manifest lists it; re-run `sinklab prep`")
+    return file
+
+
 def load_probe(path: str | Path) -> np.ndarray:
     """The probe set as int64 (N, T): held-out sequences without BOS for the sink metric."""
     manifest = load_manifest(path)
     probe = manifest.probe
-    file = manifest.root / probe.path
+    file = _existing(manifest.root / probe.path)
     data = np.fromfile(file, dtype=manifest.np_dtype)
     if data.size != probe.sequences * probe.length:
         raise DatasetError(f"{file}: {data.size} tokens, the manifest says {probe.sequences} x {probe.length}")
@@ -227,7 +233,7 @@ def verify(path: str | Path) -> Manifest:
     files.append((manifest.probe.path, manifest.probe.sha256))
     for rel, expected in files:
         digest = hashlib.sha256()
-        with open(manifest.root / rel, "rb") as fh:
+        with open(_existing(manifest.root / rel), "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
         if digest.hexdigest() != expected:

@@ -14,7 +14,7 @@ import pytest
 from dp_helpers import config, make_docs
 from tokenizers import Tokenizer
 
-from data_prep.dataset import PackedSplit, load_manifest, load_probe, verify
+from data_prep.dataset import DatasetError, PackedSplit, load_manifest, load_probe, verify
 from data_prep.errors import DataPrepError
 from data_prep.prepare import prepare
 
@@ -96,6 +96,10 @@ def test_probe_is_held_out_without_bos(tmp_path, corpus, tokenizer_file):
         return any(doc[i : i + len(row)] == row for doc in docs for i in range(len(doc) - len(row) + 1))
     assert all(inside(row, val_ids) for row in probe.tolist())
     assert len({tuple(r) for r in probe.tolist()}) == 20
+    (out / "probe.bin").unlink()
+    for read in (load_probe, verify):
+        with pytest.raises(DatasetError, match=r"probe\.bin: missing, though the manifest lists it; re-run"):
+            read(out)
 
 
 def test_second_run_reuses_and_a_different_dataset_is_refused(tmp_path, corpus, tokenizer_file):
