@@ -160,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--tiny", action="store_true", help="toy shapes (default on CPU)")
     parser.add_argument("--context", type=int, default=None, help="C (default 2048; 64 when tiny)")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 30; 2 when tiny)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5; 1 when tiny)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 30; 6 when tiny)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5; 3 when tiny)")
     parser.add_argument("--max-batch", type=int, default=None,
                         help="first micro-batch tried (default 64 for 60M, 16 for 1B; 4 when tiny)")
     parser.add_argument("--skip-1b", action="store_true", help="only the 60M cases")
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     tiny = args.tiny or device.type == "cpu"
     pick = lambda given, full, small: given if given is not None else (small if tiny else full)
     context = pick(args.context, 2048, 64)
-    bench = Bench(device, context, pick(args.steps, 30, 2), pick(args.warmup, 5, 1), pick(args.max_batch, 64, 4))
+    bench = Bench(device, context, pick(args.steps, 30, 6), pick(args.warmup, 5, 3), pick(args.max_batch, 64, 4))
     first_batch = {"llama-60m": bench.max_batch, "llama-1b": pick(args.max_batch, 16, 4)}
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = "n/a" if bench.peak is None else f"{bench.peak / 1e12:.0f}TFLOP/s"
