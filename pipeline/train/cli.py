@@ -29,7 +29,7 @@ from .batching import BatchConfigError
 from .callbacks import Preemption, SinkMetrics, StepCheckpoint, Throughput
 from .data import SinkDataModule
 from .module import NonFiniteLossError, SinkLabModule
-from .rundir import RunDir, RunDirError, acquire_lock, release_lock
+from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, release_lock
 from .summary import print_summary
 from .tracking import RunLogger, code_version, flatten, open_run
 
@@ -94,7 +94,9 @@ class SinkLabCLI(LightningCLI):
         if os.environ.get("SLURM_JOB_ID"):
             tags["sinklab.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
         params = flatten(_as_plain(cfg))
-        self.run_id = open_run(self.run, opts.experiment, opts.name, tags, params, [config_file])
+        resumed = CKPT_RE.match(Path(self.resume_from).name) if self.resume_from else None
+        self.run_id = open_run(self.run, opts.experiment, opts.name, tags, params, [config_file],
+                               resume_step=int(resumed.group(1)) if resumed else None)
 
     def _resume_path(self, resume: str) -> str | None:
         if resume == "auto":

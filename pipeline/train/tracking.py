@@ -64,9 +64,11 @@ def _prepare_sqlite(uri: str) -> None:
 
 
 def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
-             params: dict[str, str], artifacts: list[Path]) -> str | None:
+             params: dict[str, str], artifacts: list[Path], resume_step: int | None = None) -> str | None:
     """Rank 0: the MLflow run of this run directory (created on the first start). Returns its
-    id, or None when the tracking store cannot be reached (training then goes on offline)."""
+    id, or None when the tracking store cannot be reached (training then goes on offline).
+    resume_step: the step this start resumes from (metrics.jsonl rows before it are sent when
+    an earlier, offline start left no MLflow run)."""
     from mlflow.entities import Param, RunTag
     from mlflow.tracking import MlflowClient
 
@@ -86,6 +88,7 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
             items = [Param(k, v[:6000]) for k, v in params.items()]
             for i in range(0, len(items), 100):
                 client.log_batch(run_id, params=items[i:i + 100])
+            _backfill(client, run_id, run.metrics_path, before_step=resume_step or 0)
         else:
             client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
             client.update_run(run_id, status="RUNNING")
@@ -95,6 +98,25 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
         _notice(f"MLflow at {uri} unreachable ({type(exc).__name__}: {str(exc)[:200]}); "
                 f"training goes on, metrics are kept in {run.metrics_path}")
     return run_id
+
+
+def _backfill(client, run_id: str, metrics_path: Path, before_step: int) -> None:
+    """A run that started while MLflow was unreachable has its metrics only in metrics.jsonl:
+    send what the resumed start will not log again (the steps before its checkpoint, and the
+    checkpoint step's own evaluations) when its MLflow run is finally created."""
+    from mlflow.entities import Metric
+
+    if not metrics_path.exists():
+        return
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    items = [Metric(k, float(v), int(row["time"] * 1000), int(row["step"]))
+             for row in rows for k, v in row.items()
+             if k not in ("step", "time") and (row["step"] < before_step
+                                                or row["step"] == before_step and not k.startswith("train/"))]
+    for i in range(0, len(items), 1000):
+        client.log_batch(run_id, metrics=items[i:i + 1000])
+    if items:
+        _notice(f"MLflow: {len(items)} values logged while it was unreachable sent from {metrics_path}")
 
 
 class RunLogger(MLFlowLogger):
@@ -120,6 +142,16 @@ class RunLogger(MLFlowLogger):
     def version(self) -> str:
         return self._run_id or "offline"
 
+    @property
+    def experiment(self):
+        """Offline (no MLflow run could be created at start): a client that has not touched the
+        server, instead of MLFlowLogger's, which would create the experiment and fail."""
+        if self._run_id is None:
+            from mlflow.tracking import MlflowClient
+
+            return MlflowClient(self._tracking_uri)
+        return super().experiment
+
     @rank_zero_only
     def log_hyperparams(self, params: Any) -> None:
         """The resolved config is logged once by :func:`open_run`; Lightning's copy is skipped."""
@@ -130,8 +162,9 @@ class RunLogger(MLFlowLogger):
         step = int(step or 0)
         with open(self.run.metrics_path, "a") as f:
             f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
-        self._pending.append((metrics, step))
-        self.flush()
+        if self._run_id is not None:  # without a run, metrics.jsonl is sent when one is created
+            self._pending.append((metrics, step))
+            self.flush()
 
     def flush(self, force: bool = False) -> bool:
         """Send buffered metrics in order; returns True when nothing is left to send."""

@@ -226,3 +226,20 @@ def test_probe_carries_the_fixed_token_where_training_fixed_it(tiny_ds, position
     keep = [c for c in range(raw.shape[1]) if c != position - 1]
     assert torch.equal(probe[:, keep], raw[:, keep])
     assert torch.equal(SinkDataModule(str(tiny_ds)).probe_tokens(), raw)  # no intervention: the probe as prepared
+
+
+def test_metrics_of_an_offline_first_start_reach_mlflow_on_resume(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
+    with socket.socket() as s:  # a port nothing listens on: MLflow is down for the first start
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    run_dir = tmp_path / "offline"
+    args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--trainer.max_steps", "6",
+            "--run.checkpoint_every", "3", "--run.sink_every", "3"]
+    assert fit_in_process(args, monkeypatch, dead) == 0
+    assert "unreachable" in capsys.readouterr().err and not (run_dir / "mlflow_run_id").exists()
+    assert fit_in_process([*args, "--resume", "auto"], monkeypatch, mlflow_server) == 0  # nothing left to train
+    client = MlflowClient(mlflow_server)
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    assert {m.step: m.value for m in client.get_metric_history(run_id, "train/loss")} == losses(run_dir)
+    assert [m.step for m in client.get_metric_history(run_id, "sink/sink1")] == [0, 3, 6]
