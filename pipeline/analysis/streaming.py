@@ -9,6 +9,8 @@ are the first cached entries (``x`` counts them).
 SinkLab checkpoints use ``pipeline.model.StreamingCache``; Hugging Face models with rotary
 positions (llama family, e.g. SmolLM2) use :class:`HFRotaryStreamer`, which drives the HF model
 with a ``DynamicCache`` rebuilt from the kept pre-rotary keys at every step.
+Configs that share x + y (the defaults all hold 1024 entries) stream as the rows of one batch:
+one forward per token for all of them.
 """
 from __future__ import annotations
 
@@ -19,11 +21,14 @@ import os
 import re
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from pipeline.model.cache import eviction_index, gather_entries
 
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
 
@@ -69,28 +74,28 @@ class HFRotaryStreamer:
         return self.apply_rotary(k, k, cos, -sin if inverse else sin)[1]
 
     @torch.no_grad()
-    def nll(self, ids: torch.Tensor, spec: CacheSpec, label: str = "") -> torch.Tensor:
-        """Negative log-likelihood of ids[1:], each predicted with the streaming cache."""
+    def nll(self, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = "") -> torch.Tensor:
+        """[len(specs), len(ids) - 1]: the NLL of ids[1:] under each cache config, one batch row
+        per config (all must share x + y)."""
         from transformers import DynamicCache
 
-        keys: list[torch.Tensor] = []  # per layer, pre-rotary [1, Hkv, n, dh]
+        n_initial, capacity = _batch_shape(specs)
+        rows = len(specs)
+        keys: list[torch.Tensor] = []  # per layer, pre-rotary [rows, Hkv, n, dh]
         values: list[torch.Tensor] = []
-        out_nll = torch.empty(ids.numel() - 1)
+        out_nll = torch.empty(rows, ids.numel() - 1)
         with _progress(ids.numel() - 1, label) as bar:
             for t in range(ids.numel() - 1):
+                index = eviction_index(keys[0].shape[2] if keys else 0, 1, n_initial, capacity)
+                if index is not None:
+                    keys = [gather_entries(k, index) for k in keys]
+                    values = [gather_entries(v, index) for v in values]
                 n = keys[0].shape[2] if keys else 0
-                overflow = n + 1 - (spec.n_initial + spec.n_recent)
-                if overflow > 0:
-                    first = min(spec.n_initial, n)
-                    keep = torch.cat((torch.arange(first), torch.arange(first + overflow, n)))
-                    keys = [k[:, :, keep] for k in keys]
-                    values = [v[:, :, keep] for v in values]
-                    n -= overflow
                 pos = torch.arange(n)
                 cache = DynamicCache(ddp_cache_data=[(self._rotate(k, pos), v) for k, v in zip(keys, values)]) if n else DynamicCache()
-                logits = self.model(input_ids=ids[None, t : t + 1], position_ids=torch.tensor([[n]]),
-                                    past_key_values=cache, use_cache=True).logits[0, -1]
-                out_nll[t] = -F.log_softmax(logits.float(), dim=-1)[ids[t + 1]]
+                logits = self.model(input_ids=ids[t : t + 1].expand(rows, 1), position_ids=torch.full((rows, 1), n),
+                                    past_key_values=cache, use_cache=True).logits[:, -1]
+                out_nll[:, t] = -F.log_softmax(logits.float(), dim=-1)[:, ids[t + 1]]
                 new_pos = torch.tensor([n])
                 new = [(self._rotate(layer.keys[:, :, -1:], new_pos, inverse=True), layer.values[:, :, -1:]) for layer in cache.layers]
                 keys = [torch.cat((k, nk), 2) for k, (nk, _) in zip(keys, new)] if keys else [nk for nk, _ in new]
@@ -111,15 +116,18 @@ class SinkLabStreamer:
         self.model = model
 
     @torch.no_grad()
-    def nll(self, ids: torch.Tensor, spec: CacheSpec, label: str = "") -> torch.Tensor:
+    def nll(self, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = "") -> torch.Tensor:
+        """[len(specs), len(ids) - 1], as :meth:`HFRotaryStreamer.nll`."""
         from pipeline.model import StreamingCache
 
-        cache = StreamingCache(self.model.config, n_initial=spec.n_initial, n_recent=spec.n_recent)
-        out_nll = torch.empty(ids.numel() - 1)
+        _batch_shape(specs)
+        cache = StreamingCache(self.model.config, n_initial=[s.n_initial for s in specs],
+                               n_recent=[s.n_recent for s in specs])
+        out_nll = torch.empty(len(specs), ids.numel() - 1)
         with _progress(ids.numel() - 1, label) as bar:
             for t in range(ids.numel() - 1):
-                logits = self.model(ids[None, t : t + 1], cache=cache).logits[0, -1]
-                out_nll[t] = -F.log_softmax(logits.float(), dim=-1)[ids[t + 1]]
+                logits = self.model(ids[t : t + 1].expand(len(specs), 1), cache=cache).logits[:, -1]
+                out_nll[:, t] = -F.log_softmax(logits.float(), dim=-1)[:, ids[t + 1]]
                 bar.update(1)
         return out_nll
 
@@ -127,6 +135,21 @@ class SinkLabStreamer:
     def full_nll(self, ids: torch.Tensor) -> torch.Tensor:
         logits = self.model(ids[None]).logits[0, :-1]
         return F.cross_entropy(logits.float(), ids[1:], reduction="none")
+
+
+def _batch_shape(specs: Sequence[CacheSpec]) -> tuple[list[int], int]:
+    capacities = {s.n_initial + s.n_recent for s in specs}
+    if len(capacities) != 1:
+        raise ValueError(f"cache configs {[str(s) for s in specs]}: one batch needs one x+y; use group_by_capacity")
+    return [s.n_initial for s in specs], capacities.pop()
+
+
+def group_by_capacity(specs: Sequence[CacheSpec]) -> list[list[CacheSpec]]:
+    """Configs that share x + y stream together as the rows of one batch (duplicates dropped)."""
+    groups: dict[int, list[CacheSpec]] = {}
+    for spec in dict.fromkeys(specs):
+        groups.setdefault(spec.n_initial + spec.n_recent, []).append(spec)
+    return list(groups.values())
 
 
 def perplexity(nll: torch.Tensor) -> float:
@@ -189,11 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     if ids.numel() < 2:
         raise SystemExit("sinklab stream-ppl: the text has fewer than 2 tokens")
     results, seconds = {}, {}
-    for spec in specs:
+    for group in group_by_capacity(specs):
+        label = " ".join(map(str, group))
         start = time.perf_counter()
-        results[str(spec)] = perplexity(streamer.nll(ids, spec, label=str(spec)))
-        seconds[str(spec)] = round(time.perf_counter() - start, 2)
-        print(f"  {spec}: ppl {results[str(spec)]:.3f} ({seconds[str(spec)]} s)", file=sys.stderr)
+        nll = streamer.nll(ids, group, label=label)
+        seconds[label] = round(time.perf_counter() - start, 2)
+        for spec, row in zip(group, nll):
+            results[str(spec)] = perplexity(row)
+            print(f"  {spec}: ppl {results[str(spec)]:.3f}", file=sys.stderr)
+        print(f"  ({label}: one batch of {len(group)}, {seconds[label]} s)", file=sys.stderr)
     if args.full:
         results["full"] = perplexity(streamer.full_nll(ids))
     name = Path(args.model).stem if Path(args.model).exists() else args.model

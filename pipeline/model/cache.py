@@ -4,6 +4,8 @@ Keys are stored before the rotary rotation, so after an eviction the model re-ro
 every cached key by its index inside the cache. ``x + y`` eviction keeps the first
 ``n_initial`` entries (sink tokens, when the model has them, are the first entries) and
 the most recent ones, so that the entries plus the incoming tokens never exceed x + y.
+Each batch row may have its own x + y as long as all share the capacity (0+1024, 1+1023,
+4+1020: one batched pass evaluates them all).
 
     cache = StreamingCache(model.config, n_initial=4, n_recent=1020)
     for t in range(T):
@@ -11,10 +13,33 @@ the most recent ones, so that the entries plus the incoming tokens never exceed 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
 from .config import ModelConfig
+
+
+def eviction_index(length: int, n_new: int, n_initial: Sequence[int], capacity: int) -> Tensor | None:
+    """Per row, the indices of the cached entries to keep so that they plus n_new fit in
+    `capacity`: the first x of that row, then the most recent. None when all fit."""
+    overflow = length + n_new - capacity
+    if overflow <= 0:
+        return None
+    if n_new > capacity:
+        raise ValueError(f"{n_new} new tokens exceed the cache capacity {capacity}")
+    rows = []
+    for x in n_initial:
+        first = min(x, length)
+        rows.append(torch.cat((torch.arange(first), torch.arange(first + overflow, length))))
+    return torch.stack(rows)
+
+
+def gather_entries(t: Tensor, index: Tensor) -> Tensor:
+    """t [B, H, n, dh] -> [B, H, m, dh]: the entries of each row at index [B or 1, m]."""
+    idx = index.to(t.device)[:, None, :, None]
+    return t.gather(2, idx.expand(t.shape[0], t.shape[1], -1, t.shape[3]))
 
 
 class LayerCache:
@@ -30,41 +55,40 @@ class LayerCache:
             self.v = torch.cat((self.v, v), dim=2)
         return self.k, self.v
 
-    def keep(self, n_initial: int, n_recent: int) -> None:
-        if self.k is None:
-            return
-        self.k = torch.cat((self.k[:, :, :n_initial], self.k[:, :, self.k.shape[2] - n_recent:]), 2)
-        self.v = torch.cat((self.v[:, :, :n_initial], self.v[:, :, self.v.shape[2] - n_recent:]), 2)
+    def keep(self, index: Tensor) -> None:
+        if self.k is not None:
+            self.k, self.v = gather_entries(self.k, index), gather_entries(self.v, index)
 
 
 class StreamingCache:
-    def __init__(self, config: ModelConfig, n_initial: int, n_recent: int):
-        if n_initial < 0 or n_recent < 1:
-            raise ValueError(f"cache x+y = {n_initial}+{n_recent}: need x >= 0 and y >= 1")
-        self.n_initial, self.n_recent = n_initial, n_recent
+    """n_initial / n_recent: one x and y for every batch row, or one per row."""
+
+    def __init__(self, config: ModelConfig, n_initial: int | Sequence[int], n_recent: int | Sequence[int]):
+        xs = [n_initial] if isinstance(n_initial, int) else list(n_initial)
+        ys = [n_recent] * len(xs) if isinstance(n_recent, int) else list(n_recent)
+        if len(xs) != len(ys) or not xs:
+            raise ValueError(f"cache x+y: {len(xs)} values of x for {len(ys)} of y; give one pair per batch row")
+        for x, y in zip(xs, ys):
+            if x < 0 or y < 1:
+                raise ValueError(f"cache x+y = {x}+{y}: need x >= 0 and y >= 1")
+        if len({x + y for x, y in zip(xs, ys)}) > 1:
+            raise ValueError(f"cache x+y per row {[f'{x}+{y}' for x, y in zip(xs, ys)]}: rows must share x+y")
+        self.n_initial, self.capacity = xs, xs[0] + ys[0]
         self.layers = [LayerCache() for _ in range(config.n_layers)]
-        self.length = 0          # entries currently held (same in every layer)
+        self.length = 0          # entries currently held (same in every layer and row)
         self.seen = 0            # entries ever appended (sink tokens included)
         self.sink_tokens = config.sink_tokens
-        self.sinks_kept = 0      # sink-token entries still in the cache
-
-    @property
-    def capacity(self) -> int:
-        return self.n_initial + self.n_recent
+        self.sinks_kept = 0      # sink-token entries still in the cache (the fewest over rows)
 
     def make_room(self, n_new: int) -> None:
         """Evict the middle so that length + n_new <= x + y (called before a forward)."""
-        if n_new > self.capacity:
-            raise ValueError(f"{n_new} new tokens exceed the cache capacity {self.n_initial}+{self.n_recent}")
-        overflow = self.length + n_new - self.capacity
-        if overflow <= 0:
+        index = eviction_index(self.length, n_new, self.n_initial, self.capacity)
+        if index is None:
             return
-        keep_initial = min(self.n_initial, self.length)
-        keep_recent = self.length - overflow - keep_initial
         for layer in self.layers:
-            layer.keep(keep_initial, keep_recent)
-        self.length = keep_initial + keep_recent
-        self.sinks_kept = min(self.sinks_kept, keep_initial)
+            layer.keep(index)
+        self.sinks_kept = min(self.sinks_kept, *(min(x, self.length) for x in self.n_initial))
+        self.length = index.shape[1]
 
     def advance(self, n_new: int, n_sinks: int) -> None:
         self.length += n_new

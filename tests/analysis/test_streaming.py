@@ -42,9 +42,9 @@ def test_hf_llama_full_cache_equals_full_context(tiny_llama):
     ids = torch.randint(0, 300, (24,), generator=torch.Generator().manual_seed(0))
     s = HFRotaryStreamer(tiny_llama)
     full = s.full_nll(ids)
-    assert torch.allclose(s.nll(ids, CacheSpec(0, 24)), full, atol=1e-4)
-    assert torch.allclose(s.nll(ids, CacheSpec(2, 30)), full, atol=1e-4)
-    assert perplexity(s.nll(ids, CacheSpec(1, 23))) == pytest.approx(perplexity(full), rel=1e-5)
+    assert torch.allclose(s.nll(ids, [CacheSpec(0, 24)])[0], full, atol=1e-4)
+    assert torch.allclose(s.nll(ids, [CacheSpec(2, 30)])[0], full, atol=1e-4)
+    assert perplexity(s.nll(ids, [CacheSpec(1, 23)])[0]) == pytest.approx(perplexity(full), rel=1e-5)
 
 
 @pytest.mark.parametrize("spec", [CacheSpec(0, 6), CacheSpec(2, 5)])
@@ -55,7 +55,7 @@ def test_hf_llama_eviction_matches_recomputation(spec):
     one_layer = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=4, num_key_value_heads=2)).eval()
     ids = torch.randint(0, 300, (16,), generator=torch.Generator().manual_seed(1))
-    got = HFRotaryStreamer(one_layer).nll(ids, spec)
+    got = HFRotaryStreamer(one_layer).nll(ids, [spec])[0]
     for t in range(15):
         kept = kept_indices(t, spec)
         with torch.no_grad():
@@ -74,14 +74,14 @@ def test_sinklab_micro_full_cache_equals_full_context():
     model = micro_model()
     ids = torch.randint(0, 64, (20,), generator=torch.Generator().manual_seed(2))
     s = SinkLabStreamer(model)
-    assert torch.allclose(s.nll(ids, CacheSpec(0, 20)), s.full_nll(ids), atol=1e-4)
+    assert torch.allclose(s.nll(ids, [CacheSpec(0, 20)])[0], s.full_nll(ids), atol=1e-4)
 
 
 def test_sinklab_micro_eviction_with_sink_token():
     model = micro_model(sink_tokens=1, n_layers=1)
     ids = torch.randint(0, 64, (14,), generator=torch.Generator().manual_seed(3))
     spec = CacheSpec(1, 5)  # x counts the sink token: it stays, real tokens use the other 5 slots
-    got = SinkLabStreamer(model).nll(ids, spec)
+    got = SinkLabStreamer(model).nll(ids, [spec])[0]
     for t in range(13):
         kept = kept_indices(t, spec, extra_initial=1)
         with torch.no_grad():
@@ -99,3 +99,21 @@ def test_cli_on_local_llama(tiny_llama_dir, tmp_path, capsys):
     assert "| model | 0+32 | 1+7 | full |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--cache"):
         streaming.main([str(tiny_llama_dir), "--cache", "3"])
+
+
+def test_configs_sharing_x_plus_y_stream_as_one_batch_with_the_same_results(tiny_llama):
+    ids = torch.randint(0, 300, (20,), generator=torch.Generator().manual_seed(4))
+    specs = [CacheSpec(0, 6), CacheSpec(1, 5), CacheSpec(4, 2)]
+    for streamer in (HFRotaryStreamer(tiny_llama), SinkLabStreamer(micro_model(sink_tokens=1))):
+        ids_ = ids % 64 if isinstance(streamer, SinkLabStreamer) else ids
+        batched = streamer.nll(ids_, specs)
+        one_by_one = torch.stack([streamer.nll(ids_, [spec])[0] for spec in specs])
+        torch.testing.assert_close(batched, one_by_one, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(batched[0], batched[2])  # the rows did evict differently
+
+
+def test_group_by_capacity():
+    a, b, c = CacheSpec(0, 8), CacheSpec(1, 7), CacheSpec(2, 4)
+    assert streaming.group_by_capacity([a, c, b, a]) == [[a, b], [c]]
+    with pytest.raises(ValueError, match="one x\\+y"):
+        SinkLabStreamer(micro_model()).nll(torch.arange(5), [a, c])

@@ -75,3 +75,24 @@ def test_zero_initial_entries_drop_the_sink_token():
 def test_bad_cache_sizes():
     with pytest.raises(ValueError, match="x\\+y"):
         StreamingCache(ModelConfig.preset("micro"), n_initial=1, n_recent=0)
+
+
+def test_rows_with_their_own_x_evict_like_separate_caches():
+    model = _model(sink_tokens=1)
+    idx = torch.randint(0, 64, (1, 9))
+    pairs = [(0, 5), (1, 4), (3, 2)]
+    batched = StreamingCache(model.config, n_initial=[x for x, _ in pairs], n_recent=[y for _, y in pairs])
+    singles = [StreamingCache(model.config, n_initial=x, n_recent=y) for x, y in pairs]
+    with torch.no_grad():
+        for t in range(9):
+            out = model(idx[:, t : t + 1].expand(3, 1), cache=batched).logits
+            for row, cache in enumerate(singles):
+                torch.testing.assert_close(out[row], model(idx[:, t : t + 1], cache=cache).logits[0])
+    for row, cache in enumerate(singles):
+        torch.testing.assert_close(batched.layers[1].k[row], cache.layers[1].k[0])
+    assert batched.sinks_kept == 0 and [c.sinks_kept for c in singles] == [0, 1, 1]
+
+
+def test_rows_must_share_x_plus_y():
+    with pytest.raises(ValueError, match="share x\\+y"):
+        StreamingCache(ModelConfig.preset("micro"), n_initial=[0, 1], n_recent=[5, 5])
