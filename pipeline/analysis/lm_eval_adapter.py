@@ -6,7 +6,9 @@
 or from Python, ``lm_eval.simple_evaluate(model="sinklab", model_args=...)`` after importing this module.
 
 Importing this module registers the model name ``sinklab``. Sequences longer than the model's
-``max_seq_len`` keep their last ``max_seq_len`` tokens. Needs the ``eval`` extra (lm-eval).
+``max_seq_len`` keep their last ``max_seq_len`` tokens. Log-likelihood requests are scored in
+batches of ``batch_size`` (longest first, right-padded: causal attention keeps padding out of
+every scored position; ``auto`` means 16). Needs the ``eval`` extra (lm-eval).
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class SinkLabLM(LM):
         self.tok = Tokenizer.from_file(str(tok_path))
         self.max_length = self.model.config.max_seq_len
         self.max_gen_toks = int(max_gen_toks)
+        self.batch_size = 16 if str(batch_size).startswith("auto") else int(batch_size)
         self.eot_id = next((i for n in EOT_NAMES if (i := self.tok.token_to_id(n)) is not None), 0)
 
     def encode(self, text: str) -> list[int]:
@@ -51,33 +54,51 @@ class SinkLabLM(LM):
         idx = torch.tensor(tokens[-(self.max_length + 1):][:-1], device=self.device_)[None]
         return F.log_softmax(self.model(idx).logits[0].float(), dim=-1)
 
-    def _score(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
-        if not context:
-            context = [self.eot_id]
-        whole = (context + continuation)[-(self.max_length + 1):]
-        logp = self._logprobs(whole)[-len(continuation):]
-        target = torch.tensor(continuation, device=logp.device)
-        total = logp.gather(-1, target[:, None]).sum().item()
-        return total, bool((logp.argmax(-1) == target).all())
+    @torch.no_grad()
+    def _score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """(sum log p(continuation | context), greedy?) per pair, in batches of batch_size."""
+        wholes = []
+        for context, continuation in pairs:
+            whole = ((context or [self.eot_id]) + continuation)[-(self.max_length + 1):]
+            wholes.append((whole[:-1], continuation))
+        order = sorted(range(len(pairs)), key=lambda i: -len(wholes[i][0]))
+        out: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start:start + self.batch_size]
+            width = len(wholes[batch[0]][0])
+            idx = torch.zeros(len(batch), width, dtype=torch.long)
+            for row, i in enumerate(batch):
+                idx[row, :len(wholes[i][0])] = torch.tensor(wholes[i][0])
+            logp = F.log_softmax(self.model(idx.to(self.device_)).logits.float(), dim=-1)
+            for row, i in enumerate(batch):
+                inputs, continuation = wholes[i]
+                rows = logp[row, len(inputs) - len(continuation):len(inputs)]
+                target = torch.tensor(continuation, device=rows.device)
+                out[i] = (rows.gather(-1, target[:, None]).sum().item(), bool((rows.argmax(-1) == target).all()))
+        return out
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        out = []
+        pairs = []
         for req in requests:
             context, continuation = req.args
             # encode the joined string and split, so tokens straddling the boundary stay intact
             whole, ctx = self.encode(context + continuation), self.encode(context)
             n_ctx = len(ctx) if whole[: len(ctx)] == ctx else len(ctx) - 1
-            out.append(self._score(whole[:n_ctx], whole[n_ctx:]))
-        return out
+            pairs.append((whole[:n_ctx], whole[n_ctx:]))
+        return self._score_many(pairs)
 
     def loglikelihood_rolling(self, requests) -> list[float]:
-        out = []
-        for req in requests:
+        windows, owner = [], []
+        for n, req in enumerate(requests):
             (text,) = req.args
-            windows = map(make_disjoint_window, get_rolling_token_windows(
-                self.encode(text), prefix_token=self.eot_id, max_seq_len=self.max_length, context_len=1))
-            out.append(sum(self._score(ctx, cont)[0] for ctx, cont in windows))
-        return out
+            for window in map(make_disjoint_window, get_rolling_token_windows(
+                    self.encode(text), prefix_token=self.eot_id, max_seq_len=self.max_length, context_len=1)):
+                windows.append(window)
+                owner.append(n)
+        totals = [0.0] * len(requests)
+        for n, (logp, _) in zip(owner, self._score_many(windows)):
+            totals[n] += logp
+        return totals
 
     @torch.no_grad()
     def generate_until(self, requests) -> list[str]:

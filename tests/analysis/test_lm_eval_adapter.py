@@ -45,6 +45,24 @@ def test_loglikelihood_matches_direct_computation(micro_lm):
     assert greedy == all(logp[i - 1].argmax().item() == ids[i] for i in range(3, 6))
 
 
+def test_batched_scoring_equals_one_request_at_a_time(micro_lm):
+    lm, _ = micro_lm
+    requests = [_req("the cat", " sat on the mat"), _req("", " sky"), _req("a red dog sat on", " the green grass"),
+                _req("the sea is", " blue"), _req("green grass", " is green")]
+    lm.batch_size = 1
+    alone = lm.loglikelihood(requests)
+    alone_rolling = lm.loglikelihood_rolling([_req("the cat sat"), _req(" ".join(["a blue sky is green"] * 4))])
+    lm.batch_size = 3  # rows of different lengths, right-padded in one batch
+    try:
+        batched = lm.loglikelihood(requests)
+        batched_rolling = lm.loglikelihood_rolling([_req("the cat sat"), _req(" ".join(["a blue sky is green"] * 4))])
+    finally:
+        lm.batch_size = 1
+    assert [g for _, g in batched] == [g for _, g in alone]
+    assert [ll for ll, _ in batched] == pytest.approx([ll for ll, _ in alone], abs=1e-5)
+    assert batched_rolling == pytest.approx(alone_rolling, abs=1e-5)
+
+
 def test_loglikelihood_rolling_windows(micro_lm):
     lm, _ = micro_lm
     short = "the cat sat on the mat"  # 6 tokens fit the 8-token context: [eot] + text in one pass
