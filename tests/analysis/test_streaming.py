@@ -117,3 +117,22 @@ def test_group_by_capacity():
     assert streaming.group_by_capacity([a, c, b, a]) == [[a, b], [c]]
     with pytest.raises(ValueError, match="one x\\+y"):
         SinkLabStreamer(micro_model()).nll(torch.arange(5), [a, c])
+
+
+def test_cli_on_a_sinklab_checkpoint_with_its_tokenizer(tmp_path, capsys):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from pipeline.model import save_pretrained
+
+    words = "<|bos|> <|eos|> the cat sat on a mat".split()
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="the"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    ckpt = save_pretrained(micro_model(), tmp_path / "ckpt")
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on a mat " * 5)
+    assert streaming.main([str(ckpt), "--text", str(text), "--cache", "0+8", "--cache", "2+6", "--full"]) == 0
+    assert "| model | 0+8 | 2+6 | full |" in capsys.readouterr().out
+    (tmp_path / "tokenizer.json").unlink()
+    with pytest.raises(SystemExit, match="--tokenizer"):
+        streaming.main([str(ckpt), "--text", str(text)])
