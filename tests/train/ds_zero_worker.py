@@ -56,9 +56,11 @@ def worker(rank: int, world: int, port: int, dataset: str, out: str, stage: int)
     client = {"hyper_parameters": dict(module.hparams), "global_step": steps, "epoch": 0,
               "lr_schedulers": [scheduler.state_dict()], "pytorch-lightning_version": lightning.__version__}
     engine.save_checkpoint(out, tag="checkpoint", client_state=client)
-    if rank == 0:  # fp32 everywhere on CPU: the module holds the master weights
-        torch.save({k: v.detach().clone() for k, v in engine.module.state_dict().items()},
-                   os.path.join(out, "reference_state.pt"))
+    # fp32 everywhere on CPU: the module holds the master weights (ZeRO-3: once gathered)
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), enabled=stage == 3):
+        if rank == 0:
+            torch.save({k: v.detach().clone() for k, v in engine.module.state_dict().items()},
+                       os.path.join(out, "reference_state.pt"))
     torch.distributed.barrier()
 
 

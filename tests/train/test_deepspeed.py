@@ -1,7 +1,7 @@
 """DeepSpeed on CPU: what can be run for real without CUDA.
 
 Lightning refuses DeepSpeed without CUDA, so (1) the strategy and its config are assembled by
-the real CLI and checked, and (2) a ZeRO checkpoint is written by DeepSpeed itself (CPU
+the real CLI and checked, and (2) ZeRO-2 and ZeRO-3 checkpoints are written by DeepSpeed itself (CPU
 accelerator, gloo, 2 processes), consolidated with DeepSpeed's own zero_to_fp32 by
 `sinklab consolidate`, then loaded, resumed from and exported to Hugging Face format."""
 from __future__ import annotations
@@ -53,16 +53,25 @@ def test_deepspeed_strategy_is_assembled_from_the_paper_recipe(stage, tiny_ds, t
         release_lock(cli.run)
 
 
-def test_zero_checkpoint_consolidates_loads_resumes_and_exports(tiny_ds, tmp_path, monkeypatch, mlflow_server):
-    ckpt = tmp_path / "zero2"
+ZERO_FILES = {
+    2: ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt"],
+    3: ["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"],
+}
+
+
+def consolidated_zero_checkpoint(stage: int, dataset: Path, tmp_path: Path) -> Path:
+    """DeepSpeed writes a ZeRO checkpoint (2 processes, gloo); `sinklab consolidate` merges it
+    into an fp32 file whose weights equal the ones DeepSpeed trained."""
+    ckpt = tmp_path / f"zero{stage}"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, str(Path(__file__).with_name("ds_zero_worker.py")), str(tiny_ds), str(ckpt),
-                          "2", str(29500 + os.getpid() % 1000)], env=env, capture_output=True, text=True, timeout=400)
+    out = subprocess.run([sys.executable, str(Path(__file__).with_name("ds_zero_worker.py")), str(dataset), str(ckpt),
+                          str(stage), str(29500 + os.getpid() % 1000)], env=env, capture_output=True, text=True,
+                         timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "deepspeed_shm_comm" not in out.stdout + out.stderr  # no op build
-    assert sorted(p.name for p in (ckpt / "checkpoint").iterdir()) == [
-        "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-        "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert sorted(p.name for p in (ckpt / "checkpoint").iterdir()) == ZERO_FILES[stage]
 
     from pipeline.train.consolidate import main as consolidate
 
@@ -73,6 +82,17 @@ def test_zero_checkpoint_consolidates_loads_resumes_and_exports(tiny_ds, tmp_pat
     assert blob["state_dict"].keys() == reference.keys()
     assert all(torch.equal(blob["state_dict"][k], reference[k]) for k in reference)
     assert blob["sinklab"]["optimizer_moments"] == "reset"
+    assert blob["global_step"] == 3
+    return fp32
+
+
+def test_zero3_checkpoint_with_partitioned_parameters_consolidates(tiny_ds, tmp_path):
+    consolidated_zero_checkpoint(3, tiny_ds, tmp_path)
+
+
+def test_zero_checkpoint_consolidates_loads_resumes_and_exports(tiny_ds, tmp_path, monkeypatch, mlflow_server):
+    fp32 = consolidated_zero_checkpoint(2, tiny_ds, tmp_path)
+    reference = torch.load(tmp_path / "zero2" / "reference_state.pt")
 
     model = load_pretrained(fp32)  # SinkLab loads it
     assert torch.equal(model.lm_head.weight, reference["model.lm_head.weight"])
