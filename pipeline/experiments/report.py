@@ -45,26 +45,30 @@ def build_rows(experiment: Experiment, records: dict[str, list[mlruns.RunRecord]
     return rows
 
 
-def fmt(value: float | None) -> str:
+def fmt(value: float | None, digits: int = 2) -> str:
     if value is None:
         return MISSING
-    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.2f}"
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.{digits}f}"
 
 
 def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
+    # a column the paper has no number for (e.g. mean alpha_1) gets no "paper" sub-column
+    in_paper = [any(r.paper[i] is not None for r in rows) for i in range(len(experiment.columns))]
     header = ["variant"]
-    for c in experiment.columns:
-        header += [f"{c.label} paper", f"{c.label} ours"]
+    for c, paper in zip(experiment.columns, in_paper):
+        header += [f"{c.label} paper", f"{c.label} ours"] if paper else [c.label]
     header.append("run")
     lines = [f"## {experiment.name}: {experiment.title}", "",
              f"Paper: {experiment.paper_ref}. Scale: {scale}. MLflow experiment: "
              f"`{experiment.mlflow_experiment}`.", "",
              "| " + " | ".join(header) + " |",
-             "|" + "---|" + "---:|" * (2 * len(experiment.columns)) + "---|"]
+             "|" + "---|" + "---:|" * (len(header) - 2) + "---|"]
     for row in rows:
         cells = [row.label]
-        for paper, measured in zip(row.paper, row.measured):
-            cells += [row.paper_status if row.paper_status else fmt(paper), fmt(measured)]
+        for c, paper, measured, published in zip(experiment.columns, row.paper, row.measured, in_paper):
+            if published:
+                cells.append(row.paper_status if row.paper_status else fmt(paper, c.digits))
+            cells.append(fmt(measured, c.digits))
         cells.append(row.status)
         lines.append("| " + " | ".join(cells) + " |")
     done = sum(r.status == "finished" for r in rows)

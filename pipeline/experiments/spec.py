@@ -21,7 +21,7 @@ TOP_KEYS = {"name", "title", "group", "paper_ref", "description", "scale", "colu
             "cpu_notes", "paper_notes", "plot"}
 VARIANT_KEYS = {"name", "label", "overrides", "cpu_overrides", "paper_overrides", "paper",
                 "paper_source", "paper_status", "note"}
-COLUMN_KEYS = {"key", "metric", "label"}
+COLUMN_KEYS = {"key", "metric", "label", "digits"}
 PLOT_KEYS = {"kind", "metric", "x", "title"}
 PLOT_KINDS = ("curve", "bar")
 
@@ -36,6 +36,7 @@ class Column:
     key: str
     metric: str
     label: str
+    digits: int = 2  # decimals in the report
 
 
 @dataclass(frozen=True)
@@ -249,9 +250,12 @@ def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
     columns = []
     for i, c in enumerate(columns_raw):
         c = r.mapping(c, ("columns", i), COLUMN_KEYS, required=("key", "metric", "label"))
+        digits = c.get("digits", 2)
+        if isinstance(digits, bool) or not isinstance(digits, int) or not 0 <= digits <= 6:
+            raise r.fail(("columns", i, "digits"), f"expected a whole number of decimals from 0 to 6, got {digits!r}")
         columns.append(Column(r.name(c["key"], ("columns", i, "key")),
                               r.text(c["metric"], ("columns", i, "metric")),
-                              r.text(c["label"], ("columns", i, "label"))))
+                              r.text(c["label"], ("columns", i, "label")), digits))
     keys = [c.key for c in columns]
     if len(set(keys)) != len(keys):
         raise r.fail(("columns",), f"column keys must be unique, got {keys}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from pipeline.experiments import report
+from pipeline.experiments.report import Row
 from pipeline.experiments.runs import variant_runs
 from pipeline.experiments.spec import load_experiment
 
@@ -76,3 +77,18 @@ def test_bar_plot_and_missing_experiment(tmp_path, mlflow_env, unique_name, caps
     assert mlflow_env.get_experiment_by_name(f"sinklab/{unique_name}") is None  # --no-log
     assert report.main(["no-such-experiment"]) == 2
     assert "no experiment 'no-such-experiment'" in capsys.readouterr().err
+
+
+def test_a_column_the_paper_has_no_number_for_is_shown_once_with_its_decimals(tmp_path, unique_name):
+    path = write_experiment(tmp_path, unique_name)
+    path.write_text(path.read_text().replace(
+        "label: valid loss}", "label: valid loss}\n  - {key: alpha1, metric: sink/alpha1_mean, label: mean alpha_1, digits: 3}"))
+    exp = load_experiment(path)
+    rows = [Row("a", "variant a", [15.2, 3.72, None], [0.0, 4.231, 0.0786], "finished"),
+            Row("c", "variant c", [None, None, None], [None, None, None], "missing", "training failure")]
+    markdown = report.to_markdown(exp, "cpu", rows).splitlines()
+    assert ("| variant | Sink_1 (%) paper | Sink_1 (%) ours | valid loss paper | valid loss ours | mean alpha_1 | run |"
+            in markdown)
+    assert "|---|---:|---:|---:|---:|---:|---|" in markdown
+    assert "| variant a | 15.20 | 0.00 | 3.72 | 4.23 | 0.079 | finished |" in markdown
+    assert "| variant c | training failure | — | training failure | — | — | missing |" in markdown

@@ -109,6 +109,8 @@ def test_a_good_file_loads(tmp_path):
     (("overrides: {model.n_heads: 4}", "overrides: {model: {n_heads: 4}}"),
      ":11: variants[0].overrides.model: override values must be scalars"),
     (("title: Demo", "title: Demo\nsteps: 3"), ":3: steps: unknown field 'steps'"),
+    (('label: "Sink_1 (%)"}', 'label: "Sink_1 (%)", digits: 2.5}'),
+     ":8: columns[0].digits: expected a whole number of decimals from 0 to 6, got 2.5"),
 ])
 def test_bad_files_name_file_line_and_field(tmp_path, change, message):
     path = _write(tmp_path, "demo", textwrap.dedent(GOOD).replace(*change))
