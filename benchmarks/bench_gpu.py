@@ -70,7 +70,7 @@ class Bench:
             torch.cuda.reset_peak_memory_stats()
 
     def train(self, name: str, build: Callable[[], torch.nn.Module], loss_fn, flops_token: float,
-              max_batch: int | None = None) -> Result:
+              max_batch: int | None = None, compile: bool = False) -> Result:
         """Largest micro-batch from max_batch down (halving on OOM), then timed steps."""
         batch = max_batch or self.max_batch
         while batch >= 1:
@@ -79,6 +79,9 @@ class Bench:
             try:
                 with self.device:  # parameters are created (and initialised) on the device
                     model = build()
+                if compile:  # each block, in place, as `sinklab fit --model.compile true` does
+                    for block in getattr(model, "blocks", None) or model.model.layers:
+                        block.compile()
                 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=self.cuda)
                 tokens = torch.randint(0, model_vocab(model), (batch, self.context + 1), device=self.device)
                 step = lambda: self._step(model, optimizer, loss_fn, tokens)
@@ -135,7 +138,7 @@ def ours_loss(model, tokens):
 
 
 def hf_loss(model, tokens):
-    logits = model(input_ids=tokens[:, :-1]).logits
+    logits = model(input_ids=tokens[:, :-1], use_cache=False).logits  # no KV cache in training
     return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
 
 
@@ -165,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=None,
                         help="first micro-batch tried (default 64 for 60M, 16 for 1B; 4 when tiny)")
     parser.add_argument("--skip-1b", action="store_true", help="only the 60M cases")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile each block of the softmax models, ours and HF's alike")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -178,15 +183,16 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = "n/a" if bench.peak is None else f"{bench.peak / 1e12:.0f}TFLOP/s"
     print(f"device={gpu} peak_bf16={peak} dtype={str(bench.dtype).removeprefix('torch.')} C={context} "
-          f"tiny={tiny} torch={torch.__version__}", flush=True)
+          f"tiny={tiny} compile={args.compile} torch={torch.__version__}", flush=True)
 
     ratios: dict[str, float] = {}
     for name in ["llama-60m"] + ([] if args.skip_1b else ["llama-1b"]):
         cfg = preset(name, tiny, context)
         flops = flops_per_token(cfg, context)
-        ours = bench.train(f"sinklab {name}", lambda: Transformer(cfg), ours_loss, flops, first_batch[name])
+        ours = bench.train(f"sinklab {name}", lambda: Transformer(cfg), ours_loss, flops, first_batch[name],
+                           args.compile)
         print(ours.line(), flush=True)
-        hf = bench.train(f"hf-llama {name}", hf_llama(cfg), hf_loss, flops, first_batch[name])
+        hf = bench.train(f"hf-llama {name}", hf_llama(cfg), hf_loss, flops, first_batch[name], args.compile)
         print(hf.line(), flush=True)
         ratios[f"ours/hf {name}"] = ours.tokens_per_s / hf.tokens_per_s
         if name == "llama-60m":
