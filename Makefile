@@ -42,7 +42,7 @@ bench-model: venv
 	$(PY) benchmarks/bench_model.py
 
 bench-stream: venv
-	$(PY) benchmarks/bench_stream.py
+	$(PY) benchmarks/bench_stream.py smollm2
 
 bench-gpu: venv
 	$(PY) benchmarks/bench_gpu.py

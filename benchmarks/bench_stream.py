@@ -5,36 +5,30 @@ one batch. This times that against streaming the same configurations one after a
 in one process, on the same tokens, and checks that both give the same perplexities.
 The last line is ``ratio=<one-at-a-time seconds over batched seconds>``.
 
-    python benchmarks/bench_stream.py [MODEL] [--tokenizer T] [--max-tokens N] [--cache x+y ...]
+    python benchmarks/bench_stream.py MODEL [--tokenizer T] [--max-tokens N] [--cache x+y ...]
 
-MODEL is what `sinklab stream-ppl` takes (default smollm2); a SinkLab checkpoint needs
---tokenizer unless its dataset's tokenizer.json is found beside it.
+MODEL and the options are `sinklab stream-ppl`'s (`make bench-stream` runs smollm2); here
+--max-tokens defaults to 512 and --cache to 0+128 1+127 4+124, so that evictions happen.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from pipeline.analysis.streaming import CacheSpec, load_subject, perplexity
+from pipeline.analysis.streaming import CacheSpec, build_parser, group_by_capacity, load_subject, perplexity
 
 DEFAULT = ("0+128", "1+127", "4+124")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench_stream.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", nargs="?", default="smollm2")
-    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
-    p.add_argument("--tokenizer", type=Path)
-    p.add_argument("--text", type=Path, help="default: Hamlet, as `sinklab stream-ppl`")
-    p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--cache", action="append", help=f"x+y, repeatable (default: {' '.join(DEFAULT)})")
-    args = p.parse_args(argv)
+    parser = build_parser()
+    parser.prog = "bench_stream.py"
+    parser.set_defaults(max_tokens=512)
+    args = parser.parse_args(argv)
     specs = [CacheSpec.parse(c) for c in (args.cache or DEFAULT)]
-    if len({s.n_initial + s.n_recent for s in specs}) != 1:
+    if len(group_by_capacity(specs)) != 1:
         raise SystemExit("bench_stream.py: --cache configs must share x+y to stream as one batch")
     streamer, ids, _ = load_subject(args)
     ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long)
