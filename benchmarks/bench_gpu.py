@@ -8,7 +8,9 @@ peak memory:
 - HF LlamaForCausalLM of the same shape with its SDPA attention;
 - the 60M model with sigmoid attention without normalisation (the paper's Table 6 variant);
 - attention alone (forward + backward, one layer's shape): softmax SDPA, the eager sigmoid
-  op (T x T) and the blocked sigmoid kernel (pipeline.kernels).
+  op (T x T), and the blocked sigmoid in its two implementations (pipeline.kernels): the torch
+  tiles and the fused Triton kernels (the model's path on CUDA; on a CPU only under
+  TRITON_INTERPRET=1).
 
 The last line is ``ratio=<SinkLab tokens/s over HF tokens/s, 1B>``. Without CUDA (or with
 ``--tiny``) it runs the same cases at toy shapes on the CPU, as a smoke test.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -27,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.flops import device_peak_flops, flops_per_token, mfu
-from pipeline.kernels import blocked_attention
+from pipeline.kernels import blocked_attention, triton_tiles
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.attention_ops import OPS
 
@@ -216,14 +219,16 @@ def attention_cases(bench: Bench, sig: ModelConfig, ratios: dict[str, float]) ->
     cases = {
         "attn softmax sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         "attn sigmoid eager": lambda q, k, v: OPS["sigmoid"](q, k, mask.to(q.dtype), sig.attention, None).weights.to(v.dtype) @ v,
-        "attn sigmoid blocked": lambda q, k, v: blocked_attention(q, k, v, sig),
+        "attn sigmoid torch tiles": lambda q, k, v: blocked_attention(q, k, v, sig, impl="torch"),
     }
+    if triton_tiles.available() and (bench.cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        cases["attn sigmoid fused triton"] = lambda q, k, v: blocked_attention(q, k, v, sig, impl="triton")
     results = {name: bench.attention_only(name, fn, H, dh, batch) for name, fn in cases.items()}
     for result in results.values():
         print(result.line(), flush=True)
     soft = results["attn softmax sdpa"].tokens_per_s
-    for name in ("attn sigmoid eager", "attn sigmoid blocked"):
-        if soft and results[name].tokens_per_s:
+    for name in results:
+        if name != "attn softmax sdpa" and soft and results[name].tokens_per_s:
             ratios[f"{name.removeprefix('attn ')}/softmax attention"] = results[name].tokens_per_s / soft
 
 

@@ -11,6 +11,11 @@ from pathlib import Path
 
 import pytest
 
+# Without a GPU, pipeline.kernels.triton_tiles runs its kernels under Triton's interpreter (on
+# CPU tensors); the variable must be set before the module is first imported.
+if not Path("/dev/nvidia0").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 
 

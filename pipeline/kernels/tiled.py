@@ -76,7 +76,7 @@ class TileSpec:
     block_k: int = 128
 
 
-def _similarity(s: Tensor, kind: Similarity) -> tuple[Tensor, Tensor]:
+def similarity_and_grad(s: Tensor, kind: Similarity) -> tuple[Tensor, Tensor]:
     """f(s) and f'(s)."""
     if kind == "sigmoid":
         sim = torch.sigmoid(s)
@@ -128,14 +128,14 @@ class _Tiles:
             admitted = spec.mask.admitted(q_idx, k_idx)
             if self.bias is not None:
                 s = s + self.bias(q_idx, k_idx).to(self.acc)[None]
-        sim, dsim_ds = _similarity(s, spec.similarity)
+        sim, dsim_ds = similarity_and_grad(s, spec.similarity)
         if admitted is not None:  # always masked: testing admitted.all() would sync a GPU per tile
             sim = sim.masked_fill(~admitted, 0.0)
             dsim_ds = dsim_ds.masked_fill(~admitted, 0.0)
         return sim, dsim_ds
 
 
-def _normaliser(row_sum: Tensor, row_pow: Tensor | None, spec: TileSpec) -> Tensor:
+def normaliser(row_sum: Tensor, row_pow: Tensor | None, spec: TileSpec) -> Tensor:
     if spec.normalizer == "none":
         return torch.ones_like(row_sum)
     if spec.normalizer == "abs_clamp":
@@ -159,7 +159,7 @@ class TiledAttention(torch.autograd.Function):
             row_sum[:, :, q_lo:q_hi] += sim.sum(-1)
             if row_pow is not None:
                 row_pow[:, :, q_lo:q_hi] += sim.pow(spec.p).sum(-1)
-        z = _normaliser(row_sum, row_pow, spec)
+        z = normaliser(row_sum, row_pow, spec)
         y = u / z[..., None]
         ctx.save_for_backward(q, k, v, slot_k, slot_v, y, z, row_sum)
         ctx.bias, ctx.spec = bias, spec

@@ -1,13 +1,14 @@
 """Blocked attention (pipeline.kernels) against the model's eager operations, forward and
-backward, for every non-softmax op, mask, bias slots and positional biases; and the memory
-property: no T x T tensor is ever allocated."""
+backward, for every non-softmax op, mask, bias slots and positional biases, in both of its
+implementations (torch tiles; fused Triton tiles, here under TRITON_INTERPRET=1, see
+tests/conftest.py); and the memory property: no T x T tensor is ever allocated."""
 import math
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pipeline.kernels import blocked_attention, chunked_linear_attention, supports
+from pipeline.kernels import blocked_attention, chunked_linear_attention, supports, triton_tiles
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.attention_ops import OPS, build_kernel
 from pipeline.model.masks import admitted_pairs
@@ -57,11 +58,14 @@ def _inputs(seed, n_slots=0, dtype=torch.float64, tq=T):
     return q, k, v, *slots
 
 
-def _compare(cfg, kernel, q, k, v, slot_k=None, slot_v=None, score_bias=None, block=8, query_block=8, tol=1e-9):
+def _compare(cfg, kernel, q, k, v, slot_k=None, slot_v=None, score_bias=None, block=8, query_block=8, tol=1e-9,
+             impl="torch", bias_tensor=None):
+    """bias_tensor: score_bias as the model's [1|H, Tq, Tk] tensor for the blocked path."""
     leaves = [t for t in (q, k, v, slot_k, slot_v) if t is not None] + (list(kernel.parameters()) if kernel else [])
     ref = _eager(cfg, q, k, v, kernel, slot_k, slot_v, score_bias)
     out = blocked_attention(q, k, v, cfg, kernel=kernel, slot_k=slot_k, slot_v=slot_v,
-                            score_bias=score_bias, block_size=block, query_block=query_block)
+                            score_bias=score_bias if bias_tensor is None else bias_tensor,
+                            block_size=block, query_block=query_block, impl=impl)
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
     weight = torch.randn_like(ref)
     g_ref = torch.autograd.grad((ref * weight).sum(), leaves)
@@ -106,6 +110,54 @@ def test_sink_tokens_shift_the_prefix_and_queries_may_be_a_suffix():
     _compare(cfg, None, *_inputs(4, tq=7), block=3, query_block=2)
 
 
+needs_triton = pytest.mark.skipif(not triton_tiles.available(), reason="triton is not installed "
+                                   "(a dev dependency on Linux x86_64: pip install -e .[dev])")
+# what reaches the fused kernels: kernel ops with a causal or prefix mask take the linear form
+FUSED_CASES = [(a, m, n) for a in ATTENTION if a.get("p", 1.0) == 1.0 for m, n in MASKS
+               if not (a["op"] == "kernel" and m["mask"] != "sliding")]
+
+
+@needs_triton
+@pytest.mark.parametrize("attention,mask,n_slots", FUSED_CASES,
+                         ids=lambda x: "-".join(str(v) for v in x.values()) if isinstance(x, dict) else f"slots{x}")
+def test_fused_triton_tiles_match_eager(attention, mask, n_slots):
+    """16 x 16 tiles (the smallest tl.dot) over T = 19: a partial tile in both directions."""
+    cfg = _config(attention, mask)
+    kernel = build_kernel(cfg.attention, DH)
+    if kernel is not None:
+        kernel = kernel.double()
+    _compare(cfg, kernel, *_inputs(1, n_slots), block=16, query_block=16, impl="triton")
+
+
+@needs_triton
+@pytest.mark.parametrize("positional", ["alibi", "relative"])
+def test_fused_triton_tiles_take_the_models_bias_tensor_and_a_query_suffix(positional):
+    """A fixed positional bias as the model passes it ([1|H, Tq, Tk]), sink tokens in the
+    prefix, and Tq < Tk (queries are the last Tq slots), with a sliding window."""
+    for mask, tq in ((dict(mask="sliding", window=7), T), (dict(mask="prefix", prefix_len=3), 7)):
+        cfg = _config(dict(op="sigmoid"), mask, sink_tokens=2, positional=positional)
+        module = {"alibi": ALiBi, "relative": RelativeBucket}[positional](cfg)
+        tensor = module.score_bias(torch.arange(T - tq, T), torch.arange(T)).double()
+        _compare(cfg, None, *_inputs(8, n_slots=1, tq=tq), score_bias=module.score_bias, bias_tensor=tensor,
+                 block=16, query_block=16, impl="triton")
+
+
+@needs_triton
+def test_fused_triton_tiles_in_float32_and_with_the_default_blocks():
+    cfg = _config(dict(op="elu1", normalizer="none"), dict(mask="causal"))
+    q, k, v, *_ = _inputs(6, dtype=torch.float32)
+    _compare(cfg, None, q, k, v, block=None, query_block=None, tol=2e-5, impl="triton")
+
+
+def test_fused_triton_tiles_refuse_what_they_do_not_compute():
+    cfg = _config(dict(op="sigmoid", normalizer="sum", p=2.0), dict(mask="causal"))
+    q, k, v, *_ = _inputs(5)
+    with pytest.raises(ValueError, match="impl='triton' needs"):
+        blocked_attention(q, k, v, cfg, impl="triton")
+    with pytest.raises(ValueError, match="impl='cuda'; allowed auto, torch, triton"):
+        blocked_attention(q, k, v, cfg, impl="cuda")
+
+
 def test_learned_score_bias_is_refused():
     cfg = _config(dict(op="sigmoid"), dict(mask="causal"), positional="t5")
     q, k, v, *_ = _inputs(5)
@@ -114,6 +166,10 @@ def test_learned_score_bias_is_refused():
         blocked_attention(q, k, v, cfg, score_bias=t5.score_bias)
     with pytest.raises(ValueError, match="learned bias"):
         blocked_attention(q, k, v, cfg, score_bias=t5.score_bias(torch.arange(T), torch.arange(T)))
+    if triton_tiles.available():
+        with pytest.raises(ValueError, match="learned bias"):
+            blocked_attention(q, k, v, cfg, score_bias=t5.score_bias(torch.arange(T), torch.arange(T)),
+                              impl="triton")
 
 
 def test_softmax_is_not_claimed():

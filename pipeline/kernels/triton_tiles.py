@@ -1,0 +1,291 @@
+"""Fused Triton tiles for element-wise attention (sigmoid, elu+1, kernel dot products): the GPU
+path of ``tiled_attention``.
+
+One program per (query block, batch x head) streams key blocks through on-chip memory and
+keeps only, over the admitted token keys,
+
+    u_i = sum_j sim_ij v_j,    S_i = sum_j sim_ij,    sim_ij = f(q_i k_j^T * scale + b_ij)
+
+Unlike softmax there is no running maximum to rescale by: the similarities are summed as they
+come. Backward recomputes each tile and splits the work like FlashAttention-2 (one kernel
+over key blocks for dk and dv, one over query blocks for dq; no atomics), with
+
+    dsim_ij = du_i . v_j + dS_i,   ds_ij = dsim_ij f'(s_ij),
+    dq = scale ds k,   dk = scale ds^T q,   dv = sim^T du.
+
+The normaliser Z_i(S_i) and the bias slots (k*, v*) are O(T d) and stay in torch around the
+kernels, so autograd handles them. On a machine without a GPU the kernels run (slowly, for
+tests) under Triton's interpreter: set TRITON_INTERPRET=1 before this module is imported.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .tiled import MaskSpec, TileSpec, normaliser, similarity_and_grad
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the machine
+    triton = None
+
+SIMILARITIES = {"sigmoid": 0, "elu1": 1, "identity": 2}
+MASKS = {"causal": 0, "prefix": 1, "sliding": 2}
+
+
+def available() -> bool:
+    return triton is not None
+
+
+def supports(spec: TileSpec, score_bias) -> bool:
+    """Whether the fused kernels compute this spec: p-norms and per-tile bias functions stay
+    on the torch tiles (a bias must be the model's [1|H, Tq, Tk] tensor)."""
+    return available() and spec.p == 1.0 and (score_bias is None or isinstance(score_bias, Tensor))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _sim(s, SIM: tl.constexpr):
+        """f(s) and f'(s) in fp32."""
+        if SIM == 0:
+            sim = tl.sigmoid(s)
+            grad = sim * (1.0 - sim)
+        elif SIM == 1:
+            sim = tl.where(s > 0, s + 1.0, tl.exp(tl.minimum(s, 0.0)))
+            grad = tl.where(s > 0, 1.0, sim)
+        else:
+            sim = s
+            grad = s * 0.0 + 1.0
+        return sim, grad
+
+    @triton.jit
+    def _admitted(q_slot, k_slot, Tq_end, Tk, window, prefix, MASK: tl.constexpr):
+        """The model's mask (masks.admitted_pairs) for query slots x key slots, inside bounds."""
+        qi, kj = q_slot[:, None], k_slot[None, :]
+        ok = kj <= qi
+        if MASK == 1:
+            ok = ok | ((qi < prefix) & (kj < prefix))
+        if MASK == 2:
+            ok = ok & (qi - kj < window)
+        return ok & (qi < Tq_end) & (kj < Tk)
+
+    @triton.jit
+    def _key_range(q_lo, q_hi, Tk, window, prefix, MASK: tl.constexpr):
+        """Key slots [lo, hi) that some query slot in [q_lo, q_hi) sees (MaskSpec.key_range)."""
+        hi = q_hi
+        if MASK == 1:
+            hi = tl.maximum(hi, prefix)
+        lo = q_lo * 0
+        if MASK == 2:
+            lo = tl.maximum(q_lo - window + 1, 0)
+        return lo, tl.minimum(hi, Tk)
+
+    @triton.jit
+    def _query_range(k_lo, k_hi, q_offset, Tk, window, prefix, MASK: tl.constexpr):
+        """Query slots [lo, hi) that see some key slot in [k_lo, k_hi) (MaskSpec.query_range)."""
+        lo = tl.maximum(k_lo, q_offset)
+        if MASK == 1:
+            lo = tl.where(k_lo < prefix, q_offset, lo)
+        hi = Tk
+        if MASK == 2:
+            hi = tl.minimum(Tk, k_hi + window - 1)
+        return lo, hi
+
+    @triton.jit
+    def _scores(q, k, BIAS, bias_off, offs_m, offs_n, ok, scale, sbq, HAS_BIAS: tl.constexpr,
+                PRECISION: tl.constexpr):
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        if HAS_BIAS:
+            s += tl.load(BIAS + bias_off + offs_m[:, None] * sbq + offs_n[None, :], mask=ok, other=0.0)
+        return s
+
+    @triton.jit
+    def _forward(Q, K, V, BIAS, U, S, scale, H, Tq, Tk, q_offset, window, prefix,
+                 sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sbh, sbq,
+                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 SIM: tl.constexpr, MASK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                 ACC: tl.constexpr):
+        pid_m, bh = tl.program_id(0), tl.program_id(1)
+        b, h = bh // H, bh % H
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d[None, :] < D
+        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :],
+                    mask=(offs_m[:, None] < Tq) & d_ok, other=0.0)
+        q_slot = offs_m + q_offset
+        lo, hi = _key_range(pid_m * BLOCK_M + q_offset, tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq) + q_offset,
+                            Tk, window, prefix, MASK)
+        u = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
+        row_sum = tl.zeros([BLOCK_M], dtype=ACC)
+        for start in range(lo, hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            kv_ok = (offs_n[:, None] < Tk) & d_ok
+            k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :], mask=kv_ok, other=0.0)
+            v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svt + offs_d[None, :], mask=kv_ok, other=0.0)
+            ok = _admitted(q_slot, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
+            s = _scores(q, k, BIAS, h * sbh, offs_m, offs_n, ok, scale, sbq, HAS_BIAS, PRECISION)
+            sim, _ = _sim(s, SIM)
+            sim = tl.where(ok, sim, 0.0)
+            u += tl.dot(sim.to(v.dtype), v, input_precision=PRECISION)
+            row_sum += tl.sum(sim, 1)
+        out = bh * Tq + offs_m
+        tl.store(U + out[:, None] * D + offs_d[None, :], u, mask=(offs_m[:, None] < Tq) & d_ok)
+        tl.store(S + out, row_sum, mask=offs_m < Tq)
+
+    @triton.jit
+    def _backward_kv(Q, K, V, BIAS, DU, DS, DK, DV, scale, H, Tq, Tk, q_offset, window, prefix,
+                     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sbh, sbq,
+                     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     SIM: tl.constexpr, MASK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                 ACC: tl.constexpr):
+        pid_n, bh = tl.program_id(0), tl.program_id(1)
+        b, h = bh // H, bh % H
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d[None, :] < D
+        kv_ok = (offs_n[:, None] < Tk) & d_ok
+        k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :], mask=kv_ok, other=0.0)
+        v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svt + offs_d[None, :], mask=kv_ok, other=0.0)
+        lo, hi = _query_range(pid_n * BLOCK_N, tl.minimum(pid_n * BLOCK_N + BLOCK_N, Tk), q_offset, Tk,
+                              window, prefix, MASK)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
+        for start in range(lo - q_offset, hi - q_offset, BLOCK_M):
+            offs_m = start + tl.arange(0, BLOCK_M)
+            m_ok = (offs_m[:, None] < Tq) & d_ok
+            q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=m_ok, other=0.0)
+            rows = bh * Tq + offs_m
+            du = tl.load(DU + rows[:, None] * D + offs_d[None, :], mask=m_ok, other=0.0).to(q.dtype)
+            d_row = tl.load(DS + rows, mask=offs_m < Tq, other=0.0)
+            ok = _admitted(offs_m + q_offset, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
+            s = _scores(q, k, BIAS, h * sbh, offs_m, offs_n, ok, scale, sbq, HAS_BIAS, PRECISION)
+            sim, grad = _sim(s, SIM)
+            sim = tl.where(ok, sim, 0.0)
+            dsim = tl.dot(du, tl.trans(v), input_precision=PRECISION) + d_row[:, None]
+            ds = tl.where(ok, dsim * grad, 0.0)
+            dv += tl.dot(tl.trans(sim.to(q.dtype)), du, input_precision=PRECISION)
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        out = bh * Tk + offs_n
+        tl.store(DK + out[:, None] * D + offs_d[None, :], dk * scale, mask=kv_ok)
+        tl.store(DV + out[:, None] * D + offs_d[None, :], dv, mask=kv_ok)
+
+    @triton.jit
+    def _backward_q(Q, K, V, BIAS, DU, DS, DQ, scale, H, Tq, Tk, q_offset, window, prefix,
+                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sbh, sbq,
+                    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    SIM: tl.constexpr, MASK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                 ACC: tl.constexpr):
+        pid_m, bh = tl.program_id(0), tl.program_id(1)
+        b, h = bh // H, bh % H
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d[None, :] < D
+        m_ok = (offs_m[:, None] < Tq) & d_ok
+        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=m_ok, other=0.0)
+        rows = bh * Tq + offs_m
+        du = tl.load(DU + rows[:, None] * D + offs_d[None, :], mask=m_ok, other=0.0).to(q.dtype)
+        d_row = tl.load(DS + rows, mask=offs_m < Tq, other=0.0)
+        q_slot = offs_m + q_offset
+        lo, hi = _key_range(pid_m * BLOCK_M + q_offset, tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq) + q_offset,
+                            Tk, window, prefix, MASK)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
+        for start in range(lo, hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            kv_ok = (offs_n[:, None] < Tk) & d_ok
+            k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :], mask=kv_ok, other=0.0)
+            v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svt + offs_d[None, :], mask=kv_ok, other=0.0)
+            ok = _admitted(q_slot, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
+            s = _scores(q, k, BIAS, h * sbh, offs_m, offs_n, ok, scale, sbq, HAS_BIAS, PRECISION)
+            _, grad = _sim(s, SIM)
+            dsim = tl.dot(du, tl.trans(v), input_precision=PRECISION) + d_row[:, None]
+            ds = tl.where(ok, dsim * grad, 0.0)
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        tl.store(DQ + rows[:, None] * D + offs_d[None, :], dq * scale, mask=m_ok)
+
+
+def accumulator(q: Tensor) -> torch.dtype:
+    """fp32 sums for fp32/bf16/fp16 inputs; fp64 stays fp64 (tests compare to 1e-9)."""
+    return torch.promote_types(q.dtype, torch.float32)
+
+
+def _launch_args(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, spec: TileSpec, blocks: tuple[int, int]):
+    """Arguments shared by the three kernels (after the pointers)."""
+    B, H, Tq, D = q.shape
+    mask: MaskSpec = spec.mask
+    strides = [s for t in (q, k, v) for s in t.stride()[:3]]
+    if bias is None:
+        bias_strides = [0, 0]
+    else:
+        bias_strides = [bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1)]
+    scalars = [spec.scale, H, Tq, k.shape[2], mask.q_offset, mask.window, mask.prefix, *strides, *bias_strides]
+    wide = q.dtype in (torch.float32, torch.float64)
+    meta = dict(D=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_M=blocks[0], BLOCK_N=blocks[1],
+                SIM=SIMILARITIES[spec.similarity], MASK=MASKS[mask.kind], HAS_BIAS=bias is not None,
+                PRECISION="ieee" if wide else "tf32", ACC=tl.float64 if q.dtype == torch.float64 else tl.float32)
+    return scalars, meta
+
+
+def default_blocks(head_dim: int) -> tuple[int, int]:
+    """(queries, keys) per tile. 64 x 64 keeps q, k, v, du and two fp32 accumulators of
+    head_dim <= 128 in registers and shared memory on Hopper; tests pass 16 x 16 (the
+    smallest tl.dot) to cover many tiles with short sequences."""
+    return (64, 64) if head_dim <= 128 else (32, 32)
+
+
+class FusedTiles(torch.autograd.Function):
+    """(u, S) over the token keys; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, spec: TileSpec, blocks: tuple[int, int]):
+        if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        bias = None if bias is None else bias.contiguous()
+        B, H, Tq, D = q.shape
+        u = q.new_empty(B, H, Tq, D, dtype=accumulator(q))
+        row_sum = q.new_empty(B, H, Tq, dtype=accumulator(q))
+        scalars, meta = _launch_args(q, k, v, bias, spec, blocks)
+        grid = (triton.cdiv(Tq, blocks[0]), B * H)
+        _forward[grid](q, k, v, bias, u, row_sum, *scalars, **meta)
+        ctx.save_for_backward(q, k, v, bias)
+        ctx.spec, ctx.blocks = spec, blocks
+        return u, row_sum
+
+    @staticmethod
+    def backward(ctx, du, d_row):
+        q, k, v, bias = ctx.saved_tensors
+        B, H, Tq, D = q.shape
+        acc = accumulator(q)
+        du = torch.zeros_like(q, dtype=acc) if du is None else du.to(acc).contiguous()
+        d_row = q.new_zeros(B, H, Tq, dtype=acc) if d_row is None else d_row.to(acc).contiguous()
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
+        scalars, meta = _launch_args(q, k, v, bias, ctx.spec, ctx.blocks)
+        _backward_kv[(triton.cdiv(k.shape[2], ctx.blocks[1]), B * H)](q, k, v, bias, du, d_row, dk, dv,
+                                                                      *scalars, **meta)
+        _backward_q[(triton.cdiv(Tq, ctx.blocks[0]), B * H)](q, k, v, bias, du, d_row, dq, *scalars, **meta)
+        return dq, dk, dv, None, None, None
+
+
+def fused_tiled_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    spec: TileSpec,
+    slot_k: Tensor | None = None,
+    slot_v: Tensor | None = None,
+    score_bias: Tensor | None = None,
+    blocks: tuple[int, int] | None = None,
+) -> Tensor:
+    """What ``tiled_attention`` returns, from the fused kernels: [B, H, Tq, d_h]."""
+    if not supports(spec, score_bias):
+        raise ValueError("fused_tiled_attention: needs triton, p = 1 and score_bias None or a tensor")
+    if score_bias is not None and score_bias.requires_grad and torch.is_grad_enabled():
+        raise ValueError("fused_tiled_attention: score_bias needs gradients (a learned bias such as T5's); "
+                         "use the eager attention path for it")
+    u, row_sum = FusedTiles.apply(q, k, v, score_bias, spec, blocks or default_blocks(q.shape[-1]))
+    if slot_k is not None:  # bias slots: admitted for every query, no positional bias
+        sim, _ = similarity_and_grad((q @ slot_k.transpose(-2, -1)).to(u.dtype) * spec.scale, spec.similarity)
+        u = u + sim @ slot_v.to(u.dtype)
+        row_sum = row_sum + sim.sum(-1)
+    return (u / normaliser(row_sum, None, spec)[..., None]).to(q.dtype)
