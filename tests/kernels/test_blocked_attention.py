@@ -227,14 +227,17 @@ def test_no_tensor_of_t_by_t_elements_is_allocated(attention):
     dict(attention=dict(op="elu1"), mask="sliding", window=6, positional="alibi", sink_tokens=1),
     dict(attention=dict(op="kernel", kernel="mlp", normalizer="abs_clamp"), mask="prefix", prefix_len=4),
 ], ids=["sigmoid-kv", "elu1-sliding-alibi", "kernel-mlp-prefix"])
-def test_model_training_path_matches_its_eager_path(overrides, monkeypatch):
+@pytest.mark.parametrize("impl", ["auto", pytest.param("triton", marks=needs_triton)])
+def test_model_training_path_matches_its_eager_path(overrides, impl, monkeypatch):
     """The model's training path (pipeline.kernels, called from Attention.forward) against its
-    output_attentions path (always eager): logits and every gradient, fp64."""
+    output_attentions path (always eager): logits and every gradient, fp64. ``triton`` forces
+    the fused kernels that CUDA tensors get (the torch tiles on a CPU otherwise)."""
     import pipeline.model.attention as attention_module
 
     calls = []
     real = attention_module.blocked_attention
-    monkeypatch.setattr(attention_module, "blocked_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(attention_module, "blocked_attention",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw, impl=impl))
     torch.manual_seed(0)
     model = Transformer(ModelConfig.preset("micro", init_std=0.2, **overrides)).double()
     idx = torch.randint(0, 64, (2, 21))
