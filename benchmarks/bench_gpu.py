@@ -4,8 +4,9 @@ Trains each case for a few steps after warm-up with the largest micro-batch that
 (halving on out-of-memory) and prints tokens/s, MFU (pipeline.flops, exact causal count) and
 peak memory:
 
-- SinkLab's Transformer, presets llama-60m and llama-1b, softmax (SDPA / flash-attn);
-- HF LlamaForCausalLM of the same shape with its SDPA attention;
+- SinkLab's Transformer, presets llama-60m and llama-1b, softmax (SDPA / flash-attn), with
+  the training loss of ``sinklab fit`` (LM head fused with the cross-entropy);
+- HF LlamaForCausalLM of the same shape with its SDPA attention (full logits, then the loss);
 - the 60M model with sigmoid attention without normalisation (the paper's Table 6 variant);
 - attention alone (forward + backward, one layer's shape): softmax SDPA, the eager sigmoid
   op (T x T), and the blocked sigmoid in its two implementations (pipeline.kernels): the torch
@@ -33,6 +34,7 @@ from pipeline.flops import device_peak_flops, flops_per_token, mfu
 from pipeline.kernels import blocked_attention, triton_tiles
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.attention_ops import OPS
+from pipeline.train.loss import linear_cross_entropy
 
 TINY_SHAPES = {  # stand-ins for the presets on a CPU
     "llama-60m": dict(d_model=64, n_layers=2, n_heads=4, d_ffn=128),
@@ -136,8 +138,9 @@ def model_vocab(model: torch.nn.Module) -> int:
 
 
 def ours_loss(model, tokens):
-    logits = model(tokens[:, :-1]).logits
-    return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+    """The training module's loss (pipeline.train.loss): the head fused with the cross-entropy."""
+    hidden = model(tokens[:, :-1], skip_head=True).final_hidden
+    return linear_cross_entropy(hidden.flatten(0, 1), model.lm_head.weight, tokens[:, 1:].flatten())
 
 
 def hf_loss(model, tokens):

@@ -1,8 +1,11 @@
 """Training-step throughput of SinkLab's model against HF LlamaForCausalLM, side by side.
 
-One process, CPU, the same dims, batch, thread count and loss (F.cross_entropy on the
-logits) for both; forward + backward + AdamW step; warm-up, then interleaved repeats (order
-alternating), median. Timed by the process CPU clock by default (with one thread it is the
+One process, CPU, the same dims, batch and thread count; forward + backward + AdamW step;
+warm-up, then interleaved repeats (order alternating), median. Each model's training step
+computes its loss as its library does: SinkLab's ``next_token_loss`` (the LM head fused with
+the cross-entropy, pipeline.train.loss) and HF's logits + F.cross_entropy (what
+LlamaForCausalLM(labels=...) runs). SinkLab with HF's loss is timed too, so the model alone
+is compared as well. Timed by the process CPU clock by default (with one thread it is the
 work done, and it is not inflated by other jobs on a shared machine); ``--clock wall`` for
 wall-clock time.
 Also the slow-down of each non-softmax attention operation relative to softmax.
@@ -21,6 +24,7 @@ import torch.nn.functional as F
 
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.hf_export import to_hf
+from pipeline.train.loss import next_token_loss
 
 OPS = {
     "sigmoid (Z=1)": dict(op="sigmoid", normalizer="none"),
@@ -34,13 +38,17 @@ OPS = {
 }
 
 
-def make_step(model: torch.nn.Module, idx: torch.Tensor, vocab: int):
+def logits_loss(model: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
+    """Full logits, then F.cross_entropy in fp32 (HF's ForCausalLMLoss)."""
+    logits = model(idx).logits[:, :-1]
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), idx[:, 1:].reshape(-1))
+
+
+def make_step(model: torch.nn.Module, idx: torch.Tensor, loss_fn):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-    inputs, targets = idx[:, :-1], idx[:, 1:]
 
     def step() -> None:
-        logits = model(inputs).logits
-        loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+        loss = loss_fn(model, idx)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -97,19 +105,24 @@ def main() -> None:
           f"torch={torch.__version__}")
     clock = CLOCKS[args.clock]
 
+    twin = Transformer(cfg).train()
+    twin.load_state_dict(ours.state_dict())
+    alone = "sinklab, hf's loss"
     speeds = compare(
-        {"sinklab": make_step(ours, idx, args.vocab), "hf-llama": make_step(hf, idx, args.vocab)},
+        {"sinklab": make_step(ours, idx, next_token_loss), alone: make_step(twin, idx, logits_loss),
+         "hf-llama": make_step(hf, idx, logits_loss)},
         tokens, args.warmup, args.repeats, args.steps, clock,
     )
     for name, tps in speeds.items():
-        print(f"{name:10s} {tps:10.0f} tokens/s (train step: fwd+bwd+AdamW)")
+        print(f"{name:18s} {tps:10.0f} tokens/s (train step: fwd+bwd+AdamW)")
+    print(f"ratio model alone (both with hf's loss) = {speeds[alone] / speeds['hf-llama']:.3f}")
 
     if not args.skip_ops:
         print("attention operations, training-step slow-down relative to softmax (SDPA):")
-        steps = {"softmax": make_step(ours, idx, args.vocab)}
+        steps = {"softmax": make_step(ours, idx, next_token_loss)}
         for name, acfg in OPS.items():
             torch.manual_seed(0)
-            steps[name] = make_step(Transformer(cfg.replace(attention=acfg)).train(), idx, args.vocab)
+            steps[name] = make_step(Transformer(cfg.replace(attention=acfg)).train(), idx, next_token_loss)
         op_speeds = compare(steps, tokens, 1, max(3, args.repeats - 2), args.steps, clock)
         for name, tps in op_speeds.items():
             print(f"  {name:34s} {tps:9.0f} tokens/s  slow-down x{op_speeds['softmax'] / tps:.2f}")

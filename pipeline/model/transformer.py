@@ -17,7 +17,7 @@ from .positional import build_positional
 
 @dataclass
 class ModelOutput:
-    logits: Tensor                                 # [B, T, V], real tokens only
+    logits: Tensor | None                          # [B, T, V], real tokens only (None: skip_head)
     attentions: list[Tensor] | None = None         # per layer [B, H, Tq, Tk]
     attention_kind: str = "probs"                  # "probs" | "sim_nonneg" | "sim_signed"
     n_query_slots: int = 0                         # leading rows that are sink tokens
@@ -26,6 +26,7 @@ class ModelOutput:
     queries: list[Tensor] | None = None            # per layer [B, H, T, dh], real tokens, rotated
     keys: list[Tensor] | None = None
     values: list[Tensor] | None = None
+    final_hidden: Tensor | None = None             # [B, T, d] what the LM head reads (skip_head only)
 
 
 class Block(nn.Module):
@@ -96,6 +97,7 @@ class Transformer(nn.Module):
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         output_qkv: bool = False,
+        skip_head: bool = False,
     ) -> ModelOutput:
         cfg = self.config
         B = idx.shape[0]
@@ -147,10 +149,11 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.advance(T, n_sinks)
 
-        logits = self.lm_head(self.norm(x[:, n_sinks:]))
+        final = self.norm(x[:, n_sinks:])
         sinks_in_keys = cache.sinks_kept if cache is not None else n_sinks
         out = ModelOutput(
-            logits=logits,
+            logits=None if skip_head else self.lm_head(final),
+            final_hidden=final if skip_head else None,
             n_query_slots=n_sinks,
             n_key_slots=cfg.n_bias_slots + sinks_in_keys,
             hidden_states=hidden if output_hidden_states else None,

@@ -11,11 +11,11 @@ import math
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from pipeline.model import ConfigError, ModelConfig, Transformer
 
+from .loss import next_token_loss
 from .optim import OptimConfig, build_optimizer, build_scheduler
 
 
@@ -79,11 +79,7 @@ class SinkLabModule(L.LightningModule):
         return cfg.prefix_len - 1 if cfg.mask == "prefix" and cfg.prefix_len > 1 else 0
 
     def lm_loss(self, tokens: torch.Tensor) -> torch.Tensor:
-        logits = self.model(tokens).logits[:, :-1]
-        targets = tokens[:, 1:]
-        start = self.loss_start()
-        logits, targets = logits[:, start:], targets[:, start:]
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+        return next_token_loss(self.model, tokens, self.loss_start())
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self.lm_loss(batch["input_ids"])

@@ -1,0 +1,86 @@
+"""Next-token cross-entropy fused with the LM head, in chunks of rows.
+
+The usual head materialises logits [N, V] (and an fp32 copy), keeps log-softmax for backward
+and, in backward, makes a zero [N, V] gradient to scatter into and passes over it twice more.
+For a fixed weight W and mean loss L = (1/N) sum_i (lse_i - z_i[t_i]) with z = h W^T,
+
+    dL/dz = (softmax(z) - onehot(t)) / N,   dL/dh = dL/dz W,   dL/dW = dL/dz^T h,
+
+so each chunk of rows can form its logits, its loss and both gradients at once, in forward,
+and drop the chunk: memory is O(chunk V) instead of O(N V), and the [N, V] passes are fewer.
+Backward only scales the stored gradients by the incoming one. Same numbers as
+``F.cross_entropy(h @ W.T .float(), t)`` up to summation order.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+CHUNK_ELEMENTS = {"cpu": 2**21, "cuda": 2**25}   # logits per chunk: ~8 MB on a CPU (cache), ~128 MB on a GPU
+
+
+def chunk_rows(n_rows: int, vocab: int, device: torch.device) -> int:
+    return max(1, min(n_rows, CHUNK_ELEMENTS.get(device.type, 2**21) // vocab))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, rows: int):
+        n, acc = hidden.shape[0], torch.promote_types(hidden.dtype, torch.float32)
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(weight, dtype=acc) if ctx.needs_input_grad[1] else None
+        total = hidden.new_zeros((), dtype=acc)
+        for lo in range(0, n, rows):
+            h, t = hidden[lo:lo + rows], targets[lo:lo + rows, None]
+            logp = torch.log_softmax((h @ weight.T).to(acc), dim=-1)
+            total -= logp.gather(1, t).sum()
+            if grad_h is None and grad_w is None:
+                continue
+            grad_z = logp.exp_().scatter_add_(1, t, logp.new_full(t.shape, -1.0)).to(weight.dtype)  # N dL/dz
+            if grad_h is not None:
+                torch.mm(grad_z, weight, out=grad_h[lo:lo + rows])
+            if grad_w is not None and grad_w.dtype == h.dtype:
+                grad_w.addmm_(grad_z.T, h)
+            elif grad_w is not None:  # bf16 products, summed over chunks in fp32
+                grad_w += grad_z.T @ h
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.n, ctx.w_dtype = n, weight.dtype
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        grad_h, grad_w = ctx.saved_tensors
+        scale = grad_out / ctx.n
+        return (None if grad_h is None else grad_h * scale.to(grad_h.dtype),
+                None if grad_w is None else (grad_w * scale).to(ctx.w_dtype), None, None)
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, rows: int | None = None) -> Tensor:
+    """Mean cross-entropy of ``hidden @ weight.T`` [N, V] against ``targets`` [N]; hidden
+    [N, d], weight [V, d] (the LM head's, no bias). rows: rows per chunk (default from the
+    vocabulary size and the device)."""
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1] or weight.shape[1] != hidden.shape[1]:
+        raise ValueError(f"linear_cross_entropy: hidden [N, d], weight [V, d], targets [N]; got "
+                         f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}")
+    rows = rows or chunk_rows(hidden.shape[0], weight.shape[0], hidden.device)
+    return _LinearCrossEntropy.apply(hidden, weight, targets, rows)
+
+
+def is_partitioned(weight: Tensor) -> bool:
+    """DeepSpeed ZeRO-3 keeps a parameter as an empty placeholder outside its module's forward
+    (``ds_status``); the fused loss reads the weight directly, so it needs the plain head."""
+    return hasattr(weight, "ds_status")
+
+
+def next_token_loss(model, tokens: Tensor, start: int = 0) -> Tensor:
+    """Mean next-token loss of ``model`` (a SinkLab Transformer) on ``tokens`` [B, T]: logit i
+    predicts token i+1, counting from logit ``start`` (the prefix-LM loss). Fused with the head
+    unless its weight is ZeRO-3-partitioned."""
+    targets = tokens[:, start + 1:].reshape(-1)
+    head = model.lm_head.weight
+    if is_partitioned(head):
+        logits = model(tokens).logits[:, start:-1]
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets)
+    hidden = model(tokens, skip_head=True).final_hidden[:, start:-1]
+    return linear_cross_entropy(hidden.reshape(-1, hidden.size(-1)), head, targets)
