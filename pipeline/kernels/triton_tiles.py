@@ -102,6 +102,21 @@ if triton is not None:
         return s
 
     @triton.jit
+    def _load_rows(P, base, offs, stride, n, offs_d, D):
+        """Rows ``offs`` (< n) of a [n, D] matrix at P + base with row stride ``stride``; zeros outside."""
+        return tl.load(P + base + offs[:, None] * stride + offs_d[None, :],
+                       mask=(offs[:, None] < n) & (offs_d[None, :] < D), other=0.0)
+
+    @triton.jit
+    def _tile_grads(q, k, v, du, d_row, BIAS, bias_off, offs_m, offs_n, ok, scale, sbq, SIM: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+        """A tile's sim and ds = (du v^T + dS) f'(s), both zero off the mask."""
+        s = _scores(q, k, BIAS, bias_off, offs_m, offs_n, ok, scale, sbq, HAS_BIAS, PRECISION)
+        sim, grad = _sim(s, SIM)
+        dsim = tl.dot(du, tl.trans(v), input_precision=PRECISION) + d_row[:, None]
+        return tl.where(ok, sim, 0.0), tl.where(ok, dsim * grad, 0.0)
+
+    @triton.jit
     def _forward(Q, K, V, BIAS, U, S, scale, H, Tq, Tk, q_offset, window, prefix,
                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sbh, sbq,
                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -111,9 +126,7 @@ if triton is not None:
         b, h = bh // H, bh % H
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d[None, :] < D
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :],
-                    mask=(offs_m[:, None] < Tq) & d_ok, other=0.0)
+        q = _load_rows(Q, b * sqb + h * sqh, offs_m, sqt, Tq, offs_d, D)
         q_slot = offs_m + q_offset
         lo, hi = _key_range(pid_m * BLOCK_M + q_offset, tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq) + q_offset,
                             Tk, window, prefix, MASK)
@@ -121,9 +134,8 @@ if triton is not None:
         row_sum = tl.zeros([BLOCK_M], dtype=ACC)
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            kv_ok = (offs_n[:, None] < Tk) & d_ok
-            k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :], mask=kv_ok, other=0.0)
-            v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svt + offs_d[None, :], mask=kv_ok, other=0.0)
+            k = _load_rows(K, b * skb + h * skh, offs_n, skt, Tk, offs_d, D)
+            v = _load_rows(V, b * svb + h * svh, offs_n, svt, Tk, offs_d, D)
             ok = _admitted(q_slot, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
             s = _scores(q, k, BIAS, h * sbh, offs_m, offs_n, ok, scale, sbq, HAS_BIAS, PRECISION)
             sim, _ = _sim(s, SIM)
@@ -131,7 +143,7 @@ if triton is not None:
             u += tl.dot(sim.to(v.dtype), v, input_precision=PRECISION)
             row_sum += tl.sum(sim, 1)
         out = bh * Tq + offs_m
-        tl.store(U + out[:, None] * D + offs_d[None, :], u, mask=(offs_m[:, None] < Tq) & d_ok)
+        tl.store(U + out[:, None] * D + offs_d[None, :], u, mask=(offs_m[:, None] < Tq) & (offs_d[None, :] < D))
         tl.store(S + out, row_sum, mask=offs_m < Tq)
 
     @triton.jit
@@ -139,34 +151,28 @@ if triton is not None:
                      sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sbh, sbq,
                      D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      SIM: tl.constexpr, MASK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                 ACC: tl.constexpr):
+                     ACC: tl.constexpr):
         pid_n, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // H, bh % H
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d[None, :] < D
-        kv_ok = (offs_n[:, None] < Tk) & d_ok
-        k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :], mask=kv_ok, other=0.0)
-        v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svt + offs_d[None, :], mask=kv_ok, other=0.0)
+        k = _load_rows(K, b * skb + h * skh, offs_n, skt, Tk, offs_d, D)
+        v = _load_rows(V, b * svb + h * svh, offs_n, svt, Tk, offs_d, D)
         lo, hi = _query_range(pid_n * BLOCK_N, tl.minimum(pid_n * BLOCK_N + BLOCK_N, Tk), q_offset, Tk,
                               window, prefix, MASK)
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         for start in range(lo - q_offset, hi - q_offset, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
-            m_ok = (offs_m[:, None] < Tq) & d_ok
-            q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=m_ok, other=0.0)
-            rows = bh * Tq + offs_m
-            du = tl.load(DU + rows[:, None] * D + offs_d[None, :], mask=m_ok, other=0.0).to(q.dtype)
-            d_row = tl.load(DS + rows, mask=offs_m < Tq, other=0.0)
+            q = _load_rows(Q, b * sqb + h * sqh, offs_m, sqt, Tq, offs_d, D)
+            du = _load_rows(DU, bh * Tq * D, offs_m, D, Tq, offs_d, D).to(q.dtype)
+            d_row = tl.load(DS + bh * Tq + offs_m, mask=offs_m < Tq, other=0.0)
             ok = _admitted(offs_m + q_offset, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
-            s = _scores(q, k, BIAS, h * sbh, offs_m, offs_n, ok, scale, sbq, HAS_BIAS, PRECISION)
-            sim, grad = _sim(s, SIM)
-            sim = tl.where(ok, sim, 0.0)
-            dsim = tl.dot(du, tl.trans(v), input_precision=PRECISION) + d_row[:, None]
-            ds = tl.where(ok, dsim * grad, 0.0)
+            sim, ds = _tile_grads(q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, scale, sbq, SIM,
+                                  HAS_BIAS, PRECISION)
             dv += tl.dot(tl.trans(sim.to(q.dtype)), du, input_precision=PRECISION)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        kv_ok = (offs_n[:, None] < Tk) & (offs_d[None, :] < D)
         out = bh * Tk + offs_n
         tl.store(DK + out[:, None] * D + offs_d[None, :], dk * scale, mask=kv_ok)
         tl.store(DV + out[:, None] * D + offs_d[None, :], dv, mask=kv_ok)
@@ -176,33 +182,28 @@ if triton is not None:
                     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sbh, sbq,
                     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     SIM: tl.constexpr, MASK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                 ACC: tl.constexpr):
+                    ACC: tl.constexpr):
         pid_m, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // H, bh % H
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d[None, :] < D
-        m_ok = (offs_m[:, None] < Tq) & d_ok
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=m_ok, other=0.0)
-        rows = bh * Tq + offs_m
-        du = tl.load(DU + rows[:, None] * D + offs_d[None, :], mask=m_ok, other=0.0).to(q.dtype)
-        d_row = tl.load(DS + rows, mask=offs_m < Tq, other=0.0)
-        q_slot = offs_m + q_offset
+        q = _load_rows(Q, b * sqb + h * sqh, offs_m, sqt, Tq, offs_d, D)
+        du = _load_rows(DU, bh * Tq * D, offs_m, D, Tq, offs_d, D).to(q.dtype)
+        d_row = tl.load(DS + bh * Tq + offs_m, mask=offs_m < Tq, other=0.0)
         lo, hi = _key_range(pid_m * BLOCK_M + q_offset, tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq) + q_offset,
                             Tk, window, prefix, MASK)
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            kv_ok = (offs_n[:, None] < Tk) & d_ok
-            k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :], mask=kv_ok, other=0.0)
-            v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svt + offs_d[None, :], mask=kv_ok, other=0.0)
-            ok = _admitted(q_slot, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
-            s = _scores(q, k, BIAS, h * sbh, offs_m, offs_n, ok, scale, sbq, HAS_BIAS, PRECISION)
-            _, grad = _sim(s, SIM)
-            dsim = tl.dot(du, tl.trans(v), input_precision=PRECISION) + d_row[:, None]
-            ds = tl.where(ok, dsim * grad, 0.0)
+            k = _load_rows(K, b * skb + h * skh, offs_n, skt, Tk, offs_d, D)
+            v = _load_rows(V, b * svb + h * svh, offs_n, svt, Tk, offs_d, D)
+            ok = _admitted(offs_m + q_offset, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
+            _, ds = _tile_grads(q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, scale, sbq, SIM,
+                                HAS_BIAS, PRECISION)
             dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-        tl.store(DQ + rows[:, None] * D + offs_d[None, :], dq * scale, mask=m_ok)
+        rows = bh * Tq + offs_m
+        tl.store(DQ + rows[:, None] * D + offs_d[None, :], dq * scale,
+                 mask=(offs_m[:, None] < Tq) & (offs_d[None, :] < D))
 
 
 def accumulator(q: Tensor) -> torch.dtype:
