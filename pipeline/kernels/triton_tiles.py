@@ -228,11 +228,11 @@ def _launch_args(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, spec: Til
     return scalars, meta
 
 
-def default_blocks(head_dim: int) -> tuple[int, int]:
-    """(queries, keys) per tile. 64 x 64 keeps q, k, v, du and two fp32 accumulators of
-    head_dim <= 128 in registers and shared memory on Hopper; tests pass 16 x 16 (the
-    smallest tl.dot) to cover many tiles with short sequences."""
-    return (64, 64) if head_dim <= 128 else (32, 32)
+def default_blocks(head_dim: int, itemsize: int = 2) -> tuple[int, int]:
+    """(queries, keys) per tile. 64 x 64 keeps the bf16 tiles of q, k, v and du for head dims
+    up to 128 (and their pipelined copies) within a Hopper SM's shared memory; wider rows (fp32
+    and up) take 32 x 32. Tests pass 16 x 16 (the smallest tl.dot) to cover many tiles."""
+    return (64, 64) if head_dim * itemsize <= 256 else (32, 32)
 
 
 class FusedTiles(torch.autograd.Function):
@@ -284,7 +284,7 @@ def fused_tiled_attention(
     if score_bias is not None and score_bias.requires_grad and torch.is_grad_enabled():
         raise ValueError("fused_tiled_attention: score_bias needs gradients (a learned bias such as T5's); "
                          "use the eager attention path for it")
-    u, row_sum = FusedTiles.apply(q, k, v, score_bias, spec, blocks or default_blocks(q.shape[-1]))
+    u, row_sum = FusedTiles.apply(q, k, v, score_bias, spec, blocks or default_blocks(q.shape[-1], q.element_size()))
     if slot_k is not None:  # bias slots: admitted for every query, no positional bias
         sim, _ = similarity_and_grad((q @ slot_k.transpose(-2, -1)).to(u.dtype) * spec.scale, spec.similarity)
         u = u + sim @ slot_v.to(u.dtype)
