@@ -88,9 +88,8 @@ def blocked_attention(
         raise ValueError("blocked_attention: impl='triton' needs Triton installed, p = 1 and no per-tile bias "
                          "function; use impl='torch'")
     if impl == "triton" or (impl == "auto" and fused and q.is_cuda):
-        default_q, default_k = triton_tiles.default_blocks(q.shape[-1], q.element_size())
         return triton_tiles.fused_tiled_attention(q, k, v, spec, slot_k=slot_k, slot_v=slot_v, score_bias=score_bias,
-                                                  blocks=(query_block or default_q, block_size or default_k))
+                                                  blocks=(query_block, block_size))
     if isinstance(score_bias, Tensor):
         score_bias = _tile_slicer(score_bias, q_offset=k.shape[2] - q.shape[2])
     return tiled_attention(q, k, v, spec, slot_k=slot_k, slot_v=slot_v, score_bias=score_bias)

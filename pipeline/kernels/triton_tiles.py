@@ -276,15 +276,18 @@ def fused_tiled_attention(
     slot_k: Tensor | None = None,
     slot_v: Tensor | None = None,
     score_bias: Tensor | None = None,
-    blocks: tuple[int, int] | None = None,
+    blocks: tuple[int | None, int | None] = (None, None),
 ) -> Tensor:
-    """What ``tiled_attention`` returns, from the fused kernels: [B, H, Tq, d_h]."""
+    """What ``tiled_attention`` returns, from the fused kernels: [B, H, Tq, d_h]. blocks:
+    (queries, keys) per tile, None for ``default_blocks``."""
     if not supports(spec, score_bias):
         raise ValueError("fused_tiled_attention: needs triton, p = 1 and score_bias None or a tensor")
     if score_bias is not None and score_bias.requires_grad and torch.is_grad_enabled():
         raise ValueError("fused_tiled_attention: score_bias needs gradients (a learned bias such as T5's); "
                          "use the eager attention path for it")
-    u, row_sum = FusedTiles.apply(q, k, v, score_bias, spec, blocks or default_blocks(q.shape[-1], q.element_size()))
+    default_q, default_k = default_blocks(q.shape[-1], q.element_size())
+    blocks = (blocks[0] or default_q, blocks[1] or default_k)
+    u, row_sum = FusedTiles.apply(q, k, v, score_bias, spec, blocks)
     if slot_k is not None:  # bias slots: admitted for every query, no positional bias
         sim, _ = similarity_and_grad((q @ slot_k.transpose(-2, -1)).to(u.dtype) * spec.scale, spec.similarity)
         u = u + sim @ slot_v.to(u.dtype)
