@@ -27,33 +27,45 @@ def chunk_rows(n_rows: int, vocab: int, device: torch.device) -> int:
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, rows: int):
-        n, acc = hidden.shape[0], torch.promote_types(hidden.dtype, torch.float32)
-        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros_like(weight, dtype=acc) if ctx.needs_input_grad[1] else None
-        total = hidden.new_zeros((), dtype=acc)
-        for lo in range(0, n, rows):
-            h, t = hidden[lo:lo + rows], targets[lo:lo + rows, None]
-            logp = torch.log_softmax((h @ weight.T).to(acc), dim=-1)
-            total -= logp.gather(1, t).sum()
-            if grad_h is None and grad_w is None:
-                continue
-            grad_z = logp.exp_().scatter_add_(1, t, logp.new_full(t.shape, -1.0)).to(weight.dtype)  # N dL/dz
-            if grad_h is not None:
-                torch.mm(grad_z, weight, out=grad_h[lo:lo + rows])
-            if grad_w is not None and grad_w.dtype == h.dtype:
-                grad_w.addmm_(grad_z.T, h)
-            elif grad_w is not None:  # bf16 products, summed over chunks in fp32
-                grad_w += grad_z.T @ h
+        ctx.dtypes, device = (hidden.dtype, weight.dtype), hidden.device.type
+        # under autocast (bf16-mixed) every product runs in the autocast dtype, as the plain head
+        # would; explicit casts, since in-place and out= matmuls are not autocast
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+        with torch.autocast(device, enabled=False):
+            grad_h, grad_w, total = _chunks(hidden.to(dtype), weight.to(dtype), targets, rows,
+                                            ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         ctx.save_for_backward(grad_h, grad_w)
-        ctx.n, ctx.w_dtype = n, weight.dtype
-        return total / n
+        ctx.n = hidden.shape[0]
+        return total / ctx.n
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         grad_h, grad_w = ctx.saved_tensors
         scale = grad_out / ctx.n
-        return (None if grad_h is None else grad_h * scale.to(grad_h.dtype),
-                None if grad_w is None else (grad_w * scale).to(ctx.w_dtype), None, None)
+        return (None if grad_h is None else (grad_h * scale).to(ctx.dtypes[0]),
+                None if grad_w is None else (grad_w * scale).to(ctx.dtypes[1]), None, None)
+
+
+def _chunks(hidden: Tensor, weight: Tensor, targets: Tensor, rows: int, want_h: bool, want_w: bool):
+    """Summed loss and the gradients of N x the mean loss, chunk by chunk of rows."""
+    acc = torch.promote_types(hidden.dtype, torch.float32)
+    grad_h = torch.empty_like(hidden) if want_h else None
+    grad_w = torch.zeros_like(weight, dtype=acc) if want_w else None
+    total = hidden.new_zeros((), dtype=acc)
+    for lo in range(0, hidden.shape[0], rows):
+        h, t = hidden[lo:lo + rows], targets[lo:lo + rows, None]
+        logp = torch.log_softmax((h @ weight.T).to(acc), dim=-1)
+        total -= logp.gather(1, t).sum()
+        if not (want_h or want_w):
+            continue
+        grad_z = logp.exp_().scatter_add_(1, t, logp.new_full(t.shape, -1.0)).to(weight.dtype)  # N dL/dz
+        if want_h:
+            torch.mm(grad_z, weight, out=grad_h[lo:lo + rows])
+        if want_w and grad_w.dtype == h.dtype:
+            grad_w.addmm_(grad_z.T, h)
+        elif want_w:  # bf16 products, summed over chunks in fp32
+            grad_w += grad_z.T @ h
+    return grad_h, grad_w, total
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, rows: int | None = None) -> Tensor:

@@ -4,9 +4,23 @@ next-token loss of a model (prefix start, sink tokens, tied head, ZeRO-3 fallbac
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline.model import ModelConfig, Transformer
 from pipeline.train.loss import chunk_rows, linear_cross_entropy, next_token_loss
+
+
+class _MatmulDtypes(TorchDispatchMode):
+    """The dtypes of every matrix product's operands."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in ("mm", "addmm", "bmm"):
+            self.dtypes |= {a.dtype for a in args if isinstance(a, torch.Tensor) and a.dim() == 2}
+        return func(*args, **(kwargs or {}))
 
 
 def _leaves(n=37, d=12, vocab=50, seed=0):
@@ -42,6 +56,25 @@ def test_only_the_inputs_that_need_gradients_get_them_and_no_grad_gives_the_loss
     torch.testing.assert_close(g_h, torch.autograd.grad(F.cross_entropy(hidden @ frozen.T, targets), hidden)[0])
     with torch.no_grad():
         torch.testing.assert_close(linear_cross_entropy(hidden, weight, targets, rows=5), ref.detach())
+
+
+def test_under_bf16_autocast_products_are_bf16_and_gradients_keep_the_parameter_dtype():
+    """Lightning's bf16-mixed: fp32 parameters, autocast on. The fused loss computes in bf16 like
+    the plain head does, and hands back fp32 gradients."""
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(64, 32, generator=g, requires_grad=True)
+    weight = (0.2 * torch.randn(300, 32, generator=g)).requires_grad_()
+    targets = torch.randint(0, 300, (64,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_loss, ref_grads = _grads(lambda h, w, t: F.cross_entropy((h @ w.T).float(), t), hidden, weight, targets, 1.0)
+        with _MatmulDtypes() as seen:
+            loss, grads = _grads(lambda h, w, t: linear_cross_entropy(h, w, t, rows=16), hidden, weight, targets, 1.0)
+    assert seen.dtypes == {torch.bfloat16}, seen.dtypes   # logits, dL/dh and dL/dW products alike
+    exact = F.cross_entropy(hidden @ weight.T, targets).detach()
+    assert abs(loss - ref_loss) < 1e-2 and abs(loss - exact) < 3e-2 and loss != exact   # bf16, not fp32
+    for a, b in zip(grads, ref_grads):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=0.05, atol=2e-3)
 
 
 def test_chunk_rows_follow_the_vocabulary_and_device():
