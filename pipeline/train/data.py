@@ -128,14 +128,23 @@ def _identity(batch):
 
 
 class EvalSet(Dataset):
-    def __init__(self, split: PackedSplit, n: int):
+    """The first ``n`` held-out sequences, with the training interventions applied: the
+    validation loss is measured on the distribution the model is trained on (with x1 fixed to
+    BOS in training, an unfixed x1 would be a token the model never saw there)."""
+
+    def __init__(self, split: PackedSplit, n: int, interventions: Interventions, vocab_size: int,
+                 seed: int, special_ids: dict[str, int]):
         self.split, self.n = split, min(n, len(split))
+        self.interventions, self.vocab_size, self.seed, self.special_ids = interventions, vocab_size, seed, special_ids
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(self.split[i], dtype=np.int64))
+        row = np.asarray(self.split[i], dtype=np.int64)[None]
+        row = apply_interventions(row, np.array([i]), np.array([0]), self.interventions, self.vocab_size,
+                                  self.seed, self.special_ids, validation=True)
+        return torch.from_numpy(row[0])
 
 
 class SinkDataModule(L.LightningDataModule):
@@ -194,7 +203,8 @@ class SinkDataModule(L.LightningDataModule):
         split = PackedSplit(self.path, "val", self.manifest)
         n = self.val_batches * self.micro_batch_size
         # every rank evaluates the same sequences; the loss is averaged over ranks
-        return DataLoader(EvalSet(split, n), batch_size=self.micro_batch_size, shuffle=False,
+        val = EvalSet(split, n, self.interventions, self.manifest.vocab_size, self.seed, self.special_ids)
+        return DataLoader(val, batch_size=self.micro_batch_size, shuffle=False,
                           num_workers=self.num_workers)
 
     def probe_tokens(self) -> torch.Tensor:

@@ -66,17 +66,22 @@ class Interventions:
         return "; ".join(parts)
 
 
+VAL_STREAM = 1  # validation rows draw from their own random stream, never a training row's
+
+
 def apply_interventions(tokens: np.ndarray, sample_ids: np.ndarray, epoch_ids: np.ndarray,
                         cfg: Interventions, vocab_size: int, seed: int,
-                        special_ids: dict[str, int]) -> np.ndarray:
-    """tokens [B, C] int64 (modified copy); sample_ids / epoch_ids [B] identify each row."""
+                        special_ids: dict[str, int], validation: bool = False) -> np.ndarray:
+    """tokens [B, C] int64 (modified copy); sample_ids / epoch_ids [B] identify each row.
+    ``validation``: rows of the held-out split, changed the same way from a separate stream."""
     if not cfg.active:
         return tokens
     out = tokens.copy()
     if cfg.resample:
         cols = np.asarray(cfg.resample) - 1
         for row, (sample, epoch) in enumerate(zip(sample_ids, epoch_ids)):
-            rng = np.random.default_rng([seed, 0x5EED, int(epoch), int(sample)])
+            key = [seed, 0x5EED, int(epoch), int(sample)] + ([VAL_STREAM] if validation else [])
+            rng = np.random.default_rng(key)
             out[row, cols] = rng.integers(0, vocab_size, size=len(cols))
     if cfg.fix_position:
         out[:, cfg.fix_position - 1] = cfg.resolve_fix_token(special_ids)

@@ -228,6 +228,27 @@ def test_probe_carries_the_fixed_token_where_training_fixed_it(tiny_ds, position
     assert torch.equal(SinkDataModule(str(tiny_ds)).probe_tokens(), raw)  # no intervention: the probe as prepared
 
 
+def test_validation_sees_the_training_interventions(tiny_ds):
+    """Held-out rows get the fixed token and the resampled positions too (their own draws,
+    the same at every evaluation); the rest of each row is the prepared sequence."""
+    from data_prep.dataset import PackedSplit, load_manifest
+    from pipeline.train.data import SinkDataModule
+    from pipeline.train.interventions import Interventions
+
+    dm = SinkDataModule(str(tiny_ds), micro_batch_size=4, val_batches=2,
+                        interventions=Interventions(resample=[2, 3], fix_position=1, fix_token="bos"))
+    rows = torch.cat(list(dm.val_dataloader()))
+    again = torch.cat(list(dm.val_dataloader()))
+    raw = torch.as_tensor(np.stack([PackedSplit(str(tiny_ds), "val", load_manifest(tiny_ds))[i]
+                                    for i in range(len(rows))]).astype(np.int64))
+    assert torch.equal(rows, again)
+    assert (rows[:, 0] == dm.special_ids["bos"]).all()
+    assert (rows[:, 1:3] != raw[:, 1:3]).any()
+    assert torch.equal(rows[:, 3:], raw[:, 3:])
+    plain = torch.cat(list(SinkDataModule(str(tiny_ds), micro_batch_size=4, val_batches=2).val_dataloader()))
+    assert torch.equal(plain, raw)
+
+
 def test_metrics_of_an_offline_first_start_reach_mlflow_on_resume(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
     with socket.socket() as s:  # a port nothing listens on: MLflow is down for the first start
         s.bind(("127.0.0.1", 0))
