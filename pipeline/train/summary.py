@@ -44,7 +44,7 @@ def print_summary(cli) -> None:
         f"steps        {steps}  ({plan.describe()})",
         f"tokens       {tokens:,}",
         "val loss     " + ("  ".join(f"{s}:{v:.3f}" for s, v in vals[-6:]) if vals else "(none)"),
-        "Sink_1 (ε=0.3, % of layer×head×sequence)",
+        "Sink_1 (ε=0.3, % of layer×head×sequence" + ("; proxy scores sim/Σ sim)" if cli.sink_cb.is_proxy else ")"),
         f"             {sink_trajectory(cli.sink_cb.history)}",
         "mean α₁      " + sink_trajectory(cli.sink_cb.history, column=2, fmt="{:.3f}"),
         f"time         {train_s:.0f} s training; sink metrics {sink_s:.1f} s "

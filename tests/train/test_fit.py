@@ -212,6 +212,18 @@ def test_training_survives_an_mlflow_outage(tiny_ds, tmp_path, monkeypatch, mlfl
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
+@pytest.mark.parametrize("op,proxy", [("softmax", False), ("kernel", True)])
+def test_summary_says_when_sink_scores_are_proxies(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys, op, proxy):
+    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / op), "--trainer.max_steps", "4",
+                         "--model.model.attention.op", op, "--model.model.attention.kernel", "elu1"],
+                        monkeypatch, mlflow_server)
+    assert rc == 0
+    out = capsys.readouterr().out
+    sink_line = next(line for line in out.splitlines() if line.startswith("Sink_1 (ε=0.3"))
+    assert ("proxy scores" in sink_line) == proxy
+    assert "0:0.0%" in out and "4:" in out  # the trajectory: step 0 and the last step
+
+
 @pytest.mark.parametrize("position", [1, 2])
 def test_probe_carries_the_fixed_token_where_training_fixed_it(tiny_ds, position):
     from data_prep.dataset import load_probe
