@@ -90,6 +90,12 @@ def kernel_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn
     return OpResult(normalize(sim, a.normalizer, 1.0), sim, kind)
 
 
+def reports_probabilities(a: AttentionConfig) -> bool:
+    """Whether ``OPS[a.op]`` reports attention probabilities (kind "probs"); otherwise the sink
+    metrics are computed on proxy scores sim / sum(sim) (section 7.4)."""
+    return a.op == "clipped_softmax" or (a.op in ("softmax", "softmax_off_by_one") and a.p == 1.0)
+
+
 OPS = {
     "softmax": softmax_op,
     "softmax_off_by_one": softmax_op,  # the extra zero logit is a key slot (attention.py)

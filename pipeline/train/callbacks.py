@@ -125,8 +125,6 @@ class SinkMetrics(Callback):
         self.every, self.plot_every = every, plot_every
         self.plot_dir = Path(run_dir) / "plots"
         self.eps, self.positions = eps, positions
-        self.history: list[tuple[int, float, float]] = []  # (step, Sink_1 %, mean alpha_1)
-        self.is_proxy = False  # scores are sim / sum(sim), not the model's softmax (section 7.4)
         self.seconds = 0.0
         self._probe: torch.Tensor | None = None
         self._done_step = -1
@@ -166,8 +164,6 @@ class SinkMetrics(Callback):
         else:
             report = run_probe(model, tokens, eps=self.eps, positions=self.positions)
         metrics = report.to_metrics()
-        self.history.append((step, report.sink1, float(report.alpha1.mean())))
-        self.is_proxy = report.is_proxy
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         if self.plot_every > 0 and (step % self.plot_every == 0 or force):

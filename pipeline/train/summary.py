@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+from pipeline.model.attention_ops import reports_probabilities
+
 
 def sink_trajectory(history: list[tuple[int, float, float]], width: int = 12, column: int = 1,
                     fmt: str = "{:.1f}%") -> str:
@@ -16,24 +18,29 @@ def sink_trajectory(history: list[tuple[int, float, float]], width: int = 12, co
     return "  ".join(f"{row[0]}:" + fmt.format(row[column]) for row in picked)
 
 
-def val_losses(metrics_path) -> list[tuple[int, float]]:
-    out = []
+def metric_rows(metrics_path, *keys: str) -> list[tuple]:
+    """``(step, value of each key)`` for the rows of metrics.jsonl that have ``keys[0]``, by step.
+    The file holds every start of the run, so a resumed run's summary covers all of it; a step
+    logged twice (a start killed after logging it, before its checkpoint) keeps the last value."""
+    by_step = {}
     try:
         with open(metrics_path) as f:
             for line in f:
                 row = json.loads(line)
-                if "val/loss" in row:
-                    out.append((row["step"], row["val/loss"]))
+                if keys[0] in row:
+                    by_step[row["step"]] = (row["step"], *(row.get(k, float("nan")) for k in keys))
     except OSError:
         pass
-    return out
+    return [by_step[s] for s in sorted(by_step)]
 
 
 def print_summary(cli) -> None:
     trainer, plan = cli.trainer, cli.plan
     steps = trainer.global_step
     tokens = steps * plan.global_batch_tokens
-    vals = val_losses(cli.run.metrics_path)
+    vals = metric_rows(cli.run.metrics_path, "val/loss")
+    sinks = metric_rows(cli.run.metrics_path, "sink/sink1", "sink/alpha1_mean")
+    proxy = not reports_probabilities(cli.model.model.config.attention)
     train_s = cli.throughput_cb.train_seconds
     sink_s = cli.sink_cb.seconds
     logger = trainer.logger
@@ -44,10 +51,10 @@ def print_summary(cli) -> None:
         f"steps        {steps}  ({plan.describe()})",
         f"tokens       {tokens:,}",
         "val loss     " + ("  ".join(f"{s}:{v:.3f}" for s, v in vals[-6:]) if vals else "(none)"),
-        "Sink_1 (ε=0.3, % of layer×head×sequence" + ("; proxy scores sim/Σ sim)" if cli.sink_cb.is_proxy else ")"),
-        f"             {sink_trajectory(cli.sink_cb.history)}",
-        "mean α₁      " + sink_trajectory(cli.sink_cb.history, column=2, fmt="{:.3f}"),
-        f"time         {train_s:.0f} s training; sink metrics {sink_s:.1f} s "
+        "Sink_1 (ε=0.3, % of layer×head×sequence" + ("; proxy scores sim/Σ sim)" if proxy else ")"),
+        f"             {sink_trajectory(sinks)}",
+        "mean α₁      " + sink_trajectory(sinks, column=2, fmt="{:.3f}"),
+        f"time         {train_s:.0f} s training in this start; sink metrics {sink_s:.1f} s "
         f"({100 * sink_s / train_s if train_s else 0:.2f}% of it)",
     ]
     if getattr(logger, "_run_id", None):

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.model import ModelConfig, Transformer
-from pipeline.model.attention_ops import OPS, build_kernel
+from pipeline.model.attention_ops import OPS, build_kernel, reports_probabilities
 from pipeline.model.positional import apply_rotary
 
 
@@ -279,3 +279,12 @@ def test_non_softmax_models_overfit_a_tiny_batch(acfg):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.2 * losses[0]
+
+
+@pytest.mark.parametrize("op,p", [(op, 1.0) for op in sorted(OPS)] + [("softmax", 2.0), ("sigmoid", 2.0)])
+def test_reports_probabilities_matches_what_each_op_returns(op, p):
+    """The run summary labels proxy scores from the config alone; it must agree with the ops."""
+    q, k, v, mask = _qkvm()
+    a = ModelConfig.preset("micro", attention={"op": op, "p": p, "kernel": "elu1"}).attention
+    kernel = build_kernel(a, q.shape[-1])
+    assert reports_probabilities(a) == (OPS[op](q, k, mask, a, kernel).kind == "probs")

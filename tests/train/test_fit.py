@@ -218,10 +218,20 @@ def test_summary_says_when_sink_scores_are_proxies(tiny_ds, tmp_path, monkeypatc
                          "--model.model.attention.op", op, "--model.model.attention.kernel", "elu1"],
                         monkeypatch, mlflow_server)
     assert rc == 0
-    out = capsys.readouterr().out
-    sink_line = next(line for line in out.splitlines() if line.startswith("Sink_1 (ε=0.3"))
-    assert ("proxy scores" in sink_line) == proxy
-    assert "0:0.0%" in out and "4:" in out  # the trajectory: step 0 and the last step
+    first = capsys.readouterr().out
+    # started again on the finished run (what a second `make run` does): nothing trains, and the
+    # summary still shows the whole run, read back from the run dir
+    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / op), "--trainer.max_steps", "4",
+                         "--model.model.attention.op", op, "--model.model.attention.kernel", "elu1",
+                         "--resume", "auto"], monkeypatch, mlflow_server)
+    assert rc == 0
+    again = capsys.readouterr().out
+    for out in (first, again):
+        lines = out.splitlines()
+        sink_line = next(i for i, line in enumerate(lines) if line.startswith("Sink_1 (ε=0.3"))
+        assert ("proxy scores" in lines[sink_line]) == proxy
+        assert lines[sink_line + 1].split() == first.splitlines()[sink_line + 1].split()
+        assert [p.split(":")[0] for p in lines[sink_line + 1].split()] == ["0", "4"]
 
 
 @pytest.mark.parametrize("position", [1, 2])
