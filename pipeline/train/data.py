@@ -16,6 +16,7 @@ at the next unseen sample, no batch is replayed or skipped.
 """
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -76,19 +77,17 @@ class RankBatchSampler(Sampler[list[int]]):
 
 
 class PackedTrainSet(Dataset):
-    """Global sample index -> dict(input_ids, sample, epoch), interventions applied per row."""
+    """Global sample index -> dict(input_ids, sample, epoch); ``intervene(tokens, samples,
+    epochs)`` applies the interventions per row (``SinkDataModule.intervene``)."""
 
-    def __init__(self, split: PackedSplit, order: GlobalOrder, interventions: Interventions,
-                 vocab_size: int, seed: int, special_ids: dict[str, int]):
-        self.split, self.order, self.interventions = split, order, interventions
-        self.vocab_size, self.seed, self.special_ids = vocab_size, seed, special_ids
+    def __init__(self, split: PackedSplit, order: GlobalOrder, intervene: Callable[..., np.ndarray]):
+        self.split, self.order, self.intervene = split, order, intervene
 
     def __getitems__(self, samples: list[int]) -> dict[str, torch.Tensor]:
         looked = [self.order.lookup(g) for g in samples]
         tokens = self.split.take([i for _, i in looked])
         epochs = np.array([e for e, _ in looked])
-        tokens = apply_interventions(tokens, np.asarray(samples), epochs, self.interventions,
-                                     self.vocab_size, self.seed, self.special_ids)
+        tokens = self.intervene(tokens, np.asarray(samples), epochs)
         return {"input_ids": torch.from_numpy(tokens), "sample": torch.tensor(samples),
                 "epoch": torch.from_numpy(epochs)}
 
@@ -132,18 +131,15 @@ class EvalSet(Dataset):
     validation loss is measured on the distribution the model is trained on (with x1 fixed to
     BOS in training, an unfixed x1 would be a token the model never saw there)."""
 
-    def __init__(self, split: PackedSplit, n: int, interventions: Interventions, vocab_size: int,
-                 seed: int, special_ids: dict[str, int]):
-        self.split, self.n = split, min(n, len(split))
-        self.interventions, self.vocab_size, self.seed, self.special_ids = interventions, vocab_size, seed, special_ids
+    def __init__(self, split: PackedSplit, n: int, intervene: Callable[..., np.ndarray]):
+        self.split, self.n, self.intervene = split, min(n, len(split)), intervene
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
         row = np.asarray(self.split[i], dtype=np.int64)[None]
-        row = apply_interventions(row, np.array([i]), np.array([0]), self.interventions, self.vocab_size,
-                                  self.seed, self.special_ids, validation=True)
+        row = self.intervene(row, np.array([i]), np.array([0]), validation=True)
         return torch.from_numpy(row[0])
 
 
@@ -177,6 +173,11 @@ class SinkDataModule(L.LightningDataModule):
             ids.setdefault("eos", int(self.manifest.eos_id))
         return ids
 
+    def intervene(self) -> Callable[..., np.ndarray]:
+        """``apply_interventions`` bound to this run's settings: ``(tokens, samples, epochs[, validation])``."""
+        return partial(apply_interventions, cfg=self.interventions, vocab_size=self.manifest.vocab_size,
+                       seed=self.seed, special_ids=self.special_ids)
+
     def make_plan(self, world_size: int) -> BatchPlan:
         self.plan = plan_batch(self.global_batch_tokens, self.manifest.context_length,
                                self.micro_batch_size, world_size)
@@ -193,8 +194,7 @@ class SinkDataModule(L.LightningDataModule):
         trainer = self.trainer
         plan = self.plan or self.make_plan(trainer.world_size)
         split = PackedSplit(self.path, "train", self.manifest)
-        dataset = PackedTrainSet(split, self.train_order(), self.interventions,
-                                 self.manifest.vocab_size, self.seed, self.special_ids)
+        dataset = PackedTrainSet(split, self.train_order(), self.intervene())
         sampler = RankBatchSampler(plan, trainer.global_rank, trainer.max_steps)
         return StatefulLoader(dataset, sampler, lambda: trainer.global_step * plan.global_batch_seqs,
                               num_workers=self.num_workers, pin_memory=torch.cuda.is_available())
@@ -203,8 +203,7 @@ class SinkDataModule(L.LightningDataModule):
         split = PackedSplit(self.path, "val", self.manifest)
         n = self.val_batches * self.micro_batch_size
         # every rank evaluates the same sequences; the loss is averaged over ranks
-        val = EvalSet(split, n, self.interventions, self.manifest.vocab_size, self.seed, self.special_ids)
-        return DataLoader(val, batch_size=self.micro_batch_size, shuffle=False,
+        return DataLoader(EvalSet(split, n, self.intervene()), batch_size=self.micro_batch_size, shuffle=False,
                           num_workers=self.num_workers)
 
     def probe_tokens(self) -> torch.Tensor:
