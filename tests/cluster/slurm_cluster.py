@@ -90,6 +90,7 @@ class SlurmCluster:
         self.procs: list[subprocess.Popen] = []
         self.logs: list = []
         self.nodes = ["n1", "n2"]
+        self._held_since: dict[str, float] = {}
         self.env = dict(os.environ, SLURM_CONF=str(root / "slurm.conf"), MASTER_ADDR="127.0.0.1")
 
     def start(self) -> None:
@@ -151,16 +152,40 @@ class SlurmCluster:
         deadline = time.time() + timeout
         while True:
             state, reason = self.job_state(job_id)
-            if state in states:
-                # A job requeued as it ends can show FAILED for a moment before it is PENDING again.
+            if state in states and not self.in_queue(job_id):
+                # A job being requeued as it ends can show FAILED (while squeue still lists it
+                # as completing) before it is PENDING again: a final state must hold a while.
                 time.sleep(2)
-                if self.job_state(job_id)[0] == state:
+                if self.job_state(job_id)[0] == state and not self.in_queue(job_id):
                     return state
                 continue
-            if release_requeued and state == "PENDING" and reason == "BeginTime":
-                self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now", check=False)
+            if release_requeued:
+                self.release_requeued(job_id, state, reason)
             if time.time() > deadline:
                 raise TimeoutError(f"job {job_id} still {state} ({reason}) after {timeout} s")
+            time.sleep(0.3)
+
+    def release_requeued(self, job_id: str, state: str, reason: str) -> None:
+        """Start a requeued job held for BeginTime (~2 min, the credential lifetime) now, but not
+        within 2 s of its requeue: slurmd refuses a credential created in the same second as the
+        one it revoked for the old run (whole-second times), and the launch fails."""
+        if state != "PENDING" or reason != "BeginTime":
+            self._held_since.pop(job_id, None)
+        elif time.time() - self._held_since.setdefault(job_id, time.time()) >= 2:
+            self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now", check=False)
+
+    def in_queue(self, job_id: str) -> bool:
+        """squeue lists the job: pending, running or still completing (not yet final)."""
+        return bool(self.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout.strip())
+
+    def wait_for_output(self, job_id: str, text: str, log: Path, timeout: float = 150) -> None:
+        """Wait until the job's log holds `text`, starting it at once if it waits on BeginTime."""
+        deadline = time.time() + timeout
+        while not (log.exists() and text in log.read_text()):
+            state, reason = self.job_state(job_id)
+            self.release_requeued(job_id, state, reason)
+            if time.time() > deadline:
+                raise TimeoutError(f"job {job_id} ({state}, {reason}) printed no {text!r} in {timeout} s")
             time.sleep(0.3)
 
     def stop(self) -> None:

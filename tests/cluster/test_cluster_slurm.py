@@ -55,8 +55,12 @@ def loss_history(mlflow_server: str, run_dir: Path) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in history)
 
 
+def log_path(run_dir: Path, job_id: str) -> Path:
+    return run_dir / "slurm" / f"{job_id}.out"
+
+
 def job_log(run_dir: Path, job_id: str) -> str:
-    path = run_dir / "slurm" / f"{job_id}.out"
+    path = log_path(run_dir, job_id)
     return path.read_text() if path.exists() else "(no log)"
 
 
@@ -94,7 +98,12 @@ def test_usr1_requeue_resumes_exactly_and_two_node_launch(slurm, mlflow_server, 
 
     wait_for_checkpoint(run_dir, slurm, job)
     slurm.run("scancel", "--signal=USR1", job)  # what SLURM sends at --signal=USR1@<s>
-    # (waiting also starts the requeued job at once instead of after its ~2 min BeginTime hold)
+    # The rerun has started (waiting starts the requeued job at once instead of after its ~2 min
+    # BeginTime hold); only then can a final state be the rerun's.
+    try:
+        slurm.wait_for_output(job, "restart 1 on", log_path(run_dir, job))
+    except TimeoutError as error:
+        raise AssertionError(f"{error}; log:\n{job_log(run_dir, job)[-4000:]}") from None
     assert finished(slurm, job, run_dir) == "COMPLETED", job_log(run_dir, job)
     assert finished(slurm, ref_job, ref_dir) == "COMPLETED", job_log(ref_dir, ref_job)
 
