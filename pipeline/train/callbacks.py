@@ -144,8 +144,10 @@ class SinkMetrics(Callback):
         if self.every <= 0 or step == self._done_step or not (force or step % self.every == 0):
             return
         self._done_step = step
+        # With sharded weights (ZeRO-3, FSDP2) every rank takes part in gathering them.
         zero3 = getattr(trainer.strategy, "zero_stage_3", False)
-        if not (trainer.is_global_zero or zero3):
+        sharded = zero3 or pl_module.device_mesh is not None
+        if not (trainer.is_global_zero or sharded):
             return
         from pipeline.analysis.probe import run_probe
 
@@ -154,15 +156,15 @@ class SinkMetrics(Callback):
             self._probe = trainer.datamodule.probe_tokens()
         model = pl_module.model
         tokens = self._probe.to(pl_module.device)
-        if zero3:  # ZeRO-3 shards the weights: every rank takes part in gathering them
+        if zero3:
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(list(model.parameters())):
                 report = run_probe(model, tokens, eps=self.eps, positions=self.positions)
-            if not trainer.is_global_zero:
-                return
-        else:
+        else:  # FSDP2 gathers each block's weights in its forward
             report = run_probe(model, tokens, eps=self.eps, positions=self.positions)
+        if not trainer.is_global_zero:
+            return
         metrics = report.to_metrics()
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)

@@ -1,7 +1,8 @@
 """The LightningModule: a SinkLab Transformer, next-token loss, AdamW + warm-up/cosine.
 
 The model is built in ``configure_model`` once the dataset is known (its vocabulary sets
-``vocab_size``), which is also where DeepSpeed ZeRO-3 / FSDP expect it. Checkpoints carry
+``vocab_size``), which is also where DeepSpeed ZeRO-3 expects it and where FSDP2 shards it
+(``--trainer.strategy fsdp2``, pipeline.train.sharding). Checkpoints carry
 ``hyper_parameters["model_config"]`` (a plain dict) and the weights under ``model.``, which is
 what ``pipeline.model.load_pretrained`` reads.
 """
@@ -17,6 +18,7 @@ from pipeline.model import ConfigError, ModelConfig, Transformer
 
 from .loss import next_token_loss
 from .optim import OptimConfig, build_optimizer, build_scheduler
+from .sharding import shard_model
 
 
 class NonFiniteLossError(RuntimeError):
@@ -62,6 +64,8 @@ class SinkLabModule(L.LightningModule):
                 block.forward = _recomputed(block.forward)
             if self.compile_blocks:
                 block.compile()
+        if self._trainer is not None and self.device_mesh is not None:  # ModelParallelStrategy: FSDP2
+            shard_model(self.model, self.device_mesh)
 
     def set_vocab(self, vocab_size: int, context_length: int) -> None:
         cfg = self.model_config.replace(vocab_size=vocab_size)

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,3 +35,10 @@ def fit_in_process(args: list[str], monkeypatch, tracking_uri: str) -> int:
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
     return main(["--config", TINY, *args])
+
+
+def sinklab_process(args: list[str], uri: str) -> subprocess.Popen:
+    """`sinklab fit` on the tiny recipe in a subprocess (stdout and stderr together, as text)."""
+    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "fit", "--config", TINY, *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import torch
-from conftest import TINY, fit_in_process, losses, read_metrics
+from conftest import fit_in_process, losses, read_metrics, sinklab_process
 from mlflow.tracking import MlflowClient
 
 ARGS = ["--trainer.max_steps", "12", "--run.checkpoint_every", "4", "--run.keep_last", "0", "--run.sink_every", "6"]
-
-
-def _sinklab(args: list[str], uri: str, **kw) -> subprocess.Popen:
-    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "fit", "--config", TINY, *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
 def test_sigkill_then_resume_is_bitwise_identical(tiny_ds, tmp_path, monkeypatch, mlflow_server):
@@ -27,7 +19,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tiny_ds, tmp_path, monkeypatch
     ref_dir, run_dir = tmp_path / "reference", tmp_path / "killed"
     assert fit_in_process([*data, "--run-dir", str(ref_dir), *ARGS], monkeypatch, mlflow_server) == 0
 
-    proc = _sinklab([*data, "--run-dir", str(run_dir), *ARGS], mlflow_server)
+    proc = sinklab_process([*data, "--run-dir", str(run_dir), *ARGS], mlflow_server)
     deadline = time.time() + 240
     while max(losses(run_dir), default=-1) < 6:  # past the step-4 checkpoint, before step 8
         assert proc.poll() is None, proc.stdout.read()
@@ -75,7 +67,7 @@ def test_two_process_ddp_over_gloo_matches_one_process(tiny_ds, tmp_path, monkey
     assert fit_in_process([*data, "--run-dir", str(one), "--data.micro_batch_size", "2"], monkeypatch,
                           mlflow_server) == 0
     two = tmp_path / "two"
-    proc = _sinklab([*data, "--run-dir", str(two), "--data.micro_batch_size", "2", "--trainer.devices", "2",
+    proc = sinklab_process([*data, "--run-dir", str(two), "--data.micro_batch_size", "2", "--trainer.devices", "2",
                      "--trainer.strategy", "ddp"], mlflow_server)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
