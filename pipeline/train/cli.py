@@ -25,11 +25,11 @@ from lightning.pytorch.utilities import rank_zero_only
 from data_prep.dataset import DatasetError
 from pipeline.model.config import ConfigError
 
+from . import sharding  # noqa: F401  (registers --trainer.strategy fsdp2)
 from .batching import BatchConfigError
 from .callbacks import Preemption, SinkMetrics, StepCheckpoint, Throughput
 from .data import SinkDataModule
 from .module import NonFiniteLossError, SinkLabModule
-from . import sharding  # noqa: F401  (registers --trainer.strategy fsdp2)
 from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, release_lock
 from .summary import print_summary
 from .tracking import RunLogger, code_version, flatten, open_run

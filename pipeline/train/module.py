@@ -64,7 +64,7 @@ class SinkLabModule(L.LightningModule):
                 block.forward = _recomputed(block.forward)
             if self.compile_blocks:
                 block.compile()
-        if self._trainer is not None and self.device_mesh is not None:  # ModelParallelStrategy: FSDP2
+        if self.device_mesh is not None:  # set by ModelParallelStrategy (--trainer.strategy fsdp2)
             shard_model(self.model, self.device_mesh)
 
     def set_vocab(self, vocab_size: int, context_length: int) -> None:
