@@ -1,7 +1,7 @@
 """FSDP2 (PyTorch's ``fully_shard``) through Lightning's ModelParallelStrategy.
 
-``--trainer.strategy fsdp2`` (registered here with Lightning's StrategyRegistry) shards parameters, gradients and
-AdamW's moments over every process. Each block is one unit, gathered just before it runs and
+``--trainer.strategy fsdp2`` (registered here with Lightning's StrategyRegistry) shards
+parameters, gradients and AdamW's moments over every process. Each block is one unit, gathered just before it runs and
 freed after; the root unit holds the embeddings, final norm and head. SinkLab has no
 tensor-parallel plan, so the whole mesh is data-parallel.
 """
@@ -37,8 +37,9 @@ def shard_model(model: Transformer, mesh: DeviceMesh) -> None:
     """Apply ``fully_shard`` to each block, then to the root, over ``mesh``'s data-parallel
     dimension."""
     names = mesh.mesh_dim_names or ()
-    if "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1:
-        raise ConfigError(f"trainer.strategy: tensor_parallel_size={mesh['tensor_parallel'].size()}, but SinkLab "
+    tp = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
+    if tp > 1:
+        raise ConfigError(f"trainer.strategy: tensor_parallel_size={tp}, but SinkLab "
                           "has no tensor-parallel plan; use --trainer.strategy fsdp2 "
                           "(or ModelParallelStrategy with tensor_parallel_size=1)")
     dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh

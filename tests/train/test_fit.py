@@ -214,17 +214,13 @@ def test_training_survives_an_mlflow_outage(tiny_ds, tmp_path, monkeypatch, mlfl
 
 @pytest.mark.parametrize("op,proxy", [("softmax", False), ("kernel", True)])
 def test_summary_says_when_sink_scores_are_proxies(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys, op, proxy):
-    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / op), "--trainer.max_steps", "4",
-                         "--model.model.attention.op", op, "--model.model.attention.kernel", "elu1"],
-                        monkeypatch, mlflow_server)
-    assert rc == 0
+    args = ["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / op), "--trainer.max_steps", "4",
+            "--model.model.attention.op", op, "--model.model.attention.kernel", "elu1"]
+    assert fit_in_process(args, monkeypatch, mlflow_server) == 0
     first = capsys.readouterr().out
     # started again on the finished run (what a second `make run` does): nothing trains, and the
     # summary still shows the whole run, read back from the run dir
-    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / op), "--trainer.max_steps", "4",
-                         "--model.model.attention.op", op, "--model.model.attention.kernel", "elu1",
-                         "--resume", "auto"], monkeypatch, mlflow_server)
-    assert rc == 0
+    assert fit_in_process([*args, "--resume", "auto"], monkeypatch, mlflow_server) == 0
     again = capsys.readouterr().out
     for out in (first, again):
         lines = out.splitlines()

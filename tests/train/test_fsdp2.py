@@ -36,7 +36,8 @@ def test_fsdp2_matches_one_process_and_resumes_bitwise(tiny_ds, tmp_path, monkey
     ckpt = sharded / "checkpoints" / "step-000008.ckpt"
     assert ckpt.is_file()  # gathered on rank 0, not a directory of shards
     a = torch.load(one / "checkpoints" / "step-000008.ckpt", weights_only=False)["state_dict"]
-    b = torch.load(ckpt, weights_only=False)["state_dict"]
+    full = torch.load(ckpt, weights_only=False)
+    b = full["state_dict"]
     assert a.keys() == b.keys() and all(type(t) is torch.Tensor for t in b.values())
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
     model = load_pretrained(ckpt)
@@ -49,7 +50,7 @@ def test_fsdp2_matches_one_process_and_resumes_bitwise(tiny_ds, tmp_path, monkey
     assert losses(resumed) == {s: l2[s] for s in range(4, 8)}
     c = torch.load(resumed / "checkpoints" / "step-000008.ckpt", weights_only=False)
     assert all(torch.equal(b[k], c["state_dict"][k]) for k in b)
-    moments = torch.load(ckpt, weights_only=False)["optimizer_states"][0]["state"]
+    moments = full["optimizer_states"][0]["state"]
     for sa, sb in zip(moments.values(), c["optimizer_states"][0]["state"].values()):
         assert all(torch.equal(sa[k], sb[k]) for k in ("exp_avg", "exp_avg_sq"))
 
