@@ -113,3 +113,117 @@ def first_key_vs_rest(matrix: Tensor) -> tuple[float, float]:
     first = matrix[..., 1:, 0]
     rest = matrix[..., 1:, 1:]
     return torch.nanmean(first).item(), torch.nanmean(rest).item()
+
+
+# ---- uniform reference and emergence --------------------------------------------------------
+
+def uniform_alpha1(T: int) -> float:
+    """α_1 under uniform causal attention over ``T`` tokens: query i gives key 1 the weight 1/i,
+    so α_1 = 1/T · Σ_{i=1..T} 1/i = H(T)/T (0.0741 for T = 64)."""
+    if T < 1:
+        raise ValueError(f"uniform_alpha1 needs T >= 1, got {T}")
+    return sum(1.0 / i for i in range(1, T + 1)) / T
+
+
+def uniform_alpha1_masked(admitted: Tensor, n_query_slots: int = 0, n_key_slots: int = 0) -> float:
+    """α_1 of the first real token when every query spreads its attention evenly over the keys
+    ``admitted [Q, K]`` lets it see (bias slots included, as :func:`split_slots` lays them out).
+    For a plain causal mask without slots this is :func:`uniform_alpha1`."""
+    allowed = admitted.double()
+    counts = allowed.sum(dim=-1, keepdim=True)
+    if (counts == 0).any():
+        raise ValueError("uniform_alpha1_masked: a query row admits no key")
+    _, real = split_slots(allowed / counts, n_query_slots, n_key_slots)
+    return importance(real, 1).item()
+
+
+def first_step_above(history, threshold: float) -> int | None:
+    """The first step whose value is strictly above ``threshold`` in ``history`` (an iterable of
+    (step, value) pairs, any order; NaN never counts), or None if there is none."""
+    steps = [step for step, value in history if value == value and value > threshold]
+    return min(steps) if steps else None
+
+
+# Emergence thresholds (issue 19): Sink_1 above 1 % and 10 %, mean α_1 above 1.25 x uniform.
+EMERGENCE_SINK1 = {"sink1_1pct": 1.0, "sink1_10pct": 10.0}
+EMERGENCE_ALPHA1 = {"alpha1_125pct": 1.25}
+
+
+def emergence_steps(history, alpha1_uniform: float) -> dict[str, int | None]:
+    """When the sink emerged, from ``history`` rows (step, Sink_1 in %, mean α_1):
+    ``{"sink1_1pct", "sink1_10pct", "alpha1_125pct"} -> first step strictly above the
+    threshold`` (None where it never was)."""
+    rows = list(history)
+    out: dict[str, int | None] = {
+        name: first_step_above(((r[0], r[1]) for r in rows), limit)
+        for name, limit in EMERGENCE_SINK1.items()}
+    out.update({name: first_step_above(((r[0], r[2]) for r in rows), factor * alpha1_uniform)
+                for name, factor in EMERGENCE_ALPHA1.items()})
+    return out
+
+
+# ---- rank agreement with the paper ----------------------------------------------------------
+
+def average_ranks(values) -> list[float]:
+    """1-based ranks of ``values``, ties sharing the mean of the ranks they span
+    ([10, 20, 20, 30] -> [1, 2.5, 2.5, 4])."""
+    values = [float(v) for v in values]
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for i in order[start:end + 1]:
+            ranks[i] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def _paired(x, y) -> tuple[list[float], list[float]]:
+    """Pairs where both values are known (None and NaN dropped)."""
+    pairs = [(float(a), float(b)) for a, b in zip(x, y, strict=True)
+             if a is not None and b is not None and a == a and b == b]
+    return [a for a, _ in pairs], [b for _, b in pairs]
+
+
+def spearman_rho(x, y) -> float | None:
+    """Spearman's ρ: the Pearson correlation of the average ranks of the pairs where both values
+    are known. None (undefined) with fewer than 2 pairs or when either side is constant."""
+    x, y = _paired(x, y)
+    if len(x) < 2:
+        return None
+    rx, ry = average_ranks(x), average_ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / (sxx * syy) ** 0.5
+
+
+def kendall_tau_b(x, y) -> float | None:
+    """Kendall's τ-b over the pairs where both values are known:
+    (concordant − discordant) / √((n0 − ties in x)(n0 − ties in y)), n0 = n(n−1)/2 and the tie
+    counts being the pairs tied in that variable. None with fewer than 2 pairs or a constant side."""
+    x, y = _paired(x, y)
+    n = len(x)
+    if n < 2:
+        return None
+    concordant = discordant = tied_x = tied_y = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            dx, dy = x[i] - x[j], y[i] - y[j]
+            if dx == 0:
+                tied_x += 1
+            if dy == 0:
+                tied_y += 1
+            if dx * dy > 0:
+                concordant += 1
+            elif dx * dy < 0:
+                discordant += 1
+    n0 = n * (n - 1) // 2
+    denominator = ((n0 - tied_x) * (n0 - tied_y)) ** 0.5
+    return (concordant - discordant) / denominator if denominator else None

@@ -85,3 +85,75 @@ def test_qk_decomposition():
     assert (cos * normprod)[1].tolist() == pytest.approx((q @ k.T)[1].tolist())
     first, rest = metrics.first_key_vs_rest(cos)
     assert first == pytest.approx(1 / math.sqrt(2)) and rest == pytest.approx(1.0)
+
+
+def test_uniform_alpha1_is_the_harmonic_mean_over_queries():
+    assert metrics.uniform_alpha1(1) == 1.0
+    assert metrics.uniform_alpha1(2) == pytest.approx(0.75)
+    assert metrics.uniform_alpha1(4) == pytest.approx(25 / 48)
+    assert metrics.uniform_alpha1(64) == pytest.approx(0.074123, abs=1e-6)  # the README's 0.074
+    with pytest.raises(ValueError):
+        metrics.uniform_alpha1(0)
+
+
+def test_uniform_alpha1_under_masks_and_slots():
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    assert metrics.uniform_alpha1_masked(causal) == pytest.approx(25 / 48)
+    # one bias column every query sees: query i spreads over i + 1 keys
+    with_bias = torch.cat([torch.ones(4, 1, dtype=torch.bool), causal], dim=1)
+    assert metrics.uniform_alpha1_masked(with_bias, 0, 1) == pytest.approx((1 / 2 + 1 / 3 + 1 / 4 + 1 / 5) / 4)
+    # sliding window of 2: only queries 1 and 2 see token 1
+    window = causal & (torch.arange(4)[:, None] - torch.arange(4)[None, :] < 2)
+    assert metrics.uniform_alpha1_masked(window) == pytest.approx((1 + 1 / 2) / 4)
+    with pytest.raises(ValueError):
+        metrics.uniform_alpha1_masked(torch.zeros(2, 2, dtype=torch.bool))
+
+
+def test_emergence_steps_first_strict_crossing():
+    u = 0.074
+    history = [(500, 5.0, 0.1), (0, 0.0, 0.074), (100, 0.5, 0.08), (200, 1.0, 0.09),
+               (300, 1.5, 0.0926), (400, 12.0, 0.2), (250, float("nan"), float("nan"))]
+    assert metrics.emergence_steps(history, u) == {"sink1_1pct": 300, "sink1_10pct": 400, "alpha1_125pct": 300}
+    flat = [(0, 0.0, 0.074), (100, 1.0, 0.0925)]  # equal to a threshold is not above it
+    assert metrics.emergence_steps(flat, u) == {"sink1_1pct": None, "sink1_10pct": None, "alpha1_125pct": None}
+    assert metrics.emergence_steps([], u) == {"sink1_1pct": None, "sink1_10pct": None, "alpha1_125pct": None}
+    assert metrics.first_step_above([(3, 2.0), (1, 0.5), (2, 2.5)], 1.0) == 2
+
+
+def test_average_ranks_share_ties():
+    assert metrics.average_ranks([10, 20, 20, 30]) == [1, 2.5, 2.5, 4]
+    assert metrics.average_ranks([3, 1, 2]) == [3, 1, 2]
+    assert metrics.average_ranks([5, 5, 5]) == [2, 2, 2]
+    assert metrics.average_ranks([]) == []
+
+
+def test_spearman_and_kendall_hand_computed():
+    # one adjacent swap among 4: rho = 1 - 6*2/(4*15) = 0.8; tau = (5 - 1)/6
+    assert metrics.spearman_rho([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert metrics.kendall_tau_b([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(2 / 3)
+    # a tie in x: ranks [1, 2.5, 2.5, 4] -> rho = 4.5 / sqrt(4.5 * 5); tau-b = 5 / sqrt(5 * 6)
+    assert metrics.spearman_rho([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(math.sqrt(0.9))
+    assert metrics.kendall_tau_b([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(5 / math.sqrt(30))
+    assert metrics.spearman_rho([1, 2, 3], [9, 5, 1]) == pytest.approx(-1.0)
+    assert metrics.kendall_tau_b([1, 2, 3], [9, 5, 1]) == pytest.approx(-1.0)
+    # unknown values drop their pair: two pairs left, in opposite order
+    assert metrics.spearman_rho([1, None, 3, float("nan")], [2, 5, 1, 7]) == pytest.approx(-1.0)
+
+
+@pytest.mark.parametrize("x, y", [([], []), ([1.0], [2.0]), ([1, None], [2, 3]),
+                                  ([0, 0, 0], [1, 2, 3]), ([1, 2, 3], [4, 4, 4])])
+def test_rank_agreement_undefined_is_none(x, y):
+    assert metrics.spearman_rho(x, y) is None
+    assert metrics.kendall_tau_b(x, y) is None
+
+
+def test_rank_agreement_matches_scipy_with_ties():
+    stats = pytest.importorskip("scipy.stats")
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        x = torch.randint(0, 4, (9,), generator=gen).tolist()
+        y = torch.randint(0, 5, (9,), generator=gen).tolist()
+        if len(set(x)) < 2 or len(set(y)) < 2:
+            continue
+        assert metrics.spearman_rho(x, y) == pytest.approx(stats.spearmanr(x, y).statistic)
+        assert metrics.kendall_tau_b(x, y) == pytest.approx(stats.kendalltau(x, y).statistic)
