@@ -34,6 +34,20 @@ def _recomputed(forward):
     return run
 
 
+def _reset_partitioned(model: Transformer) -> None:
+    """Under ZeRO-3 the model is built inside ``deepspeed.zero.Init``, which partitions each
+    layer's parameters as soon as that layer exists, so the Transformer's own initialisation
+    (run once all layers exist) met empty shards. Run it again on the gathered parameters, on
+    rank 0, which then broadcasts them: the same RNG stream as an unsharded build, so the same
+    initial weights as DDP."""
+    import deepspeed
+    import torch.distributed as dist
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
+        if dist.get_rank() == 0:
+            model.reset_parameters()
+
+
 class SinkLabModule(L.LightningModule):
     """model: every field of pipeline.model.ModelConfig (``--model.model.attention.op sigmoid``);
     ``vocab_size`` is taken from the dataset's manifest. optim: peak/min lr, warm-up, AdamW.
@@ -59,6 +73,8 @@ class SinkLabModule(L.LightningModule):
         if dm is not None and hasattr(dm, "manifest"):
             self.set_vocab(dm.manifest.vocab_size, dm.manifest.context_length)
         self.model = Transformer(self.model_config)
+        if self._trainer is not None and getattr(self.trainer.strategy, "zero_stage_3", False):
+            _reset_partitioned(self.model)
         for block in self.model.blocks:
             if self.activation_checkpointing:
                 block.forward = _recomputed(block.forward)

@@ -1,13 +1,23 @@
-"""FSDP2 (PyTorch's ``fully_shard``) through Lightning's ModelParallelStrategy.
+"""The sharded strategies: DeepSpeed ZeRO and FSDP2, as Lightning strategies.
 
-``--trainer.strategy fsdp2`` (registered here with Lightning's StrategyRegistry) shards
-parameters, gradients and AdamW's moments over every process. Each block is one unit, gathered just before it runs and
-freed after; the root unit holds the embeddings, final norm and head. SinkLab has no
-tensor-parallel plan, so the whole mesh is data-parallel.
+``DeepSpeedStrategy`` is Lightning's, able to run on CPU too (2+ processes over gloo), so the
+recipe a cluster job runs is the one CI runs. It is what ``class_path`` names in the recipes
+and what the names ``deepspeed`` and ``deepspeed_stage_{1,2,3}`` select.
+
+``--trainer.strategy fsdp2`` shards parameters, gradients and AdamW's moments over every
+process with PyTorch's ``fully_shard`` (through ModelParallelStrategy). Each block is one
+unit, gathered just before it runs and freed after; the root unit holds the embeddings, final
+norm and head. SinkLab has no tensor-parallel plan, so the whole mesh is data-parallel.
 """
 from __future__ import annotations
 
-from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
+import os
+
+import torch
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeedStrategy
+from lightning.fabric.utilities.seed import reset_seed
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
@@ -28,6 +38,62 @@ class FSDP2Strategy(ModelParallelStrategy):
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
 
+
+class DeepSpeedStrategy(LightningDeepSpeedStrategy):
+    """Lightning's DeepSpeedStrategy with two changes.
+
+    - On a CPU accelerator it runs instead of refusing: DeepSpeed's CPU accelerator, the
+      process group over gloo, and ``cpu:<local rank>`` as the root device (DeepSpeed reads the
+      device index). On CUDA the setup is Lightning's, unchanged.
+    - The loss is divided by the accumulation steps once: Lightning divides the closure loss
+      by ``accumulate_grad_batches`` already, and DeepSpeed's ``backward`` would divide it again
+      (gradients 1/accum² of the mean; clipping and AdamW's eps then act on the wrong scale).
+    """
+
+    def _on_cpu(self) -> bool:
+        return isinstance(self.accelerator, CPUAccelerator)
+
+    def setup_environment(self) -> None:
+        if not self._on_cpu():
+            return super().setup_environment()
+        _use_deepspeed_cpu()
+        DDPStrategy.setup_environment(self)
+
+    def setup_distributed(self) -> None:
+        if not self._on_cpu():
+            return super().setup_distributed()
+        # Lightning's version first validates CUDA device indices, which CPU devices lack
+        reset_seed()
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+    @property
+    def root_device(self) -> torch.device:
+        if not self._on_cpu():
+            return super().root_device
+        return torch.device("cpu", self.local_rank)  # DeepSpeed takes its device rank from the index
+
+    def backward(self, closure_loss, optimizer, *args, **kwargs):
+        return super().backward(closure_loss, optimizer, *args, scale_wrt_gas=False, **kwargs)
+
+
+def _use_deepspeed_cpu() -> None:
+    """DeepSpeed on CPU: its CPU accelerator, and no shared-memory all-reduce op (an optional
+    C++ extension DeepSpeed would compile on first use, for minutes; gloo does the same job)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() != "cpu":
+        raise RuntimeError(f"the trainer runs on CPU but DeepSpeed chose its '{get_accelerator().device_name()}' "
+                           "accelerator; set DS_ACCELERATOR=cpu in the job's environment")
+    deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
+
+
+for _name, _stage in (("deepspeed", None), ("deepspeed_stage_1", 1), ("deepspeed_stage_2", 2),
+                      ("deepspeed_stage_3", 3)):
+    StrategyRegistry.register(_name, DeepSpeedStrategy, description="DeepSpeed ZeRO (SinkLab: CPU or CUDA)",
+                              override=True, **({} if _stage is None else {"stage": _stage}))
 
 if "fsdp2" not in StrategyRegistry:
     StrategyRegistry.register("fsdp2", FSDP2Strategy, description="FSDP2 (fully_shard) over every process")
