@@ -85,3 +85,30 @@ def qk_decomposition(rows, path: str | Path, title: str = "") -> Path:
         ax.legend()
     fig.suptitle(title or "QK decomposition")
     return _save(fig, path)
+
+
+def alpha1_trajectories(steps: Sequence[int], series: Mapping[tuple[int, int], Sequence[float]],
+                        path: str | Path, title: str = "", uniform: float | None = None) -> Path:
+    """One line per (layer, head): α_1 of that head against the training step, coloured by
+    layer, with the uniform-attention value (and 1.25 x it) as dashed references."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    layers = sorted({layer for layer, _ in series})
+    cmap = plt.get_cmap("viridis", max(2, len(layers)))
+    labelled: set[int] = set()
+    for (layer, head), values in sorted(series.items()):
+        colour = cmap(layers.index(layer) / max(1, len(layers) - 1))
+        ax.plot(list(steps), [float(v) for v in values], color=colour, linewidth=1.0, alpha=0.8,
+                marker="o", markersize=2, label=None if layer in labelled else f"layer {layer}")
+        labelled.add(layer)
+        if len(series) <= 64 and len(values):
+            ax.annotate(f"l{layer}h{head}", (list(steps)[-1], float(values[-1])), fontsize=6,
+                        xytext=(3, 0), textcoords="offset points", va="center", color=colour)
+    if uniform is not None:
+        ax.axhline(uniform, color="grey", linewidth=0.8, linestyle="--", label=f"uniform {uniform:.3f}")
+        ax.axhline(1.25 * uniform, color="grey", linewidth=0.8, linestyle=":", label="1.25 x uniform")
+    ax.set_xlabel("step")
+    ax.set_ylabel("α₁ (mean over probe sequences)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title or "α₁ per layer and head over training")
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)

@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint
 
 from pipeline.flops import PEAK_ENV, device_peak_flops, flops_per_token, mfu
+from . import emergence
 from .rundir import RunDir, checkpoint_name
 
 
@@ -124,10 +125,12 @@ class SinkMetrics(Callback):
     def __init__(self, every: int, plot_every: int, run_dir: Path, eps: float = 0.3, positions: int = 10):
         self.every, self.plot_every = every, plot_every
         self.plot_dir = Path(run_dir) / "plots"
+        self.metrics_path = RunDir(run_dir).metrics_path  # emergence reads the run's history
         self.eps, self.positions = eps, positions
         self.seconds = 0.0
         self._probe: torch.Tensor | None = None
         self._done_step = -1
+        self._last, self._uniform = None, None  # the newest probe's report and uniform α₁
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._maybe_probe(trainer, pl_module, force=trainer.global_step == 0)
@@ -138,6 +141,13 @@ class SinkMetrics(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._maybe_probe(trainer, pl_module, force=True)
+        if trainer.is_global_zero and self._last is not None:  # α₁ of each head over the run
+            path = emergence.draw_trajectory(self.metrics_path, *self._last.alpha1.shape,
+                                             self.plot_dir / "alpha1_trajectory.png", self._uniform,
+                                             "α₁ per layer and head over training")
+            for logger in trainer.loggers:
+                if path is not None and hasattr(logger, "log_artifact"):
+                    logger.log_artifact(path, artifact_path="plots")
 
     def _maybe_probe(self, trainer, pl_module, force: bool = False) -> None:
         step = trainer.global_step
@@ -166,8 +176,14 @@ class SinkMetrics(Callback):
         if not trainer.is_global_zero:
             return
         metrics = report.to_metrics()
+        self._last, self._uniform = report, emergence.probe_uniform_alpha1(pl_module.model_config, report.seq_len)
+        metrics.update(emergence.probe_metrics(report.alpha1, report.sink1, metrics["sink/alpha1_mean"], step,
+                                               self.metrics_path, self._uniform))
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
+            for key, value in emergence.tags_of(metrics).items():
+                if hasattr(logger, "set_tag"):
+                    logger.set_tag(key, value)
         if self.plot_every > 0 and (step % self.plot_every == 0 or force):
             from pipeline.analysis.plots import alpha1_heatmap
 

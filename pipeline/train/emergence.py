@@ -1,0 +1,99 @@
+"""When the sink emerges during training (issue 19), and each head's α_1 over the run.
+
+Every sink probe logs, beside ``report.to_metrics()``: the α_1 of each head
+(``sink/alpha1_l{l}_h{h}``, layers and heads 0-based), the α_1 that uniform attention would give
+under this model's mask and slots (``sink/alpha1_uniform``), and, at the probe where a threshold
+is first crossed, ``sink/emerged_step_{sink1_1pct,sink1_10pct,alpha1_125pct}`` = that step
+(also set as MLflow tags of the same names). The history comes from ``<run_dir>/metrics.jsonl``
+(every start of the run appends to it), so a resumed run neither forgets an earlier crossing
+nor reports a second one; rows past the current step (left by a start killed before its
+checkpoint) are ignored. The decisions are the pure functions of ``pipeline.metrics``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pipeline import metrics as M
+from pipeline.model.config import ModelConfig
+
+from .summary import metric_rows
+
+EMERGED = "sink/emerged_step_"
+UNIFORM = "sink/alpha1_uniform"
+HISTORY_KEYS = ("sink/sink1", "sink/alpha1_mean")
+
+
+def head_metric(layer: int, head: int) -> str:
+    return f"sink/alpha1_l{layer}_h{head}"
+
+
+def emerged_names() -> list[str]:
+    return [EMERGED + name for name in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)]
+
+
+def probe_uniform_alpha1(cfg: ModelConfig, T: int) -> float:
+    """α_1 of the first real token under uniform attention over what this model admits:
+    its mask (causal, prefix, sliding window), its sink tokens and bias columns."""
+    from pipeline.model.masks import admitted_pairs
+
+    n_sinks, n_bias = cfg.sink_tokens, cfg.n_bias_slots
+    idx = torch.arange(n_sinks + T)
+    admitted = admitted_pairs(cfg, idx, idx)
+    if n_bias:
+        admitted = torch.cat([torch.ones(len(idx), n_bias, dtype=torch.bool), admitted], dim=1)
+    return M.uniform_alpha1_masked(admitted, n_sinks, n_bias + n_sinks)
+
+
+def history(metrics_path: Path, before_step: int) -> list[tuple]:
+    """(step, Sink_1, mean α_1) rows of metrics.jsonl strictly before ``before_step``."""
+    return [row for row in metric_rows(metrics_path, *HISTORY_KEYS) if row[0] < before_step]
+
+
+def emerged_so_far(metrics_path: Path, step: int, sink1: float, alpha1_mean: float,
+                   alpha1_uniform: float) -> dict[str, int]:
+    """Metric name -> step for every threshold crossed up to and including ``step``."""
+    rows = history(metrics_path, step) + [(step, sink1, alpha1_mean)]
+    found = M.emergence_steps(rows, alpha1_uniform)
+    return {EMERGED + name: at for name, at in found.items() if at is not None}
+
+
+def probe_metrics(alpha1: torch.Tensor, sink1: float, alpha1_mean: float, step: int,
+                  metrics_path: Path, alpha1_uniform: float) -> dict[str, float]:
+    """What a probe at ``step`` logs beyond ``SinkReport.to_metrics()``: per-head α_1, the
+    uniform reference, and the emergence steps first reached at this very step."""
+    out = {head_metric(layer, head): float(alpha1[layer, head])
+           for layer in range(alpha1.shape[0]) for head in range(alpha1.shape[1])}
+    out[UNIFORM] = alpha1_uniform
+    for name, at in emerged_so_far(metrics_path, step, sink1, alpha1_mean, alpha1_uniform).items():
+        # a resumed start probes its checkpoint's step again: what is logged there stays once
+        if at == step and not any(row[0] == step for row in metric_rows(metrics_path, name)):
+            out[name] = float(at)
+    return out
+
+
+def tags_of(logged: dict[str, float]) -> dict[str, str]:
+    """The emergence entries of a metrics dict as MLflow tags (same names, integer steps)."""
+    return {k: str(int(v)) for k, v in logged.items() if k.startswith(EMERGED)}
+
+
+def head_trajectories(metrics_path: Path, n_layers: int, n_heads: int):
+    """(steps, {(layer, head): [α_1 at each step]}) from metrics.jsonl, all starts of the run."""
+    keys = [head_metric(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+    rows = metric_rows(metrics_path, *keys)
+    steps = [row[0] for row in rows]
+    series = {(layer, head): [row[1 + layer * n_heads + head] for row in rows]
+              for layer in range(n_layers) for head in range(n_heads)}
+    return steps, series
+
+
+def draw_trajectory(metrics_path: Path, n_layers: int, n_heads: int, path: Path,
+                    alpha1_uniform: float | None = None, title: str = "") -> Path | None:
+    """The per-head α_1 trajectory figure, or None before any probe was logged."""
+    from pipeline.analysis.plots import alpha1_trajectories
+
+    steps, series = head_trajectories(metrics_path, n_layers, n_heads)
+    if not steps:
+        return None
+    return alpha1_trajectories(steps, series, path, title, uniform=alpha1_uniform)
