@@ -1,8 +1,9 @@
-"""Jobs on a real SLURM: requeue on SIGUSR1 with an exact resume, and a two-node launch.
+"""Jobs on a real SLURM: a two-node DeepSpeed job requeued on SIGUSR1 with an exact resume.
 
 The jobs are rendered and submitted by `cluster.submit` exactly as `sinklab submit` does it and
-run the real `sinklab fit` on the tiny CPU recipe (configs/recipes/cpu-tiny.yaml) over the
-training tests' synthetic packed dataset, two gloo processes per job.
+run the real `sinklab fit` on the tiny CPU recipe (configs/recipes/cpu-tiny.yaml) under
+DeepSpeed ZeRO-2 (selected as paper-60m.yaml selects it) over the training tests' synthetic
+packed dataset, two gloo processes per job: the path of a multi-node GPU job, on CPUs.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from cluster.submit import JobSpec, submit_array, submit_job
 REPO = Path(__file__).resolve().parents[2]
 CPU_RECIPE = REPO / "configs" / "recipes" / "cpu-tiny.yaml"
 EXPERIMENT = "sinklab-tests"  # run.experiment of the CPU recipe
+ZERO2 = ["--trainer.strategy", "pipeline.train.sharding.DeepSpeedStrategy",
+         "--trainer.strategy.config", str(REPO / "configs" / "deepspeed" / "zero2.json")]
 
 
 def tiny_dataset(root: Path) -> Path:
@@ -31,21 +34,23 @@ def tiny_dataset(root: Path) -> Path:
     return module.make_dataset(root)
 
 
-def fit_args(tmp_path: Path, max_steps: int) -> list[str]:
+def fit_args(tmp_path: Path, max_steps: int, strategy: list[str]) -> list[str]:
     data = tmp_path / "data"
     if not (data / "manifest.json").exists():
         tiny_dataset(data)
-    return ["--trainer.max_steps", str(max_steps), "--data.path", str(data)]
+    return ["--trainer.max_steps", str(max_steps), "--data.path", str(data), *strategy]
 
 
-def cpu_job(mlflow_server, tmp_path, *, nodes: int, tasks: int, max_steps: int) -> JobSpec:
+def cpu_job(mlflow_server, tmp_path, *, nodes: int, tasks: int, max_steps: int,
+            strategy: list[str] = ()) -> JobSpec:
     # Jobs starting together would race to create the experiment; here it exists beforehand.
     client = MlflowClient(mlflow_server)
     if client.get_experiment_by_name(EXPERIMENT) is None:
         client.create_experiment(EXPERIMENT)
     return JobSpec(nodes=nodes, gpus_per_node=0, tasks_per_node=tasks, cpus_per_task=1,
                    partition=None, account=None, qos=None, setup="",
-                   sinklab=f"{shlex.quote(sys.executable)} -m pipeline.cli", fit_args=fit_args(tmp_path, max_steps),
+                   sinklab=f"{shlex.quote(sys.executable)} -m pipeline.cli",
+                   fit_args=fit_args(tmp_path, max_steps, list(strategy)),
                    environment={"MLFLOW_TRACKING_URI": mlflow_server, "OMP_NUM_THREADS": "1"})
 
 
@@ -85,16 +90,16 @@ def wait_for_checkpoint(run_dir: Path, slurm, job_id: str, timeout: float = 300)
     raise AssertionError(f"job {job_id} wrote no checkpoint:\n{job_log(run_dir, job_id)[-4000:]}")
 
 
-def test_usr1_requeue_resumes_exactly_and_two_node_launch(slurm, mlflow_server, tmp_path):
-    """Job A (1 node x 2 processes) gets SIGUSR1 mid-run, requeues, resumes and finishes. Job B,
-    the uninterrupted reference, runs on 2 nodes x 1 process: same world size, so the same
-    losses, and it checks the multi-node launch through SLURM's environment."""
+def test_two_node_deepspeed_job_requeues_on_usr1_and_resumes_exactly(slurm, mlflow_server, tmp_path):
+    """Job A, DeepSpeed ZeRO-2 on 2 nodes x 1 process, gets SIGUSR1 mid-run, requeues, resumes
+    and finishes. Job B, the uninterrupted reference, runs the same on 1 node x 2 processes:
+    the same world size, so the same losses."""
     max_steps = 24
-    one_node = cpu_job(mlflow_server, tmp_path, nodes=1, tasks=2, max_steps=max_steps)
-    two_nodes = cpu_job(mlflow_server, tmp_path, nodes=2, tasks=1, max_steps=max_steps)
-    run_dir, ref_dir = tmp_path / "interrupted", tmp_path / "two-nodes"
-    job = submit_job(CPU_RECIPE, run_dir, one_node)
-    ref_job = submit_job(CPU_RECIPE, ref_dir, two_nodes)
+    two_nodes = cpu_job(mlflow_server, tmp_path, nodes=2, tasks=1, max_steps=max_steps, strategy=ZERO2)
+    one_node = cpu_job(mlflow_server, tmp_path, nodes=1, tasks=2, max_steps=max_steps, strategy=ZERO2)
+    run_dir, ref_dir = tmp_path / "two-nodes", tmp_path / "reference"
+    job = submit_job(CPU_RECIPE, run_dir, two_nodes)
+    ref_job = submit_job(CPU_RECIPE, ref_dir, one_node)
 
     wait_for_checkpoint(run_dir, slurm, job)
     slurm.run("scancel", "--signal=USR1", job)  # what SLURM sends at --signal=USR1@<s>
@@ -107,14 +112,17 @@ def test_usr1_requeue_resumes_exactly_and_two_node_launch(slurm, mlflow_server, 
     assert finished(slurm, job, run_dir) == "COMPLETED", job_log(run_dir, job)
     assert finished(slurm, ref_job, ref_dir) == "COMPLETED", job_log(ref_dir, ref_job)
 
-    # The two-node job: one process group across both nodes (Lightning's DDP start-up lines).
-    ref_log = job_log(ref_dir, ref_job)
-    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in ref_log and "GLOBAL_RANK: 1, MEMBER: 2/2" in ref_log, ref_log[-4000:]
-    shown = slurm.run("scontrol", "show", "job", ref_job).stdout
+    # The two-node job: one DeepSpeed process group across both nodes; its checkpoints are
+    # DeepSpeed directories with a ZeRO partition per rank.
+    log = job_log(run_dir, job)
+    for rank in (0, 1):
+        assert f"initializing deepspeed distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2" in log, log[-4000:]
+    shown = slurm.run("scontrol", "show", "job", job).stdout
     assert "NumNodes=2" in shown and "NodeList=n[1-2]" in shown, shown
+    final = run_dir / "checkpoints" / f"step-{max_steps:06d}.ckpt" / "checkpoint"
+    assert len(list(final.glob("zero_pp_rank_*_optim_states.pt"))) == 2
 
     # The interrupted job ran twice under one job id and the rerun restored a checkpoint.
-    log = job_log(run_dir, job)
     assert re.search(r"Restarts=1\b", slurm.run("scontrol", "show", "job", job).stdout), log[-4000:]
     first, rerun = log.split("restart 1 on", 1)  # one log per job id, appended across restarts
     assert "restart 0 on" in first and "Restored all states from the checkpoint" in rerun, log[-4000:]
