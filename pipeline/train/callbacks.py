@@ -14,6 +14,8 @@ from lightning.pytorch.callbacks import Callback, Checkpoint
 
 from pipeline.flops import PEAK_ENV, device_peak_flops, flops_per_token, mfu
 from . import emergence
+from .integrity import nonfinite_state
+from .module import NonFiniteLossError
 from .rundir import RunDir, checkpoint_name
 
 
@@ -35,6 +37,13 @@ class StepCheckpoint(Checkpoint):
 
     def save(self, trainer: L.Trainer) -> Path:
         step = trainer.global_step
+        # every rank checks what it holds (shards under ZeRO-3 / FSDP2); one bad rank stops all
+        if trainer.strategy.reduce_boolean_decision(nonfinite_state(trainer.lightning_module, trainer.optimizers),
+                                                    all=False):
+            raise NonFiniteLossError(
+                f"non-finite weights or optimizer state after step {step}: stopping without writing that "
+                f"checkpoint; the ones in {self.run.checkpoints} are kept. Start a new run directory with a "
+                "lower model.optim.lr or a longer warm-up, or check the data.")
         final = self.run.checkpoints / checkpoint_name(step)
         tmp = self.run.checkpoints / f".{final.name}.partial"
         if trainer.is_global_zero:

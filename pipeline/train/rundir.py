@@ -21,9 +21,9 @@ import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 CKPT_RE = re.compile(r"^step-(\d{6,})\.ckpt$")
-HPC_RE = re.compile(r"^hpc_ckpt_(\d+)\.ckpt$")
 
 
 class RunDirError(RuntimeError):
@@ -80,17 +80,10 @@ class RunDir:
                 found.append((int(m.group(1)), p))
         return sorted(found)
 
-    def newest_checkpoint(self) -> Path | None:
-        """The checkpoint `--resume auto` continues from: the newest complete step checkpoint,
-        or a newer Lightning SLURM requeue checkpoint (hpc_ckpt_N.ckpt in the run dir)."""
-        candidates = [p for _, p in self.step_checkpoints()[-1:]]
-        hpc = [(int(m.group(1)), p) for p in self.root.glob("hpc_ckpt_*.ckpt")
-               if (m := HPC_RE.match(p.name)) and _complete(p)]
-        if hpc:
-            candidates.append(max(hpc)[1])
-        if not candidates:
-            return None
-        return max(candidates, key=lambda p: p.stat().st_mtime_ns)
+    def newest_checkpoint(self, usable: Callable[[Path], bool] = lambda path: True) -> Path | None:
+        """The checkpoint `--resume auto` continues from: the newest complete step checkpoint
+        that ``usable`` accepts (pipeline.train.integrity checks it can be loaded)."""
+        return next((p for _, p in reversed(self.step_checkpoints()) if usable(p)), None)
 
     def prune(self, keep_last: int) -> list[Path]:
         """Delete all but the newest `keep_last` step checkpoints (0 keeps all)."""

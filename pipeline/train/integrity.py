@@ -1,0 +1,86 @@
+"""What makes a checkpoint fit to keep and to resume from.
+
+- ``nonfinite_state``: checked before a step checkpoint is written, so a diverged run never
+  leaves a checkpoint of broken weights (nor deletes an older, good one to make room).
+- ``checkpoint_problem``: checked before a resume, so a checkpoint cut short (a full disk, a
+  node lost mid-copy) or a DeepSpeed directory missing a rank's partition is passed over by
+  ``--resume auto`` and refused by ``--resume PATH`` with a line that names it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The part of a tensor this process holds: a ZeRO-3 partition, an FSDP2 shard, or all of it."""
+    if hasattr(t, "ds_tensor"):
+        return t.ds_tensor
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _optimizer_tensors(optimizer) -> Iterable[torch.Tensor]:
+    inner = getattr(optimizer, "optimizer", optimizer)  # DeepSpeed's ZeRO wrapper holds the torch one
+    for group in inner.param_groups:
+        yield from group["params"]  # under ZeRO: the fp32 master partitions
+    for state in inner.state.values():
+        yield from (v for v in state.values() if isinstance(v, torch.Tensor) and v.is_floating_point())
+
+
+def nonfinite_state(module: torch.nn.Module, optimizers: list) -> bool:
+    """Whether any weight, master weight or optimizer moment this process holds is NaN or infinite."""
+    tensors = [_local(p).detach() for p in module.parameters()]
+    for optimizer in optimizers:
+        tensors += [_local(t).detach() for t in _optimizer_tensors(optimizer)]
+    flags = [torch.isfinite(t).all() for t in tensors if t.numel()]
+    return bool(flags) and not bool(torch.stack(flags).all())  # one host sync
+
+
+def _load(path: Path) -> tuple[object, str | None]:
+    """A load-check that reads the archive's index and pickled structure but not the tensor data
+    (memory-mapped): a file cut short loses its index, which is stored last."""
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=False), None
+    except Exception as exc:  # a damaged archive raises zip, pickle or EOF errors alike
+        return None, f"{path.name} cannot be read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+
+
+def _deepspeed_problem(path: Path) -> str | None:
+    tag = (path / "latest").read_text().strip()
+    tag_dir = path / tag
+    if not tag_dir.is_dir():
+        return f"its 'latest' file names '{tag}', which is not there"
+    world, names = None, []
+    for f in sorted(tag_dir.glob("*.pt")):
+        blob, problem = _load(f)
+        if problem:
+            return problem
+        names.append(f.name)
+        if f.name.endswith("model_states.pt"):
+            world = blob.get("dp_world_size", 1)
+    if world is None:
+        return f"{tag}/ holds no model_states.pt"
+    missing = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)
+               if not any(n.endswith(f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt") for n in names)]
+    if missing:
+        return f"written by {world} ranks but {', '.join(missing)} is missing"
+    return None
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """What is wrong with a step checkpoint (a file, or a DeepSpeed directory), or None."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / "latest").is_file():
+            return "a DeepSpeed directory without its 'latest' file (written only partly)"
+        return _deepspeed_problem(path)
+    if not path.is_file():
+        return "not there"
+    blob, problem = _load(path)
+    if problem:
+        return problem
+    if not isinstance(blob, dict) or "state_dict" not in blob:
+        return "not a Lightning checkpoint (no state_dict)"
+    return None
