@@ -4,22 +4,31 @@
 
 Reads the runs of MLflow experiment `sinklab/<experiment>` at the scale (tags
 sinklab.variant / sinklab.scale), prints one markdown row per variant with the paper's
-value and the measured one side by side, writes report.md (and with --plot the figure) to
---out, and logs both as artifacts of a report run in the same MLflow experiment.
+value and the measured one side by side and the steps at which the sink emerged, then the
+rank agreement with the paper per column (Spearman rho, Kendall tau-b; also the mean alpha_1
+against the paper's Sink_1), writes report.md (and with --plot the figure) to --out, and logs
+both as artifacts, the agreement as metrics, of a report run in the same MLflow experiment.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import metrics as M
 from pipeline.experiments import runs as mlruns
 from pipeline.experiments.configs import write_text_atomic
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 
 MISSING = "—"
+ALPHA1 = "sink/alpha1_mean"
+SINK1 = "sink/sink1"
+UNIFORM = "sink/alpha1_uniform"  # logged by every probe since emergence steps are (issue 19)
+EMERGED = {name: f"sink/emerged_step_{name}" for name in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)}
+EMERGENCE_LABEL = "emergence step (Sink_1 > 1% / > 10% / alpha_1 > 1.25 x uniform)"
 
 
 @dataclass
@@ -31,6 +40,9 @@ class Row:
     status: str            # the run's sinklab.status (finished, failed, ...) or missing
     paper_status: str | None = None
     run_id: str | None = None
+    alpha1: float | None = None           # the run's last mean alpha_1 (sink/alpha1_mean)
+    emerged: dict[str, float] | None = None  # EMERGED name -> step, as the run logged them
+    tracks_emergence: bool = False        # the run logs emergence (absent then means: not yet)
 
 
 def build_rows(experiment: Experiment, records: dict[str, list[mlruns.RunRecord]]) -> list[Row]:
@@ -40,9 +52,77 @@ def build_rows(experiment: Experiment, records: dict[str, list[mlruns.RunRecord]
         run = mlruns.best_run(records.get(variant.name, []))
         measured = [run.metrics.get(c.metric) if run else None for c in experiment.columns]
         status = run.status if run else "missing"
+        logged = run.metrics if run else {}
         rows.append(Row(variant.name, variant.label, [variant.paper[c.key] for c in experiment.columns],
-                        measured, status, variant.paper_status, run.run_id if run else None))
+                        measured, status, variant.paper_status, run.run_id if run else None,
+                        alpha1=logged.get(ALPHA1),
+                        emerged={k: logged[m] for k, m in EMERGED.items() if m in logged},
+                        tracks_emergence=UNIFORM in logged))
     return rows
+
+
+def emergence_cell(row: Row) -> str:
+    """"1000 / 1500 / 250": the first step above each threshold; "none" where a run that tracks
+    emergence has not crossed it (yet), — where the run is missing or predates the tracking."""
+    if row.emerged is None or not (row.emerged or row.tracks_emergence):
+        return MISSING
+    return " / ".join(f"{row.emerged[k]:.0f}" if k in row.emerged else "none" for k in EMERGED)
+
+
+@dataclass
+class Agreement:
+    """Rank agreement of one measured quantity with one paper column over the variants that
+    have both values (None: undefined, fewer than 2 such variants or one side constant)."""
+    key: str               # metric-name part: the column key, or alpha1_vs_sink1
+    label: str
+    n: int
+    rho: float | None
+    tau: float | None
+
+
+def agreement(experiment: Experiment, rows: list[Row]) -> list[Agreement]:
+    """Per column with paper values: ours against the paper's; then the mean alpha_1 against
+    the paper's Sink_1 (it moves where Sink_1 stays zero at a small scale)."""
+    def pair(key, label, ours, paper):
+        known = [(a, b) for a, b in zip(ours, paper) if a is not None and b is not None]
+        return Agreement(key, label, len(known), M.spearman_rho(ours, paper), M.kendall_tau_b(ours, paper))
+
+    out = []
+    for i, column in enumerate(experiment.columns):
+        paper = [r.paper[i] for r in rows]
+        if any(v is not None for v in paper):
+            out.append(pair(column.key, column.label, [r.measured[i] for r in rows], paper))
+    sink1 = next((i for i, c in enumerate(experiment.columns) if c.metric == SINK1), None)
+    if sink1 is not None and any(r.paper[sink1] is not None for r in rows):
+        out.append(pair("alpha1_vs_sink1", "mean alpha_1 (ours) vs Sink_1 (paper)",
+                        [r.alpha1 for r in rows], [r.paper[sink1] for r in rows]))
+    return out
+
+
+def fmt_corr(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.2f}"
+
+
+def agreement_markdown(found: list[Agreement]) -> list[str]:
+    if not found:
+        return []
+    lines = ["", "Rank agreement with the paper, over the variants with both values (Spearman rho "
+             "on average ranks, Kendall tau-b; n/a: fewer than 2 variants or no spread):", "",
+             "| measured vs paper | variants | Spearman rho | Kendall tau |", "|---|---:|---:|---:|"]
+    lines += [f"| {a.label} | {a.n} | {fmt_corr(a.rho)} | {fmt_corr(a.tau)} |" for a in found]
+    return lines
+
+
+def agreement_metrics(found: list[Agreement]) -> dict[str, float]:
+    """MLflow names: agreement/<key>/{n,spearman,kendall}; NaN where undefined, so the newest
+    report never leaves an older value standing."""
+    nan = float("nan")
+    out = {}
+    for a in found:
+        out[f"agreement/{a.key}/n"] = float(a.n)
+        out[f"agreement/{a.key}/spearman"] = nan if a.rho is None else a.rho
+        out[f"agreement/{a.key}/kendall"] = nan if a.tau is None else a.tau
+    return out
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
@@ -57,28 +137,41 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
     header = ["variant"]
     for c, paper in zip(experiment.columns, in_paper):
         header += [f"{c.label} paper", f"{c.label} ours"] if paper else [c.label]
-    header.append("run")
+    header += [EMERGENCE_LABEL, "run"]
     lines = [f"## {experiment.name}: {experiment.title}", "",
              f"Paper: {experiment.paper_ref}. Scale: {scale}. MLflow experiment: "
              f"`{experiment.mlflow_experiment}`.", "",
              "| " + " | ".join(header) + " |",
-             "|" + "---|" + "---:|" * (len(header) - 2) + "---|"]
+             "|" + "---|" + "---:|" * (len(header) - 3) + "---:|---|"]
     for row in rows:
         cells = [row.label]
         for c, paper, measured, published in zip(experiment.columns, row.paper, row.measured, in_paper):
             if published:
                 cells.append(row.paper_status if row.paper_status else fmt(paper, c.digits))
             cells.append(fmt(measured, c.digits))
-        cells.append(row.status)
+        cells += [emergence_cell(row), row.status]
         lines.append("| " + " | ".join(cells) + " |")
     done = sum(r.status == "finished" for r in rows)
     lines += ["", f"{done} of {len(rows)} variants finished; {MISSING} = no value (paper: not "
               "published; ours: not run or not logged)."]
+    lines += agreement_markdown(agreement(experiment, rows))
     if experiment.paper_notes:
         lines += ["", f"Paper notes: {experiment.paper_notes}"]
     if scale == "cpu" and experiment.cpu_notes:
         lines += ["", f"CPU scale: {experiment.cpu_notes}"]
     return "\n".join(lines) + "\n"
+
+
+def curve_series(experiment: Experiment, rows: list[Row], mlflow) -> dict[str, list[tuple[int, float]]]:
+    """The plotted metric's (step, value) history per variant label, variants with a run only
+    (for lr-steps: Sink_1 against steps per learning rate, the paper's Figure 4 right)."""
+    out = {}
+    for row in rows:
+        if row.run_id:
+            history = mlruns.metric_history(mlflow, row.run_id, experiment.plot.metric)
+            if history:
+                out[row.label] = history
+    return out
 
 
 def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | None:
@@ -92,11 +185,12 @@ def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | 
     spec = experiment.plot
     fig, ax = plt.subplots(figsize=(8, 4.5))
     if spec.kind == "curve":
-        for row in rows:
-            if row.run_id:
-                history = mlruns.metric_history(mlflow, row.run_id, spec.metric)
-                if history:
-                    ax.plot(*zip(*history), marker="o", markersize=3, label=row.label)
+        emerged = {r.label: (r.emerged or {}).get("sink1_1pct") for r in rows}
+        for label, history in curve_series(experiment, rows, mlflow).items():
+            line, = ax.plot(*zip(*history), marker="o", markersize=3, label=label)
+            at = emerged.get(label)
+            if spec.metric == SINK1 and at is not None:  # where Sink_1 first passed 1%
+                ax.axvline(at, color=line.get_color(), linewidth=0.8, linestyle=":")
         ax.set_xlabel("step")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
@@ -121,8 +215,10 @@ def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | 
     return path
 
 
-def log_report(mlflow, experiment: Experiment, scale: str, files: list[Path]) -> str:
-    """Log the files as artifacts of the experiment's report run for this scale (reused)."""
+def log_report(mlflow, experiment: Experiment, scale: str, files: list[Path],
+               metrics: dict[str, float] | None = None) -> str:
+    """Log the files as artifacts, and the metrics (the agreement), of the experiment's report
+    run for this scale (reused)."""
     exp = mlflow.get_experiment_by_name(experiment.mlflow_experiment)
     exp_id = exp.experiment_id if exp else mlflow.create_experiment(experiment.mlflow_experiment)
     query = (f"tags.`{mlruns.TAG_KIND}` = 'report' and tags.`{mlruns.TAG_SCALE}` = '{scale}'")
@@ -135,6 +231,11 @@ def log_report(mlflow, experiment: Experiment, scale: str, files: list[Path]) ->
             mlruns.TAG_EXPERIMENT: experiment.name}).info.run_id
     for f in files:
         mlflow.log_artifact(run_id, str(f), artifact_path=f"report-{scale}")
+    if metrics:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        mlflow.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
     mlflow.set_terminated(run_id)
     return run_id
 
@@ -174,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     for f in files:
         print(f"wrote {f}")
     if not args.no_log:
-        run_id = log_report(mlflow, experiment, args.scale, files)
+        run_id = log_report(mlflow, experiment, args.scale, files,
+                            agreement_metrics(agreement(experiment, rows)))
         print(f"logged to MLflow run {run_id} ({experiment.mlflow_experiment})")
     return 0
 

@@ -51,5 +51,7 @@ def test_sweep_runs_every_variant_once_and_the_report_shows_them(tmp_path, mlflo
         assert val_loss == last_logged(run_dir, "val/loss") and 3.0 < val_loss < 6.0  # ln 64 = 4.16
         assert row.run_id == (run_dir / "mlflow_run_id").read_text().strip()
     md = (tmp_path / "report" / "report.md").read_text()
-    assert f"| softmax | 18.18 | {rows[0].measured[0]:.2f} | 3.73 | {rows[0].measured[1]:.2f} | finished |" in md
-    assert f"| sigmoid, Z = 1 | 0.44 | {rows[1].measured[0]:.2f} | 3.70 | {rows[1].measured[1]:.2f} | finished |" in md
+    emerged = [report.emergence_cell(r) for r in rows]  # every sweep run tracks emergence
+    assert all(r.tracks_emergence for r in rows) and "—" not in emerged
+    assert f"| softmax | 18.18 | {rows[0].measured[0]:.2f} | 3.73 | {rows[0].measured[1]:.2f} | {emerged[0]} | finished |" in md
+    assert f"| sigmoid, Z = 1 | 0.44 | {rows[1].measured[0]:.2f} | 3.70 | {rows[1].measured[1]:.2f} | {emerged[1]} | finished |" in md
