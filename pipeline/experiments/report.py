@@ -204,7 +204,7 @@ def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | 
         ax.bar([x + 0.2 for x in xs], [v if v is not None else 0 for v in ours], 0.4, label="ours")
         ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=8)
         ax.legend(fontsize=8)
-    ax.set_ylabel(spec.metric)
+    ax.set_ylabel(next((c.label for c in experiment.columns if c.metric == spec.metric), spec.metric))
     ax.set_title(spec.title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
