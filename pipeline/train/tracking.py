@@ -64,11 +64,14 @@ def _prepare_sqlite(uri: str) -> None:
 
 
 def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
-             params: dict[str, str], artifacts: list[Path], resume_step: int | None = None) -> str | None:
+             params: dict[str, str], artifacts: list[Path], resume_step: int | None = None,
+             manifest=None) -> str | None:
     """Rank 0: the MLflow run of this run directory (created on the first start). Returns its
     id, or None when the tracking store cannot be reached (training then goes on offline).
     resume_step: the step this start resumes from (metrics.jsonl rows before it are sent when
-    an earlier, offline start left no MLflow run)."""
+    an earlier, offline start left no MLflow run). manifest: the dataset's, logged as the run's
+    dataset input when the run is created."""
+    from .mlflow_record import dataset_input, mark_training_experiment
     from mlflow.entities import Param, RunTag
     from mlflow.tracking import MlflowClient
 
@@ -82,6 +85,7 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
         if run_id is None:
             exp = client.get_experiment_by_name(experiment)
             exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+            mark_training_experiment(client, exp_id)
             created = client.create_run(exp_id, run_name=run_name, tags=tags)
             run_id = created.info.run_id
             run.save_mlflow_run_id(run_id)
@@ -89,6 +93,8 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
             for i in range(0, len(items), 100):
                 client.log_batch(run_id, params=items[i:i + 100])
             _backfill(client, run_id, run.metrics_path, before_step=resume_step or 0)
+            if manifest is not None:
+                client.log_inputs(run_id, datasets=[dataset_input(manifest)])
         else:
             client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
             client.update_run(run_id, status="RUNNING")
@@ -132,6 +138,19 @@ class RunLogger(MLFlowLogger):
         self._last_failure = 0.0
         self.offline = run_id is None
         self.sent_batches = 0
+        self.system_metrics = None
+
+    def start_system_metrics(self) -> None:
+        """Rank 0: MLflow's system metrics (CPU, RAM, GPU where present) on this run until
+        :meth:`finalize`."""
+        if self._run_id is None or self.system_metrics is not None:
+            return
+        from .mlflow_record import SystemMetrics
+
+        try:
+            self.system_metrics = SystemMetrics(self._tracking_uri, self._run_id)
+        except Exception as exc:  # noqa: BLE001
+            _notice(f"MLflow system metrics off ({type(exc).__name__}: {str(exc)[:200]})")
 
     # Lightning asks for name/version to build paths; answer without touching the server.
     @property
@@ -209,6 +228,9 @@ class RunLogger(MLFlowLogger):
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
+        if self.system_metrics is not None:
+            self.system_metrics.stop()
+            self.system_metrics = None
         if self._run_id is None:
             return
         if not self.flush(force=True):

@@ -1,0 +1,155 @@
+"""A training run as a model: ``runs:/<run_id>`` (or ``runs:/<run_id>/model``, ``models:/<model_id>``)
+to a local SinkLab model directory, and analysis results back to that run.
+
+The one place SinkLab resolves MLflow model URIs; `sinklab analyze`, `stream-ppl` and `export-hf`
+go through it. ``sinklab fit`` logs each run's final weights as the logged model ``model``
+(``pipeline.train.mlflow_record``); here MLflow's artifact API downloads it (into
+``$SINKLAB_CACHE/mlflow/<run_id>/model``, once) and ``pipeline.model.load_pretrained`` reads the
+directory: ``model.safetensors``, ``sinklab_config.json``, and the dataset's ``tokenizer.json``
+and ``dataset.json``. The tracking store is ``$MLFLOW_TRACKING_URI`` (default: the project's
+``mlruns/mlflow.db``), as for training.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIXES = ("runs:/", "models:/")
+MODEL_NAME = "model"
+
+
+class RunModelError(ValueError):
+    """A runs:/ or models:/ URI that names no model SinkLab can load."""
+
+
+def is_model_uri(spec) -> bool:
+    return str(spec).startswith(PREFIXES)
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlruns' / 'mlflow.db'}"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SINKLAB_CACHE") or Path.home() / ".cache" / "sinklab") / "mlflow"
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    uri: str            # what was asked for, e.g. runs:/<run_id>
+    path: Path          # local directory that load_pretrained reads
+    run_id: str         # the training run the model came from
+    tracking_uri: str
+
+    @property
+    def tokenizer(self) -> Path | None:
+        found = self.path / "tokenizer.json"
+        return found if found.is_file() else None
+
+
+def parse(spec: str) -> tuple[str, str]:
+    """('runs', run_id) with the artifact path, or ('models', model_id)."""
+    m = re.fullmatch(r"runs:/([0-9A-Za-z_-]+)(?:/(.+?))?/?", spec)
+    if m:
+        return "runs", m.group(1) + "/" + (m.group(2) or MODEL_NAME)
+    m = re.fullmatch(r"models:/([^/]+)/?", spec)
+    if m:
+        return "models", m.group(1)
+    raise RunModelError(f"{spec}: expected runs:/<run_id>[/model] or models:/<model_id>")
+
+
+def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
+    """Download the model of ``spec`` (once per run and path) and return where it lies."""
+    from mlflow.artifacts import download_artifacts
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.model.loading import CONFIG_NAME, WEIGHTS_NAME
+
+    uri = uri or tracking_uri()
+    scheme, ident = parse(spec)
+    client = MlflowClient(uri)
+    try:
+        if scheme == "models":
+            run_id, artifact = client.get_logged_model(ident).source_run_id, f"models:/{ident}"
+            key = f"models/{ident}"
+        else:
+            run_id, path = ident.split("/", 1)
+            model_id = client.get_run(run_id).data.tags.get("sinklab.model_id")  # the newest weights
+            artifact, key = f"runs:/{run_id}/{path}", f"{run_id}/{path}" + (f"/{model_id}" if model_id else "")
+    except MlflowException as exc:
+        raise RunModelError(f"{spec}: not found in the MLflow store at {uri} ({exc.message[:200]})") from None
+    target = cache_root() / key
+    if not ((target / CONFIG_NAME).is_file() and (target / WEIGHTS_NAME).is_file()):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            try:
+                local = Path(download_artifacts(artifact_uri=artifact, dst_path=str(tmp), tracking_uri=uri))
+            except MlflowException as exc:
+                raise RunModelError(f"{spec}: the run has no logged model ({exc.message[:200]}); "
+                                    "runs log one at the end of `sinklab fit` unless --run.log_model false")
+            if not (local / CONFIG_NAME).is_file():
+                raise RunModelError(f"{spec}: the downloaded model holds no {CONFIG_NAME}: not a SinkLab model")
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(local, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return ResolvedModel(uri=spec, path=target, run_id=run_id, tracking_uri=uri)
+
+
+def resolve_argv(argv: list[str], tokenizer_flag: str = "--tokenizer") -> list[str]:
+    """A command line with its runs:/ or models:/ argument replaced by the downloaded directory
+    (and the model's tokenizer.json as ``--tokenizer`` unless one is given): `sinklab export-hf`."""
+    out, resolved = [], None
+    for arg in argv:
+        if resolved is None and is_model_uri(arg):
+            resolved = resolve_model(arg)
+            arg = str(resolved.path)
+        out.append(arg)
+    if resolved is not None and resolved.tokenizer is not None and not any(
+            a == tokenizer_flag or a.startswith(tokenizer_flag + "=") for a in argv):
+        out += [tokenizer_flag, str(resolved.tokenizer)]
+    return out
+
+
+def log_analysis(resolved_uri: str, run_id: str, record: dict, out: Path) -> str:
+    """`sinklab analyze runs:/<id>`: the results on the training run itself, metrics and the
+    output directory (report.json, plots) under ``analysis/``. Returns the run id."""
+    from mlflow.entities import Metric, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(resolved_uri)
+    now = int(__import__("time").time() * 1000)
+    values = {f"analysis/table1/{k}": v for k, v in record["table1"].items()}
+    for kind, rep in record["reports"].items():
+        values.update({f"analysis/{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
+        if rep.get("alpha1") is not None:
+            values[f"analysis/{kind}/alpha1_mean"] = _mean(rep["alpha1"])
+    values.update({f"analysis/domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v
+                   for d, v in record.get("domains", {}).items()})
+    settings = json.dumps(record["settings"], sort_keys=True)
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()],
+                     tags=[RunTag("sinklab.analysis.settings", settings[:5000])])
+    client.log_artifacts(run_id, str(out), artifact_path="analysis")
+    return run_id
+
+
+def _mean(nested) -> float:
+    flat: list[float] = []
+
+    def walk(x):
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y)
+        else:
+            flat.append(float(x))
+
+    walk(nested)
+    return sum(flat) / len(flat) if flat else float("nan")

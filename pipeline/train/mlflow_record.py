@@ -1,0 +1,268 @@
+"""What a SinkLab run leaves in MLflow beyond metrics: its dataset, its final weights, the
+training-view marks on its experiment, and system metrics.
+
+- :func:`dataset_input`: the packed dataset as an MLflow dataset input (Dataset column and panel):
+  digest = the manifest hash (its first 36 characters, MLflow's limit; the full hash is in the
+  profile and in the ``sinklab.dataset_hash`` tag), source = the dataset directory, profile =
+  token and document counts per split and domain.
+- :func:`log_final_model`: the final weights as an MLflow 3 *logged model* named ``model``
+  (fp32 ``model.safetensors``, ``sinklab_config.json``, the dataset's ``tokenizer.json`` and
+  ``dataset.json``, the manifest summary), once per run. ``runs:/<run_id>/model`` and
+  ``models:/<model_id>`` both download it; ``pipeline.model.load_pretrained`` reads the directory.
+- :func:`mark_training_experiment` / :func:`experiment_url`: the MLflow UI opens an experiment on
+  its training runs with the chart view and the sink and validation charts first.
+- :class:`SystemMetrics`: MLflow's own CPU/RAM/disk/network (and GPU) sampler, on rank 0.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MODEL_NAME = "model"  # the logged model's name: runs:/<run_id>/model
+DIGEST_LIMIT = 36  # mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE
+
+# The MLflow 3.17 UI (mlflow/server/js/build/static/js/main.*.js) decides between the GenAI views
+# (overview, traces) and the training-runs views by a "workflow type": the URL parameter
+# `workflowType` (genai | machine_learning), else the browser's remembered choice, default genai.
+# Its older switch, the experiment tag `mlflow.experimentKind`, is read only when that feature
+# flag is off; SinkLab sets both (the tag also labels the experiment as "Machine learning").
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+WORKFLOW_TYPE = "machine_learning"
+# Chart order: the UI applies a "shared view" stored in the experiment tag
+# `mlflow.sharedViewState.<key>` when the URL carries `viewStateShareKey=<key>`; its chart
+# sections keep the given order when `isAccordionReordered` is true (else they are sorted by name).
+SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
+SHARED_VIEW_KEY = "sinklab-charts-v1"
+SECTION_ORDER = ("sink", "val", "train", "analysis", "act", "perf")
+
+# System metrics: a sample every 15 s, one averaged point a minute (2 days: ~2,900 points a metric).
+SYSTEM_SAMPLING_S = 15
+SYSTEM_SAMPLES_PER_POINT = 4
+
+
+def _notice(message: str) -> None:
+    print(f"sinklab: {message}", file=sys.stderr, flush=True)
+
+
+# ---- dataset -------------------------------------------------------------------------------
+def manifest_summary(manifest) -> dict[str, Any]:
+    """The manifest without shard lists: hash, tokenizer, vocabulary, context, and the
+    sequence, token and document counts of each split and domain."""
+    raw = manifest.raw
+    splits = {}
+    for name, info in manifest.splits.items():
+        splits[name] = {"sequences": info.sequences, "tokens": info.tokens, "documents": info.documents,
+                        "domains": {d: dict(v) for d, v in sorted(info.domains.items())}}
+    return {"manifest_hash": manifest.hash, "path": str(Path(manifest.root).resolve()),
+            "tokenizer": raw.get("tokenizer"), "vocab_size": manifest.vocab_size,
+            "context_length": manifest.context_length, "bos": manifest.bos,
+            "special_ids": dict(manifest.special_ids), "splits": splits}
+
+
+def dataset_input(manifest):
+    """The dataset as an ``mlflow.entities.DatasetInput`` (context: training)."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    root = Path(manifest.root).resolve()
+    summary = manifest_summary(manifest)
+    profile = {"manifest_hash": manifest.hash, "context_length": manifest.context_length,
+               "vocab_size": manifest.vocab_size,
+               **{f"{split}_{key}": info[key] for split, info in summary["splits"].items()
+                  for key in ("sequences", "tokens", "documents")},
+               "domains": {split: info["domains"] for split, info in summary["splits"].items()}}
+    dataset = Dataset(name=root.name, digest=manifest.hash[:DIGEST_LIMIT], source_type="local",
+                      source=json.dumps({"uri": str(root)}), schema=None, profile=json.dumps(profile))
+    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])
+
+
+# ---- experiment marks and URL --------------------------------------------------------------
+def shared_view_state() -> str:
+    sections = [{"uuid": f"sinklab-{name}", "name": name, "display": True, "isReordered": False,
+                 "deleted": False, "isGenerated": True} for name in SECTION_ORDER]
+    return json.dumps({"compareRunCharts": [], "compareRunSections": sections, "isAccordionReordered": True})
+
+
+def mark_training_experiment(client, experiment_id: str) -> None:
+    """Tag the experiment as model training and store the chart layout, where missing."""
+    tags = client.get_experiment(experiment_id).tags
+    if tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+    if SHARED_VIEW_PREFIX + SHARED_VIEW_KEY not in tags:
+        client.set_experiment_tag(experiment_id, SHARED_VIEW_PREFIX + SHARED_VIEW_KEY, shared_view_state())
+
+
+def ui_base(tracking_uri: str) -> str:
+    """Where the UI of this tracking store is: the server itself, else `make ui`'s address."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return tracking_uri.rstrip("/")
+    return "http://127.0.0.1:5000"
+
+
+def experiment_url(tracking_uri: str, experiment_id: str) -> str:
+    return (f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?workflowType={WORKFLOW_TYPE}"
+            f"&compareRunsMode=CHART&viewStateShareKey={SHARED_VIEW_KEY}")
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}?workflowType={WORKFLOW_TYPE}"
+
+
+def run_experiment_url(tracking_uri: str, run_id: str) -> str:
+    """The chart view of the run's experiment (the UI's root where the store cannot be asked)."""
+    try:
+        from mlflow.tracking import MlflowClient
+
+        return experiment_url(tracking_uri, MlflowClient(tracking_uri).get_run(run_id).info.experiment_id)
+    except Exception:  # noqa: BLE001
+        return ui_base(tracking_uri)
+
+
+# ---- the final model -----------------------------------------------------------------------
+def final_weights(module, checkpoint: str | os.PathLike | None = None):
+    """(ModelConfig, {name: tensor}) of the trained model on rank 0.
+
+    From the LightningModule's own weights where rank 0 holds them whole (one process, DDP,
+    DeepSpeed ZeRO-1/2); where they are sharded (FSDP2 DTensors, ZeRO-3 partitions) from
+    ``checkpoint``, a file that holds them whole (FSDP2's full-file checkpoint, or a consolidated
+    DeepSpeed checkpoint). Returns None when neither is at hand."""
+    import torch
+
+    from pipeline.model import load_pretrained
+
+    model = module.model
+    params = list(model.parameters())
+    sharded = any(type(p).__name__ == "DTensor" or hasattr(p, "ds_id") for p in params)
+    if not sharded:
+        return model.config, {k: v.detach() for k, v in model.state_dict().items()
+                              if isinstance(v, torch.Tensor)}
+    if checkpoint is not None and Path(checkpoint).is_file():
+        loaded = load_pretrained(checkpoint)
+        return loaded.config, dict(loaded.state_dict())
+    return None
+
+
+def write_model_dir(out: Path, config, state: dict, manifest=None) -> Path:
+    """fp32 ``model.safetensors`` + ``sinklab_config.json`` (what ``load_pretrained`` reads),
+    with the dataset's ``tokenizer.json`` and ``dataset.json`` (manifest summary) beside them."""
+    from safetensors.torch import save_file
+
+    from pipeline.model.loading import CONFIG_NAME, WEIGHTS_NAME
+
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: (v.float() if v.is_floating_point() else v).to("cpu").contiguous() for k, v in state.items()}
+    if config.tie_embeddings:
+        tensors.pop("lm_head.weight", None)
+    save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt", "sinklab": "1"})
+    (out / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    if manifest is not None:
+        (out / "dataset.json").write_text(json.dumps(manifest_summary(manifest), indent=2) + "\n")
+        tokenizer = Path(manifest.root) / "tokenizer.json"
+        if tokenizer.is_file():
+            shutil.copyfile(tokenizer, out / "tokenizer.json")
+    return out
+
+
+def logged_model(client, run_id: str):
+    """The READY logged model named ``model`` of this run, or None."""
+    experiment_id = client.get_run(run_id).info.experiment_id
+    page_token = None
+    while True:
+        page = client.search_logged_models(experiment_ids=[experiment_id], filter_string=f"name = '{MODEL_NAME}'",
+                                           page_token=page_token)
+        for model in page:
+            if model.source_run_id == run_id and str(model.status).endswith("READY"):
+                return model
+        page_token = page.token
+        if not page_token:
+            return None
+
+
+def log_final_model(tracking_uri: str, run_id: str, config, state: dict, manifest=None, step: int = 0,
+                    tags: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """Log the weights as the run's model, unless the run already has one of this step (a
+    resumed run, or `make run` repeated, logs its final model once; a finished run trained
+    further gets the newer weights in place of the older). Returns {model_id, seconds, megabytes}, or
+    None when nothing was logged.
+
+    MLflow 3's logged-model API (create_logged_model / log_model_artifacts /
+    finalize_logged_model, linked to the run by log_outputs) rather than mlflow.pytorch.log_model:
+    the PyTorch flavour pickles the module object and infers pip requirements, while SinkLab's
+    own format (safetensors + config) loads without SinkLab's class being importable at the same
+    version; the logged model still fills the run's Model column and resolves runs:/<id>/model."""
+    from mlflow.entities import LoggedModelOutput
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    previous = logged_model(client, run_id)
+    if previous is not None and previous.tags.get("sinklab.step") == str(step):
+        return None  # this run's model at this step is logged already (a repeated or resumed start)
+    started = time.perf_counter()
+    run = client.get_run(run_id)
+    with tempfile.TemporaryDirectory(prefix="sinklab-model-") as tmp:
+        local = write_model_dir(Path(tmp) / MODEL_NAME, config, state, manifest)
+        size = sum(f.stat().st_size for f in local.iterdir())
+        model = client.create_logged_model(run.info.experiment_id, name=MODEL_NAME, source_run_id=run_id,
+                                           tags={"sinklab.format": "sinklab-safetensors",
+                                                 "sinklab.step": str(step), **(tags or {})},
+                                           model_type="sinklab-transformer")
+        try:
+            client.log_model_artifacts(model.model_id, str(local))
+            client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])
+        except BaseException:
+            client.finalize_logged_model(model.model_id, "FAILED")
+            raise
+        client.finalize_logged_model(model.model_id, "READY")
+    if previous is not None:  # a finished run trained further: its model is the newest weights, one per run
+        client.delete_logged_model(previous.model_id)
+    seconds = time.perf_counter() - started
+    client.set_tag(run_id, "sinklab.model_id", model.model_id)
+    return {"model_id": model.model_id, "seconds": seconds, "megabytes": size / 2**20}
+
+
+# ---- system metrics ------------------------------------------------------------------------
+class SystemMetrics:
+    """MLflow's SystemMetricsMonitor (CPU, RAM, disk, network; GPU with pynvml) on a run,
+    continuing its step count on a resumed run."""
+
+    def __init__(self, tracking_uri: str, run_id: str, sampling_s: float = SYSTEM_SAMPLING_S,
+                 samples_per_point: int = SYSTEM_SAMPLES_PER_POINT):
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self.monitor = SystemMetricsMonitor(run_id, sampling_interval=sampling_s,
+                                            samples_before_logging=samples_per_point,
+                                            resume_logging=True, tracking_uri=tracking_uri)
+        self.monitor.start()
+
+    def stop(self) -> None:
+        monitor, self.monitor = self.monitor, None
+        if monitor is not None:
+            try:
+                monitor.finish()
+            except Exception as exc:  # noqa: BLE001 - never fail a run over its system metrics
+                _notice(f"MLflow system metrics: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+def print_experiment_urls(tracking_uri: str) -> None:
+    """`make ui`: each SinkLab experiment's training-runs chart view."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        experiments = MlflowClient(tracking_uri).search_experiments()
+    except Exception as exc:  # noqa: BLE001
+        print(f"(no experiments listed: {type(exc).__name__})")
+        return
+    for exp in experiments:
+        if exp.tags.get(EXPERIMENT_KIND_TAG) == TRAINING_KIND:
+            print(f"  {exp.name}: {experiment_url(tracking_uri, exp.experiment_id)}")
+
+
+if __name__ == "__main__":
+    print_experiment_urls(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("MLFLOW_TRACKING_URI")
+                          or f"sqlite:///{Path.cwd() / 'mlruns' / 'mlflow.db'}")
