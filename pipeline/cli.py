@@ -38,6 +38,15 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"sinklab: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    if name == "export-hf" and any(a.startswith(("runs:/", "models:/")) for a in rest):
+        # the model package knows no MLflow: the run's logged model is downloaded here
+        from pipeline.analysis.run_models import RunModelError, resolve_argv
+
+        try:
+            rest = resolve_argv(rest)
+        except RunModelError as err:
+            print(f"sinklab export-hf: {err}", file=sys.stderr)
+            return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
     result = module.main(rest)
     return int(result or 0)

@@ -54,6 +54,16 @@ class Subject:
 
     def __init__(self, spec: str, kind: str, tokenizer: Path | None = None) -> None:
         self.spec = spec
+        self.run_id = None  # set for runs:/<run_id> and models:/<model_id>: results go back to that run
+        if str(spec).startswith(("runs:/", "models:/")):  # an MLflow run's logged model, downloaded
+            from pipeline.analysis.run_models import RunModelError, resolve_model
+
+            try:
+                resolved = resolve_model(spec)
+            except RunModelError as e:
+                raise SystemExit(f"sinklab analyze: {e}") from None
+            spec, kind, self.run_id, self.tracking_uri = str(resolved.path), "sinklab", resolved.run_id, resolved.tracking_uri
+            tokenizer = tokenizer or resolved.tokenizer
         self.kind = kind if kind != "auto" else self._detect(spec)
         self.tokenizer = None
         if self.kind == "sinklab":
@@ -63,7 +73,7 @@ class Subject:
             self.model.eval()
             self.vocab_size = self.model.config.vocab_size
             self.special_ids: set[int] = set()
-            self.source = spec
+            self.source = self.spec
             beside = Path(spec).with_name("tokenizer.json")
             if tokenizer is not None or beside.exists():
                 self.tokenizer = sinklab_tokenizer(tokenizer or beside)
@@ -270,7 +280,12 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     record["seconds"] = {"load": round(load_seconds, 2), "analysis": round(time.perf_counter() - started, 2)}
     write_json(record, out / "report.json")
     uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
+    if getattr(subject, "run_id", None) is not None:  # runs:/<id>: on the training run itself, under analysis/
+        from pipeline.analysis.run_models import log_analysis
+
+        record["mlflow_run_id"] = log_analysis(subject.tracking_uri, subject.run_id, record, out)
+        write_json(record, out / "report.json")
+    elif uri:
         record["mlflow_run_id"] = log_mlflow(uri, args.experiment, record, out)
         write_json(record, out / "report.json")
     return record
