@@ -86,6 +86,32 @@ def fit_command(run: PlannedRun, extra: list[str] = ()) -> list[str]:
             str(run.run_dir), "--resume", "auto", *extra]
 
 
+PARENT_ENV = "SINKLAB_PARENT_RUN_ID"  # read by `sinklab fit`: its run's mlflow.parentRunId
+
+
+def parent_run(mlflow: mlruns.MlflowClient, experiment: Experiment, scale: str) -> str:
+    """The run that groups the variants of one experiment at one scale in the MLflow UI (the
+    variants' runs carry its id as mlflow.parentRunId): found again on a repeated sweep,
+    created on the first. It holds the experiment's name, title and paper reference."""
+    from pipeline.train.mlflow_record import mark_training_experiment
+
+    found = mlflow.get_experiment_by_name(experiment.mlflow_experiment)
+    exp_id = found.experiment_id if found is not None else mlflow.create_experiment(experiment.mlflow_experiment)
+    mark_training_experiment(mlflow, exp_id)
+    existing = mlflow.search_runs([exp_id], filter_string=f"tags.`{mlruns.TAG_KIND}` = 'sweep' and "
+                                  f"tags.`{mlruns.TAG_SCALE}` = '{scale}'",
+                                  order_by=["attributes.start_time ASC"], max_results=1)
+    if existing:
+        return existing[0].info.run_id
+    tags = {mlruns.TAG_KIND: "sweep", mlruns.TAG_SCALE: scale, mlruns.TAG_EXPERIMENT: experiment.name,
+            "sinklab.paper_ref": experiment.paper_ref, "sinklab.title": experiment.title,
+            "mlflow.note.content": f"{experiment.title} ({experiment.paper_ref}), {scale} scale: "
+                                   f"{len(experiment.variants)} variants, one child run each"}
+    run = mlflow.create_run(exp_id, run_name=f"{experiment.name}/{scale}", tags=tags)
+    mlflow.log_param(run.info.run_id, "variants", ",".join(v.name for v in experiment.variants)[:6000])
+    return run.info.run_id
+
+
 def write_configs(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> None:
     for run in planned:
         if run.to_run:
@@ -134,7 +160,7 @@ def check_configs(experiment: Experiment, scale: str, planned: list[PlannedRun])
 
 
 def submit(experiment: Experiment, scale: str, planned: list[PlannedRun], runs_root: Path,
-           job_args: argparse.Namespace, extra: list[str]) -> str:
+           job_args: argparse.Namespace, extra: list[str], parent: str | None = None) -> str:
     """Submit every variant that has not finished as one SLURM job array; return its id."""
     from cluster.submit import JobSpec, submit_array
 
@@ -144,6 +170,8 @@ def submit(experiment: Experiment, scale: str, planned: list[PlannedRun], runs_r
                    job_name=f"sweep-{experiment.name}-{scale}", fit_args=list(extra))
     if os.environ.get("MLFLOW_TRACKING_URI"):
         spec.environment["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
+    if parent:
+        spec.environment[PARENT_ENV] = parent
     return submit_array([(r.config_path, r.run_dir) for r in todo],
                         sweep_dir(experiment, scale, runs_root), spec,
                         max_parallel=job_args.max_parallel)
@@ -190,7 +218,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_args(argv), extra
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, runner: Runner = subprocess_runner) -> int:
     args, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         experiment = load_experiment(args.experiment)
@@ -200,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                 experiment.variant(name)  # raises with the list of known variants
             experiment = dataclasses.replace(
                 experiment, variants=[v for v in experiment.variants if v.name in wanted])
-        planned = plan(experiment, args.scale, args.runs_root, mlruns.client())
+        mlflow = mlruns.client()
+        planned = plan(experiment, args.scale, args.runs_root, mlflow)
         print(format_plan(experiment, args.scale, planned))
         todo = [r for r in planned if r.to_run]
         if todo and not args.no_check:
@@ -214,12 +243,23 @@ def main(argv: list[str] | None = None) -> int:
             print("nothing to run: every variant has finished")
             return 0
         write_configs(experiment, args.scale, planned)
+        parent = parent_run(mlflow, experiment, args.scale)
+        print(f"MLflow parent run {parent} ({experiment.name}/{args.scale})")
         if args.submit:
-            job_id = submit(experiment, args.scale, planned, args.runs_root, args, extra)
+            job_id = submit(experiment, args.scale, planned, args.runs_root, args, extra, parent)
             print(f"submitted job array {job_id} with {len(todo)} tasks; logs in "
                   f"{sweep_dir(experiment, args.scale, args.runs_root) / 'slurm'}")
             return 0
-        codes = run_local(planned, extra=extra)
+        previous = os.environ.get(PARENT_ENV)
+        os.environ[PARENT_ENV] = parent  # each `sinklab fit` tags its run as a child of it
+        try:
+            codes = run_local(planned, runner=runner, extra=extra)
+        finally:
+            if previous is None:
+                os.environ.pop(PARENT_ENV, None)
+            else:
+                os.environ[PARENT_ENV] = previous
+        mlflow.set_terminated(parent, "FINISHED" if all(c == 0 for c in codes.values()) else "FAILED")
     except (ExperimentError, JobError) as error:
         print(f"sinklab sweep: {error}", file=sys.stderr)
         return 2

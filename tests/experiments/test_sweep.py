@@ -102,3 +102,37 @@ def test_submit_sends_one_job_array_of_the_unfinished_variants(tmp_path, mlflow_
     assert "#SBATCH --array=0-1" in script and "#SBATCH --partition=gpu" in script
     assert "#SBATCH --gpus-per-node=2" in script and "#SBATCH --time=1:00:00" in script
     assert "--trainer.max_steps 7" in script and f"MLFLOW_TRACKING_URI={mlflow_env.tracking_uri}" in script
+
+
+def test_a_sweep_groups_its_variants_under_one_parent_run(tmp_path, mlflow_env, unique_name, monkeypatch):
+    """Two variants trained for real (in this process) become the children of one parent run that
+    carries the experiment's name and paper reference; a repeated sweep reuses that parent."""
+    from experiment_helpers import make_dataset, micro_recipe
+
+    from pipeline.train.cli import main as fit
+
+    monkeypatch.chdir(tmp_path)
+    recipe = micro_recipe(tmp_path, make_dataset(tmp_path / "dataset"), steps=3)
+    path = write_experiment(tmp_path, unique_name, recipe=recipe, variants="""\
+      - {name: a, label: "variant a", overrides: {model.optim.weight_decay: 0.0}}
+      - {name: b, label: "variant b", overrides: {model.optim.weight_decay: 0.5}}
+    """)
+
+    def in_process(run, command):  # `sinklab fit ...` without a new interpreter
+        return fit(command[command.index("fit") + 1:] + ["--run.log_model", "false", "--run.system_metrics", "false"])
+
+    args = [str(path), "--local", "--no-check", "--runs-root", str(tmp_path / "runs")]
+    assert sweep.main(args, runner=in_process) == 0
+    exp = mlflow_env.get_experiment_by_name(f"sinklab/{unique_name}")
+    runs = mlflow_env.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("sinklab.kind") == "sweep"]
+    children = [r for r in runs if "sinklab.variant" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 2 and len(runs) == 3
+    parent = parents[0]
+    assert parent.info.run_name == f"{unique_name}/cpu" and parent.info.status == "FINISHED"
+    assert parent.data.tags["sinklab.paper_ref"] == "002 Table 2" and parent.data.tags["sinklab.experiment"] == unique_name
+    assert sorted(r.data.tags["sinklab.variant"] for r in children) == ["a", "b"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert sweep.parent_run(mlflow_env, load_experiment(path), "cpu") == parent.info.run_id
+    assert "SINKLAB_PARENT_RUN_ID" not in __import__("os").environ
