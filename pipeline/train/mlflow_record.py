@@ -105,9 +105,11 @@ def ui_base(tracking_uri: str) -> str:
     return "http://127.0.0.1:5000"
 
 
-def experiment_url(tracking_uri: str, experiment_id: str) -> str:
-    return (f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?workflowType={WORKFLOW_TYPE}"
-            f"&compareRunsMode=CHART&viewStateShareKey={SHARED_VIEW_KEY}")
+def experiment_url(tracking_uri: str, experiment_id: str, shared_view: bool = True) -> str:
+    """The experiment's training runs in the chart view; with ``shared_view`` (an experiment
+    :func:`mark_training_experiment` has marked) in SinkLab's chart order."""
+    url = f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?workflowType={WORKFLOW_TYPE}&compareRunsMode=CHART"
+    return url + (f"&viewStateShareKey={SHARED_VIEW_KEY}" if shared_view else "")
 
 
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
@@ -250,7 +252,7 @@ class SystemMetrics:
 
 
 def print_experiment_urls(tracking_uri: str) -> None:
-    """`make ui`: each SinkLab experiment's training-runs chart view."""
+    """`make ui`: each experiment's training-runs chart view."""
     from mlflow.tracking import MlflowClient
 
     try:
@@ -259,8 +261,9 @@ def print_experiment_urls(tracking_uri: str) -> None:
         print(f"(no experiments listed: {type(exc).__name__})")
         return
     for exp in experiments:
-        if exp.tags.get(EXPERIMENT_KIND_TAG) == TRAINING_KIND:
-            print(f"  {exp.name}: {experiment_url(tracking_uri, exp.experiment_id)}")
+        if exp.name != "Default":
+            marked = SHARED_VIEW_PREFIX + SHARED_VIEW_KEY in exp.tags
+            print(f"  {exp.name}: {experiment_url(tracking_uri, exp.experiment_id, marked)}")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,10 @@ def print_summary(cli) -> None:
     ]
     if getattr(logger, "_run_id", None):
         lines.append(f"MLflow       run {logger._run_id} in experiment '{logger.name}' at {logger._tracking_uri}")
-        lines.append("             open it: `make ui`, then http://127.0.0.1:5000")
+        from .mlflow_record import run_experiment_url
+
+        served = "" if logger._tracking_uri.startswith("http") else "`make ui`, then "
+        lines.append(f"             open it: {served}{run_experiment_url(logger._tracking_uri, logger._run_id)}")
     else:
         lines.append(f"MLflow       offline; metrics in {cli.run.metrics_path}")
     print("\n".join(lines), flush=True)
