@@ -221,11 +221,11 @@ def attention_cases(bench: Bench, sig: ModelConfig, ratios: dict[str, float]) ->
     mask = torch.full((context := bench.context, context), float("-inf"), device=bench.device).triu(1)[None, None]
     cases = {
         "attn softmax sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-        "attn sigmoid eager": lambda q, k, v: OPS["sigmoid"](q, k, mask.to(q.dtype), sig.attention, None).weights.to(v.dtype) @ v,
-        "attn sigmoid torch tiles": lambda q, k, v: blocked_attention(q, k, v, sig, impl="torch"),
+        "attn sigmoid eager": lambda q, k, v: OPS["sigmoid"].fn(q, k, mask.to(q.dtype), sig.attention, None).weights.to(v.dtype) @ v,
+        "attn sigmoid torch tiles": lambda q, k, v: blocked_attention(q, k, v, sig, similarity="sigmoid", impl="torch"),
     }
     if triton_tiles.available() and (bench.cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        cases["attn sigmoid fused triton"] = lambda q, k, v: blocked_attention(q, k, v, sig, impl="triton")
+        cases["attn sigmoid fused triton"] = lambda q, k, v: blocked_attention(q, k, v, sig, similarity="sigmoid", impl="triton")
     results = {name: bench.attention_only(name, fn, H, dh, batch) for name, fn in cases.items()}
     for result in results.values():
         print(result.line(), flush=True)

@@ -15,8 +15,9 @@ import torch
 from torch import Tensor
 
 from pipeline import metrics
+from pipeline.model.attention_ops import SCORE_KINDS
 
-ATTENTION_KINDS = ("probs", "sim_nonneg", "sim_signed")
+ATTENTION_KINDS = tuple(SCORE_KINDS)
 
 
 @dataclass

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-Similarity = Literal["sigmoid", "elu1", "identity"]
+Similarity = str  # a key of SIMILARITIES
 Normalizer = Literal["sum", "abs_clamp", "none"]
 MaskKind = Literal["causal", "prefix", "sliding"]
 ScoreBias = Callable[[Tensor, Tensor], Tensor]  # (query slot idx [bq], key slot idx [bk]) -> [1|H, bq, bk]
@@ -76,15 +76,27 @@ class TileSpec:
     block_k: int = 128
 
 
+def _sigmoid(s: Tensor) -> tuple[Tensor, Tensor]:
+    sim = torch.sigmoid(s)
+    return sim, sim * (1.0 - sim)
+
+
+def _elu1(s: Tensor) -> tuple[Tensor, Tensor]:
+    sim = F.elu(s) + 1.0                         # = exp(s) for s <= 0
+    return sim, torch.where(s > 0, torch.ones_like(s), sim)
+
+
+# f(s) and f'(s) of each similarity; identity is phi(q) phi(k)^T once phi is applied
+SIMILARITIES: dict[str, Callable[[Tensor], tuple[Tensor, Tensor]]] = {
+    "sigmoid": _sigmoid, "elu1": _elu1, "identity": lambda s: (s, torch.ones_like(s)),
+}
+
+
 def similarity_and_grad(s: Tensor, kind: Similarity) -> tuple[Tensor, Tensor]:
     """f(s) and f'(s)."""
-    if kind == "sigmoid":
-        sim = torch.sigmoid(s)
-        return sim, sim * (1.0 - sim)
-    if kind == "elu1":
-        sim = F.elu(s) + 1.0                     # = exp(s) for s <= 0
-        return sim, torch.where(s > 0, torch.ones_like(s), sim)
-    return s, torch.ones_like(s)
+    if kind not in SIMILARITIES:
+        raise ValueError(f"tiled attention: similarity {kind!r}; allowed {', '.join(SIMILARITIES)}")
+    return SIMILARITIES[kind](s)
 
 
 class _Tiles:

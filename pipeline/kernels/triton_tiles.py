@@ -39,9 +39,11 @@ def available() -> bool:
 
 
 def supports(spec: TileSpec, score_bias) -> bool:
-    """Whether the fused kernels compute this spec: p-norms and per-tile bias functions stay
-    on the torch tiles (a bias must be the model's [1|H, Tq, Tk] tensor)."""
-    return available() and spec.p == 1.0 and (score_bias is None or isinstance(score_bias, Tensor))
+    """Whether the fused kernels compute this spec: p-norms, per-tile bias functions and
+    similarities without a Triton form stay on the torch tiles (a bias must be the model's
+    [1|H, Tq, Tk] tensor)."""
+    return (available() and spec.p == 1.0 and spec.similarity in SIMILARITIES
+            and (score_bias is None or isinstance(score_bias, Tensor)))
 
 
 if triton is not None:

@@ -2,11 +2,10 @@
 
 Key slots that are not tokens come first, in this order: the k*/v* slot (kinds ``kv``/``k``),
 then the sink-logit column (a zero key with a zero value whose logit is a learned per-head
-scalar, or 0 for softmax-off-by-one). Softmax with p = 1 runs on
-F.scaled_dot_product_attention (flash-attn on CUDA when installed) unless attention
-probabilities are requested. Sigmoid, elu+1 and kernel ops train through the blocked kernels
-of pipeline.kernels (no T x T tensor); with weights requested, and for the rest, the eager
-ops of attention_ops.py run.
+scalar, or 0 for softmax-off-by-one). The op's entry in attention_ops.OPS picks the path
+(``Attention._path``): F.scaled_dot_product_attention (flash-attn on CUDA when installed) for
+softmax ops that SDPA expresses, the blocked kernels of pipeline.kernels (no T x T tensor) for
+ops with tiles, and the eager op otherwise and whenever attention weights are requested.
 """
 from __future__ import annotations
 
@@ -17,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.kernels import blocked_attention, supports as blocked_supports
+from pipeline.kernels import blocked_attention
 
-from .attention_ops import OPS, build_kernel
+from .attention_ops import build_kernel, op_spec
 from .config import ModelConfig
 from .masks import AttentionContext
 from .positional import apply_rotary
@@ -32,7 +31,6 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 class AttentionRecord(NamedTuple):
     weights: Tensor | None   # [B, H, Tq, Tk] incl. slot columns
-    kind: str
     q: Tensor | None         # [B, H, Tq, dh] after rotation
     k: Tensor | None         # [B, H, Tq, dh] keys of this step's inputs, after rotation
     v: Tensor | None
@@ -79,7 +77,7 @@ class Attention(nn.Module):
         self.kv_slot = KeyValueSlot(cfg) if b.kind in ("kv", "k") else None
         self.value_bias = nn.Parameter(torch.zeros(1 if b.shared_heads else H, dh)) if b.kind == "v" else None
         self.sink_logit = nn.Parameter(torch.zeros(H)) if a.sink_logit else None
-        self.op = OPS[a.op]
+        self.op = op_spec(a.op)
         self.kernel = build_kernel(a, dh)
 
     # ---- slots ---------------------------------------------------------------------------
@@ -123,23 +121,21 @@ class Attention(nn.Module):
             q = apply_rotary(q, *ctx.rotary_q)
             k = apply_rotary(k, *ctx.rotary_k)
 
-        use_sdpa = self.cfg.uses_sdpa and not need_weights
-        if self._use_blocked(ctx, layer_cache, need_weights):
+        path, weights = self._path(ctx, layer_cache, need_weights), None
+        if path == "sdpa":
+            keys, values, mask = self._with_slots(k, v, ctx, need_mask=False)
+            y = self._sdpa(q, keys, values, mask)
+        elif path == "blocked":
             slot_k = slot_v = None
             if self.kv_slot is not None:
                 slot_k, slot_v = (t.to(q.dtype) for t in self.kv_slot.keys_values(B, self.n_heads))
-            y = blocked_attention(q, k, v, self.cfg, kernel=self.kernel, slot_k=slot_k, slot_v=slot_v,
-                                  score_bias=ctx.score_bias)
-            weights, kind = None, None
-        elif use_sdpa:
-            keys, values, mask = self._with_slots(k, v, ctx, need_mask=False)
-            y = self._sdpa(q, keys, values, mask)
-            weights, kind = None, "probs"
+            y = blocked_attention(q, k, v, self.cfg, similarity=self.op.tiles, kernel=self.kernel,
+                                  slot_k=slot_k, slot_v=slot_v, score_bias=ctx.score_bias)
         else:
             keys, values, mask = self._with_slots(k, v, ctx, need_mask=True)
-            result = self.op(q, keys, mask, self.cfg.attention, self.kernel)
+            result = self.op.fn(q, keys, mask, self.cfg.attention, self.kernel)
             y = result.weights.to(values.dtype) @ values
-            weights, kind = (result.reported if need_weights else None), result.kind
+            weights = result.reported if need_weights else None
         if self.cfg.attention.scale != 1.0:
             y = y * self.cfg.attention.scale
         if self.value_bias is not None:
@@ -150,15 +146,20 @@ class Attention(nn.Module):
         record = None
         if need_weights or need_qkv:
             new_k, new_v = (k[:, :, -T:], v[:, :, -T:]) if need_qkv else (None, None)
-            record = AttentionRecord(weights, kind, q if need_qkv else None, new_k, new_v)
+            record = AttentionRecord(weights, q if need_qkv else None, new_k, new_v)
         return self.out(y), record
 
-    def _use_blocked(self, ctx: AttentionContext, layer_cache, need_weights: bool) -> bool:
-        """The training path of sigmoid / elu+1 / kernel attention (learned positional biases
-        and the sink-logit column stay on the eager ops)."""
+    def _path(self, ctx: AttentionContext, layer_cache, need_weights: bool) -> str:
+        """"sdpa", "blocked" or "eager" (always when weights are requested). The blocked kernels
+        take no learned positional bias, sink-logit column or streaming cache."""
+        if need_weights:
+            return "eager"
+        if self.op.sdpa and self.cfg.attention.p == 1.0:
+            return "sdpa"
         learned_bias = ctx.score_bias is not None and ctx.score_bias.requires_grad
-        return (not need_weights and layer_cache is None and blocked_supports(self.cfg)
-                and not self.cfg.has_sink_logit and not learned_bias)
+        if self.op.tiles and layer_cache is None and not self.cfg.has_sink_logit and not learned_bias:
+            return "blocked"
+        return "eager"
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         if mask is None:

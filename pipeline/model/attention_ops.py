@@ -1,32 +1,42 @@
-"""Attention operations (section 7.4, Tables 6, 14, 15, Eq. 43-44; seed 004), eager form.
+"""Attention operations (section 7.4, Tables 6, 14, 15, Eq. 43-44; seed 004): each is one
+``OpSpec`` in ``OPS``, and everything that depends on the operation reads that entry: the
+config's allowed values and checks, the path the model takes (SDPA, blocked kernels, eager),
+the kind of scores it reports, the sink metrics and the run summary.
 
-v_i = alpha * sum_j sim(phi(q_i), phi(k_j)) / Z_i * v_j. Each op below maps queries, keys
-and the additive mask (-inf where a pair is not admitted; finite entries carry positional
-biases, bias slots and the sink logit) to:
+v_i = alpha * sum_j sim(phi(q_i), phi(k_j)) / Z_i * v_j. An eager op maps queries, keys and the
+additive mask (-inf where a pair is not admitted; finite entries carry positional biases, bias
+slots and the sink logit) to:
 
 - ``weights`` [B, H, Tq, Tk]: what multiplies the values (before alpha);
-- ``reported``: what the model returns as "attentions" (probabilities for the softmax family,
-  the raw similarities otherwise, so metrics can form proxy scores);
-- ``kind``: "probs", "sim_nonneg" or "sim_signed".
-
-The softmax training path does not come here: it goes through SDPA in attention.py.
+- ``reported``: what the model returns as "attentions": probabilities, or the scores that the
+  sink metrics turn into proxy scores (see ``OpSpec.scores``).
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import AttentionConfig
+from pipeline.kernels.tiled import SIMILARITIES
+
+if TYPE_CHECKING:
+    from .config import AttentionConfig
+
+# What an op's reported scores are, and how the sink metrics read them: "probs" are the weights
+# the model attends with, at most one unit of attention per row, read as they are; the others
+# are similarities that metrics.proxy_scores turns into proxy scores.
+SCORE_KINDS = {"probs": "attention weights", "sim_nonneg": "proxy scores sim/Σ sim",
+               "sim_signed": "proxy scores |sim|/Σ|sim|"}
+NORMALIZERS = ("sum", "abs_clamp", "none")
 
 
 class OpResult(NamedTuple):
     weights: Tensor
     reported: Tensor
-    kind: str
 
 
 def scaled_scores(q: Tensor, k: Tensor, mask: Tensor) -> Tensor:
@@ -51,11 +61,8 @@ def _admitted(mask: Tensor) -> Tensor:
 def softmax_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
     """Softmax; with p != 1 the p-normalised softmax of Eq. 44: softmax(p s)^(1/p)."""
     s = scaled_scores(q, k, mask)
-    if a.p == 1.0:
-        w = torch.softmax(s, dim=-1)
-        return OpResult(w, w, "probs")
-    w = torch.softmax(a.p * s, dim=-1).pow(1.0 / a.p)
-    return OpResult(w, w, "sim_nonneg")
+    w = torch.softmax(s, dim=-1) if a.p == 1.0 else torch.softmax(a.p * s, dim=-1).pow(1.0 / a.p)
+    return OpResult(w, w)
 
 
 def clipped_softmax_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
@@ -63,7 +70,7 @@ def clipped_softmax_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, k
     s = scaled_scores(q, k, mask)
     w = ((a.clip_zeta - a.clip_gamma) * torch.softmax(s, dim=-1) + a.clip_gamma).clamp(0.0, 1.0)
     w = torch.where(_admitted(mask), w, torch.zeros_like(w))
-    return OpResult(w, w, "probs")
+    return OpResult(w, w)
 
 
 def _elementwise(fn: Callable[[Tensor], Tensor]):
@@ -71,7 +78,7 @@ def _elementwise(fn: Callable[[Tensor], Tensor]):
         admitted = _admitted(mask)
         s = scaled_scores(q, k, mask.masked_fill(~admitted, 0.0))
         sim = torch.where(admitted, fn(s), torch.zeros_like(s))
-        return OpResult(normalize(sim, a.normalizer, a.p), sim, "sim_nonneg")
+        return OpResult(normalize(sim, a.normalizer, a.p), sim)
 
     return op
 
@@ -86,24 +93,7 @@ def kernel_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn
     admitted = _admitted(mask)
     s = (kernel(q) @ kernel(k).transpose(-2, -1)) / math.sqrt(q.shape[-1])
     sim = torch.where(admitted, s, torch.zeros_like(s))
-    kind = "sim_nonneg" if a.kernel == "elu1" else "sim_signed"
-    return OpResult(normalize(sim, a.normalizer, 1.0), sim, kind)
-
-
-def reports_probabilities(a: AttentionConfig) -> bool:
-    """Whether ``OPS[a.op]`` reports attention probabilities (kind "probs"); otherwise the sink
-    metrics are computed on proxy scores sim / sum(sim) (section 7.4)."""
-    return a.op == "clipped_softmax" or (a.op in ("softmax", "softmax_off_by_one") and a.p == 1.0)
-
-
-OPS = {
-    "softmax": softmax_op,
-    "softmax_off_by_one": softmax_op,  # the extra zero logit is a key slot (attention.py)
-    "clipped_softmax": clipped_softmax_op,
-    "sigmoid": sigmoid_op,
-    "elu1": elu1_op,
-    "kernel": kernel_op,
-}
+    return OpResult(normalize(sim, a.normalizer, 1.0), sim)
 
 
 class Elu1(nn.Module):
@@ -123,7 +113,105 @@ class KernelMLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-def build_kernel(a: AttentionConfig, head_dim: int) -> nn.Module | None:
-    if a.op != "kernel":
-        return None
+def _kernel_phi(a: AttentionConfig, head_dim: int) -> nn.Module:
     return {"identity": nn.Identity, "elu1": Elu1}.get(a.kernel, lambda: KernelMLP(head_dim))()
+
+
+def _kernel_scores(a: AttentionConfig) -> str:
+    return "sim_nonneg" if a.kernel == "elu1" else "sim_signed"
+
+
+OpFn = Callable[[Tensor, Tensor, Tensor, "AttentionConfig", "nn.Module | None"], OpResult]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One attention operation and every fact the rest of SinkLab needs about it.
+
+    fn: the eager form (q, k, mask, attention config, phi) -> OpResult; every path is checked
+      against it.
+    scores: what ``reported`` holds (a key of SCORE_KINDS), or a function of the attention
+      config for ops where that depends on another field. With p != 1 "probs" becomes
+      "sim_nonneg": the p-norm of a row, not its sum, is one.
+    softmax: rows are a softmax of the logits, so a sink logit (one more logit in the
+      denominator, a key column with a zero value) is defined.
+    normalizers: the values of ``attention.normalizer`` it accepts (only "sum" for ops that
+      carry their own denominator).
+    p_norm: accepts ``attention.p`` != 1 (Eq. 43-44).
+    sdpa: at p = 1 the training path may run F.scaled_dot_product_attention (a softmax).
+    tiles: the similarity f of ``pipeline.kernels`` (a key of ``tiled.SIMILARITIES``) when the
+      op is f(q k^T * scale + b) / Z: the training path then never builds a T x T tensor; the
+      fused Triton tiles cover the similarities in ``triton_tiles.SIMILARITIES``. "identity"
+      with phi is linear attention (the chunked O(T d_h^2) form under causal/prefix masks).
+    zero_logit: one more logit fixed at 0 in the denominator (a key slot, like the sink logit).
+    score_biases: additive positional biases (ALiBi, relative, T5) are defined for it.
+    phi: builds the feature map applied to queries and keys (the layer owns its parameters).
+    """
+
+    name: str
+    fn: OpFn
+    scores: str | Callable[[AttentionConfig], str]
+    softmax: bool = False
+    normalizers: tuple[str, ...] = ("sum",)
+    p_norm: bool = False
+    sdpa: bool = False
+    tiles: str | None = None
+    zero_logit: bool = False
+    score_biases: bool = True
+    phi: Callable[[AttentionConfig, int], nn.Module] | None = None
+
+    def kind(self, a: AttentionConfig) -> str:
+        """The kind of ``reported`` for this config: "probs", "sim_nonneg" or "sim_signed"."""
+        kind = self.scores(a) if callable(self.scores) else self.scores
+        return "sim_nonneg" if kind == "probs" and a.p != 1.0 else kind
+
+
+OPS: dict[str, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    """Add an operation; refuses a taken name or an entry that names what does not exist."""
+    broken = {
+        f"name {spec.name!r} is taken": spec.name in OPS,
+        "fn is not callable": not callable(spec.fn),
+        f"scores must be one of {', '.join(SCORE_KINDS)}": not callable(spec.scores) and spec.scores not in SCORE_KINDS,
+        f"normalizers must be among {', '.join(NORMALIZERS)}": not set(spec.normalizers) <= set(NORMALIZERS),
+        "normalizers is empty": not spec.normalizers,
+        f"tiles must be one of {', '.join(SIMILARITIES)}": spec.tiles is not None and spec.tiles not in SIMILARITIES,
+        "sdpa and zero_logit need a softmax op": (spec.sdpa or spec.zero_logit) and not spec.softmax,
+    }
+    if any(broken.values()):
+        raise ValueError(f"attention op {spec.name!r}: " + "; ".join(msg for msg, bad in broken.items() if bad))
+    OPS[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    op_spec(name)
+    del OPS[name]
+
+
+def op_spec(name: str) -> OpSpec:
+    if name not in OPS:
+        raise ValueError(f"unknown attention op {name!r}; registered: {', '.join(OPS)}")
+    return OPS[name]
+
+
+def build_kernel(a: AttentionConfig, head_dim: int) -> nn.Module | None:
+    phi = op_spec(a.op).phi
+    return None if phi is None else phi(a, head_dim)
+
+
+def reports_probabilities(a: AttentionConfig) -> bool:
+    """Whether the op reports attention probabilities; otherwise the sink metrics are computed
+    on proxy scores sim / sum(sim) (section 7.4)."""
+    return op_spec(a.op).kind(a) == "probs"
+
+
+register(OpSpec("softmax", softmax_op, scores="probs", softmax=True, p_norm=True, sdpa=True))
+register(OpSpec("sigmoid", sigmoid_op, scores="sim_nonneg", normalizers=NORMALIZERS, p_norm=True, tiles="sigmoid"))
+register(OpSpec("elu1", elu1_op, scores="sim_nonneg", normalizers=NORMALIZERS, tiles="elu1"))
+register(OpSpec("kernel", kernel_op, scores=_kernel_scores, normalizers=NORMALIZERS, tiles="identity",
+                score_biases=False, phi=_kernel_phi))
+register(OpSpec("softmax_off_by_one", softmax_op, scores="probs", softmax=True, sdpa=True, zero_logit=True))
+register(OpSpec("clipped_softmax", clipped_softmax_op, scores="probs", softmax=True))

@@ -10,14 +10,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_type_hints
 
+from .attention_ops import NORMALIZERS, OPS, op_spec
+
 Positional = Literal["rope", "nope", "sinusoidal", "learned", "relative", "t5", "alibi"]
 NormPosition = Literal["pre", "post"]
 FFNKind = Literal["swiglu", "geglu", "reglu", "relu", "gelu", "swish"]
 HeadMerge = Literal["concat", "sum"]
 MaskKind = Literal["causal", "prefix", "sliding"]
-AttentionOp = Literal["softmax", "sigmoid", "elu1", "kernel", "softmax_off_by_one", "clipped_softmax"]
+# the ops registered in attention_ops.py, so that the CLI lists them; validation reads OPS itself
+AttentionOp = Literal[tuple(OPS)]
 Kernel = Literal["identity", "elu1", "mlp"]
-Normalizer = Literal["sum", "abs_clamp", "none"]
+Normalizer = Literal[NORMALIZERS]
 BiasKind = Literal["none", "kv", "k", "v"]
 FixedValue = Literal["onehot", "uniform"]
 
@@ -30,10 +33,10 @@ class ConfigError(ValueError):
 class AttentionConfig:
     """How queries meet keys (paper section 7.4, Tables 6, 14, 15; seed 004 mitigations).
 
-    op: similarity function. ``softmax`` (default), ``sigmoid`` = sigmoid(qk/sqrt(dh)),
-      ``elu1`` = elu(qk/sqrt(dh)) + 1, ``kernel`` = phi(q) phi(k)^T / sqrt(dh);
-      beyond the paper: ``softmax_off_by_one`` (Miller 2023), ``clipped_softmax``
-      (Bondarenko et al. 2023).
+    op: similarity function, an entry of ``attention_ops.OPS``. ``softmax`` (default),
+      ``sigmoid`` = sigmoid(qk/sqrt(dh)), ``elu1`` = elu(qk/sqrt(dh)) + 1, ``kernel`` =
+      phi(q) phi(k)^T / sqrt(dh); beyond the paper: ``softmax_off_by_one`` (Miller 2023),
+      ``clipped_softmax`` (Bondarenko et al. 2023).
     normalizer: Z_i for non-softmax ops: ``sum`` (Z = sum_j sim, or its p-norm),
       ``abs_clamp`` (Z = max(|sum_j sim|, 1), for signed kernels), ``none`` (Z = 1).
     kernel: phi for ``op=kernel``: identity, elu1 (elu+1) or mlp (per-layer 2-layer MLP).
@@ -127,13 +130,7 @@ class ModelConfig:
 
     @property
     def has_sink_logit(self) -> bool:
-        return self.attention.sink_logit or self.attention.op == "softmax_off_by_one"
-
-    @property
-    def uses_sdpa(self) -> bool:
-        """Whether the training path can use F.scaled_dot_product_attention."""
-        a = self.attention
-        return a.op in ("softmax", "softmax_off_by_one") and a.p == 1.0
+        return self.attention.sink_logit or op_spec(self.attention.op).zero_logit
 
     # ---- validation ----------------------------------------------------------------------
     def validate(self) -> None:
@@ -162,23 +159,25 @@ class ModelConfig:
                 f"model.relative_max_distance={self.relative_max_distance}: must exceed relative_buckets/2"
             )
         a, b = self.attention, self.biases
+        op = OPS[a.op]  # _check_literals has checked the name against OPS
         if a.scale <= 0:
             raise ConfigError(f"model.attention.scale={a.scale}: alpha must be > 0")
         if a.p <= 0:
             raise ConfigError(f"model.attention.p={a.p}: must be > 0")
-        if a.op in ("softmax", "softmax_off_by_one", "clipped_softmax") and a.normalizer != "sum":
+        if a.normalizer not in op.normalizers:
             raise ConfigError(
-                f"model.attention.normalizer={a.normalizer}: op={a.op} always normalises; use 'sum'"
+                f"model.attention.normalizer={a.normalizer}: op={a.op} takes {' or '.join(map(repr, op.normalizers))}"
             )
-        if a.op != "softmax" and a.p != 1.0 and a.op != "sigmoid":
-            raise ConfigError(f"model.attention.p={a.p}: p-normalisation is defined for op softmax or sigmoid")
-        if a.p != 1.0 and a.op == "sigmoid" and a.normalizer != "sum":
-            raise ConfigError("model.attention.p: p-normalised sigmoid needs normalizer='sum'")
-        if a.sink_logit and a.op not in ("softmax", "softmax_off_by_one", "clipped_softmax"):
+        if a.p != 1.0 and not op.p_norm:
+            p_ops = " or ".join(name for name, spec in OPS.items() if spec.p_norm)
+            raise ConfigError(f"model.attention.p={a.p}: p-normalisation is defined for op {p_ops}")
+        if a.p != 1.0 and a.normalizer != "sum":
+            raise ConfigError(f"model.attention.p: p-normalised {a.op} needs normalizer='sum'")
+        if a.sink_logit and not op.softmax:
             raise ConfigError(f"model.attention.sink_logit=true: needs a softmax op, got op={a.op}")
-        if a.op == "kernel" and self.positional in ("alibi", "relative", "t5"):
+        if not op.score_biases and self.positional in ("alibi", "relative", "t5"):
             raise ConfigError(
-                f"model.positional={self.positional}: additive score biases are undefined for op=kernel; "
+                f"model.positional={self.positional}: additive score biases are undefined for op={a.op}; "
                 "use rope, nope, sinusoidal or learned"
             )
         if b.key_dims < 0 or b.key_dims > self.head_dim:
@@ -251,7 +250,7 @@ def _check_literals(obj: Any, prefix: str) -> None:
         hint = hints[f.name]
         value = getattr(obj, f.name)
         if getattr(hint, "__origin__", None) is Literal:
-            allowed = get_args(hint)
+            allowed = tuple(OPS) if hint == AttentionOp else get_args(hint)  # ops registered later count
             if value not in allowed:
                 raise ConfigError(
                     f"model.{prefix}{f.name}={value!r}: allowed values are {', '.join(map(str, allowed))}"

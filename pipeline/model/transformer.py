@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import Attention
+from .attention_ops import op_spec
 from .cache import StreamingCache
 from .config import ModelConfig
 from .ffn import build_ffn
@@ -158,22 +159,12 @@ class Transformer(nn.Module):
             n_key_slots=cfg.n_bias_slots + sinks_in_keys,
             hidden_states=hidden if output_hidden_states else None,
         )
+        out.attention_kind = op_spec(cfg.attention.op).kind(cfg.attention)
         if output_attentions:
             out.attentions = [r.weights for r in records]
-            out.attention_kind = records[0].kind
-        else:
-            out.attention_kind = _kind_of(cfg)
         if output_qkv:
             out.queries = [r.q[:, :, n_sinks:] for r in records]
             out.keys = [r.k[:, :, n_sinks:] for r in records]
             out.values = [r.v[:, :, n_sinks:] for r in records]
         return out
 
-
-def _kind_of(cfg: ModelConfig) -> str:
-    a = cfg.attention
-    if a.op in ("softmax", "softmax_off_by_one", "clipped_softmax"):
-        return "probs" if a.p == 1.0 else "sim_nonneg"
-    if a.op == "kernel" and a.kernel != "elu1":
-        return "sim_signed"
-    return "sim_nonneg"

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pipeline.kernels import blocked_attention, chunked_linear_attention, supports, triton_tiles
+from pipeline.kernels import blocked_attention, chunked_linear_attention, triton_tiles
+from pipeline.kernels.tiled import similarity_and_grad
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.attention_ops import OPS, build_kernel
 from pipeline.model.masks import admitted_pairs
@@ -47,7 +48,12 @@ def _eager(cfg, q, k, v, kernel, slot_k=None, slot_v=None, score_bias=None):
     if slot_k is not None:
         mask = torch.cat((torch.zeros(1, mask.shape[1], Tq, slot_k.shape[2], dtype=q.dtype), mask), -1)
         k, v = torch.cat((slot_k, k), 2), torch.cat((slot_v, v), 2)
-    return OPS[cfg.attention.op](q, k, mask, cfg.attention, kernel).weights @ v
+    return OPS[cfg.attention.op].fn(q, k, mask, cfg.attention, kernel).weights @ v
+
+
+def _blocked(q, k, v, cfg, **kwargs):
+    """blocked_attention with the similarity the model passes: the op's registry entry."""
+    return blocked_attention(q, k, v, cfg, similarity=OPS[cfg.attention.op].tiles, **kwargs)
 
 
 def _inputs(seed, n_slots=0, dtype=torch.float64, tq=T):
@@ -63,9 +69,9 @@ def _compare(cfg, kernel, q, k, v, slot_k=None, slot_v=None, score_bias=None, bl
     """bias_tensor: score_bias as the model's [1|H, Tq, Tk] tensor for the blocked path."""
     leaves = [t for t in (q, k, v, slot_k, slot_v) if t is not None] + (list(kernel.parameters()) if kernel else [])
     ref = _eager(cfg, q, k, v, kernel, slot_k, slot_v, score_bias)
-    out = blocked_attention(q, k, v, cfg, kernel=kernel, slot_k=slot_k, slot_v=slot_v,
-                            score_bias=score_bias if bias_tensor is None else bias_tensor,
-                            block_size=block, query_block=query_block, impl=impl)
+    out = _blocked(q, k, v, cfg, kernel=kernel, slot_k=slot_k, slot_v=slot_v,
+                   score_bias=score_bias if bias_tensor is None else bias_tensor,
+                   block_size=block, query_block=query_block, impl=impl)
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
     weight = torch.randn_like(ref)
     g_ref = torch.autograd.grad((ref * weight).sum(), leaves)
@@ -99,7 +105,7 @@ def test_score_bias_given_as_the_models_tensor():
     q, k, v, *_ = _inputs(7, tq=11)
     tensor = ALiBi(cfg).score_bias(torch.arange(T - 11, T), torch.arange(T))
     ref = _eager(cfg, q, k, v, None, score_bias=ALiBi(cfg).score_bias)
-    torch.testing.assert_close(blocked_attention(q, k, v, cfg, score_bias=tensor, block_size=4), ref)
+    torch.testing.assert_close(_blocked(q, k, v, cfg, score_bias=tensor, block_size=4), ref)
 
 
 def test_sink_tokens_shift_the_prefix_and_queries_may_be_a_suffix():
@@ -153,9 +159,9 @@ def test_fused_triton_tiles_refuse_what_they_do_not_compute():
     cfg = _config(dict(op="sigmoid", normalizer="sum", p=2.0), dict(mask="causal"))
     q, k, v, *_ = _inputs(5)
     with pytest.raises(ValueError, match="impl='triton' needs"):
-        blocked_attention(q, k, v, cfg, impl="triton")
+        _blocked(q, k, v, cfg, impl="triton")
     with pytest.raises(ValueError, match="impl='cuda'; allowed auto, torch, triton"):
-        blocked_attention(q, k, v, cfg, impl="cuda")
+        _blocked(q, k, v, cfg, impl="cuda")
 
 
 def test_learned_score_bias_is_refused():
@@ -163,18 +169,23 @@ def test_learned_score_bias_is_refused():
     q, k, v, *_ = _inputs(5)
     t5 = T5Bias(cfg)
     with pytest.raises(ValueError, match="learned bias"):
-        blocked_attention(q, k, v, cfg, score_bias=t5.score_bias)
+        _blocked(q, k, v, cfg, score_bias=t5.score_bias)
     with pytest.raises(ValueError, match="learned bias"):
-        blocked_attention(q, k, v, cfg, score_bias=t5.score_bias(torch.arange(T), torch.arange(T)))
+        _blocked(q, k, v, cfg, score_bias=t5.score_bias(torch.arange(T), torch.arange(T)))
     if triton_tiles.available():
         with pytest.raises(ValueError, match="learned bias"):
-            blocked_attention(q, k, v, cfg, score_bias=t5.score_bias(torch.arange(T), torch.arange(T)),
-                              impl="triton")
+            _blocked(q, k, v, cfg, score_bias=t5.score_bias(torch.arange(T), torch.arange(T)), impl="triton")
 
 
-def test_softmax_is_not_claimed():
-    assert not supports(_config(dict(op="softmax"), dict(mask="causal")))
-    assert supports(_config(dict(op="elu1"), dict(mask="causal")))
+def test_only_known_similarities_are_computed():
+    assert OPS["softmax"].tiles is None and OPS["elu1"].tiles == "elu1"
+    q, k, v, *_ = _inputs(5)
+    with pytest.raises(ValueError, match="similarity='softmax'; allowed sigmoid, elu1, identity"):
+        blocked_attention(q, k, v, _config(dict(op="softmax"), dict(mask="causal")), similarity="softmax")
+    with pytest.raises(ValueError, match="similarity 'relu'"):
+        similarity_and_grad(q, "relu")
+    for spec in OPS.values():  # the ops with tiles train through the fused kernels on a GPU
+        assert spec.tiles is None or spec.tiles in triton_tiles.SIMILARITIES
 
 
 def test_float32_matches_within_float_tolerance():
@@ -216,7 +227,7 @@ def test_no_tensor_of_t_by_t_elements_is_allocated(attention):
     kernel = build_kernel(cfg.attention, dh)
     q, k, v = (torch.randn(1, 1, t, dh, requires_grad=True) for _ in range(3))
     with _LargestAllocation() as probe:
-        out = blocked_attention(q, k, v, cfg, kernel=kernel, block_size=32)
+        out = _blocked(q, k, v, cfg, kernel=kernel, block_size=32)
         out.square().sum().backward()
     assert probe.largest <= t * 32 == t * t // 32, probe.largest
     assert math.isfinite(q.grad.sum().item())

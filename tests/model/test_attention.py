@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.model import ModelConfig, Transformer
-from pipeline.model.attention_ops import OPS, build_kernel, reports_probabilities
+from pipeline.model.attention_ops import OPS, SCORE_KINDS, build_kernel
 from pipeline.model.positional import apply_rotary
 
 
@@ -205,11 +205,19 @@ def _qkvm(T=5, dh=4, slots=0, seed=0):
 OP_CONFIGS = [
     dict(op="softmax"), dict(op="softmax", p=0.5), dict(op="softmax", scale=0.2), dict(op="clipped_softmax"),
     dict(op="sigmoid", normalizer="none"), dict(op="sigmoid", normalizer="sum"), dict(op="sigmoid", p=2.0),
-    dict(op="elu1", normalizer="none"), dict(op="elu1", normalizer="sum"),
+    dict(op="sigmoid", normalizer="abs_clamp"), dict(op="elu1", normalizer="abs_clamp"),
+    dict(op="elu1", normalizer="none"), dict(op="elu1", normalizer="sum"), dict(op="softmax_off_by_one"),
     dict(op="kernel", kernel="identity", normalizer="none"), dict(op="kernel", kernel="identity", normalizer="abs_clamp"),
     dict(op="kernel", kernel="elu1", normalizer="sum"), dict(op="kernel", kernel="elu1", normalizer="none"),
     dict(op="kernel", kernel="mlp", normalizer="abs_clamp"), dict(op="kernel", kernel="mlp", normalizer="none"),
 ]
+
+
+def test_op_table_covers_every_registered_op_and_what_it_accepts():
+    for name, spec in OPS.items():
+        rows = [c for c in OP_CONFIGS if c["op"] == name]
+        assert {c.get("normalizer", "sum") for c in rows} == set(spec.normalizers), name
+        assert any(c.get("p", 1.0) != 1.0 for c in rows) == spec.p_norm, name
 
 
 @pytest.mark.parametrize("acfg", OP_CONFIGS, ids=lambda a: "-".join(map(str, a.values())))
@@ -220,7 +228,7 @@ def test_every_operation_passes_gradcheck(acfg):
         kernel.double()
     q, k, v, mask = _qkvm()
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-    fn = lambda q, k, v: OPS[a.op](q, k, mask, a, kernel).weights @ v
+    fn = lambda q, k, v: OPS[a.op].fn(q, k, mask, a, kernel).weights @ v
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-5)
 
 
@@ -232,10 +240,9 @@ def test_sigmoid_and_elu_ops_by_hand():
         sim = torch.where(causal, fn(s.nan_to_num(neginf=0)), torch.zeros_like(s))
         for normalizer, expected in (("none", sim), ("sum", sim / sim.sum(-1, keepdim=True))):
             a = ModelConfig.preset("micro", attention={"op": op, "normalizer": normalizer}).attention
-            r = OPS[op](q, k, mask, a, None)
+            r = OPS[op].fn(q, k, mask, a, None)
             torch.testing.assert_close(r.weights, expected)
             torch.testing.assert_close(r.reported, sim)
-            assert r.kind == "sim_nonneg"
 
 
 def test_p_normalised_softmax_equals_eq43_directly():
@@ -244,23 +251,23 @@ def test_p_normalised_softmax_equals_eq43_directly():
         a = ModelConfig.preset("micro", attention={"p": p}).attention
         sim = torch.exp(q @ k.transpose(-1, -2) / 2.0 + mask)
         expected = sim / sim.pow(p).sum(-1, keepdim=True).pow(1 / p)         # Eq. 43
-        torch.testing.assert_close(OPS["softmax"](q, k, mask, a, None).weights, expected)
+        torch.testing.assert_close(OPS["softmax"].fn(q, k, mask, a, None).weights, expected)
 
 
 def test_abs_clamp_normaliser_is_max_abs_sum_one():
     q, k, v, mask = _qkvm()
     a = ModelConfig.preset("micro", attention={"op": "kernel", "kernel": "identity", "normalizer": "abs_clamp"}).attention
-    r = OPS["kernel"](q, k, mask, a, torch.nn.Identity())
+    r = OPS["kernel"].fn(q, k, mask, a, torch.nn.Identity())
     sim = torch.where(torch.isfinite(mask), q @ k.transpose(-1, -2) / 2.0, torch.zeros(()))
     torch.testing.assert_close(r.weights, sim / sim.sum(-1, keepdim=True).abs().clamp(min=1))
-    assert r.kind == "sim_signed" and torch.any(r.reported < 0)
+    assert OPS["kernel"].kind(a) == "sim_signed" and torch.any(r.reported < 0)
 
 
 def test_clipped_softmax_formula():
     q, k, v, mask = _qkvm()
     a = ModelConfig.preset("micro", attention={"op": "clipped_softmax", "clip_gamma": -0.1, "clip_zeta": 1.1}).attention
     expected = (1.2 * torch.softmax(q @ k.transpose(-1, -2) / 2.0 + mask, -1) - 0.1).clamp(0, 1)
-    torch.testing.assert_close(OPS["clipped_softmax"](q, k, mask, a, None).weights, expected)
+    torch.testing.assert_close(OPS["clipped_softmax"].fn(q, k, mask, a, None).weights, expected)
 
 
 @pytest.mark.parametrize("acfg", [dict(op="sigmoid", normalizer="none"), dict(op="kernel", kernel="mlp", normalizer="abs_clamp"),
@@ -281,10 +288,20 @@ def test_non_softmax_models_overfit_a_tiny_batch(acfg):
     assert losses[-1] < 0.2 * losses[0]
 
 
-@pytest.mark.parametrize("op,p", [(op, 1.0) for op in sorted(OPS)] + [("softmax", 2.0), ("sigmoid", 2.0)])
-def test_reports_probabilities_matches_what_each_op_returns(op, p):
-    """The run summary labels proxy scores from the config alone; it must agree with the ops."""
-    q, k, v, mask = _qkvm()
-    a = ModelConfig.preset("micro", attention={"op": op, "p": p, "kernel": "elu1"}).attention
+@pytest.mark.parametrize("acfg", OP_CONFIGS + [dict(op="kernel", kernel="elu1", normalizer="abs_clamp")],
+                         ids=lambda a: "-".join(map(str, a.values())))
+def test_each_op_reports_what_its_entry_claims(acfg):
+    """probs: the weights the model attends with, each row at most one unit of attention (the
+    sink metrics read them as they are); sim_nonneg: no negative score (the metrics' proxy is
+    sim / sum sim); sim_signed may be negative (|sim| / sum |sim|). Masked pairs report 0."""
+    q, k, v, mask = _qkvm(slots=1)
+    a = ModelConfig.preset("micro", attention=acfg).attention
     kernel = build_kernel(a, q.shape[-1])
-    assert reports_probabilities(a) == (OPS[op](q, k, mask, a, kernel).kind == "probs")
+    result = OPS[a.op].fn(q, k, mask, a, None if kernel is None else kernel.double())
+    kind, reported = OPS[a.op].kind(a), result.reported
+    assert kind in SCORE_KINDS
+    if kind == "probs":
+        assert torch.equal(reported, result.weights) and reported.sum(-1).max() <= 1 + 1e-12
+    if kind != "sim_signed":
+        assert reported.min() >= 0
+    assert torch.all(reported[torch.isinf(mask).expand_as(reported)] == 0)
