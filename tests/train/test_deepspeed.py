@@ -7,6 +7,7 @@ wrote consolidates, loads and exports to Hugging Face."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -209,3 +210,17 @@ def test_the_paper_recipe_assembles_its_zero_stage(tiny_ds, tmp_path, monkeypatc
     for name in ("deepspeed", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"):
         assert StrategyRegistry[name]["strategy"] is DeepSpeedStrategy
     assert issubclass(DeepSpeedStrategy, LightningDeepSpeedStrategy)
+
+
+def test_resume_auto_passes_over_a_deepspeed_checkpoint_missing_a_partition(runs, tiny_ds, tmp_path, mlflow_server):
+    run_dir = tmp_path / "damaged"
+    for step in (4, 8):
+        name = f"step-{step:06d}.ckpt"
+        shutil.copytree(runs["zero2"] / "checkpoints" / name, run_dir / "checkpoints" / name)
+    lost = run_dir / "checkpoints" / "step-000008.ckpt" / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    lost.unlink()
+    out = fit(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--resume", "auto", *zero(2),
+               "--trainer.max_steps", "6"], mlflow_server)
+    assert (f"sinklab fit: warning: passing over {lost.parents[1]}: written by 2 ranks but "
+            "zero_pp_rank_1_mp_rank_00_optim_states.pt is missing") in out
+    assert sorted(losses(run_dir)) == [4, 5] and losses(run_dir)[4] == losses(runs["zero2"])[4]
