@@ -41,7 +41,9 @@ class RunOptions:
     variant: one-line summary of what this run changes (a tag; default: derived).
     checkpoint_every / keep_last: step checkpoints and how many to keep (0 = all).
     sink_every / plot_every: cadence of the live sink metrics and the alpha_1 heat maps.
-    val_every: validation cadence in optimizer steps. throughput_window: steps per tokens/s value."""
+    val_every: validation cadence in optimizer steps. throughput_window: steps per tokens/s value.
+    log_model: log the final weights to the MLflow run (a logged model named `model`, once per run).
+    system_metrics: MLflow's system metrics (CPU, RAM, GPU where present) on the run."""
 
     name: str = "sinklab"
     experiment: str = "sinklab"
@@ -52,6 +54,8 @@ class RunOptions:
     plot_every: int = 2000
     val_every: int = 500
     throughput_window: int = 20
+    log_model: bool = True
+    system_metrics: bool = True
 
 
 _LOCKED: list[RunDir] = []  # run dirs this process locked, released on the way out
@@ -94,10 +98,12 @@ class SinkLabCLI(LightningCLI):
                 "sinklab.run_dir": str(self.run.root.resolve()), "sinklab.status": "running"}
         if os.environ.get("SLURM_JOB_ID"):
             tags["sinklab.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+        if os.environ.get("SINKLAB_PARENT_RUN_ID"):  # set by `sinklab sweep`: the experiment's parent run
+            tags["mlflow.parentRunId"] = os.environ["SINKLAB_PARENT_RUN_ID"]
         params = flatten(_as_plain(cfg))
         resumed = CKPT_RE.match(Path(self.resume_from).name) if self.resume_from else None
         self.run_id = open_run(self.run, opts.experiment, opts.name, tags, params, [config_file],
-                               resume_step=int(resumed.group(1)) if resumed else None)
+                               resume_step=int(resumed.group(1)) if resumed else None, manifest=manifest)
 
     def _resume_path(self, resume: str) -> str | None:
         if resume == "auto":
@@ -120,6 +126,8 @@ class SinkLabCLI(LightningCLI):
             raise ConfigError("trainer.accumulate_grad_batches is derived from data.global_batch_tokens, "
                              "data.micro_batch_size and the world size; leave it unset")
         logger = RunLogger(str(self.run.root), opts.experiment, self.run_id)
+        if opts.system_metrics and self.rank0:
+            logger.start_system_metrics()
         context = data.manifest.context_length
         self.sink_cb = SinkMetrics(opts.sink_every, opts.plot_every, self.run.root)
         self.throughput_cb = Throughput(data.global_batch_tokens, context, opts.throughput_window)
@@ -187,6 +195,33 @@ def _variant_summary(cfg) -> str:
     return ", ".join(diffs)
 
 
+def _log_model(cli) -> None:
+    """Rank 0, after the final checkpoint: the final weights as the run's MLflow model (once per
+    run). Weights come from the module (or, where they are sharded, the final checkpoint file)."""
+    if not cli.opts.log_model or not cli.run_id:
+        return
+    from .mlflow_record import final_weights, log_final_model
+    from .tracking import tracking_uri
+
+    newest = cli.run.newest_checkpoint()
+    try:
+        weights = final_weights(cli.model, newest)
+        if weights is None:
+            print(f"sinklab fit: no whole final weights on rank 0 (sharded, and {newest} is not a file); "
+                  "model not logged to MLflow", file=sys.stderr, flush=True)
+            return
+        logged = log_final_model(tracking_uri(), cli.run_id, *weights, manifest=cli.datamodule.manifest,
+                                 step=cli.trainer.global_step)
+    except Exception as exc:  # noqa: BLE001 - the checkpoint is on disk; MLflow may be away
+        print(f"sinklab fit: model not logged to MLflow ({type(exc).__name__}: {str(exc)[:200]}); "
+              f"the weights are in {newest}", file=sys.stderr, flush=True)
+        return
+    if logged:
+        cli.logged_model = logged
+        print(f"sinklab: final model logged to MLflow as runs:/{cli.run_id}/model ({logged['megabytes']:.1f} MB "
+              f"in {logged['seconds']:.1f} s)", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `sinklab fit ...` hands us argv without "fit"; Lightning's DDP launcher re-runs sys.argv as is
@@ -205,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         status = "finished" if not cli.trainer.interrupted else "interrupted"
         if cli.trainer.is_global_zero:
+            _log_model(cli)
             print_summary(cli)
         return 0 if status == "finished" else 130
     except NonFiniteLossError as exc:

@@ -1,0 +1,165 @@
+"""What a run leaves in MLflow beyond metrics (issue 17), against the real tracking server: the
+final model (loads back to the same logits; `analyze`, `stream-ppl` and `export-hf` take
+runs:/<id>), the dataset input, the experiment's training-view marks, system metrics, and one
+model per run across resumed starts. One tiny fit is shared by the tests of this module."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import fit_in_process
+from mlflow.tracking import MlflowClient
+
+from data_prep.dataset import load_manifest
+from pipeline.analysis import analyze
+from pipeline.analysis.run_models import RunModelError, resolve_model
+from pipeline.model import load_pretrained
+from pipeline.train import mlflow_record
+from train_datasets import make_dataset
+
+EXPERIMENT = "train-mlflow-record"
+WORDS = [f"w{i}" for i in range(4, 64)]
+
+
+def write_tokenizer(ds: Path) -> None:
+    """A word-level tokenizer.json matching the tiny dataset's ids (pad 0, bos 1, eos 2)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["<|pad|>", "<|bos|>", "<|eos|>", "[UNK]", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(ds / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def fitted(mlflow_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("record")
+    ds = make_dataset(root / "ds")
+    write_tokenizer(ds)
+    run_dir = root / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SINKLAB_CACHE", str(root / "cache"))
+        mp.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")  # a sample within the tiny fit
+        mp.setenv("MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING", "1")
+        args = ["--data.path", str(ds), "--run-dir", str(run_dir), "--trainer.max_steps", "4",
+                "--run.experiment", EXPERIMENT, "--run.sink_every", "0"]
+        assert fit_in_process(args, mp, mlflow_server) == 0
+        mp.delenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL")
+        yield SimpleNamespace(root=root, ds=ds, run_dir=run_dir, args=args, mp=mp, uri=mlflow_server,
+                              run_id=(run_dir / "mlflow_run_id").read_text().strip(),
+                              client=MlflowClient(mlflow_server))
+
+
+def ready_models(f):
+    exp_id = f.client.get_run(f.run_id).info.experiment_id
+    return [m for m in f.client.search_logged_models([exp_id], filter_string="name = 'model'")
+            if m.source_run_id == f.run_id and str(m.status).endswith("READY")]
+
+
+def test_logged_model_loads_back_to_the_checkpoints_logits(fitted):
+    (model,) = ready_models(fitted)
+    run = fitted.client.get_run(fitted.run_id)
+    assert run.data.tags["sinklab.model_id"] == model.model_id and model.tags["sinklab.step"] == "4"
+    assert [o.model_id for o in run.outputs.model_outputs] == [model.model_id]  # the run's Model column
+    resolved = resolve_model(f"runs:/{fitted.run_id}")
+    assert resolved.run_id == fitted.run_id
+    assert {p.name for p in resolved.path.iterdir()} == {"model.safetensors", "sinklab_config.json",
+                                                         "tokenizer.json", "dataset.json"}
+    assert json.loads((resolved.path / "dataset.json").read_text())["manifest_hash"] == load_manifest(fitted.ds).hash
+    logged = load_pretrained(resolved.path).eval()
+    trained = load_pretrained(fitted.run_dir / "checkpoints" / "step-000004.ckpt").eval()
+    assert all(t.dtype == torch.float32 for t in logged.state_dict().values())
+    tokens = torch.randint(8, 64, (3, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(logged(tokens).logits, trained(tokens).logits)
+    by_id = resolve_model(f"models:/{model.model_id}")  # the logged model's own URI
+    assert by_id.run_id == fitted.run_id and (by_id.path / "model.safetensors").read_bytes() == \
+        (resolved.path / "model.safetensors").read_bytes()
+    with pytest.raises(RunModelError, match="not found"):
+        resolve_model("runs:/0123456789abcdef0123456789abcdef")
+
+
+def test_dataset_input_experiment_marks_and_system_metrics(fitted):
+    manifest = load_manifest(fitted.ds)
+    run = fitted.client.get_run(fitted.run_id)
+    (dataset_input,) = run.inputs.dataset_inputs
+    dataset = dataset_input.dataset
+    assert dataset.digest == manifest.hash[:36] and dataset.name == "ds"
+    assert json.loads(dataset.source)["uri"] == str(fitted.ds.resolve())
+    profile = json.loads(dataset.profile)
+    assert profile["manifest_hash"] == manifest.hash
+    assert profile["train_tokens"] == 64 * 16 and profile["domains"]["train"] == {"synthetic": {"documents": 64}}
+    assert {t.key: t.value for t in dataset_input.tags} == {"mlflow.data.context": "training"}
+    tags = fitted.client.get_experiment(run.info.experiment_id).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(tags["mlflow.sharedViewState.sinklab-charts-v1"])
+    assert view["isAccordionReordered"] and [s["name"] for s in view["compareRunSections"]][:2] == ["sink", "val"]
+    url = mlflow_record.experiment_url(fitted.uri, run.info.experiment_id)
+    assert url.startswith(f"{fitted.uri}/#/experiments/{run.info.experiment_id}/runs?workflowType=machine_learning")
+    assert "compareRunsMode=CHART" in url and "viewStateShareKey=sinklab-charts-v1" in url
+    assert any(k.startswith("system/cpu_utilization") for k in run.data.metrics), sorted(run.data.metrics)
+
+
+def test_analyze_of_the_run_equals_analyze_of_its_checkpoint(fitted, tmp_path):
+    common = ["--dataset", str(fitted.ds), "-n", "8", "-T", "12", "--positions", "4", "--no-plots"]
+    ckpt = fitted.run_dir / "checkpoints" / "step-000004.ckpt"
+    fitted.mp.delenv("MLFLOW_TRACKING_URI")  # the checkpoint's analysis logs nowhere
+    assert analyze.main([str(ckpt), *common, "--out", str(tmp_path / "ckpt")]) == 0
+    fitted.mp.setenv("MLFLOW_TRACKING_URI", fitted.uri)
+    assert analyze.main([f"runs:/{fitted.run_id}", *common, "--out", str(tmp_path / "run")]) == 0
+    by_ckpt = json.loads((tmp_path / "ckpt" / "report.json").read_text())
+    by_run = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert by_run["table1"] == by_ckpt["table1"] and set(by_run["table1"]) == {"natural", "random", "repeat"}
+    assert by_run["reports"] == by_ckpt["reports"]
+    assert by_run["source"] == f"runs:/{fitted.run_id}" and by_run["mlflow_run_id"] == fitted.run_id
+    run = fitted.client.get_run(fitted.run_id)  # logged back to the training run, under analysis/
+    assert run.data.metrics["analysis/table1/natural"] == by_ckpt["table1"]["natural"]
+    assert run.data.metrics["analysis/random/sink_k4"] == by_ckpt["reports"]["random"]["profile"][3]
+    assert "analysis/report.json" in {a.path for a in fitted.client.list_artifacts(fitted.run_id, "analysis")}
+
+
+def test_stream_ppl_and_export_hf_take_the_run(fitted, tmp_path, capsys):
+    from pipeline.analysis import streaming
+    from pipeline.cli import main as sinklab
+
+    text = tmp_path / "words.txt"
+    text.write_text(" ".join(WORDS * 3))
+    assert streaming.main([f"runs:/{fitted.run_id}", "--text", str(text), "--max-tokens", "24", "--cache", "1+7",
+                           "--out", str(tmp_path / "ppl.json")]) == 0
+    assert json.loads((tmp_path / "ppl.json").read_text())["tokens"] == 24
+    assert sinklab(["export-hf", f"runs:/{fitted.run_id}", "--out", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "tokenizer.json").exists() and (tmp_path / "hf" / "config.json").exists()
+    assert sinklab(["export-hf", "runs:/0123456789abcdef0123456789abcdef", "--out", str(tmp_path / "x")]) == 2
+    assert "not found in the MLflow store" in capsys.readouterr().err
+
+
+def test_a_resumed_run_logs_its_final_model_once(fitted):
+    (first,) = ready_models(fitted)
+    assert fit_in_process([*fitted.args, "--resume", "auto"], fitted.mp, fitted.uri) == 0  # nothing left
+    assert [m.model_id for m in ready_models(fitted)] == [first.model_id]
+    assert fit_in_process([*fitted.args[:-6], "--trainer.max_steps", "6", "--run.experiment", EXPERIMENT,
+                           "--run.sink_every", "0", "--resume", "auto"], fitted.mp, fitted.uri) == 0
+    (latest,) = ready_models(fitted)  # trained on: the newer weights replace the older, one model a run
+    assert latest.model_id != first.model_id and latest.tags["sinklab.step"] == "6"
+    resolved = resolve_model(f"runs:/{fitted.run_id}")
+    assert torch.equal(load_pretrained(resolved.path).state_dict()["lm_head.weight"],
+                       load_pretrained(fitted.run_dir / "checkpoints" / "step-000006.ckpt").state_dict()["lm_head.weight"])
+    assert len(fitted.client.get_run(fitted.run_id).inputs.dataset_inputs) == 1  # logged at creation only
+
+
+def test_log_model_and_system_metrics_flags_turn_them_off(fitted, tmp_path):
+    run_dir = tmp_path / "off"
+    args = ["--data.path", str(fitted.ds), "--run-dir", str(run_dir), "--trainer.max_steps", "3",
+            "--run.experiment", EXPERIMENT, "--run.sink_every", "0", "--run.log_model", "false",
+            "--run.system_metrics", "false"]
+    fitted.mp.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+    assert fit_in_process(args, fitted.mp, fitted.uri) == 0
+    fitted.mp.delenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL")
+    off = SimpleNamespace(client=fitted.client, run_id=(run_dir / "mlflow_run_id").read_text().strip())
+    assert ready_models(off) == []
+    assert not [k for k in fitted.client.get_run(off.run_id).data.metrics if k.startswith("system/")]
+    with pytest.raises(RunModelError, match="no logged model"):
+        resolve_model(f"runs:/{off.run_id}")
