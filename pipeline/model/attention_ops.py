@@ -202,10 +202,11 @@ def build_kernel(a: AttentionConfig, head_dim: int) -> nn.Module | None:
     return None if phi is None else phi(a, head_dim)
 
 
-def reports_probabilities(a: AttentionConfig) -> bool:
-    """Whether the op reports attention probabilities; otherwise the sink metrics are computed
-    on proxy scores sim / sum(sim) (section 7.4)."""
-    return op_spec(a.op).kind(a) == "probs"
+def proxy_label(a: AttentionConfig) -> str | None:
+    """Which proxy scores the sink metrics are computed on (section 7.4), or None where the op
+    reports the attention weights themselves."""
+    kind = op_spec(a.op).kind(a)
+    return None if kind == "probs" else SCORE_KINDS[kind]
 
 
 register(OpSpec("softmax", softmax_op, scores="probs", softmax=True, p_norm=True, sdpa=True))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.model.attention_ops import reports_probabilities
+from pipeline.model.attention_ops import proxy_label
 
 
 def sink_trajectory(history: list[tuple[int, float, float]], width: int = 12, column: int = 1,
@@ -40,7 +40,7 @@ def print_summary(cli) -> None:
     tokens = steps * plan.global_batch_tokens
     vals = metric_rows(cli.run.metrics_path, "val/loss")
     sinks = metric_rows(cli.run.metrics_path, "sink/sink1", "sink/alpha1_mean")
-    proxy = not reports_probabilities(cli.model.model.config.attention)
+    proxy = proxy_label(cli.model.model.config.attention)
     train_s = cli.throughput_cb.train_seconds
     sink_s = cli.sink_cb.seconds
     logger = trainer.logger
@@ -51,7 +51,7 @@ def print_summary(cli) -> None:
         f"steps        {steps}  ({plan.describe()})",
         f"tokens       {tokens:,}",
         "val loss     " + ("  ".join(f"{s}:{v:.3f}" for s, v in vals[-6:]) if vals else "(none)"),
-        "Sink_1 (ε=0.3, % of layer×head×sequence" + ("; proxy scores sim/Σ sim)" if proxy else ")"),
+        "Sink_1 (ε=0.3, % of layer×head×sequence" + (f"; {proxy})" if proxy else ")"),
         f"             {sink_trajectory(sinks)}",
         "mean α₁      " + sink_trajectory(sinks, column=2, fmt="{:.3f}"),
         f"time         {train_s:.0f} s training in this start; sink metrics {sink_s:.1f} s "

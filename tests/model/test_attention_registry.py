@@ -12,7 +12,7 @@ from pipeline.analysis.probe import ATTENTION_KINDS, run_probe
 from pipeline.model import ConfigError, ModelConfig, Transformer
 from pipeline.model.attention_ops import (
     OPS, SCORE_KINDS, OpResult, OpSpec, _admitted, build_kernel, normalize, op_spec, register,
-    reports_probabilities, scaled_scores, sigmoid_op, softmax_op, unregister,
+    proxy_label, scaled_scores, sigmoid_op, softmax_op, unregister,
 )
 from pipeline.model.config import AttentionOp
 
@@ -69,7 +69,7 @@ def test_a_registered_op_reaches_every_consumer(dummies, name, monkeypatch):
     torch.testing.assert_close(fast.logits, slow.logits, atol=1e-5, rtol=1e-5)
     kind = spec.kind(model.config.attention)
     assert fast.attention_kind == slow.attention_kind == kind
-    assert reports_probabilities(model.config.attention) == (kind == "probs")       # the run summary
+    assert (proxy_label(model.config.attention) is None) == (kind == "probs")       # the run summary
     assert run_probe(model, idx, batch_size=2).is_proxy == (kind != "probs")         # the sink probe
 
 
@@ -99,7 +99,7 @@ def test_unknown_and_unregistered_ops_are_refused_everywhere(dummies):
         with pytest.raises(ConfigError, match="model.attention.op"):
             Transformer(cfg)
         with pytest.raises(ValueError, match="unknown attention op"):
-            reports_probabilities(cfg.attention)
+            proxy_label(cfg.attention)
     finally:
         register(DUMMIES["test_softplus"][0])
 
@@ -139,3 +139,10 @@ def test_every_registered_op_trains_and_its_training_path_equals_its_eager_path(
     torch.testing.assert_close(fast, slow, atol=1e-10, rtol=1e-10)
     for a, b in zip(grads, [p.grad for p in model.parameters()], strict=True):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_the_run_summary_names_the_proxy_the_sink_metrics_use():
+    label = lambda **attention: proxy_label(ModelConfig.preset("micro", attention=attention).attention)  # noqa: E731
+    assert label(op="softmax") is None and label(op="clipped_softmax") is None
+    assert label(op="softmax", p=2.0) == label(op="sigmoid") == "proxy scores sim/Σ sim"
+    assert label(op="kernel", kernel="identity", normalizer="abs_clamp") == "proxy scores |sim|/Σ|sim|"
