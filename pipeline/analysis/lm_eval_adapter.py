@@ -4,6 +4,8 @@
         --model sinklab --model_args pretrained=<export dir or .ckpt>,tokenizer=<tokenizer.json> --tasks hellaswag,piqa
 
 or from Python, ``lm_eval.simple_evaluate(model="sinklab", model_args=...)`` after importing this module.
+``pretrained=runs:/<run_id>`` (or ``models:/<model_id>``) takes a training run's logged model and
+its tokenizer from ``$MLFLOW_TRACKING_URI``.
 
 Importing this module registers the model name ``sinklab``. Sequences longer than the model's
 ``max_seq_len`` keep their last ``max_seq_len`` tokens. Log-likelihood requests are scored in
@@ -33,6 +35,11 @@ class SinkLabLM(LM):
         if model is None:
             from pipeline.model import load_pretrained
 
+            if str(pretrained).startswith(("runs:/", "models:/")):  # a training run's logged model
+                from pipeline.analysis.run_models import resolve_model
+
+                resolved = resolve_model(str(pretrained))
+                pretrained, tokenizer = str(resolved.path), tokenizer or resolved.tokenizer
             model = load_pretrained(pretrained)
         self.model = model.to(device).eval()
         self.device_ = torch.device(device)

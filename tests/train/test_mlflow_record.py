@@ -121,7 +121,7 @@ def test_analyze_of_the_run_equals_analyze_of_its_checkpoint(fitted, tmp_path):
     assert "analysis/report.json" in {a.path for a in fitted.client.list_artifacts(fitted.run_id, "analysis")}
 
 
-def test_stream_ppl_and_export_hf_take_the_run(fitted, tmp_path, capsys):
+def test_stream_ppl_lm_eval_and_export_hf_take_the_run(fitted, tmp_path, capsys):
     from pipeline.analysis import streaming
     from pipeline.cli import main as sinklab
 
@@ -130,6 +130,10 @@ def test_stream_ppl_and_export_hf_take_the_run(fitted, tmp_path, capsys):
     assert streaming.main([f"runs:/{fitted.run_id}", "--text", str(text), "--max-tokens", "24", "--cache", "1+7",
                            "--out", str(tmp_path / "ppl.json")]) == 0
     assert json.loads((tmp_path / "ppl.json").read_text())["tokens"] == 24
+    from pipeline.analysis.lm_eval_adapter import SinkLabLM
+
+    lm = SinkLabLM(pretrained=f"runs:/{fitted.run_id}")  # lm-eval's model_args pretrained=runs:/<id>
+    assert lm.encode("w4 w63") == [4, 63] and lm.model.config.vocab_size == 64
     assert sinklab(["export-hf", f"runs:/{fitted.run_id}", "--out", str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "tokenizer.json").exists() and (tmp_path / "hf" / "config.json").exists()
     assert sinklab(["export-hf", "runs:/0123456789abcdef0123456789abcdef", "--out", str(tmp_path / "x")]) == 2
