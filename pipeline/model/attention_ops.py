@@ -73,6 +73,19 @@ def clipped_softmax_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, k
     return OpResult(w, w)
 
 
+def softpick_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
+    """Softpick (Zuhri et al. 2025): ReLU(e^x - 1) / sum_j |e^x_j - 1| over admitted pairs. A row
+    sums to at most one and is zero where no score is positive."""
+    admitted = _admitted(mask)
+    x = torch.where(admitted, scaled_scores(q, k, mask.masked_fill(~admitted, 0.0)), 0.0)  # masked: e^0 - 1 = 0
+    m = x.amax(-1, keepdim=True).clamp(min=0.0).detach()
+    # e^-m (e^x - 1) without overflow or cancellation: e^(x-m) (1 - e^-x) for x > 0, e^-m expm1(x) else
+    pos, neg = x.clamp(min=0.0), x.clamp(max=0.0)
+    d = -torch.exp(pos - m) * torch.expm1(-pos) + torch.exp(-m) * torch.expm1(neg)
+    w = d.clamp(min=0.0) / d.abs().sum(-1, keepdim=True).clamp(min=torch.finfo(d.dtype).tiny)
+    return OpResult(w, w)
+
+
 def _elementwise(fn: Callable[[Tensor], Tensor]):
     def op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
         admitted = _admitted(mask)
@@ -216,3 +229,8 @@ register(OpSpec("kernel", kernel_op, scores=_kernel_scores, normalizers=NORMALIZ
                 score_biases=False, phi=_kernel_phi))
 register(OpSpec("softmax_off_by_one", softmax_op, scores="probs", softmax=True, sdpa=True, zero_logit=True))
 register(OpSpec("clipped_softmax", clipped_softmax_op, scores="probs", softmax=True))
+# Softpick's weights are read as they are, like clipped softmax's: each row holds at most one
+# unit of attention and may hold none. The proxy w / sum w would blow a row that attends to
+# almost nothing up to a whole distribution and count as a sink what softpick avoids. No tiles:
+# its denominator sums |e^x - 1|, not what multiplies the values.
+register(OpSpec("softpick", softpick_op, scores="probs"))

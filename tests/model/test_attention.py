@@ -210,6 +210,7 @@ OP_CONFIGS = [
     dict(op="kernel", kernel="identity", normalizer="none"), dict(op="kernel", kernel="identity", normalizer="abs_clamp"),
     dict(op="kernel", kernel="elu1", normalizer="sum"), dict(op="kernel", kernel="elu1", normalizer="none"),
     dict(op="kernel", kernel="mlp", normalizer="abs_clamp"), dict(op="kernel", kernel="mlp", normalizer="none"),
+    dict(op="softpick"),
 ]
 
 
@@ -268,6 +269,19 @@ def test_clipped_softmax_formula():
     a = ModelConfig.preset("micro", attention={"op": "clipped_softmax", "clip_gamma": -0.1, "clip_zeta": 1.1}).attention
     expected = (1.2 * torch.softmax(q @ k.transpose(-1, -2) / 2.0 + mask, -1) - 0.1).clamp(0, 1)
     torch.testing.assert_close(OPS["clipped_softmax"].fn(q, k, mask, a, None).weights, expected)
+
+
+def test_softpick_by_hand():
+    """x = q k + bias with d_h = 1: e^x - 1 = (2, 0, -0.5) gives (0.8, 0, 0); a masked key adds
+    nothing; a row without a positive score is all zero; scores near 100 do not overflow fp32."""
+    a = ModelConfig.preset("micro", attention={"op": "softpick"}).attention
+    q, k = torch.ones(1, 1, 4, 1), torch.tensor([math.log(3), 0.0, math.log(0.5)]).view(1, 1, 3, 1)
+    inf = float("inf")
+    mask = torch.tensor([[0, 0, 0], [-inf, math.log(2), 0], [-inf, -inf, 0], [100, 100, 100]]).view(1, 1, 4, 3)
+    w = OPS["softpick"].fn(q, k, mask, a, None).weights[0, 0]
+    expected = torch.tensor([[0.8, 0, 0], [0, 2 / 3, 0], [0, 0, 0], [2 / 3, 2 / 9, 1 / 9]])
+    torch.testing.assert_close(w, expected)
+    assert torch.equal(w == 0, expected == 0)
 
 
 @pytest.mark.parametrize("acfg", [dict(op="sigmoid", normalizer="none"), dict(op="kernel", kernel="mlp", normalizer="abs_clamp"),
