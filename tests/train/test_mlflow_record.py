@@ -167,3 +167,20 @@ def test_log_model_and_system_metrics_flags_turn_them_off(fitted, tmp_path):
     assert not [k for k in fitted.client.get_run(off.run_id).data.metrics if k.startswith("system/")]
     with pytest.raises(RunModelError, match="no logged model"):
         resolve_model(f"runs:/{off.run_id}")
+
+
+def test_final_weights_come_from_the_module_unless_sharded_or_a_checkpoint_is_preferred(fitted):
+    from pipeline.train.rundir import RunDir
+
+    ckpt = RunDir(fitted.run_dir).newest_checkpoint()
+    from_ckpt = load_pretrained(ckpt)
+    module = SimpleNamespace(model=load_pretrained(ckpt))
+    with torch.no_grad():
+        module.model.lm_head.weight.add_(1.0)  # the module's weights differ from the checkpoint's
+    config, state = mlflow_record.final_weights(module, ckpt)
+    assert config == from_ckpt.config and torch.equal(state["lm_head.weight"], module.model.lm_head.weight)
+    _, state = mlflow_record.final_weights(module, ckpt, prefer_checkpoint=True)  # e.g. consolidated fp32
+    assert torch.equal(state["lm_head.weight"], from_ckpt.lm_head.weight)
+    module.model.lm_head.weight.ds_id = 0  # a ZeRO-3 partition: rank 0 does not hold it whole
+    assert torch.equal(mlflow_record.final_weights(module, ckpt)[1]["lm_head.weight"], from_ckpt.lm_head.weight)
+    assert mlflow_record.final_weights(module, ckpt.parent) is None  # a checkpoint directory: nothing whole
