@@ -222,12 +222,16 @@ def test_summary_says_when_sink_scores_are_proxies(tiny_ds, tmp_path, monkeypatc
     # summary still shows the whole run, read back from the run dir
     assert fit_in_process([*args, "--resume", "auto"], monkeypatch, mlflow_server) == 0
     again = capsys.readouterr().out
-    for out in (first, again):
+    def sink_lines(out: str) -> tuple[str, str]:
         lines = out.splitlines()
-        sink_line = next(i for i, line in enumerate(lines) if line.startswith("Sink_1 (ε=0.3"))
-        assert ("proxy scores" in lines[sink_line]) == proxy
-        assert lines[sink_line + 1].split() == first.splitlines()[sink_line + 1].split()
-        assert [p.split(":")[0] for p in lines[sink_line + 1].split()] == ["0", "4"]
+        i = next(i for i, line in enumerate(lines) if line.startswith("Sink_1 (ε=0.3"))
+        return lines[i], lines[i + 1]
+
+    for out in (first, again):
+        header, values = sink_lines(out)
+        assert ("proxy scores" in header) == proxy
+        assert values.split() == sink_lines(first)[1].split()
+        assert [p.split(":")[0] for p in values.split()] == ["0", "4"]
 
 
 @pytest.mark.parametrize("position", [1, 2])
