@@ -39,8 +39,8 @@ WORKFLOW_TYPE = "machine_learning"
 # `mlflow.sharedViewState.<key>` when the URL carries `viewStateShareKey=<key>`; its chart
 # sections keep the given order when `isAccordionReordered` is true (else they are sorted by name).
 SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
-SHARED_VIEW_KEY = "sinklab-charts-v1"
-SECTION_ORDER = ("sink", "val", "train", "analysis", "act", "perf")
+SHARED_VIEW_KEY = "sinklab-charts-v2"
+SECTION_ORDER = ("sink", "val", "train", "analysis", "act", "perf", "heads")
 
 # System metrics: a sample every 15 s, one averaged point a minute (2 days: ~2,900 points a metric).
 SYSTEM_SAMPLING_S = 15
@@ -86,7 +86,10 @@ def dataset_input(manifest):
 def shared_view_state() -> str:
     sections = [{"uuid": f"sinklab-{name}", "name": name, "display": True, "isReordered": False,
                  "deleted": False, "isGenerated": True} for name in SECTION_ORDER]
-    return json.dumps({"compareRunCharts": [], "compareRunSections": sections, "isAccordionReordered": True})
+    # Sorted by run name, not by date: the UI nests a sweep's variants under their parent run
+    # (collapsed, so no curves) only when runs are listed by date.
+    return json.dumps({"compareRunCharts": [], "compareRunSections": sections, "isAccordionReordered": True,
+                       "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True})
 
 
 def mark_training_experiment(client, experiment_id: str) -> None:

@@ -34,7 +34,7 @@ def test_each_crossing_is_logged_once_at_its_step_across_starts(tmp_path):
     # nothing logged yet: a crossing at the very first probe counts
     first = E.probe_metrics(alpha1, 2.0, 0.11, 0, path, u)
     assert first["sink/emerged_step_sink1_1pct"] == 0 and "sink/emerged_step_sink1_10pct" not in first
-    assert first["sink/alpha1_l1_h0"] == pytest.approx(0.3) and first[E.UNIFORM] == u
+    assert first["heads/alpha1_l1_h0"] == pytest.approx(0.3) and first[E.UNIFORM] == u
     _write(path, [{"step": 0, "sink/sink1": 0.0, "sink/alpha1_mean": 0.10},
                   {"step": 100, "sink/sink1": 1.5, "sink/alpha1_mean": 0.12},
                   {"step": 100, "train/loss": 3.0},

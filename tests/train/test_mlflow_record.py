@@ -95,11 +95,12 @@ def test_dataset_input_experiment_marks_and_system_metrics(fitted):
     assert {t.key: t.value for t in dataset_input.tags} == {"mlflow.data.context": "training"}
     tags = fitted.client.get_experiment(run.info.experiment_id).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
-    view = json.loads(tags["mlflow.sharedViewState.sinklab-charts-v1"])
+    view = json.loads(tags["mlflow.sharedViewState.sinklab-charts-v2"])
     assert view["isAccordionReordered"] and [s["name"] for s in view["compareRunSections"]][:2] == ["sink", "val"]
+    assert view["orderByKey"] == "tags.`mlflow.runName`"  # a sweep's variants listed flat, with their curves
     url = mlflow_record.experiment_url(fitted.uri, run.info.experiment_id)
     assert url.startswith(f"{fitted.uri}/#/experiments/{run.info.experiment_id}/runs?workflowType=machine_learning")
-    assert "compareRunsMode=CHART" in url and "viewStateShareKey=sinklab-charts-v1" in url
+    assert "compareRunsMode=CHART" in url and "viewStateShareKey=sinklab-charts-v2" in url
     assert any(k.startswith("system/cpu_utilization") for k in run.data.metrics), sorted(run.data.metrics)
 
 
