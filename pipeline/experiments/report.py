@@ -217,18 +217,9 @@ def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | 
 
 def log_report(mlflow, experiment: Experiment, scale: str, files: list[Path],
                metrics: dict[str, float] | None = None) -> str:
-    """Log the files as artifacts, and the metrics (the agreement), of the experiment's report
-    run for this scale (reused)."""
-    exp = mlflow.get_experiment_by_name(experiment.mlflow_experiment)
-    exp_id = exp.experiment_id if exp else mlflow.create_experiment(experiment.mlflow_experiment)
-    query = (f"tags.`{mlruns.TAG_KIND}` = 'report' and tags.`{mlruns.TAG_SCALE}` = '{scale}'")
-    existing = mlflow.search_runs([exp_id], filter_string=query, max_results=1)
-    if existing:
-        run_id = existing[0].info.run_id
-    else:
-        run_id = mlflow.create_run(exp_id, run_name=f"report ({scale})", tags={
-            mlruns.TAG_KIND: "report", mlruns.TAG_SCALE: scale,
-            mlruns.TAG_EXPERIMENT: experiment.name}).info.run_id
+    """Log the files as artifacts, and the metrics (the agreement), to the run that groups the
+    experiment's variants at this scale (``runs.parent_run``: the sweep's parent)."""
+    run_id = mlruns.parent_run(mlflow, experiment, scale)
     for f in files:
         mlflow.log_artifact(run_id, str(f), artifact_path=f"report-{scale}")
     if metrics:
@@ -236,7 +227,10 @@ def log_report(mlflow, experiment: Experiment, scale: str, files: list[Path],
 
         now = int(time.time() * 1000)
         mlflow.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
-    mlflow.set_terminated(run_id)
+    running = mlflow.search_runs([mlflow.get_run(run_id).info.experiment_id],
+                                 f"tags.`mlflow.parentRunId` = '{run_id}' and attributes.status = 'RUNNING'")
+    if not running:  # a sweep still under way ends its parent itself
+        mlflow.set_terminated(run_id)
     return run_id
 
 

@@ -13,11 +13,13 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from pipeline.experiments.spec import Experiment
+
 TAG_EXPERIMENT = "sinklab.experiment"
 TAG_VARIANT = "sinklab.variant"
 TAG_SCALE = "sinklab.scale"
 TAG_STATUS = "sinklab.status"
-TAG_KIND = "sinklab.kind"  # "report" on the runs that hold a report
+TAG_KIND = "sinklab.kind"  # "sweep" on the run that groups an experiment's variants
 FINISHED = "finished"
 
 
@@ -59,7 +61,7 @@ def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict
                                   order_by=["attributes.start_time DESC"])
         for run in page:
             tags = run.data.tags
-            if TAG_VARIANT not in tags or tags.get(TAG_KIND) == "report":
+            if TAG_VARIANT not in tags:  # the parent run of a sweep or report has none
                 continue
             if run_scale(tags, run.info.run_name) != scale:
                 continue
@@ -93,3 +95,27 @@ def best_run(records: list[RunRecord]) -> RunRecord | None:
 def metric_history(mlflow: MlflowClient, run_id: str, metric: str) -> list[tuple[int, float]]:
     """(step, value) pairs of one metric, in step order."""
     return sorted((m.step, m.value) for m in mlflow.get_metric_history(run_id, metric))
+
+
+def parent_run(mlflow: MlflowClient, experiment: Experiment, scale: str) -> str:
+    """The run that groups the variants of one experiment at one scale in the MLflow UI (the
+    variants' runs carry its id as mlflow.parentRunId; `sinklab report` logs its table, figure
+    and agreement to it): found again on a repeated sweep or report, created on the first. It
+    holds the experiment's name, title and paper reference."""
+    from pipeline.train.mlflow_record import mark_training_experiment
+
+    found = mlflow.get_experiment_by_name(experiment.mlflow_experiment)
+    exp_id = found.experiment_id if found is not None else mlflow.create_experiment(experiment.mlflow_experiment)
+    mark_training_experiment(mlflow, exp_id)
+    existing = mlflow.search_runs([exp_id], filter_string=f"tags.`{TAG_KIND}` = 'sweep' and "
+                                  f"tags.`{TAG_SCALE}` = '{scale}'",
+                                  order_by=["attributes.start_time ASC"], max_results=1)
+    if existing:
+        return existing[0].info.run_id
+    tags = {TAG_KIND: "sweep", TAG_SCALE: scale, TAG_EXPERIMENT: experiment.name,
+            "sinklab.paper_ref": experiment.paper_ref, "sinklab.title": experiment.title,
+            "mlflow.note.content": f"{experiment.title} ({experiment.paper_ref}), {scale} scale: "
+                                   f"{len(experiment.variants)} variants, one child run each"}
+    run = mlflow.create_run(exp_id, run_name=f"{experiment.name}/{scale}", tags=tags)
+    mlflow.log_param(run.info.run_id, "variants", ",".join(v.name for v in experiment.variants)[:6000])
+    return run.info.run_id

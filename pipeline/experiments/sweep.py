@@ -89,29 +89,6 @@ def fit_command(run: PlannedRun, extra: list[str] = ()) -> list[str]:
 PARENT_ENV = "SINKLAB_PARENT_RUN_ID"  # read by `sinklab fit`: its run's mlflow.parentRunId
 
 
-def parent_run(mlflow: mlruns.MlflowClient, experiment: Experiment, scale: str) -> str:
-    """The run that groups the variants of one experiment at one scale in the MLflow UI (the
-    variants' runs carry its id as mlflow.parentRunId): found again on a repeated sweep,
-    created on the first. It holds the experiment's name, title and paper reference."""
-    from pipeline.train.mlflow_record import mark_training_experiment
-
-    found = mlflow.get_experiment_by_name(experiment.mlflow_experiment)
-    exp_id = found.experiment_id if found is not None else mlflow.create_experiment(experiment.mlflow_experiment)
-    mark_training_experiment(mlflow, exp_id)
-    existing = mlflow.search_runs([exp_id], filter_string=f"tags.`{mlruns.TAG_KIND}` = 'sweep' and "
-                                  f"tags.`{mlruns.TAG_SCALE}` = '{scale}'",
-                                  order_by=["attributes.start_time ASC"], max_results=1)
-    if existing:
-        return existing[0].info.run_id
-    tags = {mlruns.TAG_KIND: "sweep", mlruns.TAG_SCALE: scale, mlruns.TAG_EXPERIMENT: experiment.name,
-            "sinklab.paper_ref": experiment.paper_ref, "sinklab.title": experiment.title,
-            "mlflow.note.content": f"{experiment.title} ({experiment.paper_ref}), {scale} scale: "
-                                   f"{len(experiment.variants)} variants, one child run each"}
-    run = mlflow.create_run(exp_id, run_name=f"{experiment.name}/{scale}", tags=tags)
-    mlflow.log_param(run.info.run_id, "variants", ",".join(v.name for v in experiment.variants)[:6000])
-    return run.info.run_id
-
-
 def write_configs(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> None:
     for run in planned:
         if run.to_run:
@@ -243,7 +220,7 @@ def main(argv: list[str] | None = None, runner: Runner = subprocess_runner) -> i
             print("nothing to run: every variant has finished")
             return 0
         write_configs(experiment, args.scale, planned)
-        parent = parent_run(mlflow, experiment, args.scale)
+        parent = mlruns.parent_run(mlflow, experiment, args.scale)
         print(f"MLflow parent run {parent} ({experiment.name}/{args.scale})")
         if args.submit:
             job_id = submit(experiment, args.scale, planned, args.runs_root, args, extra, parent)

@@ -60,14 +60,15 @@ def test_report_command_writes_logs_and_plots(tmp_path, mlflow_env, unique_name,
     png = out / f"{unique_name}-cpu.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
-    # Run it again: the same report run is reused and holds both artifacts.
+    # Run it again: the experiment's parent run (the one a sweep groups its variants under) is
+    # reused and holds both artifacts.
     assert report.main([str(path), "--scale", "cpu", "--plot", "--out", str(out)]) == 0
     exp = mlflow_env.get_experiment_by_name(f"sinklab/{unique_name}")
-    reports = mlflow_env.search_runs([exp.experiment_id], "tags.`sinklab.kind` = 'report'")
+    reports = mlflow_env.search_runs([exp.experiment_id], "tags.`sinklab.kind` = 'sweep'")
     assert len(reports) == 1
     listed = sorted(f.path for f in mlflow_env.list_artifacts(reports[0].info.run_id, "report-cpu"))
     assert listed == sorted([f"report-cpu/{unique_name}-cpu.png", "report-cpu/report.md"])
-    # The report run is not mistaken for a variant's training run.
+    # The parent run is not mistaken for a variant's training run.
     assert set(variant_runs(mlflow_env, exp.name, "cpu")) == {"a", "b"}
 
 
@@ -136,7 +137,7 @@ def test_agreement_and_emergence_of_a_synthetic_experiment_with_known_rho(tmp_pa
     assert "| mean alpha_1 (ours) vs Sink_1 (paper) | 4 | +0.95 | +0.91 |" in md
 
     exp = mlflow_env.get_experiment_by_name(f"sinklab/{unique_name}")
-    (logged,) = mlflow_env.search_runs([exp.experiment_id], "tags.`sinklab.kind` = 'report'")
+    (logged,) = mlflow_env.search_runs([exp.experiment_id], "tags.`sinklab.kind` = 'sweep'")
     m = logged.data.metrics
     assert m["agreement/sink1/n"] == 4 and m["agreement/sink1/spearman"] == pytest.approx(0.8)
     assert m["agreement/sink1/kendall"] == pytest.approx(2 / 3)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import yaml
 
+from pipeline.experiments import runs as mlruns
 from pipeline.experiments import sweep
 from pipeline.experiments.spec import load_experiment
 
@@ -134,5 +135,5 @@ def test_a_sweep_groups_its_variants_under_one_parent_run(tmp_path, mlflow_env, 
     assert sorted(r.data.tags["sinklab.variant"] for r in children) == ["a", "b"]
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
-    assert sweep.parent_run(mlflow_env, load_experiment(path), "cpu") == parent.info.run_id
+    assert mlruns.parent_run(mlflow_env, load_experiment(path), "cpu") == parent.info.run_id
     assert "SINKLAB_PARENT_RUN_ID" not in __import__("os").environ
