@@ -42,26 +42,17 @@ def _fit_parser():
     return cli.parser
 
 
-_NOISE = ("NoneType", "Does not validate against", "Subtypes:", "Errors:", "Given value")
-
-
-def _essence(message: str) -> str:
-    """jsonargparse explains every Union alternative; keep the lines that say what is wrong."""
-    lines = [line.strip(" -") for line in message.splitlines()]
-    kept = [line for line in lines if line and not any(n in line for n in _NOISE)]
-    return "; ".join(kept)[:500]
-
-
 def check_config(config: dict[str, Any], where: str) -> None:
     """Raise ExperimentError (starting with `where`) unless `sinklab fit` would accept `config`."""
     from jsonargparse import Namespace
 
     from pipeline.model.config import ConfigError, ModelConfig
+    from pipeline.train.cli import parse_error_line
 
     try:
         parsed = _fit_parser().parse_object(config)
     except Exception as error:  # jsonargparse's ArgumentError or a type error
-        raise ExperimentError(f"{where}: `sinklab fit` rejects it: {_essence(str(error))}") from None
+        raise ExperimentError(f"{where}: `sinklab fit` rejects it: {parse_error_line(str(error))}") from None
     model = parsed.model.model
     fields = model.as_dict() if isinstance(model, Namespace) else dict(vars(model))
     try:

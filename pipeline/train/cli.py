@@ -13,22 +13,27 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import warnings
+from argparse import ArgumentError
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities import rank_zero_only
 
 from data_prep.dataset import DatasetError
 from pipeline.model.config import ConfigError
 
-from . import sharding  # noqa: F401  (registers --trainer.strategy fsdp2)
+from . import sharding  # noqa: F401  (registers the strategy names fsdp2, deepspeed, deepspeed_stage_N)
 from .batching import BatchConfigError
 from .callbacks import Preemption, SinkMetrics, StepCheckpoint, Throughput
 from .data import SinkDataModule
+from .integrity import checkpoint_problem
 from .module import NonFiniteLossError, SinkLabModule
 from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, release_lock
 from .summary import print_summary
@@ -59,6 +64,7 @@ class RunOptions:
 
 
 _LOCKED: list[RunDir] = []  # run dirs this process locked, released on the way out
+_CREATED: list[Path] = []  # run dirs this process created, removed again if a failed start left them empty
 
 
 class SinkLabCLI(LightningCLI):
@@ -70,7 +76,7 @@ class SinkLabCLI(LightningCLI):
                             help="auto: newest checkpoint in the run dir (a fresh start if none); "
                                  "never: refuse a run dir that has checkpoints; or a checkpoint path")
 
-    # ---- before any class exists: run dir, lock, MLflow run ---------------------------------
+    # ---- before any class exists: run dir and lock; nothing is written yet --------------------
     def before_instantiate_classes(self) -> None:
         cfg = self.config
         opts: RunOptions = RunOptions(**{k: v for k, v in dict(cfg["run"]).items()})
@@ -82,32 +88,39 @@ class SinkLabCLI(LightningCLI):
         if not self.rank0:
             self.run_id = self.run.mlflow_run_id()
             return
+        if not self.run.root.exists():
+            _CREATED.append(self.run.root)
         acquire_lock(self.run)
         _LOCKED.append(self.run)
+
+    # ---- every class built and checked: only now the config and the MLflow run are recorded ----
+    def after_instantiate_classes(self) -> None:
+        self.model.optim.validate(self.trainer.max_steps)
+        if not self.rank0:
+            return
+        cfg, opts = self.config, self.opts
         self.run.create()
         stored = cfg.clone()
         stored["resume"] = None  # how this start was resumed is not part of the run's config
-        text = self.parser.dump(stored, skip_validation=True)
-        config_file = self.run.save_config(text)
-        from data_prep.dataset import load_manifest
-
-        manifest = load_manifest(cfg["data"]["path"])
-        variant = opts.variant or _variant_summary(cfg)
-        tags = {"sinklab.experiment": opts.experiment, "sinklab.variant": variant,
-                "sinklab.code_version": code_version(), "sinklab.dataset_hash": manifest.hash,
+        config_file = self.run.save_config(self.parser.dump(stored, skip_validation=True))
+        tags = {"sinklab.experiment": opts.experiment, "sinklab.variant": opts.variant or _variant_summary(cfg),
+                "sinklab.code_version": code_version(), "sinklab.dataset_hash": self.datamodule.manifest.hash,
                 "sinklab.run_dir": str(self.run.root.resolve()), "sinklab.status": "running"}
         if os.environ.get("SLURM_JOB_ID"):
             tags["sinklab.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
         if os.environ.get("SINKLAB_PARENT_RUN_ID"):  # set by `sinklab sweep`: the experiment's parent run
             tags["mlflow.parentRunId"] = os.environ["SINKLAB_PARENT_RUN_ID"]
-        params = flatten(_as_plain(cfg))
         resumed = CKPT_RE.match(Path(self.resume_from).name) if self.resume_from else None
-        self.run_id = open_run(self.run, opts.experiment, opts.name, tags, params, [config_file],
-                               resume_step=int(resumed.group(1)) if resumed else None, manifest=manifest)
+        self.run_id = open_run(self.run, opts.experiment, opts.name, tags, flatten(_as_plain(cfg)), [config_file],
+                               resume_step=int(resumed.group(1)) if resumed else None,
+                               manifest=self.datamodule.manifest)
+        self.trainer.logger.attach_run(self.run_id)
+        if opts.system_metrics:
+            self.trainer.logger.start_system_metrics()
 
     def _resume_path(self, resume: str) -> str | None:
         if resume == "auto":
-            newest = self.run.newest_checkpoint()
+            newest = self.run.newest_checkpoint(usable=_intact)
             return str(newest) if newest else None
         if resume in ("never", "", None):
             if self.run.step_checkpoints():
@@ -116,6 +129,9 @@ class SinkLabCLI(LightningCLI):
             return None
         if not Path(resume).exists():
             raise RunDirError(f"--resume {resume}: no such checkpoint")
+        if problem := checkpoint_problem(Path(resume)):
+            raise RunDirError(f"--resume {resume}: damaged checkpoint: {problem}; give an older one, or "
+                              "--resume auto to take the newest intact one of the run directory")
         return resume
 
     # ---- the trainer: logger, callbacks, SLURM, derived batch settings -------------------------
@@ -126,8 +142,6 @@ class SinkLabCLI(LightningCLI):
             raise ConfigError("trainer.accumulate_grad_batches is derived from data.global_batch_tokens, "
                              "data.micro_batch_size and the world size; leave it unset")
         logger = RunLogger(str(self.run.root), opts.experiment, self.run_id)
-        if opts.system_metrics and self.rank0:
-            logger.start_system_metrics()
         context = data.manifest.context_length
         self.sink_cb = SinkMetrics(opts.sink_every, opts.plot_every, self.run.root)
         self.throughput_cb = Throughput(data.global_batch_tokens, context, opts.throughput_window)
@@ -149,11 +163,19 @@ class SinkLabCLI(LightningCLI):
         if opts.val_every <= 0:  # 0 turns validation off, as 0 turns off the other periodic work
             trainer.limit_val_batches = 0
         self.plan = plan
-        if type(trainer.strategy).__name__ == "DeepSpeedStrategy" and trainer.strategy.config is not None:
+        if isinstance(trainer.strategy, DeepSpeedStrategy) and trainer.strategy.config is not None:
             trainer.strategy.config.setdefault("train_micro_batch_size_per_gpu", plan.micro_batch_size)
         if rank_zero_only.rank == 0:
             print(f"sinklab: run dir {self.run.root}; batch: {plan.describe()}", flush=True)
         return trainer
+
+
+def _intact(path: Path) -> bool:
+    """For --resume auto: a damaged checkpoint is passed over, with a warning that names it."""
+    problem = checkpoint_problem(path)
+    if problem and rank_zero_only.rank == 0:
+        print(f"sinklab fit: warning: passing over {path}: {problem}", file=sys.stderr, flush=True)
+    return problem is None
 
 
 def _as_plain(cfg) -> dict:
@@ -195,6 +217,24 @@ def _variant_summary(cfg) -> str:
     return ", ".join(diffs)
 
 
+_NOISE = ("NoneType", "Does not validate against", "Subtypes:", "Errors:", "Given value", "Problem with given class_path")
+
+
+def parse_error_line(message: str) -> str:
+    """jsonargparse's multi-line error as one line, ``<dotted key>: <what is wrong>``: it explains
+    every Union alternative and nests ``Parser key`` lines; keep the key path and the reason."""
+    keys, reasons = [], []
+    for line in (raw.strip(" -") for raw in message.splitlines()):
+        if line.startswith('Parser key "'):
+            key, _, rest = line[len('Parser key "'):].partition('":')
+            keys.append(key)
+            line = rest.strip()
+        if line and not any(noise in line for noise in _NOISE):
+            reasons.append(line)
+    where = ".".join(keys)
+    return (f"{where}: " if where else "") + "; ".join(reasons)[:500]
+
+
 def _log_model(cli) -> None:
     """Rank 0, after the final checkpoint: the final weights as the run's MLflow model (once per
     run). Weights come from the module (or, where they are sharded, the final checkpoint file)."""
@@ -222,6 +262,23 @@ def _log_model(cli) -> None:
               f"in {logged['seconds']:.1f} s)", flush=True)
 
 
+def _finish(cli, trainer, status: str) -> None:
+    """Rank 0: the run's final sinklab.status tag and MLflow status; locks released."""
+    if trainer is not None and trainer.is_global_zero and isinstance(trainer.logger, RunLogger):
+        trainer.logger.set_tag("sinklab.status", status)
+        if status != "finished":
+            trainer.logger.finalize(status)
+    while _LOCKED:
+        release_lock(_LOCKED.pop())
+    while _CREATED:  # a start that failed before writing anything leaves no empty run dir behind
+        root = _CREATED.pop()
+        if root.is_dir() and not any(root.iterdir()):
+            root.rmdir()
+    if status == "preempted" and trainer is not None and trainer.is_global_zero:
+        print(f"sinklab fit: stopped by SIGUSR1 at step {cli.preemption_cb.stopped_at}, checkpoint saved", flush=True)
+        cli.preemption_cb.requeue()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `sinklab fit ...` hands us argv without "fit"; Lightning's DDP launcher re-runs sys.argv as is
@@ -233,16 +290,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli = SinkLabCLI(SinkLabModule, SinkDataModule, args=argv, run=False, save_config_callback=None,
                          auto_configure_optimizers=False, seed_everything_default=1234,
-                         parser_kwargs={"default_env": False, "exit_on_error": True})
+                         parser_kwargs={"default_env": False, "exit_on_error": False})
+        started = time.perf_counter()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.resume_from)
+        # the whole fit, so that every sink probe (step 0's and the last one included) lies inside it
+        cli.fit_seconds = time.perf_counter() - started
         if cli.preemption_cb.stopped_at is not None:
             status = "preempted"
             return 0
-        status = "finished" if not cli.trainer.interrupted else "interrupted"
+        status = "finished"
         if cli.trainer.is_global_zero:
             _log_model(cli)
             print_summary(cli)
-        return 0 if status == "finished" else 130
+        return 0
     except NonFiniteLossError as exc:
         status = "nonfinite"
         print(f"sinklab fit: {exc}", file=sys.stderr, flush=True)
@@ -250,15 +310,21 @@ def main(argv: list[str] | None = None) -> int:
     except (RunDirError, BatchConfigError, ConfigError, DatasetError, FileNotFoundError) as exc:
         print(f"sinklab fit: {exc}", file=sys.stderr, flush=True)
         return 2
-    finally:
+    except ArgumentError as exc:
+        print(f"sinklab fit: {parse_error_line(str(exc))} (`sinklab fit --help` lists every option)",
+              file=sys.stderr, flush=True)
+        return 2
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # Lightning turns Ctrl-C during fit into sys.exit(1) after marking the trainer interrupted
         trainer = getattr(cli, "trainer", None)
-        if trainer is not None and trainer.is_global_zero and isinstance(trainer.logger, RunLogger):
-            trainer.logger.set_tag("sinklab.status", status)
-            if status != "finished":
-                trainer.logger.finalize("failed" if status in ("failed", "nonfinite") else "finished")
-        while _LOCKED:
-            release_lock(_LOCKED.pop())
-        if status == "preempted" and trainer is not None and trainer.is_global_zero:
-            print(f"sinklab fit: stopped by SIGUSR1 at step {cli.preemption_cb.stopped_at}, checkpoint saved",
-                  flush=True)
-            cli.preemption_cb.requeue()
+        interrupted = isinstance(exc, KeyboardInterrupt) or (
+            trainer is not None and trainer.state.status == TrainerStatus.INTERRUPTED)
+        if not interrupted:
+            raise
+        status = "interrupted"
+        step = f" at step {trainer.global_step}" if trainer is not None else ""
+        print(f"sinklab fit: interrupted{step}; continue it with --resume auto (from the newest checkpoint)",
+              file=sys.stderr, flush=True)
+        return 130
+    finally:
+        _finish(cli, getattr(cli, "trainer", None), status)

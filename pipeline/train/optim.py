@@ -39,6 +39,14 @@ class OptimConfig:
     eps: float = 1e-8
 
     def validate(self, max_steps: int) -> None:
+        """The checks torch's AdamW makes (it raises a bare ValueError mid-fit), named by field."""
+        if not self.lr > 0:
+            raise ConfigError(f"model.optim.lr={self.lr}: must be positive (the paper's is 4e-4)")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"model.optim.{name}={getattr(self, name)}: must be in [0, 1)")
+        if not self.eps >= 0:
+            raise ConfigError(f"model.optim.eps={self.eps}: must be >= 0")
         if not 0 <= self.min_lr < self.lr:
             raise ConfigError(f"model.optim.min_lr={self.min_lr}: must be >= 0 and below lr={self.lr}")
         if not 0 <= self.warmup_steps < max_steps:

@@ -41,7 +41,7 @@ def print_summary(cli) -> None:
     vals = metric_rows(cli.run.metrics_path, "val/loss")
     sinks = metric_rows(cli.run.metrics_path, "sink/sink1", "sink/alpha1_mean")
     proxy = proxy_label(cli.model.model.config.attention)
-    train_s = cli.throughput_cb.train_seconds
+    train_s = cli.fit_seconds
     sink_s = cli.sink_cb.seconds
     logger = trainer.logger
     lines = [

@@ -7,8 +7,9 @@
   ones are buffered in memory and re-sent in order once the server answers again (tried at most
   every ``retry_every_s`` seconds, and at the end of the run). A warning says so once.
 
-The run itself is created (or found again) by :func:`open_run` on rank 0 before the Trainer
-starts; its id lives in the run directory, so a resumed or requeued job continues it.
+The run itself is created (or found again) by :func:`open_run` on rank 0 once every setting has
+been checked, before training starts; its id lives in the run directory, so a resumed or
+requeued job continues it.
 """
 from __future__ import annotations
 
@@ -125,6 +126,11 @@ def _backfill(client, run_id: str, metrics_path: Path, before_step: int) -> None
         _notice(f"MLflow: {len(items)} values logged while it was unreachable sent from {metrics_path}")
 
 
+# sinklab.status (and Lightning's "success") -> MLflow's run status
+_MLFLOW_STATUS = {"success": "FINISHED", "finished": "FINISHED", "preempted": "FINISHED", "failed": "FAILED",
+                  "nonfinite": "FAILED", "interrupted": "KILLED"}
+
+
 class RunLogger(MLFlowLogger):
     """MLFlowLogger that never stops training and mirrors metrics to metrics.jsonl."""
 
@@ -139,6 +145,11 @@ class RunLogger(MLFlowLogger):
         self.offline = run_id is None
         self.sent_batches = 0
         self.system_metrics = None
+
+    def attach_run(self, run_id: str | None) -> None:
+        """The MLflow run, once :func:`open_run` has created it (after every setting is checked,
+        so a start refused for a bad setting leaves no run behind)."""
+        self._run_id, self.offline = run_id, run_id is None
 
     def start_system_metrics(self) -> None:
         """Rank 0: MLflow's system metrics (CPU, RAM, GPU where present) on this run until
@@ -237,7 +248,7 @@ class RunLogger(MLFlowLogger):
             _notice(f"MLflow: {len(self._pending)} metric batches could not be sent; they are in "
                     f"{self.run.metrics_path}")
             return
-        mlflow_status = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED"}.get(status, "FINISHED")
+        mlflow_status = _MLFLOW_STATUS.get(status, "FINISHED")
         try:
             self.experiment.set_terminated(self._run_id, mlflow_status)
         except Exception:  # noqa: BLE001

@@ -34,7 +34,7 @@ def test_variant_config_applies_overrides_and_identity():
 
 
 @pytest.mark.parametrize("path,value,message", [
-    (("model", "model", "attention", "op"), "bogus", 'Parser key "attention.op"'),
+    (("model", "model", "attention", "op"), "bogus", "model.model.attention.op: Expected"),
     (("model", "optim", "lrr"), 1.0, "Option 'lrr' is not accepted"),
     (("model", "model", "biases"), {"kind": "v", "key_dims": 3}, "key_dims=3: only meaningful for kind"),
 ])

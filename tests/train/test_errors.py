@@ -1,0 +1,91 @@
+"""Issue 16: a user's mistake or Ctrl-C gives one clear line, leaves no MLflow run RUNNING and
+nothing half-written in the run directory."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import TINY, fit_in_process
+from mlflow.tracking import MlflowClient
+
+from pipeline.analysis import probe as probe_mod
+
+
+def _runs(uri: str, experiment: str):
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return client.search_runs([exp.experiment_id]) if exp is not None else []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data.global_batch_tokens", "100"], "use 64 or 128"),
+    (["--data.global_batch_tokens", "0"], "data.global_batch_tokens=0: must be positive"),
+    (["--trainer.accumulate_grad_batches", "2"], "trainer.accumulate_grad_batches is derived"),
+    (["--trainer.max_steps=-1"], "trainer.max_steps must be set"),
+    (["--model.optim.lr=-1e-3"], "model.optim.lr=-0.001: must be positive"),
+    (["--data.path", "no-such-dataset"], "data.path=no-such-dataset: no manifest.json"),
+    (["--model.optim.lrr", "1"], "model.optim: Option 'lrr' is not accepted"),
+    (["--model.model.attention.op", "sigmod"], "model.model.attention.op: Expected a typing.Literal"),
+])
+def test_refused_start_is_one_line_and_leaves_nothing(args, message, tiny_ds, tmp_path, monkeypatch, mlflow_server,
+                                                      capsys):
+    run_dir = tmp_path / "refused"
+    experiment = f"errors-{abs(hash(message))}"
+    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.experiment", experiment,
+                         *args], monkeypatch, mlflow_server)
+    err = capsys.readouterr().err
+    assert rc == 2
+    lines = [line for line in err.splitlines() if line.startswith("sinklab fit:")]
+    assert len(lines) == 1 and message in lines[0], err
+    assert not err.lstrip().startswith("usage:")  # no 60-line usage dump before it
+    assert not run_dir.exists()  # no config.yaml (a fixed start would write config.1.yaml), no lock
+    assert _runs(mlflow_server, experiment) == []  # no MLflow run left RUNNING
+
+
+def test_fixed_start_after_a_refused_one_writes_config_yaml(tiny_ds, tmp_path, monkeypatch, mlflow_server):
+    run_dir = tmp_path / "fixed"
+    assert fit_in_process(["--data.path", str(tmp_path / "missing"), "--run-dir", str(run_dir)],
+                          monkeypatch, mlflow_server) == 2
+    assert fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--trainer.max_steps", "3",
+                           "--run.sink_every", "0"], monkeypatch, mlflow_server) == 0
+    assert sorted(p.name for p in run_dir.glob("config*.yaml")) == ["config.yaml"]
+
+
+def test_sink_share_of_the_summary_stays_within_the_run(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
+    """The step-0 probe ran before the training clock started: a slow probe made the share > 100%."""
+    original = probe_mod.run_probe
+
+    def slow(*args, **kwargs):
+        time.sleep(0.5)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(probe_mod, "run_probe", slow)
+    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "share"),
+                         "--trainer.max_steps", "3", "--run.sink_every", "3"], monkeypatch, mlflow_server)
+    assert rc == 0
+    share = re.search(r"sink metrics [\d.]+ s \(([\d.]+)% of it\)", capsys.readouterr().out)
+    assert share and 0 < float(share.group(1)) <= 100
+
+
+def test_ctrl_c_exits_130_and_marks_the_run_interrupted(tiny_ds, tmp_path, mlflow_server):
+    run_dir = tmp_path / "ctrl-c"
+    env = dict(os.environ, MLFLOW_TRACKING_URI=mlflow_server, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "fit", "--config", TINY, "--data.path", str(tiny_ds),
+                             "--run-dir", str(run_dir), "--trainer.max_steps", "100000", "--run.sink_every", "0"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+    deadline = time.time() + 120
+    while not (run_dir / "metrics.jsonl").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out[-2000:]
+    assert re.search(r"sinklab fit: interrupted at step \d+; continue it with --resume auto", out)
+    run = MlflowClient(mlflow_server).get_run((run_dir / "mlflow_run_id").read_text().strip())
+    assert run.data.tags["sinklab.status"] == "interrupted" and run.info.status == "KILLED"
+    assert not (run_dir / "lock").exists()
