@@ -47,6 +47,19 @@ def check_config(config: str | Path) -> Path:
     return load_config(config)[0]
 
 
+def check_with_fit(config: Path, fit_args: list[str]) -> None:
+    """Parse the config and the arguments after `--` with `sinklab fit`'s own parser, so a
+    misspelt key fails here and not after the job waited in the queue. The training layer is
+    imported only now, never when `cluster` is imported (docs/contracts.md)."""
+    from pipeline.experiments.spec import ExperimentError
+    from pipeline.experiments.validate import check_fit_command
+
+    try:
+        check_fit_command(str(config), fit_args, f"config {config}")
+    except ExperimentError as error:
+        raise JobError(str(error)) from None
+
+
 def run_name(config: Path, settings: dict) -> str:
     """The run's name as `sinklab fit` derives it: `run.name` in the config, else the file name."""
     run = settings.get("run")
@@ -148,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                        account=args.account, qos=args.qos, mem=args.mem, signal_seconds=args.signal_seconds,
                        setup=args.setup, job_name=args.job_name or re.sub(r"[^\w.+-]", "_", name),
                        sbatch_options=args.sbatch_option, fit_args=fit_args)
+        spec.validate()
+        check_with_fit(config, spec.fit_overrides())  # the exact arguments the job passes to fit
         if args.sinklab:
             spec.sinklab = args.sinklab
         if os.environ.get("MLFLOW_TRACKING_URI"):

@@ -42,23 +42,36 @@ def _fit_parser():
     return cli.parser
 
 
-def check_config(config: dict[str, Any], where: str) -> None:
-    """Raise ExperimentError (starting with `where`) unless `sinklab fit` would accept `config`."""
+def _check_parsed(parse, where: str) -> None:
+    """Raise ExperimentError (starting with `where`) unless `parse()` (fit's parser) and
+    ModelConfig's own cross-field validation accept the config."""
     from jsonargparse import Namespace
 
     from pipeline.model.config import ConfigError, ModelConfig
     from pipeline.train.cli import parse_error_line
 
     try:
-        parsed = _fit_parser().parse_object(config)
+        parsed = parse()
     except Exception as error:  # jsonargparse's ArgumentError or a type error
         raise ExperimentError(f"{where}: `sinklab fit` rejects it: {parse_error_line(str(error))}") from None
     model = parsed.model.model
+    if model is None:  # not set: fit builds the default ModelConfig
+        return
     fields = model.as_dict() if isinstance(model, Namespace) else dict(vars(model))
     try:
         ModelConfig.from_dict(fields)
     except (ConfigError, TypeError) as error:
         raise ExperimentError(f"{where}: {error}") from None
+
+
+def check_config(config: dict[str, Any], where: str) -> None:
+    """Raise ExperimentError (starting with `where`) unless `sinklab fit` would accept `config`."""
+    _check_parsed(lambda: _fit_parser().parse_object(config), where)
+
+
+def check_fit_command(config: str, fit_args: list[str], where: str) -> None:
+    """`sinklab fit --config CONFIG *fit_args`, parsed and checked without running anything."""
+    _check_parsed(lambda: _fit_parser().parse_args(["--config", str(config), *fit_args]), where)
 
 
 def check_variant(experiment: Experiment, variant: Variant, scale: str) -> None:

@@ -123,6 +123,9 @@ def test_stray_ckpt_name_in_run_dir_is_refused(tmp_path, capsys, monkeypatch):
     (["{bad}", "--gpus-per-node", "-1"], "--gpus-per-node must be 0 (CPU job) or more"),
     (["{list}"], "expected a YAML mapping of settings, got list"),
     (["{broken}"], "config broken.yaml, line 3: not valid YAML (mapping values are not allowed here)"),
+    (["{typo}"], "`sinklab fit` rejects it: model.optim: Option 'lrr' is not accepted"),
+    (["{bad}", "--", "--model.model.attention.op", "sigmod"], "rejects it: model.model.attention.op: Expected"),
+    (["{bad}", "--", "--trainer.max_stepz", "5"], "rejects it: unrecognized arguments: --trainer.max_stepz 5"),
 ])
 def test_bad_input_gives_one_clear_line(argv, message, tmp_path, capsys, monkeypatch):
     site_free(monkeypatch)
@@ -130,7 +133,8 @@ def test_bad_input_gives_one_clear_line(argv, message, tmp_path, capsys, monkeyp
     (tmp_path / "ok.yaml").write_text("trainer: {}\n")
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     (tmp_path / "broken.yaml").write_text("trainer:\n  max_steps: 5\n   lr: 1\n")
-    names = {"{bad}": "ok.yaml", "{list}": "list.yaml", "{broken}": "broken.yaml"}
+    (tmp_path / "typo.yaml").write_text("model:\n  optim:\n    lrr: 1.0e-3\n")
+    names = {"{bad}": "ok.yaml", "{list}": "list.yaml", "{broken}": "broken.yaml", "{typo}": "typo.yaml"}
     argv = [names.get(a, a) for a in argv]
     assert submit_main(argv + ["--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
