@@ -81,21 +81,34 @@ class Subject:
         else:
             from pipeline.analysis.hf_models import load_hf_model
 
-            loaded = load_hf_model(spec)
+            try:
+                loaded = load_hf_model(spec)
+            except OSError as error:  # a hub id that is neither cached nor reachable (or HF_HUB_OFFLINE=1)
+                offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
+                raise SystemExit(f"sinklab analyze: {spec}: cannot load it{offline}: {str(error).splitlines()[0]}") from None
             self.model, self.tokenizer, self.source = loaded.model, loaded.tokenizer, loaded.source
             self.vocab_size = min(len(self.tokenizer), self.model.config.get_text_config().vocab_size)
             self.special_ids = set(self.tokenizer.all_special_ids)
 
     @staticmethod
     def _detect(spec: str) -> str:
+        from pipeline.analysis.hf_models import SHORTCUTS
+
         path = Path(spec)
-        if not path.exists() and (path.suffix in (".ckpt", ".gguf", ".pt", ".bin", ".safetensors")
-                                  or spec.startswith((".", "/", "~"))):
+        # the hub is asked only for shortcuts and ORG/NAME ids; any other missing path fails at once
+        hub_id = spec in SHORTCUTS or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) and path.suffix != ".gguf"
+        if not path.exists() and not hub_id:
             raise SystemExit(f"sinklab analyze: {spec}: no such file or directory (a checkpoint, .gguf file or "
-                             "HF model directory; or smollm2, gemma3-270m or a hub name)")
+                             "HF model directory; or smollm2, gemma3-270m or a hub id ORG/NAME)")
         if path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").exists()) or not path.exists():
             return "hf"
         return "sinklab"
+
+    def max_positions(self) -> int | None:
+        """The longest sequence the model was built for, when its config states one."""
+        if self.kind == "sinklab":
+            return self.model.config.max_seq_len
+        return getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
 
     def report(self, tokens: torch.Tensor, args) -> SinkReport:
         positions = max(args.positions, getattr(args, "_min_positions", 0))
@@ -129,12 +142,20 @@ def natural_tokens(subject: Subject, args) -> torch.Tensor:
         from data_prep.dataset import load_probe
 
         probe = torch.from_numpy(load_probe(args.dataset)).long()
+        n, t = probe.shape
+        if args.seq_len > t or args.num_sequences > n:
+            raise SystemExit(f"sinklab analyze: {args.dataset}/probe.bin holds {n} sequences of T={t}; ask for at most "
+                             f"that (-n {n} -T {t}), or read natural text with --text/--tokenizer")
         return probe[: args.num_sequences, : args.seq_len]
     if subject.tokenizer is None:
         raise SystemExit("sinklab analyze: natural text for a SinkLab checkpoint needs --dataset DIR (its probe set) "
                          "or --tokenizer <dataset>/tokenizer.json (with --text files)")
     files = args.text or inputs.default_text_files()
-    return inputs.natural_from_files(subject.tokenizer, files, args.num_sequences, args.seq_len)
+    try:
+        return inputs.natural_from_files(subject.tokenizer, files, args.num_sequences, args.seq_len)
+    except ValueError as error:
+        names = ", ".join(map(str, files[:3])) + (" ..." if len(files) > 3 else "")
+        raise SystemExit(f"sinklab analyze: --text {names}: {error}; give more text or lower -n / -T") from None
 
 
 def probe_sets(subject: Subject, args) -> dict[str, torch.Tensor]:
@@ -242,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
     subject = Subject(args.model, args.kind, tokenizer)
+    limit = subject.max_positions()
+    if limit is not None and args.seq_len > limit:
+        raise SystemExit(f"sinklab analyze: -T {args.seq_len}: {args.model} handles at most {limit} positions "
+                         f"(max_seq_len / max_position_embeddings); use -T {limit} or less")
     record = run(subject, args, load_seconds=time.perf_counter() - started)
     print(format_table(record))
     print(f"wrote {record['out']}/report.json" + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else ""))
@@ -253,8 +278,8 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     started = time.perf_counter()
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(args.model).stem if Path(args.model).exists() else args.model)
     out = args.out or Path("analysis") / name
+    sets = probe_sets(subject, args)  # before the output folder exists: a refused input leaves none
     out.mkdir(parents=True, exist_ok=True)
-    sets = probe_sets(subject, args)
     reports = {kind: subject.report(tokens, args) for kind, tokens in sets.items()}
     record = {
         "model": name, "source": subject.source, "kind": subject.kind, "out": str(out),

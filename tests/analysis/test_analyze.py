@@ -176,3 +176,44 @@ def test_bos_option_starts_every_probe_sequence_with_bos(tiny_gpt2_dir):
     for kind, tokens in plain.items():
         assert with_bos[kind].shape == tokens.shape == (3, 10)
         assert (with_bos[kind][:, 0] == bos).all() and torch.equal(with_bos[kind][:, 1:], tokens[:, :-1])
+
+
+# ---- issue 16: refused inputs say so in one line, at once, and leave no output folder ------------
+def _micro_dataset(root):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+    from train_datasets import make_dataset
+
+    root = make_dataset(root, probe=(8, 12))
+    (root / "tokenizer.json").write_bytes((root.parent / "tokenizer.json").read_bytes())  # the checkpoint's
+    return root
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["-T", "40", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12; ask for at most that"),
+    (["-n", "9", "-T", "12", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12"),
+    (["-T", "65", "--inputs", "random"], "-T 65: "),
+    (["-T", "8", "--text", "{empty}", "--tokenizer", "{tok}"], "empty.txt: the text has 0 tokens"),
+])
+def test_analyze_refuses_what_it_cannot_measure(extra, message, sinklab_ckpt_with_tokenizer, tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    names = {"{ds}": str(_micro_dataset(tmp_path / "ds")), "{empty}": str(tmp_path / "empty.txt"),
+             "{tok}": str(tmp_path / "tokenizer.json")}
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as err:
+        analyze.main([str(sinklab_ckpt_with_tokenizer), "-n", "2", "--no-plots", "--out", str(out),
+                      *[names.get(a, a) for a in extra]])
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert not out.exists()
+
+
+def test_analyze_of_a_missing_path_fails_at_once(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    started = time.perf_counter()
+    with pytest.raises(SystemExit, match="no-such-dir: no such file or directory"):
+        analyze.main(["no-such-dir"])
+    assert time.perf_counter() - started < 2  # no model-hub lookup first
