@@ -14,7 +14,7 @@ import sys
 
 from data_prep.errors import DataPrepError
 from data_prep.embedded import build_raw
-from data_prep.prepare import PrepConfig, PrepResult, default_workers, prepare
+from data_prep.prepare import STAGING, PrepConfig, PrepResult, claim_output_dir, default_workers, prepare
 from data_prep.readers import FORMATS, TEXT_UNITS, ReaderOptions
 
 SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
@@ -132,17 +132,30 @@ def summary(result: PrepResult) -> str:
     return "\n".join(lines)
 
 
+def _drop_if_empty(out: str, created: bool) -> None:
+    if created and os.path.isdir(out) and not os.listdir(out):
+        os.rmdir(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     embedded = bool(argv) and argv[0] == "embedded"
     parser = build_embedded_parser() if embedded else build_parser()
     args = parser.parse_args(argv[1:] if embedded else argv)
+    created = False
     try:
+        created = claim_output_dir(args.out)
         cfg = embedded_config(args, argv) if embedded else config_from_args(args, argv)
         result = prepare(cfg)
     except DataPrepError as exc:
+        _drop_if_empty(args.out, created)
         print(f"sinklab prep: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        _drop_if_empty(args.out, created)
+        print(f"sinklab prep: interrupted; run the same command again to resume from the chunks already "
+              f"finished (kept in {os.path.join(args.out, STAGING)})", file=sys.stderr)
+        return 130
     for warning in result.warnings:
         print(f"sinklab prep: warning: {warning}", file=sys.stderr)
     print(summary(result))

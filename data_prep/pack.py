@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import os
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +125,7 @@ _config: PackConfig | None = None
 def init_worker(config: PackConfig) -> None:
     """Pool initializer: one single-threaded tokenizer per worker process."""
     global _tokenizer, _config
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it stops the pool)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer
 

@@ -136,6 +136,30 @@ def build_spec(cfg: PrepConfig, inputs: list[str], val_inputs: list[str]) -> dic
     }
 
 
+# What `sinklab prep` itself puts in --out (raw/: the embedded corpus's source shards)
+DATASET_ENTRIES = {MANIFEST_NAME, "tokenizer.json", "train", "val", "probe.bin", STAGING, "raw"}
+
+
+def claim_output_dir(out: str | Path) -> bool:
+    """Make `out` ready for a dataset; True when this call created it. Refuses a file, a path
+    that cannot be created, and a folder holding anything a dataset does not hold."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DataPrepError(f"--out {out}: is a file; choose a directory path")
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in DATASET_ENTRIES)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+            raise DataPrepError(f"--out {out}: holds {shown}, which is not part of a SinkLab dataset; "
+                                "choose an empty or new directory")
+        return False
+    try:
+        out.mkdir(parents=True)
+    except OSError as error:
+        raise DataPrepError(f"--out {out}: cannot create it ({error.strerror}); choose a writable directory") from None
+    return True
+
+
 class Preparation:
     def __init__(self, cfg: PrepConfig, on_chunk: Callable[[dict[str, Any]], None] | None = None):
         _validate(cfg)

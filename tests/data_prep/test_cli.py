@@ -137,3 +137,49 @@ def test_text_files_through_the_cli(tmp_path, capsys, tokenizer_file):
     m = load_manifest(out)
     assert m.splits["train"].documents + m.splits["val"].documents == 200
     assert set(m.splits["train"].domains) == {"books"} and m.raw["documents"]["documents_read"] == 200
+
+
+# ---- issue 16: --out that cannot hold a dataset, and Ctrl-C --------------------------------------
+@pytest.mark.parametrize("out, message", [
+    ("/proc/sinklab-x", "--out /proc/sinklab-x: cannot create it ("),
+    ("{file}/ds", "/ds: cannot create it (Not a directory)"),
+    ("{file}", "is a file; choose a directory path"),
+    ("{notes}", "holds notes.txt, which is not part of a SinkLab dataset; choose an empty or new directory"),
+])
+def test_output_that_cannot_hold_a_dataset_is_refused(out, message, tmp_path, capsys, tokenizer_file):
+    data = write_jsonl(tmp_path / "d.jsonl", make_docs(300, 5))
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's own")
+    out = out.replace("{file}", str(tmp_path / "afile")).replace("{notes}", str(tmp_path / "mine"))
+    line = error_of(capsys, prep(["--input", str(data), "--val-fraction", "0.2", "--out", out], tokenizer_file))
+    assert message in line
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+
+
+def test_ctrl_c_exits_130_and_the_rerun_resumes_to_the_same_bytes(tmp_path, tokenizer_file):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    data = write_jsonl(tmp_path / "d.jsonl", make_docs(6000, 7))
+    args = prep(["--input", str(data), "--val-fraction", "0.1", "--chunk-chars", "2k"], tokenizer_file)
+    cmd = [sys.executable, "-m", "pipeline.cli", "prep", *args]
+    proc = subprocess.Popen([*cmd, "--out", str(tmp_path / "cut")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    done = tmp_path / "cut" / ".partial" / "done"
+    deadline = time.time() + 60
+    while proc.poll() is None and time.time() < deadline and not (done.is_dir() and any(done.iterdir())):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert out.strip().splitlines()[-1].startswith("sinklab prep: interrupted; run the same command again")
+    assert "Traceback" not in out
+    assert not (tmp_path / "cut" / "manifest.json").exists()
+    assert main([*args, "--out", str(tmp_path / "cut")]) == 0
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    assert load_manifest(tmp_path / "cut").hash == load_manifest(tmp_path / "whole").hash  # the command differs
+    for name in ("train/00000.bin", "val/00000.bin", "probe.bin", "tokenizer.json"):
+        assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
