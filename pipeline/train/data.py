@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from data_prep.dataset import PackedSplit, load_manifest, load_probe
+from data_prep.dataset import DatasetError, PackedSplit, load_manifest, load_probe, verify as verify_dataset
 
 from .batching import BatchPlan, plan_batch
 from .interventions import Interventions, apply_interventions
@@ -76,6 +76,19 @@ class RankBatchSampler(Sampler[list[int]]):
                 yield list(range(start, start + p.micro_batch_size))
 
 
+def check_token_ids(tokens: np.ndarray, split: PackedSplit, indices) -> np.ndarray:
+    """Refuse a batch holding an id outside the vocabulary (a damaged or foreign shard of the
+    right size): it would otherwise fail as an index error deep inside the embedding."""
+    vocab = split.manifest.vocab_size
+    if tokens.size and (tokens.max() >= vocab or tokens.min() < 0):
+        row = int(np.argmax((tokens >= vocab).any(axis=1) | (tokens < 0).any(axis=1)))
+        raise DatasetError(
+            f"{split.manifest.root}: {split.split} sequence {int(np.asarray(indices)[row])} holds token id "
+            f"{int(tokens[row].max())}, outside the vocabulary of {vocab} (manifest.json); a shard is damaged: "
+            "check it with --data.verify true, and re-run `sinklab prep`")
+    return tokens
+
+
 class PackedTrainSet(Dataset):
     """Global sample index -> dict(input_ids, sample, epoch); ``intervene(tokens, samples,
     epochs)`` applies the interventions per row (``SinkDataModule.intervene``)."""
@@ -85,7 +98,8 @@ class PackedTrainSet(Dataset):
 
     def __getitems__(self, samples: list[int]) -> dict[str, torch.Tensor]:
         looked = [self.order.lookup(g) for g in samples]
-        tokens = self.split.take([i for _, i in looked])
+        indices = [i for _, i in looked]
+        tokens = check_token_ids(self.split.take(indices), self.split, indices)
         epochs = np.array([e for e, _ in looked])
         tokens = self.intervene(tokens, np.asarray(samples), epochs)
         return {"input_ids": torch.from_numpy(tokens), "sample": torch.tensor(samples),
@@ -138,7 +152,7 @@ class EvalSet(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        row = np.asarray(self.split[i], dtype=np.int64)[None]
+        row = check_token_ids(np.asarray(self.split[i], dtype=np.int64)[None], self.split, [i])
         row = self.intervene(row, np.array([i]), np.array([0]), validation=True)
         return torch.from_numpy(row[0])
 
@@ -147,17 +161,18 @@ class SinkDataModule(L.LightningDataModule):
     """path: prepared dataset directory (``sinklab prep``). global_batch_tokens: tokens per
     optimizer step over all processes. micro_batch_size: sequences per process per forward.
     token_budget: use only this many training tokens (Figure 5 right), 0 = all. val_batches:
-    validation micro-batches per evaluation. seed: data order and resampling seed."""
+    validation micro-batches per evaluation. seed: data order and resampling seed. verify: check
+    every shard and the probe against the manifest's sha256 before training (reads all of them)."""
 
     def __init__(self, path: str = "data/embedded", global_batch_tokens: int = 2**20,
                  micro_batch_size: int = 8, token_budget: int = 0, val_batches: int = 8,
                  num_workers: int = 0, seed: int = 1234,
-                 interventions: Interventions | None = None):
+                 interventions: Interventions | None = None, verify: bool = False):
         super().__init__()
         self.path = Path(path)
         if not (self.path / "manifest.json").is_file():
             raise FileNotFoundError(f"data.path={path}: no manifest.json there; prepare it with `sinklab prep`")
-        self.manifest = load_manifest(self.path)
+        self.manifest = verify_dataset(self.path) if verify else load_manifest(self.path)
         self.global_batch_tokens, self.micro_batch_size = global_batch_tokens, micro_batch_size
         self.token_budget, self.val_batches, self.num_workers, self.seed = token_budget, val_batches, num_workers, seed
         self.interventions = interventions if isinstance(interventions, Interventions) else Interventions()

@@ -89,3 +89,39 @@ def test_ctrl_c_exits_130_and_marks_the_run_interrupted(tiny_ds, tmp_path, mlflo
     run = MlflowClient(mlflow_server).get_run((run_dir / "mlflow_run_id").read_text().strip())
     assert run.data.tags["sinklab.status"] == "interrupted" and run.info.status == "KILLED"
     assert not (run_dir / "lock").exists()
+
+
+@pytest.fixture
+def damaged_ds(tiny_ds, tmp_path):
+    """The tiny dataset with a token id beyond its vocabulary (64) in every row of one train shard,
+    the shard's size unchanged (its sha256 no longer matches the manifest)."""
+    import shutil
+
+    import numpy as np
+
+    root = shutil.copytree(tiny_ds, tmp_path / "damaged")
+    shard = np.fromfile(root / "train" / "00000.bin", dtype=np.uint16).reshape(-1, 16)
+    shard[:, 5] = 60000
+    shard.tofile(root / "train" / "00000.bin")
+    return root
+
+
+def test_token_id_beyond_the_vocabulary_is_one_line(damaged_ds, tmp_path, monkeypatch, mlflow_server, capsys):
+    run_dir = tmp_path / "ids"
+    rc = fit_in_process(["--data.path", str(damaged_ds), "--run-dir", str(run_dir), "--run.sink_every", "0"],
+                        monkeypatch, mlflow_server)
+    assert rc == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sinklab fit:")]
+    assert len(err) == 1 and "holds token id 60000, outside the vocabulary of 64" in err[0]
+    run = MlflowClient(mlflow_server).get_run((run_dir / "mlflow_run_id").read_text().strip())
+    assert run.info.status == "FAILED" and run.data.tags["sinklab.status"] == "failed"
+
+
+def test_verify_option_checks_the_shards_before_anything_starts(damaged_ds, tmp_path, monkeypatch, mlflow_server,
+                                                                capsys):
+    run_dir = tmp_path / "verified"
+    rc = fit_in_process(["--data.path", str(damaged_ds), "--run-dir", str(run_dir), "--data.verify", "true"],
+                        monkeypatch, mlflow_server)
+    assert rc == 2
+    assert "00000.bin: sha256 differs from the manifest; the file is corrupt" in capsys.readouterr().err
+    assert not run_dir.exists()
