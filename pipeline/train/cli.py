@@ -235,9 +235,22 @@ def parse_error_line(message: str) -> str:
     return (f"{where}: " if where else "") + "; ".join(reasons)[:500]
 
 
+def _deepspeed_weights(cli, ckpt_dir: Path):
+    """(ModelConfig, fp32 weights) of a DeepSpeed checkpoint: its fp32 master partitions merged
+    in memory by DeepSpeed's zero_to_fp32 (ZeRO-3's module holds only shards, and under bf16
+    ZeRO-1/2's module holds bf16 copies)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir))
+    prefix = "model."
+    return cli.model.model_config, {k.removeprefix("_forward_module.").removeprefix(prefix): v
+                                    for k, v in state.items() if k.removeprefix("_forward_module.").startswith(prefix)}
+
+
 def _log_model(cli) -> None:
     """Rank 0, after the final checkpoint: the final weights as the run's MLflow model (once per
-    run). Weights come from the module (or, where they are sharded, the final checkpoint file)."""
+    run). Weights come from the module, from the merged DeepSpeed checkpoint, or (FSDP2) from
+    the final checkpoint file."""
     if not cli.opts.log_model or not cli.run_id:
         return
     from .mlflow_record import final_weights, log_final_model
@@ -245,7 +258,10 @@ def _log_model(cli) -> None:
 
     newest = cli.run.newest_checkpoint()
     try:
-        weights = final_weights(cli.model, newest)
+        if newest is not None and newest.is_dir():
+            weights = _deepspeed_weights(cli, newest)
+        else:
+            weights = final_weights(cli.model, newest)
         if weights is None:
             print(f"sinklab fit: no whole final weights on rank 0 (sharded, and {newest} is not a file); "
                   "model not logged to MLflow", file=sys.stderr, flush=True)

@@ -165,6 +165,14 @@ def test_checkpoint_of_fit_consolidates_loads_and_exports(runs, tiny_ds, tmp_pat
     assert blob["global_step"] == 8 and blob["sinklab"]["optimizer_moments"] == "reset"
 
     model = load_pretrained(fp32).eval()
+    # The run's MLflow model: the same fp32 weights, merged from the final checkpoint by fit itself
+    from pipeline.analysis.run_models import resolve_model
+
+    run_id = (runs["zero3"] / "mlflow_run_id").read_text().strip()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    logged = load_pretrained(resolve_model(f"runs:/{run_id}/model").path)
+    final = torch.load(runs["ddp"] / "checkpoints" / "step-000012.ckpt", weights_only=False)["state_dict"]
+    assert all(torch.allclose(v, final[f"model.{k}"], atol=1e-5) for k, v in logged.state_dict().items())
     hf_dir = tmp_path / "hf"
     assert export_hf([str(fp32), "--out", str(hf_dir)]) == 0
     hf = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
