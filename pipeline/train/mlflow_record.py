@@ -130,27 +130,22 @@ def run_experiment_url(tracking_uri: str, run_id: str) -> str:
 
 
 # ---- the final model -----------------------------------------------------------------------
-def final_weights(module, checkpoint: str | os.PathLike | None = None, prefer_checkpoint: bool = False):
-    """(ModelConfig, {name: tensor}) of the trained model on rank 0.
-
-    From the LightningModule's own weights where rank 0 holds them whole (one process, DDP,
-    DeepSpeed ZeRO-1/2); where they are sharded (FSDP2 DTensors, ZeRO-3 partitions), or with
-    ``prefer_checkpoint``, from ``checkpoint``, a file that holds them whole (FSDP2's full-file
-    checkpoint, or a consolidated DeepSpeed checkpoint: pass it with ``prefer_checkpoint=True``
-    to log the fp32 master weights instead of ZeRO's bf16 module copies). Returns None when
-    neither is at hand."""
+def final_weights(module, checkpoint: str | os.PathLike | None = None):
+    """(ModelConfig, {name: tensor}) of the trained model on rank 0: the LightningModule's own
+    weights where rank 0 holds them whole (one process, DDP); where they are sharded (FSDP2
+    DTensors), ``checkpoint``, a file that holds them whole (FSDP2's full-file checkpoint).
+    Returns None when neither is at hand. (DeepSpeed runs: ``cli._deepspeed_weights`` merges
+    the fp32 master weights of the final checkpoint directory.)"""
     import torch
 
     from pipeline.model import load_pretrained
 
     model = module.model
-    params = list(model.parameters())
-    sharded = any(type(p).__name__ == "DTensor" or hasattr(p, "ds_id") for p in params)
-    have_file = checkpoint is not None and Path(checkpoint).is_file()
-    if not sharded and not (prefer_checkpoint and have_file):
+    sharded = any(type(p).__name__ == "DTensor" or hasattr(p, "ds_id") for p in model.parameters())
+    if not sharded:
         return model.config, {k: v.detach() for k, v in model.state_dict().items()
                               if isinstance(v, torch.Tensor)}
-    if have_file:
+    if checkpoint is not None and Path(checkpoint).is_file():
         loaded = load_pretrained(checkpoint)
         return loaded.config, dict(loaded.state_dict())
     return None
