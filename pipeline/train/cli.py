@@ -34,7 +34,7 @@ from .batching import BatchConfigError
 from .callbacks import Preemption, SinkMetrics, StepCheckpoint, Throughput
 from .data import SinkDataModule
 from .integrity import checkpoint_problem
-from .module import NonFiniteLossError, SinkLabModule
+from .module import NonFiniteLossError, SinkLabModule, read_init
 from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, release_lock
 from .summary import print_summary
 from .tracking import RunLogger, code_version, flatten, open_run
@@ -96,6 +96,10 @@ class SinkLabCLI(LightningCLI):
     # ---- every class built and checked: only now the config and the MLflow run are recorded ----
     def after_instantiate_classes(self) -> None:
         self.model.optim.validate(self.trainer.max_steps)
+        init_tags = {}
+        if self.model.init and not self.resume_from:
+            self.model.set_vocab(self.datamodule.manifest.vocab_size, self.datamodule.manifest.context_length)
+            self.model.init_state, init_tags = read_init(self.model.init, self.model.model_config)
         if not self.rank0:
             return
         cfg, opts = self.config, self.opts
@@ -108,6 +112,7 @@ class SinkLabCLI(LightningCLI):
                 "sinklab.run_dir": str(self.run.root.resolve()), "sinklab.status": "running"}
         if os.environ.get("SLURM_JOB_ID"):
             tags["sinklab.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+        tags.update(init_tags)
         if os.environ.get("SINKLAB_PARENT_RUN_ID"):  # set by `sinklab sweep`: the experiment's parent run
             tags["mlflow.parentRunId"] = os.environ["SINKLAB_PARENT_RUN_ID"]
         resumed = CKPT_RE.match(Path(self.resume_from).name) if self.resume_from else None

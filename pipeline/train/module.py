@@ -34,32 +34,65 @@ def _recomputed(forward):
     return run
 
 
-def _reset_partitioned(model: Transformer) -> None:
+def _reset_partitioned(model: Transformer, state: dict | None = None) -> None:
     """Under ZeRO-3 the model is built inside ``deepspeed.zero.Init``, which partitions each
     layer's parameters as soon as that layer exists, so the Transformer's own initialisation
-    (run once all layers exist) met empty shards. Run it again on the gathered parameters, on
-    rank 0, which then broadcasts them: the same RNG stream as an unsharded build, so the same
-    initial weights as DDP."""
+    (run once all layers exist) met empty shards. Run it again (or load ``state``) on the
+    gathered parameters, on rank 0, which then broadcasts them: the same RNG stream as an
+    unsharded build, so the same initial weights as DDP."""
     import deepspeed
     import torch.distributed as dist
 
     with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
         if dist.get_rank() == 0:
-            model.reset_parameters()
+            model.reset_parameters() if state is None else model.load_state_dict(state)
+
+
+def read_init(spec: str, cfg: ModelConfig) -> tuple[dict, dict[str, str]]:
+    """The weights of ``spec`` (a checkpoint, an export directory or runs:/<run_id>), checked to
+    fit a model of ``cfg``, and the MLflow tags that link the new run to where they came from."""
+    from pathlib import Path
+
+    from pipeline.analysis.run_models import RunModelError, is_model_uri, resolve_model
+    from pipeline.model import load_pretrained
+
+    tags = {"sinklab.init_from": spec}
+    if not (is_model_uri(spec) or Path(spec).exists()):
+        raise ConfigError(f"model.init={spec}: no such checkpoint or model directory (or runs:/<run_id>)")
+    try:
+        if is_model_uri(spec):
+            resolved = resolve_model(spec)
+            spec_path, tags["sinklab.init_run_id"] = resolved.path, resolved.run_id
+        else:
+            spec_path = spec
+        source = load_pretrained(spec_path)
+    except (RunModelError, ValueError, OSError) as exc:
+        raise ConfigError(f"model.init={spec}: {exc}") from None
+    want, have = cfg.to_dict(), source.config.to_dict()
+    differ = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
+    if differ:
+        raise ConfigError(f"model.init={spec}: its model differs in {', '.join(differ)} "
+                          f"({', '.join(f'{k}={have.get(k)!r}' for k in differ)}); set model.model to match")
+    return source.state_dict(), tags
 
 
 class SinkLabModule(L.LightningModule):
     """model: every field of pipeline.model.ModelConfig (``--model.model.attention.op sigmoid``);
     ``vocab_size`` is taken from the dataset's manifest. optim: peak/min lr, warm-up, AdamW.
     compile: ``torch.compile`` each block (in place, so checkpoints keep their keys).
-    activation_checkpointing: recompute each block in backward instead of keeping activations."""
+    activation_checkpointing: recompute each block in backward instead of keeping activations.
+    init: weights to start from (a checkpoint, an export directory or ``runs:/<run_id>``): a new
+    run, with a fresh optimizer, schedule and data order, that continues training a model (on
+    another dataset, say). Ignored on a resume, which restores its own checkpoint."""
 
     def __init__(self, model: ModelConfig | None = None, optim: OptimConfig | None = None,
-                 compile: bool = False, activation_checkpointing: bool = False):
+                 compile: bool = False, activation_checkpointing: bool = False, init: str | None = None):
         super().__init__()
         self.model_config = model if model is not None else ModelConfig()
         self.optim = optim if optim is not None else OptimConfig()
         self.compile_blocks, self.activation_checkpointing = compile, activation_checkpointing
+        self.init = init
+        self.init_state: dict[str, torch.Tensor] | None = None  # read_init() fills it at a fresh start
         self.model: Transformer | None = None
         self._step_loss, self._micro, self._val = 0.0, 0, []
         self.save_hyperparameters({"model_config": self.model_config.to_dict(),
@@ -73,8 +106,12 @@ class SinkLabModule(L.LightningModule):
         if dm is not None and hasattr(dm, "manifest"):
             self.set_vocab(dm.manifest.vocab_size, dm.manifest.context_length)
         self.model = Transformer(self.model_config)
-        if self._trainer is not None and getattr(self.trainer.strategy, "zero_stage_3", False):
-            _reset_partitioned(self.model)
+        zero3 = self._trainer is not None and getattr(self.trainer.strategy, "zero_stage_3", False)
+        if zero3:
+            _reset_partitioned(self.model, self.init_state)
+        elif self.init_state is not None:
+            self.model.load_state_dict(self.init_state)
+        self.init_state = None
         for block in self.model.blocks:
             if self.activation_checkpointing:
                 block.forward = _recomputed(block.forward)

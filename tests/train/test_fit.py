@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import fit_in_process, losses
+from conftest import fit_in_process, losses, read_metrics
 from mlflow.tracking import MlflowClient
 
 from data_prep.dataset import PackedSplit, load_manifest
@@ -286,3 +286,37 @@ def test_metrics_of_an_offline_first_start_reach_mlflow_on_resume(tiny_ds, tmp_p
     run_id = (run_dir / "mlflow_run_id").read_text().strip()
     assert {m.step: m.value for m in client.get_metric_history(run_id, "train/loss")} == losses(run_dir)
     assert [m.step for m in client.get_metric_history(run_id, "sink/sink1")] == [0, 3, 6]
+
+
+def test_init_starts_a_new_run_from_another_runs_weights(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
+    """--model.init runs:/<id>: step 0 of the new run probes the source run's final weights (the
+    same Sink_1 and α₁ as the source's last probe); fresh optimizer and schedule; linked by tags.
+    A source of another shape is refused in one line naming the fields."""
+    from mlflow.tracking import MlflowClient
+
+    data = ["--data.path", str(tiny_ds), "--run.sink_every", "4"]
+    source = tmp_path / "source"
+    assert fit_in_process([*data, "--run-dir", str(source), "--trainer.max_steps", "8"], monkeypatch,
+                          mlflow_server) == 0
+    source_id = (source / "mlflow_run_id").read_text().strip()
+    probe = {r["step"]: r for r in read_metrics(source) if "sink/alpha1_mean" in r}[8]
+
+    child = tmp_path / "child"
+    assert fit_in_process([*data, "--run-dir", str(child), "--trainer.max_steps", "4", "--model.init",
+                           f"runs:/{source_id}"], monkeypatch, mlflow_server) == 0
+    first = {r["step"]: r for r in read_metrics(child) if "sink/alpha1_mean" in r}[0]
+    assert first["sink/alpha1_mean"] == pytest.approx(probe["sink/alpha1_mean"], abs=1e-6)
+    assert first["sink/sink1"] == probe["sink/sink1"]
+    tags = MlflowClient(mlflow_server).get_run((child / "mlflow_run_id").read_text().strip()).data.tags
+    assert tags["sinklab.init_run_id"] == source_id and tags["sinklab.init_from"] == f"runs:/{source_id}"
+    ckpt = torch.load(child / "checkpoints" / "step-000004.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 4  # its own schedule from step 0, not the source's step 8
+
+    capsys.readouterr()
+    assert fit_in_process([*data, "--run-dir", str(tmp_path / "wide"), "--trainer.max_steps", "4",
+                           "--model.model.d_ffn", "96", "--model.init", f"runs:/{source_id}"], monkeypatch,
+                          mlflow_server) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"sinklab fit: model.init=runs:/{source_id}: its model differs in d_ffn (d_ffn=64); "
+                       "set model.model to match"), err[-3:]
+    assert not (tmp_path / "wide" / "config.yaml").exists()
