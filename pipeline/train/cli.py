@@ -96,9 +96,10 @@ class SinkLabCLI(LightningCLI):
     # ---- every class built and checked: only now the config and the MLflow run are recorded ----
     def after_instantiate_classes(self) -> None:
         self.model.optim.validate(self.trainer.max_steps)
+        manifest = self.datamodule.manifest
+        self.model.set_vocab(manifest.vocab_size, manifest.context_length)  # max_seq_len checked here too
         init_tags = {}
         if self.model.init and not self.resume_from:
-            self.model.set_vocab(self.datamodule.manifest.vocab_size, self.datamodule.manifest.context_length)
             self.model.init_state, init_tags = read_init(self.model.init, self.model.model_config)
         if not self.rank0:
             return

@@ -31,6 +31,8 @@ def _runs(uri: str, experiment: str):
     (["--data.path", "no-such-dataset"], "data.path=no-such-dataset: no manifest.json"),
     (["--model.optim.lrr", "1"], "model.optim: Option 'lrr' is not accepted"),
     (["--model.model.attention.op", "sigmod"], "model.model.attention.op: Expected a typing.Literal"),
+    (["--model.model.max_seq_len", "8"], "model.model.max_seq_len=8 is below the dataset's context length 16"),
+    (["--model.init", "no-such.ckpt"], "model.init=no-such.ckpt: no such checkpoint"),
 ])
 def test_refused_start_is_one_line_and_leaves_nothing(args, message, tiny_ds, tmp_path, monkeypatch, mlflow_server,
                                                       capsys):
