@@ -34,6 +34,7 @@ from .batching import BatchConfigError
 from .callbacks import Preemption, SinkMetrics, StepCheckpoint, Throughput
 from .data import SinkDataModule
 from .integrity import checkpoint_problem
+from .mlflow_record import log_run_model
 from .module import NonFiniteLossError, SinkLabModule, read_init
 from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, release_lock
 from .summary import print_summary
@@ -241,49 +242,6 @@ def parse_error_line(message: str) -> str:
     return (f"{where}: " if where else "") + "; ".join(reasons)[:500]
 
 
-def _deepspeed_weights(cli, ckpt_dir: Path):
-    """(ModelConfig, fp32 weights) of a DeepSpeed checkpoint: its fp32 master partitions merged
-    in memory by DeepSpeed's zero_to_fp32 (ZeRO-3's module holds only shards, and under bf16
-    ZeRO-1/2's module holds bf16 copies)."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir))
-    prefix = "model."
-    return cli.model.model_config, {k.removeprefix("_forward_module.").removeprefix(prefix): v
-                                    for k, v in state.items() if k.removeprefix("_forward_module.").startswith(prefix)}
-
-
-def _log_model(cli) -> None:
-    """Rank 0, after the final checkpoint: the final weights as the run's MLflow model (once per
-    run). Weights come from the module, from the merged DeepSpeed checkpoint, or (FSDP2) from
-    the final checkpoint file."""
-    if not cli.opts.log_model or not cli.run_id:
-        return
-    from .mlflow_record import final_weights, log_final_model
-    from .tracking import tracking_uri
-
-    newest = cli.run.newest_checkpoint()
-    try:
-        if newest is not None and newest.is_dir():
-            weights = _deepspeed_weights(cli, newest)
-        else:
-            weights = final_weights(cli.model, newest)
-        if weights is None:
-            print(f"sinklab fit: no whole final weights on rank 0 (sharded, and {newest} is not a file); "
-                  "model not logged to MLflow", file=sys.stderr, flush=True)
-            return
-        logged = log_final_model(tracking_uri(), cli.run_id, *weights, manifest=cli.datamodule.manifest,
-                                 step=cli.trainer.global_step)
-    except Exception as exc:  # noqa: BLE001 - the checkpoint is on disk; MLflow may be away
-        print(f"sinklab fit: model not logged to MLflow ({type(exc).__name__}: {str(exc)[:200]}); "
-              f"the weights are in {newest}", file=sys.stderr, flush=True)
-        return
-    if logged:
-        cli.logged_model = logged
-        print(f"sinklab: final model logged to MLflow as runs:/{cli.run_id}/model ({logged['megabytes']:.1f} MB "
-              f"in {logged['seconds']:.1f} s)", flush=True)
-
-
 def _finish(cli, trainer, status: str) -> None:
     """Rank 0: the run's final sinklab.status tag and MLflow status; locks released."""
     if trainer is not None and trainer.is_global_zero and isinstance(trainer.logger, RunLogger):
@@ -322,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         status = "finished"
         if cli.trainer.is_global_zero:
-            _log_model(cli)
+            log_run_model(cli)
             print_summary(cli)
         return 0
     except NonFiniteLossError as exc:

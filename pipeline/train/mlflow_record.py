@@ -131,16 +131,22 @@ def run_experiment_url(tracking_uri: str, run_id: str) -> str:
 
 # ---- the final model -----------------------------------------------------------------------
 def final_weights(module, checkpoint: str | os.PathLike | None = None):
-    """(ModelConfig, {name: tensor}) of the trained model on rank 0: the LightningModule's own
+    """(ModelConfig, {name: tensor}) of the trained model on rank 0: from a DeepSpeed checkpoint
+    directory, its fp32 master partitions merged in memory by DeepSpeed's zero_to_fp32 (ZeRO-3's
+    module holds only shards, bf16 ZeRO-1/2's only bf16 copies); else the LightningModule's own
     weights where rank 0 holds them whole (one process, DDP); where they are sharded (FSDP2
-    DTensors), ``checkpoint``, a file that holds them whole (FSDP2's full-file checkpoint).
-    Returns None when neither is at hand. (DeepSpeed runs: ``cli._deepspeed_weights`` merges
-    the fp32 master weights of the final checkpoint directory.)"""
+    DTensors), ``checkpoint``, a file that holds them whole. None when neither is at hand."""
     import torch
 
     from pipeline.model import load_pretrained
 
     model = module.model
+    if checkpoint is not None and (Path(checkpoint) / "latest").is_file():
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
+        names = {k: k.removeprefix("_forward_module.") for k in state}
+        return model.config, {n.removeprefix("model."): state[k] for k, n in names.items() if n.startswith("model.")}
     sharded = any(type(p).__name__ == "DTensor" or hasattr(p, "ds_id") for p in model.parameters())
     if not sharded:
         return model.config, {k: v.detach() for k, v in model.state_dict().items()
@@ -149,6 +155,32 @@ def final_weights(module, checkpoint: str | os.PathLike | None = None):
         loaded = load_pretrained(checkpoint)
         return loaded.config, dict(loaded.state_dict())
     return None
+
+
+def log_run_model(cli) -> None:
+    """Rank 0 of `sinklab fit`, after the final checkpoint: the final weights as the run's MLflow
+    model (once per run); an MLflow outage costs a warning, never the run."""
+    from .tracking import tracking_uri
+
+    if not cli.opts.log_model or not cli.run_id:
+        return
+    newest = cli.run.newest_checkpoint()
+    try:
+        weights = final_weights(cli.model, newest)
+        if weights is None:
+            print(f"sinklab fit: no whole final weights on rank 0 (sharded, and {newest} is not a file); "
+                  "model not logged to MLflow", file=sys.stderr, flush=True)
+            return
+        logged = log_final_model(tracking_uri(), cli.run_id, *weights, manifest=cli.datamodule.manifest,
+                                 step=cli.trainer.global_step)
+    except Exception as exc:  # noqa: BLE001 - the checkpoint is on disk; MLflow may be away
+        print(f"sinklab fit: model not logged to MLflow ({type(exc).__name__}: {str(exc)[:200]}); "
+              f"the weights are in {newest}", file=sys.stderr, flush=True)
+        return
+    if logged:
+        cli.logged_model = logged
+        print(f"sinklab: final model logged to MLflow as runs:/{cli.run_id}/model ({logged['megabytes']:.1f} MB "
+              f"in {logged['seconds']:.1f} s)", flush=True)
 
 
 def write_model_dir(out: Path, config, state: dict, manifest=None) -> Path:
