@@ -42,7 +42,7 @@ def fitted(mlflow_server, tmp_path_factory):
     run_dir = root / "run"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SINKLAB_CACHE", str(root / "cache"))
-        mp.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")  # a sample within the tiny fit
+        mp.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.02")  # samples within the sub-second fit
         mp.setenv("MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING", "1")
         args = ["--data.path", str(ds), "--run-dir", str(run_dir), "--trainer.max_steps", "4",
                 "--run.experiment", EXPERIMENT, "--run.sink_every", "0"]
