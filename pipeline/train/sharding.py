@@ -78,8 +78,9 @@ class DeepSpeedStrategy(LightningDeepSpeedStrategy):
 
 
 def _use_deepspeed_cpu() -> None:
-    """DeepSpeed on CPU: its CPU accelerator, and no shared-memory all-reduce op (an optional
-    C++ extension DeepSpeed would compile on first use, for minutes; gloo does the same job)."""
+    """DeepSpeed on CPU: its CPU accelerator, and none of its compiled ops. They are optional
+    (SinkLab's optimizer is torch's AdamW; gloo does the all-reduce), and the shared-memory
+    all-reduce op would otherwise be compiled on first use, for minutes."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
