@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from pipeline.metrics import importance, sink_rate
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.positional import Sinusoidal, alibi_slopes, relative_bucket
 
@@ -61,6 +62,22 @@ def test_prop2_relative_pe_first_token_ties_with_all_far_tokens():
             assert torch.all(row[:, :1] >= row.max(dim=-1, keepdim=True).values * (1 - 1e-5))
             if t > D:                   # several tokens share the largest score: no unique sink
                 assert far.shape[-1] > 1
+
+
+def test_relative_pe_taken_literally_is_a_sink_before_training():
+    """Eq. 6's g(i - j) grows with distance and the first token is every row's farthest key, so
+    with q.k = 0 the first token already holds alpha_1 > eps = 0.3 on the 64-token probe in every
+    head (Sink_1 = 100% at step 0, as the cpu run measured: alpha_1 0.334)."""
+    T = 64
+    model = _model(positional="relative")
+    for block in model.blocks:  # queries = 0: the scores are the relative bias alone
+        torch.nn.init.zeros_(block.attn.qkv.weight[: model.config.d_model])
+    out = model(torch.randint(0, model.config.vocab_size, (1, T)), output_attentions=True)
+    alpha1 = torch.stack([importance(a, 1) for a in out.attentions])
+    bias = relative_bucket(torch.arange(T)[:, None] - torch.arange(T)[None, :], 32, 128).float()
+    closed_form = bias.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")).softmax(-1)[:, 0].mean()
+    torch.testing.assert_close(alpha1, closed_form.expand_as(alpha1), atol=1e-5, rtol=0)
+    assert round(closed_form.item(), 3) == 0.334 and sink_rate(alpha1) == 100.0
 
 
 def test_prop3_alibi_first_column_is_each_rows_smallest():
