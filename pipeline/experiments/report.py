@@ -45,12 +45,13 @@ class Row:
     tracks_emergence: bool = False        # the run logs emergence (absent then means: not yet)
 
 
-def build_rows(experiment: Experiment, records: dict[str, list[mlruns.RunRecord]]) -> list[Row]:
+def build_rows(experiment: Experiment, records: dict[str, list[mlruns.RunRecord]],
+               scale: str = "cpu") -> list[Row]:
     """One row per variant, in the experiment file's order."""
     rows = []
     for variant in experiment.variants:
         run = mlruns.best_run(records.get(variant.name, []))
-        measured = [run.metrics.get(c.metric) if run else None for c in experiment.columns]
+        measured = [run.metrics.get(experiment.metric(c, scale)) if run else None for c in experiment.columns]
         status = run.status if run else "missing"
         logged = run.metrics if run else {}
         rows.append(Row(variant.name, variant.label, [variant.paper[c.key] for c in experiment.columns],
@@ -159,6 +160,10 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
         lines += ["", f"Paper notes: {experiment.paper_notes}"]
     if scale == "cpu" and experiment.cpu_notes:
         lines += ["", f"CPU scale: {experiment.cpu_notes}"]
+    renamed = experiment.scales[scale].metrics
+    if renamed:
+        lines += ["", f"Columns read at the {scale} scale: "
+                  + ", ".join(f"`{k}` from `{v}`" for k, v in renamed.items()) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -255,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     mlflow = mlruns.client()
     records = mlruns.variant_runs(mlflow, experiment.mlflow_experiment, args.scale)
-    rows = build_rows(experiment, records)
+    rows = build_rows(experiment, records, args.scale)
     markdown = to_markdown(experiment, args.scale, rows)
     out = args.out or Path("runs") / experiment.name / args.scale / "report"
     files = [write_text_atomic(out / "report.md", markdown)]

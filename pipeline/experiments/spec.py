@@ -7,7 +7,7 @@ paper's published values. Every error names the file, the line and the field tha
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,8 @@ class Variant:
 class ScaleSetup:
     recipe: str  # path relative to the repository root
     overrides: dict[str, Any]
+    # a column's metric under another name at this scale (streaming caches are sized by C)
+    metrics: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,10 @@ class Experiment:
                 return v
         raise ExperimentError(f"{self.name}: no variant {name!r}; variants: "
                        + ", ".join(v.name for v in self.variants))
+
+    def metric(self, column: Column, scale: str) -> str:
+        """The MLflow metric that fills ``column`` at ``scale``."""
+        return self.scales[scale].metrics.get(column.metric, column.metric)
 
     def overrides(self, variant: Variant, scale: str) -> dict[str, Any]:
         """The scale's base overrides, then the variant's (the variant wins)."""
@@ -238,11 +244,12 @@ def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
     scale_raw = r.mapping(top["scale"], ("scale",), set(SCALES), required=SCALES)
     scales = {}
     for scale in SCALES:
-        s = r.mapping(scale_raw[scale], ("scale", scale), {"recipe", "overrides"},
+        s = r.mapping(scale_raw[scale], ("scale", scale), {"recipe", "overrides", "metrics"},
                       required=("recipe",))
         recipe = r.text(s["recipe"], ("scale", scale, "recipe"))
-        scales[scale] = ScaleSetup(recipe, r.overrides(s.get("overrides"),
-                                                       ("scale", scale, "overrides")))
+        metrics = r.mapping(s.get("metrics"), ("scale", scale, "metrics"))
+        scales[scale] = ScaleSetup(recipe, r.overrides(s.get("overrides"), ("scale", scale, "overrides")),
+                                   {k: r.text(v, ("scale", scale, "metrics", k)) for k, v in metrics.items()})
 
     columns_raw = top["columns"]
     if not isinstance(columns_raw, list) or not columns_raw:
@@ -259,6 +266,11 @@ def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
     keys = [c.key for c in columns]
     if len(set(keys)) != len(keys):
         raise r.fail(("columns",), f"column keys must be unique, got {keys}")
+    for scale, setup in scales.items():
+        unknown = sorted(set(setup.metrics) - {c.metric for c in columns})
+        if unknown:
+            raise r.fail(("scale", scale, "metrics", unknown[0]),
+                         f"renames {unknown[0]!r}, which no column reads; columns read {[c.metric for c in columns]}")
 
     variants_raw = top["variants"]
     if not isinstance(variants_raw, list) or not variants_raw:

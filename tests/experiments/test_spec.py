@@ -73,6 +73,14 @@ def test_scale_specific_overrides_win_over_shared_ones():
     assert e.overrides(v, "cpu")["trainer.max_steps"] == 4000
 
 
+def test_a_scale_may_read_a_column_from_another_metric():
+    e = load_experiment("sink-tokens")
+    ppl = next(c for c in e.columns if c.key == "ppl_1_1023")
+    assert e.metric(ppl, "paper") == "stream/ppl_1_1023" and e.metric(ppl, "cpu") == "stream/ppl_1_63"
+    sink1 = next(c for c in e.columns if c.key == "sink1")
+    assert e.metric(sink1, "cpu") == e.metric(sink1, "paper") == "sink/sink1"
+
+
 def _write(tmp_path: Path, name: str, body: str) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(textwrap.dedent(body))
@@ -109,6 +117,8 @@ def test_a_good_file_loads(tmp_path):
     (("overrides: {model.n_heads: 4}", "overrides: {model: {n_heads: 4}}"),
      ":11: variants[0].overrides.model: override values must be scalars"),
     (("title: Demo", "title: Demo\nsteps: 3"), ":3: steps: unknown field 'steps'"),
+    (("cpu-tiny.yaml}", "cpu-tiny.yaml, metrics: {val/loss: val/loss_cpu}}"),
+     ":6: scale.cpu.metrics.val/loss: renames 'val/loss', which no column reads"),
     (('label: "Sink_1 (%)"}', 'label: "Sink_1 (%)", digits: 2.5}'),
      ":8: columns[0].digits: expected a whole number of decimals from 0 to 6, got 2.5"),
 ])
