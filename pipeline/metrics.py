@@ -115,6 +115,56 @@ def first_key_vs_rest(matrix: Tensor) -> tuple[float, float]:
     return torch.nanmean(first).item(), torch.nanmean(rest).item()
 
 
+# ---- active and dormant heads (Guo et al. 2024) ---------------------------------------------
+
+DORMANT_OUTPUT_RATIO = 0.5
+
+
+def causal_admitted(n_queries: int, n_keys: int, device=None) -> Tensor:
+    """Bool [Tq, Tk]: the last Tq key columns causal, every leading column (a bias slot) seen by
+    every query. The default pattern of :func:`attention_entropy`."""
+    offset = n_keys - n_queries
+    return torch.arange(n_keys, device=device)[None, :] <= torch.arange(n_queries, device=device)[:, None] + offset
+
+
+def attention_entropy(attn: Tensor, admitted: Tensor | None = None) -> Tensor:
+    """Normalised row entropy of ``attn [..., Tq, Tk]`` -> ``[...]``.
+
+    Row i, scaled to sum 1, has entropy H_i = −Σ_j p_ij log p_ij over the n_i keys ``admitted
+    [Tq, Tk]`` lets it see (default :func:`causal_admitted`); the result is the mean of
+    H_i / log n_i over the rows with n_i ≥ 2 and some mass: 0 = one key takes everything,
+    1 = spread evenly. NaN where no row qualifies."""
+    a = torch.nan_to_num(attn.float(), nan=0.0, posinf=0.0, neginf=0.0).clamp_min(0.0)
+    n_queries, n_keys = a.shape[-2:]
+    if admitted is None:
+        admitted = causal_admitted(n_queries, n_keys, a.device)
+    if admitted.shape != (n_queries, n_keys):
+        raise ValueError(f"admitted has shape {tuple(admitted.shape)}; the maps are [..., {n_queries}, {n_keys}]")
+    a = a * admitted.to(a.device)
+    mass = a.sum(dim=-1)
+    p = a / mass.clamp_min(torch.finfo(a.dtype).tiny).unsqueeze(-1)
+    h = -torch.where(p > 0, p * p.clamp_min(torch.finfo(a.dtype).tiny).log(), torch.zeros_like(p)).sum(dim=-1)
+    n = admitted.sum(dim=-1).to(a.device)
+    valid = (n >= 2) & (mass > 0)
+    normalised = torch.where(valid, h / n.clamp_min(2).double().log().float(), torch.zeros_like(h))
+    return normalised.sum(dim=-1) / valid.sum(dim=-1)
+
+
+def head_output_norm(head_out: Tensor) -> Tensor:
+    """Mean over tokens of ‖o_t‖₂, the head's output (A·V) at token t: ``[..., T, dh] -> [...]``."""
+    return head_out.float().norm(dim=-1).mean(dim=-1)
+
+
+def dormant_heads(alpha1: Tensor, out_norm: Tensor, eps: float = DEFAULT_EPS,
+                  ratio: float = DORMANT_OUTPUT_RATIO) -> Tensor:
+    """Bool [L, H]: heads that park on the first token (α_1 > ε) and whose output norm is below
+    ``ratio`` × the mean output norm of the heads of their layer."""
+    if alpha1.shape != out_norm.shape or alpha1.dim() != 2:
+        raise ValueError(f"alpha1 {tuple(alpha1.shape)} and out_norm {tuple(out_norm.shape)} must both be [L, H]")
+    relative = out_norm / out_norm.mean(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    return (alpha1 > eps) & (relative < ratio)
+
+
 # ---- uniform reference and emergence --------------------------------------------------------
 
 def uniform_alpha1(T: int) -> float:

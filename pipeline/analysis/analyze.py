@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from pipeline.analysis import inputs, plots
-from pipeline.analysis.probe import SinkReport
+from pipeline.analysis.probe import SinkReport, run_probe
 
 INPUT_KINDS = ("natural", "random", "repeat")
 
@@ -113,8 +113,6 @@ class Subject:
     def report(self, tokens: torch.Tensor, args) -> SinkReport:
         positions = max(args.positions, getattr(args, "_min_positions", 0))
         if self.kind == "sinklab":
-            from pipeline.analysis.probe import run_probe
-
             return run_probe(self.model, tokens, eps=args.eps, positions=positions,
                              batch_size=args.batch_size, output_qkv=True)
         from pipeline.analysis.hf_capture import hf_sink_report
@@ -221,7 +219,8 @@ def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float
     paths = [plots.sink_profile({k: r.profile for k, r in reports.items()}, out / "sink_profile.png",
                                 f"{name}: Sink_k by position", eps)]
     for kind, rep in reports.items():
-        paths.append(plots.alpha1_heatmap(rep.alpha1, out / f"alpha1_{kind}.png", f"{name} ({kind}): α₁ per layer and head"))
+        paths.append(plots.alpha1_heatmap(rep.alpha1, out / f"alpha1_{kind}.png", f"{name} ({kind}): α₁ per layer and head",
+                                          rep.entropy, rep.out_norm, rep.dormant))
     first = reports.get("natural") or next(iter(reports.values()))
     curves = {"hidden states": first.massive_ratio.tolist()}
     for label, t in (("keys", first.key_norm_ratio), ("values", first.value_norm_ratio)):

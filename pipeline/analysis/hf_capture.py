@@ -19,7 +19,7 @@ from torch import Tensor
 from pipeline.analysis.probe import SinkAccumulator, SinkReport, as_token_tensor
 
 IMPLEMENTATION = "sinklab_eager"
-_recording: list | None = None  # (query, key, value) per attention call while capturing
+_recording: list | None = None  # (query, key, value, head output) per attention call while capturing
 
 
 def _capturing_eager(module, query, key, value, attention_mask, **kwargs):
@@ -27,7 +27,8 @@ def _capturing_eager(module, query, key, value, attention_mask, **kwargs):
     out, weights = eager(module, query, key, value, attention_mask, **kwargs)
     if _recording is not None:
         n_rep = query.shape[1] // key.shape[1]
-        _recording.append((query.detach(), key.detach().repeat_interleave(n_rep, 1), value.detach().repeat_interleave(n_rep, 1)))
+        _recording.append((query.detach(), key.detach().repeat_interleave(n_rep, 1),
+                           value.detach().repeat_interleave(n_rep, 1), out.detach().transpose(1, 2)))
     return out, weights
 
 
@@ -55,6 +56,7 @@ class Captured:
     queries: list[Tensor] = field(default_factory=list)  # [B, H, T, dh] post-rotary
     keys: list[Tensor] = field(default_factory=list)  # [B, H, T, dh], kv heads repeated to H
     values: list[Tensor] = field(default_factory=list)
+    head_outputs: list[Tensor] = field(default_factory=list)  # [B, H, T, dh] A·V per head, before o_proj
 
 
 @contextmanager
@@ -85,7 +87,8 @@ def capture(model: torch.nn.Module, ids: Tensor, qkv: bool = True) -> Captured:
             h.remove()
     captured = Captured(attentions=[a.float() for a in out.attentions], hidden_states=hidden)
     if qkv:
-        captured.queries, captured.keys, captured.values = (list(x) for x in zip(*rec)) if rec else ([], [], [])
+        captured.queries, captured.keys, captured.values, captured.head_outputs = (
+            (list(x) for x in zip(*rec)) if rec else ([], [], [], []))
     return captured
 
 
@@ -98,5 +101,6 @@ def hf_sink_report(
     model.eval()
     for start in range(0, tokens.shape[0], batch_size):
         c = capture(model, tokens[start : start + batch_size], qkv=qkv)
-        acc.add(c.attentions, hidden_states=c.hidden_states, queries=c.queries or None, keys=c.keys or None, values=c.values or None)
+        acc.add(c.attentions, hidden_states=c.hidden_states, queries=c.queries or None, keys=c.keys or None,
+                values=c.values or None, head_outputs=c.head_outputs or None)
     return acc.report()

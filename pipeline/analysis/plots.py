@@ -23,18 +23,37 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
-def alpha1_heatmap(alpha1, path: str | Path, title: str = "") -> Path:
-    """Layer × head map of the first token's importance α_1 (mean over sequences)."""
-    data = [list(map(float, row)) for row in alpha1]
-    n_layers, n_heads = len(data), len(data[0])
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * n_heads + 2), max(3.0, 0.25 * n_layers + 1.5)))
-    im = ax.imshow(data, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, origin="lower")
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_xticks(range(0, n_heads, max(1, n_heads // 16)))
-    ax.set_yticks(range(0, n_layers, max(1, n_layers // 16)))
-    ax.set_title(title or "importance of the first token α₁")
-    fig.colorbar(im, ax=ax, label="α₁")
+def _matrix(values) -> list[list[float]]:
+    return [list(map(float, row)) for row in values]
+
+
+def alpha1_heatmap(alpha1, path: str | Path, title: str = "", entropy=None, out_norm=None, dormant=None) -> Path:
+    """Layer × head map of the first token's importance α_1 (mean over sequences). With
+    ``entropy`` / ``out_norm`` ([L, H]) a panel each beside it (active and dormant heads), and
+    ``dormant`` (bool [L, H]) marked with a cross on every panel."""
+    panels = [("α₁", _matrix(alpha1), "viridis", (0.0, 1.0))]
+    if entropy is not None:
+        panels.append(("row entropy / log n", _matrix(entropy), "magma", (0.0, 1.0)))
+    if out_norm is not None:
+        panels.append(("mean ‖A·V‖ per token", _matrix(out_norm), "cividis", (None, None)))
+    n_layers, n_heads = len(panels[0][1]), len(panels[0][1][0])
+    width = max(4.0, 0.35 * n_heads + 2)
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), max(3.0, 0.25 * n_layers + 1.5)),
+                             squeeze=False)
+    marks = [(h, layer) for layer, row in enumerate(_matrix(dormant)) for h, v in enumerate(row) if v] if dormant is not None else []
+    for ax, (label, data, cmap, (lo, hi)) in zip(axes[0], panels):
+        im = ax.imshow(data, aspect="auto", cmap=cmap, vmin=lo, vmax=hi, origin="lower")
+        if marks:
+            ax.scatter(*zip(*marks), marker="x", color="red", s=18, linewidths=1.0, label="dormant")
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(0, n_heads, max(1, n_heads // 16)))
+        ax.set_yticks(range(0, n_layers, max(1, n_layers // 16)))
+        fig.colorbar(im, ax=ax, label=label)
+    axes[0][0].set_title(title or "importance of the first token α₁")
+    if len(panels) > 1:
+        for ax, (label, *_rest) in zip(axes[0][1:], panels[1:]):
+            ax.set_title(label + (" (x: dormant)" if marks else ""))
     return _save(fig, path)
 
 

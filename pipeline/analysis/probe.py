@@ -39,6 +39,30 @@ class SinkReport:
     # [L, 4]: cos(q_i, k_1), cos(q_i, k_j≥2), ‖q_i‖‖k_1‖, ‖q_i‖‖k_j≥2‖ (Figure 2 bottom)
     qk_decomposition: Tensor | None = None
     alpha1_all: Tensor | None = field(default=None, repr=False)  # [N, L, H]
+    entropy: Tensor | None = None  # [L, H] normalised row entropy, mean over sequences
+    out_norm: Tensor | None = None  # [L, H] mean ‖A·V‖ per token, mean over sequences
+
+    @property
+    def dormant(self) -> Tensor | None:
+        """Bool [L, H]: α_1 > ε and an output below half its layer's mean (metrics.dormant_heads)."""
+        return None if self.out_norm is None else metrics.dormant_heads(self.alpha1, self.out_norm, self.eps)
+
+    @property
+    def dormant_pct(self) -> float | None:
+        dormant = self.dormant
+        return None if dormant is None else 100.0 * dormant.double().mean().item()
+
+    def head_metrics(self) -> dict[str, float]:
+        """Per head ``heads/entropy_l{l}_h{h}``, ``heads/out_norm_l{l}_h{h}`` (0-based) and
+        ``heads/dormant_pct``; empty when the model returned no head outputs."""
+        out: dict[str, float] = {}
+        for name, values in (("entropy", self.entropy), ("out_norm", self.out_norm)):
+            if values is not None:
+                out.update({f"heads/{name}_l{l}_h{h}": float(values[l, h])
+                            for l in range(values.shape[0]) for h in range(values.shape[1])})
+        if self.out_norm is not None:
+            out["heads/dormant_pct"] = self.dormant_pct
+        return out
 
     def to_metrics(self) -> dict[str, float]:
         # mean alpha_1 over layers, heads and sequences: moves before Sink_1 crosses eps
@@ -62,6 +86,8 @@ class SinkReport:
             "value_norm_ratio": plain(self.value_norm_ratio),
             "slot_massive_ratio": plain(self.slot_massive_ratio),
             "qk_decomposition": plain(self.qk_decomposition),
+            "entropy": plain(self.entropy), "out_norm": plain(self.out_norm),
+            "dormant_pct": self.dormant_pct,
         }
 
 
@@ -78,6 +104,8 @@ class SinkAccumulator:
         self.value_ratio: list[Tensor] = []  # [B, L]
         self.qk: list[Tensor] = []  # [L, 4] per batch, weighted by batch size
         self.qk_weights: list[int] = []
+        self.entropy: list[Tensor] = []  # [B, L, H]
+        self.out_norm: list[Tensor] = []  # [B, L, H]
         self.kinds: set[str] = set()
         self.seq_len = 0
 
@@ -91,15 +119,19 @@ class SinkAccumulator:
         keys: Sequence[Tensor] | None = None,
         values: Sequence[Tensor] | None = None,
         queries: Sequence[Tensor] | None = None,
+        head_outputs: Sequence[Tensor] | None = None,
+        admitted: Tensor | None = None,
     ) -> None:
         """One batch. ``attentions``/``hidden_states`` hold every layer, including the slot
-        rows/columns; ``queries``/``keys``/``values`` ([B, H, T, dh]) are real tokens only."""
+        rows/columns, and ``admitted`` (bool, the maps' last two dims) what each row may see
+        (default: causal, slot columns seen by all); ``queries``/``keys``/``values`` and
+        ``head_outputs`` ([B, H, T, dh]) are real tokens only."""
         if attention_kind not in ATTENTION_KINDS:
             raise ValueError(f"attention_kind {attention_kind!r}; expected one of {ATTENTION_KINDS}")
         if not attentions:
             raise ValueError("the model returned no attention maps (output_attentions ignored?)")
         self.kinds.add(attention_kind)
-        alphas, slots = [], []
+        alphas, slots, entropies = [], [], []
         for layer_attn in attentions:
             a = layer_attn.detach().float()
             if attention_kind != "probs":
@@ -107,7 +139,12 @@ class SinkAccumulator:
             slot_mass, real = metrics.split_slots(a, n_query_slots, n_key_slots)
             alphas.append(metrics.importance_profile(real, self.positions))
             slots.append(metrics.slot_importance(slot_mass))
+            entropies.append(metrics.attention_entropy(
+                a[..., n_query_slots:, :], None if admitted is None else admitted[n_query_slots:]))
         self.seq_len = real.shape[-1]
+        self.entropy.append(torch.stack(entropies, dim=1).cpu())
+        if head_outputs:
+            self.out_norm.append(torch.stack([metrics.head_output_norm(o.detach()) for o in head_outputs], 1).cpu())
         self.alphas.append(torch.stack(alphas, dim=1).cpu())
         self.slots.append(torch.stack(slots, dim=1).cpu())
         if hidden_states:
@@ -155,6 +192,8 @@ class SinkAccumulator:
             slot_massive_ratio=cat_mean(self.slot_massive),
             qk_decomposition=torch.stack(self.qk).sum(0) / sum(self.qk_weights) if self.qk else None,
             alpha1_all=alphas[..., 0],
+            entropy=torch.cat(self.entropy).nanmean(dim=0),
+            out_norm=cat_mean(self.out_norm),
         )
 
 
@@ -173,6 +212,16 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
+def _admitted(model: torch.nn.Module, T: int) -> Tensor | None:
+    """The mask pattern of a SinkLab model's maps (windows, prefixes, slots); None for others."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "n_bias_slots"):
+        return None
+    from pipeline.model.masks import admitted_with_slots
+
+    return admitted_with_slots(config, T)
+
+
 def run_probe(
     model: torch.nn.Module,
     tokens,
@@ -188,6 +237,7 @@ def run_probe(
     """
     device = _device_of(model)
     tokens = as_token_tensor(tokens, device)
+    admitted = _admitted(model, tokens.shape[1])
     acc = SinkAccumulator(eps=eps, positions=positions)
     was_training = model.training
     model.eval()
@@ -207,6 +257,8 @@ def run_probe(
                     keys=getattr(out, "keys", None) if output_qkv else None,
                     values=getattr(out, "values", None) if output_qkv else None,
                     queries=getattr(out, "queries", None) if output_qkv else None,
+                    head_outputs=getattr(out, "head_outputs", None),
+                    admitted=admitted,
                 )
     finally:
         model.train(was_training)

@@ -34,6 +34,7 @@ class AttentionRecord(NamedTuple):
     q: Tensor | None         # [B, H, Tq, dh] after rotation
     k: Tensor | None         # [B, H, Tq, dh] keys of this step's inputs, after rotation
     v: Tensor | None
+    head_out: Tensor | None = None  # [B, H, Tq, dh] each head's output as it enters W_O (with weights)
 
 
 class KeyValueSlot(nn.Module):
@@ -142,11 +143,12 @@ class Attention(nn.Module):
             y = y + self.value_bias[None, :, None, :].to(y.dtype)
         if self.gate is not None:
             y = y * torch.sigmoid(self.gate(x)).transpose(1, 2)[..., None]
+        head_out = y if need_weights else None
         y = self._merge(y)
         record = None
         if need_weights or need_qkv:
             new_k, new_v = (k[:, :, -T:], v[:, :, -T:]) if need_qkv else (None, None)
-            record = AttentionRecord(weights, q if need_qkv else None, new_k, new_v)
+            record = AttentionRecord(weights, q if need_qkv else None, new_k, new_v, head_out)
         return self.out(y), record
 
     def _path(self, ctx: AttentionContext, layer_cache, need_weights: bool) -> str:

@@ -27,6 +27,17 @@ def admitted_pairs(cfg: ModelConfig, q_idx: Tensor, k_idx: Tensor) -> Tensor:
     return causal
 
 
+def admitted_with_slots(cfg: ModelConfig, T: int) -> Tensor:
+    """Bool [S + T, n_bias + S + T]: the pattern of a full-sequence attention map of ``T`` tokens
+    as the model returns it; rows: sink tokens then tokens, columns: bias slots (seen by every
+    query), sink tokens, tokens."""
+    idx = torch.arange(cfg.sink_tokens + T)
+    admitted = admitted_pairs(cfg, idx, idx)
+    if cfg.n_bias_slots:
+        admitted = torch.cat([torch.ones(len(idx), cfg.n_bias_slots, dtype=torch.bool), admitted], dim=1)
+    return admitted
+
+
 @dataclass
 class AttentionContext:
     """Per-forward facts shared by every layer: positions, rotary angles, the mask."""

@@ -27,6 +27,7 @@ class ModelOutput:
     queries: list[Tensor] | None = None            # per layer [B, H, T, dh], real tokens, rotated
     keys: list[Tensor] | None = None
     values: list[Tensor] | None = None
+    head_outputs: list[Tensor] | None = None       # per layer [B, H, T, dh], real tokens (with attentions)
     final_hidden: Tensor | None = None             # [B, T, d] what the LM head reads (skip_head only)
 
 
@@ -162,6 +163,7 @@ class Transformer(nn.Module):
         out.attention_kind = op_spec(cfg.attention.op).kind(cfg.attention)
         if output_attentions:
             out.attentions = [r.weights for r in records]
+            out.head_outputs = [r.head_out[:, :, n_sinks:] for r in records]
         if output_qkv:
             out.queries = [r.q[:, :, n_sinks:] for r in records]
             out.keys = [r.k[:, :, n_sinks:] for r in records]

@@ -184,7 +184,7 @@ class SinkMetrics(Callback):
             report = run_probe(model, tokens, eps=self.eps, positions=self.positions)
         if not trainer.is_global_zero:
             return
-        metrics = report.to_metrics()
+        metrics = report.to_metrics() | report.head_metrics()  # heads/entropy_*, heads/out_norm_*, heads/dormant_pct
         self._last, self._uniform = report, emergence.probe_uniform_alpha1(pl_module.model_config, report.seq_len)
         metrics.update(emergence.probe_metrics(report.alpha1, report.sink1, metrics["sink/alpha1_mean"], step,
                                                self.metrics_path, self._uniform))
@@ -197,7 +197,8 @@ class SinkMetrics(Callback):
             from pipeline.analysis.plots import alpha1_heatmap
 
             path = alpha1_heatmap(report.alpha1, self.plot_dir / f"alpha1_step-{step:06d}.png",
-                                  f"step {step}: α₁ per layer and head (Sink₁ = {report.sink1:.1f}%)")
+                                  f"step {step}: α₁ per layer and head (Sink₁ = {report.sink1:.1f}%)",
+                                  report.entropy, report.out_norm, report.dormant)
             for logger in trainer.loggers:
                 if hasattr(logger, "log_artifact"):
                     logger.log_artifact(path, artifact_path="plots")

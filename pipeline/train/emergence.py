@@ -37,14 +37,10 @@ def emerged_names() -> list[str]:
 def probe_uniform_alpha1(cfg: ModelConfig, T: int) -> float:
     """α_1 of the first real token under uniform attention over what this model admits:
     its mask (causal, prefix, sliding window), its sink tokens and bias columns."""
-    from pipeline.model.masks import admitted_pairs
+    from pipeline.model.masks import admitted_with_slots
 
-    n_sinks, n_bias = cfg.sink_tokens, cfg.n_bias_slots
-    idx = torch.arange(n_sinks + T)
-    admitted = admitted_pairs(cfg, idx, idx)
-    if n_bias:
-        admitted = torch.cat([torch.ones(len(idx), n_bias, dtype=torch.bool), admitted], dim=1)
-    return M.uniform_alpha1_masked(admitted, n_sinks, n_bias + n_sinks)
+    n_sinks = cfg.sink_tokens
+    return M.uniform_alpha1_masked(admitted_with_slots(cfg, T), n_sinks, cfg.n_bias_slots + n_sinks)
 
 
 def history(metrics_path: Path, before_step: int) -> list[tuple]:

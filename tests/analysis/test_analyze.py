@@ -47,6 +47,11 @@ def test_smollm2_metrics_match_eager_attention(smollm2):
     alpha = _independent_alpha1(smollm2.model, tokens)
     assert torch.allclose(rep.alpha1, alpha.mean(0), atol=1e-5)
     assert rep.sink1 == pytest.approx(100.0 * (alpha > 0.3).double().mean().item())
+    # each head's output is A·V of HF's own maps and the (repeated) value heads
+    full = capture(smollm2.model, tokens)
+    by_hand = torch.stack([(a @ v).norm(dim=-1).mean(dim=(0, -1)) for a, v in zip(full.attentions, full.values)])
+    assert rep.out_norm.shape == (30, 9) and torch.allclose(rep.out_norm, by_hand, rtol=1e-4)
+    assert rep.entropy.shape == (30, 9) and 0.0 <= rep.entropy.min() and rep.entropy.max() <= 1.0
     # hidden states of the last block are read before the final norm
     c = capture(smollm2.model, tokens[:1])
     with torch.no_grad():

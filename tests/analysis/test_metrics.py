@@ -157,3 +157,43 @@ def test_rank_agreement_matches_scipy_with_ties():
             continue
         assert metrics.spearman_rho(x, y) == pytest.approx(stats.spearmanr(x, y).statistic)
         assert metrics.kendall_tau_b(x, y) == pytest.approx(stats.kendalltau(x, y).statistic)
+
+
+def test_attention_entropy_hand_computed():
+    # query 1 sees one key (skipped); query 2 splits evenly over 2 keys (1); query 3 puts all on key 1 (0)
+    a = torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0], [1.0, 0, 0]])
+    assert metrics.attention_entropy(a).item() == pytest.approx(0.5)
+    # a row over 3 keys with (0.5, 0.25, 0.25): H = 1.5 ln 2, normalised by ln 3
+    a[2] = torch.tensor([0.5, 0.25, 0.25])
+    expected = (1.0 + 1.5 * math.log(2) / math.log(3)) / 2
+    assert metrics.attention_entropy(a).item() == pytest.approx(expected)
+    # proxy rows that do not sum to 1 are scaled first; an empty row is skipped
+    assert metrics.attention_entropy(torch.tensor([[2.0, 0], [3.0, 3.0]])).item() == pytest.approx(1.0)
+    assert metrics.attention_entropy(torch.tensor([[1.0, 0], [0.0, 0.0]])).isnan()
+
+
+def test_attention_entropy_slots_and_masks():
+    # one bias column seen by all: query 1 sees 2 keys and counts; uniform rows give 1 everywhere
+    a = torch.tensor([[0.5, 0.5, 0, 0], [1 / 3, 1 / 3, 1 / 3, 0], [0.25, 0.25, 0.25, 0.25]])
+    assert metrics.attention_entropy(a).item() == pytest.approx(1.0)
+    # a window of 2 keys: uniform over the 2 admitted keys is entropy 1 (causal counting would say less)
+    window = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 1, 1]], dtype=torch.bool)
+    a = window.float() / window.sum(-1, keepdim=True)
+    assert metrics.attention_entropy(a, window).item() == pytest.approx(1.0)
+    assert metrics.attention_entropy(a).item() < 0.9
+    with pytest.raises(ValueError, match="admitted"):
+        metrics.attention_entropy(a, window[:2])
+
+
+def test_head_output_norm_and_dormant_heads():
+    out = torch.zeros(2, 3, 4)  # [H, T, dh]
+    out[0, :, 0] = torch.tensor([3.0, 4.0, 5.0])
+    out[1, :, :2] = torch.tensor([3.0, 4.0])  # norm 5 at every token
+    assert metrics.head_output_norm(out).tolist() == pytest.approx([4.0, 5.0])
+    alpha1 = torch.tensor([[0.9, 0.9, 0.1], [0.2, 0.8, 0.8]])
+    norms = torch.tensor([[0.1, 1.0, 1.0], [1.0, 0.2, 2.0]])
+    # layer 0 mean 0.7: head 0 (0.14 of it) parks; layer 1 mean 1.067: head 1 (0.19) parks, head 2 is broad
+    assert metrics.dormant_heads(alpha1, norms).tolist() == [[True, False, False], [False, True, False]]
+    assert not metrics.dormant_heads(alpha1, norms, eps=0.95).any()
+    with pytest.raises(ValueError, match="must both be"):
+        metrics.dormant_heads(alpha1, norms[0])

@@ -1,10 +1,14 @@
 """run_probe on a fake model whose attention maps are known in closed form."""
+import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from pipeline import metrics
 from pipeline.analysis.probe import run_probe
+
+from analysis_helpers import micro_model
 
 T, L, H = 16, 2, 3
 
@@ -95,3 +99,42 @@ def test_run_probe_bias_slot_and_proxy():
 def test_run_probe_rejects_bad_tokens():
     with pytest.raises(ValueError, match=r"\[N, T\]"):
         run_probe(FakeModel(), torch.zeros(5, dtype=torch.long))
+
+
+def _row_entropy_by_hand(attn, window=None):
+    """Mean over rows i >= 2 of H_i / log n_i, n_i = the keys row i may see."""
+    rows = []
+    for i in range(1, attn.shape[-1]):
+        n = i + 1 if window is None else min(i + 1, window)
+        if n >= 2:
+            p = attn[..., i, : i + 1]
+            rows.append(torch.special.entr(p).sum(-1) / math.log(n))
+    return torch.stack(rows, -1).mean(-1)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"mask": "sliding", "window": 4}])
+def test_run_probe_head_entropy_and_output_norm(overrides):
+    model = micro_model(**overrides)
+    tokens = torch.randint(0, model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(0))
+    rep = run_probe(model, tokens, batch_size=2)
+    with torch.no_grad():
+        out = model(tokens, output_attentions=True, output_qkv=True)
+    L_, H_ = len(out.attentions), model.config.n_heads
+    assert rep.entropy.shape == rep.out_norm.shape == (L_, H_)
+    for layer, (attn, values) in enumerate(zip(out.attentions, out.values)):
+        by_hand = (attn @ values).norm(dim=-1).mean(dim=(0, -1))  # A·V per head, mean over tokens and sequences
+        assert torch.allclose(rep.out_norm[layer], by_hand, atol=1e-5)
+        entropy = _row_entropy_by_hand(attn, overrides.get("window")).mean(0)
+        assert torch.allclose(rep.entropy[layer], entropy, atol=1e-5)
+    logged = rep.head_metrics()
+    assert logged["heads/entropy_l1_h0"] == pytest.approx(float(rep.entropy[1, 0]))
+    assert logged["heads/out_norm_l0_h1"] == pytest.approx(float(rep.out_norm[0, 1]))
+    assert logged["heads/dormant_pct"] == pytest.approx(100.0 * float(metrics.dormant_heads(rep.alpha1, rep.out_norm).double().mean()))
+    assert rep.to_json()["entropy"] == rep.entropy.tolist()
+
+
+def test_run_probe_without_head_outputs_reports_entropy_only():
+    rep = run_probe(FakeModel(), torch.zeros(4, T, dtype=torch.long))
+    assert rep.out_norm is None and rep.dormant_pct is None
+    assert rep.entropy.abs().max() == 0.0  # every row of the fake maps is one-hot
+    assert "heads/dormant_pct" not in rep.head_metrics() and "heads/entropy_l0_h0" in rep.head_metrics()

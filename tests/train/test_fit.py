@@ -45,6 +45,10 @@ def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path
     assert [m.step for m in client.get_metric_history(run_id, "sink/sink1")] == [0, 4, 8]
     assert [m.step for m in client.get_metric_history(run_id, "val/loss")] == [4, 8]
     assert client.get_metric_history(run_id, "act/massive_ratio_l1")
+    # active and dormant heads from the same probe pass
+    assert [m.step for m in client.get_metric_history(run_id, "heads/dormant_pct")] == [0, 4, 8]
+    assert 0.0 <= client.get_metric_history(run_id, "heads/entropy_l1_h0")[0].value <= 1.0
+    assert client.get_metric_history(run_id, "heads/out_norm_l0_h1")[0].value > 0.0
     speed = {m.step: m.value for m in client.get_metric_history(run_id, "perf/tokens_per_s")}
     mfu = {m.step: m.value for m in client.get_metric_history(run_id, "perf/mfu")}
     config = load_pretrained(run_dir / "checkpoints" / "step-000008.ckpt").config
