@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "consolidate": ("pipeline.train.consolidate", "turn a DeepSpeed ZeRO checkpoint into one fp32 state dict"),
     "export-hf": ("pipeline.model.hf_export", "export a checkpoint as a Hugging Face model directory"),
     "analyze": ("pipeline.analysis.analyze", "sink metrics and plots for a checkpoint or a pretrained HF model"),
+    "survey": ("pipeline.analysis.survey", "Sink_1 by input, BOS and threshold, norm ratio and dormant heads across models"),
     "stream-ppl": ("pipeline.analysis.streaming", "streaming perplexity with x initial + y recent cached tokens"),
     "submit": ("cluster.submit", "render and submit a SLURM job for a training config"),
     "sweep": ("pipeline.experiments.sweep", "run or submit every variant of a paper experiment"),

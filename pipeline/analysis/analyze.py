@@ -1,9 +1,8 @@
 """`sinklab analyze`: attention-sink metrics and plots of a pretrained model.
 
-Seed 002 Table 1 (left): Sink_1^ε on natural text, random tokens and one repeated token;
-appendix B.2 (per Pile domain); Table 7 (GPT-2: replace/swap the first learned position
-vector); Figures 2, 5, 19-24 as PNGs. Works on Hugging Face causal LMs (local directory, hub
-name, GGUF file, or the shortcuts ``smollm2`` / ``gemma3-270m``) and on SinkLab checkpoints.
+Seed 002 Table 1 (left): Sink_1^ε on natural text, random tokens and one repeated token; B.2 (per
+Pile domain); Table 7 (GPT-2: replace/swap the first learned position vector); Figures 2, 5, 19-24.
+Works on HF causal LMs (directory, hub name, GGUF, ``smollm2`` / ``gemma3-270m``) and SinkLab checkpoints.
 """
 from __future__ import annotations
 
@@ -17,6 +16,8 @@ from pathlib import Path
 import torch
 
 from pipeline.analysis import inputs, plots
+from pipeline.analysis.hf_capture import hf_sink_report
+from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
 from pipeline.analysis.probe import SinkReport, run_probe
 
 INPUT_KINDS = ("natural", "random", "repeat")
@@ -79,8 +80,6 @@ class Subject:
                 self.tokenizer = sinklab_tokenizer(tokenizer or beside)
                 self.special_ids = set(self.tokenizer.all_special_ids)
         else:
-            from pipeline.analysis.hf_models import load_hf_model
-
             try:
                 loaded = load_hf_model(spec)
             except OSError as error:  # a hub id that is neither cached nor reachable (or HF_HUB_OFFLINE=1)
@@ -92,8 +91,6 @@ class Subject:
 
     @staticmethod
     def _detect(spec: str) -> str:
-        from pipeline.analysis.hf_models import SHORTCUTS
-
         path = Path(spec)
         # the hub is asked only for shortcuts and ORG/NAME ids; any other missing path fails at once
         hub_id = spec in SHORTCUTS or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) and path.suffix != ".gguf"
@@ -104,20 +101,25 @@ class Subject:
             return "hf"
         return "sinklab"
 
-    def max_positions(self) -> int | None:
-        """The longest sequence the model was built for, when its config states one."""
-        if self.kind == "sinklab":
-            return self.model.config.max_seq_len
-        return getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+    def check_seq_len(self, seq_len: int, command: str = "analyze") -> None:
+        """Refuse ``-T`` beyond the longest sequence the model was built for, when its config states one."""
+        config = self.model.config
+        limit = config.max_seq_len if self.kind == "sinklab" else getattr(config.get_text_config(), "max_position_embeddings", None)
+        if limit is not None and seq_len > limit:
+            raise SystemExit(f"sinklab {command}: -T {seq_len}: {self.spec} handles at most {limit} positions "
+                             f"(max_seq_len / max_position_embeddings); use -T {limit} or less")
 
     def report(self, tokens: torch.Tensor, args) -> SinkReport:
         positions = max(args.positions, getattr(args, "_min_positions", 0))
         if self.kind == "sinklab":
             return run_probe(self.model, tokens, eps=args.eps, positions=positions,
                              batch_size=args.batch_size, output_qkv=True)
-        from pipeline.analysis.hf_capture import hf_sink_report
-
         return hf_sink_report(self.model, tokens, eps=args.eps, positions=positions, batch_size=args.batch_size)
+
+
+def model_name(spec: str) -> str:
+    """A name safe in file and metric names: a path's stem, else the spec itself."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", Path(spec).stem if Path(spec).exists() else spec)
 
 
 def sinklab_tokenizer(path: Path):
@@ -262,10 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
     subject = Subject(args.model, args.kind, tokenizer)
-    limit = subject.max_positions()
-    if limit is not None and args.seq_len > limit:
-        raise SystemExit(f"sinklab analyze: -T {args.seq_len}: {args.model} handles at most {limit} positions "
-                         f"(max_seq_len / max_position_embeddings); use -T {limit} or less")
+    subject.check_seq_len(args.seq_len)
     record = run(subject, args, load_seconds=time.perf_counter() - started)
     print(format_table(record))
     print(f"wrote {record['out']}/report.json" + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else ""))
@@ -275,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     """Everything after loading: probe sets, reports, plots, JSON, MLflow. Returns the record."""
     started = time.perf_counter()
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(args.model).stem if Path(args.model).exists() else args.model)
+    name = model_name(args.model)
     out = args.out or Path("analysis") / name
     sets = probe_sets(subject, args)  # before the output folder exists: a refused input leaves none
     out.mkdir(parents=True, exist_ok=True)

