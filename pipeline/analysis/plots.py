@@ -39,17 +39,17 @@ def alpha1_heatmap(alpha1, path: str | Path, title: str = "", entropy=None, out_
     n_layers, n_heads = len(panels[0][1]), len(panels[0][1][0])
     width = max(4.0, 0.35 * n_heads + 2)
     fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), max(3.0, 0.25 * n_layers + 1.5)),
-                             squeeze=False)
+                             squeeze=False, layout="constrained")
     marks = [(h, layer) for layer, row in enumerate(_matrix(dormant)) for h, v in enumerate(row) if v] if dormant is not None else []
     for ax, (label, data, cmap, (lo, hi)) in zip(axes[0], panels):
         im = ax.imshow(data, aspect="auto", cmap=cmap, vmin=lo, vmax=hi, origin="lower")
         if marks:
             ax.scatter(*zip(*marks), marker="x", color="red", s=18, linewidths=1.0, label="dormant")
         ax.set_xlabel("head")
-        ax.set_ylabel("layer")
         ax.set_xticks(range(0, n_heads, max(1, n_heads // 16)))
         ax.set_yticks(range(0, n_layers, max(1, n_layers // 16)))
         fig.colorbar(im, ax=ax, label=label)
+    axes[0][0].set_ylabel("layer")
     axes[0][0].set_title(title or "importance of the first token α₁")
     if len(panels) > 1:
         for ax, (label, *_rest) in zip(axes[0][1:], panels[1:]):
