@@ -19,7 +19,7 @@ from pipeline.experiments.spec import REPO, Experiment, ExperimentError, Variant
 
 
 def load_recipe(experiment: Experiment, scale: str) -> dict[str, Any]:
-    path = REPO / experiment.scales[scale].recipe
+    path = REPO / experiment.setup(scale).recipe
     if not path.is_file():
         raise ExperimentError(f"{experiment.path}: scale.{scale}.recipe: no such file {path}")
     try:
@@ -69,7 +69,7 @@ def variant_config(experiment: Experiment, variant: Variant, scale: str) -> dict
         for key, value in settings.items():
             set_dotted(config, key, value)
     except ExperimentError as err:
-        recipe = experiment.scales[scale].recipe
+        recipe = experiment.setup(scale).recipe
         raise ExperimentError(f"{experiment.path}: variant {variant.name!r} at scale {scale} (recipe {recipe}): {err}") from None
     return config
 

@@ -160,7 +160,7 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
         lines += ["", f"Paper notes: {experiment.paper_notes}"]
     if scale == "cpu" and experiment.cpu_notes:
         lines += ["", f"CPU scale: {experiment.cpu_notes}"]
-    renamed = experiment.scales[scale].metrics
+    renamed = experiment.setup(scale).metrics
     if renamed:
         lines += ["", f"Columns read at the {scale} scale: "
                   + ", ".join(f"`{k}` from `{v}`" for k, v in renamed.items()) + "."]
@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         experiment = load_experiment(args.experiment)
+        experiment.setup(args.scale)
     except ExperimentError as error:
         print(f"sinklab report: {error}", file=sys.stderr)
         return 2

@@ -15,11 +15,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS_DIR = REPO / "configs" / "experiments"
-SCALES = ("paper", "cpu")
+SCALES = ("paper", "cpu", "gpu")
+REQUIRED_SCALES = ("paper", "cpu")  # gpu (one lent GPU, ~2 min a variant) is opt-in per file
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
 TOP_KEYS = {"name", "title", "group", "paper_ref", "description", "scale", "columns", "variants",
             "cpu_notes", "paper_notes", "plot"}
-VARIANT_KEYS = {"name", "label", "overrides", "cpu_overrides", "paper_overrides", "paper",
+VARIANT_KEYS = {"name", "label", "overrides", "cpu_overrides", "paper_overrides", "gpu_overrides", "paper",
                 "paper_source", "paper_status", "note"}
 COLUMN_KEYS = {"key", "metric", "label", "digits"}
 PLOT_KEYS = {"kind", "metric", "x", "title"}
@@ -47,12 +48,13 @@ class Variant:
     cpu_overrides: dict[str, Any]
     paper_overrides: dict[str, Any]
     paper: dict[str, float | None]
+    gpu_overrides: dict[str, Any] = field(default_factory=dict)
     paper_source: str | None = None
     paper_status: str | None = None  # e.g. "training failure" where the paper reports "-"
     note: str | None = None
 
     def overrides_for(self, scale: str) -> dict[str, Any]:
-        extra = self.cpu_overrides if scale == "cpu" else self.paper_overrides
+        extra = {"cpu": self.cpu_overrides, "paper": self.paper_overrides, "gpu": self.gpu_overrides}[scale]
         return {**self.overrides, **extra}
 
 
@@ -97,13 +99,19 @@ class Experiment:
         raise ExperimentError(f"{self.name}: no variant {name!r}; variants: "
                        + ", ".join(v.name for v in self.variants))
 
+    def setup(self, scale: str) -> ScaleSetup:
+        if scale not in self.scales:
+            raise ExperimentError(f"{self.path}: scale.{scale}: this experiment has no {scale} scale; it has "
+                                  f"{', '.join(self.scales)} (a file opts in with scale.{scale}: {{recipe: ...}})")
+        return self.scales[scale]
+
     def metric(self, column: Column, scale: str) -> str:
         """The MLflow metric that fills ``column`` at ``scale``."""
-        return self.scales[scale].metrics.get(column.metric, column.metric)
+        return self.setup(scale).metrics.get(column.metric, column.metric)
 
     def overrides(self, variant: Variant, scale: str) -> dict[str, Any]:
         """The scale's base overrides, then the variant's (the variant wins)."""
-        return {**self.scales[scale].overrides, **variant.overrides_for(scale)}
+        return {**self.setup(scale).overrides, **variant.overrides_for(scale)}
 
 
 def _line_map(text: str) -> dict[tuple, int]:
@@ -241,9 +249,9 @@ def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
     if name != path.stem:
         raise r.fail(("name",), f"name {name!r} must equal the file name {path.stem!r}")
 
-    scale_raw = r.mapping(top["scale"], ("scale",), set(SCALES), required=SCALES)
+    scale_raw = r.mapping(top["scale"], ("scale",), set(SCALES), required=REQUIRED_SCALES)
     scales = {}
-    for scale in SCALES:
+    for scale in (s for s in SCALES if s in scale_raw):
         s = r.mapping(scale_raw[scale], ("scale", scale), {"recipe", "overrides", "metrics"},
                       required=("recipe",))
         recipe = r.text(s["recipe"], ("scale", scale, "recipe"))
@@ -319,6 +327,7 @@ def _parse_variant(raw: Any, i: int, r: _Reader, column_keys: list[str]) -> Vari
         overrides=r.overrides(v.get("overrides"), at + ("overrides",)),
         cpu_overrides=r.overrides(v.get("cpu_overrides"), at + ("cpu_overrides",)),
         paper_overrides=r.overrides(v.get("paper_overrides"), at + ("paper_overrides",)),
+        gpu_overrides=r.overrides(v.get("gpu_overrides"), at + ("gpu_overrides",)),
         paper=paper,
         paper_source=r.text(v.get("paper_source"), at + ("paper_source",), optional=True),
         paper_status=r.text(v.get("paper_status"), at + ("paper_status",), optional=True),

@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None, runner: Runner = subprocess_runner) -> i
                 experiment.variant(name)  # raises with the list of known variants
             experiment = dataclasses.replace(
                 experiment, variants=[v for v in experiment.variants if v.name in wanted])
+        experiment.setup(args.scale)  # refuses a scale the file does not have
         mlflow = mlruns.client()
         planned = plan(experiment, args.scale, args.runs_root, mlflow)
         print(format_plan(experiment, args.scale, planned))

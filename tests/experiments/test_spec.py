@@ -81,6 +81,14 @@ def test_a_scale_may_read_a_column_from_another_metric():
     assert e.metric(sink1, "cpu") == e.metric(sink1, "paper") == "sink/sink1"
 
 
+def test_the_gpu_scale_is_opt_in_and_a_missing_one_is_refused_by_name():
+    e = load_experiment("weight-decay")
+    assert e.setup("gpu").recipe == "configs/recipes/gpu-small.yaml"
+    assert e.overrides(e.variant("wd-0.5"), "gpu") == {"model.optim.weight_decay": 0.5}
+    with pytest.raises(ExperimentError, match=r"lr-steps.yaml: scale.gpu: this experiment has no gpu scale"):
+        load_experiment("lr-steps").setup("gpu")
+
+
 def _write(tmp_path: Path, name: str, body: str) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(textwrap.dedent(body))
