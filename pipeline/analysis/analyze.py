@@ -18,7 +18,7 @@ import torch
 from pipeline.analysis import inputs, plots
 from pipeline.analysis.hf_capture import hf_sink_report
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
-from pipeline.analysis.probe import SinkReport, run_probe
+from pipeline.probe import SinkReport, run_probe
 
 INPUT_KINDS = ("natural", "random", "repeat")
 

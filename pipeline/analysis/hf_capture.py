@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from pipeline.analysis.probe import SinkAccumulator, SinkReport, as_token_tensor
+from pipeline.probe import SinkAccumulator, SinkReport, as_token_tensor
 
 IMPLEMENTATION = "sinklab_eager"
 _recording: list | None = None  # (query, key, value, head output) per attention call while capturing

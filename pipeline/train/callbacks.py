@@ -12,6 +12,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint
 
+from pipeline import probe as sink_probe
 from pipeline.flops import PEAK_ENV, device_peak_flops, flops_per_token, mfu
 from . import emergence
 from .integrity import nonfinite_state
@@ -168,8 +169,6 @@ class SinkMetrics(Callback):
         sharded = zero3 or pl_module.device_mesh is not None
         if not (trainer.is_global_zero or sharded):
             return
-        from pipeline.analysis.probe import run_probe
-
         t0 = time.perf_counter()
         if self._probe is None:
             self._probe = trainer.datamodule.probe_tokens()
@@ -179,9 +178,9 @@ class SinkMetrics(Callback):
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(list(model.parameters())):
-                report = run_probe(model, tokens, eps=self.eps, positions=self.positions)
+                report = sink_probe.run_probe(model, tokens, eps=self.eps, positions=self.positions)
         else:  # FSDP2 gathers each block's weights in its forward
-            report = run_probe(model, tokens, eps=self.eps, positions=self.positions)
+            report = sink_probe.run_probe(model, tokens, eps=self.eps, positions=self.positions)
         if not trainer.is_global_zero:
             return
         metrics = report.to_metrics() | report.head_metrics()  # heads/entropy_*, heads/out_norm_*, heads/dormant_pct

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline import metrics
-from pipeline.analysis.probe import run_probe
+from pipeline.probe import run_probe
 
 from analysis_helpers import micro_model
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import pipeline.model.attention as attention_module
-from pipeline.analysis.probe import ATTENTION_KINDS, run_probe
+from pipeline.probe import ATTENTION_KINDS, run_probe
 from pipeline.model import ConfigError, ModelConfig, Transformer
 from pipeline.model.attention_ops import (
     OPS, SCORE_KINDS, OpResult, OpSpec, _admitted, build_kernel, normalize, op_spec, register,

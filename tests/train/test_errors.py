@@ -13,7 +13,7 @@ import pytest
 from conftest import TINY, fit_in_process
 from mlflow.tracking import MlflowClient
 
-from pipeline.analysis import probe as probe_mod
+from pipeline import probe as probe_mod
 
 
 def _runs(uri: str, experiment: str):

@@ -1,9 +1,11 @@
 """Sink metrics of a model on a probe set: ``run_probe`` (contracts.md, section 3).
 
 ``SinkAccumulator`` turns per-batch model outputs (attention maps of every layer, hidden
-states, optionally keys/values) into one :class:`SinkReport`; ``run_probe`` feeds it from a
-SinkLab ``Transformer`` and ``pipeline.analysis.hf_capture`` feeds it from a Hugging Face model,
-so both paths count sinks the same way.
+states, optionally keys/values and head outputs) into one :class:`SinkReport`; ``run_probe``
+feeds it from a SinkLab ``Transformer`` and ``pipeline.analysis.hf_capture`` feeds it from a
+Hugging Face model, so both paths count sinks the same way. Torch only, beside
+``pipeline.metrics``: the training callbacks and the analysis layer both use it, and the
+training layer imports nothing from ``pipeline.analysis`` for it.
 """
 from __future__ import annotations
 
