@@ -35,6 +35,7 @@ class SinkReport:
     eps: float = metrics.DEFAULT_EPS
     n_sequences: int = 0
     seq_len: int = 0
+    alpha_profile: list[float] = field(default_factory=list)  # mean α_1..α_P over sequences, layers, heads
     key_norm_ratio: Tensor | None = None  # [L], mean over sequences and heads
     value_norm_ratio: Tensor | None = None  # [L]
     slot_massive_ratio: Tensor | None = None  # [L, n_query_slots]: ‖h_slot‖ / mean ‖h_real‖
@@ -71,6 +72,8 @@ class SinkReport:
         out = {"sink/sink1": self.sink1, "sink/alpha1_mean": float(self.alpha1.mean())}
         out.update({f"sink/sink_star_{name}": v for name, v in self.sink_star.items()})
         out.update({f"sink/sink_k{k}": v for k, v in enumerate(self.profile, start=1)})
+        # mean alpha_k at later positions: where a fixed token sits at k > 1 (Table 10 right)
+        out.update({f"sink/alpha{k}_mean": v for k, v in enumerate(self.alpha_profile[1:], start=2)})
         out.update({f"act/massive_ratio_l{l}": float(v) for l, v in enumerate(self.massive_ratio)})
         return out
 
@@ -81,6 +84,7 @@ class SinkReport:
 
         return {
             "sink1": self.sink1, "sink_star": self.sink_star, "profile": self.profile,
+            "alpha_profile": self.alpha_profile,
             "eps": self.eps, "n_sequences": self.n_sequences, "seq_len": self.seq_len,
             "is_proxy": self.is_proxy, "alpha1": plain(self.alpha1),
             "massive_ratio": plain(self.massive_ratio),
@@ -183,6 +187,7 @@ class SinkAccumulator:
             sink1=metrics.sink_rate(alphas[..., 0], self.eps),
             sink_star={str(s): metrics.sink_rate(slots[..., s], self.eps) for s in range(slots.shape[-1])},
             profile=[metrics.sink_rate(alphas[..., p], self.eps) for p in range(alphas.shape[-1])],
+            alpha_profile=alphas.mean(dim=(0, 1, 2)).tolist(),
             alpha1=alphas[..., 0].mean(dim=0),
             massive_ratio=massive if massive is not None else torch.full((n_layers,), float("nan")),
             is_proxy=any(k != "probs" for k in self.kinds),

@@ -74,6 +74,11 @@ def test_run_probe_counts_every_sequence(batch_size):
     m = rep.to_metrics()
     assert m["sink/sink1"] == rep.sink1 and m["sink/sink_k2"] == 0.0 and m["act/massive_ratio_l1"] == 10.0
     assert m["sink/alpha1_mean"] == pytest.approx(float(rep.alpha1.mean()))
+    assert rep.alpha_profile[0] == pytest.approx(m["sink/alpha1_mean"]) and len(rep.alpha_profile) == 4
+    # a self-attending head gives alpha_k = 1/(T-k+1); a sink head 0 for k >= 2
+    expected = [(1 - rep.sink1 / 100) / (T - k + 1) for k in (2, 3, 4)]
+    assert [m[f"sink/alpha{k}_mean"] for k in (2, 3, 4)] == pytest.approx(expected)
+    assert "sink/alpha5_mean" not in m and "sink/alpha1_mean" in m
 
 
 def test_run_probe_last_sequence_alone_is_counted():
