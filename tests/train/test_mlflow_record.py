@@ -82,6 +82,25 @@ def test_logged_model_loads_back_to_the_checkpoints_logits(fitted):
         resolve_model("runs:/0123456789abcdef0123456789abcdef")
 
 
+def test_an_explicit_tracking_uri_wins_over_the_environment(fitted, tmp_path):
+    # MLflow's own runs:/ resolution asks the global URI; resolve_model must not
+    import mlflow
+
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    fitted.mp.setenv("MLFLOW_TRACKING_URI", other)
+    mlflow.set_tracking_uri(other)
+    fitted.mp.setenv("SINKLAB_CACHE", str(tmp_path / "cache"))  # nothing cached: really downloads
+    try:
+        resolved = resolve_model(f"runs:/{fitted.run_id}", fitted.uri)
+        assert resolved.tracking_uri == fitted.uri and (resolved.path / "model.safetensors").is_file()
+        model_id = fitted.client.get_run(fitted.run_id).data.tags["sinklab.model_id"]
+        assert (resolve_model(f"models:/{model_id}", fitted.uri).path / "sinklab_config.json").is_file()
+    finally:
+        mlflow.set_tracking_uri(fitted.uri)
+        fitted.mp.setenv("MLFLOW_TRACKING_URI", fitted.uri)
+        fitted.mp.setenv("SINKLAB_CACHE", str(fitted.root / "cache"))
+
+
 def test_dataset_input_experiment_marks_and_system_metrics(fitted):
     manifest = load_manifest(fitted.ds)
     run = fitted.client.get_run(fitted.run_id)
