@@ -7,7 +7,8 @@ training-view marks on its experiment, and system metrics.
   token and document counts per split and domain.
 - :func:`log_final_model`: the final weights as an MLflow 3 *logged model* named ``model``
   (fp32 ``model.safetensors``, ``sinklab_config.json``, the dataset's ``tokenizer.json`` and
-  ``dataset.json``, the manifest summary), once per run. ``runs:/<run_id>/model`` and
+  ``dataset.json``, the manifest summary; for the default variant also the HF ``LlamaForCausalLM``
+  export under ``hf/``), once per run. ``runs:/<run_id>/model`` and
   ``models:/<model_id>`` both download it; ``pipeline.model.load_pretrained`` reads the directory.
 - :func:`mark_training_experiment` / :func:`experiment_url`: the MLflow UI opens an experiment on
   its training runs with the chart view and the sink and validation charts first.
@@ -204,6 +205,23 @@ def write_model_dir(out: Path, config, state: dict, manifest=None) -> Path:
     return out
 
 
+def add_hf_export(model_dir: Path) -> str:
+    """The default variant also as HF ``LlamaForCausalLM`` under ``hf/`` (config.json, fp32
+    safetensors, tokenizer.json): loads with ``AutoModelForCausalLM.from_pretrained``. Returns
+    what was done, for the logged model's ``sinklab.hf_export`` tag."""
+    from pipeline.model import load_pretrained
+    from pipeline.model.hf_export import NotALlama, check_llama_compatible, export_hf
+
+    model = load_pretrained(model_dir)
+    try:
+        check_llama_compatible(model.config)
+    except NotALlama as exc:
+        return f"none: {exc}"[:250]
+    tokenizer = model_dir / "tokenizer.json"
+    export_hf(model, model_dir / "hf", tokenizer=tokenizer if tokenizer.is_file() else None)
+    return "hf/"
+
+
 def logged_model(client, run_id: str):
     """The READY logged model named ``model`` of this run, or None."""
     experiment_id = client.get_run(run_id).info.experiment_id
@@ -242,9 +260,10 @@ def log_final_model(tracking_uri: str, run_id: str, config, state: dict, manifes
     run = client.get_run(run_id)
     with tempfile.TemporaryDirectory(prefix="sinklab-model-") as tmp:
         local = write_model_dir(Path(tmp) / MODEL_NAME, config, state, manifest)
-        size = sum(f.stat().st_size for f in local.iterdir())
+        hf = add_hf_export(local)
+        size = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
         model = client.create_logged_model(run.info.experiment_id, name=MODEL_NAME, source_run_id=run_id,
-                                           tags={"sinklab.format": "sinklab-safetensors",
+                                           tags={"sinklab.format": "sinklab-safetensors", "sinklab.hf_export": hf,
                                                  "sinklab.step": str(step), **(tags or {})},
                                            model_type="sinklab-transformer")
         try:

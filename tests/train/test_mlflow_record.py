@@ -67,19 +67,34 @@ def test_logged_model_loads_back_to_the_checkpoints_logits(fitted):
     resolved = resolve_model(f"runs:/{fitted.run_id}")
     assert resolved.run_id == fitted.run_id
     assert {p.name for p in resolved.path.iterdir()} == {"model.safetensors", "sinklab_config.json",
-                                                         "tokenizer.json", "dataset.json"}
+                                                         "tokenizer.json", "dataset.json", "hf"}
+    assert model.tags["sinklab.hf_export"] == "hf/"  # the default variant: also LlamaForCausalLM
     assert json.loads((resolved.path / "dataset.json").read_text())["manifest_hash"] == load_manifest(fitted.ds).hash
     logged = load_pretrained(resolved.path).eval()
     trained = load_pretrained(fitted.run_dir / "checkpoints" / "step-000004.ckpt").eval()
     assert all(t.dtype == torch.float32 for t in logged.state_dict().values())
     tokens = torch.randint(8, 64, (3, 16), generator=torch.Generator().manual_seed(0))
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(resolved.path / "hf").eval()
     with torch.no_grad():
         assert torch.equal(logged(tokens).logits, trained(tokens).logits)
+        torch.testing.assert_close(hf(tokens).logits, trained(tokens).logits, atol=1e-4, rtol=0)
+    assert (resolved.path / "hf" / "tokenizer.json").is_file()
     by_id = resolve_model(f"models:/{model.model_id}")  # the logged model's own URI
     assert by_id.run_id == fitted.run_id and (by_id.path / "model.safetensors").read_bytes() == \
         (resolved.path / "model.safetensors").read_bytes()
     with pytest.raises(RunModelError, match="not found"):
         resolve_model("runs:/0123456789abcdef0123456789abcdef")
+
+
+def test_a_variant_llama_cannot_express_is_logged_without_the_hf_export(tmp_path):
+    from pipeline.model import ModelConfig, Transformer
+    from pipeline.train.mlflow_record import add_hf_export, write_model_dir
+
+    config = ModelConfig.preset("micro", vocab_size=64, positional="alibi")
+    out = write_model_dir(tmp_path / "model", config, Transformer(config).state_dict())
+    assert add_hf_export(out).startswith("none: model.positional='alibi'") and not (out / "hf").exists()
 
 
 def test_an_explicit_tracking_uri_wins_over_the_environment(fitted, tmp_path):
