@@ -35,6 +35,7 @@ class StepCheckpoint(Checkpoint):
         self.run = RunDir(run_dir)
         self.every, self.keep_last = every, keep_last
         self.last_saved = -1
+        self.uploader = None  # a remote_checkpoints.CheckpointUploader under run.log_checkpoints
 
     def save(self, trainer: L.Trainer) -> Path:
         step = trainer.global_step
@@ -57,6 +58,8 @@ class StepCheckpoint(Checkpoint):
             _remove(final)
             os.replace(tmp, final)
             self.run.prune(self.keep_last)
+            if self.uploader is not None:
+                self.uploader.upload(final, keep={p.name for _, p in self.run.step_checkpoints()})
         trainer.strategy.barrier("sinklab_ckpt_done")
         return final
 

@@ -38,7 +38,8 @@ from .mlflow_record import log_run_model
 from .module import NonFiniteLossError, SinkLabModule, read_init
 from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, release_lock
 from .summary import print_summary
-from .tracking import RunLogger, code_version, flatten, open_run
+from .remote_checkpoints import CheckpointUploader, pulled_argv
+from .tracking import RunLogger, code_version, flatten, open_run, tracking_uri
 
 
 @dataclass
@@ -49,7 +50,9 @@ class RunOptions:
     sink_every / plot_every: cadence of the live sink metrics and the alpha_1 heat maps.
     val_every: validation cadence in optimizer steps. throughput_window: steps per tokens/s value.
     log_model: log the final weights to the MLflow run (a logged model named `model`, once per run).
-    system_metrics: MLflow's system metrics (CPU, RAM, GPU where present) on the run."""
+    system_metrics: MLflow's system metrics (CPU, RAM, GPU where present) on the run.
+    log_checkpoints: upload each kept step checkpoint to the MLflow run (rank 0, in the
+    background), so that `--resume runs:/<run_id>` can continue it on another machine."""
 
     name: str = "sinklab"
     experiment: str = "sinklab"
@@ -62,6 +65,7 @@ class RunOptions:
     throughput_window: int = 20
     log_model: bool = True
     system_metrics: bool = True
+    log_checkpoints: bool = False
 
 
 _LOCKED: list[RunDir] = []  # run dirs this process locked, released on the way out
@@ -75,7 +79,9 @@ class SinkLabCLI(LightningCLI):
                             help="run directory (default runs/<run.name>)")
         parser.add_argument("--resume", type=str, default="never",
                             help="auto: newest checkpoint in the run dir (a fresh start if none); "
-                                 "never: refuse a run dir that has checkpoints; or a checkpoint path")
+                                 "never: refuse a run dir that has checkpoints; a checkpoint path; or "
+                                 "runs:/<run_id>: the newest checkpoint that run logged to MLflow "
+                                 "(run.log_checkpoints), continued in a local run dir")
 
     # ---- before any class exists: run dir and lock; nothing is written yet --------------------
     def before_instantiate_classes(self) -> None:
@@ -124,6 +130,8 @@ class SinkLabCLI(LightningCLI):
         self.trainer.logger.attach_run(self.run_id)
         if opts.system_metrics:
             self.trainer.logger.start_system_metrics()
+        if opts.log_checkpoints and self.run_id:
+            self.ckpt_cb.uploader = CheckpointUploader(tracking_uri(), self.run_id)
 
     def _resume_path(self, resume: str) -> str | None:
         if resume == "auto":
@@ -244,6 +252,9 @@ def parse_error_line(message: str) -> str:
 
 def _finish(cli, trainer, status: str) -> None:
     """Rank 0: the run's final sinklab.status tag and MLflow status; locks released."""
+    uploader = getattr(getattr(cli, "ckpt_cb", None), "uploader", None)
+    if uploader is not None:
+        uploader.close()
     if trainer is not None and trainer.is_global_zero and isinstance(trainer.logger, RunLogger):
         trainer.logger.set_tag("sinklab.status", status)
         if status != "finished":
@@ -268,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     cli = None
     status = "failed"
     try:
+        argv = pulled_argv(argv)
         cli = SinkLabCLI(SinkLabModule, SinkDataModule, args=argv, run=False, save_config_callback=None,
                          auto_configure_optimizers=False, seed_everything_default=1234,
                          parser_kwargs={"default_env": False, "exit_on_error": False})

@@ -1,0 +1,155 @@
+"""Step checkpoints in MLflow, so that a run can be continued on another machine.
+
+- :class:`CheckpointUploader` (``--run.log_checkpoints true``, rank 0): every kept step
+  checkpoint goes to the run's artifacts as ``checkpoints/<name>`` (a DeepSpeed checkpoint
+  directory as a folder), one at a time in a background thread, so training does not wait for
+  the network; those the run directory has pruned are deleted there too where the artifact store
+  can delete (local and proxied stores can; where one cannot, they stay and a warning says so).
+- :func:`pull_run`: ``sinklab fit --resume runs:/<run_id>`` on any machine that reaches the
+  tracking server: the run's ``config/config.yaml``, its newest logged checkpoint and its MLflow
+  run id into a local run directory, which ``--resume auto`` then continues (same MLflow run).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from .rundir import CKPT_RE, RunDir, RunDirError
+
+ARTIFACT_DIR = "checkpoints"
+
+
+class CheckpointUploader:
+    def __init__(self, tracking_uri: str, run_id: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client, self.run_id = MlflowClient(tracking_uri), run_id
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sinklab-ckpt-upload")
+        self.pending: list[Future] = []
+        self.cannot_delete = False
+
+    def upload(self, path: Path, keep: set[str]) -> None:
+        """Queue ``path`` and, after it, the deletion of logged checkpoints not in ``keep``."""
+        self.pending.append(self.pool.submit(self._upload, Path(path), set(keep)))
+
+    def _upload(self, path: Path, keep: set[str]) -> None:
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path=f"{ARTIFACT_DIR}/{path.name}")
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path=ARTIFACT_DIR)
+        for name in set(logged_checkpoints(self.client, self.run_id)) - keep - {path.name}:
+            self._delete(f"{ARTIFACT_DIR}/{name}")
+
+    def _delete(self, artifact_path: str) -> None:
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        try:
+            get_artifact_repository(self.client.get_run(self.run_id).info.artifact_uri).delete_artifacts(artifact_path)
+        except Exception as exc:  # noqa: BLE001 - some stores cannot delete: keep it, say so once
+            if not self.cannot_delete:
+                self.cannot_delete = True
+                print(f"sinklab fit: warning: pruned checkpoints stay in MLflow ({type(exc).__name__}: "
+                      f"{str(exc)[:150]})", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Wait for the queued uploads (the end of fit); a failed one costs a warning."""
+        started = time.perf_counter()
+        for job in self.pending:
+            try:
+                job.result()
+            except Exception as exc:  # noqa: BLE001 - the checkpoint is on disk; MLflow may be away
+                print(f"sinklab fit: warning: a checkpoint was not uploaded to MLflow ({type(exc).__name__}: "
+                      f"{str(exc)[:200]})", file=sys.stderr, flush=True)
+        self.pool.shutdown(wait=True)
+        if self.pending:
+            print(f"sinklab: {len(self.pending)} checkpoint upload(s) to MLflow done "
+                  f"(waited {time.perf_counter() - started:.1f} s at the end)", flush=True)
+        self.pending = []
+
+
+def logged_checkpoints(client, run_id: str) -> list[str]:
+    """Names of the step checkpoints logged to the run, oldest first."""
+    names = [Path(a.path).name for a in client.list_artifacts(run_id, ARTIFACT_DIR)]
+    return sorted((n for n in names if CKPT_RE.match(n)), key=lambda n: int(CKPT_RE.match(n).group(1)))
+
+
+def default_run_dir(client, run_id: str) -> Path:
+    """``runs/<run name>`` (the name's own sub-directories kept, e.g. a sweep's), else runs/<id>."""
+    name = client.get_run(run_id).info.run_name or ""
+    safe = name and re.fullmatch(r"[A-Za-z0-9._+-]+(/[A-Za-z0-9._+-]+)*", name) and ".." not in name.split("/")
+    return Path("runs") / (name if safe else run_id)
+
+
+def pulled_argv(argv: list[str]) -> list[str]:
+    """``sinklab fit ... --resume runs:/<id>``: the run's config and newest logged checkpoint are
+    fetched into a local run dir (by global rank 0; the other ranks wait for it), and the command
+    continues it as ``--config <run dir>/config.yaml ... --run-dir <run dir> --resume auto``."""
+    from .tracking import tracking_uri
+
+    at = next((i for i, a in enumerate(argv) if a == "--resume" or a.startswith("--resume=")), None)
+    if at is None:
+        return argv
+    inline = "=" in argv[at]
+    spec = argv[at].split("=", 1)[1] if inline else (argv[at + 1] if at + 1 < len(argv) else "")
+    if not spec.startswith("runs:/"):
+        return argv
+    rest = argv[:at] + argv[at + (1 if inline else 2):]
+    wanted = next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--run-dir"), None)
+    rank = int(os.environ.get("SLURM_PROCID") or os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0)
+    root = pull_run(spec, Path(wanted) if wanted else None, tracking_uri(), download=rank == 0)
+    if rank == 0:
+        print(f"sinklab fit: {spec}: continuing in {root} from its newest logged checkpoint", flush=True)
+    while not (root / "mlflow_run_id").exists():  # another rank is downloading
+        time.sleep(2)
+    config = [] if any(a == "--config" or a.startswith("--config=") for a in rest) else ["--config", str(root / "config.yaml")]
+    return config + rest + ["--run-dir", str(root), "--resume", "auto"]
+
+
+def pull_run(spec: str, run_dir: Path | None, tracking_uri: str, download: bool = True) -> Path:
+    """Download what ``--resume runs:/<run_id>`` continues from; returns the local run dir."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    m = re.fullmatch(r"runs:/([0-9A-Za-z_-]+)/?", spec)
+    if not m:
+        raise RunDirError(f"--resume {spec}: expected runs:/<run_id>")
+    run_id, client = m.group(1), MlflowClient(tracking_uri)
+    try:
+        names = logged_checkpoints(client, run_id)
+        run = RunDir(run_dir or default_run_dir(client, run_id))
+    except MlflowException as exc:
+        raise RunDirError(f"--resume {spec}: no such run in the MLflow store at {tracking_uri} "
+                          f"({exc.message[:150]})") from None
+    if not names:
+        raise RunDirError(f"--resume {spec}: the run logged no checkpoint; runs log them with "
+                          "--run.log_checkpoints true (continue it where its run directory is, with --resume auto)")
+    known = run.mlflow_run_id()
+    if known not in (None, run_id):
+        raise RunDirError(f"--resume {spec}: {run.root} belongs to MLflow run {known}; choose another --run-dir")
+    if not download:
+        return run.root
+    run.checkpoints.mkdir(parents=True, exist_ok=True)
+    config = run.root / "config.yaml"
+    if not config.exists():
+        _download(client, run_id, "config/config.yaml", config)
+    newest = names[-1]
+    if not (run.checkpoints / newest).exists():
+        _download(client, run_id, f"{ARTIFACT_DIR}/{newest}", run.checkpoints / newest)
+    run.save_mlflow_run_id(run_id)
+    return run.root
+
+
+def _download(client, run_id: str, artifact: str, target: Path) -> None:
+    """One artifact (file or folder) to ``target``, complete or not at all."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        local = Path(client.download_artifacts(run_id, artifact, str(tmp)))
+        os.replace(local, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
