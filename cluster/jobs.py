@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from data_prep.atomic import atomic_write
 TEMPLATE = Path(__file__).with_name("train.sbatch")
 
 # Overrides the job script adds itself; passing them as extra fit arguments would contradict
@@ -188,9 +189,5 @@ def write_run_list(runs: list[tuple[str | Path, str | Path]], list_file: str | P
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
-    """Write via a temp name and a rename, so sbatch never reads half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    """sbatch never reads half a file."""
+    return atomic_write(path, text)

@@ -68,7 +68,11 @@ def run_name(config: Path, settings: dict) -> str:
 
 
 def check_run_dir(run_dir: Path) -> None:
-    """Refuse run directories where Lightning's requeue-checkpoint numbering would break."""
+    """Refuse run directories where Lightning's requeue-checkpoint numbering would break: under
+    SLURM it scans the run directory for names containing ``ckpt_`` and reads a number from each.
+    The one home of that rule: `sinklab submit` checks before submitting, the job script
+    (`sinklab submit --check-run-dir`) at every start, and `sinklab fit` names its own
+    checkpoints `step-N.ckpt`."""
     if not run_dir.is_dir():
         return
     stray = sorted(p.name for p in run_dir.iterdir()
@@ -126,7 +130,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         epilog="Arguments after `--` are passed to `sinklab fit` (e.g. -- --trainer.max_steps 1000). "
                "Defaults for --partition/--account/--qos/--time/--setup come from SINKLAB_PARTITION, "
                "SINKLAB_ACCOUNT, SINKLAB_QOS, SINKLAB_TIME and SINKLAB_SETUP.")
-    parser.add_argument("config", help="training recipe YAML (as for `sinklab fit --config`)")
+    parser.add_argument("config", nargs="?", help="training recipe YAML (as for `sinklab fit --config`)")
+    parser.add_argument("--check-run-dir", metavar="DIR", help="only check that Lightning's requeue scan can "
+                        "read DIR (the job script runs this at every start); submits nothing")
     parser.add_argument("--run-dir", help="run directory (default: runs/<run.name of the config>)")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--gpus-per-node", type=int, default=1, help="0 for a CPU job")
@@ -153,6 +159,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     args, fit_args = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
+        if args.check_run_dir:
+            check_run_dir(Path(args.check_run_dir))
+            return 0
+        if not args.config:
+            raise JobError("give the training recipe YAML to submit (or --check-run-dir DIR)")
         config, settings = load_config(args.config)
         name = run_name(config, settings)
         run_dir = check_path(args.run_dir or Path("runs") / name, "run directory")

@@ -30,7 +30,7 @@ import numpy as np
 import zstandard
 
 from data_prep.errors import DataPrepError
-from data_prep.pack import write_atomic
+from data_prep.atomic import atomic_write
 
 CORPUS_VERSION = 1
 STDLIB_CHARS = 5_000_000
@@ -120,7 +120,7 @@ def _is_val(doc_id: str) -> bool:
 def _write_shard(path: Path, records: list[dict[str, Any]]) -> None:
     lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
     # level 10, single thread, no checksum flags beyond the default: the bytes are reproducible
-    write_atomic(path, zstandard.ZstdCompressor(level=10).compress(lines))
+    atomic_write(path, zstandard.ZstdCompressor(level=10).compress(lines))
 
 
 def build_raw(raw_dir: str | Path, seed: int = 0, domain_chars: int | None = None) -> dict[str, Any]:
@@ -161,5 +161,5 @@ def build_raw(raw_dir: str | Path, seed: int = 0, domain_chars: int | None = Non
             "Python-stdlib": f"CPython {wanted['python']} standard library sources (PSF License Agreement)",
         },
     }
-    write_atomic(sources_file, json.dumps(sources, indent=1).encode("utf-8"))
+    atomic_write(sources_file, json.dumps(sources, indent=1).encode("utf-8"))
     return sources

@@ -15,7 +15,8 @@ import numpy as np
 
 from data_prep.dataset import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, content_hash
 from data_prep.errors import DataPrepError
-from data_prep.pack import SPLITS, shard_file, write_atomic
+from data_prep.atomic import atomic_write
+from data_prep.pack import SPLITS, shard_file
 
 if TYPE_CHECKING:
     from data_prep.chunks import Chunk
@@ -110,8 +111,8 @@ def finalize(prep: Preparation, tok: LoadedTokenizer, dtype: str, used: list[tup
             "shards": shards,
         }
     probe = pool.array(dtype)
-    write_atomic(out / "probe.bin", memoryview(probe).cast("B"))
-    write_atomic(out / "tokenizer.json", tok.json_text.encode("utf-8"))
+    atomic_write(out / "probe.bin", memoryview(probe).cast("B"))
+    atomic_write(out / "tokenizer.json", tok.json_text.encode("utf-8"))
     counts: Counter = Counter()
     for chunk, result in used:
         counts.update(chunk.counts)
@@ -144,6 +145,6 @@ def finalize(prep: Preparation, tok: LoadedTokenizer, dtype: str, used: list[tup
         "spec_hash": prep.spec_hash,
     }
     manifest["hash"] = content_hash(manifest)
-    write_atomic(out / MANIFEST_NAME, (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
+    atomic_write(out / MANIFEST_NAME, (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
     shutil.rmtree(staging, ignore_errors=True)
     return manifest

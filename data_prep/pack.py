@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from data_prep.atomic import atomic_write
+
 SPLITS = ("train", "val")
 
 
@@ -57,13 +59,6 @@ def shard_file(staging: str | Path, name: str, split: str) -> Path:
 
 def marker_file(staging: str | Path, name: str) -> Path:
     return Path(staging) / "done" / f"{name}.json"
-
-
-def write_atomic(path: Path, data: bytes | memoryview) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
 
 
 def val_mask(seed: int, stream: str, index: int, n_docs: int, fraction: float) -> np.ndarray:
@@ -178,11 +173,11 @@ def process_chunk(task: ChunkTask) -> dict[str, Any]:
         }
         if len(tokens):
             view = memoryview(tokens).cast("B")
-            write_atomic(shard_file(config.staging, task.name, split), view)
+            atomic_write(shard_file(config.staging, task.name, split), view)
             info["sha256"] = hashlib.sha256(view).hexdigest()
         if split == "val":
             rng = np.random.default_rng([config.seed, task.index, 29 if task.stream == "main" else 31])
             result["probe_candidates"] = probe_candidates(split_ids, config.probe_length, config.probe_sequences, rng)
         result["splits"][split] = info
-    write_atomic(marker_file(config.staging, task.name), json.dumps(result).encode("utf-8"))
+    atomic_write(marker_file(config.staging, task.name), json.dumps(result).encode("utf-8"))
     return result

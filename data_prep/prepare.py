@@ -23,7 +23,8 @@ from data_prep.chunks import Chunk, iter_chunks
 from data_prep.dataset import MANIFEST_NAME
 from data_prep.errors import DataPrepError
 from data_prep.manifest import ProbeReservoir, finalize, spec_differences, spec_hash
-from data_prep.pack import PackConfig, val_mask, write_atomic
+from data_prep.atomic import atomic_write
+from data_prep.pack import PackConfig, val_mask
 from data_prep.readers import ByteCounter, ReaderOptions, expand_inputs
 from data_prep.runner import ChunkRunner
 from data_prep.tokenizer import LoadedTokenizer, load_tokenizer, token_dtype, train_bpe, trained_tokenizer
@@ -210,7 +211,7 @@ class Preparation:
             loaded = trained_tokenizer(train_bpe(self._training_texts(), cfg.vocab_size), cfg.vocab_size)
             self.counter.value = 0  # the progress bar counts the packing pass only
         if not file.is_file():
-            write_atomic(file, loaded.json_text.encode("utf-8"))
+            atomic_write(file, loaded.json_text.encode("utf-8"))
         return loaded
 
     def _training_texts(self) -> Iterator[str]:

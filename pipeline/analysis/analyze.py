@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from data_prep.atomic import atomic_write
 from pipeline.analysis import inputs, plots
 from pipeline.analysis.hf_capture import hf_sink_report
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
@@ -235,9 +236,7 @@ def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float
 
 
 def write_json(record: dict, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(record, indent=2))
 
 
 def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:

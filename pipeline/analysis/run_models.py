@@ -19,6 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.tracking_contract import TAG_MODEL_ID, tracking_uri
+
 PREFIXES = ("runs:/", "models:/")
 MODEL_NAME = "model"
 
@@ -29,10 +31,6 @@ class RunModelError(ValueError):
 
 def is_model_uri(spec) -> bool:
     return str(spec).startswith(PREFIXES)
-
-
-def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlruns' / 'mlflow.db'}"
 
 
 def cache_root() -> Path:
@@ -83,7 +81,7 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
             fetch = lambda dst: download_artifacts(artifact_uri=model.artifact_location, dst_path=dst, tracking_uri=uri)  # noqa: E731
         else:
             run_id, path = ident.split("/", 1)
-            model_id = client.get_run(run_id).data.tags.get("sinklab.model_id")  # the newest weights
+            model_id = client.get_run(run_id).data.tags.get(TAG_MODEL_ID)  # the newest weights
             key = f"{run_id}/{path}" + (f"/{model_id}" if model_id else "")
             if path == MODEL_NAME and model_id:
                 location = client.get_logged_model(model_id).artifact_location

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from data_prep.atomic import atomic_write
 from pipeline.model.cache import eviction_index, gather_entries
 
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
@@ -261,9 +261,6 @@ def main(argv: list[str] | None = None) -> int:
         log_to_run(subject, results, {"text": text, "tokens": ids.numel()})
         print(f"logged to MLflow run {subject.run_id} as stream/ppl_<x>_<y>", file=sys.stderr)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_name(f".{args.out.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"model": name, "source": subject.source, "tokens": ids.numel(),
-                                   "perplexity": results, "seconds": seconds}, indent=2))
-        os.replace(tmp, args.out)
+        atomic_write(args.out, json.dumps({"model": name, "source": subject.source, "tokens": ids.numel(),
+                                           "perplexity": results, "seconds": seconds}, indent=2))
     return 0

@@ -17,6 +17,7 @@ import re
 import time
 from pathlib import Path
 
+from data_prep.atomic import atomic_write
 from pipeline import metrics
 from pipeline.analysis import plots
 from pipeline.analysis.analyze import INPUT_KINDS, Subject, model_name, probe_sets, write_json
@@ -141,12 +142,6 @@ def markdown(rows: list[dict], columns: list[str], args) -> str:
     return "\n".join(lines)
 
 
-def write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def csv_text(rows: list[dict]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
@@ -218,15 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = table_rows(records, columns)
     args.out.mkdir(parents=True, exist_ok=True)
     table = markdown(rows, columns, args)
-    write_text(args.out / "survey.md", table + "\n")
-    write_text(args.out / "survey.csv", csv_text(rows))
-    write_text(args.out / "sweep.csv", csv_text(sweep_rows(records, sweep)))
+    atomic_write(args.out / "survey.md", table + "\n")
+    atomic_write(args.out / "survey.csv", csv_text(rows))
+    atomic_write(args.out / "sweep.csv", csv_text(sweep_rows(records, sweep)))
     draw(records, columns, sweep, args)
     settings = json.loads(json.dumps(vars(args), default=str))
     record = {"settings": settings, "eps_sweep": sweep, "table": rows, "models": records}
     write_json(record, args.out / "survey.json")
     if not args.no_mlflow:
-        from pipeline.analysis.run_models import tracking_uri
+        from pipeline.tracking_contract import tracking_uri
 
         record["mlflow_run_id"] = log_run(args.mlflow_uri or tracking_uri(), args, records, rows, sweep)
         write_json(record, args.out / "survey.json")

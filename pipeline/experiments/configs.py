@@ -9,12 +9,12 @@ goes through `init_args`, as jsonargparse's own command line does.
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from data_prep.atomic import atomic_write
 from pipeline.experiments.spec import REPO, Experiment, ExperimentError, Variant
 
 
@@ -74,14 +74,5 @@ def variant_config(experiment: Experiment, variant: Variant, scale: str) -> dict
     return config
 
 
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write via a temp name and a rename, so a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
-
-
 def write_config(config: dict[str, Any], path: Path) -> Path:
-    return write_text_atomic(path, yaml.safe_dump(config, sort_keys=False))
+    return atomic_write(path, yaml.safe_dump(config, sort_keys=False))

@@ -12,15 +12,14 @@ both as artifacts, the agreement as metrics, of a report run in the same MLflow 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from data_prep.atomic import atomic_path, atomic_write
 from pipeline import metrics as M
 from pipeline.experiments import runs as mlruns
-from pipeline.experiments.configs import write_text_atomic
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 
 MISSING = "—"
@@ -212,11 +211,9 @@ def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | 
     ax.set_ylabel(next((c.label for c in experiment.columns if c.metric == spec.metric), spec.metric))
     ax.set_title(spec.title, fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 
@@ -264,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = build_rows(experiment, records, args.scale)
     markdown = to_markdown(experiment, args.scale, rows)
     out = args.out or Path("runs") / experiment.name / args.scale / "report"
-    files = [write_text_atomic(out / "report.md", markdown)]
+    files = [atomic_write(out / "report.md", markdown)]
     if args.plot:
         figure = plot(experiment, rows, mlflow, out / f"{experiment.name}-{args.scale}.png")
         if figure is None:

@@ -7,26 +7,14 @@ by these.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
 from pipeline.experiments.spec import Experiment
-
-TAG_EXPERIMENT = "sinklab.experiment"
-TAG_VARIANT = "sinklab.variant"
-TAG_SCALE = "sinklab.scale"
-TAG_STATUS = "sinklab.status"
-TAG_KIND = "sinklab.kind"  # "sweep" on the run that groups an experiment's variants
-FINISHED = "finished"
-
-
-def tracking_uri() -> str:
-    """MLFLOW_TRACKING_URI, else the project default sqlite store under the working directory."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlruns' / 'mlflow.db'}"
-
+from pipeline.tracking_contract import (FINISHED, TAG_EXPERIMENT, TAG_KIND, TAG_SCALE, TAG_STATUS, TAG_VARIANT,
+                                        tracking_uri)
 
 def client(uri: str | None = None) -> MlflowClient:
     uri = uri or tracking_uri()

@@ -27,6 +27,7 @@ from cluster.jobs import JobError
 from pipeline.experiments import runs as mlruns
 from pipeline.experiments.configs import variant_config, write_config
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
+from pipeline.tracking_contract import PARENT_ENV
 
 RESERVED_NAMES = {"slurm", "runs.tsv", "array.sbatch"}
 
@@ -86,7 +87,6 @@ def fit_command(run: PlannedRun, extra: list[str] = ()) -> list[str]:
             str(run.run_dir), "--resume", "auto", *extra]
 
 
-PARENT_ENV = "SINKLAB_PARENT_RUN_ID"  # read by `sinklab fit`: its run's mlflow.parentRunId
 
 
 def write_configs(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> None:

@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 
+from data_prep.atomic import atomic_directory
+
 from .config import AttentionConfig, BiasConfig, ModelConfig
-from .loading import atomic_directory, load_pretrained
+from .loading import load_pretrained
 from .transformer import Transformer
 
 # (field path, value HF Llama needs)

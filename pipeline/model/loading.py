@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from data_prep.atomic import atomic_directory
 
 from .config import ModelConfig
 from .transformer import Transformer
@@ -27,23 +26,6 @@ from .transformer import Transformer
 CONFIG_NAME = "sinklab_config.json"
 WEIGHTS_NAME = "model.safetensors"
 _PREFIXES = ("_forward_module.", "module.", "model.")
-
-
-@contextmanager
-def atomic_directory(out_dir: str | os.PathLike) -> Iterator[Path]:
-    """A temporary sibling directory to fill; on success it replaces ``out_dir`` whole, on an
-    error it is removed, so a half-written directory never stands at ``out_dir``."""
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def save_pretrained(model: Transformer, out_dir: str | os.PathLike) -> Path:

@@ -190,7 +190,7 @@ class SinkMetrics(Callback):
         self._last, self._uniform = report, emergence.probe_uniform_alpha1(pl_module.model_config, report.seq_len)
         metrics.update(emergence.probe_metrics(report.alpha1, report.sink1, metrics["sink/alpha1_mean"], step,
                                                self.metrics_path, self._uniform))
-        for logger in trainer.loggers:
+        for logger in trainer.loggers:  # not pl_module.log: the step-0 probe runs in on_train_start
             logger.log_metrics(metrics, step=step)
             for key, value in emergence.tags_of(metrics).items():
                 if hasattr(logger, "set_tag"):
@@ -209,7 +209,8 @@ class SinkMetrics(Callback):
 
 class Throughput(Callback):
     """Tokens/s over windows of ``window`` optimizer steps (wall time, everything included)
-    and, on a GPU with a known peak, MFU = tokens/s/device x FLOPs/token / peak (pipeline.flops)."""
+    and, on a GPU with a known peak, MFU = tokens/s/device x FLOPs/token / peak (pipeline.flops).
+    Why not Lightning's ThroughputMonitor: docs/contracts.md section 4."""
 
     def __init__(self, tokens_per_step: int, context_length: int, window: int = 10):
         self.tokens_per_step, self.context_length, self.window = tokens_per_step, context_length, window

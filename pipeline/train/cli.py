@@ -28,6 +28,8 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from data_prep.dataset import DatasetError
 from pipeline.model.config import ConfigError
+from pipeline.tracking_contract import (PARENT_ENV, TAG_EXPERIMENT, TAG_PARENT, TAG_STATUS, TAG_VARIANT,
+                                        tracking_uri)
 
 from . import sharding  # noqa: F401  (registers the strategy names fsdp2, deepspeed, deepspeed_stage_N)
 from .batching import BatchConfigError
@@ -39,7 +41,7 @@ from .module import NonFiniteLossError, SinkLabModule, read_init
 from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, release_lock
 from .summary import print_summary
 from .remote_checkpoints import CheckpointUploader, pulled_argv
-from .tracking import RunLogger, code_version, flatten, open_run, tracking_uri
+from .tracking import RunLogger, code_version, flatten, open_run
 
 
 @dataclass
@@ -115,14 +117,14 @@ class SinkLabCLI(LightningCLI):
         stored = cfg.clone()
         stored["resume"] = None  # how this start was resumed is not part of the run's config
         config_file = self.run.save_config(self.parser.dump(stored, skip_validation=True))
-        tags = {"sinklab.experiment": opts.experiment, "sinklab.variant": opts.variant or _variant_summary(cfg),
+        tags = {TAG_EXPERIMENT: opts.experiment, TAG_VARIANT: opts.variant or _variant_summary(cfg),
                 "sinklab.code_version": code_version(), "sinklab.dataset_hash": self.datamodule.manifest.hash,
-                "sinklab.run_dir": str(self.run.root.resolve()), "sinklab.status": "running"}
+                "sinklab.run_dir": str(self.run.root.resolve()), TAG_STATUS: "running"}
         if os.environ.get("SLURM_JOB_ID"):
             tags["sinklab.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
         tags.update(init_tags)
-        if os.environ.get("SINKLAB_PARENT_RUN_ID"):  # set by `sinklab sweep`: the experiment's parent run
-            tags["mlflow.parentRunId"] = os.environ["SINKLAB_PARENT_RUN_ID"]
+        if os.environ.get(PARENT_ENV):  # set by `sinklab sweep`: the experiment's parent run
+            tags[TAG_PARENT] = os.environ[PARENT_ENV]
         resumed = CKPT_RE.match(Path(self.resume_from).name) if self.resume_from else None
         self.run_id = open_run(self.run, opts.experiment, opts.name, tags, flatten(_as_plain(cfg)), [config_file],
                                resume_step=int(resumed.group(1)) if resumed else None,
@@ -256,7 +258,7 @@ def _finish(cli, trainer, status: str) -> None:
     if uploader is not None:
         uploader.close()
     if trainer is not None and trainer.is_global_zero and isinstance(trainer.logger, RunLogger):
-        trainer.logger.set_tag("sinklab.status", status)
+        trainer.logger.set_tag(TAG_STATUS, status)
         if status != "finished":
             trainer.logger.finalize(status)
     while _LOCKED:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from data_prep.atomic import atomic_path
+
 
 def fresh_optimizer_state(hparams: dict, last_lr: list[float] | None) -> dict:
     """An AdamW state with SinkLab's parameter groups, empty moments, and the schedule's current
@@ -47,9 +49,7 @@ def consolidate(ckpt_dir: str | os.PathLike, out: str | os.PathLike) -> dict:
     ckpt, out = Path(ckpt_dir), Path(out)
     if not (ckpt / "latest").is_file():
         raise FileNotFoundError(f"{ckpt}: not a DeepSpeed checkpoint directory (no 'latest' file)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    try:
+    with atomic_path(out) as tmp:
         result = convert_zero_checkpoint_to_fp32_state_dict(ckpt, tmp)
         hparams = result.get("hyper_parameters") or {}
         if "model_config" not in hparams:
@@ -65,9 +65,6 @@ def consolidate(ckpt_dir: str | os.PathLike, out: str | os.PathLike) -> dict:
         if "loops" not in result:
             print(f"sinklab consolidate: {ckpt} holds no Lightning loop state; a run resumed from it counts "
                   "steps (and reads data) from 0", file=sys.stderr)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     return result
 
 

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.tracking_contract import TAG_MODEL_ID
+
 MODEL_NAME = "model"  # the logged model's name: runs:/<run_id>/model
 DIGEST_LIMIT = 36  # mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE
 
@@ -161,7 +163,7 @@ def final_weights(module, checkpoint: str | os.PathLike | None = None):
 def log_run_model(cli) -> None:
     """Rank 0 of `sinklab fit`, after the final checkpoint: the final weights as the run's MLflow
     model (once per run); an MLflow outage costs a warning, never the run."""
-    from .tracking import tracking_uri
+    from pipeline.tracking_contract import tracking_uri
 
     if not cli.opts.log_model or not cli.run_id:
         return
@@ -276,7 +278,7 @@ def log_final_model(tracking_uri: str, run_id: str, config, state: dict, manifes
     if previous is not None:  # a finished run trained further: its model is the newest weights, one per run
         client.delete_logged_model(previous.model_id)
     seconds = time.perf_counter() - started
-    client.set_tag(run_id, "sinklab.model_id", model.model_id)
+    client.set_tag(run_id, TAG_MODEL_ID, model.model_id)
     return {"model_id": model.model_id, "seconds": seconds, "megabytes": size / 2**20}
 
 

@@ -164,7 +164,9 @@ class SinkLabModule(L.LightningModule):
         every = max(1, self.trainer.log_every_n_steps)
         if self.global_step % every == 0 and self.trainer.is_global_zero:
             lr = self.trainer.optimizers[0].param_groups[0]["lr"]
-            for logger in self.trainer.loggers:  # step s = loss of the weights after s updates
+            # to the loggers directly, not self.log: the value is already the step's mean over
+            # micro-batches and ranks, and belongs to step s (the weights after s updates)
+            for logger in self.trainer.loggers:
                 logger.log_metrics({"train/loss": value, "train/lr": lr}, step=self.global_step)
 
     def on_train_epoch_start(self) -> None:

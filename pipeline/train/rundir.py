@@ -10,8 +10,8 @@ runs/<name>/
 ```
 
 All of it is decided here, so a requeued SLURM job and a user typing `--resume auto` find the
-same run. Checkpoint names avoid ``ckpt_``: Lightning's SLURM support scans the root dir for
-``hpc_ckpt_*`` and a stray name with that fragment would confuse it.
+same run. Checkpoint names avoid ``ckpt_``, which Lightning's SLURM support scans the root dir
+for (the rule and its check: ``cluster.submit.check_run_dir``).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from data_prep.atomic import atomic_write
 CKPT_RE = re.compile(r"^step-(\d{6,})\.ckpt$")
 
 
@@ -32,12 +33,6 @@ class RunDirError(RuntimeError):
 
 def checkpoint_name(step: int) -> str:
     return f"step-{step:06d}.ckpt"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _complete(path: Path) -> bool:
@@ -105,7 +100,7 @@ class RunDir:
         return path.read_text().strip() or None if path.exists() else None
 
     def save_mlflow_run_id(self, run_id: str) -> None:
-        atomic_write_text(self.root / "mlflow_run_id", run_id + "\n")
+        atomic_write(self.root / "mlflow_run_id", run_id + "\n")
 
     # ---- resolved config ---------------------------------------------------------------------
     def save_config(self, text: str) -> Path:
@@ -113,14 +108,14 @@ class RunDir:
         config.1.yaml, config.2.yaml ... so the history of a run stays readable."""
         first = self.root / "config.yaml"
         if not first.exists():
-            atomic_write_text(first, text)
+            atomic_write(first, text)
             return first
         versions = sorted(self.root.glob("config*.yaml"), key=lambda p: p.stat().st_mtime_ns)
         if versions[-1].read_text() == text:
             return versions[-1]
         n = len(versions)
         path = self.root / f"config.{n}.yaml"
-        atomic_write_text(path, text)
+        atomic_write(path, text)
         return path
 
 

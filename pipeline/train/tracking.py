@@ -24,6 +24,8 @@ from typing import Any, Mapping
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from pipeline.tracking_contract import tracking_uri
+
 from .rundir import RunDir
 
 DEFAULT_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
@@ -32,10 +34,6 @@ DEFAULT_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_
 
 def _notice(message: str) -> None:
     print(f"sinklab: {message}", file=sys.stderr, flush=True)
-
-
-def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlruns' / 'mlflow.db'}"
 
 
 def code_version() -> str:

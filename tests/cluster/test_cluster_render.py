@@ -107,11 +107,13 @@ def test_stray_ckpt_name_in_run_dir_is_refused(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "best_ckpt_old.pt" in err and "hpc_ckpt_3" not in err
     # The job script refuses too (a stray file can appear after submission).
-    script = render_job(config, run_dir, JobSpec(sinklab="true", setup=""))
+    script = render_job(config, run_dir, JobSpec(sinklab=f"{sys.executable} -m pipeline.cli", setup=""))
     check = script[script.index("RUN_DIR="):script.index("echo \"sinklab: job")]
     done = subprocess.run(["/bin/bash", "-c", check], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin"})
     assert done.returncode == 2 and "best_ckpt_old.pt" in done.stderr
+    (run_dir / "best_ckpt_old.pt").unlink()
+    assert subprocess.run(["/bin/bash", "-c", check], env={"PATH": "/usr/bin:/bin"}).returncode == 0
 
 
 @pytest.mark.parametrize("argv, message", [
