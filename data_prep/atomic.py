@@ -32,8 +32,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 def atomic_write(path: str | os.PathLike, data: str | bytes | memoryview) -> Path:
     """``data`` (text as UTF-8) at ``path``, whole or not at all."""
     with atomic_path(path) as tmp:
-        with open(tmp, "w" if isinstance(data, str) else "wb", **({"encoding": "utf-8"} if isinstance(data, str) else {})) as fh:
-            fh.write(data)
+        if isinstance(data, str):
+            tmp.write_text(data, encoding="utf-8")
+        else:
+            tmp.write_bytes(data)
     return Path(path)
 
 

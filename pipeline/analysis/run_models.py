@@ -72,22 +72,19 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
     uri = uri or tracking_uri()
     scheme, ident = parse(spec)
     client = MlflowClient(uri)
-    # Every download goes through ``client`` or a location it returned: MLflow's own runs:/ and
-    # models:/ resolution would ask the global tracking URI, not ``uri``.
+    # Downloads go to the location ``client`` returns: MLflow's own runs:/ and models:/
+    # resolution would ask the global tracking URI, not ``uri``.
     try:
         if scheme == "models":
             model = client.get_logged_model(ident)
-            run_id, key = model.source_run_id, f"models/{ident}"
-            fetch = lambda dst: download_artifacts(artifact_uri=model.artifact_location, dst_path=dst, tracking_uri=uri)  # noqa: E731
+            run_id, key, location = model.source_run_id, f"models/{ident}", model.artifact_location
         else:
             run_id, path = ident.split("/", 1)
-            model_id = client.get_run(run_id).data.tags.get(TAG_MODEL_ID)  # the newest weights
+            run = client.get_run(run_id)
+            model_id = run.data.tags.get(TAG_MODEL_ID)  # the newest weights
             key = f"{run_id}/{path}" + (f"/{model_id}" if model_id else "")
-            if path == MODEL_NAME and model_id:
-                location = client.get_logged_model(model_id).artifact_location
-                fetch = lambda dst: download_artifacts(artifact_uri=location, dst_path=dst, tracking_uri=uri)  # noqa: E731
-            else:
-                fetch = lambda dst: client.download_artifacts(run_id, path, dst)  # noqa: E731
+            location = (client.get_logged_model(model_id).artifact_location if path == MODEL_NAME and model_id
+                        else f"{run.info.artifact_uri.rstrip('/')}/{path}")
     except MlflowException as exc:
         raise RunModelError(f"{spec}: not found in the MLflow store at {uri} ({exc.message[:200]})") from None
     target = cache_root() / key
@@ -96,7 +93,7 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
             try:
-                local = Path(fetch(str(tmp)))
+                local = Path(download_artifacts(artifact_uri=location, dst_path=str(tmp), tracking_uri=uri))
             except MlflowException as exc:
                 raise RunModelError(f"{spec}: the run has no logged model ({exc.message[:200]}); "
                                     "runs log one at the end of `sinklab fit` unless --run.log_model false")

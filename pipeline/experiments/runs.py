@@ -16,6 +16,7 @@ from pipeline.experiments.spec import Experiment
 from pipeline.tracking_contract import (FINISHED, TAG_EXPERIMENT, TAG_KIND, TAG_SCALE, TAG_STATUS, TAG_VARIANT,
                                         tracking_uri)
 
+
 def client(uri: str | None = None) -> MlflowClient:
     uri = uri or tracking_uri()
     if uri.startswith("sqlite:///"):

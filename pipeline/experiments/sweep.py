@@ -87,8 +87,6 @@ def fit_command(run: PlannedRun, extra: list[str] = ()) -> list[str]:
             str(run.run_dir), "--resume", "auto", *extra]
 
 
-
-
 def write_configs(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> None:
     for run in planned:
         if run.to_run:

@@ -169,4 +169,3 @@ class Transformer(nn.Module):
             out.keys = [r.k[:, :, n_sinks:] for r in records]
             out.values = [r.v[:, :, n_sinks:] for r in records]
         return out
-

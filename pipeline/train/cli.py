@@ -39,8 +39,8 @@ from .integrity import checkpoint_problem
 from .mlflow_record import log_run_model
 from .module import NonFiniteLossError, SinkLabModule, read_init
 from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, release_lock
-from .summary import print_summary
 from .remote_checkpoints import CheckpointUploader, pulled_argv
+from .summary import print_summary
 from .tracking import RunLogger, code_version, flatten, open_run
 
 

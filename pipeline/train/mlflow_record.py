@@ -211,14 +211,15 @@ def add_hf_export(model_dir: Path) -> str:
     """The default variant also as HF ``LlamaForCausalLM`` under ``hf/`` (config.json, fp32
     safetensors, tokenizer.json): loads with ``AutoModelForCausalLM.from_pretrained``. Returns
     what was done, for the logged model's ``sinklab.hf_export`` tag."""
-    from pipeline.model import load_pretrained
+    from pipeline.model import ModelConfig, load_pretrained
     from pipeline.model.hf_export import NotALlama, check_llama_compatible, export_hf
+    from pipeline.model.loading import CONFIG_NAME
 
-    model = load_pretrained(model_dir)
-    try:
-        check_llama_compatible(model.config)
+    try:  # from the config alone: a variant Llama cannot express never reads its weights back
+        check_llama_compatible(ModelConfig.from_dict(json.loads((model_dir / CONFIG_NAME).read_text())))
     except NotALlama as exc:
         return f"none: {exc}"[:250]
+    model = load_pretrained(model_dir)
     tokenizer = model_dir / "tokenizer.json"
     export_hf(model, model_dir / "hf", tokenizer=tokenizer if tokenizer.is_file() else None)
     return "hf/"

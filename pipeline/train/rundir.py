@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from data_prep.atomic import atomic_write
+
 CKPT_RE = re.compile(r"^step-(\d{6,})\.ckpt$")
 
 
