@@ -102,10 +102,14 @@ class Subject:
             return "hf"
         return "sinklab"
 
-    def check_seq_len(self, seq_len: int, command: str = "analyze") -> None:
-        """Refuse ``-T`` beyond the longest sequence the model was built for, when its config states one."""
+    def max_positions(self) -> int | None:
+        """The longest sequence the model was built for, when its config states one."""
         config = self.model.config
-        limit = config.max_seq_len if self.kind == "sinklab" else getattr(config.get_text_config(), "max_position_embeddings", None)
+        return config.max_seq_len if self.kind == "sinklab" else getattr(config.get_text_config(), "max_position_embeddings", None)
+
+    def check_seq_len(self, seq_len: int, command: str = "analyze") -> None:
+        """Refuse ``-T`` beyond :meth:`max_positions`."""
+        limit = self.max_positions()
         if limit is not None and seq_len > limit:
             raise SystemExit(f"sinklab {command}: -T {seq_len}: {self.spec} handles at most {limit} positions "
                              f"(max_seq_len / max_position_embeddings); use -T {limit} or less")

@@ -163,3 +163,27 @@ def survey_figure(bars: Mapping[str, Mapping[str, float]], curves: Mapping[tuple
     ax_eps.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     ax_eps.set_title(f"Sink₁ against ε ({curve_input} input)")
     return _save(fig, path)
+
+
+def passkey_heatmap(table: Mapping[str, Mapping[float, Mapping[str, float]]], path: str | Path, title: str = "") -> Path:
+    """Passkey accuracy, one row per cache config and one column per depth; cells whose key had
+    left the cache for some trial are marked †. ``table[cache][depth]`` holds ``accuracy`` and
+    ``cached`` (both %)."""
+    caches = list(table)
+    depths = list(next(iter(table.values())))
+    data = [[table[c][d]["accuracy"] for d in depths] for c in caches]
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(depths) + 2.5), max(2.5, 0.5 * len(caches) + 1.5)), layout="constrained")
+    im = ax.imshow(data, aspect="auto", cmap="RdYlGn", vmin=0.0, vmax=100.0)
+    for i, cache in enumerate(caches):
+        for j, depth in enumerate(depths):
+            mark = "" if table[cache][depth]["cached"] >= 100 else "†"
+            ax.text(j, i, f"{data[i][j]:.0f}{mark}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(depths)), [f"{d:g}" for d in depths])
+    ax.set_yticks(range(len(caches)), caches)
+    ax.set_xlabel("depth of the key (0: start, 1: end)")
+    ax.set_ylabel("cache x+y")
+    fig.colorbar(im, ax=ax, label="accuracy (%)")
+    ax.set_title(title or "passkey retrieval", fontsize=9)
+    if any(c["cached"] < 100 for row in table.values() for c in row.values()):
+        ax.text(0.0, -0.3, "†: the key had left the cache when the answer began", transform=ax.transAxes, fontsize=7)
+    return _save(fig, path)

@@ -55,8 +55,31 @@ def _progress(total: int, label: str):
     return tqdm(total=total, desc=label, unit="tok", leave=False, disable=not sys.stderr.isatty())
 
 
-class HFRotaryStreamer:
-    """Token-by-token streaming for a HF decoder whose layers share one rotary embedding."""
+class Streamer:
+    """Token-by-token decoding through one x + y cache per batch row."""
+
+    def stream(self, specs: Sequence[CacheSpec]):
+        """A fresh stream: ``feed(tokens [rows]) -> next-token logits [rows, V]``, one row per
+        config (all must share x + y); each call appends one token per row to that row's cache."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def nll(self, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = "") -> torch.Tensor:
+        """[len(specs), len(ids) - 1]: the NLL of ids[1:] under each cache config, one batch row
+        per config (all must share x + y)."""
+        feed = self.stream(specs)
+        out_nll = torch.empty(len(specs), ids.numel() - 1)
+        with _progress(ids.numel() - 1, label) as bar:
+            for t in range(ids.numel() - 1):
+                logits = feed(ids[t].expand(len(specs)))
+                out_nll[:, t] = -F.log_softmax(logits.float(), dim=-1)[:, ids[t + 1]]
+                bar.update(1)
+        return out_nll
+
+
+class HFRotaryStreamer(Streamer):
+    """Streaming for a HF decoder whose layers share one rotary embedding: a ``DynamicCache`` is
+    rebuilt from the kept pre-rotary keys at every step."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -67,41 +90,37 @@ class HFRotaryStreamer:
         if self.rotary is None or self.apply_rotary is None or hasattr(base, "rotary_emb_local"):
             raise ValueError(f"{type(model).__name__}: streaming needs one shared rotary embedding "
                              "(llama-style model.rotary_emb); this model has none")
-        self.n_layers = model.config.num_hidden_layers
 
     def _rotate(self, k: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         cos, sin = self.rotary(k, positions[None])
         return self.apply_rotary(k, k, cos, -sin if inverse else sin)[1]
 
-    @torch.no_grad()
-    def nll(self, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = "") -> torch.Tensor:
-        """[len(specs), len(ids) - 1]: the NLL of ids[1:] under each cache config, one batch row
-        per config (all must share x + y)."""
+    def stream(self, specs: Sequence[CacheSpec]):
         from transformers import DynamicCache
 
         n_initial, capacity = _batch_shape(specs)
-        rows = len(specs)
         keys: list[torch.Tensor] = []  # per layer, pre-rotary [rows, Hkv, n, dh]
         values: list[torch.Tensor] = []
-        out_nll = torch.empty(rows, ids.numel() - 1)
-        with _progress(ids.numel() - 1, label) as bar:
-            for t in range(ids.numel() - 1):
-                index = eviction_index(keys[0].shape[2] if keys else 0, 1, n_initial, capacity)
-                if index is not None:
-                    keys = [gather_entries(k, index) for k in keys]
-                    values = [gather_entries(v, index) for v in values]
-                n = keys[0].shape[2] if keys else 0
-                pos = torch.arange(n)
-                cache = DynamicCache(ddp_cache_data=[(self._rotate(k, pos), v) for k, v in zip(keys, values)]) if n else DynamicCache()
-                logits = self.model(input_ids=ids[t : t + 1].expand(rows, 1), position_ids=torch.full((rows, 1), n),
-                                    past_key_values=cache, use_cache=True).logits[:, -1]
-                out_nll[:, t] = -F.log_softmax(logits.float(), dim=-1)[:, ids[t + 1]]
-                new_pos = torch.tensor([n])
-                new = [(self._rotate(layer.keys[:, :, -1:], new_pos, inverse=True), layer.values[:, :, -1:]) for layer in cache.layers]
-                keys = [torch.cat((k, nk), 2) for k, (nk, _) in zip(keys, new)] if keys else [nk for nk, _ in new]
-                values = [torch.cat((v, nv), 2) for v, (_, nv) in zip(values, new)] if values else [nv for _, nv in new]
-                bar.update(1)
-        return out_nll
+
+        @torch.no_grad()
+        def feed(tokens: torch.Tensor) -> torch.Tensor:
+            nonlocal keys, values
+            index = eviction_index(keys[0].shape[2] if keys else 0, 1, n_initial, capacity)
+            if index is not None:
+                keys = [gather_entries(k, index) for k in keys]
+                values = [gather_entries(v, index) for v in values]
+            n = keys[0].shape[2] if keys else 0
+            pos = torch.arange(n)
+            cache = DynamicCache(ddp_cache_data=[(self._rotate(k, pos), v) for k, v in zip(keys, values)]) if n else DynamicCache()
+            logits = self.model(input_ids=tokens[:, None], position_ids=torch.full((len(tokens), 1), n),
+                                past_key_values=cache, use_cache=True).logits[:, -1]
+            new_pos = torch.tensor([n])
+            new = [(self._rotate(layer.keys[:, :, -1:], new_pos, inverse=True), layer.values[:, :, -1:]) for layer in cache.layers]
+            keys = [torch.cat((k, nk), 2) for k, (nk, _) in zip(keys, new)] if keys else [nk for nk, _ in new]
+            values = [torch.cat((v, nv), 2) for v, (_, nv) in zip(values, new)] if values else [nv for _, nv in new]
+            return logits
+
+        return feed
 
     @torch.no_grad()
     def full_nll(self, ids: torch.Tensor) -> torch.Tensor:
@@ -109,27 +128,24 @@ class HFRotaryStreamer:
         return F.cross_entropy(logits.float(), ids[1:], reduction="none")
 
 
-class SinkLabStreamer:
-    """Token-by-token streaming for a SinkLab ``Transformer`` through its ``StreamingCache``."""
+class SinkLabStreamer(Streamer):
+    """Streaming for a SinkLab ``Transformer`` through its ``StreamingCache``."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
 
-    @torch.no_grad()
-    def nll(self, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = "") -> torch.Tensor:
-        """[len(specs), len(ids) - 1], as :meth:`HFRotaryStreamer.nll`."""
+    def stream(self, specs: Sequence[CacheSpec]):
         from pipeline.model import StreamingCache
 
         _batch_shape(specs)
         cache = StreamingCache(self.model.config, n_initial=[s.n_initial for s in specs],
                                n_recent=[s.n_recent for s in specs])
-        out_nll = torch.empty(len(specs), ids.numel() - 1)
-        with _progress(ids.numel() - 1, label) as bar:
-            for t in range(ids.numel() - 1):
-                logits = self.model(ids[t : t + 1].expand(len(specs), 1), cache=cache).logits[:, -1]
-                out_nll[:, t] = -F.log_softmax(logits.float(), dim=-1)[:, ids[t + 1]]
-                bar.update(1)
-        return out_nll
+
+        @torch.no_grad()
+        def feed(tokens: torch.Tensor) -> torch.Tensor:
+            return self.model(tokens[:, None], cache=cache).logits[:, -1]
+
+        return feed
 
     @torch.no_grad()
     def full_nll(self, ids: torch.Tensor) -> torch.Tensor:

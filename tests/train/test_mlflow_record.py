@@ -171,6 +171,15 @@ def test_stream_ppl_lm_eval_and_export_hf_take_the_run(fitted, tmp_path, capsys)
     logged = fitted.client.get_run(fitted.run_id).data.metrics
     ppl = json.loads((tmp_path / "val.json").read_text())["perplexity"]
     assert logged["stream/ppl_1_7"] == pytest.approx(ppl["1+7"]) and logged["stream/ppl_0_8"] == pytest.approx(ppl["0+8"])
+    from pipeline.analysis import passkey  # words outside the vocabulary are [UNK]: the mechanics only
+
+    assert passkey.main([f"runs:/{fitted.run_id}", "--length", "54", "--digits", "2", "--depths", "0,1", "--keys", "1", "--cache", "2+30",
+                         "--full", "--out", str(tmp_path / "pk")]) == 0
+    accuracy = json.loads((tmp_path / "pk" / "passkey.json").read_text())["accuracy"]
+    logged = fitted.client.get_run(fitted.run_id).data.metrics
+    assert logged["passkey/acc_2_30"] == pytest.approx(sum(c["accuracy"] for c in accuracy["2+30"].values()) / 2)
+    assert "passkey/acc_full" in logged
+    assert "passkey/passkey.png" in {a.path for a in fitted.client.list_artifacts(fitted.run_id, "passkey")}
     from pipeline.analysis.lm_eval_adapter import SinkLabLM
 
     lm = SinkLabLM(pretrained=f"runs:/{fitted.run_id}")  # lm-eval's model_args pretrained=runs:/<id>

@@ -1,0 +1,272 @@
+"""`sinklab passkey`: passkey retrieval under a streaming x + y cache.
+
+A random number (the key) is hidden at depth d of a long filler text (d = 0: right after the
+instruction; d = 1: right before the question). The model reads the prompt one token at a time
+through an x + y cache (the streaming of `sinklab stream-ppl`) and then answers greedily;
+a trial is right when the first number it writes is the key. Accuracy by depth and cache
+config shows where streaming forgets: a key that has left the window cannot come back, however
+low the streaming perplexity. Each cell also says whether the key was still cached when the
+answer began, so a miss can be told apart from an eviction.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import random
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from data_prep.atomic import atomic_write
+from pipeline.analysis.streaming import CacheSpec, Streamer, group_by_capacity
+
+INSTRUCTION = ("Below, one line among many repeated ones holds a secret number. "
+               "Read everything, remember the number, and give it when asked.")
+FILLER = " The lake was calm. The road went on. The birds flew south. Nothing happened here."
+NEEDLE = " The secret number is {key}. Remember it: {key}."
+QUESTION = " What is the secret number? The secret number is"
+DEFAULT_DEPTHS = "0,0.25,0.5,0.75,1"
+DEFAULT_CACHES = ("0+256", "4+252")
+
+
+@dataclass(frozen=True)
+class Trial:
+    depth: float
+    key: str
+    ids: list[int]
+    needle: tuple[int, int]  # token span [start, end) of the needle sentence
+
+
+def build_trial(tokenizer, length: int, depth: float, key: str, bos_id: int | None = None) -> Trial:
+    """About ``length`` tokens: instruction, filler with the needle after ``round(depth * n)`` of
+    its ``n`` repeats, question. Built from separately encoded pieces, so every trial of one
+    length and key width has the same token count (one batch)."""
+    def enc(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    head = ([bos_id] if bos_id is not None else []) + enc(INSTRUCTION)
+    unit, needle, question = enc(FILLER), enc(NEEDLE.format(key=key)), enc(QUESTION)
+    repeats = (length - len(head) - len(needle) - len(question)) // len(unit)
+    if repeats < 1:
+        raise ValueError(f"--length {length}: too short for the prompt; use at least "
+                         f"{len(head) + len(needle) + len(question) + len(unit)} tokens")
+    before = round(depth * repeats)
+    start = len(head) + before * len(unit)
+    ids = head + unit * before + needle + unit * (repeats - before) + question
+    return Trial(depth, key, ids, (start, start + len(needle)))
+
+
+def needle_cached(trial: Trial, spec: CacheSpec) -> bool:
+    """Whether the whole needle is among the tokens the model sees when it predicts the first
+    answer token: the first x and the latest, x + y in all, the incoming token included."""
+    n = len(trial.ids)
+    if n <= spec.n_initial + spec.n_recent:
+        return True
+    start, end = trial.needle
+    return end <= spec.n_initial or start >= n - spec.n_recent
+
+
+def first_number(text: str) -> str | None:
+    match = re.search(r"\d+", text)
+    return match.group(0) if match else None
+
+
+def answer_length(tokenizer, key: str) -> int:
+    """Tokens decoded for an answer: the key's, plus two for what follows it."""
+    return len(tokenizer(" " + key, add_special_tokens=False)["input_ids"]) + 2
+
+
+@torch.no_grad()
+def answer(streamer: Streamer, prompts: Sequence[list[int]], specs: Sequence[CacheSpec], new_tokens: int) -> list[list[list[int]]]:
+    """Greedy answers [prompt][spec] -> token ids: every (prompt, spec) pair is one batch row
+    (the prompts share their length, the specs their x + y)."""
+    rows = [(p, s) for p in range(len(prompts)) for s in range(len(specs))]
+    feed = streamer.stream([specs[s] for _, s in rows])
+    ids = torch.tensor([prompts[p] for p, _ in rows])
+    for t in range(ids.shape[1]):
+        logits = feed(ids[:, t])
+    out = []
+    for _ in range(new_tokens):
+        token = logits.argmax(-1)
+        out.append(token)
+        logits = feed(token)
+    generated = torch.stack(out, 1).tolist()
+    return [[generated[p * len(specs) + s] for s in range(len(specs))] for p in range(len(prompts))]
+
+
+def run_trials(streamer: Streamer, tokenizer, trials: Sequence[Trial], specs: Sequence[CacheSpec],
+               names: dict[CacheSpec, str] | None = None) -> list[dict]:
+    """One result per (trial, spec), its cache named ``names[spec]`` or ``x+y``; trials of one
+    length and specs of one x + y are one batch."""
+    results = []
+    by_length: dict[int, list[Trial]] = {}
+    for trial in trials:
+        by_length.setdefault(len(trial.ids), []).append(trial)
+    for group in group_by_capacity(specs):
+        for same_length in by_length.values():
+            started = time.perf_counter()
+            new_tokens = max(answer_length(tokenizer, t.key) for t in same_length)
+            answers = answer(streamer, [t.ids for t in same_length], group, new_tokens)
+            seconds = time.perf_counter() - started
+            print(f"  {' '.join(map(str, group))}: {len(same_length)} prompts of {len(same_length[0].ids)} tokens, "
+                  f"{seconds:.1f} s", file=sys.stderr)
+            for trial, per_spec in zip(same_length, answers):
+                for spec, tokens in zip(group, per_spec):
+                    text = tokenizer.decode(tokens, skip_special_tokens=True)
+                    results.append({"cache": (names or {}).get(spec, str(spec)), "depth": trial.depth, "key": trial.key, "tokens": len(trial.ids),
+                                    "answer": text.strip(), "correct": first_number(text) == trial.key,
+                                    "needle_cached": needle_cached(trial, spec)})
+    return results
+
+
+def accuracy(results: Sequence[dict], caches: Sequence[str], depths: Sequence[float]) -> dict[str, dict[float, dict]]:
+    """cache -> depth -> {"accuracy": % right, "cached": % of trials whose needle was cached}."""
+    table: dict[str, dict[float, dict]] = {}
+    for cache in caches:
+        table[cache] = {}
+        for depth in depths:
+            cell = [r for r in results if r["cache"] == cache and r["depth"] == depth]
+            table[cache][depth] = {"accuracy": 100.0 * sum(r["correct"] for r in cell) / len(cell),
+                                   "cached": 100.0 * sum(r["needle_cached"] for r in cell) / len(cell)}
+    return table
+
+
+def markdown(model: str, table: dict, n_tokens: int, trials: int) -> str:
+    depths = list(next(iter(table.values())))
+    lines = [f"Passkey accuracy (%), {model}, {n_tokens}-token prompts, {trials} keys per cell; "
+             "† = the key had left the cache when the answer began",
+             "", "| cache x+y | " + " | ".join(f"depth {d:g}" for d in depths) + " | mean |",
+             "|---|" + "---|" * (len(depths) + 1)]
+    for cache, row in table.items():
+        cells = [f"{c['accuracy']:.0f}" + ("†" if c["cached"] < 100 else "") for c in row.values()]
+        mean = sum(c["accuracy"] for c in row.values()) / len(row)
+        lines.append(f"| {cache} | " + " | ".join(cells) + f" | {mean:.0f} |")
+    return "\n".join(lines)
+
+
+def csv_text(results: Sequence[dict]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(results[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(results)
+    return buffer.getvalue()
+
+
+def log_to_run(subject, table: dict, figure: Path, settings: dict) -> None:
+    """`passkey runs:/<id>`: ``passkey/acc_<x>_<y>`` (mean over depths) and the figure go back to
+    the training run."""
+    from mlflow.entities import Metric, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(subject.tracking_uri)
+    now = int(time.time() * 1000)
+    metrics = [Metric("passkey/acc_" + cache.replace("+", "_"), sum(c["accuracy"] for c in row.values()) / len(row), now, 0)
+               for cache, row in table.items()]
+    client.log_batch(subject.run_id, metrics=metrics,
+                     tags=[RunTag("sinklab.passkey.settings", json.dumps(settings, sort_keys=True))])
+    client.log_artifact(subject.run_id, str(figure), "passkey")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sinklab passkey", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="smollm2 | path to a .gguf file or HF llama-style model dir | SinkLab checkpoint | runs:/<id>")
+    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: the one beside it)")
+    p.add_argument("--length", type=int, default=512, help="prompt length in tokens (about; filler repeats are whole)")
+    p.add_argument("--depths", default=DEFAULT_DEPTHS, help="comma list of depths in [0, 1]")
+    p.add_argument("--keys", type=int, default=2, help="random keys per depth")
+    p.add_argument("--digits", type=int, default=5, help="digits of each key")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", action="append", help=f"x+y cache config, repeatable (default: {' '.join(DEFAULT_CACHES)})")
+    p.add_argument("--full", action="store_true", help="also answer with the whole prompt cached (the reference)")
+    p.add_argument("--bos", choices=("auto", "yes", "no"), default="auto",
+                   help="start with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)")
+    p.add_argument("--out", type=Path, help="output directory (default: analysis/passkey/<model>)")
+    return p
+
+
+def parse_depths(text: str) -> list[float]:
+    try:
+        depths = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"sinklab passkey: --depths {text!r}: expected a comma list of numbers in [0, 1]") from None
+    if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
+        raise SystemExit(f"sinklab passkey: --depths {text!r}: expected a comma list of numbers in [0, 1]")
+    return list(dict.fromkeys(depths))
+
+
+def bos_id(subject, mode: str) -> int | None:
+    bos = getattr(subject.tokenizer, "bos_token_id", None)
+    if mode == "no" or bos is None:
+        if mode == "yes":
+            raise SystemExit(f"sinklab passkey: --bos yes: {subject.spec}'s tokenizer has no BOS token")
+        return None
+    if mode == "yes" or subject.kind == "sinklab":
+        return bos
+    return bos if subject.tokenizer("a")["input_ids"][:1] == [bos] else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.analysis.analyze import Subject, model_name
+    from pipeline.analysis.plots import passkey_heatmap
+    from pipeline.analysis.streaming import HFRotaryStreamer, SinkLabStreamer
+
+    args = build_parser().parse_args(argv)
+    try:
+        specs = [CacheSpec.parse(c) for c in (args.cache or DEFAULT_CACHES)]
+    except ValueError as e:
+        raise SystemExit(f"sinklab passkey: --cache: {e}") from None
+    depths = parse_depths(args.depths)
+    if args.keys < 1 or not 1 <= args.digits <= 18:
+        raise SystemExit("sinklab passkey: --keys must be >= 1 and --digits in 1..18")
+    subject = Subject(args.model, args.kind, args.tokenizer)
+    if subject.tokenizer is None:
+        raise SystemExit(f"sinklab passkey: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
+    rng = random.Random(args.seed)
+    keys = [str(rng.randrange(10 ** (args.digits - 1), 10 ** args.digits)) for _ in range(args.keys)]
+    bos = bos_id(subject, args.bos)
+    try:
+        trials = [build_trial(subject.tokenizer, args.length, d, k, bos) for d in depths for k in keys]
+    except ValueError as e:
+        raise SystemExit(f"sinklab passkey: {e}") from None
+    names = {spec: str(spec) for spec in specs}
+    if args.full:  # room for the prompt and the answer: nothing is ever evicted
+        names[CacheSpec(0, max(len(t.ids) + answer_length(subject.tokenizer, t.key) for t in trials))] = "full"
+    limit = subject.max_positions()
+    for spec, name in names.items():
+        if limit is not None and spec.n_initial + spec.n_recent > limit:
+            option = "--full" if name == "full" else f"--cache {spec}"
+            raise SystemExit(f"sinklab passkey: {option}: needs {spec.n_initial + spec.n_recent} positions, "
+                             f"{args.model} handles at most {limit}; keep x+y (and --length for --full) within it")
+    streamer = SinkLabStreamer(subject.model) if subject.kind == "sinklab" else HFRotaryStreamer(subject.model)
+    started = time.perf_counter()
+    results = run_trials(streamer, subject.tokenizer, trials, list(names), names)
+    seconds = round(time.perf_counter() - started, 1)
+    table = accuracy(results, list(dict.fromkeys(names.values())), depths)
+    name = model_name(args.model)
+    n_tokens = len(trials[0].ids)
+    out = args.out or Path("analysis") / "passkey" / name
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(name, table, n_tokens, len(keys))
+    atomic_write(out / "passkey.md", text + "\n")
+    atomic_write(out / "passkey.csv", csv_text(results))
+    settings = {"length": args.length, "tokens": n_tokens, "depths": depths, "keys": len(keys), "digits": args.digits,
+                "seed": args.seed, "bos": bos is not None}
+    atomic_write(out / "passkey.json", json.dumps({"model": name, "source": subject.source, "settings": settings,
+                                                    "seconds": seconds, "accuracy": {c: {str(d): v for d, v in row.items()}
+                                                                                     for c, row in table.items()},
+                                                    "trials": results}, indent=2))
+    figure = passkey_heatmap(table, out / "passkey.png", title=f"passkey retrieval, {name}, {n_tokens} tokens")
+    print(text)
+    print(f"wrote {out}/passkey.md, passkey.csv, passkey.json, passkey.png ({seconds} s)", file=sys.stderr)
+    if subject.run_id is not None:
+        log_to_run(subject, table, figure, settings)
+        print(f"logged to MLflow run {subject.run_id} as passkey/acc_<x>_<y>", file=sys.stderr)
+    return 0
