@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from data_prep.atomic import atomic_write
+from pipeline.analysis.plots import passkey_heatmap
 from pipeline.analysis.streaming import CacheSpec, Streamer, group_by_capacity
 
 INSTRUCTION = ("Below, one line among many repeated ones holds a secret number. "
@@ -101,26 +102,24 @@ def answer(streamer: Streamer, prompts: Sequence[list[int]], specs: Sequence[Cac
     return [[generated[p * len(specs) + s] for s in range(len(specs))] for p in range(len(prompts))]
 
 
-def run_trials(streamer: Streamer, tokenizer, trials: Sequence[Trial], specs: Sequence[CacheSpec],
-               names: dict[CacheSpec, str] | None = None) -> list[dict]:
-    """One result per (trial, spec), its cache named ``names[spec]`` or ``x+y``; trials of one
-    length and specs of one x + y are one batch."""
+def run_trials(streamer: Streamer, tokenizer, trials: Sequence[Trial], caches: dict[CacheSpec, str]) -> list[dict]:
+    """One result per (trial, cache config), its ``cache`` the config's name in ``caches``.
+    Trials of one length and configs of one x + y are one batch."""
     results = []
     by_length: dict[int, list[Trial]] = {}
     for trial in trials:
         by_length.setdefault(len(trial.ids), []).append(trial)
-    for group in group_by_capacity(specs):
+    for group in group_by_capacity(list(caches)):
         for same_length in by_length.values():
             started = time.perf_counter()
             new_tokens = max(answer_length(tokenizer, t.key) for t in same_length)
             answers = answer(streamer, [t.ids for t in same_length], group, new_tokens)
-            seconds = time.perf_counter() - started
             print(f"  {' '.join(map(str, group))}: {len(same_length)} prompts of {len(same_length[0].ids)} tokens, "
-                  f"{seconds:.1f} s", file=sys.stderr)
+                  f"{time.perf_counter() - started:.1f} s", file=sys.stderr)
             for trial, per_spec in zip(same_length, answers):
                 for spec, tokens in zip(group, per_spec):
                     text = tokenizer.decode(tokens, skip_special_tokens=True)
-                    results.append({"cache": (names or {}).get(spec, str(spec)), "depth": trial.depth, "key": trial.key, "tokens": len(trial.ids),
+                    results.append({"cache": caches[spec], "depth": trial.depth, "key": trial.key, "tokens": len(trial.ids),
                                     "answer": text.strip(), "correct": first_number(text) == trial.key,
                                     "needle_cached": needle_cached(trial, spec)})
     return results
@@ -213,9 +212,43 @@ def bos_id(subject, mode: str) -> int | None:
     return bos if subject.tokenizer("a")["input_ids"][:1] == [bos] else None
 
 
+def make_trials(subject, args, depths: list[float], bos: int | None) -> list[Trial]:
+    rng = random.Random(args.seed)
+    keys = [str(rng.randrange(10 ** (args.digits - 1), 10 ** args.digits)) for _ in range(args.keys)]
+    try:
+        return [build_trial(subject.tokenizer, args.length, d, k, bos) for d in depths for k in keys]
+    except ValueError as e:
+        raise SystemExit(f"sinklab passkey: {e}") from None
+
+
+def cache_configs(specs: list[CacheSpec], full: bool, subject, trials: list[Trial]) -> dict[CacheSpec, str]:
+    """The configs to run, each with its name: ``x+y``, and ``full`` (room for the longest
+    prompt and answer: nothing is ever evicted); refused where wider than the model's positions."""
+    caches = {spec: str(spec) for spec in specs}
+    if full:
+        caches[CacheSpec(0, max(len(t.ids) + answer_length(subject.tokenizer, t.key) for t in trials))] = "full"
+    limit = subject.max_positions()
+    for spec, name in caches.items():
+        if limit is not None and spec.n_initial + spec.n_recent > limit:
+            option = "--full" if name == "full" else f"--cache {spec}"
+            raise SystemExit(f"sinklab passkey: {option}: needs {spec.n_initial + spec.n_recent} positions, "
+                             f"{subject.spec} handles at most {limit}; keep x+y (and --length for --full) within it")
+    return caches
+
+
+def write_outputs(out: Path, name: str, subject, table: dict, results: list[dict], settings: dict, seconds: float) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "passkey.md", markdown(name, table, settings["tokens"], settings["keys"]) + "\n")
+    atomic_write(out / "passkey.csv", csv_text(results))
+    accuracy_by_depth = {cache: {str(d): cell for d, cell in row.items()} for cache, row in table.items()}
+    record = {"model": name, "source": subject.source, "settings": settings, "seconds": seconds,
+              "accuracy": accuracy_by_depth, "trials": results}
+    atomic_write(out / "passkey.json", json.dumps(record, indent=2))
+    return passkey_heatmap(table, out / "passkey.png", title=f"passkey retrieval, {name}, {settings['tokens']} tokens")
+
+
 def main(argv: list[str] | None = None) -> int:
     from pipeline.analysis.analyze import Subject, model_name
-    from pipeline.analysis.plots import passkey_heatmap
     from pipeline.analysis.streaming import HFRotaryStreamer, SinkLabStreamer
 
     args = build_parser().parse_args(argv)
@@ -229,42 +262,20 @@ def main(argv: list[str] | None = None) -> int:
     subject = Subject(args.model, args.kind, args.tokenizer)
     if subject.tokenizer is None:
         raise SystemExit(f"sinklab passkey: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
-    rng = random.Random(args.seed)
-    keys = [str(rng.randrange(10 ** (args.digits - 1), 10 ** args.digits)) for _ in range(args.keys)]
     bos = bos_id(subject, args.bos)
-    try:
-        trials = [build_trial(subject.tokenizer, args.length, d, k, bos) for d in depths for k in keys]
-    except ValueError as e:
-        raise SystemExit(f"sinklab passkey: {e}") from None
-    names = {spec: str(spec) for spec in specs}
-    if args.full:  # room for the prompt and the answer: nothing is ever evicted
-        names[CacheSpec(0, max(len(t.ids) + answer_length(subject.tokenizer, t.key) for t in trials))] = "full"
-    limit = subject.max_positions()
-    for spec, name in names.items():
-        if limit is not None and spec.n_initial + spec.n_recent > limit:
-            option = "--full" if name == "full" else f"--cache {spec}"
-            raise SystemExit(f"sinklab passkey: {option}: needs {spec.n_initial + spec.n_recent} positions, "
-                             f"{args.model} handles at most {limit}; keep x+y (and --length for --full) within it")
+    trials = make_trials(subject, args, depths, bos)
+    caches = cache_configs(specs, args.full, subject, trials)
     streamer = SinkLabStreamer(subject.model) if subject.kind == "sinklab" else HFRotaryStreamer(subject.model)
     started = time.perf_counter()
-    results = run_trials(streamer, subject.tokenizer, trials, list(names), names)
+    results = run_trials(streamer, subject.tokenizer, trials, caches)
     seconds = round(time.perf_counter() - started, 1)
-    table = accuracy(results, list(dict.fromkeys(names.values())), depths)
+    table = accuracy(results, list(dict.fromkeys(caches.values())), depths)
     name = model_name(args.model)
-    n_tokens = len(trials[0].ids)
+    settings = {"length": args.length, "tokens": len(trials[0].ids), "depths": depths, "keys": args.keys,
+                "digits": args.digits, "seed": args.seed, "bos": bos is not None}
     out = args.out or Path("analysis") / "passkey" / name
-    out.mkdir(parents=True, exist_ok=True)
-    text = markdown(name, table, n_tokens, len(keys))
-    atomic_write(out / "passkey.md", text + "\n")
-    atomic_write(out / "passkey.csv", csv_text(results))
-    settings = {"length": args.length, "tokens": n_tokens, "depths": depths, "keys": len(keys), "digits": args.digits,
-                "seed": args.seed, "bos": bos is not None}
-    atomic_write(out / "passkey.json", json.dumps({"model": name, "source": subject.source, "settings": settings,
-                                                    "seconds": seconds, "accuracy": {c: {str(d): v for d, v in row.items()}
-                                                                                     for c, row in table.items()},
-                                                    "trials": results}, indent=2))
-    figure = passkey_heatmap(table, out / "passkey.png", title=f"passkey retrieval, {name}, {n_tokens} tokens")
-    print(text)
+    figure = write_outputs(out, name, subject, table, results, settings, seconds)
+    print(markdown(name, table, settings["tokens"], args.keys))
     print(f"wrote {out}/passkey.md, passkey.csv, passkey.json, passkey.png ({seconds} s)", file=sys.stderr)
     if subject.run_id is not None:
         log_to_run(subject, table, figure, settings)

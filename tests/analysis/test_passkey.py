@@ -70,8 +70,8 @@ def test_smollm2_finds_the_key_while_it_is_cached_and_loses_it_after(smollm2):
     """152-token prompts: with 4+60 the key at depth 0 has been evicted before the question, the
     key at depth 1 is in the window; with the whole prompt cached both are found."""
     trials = [build_trial(smollm2.tokenizer, 160, d, "48213") for d in (0.0, 1.0)]
-    specs = [CacheSpec(4, 60), CacheSpec(0, 200)]
-    results = passkey.run_trials(HFRotaryStreamer(smollm2.model), smollm2.tokenizer, trials, specs, {specs[1]: "full"})
+    caches = {CacheSpec(4, 60): "4+60", CacheSpec(0, 200): "full"}
+    results = passkey.run_trials(HFRotaryStreamer(smollm2.model), smollm2.tokenizer, trials, caches)
     got = {(r["cache"], r["depth"]): (r["correct"], r["needle_cached"]) for r in results}
     assert got == {("4+60", 0.0): (False, False), ("4+60", 1.0): (True, True),
                    ("full", 0.0): (True, True), ("full", 1.0): (True, True)}
@@ -94,6 +94,8 @@ def test_cli_on_a_sinklab_checkpoint_writes_table_csv_json_and_figure(tmp_path, 
     assert {r["needle_cached"] for r in rec["trials"] if r["cache"] == "full"} == {True}
     assert not any(r["needle_cached"] for r in rec["trials"] if r["cache"] == "0+102" and r["depth"] == 0)
     assert (out / "passkey.png").stat().st_size > 0 and (out / "passkey.csv").read_text().startswith("cache,depth,key")
-    for bad, message in ((["--depths", "0,2"], "--depths"), (["--cache", "3"], "--cache"), (["--length", "100"], "too short"), (["--length", "2000", "--full"], "--full: needs")):
+    refused = ((["--depths", "0,2"], "--depths"), (["--cache", "3"], "--cache"), (["--length", "100"], "too short"),
+               (["--length", "2000", "--full"], "--full: needs"))
+    for bad, message in refused:
         with pytest.raises(SystemExit, match=message):
             passkey.main([str(ckpt), "--tokenizer", str(tmp_path / "tokenizer.json"), *bad])
