@@ -114,7 +114,7 @@ def run_trials(streamer: Streamer, tokenizer, trials: Sequence[Trial], caches: d
             started = time.perf_counter()
             new_tokens = max(answer_length(tokenizer, t.key) for t in same_length)
             answers = answer(streamer, [t.ids for t in same_length], group, new_tokens)
-            print(f"  {' '.join(map(str, group))}: {len(same_length)} prompts of {len(same_length[0].ids)} tokens, "
+            print(f"  {' '.join(caches[spec] for spec in group)}: {len(same_length)} prompts of {len(same_length[0].ids)} tokens, "
                   f"{time.perf_counter() - started:.1f} s", file=sys.stderr)
             for trial, per_spec in zip(same_length, answers):
                 for spec, tokens in zip(group, per_spec):
