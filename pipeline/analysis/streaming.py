@@ -14,13 +14,14 @@ one forward per token for all of them.
 """
 from __future__ import annotations
 
+import abc
 import argparse
 import json
 import math
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,13 +56,13 @@ def _progress(total: int, label: str):
     return tqdm(total=total, desc=label, unit="tok", leave=False, disable=not sys.stderr.isatty())
 
 
-class Streamer:
-    """Token-by-token decoding through one x + y cache per batch row."""
+class Streamer(abc.ABC):
+    """Token-by-token decoding through one x + y cache per batch row (`stream-ppl`, `passkey`)."""
 
-    def stream(self, specs: Sequence[CacheSpec]):
+    @abc.abstractmethod
+    def stream(self, specs: Sequence[CacheSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
         """A fresh stream: ``feed(tokens [rows]) -> next-token logits [rows, V]``, one row per
         config (all must share x + y); each call appends one token per row to that row's cache."""
-        raise NotImplementedError
 
     @torch.no_grad()
     def nll(self, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = "") -> torch.Tensor:
@@ -95,7 +96,7 @@ class HFRotaryStreamer(Streamer):
         cos, sin = self.rotary(k, positions[None])
         return self.apply_rotary(k, k, cos, -sin if inverse else sin)[1]
 
-    def stream(self, specs: Sequence[CacheSpec]):
+    def stream(self, specs: Sequence[CacheSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
         from transformers import DynamicCache
 
         n_initial, capacity = _batch_shape(specs)
@@ -134,7 +135,7 @@ class SinkLabStreamer(Streamer):
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
 
-    def stream(self, specs: Sequence[CacheSpec]):
+    def stream(self, specs: Sequence[CacheSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
         from pipeline.model import StreamingCache
 
         _batch_shape(specs)
