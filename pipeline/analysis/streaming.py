@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import argparse
+import inspect
 import json
 import math
 import re
@@ -91,6 +92,8 @@ class HFRotaryStreamer(Streamer):
         if self.rotary is None or self.apply_rotary is None or hasattr(base, "rotary_emb_local"):
             raise ValueError(f"{type(model).__name__}: streaming needs one shared rotary embedding "
                              "(llama-style model.rotary_emb); this model has none")
+        # transformers 5.x renamed forward's past_key_values to cache (the old name warns)
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def _rotate(self, k: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         cos, sin = self.rotary(k, positions[None])
@@ -114,7 +117,7 @@ class HFRotaryStreamer(Streamer):
             pos = torch.arange(n)
             cache = DynamicCache(ddp_cache_data=[(self._rotate(k, pos), v) for k, v in zip(keys, values)]) if n else DynamicCache()
             logits = self.model(input_ids=tokens[:, None], position_ids=torch.full((len(tokens), 1), n),
-                                past_key_values=cache, use_cache=True).logits[:, -1]
+                                use_cache=True, **{self.cache_arg: cache}).logits[:, -1]
             new_pos = torch.tensor([n])
             new = [(self._rotate(layer.keys[:, :, -1:], new_pos, inverse=True), layer.values[:, :, -1:]) for layer in cache.layers]
             keys = [torch.cat((k, nk), 2) for k, (nk, _) in zip(keys, new)] if keys else [nk for nk, _ in new]
