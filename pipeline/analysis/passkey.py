@@ -31,7 +31,7 @@ from pipeline.analysis.streaming import CacheSpec, Streamer, group_by_capacity
 INSTRUCTION = ("Below, one line among many repeated ones holds a secret number. "
                "Read everything, remember the number, and give it when asked.")
 FILLER = " The lake was calm. The road went on. The birds flew south. Nothing happened here."
-NEEDLE = " The secret number is {key}. Remember it: {key}."
+NEEDLE = (" The secret number is", " {key}", ". Remember it:", " {key}", ".")  # encoded piece by piece
 QUESTION = " What is the secret number? The secret number is"
 DEFAULT_DEPTHS = "0,0.25,0.5,0.75,1"
 DEFAULT_CACHES = ("0+256", "4+252")
@@ -42,36 +42,40 @@ class Trial:
     depth: float
     key: str
     ids: list[int]
-    needle: tuple[int, int]  # token span [start, end) of the needle sentence
+    key_spans: tuple[tuple[int, int], ...]  # token spans [start, end) of the key's two mentions
 
 
 def build_trial(tokenizer, length: int, depth: float, key: str, bos_id: int | None = None) -> Trial:
     """About ``length`` tokens: instruction, filler with the needle after ``round(depth * n)`` of
     its ``n`` repeats, question. Built from separately encoded pieces, so every trial of one
-    length and key width has the same token count (one batch)."""
+    length and key width has the same token count (one batch) and the key's tokens are known."""
     def enc(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     head = ([bos_id] if bos_id is not None else []) + enc(INSTRUCTION)
-    unit, needle, question = enc(FILLER), enc(NEEDLE.format(key=key)), enc(QUESTION)
+    unit, question = enc(FILLER), enc(QUESTION)
+    pieces = [enc(piece.format(key=key)) for piece in NEEDLE]
+    needle = [token for piece in pieces for token in piece]
     repeats = (length - len(head) - len(needle) - len(question)) // len(unit)
     if repeats < 1:
         raise ValueError(f"--length {length}: too short for the prompt; use at least "
                          f"{len(head) + len(needle) + len(question) + len(unit)} tokens")
     before = round(depth * repeats)
-    start = len(head) + before * len(unit)
+    spans, at = [], len(head) + before * len(unit)
+    for template, piece in zip(NEEDLE, pieces):
+        if "{key}" in template:
+            spans.append((at, at + len(piece)))
+        at += len(piece)
     ids = head + unit * before + needle + unit * (repeats - before) + question
-    return Trial(depth, key, ids, (start, start + len(needle)))
+    return Trial(depth, key, ids, tuple(spans))
 
 
-def needle_cached(trial: Trial, spec: CacheSpec) -> bool:
-    """Whether the whole needle is among the tokens the model sees when it predicts the first
-    answer token: the first x and the latest, x + y in all, the incoming token included."""
+def key_cached(trial: Trial, spec: CacheSpec) -> bool:
+    """Whether one whole mention of the key is among the tokens the model sees when it predicts
+    the first answer token: the first x and the latest, x + y in all, the incoming one included."""
     n = len(trial.ids)
-    if n <= spec.n_initial + spec.n_recent:
-        return True
-    start, end = trial.needle
-    return end <= spec.n_initial or start >= n - spec.n_recent
+    return n <= spec.n_initial + spec.n_recent or any(
+        end <= spec.n_initial or start >= n - spec.n_recent for start, end in trial.key_spans)
 
 
 def first_number(text: str) -> str | None:
@@ -121,19 +125,19 @@ def run_trials(streamer: Streamer, tokenizer, trials: Sequence[Trial], caches: d
                     text = tokenizer.decode(tokens, skip_special_tokens=True)
                     results.append({"cache": caches[spec], "depth": trial.depth, "key": trial.key, "tokens": len(trial.ids),
                                     "answer": text.strip(), "correct": first_number(text) == trial.key,
-                                    "needle_cached": needle_cached(trial, spec)})
+                                    "key_cached": key_cached(trial, spec)})
     return results
 
 
 def accuracy(results: Sequence[dict], caches: Sequence[str], depths: Sequence[float]) -> dict[str, dict[float, dict]]:
-    """cache -> depth -> {"accuracy": % right, "cached": % of trials whose needle was cached}."""
+    """cache -> depth -> {"accuracy": % right, "cached": % of trials whose key was cached}."""
     table: dict[str, dict[float, dict]] = {}
     for cache in caches:
         table[cache] = {}
         for depth in depths:
             cell = [r for r in results if r["cache"] == cache and r["depth"] == depth]
             table[cache][depth] = {"accuracy": 100.0 * sum(r["correct"] for r in cell) / len(cell),
-                                   "cached": 100.0 * sum(r["needle_cached"] for r in cell) / len(cell)}
+                                   "cached": 100.0 * sum(r["key_cached"] for r in cell) / len(cell)}
     return table
 
 

@@ -8,33 +8,36 @@ import torch
 
 from analysis_helpers import micro_model
 from pipeline.analysis import passkey
-from pipeline.analysis.passkey import Trial, build_trial, needle_cached
+from pipeline.analysis.passkey import Trial, build_trial, key_cached
 from pipeline.analysis.streaming import CacheSpec, HFRotaryStreamer, SinkLabStreamer
 
 
 def test_build_trial_puts_the_key_at_its_depth_in_prompts_of_one_length(hf_tokenizer):
+    def enc(text):
+        return hf_tokenizer(text, add_special_tokens=False)["input_ids"]
+
     trials = [build_trial(hf_tokenizer, 400, d, "12345") for d in (0.0, 0.5, 1.0)]
     assert len({len(t.ids) for t in trials}) == 1 and len(trials[0].ids) <= 400
-    needle = hf_tokenizer(passkey.NEEDLE.format(key="12345"), add_special_tokens=False)["input_ids"]
-    question = hf_tokenizer(passkey.QUESTION, add_special_tokens=False)["input_ids"]
     for t in trials:
-        assert t.ids[t.needle[0]:t.needle[1]] == needle
-    head = len(hf_tokenizer(passkey.INSTRUCTION, add_special_tokens=False)["input_ids"])
-    assert trials[0].needle[0] == head                                             # depth 0: first thing after the instruction
-    assert trials[2].needle[1] == len(trials[2].ids) - len(question)               # depth 1: last thing before the question
-    assert trials[0].needle[0] < trials[1].needle[0] < trials[2].needle[0]
+        assert [t.ids[a:b] for a, b in t.key_spans] == [enc(" 12345")] * 2
+    intro = len(enc(passkey.INSTRUCTION)) + len(enc(passkey.NEEDLE[0]))
+    assert trials[0].key_spans[0][0] == intro                       # depth 0: first thing after the instruction
+    tail = len(enc(passkey.NEEDLE[-1])) + len(enc(passkey.QUESTION))
+    assert trials[2].key_spans[1][1] == len(trials[2].ids) - tail   # depth 1: last thing before the question
+    assert trials[0].key_spans[0] < trials[1].key_spans[0] < trials[2].key_spans[0]
     assert build_trial(hf_tokenizer, 400, 0.0, "12345", bos_id=7).ids[0] == 7
     with pytest.raises(ValueError, match="--length 100: too short"):
         build_trial(hf_tokenizer, 100, 0.5, "12345")
 
 
-def test_needle_cached_follows_the_eviction_rule():
-    trial = Trial(0.5, "1", list(range(100)), (40, 50))
-    assert needle_cached(trial, CacheSpec(0, 100))         # everything fits
-    assert needle_cached(trial, CacheSpec(4, 60))          # 40..99 are the 60 latest
-    assert not needle_cached(trial, CacheSpec(4, 59))      # 41..99: the needle's first token is gone
-    assert needle_cached(trial, CacheSpec(50, 10))         # kept among the first x
-    assert not needle_cached(trial, CacheSpec(45, 10))
+def test_key_cached_follows_the_eviction_rule():
+    trial = Trial(0.5, "1", list(range(100)), ((40, 45), (48, 50)))
+    assert key_cached(trial, CacheSpec(0, 100))         # everything fits
+    assert key_cached(trial, CacheSpec(4, 60))          # 40..99 are the 60 latest
+    assert key_cached(trial, CacheSpec(4, 52))          # 48..99: the first mention is gone, the second is whole
+    assert not key_cached(trial, CacheSpec(4, 51))      # 49..99: neither is whole
+    assert key_cached(trial, CacheSpec(45, 10))         # the first mention is among the first x
+    assert not key_cached(trial, CacheSpec(44, 10))
 
 
 def test_first_number():
@@ -72,7 +75,7 @@ def test_smollm2_finds_the_key_while_it_is_cached_and_loses_it_after(smollm2):
     trials = [build_trial(smollm2.tokenizer, 160, d, "48213") for d in (0.0, 1.0)]
     caches = {CacheSpec(4, 60): "4+60", CacheSpec(0, 200): "full"}
     results = passkey.run_trials(HFRotaryStreamer(smollm2.model), smollm2.tokenizer, trials, caches)
-    got = {(r["cache"], r["depth"]): (r["correct"], r["needle_cached"]) for r in results}
+    got = {(r["cache"], r["depth"]): (r["correct"], r["key_cached"]) for r in results}
     assert got == {("4+60", 0.0): (False, False), ("4+60", 1.0): (True, True),
                    ("full", 0.0): (True, True), ("full", 1.0): (True, True)}
     table = passkey.accuracy(results, ["4+60", "full"], [0.0, 1.0])
@@ -91,8 +94,8 @@ def test_cli_on_a_sinklab_checkpoint_writes_table_csv_json_and_figure(tmp_path, 
     assert "| cache x+y | depth 0 | depth 1 | mean |" in capsys.readouterr().out
     rec = json.loads((out / "passkey.json").read_text())
     assert list(rec["accuracy"]) == ["2+100", "0+102", "full"] and len(rec["trials"]) == 2 * 2 * 3
-    assert {r["needle_cached"] for r in rec["trials"] if r["cache"] == "full"} == {True}
-    assert not any(r["needle_cached"] for r in rec["trials"] if r["cache"] == "0+102" and r["depth"] == 0)
+    assert {r["key_cached"] for r in rec["trials"] if r["cache"] == "full"} == {True}
+    assert not any(r["key_cached"] for r in rec["trials"] if r["cache"] == "0+102" and r["depth"] == 0)
     assert (out / "passkey.png").stat().st_size > 0 and (out / "passkey.csv").read_text().startswith("cache,depth,key")
     refused = ((["--depths", "0,2"], "--depths"), (["--cache", "3"], "--cache"), (["--length", "100"], "too short"),
                (["--length", "2000", "--full"], "--full: needs"))
