@@ -26,7 +26,7 @@ import torch
 
 from data_prep.atomic import atomic_write
 from pipeline.analysis.plots import passkey_heatmap
-from pipeline.analysis.streaming import CacheSpec, Streamer, group_by_capacity
+from pipeline.analysis.streaming import CacheSpec, Streamer, group_by_capacity, progress_bar
 
 INSTRUCTION = ("Below, one line among many repeated ones holds a secret number. "
                "Read everything, remember the number, and give it when asked.")
@@ -70,12 +70,13 @@ def build_trial(tokenizer, length: int, depth: float, key: str, bos_id: int | No
     return Trial(depth, key, ids, tuple(spans))
 
 
-def key_cached(trial: Trial, spec: CacheSpec) -> bool:
+def key_cached(trial: Trial, spec: CacheSpec, sink_tokens: int = 0) -> bool:
     """Whether one whole mention of the key is among the tokens the model sees when it predicts
-    the first answer token: the first x and the latest, x + y in all, the incoming one included."""
-    n = len(trial.ids)
-    return n <= spec.n_initial + spec.n_recent or any(
-        end <= spec.n_initial or start >= n - spec.n_recent for start, end in trial.key_spans)
+    the first answer token: the first x (less the model's sink tokens, which x counts) and the
+    latest, x + y entries in all, the incoming token included."""
+    n, first = len(trial.ids), max(0, spec.n_initial - sink_tokens)
+    return n + sink_tokens <= spec.n_initial + spec.n_recent or any(
+        end <= first or start >= n - spec.n_recent for start, end in trial.key_spans)
 
 
 def first_number(text: str) -> str | None:
@@ -95,13 +96,16 @@ def answer(streamer: Streamer, prompts: Sequence[list[int]], specs: Sequence[Cac
     rows = [(p, s) for p in range(len(prompts)) for s in range(len(specs))]
     feed = streamer.stream([specs[s] for _, s in rows])
     ids = torch.tensor([prompts[p] for p, _ in rows])
-    for t in range(ids.shape[1]):
-        logits = feed(ids[:, t])
     out = []
-    for _ in range(new_tokens):
-        token = logits.argmax(-1)
-        out.append(token)
-        logits = feed(token)
+    with progress_bar(ids.shape[1] + new_tokens - 1, " ".join(map(str, specs))) as bar:
+        for t in range(ids.shape[1]):
+            logits = feed(ids[:, t])
+            bar.update(1)
+        for i in range(new_tokens):
+            out.append(logits.argmax(-1))
+            if i + 1 < new_tokens:
+                logits = feed(out[-1])
+                bar.update(1)
     generated = torch.stack(out, 1).tolist()
     return [[generated[p * len(specs) + s] for s in range(len(specs))] for p in range(len(prompts))]
 
@@ -125,7 +129,7 @@ def run_trials(streamer: Streamer, tokenizer, trials: Sequence[Trial], caches: d
                     text = tokenizer.decode(tokens, skip_special_tokens=True)
                     results.append({"cache": caches[spec], "depth": trial.depth, "key": trial.key, "tokens": len(trial.ids),
                                     "answer": text.strip(), "correct": first_number(text) == trial.key,
-                                    "key_cached": key_cached(trial, spec)})
+                                    "key_cached": key_cached(trial, spec, streamer.sink_tokens)})
     return results
 
 

@@ -51,7 +51,8 @@ class CacheSpec:
         return f"{self.n_initial}+{self.n_recent}"
 
 
-def _progress(total: int, label: str):
+def progress_bar(total: int, label: str):
+    """A token counter on a terminal's stderr, silent elsewhere."""
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=label, unit="tok", leave=False, disable=not sys.stderr.isatty())
@@ -59,6 +60,8 @@ def _progress(total: int, label: str):
 
 class Streamer(abc.ABC):
     """Token-by-token decoding through one x + y cache per batch row (`stream-ppl`, `passkey`)."""
+
+    sink_tokens = 0  # learnable sink tokens: the first cache entries, counted in x
 
     @abc.abstractmethod
     def stream(self, specs: Sequence[CacheSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -71,7 +74,7 @@ class Streamer(abc.ABC):
         per config (all must share x + y)."""
         feed = self.stream(specs)
         out_nll = torch.empty(len(specs), ids.numel() - 1)
-        with _progress(ids.numel() - 1, label) as bar:
+        with progress_bar(ids.numel() - 1, label) as bar:
             for t in range(ids.numel() - 1):
                 logits = feed(ids[t].expand(len(specs)))
                 out_nll[:, t] = -F.log_softmax(logits.float(), dim=-1)[:, ids[t + 1]]
@@ -137,6 +140,7 @@ class SinkLabStreamer(Streamer):
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+        self.sink_tokens = model.config.sink_tokens
 
     def stream(self, specs: Sequence[CacheSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
         from pipeline.model import StreamingCache

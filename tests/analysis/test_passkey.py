@@ -38,6 +38,9 @@ def test_key_cached_follows_the_eviction_rule():
     assert not key_cached(trial, CacheSpec(4, 51))      # 49..99: neither is whole
     assert key_cached(trial, CacheSpec(45, 10))         # the first mention is among the first x
     assert not key_cached(trial, CacheSpec(44, 10))
+    assert not key_cached(trial, CacheSpec(45, 10), sink_tokens=1)  # x counts the sink token
+    assert key_cached(trial, CacheSpec(46, 10), sink_tokens=1)
+    assert key_cached(trial, CacheSpec(1, 52), sink_tokens=1) and not key_cached(trial, CacheSpec(1, 51), sink_tokens=1)
 
 
 def test_first_number():
