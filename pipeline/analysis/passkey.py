@@ -26,7 +26,7 @@ import torch
 
 from data_prep.atomic import atomic_write
 from pipeline.analysis.plots import passkey_heatmap
-from pipeline.analysis.streaming import CacheSpec, Streamer, group_by_capacity, progress_bar
+from pipeline.analysis.streaming import CacheSpec, Streamer, group_by_capacity
 
 INSTRUCTION = ("Below, one line among many repeated ones holds a secret number. "
                "Read everything, remember the number, and give it when asked.")
@@ -96,16 +96,11 @@ def answer(streamer: Streamer, prompts: Sequence[list[int]], specs: Sequence[Cac
     rows = [(p, s) for p in range(len(prompts)) for s in range(len(specs))]
     feed = streamer.stream([specs[s] for _, s in rows])
     ids = torch.tensor([prompts[p] for p, _ in rows])
-    out = []
-    with progress_bar(ids.shape[1] + new_tokens - 1, " ".join(map(str, specs))) as bar:
-        for t in range(ids.shape[1]):
-            logits = feed(ids[:, t])
-            bar.update(1)
-        for i in range(new_tokens):
-            out.append(logits.argmax(-1))
-            if i + 1 < new_tokens:
-                logits = feed(out[-1])
-                bar.update(1)
+    for _, logits in streamer.read(feed, ids, specs[0].n_initial + specs[0].n_recent, " ".join(map(str, specs))):
+        pass
+    out = [logits[:, -1].argmax(-1)]
+    while len(out) < new_tokens:
+        out.append(feed(out[-1][:, None])[:, -1].argmax(-1))
     generated = torch.stack(out, 1).tolist()
     return [[generated[p * len(specs) + s] for s in range(len(specs))] for p in range(len(prompts))]
 

@@ -22,7 +22,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from data_prep.atomic import atomic_write
 from pipeline.model.cache import eviction_index, gather_entries
 
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
+PREFILL_TOKENS = 2048  # rows x tokens per forward while the cache fills: bounds the logits' memory
 
 
 @dataclass(frozen=True)
@@ -59,26 +60,43 @@ def progress_bar(total: int, label: str):
 
 
 class Streamer(abc.ABC):
-    """Token-by-token decoding through one x + y cache per batch row (`stream-ppl`, `passkey`)."""
+    """Decoding through one x + y cache per batch row (`stream-ppl`, `passkey`)."""
 
     sink_tokens = 0  # learnable sink tokens: the first cache entries, counted in x
 
     @abc.abstractmethod
     def stream(self, specs: Sequence[CacheSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
-        """A fresh stream: ``feed(tokens [rows]) -> next-token logits [rows, V]``, one row per
-        config (all must share x + y); each call appends one token per row to that row's cache."""
+        """A fresh stream: ``feed(tokens [rows, n]) -> logits [rows, n, V]``, one row per config
+        (all must share x + y); each call appends the n tokens of each row to that row's cache,
+        evicting first what they need (so n > 1 only matches feeding them one at a time while
+        nothing is evicted: :meth:`read` keeps to that)."""
+
+    def read(self, feed, ids: torch.Tensor, capacity: int, label: str = "") -> Iterator[tuple[int, torch.Tensor]]:
+        """Feed ids [rows, T] through a stream of x + y = ``capacity``; yield (t, logits of tokens
+        t..t+n-1). Until the cache is full nothing is evicted, so those tokens go in chunks (one
+        forward each, the same result as one by one); from then on, one token at a time."""
+        rows, total = ids.shape
+        fill = min(total, capacity - self.sink_tokens)
+        chunk = max(1, PREFILL_TOKENS // rows)
+        t = 0
+        with progress_bar(total, label) as bar:
+            while t < total:
+                n = min(chunk, fill - t) if t < fill else 1
+                yield t, feed(ids[:, t : t + n])
+                bar.update(n)
+                t += n
 
     @torch.no_grad()
     def nll(self, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = "") -> torch.Tensor:
         """[len(specs), len(ids) - 1]: the NLL of ids[1:] under each cache config, one batch row
         per config (all must share x + y)."""
-        feed = self.stream(specs)
-        out_nll = torch.empty(len(specs), ids.numel() - 1)
-        with progress_bar(ids.numel() - 1, label) as bar:
-            for t in range(ids.numel() - 1):
-                logits = feed(ids[t].expand(len(specs)))
-                out_nll[:, t] = -F.log_softmax(logits.float(), dim=-1)[:, ids[t + 1]]
-                bar.update(1)
+        rows, targets = len(specs), ids[1:]
+        out_nll = torch.empty(rows, ids.numel() - 1)
+        capacity = _batch_shape(specs)[1]
+        for t, logits in self.read(self.stream(specs), ids[:-1].expand(rows, -1), capacity, label):
+            n = logits.shape[1]
+            picked = F.log_softmax(logits.float(), dim=-1).gather(-1, targets[t : t + n].expand(rows, n)[..., None])
+            out_nll[:, t : t + n] = -picked[..., 0]
         return out_nll
 
 
@@ -112,17 +130,19 @@ class HFRotaryStreamer(Streamer):
         @torch.no_grad()
         def feed(tokens: torch.Tensor) -> torch.Tensor:
             nonlocal keys, values
-            index = eviction_index(keys[0].shape[2] if keys else 0, 1, n_initial, capacity)
+            rows, n_new = tokens.shape
+            index = eviction_index(keys[0].shape[2] if keys else 0, n_new, n_initial, capacity)
             if index is not None:
                 keys = [gather_entries(k, index) for k in keys]
                 values = [gather_entries(v, index) for v in values]
             n = keys[0].shape[2] if keys else 0
             pos = torch.arange(n)
             cache = DynamicCache(ddp_cache_data=[(self._rotate(k, pos), v) for k, v in zip(keys, values)]) if n else DynamicCache()
-            logits = self.model(input_ids=tokens[:, None], position_ids=torch.full((len(tokens), 1), n),
-                                use_cache=True, **{self.cache_arg: cache}).logits[:, -1]
-            new_pos = torch.tensor([n])
-            new = [(self._rotate(layer.keys[:, :, -1:], new_pos, inverse=True), layer.values[:, :, -1:]) for layer in cache.layers]
+            new_pos = torch.arange(n, n + n_new)
+            logits = self.model(input_ids=tokens, position_ids=new_pos.expand(rows, -1),
+                                use_cache=True, **{self.cache_arg: cache}).logits
+            new = [(self._rotate(layer.keys[:, :, -n_new:], new_pos, inverse=True), layer.values[:, :, -n_new:])
+                   for layer in cache.layers]
             keys = [torch.cat((k, nk), 2) for k, (nk, _) in zip(keys, new)] if keys else [nk for nk, _ in new]
             values = [torch.cat((v, nv), 2) for v, (_, nv) in zip(values, new)] if values else [nv for _, nv in new]
             return logits
@@ -151,7 +171,7 @@ class SinkLabStreamer(Streamer):
 
         @torch.no_grad()
         def feed(tokens: torch.Tensor) -> torch.Tensor:
-            return self.model(tokens[:, None], cache=cache).logits[:, -1]
+            return self.model(tokens, cache=cache).logits
 
         return feed
 

@@ -112,6 +112,19 @@ def test_configs_sharing_x_plus_y_stream_as_one_batch_with_the_same_results(tiny
         assert not torch.allclose(batched[0], batched[2])  # the rows did evict differently
 
 
+def test_filling_the_cache_in_chunks_equals_one_token_at_a_time(tiny_llama, monkeypatch):
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(5))
+    specs = [CacheSpec(0, 32), CacheSpec(2, 30)]
+    for streamer in (HFRotaryStreamer(tiny_llama), SinkLabStreamer(micro_model(sink_tokens=1))):
+        ids_ = ids % 64 if isinstance(streamer, SinkLabStreamer) else ids
+        results = []
+        for rows_x_tokens in (2048, 14, 1):  # the whole fill in one forward, chunks of 7, one token each
+            monkeypatch.setattr(streaming, "PREFILL_TOKENS", rows_x_tokens)
+            results.append(streamer.nll(ids_, specs))
+        torch.testing.assert_close(results[0], results[2], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(results[1], results[2], atol=1e-5, rtol=1e-5)
+
+
 def test_group_by_capacity():
     a, b, c = CacheSpec(0, 8), CacheSpec(1, 7), CacheSpec(2, 4)
     assert streaming.group_by_capacity([a, c, b, a]) == [[a, b], [c]]
