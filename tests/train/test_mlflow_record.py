@@ -173,7 +173,7 @@ def test_stream_ppl_lm_eval_and_export_hf_take_the_run(fitted, tmp_path, capsys)
     assert logged["stream/ppl_1_7"] == pytest.approx(ppl["1+7"]) and logged["stream/ppl_0_8"] == pytest.approx(ppl["0+8"])
     from pipeline.analysis import passkey  # words outside the vocabulary are [UNK]: the mechanics only
 
-    assert passkey.main([f"runs:/{fitted.run_id}", "--length", "54", "--digits", "2", "--depths", "0,1", "--keys", "1", "--cache", "2+30",
+    assert passkey.main([f"runs:/{fitted.run_id}", "--length", "64", "--digits", "2", "--depths", "0,1", "--keys", "1", "--cache", "2+30",
                          "--full", "--out", str(tmp_path / "pk")]) == 0
     accuracy = json.loads((tmp_path / "pk" / "passkey.json").read_text())["accuracy"]
     logged = fitted.client.get_run(fitted.run_id).data.metrics
