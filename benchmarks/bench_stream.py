@@ -1,9 +1,13 @@
-"""Streaming perplexity: cache configurations streamed as one batch against one at a time.
+"""Streaming perplexity: the two shortcuts of `sinklab stream-ppl` and `passkey`, each timed
+against going without it, in one process, on the same tokens, checking the same NLL.
 
-`sinklab stream-ppl` streams every x+y configuration that shares a capacity as the rows of
-one batch. This times that against streaming the same configurations one after another,
-in one process, on the same tokens, and checks that both give the same perplexities.
-The last line is ``ratio=<one-at-a-time seconds over batched seconds>``.
+1. batching: every x+y configuration that shares a capacity streams as the rows of one batch,
+   against streaming the configurations one after another;
+2. chunked prefill: until the cache is full the tokens go in chunks (one forward each,
+   ``streaming.PREFILL_TOKENS`` rows x tokens), against one token per forward throughout.
+
+The last two lines are ``batch_ratio=<one-at-a-time s / batched s>`` and
+``ratio=<token-by-token s / chunked s>`` (both with the batch).
 
     python benchmarks/bench_stream.py MODEL [--tokenizer T] [--max-tokens N] [--cache x+y ...]
 
@@ -17,6 +21,7 @@ import time
 
 import torch
 
+from pipeline.analysis import streaming
 from pipeline.analysis.streaming import CacheSpec, build_parser, group_by_capacity, load_subject, perplexity
 
 DEFAULT = ("0+128", "1+127", "4+124")
@@ -33,21 +38,32 @@ def main(argv: list[str] | None = None) -> int:
     streamer, ids, _ = load_subject(args)
     ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long)
 
-    start = time.perf_counter()
-    batched = streamer.nll(ids, specs)
-    t_batched = time.perf_counter() - start
-    start = time.perf_counter()
-    single = torch.stack([streamer.nll(ids, [spec])[0] for spec in specs])
-    t_single = time.perf_counter() - start
+    batched, t_batched = timed(lambda: streamer.nll(ids, specs))
+    single, t_single = timed(lambda: torch.stack([streamer.nll(ids, [spec])[0] for spec in specs]))
+    chunk, streaming.PREFILL_TOKENS = streaming.PREFILL_TOKENS, 1
+    try:
+        stepwise, t_stepwise = timed(lambda: streamer.nll(ids, specs))
+    finally:
+        streaming.PREFILL_TOKENS = chunk
 
     print(f"{args.model}: {ids.numel()} tokens, {torch.get_num_threads()} threads")
     print(f"{'config':>8} {'batched ppl':>12} {'one-at-a-time ppl':>18}")
     for spec, b, s in zip(specs, batched, single):
         print(f"{str(spec):>8} {perplexity(b):12.3f} {perplexity(s):18.3f}")
     same = torch.allclose(batched, single, atol=1e-4, rtol=1e-4)
+    same_prefill = torch.allclose(batched, stepwise, atol=1e-4, rtol=1e-4)
     print(f"one at a time {t_single:.1f} s, one batch of {len(specs)} {t_batched:.1f} s, same nll: {same}")
-    print(f"ratio={t_single / t_batched:.2f}")
-    return 0 if same else 1
+    print(f"token by token {t_stepwise:.1f} s, prefill in chunks of {chunk} (rows x tokens) {t_batched:.1f} s, "
+          f"same nll: {same_prefill}")
+    print(f"batch_ratio={t_single / t_batched:.2f}")
+    print(f"ratio={t_stepwise / t_batched:.2f}")
+    return 0 if same and same_prefill else 1
+
+
+def timed(work):
+    start = time.perf_counter()
+    result = work()
+    return result, time.perf_counter() - start
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def answer(streamer: Streamer, prompts: Sequence[list[int]], specs: Sequence[Cac
     rows = [(p, s) for p in range(len(prompts)) for s in range(len(specs))]
     feed = streamer.stream([specs[s] for _, s in rows])
     ids = torch.tensor([prompts[p] for p, _ in rows])
-    for _, logits in streamer.read(feed, ids, specs[0].n_initial + specs[0].n_recent, " ".join(map(str, specs))):
+    for _, logits in streamer.read(feed, ids, specs):
         pass
     out = [logits[:, -1].argmax(-1)]
     while len(out) < new_tokens:

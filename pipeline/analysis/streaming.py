@@ -52,7 +52,7 @@ class CacheSpec:
         return f"{self.n_initial}+{self.n_recent}"
 
 
-def progress_bar(total: int, label: str):
+def _progress(total: int, label: str):
     """A token counter on a terminal's stderr, silent elsewhere."""
     from tqdm.auto import tqdm
 
@@ -71,15 +71,15 @@ class Streamer(abc.ABC):
         evicting first what they need (so n > 1 only matches feeding them one at a time while
         nothing is evicted: :meth:`read` keeps to that)."""
 
-    def read(self, feed, ids: torch.Tensor, capacity: int, label: str = "") -> Iterator[tuple[int, torch.Tensor]]:
-        """Feed ids [rows, T] through a stream of x + y = ``capacity``; yield (t, logits of tokens
-        t..t+n-1). Until the cache is full nothing is evicted, so those tokens go in chunks (one
+    def read(self, feed, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = "") -> Iterator[tuple[int, torch.Tensor]]:
+        """Feed ids [rows, T] through a stream of the configs ``specs`` (one x + y); yield (t, logits
+        of tokens t..t+n-1). Until the cache is full nothing is evicted, so those tokens go in chunks (one
         forward each, the same result as one by one); from then on, one token at a time."""
         rows, total = ids.shape
-        fill = min(total, capacity - self.sink_tokens)
+        fill = min(total, _batch_shape(specs)[1] - self.sink_tokens)
         chunk = max(1, PREFILL_TOKENS // rows)
         t = 0
-        with progress_bar(total, label) as bar:
+        with _progress(total, label or " ".join(map(str, specs))) as bar:
             while t < total:
                 n = min(chunk, fill - t) if t < fill else 1
                 yield t, feed(ids[:, t : t + n])
@@ -92,8 +92,7 @@ class Streamer(abc.ABC):
         per config (all must share x + y)."""
         rows, targets = len(specs), ids[1:]
         out_nll = torch.empty(rows, ids.numel() - 1)
-        capacity = _batch_shape(specs)[1]
-        for t, logits in self.read(self.stream(specs), ids[:-1].expand(rows, -1), capacity, label):
+        for t, logits in self.read(self.stream(specs), ids[:-1].expand(rows, -1), specs, label):
             n = logits.shape[1]
             picked = F.log_softmax(logits.float(), dim=-1).gather(-1, targets[t : t + n].expand(rows, n)[..., None])
             out_nll[:, t : t + n] = -picked[..., 0]
