@@ -1,8 +1,8 @@
 """`sinklab passkey`: passkey retrieval under a streaming x + y cache.
 
 A random number (the key) is hidden at depth d of a long filler text (d = 0: right after the
-instruction; d = 1: right before the question). The model reads the prompt one token at a time
-through an x + y cache (the streaming of `sinklab stream-ppl`) and then answers greedily;
+instruction; d = 1: right before the question). The model reads the prompt through an x + y
+cache (the streaming of `sinklab stream-ppl`) and then answers greedily;
 a trial is right when the first number it writes is the key. Accuracy by depth and cache
 config shows where streaming forgets: a key that has left the window cannot come back, however
 low the streaming perplexity. Each cell also says whether the key was still cached when the
