@@ -26,7 +26,7 @@ import torch
 
 from data_prep.atomic import atomic_write
 from pipeline.analysis.plots import passkey_heatmap
-from pipeline.analysis.streaming import CacheSpec, Streamer, group_by_capacity
+from pipeline.analysis.streaming import CacheSpec, Streamer, bos_id, group_by_capacity
 
 INSTRUCTION = ("Below, one line among many repeated ones holds a secret number. "
                "Read everything, remember the number, and give it when asked.")
@@ -45,14 +45,14 @@ class Trial:
     key_spans: tuple[tuple[int, int], ...]  # token spans [start, end) of the key's two mentions
 
 
-def build_trial(tokenizer, length: int, depth: float, key: str, bos_id: int | None = None) -> Trial:
+def build_trial(tokenizer, length: int, depth: float, key: str, bos: int | None = None) -> Trial:
     """About ``length`` tokens: instruction, filler with the needle after ``round(depth * n)`` of
     its ``n`` repeats, question. Built from separately encoded pieces, so every trial of one
     length and key width has the same token count (one batch) and the key's tokens are known."""
     def enc(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    head = ([bos_id] if bos_id is not None else []) + enc(INSTRUCTION)
+    head = ([bos] if bos is not None else []) + enc(INSTRUCTION)
     unit, question = enc(FILLER), enc(QUESTION)
     pieces = [enc(piece.format(key=key)) for piece in NEEDLE]
     needle = [token for piece in pieces for token in piece]
@@ -204,17 +204,6 @@ def parse_depths(text: str) -> list[float]:
     return list(dict.fromkeys(depths))
 
 
-def bos_id(subject, mode: str) -> int | None:
-    bos = getattr(subject.tokenizer, "bos_token_id", None)
-    if mode == "no" or bos is None:
-        if mode == "yes":
-            raise SystemExit(f"sinklab passkey: --bos yes: {subject.spec}'s tokenizer has no BOS token")
-        return None
-    if mode == "yes" or subject.kind == "sinklab":
-        return bos
-    return bos if subject.tokenizer("a")["input_ids"][:1] == [bos] else None
-
-
 def make_trials(subject, args, depths: list[float], bos: int | None) -> list[Trial]:
     rng = random.Random(args.seed)
     keys = [str(rng.randrange(10 ** (args.digits - 1), 10 ** args.digits)) for _ in range(args.keys)]
@@ -265,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     subject = Subject(args.model, args.kind, args.tokenizer)
     if subject.tokenizer is None:
         raise SystemExit(f"sinklab passkey: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
-    bos = bos_id(subject, args.bos)
+    bos = bos_id(subject, args.bos, "passkey")
     trials = make_trials(subject, args, depths, bos)
     caches = cache_configs(specs, args.full, subject, trials)
     streamer = SinkLabStreamer(subject.model) if subject.kind == "sinklab" else HFRotaryStreamer(subject.model)

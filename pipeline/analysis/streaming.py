@@ -100,7 +100,8 @@ class Streamer(abc.ABC):
 
 
 class HFRotaryStreamer(Streamer):
-    """Streaming for a HF decoder whose layers share one rotary embedding: a ``DynamicCache`` is
+    """Streaming for a HF decoder with one rotary module ``model.rotary_emb`` (llama family; also
+    Gemma-3, whose module serves each layer type its own frequencies): a ``DynamicCache`` is
     rebuilt from the kept pre-rotary keys at every step."""
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -110,13 +111,17 @@ class HFRotaryStreamer(Streamer):
         modeling = sys.modules[type(model).__module__]
         self.apply_rotary = getattr(modeling, "apply_rotary_pos_emb", None)
         if self.rotary is None or self.apply_rotary is None or hasattr(base, "rotary_emb_local"):
-            raise ValueError(f"{type(model).__name__}: streaming needs one shared rotary embedding "
+            raise ValueError(f"{type(model).__name__}: streaming needs one rotary module "
                              "(llama-style model.rotary_emb); this model has none")
+        # rotary modules of models with several layer types take the layer's type (Gemma-3)
+        per_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
+        self.layer_types = model.config.get_text_config().layer_types if per_type else None
         # transformers 5.x renamed forward's past_key_values to cache (the old name warns)
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
-    def _rotate(self, k: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-        cos, sin = self.rotary(k, positions[None])
+    def _rotate(self, k: torch.Tensor, positions: torch.Tensor, layer: int, inverse: bool = False) -> torch.Tensor:
+        by_type = (self.layer_types[layer],) if self.layer_types else ()
+        cos, sin = self.rotary(k, positions[None], *by_type)
         return self.apply_rotary(k, k, cos, -sin if inverse else sin)[1]
 
     def stream(self, specs: Sequence[CacheSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -136,12 +141,13 @@ class HFRotaryStreamer(Streamer):
                 values = [gather_entries(v, index) for v in values]
             n = keys[0].shape[2] if keys else 0
             pos = torch.arange(n)
-            cache = DynamicCache(ddp_cache_data=[(self._rotate(k, pos), v) for k, v in zip(keys, values)]) if n else DynamicCache()
+            cache = (DynamicCache(ddp_cache_data=[(self._rotate(k, pos, i), v) for i, (k, v) in enumerate(zip(keys, values))])
+                     if n else DynamicCache())
             new_pos = torch.arange(n, n + n_new)
             logits = self.model(input_ids=tokens, position_ids=new_pos.expand(rows, -1),
                                 use_cache=True, **{self.cache_arg: cache}).logits
-            new = [(self._rotate(layer.keys[:, :, -n_new:], new_pos, inverse=True), layer.values[:, :, -n_new:])
-                   for layer in cache.layers]
+            new = [(self._rotate(layer.keys[:, :, -n_new:], new_pos, i, inverse=True), layer.values[:, :, -n_new:])
+                   for i, layer in enumerate(cache.layers)]
             keys = [torch.cat((k, nk), 2) for k, (nk, _) in zip(keys, new)] if keys else [nk for nk, _ in new]
             values = [torch.cat((v, nv), 2) for v, (_, nv) in zip(values, new)] if values else [nv for _, nv in new]
             return logits
@@ -210,8 +216,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=2048, help="evaluate on the first N tokens of the text")
     p.add_argument("--cache", action="append", help=f"x+y cache config, repeatable (default: {' '.join(DEFAULT_CACHES)})")
     p.add_argument("--full", action="store_true", help="also report the full-context perplexity (one forward pass)")
+    p.add_argument("--bos", choices=("auto", "yes", "no"), default="auto",
+                   help="start --text with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     return p
+
+
+def bos_id(subject, mode: str, command: str) -> int | None:
+    """The BOS id to put first, or None: ``--bos auto`` starts SinkLab checkpoints with BOS (as in
+    training) and HF models as their tokenizer does (SmolLM2 no, Gemma-3 yes)."""
+    bos = getattr(subject.tokenizer, "bos_token_id", None)
+    if mode == "no" or bos is None:
+        if mode == "yes":
+            raise SystemExit(f"sinklab {command}: --bos yes: {subject.spec}'s tokenizer has no BOS token")
+        return None
+    if mode == "yes" or subject.kind == "sinklab":
+        return bos
+    return bos if subject.tokenizer("a")["input_ids"][:1] == [bos] else None
 
 
 def default_text() -> Path:
@@ -230,11 +251,14 @@ def load_subject(args) -> tuple[object, list[int], object]:
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
     subject = Subject(args.model, args.kind, tokenizer)
     if args.dataset is not None:
+        if args.bos != "auto":
+            raise SystemExit("sinklab stream-ppl: --bos applies to --text; a prepared dataset's sequences carry their own BOS")
         ids = held_out_stream(args.dataset, args.max_tokens)
     elif subject.tokenizer is None:
         raise SystemExit(f"sinklab stream-ppl: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
     else:
-        ids = encode(subject.tokenizer, read_text(args.text or default_text()))
+        bos = bos_id(subject, args.bos, "stream-ppl")
+        ids = ([] if bos is None else [bos]) + encode(subject.tokenizer, read_text(args.text or default_text()))
     streamer = SinkLabStreamer(subject.model) if subject.kind == "sinklab" else HFRotaryStreamer(subject.model)
     return streamer, ids, subject
 
@@ -285,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long)
     if ids.numel() < 2:
         raise SystemExit("sinklab stream-ppl: the text has fewer than 2 tokens")
+    first_is_bos = ids[0].item() == getattr(subject.tokenizer, "bos_token_id", None)
     results, seconds = {}, {}
     for group in group_by_capacity(specs):
         label = " ".join(map(str, group))
@@ -301,9 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(name, ids.numel(), results))
     if subject.run_id is not None:
         text = f"dataset {args.dataset} (val)" if args.dataset else str(args.text or default_text())
-        log_to_run(subject, results, {"text": text, "tokens": ids.numel()})
+        log_to_run(subject, results, {"text": text, "tokens": ids.numel(), "bos_first": first_is_bos})
         print(f"logged to MLflow run {subject.run_id} as stream/ppl_<x>_<y>", file=sys.stderr)
     if args.out:
         atomic_write(args.out, json.dumps({"model": name, "source": subject.source, "tokens": ids.numel(),
-                                           "perplexity": results, "seconds": seconds}, indent=2))
+                                           "bos_first": first_is_bos, "perplexity": results, "seconds": seconds}, indent=2))
     return 0

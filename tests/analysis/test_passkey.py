@@ -25,7 +25,7 @@ def test_build_trial_puts_the_key_at_its_depth_in_prompts_of_one_length(hf_token
     tail = len(enc(passkey.NEEDLE[-1])) + len(enc(passkey.QUESTION))
     assert trials[2].key_spans[1][1] == len(trials[2].ids) - tail   # depth 1: last thing before the question
     assert trials[0].key_spans[0] < trials[1].key_spans[0] < trials[2].key_spans[0]
-    assert build_trial(hf_tokenizer, 400, 0.0, "12345", bos_id=7).ids[0] == 7
+    assert build_trial(hf_tokenizer, 400, 0.0, "12345", bos=7).ids[0] == 7
     with pytest.raises(ValueError, match="--length 100: too short"):
         build_trial(hf_tokenizer, 100, 0.5, "12345")
 

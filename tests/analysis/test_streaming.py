@@ -144,8 +144,58 @@ def test_cli_on_a_sinklab_checkpoint_with_its_tokenizer(tmp_path, capsys):
     ckpt = save_pretrained(micro_model(), tmp_path / "ckpt")
     text = tmp_path / "t.txt"
     text.write_text("the cat sat on a mat " * 5)
-    assert streaming.main([str(ckpt), "--text", str(text), "--cache", "0+8", "--cache", "2+6", "--full"]) == 0
+    out = tmp_path / "ppl.json"
+    for bos, first in (("auto", True), ("no", False)):  # auto: BOS first, as in training
+        assert streaming.main([str(ckpt), "--text", str(text), "--cache", "0+8", "--cache", "2+6", "--full",
+                               "--bos", bos, "--out", str(out)]) == 0
+        assert json.loads(out.read_text())["bos_first"] is first
     assert "| model | 0+8 | 2+6 | full |" in capsys.readouterr().out
     (tmp_path / "tokenizer.json").unlink()
     with pytest.raises(SystemExit, match="--tokenizer"):
         streaming.main([str(ckpt), "--text", str(text)])
+
+
+def tiny_gemma3(layer_type: str):
+    """One Gemma-3 layer of the given type; its rotary module knows that type's frequencies only."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    thetas = {"sliding_attention": 100.0, "full_attention": 1e6}
+    config = Gemma3TextConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, layer_types=[layer_type],
+                              sliding_window=64, max_position_embeddings=256,
+                              rope_parameters={t: {"rope_type": "default", "rope_theta": v} for t, v in thetas.items()})
+    torch.manual_seed(0)
+    return Gemma3ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("layer_type", ["sliding_attention", "full_attention"])
+def test_gemma3_layers_re_rotate_with_their_own_frequencies(layer_type):
+    model = tiny_gemma3(layer_type)
+    streamer = HFRotaryStreamer(model)
+    assert streamer.layer_types == [layer_type]
+    ids = torch.randint(0, 300, (20,), generator=torch.Generator().manual_seed(6))
+    spec = CacheSpec(2, 6)
+    got = streamer.nll(ids, [spec])[0]
+    for t in range(19):
+        with torch.no_grad():
+            logits = model(ids[kept_indices(t, spec)][None]).logits[0, -1]
+        assert got[t].item() == pytest.approx(-F.log_softmax(logits, -1)[ids[t + 1]].item(), abs=1e-4), t
+
+
+def test_gemma3_streams_with_its_bos_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(streaming, "PREFILL_TOKENS", 1)  # every cached key re-rotated at every step
+    out = tmp_path / "ppl.json"
+    assert streaming.main(["gemma3-270m", "--max-tokens", "32", "--cache", "0+32", "--full", "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["bos_first"] is True  # Gemma's tokenizer starts with BOS, and --bos auto follows it
+    assert rec["perplexity"]["0+32"] == pytest.approx(rec["perplexity"]["full"], rel=1e-4)
+
+
+def test_bos_option(tiny_llama_dir, tmp_path):
+    out = tmp_path / "ppl.json"
+    args = [str(tiny_llama_dir), "--text", str(HAMLET), "--max-tokens", "12", "--cache", "0+16", "--out", str(out)]
+    assert streaming.main(args) == 0 and json.loads(out.read_text())["bos_first"] is False  # as its tokenizer does
+    with pytest.raises(SystemExit, match="--bos yes: .* has no BOS token"):
+        streaming.main(args + ["--bos", "yes"])
+    with pytest.raises(SystemExit, match="--bos applies to --text"):
+        streaming.main([str(tiny_llama_dir), "--dataset", str(tmp_path), "--bos", "yes"])
