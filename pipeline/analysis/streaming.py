@@ -1,16 +1,16 @@
 """`sinklab stream-ppl`: streaming perplexity with an ``x + y`` KV cache (seed 000, Table 10).
 
-A long text is fed one token at a time. The cache keeps the first ``x`` entries and the most
-recent ones, so that the cached entries plus the incoming token never exceed ``x + y``. Keys
+A long text is fed through the cache: one token at a time once it is full (in chunks while it
+fills, which evicts nothing). The cache keeps the first ``x`` entries and the most recent ones, so that the cached entries plus the incoming token never exceed ``x + y``. Keys
 are held before the rotary rotation and re-rotated by their index inside the cache, so after
 evictions positions stay contiguous (StreamingLLM). Learnable sink tokens of a SinkLab model
 are the first cached entries (``x`` counts them).
 
 SinkLab checkpoints use ``pipeline.model.StreamingCache``; Hugging Face models with rotary
-positions (llama family, e.g. SmolLM2) use :class:`HFRotaryStreamer`, which drives the HF model
-with a ``DynamicCache`` rebuilt from the kept pre-rotary keys at every step.
+positions (llama family, e.g. SmolLM2; Gemma-3) use :class:`HFRotaryStreamer`, which drives the
+HF model with a ``DynamicCache`` rebuilt from the kept pre-rotary keys at every step.
 Configs that share x + y (the defaults all hold 1024 entries) stream as the rows of one batch:
-one forward per token for all of them.
+one forward per step for all of them.
 """
 from __future__ import annotations
 
