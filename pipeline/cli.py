@@ -50,7 +50,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sinklab export-hf: {err}", file=sys.stderr)
             return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    result = module.main(rest)
+    try:
+        result = module.main(rest)
+    except SystemExit as refusal:
+        if not isinstance(refusal.code, str):
+            raise
+        # a refused input ("sinklab <command>: <what; what would be right>"): exit 2, as argparse
+        # and `sinklab fit` refuse theirs, not the interpreter's 1 for a message
+        print(refusal.code, file=sys.stderr)
+        return 2
     return int(result or 0)
 
 

@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 class Subject:
     """The model under analysis with the few operations the analysis needs."""
 
-    def __init__(self, spec: str, kind: str, tokenizer: Path | None = None) -> None:
-        self.spec = spec
+    def __init__(self, spec: str, kind: str, tokenizer: Path | None = None, command: str = "analyze") -> None:
+        self.spec, self.command = spec, command
         self.run_id = None  # set for runs:/<run_id> and models:/<model_id>: results go back to that run
         if str(spec).startswith(("runs:/", "models:/")):  # an MLflow run's logged model, downloaded
             from pipeline.analysis.run_models import RunModelError, resolve_model
@@ -63,10 +63,10 @@ class Subject:
             try:
                 resolved = resolve_model(spec)
             except RunModelError as e:
-                raise SystemExit(f"sinklab analyze: {e}") from None
+                raise SystemExit(f"sinklab {command}: {e}") from None
             spec, kind, self.run_id, self.tracking_uri = str(resolved.path), "sinklab", resolved.run_id, resolved.tracking_uri
             tokenizer = tokenizer or resolved.tokenizer
-        self.kind = kind if kind != "auto" else self._detect(spec)
+        self.kind = kind if kind != "auto" else self._detect(spec, command)
         self.tokenizer = None
         if self.kind == "sinklab":
             from pipeline.model import load_pretrained
@@ -78,25 +78,25 @@ class Subject:
             self.source = self.spec
             beside = Path(spec).with_name("tokenizer.json")
             if tokenizer is not None or beside.exists():
-                self.tokenizer = sinklab_tokenizer(tokenizer or beside)
+                self.tokenizer = sinklab_tokenizer(tokenizer or beside, command)
                 self.special_ids = set(self.tokenizer.all_special_ids)
         else:
             try:
                 loaded = load_hf_model(spec)
             except OSError as error:  # a hub id that is neither cached nor reachable (or HF_HUB_OFFLINE=1)
                 offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
-                raise SystemExit(f"sinklab analyze: {spec}: cannot load it{offline}: {str(error).splitlines()[0]}") from None
+                raise SystemExit(f"sinklab {command}: {spec}: cannot load it{offline}: {str(error).splitlines()[0]}") from None
             self.model, self.tokenizer, self.source = loaded.model, loaded.tokenizer, loaded.source
             self.vocab_size = min(len(self.tokenizer), self.model.config.get_text_config().vocab_size)
             self.special_ids = set(self.tokenizer.all_special_ids)
 
     @staticmethod
-    def _detect(spec: str) -> str:
+    def _detect(spec: str, command: str) -> str:
         path = Path(spec)
         # the hub is asked only for shortcuts and ORG/NAME ids; any other missing path fails at once
         hub_id = spec in SHORTCUTS or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) and path.suffix != ".gguf"
         if not path.exists() and not hub_id:
-            raise SystemExit(f"sinklab analyze: {spec}: no such file or directory (a checkpoint, .gguf file or "
+            raise SystemExit(f"sinklab {command}: {spec}: no such file or directory (a checkpoint, .gguf file or "
                              "HF model directory; or smollm2, gemma3-270m or a hub id ORG/NAME)")
         if path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").exists()) or not path.exists():
             return "hf"
@@ -107,11 +107,11 @@ class Subject:
         config = self.model.config
         return config.max_seq_len if self.kind == "sinklab" else getattr(config.get_text_config(), "max_position_embeddings", None)
 
-    def check_seq_len(self, seq_len: int, command: str = "analyze") -> None:
+    def check_seq_len(self, seq_len: int) -> None:
         """Refuse ``-T`` beyond :meth:`max_positions`."""
         limit = self.max_positions()
         if limit is not None and seq_len > limit:
-            raise SystemExit(f"sinklab {command}: -T {seq_len}: {self.spec} handles at most {limit} positions "
+            raise SystemExit(f"sinklab {self.command}: -T {seq_len}: {self.spec} handles at most {limit} positions "
                              f"(max_seq_len / max_position_embeddings); use -T {limit} or less")
 
     def report(self, tokens: torch.Tensor, args) -> SinkReport:
@@ -127,7 +127,7 @@ def model_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", Path(spec).stem if Path(spec).exists() else spec)
 
 
-def sinklab_tokenizer(path: Path):
+def sinklab_tokenizer(path: Path, command: str = "analyze"):
     """A SinkLab dataset's tokenizer.json as a transformers tokenizer with its BOS/EOS/PAD roles."""
     from transformers import PreTrainedTokenizerFast
 
@@ -137,7 +137,7 @@ def sinklab_tokenizer(path: Path):
     try:
         loaded = load_tokenizer(str(path))
     except DataPrepError as e:
-        raise SystemExit(f"sinklab analyze: --tokenizer: {e}") from None
+        raise SystemExit(f"sinklab {command}: --tokenizer: {e}") from None
     roles = {f"{role}_token": loaded.tokenizer.id_to_token(i) for role, i in loaded.special_ids.items()}
     return PreTrainedTokenizerFast(tokenizer_object=loaded.tokenizer, **roles)
 
@@ -149,25 +149,25 @@ def natural_tokens(subject: Subject, args) -> torch.Tensor:
         probe = torch.from_numpy(load_probe(args.dataset)).long()
         n, t = probe.shape
         if args.seq_len > t or args.num_sequences > n:
-            raise SystemExit(f"sinklab analyze: {args.dataset}/probe.bin holds {n} sequences of T={t}; ask for at most "
+            raise SystemExit(f"sinklab {subject.command}: {args.dataset}/probe.bin holds {n} sequences of T={t}; ask for at most "
                              f"that (-n {n} -T {t}), or read natural text with --text/--tokenizer")
         return probe[: args.num_sequences, : args.seq_len]
     if subject.tokenizer is None:
-        raise SystemExit("sinklab analyze: natural text for a SinkLab checkpoint needs --dataset DIR (its probe set) "
+        raise SystemExit(f"sinklab {subject.command}: natural text for a SinkLab checkpoint needs --dataset DIR (its probe set) "
                          "or --tokenizer <dataset>/tokenizer.json (with --text files)")
     files = args.text or inputs.default_text_files()
     try:
         return inputs.natural_from_files(subject.tokenizer, files, args.num_sequences, args.seq_len)
     except ValueError as error:
         names = ", ".join(map(str, files[:3])) + (" ..." if len(files) > 3 else "")
-        raise SystemExit(f"sinklab analyze: --text {names}: {error}; give more text or lower -n / -T") from None
+        raise SystemExit(f"sinklab {subject.command}: --text {names}: {error}; give more text or lower -n / -T") from None
 
 
 def probe_sets(subject: Subject, args) -> dict[str, torch.Tensor]:
     kinds = [k.strip() for k in args.inputs.split(",") if k.strip()]
     bad = [k for k in kinds if k not in INPUT_KINDS]
     if bad:
-        raise SystemExit(f"sinklab analyze: --inputs {','.join(bad)} unknown; choose from {','.join(INPUT_KINDS)}")
+        raise SystemExit(f"sinklab {subject.command}: --inputs {','.join(bad)} unknown; choose from {','.join(INPUT_KINDS)}")
     ids = inputs.allowed_ids(subject.vocab_size, subject.special_ids)
     sets = {}
     for kind in kinds:
@@ -180,7 +180,7 @@ def probe_sets(subject: Subject, args) -> dict[str, torch.Tensor]:
     if args.bos:
         bos = getattr(subject.tokenizer, "bos_token_id", None)
         if bos is None:
-            raise SystemExit("sinklab analyze: --bos needs a model whose tokenizer has a BOS token")
+            raise SystemExit(f"sinklab {subject.command}: --bos needs a model whose tokenizer has a BOS token")
         sets = {kind: torch.cat([torch.full_like(t[:, :1], bos), t[:, :-1]], dim=1) for kind, t in sets.items()}
     return sets
 

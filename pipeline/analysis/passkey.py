@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     depths = parse_depths(args.depths)
     if args.keys < 1 or not 1 <= args.digits <= 18:
         raise SystemExit("sinklab passkey: --keys must be >= 1 and --digits in 1..18")
-    subject = Subject(args.model, args.kind, args.tokenizer)
+    subject = Subject(args.model, args.kind, args.tokenizer, "passkey")
     if subject.tokenizer is None:
         raise SystemExit(f"sinklab passkey: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
     bos = bos_id(subject, args.bos, "passkey")

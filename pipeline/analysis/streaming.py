@@ -249,7 +249,7 @@ def load_subject(args) -> tuple[object, list[int], object]:
     if args.dataset is not None and args.text is not None:
         raise SystemExit("sinklab stream-ppl: give --text or --dataset, not both")
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
-    subject = Subject(args.model, args.kind, tokenizer)
+    subject = Subject(args.model, args.kind, tokenizer, "stream-ppl")
     if args.dataset is not None:
         if args.bos != "auto":
             raise SystemExit("sinklab stream-ppl: --bos applies to --text; a prepared dataset's sequences carry their own BOS")

@@ -72,8 +72,8 @@ def survey_model(spec: str, args, sweep: list[float]) -> dict:
     """Load one model, measure every (input, BOS) cell, and free it again."""
     started = time.perf_counter()
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
-    subject = Subject(spec, args.kind, tokenizer)
-    subject.check_seq_len(args.seq_len, "survey")
+    subject = Subject(spec, args.kind, tokenizer, "survey")
+    subject.check_seq_len(args.seq_len)
     loaded = time.perf_counter() - started
     record = {"model": model_name(spec), "spec": spec, "source": subject.source, "kind": subject.kind,
               "run_id": subject.run_id, "cells": {}, "skipped": []}

@@ -222,3 +222,13 @@ def test_analyze_of_a_missing_path_fails_at_once(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="no-such-dir: no such file or directory"):
         analyze.main(["no-such-dir"])
     assert time.perf_counter() - started < 2  # no model-hub lookup first
+
+
+@pytest.mark.parametrize("command", ["analyze", "survey", "stream-ppl", "passkey"])
+def test_a_refused_model_is_one_line_naming_the_command_and_exit_2(command, tmp_path, monkeypatch, capsys):
+    from pipeline.cli import main as sinklab
+
+    monkeypatch.chdir(tmp_path)
+    assert sinklab([command, "no-such-dir"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sinklab {command}: no-such-dir: no such file or directory") and err.count("\n") == 1, err
