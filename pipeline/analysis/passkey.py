@@ -26,7 +26,7 @@ import torch
 
 from data_prep.atomic import atomic_write
 from pipeline.analysis.plots import passkey_heatmap
-from pipeline.analysis.streaming import CacheSpec, Streamer, bos_id, group_by_capacity
+from pipeline.analysis.streaming import CacheSpec, Streamer, bos_id, group_by_capacity, parse_caches, streamer_for
 
 INSTRUCTION = ("Below, one line among many repeated ones holds a secret number. "
                "Read everything, remember the number, and give it when asked.")
@@ -241,23 +241,19 @@ def write_outputs(out: Path, name: str, subject, table: dict, results: list[dict
 
 def main(argv: list[str] | None = None) -> int:
     from pipeline.analysis.analyze import Subject, model_name
-    from pipeline.analysis.streaming import HFRotaryStreamer, SinkLabStreamer
 
     args = build_parser().parse_args(argv)
-    try:
-        specs = [CacheSpec.parse(c) for c in (args.cache or DEFAULT_CACHES)]
-    except ValueError as e:
-        raise SystemExit(f"sinklab passkey: --cache: {e}") from None
+    specs = parse_caches(args.cache, "passkey", DEFAULT_CACHES)
     depths = parse_depths(args.depths)
     if args.keys < 1 or not 1 <= args.digits <= 18:
         raise SystemExit("sinklab passkey: --keys must be >= 1 and --digits in 1..18")
     subject = Subject(args.model, args.kind, args.tokenizer, "passkey")
     if subject.tokenizer is None:
         raise SystemExit(f"sinklab passkey: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
-    bos = bos_id(subject, args.bos, "passkey")
+    bos = bos_id(subject, args.bos)
     trials = make_trials(subject, args, depths, bos)
     caches = cache_configs(specs, args.full, subject, trials)
-    streamer = SinkLabStreamer(subject.model) if subject.kind == "sinklab" else HFRotaryStreamer(subject.model)
+    streamer = streamer_for(subject)
     started = time.perf_counter()
     results = run_trials(streamer, subject.tokenizer, trials, caches)
     seconds = round(time.perf_counter() - started, 1)

@@ -1,10 +1,11 @@
 """`sinklab stream-ppl`: streaming perplexity with an ``x + y`` KV cache (seed 000, Table 10).
 
 A long text is fed through the cache: one token at a time once it is full (in chunks while it
-fills, which evicts nothing). The cache keeps the first ``x`` entries and the most recent ones, so that the cached entries plus the incoming token never exceed ``x + y``. Keys
-are held before the rotary rotation and re-rotated by their index inside the cache, so after
-evictions positions stay contiguous (StreamingLLM). Learnable sink tokens of a SinkLab model
-are the first cached entries (``x`` counts them).
+fills, which evicts nothing). The cache keeps the first ``x`` entries and the most recent ones,
+so that the cached entries plus the incoming token never exceed ``x + y``. Keys are held
+before the rotary rotation and re-rotated by their index inside the cache, so after evictions
+positions stay contiguous (StreamingLLM). Learnable sink tokens of a SinkLab model are the
+first cached entries (``x`` counts them).
 
 SinkLab checkpoints use ``pipeline.model.StreamingCache``; Hugging Face models with rotary
 positions (llama family, e.g. SmolLM2; Gemma-3) use :class:`HFRotaryStreamer`, which drives the
@@ -222,13 +223,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def bos_id(subject, mode: str, command: str) -> int | None:
+def parse_caches(texts: list[str] | None, command: str, default: Sequence[str] = DEFAULT_CACHES) -> list[CacheSpec]:
+    try:
+        return [CacheSpec.parse(c) for c in (texts or default)]
+    except ValueError as e:
+        raise SystemExit(f"sinklab {command}: --cache: {e}") from None
+
+
+def streamer_for(subject) -> Streamer:
+    return SinkLabStreamer(subject.model) if subject.kind == "sinklab" else HFRotaryStreamer(subject.model)
+
+
+def bos_id(subject, mode: str) -> int | None:
     """The BOS id to put first, or None: ``--bos auto`` starts SinkLab checkpoints with BOS (as in
     training) and HF models as their tokenizer does (SmolLM2 no, Gemma-3 yes)."""
     bos = getattr(subject.tokenizer, "bos_token_id", None)
     if mode == "no" or bos is None:
         if mode == "yes":
-            raise SystemExit(f"sinklab {command}: --bos yes: {subject.spec}'s tokenizer has no BOS token")
+            raise SystemExit(f"sinklab {subject.command}: --bos yes: {subject.spec}'s tokenizer has no BOS token")
         return None
     if mode == "yes" or subject.kind == "sinklab":
         return bos
@@ -257,10 +269,9 @@ def load_subject(args) -> tuple[object, list[int], object]:
     elif subject.tokenizer is None:
         raise SystemExit(f"sinklab stream-ppl: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
     else:
-        bos = bos_id(subject, args.bos, "stream-ppl")
+        bos = bos_id(subject, args.bos)
         ids = ([] if bos is None else [bos]) + encode(subject.tokenizer, read_text(args.text or default_text()))
-    streamer = SinkLabStreamer(subject.model) if subject.kind == "sinklab" else HFRotaryStreamer(subject.model)
-    return streamer, ids, subject
+    return streamer_for(subject), ids, subject
 
 
 def held_out_stream(dataset: Path, max_tokens: int) -> list[int]:
@@ -299,10 +310,7 @@ def markdown_table(model: str, n_tokens: int, results: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        specs = [CacheSpec.parse(c) for c in (args.cache or DEFAULT_CACHES)]
-    except ValueError as e:
-        raise SystemExit(f"sinklab stream-ppl: --cache: {e}") from None
+    specs = parse_caches(args.cache, "stream-ppl")
     if args.max_tokens < 2:
         raise SystemExit("sinklab stream-ppl: --max-tokens must be >= 2")
     streamer, ids, subject = load_subject(args)
