@@ -127,7 +127,7 @@ def model_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", Path(spec).stem if Path(spec).exists() else spec)
 
 
-def sinklab_tokenizer(path: Path, command: str = "analyze"):
+def sinklab_tokenizer(path: Path, command: str):
     """A SinkLab dataset's tokenizer.json as a transformers tokenizer with its BOS/EOS/PAD roles."""
     from transformers import PreTrainedTokenizerFast
 
