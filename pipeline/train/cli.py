@@ -252,6 +252,19 @@ def parse_error_line(message: str) -> str:
     return (f"{where}: " if where else "") + "; ".join(reasons)[:500]
 
 
+def _leave_process_group() -> None:
+    """Once fit has returned on every rank (finished or preempted alike), leave the process group
+    together. A gloo group left to the interpreter's shutdown can abort the process ("terminate
+    called without an active exception"), and an aborted rank makes srun end the whole step,
+    rank 0 perhaps still in its end-of-fit plots. Not after a failure: the other ranks may never
+    get here. Rank 0's MLflow upload comes after, so no rank waits on it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _finish(cli, trainer, status: str) -> None:
     """Rank 0: the run's final sinklab.status tag and MLflow status; locks released."""
     uploader = getattr(getattr(cli, "ckpt_cb", None), "uploader", None)
@@ -289,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.resume_from)
         # the whole fit, so that every sink probe (step 0's and the last one included) lies inside it
         cli.fit_seconds = time.perf_counter() - started
+        _leave_process_group()
         if cli.preemption_cb.stopped_at is not None:
             status = "preempted"
             return 0
