@@ -66,7 +66,7 @@ class Subject:
                 raise SystemExit(f"sinklab {command}: {e}") from None
             spec, kind, self.run_id, self.tracking_uri = str(resolved.path), "sinklab", resolved.run_id, resolved.tracking_uri
             tokenizer = tokenizer or resolved.tokenizer
-        self.kind = kind if kind != "auto" else self._detect(spec, command)
+        self.kind = kind if kind != "auto" else self._detect(spec)
         self.tokenizer = None
         if self.kind == "sinklab":
             from pipeline.model import load_pretrained
@@ -90,13 +90,12 @@ class Subject:
             self.vocab_size = min(len(self.tokenizer), self.model.config.get_text_config().vocab_size)
             self.special_ids = set(self.tokenizer.all_special_ids)
 
-    @staticmethod
-    def _detect(spec: str, command: str) -> str:
+    def _detect(self, spec: str) -> str:
         path = Path(spec)
         # the hub is asked only for shortcuts and ORG/NAME ids; any other missing path fails at once
         hub_id = spec in SHORTCUTS or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) and path.suffix != ".gguf"
         if not path.exists() and not hub_id:
-            raise SystemExit(f"sinklab {command}: {spec}: no such file or directory (a checkpoint, .gguf file or "
+            raise SystemExit(f"sinklab {self.command}: {spec}: no such file or directory (a checkpoint, .gguf file or "
                              "HF model directory; or smollm2, gemma3-270m or a hub id ORG/NAME)")
         if path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").exists()) or not path.exists():
             return "hf"

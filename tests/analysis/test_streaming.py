@@ -24,6 +24,14 @@ def kept_indices(t, spec, extra_initial=0):
     return list(range(first)) + list(range(t + 1 - n_recent, t + 1))
 
 
+def assert_equals_fresh_forwards(model, ids, got, spec, extra_initial=0):
+    """got[t], the streamed NLL of ids[t + 1], equals a fresh forward over exactly the kept tokens."""
+    for t in range(ids.numel() - 1):
+        with torch.no_grad():
+            logits = model(ids[kept_indices(t, spec, extra_initial)][None]).logits[0, -1]
+        assert got[t].item() == pytest.approx(-F.log_softmax(logits, -1)[ids[t + 1]].item(), abs=1e-4), t
+
+
 @pytest.fixture(scope="module")
 def tiny_llama(tiny_llama_dir):
     from transformers import AutoModelForCausalLM
@@ -55,12 +63,7 @@ def test_hf_llama_eviction_matches_recomputation(spec):
     one_layer = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=4, num_key_value_heads=2)).eval()
     ids = torch.randint(0, 300, (16,), generator=torch.Generator().manual_seed(1))
-    got = HFRotaryStreamer(one_layer).nll(ids, [spec])[0]
-    for t in range(15):
-        kept = kept_indices(t, spec)
-        with torch.no_grad():
-            logits = one_layer(input_ids=ids[kept][None]).logits[0, -1]
-        assert got[t].item() == pytest.approx(-F.log_softmax(logits, -1)[ids[t + 1]].item(), abs=1e-4), t
+    assert_equals_fresh_forwards(one_layer, ids, HFRotaryStreamer(one_layer).nll(ids, [spec])[0], spec)
 
 
 def test_hf_streaming_rejects_models_without_rotary(tiny_gpt2_dir):
@@ -81,12 +84,7 @@ def test_sinklab_micro_eviction_with_sink_token():
     model = micro_model(sink_tokens=1, n_layers=1)
     ids = torch.randint(0, 64, (14,), generator=torch.Generator().manual_seed(3))
     spec = CacheSpec(1, 5)  # x counts the sink token: it stays, real tokens use the other 5 slots
-    got = SinkLabStreamer(model).nll(ids, [spec])[0]
-    for t in range(13):
-        kept = kept_indices(t, spec, extra_initial=1)
-        with torch.no_grad():
-            logits = model(ids[kept][None]).logits[0, -1]
-        assert got[t].item() == pytest.approx(-F.log_softmax(logits, -1)[ids[t + 1]].item(), abs=1e-4), t
+    assert_equals_fresh_forwards(model, ids, SinkLabStreamer(model).nll(ids, [spec])[0], spec, extra_initial=1)
 
 
 def test_cli_on_local_llama(tiny_llama_dir, tmp_path, capsys):
@@ -175,11 +173,7 @@ def test_gemma3_layers_re_rotate_with_their_own_frequencies(layer_type):
     assert streamer.layer_types == [layer_type]
     ids = torch.randint(0, 300, (20,), generator=torch.Generator().manual_seed(6))
     spec = CacheSpec(2, 6)
-    got = streamer.nll(ids, [spec])[0]
-    for t in range(19):
-        with torch.no_grad():
-            logits = model(ids[kept_indices(t, spec)][None]).logits[0, -1]
-        assert got[t].item() == pytest.approx(-F.log_softmax(logits, -1)[ids[t + 1]].item(), abs=1e-4), t
+    assert_equals_fresh_forwards(model, ids, streamer.nll(ids, [spec])[0], spec)
 
 
 def test_gemma3_streams_with_its_bos_first(tmp_path, monkeypatch):
