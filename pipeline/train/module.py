@@ -9,9 +9,11 @@ what ``pipeline.model.load_pretrained`` reads.
 from __future__ import annotations
 
 import math
+import warnings
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.checkpoint import checkpoint
 
 from pipeline.model import ConfigError, ModelConfig, Transformer
@@ -19,6 +21,11 @@ from pipeline.model import ConfigError, ModelConfig, Transformer
 from .loss import next_token_loss
 from .optim import OptimConfig, build_optimizer, build_scheduler
 from .sharding import shard_model
+
+
+# DeepSpeedStrategy warns that an overridden configure_gradient_clipping does not clip: under it
+# ours hands over to Lightning's, which leaves clipping to the engine (gradient_clipping), as wanted.
+warnings.filterwarnings("ignore", message="Since DeepSpeed handles gradient clipping internally")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -194,6 +201,21 @@ class SinkLabModule(L.LightningModule):
         optimizer = build_optimizer(self.model, self.optim)
         scheduler = build_scheduler(optimizer, self.optim, self.trainer.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's clipping, except under a mixed precision without a loss scaler (bf16):
+        there the gradients are already unscaled, so a fused AdamW, which Lightning refuses to
+        clip for fp16's sake, is clipped here with torch's own functions. With FSDP2 the
+        gradients are DTensors and torch reduces their norm over the mesh; under DeepSpeed the
+        engine clips (Lightning passes gradient_clip_val as its ``gradient_clipping``)."""
+        plugin = self.trainer.precision_plugin
+        if not (gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None):
+            return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint.setdefault("hyper_parameters", {})["model_config"] = self.model_config.to_dict()

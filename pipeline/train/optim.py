@@ -27,7 +27,9 @@ DecayOn = Literal["all", "matrices", "matrices_no_embeddings"]
 class OptimConfig:
     """lr: peak learning rate. min_lr: the cosine's floor (reached at the last step).
     warmup_steps: linear warm-up from lr/warmup_steps to lr. weight_decay: AdamW's decoupled
-    decay ratio. decay_on: which parameters decay (module docstring). betas, eps: AdamW's."""
+    decay ratio. decay_on: which parameters decay (module docstring). betas, eps: AdamW's.
+    fused: AdamW's fused kernel (one launch for every tensor); None picks it where every
+    parameter is on a GPU, the fast path there (same update, other rounding)."""
 
     lr: float = 4e-4
     min_lr: float = 4e-5
@@ -37,6 +39,7 @@ class OptimConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
+    fused: bool | None = None
 
     def validate(self, max_steps: int) -> None:
         """The checks torch's AdamW makes (it raises a bare ValueError mid-fit), named by field."""
@@ -76,9 +79,9 @@ def param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    on_cuda = all(p.is_cuda for p in model.parameters())  # the fused kernel is CUDA only
+    fused = cfg.fused if cfg.fused is not None else all(p.is_cuda for p in model.parameters())
     return torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             eps=cfg.eps, fused=on_cuda or None)
+                             eps=cfg.eps, fused=fused or None)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int):
