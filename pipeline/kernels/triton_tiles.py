@@ -14,7 +14,10 @@ over key blocks for dk and dv, one over query blocks for dq; no atomics), with
     dq = scale ds k,   dk = scale ds^T q,   dv = sim^T du.
 
 The normaliser Z_i(S_i) and the bias slots (k*, v*) are O(T d) and stay in torch around the
-kernels, so autograd handles them. On a machine without a GPU the kernels run (slowly, for
+kernels, so autograd handles them. The kernels launch inside two custom ops (``sinklab::
+fused_tiles`` and its backward), so a compiled model calls them as they are, and the only float
+they take, the scale, is a compile-time constant: torch.compile may type a float argument fp64,
+which would make the sums fp64 (the Triton compiler then refuses the loop). On a machine without a GPU the kernels run (slowly, for
 tests) under Triton's interpreter: set TRITON_INTERPRET=1 before this module is imported.
 """
 from __future__ import annotations
@@ -96,11 +99,11 @@ if triton is not None:
         return lo, hi
 
     @triton.jit
-    def _scores(q, k, BIAS, bias_off, offs_m, offs_n, ok, scale, sbq, HAS_BIAS: tl.constexpr,
+    def _scores(q, k, BIAS, bias_off, offs_m, offs_n, ok, scale: tl.constexpr, sbq, HAS_BIAS: tl.constexpr,
                 PRECISION: tl.constexpr):
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         if HAS_BIAS:
-            s += tl.load(BIAS + bias_off + offs_m[:, None] * sbq + offs_n[None, :], mask=ok, other=0.0)
+            s += tl.load(BIAS + bias_off + offs_m[:, None] * sbq + offs_n[None, :], mask=ok, other=0.0).to(s.dtype)
         return s
 
     @triton.jit
@@ -110,8 +113,8 @@ if triton is not None:
                        mask=(offs[:, None] < n) & (offs_d[None, :] < D), other=0.0)
 
     @triton.jit
-    def _tile_grads(q, k, v, du, d_row, BIAS, bias_off, offs_m, offs_n, ok, scale, sbq, SIM: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    def _tile_grads(q, k, v, du, d_row, BIAS, bias_off, offs_m, offs_n, ok, scale: tl.constexpr, sbq,
+                    SIM: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
         """A tile's sim and ds = (du v^T + dS) f'(s), both zero off the mask."""
         s = _scores(q, k, BIAS, bias_off, offs_m, offs_n, ok, scale, sbq, HAS_BIAS, PRECISION)
         sim, grad = _sim(s, SIM)
@@ -119,11 +122,11 @@ if triton is not None:
         return tl.where(ok, sim, 0.0), tl.where(ok, dsim * grad, 0.0)
 
     @triton.jit
-    def _forward(Q, K, V, BIAS, U, S, scale, H, Tq, Tk, q_offset, window, prefix,
+    def _forward(Q, K, V, BIAS, U, S, H, Tq, Tk, q_offset, window, prefix,
                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sbh, sbq,
                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  SIM: tl.constexpr, MASK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                 ACC: tl.constexpr):
+                 ACC: tl.constexpr, SCALE: tl.constexpr):
         pid_m, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // H, bh % H
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -139,7 +142,7 @@ if triton is not None:
             k = _load_rows(K, b * skb + h * skh, offs_n, skt, Tk, offs_d, D)
             v = _load_rows(V, b * svb + h * svh, offs_n, svt, Tk, offs_d, D)
             ok = _admitted(q_slot, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
-            s = _scores(q, k, BIAS, h * sbh, offs_m, offs_n, ok, scale, sbq, HAS_BIAS, PRECISION)
+            s = _scores(q, k, BIAS, h * sbh, offs_m, offs_n, ok, SCALE, sbq, HAS_BIAS, PRECISION)
             sim, _ = _sim(s, SIM)
             sim = tl.where(ok, sim, 0.0)
             u += tl.dot(sim.to(v.dtype), v, input_precision=PRECISION)
@@ -149,11 +152,11 @@ if triton is not None:
         tl.store(S + out, row_sum, mask=offs_m < Tq)
 
     @triton.jit
-    def _backward_kv(Q, K, V, BIAS, DU, DS, DK, DV, scale, H, Tq, Tk, q_offset, window, prefix,
+    def _backward_kv(Q, K, V, BIAS, DU, DS, DK, DV, H, Tq, Tk, q_offset, window, prefix,
                      sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sbh, sbq,
                      D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      SIM: tl.constexpr, MASK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                     ACC: tl.constexpr):
+                     ACC: tl.constexpr, SCALE: tl.constexpr):
         pid_n, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // H, bh % H
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -170,21 +173,21 @@ if triton is not None:
             du = _load_rows(DU, bh * Tq * D, offs_m, D, Tq, offs_d, D).to(q.dtype)
             d_row = tl.load(DS + bh * Tq + offs_m, mask=offs_m < Tq, other=0.0)
             ok = _admitted(offs_m + q_offset, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
-            sim, ds = _tile_grads(q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, scale, sbq, SIM,
+            sim, ds = _tile_grads(q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, SCALE, sbq, SIM,
                                   HAS_BIAS, PRECISION)
             dv += tl.dot(tl.trans(sim.to(q.dtype)), du, input_precision=PRECISION)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
         kv_ok = (offs_n[:, None] < Tk) & (offs_d[None, :] < D)
         out = bh * Tk + offs_n
-        tl.store(DK + out[:, None] * D + offs_d[None, :], dk * scale, mask=kv_ok)
+        tl.store(DK + out[:, None] * D + offs_d[None, :], dk * SCALE, mask=kv_ok)
         tl.store(DV + out[:, None] * D + offs_d[None, :], dv, mask=kv_ok)
 
     @triton.jit
-    def _backward_q(Q, K, V, BIAS, DU, DS, DQ, scale, H, Tq, Tk, q_offset, window, prefix,
+    def _backward_q(Q, K, V, BIAS, DU, DS, DQ, H, Tq, Tk, q_offset, window, prefix,
                     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sbh, sbq,
                     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     SIM: tl.constexpr, MASK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                    ACC: tl.constexpr):
+                    ACC: tl.constexpr, SCALE: tl.constexpr):
         pid_m, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // H, bh % H
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -200,11 +203,11 @@ if triton is not None:
             k = _load_rows(K, b * skb + h * skh, offs_n, skt, Tk, offs_d, D)
             v = _load_rows(V, b * svb + h * svh, offs_n, svt, Tk, offs_d, D)
             ok = _admitted(offs_m + q_offset, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
-            _, ds = _tile_grads(q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, scale, sbq, SIM,
+            _, ds = _tile_grads(q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, SCALE, sbq, SIM,
                                 HAS_BIAS, PRECISION)
             dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         rows = bh * Tq + offs_m
-        tl.store(DQ + rows[:, None] * D + offs_d[None, :], dq * scale,
+        tl.store(DQ + rows[:, None] * D + offs_d[None, :], dq * SCALE,
                  mask=(offs_m[:, None] < Tq) & (offs_d[None, :] < D))
 
 
@@ -222,11 +225,12 @@ def _launch_args(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, spec: Til
         bias_strides = [0, 0]
     else:
         bias_strides = [bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1)]
-    scalars = [spec.scale, H, Tq, k.shape[2], mask.q_offset, mask.window, mask.prefix, *strides, *bias_strides]
+    scalars = [H, Tq, k.shape[2], mask.q_offset, mask.window, mask.prefix, *strides, *bias_strides]
     wide = q.dtype in (torch.float32, torch.float64)
     meta = dict(D=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_M=blocks[0], BLOCK_N=blocks[1],
                 SIM=SIMILARITIES[spec.similarity], MASK=MASKS[mask.kind], HAS_BIAS=bias is not None,
-                PRECISION="ieee" if wide else "tf32", ACC=tl.float64 if q.dtype == torch.float64 else tl.float32)
+                PRECISION="ieee" if wide else "tf32", ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
+                SCALE=spec.scale)
     return scalars, meta
 
 
@@ -237,37 +241,76 @@ def default_blocks(head_dim: int, itemsize: int = 2) -> tuple[int, int]:
     return (64, 64) if head_dim * itemsize <= 256 else (32, 32)
 
 
-class FusedTiles(torch.autograd.Function):
+# The kernels run inside two custom ops (forward, backward), opaque to torch.compile: Dynamo
+# neither breaks the graph at them nor traces into them, and Triton's own JIT compiles them.
+# A TileSpec travels as its kernel fields: (similarity, mask kind, window, prefix, q_offset, scale).
+def _tile_spec(similarity: str, mask: str, window: int, prefix: int, q_offset: int, scale: float) -> TileSpec:
+    return TileSpec(similarity=similarity, scale=scale, mask=MaskSpec(mask, window, prefix, q_offset))
+
+
+def _rows_contiguous(*tensors: Tensor) -> list[Tensor]:
+    return [t.contiguous() if t is not None and t.stride(-1) != 1 else t for t in tensors]
+
+
+@torch.library.custom_op("sinklab::fused_tiles", mutates_args=())
+def _fused_tiles(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, similarity: str, mask: str, window: int,
+                 prefix: int, q_offset: int, scale: float, block_q: int, block_k: int) -> tuple[Tensor, Tensor]:
     """(u, S) over the token keys; see the module docstring."""
+    q, k, v = _rows_contiguous(q, k, v)
+    bias = None if bias is None else bias.contiguous()
+    B, H, Tq, D = q.shape
+    u = q.new_empty(B, H, Tq, D, dtype=accumulator(q))
+    row_sum = q.new_empty(B, H, Tq, dtype=accumulator(q))
+    spec = _tile_spec(similarity, mask, window, prefix, q_offset, scale)
+    scalars, meta = _launch_args(q, k, v, bias, spec, (block_q, block_k))
+    _forward[(triton.cdiv(Tq, block_q), B * H)](q, k, v, bias, u, row_sum, *scalars, **meta)
+    return u, row_sum
 
-    @staticmethod
-    def forward(ctx, q, k, v, bias, spec: TileSpec, blocks: tuple[int, int]):
-        if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
-            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        bias = None if bias is None else bias.contiguous()
-        B, H, Tq, D = q.shape
-        u = q.new_empty(B, H, Tq, D, dtype=accumulator(q))
-        row_sum = q.new_empty(B, H, Tq, dtype=accumulator(q))
-        scalars, meta = _launch_args(q, k, v, bias, spec, blocks)
-        grid = (triton.cdiv(Tq, blocks[0]), B * H)
-        _forward[grid](q, k, v, bias, u, row_sum, *scalars, **meta)
-        ctx.save_for_backward(q, k, v, bias)
-        ctx.spec, ctx.blocks = spec, blocks
-        return u, row_sum
 
-    @staticmethod
-    def backward(ctx, du, d_row):
-        q, k, v, bias = ctx.saved_tensors
-        B, H, Tq, D = q.shape
-        acc = accumulator(q)
-        du = torch.zeros_like(q, dtype=acc) if du is None else du.to(acc).contiguous()
-        d_row = q.new_zeros(B, H, Tq, dtype=acc) if d_row is None else d_row.to(acc).contiguous()
-        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
-        scalars, meta = _launch_args(q, k, v, bias, ctx.spec, ctx.blocks)
-        _backward_kv[(triton.cdiv(k.shape[2], ctx.blocks[1]), B * H)](q, k, v, bias, du, d_row, dk, dv,
-                                                                      *scalars, **meta)
-        _backward_q[(triton.cdiv(Tq, ctx.blocks[0]), B * H)](q, k, v, bias, du, d_row, dq, *scalars, **meta)
-        return dq, dk, dv, None, None, None
+@_fused_tiles.register_fake
+def _(q, k, v, bias, *spec_and_blocks):
+    B, H, Tq, D = q.shape
+    return q.new_empty(B, H, Tq, D, dtype=accumulator(q)), q.new_empty(B, H, Tq, dtype=accumulator(q))
+
+
+@torch.library.custom_op("sinklab::fused_tiles_backward", mutates_args=())
+def _fused_tiles_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, du: Tensor, d_row: Tensor,
+                          similarity: str, mask: str, window: int, prefix: int, q_offset: int, scale: float,
+                          block_q: int, block_k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv (contiguous) from du and dS."""
+    q, k, v = _rows_contiguous(q, k, v)
+    bias = None if bias is None else bias.contiguous()
+    B, H, Tq, D = q.shape
+    acc = accumulator(q)
+    du, d_row = du.to(acc).contiguous(), d_row.to(acc).contiguous()
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    spec = _tile_spec(similarity, mask, window, prefix, q_offset, scale)
+    scalars, meta = _launch_args(q, k, v, bias, spec, (block_q, block_k))
+    _backward_kv[(triton.cdiv(k.shape[2], block_k), B * H)](q, k, v, bias, du, d_row, dk, dv, *scalars, **meta)
+    _backward_q[(triton.cdiv(Tq, block_q), B * H)](q, k, v, bias, du, d_row, dq, *scalars, **meta)
+    return dq, dk, dv
+
+
+@_fused_tiles_backward.register_fake
+def _(q, k, v, *rest):
+    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+
+
+def _save_inputs(ctx, inputs, output) -> None:
+    q, k, v, bias, *ctx.spec_and_blocks = inputs
+    ctx.save_for_backward(q, k, v, bias)
+
+
+def _fused_tiles_grad(ctx, du, d_row):
+    q, k, v, bias = ctx.saved_tensors
+    acc = accumulator(q)
+    du = torch.zeros_like(q, dtype=acc) if du is None else du
+    d_row = q.new_zeros(q.shape[:3], dtype=acc) if d_row is None else d_row
+    dq, dk, dv = _fused_tiles_backward(q, k, v, bias, du, d_row, *ctx.spec_and_blocks)
+    return dq, dk, dv, None, *(None for _ in ctx.spec_and_blocks)
+
+
+_fused_tiles.register_autograd(_fused_tiles_grad, setup_context=_save_inputs)
 
 
 def fused_tiled_attention(
@@ -289,7 +332,9 @@ def fused_tiled_attention(
                          "use the eager attention path for it")
     default_q, default_k = default_blocks(q.shape[-1], q.element_size())
     blocks = (blocks[0] or default_q, blocks[1] or default_k)
-    u, row_sum = FusedTiles.apply(q, k, v, score_bias, spec, blocks)
+    m = spec.mask
+    u, row_sum = _fused_tiles(q, k, v, score_bias, spec.similarity, m.kind, m.window, m.prefix, m.q_offset,
+                              spec.scale, *blocks)
     if slot_k is not None:  # bias slots: admitted for every query, no positional bias
         sim, _ = similarity_and_grad((q @ slot_k.transpose(-2, -1)).to(u.dtype) * spec.scale, spec.similarity)
         u = u + sim @ slot_v.to(u.dtype)
