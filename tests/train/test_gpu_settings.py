@@ -1,6 +1,8 @@
-"""Gradient clipping with a fused AdamW under bf16-mixed (the gpu-small recipe's combination)."""
+"""The GPU recipes' settings, on a CPU: a fused AdamW clipped under bf16-mixed; torch.compile with
+its eager fallback."""
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import fit_in_process, losses
 
@@ -33,4 +35,33 @@ def test_fused_adamw_under_bf16_mixed_clips_every_step(tiny_ds, tmp_path, monkey
     assert fused == [True] and len(after_clip) == 3
     # a fresh model's gradient norm is of order 1, so each of these was clipped to max_norm
     assert all(0 < norm <= max_norm * 1.001 for norm in after_clip), after_clip
+    assert sorted(losses(run_dir)) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("failing", ["forward", "backward"])
+def test_a_compiler_failure_trains_eager_and_says_so_once(failing, tiny_ds, tmp_path, monkeypatch, capsys):
+    """Inductor failing (here: made to raise, as a node without a C++ compiler would) costs the
+    run its speed, not its life: one warning line naming the way out, every step trained. The
+    backward graph is compiled at the forward call, so its failure is caught there too."""
+    import torch._inductor.compile_fx as compile_fx
+
+    real = compile_fx._compile_fx_inner
+
+    def no_compiler(*args, **kwargs):
+        if failing == "forward" or kwargs.get("is_backward"):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compile_fx, "_compile_fx_inner", no_compiler)
+    torch._dynamo.reset()
+    run_dir = tmp_path / "run"
+    # the compile caches would skip the compiler
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--trainer.max_steps", "3",
+                             "--model.compile", "true", "--run.sink_every", "0", "--run.log_model", "false",
+                             "--run.system_metrics", "false"], monkeypatch, f"sqlite:///{tmp_path}/mlflow.db")
+    assert rc == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "torch.compile failed" in line]
+    assert len(warnings) == 1, warnings
+    assert "No working C++ compiler found" in warnings[0] and "--model.compile false" in warnings[0]
     assert sorted(losses(run_dir)) == [0, 1, 2]
