@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DeepSpeedStrategy
@@ -35,6 +36,7 @@ from . import sharding  # noqa: F401  (registers the strategy names fsdp2, deeps
 from .batching import BatchConfigError
 from .callbacks import Preemption, SinkMetrics, StepCheckpoint, Throughput
 from .data import SinkDataModule
+from .progress import StepProgressBar
 from .integrity import checkpoint_problem
 from .mlflow_record import log_run_model
 from .module import NonFiniteLossError, SinkLabModule, read_init
@@ -166,6 +168,9 @@ class SinkLabCLI(LightningCLI):
         self.preemption_cb = Preemption(self.ckpt_cb)
         callbacks = list(trainer_cfg.get("callbacks") or []) + [self.ckpt_cb, self.sink_cb, self.throughput_cb,
                                                                 self.preemption_cb]
+        if trainer_cfg.get("enable_progress_bar", True) is not False and not any(
+                isinstance(cb, ProgressBar) for cb in callbacks):
+            callbacks.append(StepProgressBar())
         extra: dict[str, Any] = {"logger": logger, "callbacks": callbacks, "default_root_dir": str(self.run.root),
                                  "use_distributed_sampler": False, "check_val_every_n_epoch": None,
                                  "max_epochs": -1}

@@ -1,0 +1,73 @@
+"""The training progress bar: optimizer steps out of ``trainer.max_steps``.
+
+Lightning's default bar counts micro-batches per data-loader epoch against a total derived from
+``max_epochs`` (-1 here: the run is bounded by steps), which printed ``Epoch 0/-2 ... 1600/99``.
+This one is Lightning's RichProgressBar with one bar for the whole run: position =
+``trainer.global_step`` (so it moves once per optimizer step, whatever the accumulation, and a
+resumed run starts where it stopped), elapsed and remaining time at the recent pace (rich's
+estimate), steps/s, and the step's loss, tokens/s, MFU and the last validation loss.
+"""
+from __future__ import annotations
+
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import (CustomBarColumn, CustomTimeColumn,
+                                                                ProcessingSpeedColumn)
+from rich.progress import TextColumn
+from rich.text import Text
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f}{unit}"
+    return f"{value:.0f}"
+
+
+class StepsPerSecond(ProcessingSpeedColumn):
+    def render(self, task) -> Text:
+        return Text(f"{task.speed or 0:.2f} steps/s", style=self.style)
+
+
+# what the module and the Throughput callback put on the bar (self.log(..., prog_bar=True)), shown as
+SHOWN = {"loss": ("loss", "{:.3f}".format), "val_loss": ("val loss", "{:.3f}".format),
+         "tokens_per_s": ("tokens/s", _si), "mfu": ("MFU", lambda v: f"{100 * v:.1f}%")}
+
+
+class StepProgressBar(RichProgressBar):
+    description = "train"
+
+    @property
+    def total_train_batches(self) -> int:
+        return self.trainer.max_steps
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        return self.description
+
+    def _initialize_train_progress_bar_id(self) -> None:
+        self.train_progress_bar_id = self.progress.add_task(self.description, total=self.trainer.max_steps,
+                                                            completed=self.trainer.global_step)
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        """One bar for the run: a new pass over the data neither resets nor replaces it."""
+        if self.is_enabled and self.progress is not None and self.train_progress_bar_id is None:
+            self._initialize_train_progress_bar_id()
+        self.refresh()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.is_enabled and self.train_progress_bar_id is None:
+            self._initialize_train_progress_bar_id()
+        self._update(self.train_progress_bar_id, trainer.global_step)
+        self._update_metrics(trainer, pl_module)
+        self.refresh()
+
+    def configure_columns(self, trainer) -> list:
+        return [TextColumn("[progress.description]{task.description}"),
+                CustomBarColumn(complete_style=self.theme.progress_bar, finished_style=self.theme.progress_bar_finished,
+                                pulse_style=self.theme.progress_bar_pulse),
+                TextColumn("step {task.completed:.0f}/{task.total:.0f}", style=self.theme.batch_progress),
+                CustomTimeColumn(style=self.theme.time),
+                StepsPerSecond(style=self.theme.processing_speed)]
+
+    def get_metrics(self, trainer, pl_module) -> dict[str, str]:
+        values = super().get_metrics(trainer, pl_module)
+        return {label: fmt(float(values[key])) for key, (label, fmt) in SHOWN.items() if key in values}
