@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start every sequence with the tokenizer's BOS (T tokens in all; the paper's protocol has none)")
     p.add_argument("--out", type=Path, help="output directory (default: analysis/<model>)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
     p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI; no MLflow run when neither is set)")
     p.add_argument("--experiment", default="sinklab-analysis", help="MLflow experiment name")
     return p
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 class Subject:
     """The model under analysis with the few operations the analysis needs."""
 
-    def __init__(self, spec: str, kind: str, tokenizer: Path | None = None, command: str = "analyze") -> None:
+    def __init__(self, spec: str, kind: str, tokenizer: Path | None = None, command: str = "analyze",
+                 device: str = "cpu") -> None:
         self.spec, self.command = spec, command
         self.run_id = None  # set for runs:/<run_id> and models:/<model_id>: results go back to that run
         if str(spec).startswith(("runs:/", "models:/")):  # an MLflow run's logged model, downloaded
@@ -89,6 +91,7 @@ class Subject:
             self.model, self.tokenizer, self.source = loaded.model, loaded.tokenizer, loaded.source
             self.vocab_size = min(len(self.tokenizer), self.model.config.get_text_config().vocab_size)
             self.special_ids = set(self.tokenizer.all_special_ids)
+        self.model.to(device_of(device, command))
 
     def _detect(self, spec: str) -> str:
         path = Path(spec)
@@ -119,6 +122,15 @@ class Subject:
             return run_probe(self.model, tokens, eps=args.eps, positions=positions,
                              batch_size=args.batch_size, output_qkv=True)
         return hf_sink_report(self.model, tokens, eps=args.eps, positions=positions, batch_size=args.batch_size)
+
+
+def device_of(name: str, command: str) -> torch.device:
+    """``--device``: auto is the GPU when one is visible, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"sinklab {command}: --device {name}: no CUDA device is visible (use --device cpu)")
+    return torch.device(name)
 
 
 def model_name(spec: str) -> str:
@@ -265,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("sinklab analyze: --num-sequences must be >= 1 and --seq-len >= 2")
     started = time.perf_counter()
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
-    subject = Subject(args.model, args.kind, tokenizer)
+    subject = Subject(args.model, args.kind, tokenizer, device=args.device)
     subject.check_seq_len(args.seq_len)
     record = run(subject, args, load_seconds=time.perf_counter() - started)
     print(format_table(record))

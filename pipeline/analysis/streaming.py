@@ -141,10 +141,10 @@ class HFRotaryStreamer(Streamer):
                 keys = [gather_entries(k, index) for k in keys]
                 values = [gather_entries(v, index) for v in values]
             n = keys[0].shape[2] if keys else 0
-            pos = torch.arange(n)
+            pos = torch.arange(n, device=tokens.device)
             cache = (DynamicCache(ddp_cache_data=[(self._rotate(k, pos, i), v) for i, (k, v) in enumerate(zip(keys, values))])
                      if n else DynamicCache())
-            new_pos = torch.arange(n, n + n_new)
+            new_pos = torch.arange(n, n + n_new, device=tokens.device)
             logits = self.model(input_ids=tokens, position_ids=new_pos.expand(rows, -1),
                                 use_cache=True, **{self.cache_arg: cache}).logits
             new = [(self._rotate(layer.keys[:, :, -n_new:], new_pos, i, inverse=True), layer.values[:, :, -n_new:])
@@ -220,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bos", choices=("auto", "yes", "no"), default="auto",
                    help="start --text with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
+    p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
     return p
 
 
@@ -261,7 +262,7 @@ def load_subject(args) -> tuple[object, list[int], object]:
     if args.dataset is not None and args.text is not None:
         raise SystemExit("sinklab stream-ppl: give --text or --dataset, not both")
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
-    subject = Subject(args.model, args.kind, tokenizer, "stream-ppl")
+    subject = Subject(args.model, args.kind, tokenizer, "stream-ppl", device=args.device)
     if args.dataset is not None:
         if args.bos != "auto":
             raise SystemExit("sinklab stream-ppl: --bos applies to --text; a prepared dataset's sequences carry their own BOS")
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_tokens < 2:
         raise SystemExit("sinklab stream-ppl: --max-tokens must be >= 2")
     streamer, ids, subject = load_subject(args)
-    ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long)
+    ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long, device=next(subject.model.parameters()).device)
     if ids.numel() < 2:
         raise SystemExit("sinklab stream-ppl: the text has fewer than 2 tokens")
     first_is_bos = ids[0].item() == getattr(subject.tokenizer, "bos_token_id", None)

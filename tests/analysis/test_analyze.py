@@ -201,6 +201,8 @@ def _micro_dataset(root):
     (["-n", "9", "-T", "12", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12"),
     (["-T", "65", "--inputs", "random"], "-T 65: "),
     (["-T", "8", "--text", "{empty}", "--tokenizer", "{tok}"], "empty.txt: the text has 0 tokens"),
+    pytest.param(["--device", "cuda"], "--device cuda: no CUDA device is visible (use --device cpu)",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")),
 ])
 def test_analyze_refuses_what_it_cannot_measure(extra, message, sinklab_ckpt_with_tokenizer, tmp_path):
     (tmp_path / "empty.txt").write_text("")
