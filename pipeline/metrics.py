@@ -212,6 +212,22 @@ def emergence_steps(history, alpha1_uniform: float) -> dict[str, int | None]:
     return out
 
 
+def memorising(history, rise: float = 0.03, after: int = 2) -> str | None:
+    """A validation loss that turned upward for good: ``after`` or more evaluations came after
+    its minimum, and the last is ``rise`` (relative) above it. Returns the
+    warning to print, or None (still falling, flat within noise, too few points). ``history``:
+    (step, value) pairs (NaN never counts)."""
+    rows = sorted((int(step), float(value)) for step, value in history if value == value)
+    if len(rows) <= after:
+        return None
+    best = min(range(len(rows)), key=lambda i: rows[i][1])
+    (step, low), (last_step, last) = rows[best], rows[-1]
+    if len(rows) - 1 - best < after or last < low * (1 + rise):
+        return None
+    return (f"valid loss rising since step {step} (min {low:.3f} at {step}, {last:.3f} at {last_step}): "
+            "the model memorises its data; more data or fewer steps")
+
+
 # ---- rank agreement with the paper ----------------------------------------------------------
 
 def average_ranks(values) -> list[float]:

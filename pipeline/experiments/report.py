@@ -131,7 +131,16 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.{digits}f}"
 
 
-def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
+def memorising_notes(rows: list[Row], mlflow) -> list[str]:
+    """One line per variant whose validation loss turned upward for good (metrics.memorising)."""
+    notes = []
+    for row in rows:
+        if row.run_id and (note := M.memorising(mlruns.metric_history(mlflow, row.run_id, "val/loss"))):
+            notes.append(f"{row.label}: {note}")
+    return notes
+
+
+def to_markdown(experiment: Experiment, scale: str, rows: list[Row], notes: list[str] = ()) -> str:
     # a column the paper has no number for (e.g. mean alpha_1) gets no "paper" sub-column
     in_paper = [any(r.paper[i] is not None for r in rows) for i in range(len(experiment.columns))]
     header = ["variant"]
@@ -154,6 +163,8 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
     done = sum(r.status == "finished" for r in rows)
     lines += ["", f"{done} of {len(rows)} variants finished; {MISSING} = no value (paper: not "
               "published; ours: not run or not logged)."]
+    if notes:
+        lines += ["", "Warnings:", ""] + [f"- {note}" for note in notes]
     lines += agreement_markdown(agreement(experiment, rows))
     if experiment.paper_notes:
         lines += ["", f"Paper notes: {experiment.paper_notes}"]
@@ -259,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     mlflow = mlruns.client()
     records = mlruns.variant_runs(mlflow, experiment.mlflow_experiment, args.scale)
     rows = build_rows(experiment, records, args.scale)
-    markdown = to_markdown(experiment, args.scale, rows)
+    markdown = to_markdown(experiment, args.scale, rows, memorising_notes(rows, mlflow))
     out = args.out or Path("runs") / experiment.name / args.scale / "report"
     files = [atomic_write(out / "report.md", markdown)]
     if args.plot:

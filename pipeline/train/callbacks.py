@@ -209,7 +209,8 @@ class SinkMetrics(Callback):
 
 class Throughput(Callback):
     """Tokens/s over windows of ``window`` optimizer steps (wall time, everything included)
-    and, on a GPU with a known peak, MFU = tokens/s/device x FLOPs/token / peak (pipeline.flops).
+    and, on a GPU with a known peak, MFU = tokens/s/device x FLOPs/token / peak (pipeline.flops);
+    on a GPU also the peak memory allocated so far (``perf/max_memory_gib``, rank 0's).
     Why not Lightning's ThroughputMonitor: docs/contracts.md section 4."""
 
     def __init__(self, tokens_per_step: int, context_length: int, window: int = 10):
@@ -239,6 +240,8 @@ class Throughput(Callback):
         value = mfu(tokens_per_s / trainer.world_size, self._flops_token or 0.0, self._peak)
         if value is not None:
             metrics["perf/mfu"] = value
+        if pl_module.device.type == "cuda":  # this rank's high-water mark of allocated memory
+            metrics["perf/max_memory_gib"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         pl_module.log_dict({name.removeprefix("perf/"): value for name, value in metrics.items()},

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import json
 
+import math
+
+from pipeline.metrics import memorising
 from pipeline.model.attention_ops import proxy_label
 
 
@@ -34,6 +37,23 @@ def metric_rows(metrics_path, *keys: str) -> list[tuple]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def health_problems(metrics_path, max_steps: int, log_every: int, first_step: int = 0) -> list[str]:
+    """What is wrong with a finished run's metrics.jsonl, as lines (none for a healthy run):
+    train/loss missing at a step where it is due (steps ``first_step`` to ``max_steps - 1`` that
+    are multiples of ``log_every``, trainer.log_every_n_steps; the file holds every start of a
+    resumed run), or a train or validation loss that is not finite."""
+    losses = dict(metric_rows(metrics_path, "train/loss"))
+    due = [s for s in range(first_step, max_steps) if s % max(1, log_every) == 0]
+    problems = []
+    if missing := [s for s in due if s not in losses]:
+        shown = ", ".join(map(str, missing[:5])) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+        problems.append(f"train/loss missing at step {shown} (due every {log_every} steps from {first_step})")
+    for key, rows in (("train/loss", sorted(losses.items())), ("val/loss", metric_rows(metrics_path, "val/loss"))):
+        if bad := next(((s, v) for s, v in rows if not math.isfinite(v)), None):
+            problems.append(f"{key} is {bad[1]} at step {bad[0]}")
+    return problems
+
+
 def print_summary(cli) -> None:
     trainer, plan = cli.trainer, cli.plan
     steps = trainer.global_step
@@ -51,6 +71,7 @@ def print_summary(cli) -> None:
         f"steps        {steps}  ({plan.describe()})",
         f"tokens       {tokens:,}",
         "val loss     " + ("  ".join(f"{s}:{v:.3f}" for s, v in vals[-6:]) if vals else "(none)"),
+        *(["             warning: " + note] if (note := memorising(vals)) else []),
         "Sink_1 (ε=0.3, % of layer×head×sequence" + (f"; {proxy})" if proxy else ")"),
         f"             {sink_trajectory(sinks)}",
         "mean α₁      " + sink_trajectory(sinks, column=2, fmt="{:.3f}"),

@@ -48,15 +48,19 @@ def test_rows_put_paper_and_measured_values_side_by_side(tmp_path, mlflow_env, u
 def test_report_command_writes_logs_and_plots(tmp_path, mlflow_env, unique_name, monkeypatch, capsys):
     path = write_experiment(tmp_path, unique_name,
                             plot="plot: {kind: curve, metric: sink/sink1, title: Sink_1 over steps}")
+    rising = [(250, 3.0), (500, 2.8), (750, 3.2), (1000, 3.6)]  # b memorises after step 500
     for variant, final in (("a", 30.0), ("b", 10.0)):
         log_training_run(mlflow_env, unique_name, variant, "cpu", status="finished",
-                         metrics={"sink/sink1": [(100, final / 3), (200, final)], "val/loss": 4.0})
+                         metrics={"sink/sink1": [(100, final / 3), (200, final)],
+                                  "val/loss": 4.0 if variant == "a" else rising})
     out = tmp_path / "out"
     assert report.main([str(path), "--scale", "cpu", "--plot", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     md = (out / "report.md").read_text()
     assert md in printed
     assert "| variant a | 15.20 | 30.00 | 3.72 | 4.00 | — | finished |" in md
+    assert ("Warnings:\n\n- variant b: valid loss rising since step 500 (min 2.800 at 500, 3.600 at 1000): the "
+            "model memorises its data; more data or fewer steps\n") in md and "variant a: valid" not in md
     png = out / f"{unique_name}-cpu.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
