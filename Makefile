@@ -52,10 +52,12 @@ bench-stream: venv
 bench-gpu: venv
 	$(PY) benchmarks/bench_gpu.py
 
-# On a lent GPU machine (installs a CUDA torch first: make gpu-check TORCH_SPEC=torch):
-# sinklab fit of paper-60m under DeepSpeed ZeRO-2 in bf16, preempted and resumed, then bench-gpu.
+# On a lent GPU machine (installs a CUDA torch first: make gpu-check TORCH_SPEC=torch): every
+# GPU recipe, attention family, strategy, preemption and analysis on CUDA, one table, exit 1 on
+# any failure (docs/gpu.md). GPU_CHECK_ARGS="--cases 60m-zero2,preempt" runs a subset.
+GPU_CHECK_ARGS ?=
 gpu-check: venv
-	$(PY) benchmarks/gpu_check.py
+	$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) data runs mlruns .pytest_cache

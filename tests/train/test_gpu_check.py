@@ -1,0 +1,71 @@
+"""benchmarks/gpu_check.py, the matrix `make gpu-check` runs on a GPU, driven on toy CPU cases:
+its table, its verdicts and its exit status. It starts real `sinklab fit` processes (three in
+the first test, one of them stopped by SIGUSR1 and resumed), hence ~35 s."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+
+
+def gpu_check(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
+    return subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--root", str(tmp_path / "check"), *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def table_rows(stdout: str) -> dict[str, list[str]]:
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("case "))
+    return {line.split()[0]: line.split() for line in lines[start + 2:] if " cases ok; " not in line}
+
+
+def test_healthy_cases_pass_with_their_speed_and_a_preempted_run_resumes(tiny_ds, tmp_path):
+    done = gpu_check(["--data", str(tiny_ds), "--cases", "softmax,preempt"], tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = table_rows(done.stdout)
+    assert [rows[name][1] for name in ("softmax", "preempt")] == ["ok", "ok"]
+    assert all(float(rows[name][2].replace(",", "")) > 0 for name in rows)   # tokens/s
+    assert done.stdout.splitlines()[-1].startswith("2 of 2 cases ok; ")
+    log = (tmp_path / "check" / "preempt.log").read_text()
+    assert "stopped by SIGUSR1 at step" in log and "Restored all states from the checkpoint" in log
+
+
+def test_a_failing_case_gives_its_first_error_line_and_exit_1(tiny_ds, tmp_path):
+    done = gpu_check(["--data", str(tiny_ds), "--cases", "softmax", "--extra-args", "--model.optim.lr -1"], tmp_path)
+    assert done.returncode == 1
+    assert "softmax: exit 2: sinklab fit: model.optim.lr=-1.0: must be positive" in done.stdout
+    assert table_rows(done.stdout)["softmax"][1] == "FAIL"
+    assert "\n0 of 1 cases ok; " in done.stdout
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_first_error_line_is_ours_else_the_exception_of_the_last_traceback():
+    first_error_line = _module().first_error_line
+    traceback = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                 "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:\n"
+                 "sinklab fit: warning: torch.compile failed (...)\n"
+                 "Traceback (most recent call last):\n  File \"y.py\", line 2\n"
+                 "RuntimeError: The current optimizer, AdamW, does not allow for gradient clipping\n")
+    assert first_error_line(traceback, 1) == ("exit 1: RuntimeError: The current optimizer, AdamW, does not allow "
+                                              "for gradient clipping")
+    assert first_error_line("loading\nsinklab fit: data.path=x: no manifest.json there\n", 2) == \
+        "exit 2: sinklab fit: data.path=x: no manifest.json there"
+    assert first_error_line("", -9) == "exit -9: no output"
+
+
+def test_an_unknown_case_is_refused_with_the_list(tmp_path):
+    done = gpu_check(["--cases", "softmax,nope"], tmp_path)
+    assert done.returncode == 2 and "--cases: unknown nope; the cpu cases are softmax, sigmoid" in done.stderr
