@@ -69,3 +69,28 @@ def test_the_first_error_line_is_ours_else_the_exception_of_the_last_traceback()
 def test_an_unknown_case_is_refused_with_the_list(tmp_path):
     done = gpu_check(["--cases", "softmax,nope"], tmp_path)
     assert done.returncode == 2 and "--cases: unknown nope; the cpu cases are softmax, sigmoid" in done.stderr
+
+
+def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatch):
+    """The GPU matrix cannot run here; its arguments are parsed and its classes built as
+    `sinklab fit` would (on the CPU accelerator), so a typo fails now and not on a lent GPU."""
+    from pipeline.train.cli import SinkLabCLI
+    from pipeline.train.data import SinkDataModule
+    from pipeline.train.module import SinkLabModule
+    from pipeline.train.rundir import release_lock
+
+    gpu_check = _module()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(REPO)
+    cases = gpu_check.gpu_cases()
+    fits = [c for c in cases if c.kind in ("fit", "preempt")]
+    assert {c.reads for c in cases if c.reads} <= {c.name for c in fits}
+    for case in fits:
+        cli = SinkLabCLI(SinkLabModule, SinkDataModule, run=False, save_config_callback=None,
+                         auto_configure_optimizers=False,
+                         args=[*case.args, "--data.path", str(tiny_ds), "--run-dir", str(tmp_path / case.name),
+                               "--trainer.accelerator", "cpu", "--model.model.max_seq_len", "64"])
+        try:
+            assert cli.trainer.max_steps == case.steps and cli.trainer.log_every_n_steps == case.log_every
+        finally:
+            release_lock(cli.run)
