@@ -16,7 +16,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS_DIR = REPO / "configs" / "experiments"
 SCALES = ("paper", "cpu", "gpu")
-REQUIRED_SCALES = ("paper", "cpu")  # gpu (one lent GPU, ~2 min a variant) is opt-in per file
+REQUIRED_SCALES = ("paper", "cpu")  # gpu (one lent GPU, ~4 min a variant on an H100) is opt-in per file
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
 TOP_KEYS = {"name", "title", "group", "paper_ref", "description", "scale", "columns", "variants",
             "cpu_notes", "paper_notes", "plot"}

@@ -7,7 +7,7 @@ from pipeline.experiments import runs as mlruns
 from pipeline.experiments import sweep
 from pipeline.experiments.spec import load_experiment
 
-from experiment_helpers import log_training_run, write_experiment
+from experiment_helpers import log_training_run, make_dataset, write_experiment
 
 
 def test_plan_skips_finished_runs_and_reruns_the_rest(tmp_path, mlflow_env, unique_name):
@@ -137,3 +137,25 @@ def test_a_sweep_groups_its_variants_under_one_parent_run(tmp_path, mlflow_env, 
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     assert mlruns.parent_run(mlflow_env, load_experiment(path), "cpu") == parent.info.run_id
     assert "SINKLAB_PARENT_RUN_ID" not in __import__("os").environ
+
+
+def test_the_gpu_scale_says_what_the_embedded_corpus_does_and_takes_a_data_path(tmp_path, mlflow_env, capsys,
+                                                                               monkeypatch):
+    """gpu-small on the embedded corpus memorises (issue 27); a prepared Pile dataset, given once
+    for the sweep (--data-path or SINKLAB_DATA_PATH), goes to every variant's `sinklab fit`."""
+    monkeypatch.delenv("SINKLAB_DATA_PATH", raising=False)
+    common = ["weight-decay", "--scale", "gpu", "--dry-run", "--no-check", "--runs-root", str(tmp_path / "runs"),
+              "--variants", "wd-0.5"]
+    assert sweep.main(common) == 0
+    out = capsys.readouterr()
+    assert "note: the gpu scale trains on the embedded corpus" in out.err and "--data-path DIR" in out.err
+    assert "--data.path" not in out.out
+    pile = make_dataset(tmp_path / "pile-c512")
+    monkeypatch.setenv("SINKLAB_DATA_PATH", str(pile))
+    assert sweep.main(common) == 0
+    out = capsys.readouterr()
+    assert "note:" not in out.err
+    assert [line for line in out.out.splitlines() if line.startswith("  $ ")][0].endswith(
+        f"--resume auto --data.path {pile}")
+    assert sweep.main([*common, "--data-path", str(tmp_path / "nothing")]) == 2
+    assert f"sinklab sweep: --data-path {tmp_path / 'nothing'}: no manifest.json there" in capsys.readouterr().err
