@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import Callback, Checkpoint
 from pipeline import probe as sink_probe
 from pipeline.flops import PEAK_ENV, device_peak_flops, flops_per_token, mfu
 from . import emergence
+from .compiling import uncompiled
 from .integrity import nonfinite_state
 from .module import NonFiniteLossError
 from .rundir import RunDir, checkpoint_name
@@ -180,10 +181,11 @@ class SinkMetrics(Callback):
         if zero3:
             import deepspeed
 
-            with deepspeed.zero.GatheredParameters(list(model.parameters())):
+            with deepspeed.zero.GatheredParameters(list(model.parameters())), uncompiled():
                 report = sink_probe.run_probe(model, tokens, eps=self.eps, positions=self.positions)
         else:  # FSDP2 gathers each block's weights in its forward
-            report = sink_probe.run_probe(model, tokens, eps=self.eps, positions=self.positions)
+            with uncompiled():
+                report = sink_probe.run_probe(model, tokens, eps=self.eps, positions=self.positions)
         if not trainer.is_global_zero:
             return
         metrics = report.to_metrics() | report.head_metrics()  # heads/entropy_*, heads/out_norm_*, heads/dormant_pct

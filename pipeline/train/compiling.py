@@ -54,6 +54,14 @@ def compile_blocks(blocks: Sequence[nn.Module], on_failure: Callable[[BaseExcept
         block._compiled_call_impl = call
 
 
+def uncompiled():
+    """Compiled blocks run their eager code inside this context (the sink probe: a few small
+    forward passes that ask for attention weights, which would otherwise compile graphs of
+    their own, once per probe shape)."""
+    set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
+
+
 def failure_line(exc: BaseException) -> str:
     """The compiler's error in one line: its type and the first line that says something."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.strip().endswith("raised:")]

@@ -65,3 +65,22 @@ def test_a_compiler_failure_trains_eager_and_says_so_once(failing, tiny_ds, tmp_
     assert len(warnings) == 1, warnings
     assert "No working C++ compiler found" in warnings[0] and "--model.compile false" in warnings[0]
     assert sorted(losses(run_dir)) == [0, 1, 2]
+
+
+def test_the_sink_probe_of_a_compiled_model_compiles_nothing_more():
+    """The probe asks for attention weights (another graph per probe shape); it runs eager."""
+    from torch._dynamo.utils import counters
+
+    from pipeline import probe
+    from pipeline.model import ModelConfig, Transformer
+    from pipeline.train.compiling import compile_blocks, uncompiled
+
+    torch._dynamo.reset()
+    model = Transformer(ModelConfig.preset("micro", vocab_size=64))
+    compile_blocks(model.blocks, on_failure=lambda exc: pytest.fail(f"compile failed: {exc}"))
+    model(torch.randint(0, 64, (2, 16))).logits.sum().backward()
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled > 0
+    with uncompiled():
+        report = probe.run_probe(model, torch.randint(0, 64, (4, 12)))
+    assert counters["stats"]["unique_graphs"] == compiled and 0 <= report.sink1 <= 100
