@@ -127,6 +127,8 @@ def cpu_cases(context: int = CONTEXT["cpu"]) -> list[Case]:
         fit_case("preempt", "cpu-tiny", "cpu", 60, *tiny, kind="preempt", log_every=2, window=2),
         Case("analyze", "analyze", ("-n", "8", "-T", "12", "--no-plots", "--device", "cpu"), data="cpu",
              reads="softmax"),
+        Case("stream-ppl", "stream-ppl", ("--max-tokens", "256", "--cache", "2+30", "--device", "cpu"), data="cpu",
+             reads="softmax"),
     ]
 
 

@@ -58,3 +58,18 @@ def mlflow_server(tmp_path_factory):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
     log.close()
+
+
+@pytest.fixture(scope="session")
+def load_benchmark():
+    """``load_benchmark("bench_gpu")``: a script of benchmarks/ as a module (they are not a package)."""
+    import importlib.util
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module   # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+
+    return load

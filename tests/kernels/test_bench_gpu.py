@@ -1,5 +1,4 @@
 """benchmarks/bench_gpu.py: the CPU smoke path end to end, and the micro-batch search."""
-import importlib.util
 import re
 import subprocess
 import sys
@@ -28,16 +27,8 @@ def test_cpu_smoke_run_prints_every_case_and_the_ratio_last():
     assert f"ratio ours/hf llama-1b = {ratio:.3f}" in done.stdout
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_gpu"] = module   # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_micro_batch_search_halves_on_out_of_memory():
-    bench_gpu = _load_bench()
+def test_micro_batch_search_halves_on_out_of_memory(load_benchmark):
+    bench_gpu = load_benchmark("bench_gpu")
     bench = bench_gpu.Bench(torch.device("cpu"), context=8, steps=1, warmup=0, max_batch=8)
     tried = []
 

@@ -3,7 +3,6 @@ its table, its verdicts and its exit status. It starts real `sinklab fit` proces
 the first test, one of them stopped by SIGUSR1 and resumed), hence ~35 s."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -44,16 +43,8 @@ def test_a_failing_case_gives_its_first_error_line_and_exit_1(tiny_ds, tmp_path)
     assert "\n0 of 1 cases ok; " in done.stdout
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_first_error_line_is_ours_else_the_exception_of_the_last_traceback():
-    first_error_line = _module().first_error_line
+def test_the_first_error_line_is_ours_else_the_exception_of_the_last_traceback(load_benchmark):
+    first_error_line = load_benchmark("gpu_check").first_error_line
     traceback = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
                  "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:\n"
                  "sinklab fit: warning: torch.compile failed (...)\n"
@@ -71,7 +62,7 @@ def test_an_unknown_case_is_refused_with_the_list(tmp_path):
     assert done.returncode == 2 and "--cases: unknown nope; the cpu cases are softmax, sigmoid" in done.stderr
 
 
-def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatch):
+def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatch, load_benchmark):
     """The GPU matrix cannot run here; its arguments are parsed and its classes built as
     `sinklab fit` would (on the CPU accelerator), so a typo fails now and not on a lent GPU."""
     from pipeline.train.cli import SinkLabCLI
@@ -79,7 +70,7 @@ def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatc
     from pipeline.train.module import SinkLabModule
     from pipeline.train.rundir import release_lock
 
-    gpu_check = _module()
+    gpu_check = load_benchmark("gpu_check")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.chdir(REPO)
     cases = gpu_check.gpu_cases()
