@@ -1,6 +1,6 @@
 """benchmarks/gpu_check.py, the matrix `make gpu-check` runs on a GPU, driven on toy CPU cases:
-its table, its verdicts and its exit status. It starts real `sinklab fit` processes (three in
-the first test, one of them stopped by SIGUSR1 and resumed), hence ~35 s."""
+its table, its verdicts and its exit status. It starts real `sinklab fit` processes (one stopped
+by SIGUSR1 and resumed, one refused), hence ~45 s in all."""
 from __future__ import annotations
 
 import os
@@ -24,13 +24,12 @@ def table_rows(stdout: str) -> dict[str, list[str]]:
     return {line.split()[0]: line.split() for line in lines[start + 2:] if " cases ok; " not in line}
 
 
-def test_healthy_cases_pass_with_their_speed_and_a_preempted_run_resumes(tiny_ds, tmp_path):
-    done = gpu_check(["--data", str(tiny_ds), "--cases", "softmax,preempt"], tmp_path)
+def test_a_preempted_run_resumes_and_passes_with_its_speed(tiny_ds, tmp_path):
+    done = gpu_check(["--data", str(tiny_ds), "--cases", "preempt"], tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    rows = table_rows(done.stdout)
-    assert [rows[name][1] for name in ("softmax", "preempt")] == ["ok", "ok"]
-    assert all(float(rows[name][2].replace(",", "")) > 0 for name in rows)   # tokens/s
-    assert done.stdout.splitlines()[-1].startswith("2 of 2 cases ok; ")
+    row = table_rows(done.stdout)["preempt"]
+    assert row[1] == "ok" and float(row[2].replace(",", "")) > 0   # tokens/s
+    assert done.stdout.splitlines()[-1].startswith("1 of 1 cases ok; ")
     log = (tmp_path / "check" / "preempt.log").read_text()
     assert "stopped by SIGUSR1 at step" in log and "Restored all states from the checkpoint" in log
 
