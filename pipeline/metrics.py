@@ -214,9 +214,9 @@ def emergence_steps(history, alpha1_uniform: float) -> dict[str, int | None]:
 
 def memorising(history, rise: float = 0.03, after: int = 2) -> str | None:
     """A validation loss that turned upward for good: ``after`` or more evaluations came after
-    its minimum, and the last is ``rise`` (relative) above it. Returns the
-    warning to print, or None (still falling, flat within noise, too few points). ``history``:
-    (step, value) pairs (NaN never counts)."""
+    its minimum, and the last is ``rise`` (relative) above it. Returns the warning to print, or
+    None (still falling, flat within noise, too few points). ``history``: (step, value) pairs
+    (NaN never counts)."""
     rows = sorted((int(step), float(value)) for step, value in history if value == value)
     if len(rows) <= after:
         return None

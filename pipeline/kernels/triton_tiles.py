@@ -14,11 +14,12 @@ over key blocks for dk and dv, one over query blocks for dq; no atomics), with
     dq = scale ds k,   dk = scale ds^T q,   dv = sim^T du.
 
 The normaliser Z_i(S_i) and the bias slots (k*, v*) are O(T d) and stay in torch around the
-kernels, so autograd handles them. The kernels launch inside two custom ops (``sinklab::
-fused_tiles`` and its backward), so a compiled model calls them as they are, and the only float
-they take, the scale, is a compile-time constant: torch.compile may type a float argument fp64,
-which would make the sums fp64 (the Triton compiler then refuses the loop). On a machine without a GPU the kernels run (slowly, for
-tests) under Triton's interpreter: set TRITON_INTERPRET=1 before this module is imported.
+kernels, so autograd handles them. The kernels launch inside two custom ops
+(``sinklab::fused_tiles`` and its backward), so a compiled model calls them as they are, and the
+only float they take, the scale, is a compile-time constant: torch.compile may type a float
+argument fp64, which would make the sums fp64 (the Triton compiler then refuses the loop). On a
+machine without a GPU the kernels run (slowly, for tests) under Triton's interpreter: set
+TRITON_INTERPRET=1 before this module is imported.
 """
 from __future__ import annotations
 

@@ -36,10 +36,10 @@ from . import sharding  # noqa: F401  (registers the strategy names fsdp2, deeps
 from .batching import BatchConfigError
 from .callbacks import Preemption, SinkMetrics, StepCheckpoint, Throughput
 from .data import SinkDataModule
-from .progress import StepProgressBar
 from .integrity import checkpoint_problem
 from .mlflow_record import log_run_model
 from .module import NonFiniteLossError, SinkLabModule, read_init
+from .progress import StepProgressBar
 from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, release_lock
 from .remote_checkpoints import CheckpointUploader, pulled_argv
 from .summary import print_summary
