@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,7 @@ def export_hf(model: Transformer, out_dir: str | os.PathLike, dtype: torch.dtype
               tokenizer: str | os.PathLike | None = None) -> Path:
     """Write a save_pretrained directory (config.json + model.safetensors) atomically."""
     hf = to_hf(model).to(dtype)
-    with atomic_directory(out_dir) as tmp:
+    with atomic_directory(out_dir, kind="sinklab export-hf") as tmp:
         hf.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             shutil.copy(tokenizer, tmp / "tokenizer.json")
@@ -164,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = load_pretrained(args.checkpoint, config=args.config)
         out = export_hf(model, args.out, getattr(torch, args.dtype), args.tokenizer)
-    except (NotALlama, ValueError, FileNotFoundError) as err:
-        print(f"sinklab export-hf: {err}")
+    except (NotALlama, ValueError, OSError) as err:  # OSError: NotOurs, a missing file, a full disk
+        print(f"sinklab export-hf: {err}", file=sys.stderr)
         return 2
     print(f"wrote {out} (LlamaForCausalLM, {model.num_parameters() / 1e6:.2f}M parameters, {args.dtype})")
     return 0

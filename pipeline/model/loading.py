@@ -30,7 +30,7 @@ _PREFIXES = ("_forward_module.", "module.", "model.")
 
 def save_pretrained(model: Transformer, out_dir: str | os.PathLike) -> Path:
     """Write ``sinklab_config.json`` + ``model.safetensors`` atomically into out_dir."""
-    with atomic_directory(out_dir) as tmp:
+    with atomic_directory(out_dir, kind="sinklab save_pretrained") as tmp:
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         if model.config.tie_embeddings:
             state.pop("lm_head.weight", None)
@@ -52,12 +52,16 @@ def load_pretrained(
         return _build(model_config, load_file(str(weights), device=map_location), str(weights))
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such checkpoint")
-    if p.suffix == ".safetensors":
-        state: dict[str, Any] = load_file(str(p), device=map_location)
-        blob: dict[str, Any] = {}
-    else:
-        blob = torch.load(p, map_location=map_location, weights_only=False)
-        state = blob.get("state_dict", blob.get("module", blob)) if isinstance(blob, dict) else {}
+    try:
+        if p.suffix == ".safetensors":
+            state: dict[str, Any] = load_file(str(p), device=map_location)
+            blob: dict[str, Any] = {}
+        else:
+            blob = torch.load(p, map_location=map_location, weights_only=False)
+            state = blob.get("state_dict", blob.get("module", blob)) if isinstance(blob, dict) else {}
+    except Exception as exc:  # zip, pickle, EOF and safetensors errors alike: not a file we can read
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"{p}: not a readable checkpoint or state dict ({first[:150]})") from None
     if config is not None:
         model_config = _as_config(config)
     elif isinstance(blob, dict) and "model_config" in blob.get("hyper_parameters", {}):

@@ -1,4 +1,7 @@
 """The default variant is HF LlamaForCausalLM: logits match in fp32 both ways."""
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -69,5 +72,49 @@ def test_variants_hf_cannot_express_are_refused_naming_the_field(tmp_path, capsy
         to_hf(model)
     save_pretrained(model, tmp_path / "run")
     assert main([str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 2
-    assert field in capsys.readouterr().out
+    assert field in capsys.readouterr().err  # refusals go to stderr, as every command's
     assert not (tmp_path / "hf").exists()
+
+
+def _listing(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("target", ["run dir", "current dir", "user folder", "earlier export plus a user file"])
+def test_export_never_deletes_what_it_did_not_write(tmp_path, capsys, monkeypatch, target):
+    """Issue 26: `export-hf CKPT --out DIR` replaced DIR wholesale (the run's checkpoints, the current
+    directory's contents). Now it replaces only an earlier export of its own, and refuses the rest
+    in one line with nothing touched."""
+    run = tmp_path / "run"
+    ckpt = save_pretrained(_model(), run / "checkpoints" / "step-000010")
+    (run / "metrics.jsonl").write_text("{}\n")
+    out = {"run dir": run, "current dir": Path("."), "user folder": tmp_path / "mine",
+           "earlier export plus a user file": tmp_path / "hf"}[target]
+    monkeypatch.chdir(run if target == "current dir" else tmp_path)
+    if target == "user folder":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    if target.startswith("earlier export"):
+        assert main([str(ckpt), "--out", str(out)]) == 0
+        (out / "notes.txt").write_text("mine")
+    before = _listing(tmp_path)
+    capsys.readouterr()
+    assert main([str(ckpt), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sinklab export-hf: ")
+    assert ("current directory" if target == "current dir" else "nothing was changed") in err[0]
+    assert _listing(tmp_path) == before
+
+
+def test_an_earlier_export_is_replaced_and_a_garbage_checkpoint_refused_in_one_line(tmp_path, capsys):
+    ckpt = save_pretrained(_model(), tmp_path / "ckpt")
+    assert main([str(ckpt), "--out", str(tmp_path / "hf")]) == 0
+    assert main([str(ckpt), "--out", str(tmp_path / "hf"), "--dtype", "bfloat16"]) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "bfloat16"
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint")
+    capsys.readouterr()
+    assert main([str(garbage), "--out", str(tmp_path / "hf2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "garbage.ckpt: not a readable checkpoint" in err[0]
+    assert not (tmp_path / "hf2").exists()

@@ -20,7 +20,8 @@ def _same(a, b):
 def test_export_dir_roundtrip(tmp_path):
     model = _model()
     out = save_pretrained(model, tmp_path / "export")
-    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "sinklab_config.json"]
+    # and the marker that lets a later save replace this directory (and nothing a user wrote)
+    assert sorted(p.name for p in out.iterdir()) == [".sinklab-output.json", "model.safetensors", "sinklab_config.json"]
     loaded = load_pretrained(out)
     assert loaded.config == model.config
     _same(model, loaded.eval())
