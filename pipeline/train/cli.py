@@ -42,6 +42,7 @@ from .module import NonFiniteLossError, SinkLabModule, read_init
 from .progress import StepProgressBar
 from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, release_lock
 from .remote_checkpoints import CheckpointUploader, pulled_argv
+from .resume import check_resume
 from .summary import print_summary
 from .tracking import RunLogger, code_version, flatten, open_run
 
@@ -109,6 +110,9 @@ class SinkLabCLI(LightningCLI):
         self.model.optim.validate(self.trainer.max_steps)
         manifest = self.datamodule.manifest
         self.model.set_vocab(manifest.vocab_size, manifest.context_length)  # max_seq_len checked here too
+        if self.resume_from:  # before anything of this start is written: nothing to undo on a refusal
+            check_resume(Path(self.resume_from), self.model.model_config.to_dict(), vars(self.model.optim),
+                         self.datamodule.order(), self.trainer.max_steps)
         init_tags = {}
         if self.model.init and not self.resume_from:
             self.model.init_state, init_tags = read_init(self.model.init, self.model.model_config)

@@ -221,6 +221,15 @@ class SinkDataModule(L.LightningDataModule):
         return DataLoader(EvalSet(split, n, self.intervene()), batch_size=self.micro_batch_size, shuffle=False,
                           num_workers=self.num_workers)
 
+    def order(self) -> dict:
+        """What fixes the sequence of training samples (and so what a resume may not change)."""
+        return {"manifest_hash": self.manifest.hash, "seed": self.seed, "global_batch_tokens": self.global_batch_tokens,
+                "token_budget": self.token_budget, "interventions": vars(self.interventions).copy()}
+
+    def state_dict(self) -> dict:
+        """Kept in every checkpoint (Lightning stores a data module's state), for the resume check."""
+        return {"order": self.order()}
+
     def probe_tokens(self) -> torch.Tensor:
         """The probe set; with a fixed token at position p in training, the probe carries it
         at p too (Table 10 right measures the sink on the fixed token)."""

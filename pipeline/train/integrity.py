@@ -69,6 +69,16 @@ def _deepspeed_problem(path: Path) -> str | None:
     return None
 
 
+def model_states_file(path: Path) -> Path:
+    """A DeepSpeed checkpoint directory's model-states file: the tensors of rank 0 (all of them
+    below ZeRO-3) and Lightning's training state (step, hyper-parameters, loops)."""
+    tag_dir = Path(path) / (Path(path) / "latest").read_text().strip()
+    found = sorted(tag_dir.glob("*model_states.pt"))
+    if not found:
+        raise FileNotFoundError(f"{tag_dir}: holds no model_states.pt")
+    return found[0]
+
+
 def checkpoint_problem(path: Path) -> str | None:
     """What is wrong with a step checkpoint (a file, or a DeepSpeed directory), or None."""
     path = Path(path)

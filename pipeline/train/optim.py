@@ -12,13 +12,14 @@ learnable sink tokens.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from pipeline.model.config import ConfigError
-from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, SequentialLR
+from torch.optim.lr_scheduler import LambdaLR
 
 DecayOn = Literal["all", "matrices", "matrices_no_embeddings"]
 
@@ -84,11 +85,72 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
                              eps=cfg.eps, fused=fused or None)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int):
+@dataclass
+class WarmupCosine:
+    """The lr factor (of the peak) at optimizer step s: linear warm-up (s+1)/W for s < W, then a
+    cosine from ``start`` at step ``decay_from`` down to ``floor`` at step ``end``, and ``floor``
+    after it. A fresh run decays from 1 at W; a resume that changes ``trainer.max_steps``
+    re-anchors the cosine at the step it resumes from (:meth:`extend`)."""
+
+    warmup: int
+    decay_from: int
+    start: float
+    end: int
+    floor: float
+
+    def __call__(self, s: int) -> float:
+        if s < self.warmup:
+            return (s + 1) / self.warmup
+        if s >= self.end:
+            return self.floor
+        progress = (s - self.decay_from) / (self.end - self.decay_from)
+        return self.floor + (self.start - self.floor) * (1 + math.cos(math.pi * progress)) / 2
+
+    def extend(self, at: int, end: int) -> None:
+        """Continue from step ``at`` to a new last step ``end``: no jump in lr (the cosine starts
+        from the factor it has at ``at``) and no second warm-up."""
+        if at > self.warmup:
+            self.decay_from, self.start = at, self(at)
+        self.end = end
+
+
+class Schedule(LambdaLR):
+    """LambdaLR over one :class:`WarmupCosine`, which travels in the checkpoint (LambdaLR keeps a
+    callable object's attributes in its state). On a resume whose ``max_steps`` differs from the
+    checkpoint's, the restored shape is extended to the new end at the restored step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, shape: WarmupCosine):
+        self.shape = shape
+        self.wanted_end = shape.end
+        super().__init__(optimizer, shape)
+
+    _OWN = ("shape", "wanted_end")  # this start's, not the checkpoint's: kept out of the state
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in super().state_dict().items() if k not in self._OWN}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict({k: v for k, v in _from_legacy(state_dict).items() if k not in self._OWN})
+        if self.shape.end != self.wanted_end:
+            self.shape.extend(self.last_epoch, self.wanted_end)
+
+
+def _from_legacy(state: dict) -> dict:
+    """Checkpoints written before :class:`Schedule` hold a SequentialLR (warm-up LambdaLR, then
+    CosineAnnealingLR) or a bare CosineAnnealingLR: the same curve, as a WarmupCosine state."""
+    if "lr_lambdas" in state:
+        return state
+    cosine = state["_schedulers"][-1] if "_schedulers" in state else state
+    warmup = state["_milestones"][0] if "_milestones" in state else 0
+    peak = cosine["base_lrs"][0]
+    shape = {"warmup": warmup, "decay_from": warmup, "start": 1.0, "end": warmup + cosine["T_max"],
+             "floor": cosine["eta_min"] / peak}
+    return {"base_lrs": cosine["base_lrs"], "last_epoch": state["last_epoch"], "_last_lr": state["_last_lr"],
+            "lr_lambdas": [dict(shape) for _ in cosine["base_lrs"]], "verbose": False,
+            "_step_count": state["last_epoch"] + 1, "_get_lr_called_within_step": False}
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> Schedule:
     """Step-wise: lr(s) = lr * (s+1)/W for s < W, then min_lr + (lr-min_lr)(1+cos(pi (s-W)/(S-W)))/2."""
     cfg.validate(max_steps)
-    decay = CosineAnnealingLR(optimizer, T_max=max_steps - cfg.warmup_steps, eta_min=cfg.min_lr)
-    if cfg.warmup_steps == 0:
-        return decay
-    warm = LambdaLR(optimizer, lambda s: (s + 1) / cfg.warmup_steps)
-    return SequentialLR(optimizer, [warm, decay], milestones=[cfg.warmup_steps])
+    return Schedule(optimizer, WarmupCosine(cfg.warmup_steps, cfg.warmup_steps, 1.0, max_steps, cfg.min_lr / cfg.lr))

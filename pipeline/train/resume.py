@@ -1,0 +1,65 @@
+"""What a resume may change: checked before anything of the new start is written.
+
+A resume continues the checkpoint's run. It may change how the run is carried out (world size
+and micro-batch, strategy, precision, compilation, cadences of checkpoints, probes and
+validation, logging) and ``trainer.max_steps``, which extends (or shortens) the run: the cosine
+goes on from the lr of the resumed step to ``min_lr`` at the new end (``optim.Schedule``). It
+may not change what defines the run — the model, the optimiser and its schedule, the data and
+its order — since the checkpoint's state would silently win over the new value (or the weights
+would not fit). Those are refused in one line that names the field and both values.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .integrity import model_states_file
+from .rundir import RunDirError
+
+# how a run is carried out, not what it is: a resume may change these optimiser fields
+FREE_OPTIM_FIELDS = ("fused",)
+NEW_RUN = "to train those weights under new settings, start a new run with --model.init {ckpt}"
+
+
+def checkpoint_meta(path: Path) -> dict[str, Any]:
+    """The checkpoint's training state without its tensors (memory-mapped): ``global_step``,
+    ``hyper_parameters`` and the data module's state. A DeepSpeed directory keeps them in its
+    model-states file (Lightning's client state)."""
+    path = Path(path)
+    source = model_states_file(path) if path.is_dir() else path
+    blob = torch.load(source, map_location="cpu", mmap=True, weights_only=False)
+    return {"global_step": int(blob.get("global_step", 0)), "hyper_parameters": blob.get("hyper_parameters") or {},
+            "data": (blob.get("SinkDataModule") or {}).get("order")}
+
+
+def _flat(data: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flat(value, f"{prefix}.{key}"))
+        return out
+    return {prefix: data}
+
+
+def _differences(stored: dict, given: dict, prefix: str, free: tuple[str, ...] = ()) -> list[str]:
+    old, new = _flat(stored, prefix), _flat(given, prefix)
+    keys = sorted(k for k in old.keys() & new.keys() if k.rsplit(".", 1)[-1] not in free and old[k] != new[k])
+    return [f"{k}={new[k]!r} (the checkpoint's: {old[k]!r})" for k in keys]
+
+
+def check_resume(ckpt: Path, model_config: dict, optim: dict, data_order: dict, max_steps: int) -> int:
+    """Refuse a resume from ``ckpt`` that would change the run; returns the checkpoint's step."""
+    meta = checkpoint_meta(ckpt)
+    step, hparams = meta["global_step"], meta["hyper_parameters"]
+    differ = (_differences(hparams.get("model_config") or {}, model_config, "model.model")
+              + _differences(hparams.get("optim") or {}, optim, "model.optim", FREE_OPTIM_FIELDS)
+              + _differences(meta["data"] or {}, data_order, "data"))
+    if differ:
+        raise RunDirError(f"--resume {ckpt}: a resume continues the checkpoint's run, but {'; '.join(differ)}; "
+                          f"resume with the checkpoint's values ({NEW_RUN.format(ckpt=ckpt)})")
+    if max_steps < step:
+        raise RunDirError(f"--resume {ckpt}: trainer.max_steps={max_steps} is below the checkpoint's step {step}; "
+                          f"give at least {step} (a larger value extends the run)")
+    return step
