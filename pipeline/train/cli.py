@@ -40,7 +40,7 @@ from .integrity import checkpoint_problem
 from .mlflow_record import log_run_model
 from .module import NonFiniteLossError, SinkLabModule, read_init
 from .progress import StepProgressBar
-from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, release_lock
+from .rundir import RunDir, RunDirError, acquire_lock, release_lock
 from .remote_checkpoints import CheckpointUploader, pulled_argv
 from .resume import check_resume
 from .summary import print_summary
@@ -110,8 +110,9 @@ class SinkLabCLI(LightningCLI):
         self.model.optim.validate(self.trainer.max_steps)
         manifest = self.datamodule.manifest
         self.model.set_vocab(manifest.vocab_size, manifest.context_length)  # max_seq_len checked here too
+        self.resume_step = None
         if self.resume_from:  # before anything of this start is written: nothing to undo on a refusal
-            check_resume(Path(self.resume_from), self.model.model_config.to_dict(), vars(self.model.optim),
+            self.resume_step = check_resume(Path(self.resume_from), self.model.model_config.to_dict(), vars(self.model.optim),
                          self.datamodule.order(), self.trainer.max_steps)
         init_tags = {}
         if self.model.init and not self.resume_from:
@@ -131,11 +132,9 @@ class SinkLabCLI(LightningCLI):
         tags.update(init_tags)
         if os.environ.get(PARENT_ENV):  # set by `sinklab sweep`: the experiment's parent run
             tags[TAG_PARENT] = os.environ[PARENT_ENV]
-        resumed = CKPT_RE.match(Path(self.resume_from).name) if self.resume_from else None
         self.run_id = open_run(self.run, opts.experiment, opts.name, tags, flatten(_as_plain(cfg)), [config_file],
-                               resume_step=int(resumed.group(1)) if resumed else None,
                                manifest=self.datamodule.manifest)
-        self.trainer.logger.attach_run(self.run_id)
+        self.trainer.logger.attach_run(self.run_id, self.resume_step)
         if opts.system_metrics:
             self.trainer.logger.start_system_metrics()
         if opts.log_checkpoints and self.run_id:

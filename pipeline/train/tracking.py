@@ -2,10 +2,13 @@
 
 ``RunLogger`` is Lightning's MLFlowLogger with two additions:
 
-- every metric is also appended to ``<run_dir>/metrics.jsonl`` (rank 0), whatever MLflow does;
-- if the tracking server cannot be reached, training goes on: the failed batch and all later
-  ones are buffered in memory and re-sent in order once the server answers again (tried at most
-  every ``retry_every_s`` seconds, and at the end of the run). A warning says so once.
+- every metric is first appended to ``<run_dir>/metrics.jsonl`` (rank 0), whatever MLflow does;
+- sending never stops training: a batch the tracking server does not take stays queued, with
+  all later ones, and is re-sent in order once the server answers again (tried at most every
+  ``retry_every_s`` seconds, and at the end of the run). ``<run_dir>/mlflow_sent`` records how
+  far metrics.jsonl has reached MLflow, so what a start could not send before it ended (the
+  server gone at the end, a killed process) is sent by the next start of the run directory
+  (``--resume auto``, also on a finished run) before anything else.
 
 The run itself is created (or found again) by :func:`open_run` on rank 0 once every setting has
 been checked, before training starts; its id lives in the run directory, so a resumed or
@@ -26,6 +29,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from pipeline.tracking_contract import tracking_uri
 
+from .metrics_file import MetricsFile
 from .rundir import RunDir
 
 DEFAULT_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
@@ -63,13 +67,11 @@ def _prepare_sqlite(uri: str) -> None:
 
 
 def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
-             params: dict[str, str], artifacts: list[Path], resume_step: int | None = None,
-             manifest=None) -> str | None:
+             params: dict[str, str], artifacts: list[Path], manifest=None) -> str | None:
     """Rank 0: the MLflow run of this run directory (created on the first start). Returns its
-    id, or None when the tracking store cannot be reached (training then goes on offline).
-    resume_step: the step this start resumes from (metrics.jsonl rows before it are sent when
-    an earlier, offline start left no MLflow run). manifest: the dataset's, logged as the run's
-    dataset input when the run is created."""
+    id, or None when the tracking store cannot be reached (training then goes on offline, and a
+    later start creates the run and sends what metrics.jsonl holds). manifest: the dataset's,
+    logged as the run's dataset input when the run is created."""
     from .mlflow_record import dataset_input, mark_training_experiment
     from mlflow.entities import Param, RunTag
     from mlflow.tracking import MlflowClient
@@ -87,11 +89,11 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
             mark_training_experiment(client, exp_id)
             created = client.create_run(exp_id, run_name=run_name, tags=tags)
             run_id = created.info.run_id
+            MetricsFile(run.root).mark_sent(0)  # a new run: all of metrics.jsonl is still to send
             run.save_mlflow_run_id(run_id)
             items = [Param(k, v[:6000]) for k, v in params.items()]
             for i in range(0, len(items), 100):
                 client.log_batch(run_id, params=items[i:i + 100])
-            _backfill(client, run_id, run.metrics_path, before_step=resume_step or 0)
             if manifest is not None:
                 client.log_inputs(run_id, datasets=[dataset_input(manifest)])
         else:
@@ -105,23 +107,11 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
     return run_id
 
 
-def _backfill(client, run_id: str, metrics_path: Path, before_step: int) -> None:
-    """A run that started while MLflow was unreachable has its metrics only in metrics.jsonl:
-    send what the resumed start will not log again (the steps before its checkpoint, and the
-    checkpoint step's own evaluations) when its MLflow run is finally created."""
+def _as_mlflow(rows: list[dict]) -> list:
     from mlflow.entities import Metric
 
-    if not metrics_path.exists():
-        return
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    items = [Metric(k, float(v), int(row["time"] * 1000), int(row["step"]))
-             for row in rows for k, v in row.items()
-             if k not in ("step", "time") and (row["step"] < before_step
-                                                or row["step"] == before_step and not k.startswith("train/"))]
-    for i in range(0, len(items), 1000):
-        client.log_batch(run_id, metrics=items[i:i + 1000])
-    if items:
-        _notice(f"MLflow: {len(items)} values logged while it was unreachable sent from {metrics_path}")
+    return [Metric(k, float(v), int(row["time"] * 1000), int(row["step"]))
+            for row in rows for k, v in row.items() if k not in ("step", "time")]
 
 
 # sinklab.status (and Lightning's "success") -> MLflow's run status
@@ -136,18 +126,25 @@ class RunLogger(MLFlowLogger):
                  retry_every_s: float = 60.0, **kwargs: Any):
         uri = tracking_uri()
         super().__init__(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, **kwargs)
-        self.run = RunDir(Path(run_dir))
+        self.record = MetricsFile(Path(run_dir))
         self.retry_every_s = retry_every_s
-        self._pending: list[tuple[dict[str, float], int]] = []
+        self._pending: list[tuple[list, int]] = []  # (MLflow metrics, metrics.jsonl offset after them)
         self._last_failure = 0.0
         self.offline = run_id is None
         self.sent_batches = 0
         self.system_metrics = None
 
-    def attach_run(self, run_id: str | None) -> None:
+    def attach_run(self, run_id: str | None, resume_step: int | None) -> None:
         """The MLflow run, once :func:`open_run` has created it (after every setting is checked,
-        so a start refused for a bad setting leaves no run behind)."""
+        so a start refused for a bad setting leaves no run behind); then what earlier starts of
+        the run directory logged but could not send, before anything new."""
         self._run_id, self.offline = run_id, run_id is None
+        if run_id is not None:
+            rows, end = self.record.backlog(resume_step)
+            self._pending.insert(0, (_as_mlflow(rows), end))
+            waiting = len(self._pending[0][0])
+            if self.flush(force=True) and waiting:
+                _notice(f"MLflow: {waiting} values that earlier starts could not send, sent from {self.record.path}")
 
     def start_system_metrics(self) -> None:
         """Rank 0: MLflow's system metrics (CPU, RAM, GPU where present) on this run until
@@ -186,32 +183,36 @@ class RunLogger(MLFlowLogger):
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        metrics = {k: float(v) for k, v in metrics.items()}
-        step = int(step or 0)
-        with open(self.run.metrics_path, "a") as f:
-            f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        row, end = self.record.append(int(step or 0), {k: float(v) for k, v in metrics.items()})
         if self._run_id is not None:  # without a run, metrics.jsonl is sent when one is created
-            self._pending.append((metrics, step))
+            self._pending.append((_as_mlflow([row]), end))
             self.flush()
 
     def flush(self, force: bool = False) -> bool:
-        """Send buffered metrics in order; returns True when nothing is left to send."""
+        """Send queued metrics in order, recording in the run dir how far they got; returns
+        True when nothing is left to send."""
         if not self._pending or self._run_id is None:
             return not self._pending
         if self.offline and not force and time.time() - self._last_failure < self.retry_every_s:
             return False
+        sent_to = None
         try:
             while self._pending:
-                metrics, step = self._pending[0]
-                super().log_metrics(metrics, step)
+                metrics, end = self._pending[0]
+                for i in range(0, len(metrics), 1000):  # the REST API takes at most 1000 a request
+                    self.experiment.log_batch(self._run_id, metrics=metrics[i:i + 1000])
                 self._pending.pop(0)
                 self.sent_batches += 1
+                sent_to = end
         except Exception as exc:  # noqa: BLE001
             if not self.offline:
                 _notice(f"MLflow tracking server unreachable ({type(exc).__name__}: {str(exc)[:200]}); "
-                        f"training goes on, metrics are buffered and kept in {self.run.metrics_path}")
+                        f"training goes on, metrics are queued and kept in {self.record.path}")
             self.offline, self._last_failure = True, time.time()
             return False
+        finally:
+            if sent_to is not None:
+                self.record.mark_sent(sent_to)
         if self.offline:
             _notice(f"MLflow reachable again: {self.sent_batches} metric batches now on the server")
         self.offline = False
@@ -243,8 +244,9 @@ class RunLogger(MLFlowLogger):
         if self._run_id is None:
             return
         if not self.flush(force=True):
-            _notice(f"MLflow: {len(self._pending)} metric batches could not be sent; they are in "
-                    f"{self.run.metrics_path}")
+            waiting = sum(len(metrics) for metrics, _ in self._pending)
+            _notice(f"MLflow: {waiting} values could not be sent before the end; they are in {self.record.path}, "
+                    f"and the next start of {self.record.path.parent} (--resume auto) sends them and closes the run")
             return
         mlflow_status = _MLFLOW_STATUS.get(status, "FINISHED")
         try:

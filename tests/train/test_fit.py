@@ -216,6 +216,55 @@ def test_training_survives_an_mlflow_outage(tiny_ds, tmp_path, monkeypatch, mlfl
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
+def test_a_server_lost_mid_run_gets_every_metric_from_the_next_start(tiny_ds, tmp_path, monkeypatch, mlflow_server,
+                                                                      capsys):
+    """Issue 26: the tracking server goes away at step 4 and stays away to the end of the run (exit
+    0, the run left RUNNING, the rest queued). The next start of the run dir, with the server back,
+    sends what was queued before anything else, logs the model and closes the run: MLflow then
+    holds every value of metrics.jsonl, once."""
+    proxy = _Proxy(mlflow_server)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    original = module_mod.SinkLabModule._end_of_step
+
+    def losing(self):
+        proxy.up = self.global_step < 4
+        return original(self)
+
+    from pipeline.train import tracking
+
+    monkeypatch.setattr(module_mod.SinkLabModule, "_end_of_step", losing)
+    monkeypatch.setattr(tracking.RunLogger, "__init__.__defaults__", (1.0,), raising=False)
+    run_dir = tmp_path / "lost"
+    args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.sink_every", "3", "--trainer.max_steps", "10",
+            "--run.checkpoint_every", "5", "--run.system_metrics", "false"]
+    uri = f"http://127.0.0.1:{proxy.port}"
+    assert fit_in_process(args, monkeypatch, uri) == 0
+    assert "could not be sent before the end" in capsys.readouterr().err
+    client = MlflowClient(mlflow_server)
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    assert client.get_run(run_id).info.status == "RUNNING"
+    assert max(m.step for m in client.get_metric_history(run_id, "train/loss")) < 4
+
+    monkeypatch.setattr(module_mod.SinkLabModule, "_end_of_step", original)
+    proxy.up = True
+    assert fit_in_process([*args, "--resume", "auto"], monkeypatch, uri) == 0
+    assert "that earlier starts could not send, sent" in capsys.readouterr().err
+    local: dict[str, dict[int, float]] = {}
+    for row in read_metrics(run_dir):
+        for key, value in row.items():
+            if key not in ("step", "time"):
+                local.setdefault(key, {})[row["step"]] = value
+    assert {"train/loss", "sink/sink1", "val/loss"} <= set(local)
+    for key, by_step in local.items():
+        history = client.get_metric_history(run_id, key)
+        assert {m.step: m.value for m in history} == pytest.approx(by_step), key
+        assert len(history) == len(by_step), key  # once each
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["sinklab.status"] == "finished"
+    assert "sinklab.model_id" in run.data.tags
+
+
 @pytest.mark.parametrize("op,proxy", [("softmax", False), ("kernel", True)])
 def test_summary_says_when_sink_scores_are_proxies(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys, op, proxy):
     args = ["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / op), "--trainer.max_steps", "4",

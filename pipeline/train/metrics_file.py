@@ -1,0 +1,54 @@
+"""``<run_dir>/metrics.jsonl`` and how far it has reached MLflow.
+
+Every metric a run logs is appended to metrics.jsonl first (one JSON row per call: step, time,
+values), whatever the tracking server does. ``mlflow_sent`` holds the byte offset up to which
+every row has been sent to (or deliberately left out of) the run's MLflow run; it only moves
+forward, after the server has taken the rows. A start that finds rows past it sends them
+(:meth:`MetricsFile.backlog`) before logging anything new.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from data_prep.atomic import atomic_write
+
+class MetricsFile:
+    def __init__(self, run_root: Path):
+        self.path = Path(run_root) / "metrics.jsonl"
+        self.sent_path = Path(run_root) / "mlflow_sent"
+
+    def append(self, step: int, metrics: dict[str, float]) -> tuple[dict, int]:
+        """Append one row; returns it and the byte offset where it ends."""
+        row = {"step": step, "time": time.time(), **metrics}
+        with open(self.path, "ab") as f:
+            f.write((json.dumps(row) + "\n").encode())
+            return row, f.tell()
+
+    def end(self) -> int:
+        return self.path.stat().st_size if self.path.exists() else 0
+
+    def sent(self) -> int | None:
+        """The offset sent so far; None where no start has recorded one (a run from before this
+        record existed: everything up to now counts as sent)."""
+        try:
+            return int(self.sent_path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def mark_sent(self, offset: int) -> None:
+        atomic_write(self.sent_path, f"{offset}\n")
+
+    def backlog(self, resume_step: int | None) -> tuple[list[dict], int]:
+        """The rows past the recorded offset that this start will not log again, and the offset
+        where the file ends now. A start resumed at step s logs again its training metrics from
+        step s on and anything after s; a fresh start (``resume_step`` None) logs everything again."""
+        start, end = self.sent(), self.end()
+        if start is None or start >= end or resume_step is None:
+            return [], end
+        with open(self.path, "rb") as f:
+            f.seek(start)
+            rows = [json.loads(line) for line in f.read(end - start).splitlines() if line.strip()]
+        return [{k: v for k, v in row.items() if row["step"] < resume_step or not k.startswith("train/")}
+                for row in rows if row["step"] <= resume_step], end
