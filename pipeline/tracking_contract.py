@@ -4,7 +4,9 @@ the training layer, the analysis layer and the experiments layer all import it f
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
 
 # written by `sinklab fit` on every training run; read by sweeps and reports
@@ -26,3 +28,24 @@ def tracking_uri() -> str:
     """``$MLFLOW_TRACKING_URI``, else the project's sqlite store ``mlruns/mlflow.db`` under the
     working directory (what the Makefile exports)."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlruns' / 'mlflow.db'}"
+
+
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a sqlite store, in ``<store dir>/artifacts/
+    <experiment>`` (MLflow would use ``./mlruns`` of whatever directory the command runs in); a
+    tracking server or a file store decides itself (None)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment).strip("._") or "experiment"
+    digest = hashlib.sha1(experiment.encode()).hexdigest()[:8]  # names differing only in symbols stay apart
+    return (Path(uri[len("sqlite:///"):]).resolve().parent / "artifacts" / f"{safe}-{digest}").as_uri()
+
+
+def experiment_id(client, experiment: str) -> str:
+    """The id of the experiment named ``experiment`` in ``client``'s store, created (with its
+    artifacts beside the store: :func:`artifact_location`) if it does not exist. Every SinkLab
+    command that creates an experiment goes through here."""
+    found = client.get_experiment_by_name(experiment)
+    if found is not None:
+        return found.experiment_id
+    return client.create_experiment(experiment, artifact_location=artifact_location(client.tracking_uri, experiment))

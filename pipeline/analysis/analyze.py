@@ -20,6 +20,7 @@ from pipeline.analysis import inputs, plots
 from pipeline.analysis.hf_capture import hf_sink_report
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
 from pipeline.probe import SinkReport, run_probe
+from pipeline.tracking_contract import experiment_id
 
 INPUT_KINDS = ("natural", "random", "repeat")
 
@@ -257,9 +258,11 @@ def write_json(record: dict, path: Path) -> None:
 def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
     import mlflow
 
+    from mlflow.tracking import MlflowClient
+
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(experiment)
-    with mlflow.start_run(run_name=f"analyze-{record['model']}") as run:
+    exp_id = experiment_id(MlflowClient(uri), experiment)
+    with mlflow.start_run(experiment_id=exp_id, run_name=f"analyze-{record['model']}") as run:
         mlflow.set_tags({"sinklab.kind": "analysis", "sinklab.model": record["model"]})
         mlflow.log_params({k: record["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")})
         metrics = {f"table1/{k}": v for k, v in record["table1"].items()}

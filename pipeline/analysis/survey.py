@@ -19,6 +19,7 @@ from pathlib import Path
 
 from data_prep.atomic import atomic_write
 from pipeline import metrics
+from pipeline.tracking_contract import experiment_id
 from pipeline.analysis import plots
 from pipeline.analysis.analyze import INPUT_KINDS, Subject, model_name, probe_sets, write_json
 
@@ -171,10 +172,12 @@ def log_run(uri: str, args, records: list[dict], rows: list[dict], sweep: list[f
     import mlflow
     from mlflow.entities import Metric
 
+    from mlflow.tracking import MlflowClient
+
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(args.experiment)
+    exp_id = experiment_id(MlflowClient(uri), args.experiment)
     safe = lambda s: re.sub(r"[^A-Za-z0-9_.-]", "_", s)  # noqa: E731
-    with mlflow.start_run(run_name="survey-" + "+".join(r["model"] for r in records)[:200]) as run:
+    with mlflow.start_run(experiment_id=exp_id, run_name="survey-" + "+".join(r["model"] for r in records)[:200]) as run:
         tags = {"sinklab.kind": "analysis-survey", "sinklab.models": ",".join(r["spec"] for r in records)[:5000]}
         sources = [r["run_id"] for r in records if r.get("run_id")]
         if sources:

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.experiments.spec import Experiment
 from pipeline.tracking_contract import (FINISHED, TAG_EXPERIMENT, TAG_KIND, TAG_SCALE, TAG_STATUS, TAG_VARIANT,
-                                        tracking_uri)
+                                        experiment_id, tracking_uri)
 
 
 def client(uri: str | None = None) -> MlflowClient:
@@ -93,8 +93,7 @@ def parent_run(mlflow: MlflowClient, experiment: Experiment, scale: str) -> str:
     holds the experiment's name, title and paper reference."""
     from pipeline.train.mlflow_record import mark_training_experiment
 
-    found = mlflow.get_experiment_by_name(experiment.mlflow_experiment)
-    exp_id = found.experiment_id if found is not None else mlflow.create_experiment(experiment.mlflow_experiment)
+    exp_id = experiment_id(mlflow, experiment.mlflow_experiment)
     mark_training_experiment(mlflow, exp_id)
     existing = mlflow.search_runs([exp_id], filter_string=f"tags.`{TAG_KIND}` = 'sweep' and "
                                   f"tags.`{TAG_SCALE}` = '{scale}'",

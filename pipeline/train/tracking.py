@@ -27,7 +27,7 @@ from typing import Any, Mapping
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from pipeline.tracking_contract import tracking_uri
+from pipeline.tracking_contract import experiment_id, tracking_uri
 
 from .metrics_file import MetricsFile
 from .rundir import RunDir
@@ -84,8 +84,7 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
     run_id = run.mlflow_run_id()
     try:
         if run_id is None:
-            exp = client.get_experiment_by_name(experiment)
-            exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+            exp_id = experiment_id(client, experiment)
             mark_training_experiment(client, exp_id)
             created = client.create_run(exp_id, run_name=run_name, tags=tags)
             run_id = created.info.run_id

@@ -373,3 +373,27 @@ def test_init_starts_a_new_run_from_another_runs_weights(tiny_ds, tmp_path, monk
     assert err[-1] == (f"sinklab fit: model.init=runs:/{source_id}: its model differs in d_ffn (d_ffn=64); "
                        "set model.model to match"), err[-3:]
     assert not (tmp_path / "wide" / "config.yaml").exists()
+
+
+def test_nothing_is_written_where_the_command_runs(tiny_ds, tmp_path, monkeypatch):
+    """Issue 26/29: with MLFLOW_TRACKING_URI=sqlite:///<dir>/mlflow.db, a run's artifacts and its
+    logged model went to ./mlruns of whatever directory the command ran in. Now every experiment
+    SinkLab creates keeps them beside the store."""
+    from pipeline.tracking_contract import experiment_id
+
+    cwd, store = tmp_path / "somewhere", tmp_path / "store"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    uri = f"sqlite:///{store}/mlflow.db"
+    args = ["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "run"), "--trainer.max_steps", "4",
+            "--run.system_metrics", "false"]
+    assert fit_in_process(args, monkeypatch, uri) == 0
+    client = MlflowClient(uri)
+    assert experiment_id(client, "another") != experiment_id(client, "sinklab-tests")  # an analysis's, say
+    run = client.create_run(experiment_id(client, "another"))
+    client.log_text(run.info.run_id, "x", "note.txt")
+    assert not any(cwd.iterdir())
+    run_id = (tmp_path / "run" / "mlflow_run_id").read_text().strip()
+    for artifacts in (client.get_run(run_id).info.artifact_uri, run.info.artifact_uri):
+        assert artifacts.startswith((store / "artifacts").as_uri())
+    assert (store / "artifacts").is_dir() and any((store / "artifacts").rglob("model.safetensors"))
