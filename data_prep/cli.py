@@ -12,7 +12,7 @@ import re
 import shlex
 import sys
 
-from data_prep.errors import DataPrepError
+from data_prep.errors import DataPrepError, os_error_line
 from data_prep.embedded import build_raw
 from data_prep.prepare import STAGING, PrepConfig, PrepResult, claim_output_dir, default_workers, prepare
 from data_prep.readers import FORMATS, TEXT_UNITS, ReaderOptions
@@ -150,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     except DataPrepError as exc:
         _drop_if_empty(args.out, created)
         print(f"sinklab prep: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk, a file-size limit, no permission: finished chunks are kept
+        _drop_if_empty(args.out, created)
+        print(f"sinklab prep: error: {os_error_line(exc, writing=args.out)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         _drop_if_empty(args.out, created)

@@ -153,6 +153,8 @@ def claim_output_dir(out: str | Path) -> bool:
             shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
             raise DataPrepError(f"--out {out}: holds {shown}, which is not part of a SinkLab dataset; "
                                 "choose an empty or new directory")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise DataPrepError(f"--out {out}: not writable by this user; choose a writable directory")
         return False
     try:
         out.mkdir(parents=True)
@@ -210,6 +212,9 @@ class Preparation:
         else:
             loaded = trained_tokenizer(train_bpe(self._training_texts(), cfg.vocab_size), cfg.vocab_size)
             self.counter.value = 0  # the progress bar counts the packing pass only
+        if cfg.tokenizer is None and loaded.vocab_size < cfg.vocab_size:
+            self.warnings.append(f"--vocab-size {cfg.vocab_size:,}: the corpus supports only {loaded.vocab_size:,} ids "
+                                 f"(the tokenizer found nothing more to merge); the dataset has {loaded.vocab_size:,}")
         if not file.is_file():
             atomic_write(file, loaded.json_text.encode("utf-8"))
         return loaded
@@ -247,10 +252,17 @@ class Preparation:
             raise DataPrepError(f"{self.out}: holds {', '.join(leftovers)} but no manifest.json; choose another --out or delete them")
         spec_file = self.staging / "spec.json"
         staged = json.loads(spec_file.read_text(encoding="utf-8")) if spec_file.is_file() else self.spec
-        if staged != self.spec:
+        if staged != self.spec and not self._staged_work():
+            shutil.rmtree(self.staging)  # an earlier attempt that died before any work: nothing to keep
+        elif staged != self.spec:
             diff = spec_differences(staged, self.spec)
             raise DataPrepError(f"{self.staging}: an unfinished preparation with other settings ({diff}); delete it or use the same settings")
         return None
+
+    def _staged_work(self) -> bool:
+        """Whether the staging directory holds work worth resuming: a trained tokenizer or a finished chunk."""
+        done = self.staging / "done"
+        return (self.staging / "tokenizer.json").is_file() or (done.is_dir() and any(done.iterdir()))
 
     def run(self) -> PrepResult:
         start = time.perf_counter()

@@ -38,10 +38,16 @@ class LoadedTokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
 
+MAX_TRAINED_VOCAB = 1 << 20
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """A byte-level BPE of `vocab_size` ids (3 of them special) trained on `texts`."""
     if vocab_size < 256 + len(TRAINED_SPECIALS) + 1:
         raise DataPrepError(f"--vocab-size {vocab_size} is too small; a byte-level BPE needs at least {256 + len(TRAINED_SPECIALS) + 1}")
+    if vocab_size > MAX_TRAINED_VOCAB:  # the trainer reserves memory by the requested size (1e10 asked for 566 GB)
+        raise DataPrepError(f"--vocab-size {vocab_size:,} is more than a trained BPE can use; give at most "
+                            f"{MAX_TRAINED_VOCAB:,} (the largest vocabularies in use hold about 256K ids)")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

@@ -183,3 +183,47 @@ def test_ctrl_c_exits_130_and_the_rerun_resumes_to_the_same_bytes(tmp_path, toke
     assert load_manifest(tmp_path / "cut").hash == load_manifest(tmp_path / "whole").hash  # the command differs
     for name in ("train/00000.bin", "val/00000.bin", "probe.bin", "tokenizer.json"):
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+
+
+def test_a_vocabulary_no_bpe_can_use_is_refused_and_the_rerun_is_not_blocked(tmp_path, capsys, corpus):
+    """Issue 26: --vocab-size 1e10 made the tokenizer trainer ask for 566 GB and abort, leaving a
+    .partial that blocked the corrected re-run."""
+    out = tmp_path / "ds"
+    args = prep(["--input", str(corpus["train"]), "--val-input", str(corpus["val"]), "--out", str(out)])
+    line = error_of(capsys, [*args, "--vocab-size", "10000000000"])
+    assert "--vocab-size 10,000,000,000 is more than a trained BPE can use; give at most 1,048,576" in line
+    assert not out.exists()
+    # what an aborted process leaves: the staging folder of other settings, before any work was done
+    (out / ".partial").mkdir(parents=True)
+    (out / ".partial" / "spec.json").write_text(json.dumps({"tokenizer": {"train_vocab_size": 10**10}}))
+    assert main([*args, "--vocab-size", "400"]) == 0
+    assert load_manifest(out).vocab_size <= 400 and not (out / ".partial").exists()
+
+
+def test_a_vocabulary_larger_than_the_corpus_supports_is_a_warning(tmp_path, capsys, corpus):
+    out = tmp_path / "ds"
+    assert main(prep(["--input", str(corpus["train"]), "--val-input", str(corpus["val"]), "--out", str(out),
+                      "--vocab-size", "70000"])) == 0
+    got = load_manifest(out).vocab_size
+    warning = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert got < 70000 and warning == [f"sinklab prep: warning: --vocab-size 70,000: the corpus supports only {got:,} ids "
+                                       f"(the tokenizer found nothing more to merge); the dataset has {got:,}"]
+
+
+def test_a_file_size_limit_is_one_line_and_the_rerun_resumes(tmp_path, corpus, tokenizer_file):
+    """EFBIG (or a full disk) while shards are written: one line naming the file, exit 2; the run
+    without the limit finishes from what was kept."""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "ds"
+    argv = [sys.executable, "-m", "pipeline.cli", "prep", *prep(["--input", str(corpus["train"]), "--val-input",
+                                                                  str(corpus["val"]), "--out", str(out)], tokenizer_file)]
+    limited = subprocess.run(argv, capture_output=True, text=True,
+                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000)))
+    err = limited.stderr.strip().splitlines()
+    assert limited.returncode == 2 and len(err) == 1, limited.stderr
+    assert str(out) in err[0] and "File too large" in err[0] and "ulimit -f" in err[0]
+    assert subprocess.run(argv, capture_output=True, text=True).returncode == 0
+    assert load_manifest(out).splits["train"].tokens > 0
