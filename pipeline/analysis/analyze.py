@@ -74,7 +74,11 @@ class Subject:
         if self.kind == "sinklab":
             from pipeline.model import load_pretrained
 
-            self.model = load_pretrained(spec)
+            try:
+                self.model = load_pretrained(spec)
+            except (ValueError, OSError) as error:  # a damaged file, a folder that holds no model
+                raise SystemExit(f"sinklab {command}: {error}; give a SinkLab checkpoint (.ckpt), export directory, "
+                                 ".gguf file or HF model directory") from None
             self.model.eval()
             self.vocab_size = self.model.config.vocab_size
             self.special_ids: set[int] = set()

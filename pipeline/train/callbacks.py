@@ -53,7 +53,11 @@ class StepCheckpoint(Checkpoint):
             _remove(tmp)
         trainer.strategy.barrier("sinklab_ckpt_pre")
         self.last_saved = step  # before saving, so the checkpoint's own state says it is saved
-        trainer.save_checkpoint(tmp, weights_only=False)
+        try:
+            trainer.save_checkpoint(tmp, weights_only=False)
+        except OSError:  # a full disk, a file-size limit: no partial file stays behind
+            _remove(tmp)
+            raise
         trainer.strategy.barrier("sinklab_ckpt_post")
         if trainer.is_global_zero:
             _remove(final)

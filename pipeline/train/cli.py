@@ -12,6 +12,7 @@ set by hand: ``trainer.accumulate_grad_batches`` (from data.global_batch_tokens)
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import warnings
@@ -28,6 +29,7 @@ from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities import rank_zero_only
 
 from data_prep.dataset import DatasetError
+from data_prep.errors import os_error_line
 from pipeline.model.config import ConfigError
 from pipeline.tracking_contract import (PARENT_ENV, TAG_EXPERIMENT, TAG_PARENT, TAG_STATUS, TAG_VARIANT,
                                         tracking_uri)
@@ -72,6 +74,14 @@ class RunOptions:
     system_metrics: bool = True
     log_checkpoints: bool = False
 
+    def validate(self) -> None:
+        for name in ("checkpoint_every", "keep_last", "sink_every", "plot_every", "val_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"run.{name}={getattr(self, name)}: must be >= 0 (0 turns it off"
+                                  + (", keep_last 0 keeps every checkpoint)" if name == "keep_last" else ")"))
+        if self.throughput_window < 1:
+            raise ConfigError(f"run.throughput_window={self.throughput_window}: must be >= 1")
+
 
 _LOCKED: list[RunDir] = []  # run dirs this process locked, released on the way out
 _CREATED: list[Path] = []  # run dirs this process created, removed again if a failed start left them empty
@@ -92,6 +102,7 @@ class SinkLabCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config
         opts: RunOptions = RunOptions(**{k: v for k, v in dict(cfg["run"]).items()})
+        opts.validate()
         self.opts = opts
         self.run = RunDir(Path(cfg.get("run_dir") or cfg.get("run-dir") or f"runs/{opts.name}"))
         self.resume_from = self._resume_path(cfg.get("resume", "never"))
@@ -260,6 +271,22 @@ def parse_error_line(message: str) -> str:
     return (f"{where}: " if where else "") + "; ".join(reasons)[:500]
 
 
+_NEGATIVE = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _negative_values_joined(argv: list[str]) -> list[str]:
+    """``--model.optim.lr -1e-3`` as ``--model.optim.lr=-1e-3``: argparse takes a value that starts
+    with '-' and is not a plain negative integer or decimal for an option, and said only
+    "expected one argument"; joined, the field's own check names it and the value."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and _NEGATIVE.fullmatch(arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def _leave_process_group() -> None:
     """Once fit has returned on every rank (finished or preempted alike), leave the process group
     together. A gloo group left to the interpreter's shutdown can abort the process ("terminate
@@ -302,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     cli = None
     status = "failed"
     try:
-        argv = pulled_argv(argv)
+        argv = pulled_argv(_negative_values_joined(argv))
         cli = SinkLabCLI(SinkLabModule, SinkDataModule, args=argv, run=False, save_config_callback=None,
                          auto_configure_optimizers=False, seed_everything_default=1234,
                          parser_kwargs={"default_env": False, "exit_on_error": False})
@@ -325,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except (RunDirError, BatchConfigError, ConfigError, DatasetError, FileNotFoundError) as exc:
         print(f"sinklab fit: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except OSError as exc:  # a full disk or a file-size limit while writing a checkpoint: older ones are kept
+        print(f"sinklab fit: {os_error_line(exc, writing=str(cli.run.checkpoints) if cli else None)}; "
+              "the checkpoints already written are kept (continue with --resume auto)", file=sys.stderr, flush=True)
         return 2
     except ArgumentError as exc:
         print(f"sinklab fit: {parse_error_line(str(exc))} (`sinklab fit --help` lists every option)",

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from data_prep.atomic import atomic_path
+from data_prep.errors import os_error_line
 
 
 def fresh_optimizer_state(hparams: dict, last_lr: list[float] | None) -> dict:
@@ -49,6 +50,8 @@ def consolidate(ckpt_dir: str | os.PathLike, out: str | os.PathLike) -> dict:
     ckpt, out = Path(ckpt_dir), Path(out)
     if not (ckpt / "latest").is_file():
         raise FileNotFoundError(f"{ckpt}: not a DeepSpeed checkpoint directory (no 'latest' file)")
+    if out.is_dir():  # checked before the merge, which takes minutes at 1B
+        raise ValueError(f"{out}: is a directory; give the path of the .ckpt file to write, e.g. {out / (ckpt.name.removesuffix('.ckpt') + '-fp32.ckpt')}")
     with atomic_path(out) as tmp:
         result = convert_zero_checkpoint_to_fp32_state_dict(ckpt, tmp)
         hparams = result.get("hyper_parameters") or {}
@@ -77,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         result = consolidate(args.checkpoint, args.out)
     except (FileNotFoundError, ValueError) as exc:
         print(f"sinklab consolidate: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk, a file-size limit: nothing half-written is left at OUT
+        print(f"sinklab consolidate: {os_error_line(exc, writing=args.out)}", file=sys.stderr)
         return 2
     n = sum(v.numel() for v in result["state_dict"].values())
     print(f"wrote {args.out} ({n:,} fp32 values)")

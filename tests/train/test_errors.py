@@ -33,11 +33,18 @@ def _runs(uri: str, experiment: str):
     (["--model.model.attention.op", "sigmod"], "model.model.attention.op: Expected a typing.Literal"),
     (["--model.model.max_seq_len", "8"], "model.model.max_seq_len=8 is below the dataset's context length 16"),
     (["--model.init", "no-such.ckpt"], "model.init=no-such.ckpt: no such checkpoint"),
+    # issue 26: a value in scientific notation read as an option; a negative keep_last taken as "all"
+    (["--model.optim.lr", "-1e-3"], "model.optim.lr=-0.001: must be positive"),
+    (["--run.keep_last=-1"], "run.keep_last=-1: must be >= 0"),
+    (["--model.init", "GARBAGE"], "not a readable checkpoint or state dict"),
 ])
 def test_refused_start_is_one_line_and_leaves_nothing(args, message, tiny_ds, tmp_path, monkeypatch, mlflow_server,
                                                       capsys):
     run_dir = tmp_path / "refused"
     experiment = f"errors-{abs(hash(message))}"
+    if "GARBAGE" in args:
+        (tmp_path / "garbage.ckpt").write_bytes(b"not a checkpoint")
+        args = [a.replace("GARBAGE", str(tmp_path / "garbage.ckpt")) for a in args]
     rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.experiment", experiment,
                          *args], monkeypatch, mlflow_server)
     err = capsys.readouterr().err
@@ -127,3 +134,24 @@ def test_verify_option_checks_the_shards_before_anything_starts(damaged_ds, tmp_
     assert rc == 2
     assert "00000.bin: sha256 differs from the manifest; the file is corrupt" in capsys.readouterr().err
     assert not run_dir.exists()
+
+
+def test_a_file_size_limit_while_checkpointing_is_one_line_and_keeps_the_older_checkpoints(tiny_ds, tmp_path,
+                                                                                           monkeypatch, mlflow_server):
+    """Issue 26: EFBIG (or ENOSPC) while a step checkpoint is written was a traceback. Now one line,
+    exit 2, no partial file; the checkpoints already on disk stay and a resume continues."""
+    import resource
+
+    run_dir = tmp_path / "full"
+    env = dict(os.environ, MLFLOW_TRACKING_URI=mlflow_server)
+    args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.sink_every", "0", "--run.system_metrics", "false"]
+    assert fit_in_process([*args, "--trainer.max_steps", "4"], monkeypatch, mlflow_server) == 0
+    base = [sys.executable, "-m", "pipeline.cli", "fit", "--config", TINY, *args]
+    small = (run_dir / "checkpoints" / "step-000004.ckpt").stat().st_size // 2
+    limited = subprocess.run([*base, "--trainer.max_steps", "8", "--resume", "auto"], env=env, capture_output=True,
+                             text=True, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (small, small)))
+    lines = [line for line in limited.stderr.splitlines() if line.startswith("sinklab fit:")]
+    assert limited.returncode == 2 and len(lines) == 1, limited.stderr[-2000:]
+    assert "File too large" in lines[0] and "ulimit -f" in lines[0] and "checkpoints already written are kept" in lines[0]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000004.ckpt"]
+    assert "Traceback" not in limited.stderr
