@@ -78,7 +78,10 @@ def print_summary(cli) -> None:
         f"time         {train_s:.0f} s training in this start; sink metrics {sink_s:.1f} s "
         f"({100 * sink_s / train_s if train_s else 0:.2f}% of it)",
     ]
-    if getattr(logger, "_run_id", None):
+    if getattr(logger, "_run_id", None) and getattr(logger, "offline", False):
+        lines.append(f"MLflow       run {logger._run_id} at {logger._tracking_uri}, unreachable: what it lacks waits in "
+                     f"{cli.run.metrics_path} for the next start (--resume auto)")
+    elif getattr(logger, "_run_id", None):
         lines.append(f"MLflow       run {logger._run_id} in experiment '{logger.name}' at {logger._tracking_uri}")
         from .mlflow_record import run_experiment_url
 

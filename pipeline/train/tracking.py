@@ -168,13 +168,17 @@ class RunLogger(MLFlowLogger):
 
     @property
     def experiment(self):
-        """Offline (no MLflow run could be created at start): a client that has not touched the
-        server, instead of MLFlowLogger's, which would create the experiment and fail."""
-        if self._run_id is None:
-            from mlflow.tracking import MlflowClient
+        """MLFlowLogger's client, which asks the server for the run on first use; while no run
+        exists (offline from the start) or the server does not answer, a client that has not
+        touched it (Lightning's set-up asks for this property too), and the next use asks again."""
+        from mlflow.tracking import MlflowClient
 
+        if self._run_id is None:
             return MlflowClient(self._tracking_uri)
-        return super().experiment
+        try:
+            return super().experiment
+        except Exception:  # noqa: BLE001 - the server is away: sending fails later, and is retried
+            return MlflowClient(self._tracking_uri)
 
     @rank_zero_only
     def log_hyperparams(self, params: Any) -> None:

@@ -247,6 +247,8 @@ def test_a_server_lost_mid_run_gets_every_metric_from_the_next_start(tiny_ds, tm
     assert max(m.step for m in client.get_metric_history(run_id, "train/loss")) < 4
 
     monkeypatch.setattr(module_mod.SinkLabModule, "_end_of_step", original)
+    assert fit_in_process([*args, "--resume", "auto"], monkeypatch, uri) == 0  # a start while it is still away
+    assert "unreachable: what it lacks waits in" in capsys.readouterr().out
     proxy.up = True
     assert fit_in_process([*args, "--resume", "auto"], monkeypatch, uri) == 0
     assert "that earlier starts could not send, sent" in capsys.readouterr().err
