@@ -26,7 +26,8 @@ import torch
 
 from data_prep.atomic import atomic_write
 from pipeline.analysis.plots import passkey_heatmap
-from pipeline.analysis.streaming import CacheSpec, Streamer, bos_id, group_by_capacity, parse_caches, streamer_for
+from pipeline.analysis.streaming import (CacheSpec, Streamer, bos_id, check_positions, group_by_capacity, parse_caches,
+                                         streamer_for)
 
 INSTRUCTION = ("Below, one line among many repeated ones holds a secret number. "
                "Read everything, remember the number, and give it when asked.")
@@ -219,12 +220,7 @@ def cache_configs(specs: list[CacheSpec], full: bool, subject, trials: list[Tria
     caches = {spec: str(spec) for spec in specs}
     if full:
         caches[CacheSpec(0, max(len(t.ids) + answer_length(subject.tokenizer, t.key) for t in trials))] = "full"
-    limit = subject.max_positions()
-    for spec, name in caches.items():
-        if limit is not None and spec.n_initial + spec.n_recent > limit:
-            option = "--full" if name == "full" else f"--cache {spec}"
-            raise SystemExit(f"sinklab passkey: {option}: needs {spec.n_initial + spec.n_recent} positions, "
-                             f"{subject.spec} handles at most {limit}; keep x+y (and --length for --full) within it")
+    check_positions(subject, caches, "keep x+y (and --length for --full) within it")
     return caches
 
 

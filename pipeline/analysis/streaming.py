@@ -231,6 +231,17 @@ def parse_caches(texts: list[str] | None, command: str, default: Sequence[str] =
         raise SystemExit(f"sinklab {command}: --cache: {e}") from None
 
 
+def check_positions(subject, caches: dict[CacheSpec, str], hint: str) -> None:
+    """Refuse a cache wider than the positions the model was built for (``full`` caches name
+    themselves ``--full``), as `analyze -T` refuses a longer sequence."""
+    limit = subject.max_positions()
+    for spec, name in caches.items():
+        if limit is not None and spec.n_initial + spec.n_recent > limit:
+            option = "--full" if name == "full" else f"--cache {spec}"
+            raise SystemExit(f"sinklab {subject.command}: {option}: needs {spec.n_initial + spec.n_recent} positions, "
+                             f"{subject.spec} handles at most {limit}; {hint}")
+
+
 def streamer_for(subject) -> Streamer:
     return SinkLabStreamer(subject.model) if subject.kind == "sinklab" else HFRotaryStreamer(subject.model)
 
@@ -318,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long, device=next(subject.model.parameters()).device)
     if ids.numel() < 2:
         raise SystemExit("sinklab stream-ppl: the text has fewer than 2 tokens")
+    check_positions(subject, {spec: str(spec) for spec in specs} | ({CacheSpec(0, ids.numel()): "full"} if args.full else {}),
+                    "keep x+y (and --max-tokens for --full) within it")
     first_is_bos = ids[0].item() == getattr(subject.tokenizer, "bos_token_id", None)
     results, seconds = {}, {}
     for group in group_by_capacity(specs):

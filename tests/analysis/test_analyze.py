@@ -234,3 +234,44 @@ def test_a_refused_model_is_one_line_naming_the_command_and_exit_2(command, tmp_
     assert sinklab([command, "no-such-dir"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"sinklab {command}: no-such-dir: no such file or directory") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("what", ["damaged checkpoint", "empty folder", "dataset folder"])
+@pytest.mark.parametrize("command", ["analyze", "stream-ppl"])
+def test_a_path_that_holds_no_model_is_one_line(what, command, tmp_path, monkeypatch, capsys):
+    """Issue 26: a garbage .ckpt (UnpicklingError), an empty folder or a dataset folder
+    (FileNotFoundError) ended in tracebacks."""
+    from pipeline.cli import main as sinklab
+
+    monkeypatch.chdir(tmp_path)
+    path = {"damaged checkpoint": tmp_path / "garbage.ckpt", "empty folder": tmp_path / "empty",
+            "dataset folder": tmp_path / "ds"}[what]
+    if what == "damaged checkpoint":
+        path.write_bytes(b"not a checkpoint")
+    elif what == "empty folder":
+        path.mkdir()
+    else:  # what `sinklab prep` writes, no model
+        path.mkdir()
+        for name in ("manifest.json", "tokenizer.json", "probe.bin"):
+            (path / name).write_text("{}")
+    assert sinklab([command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sinklab {command}: {path}") and err.count("\n") == 1, err
+    assert ("not a readable checkpoint" if what == "damaged checkpoint" else "not a SinkLab export dir") in err
+
+
+@pytest.mark.parametrize("extra, option", [(["--cache", "4+100"], "--cache 4+100: needs 104 positions"),
+                                           (["--cache", "4+28", "--full", "--max-tokens", "200"], "--full: needs 200 positions")])
+def test_stream_ppl_refuses_a_cache_wider_than_the_model_positions(extra, option, sinklab_ckpt_with_tokenizer, tmp_path):
+    """Issue 26: a learned-positions model streamed past max_seq_len ended in an IndexError, and a
+    RoPE model's perplexities were printed without a word; now both are refused, as `analyze -T` is."""
+    from pipeline.analysis import streaming
+    from pipeline.model import save_pretrained
+
+    text = tmp_path / "words.txt"
+    text.write_text(" ".join(WORDS * 40))
+    learned = save_pretrained(micro_model(positional="learned"), tmp_path / "learned")
+    for ckpt in (sinklab_ckpt_with_tokenizer, learned):
+        with pytest.raises(SystemExit) as err:
+            streaming.main([str(ckpt), "--text", str(text), "--tokenizer", str(tmp_path / "tokenizer.json"), *extra])
+        assert option in str(err.value) and "handles at most 64" in str(err.value) and "\n" not in str(err.value)
