@@ -218,8 +218,11 @@ def main(argv: list[str] | None = None, runner: Runner = subprocess_runner) -> i
     args, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         experiment = load_experiment(args.experiment)
-        if args.variants:
+        if args.variants is not None:
             wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
+            if not wanted:  # an empty list planned every variant
+                raise ExperimentError(f"--variants {args.variants!r}: names no variant; give some of "
+                                f"{', '.join(v.name for v in experiment.variants)}, or leave --variants out for all")
             for name in wanted:
                 experiment.variant(name)  # raises with the list of known variants
             experiment = dataclasses.replace(

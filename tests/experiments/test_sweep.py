@@ -80,6 +80,8 @@ def test_unknown_variant_is_an_error(tmp_path, mlflow_env, unique_name, capsys):
     path = write_experiment(tmp_path, unique_name)
     assert sweep.main([str(path), "--dry-run", "--variants", "a,zz"]) == 2
     assert "no variant 'zz'; variants: a, b, c" in capsys.readouterr().err
+    assert sweep.main([str(path), "--dry-run", "--variants", ""]) == 2  # planned all of them (issue 26)
+    assert "--variants '': names no variant; give some of a, b, c" in capsys.readouterr().err
 
 
 def test_submit_sends_one_job_array_of_the_unfinished_variants(tmp_path, mlflow_env, unique_name,
