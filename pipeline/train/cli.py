@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 import warnings
@@ -287,6 +288,25 @@ def _negative_values_joined(argv: list[str]) -> list[str]:
     return out
 
 
+# what gloo and NCCL raise in a collective when another process of the run has gone
+_PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|NCCL communicator was aborted|"
+                        r"remote process exited|ProcessGroupNCCL.*(timeout|abort)", re.IGNORECASE)
+
+
+def _lost_peer(trainer) -> str:
+    """Which process of the run ended: the first of the processes this one launched that has
+    exited (a run started without SLURM), else "another process of this run"."""
+    procs = getattr(getattr(getattr(trainer, "strategy", None), "launcher", None), "procs", None) or []
+    for local_rank, proc in enumerate(procs, start=1):
+        try:
+            code = proc.wait(timeout=2)
+        except Exception:  # noqa: BLE001 - still running
+            continue
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        return f"rank {trainer.node_rank * trainer.num_devices + local_rank} (pid {proc.pid}, {how})"
+    return "another process of this run"
+
+
 def _leave_process_group() -> None:
     """Once fit has returned on every rank (finished or preempted alike), leave the process group
     together. A gloo group left to the interpreter's shutdown can abort the process ("terminate
@@ -353,6 +373,16 @@ def main(argv: list[str] | None = None) -> int:
     except (RunDirError, BatchConfigError, ConfigError, DatasetError, FileNotFoundError) as exc:
         print(f"sinklab fit: {exc}", file=sys.stderr, flush=True)
         return 2
+    except RuntimeError as exc:
+        if not _PEER_LOST.search(str(exc)):
+            raise
+        trainer = getattr(cli, "trainer", None)
+        newest = cli.run.newest_checkpoint() if cli is not None else None
+        at = f" at step {trainer.global_step}" if trainer is not None else ""
+        print(f"sinklab fit: {_lost_peer(trainer)} ended during training{at}, so this one stopped too; the newest "
+              f"checkpoint ({newest.name if newest else 'none yet'}) is kept: continue with --resume auto",
+              file=sys.stderr, flush=True)
+        return 1
     except OSError as exc:  # a full disk or a file-size limit while writing a checkpoint: older ones are kept
         print(f"sinklab fit: {os_error_line(exc, writing=str(cli.run.checkpoints) if cli else None)}; "
               "the checkpoints already written are kept (continue with --resume auto)", file=sys.stderr, flush=True)

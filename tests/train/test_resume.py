@@ -109,3 +109,30 @@ def test_resume_twice_with_gradient_accumulation(tiny_ds, tmp_path, monkeypatch,
         assert sorted(resumed) == list(range(resume_step, 12))
         assert resumed == {s: ref[s] for s in resumed}
         source = run_dir / "checkpoints" / "step-000008.ckpt"
+
+
+def test_a_rank_killed_mid_run_is_named_in_one_line_and_the_run_resumes(tiny_ds, tmp_path, monkeypatch, mlflow_server):
+    """Issue 26: SIGKILL of one rank of a 2-process gloo run (DDP here; DeepSpeed's ZeRO talks over
+    the same process group) left rank 0 printing a gloo traceback. Now one line names the rank and
+    how it ended, and says how to continue; --resume auto does."""
+    import subprocess
+
+    run_dir = tmp_path / "lost-rank"
+    args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--trainer.max_steps", "40", "--run.sink_every", "0",
+            "--run.checkpoint_every", "4", "--data.micro_batch_size", "2", "--trainer.devices", "2",
+            "--trainer.strategy", "ddp", "--run.system_metrics", "false"]
+    proc = sinklab_process(args, mlflow_server)
+    deadline = time.time() + 240
+    while max(losses(run_dir), default=-1) < 5:
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+        time.sleep(0.05)
+    rank1 = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    os.kill(int(rank1[0]), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=120)
+    lines = [line for line in out.splitlines() if line.startswith("sinklab fit:")]
+    assert proc.returncode == 1 and len(lines) == 1, out[-3000:]
+    assert lines[0].startswith(f"sinklab fit: rank 1 (pid {rank1[0]}, killed by SIGKILL) ended during training at step ")
+    assert "is kept: continue with --resume auto" in lines[0] and "Traceback" not in out
+    assert fit_in_process([*args, "--resume", "auto", "--trainer.max_steps", "10", "--trainer.devices", "1",
+                           "--trainer.strategy", "auto"], monkeypatch, mlflow_server) == 0  # on one process
+    assert sorted(losses(run_dir)) == list(range(10))
