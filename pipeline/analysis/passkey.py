@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from data_prep.atomic import atomic_write
-from pipeline.analysis.plots import passkey_heatmap
+from pipeline.plots import passkey_heatmap
 from pipeline.analysis.streaming import CacheSpec, Streamer, bos_id, group_by_capacity, parse_caches, streamer_for
 
 INSTRUCTION = ("Below, one line among many repeated ones holds a secret number. "
