@@ -161,7 +161,7 @@ def hf_llama(cfg: ModelConfig):
 
 def preset(name: str, tiny: bool, context: int, **overrides) -> ModelConfig:
     shape = TINY_SHAPES[name] if tiny else {}
-    return ModelConfig.preset(name, vocab_size=512 if tiny else 32000, max_seq_len=context, **shape, **overrides)
+    return ModelConfig.from_preset(name, vocab_size=512 if tiny else 32000, max_seq_len=context, **shape, **overrides)
 
 
 def main(argv: list[str] | None = None) -> int:

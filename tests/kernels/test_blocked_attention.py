@@ -250,7 +250,7 @@ def test_model_training_path_matches_its_eager_path(overrides, impl, monkeypatch
     monkeypatch.setattr(attention_module, "blocked_attention",
                         lambda *a, **kw: calls.append(1) or real(*a, **kw, impl=impl))
     torch.manual_seed(0)
-    model = Transformer(ModelConfig.preset("micro", init_std=0.2, **overrides)).double()
+    model = Transformer(ModelConfig.from_preset("micro", init_std=0.2, **overrides)).double()
     idx = torch.randint(0, 64, (2, 21))
     results = []
     for flag in (False, True):
