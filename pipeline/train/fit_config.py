@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from jsonargparse import Namespace, dict_to_namespace
+from jsonargparse import Namespace
 
 from pipeline.model.config import ModelConfig
 
@@ -23,7 +23,11 @@ def resolve_preset(config: Namespace) -> None:
     preset's name; a section left out becomes the default model's. Raises ConfigError."""
     model = config.model.model
     built = ModelConfig.from_dict(model.as_dict() if model is not None else {})
-    config.model.model = dict_to_namespace(built.to_dict())
+    config.model.model = _namespace(built.to_dict())
+
+
+def _namespace(data: dict[str, Any]) -> Namespace:
+    return Namespace(**{k: _namespace(v) if isinstance(v, dict) else v for k, v in data.items()})
 
 
 @lru_cache(maxsize=1)

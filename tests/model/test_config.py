@@ -74,3 +74,16 @@ def test_jsonargparse_overrides_every_nested_field():
     cfg = parser.instantiate(args).model
     assert isinstance(cfg, ModelConfig)
     assert (cfg.attention.op, cfg.biases.kind, cfg.d_model, cfg.n_layers) == ("sigmoid", "kv", 64, 4)
+
+
+def test_a_preset_fills_only_the_shape_fields_left_unset():
+    tiny = ModelConfig.from_preset("tiny")
+    wide = ModelConfig(preset="tiny", n_heads=2, d_ffn=1024)
+    assert (wide.d_model, wide.n_layers, wide.n_heads, wide.d_ffn) == (tiny.d_model, tiny.n_layers, 2, 1024)
+    assert wide.preset == "tiny" and ModelConfig.from_dict(wide.to_dict()) == wide
+    default, paper = ModelConfig(), ModelConfig.from_preset("llama-60m")
+    assert default.preset is None and default.replace(preset="llama-60m") == paper
+    with pytest.raises(ConfigError, match=r"model\.preset='gpt-5': unknown preset; allowed: llama-60m"):
+        ModelConfig(preset="gpt-5")
+    with pytest.raises(ConfigError, match=r"model\.d_model='wide': expected int"):
+        ModelConfig(preset="tiny", d_model="wide")
