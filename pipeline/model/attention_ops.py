@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.kernels.tiled import SIMILARITIES
+from pipeline.kernels.tiled import SIMILARITIES, AttentionSpec, MaskSpec
 
 if TYPE_CHECKING:
-    from .config import AttentionConfig
+    from .config import AttentionConfig, ModelConfig
 
 # What an op's reported scores are, and how the sink metrics read them: "probs" are the weights
 # the model attends with, at most one unit of attention per row, read as they are; the others
@@ -213,6 +213,17 @@ def op_spec(name: str) -> OpSpec:
 def build_kernel(a: AttentionConfig, head_dim: int) -> nn.Module | None:
     phi = op_spec(a.op).phi
     return None if phi is None else phi(a, head_dim)
+
+
+def blocked_spec(cfg: ModelConfig) -> AttentionSpec | None:
+    """What pipeline.kernels computes for a layer of ``cfg`` on the blocked path; None for an op
+    without tiles (it never takes that path)."""
+    a = cfg.attention
+    tiles = op_spec(a.op).tiles
+    if tiles is None:
+        return None
+    mask = MaskSpec(kind=cfg.mask, window=cfg.window, prefix=cfg.sink_tokens + cfg.prefix_len)
+    return AttentionSpec(similarity=tiles, normalizer=a.normalizer, p=a.p, scale=cfg.head_dim ** -0.5, mask=mask)
 
 
 def proxy_label(a: AttentionConfig) -> str | None:
