@@ -52,10 +52,9 @@ class ConfigError(ValueError):
 class AttentionConfig:
     """How queries meet keys (paper section 7.4, Tables 6, 14, 15; seed 004 mitigations).
 
-    op: similarity function, an entry of ``attention_ops.OPS``. ``softmax`` (default),
-      ``sigmoid`` = sigmoid(qk/sqrt(dh)), ``elu1`` = elu(qk/sqrt(dh)) + 1, ``kernel`` =
-      phi(q) phi(k)^T / sqrt(dh); beyond the paper: ``softmax_off_by_one`` (Miller 2023),
-      ``clipped_softmax`` (Bondarenko et al. 2023).
+    op: the similarity function, a name registered in ``attention_ops.OPS`` (default
+      ``softmax``); the registry's eager functions say what each computes, and
+      ``sinklab fit --help`` lists the names.
     normalizer: Z_i for non-softmax ops: ``sum`` (Z = sum_j sim, or its p-norm),
       ``abs_clamp`` (Z = max(|sum_j sim|, 1), for signed kernels), ``none`` (Z = 1).
     kernel: phi for ``op=kernel``: identity, elu1 (elu+1) or mlp (per-layer 2-layer MLP).

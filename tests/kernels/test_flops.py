@@ -1,9 +1,17 @@
-"""FLOPs per token, device peaks and MFU (pipeline.flops) against hand counts."""
+"""FLOPs per token, device peaks and MFU (pipeline.flops) against hand counts and against the
+FLOPs torch counts in the model's forward, for every registered attention op."""
+import dataclasses
+from typing import get_args
+
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.flops import admitted_pairs_count, device_peak_flops, flops_per_token, matmul_params_per_token, mfu
 from pipeline.model import ModelConfig, Transformer
+from pipeline.model.attention_ops import OPS, register, unregister
+from pipeline.model.config import Kernel
 from pipeline.model.masks import admitted_pairs
 
 
@@ -65,6 +73,49 @@ def test_kernel_mlp_counts_each_use_per_head():
     mlp = micro(attention=dict(op="kernel", kernel="mlp", normalizer="abs_clamp"))
     # d_h = 16: two 16x16 layers on q and k of 2 heads, per layer: 2 * 256 * 2 * 2 = 2048; x2 layers
     assert matmul_params_per_token(mlp)[0] - matmul_params_per_token(base)[0] == 4096
+
+
+def _every_op():
+    """Each registered op with a normaliser it takes, under every feature map where it has one."""
+    for name, spec in OPS.items():
+        for kernel in get_args(Kernel) if spec.phi else ("identity",):
+            yield dict(op=name, normalizer=spec.normalizers[0], kernel=kernel)
+
+
+def _forward_flops_match(cfg: ModelConfig, context: int = 8) -> None:
+    """FLOPs of one forward as torch counts them on the eager path (the full T x T square, as
+    the PaLM convention counts it; each bias-slot column 4 d per query and layer) against a
+    third of flops_per_token's forward + backward."""
+    model = Transformer(cfg)
+    with FlopCounterMode(display=False) as counter:
+        model(torch.randint(0, cfg.vocab_size, (1, context)), output_attentions=True)
+    slots = 4 * cfg.n_layers * cfg.d_model * context * cfg.n_bias_slots
+    assert counter.get_total_flops() == flops_per_token(cfg, context, convention="palm") * context / 3 + slots
+
+
+@pytest.mark.parametrize("attention", list(_every_op()), ids=lambda a: f"{a['op']}-{a['kernel']}")
+def test_every_registered_op_counts_the_flops_its_forward_does(attention):
+    _forward_flops_match(micro(attention=attention))
+
+
+def test_an_op_registered_with_its_own_feature_map_is_counted():
+    """A new op's phi (here a wider MLP than the kernel op's) counts without touching pipeline.flops."""
+    class Wide(torch.nn.Module):
+        def __init__(self, head_dim: int):
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(head_dim, 3 * head_dim, bias=False), torch.nn.Linear(3 * head_dim, head_dim, bias=False)
+
+        def forward(self, x):
+            return self.down(F.relu(self.up(x)))
+
+    register(dataclasses.replace(OPS["kernel"], name="test_wide_phi", phi=lambda a, head_dim: Wide(head_dim)))
+    try:
+        cfg = micro(attention=dict(op="test_wide_phi", normalizer="abs_clamp"))
+        # d_h = 16: 2 * 16 * 48 weights on q and k of 2 heads, per layer; x2 layers
+        assert matmul_params_per_token(cfg)[0] - matmul_params_per_token(micro())[0] == 2 * (2 * 16 * 48) * 2 * 2
+        _forward_flops_match(cfg)
+    finally:
+        unregister("test_wide_phi")
 
 
 def test_presets_are_in_the_expected_range():
