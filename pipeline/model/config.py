@@ -136,9 +136,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.preset is not None and self.preset not in PRESETS:
             raise ConfigError(f"model.preset={self.preset!r}: unknown preset; allowed: {', '.join(PRESETS)}")
-        for name, value in PRESETS[self.preset or DEFAULT_PRESET].items():
+        shape = PRESETS[self.preset or DEFAULT_PRESET]
+        for name in SHAPE_FIELDS:
             if getattr(self, name) is None:
-                setattr(self, name, value)
+                setattr(self, name, shape[name])
         if isinstance(self.attention, dict):
             self.attention = _build(AttentionConfig, self.attention, "attention")
         if isinstance(self.biases, dict):
