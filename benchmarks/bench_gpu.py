@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from pipeline.flops import device_peak_flops, flops_per_token, mfu
 from pipeline.kernels import blocked_attention, triton_tiles
 from pipeline.model import ModelConfig, Transformer
-from pipeline.model.attention_ops import OPS
+from pipeline.model.attention_ops import OPS, blocked_spec
 from pipeline.train.loss import linear_cross_entropy
 
 TINY_SHAPES = {  # stand-ins for the presets on a CPU
@@ -161,7 +161,7 @@ def hf_llama(cfg: ModelConfig):
 
 def preset(name: str, tiny: bool, context: int, **overrides) -> ModelConfig:
     shape = TINY_SHAPES[name] if tiny else {}
-    return ModelConfig.preset(name, vocab_size=512 if tiny else 32000, max_seq_len=context, **shape, **overrides)
+    return ModelConfig.from_preset(name, vocab_size=512 if tiny else 32000, max_seq_len=context, **shape, **overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,10 +222,10 @@ def attention_cases(bench: Bench, sig: ModelConfig, ratios: dict[str, float]) ->
     cases = {
         "attn softmax sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         "attn sigmoid eager": lambda q, k, v: OPS["sigmoid"].fn(q, k, mask.to(q.dtype), sig.attention, None).weights.to(v.dtype) @ v,
-        "attn sigmoid torch tiles": lambda q, k, v: blocked_attention(q, k, v, sig, similarity="sigmoid", impl="torch"),
+        "attn sigmoid torch tiles": lambda q, k, v: blocked_attention(q, k, v, blocked_spec(sig), impl="torch"),
     }
     if triton_tiles.available() and (bench.cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        cases["attn sigmoid fused triton"] = lambda q, k, v: blocked_attention(q, k, v, sig, similarity="sigmoid", impl="triton")
+        cases["attn sigmoid fused triton"] = lambda q, k, v: blocked_attention(q, k, v, blocked_spec(sig), impl="triton")
     results = {name: bench.attention_only(name, fn, H, dh, batch) for name, fn in cases.items()}
     for result in results.values():
         print(result.line(), flush=True)

@@ -94,7 +94,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    cfg = ModelConfig.preset(args.preset, vocab_size=args.vocab, max_seq_len=max(args.seq, 256))
+    cfg = ModelConfig.from_preset(args.preset, vocab_size=args.vocab, max_seq_len=max(args.seq, 256))
     ours = Transformer(cfg).train()
     hf = to_hf(ours).train()
     hf.config._attn_implementation = "sdpa"

@@ -79,15 +79,6 @@ SOFTPICK = ("--model.model.attention.op", "softpick")
 EAGER = ("--model.compile", "false")
 
 
-def one_b() -> tuple[str, ...]:
-    """The llama-1b preset's shape as overrides of paper-60m.yaml."""
-    from pipeline.model import ModelConfig
-
-    shape = ModelConfig.preset("llama-1b")
-    return tuple(x for key in ("d_model", "n_layers", "n_heads", "d_ffn")
-                 for x in (f"--model.model.{key}", str(getattr(shape, key))))
-
-
 def gpu_cases() -> list[Case]:
     p60 = ("--data.global_batch_tokens", "32768", "--data.micro_batch_size", "16", "--trainer.devices", "1")
     return [
@@ -102,7 +93,7 @@ def gpu_cases() -> list[Case]:
         fit_case("small-elu1-kernel", "gpu-small", "c512", 60, *ELU1_KERNEL),
         fit_case("small-softpick", "gpu-small", "c512", 60, *SOFTPICK),
         fit_case("1b-zero2", "paper-60m", "c2048", 20, "--data.global_batch_tokens", "16384",
-                 "--data.micro_batch_size", "8", "--trainer.devices", "1", *one_b(), window=5),
+                 "--data.micro_batch_size", "8", "--trainer.devices", "1", "--model.model.preset", "llama-1b", window=5),
         fit_case("preempt", "paper-60m", "c2048", 60, *p60, kind="preempt"),
         Case("analyze", "analyze", ("-n", "20", "--no-plots", "--device", "cuda"), reads="60m-single"),
         Case("stream-ppl", "stream-ppl", ("--max-tokens", "2048", "--cache", "0+512", "--cache", "4+508",

@@ -33,13 +33,17 @@ class _Template(string.Template):
     delimiter = "@"
 
 
-def default_sinklab_command() -> str:
+def sinklab_argv() -> list[str]:
     """The `sinklab` of the Python that renders the job (the same environment runs the job)."""
     beside = Path(sys.executable).with_name("sinklab")
     if beside.exists():
-        return shlex.quote(str(beside))
+        return [str(beside)]
     found = shutil.which("sinklab")
-    return shlex.quote(found) if found else f"{shlex.quote(sys.executable)} -m pipeline.cli"
+    return [found] if found else [sys.executable, "-m", "pipeline.cli"]
+
+
+def default_sinklab_command() -> str:
+    return shlex.join(sinklab_argv())
 
 
 def time_limit_seconds(text: str) -> int:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from cluster.jobs import JobError, JobSpec, check_path, render_array, render_job, write_run_list, write_text_atomic
+from cluster.jobs import (JobError, JobSpec, check_path, render_array, render_job, sinklab_argv, write_run_list,
+                          write_text_atomic)
 
 __all__ = ["JobError", "JobSpec", "render_job", "render_array", "submit_job", "submit_array",
            "write_run_list", "main"]
@@ -48,16 +49,16 @@ def check_config(config: str | Path) -> Path:
 
 
 def check_with_fit(config: Path, fit_args: list[str]) -> None:
-    """Parse the config and the arguments after `--` with `sinklab fit`'s own parser, so a
-    misspelt key fails here and not after the job waited in the queue. The training layer is
-    imported only now, never when `cluster` is imported (docs/contracts.md)."""
-    from pipeline.experiments.spec import ExperimentError
-    from pipeline.experiments.validate import check_fit_command
-
-    try:
-        check_fit_command(str(config), fit_args, f"config {config}")
-    except ExperimentError as error:
-        raise JobError(str(error)) from None
+    """`sinklab fit --check-only` on the config and the arguments after `--`, in a process of
+    its own: fit's own parser and model checks, so a misspelt key fails here and not after the
+    job waited in the queue. `cluster` calls the command, as the job does, and never imports
+    the training layer (docs/contracts.md)."""
+    command = [*sinklab_argv(), "fit", "--check-only", "--config", str(config), *fit_args]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:  # fit's refusal is its last line that starts "sinklab fit: "
+        lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+        said = [line for line in lines if line.startswith("sinklab fit: ")] or lines
+        raise JobError(f"config {config}: `sinklab fit` rejects it: {said[-1].removeprefix('sinklab fit: ')}")
 
 
 def run_name(config: Path, settings: dict) -> str:

@@ -7,8 +7,9 @@ activation checkpointing or by a flash/blocked backward is *not* counted: this i
 
 - N_blocks: weights of the matrix multiplies inside the L blocks, per token: W_QKV (3 d^2),
   W_O (d^2, or d_h d when heads are summed), the FFN (3 d f gated, 2 d f plain), the gate of
-  gated attention (d H), and the phi-MLP of kernel attention (2 d_h^2, applied to the queries
-  and keys of every head: 4 H d_h^2 per token). The input embedding is a lookup: not counted.
+  gated attention (d H), and what the attention op adds, as its registry entry says
+  (``OpSpec.matmul_weights``: the phi-MLP of kernel attention, 2 d_h^2 applied to the queries
+  and keys of every head, 4 H d_h^2 per token). The input embedding is a lookup: not counted.
 - N_head: the LM head, d V (tied or not: the matmul runs either way).
 - P: admitted (query, key) pairs per layer and sequence, over the C real tokens plus S
   learnable sink tokens, plus one column per bias slot (k*/v*, sink logit) for every query.
@@ -26,7 +27,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Literal
+from typing import Literal
+
+from pipeline.model.attention_ops import op_spec
+from pipeline.model.config import ModelConfig
 
 Convention = Literal["exact", "palm"]
 PEAK_ENV = "SINKLAB_PEAK_TFLOPS"
@@ -50,44 +54,36 @@ DEVICE_PEAK_TFLOPS: list[tuple[str, str, float]] = [
 ]
 
 
-def _cfg(config: Any, name: str, default: Any = None) -> Any:
-    return getattr(config, name, default)
-
-
-def matmul_params_per_token(config: Any) -> tuple[float, float]:
+def matmul_params_per_token(config: ModelConfig) -> tuple[float, float]:
     """(N_blocks, N_head): weights each token multiplies in the blocks and in the LM head."""
     d, L, H, f, V = config.d_model, config.n_layers, config.n_heads, config.d_ffn, config.vocab_size
-    dh = d // H
-    attention, ffn = _cfg(config, "attention"), _cfg(config, "ffn", "swiglu")
+    a = config.attention
     per_layer = 3 * d * d
-    per_layer += (dh if _cfg(config, "head_merge", "concat") == "sum" else d) * d
-    per_layer += (3 if ffn in ("swiglu", "geglu", "reglu") else 2) * d * f
-    if attention is not None and attention.gated:
-        per_layer += d * H
-    if attention is not None and attention.op == "kernel" and attention.kernel == "mlp":
-        per_layer += 2 * dh * dh * 2 * H  # two dh x dh layers, on q and k of each head
+    per_layer += (config.head_dim if config.head_merge == "sum" else d) * d
+    per_layer += (3 if config.ffn in ("swiglu", "geglu", "reglu") else 2) * d * f
+    per_layer += d * H if a.gated else 0
+    per_layer += op_spec(a.op).matmul_weights(a, H, config.head_dim)
     return float(L * per_layer), float(d * V)
 
 
-def admitted_pairs_count(config: Any, context_length: int) -> int:
+def admitted_pairs_count(config: ModelConfig, context_length: int) -> int:
     """(query, key) pairs one layer computes for one sequence: tokens (sink tokens included)
     under the config's mask, plus every bias-slot column. Closed forms of the model's
     ``masks.admitted_pairs``."""
-    n = context_length + int(_cfg(config, "sink_tokens", 0))
-    mask = _cfg(config, "mask", "causal")
+    n = context_length + config.sink_tokens
     pairs = n * (n + 1) // 2
-    if mask == "sliding":
+    if config.mask == "sliding":
         w = config.window
         pairs = pairs if n <= w else w * (w + 1) // 2 + (n - w) * w
-    elif mask == "prefix":
-        p = min(n, int(_cfg(config, "sink_tokens", 0)) + config.prefix_len)
+    elif config.mask == "prefix":
+        p = min(n, config.sink_tokens + config.prefix_len)
         pairs += p * (p - 1) // 2
-    return pairs + n * int(_cfg(config, "n_bias_slots", 0))
+    return pairs + n * config.n_bias_slots
 
 
-def flops_per_token(model_config: Any, context_length: int, convention: Convention = "exact") -> float:
+def flops_per_token(model_config: ModelConfig, context_length: int, convention: Convention = "exact") -> float:
     """Training FLOPs per real token (forward + backward) for sequences of ``context_length``
-    tokens. ``model_config`` is a pipeline.model.ModelConfig (or anything with its fields)."""
+    tokens."""
     if context_length < 1:
         raise ValueError(f"context_length={context_length}: must be >= 1")
     n_blocks, n_head = matmul_params_per_token(model_config)
@@ -96,7 +92,7 @@ def flops_per_token(model_config: Any, context_length: int, convention: Conventi
         return 6.0 * (n_blocks + n_head) + 12.0 * L * d * C
     if convention != "exact":
         raise ValueError(f"convention={convention!r}: allowed 'exact' or 'palm'")
-    S = int(_cfg(model_config, "sink_tokens", 0))
+    S = model_config.sink_tokens
     per_sequence = 6.0 * (C + S) * n_blocks + 6.0 * C * n_head
     per_sequence += 12.0 * L * d * admitted_pairs_count(model_config, C)
     return per_sequence / C

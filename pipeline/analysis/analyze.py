@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from data_prep.atomic import atomic_write
-from pipeline.analysis import inputs, plots
+from pipeline import plots
+from pipeline.analysis import inputs
 from pipeline.analysis.hf_capture import hf_sink_report
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
 from pipeline.probe import SinkReport, run_probe

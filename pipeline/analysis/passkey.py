@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from data_prep.atomic import atomic_write
-from pipeline.analysis.plots import passkey_heatmap
 from pipeline.analysis.streaming import (CacheSpec, Streamer, bos_id, check_positions, group_by_capacity, parse_caches,
                                          streamer_for)
+from pipeline.plots import passkey_heatmap
 
 INSTRUCTION = ("Below, one line among many repeated ones holds a secret number. "
                "Read everything, remember the number, and give it when asked.")

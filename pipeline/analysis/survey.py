@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 from data_prep.atomic import atomic_write
-from pipeline import metrics
+from pipeline import metrics, plots
 from pipeline.tracking_contract import experiment_id
-from pipeline.analysis import plots
 from pipeline.analysis.analyze import INPUT_KINDS, Subject, model_name, probe_sets, write_json
 
 DEFAULT_SWEEP = "0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"

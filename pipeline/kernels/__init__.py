@@ -12,32 +12,24 @@ for p-norms) the torch tiles of ``tiled``, which give the same numbers.
 """
 from __future__ import annotations
 
-import math
-from typing import Any
+import dataclasses
 
 import torch
 from torch import Tensor, nn
 
 from .linear import chunked_linear_attention
 from . import triton_tiles
-from .tiled import SIMILARITIES, MaskSpec, ScoreBias, TileSpec, tiled_attention
+from .tiled import SIMILARITIES, AttentionSpec, MaskSpec, ScoreBias, TileSpec, tiled_attention
 
 IMPLS = ("auto", "torch", "triton")
-
-
-def mask_spec(config: Any, n_queries: int, n_keys: int) -> MaskSpec:
-    """The model's mask (masks.admitted_pairs) for Tq queries that are the last Tq of Tk slots."""
-    return MaskSpec(kind=config.mask, window=config.window, prefix=config.sink_tokens + config.prefix_len,
-                    q_offset=n_keys - n_queries)
 
 
 def blocked_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    config: Any,
+    spec: AttentionSpec,
     *,
-    similarity: str,
     kernel: nn.Module | None = None,
     slot_k: Tensor | None = None,
     slot_v: Tensor | None = None,
@@ -49,9 +41,10 @@ def blocked_attention(
     """Attention output [B, H, Tq, d_h] before the alpha scale.
 
     q [B, H, Tq, d_h], k/v [B, H, Tk, d_h]: rotated token queries/keys/values (sink tokens
-    included, Tq = the last Tq of the Tk key slots). slot_k/slot_v [B, H, S, d_h]: the k*/v*
-    bias slots, admitted for every query. similarity: f, a key of ``tiled.SIMILARITIES`` (the
-    op's ``OpSpec.tiles``). kernel: phi applied to queries and keys first (the layer's module).
+    included, Tq = the last Tq of the Tk key slots). spec: what to compute (similarity f,
+    normaliser, p, scale, mask), from the op registry (``attention_ops.blocked_spec``).
+    kernel: phi applied to queries and keys first (the layer's module). slot_k/slot_v
+    [B, H, S, d_h]: the k*/v* bias slots, admitted for every query.
     score_bias: a fixed additive positional bias (ALiBi, relative buckets), either a function
     (q_idx, k_idx) -> [1|H, bq, bk] evaluated per tile, or the model's [1|H, Tq, Tk] tensor
     (``AttentionContext.score_bias``), sliced per tile; learned biases are refused.
@@ -61,32 +54,30 @@ def blocked_attention(
     impl: the tiled form's implementation: ``triton`` (fused kernels), ``torch``, or ``auto``
     (triton for CUDA tensors when installed and the spec allows it); the linear form ignores it.
     """
-    a = config.attention
     if impl not in IMPLS:
         raise ValueError(f"blocked_attention: impl={impl!r}; allowed {', '.join(IMPLS)}")
-    if similarity not in SIMILARITIES:
-        raise ValueError(f"blocked_attention: similarity={similarity!r}; allowed {', '.join(SIMILARITIES)}")
-    scale = 1.0 / math.sqrt(q.shape[-1])
     if kernel is not None:
         q, k = kernel(q), kernel(k)
         slot_k = None if slot_k is None else kernel(slot_k)
-    linear = similarity == "identity" and a.p == 1.0 and score_bias is None
-    if linear and config.mask in ("causal", "prefix") and q.shape[2] == k.shape[2]:
-        prefix = config.sink_tokens + config.prefix_len if config.mask == "prefix" else 0
-        return chunked_linear_attention(q, k, v, normalizer=a.normalizer, scale=scale, prefix=prefix,
+    mask = spec.mask
+    linear = spec.similarity == "identity" and spec.p == 1.0 and score_bias is None
+    if linear and mask.kind in ("causal", "prefix") and q.shape[2] == k.shape[2]:
+        return chunked_linear_attention(q, k, v, normalizer=spec.normalizer, scale=spec.scale,
+                                        prefix=mask.prefix if mask.kind == "prefix" else 0,
                                         slot_k=slot_k, slot_v=slot_v, chunk=min(block_size or 64, 64))
-    spec = TileSpec(similarity=similarity, normalizer=a.normalizer, p=a.p, scale=scale,
-                    mask=mask_spec(config, q.shape[2], k.shape[2]), block_q=query_block, block_k=block_size or 128)
-    fused = triton_tiles.supports(spec, score_bias)
+    tiles = TileSpec(similarity=spec.similarity, normalizer=spec.normalizer, p=spec.p, scale=spec.scale,
+                     mask=dataclasses.replace(mask, q_offset=k.shape[2] - q.shape[2]),
+                     block_q=query_block, block_k=block_size or 128)
+    fused = triton_tiles.supports(tiles, score_bias)
     if impl == "triton" and not fused:
         raise ValueError(f"blocked_attention: impl='triton' needs Triton installed, p = 1, a similarity among "
                          f"{', '.join(triton_tiles.SIMILARITIES)} and no per-tile bias function; use impl='torch'")
     if impl == "triton" or (impl == "auto" and fused and q.is_cuda):
-        return triton_tiles.fused_tiled_attention(q, k, v, spec, slot_k=slot_k, slot_v=slot_v, score_bias=score_bias,
+        return triton_tiles.fused_tiled_attention(q, k, v, tiles, slot_k=slot_k, slot_v=slot_v, score_bias=score_bias,
                                                   blocks=(query_block, block_size))
     if isinstance(score_bias, Tensor):
         score_bias = _tile_slicer(score_bias, q_offset=k.shape[2] - q.shape[2])
-    return tiled_attention(q, k, v, spec, slot_k=slot_k, slot_v=slot_v, score_bias=score_bias)
+    return tiled_attention(q, k, v, tiles, slot_k=slot_k, slot_v=slot_v, score_bias=score_bias)
 
 
 def _tile_slicer(bias: Tensor, q_offset: int) -> ScoreBias:
@@ -96,5 +87,5 @@ def _tile_slicer(bias: Tensor, q_offset: int) -> ScoreBias:
     return lambda q_idx, k_idx: bias[:, q_idx[0] - q_offset:q_idx[-1] + 1 - q_offset, k_idx[0]:k_idx[-1] + 1]
 
 
-__all__ = ["SIMILARITIES", "MaskSpec", "TileSpec", "blocked_attention", "chunked_linear_attention",
-           "mask_spec", "tiled_attention"]
+__all__ = ["SIMILARITIES", "AttentionSpec", "MaskSpec", "TileSpec", "blocked_attention", "chunked_linear_attention",
+           "tiled_attention"]

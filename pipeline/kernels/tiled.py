@@ -66,12 +66,33 @@ class MaskSpec:
 
 
 @dataclass(frozen=True)
-class TileSpec:
+class AttentionSpec:
+    """What the blocked kernels compute for one layer, y_i = sum_j sim_ij v_j / Z_i; the model's
+    op registry builds it (``attention_ops.blocked_spec``), so the kernels read no model config.
+
+    similarity: f in sim_ij = f(q_i k_j^T * scale + b_ij), a key of SIMILARITIES ("identity"
+      after a feature map phi is linear attention; phi itself, a module with the layer's
+      parameters, comes with each call).
+    normalizer: Z_i = sum_j sim_ij (its p-norm when p != 1), max(|sum_j sim_ij|, 1), or 1.
+    scale: of the scores (1/sqrt(d_h) for every op registered today).
+    mask: the admitted (query, key) slot pairs; blocked_attention sets q_offset per call.
+    """
+
     similarity: Similarity
     normalizer: Normalizer = "sum"
     p: float = 1.0
     scale: float = 1.0
     mask: MaskSpec = MaskSpec()
+
+    def __post_init__(self) -> None:
+        if self.similarity not in SIMILARITIES:
+            raise ValueError(f"attention spec: similarity={self.similarity!r}; allowed {', '.join(SIMILARITIES)}")
+
+
+@dataclass(frozen=True)
+class TileSpec(AttentionSpec):
+    """An AttentionSpec cut into tiles: block_q queries by block_k keys."""
+
     block_q: int | None = None   # None: all queries in one block (fewest kernel launches)
     block_k: int = 128
 

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from pipeline.kernels import blocked_attention
 
-from .attention_ops import build_kernel, op_spec
+from .attention_ops import blocked_spec, build_kernel, op_spec
 from .config import ModelConfig
 from .masks import AttentionContext
 from .positional import apply_rotary
@@ -80,6 +80,7 @@ class Attention(nn.Module):
         self.sink_logit = nn.Parameter(torch.zeros(H)) if a.sink_logit else None
         self.op = op_spec(a.op)
         self.kernel = build_kernel(a, dh)
+        self.blocked_spec = blocked_spec(cfg)  # None: the op has no blocked path
 
     # ---- slots ---------------------------------------------------------------------------
     def _with_slots(self, k: Tensor, v: Tensor, ctx: AttentionContext, need_mask: bool):
@@ -130,8 +131,8 @@ class Attention(nn.Module):
             slot_k = slot_v = None
             if self.kv_slot is not None:
                 slot_k, slot_v = (t.to(q.dtype) for t in self.kv_slot.keys_values(B, self.n_heads))
-            y = blocked_attention(q, k, v, self.cfg, similarity=self.op.tiles, kernel=self.kernel,
-                                  slot_k=slot_k, slot_v=slot_v, score_bias=ctx.score_bias)
+            y = blocked_attention(q, k, v, self.blocked_spec, kernel=self.kernel, slot_k=slot_k, slot_v=slot_v,
+                                  score_bias=ctx.score_bias)
         else:
             keys, values, mask = self._with_slots(k, v, ctx, need_mask=True)
             result = self.op.fn(q, keys, mask, self.cfg.attention, self.kernel)
@@ -159,7 +160,7 @@ class Attention(nn.Module):
         if self.op.sdpa and self.cfg.attention.p == 1.0:
             return "sdpa"
         learned_bias = ctx.score_bias is not None and ctx.score_bias.requires_grad
-        if self.op.tiles and layer_cache is None and not self.cfg.has_sink_logit and not learned_bias:
+        if self.blocked_spec is not None and layer_cache is None and not self.cfg.has_sink_logit and not learned_bias:
             return "blocked"
         return "eager"
 

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.kernels.tiled import SIMILARITIES
+from pipeline.kernels.tiled import SIMILARITIES, AttentionSpec, MaskSpec
 
 if TYPE_CHECKING:
-    from .config import AttentionConfig
+    from .config import AttentionConfig, ModelConfig
 
 # What an op's reported scores are, and how the sink metrics read them: "probs" are the weights
 # the model attends with, at most one unit of attention per row, read as they are; the others
@@ -86,18 +86,19 @@ def softpick_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: 
     return OpResult(w, w)
 
 
-def _elementwise(fn: Callable[[Tensor], Tensor]):
+def _elementwise(fn: Callable[[Tensor], Tensor], doc: str):
     def op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
         admitted = _admitted(mask)
         s = scaled_scores(q, k, mask.masked_fill(~admitted, 0.0))
         sim = torch.where(admitted, fn(s), torch.zeros_like(s))
         return OpResult(normalize(sim, a.normalizer, a.p), sim)
 
+    op.__doc__ = doc
     return op
 
 
-sigmoid_op = _elementwise(torch.sigmoid)
-elu1_op = _elementwise(lambda s: F.elu(s) + 1.0)
+sigmoid_op = _elementwise(torch.sigmoid, "sim = sigmoid(q k^T / sqrt(d_h)) on admitted pairs, over Z_i (Table 6).")
+elu1_op = _elementwise(lambda s: F.elu(s) + 1.0, "sim = elu(q k^T / sqrt(d_h)) + 1 on admitted pairs, over Z_i (Table 6).")
 
 
 def kernel_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
@@ -158,7 +159,8 @@ class OpSpec:
       with phi is linear attention (the chunked O(T d_h^2) form under causal/prefix masks).
     zero_logit: one more logit fixed at 0 in the denominator (a key slot, like the sink logit).
     score_biases: additive positional biases (ALiBi, relative, T5) are defined for it.
-    phi: builds the feature map applied to queries and keys (the layer owns its parameters).
+    phi: builds the feature map applied to queries and keys (the layer owns its parameters);
+      its matrices count in the model's FLOPs (``matmul_weights``, read by pipeline.flops).
     """
 
     name: str
@@ -177,6 +179,15 @@ class OpSpec:
         """The kind of ``reported`` for this config: "probs", "sim_nonneg" or "sim_signed"."""
         kind = self.scores(a) if callable(self.scores) else self.scores
         return "sim_nonneg" if kind == "probs" and a.p != 1.0 else kind
+
+    def matmul_weights(self, a: AttentionConfig, n_heads: int, head_dim: int) -> int:
+        """Weights the op multiplies per token and layer beyond W_QKV and W_O: the matrices of
+        phi, applied to the query and the key of every head (built on the meta device)."""
+        if self.phi is None:
+            return 0
+        with torch.device("meta"):
+            phi = self.phi(a, head_dim)
+        return 2 * n_heads * sum(w.numel() for w in phi.parameters() if w.ndim == 2)
 
 
 OPS: dict[str, OpSpec] = {}
@@ -215,6 +226,17 @@ def build_kernel(a: AttentionConfig, head_dim: int) -> nn.Module | None:
     return None if phi is None else phi(a, head_dim)
 
 
+def blocked_spec(cfg: ModelConfig) -> AttentionSpec | None:
+    """What pipeline.kernels computes for a layer of ``cfg`` on the blocked path; None for an op
+    without tiles (it never takes that path)."""
+    a = cfg.attention
+    tiles = op_spec(a.op).tiles
+    if tiles is None:
+        return None
+    mask = MaskSpec(kind=cfg.mask, window=cfg.window, prefix=cfg.sink_tokens + cfg.prefix_len)
+    return AttentionSpec(similarity=tiles, normalizer=a.normalizer, p=a.p, scale=cfg.head_dim ** -0.5, mask=mask)
+
+
 def proxy_label(a: AttentionConfig) -> str | None:
     """Which proxy scores the sink metrics are computed on (section 7.4), or None where the op
     reports the attention weights themselves."""
@@ -227,6 +249,8 @@ register(OpSpec("sigmoid", sigmoid_op, scores="sim_nonneg", normalizers=NORMALIZ
 register(OpSpec("elu1", elu1_op, scores="sim_nonneg", normalizers=NORMALIZERS, tiles="elu1"))
 register(OpSpec("kernel", kernel_op, scores=_kernel_scores, normalizers=NORMALIZERS, tiles="identity",
                 score_biases=False, phi=_kernel_phi))
+# Beyond the paper (seed 004): softmax with one more logit fixed at 0 in its denominator (Miller
+# 2023), clipped softmax (Bondarenko et al. 2023), softpick (Zuhri et al. 2025).
 register(OpSpec("softmax_off_by_one", softmax_op, scores="probs", softmax=True, sdpa=True, zero_logit=True))
 register(OpSpec("clipped_softmax", clipped_softmax_op, scores="probs", softmax=True))
 # Softpick's weights are read as they are, like clipped softmax's: each row holds at most one

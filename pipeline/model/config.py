@@ -8,9 +8,28 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args, get_type_hints
+from types import NoneType, UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from .attention_ops import NORMALIZERS, OPS, op_spec
+
+# Presets (litgpt style): the one place each named shape is written down. A recipe names one
+# (`model.model.preset: tiny`) and overrides fields beside it; `python -m pipeline.model.params`
+# prints every preset's shape and parameter count.
+PRESETS: dict[str, dict[str, int]] = {
+    # The paper's default 60M model (section 4).
+    "llama-60m": dict(vocab_size=32000, d_model=768, n_layers=10, n_heads=8, d_ffn=1536, max_seq_len=2048),
+    # A 1B LLaMA shape: TinyLlama-1.1B's dims with full multi-head attention (TinyLlama itself
+    # uses 4 KV groups).
+    "llama-1b": dict(vocab_size=32000, d_model=2048, n_layers=22, n_heads=32, d_ffn=5632, max_seq_len=2048),
+    # CPU presets: `tiny` trains in the embedded recipe (configs/recipes/embedded.yaml), `micro` is for tests.
+    "tiny": dict(vocab_size=32000, d_model=128, n_layers=4, n_heads=4, d_ffn=512, max_seq_len=256),
+    "micro": dict(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ffn=64, max_seq_len=64),
+}
+# What a preset sets; the trainer replaces vocab_size by the dataset's.
+SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_seq_len")
+DEFAULT_PRESET = "llama-60m"
+Preset = Literal[tuple(PRESETS)]
 
 Positional = Literal["rope", "nope", "sinusoidal", "learned", "relative", "t5", "alibi"]
 NormPosition = Literal["pre", "post"]
@@ -33,10 +52,9 @@ class ConfigError(ValueError):
 class AttentionConfig:
     """How queries meet keys (paper section 7.4, Tables 6, 14, 15; seed 004 mitigations).
 
-    op: similarity function, an entry of ``attention_ops.OPS``. ``softmax`` (default),
-      ``sigmoid`` = sigmoid(qk/sqrt(dh)), ``elu1`` = elu(qk/sqrt(dh)) + 1, ``kernel`` =
-      phi(q) phi(k)^T / sqrt(dh); beyond the paper: ``softmax_off_by_one`` (Miller 2023),
-      ``clipped_softmax`` (Bondarenko et al. 2023).
+    op: the similarity function, a name registered in ``attention_ops.OPS`` (default
+      ``softmax``); the registry's eager functions say what each computes, and
+      ``sinklab fit --help`` lists the names.
     normalizer: Z_i for non-softmax ops: ``sum`` (Z = sum_j sim, or its p-norm),
       ``abs_clamp`` (Z = max(|sum_j sim|, 1), for signed kernels), ``none`` (Z = 1).
     kernel: phi for ``op=kernel``: identity, elu1 (elu+1) or mlp (per-layer 2-layer MLP).
@@ -84,15 +102,20 @@ class BiasConfig:
 @dataclass
 class ModelConfig:
     """One LLaMA-style decoder; the defaults are the paper's block (RoPE, pre-norm RMSNorm,
-    SwiGLU, no linear biases, untied embeddings). ``vocab_size`` is set from the dataset's
-    manifest by the trainer."""
+    SwiGLU, no linear biases, untied embeddings).
 
-    vocab_size: int = 32000
-    d_model: int = 768
-    n_layers: int = 10
-    n_heads: int = 8
-    d_ffn: int = 1536
-    max_seq_len: int = 2048
+    preset: a named shape of ``PRESETS``; it fills each shape field (``SHAPE_FIELDS``) left
+    unset (None), so a field given beside it wins. None: the shape of ``llama-60m``, the
+    paper's model. Once built, every shape field holds its number. ``vocab_size`` is set from
+    the dataset's manifest by the trainer."""
+
+    preset: Preset | None = None
+    vocab_size: int | None = None
+    d_model: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    d_ffn: int | None = None
+    max_seq_len: int | None = None
     norm_eps: float = 1e-5
     init_std: float = 0.02
     tie_embeddings: bool = False
@@ -111,6 +134,12 @@ class ModelConfig:
     window: int = 0
 
     def __post_init__(self) -> None:
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ConfigError(f"model.preset={self.preset!r}: unknown preset; allowed: {', '.join(PRESETS)}")
+        shape = PRESETS[self.preset or DEFAULT_PRESET]
+        for name in SHAPE_FIELDS:
+            if getattr(self, name) is None:
+                setattr(self, name, shape[name])
         if isinstance(self.attention, dict):
             self.attention = _build(AttentionConfig, self.attention, "attention")
         if isinstance(self.biases, dict):
@@ -196,13 +225,10 @@ class ModelConfig:
         return _build(cls, dict(data), "")
 
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+    def from_preset(cls, name: str, **overrides: Any) -> "ModelConfig":
         """A named preset with field overrides; nested fields as dicts
         (``attention={"op": "sigmoid"}``) or with a double underscore (``attention__op``)."""
-        if name not in PRESETS:
-            raise ConfigError(f"unknown model preset {name!r}; allowed: {', '.join(PRESETS)}")
-        data = _deep_merge(PRESETS[name], _unflatten(overrides))
-        return cls.from_dict(data)
+        return cls.from_dict({**_unflatten(overrides), "preset": name})
 
     def replace(self, **overrides: Any) -> "ModelConfig":
         return ModelConfig.from_dict(_deep_merge(self.to_dict(), _unflatten(overrides)))
@@ -249,6 +275,10 @@ def _check_literals(obj: Any, prefix: str) -> None:
     for f in dataclasses.fields(obj):
         hint = hints[f.name]
         value = getattr(obj, f.name)
+        if get_origin(hint) in (Union, UnionType):  # `X | None`: a shape field the preset fills, or the preset
+            if value is None:
+                continue
+            hint = next(arg for arg in get_args(hint) if arg is not NoneType)
         if getattr(hint, "__origin__", None) is Literal:
             allowed = tuple(OPS) if hint == AttentionOp else get_args(hint)  # ops registered later count
             if value not in allowed:
@@ -261,16 +291,4 @@ def _check_literals(obj: Any, prefix: str) -> None:
             raise ConfigError(f"model.{prefix}{f.name}={value!r}: must be finite")
 
 
-# Presets (litgpt style). Parameter counts: `python -m pipeline.model.params`.
-PRESETS: dict[str, dict[str, Any]] = {
-    # The paper's default 60M model (section 4): d=768, L=10, H=8, FFN 1536.
-    "llama-60m": dict(d_model=768, n_layers=10, n_heads=8, d_ffn=1536, max_seq_len=2048),
-    # A 1B LLaMA shape: TinyLlama-1.1B's dims (d=2048, L=22, H=32, FFN 5632) with full
-    # multi-head attention (TinyLlama itself uses 4 KV groups).
-    "llama-1b": dict(d_model=2048, n_layers=22, n_heads=32, d_ffn=5632, max_seq_len=2048),
-    # CPU presets: `tiny` trains in the embedded default recipe, `micro` is for tests.
-    "tiny": dict(d_model=128, n_layers=4, n_heads=4, d_ffn=512, max_seq_len=256),
-    "micro": dict(d_model=32, n_layers=2, n_heads=2, d_ffn=64, max_seq_len=64, vocab_size=64),
-}
-
-__all__ = ["AttentionConfig", "BiasConfig", "ModelConfig", "ConfigError", "PRESETS"]
+__all__ = ["AttentionConfig", "BiasConfig", "ModelConfig", "ConfigError", "PRESETS", "SHAPE_FIELDS"]

@@ -83,13 +83,13 @@ def read_config(path: str | os.PathLike) -> ModelConfig:
         data = json.loads(text)
     found = _find_model_section(data)
     if found is None:
-        raise ValueError(f"{p}: no model config found (a mapping with d_model, n_layers, n_heads)")
+        raise ValueError(f"{p}: no model config found (a mapping with a preset, or d_model, n_layers, n_heads)")
     return ModelConfig.from_dict(found)
 
 
 def _find_model_section(data: Any) -> dict | None:
     if isinstance(data, dict):
-        if {"d_model", "n_layers", "n_heads"} <= set(data):
+        if "preset" in data or {"d_model", "n_layers", "n_heads"} <= set(data):
             return data
         for value in data.values():
             found = _find_model_section(value)

@@ -14,7 +14,7 @@ def parameter_counts(vocab_size: int) -> dict[str, tuple[int, int]]:
     counts = {}
     for name in PRESETS:
         with torch.device("meta"):
-            model = Transformer(ModelConfig.preset(name, vocab_size=vocab_size))
+            model = Transformer(ModelConfig.from_preset(name, vocab_size=vocab_size))
         counts[name] = (model.num_parameters(embeddings=False), model.num_parameters())
     return counts
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     print(f"{'preset':10s} {'d':>5s} {'L':>3s} {'H':>3s} {'ffn':>5s} {'non-embedding':>14s} {'total (V=' + str(args.vocab) + ')':>16s}")
     for name, (body, total) in parameter_counts(args.vocab).items():
-        c = ModelConfig.preset(name)
+        c = ModelConfig.from_preset(name)
         print(f"{name:10s} {c.d_model:5d} {c.n_layers:3d} {c.n_heads:3d} {c.d_ffn:5d} {body / 1e6:13.2f}M {total / 1e6:15.2f}M")
 
 

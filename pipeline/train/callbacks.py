@@ -202,7 +202,7 @@ class SinkMetrics(Callback):
                 if hasattr(logger, "set_tag"):
                     logger.set_tag(key, value)
         if self.plot_every > 0 and (step % self.plot_every == 0 or force):
-            from pipeline.analysis.plots import alpha1_heatmap
+            from pipeline.plots import alpha1_heatmap
 
             path = alpha1_heatmap(report.alpha1, self.plot_dir / f"alpha1_step-{step:06d}.png",
                                   f"step {step}: α₁ per layer and head (Sink₁ = {report.sink1:.1f}%)",

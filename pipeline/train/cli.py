@@ -1,10 +1,12 @@
 """`sinklab fit`: LightningCLI over SinkLabModule + SinkDataModule, plus the run directory.
 
     sinklab fit --config configs/recipes/embedded.yaml [--run-dir D] [--resume auto|never|PATH]
-                [--model.model.attention.op sigmoid] [--model.optim.lr 1e-3] [--data.interventions.resample [1]]
-                [--trainer.max_steps 100] [--run.sink_every 50] ...
+                [--model.model.preset llama-60m] [--model.model.attention.op sigmoid] [--model.optim.lr 1e-3]
+                [--data.interventions.resample [1]] [--trainer.max_steps 100] [--run.sink_every 50] ...
+    sinklab fit --check-only --config ... [overrides]   # parse and check the config; run and write nothing
 
-Sections: ``model`` (``model.model`` = every ModelConfig field, ``model.optim``), ``data``,
+Sections: ``model`` (``model.model`` = every ModelConfig field, a preset's numbers filled in
+where the config leaves them out; ``model.optim``), ``data``,
 ``trainer`` (Lightning's Trainer), ``run`` (:class:`RunOptions`: names, cadences). Derived, not
 set by hand: ``trainer.accumulate_grad_batches`` (from data.global_batch_tokens) and
 ``trainer.val_check_interval`` (from run.val_every).
@@ -31,7 +33,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from data_prep.dataset import DatasetError
 from data_prep.errors import os_error_line
-from pipeline.model.config import ConfigError
+from pipeline.model.config import SHAPE_FIELDS, ConfigError, ModelConfig
 from pipeline.tracking_contract import (PARENT_ENV, TAG_EXPERIMENT, TAG_PARENT, TAG_STATUS, TAG_VARIANT,
                                         tracking_uri)
 
@@ -39,6 +41,7 @@ from . import sharding  # noqa: F401  (registers the strategy names fsdp2, deeps
 from .batching import BatchConfigError
 from .callbacks import Preemption, SinkMetrics, StepCheckpoint, Throughput
 from .data import SinkDataModule
+from .fit_config import CHECK_ONLY, check_fit, parse_error_line, resolve_preset
 from .integrity import checkpoint_problem
 from .mlflow_record import log_run_model
 from .module import NonFiniteLossError, SinkLabModule, read_init
@@ -98,6 +101,10 @@ class SinkLabCLI(LightningCLI):
                                  "never: refuse a run dir that has checkpoints; a checkpoint path; or "
                                  "runs:/<run_id>: the newest checkpoint that run logged to MLflow "
                                  "(run.log_checkpoints), continued in a local run dir")
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        resolve_preset(self.config)
 
     # ---- before any class exists: run dir and lock; nothing is written yet --------------------
     def before_instantiate_classes(self) -> None:
@@ -234,14 +241,11 @@ def _as_plain(cfg) -> dict:
 
 def _variant_summary(cfg) -> str:
     """One line naming what differs from the paper's default block and data."""
-    from pipeline.model import ModelConfig
-
     plain = _as_plain(cfg)
     model = plain.get("model", {}).get("model") or {}
     default = flatten(ModelConfig().to_dict())
     diffs = [f"{k}={v}" for k, v in sorted(flatten(model).items())
-             if k not in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_seq_len")
-             and default.get(k) != v]
+             if k not in ("preset", *SHAPE_FIELDS) and default.get(k) != v]
     optim = plain.get("model", {}).get("optim") or {}
     diffs += [f"lr={optim.get('lr')}", f"wd={optim.get('weight_decay')}"]
     inter = plain.get("data", {}).get("interventions") or {}
@@ -252,24 +256,6 @@ def _variant_summary(cfg) -> str:
     if plain.get("data", {}).get("token_budget"):
         diffs.append(f"token_budget={plain['data']['token_budget']}")
     return ", ".join(diffs)
-
-
-_NOISE = ("NoneType", "Does not validate against", "Subtypes:", "Errors:", "Given value", "Problem with given class_path")
-
-
-def parse_error_line(message: str) -> str:
-    """jsonargparse's multi-line error as one line, ``<dotted key>: <what is wrong>``: it explains
-    every Union alternative and nests ``Parser key`` lines; keep the key path and the reason."""
-    keys, reasons = [], []
-    for line in (raw.strip(" -") for raw in message.splitlines()):
-        if line.startswith('Parser key "'):
-            key, _, rest = line[len('Parser key "'):].partition('":')
-            keys.append(key)
-            line = rest.strip()
-        if line and not any(noise in line for noise in _NOISE):
-            reasons.append(line)
-    where = ".".join(keys)
-    return (f"{where}: " if where else "") + "; ".join(reasons)[:500]
 
 
 _NEGATIVE = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -349,7 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     cli = None
     status = "failed"
     try:
-        argv = pulled_argv(_negative_values_joined(argv))
+        argv = _negative_values_joined(argv)
+        if CHECK_ONLY in argv:
+            check_fit([a for a in argv if a != CHECK_ONLY])
+            print("sinklab fit: the config is accepted (--check-only: nothing was run or written)", flush=True)
+            return 0
+        argv = pulled_argv(argv)
         cli = SinkLabCLI(SinkLabModule, SinkDataModule, args=argv, run=False, save_config_callback=None,
                          auto_configure_optimizers=False, seed_everything_default=1234,
                          parser_kwargs={"default_env": False, "exit_on_error": False})

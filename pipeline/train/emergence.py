@@ -88,7 +88,7 @@ def head_trajectories(metrics_path: Path, n_layers: int, n_heads: int):
 def draw_trajectory(metrics_path: Path, n_layers: int, n_heads: int, path: Path,
                     alpha1_uniform: float | None = None, title: str = "") -> Path | None:
     """The per-head α_1 trajectory figure, or None before any probe was logged."""
-    from pipeline.analysis.plots import alpha1_trajectories
+    from pipeline.plots import alpha1_trajectories
 
     steps, series = head_trajectories(metrics_path, n_layers, n_heads)
     if not steps:

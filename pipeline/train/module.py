@@ -77,7 +77,8 @@ def read_init(spec: str, cfg: ModelConfig) -> tuple[dict, dict[str, str]]:
         source = load_pretrained(spec_path)
     except (RunModelError, ValueError, OSError) as exc:
         raise ConfigError(f"model.init={spec}: {exc}") from None
-    want, have = cfg.to_dict(), source.config.to_dict()
+    # the numbers are compared, not the preset name they were chosen by
+    want, have = ({k: v for k, v in c.to_dict().items() if k != "preset"} for c in (cfg, source.config))
     differ = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
     if differ:
         raise ConfigError(f"model.init={spec}: its model differs in {', '.join(differ)} "

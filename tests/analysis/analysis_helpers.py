@@ -10,4 +10,4 @@ def micro_model(**overrides):
     from pipeline.model import ModelConfig, Transformer
 
     torch.manual_seed(0)
-    return Transformer(ModelConfig.preset("micro", **overrides)).eval()
+    return Transformer(ModelConfig.from_preset("micro", **overrides)).eval()

@@ -99,7 +99,7 @@ def micro_recipe(directory: Path, dataset: Path, steps: int = 5) -> Path:
     run: {{name: micro, experiment: sinklab-tests, checkpoint_every: 0, keep_last: 1,
           sink_every: {steps}, plot_every: 0, val_every: {steps}, throughput_window: 1}}
     model:
-      model: {{d_model: 32, n_layers: 2, n_heads: 2, d_ffn: 64, max_seq_len: 64}}
+      model: {{preset: micro}}
       optim: {{lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 1, weight_decay: 0.1}}
     data: {{path: {dataset}, global_batch_tokens: 64, micro_batch_size: 4, val_batches: 1}}
     trainer: {{max_steps: {steps}, accelerator: cpu, devices: 1, precision: 32-true,

@@ -8,6 +8,7 @@ import pytest
 from pipeline.experiments.configs import variant_config
 from pipeline.experiments.spec import ExperimentError, load_all, load_experiment
 from pipeline.experiments.validate import check_config, check_experiment
+from pipeline.model import ModelConfig
 
 
 def test_every_variant_resolves_at_cpu_scale_and_every_paper_override_too():
@@ -32,7 +33,7 @@ def test_variant_config_applies_overrides_and_identity():
     assert config["run"]["experiment"] == "sinklab/attention-operations"
     assert config["run"]["variant"] == "kernel-mlp-clamp"
     assert config["run"]["name"] == "attention-operations/cpu/kernel-mlp-clamp"
-    assert config["model"]["model"]["d_model"] == 128  # the cpu recipe underneath is kept
+    assert ModelConfig.from_dict(config["model"]["model"]).d_model == 128  # the cpu recipe underneath is kept
 
 
 @pytest.mark.parametrize("path,value,message", [

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pipeline.kernels import blocked_attention, chunked_linear_attention, triton_tiles
+from pipeline.kernels import AttentionSpec, blocked_attention, chunked_linear_attention, triton_tiles
 from pipeline.kernels.tiled import similarity_and_grad
 from pipeline.model import ModelConfig, Transformer
-from pipeline.model.attention_ops import OPS, build_kernel
+from pipeline.model.attention_ops import OPS, blocked_spec, build_kernel
 from pipeline.model.masks import admitted_pairs
 from pipeline.model.positional import ALiBi, RelativeBucket, T5Bias
 
@@ -52,8 +52,8 @@ def _eager(cfg, q, k, v, kernel, slot_k=None, slot_v=None, score_bias=None):
 
 
 def _blocked(q, k, v, cfg, **kwargs):
-    """blocked_attention with the similarity the model passes: the op's registry entry."""
-    return blocked_attention(q, k, v, cfg, similarity=OPS[cfg.attention.op].tiles, **kwargs)
+    """blocked_attention with the spec the model passes: from the op's registry entry."""
+    return blocked_attention(q, k, v, blocked_spec(cfg), **kwargs)
 
 
 def _inputs(seed, n_slots=0, dtype=torch.float64, tq=T):
@@ -181,7 +181,7 @@ def test_only_known_similarities_are_computed():
     assert OPS["softmax"].tiles is None and OPS["elu1"].tiles == "elu1"
     q, k, v, *_ = _inputs(5)
     with pytest.raises(ValueError, match="similarity='softmax'; allowed sigmoid, elu1, identity"):
-        blocked_attention(q, k, v, _config(dict(op="softmax"), dict(mask="causal")), similarity="softmax")
+        blocked_attention(q, k, v, AttentionSpec(similarity="softmax"))
     with pytest.raises(ValueError, match="similarity 'relu'"):
         similarity_and_grad(q, "relu")
     for spec in OPS.values():  # the ops with tiles train through the fused kernels on a GPU
@@ -250,7 +250,7 @@ def test_model_training_path_matches_its_eager_path(overrides, impl, monkeypatch
     monkeypatch.setattr(attention_module, "blocked_attention",
                         lambda *a, **kw: calls.append(1) or real(*a, **kw, impl=impl))
     torch.manual_seed(0)
-    model = Transformer(ModelConfig.preset("micro", init_std=0.2, **overrides)).double()
+    model = Transformer(ModelConfig.from_preset("micro", init_std=0.2, **overrides)).double()
     idx = torch.randint(0, 64, (2, 21))
     results = []
     for flag in (False, True):

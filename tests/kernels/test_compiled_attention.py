@@ -29,7 +29,7 @@ def _loss_and_grads(model: Transformer, tokens: torch.Tensor):
 
 def _compiled_matches_eager(attention: dict, backend: str) -> None:
     torch.manual_seed(0)
-    model = Transformer(ModelConfig.preset("micro", vocab_size=64, init_std=0.2, attention=attention))
+    model = Transformer(ModelConfig.from_preset("micro", vocab_size=64, init_std=0.2, attention=attention))
     tokens = torch.randint(0, 64, (2, 21))
     loss, grads = _loss_and_grads(model, tokens)
     torch._dynamo.reset()

@@ -12,7 +12,7 @@ from pipeline.model.positional import apply_rotary
 
 def _model(seed=0, **overrides):
     torch.manual_seed(seed)
-    return Transformer(ModelConfig.preset("micro", init_std=0.2, **overrides)).eval()
+    return Transformer(ModelConfig.from_preset("micro", init_std=0.2, **overrides)).eval()
 
 
 def _layer0_qkv(model, idx):
@@ -223,7 +223,7 @@ def test_op_table_covers_every_registered_op_and_what_it_accepts():
 
 @pytest.mark.parametrize("acfg", OP_CONFIGS, ids=lambda a: "-".join(map(str, a.values())))
 def test_every_operation_passes_gradcheck(acfg):
-    a = ModelConfig.preset("micro", attention=acfg).attention
+    a = ModelConfig.from_preset("micro", attention=acfg).attention
     kernel = build_kernel(a, 4)
     if kernel is not None:
         kernel.double()
@@ -240,7 +240,7 @@ def test_sigmoid_and_elu_ops_by_hand():
     for op, fn in (("sigmoid", torch.sigmoid), ("elu1", lambda x: F.elu(x) + 1)):
         sim = torch.where(causal, fn(s.nan_to_num(neginf=0)), torch.zeros_like(s))
         for normalizer, expected in (("none", sim), ("sum", sim / sim.sum(-1, keepdim=True))):
-            a = ModelConfig.preset("micro", attention={"op": op, "normalizer": normalizer}).attention
+            a = ModelConfig.from_preset("micro", attention={"op": op, "normalizer": normalizer}).attention
             r = OPS[op].fn(q, k, mask, a, None)
             torch.testing.assert_close(r.weights, expected)
             torch.testing.assert_close(r.reported, sim)
@@ -249,7 +249,7 @@ def test_sigmoid_and_elu_ops_by_hand():
 def test_p_normalised_softmax_equals_eq43_directly():
     q, k, v, mask = _qkvm()
     for p in (0.5, 1 / 3, 2.0):
-        a = ModelConfig.preset("micro", attention={"p": p}).attention
+        a = ModelConfig.from_preset("micro", attention={"p": p}).attention
         sim = torch.exp(q @ k.transpose(-1, -2) / 2.0 + mask)
         expected = sim / sim.pow(p).sum(-1, keepdim=True).pow(1 / p)         # Eq. 43
         torch.testing.assert_close(OPS["softmax"].fn(q, k, mask, a, None).weights, expected)
@@ -257,7 +257,7 @@ def test_p_normalised_softmax_equals_eq43_directly():
 
 def test_abs_clamp_normaliser_is_max_abs_sum_one():
     q, k, v, mask = _qkvm()
-    a = ModelConfig.preset("micro", attention={"op": "kernel", "kernel": "identity", "normalizer": "abs_clamp"}).attention
+    a = ModelConfig.from_preset("micro", attention={"op": "kernel", "kernel": "identity", "normalizer": "abs_clamp"}).attention
     r = OPS["kernel"].fn(q, k, mask, a, torch.nn.Identity())
     sim = torch.where(torch.isfinite(mask), q @ k.transpose(-1, -2) / 2.0, torch.zeros(()))
     torch.testing.assert_close(r.weights, sim / sim.sum(-1, keepdim=True).abs().clamp(min=1))
@@ -266,7 +266,7 @@ def test_abs_clamp_normaliser_is_max_abs_sum_one():
 
 def test_clipped_softmax_formula():
     q, k, v, mask = _qkvm()
-    a = ModelConfig.preset("micro", attention={"op": "clipped_softmax", "clip_gamma": -0.1, "clip_zeta": 1.1}).attention
+    a = ModelConfig.from_preset("micro", attention={"op": "clipped_softmax", "clip_gamma": -0.1, "clip_zeta": 1.1}).attention
     expected = (1.2 * torch.softmax(q @ k.transpose(-1, -2) / 2.0 + mask, -1) - 0.1).clamp(0, 1)
     torch.testing.assert_close(OPS["clipped_softmax"].fn(q, k, mask, a, None).weights, expected)
 
@@ -274,7 +274,7 @@ def test_clipped_softmax_formula():
 def test_softpick_by_hand():
     """x = q k + bias with d_h = 1: e^x - 1 = (2, 0, -0.5) gives (0.8, 0, 0); a masked key adds
     nothing; a row without a positive score is all zero; scores near 100 do not overflow fp32."""
-    a = ModelConfig.preset("micro", attention={"op": "softpick"}).attention
+    a = ModelConfig.from_preset("micro", attention={"op": "softpick"}).attention
     q, k = torch.ones(1, 1, 4, 1), torch.tensor([math.log(3), 0.0, math.log(0.5)]).view(1, 1, 3, 1)
     inf = float("inf")
     mask = torch.tensor([[0, 0, 0], [-inf, math.log(2), 0], [-inf, -inf, 0], [100, 100, 100]]).view(1, 1, 4, 3)
@@ -309,7 +309,7 @@ def test_each_op_reports_what_its_entry_claims(acfg):
     sink metrics read them as they are); sim_nonneg: no negative score (the metrics' proxy is
     sim / sum sim); sim_signed may be negative (|sim| / sum |sim|). Masked pairs report 0."""
     q, k, v, mask = _qkvm(slots=1)
-    a = ModelConfig.preset("micro", attention=acfg).attention
+    a = ModelConfig.from_preset("micro", attention=acfg).attention
     kernel = build_kernel(a, q.shape[-1])
     result = OPS[a.op].fn(q, k, mask, a, None if kernel is None else kernel.double())
     kind, reported = OPS[a.op].kind(a), result.reported

@@ -50,7 +50,7 @@ def _counted(fn, calls, path):
 
 def _micro(op, seed=0, **attention):
     torch.manual_seed(seed)
-    return Transformer(ModelConfig.preset("micro", init_std=0.2, attention={"op": op, **attention})).eval()
+    return Transformer(ModelConfig.from_preset("micro", init_std=0.2, attention={"op": op, **attention})).eval()
 
 
 @pytest.mark.parametrize("name", DUMMIES)
@@ -74,27 +74,27 @@ def test_a_registered_op_reaches_every_consumer(dummies, name, monkeypatch):
 
 
 def test_the_config_checks_a_registered_op_against_its_entry(dummies):
-    assert ModelConfig.preset("micro", attention={"op": "test_softplus", "normalizer": "none"}).attention.op == "test_softplus"
+    assert ModelConfig.from_preset("micro", attention={"op": "test_softplus", "normalizer": "none"}).attention.op == "test_softplus"
     for attention, field in [
         (dict(op="test_softplus", normalizer="abs_clamp"), "normalizer"),      # not among its normalizers
         (dict(op="test_softplus", p=2.0), "p"),                                # no p-norm
         (dict(op="test_softplus", sink_logit=True), "sink_logit"),             # not a softmax
     ]:
         with pytest.raises(ConfigError, match=f"model.attention.{field}"):
-            ModelConfig.preset("micro", attention=attention)
-    assert ModelConfig.preset("micro", attention={"op": "test_softmax_sdpa", "sink_logit": True}).n_bias_slots == 1
-    assert build_kernel(ModelConfig.preset("micro", attention={"op": "test_softplus"}).attention, 16) is None
+            ModelConfig.from_preset("micro", attention=attention)
+    assert ModelConfig.from_preset("micro", attention={"op": "test_softmax_sdpa", "sink_logit": True}).n_bias_slots == 1
+    assert build_kernel(ModelConfig.from_preset("micro", attention={"op": "test_softplus"}).attention, 16) is None
 
 
 def test_unknown_and_unregistered_ops_are_refused_everywhere(dummies):
     unregister("test_softplus")
     try:
         with pytest.raises(ConfigError, match="model.attention.op='test_softplus': allowed values are softmax, "):
-            ModelConfig.preset("micro", attention={"op": "test_softplus"})
+            ModelConfig.from_preset("micro", attention={"op": "test_softplus"})
         for call in (lambda: op_spec("test_softplus"), lambda: unregister("test_softplus")):
             with pytest.raises(ValueError, match="unknown attention op 'test_softplus'; registered: softmax, "):
                 call()
-        cfg = ModelConfig.preset("micro")
+        cfg = ModelConfig.from_preset("micro")
         cfg.attention.op = "test_softplus"                                       # changed after validation
         with pytest.raises(ConfigError, match="model.attention.op"):
             Transformer(cfg)
@@ -142,7 +142,7 @@ def test_every_registered_op_trains_and_its_training_path_equals_its_eager_path(
 
 
 def test_the_run_summary_names_the_proxy_the_sink_metrics_use():
-    label = lambda **attention: proxy_label(ModelConfig.preset("micro", attention=attention).attention)  # noqa: E731
+    label = lambda **attention: proxy_label(ModelConfig.from_preset("micro", attention=attention).attention)  # noqa: E731
     assert label(op="softmax") is None and label(op="clipped_softmax") is None
     assert label(op="softmax", p=2.0) == label(op="sigmoid") == "proxy scores sim/Σ sim"
     assert label(op="kernel", kernel="identity", normalizer="abs_clamp") == "proxy scores |sim|/Σ|sim|"

@@ -7,7 +7,7 @@ from pipeline.model import ModelConfig, StreamingCache, Transformer
 
 def _model(**overrides):
     torch.manual_seed(0)
-    return Transformer(ModelConfig.preset("micro", init_std=0.2, **overrides)).eval()
+    return Transformer(ModelConfig.from_preset("micro", init_std=0.2, **overrides)).eval()
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_zero_initial_entries_drop_the_sink_token():
 
 def test_bad_cache_sizes():
     with pytest.raises(ValueError, match="x\\+y"):
-        StreamingCache(ModelConfig.preset("micro"), n_initial=1, n_recent=0)
+        StreamingCache(ModelConfig.from_preset("micro"), n_initial=1, n_recent=0)
 
 
 def test_rows_with_their_own_x_evict_like_separate_caches():
@@ -95,4 +95,4 @@ def test_rows_with_their_own_x_evict_like_separate_caches():
 
 def test_rows_must_share_x_plus_y():
     with pytest.raises(ValueError, match="share x\\+y"):
-        StreamingCache(ModelConfig.preset("micro"), n_initial=[0, 1], n_recent=[5, 5])
+        StreamingCache(ModelConfig.from_preset("micro"), n_initial=[0, 1], n_recent=[5, 5])

@@ -8,14 +8,14 @@ from pipeline.model import PRESETS, ConfigError, ModelConfig, Transformer
 
 def _non_embedding_params(name: str) -> int:
     with torch.device("meta"):
-        return Transformer(ModelConfig.preset(name)).num_parameters(embeddings=False)
+        return Transformer(ModelConfig.from_preset(name)).num_parameters(embeddings=False)
 
 
 def test_presets_have_the_documented_shapes():
-    c = ModelConfig.preset("llama-60m")
+    c = ModelConfig.from_preset("llama-60m")
     assert (c.d_model, c.n_layers, c.n_heads, c.d_ffn) == (768, 10, 8, 1536)
     assert (c.positional, c.norm_position, c.ffn, c.tie_embeddings) == ("rope", "pre", "swiglu", False)
-    tiny = ModelConfig.preset("tiny")
+    tiny = ModelConfig.from_preset("tiny")
     assert (tiny.d_model, tiny.n_layers, tiny.n_heads, tiny.d_ffn) == (128, 4, 4, 512)
     assert set(PRESETS) >= {"llama-60m", "llama-1b", "tiny", "micro"}
 
@@ -32,7 +32,7 @@ def test_1b_preset_is_about_a_billion():
 
 
 def test_overrides_nested_and_roundtrip():
-    c = ModelConfig.preset("micro", attention={"op": "sigmoid", "normalizer": "none"}, biases__kind="k")
+    c = ModelConfig.from_preset("micro", attention={"op": "sigmoid", "normalizer": "none"}, biases__kind="k")
     assert c.attention.op == "sigmoid" and c.attention.normalizer == "none" and c.biases.kind == "k"
     again = ModelConfig.from_dict(json.loads(json.dumps(c.to_dict())))
     assert again == c
@@ -56,21 +56,34 @@ def test_overrides_nested_and_roundtrip():
 )
 def test_bad_values_name_the_field(overrides, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        ModelConfig.preset("micro", **overrides)
+        ModelConfig.from_preset("micro", **overrides)
 
 
 def test_unknown_preset_lists_the_allowed_ones():
     with pytest.raises(ConfigError, match="llama-60m"):
-        ModelConfig.preset("gpt-5")
+        ModelConfig.from_preset("gpt-5")
 
 
 def test_jsonargparse_overrides_every_nested_field():
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser()
-    parser.add_argument("--model", type=ModelConfig, default=ModelConfig.preset("tiny"))
+    parser.add_argument("--model", type=ModelConfig, default=ModelConfig.from_preset("tiny"))
     args = parser.parse_args(["--model.attention.op", "sigmoid", "--model.attention.normalizer", "none",
                               "--model.biases.kind", "kv", "--model.d_model", "64"])
     cfg = parser.instantiate(args).model
     assert isinstance(cfg, ModelConfig)
     assert (cfg.attention.op, cfg.biases.kind, cfg.d_model, cfg.n_layers) == ("sigmoid", "kv", 64, 4)
+
+
+def test_a_preset_fills_only_the_shape_fields_left_unset():
+    tiny = ModelConfig.from_preset("tiny")
+    wide = ModelConfig(preset="tiny", n_heads=2, d_ffn=1024)
+    assert (wide.d_model, wide.n_layers, wide.n_heads, wide.d_ffn) == (tiny.d_model, tiny.n_layers, 2, 1024)
+    assert wide.preset == "tiny" and ModelConfig.from_dict(wide.to_dict()) == wide
+    default, paper = ModelConfig(), ModelConfig.from_preset("llama-60m")
+    assert default.preset is None and default.replace(preset="llama-60m") == paper
+    with pytest.raises(ConfigError, match=r"model\.preset='gpt-5': unknown preset; allowed: llama-60m"):
+        ModelConfig(preset="gpt-5")
+    with pytest.raises(ConfigError, match=r"model\.d_model='wide': expected int"):
+        ModelConfig(preset="tiny", d_model="wide")

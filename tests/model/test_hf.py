@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 def _model(**overrides):
     torch.manual_seed(0)
-    cfg = ModelConfig.preset("micro", init_std=0.2, rope_theta=500.0, norm_eps=1e-6, **overrides)
+    cfg = ModelConfig.from_preset("micro", init_std=0.2, rope_theta=500.0, norm_eps=1e-6, **overrides)
     model = Transformer(cfg).eval()
     with torch.no_grad():                          # non-trivial norm gains, so the map is tested
         for name, p in model.named_parameters():

@@ -9,7 +9,7 @@ from pipeline.model import ModelConfig, Transformer, load_pretrained, save_pretr
 
 def _model():
     torch.manual_seed(0)
-    return Transformer(ModelConfig.preset("micro", biases={"kind": "kv"}, sink_tokens=1)).eval()
+    return Transformer(ModelConfig.from_preset("micro", biases={"kind": "kv"}, sink_tokens=1)).eval()
 
 
 def _same(a, b):

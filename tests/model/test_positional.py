@@ -12,7 +12,7 @@ from pipeline.model.positional import Sinusoidal, alibi_slopes, relative_bucket
 def _model(**overrides):
     torch.manual_seed(0)
     # a larger init than training's so that the attention logits are far from uniform
-    return Transformer(ModelConfig.preset("micro", init_std=0.3, **overrides)).eval()
+    return Transformer(ModelConfig.from_preset("micro", init_std=0.3, **overrides)).eval()
 
 
 def _repeated(T, token=7):
@@ -20,7 +20,7 @@ def _repeated(T, token=7):
 
 
 def test_sinusoidal_matches_eq5_by_hand():
-    cfg = ModelConfig.preset("micro", positional="sinusoidal")
+    cfg = ModelConfig.from_preset("micro", positional="sinusoidal")
     p = Sinusoidal(cfg).input_embedding(torch.tensor([0, 3]))
     d = cfg.d_model
     t = 3

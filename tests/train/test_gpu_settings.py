@@ -77,7 +77,7 @@ def test_the_sink_probe_of_a_compiled_model_compiles_nothing_more():
     from pipeline.train.compiling import compile_blocks, uncompiled
 
     torch._dynamo.reset()
-    model = Transformer(ModelConfig.preset("micro", vocab_size=64))
+    model = Transformer(ModelConfig.from_preset("micro", vocab_size=64))
     compile_blocks(model.blocks, on_failure=lambda exc: pytest.fail(f"compile failed: {exc}"))
     model(torch.randint(0, 64, (2, 16))).logits.sum().backward()
     compiled = counters["stats"]["unique_graphs"]

@@ -95,7 +95,7 @@ def test_bad_shapes_are_named():
                          ids=["plain", "sink-token-tied", "prefix-lm"])
 def test_next_token_loss_equals_logits_and_cross_entropy(overrides, start):
     torch.manual_seed(0)
-    model = Transformer(ModelConfig.preset("micro", **overrides)).double()
+    model = Transformer(ModelConfig.from_preset("micro", **overrides)).double()
     tokens = torch.randint(0, model.config.vocab_size, (3, 17))
 
     def reference():
@@ -119,7 +119,7 @@ def test_a_zero3_partitioned_head_takes_the_logits_path(monkeypatch):
     import pipeline.train.loss as loss_module
 
     torch.manual_seed(0)
-    model = Transformer(ModelConfig.preset("micro"))
+    model = Transformer(ModelConfig.from_preset("micro"))
     tokens = torch.randint(0, model.config.vocab_size, (2, 9))
     fused = next_token_loss(model, tokens)
     model.lm_head.weight.ds_status = "NOT_AVAILABLE"

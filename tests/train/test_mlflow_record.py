@@ -92,7 +92,7 @@ def test_a_variant_llama_cannot_express_is_logged_without_the_hf_export(tmp_path
     from pipeline.model import ModelConfig, Transformer
     from pipeline.train.mlflow_record import add_hf_export, write_model_dir
 
-    config = ModelConfig.preset("micro", vocab_size=64, positional="alibi")
+    config = ModelConfig.from_preset("micro", vocab_size=64, positional="alibi")
     out = write_model_dir(tmp_path / "model", config, Transformer(config).state_dict())
     assert add_hf_export(out).startswith("none: model.positional='alibi'") and not (out / "hf").exists()
 

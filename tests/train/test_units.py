@@ -108,7 +108,7 @@ def test_min_lr_must_be_below_peak():
 
 
 def test_weight_decay_groups():
-    cfg = ModelConfig.preset("micro", sink_tokens=1)
+    cfg = ModelConfig.from_preset("micro", sink_tokens=1)
     module = SinkLabModule(cfg)
     from pipeline.model import Transformer
 
@@ -190,7 +190,7 @@ def test_prefix_lm_loss_starts_after_p_tokens():
     from pipeline.model import Transformer
 
     torch.manual_seed(0)
-    cfg = ModelConfig.preset("micro", mask="prefix", prefix_len=3)
+    cfg = ModelConfig.from_preset("micro", mask="prefix", prefix_len=3)
     module = SinkLabModule(cfg)
     module.model = Transformer(cfg)
     tokens = torch.randint(0, 64, (2, 10))
@@ -253,7 +253,7 @@ def test_speed_options_leave_loss_and_gradients_unchanged(option, monkeypatch):
 
     def loss_and_grads(**flags):
         torch.manual_seed(0)
-        module = SinkLabModule(ModelConfig.preset("micro", vocab_size=64), **flags)
+        module = SinkLabModule(ModelConfig.from_preset("micro", vocab_size=64), **flags)
         module.configure_model()
         tokens = torch.randint(0, 64, (2, 16))
         loss = module.lm_loss(tokens)

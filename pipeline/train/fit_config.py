@@ -1,0 +1,88 @@
+"""`sinklab fit`'s config between parsing and building: the model preset resolved, parse errors
+as one line, and the check behind `sinklab fit --check-only` (and `sinklab sweep`'s checks).
+
+A check parses with fit's own parser (LightningCLI / jsonargparse: every name and type) and
+builds the ModelConfig (its cross-field checks); it instantiates nothing: no run directory,
+MLflow run, dataset or weights.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from jsonargparse import Namespace
+
+from pipeline.model.config import ModelConfig
+
+CHECK_ONLY = "--check-only"
+
+
+def resolve_preset(config: Namespace) -> None:
+    """Replace the parsed ``model.model`` by the ModelConfig it builds, so the config from here
+    on (the run's config.yaml, its MLflow params) names every number of the preset beside the
+    preset's name; a section left out becomes the default model's. Raises ConfigError."""
+    model = config.model.model
+    built = ModelConfig.from_dict(model.as_dict() if model is not None else {})
+    config.model.model = _namespace(built.to_dict())
+
+
+def _namespace(data: dict[str, Any]) -> Namespace:
+    return Namespace(**{k: _namespace(v) if isinstance(v, dict) else v for k, v in data.items()})
+
+
+@lru_cache(maxsize=1)
+def fit_parser():
+    """`sinklab fit`'s parser, built once (building it costs about a second)."""
+    import warnings
+
+    from .cli import SinkLabCLI
+    from .data import SinkDataModule
+    from .module import SinkLabModule
+
+    class ParseOnly(SinkLabCLI):
+        def _set_seed(self) -> None:
+            pass
+
+        def before_instantiate_classes(self) -> None:
+            pass
+
+        def instantiate_classes(self) -> None:
+            pass
+
+        def after_instantiate_classes(self) -> None:
+            pass
+
+    with warnings.catch_warnings():  # "args given while sys.argv has arguments": intended here
+        warnings.simplefilter("ignore", UserWarning)
+        cli = ParseOnly(SinkLabModule, SinkDataModule, args=[], run=False, save_config_callback=None,
+                        auto_configure_optimizers=False, seed_everything_default=1234,
+                        parser_kwargs={"default_env": False, "exit_on_error": False})
+    return cli.parser
+
+
+def check_fit(args: list[str] | dict[str, Any]) -> Namespace:
+    """The resolved config of `sinklab fit ARGS` (a command line, or a config as a dict); raises
+    jsonargparse's ArgumentError for a name or type fit does not accept and ConfigError for a
+    model that cannot be built."""
+    parser = fit_parser()
+    config = parser.parse_object(args) if isinstance(args, dict) else parser.parse_args(args)
+    resolve_preset(config)
+    return config
+
+
+_NOISE = ("NoneType", "Does not validate against", "Subtypes:", "Errors:", "Given value", "Problem with given class_path")
+
+
+def parse_error_line(message: str) -> str:
+    """jsonargparse's multi-line error as one line, ``<dotted key>: <what is wrong>``: it explains
+    every Union alternative and nests ``Parser key`` lines; keep the key path and the reason."""
+    keys, reasons = [], []
+    for line in (raw.strip(" -") for raw in message.splitlines()):
+        if line.startswith('Parser key "'):
+            key, _, rest = line[len('Parser key "'):].partition('":')
+            keys.append(key)
+            line = rest.strip()
+        if line and not any(noise in line for noise in _NOISE):
+            reasons.append(line)
+    where = ".".join(keys)
+    return (f"{where}: " if where else "") + "; ".join(reasons)[:500]
