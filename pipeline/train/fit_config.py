@@ -67,7 +67,27 @@ def check_fit(args: list[str] | dict[str, Any]) -> Namespace:
     parser = fit_parser()
     config = parser.parse_object(args) if isinstance(args, dict) else parser.parse_args(args)
     resolve_preset(config)
+    check_batch(config)
     return config
+
+
+def check_batch(config: Namespace) -> None:
+    """The batch plan fit would make for the config's world size (trainer.num_nodes x
+    trainer.devices, where both are numbers), when its dataset can be read from here (on a
+    cluster it may lie on the compute nodes only: then the job's start checks it). Raises
+    BatchConfigError."""
+    from data_prep.dataset import DatasetError, load_manifest
+
+    from .batching import plan_batch
+
+    devices, nodes = (str(config.trainer.devices), str(config.trainer.num_nodes))  # the parser may keep "2"
+    if not (devices.isdigit() and nodes.isdigit()) or config.data is None:
+        return
+    try:
+        context = load_manifest(config.data.path).context_length
+    except (DatasetError, OSError):
+        return
+    plan_batch(config.data.global_batch_tokens, context, config.data.micro_batch_size, int(devices) * int(nodes))
 
 
 _NOISE = ("NoneType", "Does not validate against", "Subtypes:", "Errors:", "Given value", "Problem with given class_path")

@@ -16,6 +16,30 @@ REPO = Path(__file__).resolve().parents[2]
 PAPER_RECIPE = REPO / "configs" / "recipes" / "paper-60m.yaml"
 
 
+@pytest.fixture(autouse=True)
+def fit_check_in_this_process(monkeypatch):
+    """`sinklab submit` checks a config with `sinklab fit --check-only` in a process of its own (the
+    cluster layer imports no training code). These tests of rendering and refusals run that same
+    entry point in this process instead, 5-10 s less each; test_sinklab_submit_command_line_dispatch
+    runs the real command end to end."""
+    import contextlib
+    import io
+
+    from pipeline.train.cli import main as fit_main
+
+    real = subprocess.run
+
+    def run(command, **kwargs):
+        if "--check-only" not in command:
+            return real(command, **kwargs)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = fit_main(list(command[command.index("fit") + 1:]))
+        return subprocess.CompletedProcess(command, code, "", err.getvalue())
+
+    monkeypatch.setattr(subprocess, "run", run)
+
+
 def sbatch_lines(script: str) -> list[str]:
     return [line.split(None, 1)[1] for line in script.splitlines() if line.startswith("#SBATCH ")]
 
@@ -170,3 +194,22 @@ def test_default_run_dir_and_job_name_follow_run_name(tmp_path, capsys, monkeypa
     script = capsys.readouterr().out
     assert "--job-name=lr-3e-4" in sbatch_lines(script)
     assert f"RUN_DIR={tmp_path / 'runs' / 'lr-3e-4'}\n" in script
+
+
+def test_a_world_size_fit_would_refuse_is_refused_before_anything_is_queued(tmp_path, capsys, monkeypatch):
+    """Issue 26: 3 nodes x 1 task of an 8-sequence batch was rendered (and would have been queued),
+    though `sinklab fit` refuses that world size at the job's start. The check sees the dataset
+    where it can be read from here; a dataset it cannot read leaves the check to the job."""
+    sys.path.insert(0, str(REPO / "tests" / "train"))
+    from train_datasets import make_dataset
+
+    site_free(monkeypatch)
+    data = make_dataset(tmp_path / "ds")  # C = 16
+    recipe = REPO / "configs" / "recipes" / "cpu-tiny.yaml"  # 128 tokens a step: 8 sequences
+    job = [str(recipe), "--nodes", "3", "--gpus-per-node", "0", "--tasks-per-node", "1", "--dry-run", "--",
+           "--data.path", str(data)]
+    assert submit_main(job) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is 8 sequences, which 3 processes cannot share evenly" in err, err
+    assert submit_main([*job[:2], "2", *job[3:]]) == 0  # 2 nodes share them
+    assert submit_main([*job[:-1], str(tmp_path / "only-on-the-cluster")]) == 0
