@@ -154,16 +154,27 @@ def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.analysis.analyze import Subject, model_name
+    from pipeline.analysis.analyze import Subject
 
     args = build_parser().parse_args(argv)
-    settings = parse_settings(args.settings)
+    parse_settings(args.settings)
     if args.dataset is not None and args.text is not None:
         raise SystemExit("sinklab quant-eval: give --text or --dataset, not both")
     if args.seq_len < 3 or args.batch_size < 1:
         raise SystemExit("sinklab quant-eval: --seq-len must be >= 3 and --batch-size >= 1")
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
-    subject = Subject(args.model, args.kind, tokenizer, "quant-eval")
+    record = run(Subject(args.model, args.kind, tokenizer, "quant-eval"), args)
+    print(record["table"])
+    if "mlflow_run_id" in record:
+        print(f"logged to MLflow run {record['mlflow_run_id']} as quant/perplexity_<setting>")
+    print(f"wrote {record['out']}/quant_eval.json")
+    return 0
+
+
+def run(subject, args) -> dict:
+    """Everything after loading the model: windows, the settings, outputs, MLflow. Returns the record."""
+    from pipeline.analysis.analyze import model_name
+
     subject.check_seq_len(args.seq_len)
     sink_tokens = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
     lead = args.lead if args.lead is not None else sink_tokens + 1
@@ -177,21 +188,22 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"sinklab quant-eval: {text}: {len(ids)} tokens do not fill one window of {args.seq_len}; "
                          "give more text (--max-tokens) or lower --seq-len")
     evaluator = Evaluator(subject.model, subject.kind, windows, lead, args.batch_size)
-    results, outliers = evaluator.run(settings)
-    name = model_name(args.model)
+    results, outliers = evaluator.run(parse_settings(args.settings))
     report = outliers.report()
+    name = model_name(args.model)
+    out = args.out or Path("analysis") / name / "quant"
     record = {
-        "model": name, "source": subject.source, "kind": subject.kind,
+        "model": name, "source": subject.source, "kind": subject.kind, "out": str(out),
         "settings": {"text": text, "tokens": len(ids), "windows": len(windows), "seq_len": args.seq_len,
                      "bos_first": bos is not None, "lead": lead, "scored": windows.shape[0] * (args.seq_len - 1 - evaluator.skip)},
         "results": results, "outliers": report.to_json() if report is not None else None,
     }
-    out = args.out or Path("analysis") / name / "quant"
+    record["table"] = markdown(record)
     out.mkdir(parents=True, exist_ok=True)
-    table = markdown(record)
-    atomic_write(out / "quant_eval.md", table + "\n")
-    atomic_write(out / "quant_eval.json", json.dumps(record, indent=2))
-    print(table)
+    atomic_write(out / "quant_eval.md", record["table"] + "\n")
+    write_json = lambda: atomic_write(out / "quant_eval.json", json.dumps(  # noqa: E731
+        {k: v for k, v in record.items() if k != "table"}, indent=2))
+    write_json()
     if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/
         from pipeline.analysis.run_models import log_results
 
@@ -199,8 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                   for key in ("perplexity", "gap_pct", "recovered_pct") if r[key] is not None}
         if report is not None:
             values.update({f"quant/act/{k}": v for k, v in report.summary().items() if not k.endswith("_at")})
-        log_results(subject.tracking_uri, subject.run_id, values, {"sinklab.quant.settings": record["settings"]},
-                    out, "quant")
-        print(f"logged to MLflow run {subject.run_id} as quant/perplexity_<setting>", flush=True)
-    print(f"wrote {out}/quant_eval.json")
-    return 0
+        record["mlflow_run_id"] = log_results(subject.tracking_uri, subject.run_id, values,
+                                              {"sinklab.quant.settings": record["settings"]}, out, "quant")
+        write_json()
+    return record
