@@ -227,8 +227,8 @@ def summary_table(summaries: dict[str, dict]) -> list[str]:
     def cell(s: dict, key: str, fmt: str) -> str:
         return "n/a" if key not in s else f"{s[key]:{fmt}} ({s[key + '_at']})"
 
-    lines = ["| activations | ‖h‖∞ (layer) | kurtosis (layer) | token-wise at the lead, % of sequences (layer) "
-             "| largest linear input (where) | its ‖x‖∞ / without the lead (where) |", "|---|---|---|---|---|---|"]
+    lines = ["| activations | residual ‖h‖∞ (layer) | kurtosis (layer) | lead token-wise, % of sequences (layer) "
+             "| linear input ‖x‖∞ (where) | scale inflation by the lead (where) |", "|---|---|---|---|---|---|"]
     lines += [f"| {label} | {cell(s, 'max_abs', '.1f')} | {cell(s, 'kurtosis', '.1f')} | {cell(s, 'lead_pct', '.0f')} "
               f"| {cell(s, 'linear_max', '.1f')} | {cell(s, 'lead_scale_ratio', '.2f')} |" for label, s in summaries.items()]
     return lines
