@@ -96,3 +96,18 @@ def test_with_a_sink_token_the_lead_is_the_sink_token_and_the_first_token():
     model = micro_model(sink_tokens=1)
     report = run_probe(model, torch.randint(3, 64, (4, 12), generator=torch.Generator().manual_seed(0)), positions=4)
     assert report.outliers.lead == 2 and not math.isnan(report.outliers.lead_scale_ratio["attn.qkv"][0])
+
+
+def test_the_hf_path_reports_the_same_quantities(tiny_llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.analysis.hf_capture import hf_sink_report
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, attn_implementation="eager").eval()
+    tokens = torch.randint(3, 200, (4, 12), generator=torch.Generator().manual_seed(0))
+    out = hf_sink_report(model, tokens, positions=4).outliers
+    assert out.lead == 1 and out.max_abs.shape == (2,) and out.kurtosis.shape == (2,)
+    assert {"self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"} <= set(out.linear_max)
+    with torch.no_grad(), recording_block_outputs(model.model.layers) as hidden:
+        model(input_ids=tokens)
+    assert out.max_abs.tolist() == pytest.approx([max_abs(h).mean().item() for h in hidden])
