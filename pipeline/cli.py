@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "survey": ("pipeline.analysis.survey", "Sink_1 by input, BOS and threshold, norm ratio and dormant heads across models"),
     "stream-ppl": ("pipeline.analysis.streaming", "streaming perplexity with x initial + y recent cached tokens"),
     "passkey": ("pipeline.analysis.passkey", "passkey retrieval by depth under x initial + y recent cached tokens"),
+    "quant-eval": ("pipeline.analysis.quant_eval", "perplexity under simulated W8A8, with the sink kept intact or not"),
     "submit": ("cluster.submit", "render and submit a SLURM job for a training config"),
     "sweep": ("pipeline.experiments.sweep", "run or submit every variant of a paper experiment"),
     "report": ("pipeline.experiments.report", "the paper's table beside the measured values, from MLflow"),

@@ -9,6 +9,7 @@ training layer imports nothing from ``pipeline.analysis`` for it.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from pipeline import metrics
 from pipeline.model.attention_ops import SCORE_KINDS
+from pipeline.outliers import OutlierAccumulator, OutlierReport, recording_linear_inputs
 
 ATTENTION_KINDS = tuple(SCORE_KINDS)
 
@@ -44,6 +46,8 @@ class SinkReport:
     alpha1_all: Tensor | None = field(default=None, repr=False)  # [N, L, H]
     entropy: Tensor | None = None  # [L, H] normalised row entropy, mean over sequences
     out_norm: Tensor | None = None  # [L, H] mean ‖A·V‖ per token, mean over sequences
+    # activation outliers (pipeline.outliers): residual stream and linear-layer inputs
+    outliers: OutlierReport | None = None
 
     @property
     def dormant(self) -> Tensor | None:
@@ -75,6 +79,8 @@ class SinkReport:
         # mean alpha_k at later positions: where a fixed token sits at k > 1 (Table 10 right)
         out.update({f"sink/alpha{k}_mean": v for k, v in enumerate(self.alpha_profile[1:], start=2)})
         out.update({f"act/massive_ratio_l{l}": float(v) for l, v in enumerate(self.massive_ratio)})
+        if self.outliers is not None:
+            out.update(self.outliers.to_metrics())
         return out
 
     def to_json(self) -> dict:
@@ -94,14 +100,17 @@ class SinkReport:
             "qk_decomposition": plain(self.qk_decomposition),
             "entropy": plain(self.entropy), "out_norm": plain(self.out_norm),
             "dormant_pct": self.dormant_pct,
+            "outliers": None if self.outliers is None else self.outliers.to_json(),
         }
 
 
 class SinkAccumulator:
     """Collects per-sequence importances over batches; :meth:`report` forms the rates."""
 
-    def __init__(self, eps: float = metrics.DEFAULT_EPS, positions: int = 10) -> None:
+    def __init__(self, eps: float = metrics.DEFAULT_EPS, positions: int = 10,
+                 outliers: OutlierAccumulator | None = None) -> None:
         self.eps, self.positions = eps, positions
+        self.outliers = outliers  # fed the hidden states here; linear inputs come from hooks
         self.alphas: list[Tensor] = []  # [B, L, H, P]
         self.slots: list[Tensor] = []  # [B, L, H, S]
         self.massive: list[Tensor] = []  # [B, L]
@@ -153,6 +162,8 @@ class SinkAccumulator:
             self.out_norm.append(torch.stack([metrics.head_output_norm(o.detach()) for o in head_outputs], 1).cpu())
         self.alphas.append(torch.stack(alphas, dim=1).cpu())
         self.slots.append(torch.stack(slots, dim=1).cpu())
+        if hidden_states and self.outliers is not None:
+            self.outliers.add_hidden(hidden_states)
         if hidden_states:
             real_h = [h.detach().float()[:, n_query_slots:] for h in hidden_states]
             self.massive.append(torch.stack([metrics.massive_activation_ratio(h) for h in real_h], 1).cpu())
@@ -201,6 +212,7 @@ class SinkAccumulator:
             alpha1_all=alphas[..., 0],
             entropy=torch.cat(self.entropy).nanmean(dim=0),
             out_norm=cat_mean(self.out_norm),
+            outliers=None if self.outliers is None else self.outliers.report(),
         )
 
 
@@ -229,6 +241,12 @@ def _admitted(model: torch.nn.Module, T: int) -> Tensor | None:
     return admitted_with_slots(config, T)
 
 
+def _linear_inputs(model: torch.nn.Module, acc: OutlierAccumulator | None):
+    """Record the linear-layer inputs of a SinkLab model's blocks into ``acc`` (None: nothing)."""
+    blocks = getattr(model, "blocks", None)
+    return recording_linear_inputs(blocks, acc) if acc is not None and blocks is not None else nullcontext()
+
+
 def run_probe(
     model: torch.nn.Module,
     tokens,
@@ -236,20 +254,25 @@ def run_probe(
     positions: int = 10,
     batch_size: int = 25,
     output_qkv: bool = False,
+    outliers: bool = True,
 ) -> SinkReport:
     """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (every sequence counted).
 
     Eval mode, no grad, autocast off (maps in fp32); the model's training mode is restored.
-    ``output_qkv`` also measures the key/value norm ratio of the first token (costs memory).
+    ``output_qkv`` also measures the key/value norm ratio of the first token (costs memory);
+    ``outliers`` the activation outliers (pipeline.outliers) of the residual stream and of every
+    linear layer's input.
     """
     device = _device_of(model)
     tokens = as_token_tensor(tokens, device)
     admitted = _admitted(model, tokens.shape[1])
-    acc = SinkAccumulator(eps=eps, positions=positions)
+    lead = getattr(getattr(model, "config", None), "sink_tokens", 0) + 1
+    acc = SinkAccumulator(eps=eps, positions=positions, outliers=OutlierAccumulator(lead) if outliers else None)
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), torch.autocast(device_type=device.type, enabled=False):
+        with torch.no_grad(), torch.autocast(device_type=device.type, enabled=False), \
+                _linear_inputs(model, acc.outliers):
             for start in range(0, tokens.shape[0], batch_size):
                 kwargs = {"output_attentions": True, "output_hidden_states": True}
                 if output_qkv:

@@ -20,6 +20,7 @@ from pipeline import plots
 from pipeline.analysis import inputs
 from pipeline.analysis.hf_capture import hf_sink_report
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
+from pipeline.outliers import summary_table
 from pipeline.probe import SinkReport, run_probe
 from pipeline.tracking_contract import experiment_id
 
@@ -273,6 +274,8 @@ def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
         metrics = {f"table1/{k}": v for k, v in record["table1"].items()}
         for kind, rep in record["reports"].items():
             metrics.update({f"{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
+            summary = (rep.get("outliers") or {}).get("summary", {})
+            metrics.update({f"{kind}/act/{k}": v for k, v in summary.items() if not k.endswith("_at")})
         metrics.update({f"domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v for d, v in record.get("domains", {}).items()})
         mlflow.log_metrics(metrics)
         mlflow.log_artifacts(str(out))
@@ -344,6 +347,9 @@ def format_table(record: dict) -> str:
              + ("BOS first" if s.get("bos") else "no BOS"), "",
              "| " + " | ".join(record["table1"]) + " |", "|" + "---|" * len(record["table1"]),
              "| " + " | ".join(f"{v:.2f}" for v in record["table1"].values()) + " |"]
+    outliers = {kind: rep["outliers"]["summary"] for kind, rep in record.get("reports", {}).items() if rep.get("outliers")}
+    if outliers:
+        lines += ["", "Activation outliers (largest over layers; docs/analysis.md)", ""] + summary_table(outliers)
     if record.get("domains"):
         lines += ["", "| domain | Sink_1 (%) |", "|---|---|"] + [f"| {d} | {v:.2f} |" for d, v in record["domains"].items()]
     if record.get("learned_positions"):

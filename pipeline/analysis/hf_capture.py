@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs
 from pipeline.probe import SinkAccumulator, SinkReport, as_token_tensor
 
 IMPLEMENTATION = "sinklab_eager"
@@ -74,17 +75,8 @@ def capture(model: torch.nn.Module, ids: Tensor, qkv: bool = True) -> Captured:
     if qkv and model.config._attn_implementation != IMPLEMENTATION:
         ensure_registered()
         model.set_attn_implementation(IMPLEMENTATION)
-    hidden: list[Tensor] = []
-    hooks = [
-        block.register_forward_hook(lambda _m, _i, out: hidden.append((out[0] if isinstance(out, tuple) else out).detach()))
-        for block in decoder_blocks(model)
-    ]
-    try:
-        with torch.no_grad(), _recording_qkv() as rec:
-            out = model(input_ids=ids, output_attentions=True, use_cache=False, logits_to_keep=1)
-    finally:
-        for h in hooks:
-            h.remove()
+    with torch.no_grad(), _recording_qkv() as rec, recording_block_outputs(decoder_blocks(model)) as hidden:
+        out = model(input_ids=ids, output_attentions=True, use_cache=False, logits_to_keep=1)
     captured = Captured(attentions=[a.float() for a in out.attentions], hidden_states=hidden)
     if qkv:
         captured.queries, captured.keys, captured.values, captured.head_outputs = (
@@ -95,12 +87,14 @@ def capture(model: torch.nn.Module, ids: Tensor, qkv: bool = True) -> Captured:
 def hf_sink_report(
     model: torch.nn.Module, tokens, eps: float = 0.3, positions: int = 10, batch_size: int = 25, qkv: bool = True
 ) -> SinkReport:
-    """Sink metrics of a HF model on ``tokens [N, T]`` (no BOS added; every sequence counted)."""
+    """Sink metrics of a HF model on ``tokens [N, T]`` (no BOS added; every sequence counted), with
+    the activation outliers of its blocks' outputs and linear-layer inputs."""
     tokens = as_token_tensor(tokens, next(model.parameters()).device)
-    acc = SinkAccumulator(eps=eps, positions=positions)
+    acc = SinkAccumulator(eps=eps, positions=positions, outliers=OutlierAccumulator(lead=1))
     model.eval()
     for start in range(0, tokens.shape[0], batch_size):
-        c = capture(model, tokens[start : start + batch_size], qkv=qkv)
+        with recording_linear_inputs(decoder_blocks(model), acc.outliers):
+            c = capture(model, tokens[start : start + batch_size], qkv=qkv)
         acc.add(c.attentions, hidden_states=c.hidden_states, queries=c.queries or None, keys=c.keys or None,
                 values=c.values or None, head_outputs=c.head_outputs or None)
     return acc.report()

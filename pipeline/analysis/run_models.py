@@ -125,22 +125,31 @@ def resolve_argv(argv: list[str], tokenizer_flag: str = "--tokenizer") -> list[s
 def log_analysis(resolved_uri: str, run_id: str, record: dict, out: Path) -> str:
     """`sinklab analyze runs:/<id>`: the results on the training run itself, metrics and the
     output directory (report.json, plots) under ``analysis/``. Returns the run id."""
-    from mlflow.entities import Metric, RunTag
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(resolved_uri)
-    now = int(__import__("time").time() * 1000)
     values = {f"analysis/table1/{k}": v for k, v in record["table1"].items()}
     for kind, rep in record["reports"].items():
         values.update({f"analysis/{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
         if rep.get("alpha1") is not None:
             values[f"analysis/{kind}/alpha1_mean"] = _mean(rep["alpha1"])
+        summary = (rep.get("outliers") or {}).get("summary", {})  # activation outliers, largest over layers
+        values.update({f"analysis/{kind}/act/{k}": v for k, v in summary.items() if not k.endswith("_at")})
     values.update({f"analysis/domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v
                    for d, v in record.get("domains", {}).items()})
-    settings = json.dumps(record["settings"], sort_keys=True)
+    return log_results(resolved_uri, run_id, values, {"sinklab.analysis.settings": record["settings"]}, out, "analysis")
+
+
+def log_results(resolved_uri: str, run_id: str, values: dict[str, float], tags: dict[str, object],
+                out: Path, artifact_path: str) -> str:
+    """An analysis of a training run's model back on that run: ``values`` as metrics (step 0),
+    ``tags`` (JSON, at most 5,000 characters each) and the output directory ``out`` as artifacts
+    under ``artifact_path``. Returns the run id."""
+    from mlflow.entities import Metric, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(resolved_uri)
+    now = int(__import__("time").time() * 1000)
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()],
-                     tags=[RunTag("sinklab.analysis.settings", settings[:5000])])
-    client.log_artifacts(run_id, str(out), artifact_path="analysis")
+                     tags=[RunTag(k, json.dumps(v, sort_keys=True)[:5000]) for k, v in tags.items()])
+    client.log_artifacts(run_id, str(out), artifact_path=artifact_path)
     return run_id
 
 

@@ -286,14 +286,14 @@ def load_subject(args) -> tuple[object, list[int], object]:
     return streamer_for(subject), ids, subject
 
 
-def held_out_stream(dataset: Path, max_tokens: int) -> list[int]:
+def held_out_stream(dataset: Path, max_tokens: int, command: str = "stream-ppl") -> list[int]:
     """The first ``max_tokens`` tokens of a prepared dataset's val split, its sequences in order."""
     from data_prep.dataset import PackedSplit
 
     try:
         split = PackedSplit(dataset, "val")
     except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"sinklab stream-ppl: --dataset {dataset}: not a prepared dataset with a val split ({e})") from None
+        raise SystemExit(f"sinklab {command}: --dataset {dataset}: not a prepared dataset with a val split ({e})") from None
     ids: list[int] = []
     for i in range(len(split)):
         if len(ids) >= max_tokens:

@@ -226,7 +226,7 @@ def test_analyze_of_a_missing_path_fails_at_once(tmp_path, monkeypatch):
     assert time.perf_counter() - started < 2  # no model-hub lookup first
 
 
-@pytest.mark.parametrize("command", ["analyze", "survey", "stream-ppl", "passkey"])
+@pytest.mark.parametrize("command", ["analyze", "survey", "stream-ppl", "passkey", "quant-eval"])
 def test_a_refused_model_is_one_line_naming_the_command_and_exit_2(command, tmp_path, monkeypatch, capsys):
     from pipeline.cli import main as sinklab
 

@@ -1,0 +1,102 @@
+"""`sinklab quant-eval`'s cost against one plain perplexity pass, in one process, on the same windows.
+
+1. a plain full-precision pass (no hooks), the reference;
+2. one simulated W8A8 pass (per-tensor activations; every linear layer fake-quantized);
+3. the full-precision pass of quant-eval, which also records the activation outliers;
+4. all of quant-eval: its six settings.
+
+Each is timed as the best of ``--repeat`` runs. The full-precision NLL of quant-eval must equal the
+plain pass's. Then the sink probe's cost with and without the outlier metrics: ``run_probe`` of the
+embedded recipe's model shape (tiny preset, vocabulary 4096, random weights) on the probe set of
+``--probe-dataset`` (default data/embedded, skipped when absent), interleaved, median of 8. The
+last three lines are ``probe_ratio=<with / without outliers>``, ``pass_ratio=<W8A8 pass / plain
+pass>`` and ``ratio=<all of quant-eval / plain pass>``.
+
+    python benchmarks/bench_quant.py MODEL [--text F | --dataset D] [--max-tokens N] [-T T] [--repeat R]
+                                     [--probe-dataset DIR]
+
+MODEL and the options are `sinklab quant-eval`'s (`make bench-quant` runs smollm2); here
+--max-tokens defaults to 512.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pipeline.analysis.analyze import Subject
+from pipeline.analysis.fake_quant import SETTINGS
+from pipeline.analysis.quant_eval import Evaluator, build_parser, load_tokens, make_windows, parse_settings
+from pipeline.outliers import OutlierAccumulator
+
+
+def best_of(repeat: int, work):
+    times, result = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = work()
+        times.append(time.perf_counter() - start)
+    return result, min(times)
+
+
+def probe_ratio(dataset: Path) -> float:
+    from data_prep.dataset import load_probe
+    from pipeline.model import ModelConfig, Transformer
+    from pipeline.probe import run_probe
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset("tiny", vocab_size=4096))
+    tokens = torch.from_numpy(load_probe(dataset)).long()
+    run_probe(model, tokens[:10])
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(8):
+        for outliers in (False, True):
+            start = time.perf_counter()
+            run_probe(model, tokens, outliers=outliers)
+            times[outliers].append(time.perf_counter() - start)
+    with_, without = statistics.median(times[True]), statistics.median(times[False])
+    print(f"sink probe of the embedded model, {tokens.shape[0]} x {tokens.shape[1]} tokens: {without:.3f} s without "
+          f"the outlier metrics, {with_:.3f} s with them (median of 8)")
+    return with_ / without
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    parser.prog = "bench_quant.py"
+    parser.set_defaults(max_tokens=512)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--probe-dataset", type=Path, default=Path("data/embedded"))
+    args = parser.parse_args(argv)
+    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
+    subject = Subject(args.model, args.kind, tokenizer, "quant-eval")
+    ids, bos, _ = load_tokens(subject, args)
+    windows = make_windows(ids, args.seq_len, bos)
+    lead = args.lead or (subject.model.config.sink_tokens + 1 if subject.kind == "sinklab" else 1)
+    evaluator = Evaluator(subject.model, subject.kind, windows, lead, args.batch_size)
+
+    plain, t_plain = best_of(args.repeat, lambda: evaluator.nll("fp"))
+    _, t_w8a8 = best_of(args.repeat, lambda: evaluator.nll("w8a8-tensor"))
+    recorded, t_recorded = best_of(args.repeat, lambda: evaluator.nll("fp", OutlierAccumulator(lead)))
+    settings = parse_settings(args.settings)
+    (results, _), t_all = best_of(args.repeat, lambda: evaluator.run(settings))
+
+    same = torch.equal(plain, recorded) and abs(results["fp"]["nll"] - plain.double().mean().item()) < 1e-9
+    print(f"{args.model}: {len(windows)} windows of {args.seq_len} tokens, {torch.get_num_threads()} threads, "
+          f"best of {args.repeat}")
+    print(f"plain full-precision pass {t_plain:.2f} s; one W8A8 pass {t_w8a8:.2f} s; "
+          f"full precision recording outliers {t_recorded:.2f} s; quant-eval, {len(settings)} settings {t_all:.2f} s")
+    print(f"perplexity fp {results['fp']['perplexity']:.3f}, w8a8-tensor {results['w8a8-tensor']['perplexity']:.3f}"
+          if "w8a8-tensor" in results else f"perplexity fp {results['fp']['perplexity']:.3f}")
+    print(f"same full-precision nll: {same}; settings: {', '.join(s for s in settings if s in SETTINGS)}")
+    if (args.probe_dataset / "probe.bin").is_file():
+        print(f"probe_ratio={probe_ratio(args.probe_dataset):.2f}")
+    print(f"pass_ratio={t_w8a8 / t_plain:.2f}")
+    print(f"ratio={t_all / t_plain:.2f}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

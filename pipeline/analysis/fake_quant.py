@@ -1,0 +1,104 @@
+"""Simulated W8A8: fake quantization (quantize, then de-quantize in fp32) of every linear layer
+inside a model's decoder blocks, for SinkLab and Hugging Face models alike. Torch only.
+
+- Weights: symmetric int8 per output channel (LLM.int8, SmoothQuant): s_o = max_i |W_oi| / 127,
+  Ŵ = clamp(round(W / s_o), −127, 127) · s_o.
+- Activations, the linear layer's input x [B, T, d]: symmetric int8 with a dynamic absmax scale
+  from the tensor at hand (SmoothQuant's "dynamic" scales): *per-tensor*, one scale per sequence
+  (max |x| over its T·d entries / 127; as serving one sequence at a time); *per-token*, one scale
+  per position (max_j |x_tj| / 127).
+- The leading positions (the sink tokens, if any, and the first token; ``lead`` of them) may be
+  *intact*: computed at full precision, weights included, and left out of the scale. Because
+  attention is causal, this is exactly IntactKV (Liu et al. 2024): the pivot tokens' keys and
+  values come from the full-precision model and the quantized model attends to them. Or
+  *excluded*: left out of the scale but quantized with it, so their values saturate at ±127·s.
+
+Embeddings, the LM head, norms and the attention products stay at full precision.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pipeline.outliers import linear_layers
+
+QMAX = 127
+_TINY = torch.finfo(torch.float32).tiny
+
+
+@dataclass(frozen=True)
+class QuantSetting:
+    name: str
+    activations: str | None  # None: full precision; "tensor" or "token": the activation scale
+    lead: str = "none"  # the leading positions: "none" (as every other), "intact" or "exclude"
+    description: str = ""
+
+
+SETTINGS = {s.name: s for s in (
+    QuantSetting("fp", None, description="full precision (fp32)"),
+    QuantSetting("w8a8-tensor", "tensor", description="int8 weights per channel, activations per tensor"),
+    QuantSetting("w8a8-token", "token", description="int8 weights per channel, activations per token"),
+    QuantSetting("w8a8-tensor-intact", "tensor", "intact",
+                 description="per tensor; leading positions at full precision (IntactKV)"),
+    QuantSetting("w8a8-token-intact", "token", "intact",
+                 description="per token; leading positions at full precision (IntactKV)"),
+    QuantSetting("w8a8-tensor-exclude", "tensor", "exclude",
+                 description="per tensor; scale without the leading positions, which saturate"),
+)}
+
+
+def quantize_weight(weight: Tensor) -> Tensor:
+    """Symmetric int8 per output channel (row), de-quantized."""
+    scale = weight.abs().amax(dim=1, keepdim=True).clamp_min(_TINY) / QMAX
+    return (weight / scale).round().clamp(-QMAX, QMAX) * scale
+
+
+def quantize_activation(x: Tensor, granularity: str, skip: int = 0) -> Tensor:
+    """Symmetric int8 of ``x [B, T, d]``, de-quantized. ``granularity`` "tensor": one scale per
+    sequence from positions ``skip..`` (every position is quantized with it); "token": one per
+    position."""
+    if x.dim() != 3:
+        raise ValueError(f"linear inputs must be [B, T, d], got {tuple(x.shape)}")
+    if granularity == "tensor":
+        amax = x[:, skip:].abs().amax(dim=(-2, -1), keepdim=True)
+    elif granularity == "token":
+        amax = x.abs().amax(dim=-1, keepdim=True)
+    else:
+        raise ValueError(f"activation granularity {granularity!r}; expected 'tensor' or 'token'")
+    scale = amax.clamp_min(_TINY) / QMAX
+    return (x / scale).round().clamp(-QMAX, QMAX) * scale
+
+
+def _fake_quant_forward(module: nn.Linear, setting: QuantSetting, lead: int, weight_q: Tensor, x: Tensor) -> Tensor:
+    skip = lead if setting.lead != "none" else 0
+    if setting.lead == "intact" and skip:
+        head = F.linear(x[:, :skip], module.weight, module.bias)
+        tail = F.linear(quantize_activation(x[:, skip:], setting.activations), weight_q, module.bias)
+        return torch.cat((head, tail), dim=1)
+    return F.linear(quantize_activation(x, setting.activations, skip), weight_q, module.bias)
+
+
+@contextmanager
+def fake_quantized(blocks: Sequence[nn.Module], setting: QuantSetting, lead: int = 1) -> Iterator[int]:
+    """While inside, every ``nn.Linear`` of ``blocks`` runs fake-quantized as ``setting`` says
+    (weights quantized once, on entry); yields the number of linear layers it took."""
+    if setting.activations is None:
+        yield 0
+        return
+    patched: dict[int, nn.Linear] = {}
+    try:
+        for _, _, module in linear_layers(blocks):
+            if id(module) not in patched:
+                weight_q = quantize_weight(module.weight.detach().float())
+                module.forward = partial(_fake_quant_forward, module, setting, lead, weight_q)
+                patched[id(module)] = module
+        yield len(patched)
+    finally:
+        for module in patched.values():
+            del module.forward  # the class's forward again

