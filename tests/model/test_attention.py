@@ -210,7 +210,7 @@ OP_CONFIGS = [
     dict(op="kernel", kernel="identity", normalizer="none"), dict(op="kernel", kernel="identity", normalizer="abs_clamp"),
     dict(op="kernel", kernel="elu1", normalizer="sum"), dict(op="kernel", kernel="elu1", normalizer="none"),
     dict(op="kernel", kernel="mlp", normalizer="abs_clamp"), dict(op="kernel", kernel="mlp", normalizer="none"),
-    dict(op="softpick"),
+    dict(op="softpick"), dict(op="relu"),
 ]
 
 
@@ -244,6 +244,17 @@ def test_sigmoid_and_elu_ops_by_hand():
             r = OPS[op].fn(q, k, mask, a, None)
             torch.testing.assert_close(r.weights, expected)
             torch.testing.assert_close(r.reported, sim)
+
+
+def test_relu_op_divides_by_the_keys_each_query_sees():
+    q, k, v, mask = _qkvm()
+    s = (q @ k.transpose(-1, -2) / 2.0 + mask).nan_to_num(neginf=0.0)
+    causal = torch.isfinite(mask)
+    sim = torch.where(causal, s.clamp(min=0.0), torch.zeros_like(s))
+    r = OPS["relu"].fn(q, k, mask, ModelConfig.preset("micro", attention={"op": "relu"}).attention, None)
+    counts = torch.arange(1, s.shape[-1] + 1, dtype=s.dtype)[:, None]  # query i sees i keys
+    torch.testing.assert_close(r.weights, sim / counts)
+    torch.testing.assert_close(r.reported, sim)
 
 
 def test_p_normalised_softmax_equals_eq43_directly():
