@@ -14,6 +14,7 @@ from .attention_ops import NORMALIZERS, OPS, op_spec
 
 Positional = Literal["rope", "nope", "sinusoidal", "learned", "relative", "t5", "alibi"]
 NormPosition = Literal["pre", "post"]
+NormKind = Literal["rmsnorm", "layernorm"]
 FFNKind = Literal["swiglu", "geglu", "reglu", "relu", "gelu", "swish"]
 HeadMerge = Literal["concat", "sum"]
 MaskKind = Literal["causal", "prefix", "sliding"]
@@ -85,7 +86,8 @@ class BiasConfig:
 class ModelConfig:
     """One LLaMA-style decoder; the defaults are the paper's block (RoPE, pre-norm RMSNorm,
     SwiGLU, no linear biases, untied embeddings). ``vocab_size`` is set from the dataset's
-    manifest by the trainer."""
+    manifest by the trainer. ``norm``: RMSNorm, or LayerNorm with its bias (GPT-2, Guo et al.'s
+    Bigram-Backcopy model) for the block norms and the final norm."""
 
     vocab_size: int = 32000
     d_model: int = 768
@@ -101,6 +103,7 @@ class ModelConfig:
     relative_buckets: int = 32
     relative_max_distance: int = 128
     norm_position: NormPosition = "pre"
+    norm: NormKind = "rmsnorm"
     ffn: FFNKind = "swiglu"
     head_merge: HeadMerge = "concat"
     attention: AttentionConfig = field(default_factory=AttentionConfig)
