@@ -63,13 +63,10 @@ class BBConfig:
     seed: int = 0
     command: str = ""
 
-    def validate(self, available_chars: int | None = None) -> None:
-        n_chars = self.vocab_size - 2
+    def validate(self) -> None:
         checks = [
-            (n_chars > self.triggers >= 0, f"--vocab-size {self.vocab_size} with --triggers {self.triggers}: "
+            (self.vocab_size - 2 > self.triggers >= 0, f"--vocab-size {self.vocab_size} with --triggers {self.triggers}: "
              f"the vocabulary needs BOS, EOS, the {self.triggers} triggers and at least one other character"),
-            (available_chars is None or n_chars <= available_chars, f"--vocab-size {self.vocab_size}: the source has only "
-             f"{available_chars} distinct characters; use at most {(available_chars or 0) + 2}"),
             (self.context_length >= 3, f"--context-length {self.context_length}: must be at least 3 (BOS, a token, its successor)"),
             (self.probe_length >= 3, f"--probe-length {self.probe_length}: must be at least 3"),
             (min(self.sequences, self.val_sequences, self.probe_sequences) >= 1,
