@@ -3,6 +3,7 @@
     sinklab prep --input 'pile/train/*.jsonl.zst' --val-input pile/val.jsonl.zst \\
         --out data/pile-5b --tokenizer tokenizer.json --context-length 2048 --max-tokens 5B
     sinklab prep embedded --out data/embedded      # the corpus that ships with the packages
+    sinklab prep bb --out data/bb                  # the synthetic Bigram-Backcopy task (Guo et al. 2024)
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from data_prep.errors import DataPrepError, os_error_line
 from data_prep.embedded import build_raw
 from data_prep.prepare import STAGING, PrepConfig, PrepResult, claim_output_dir, default_workers, prepare
 from data_prep.readers import FORMATS, TEXT_UNITS, ReaderOptions
+from data_prep.synthetic_bb import BBConfig, prepare_bb
 
 SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
@@ -74,6 +76,50 @@ def build_embedded_parser() -> argparse.ArgumentParser:
     _common(parser, context_length=128, vocab_size=4096)
     parser.add_argument("--domain-chars", type=count, help="cap each domain at this many characters (quick smoke runs; default: all)")
     return parser
+
+
+def build_bb_parser() -> argparse.ArgumentParser:
+    d = BBConfig(out="")
+    parser = argparse.ArgumentParser(
+        prog="sinklab prep bb",
+        description="Generate the Bigram-Backcopy task (Guo et al. 2024, arXiv 2410.13835): a bigram chain over the "
+        "most frequent characters of the embedded Shakespeare plays, where the token after each of the k most "
+        "frequent characters (the triggers) copies the token before it; every sequence starts with BOS.",
+    )
+    parser.add_argument("--out", required=True, help="dataset directory to create")
+    parser.add_argument("--vocab-size", type=count, default=d.vocab_size, help="kept characters + BOS + EOS (default %(default)s)")
+    parser.add_argument("--triggers", "-k", type=int, default=d.triggers, help="k, the number of triggers (default %(default)s)")
+    parser.add_argument("--context-length", "-C", type=count, default=d.context_length, help="tokens per sequence, BOS included (default %(default)s)")
+    parser.add_argument("--sequences", type=count, default=d.sequences, help="training sequences (default %(default)s)")
+    parser.add_argument("--val-sequences", type=count, default=d.val_sequences, help="validation sequences (default %(default)s)")
+    parser.add_argument("--probe-sequences", type=count, default=d.probe_sequences, help="probe set size N (default %(default)s)")
+    parser.add_argument("--probe-length", type=count, default=d.probe_length, help="probe sequence length T, BOS included (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=d.seed, help="seed of every generated split (default %(default)s)")
+    return parser
+
+
+def bb_main(argv: list[str]) -> int:
+    args = build_bb_parser().parse_args(argv[1:])
+    cfg = BBConfig(out=args.out, vocab_size=args.vocab_size, triggers=args.triggers, context_length=args.context_length,
+                   sequences=args.sequences, val_sequences=args.val_sequences, probe_sequences=args.probe_sequences,
+                   probe_length=args.probe_length, seed=args.seed, command=shlex.join(["sinklab", "prep", *argv]))
+    created = False
+    try:
+        created = claim_output_dir(args.out)
+        manifest, reused = prepare_bb(cfg)
+    except DataPrepError as exc:
+        _drop_if_empty(args.out, created)
+        print(f"sinklab prep: error: {exc}", file=sys.stderr)
+        return 2
+    bb = manifest["synthetic"]
+    print(f"dataset    {args.out}  hash {manifest['hash'][:16]}" + ("  (already prepared; nothing to do)" if reused else ""))
+    print(f"task       Bigram-Backcopy  vocab {manifest['vocab_size']} ({len(bb['chars'])} characters + BOS + EOS)  "
+          f"triggers {bb['trigger_ids']} = {[c for c in bb['trigger_chars']]}")
+    for name, split in manifest["splits"].items():
+        print(f"{name:<10} {split['sequences']:>10,} sequences of C={manifest['context_length']}  ({split['tokens']:,} tokens)")
+    probe = manifest["probe"]
+    print(f"probe      {probe['sequences']} x {probe['length']} tokens, BOS at position 1 ({probe['path']})")
+    return 0
 
 
 def config_from_args(args: argparse.Namespace, argv: list[str]) -> PrepConfig:
@@ -139,6 +185,8 @@ def _drop_if_empty(out: str, created: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bb":
+        return bb_main(argv)
     embedded = bool(argv) and argv[0] == "embedded"
     parser = build_embedded_parser() if embedded else build_parser()
     args = parser.parse_args(argv[1:] if embedded else argv)

@@ -83,6 +83,12 @@ class Manifest:
     def np_dtype(self) -> np.dtype:
         return np.dtype(self.dtype)
 
+    @property
+    def trigger_ids(self) -> list[int] | None:
+        """The trigger ids of a Bigram-Backcopy dataset (data_prep.synthetic_bb); None for others."""
+        ids = (self.raw.get("synthetic") or {}).get("trigger_ids")
+        return None if ids is None else [int(i) for i in ids]
+
 
 def _dataset_dir(path: str | Path) -> Path:
     path = Path(path)

@@ -165,6 +165,17 @@ def dormant_heads(alpha1: Tensor, out_norm: Tensor, eps: float = DEFAULT_EPS,
     return (alpha1 > eps) & (relative < ratio)
 
 
+def first_key_share(attn: Tensor, queries: Tensor) -> Tensor:
+    """Mean attention A_{i,1} on the first key over the queries i ≥ 2 that ``queries [B, T]``
+    (bool) selects: ``attn [B, H, T, T] -> [B, H]``, NaN for a sequence that selects none.
+    Guo et al.'s active/dormant split: trigger queries (active) against the others (dormant)."""
+    chosen = queries.to(attn.device).clone()
+    chosen[:, 0] = False  # query 1 sees only key 1
+    weight = chosen[:, None, :].to(attn.dtype)
+    total, n = (attn[..., :, 0] * weight).sum(dim=-1), weight.sum(dim=-1)
+    return torch.where(n > 0, total / n.clamp_min(1.0), torch.full_like(total, float("nan")))
+
+
 # ---- uniform reference and emergence --------------------------------------------------------
 
 def uniform_alpha1(T: int) -> float:

@@ -48,6 +48,12 @@ class SinkReport:
     out_norm: Tensor | None = None  # [L, H] mean ‖A·V‖ per token, mean over sequences
     # activation outliers (pipeline.outliers): residual stream and linear-layer inputs
     outliers: OutlierReport | None = None
+    # Guo et al. 2024's extreme-token phenomena: the attention sink (above), the residual-state peak
+    # (massive_ratio), the value-state drain (value_norm_ratio: ‖v_1‖ / mean_{t≠1} ‖v_t‖) and, for a
+    # probe given the trigger ids of a Bigram-Backcopy dataset, the active/dormant split: mean
+    # attention on token 1 from trigger queries (active heads copy) and from the other queries i ≥ 2.
+    bos_share_trigger: Tensor | None = None  # [L, H], mean over sequences
+    bos_share_other: Tensor | None = None  # [L, H]
 
     @property
     def dormant(self) -> Tensor | None:
@@ -81,6 +87,19 @@ class SinkReport:
         out.update({f"act/massive_ratio_l{l}": float(v) for l, v in enumerate(self.massive_ratio)})
         if self.outliers is not None:
             out.update(self.outliers.to_metrics())
+        return out | self.extreme_token_metrics()
+
+    def extreme_token_metrics(self) -> dict[str, float]:
+        """Per layer l (0-based), where measured: ``act/value_norm_ratio_l{l}`` (the value-state
+        drain) and ``sink/bos_share_trigger_l{l}``, ``sink/bos_share_other_l{l}`` (mean over heads).
+        The residual-state peak is ``act/massive_ratio_l{l}``."""
+        out = {}
+        for name, values in (("act/value_norm_ratio", self.value_norm_ratio),
+                             ("sink/bos_share_trigger", self.bos_share_trigger),
+                             ("sink/bos_share_other", self.bos_share_other)):
+            if values is not None:
+                per_layer = values if values.dim() == 1 else values.mean(dim=-1)
+                out.update({f"{name}_l{l}": float(v) for l, v in enumerate(per_layer)})
         return out
 
     def to_json(self) -> dict:
@@ -101,6 +120,7 @@ class SinkReport:
             "entropy": plain(self.entropy), "out_norm": plain(self.out_norm),
             "dormant_pct": self.dormant_pct,
             "outliers": None if self.outliers is None else self.outliers.to_json(),
+            "bos_share_trigger": plain(self.bos_share_trigger), "bos_share_other": plain(self.bos_share_other),
         }
 
 
@@ -121,6 +141,8 @@ class SinkAccumulator:
         self.qk_weights: list[int] = []
         self.entropy: list[Tensor] = []  # [B, L, H]
         self.out_norm: list[Tensor] = []  # [B, L, H]
+        self.bos_trigger: list[Tensor] = []  # [B, L, H]
+        self.bos_other: list[Tensor] = []  # [B, L, H]
         self.kinds: set[str] = set()
         self.seq_len = 0
 
@@ -136,23 +158,27 @@ class SinkAccumulator:
         queries: Sequence[Tensor] | None = None,
         head_outputs: Sequence[Tensor] | None = None,
         admitted: Tensor | None = None,
+        trigger_queries: Tensor | None = None,
     ) -> None:
         """One batch. ``attentions``/``hidden_states`` hold every layer, including the slot
         rows/columns, and ``admitted`` (bool, the maps' last two dims) what each row may see
         (default: causal, slot columns seen by all); ``queries``/``keys``/``values`` and
-        ``head_outputs`` ([B, H, T, dh]) are real tokens only."""
+        ``head_outputs`` ([B, H, T, dh]) are real tokens only. ``trigger_queries`` [B, T] (bool,
+        real tokens) marks the trigger positions of a Bigram-Backcopy probe."""
         if attention_kind not in ATTENTION_KINDS:
             raise ValueError(f"attention_kind {attention_kind!r}; expected one of {ATTENTION_KINDS}")
         if not attentions:
             raise ValueError("the model returned no attention maps (output_attentions ignored?)")
         self.kinds.add(attention_kind)
-        alphas, slots, entropies = [], [], []
+        alphas, slots, entropies, shares = [], [], [], []
         for layer_attn in attentions:
             a = layer_attn.detach().float()
             if attention_kind != "probs":
                 a = metrics.proxy_scores(a, signed=attention_kind == "sim_signed")
             slot_mass, real = metrics.split_slots(a, n_query_slots, n_key_slots)
             alphas.append(metrics.importance_profile(real, self.positions))
+            if trigger_queries is not None:
+                shares.append((metrics.first_key_share(real, trigger_queries), metrics.first_key_share(real, ~trigger_queries)))
             slots.append(metrics.slot_importance(slot_mass))
             entropies.append(metrics.attention_entropy(
                 a[..., n_query_slots:, :], None if admitted is None else admitted[n_query_slots:]))
@@ -161,6 +187,9 @@ class SinkAccumulator:
         if head_outputs:
             self.out_norm.append(torch.stack([metrics.head_output_norm(o.detach()) for o in head_outputs], 1).cpu())
         self.alphas.append(torch.stack(alphas, dim=1).cpu())
+        if shares:
+            self.bos_trigger.append(torch.stack([t for t, _ in shares], dim=1).cpu())
+            self.bos_other.append(torch.stack([o for _, o in shares], dim=1).cpu())
         self.slots.append(torch.stack(slots, dim=1).cpu())
         if hidden_states and self.outliers is not None:
             self.outliers.add_hidden(hidden_states)
@@ -193,6 +222,7 @@ class SinkAccumulator:
         slots = torch.cat(self.slots)  # [N, L, H, S]
         n_layers = alphas.shape[1]
         cat_mean = lambda xs: torch.cat(xs).mean(dim=0) if xs else None  # noqa: E731
+        cat_nanmean = lambda xs: torch.cat(xs).nanmean(dim=0) if xs else None  # noqa: E731
         massive = cat_mean(self.massive)
         return SinkReport(
             sink1=metrics.sink_rate(alphas[..., 0], self.eps),
@@ -213,6 +243,8 @@ class SinkAccumulator:
             entropy=torch.cat(self.entropy).nanmean(dim=0),
             out_norm=cat_mean(self.out_norm),
             outliers=None if self.outliers is None else self.outliers.report(),
+            bos_share_trigger=cat_nanmean(self.bos_trigger),
+            bos_share_other=cat_nanmean(self.bos_other),
         )
 
 
@@ -255,6 +287,7 @@ def run_probe(
     batch_size: int = 25,
     output_qkv: bool = False,
     outliers: bool = True,
+    trigger_ids: Sequence[int] | None = None,
 ) -> SinkReport:
     """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (every sequence counted).
 
@@ -262,12 +295,15 @@ def run_probe(
     ``output_qkv`` also measures the key/value norm ratio of the first token (costs memory);
     ``outliers`` the activation outliers (pipeline.outliers) of the residual stream and of every
     linear layer's input.
+    ``output_qkv`` also measures the key/value norm ratio of the first token (costs memory).
+    ``trigger_ids`` (a Bigram-Backcopy dataset's) split the attention on token 1 by query kind.
     """
     device = _device_of(model)
     tokens = as_token_tensor(tokens, device)
     admitted = _admitted(model, tokens.shape[1])
     lead = getattr(getattr(model, "config", None), "sink_tokens", 0) + 1
     acc = SinkAccumulator(eps=eps, positions=positions, outliers=OutlierAccumulator(lead) if outliers else None)
+    triggers = None if trigger_ids is None else torch.as_tensor(list(trigger_ids), dtype=torch.long, device=device)
     was_training = model.training
     model.eval()
     try:
@@ -277,7 +313,8 @@ def run_probe(
                 kwargs = {"output_attentions": True, "output_hidden_states": True}
                 if output_qkv:
                     kwargs["output_qkv"] = True
-                out = model(tokens[start : start + batch_size], **kwargs)
+                batch = tokens[start : start + batch_size]
+                out = model(batch, **kwargs)
                 acc.add(
                     out.attentions,
                     attention_kind=out.attention_kind,
@@ -289,6 +326,7 @@ def run_probe(
                     queries=getattr(out, "queries", None) if output_qkv else None,
                     head_outputs=getattr(out, "head_outputs", None),
                     admitted=admitted,
+                    trigger_queries=None if triggers is None else torch.isin(batch, triggers),
                 )
     finally:
         model.train(was_training)

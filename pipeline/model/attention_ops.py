@@ -86,7 +86,18 @@ def softpick_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: 
     return OpResult(w, w)
 
 
+def relu_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
+    """ReLU attention as Guo et al. 2024 train it on Bigram-Backcopy: ReLU(s_ij) / n_i, where n_i
+    counts the keys query i may see (i under a causal mask). Rows need not sum to one, and a row
+    of non-positive scores attends to nothing: no sink is needed to do nothing."""
+    admitted = _admitted(mask)
+    s = scaled_scores(q, k, mask.masked_fill(~admitted, 0.0))
+    sim = torch.where(admitted, torch.relu(s), torch.zeros_like(s))
+    return OpResult(sim / admitted.sum(-1, keepdim=True).clamp(min=1), sim)
+
+
 def _elementwise(fn: Callable[[Tensor], Tensor], doc: str):
+
     def op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
         admitted = _admitted(mask)
         s = scaled_scores(q, k, mask.masked_fill(~admitted, 0.0))
@@ -258,3 +269,6 @@ register(OpSpec("clipped_softmax", clipped_softmax_op, scores="probs", softmax=T
 # almost nothing up to a whole distribution and count as a sink what softpick avoids. No tiles:
 # its denominator sums |e^x - 1|, not what multiplies the values.
 register(OpSpec("softpick", softpick_op, scores="probs"))
+# ReLU attention reports its similarities: the sink metrics read ReLU(s) / sum ReLU(s), the share of
+# what a query does attend to (the 1/n_i scale cancels), as for sigmoid and elu+1.
+register(OpSpec("relu", relu_op, scores="sim_nonneg"))

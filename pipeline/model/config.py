@@ -33,6 +33,7 @@ Preset = Literal[tuple(PRESETS)]
 
 Positional = Literal["rope", "nope", "sinusoidal", "learned", "relative", "t5", "alibi"]
 NormPosition = Literal["pre", "post"]
+NormKind = Literal["rmsnorm", "layernorm"]
 FFNKind = Literal["swiglu", "geglu", "reglu", "relu", "gelu", "swish"]
 HeadMerge = Literal["concat", "sum"]
 MaskKind = Literal["causal", "prefix", "sliding"]
@@ -107,7 +108,8 @@ class ModelConfig:
     preset: a named shape of ``PRESETS``; it fills each shape field (``SHAPE_FIELDS``) left
     unset (None), so a field given beside it wins. None: the shape of ``llama-60m``, the
     paper's model. Once built, every shape field holds its number. ``vocab_size`` is set from
-    the dataset's manifest by the trainer."""
+    the dataset's manifest by the trainer. ``norm``: RMSNorm, or LayerNorm with its bias (GPT-2,
+    Guo et al.'s Bigram-Backcopy model) for the block norms and the final norm."""
 
     preset: Preset | None = None
     vocab_size: int | None = None
@@ -124,6 +126,7 @@ class ModelConfig:
     relative_buckets: int = 32
     relative_max_distance: int = 128
     norm_position: NormPosition = "pre"
+    norm: NormKind = "rmsnorm"
     ffn: FFNKind = "swiglu"
     head_merge: HeadMerge = "concat"
     attention: AttentionConfig = field(default_factory=AttentionConfig)

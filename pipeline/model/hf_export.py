@@ -26,6 +26,7 @@ from .transformer import Transformer
 _LLAMA_FIELDS: list[tuple[str, Any]] = [
     ("positional", "rope"),
     ("norm_position", "pre"),
+    ("norm", "rmsnorm"),
     ("ffn", "swiglu"),
     ("head_merge", "concat"),
     ("sink_tokens", 0),

@@ -31,6 +31,12 @@ class ModelOutput:
     final_hidden: Tensor | None = None             # [B, T, d] what the LM head reads (skip_head only)
 
 
+def build_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "layernorm":
+        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+
+
 class Block(nn.Module):
     """Pre-norm (Eq. 2): h + MHSA(LN(h)), then + FFN(LN(.)).
     Post-norm (Eq. 3): LN(h + MHSA(h)), then LN(. + FFN(.))."""
@@ -38,9 +44,9 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
-        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn_norm = build_norm(cfg)
         self.attn = Attention(cfg)
-        self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.ffn_norm = build_norm(cfg)
         self.ffn = build_ffn(cfg)
 
     def forward(self, x: Tensor, ctx: AttentionContext, layer_cache=None, need_weights=False, need_qkv=False):
@@ -63,7 +69,7 @@ class Transformer(nn.Module):
         self.positional = build_positional(config)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         # post-norm blocks already end in a norm
-        self.norm = nn.RMSNorm(config.d_model, eps=config.norm_eps) if config.norm_position == "pre" else nn.Identity()
+        self.norm = build_norm(config) if config.norm_position == "pre" else nn.Identity()
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.reset_parameters()
         if config.tie_embeddings:
@@ -77,7 +83,7 @@ class Transformer(nn.Module):
                 nn.init.normal_(p, 0.0, residual_std)
             elif name.endswith("norm.weight"):
                 nn.init.ones_(p)
-            elif name.endswith("sink_logit"):
+            elif name.endswith(("sink_logit", "norm.bias")):
                 nn.init.zeros_(p)
             else:
                 nn.init.normal_(p, 0.0, std)

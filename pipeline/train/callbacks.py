@@ -180,16 +180,20 @@ class SinkMetrics(Callback):
         t0 = time.perf_counter()
         if self._probe is None:
             self._probe = trainer.datamodule.probe_tokens()
+            # a Bigram-Backcopy dataset's triggers: the active/dormant split and the value-state drain
+            triggers = getattr(trainer.datamodule.manifest, "trigger_ids", None)
+            self._probe_args = {"eps": self.eps, "positions": self.positions, "trigger_ids": triggers,
+                                "output_qkv": triggers is not None}
         model = pl_module.model
         tokens = self._probe.to(pl_module.device)
         if zero3:
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(list(model.parameters())), uncompiled():
-                report = sink_probe.run_probe(model, tokens, eps=self.eps, positions=self.positions)
+                report = sink_probe.run_probe(model, tokens, **self._probe_args)
         else:  # FSDP2 gathers each block's weights in its forward
             with uncompiled():
-                report = sink_probe.run_probe(model, tokens, eps=self.eps, positions=self.positions)
+                report = sink_probe.run_probe(model, tokens, **self._probe_args)
         if not trainer.is_global_zero:
             return
         metrics = report.to_metrics() | report.head_metrics()  # heads/entropy_*, heads/out_norm_*, heads/dormant_pct

@@ -1,4 +1,4 @@
-"""AdamW with the paper's schedule: linear warm-up, then cosine decay to a minimum.
+"""AdamW (or SGD) with the paper's schedule: linear warm-up, then cosine decay to a minimum.
 
 Paper default (section 4): peak lr 4e-4, 100 warm-up steps, cosine over 20k steps, AdamW with
 weight decay 0.1. The paper does not state a minimum; ``min_lr`` defaults to a tenth of the
@@ -9,6 +9,9 @@ parameters it applies to. ``all`` (default) decays every parameter, as the paper
 its TinyLlama-based trainer do; ``matrices`` spares 1-d tensors (norm gains, biases, learned
 per-head sink logits); ``matrices_no_embeddings`` also spares the token embedding and the
 learnable sink tokens.
+
+``name: sgd`` (SGD with momentum; its weight decay is the L2 term added to the gradient) is Guo
+et al.'s (2024) alternative on Bigram-Backcopy: without Adam the massive activations go away.
 """
 from __future__ import annotations
 
@@ -22,13 +25,14 @@ from pipeline.model.config import ConfigError
 from torch.optim.lr_scheduler import LambdaLR
 
 DecayOn = Literal["all", "matrices", "matrices_no_embeddings"]
+OptimizerName = Literal["adamw", "sgd"]
 
 
 @dataclass
 class OptimConfig:
     """lr: peak learning rate. min_lr: the cosine's floor (reached at the last step).
     warmup_steps: linear warm-up from lr/warmup_steps to lr. weight_decay: AdamW's decoupled
-    decay ratio. decay_on: which parameters decay (module docstring). betas, eps: AdamW's.
+    decay ratio (SGD's L2 coefficient). decay_on: which parameters decay (module docstring). betas, eps: AdamW's. name: adamw or sgd. momentum: SGD's.
     fused: AdamW's fused kernel (one launch for every tensor); None picks it where every
     parameter is on a GPU, the fast path there (same update, other rounding)."""
 
@@ -41,6 +45,8 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     fused: bool | None = None
+    name: OptimizerName = "adamw"
+    momentum: float = 0.9
 
     def validate(self, max_steps: int) -> None:
         """The checks torch's AdamW makes (it raises a bare ValueError mid-fit), named by field."""
@@ -55,6 +61,10 @@ class OptimConfig:
             raise ConfigError(f"model.optim.min_lr={self.min_lr}: must be >= 0 and below lr={self.lr}")
         if not 0 <= self.warmup_steps < max_steps:
             raise ConfigError(f"model.optim.warmup_steps={self.warmup_steps}: must be in [0, trainer.max_steps={max_steps})")
+        if self.name not in ("adamw", "sgd"):
+            raise ConfigError(f"model.optim.name={self.name!r}: allowed values are adamw, sgd")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"model.optim.momentum={self.momentum}: must be in [0, 1)")
         if self.weight_decay < 0:
             raise ConfigError(f"model.optim.weight_decay={self.weight_decay}: must be >= 0")
 
@@ -80,6 +90,8 @@ def param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    if cfg.name == "sgd":
+        return torch.optim.SGD(param_groups(model, cfg), lr=cfg.lr, momentum=cfg.momentum)
     fused = cfg.fused if cfg.fused is not None else all(p.is_cuda for p in model.parameters())
     return torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                              eps=cfg.eps, fused=fused or None)

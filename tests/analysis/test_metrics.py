@@ -197,3 +197,15 @@ def test_head_output_norm_and_dormant_heads():
     assert not metrics.dormant_heads(alpha1, norms, eps=0.95).any()
     with pytest.raises(ValueError, match="must both be"):
         metrics.dormant_heads(alpha1, norms[0])
+
+
+def test_first_key_share_splits_queries_and_skips_the_first():
+    attn = torch.zeros(2, 1, 4, 4)  # [B, H, T, T]: A[i, 1] = 0.1 * (i + 1) in sequence 0, 1.0 in sequence 1
+    attn[0, 0, :, 0] = torch.tensor([1.0, 0.2, 0.3, 0.4])
+    attn[1, 0, :, 0] = 1.0
+    chosen = torch.tensor([[True, True, False, True], [True, False, False, False]])
+    share = metrics.first_key_share(attn, chosen)
+    assert share[0, 0].item() == pytest.approx((0.2 + 0.4) / 2)  # query 1 never counts
+    assert math.isnan(share[1, 0].item())  # only query 1 chosen: nothing to average
+    rest = metrics.first_key_share(attn, ~chosen)
+    assert rest[:, 0].tolist() == pytest.approx([0.3, 1.0])

@@ -143,3 +143,40 @@ def test_run_probe_without_head_outputs_reports_entropy_only():
     assert rep.out_norm is None and rep.dormant_pct is None
     assert rep.entropy.abs().max() == 0.0  # every row of the fake maps is one-hot
     assert "heads/dormant_pct" not in rep.head_metrics() and "heads/entropy_l0_h0" in rep.head_metrics()
+
+
+
+class ActiveDormantModel(torch.nn.Module):
+    """One layer, one head as Guo et al.'s BB model ends up: a query holding token 7 (a trigger)
+    attends to the previous token, every other query to token 1; value 1 has norm 1, the others 4."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, idx, output_attentions=False, output_hidden_states=False, output_qkv=False):
+        B, T_ = idx.shape
+        a = torch.zeros(B, 1, T_, T_)
+        a[:, 0, :, 0] = 1.0
+        for b, i in (idx == 7).nonzero().tolist():
+            a[b, 0, i] = 0.0
+            a[b, 0, i, i - 1] = 1.0
+        values = torch.full((B, 1, T_, 2), 2.0 * math.sqrt(2.0))  # norm 4
+        values[:, :, 0] = 1.0 / math.sqrt(2.0)  # norm 1
+        qkv = {"queries": [values], "keys": [values], "values": [values]} if output_qkv else {}
+        return SimpleNamespace(attentions=[a], attention_kind="probs", n_query_slots=0, n_key_slots=0,
+                               hidden_states=[torch.ones(B, T_, 4)], **qkv)
+
+
+def test_run_probe_splits_bos_attention_by_trigger_queries():
+    tokens = torch.zeros(10, T, dtype=torch.long)
+    tokens[::2, 5] = 7  # a trigger at position 6 in every other sequence
+    rep = run_probe(ActiveDormantModel(), tokens, trigger_ids=[7, 9], batch_size=3, output_qkv=True)
+    assert rep.bos_share_trigger.tolist() == [[0.0]]  # sequences without a trigger do not count
+    assert rep.bos_share_other.tolist() == [[1.0]]
+    m = rep.to_metrics()
+    assert m["sink/bos_share_trigger_l0"] == 0.0 and m["sink/bos_share_other_l0"] == 1.0
+    assert m["act/value_norm_ratio_l0"] == pytest.approx(0.25)  # the value-state drain
+    plain = run_probe(ActiveDormantModel(), tokens)
+    assert plain.bos_share_trigger is None and plain.value_norm_ratio is None
+    assert not any(k.startswith(("sink/bos_share", "act/value_norm")) for k in plain.to_metrics())

@@ -156,6 +156,7 @@ def test_prefix_lm_changes_prefix_rows_only_through_the_prefix():
 SOFTMAX_VARIANTS = [
     {}, dict(positional="alibi"), dict(positional="relative"), dict(positional="t5"), dict(positional="nope"),
     dict(positional="learned"), dict(positional="sinusoidal"), dict(norm_position="post"), dict(head_merge="sum"),
+    dict(norm="layernorm"), dict(norm="layernorm", norm_position="post"),
     dict(mask="prefix", prefix_len=3), dict(mask="sliding", window=3),
     dict(biases={"kind": "kv"}), dict(biases={"kind": "k", "value_norm": 3.0}), dict(biases={"kind": "v"}),
     dict(biases={"kind": "kv", "shared_heads": True}), dict(sink_tokens=2), dict(attention={"scale": 0.2}),
@@ -178,6 +179,14 @@ def test_sdpa_path_equals_eager_probability_path(overrides):
     assert slow.attention_kind == "probs"
     for attn in slow.attentions:                       # rows, slots included, sum to one
         torch.testing.assert_close(attn.sum(-1), torch.ones(attn.shape[:-1]), atol=1e-5, rtol=0)
+
+
+def test_layernorm_choice_reaches_every_norm():
+    m = _model(norm="layernorm")
+    norms = [m.norm] + [n for b in m.blocks for n in (b.attn_norm, b.ffn_norm)]
+    assert all(type(n) is torch.nn.LayerNorm for n in norms)
+    assert all(torch.equal(n.weight, torch.ones_like(n.weight)) and torch.equal(n.bias, torch.zeros_like(n.bias)) for n in norms)
+    assert all(type(n) is torch.nn.RMSNorm for n in (_model().norm, _model().blocks[0].attn_norm))
 
 
 def test_softmax_off_by_one_formula():
@@ -210,7 +219,7 @@ OP_CONFIGS = [
     dict(op="kernel", kernel="identity", normalizer="none"), dict(op="kernel", kernel="identity", normalizer="abs_clamp"),
     dict(op="kernel", kernel="elu1", normalizer="sum"), dict(op="kernel", kernel="elu1", normalizer="none"),
     dict(op="kernel", kernel="mlp", normalizer="abs_clamp"), dict(op="kernel", kernel="mlp", normalizer="none"),
-    dict(op="softpick"),
+    dict(op="softpick"), dict(op="relu"),
 ]
 
 
@@ -244,6 +253,17 @@ def test_sigmoid_and_elu_ops_by_hand():
             r = OPS[op].fn(q, k, mask, a, None)
             torch.testing.assert_close(r.weights, expected)
             torch.testing.assert_close(r.reported, sim)
+
+
+def test_relu_op_divides_by_the_keys_each_query_sees():
+    q, k, v, mask = _qkvm()
+    s = (q @ k.transpose(-1, -2) / 2.0 + mask).nan_to_num(neginf=0.0)
+    causal = torch.isfinite(mask)
+    sim = torch.where(causal, s.clamp(min=0.0), torch.zeros_like(s))
+    r = OPS["relu"].fn(q, k, mask, ModelConfig.from_preset("micro", attention={"op": "relu"}).attention, None)
+    counts = torch.arange(1, s.shape[-1] + 1, dtype=s.dtype)[:, None]  # query i sees i keys
+    torch.testing.assert_close(r.weights, sim / counts)
+    torch.testing.assert_close(r.reported, sim)
 
 
 def test_p_normalised_softmax_equals_eq43_directly():

@@ -42,7 +42,7 @@ def test_overrides_nested_and_roundtrip():
     "overrides, field",
     [
         (dict(positional="xpos"), "model.positional"),
-        (dict(attention__op="relu"), "model.attention.op"),
+        (dict(attention__op="tanh"), "model.attention.op"),
         (dict(n_heads=3), "model.n_heads"),
         (dict(mask="sliding"), "model.window"),
         (dict(mask="prefix"), "model.prefix_len"),

@@ -64,7 +64,7 @@ def test_export_hf_command_writes_a_loadable_llama(tmp_path, capsys):
     "overrides, field",
     [(dict(positional="alibi"), "model.positional"), (dict(attention={"op": "sigmoid", "normalizer": "none"}), "model.attention.op"),
      (dict(sink_tokens=1), "model.sink_tokens"), (dict(biases={"kind": "kv"}), "model.biases.kind"),
-     (dict(ffn="gelu"), "model.ffn"), (dict(attention={"qk_norm": True}), "model.attention.qk_norm")],
+     (dict(ffn="gelu"), "model.ffn"), (dict(norm="layernorm"), "model.norm"), (dict(attention={"qk_norm": True}), "model.attention.qk_norm")],
 )
 def test_variants_hf_cannot_express_are_refused_naming_the_field(tmp_path, capsys, overrides, field):
     model = _model(**overrides)

@@ -19,7 +19,7 @@ from pipeline.train.batching import BatchConfigError, plan_batch
 from pipeline.train.data import GlobalOrder, RankBatchSampler
 from pipeline.train.interventions import Interventions, apply_interventions
 from pipeline.train.module import SinkLabModule
-from pipeline.train.optim import OptimConfig, build_scheduler, param_groups
+from pipeline.train.optim import OptimConfig, build_optimizer, build_scheduler, param_groups
 from pipeline.train.rundir import RunDir, RunDirError, acquire_lock, release_lock
 
 SPECIAL = {"bos": 1, "eos": 2, "pad": 0}
@@ -105,6 +105,16 @@ def test_a_checkpoint_of_the_old_sequential_schedule_resumes_on_the_same_curve()
 def test_min_lr_must_be_below_peak():
     with pytest.raises(ConfigError, match="min_lr"):
         OptimConfig(lr=1e-3, min_lr=1e-3).validate(100)
+
+
+def test_sgd_choice_builds_sgd_with_momentum_and_the_decay_groups():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
+    sgd = build_optimizer(model, OptimConfig(name="sgd", lr=0.03, momentum=0.8, weight_decay=1e-4, decay_on="matrices"))
+    assert type(sgd) is torch.optim.SGD and sgd.defaults["momentum"] == 0.8 and sgd.defaults["lr"] == 0.03
+    assert [g["weight_decay"] for g in sgd.param_groups] == [1e-4, 0.0]
+    assert type(build_optimizer(model, OptimConfig())) is torch.optim.AdamW
+    with pytest.raises(ConfigError, match="model.optim.momentum=1.0"):
+        OptimConfig(name="sgd", momentum=1.0).validate(1000)
 
 
 def test_weight_decay_groups():
