@@ -26,11 +26,20 @@ def _matrix(values) -> list[list[float]]:
     return [list(map(float, row)) for row in values]
 
 
-def alpha1_heatmap(alpha1, path: str | Path, title: str = "", entropy=None, out_norm=None, dormant=None) -> Path:
+def alpha1_heatmap(alpha1, path: str | Path, title: str = "", entropy=None, out_norm=None, dormant=None,
+                   uniform: float | None = None) -> Path:
     """Layer × head map of the first token's importance α_1 (mean over sequences). With
     ``entropy`` / ``out_norm`` ([L, H]) a panel each beside it (active and dormant heads), and
-    ``dormant`` (bool [L, H]) marked with a cross on every panel."""
-    panels = [("α₁", _matrix(alpha1), "viridis", (0.0, 1.0))]
+    ``dormant`` (bool [L, H]) marked with a cross on every panel. With ``uniform`` (α_1 under
+    uniform attention) the α_1 scale is diverging and white there: blue below, red above, so a
+    head near uniform (α_1 ≈ 0.07 on a 0-1 scale) is told apart from one that starts to sink."""
+    scale = (0.0, 1.0)
+    if uniform is not None and 0.0 < uniform < 1.0:
+        from matplotlib.colors import TwoSlopeNorm
+
+        scale = TwoSlopeNorm(vmin=0.0, vcenter=uniform, vmax=1.0)
+    panels = [(f"α₁ (white: uniform {uniform:.3f})" if uniform else "α₁", _matrix(alpha1),
+               "RdBu_r" if uniform else "viridis", scale)]
     if entropy is not None:
         panels.append(("row entropy / log n", _matrix(entropy), "magma", (0.0, 1.0)))
     if out_norm is not None:
@@ -40,8 +49,13 @@ def alpha1_heatmap(alpha1, path: str | Path, title: str = "", entropy=None, out_
     fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), max(3.0, 0.25 * n_layers + 1.5)),
                              squeeze=False, layout="constrained")
     marks = [(h, layer) for layer, row in enumerate(_matrix(dormant)) for h, v in enumerate(row) if v] if dormant is not None else []
-    for ax, (label, data, cmap, (lo, hi)) in zip(axes[0], panels):
-        im = ax.imshow(data, aspect="auto", cmap=cmap, vmin=lo, vmax=hi, origin="lower")
+    for ax, (label, data, cmap, scale) in zip(axes[0], panels):
+        limits = {"vmin": scale[0], "vmax": scale[1]} if isinstance(scale, tuple) else {"norm": scale}
+        im = ax.imshow(data, aspect="auto", cmap=cmap, origin="lower", **limits)
+        if len(data) * len(data[0]) <= 64:  # small maps: the values themselves
+            for layer, row in enumerate(data):
+                for head, value in enumerate(row):
+                    ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7)
         if marks:
             ax.scatter(*zip(*marks), marker="x", color="red", s=18, linewidths=1.0, label="dormant")
         ax.set_xlabel("head")

@@ -91,7 +91,7 @@ def parent_run(mlflow: MlflowClient, experiment: Experiment, scale: str) -> str:
     variants' runs carry its id as mlflow.parentRunId; `sinklab report` logs its table, figure
     and agreement to it): found again on a repeated sweep or report, created on the first. It
     holds the experiment's name, title and paper reference."""
-    from pipeline.train.mlflow_record import mark_training_experiment
+    from pipeline.tracking.views import mark_training_experiment
 
     exp_id = experiment_id(mlflow, experiment.mlflow_experiment)
     mark_training_experiment(mlflow, exp_id)

@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint
 
 from pipeline import probe as sink_probe
+from pipeline.tracking.views import ALPHA1_IMAGE, TRAJECTORY_IMAGE
 from pipeline.flops import PEAK_ENV, device_peak_flops, flops_per_token, mfu
 from . import emergence
 from .compiling import uncompiled
@@ -163,9 +164,8 @@ class SinkMetrics(Callback):
             path = emergence.draw_trajectory(self.metrics_path, *self._last.alpha1.shape,
                                              self.plot_dir / "alpha1_trajectory.png", self._uniform,
                                              "α₁ per layer and head over training")
-            for logger in trainer.loggers:
-                if path is not None and hasattr(logger, "log_artifact"):
-                    logger.log_artifact(path, artifact_path="plots")
+            if path is not None:
+                _log_image(trainer, path, TRAJECTORY_IMAGE, trainer.global_step)
 
     def _maybe_probe(self, trainer, pl_module, force: bool = False) -> None:
         step = trainer.global_step
@@ -210,11 +210,16 @@ class SinkMetrics(Callback):
 
             path = alpha1_heatmap(report.alpha1, self.plot_dir / f"alpha1_step-{step:06d}.png",
                                   f"step {step}: α₁ per layer and head (Sink₁ = {report.sink1:.1f}%)",
-                                  report.entropy, report.out_norm, report.dormant)
-            for logger in trainer.loggers:
-                if hasattr(logger, "log_artifact"):
-                    logger.log_artifact(path, artifact_path="plots")
+                                  report.entropy, report.out_norm, report.dormant, uniform=self._uniform)
+            _log_image(trainer, path, ALPHA1_IMAGE, step)
         self.seconds += time.perf_counter() - t0
+
+
+def _log_image(trainer, path: Path, key: str, step: int) -> None:
+    """A figure as an MLflow image with its step, where the logger takes images."""
+    for logger in trainer.loggers:
+        if hasattr(logger, "log_image"):
+            logger.log_image(path, key, step)
 
 
 class Throughput(Callback):

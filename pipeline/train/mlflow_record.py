@@ -10,8 +10,8 @@ training-view marks on its experiment, and system metrics.
   ``dataset.json``, the manifest summary; for the default variant also the HF ``LlamaForCausalLM``
   export under ``hf/``), once per run. ``runs:/<run_id>/model`` and
   ``models:/<model_id>`` both download it; ``pipeline.model.load_pretrained`` reads the directory.
-- :func:`mark_training_experiment` / :func:`experiment_url`: the MLflow UI opens an experiment on
-  its training runs with the chart view and the sink and validation charts first.
+- the experiment's UI view (training mode, chart layout, runs-table columns) and its links:
+  :mod:`pipeline.tracking.views`.
 - :class:`SystemMetrics`: MLflow's own CPU/RAM/disk/network (and GPU) sampler, on rank 0.
 """
 from __future__ import annotations
@@ -25,25 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.tracking.views import VIEW_TAG, experiment_url, home_url
 from pipeline.tracking_contract import TAG_MODEL_ID
 
 MODEL_NAME = "model"  # the logged model's name: runs:/<run_id>/model
 DIGEST_LIMIT = 36  # mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE
-
-# The MLflow 3.17 UI (mlflow/server/js/build/static/js/main.*.js) decides between the GenAI views
-# (overview, traces) and the training-runs views by a "workflow type": the URL parameter
-# `workflowType` (genai | machine_learning), else the browser's remembered choice, default genai.
-# Its older switch, the experiment tag `mlflow.experimentKind`, is read only when that feature
-# flag is off; SinkLab sets both (the tag also labels the experiment as "Machine learning").
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-TRAINING_KIND = "custom_model_development"
-WORKFLOW_TYPE = "machine_learning"
-# Chart order: the UI applies a "shared view" stored in the experiment tag
-# `mlflow.sharedViewState.<key>` when the URL carries `viewStateShareKey=<key>`; its chart
-# sections keep the given order when `isAccordionReordered` is true (else they are sorted by name).
-SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
-SHARED_VIEW_KEY = "sinklab-charts-v2"
-SECTION_ORDER = ("sink", "val", "train", "analysis", "act", "perf", "heads")
 
 # System metrics: a sample every 15 s, one averaged point a minute (2 days: ~2,900 points a metric).
 SYSTEM_SAMPLING_S = 15
@@ -83,53 +69,6 @@ def dataset_input(manifest):
     dataset = Dataset(name=root.name, digest=manifest.hash[:DIGEST_LIMIT], source_type="local",
                       source=json.dumps({"uri": str(root)}), schema=None, profile=json.dumps(profile))
     return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])
-
-
-# ---- experiment marks and URL --------------------------------------------------------------
-def shared_view_state() -> str:
-    sections = [{"uuid": f"sinklab-{name}", "name": name, "display": True, "isReordered": False,
-                 "deleted": False, "isGenerated": True} for name in SECTION_ORDER]
-    # Sorted by run name, not by date: the UI nests a sweep's variants under their parent run
-    # (collapsed, so no curves) only when runs are listed by date.
-    return json.dumps({"compareRunCharts": [], "compareRunSections": sections, "isAccordionReordered": True,
-                       "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True})
-
-
-def mark_training_experiment(client, experiment_id: str) -> None:
-    """Tag the experiment as model training and store the chart layout, where missing."""
-    tags = client.get_experiment(experiment_id).tags
-    if tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
-        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
-    if SHARED_VIEW_PREFIX + SHARED_VIEW_KEY not in tags:
-        client.set_experiment_tag(experiment_id, SHARED_VIEW_PREFIX + SHARED_VIEW_KEY, shared_view_state())
-
-
-def ui_base(tracking_uri: str) -> str:
-    """Where the UI of this tracking store is: the server itself, else `make ui`'s address."""
-    if tracking_uri.startswith(("http://", "https://")):
-        return tracking_uri.rstrip("/")
-    return "http://127.0.0.1:5000"
-
-
-def experiment_url(tracking_uri: str, experiment_id: str, shared_view: bool = True) -> str:
-    """The experiment's training runs in the chart view; with ``shared_view`` (an experiment
-    :func:`mark_training_experiment` has marked) in SinkLab's chart order."""
-    url = f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?workflowType={WORKFLOW_TYPE}&compareRunsMode=CHART"
-    return url + (f"&viewStateShareKey={SHARED_VIEW_KEY}" if shared_view else "")
-
-
-def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
-    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}?workflowType={WORKFLOW_TYPE}"
-
-
-def run_experiment_url(tracking_uri: str, run_id: str) -> str:
-    """The chart view of the run's experiment (the UI's root where the store cannot be asked)."""
-    try:
-        from mlflow.tracking import MlflowClient
-
-        return experiment_url(tracking_uri, MlflowClient(tracking_uri).get_run(run_id).info.experiment_id)
-    except Exception:  # noqa: BLE001
-        return ui_base(tracking_uri)
 
 
 # ---- the final model -----------------------------------------------------------------------
@@ -307,7 +246,7 @@ class SystemMetrics:
 
 
 def print_experiment_urls(tracking_uri: str) -> None:
-    """`make ui`: each experiment's training-runs chart view."""
+    """`make ui`: the home page and each experiment's chart view, on training runs."""
     from mlflow.tracking import MlflowClient
 
     try:
@@ -315,9 +254,10 @@ def print_experiment_urls(tracking_uri: str) -> None:
     except Exception as exc:  # noqa: BLE001
         print(f"(no experiments listed: {type(exc).__name__})")
         return
+    print(f"  home: {home_url(tracking_uri)}")
     for exp in experiments:
         if exp.name != "Default":
-            marked = SHARED_VIEW_PREFIX + SHARED_VIEW_KEY in exp.tags
+            marked = VIEW_TAG in exp.tags
             print(f"  {exp.name}: {experiment_url(tracking_uri, exp.experiment_id, marked)}")
 
 

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from pipeline.tracking.views import mark_training_experiment, sent_to_mlflow
 from pipeline.tracking_contract import experiment_id, tracking_uri
 
 from .metrics_file import MetricsFile
@@ -72,7 +73,7 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
     id, or None when the tracking store cannot be reached (training then goes on offline, and a
     later start creates the run and sends what metrics.jsonl holds). manifest: the dataset's,
     logged as the run's dataset input when the run is created."""
-    from .mlflow_record import dataset_input, mark_training_experiment
+    from .mlflow_record import dataset_input
     from mlflow.entities import Param, RunTag
     from mlflow.tracking import MlflowClient
 
@@ -85,7 +86,6 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
     try:
         if run_id is None:
             exp_id = experiment_id(client, experiment)
-            mark_training_experiment(client, exp_id)
             created = client.create_run(exp_id, run_name=run_name, tags=tags)
             run_id = created.info.run_id
             MetricsFile(run.root).mark_sent(0)  # a new run: all of metrics.jsonl is still to send
@@ -95,6 +95,7 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
                 client.log_batch(run_id, params=items[i:i + 100])
             if manifest is not None:
                 client.log_inputs(run_id, datasets=[dataset_input(manifest)])
+            mark_training_experiment(client, exp_id)  # after the params: the view's columns are the varied ones
         else:
             client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
             client.update_run(run_id, status="RUNNING")
@@ -110,7 +111,7 @@ def _as_mlflow(rows: list[dict]) -> list:
     from mlflow.entities import Metric
 
     return [Metric(k, float(v), int(row["time"] * 1000), int(row["step"]))
-            for row in rows for k, v in row.items() if k not in ("step", "time")]
+            for row in rows for k, v in row.items() if k not in ("step", "time") and sent_to_mlflow(k)]
 
 
 # sinklab.status (and Lightning's "success") -> MLflow's run status
@@ -229,6 +230,18 @@ class RunLogger(MLFlowLogger):
             self.experiment.log_artifact(self._run_id, str(path), artifact_path=artifact_path)
         except Exception as exc:  # noqa: BLE001
             _notice(f"MLflow: artifact {path} not uploaded ({type(exc).__name__}); it stays in the run dir")
+
+    @rank_zero_only
+    def log_image(self, path: Path, key: str, step: int) -> None:
+        """The figure at ``path`` as MLflow image ``key`` at ``step`` (pipeline.tracking.images)."""
+        if self._run_id is None:
+            return
+        from pipeline.tracking.images import log_image_file
+
+        try:
+            log_image_file(self.experiment, self._run_id, path, key, step)
+        except Exception as exc:  # noqa: BLE001
+            _notice(f"MLflow: image {path} not uploaded ({type(exc).__name__}); it stays in the run dir")
 
     @rank_zero_only
     def set_tag(self, key: str, value: str) -> None:

@@ -1,0 +1,30 @@
+"""Figures as MLflow images with steps (``MlflowClient.log_image(key=, step=)``): the UI's image
+charts then show one key for every run side by side, with a slider over the steps, and the
+compare page finds them in common (plain artifacts under ``plots/`` it does not compare).
+
+Keys (see :mod:`pipeline.tracking.views`): ``heads/alpha1`` at every plotted probe step (α₁,
+row entropy and output norm per layer and head), ``heads/alpha1_trajectory`` at the last step.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def log_image_file(client, run_id: str, path: Path, key: str, step: int) -> None:
+    """Log the PNG at ``path`` as image ``key`` at ``step`` of the run (synchronously: a run that
+    ends right after still has it)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        client.log_image(run_id, image.convert("RGB"), key=key, step=int(step), synchronous=True)
+
+
+def logged_image_keys(client, run_id: str) -> dict[str, list[int]]:
+    """Image key -> sorted steps of the run's logged images (read back from ``images/``)."""
+    found: dict[str, set[int]] = {}
+    for item in client.list_artifacts(run_id, "images"):
+        name = Path(item.path).name
+        if name.endswith(".png"):
+            key, _, step, *_ = name.split("+")
+            found.setdefault(key.replace("~", "/"), set()).add(int(step))
+    return {key: sorted(steps) for key, steps in found.items()}

@@ -1,0 +1,182 @@
+"""The MLflow UI view of SinkLab's training experiments: what a researcher sees on opening one.
+
+MLflow 3.17's UI (mlflow/server/js/src, read against the installed build) decides three things
+from data SinkLab can write:
+
+- *GenAI or model training*: the ``workflowType`` URL parameter (``genai`` | ``machine_learning``),
+  else the browser's remembered switch (localStorage ``mlflow.workflowType_v1``), default GenAI.
+  Every link SinkLab prints carries ``workflowType=machine_learning``; the experiment tag
+  ``mlflow.experimentKind`` labels the experiment "Machine learning" where the UI shows a kind.
+- *the chart layout and the runs table*: a "shared view" is the experiment tag
+  ``mlflow.sharedViewState.<key>`` (JSON of the experiment page's UI state), applied when the URL
+  carries ``viewStateShareKey=<key>``. Charts are matched to metrics by ``metricKey`` (images by
+  ``imageKeys``), sections by name; a metric with no chart gets one appended to the section of
+  its prefix (``sink/...`` -> ``sink``), so a listed chart is never duplicated, and a listed chart
+  marked ``deleted`` stays hidden. ``selectedColumns`` are the runs table's columns
+  (``params.`name```, ``metrics.`name```, ``tags.`name```).
+- *images with steps*: ``MlflowClient.log_image(key=, step=)`` (see :mod:`pipeline.tracking.images`);
+  an ``IMAGE`` chart shows one key across runs with a step slider.
+
+SinkLab's view: the headline section first (Sink_1, mean α₁, validation and training loss in one
+row, the α₁ heat map below), every other section collapsed; per-head scalars are not sent as
+metrics (each head's α₁, entropy and output norm are in the heat-map images and metrics.jsonl);
+constant or single-point series (the uniform α₁, the emergence steps) are hidden; the runs table
+shows the factors that differ between the experiment's runs and the final headline values.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from pipeline import metrics as M
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+WORKFLOW_TYPE = "machine_learning"
+SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
+SHARED_VIEW_KEY = "sinklab-view-v3"
+VIEW_TAG = SHARED_VIEW_PREFIX + SHARED_VIEW_KEY
+
+HEADLINE = ("sink/sink1", "sink/alpha1_mean", "val/loss", "train/loss")
+HEADLINE_TITLES = {"sink/sink1": "Sink₁ (%)", "sink/alpha1_mean": "mean α₁", "val/loss": "validation loss",
+                   "train/loss": "training loss"}
+ALPHA1_IMAGE = "heads/alpha1"                 # layer x head heat map, one image per probe step
+TRAJECTORY_IMAGE = "heads/alpha1_trajectory"  # α₁ of every head over the run, at the last step
+HEADLINE_SECTION = "Sink and loss"
+# below the headline, collapsed, in this order; the UI's own names for system and unprefixed metrics
+SECTIONS = ("sink", "val", "train", "heads", "act", "perf", "analysis", "System metrics", "Model metrics")
+# constant or one-point series: kept as metrics (reports read them), no chart
+HIDDEN = ("sink/alpha1_uniform", *(f"sink/emerged_step_{n}" for n in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)))
+# per-head scalars: in metrics.jsonl and the heat-map images, not MLflow metrics (dozens of charts)
+_PER_HEAD = re.compile(r"heads/(alpha1|entropy|out_norm)_l\d+_h\d+")
+
+# the runs-table columns: the factors the study varies (design.md), where they differ between runs
+FACTOR_PREFIXES = ("model.model.", "model.optim.", "data.interventions", "data.token_budget")
+DEFAULT_FACTORS = ("model.model.attention.op", "model.model.positional", "model.optim.weight_decay")
+MAX_FACTOR_COLUMNS = 6
+VARIANT_TAG = "sinklab.variant"
+
+
+def sent_to_mlflow(name: str) -> bool:
+    """Whether a metric of metrics.jsonl goes to MLflow as a metric."""
+    return not _PER_HEAD.fullmatch(name)
+
+
+def _card(uuid: str, section: str, **fields) -> dict:
+    return {"uuid": uuid, "metricSectionId": section, "deleted": False, "isGenerated": False,
+            "runsCountToCompare": 100, **fields}
+
+
+def line_card(metric: str, section: str, title: str | None = None) -> dict:
+    return _card(f"sinklab-{metric}", section, type="LINE", metricKey=metric, selectedMetricKeys=[metric],
+                 displayName=title or metric, xAxisKey="step", selectedXAxisMetricKey="", scaleType="linear",
+                 xAxisScaleType="linear", lineSmoothness=0, useGlobalXaxisKey=True, useGlobalLineSmoothing=True,
+                 yAxisKey="metric", yAxisExpressions=[], ignoreOutliers=False,
+                 range={"xMin": None, "xMax": None, "yMin": None, "yMax": None})
+
+
+def image_card(key: str, section: str) -> dict:
+    return _card(f"sinklab-{key}", section, type="IMAGE", imageKeys=[key], step=0, showRunParams=True)
+
+
+def section_uuid(name: str) -> str:
+    return "sinklab-" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def chart_cards() -> list[dict]:
+    """The headline row, the α₁ heat map under it, and hidden placeholders for flat series."""
+    head = section_uuid(HEADLINE_SECTION)
+    cards = [line_card(m, head, HEADLINE_TITLES[m]) for m in HEADLINE] + [image_card(ALPHA1_IMAGE, head)]
+    for metric in HIDDEN:  # generated + deleted: the UI keeps it hidden and adds no chart for it
+        cards.append(line_card(metric, section_uuid(metric.rsplit("/", 1)[0])) | {"deleted": True, "isGenerated": True})
+    return cards
+
+
+def sections() -> list[dict]:
+    head = {"uuid": section_uuid(HEADLINE_SECTION), "name": HEADLINE_SECTION, "display": True, "isReordered": True,
+            "deleted": False, "isGenerated": False, "columns": 4, "cardHeight": 300}
+    # isReordered: charts of metrics first seen later are appended, not sorted in front of these
+    rest = [{"uuid": section_uuid(name), "name": name, "display": False, "isReordered": True, "deleted": False,
+             "isGenerated": True} for name in SECTIONS]
+    return [head, *rest]
+
+
+def table_columns(factors: list[str]) -> list[str]:
+    """The runs table: variant, the factors, final Sink_1, mean α₁ and validation loss, the model."""
+    return ([f"tags.`{VARIANT_TAG}`"] + [f"params.`{p}`" for p in factors]
+            + [f"metrics.`{m}`" for m in HEADLINE[:3]] + ["attributes.`Models`", "attributes.`Dataset`"])
+
+
+def view_state(factors: list[str]) -> dict:
+    # Sorted by run name, not by date: the UI nests a sweep's variants under their parent run
+    # (collapsed, so no curves) only when runs are listed by date.
+    return {"compareRunCharts": chart_cards(), "compareRunSections": sections(), "isAccordionReordered": True,
+            "selectedColumns": table_columns(factors), "runsExpanded": {}, "runsPinned": [], "runsHidden": [],
+            "runsVisibilityMap": {}, "runsHiddenMode": "SHOW_ALL", "viewMaximized": False, "runListHidden": False,
+            "groupBy": None, "groupsExpanded": {}, "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
+            "autoRefreshEnabled": True, "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0,
+                                                                  "selectedXAxisMetricKey": ""},
+            "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True}
+
+
+def varied_factors(runs_params: list[dict[str, str]]) -> list[str]:
+    """Factor parameters whose value differs between the runs (sorted); the default factors where
+    none does (a single run, or repeats of one setting)."""
+    keys = sorted({k for params in runs_params for k in params if k.startswith(FACTOR_PREFIXES)})
+    varied = [k for k in keys if len({params.get(k) for params in runs_params}) > 1]
+    return varied[:MAX_FACTOR_COLUMNS] or list(DEFAULT_FACTORS)
+
+
+def _training_runs_params(client, experiment_id: str) -> list[dict[str, str]]:
+    runs = client.search_runs([experiment_id], filter_string="tags.`sinklab.kind` IS NULL", max_results=1000)
+    return [dict(run.data.params) for run in runs]
+
+
+def mark_training_experiment(client, experiment_id: str, runs_params: list[dict[str, str]] | None = None) -> None:
+    """Tag the experiment as model training and (re)write SinkLab's view where it is missing or
+    its factor columns changed. ``runs_params``: the training runs' params (else searched)."""
+    tags = client.get_experiment(experiment_id).tags
+    if tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+    if runs_params is None:
+        runs_params = _training_runs_params(client, experiment_id)
+    wanted = json.dumps(view_state(varied_factors(runs_params)))
+    if tags.get(VIEW_TAG) != wanted:
+        client.set_experiment_tag(experiment_id, VIEW_TAG, wanted)
+
+
+# ---- links --------------------------------------------------------------------------------------
+def ui_base(tracking_uri: str) -> str:
+    """Where the UI of this tracking store is: the server itself, else `make ui`'s address."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return tracking_uri.rstrip("/")
+    return "http://127.0.0.1:5000"
+
+
+def home_url(tracking_uri: str) -> str:
+    """The UI's home page, on training runs (not the GenAI pages)."""
+    return f"{ui_base(tracking_uri)}/#/?workflowType={WORKFLOW_TYPE}"
+
+
+def experiment_url(tracking_uri: str, experiment_id: str, shared_view: bool = True) -> str:
+    """The experiment's training runs in the chart view; with ``shared_view`` (an experiment
+    :func:`mark_training_experiment` has marked) in SinkLab's layout."""
+    url = f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?workflowType={WORKFLOW_TYPE}&compareRunsMode=CHART"
+    return url + (f"&viewStateShareKey={SHARED_VIEW_KEY}" if shared_view else "")
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}?workflowType={WORKFLOW_TYPE}"
+
+
+def run_experiment_url(tracking_uri: str, run_id: str) -> str:
+    """The chart view of the run's experiment (the UI's home where the store cannot be asked)."""
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri)
+        experiment_id = client.get_run(run_id).info.experiment_id
+        marked = VIEW_TAG in client.get_experiment(experiment_id).tags
+        return experiment_url(tracking_uri, experiment_id, marked)
+    except Exception:  # noqa: BLE001
+        return home_url(tracking_uri)
