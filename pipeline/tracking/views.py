@@ -7,9 +7,10 @@ from data SinkLab can write:
   else the browser's remembered switch (localStorage ``mlflow.workflowType_v1``), default GenAI.
   Every link SinkLab prints carries ``workflowType=machine_learning``; the experiment tag
   ``mlflow.experimentKind`` labels the experiment "Machine learning" where the UI shows a kind.
-- *the chart layout and the runs table*: a "shared view" is the experiment tag
-  ``mlflow.sharedViewState.<key>`` (JSON of the experiment page's UI state), applied when the URL
-  carries ``viewStateShareKey=<key>``. Charts are matched to metrics by ``metricKey`` (images by
+- *the chart layout and the runs table*: a saved view is the experiment tag
+  ``mlflow.sharedViewState.<key>``, a JSON envelope ``{name, createdAt, state}`` whose ``state`` is
+  the experiment page's UI state as JSON; the UI lists it under "Views" and applies it when the
+  URL carries ``viewStateShareKey=<key>`` (fields it lacks take the UI's defaults). Charts are matched to metrics by ``metricKey`` (images by
   ``imageKeys``), sections by name; a metric with no chart gets one appended to the section of
   its prefix (``sink/...`` -> ``sink``), so a listed chart is never duplicated, and a listed chart
   marked ``deleted`` stays hidden. ``selectedColumns`` are the runs table's columns
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 from pipeline import metrics as M
 
@@ -35,14 +37,14 @@ TRAINING_KIND = "custom_model_development"
 WORKFLOW_TYPE = "machine_learning"
 SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
 SHARED_VIEW_KEY = "sinklab-view-v3"
+VIEW_NAME = "SinkLab: sink and loss first"
 VIEW_TAG = SHARED_VIEW_PREFIX + SHARED_VIEW_KEY
 
 HEADLINE = ("sink/sink1", "sink/alpha1_mean", "val/loss", "train/loss")
-HEADLINE_TITLES = {"sink/sink1": "Sink₁ (%)", "sink/alpha1_mean": "mean α₁", "val/loss": "validation loss",
-                   "train/loss": "training loss"}
 ALPHA1_IMAGE = "heads/alpha1"                 # layer x head heat map, one image per probe step
 TRAJECTORY_IMAGE = "heads/alpha1_trajectory"  # α₁ of every head over the run, at the last step
 HEADLINE_SECTION = "Sink and loss"
+HEADS_SECTION = "α₁ per head"
 # below the headline, collapsed, in this order; the UI's own names for system and unprefixed metrics
 SECTIONS = ("sink", "val", "train", "heads", "act", "perf", "analysis", "System metrics", "Model metrics")
 # constant or one-point series: kept as metrics (reports read them), no chart
@@ -67,16 +69,16 @@ def _card(uuid: str, section: str, **fields) -> dict:
             "runsCountToCompare": 100, **fields}
 
 
-def line_card(metric: str, section: str, title: str | None = None) -> dict:
+def line_card(metric: str, section: str) -> dict:
     return _card(f"sinklab-{metric}", section, type="LINE", metricKey=metric, selectedMetricKeys=[metric],
-                 displayName=title or metric, xAxisKey="step", selectedXAxisMetricKey="", scaleType="linear",
+                 displayName=metric, xAxisKey="step", selectedXAxisMetricKey="", scaleType="linear",
                  xAxisScaleType="linear", lineSmoothness=0, useGlobalXaxisKey=True, useGlobalLineSmoothing=True,
                  yAxisKey="metric", yAxisExpressions=[], ignoreOutliers=False,
                  range={"xMin": None, "xMax": None, "yMin": None, "yMax": None})
 
 
 def image_card(key: str, section: str) -> dict:
-    return _card(f"sinklab-{key}", section, type="IMAGE", imageKeys=[key], step=0, showRunParams=True)
+    return _card(f"sinklab-{key}", section, type="IMAGE", imageKeys=[key], step=0, showRunParams=False)
 
 
 def section_uuid(name: str) -> str:
@@ -84,27 +86,32 @@ def section_uuid(name: str) -> str:
 
 
 def chart_cards() -> list[dict]:
-    """The headline row, the α₁ heat map under it, and hidden placeholders for flat series."""
-    head = section_uuid(HEADLINE_SECTION)
-    cards = [line_card(m, head, HEADLINE_TITLES[m]) for m in HEADLINE] + [image_card(ALPHA1_IMAGE, head)]
+    """The headline row, the α₁ images under it, and hidden placeholders for flat series."""
+    head, heads = section_uuid(HEADLINE_SECTION), section_uuid(HEADS_SECTION)
+    cards = [line_card(m, head) for m in HEADLINE] + [image_card(key, heads) for key in (ALPHA1_IMAGE, TRAJECTORY_IMAGE)]
     for metric in HIDDEN:  # generated + deleted: the UI keeps it hidden and adds no chart for it
         cards.append(line_card(metric, section_uuid(metric.rsplit("/", 1)[0])) | {"deleted": True, "isGenerated": True})
     return cards
 
 
+def section(name: str, expanded: bool, **layout) -> dict:
+    # isReordered: charts of metrics first seen later are appended, not sorted in front of the listed ones
+    return {"uuid": section_uuid(name), "name": name, "display": expanded, "isReordered": True, "deleted": False,
+            "isGenerated": not layout, **layout}
+
+
 def sections() -> list[dict]:
-    head = {"uuid": section_uuid(HEADLINE_SECTION), "name": HEADLINE_SECTION, "display": True, "isReordered": True,
-            "deleted": False, "isGenerated": False, "columns": 4, "cardHeight": 300}
-    # isReordered: charts of metrics first seen later are appended, not sorted in front of these
-    rest = [{"uuid": section_uuid(name), "name": name, "display": False, "isReordered": True, "deleted": False,
-             "isGenerated": True} for name in SECTIONS]
-    return [head, *rest]
+    """The headline row (4 across), the α₁ images (2 across), then the rest collapsed."""
+    return [section(HEADLINE_SECTION, True, columns=4, cardHeight=300),
+            section(HEADS_SECTION, True, columns=2, cardHeight=420),
+            *(section(name, False) for name in SECTIONS)]
 
 
 def table_columns(factors: list[str]) -> list[str]:
-    """The runs table: variant, the factors, final Sink_1, mean α₁ and validation loss, the model."""
+    """The runs table: variant, the factors, final Sink_1, mean α₁ and validation loss, the model (not
+    the wide Dataset column: the dataset is one per experiment, in each run's page)."""
     return ([f"tags.`{VARIANT_TAG}`"] + [f"params.`{p}`" for p in factors]
-            + [f"metrics.`{m}`" for m in HEADLINE[:3]] + ["attributes.`Models`", "attributes.`Dataset`"])
+            + [f"metrics.`{m}`" for m in HEADLINE[:3]] + ["attributes.`Models`"])
 
 
 def view_state(factors: list[str]) -> dict:
@@ -140,9 +147,14 @@ def mark_training_experiment(client, experiment_id: str, runs_params: list[dict[
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
     if runs_params is None:
         runs_params = _training_runs_params(client, experiment_id)
-    wanted = json.dumps(view_state(varied_factors(runs_params)))
-    if tags.get(VIEW_TAG) != wanted:
-        client.set_experiment_tag(experiment_id, VIEW_TAG, wanted)
+    state = json.dumps(view_state(varied_factors(runs_params)))
+    try:
+        current = json.loads(tags.get(VIEW_TAG, "{}")).get("state")
+    except (ValueError, AttributeError):
+        current = None
+    if current != state:
+        envelope = {"name": VIEW_NAME, "createdAt": int(time.time() * 1000), "state": state}
+        client.set_experiment_tag(experiment_id, VIEW_TAG, json.dumps(envelope))
 
 
 # ---- links --------------------------------------------------------------------------------------

@@ -138,7 +138,8 @@ def _remove(path: Path) -> None:
 class SinkMetrics(Callback):
     """Every ``every`` steps (and at step 0), on rank 0: ``run_probe`` on the dataset's probe
     set (eval mode, no grad, fp32), logged as ``sink/...`` and ``act/...``; every
-    ``plot_every`` steps an alpha_1 heat map (layer x head) into ``<run_dir>/plots`` and MLflow.
+    ``plot_every`` steps an alpha_1 heat map (layer x head) into ``<run_dir>/plots`` and MLflow
+    (the artifact ``plots/``, and α₁ alone as the MLflow image ``heads/alpha1`` of that step).
     The time it takes is kept (``seconds``) so its share of the run can be reported."""
 
     def __init__(self, every: int, plot_every: int, run_dir: Path, eps: float = 0.3, positions: int = 10):
@@ -165,6 +166,9 @@ class SinkMetrics(Callback):
                                              self.plot_dir / "alpha1_trajectory.png", self._uniform,
                                              "α₁ per layer and head over training")
             if path is not None:
+                for logger in trainer.loggers:
+                    if hasattr(logger, "log_artifact"):
+                        logger.log_artifact(path, artifact_path="plots")
                 _log_image(trainer, path, TRAJECTORY_IMAGE, trainer.global_step)
 
     def _maybe_probe(self, trainer, pl_module, force: bool = False) -> None:
@@ -208,10 +212,16 @@ class SinkMetrics(Callback):
         if self.plot_every > 0 and (step % self.plot_every == 0 or force):
             from pipeline.plots import alpha1_heatmap
 
-            path = alpha1_heatmap(report.alpha1, self.plot_dir / f"alpha1_step-{step:06d}.png",
-                                  f"step {step}: α₁ per layer and head (Sink₁ = {report.sink1:.1f}%)",
+            title = f"step {step}: α₁ per layer and head (Sink₁ = {report.sink1:.1f}%)"
+            path = alpha1_heatmap(report.alpha1, self.plot_dir / f"alpha1_step-{step:06d}.png", title,
                                   report.entropy, report.out_norm, report.dormant, uniform=self._uniform)
-            _log_image(trainer, path, ALPHA1_IMAGE, step)
+            for logger in trainer.loggers:
+                if hasattr(logger, "log_artifact"):
+                    logger.log_artifact(path, artifact_path="plots")
+            # the UI's image charts show a thumbnail (256 px): α₁ alone, one image per step
+            alone = alpha1_heatmap(report.alpha1, self.plot_dir / f"alpha1_map_step-{step:06d}.png", title,
+                                   dormant=report.dormant, uniform=self._uniform)
+            _log_image(trainer, alone, ALPHA1_IMAGE, step)
         self.seconds += time.perf_counter() - t0
 
 
