@@ -157,6 +157,14 @@ def mark_training_experiment(client, experiment_id: str, runs_params: list[dict[
         client.set_experiment_tag(experiment_id, VIEW_TAG, json.dumps(envelope))
 
 
+def dataset_name(manifest) -> str:
+    """A packed dataset as the UI names it, from its manifest (not its folder): its training
+    domains, context length and hash, e.g. ``Pile-CC+Github · C2048 · 3f2a9c1e``."""
+    domains = sorted((manifest.splits.get("train") or next(iter(manifest.splits.values()))).domains)
+    shown = "+".join(domains[:3]) + (f"+{len(domains) - 3} more" if len(domains) > 3 else "")
+    return f"{shown or 'tokens'} · C{manifest.context_length} · {manifest.hash[:8]}"
+
+
 # ---- links --------------------------------------------------------------------------------------
 def ui_base(tracking_uri: str) -> str:
     """Where the UI of this tracking store is: the server itself, else `make ui`'s address."""

@@ -240,12 +240,17 @@ def _as_plain(cfg) -> dict:
 
 
 def _variant_summary(cfg) -> str:
-    """One line naming what differs from the paper's default block and data."""
+    """One line naming the attention operation (always: a softmax run says so) and what else
+    differs from the paper's default block and data."""
     plain = _as_plain(cfg)
     model = plain.get("model", {}).get("model") or {}
     default = flatten(ModelConfig().to_dict())
-    diffs = [f"{k}={v}" for k, v in sorted(flatten(model).items())
-             if k not in ("preset", *SHAPE_FIELDS) and default.get(k) != v]
+    flat = flatten(model)
+    op = flat.get("attention.op", default["attention.op"])
+    named = {"attention.op"} | ({"attention.kernel"} if op == "kernel" else set())
+    diffs = [f"{op}({flat.get('attention.kernel', default['attention.kernel'])})" if op == "kernel" else op]
+    diffs += [f"{k}={v}" for k, v in sorted(flat.items())
+              if k not in ("preset", *SHAPE_FIELDS, *named) and default.get(k) != v]
     optim = plain.get("model", {}).get("optim") or {}
     diffs += [f"lr={optim.get('lr')}", f"wd={optim.get('weight_decay')}"]
     inter = plain.get("data", {}).get("interventions") or {}

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.tracking.views import VIEW_TAG, experiment_url, home_url
+from pipeline.tracking.views import HEADLINE, VIEW_TAG, dataset_name, experiment_url, home_url
 from pipeline.tracking_contract import TAG_MODEL_ID
 
 MODEL_NAME = "model"  # the logged model's name: runs:/<run_id>/model
@@ -66,7 +66,7 @@ def dataset_input(manifest):
                **{f"{split}_{key}": info[key] for split, info in summary["splits"].items()
                   for key in ("sequences", "tokens", "documents")},
                "domains": {split: info["domains"] for split, info in summary["splits"].items()}}
-    dataset = Dataset(name=root.name, digest=manifest.hash[:DIGEST_LIMIT], source_type="local",
+    dataset = Dataset(name=dataset_name(manifest), digest=manifest.hash[:DIGEST_LIMIT], source_type="local",
                       source=json.dumps({"uri": str(root)}), schema=None, profile=json.dumps(profile))
     return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])
 
@@ -215,11 +215,26 @@ def log_final_model(tracking_uri: str, run_id: str, config, state: dict, manifes
             client.finalize_logged_model(model.model_id, "FAILED")
             raise
         client.finalize_logged_model(model.model_id, "READY")
+    _log_model_metrics(client, run, model.model_id, manifest)
     if previous is not None:  # a finished run trained further: its model is the newest weights, one per run
         client.delete_logged_model(previous.model_id)
     seconds = time.perf_counter() - started
     client.set_tag(run_id, TAG_MODEL_ID, model.model_id)
     return {"model_id": model.model_id, "seconds": seconds, "megabytes": size / 2**20}
+
+
+def _log_model_metrics(client, run, model_id: str, manifest) -> None:
+    """The run's final headline values (Sink_1, mean α₁, losses) on its logged model, measured on
+    its dataset: the model's page and the Models tab show them beside the dataset."""
+    from mlflow.entities import Metric
+
+    histories = [client.get_metric_history(run.info.run_id, key) for key in HEADLINE]
+    final = [max(history, key=lambda m: (m.step, m.timestamp)) for history in histories if history]
+    data = {} if manifest is None else {"dataset_name": dataset_name(manifest),
+                                        "dataset_digest": manifest.hash[:DIGEST_LIMIT]}
+    metrics = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id, **data) for m in final]
+    if metrics:
+        client.log_batch(run.info.run_id, metrics=metrics)
 
 
 # ---- system metrics ------------------------------------------------------------------------

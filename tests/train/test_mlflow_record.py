@@ -17,6 +17,7 @@ from data_prep.dataset import load_manifest
 from pipeline.analysis import analyze
 from pipeline.analysis.run_models import RunModelError, resolve_model
 from pipeline.model import load_pretrained
+from pipeline.tracking import views
 from pipeline.train import mlflow_record
 from train_datasets import make_dataset
 
@@ -64,6 +65,13 @@ def test_logged_model_loads_back_to_the_checkpoints_logits(fitted):
     run = fitted.client.get_run(fitted.run_id)
     assert run.data.tags["sinklab.model_id"] == model.model_id and model.tags["sinklab.step"] == "4"
     assert [o.model_id for o in run.outputs.model_outputs] == [model.model_id]  # the run's Model column
+    manifest = load_manifest(fitted.ds)
+    on_model = {m.key: m for m in model.metrics}  # the final values, measured on the run's dataset
+    assert set(on_model) == {"train/loss", "val/loss"}  # this fit probes no sink (--run.sink_every 0)
+    for key, metric in on_model.items():
+        last = max(m.step for m in fitted.client.get_metric_history(fitted.run_id, key))
+        assert metric.value == run.data.metrics[key] and metric.step == last
+        assert (metric.dataset_name, metric.dataset_digest) == (views.dataset_name(manifest), manifest.hash[:36])
     resolved = resolve_model(f"runs:/{fitted.run_id}")
     assert resolved.run_id == fitted.run_id
     assert {p.name for p in resolved.path.iterdir()} == {"model.safetensors", "sinklab_config.json",
@@ -121,7 +129,7 @@ def test_dataset_input_experiment_marks_and_system_metrics(fitted):
     run = fitted.client.get_run(fitted.run_id)
     (dataset_input,) = run.inputs.dataset_inputs
     dataset = dataset_input.dataset
-    assert dataset.digest == manifest.hash[:36] and dataset.name == "ds"
+    assert dataset.digest == manifest.hash[:36] and dataset.name == f"synthetic · C16 · {manifest.hash[:8]}"
     assert json.loads(dataset.source)["uri"] == str(fitted.ds.resolve())
     profile = json.loads(dataset.profile)
     assert profile["manifest_hash"] == manifest.hash
@@ -129,12 +137,15 @@ def test_dataset_input_experiment_marks_and_system_metrics(fitted):
     assert {t.key: t.value for t in dataset_input.tags} == {"mlflow.data.context": "training"}
     tags = fitted.client.get_experiment(run.info.experiment_id).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
-    view = json.loads(tags["mlflow.sharedViewState.sinklab-charts-v2"])
-    assert view["isAccordionReordered"] and [s["name"] for s in view["compareRunSections"]][:2] == ["sink", "val"]
+    envelope = json.loads(tags["mlflow.sharedViewState.sinklab-view-v3"])  # a saved view: listed under "Views"
+    view = json.loads(envelope["state"])
+    assert envelope["name"] == views.VIEW_NAME and isinstance(envelope["createdAt"], int)
+    assert view["isAccordionReordered"] and [s["name"] for s in view["compareRunSections"]][:3] == [
+        views.HEADLINE_SECTION, views.HEADS_SECTION, "sink"]
     assert view["orderByKey"] == "tags.`mlflow.runName`"  # a sweep's variants listed flat, with their curves
-    url = mlflow_record.experiment_url(fitted.uri, run.info.experiment_id)
+    url = views.experiment_url(fitted.uri, run.info.experiment_id)
     assert url.startswith(f"{fitted.uri}/#/experiments/{run.info.experiment_id}/runs?workflowType=machine_learning")
-    assert "compareRunsMode=CHART" in url and "viewStateShareKey=sinklab-charts-v2" in url
+    assert "compareRunsMode=CHART" in url and "viewStateShareKey=sinklab-view-v3" in url
     assert any(k.startswith("system/cpu_utilization") for k in run.data.metrics), sorted(run.data.metrics)
 
 
