@@ -140,7 +140,30 @@ def memorising_notes(rows: list[Row], mlflow) -> list[str]:
     return notes
 
 
-def to_markdown(experiment: Experiment, scale: str, rows: list[Row], notes: list[str] = ()) -> str:
+STEP_KEYS = (SINK1, "train/loss", "val/loss")
+
+
+def steps_run(rows: list[Row], mlflow) -> dict[str, int]:
+    """Variant label -> the last step its run logged (the final sink probe runs at the last step)."""
+    out = {}
+    for row in rows:
+        if row.run_id:
+            steps = [step for key in STEP_KEYS for step, _ in mlruns.metric_history(mlflow, row.run_id, key)]
+            if steps:
+                out[row.label] = max(steps)
+    return out
+
+
+def steps_line(steps: dict[str, int]) -> list[str]:
+    if not steps:
+        return []
+    if len(set(steps.values())) == 1:
+        return ["", f"Steps actually run: {next(iter(steps.values()))} (every variant with a run)."]
+    return ["", "Steps actually run: " + ", ".join(f"{label} {n}" for label, n in steps.items()) + "."]
+
+
+def to_markdown(experiment: Experiment, scale: str, rows: list[Row], notes: list[str] = (),
+                steps: dict[str, int] | None = None) -> str:
     # a column the paper has no number for (e.g. mean alpha_1) gets no "paper" sub-column
     in_paper = [any(r.paper[i] is not None for r in rows) for i in range(len(experiment.columns))]
     header = ["variant"]
@@ -163,13 +186,14 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row], notes: list
     done = sum(r.status == "finished" for r in rows)
     lines += ["", f"{done} of {len(rows)} variants finished; {MISSING} = no value (paper: not "
               "published; ours: not run or not logged)."]
+    lines += steps_line(steps or {})
     if notes:
         lines += ["", "Warnings:", ""] + [f"- {note}" for note in notes]
     lines += agreement_markdown(agreement(experiment, rows))
     if experiment.paper_notes:
         lines += ["", f"Paper notes: {experiment.paper_notes}"]
     if scale == "cpu" and experiment.cpu_notes:
-        lines += ["", f"CPU scale: {experiment.cpu_notes}"]
+        lines += ["", f"CPU scale (as the experiment file plans it): {experiment.cpu_notes}"]
     renamed = experiment.setup(scale).metrics
     if renamed:
         lines += ["", f"Columns read at the {scale} scale: "
@@ -189,6 +213,19 @@ def curve_series(experiment: Experiment, rows: list[Row], mlflow) -> dict[str, l
     return out
 
 
+def labelled_bars(ax, xs, values, label: str, digits: int = 2) -> None:
+    """Bars with their value written above; a measured 0 gets a visible stub and "0", a missing
+    value "—", so the two are never confused."""
+    heights = [v if v is not None else 0.0 for v in values]
+    bars = ax.bar(xs, heights, 0.4, label=label)
+    top = max([abs(h) for h in heights] + [1e-9])
+    for x, value, bar in zip(xs, values, bars):
+        if value == 0:
+            ax.bar([x], [top * 0.01], 0.4, color=bar.get_facecolor(), edgecolor="black", linewidth=0.6)
+        ax.annotate(MISSING if value is None else f"{value:.{digits}f}", (x, max(value or 0.0, 0.0)),
+                    xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7)
+
+
 def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | None:
     """The experiment's figure: a metric over steps per variant (curve) or per variant (bar)."""
     if experiment.plot is None:
@@ -198,7 +235,9 @@ def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | 
     import matplotlib.pyplot as plt
 
     spec = experiment.plot
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    with_alpha1 = spec.kind == "bar" and spec.metric == SINK1 and any(r.alpha1 is not None for r in rows)
+    fig, axes = plt.subplots(1, 2 if with_alpha1 else 1, figsize=(13 if with_alpha1 else 8, 4.5), squeeze=False)
+    ax = axes[0][0]
     if spec.kind == "curve":
         emerged = {r.label: (r.emerged or {}).get("sink1_1pct") for r in rows}
         for label, history in curve_series(experiment, rows, mlflow).items():
@@ -215,10 +254,18 @@ def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | 
         xs = range(len(rows))
         ours = [(r.measured[column] if column is not None else None) for r in rows]
         paper = [(r.paper[column] if column is not None else None) for r in rows]
-        ax.bar([x - 0.2 for x in xs], [v if v is not None else 0 for v in paper], 0.4, label="paper")
-        ax.bar([x + 0.2 for x in xs], [v if v is not None else 0 for v in ours], 0.4, label="ours")
+        labelled_bars(ax, [x - 0.2 for x in xs], paper, "paper")
+        labelled_bars(ax, [x + 0.2 for x in xs], ours, "ours")
         ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=8)
         ax.legend(fontsize=8)
+        if with_alpha1:
+            alpha_ax = axes[0][1]
+            labelled_bars(alpha_ax, list(xs), [r.alpha1 for r in rows], "ours", digits=3)
+            alpha_ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=8)
+            alpha_ax.set_ylabel("mean α₁ (ours)")
+            rank = next((a for a in agreement(experiment, rows) if a.key == "alpha1_vs_sink1"), None)
+            alpha_ax.set_title("mean α₁, ranked against the paper's Sink₁"
+                               + (f": Spearman ρ {fmt_corr(rank.rho)}" if rank else ""), fontsize=10)
     ax.set_ylabel(next((c.label for c in experiment.columns if c.metric == spec.metric), spec.metric))
     ax.set_title(spec.title, fontsize=10)
     fig.tight_layout()
@@ -270,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     mlflow = mlruns.client()
     records = mlruns.variant_runs(mlflow, experiment.mlflow_experiment, args.scale)
     rows = build_rows(experiment, records, args.scale)
-    markdown = to_markdown(experiment, args.scale, rows, memorising_notes(rows, mlflow))
+    markdown = to_markdown(experiment, args.scale, rows, memorising_notes(rows, mlflow), steps_run(rows, mlflow))
     out = args.out or Path("runs") / experiment.name / args.scale / "report"
     files = [atomic_write(out / "report.md", markdown)]
     if args.plot:

@@ -42,7 +42,7 @@ def test_rows_put_paper_and_measured_values_side_by_side(tmp_path, mlflow_env, u
     assert "| variant b | 41.08 | 3.00 | — | — | — | failed |" in markdown
     assert "| variant c | training failure | — | training failure | — | — | missing |" in markdown
     assert "1 of 3 variants finished; — = no value (paper: not published; ours: not run or not logged)." in markdown
-    assert "CPU scale: tiny test setup" in markdown
+    assert "CPU scale (as the experiment file plans it): tiny test setup" in markdown
 
 
 def test_report_command_writes_logs_and_plots(tmp_path, mlflow_env, unique_name, monkeypatch, capsys):
@@ -61,6 +61,7 @@ def test_report_command_writes_logs_and_plots(tmp_path, mlflow_env, unique_name,
     assert "| variant a | 15.20 | 30.00 | 3.72 | 4.00 | — | finished |" in md
     assert ("Warnings:\n\n- variant b: valid loss rising since step 500 (min 2.800 at 500, 3.600 at 1000): the "
             "model memorises its data; more data or fewer steps\n") in md and "variant a: valid" not in md
+    assert "Steps actually run: variant a 200, variant b 1000." in md  # the runs' last steps, not the plan
     png = out / f"{unique_name}-cpu.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
@@ -182,3 +183,27 @@ def test_lr_steps_plot_is_sink1_over_steps_per_learning_rate(tmp_path, mlflow_en
     png = out / f"{unique_name}-cpu.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert "| Sink_1 (%) | 3 | +1.00 | +1.00 |" in capsys.readouterr().out  # 23.44 > 18.18 > 2.90
+
+
+def test_bars_show_a_measured_zero_and_mark_a_missing_value():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    report.labelled_bars(ax, [0, 1, 2], [0.0, None, 12.5], "ours")
+    assert [t.get_text() for t in ax.texts] == ["0.00", "—", "12.50"]
+    zero_stub = [b for b in ax.patches if b.get_x() < 0.5 and b.get_height() > 0]
+    assert zero_stub, "a measured 0 draws nothing"
+    plt.close(fig)
+
+
+def test_the_bar_figure_shows_the_mean_alpha1_its_agreement_uses(tmp_path, unique_name):
+    from PIL import Image
+
+    exp = load_experiment(write_experiment(tmp_path, unique_name, plot="plot: {kind: bar, metric: sink/sink1}"))
+    rows = [Row("a", "variant a", [15.2, 3.72], [0.0, 4.2], "finished", alpha1=0.071),
+            Row("b", "variant b", [41.08, None], [0.0, 4.1], "finished", alpha1=0.093)]
+    narrow = report.plot(exp, [Row(**{**r.__dict__, "alpha1": None}) for r in rows], None, tmp_path / "n.png")
+    wide = report.plot(exp, rows, None, tmp_path / "w.png")
+    assert Image.open(wide).width > 1.4 * Image.open(narrow).width  # a second panel: mean α₁ per variant
