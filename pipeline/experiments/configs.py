@@ -51,8 +51,10 @@ def set_dotted(config: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def run_name(experiment: Experiment, variant: Variant, scale: str) -> str:
-    """The MLflow run name of a variant; `runs.parse_run_name` reads the scale back from it."""
-    return f"{experiment.name}/{scale}/{variant.name}"
+    """The MLflow run name of a variant, the variant first so that the UI's legends, which cut long
+    names, still tell variants apart: ``wd-0.5 (weight-decay/cpu)``; `runs.run_scale` reads the
+    scale back from it."""
+    return f"{variant.name} ({experiment.name}/{scale})"
 
 
 def identity(experiment: Experiment, variant: Variant, scale: str) -> dict[str, Any]:

@@ -7,6 +7,8 @@ by these.
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,10 +67,12 @@ def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict
 
 
 def run_scale(tags: dict[str, str], run_name: str | None) -> str | None:
-    """The scale of a training run: its sinklab.scale tag, else the middle part of a sweep's
-    run name `<experiment>/<scale>/<variant>`."""
+    """The scale of a training run: its sinklab.scale tag, else from a sweep's run name
+    `<variant> (<experiment>/<scale>)` (earlier sweeps: `<experiment>/<scale>/<variant>`)."""
     if TAG_SCALE in tags:
         return tags[TAG_SCALE]
+    if named := re.fullmatch(r".+ \(.+/([^/()]+)\)", run_name or ""):
+        return named.group(1)
     parts = (run_name or "").split("/")
     return parts[-2] if len(parts) >= 3 else None
 

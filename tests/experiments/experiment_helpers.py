@@ -44,7 +44,7 @@ def log_training_run(client: MlflowClient, experiment: str, variant: str, scale:
     tags = {"sinklab.experiment": f"sinklab/{experiment}", "sinklab.variant": variant}
     if status:
         tags["sinklab.status"] = status
-    run = client.create_run(exp_id, run_name=f"{experiment}/{scale}/{variant}", tags=tags)
+    run = client.create_run(exp_id, run_name=f"{variant} ({experiment}/{scale})", tags=tags)
     now = int(time.time() * 1000)
     batch = [Metric(name, v, now, step)
              for name, value in metrics.items()

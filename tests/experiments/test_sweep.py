@@ -44,7 +44,7 @@ def test_plan_skips_finished_runs_and_reruns_the_rest(tmp_path, mlflow_env, uniq
     written = yaml.safe_load((runs_root / unique_name / "cpu" / "c.yaml").read_text())
     assert written["model"]["optim"]["weight_decay"] == 5.0
     assert written["run"] == {**written["run"], "experiment": f"sinklab/{unique_name}", "variant": "c",
-                              "name": f"{unique_name}/cpu/c"}
+                              "name": f"c ({unique_name}/cpu)"}
     assert not (runs_root / unique_name / "cpu" / "a.yaml").exists()
 
     again = sweep.plan(exp, "cpu", runs_root, mlflow_env)

@@ -1,0 +1,68 @@
+"""SinkLab's MLflow view without a server (issue 29): which metrics reach MLflow, the chart list,
+the runs-table columns, and the names runs and datasets carry."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from pipeline.experiments.runs import run_scale
+from pipeline.tracking import views
+
+
+def test_per_head_scalars_stay_out_of_mlflow_metrics():
+    assert not views.sent_to_mlflow("heads/alpha1_l3_h7") and not views.sent_to_mlflow("heads/entropy_l0_h0")
+    assert not views.sent_to_mlflow("heads/out_norm_l9_h1")
+    for name in ("sink/sink1", "heads/dormant_pct", "act/massive_ratio_l0", "val/loss"):
+        assert views.sent_to_mlflow(name)
+
+
+def test_the_chart_list_puts_the_headline_first_and_hides_flat_series():
+    cards = views.chart_cards()
+    assert [c.get("metricKey") or c["imageKeys"][0] for c in cards[:6]] == [
+        *views.HEADLINE, views.ALPHA1_IMAGE, views.TRAJECTORY_IMAGE]
+    assert not any(c["deleted"] for c in cards[:6])
+    hidden = {c["metricKey"] for c in cards if c["deleted"]}
+    assert hidden == {"sink/alpha1_uniform", "sink/emerged_step_sink1_1pct", "sink/emerged_step_sink1_10pct",
+                      "sink/emerged_step_alpha1_125pct"}
+    sections = views.sections()
+    assert [s["display"] for s in sections[:3]] == [True, True, False]  # everything below the headline collapsed
+    assert {c["metricSectionId"] for c in cards[:4]} == {sections[0]["uuid"]}
+    assert len({s["uuid"] for s in sections}) == len(sections)
+    json.dumps(views.view_state([]))  # the tag's value is plain JSON
+
+
+def test_the_table_shows_the_factors_that_differ_between_runs():
+    softmax = {"model.model.attention.op": "softmax", "model.optim.weight_decay": "0.1", "run.name": "a",
+               "data.path": "/x", "model.model.positional": "rope"}
+    sigmoid = {**softmax, "model.model.attention.op": "sigmoid", "run.name": "b", "data.path": "/y"}
+    assert views.varied_factors([softmax, sigmoid]) == ["model.model.attention.op"]  # run names, paths: no factor
+    assert views.varied_factors([softmax]) == list(views.DEFAULT_FACTORS)
+    columns = views.table_columns(["model.model.attention.op"])
+    assert columns[:2] == ["tags.`sinklab.variant`", "params.`model.model.attention.op`"]
+    assert columns[2:5] == ["metrics.`sink/sink1`", "metrics.`sink/alpha1_mean`", "metrics.`val/loss`"]
+
+
+def test_sweep_run_names_lead_with_the_variant_and_keep_their_scale():
+    from pipeline.experiments.configs import run_name
+
+    name = run_name(SimpleNamespace(name="weight-decay"), SimpleNamespace(name="wd-0.0"), "cpu")
+    assert name == "wd-0.0 (weight-decay/cpu)"
+    assert run_scale({}, name) == "cpu" and run_scale({}, "weight-decay/gpu/wd-0.0") == "gpu"  # earlier sweeps
+
+
+def test_the_dataset_is_named_from_its_manifest(tmp_path):
+    from data_prep.dataset import load_manifest
+    from train_datasets import make_dataset
+
+    manifest = load_manifest(make_dataset(tmp_path / "folder-name"))
+    assert views.dataset_name(manifest) == f"synthetic · C16 · {manifest.hash[:8]}"
+
+
+def test_the_variant_tag_names_the_attention_op_even_the_default():
+    from pipeline.train.cli import _variant_summary
+
+    softmax = {"model": {"model": {"preset": "micro"}, "optim": {"lr": 0.002, "weight_decay": 0.5}}}
+    assert _variant_summary(softmax) == "softmax, lr=0.002, wd=0.5"
+    kernel = {"model": {"model": {"attention": {"op": "kernel", "kernel": "elu1"}}, "optim": {"lr": 0.002,
+                                                                                              "weight_decay": 0.1}}}
+    assert _variant_summary(kernel) == "kernel(elu1), lr=0.002, wd=0.1"
