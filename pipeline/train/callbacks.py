@@ -13,8 +13,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint
 
 from pipeline import probe as sink_probe
-from pipeline.tracking.views import ALPHA1_IMAGE, TRAJECTORY_IMAGE
 from pipeline.flops import PEAK_ENV, device_peak_flops, flops_per_token, mfu
+from pipeline.tracking.views import ALPHA1_IMAGE, TRAJECTORY_IMAGE
 from . import emergence
 from .compiling import uncompiled
 from .integrity import nonfinite_state

@@ -1,8 +1,9 @@
 """When the sink emerges during training (issue 19), and each head's α_1 over the run.
 
 Every sink probe logs, beside ``report.to_metrics()``: the α_1 of each head
-(``heads/alpha1_l{l}_h{h}``, layers and heads 0-based; a section of their own in the UI, after
-the few ``sink/*`` curves a researcher compares first), the α_1 that uniform attention would give
+(``heads/alpha1_l{l}_h{h}``, layers and heads 0-based; in metrics.jsonl, where the trajectory
+figure reads them, not sent to MLflow: the UI gets them as images, pipeline.tracking.views), the
+α_1 that uniform attention would give
 under this model's mask and slots (``sink/alpha1_uniform``), and, at the probe where a threshold
 is first crossed, ``sink/emerged_step_{sink1_1pct,sink1_10pct,alpha1_125pct}`` = that step
 (also set as MLflow tags of the same names). The history comes from ``<run_dir>/metrics.jsonl``

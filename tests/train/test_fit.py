@@ -388,7 +388,7 @@ def test_nothing_is_written_where_the_command_runs(tiny_ds, tmp_path, monkeypatc
     monkeypatch.chdir(cwd)
     uri = f"sqlite:///{store}/mlflow.db"
     args = ["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "run"), "--trainer.max_steps", "4",
-            "--run.system_metrics", "false"]
+            "--run.system_metrics", "false", "--run.plot_every", "4"]  # heat maps: artifacts and MLflow images
     assert fit_in_process(args, monkeypatch, uri) == 0
     client = MlflowClient(uri)
     assert experiment_id(client, "another") != experiment_id(client, "sinklab-tests")  # an analysis's, say
@@ -399,3 +399,4 @@ def test_nothing_is_written_where_the_command_runs(tiny_ds, tmp_path, monkeypatc
     for artifacts in (client.get_run(run_id).info.artifact_uri, run.info.artifact_uri):
         assert artifacts.startswith((store / "artifacts").as_uri())
     assert (store / "artifacts").is_dir() and any((store / "artifacts").rglob("model.safetensors"))
+    assert any((store / "artifacts").rglob("images/heads~alpha1+step+4+*.png"))
