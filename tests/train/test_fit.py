@@ -16,6 +16,8 @@ from mlflow.tracking import MlflowClient
 from data_prep.dataset import PackedSplit, load_manifest
 from pipeline.flops import flops_per_token
 from pipeline.model import load_pretrained
+from pipeline.tracking.images import logged_image_keys
+from pipeline.tracking.views import sent_to_mlflow
 from pipeline.train import module as module_mod
 
 
@@ -47,8 +49,12 @@ def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path
     assert client.get_metric_history(run_id, "act/massive_ratio_l1")
     # active and dormant heads from the same probe pass
     assert [m.step for m in client.get_metric_history(run_id, "heads/dormant_pct")] == [0, 4, 8]
-    assert 0.0 <= client.get_metric_history(run_id, "heads/entropy_l1_h0")[0].value <= 1.0
-    assert client.get_metric_history(run_id, "heads/out_norm_l0_h1")[0].value > 0.0
+    # per-head values: in metrics.jsonl and the heat-map images, not one MLflow chart per head (issue 29)
+    first = next(row for row in read_metrics(run_dir) if "heads/entropy_l1_h0" in row)
+    assert 0.0 <= first["heads/entropy_l1_h0"] <= 1.0 and first["heads/out_norm_l0_h1"] > 0.0
+    assert not client.get_metric_history(run_id, "heads/entropy_l1_h0")
+    plotted = sorted(int(f.stem.split("-")[-1]) for f in (run_dir / "plots").glob("alpha1_step-*.png"))
+    assert logged_image_keys(client, run_id)["heads/alpha1"] == plotted and plotted[-1] == 8
     speed = {m.step: m.value for m in client.get_metric_history(run_id, "perf/tokens_per_s")}
     mfu = {m.step: m.value for m in client.get_metric_history(run_id, "perf/mfu")}
     config = load_pretrained(run_dir / "checkpoints" / "step-000008.ckpt").config
@@ -255,7 +261,7 @@ def test_a_server_lost_mid_run_gets_every_metric_from_the_next_start(tiny_ds, tm
     local: dict[str, dict[int, float]] = {}
     for row in read_metrics(run_dir):
         for key, value in row.items():
-            if key not in ("step", "time"):
+            if key not in ("step", "time") and sent_to_mlflow(key):  # per-head values stay local
                 local.setdefault(key, {})[row["step"]] = value
     assert {"train/loss", "sink/sink1", "val/loss"} <= set(local)
     for key, by_step in local.items():
