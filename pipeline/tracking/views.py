@@ -31,6 +31,7 @@ import re
 import time
 
 from pipeline import metrics as M
+from pipeline.tracking_contract import TAG_KIND, TAG_VARIANT
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
@@ -56,7 +57,6 @@ _PER_HEAD = re.compile(r"heads/(alpha1|entropy|out_norm)_l\d+_h\d+")
 FACTOR_PREFIXES = ("model.model.", "model.optim.", "data.interventions", "data.token_budget")
 DEFAULT_FACTORS = ("model.model.attention.op", "model.model.positional", "model.optim.weight_decay")
 MAX_FACTOR_COLUMNS = 6
-VARIANT_TAG = "sinklab.variant"
 
 
 def sent_to_mlflow(name: str) -> bool:
@@ -110,7 +110,7 @@ def sections() -> list[dict]:
 def table_columns(factors: list[str]) -> list[str]:
     """The runs table: variant, the factors, final Sink_1, mean α₁ and validation loss, the model (not
     the wide Dataset column: the dataset is one per experiment, in each run's page)."""
-    return ([f"tags.`{VARIANT_TAG}`"] + [f"params.`{p}`" for p in factors]
+    return ([f"tags.`{TAG_VARIANT}`"] + [f"params.`{p}`" for p in factors]
             + [f"metrics.`{m}`" for m in HEADLINE[:3]] + ["attributes.`Models`"])
 
 
@@ -135,7 +135,7 @@ def varied_factors(runs_params: list[dict[str, str]]) -> list[str]:
 
 
 def _training_runs_params(client, experiment_id: str) -> list[dict[str, str]]:
-    runs = client.search_runs([experiment_id], filter_string="tags.`sinklab.kind` IS NULL", max_results=1000)
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_KIND}` IS NULL", max_results=1000)
     return [dict(run.data.params) for run in runs]
 
 
