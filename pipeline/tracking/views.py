@@ -48,8 +48,10 @@ HEADLINE_SECTION = "Sink and loss"
 HEADS_SECTION = "α₁ per head"
 # below the headline, collapsed, in this order; the UI's own names for system and unprefixed metrics
 SECTIONS = ("sink", "val", "train", "heads", "act", "perf", "analysis", "System metrics", "Model metrics")
-# constant or one-point series: kept as metrics (reports read them), no chart
-HIDDEN = ("sink/alpha1_uniform", *(f"sink/emerged_step_{n}" for n in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)))
+# kept as metrics (reports read them), no chart: constant or one-point series, and Sink_k at k = 1,
+# which is Sink_1 again
+HIDDEN = ("sink/alpha1_uniform", *(f"sink/emerged_step_{n}" for n in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)),
+          "sink/sink_k1")
 # per-head scalars: in metrics.jsonl and the heat-map images, not MLflow metrics (dozens of charts)
 _PER_HEAD = re.compile(r"heads/(alpha1|entropy|out_norm)_l\d+_h\d+")
 

@@ -23,7 +23,7 @@ def test_the_chart_list_puts_the_headline_first_and_hides_flat_series():
     assert not any(c["deleted"] for c in cards[:6])
     hidden = {c["metricKey"] for c in cards if c["deleted"]}
     assert hidden == {"sink/alpha1_uniform", "sink/emerged_step_sink1_1pct", "sink/emerged_step_sink1_10pct",
-                      "sink/emerged_step_alpha1_125pct"}
+                      "sink/emerged_step_alpha1_125pct", "sink/sink_k1"}
     sections = views.sections()
     assert [s["display"] for s in sections[:3]] == [True, True, False]  # everything below the headline collapsed
     assert {c["metricSectionId"] for c in cards[:4]} == {sections[0]["uuid"]}
