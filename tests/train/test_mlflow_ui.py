@@ -167,4 +167,16 @@ def test_the_home_link_opens_on_training_runs(two_runs, mlflow_server, browser, 
     switch = workflow_switch(browser)
     assert darkness(switch["Model training"]) > darkness(switch["GenAI"]), switch
     # MLflow 3.17 keeps the mode of a link followed from here only where the link carries it: the
-    # experiment list's links do not, and fall back to the browser's remembered switch (docs/training.md)
+    # experiment list's links do not, and follow the browser's remembered switch, which one click on
+    # "Model training" (on a page opened without the parameter) sets for good (docs/training.md)
+    browser.get(views.home_url(mlflow_server).split("?")[0])
+    wait_for(browser, lambda: EXPERIMENT in body_text(browser), "the experiment list")
+    next(b for b in browser.find_elements("css selector", "div[role=button]") if b.text.strip() == "Model training").click()
+    browser.get(views.home_url(mlflow_server).split("?")[0])
+    recent = wait_for(browser, lambda: browser.find_elements(
+        "xpath", f"//*[normalize-space()='Recent Experiments']/following::a[normalize-space()='{EXPERIMENT}']"),
+        "the recent experiments")
+    recent[0].click()
+    wait_for(browser, lambda: "/runs?" in browser.current_url and "matching runs" in body_text(browser),
+             f"the runs page (at {browser.current_url})")
+    assert "workflowType=machine_learning" in browser.current_url and "Detect Issues" not in body_text(browser)
