@@ -65,7 +65,7 @@ test: venv
 ui: venv
 	mkdir -p mlruns
 	@echo "training runs, chart view (sink/* and val/* first):"
-	@$(PY) -m pipeline.train.mlflow_record "$(MLFLOW_TRACKING_URI)" 2>/dev/null || true
+	@$(PY) -m pipeline.tracking.record "$(MLFLOW_TRACKING_URI)" 2>/dev/null || true
 	$(VENV)/bin/mlflow ui --backend-store-uri "$(MLFLOW_TRACKING_URI)" --host 127.0.0.1 --port 5000
 
 bench-data: venv

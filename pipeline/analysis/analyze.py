@@ -22,7 +22,6 @@ from pipeline.analysis.hf_capture import hf_sink_report
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
 from pipeline.outliers import summary_table
 from pipeline.probe import SinkReport, run_probe
-from pipeline.tracking_contract import experiment_id
 
 INPUT_KINDS = ("natural", "random", "repeat")
 
@@ -63,7 +62,7 @@ class Subject:
         self.spec, self.command = spec, command
         self.run_id = None  # set for runs:/<run_id> and models:/<model_id>: results go back to that run
         if str(spec).startswith(("runs:/", "models:/")):  # an MLflow run's logged model, downloaded
-            from pipeline.analysis.run_models import RunModelError, resolve_model
+            from pipeline.tracking import RunModelError, resolve_model
 
             try:
                 resolved = resolve_model(spec)
@@ -262,24 +261,17 @@ def write_json(record: dict, path: Path) -> None:
 
 
 def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
-    import mlflow
+    from pipeline.tracking import log_new_run
 
-    from mlflow.tracking import MlflowClient
-
-    mlflow.set_tracking_uri(uri)
-    exp_id = experiment_id(MlflowClient(uri), experiment)
-    with mlflow.start_run(experiment_id=exp_id, run_name=f"analyze-{record['model']}") as run:
-        mlflow.set_tags({"sinklab.kind": "analysis", "sinklab.model": record["model"]})
-        mlflow.log_params({k: record["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")})
-        metrics = {f"table1/{k}": v for k, v in record["table1"].items()}
-        for kind, rep in record["reports"].items():
-            metrics.update({f"{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
-            summary = (rep.get("outliers") or {}).get("summary", {})
-            metrics.update({f"{kind}/act/{k}": v for k, v in summary.items() if not k.endswith("_at")})
-        metrics.update({f"domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v for d, v in record.get("domains", {}).items()})
-        mlflow.log_metrics(metrics)
-        mlflow.log_artifacts(str(out))
-        return run.info.run_id
+    metrics = {f"table1/{k}": v for k, v in record["table1"].items()}
+    for kind, rep in record["reports"].items():
+        metrics.update({f"{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
+        summary = (rep.get("outliers") or {}).get("summary", {})
+        metrics.update({f"{kind}/act/{k}": v for k, v in summary.items() if not k.endswith("_at")})
+    metrics.update({f"domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v for d, v in record.get("domains", {}).items()})
+    return log_new_run(uri, experiment, f"analyze-{record['model']}",
+                       {"sinklab.kind": "analysis", "sinklab.model": record["model"]},
+                       {k: record["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")}, metrics, out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,7 +321,7 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     write_json(record, out / "report.json")
     uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if getattr(subject, "run_id", None) is not None:  # runs:/<id>: on the training run itself, under analysis/
-        from pipeline.analysis.run_models import log_analysis
+        from pipeline.tracking import log_analysis
 
         record["mlflow_run_id"] = log_analysis(subject.tracking_uri, subject.run_id, record, out)
         write_json(record, out / "report.json")

@@ -205,7 +205,7 @@ def run(subject, args) -> dict:
         {k: v for k, v in record.items() if k != "table"}, indent=2))
     write_json()
     if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/
-        from pipeline.analysis.run_models import log_results
+        from pipeline.tracking import log_results
 
         values = {f"quant/{key}_{n.replace('-', '_')}": r[key] for n, r in results.items()
                   for key in ("perplexity", "gap_pct", "recovered_pct") if r[key] is not None}

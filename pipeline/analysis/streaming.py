@@ -305,13 +305,11 @@ def held_out_stream(dataset: Path, max_tokens: int, command: str = "stream-ppl")
 def log_to_run(subject, results: dict[str, float], settings: dict) -> None:
     """`stream-ppl runs:/<id>`: the perplexities go back to the training run as
     ``stream/ppl_<x>_<y>`` (``stream/ppl_full``), the columns `sinklab report` reads."""
-    from mlflow.entities import Metric, RunTag
-    from mlflow.tracking import MlflowClient
+    from pipeline.tracking import log_results
 
-    now = int(time.time() * 1000)
-    metrics = [Metric("stream/ppl_" + key.replace("+", "_"), value, now, 0) for key, value in results.items()]
-    MlflowClient(subject.tracking_uri).log_batch(
-        subject.run_id, metrics=metrics, tags=[RunTag("sinklab.stream.settings", json.dumps(settings, sort_keys=True))])
+    log_results(subject.tracking_uri, subject.run_id, {"stream/ppl_" + key.replace("+", "_"): value
+                                                       for key, value in results.items()},
+                {"sinklab.stream.settings": settings}, None, "stream")
 
 
 def markdown_table(model: str, n_tokens: int, results: dict[str, float]) -> str:

@@ -33,24 +33,20 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from data_prep.dataset import DatasetError
 from data_prep.errors import os_error_line
+from pipeline.checkpoint import (NonFiniteLossError, RunDir, RunDirError, StepCheckpoint, acquire_lock, check_resume,
+                                 release_lock, resume_path)
 from pipeline.model.config import SHAPE_FIELDS, ConfigError, ModelConfig
-from pipeline.tracking_contract import (PARENT_ENV, TAG_EXPERIMENT, TAG_PARENT, TAG_STATUS, TAG_VARIANT,
-                                        tracking_uri)
+from pipeline.tracking import (PARENT_ENV, TAG_EXPERIMENT, TAG_PARENT, TAG_STATUS, TAG_VARIANT, CheckpointUploader,
+                               RunLogger, code_version, flatten, log_run_model, open_run, pulled_argv, tracking_uri)
 
 from . import sharding  # noqa: F401  (registers the strategy names fsdp2, deepspeed, deepspeed_stage_N)
 from .batching import BatchConfigError
-from .callbacks import Preemption, SinkMetrics, StepCheckpoint, Throughput
+from .callbacks import Preemption, SinkMetrics, Throughput
 from .data import SinkDataModule
 from .fit_config import CHECK_ONLY, check_fit, parse_error_line, resolve_preset
-from .integrity import checkpoint_problem
-from .mlflow_record import log_run_model
-from .module import NonFiniteLossError, SinkLabModule, read_init
+from .module import SinkLabModule, read_init
 from .progress import StepProgressBar
-from .rundir import RunDir, RunDirError, acquire_lock, release_lock
-from .remote_checkpoints import CheckpointUploader, pulled_argv
-from .resume import check_resume
 from .summary import print_summary
-from .tracking import RunLogger, code_version, flatten, open_run
 
 
 @dataclass
@@ -113,7 +109,7 @@ class SinkLabCLI(LightningCLI):
         opts.validate()
         self.opts = opts
         self.run = RunDir(Path(cfg.get("run_dir") or cfg.get("run-dir") or f"runs/{opts.name}"))
-        self.resume_from = self._resume_path(cfg.get("resume", "never"))
+        self.resume_from = resume_path(self.run, cfg.get("resume", "never"))
         self.rank0 = rank_zero_only.rank == 0
         self.run_id = None
         if not self.rank0:
@@ -159,22 +155,6 @@ class SinkLabCLI(LightningCLI):
         if opts.log_checkpoints and self.run_id:
             self.ckpt_cb.uploader = CheckpointUploader(tracking_uri(), self.run_id)
 
-    def _resume_path(self, resume: str) -> str | None:
-        if resume == "auto":
-            newest = self.run.newest_checkpoint(usable=_intact)
-            return str(newest) if newest else None
-        if resume in ("never", "", None):
-            if self.run.step_checkpoints():
-                raise RunDirError(f"{self.run.root}: already has checkpoints; continue it with --resume auto, "
-                                  "or choose another --run-dir")
-            return None
-        if not Path(resume).exists():
-            raise RunDirError(f"--resume {resume}: no such checkpoint")
-        if problem := checkpoint_problem(Path(resume)):
-            raise RunDirError(f"--resume {resume}: damaged checkpoint: {problem}; give an older one, or "
-                              "--resume auto to take the newest intact one of the run directory")
-        return resume
-
     # ---- the trainer: logger, callbacks, SLURM, derived batch settings -------------------------
     def instantiate_trainer(self, **kwargs: Any):
         opts, data = self.opts, self.datamodule
@@ -212,14 +192,6 @@ class SinkLabCLI(LightningCLI):
         if rank_zero_only.rank == 0:
             print(f"sinklab: run dir {self.run.root}; batch: {plan.describe()}", flush=True)
         return trainer
-
-
-def _intact(path: Path) -> bool:
-    """For --resume auto: a damaged checkpoint is passed over, with a warning that names it."""
-    problem = checkpoint_problem(path)
-    if problem and rank_zero_only.rank == 0:
-        print(f"sinklab fit: warning: passing over {path}: {problem}", file=sys.stderr, flush=True)
-    return problem is None
 
 
 def _as_plain(cfg) -> dict:

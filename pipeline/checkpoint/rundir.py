@@ -78,7 +78,7 @@ class RunDir:
 
     def newest_checkpoint(self, usable: Callable[[Path], bool] = lambda path: True) -> Path | None:
         """The checkpoint `--resume auto` continues from: the newest complete step checkpoint
-        that ``usable`` accepts (pipeline.train.integrity checks it can be loaded)."""
+        that ``usable`` accepts (pipeline.checkpoint.integrity checks it can be loaded)."""
         return next((p for _, p in reversed(self.step_checkpoints()) if usable(p)), None)
 
     def prune(self, keep_last: int) -> list[Path]:

@@ -27,10 +27,10 @@ from typing import Any, Mapping
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from pipeline.tracking_contract import experiment_id, tracking_uri
+from pipeline.checkpoint import RunDir
 
+from .contract import experiment_id, tracking_uri
 from .metrics_file import MetricsFile
-from .rundir import RunDir
 
 DEFAULT_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
                    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
@@ -72,7 +72,7 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
     id, or None when the tracking store cannot be reached (training then goes on offline, and a
     later start creates the run and sends what metrics.jsonl holds). manifest: the dataset's,
     logged as the run's dataset input when the run is created."""
-    from .mlflow_record import dataset_input, mark_training_experiment
+    from .record import dataset_input, mark_training_experiment
     from mlflow.entities import Param, RunTag
     from mlflow.tracking import MlflowClient
 
@@ -150,7 +150,7 @@ class RunLogger(MLFlowLogger):
         :meth:`finalize`."""
         if self._run_id is None or self.system_metrics is not None:
             return
-        from .mlflow_record import SystemMetrics
+        from .record import SystemMetrics
 
         try:
             self.system_metrics = SystemMetrics(self._tracking_uri, self._run_id)
