@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from data_prep.atomic import atomic_path  # noqa: E402
+from sinklab_io.atomic import atomic_path  # noqa: E402
 
 
 def _save(fig, path: str | Path) -> Path:

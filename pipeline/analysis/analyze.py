@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 from pipeline import plots
 from pipeline.analysis import inputs
 from pipeline.analysis.hf_capture import hf_sink_report

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 from pipeline.analysis.streaming import (CacheSpec, Streamer, bos_id, check_positions, group_by_capacity, parse_caches,
                                          streamer_for)
 from pipeline.plots import passkey_heatmap

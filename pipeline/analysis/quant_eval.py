@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
 

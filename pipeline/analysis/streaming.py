@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 from pipeline.model.cache import eviction_index, gather_entries
 
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")

@@ -17,7 +17,7 @@ import re
 import time
 from pathlib import Path
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 from pipeline import metrics, plots
 from pipeline.analysis.analyze import INPUT_KINDS, Subject, model_name, probe_sets, write_json
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from data_prep.atomic import atomic_path
+from sinklab_io.atomic import atomic_path
 from data_prep.errors import os_error_line
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 
 CKPT_RE = re.compile(r"^step-(\d{6,})\.ckpt$")
 

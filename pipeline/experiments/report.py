@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.atomic import atomic_path, atomic_write
+from sinklab_io.atomic import atomic_path, atomic_write
 from pipeline import metrics as M
 from pipeline import tracking
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment

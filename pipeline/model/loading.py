@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from data_prep.atomic import atomic_directory
+from sinklab_io.atomic import atomic_directory
 
 from .config import ModelConfig
 from .transformer import Transformer
