@@ -231,7 +231,7 @@ def write_outputs(out: Path, name: str, subject, table: dict, results: list[dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.analysis.analyze import Subject, model_name
+    from pipeline.analysis.subject import Subject, model_name
 
     args = build_parser().parse_args(argv)
     specs = parse_caches(args.cache, "passkey", DEFAULT_CACHES)

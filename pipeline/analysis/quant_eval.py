@@ -141,7 +141,8 @@ def markdown(record: dict) -> str:
 def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
     """The token stream, the BOS id to start each window with (or None) and a label of the text."""
     from pipeline.analysis.inputs import encode, read_text
-    from pipeline.analysis.streaming import bos_id, default_text, held_out_stream
+    from pipeline.analysis.inputs import default_text, held_out_stream
+    from pipeline.analysis.streaming import bos_id
 
     bos = bos_id(subject, args.bos)
     if args.dataset is not None:
@@ -154,7 +155,7 @@ def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.analysis.analyze import Subject
+    from pipeline.analysis.subject import Subject
 
     args = build_parser().parse_args(argv)
     parse_settings(args.settings)
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(subject, args) -> dict:
     """Everything after loading the model: windows, the settings, outputs, MLflow. Returns the record."""
-    from pipeline.analysis.analyze import model_name
+    from pipeline.analysis.subject import model_name
 
     subject.check_seq_len(args.seq_len)
     sink_tokens = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0

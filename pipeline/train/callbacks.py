@@ -8,7 +8,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
