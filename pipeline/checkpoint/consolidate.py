@@ -3,10 +3,10 @@ DeepSpeed) -> one fp32 Lightning checkpoint file.
 
     sinklab consolidate runs/paper-60m/checkpoints/step-020000.ckpt out/step-020000-fp32.ckpt
 
-Lightning's ``convert_zero_checkpoint_to_fp32_state_dict`` does the merge (:func:`merge_zero_checkpoint`,
-which the final model of `sinklab fit` uses too) (DeepSpeed's
+Lightning's ``convert_zero_checkpoint_to_fp32_state_dict`` does the merge (DeepSpeed's
 ``zero_to_fp32`` over every rank's fp32 master partitions, plus Lightning's training state:
-global step, loops with the data position, scheduler, callbacks, hyper-parameters). What it
+global step, loops with the data position, scheduler, callbacks, hyper-parameters), through
+:func:`merge_zero_checkpoint`, which the final model of a DeepSpeed run uses too. What it
 lacks, added here: the file is written under a temporary name and renamed (never half-written),
 it is checked to come from `sinklab fit` (``model_config``), and it gets an optimizer state, so
 that it also resumes with ``sinklab fit --resume <file>`` on any strategy and world size. ZeRO
