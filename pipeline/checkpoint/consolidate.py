@@ -26,15 +26,14 @@ from pathlib import Path
 
 import torch
 
-from sinklab_io.atomic import atomic_path
 from data_prep.errors import os_error_line
+from sinklab_io.atomic import atomic_path
 
 
 def fresh_optimizer_state(hparams: dict, last_lr: list[float] | None) -> dict:
     """An AdamW state with SinkLab's parameter groups, empty moments, and the schedule's current
     lr (so a resumed run continues the cosine where it was, not at the peak)."""
     from pipeline.model import ModelConfig, Transformer
-
     from pipeline.train.optim import OptimConfig, build_optimizer
 
     model = Transformer(ModelConfig.from_dict(hparams["model_config"]))
