@@ -20,7 +20,7 @@ from pipeline import plots
 from pipeline.analysis import inputs
 from pipeline.analysis.hf_capture import hf_sink_report
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
-from pipeline.outliers import summary_table
+from pipeline.analysis.tables import format_table
 from pipeline.probe import SinkReport, run_probe
 from pipeline.tracking_contract import experiment_id
 
@@ -61,6 +61,7 @@ class Subject:
     def __init__(self, spec: str, kind: str, tokenizer: Path | None = None, command: str = "analyze",
                  device: str = "cpu") -> None:
         self.spec, self.command = spec, command
+        self.trigger_ids: list[int] | None = None  # a Bigram-Backcopy dataset's (--dataset): the active/dormant split
         self.run_id = None  # set for runs:/<run_id> and models:/<model_id>: results go back to that run
         if str(spec).startswith(("runs:/", "models:/")):  # an MLflow run's logged model, downloaded
             from pipeline.analysis.run_models import RunModelError, resolve_model
@@ -127,7 +128,7 @@ class Subject:
         positions = max(args.positions, getattr(args, "_min_positions", 0))
         if self.kind == "sinklab":
             return run_probe(self.model, tokens, eps=args.eps, positions=positions,
-                             batch_size=args.batch_size, output_qkv=True)
+                             batch_size=args.batch_size, output_qkv=True, trigger_ids=self.trigger_ids)
         return hf_sink_report(self.model, tokens, eps=args.eps, positions=positions, batch_size=args.batch_size)
 
 
@@ -179,6 +180,16 @@ def natural_tokens(subject: Subject, args) -> torch.Tensor:
     except ValueError as error:
         names = ", ".join(map(str, files[:3])) + (" ..." if len(files) > 3 else "")
         raise SystemExit(f"sinklab {subject.command}: --text {names}: {error}; give more text or lower -n / -T") from None
+
+
+def dataset_trigger_ids(path: Path) -> list[int] | None:
+    """The trigger ids in ``--dataset``'s manifest (a Bigram-Backcopy dataset's), else None."""
+    from data_prep.dataset import DatasetError, load_manifest
+
+    try:
+        return load_manifest(path).trigger_ids
+    except DatasetError as error:
+        raise SystemExit(f"sinklab analyze: --dataset {path}: {error}") from None
 
 
 def probe_sets(subject: Subject, args) -> dict[str, torch.Tensor]:
@@ -276,6 +287,7 @@ def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
             metrics.update({f"{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
             summary = (rep.get("outliers") or {}).get("summary", {})
             metrics.update({f"{kind}/act/{k}": v for k, v in summary.items() if not k.endswith("_at")})
+            metrics.update({f"{kind}/{k}": v for k, v in record["extreme_tokens"][kind].items()})
         metrics.update({f"domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v for d, v in record.get("domains", {}).items()})
         mlflow.log_metrics(metrics)
         mlflow.log_artifacts(str(out))
@@ -290,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
     subject = Subject(args.model, args.kind, tokenizer, device=args.device)
     subject.check_seq_len(args.seq_len)
+    if args.dataset is not None:
+        subject.trigger_ids = dataset_trigger_ids(args.dataset)
     record = run(subject, args, load_seconds=time.perf_counter() - started)
     print(format_table(record))
     print(f"wrote {record['out']}/report.json" + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else ""))
@@ -310,6 +324,8 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
                      "positions": args.positions, "bos": args.bos},
         "table1": {kind: rep.sink1 for kind, rep in reports.items()},
         "reports": {kind: rep.to_json() for kind, rep in reports.items()},
+        # per layer: residual-state peak, value-state drain, BOS share by query kind (Guo et al. 2024)
+        "extreme_tokens": {kind: rep.extreme_token_metrics() for kind, rep in reports.items()},
     }
     if args.pile is not None:
         if subject.tokenizer is None:
@@ -337,22 +353,3 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
         record["mlflow_run_id"] = log_mlflow(uri, args.experiment, record, out)
         write_json(record, out / "report.json")
     return record
-
-
-def format_table(record: dict) -> str:
-    s = record["settings"]
-    proxy = any(rep.get("is_proxy") for rep in record.get("reports", {}).values())
-    scores = " on proxy scores (attention without softmax)" if proxy else ""
-    lines = [f"{record['model']}: Sink_1^ε (%){scores}, ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, "
-             + ("BOS first" if s.get("bos") else "no BOS"), "",
-             "| " + " | ".join(record["table1"]) + " |", "|" + "---|" * len(record["table1"]),
-             "| " + " | ".join(f"{v:.2f}" for v in record["table1"].values()) + " |"]
-    outliers = {kind: rep["outliers"]["summary"] for kind, rep in record.get("reports", {}).items() if rep.get("outliers")}
-    if outliers:
-        lines += ["", "Activation outliers (largest over layers; docs/analysis.md)", ""] + summary_table(outliers)
-    if record.get("domains"):
-        lines += ["", "| domain | Sink_1 (%) |", "|---|---|"] + [f"| {d} | {v:.2f} |" for d, v in record["domains"].items()]
-    if record.get("learned_positions"):
-        lines += ["", "| edit | t | Sink_1 (%) | Sink_t (%) |", "|---|---|---|---|"]
-        lines += [f"| {r['mode']} | {r['t']} | {r['sink1']:.2f} | {r['sink_t']:.2f} |" for r in record["learned_positions"]]
-    return "\n".join(lines)
