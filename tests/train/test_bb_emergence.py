@@ -1,10 +1,9 @@
 """The project's tests that a softmax attention sink emerges (issue 30): `sinklab fit` (in
-process) of the seconds-long Bigram-Backcopy recipe, configs/recipes/bb-tiny.yaml, on a BB
-dataset prepared here, with the recipe's lr held near-constant (min_lr 9e-3) for 400 steps.
+process) of the seconds-long Bigram-Backcopy recipe, configs/recipes/bb-tiny.yaml (lr 1e-2 held
+near-constant for 400 steps), on a BB dataset prepared here.
 
 Thresholds and the margins measured for them (this machine, `sinklab fit --config
-configs/recipes/bb-tiny.yaml --trainer.max_steps 400 --model.optim.min_lr 9e-3
---seed_everything S`, seeds 1-6, on `sinklab prep bb --context-length 32 --sequences 4000
+configs/recipes/bb-tiny.yaml --seed_everything S`, seeds 1-6, on `sinklab prep bb --context-length 32 --sequences 4000
 --val-sequences 64 --probe-sequences 50 --probe-length 32`), at step 400:
 
 - softmax: Sink_1 98-100 % (threshold >= 50), BOS share of non-trigger queries 0.65-0.84
@@ -47,7 +46,7 @@ def _fit(bb_data, run_dir, monkeypatch, uri, *extra: str) -> list[dict]:
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     args = ["--config", BB_TINY, "--data.path", str(bb_data), "--run-dir", str(run_dir), "--seed_everything", SEED,
-            "--trainer.max_steps", str(STEPS), "--model.optim.min_lr", "9e-3", "--run.val_every", "0",
+            "--trainer.max_steps", str(STEPS), "--run.val_every", "0",
             "--run.sink_every", "100", "--run.checkpoint_every", str(STEPS), *extra]
     assert main(args) == 0
     return [row for row in read_metrics(run_dir) if "sink/sink1" in row]
