@@ -112,7 +112,7 @@ def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path, title: st
         return None
     column = {key: [row[1 + i] for row in rows] for i, key in enumerate(keys)}
     drawn = []
-    for title_, names in panels:
+    for panel, names in panels:
         lines = {"Sink₁ / 100": [v / 100 for v in column["sink/sink1"]]} if not drawn else {}
         for name, label in names.items():
             for layer in range(n_layers):
@@ -120,5 +120,5 @@ def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path, title: st
                 if any(v == v for v in values):  # NaN where the probe did not measure it
                     lines[f"{label}, layer {layer}"] = values
         if lines:
-            drawn.append((title_, lines))
+            drawn.append((panel, lines))
     return extreme_token_dynamics([row[0] for row in rows], drawn, path, title)
