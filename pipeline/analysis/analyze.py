@@ -19,7 +19,7 @@ from sinklab_io.atomic import atomic_write
 from pipeline import plots
 from pipeline.analysis import inputs
 from pipeline.analysis.subject import Subject, model_name
-from pipeline.outliers import summary_table
+from pipeline.analysis.tables import format_table
 from pipeline.probe import SinkReport
 
 INPUT_KINDS = ("natural", "random", "repeat")
@@ -154,6 +154,16 @@ def write_json(record: dict, path: Path) -> None:
     atomic_write(path, json.dumps(record, indent=2))
 
 
+def dataset_trigger_ids(path: Path) -> list[int] | None:
+    """The trigger ids in ``--dataset``'s manifest (a Bigram-Backcopy dataset's), else None."""
+    from data_prep.dataset import DatasetError, load_manifest
+
+    try:
+        return load_manifest(path).trigger_ids
+    except DatasetError as error:
+        raise SystemExit(f"sinklab analyze: --dataset {path}: {error}") from None
+
+
 def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
     from pipeline.tracking import log_new_run
 
@@ -162,6 +172,7 @@ def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
         metrics.update({f"{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
         summary = (rep.get("outliers") or {}).get("summary", {})
         metrics.update({f"{kind}/act/{k}": v for k, v in summary.items() if not k.endswith("_at")})
+        metrics.update({f"{kind}/{k}": v for k, v in record["extreme_tokens"][kind].items()})
     metrics.update({f"domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v for d, v in record.get("domains", {}).items()})
     return log_new_run(uri, experiment, f"analyze-{record['model']}",
                        {"sinklab.kind": "analysis", "sinklab.model": record["model"]},
@@ -176,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
     subject = Subject(args.model, args.kind, tokenizer, device=args.device)
     subject.check_seq_len(args.seq_len)
+    if args.dataset is not None:
+        subject.trigger_ids = dataset_trigger_ids(args.dataset)
     record = run(subject, args, load_seconds=time.perf_counter() - started)
     print(format_table(record))
     print(f"wrote {record['out']}/report.json" + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else ""))
@@ -196,6 +209,8 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
                      "positions": args.positions, "bos": args.bos},
         "table1": {kind: rep.sink1 for kind, rep in reports.items()},
         "reports": {kind: rep.to_json() for kind, rep in reports.items()},
+        # per layer: residual-state peak, value-state drain, BOS share by query kind (Guo et al. 2024)
+        "extreme_tokens": {kind: rep.extreme_token_metrics() for kind, rep in reports.items()},
     }
     if args.pile is not None:
         if subject.tokenizer is None:
@@ -224,21 +239,3 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
         write_json(record, out / "report.json")
     return record
 
-
-def format_table(record: dict) -> str:
-    s = record["settings"]
-    proxy = any(rep.get("is_proxy") for rep in record.get("reports", {}).values())
-    scores = " on proxy scores (attention without softmax)" if proxy else ""
-    lines = [f"{record['model']}: Sink_1^ε (%){scores}, ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, "
-             + ("BOS first" if s.get("bos") else "no BOS"), "",
-             "| " + " | ".join(record["table1"]) + " |", "|" + "---|" * len(record["table1"]),
-             "| " + " | ".join(f"{v:.2f}" for v in record["table1"].values()) + " |"]
-    outliers = {kind: rep["outliers"]["summary"] for kind, rep in record.get("reports", {}).items() if rep.get("outliers")}
-    if outliers:
-        lines += ["", "Activation outliers (largest over layers; docs/analysis.md)", ""] + summary_table(outliers)
-    if record.get("domains"):
-        lines += ["", "| domain | Sink_1 (%) |", "|---|---|"] + [f"| {d} | {v:.2f} |" for d, v in record["domains"].items()]
-    if record.get("learned_positions"):
-        lines += ["", "| edit | t | Sink_1 (%) | Sink_t (%) |", "|---|---|---|---|"]
-        lines += [f"| {r['mode']} | {r['t']} | {r['sink1']:.2f} | {r['sink_t']:.2f} |" for r in record["learned_positions"]]
-    return "\n".join(lines)

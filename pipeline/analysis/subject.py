@@ -21,6 +21,7 @@ class Subject:
     def __init__(self, spec: str, kind: str, tokenizer: Path | None = None, command: str = "analyze",
                  device: str = "cpu") -> None:
         self.spec, self.command = spec, command
+        self.trigger_ids: list[int] | None = None  # a Bigram-Backcopy dataset's (--dataset): the active/dormant split
         self.run_id = None  # set for runs:/<run_id> and models:/<model_id>: results go back to that run
         if str(spec).startswith(("runs:/", "models:/")):  # an MLflow run's logged model, downloaded
             from pipeline.tracking import RunModelError, resolve_model
@@ -87,7 +88,7 @@ class Subject:
         positions = max(args.positions, getattr(args, "_min_positions", 0))
         if self.kind == "sinklab":
             return run_probe(self.model, tokens, eps=args.eps, positions=positions,
-                             batch_size=args.batch_size, output_qkv=True)
+                             batch_size=args.batch_size, output_qkv=True, trigger_ids=self.trigger_ids)
         return hf_sink_report(self.model, tokens, eps=args.eps, positions=positions, batch_size=args.batch_size)
 
 

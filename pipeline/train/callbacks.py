@@ -86,12 +86,16 @@ class SinkMetrics(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         self._maybe_probe(trainer, pl_module, force=True)
         if trainer.is_global_zero and self._last is not None:  # α₁ of each head over the run
-            path = emergence.draw_trajectory(self.metrics_path, *self._last.alpha1.shape,
-                                             self.plot_dir / "alpha1_trajectory.png", self._uniform,
-                                             "α₁ per layer and head over training")
+            n_layers = self._last.alpha1.shape[0]
+            figures = (emergence.draw_trajectory(self.metrics_path, *self._last.alpha1.shape,
+                                                 self.plot_dir / "alpha1_trajectory.png", self._uniform,
+                                                 "α₁ per layer and head over training"),
+                       emergence.draw_extreme_tokens(self.metrics_path, n_layers, self.plot_dir / "extreme_tokens.png",
+                                                     "attention sink, value-state drain, residual-state peak"))
             for logger in trainer.loggers:
-                if path is not None and hasattr(logger, "log_artifact"):
-                    logger.log_artifact(path, artifact_path="plots")
+                for path in figures:
+                    if path is not None and hasattr(logger, "log_artifact"):
+                        logger.log_artifact(path, artifact_path="plots")
 
     def _maybe_probe(self, trainer, pl_module, force: bool = False) -> None:
         step = trainer.global_step
