@@ -17,6 +17,7 @@ requeued job continues it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -34,6 +35,19 @@ from .metrics_file import MetricsFile
 
 DEFAULT_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
                    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
+class _NoTraceback(logging.Filter):
+    """MLflow's SQL store logs a failed commit (a full disk, a file-size limit) with its traceback
+    at ERROR, then raises; the logger below reports the raise in one line, so the record keeps its
+    message and drops the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("mlflow.store.db.utils").addFilter(_NoTraceback())
 
 
 def _notice(message: str) -> None:

@@ -78,8 +78,8 @@ class RunOptions:
     def validate(self) -> None:
         for name in ("checkpoint_every", "keep_last", "sink_every", "plot_every", "val_every"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"run.{name}={getattr(self, name)}: must be >= 0 (0 turns it off"
-                                  + (", keep_last 0 keeps every checkpoint)" if name == "keep_last" else ")"))
+                raise ConfigError(f"run.{name}={getattr(self, name)}: must be >= 0 ("
+                                  + ("0 keeps every checkpoint)" if name == "keep_last" else "0 turns it off)"))
         if self.throughput_window < 1:
             raise ConfigError(f"run.throughput_window={self.throughput_window}: must be >= 1")
 

@@ -155,3 +155,25 @@ def test_a_file_size_limit_while_checkpointing_is_one_line_and_keeps_the_older_c
     assert "File too large" in lines[0] and "ulimit -f" in lines[0] and "checkpoints already written are kept" in lines[0]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000004.ckpt"]
     assert "Traceback" not in limited.stderr
+
+
+def test_a_failed_sql_store_write_is_logged_without_its_traceback():
+    """Issue 26 re-run: `ulimit -f` under a sqlite:/// store printed SQLAlchemy's traceback (MLflow's
+    own ERROR record) before sinklab's one line. The record keeps its message, not the traceback."""
+    import io
+    import logging
+
+    import pipeline.tracking.logger  # noqa: F401 - installs the filter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    store_log = logging.getLogger("mlflow.store.db.utils")
+    store_log.addHandler(handler)
+    try:
+        try:
+            raise OSError("disk I/O error")
+        except OSError:
+            store_log.error("SQLAlchemy database error. The following exception is caught.", exc_info=True)
+    finally:
+        store_log.removeHandler(handler)
+    assert "SQLAlchemy database error" in stream.getvalue() and "Traceback" not in stream.getvalue()
