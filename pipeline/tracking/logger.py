@@ -29,6 +29,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from pipeline.checkpoint import RunDir
+from pipeline.model.config import ConfigError
 
 from .contract import experiment_id, tracking_uri
 from .metrics_file import MetricsFile
@@ -138,7 +139,12 @@ class RunLogger(MLFlowLogger):
     def __init__(self, run_dir: str, experiment_name: str, run_id: str | None,
                  retry_every_s: float = 60.0, **kwargs: Any):
         uri = tracking_uri()
-        super().__init__(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, **kwargs)
+        try:
+            super().__init__(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a sqlite:/// store is opened here (a bad path, a full disk)
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            raise ConfigError(f"MLFLOW_TRACKING_URI={uri}: the store cannot be opened ({type(exc).__name__}: {first}); "
+                              "check its path, free space or `ulimit -f`, or point MLFLOW_TRACKING_URI at another store") from None
         self.record = MetricsFile(Path(run_dir))
         self.retry_every_s = retry_every_s
         self._pending: list[tuple[list, int]] = []  # (MLflow metrics, metrics.jsonl offset after them)

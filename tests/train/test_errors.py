@@ -177,3 +177,18 @@ def test_a_failed_sql_store_write_is_logged_without_its_traceback():
     finally:
         store_log.removeHandler(handler)
     assert "SQLAlchemy database error" in stream.getvalue() and "Traceback" not in stream.getvalue()
+
+
+def test_a_sql_store_that_cannot_be_opened_is_one_line_before_anything_is_written(tiny_ds, tmp_path):
+    """Issue 26 re-run: a sqlite:/// store that cannot be opened (measured: one larger than `ulimit -f`;
+    here: a path under a file) failed inside MlflowClient's construction with SQLAlchemy's
+    traceback, exit 1. Now one line naming the store, and no run directory."""
+    (tmp_path / "a-file").write_text("not a folder")
+    uri = f"sqlite:///{tmp_path}/a-file/mlflow.db"
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "fit", "--config", TINY, "--data.path", str(tiny_ds),
+                           "--run-dir", str(run_dir)], env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"sinklab fit: MLFLOW_TRACKING_URI={uri}: the store cannot be opened" in done.stderr
+    assert not run_dir.exists()
