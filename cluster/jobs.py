@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 TEMPLATE = Path(__file__).with_name("train.sbatch")
 
 # Overrides the job script adds itself; passing them as extra fit arguments would contradict

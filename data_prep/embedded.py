@@ -30,7 +30,7 @@ import numpy as np
 import zstandard
 
 from data_prep.errors import DataPrepError
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 
 CORPUS_VERSION = 1
 STDLIB_CHARS = 5_000_000

@@ -15,7 +15,7 @@ import numpy as np
 
 from data_prep.dataset import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, content_hash
 from data_prep.errors import DataPrepError
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 from data_prep.pack import SPLITS, shard_file
 
 if TYPE_CHECKING:

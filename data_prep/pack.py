@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 
 SPLITS = ("train", "val")
 

@@ -23,7 +23,7 @@ from data_prep.chunks import Chunk, iter_chunks
 from data_prep.dataset import MANIFEST_NAME
 from data_prep.errors import DataPrepError
 from data_prep.manifest import ProbeReservoir, finalize, spec_differences, spec_hash
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 from data_prep.pack import PackConfig, val_mask
 from data_prep.readers import ByteCounter, ReaderOptions, expand_inputs
 from data_prep.runner import ChunkRunner

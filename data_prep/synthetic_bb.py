@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 from data_prep.dataset import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, content_hash
 from data_prep.embedded import shakespeare_documents
 from data_prep.errors import DataPrepError

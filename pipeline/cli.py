@@ -11,7 +11,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prep": ("data_prep.cli", "tokenize and pack a corpus into a training dataset"),
     "fit": ("pipeline.train.cli", "train a model (LightningCLI; --config YAML)"),
-    "consolidate": ("pipeline.train.consolidate", "turn a DeepSpeed ZeRO checkpoint into one fp32 state dict"),
+    "consolidate": ("pipeline.checkpoint.consolidate", "turn a DeepSpeed ZeRO checkpoint into one fp32 state dict"),
     "export-hf": ("pipeline.model.hf_export", "export a checkpoint as a Hugging Face model directory"),
     "analyze": ("pipeline.analysis.analyze", "sink metrics and plots for a checkpoint or a pretrained HF model"),
     "survey": ("pipeline.analysis.survey", "Sink_1 by input, BOS and threshold, norm ratio and dormant heads across models"),
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if name == "export-hf" and any(a.startswith(("runs:/", "models:/")) for a in rest):
         # the model package knows no MLflow: the run's logged model is downloaded here
-        from pipeline.analysis.run_models import RunModelError, resolve_argv
+        from pipeline.tracking import RunModelError, resolve_argv
 
         try:
             rest = resolve_argv(rest)

@@ -1,6 +1,7 @@
 """PNG figures in the style of seed 002: α_1 heat maps (Figures 19-24), per-layer norm ratios
 (Figures 2 top, 7, 8), Sink_k by position (Figure 5 middle) and the QK decomposition (Figure 2
-bottom). Each function writes one file atomically and returns its path."""
+bottom), per-head α_1 and Guo et al.'s extreme-token dynamics over training. Each function
+writes one file atomically and returns its path."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from data_prep.atomic import atomic_path  # noqa: E402
+from sinklab_io.atomic import atomic_path  # noqa: E402
 
 
 def _save(fig, path: str | Path) -> Path:
@@ -143,6 +144,27 @@ def alpha1_trajectories(steps: Sequence[int], series: Mapping[tuple[int, int], S
     ax.set_ylim(bottom=0)
     ax.set_title(title or "α₁ per layer and head over training")
     ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def extreme_token_dynamics(steps: Sequence[int], panels: Sequence[tuple[str, Mapping[str, Sequence[float]]]],
+                           path: str | Path, title: str = "") -> Path:
+    """Guo et al.'s (2024) mutual-reinforcement picture: the attention sink, the value-state drain
+    and the residual-state peak of the first token against the training step, one panel each
+    (``panels``: (panel title, {line label: values at ``steps``})), the x axis shared. A panel of
+    norm ratios carries the no-peak reference 1 as a dashed line."""
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7.0, 2.3 * len(panels) + 0.6), sharex=True,
+                             squeeze=False, layout="constrained")
+    for ax, (label, lines) in zip(axes[:, 0], panels):
+        for name, values in lines.items():
+            ax.plot(list(steps), [float(v) for v in values], marker="o", markersize=2, linewidth=1.2, label=name)
+        if "ratio" in label:
+            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_title(label, fontsize=9, loc="left")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7, ncol=2)
+    axes[-1, 0].set_xlabel("step")
+    fig.suptitle(title or "extreme-token phenomena over training")
     return _save(fig, path)
 
 

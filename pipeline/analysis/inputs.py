@@ -1,6 +1,8 @@
 """Probe inputs for pretrained-model analysis (seed 002, section 3.3 and appendix B.2):
 natural text windows, random token sequences, one repeated token; Pile shards by domain.
-No BOS is added anywhere. Every function returns a LongTensor [N, T]."""
+No BOS is added anywhere. Every probe function returns a LongTensor [N, T]. Also the token
+streams of the streaming commands (``stream-ppl``, ``passkey``, ``quant-eval``): the default
+text and a prepared dataset's held-out split."""
 from __future__ import annotations
 
 import importlib.util
@@ -96,3 +98,24 @@ def pile_domains(tokenizer, shard: Path, n: int, seq_len: int) -> dict[str, torc
                 if len(ids) >= seq_len:
                     seqs.append(ids[:seq_len])
     return {d: torch.tensor(s, dtype=torch.long) for d, s in sorted(by_domain.items()) if s}
+
+
+def default_text() -> Path:
+    """The text the streaming commands read by default: Hamlet."""
+    return next(f for f in shakespeare_files() if f.stem == "hamlet")
+
+
+def held_out_stream(dataset: Path, max_tokens: int, command: str = "stream-ppl") -> list[int]:
+    """The first ``max_tokens`` tokens of a prepared dataset's val split, its sequences in order."""
+    from data_prep.dataset import PackedSplit
+
+    try:
+        split = PackedSplit(dataset, "val")
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"sinklab {command}: --dataset {dataset}: not a prepared dataset with a val split ({e})") from None
+    ids: list[int] = []
+    for i in range(len(split)):
+        if len(ids) >= max_tokens:
+            break
+        ids += split[i].tolist()
+    return ids[:max_tokens]

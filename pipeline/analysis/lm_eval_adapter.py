@@ -36,7 +36,7 @@ class SinkLabLM(LM):
             from pipeline.model import load_pretrained
 
             if str(pretrained).startswith(("runs:/", "models:/")):  # a training run's logged model
-                from pipeline.analysis.run_models import resolve_model
+                from pipeline.tracking import resolve_model
 
                 resolved = resolve_model(str(pretrained))
                 pretrained, tokenizer = str(resolved.path), tokenizer or resolved.tokenizer

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 from pipeline.analysis.streaming import (CacheSpec, Streamer, bos_id, check_positions, group_by_capacity, parse_caches,
                                          streamer_for)
 from pipeline.plots import passkey_heatmap
@@ -165,16 +165,11 @@ def csv_text(results: Sequence[dict]) -> str:
 def log_to_run(subject, table: dict, figure: Path, settings: dict) -> None:
     """`passkey runs:/<id>`: ``passkey/acc_<x>_<y>`` (mean over depths) and the figure go back to
     the training run."""
-    from mlflow.entities import Metric, RunTag
-    from mlflow.tracking import MlflowClient
+    from pipeline.tracking import log_results
 
-    client = MlflowClient(subject.tracking_uri)
-    now = int(time.time() * 1000)
-    metrics = [Metric("passkey/acc_" + cache.replace("+", "_"), sum(c["accuracy"] for c in row.values()) / len(row), now, 0)
-               for cache, row in table.items()]
-    client.log_batch(subject.run_id, metrics=metrics,
-                     tags=[RunTag("sinklab.passkey.settings", json.dumps(settings, sort_keys=True))])
-    client.log_artifact(subject.run_id, str(figure), "passkey")
+    values = {"passkey/acc_" + cache.replace("+", "_"): sum(c["accuracy"] for c in row.values()) / len(row)
+              for cache, row in table.items()}
+    log_results(subject.tracking_uri, subject.run_id, values, {"sinklab.passkey.settings": settings}, figure, "passkey")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -236,7 +231,7 @@ def write_outputs(out: Path, name: str, subject, table: dict, results: list[dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.analysis.analyze import Subject, model_name
+    from pipeline.analysis.subject import Subject, model_name
 
     args = build_parser().parse_args(argv)
     specs = parse_caches(args.cache, "passkey", DEFAULT_CACHES)

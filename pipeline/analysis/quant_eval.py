@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
 
@@ -141,7 +141,8 @@ def markdown(record: dict) -> str:
 def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
     """The token stream, the BOS id to start each window with (or None) and a label of the text."""
     from pipeline.analysis.inputs import encode, read_text
-    from pipeline.analysis.streaming import bos_id, default_text, held_out_stream
+    from pipeline.analysis.inputs import default_text, held_out_stream
+    from pipeline.analysis.streaming import bos_id
 
     bos = bos_id(subject, args.bos)
     if args.dataset is not None:
@@ -154,7 +155,7 @@ def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.analysis.analyze import Subject
+    from pipeline.analysis.subject import Subject
 
     args = build_parser().parse_args(argv)
     parse_settings(args.settings)
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(subject, args) -> dict:
     """Everything after loading the model: windows, the settings, outputs, MLflow. Returns the record."""
-    from pipeline.analysis.analyze import model_name
+    from pipeline.analysis.subject import model_name
 
     subject.check_seq_len(args.seq_len)
     sink_tokens = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
@@ -205,7 +206,7 @@ def run(subject, args) -> dict:
         {k: v for k, v in record.items() if k != "table"}, indent=2))
     write_json()
     if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/
-        from pipeline.analysis.run_models import log_results
+        from pipeline.tracking import log_results
 
         values = {f"quant/{key}_{n.replace('-', '_')}": r[key] for n, r in results.items()
                   for key in ("perplexity", "gap_pct", "recovered_pct") if r[key] is not None}

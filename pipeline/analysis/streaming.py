@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
+from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 from pipeline.model.cache import eviction_index, gather_entries
 
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
@@ -259,16 +260,9 @@ def bos_id(subject, mode: str) -> int | None:
     return bos if subject.tokenizer("a")["input_ids"][:1] == [bos] else None
 
 
-def default_text() -> Path:
-    from pipeline.analysis.inputs import shakespeare_files
-
-    return next(f for f in shakespeare_files() if f.stem == "hamlet")
-
-
 def load_subject(args) -> tuple[object, list[int], object]:
     """The streamer, the token ids to stream and the subject (its ``run_id`` is set for runs:/)."""
-    from pipeline.analysis.analyze import Subject
-    from pipeline.analysis.inputs import encode, read_text
+    from pipeline.analysis.subject import Subject
 
     if args.dataset is not None and args.text is not None:
         raise SystemExit("sinklab stream-ppl: give --text or --dataset, not both")
@@ -286,32 +280,14 @@ def load_subject(args) -> tuple[object, list[int], object]:
     return streamer_for(subject), ids, subject
 
 
-def held_out_stream(dataset: Path, max_tokens: int, command: str = "stream-ppl") -> list[int]:
-    """The first ``max_tokens`` tokens of a prepared dataset's val split, its sequences in order."""
-    from data_prep.dataset import PackedSplit
-
-    try:
-        split = PackedSplit(dataset, "val")
-    except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"sinklab {command}: --dataset {dataset}: not a prepared dataset with a val split ({e})") from None
-    ids: list[int] = []
-    for i in range(len(split)):
-        if len(ids) >= max_tokens:
-            break
-        ids += split[i].tolist()
-    return ids[:max_tokens]
-
-
 def log_to_run(subject, results: dict[str, float], settings: dict) -> None:
     """`stream-ppl runs:/<id>`: the perplexities go back to the training run as
     ``stream/ppl_<x>_<y>`` (``stream/ppl_full``), the columns `sinklab report` reads."""
-    from mlflow.entities import Metric, RunTag
-    from mlflow.tracking import MlflowClient
+    from pipeline.tracking import log_results
 
-    now = int(time.time() * 1000)
-    metrics = [Metric("stream/ppl_" + key.replace("+", "_"), value, now, 0) for key, value in results.items()]
-    MlflowClient(subject.tracking_uri).log_batch(
-        subject.run_id, metrics=metrics, tags=[RunTag("sinklab.stream.settings", json.dumps(settings, sort_keys=True))])
+    log_results(subject.tracking_uri, subject.run_id, {"stream/ppl_" + key.replace("+", "_"): value
+                                                       for key, value in results.items()},
+                {"sinklab.stream.settings": settings}, None, "stream")
 
 
 def markdown_table(model: str, n_tokens: int, results: dict[str, float]) -> str:

@@ -17,10 +17,10 @@ import re
 import time
 from pathlib import Path
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 from pipeline import metrics, plots
-from pipeline.tracking_contract import experiment_id
-from pipeline.analysis.analyze import INPUT_KINDS, Subject, model_name, probe_sets, write_json
+from pipeline.analysis.analyze import INPUT_KINDS, probe_sets, write_json
+from pipeline.analysis.subject import Subject, model_name
 
 DEFAULT_SWEEP = "0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
 BOS_MODES = {"no": False, "yes": True}
@@ -168,33 +168,24 @@ def draw(records: list[dict], columns: list[str], sweep: list[float], args) -> P
 
 
 def log_run(uri: str, args, records: list[dict], rows: list[dict], sweep: list[float]) -> str:
-    import mlflow
-    from mlflow.entities import Metric
+    from pipeline.tracking import log_new_run
 
-    from mlflow.tracking import MlflowClient
-
-    mlflow.set_tracking_uri(uri)
-    exp_id = experiment_id(MlflowClient(uri), args.experiment)
     safe = lambda s: re.sub(r"[^A-Za-z0-9_.-]", "_", s)  # noqa: E731
-    with mlflow.start_run(experiment_id=exp_id, run_name="survey-" + "+".join(r["model"] for r in records)[:200]) as run:
-        tags = {"sinklab.kind": "analysis-survey", "sinklab.models": ",".join(r["spec"] for r in records)[:5000]}
-        sources = [r["run_id"] for r in records if r.get("run_id")]
-        if sources:
-            tags["sinklab.source_runs"] = ",".join(sources)
-        mlflow.set_tags(tags)
-        mlflow.log_params({"num_sequences": args.num_sequences, "seq_len": args.seq_len, "eps": args.eps,
-                           "seed": args.seed, "inputs": args.inputs, "bos": args.bos, "eps_sweep": args.eps_sweep})
-        values = {}
-        for row in rows:
-            values.update({f"{safe(row['model'])}/{k}": v for k, v in row.items()
-                           if k not in ("model", "layers", "heads") and isinstance(v, (int, float))})
-        mlflow.log_metrics(values)
-        now = int(time.time() * 1000)  # the ε sweep as a curve: step = 100 ε
-        curve = [Metric(f"{safe(rec['model'])}/sweep_{name}", value, now, round(100 * eps))
-                 for rec in records for name, cell in rec["cells"].items() for eps, value in zip(sweep, cell["sweep"])]
-        mlflow.MlflowClient(uri).log_batch(run.info.run_id, metrics=curve)
-        mlflow.log_artifacts(str(args.out))
-        return run.info.run_id
+    tags = {"sinklab.kind": "analysis-survey", "sinklab.models": ",".join(r["spec"] for r in records)[:5000]}
+    sources = [r["run_id"] for r in records if r.get("run_id")]
+    if sources:
+        tags["sinklab.source_runs"] = ",".join(sources)
+    params = {"num_sequences": args.num_sequences, "seq_len": args.seq_len, "eps": args.eps,
+              "seed": args.seed, "inputs": args.inputs, "bos": args.bos, "eps_sweep": args.eps_sweep}
+    values = {}
+    for row in rows:
+        values.update({f"{safe(row['model'])}/{k}": v for k, v in row.items()
+                       if k not in ("model", "layers", "heads") and isinstance(v, (int, float))})
+    # the ε sweep as a curve: step = 100 ε
+    curve = [(f"{safe(rec['model'])}/sweep_{name}", value, round(100 * eps))
+             for rec in records for name, cell in rec["cells"].items() for eps, value in zip(sweep, cell["sweep"])]
+    return log_new_run(uri, args.experiment, "survey-" + "+".join(r["model"] for r in records)[:200],
+                       tags, params, values, args.out, curve)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"settings": settings, "eps_sweep": sweep, "table": rows, "models": records}
     write_json(record, args.out / "survey.json")
     if not args.no_mlflow:
-        from pipeline.tracking_contract import tracking_uri
+        from pipeline.tracking import tracking_uri
 
         record["mlflow_run_id"] = log_run(args.mlflow_uri or tracking_uri(), args, records, rows, sweep)
         write_json(record, args.out / "survey.json")

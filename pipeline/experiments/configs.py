@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 from pipeline.experiments.spec import REPO, Experiment, ExperimentError, Variant
 
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.atomic import atomic_path, atomic_write
+from sinklab_io.atomic import atomic_path, atomic_write
 from pipeline import metrics as M
-from pipeline.experiments import runs as mlruns
+from pipeline import tracking
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 
 MISSING = "—"
@@ -44,12 +43,12 @@ class Row:
     tracks_emergence: bool = False        # the run logs emergence (absent then means: not yet)
 
 
-def build_rows(experiment: Experiment, records: dict[str, list[mlruns.RunRecord]],
+def build_rows(experiment: Experiment, records: dict[str, list[tracking.RunRecord]],
                scale: str = "cpu") -> list[Row]:
     """One row per variant, in the experiment file's order."""
     rows = []
     for variant in experiment.variants:
-        run = mlruns.best_run(records.get(variant.name, []))
+        run = tracking.best_run(records.get(variant.name, []))
         measured = [run.metrics.get(experiment.metric(c, scale)) if run else None for c in experiment.columns]
         status = run.status if run else "missing"
         logged = run.metrics if run else {}
@@ -135,7 +134,7 @@ def memorising_notes(rows: list[Row], mlflow) -> list[str]:
     """One line per variant whose validation loss turned upward for good (metrics.memorising)."""
     notes = []
     for row in rows:
-        if row.run_id and (note := M.memorising(mlruns.metric_history(mlflow, row.run_id, "val/loss"))):
+        if row.run_id and (note := M.memorising(tracking.metric_history(mlflow, row.run_id, "val/loss"))):
             notes.append(f"{row.label}: {note}")
     return notes
 
@@ -148,7 +147,7 @@ def steps_run(rows: list[Row], mlflow) -> dict[str, int]:
     out = {}
     for row in rows:
         if row.run_id:
-            steps = [step for key in STEP_KEYS for step, _ in mlruns.metric_history(mlflow, row.run_id, key)]
+            steps = [step for key in STEP_KEYS for step, _ in tracking.metric_history(mlflow, row.run_id, key)]
             if steps:
                 out[row.label] = max(steps)
     return out
@@ -207,7 +206,7 @@ def curve_series(experiment: Experiment, rows: list[Row], mlflow) -> dict[str, l
     out = {}
     for row in rows:
         if row.run_id:
-            history = mlruns.metric_history(mlflow, row.run_id, experiment.plot.metric)
+            history = tracking.metric_history(mlflow, row.run_id, experiment.plot.metric)
             if history:
                 out[row.label] = history
     return out
@@ -275,25 +274,6 @@ def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | 
     return path
 
 
-def log_report(mlflow, experiment: Experiment, scale: str, files: list[Path],
-               metrics: dict[str, float] | None = None) -> str:
-    """Log the files as artifacts, and the metrics (the agreement), to the run that groups the
-    experiment's variants at this scale (``runs.parent_run``: the sweep's parent)."""
-    run_id = mlruns.parent_run(mlflow, experiment, scale)
-    for f in files:
-        mlflow.log_artifact(run_id, str(f), artifact_path=f"report-{scale}")
-    if metrics:
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        mlflow.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
-    running = mlflow.search_runs([mlflow.get_run(run_id).info.experiment_id],
-                                 f"tags.`mlflow.parentRunId` = '{run_id}' and attributes.status = 'RUNNING'")
-    if not running:  # a sweep still under way ends its parent itself
-        mlflow.set_terminated(run_id)
-    return run_id
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sinklab report",
                                      description="The paper's table beside the measured values, from MLflow.")
@@ -314,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     except ExperimentError as error:
         print(f"sinklab report: {error}", file=sys.stderr)
         return 2
-    mlflow = mlruns.client()
-    records = mlruns.variant_runs(mlflow, experiment.mlflow_experiment, args.scale)
+    mlflow = tracking.client()
+    records = tracking.variant_runs(mlflow, experiment.mlflow_experiment, args.scale)
     rows = build_rows(experiment, records, args.scale)
     markdown = to_markdown(experiment, args.scale, rows, memorising_notes(rows, mlflow), steps_run(rows, mlflow))
     out = args.out or Path("runs") / experiment.name / args.scale / "report"
@@ -330,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in files:
         print(f"wrote {f}")
     if not args.no_log:
-        run_id = log_report(mlflow, experiment, args.scale, files,
+        run_id = tracking.log_report(mlflow, experiment, args.scale, files,
                             agreement_metrics(agreement(experiment, rows)))
         print(f"logged to MLflow run {run_id} ({experiment.mlflow_experiment})")
     return 0

@@ -21,13 +21,13 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from cluster.jobs import JobError
-from pipeline.experiments import runs as mlruns
+from pipeline import tracking
 from pipeline.experiments.configs import variant_config, write_config
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
-from pipeline.tracking_contract import PARENT_ENV
+from pipeline.tracking import PARENT_ENV
 
 RESERVED_NAMES = {"slurm", "runs.tsv", "array.sbatch"}
 DATA_ENV = "SINKLAB_DATA_PATH"
@@ -72,15 +72,15 @@ def sweep_dir(experiment: Experiment, scale: str, runs_root: Path) -> Path:
 
 
 def plan(experiment: Experiment, scale: str, runs_root: Path,
-         mlflow: mlruns.MlflowClient | None) -> list[PlannedRun]:
+         mlflow: Any | None) -> list[PlannedRun]:
     """One PlannedRun per variant with its state from MLflow (None: treat all as pending)."""
-    known = mlruns.variant_runs(mlflow, experiment.mlflow_experiment, scale) if mlflow else {}
+    known = tracking.variant_runs(mlflow, experiment.mlflow_experiment, scale) if mlflow else {}
     root = sweep_dir(experiment, scale, runs_root)
     planned = []
     for variant in experiment.variants:
         if variant.name in RESERVED_NAMES:
             raise ExperimentError(f"{experiment.path}: variant name {variant.name!r} is reserved")
-        best = mlruns.best_run(known.get(variant.name, []))
+        best = tracking.best_run(known.get(variant.name, []))
         if best is None:
             state = "pending"
         elif best.finished:
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None, runner: Runner = subprocess_runner) -> i
                 experiment, variants=[v for v in experiment.variants if v.name in wanted])
         experiment.setup(args.scale)  # refuses a scale the file does not have
         extra = data_args(args.data_path, args.scale) + extra
-        mlflow = mlruns.client()
+        mlflow = tracking.client()
         planned = plan(experiment, args.scale, args.runs_root, mlflow)
         print(format_plan(experiment, args.scale, planned))
         todo = [r for r in planned if r.to_run]
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None, runner: Runner = subprocess_runner) -> i
             print("nothing to run: every variant has finished")
             return 0
         write_configs(experiment, args.scale, planned)
-        parent = mlruns.parent_run(mlflow, experiment, args.scale)
+        parent = tracking.parent_run(mlflow, experiment, args.scale)
         print(f"MLflow parent run {parent} ({experiment.name}/{args.scale})")
         if args.submit:
             job_id = submit(experiment, args.scale, planned, args.runs_root, args, extra, parent)

@@ -25,6 +25,11 @@ PRESETS: dict[str, dict[str, int]] = {
     # CPU presets: `tiny` trains in the embedded recipe (configs/recipes/embedded.yaml), `micro` is for tests.
     "tiny": dict(vocab_size=32000, d_model=128, n_layers=4, n_heads=4, d_ffn=512, max_seq_len=256),
     "micro": dict(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ffn=64, max_seq_len=64),
+    # Guo et al.'s one-layer, one-head Bigram-Backcopy shape (their d=256, FFN 4d) at CPU widths:
+    # `bb` for configs/recipes/bb.yaml (C=64), `bb-tiny` for the seconds-long recipe and the
+    # emergence tests (C=32). The vocabulary is the BB dataset's 32 symbols.
+    "bb": dict(vocab_size=32, d_model=64, n_layers=1, n_heads=1, d_ffn=256, max_seq_len=64),
+    "bb-tiny": dict(vocab_size=32, d_model=32, n_layers=1, n_heads=1, d_ffn=128, max_seq_len=32),
 }
 # What a preset sets; the trainer replaces vocab_size by the dataset's.
 SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_seq_len")

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from data_prep.atomic import atomic_directory
+from sinklab_io.atomic import atomic_directory
 
 from .config import AttentionConfig, BiasConfig, ModelConfig
 from .loading import load_pretrained

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from data_prep.atomic import atomic_directory
+from sinklab_io.atomic import atomic_directory
 
 from .config import ModelConfig
 from .transformer import Transformer
@@ -31,12 +31,19 @@ _PREFIXES = ("_forward_module.", "module.", "model.")
 def save_pretrained(model: Transformer, out_dir: str | os.PathLike) -> Path:
     """Write ``sinklab_config.json`` + ``model.safetensors`` atomically into out_dir."""
     with atomic_directory(out_dir, kind="sinklab save_pretrained") as tmp:
-        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-        if model.config.tie_embeddings:
-            state.pop("lm_head.weight", None)
-        save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt", "sinklab": "1"})
-        (tmp / CONFIG_NAME).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+        write_weights(model.config, model.state_dict(), tmp)
     return Path(out_dir)
+
+
+def write_weights(config: ModelConfig, state: dict[str, torch.Tensor], directory: Path) -> None:
+    """``state`` as ``model.safetensors`` (on the CPU; a tied ``lm_head.weight`` left out) and
+    ``config`` as ``sinklab_config.json`` into an existing ``directory``: what
+    :func:`load_pretrained` reads."""
+    state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    if config.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(directory / WEIGHTS_NAME), metadata={"format": "pt", "sinklab": "1"})
+    (directory / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
 
 
 def load_pretrained(

@@ -31,7 +31,8 @@ import re
 import time
 
 from pipeline import metrics as M
-from pipeline.tracking_contract import TAG_KIND, TAG_VARIANT
+
+from .contract import TAG_KIND, TAG_VARIANT
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"

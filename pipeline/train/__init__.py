@@ -1,1 +1,2 @@
-"""Training layer: data module, Lightning module, callbacks, MLflow tracking, CLI."""
+"""Training layer: data module, Lightning module, callbacks, `sinklab fit` (MLflow: pipeline.tracking;
+checkpoints: pipeline.checkpoint)."""

@@ -1,89 +1,22 @@
-"""Training callbacks: step checkpoints, preemption, live sink metrics, throughput / MFU."""
+"""Training callbacks: preemption, live sink metrics, throughput / MFU (step checkpoints:
+pipeline.checkpoint.StepCheckpoint)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, Checkpoint
+from lightning.pytorch.callbacks import Callback
 
 from pipeline import probe as sink_probe
+from pipeline.checkpoint import RunDir, StepCheckpoint, at_step_end
 from pipeline.flops import PEAK_ENV, device_peak_flops, flops_per_token, mfu
-from pipeline.tracking.views import ALPHA1_IMAGE, TRAJECTORY_IMAGE
+from pipeline.tracking import ALPHA1_IMAGE, TRAJECTORY_IMAGE
 from . import emergence
 from .compiling import uncompiled
-from .integrity import nonfinite_state
-from .module import NonFiniteLossError
-from .rundir import RunDir, checkpoint_name
-
-
-def at_step_end(trainer: L.Trainer, batch_idx: int) -> bool:
-    """Whether this batch ended an optimizer step (not a micro-batch inside an accumulation)."""
-    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
-
-
-class StepCheckpoint(Checkpoint):
-    """Saves ``<run_dir>/checkpoints/step-NNNNNN.ckpt`` every ``every`` optimizer steps and at
-    the end, keeping the newest ``keep_last``. Each one is written under a hidden temporary
-    name and renamed into place, so a crash never leaves a half-written checkpoint where
-    ``--resume auto`` looks (works for files and for DeepSpeed's checkpoint directories)."""
-
-    def __init__(self, run_dir: Path, every: int, keep_last: int = 3):
-        self.run = RunDir(run_dir)
-        self.every, self.keep_last = every, keep_last
-        self.last_saved = -1
-        self.uploader = None  # a remote_checkpoints.CheckpointUploader under run.log_checkpoints
-
-    def save(self, trainer: L.Trainer) -> Path:
-        step = trainer.global_step
-        # every rank checks what it holds (shards under ZeRO-3 / FSDP2); one bad rank stops all
-        if trainer.strategy.reduce_boolean_decision(nonfinite_state(trainer.lightning_module, trainer.optimizers),
-                                                    all=False):
-            raise NonFiniteLossError(
-                f"non-finite weights or optimizer state after step {step}: stopping without writing that "
-                f"checkpoint; the ones in {self.run.checkpoints} are kept. Start a new run directory with a "
-                "lower model.optim.lr or a longer warm-up, or check the data.")
-        final = self.run.checkpoints / checkpoint_name(step)
-        tmp = self.run.checkpoints / f".{final.name}.partial"
-        if trainer.is_global_zero:
-            _remove(tmp)
-        trainer.strategy.barrier("sinklab_ckpt_pre")
-        self.last_saved = step  # before saving, so the checkpoint's own state says it is saved
-        try:
-            trainer.save_checkpoint(tmp, weights_only=False)
-        except OSError:  # a full disk, a file-size limit: no partial file stays behind
-            _remove(tmp)
-            raise
-        trainer.strategy.barrier("sinklab_ckpt_post")
-        if trainer.is_global_zero:
-            _remove(final)
-            os.replace(tmp, final)
-            self.run.prune(self.keep_last)
-            if self.uploader is not None:
-                self.uploader.upload(final, keep={p.name for _, p in self.run.step_checkpoints()})
-        trainer.strategy.barrier("sinklab_ckpt_done")
-        return final
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if (at_step_end(trainer, batch_idx) and self.every > 0 and step > 0 and step % self.every == 0
-                and step != self.last_saved):
-            self.save(trainer)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if trainer.global_step != self.last_saved and trainer.global_step > 0:
-            self.save(trainer)
-
-    def state_dict(self) -> dict:
-        return {"last_saved": self.last_saved}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.last_saved = state.get("last_saved", -1)
 
 
 class Preemption(Callback):
@@ -128,13 +61,6 @@ class Preemption(Callback):
         return done.returncode == 0
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
-
-
 class SinkMetrics(Callback):
     """Every ``every`` steps (and at step 0), on rank 0: ``run_probe`` on the dataset's probe
     set (eval mode, no grad, fp32), logged as ``sink/...`` and ``act/...``; every
@@ -162,14 +88,18 @@ class SinkMetrics(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         self._maybe_probe(trainer, pl_module, force=True)
         if trainer.is_global_zero and self._last is not None:  # α₁ of each head over the run
-            path = emergence.draw_trajectory(self.metrics_path, *self._last.alpha1.shape,
-                                             self.plot_dir / "alpha1_trajectory.png", self._uniform,
-                                             "α₁ per layer and head over training")
-            if path is not None:
-                for logger in trainer.loggers:
-                    if hasattr(logger, "log_artifact"):
+            n_layers = self._last.alpha1.shape[0]
+            figures = (emergence.draw_trajectory(self.metrics_path, *self._last.alpha1.shape,
+                                                 self.plot_dir / "alpha1_trajectory.png", self._uniform,
+                                                 "α₁ per layer and head over training"),
+                       emergence.draw_extreme_tokens(self.metrics_path, n_layers, self.plot_dir / "extreme_tokens.png",
+                                                     "attention sink, value-state drain, residual-state peak"))
+            for logger in trainer.loggers:
+                for path in figures:
+                    if path is not None and hasattr(logger, "log_artifact"):
                         logger.log_artifact(path, artifact_path="plots")
-                _log_image(trainer, path, TRAJECTORY_IMAGE, trainer.global_step)
+            if figures[0] is not None:
+                _log_image(trainer, figures[0], TRAJECTORY_IMAGE, trainer.global_step)
 
     def _maybe_probe(self, trainer, pl_module, force: bool = False) -> None:
         step = trainer.global_step

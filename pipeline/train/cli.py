@@ -33,24 +33,21 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from data_prep.dataset import DatasetError
 from data_prep.errors import os_error_line
-from pipeline.model.config import SHAPE_FIELDS, ConfigError, ModelConfig
-from pipeline.tracking_contract import (PARENT_ENV, TAG_EXPERIMENT, TAG_PARENT, TAG_STATUS, TAG_VARIANT,
-                                        tracking_uri)
+from pipeline.checkpoint import (NonFiniteLossError, RunDir, RunDirError, StepCheckpoint, acquire_lock, check_resume,
+                                 release_lock, resume_path)
+from pipeline.model.config import ConfigError
+from pipeline.tracking import (PARENT_ENV, TAG_EXPERIMENT, TAG_PARENT, TAG_STATUS, TAG_VARIANT, CheckpointUploader,
+                               RunLogger, code_version, flatten, log_run_model, open_run, pulled_argv, tracking_uri)
 
 from . import sharding  # noqa: F401  (registers the strategy names fsdp2, deepspeed, deepspeed_stage_N)
 from .batching import BatchConfigError
-from .callbacks import Preemption, SinkMetrics, StepCheckpoint, Throughput
+from .callbacks import Preemption, SinkMetrics, Throughput
 from .data import SinkDataModule
-from .fit_config import CHECK_ONLY, check_fit, parse_error_line, resolve_preset
-from .integrity import checkpoint_problem
-from .mlflow_record import log_run_model
-from .module import NonFiniteLossError, SinkLabModule, read_init
+from .fit_config import (CHECK_ONLY, as_plain, check_fit, negative_values_joined, parse_error_line, resolve_preset,
+                         variant_summary)
+from .module import SinkLabModule, read_init
 from .progress import StepProgressBar
-from .rundir import RunDir, RunDirError, acquire_lock, release_lock
-from .remote_checkpoints import CheckpointUploader, pulled_argv
-from .resume import check_resume
 from .summary import print_summary
-from .tracking import RunLogger, code_version, flatten, open_run
 
 
 @dataclass
@@ -81,8 +78,8 @@ class RunOptions:
     def validate(self) -> None:
         for name in ("checkpoint_every", "keep_last", "sink_every", "plot_every", "val_every"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"run.{name}={getattr(self, name)}: must be >= 0 (0 turns it off"
-                                  + (", keep_last 0 keeps every checkpoint)" if name == "keep_last" else ")"))
+                raise ConfigError(f"run.{name}={getattr(self, name)}: must be >= 0 ("
+                                  + ("0 keeps every checkpoint)" if name == "keep_last" else "0 turns it off)"))
         if self.throughput_window < 1:
             raise ConfigError(f"run.throughput_window={self.throughput_window}: must be >= 1")
 
@@ -113,7 +110,7 @@ class SinkLabCLI(LightningCLI):
         opts.validate()
         self.opts = opts
         self.run = RunDir(Path(cfg.get("run_dir") or cfg.get("run-dir") or f"runs/{opts.name}"))
-        self.resume_from = self._resume_path(cfg.get("resume", "never"))
+        self.resume_from = resume_path(self.run, cfg.get("resume", "never"))
         self.rank0 = rank_zero_only.rank == 0
         self.run_id = None
         if not self.rank0:
@@ -143,7 +140,7 @@ class SinkLabCLI(LightningCLI):
         stored = cfg.clone()
         stored["resume"] = None  # how this start was resumed is not part of the run's config
         config_file = self.run.save_config(self.parser.dump(stored, skip_validation=True))
-        tags = {TAG_EXPERIMENT: opts.experiment, TAG_VARIANT: opts.variant or _variant_summary(cfg),
+        tags = {TAG_EXPERIMENT: opts.experiment, TAG_VARIANT: opts.variant or variant_summary(cfg),
                 "sinklab.code_version": code_version(), "sinklab.dataset_hash": self.datamodule.manifest.hash,
                 "sinklab.run_dir": str(self.run.root.resolve()), TAG_STATUS: "running"}
         if os.environ.get("SLURM_JOB_ID"):
@@ -151,29 +148,13 @@ class SinkLabCLI(LightningCLI):
         tags.update(init_tags)
         if os.environ.get(PARENT_ENV):  # set by `sinklab sweep`: the experiment's parent run
             tags[TAG_PARENT] = os.environ[PARENT_ENV]
-        self.run_id = open_run(self.run, opts.experiment, opts.name, tags, flatten(_as_plain(cfg)), [config_file],
+        self.run_id = open_run(self.run, opts.experiment, opts.name, tags, flatten(as_plain(cfg)), [config_file],
                                manifest=self.datamodule.manifest)
         self.trainer.logger.attach_run(self.run_id, self.resume_step)
         if opts.system_metrics:
             self.trainer.logger.start_system_metrics()
         if opts.log_checkpoints and self.run_id:
             self.ckpt_cb.uploader = CheckpointUploader(tracking_uri(), self.run_id)
-
-    def _resume_path(self, resume: str) -> str | None:
-        if resume == "auto":
-            newest = self.run.newest_checkpoint(usable=_intact)
-            return str(newest) if newest else None
-        if resume in ("never", "", None):
-            if self.run.step_checkpoints():
-                raise RunDirError(f"{self.run.root}: already has checkpoints; continue it with --resume auto, "
-                                  "or choose another --run-dir")
-            return None
-        if not Path(resume).exists():
-            raise RunDirError(f"--resume {resume}: no such checkpoint")
-        if problem := checkpoint_problem(Path(resume)):
-            raise RunDirError(f"--resume {resume}: damaged checkpoint: {problem}; give an older one, or "
-                              "--resume auto to take the newest intact one of the run directory")
-        return resume
 
     # ---- the trainer: logger, callbacks, SLURM, derived batch settings -------------------------
     def instantiate_trainer(self, **kwargs: Any):
@@ -212,71 +193,6 @@ class SinkLabCLI(LightningCLI):
         if rank_zero_only.rank == 0:
             print(f"sinklab: run dir {self.run.root}; batch: {plan.describe()}", flush=True)
         return trainer
-
-
-def _intact(path: Path) -> bool:
-    """For --resume auto: a damaged checkpoint is passed over, with a warning that names it."""
-    problem = checkpoint_problem(path)
-    if problem and rank_zero_only.rank == 0:
-        print(f"sinklab fit: warning: passing over {path}: {problem}", file=sys.stderr, flush=True)
-    return problem is None
-
-
-def _as_plain(cfg) -> dict:
-    from jsonargparse import Namespace
-
-    def plain(v):
-        if isinstance(v, Namespace):
-            return {k: plain(x) for k, x in vars(v).items()}
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [plain(x) for x in v]
-        return v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
-
-    out = plain(cfg)
-    out.pop("config", None)
-    return out
-
-
-def _variant_summary(cfg) -> str:
-    """One line naming the attention operation (always: a softmax run says so) and what else
-    differs from the paper's default block and data."""
-    plain = _as_plain(cfg)
-    model = plain.get("model", {}).get("model") or {}
-    default = flatten(ModelConfig().to_dict())
-    flat = flatten(model)
-    op = flat.get("attention.op", default["attention.op"])
-    named = {"attention.op"} | ({"attention.kernel"} if op == "kernel" else set())
-    diffs = [f"{op}({flat.get('attention.kernel', default['attention.kernel'])})" if op == "kernel" else op]
-    diffs += [f"{k}={v}" for k, v in sorted(flat.items())
-              if k not in ("preset", *SHAPE_FIELDS, *named) and default.get(k) != v]
-    optim = plain.get("model", {}).get("optim") or {}
-    diffs += [f"lr={optim.get('lr')}", f"wd={optim.get('weight_decay')}"]
-    inter = plain.get("data", {}).get("interventions") or {}
-    if inter.get("resample"):
-        diffs.append("resample=" + ",".join(map(str, inter["resample"])))
-    if inter.get("fix_position"):
-        diffs.append(f"fix x{inter['fix_position']}={inter.get('fix_token')}")
-    if plain.get("data", {}).get("token_budget"):
-        diffs.append(f"token_budget={plain['data']['token_budget']}")
-    return ", ".join(diffs)
-
-
-_NEGATIVE = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-
-
-def _negative_values_joined(argv: list[str]) -> list[str]:
-    """``--model.optim.lr -1e-3`` as ``--model.optim.lr=-1e-3``: argparse takes a value that starts
-    with '-' and is not a plain negative integer or decimal for an option, and said only
-    "expected one argument"; joined, the field's own check names it and the value."""
-    out: list[str] = []
-    for arg in argv:
-        if out and out[-1].startswith("--") and "=" not in out[-1] and _NEGATIVE.fullmatch(arg):
-            out[-1] = f"{out[-1]}={arg}"
-        else:
-            out.append(arg)
-    return out
 
 
 # what gloo and NCCL raise in a collective when another process of the run has gone
@@ -340,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     cli = None
     status = "failed"
     try:
-        argv = _negative_values_joined(argv)
+        argv = negative_values_joined(argv)
         if CHECK_ONLY in argv:
             check_fit([a for a in argv if a != CHECK_ONLY])
             print("sinklab fit: the config is accepted (--check-only: nothing was run or written)", flush=True)

@@ -95,3 +95,31 @@ def draw_trajectory(metrics_path: Path, n_layers: int, n_heads: int, path: Path,
     if not steps:
         return None
     return alpha1_trajectories(steps, series, path, title, uniform=alpha1_uniform)
+
+
+def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path, title: str = "") -> Path | None:
+    """Guo et al.'s joint dynamics from metrics.jsonl (every start of the run): Sink_1 and, on a
+    Bigram-Backcopy dataset, each layer's BOS share from trigger and from other queries; the
+    value-state drain where the probe measured it; the residual-state peak. None before any probe."""
+    from pipeline.plots import extreme_token_dynamics
+
+    panels = (("attention on token 1", {"sink/bos_share_other": "BOS share, other queries",
+                                         "sink/bos_share_trigger": "BOS share, trigger queries"}),
+              ("‖v₁‖ / mean ‖vₜ‖ ratio (value-state drain)", {"act/value_norm_ratio": "‖v₁‖ ratio"}),
+              ("‖h₁‖ / mean ‖hₜ‖ ratio (residual-state peak)", {"act/massive_ratio": "‖h₁‖ ratio"}))
+    keys = ["sink/sink1"] + [f"{name}_l{layer}" for _, names in panels for name in names for layer in range(n_layers)]
+    rows = metric_rows(metrics_path, *keys)
+    if not rows:
+        return None
+    column = {key: [row[1 + i] for row in rows] for i, key in enumerate(keys)}
+    drawn = []
+    for panel, names in panels:
+        lines = {"Sink₁ / 100": [v / 100 for v in column["sink/sink1"]]} if not drawn else {}
+        for name, label in names.items():
+            for layer in range(n_layers):
+                values = column[f"{name}_l{layer}"]
+                if any(v == v for v in values):  # NaN where the probe did not measure it
+                    lines[f"{label}, layer {layer}"] = values
+        if lines:
+            drawn.append((panel, lines))
+    return extreme_token_dynamics([row[0] for row in rows], drawn, path, title)

@@ -1,5 +1,7 @@
-"""`sinklab fit`'s config between parsing and building: the model preset resolved, parse errors
-as one line, and the check behind `sinklab fit --check-only` (and `sinklab sweep`'s checks).
+"""`sinklab fit`'s config between parsing and building: negative values on the command line,
+the model preset resolved, parse errors as one line, the check behind `sinklab fit --check-only`
+(and `sinklab sweep`'s checks), and the config as the run records it (plain values, the
+one-line variant summary).
 
 A check parses with fit's own parser (LightningCLI / jsonargparse: every name and type) and
 builds the ModelConfig (its cross-field checks); it instantiates nothing: no run directory,
@@ -7,12 +9,13 @@ MLflow run, dataset or weights.
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any
 
 from jsonargparse import Namespace
 
-from pipeline.model.config import ModelConfig
+from pipeline.model.config import SHAPE_FIELDS, ModelConfig
 
 CHECK_ONLY = "--check-only"
 
@@ -106,3 +109,61 @@ def parse_error_line(message: str) -> str:
             reasons.append(line)
     where = ".".join(keys)
     return (f"{where}: " if where else "") + "; ".join(reasons)[:500]
+
+
+def as_plain(cfg) -> dict:
+    """The parsed config as plain values (the run's MLflow params are made of it)."""
+    def plain(v):
+        if isinstance(v, Namespace):
+            return {k: plain(x) for k, x in vars(v).items()}
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+
+    out = plain(cfg)
+    out.pop("config", None)
+    return out
+
+
+def variant_summary(cfg) -> str:
+    """One line naming the attention operation (always: a softmax run says so) and what else
+    differs from the paper's default block and data."""
+    from pipeline.tracking import flatten
+
+    plain = as_plain(cfg)
+    model = plain.get("model", {}).get("model") or {}
+    default = flatten(ModelConfig().to_dict())
+    flat = flatten(model)
+    op = flat.get("attention.op", default["attention.op"])
+    named = {"attention.op"} | ({"attention.kernel"} if op == "kernel" else set())
+    diffs = [f"{op}({flat.get('attention.kernel', default['attention.kernel'])})" if op == "kernel" else op]
+    diffs += [f"{k}={v}" for k, v in sorted(flat.items())
+              if k not in ("preset", *SHAPE_FIELDS, *named) and default.get(k) != v]
+    optim = plain.get("model", {}).get("optim") or {}
+    diffs += [f"lr={optim.get('lr')}", f"wd={optim.get('weight_decay')}"]
+    inter = plain.get("data", {}).get("interventions") or {}
+    if inter.get("resample"):
+        diffs.append("resample=" + ",".join(map(str, inter["resample"])))
+    if inter.get("fix_position"):
+        diffs.append(f"fix x{inter['fix_position']}={inter.get('fix_token')}")
+    if plain.get("data", {}).get("token_budget"):
+        diffs.append(f"token_budget={plain['data']['token_budget']}")
+    return ", ".join(diffs)
+
+
+NEGATIVE_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def negative_values_joined(argv: list[str]) -> list[str]:
+    """``--model.optim.lr -1e-3`` as ``--model.optim.lr=-1e-3``: argparse takes a value that starts
+    with '-' and is not a plain negative integer or decimal for an option, and said only
+    "expected one argument"; joined, the field's own check names it and the value."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and NEGATIVE_NUMBER.fullmatch(arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out

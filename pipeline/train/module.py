@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.checkpoint import checkpoint
 
+from pipeline.checkpoint import NonFiniteLossError
 from pipeline.model import ConfigError, ModelConfig, Transformer
 
 from .compiling import compile_blocks, failure_line
@@ -28,10 +29,6 @@ from .sharding import shard_model
 # DeepSpeedStrategy warns that an overridden configure_gradient_clipping does not clip: under it
 # ours hands over to Lightning's, which leaves clipping to the engine (gradient_clipping), as wanted.
 warnings.filterwarnings("ignore", message="Since DeepSpeed handles gradient clipping internally")
-
-
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite."""
 
 
 def _recomputed(forward):
@@ -62,7 +59,7 @@ def read_init(spec: str, cfg: ModelConfig) -> tuple[dict, dict[str, str]]:
     fit a model of ``cfg``, and the MLflow tags that link the new run to where they came from."""
     from pathlib import Path
 
-    from pipeline.analysis.run_models import RunModelError, is_model_uri, resolve_model
+    from pipeline.tracking import RunModelError, is_model_uri, resolve_model
     from pipeline.model import load_pretrained
 
     tags = {"sinklab.init_from": spec}

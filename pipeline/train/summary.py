@@ -83,7 +83,7 @@ def print_summary(cli) -> None:
                      f"{cli.run.metrics_path} for the next start (--resume auto)")
     elif getattr(logger, "_run_id", None):
         lines.append(f"MLflow       run {logger._run_id} in experiment '{logger.name}' at {logger._tracking_uri}")
-        from pipeline.tracking.views import run_experiment_url
+        from pipeline.tracking import run_experiment_url
 
         served = "" if logger._tracking_uri.startswith("http") else "`make ui`, then "
         lines.append(f"             open it: {served}{run_experiment_url(logger._tracking_uri, logger._run_id)}")

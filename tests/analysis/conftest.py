@@ -51,6 +51,6 @@ def tiny_gpt2_dir(tmp_path_factory, hf_tokenizer):
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from pipeline.analysis.analyze import Subject
+    from pipeline.analysis.subject import Subject
 
     return Subject("smollm2", "auto")

@@ -42,7 +42,7 @@ def test_sweep_runs_every_variant_once_and_the_report_shows_them(tmp_path, mlflo
 
     assert report.main([str(path), "--out", str(tmp_path / "report")]) == 0
     rows = report.build_rows(report.load_experiment(path),
-                             report.mlruns.variant_runs(mlflow_env, f"sinklab/{unique_name}", "cpu"))
+                             report.tracking.variant_runs(mlflow_env, f"sinklab/{unique_name}", "cpu"))
     assert [(r.variant, r.status) for r in rows] == [("softmax", "finished"), ("sigmoid", "finished")]
     for row in rows:
         sink1, val_loss = row.measured

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.experiments import report
 from pipeline.experiments.report import Row
-from pipeline.experiments.runs import variant_runs
+from pipeline.tracking import variant_runs
 from pipeline.experiments.spec import load_experiment
 
 from experiment_helpers import log_training_run, write_experiment

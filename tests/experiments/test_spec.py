@@ -15,6 +15,8 @@ EXPECTED = {
     "ffn", "heads", "attention-biases", "fixed-v-star", "head-sharing-biases", "key-bias-dims",
     "softmax-scale", "sigmoid-lr-wd", "attention-operations", "sigmoid-1b", "sink-tokens",
     "mitigations",
+    # Guo et al.'s Bigram-Backcopy findings (issue 30)
+    "bb-sink", "bb-attention-ops", "bb-optimizer", "bb-norm", "bb-mitigations",
 }
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import yaml
 
-from pipeline.experiments import runs as mlruns
+from pipeline import tracking as mlruns
 from pipeline.experiments import sweep
 from pipeline.experiments.spec import load_experiment
 

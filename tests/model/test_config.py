@@ -17,7 +17,9 @@ def test_presets_have_the_documented_shapes():
     assert (c.positional, c.norm_position, c.ffn, c.tie_embeddings) == ("rope", "pre", "swiglu", False)
     tiny = ModelConfig.from_preset("tiny")
     assert (tiny.d_model, tiny.n_layers, tiny.n_heads, tiny.d_ffn) == (128, 4, 4, 512)
-    assert set(PRESETS) >= {"llama-60m", "llama-1b", "tiny", "micro"}
+    assert set(PRESETS) >= {"llama-60m", "llama-1b", "tiny", "micro", "bb", "bb-tiny"}
+    bb = ModelConfig.from_preset("bb-tiny", ffn="relu", positional="learned")
+    assert (bb.d_model, bb.n_layers, bb.n_heads, bb.d_ffn, bb.max_seq_len, bb.ffn) == (32, 1, 1, 128, 32, "relu")
 
 
 def test_60m_preset_counts_about_60m_parameters_without_embeddings():

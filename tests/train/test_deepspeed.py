@@ -23,7 +23,7 @@ from pipeline.model import load_pretrained
 from pipeline.train.cli import SinkLabCLI
 from pipeline.train.data import SinkDataModule
 from pipeline.train.module import SinkLabModule
-from pipeline.train.rundir import release_lock
+from pipeline.checkpoint import release_lock
 from pipeline.train.sharding import DeepSpeedStrategy
 
 STEPS = 12
@@ -153,7 +153,7 @@ def test_checkpoint_of_fit_consolidates_loads_and_exports(runs, tiny_ds, tmp_pat
     -> `sinklab export-hf` -> LlamaForCausalLM with the same logits; and `--resume FILE` continues
     from it (fresh AdamW moments) with the reference's loss at that step."""
     from pipeline.model.hf_export import main as export_hf
-    from pipeline.train.consolidate import main as consolidate
+    from pipeline.checkpoint.consolidate import main as consolidate
     from transformers import AutoModelForCausalLM
 
     fp32 = tmp_path / "step-000008.ckpt"
@@ -166,7 +166,7 @@ def test_checkpoint_of_fit_consolidates_loads_and_exports(runs, tiny_ds, tmp_pat
 
     model = load_pretrained(fp32).eval()
     # The run's MLflow model: the same fp32 weights, merged from the final checkpoint by fit itself
-    from pipeline.analysis.run_models import resolve_model
+    from pipeline.tracking import resolve_model
 
     run_id = (runs["zero3"] / "mlflow_run_id").read_text().strip()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)

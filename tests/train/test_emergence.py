@@ -65,6 +65,23 @@ def test_head_trajectories_read_every_start(tmp_path):
     assert E.draw_trajectory(tmp_path / "none.jsonl", 2, 3, tmp_path / "n.png") is None
 
 
+def test_extreme_token_figure_draws_what_was_measured(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    _write(path, [{"step": s, "sink/sink1": 10.0 * s, "act/massive_ratio_l0": 1.0, "act/massive_ratio_l1": 2.0}
+                  for s in (4, 0)] + [{"step": 2, "train/loss": 3.0}])
+    drawn = {}
+    monkeypatch.setattr("pipeline.plots.extreme_token_dynamics",
+                        lambda steps, panels, out, title: drawn.update(steps=steps, panels=panels) or out)
+    E.draw_extreme_tokens(path, 2, tmp_path / "x.png")
+    # no trigger split and no value ratio in this history: the attention panel holds Sink_1 only,
+    # and there is no value-state panel
+    assert drawn["steps"] == [0, 4]
+    assert [(title.split(" ")[0], list(lines)) for title, lines in drawn["panels"]] == [
+        ("attention", ["Sink₁ / 100"]), ("‖h₁‖", ["‖h₁‖ ratio, layer 0", "‖h₁‖ ratio, layer 1"])]
+    assert drawn["panels"][0][1]["Sink₁ / 100"] == [0.0, 0.4]
+    assert E.draw_extreme_tokens(tmp_path / "none.jsonl", 2, tmp_path / "n.png") is None
+
+
 # The elu+1 kernel (the paper's strongest sink), a large learning rate and BOS fixed at position 1
 # (the probe carries it too): on the tiny data Sink_1 leaves zero within a few steps.
 ELU1 = ["--model.model.attention.op", "kernel", "--model.model.attention.kernel", "elu1",

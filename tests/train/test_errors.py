@@ -155,3 +155,40 @@ def test_a_file_size_limit_while_checkpointing_is_one_line_and_keeps_the_older_c
     assert "File too large" in lines[0] and "ulimit -f" in lines[0] and "checkpoints already written are kept" in lines[0]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000004.ckpt"]
     assert "Traceback" not in limited.stderr
+
+
+def test_a_failed_sql_store_write_is_logged_without_its_traceback():
+    """Issue 26 re-run: `ulimit -f` under a sqlite:/// store printed SQLAlchemy's traceback (MLflow's
+    own ERROR record) before sinklab's one line. The record keeps its message, not the traceback."""
+    import io
+    import logging
+
+    import pipeline.tracking.logger  # noqa: F401 - installs the filter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    store_log = logging.getLogger("mlflow.store.db.utils")
+    store_log.addHandler(handler)
+    try:
+        try:
+            raise OSError("disk I/O error")
+        except OSError:
+            store_log.error("SQLAlchemy database error. The following exception is caught.", exc_info=True)
+    finally:
+        store_log.removeHandler(handler)
+    assert "SQLAlchemy database error" in stream.getvalue() and "Traceback" not in stream.getvalue()
+
+
+def test_a_sql_store_that_cannot_be_opened_is_one_line_before_anything_is_written(tiny_ds, tmp_path):
+    """Issue 26 re-run: a sqlite:/// store that cannot be opened (measured: one larger than `ulimit -f`;
+    here: a path under a file) failed inside MlflowClient's construction with SQLAlchemy's
+    traceback, exit 1. Now one line naming the store, and no run directory."""
+    (tmp_path / "a-file").write_text("not a folder")
+    uri = f"sqlite:///{tmp_path}/a-file/mlflow.db"
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "fit", "--config", TINY, "--data.path", str(tiny_ds),
+                           "--run-dir", str(run_dir)], env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"sinklab fit: MLFLOW_TRACKING_URI={uri}: the store cannot be opened" in done.stderr
+    assert not run_dir.exists()

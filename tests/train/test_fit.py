@@ -16,8 +16,7 @@ from mlflow.tracking import MlflowClient
 from data_prep.dataset import PackedSplit, load_manifest
 from pipeline.flops import flops_per_token
 from pipeline.model import load_pretrained
-from pipeline.tracking.images import logged_image_keys
-from pipeline.tracking.views import sent_to_mlflow
+from pipeline.tracking import logged_image_keys, sent_to_mlflow
 from pipeline.train import module as module_mod
 
 
@@ -207,7 +206,7 @@ def test_training_survives_an_mlflow_outage(tiny_ds, tmp_path, monkeypatch, mlfl
         return original(self)
 
     monkeypatch.setattr(module_mod.SinkLabModule, "_end_of_step", toggling)
-    from pipeline.train import tracking
+    from pipeline import tracking
 
     monkeypatch.setattr(tracking.RunLogger, "__init__.__defaults__", (1.0,), raising=False)
     run_dir = tmp_path / "outage"
@@ -237,7 +236,7 @@ def test_a_server_lost_mid_run_gets_every_metric_from_the_next_start(tiny_ds, tm
         proxy.up = self.global_step < 4
         return original(self)
 
-    from pipeline.train import tracking
+    from pipeline import tracking
 
     monkeypatch.setattr(module_mod.SinkLabModule, "_end_of_step", losing)
     monkeypatch.setattr(tracking.RunLogger, "__init__.__defaults__", (1.0,), raising=False)
@@ -387,7 +386,7 @@ def test_nothing_is_written_where_the_command_runs(tiny_ds, tmp_path, monkeypatc
     """Issue 26/29: with MLFLOW_TRACKING_URI=sqlite:///<dir>/mlflow.db, a run's artifacts and its
     logged model went to ./mlruns of whatever directory the command ran in. Now every experiment
     SinkLab creates keeps them beside the store."""
-    from pipeline.tracking_contract import experiment_id
+    from pipeline.tracking import experiment_id
 
     cwd, store = tmp_path / "somewhere", tmp_path / "store"
     cwd.mkdir()

@@ -67,7 +67,7 @@ def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatc
     from pipeline.train.cli import SinkLabCLI
     from pipeline.train.data import SinkDataModule
     from pipeline.train.module import SinkLabModule
-    from pipeline.train.rundir import release_lock
+    from pipeline.checkpoint import release_lock
 
     gpu_check = load_benchmark("gpu_check")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from conftest import fit_in_process, losses
 
-from pipeline.train.integrity import checkpoint_problem, nonfinite_state
+from pipeline.checkpoint import checkpoint_problem, nonfinite_state
 
 
 def test_a_diverging_run_writes_no_nonfinite_checkpoint(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):

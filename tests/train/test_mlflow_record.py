@@ -15,10 +15,10 @@ from mlflow.tracking import MlflowClient
 
 from data_prep.dataset import load_manifest
 from pipeline.analysis import analyze
-from pipeline.analysis.run_models import RunModelError, resolve_model
+from pipeline.tracking import RunModelError, resolve_model
 from pipeline.model import load_pretrained
+from pipeline.tracking import record as mlflow_record
 from pipeline.tracking import views
-from pipeline.train import mlflow_record
 from train_datasets import make_dataset
 
 EXPERIMENT = "train-mlflow-record"
@@ -98,7 +98,7 @@ def test_logged_model_loads_back_to_the_checkpoints_logits(fitted):
 
 def test_a_variant_llama_cannot_express_is_logged_without_the_hf_export(tmp_path):
     from pipeline.model import ModelConfig, Transformer
-    from pipeline.train.mlflow_record import add_hf_export, write_model_dir
+    from pipeline.tracking import add_hf_export, write_model_dir
 
     config = ModelConfig.from_preset("micro", vocab_size=64, positional="alibi")
     out = write_model_dir(tmp_path / "model", config, Transformer(config).state_dict())
@@ -231,7 +231,7 @@ def test_log_model_and_system_metrics_flags_turn_them_off(fitted, tmp_path):
 
 
 def test_final_weights_come_from_the_module_unless_sharded_or_a_checkpoint_is_preferred(fitted):
-    from pipeline.train.rundir import RunDir
+    from pipeline.checkpoint import RunDir
 
     ckpt = RunDir(fitted.run_dir).newest_checkpoint()
     from_ckpt = load_pretrained(ckpt)

@@ -21,7 +21,7 @@ from conftest import fit_in_process
 from mlflow.tracking import MlflowClient
 
 from pipeline.tracking import views
-from pipeline.tracking.images import logged_image_keys
+from pipeline.tracking import logged_image_keys
 from train_datasets import make_dataset
 
 CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")

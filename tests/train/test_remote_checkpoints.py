@@ -5,7 +5,7 @@ from __future__ import annotations
 from conftest import fit_in_process, losses
 from mlflow.tracking import MlflowClient
 
-from pipeline.train.remote_checkpoints import ARTIFACT_DIR, logged_checkpoints
+from pipeline.tracking.remote_checkpoints import ARTIFACT_DIR, logged_checkpoints
 
 ARGS = ["--trainer.max_steps", "12", "--run.checkpoint_every", "4", "--run.keep_last", "2", "--run.sink_every", "0",
         "--run.log_model", "false", "--run.system_metrics", "false"]

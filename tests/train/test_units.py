@@ -20,7 +20,7 @@ from pipeline.train.data import GlobalOrder, RankBatchSampler
 from pipeline.train.interventions import Interventions, apply_interventions
 from pipeline.train.module import SinkLabModule
 from pipeline.train.optim import OptimConfig, build_optimizer, build_scheduler, param_groups
-from pipeline.train.rundir import RunDir, RunDirError, acquire_lock, release_lock
+from pipeline.checkpoint import RunDir, RunDirError, acquire_lock, release_lock
 
 SPECIAL = {"bos": 1, "eos": 2, "pad": 0}
 

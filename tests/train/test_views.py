@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from pipeline.experiments.runs import run_scale
+from pipeline.tracking.runs import run_scale
 from pipeline.tracking import views
 
 
@@ -59,7 +59,7 @@ def test_the_dataset_is_named_from_its_manifest(tmp_path):
 
 
 def test_the_variant_tag_names_the_attention_op_even_the_default():
-    from pipeline.train.cli import _variant_summary
+    from pipeline.train.fit_config import variant_summary as _variant_summary
 
     softmax = {"model": {"model": {"preset": "micro"}, "optim": {"lr": 0.002, "weight_decay": 0.5}}}
     assert _variant_summary(softmax) == "softmax, lr=0.002, wd=0.5"

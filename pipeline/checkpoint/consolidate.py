@@ -5,7 +5,8 @@ DeepSpeed) -> one fp32 Lightning checkpoint file.
 
 Lightning's ``convert_zero_checkpoint_to_fp32_state_dict`` does the merge (DeepSpeed's
 ``zero_to_fp32`` over every rank's fp32 master partitions, plus Lightning's training state:
-global step, loops with the data position, scheduler, callbacks, hyper-parameters). What it
+global step, loops with the data position, scheduler, callbacks, hyper-parameters), through
+:func:`merge_zero_checkpoint`, which the final model of a DeepSpeed run uses too. What it
 lacks, added here: the file is written under a temporary name and renamed (never half-written),
 it is checked to come from `sinklab fit` (``model_config``), and it gets an optimizer state, so
 that it also resumes with ``sinklab fit --resume <file>`` on any strategy and world size. ZeRO
@@ -17,22 +18,23 @@ with ``sinklab export-hf``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
 from pathlib import Path
 
 import torch
 
-from data_prep.atomic import atomic_path
 from data_prep.errors import os_error_line
+from sinklab_io.atomic import atomic_path
 
 
 def fresh_optimizer_state(hparams: dict, last_lr: list[float] | None) -> dict:
     """An AdamW state with SinkLab's parameter groups, empty moments, and the schedule's current
     lr (so a resumed run continues the cosine where it was, not at the peak)."""
     from pipeline.model import ModelConfig, Transformer
-
-    from .optim import OptimConfig, build_optimizer
+    from pipeline.train.optim import OptimConfig, build_optimizer
 
     model = Transformer(ModelConfig.from_dict(hparams["model_config"]))
     state = build_optimizer(model, OptimConfig(**hparams.get("optim", {}))).state_dict()
@@ -43,17 +45,29 @@ def fresh_optimizer_state(hparams: dict, last_lr: list[float] | None) -> dict:
     return state
 
 
-def consolidate(ckpt_dir: str | os.PathLike, out: str | os.PathLike) -> dict:
-    """Writes ``out`` and returns the checkpoint written."""
+def merge_zero_checkpoint(ckpt_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> dict:
+    """The one way SinkLab merges a DeepSpeed ZeRO checkpoint directory: Lightning's converter
+    (DeepSpeed's ``zero_to_fp32`` over every rank's fp32 master partitions, plus Lightning's
+    training state). Returns the Lightning checkpoint dict (``state_dict`` keys as the
+    LightningModule's); ``out`` None: only the dict is wanted (the final model of `sinklab fit`),
+    and the converter's own copy of it is written nowhere."""
     from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
+    if out is not None:
+        return convert_zero_checkpoint_to_fp32_state_dict(ckpt_dir, out)
+    with contextlib.redirect_stdout(io.StringIO()):  # its "Saving fp32 state dict to ..." line
+        return convert_zero_checkpoint_to_fp32_state_dict(ckpt_dir, os.devnull)
+
+
+def consolidate(ckpt_dir: str | os.PathLike, out: str | os.PathLike) -> dict:
+    """Writes ``out`` and returns the checkpoint written."""
     ckpt, out = Path(ckpt_dir), Path(out)
     if not (ckpt / "latest").is_file():
         raise FileNotFoundError(f"{ckpt}: not a DeepSpeed checkpoint directory (no 'latest' file)")
     if out.is_dir():  # checked before the merge, which takes minutes at 1B
         raise ValueError(f"{out}: is a directory; give the path of the .ckpt file to write, e.g. {out / (ckpt.name.removesuffix('.ckpt') + '-fp32.ckpt')}")
     with atomic_path(out) as tmp:
-        result = convert_zero_checkpoint_to_fp32_state_dict(ckpt, tmp)
+        result = merge_zero_checkpoint(ckpt, tmp)
         hparams = result.get("hyper_parameters") or {}
         if "model_config" not in hparams:
             raise ValueError(f"{ckpt}: its client state has no hyper_parameters['model_config']; "

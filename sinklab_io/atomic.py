@@ -2,8 +2,8 @@
 temporary name beside its target and renamed into place (one rename within a directory is
 atomic on POSIX), so a crash or Ctrl-C never leaves half a file where a reader looks.
 
-The one home of this rule for all of SinkLab: ``data_prep`` is the layer every other part may
-import, and this module needs nothing but the standard library.
+The one home of this rule for all of SinkLab: ``sinklab_io`` sits below every other part
+(``data_prep``, ``pipeline``, ``cluster`` all import it) and needs nothing but the standard library.
 """
 from __future__ import annotations
 

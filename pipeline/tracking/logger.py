@@ -17,6 +17,7 @@ requeued job continues it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -27,14 +28,28 @@ from typing import Any, Mapping
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from pipeline.tracking.views import mark_training_experiment, sent_to_mlflow
-from pipeline.tracking_contract import experiment_id, tracking_uri
+from pipeline.checkpoint import RunDir
+from pipeline.model.config import ConfigError
 
+from .contract import experiment_id, tracking_uri
 from .metrics_file import MetricsFile
-from .rundir import RunDir
+from .views import mark_training_experiment, sent_to_mlflow
 
 DEFAULT_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
                    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
+class _NoTraceback(logging.Filter):
+    """MLflow's SQL store logs a failed commit (a full disk, a file-size limit) with its traceback
+    at ERROR, then raises; the logger below reports the raise in one line, so the record keeps its
+    message and drops the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("mlflow.store.db.utils").addFilter(_NoTraceback())
 
 
 def _notice(message: str) -> None:
@@ -73,7 +88,7 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
     id, or None when the tracking store cannot be reached (training then goes on offline, and a
     later start creates the run and sends what metrics.jsonl holds). manifest: the dataset's,
     logged as the run's dataset input when the run is created."""
-    from .mlflow_record import dataset_input
+    from .record import dataset_input
     from mlflow.entities import Param, RunTag
     from mlflow.tracking import MlflowClient
 
@@ -125,7 +140,12 @@ class RunLogger(MLFlowLogger):
     def __init__(self, run_dir: str, experiment_name: str, run_id: str | None,
                  retry_every_s: float = 60.0, **kwargs: Any):
         uri = tracking_uri()
-        super().__init__(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, **kwargs)
+        try:
+            super().__init__(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a sqlite:/// store is opened here (a bad path, a full disk)
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            raise ConfigError(f"MLFLOW_TRACKING_URI={uri}: the store cannot be opened ({type(exc).__name__}: {first}); "
+                              "check its path, free space or `ulimit -f`, or point MLFLOW_TRACKING_URI at another store") from None
         self.record = MetricsFile(Path(run_dir))
         self.retry_every_s = retry_every_s
         self._pending: list[tuple[list, int]] = []  # (MLflow metrics, metrics.jsonl offset after them)
@@ -151,7 +171,7 @@ class RunLogger(MLFlowLogger):
         :meth:`finalize`."""
         if self._run_id is None or self.system_metrics is not None:
             return
-        from .mlflow_record import SystemMetrics
+        from .record import SystemMetrics
 
         try:
             self.system_metrics = SystemMetrics(self._tracking_uri, self._run_id)
@@ -236,7 +256,7 @@ class RunLogger(MLFlowLogger):
         """The figure at ``path`` as MLflow image ``key`` at ``step`` (pipeline.tracking.images)."""
         if self._run_id is None:
             return
-        from pipeline.tracking.images import log_image_file
+        from .images import log_image_file
 
         try:
             log_image_file(self.experiment, self._run_id, path, key, step)

@@ -1,9 +1,9 @@
-"""data_prep.atomic: whole or not at all."""
+"""sinklab_io.atomic: whole or not at all."""
 from __future__ import annotations
 
 import pytest
 
-from data_prep.atomic import MARKER, NotOurs, atomic_directory, atomic_path, atomic_write
+from sinklab_io.atomic import MARKER, NotOurs, atomic_directory, atomic_path, atomic_write
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):

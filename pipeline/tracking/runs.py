@@ -8,15 +8,19 @@ by these.
 from __future__ import annotations
 
 import re
-
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from pipeline.experiments.spec import Experiment
-from pipeline.tracking_contract import (FINISHED, TAG_EXPERIMENT, TAG_KIND, TAG_SCALE, TAG_STATUS, TAG_VARIANT,
+from .contract import (FINISHED, TAG_EXPERIMENT, TAG_KIND, TAG_SCALE, TAG_STATUS, TAG_VARIANT,
                                         experiment_id, tracking_uri)
+
+if TYPE_CHECKING:
+    from pipeline.experiments.spec import Experiment
 
 
 def client(uri: str | None = None) -> MlflowClient:
@@ -95,7 +99,7 @@ def parent_run(mlflow: MlflowClient, experiment: Experiment, scale: str) -> str:
     variants' runs carry its id as mlflow.parentRunId; `sinklab report` logs its table, figure
     and agreement to it): found again on a repeated sweep or report, created on the first. It
     holds the experiment's name, title and paper reference."""
-    from pipeline.tracking.views import mark_training_experiment
+    from .views import mark_training_experiment
 
     exp_id = experiment_id(mlflow, experiment.mlflow_experiment)
     mark_training_experiment(mlflow, exp_id)
@@ -111,3 +115,20 @@ def parent_run(mlflow: MlflowClient, experiment: Experiment, scale: str) -> str:
     run = mlflow.create_run(exp_id, run_name=f"{experiment.name}/{scale}", tags=tags)
     mlflow.log_param(run.info.run_id, "variants", ",".join(v.name for v in experiment.variants)[:6000])
     return run.info.run_id
+
+
+def log_report(mlflow, experiment: Experiment, scale: str, files: list[Path],
+               metrics: dict[str, float] | None = None) -> str:
+    """Log the files as artifacts, and the metrics (the agreement), to the run that groups the
+    experiment's variants at this scale (:func:`parent_run`: the sweep's parent)."""
+    run_id = parent_run(mlflow, experiment, scale)
+    for f in files:
+        mlflow.log_artifact(run_id, str(f), artifact_path=f"report-{scale}")
+    if metrics:
+        now = int(time.time() * 1000)
+        mlflow.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
+    running = mlflow.search_runs([mlflow.get_run(run_id).info.experiment_id],
+                                 f"tags.`mlflow.parentRunId` = '{run_id}' and attributes.status = 'RUNNING'")
+    if not running:  # a sweep still under way ends its parent itself
+        mlflow.set_terminated(run_id)
+    return run_id

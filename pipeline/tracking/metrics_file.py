@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 
 class MetricsFile:
     def __init__(self, run_root: Path):

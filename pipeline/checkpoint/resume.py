@@ -1,4 +1,5 @@
-"""What a resume may change: checked before anything of the new start is written.
+"""Which checkpoint a start resumes (:func:`resume_path`), and what a resume may change
+(:func:`check_resume`): both checked before anything of the new start is written.
 
 A resume continues the checkpoint's run. It may change how the run is carried out (world size
 and micro-batch, strategy, precision, compilation, cadences of checkpoints, probes and
@@ -10,13 +11,15 @@ would not fit). Those are refused in one line that names the field and both valu
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 
-from .integrity import model_states_file
-from .rundir import RunDirError
+from .integrity import checkpoint_problem, model_states_file
+from .rundir import RunDir, RunDirError
 
 # how a run is carried out, not what it is: a resume may change these optimiser fields
 FREE_OPTIM_FIELDS = ("fused",)
@@ -63,3 +66,31 @@ def check_resume(ckpt: Path, model_config: dict, optim: dict, data_order: dict, 
         raise RunDirError(f"--resume {ckpt}: trainer.max_steps={max_steps} is below the checkpoint's step {step}; "
                           f"give at least {step} (a larger value extends the run)")
     return step
+
+
+def resume_path(run: RunDir, resume: str | None) -> str | None:
+    """The checkpoint ``--resume`` names: ``auto``, the newest intact one of the run directory
+    (None: a fresh start); ``never``, None, refusing a run directory that has checkpoints; else
+    the path given, refused where missing or damaged."""
+    if resume == "auto":
+        newest = run.newest_checkpoint(usable=_intact)
+        return str(newest) if newest else None
+    if resume in ("never", "", None):
+        if run.step_checkpoints():
+            raise RunDirError(f"{run.root}: already has checkpoints; continue it with --resume auto, "
+                              "or choose another --run-dir")
+        return None
+    if not Path(resume).exists():
+        raise RunDirError(f"--resume {resume}: no such checkpoint")
+    if problem := checkpoint_problem(Path(resume)):
+        raise RunDirError(f"--resume {resume}: damaged checkpoint: {problem}; give an older one, or "
+                          "--resume auto to take the newest intact one of the run directory")
+    return resume
+
+
+def _intact(path: Path) -> bool:
+    """For --resume auto: a damaged checkpoint is passed over, with a warning that names it."""
+    problem = checkpoint_problem(path)
+    if problem and rank_zero_only.rank == 0:
+        print(f"sinklab fit: warning: passing over {path}: {problem}", file=sys.stderr, flush=True)
+    return problem is None

@@ -14,6 +14,10 @@ from typing import Iterable
 import torch
 
 
+class NonFiniteLossError(RuntimeError):
+    """The training loss, the weights or the optimizer state became NaN or infinite."""
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The part of a tensor this process holds: a ZeRO-3 partition, an FSDP2 shard, or all of it."""
     if hasattr(t, "ds_tensor"):

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.tracking.views import HEADLINE, VIEW_TAG, dataset_name, experiment_url, home_url
-from pipeline.tracking_contract import TAG_MODEL_ID
+from .contract import TAG_MODEL_ID
+from .views import HEADLINE, VIEW_TAG, dataset_name, experiment_url, home_url
 
 MODEL_NAME = "model"  # the logged model's name: runs:/<run_id>/model
 DIGEST_LIMIT = 36  # mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE
@@ -74,7 +74,7 @@ def dataset_input(manifest):
 # ---- the final model -----------------------------------------------------------------------
 def final_weights(module, checkpoint: str | os.PathLike | None = None):
     """(ModelConfig, {name: tensor}) of the trained model on rank 0: from a DeepSpeed checkpoint
-    directory, its fp32 master partitions merged in memory by DeepSpeed's zero_to_fp32 (ZeRO-3's
+    directory, its fp32 master partitions merged by ``pipeline.checkpoint.merge_zero_checkpoint`` (ZeRO-3's
     module holds only shards, bf16 ZeRO-1/2's only bf16 copies); else the LightningModule's own
     weights where rank 0 holds them whole (one process, DDP); where they are sharded (FSDP2
     DTensors), ``checkpoint``, a file that holds them whole. None when neither is at hand."""
@@ -84,11 +84,10 @@ def final_weights(module, checkpoint: str | os.PathLike | None = None):
 
     model = module.model
     if checkpoint is not None and (Path(checkpoint) / "latest").is_file():
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        from pipeline.checkpoint import merge_zero_checkpoint
 
-        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
-        names = {k: k.removeprefix("_forward_module.") for k in state}
-        return model.config, {n.removeprefix("model."): state[k] for k, n in names.items() if n.startswith("model.")}
+        state = merge_zero_checkpoint(checkpoint)["state_dict"]
+        return model.config, {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
     sharded = any(type(p).__name__ == "DTensor" or hasattr(p, "ds_id") for p in model.parameters())
     if not sharded:
         return model.config, {k: v.detach() for k, v in model.state_dict().items()
@@ -102,7 +101,7 @@ def final_weights(module, checkpoint: str | os.PathLike | None = None):
 def log_run_model(cli) -> None:
     """Rank 0 of `sinklab fit`, after the final checkpoint: the final weights as the run's MLflow
     model (once per run); an MLflow outage costs a warning, never the run."""
-    from pipeline.tracking_contract import tracking_uri
+    from .contract import tracking_uri
 
     if not cli.opts.log_model or not cli.run_id:
         return
@@ -128,16 +127,10 @@ def log_run_model(cli) -> None:
 def write_model_dir(out: Path, config, state: dict, manifest=None) -> Path:
     """fp32 ``model.safetensors`` + ``sinklab_config.json`` (what ``load_pretrained`` reads),
     with the dataset's ``tokenizer.json`` and ``dataset.json`` (manifest summary) beside them."""
-    from safetensors.torch import save_file
-
-    from pipeline.model.loading import CONFIG_NAME, WEIGHTS_NAME
+    from pipeline.model.loading import write_weights
 
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: (v.float() if v.is_floating_point() else v).to("cpu").contiguous() for k, v in state.items()}
-    if config.tie_embeddings:
-        tensors.pop("lm_head.weight", None)
-    save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt", "sinklab": "1"})
-    (out / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    write_weights(config, {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, out)
     if manifest is not None:
         (out / "dataset.json").write_text(json.dumps(manifest_summary(manifest), indent=2) + "\n")
         tokenizer = Path(manifest.root) / "tokenizer.json"

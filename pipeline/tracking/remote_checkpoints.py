@@ -20,7 +20,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from .rundir import CKPT_RE, RunDir, RunDirError
+from pipeline.checkpoint import CKPT_RE, RunDir, RunDirError
 
 ARTIFACT_DIR = "checkpoints"
 
@@ -90,7 +90,7 @@ def pulled_argv(argv: list[str]) -> list[str]:
     """``sinklab fit ... --resume runs:/<id>``: the run's config and newest logged checkpoint are
     fetched into a local run dir (by global rank 0; the other ranks wait for it), and the command
     continues it as ``--config <run dir>/config.yaml ... --run-dir <run dir> --resume auto``."""
-    from pipeline.tracking_contract import tracking_uri
+    from .contract import tracking_uri
 
     at = next((i for i, a in enumerate(argv) if a == "--resume" or a.startswith("--resume=")), None)
     if at is None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from data_prep.atomic import atomic_write
+from sinklab_io.atomic import atomic_write
 
 CKPT_RE = re.compile(r"^step-(\d{6,})\.ckpt$")
 
@@ -78,7 +78,7 @@ class RunDir:
 
     def newest_checkpoint(self, usable: Callable[[Path], bool] = lambda path: True) -> Path | None:
         """The checkpoint `--resume auto` continues from: the newest complete step checkpoint
-        that ``usable`` accepts (pipeline.train.integrity checks it can be loaded)."""
+        that ``usable`` accepts (pipeline.checkpoint.integrity checks it can be loaded)."""
         return next((p for _, p in reversed(self.step_checkpoints()) if usable(p)), None)
 
     def prune(self, keep_last: int) -> list[Path]:

@@ -1,9 +1,9 @@
 """A training run as a model: ``runs:/<run_id>`` (or ``runs:/<run_id>/model``, ``models:/<model_id>``)
-to a local SinkLab model directory, and analysis results back to that run.
+to a local SinkLab model directory.
 
 The one place SinkLab resolves MLflow model URIs; `sinklab analyze`, `stream-ppl` and `export-hf`
 go through it. ``sinklab fit`` logs each run's final weights as the logged model ``model``
-(``pipeline.train.mlflow_record``); here MLflow's artifact API downloads it (into
+(``pipeline.tracking.record``); here MLflow's artifact API downloads it (into
 ``$SINKLAB_CACHE/mlflow/<run_id>/model``, once) and ``pipeline.model.load_pretrained`` reads the
 directory: ``model.safetensors``, ``sinklab_config.json``, and the dataset's ``tokenizer.json``
 and ``dataset.json``. The tracking store is ``$MLFLOW_TRACKING_URI`` (default: the project's
@@ -11,7 +11,6 @@ and ``dataset.json``. The tracking store is ``$MLFLOW_TRACKING_URI`` (default: t
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -19,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.tracking_contract import TAG_MODEL_ID, tracking_uri
+from .contract import TAG_MODEL_ID, tracking_uri
 
 PREFIXES = ("runs:/", "models:/")
 MODEL_NAME = "model"
@@ -120,48 +119,3 @@ def resolve_argv(argv: list[str], tokenizer_flag: str = "--tokenizer") -> list[s
             a == tokenizer_flag or a.startswith(tokenizer_flag + "=") for a in argv):
         out += [tokenizer_flag, str(resolved.tokenizer)]
     return out
-
-
-def log_analysis(resolved_uri: str, run_id: str, record: dict, out: Path) -> str:
-    """`sinklab analyze runs:/<id>`: the results on the training run itself, metrics and the
-    output directory (report.json, plots) under ``analysis/``. Returns the run id."""
-    values = {f"analysis/table1/{k}": v for k, v in record["table1"].items()}
-    for kind, rep in record["reports"].items():
-        values.update({f"analysis/{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
-        if rep.get("alpha1") is not None:
-            values[f"analysis/{kind}/alpha1_mean"] = _mean(rep["alpha1"])
-        summary = (rep.get("outliers") or {}).get("summary", {})  # activation outliers, largest over layers
-        values.update({f"analysis/{kind}/act/{k}": v for k, v in summary.items() if not k.endswith("_at")})
-    values.update({f"analysis/domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v
-                   for d, v in record.get("domains", {}).items()})
-    return log_results(resolved_uri, run_id, values, {"sinklab.analysis.settings": record["settings"]}, out, "analysis")
-
-
-def log_results(resolved_uri: str, run_id: str, values: dict[str, float], tags: dict[str, object],
-                out: Path, artifact_path: str) -> str:
-    """An analysis of a training run's model back on that run: ``values`` as metrics (step 0),
-    ``tags`` (JSON, at most 5,000 characters each) and the output directory ``out`` as artifacts
-    under ``artifact_path``. Returns the run id."""
-    from mlflow.entities import Metric, RunTag
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(resolved_uri)
-    now = int(__import__("time").time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()],
-                     tags=[RunTag(k, json.dumps(v, sort_keys=True)[:5000]) for k, v in tags.items()])
-    client.log_artifacts(run_id, str(out), artifact_path=artifact_path)
-    return run_id
-
-
-def _mean(nested) -> float:
-    flat: list[float] = []
-
-    def walk(x):
-        if isinstance(x, (list, tuple)):
-            for y in x:
-                walk(y)
-        else:
-            flat.append(float(x))
-
-    walk(nested)
-    return sum(flat) / len(flat) if flat else float("nan")

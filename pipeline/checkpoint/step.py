@@ -1,0 +1,83 @@
+"""Step checkpoints: written at optimizer-step ends only, atomically, the newest ``keep_last`` kept."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import Checkpoint
+
+from .integrity import NonFiniteLossError, nonfinite_state
+from .rundir import RunDir, checkpoint_name
+
+
+def at_step_end(trainer: L.Trainer, batch_idx: int) -> bool:
+    """Whether this batch ended an optimizer step (not a micro-batch inside an accumulation)."""
+    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
+
+
+class StepCheckpoint(Checkpoint):
+    """Saves ``<run_dir>/checkpoints/step-NNNNNN.ckpt`` every ``every`` optimizer steps and at
+    the end, keeping the newest ``keep_last``. Each one is written under a hidden temporary
+    name and renamed into place, so a crash never leaves a half-written checkpoint where
+    ``--resume auto`` looks (works for files and for DeepSpeed's checkpoint directories)."""
+
+    def __init__(self, run_dir: Path, every: int, keep_last: int = 3):
+        self.run = RunDir(run_dir)
+        self.every, self.keep_last = every, keep_last
+        self.last_saved = -1
+        self.uploader = None  # a remote_checkpoints.CheckpointUploader under run.log_checkpoints
+
+    def save(self, trainer: L.Trainer) -> Path:
+        step = trainer.global_step
+        # every rank checks what it holds (shards under ZeRO-3 / FSDP2); one bad rank stops all
+        if trainer.strategy.reduce_boolean_decision(nonfinite_state(trainer.lightning_module, trainer.optimizers),
+                                                    all=False):
+            raise NonFiniteLossError(
+                f"non-finite weights or optimizer state after step {step}: stopping without writing that "
+                f"checkpoint; the ones in {self.run.checkpoints} are kept. Start a new run directory with a "
+                "lower model.optim.lr or a longer warm-up, or check the data.")
+        final = self.run.checkpoints / checkpoint_name(step)
+        tmp = self.run.checkpoints / f".{final.name}.partial"
+        if trainer.is_global_zero:
+            _remove(tmp)
+        trainer.strategy.barrier("sinklab_ckpt_pre")
+        self.last_saved = step  # before saving, so the checkpoint's own state says it is saved
+        try:
+            trainer.save_checkpoint(tmp, weights_only=False)
+        except OSError:  # a full disk, a file-size limit: no partial file stays behind
+            _remove(tmp)
+            raise
+        trainer.strategy.barrier("sinklab_ckpt_post")
+        if trainer.is_global_zero:
+            _remove(final)
+            os.replace(tmp, final)
+            self.run.prune(self.keep_last)
+            if self.uploader is not None:
+                self.uploader.upload(final, keep={p.name for _, p in self.run.step_checkpoints()})
+        trainer.strategy.barrier("sinklab_ckpt_done")
+        return final
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if (at_step_end(trainer, batch_idx) and self.every > 0 and step > 0 and step % self.every == 0
+                and step != self.last_saved):
+            self.save(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.global_step != self.last_saved and trainer.global_step > 0:
+            self.save(trainer)
+
+    def state_dict(self) -> dict:
+        return {"last_saved": self.last_saved}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.last_saved = state.get("last_saved", -1)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
