@@ -68,7 +68,8 @@ browser:
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
 	  command -v apt-get >/dev/null || { echo "no apt-get: the MLflow UI test will skip (needs /usr/bin/chromium)"; exit 0; }; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium chromium-driver; }
+	  { $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium chromium-driver; } \
+	  || echo "apt-get could not install chromium: the MLflow UI test will skip (needs /usr/bin/chromium)"; }
 
 ui: venv
 	mkdir -p mlruns
