@@ -5,9 +5,10 @@
 3. the full-precision pass of quant-eval, which also records the activation outliers;
 4. all of quant-eval: its six settings.
 
-Each is timed as the best of ``--repeat`` runs. The full-precision NLL of quant-eval must equal the
-plain pass's. Then the sink probe's cost with and without the outlier metrics: ``run_probe`` of the
-embedded recipe's model shape (tiny preset, vocabulary 4096, random weights) on the probe set of
+Each is timed as the best of ``--repeat`` runs, the four interleaved in every repeat (a load that
+comes and goes on a shared machine falls on all of them). The full-precision NLL of quant-eval must
+equal the plain pass's. Then the sink probe's cost with and without the outlier metrics:
+``run_probe`` of the embedded recipe's model shape (tiny preset, vocabulary 4096, random weights) on the probe set of
 ``--probe-dataset`` (default data/embedded, skipped when absent), interleaved, median of 8. The
 last three lines are ``probe_ratio=<with / without outliers>``, ``pass_ratio=<W8A8 pass / plain
 pass>`` and ``ratio=<all of quant-eval / plain pass>``.
@@ -33,13 +34,16 @@ from pipeline.analysis.quant_eval import Evaluator, build_parser, load_tokens, m
 from pipeline.outliers import OutlierAccumulator
 
 
-def best_of(repeat: int, work):
-    times, result = [], None
+def interleaved_best(repeat: int, works: dict) -> tuple[dict, dict[str, float]]:
+    """Each repeat runs every work once, in turn, so a load that comes and goes on a shared machine
+    falls on all of them alike; the result of each work's last run and its best time."""
+    results, times = {}, {name: [] for name in works}
     for _ in range(repeat):
-        start = time.perf_counter()
-        result = work()
-        times.append(time.perf_counter() - start)
-    return result, min(times)
+        for name, work in works.items():
+            start = time.perf_counter()
+            results[name] = work()
+            times[name].append(time.perf_counter() - start)
+    return results, {name: min(t) for name, t in times.items()}
 
 
 def probe_ratio(dataset: Path) -> float:
@@ -77,15 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     lead = args.lead or (subject.model.config.sink_tokens + 1 if subject.kind == "sinklab" else 1)
     evaluator = Evaluator(subject.model, subject.kind, windows, lead, args.batch_size)
 
-    plain, t_plain = best_of(args.repeat, lambda: evaluator.nll("fp"))
-    _, t_w8a8 = best_of(args.repeat, lambda: evaluator.nll("w8a8-tensor"))
-    recorded, t_recorded = best_of(args.repeat, lambda: evaluator.nll("fp", OutlierAccumulator(lead)))
     settings = parse_settings(args.settings)
-    (results, _), t_all = best_of(args.repeat, lambda: evaluator.run(settings))
+    out, best = interleaved_best(args.repeat, {
+        "plain": lambda: evaluator.nll("fp"),
+        "w8a8": lambda: evaluator.nll("w8a8-tensor"),
+        "recorded": lambda: evaluator.nll("fp", OutlierAccumulator(lead)),
+        "all": lambda: evaluator.run(settings),
+    })
+    plain, recorded, (results, _) = out["plain"], out["recorded"], out["all"]
+    t_plain, t_w8a8, t_recorded, t_all = best["plain"], best["w8a8"], best["recorded"], best["all"]
 
     same = torch.equal(plain, recorded) and abs(results["fp"]["nll"] - plain.double().mean().item()) < 1e-9
     print(f"{args.model}: {len(windows)} windows of {args.seq_len} tokens, {torch.get_num_threads()} threads, "
-          f"best of {args.repeat}")
+          f"best of {args.repeat}, interleaved")
     print(f"plain full-precision pass {t_plain:.2f} s; one W8A8 pass {t_w8a8:.2f} s; "
           f"full precision recording outliers {t_recorded:.2f} s; quant-eval, {len(settings)} settings {t_all:.2f} s")
     print(f"perplexity fp {results['fp']['perplexity']:.3f}, w8a8-tensor {results['w8a8-tensor']['perplexity']:.3f}"
