@@ -154,6 +154,16 @@ def write_json(record: dict, path: Path) -> None:
     atomic_write(path, json.dumps(record, indent=2))
 
 
+def probe_bos(args) -> bool:
+    """Whether the natural inputs are ``--dataset``'s probe sequences written BOS first (a
+    Bigram-Backcopy dataset's are): the header must not say "no BOS" of them."""
+    if args.dataset is None or args.bos or "natural" not in args.inputs:
+        return False
+    from data_prep.dataset import load_manifest
+
+    return load_manifest(args.dataset).probe.bos
+
+
 def dataset_trigger_ids(path: Path) -> list[int] | None:
     """The trigger ids in ``--dataset``'s manifest (a Bigram-Backcopy dataset's), else None."""
     from data_prep.dataset import DatasetError, load_manifest
@@ -206,7 +216,7 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     record = {
         "model": name, "source": subject.source, "kind": subject.kind, "out": str(out),
         "settings": {"num_sequences": args.num_sequences, "seq_len": args.seq_len, "eps": args.eps, "seed": args.seed,
-                     "positions": args.positions, "bos": args.bos},
+                     "positions": args.positions, "bos": args.bos, "probe_bos": probe_bos(args)},
         "table1": {kind: rep.sink1 for kind, rep in reports.items()},
         "reports": {kind: rep.to_json() for kind, rep in reports.items()},
         # per layer: residual-state peak, value-state drain, BOS share by query kind (Guo et al. 2024)

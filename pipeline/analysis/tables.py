@@ -10,7 +10,8 @@ def format_table(record: dict) -> str:
     proxy = any(rep.get("is_proxy") for rep in record.get("reports", {}).values())
     scores = " on proxy scores (attention without softmax)" if proxy else ""
     lines = [f"{record['model']}: Sink_1^ε (%){scores}, ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, "
-             + ("BOS first" if s.get("bos") else "no BOS"), "",
+             + ("BOS first" if s.get("bos") else "natural BOS first (the dataset's probe set), the rest no BOS"
+                if s.get("probe_bos") else "no BOS"), "",
              "| " + " | ".join(record["table1"]) + " |", "|" + "---|" * len(record["table1"]),
              "| " + " | ".join(f"{v:.2f}" for v in record["table1"].values()) + " |"]
     outliers = {kind: rep["outliers"]["summary"] for kind, rep in record.get("reports", {}).items() if rep.get("outliers")}
