@@ -148,3 +148,23 @@ def finalize(prep: Preparation, tok: LoadedTokenizer, dtype: str, used: list[tup
     atomic_write(out / MANIFEST_NAME, (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
     shutil.rmtree(staging, ignore_errors=True)
     return manifest
+
+
+def existing_dataset(out: Path, spec: dict[str, Any], staged: bool = False) -> dict[str, Any] | None:
+    """The manifest when ``out`` already holds the dataset ``spec`` describes, None when it holds
+    none; an error for another dataset, or for splits without a manifest (unless an unfinished
+    run of this command is ``staged`` beside them)."""
+    manifest_file = out / MANIFEST_NAME
+    if manifest_file.is_file():
+        try:
+            existing = json.loads(manifest_file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            raise DataPrepError(f"{manifest_file}: not valid JSON; delete {out} or choose another --out") from None
+        if existing.get("spec_hash") == spec_hash(spec):
+            return existing
+        diff = spec_differences(existing.get("spec", {}), spec)
+        raise DataPrepError(f"{out}: already holds a different dataset ({diff}); choose another --out or delete it")
+    leftovers = [p for p in ("train", "val", "probe.bin") if (out / p).exists()]
+    if leftovers and not staged:
+        raise DataPrepError(f"{out}: holds {', '.join(leftovers)} but no manifest.json; choose another --out or delete them")
+    return None

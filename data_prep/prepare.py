@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from data_prep.chunks import Chunk, iter_chunks
 from data_prep.dataset import MANIFEST_NAME
 from data_prep.errors import DataPrepError
-from data_prep.manifest import ProbeReservoir, finalize, spec_differences, spec_hash
+from data_prep.manifest import ProbeReservoir, existing_dataset, finalize, spec_differences, spec_hash
 from sinklab_io.atomic import atomic_write
 from data_prep.pack import PackConfig, val_mask
 from data_prep.readers import ByteCounter, ReaderOptions, expand_inputs
@@ -237,19 +237,9 @@ class Preparation:
 
     def check_output_dir(self) -> dict[str, Any] | None:
         """The existing manifest when `out` already holds this dataset; errors for anything else."""
-        manifest_file = self.out / MANIFEST_NAME
-        if manifest_file.is_file():
-            try:
-                existing = json.loads(manifest_file.read_text(encoding="utf-8"))
-            except json.JSONDecodeError:
-                raise DataPrepError(f"{manifest_file}: not valid JSON; delete {self.out} or choose another --out") from None
-            if existing.get("spec_hash") == self.spec_hash:
-                return existing
-            diff = spec_differences(existing.get("spec", {}), self.spec)
-            raise DataPrepError(f"{self.out}: already holds a different dataset ({diff}); choose another --out or delete it")
-        leftovers = [p for p in ("train", "val", "probe.bin") if (self.out / p).exists()]
-        if leftovers and not self.staging.exists():
-            raise DataPrepError(f"{self.out}: holds {', '.join(leftovers)} but no manifest.json; choose another --out or delete them")
+        existing = existing_dataset(self.out, self.spec, staged=self.staging.exists())
+        if existing is not None:
+            return existing
         spec_file = self.staging / "spec.json"
         staged = json.loads(spec_file.read_text(encoding="utf-8")) if spec_file.is_file() else self.spec
         if staged != self.spec and not self._staged_work():

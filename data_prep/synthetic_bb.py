@@ -37,14 +37,14 @@ from sinklab_io.atomic import atomic_write
 from data_prep.dataset import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, content_hash
 from data_prep.embedded import shakespeare_documents
 from data_prep.errors import DataPrepError
-from data_prep.manifest import spec_differences, spec_hash
+from data_prep.manifest import existing_dataset, spec_hash
+from data_prep.prepare import STAGING
 
 GENERATOR_VERSION = 1
 BLOCK = 4096  # sequences per generator stream
 BOS, EOS = "<|bos|>", "<|eos|>"
 DOMAIN = "bigram-backcopy"
 STREAMS = {"train": 0, "val": 1, "probe": 2}
-STAGING = ".partial"
 
 
 @dataclass(frozen=True)
@@ -164,29 +164,11 @@ def build_spec(cfg: BBConfig) -> dict[str, Any]:
     return spec | {"task": DOMAIN, "generator_version": GENERATOR_VERSION, "source": "embedded Shakespeare characters"}
 
 
-def _existing(out: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
-    """The manifest when ``out`` already holds this dataset; an error for any other dataset."""
-    file = out / MANIFEST_NAME
-    if not file.is_file():
-        leftovers = [p for p in ("train", "val", "probe.bin") if (out / p).exists()]
-        if leftovers:
-            raise DataPrepError(f"{out}: holds {', '.join(leftovers)} but no manifest.json; choose another --out or delete them")
-        return None
-    try:
-        existing = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        raise DataPrepError(f"{file}: not valid JSON; delete {out} or choose another --out") from None
-    if existing.get("spec_hash") != spec_hash(spec):
-        diff = spec_differences(existing.get("spec", {}), spec)
-        raise DataPrepError(f"{out}: already holds a different dataset ({diff}); choose another --out or delete it")
-    return existing
-
-
 def prepare_bb(cfg: BBConfig, texts: list[str] | None = None) -> tuple[dict[str, Any], bool]:
     """Write (or find already written) the BB dataset ``cfg`` describes: (manifest, reused)."""
     cfg.validate()
     out, spec = Path(cfg.out), build_spec(cfg)
-    existing = _existing(out, spec)
+    existing = existing_dataset(out, spec)
     if existing is not None:
         return existing, True
     source = bigram_source(cfg.vocab_size - 2, texts)

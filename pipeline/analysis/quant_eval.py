@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 
 from sinklab_io.atomic import atomic_write
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
+from pipeline.analysis.streaming import perplexity
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
 
 DEFAULT_SETTINGS = tuple(SETTINGS)
@@ -105,8 +105,7 @@ class Evaluator:
             start = time.perf_counter()
             nll = self.nll(name, outliers if name == "fp" else None)
             results[name] = {"description": SETTINGS[name].description, "nll": nll.double().mean().item(),
-                             "seconds": round(time.perf_counter() - start, 3)}
-            results[name]["perplexity"] = math.exp(results[name]["nll"])
+                             "perplexity": perplexity(nll), "seconds": round(time.perf_counter() - start, 3)}
         add_gaps(results)
         return results, outliers
 
@@ -140,8 +139,7 @@ def markdown(record: dict) -> str:
 
 def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
     """The token stream, the BOS id to start each window with (or None) and a label of the text."""
-    from pipeline.analysis.inputs import encode, read_text
-    from pipeline.analysis.inputs import default_text, held_out_stream
+    from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
     from pipeline.analysis.streaming import bos_id
 
     bos = bos_id(subject, args.bos)
