@@ -174,9 +174,9 @@ def dataset_trigger_ids(path: Path) -> list[int] | None:
         raise SystemExit(f"sinklab analyze: --dataset {path}: {error}") from None
 
 
-def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
-    from pipeline.tracking import log_new_run
-
+def record_metrics(record: dict) -> dict[str, float]:
+    """The analysis as MLflow metrics: Table 1, Sink_k, activation outliers and the extreme-token
+    phenomena per input kind, Sink_1 per Pile domain."""
     metrics = {f"table1/{k}": v for k, v in record["table1"].items()}
     for kind, rep in record["reports"].items():
         metrics.update({f"{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
@@ -184,9 +184,27 @@ def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
         metrics.update({f"{kind}/act/{k}": v for k, v in summary.items() if not k.endswith("_at")})
         metrics.update({f"{kind}/{k}": v for k, v in record["extreme_tokens"][kind].items()})
     metrics.update({f"domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v for d, v in record.get("domains", {}).items()})
+    return metrics
+
+
+def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
+    from pipeline.tracking import log_new_run
+
     return log_new_run(uri, experiment, f"analyze-{record['model']}",
                        {"sinklab.kind": "analysis", "sinklab.model": record["model"]},
-                       {k: record["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")}, metrics, out)
+                       {k: record["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")},
+                       record_metrics(record), out)
+
+
+def log_on_run(uri: str, run_id: str, record: dict, out: Path) -> str:
+    """`sinklab analyze runs:/<id>`: the metrics (and mean α₁ per input kind) on the training run
+    itself, the output directory (report.json, plots) under ``analysis/``."""
+    from pipeline.tracking import log_results
+
+    values = {f"analysis/{k}": v for k, v in record_metrics(record).items()}
+    values.update({f"analysis/{kind}/alpha1_mean": float(torch.tensor(rep["alpha1"]).mean())
+                   for kind, rep in record["reports"].items() if rep.get("alpha1") is not None})
+    return log_results(uri, run_id, values, {"sinklab.analysis.settings": record["settings"]}, out, "analysis")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,9 +258,7 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     write_json(record, out / "report.json")
     uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if getattr(subject, "run_id", None) is not None:  # runs:/<id>: on the training run itself, under analysis/
-        from pipeline.tracking import log_analysis
-
-        record["mlflow_run_id"] = log_analysis(subject.tracking_uri, subject.run_id, record, out)
+        record["mlflow_run_id"] = log_on_run(subject.tracking_uri, subject.run_id, record, out)
         write_json(record, out / "report.json")
     elif uri:
         record["mlflow_run_id"] = log_mlflow(uri, args.experiment, record, out)

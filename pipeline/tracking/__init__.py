@@ -26,7 +26,7 @@ _EXPORTS = {
     "record": ("add_hf_export", "final_weights", "log_final_model", "log_run_model", "write_model_dir"),
     "remote_checkpoints": ("CheckpointUploader", "logged_checkpoints", "pulled_argv"),
     "run_models": ("ResolvedModel", "RunModelError", "is_model_uri", "resolve_argv", "resolve_model"),
-    "results": ("log_analysis", "log_new_run", "log_results"),
+    "results": ("log_new_run", "log_results"),
     "views": ("ALPHA1_IMAGE", "TRAJECTORY_IMAGE", "dataset_name", "experiment_url", "home_url", "mark_training_experiment",
               "run_experiment_url", "run_url", "sent_to_mlflow"),
     "images": ("log_image_file", "logged_image_keys"),

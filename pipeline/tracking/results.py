@@ -1,28 +1,12 @@
-"""Analysis results in MLflow: back on the training run a model came from (:func:`log_results`,
-:func:`log_analysis`), or as an analysis run of their own (:func:`log_new_run`)."""
+"""Analysis results in MLflow: back on the training run a model came from (:func:`log_results`),
+or as an analysis run of their own (:func:`log_new_run`)."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
 from .contract import experiment_id
-
-
-def log_analysis(resolved_uri: str, run_id: str, record: dict, out: Path) -> str:
-    """`sinklab analyze runs:/<id>`: the results on the training run itself, metrics and the
-    output directory (report.json, plots) under ``analysis/``. Returns the run id."""
-    values = {f"analysis/table1/{k}": v for k, v in record["table1"].items()}
-    for kind, rep in record["reports"].items():
-        values.update({f"analysis/{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
-        if rep.get("alpha1") is not None:
-            values[f"analysis/{kind}/alpha1_mean"] = _mean(rep["alpha1"])
-        summary = (rep.get("outliers") or {}).get("summary", {})  # activation outliers, largest over layers
-        values.update({f"analysis/{kind}/act/{k}": v for k, v in summary.items() if not k.endswith("_at")})
-    values.update({f"analysis/domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v
-                   for d, v in record.get("domains", {}).items()})
-    return log_results(resolved_uri, run_id, values, {"sinklab.analysis.settings": record["settings"]}, out, "analysis")
 
 
 def log_results(resolved_uri: str, run_id: str, values: dict[str, float], tags: dict[str, object],
@@ -65,16 +49,3 @@ def log_new_run(uri: str, experiment: str, run_name: str, tags: dict[str, str], 
         mlflow.log_artifacts(str(out))
         return run.info.run_id
 
-
-def _mean(nested) -> float:
-    flat: list[float] = []
-
-    def walk(x):
-        if isinstance(x, (list, tuple)):
-            for y in x:
-                walk(y)
-        else:
-            flat.append(float(x))
-
-    walk(nested)
-    return sum(flat) / len(flat) if flat else float("nan")
