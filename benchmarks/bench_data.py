@@ -12,6 +12,7 @@ repeated ten times), as Pile-format .jsonl.zst shards:
 Prints a table and, last, `ratio=<prep tokens/s / raw tokens/s>` for the 10x corpus.
 Run: `make bench-data` (or .venv/bin/python benchmarks/bench_data.py [--workers N]).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,7 +97,9 @@ def write_corpus(texts: list[tuple[str, str]], directory: Path, copies: int) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--chunk-chars", type=int, default=1 << 18, help="prep unit of work, also the raw batch size (default 256Ki)")
+    parser.add_argument(
+        "--chunk-chars", type=int, default=1 << 18, help="prep unit of work, also the raw batch size (default 256Ki)"
+    )
     parser.add_argument("--sizes", default="1,10", help="corpus multiples to measure (default 1,10)")
     parser.add_argument("--base-chars", type=int, default=3_000_000, help="characters of the 1x corpus (default 3M)")
     args = parser.parse_args()
@@ -111,16 +114,31 @@ def main() -> None:
         tmp = Path(tmp)
         tokenizer = tmp / "tokenizer.json"
         train_bpe((t for _, t in texts), 4096).save(str(tokenizer))
-        print(f"workers={args.workers} chunk_chars={args.chunk_chars} cpu_count={os.cpu_count()} load1={os.getloadavg()[0]:.1f}")
+        print(
+            f"workers={args.workers} chunk_chars={args.chunk_chars} cpu_count={os.cpu_count()} load1={os.getloadavg()[0]:.1f}"
+        )
         print("raw fast = encode_batch_fast, raw = encode_batch; ratio = prep / the faster raw (prep/raw in brackets)")
-        print(f"{'size':>5} {'tokens':>12} {'raw fast tok/s':>15} {'raw tok/s':>12} {'prep tok/s':>12} {'ratio':>13} {'prep peak RSS':>14}")
+        print(
+            f"{'size':>5} {'tokens':>12} {'raw fast tok/s':>15} {'raw tok/s':>12} {'prep tok/s':>12} {'ratio':>13} {'prep peak RSS':>14}"
+        )
         ratio, peaks = 0.0, []
         for copies in (int(s) for s in args.sizes.split(",")):
             corpus = tmp / f"corpus{copies}"
             write_corpus(texts, corpus, copies)
-            raw, _ = run_sampled([sys.executable, "-c", RAW_SNIPPET, str(tokenizer), str(corpus), str(args.chunk_chars)], env)
+            raw, _ = run_sampled(
+                [sys.executable, "-c", RAW_SNIPPET, str(tokenizer), str(corpus), str(args.chunk_chars)], env
+            )
             prep, peak = run_sampled(
-                [sys.executable, "-c", PREP_SNIPPET, str(corpus / "*.jsonl.zst"), str(tmp / f"out{copies}"), str(tokenizer), str(args.workers), str(args.chunk_chars)],
+                [
+                    sys.executable,
+                    "-c",
+                    PREP_SNIPPET,
+                    str(corpus / "*.jsonl.zst"),
+                    str(tmp / f"out{copies}"),
+                    str(tokenizer),
+                    str(args.workers),
+                    str(args.chunk_chars),
+                ],
                 env,
             )
             fast = raw["encode_batch_fast"]["tokens"] / raw["encode_batch_fast"]["seconds"]
@@ -129,7 +147,9 @@ def main() -> None:
             ratio = prep_rate / max(fast, slow)
             peaks.append(peak)
             both = f"{ratio:.2f} ({prep_rate / slow:.2f})"
-            print(f"{copies:>4}x {prep['text_tokens']:>12,} {fast:>15,.0f} {slow:>12,.0f} {prep_rate:>12,.0f} {both:>13} {peak / 2**20:>11,.0f} MiB")
+            print(
+                f"{copies:>4}x {prep['text_tokens']:>12,} {fast:>15,.0f} {slow:>12,.0f} {prep_rate:>12,.0f} {both:>13} {peak / 2**20:>11,.0f} MiB"
+            )
         if len(peaks) > 1:
             print(f"peak RSS {peaks[-1] / peaks[0]:.2f}x from the smallest to the largest corpus")
         print(f"ratio={ratio:.2f}")

@@ -16,6 +16,7 @@ peak memory:
 The last line is ``ratio=<SinkLab tokens/s over HF tokens/s, 1B>``. Without CUDA (or with
 ``--tiny``) it runs the same cases at toy shapes on the CPU, as a smoke test.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,10 @@ class Result:
     def line(self) -> str:
         util = "n/a" if self.mfu is None else f"{100 * self.mfu:.1f}%"
         mem = "n/a" if self.peak_bytes is None else f"{self.peak_bytes / 2**30:.2f}GiB"
-        return (f"case={self.name:<28} micro_batch={self.batch:<3} tokens/s={self.tokens_per_s:>12,.0f} "
-                f"mfu={util:>6} peak_mem={mem}")
+        return (
+            f"case={self.name:<28} micro_batch={self.batch:<3} tokens/s={self.tokens_per_s:>12,.0f} "
+            f"mfu={util:>6} peak_mem={mem}"
+        )
 
 
 class Bench:
@@ -74,8 +77,15 @@ class Bench:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
 
-    def train(self, name: str, build: Callable[[], torch.nn.Module], loss_fn, flops_token: float,
-              max_batch: int | None = None, compile: bool = False) -> Result:
+    def train(
+        self,
+        name: str,
+        build: Callable[[], torch.nn.Module],
+        loss_fn,
+        flops_token: float,
+        max_batch: int | None = None,
+        compile: bool = False,
+    ) -> Result:
         """Largest micro-batch from max_batch down (halving on OOM), then timed steps."""
         batch = max_batch or self.max_batch
         while batch >= 1:
@@ -118,8 +128,10 @@ class Bench:
     def attention_only(self, name: str, fn: Callable, heads: int, head_dim: int, batch: int) -> Result:
         """Forward + backward of one attention layer's core (no projections); tokens/s and memory."""
         self._free()
-        q, k, v = (torch.randn(batch, heads, self.context, head_dim, device=self.device, dtype=self.dtype,
-                               requires_grad=True) for _ in range(3))
+        q, k, v = (
+            torch.randn(batch, heads, self.context, head_dim, device=self.device, dtype=self.dtype, requires_grad=True)
+            for _ in range(3)
+        )
         try:
             for i in range(self.warmup + self.steps):
                 if i == self.warmup:
@@ -151,11 +163,19 @@ def hf_loss(model, tokens):
 def hf_llama(cfg: ModelConfig):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hf_cfg = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ffn,
-                         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-                         num_key_value_heads=cfg.n_heads, max_position_embeddings=cfg.max_seq_len,
-                         rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, tie_word_embeddings=False,
-                         attn_implementation="sdpa")
+    hf_cfg = LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ffn,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_heads,
+        max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
     return lambda: LlamaForCausalLM(hf_cfg)
 
 
@@ -171,11 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=None, help="C (default 2048; 64 when tiny)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 30; 6 when tiny)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5; 3 when tiny)")
-    parser.add_argument("--max-batch", type=int, default=None,
-                        help="first micro-batch tried (default 64 for 60M, 16 for 1B; 4 when tiny)")
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="first micro-batch tried (default 64 for 60M, 16 for 1B; 4 when tiny)",
+    )
     parser.add_argument("--skip-1b", action="store_true", help="only the 60M cases")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile each block of the softmax models, ours and HF's alike")
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile each block of the softmax models, ours and HF's alike"
+    )
     args = parser.parse_args(argv)
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -188,23 +213,28 @@ def main(argv: list[str] | None = None) -> int:
     first_batch = {"llama-60m": bench.max_batch, "llama-1b": pick(args.max_batch, 16, 4)}
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = "n/a" if bench.peak is None else f"{bench.peak / 1e12:.0f}TFLOP/s"
-    print(f"device={gpu} peak_bf16={peak} dtype={str(bench.dtype).removeprefix('torch.')} C={context} "
-          f"tiny={tiny} compile={args.compile} torch={torch.__version__}", flush=True)
+    print(
+        f"device={gpu} peak_bf16={peak} dtype={str(bench.dtype).removeprefix('torch.')} C={context} "
+        f"tiny={tiny} compile={args.compile} torch={torch.__version__}",
+        flush=True,
+    )
 
     ratios: dict[str, float] = {}
     for name in ["llama-60m"] + ([] if args.skip_1b else ["llama-1b"]):
         cfg = preset(name, tiny, context)
         flops = flops_per_token(cfg, context)
-        ours = bench.train(f"sinklab {name}", lambda: Transformer(cfg), ours_loss, flops, first_batch[name],
-                           args.compile)
+        ours = bench.train(
+            f"sinklab {name}", lambda: Transformer(cfg), ours_loss, flops, first_batch[name], args.compile
+        )
         print(ours.line(), flush=True)
         hf = bench.train(f"hf-llama {name}", hf_llama(cfg), hf_loss, flops, first_batch[name], args.compile)
         print(hf.line(), flush=True)
         ratios[f"ours/hf {name}"] = ours.tokens_per_s / hf.tokens_per_s
         if name == "llama-60m":
             sig = preset(name, tiny, context, attention={"op": "sigmoid", "normalizer": "none"})
-            sigmoid = bench.train(f"sinklab {name} sigmoid", lambda: Transformer(sig), ours_loss,
-                                  flops_per_token(sig, context))
+            sigmoid = bench.train(
+                f"sinklab {name} sigmoid", lambda: Transformer(sig), ours_loss, flops_per_token(sig, context)
+            )
             print(sigmoid.line(), flush=True)
             ratios[f"sigmoid/softmax {name}"] = sigmoid.tokens_per_s / ours.tokens_per_s
             attention_cases(bench, sig, ratios)
@@ -221,11 +251,15 @@ def attention_cases(bench: Bench, sig: ModelConfig, ratios: dict[str, float]) ->
     mask = torch.full((context := bench.context, context), float("-inf"), device=bench.device).triu(1)[None, None]
     cases = {
         "attn softmax sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-        "attn sigmoid eager": lambda q, k, v: OPS["sigmoid"].fn(q, k, mask.to(q.dtype), sig.attention, None).weights.to(v.dtype) @ v,
+        "attn sigmoid eager": lambda q, k, v: (
+            OPS["sigmoid"].fn(q, k, mask.to(q.dtype), sig.attention, None).weights.to(v.dtype) @ v
+        ),
         "attn sigmoid torch tiles": lambda q, k, v: blocked_attention(q, k, v, blocked_spec(sig), impl="torch"),
     }
     if triton_tiles.available() and (bench.cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        cases["attn sigmoid fused triton"] = lambda q, k, v: blocked_attention(q, k, v, blocked_spec(sig), impl="triton")
+        cases["attn sigmoid fused triton"] = lambda q, k, v: blocked_attention(
+            q, k, v, blocked_spec(sig), impl="triton"
+        )
     results = {name: bench.attention_only(name, fn, H, dh, batch) for name, fn in cases.items()}
     for result in results.values():
         print(result.line(), flush=True)

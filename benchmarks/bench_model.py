@@ -13,6 +13,7 @@ The last line is ``ratio=<ours over HF>``.
 
     python benchmarks/bench_model.py [--preset tiny] [--vocab 8192] [--batch 8] [--seq 256]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,7 +85,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=1, help="the same for both models; 1 is steadiest on a shared machine")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="the same for both models; 1 is steadiest on a shared machine"
+    )
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
@@ -100,18 +103,27 @@ def main() -> None:
     hf.config._attn_implementation = "sdpa"
     idx = torch.randint(0, args.vocab, (args.batch, args.seq + 1))
     tokens = args.batch * args.seq
-    print(f"preset={args.preset} d={cfg.d_model} L={cfg.n_layers} H={cfg.n_heads} ffn={cfg.d_ffn} "
-          f"vocab={args.vocab} batch={args.batch}x{args.seq} threads={args.threads} clock={args.clock} "
-          f"torch={torch.__version__}")
+    print(
+        f"preset={args.preset} d={cfg.d_model} L={cfg.n_layers} H={cfg.n_heads} ffn={cfg.d_ffn} "
+        f"vocab={args.vocab} batch={args.batch}x{args.seq} threads={args.threads} clock={args.clock} "
+        f"torch={torch.__version__}"
+    )
     clock = CLOCKS[args.clock]
 
     twin = Transformer(cfg).train()
     twin.load_state_dict(ours.state_dict())
     alone = "sinklab, hf's loss"
     speeds = compare(
-        {"sinklab": make_step(ours, idx, next_token_loss), alone: make_step(twin, idx, logits_loss),
-         "hf-llama": make_step(hf, idx, logits_loss)},
-        tokens, args.warmup, args.repeats, args.steps, clock,
+        {
+            "sinklab": make_step(ours, idx, next_token_loss),
+            alone: make_step(twin, idx, logits_loss),
+            "hf-llama": make_step(hf, idx, logits_loss),
+        },
+        tokens,
+        args.warmup,
+        args.repeats,
+        args.steps,
+        clock,
     )
     for name, tps in speeds.items():
         print(f"{name:18s} {tps:10.0f} tokens/s (train step: fwd+bwd+AdamW)")

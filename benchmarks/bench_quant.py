@@ -19,6 +19,7 @@ pass>`` and ``ratio=<all of quant-eval / plain pass>``.
 MODEL and the options are `sinklab quant-eval`'s (`make bench-quant` runs smollm2); here
 --max-tokens defaults to 512.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -62,8 +63,10 @@ def probe_ratio(dataset: Path) -> float:
             run_probe(model, tokens, outliers=outliers)
             times[outliers].append(time.perf_counter() - start)
     with_, without = statistics.median(times[True]), statistics.median(times[False])
-    print(f"sink probe of the embedded model, {tokens.shape[0]} x {tokens.shape[1]} tokens: {without:.3f} s without "
-          f"the outlier metrics, {with_:.3f} s with them (median of 8)")
+    print(
+        f"sink probe of the embedded model, {tokens.shape[0]} x {tokens.shape[1]} tokens: {without:.3f} s without "
+        f"the outlier metrics, {with_:.3f} s with them (median of 8)"
+    )
     return with_ / without
 
 
@@ -82,22 +85,32 @@ def main(argv: list[str] | None = None) -> int:
     evaluator = Evaluator(subject.model, subject.kind, windows, lead, args.batch_size)
 
     settings = parse_settings(args.settings)
-    out, best = interleaved_best(args.repeat, {
-        "plain": lambda: evaluator.nll("fp"),
-        "w8a8": lambda: evaluator.nll("w8a8-tensor"),
-        "recorded": lambda: evaluator.nll("fp", OutlierAccumulator(lead)),
-        "all": lambda: evaluator.run(settings),
-    })
+    out, best = interleaved_best(
+        args.repeat,
+        {
+            "plain": lambda: evaluator.nll("fp"),
+            "w8a8": lambda: evaluator.nll("w8a8-tensor"),
+            "recorded": lambda: evaluator.nll("fp", OutlierAccumulator(lead)),
+            "all": lambda: evaluator.run(settings),
+        },
+    )
     plain, recorded, (results, _) = out["plain"], out["recorded"], out["all"]
     t_plain, t_w8a8, t_recorded, t_all = best["plain"], best["w8a8"], best["recorded"], best["all"]
 
     same = torch.equal(plain, recorded) and abs(results["fp"]["nll"] - plain.double().mean().item()) < 1e-9
-    print(f"{args.model}: {len(windows)} windows of {args.seq_len} tokens, {torch.get_num_threads()} threads, "
-          f"best of {args.repeat}, interleaved")
-    print(f"plain full-precision pass {t_plain:.2f} s; one W8A8 pass {t_w8a8:.2f} s; "
-          f"full precision recording outliers {t_recorded:.2f} s; quant-eval, {len(settings)} settings {t_all:.2f} s")
-    print(f"perplexity fp {results['fp']['perplexity']:.3f}, w8a8-tensor {results['w8a8-tensor']['perplexity']:.3f}"
-          if "w8a8-tensor" in results else f"perplexity fp {results['fp']['perplexity']:.3f}")
+    print(
+        f"{args.model}: {len(windows)} windows of {args.seq_len} tokens, {torch.get_num_threads()} threads, "
+        f"best of {args.repeat}, interleaved"
+    )
+    print(
+        f"plain full-precision pass {t_plain:.2f} s; one W8A8 pass {t_w8a8:.2f} s; "
+        f"full precision recording outliers {t_recorded:.2f} s; quant-eval, {len(settings)} settings {t_all:.2f} s"
+    )
+    print(
+        f"perplexity fp {results['fp']['perplexity']:.3f}, w8a8-tensor {results['w8a8-tensor']['perplexity']:.3f}"
+        if "w8a8-tensor" in results
+        else f"perplexity fp {results['fp']['perplexity']:.3f}"
+    )
     print(f"same full-precision nll: {same}; settings: {', '.join(s for s in settings if s in SETTINGS)}")
     if (args.probe_dataset / "probe.bin").is_file():
         print(f"probe_ratio={probe_ratio(args.probe_dataset):.2f}")

@@ -14,6 +14,7 @@ The last two lines are ``batch_ratio=<one-at-a-time s / batched s>`` and
 MODEL and the options are `sinklab stream-ppl`'s (`make bench-stream` runs smollm2); here
 --max-tokens defaults to 512 and --cache to 0+128 1+127 4+124, so that evictions happen.
 """
+
 from __future__ import annotations
 
 import sys
@@ -53,8 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     same = torch.allclose(batched, single, atol=1e-4, rtol=1e-4)
     same_prefill = torch.allclose(batched, stepwise, atol=1e-4, rtol=1e-4)
     print(f"one at a time {t_single:.1f} s, one batch of {len(specs)} {t_batched:.1f} s, same nll: {same}")
-    print(f"token by token {t_stepwise:.1f} s, prefill in chunks of {chunk} (rows x tokens) {t_batched:.1f} s, "
-          f"same nll: {same_prefill}")
+    print(
+        f"token by token {t_stepwise:.1f} s, prefill in chunks of {chunk} (rows x tokens) {t_batched:.1f} s, "
+        f"same nll: {same_prefill}"
+    )
     print(f"batch_ratio={t_single / t_batched:.2f}")
     print(f"ratio={t_stepwise / t_batched:.2f}")
     return 0 if same and same_prefill else 1

@@ -19,6 +19,7 @@ finite and present at every step it is due (trainer.log_every_n_steps, pipeline.
 of its windows after the first, which holds compilation), peak memory its perf/max_memory_gib.
 The table ends the output; the exit status is 1 if any case failed, 0 otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,11 @@ sys.path.insert(0, str(REPO))
 from pipeline.train.summary import health_problems, metric_rows  # noqa: E402
 
 SINKLAB = [sys.executable, "-m", "pipeline.cli"]
-DATA = {"c2048": REPO / "data" / "embedded-c2048", "c512": REPO / "data" / "embedded-c512",
-        "cpu": REPO / "data" / "embedded-c64"}
+DATA = {
+    "c2048": REPO / "data" / "embedded-c2048",
+    "c512": REPO / "data" / "embedded-c512",
+    "cpu": REPO / "data" / "embedded-c64",
+}
 CONTEXT = {"c2048": 2048, "c512": 512, "cpu": 64}
 
 
@@ -50,6 +54,7 @@ class Case:
     """kind: fit, preempt (SIGUSR1 a third of the way, then --resume auto),
     analyze or stream-ppl (of the final checkpoint of case ``reads``). args: the command's own
     (for fits: recipe, data and overrides). log_every: the recipe's trainer.log_every_n_steps."""
+
     name: str
     kind: str
     args: tuple[str, ...]
@@ -59,13 +64,42 @@ class Case:
     reads: str = ""
 
 
-def fit_case(name: str, recipe: str, data: str, steps: int, *overrides: str, kind: str = "fit",
-             log_every: int = 10, window: int = 10) -> Case:
-    common = ("--config", f"configs/recipes/{recipe}.yaml", "--trainer.max_steps", str(steps),
-              "--trainer.log_every_n_steps", str(log_every), "--run.experiment", "gpu-check", "--run.name", name,
-              "--run.log_model", "false", "--run.system_metrics", "false", "--run.sink_every", "0",
-              "--run.val_every", "0", "--run.throughput_window", str(window),
-              "--run.checkpoint_every", str(steps // 2 if kind == "preempt" else 0), "--model.optim.warmup_steps", "5")
+def fit_case(
+    name: str,
+    recipe: str,
+    data: str,
+    steps: int,
+    *overrides: str,
+    kind: str = "fit",
+    log_every: int = 10,
+    window: int = 10,
+) -> Case:
+    common = (
+        "--config",
+        f"configs/recipes/{recipe}.yaml",
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.log_every_n_steps",
+        str(log_every),
+        "--run.experiment",
+        "gpu-check",
+        "--run.name",
+        name,
+        "--run.log_model",
+        "false",
+        "--run.system_metrics",
+        "false",
+        "--run.sink_every",
+        "0",
+        "--run.val_every",
+        "0",
+        "--run.throughput_window",
+        str(window),
+        "--run.checkpoint_every",
+        str(steps // 2 if kind == "preempt" else 0),
+        "--model.optim.warmup_steps",
+        "5",
+    )
     return Case(name, kind, common + overrides, steps, data, log_every)
 
 
@@ -92,12 +126,29 @@ def gpu_cases() -> list[Case]:
         fit_case("small-sigmoid", "gpu-small", "c512", 60, *SIGMOID),
         fit_case("small-elu1-kernel", "gpu-small", "c512", 60, *ELU1_KERNEL),
         fit_case("small-softpick", "gpu-small", "c512", 60, *SOFTPICK),
-        fit_case("1b-zero2", "paper-60m", "c2048", 20, "--data.global_batch_tokens", "16384",
-                 "--data.micro_batch_size", "8", "--trainer.devices", "1", "--model.model.preset", "llama-1b", window=5),
+        fit_case(
+            "1b-zero2",
+            "paper-60m",
+            "c2048",
+            20,
+            "--data.global_batch_tokens",
+            "16384",
+            "--data.micro_batch_size",
+            "8",
+            "--trainer.devices",
+            "1",
+            "--model.model.preset",
+            "llama-1b",
+            window=5,
+        ),
         fit_case("preempt", "paper-60m", "c2048", 60, *p60, kind="preempt"),
         Case("analyze", "analyze", ("-n", "20", "--no-plots", "--device", "cuda"), reads="60m-single"),
-        Case("stream-ppl", "stream-ppl", ("--max-tokens", "2048", "--cache", "0+512", "--cache", "4+508",
-                                          "--device", "cuda"), reads="60m-single"),
+        Case(
+            "stream-ppl",
+            "stream-ppl",
+            ("--max-tokens", "2048", "--cache", "0+512", "--cache", "4+508", "--device", "cuda"),
+            reads="60m-single",
+        ),
     ]
 
 
@@ -112,14 +163,21 @@ def cpu_cases(context: int = CONTEXT["cpu"]) -> list[Case]:
         fit_case("elu1-kernel", "cpu-tiny", "cpu", 8, *tiny, *ELU1_KERNEL, log_every=2, window=2),
         fit_case("softpick", "cpu-tiny", "cpu", 8, *tiny, *SOFTPICK, log_every=2, window=2),
         fit_case("compiled", "cpu-tiny", "cpu", 8, *tiny, "--model.compile", "true", log_every=2, window=2),
-        fit_case("zero2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "deepspeed_stage_2",
-                 log_every=2, window=2),
+        fit_case(
+            "zero2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "deepspeed_stage_2", log_every=2, window=2
+        ),
         fit_case("fsdp2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "fsdp2", log_every=2, window=2),
         fit_case("preempt", "cpu-tiny", "cpu", 60, *tiny, kind="preempt", log_every=2, window=2),
-        Case("analyze", "analyze", ("-n", "8", "-T", "12", "--no-plots", "--device", "cpu"), data="cpu",
-             reads="softmax"),
-        Case("stream-ppl", "stream-ppl", ("--max-tokens", "256", "--cache", "2+30", "--device", "cpu"), data="cpu",
-             reads="softmax"),
+        Case(
+            "analyze", "analyze", ("-n", "8", "-T", "12", "--no-plots", "--device", "cpu"), data="cpu", reads="softmax"
+        ),
+        Case(
+            "stream-ppl",
+            "stream-ppl",
+            ("--max-tokens", "256", "--cache", "2+30", "--device", "cpu"),
+            data="cpu",
+            reads="softmax",
+        ),
     ]
 
 
@@ -174,8 +232,18 @@ class Matrix:
             raise
 
     def _fit_command(self, case: Case) -> list[str]:
-        return [*SINKLAB, "fit", *case.args, "--data.path", str(self.data[case.data]),
-                "--run-dir", str(self.root / case.name), "--resume", "auto", *self.extra]
+        return [
+            *SINKLAB,
+            "fit",
+            *case.args,
+            "--data.path",
+            str(self.data[case.data]),
+            "--run-dir",
+            str(self.root / case.name),
+            "--resume",
+            "auto",
+            *self.extra,
+        ]
 
     def _judge_fit(self, case: Case, code: int, log: Path) -> str | None:
         if code != 0:
@@ -198,8 +266,11 @@ class Matrix:
         a second start with --resume auto runs to the end."""
         metrics = self.root / case.name / "metrics.jsonl"
         proc, deadline = self._command(self._fit_command(case), log, wait=False), time.monotonic() + self.timeout
-        while proc.poll() is None and time.monotonic() < deadline and not any(
-                step >= case.steps // 3 for step, _ in metric_rows(metrics, "train/loss")):
+        while (
+            proc.poll() is None
+            and time.monotonic() < deadline
+            and not any(step >= case.steps // 3 for step, _ in metric_rows(metrics, "train/loss"))
+        ):
             time.sleep(0.05)
         if proc.poll() is None:
             proc.send_signal(signal.SIGUSR1)
@@ -218,13 +289,28 @@ class Matrix:
 
     def _analyze(self, case: Case, log: Path) -> str | None:
         out, source = self.root / case.name, self._checkpoint_of(case)
-        return self._analysis([*SINKLAB, "analyze", str(source), "--dataset", str(self.data[case.data]),
-                               "--out", str(out), *case.args], log, out / "report.json")
+        return self._analysis(
+            [*SINKLAB, "analyze", str(source), "--dataset", str(self.data[case.data]), "--out", str(out), *case.args],
+            log,
+            out / "report.json",
+        )
 
     def _stream_ppl(self, case: Case, log: Path) -> str | None:
         out, source = self.root / f"{case.name}.json", self._checkpoint_of(case)
-        return self._analysis([*SINKLAB, "stream-ppl", str(source), "--dataset", str(self.data[case.data]),
-                               "--out", str(out), *case.args], log, out)
+        return self._analysis(
+            [
+                *SINKLAB,
+                "stream-ppl",
+                str(source),
+                "--dataset",
+                str(self.data[case.data]),
+                "--out",
+                str(out),
+                *case.args,
+            ],
+            log,
+            out,
+        )
 
     def _checkpoint_of(self, case: Case) -> Path:
         return self._final_checkpoint(self.cases[case.reads])
@@ -248,12 +334,20 @@ def table(results: list[Result], width: int = 64) -> str:
     rows = [("case", "result", "tokens/s", "MFU", "peak mem", "time")]
     for r in results:
         verdict = "ok" if r.problem is None else "FAIL " + r.problem
-        rows.append((r.case, verdict if len(verdict) <= width else verdict[:width - 3] + "...",
-                     cell(r.tokens_per_s, "{:,.0f}"), cell(r.mfu and 100 * r.mfu, "{:.1f}%"),
-                     cell(r.peak_gib, "{:.1f} GiB"), f"{r.seconds:.0f} s"))
+        rows.append(
+            (
+                r.case,
+                verdict if len(verdict) <= width else verdict[: width - 3] + "...",
+                cell(r.tokens_per_s, "{:,.0f}"),
+                cell(r.mfu and 100 * r.mfu, "{:.1f}%"),
+                cell(r.peak_gib, "{:.1f} GiB"),
+                f"{r.seconds:.0f} s",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-             for row in rows]
+    lines = [
+        "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows
+    ]
     lines.insert(1, "-" * len(lines[0]))
     failed = [r for r in results if r.problem]
     lines += [f"{len(results) - len(failed)} of {len(results)} cases ok; {sum(r.seconds for r in results):.0f} s"]
@@ -263,8 +357,11 @@ def table(results: list[Result], width: int = 64) -> str:
 
 def prepare(key: str, path: Path) -> None:
     if not (path / "manifest.json").exists():
-        subprocess.run([*SINKLAB, "prep", "embedded", "--out", str(path), "--context-length", str(CONTEXT[key]),
-                        "--no-progress"], cwd=REPO, check=True)
+        subprocess.run(
+            [*SINKLAB, "prep", "embedded", "--out", str(path), "--context-length", str(CONTEXT[key]), "--no-progress"],
+            cwd=REPO,
+            check=True,
+        )
 
 
 def context_of(dataset: Path) -> int:
@@ -275,8 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--cases", help="comma list of case names (default: all of the device's)")
-    parser.add_argument("--data", type=Path, help="(cpu) a prepared dataset for every case (default: the "
-                        "embedded corpus at C = 64, prepared once)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        help="(cpu) a prepared dataset for every case (default: the embedded corpus at C = 64, prepared once)",
+    )
     parser.add_argument("--extra-args", default="", help="appended to every `sinklab fit` (quoted, as one string)")
     parser.add_argument("--root", type=Path, help="where runs and logs go (default runs/gpu-check/<time>)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per command")
@@ -284,8 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu-check: needs a CUDA GPU (torch.cuda.is_available() is False); `--device cpu` runs the harness "
-              "on toy cases", file=sys.stderr)
+        print(
+            "gpu-check: needs a CUDA GPU (torch.cuda.is_available() is False); `--device cpu` runs the harness "
+            "on toy cases",
+            file=sys.stderr,
+        )
         return 2
     data = dict(DATA, cpu=args.data) if args.data else dict(DATA)
     if args.device == "cpu":

@@ -4,6 +4,7 @@ Only the standard library: a job script calls the `sinklab` command, it never im
 training layer. Site-specific values (partition, account, QoS, module loads) come from the
 caller or from SINKLAB_* environment variables, never from this file.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sinklab_io.atomic import atomic_write
+
 TEMPLATE = Path(__file__).with_name("train.sbatch")
 
 # Overrides the job script adds itself; passing them as extra fit arguments would contradict
@@ -100,8 +102,10 @@ class JobSpec:
             raise JobError(f"job name {self.job_name!r}: use letters, digits and _.+- only")
         for arg in self.fit_args:
             if arg.split("=", 1)[0] in RESERVED_FIT_ARGS:
-                raise JobError(f"fit argument {arg!r} is set by the job script; use the submit "
-                               "options (--nodes, --gpus-per-node, --tasks-per-node, --run-dir)")
+                raise JobError(
+                    f"fit argument {arg!r} is set by the job script; use the submit "
+                    "options (--nodes, --gpus-per-node, --tasks-per-node, --run-dir)"
+                )
         for option in self.sbatch_options:
             if not option.startswith("--"):
                 raise JobError(f"sbatch option {option!r} must look like --name=value")
@@ -162,8 +166,9 @@ def render_job(config: str | Path, run_dir: str | Path, spec: JobSpec) -> str:
     return _render(spec, log_file=f"{run_dir}/slurm/%j.out", select_run=select)
 
 
-def render_array(list_file: str | Path, n_tasks: int, log_dir: str | Path, spec: JobSpec,
-                 max_parallel: int | None = None) -> str:
+def render_array(
+    list_file: str | Path, n_tasks: int, log_dir: str | Path, spec: JobSpec, max_parallel: int | None = None
+) -> str:
     """The batch script of a job array: task i trains line i+1 of `list_file`.
 
     Each line of the list file is `CONFIG<TAB>RUN_DIR` (see `write_run_list`). Logs go to
@@ -177,8 +182,12 @@ def render_array(list_file: str | Path, n_tasks: int, log_dir: str | Path, spec:
         f"RUN_LIST={shlex.quote(str(list_file))}",
         'IFS=$\'\\t\' read -r CONFIG RUN_DIR < <(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$RUN_LIST")',
     ]
-    return _render(spec, log_file=f"{log_dir}/%A_%a.out", select_run=select,
-                   array_line=f"#SBATCH --array=0-{n_tasks - 1}{throttle}")
+    return _render(
+        spec,
+        log_file=f"{log_dir}/%A_%a.out",
+        select_run=select,
+        array_line=f"#SBATCH --array=0-{n_tasks - 1}{throttle}",
+    )
 
 
 def write_run_list(runs: list[tuple[str | Path, str | Path]], list_file: str | Path) -> Path:

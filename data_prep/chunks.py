@@ -1,5 +1,6 @@
 """Group a document stream into chunks (the unit of parallel work and of resumption),
 applying the domain filter and counting what is skipped."""
+
 from __future__ import annotations
 
 from collections import Counter

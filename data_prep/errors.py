@@ -1,5 +1,6 @@
 """The one exception data preparation raises for bad input or settings, and operating-system
 errors (a full disk, a file-size limit, no permission) as one line for every command."""
+
 import errno
 
 
@@ -8,12 +9,14 @@ class DataPrepError(Exception):
     (and line) and what would be right. `sinklab prep` prints it and exits with status 2."""
 
 
-_ADVICE = {errno.ENOSPC: "the disk is full: free space or write elsewhere",
-           errno.EDQUOT: "the disk quota is used up: free space or write elsewhere",
-           errno.EFBIG: "the file would pass this system's file-size limit (see `ulimit -f`): raise it or write elsewhere",
-           errno.EACCES: "no permission to write there: choose a writable directory",
-           errno.EPERM: "no permission to write there: choose a writable directory",
-           errno.EROFS: "a read-only file system: choose a writable directory"}
+_ADVICE = {
+    errno.ENOSPC: "the disk is full: free space or write elsewhere",
+    errno.EDQUOT: "the disk quota is used up: free space or write elsewhere",
+    errno.EFBIG: "the file would pass this system's file-size limit (see `ulimit -f`): raise it or write elsewhere",
+    errno.EACCES: "no permission to write there: choose a writable directory",
+    errno.EPERM: "no permission to write there: choose a writable directory",
+    errno.EROFS: "a read-only file system: choose a writable directory",
+}
 
 
 def os_error_line(exc: OSError, writing: str | None = None) -> str:

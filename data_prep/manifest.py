@@ -1,5 +1,6 @@
 """Finish a preparation: place shards, the probe set and the tokenizer in the dataset
 directory and write manifest.json last (temp name, then rename)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -71,7 +72,9 @@ def _place(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def finalize(prep: Preparation, tok: LoadedTokenizer, dtype: str, used: list[tuple[Chunk, dict[str, Any]]]) -> dict[str, Any]:
+def finalize(
+    prep: Preparation, tok: LoadedTokenizer, dtype: str, used: list[tuple[Chunk, dict[str, Any]]]
+) -> dict[str, Any]:
     cfg, out, staging = prep.cfg, prep.out, prep.staging
     pool = prep.probe_pool
     if len(pool.items) < cfg.probe_sequences:
@@ -136,7 +139,10 @@ def finalize(prep: Preparation, tok: LoadedTokenizer, dtype: str, used: list[tup
             "source": "held-out validation documents, windows inside one document",
             "sha256": hashlib.sha256(probe.tobytes()).hexdigest(),
         },
-        "documents": {key: counts[key] for key in ("documents_read", "empty_documents", "invalid_utf8_documents", "filtered_documents")},
+        "documents": {
+            key: counts[key]
+            for key in ("documents_read", "empty_documents", "invalid_utf8_documents", "filtered_documents")
+        },
         "invalid_utf8": "undecodable bytes replaced by U+FFFD and counted",
         "max_tokens": cfg.max_tokens,
         "seed": cfg.seed,
@@ -166,5 +172,7 @@ def existing_dataset(out: Path, spec: dict[str, Any], staged: bool = False) -> d
         raise DataPrepError(f"{out}: already holds a different dataset ({diff}); choose another --out or delete it")
     leftovers = [p for p in ("train", "val", "probe.bin") if (out / p).exists()]
     if leftovers and not staged:
-        raise DataPrepError(f"{out}: holds {', '.join(leftovers)} but no manifest.json; choose another --out or delete them")
+        raise DataPrepError(
+            f"{out}: holds {', '.join(leftovers)} but no manifest.json; choose another --out or delete them"
+        )
     return None

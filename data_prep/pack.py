@@ -7,6 +7,7 @@ tokenizes a chunk, packs its train and validation documents separately, writes o
 split (temp name, then rename) and then a done marker, so an interrupted run resumes at the
 first chunk without a marker and produces the same bytes.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -71,7 +72,12 @@ def val_mask(seed: int, stream: str, index: int, n_docs: int, fraction: float) -
 
 
 def pack_documents(
-    ids: Sequence[Sequence[int]], context_length: int, bos_id: int | None, eos_id: int, dtype: str, limit: int | None = None
+    ids: Sequence[Sequence[int]],
+    context_length: int,
+    bos_id: int | None,
+    eos_id: int,
+    dtype: str,
+    limit: int | None = None,
 ) -> tuple[np.ndarray, int, int]:
     """Pack `[BOS] ids EOS` per document into full sequences.
 
@@ -101,7 +107,9 @@ def pack_documents(
     return stream[: n_seq * context_length], used, total - n_seq * context_length
 
 
-def probe_candidates(ids: Sequence[Sequence[int]], length: int, wanted: int, rng: np.random.Generator) -> list[list[int]]:
+def probe_candidates(
+    ids: Sequence[Sequence[int]], length: int, wanted: int, rng: np.random.Generator
+) -> list[list[int]]:
     """Up to `wanted` windows of `length` tokens, drawn from the non-overlapping windows inside
     the documents (no BOS, no EOS, never crossing a document boundary), in document order."""
     slots = [(d, start) for d, doc in enumerate(ids) for start in range(0, len(doc) - length + 1, length)]
@@ -157,7 +165,9 @@ def process_chunk(task: ChunkTask) -> dict[str, Any]:
         members = np.flatnonzero(is_val if split == "val" else ~is_val)
         split_ids = [ids[i] for i in members]
         limit = task.limit if split == "train" else None
-        tokens, used, dropped = pack_documents(split_ids, config.context_length, config.bos_id, config.eos_id, config.dtype, limit)
+        tokens, used, dropped = pack_documents(
+            split_ids, config.context_length, config.bos_id, config.eos_id, config.dtype, limit
+        )
         domains: dict[str, dict[str, int]] = {}
         for i, doc in zip(members[:used], split_ids[:used]):
             entry = domains.setdefault(task.domains[i], {"documents": 0, "tokens": 0})

@@ -5,6 +5,7 @@ files are linked into `<out>` and `manifest.json` is written last, so `<out>` ho
 finished dataset or nothing of one. An interrupted run resumes from the markers and yields
 the same bytes; a run that fails on bad input removes its partial work.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -85,7 +86,10 @@ def _validate(cfg: PrepConfig) -> None:
         (0 <= cfg.val_fraction < 1, f"--val-fraction {cfg.val_fraction}: must be in [0, 1)"),
         (cfg.probe_sequences >= 1 and cfg.probe_length >= 1, "--probe-sequences and --probe-length must be positive"),
         (cfg.workers >= 1, f"--workers {cfg.workers}: must be at least 1"),
-        (cfg.max_tokens is None or cfg.max_tokens >= cfg.context_length, f"--max-tokens {cfg.max_tokens}: must be at least one sequence ({cfg.context_length} tokens)"),
+        (
+            cfg.max_tokens is None or cfg.max_tokens >= cfg.context_length,
+            f"--max-tokens {cfg.max_tokens}: must be at least one sequence ({cfg.context_length} tokens)",
+        ),
         (bool(cfg.inputs), "--input: give at least one input"),
     ]
     for ok, message in checks:
@@ -151,8 +155,9 @@ def claim_output_dir(out: str | Path) -> bool:
         foreign = sorted(p.name for p in out.iterdir() if p.name not in DATASET_ENTRIES)
         if foreign:
             shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
-            raise DataPrepError(f"--out {out}: holds {shown}, which is not part of a SinkLab dataset; "
-                                "choose an empty or new directory")
+            raise DataPrepError(
+                f"--out {out}: holds {shown}, which is not part of a SinkLab dataset; choose an empty or new directory"
+            )
         if not os.access(out, os.W_OK | os.X_OK):
             raise DataPrepError(f"--out {out}: not writable by this user; choose a writable directory")
         return False
@@ -213,8 +218,10 @@ class Preparation:
             loaded = trained_tokenizer(train_bpe(self._training_texts(), cfg.vocab_size), cfg.vocab_size)
             self.counter.value = 0  # the progress bar counts the packing pass only
         if cfg.tokenizer is None and loaded.vocab_size < cfg.vocab_size:
-            self.warnings.append(f"--vocab-size {cfg.vocab_size:,}: the corpus supports only {loaded.vocab_size:,} ids "
-                                 f"(the tokenizer found nothing more to merge); the dataset has {loaded.vocab_size:,}")
+            self.warnings.append(
+                f"--vocab-size {cfg.vocab_size:,}: the corpus supports only {loaded.vocab_size:,} ids "
+                f"(the tokenizer found nothing more to merge); the dataset has {loaded.vocab_size:,}"
+            )
         if not file.is_file():
             atomic_write(file, loaded.json_text.encode("utf-8"))
         return loaded
@@ -246,7 +253,9 @@ class Preparation:
             shutil.rmtree(self.staging)  # an earlier attempt that died before any work: nothing to keep
         elif staged != self.spec:
             diff = spec_differences(staged, self.spec)
-            raise DataPrepError(f"{self.staging}: an unfinished preparation with other settings ({diff}); delete it or use the same settings")
+            raise DataPrepError(
+                f"{self.staging}: an unfinished preparation with other settings ({diff}); delete it or use the same settings"
+            )
         return None
 
     def _staged_work(self) -> bool:
@@ -285,15 +294,23 @@ class Preparation:
             )
         for domain in self.cfg.domains or []:
             if domain not in self.seen_domains:
-                self.warnings.append(f"--domains: {domain!r} does not occur in the input (it has: {', '.join(sorted(self.seen_domains))})")
+                self.warnings.append(
+                    f"--domains: {domain!r} does not occur in the input (it has: {', '.join(sorted(self.seen_domains))})"
+                )
 
     def _pack_all(self, tok: LoadedTokenizer, dtype: str) -> tuple[list[tuple[Chunk, dict[str, Any]]], int, int]:
         cfg = self.cfg
         pack_config = PackConfig(
-            staging=str(self.staging), tokenizer_file=str(self.staging / "tokenizer.json"),
-            context_length=cfg.context_length, bos_id=tok.special_ids["bos"] if cfg.bos else None,
-            eos_id=tok.special_ids["eos"], dtype=dtype, val_fraction=self.carve_fraction,
-            probe_length=cfg.probe_length, probe_sequences=cfg.probe_sequences, seed=cfg.seed,
+            staging=str(self.staging),
+            tokenizer_file=str(self.staging / "tokenizer.json"),
+            context_length=cfg.context_length,
+            bos_id=tok.special_ids["bos"] if cfg.bos else None,
+            eos_id=tok.special_ids["eos"],
+            dtype=dtype,
+            val_fraction=self.carve_fraction,
+            probe_length=cfg.probe_length,
+            probe_sequences=cfg.probe_sequences,
+            seed=cfg.seed,
         )
         runner = ChunkRunner(self, pack_config)
         runner.run()

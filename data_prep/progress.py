@@ -1,4 +1,5 @@
 """A rich progress bar on stderr: input bytes read, tokens packed, throughput."""
+
 from __future__ import annotations
 
 import sys
@@ -37,4 +38,6 @@ class PrepProgress:
     def update(self, bytes_read: int, result: dict[str, Any]) -> None:
         self.tokens += sum(info["document_tokens"] for info in result["splits"].values())
         elapsed = max(time.perf_counter() - self.start, 1e-9)
-        self.progress.update(self.task, completed=bytes_read, tokens=self.tokens, rate=f"{self.tokens / elapsed / 1e3:,.0f}k tok/s")
+        self.progress.update(
+            self.task, completed=bytes_read, tokens=self.tokens, rate=f"{self.tokens / elapsed / 1e3:,.0f}k tok/s"
+        )

@@ -5,6 +5,7 @@ Every reader streams: a shard is read block by block, never whole. Documents are
 a fixed order (inputs in the order given, globs sorted), so a run is reproducible and a
 resumed run sees the same documents at the same positions.
 """
+
 from __future__ import annotations
 
 import glob
@@ -131,16 +132,24 @@ def read_pile(path: str, default_domain: str = "unknown", counter: ByteCounter |
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise DataPrepError(f"{path}: line {line_no}: not valid JSON ({exc.msg} at column {exc.colno}); {PILE_LINE_HINT}") from None
+            raise DataPrepError(
+                f"{path}: line {line_no}: not valid JSON ({exc.msg} at column {exc.colno}); {PILE_LINE_HINT}"
+            ) from None
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-            what = "has no string field 'text'" if isinstance(obj, dict) else f"is a JSON {type(obj).__name__}, not an object"
+            what = (
+                "has no string field 'text'"
+                if isinstance(obj, dict)
+                else f"is a JSON {type(obj).__name__}, not an object"
+            )
             raise DataPrepError(f"{path}: line {line_no}: {what}; {PILE_LINE_HINT}")
         meta = obj.get("meta")
         domain = meta.get("pile_set_name") if isinstance(meta, dict) else None
         yield Document(obj["text"], str(domain) if domain else default_domain, path, line_no, invalid)
 
 
-def read_text(path: str, unit: str = "file", domain: str = "text", counter: ByteCounter | None = None) -> Iterator[Document]:
+def read_text(
+    path: str, unit: str = "file", domain: str = "text", counter: ByteCounter | None = None
+) -> Iterator[Document]:
     """Documents of a plain text file: the whole file, each blank-line separated paragraph, or each line."""
     if unit == "file":
         size = os.path.getsize(path)
@@ -187,9 +196,13 @@ def _open_hf(ref: str, split: str):
             ds = ds[split]
         return ds
     if path.is_file():
-        builder = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}.get(path.suffix)
+        builder = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}.get(
+            path.suffix
+        )
         if builder is None:
-            raise DataPrepError(f"{ref}: cannot tell the file type; a local file for --format hf ends in .json, .jsonl, .csv, .parquet or .txt")
+            raise DataPrepError(
+                f"{ref}: cannot tell the file type; a local file for --format hf ends in .json, .jsonl, .csv, .parquet or .txt"
+            )
         return datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)
     try:
         return datasets.load_dataset(ref, split=split, streaming=True)
@@ -206,7 +219,9 @@ def read_hf(ref: str, split: str = "train", text_field: str = "text", domain: st
         text = row.get(text_field)
         if not isinstance(text, str):
             columns = ", ".join(row)
-            raise DataPrepError(f"{ref}: row {row_no}: no string field {text_field!r} (columns: {columns}); choose one with --text-field")
+            raise DataPrepError(
+                f"{ref}: row {row_no}: no string field {text_field!r} (columns: {columns}); choose one with --text-field"
+            )
         meta = row.get("meta")
         if isinstance(meta, str):
             try:

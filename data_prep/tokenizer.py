@@ -1,5 +1,6 @@
 """Tokenizers (HF `tokenizers`): load a tokenizer.json or a local HF tokenizer directory, or
 train a byte-level BPE on the corpus; find the special ids; identify it by sha256."""
+
 from __future__ import annotations
 
 import hashlib
@@ -44,10 +45,14 @@ MAX_TRAINED_VOCAB = 1 << 20
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """A byte-level BPE of `vocab_size` ids (3 of them special) trained on `texts`."""
     if vocab_size < 256 + len(TRAINED_SPECIALS) + 1:
-        raise DataPrepError(f"--vocab-size {vocab_size} is too small; a byte-level BPE needs at least {256 + len(TRAINED_SPECIALS) + 1}")
+        raise DataPrepError(
+            f"--vocab-size {vocab_size} is too small; a byte-level BPE needs at least {256 + len(TRAINED_SPECIALS) + 1}"
+        )
     if vocab_size > MAX_TRAINED_VOCAB:  # the trainer reserves memory by the requested size (1e10 asked for 566 GB)
-        raise DataPrepError(f"--vocab-size {vocab_size:,} is more than a trained BPE can use; give at most "
-                            f"{MAX_TRAINED_VOCAB:,} (the largest vocabularies in use hold about 256K ids)")
+        raise DataPrepError(
+            f"--vocab-size {vocab_size:,} is more than a trained BPE can use; give at most "
+            f"{MAX_TRAINED_VOCAB:,} (the largest vocabularies in use hold about 256K ids)"
+        )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -86,7 +91,9 @@ def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> 
     path = Path(ref)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
-        raise DataPrepError(f"{ref}: no tokenizer.json there; --tokenizer takes a tokenizer.json file or a local HF tokenizer directory")
+        raise DataPrepError(
+            f"{ref}: no tokenizer.json there; --tokenizer takes a tokenizer.json file or a local HF tokenizer directory"
+        )
     json_text = file.read_text(encoding="utf-8")
     try:
         tokenizer = Tokenizer.from_str(json_text)
@@ -112,7 +119,9 @@ def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> 
                 break
         else:
             if names.get(role):
-                raise DataPrepError(f"{file}: the {role.upper()} token {names[role]!r} is not in the vocabulary; pass --{role}-token with one that is")
+                raise DataPrepError(
+                    f"{file}: the {role.upper()} token {names[role]!r} is not in the vocabulary; pass --{role}-token with one that is"
+                )
     if "eos" not in ids:
         raise DataPrepError(f"{file}: no EOS token found (tried {', '.join(KNOWN_NAMES['eos'])}); pass --eos-token")
     ids.setdefault("bos", ids["eos"])
@@ -125,7 +134,9 @@ def token_dtype(vocab_size: int, forced: str | None = None) -> str:
     if forced is None:
         return "uint16" if vocab_size <= 1 << 16 else "uint32"
     if forced == "uint16" and vocab_size > 1 << 16:
-        raise DataPrepError(f"--dtype uint16 holds ids below 65536 but the tokenizer has {vocab_size} ids; use --dtype uint32 or leave --dtype out")
+        raise DataPrepError(
+            f"--dtype uint16 holds ids below 65536 but the tokenizer has {vocab_size} ids; use --dtype uint32 or leave --dtype out"
+        )
     if forced not in ("uint16", "uint32"):
         raise DataPrepError(f"--dtype {forced!r}: choose uint16 or uint32")
     return forced

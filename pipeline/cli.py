@@ -3,6 +3,7 @@
 Each subcommand lives in the module that owns it and is imported only when used, so
 `sinklab prep` never pays for importing Lightning and `sinklab submit` never imports torch.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -14,7 +15,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "consolidate": ("pipeline.checkpoint.consolidate", "turn a DeepSpeed ZeRO checkpoint into one fp32 state dict"),
     "export-hf": ("pipeline.model.hf_export", "export a checkpoint as a Hugging Face model directory"),
     "analyze": ("pipeline.analysis.analyze", "sink metrics and plots for a checkpoint or a pretrained HF model"),
-    "survey": ("pipeline.analysis.survey", "Sink_1 by input, BOS and threshold, norm ratio and dormant heads across models"),
+    "survey": (
+        "pipeline.analysis.survey",
+        "Sink_1 by input, BOS and threshold, norm ratio and dormant heads across models",
+    ),
     "stream-ppl": ("pipeline.analysis.streaming", "streaming perplexity with x initial + y recent cached tokens"),
     "passkey": ("pipeline.analysis.passkey", "passkey retrieval by depth under x initial + y recent cached tokens"),
     "quant-eval": ("pipeline.analysis.quant_eval", "perplexity under simulated W8A8, with the sink kept intact or not"),

@@ -23,6 +23,7 @@ torchtitan). The attention term counts the similarity matrix as the paper define
 operation, including linear kernels computed in O(T d^2) form, so that MFU compares
 implementations of one model rather than models.
 """
+
 from __future__ import annotations
 
 import os

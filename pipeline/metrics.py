@@ -6,6 +6,7 @@ Leading "slots" (learnable sink tokens, K/KV bias columns) are split off with
 :func:`split_slots` before the real-token metrics are formed, so ``Sink_1`` always refers to
 the first *real* token.
 """
+
 from __future__ import annotations
 
 import torch
@@ -155,8 +156,9 @@ def head_output_norm(head_out: Tensor) -> Tensor:
     return head_out.float().norm(dim=-1).mean(dim=-1)
 
 
-def dormant_heads(alpha1: Tensor, out_norm: Tensor, eps: float = DEFAULT_EPS,
-                  ratio: float = DORMANT_OUTPUT_RATIO) -> Tensor:
+def dormant_heads(
+    alpha1: Tensor, out_norm: Tensor, eps: float = DEFAULT_EPS, ratio: float = DORMANT_OUTPUT_RATIO
+) -> Tensor:
     """Bool [L, H]: heads that park on the first token (α_1 > ε) and whose output norm is below
     ``ratio`` × the mean output norm of the heads of their layer."""
     if alpha1.shape != out_norm.shape or alpha1.dim() != 2:
@@ -177,6 +179,7 @@ def first_key_share(attn: Tensor, queries: Tensor) -> Tensor:
 
 
 # ---- uniform reference and emergence --------------------------------------------------------
+
 
 def uniform_alpha1(T: int) -> float:
     """α_1 under uniform causal attention over ``T`` tokens: query i gives key 1 the weight 1/i,
@@ -216,10 +219,14 @@ def emergence_steps(history, alpha1_uniform: float) -> dict[str, int | None]:
     threshold`` (None where it never was)."""
     rows = list(history)
     out: dict[str, int | None] = {
-        name: first_step_above(((r[0], r[1]) for r in rows), limit)
-        for name, limit in EMERGENCE_SINK1.items()}
-    out.update({name: first_step_above(((r[0], r[2]) for r in rows), factor * alpha1_uniform)
-                for name, factor in EMERGENCE_ALPHA1.items()})
+        name: first_step_above(((r[0], r[1]) for r in rows), limit) for name, limit in EMERGENCE_SINK1.items()
+    }
+    out.update(
+        {
+            name: first_step_above(((r[0], r[2]) for r in rows), factor * alpha1_uniform)
+            for name, factor in EMERGENCE_ALPHA1.items()
+        }
+    )
     return out
 
 
@@ -235,11 +242,14 @@ def memorising(history, rise: float = 0.03, after: int = 2) -> str | None:
     (step, low), (last_step, last) = rows[best], rows[-1]
     if len(rows) - 1 - best < after or last < low * (1 + rise):
         return None
-    return (f"valid loss rising since step {step} (min {low:.3f} at {step}, {last:.3f} at {last_step}): "
-            "the model memorises its data; more data or fewer steps")
+    return (
+        f"valid loss rising since step {step} (min {low:.3f} at {step}, {last:.3f} at {last_step}): "
+        "the model memorises its data; more data or fewer steps"
+    )
 
 
 # ---- rank agreement with the paper ----------------------------------------------------------
+
 
 def average_ranks(values) -> list[float]:
     """1-based ranks of ``values``, ties sharing the mean of the ranks they span
@@ -252,7 +262,7 @@ def average_ranks(values) -> list[float]:
         end = start
         while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
             end += 1
-        for i in order[start:end + 1]:
+        for i in order[start : end + 1]:
             ranks[i] = (start + end) / 2 + 1
         start = end + 1
     return ranks
@@ -260,8 +270,9 @@ def average_ranks(values) -> list[float]:
 
 def _paired(x, y) -> tuple[list[float], list[float]]:
     """Pairs where both values are known (None and NaN dropped)."""
-    pairs = [(float(a), float(b)) for a, b in zip(x, y, strict=True)
-             if a is not None and b is not None and a == a and b == b]
+    pairs = [
+        (float(a), float(b)) for a, b in zip(x, y, strict=True) if a is not None and b is not None and a == a and b == b
+    ]
     return [a for a, _ in pairs], [b for _, b in pairs]
 
 

@@ -11,6 +11,7 @@ et al. (2023), the largest |x| and the kurtosis are taken per sequence, over the
 block's output), ``recording_linear_inputs`` (forward pre-hooks) for every ``nn.Linear`` inside
 the blocks. The *leading positions* are the learnable sink tokens, if any, and the first token.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,8 +61,9 @@ class OutlierSplit:
     channels: Tensor  # [B, d] bool: a channel-wise outlier channel
 
 
-def outlier_split(x: Tensor, token_factor: float = TOKEN_FACTOR, channel_factor: float = CHANNEL_FACTOR,
-                  share: float = CHANNEL_SHARE) -> OutlierSplit:
+def outlier_split(
+    x: Tensor, token_factor: float = TOKEN_FACTOR, channel_factor: float = CHANNEL_FACTOR, share: float = CHANNEL_SHARE
+) -> OutlierSplit:
     """Per sequence of ``x [B, T, d]``, with m the median |x| of that sequence's tensor: a channel
     with |x| > ``channel_factor`` · m at ``share`` of the positions or more is *channel-wise*; an
     entry outside those channels with |x| > ``token_factor`` · m is a *token-wise* outlier, and its
@@ -102,9 +104,13 @@ class OutlierReport:
     def to_metrics(self) -> dict[str, float]:
         """``act/...`` names, 0-based layers: per layer and, without a layer suffix, the largest."""
         out: dict[str, float] = {}
-        for key, values in (("max_abs", self.max_abs), ("kurtosis", self.kurtosis),
-                            ("tokenwise_positions", self.token_positions), ("tokenwise_lead_pct", self.lead_pct),
-                            ("channelwise_channels", self.outlier_channels)):
+        for key, values in (
+            ("max_abs", self.max_abs),
+            ("kurtosis", self.kurtosis),
+            ("tokenwise_positions", self.token_positions),
+            ("tokenwise_lead_pct", self.lead_pct),
+            ("channelwise_channels", self.outlier_channels),
+        ):
             out.update({f"act/{key}_l{l}": float(v) for l, v in enumerate(values)})
         for name, values in self.linear_max.items():
             out.update({f"act/linear_max_l{l}_{name}": float(v) for l, v in enumerate(values) if v == v})
@@ -115,14 +121,24 @@ class OutlierReport:
         return out
 
     def to_json(self) -> dict:
-        plain = {name: values.tolist() for name, values in (("max_abs", self.max_abs), ("kurtosis", self.kurtosis),
-                                                           ("token_positions", self.token_positions),
-                                                           ("lead_pct", self.lead_pct),
-                                                           ("outlier_channels", self.outlier_channels))}
-        return {"lead": self.lead, **plain, "channel_ids": self.channel_ids,
-                "linear_max": {k: v.tolist() for k, v in self.linear_max.items()},
-                "lead_scale_ratio": {k: v.tolist() for k, v in self.lead_scale_ratio.items()},
-                "summary": self.summary()}
+        plain = {
+            name: values.tolist()
+            for name, values in (
+                ("max_abs", self.max_abs),
+                ("kurtosis", self.kurtosis),
+                ("token_positions", self.token_positions),
+                ("lead_pct", self.lead_pct),
+                ("outlier_channels", self.outlier_channels),
+            )
+        }
+        return {
+            "lead": self.lead,
+            **plain,
+            "channel_ids": self.channel_ids,
+            "linear_max": {k: v.tolist() for k, v in self.linear_max.items()},
+            "lead_scale_ratio": {k: v.tolist() for k, v in self.lead_scale_ratio.items()},
+            "summary": self.summary(),
+        }
 
 
 class OutlierAccumulator:
@@ -172,12 +188,19 @@ class OutlierAccumulator:
             m = torch.cat(chunks)  # [N, 2]
             linear_max.setdefault(name, torch.full((n_layers,), math.nan))[layer] = m[:, 0].mean()
             ratio.setdefault(name, torch.full((n_layers,), math.nan))[layer] = (
-                m[:, 0] / m[:, 1].clamp_min(torch.finfo(torch.float32).tiny)).mean()
+                m[:, 0] / m[:, 1].clamp_min(torch.finfo(torch.float32).tiny)
+            ).mean()
         return OutlierReport(
-            lead=self.lead, max_abs=mean["max_abs"], kurtosis=mean["kurtosis"], token_positions=mean["positions"],
-            lead_pct=100.0 * mean["lead"], outlier_channels=mean["channels"],
+            lead=self.lead,
+            max_abs=mean["max_abs"],
+            kurtosis=mean["kurtosis"],
+            token_positions=mean["positions"],
+            lead_pct=100.0 * mean["lead"],
+            outlier_channels=mean["channels"],
             channel_ids=[torch.nonzero(row >= n_seq / 2).flatten().tolist() for row in self.channel_hits],
-            linear_max=linear_max, lead_scale_ratio=ratio)
+            linear_max=linear_max,
+            lead_scale_ratio=ratio,
+        )
 
 
 def _record_input(acc: OutlierAccumulator, layer: int, name: str, _module: nn.Module, args: tuple) -> None:
@@ -196,8 +219,10 @@ def linear_layers(blocks: Sequence[nn.Module]) -> Iterator[tuple[int, str, nn.Li
 @contextmanager
 def recording_linear_inputs(blocks: Sequence[nn.Module], acc: OutlierAccumulator) -> Iterator[OutlierAccumulator]:
     """While inside, every forward of a linear layer of ``blocks`` adds its input to ``acc``."""
-    handles = [module.register_forward_pre_hook(partial(_record_input, acc, layer, name))
-               for layer, name, module in linear_layers(blocks)]
+    handles = [
+        module.register_forward_pre_hook(partial(_record_input, acc, layer, name))
+        for layer, name, module in linear_layers(blocks)
+    ]
     try:
         yield acc
     finally:
@@ -224,11 +249,18 @@ def recording_block_outputs(blocks: Sequence[nn.Module]) -> Iterator[list[Tensor
 
 def summary_table(summaries: dict[str, dict]) -> list[str]:
     """Markdown rows of :meth:`OutlierReport.summary` records, one per label (an input kind, a model)."""
+
     def cell(s: dict, key: str, fmt: str) -> str:
         return "n/a" if key not in s else f"{s[key]:{fmt}} ({s[key + '_at']})"
 
-    lines = ["| activations | residual ‖h‖∞ (layer) | kurtosis (layer) | lead token-wise, % of sequences (layer) "
-             "| linear input ‖x‖∞ (where) | scale inflation by the lead (where) |", "|---|---|---|---|---|---|"]
-    lines += [f"| {label} | {cell(s, 'max_abs', '.1f')} | {cell(s, 'kurtosis', '.1f')} | {cell(s, 'lead_pct', '.0f')} "
-              f"| {cell(s, 'linear_max', '.1f')} | {cell(s, 'lead_scale_ratio', '.2f')} |" for label, s in summaries.items()]
+    lines = [
+        "| activations | residual ‖h‖∞ (layer) | kurtosis (layer) | lead token-wise, % of sequences (layer) "
+        "| linear input ‖x‖∞ (where) | scale inflation by the lead (where) |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {label} | {cell(s, 'max_abs', '.1f')} | {cell(s, 'kurtosis', '.1f')} | {cell(s, 'lead_pct', '.0f')} "
+        f"| {cell(s, 'linear_max', '.1f')} | {cell(s, 'lead_scale_ratio', '.2f')} |"
+        for label, s in summaries.items()
+    ]
     return lines

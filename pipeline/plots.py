@@ -2,6 +2,7 @@
 (Figures 2 top, 7, 8), Sink_k by position (Figure 5 middle) and the QK decomposition (Figure 2
 bottom), per-head α_1 and Guo et al.'s extreme-token dynamics over training. Each function
 writes one file atomically and returns its path."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,8 +28,9 @@ def _matrix(values) -> list[list[float]]:
     return [list(map(float, row)) for row in values]
 
 
-def alpha1_heatmap(alpha1, path: str | Path, title: str = "", entropy=None, out_norm=None, dormant=None,
-                   uniform: float | None = None) -> Path:
+def alpha1_heatmap(
+    alpha1, path: str | Path, title: str = "", entropy=None, out_norm=None, dormant=None, uniform: float | None = None
+) -> Path:
     """Layer × head map of the first token's importance α_1 (mean over sequences). With
     ``entropy`` / ``out_norm`` ([L, H]) a panel each beside it (active and dormant heads), and
     ``dormant`` (bool [L, H]) marked with a cross on every panel. With ``uniform`` (α_1 under
@@ -39,17 +41,32 @@ def alpha1_heatmap(alpha1, path: str | Path, title: str = "", entropy=None, out_
         from matplotlib.colors import TwoSlopeNorm
 
         scale = TwoSlopeNorm(vmin=0.0, vcenter=uniform, vmax=1.0)
-    panels = [(f"α₁ (white: uniform {uniform:.3f})" if uniform else "α₁", _matrix(alpha1),
-               "RdBu_r" if uniform else "viridis", scale)]
+    panels = [
+        (
+            f"α₁ (white: uniform {uniform:.3f})" if uniform else "α₁",
+            _matrix(alpha1),
+            "RdBu_r" if uniform else "viridis",
+            scale,
+        )
+    ]
     if entropy is not None:
         panels.append(("row entropy / log n", _matrix(entropy), "magma", (0.0, 1.0)))
     if out_norm is not None:
         panels.append(("mean ‖A·V‖ per token", _matrix(out_norm), "cividis", (None, None)))
     n_layers, n_heads = len(panels[0][1]), len(panels[0][1][0])
     width = max(4.0, 0.35 * n_heads + 2)
-    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), max(3.0, 0.25 * n_layers + 1.5)),
-                             squeeze=False, layout="constrained")
-    marks = [(h, layer) for layer, row in enumerate(_matrix(dormant)) for h, v in enumerate(row) if v] if dormant is not None else []
+    fig, axes = plt.subplots(
+        1,
+        len(panels),
+        figsize=(width * len(panels), max(3.0, 0.25 * n_layers + 1.5)),
+        squeeze=False,
+        layout="constrained",
+    )
+    marks = (
+        [(h, layer) for layer, row in enumerate(_matrix(dormant)) for h, v in enumerate(row) if v]
+        if dormant is not None
+        else []
+    )
     for ax, (label, data, cmap, scale) in zip(axes[0], panels):
         limits = {"vmin": scale[0], "vmax": scale[1]} if isinstance(scale, tuple) else {"norm": scale}
         im = ax.imshow(data, aspect="auto", cmap=cmap, origin="lower", **limits)
@@ -120,8 +137,13 @@ def qk_decomposition(rows, path: str | Path, title: str = "") -> Path:
     return _save(fig, path)
 
 
-def alpha1_trajectories(steps: Sequence[int], series: Mapping[tuple[int, int], Sequence[float]],
-                        path: str | Path, title: str = "", uniform: float | None = None) -> Path:
+def alpha1_trajectories(
+    steps: Sequence[int],
+    series: Mapping[tuple[int, int], Sequence[float]],
+    path: str | Path,
+    title: str = "",
+    uniform: float | None = None,
+) -> Path:
     """One line per (layer, head): α_1 of that head against the training step, coloured by
     layer, with the uniform-attention value (and 1.25 x it) as dashed references."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
@@ -130,12 +152,27 @@ def alpha1_trajectories(steps: Sequence[int], series: Mapping[tuple[int, int], S
     labelled: set[int] = set()
     for (layer, head), values in sorted(series.items()):
         colour = cmap(layers.index(layer) / max(1, len(layers) - 1))
-        ax.plot(list(steps), [float(v) for v in values], color=colour, linewidth=1.0, alpha=0.8,
-                marker="o", markersize=2, label=None if layer in labelled else f"layer {layer}")
+        ax.plot(
+            list(steps),
+            [float(v) for v in values],
+            color=colour,
+            linewidth=1.0,
+            alpha=0.8,
+            marker="o",
+            markersize=2,
+            label=None if layer in labelled else f"layer {layer}",
+        )
         labelled.add(layer)
         if len(series) <= 64 and len(values):
-            ax.annotate(f"l{layer}h{head}", (list(steps)[-1], float(values[-1])), fontsize=6,
-                        xytext=(3, 0), textcoords="offset points", va="center", color=colour)
+            ax.annotate(
+                f"l{layer}h{head}",
+                (list(steps)[-1], float(values[-1])),
+                fontsize=6,
+                xytext=(3, 0),
+                textcoords="offset points",
+                va="center",
+                color=colour,
+            )
     if uniform is not None:
         ax.axhline(uniform, color="grey", linewidth=0.8, linestyle="--", label=f"uniform {uniform:.3f}")
         ax.axhline(1.25 * uniform, color="grey", linewidth=0.8, linestyle=":", label="1.25 x uniform")
@@ -147,14 +184,16 @@ def alpha1_trajectories(steps: Sequence[int], series: Mapping[tuple[int, int], S
     return _save(fig, path)
 
 
-def extreme_token_dynamics(steps: Sequence[int], panels: Sequence[tuple[str, Mapping[str, Sequence[float]]]],
-                           path: str | Path, title: str = "") -> Path:
+def extreme_token_dynamics(
+    steps: Sequence[int], panels: Sequence[tuple[str, Mapping[str, Sequence[float]]]], path: str | Path, title: str = ""
+) -> Path:
     """Guo et al.'s (2024) mutual-reinforcement picture: the attention sink, the value-state drain
     and the residual-state peak of the first token against the training step, one panel each
     (``panels``: (panel title, {line label: values at ``steps``})), the x axis shared. A panel of
     norm ratios carries the no-peak reference 1 as a dashed line."""
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7.0, 2.3 * len(panels) + 0.6), sharex=True,
-                             squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(7.0, 2.3 * len(panels) + 0.6), sharex=True, squeeze=False, layout="constrained"
+    )
     for ax, (label, lines) in zip(axes[:, 0], panels):
         for name, values in lines.items():
             ax.plot(list(steps), [float(v) for v in values], marker="o", markersize=2, linewidth=1.2, label=name)
@@ -168,30 +207,51 @@ def extreme_token_dynamics(steps: Sequence[int], panels: Sequence[tuple[str, Map
     return _save(fig, path)
 
 
-def survey_figure(bars: Mapping[str, Mapping[str, float]], curves: Mapping[tuple[str, bool], Sequence[float]],
-                  eps_values: Sequence[float], path: str | Path, eps: float = 0.3, curve_input: str = "natural") -> Path:
+def survey_figure(
+    bars: Mapping[str, Mapping[str, float]],
+    curves: Mapping[tuple[str, bool], Sequence[float]],
+    eps_values: Sequence[float],
+    path: str | Path,
+    eps: float = 0.3,
+    curve_input: str = "natural",
+) -> Path:
     """Left: Sink_1^ε per model, one bar per input column (``<input>`` or ``<input>_bos``, the
     BOS ones hatched); right: Sink_1 against ε for ``curve_input``, one colour per model, solid
     without BOS and dashed with it (``curves[(model, bos)]`` over ``eps_values``)."""
     models = list(bars)
     columns = list(dict.fromkeys(c for cells in bars.values() for c in cells))
-    fig, (ax_bar, ax_eps) = plt.subplots(1, 2, figsize=(max(10.0, 3.0 + 1.6 * len(models) * max(1, len(columns)) / 3), 4.0))
+    fig, (ax_bar, ax_eps) = plt.subplots(
+        1, 2, figsize=(max(10.0, 3.0 + 1.6 * len(models) * max(1, len(columns)) / 3), 4.0)
+    )
     width = 0.8 / max(1, len(columns))
     palette = plt.get_cmap("tab10")
     kinds = list(dict.fromkeys(c.removesuffix("_bos") for c in columns))
     for i, col in enumerate(columns):
         xs = [m + (i - (len(columns) - 1) / 2) * width for m in range(len(models))]
-        ax_bar.bar(xs, [float(bars[m].get(col, float("nan"))) for m in models], width=width,
-                   color=palette(kinds.index(col.removesuffix("_bos"))), hatch="//" if col.endswith("_bos") else None,
-                   edgecolor="white", label=col.replace("_bos", " +BOS"))
+        ax_bar.bar(
+            xs,
+            [float(bars[m].get(col, float("nan"))) for m in models],
+            width=width,
+            color=palette(kinds.index(col.removesuffix("_bos"))),
+            hatch="//" if col.endswith("_bos") else None,
+            edgecolor="white",
+            label=col.replace("_bos", " +BOS"),
+        )
     ax_bar.set_xticks(range(len(models)), models, rotation=20 if len(models) > 3 else 0)
     ax_bar.set_ylabel(f"Sink₁ (%), ε={eps}")
     ax_bar.set_ylim(0, 100)
     ax_bar.legend(fontsize=7, ncol=min(3, len(columns)), loc="upper center", bbox_to_anchor=(0.5, -0.12))
     ax_bar.set_title("attention sink by model and input")
     for (model, bos), values in curves.items():
-        ax_eps.plot(list(eps_values), [float(v) for v in values], color=palette(models.index(model) % 10),
-                    linestyle="--" if bos else "-", marker="o", markersize=3, label=model + (" +BOS" if bos else ""))
+        ax_eps.plot(
+            list(eps_values),
+            [float(v) for v in values],
+            color=palette(models.index(model) % 10),
+            linestyle="--" if bos else "-",
+            marker="o",
+            markersize=3,
+            label=model + (" +BOS" if bos else ""),
+        )
     ax_eps.axvline(eps, color="grey", linewidth=0.8, linestyle=":")
     ax_eps.set_xlabel("threshold ε")
     ax_eps.set_ylabel("Sink₁ (%)")
@@ -201,14 +261,18 @@ def survey_figure(bars: Mapping[str, Mapping[str, float]], curves: Mapping[tuple
     return _save(fig, path)
 
 
-def passkey_heatmap(table: Mapping[str, Mapping[float, Mapping[str, float]]], path: str | Path, title: str = "") -> Path:
+def passkey_heatmap(
+    table: Mapping[str, Mapping[float, Mapping[str, float]]], path: str | Path, title: str = ""
+) -> Path:
     """Passkey accuracy, one row per cache config and one column per depth; cells whose key had
     left the cache for some trial are marked †. ``table[cache][depth]`` holds ``accuracy`` and
     ``cached`` (both %)."""
     caches = list(table)
     depths = list(next(iter(table.values())))
     data = [[table[c][d]["accuracy"] for d in depths] for c in caches]
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(depths) + 2.5), max(2.5, 0.5 * len(caches) + 1.5)), layout="constrained")
+    fig, ax = plt.subplots(
+        figsize=(max(4.0, 0.9 * len(depths) + 2.5), max(2.5, 0.5 * len(caches) + 1.5)), layout="constrained"
+    )
     im = ax.imshow(data, aspect="auto", cmap="RdYlGn", vmin=0.0, vmax=100.0)
     for i, cache in enumerate(caches):
         for j, depth in enumerate(depths):

@@ -7,6 +7,7 @@ Hugging Face model, so both paths count sinks the same way. Torch only, beside
 ``pipeline.metrics``: the training callbacks and the analysis layer both use it, and the
 training layer imports nothing from ``pipeline.analysis`` for it.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -71,8 +72,13 @@ class SinkReport:
         out: dict[str, float] = {}
         for name, values in (("entropy", self.entropy), ("out_norm", self.out_norm)):
             if values is not None:
-                out.update({f"heads/{name}_l{l}_h{h}": float(values[l, h])
-                            for l in range(values.shape[0]) for h in range(values.shape[1])})
+                out.update(
+                    {
+                        f"heads/{name}_l{l}_h{h}": float(values[l, h])
+                        for l in range(values.shape[0])
+                        for h in range(values.shape[1])
+                    }
+                )
         if self.out_norm is not None:
             out["heads/dormant_pct"] = self.dormant_pct
         return out
@@ -93,9 +99,12 @@ class SinkReport:
         measured, the value-state drain ``act/value_norm_ratio_l{l}`` and the BOS share by query
         kind ``sink/bos_share_trigger_l{l}``, ``sink/bos_share_other_l{l}`` (mean over heads)."""
         out = {}
-        for name, values in (("act/massive_ratio", self.massive_ratio), ("act/value_norm_ratio", self.value_norm_ratio),
-                             ("sink/bos_share_trigger", self.bos_share_trigger),
-                             ("sink/bos_share_other", self.bos_share_other)):
+        for name, values in (
+            ("act/massive_ratio", self.massive_ratio),
+            ("act/value_norm_ratio", self.value_norm_ratio),
+            ("sink/bos_share_trigger", self.bos_share_trigger),
+            ("sink/bos_share_other", self.bos_share_other),
+        ):
             if values is not None:
                 per_layer = values if values.dim() == 1 else values.mean(dim=-1)
                 out.update({f"{name}_l{l}": float(v) for l, v in enumerate(per_layer)})
@@ -103,31 +112,40 @@ class SinkReport:
 
     def to_json(self) -> dict:
         """A JSON-ready record (lists, not tensors)."""
+
         def plain(t: Tensor | None):
             return None if t is None else t.tolist()
 
         return {
-            "sink1": self.sink1, "sink_star": self.sink_star, "profile": self.profile,
+            "sink1": self.sink1,
+            "sink_star": self.sink_star,
+            "profile": self.profile,
             "alpha_profile": self.alpha_profile,
-            "eps": self.eps, "n_sequences": self.n_sequences, "seq_len": self.seq_len,
-            "is_proxy": self.is_proxy, "alpha1": plain(self.alpha1),
+            "eps": self.eps,
+            "n_sequences": self.n_sequences,
+            "seq_len": self.seq_len,
+            "is_proxy": self.is_proxy,
+            "alpha1": plain(self.alpha1),
             "massive_ratio": plain(self.massive_ratio),
             "key_norm_ratio": plain(self.key_norm_ratio),
             "value_norm_ratio": plain(self.value_norm_ratio),
             "slot_massive_ratio": plain(self.slot_massive_ratio),
             "qk_decomposition": plain(self.qk_decomposition),
-            "entropy": plain(self.entropy), "out_norm": plain(self.out_norm),
+            "entropy": plain(self.entropy),
+            "out_norm": plain(self.out_norm),
             "dormant_pct": self.dormant_pct,
             "outliers": None if self.outliers is None else self.outliers.to_json(),
-            "bos_share_trigger": plain(self.bos_share_trigger), "bos_share_other": plain(self.bos_share_other),
+            "bos_share_trigger": plain(self.bos_share_trigger),
+            "bos_share_other": plain(self.bos_share_other),
         }
 
 
 class SinkAccumulator:
     """Collects per-sequence importances over batches; :meth:`report` forms the rates."""
 
-    def __init__(self, eps: float = metrics.DEFAULT_EPS, positions: int = 10,
-                 outliers: OutlierAccumulator | None = None) -> None:
+    def __init__(
+        self, eps: float = metrics.DEFAULT_EPS, positions: int = 10, outliers: OutlierAccumulator | None = None
+    ) -> None:
         self.eps, self.positions = eps, positions
         self.outliers = outliers  # fed the hidden states here; linear inputs come from hooks
         self.alphas: list[Tensor] = []  # [B, L, H, P]
@@ -177,10 +195,15 @@ class SinkAccumulator:
             slot_mass, real = metrics.split_slots(a, n_query_slots, n_key_slots)
             alphas.append(metrics.importance_profile(real, self.positions))
             if trigger_queries is not None:
-                shares.append((metrics.first_key_share(real, trigger_queries), metrics.first_key_share(real, ~trigger_queries)))
+                shares.append(
+                    (metrics.first_key_share(real, trigger_queries), metrics.first_key_share(real, ~trigger_queries))
+                )
             slots.append(metrics.slot_importance(slot_mass))
-            entropies.append(metrics.attention_entropy(
-                a[..., n_query_slots:, :], None if admitted is None else admitted[n_query_slots:]))
+            entropies.append(
+                metrics.attention_entropy(
+                    a[..., n_query_slots:, :], None if admitted is None else admitted[n_query_slots:]
+                )
+            )
         self.seq_len = real.shape[-1]
         self.entropy.append(torch.stack(entropies, dim=1).cpu())
         if head_outputs:
@@ -197,8 +220,7 @@ class SinkAccumulator:
             self.massive.append(torch.stack([metrics.massive_activation_ratio(h) for h in real_h], 1).cpu())
             if n_query_slots:
                 ratios = [
-                    h.detach().float()[:, :n_query_slots].norm(dim=-1)
-                    / r.norm(dim=-1).mean(dim=-1, keepdim=True)
+                    h.detach().float()[:, :n_query_slots].norm(dim=-1) / r.norm(dim=-1).mean(dim=-1, keepdim=True)
                     for h, r in zip(hidden_states, real_h)
                 ]
                 self.slot_massive.append(torch.stack(ratios, dim=1).cpu())
@@ -306,8 +328,11 @@ def run_probe(
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), torch.autocast(device_type=device.type, enabled=False), \
-                _linear_inputs(model, acc.outliers):
+        with (
+            torch.no_grad(),
+            torch.autocast(device_type=device.type, enabled=False),
+            _linear_inputs(model, acc.outliers),
+        ):
             for start in range(0, tokens.shape[0], batch_size):
                 kwargs = {"output_attentions": True, "output_hidden_states": True}
                 if output_qkv:

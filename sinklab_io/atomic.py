@@ -5,6 +5,7 @@ atomic on POSIX), so a crash or Ctrl-C never leaves half a file where a reader l
 The one home of this rule for all of SinkLab: ``sinklab_io`` sits below every other part
 (``data_prep``, ``pipeline``, ``cluster`` all import it) and needs nothing but the standard library.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,13 +69,17 @@ def atomic_directory(out_dir: str | os.PathLike, kind: str) -> Iterator[Path]:
     :class:`NotOurs` before any work. The current directory is never replaced."""
     out = Path(out_dir).resolve()
     if Path.cwd().resolve().is_relative_to(out):
-        raise NotOurs(f"{out_dir}: is the current directory (or holds it); name a new directory below it, e.g. {Path(out_dir) / 'export'}")
+        raise NotOurs(
+            f"{out_dir}: is the current directory (or holds it); name a new directory below it, e.g. {Path(out_dir) / 'export'}"
+        )
     if out.exists() and not out.is_dir():
         raise NotOurs(f"{out_dir}: is a file; name a new directory")
     if out.is_dir() and (foreign := _foreign(out, kind)):
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise NotOurs(f"{out_dir}: holds {shown}, which this command did not write; nothing was changed. "
-                      "Name a new or empty directory")
+        raise NotOurs(
+            f"{out_dir}: holds {shown}, which this command did not write; nothing was changed. "
+            "Name a new or empty directory"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

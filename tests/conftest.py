@@ -1,4 +1,5 @@
 """Fixtures shared by every part's tests. Each part keeps its own in tests/<part>/conftest.py."""
+
 from __future__ import annotations
 
 import os
@@ -31,12 +32,22 @@ def mlflow_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     mlflow = Path(sys.executable).with_name("mlflow")
-    cmd = [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port),
-           "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-           "--artifacts-destination", str(root / "artifacts"), "--workers", "1"]
+    cmd = [
+        str(mlflow),
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend-store-uri",
+        f"sqlite:///{root}/mlflow.db",
+        "--artifacts-destination",
+        str(root / "artifacts"),
+        "--workers",
+        "1",
+    ]
     log = open(root / "server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     while True:
@@ -48,8 +59,9 @@ def mlflow_server(tmp_path_factory):
             pass
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
-            raise RuntimeError(f"MLflow server did not start; see {root / 'server.log'}:\n"
-                               + (root / "server.log").read_text()[-3000:])
+            raise RuntimeError(
+                f"MLflow server did not start; see {root / 'server.log'}:\n" + (root / "server.log").read_text()[-3000:]
+            )
         time.sleep(0.5)
     yield uri
     os.killpg(proc.pid, 15)
@@ -68,7 +80,7 @@ def load_benchmark():
     def load(name: str):
         spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module   # dataclasses look their module up there
+        sys.modules[name] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
         return module
 

@@ -1,5 +1,6 @@
 """design.md's import rules, held against the source (every import, module level or inside a
 function; those under ``if TYPE_CHECKING:`` are annotations only and do not count)."""
+
 from __future__ import annotations
 
 import ast
@@ -9,8 +10,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = ("sinklab_io", "data_prep", "pipeline", "cluster", "benchmarks")
-THE_TRAINING_LAYER = ("lightning", "mlflow", "deepspeed", "pipeline.train", "pipeline.checkpoint", "pipeline.tracking",
-                      "pipeline.experiments")
+THE_TRAINING_LAYER = (
+    "lightning",
+    "mlflow",
+    "deepspeed",
+    "pipeline.train",
+    "pipeline.checkpoint",
+    "pipeline.tracking",
+    "pipeline.experiments",
+)
 
 
 def _module(path: Path) -> str:
@@ -56,8 +64,9 @@ def under(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def broken(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
-    return [f"{f.relative_to(REPO)} imports {name}" for f in files for name in sorted(imports(f))
-            if under(name, forbidden)]
+    return [
+        f"{f.relative_to(REPO)} imports {name}" for f in files for name in sorted(imports(f)) if under(name, forbidden)
+    ]
 
 
 def test_mlflow_is_imported_only_inside_pipeline_tracking():
@@ -74,23 +83,36 @@ def test_the_rules_are_read_from_real_imports(tmp_path):
     assert broken([REPO / "pipeline" / "tracking" / "runs.py"], ("mlflow",))  # it does import mlflow
 
 
-@pytest.mark.parametrize("parts, forbidden", [
-    # the model, the kernels, the metrics and the probe know only torch (and each other)
-    (("pipeline/model", "pipeline/kernels", "pipeline/metrics.py", "pipeline/probe.py", "pipeline/outliers.py",
-      "pipeline/flops.py", "pipeline/plots.py"),
-     THE_TRAINING_LAYER + ("pipeline.analysis", "data_prep", "cluster", "jsonargparse")),
-    # data_prep knows nothing of pipeline or cluster
-    (("data_prep",), ("pipeline", "cluster", "lightning", "mlflow")),
-    # utilities every layer needs sit below all of them
-    (("sinklab_io",), ("pipeline", "data_prep", "cluster", "torch", "numpy")),
-    # cluster renders and submits jobs; it does not import the training layer
-    (("cluster",), THE_TRAINING_LAYER + ("torch",)),
-    # training does not import analysis
-    (("pipeline/train", "pipeline/checkpoint"), ("pipeline.analysis",)),
-    # tracking and checkpoints sit below training and analysis
-    (("pipeline/tracking",), ("pipeline.train", "pipeline.analysis", "pipeline.experiments")),
-    (("pipeline/checkpoint",), ("mlflow", "pipeline.tracking", "pipeline.analysis", "pipeline.experiments")),
-], ids=["model-kernels-metrics", "data_prep", "sinklab_io", "cluster", "train", "tracking", "checkpoint"])
+@pytest.mark.parametrize(
+    "parts, forbidden",
+    [
+        # the model, the kernels, the metrics and the probe know only torch (and each other)
+        (
+            (
+                "pipeline/model",
+                "pipeline/kernels",
+                "pipeline/metrics.py",
+                "pipeline/probe.py",
+                "pipeline/outliers.py",
+                "pipeline/flops.py",
+                "pipeline/plots.py",
+            ),
+            THE_TRAINING_LAYER + ("pipeline.analysis", "data_prep", "cluster", "jsonargparse"),
+        ),
+        # data_prep knows nothing of pipeline or cluster
+        (("data_prep",), ("pipeline", "cluster", "lightning", "mlflow")),
+        # utilities every layer needs sit below all of them
+        (("sinklab_io",), ("pipeline", "data_prep", "cluster", "torch", "numpy")),
+        # cluster renders and submits jobs; it does not import the training layer
+        (("cluster",), THE_TRAINING_LAYER + ("torch",)),
+        # training does not import analysis
+        (("pipeline/train", "pipeline/checkpoint"), ("pipeline.analysis",)),
+        # tracking and checkpoints sit below training and analysis
+        (("pipeline/tracking",), ("pipeline.train", "pipeline.analysis", "pipeline.experiments")),
+        (("pipeline/checkpoint",), ("mlflow", "pipeline.tracking", "pipeline.analysis", "pipeline.experiments")),
+    ],
+    ids=["model-kernels-metrics", "data_prep", "sinklab_io", "cluster", "train", "tracking", "checkpoint"],
+)
 def test_design_import_rules(parts, forbidden):
     files = [f for part in parts for f in ([REPO / part] if part.endswith(".py") else sources(part))]
     assert files and broken(files, forbidden) == []
@@ -107,7 +129,7 @@ def test_other_parts_reach_tracking_and_checkpoints_through_their_packages():
             room = next((r for r in rooms if name.startswith(r + ".")), None)
             if room is None or own.startswith(room):
                 continue
-            inner = name[len(room) + 1:].split(".")[0]
+            inner = name[len(room) + 1 :].split(".")[0]
             module = REPO.joinpath(*room.split("."), inner)
             if module.with_suffix(".py").exists() or module.is_dir():
                 found.append(f"{f.relative_to(REPO)} imports {name}")

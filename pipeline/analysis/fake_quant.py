@@ -15,6 +15,7 @@ inside a model's decoder blocks, for SinkLab and Hugging Face models alike. Torc
 
 Embeddings, the LM head, norms and the attention products stay at full precision.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -40,17 +41,32 @@ class QuantSetting:
     description: str = ""
 
 
-SETTINGS = {s.name: s for s in (
-    QuantSetting("fp", None, description="full precision (fp32)"),
-    QuantSetting("w8a8-tensor", "tensor", description="int8 weights per channel, activations per tensor"),
-    QuantSetting("w8a8-token", "token", description="int8 weights per channel, activations per token"),
-    QuantSetting("w8a8-tensor-intact", "tensor", "intact",
-                 description="per tensor; leading positions at full precision (IntactKV)"),
-    QuantSetting("w8a8-token-intact", "token", "intact",
-                 description="per token; leading positions at full precision (IntactKV)"),
-    QuantSetting("w8a8-tensor-exclude", "tensor", "exclude",
-                 description="per tensor; scale without the leading positions, which saturate"),
-)}
+SETTINGS = {
+    s.name: s
+    for s in (
+        QuantSetting("fp", None, description="full precision (fp32)"),
+        QuantSetting("w8a8-tensor", "tensor", description="int8 weights per channel, activations per tensor"),
+        QuantSetting("w8a8-token", "token", description="int8 weights per channel, activations per token"),
+        QuantSetting(
+            "w8a8-tensor-intact",
+            "tensor",
+            "intact",
+            description="per tensor; leading positions at full precision (IntactKV)",
+        ),
+        QuantSetting(
+            "w8a8-token-intact",
+            "token",
+            "intact",
+            description="per token; leading positions at full precision (IntactKV)",
+        ),
+        QuantSetting(
+            "w8a8-tensor-exclude",
+            "tensor",
+            "exclude",
+            description="per tensor; scale without the leading positions, which saturate",
+        ),
+    )
+}
 
 
 def quantize_weight(weight: Tensor) -> Tensor:

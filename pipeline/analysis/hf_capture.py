@@ -7,6 +7,7 @@ softcaps and scalings included) and records the query/key/value tensors it was h
 after q/k norms and rotary. Hidden states: forward hooks on the decoder blocks, because HF's
 ``hidden_states`` puts the final norm on the last entry and the paper reads it before.
 """
+
 from __future__ import annotations
 
 import sys
@@ -28,8 +29,14 @@ def _capturing_eager(module, query, key, value, attention_mask, **kwargs):
     out, weights = eager(module, query, key, value, attention_mask, **kwargs)
     if _recording is not None:
         n_rep = query.shape[1] // key.shape[1]
-        _recording.append((query.detach(), key.detach().repeat_interleave(n_rep, 1),
-                           value.detach().repeat_interleave(n_rep, 1), out.detach().transpose(1, 2)))
+        _recording.append(
+            (
+                query.detach(),
+                key.detach().repeat_interleave(n_rep, 1),
+                value.detach().repeat_interleave(n_rep, 1),
+                out.detach().transpose(1, 2),
+            )
+        )
     return out, weights
 
 
@@ -80,7 +87,8 @@ def capture(model: torch.nn.Module, ids: Tensor, qkv: bool = True) -> Captured:
     captured = Captured(attentions=[a.float() for a in out.attentions], hidden_states=hidden)
     if qkv:
         captured.queries, captured.keys, captured.values, captured.head_outputs = (
-            (list(x) for x in zip(*rec)) if rec else ([], [], [], []))
+            (list(x) for x in zip(*rec)) if rec else ([], [], [], [])
+        )
     return captured
 
 
@@ -95,6 +103,12 @@ def hf_sink_report(
     for start in range(0, tokens.shape[0], batch_size):
         with recording_linear_inputs(decoder_blocks(model), acc.outliers):
             c = capture(model, tokens[start : start + batch_size], qkv=qkv)
-        acc.add(c.attentions, hidden_states=c.hidden_states, queries=c.queries or None, keys=c.keys or None,
-                values=c.values or None, head_outputs=c.head_outputs or None)
+        acc.add(
+            c.attentions,
+            hidden_states=c.hidden_states,
+            queries=c.queries or None,
+            keys=c.keys or None,
+            values=c.values or None,
+            head_outputs=c.head_outputs or None,
+        )
     return acc.report()

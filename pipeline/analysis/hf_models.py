@@ -7,6 +7,7 @@ directory under the cache (``$SINKLAB_CACHE`` or ``~/.cache/sinklab``) and later
 Every cache entry is written under a temporary name and renamed into place, so an interrupted
 run never leaves a half-written model behind.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -3,6 +3,7 @@ natural text windows, random token sequences, one repeated token; Pile shards by
 No BOS is added anywhere. Every probe function returns a LongTensor [N, T]. Also the token
 streams of the streaming commands (``stream-ppl``, ``passkey``, ``quant-eval``): the default
 text and a prepared dataset's held-out split."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -91,7 +92,9 @@ def pile_domains(tokenizer, shard: Path, n: int, seq_len: int) -> dict[str, torc
                 doc = json.loads(line)
                 text, domain = doc["text"], doc.get("meta", {}).get("pile_set_name", "unknown")
             except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-                raise ValueError(f"{shard}:{line_no}: not a Pile record with 'text' and meta.pile_set_name ({e})") from e
+                raise ValueError(
+                    f"{shard}:{line_no}: not a Pile record with 'text' and meta.pile_set_name ({e})"
+                ) from e
             seqs = by_domain.setdefault(domain, [])
             if len(seqs) < n:
                 ids = encode(tokenizer, text[: seq_len * 16])
@@ -112,7 +115,9 @@ def held_out_stream(dataset: Path, max_tokens: int, command: str = "stream-ppl")
     try:
         split = PackedSplit(dataset, "val")
     except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"sinklab {command}: --dataset {dataset}: not a prepared dataset with a val split ({e})") from None
+        raise SystemExit(
+            f"sinklab {command}: --dataset {dataset}: not a prepared dataset with a val split ({e})"
+        ) from None
     ids: list[int] = []
     for i in range(len(split)):
         if len(ids) >= max_tokens:

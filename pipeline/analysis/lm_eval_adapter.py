@@ -12,6 +12,7 @@ Importing this module registers the model name ``sinklab``. Sequences longer tha
 batches of ``batch_size`` (longest first, right-padded: causal attention keeps padding out of
 every scored position; ``auto`` means 16). Needs the ``eval`` extra (lm-eval).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,8 +28,16 @@ EOT_NAMES = ("<|endoftext|>", "</s>", "<eos>", "[EOS]", "<|eos|>")
 
 @register_model("sinklab")
 class SinkLabLM(LM):
-    def __init__(self, pretrained: str, tokenizer: str | None = None, device: str = "cpu",
-                 batch_size: int | str = 1, max_gen_toks: int = 64, model=None, **_ignored) -> None:
+    def __init__(
+        self,
+        pretrained: str,
+        tokenizer: str | None = None,
+        device: str = "cpu",
+        batch_size: int | str = 1,
+        max_gen_toks: int = 64,
+        model=None,
+        **_ignored,
+    ) -> None:
         super().__init__()
         from tokenizers import Tokenizer
 
@@ -45,7 +54,9 @@ class SinkLabLM(LM):
         self.device_ = torch.device(device)
         tok_path = Path(tokenizer) if tokenizer else Path(pretrained).with_name("tokenizer.json")
         if not tok_path.exists():
-            raise FileNotFoundError(f"{tok_path}: tokenizer not found; pass model_args tokenizer=<dataset>/tokenizer.json")
+            raise FileNotFoundError(
+                f"{tok_path}: tokenizer not found; pass model_args tokenizer=<dataset>/tokenizer.json"
+            )
         self.tok = Tokenizer.from_file(str(tok_path))
         self.max_length = self.model.config.max_seq_len
         self.max_gen_toks = int(max_gen_toks)
@@ -58,7 +69,7 @@ class SinkLabLM(LM):
     @torch.no_grad()
     def _logprobs(self, tokens: list[int]) -> torch.Tensor:
         """log p(tokens[i+1] | tokens[..i]) over the vocabulary: [len-1, V]."""
-        idx = torch.tensor(tokens[-(self.max_length + 1):][:-1], device=self.device_)[None]
+        idx = torch.tensor(tokens[-(self.max_length + 1) :][:-1], device=self.device_)[None]
         return F.log_softmax(self.model(idx).logits[0].float(), dim=-1)
 
     @torch.no_grad()
@@ -66,20 +77,20 @@ class SinkLabLM(LM):
         """(sum log p(continuation | context), greedy?) per pair, in batches of batch_size."""
         wholes = []
         for context, continuation in pairs:
-            whole = ((context or [self.eot_id]) + continuation)[-(self.max_length + 1):]
+            whole = ((context or [self.eot_id]) + continuation)[-(self.max_length + 1) :]
             wholes.append((whole[:-1], continuation))
         order = sorted(range(len(pairs)), key=lambda i: -len(wholes[i][0]))
         out: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
         for start in range(0, len(order), self.batch_size):
-            batch = order[start:start + self.batch_size]
+            batch = order[start : start + self.batch_size]
             width = len(wholes[batch[0]][0])
             idx = torch.zeros(len(batch), width, dtype=torch.long)
             for row, i in enumerate(batch):
-                idx[row, :len(wholes[i][0])] = torch.tensor(wholes[i][0])
+                idx[row, : len(wholes[i][0])] = torch.tensor(wholes[i][0])
             logp = F.log_softmax(self.model(idx.to(self.device_)).logits.float(), dim=-1)
             for row, i in enumerate(batch):
                 inputs, continuation = wholes[i]
-                rows = logp[row, len(inputs) - len(continuation):len(inputs)]
+                rows = logp[row, len(inputs) - len(continuation) : len(inputs)]
                 target = torch.tensor(continuation, device=rows.device)
                 out[i] = (rows.gather(-1, target[:, None]).sum().item(), bool((rows.argmax(-1) == target).all()))
         return out
@@ -98,8 +109,12 @@ class SinkLabLM(LM):
         windows, owner = [], []
         for n, req in enumerate(requests):
             (text,) = req.args
-            for window in map(make_disjoint_window, get_rolling_token_windows(
-                    self.encode(text), prefix_token=self.eot_id, max_seq_len=self.max_length, context_len=1)):
+            for window in map(
+                make_disjoint_window,
+                get_rolling_token_windows(
+                    self.encode(text), prefix_token=self.eot_id, max_seq_len=self.max_length, context_len=1
+                ),
+            ):
                 windows.append(window)
                 owner.append(n)
         totals = [0.0] * len(requests)

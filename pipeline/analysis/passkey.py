@@ -8,6 +8,7 @@ config shows where streaming forgets: a key that has left the window cannot come
 low the streaming perplexity. Each cell also says whether the key was still cached when the
 answer began, so a miss can be told apart from an eviction.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,12 +26,21 @@ from pathlib import Path
 import torch
 
 from sinklab_io.atomic import atomic_write
-from pipeline.analysis.streaming import (CacheSpec, Streamer, bos_id, check_positions, group_by_capacity, parse_caches,
-                                         streamer_for)
+from pipeline.analysis.streaming import (
+    CacheSpec,
+    Streamer,
+    bos_id,
+    check_positions,
+    group_by_capacity,
+    parse_caches,
+    streamer_for,
+)
 from pipeline.plots import passkey_heatmap
 
-INSTRUCTION = ("Below, one line among many repeated ones holds a secret number. "
-               "Read everything, remember the number, and give it when asked.")
+INSTRUCTION = (
+    "Below, one line among many repeated ones holds a secret number. "
+    "Read everything, remember the number, and give it when asked."
+)
 FILLER = " The lake was calm. The road went on. The birds flew south. Nothing happened here."
 NEEDLE = (" The secret number is", " {key}", ". Remember it:", " {key}", ".")  # encoded piece by piece
 QUESTION = " What is the secret number? The secret number is"
@@ -50,6 +60,7 @@ def build_trial(tokenizer, length: int, depth: float, key: str, bos: int | None 
     """About ``length`` tokens: instruction, filler with the needle after ``round(depth * n)`` of
     its ``n`` repeats, question. Built from separately encoded pieces, so every trial of one
     length and key width has the same token count (one batch) and the key's tokens are known."""
+
     def enc(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -59,8 +70,10 @@ def build_trial(tokenizer, length: int, depth: float, key: str, bos: int | None 
     needle = [token for piece in pieces for token in piece]
     repeats = (length - len(head) - len(needle) - len(question)) // len(unit)
     if repeats < 1:
-        raise ValueError(f"--length {length}: too short for the prompt; use at least "
-                         f"{len(head) + len(needle) + len(question) + len(unit)} tokens")
+        raise ValueError(
+            f"--length {length}: too short for the prompt; use at least "
+            f"{len(head) + len(needle) + len(question) + len(unit)} tokens"
+        )
     before = round(depth * repeats)
     spans, at = [], len(head) + before * len(unit)
     for template, piece in zip(NEEDLE, pieces):
@@ -77,7 +90,8 @@ def key_cached(trial: Trial, spec: CacheSpec, sink_tokens: int = 0) -> bool:
     latest, x + y entries in all, the incoming token included."""
     n, first = len(trial.ids), max(0, spec.n_initial - sink_tokens)
     return n + sink_tokens <= spec.n_initial + spec.n_recent or any(
-        end <= first or start >= n - spec.n_recent for start, end in trial.key_spans)
+        end <= first or start >= n - spec.n_recent for start, end in trial.key_spans
+    )
 
 
 def first_number(text: str) -> str | None:
@@ -91,7 +105,9 @@ def answer_length(tokenizer, key: str) -> int:
 
 
 @torch.no_grad()
-def answer(streamer: Streamer, prompts: Sequence[list[int]], specs: Sequence[CacheSpec], new_tokens: int) -> list[list[list[int]]]:
+def answer(
+    streamer: Streamer, prompts: Sequence[list[int]], specs: Sequence[CacheSpec], new_tokens: int
+) -> list[list[list[int]]]:
     """Greedy answers [prompt][spec] -> token ids: every (prompt, spec) pair is one batch row
     (the prompts share their length, the specs their x + y)."""
     rows = [(p, s) for p in range(len(prompts)) for s in range(len(specs))]
@@ -118,14 +134,25 @@ def run_trials(streamer: Streamer, tokenizer, trials: Sequence[Trial], caches: d
             started = time.perf_counter()
             new_tokens = max(answer_length(tokenizer, t.key) for t in same_length)
             answers = answer(streamer, [t.ids for t in same_length], group, new_tokens)
-            print(f"  {' '.join(caches[spec] for spec in group)}: {len(same_length)} prompts of {len(same_length[0].ids)} tokens, "
-                  f"{time.perf_counter() - started:.1f} s", file=sys.stderr)
+            print(
+                f"  {' '.join(caches[spec] for spec in group)}: {len(same_length)} prompts of {len(same_length[0].ids)} tokens, "
+                f"{time.perf_counter() - started:.1f} s",
+                file=sys.stderr,
+            )
             for trial, per_spec in zip(same_length, answers):
                 for spec, tokens in zip(group, per_spec):
                     text = tokenizer.decode(tokens, skip_special_tokens=True)
-                    results.append({"cache": caches[spec], "depth": trial.depth, "key": trial.key, "tokens": len(trial.ids),
-                                    "answer": text.strip(), "correct": first_number(text) == trial.key,
-                                    "key_cached": key_cached(trial, spec, streamer.sink_tokens)})
+                    results.append(
+                        {
+                            "cache": caches[spec],
+                            "depth": trial.depth,
+                            "key": trial.key,
+                            "tokens": len(trial.ids),
+                            "answer": text.strip(),
+                            "correct": first_number(text) == trial.key,
+                            "key_cached": key_cached(trial, spec, streamer.sink_tokens),
+                        }
+                    )
     return results
 
 
@@ -136,17 +163,22 @@ def accuracy(results: Sequence[dict], caches: Sequence[str], depths: Sequence[fl
         table[cache] = {}
         for depth in depths:
             cell = [r for r in results if r["cache"] == cache and r["depth"] == depth]
-            table[cache][depth] = {"accuracy": 100.0 * sum(r["correct"] for r in cell) / len(cell),
-                                   "cached": 100.0 * sum(r["key_cached"] for r in cell) / len(cell)}
+            table[cache][depth] = {
+                "accuracy": 100.0 * sum(r["correct"] for r in cell) / len(cell),
+                "cached": 100.0 * sum(r["key_cached"] for r in cell) / len(cell),
+            }
     return table
 
 
 def markdown(model: str, table: dict, n_tokens: int, trials: int) -> str:
     depths = list(next(iter(table.values())))
-    lines = [f"Passkey accuracy (%), {model}, {n_tokens}-token prompts, {trials} keys per cell; "
-             "† = the key had left the cache when the answer began",
-             "", "| cache x+y | " + " | ".join(f"depth {d:g}" for d in depths) + " | mean |",
-             "|---|" + "---|" * (len(depths) + 1)]
+    lines = [
+        f"Passkey accuracy (%), {model}, {n_tokens}-token prompts, {trials} keys per cell; "
+        "† = the key had left the cache when the answer began",
+        "",
+        "| cache x+y | " + " | ".join(f"depth {d:g}" for d in depths) + " | mean |",
+        "|---|" + "---|" * (len(depths) + 1),
+    ]
     for cache, row in table.items():
         cells = [f"{c['accuracy']:.0f}" + ("†" if c["cached"] < 100 else "") for c in row.values()]
         mean = sum(c["accuracy"] for c in row.values()) / len(row)
@@ -167,25 +199,37 @@ def log_to_run(subject, table: dict, figure: Path, settings: dict) -> None:
     the training run."""
     from pipeline.tracking import log_results
 
-    values = {"passkey/acc_" + cache.replace("+", "_"): sum(c["accuracy"] for c in row.values()) / len(row)
-              for cache, row in table.items()}
+    values = {
+        "passkey/acc_" + cache.replace("+", "_"): sum(c["accuracy"] for c in row.values()) / len(row)
+        for cache, row in table.items()
+    }
     log_results(subject.tracking_uri, subject.run_id, values, {"sinklab.passkey.settings": settings}, figure, "passkey")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab passkey", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="smollm2 | path to a .gguf file or HF llama-style model dir | SinkLab checkpoint | runs:/<id>")
+    p.add_argument(
+        "model", help="smollm2 | path to a .gguf file or HF llama-style model dir | SinkLab checkpoint | runs:/<id>"
+    )
     p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
-    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: the one beside it)")
+    p.add_argument(
+        "--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: the one beside it)"
+    )
     p.add_argument("--length", type=int, default=512, help="prompt length in tokens (about; filler repeats are whole)")
     p.add_argument("--depths", default=DEFAULT_DEPTHS, help="comma list of depths in [0, 1]")
     p.add_argument("--keys", type=int, default=2, help="random keys per depth")
     p.add_argument("--digits", type=int, default=5, help="digits of each key")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache", action="append", help=f"x+y cache config, repeatable (default: {' '.join(DEFAULT_CACHES)})")
+    p.add_argument(
+        "--cache", action="append", help=f"x+y cache config, repeatable (default: {' '.join(DEFAULT_CACHES)})"
+    )
     p.add_argument("--full", action="store_true", help="also answer with the whole prompt cached (the reference)")
-    p.add_argument("--bos", choices=("auto", "yes", "no"), default="auto",
-                   help="start with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)")
+    p.add_argument(
+        "--bos",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="start with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)",
+    )
     p.add_argument("--out", type=Path, help="output directory (default: analysis/passkey/<model>)")
     return p
 
@@ -202,7 +246,7 @@ def parse_depths(text: str) -> list[float]:
 
 def make_trials(subject, args, depths: list[float], bos: int | None) -> list[Trial]:
     rng = random.Random(args.seed)
-    keys = [str(rng.randrange(10 ** (args.digits - 1), 10 ** args.digits)) for _ in range(args.keys)]
+    keys = [str(rng.randrange(10 ** (args.digits - 1), 10**args.digits)) for _ in range(args.keys)]
     try:
         return [build_trial(subject.tokenizer, args.length, d, k, bos) for d in depths for k in keys]
     except ValueError as e:
@@ -219,13 +263,21 @@ def cache_configs(specs: list[CacheSpec], full: bool, subject, trials: list[Tria
     return caches
 
 
-def write_outputs(out: Path, name: str, subject, table: dict, results: list[dict], settings: dict, seconds: float) -> Path:
+def write_outputs(
+    out: Path, name: str, subject, table: dict, results: list[dict], settings: dict, seconds: float
+) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "passkey.md", markdown(name, table, settings["tokens"], settings["keys"]) + "\n")
     atomic_write(out / "passkey.csv", csv_text(results))
     accuracy_by_depth = {cache: {str(d): cell for d, cell in row.items()} for cache, row in table.items()}
-    record = {"model": name, "source": subject.source, "settings": settings, "seconds": seconds,
-              "accuracy": accuracy_by_depth, "trials": results}
+    record = {
+        "model": name,
+        "source": subject.source,
+        "settings": settings,
+        "seconds": seconds,
+        "accuracy": accuracy_by_depth,
+        "trials": results,
+    }
     atomic_write(out / "passkey.json", json.dumps(record, indent=2))
     return passkey_heatmap(table, out / "passkey.png", title=f"passkey retrieval, {name}, {settings['tokens']} tokens")
 
@@ -240,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("sinklab passkey: --keys must be >= 1 and --digits in 1..18")
     subject = Subject(args.model, args.kind, args.tokenizer, "passkey")
     if subject.tokenizer is None:
-        raise SystemExit(f"sinklab passkey: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
+        raise SystemExit(
+            f"sinklab passkey: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json"
+        )
     bos = bos_id(subject, args.bos)
     trials = make_trials(subject, args, depths, bos)
     caches = cache_configs(specs, args.full, subject, trials)
@@ -250,8 +304,15 @@ def main(argv: list[str] | None = None) -> int:
     seconds = round(time.perf_counter() - started, 1)
     table = accuracy(results, list(dict.fromkeys(caches.values())), depths)
     name = model_name(args.model)
-    settings = {"length": args.length, "tokens": len(trials[0].ids), "depths": depths, "keys": args.keys,
-                "digits": args.digits, "seed": args.seed, "bos": bos is not None}
+    settings = {
+        "length": args.length,
+        "tokens": len(trials[0].ids),
+        "depths": depths,
+        "keys": args.keys,
+        "digits": args.digits,
+        "seed": args.seed,
+        "bos": bos is not None,
+    }
     out = args.out or Path("analysis") / "passkey" / name
     figure = write_outputs(out, name, subject, table, results, settings, seconds)
     print(markdown(name, table, settings["tokens"], args.keys))

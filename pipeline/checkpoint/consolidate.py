@@ -15,6 +15,7 @@ them afresh (``sinklab.optimizer_moments = "reset"`` in the file); weights, step
 data position continue. The result loads with ``pipeline.model.load_pretrained`` and exports
 with ``sinklab export-hf``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,13 +66,16 @@ def consolidate(ckpt_dir: str | os.PathLike, out: str | os.PathLike) -> dict:
     if not (ckpt / "latest").is_file():
         raise FileNotFoundError(f"{ckpt}: not a DeepSpeed checkpoint directory (no 'latest' file)")
     if out.is_dir():  # checked before the merge, which takes minutes at 1B
-        raise ValueError(f"{out}: is a directory; give the path of the .ckpt file to write, e.g. {out / (ckpt.name.removesuffix('.ckpt') + '-fp32.ckpt')}")
+        raise ValueError(
+            f"{out}: is a directory; give the path of the .ckpt file to write, e.g. {out / (ckpt.name.removesuffix('.ckpt') + '-fp32.ckpt')}"
+        )
     with atomic_path(out) as tmp:
         result = merge_zero_checkpoint(ckpt, tmp)
         hparams = result.get("hyper_parameters") or {}
         if "model_config" not in hparams:
-            raise ValueError(f"{ckpt}: its client state has no hyper_parameters['model_config']; "
-                             "it was not written by `sinklab fit`")
+            raise ValueError(
+                f"{ckpt}: its client state has no hyper_parameters['model_config']; it was not written by `sinklab fit`"
+            )
         # buffers keep the training dtype (bf16 under bf16-mixed); the file is fp32 throughout
         result["state_dict"] = {k: v.float() if v.is_floating_point() else v for k, v in result["state_dict"].items()}
         if "optimizer_states" not in result:
@@ -80,8 +84,11 @@ def consolidate(ckpt_dir: str | os.PathLike, out: str | os.PathLike) -> dict:
             result["sinklab"] = {"optimizer_moments": "reset", "source": str(ckpt)}
         torch.save(result, tmp)  # again: Lightning's file lacks the above
         if "loops" not in result:
-            print(f"sinklab consolidate: {ckpt} holds no Lightning loop state; a run resumed from it counts "
-                  "steps (and reads data) from 0", file=sys.stderr)
+            print(
+                f"sinklab consolidate: {ckpt} holds no Lightning loop state; a run resumed from it counts "
+                "steps (and reads data) from 0",
+                file=sys.stderr,
+            )
     return result
 
 

@@ -6,6 +6,7 @@
   node lost mid-copy) or a DeepSpeed directory missing a rank's partition is passed over by
   ``--resume auto`` and refused by ``--resume PATH`` with a line that names it.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -66,8 +67,11 @@ def _deepspeed_problem(path: Path) -> str | None:
             world = blob.get("dp_world_size", 1)
     if world is None:
         return f"{tag}/ holds no model_states.pt"
-    missing = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)
-               if not any(n.endswith(f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt") for n in names)]
+    missing = [
+        f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
+        for r in range(world)
+        if not any(n.endswith(f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt") for n in names)
+    ]
     if missing:
         return f"written by {world} ranks but {', '.join(missing)} is missing"
     return None

@@ -9,6 +9,7 @@ may not change what defines the run — the model, the optimiser and its schedul
 its order — since the checkpoint's state would silently win over the new value (or the weights
 would not fit). Those are refused in one line that names the field and both values.
 """
+
 from __future__ import annotations
 
 import sys
@@ -33,8 +34,11 @@ def checkpoint_meta(path: Path) -> dict[str, Any]:
     path = Path(path)
     source = model_states_file(path) if path.is_dir() else path
     blob = torch.load(source, map_location="cpu", mmap=True, weights_only=False)
-    return {"global_step": int(blob.get("global_step", 0)), "hyper_parameters": blob.get("hyper_parameters") or {},
-            "data": (blob.get("SinkDataModule") or {}).get("order")}
+    return {
+        "global_step": int(blob.get("global_step", 0)),
+        "hyper_parameters": blob.get("hyper_parameters") or {},
+        "data": (blob.get("SinkDataModule") or {}).get("order"),
+    }
 
 
 def _flat(data: Any, prefix: str) -> dict[str, Any]:
@@ -56,15 +60,21 @@ def check_resume(ckpt: Path, model_config: dict, optim: dict, data_order: dict, 
     """Refuse a resume from ``ckpt`` that would change the run; returns the checkpoint's step."""
     meta = checkpoint_meta(ckpt)
     step, hparams = meta["global_step"], meta["hyper_parameters"]
-    differ = (_differences(hparams.get("model_config") or {}, model_config, "model.model")
-              + _differences(hparams.get("optim") or {}, optim, "model.optim", FREE_OPTIM_FIELDS)
-              + _differences(meta["data"] or {}, data_order, "data"))
+    differ = (
+        _differences(hparams.get("model_config") or {}, model_config, "model.model")
+        + _differences(hparams.get("optim") or {}, optim, "model.optim", FREE_OPTIM_FIELDS)
+        + _differences(meta["data"] or {}, data_order, "data")
+    )
     if differ:
-        raise RunDirError(f"--resume {ckpt}: a resume continues the checkpoint's run, but {'; '.join(differ)}; "
-                          f"resume with the checkpoint's values ({NEW_RUN.format(ckpt=ckpt)})")
+        raise RunDirError(
+            f"--resume {ckpt}: a resume continues the checkpoint's run, but {'; '.join(differ)}; "
+            f"resume with the checkpoint's values ({NEW_RUN.format(ckpt=ckpt)})"
+        )
     if max_steps < step:
-        raise RunDirError(f"--resume {ckpt}: trainer.max_steps={max_steps} is below the checkpoint's step {step}; "
-                          f"give at least {step} (a larger value extends the run)")
+        raise RunDirError(
+            f"--resume {ckpt}: trainer.max_steps={max_steps} is below the checkpoint's step {step}; "
+            f"give at least {step} (a larger value extends the run)"
+        )
     return step
 
 
@@ -77,14 +87,17 @@ def resume_path(run: RunDir, resume: str | None) -> str | None:
         return str(newest) if newest else None
     if resume in ("never", "", None):
         if run.step_checkpoints():
-            raise RunDirError(f"{run.root}: already has checkpoints; continue it with --resume auto, "
-                              "or choose another --run-dir")
+            raise RunDirError(
+                f"{run.root}: already has checkpoints; continue it with --resume auto, or choose another --run-dir"
+            )
         return None
     if not Path(resume).exists():
         raise RunDirError(f"--resume {resume}: no such checkpoint")
     if problem := checkpoint_problem(Path(resume)):
-        raise RunDirError(f"--resume {resume}: damaged checkpoint: {problem}; give an older one, or "
-                          "--resume auto to take the newest intact one of the run directory")
+        raise RunDirError(
+            f"--resume {resume}: damaged checkpoint: {problem}; give an older one, or "
+            "--resume auto to take the newest intact one of the run directory"
+        )
     return resume
 
 

@@ -13,6 +13,7 @@ All of it is decided here, so a requeued SLURM job and a user typing `--resume a
 same run. Checkpoint names avoid ``ckpt_``, which Lightning's SLURM support scans the root dir
 for (the rule and its check: ``cluster.submit.check_run_dir``).
 """
+
 from __future__ import annotations
 
 import json
@@ -122,8 +123,7 @@ class RunDir:
 
 # ---- lock -------------------------------------------------------------------------------------
 def _owner() -> dict:
-    return {"pid": os.getpid(), "host": socket.gethostname(),
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+    return {"pid": os.getpid(), "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
 
 
 def _pid_alive(pid: int) -> bool:
@@ -153,13 +153,17 @@ def acquire_lock(run: RunDir) -> dict:
             except (OSError, json.JSONDecodeError):
                 holder = {}
             same_job = me["slurm_job_id"] and holder.get("slurm_job_id") == me["slurm_job_id"]
-            dead_local = (holder.get("host") == me["host"] and isinstance(holder.get("pid"), int)
-                          and not _pid_alive(holder["pid"]))
+            dead_local = (
+                holder.get("host") == me["host"]
+                and isinstance(holder.get("pid"), int)
+                and not _pid_alive(holder["pid"])
+            )
             if not (same_job or dead_local or not holder):
                 raise RunDirError(
                     f"{run.lock_path}: run directory is in use by pid {holder.get('pid')} on "
                     f"{holder.get('host')} (SLURM job {holder.get('slurm_job_id')}); wait for it to end, "
-                    "use another --run-dir, or delete the lock file if that job is gone")
+                    "use another --run-dir, or delete the lock file if that job is gone"
+                )
             run.lock_path.unlink(missing_ok=True)
             continue
         with os.fdopen(fd, "w") as f:

@@ -1,4 +1,5 @@
 """Step checkpoints: written at optimizer-step ends only, atomically, the newest ``keep_last`` kept."""
+
 from __future__ import annotations
 
 import os
@@ -32,12 +33,14 @@ class StepCheckpoint(Checkpoint):
     def save(self, trainer: L.Trainer) -> Path:
         step = trainer.global_step
         # every rank checks what it holds (shards under ZeRO-3 / FSDP2); one bad rank stops all
-        if trainer.strategy.reduce_boolean_decision(nonfinite_state(trainer.lightning_module, trainer.optimizers),
-                                                    all=False):
+        if trainer.strategy.reduce_boolean_decision(
+            nonfinite_state(trainer.lightning_module, trainer.optimizers), all=False
+        ):
             raise NonFiniteLossError(
                 f"non-finite weights or optimizer state after step {step}: stopping without writing that "
                 f"checkpoint; the ones in {self.run.checkpoints} are kept. Start a new run directory with a "
-                "lower model.optim.lr or a longer warm-up, or check the data.")
+                "lower model.optim.lr or a longer warm-up, or check the data."
+            )
         final = self.run.checkpoints / checkpoint_name(step)
         tmp = self.run.checkpoints / f".{final.name}.partial"
         if trainer.is_global_zero:
@@ -61,8 +64,13 @@ class StepCheckpoint(Checkpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if (at_step_end(trainer, batch_idx) and self.every > 0 and step > 0 and step % self.every == 0
-                and step != self.last_saved):
+        if (
+            at_step_end(trainer, batch_idx)
+            and self.every > 0
+            and step > 0
+            and step % self.every == 0
+            and step != self.last_saved
+        ):
             self.save(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:

@@ -6,6 +6,7 @@ takes one config per task). Overrides are dotted paths as on the `sinklab fit` c
 (`model.attention.op`); where the recipe holds a `class_path`/`init_args` pair the path
 goes through `init_args`, as jsonargparse's own command line does.
 """
+
 from __future__ import annotations
 
 import copy
@@ -60,8 +61,11 @@ def run_name(experiment: Experiment, variant: Variant, scale: str) -> str:
 def identity(experiment: Experiment, variant: Variant, scale: str) -> dict[str, Any]:
     """`run` settings of `sinklab fit` that tie a run to its experiment, variant and scale:
     the MLflow experiment, the sinklab.variant tag and the run name."""
-    return {"run.experiment": experiment.mlflow_experiment, "run.variant": variant.name,
-            "run.name": run_name(experiment, variant, scale)}
+    return {
+        "run.experiment": experiment.mlflow_experiment,
+        "run.variant": variant.name,
+        "run.name": run_name(experiment, variant, scale),
+    }
 
 
 def variant_config(experiment: Experiment, variant: Variant, scale: str) -> dict[str, Any]:
@@ -72,7 +76,9 @@ def variant_config(experiment: Experiment, variant: Variant, scale: str) -> dict
             set_dotted(config, key, value)
     except ExperimentError as err:
         recipe = experiment.setup(scale).recipe
-        raise ExperimentError(f"{experiment.path}: variant {variant.name!r} at scale {scale} (recipe {recipe}): {err}") from None
+        raise ExperimentError(
+            f"{experiment.path}: variant {variant.name!r} at scale {scale} (recipe {recipe}): {err}"
+        ) from None
     return config
 
 

@@ -9,6 +9,7 @@ rank agreement with the paper per column (Spearman rho, Kendall tau-b; also the 
 against the paper's Sink_1), writes report.md (and with --plot the figure) to --out, and logs
 both as artifacts, the agreement as metrics, of a report run in the same MLflow experiment.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,16 +36,15 @@ class Row:
     label: str
     paper: list[float | None]
     measured: list[float | None]
-    status: str            # the run's sinklab.status (finished, failed, ...) or missing
+    status: str  # the run's sinklab.status (finished, failed, ...) or missing
     paper_status: str | None = None
     run_id: str | None = None
-    alpha1: float | None = None           # the run's last mean alpha_1 (sink/alpha1_mean)
+    alpha1: float | None = None  # the run's last mean alpha_1 (sink/alpha1_mean)
     emerged: dict[str, float] | None = None  # EMERGED name -> step, as the run logged them
-    tracks_emergence: bool = False        # the run logs emergence (absent then means: not yet)
+    tracks_emergence: bool = False  # the run logs emergence (absent then means: not yet)
 
 
-def build_rows(experiment: Experiment, records: dict[str, list[tracking.RunRecord]],
-               scale: str = "cpu") -> list[Row]:
+def build_rows(experiment: Experiment, records: dict[str, list[tracking.RunRecord]], scale: str = "cpu") -> list[Row]:
     """One row per variant, in the experiment file's order."""
     rows = []
     for variant in experiment.variants:
@@ -52,16 +52,25 @@ def build_rows(experiment: Experiment, records: dict[str, list[tracking.RunRecor
         measured = [run.metrics.get(experiment.metric(c, scale)) if run else None for c in experiment.columns]
         status = run.status if run else "missing"
         logged = run.metrics if run else {}
-        rows.append(Row(variant.name, variant.label, [variant.paper[c.key] for c in experiment.columns],
-                        measured, status, variant.paper_status, run.run_id if run else None,
-                        alpha1=logged.get(ALPHA1),
-                        emerged={k: logged[m] for k, m in EMERGED.items() if m in logged},
-                        tracks_emergence=UNIFORM in logged))
+        rows.append(
+            Row(
+                variant.name,
+                variant.label,
+                [variant.paper[c.key] for c in experiment.columns],
+                measured,
+                status,
+                variant.paper_status,
+                run.run_id if run else None,
+                alpha1=logged.get(ALPHA1),
+                emerged={k: logged[m] for k, m in EMERGED.items() if m in logged},
+                tracks_emergence=UNIFORM in logged,
+            )
+        )
     return rows
 
 
 def emergence_cell(row: Row) -> str:
-    """"1000 / 1500 / 250": the first step above each threshold; "none" where a run that tracks
+    """ "1000 / 1500 / 250": the first step above each threshold; "none" where a run that tracks
     emergence has not crossed it (yet), — where the run is missing or predates the tracking."""
     if row.emerged is None or not (row.emerged or row.tracks_emergence):
         return MISSING
@@ -72,7 +81,8 @@ def emergence_cell(row: Row) -> str:
 class Agreement:
     """Rank agreement of one measured quantity with one paper column over the variants that
     have both values (None: undefined, fewer than 2 such variants or one side constant)."""
-    key: str               # metric-name part: the column key, or alpha1_vs_sink1
+
+    key: str  # metric-name part: the column key, or alpha1_vs_sink1
     label: str
     n: int
     rho: float | None
@@ -82,6 +92,7 @@ class Agreement:
 def agreement(experiment: Experiment, rows: list[Row]) -> list[Agreement]:
     """Per column with paper values: ours against the paper's; then the mean alpha_1 against
     the paper's Sink_1 (it moves where Sink_1 stays zero at a small scale)."""
+
     def pair(key, label, ours, paper):
         known = [(a, b) for a, b in zip(ours, paper) if a is not None and b is not None]
         return Agreement(key, label, len(known), M.spearman_rho(ours, paper), M.kendall_tau_b(ours, paper))
@@ -93,8 +104,14 @@ def agreement(experiment: Experiment, rows: list[Row]) -> list[Agreement]:
             out.append(pair(column.key, column.label, [r.measured[i] for r in rows], paper))
     sink1 = next((i for i, c in enumerate(experiment.columns) if c.metric == SINK1), None)
     if sink1 is not None and any(r.paper[sink1] is not None for r in rows):
-        out.append(pair("alpha1_vs_sink1", "mean alpha_1 (ours) vs Sink_1 (paper)",
-                        [r.alpha1 for r in rows], [r.paper[sink1] for r in rows]))
+        out.append(
+            pair(
+                "alpha1_vs_sink1",
+                "mean alpha_1 (ours) vs Sink_1 (paper)",
+                [r.alpha1 for r in rows],
+                [r.paper[sink1] for r in rows],
+            )
+        )
     return out
 
 
@@ -105,9 +122,14 @@ def fmt_corr(value: float | None) -> str:
 def agreement_markdown(found: list[Agreement]) -> list[str]:
     if not found:
         return []
-    lines = ["", "Rank agreement with the paper, over the variants with both values (Spearman rho "
-             "on average ranks, Kendall tau-b; n/a: fewer than 2 variants or no spread):", "",
-             "| measured vs paper | variants | Spearman rho | Kendall tau |", "|---|---:|---:|---:|"]
+    lines = [
+        "",
+        "Rank agreement with the paper, over the variants with both values (Spearman rho "
+        "on average ranks, Kendall tau-b; n/a: fewer than 2 variants or no spread):",
+        "",
+        "| measured vs paper | variants | Spearman rho | Kendall tau |",
+        "|---|---:|---:|---:|",
+    ]
     lines += [f"| {a.label} | {a.n} | {fmt_corr(a.rho)} | {fmt_corr(a.tau)} |" for a in found]
     return lines
 
@@ -161,19 +183,23 @@ def steps_line(steps: dict[str, int]) -> list[str]:
     return ["", "Steps actually run: " + ", ".join(f"{label} {n}" for label, n in steps.items()) + "."]
 
 
-def to_markdown(experiment: Experiment, scale: str, rows: list[Row], notes: list[str] = (),
-                steps: dict[str, int] | None = None) -> str:
+def to_markdown(
+    experiment: Experiment, scale: str, rows: list[Row], notes: list[str] = (), steps: dict[str, int] | None = None
+) -> str:
     # a column the paper has no number for (e.g. mean alpha_1) gets no "paper" sub-column
     in_paper = [any(r.paper[i] is not None for r in rows) for i in range(len(experiment.columns))]
     header = ["variant"]
     for c, paper in zip(experiment.columns, in_paper):
         header += [f"{c.label} paper", f"{c.label} ours"] if paper else [c.label]
     header += [EMERGENCE_LABEL, "run"]
-    lines = [f"## {experiment.name}: {experiment.title}", "",
-             f"Paper: {experiment.paper_ref}. Scale: {scale}. MLflow experiment: "
-             f"`{experiment.mlflow_experiment}`.", "",
-             "| " + " | ".join(header) + " |",
-             "|" + "---|" + "---:|" * (len(header) - 3) + "---:|---|"]
+    lines = [
+        f"## {experiment.name}: {experiment.title}",
+        "",
+        f"Paper: {experiment.paper_ref}. Scale: {scale}. MLflow experiment: `{experiment.mlflow_experiment}`.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" + "---:|" * (len(header) - 3) + "---:|---|",
+    ]
     for row in rows:
         cells = [row.label]
         for c, paper, measured, published in zip(experiment.columns, row.paper, row.measured, in_paper):
@@ -183,8 +209,11 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row], notes: list
         cells += [emergence_cell(row), row.status]
         lines.append("| " + " | ".join(cells) + " |")
     done = sum(r.status == "finished" for r in rows)
-    lines += ["", f"{done} of {len(rows)} variants finished; {MISSING} = no value (paper: not "
-              "published; ours: not run or not logged)."]
+    lines += [
+        "",
+        f"{done} of {len(rows)} variants finished; {MISSING} = no value (paper: not "
+        "published; ours: not run or not logged).",
+    ]
     lines += steps_line(steps or {})
     if notes:
         lines += ["", "Warnings:", ""] + [f"- {note}" for note in notes]
@@ -195,8 +224,10 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row], notes: list
         lines += ["", f"CPU scale (as the experiment file plans it): {experiment.cpu_notes}"]
     renamed = experiment.setup(scale).metrics
     if renamed:
-        lines += ["", f"Columns read at the {scale} scale: "
-                  + ", ".join(f"`{k}` from `{v}`" for k, v in renamed.items()) + "."]
+        lines += [
+            "",
+            f"Columns read at the {scale} scale: " + ", ".join(f"`{k}` from `{v}`" for k, v in renamed.items()) + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -221,8 +252,15 @@ def labelled_bars(ax, xs, values, label: str, digits: int = 2) -> None:
     for x, value, bar in zip(xs, values, bars):
         if value == 0:
             ax.bar([x], [top * 0.01], 0.4, color=bar.get_facecolor(), edgecolor="black", linewidth=0.6)
-        ax.annotate(MISSING if value is None else f"{value:.{digits}f}", (x, max(value or 0.0, 0.0)),
-                    xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7)
+        ax.annotate(
+            MISSING if value is None else f"{value:.{digits}f}",
+            (x, max(value or 0.0, 0.0)),
+            xytext=(0, 2),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
 
 
 def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | None:
@@ -230,6 +268,7 @@ def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | 
     if experiment.plot is None:
         return None
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -240,7 +279,7 @@ def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | 
     if spec.kind == "curve":
         emerged = {r.label: (r.emerged or {}).get("sink1_1pct") for r in rows}
         for label, history in curve_series(experiment, rows, mlflow).items():
-            line, = ax.plot(*zip(*history), marker="o", markersize=3, label=label)
+            (line,) = ax.plot(*zip(*history), marker="o", markersize=3, label=label)
             at = emerged.get(label)
             if spec.metric == SINK1 and at is not None:  # where Sink_1 first passed 1%
                 ax.axvline(at, color=line.get_color(), linewidth=0.8, linestyle=":")
@@ -263,8 +302,10 @@ def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | 
             alpha_ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=8)
             alpha_ax.set_ylabel("mean α₁ (ours)")
             rank = next((a for a in agreement(experiment, rows) if a.key == "alpha1_vs_sink1"), None)
-            alpha_ax.set_title("mean α₁, ranked against the paper's Sink₁"
-                               + (f": Spearman ρ {fmt_corr(rank.rho)}" if rank else ""), fontsize=10)
+            alpha_ax.set_title(
+                "mean α₁, ranked against the paper's Sink₁" + (f": Spearman ρ {fmt_corr(rank.rho)}" if rank else ""),
+                fontsize=10,
+            )
     ax.set_ylabel(next((c.label for c in experiment.columns if c.metric == spec.metric), spec.metric))
     ax.set_title(spec.title, fontsize=10)
     fig.tight_layout()
@@ -275,13 +316,15 @@ def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | 
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sinklab report",
-                                     description="The paper's table beside the measured values, from MLflow.")
+    parser = argparse.ArgumentParser(
+        prog="sinklab report", description="The paper's table beside the measured values, from MLflow."
+    )
     parser.add_argument("experiment", help="experiment name (file stem) or path to its YAML")
     parser.add_argument("--scale", choices=SCALES, default="cpu")
     parser.add_argument("--plot", action="store_true", help="also write the experiment's figure (PNG)")
-    parser.add_argument("--out", type=Path, help="directory for report.md and the figure "
-                        "(default: runs/<experiment>/<scale>/report)")
+    parser.add_argument(
+        "--out", type=Path, help="directory for report.md and the figure (default: runs/<experiment>/<scale>/report)"
+    )
     parser.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
     return parser.parse_args(argv)
 
@@ -310,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     for f in files:
         print(f"wrote {f}")
     if not args.no_log:
-        run_id = tracking.log_report(mlflow, experiment, args.scale, files,
-                            agreement_metrics(agreement(experiment, rows)))
+        run_id = tracking.log_report(
+            mlflow, experiment, args.scale, files, agreement_metrics(agreement(experiment, rows))
+        )
         print(f"logged to MLflow run {run_id} ({experiment.mlflow_experiment})")
     return 0
 

@@ -4,6 +4,7 @@ An experiment file (configs/experiments/<group>/<name>.yaml) names the base reci
 scale, the variants (config overrides), the metric columns of the paper's table and the
 paper's published values. Every error names the file, the line and the field that is wrong.
 """
+
 from __future__ import annotations
 
 import re
@@ -18,10 +19,31 @@ EXPERIMENTS_DIR = REPO / "configs" / "experiments"
 SCALES = ("paper", "cpu", "gpu")
 REQUIRED_SCALES = ("paper", "cpu")  # gpu (one lent GPU, ~4 min a variant on an H100) is opt-in per file
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
-TOP_KEYS = {"name", "title", "group", "paper_ref", "description", "scale", "columns", "variants",
-            "cpu_notes", "paper_notes", "plot"}
-VARIANT_KEYS = {"name", "label", "overrides", "cpu_overrides", "paper_overrides", "gpu_overrides", "paper",
-                "paper_source", "paper_status", "note"}
+TOP_KEYS = {
+    "name",
+    "title",
+    "group",
+    "paper_ref",
+    "description",
+    "scale",
+    "columns",
+    "variants",
+    "cpu_notes",
+    "paper_notes",
+    "plot",
+}
+VARIANT_KEYS = {
+    "name",
+    "label",
+    "overrides",
+    "cpu_overrides",
+    "paper_overrides",
+    "gpu_overrides",
+    "paper",
+    "paper_source",
+    "paper_status",
+    "note",
+}
 COLUMN_KEYS = {"key", "metric", "label", "digits"}
 PLOT_KEYS = {"kind", "metric", "x", "title"}
 PLOT_KINDS = ("curve", "bar")
@@ -34,6 +56,7 @@ class ExperimentError(ValueError):
 @dataclass(frozen=True)
 class Column:
     """One metric column of the paper's table: `metric` is the MLflow metric name."""
+
     key: str
     metric: str
     label: str
@@ -96,13 +119,16 @@ class Experiment:
         for v in self.variants:
             if v.name == name:
                 return v
-        raise ExperimentError(f"{self.name}: no variant {name!r}; variants: "
-                       + ", ".join(v.name for v in self.variants))
+        raise ExperimentError(
+            f"{self.name}: no variant {name!r}; variants: " + ", ".join(v.name for v in self.variants)
+        )
 
     def setup(self, scale: str) -> ScaleSetup:
         if scale not in self.scales:
-            raise ExperimentError(f"{self.path}: scale.{scale}: this experiment has no {scale} scale; it has "
-                                  f"{', '.join(self.scales)} (a file opts in with scale.{scale}: {{recipe: ...}})")
+            raise ExperimentError(
+                f"{self.path}: scale.{scale}: this experiment has no {scale} scale; it has "
+                f"{', '.join(self.scales)} (a file opts in with scale.{scale}: {{recipe: ...}})"
+            )
         return self.scales[scale]
 
     def metric(self, column: Column, scale: str) -> str:
@@ -146,15 +172,16 @@ class _Reader:
         while probe and probe not in self.lines:
             probe = probe[:-1]
         line = self.lines.get(probe, 1)
-        dotted = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p))
-                         for i, p in enumerate(path)) or "<top>"
+        dotted = (
+            "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(path))
+            or "<top>"
+        )
         return f"{self.path}:{line}: {dotted}"
 
     def fail(self, path: tuple, message: str) -> ExperimentError:
         return ExperimentError(f"{self.where(path)}: {message}")
 
-    def mapping(self, value: Any, path: tuple, allowed: set[str] | None = None,
-                required: tuple[str, ...] = ()) -> dict:
+    def mapping(self, value: Any, path: tuple, allowed: set[str] | None = None, required: tuple[str, ...] = ()) -> dict:
         if value is None:
             value = {}
         if not isinstance(value, dict):
@@ -162,8 +189,7 @@ class _Reader:
         if allowed is not None:
             for key in value:
                 if key not in allowed:
-                    raise self.fail(path + (key,), f"unknown field {key!r}; allowed: "
-                                    + ", ".join(sorted(allowed)))
+                    raise self.fail(path + (key,), f"unknown field {key!r}; allowed: " + ", ".join(sorted(allowed)))
         for key in required:
             if key not in value:
                 raise self.fail(path, f"missing required field {key!r}")
@@ -179,27 +205,30 @@ class _Reader:
     def name(self, value: Any, path: tuple) -> str:
         value = self.text(value, path)
         if not NAME_RE.match(value):
-            raise self.fail(path, f"{value!r} is not a valid name (lowercase letters, digits, "
-                            "and . _ + - ; it becomes a directory name)")
+            raise self.fail(
+                path,
+                f"{value!r} is not a valid name (lowercase letters, digits, and . _ + - ; it becomes a directory name)",
+            )
         return value
 
     def overrides(self, value: Any, path: tuple) -> dict[str, Any]:
         value = self.mapping(value, path)
         for key, item in value.items():
             if not isinstance(key, str) or not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$", key):
-                raise self.fail(path + (key,), f"override key {key!r} must be a dotted config "
-                                "path such as model.config.n_heads")
+                raise self.fail(
+                    path + (key,), f"override key {key!r} must be a dotted config path such as model.config.n_heads"
+                )
             if isinstance(item, dict):
-                raise self.fail(path + (key,), "override values must be scalars or lists; "
-                                "write nested fields as dotted keys")
+                raise self.fail(
+                    path + (key,), "override values must be scalars or lists; write nested fields as dotted keys"
+                )
         return dict(value)
 
     def number_or_null(self, value: Any, path: tuple) -> float | None:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.fail(path, f"expected a number or null (null where the paper gives "
-                            f"no number), got {value!r}")
+            raise self.fail(path, f"expected a number or null (null where the paper gives no number), got {value!r}")
         return float(value)
 
 
@@ -211,16 +240,18 @@ def _find_file(name_or_path: str | Path) -> Path:
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
-        raise ExperimentError(f"experiment name {name_or_path!r} is ambiguous: "
-                              + ", ".join(map(str, matches)))
+        raise ExperimentError(f"experiment name {name_or_path!r} is ambiguous: " + ", ".join(map(str, matches)))
     known = ", ".join(experiment_names()) or "(none)"
     raise ExperimentError(f"no experiment {name_or_path!r} under {EXPERIMENTS_DIR}; known: {known}")
 
 
 def experiment_files() -> list[Path]:
     """Every experiment file; folders whose name starts with `_` hold shared recipes."""
-    return sorted(p for p in EXPERIMENTS_DIR.rglob("*.yaml")
-                  if not any(part.startswith("_") for part in p.relative_to(EXPERIMENTS_DIR).parts))
+    return sorted(
+        p
+        for p in EXPERIMENTS_DIR.rglob("*.yaml")
+        if not any(part.startswith("_") for part in p.relative_to(EXPERIMENTS_DIR).parts)
+    )
 
 
 def experiment_names() -> list[str]:
@@ -243,8 +274,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
 
 
 def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
-    top = r.mapping(raw, (), TOP_KEYS, required=("name", "title", "paper_ref", "scale",
-                                                  "columns", "variants"))
+    top = r.mapping(raw, (), TOP_KEYS, required=("name", "title", "paper_ref", "scale", "columns", "variants"))
     name = r.name(top["name"], ("name",))
     if name != path.stem:
         raise r.fail(("name",), f"name {name!r} must equal the file name {path.stem!r}")
@@ -252,12 +282,14 @@ def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
     scale_raw = r.mapping(top["scale"], ("scale",), set(SCALES), required=REQUIRED_SCALES)
     scales = {}
     for scale in (s for s in SCALES if s in scale_raw):
-        s = r.mapping(scale_raw[scale], ("scale", scale), {"recipe", "overrides", "metrics"},
-                      required=("recipe",))
+        s = r.mapping(scale_raw[scale], ("scale", scale), {"recipe", "overrides", "metrics"}, required=("recipe",))
         recipe = r.text(s["recipe"], ("scale", scale, "recipe"))
         metrics = r.mapping(s.get("metrics"), ("scale", scale, "metrics"))
-        scales[scale] = ScaleSetup(recipe, r.overrides(s.get("overrides"), ("scale", scale, "overrides")),
-                                   {k: r.text(v, ("scale", scale, "metrics", k)) for k, v in metrics.items()})
+        scales[scale] = ScaleSetup(
+            recipe,
+            r.overrides(s.get("overrides"), ("scale", scale, "overrides")),
+            {k: r.text(v, ("scale", scale, "metrics", k)) for k, v in metrics.items()},
+        )
 
     columns_raw = top["columns"]
     if not isinstance(columns_raw, list) or not columns_raw:
@@ -268,17 +300,24 @@ def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
         digits = c.get("digits", 2)
         if isinstance(digits, bool) or not isinstance(digits, int) or not 0 <= digits <= 6:
             raise r.fail(("columns", i, "digits"), f"expected a whole number of decimals from 0 to 6, got {digits!r}")
-        columns.append(Column(r.name(c["key"], ("columns", i, "key")),
-                              r.text(c["metric"], ("columns", i, "metric")),
-                              r.text(c["label"], ("columns", i, "label")), digits))
+        columns.append(
+            Column(
+                r.name(c["key"], ("columns", i, "key")),
+                r.text(c["metric"], ("columns", i, "metric")),
+                r.text(c["label"], ("columns", i, "label")),
+                digits,
+            )
+        )
     keys = [c.key for c in columns]
     if len(set(keys)) != len(keys):
         raise r.fail(("columns",), f"column keys must be unique, got {keys}")
     for scale, setup in scales.items():
         unknown = sorted(set(setup.metrics) - {c.metric for c in columns})
         if unknown:
-            raise r.fail(("scale", scale, "metrics", unknown[0]),
-                         f"renames {unknown[0]!r}, which no column reads; columns read {[c.metric for c in columns]}")
+            raise r.fail(
+                ("scale", scale, "metrics", unknown[0]),
+                f"renames {unknown[0]!r}, which no column reads; columns read {[c.metric for c in columns]}",
+            )
 
     variants_raw = top["variants"]
     if not isinstance(variants_raw, list) or not variants_raw:
@@ -294,8 +333,11 @@ def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
         p = r.mapping(top["plot"], ("plot",), PLOT_KEYS, required=("kind", "metric"))
         if p["kind"] not in PLOT_KINDS:
             raise r.fail(("plot", "kind"), f"expected one of {PLOT_KINDS}, got {p['kind']!r}")
-        plot = PlotSpec(p["kind"], r.text(p["metric"], ("plot", "metric")),
-                        r.text(p.get("title"), ("plot", "title"), optional=True) or top["title"])
+        plot = PlotSpec(
+            p["kind"],
+            r.text(p["metric"], ("plot", "metric")),
+            r.text(p.get("title"), ("plot", "title"), optional=True) or top["title"],
+        )
 
     return Experiment(
         name=name,
@@ -303,10 +345,14 @@ def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
         group=r.text(top.get("group"), ("group",), optional=True) or path.parent.name,
         paper_ref=r.text(top["paper_ref"], ("paper_ref",)),
         description=r.text(top.get("description"), ("description",), optional=True) or "",
-        scales=scales, columns=columns, variants=variants, path=path,
+        scales=scales,
+        columns=columns,
+        variants=variants,
+        path=path,
         cpu_notes=r.text(top.get("cpu_notes"), ("cpu_notes",), optional=True),
         paper_notes=r.text(top.get("paper_notes"), ("paper_notes",), optional=True),
-        plot=plot)
+        plot=plot,
+    )
 
 
 def _parse_variant(raw: Any, i: int, r: _Reader, column_keys: list[str]) -> Variant:
@@ -331,7 +377,8 @@ def _parse_variant(raw: Any, i: int, r: _Reader, column_keys: list[str]) -> Vari
         paper=paper,
         paper_source=r.text(v.get("paper_source"), at + ("paper_source",), optional=True),
         paper_status=r.text(v.get("paper_status"), at + ("paper_status",), optional=True),
-        note=r.text(v.get("note"), at + ("note",), optional=True))
+        note=r.text(v.get("note"), at + ("note",), optional=True),
+    )
 
 
 def load_all() -> list[Experiment]:

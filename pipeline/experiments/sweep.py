@@ -10,6 +10,7 @@ all of them log to the MLflow experiment `sinklab/<experiment>`. A variant whose
 finished (tag sinklab.status=finished) is skipped, so the command is safe to repeat; failed
 and interrupted runs are listed and run again (they resume from their newest checkpoint).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,8 @@ EMBEDDED_AT_GPU_SCALE = (
     "note: the gpu scale trains on the embedded corpus (about 3.3M tokens; 2,000 steps of 32K tokens "
     "are about 20 epochs): on an H100 its valid loss rose from 2.81 at step 750 to 5.07 at step 2000 "
     "(the model memorises), so its sink figures are the paper's insufficient-data regime (Figure 28 "
-    f"left). Give a prepared Pile dataset with --data-path DIR or ${DATA_ENV}.")
+    f"left). Give a prepared Pile dataset with --data-path DIR or ${DATA_ENV}."
+)
 
 
 def data_args(path: Path | None, scale: str) -> list[str]:
@@ -55,7 +57,7 @@ class PlannedRun:
     variant: str
     run_dir: Path
     config_path: Path
-    state: str                    # "pending", "finished", "failed" or "incomplete"
+    state: str  # "pending", "finished", "failed" or "incomplete"
     previous_run_id: str | None = None
 
     @property
@@ -71,8 +73,7 @@ def sweep_dir(experiment: Experiment, scale: str, runs_root: Path) -> Path:
     return runs_root / experiment.name / scale
 
 
-def plan(experiment: Experiment, scale: str, runs_root: Path,
-         mlflow: Any | None) -> list[PlannedRun]:
+def plan(experiment: Experiment, scale: str, runs_root: Path, mlflow: Any | None) -> list[PlannedRun]:
     """One PlannedRun per variant with its state from MLflow (None: treat all as pending)."""
     known = tracking.variant_runs(mlflow, experiment.mlflow_experiment, scale) if mlflow else {}
     root = sweep_dir(experiment, scale, runs_root)
@@ -89,8 +90,11 @@ def plan(experiment: Experiment, scale: str, runs_root: Path,
             state = "failed"
         else:
             state = "incomplete"
-        planned.append(PlannedRun(variant.name, root / variant.name, root / f"{variant.name}.yaml",
-                                  state, best.run_id if best else None))
+        planned.append(
+            PlannedRun(
+                variant.name, root / variant.name, root / f"{variant.name}.yaml", state, best.run_id if best else None
+            )
+        )
     return planned
 
 
@@ -101,15 +105,23 @@ def sinklab_command() -> list[str]:
 
 
 def fit_command(run: PlannedRun, extra: list[str] = ()) -> list[str]:
-    return [*sinklab_command(), "fit", "--config", str(run.config_path), "--run-dir",
-            str(run.run_dir), "--resume", "auto", *extra]
+    return [
+        *sinklab_command(),
+        "fit",
+        "--config",
+        str(run.config_path),
+        "--run-dir",
+        str(run.run_dir),
+        "--resume",
+        "auto",
+        *extra,
+    ]
 
 
 def write_configs(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> None:
     for run in planned:
         if run.to_run:
-            write_config(variant_config(experiment, experiment.variant(run.variant), scale),
-                         run.config_path)
+            write_config(variant_config(experiment, experiment.variant(run.variant), scale), run.config_path)
 
 
 Runner = Callable[[PlannedRun, list[str]], int]
@@ -122,8 +134,9 @@ def subprocess_runner(run: PlannedRun, command: list[str]) -> int:
         return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
 
 
-def run_local(planned: list[PlannedRun], runner: Runner = subprocess_runner,
-              extra: list[str] = (), out=None) -> dict[str, int]:
+def run_local(
+    planned: list[PlannedRun], runner: Runner = subprocess_runner, extra: list[str] = (), out=None
+) -> dict[str, int]:
     """Run every variant that has not finished, one after another; return exit codes."""
     out = out or sys.stdout
     todo = [r for r in planned if r.to_run]
@@ -134,8 +147,7 @@ def run_local(planned: list[PlannedRun], runner: Runner = subprocess_runner,
         start = time.monotonic()
         codes[run.variant] = code = runner(run, command)
         verdict = "done" if code == 0 else f"FAILED (exit {code}; see {run.log})"
-        print(f"[{i}/{len(todo)}] {run.variant}: {verdict} in {time.monotonic() - start:.0f} s",
-              file=out, flush=True)
+        print(f"[{i}/{len(todo)}] {run.variant}: {verdict} in {time.monotonic() - start:.0f} s", file=out, flush=True)
         if code != 0 and run.log.exists():
             with open(run.log, errors="replace") as f:
                 print("".join("    | " + line for line in deque(f, maxlen=6)), end="", file=out)
@@ -152,31 +164,50 @@ def check_configs(experiment: Experiment, scale: str, planned: list[PlannedRun])
             check_variant(experiment, experiment.variant(run.variant), scale)
 
 
-def submit(experiment: Experiment, scale: str, planned: list[PlannedRun], runs_root: Path,
-           job_args: argparse.Namespace, extra: list[str], parent: str | None = None) -> str:
+def submit(
+    experiment: Experiment,
+    scale: str,
+    planned: list[PlannedRun],
+    runs_root: Path,
+    job_args: argparse.Namespace,
+    extra: list[str],
+    parent: str | None = None,
+) -> str:
     """Submit every variant that has not finished as one SLURM job array; return its id."""
     from cluster.submit import JobSpec, submit_array
 
     todo = [r for r in planned if r.to_run]
-    spec = JobSpec(nodes=job_args.nodes, gpus_per_node=job_args.gpus_per_node,
-                   time=job_args.time or os.environ.get("SINKLAB_TIME"),
-                   job_name=f"sweep-{experiment.name}-{scale}", fit_args=list(extra))
+    spec = JobSpec(
+        nodes=job_args.nodes,
+        gpus_per_node=job_args.gpus_per_node,
+        time=job_args.time or os.environ.get("SINKLAB_TIME"),
+        job_name=f"sweep-{experiment.name}-{scale}",
+        fit_args=list(extra),
+    )
     if os.environ.get("MLFLOW_TRACKING_URI"):
         spec.environment["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
     if parent:
         spec.environment[PARENT_ENV] = parent
-    return submit_array([(r.config_path, r.run_dir) for r in todo],
-                        sweep_dir(experiment, scale, runs_root), spec,
-                        max_parallel=job_args.max_parallel)
+    return submit_array(
+        [(r.config_path, r.run_dir) for r in todo],
+        sweep_dir(experiment, scale, runs_root),
+        spec,
+        max_parallel=job_args.max_parallel,
+    )
 
 
 def format_plan(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> str:
-    lines = [f"{experiment.name} ({experiment.paper_ref}), scale {scale}: "
-             f"{len(planned)} variants -> MLflow experiment {experiment.mlflow_experiment}"]
+    lines = [
+        f"{experiment.name} ({experiment.paper_ref}), scale {scale}: "
+        f"{len(planned)} variants -> MLflow experiment {experiment.mlflow_experiment}"
+    ]
     for run in planned:
-        action = {"finished": "skip (finished)", "pending": "run",
-                  "failed": "run again (failed before)",
-                  "incomplete": "resume (unfinished before)"}[run.state]
+        action = {
+            "finished": "skip (finished)",
+            "pending": "run",
+            "failed": "run again (failed before)",
+            "incomplete": "resume (unfinished before)",
+        }[run.state]
         previous = f"  [mlflow run {run.previous_run_id}]" if run.previous_run_id else ""
         lines.append(f"  {run.variant:<24} {action:<28} {run.run_dir}{previous}")
     failed = [r.variant for r in planned if r.state == "failed"]
@@ -189,11 +220,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     extra: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1:]
+        argv, extra = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(
-        prog="sinklab sweep", description="Train every variant of a paper experiment "
-        "(configs/experiments/**/<EXPERIMENT>.yaml).",
-        epilog="Arguments after `--` go to every `sinklab fit` (e.g. -- --trainer.max_steps 5).")
+        prog="sinklab sweep",
+        description="Train every variant of a paper experiment (configs/experiments/**/<EXPERIMENT>.yaml).",
+        epilog="Arguments after `--` go to every `sinklab fit` (e.g. -- --trainer.max_steps 5).",
+    )
     parser.add_argument("experiment", help="experiment name (file stem) or path to its YAML")
     parser.add_argument("--scale", choices=SCALES, default="cpu")
     mode = parser.add_mutually_exclusive_group()
@@ -202,11 +234,16 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and commands, run nothing")
     parser.add_argument("--variants", help="comma-separated subset of variants to consider")
     parser.add_argument("--runs-root", type=Path, default=Path("runs"))
-    parser.add_argument("--data-path", type=Path, default=os.environ.get(DATA_ENV) or None,
-                        help=f"a prepared dataset for every variant instead of the recipe's (default ${DATA_ENV}); "
-                        "at the gpu scale, a Pile subset packed at C = 512")
-    parser.add_argument("--no-check", action="store_true",
-                        help="skip parsing each variant's config with `sinklab fit`'s parser first")
+    parser.add_argument(
+        "--data-path",
+        type=Path,
+        default=os.environ.get(DATA_ENV) or None,
+        help=f"a prepared dataset for every variant instead of the recipe's (default ${DATA_ENV}); "
+        "at the gpu scale, a Pile subset packed at C = 512",
+    )
+    parser.add_argument(
+        "--no-check", action="store_true", help="skip parsing each variant's config with `sinklab fit`'s parser first"
+    )
     parser.add_argument("--nodes", type=int, default=1, help="(--submit) nodes per variant")
     parser.add_argument("--gpus-per-node", type=int, default=1, help="(--submit) GPUs per node")
     parser.add_argument("--time", help="(--submit) time limit per array task")
@@ -221,12 +258,13 @@ def main(argv: list[str] | None = None, runner: Runner = subprocess_runner) -> i
         if args.variants is not None:
             wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
             if not wanted:  # an empty list planned every variant
-                raise ExperimentError(f"--variants {args.variants!r}: names no variant; give some of "
-                                f"{', '.join(v.name for v in experiment.variants)}, or leave --variants out for all")
+                raise ExperimentError(
+                    f"--variants {args.variants!r}: names no variant; give some of "
+                    f"{', '.join(v.name for v in experiment.variants)}, or leave --variants out for all"
+                )
             for name in wanted:
                 experiment.variant(name)  # raises with the list of known variants
-            experiment = dataclasses.replace(
-                experiment, variants=[v for v in experiment.variants if v.name in wanted])
+            experiment = dataclasses.replace(experiment, variants=[v for v in experiment.variants if v.name in wanted])
         experiment.setup(args.scale)  # refuses a scale the file does not have
         extra = data_args(args.data_path, args.scale) + extra
         mlflow = tracking.client()
@@ -248,8 +286,10 @@ def main(argv: list[str] | None = None, runner: Runner = subprocess_runner) -> i
         print(f"MLflow parent run {parent} ({experiment.name}/{args.scale})")
         if args.submit:
             job_id = submit(experiment, args.scale, planned, args.runs_root, args, extra, parent)
-            print(f"submitted job array {job_id} with {len(todo)} tasks; logs in "
-                  f"{sweep_dir(experiment, args.scale, args.runs_root) / 'slurm'}")
+            print(
+                f"submitted job array {job_id} with {len(todo)} tasks; logs in "
+                f"{sweep_dir(experiment, args.scale, args.runs_root) / 'slurm'}"
+            )
             return 0
         previous = os.environ.get(PARENT_ENV)
         os.environ[PARENT_ENV] = parent  # each `sinklab fit` tags its run as a child of it

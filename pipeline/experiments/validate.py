@@ -6,6 +6,7 @@ its preset resolved, must pass ModelConfig's own cross-field validation
 (pipeline.train.fit_config, the check behind `sinklab fit --check-only`). Nothing is
 instantiated: no run directory, no MLflow run, no dataset, no weights.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,8 +29,9 @@ def check_config(config: dict[str, Any], where: str) -> None:
 
 
 def check_variant(experiment: Experiment, variant: Variant, scale: str) -> None:
-    check_config(variant_config(experiment, variant, scale),
-                 f"{experiment.path}: variant {variant.name!r} at scale {scale}")
+    check_config(
+        variant_config(experiment, variant, scale), f"{experiment.path}: variant {variant.name!r} at scale {scale}"
+    )
 
 
 def check_experiment(experiment: Experiment, scale: str) -> int:

@@ -10,6 +10,7 @@ recomputing backward:
 on a CUDA device with Triton installed, the fused kernels of ``triton_tiles``; elsewhere (and
 for p-norms) the torch tiles of ``tiled``, which give the same numbers.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,19 +63,36 @@ def blocked_attention(
     mask = spec.mask
     linear = spec.similarity == "identity" and spec.p == 1.0 and score_bias is None
     if linear and mask.kind in ("causal", "prefix") and q.shape[2] == k.shape[2]:
-        return chunked_linear_attention(q, k, v, normalizer=spec.normalizer, scale=spec.scale,
-                                        prefix=mask.prefix if mask.kind == "prefix" else 0,
-                                        slot_k=slot_k, slot_v=slot_v, chunk=min(block_size or 64, 64))
-    tiles = TileSpec(similarity=spec.similarity, normalizer=spec.normalizer, p=spec.p, scale=spec.scale,
-                     mask=dataclasses.replace(mask, q_offset=k.shape[2] - q.shape[2]),
-                     block_q=query_block, block_k=block_size or 128)
+        return chunked_linear_attention(
+            q,
+            k,
+            v,
+            normalizer=spec.normalizer,
+            scale=spec.scale,
+            prefix=mask.prefix if mask.kind == "prefix" else 0,
+            slot_k=slot_k,
+            slot_v=slot_v,
+            chunk=min(block_size or 64, 64),
+        )
+    tiles = TileSpec(
+        similarity=spec.similarity,
+        normalizer=spec.normalizer,
+        p=spec.p,
+        scale=spec.scale,
+        mask=dataclasses.replace(mask, q_offset=k.shape[2] - q.shape[2]),
+        block_q=query_block,
+        block_k=block_size or 128,
+    )
     fused = triton_tiles.supports(tiles, score_bias)
     if impl == "triton" and not fused:
-        raise ValueError(f"blocked_attention: impl='triton' needs Triton installed, p = 1, a similarity among "
-                         f"{', '.join(triton_tiles.SIMILARITIES)} and no per-tile bias function; use impl='torch'")
+        raise ValueError(
+            f"blocked_attention: impl='triton' needs Triton installed, p = 1, a similarity among "
+            f"{', '.join(triton_tiles.SIMILARITIES)} and no per-tile bias function; use impl='torch'"
+        )
     if impl == "triton" or (impl == "auto" and fused and q.is_cuda):
-        return triton_tiles.fused_tiled_attention(q, k, v, tiles, slot_k=slot_k, slot_v=slot_v, score_bias=score_bias,
-                                                  blocks=(query_block, block_size))
+        return triton_tiles.fused_tiled_attention(
+            q, k, v, tiles, slot_k=slot_k, slot_v=slot_v, score_bias=score_bias, blocks=(query_block, block_size)
+        )
     if isinstance(score_bias, Tensor):
         score_bias = _tile_slicer(score_bias, q_offset=k.shape[2] - q.shape[2])
     return tiled_attention(q, k, v, tiles, slot_k=slot_k, slot_v=slot_v, score_bias=score_bias)
@@ -82,10 +100,19 @@ def blocked_attention(
 
 def _tile_slicer(bias: Tensor, q_offset: int) -> ScoreBias:
     if bias.requires_grad and torch.is_grad_enabled():
-        raise ValueError("blocked_attention: score_bias needs gradients (a learned bias such as T5's); "
-                         "use the eager attention path for it")
-    return lambda q_idx, k_idx: bias[:, q_idx[0] - q_offset:q_idx[-1] + 1 - q_offset, k_idx[0]:k_idx[-1] + 1]
+        raise ValueError(
+            "blocked_attention: score_bias needs gradients (a learned bias such as T5's); "
+            "use the eager attention path for it"
+        )
+    return lambda q_idx, k_idx: bias[:, q_idx[0] - q_offset : q_idx[-1] + 1 - q_offset, k_idx[0] : k_idx[-1] + 1]
 
 
-__all__ = ["SIMILARITIES", "AttentionSpec", "MaskSpec", "TileSpec", "blocked_attention", "chunked_linear_attention",
-           "tiled_attention"]
+__all__ = [
+    "SIMILARITIES",
+    "AttentionSpec",
+    "MaskSpec",
+    "TileSpec",
+    "blocked_attention",
+    "chunked_linear_attention",
+    "tiled_attention",
+]

@@ -11,6 +11,7 @@ earlier keys. Bias slots (always admitted) seed the state. A prefix mask (querie
 see keys j < P) replaces the first P rows by q_i against the whole prefix's state. Plain autograd:
 memory is O(T d_h + (T / c) d_h^2) per (batch, head).
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,8 +52,8 @@ def chunked_linear_attention(
     qc, kc, vc = (F.pad(x, (0, 0, 0, pad)).view(B, H, n, chunk, x.shape[-1]) for x in (q, k, v))
 
     # state before each chunk: exclusive prefix sums of k^T v and of k (plus the bias slots)
-    kv = kc.transpose(-2, -1) @ vc                                   # [B, H, n, dh, dv]
-    ksum = kc.sum(3)                                                 # [B, H, n, dh]
+    kv = kc.transpose(-2, -1) @ vc  # [B, H, n, dh, dv]
+    ksum = kc.sum(3)  # [B, H, n, dh]
     kv_before = kv.cumsum(2) - kv
     k_before = ksum.cumsum(2) - ksum
     if slot_k is not None:
@@ -60,7 +61,7 @@ def chunked_linear_attention(
         k_before = k_before + slot_k.to(acc).sum(2)[:, :, None]
 
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    intra = (qc @ kc.transpose(-2, -1)).masked_fill(~causal, 0.0)    # [B, H, n, c, c]
+    intra = (qc @ kc.transpose(-2, -1)).masked_fill(~causal, 0.0)  # [B, H, n, c, c]
     u = qc @ kv_before + intra @ vc
     row_sum = (qc @ k_before[..., None]).squeeze(-1) + intra.sum(-1)
     u, row_sum = u.reshape(B, H, n * chunk, -1)[:, :, :T], row_sum.reshape(B, H, n * chunk)[:, :, :T]

@@ -15,6 +15,7 @@ Backward, with u_i = Z_i y_i and D_i = dZ_i = -(dy_i . y_i) / Z_i:
     dsim_ij = dy_i . v_j / Z_i + D_i dZ_i/dsim_ij    (1 | sign(S_i) [|S_i| > 1] | (sim_ij/Z_i)^(p-1) | 0)
     ds_ij   = dsim_ij f'(s_ij) on admitted pairs;   dq = ds k scale,  dk = ds^T q scale,  dv = sim^T dy / Z
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -93,7 +94,7 @@ class AttentionSpec:
 class TileSpec(AttentionSpec):
     """An AttentionSpec cut into tiles: block_q queries by block_k keys."""
 
-    block_q: int | None = None   # None: all queries in one block (fewest kernel launches)
+    block_q: int | None = None  # None: all queries in one block (fewest kernel launches)
     block_k: int = 128
 
 
@@ -103,13 +104,15 @@ def _sigmoid(s: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _elu1(s: Tensor) -> tuple[Tensor, Tensor]:
-    sim = F.elu(s) + 1.0                         # = exp(s) for s <= 0
+    sim = F.elu(s) + 1.0  # = exp(s) for s <= 0
     return sim, torch.where(s > 0, torch.ones_like(s), sim)
 
 
 # f(s) and f'(s) of each similarity; identity is phi(q) phi(k)^T once phi is applied
 SIMILARITIES: dict[str, Callable[[Tensor], tuple[Tensor, Tensor]]] = {
-    "sigmoid": _sigmoid, "elu1": _elu1, "identity": lambda s: (s, torch.ones_like(s)),
+    "sigmoid": _sigmoid,
+    "elu1": _elu1,
+    "identity": lambda s: (s, torch.ones_like(s)),
 }
 
 
@@ -147,7 +150,11 @@ class _Tiles:
                     yield a - off, b - off, (k_lo, k_hi)
 
     def keys(self, tile):
-        return (self.slot_k, self.slot_v) if tile is None else (self.k[:, :, tile[0]:tile[1]], self.v[:, :, tile[0]:tile[1]])
+        return (
+            (self.slot_k, self.slot_v)
+            if tile is None
+            else (self.k[:, :, tile[0] : tile[1]], self.v[:, :, tile[0] : tile[1]])
+        )
 
     def scores(self, q_lo: int, q_hi: int, tile):
         """sim = f(s) and f'(s), in the accumulation dtype, zero off the mask."""
@@ -205,8 +212,8 @@ class TiledAttention(torch.autograd.Function):
         tiles = _Tiles(q, k, v, slot_k, slot_v, ctx.bias, spec)
         acc = tiles.acc
         dy = dy.to(acc)
-        du = dy / z[..., None]                                   # dL/du_i
-        dz = -(dy * y).sum(-1) / z                               # dL/dZ_i
+        du = dy / z[..., None]  # dL/du_i
+        dz = -(dy * y).sum(-1) / z  # dL/dZ_i
         if spec.normalizer == "none":
             dz = torch.zeros_like(dz)
         elif spec.normalizer == "abs_clamp":
@@ -234,10 +241,15 @@ class TiledAttention(torch.autograd.Function):
                 dsk += dk_tile
                 dsv += dv_tile
             else:
-                dk[:, :, tile[0]:tile[1]] += dk_tile
-                dv[:, :, tile[0]:tile[1]] += dv_tile
-        grads = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-                 None if dsk is None else dsk.to(slot_k.dtype), None if dsv is None else dsv.to(slot_v.dtype)]
+                dk[:, :, tile[0] : tile[1]] += dk_tile
+                dv[:, :, tile[0] : tile[1]] += dv_tile
+        grads = [
+            dq.to(q.dtype),
+            dk.to(k.dtype),
+            dv.to(v.dtype),
+            None if dsk is None else dsk.to(slot_k.dtype),
+            None if dsv is None else dsv.to(slot_v.dtype),
+        ]
         return (*grads, None, None)
 
 
@@ -259,8 +271,10 @@ def tiled_attention(
     if score_bias is not None:
         probe = torch.zeros(1, dtype=torch.long, device=q.device)
         if torch.is_grad_enabled() and score_bias(probe, probe).requires_grad:
-            raise ValueError("tiled_attention: score_bias needs gradients (a learned bias such as T5's); "
-                             "use the eager attention path for it")
+            raise ValueError(
+                "tiled_attention: score_bias needs gradients (a learned bias such as T5's); "
+                "use the eager attention path for it"
+            )
     if spec.mask.kind == "sliding" and spec.mask.window < 1:
         raise ValueError(f"tiled_attention: mask sliding needs window >= 1, got {spec.mask.window}")
     return TiledAttention.apply(q, k, v, slot_k, slot_v, score_bias, spec)

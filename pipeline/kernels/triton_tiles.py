@@ -21,6 +21,7 @@ argument fp64, which would make the sums fp64 (the Triton compiler then refuses 
 machine without a GPU the kernels run (slowly, for tests) under Triton's interpreter: set
 TRITON_INTERPRET=1 before this module is imported.
 """
+
 from __future__ import annotations
 
 import torch
@@ -46,8 +47,12 @@ def supports(spec: TileSpec, score_bias) -> bool:
     """Whether the fused kernels compute this spec: p-norms, per-tile bias functions and
     similarities without a Triton form stay on the torch tiles (a bias must be the model's
     [1|H, Tq, Tk] tensor)."""
-    return (available() and spec.p == 1.0 and spec.similarity in SIMILARITIES
-            and (score_bias is None or isinstance(score_bias, Tensor)))
+    return (
+        available()
+        and spec.p == 1.0
+        and spec.similarity in SIMILARITIES
+        and (score_bias is None or isinstance(score_bias, Tensor))
+    )
 
 
 if triton is not None:
@@ -100,8 +105,19 @@ if triton is not None:
         return lo, hi
 
     @triton.jit
-    def _scores(q, k, BIAS, bias_off, offs_m, offs_n, ok, scale: tl.constexpr, sbq, HAS_BIAS: tl.constexpr,
-                PRECISION: tl.constexpr):
+    def _scores(
+        q,
+        k,
+        BIAS,
+        bias_off,
+        offs_m,
+        offs_n,
+        ok,
+        scale: tl.constexpr,
+        sbq,
+        HAS_BIAS: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         if HAS_BIAS:
             s += tl.load(BIAS + bias_off + offs_m[:, None] * sbq + offs_n[None, :], mask=ok, other=0.0).to(s.dtype)
@@ -110,12 +126,30 @@ if triton is not None:
     @triton.jit
     def _load_rows(P, base, offs, stride, n, offs_d, D):
         """Rows ``offs`` (< n) of a [n, D] matrix at P + base with row stride ``stride``; zeros outside."""
-        return tl.load(P + base + offs[:, None] * stride + offs_d[None, :],
-                       mask=(offs[:, None] < n) & (offs_d[None, :] < D), other=0.0)
+        return tl.load(
+            P + base + offs[:, None] * stride + offs_d[None, :],
+            mask=(offs[:, None] < n) & (offs_d[None, :] < D),
+            other=0.0,
+        )
 
     @triton.jit
-    def _tile_grads(q, k, v, du, d_row, BIAS, bias_off, offs_m, offs_n, ok, scale: tl.constexpr, sbq,
-                    SIM: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    def _tile_grads(
+        q,
+        k,
+        v,
+        du,
+        d_row,
+        BIAS,
+        bias_off,
+        offs_m,
+        offs_n,
+        ok,
+        scale: tl.constexpr,
+        sbq,
+        SIM: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
         """A tile's sim and ds = (du v^T + dS) f'(s), both zero off the mask."""
         s = _scores(q, k, BIAS, bias_off, offs_m, offs_n, ok, scale, sbq, HAS_BIAS, PRECISION)
         sim, grad = _sim(s, SIM)
@@ -123,19 +157,50 @@ if triton is not None:
         return tl.where(ok, sim, 0.0), tl.where(ok, dsim * grad, 0.0)
 
     @triton.jit
-    def _forward(Q, K, V, BIAS, U, S, H, Tq, Tk, q_offset, window, prefix,
-                 sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sbh, sbq,
-                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 SIM: tl.constexpr, MASK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                 ACC: tl.constexpr, SCALE: tl.constexpr):
+    def _forward(
+        Q,
+        K,
+        V,
+        BIAS,
+        U,
+        S,
+        H,
+        Tq,
+        Tk,
+        q_offset,
+        window,
+        prefix,
+        sqb,
+        sqh,
+        sqt,
+        skb,
+        skh,
+        skt,
+        svb,
+        svh,
+        svt,
+        sbh,
+        sbq,
+        D: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        SIM: tl.constexpr,
+        MASK: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        PRECISION: tl.constexpr,
+        ACC: tl.constexpr,
+        SCALE: tl.constexpr,
+    ):
         pid_m, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // H, bh % H
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         q = _load_rows(Q, b * sqb + h * sqh, offs_m, sqt, Tq, offs_d, D)
         q_slot = offs_m + q_offset
-        lo, hi = _key_range(pid_m * BLOCK_M + q_offset, tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq) + q_offset,
-                            Tk, window, prefix, MASK)
+        lo, hi = _key_range(
+            pid_m * BLOCK_M + q_offset, tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq) + q_offset, Tk, window, prefix, MASK
+        )
         u = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
         row_sum = tl.zeros([BLOCK_M], dtype=ACC)
         for start in range(lo, hi, BLOCK_N):
@@ -153,19 +218,52 @@ if triton is not None:
         tl.store(S + out, row_sum, mask=offs_m < Tq)
 
     @triton.jit
-    def _backward_kv(Q, K, V, BIAS, DU, DS, DK, DV, H, Tq, Tk, q_offset, window, prefix,
-                     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sbh, sbq,
-                     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     SIM: tl.constexpr, MASK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                     ACC: tl.constexpr, SCALE: tl.constexpr):
+    def _backward_kv(
+        Q,
+        K,
+        V,
+        BIAS,
+        DU,
+        DS,
+        DK,
+        DV,
+        H,
+        Tq,
+        Tk,
+        q_offset,
+        window,
+        prefix,
+        sqb,
+        sqh,
+        sqt,
+        skb,
+        skh,
+        skt,
+        svb,
+        svh,
+        svt,
+        sbh,
+        sbq,
+        D: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        SIM: tl.constexpr,
+        MASK: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        PRECISION: tl.constexpr,
+        ACC: tl.constexpr,
+        SCALE: tl.constexpr,
+    ):
         pid_n, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // H, bh % H
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         k = _load_rows(K, b * skb + h * skh, offs_n, skt, Tk, offs_d, D)
         v = _load_rows(V, b * svb + h * svh, offs_n, svt, Tk, offs_d, D)
-        lo, hi = _query_range(pid_n * BLOCK_N, tl.minimum(pid_n * BLOCK_N + BLOCK_N, Tk), q_offset, Tk,
-                              window, prefix, MASK)
+        lo, hi = _query_range(
+            pid_n * BLOCK_N, tl.minimum(pid_n * BLOCK_N + BLOCK_N, Tk), q_offset, Tk, window, prefix, MASK
+        )
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         for start in range(lo - q_offset, hi - q_offset, BLOCK_M):
@@ -174,8 +272,9 @@ if triton is not None:
             du = _load_rows(DU, bh * Tq * D, offs_m, D, Tq, offs_d, D).to(q.dtype)
             d_row = tl.load(DS + bh * Tq + offs_m, mask=offs_m < Tq, other=0.0)
             ok = _admitted(offs_m + q_offset, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
-            sim, ds = _tile_grads(q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, SCALE, sbq, SIM,
-                                  HAS_BIAS, PRECISION)
+            sim, ds = _tile_grads(
+                q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, SCALE, sbq, SIM, HAS_BIAS, PRECISION
+            )
             dv += tl.dot(tl.trans(sim.to(q.dtype)), du, input_precision=PRECISION)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
         kv_ok = (offs_n[:, None] < Tk) & (offs_d[None, :] < D)
@@ -184,11 +283,42 @@ if triton is not None:
         tl.store(DV + out[:, None] * D + offs_d[None, :], dv, mask=kv_ok)
 
     @triton.jit
-    def _backward_q(Q, K, V, BIAS, DU, DS, DQ, H, Tq, Tk, q_offset, window, prefix,
-                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sbh, sbq,
-                    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    SIM: tl.constexpr, MASK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                    ACC: tl.constexpr, SCALE: tl.constexpr):
+    def _backward_q(
+        Q,
+        K,
+        V,
+        BIAS,
+        DU,
+        DS,
+        DQ,
+        H,
+        Tq,
+        Tk,
+        q_offset,
+        window,
+        prefix,
+        sqb,
+        sqh,
+        sqt,
+        skb,
+        skh,
+        skt,
+        svb,
+        svh,
+        svt,
+        sbh,
+        sbq,
+        D: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        SIM: tl.constexpr,
+        MASK: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        PRECISION: tl.constexpr,
+        ACC: tl.constexpr,
+        SCALE: tl.constexpr,
+    ):
         pid_m, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // H, bh % H
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -196,20 +326,23 @@ if triton is not None:
         q = _load_rows(Q, b * sqb + h * sqh, offs_m, sqt, Tq, offs_d, D)
         du = _load_rows(DU, bh * Tq * D, offs_m, D, Tq, offs_d, D).to(q.dtype)
         d_row = tl.load(DS + bh * Tq + offs_m, mask=offs_m < Tq, other=0.0)
-        lo, hi = _key_range(pid_m * BLOCK_M + q_offset, tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq) + q_offset,
-                            Tk, window, prefix, MASK)
+        lo, hi = _key_range(
+            pid_m * BLOCK_M + q_offset, tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq) + q_offset, Tk, window, prefix, MASK
+        )
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             k = _load_rows(K, b * skb + h * skh, offs_n, skt, Tk, offs_d, D)
             v = _load_rows(V, b * svb + h * svh, offs_n, svt, Tk, offs_d, D)
             ok = _admitted(offs_m + q_offset, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
-            _, ds = _tile_grads(q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, SCALE, sbq, SIM,
-                                HAS_BIAS, PRECISION)
+            _, ds = _tile_grads(
+                q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, SCALE, sbq, SIM, HAS_BIAS, PRECISION
+            )
             dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         rows = bh * Tq + offs_m
-        tl.store(DQ + rows[:, None] * D + offs_d[None, :], dq * SCALE,
-                 mask=(offs_m[:, None] < Tq) & (offs_d[None, :] < D))
+        tl.store(
+            DQ + rows[:, None] * D + offs_d[None, :], dq * SCALE, mask=(offs_m[:, None] < Tq) & (offs_d[None, :] < D)
+        )
 
 
 def accumulator(q: Tensor) -> torch.dtype:
@@ -228,10 +361,18 @@ def _launch_args(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, spec: Til
         bias_strides = [bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1)]
     scalars = [H, Tq, k.shape[2], mask.q_offset, mask.window, mask.prefix, *strides, *bias_strides]
     wide = q.dtype in (torch.float32, torch.float64)
-    meta = dict(D=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_M=blocks[0], BLOCK_N=blocks[1],
-                SIM=SIMILARITIES[spec.similarity], MASK=MASKS[mask.kind], HAS_BIAS=bias is not None,
-                PRECISION="ieee" if wide else "tf32", ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
-                SCALE=spec.scale)
+    meta = dict(
+        D=D,
+        BLOCK_D=max(16, triton.next_power_of_2(D)),
+        BLOCK_M=blocks[0],
+        BLOCK_N=blocks[1],
+        SIM=SIMILARITIES[spec.similarity],
+        MASK=MASKS[mask.kind],
+        HAS_BIAS=bias is not None,
+        PRECISION="ieee" if wide else "tf32",
+        ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
+        SCALE=spec.scale,
+    )
     return scalars, meta
 
 
@@ -254,8 +395,20 @@ def _rows_contiguous(*tensors: Tensor) -> list[Tensor]:
 
 
 @torch.library.custom_op("sinklab::fused_tiles", mutates_args=())
-def _fused_tiles(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, similarity: str, mask: str, window: int,
-                 prefix: int, q_offset: int, scale: float, block_q: int, block_k: int) -> tuple[Tensor, Tensor]:
+def _fused_tiles(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    similarity: str,
+    mask: str,
+    window: int,
+    prefix: int,
+    q_offset: int,
+    scale: float,
+    block_q: int,
+    block_k: int,
+) -> tuple[Tensor, Tensor]:
     """(u, S) over the token keys; see the module docstring."""
     q, k, v = _rows_contiguous(q, k, v)
     bias = None if bias is None else bias.contiguous()
@@ -275,9 +428,22 @@ def _(q, k, v, bias, *spec_and_blocks):
 
 
 @torch.library.custom_op("sinklab::fused_tiles_backward", mutates_args=())
-def _fused_tiles_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, du: Tensor, d_row: Tensor,
-                          similarity: str, mask: str, window: int, prefix: int, q_offset: int, scale: float,
-                          block_q: int, block_k: int) -> tuple[Tensor, Tensor, Tensor]:
+def _fused_tiles_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    du: Tensor,
+    d_row: Tensor,
+    similarity: str,
+    mask: str,
+    window: int,
+    prefix: int,
+    q_offset: int,
+    scale: float,
+    block_q: int,
+    block_k: int,
+) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (contiguous) from du and dS."""
     q, k, v = _rows_contiguous(q, k, v)
     bias = None if bias is None else bias.contiguous()
@@ -329,13 +495,16 @@ def fused_tiled_attention(
     if not supports(spec, score_bias):
         raise ValueError("fused_tiled_attention: needs triton, p = 1 and score_bias None or a tensor")
     if score_bias is not None and score_bias.requires_grad and torch.is_grad_enabled():
-        raise ValueError("fused_tiled_attention: score_bias needs gradients (a learned bias such as T5's); "
-                         "use the eager attention path for it")
+        raise ValueError(
+            "fused_tiled_attention: score_bias needs gradients (a learned bias such as T5's); "
+            "use the eager attention path for it"
+        )
     default_q, default_k = default_blocks(q.shape[-1], q.element_size())
     blocks = (blocks[0] or default_q, blocks[1] or default_k)
     m = spec.mask
-    u, row_sum = _fused_tiles(q, k, v, score_bias, spec.similarity, m.kind, m.window, m.prefix, m.q_offset,
-                              spec.scale, *blocks)
+    u, row_sum = _fused_tiles(
+        q, k, v, score_bias, spec.similarity, m.kind, m.window, m.prefix, m.q_offset, spec.scale, *blocks
+    )
     if slot_k is not None:  # bias slots: admitted for every query, no positional bias
         sim, _ = similarity_and_grad((q @ slot_k.transpose(-2, -1)).to(u.dtype) * spec.scale, spec.similarity)
         u = u + sim @ slot_v.to(u.dtype)

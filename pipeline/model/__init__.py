@@ -2,6 +2,7 @@
 
 Torch only (no Lightning, MLflow or DeepSpeed), so analysis tools and exports use it as is.
 """
+
 from .cache import StreamingCache
 from .config import PRESETS, AttentionConfig, BiasConfig, ConfigError, ModelConfig
 from .loading import load_pretrained, save_pretrained

@@ -7,6 +7,7 @@ scalar, or 0 for softmax-off-by-one). The op's entry in attention_ops.OPS picks 
 softmax ops that SDPA expresses, the blocked kernels of pipeline.kernels (no T x T tensor) for
 ops with tiles, and the eager op otherwise and whenever attention weights are requested.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,9 +31,9 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 
 class AttentionRecord(NamedTuple):
-    weights: Tensor | None   # [B, H, Tq, Tk] incl. slot columns
-    q: Tensor | None         # [B, H, Tq, dh] after rotation
-    k: Tensor | None         # [B, H, Tq, dh] keys of this step's inputs, after rotation
+    weights: Tensor | None  # [B, H, Tq, Tk] incl. slot columns
+    q: Tensor | None  # [B, H, Tq, dh] after rotation
+    k: Tensor | None  # [B, H, Tq, dh] keys of this step's inputs, after rotation
     v: Tensor | None
     head_out: Tensor | None = None  # [B, H, Tq, dh] each head's output as it enters W_O (with weights)
 
@@ -131,8 +132,9 @@ class Attention(nn.Module):
             slot_k = slot_v = None
             if self.kv_slot is not None:
                 slot_k, slot_v = (t.to(q.dtype) for t in self.kv_slot.keys_values(B, self.n_heads))
-            y = blocked_attention(q, k, v, self.blocked_spec, kernel=self.kernel, slot_k=slot_k, slot_v=slot_v,
-                                  score_bias=ctx.score_bias)
+            y = blocked_attention(
+                q, k, v, self.blocked_spec, kernel=self.kernel, slot_k=slot_k, slot_v=slot_v, score_bias=ctx.score_bias
+            )
         else:
             keys, values, mask = self._with_slots(k, v, ctx, need_mask=True)
             result = self.op.fn(q, keys, mask, self.cfg.attention, self.kernel)
@@ -153,7 +155,7 @@ class Attention(nn.Module):
         return self.out(y), record
 
     def _path(self, ctx: AttentionContext, layer_cache, need_weights: bool) -> str:
-        """"sdpa", "blocked" or "eager" (always when weights are requested). The blocked kernels
+        """ "sdpa", "blocked" or "eager" (always when weights are requested). The blocked kernels
         take no learned positional bias, sink-logit column or streaming cache."""
         if need_weights:
             return "eager"

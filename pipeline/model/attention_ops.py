@@ -11,6 +11,7 @@ slots and the sink logit) to:
 - ``reported``: what the model returns as "attentions": probabilities, or the scores that the
   sink metrics turn into proxy scores (see ``OpSpec.scores``).
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,11 @@ if TYPE_CHECKING:
 # What an op's reported scores are, and how the sink metrics read them: "probs" are the weights
 # the model attends with, at most one unit of attention per row, read as they are; the others
 # are similarities that metrics.proxy_scores turns into proxy scores.
-SCORE_KINDS = {"probs": "attention weights", "sim_nonneg": "proxy scores sim/Σ sim",
-               "sim_signed": "proxy scores |sim|/Σ|sim|"}
+SCORE_KINDS = {
+    "probs": "attention weights",
+    "sim_nonneg": "proxy scores sim/Σ sim",
+    "sim_signed": "proxy scores |sim|/Σ|sim|",
+}
 NORMALIZERS = ("sum", "abs_clamp", "none")
 
 
@@ -109,7 +113,9 @@ def _elementwise(fn: Callable[[Tensor], Tensor], doc: str):
 
 
 sigmoid_op = _elementwise(torch.sigmoid, "sim = sigmoid(q k^T / sqrt(d_h)) on admitted pairs, over Z_i (Table 6).")
-elu1_op = _elementwise(lambda s: F.elu(s) + 1.0, "sim = elu(q k^T / sqrt(d_h)) + 1 on admitted pairs, over Z_i (Table 6).")
+elu1_op = _elementwise(
+    lambda s: F.elu(s) + 1.0, "sim = elu(q k^T / sqrt(d_h)) + 1 on admitted pairs, over Z_i (Table 6)."
+)
 
 
 def kernel_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
@@ -245,7 +251,7 @@ def blocked_spec(cfg: ModelConfig) -> AttentionSpec | None:
     if tiles is None:
         return None
     mask = MaskSpec(kind=cfg.mask, window=cfg.window, prefix=cfg.sink_tokens + cfg.prefix_len)
-    return AttentionSpec(similarity=tiles, normalizer=a.normalizer, p=a.p, scale=cfg.head_dim ** -0.5, mask=mask)
+    return AttentionSpec(similarity=tiles, normalizer=a.normalizer, p=a.p, scale=cfg.head_dim**-0.5, mask=mask)
 
 
 def proxy_label(a: AttentionConfig) -> str | None:
@@ -258,8 +264,17 @@ def proxy_label(a: AttentionConfig) -> str | None:
 register(OpSpec("softmax", softmax_op, scores="probs", softmax=True, p_norm=True, sdpa=True))
 register(OpSpec("sigmoid", sigmoid_op, scores="sim_nonneg", normalizers=NORMALIZERS, p_norm=True, tiles="sigmoid"))
 register(OpSpec("elu1", elu1_op, scores="sim_nonneg", normalizers=NORMALIZERS, tiles="elu1"))
-register(OpSpec("kernel", kernel_op, scores=_kernel_scores, normalizers=NORMALIZERS, tiles="identity",
-                score_biases=False, phi=_kernel_phi))
+register(
+    OpSpec(
+        "kernel",
+        kernel_op,
+        scores=_kernel_scores,
+        normalizers=NORMALIZERS,
+        tiles="identity",
+        score_biases=False,
+        phi=_kernel_phi,
+    )
+)
 # Beyond the paper (seed 004): softmax with one more logit fixed at 0 in its denominator (Miller
 # 2023), clipped softmax (Bondarenko et al. 2023), softpick (Zuhri et al. 2025).
 register(OpSpec("softmax_off_by_one", softmax_op, scores="probs", softmax=True, sdpa=True, zero_logit=True))

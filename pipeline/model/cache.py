@@ -11,6 +11,7 @@ Each batch row may have its own x + y as long as all share the capacity (0+1024,
     for t in range(T):
         logits = model(tokens[:, t:t+1], cache=cache).logits
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -75,10 +76,10 @@ class StreamingCache:
             raise ValueError(f"cache x+y per row {[f'{x}+{y}' for x, y in zip(xs, ys)]}: rows must share x+y")
         self.n_initial, self.capacity = xs, xs[0] + ys[0]
         self.layers = [LayerCache() for _ in range(config.n_layers)]
-        self.length = 0          # entries currently held (same in every layer and row)
-        self.seen = 0            # entries ever appended (sink tokens included)
+        self.length = 0  # entries currently held (same in every layer and row)
+        self.seen = 0  # entries ever appended (sink tokens included)
         self.sink_tokens = config.sink_tokens
-        self.sinks_kept = 0      # sink-token entries still in the cache (the fewest over rows)
+        self.sinks_kept = 0  # sink-token entries still in the cache (the fewest over rows)
 
     def make_room(self, n_new: int) -> None:
         """Evict the middle so that length + n_new <= x + y (called before a forward)."""

@@ -3,6 +3,7 @@
 Every architectural factor the paper varies is a plain field here, so LightningCLI /
 jsonargparse can override any of them (``--model.attention.op sigmoid``).
 """
+
 from __future__ import annotations
 
 import dataclasses

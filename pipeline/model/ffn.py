@@ -1,4 +1,5 @@
 """Feed-forward networks of Table 11. Gated variants fuse W1 and W2 into one projection."""
+
 from __future__ import annotations
 
 import torch.nn.functional as F

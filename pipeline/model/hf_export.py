@@ -5,6 +5,7 @@ biases or sink tokens) is a Llama; any other value is refused with the field tha
 
     sinklab export-hf CHECKPOINT --out DIR [--config run/config.yaml] [--dtype bfloat16]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,17 +24,25 @@ from .loading import load_pretrained
 from .transformer import Transformer
 
 # (field path, value HF Llama needs)
-_LLAMA_FIELDS: list[tuple[str, Any]] = [
-    ("positional", "rope"),
-    ("norm_position", "pre"),
-    ("norm", "rmsnorm"),
-    ("ffn", "swiglu"),
-    ("head_merge", "concat"),
-    ("sink_tokens", 0),
-    ("mask", "causal"),
-] + [(f"attention.{k}", v) for k, v in vars(AttentionConfig()).items() if k not in ("clip_gamma", "clip_zeta", "normalizer", "kernel")] + [
-    ("biases.kind", "none"),
-]
+_LLAMA_FIELDS: list[tuple[str, Any]] = (
+    [
+        ("positional", "rope"),
+        ("norm_position", "pre"),
+        ("norm", "rmsnorm"),
+        ("ffn", "swiglu"),
+        ("head_merge", "concat"),
+        ("sink_tokens", 0),
+        ("mask", "causal"),
+    ]
+    + [
+        (f"attention.{k}", v)
+        for k, v in vars(AttentionConfig()).items()
+        if k not in ("clip_gamma", "clip_zeta", "normalizer", "kernel")
+    ]
+    + [
+        ("biases.kind", "none"),
+    ]
+)
 
 
 class NotALlama(ValueError):
@@ -81,17 +90,19 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         src, dst = f"blocks.{i}.", f"model.layers.{i}."
         q, k, v = sd[src + "attn.qkv.weight"].chunk(3, dim=0)
         gate, up = sd[src + "ffn.gate_up.weight"].chunk(2, dim=0)
-        out.update({
-            dst + "input_layernorm.weight": sd[src + "attn_norm.weight"],
-            dst + "post_attention_layernorm.weight": sd[src + "ffn_norm.weight"],
-            dst + "self_attn.q_proj.weight": q,
-            dst + "self_attn.k_proj.weight": k,
-            dst + "self_attn.v_proj.weight": v,
-            dst + "self_attn.o_proj.weight": sd[src + "attn.out.weight"],
-            dst + "mlp.gate_proj.weight": gate,
-            dst + "mlp.up_proj.weight": up,
-            dst + "mlp.down_proj.weight": sd[src + "ffn.down.weight"],
-        })
+        out.update(
+            {
+                dst + "input_layernorm.weight": sd[src + "attn_norm.weight"],
+                dst + "post_attention_layernorm.weight": sd[src + "ffn_norm.weight"],
+                dst + "self_attn.q_proj.weight": q,
+                dst + "self_attn.k_proj.weight": k,
+                dst + "self_attn.v_proj.weight": v,
+                dst + "self_attn.o_proj.weight": sd[src + "attn.out.weight"],
+                dst + "mlp.gate_proj.weight": gate,
+                dst + "mlp.up_proj.weight": up,
+                dst + "mlp.down_proj.weight": sd[src + "ffn.down.weight"],
+            }
+        )
     return {k: v.detach().clone() for k, v in out.items()}
 
 
@@ -111,41 +122,63 @@ def from_hf(hf_model) -> Transformer:
 
         hf_model = LlamaForCausalLM.from_pretrained(hf_model, torch_dtype=torch.float32)
     c = hf_model.config
-    for name, needed in (("num_key_value_heads", c.num_attention_heads), ("hidden_act", "silu"),
-                         ("attention_bias", False), ("mlp_bias", False)):
+    for name, needed in (
+        ("num_key_value_heads", c.num_attention_heads),
+        ("hidden_act", "silu"),
+        ("attention_bias", False),
+        ("mlp_bias", False),
+    ):
         if getattr(c, name, needed) != needed:
             raise NotALlama(f"HF config {name}={getattr(c, name)!r}: SinkLab imports only {needed!r}")
     rope = getattr(c, "rope_parameters", None) or {"rope_type": "default", "rope_theta": getattr(c, "rope_theta", 1e4)}
     if rope.get("rope_type", "default") != "default":
         raise NotALlama(f"HF config rope_type={rope['rope_type']!r}: SinkLab imports only 'default'")
     cfg = ModelConfig(
-        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
-        n_heads=c.num_attention_heads, d_ffn=c.intermediate_size, max_seq_len=c.max_position_embeddings,
-        norm_eps=c.rms_norm_eps, rope_theta=float(rope["rope_theta"]), tie_embeddings=bool(c.tie_word_embeddings),
-        attention=AttentionConfig(), biases=BiasConfig(),
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        d_ffn=c.intermediate_size,
+        max_seq_len=c.max_position_embeddings,
+        norm_eps=c.rms_norm_eps,
+        rope_theta=float(rope["rope_theta"]),
+        tie_embeddings=bool(c.tie_word_embeddings),
+        attention=AttentionConfig(),
+        biases=BiasConfig(),
     )
     if cfg.head_dim != getattr(c, "head_dim", cfg.head_dim):
         raise NotALlama(f"HF config head_dim={c.head_dim}: SinkLab needs hidden_size / num_attention_heads")
     sd = hf_model.state_dict()
-    ours = {"embed.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"],
-            "lm_head.weight": sd.get("lm_head.weight", sd["model.embed_tokens.weight"])}
+    ours = {
+        "embed.weight": sd["model.embed_tokens.weight"],
+        "norm.weight": sd["model.norm.weight"],
+        "lm_head.weight": sd.get("lm_head.weight", sd["model.embed_tokens.weight"]),
+    }
     for i in range(cfg.n_layers):
         src, dst = f"model.layers.{i}.", f"blocks.{i}."
-        ours.update({
-            dst + "attn_norm.weight": sd[src + "input_layernorm.weight"],
-            dst + "ffn_norm.weight": sd[src + "post_attention_layernorm.weight"],
-            dst + "attn.qkv.weight": torch.cat([sd[src + f"self_attn.{p}_proj.weight"] for p in "qkv"]),
-            dst + "attn.out.weight": sd[src + "self_attn.o_proj.weight"],
-            dst + "ffn.gate_up.weight": torch.cat([sd[src + "mlp.gate_proj.weight"], sd[src + "mlp.up_proj.weight"]]),
-            dst + "ffn.down.weight": sd[src + "mlp.down_proj.weight"],
-        })
+        ours.update(
+            {
+                dst + "attn_norm.weight": sd[src + "input_layernorm.weight"],
+                dst + "ffn_norm.weight": sd[src + "post_attention_layernorm.weight"],
+                dst + "attn.qkv.weight": torch.cat([sd[src + f"self_attn.{p}_proj.weight"] for p in "qkv"]),
+                dst + "attn.out.weight": sd[src + "self_attn.o_proj.weight"],
+                dst + "ffn.gate_up.weight": torch.cat(
+                    [sd[src + "mlp.gate_proj.weight"], sd[src + "mlp.up_proj.weight"]]
+                ),
+                dst + "ffn.down.weight": sd[src + "mlp.down_proj.weight"],
+            }
+        )
     model = Transformer(cfg)
     model.load_state_dict({k: v.float() for k, v in ours.items()})
     return model
 
 
-def export_hf(model: Transformer, out_dir: str | os.PathLike, dtype: torch.dtype = torch.float32,
-              tokenizer: str | os.PathLike | None = None) -> Path:
+def export_hf(
+    model: Transformer,
+    out_dir: str | os.PathLike,
+    dtype: torch.dtype = torch.float32,
+    tokenizer: str | os.PathLike | None = None,
+) -> Path:
     """Write a save_pretrained directory (config.json + model.safetensors) atomically."""
     hf = to_hf(model).to(dtype)
     with atomic_directory(out_dir, kind="sinklab export-hf") as tmp:

@@ -8,6 +8,7 @@
       ``.safetensors``) together with ``config=`` (a sinklab_config.json, or a YAML/JSON run
       config in which the model section is found).
 """
+
 from __future__ import annotations
 
 import json
@@ -120,7 +121,7 @@ def _strip_prefixes(state: dict[str, Any], expected: set[str]) -> dict[str, torc
             break
         for prefix in _PREFIXES:
             if any(k.startswith(prefix) for k in tensors):
-                tensors = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+                tensors = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
                 break
     return tensors
 
@@ -134,8 +135,6 @@ def _build(config: ModelConfig, state: dict[str, Any], source: str) -> Transform
     missing = sorted(expected - set(tensors))
     unexpected = sorted(set(tensors) - expected)
     if missing or unexpected:
-        raise ValueError(
-            f"{source}: weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}"
-        )
+        raise ValueError(f"{source}: weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.load_state_dict({k: v.float() for k, v in tensors.items()})
     return model

@@ -1,5 +1,6 @@
 """Which (query, key) pairs attention admits (section 6, Figures 5 and 6), and the additive
 mask shared by all layers of one forward pass."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -46,16 +47,18 @@ class AttentionContext:
     k_pos: Tensor
     rotary_q: tuple[Tensor, Tensor] | None
     rotary_k: tuple[Tensor, Tensor] | None
-    admitted: Tensor                      # bool [Tq, Tk]
-    score_bias: Tensor | None             # float [1|H, Tq, Tk] positional bias
-    plain_causal: bool                    # SDPA may use is_causal=True and no mask
+    admitted: Tensor  # bool [Tq, Tk]
+    score_bias: Tensor | None  # float [1|H, Tq, Tk] positional bias
+    plain_causal: bool  # SDPA may use is_causal=True and no mask
     _mask: Tensor | None = field(default=None, repr=False)
 
     def additive_mask(self) -> Tensor:
         """Float [1, 1|H, Tq, Tk]: positional bias where admitted, -inf elsewhere."""
         if self._mask is None:
-            bias = self.score_bias if self.score_bias is not None else torch.zeros(
-                1, *self.admitted.shape, device=self.admitted.device
+            bias = (
+                self.score_bias
+                if self.score_bias is not None
+                else torch.zeros(1, *self.admitted.shape, device=self.admitted.device)
             )
             self._mask = bias.masked_fill(~self.admitted, float("-inf"))[None]
         return self._mask

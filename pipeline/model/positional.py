@@ -6,6 +6,7 @@
 
 Positions are 0-based slot indices (sink tokens occupy the first slots).
 """
+
 from __future__ import annotations
 
 import math
@@ -78,7 +79,7 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate x [..., T, d_h] by the angles of its positions (cos/sin: [T, d_h])."""
     half = x.shape[-1] // 2
     rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x * cos.to(x.dtype) + rotated_half * sin.to(x.dtype))
+    return x * cos.to(x.dtype) + rotated_half * sin.to(x.dtype)
 
 
 def relative_bucket(distance: Tensor, n_buckets: int, max_distance: int) -> Tensor:

@@ -1,4 +1,5 @@
 """The decoder: embeddings (+ optional learnable sink tokens), L blocks, final norm, head."""
+
 from __future__ import annotations
 
 import math
@@ -18,17 +19,17 @@ from .positional import build_positional
 
 @dataclass
 class ModelOutput:
-    logits: Tensor | None                          # [B, T, V], real tokens only (None: skip_head)
-    attentions: list[Tensor] | None = None         # per layer [B, H, Tq, Tk]
-    attention_kind: str = "probs"                  # "probs" | "sim_nonneg" | "sim_signed"
-    n_query_slots: int = 0                         # leading rows that are sink tokens
-    n_key_slots: int = 0                           # leading columns that are not real tokens
-    hidden_states: list[Tensor] | None = None      # per block [B, Tq, d]; last before final norm
-    queries: list[Tensor] | None = None            # per layer [B, H, T, dh], real tokens, rotated
+    logits: Tensor | None  # [B, T, V], real tokens only (None: skip_head)
+    attentions: list[Tensor] | None = None  # per layer [B, H, Tq, Tk]
+    attention_kind: str = "probs"  # "probs" | "sim_nonneg" | "sim_signed"
+    n_query_slots: int = 0  # leading rows that are sink tokens
+    n_key_slots: int = 0  # leading columns that are not real tokens
+    hidden_states: list[Tensor] | None = None  # per block [B, Tq, d]; last before final norm
+    queries: list[Tensor] | None = None  # per layer [B, H, T, dh], real tokens, rotated
     keys: list[Tensor] | None = None
     values: list[Tensor] | None = None
-    head_outputs: list[Tensor] | None = None       # per layer [B, H, T, dh], real tokens (with attentions)
-    final_hidden: Tensor | None = None             # [B, T, d] what the LM head reads (skip_head only)
+    head_outputs: list[Tensor] | None = None  # per layer [B, H, T, dh], real tokens (with attentions)
+    final_hidden: Tensor | None = None  # [B, T, d] what the LM head reads (skip_head only)
 
 
 def build_norm(cfg: ModelConfig) -> nn.Module:

@@ -14,21 +14,42 @@
 Names are imported on first use, so that a command which needs only the tags does not load
 MLflow or Lightning.
 """
+
 from __future__ import annotations
 
 import importlib
 
 _EXPORTS = {
-    "contract": ("FINISHED", "PARENT_ENV", "TAG_EXPERIMENT", "TAG_KIND", "TAG_MODEL_ID", "TAG_PARENT", "TAG_SCALE",
-                 "TAG_STATUS", "TAG_VARIANT", "experiment_id", "tracking_uri"),
+    "contract": (
+        "FINISHED",
+        "PARENT_ENV",
+        "TAG_EXPERIMENT",
+        "TAG_KIND",
+        "TAG_MODEL_ID",
+        "TAG_PARENT",
+        "TAG_SCALE",
+        "TAG_STATUS",
+        "TAG_VARIANT",
+        "experiment_id",
+        "tracking_uri",
+    ),
     "logger": ("RunLogger", "code_version", "flatten", "open_run"),
     "metrics_file": ("MetricsFile",),
     "record": ("add_hf_export", "final_weights", "log_final_model", "log_run_model", "write_model_dir"),
     "remote_checkpoints": ("CheckpointUploader", "logged_checkpoints", "pulled_argv"),
     "run_models": ("ResolvedModel", "RunModelError", "is_model_uri", "resolve_argv", "resolve_model"),
     "results": ("log_new_run", "log_results"),
-    "views": ("ALPHA1_IMAGE", "TRAJECTORY_IMAGE", "dataset_name", "experiment_url", "home_url", "mark_training_experiment",
-              "run_experiment_url", "run_url", "sent_to_mlflow"),
+    "views": (
+        "ALPHA1_IMAGE",
+        "TRAJECTORY_IMAGE",
+        "dataset_name",
+        "experiment_url",
+        "home_url",
+        "mark_training_experiment",
+        "run_experiment_url",
+        "run_url",
+        "sent_to_mlflow",
+    ),
     "images": ("log_image_file", "logged_image_keys"),
     "runs": ("RunRecord", "best_run", "client", "log_report", "metric_history", "parent_run", "variant_runs"),
 }

@@ -2,6 +2,7 @@
 part writes and another reads (docs/contracts.md section 4). Standard library only, so that
 the training layer, the analysis layer and the experiments layer all import it from here.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,7 +39,7 @@ def artifact_location(uri: str, experiment: str) -> str | None:
         return None
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment).strip("._") or "experiment"
     digest = hashlib.sha1(experiment.encode()).hexdigest()[:8]  # names differing only in symbols stay apart
-    return (Path(uri[len("sqlite:///"):]).resolve().parent / "artifacts" / f"{safe}-{digest}").as_uri()
+    return (Path(uri[len("sqlite:///") :]).resolve().parent / "artifacts" / f"{safe}-{digest}").as_uri()
 
 
 def experiment_id(client, experiment: str) -> str:

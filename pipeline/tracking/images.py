@@ -5,6 +5,7 @@ compare page finds them in common (plain artifacts under ``plots/`` it does not 
 Keys (see :mod:`pipeline.tracking.views`): ``heads/alpha1`` at every plotted probe step (α₁,
 row entropy and output norm per layer and head), ``heads/alpha1_trajectory`` at the last step.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -14,6 +14,7 @@ The run itself is created (or found again) by :func:`open_run` on rank 0 once ev
 been checked, before training starts; its id lives in the run directory, so a resumed or
 requeued job continues it.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,11 @@ from .contract import experiment_id, tracking_uri
 from .metrics_file import MetricsFile
 from .views import mark_training_experiment, sent_to_mlflow
 
-DEFAULT_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
-                   "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+DEFAULT_RETRIES = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+}
 
 
 class _NoTraceback(logging.Filter):
@@ -59,8 +63,9 @@ def _notice(message: str) -> None:
 def code_version() -> str:
     repo = Path(__file__).resolve().parents[2]
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--tags"], cwd=repo,
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--tags"], cwd=repo, capture_output=True, text=True, timeout=10
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -79,11 +84,18 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 def _prepare_sqlite(uri: str) -> None:
     if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
 
 
-def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
-             params: dict[str, str], artifacts: list[Path], manifest=None) -> str | None:
+def open_run(
+    run: RunDir,
+    experiment: str,
+    run_name: str,
+    tags: dict[str, str],
+    params: dict[str, str],
+    artifacts: list[Path],
+    manifest=None,
+) -> str | None:
     """Rank 0: the MLflow run of this run directory (created on the first start). Returns its
     id, or None when the tracking store cannot be reached (training then goes on offline, and a
     later start creates the run and sends what metrics.jsonl holds). manifest: the dataset's,
@@ -107,7 +119,7 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
             run.save_mlflow_run_id(run_id)
             items = [Param(k, v[:6000]) for k, v in params.items()]
             for i in range(0, len(items), 100):
-                client.log_batch(run_id, params=items[i:i + 100])
+                client.log_batch(run_id, params=items[i : i + 100])
             if manifest is not None:
                 client.log_inputs(run_id, datasets=[dataset_input(manifest)])
             mark_training_experiment(client, exp_id)  # after the params: the view's columns are the varied ones
@@ -117,35 +129,50 @@ def open_run(run: RunDir, experiment: str, run_name: str, tags: dict[str, str],
         for path in artifacts:
             client.log_artifact(run_id, str(path), artifact_path="config")
     except Exception as exc:  # noqa: BLE001 - any failure of the store means "offline"
-        _notice(f"MLflow at {uri} unreachable ({type(exc).__name__}: {str(exc)[:200]}); "
-                f"training goes on, metrics are kept in {run.metrics_path}")
+        _notice(
+            f"MLflow at {uri} unreachable ({type(exc).__name__}: {str(exc)[:200]}); "
+            f"training goes on, metrics are kept in {run.metrics_path}"
+        )
     return run_id
 
 
 def _as_mlflow(rows: list[dict]) -> list:
     from mlflow.entities import Metric
 
-    return [Metric(k, float(v), int(row["time"] * 1000), int(row["step"]))
-            for row in rows for k, v in row.items() if k not in ("step", "time") and sent_to_mlflow(k)]
+    return [
+        Metric(k, float(v), int(row["time"] * 1000), int(row["step"]))
+        for row in rows
+        for k, v in row.items()
+        if k not in ("step", "time") and sent_to_mlflow(k)
+    ]
 
 
 # sinklab.status (and Lightning's "success") -> MLflow's run status
-_MLFLOW_STATUS = {"success": "FINISHED", "finished": "FINISHED", "preempted": "FINISHED", "failed": "FAILED",
-                  "nonfinite": "FAILED", "interrupted": "KILLED"}
+_MLFLOW_STATUS = {
+    "success": "FINISHED",
+    "finished": "FINISHED",
+    "preempted": "FINISHED",
+    "failed": "FAILED",
+    "nonfinite": "FAILED",
+    "interrupted": "KILLED",
+}
 
 
 class RunLogger(MLFlowLogger):
     """MLFlowLogger that never stops training and mirrors metrics to metrics.jsonl."""
 
-    def __init__(self, run_dir: str, experiment_name: str, run_id: str | None,
-                 retry_every_s: float = 60.0, **kwargs: Any):
+    def __init__(
+        self, run_dir: str, experiment_name: str, run_id: str | None, retry_every_s: float = 60.0, **kwargs: Any
+    ):
         uri = tracking_uri()
         try:
             super().__init__(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a sqlite:/// store is opened here (a bad path, a full disk)
             first = str(exc).splitlines()[0][:200] if str(exc) else ""
-            raise ConfigError(f"MLFLOW_TRACKING_URI={uri}: the store cannot be opened ({type(exc).__name__}: {first}); "
-                              "check its path, free space or `ulimit -f`, or point MLFLOW_TRACKING_URI at another store") from None
+            raise ConfigError(
+                f"MLFLOW_TRACKING_URI={uri}: the store cannot be opened ({type(exc).__name__}: {first}); "
+                "check its path, free space or `ulimit -f`, or point MLFLOW_TRACKING_URI at another store"
+            ) from None
         self.record = MetricsFile(Path(run_dir))
         self.retry_every_s = retry_every_s
         self._pending: list[tuple[list, int]] = []  # (MLflow metrics, metrics.jsonl offset after them)
@@ -224,14 +251,16 @@ class RunLogger(MLFlowLogger):
             while self._pending:
                 metrics, end = self._pending[0]
                 for i in range(0, len(metrics), 1000):  # the REST API takes at most 1000 a request
-                    self.experiment.log_batch(self._run_id, metrics=metrics[i:i + 1000])
+                    self.experiment.log_batch(self._run_id, metrics=metrics[i : i + 1000])
                 self._pending.pop(0)
                 self.sent_batches += 1
                 sent_to = end
         except Exception as exc:  # noqa: BLE001
             if not self.offline:
-                _notice(f"MLflow tracking server unreachable ({type(exc).__name__}: {str(exc)[:200]}); "
-                        f"training goes on, metrics are queued and kept in {self.record.path}")
+                _notice(
+                    f"MLflow tracking server unreachable ({type(exc).__name__}: {str(exc)[:200]}); "
+                    f"training goes on, metrics are queued and kept in {self.record.path}"
+                )
             self.offline, self._last_failure = True, time.time()
             return False
         finally:
@@ -281,8 +310,10 @@ class RunLogger(MLFlowLogger):
             return
         if not self.flush(force=True):
             waiting = sum(len(metrics) for metrics, _ in self._pending)
-            _notice(f"MLflow: {waiting} values could not be sent before the end; they are in {self.record.path}, "
-                    f"and the next start of {self.record.path.parent} (--resume auto) sends them and closes the run")
+            _notice(
+                f"MLflow: {waiting} values could not be sent before the end; they are in {self.record.path}, "
+                f"and the next start of {self.record.path.parent} (--resume auto) sends them and closes the run"
+            )
             return
         mlflow_status = _MLFLOW_STATUS.get(status, "FINISHED")
         try:

@@ -6,6 +6,7 @@ every row has been sent to (or deliberately left out of) the run's MLflow run; i
 forward, after the server has taken the rows. A start that finds rows past it sends them
 (:meth:`MetricsFile.backlog`) before logging anything new.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 from sinklab_io.atomic import atomic_write
+
 
 class MetricsFile:
     def __init__(self, run_root: Path):
@@ -50,5 +52,8 @@ class MetricsFile:
         with open(self.path, "rb") as f:
             f.seek(start)
             rows = [json.loads(line) for line in f.read(end - start).splitlines() if line.strip()]
-        return [{k: v for k, v in row.items() if row["step"] < resume_step or not k.startswith("train/")}
-                for row in rows if row["step"] <= resume_step], end
+        return [
+            {k: v for k, v in row.items() if row["step"] < resume_step or not k.startswith("train/")}
+            for row in rows
+            if row["step"] <= resume_step
+        ], end

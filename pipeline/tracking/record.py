@@ -14,6 +14,7 @@ training-view marks on its experiment, and system metrics.
   :mod:`pipeline.tracking.views`.
 - :class:`SystemMetrics`: MLflow's own CPU/RAM/disk/network (and GPU) sampler, on rank 0.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,12 +48,22 @@ def manifest_summary(manifest) -> dict[str, Any]:
     raw = manifest.raw
     splits = {}
     for name, info in manifest.splits.items():
-        splits[name] = {"sequences": info.sequences, "tokens": info.tokens, "documents": info.documents,
-                        "domains": {d: dict(v) for d, v in sorted(info.domains.items())}}
-    return {"manifest_hash": manifest.hash, "path": str(Path(manifest.root).resolve()),
-            "tokenizer": raw.get("tokenizer"), "vocab_size": manifest.vocab_size,
-            "context_length": manifest.context_length, "bos": manifest.bos,
-            "special_ids": dict(manifest.special_ids), "splits": splits}
+        splits[name] = {
+            "sequences": info.sequences,
+            "tokens": info.tokens,
+            "documents": info.documents,
+            "domains": {d: dict(v) for d, v in sorted(info.domains.items())},
+        }
+    return {
+        "manifest_hash": manifest.hash,
+        "path": str(Path(manifest.root).resolve()),
+        "tokenizer": raw.get("tokenizer"),
+        "vocab_size": manifest.vocab_size,
+        "context_length": manifest.context_length,
+        "bos": manifest.bos,
+        "special_ids": dict(manifest.special_ids),
+        "splits": splits,
+    }
 
 
 def dataset_input(manifest):
@@ -61,13 +72,25 @@ def dataset_input(manifest):
 
     root = Path(manifest.root).resolve()
     summary = manifest_summary(manifest)
-    profile = {"manifest_hash": manifest.hash, "context_length": manifest.context_length,
-               "vocab_size": manifest.vocab_size,
-               **{f"{split}_{key}": info[key] for split, info in summary["splits"].items()
-                  for key in ("sequences", "tokens", "documents")},
-               "domains": {split: info["domains"] for split, info in summary["splits"].items()}}
-    dataset = Dataset(name=dataset_name(manifest), digest=manifest.hash[:DIGEST_LIMIT], source_type="local",
-                      source=json.dumps({"uri": str(root)}), schema=None, profile=json.dumps(profile))
+    profile = {
+        "manifest_hash": manifest.hash,
+        "context_length": manifest.context_length,
+        "vocab_size": manifest.vocab_size,
+        **{
+            f"{split}_{key}": info[key]
+            for split, info in summary["splits"].items()
+            for key in ("sequences", "tokens", "documents")
+        },
+        "domains": {split: info["domains"] for split, info in summary["splits"].items()},
+    }
+    dataset = Dataset(
+        name=dataset_name(manifest),
+        digest=manifest.hash[:DIGEST_LIMIT],
+        source_type="local",
+        source=json.dumps({"uri": str(root)}),
+        schema=None,
+        profile=json.dumps(profile),
+    )
     return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])
 
 
@@ -90,8 +113,7 @@ def final_weights(module, checkpoint: str | os.PathLike | None = None):
         return model.config, {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
     sharded = any(type(p).__name__ == "DTensor" or hasattr(p, "ds_id") for p in model.parameters())
     if not sharded:
-        return model.config, {k: v.detach() for k, v in model.state_dict().items()
-                              if isinstance(v, torch.Tensor)}
+        return model.config, {k: v.detach() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
     if checkpoint is not None and Path(checkpoint).is_file():
         loaded = load_pretrained(checkpoint)
         return loaded.config, dict(loaded.state_dict())
@@ -109,19 +131,31 @@ def log_run_model(cli) -> None:
     try:
         weights = final_weights(cli.model, newest)
         if weights is None:
-            print(f"sinklab fit: no whole final weights on rank 0 (sharded, and {newest} is not a file); "
-                  "model not logged to MLflow", file=sys.stderr, flush=True)
+            print(
+                f"sinklab fit: no whole final weights on rank 0 (sharded, and {newest} is not a file); "
+                "model not logged to MLflow",
+                file=sys.stderr,
+                flush=True,
+            )
             return
-        logged = log_final_model(tracking_uri(), cli.run_id, *weights, manifest=cli.datamodule.manifest,
-                                 step=cli.trainer.global_step)
+        logged = log_final_model(
+            tracking_uri(), cli.run_id, *weights, manifest=cli.datamodule.manifest, step=cli.trainer.global_step
+        )
     except Exception as exc:  # noqa: BLE001 - the checkpoint is on disk; MLflow may be away
-        print(f"sinklab fit: model not logged to MLflow ({type(exc).__name__}: {str(exc)[:200]}); "
-              f"the weights are in {newest}", file=sys.stderr, flush=True)
+        print(
+            f"sinklab fit: model not logged to MLflow ({type(exc).__name__}: {str(exc)[:200]}); "
+            f"the weights are in {newest}",
+            file=sys.stderr,
+            flush=True,
+        )
         return
     if logged:
         cli.logged_model = logged
-        print(f"sinklab: final model logged to MLflow as runs:/{cli.run_id}/model ({logged['megabytes']:.1f} MB "
-              f"in {logged['seconds']:.1f} s)", flush=True)
+        print(
+            f"sinklab: final model logged to MLflow as runs:/{cli.run_id}/model ({logged['megabytes']:.1f} MB "
+            f"in {logged['seconds']:.1f} s)",
+            flush=True,
+        )
 
 
 def write_model_dir(out: Path, config, state: dict, manifest=None) -> Path:
@@ -162,8 +196,9 @@ def logged_model(client, run_id: str):
     experiment_id = client.get_run(run_id).info.experiment_id
     page_token = None
     while True:
-        page = client.search_logged_models(experiment_ids=[experiment_id], filter_string=f"name = '{MODEL_NAME}'",
-                                           page_token=page_token)
+        page = client.search_logged_models(
+            experiment_ids=[experiment_id], filter_string=f"name = '{MODEL_NAME}'", page_token=page_token
+        )
         for model in page:
             if model.source_run_id == run_id and str(model.status).endswith("READY"):
                 return model
@@ -172,8 +207,15 @@ def logged_model(client, run_id: str):
             return None
 
 
-def log_final_model(tracking_uri: str, run_id: str, config, state: dict, manifest=None, step: int = 0,
-                    tags: dict[str, str] | None = None) -> dict[str, Any] | None:
+def log_final_model(
+    tracking_uri: str,
+    run_id: str,
+    config,
+    state: dict,
+    manifest=None,
+    step: int = 0,
+    tags: dict[str, str] | None = None,
+) -> dict[str, Any] | None:
     """Log the weights as the run's model, unless the run already has one of this step (a
     resumed run, or `make run` repeated, logs its final model once; a finished run trained
     further gets the newer weights in place of the older). Returns {model_id, seconds, megabytes}, or
@@ -197,10 +239,18 @@ def log_final_model(tracking_uri: str, run_id: str, config, state: dict, manifes
         local = write_model_dir(Path(tmp) / MODEL_NAME, config, state, manifest)
         hf = add_hf_export(local)
         size = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
-        model = client.create_logged_model(run.info.experiment_id, name=MODEL_NAME, source_run_id=run_id,
-                                           tags={"sinklab.format": "sinklab-safetensors", "sinklab.hf_export": hf,
-                                                 "sinklab.step": str(step), **(tags or {})},
-                                           model_type="sinklab-transformer")
+        model = client.create_logged_model(
+            run.info.experiment_id,
+            name=MODEL_NAME,
+            source_run_id=run_id,
+            tags={
+                "sinklab.format": "sinklab-safetensors",
+                "sinklab.hf_export": hf,
+                "sinklab.step": str(step),
+                **(tags or {}),
+            },
+            model_type="sinklab-transformer",
+        )
         try:
             client.log_model_artifacts(model.model_id, str(local))
             client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])
@@ -223,8 +273,11 @@ def _log_model_metrics(client, run, model_id: str, manifest) -> None:
 
     histories = [client.get_metric_history(run.info.run_id, key) for key in HEADLINE]
     final = [max(history, key=lambda m: (m.step, m.timestamp)) for history in histories if history]
-    data = {} if manifest is None else {"dataset_name": dataset_name(manifest),
-                                        "dataset_digest": manifest.hash[:DIGEST_LIMIT]}
+    data = (
+        {}
+        if manifest is None
+        else {"dataset_name": dataset_name(manifest), "dataset_digest": manifest.hash[:DIGEST_LIMIT]}
+    )
     metrics = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id, **data) for m in final]
     if metrics:
         client.log_batch(run.info.run_id, metrics=metrics)
@@ -235,13 +288,22 @@ class SystemMetrics:
     """MLflow's SystemMetricsMonitor (CPU, RAM, disk, network; GPU with pynvml) on a run,
     continuing its step count on a resumed run."""
 
-    def __init__(self, tracking_uri: str, run_id: str, sampling_s: float = SYSTEM_SAMPLING_S,
-                 samples_per_point: int = SYSTEM_SAMPLES_PER_POINT):
+    def __init__(
+        self,
+        tracking_uri: str,
+        run_id: str,
+        sampling_s: float = SYSTEM_SAMPLING_S,
+        samples_per_point: int = SYSTEM_SAMPLES_PER_POINT,
+    ):
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-        self.monitor = SystemMetricsMonitor(run_id, sampling_interval=sampling_s,
-                                            samples_before_logging=samples_per_point,
-                                            resume_logging=True, tracking_uri=tracking_uri)
+        self.monitor = SystemMetricsMonitor(
+            run_id,
+            sampling_interval=sampling_s,
+            samples_before_logging=samples_per_point,
+            resume_logging=True,
+            tracking_uri=tracking_uri,
+        )
         self.monitor.start()
 
     def stop(self) -> None:
@@ -270,5 +332,8 @@ def print_experiment_urls(tracking_uri: str) -> None:
 
 
 if __name__ == "__main__":
-    print_experiment_urls(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("MLFLOW_TRACKING_URI")
-                          or f"sqlite:///{Path.cwd() / 'mlruns' / 'mlflow.db'}")
+    print_experiment_urls(
+        sys.argv[1]
+        if len(sys.argv) > 1
+        else os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlruns' / 'mlflow.db'}"
+    )

@@ -9,6 +9,7 @@
   tracking server: the run's ``config/config.yaml``, its newest logged checkpoint and its MLflow
   run id into a local run directory, which ``--resume auto`` then continues (same MLflow run).
 """
+
 from __future__ import annotations
 
 import os
@@ -54,8 +55,11 @@ class CheckpointUploader:
         except Exception as exc:  # noqa: BLE001 - some stores cannot delete: keep it, say so once
             if not self.cannot_delete:
                 self.cannot_delete = True
-                print(f"sinklab fit: warning: pruned checkpoints stay in MLflow ({type(exc).__name__}: "
-                      f"{str(exc)[:150]})", file=sys.stderr, flush=True)
+                print(
+                    f"sinklab fit: warning: pruned checkpoints stay in MLflow ({type(exc).__name__}: {str(exc)[:150]})",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def close(self) -> None:
         """Wait for the queued uploads (the end of fit); a failed one costs a warning."""
@@ -64,12 +68,19 @@ class CheckpointUploader:
             try:
                 job.result()
             except Exception as exc:  # noqa: BLE001 - the checkpoint is on disk; MLflow may be away
-                print(f"sinklab fit: warning: a checkpoint was not uploaded to MLflow ({type(exc).__name__}: "
-                      f"{str(exc)[:200]})", file=sys.stderr, flush=True)
+                print(
+                    f"sinklab fit: warning: a checkpoint was not uploaded to MLflow ({type(exc).__name__}: "
+                    f"{str(exc)[:200]})",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self.pool.shutdown(wait=True)
         if self.pending:
-            print(f"sinklab: {len(self.pending)} checkpoint upload(s) to MLflow done "
-                  f"(waited {time.perf_counter() - started:.1f} s at the end)", flush=True)
+            print(
+                f"sinklab: {len(self.pending)} checkpoint upload(s) to MLflow done "
+                f"(waited {time.perf_counter() - started:.1f} s at the end)",
+                flush=True,
+            )
         self.pending = []
 
 
@@ -99,7 +110,7 @@ def pulled_argv(argv: list[str]) -> list[str]:
     spec = argv[at].split("=", 1)[1] if inline else (argv[at + 1] if at + 1 < len(argv) else "")
     if not spec.startswith("runs:/"):
         return argv
-    rest = argv[:at] + argv[at + (1 if inline else 2):]
+    rest = argv[:at] + argv[at + (1 if inline else 2) :]
     wanted = next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--run-dir"), None)
     rank = int(os.environ.get("SLURM_PROCID") or os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0)
     root = pull_run(spec, Path(wanted) if wanted else None, tracking_uri(), download=rank == 0)
@@ -107,7 +118,11 @@ def pulled_argv(argv: list[str]) -> list[str]:
         print(f"sinklab fit: {spec}: continuing in {root} from its newest logged checkpoint", flush=True)
     while not (root / "mlflow_run_id").exists():  # another rank is downloading
         time.sleep(2)
-    config = [] if any(a == "--config" or a.startswith("--config=") for a in rest) else ["--config", str(root / "config.yaml")]
+    config = (
+        []
+        if any(a == "--config" or a.startswith("--config=") for a in rest)
+        else ["--config", str(root / "config.yaml")]
+    )
     return config + rest + ["--run-dir", str(root), "--resume", "auto"]
 
 
@@ -124,11 +139,14 @@ def pull_run(spec: str, run_dir: Path | None, tracking_uri: str, download: bool 
         names = logged_checkpoints(client, run_id)
         run = RunDir(run_dir or default_run_dir(client, run_id))
     except MlflowException as exc:
-        raise RunDirError(f"--resume {spec}: no such run in the MLflow store at {tracking_uri} "
-                          f"({exc.message[:150]})") from None
+        raise RunDirError(
+            f"--resume {spec}: no such run in the MLflow store at {tracking_uri} ({exc.message[:150]})"
+        ) from None
     if not names:
-        raise RunDirError(f"--resume {spec}: the run logged no checkpoint; runs log them with "
-                          "--run.log_checkpoints true (continue it where its run directory is, with --resume auto)")
+        raise RunDirError(
+            f"--resume {spec}: the run logged no checkpoint; runs log them with "
+            "--run.log_checkpoints true (continue it where its run directory is, with --resume auto)"
+        )
     known = run.mlflow_run_id()
     if known not in (None, run_id):
         raise RunDirError(f"--resume {spec}: {run.root} belongs to MLflow run {known}; choose another --run-dir")

@@ -1,5 +1,6 @@
 """Analysis results in MLflow: back on the training run a model came from (:func:`log_results`),
 or as an analysis run of their own (:func:`log_new_run`)."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,14 @@ from pathlib import Path
 from .contract import experiment_id
 
 
-def log_results(resolved_uri: str, run_id: str, values: dict[str, float], tags: dict[str, object],
-                out: Path | None, artifact_path: str) -> str:
+def log_results(
+    resolved_uri: str,
+    run_id: str,
+    values: dict[str, float],
+    tags: dict[str, object],
+    out: Path | None,
+    artifact_path: str,
+) -> str:
     """An analysis of a training run's model back on that run: ``values`` as metrics (step 0),
     ``tags`` (JSON, at most 5,000 characters each) and ``out`` (the output directory, or one
     file; None: no artifact) as artifacts under ``artifact_path``. Returns the run id."""
@@ -19,8 +26,11 @@ def log_results(resolved_uri: str, run_id: str, values: dict[str, float], tags: 
 
     client = MlflowClient(resolved_uri)
     now = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()],
-                     tags=[RunTag(k, json.dumps(v, sort_keys=True)[:5000]) for k, v in tags.items()])
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, float(v), now, 0) for k, v in values.items()],
+        tags=[RunTag(k, json.dumps(v, sort_keys=True)[:5000]) for k, v in tags.items()],
+    )
     if out is not None and Path(out).is_dir():
         client.log_artifacts(run_id, str(out), artifact_path=artifact_path)
     elif out is not None:
@@ -28,8 +38,16 @@ def log_results(resolved_uri: str, run_id: str, values: dict[str, float], tags: 
     return run_id
 
 
-def log_new_run(uri: str, experiment: str, run_name: str, tags: dict[str, str], params: dict[str, object],
-                metrics: dict[str, float], out: Path, curves: list[tuple[str, float, int]] = ()) -> str:
+def log_new_run(
+    uri: str,
+    experiment: str,
+    run_name: str,
+    tags: dict[str, str],
+    params: dict[str, object],
+    metrics: dict[str, float],
+    out: Path,
+    curves: list[tuple[str, float, int]] = (),
+) -> str:
     """An analysis as a run of its own in ``experiment`` (created where missing): ``tags``,
     ``params``, ``metrics`` (step 0), ``curves`` as (key, value, step) points, and the output
     directory ``out`` as its artifacts. Returns the new run's id."""
@@ -48,4 +66,3 @@ def log_new_run(uri: str, experiment: str, run_name: str, tags: dict[str, str], 
             MlflowClient(uri).log_batch(run.info.run_id, metrics=[Metric(k, v, now, step) for k, v, step in curves])
         mlflow.log_artifacts(str(out))
         return run.info.run_id
-

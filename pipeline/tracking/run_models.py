@@ -9,6 +9,7 @@ directory: ``model.safetensors``, ``sinklab_config.json``, and the dataset's ``t
 and ``dataset.json``. The tracking store is ``$MLFLOW_TRACKING_URI`` (default: the project's
 ``mlruns/mlflow.db``), as for training.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,9 +39,9 @@ def cache_root() -> Path:
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    uri: str            # what was asked for, e.g. runs:/<run_id>
-    path: Path          # local directory that load_pretrained reads
-    run_id: str         # the training run the model came from
+    uri: str  # what was asked for, e.g. runs:/<run_id>
+    path: Path  # local directory that load_pretrained reads
+    run_id: str  # the training run the model came from
     tracking_uri: str
 
     @property
@@ -82,8 +83,11 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
             run = client.get_run(run_id)
             model_id = run.data.tags.get(TAG_MODEL_ID)  # the newest weights
             key = f"{run_id}/{path}" + (f"/{model_id}" if model_id else "")
-            location = (client.get_logged_model(model_id).artifact_location if path == MODEL_NAME and model_id
-                        else f"{run.info.artifact_uri.rstrip('/')}/{path}")
+            location = (
+                client.get_logged_model(model_id).artifact_location
+                if path == MODEL_NAME and model_id
+                else f"{run.info.artifact_uri.rstrip('/')}/{path}"
+            )
     except MlflowException as exc:
         raise RunModelError(f"{spec}: not found in the MLflow store at {uri} ({exc.message[:200]})") from None
     target = cache_root() / key
@@ -94,8 +98,10 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
             try:
                 local = Path(download_artifacts(artifact_uri=location, dst_path=str(tmp), tracking_uri=uri))
             except MlflowException as exc:
-                raise RunModelError(f"{spec}: the run has no logged model ({exc.message[:200]}); "
-                                    "runs log one at the end of `sinklab fit` unless --run.log_model false")
+                raise RunModelError(
+                    f"{spec}: the run has no logged model ({exc.message[:200]}); "
+                    "runs log one at the end of `sinklab fit` unless --run.log_model false"
+                )
             if not (local / CONFIG_NAME).is_file():
                 raise RunModelError(f"{spec}: the downloaded model holds no {CONFIG_NAME}: not a SinkLab model")
             if target.exists():
@@ -115,7 +121,10 @@ def resolve_argv(argv: list[str], tokenizer_flag: str = "--tokenizer") -> list[s
             resolved = resolve_model(arg)
             arg = str(resolved.path)
         out.append(arg)
-    if resolved is not None and resolved.tokenizer is not None and not any(
-            a == tokenizer_flag or a.startswith(tokenizer_flag + "=") for a in argv):
+    if (
+        resolved is not None
+        and resolved.tokenizer is not None
+        and not any(a == tokenizer_flag or a.startswith(tokenizer_flag + "=") for a in argv)
+    ):
         out += [tokenizer_flag, str(resolved.tokenizer)]
     return out

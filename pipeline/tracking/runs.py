@@ -5,6 +5,7 @@ section 4); a sweep names each run `<experiment>/<scale>/<variant>`, which is wh
 is read from (a `sinklab.scale` tag, where present, wins). Sweeps and reports find their runs
 by these.
 """
+
 from __future__ import annotations
 
 import re
@@ -16,8 +17,16 @@ from typing import TYPE_CHECKING
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from .contract import (FINISHED, TAG_EXPERIMENT, TAG_KIND, TAG_SCALE, TAG_STATUS, TAG_VARIANT,
-                                        experiment_id, tracking_uri)
+from .contract import (
+    FINISHED,
+    TAG_EXPERIMENT,
+    TAG_KIND,
+    TAG_SCALE,
+    TAG_STATUS,
+    TAG_VARIANT,
+    experiment_id,
+    tracking_uri,
+)
 
 if TYPE_CHECKING:
     from pipeline.experiments.spec import Experiment
@@ -26,17 +35,18 @@ if TYPE_CHECKING:
 def client(uri: str | None = None) -> MlflowClient:
     uri = uri or tracking_uri()
     if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     return MlflowClient(tracking_uri=uri)
 
 
 @dataclass
 class RunRecord:
     """One training run of a variant as MLflow reports it."""
+
     run_id: str
     variant: str
-    status: str            # sinklab.status tag, else MLflow's own status in lower case
-    start_time: int        # ms since the epoch
+    status: str  # sinklab.status tag, else MLflow's own status in lower case
+    start_time: int  # ms since the epoch
     metrics: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -52,8 +62,9 @@ def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict
     runs: dict[str, list[RunRecord]] = {}
     page_token = None
     while True:
-        page = mlflow.search_runs([experiment.experiment_id], max_results=1000, page_token=page_token,
-                                  order_by=["attributes.start_time DESC"])
+        page = mlflow.search_runs(
+            [experiment.experiment_id], max_results=1000, page_token=page_token, order_by=["attributes.start_time DESC"]
+        )
         for run in page:
             tags = run.data.tags
             if TAG_VARIANT not in tags:  # the parent run of a sweep or report has none
@@ -61,9 +72,15 @@ def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict
             if run_scale(tags, run.info.run_name) != scale:
                 continue
             status = tags.get(TAG_STATUS) or run.info.status.lower()
-            runs.setdefault(tags[TAG_VARIANT], []).append(RunRecord(
-                run_id=run.info.run_id, variant=tags[TAG_VARIANT], status=status,
-                start_time=run.info.start_time or 0, metrics=dict(run.data.metrics)))
+            runs.setdefault(tags[TAG_VARIANT], []).append(
+                RunRecord(
+                    run_id=run.info.run_id,
+                    variant=tags[TAG_VARIANT],
+                    status=status,
+                    start_time=run.info.start_time or 0,
+                    metrics=dict(run.data.metrics),
+                )
+            )
         page_token = page.token
         if not page_token:
             break
@@ -103,22 +120,31 @@ def parent_run(mlflow: MlflowClient, experiment: Experiment, scale: str) -> str:
 
     exp_id = experiment_id(mlflow, experiment.mlflow_experiment)
     mark_training_experiment(mlflow, exp_id)
-    existing = mlflow.search_runs([exp_id], filter_string=f"tags.`{TAG_KIND}` = 'sweep' and "
-                                  f"tags.`{TAG_SCALE}` = '{scale}'",
-                                  order_by=["attributes.start_time ASC"], max_results=1)
+    existing = mlflow.search_runs(
+        [exp_id],
+        filter_string=f"tags.`{TAG_KIND}` = 'sweep' and tags.`{TAG_SCALE}` = '{scale}'",
+        order_by=["attributes.start_time ASC"],
+        max_results=1,
+    )
     if existing:
         return existing[0].info.run_id
-    tags = {TAG_KIND: "sweep", TAG_SCALE: scale, TAG_EXPERIMENT: experiment.name,
-            "sinklab.paper_ref": experiment.paper_ref, "sinklab.title": experiment.title,
-            "mlflow.note.content": f"{experiment.title} ({experiment.paper_ref}), {scale} scale: "
-                                   f"{len(experiment.variants)} variants, one child run each"}
+    tags = {
+        TAG_KIND: "sweep",
+        TAG_SCALE: scale,
+        TAG_EXPERIMENT: experiment.name,
+        "sinklab.paper_ref": experiment.paper_ref,
+        "sinklab.title": experiment.title,
+        "mlflow.note.content": f"{experiment.title} ({experiment.paper_ref}), {scale} scale: "
+        f"{len(experiment.variants)} variants, one child run each",
+    }
     run = mlflow.create_run(exp_id, run_name=f"{experiment.name}/{scale}", tags=tags)
     mlflow.log_param(run.info.run_id, "variants", ",".join(v.name for v in experiment.variants)[:6000])
     return run.info.run_id
 
 
-def log_report(mlflow, experiment: Experiment, scale: str, files: list[Path],
-               metrics: dict[str, float] | None = None) -> str:
+def log_report(
+    mlflow, experiment: Experiment, scale: str, files: list[Path], metrics: dict[str, float] | None = None
+) -> str:
     """Log the files as artifacts, and the metrics (the agreement), to the run that groups the
     experiment's variants at this scale (:func:`parent_run`: the sweep's parent)."""
     run_id = parent_run(mlflow, experiment, scale)
@@ -127,8 +153,10 @@ def log_report(mlflow, experiment: Experiment, scale: str, files: list[Path],
     if metrics:
         now = int(time.time() * 1000)
         mlflow.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
-    running = mlflow.search_runs([mlflow.get_run(run_id).info.experiment_id],
-                                 f"tags.`mlflow.parentRunId` = '{run_id}' and attributes.status = 'RUNNING'")
+    running = mlflow.search_runs(
+        [mlflow.get_run(run_id).info.experiment_id],
+        f"tags.`mlflow.parentRunId` = '{run_id}' and attributes.status = 'RUNNING'",
+    )
     if not running:  # a sweep still under way ends its parent itself
         mlflow.set_terminated(run_id)
     return run_id

@@ -24,6 +24,7 @@ metrics (each head's α₁, entropy and output norm are in the heat-map images a
 constant or single-point series (the uniform α₁, the emergence steps) are hidden; the runs table
 shows the factors that differ between the experiment's runs and the final headline values.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,7 @@ VIEW_NAME = "SinkLab: sink and loss first"
 VIEW_TAG = SHARED_VIEW_PREFIX + SHARED_VIEW_KEY
 
 HEADLINE = ("sink/sink1", "sink/alpha1_mean", "val/loss", "train/loss")
-ALPHA1_IMAGE = "heads/alpha1"                 # layer x head heat map, one image per probe step
+ALPHA1_IMAGE = "heads/alpha1"  # layer x head heat map, one image per probe step
 TRAJECTORY_IMAGE = "heads/alpha1_trajectory"  # α₁ of every head over the run, at the last step
 HEADLINE_SECTION = "Sink and loss"
 HEADS_SECTION = "α₁ per head"
@@ -51,8 +52,11 @@ HEADS_SECTION = "α₁ per head"
 SECTIONS = ("sink", "val", "train", "heads", "act", "perf", "analysis", "System metrics", "Model metrics")
 # kept as metrics (reports read them), no chart: constant or one-point series, and Sink_k at k = 1,
 # which is Sink_1 again
-HIDDEN = ("sink/alpha1_uniform", *(f"sink/emerged_step_{n}" for n in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)),
-          "sink/sink_k1")
+HIDDEN = (
+    "sink/alpha1_uniform",
+    *(f"sink/emerged_step_{n}" for n in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)),
+    "sink/sink_k1",
+)
 # per-head scalars: in metrics.jsonl and the heat-map images, not MLflow metrics (dozens of charts)
 _PER_HEAD = re.compile(r"heads/(alpha1|entropy|out_norm)_l\d+_h\d+")
 
@@ -68,16 +72,36 @@ def sent_to_mlflow(name: str) -> bool:
 
 
 def _card(uuid: str, section: str, **fields) -> dict:
-    return {"uuid": uuid, "metricSectionId": section, "deleted": False, "isGenerated": False,
-            "runsCountToCompare": 100, **fields}
+    return {
+        "uuid": uuid,
+        "metricSectionId": section,
+        "deleted": False,
+        "isGenerated": False,
+        "runsCountToCompare": 100,
+        **fields,
+    }
 
 
 def line_card(metric: str, section: str) -> dict:
-    return _card(f"sinklab-{metric}", section, type="LINE", metricKey=metric, selectedMetricKeys=[metric],
-                 displayName=metric, xAxisKey="step", selectedXAxisMetricKey="", scaleType="linear",
-                 xAxisScaleType="linear", lineSmoothness=0, useGlobalXaxisKey=True, useGlobalLineSmoothing=True,
-                 yAxisKey="metric", yAxisExpressions=[], ignoreOutliers=False,
-                 range={"xMin": None, "xMax": None, "yMin": None, "yMax": None})
+    return _card(
+        f"sinklab-{metric}",
+        section,
+        type="LINE",
+        metricKey=metric,
+        selectedMetricKeys=[metric],
+        displayName=metric,
+        xAxisKey="step",
+        selectedXAxisMetricKey="",
+        scaleType="linear",
+        xAxisScaleType="linear",
+        lineSmoothness=0,
+        useGlobalXaxisKey=True,
+        useGlobalLineSmoothing=True,
+        yAxisKey="metric",
+        yAxisExpressions=[],
+        ignoreOutliers=False,
+        range={"xMin": None, "xMax": None, "yMin": None, "yMax": None},
+    )
 
 
 def image_card(key: str, section: str) -> dict:
@@ -91,7 +115,9 @@ def section_uuid(name: str) -> str:
 def chart_cards() -> list[dict]:
     """The headline row, the α₁ images under it, and hidden placeholders for flat series."""
     head, heads = section_uuid(HEADLINE_SECTION), section_uuid(HEADS_SECTION)
-    cards = [line_card(m, head) for m in HEADLINE] + [image_card(key, heads) for key in (ALPHA1_IMAGE, TRAJECTORY_IMAGE)]
+    cards = [line_card(m, head) for m in HEADLINE] + [
+        image_card(key, heads) for key in (ALPHA1_IMAGE, TRAJECTORY_IMAGE)
+    ]
     for metric in HIDDEN:  # generated + deleted: the UI keeps it hidden and adds no chart for it
         cards.append(line_card(metric, section_uuid(metric.rsplit("/", 1)[0])) | {"deleted": True, "isGenerated": True})
     return cards
@@ -99,34 +125,61 @@ def chart_cards() -> list[dict]:
 
 def section(name: str, expanded: bool, **layout) -> dict:
     # isReordered: charts of metrics first seen later are appended, not sorted in front of the listed ones
-    return {"uuid": section_uuid(name), "name": name, "display": expanded, "isReordered": True, "deleted": False,
-            "isGenerated": not layout, **layout}
+    return {
+        "uuid": section_uuid(name),
+        "name": name,
+        "display": expanded,
+        "isReordered": True,
+        "deleted": False,
+        "isGenerated": not layout,
+        **layout,
+    }
 
 
 def sections() -> list[dict]:
     """The headline row (4 across), the α₁ images (2 across), then the rest collapsed."""
-    return [section(HEADLINE_SECTION, True, columns=4, cardHeight=300),
-            section(HEADS_SECTION, True, columns=2, cardHeight=420),
-            *(section(name, False) for name in SECTIONS)]
+    return [
+        section(HEADLINE_SECTION, True, columns=4, cardHeight=300),
+        section(HEADS_SECTION, True, columns=2, cardHeight=420),
+        *(section(name, False) for name in SECTIONS),
+    ]
 
 
 def table_columns(factors: list[str]) -> list[str]:
     """The runs table: variant, the factors, final Sink_1, mean α₁ and validation loss, the model (not
     the wide Dataset column: the dataset is one per experiment, in each run's page)."""
-    return ([f"tags.`{TAG_VARIANT}`"] + [f"params.`{p}`" for p in factors]
-            + [f"metrics.`{m}`" for m in HEADLINE[:3]] + ["attributes.`Models`"])
+    return (
+        [f"tags.`{TAG_VARIANT}`"]
+        + [f"params.`{p}`" for p in factors]
+        + [f"metrics.`{m}`" for m in HEADLINE[:3]]
+        + ["attributes.`Models`"]
+    )
 
 
 def view_state(factors: list[str]) -> dict:
     # Sorted by run name, not by date: the UI nests a sweep's variants under their parent run
     # (collapsed, so no curves) only when runs are listed by date.
-    return {"compareRunCharts": chart_cards(), "compareRunSections": sections(), "isAccordionReordered": True,
-            "selectedColumns": table_columns(factors), "runsExpanded": {}, "runsPinned": [], "runsHidden": [],
-            "runsVisibilityMap": {}, "runsHiddenMode": "SHOW_ALL", "viewMaximized": False, "runListHidden": False,
-            "groupBy": None, "groupsExpanded": {}, "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
-            "autoRefreshEnabled": True, "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0,
-                                                                  "selectedXAxisMetricKey": ""},
-            "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True}
+    return {
+        "compareRunCharts": chart_cards(),
+        "compareRunSections": sections(),
+        "isAccordionReordered": True,
+        "selectedColumns": table_columns(factors),
+        "runsExpanded": {},
+        "runsPinned": [],
+        "runsHidden": [],
+        "runsVisibilityMap": {},
+        "runsHiddenMode": "SHOW_ALL",
+        "viewMaximized": False,
+        "runListHidden": False,
+        "groupBy": None,
+        "groupsExpanded": {},
+        "useGroupedValuesInCharts": True,
+        "hideEmptyCharts": True,
+        "autoRefreshEnabled": True,
+        "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
+        "orderByKey": "tags.`mlflow.runName`",
+        "orderByAsc": True,
+    }
 
 
 def varied_factors(runs_params: list[dict[str, str]]) -> list[str]:
@@ -184,7 +237,9 @@ def home_url(tracking_uri: str) -> str:
 def experiment_url(tracking_uri: str, experiment_id: str, shared_view: bool = True) -> str:
     """The experiment's training runs in the chart view; with ``shared_view`` (an experiment
     :func:`mark_training_experiment` has marked) in SinkLab's layout."""
-    url = f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?workflowType={WORKFLOW_TYPE}&compareRunsMode=CHART"
+    url = (
+        f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?workflowType={WORKFLOW_TYPE}&compareRunsMode=CHART"
+    )
     return url + (f"&viewStateShareKey={SHARED_VIEW_KEY}" if shared_view else "")
 
 

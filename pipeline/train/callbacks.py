@@ -1,5 +1,6 @@
 """Training callbacks: preemption, live sink metrics, throughput / MFU (step checkpoints:
 pipeline.checkpoint.StepCheckpoint)."""
+
 from __future__ import annotations
 
 import os
@@ -89,11 +90,21 @@ class SinkMetrics(Callback):
         self._maybe_probe(trainer, pl_module, force=True)
         if trainer.is_global_zero and self._last is not None:  # α₁ of each head over the run
             n_layers = self._last.alpha1.shape[0]
-            figures = (emergence.draw_trajectory(self.metrics_path, *self._last.alpha1.shape,
-                                                 self.plot_dir / "alpha1_trajectory.png", self._uniform,
-                                                 "α₁ per layer and head over training"),
-                       emergence.draw_extreme_tokens(self.metrics_path, n_layers, self.plot_dir / "extreme_tokens.png",
-                                                     "attention sink, value-state drain, residual-state peak"))
+            figures = (
+                emergence.draw_trajectory(
+                    self.metrics_path,
+                    *self._last.alpha1.shape,
+                    self.plot_dir / "alpha1_trajectory.png",
+                    self._uniform,
+                    "α₁ per layer and head over training",
+                ),
+                emergence.draw_extreme_tokens(
+                    self.metrics_path,
+                    n_layers,
+                    self.plot_dir / "extreme_tokens.png",
+                    "attention sink, value-state drain, residual-state peak",
+                ),
+            )
             for logger in trainer.loggers:
                 for path in figures:
                     if path is not None and hasattr(logger, "log_artifact"):
@@ -116,8 +127,12 @@ class SinkMetrics(Callback):
             self._probe = trainer.datamodule.probe_tokens()
             # a Bigram-Backcopy dataset's triggers: the active/dormant split and the value-state drain
             triggers = getattr(trainer.datamodule.manifest, "trigger_ids", None)
-            self._probe_args = {"eps": self.eps, "positions": self.positions, "trigger_ids": triggers,
-                                "output_qkv": triggers is not None}
+            self._probe_args = {
+                "eps": self.eps,
+                "positions": self.positions,
+                "trigger_ids": triggers,
+                "output_qkv": triggers is not None,
+            }
         model = pl_module.model
         tokens = self._probe.to(pl_module.device)
         if zero3:
@@ -132,8 +147,11 @@ class SinkMetrics(Callback):
             return
         metrics = report.to_metrics() | report.head_metrics()  # heads/entropy_*, heads/out_norm_*, heads/dormant_pct
         self._last, self._uniform = report, emergence.probe_uniform_alpha1(pl_module.model_config, report.seq_len)
-        metrics.update(emergence.probe_metrics(report.alpha1, report.sink1, metrics["sink/alpha1_mean"], step,
-                                               self.metrics_path, self._uniform))
+        metrics.update(
+            emergence.probe_metrics(
+                report.alpha1, report.sink1, metrics["sink/alpha1_mean"], step, self.metrics_path, self._uniform
+            )
+        )
         for logger in trainer.loggers:  # not pl_module.log: the step-0 probe runs in on_train_start
             logger.log_metrics(metrics, step=step)
             for key, value in emergence.tags_of(metrics).items():
@@ -143,14 +161,26 @@ class SinkMetrics(Callback):
             from pipeline.plots import alpha1_heatmap
 
             title = f"step {step}: α₁ per layer and head (Sink₁ = {report.sink1:.1f}%)"
-            path = alpha1_heatmap(report.alpha1, self.plot_dir / f"alpha1_step-{step:06d}.png", title,
-                                  report.entropy, report.out_norm, report.dormant, uniform=self._uniform)
+            path = alpha1_heatmap(
+                report.alpha1,
+                self.plot_dir / f"alpha1_step-{step:06d}.png",
+                title,
+                report.entropy,
+                report.out_norm,
+                report.dormant,
+                uniform=self._uniform,
+            )
             for logger in trainer.loggers:
                 if hasattr(logger, "log_artifact"):
                     logger.log_artifact(path, artifact_path="plots")
             # the UI's image charts show a thumbnail (256 px): α₁ alone, one image per step
-            alone = alpha1_heatmap(report.alpha1, self.plot_dir / f"alpha1_map_step-{step:06d}.png", title,
-                                   dormant=report.dormant, uniform=self._uniform)
+            alone = alpha1_heatmap(
+                report.alpha1,
+                self.plot_dir / f"alpha1_map_step-{step:06d}.png",
+                title,
+                dormant=report.dormant,
+                uniform=self._uniform,
+            )
             _log_image(trainer, alone, ALPHA1_IMAGE, step)
         self.seconds += time.perf_counter() - t0
 
@@ -199,8 +229,9 @@ class Throughput(Callback):
             metrics["perf/max_memory_gib"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
-        pl_module.log_dict({name.removeprefix("perf/"): value for name, value in metrics.items()},
-                           prog_bar=True, logger=False)
+        pl_module.log_dict(
+            {name.removeprefix("perf/"): value for name, value in metrics.items()}, prog_bar=True, logger=False
+        )
         self._t_window, self._step_window = now, step
 
     def on_train_end(self, trainer, pl_module) -> None:

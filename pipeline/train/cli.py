@@ -11,6 +11,7 @@ where the config leaves them out; ``model.optim``), ``data``,
 set by hand: ``trainer.accumulate_grad_batches`` (from data.global_batch_tokens) and
 ``trainer.val_check_interval`` (from run.val_every).
 """
+
 from __future__ import annotations
 
 import os
@@ -33,18 +34,46 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from data_prep.dataset import DatasetError
 from data_prep.errors import os_error_line
-from pipeline.checkpoint import (NonFiniteLossError, RunDir, RunDirError, StepCheckpoint, acquire_lock, check_resume,
-                                 release_lock, resume_path)
+from pipeline.checkpoint import (
+    NonFiniteLossError,
+    RunDir,
+    RunDirError,
+    StepCheckpoint,
+    acquire_lock,
+    check_resume,
+    release_lock,
+    resume_path,
+)
 from pipeline.model.config import ConfigError
-from pipeline.tracking import (PARENT_ENV, TAG_EXPERIMENT, TAG_PARENT, TAG_STATUS, TAG_VARIANT, CheckpointUploader,
-                               RunLogger, code_version, flatten, log_run_model, open_run, pulled_argv, tracking_uri)
+from pipeline.tracking import (
+    PARENT_ENV,
+    TAG_EXPERIMENT,
+    TAG_PARENT,
+    TAG_STATUS,
+    TAG_VARIANT,
+    CheckpointUploader,
+    RunLogger,
+    code_version,
+    flatten,
+    log_run_model,
+    open_run,
+    pulled_argv,
+    tracking_uri,
+)
 
 from . import sharding  # noqa: F401  (registers the strategy names fsdp2, deepspeed, deepspeed_stage_N)
 from .batching import BatchConfigError
 from .callbacks import Preemption, SinkMetrics, Throughput
 from .data import SinkDataModule
-from .fit_config import (CHECK_ONLY, as_plain, check_fit, negative_values_joined, parse_error_line, resolve_preset,
-                         variant_summary)
+from .fit_config import (
+    CHECK_ONLY,
+    as_plain,
+    check_fit,
+    negative_values_joined,
+    parse_error_line,
+    resolve_preset,
+    variant_summary,
+)
 from .module import SinkLabModule, read_init
 from .progress import StepProgressBar
 from .summary import print_summary
@@ -78,8 +107,10 @@ class RunOptions:
     def validate(self) -> None:
         for name in ("checkpoint_every", "keep_last", "sink_every", "plot_every", "val_every"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"run.{name}={getattr(self, name)}: must be >= 0 ("
-                                  + ("0 keeps every checkpoint)" if name == "keep_last" else "0 turns it off)"))
+                raise ConfigError(
+                    f"run.{name}={getattr(self, name)}: must be >= 0 ("
+                    + ("0 keeps every checkpoint)" if name == "keep_last" else "0 turns it off)")
+                )
         if self.throughput_window < 1:
             raise ConfigError(f"run.throughput_window={self.throughput_window}: must be >= 1")
 
@@ -91,13 +122,16 @@ _CREATED: list[Path] = []  # run dirs this process created, removed again if a f
 class SinkLabCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_class_arguments(RunOptions, "run")
-        parser.add_argument("--run-dir", type=str | None, default=None,
-                            help="run directory (default runs/<run.name>)")
-        parser.add_argument("--resume", type=str, default="never",
-                            help="auto: newest checkpoint in the run dir (a fresh start if none); "
-                                 "never: refuse a run dir that has checkpoints; a checkpoint path; or "
-                                 "runs:/<run_id>: the newest checkpoint that run logged to MLflow "
-                                 "(run.log_checkpoints), continued in a local run dir")
+        parser.add_argument("--run-dir", type=str | None, default=None, help="run directory (default runs/<run.name>)")
+        parser.add_argument(
+            "--resume",
+            type=str,
+            default="never",
+            help="auto: newest checkpoint in the run dir (a fresh start if none); "
+            "never: refuse a run dir that has checkpoints; a checkpoint path; or "
+            "runs:/<run_id>: the newest checkpoint that run logged to MLflow "
+            "(run.log_checkpoints), continued in a local run dir",
+        )
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
@@ -128,8 +162,13 @@ class SinkLabCLI(LightningCLI):
         self.model.set_vocab(manifest.vocab_size, manifest.context_length)  # max_seq_len checked here too
         self.resume_step = None
         if self.resume_from:  # before anything of this start is written: nothing to undo on a refusal
-            self.resume_step = check_resume(Path(self.resume_from), self.model.model_config.to_dict(), vars(self.model.optim),
-                         self.datamodule.order(), self.trainer.max_steps)
+            self.resume_step = check_resume(
+                Path(self.resume_from),
+                self.model.model_config.to_dict(),
+                vars(self.model.optim),
+                self.datamodule.order(),
+                self.trainer.max_steps,
+            )
         init_tags = {}
         if self.model.init and not self.resume_from:
             self.model.init_state, init_tags = read_init(self.model.init, self.model.model_config)
@@ -140,16 +179,28 @@ class SinkLabCLI(LightningCLI):
         stored = cfg.clone()
         stored["resume"] = None  # how this start was resumed is not part of the run's config
         config_file = self.run.save_config(self.parser.dump(stored, skip_validation=True))
-        tags = {TAG_EXPERIMENT: opts.experiment, TAG_VARIANT: opts.variant or variant_summary(cfg),
-                "sinklab.code_version": code_version(), "sinklab.dataset_hash": self.datamodule.manifest.hash,
-                "sinklab.run_dir": str(self.run.root.resolve()), TAG_STATUS: "running"}
+        tags = {
+            TAG_EXPERIMENT: opts.experiment,
+            TAG_VARIANT: opts.variant or variant_summary(cfg),
+            "sinklab.code_version": code_version(),
+            "sinklab.dataset_hash": self.datamodule.manifest.hash,
+            "sinklab.run_dir": str(self.run.root.resolve()),
+            TAG_STATUS: "running",
+        }
         if os.environ.get("SLURM_JOB_ID"):
             tags["sinklab.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
         tags.update(init_tags)
         if os.environ.get(PARENT_ENV):  # set by `sinklab sweep`: the experiment's parent run
             tags[TAG_PARENT] = os.environ[PARENT_ENV]
-        self.run_id = open_run(self.run, opts.experiment, opts.name, tags, flatten(as_plain(cfg)), [config_file],
-                               manifest=self.datamodule.manifest)
+        self.run_id = open_run(
+            self.run,
+            opts.experiment,
+            opts.name,
+            tags,
+            flatten(as_plain(cfg)),
+            [config_file],
+            manifest=self.datamodule.manifest,
+        )
         self.trainer.logger.attach_run(self.run_id, self.resume_step)
         if opts.system_metrics:
             self.trainer.logger.start_system_metrics()
@@ -161,22 +212,34 @@ class SinkLabCLI(LightningCLI):
         opts, data = self.opts, self.datamodule
         trainer_cfg = self._get(self.config_init, "trainer", default={})
         if trainer_cfg.get("accumulate_grad_batches", 1) != 1:
-            raise ConfigError("trainer.accumulate_grad_batches is derived from data.global_batch_tokens, "
-                             "data.micro_batch_size and the world size; leave it unset")
+            raise ConfigError(
+                "trainer.accumulate_grad_batches is derived from data.global_batch_tokens, "
+                "data.micro_batch_size and the world size; leave it unset"
+            )
         logger = RunLogger(str(self.run.root), opts.experiment, self.run_id)
         context = data.manifest.context_length
         self.sink_cb = SinkMetrics(opts.sink_every, opts.plot_every, self.run.root)
         self.throughput_cb = Throughput(data.global_batch_tokens, context, opts.throughput_window)
         self.ckpt_cb = StepCheckpoint(self.run.root, opts.checkpoint_every, opts.keep_last)
         self.preemption_cb = Preemption(self.ckpt_cb)
-        callbacks = list(trainer_cfg.get("callbacks") or []) + [self.ckpt_cb, self.sink_cb, self.throughput_cb,
-                                                                self.preemption_cb]
+        callbacks = list(trainer_cfg.get("callbacks") or []) + [
+            self.ckpt_cb,
+            self.sink_cb,
+            self.throughput_cb,
+            self.preemption_cb,
+        ]
         if trainer_cfg.get("enable_progress_bar", True) is not False and not any(
-                isinstance(cb, ProgressBar) for cb in callbacks):
+            isinstance(cb, ProgressBar) for cb in callbacks
+        ):
             callbacks.append(StepProgressBar())
-        extra: dict[str, Any] = {"logger": logger, "callbacks": callbacks, "default_root_dir": str(self.run.root),
-                                 "use_distributed_sampler": False, "check_val_every_n_epoch": None,
-                                 "max_epochs": -1}
+        extra: dict[str, Any] = {
+            "logger": logger,
+            "callbacks": callbacks,
+            "default_root_dir": str(self.run.root),
+            "use_distributed_sampler": False,
+            "check_val_every_n_epoch": None,
+            "max_epochs": -1,
+        }
         if SLURMEnvironment.detect():  # requeue is ours (Preemption), at a step boundary
             extra["plugins"] = list(trainer_cfg.get("plugins") or []) + [SLURMEnvironment(auto_requeue=False)]
         trainer = super().instantiate_trainer(**extra)
@@ -196,8 +259,11 @@ class SinkLabCLI(LightningCLI):
 
 
 # what gloo and NCCL raise in a collective when another process of the run has gone
-_PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|NCCL communicator was aborted|"
-                        r"remote process exited|ProcessGroupNCCL.*(timeout|abort)", re.IGNORECASE)
+_PEER_LOST = re.compile(
+    r"Connection (reset|closed) by peer|Broken pipe|NCCL communicator was aborted|"
+    r"remote process exited|ProcessGroupNCCL.*(timeout|abort)",
+    re.IGNORECASE,
+)
 
 
 def _lost_peer(trainer) -> str:
@@ -262,9 +328,16 @@ def main(argv: list[str] | None = None) -> int:
             print("sinklab fit: the config is accepted (--check-only: nothing was run or written)", flush=True)
             return 0
         argv = pulled_argv(argv)
-        cli = SinkLabCLI(SinkLabModule, SinkDataModule, args=argv, run=False, save_config_callback=None,
-                         auto_configure_optimizers=False, seed_everything_default=1234,
-                         parser_kwargs={"default_env": False, "exit_on_error": False})
+        cli = SinkLabCLI(
+            SinkLabModule,
+            SinkDataModule,
+            args=argv,
+            run=False,
+            save_config_callback=None,
+            auto_configure_optimizers=False,
+            seed_everything_default=1234,
+            parser_kwargs={"default_env": False, "exit_on_error": False},
+        )
         started = time.perf_counter()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.resume_from)
         # the whole fit, so that every sink probe (step 0's and the last one included) lies inside it
@@ -291,29 +364,43 @@ def main(argv: list[str] | None = None) -> int:
         trainer = getattr(cli, "trainer", None)
         newest = cli.run.newest_checkpoint() if cli is not None else None
         at = f" at step {trainer.global_step}" if trainer is not None else ""
-        print(f"sinklab fit: {_lost_peer(trainer)} ended during training{at}, so this one stopped too; the newest "
-              f"checkpoint ({newest.name if newest else 'none yet'}) is kept: continue with --resume auto",
-              file=sys.stderr, flush=True)
+        print(
+            f"sinklab fit: {_lost_peer(trainer)} ended during training{at}, so this one stopped too; the newest "
+            f"checkpoint ({newest.name if newest else 'none yet'}) is kept: continue with --resume auto",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     except OSError as exc:  # a full disk or a file-size limit while writing a checkpoint: older ones are kept
-        print(f"sinklab fit: {os_error_line(exc, writing=str(cli.run.checkpoints) if cli else None)}; "
-              "the checkpoints already written are kept (continue with --resume auto)", file=sys.stderr, flush=True)
+        print(
+            f"sinklab fit: {os_error_line(exc, writing=str(cli.run.checkpoints) if cli else None)}; "
+            "the checkpoints already written are kept (continue with --resume auto)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     except ArgumentError as exc:
-        print(f"sinklab fit: {parse_error_line(str(exc))} (`sinklab fit --help` lists every option)",
-              file=sys.stderr, flush=True)
+        print(
+            f"sinklab fit: {parse_error_line(str(exc))} (`sinklab fit --help` lists every option)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     except (KeyboardInterrupt, SystemExit) as exc:
         # Lightning turns Ctrl-C during fit into sys.exit(1) after marking the trainer interrupted
         trainer = getattr(cli, "trainer", None)
         interrupted = isinstance(exc, KeyboardInterrupt) or (
-            trainer is not None and trainer.state.status == TrainerStatus.INTERRUPTED)
+            trainer is not None and trainer.state.status == TrainerStatus.INTERRUPTED
+        )
         if not interrupted:
             raise
         status = "interrupted"
         step = f" at step {trainer.global_step}" if trainer is not None else ""
-        print(f"sinklab fit: interrupted{step}; continue it with --resume auto (from the newest checkpoint)",
-              file=sys.stderr, flush=True)
+        print(
+            f"sinklab fit: interrupted{step}; continue it with --resume auto (from the newest checkpoint)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 130
     finally:
         _finish(cli, getattr(cli, "trainer", None), status)

@@ -9,6 +9,7 @@ asked to compile both at the forward call, where a failure can still be caught a
 repeated eagerly. Every block then runs eager (they share one compiled graph). Errors that are
 not the compiler's (out of memory, a shape mismatch in the model) pass through unchanged.
 """
+
 from __future__ import annotations
 
 import contextlib

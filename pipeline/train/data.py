@@ -14,6 +14,7 @@ batches already fetched ahead of time are not counted. Lightning stores it in th
 (``loops.fit_loop.state_dict.combined_loader``) and hands it back on resume: training goes on
 at the next unseen sample, no batch is replayed or skipped.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -85,7 +86,8 @@ def check_token_ids(tokens: np.ndarray, split: PackedSplit, indices) -> np.ndarr
         raise DatasetError(
             f"{split.manifest.root}: {split.split} sequence {int(np.asarray(indices)[row])} holds token id "
             f"{int(tokens[row].max())}, outside the vocabulary of {vocab} (manifest.json); a shard is damaged: "
-            "check it with --data.verify true, and re-run `sinklab prep`")
+            "check it with --data.verify true, and re-run `sinklab prep`"
+        )
     return tokens
 
 
@@ -102,8 +104,11 @@ class PackedTrainSet(Dataset):
         tokens = check_token_ids(self.split.take(indices), self.split, indices)
         epochs = np.array([e for e, _ in looked])
         tokens = self.intervene(tokens, np.asarray(samples), epochs)
-        return {"input_ids": torch.from_numpy(tokens), "sample": torch.tensor(samples),
-                "epoch": torch.from_numpy(epochs)}
+        return {
+            "input_ids": torch.from_numpy(tokens),
+            "sample": torch.tensor(samples),
+            "epoch": torch.from_numpy(epochs),
+        }
 
     def __getitem__(self, g: int):
         return self.__getitems__([g])
@@ -115,24 +120,33 @@ class PackedTrainSet(Dataset):
 class StatefulLoader(DataLoader):
     """A DataLoader Lightning can checkpoint (it saves loaders that have state_dict)."""
 
-    def __init__(self, dataset: PackedTrainSet, sampler: RankBatchSampler,
-                 consumed_samples: Callable[[], int], **kwargs):
+    def __init__(
+        self, dataset: PackedTrainSet, sampler: RankBatchSampler, consumed_samples: Callable[[], int], **kwargs
+    ):
         super().__init__(dataset, batch_sampler=sampler, collate_fn=_identity, **kwargs)
         self._consumed_samples = consumed_samples
 
     def state_dict(self) -> dict:
         s: RankBatchSampler = self.batch_sampler
-        return {"consumed_samples": int(self._consumed_samples()),
-                "global_batch_seqs": s.plan.global_batch_seqs, "seed": self.dataset.order.seed,
-                "n_sequences": self.dataset.order.n}
+        return {
+            "consumed_samples": int(self._consumed_samples()),
+            "global_batch_seqs": s.plan.global_batch_seqs,
+            "seed": self.dataset.order.seed,
+            "n_sequences": self.dataset.order.n,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         s: RankBatchSampler = self.batch_sampler
-        for key, mine in (("global_batch_seqs", s.plan.global_batch_seqs), ("seed", self.dataset.order.seed),
-                          ("n_sequences", self.dataset.order.n)):
+        for key, mine in (
+            ("global_batch_seqs", s.plan.global_batch_seqs),
+            ("seed", self.dataset.order.seed),
+            ("n_sequences", self.dataset.order.n),
+        ):
             if state.get(key) != mine:
-                raise ValueError(f"resume: the checkpoint's data {key}={state.get(key)} differs from this "
-                                 f"run's {mine}; resume with the same data settings or start a new run")
+                raise ValueError(
+                    f"resume: the checkpoint's data {key}={state.get(key)} differs from this "
+                    f"run's {mine}; resume with the same data settings or start a new run"
+                )
         s.start_sample = int(state["consumed_samples"])
 
 
@@ -164,10 +178,18 @@ class SinkDataModule(L.LightningDataModule):
     validation micro-batches per evaluation. seed: data order and resampling seed. verify: check
     every shard and the probe against the manifest's sha256 before training (reads all of them)."""
 
-    def __init__(self, path: str = "data/embedded", global_batch_tokens: int = 2**20,
-                 micro_batch_size: int = 8, token_budget: int = 0, val_batches: int = 8,
-                 num_workers: int = 0, seed: int = 1234,
-                 interventions: Interventions | None = None, verify: bool = False):
+    def __init__(
+        self,
+        path: str = "data/embedded",
+        global_batch_tokens: int = 2**20,
+        micro_batch_size: int = 8,
+        token_budget: int = 0,
+        val_batches: int = 8,
+        num_workers: int = 0,
+        seed: int = 1234,
+        interventions: Interventions | None = None,
+        verify: bool = False,
+    ):
         super().__init__()
         self.path = Path(path)
         if not (self.path / "manifest.json").is_file():
@@ -190,12 +212,18 @@ class SinkDataModule(L.LightningDataModule):
 
     def intervene(self) -> Callable[..., np.ndarray]:
         """``apply_interventions`` bound to this run's settings: ``(tokens, samples, epochs[, validation])``."""
-        return partial(apply_interventions, cfg=self.interventions, vocab_size=self.manifest.vocab_size,
-                       seed=self.seed, special_ids=self.special_ids)
+        return partial(
+            apply_interventions,
+            cfg=self.interventions,
+            vocab_size=self.manifest.vocab_size,
+            seed=self.seed,
+            special_ids=self.special_ids,
+        )
 
     def make_plan(self, world_size: int) -> BatchPlan:
-        self.plan = plan_batch(self.global_batch_tokens, self.manifest.context_length,
-                               self.micro_batch_size, world_size)
+        self.plan = plan_batch(
+            self.global_batch_tokens, self.manifest.context_length, self.micro_batch_size, world_size
+        )
         return self.plan
 
     def train_order(self) -> GlobalOrder:
@@ -211,20 +239,34 @@ class SinkDataModule(L.LightningDataModule):
         split = PackedSplit(self.path, "train", self.manifest)
         dataset = PackedTrainSet(split, self.train_order(), self.intervene())
         sampler = RankBatchSampler(plan, trainer.global_rank, trainer.max_steps)
-        return StatefulLoader(dataset, sampler, lambda: trainer.global_step * plan.global_batch_seqs,
-                              num_workers=self.num_workers, pin_memory=torch.cuda.is_available())
+        return StatefulLoader(
+            dataset,
+            sampler,
+            lambda: trainer.global_step * plan.global_batch_seqs,
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+        )
 
     def val_dataloader(self) -> DataLoader:
         split = PackedSplit(self.path, "val", self.manifest)
         n = self.val_batches * self.micro_batch_size
         # every rank evaluates the same sequences; the loss is averaged over ranks
-        return DataLoader(EvalSet(split, n, self.intervene()), batch_size=self.micro_batch_size, shuffle=False,
-                          num_workers=self.num_workers)
+        return DataLoader(
+            EvalSet(split, n, self.intervene()),
+            batch_size=self.micro_batch_size,
+            shuffle=False,
+            num_workers=self.num_workers,
+        )
 
     def order(self) -> dict:
         """What fixes the sequence of training samples (and so what a resume may not change)."""
-        return {"manifest_hash": self.manifest.hash, "seed": self.seed, "global_batch_tokens": self.global_batch_tokens,
-                "token_budget": self.token_budget, "interventions": vars(self.interventions).copy()}
+        return {
+            "manifest_hash": self.manifest.hash,
+            "seed": self.seed,
+            "global_batch_tokens": self.global_batch_tokens,
+            "token_budget": self.token_budget,
+            "interventions": vars(self.interventions).copy(),
+        }
 
     def state_dict(self) -> dict:
         """Kept in every checkpoint (Lightning stores a data module's state), for the resume check."""

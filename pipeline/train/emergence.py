@@ -11,6 +11,7 @@ is first crossed, ``sink/emerged_step_{sink1_1pct,sink1_10pct,alpha1_125pct}`` =
 nor reports a second one; rows past the current step (left by a start killed before its
 checkpoint) are ignored. The decisions are the pure functions of ``pipeline.metrics``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,20 +50,25 @@ def history(metrics_path: Path, before_step: int) -> list[tuple]:
     return [row for row in metric_rows(metrics_path, *HISTORY_KEYS) if row[0] < before_step]
 
 
-def emerged_so_far(metrics_path: Path, step: int, sink1: float, alpha1_mean: float,
-                   alpha1_uniform: float) -> dict[str, int]:
+def emerged_so_far(
+    metrics_path: Path, step: int, sink1: float, alpha1_mean: float, alpha1_uniform: float
+) -> dict[str, int]:
     """Metric name -> step for every threshold crossed up to and including ``step``."""
     rows = history(metrics_path, step) + [(step, sink1, alpha1_mean)]
     found = M.emergence_steps(rows, alpha1_uniform)
     return {EMERGED + name: at for name, at in found.items() if at is not None}
 
 
-def probe_metrics(alpha1: torch.Tensor, sink1: float, alpha1_mean: float, step: int,
-                  metrics_path: Path, alpha1_uniform: float) -> dict[str, float]:
+def probe_metrics(
+    alpha1: torch.Tensor, sink1: float, alpha1_mean: float, step: int, metrics_path: Path, alpha1_uniform: float
+) -> dict[str, float]:
     """What a probe at ``step`` logs beyond ``SinkReport.to_metrics()``: per-head α_1, the
     uniform reference, and the emergence steps first reached at this very step."""
-    out = {head_metric(layer, head): float(alpha1[layer, head])
-           for layer in range(alpha1.shape[0]) for head in range(alpha1.shape[1])}
+    out = {
+        head_metric(layer, head): float(alpha1[layer, head])
+        for layer in range(alpha1.shape[0])
+        for head in range(alpha1.shape[1])
+    }
     out[UNIFORM] = alpha1_uniform
     for name, at in emerged_so_far(metrics_path, step, sink1, alpha1_mean, alpha1_uniform).items():
         # a resumed start probes its checkpoint's step again: what is logged there stays once
@@ -81,13 +87,17 @@ def head_trajectories(metrics_path: Path, n_layers: int, n_heads: int):
     keys = [head_metric(layer, head) for layer in range(n_layers) for head in range(n_heads)]
     rows = metric_rows(metrics_path, *keys)
     steps = [row[0] for row in rows]
-    series = {(layer, head): [row[1 + layer * n_heads + head] for row in rows]
-              for layer in range(n_layers) for head in range(n_heads)}
+    series = {
+        (layer, head): [row[1 + layer * n_heads + head] for row in rows]
+        for layer in range(n_layers)
+        for head in range(n_heads)
+    }
     return steps, series
 
 
-def draw_trajectory(metrics_path: Path, n_layers: int, n_heads: int, path: Path,
-                    alpha1_uniform: float | None = None, title: str = "") -> Path | None:
+def draw_trajectory(
+    metrics_path: Path, n_layers: int, n_heads: int, path: Path, alpha1_uniform: float | None = None, title: str = ""
+) -> Path | None:
     """The per-head α_1 trajectory figure, or None before any probe was logged."""
     from pipeline.plots import alpha1_trajectories
 
@@ -103,10 +113,17 @@ def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path, title: st
     value-state drain where the probe measured it; the residual-state peak. None before any probe."""
     from pipeline.plots import extreme_token_dynamics
 
-    panels = (("attention on token 1", {"sink/bos_share_other": "BOS share, other queries",
-                                         "sink/bos_share_trigger": "BOS share, trigger queries"}),
-              ("‖v₁‖ / mean ‖vₜ‖ ratio (value-state drain)", {"act/value_norm_ratio": "‖v₁‖ ratio"}),
-              ("‖h₁‖ / mean ‖hₜ‖ ratio (residual-state peak)", {"act/massive_ratio": "‖h₁‖ ratio"}))
+    panels = (
+        (
+            "attention on token 1",
+            {
+                "sink/bos_share_other": "BOS share, other queries",
+                "sink/bos_share_trigger": "BOS share, trigger queries",
+            },
+        ),
+        ("‖v₁‖ / mean ‖vₜ‖ ratio (value-state drain)", {"act/value_norm_ratio": "‖v₁‖ ratio"}),
+        ("‖h₁‖ / mean ‖hₜ‖ ratio (residual-state peak)", {"act/massive_ratio": "‖h₁‖ ratio"}),
+    )
     keys = ["sink/sink1"] + [f"{name}_l{layer}" for _, names in panels for name in names for layer in range(n_layers)]
     rows = metric_rows(metrics_path, *keys)
     if not rows:

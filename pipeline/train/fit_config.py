@@ -7,6 +7,7 @@ A check parses with fit's own parser (LightningCLI / jsonargparse: every name an
 builds the ModelConfig (its cross-field checks); it instantiates nothing: no run directory,
 MLflow run, dataset or weights.
 """
+
 from __future__ import annotations
 
 import re
@@ -57,9 +58,16 @@ def fit_parser():
 
     with warnings.catch_warnings():  # "args given while sys.argv has arguments": intended here
         warnings.simplefilter("ignore", UserWarning)
-        cli = ParseOnly(SinkLabModule, SinkDataModule, args=[], run=False, save_config_callback=None,
-                        auto_configure_optimizers=False, seed_everything_default=1234,
-                        parser_kwargs={"default_env": False, "exit_on_error": False})
+        cli = ParseOnly(
+            SinkLabModule,
+            SinkDataModule,
+            args=[],
+            run=False,
+            save_config_callback=None,
+            auto_configure_optimizers=False,
+            seed_everything_default=1234,
+            parser_kwargs={"default_env": False, "exit_on_error": False},
+        )
     return cli.parser
 
 
@@ -93,7 +101,14 @@ def check_batch(config: Namespace) -> None:
     plan_batch(config.data.global_batch_tokens, context, config.data.micro_batch_size, int(devices) * int(nodes))
 
 
-_NOISE = ("NoneType", "Does not validate against", "Subtypes:", "Errors:", "Given value", "Problem with given class_path")
+_NOISE = (
+    "NoneType",
+    "Does not validate against",
+    "Subtypes:",
+    "Errors:",
+    "Given value",
+    "Problem with given class_path",
+)
 
 
 def parse_error_line(message: str) -> str:
@@ -102,7 +117,7 @@ def parse_error_line(message: str) -> str:
     keys, reasons = [], []
     for line in (raw.strip(" -") for raw in message.splitlines()):
         if line.startswith('Parser key "'):
-            key, _, rest = line[len('Parser key "'):].partition('":')
+            key, _, rest = line[len('Parser key "') :].partition('":')
             keys.append(key)
             line = rest.strip()
         if line and not any(noise in line for noise in _NOISE):
@@ -113,6 +128,7 @@ def parse_error_line(message: str) -> str:
 
 def as_plain(cfg) -> dict:
     """The parsed config as plain values (the run's MLflow params are made of it)."""
+
     def plain(v):
         if isinstance(v, Namespace):
             return {k: plain(x) for k, x in vars(v).items()}
@@ -139,8 +155,11 @@ def variant_summary(cfg) -> str:
     op = flat.get("attention.op", default["attention.op"])
     named = {"attention.op"} | ({"attention.kernel"} if op == "kernel" else set())
     diffs = [f"{op}({flat.get('attention.kernel', default['attention.kernel'])})" if op == "kernel" else op]
-    diffs += [f"{k}={v}" for k, v in sorted(flat.items())
-              if k not in ("preset", *SHAPE_FIELDS, *named) and default.get(k) != v]
+    diffs += [
+        f"{k}={v}"
+        for k, v in sorted(flat.items())
+        if k not in ("preset", *SHAPE_FIELDS, *named) and default.get(k) != v
+    ]
     optim = plain.get("model", {}).get("optim") or {}
     diffs += [f"lr={optim.get('lr')}", f"wd={optim.get('weight_decay')}"]
     inter = plain.get("data", {}).get("interventions") or {}

@@ -14,6 +14,7 @@ Positions are 1-based, as in the paper (x_1 is the first token of a packed chunk
   (``model.mask: prefix, model.prefix_len: p``; ``model.sink_tokens``);
 - ``token_budget`` (the data-amount study, Figure 5 right) lives in the DataModule's order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -37,8 +38,10 @@ class Interventions:
             if not 1 <= self.fix_position <= context_length:
                 raise ConfigError(f"data.interventions.fix_position={self.fix_position}: outside 1..{context_length}")
             if self.fix_token is None:
-                raise ConfigError("data.interventions.fix_position is set but fix_token is not "
-                                 f"(a token id or one of {sorted(special_ids)})")
+                raise ConfigError(
+                    "data.interventions.fix_position is set but fix_token is not "
+                    f"(a token id or one of {sorted(special_ids)})"
+                )
             self.resolve_fix_token(special_ids)
             if self.fix_position in self.resample:
                 raise ConfigError(f"data.interventions: position {self.fix_position} is both fixed and resampled")
@@ -48,8 +51,10 @@ class Interventions:
         if isinstance(token, str) and not token.isdigit():
             key = token.lower()
             if key not in special_ids:
-                raise ConfigError(f"data.interventions.fix_token={token!r}: the dataset's special tokens are "
-                                 f"{sorted(special_ids)}; or give a token id")
+                raise ConfigError(
+                    f"data.interventions.fix_token={token!r}: the dataset's special tokens are "
+                    f"{sorted(special_ids)}; or give a token id"
+                )
             return int(special_ids[key])
         return int(token)
 
@@ -69,9 +74,16 @@ class Interventions:
 VAL_STREAM = 1  # validation rows draw from their own random stream, never a training row's
 
 
-def apply_interventions(tokens: np.ndarray, sample_ids: np.ndarray, epoch_ids: np.ndarray,
-                        cfg: Interventions, vocab_size: int, seed: int,
-                        special_ids: dict[str, int], validation: bool = False) -> np.ndarray:
+def apply_interventions(
+    tokens: np.ndarray,
+    sample_ids: np.ndarray,
+    epoch_ids: np.ndarray,
+    cfg: Interventions,
+    vocab_size: int,
+    seed: int,
+    special_ids: dict[str, int],
+    validation: bool = False,
+) -> np.ndarray:
     """tokens [B, C] int64 (modified copy); sample_ids / epoch_ids [B] identify each row.
     ``validation``: rows of the held-out split, changed the same way from a separate stream."""
     if not cfg.active:

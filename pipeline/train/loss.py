@@ -11,6 +11,7 @@ and drop the chunk: memory is O(chunk V) instead of O(N V), and the [N, V] passe
 Backward only scales the stored gradients by the incoming one. Same numbers as
 ``F.cross_entropy(h @ W.T .float(), t)`` up to summation order.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-CHUNK_ELEMENTS = {"cpu": 2**21, "cuda": 2**25}   # logits per chunk: ~8 MB on a CPU (cache), ~128 MB on a GPU
+CHUNK_ELEMENTS = {"cpu": 2**21, "cuda": 2**25}  # logits per chunk: ~8 MB on a CPU (cache), ~128 MB on a GPU
 
 
 def chunk_rows(n_rows: int, vocab: int, device: torch.device) -> int:
@@ -33,8 +34,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # would; explicit casts, since in-place and out= matmuls are not autocast
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
         with torch.autocast(device, enabled=False):
-            grad_h, grad_w, total = _chunks(hidden.to(dtype), weight.to(dtype), targets, rows,
-                                            ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+            grad_h, grad_w, total = _chunks(
+                hidden.to(dtype), weight.to(dtype), targets, rows, ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            )
         ctx.save_for_backward(grad_h, grad_w)
         ctx.n = hidden.shape[0]
         return total / ctx.n
@@ -43,8 +45,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         grad_h, grad_w = ctx.saved_tensors
         scale = grad_out / ctx.n
-        return (None if grad_h is None else (grad_h * scale).to(ctx.dtypes[0]),
-                None if grad_w is None else (grad_w * scale).to(ctx.dtypes[1]), None, None)
+        return (
+            None if grad_h is None else (grad_h * scale).to(ctx.dtypes[0]),
+            None if grad_w is None else (grad_w * scale).to(ctx.dtypes[1]),
+            None,
+            None,
+        )
 
 
 def _chunks(hidden: Tensor, weight: Tensor, targets: Tensor, rows: int, want_h: bool, want_w: bool):
@@ -54,14 +60,14 @@ def _chunks(hidden: Tensor, weight: Tensor, targets: Tensor, rows: int, want_h: 
     grad_w = torch.zeros_like(weight, dtype=acc) if want_w else None
     total = hidden.new_zeros((), dtype=acc)
     for lo in range(0, hidden.shape[0], rows):
-        h, t = hidden[lo:lo + rows], targets[lo:lo + rows, None]
+        h, t = hidden[lo : lo + rows], targets[lo : lo + rows, None]
         logp = torch.log_softmax((h @ weight.T).to(acc), dim=-1)
         total -= logp.gather(1, t).sum()
         if not (want_h or want_w):
             continue
         grad_z = logp.exp_().scatter_add_(1, t, logp.new_full(t.shape, -1.0)).to(weight.dtype)  # N dL/dz
         if want_h:
-            torch.mm(grad_z, weight, out=grad_h[lo:lo + rows])
+            torch.mm(grad_z, weight, out=grad_h[lo : lo + rows])
         if want_w and grad_w.dtype == h.dtype:
             grad_w.addmm_(grad_z.T, h)
         elif want_w:  # bf16 products, summed over chunks in fp32
@@ -74,8 +80,10 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, rows: 
     [N, d], weight [V, d] (the LM head's, no bias). rows: rows per chunk (default from the
     vocabulary size and the device)."""
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1] or weight.shape[1] != hidden.shape[1]:
-        raise ValueError(f"linear_cross_entropy: hidden [N, d], weight [V, d], targets [N]; got "
-                         f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}")
+        raise ValueError(
+            f"linear_cross_entropy: hidden [N, d], weight [V, d], targets [N]; got "
+            f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}"
+        )
     rows = rows or chunk_rows(hidden.shape[0], weight.shape[0], hidden.device)
     return _LinearCrossEntropy.apply(hidden, weight, targets, rows)
 
@@ -91,7 +99,7 @@ def next_token_loss(model, tokens: Tensor, start: int = 0) -> Tensor:
     """Mean next-token loss of ``model`` (a SinkLab Transformer) on ``tokens`` [B, T]: logit i
     predicts token i+1, counting from logit ``start`` (the prefix-LM loss). Fused with the head
     unless its weight is sharded (ZeRO-3, FSDP2)."""
-    targets = tokens[:, start + 1:].reshape(-1)
+    targets = tokens[:, start + 1 :].reshape(-1)
     head = model.lm_head.weight
     if is_sharded(head):
         logits = model(tokens).logits[:, start:-1]

@@ -6,6 +6,7 @@ The model is built in ``configure_model`` once the dataset is known (its vocabul
 ``hyper_parameters["model_config"]`` (a plain dict) and the weights under ``model.``, which is
 what ``pipeline.model.load_pretrained`` reads.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,10 +34,12 @@ warnings.filterwarnings("ignore", message="Since DeepSpeed handles gradient clip
 
 def _recomputed(forward):
     """The block's forward under non-reentrant activation checkpointing when gradients flow."""
+
     def run(*args, **kwargs):
         if torch.is_grad_enabled():
             return checkpoint(forward, *args, use_reentrant=False, **kwargs)
         return forward(*args, **kwargs)
+
     return run
 
 
@@ -78,8 +81,10 @@ def read_init(spec: str, cfg: ModelConfig) -> tuple[dict, dict[str, str]]:
     want, have = ({k: v for k, v in c.to_dict().items() if k != "preset"} for c in (cfg, source.config))
     differ = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
     if differ:
-        raise ConfigError(f"model.init={spec}: its model differs in {', '.join(differ)} "
-                          f"({', '.join(f'{k}={have.get(k)!r}' for k in differ)}); set model.model to match")
+        raise ConfigError(
+            f"model.init={spec}: its model differs in {', '.join(differ)} "
+            f"({', '.join(f'{k}={have.get(k)!r}' for k in differ)}); set model.model to match"
+        )
     return source.state_dict(), tags
 
 
@@ -93,8 +98,14 @@ class SinkLabModule(L.LightningModule):
     run, with a fresh optimizer, schedule and data order, that continues training a model (on
     another dataset, say). Ignored on a resume, which restores its own checkpoint."""
 
-    def __init__(self, model: ModelConfig | None = None, optim: OptimConfig | None = None,
-                 compile: bool = False, activation_checkpointing: bool = False, init: str | None = None):
+    def __init__(
+        self,
+        model: ModelConfig | None = None,
+        optim: OptimConfig | None = None,
+        compile: bool = False,
+        activation_checkpointing: bool = False,
+        init: str | None = None,
+    ):
         super().__init__()
         self.model_config = model if model is not None else ModelConfig()
         self.optim = optim if optim is not None else OptimConfig()
@@ -103,8 +114,7 @@ class SinkLabModule(L.LightningModule):
         self.init_state: dict[str, torch.Tensor] | None = None  # read_init() fills it at a fresh start
         self.model: Transformer | None = None
         self._step_loss, self._micro, self._val = 0.0, 0, []
-        self.save_hyperparameters({"model_config": self.model_config.to_dict(),
-                                   "optim": vars(self.optim).copy()})
+        self.save_hyperparameters({"model_config": self.model_config.to_dict(), "optim": vars(self.optim).copy()})
 
     # ---- model ----------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -134,9 +144,12 @@ class SinkLabModule(L.LightningModule):
         if trainer is not None and not trainer.is_global_zero:
             return
         line = failure_line(exc)
-        print(f"sinklab fit: warning: torch.compile failed ({line}); training uncompiled, which is slower "
-              "(paper-60m on an H100: 404K against 639K tokens/s). --model.compile false skips the attempt.",
-              file=sys.stderr, flush=True)
+        print(
+            f"sinklab fit: warning: torch.compile failed ({line}); training uncompiled, which is slower "
+            "(paper-60m on an H100: 404K against 639K tokens/s). --model.compile false skips the attempt.",
+            file=sys.stderr,
+            flush=True,
+        )
         for logger in trainer.loggers if trainer is not None else []:
             if hasattr(logger, "set_tag"):
                 logger.set_tag("sinklab.compile", f"failed, trained eager: {line}")
@@ -144,8 +157,10 @@ class SinkLabModule(L.LightningModule):
     def set_vocab(self, vocab_size: int, context_length: int) -> None:
         cfg = self.model_config.replace(vocab_size=vocab_size)
         if cfg.max_seq_len < context_length:
-            raise ConfigError(f"model.model.max_seq_len={cfg.max_seq_len} is below the dataset's context length "
-                             f"{context_length}; set it to at least {context_length}")
+            raise ConfigError(
+                f"model.model.max_seq_len={cfg.max_seq_len} is below the dataset's context length "
+                f"{context_length}; set it to at least {context_length}"
+            )
         self.model_config = cfg
         self.hparams["model_config"] = cfg.to_dict()
 
@@ -180,7 +195,8 @@ class SinkLabModule(L.LightningModule):
             raise NonFiniteLossError(
                 f"non-finite training loss ({value}) at step {self.global_step}: stopping; the last good "
                 "checkpoint is kept. Start a new run directory with a lower model.optim.lr or a longer "
-                "warm-up (a resume restores the optimizer's lr from the checkpoint), or check the data.")
+                "warm-up (a resume restores the optimizer's lr from the checkpoint), or check the data."
+            )
         self.log("loss", value, prog_bar=True, logger=False)
         every = max(1, self.trainer.log_every_n_steps)
         if self.global_step % every == 0 and self.trainer.is_global_zero:

@@ -13,6 +13,7 @@ learnable sink tokens.
 ``name: sgd`` (SGD with momentum; its weight decay is the L2 term added to the gradient) is Guo
 et al.'s (2024) alternative on Bigram-Backcopy: without Adam the massive activations go away.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,7 +61,9 @@ class OptimConfig:
         if not 0 <= self.min_lr < self.lr:
             raise ConfigError(f"model.optim.min_lr={self.min_lr}: must be >= 0 and below lr={self.lr}")
         if not 0 <= self.warmup_steps < max_steps:
-            raise ConfigError(f"model.optim.warmup_steps={self.warmup_steps}: must be in [0, trainer.max_steps={max_steps})")
+            raise ConfigError(
+                f"model.optim.warmup_steps={self.warmup_steps}: must be in [0, trainer.max_steps={max_steps})"
+            )
         if self.name not in ("adamw", "sgd"):
             raise ConfigError(f"model.optim.name={self.name!r}: allowed values are adamw, sgd")
         if not 0 <= self.momentum < 1:
@@ -93,8 +96,9 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
     if cfg.name == "sgd":
         return torch.optim.SGD(param_groups(model, cfg), lr=cfg.lr, momentum=cfg.momentum)
     fused = cfg.fused if cfg.fused is not None else all(p.is_cuda for p in model.parameters())
-    return torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             eps=cfg.eps, fused=fused or None)
+    return torch.optim.AdamW(
+        param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused or None
+    )
 
 
 @dataclass
@@ -155,11 +159,22 @@ def _from_legacy(state: dict) -> dict:
     cosine = state["_schedulers"][-1] if "_schedulers" in state else state
     warmup = state["_milestones"][0] if "_milestones" in state else 0
     peak = cosine["base_lrs"][0]
-    shape = {"warmup": warmup, "decay_from": warmup, "start": 1.0, "end": warmup + cosine["T_max"],
-             "floor": cosine["eta_min"] / peak}
-    return {"base_lrs": cosine["base_lrs"], "last_epoch": state["last_epoch"], "_last_lr": state["_last_lr"],
-            "lr_lambdas": [dict(shape) for _ in cosine["base_lrs"]], "verbose": False,
-            "_step_count": state["last_epoch"] + 1, "_get_lr_called_within_step": False}
+    shape = {
+        "warmup": warmup,
+        "decay_from": warmup,
+        "start": 1.0,
+        "end": warmup + cosine["T_max"],
+        "floor": cosine["eta_min"] / peak,
+    }
+    return {
+        "base_lrs": cosine["base_lrs"],
+        "last_epoch": state["last_epoch"],
+        "_last_lr": state["_last_lr"],
+        "lr_lambdas": [dict(shape) for _ in cosine["base_lrs"]],
+        "verbose": False,
+        "_step_count": state["last_epoch"] + 1,
+        "_get_lr_called_within_step": False,
+    }
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> Schedule:

@@ -7,11 +7,11 @@ This one is Lightning's RichProgressBar with one bar for the whole run: position
 resumed run starts where it stopped), elapsed and remaining time at the recent pace (rich's
 estimate), steps/s, and the step's loss, tokens/s, MFU and the last validation loss.
 """
+
 from __future__ import annotations
 
 from lightning.pytorch.callbacks import RichProgressBar
-from lightning.pytorch.callbacks.progress.rich_progress import (CustomBarColumn, CustomTimeColumn,
-                                                                ProcessingSpeedColumn)
+from lightning.pytorch.callbacks.progress.rich_progress import CustomBarColumn, CustomTimeColumn, ProcessingSpeedColumn
 from rich.progress import TextColumn
 from rich.text import Text
 
@@ -29,8 +29,12 @@ class StepsPerSecond(ProcessingSpeedColumn):
 
 
 # what the module and the Throughput callback put on the bar (self.log(..., prog_bar=True)), shown as
-SHOWN = {"loss": ("loss", "{:.3f}".format), "val_loss": ("val loss", "{:.3f}".format),
-         "tokens_per_s": ("tokens/s", _si), "mfu": ("MFU", lambda v: f"{100 * v:.1f}%")}
+SHOWN = {
+    "loss": ("loss", "{:.3f}".format),
+    "val_loss": ("val loss", "{:.3f}".format),
+    "tokens_per_s": ("tokens/s", _si),
+    "mfu": ("MFU", lambda v: f"{100 * v:.1f}%"),
+}
 
 
 class StepProgressBar(RichProgressBar):
@@ -44,8 +48,9 @@ class StepProgressBar(RichProgressBar):
         return self.description
 
     def _initialize_train_progress_bar_id(self) -> None:
-        self.train_progress_bar_id = self.progress.add_task(self.description, total=self.trainer.max_steps,
-                                                            completed=self.trainer.global_step)
+        self.train_progress_bar_id = self.progress.add_task(
+            self.description, total=self.trainer.max_steps, completed=self.trainer.global_step
+        )
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         """One bar for the run: a new pass over the data neither resets nor replaces it."""
@@ -61,12 +66,17 @@ class StepProgressBar(RichProgressBar):
         self.refresh()
 
     def configure_columns(self, trainer) -> list:
-        return [TextColumn("[progress.description]{task.description}"),
-                CustomBarColumn(complete_style=self.theme.progress_bar, finished_style=self.theme.progress_bar_finished,
-                                pulse_style=self.theme.progress_bar_pulse),
-                TextColumn("step {task.completed:.0f}/{task.total:.0f}", style=self.theme.batch_progress),
-                CustomTimeColumn(style=self.theme.time),
-                StepsPerSecond(style=self.theme.processing_speed)]
+        return [
+            TextColumn("[progress.description]{task.description}"),
+            CustomBarColumn(
+                complete_style=self.theme.progress_bar,
+                finished_style=self.theme.progress_bar_finished,
+                pulse_style=self.theme.progress_bar_pulse,
+            ),
+            TextColumn("step {task.completed:.0f}/{task.total:.0f}", style=self.theme.batch_progress),
+            CustomTimeColumn(style=self.theme.time),
+            StepsPerSecond(style=self.theme.processing_speed),
+        ]
 
     def get_metrics(self, trainer, pl_module) -> dict[str, str]:
         values = super().get_metrics(trainer, pl_module)

@@ -9,6 +9,7 @@ process with PyTorch's ``fully_shard`` (through ModelParallelStrategy). Each blo
 unit, gathered just before it runs and freed after; the root unit holds the embeddings, final
 norm and head. SinkLab has no tensor-parallel plan, so the whole mesh is data-parallel.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,12 @@ class FSDP2Strategy(ModelParallelStrategy):
     loadable with ``load_pretrained`` and exportable without consolidation."""
 
     def __init__(self, process_group_backend: str | None = None) -> None:
-        super().__init__(data_parallel_size="auto", tensor_parallel_size=1, save_distributed_checkpoint=False,
-                         process_group_backend=process_group_backend)
+        super().__init__(
+            data_parallel_size="auto",
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=False,
+            process_group_backend=process_group_backend,
+        )
 
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
@@ -86,15 +91,26 @@ def _use_deepspeed_cpu() -> None:
     from deepspeed.accelerator import get_accelerator
 
     if get_accelerator().device_name() != "cpu":
-        raise RuntimeError(f"the trainer runs on CPU but DeepSpeed chose its '{get_accelerator().device_name()}' "
-                           "accelerator; set DS_ACCELERATOR=cpu in the job's environment")
+        raise RuntimeError(
+            f"the trainer runs on CPU but DeepSpeed chose its '{get_accelerator().device_name()}' "
+            "accelerator; set DS_ACCELERATOR=cpu in the job's environment"
+        )
     deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
 
 
-for _name, _stage in (("deepspeed", None), ("deepspeed_stage_1", 1), ("deepspeed_stage_2", 2),
-                      ("deepspeed_stage_3", 3)):
-    StrategyRegistry.register(_name, DeepSpeedStrategy, description="DeepSpeed ZeRO (SinkLab: CPU or CUDA)",
-                              override=True, **({} if _stage is None else {"stage": _stage}))
+for _name, _stage in (
+    ("deepspeed", None),
+    ("deepspeed_stage_1", 1),
+    ("deepspeed_stage_2", 2),
+    ("deepspeed_stage_3", 3),
+):
+    StrategyRegistry.register(
+        _name,
+        DeepSpeedStrategy,
+        description="DeepSpeed ZeRO (SinkLab: CPU or CUDA)",
+        override=True,
+        **({} if _stage is None else {"stage": _stage}),
+    )
 
 if "fsdp2" not in StrategyRegistry:
     StrategyRegistry.register("fsdp2", FSDP2Strategy, description="FSDP2 (fully_shard) over every process")
@@ -106,9 +122,11 @@ def shard_model(model: Transformer, mesh: DeviceMesh) -> None:
     names = mesh.mesh_dim_names or ()
     tp = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
     if tp > 1:
-        raise ConfigError(f"trainer.strategy: tensor_parallel_size={tp}, but SinkLab "
-                          "has no tensor-parallel plan; use --trainer.strategy fsdp2 "
-                          "(or ModelParallelStrategy with tensor_parallel_size=1)")
+        raise ConfigError(
+            f"trainer.strategy: tensor_parallel_size={tp}, but SinkLab "
+            "has no tensor-parallel plan; use --trainer.strategy fsdp2 "
+            "(or ModelParallelStrategy with tensor_parallel_size=1)"
+        )
     dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
     for block in model.blocks:
         fully_shard(block, mesh=dp_mesh)

@@ -1,4 +1,5 @@
 """The end-of-run summary `sinklab fit` prints (rank 0)."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,9 @@ from pipeline.metrics import memorising
 from pipeline.model.attention_ops import proxy_label
 
 
-def sink_trajectory(history: list[tuple[int, float, float]], width: int = 12, column: int = 1,
-                    fmt: str = "{:.1f}%") -> str:
+def sink_trajectory(
+    history: list[tuple[int, float, float]], width: int = 12, column: int = 1, fmt: str = "{:.1f}%"
+) -> str:
     """`step:value` pairs of one column of the sink history, thinned to about `width` of them."""
     if not history:
         return "(no sink measurements)"
@@ -79,8 +81,10 @@ def print_summary(cli) -> None:
         f"({100 * sink_s / train_s if train_s else 0:.2f}% of it)",
     ]
     if getattr(logger, "_run_id", None) and getattr(logger, "offline", False):
-        lines.append(f"MLflow       run {logger._run_id} at {logger._tracking_uri}, unreachable: what it lacks waits in "
-                     f"{cli.run.metrics_path} for the next start (--resume auto)")
+        lines.append(
+            f"MLflow       run {logger._run_id} at {logger._tracking_uri}, unreachable: what it lacks waits in "
+            f"{cli.run.metrics_path} for the next start (--resume auto)"
+        )
     elif getattr(logger, "_run_id", None):
         lines.append(f"MLflow       run {logger._run_id} in experiment '{logger.name}' at {logger._tracking_uri}")
         from pipeline.tracking import run_experiment_url

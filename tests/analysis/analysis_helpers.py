@@ -1,4 +1,5 @@
 """Helpers shared by the analysis tests (imported by name; pytest puts this dir on sys.path)."""
+
 import torch
 
 from pipeline.analysis.inputs import shakespeare_files

@@ -1,5 +1,6 @@
 """Fixtures for the analysis tests: a small trained tokenizer, tiny random HF models saved as
 local directories, the real SmolLM2 model (loaded once per session) and SinkLab micro models."""
+
 import pytest
 import torch
 
@@ -15,8 +16,9 @@ def hf_tokenizer():
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator([read_text(HAMLET)[:60000]], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", unk_token="<unk>")
 
@@ -32,8 +34,15 @@ def tiny_llama_dir(tmp_path_factory, hf_tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(hf_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    cfg = LlamaConfig(
+        vocab_size=len(hf_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     return _save(LlamaForCausalLM(cfg), hf_tokenizer, tmp_path_factory.mktemp("tiny_llama"))
 
 

@@ -1,5 +1,6 @@
 """`sinklab analyze` on real pretrained models (SmolLM2, Gemma-3), tiny random HF models and a
 SinkLab checkpoint, checked against metrics recomputed independently from HF's own eager maps."""
+
 import json
 
 import pytest
@@ -73,8 +74,25 @@ def test_gpt2_learned_position_edits(tiny_gpt2_dir, tmp_path):
     subject = analyze.Subject(str(tiny_gpt2_dir), "auto")
     wpe = subject.model.transformer.wpe.weight
     before = wpe.detach().clone()
-    rec = analyze.run(subject, _args(str(tiny_gpt2_dir), "-n", "4", "-T", "16", "--inputs", "natural", "--no-plots",
-                                     "--gpt2-positions", "replace:5", "--gpt2-positions", "swap:5,12", "--out", str(tmp_path)))
+    rec = analyze.run(
+        subject,
+        _args(
+            str(tiny_gpt2_dir),
+            "-n",
+            "4",
+            "-T",
+            "16",
+            "--inputs",
+            "natural",
+            "--no-plots",
+            "--gpt2-positions",
+            "replace:5",
+            "--gpt2-positions",
+            "swap:5,12",
+            "--out",
+            str(tmp_path),
+        ),
+    )
     assert torch.equal(wpe, before)  # restored
     rows = {(r["mode"], r["t"]): r for r in rec["learned_positions"]}
     assert set(rows) == {("replace", 5), ("swap", 5), ("swap", 12)}
@@ -93,7 +111,20 @@ def test_gpt2_learned_position_edits(tiny_gpt2_dir, tmp_path):
 
 def test_position_edits_need_learned_positions(tiny_llama_dir, tmp_path):
     with pytest.raises(SystemExit, match="learned absolute positions"):
-        analyze.main([str(tiny_llama_dir), "-n", "2", "-T", "8", "--no-plots", "--gpt2-positions", "swap:3", "--out", str(tmp_path)])
+        analyze.main(
+            [
+                str(tiny_llama_dir),
+                "-n",
+                "2",
+                "-T",
+                "8",
+                "--no-plots",
+                "--gpt2-positions",
+                "swap:3",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     with pytest.raises(SystemExit, match="replace:T"):
         analyze.parse_position_edits(["move:3"])
 
@@ -101,11 +132,28 @@ def test_position_edits_need_learned_positions(tiny_llama_dir, tmp_path):
 def test_pile_domains_and_mlflow(tiny_llama_dir, tmp_path, mlflow_server):
     shard = tmp_path / "shard.jsonl"
     words = HAMLET.read_text().split()
-    docs = [{"text": " ".join(words[i * 60:(i + 1) * 60]), "meta": {"pile_set_name": d}}
-            for i, d in enumerate(["Pile-CC", "ArXiv", "Pile-CC", "ArXiv", "Github"])]
+    docs = [
+        {"text": " ".join(words[i * 60 : (i + 1) * 60]), "meta": {"pile_set_name": d}}
+        for i, d in enumerate(["Pile-CC", "ArXiv", "Pile-CC", "ArXiv", "Github"])
+    ]
     shard.write_text("\n".join(json.dumps(d) for d in docs) + "\n")
-    rec = analyze.main([str(tiny_llama_dir), "-n", "2", "-T", "8", "--pile", str(shard), "--out", str(tmp_path / "o"),
-                        "--mlflow-uri", mlflow_server, "--experiment", "analysis-test"])
+    rec = analyze.main(
+        [
+            str(tiny_llama_dir),
+            "-n",
+            "2",
+            "-T",
+            "8",
+            "--pile",
+            str(shard),
+            "--out",
+            str(tmp_path / "o"),
+            "--mlflow-uri",
+            mlflow_server,
+            "--experiment",
+            "analysis-test",
+        ]
+    )
     assert rec == 0
     out = json.loads((tmp_path / "o" / "report.json").read_text())
     assert set(out["domains"]) == {"Pile-CC", "ArXiv", "Github"}
@@ -119,14 +167,18 @@ def test_pile_domains_and_mlflow(tiny_llama_dir, tmp_path, mlflow_server):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "a"}\nnot json\n')
     with pytest.raises(ValueError, match="bad.jsonl:2"):
-        analyze.main([str(tiny_llama_dir), "-n", "2", "-T", "8", "--pile", str(bad), "--no-plots", "--out", str(tmp_path / "b")])
+        analyze.main(
+            [str(tiny_llama_dir), "-n", "2", "-T", "8", "--pile", str(bad), "--no-plots", "--out", str(tmp_path / "b")]
+        )
 
 
 def test_sinklab_checkpoint(tmp_path):
     from pipeline.model import save_pretrained
 
     ckpt = save_pretrained(micro_model(sink_tokens=1), tmp_path / "ckpt")
-    assert analyze.main([str(ckpt), "--inputs", "random,repeat", "-n", "5", "-T", "12", "--out", str(tmp_path / "o")]) == 0
+    assert (
+        analyze.main([str(ckpt), "--inputs", "random,repeat", "-n", "5", "-T", "12", "--out", str(tmp_path / "o")]) == 0
+    )
     rec = json.loads((tmp_path / "o" / "report.json").read_text())
     assert rec["kind"] == "sinklab" and set(rec["reports"]["random"]["sink_star"]) == {"0"}
     with pytest.raises(SystemExit, match="--dataset"):
@@ -154,8 +206,13 @@ def test_sinklab_checkpoint_with_its_tokenizer_reads_text_pile_and_bos(sinklab_c
     text = tmp_path / "words.txt"
     text.write_text(" ".join(WORDS * 20))
     shard = tmp_path / "shard.jsonl"
-    shard.write_text("\n".join(json.dumps({"text": " ".join(WORDS[i:] + WORDS[:i]), "meta": {"pile_set_name": d}})
-                               for i, d in enumerate(["Pile-CC", "Github", "Pile-CC", "Github"])) + "\n")
+    shard.write_text(
+        "\n".join(
+            json.dumps({"text": " ".join(WORDS[i:] + WORDS[:i]), "meta": {"pile_set_name": d}})
+            for i, d in enumerate(["Pile-CC", "Github", "Pile-CC", "Github"])
+        )
+        + "\n"
+    )
     tokenizer = str(sinklab_ckpt_with_tokenizer.with_name("tokenizer.json"))
     common = [str(sinklab_ckpt_with_tokenizer), "-n", "2", "-T", "8", "--no-plots", "--tokenizer", tokenizer]
     assert analyze.main([*common, "--text", str(text), "--pile", str(shard), "--out", str(tmp_path / "o")]) == 0
@@ -164,8 +221,9 @@ def test_sinklab_checkpoint_with_its_tokenizer_reads_text_pile_and_bos(sinklab_c
     subject = analyze.Subject(str(sinklab_ckpt_with_tokenizer), "auto")  # tokenizer.json beside it is found
     sets = analyze.probe_sets(subject, _args(*common, "--text", str(text), "--bos"))
     assert all((t[:, 0] == 0).all() for t in sets.values())  # <|bos|> is id 0
-    assert not any(((t[:, 1:] == 0) | (t[:, 1:] == 1) | (t[:, 1:] == 2)).any() for k, t in sets.items() if k != "natural"), \
-        "random and repeated tokens never draw BOS/EOS/PAD"
+    assert not any(
+        ((t[:, 1:] == 0) | (t[:, 1:] == 1) | (t[:, 1:] == 2)).any() for k, t in sets.items() if k != "natural"
+    ), "random and repeated tokens never draw BOS/EOS/PAD"
     with pytest.raises(SystemExit, match="--tokenizer"):
         analyze.main([*common[:-2], "--tokenizer", str(tmp_path / "missing.json"), "--out", str(tmp_path / "m")])
 
@@ -196,22 +254,40 @@ def _micro_dataset(root):
     return root
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["-T", "40", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12; ask for at most that"),
-    (["-n", "9", "-T", "12", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12"),
-    (["-T", "65", "--inputs", "random"], "-T 65: "),
-    (["-T", "8", "--text", "{empty}", "--tokenizer", "{tok}"], "empty.txt: the text has 0 tokens"),
-    pytest.param(["--device", "cuda"], "--device cuda: no CUDA device is visible (use --device cpu)",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["-T", "40", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12; ask for at most that"),
+        (["-n", "9", "-T", "12", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12"),
+        (["-T", "65", "--inputs", "random"], "-T 65: "),
+        (["-T", "8", "--text", "{empty}", "--tokenizer", "{tok}"], "empty.txt: the text has 0 tokens"),
+        pytest.param(
+            ["--device", "cuda"],
+            "--device cuda: no CUDA device is visible (use --device cpu)",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible"),
+        ),
+    ],
+)
 def test_analyze_refuses_what_it_cannot_measure(extra, message, sinklab_ckpt_with_tokenizer, tmp_path):
     (tmp_path / "empty.txt").write_text("")
-    names = {"{ds}": str(_micro_dataset(tmp_path / "ds")), "{empty}": str(tmp_path / "empty.txt"),
-             "{tok}": str(tmp_path / "tokenizer.json")}
+    names = {
+        "{ds}": str(_micro_dataset(tmp_path / "ds")),
+        "{empty}": str(tmp_path / "empty.txt"),
+        "{tok}": str(tmp_path / "tokenizer.json"),
+    }
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as err:
-        analyze.main([str(sinklab_ckpt_with_tokenizer), "-n", "2", "--no-plots", "--out", str(out),
-                      *[names.get(a, a) for a in extra]])
+        analyze.main(
+            [
+                str(sinklab_ckpt_with_tokenizer),
+                "-n",
+                "2",
+                "--no-plots",
+                "--out",
+                str(out),
+                *[names.get(a, a) for a in extra],
+            ]
+        )
     assert message in str(err.value) and "\n" not in str(err.value)
     assert not out.exists()
 
@@ -244,8 +320,11 @@ def test_a_path_that_holds_no_model_is_one_line(what, command, tmp_path, monkeyp
     from pipeline.cli import main as sinklab
 
     monkeypatch.chdir(tmp_path)
-    path = {"damaged checkpoint": tmp_path / "garbage.ckpt", "empty folder": tmp_path / "empty",
-            "dataset folder": tmp_path / "ds"}[what]
+    path = {
+        "damaged checkpoint": tmp_path / "garbage.ckpt",
+        "empty folder": tmp_path / "empty",
+        "dataset folder": tmp_path / "ds",
+    }[what]
     if what == "damaged checkpoint":
         path.write_bytes(b"not a checkpoint")
     elif what == "empty folder":
@@ -260,9 +339,16 @@ def test_a_path_that_holds_no_model_is_one_line(what, command, tmp_path, monkeyp
     assert ("not a readable checkpoint" if what == "damaged checkpoint" else "not a SinkLab export dir") in err
 
 
-@pytest.mark.parametrize("extra, option", [(["--cache", "4+100"], "--cache 4+100: needs 104 positions"),
-                                           (["--cache", "4+28", "--full", "--max-tokens", "200"], "--full: needs 200 positions")])
-def test_stream_ppl_refuses_a_cache_wider_than_the_model_positions(extra, option, sinklab_ckpt_with_tokenizer, tmp_path):
+@pytest.mark.parametrize(
+    "extra, option",
+    [
+        (["--cache", "4+100"], "--cache 4+100: needs 104 positions"),
+        (["--cache", "4+28", "--full", "--max-tokens", "200"], "--full: needs 200 positions"),
+    ],
+)
+def test_stream_ppl_refuses_a_cache_wider_than_the_model_positions(
+    extra, option, sinklab_ckpt_with_tokenizer, tmp_path
+):
     """Issue 26: a learned-positions model streamed past max_seq_len ended in an IndexError, and a
     RoPE model's perplexities were printed without a word; now both are refused, as `analyze -T` is."""
     from pipeline.analysis import streaming

@@ -1,4 +1,5 @@
 """The lm-evaluation-harness adapter on a SinkLab micro model and a local multiple-choice task."""
+
 import json
 from types import SimpleNamespace
 
@@ -37,7 +38,7 @@ def _direct_logprob(model, ids):
 
 def test_loglikelihood_matches_direct_computation(micro_lm):
     lm, _ = micro_lm
-    (ll, greedy), = lm.loglikelihood([_req("the cat sat", " on the mat")])
+    ((ll, greedy),) = lm.loglikelihood([_req("the cat sat", " on the mat")])
     ids = lm.encode("the cat sat on the mat")
     with torch.no_grad():
         logp = F.log_softmax(lm.model(torch.tensor([ids])).logits[0], -1)
@@ -47,8 +48,13 @@ def test_loglikelihood_matches_direct_computation(micro_lm):
 
 def test_batched_scoring_equals_one_request_at_a_time(micro_lm):
     lm, _ = micro_lm
-    requests = [_req("the cat", " sat on the mat"), _req("", " sky"), _req("a red dog sat on", " the green grass"),
-                _req("the sea is", " blue"), _req("green grass", " is green")]
+    requests = [
+        _req("the cat", " sat on the mat"),
+        _req("", " sky"),
+        _req("a red dog sat on", " the green grass"),
+        _req("the sea is", " blue"),
+        _req("green grass", " is green"),
+    ]
     lm.batch_size = 1
     alone = lm.loglikelihood(requests)
     alone_rolling = lm.loglikelihood_rolling([_req("the cat sat"), _req(" ".join(["a blue sky is green"] * 4))])
@@ -93,9 +99,11 @@ def test_simple_evaluate_on_local_task(micro_lm, tmp_path):
 
     lm, _ = micro_lm
     data = tmp_path / "toy.jsonl"
-    docs = [{"q": "the cat sat on the", "choices": ["mat", "sky"], "label": 0},
-            {"q": "the sky is", "choices": ["blue", "grass"], "label": 0},
-            {"q": "the grass is", "choices": ["green", "sea"], "label": 0}]
+    docs = [
+        {"q": "the cat sat on the", "choices": ["mat", "sky"], "label": 0},
+        {"q": "the sky is", "choices": ["blue", "grass"], "label": 0},
+        {"q": "the grass is", "choices": ["green", "sea"], "label": 0},
+    ]
     data.write_text("\n".join(json.dumps(d) for d in docs) + "\n")
     (tmp_path / "toy.yaml").write_text(f"""task: sinklab_toy
 dataset_path: json

@@ -1,4 +1,5 @@
 """Sink and activation metrics against hand-computed values."""
+
 import math
 
 import pytest
@@ -40,11 +41,13 @@ def test_sink_rate_strict_threshold_and_counting():
 
 def test_split_slots_and_slot_importance():
     # 1 sink token (query slot) + 1 K-bias column, then 2 real tokens: map is [3 queries, 4 keys]
-    attn = torch.tensor([
-        [0.7, 0.3, 0.0, 0.0],   # the sink token's own row: dropped
-        [0.5, 0.2, 0.3, 0.0],   # real query 1
-        [0.1, 0.3, 0.4, 0.2],   # real query 2
-    ])
+    attn = torch.tensor(
+        [
+            [0.7, 0.3, 0.0, 0.0],  # the sink token's own row: dropped
+            [0.5, 0.2, 0.3, 0.0],  # real query 1
+            [0.1, 0.3, 0.4, 0.2],  # real query 2
+        ]
+    )
     slot_mass, real = metrics.split_slots(attn, n_query_slots=1, n_key_slots=2)
     assert torch.allclose(real, torch.tensor([[0.3, 0.0], [0.4, 0.2]]))
     star = metrics.slot_importance(slot_mass)
@@ -111,8 +114,15 @@ def test_uniform_alpha1_under_masks_and_slots():
 
 def test_emergence_steps_first_strict_crossing():
     u = 0.074
-    history = [(500, 5.0, 0.1), (0, 0.0, 0.074), (100, 0.5, 0.08), (200, 1.0, 0.09),
-               (300, 1.5, 0.0926), (400, 12.0, 0.2), (250, float("nan"), float("nan"))]
+    history = [
+        (500, 5.0, 0.1),
+        (0, 0.0, 0.074),
+        (100, 0.5, 0.08),
+        (200, 1.0, 0.09),
+        (300, 1.5, 0.0926),
+        (400, 12.0, 0.2),
+        (250, float("nan"), float("nan")),
+    ]
     assert metrics.emergence_steps(history, u) == {"sink1_1pct": 300, "sink1_10pct": 400, "alpha1_125pct": 300}
     flat = [(0, 0.0, 0.074), (100, 1.0, 0.0925)]  # equal to a threshold is not above it
     assert metrics.emergence_steps(flat, u) == {"sink1_1pct": None, "sink1_10pct": None, "alpha1_125pct": None}
@@ -140,8 +150,9 @@ def test_spearman_and_kendall_hand_computed():
     assert metrics.spearman_rho([1, None, 3, float("nan")], [2, 5, 1, 7]) == pytest.approx(-1.0)
 
 
-@pytest.mark.parametrize("x, y", [([], []), ([1.0], [2.0]), ([1, None], [2, 3]),
-                                  ([0, 0, 0], [1, 2, 3]), ([1, 2, 3], [4, 4, 4])])
+@pytest.mark.parametrize(
+    "x, y", [([], []), ([1.0], [2.0]), ([1, None], [2, 3]), ([0, 0, 0], [1, 2, 3]), ([1, 2, 3], [4, 4, 4])]
+)
 def test_rank_agreement_undefined_is_none(x, y):
     assert metrics.spearman_rho(x, y) is None
     assert metrics.kendall_tau_b(x, y) is None

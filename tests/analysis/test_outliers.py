@@ -1,12 +1,19 @@
 """Activation outliers (pipeline.outliers) on hand-made tensors, and live in the sink probe."""
+
 import math
 
 import pytest
 import torch
 from analysis_helpers import BOS, greedy_windows, micro_model, planted_model
 
-from pipeline.outliers import (OutlierAccumulator, kurtosis, max_abs, outlier_split, recording_block_outputs,
-                               recording_linear_inputs)
+from pipeline.outliers import (
+    OutlierAccumulator,
+    kurtosis,
+    max_abs,
+    outlier_split,
+    recording_block_outputs,
+    recording_linear_inputs,
+)
 from pipeline.probe import run_probe
 
 
@@ -19,7 +26,9 @@ def test_max_abs_and_kurtosis_by_hand():
     assert max_abs(x).tolist() == [1.0, 3.0]
     # ±1: m4 = m2² = 1; one spike among n = 4 values: (n² − 3n + 3) / (n − 1) = 7/3
     assert kurtosis(x).tolist() == pytest.approx([1.0, 7 / 3])
-    assert kurtosis(torch.randn(1, 400, 500, generator=torch.Generator().manual_seed(1))).item() == pytest.approx(3.0, abs=0.05)
+    assert kurtosis(torch.randn(1, 400, 500, generator=torch.Generator().manual_seed(1))).item() == pytest.approx(
+        3.0, abs=0.05
+    )
 
 
 def test_a_planted_token_wise_outlier_is_found_at_its_position():
@@ -50,8 +59,9 @@ def test_both_kinds_together_and_a_massive_entry_in_one_channel():
 
 
 def test_the_accumulator_averages_sequences_and_reads_linear_inputs():
-    blocks = torch.nn.ModuleList([torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 32))
-                                  for _ in range(2)])
+    blocks = torch.nn.ModuleList(
+        [torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)) for _ in range(2)]
+    )
     x = noise(B=4)
     x[:2, 0, :] += 100.0  # half the sequences carry a token-wise outlier at position 1
     acc = OutlierAccumulator(lead=1)
@@ -70,7 +80,9 @@ def test_the_accumulator_averages_sequences_and_reads_linear_inputs():
     assert rep.linear_max["0"][0].item() == pytest.approx(first.mean().item())
     assert rep.lead_scale_ratio["0"][0].item() == pytest.approx((first / rest).mean().item())
     metrics = rep.to_metrics()
-    assert metrics["act/tokenwise_lead_pct_l1"] == 50.0 and metrics["act/linear_max_l0_0"] == rep.linear_max["0"][0].item()
+    assert (
+        metrics["act/tokenwise_lead_pct_l1"] == 50.0 and metrics["act/linear_max_l0_0"] == rep.linear_max["0"][0].item()
+    )
     assert metrics["act/max_abs"] == pytest.approx(max_abs(x).mean().item())
 
 
@@ -87,7 +99,9 @@ def test_the_probe_finds_the_planted_massive_activation():
     assert out.lead_pct.tolist() == [100.0, 100.0]
     metrics = report.to_metrics()  # what training logs at every sink probe
     assert metrics["act/linear_max_l0_ffn.down"] == pytest.approx(float(down[0]))
-    assert {"act/kurtosis_l0", "act/max_abs_l1", "act/channelwise_channels_l0", "act/lead_scale_ratio_l1"} <= set(metrics)
+    assert {"act/kurtosis_l0", "act/max_abs_l1", "act/channelwise_channels_l0", "act/lead_scale_ratio_l1"} <= set(
+        metrics
+    )
     assert report.to_json()["outliers"]["summary"]["lead_pct"] == 100.0
     assert run_probe(model, tokens, positions=4, outliers=False).outliers is None
 

@@ -1,4 +1,5 @@
 """run_probe on a fake model whose attention maps are known in closed form."""
+
 import math
 from types import SimpleNamespace
 
@@ -47,7 +48,10 @@ class FakeModel(torch.nn.Module):
         hidden = torch.ones(B, T, 4)
         hidden[:, 0] *= 10.0  # first token: norm 20 vs 2 -> ratio 10
         return SimpleNamespace(
-            attentions=attns, attention_kind=self.kind, n_query_slots=0, n_key_slots=self.n_slots,
+            attentions=attns,
+            attention_kind=self.kind,
+            n_query_slots=0,
+            n_key_slots=self.n_slots,
             hidden_states=[hidden] * L,
         )
 
@@ -134,7 +138,9 @@ def test_run_probe_head_entropy_and_output_norm(overrides):
     logged = rep.head_metrics()
     assert logged["heads/entropy_l1_h0"] == pytest.approx(float(rep.entropy[1, 0]))
     assert logged["heads/out_norm_l0_h1"] == pytest.approx(float(rep.out_norm[0, 1]))
-    assert logged["heads/dormant_pct"] == pytest.approx(100.0 * float(metrics.dormant_heads(rep.alpha1, rep.out_norm).double().mean()))
+    assert logged["heads/dormant_pct"] == pytest.approx(
+        100.0 * float(metrics.dormant_heads(rep.alpha1, rep.out_norm).double().mean())
+    )
     assert rep.to_json()["entropy"] == rep.entropy.tolist()
 
 
@@ -143,7 +149,6 @@ def test_run_probe_without_head_outputs_reports_entropy_only():
     assert rep.out_norm is None and rep.dormant_pct is None
     assert rep.entropy.abs().max() == 0.0  # every row of the fake maps is one-hot
     assert "heads/dormant_pct" not in rep.head_metrics() and "heads/entropy_l0_h0" in rep.head_metrics()
-
 
 
 class ActiveDormantModel(torch.nn.Module):
@@ -164,8 +169,14 @@ class ActiveDormantModel(torch.nn.Module):
         values = torch.full((B, 1, T_, 2), 2.0 * math.sqrt(2.0))  # norm 4
         values[:, :, 0] = 1.0 / math.sqrt(2.0)  # norm 1
         qkv = {"queries": [values], "keys": [values], "values": [values]} if output_qkv else {}
-        return SimpleNamespace(attentions=[a], attention_kind="probs", n_query_slots=0, n_key_slots=0,
-                               hidden_states=[torch.ones(B, T_, 4)], **qkv)
+        return SimpleNamespace(
+            attentions=[a],
+            attention_kind="probs",
+            n_query_slots=0,
+            n_key_slots=0,
+            hidden_states=[torch.ones(B, T_, 4)],
+            **qkv,
+        )
 
 
 def test_run_probe_splits_bos_attention_by_trigger_queries():

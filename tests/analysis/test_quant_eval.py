@@ -1,4 +1,5 @@
 """Simulated W8A8 (pipeline.analysis.fake_quant) and `sinklab quant-eval`."""
+
 import json
 from types import SimpleNamespace
 
@@ -76,8 +77,11 @@ def test_one_planted_massive_activation_breaks_per_tensor_w8a8_and_keeping_that_
 
 
 def test_make_windows_and_the_scored_predictions():
-    assert quant_eval.make_windows(list(range(10, 20)), 4, BOS).tolist() == [[BOS, 10, 11, 12], [BOS, 13, 14, 15],
-                                                                            [BOS, 16, 17, 18]]
+    assert quant_eval.make_windows(list(range(10, 20)), 4, BOS).tolist() == [
+        [BOS, 10, 11, 12],
+        [BOS, 13, 14, 15],
+        [BOS, 16, 17, 18],
+    ]
     assert quant_eval.make_windows(list(range(10, 19)), 4, None).tolist() == [[10, 11, 12, 13], [14, 15, 16, 17]]
     model = micro_model(sink_tokens=2)
     windows = torch.randint(3, 64, (2, 10), generator=torch.Generator().manual_seed(0))
@@ -89,8 +93,18 @@ def test_make_windows_and_the_scored_predictions():
 
 
 def args(**overrides):
-    base = dict(text=None, dataset=None, max_tokens=128, seq_len=64, bos="auto", settings=",".join(SETTINGS),
-                lead=None, batch_size=2, out=None, model="smollm2")
+    base = dict(
+        text=None,
+        dataset=None,
+        max_tokens=128,
+        seq_len=64,
+        bos="auto",
+        settings=",".join(SETTINGS),
+        lead=None,
+        batch_size=2,
+        out=None,
+        model="smollm2",
+    )
     return SimpleNamespace(**(base | overrides))
 
 
@@ -98,7 +112,9 @@ def test_smollm2_table_and_json(smollm2, tmp_path):
     record = quant_eval.run(smollm2, args(out=tmp_path))
     saved = json.loads((tmp_path / "quant_eval.json").read_text())
     assert saved["settings"] == record["settings"] and saved["settings"]["windows"] == 2
-    assert saved["settings"]["scored"] == 2 * 62 and saved["settings"]["lead"] == 1 and not saved["settings"]["bos_first"]
+    assert (
+        saved["settings"]["scored"] == 2 * 62 and saved["settings"]["lead"] == 1 and not saved["settings"]["bos_first"]
+    )
     results = saved["results"]
     assert list(results) == list(SETTINGS)
     assert results["fp"]["gap_pct"] == 0.0 and 5 < results["fp"]["perplexity"] < 100
@@ -111,12 +127,15 @@ def test_smollm2_table_and_json(smollm2, tmp_path):
     assert f"| w8a8-tensor | {results['w8a8-tensor']['perplexity']:.3f} |" in table and "| smollm2 |" in table
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--settings", "fp,w4a4"], "sinklab quant-eval: --settings w4a4 unknown; choose from fp,w8a8-tensor,"),
-    (["--lead", "0"], "sinklab quant-eval: --lead 0: must cover the 0 sink token(s)"),
-    (["--max-tokens", "5"], "tokens do not fill one window of 64"),
-    (["--text", "x.txt", "--dataset", "d"], "sinklab quant-eval: give --text or --dataset, not both"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--settings", "fp,w4a4"], "sinklab quant-eval: --settings w4a4 unknown; choose from fp,w8a8-tensor,"),
+        (["--lead", "0"], "sinklab quant-eval: --lead 0: must cover the 0 sink token(s)"),
+        (["--max-tokens", "5"], "tokens do not fill one window of 64"),
+        (["--text", "x.txt", "--dataset", "d"], "sinklab quant-eval: give --text or --dataset, not both"),
+    ],
+)
 def test_refusals_are_one_line(extra, message, tiny_llama_dir, tmp_path, capsys):
     from pipeline.cli import main as sinklab
 
@@ -162,7 +181,9 @@ def test_a_training_run_gets_the_results_back(mlflow_server, tmp_path, monkeypat
     assert results["w8a8-tensor"]["gap_pct"] > 500 and results["w8a8-tensor-intact"]["recovered_pct"] > 99
     logged = client.get_run(run_id).data
     assert logged.metrics["quant/perplexity_w8a8_tensor"] == pytest.approx(results["w8a8-tensor"]["perplexity"])
-    assert logged.metrics["quant/recovered_pct_w8a8_tensor_intact"] == pytest.approx(results["w8a8-tensor-intact"]["recovered_pct"])
+    assert logged.metrics["quant/recovered_pct_w8a8_tensor_intact"] == pytest.approx(
+        results["w8a8-tensor-intact"]["recovered_pct"]
+    )
     assert logged.metrics["quant/act/linear_max"] > 900
     assert json.loads(logged.tags["sinklab.quant.settings"])["lead"] == 1
     assert {a.path for a in client.list_artifacts(run_id, "quant")} == {"quant/quant_eval.json", "quant/quant_eval.md"}

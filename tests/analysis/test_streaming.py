@@ -2,6 +2,7 @@
 evictions, in a one-layer model (whose pre-rotary keys and values depend on the token alone),
 each prediction equals a fresh forward over exactly the kept tokens placed at contiguous
 positions, which checks the eviction rule and the re-rotation of the kept keys."""
+
 import json
 
 import pytest
@@ -60,8 +61,16 @@ def test_hf_llama_eviction_matches_recomputation(spec):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    one_layer = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                             num_attention_heads=4, num_key_value_heads=2)).eval()
+    one_layer = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=300,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).eval()
     ids = torch.randint(0, 300, (16,), generator=torch.Generator().manual_seed(1))
     assert_equals_fresh_forwards(one_layer, ids, HFRotaryStreamer(one_layer).nll(ids, [spec])[0], spec)
 
@@ -89,8 +98,25 @@ def test_sinklab_micro_eviction_with_sink_token():
 
 def test_cli_on_local_llama(tiny_llama_dir, tmp_path, capsys):
     out = tmp_path / "ppl.json"
-    assert streaming.main([str(tiny_llama_dir), "--text", str(HAMLET), "--max-tokens", "20",
-                           "--cache", "0+32", "--cache", "1+7", "--full", "--out", str(out)]) == 0
+    assert (
+        streaming.main(
+            [
+                str(tiny_llama_dir),
+                "--text",
+                str(HAMLET),
+                "--max-tokens",
+                "20",
+                "--cache",
+                "0+32",
+                "--cache",
+                "1+7",
+                "--full",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rec = json.loads(out.read_text())
     assert rec["tokens"] == 20
     assert rec["perplexity"]["0+32"] == pytest.approx(rec["perplexity"]["full"], rel=1e-5)
@@ -144,8 +170,25 @@ def test_cli_on_a_sinklab_checkpoint_with_its_tokenizer(tmp_path, capsys):
     text.write_text("the cat sat on a mat " * 5)
     out = tmp_path / "ppl.json"
     for bos, first in (("auto", True), ("no", False)):  # auto: BOS first, as in training
-        assert streaming.main([str(ckpt), "--text", str(text), "--cache", "0+8", "--cache", "2+6", "--full",
-                               "--bos", bos, "--out", str(out)]) == 0
+        assert (
+            streaming.main(
+                [
+                    str(ckpt),
+                    "--text",
+                    str(text),
+                    "--cache",
+                    "0+8",
+                    "--cache",
+                    "2+6",
+                    "--full",
+                    "--bos",
+                    bos,
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         assert json.loads(out.read_text())["bos_first"] is first
     assert "| model | 0+8 | 2+6 | full |" in capsys.readouterr().out
     (tmp_path / "tokenizer.json").unlink()
@@ -158,10 +201,19 @@ def tiny_gemma3(layer_type: str):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     thetas = {"sliding_attention": 100.0, "full_attention": 1e6}
-    config = Gemma3TextConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, layer_types=[layer_type],
-                              sliding_window=64, max_position_embeddings=256,
-                              rope_parameters={t: {"rope_type": "default", "rope_theta": v} for t, v in thetas.items()})
+    config = Gemma3TextConfig(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        layer_types=[layer_type],
+        sliding_window=64,
+        max_position_embeddings=256,
+        rope_parameters={t: {"rope_type": "default", "rope_theta": v} for t, v in thetas.items()},
+    )
     torch.manual_seed(0)
     return Gemma3ForCausalLM(config).eval()
 

@@ -1,6 +1,7 @@
 """`sinklab survey` on the two shipped GGUF models (values recomputed from HF's own eager maps),
 on a tiny HF model and a SinkLab checkpoint in one run logged to a real MLflow server, and its
 refusals."""
+
 import csv
 import json
 
@@ -32,8 +33,24 @@ def _eager_alpha1_and_ratio(model, tokens):
 
 def test_survey_gguf_models_against_eager_attention(smollm2, tmp_path, capsys):
     out = tmp_path / "survey"
-    assert survey.main(["smollm2", "gemma3-270m", "-n", "2", "-T", "64", "--eps-sweep", "0.1,0.5",
-                        "--out", str(out), "--no-mlflow"]) == 0
+    assert (
+        survey.main(
+            [
+                "smollm2",
+                "gemma3-270m",
+                "-n",
+                "2",
+                "-T",
+                "64",
+                "--eps-sweep",
+                "0.1,0.5",
+                "--out",
+                str(out),
+                "--no-mlflow",
+            ]
+        )
+        == 0
+    )
     rows = {r["model"]: r for r in _read_csv(out / "survey.csv")}
     assert set(rows) == {"smollm2", "gemma3-270m"}
     assert (rows["smollm2"]["layers"], rows["smollm2"]["heads"]) == ("30", "9")
@@ -47,8 +64,11 @@ def test_survey_gguf_models_against_eager_attention(smollm2, tmp_path, capsys):
         tokens = analyze.probe_sets(smollm2, args)["natural"]
         alpha, ratios = _eager_alpha1_and_ratio(smollm2.model, tokens)
         assert float(rows["smollm2"][f"sink1_{column}"]) == pytest.approx(metrics.sink_rate(alpha, 0.3))
-        curve = {float(r["eps"]): float(r["sink1"]) for r in sweep
-                 if r["model"] == "smollm2" and r["input"] == "natural" and r["bos"] == str(int(bos))}
+        curve = {
+            float(r["eps"]): float(r["sink1"])
+            for r in sweep
+            if r["model"] == "smollm2" and r["input"] == "natural" and r["bos"] == str(int(bos))
+        }
         assert curve == pytest.approx({e: metrics.sink_rate(alpha, e) for e in (0.1, 0.3, 0.5)})
         suffix = "_bos" if bos else ""
         layer = int(rows["smollm2"][f"norm_ratio{suffix}_layer"])
@@ -69,8 +89,27 @@ def test_survey_hf_and_sinklab_models_logged_as_one_run(tiny_llama_dir, tmp_path
 
     ckpt_dir = save_pretrained(micro_model(), tmp_path / "ckpt")
     out = tmp_path / "survey"
-    assert survey.main([str(tiny_llama_dir), str(ckpt_dir), "--inputs", "random,repeat", "-n", "3", "-T", "12",
-                        "--out", str(out), "--mlflow-uri", mlflow_server, "--experiment", "survey-test"]) == 0
+    assert (
+        survey.main(
+            [
+                str(tiny_llama_dir),
+                str(ckpt_dir),
+                "--inputs",
+                "random,repeat",
+                "-n",
+                "3",
+                "-T",
+                "12",
+                "--out",
+                str(out),
+                "--mlflow-uri",
+                mlflow_server,
+                "--experiment",
+                "survey-test",
+            ]
+        )
+        == 0
+    )
     record = json.loads((out / "survey.json").read_text())
     names = [m["model"] for m in record["models"]]
     # neither tokenizer has a BOS token: those cells are n/a, and said why
@@ -84,15 +123,23 @@ def test_survey_hf_and_sinklab_models_logged_as_one_run(tiny_llama_dir, tmp_path
         assert f"{name}/sink1_random_bos" not in run.data.metrics
     curve = client.get_metric_history(run.info.run_id, f"{names[1]}/sweep_repeat")
     assert sorted(m.step for m in curve) == [5, 10, 20, 30, 40, 50, 60, 70, 80, 90]
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"survey.csv", "survey.md", "survey.png", "sweep.csv"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {
+        "survey.csv",
+        "survey.md",
+        "survey.png",
+        "sweep.csv",
+    }
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--bos", "maybe"], r"--bos 'maybe': choose from no,yes"),
-    (["--eps-sweep", "0.2,x"], r"--eps-sweep 'x': not a number"),
-    (["--eps", "1.5"], r"every ε must lie in \[0, 1\)"),
-    (["-T", "300"], r"sinklab survey: -T 300: .* at most 256 positions"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--bos", "maybe"], r"--bos 'maybe': choose from no,yes"),
+        (["--eps-sweep", "0.2,x"], r"--eps-sweep 'x': not a number"),
+        (["--eps", "1.5"], r"every ε must lie in \[0, 1\)"),
+        (["-T", "300"], r"sinklab survey: -T 300: .* at most 256 positions"),
+    ],
+)
 def test_survey_refusals(tiny_llama_dir, tmp_path, argv, message):
     with pytest.raises(SystemExit, match=message):
         survey.main([str(tiny_llama_dir), "-n", "2", "--out", str(tmp_path / "o"), "--no-mlflow", *argv])

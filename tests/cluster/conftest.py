@@ -1,4 +1,5 @@
 """Fixtures of the cluster tests: a real SLURM started for the session (root only)."""
+
 from __future__ import annotations
 
 import os

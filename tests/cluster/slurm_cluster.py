@@ -5,6 +5,7 @@ through SLURM_CONF, so it never touches a system SLURM. Only the processes start
 stopped. Two nodes (n1, n2) share this machine; their names do not resolve, so jobs get
 MASTER_ADDR=127.0.0.1 (on a real cluster Lightning takes the first host of SLURM_NODELIST).
 """
+
 from __future__ import annotations
 
 import os
@@ -35,7 +36,9 @@ def ensure_installed() -> str | None:
     if all(binary(b) for b in BINARIES):
         return None
     if os.geteuid() != 0:
-        return "SLURM is not installed and installing it needs root (apt-get install slurmctld slurmd slurm-client munge)"
+        return (
+            "SLURM is not installed and installing it needs root (apt-get install slurmctld slurmd slurm-client munge)"
+        )
     if not shutil.which("apt-get"):
         return "SLURM is not installed and this system has no apt-get"
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
@@ -103,12 +106,26 @@ class SlurmCluster:
         os.chmod(key, 0o400)
         node_lines = "\n".join(
             f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} "
-            "CPUs=4 RealMemory=2000 State=UNKNOWN" for name in self.nodes)
-        (root / "slurm.conf").write_text(SLURM_CONF.format(
-            root=root, ctld_port=free_port(), nodes=node_lines, node_list=",".join(self.nodes)))
+            "CPUs=4 RealMemory=2000 State=UNKNOWN"
+            for name in self.nodes
+        )
+        (root / "slurm.conf").write_text(
+            SLURM_CONF.format(root=root, ctld_port=free_port(), nodes=node_lines, node_list=",".join(self.nodes))
+        )
         m = root / "munge"
-        self._spawn("munged", ["munged", "-F", "--force", f"--key-file={key}", f"--socket={m}/socket",
-                               f"--pid-file={m}/pid", f"--log-file={m}/log", f"--seed-file={m}/seed"])
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "-F",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={m}/socket",
+                f"--pid-file={m}/pid",
+                f"--log-file={m}/log",
+                f"--seed-file={m}/seed",
+            ],
+        )
         self._wait(lambda: (m / "socket").exists(), "munged socket")
         self._spawn("slurmctld", ["slurmctld", "-D", "-i"])
         for name in self.nodes:
@@ -119,8 +136,9 @@ class SlurmCluster:
         cmd = [binary(cmd[0]), *cmd[1:]]
         log = open(self.root / f"{name}.out", "w")
         self.logs.append(log)
-        self.procs.append(subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        )
 
     def _all_idle(self) -> bool:
         out = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.split("\n")

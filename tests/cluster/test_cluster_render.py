@@ -1,4 +1,5 @@
 """Rendering of batch scripts and the errors of `sinklab submit` (no SLURM needed)."""
+
 from __future__ import annotations
 
 import re
@@ -34,7 +35,7 @@ def fit_check_in_this_process(monkeypatch):
             return real(command, **kwargs)
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = fit_main(list(command[command.index("fit") + 1:]))
+            code = fit_main(list(command[command.index("fit") + 1 :]))
         return subprocess.CompletedProcess(command, code, "", err.getvalue())
 
     monkeypatch.setattr(subprocess, "run", run)
@@ -45,30 +46,72 @@ def sbatch_lines(script: str) -> list[str]:
 
 
 def site_free(monkeypatch) -> None:
-    for name in ("SINKLAB_PARTITION", "SINKLAB_ACCOUNT", "SINKLAB_QOS", "SINKLAB_SETUP", "SINKLAB_TIME",
-                 "SINKLAB_COMMAND", "MLFLOW_TRACKING_URI"):
+    for name in (
+        "SINKLAB_PARTITION",
+        "SINKLAB_ACCOUNT",
+        "SINKLAB_QOS",
+        "SINKLAB_SETUP",
+        "SINKLAB_TIME",
+        "SINKLAB_COMMAND",
+        "MLFLOW_TRACKING_URI",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
 def test_paper_recipe_on_two_nodes_of_eight_gpus(capsys, monkeypatch, tmp_path):
     site_free(monkeypatch)
     monkeypatch.chdir(tmp_path)
-    code = submit_main([str(PAPER_RECIPE), "--nodes", "2", "--gpus-per-node", "8", "--time", "2-00:00:00",
-                        "--partition", "gpu", "--account", "proj42", "--setup", "module load cuda/12.4",
-                        "--dry-run"])
+    code = submit_main(
+        [
+            str(PAPER_RECIPE),
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "8",
+            "--time",
+            "2-00:00:00",
+            "--partition",
+            "gpu",
+            "--account",
+            "proj42",
+            "--setup",
+            "module load cuda/12.4",
+            "--dry-run",
+        ]
+    )
     assert code == 0
     script = capsys.readouterr().out
     run_dir = tmp_path / "runs" / "paper-60m"
     assert sbatch_lines(script) == [
-        "--job-name=paper-60m", "--nodes=2", "--ntasks-per-node=8", "--cpus-per-task=8",
-        "--gpus-per-node=8", "--time=2-00:00:00", "--partition=gpu", "--account=proj42",
-        f"--output={run_dir}/slurm/%j.out", "--open-mode=append", "--signal=USR1@180", "--requeue"]
+        "--job-name=paper-60m",
+        "--nodes=2",
+        "--ntasks-per-node=8",
+        "--cpus-per-task=8",
+        "--gpus-per-node=8",
+        "--time=2-00:00:00",
+        "--partition=gpu",
+        "--account=proj42",
+        f"--output={run_dir}/slurm/%j.out",
+        "--open-mode=append",
+        "--signal=USR1@180",
+        "--requeue",
+    ]
     srun = [line for line in script.splitlines() if line.startswith("srun ")]
     assert len(srun) == 1
     words = shlex.split(srun[0])
-    assert words[words.index("fit"):] == [
-        "fit", "--config", "$CONFIG", "--run-dir", "$RUN_DIR", "--resume", "auto",
-        "--trainer.num_nodes", "2", "--trainer.devices", "8"]
+    assert words[words.index("fit") :] == [
+        "fit",
+        "--config",
+        "$CONFIG",
+        "--run-dir",
+        "$RUN_DIR",
+        "--resume",
+        "auto",
+        "--trainer.num_nodes",
+        "2",
+        "--trainer.devices",
+        "8",
+    ]
     assert f"CONFIG={PAPER_RECIPE}" in script and f"RUN_DIR={run_dir}" in script
     assert "module load cuda/12.4" in script
     assert not (tmp_path / "runs").exists(), "a dry run must write nothing"
@@ -84,20 +127,38 @@ def test_cpu_job_site_values_from_environment_and_extra_fit_args(capsys, monkeyp
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
     config = tmp_path / "tiny.yaml"
     config.write_text("trainer:\n  max_steps: 5\n")
-    code = submit_main([str(config), "--gpus-per-node", "0", "--tasks-per-node", "2", "--cpus-per-task", "1",
-                        "--run-dir", str(tmp_path / "r"), "--signal-seconds", "60", "--mem", "4G",
-                        "--sbatch-option=--constraint=skylake", "--dry-run",
-                        "--", "--trainer.max_steps", "7"])
+    code = submit_main(
+        [
+            str(config),
+            "--gpus-per-node",
+            "0",
+            "--tasks-per-node",
+            "2",
+            "--cpus-per-task",
+            "1",
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--signal-seconds",
+            "60",
+            "--mem",
+            "4G",
+            "--sbatch-option=--constraint=skylake",
+            "--dry-run",
+            "--",
+            "--trainer.max_steps",
+            "7",
+        ]
+    )
     assert code == 0
     script = capsys.readouterr().out
     lines = sbatch_lines(script)
     assert "--ntasks-per-node=2" in lines and not any(l.startswith("--gpus") for l in lines)
-    assert {"--partition=cpu-long", "--qos=low", "--mem=4G", "--constraint=skylake",
-            "--signal=USR1@60"} <= set(lines)
+    assert {"--partition=cpu-long", "--qos=low", "--mem=4G", "--constraint=skylake", "--signal=USR1@60"} <= set(lines)
     assert "source /opt/env/bin/activate" in script
     assert "export MLFLOW_TRACKING_URI=http://mlflow.example:5000" in script
-    assert script.rstrip().endswith("--trainer.num_nodes 1 --trainer.devices 2 --trainer.accelerator cpu "
-                                    "--trainer.max_steps 7")
+    assert script.rstrip().endswith(
+        "--trainer.num_nodes 1 --trainer.devices 2 --trainer.accelerator cpu --trainer.max_steps 7"
+    )
 
 
 def test_array_task_reads_its_own_line(tmp_path):
@@ -112,9 +173,14 @@ def test_array_task_reads_its_own_line(tmp_path):
     assert "--array=0-2%2" in sbatch_lines(script)
     assert f"--output={tmp_path}/sweep/slurm/%A_%a.out" in sbatch_lines(script)
     # Run the selection lines as task 1 and read which run it picked.
-    select = script[script.index("RUN_LIST="):script.index('export SINKLAB_RUN_DIR')]
-    out = subprocess.run(["bash", "-c", select + 'echo "$CONFIG|$RUN_DIR"'], env={"SLURM_ARRAY_TASK_ID": "1"},
-                         capture_output=True, text=True, check=True).stdout.strip()
+    select = script[script.index("RUN_LIST=") : script.index("export SINKLAB_RUN_DIR")]
+    out = subprocess.run(
+        ["bash", "-c", select + 'echo "$CONFIG|$RUN_DIR"'],
+        env={"SLURM_ARRAY_TASK_ID": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert out == f"{configs[1]}|{tmp_path / 'runs' / 'b'}"
 
 
@@ -132,27 +198,29 @@ def test_stray_ckpt_name_in_run_dir_is_refused(tmp_path, capsys, monkeypatch):
     assert "best_ckpt_old.pt" in err and "hpc_ckpt_3" not in err
     # The job script refuses too (a stray file can appear after submission).
     script = render_job(config, run_dir, JobSpec(sinklab=f"{sys.executable} -m pipeline.cli", setup=""))
-    check = script[script.index("RUN_DIR="):script.index("echo \"sinklab: job")]
-    done = subprocess.run(["/bin/bash", "-c", check], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin"})
+    check = script[script.index("RUN_DIR=") : script.index('echo "sinklab: job')]
+    done = subprocess.run(["/bin/bash", "-c", check], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert done.returncode == 2 and "best_ckpt_old.pt" in done.stderr
     (run_dir / "best_ckpt_old.pt").unlink()
     assert subprocess.run(["/bin/bash", "-c", check], env={"PATH": "/usr/bin:/bin"}).returncode == 0
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["missing.yaml"], "config missing.yaml: no such file"),
-    (["{bad}", "--nodes", "0"], "--nodes must be at least 1"),
-    (["{bad}", "--time", "90min"], "--time '90min': expected minutes, MM:SS"),
-    (["{bad}", "--time", "5", "--signal-seconds", "300"], "--signal-seconds 300 must be shorter than --time 5"),
-    (["{bad}", "--", "--trainer.devices", "4"], "fit argument '--trainer.devices' is set by the job script"),
-    (["{bad}", "--gpus-per-node", "-1"], "--gpus-per-node must be 0 (CPU job) or more"),
-    (["{list}"], "expected a YAML mapping of settings, got list"),
-    (["{broken}"], "config broken.yaml, line 3: not valid YAML (mapping values are not allowed here)"),
-    (["{typo}"], "`sinklab fit` rejects it: model.optim: Option 'lrr' is not accepted"),
-    (["{bad}", "--", "--model.model.attention.op", "sigmod"], "rejects it: model.model.attention.op: Expected"),
-    (["{bad}", "--", "--trainer.max_stepz", "5"], "rejects it: unrecognized arguments: --trainer.max_stepz 5"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["missing.yaml"], "config missing.yaml: no such file"),
+        (["{bad}", "--nodes", "0"], "--nodes must be at least 1"),
+        (["{bad}", "--time", "90min"], "--time '90min': expected minutes, MM:SS"),
+        (["{bad}", "--time", "5", "--signal-seconds", "300"], "--signal-seconds 300 must be shorter than --time 5"),
+        (["{bad}", "--", "--trainer.devices", "4"], "fit argument '--trainer.devices' is set by the job script"),
+        (["{bad}", "--gpus-per-node", "-1"], "--gpus-per-node must be 0 (CPU job) or more"),
+        (["{list}"], "expected a YAML mapping of settings, got list"),
+        (["{broken}"], "config broken.yaml, line 3: not valid YAML (mapping values are not allowed here)"),
+        (["{typo}"], "`sinklab fit` rejects it: model.optim: Option 'lrr' is not accepted"),
+        (["{bad}", "--", "--model.model.attention.op", "sigmod"], "rejects it: model.model.attention.op: Expected"),
+        (["{bad}", "--", "--trainer.max_stepz", "5"], "rejects it: unrecognized arguments: --trainer.max_stepz 5"),
+    ],
+)
 def test_bad_input_gives_one_clear_line(argv, message, tmp_path, capsys, monkeypatch):
     site_free(monkeypatch)
     monkeypatch.chdir(tmp_path)
@@ -170,7 +238,13 @@ def test_bad_input_gives_one_clear_line(argv, message, tmp_path, capsys, monkeyp
 
 def test_time_limits_in_every_slurm_format():
     assert [time_limit_seconds(t) for t in ("30", "30:15", "2:00:00", "1-2", "1-02:30", "1-00:00:10")] == [
-        1800, 1815, 7200, 93600, 95400, 86410]
+        1800,
+        1815,
+        7200,
+        93600,
+        95400,
+        86410,
+    ]
     with pytest.raises(JobError):
         time_limit_seconds("1h")
 
@@ -179,8 +253,13 @@ def test_sinklab_submit_command_line_dispatch(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("trainer: {}\n")
     sinklab = Path(sys.executable).with_name("sinklab")
-    out = subprocess.run([str(sinklab), "submit", str(config), "--gpus-per-node", "2", "--dry-run"],
-                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    out = subprocess.run(
+        [str(sinklab), "submit", str(config), "--gpus-per-node", "2", "--dry-run"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    ).stdout
     assert re.search(r"^#SBATCH --ntasks-per-node=2$", out, re.M)
     assert f"{sinklab} fit" in out  # default: the sinklab of the submitting Python
 
@@ -206,8 +285,19 @@ def test_a_world_size_fit_would_refuse_is_refused_before_anything_is_queued(tmp_
     site_free(monkeypatch)
     data = make_dataset(tmp_path / "ds")  # C = 16
     recipe = REPO / "configs" / "recipes" / "cpu-tiny.yaml"  # 128 tokens a step: 8 sequences
-    job = [str(recipe), "--nodes", "3", "--gpus-per-node", "0", "--tasks-per-node", "1", "--dry-run", "--",
-           "--data.path", str(data)]
+    job = [
+        str(recipe),
+        "--nodes",
+        "3",
+        "--gpus-per-node",
+        "0",
+        "--tasks-per-node",
+        "1",
+        "--dry-run",
+        "--",
+        "--data.path",
+        str(data),
+    ]
     assert submit_main(job) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is 8 sequences, which 3 processes cannot share evenly" in err, err

@@ -5,6 +5,7 @@ run the real `sinklab fit` on the tiny CPU recipe (configs/recipes/cpu-tiny.yaml
 DeepSpeed ZeRO-2 (selected as paper-60m.yaml selects it) over the training tests' synthetic
 packed dataset, two gloo processes per job: the path of a multi-node GPU job, on CPUs.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,14 +22,19 @@ from cluster.submit import JobSpec, submit_array, submit_job
 REPO = Path(__file__).resolve().parents[2]
 CPU_RECIPE = REPO / "configs" / "recipes" / "cpu-tiny.yaml"
 EXPERIMENT = "sinklab-tests"  # run.experiment of the CPU recipe
-ZERO2 = ["--trainer.strategy", "pipeline.train.sharding.DeepSpeedStrategy",
-         "--trainer.strategy.config", str(REPO / "configs" / "deepspeed" / "zero2.json")]
+ZERO2 = [
+    "--trainer.strategy",
+    "pipeline.train.sharding.DeepSpeedStrategy",
+    "--trainer.strategy.config",
+    str(REPO / "configs" / "deepspeed" / "zero2.json"),
+]
 
 
 def tiny_dataset(root: Path) -> Path:
     """The training tests' synthetic packed dataset (tests/train/train_datasets.py)."""
-    spec = importlib.util.spec_from_file_location("sinklab_train_test_datasets",
-                                                  REPO / "tests" / "train" / "train_datasets.py")
+    spec = importlib.util.spec_from_file_location(
+        "sinklab_train_test_datasets", REPO / "tests" / "train" / "train_datasets.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.make_dataset(root)
@@ -41,17 +47,24 @@ def fit_args(tmp_path: Path, max_steps: int, strategy: list[str]) -> list[str]:
     return ["--trainer.max_steps", str(max_steps), "--data.path", str(data), *strategy]
 
 
-def cpu_job(mlflow_server, tmp_path, *, nodes: int, tasks: int, max_steps: int,
-            strategy: list[str] = ()) -> JobSpec:
+def cpu_job(mlflow_server, tmp_path, *, nodes: int, tasks: int, max_steps: int, strategy: list[str] = ()) -> JobSpec:
     # Jobs starting together would race to create the experiment; here it exists beforehand.
     client = MlflowClient(mlflow_server)
     if client.get_experiment_by_name(EXPERIMENT) is None:
         client.create_experiment(EXPERIMENT)
-    return JobSpec(nodes=nodes, gpus_per_node=0, tasks_per_node=tasks, cpus_per_task=1,
-                   partition=None, account=None, qos=None, setup="",
-                   sinklab=f"{shlex.quote(sys.executable)} -m pipeline.cli",
-                   fit_args=fit_args(tmp_path, max_steps, list(strategy)),
-                   environment={"MLFLOW_TRACKING_URI": mlflow_server, "OMP_NUM_THREADS": "1"})
+    return JobSpec(
+        nodes=nodes,
+        gpus_per_node=0,
+        tasks_per_node=tasks,
+        cpus_per_task=1,
+        partition=None,
+        account=None,
+        qos=None,
+        setup="",
+        sinklab=f"{shlex.quote(sys.executable)} -m pipeline.cli",
+        fit_args=fit_args(tmp_path, max_steps, list(strategy)),
+        environment={"MLFLOW_TRACKING_URI": mlflow_server, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def loss_history(mlflow_server: str, run_dir: Path) -> list[tuple[int, float]]:
@@ -144,8 +157,16 @@ def test_array_job_runs_one_config_per_task(slurm, tmp_path):
         configs.append(tmp_path / f"{name}.yaml")
         configs[-1].write_text("trainer: {}\n")
     runs = [(c, tmp_path / "runs" / c.stem) for c in configs]
-    spec = JobSpec(gpus_per_node=0, tasks_per_node=1, cpus_per_task=1, partition=None, account=None,
-                   qos=None, setup="", sinklab="echo sinklab")  # print the command instead of training
+    spec = JobSpec(
+        gpus_per_node=0,
+        tasks_per_node=1,
+        cpus_per_task=1,
+        partition=None,
+        account=None,
+        qos=None,
+        setup="",
+        sinklab="echo sinklab",
+    )  # print the command instead of training
     job = submit_array(runs, tmp_path / "sweep", spec)
     for task, (config, run_dir) in enumerate(runs):
         assert slurm.wait_for(f"{job}_{task}", {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED"

@@ -1,5 +1,6 @@
 """`make wheelhouse` (cluster/wheelhouse.py): which wheels a node without a package index needs,
 and a real subset built and installed with pip --no-index into a fresh venv."""
+
 from __future__ import annotations
 
 import os
@@ -25,21 +26,40 @@ def test_a_glibc_2_28_node_takes_every_older_manylinux_tag():
 
 def test_what_only_torch_needs_is_left_to_the_nodes_torch():
     resolved = [
-        {"name": "sinklab", "version": "0.1.0", "requires_dist": ["torch>=2.4", "jsonargparse[signatures]>=4.32",
-                                                                    "lm-eval>=0.4; extra == 'eval'"]},
+        {
+            "name": "sinklab",
+            "version": "0.1.0",
+            "requires_dist": ["torch>=2.4", "jsonargparse[signatures]>=4.32", "lm-eval>=0.4; extra == 'eval'"],
+        },
         {"name": "torch", "version": "2.11.0", "requires_dist": ["sympy", "filelock", "nvidia-cublas-cu12"]},
-        {"name": "jsonargparse", "version": "4.40.0",
-         "requires_dist": ["PyYAML>=3.13", "docstring-parser>=0.15; extra == 'signatures'",
-                           "typing-extensions; python_version < '3.10'"]},
-        *({"name": n, "version": "1.0"} for n in ("sympy", "filelock", "nvidia-cublas-cu12", "PyYAML",
-                                                   "docstring_parser", "typing_extensions", "lm-eval")),
+        {
+            "name": "jsonargparse",
+            "version": "4.40.0",
+            "requires_dist": [
+                "PyYAML>=3.13",
+                "docstring-parser>=0.15; extra == 'signatures'",
+                "typing-extensions; python_version < '3.10'",
+            ],
+        },
+        *(
+            {"name": n, "version": "1.0"}
+            for n in (
+                "sympy",
+                "filelock",
+                "nvidia-cublas-cu12",
+                "PyYAML",
+                "docstring_parser",
+                "typing_extensions",
+                "lm-eval",
+            )
+        ),
     ]
     asked = wh.needed(resolved, ["sinklab"], "3.11", "x86_64")
     assert set(asked) == {"sinklab", "jsonargparse", "pyyaml", "docstring-parser"}
     assert [str(s) for s in asked["pyyaml"]] == [">=3.13"]
     node = {"pyyaml": "6.0.2", "jsonargparse": "4.20.0", "docstring-parser": "bad version!"}
     asked["jsonargparse"].append(SpecifierSet(">=4.32"))
-    assert wh.satisfied_on_node(asked, node) == {"pyyaml"}   # too old and unreadable versions stay in
+    assert wh.satisfied_on_node(asked, node) == {"pyyaml"}  # too old and unreadable versions stay in
 
 
 def test_a_freeze_list_drops_local_labels_and_urls(tmp_path):
@@ -62,23 +82,36 @@ def test_deepspeed_as_a_pure_wheel_and_jsonargparse_install_with_no_index(tmp_pa
     docs/cluster.md): built for this Python, installed offline into a fresh venv."""
     out = tmp_path / "wheelhouse"
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    wheels = wh.build(out, py, "manylinux_2_28_x86_64", "torch==2.13.0", only=["deepspeed", "jsonargparse"],
-                      assets=())
+    wheels = wh.build(out, py, "manylinux_2_28_x86_64", "torch==2.13.0", only=["deepspeed", "jsonargparse"], assets=())
     names = {w.name.split("-")[0].lower() for w in wheels}
-    assert {"deepspeed", "jsonargparse", "docstring_parser", "hjson"} <= names   # signatures extra, DeepSpeed's deps
+    assert {"deepspeed", "jsonargparse", "docstring_parser", "hjson"} <= names  # signatures extra, DeepSpeed's deps
     assert not {n for n in names if n == "torch" or n.startswith(("nvidia", "triton"))}
     deepspeed = next(w for w in wheels if w.name.startswith("deepspeed-"))
     assert deepspeed.name.endswith("-py3-none-any.whl")
-    assert not [n for n in zipfile.ZipFile(deepspeed).namelist() if n.endswith(".so")]   # no compiled op
+    assert not [n for n in zipfile.ZipFile(deepspeed).namelist() if n.endswith(".so")]  # no compiled op
 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = str(env_dir / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
     for args in (["jsonargparse[signatures]"], ["deepspeed", "--no-deps"]):  # DeepSpeed's torch: the node's
-        done = subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(out), *args],
-                              env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(out), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
-    check = subprocess.run([python, "-c", "import jsonargparse, docstring_parser; from importlib.metadata import "
-                            "version; print(version('deepspeed'))"], capture_output=True, text=True, env=env)
+    check = subprocess.run(
+        [
+            python,
+            "-c",
+            "import jsonargparse, docstring_parser; from importlib.metadata import "
+            "version; print(version('deepspeed'))",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert check.returncode == 0 and check.stdout.strip() == deepspeed.name.split("-")[1], check.stderr

@@ -1,4 +1,5 @@
 """Fixtures for the data_prep tests: a tiny tokenizer and a tiny corpus."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Helpers for the data_prep tests: tiny corpora written by the tests themselves."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,10 @@ WORDS = (
 def make_docs(n: int, seed: int, domains=("A", "B"), max_words: int = 60) -> list[dict]:
     rng = random.Random(seed)
     return [
-        {"text": " ".join(rng.choices(WORDS, k=rng.randint(1, max_words))), "meta": {"pile_set_name": domains[i % len(domains)]}}
+        {
+            "text": " ".join(rng.choices(WORDS, k=rng.randint(1, max_words))),
+            "meta": {"pile_set_name": domains[i % len(domains)]},
+        }
         for i in range(n)
     ]
 
@@ -31,9 +35,17 @@ def write_jsonl(path: Path, records: list, compress: bool = False) -> Path:
 
 def config(corpus: dict[str, Path], out: Path, tokenizer: Path, **overrides) -> PrepConfig:
     settings = dict(
-        inputs=[str(corpus["train"])], val_inputs=[str(corpus["val"])], out=str(out), tokenizer=str(tokenizer),
-        context_length=32, val_fraction=0.0, probe_sequences=20, probe_length=16, workers=1,
-        chunk_chars=4000, progress=False,
+        inputs=[str(corpus["train"])],
+        val_inputs=[str(corpus["val"])],
+        out=str(out),
+        tokenizer=str(tokenizer),
+        context_length=32,
+        val_fraction=0.0,
+        probe_sequences=20,
+        probe_length=16,
+        workers=1,
+        chunk_chars=4000,
+        progress=False,
     )
     settings.update(overrides)
     return PrepConfig(**settings)

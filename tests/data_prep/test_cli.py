@@ -1,5 +1,6 @@
 """`sinklab prep` from the command line: bad inputs give one clear line and exit 2 leaving no
 output; the embedded preset runs end to end."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,17 @@ from data_prep.readers import read_pile
 
 
 def prep(args, tokenizer=None) -> list[str]:
-    base = ["--context-length", "32", "--probe-sequences", "5", "--probe-length", "8", "--workers", "1", "--no-progress"]
+    base = [
+        "--context-length",
+        "32",
+        "--probe-sequences",
+        "5",
+        "--probe-length",
+        "8",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     return args + base + (["--tokenizer", str(tokenizer)] if tokenizer else [])
 
 
@@ -38,7 +49,10 @@ def test_truncated_zst_leaves_no_output(tmp_path, capsys, tokenizer_file):
 @pytest.mark.parametrize(
     "lines, expected",
     [
-        (['{"text": "a b c"}', "not json"], "line 302: not valid JSON (Expecting value at column 1); each line must be"),
+        (
+            ['{"text": "a b c"}', "not json"],
+            "line 302: not valid JSON (Expecting value at column 1); each line must be",
+        ),
         (['{"text": "a b c"}', '{"meta": {}}'], "line 302: has no string field 'text'; each line must be"),
     ],
 )
@@ -55,7 +69,12 @@ def test_bad_lines_leave_no_output(tmp_path, capsys, tokenizer_file, lines, expe
 def test_invalid_utf8_and_empty_documents_are_counted(tmp_path, capsys, tokenizer_file):
     good = [json.dumps(d) for d in make_docs(300, 4)]
     path = tmp_path / "mixed.jsonl"
-    extra = [b'{"text": "caf\xe9 au lait"}', b'{"text": ""}', b'{"text": "   \\n  "}', b'{"text": "lone \\ud800 surrogate"}']
+    extra = [
+        b'{"text": "caf\xe9 au lait"}',
+        b'{"text": ""}',
+        b'{"text": "   \\n  "}',
+        b'{"text": "lone \\ud800 surrogate"}',
+    ]
     path.write_bytes(b"\n".join([g.encode() for g in good] + extra) + b"\n")
     out = tmp_path / "ds"
     assert main(prep(["--input", str(path), "--val-fraction", "0.2", "--out", str(out)], tokenizer_file)) == 0
@@ -83,7 +102,10 @@ def test_forced_uint16_with_a_large_vocabulary_is_refused(tmp_path, capsys):
     data = write_jsonl(tmp_path / "d.jsonl", make_docs(50, 6))
     out = tmp_path / "ds"
     line = error_of(capsys, prep(["--input", str(data), "--out", str(out), "--dtype", "uint16"], tmp_path / "big.json"))
-    assert line == "sinklab prep: error: --dtype uint16 holds ids below 65536 but the tokenizer has 70002 ids; use --dtype uint32 or leave --dtype out"
+    assert (
+        line
+        == "sinklab prep: error: --dtype uint16 holds ids below 65536 but the tokenizer has 70002 ids; use --dtype uint32 or leave --dtype out"
+    )
     assert not out.exists()
 
 
@@ -97,12 +119,27 @@ def test_missing_input_and_unknown_tokenizer(tmp_path, capsys):
 
 def test_embedded_preset_end_to_end(tmp_path, capsys):
     out = tmp_path / "embedded"
-    argv = ["embedded", "--out", str(out), "--domain-chars", "200k", "--vocab-size", "400", "--probe-sequences", "20", "--workers", "1", "--no-progress"]
+    argv = [
+        "embedded",
+        "--out",
+        str(out),
+        "--domain-chars",
+        "200k",
+        "--vocab-size",
+        "400",
+        "--probe-sequences",
+        "20",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     first = capsys.readouterr().out
     assert "Shakespeare" in first and "Python-stdlib" in first and "(already prepared" not in first
     # the raw corpus is Pile format: the same reader reads it
-    raw = list(read_pile(str(out / "raw" / "val.jsonl.zst"))) + list(read_pile(str(out / "raw" / "train" / "00.jsonl.zst")))
+    raw = list(read_pile(str(out / "raw" / "val.jsonl.zst"))) + list(
+        read_pile(str(out / "raw" / "train" / "00.jsonl.zst"))
+    )
     assert {d.domain for d in raw} == {"Shakespeare", "Python-stdlib"}
     assert any(d.text.startswith("A Midsummer Night's Dream\nACT I\nSCENE") for d in raw)
     m = load_manifest(out)
@@ -132,7 +169,18 @@ def test_text_files_through_the_cli(tmp_path, capsys, tokenizer_file):
     (tmp_path / "books" / "a.txt").write_text("\n\n".join(docs[:100]) + "\n")
     (tmp_path / "books" / "b.txt").write_text("\n\n".join(docs[100:]) + "\n")
     out = tmp_path / "ds"
-    argv = ["--input", str(tmp_path / "books"), "--format", "text", "--text-unit", "paragraph", "--domain", "books", "--val-fraction", "0.25"]
+    argv = [
+        "--input",
+        str(tmp_path / "books"),
+        "--format",
+        "text",
+        "--text-unit",
+        "paragraph",
+        "--domain",
+        "books",
+        "--val-fraction",
+        "0.25",
+    ]
     assert main(prep(argv + ["--out", str(out)], tokenizer_file)) == 0
     m = load_manifest(out)
     assert m.splits["train"].documents + m.splits["val"].documents == 200
@@ -140,12 +188,15 @@ def test_text_files_through_the_cli(tmp_path, capsys, tokenizer_file):
 
 
 # ---- issue 16: --out that cannot hold a dataset, and Ctrl-C --------------------------------------
-@pytest.mark.parametrize("out, message", [
-    ("/proc/sinklab-x", "--out /proc/sinklab-x: cannot create it ("),
-    ("{file}/ds", "/ds: cannot create it (Not a directory)"),
-    ("{file}", "is a file; choose a directory path"),
-    ("{notes}", "holds notes.txt, which is not part of a SinkLab dataset; choose an empty or new directory"),
-])
+@pytest.mark.parametrize(
+    "out, message",
+    [
+        ("/proc/sinklab-x", "--out /proc/sinklab-x: cannot create it ("),
+        ("{file}/ds", "/ds: cannot create it (Not a directory)"),
+        ("{file}", "is a file; choose a directory path"),
+        ("{notes}", "holds notes.txt, which is not part of a SinkLab dataset; choose an empty or new directory"),
+    ],
+)
 def test_output_that_cannot_hold_a_dataset_is_refused(out, message, tmp_path, capsys, tokenizer_file):
     data = write_jsonl(tmp_path / "d.jsonl", make_docs(300, 5))
     (tmp_path / "afile").write_text("x")
@@ -166,8 +217,13 @@ def test_ctrl_c_exits_130_and_the_rerun_resumes_to_the_same_bytes(tmp_path, toke
     data = write_jsonl(tmp_path / "d.jsonl", make_docs(6000, 7))
     args = prep(["--input", str(data), "--val-fraction", "0.1", "--chunk-chars", "2k"], tokenizer_file)
     cmd = [sys.executable, "-m", "pipeline.cli", "prep", *args]
-    proc = subprocess.Popen([*cmd, "--out", str(tmp_path / "cut")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(tmp_path / "cut")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     done = tmp_path / "cut" / ".partial" / "done"
     deadline = time.time() + 60
     while proc.poll() is None and time.time() < deadline and not (done.is_dir() and any(done.iterdir())):
@@ -202,12 +258,29 @@ def test_a_vocabulary_no_bpe_can_use_is_refused_and_the_rerun_is_not_blocked(tmp
 
 def test_a_vocabulary_larger_than_the_corpus_supports_is_a_warning(tmp_path, capsys, corpus):
     out = tmp_path / "ds"
-    assert main(prep(["--input", str(corpus["train"]), "--val-input", str(corpus["val"]), "--out", str(out),
-                      "--vocab-size", "70000"])) == 0
+    assert (
+        main(
+            prep(
+                [
+                    "--input",
+                    str(corpus["train"]),
+                    "--val-input",
+                    str(corpus["val"]),
+                    "--out",
+                    str(out),
+                    "--vocab-size",
+                    "70000",
+                ]
+            )
+        )
+        == 0
+    )
     got = load_manifest(out).vocab_size
     warning = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert got < 70000 and warning == [f"sinklab prep: warning: --vocab-size 70,000: the corpus supports only {got:,} ids "
-                                       f"(the tokenizer found nothing more to merge); the dataset has {got:,}"]
+    assert got < 70000 and warning == [
+        f"sinklab prep: warning: --vocab-size 70,000: the corpus supports only {got:,} ids "
+        f"(the tokenizer found nothing more to merge); the dataset has {got:,}"
+    ]
 
 
 def test_a_file_size_limit_is_one_line_and_the_rerun_resumes(tmp_path, corpus, tokenizer_file):
@@ -218,10 +291,16 @@ def test_a_file_size_limit_is_one_line_and_the_rerun_resumes(tmp_path, corpus, t
     import sys
 
     out = tmp_path / "ds"
-    argv = [sys.executable, "-m", "pipeline.cli", "prep", *prep(["--input", str(corpus["train"]), "--val-input",
-                                                                  str(corpus["val"]), "--out", str(out)], tokenizer_file)]
-    limited = subprocess.run(argv, capture_output=True, text=True,
-                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000)))
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "prep",
+        *prep(["--input", str(corpus["train"]), "--val-input", str(corpus["val"]), "--out", str(out)], tokenizer_file),
+    ]
+    limited = subprocess.run(
+        argv, capture_output=True, text=True, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
+    )
     err = limited.stderr.strip().splitlines()
     assert limited.returncode == 2 and len(err) == 1, limited.stderr
     assert str(out) in err[0] and "File too large" in err[0] and "ulimit -f" in err[0]

@@ -1,4 +1,5 @@
 """Packing and its small helpers, on hand-computed cases."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """End-to-end preparation on tiny corpora, checked against an independent reference packing."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,9 @@ from data_prep.prepare import prepare
 C = 32
 
 
-def reference_shards(texts: list[str], tokenizer: Path, chunk_chars: int, bos: bool = True) -> tuple[list[np.ndarray], int, int]:
+def reference_shards(
+    texts: list[str], tokenizer: Path, chunk_chars: int, bos: bool = True
+) -> tuple[list[np.ndarray], int, int]:
     """Chunks of >= chunk_chars characters, each packed as [BOS] ids EOS and cut into C: the
     expected shards, the total document tokens and the total dropped tail."""
     tok = Tokenizer.from_file(str(tokenizer))
@@ -92,8 +95,10 @@ def test_probe_is_held_out_without_bos(tmp_path, corpus, tokenizer_file):
     assert not np.isin(probe, [0, 1, 2]).any()  # no BOS, no EOS, no PAD
     tok = Tokenizer.from_file(str(tokenizer_file))
     val_ids = [tok.encode(d["text"], add_special_tokens=False).ids for d in make_docs(120, 2, max_words=120)]
+
     def inside(row, docs):
         return any(doc[i : i + len(row)] == row for doc in docs for i in range(len(doc) - len(row) + 1))
+
     assert all(inside(row, val_ids) for row in probe.tolist())
     assert len({tuple(r) for r in probe.tolist()}) == 20
     (out / "probe.bin").unlink()
@@ -157,7 +162,9 @@ def test_token_budget_takes_the_first_sequences_whatever_the_worker_count(tmp_pa
 def test_budget_larger_than_the_corpus_warns_and_uses_all(tmp_path, corpus, tokenizer_file):
     result = prepare(config(corpus, tmp_path / "ds", tokenizer_file, max_tokens=10**9))
     used = result.manifest["splits"]["train"]["tokens"]
-    assert result.warnings == [f"--max-tokens 1000000000 is more than the corpus holds; used all {used} training tokens"]
+    assert result.warnings == [
+        f"--max-tokens 1000000000 is more than the corpus holds; used all {used} training tokens"
+    ]
 
 
 def test_domain_filter_keeps_only_the_named_domains(tmp_path, corpus, tokenizer_file):
@@ -167,13 +174,18 @@ def test_domain_filter_keeps_only_the_named_domains(tmp_path, corpus, tokenizer_
     assert m["splits"]["train"]["documents"] == 200 and m["splits"]["val"]["documents"] == 60
     assert m["documents"]["filtered_documents"] == 260 and m["documents"]["documents_read"] == 520
     assert result.warnings == ["--domains: 'Pile-CC' does not occur in the input (it has: A, B)"]
-    with pytest.raises(DataPrepError, match=r"no full training sequence of 32 tokens after --domains Pile-CC \(domains in the input: A, B\)"):
+    with pytest.raises(
+        DataPrepError,
+        match=r"no full training sequence of 32 tokens after --domains Pile-CC \(domains in the input: A, B\)",
+    ):
         prepare(config(corpus, tmp_path / "none", tokenizer_file, domains=["Pile-CC"]))
     assert not (tmp_path / "none").exists()
 
 
 def test_val_fraction_carves_validation_from_the_input(tmp_path, corpus, tokenizer_file):
-    result = prepare(config(corpus, tmp_path / "ds", tokenizer_file, val_inputs=[], val_fraction=0.3, probe_sequences=5))
+    result = prepare(
+        config(corpus, tmp_path / "ds", tokenizer_file, val_inputs=[], val_fraction=0.3, probe_sequences=5)
+    )
     m = result.manifest
     assert m["splits"]["train"]["documents"] + m["splits"]["val"]["documents"] == 400
     assert 80 < m["splits"]["val"]["documents"] < 160

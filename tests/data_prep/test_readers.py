@@ -1,4 +1,5 @@
 """Readers: Pile JSON lines (plain and zstd), text files, HF datasets; and their bad inputs."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,15 @@ import zstandard
 from dp_helpers import make_docs, write_jsonl
 
 from data_prep.errors import DataPrepError
-from data_prep.readers import ReaderOptions, expand_inputs, iter_raw_lines, read_documents, read_hf, read_pile, read_text
+from data_prep.readers import (
+    ReaderOptions,
+    expand_inputs,
+    iter_raw_lines,
+    read_documents,
+    read_hf,
+    read_pile,
+    read_text,
+)
 
 
 def test_pile_jsonl_and_zst_give_the_same_documents(tmp_path):
@@ -23,7 +32,9 @@ def test_pile_jsonl_and_zst_give_the_same_documents(tmp_path):
 def test_zst_reader_streams_across_frames_and_blocks(tmp_path, monkeypatch):
     monkeypatch.setattr("data_prep.readers.COMPRESSED_BLOCK", 64)  # many small reads
     lines = [json.dumps({"text": f"doc {i} " + "x" * (i % 300)}) for i in range(400)]
-    frames = [zstandard.ZstdCompressor().compress(("\n".join(lines[i : i + 100]) + "\n").encode()) for i in range(0, 400, 100)]
+    frames = [
+        zstandard.ZstdCompressor().compress(("\n".join(lines[i : i + 100]) + "\n").encode()) for i in range(0, 400, 100)
+    ]
     path = tmp_path / "multi.jsonl.zst"
     path.write_bytes(b"".join(frames))
     assert [line.decode() for line in iter_raw_lines(str(path))] == lines
@@ -61,7 +72,9 @@ def test_text_units(tmp_path):
     path = tmp_path / "t.txt"
     path.write_text("first para\nstill first\n\n\nsecond\n\nthird\n")
     assert [(d.text, d.line) for d in read_text(str(path), "paragraph")] == [
-        ("first para\nstill first", 1), ("second", 5), ("third", 7)
+        ("first para\nstill first", 1),
+        ("second", 5),
+        ("third", 7),
     ]
     assert [d.line for d in read_text(str(path), "line")] == [1, 2, 3, 4, 5, 6, 7]
     (whole,) = read_text(str(path), "file", domain="books")
@@ -71,7 +84,10 @@ def test_text_units(tmp_path):
 def test_expand_inputs_sorts_globs_and_walks_directories(tmp_path):
     for name in ("b.jsonl", "a.jsonl.zst", "skip.csv"):
         (tmp_path / name).write_text("")
-    assert [p.rsplit("/", 1)[1] for p in expand_inputs([str(tmp_path / "*.jsonl*")], "pile")] == ["a.jsonl.zst", "b.jsonl"]
+    assert [p.rsplit("/", 1)[1] for p in expand_inputs([str(tmp_path / "*.jsonl*")], "pile")] == [
+        "a.jsonl.zst",
+        "b.jsonl",
+    ]
     assert [p.rsplit("/", 1)[1] for p in expand_inputs([str(tmp_path)], "pile")] == ["a.jsonl.zst", "b.jsonl"]
     with pytest.raises(DataPrepError, match=r"nothing\.jsonl: no such file or directory"):
         expand_inputs([str(tmp_path / "nothing.jsonl")], "pile")
@@ -81,6 +97,7 @@ def test_expand_inputs_sorts_globs_and_walks_directories(tmp_path):
 
 def test_hf_dataset_from_save_to_disk_and_from_a_json_file(tmp_path):
     import datasets
+
     records = make_docs(20, 5)
     rows = {"text": [r["text"] for r in records], "meta": [r["meta"] for r in records]}
     datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "saved"))

@@ -1,6 +1,7 @@
 """The Bigram-Backcopy generator (data_prep.synthetic_bb): the rule holds at every position, the
 bigram steps follow the source's statistics, and `sinklab prep bb` writes a dataset the rest of
 SinkLab reads."""
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,27 @@ def test_bigram_steps_follow_the_source_statistics(shakespeare):
 
 def test_prep_bb_writes_a_dataset_sinklab_reads(tmp_path, capsys):
     out = tmp_path / "bb"
-    argv = ["bb", "--out", str(out), "--vocab-size", "24", "--triggers", "2", "--context-length", "16",
-            "--sequences", "5000", "--val-sequences", "40", "--probe-sequences", "7", "--probe-length", "12", "--seed", "3"]
+    argv = [
+        "bb",
+        "--out",
+        str(out),
+        "--vocab-size",
+        "24",
+        "--triggers",
+        "2",
+        "--context-length",
+        "16",
+        "--sequences",
+        "5000",
+        "--val-sequences",
+        "40",
+        "--probe-sequences",
+        "7",
+        "--probe-length",
+        "12",
+        "--seed",
+        "3",
+    ]
     assert main(argv) == 0
     manifest = verify(out)
     assert manifest.vocab_size == 24 and manifest.context_length == 16 and manifest.trigger_ids == [0, 1]
@@ -101,15 +121,17 @@ def test_prep_bb_writes_a_dataset_sinklab_reads(tmp_path, capsys):
     assert json.loads((again / "manifest.json").read_text())["hash"] == manifest.hash
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--vocab-size", "5", "--triggers", "3"], "--vocab-size 5 with --triggers 3: the vocabulary needs BOS, EOS"),
-    (["--vocab-size", "500"], "--vocab-size 500: the source has only"),
-    (["--context-length", "2"], "--context-length 2: must be at least 3"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--vocab-size", "5", "--triggers", "3"], "--vocab-size 5 with --triggers 3: the vocabulary needs BOS, EOS"),
+        (["--vocab-size", "500"], "--vocab-size 500: the source has only"),
+        (["--context-length", "2"], "--context-length 2: must be at least 3"),
+    ],
+)
 def test_prep_bb_bad_settings_one_line_and_nothing_left(tmp_path, capsys, args, message):
     out = tmp_path / "bb"
     assert main(["bb", "--out", str(out), "--sequences", "10", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sinklab prep: error: ") and message in err[0]
     assert not out.exists()
-

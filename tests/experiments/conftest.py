@@ -1,4 +1,5 @@
 """Fixtures of the experiment tests (helpers live in experiment_helpers.py)."""
+
 from __future__ import annotations
 
 import itertools

@@ -1,4 +1,5 @@
 """Helpers for the experiment tests: small experiment files and runs logged like `sinklab fit`'s."""
+
 from __future__ import annotations
 
 import textwrap
@@ -9,14 +10,22 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 
-def write_experiment(directory: Path, name: str, recipe: Path | str = "configs/recipes/cpu-tiny.yaml",
-                     variants: str | None = None, plot: str = "") -> Path:
+def write_experiment(
+    directory: Path,
+    name: str,
+    recipe: Path | str = "configs/recipes/cpu-tiny.yaml",
+    variants: str | None = None,
+    plot: str = "",
+) -> Path:
     """A two-column experiment file (Sink_1 and valid loss) with variants a, b, c."""
-    variants = variants or """\
+    variants = (
+        variants
+        or """\
       - {name: a, label: "variant a", overrides: {model.optim.weight_decay: 0.0}, paper: {sink1: 15.2, val_loss: 3.72}}
       - {name: b, label: "variant b", overrides: {model.optim.weight_decay: 0.5}, paper: {sink1: 41.08}}
       - {name: c, label: "variant c", overrides: {model.optim.weight_decay: 5.0}, paper_status: training failure}
     """
+    )
     text = textwrap.dedent(f"""\
     name: {name}
     title: Test experiment {name}
@@ -36,8 +45,15 @@ def write_experiment(directory: Path, name: str, recipe: Path | str = "configs/r
     return path
 
 
-def log_training_run(client: MlflowClient, experiment: str, variant: str, scale: str, *,
-                     status: str | None, metrics: dict[str, float | list[tuple[int, float]]]) -> str:
+def log_training_run(
+    client: MlflowClient,
+    experiment: str,
+    variant: str,
+    scale: str,
+    *,
+    status: str | None,
+    metrics: dict[str, float | list[tuple[int, float]]],
+) -> str:
     """Log a run as `sinklab fit` does for a sweep: its tags, run name and metric names."""
     exp = client.get_experiment_by_name(f"sinklab/{experiment}")
     exp_id = exp.experiment_id if exp else client.create_experiment(f"sinklab/{experiment}")
@@ -46,9 +62,11 @@ def log_training_run(client: MlflowClient, experiment: str, variant: str, scale:
         tags["sinklab.status"] = status
     run = client.create_run(exp_id, run_name=f"{variant} ({experiment}/{scale})", tags=tags)
     now = int(time.time() * 1000)
-    batch = [Metric(name, v, now, step)
-             for name, value in metrics.items()
-             for step, v in (value if isinstance(value, list) else [(0, value)])]
+    batch = [
+        Metric(name, v, now, step)
+        for name, value in metrics.items()
+        for step, v in (value if isinstance(value, list) else [(0, value)])
+    ]
     client.log_batch(run.info.run_id, metrics=batch)
     if status == "finished":
         client.set_terminated(run.info.run_id, "FINISHED")
@@ -57,8 +75,9 @@ def log_training_run(client: MlflowClient, experiment: str, variant: str, scale:
     return run.info.run_id
 
 
-def make_dataset(root: Path, *, n_train: int = 48, n_val: int = 8, C: int = 16, V: int = 64,
-                 probe: tuple[int, int] = (8, 12)) -> Path:
+def make_dataset(
+    root: Path, *, n_train: int = 48, n_val: int = 8, C: int = 16, V: int = 64, probe: tuple[int, int] = (8, 12)
+) -> Path:
     """A small packed dataset in the manifest format of data_prep.dataset (contracts section 1):
     random tokens 8..V-1 (ids 0..2 are pad/bos/eos), one shard per split."""
     import hashlib
@@ -75,17 +94,35 @@ def make_dataset(root: Path, *, n_train: int = 48, n_val: int = 8, C: int = 16, 
         (root / split).mkdir(exist_ok=True)
         tokens = rng.integers(8, V, size=(n, C)).astype(np.uint16)
         tokens.tofile(root / split / "00000.bin")
-        splits[split] = {"sequences": n, "tokens": n * C, "documents": n, "dropped_tail_tokens": 0,
-                         "domains": {"synthetic": {"documents": n}},
-                         "shards": [{"path": f"{split}/00000.bin", "sequences": n,
-                                     "sha256": hashlib.sha256(tokens.tobytes()).hexdigest()}]}
+        splits[split] = {
+            "sequences": n,
+            "tokens": n * C,
+            "documents": n,
+            "dropped_tail_tokens": 0,
+            "domains": {"synthetic": {"documents": n}},
+            "shards": [
+                {"path": f"{split}/00000.bin", "sequences": n, "sha256": hashlib.sha256(tokens.tobytes()).hexdigest()}
+            ],
+        }
     probe_tokens = rng.integers(8, V, size=probe).astype(np.uint16)
     probe_tokens.tofile(root / "probe.bin")
-    manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "vocab_size": V,
-                "special_ids": {"pad": 0, "bos": 1, "eos": 2}, "bos": False, "context_length": C,
-                "dtype": "uint16", "splits": splits,
-                "probe": {"path": "probe.bin", "sequences": probe[0], "length": probe[1], "bos": False,
-                          "sha256": hashlib.sha256(probe_tokens.tobytes()).hexdigest()}}
+    manifest = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "vocab_size": V,
+        "special_ids": {"pad": 0, "bos": 1, "eos": 2},
+        "bos": False,
+        "context_length": C,
+        "dtype": "uint16",
+        "splits": splits,
+        "probe": {
+            "path": "probe.bin",
+            "sequences": probe[0],
+            "length": probe[1],
+            "bos": False,
+            "sha256": hashlib.sha256(probe_tokens.tobytes()).hexdigest(),
+        },
+    }
     manifest["hash"] = content_hash(manifest)
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return root
@@ -94,7 +131,8 @@ def make_dataset(root: Path, *, n_train: int = 48, n_val: int = 8, C: int = 16, 
 def micro_recipe(directory: Path, dataset: Path, steps: int = 5) -> Path:
     """A seconds-long `sinklab fit` recipe on the `micro` model shape over `dataset`."""
     path = directory / "micro-recipe.yaml"
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
     seed_everything: 1234
     run: {{name: micro, experiment: sinklab-tests, checkpoint_every: 0, keep_last: 1,
           sink_every: {steps}, plot_every: 0, val_every: {steps}, throughput_window: 1}}
@@ -104,5 +142,6 @@ def micro_recipe(directory: Path, dataset: Path, steps: int = 5) -> Path:
     data: {{path: {dataset}, global_batch_tokens: 64, micro_batch_size: 4, val_batches: 1}}
     trainer: {{max_steps: {steps}, accelerator: cpu, devices: 1, precision: 32-true,
               log_every_n_steps: 1, enable_progress_bar: false, enable_model_summary: false}}
-    """))
+    """)
+    )
     return path

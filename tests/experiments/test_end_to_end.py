@@ -1,5 +1,6 @@
 """A real small sweep: two variants of the micro model through `sinklab fit` (subprocesses),
 logged to the MLflow server fixture, then the report's rows."""
+
 from __future__ import annotations
 
 import json
@@ -16,13 +17,15 @@ VARIANTS = """\
 
 
 def last_logged(run_dir, metric):
-    values = [row[metric] for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-              if metric in row]
+    values = [
+        row[metric] for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if metric in row
+    ]
     return values[-1]
 
 
-def test_sweep_runs_every_variant_once_and_the_report_shows_them(tmp_path, mlflow_env, unique_name,
-                                                                 monkeypatch, capsys):
+def test_sweep_runs_every_variant_once_and_the_report_shows_them(
+    tmp_path, mlflow_env, unique_name, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     recipe = micro_recipe(tmp_path, make_dataset(tmp_path / "dataset"), steps=5)
     path = write_experiment(tmp_path, unique_name, recipe=recipe, variants=VARIANTS)
@@ -41,8 +44,9 @@ def test_sweep_runs_every_variant_once_and_the_report_shows_them(tmp_path, mlflo
     assert "nothing to run: every variant has finished" in out and "[1/" not in out
 
     assert report.main([str(path), "--out", str(tmp_path / "report")]) == 0
-    rows = report.build_rows(report.load_experiment(path),
-                             report.tracking.variant_runs(mlflow_env, f"sinklab/{unique_name}", "cpu"))
+    rows = report.build_rows(
+        report.load_experiment(path), report.tracking.variant_runs(mlflow_env, f"sinklab/{unique_name}", "cpu")
+    )
     assert [(r.variant, r.status) for r in rows] == [("softmax", "finished"), ("sigmoid", "finished")]
     for row in rows:
         sink1, val_loss = row.measured
@@ -53,5 +57,11 @@ def test_sweep_runs_every_variant_once_and_the_report_shows_them(tmp_path, mlflo
     md = (tmp_path / "report" / "report.md").read_text()
     emerged = [report.emergence_cell(r) for r in rows]  # every sweep run tracks emergence
     assert all(r.tracks_emergence for r in rows) and "—" not in emerged
-    assert f"| softmax | 18.18 | {rows[0].measured[0]:.2f} | 3.73 | {rows[0].measured[1]:.2f} | {emerged[0]} | finished |" in md
-    assert f"| sigmoid, Z = 1 | 0.44 | {rows[1].measured[0]:.2f} | 3.70 | {rows[1].measured[1]:.2f} | {emerged[1]} | finished |" in md
+    assert (
+        f"| softmax | 18.18 | {rows[0].measured[0]:.2f} | 3.73 | {rows[0].measured[1]:.2f} | {emerged[0]} | finished |"
+        in md
+    )
+    assert (
+        f"| sigmoid, Z = 1 | 0.44 | {rows[1].measured[0]:.2f} | 3.70 | {rows[1].measured[1]:.2f} | {emerged[1]} | finished |"
+        in md
+    )

@@ -1,4 +1,5 @@
 """Experiment files: every file loads, the paper's numbers are the seeds', bad files fail clearly."""
+
 from __future__ import annotations
 
 import textwrap
@@ -6,17 +7,37 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.experiments.spec import (EXPERIMENTS_DIR, ExperimentError, experiment_files,
-                                       load_all, load_experiment)
+from pipeline.experiments.spec import EXPERIMENTS_DIR, ExperimentError, experiment_files, load_all, load_experiment
 
 EXPECTED = {
-    "weight-decay", "lr-steps", "batch-size", "data-amount", "random-first-tokens",
-    "fixed-token-position", "prefix-lm", "sliding-window", "positional-embedding", "post-norm",
-    "ffn", "heads", "attention-biases", "fixed-v-star", "head-sharing-biases", "key-bias-dims",
-    "softmax-scale", "sigmoid-lr-wd", "attention-operations", "sigmoid-1b", "sink-tokens",
+    "weight-decay",
+    "lr-steps",
+    "batch-size",
+    "data-amount",
+    "random-first-tokens",
+    "fixed-token-position",
+    "prefix-lm",
+    "sliding-window",
+    "positional-embedding",
+    "post-norm",
+    "ffn",
+    "heads",
+    "attention-biases",
+    "fixed-v-star",
+    "head-sharing-biases",
+    "key-bias-dims",
+    "softmax-scale",
+    "sigmoid-lr-wd",
+    "attention-operations",
+    "sigmoid-1b",
+    "sink-tokens",
     "mitigations",
     # Guo et al.'s Bigram-Backcopy findings (issue 30)
-    "bb-sink", "bb-attention-ops", "bb-optimizer", "bb-norm", "bb-mitigations",
+    "bb-sink",
+    "bb-attention-ops",
+    "bb-optimizer",
+    "bb-norm",
+    "bb-mitigations",
 }
 
 
@@ -29,32 +50,35 @@ def test_every_experiment_of_the_issue_has_a_valid_file():
         assert e.cpu_notes, f"{e.name}: the cpu scale departs from the paper and must say how"
 
 
-@pytest.mark.parametrize("name,variant,values", [
-    # Hand-copied from the seeds; a typo in a file fails here.
-    ("weight-decay", "wd-0.5", {"sink1": 41.08, "val_loss": 3.80}),
-    ("weight-decay", "wd-5.0", {"sink1": 0.01, "val_loss": 5.24}),
-    ("lr-steps", "lr1e-4-80k", {"sink1": 6.29, "val_loss": 3.67}),
-    ("batch-size", "bs-2m", {"sink1": 16.19, "val_loss": 3.68}),
-    ("fixed-token-position", "fixed-pos2", {"sink1": 0.0, "sink2": 69.03, "sink3": 0.0, "sink4": 0.01}),
-    ("random-first-tokens", "random-x1-x2", {"sink1": 1.98, "sink2": 14.08, "val_loss": None}),
-    ("positional-embedding", "relative", {"sink1": 35.53, "val_loss": 5.45}),
-    ("post-norm", "post-norm", {"sink1": 13.54, "val_loss": None}),
-    ("ffn", "reglu", {"sink1": 13.88, "val_loss": 3.75}),
-    ("heads", "h8-sum", {"sink1": 21.76, "val_loss": 3.74}),
-    ("attention-biases", "kv-biases", {"sink_star": 72.76, "sink1": 0.04, "val_loss": 3.72}),
-    ("attention-biases", "v-biases", {"sink_star": None, "sink1": 17.53, "val_loss": 3.73}),
-    ("head-sharing-biases", "kv-shared", {"sink_star": 56.61, "sink1": 12.44, "val_loss": 3.72}),
-    ("key-bias-dims", "da-1", {"sink_star": None, "sink1": None, "val_loss": None}),
-    ("key-bias-dims", "da-32", {"sink_star": 51.23, "sink1": 1.94, "val_loss": 3.73}),
-    ("fixed-v-star", "v20-onehot", {"sink_star": None, "sink1": 25.88, "val_loss": None}),
-    ("softmax-scale", "alpha-0.05", {"sink1": 4.53, "val_loss": 3.78}),
-    ("sigmoid-lr-wd", "lr4e-4-wd1.0", {"sink1": 0.30, "val_loss": 4.06}),
-    ("attention-operations", "kernel-elu1-sum", {"sink1": 53.65, "val_loss": 4.19}),
-    ("attention-operations", "elu1-sum", {"sink1": None, "val_loss": None}),
-    ("sigmoid-1b", "softmax", {"sink1": 45.11, "val_loss": 3.07}),
-    ("sink-tokens", "sink-2", {"ppl_1_1023": 25.73, "ppl_0_1024": 1262, "piqa": 64.3}),
-    ("data-amount", "data-50m", {"sink1": None, "val_loss": None}),
-])
+@pytest.mark.parametrize(
+    "name,variant,values",
+    [
+        # Hand-copied from the seeds; a typo in a file fails here.
+        ("weight-decay", "wd-0.5", {"sink1": 41.08, "val_loss": 3.80}),
+        ("weight-decay", "wd-5.0", {"sink1": 0.01, "val_loss": 5.24}),
+        ("lr-steps", "lr1e-4-80k", {"sink1": 6.29, "val_loss": 3.67}),
+        ("batch-size", "bs-2m", {"sink1": 16.19, "val_loss": 3.68}),
+        ("fixed-token-position", "fixed-pos2", {"sink1": 0.0, "sink2": 69.03, "sink3": 0.0, "sink4": 0.01}),
+        ("random-first-tokens", "random-x1-x2", {"sink1": 1.98, "sink2": 14.08, "val_loss": None}),
+        ("positional-embedding", "relative", {"sink1": 35.53, "val_loss": 5.45}),
+        ("post-norm", "post-norm", {"sink1": 13.54, "val_loss": None}),
+        ("ffn", "reglu", {"sink1": 13.88, "val_loss": 3.75}),
+        ("heads", "h8-sum", {"sink1": 21.76, "val_loss": 3.74}),
+        ("attention-biases", "kv-biases", {"sink_star": 72.76, "sink1": 0.04, "val_loss": 3.72}),
+        ("attention-biases", "v-biases", {"sink_star": None, "sink1": 17.53, "val_loss": 3.73}),
+        ("head-sharing-biases", "kv-shared", {"sink_star": 56.61, "sink1": 12.44, "val_loss": 3.72}),
+        ("key-bias-dims", "da-1", {"sink_star": None, "sink1": None, "val_loss": None}),
+        ("key-bias-dims", "da-32", {"sink_star": 51.23, "sink1": 1.94, "val_loss": 3.73}),
+        ("fixed-v-star", "v20-onehot", {"sink_star": None, "sink1": 25.88, "val_loss": None}),
+        ("softmax-scale", "alpha-0.05", {"sink1": 4.53, "val_loss": 3.78}),
+        ("sigmoid-lr-wd", "lr4e-4-wd1.0", {"sink1": 0.30, "val_loss": 4.06}),
+        ("attention-operations", "kernel-elu1-sum", {"sink1": 53.65, "val_loss": 4.19}),
+        ("attention-operations", "elu1-sum", {"sink1": None, "val_loss": None}),
+        ("sigmoid-1b", "softmax", {"sink1": 45.11, "val_loss": 3.07}),
+        ("sink-tokens", "sink-2", {"ppl_1_1023": 25.73, "ppl_0_1024": 1262, "piqa": 64.3}),
+        ("data-amount", "data-50m", {"sink1": None, "val_loss": None}),
+    ],
+)
 def test_paper_values_match_the_seeds(name, variant, values):
     v = load_experiment(name).variant(variant)
     for key, expected in values.items():
@@ -119,19 +143,28 @@ def test_a_good_file_loads(tmp_path):
     assert e.group == tmp_path.name
 
 
-@pytest.mark.parametrize("change,message", [
-    (("paper: {sink1: 12.5}", "paper: {sink1: twelve}"), ":12: variants[0].paper.sink1: expected a number or null"),
-    (("paper: {sink1: 12.5}", "paper: {sink9: 1.0}"), ":12: variants[0].paper.sink9: no column 'sink9'"),
-    (("name: demo", "name: other"), ":1: name: name 'other' must equal the file name 'demo'"),
-    (("  cpu: {recipe: configs/recipes/cpu-tiny.yaml}\n", ""), ":4: scale: missing required field 'cpu'"),
-    (("overrides: {model.n_heads: 4}", "overrides: {model: {n_heads: 4}}"),
-     ":11: variants[0].overrides.model: override values must be scalars"),
-    (("title: Demo", "title: Demo\nsteps: 3"), ":3: steps: unknown field 'steps'"),
-    (("cpu-tiny.yaml}", "cpu-tiny.yaml, metrics: {val/loss: val/loss_cpu}}"),
-     ":6: scale.cpu.metrics.val/loss: renames 'val/loss', which no column reads"),
-    (('label: "Sink_1 (%)"}', 'label: "Sink_1 (%)", digits: 2.5}'),
-     ":8: columns[0].digits: expected a whole number of decimals from 0 to 6, got 2.5"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (("paper: {sink1: 12.5}", "paper: {sink1: twelve}"), ":12: variants[0].paper.sink1: expected a number or null"),
+        (("paper: {sink1: 12.5}", "paper: {sink9: 1.0}"), ":12: variants[0].paper.sink9: no column 'sink9'"),
+        (("name: demo", "name: other"), ":1: name: name 'other' must equal the file name 'demo'"),
+        (("  cpu: {recipe: configs/recipes/cpu-tiny.yaml}\n", ""), ":4: scale: missing required field 'cpu'"),
+        (
+            ("overrides: {model.n_heads: 4}", "overrides: {model: {n_heads: 4}}"),
+            ":11: variants[0].overrides.model: override values must be scalars",
+        ),
+        (("title: Demo", "title: Demo\nsteps: 3"), ":3: steps: unknown field 'steps'"),
+        (
+            ("cpu-tiny.yaml}", "cpu-tiny.yaml, metrics: {val/loss: val/loss_cpu}}"),
+            ":6: scale.cpu.metrics.val/loss: renames 'val/loss', which no column reads",
+        ),
+        (
+            ('label: "Sink_1 (%)"}', 'label: "Sink_1 (%)", digits: 2.5}'),
+            ":8: columns[0].digits: expected a whole number of decimals from 0 to 6, got 2.5",
+        ),
+    ],
+)
 def test_bad_files_name_file_line_and_field(tmp_path, change, message):
     path = _write(tmp_path, "demo", textwrap.dedent(GOOD).replace(*change))
     with pytest.raises(ExperimentError) as err:

@@ -1,4 +1,5 @@
 """Sweeps: planning from MLflow, idempotence, configs on disk, the dry run (with a fake runner)."""
+
 from __future__ import annotations
 
 import yaml
@@ -19,7 +20,10 @@ def test_plan_skips_finished_runs_and_reruns_the_rest(tmp_path, mlflow_env, uniq
 
     planned = sweep.plan(exp, "cpu", runs_root, mlflow_env)
     assert [(r.variant, r.state, r.previous_run_id) for r in planned] == [
-        ("a", "finished", finished_a), ("b", "failed", failed_b), ("c", "pending", None)]
+        ("a", "finished", finished_a),
+        ("b", "failed", failed_b),
+        ("c", "pending", None),
+    ]
     assert planned[1].run_dir == runs_root / unique_name / "cpu" / "b"
     text = sweep.format_plan(exp, "cpu", planned)
     assert "skip (finished)" in text and "run again (failed before)" in text
@@ -30,21 +34,37 @@ def test_plan_skips_finished_runs_and_reruns_the_rest(tmp_path, mlflow_env, uniq
     def fake_fit(run, command):  # what `sinklab fit` would leave behind: a run in MLflow
         calls.append(command)
         ok = run.variant == "c"
-        log_training_run(mlflow_env, unique_name, run.variant, "cpu",
-                         status="finished" if ok else "nonfinite", metrics={})
+        log_training_run(
+            mlflow_env, unique_name, run.variant, "cpu", status="finished" if ok else "nonfinite", metrics={}
+        )
         return 0 if ok else 3
 
     sweep.write_configs(exp, "cpu", planned)
     codes = sweep.run_local(planned, runner=fake_fit, extra=["--trainer.max_steps", "5"])
     assert codes == {"b": 3, "c": 0}
-    assert calls[1][-9:] == ["fit", "--config", str(runs_root / unique_name / "cpu" / "c.yaml"),
-                             "--run-dir", str(runs_root / unique_name / "cpu" / "c"), "--resume", "auto",
-                             "--trainer.max_steps", "5"][-9:]
+    assert (
+        calls[1][-9:]
+        == [
+            "fit",
+            "--config",
+            str(runs_root / unique_name / "cpu" / "c.yaml"),
+            "--run-dir",
+            str(runs_root / unique_name / "cpu" / "c"),
+            "--resume",
+            "auto",
+            "--trainer.max_steps",
+            "5",
+        ][-9:]
+    )
     # configs are written for the variants that run, none for the finished one
     written = yaml.safe_load((runs_root / unique_name / "cpu" / "c.yaml").read_text())
     assert written["model"]["optim"]["weight_decay"] == 5.0
-    assert written["run"] == {**written["run"], "experiment": f"sinklab/{unique_name}", "variant": "c",
-                              "name": f"c ({unique_name}/cpu)"}
+    assert written["run"] == {
+        **written["run"],
+        "experiment": f"sinklab/{unique_name}",
+        "variant": "c",
+        "name": f"c ({unique_name}/cpu)",
+    }
     assert not (runs_root / unique_name / "cpu" / "a.yaml").exists()
 
     again = sweep.plan(exp, "cpu", runs_root, mlflow_env)
@@ -64,15 +84,28 @@ def test_an_interrupted_run_is_resumed(tmp_path, mlflow_env, unique_name):
 
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, mlflow_env, unique_name, capsys):
     path = write_experiment(tmp_path, unique_name)
-    code = sweep.main([str(path), "--dry-run", "--no-check", "--runs-root", str(tmp_path / "runs"),
-                       "--variants", "a,c", "--", "--trainer.max_steps", "3"])
+    code = sweep.main(
+        [
+            str(path),
+            "--dry-run",
+            "--no-check",
+            "--runs-root",
+            str(tmp_path / "runs"),
+            "--variants",
+            "a,c",
+            "--",
+            "--trainer.max_steps",
+            "3",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"{unique_name} (002 Table 2), scale cpu: 2 variants -> MLflow experiment sinklab/{unique_name}"
     commands = [line for line in out if line.startswith("  $ ")]
     assert len(commands) == 2 and commands[1].endswith(
         f"fit --config {tmp_path}/runs/{unique_name}/cpu/c.yaml --run-dir {tmp_path}/runs/{unique_name}/cpu/c "
-        "--resume auto --trainer.max_steps 3")
+        "--resume auto --trainer.max_steps 3"
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -84,8 +117,7 @@ def test_unknown_variant_is_an_error(tmp_path, mlflow_env, unique_name, capsys):
     assert "--variants '': names no variant; give some of a, b, c" in capsys.readouterr().err
 
 
-def test_submit_sends_one_job_array_of_the_unfinished_variants(tmp_path, mlflow_env, unique_name,
-                                                              monkeypatch, capsys):
+def test_submit_sends_one_job_array_of_the_unfinished_variants(tmp_path, mlflow_env, unique_name, monkeypatch, capsys):
     import cluster.submit
 
     submitted = []
@@ -94,13 +126,32 @@ def test_submit_sends_one_job_array_of_the_unfinished_variants(tmp_path, mlflow_
     path = write_experiment(tmp_path, unique_name)
     log_training_run(mlflow_env, unique_name, "b", "cpu", status="finished", metrics={})
     root = tmp_path / "runs"
-    assert sweep.main([str(path), "--submit", "--no-check", "--runs-root", str(root), "--gpus-per-node", "2",
-                       "--time", "1:00:00", "--", "--trainer.max_steps", "7"]) == 0
+    assert (
+        sweep.main(
+            [
+                str(path),
+                "--submit",
+                "--no-check",
+                "--runs-root",
+                str(root),
+                "--gpus-per-node",
+                "2",
+                "--time",
+                "1:00:00",
+                "--",
+                "--trainer.max_steps",
+                "7",
+            ]
+        )
+        == 0
+    )
     assert "submitted job array 4242 with 2 tasks" in capsys.readouterr().out
     sweep_dir = root / unique_name / "cpu"
     assert submitted == [sweep_dir / "array.sbatch"]
     assert (sweep_dir / "runs.tsv").read_text().splitlines() == [
-        f"{sweep_dir / 'a.yaml'}\t{sweep_dir / 'a'}", f"{sweep_dir / 'c.yaml'}\t{sweep_dir / 'c'}"]
+        f"{sweep_dir / 'a.yaml'}\t{sweep_dir / 'a'}",
+        f"{sweep_dir / 'c.yaml'}\t{sweep_dir / 'c'}",
+    ]
     script = (sweep_dir / "array.sbatch").read_text()
     assert "#SBATCH --array=0-1" in script and "#SBATCH --partition=gpu" in script
     assert "#SBATCH --gpus-per-node=2" in script and "#SBATCH --time=1:00:00" in script
@@ -116,13 +167,18 @@ def test_a_sweep_groups_its_variants_under_one_parent_run(tmp_path, mlflow_env, 
 
     monkeypatch.chdir(tmp_path)
     recipe = micro_recipe(tmp_path, make_dataset(tmp_path / "dataset"), steps=3)
-    path = write_experiment(tmp_path, unique_name, recipe=recipe, variants="""\
+    path = write_experiment(
+        tmp_path,
+        unique_name,
+        recipe=recipe,
+        variants="""\
       - {name: a, label: "variant a", overrides: {model.optim.weight_decay: 0.0}}
       - {name: b, label: "variant b", overrides: {model.optim.weight_decay: 0.5}}
-    """)
+    """,
+    )
 
     def in_process(run, command):  # `sinklab fit ...` without a new interpreter
-        return fit(command[command.index("fit") + 1:] + ["--run.log_model", "false", "--run.system_metrics", "false"])
+        return fit(command[command.index("fit") + 1 :] + ["--run.log_model", "false", "--run.system_metrics", "false"])
 
     args = [str(path), "--local", "--no-check", "--runs-root", str(tmp_path / "runs")]
     assert sweep.main(args, runner=in_process) == 0
@@ -133,7 +189,9 @@ def test_a_sweep_groups_its_variants_under_one_parent_run(tmp_path, mlflow_env, 
     assert len(parents) == 1 and len(children) == 2 and len(runs) == 3
     parent = parents[0]
     assert parent.info.run_name == f"{unique_name}/cpu" and parent.info.status == "FINISHED"
-    assert parent.data.tags["sinklab.paper_ref"] == "002 Table 2" and parent.data.tags["sinklab.experiment"] == unique_name
+    assert (
+        parent.data.tags["sinklab.paper_ref"] == "002 Table 2" and parent.data.tags["sinklab.experiment"] == unique_name
+    )
     assert sorted(r.data.tags["sinklab.variant"] for r in children) == ["a", "b"]
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
@@ -141,13 +199,23 @@ def test_a_sweep_groups_its_variants_under_one_parent_run(tmp_path, mlflow_env, 
     assert "SINKLAB_PARENT_RUN_ID" not in __import__("os").environ
 
 
-def test_the_gpu_scale_says_what_the_embedded_corpus_does_and_takes_a_data_path(tmp_path, mlflow_env, capsys,
-                                                                               monkeypatch):
+def test_the_gpu_scale_says_what_the_embedded_corpus_does_and_takes_a_data_path(
+    tmp_path, mlflow_env, capsys, monkeypatch
+):
     """gpu-small on the embedded corpus memorises (issue 27); a prepared Pile dataset, given once
     for the sweep (--data-path or SINKLAB_DATA_PATH), goes to every variant's `sinklab fit`."""
     monkeypatch.delenv("SINKLAB_DATA_PATH", raising=False)
-    common = ["weight-decay", "--scale", "gpu", "--dry-run", "--no-check", "--runs-root", str(tmp_path / "runs"),
-              "--variants", "wd-0.5"]
+    common = [
+        "weight-decay",
+        "--scale",
+        "gpu",
+        "--dry-run",
+        "--no-check",
+        "--runs-root",
+        str(tmp_path / "runs"),
+        "--variants",
+        "wd-0.5",
+    ]
     assert sweep.main(common) == 0
     out = capsys.readouterr()
     assert "note: the gpu scale trains on the embedded corpus" in out.err and "--data-path DIR" in out.err
@@ -158,6 +226,7 @@ def test_the_gpu_scale_says_what_the_embedded_corpus_does_and_takes_a_data_path(
     out = capsys.readouterr()
     assert "note:" not in out.err
     assert [line for line in out.out.splitlines() if line.startswith("  $ ")][0].endswith(
-        f"--resume auto --data.path {pile}")
+        f"--resume auto --data.path {pile}"
+    )
     assert sweep.main([*common, "--data-path", str(tmp_path / "nothing")]) == 2
     assert f"sinklab sweep: --data-path {tmp_path / 'nothing'}: no manifest.json there" in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """Every variant's overrides resolve against `sinklab fit`'s real config classes."""
+
 from __future__ import annotations
 
 import copy
@@ -36,11 +37,14 @@ def test_variant_config_applies_overrides_and_identity():
     assert ModelConfig.from_dict(config["model"]["model"]).d_model == 128  # the cpu recipe underneath is kept
 
 
-@pytest.mark.parametrize("path,value,message", [
-    (("model", "model", "attention", "op"), "bogus", "model.model.attention.op: Expected"),
-    (("model", "optim", "lrr"), 1.0, "Option 'lrr' is not accepted"),
-    (("model", "model", "biases"), {"kind": "v", "key_dims": 3}, "key_dims=3: only meaningful for kind"),
-])
+@pytest.mark.parametrize(
+    "path,value,message",
+    [
+        (("model", "model", "attention", "op"), "bogus", "model.model.attention.op: Expected"),
+        (("model", "optim", "lrr"), 1.0, "Option 'lrr' is not accepted"),
+        (("model", "model", "biases"), {"kind": "v", "key_dims": 3}, "key_dims=3: only meaningful for kind"),
+    ],
+)
 def test_wrong_overrides_are_named(path, value, message):
     e = load_experiment("weight-decay")
     config = copy.deepcopy(variant_config(e, e.variants[0], "cpu"))

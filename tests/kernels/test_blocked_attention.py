@@ -2,6 +2,7 @@
 backward, for every non-softmax op, mask, bias slots and positional biases, in both of its
 implementations (torch tiles; fused Triton tiles, here under TRITON_INTERPRET=1, see
 tests/conftest.py); and the memory property: no T x T tensor is ever allocated."""
+
 import math
 
 import pytest
@@ -15,7 +16,7 @@ from pipeline.model.attention_ops import OPS, blocked_spec, build_kernel
 from pipeline.model.masks import admitted_pairs
 from pipeline.model.positional import ALiBi, RelativeBucket, T5Bias
 
-B, H, T, DH = 2, 2, 19, 8   # T not a multiple of the block size on purpose
+B, H, T, DH = 2, 2, 19, 8  # T not a multiple of the block size on purpose
 
 ATTENTION = [
     dict(op="sigmoid", normalizer="sum"),
@@ -30,13 +31,27 @@ ATTENTION = [
     dict(op="kernel", kernel="mlp", normalizer="abs_clamp"),
 ]
 # (mask, number of k*/v* bias slots)
-MASKS = [(dict(mask="causal"), 0), (dict(mask="causal"), 1), (dict(mask="sliding", window=5), 1),
-         (dict(mask="prefix", prefix_len=6), 1)]
+MASKS = [
+    (dict(mask="causal"), 0),
+    (dict(mask="causal"), 1),
+    (dict(mask="sliding", window=5), 1),
+    (dict(mask="prefix", prefix_len=6), 1),
+]
 
 
 def _config(attention, mask, sink_tokens=0, positional="nope"):
-    return ModelConfig(vocab_size=64, d_model=H * DH, n_layers=1, n_heads=H, d_ffn=32, max_seq_len=64,
-                       positional=positional, attention=dict(attention), sink_tokens=sink_tokens, **mask)
+    return ModelConfig(
+        vocab_size=64,
+        d_model=H * DH,
+        n_layers=1,
+        n_heads=H,
+        d_ffn=32,
+        max_seq_len=64,
+        positional=positional,
+        attention=dict(attention),
+        sink_tokens=sink_tokens,
+        **mask,
+    )
 
 
 def _eager(cfg, q, k, v, kernel, slot_k=None, slot_v=None, score_bias=None):
@@ -64,14 +79,37 @@ def _inputs(seed, n_slots=0, dtype=torch.float64, tq=T):
     return q, k, v, *slots
 
 
-def _compare(cfg, kernel, q, k, v, slot_k=None, slot_v=None, score_bias=None, block=8, query_block=8, tol=1e-9,
-             impl="torch", bias_tensor=None):
+def _compare(
+    cfg,
+    kernel,
+    q,
+    k,
+    v,
+    slot_k=None,
+    slot_v=None,
+    score_bias=None,
+    block=8,
+    query_block=8,
+    tol=1e-9,
+    impl="torch",
+    bias_tensor=None,
+):
     """bias_tensor: score_bias as the model's [1|H, Tq, Tk] tensor for the blocked path."""
     leaves = [t for t in (q, k, v, slot_k, slot_v) if t is not None] + (list(kernel.parameters()) if kernel else [])
     ref = _eager(cfg, q, k, v, kernel, slot_k, slot_v, score_bias)
-    out = _blocked(q, k, v, cfg, kernel=kernel, slot_k=slot_k, slot_v=slot_v,
-                   score_bias=score_bias if bias_tensor is None else bias_tensor,
-                   block_size=block, query_block=query_block, impl=impl)
+    out = _blocked(
+        q,
+        k,
+        v,
+        cfg,
+        kernel=kernel,
+        slot_k=slot_k,
+        slot_v=slot_v,
+        score_bias=score_bias if bias_tensor is None else bias_tensor,
+        block_size=block,
+        query_block=query_block,
+        impl=impl,
+    )
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
     weight = torch.randn_like(ref)
     g_ref = torch.autograd.grad((ref * weight).sum(), leaves)
@@ -116,16 +154,26 @@ def test_sink_tokens_shift_the_prefix_and_queries_may_be_a_suffix():
     _compare(cfg, None, *_inputs(4, tq=7), block=3, query_block=2)
 
 
-needs_triton = pytest.mark.skipif(not triton_tiles.available(), reason="triton is not installed "
-                                   "(a dev dependency on Linux x86_64: pip install -e .[dev])")
+needs_triton = pytest.mark.skipif(
+    not triton_tiles.available(),
+    reason="triton is not installed (a dev dependency on Linux x86_64: pip install -e .[dev])",
+)
 # what reaches the fused kernels: kernel ops with a causal or prefix mask take the linear form
-FUSED_CASES = [(a, m, n) for a in ATTENTION if a.get("p", 1.0) == 1.0 for m, n in MASKS
-               if not (a["op"] == "kernel" and m["mask"] != "sliding")]
+FUSED_CASES = [
+    (a, m, n)
+    for a in ATTENTION
+    if a.get("p", 1.0) == 1.0
+    for m, n in MASKS
+    if not (a["op"] == "kernel" and m["mask"] != "sliding")
+]
 
 
 @needs_triton
-@pytest.mark.parametrize("attention,mask,n_slots", FUSED_CASES,
-                         ids=lambda x: "-".join(str(v) for v in x.values()) if isinstance(x, dict) else f"slots{x}")
+@pytest.mark.parametrize(
+    "attention,mask,n_slots",
+    FUSED_CASES,
+    ids=lambda x: "-".join(str(v) for v in x.values()) if isinstance(x, dict) else f"slots{x}",
+)
 def test_fused_triton_tiles_match_eager(attention, mask, n_slots):
     """16 x 16 tiles (the smallest tl.dot) over T = 19: a partial tile in both directions."""
     cfg = _config(attention, mask)
@@ -144,8 +192,16 @@ def test_fused_triton_tiles_take_the_models_bias_tensor_and_a_query_suffix(posit
         cfg = _config(dict(op="sigmoid"), mask, sink_tokens=2, positional=positional)
         module = {"alibi": ALiBi, "relative": RelativeBucket}[positional](cfg)
         tensor = module.score_bias(torch.arange(T - tq, T), torch.arange(T)).double()
-        _compare(cfg, None, *_inputs(8, n_slots=1, tq=tq), score_bias=module.score_bias, bias_tensor=tensor,
-                 block=16, query_block=16, impl="triton")
+        _compare(
+            cfg,
+            None,
+            *_inputs(8, n_slots=1, tq=tq),
+            score_bias=module.score_bias,
+            bias_tensor=tensor,
+            block=16,
+            query_block=16,
+            impl="triton",
+        )
 
 
 @needs_triton
@@ -222,8 +278,16 @@ def test_no_tensor_of_t_by_t_elements_is_allocated(attention):
     """T = 1024: one T x T slice would be 1M elements; the blocked path's largest tensor
     (forward and backward) is a T x 32 key-block tile (or linear chunk), 32 times smaller."""
     t, dh = 1024, 8
-    cfg = ModelConfig(vocab_size=64, d_model=dh, n_layers=1, n_heads=1, d_ffn=32, max_seq_len=t,
-                      attention=attention, positional="nope")
+    cfg = ModelConfig(
+        vocab_size=64,
+        d_model=dh,
+        n_layers=1,
+        n_heads=1,
+        d_ffn=32,
+        max_seq_len=t,
+        attention=attention,
+        positional="nope",
+    )
     kernel = build_kernel(cfg.attention, dh)
     q, k, v = (torch.randn(1, 1, t, dh, requires_grad=True) for _ in range(3))
     with _LargestAllocation() as probe:
@@ -233,11 +297,15 @@ def test_no_tensor_of_t_by_t_elements_is_allocated(attention):
     assert math.isfinite(q.grad.sum().item())
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(attention=dict(op="sigmoid", normalizer="none"), biases=dict(kind="kv")),
-    dict(attention=dict(op="elu1"), mask="sliding", window=6, positional="alibi", sink_tokens=1),
-    dict(attention=dict(op="kernel", kernel="mlp", normalizer="abs_clamp"), mask="prefix", prefix_len=4),
-], ids=["sigmoid-kv", "elu1-sliding-alibi", "kernel-mlp-prefix"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(attention=dict(op="sigmoid", normalizer="none"), biases=dict(kind="kv")),
+        dict(attention=dict(op="elu1"), mask="sliding", window=6, positional="alibi", sink_tokens=1),
+        dict(attention=dict(op="kernel", kernel="mlp", normalizer="abs_clamp"), mask="prefix", prefix_len=4),
+    ],
+    ids=["sigmoid-kv", "elu1-sliding-alibi", "kernel-mlp-prefix"],
+)
 @pytest.mark.parametrize("impl", ["auto", pytest.param("triton", marks=needs_triton)])
 def test_model_training_path_matches_its_eager_path(overrides, impl, monkeypatch):
     """The model's training path (pipeline.kernels, called from Attention.forward) against its
@@ -247,8 +315,9 @@ def test_model_training_path_matches_its_eager_path(overrides, impl, monkeypatch
 
     calls = []
     real = attention_module.blocked_attention
-    monkeypatch.setattr(attention_module, "blocked_attention",
-                        lambda *a, **kw: calls.append(1) or real(*a, **kw, impl=impl))
+    monkeypatch.setattr(
+        attention_module, "blocked_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw, impl=impl)
+    )
     torch.manual_seed(0)
     model = Transformer(ModelConfig.from_preset("micro", init_std=0.2, **overrides)).double()
     idx = torch.randint(0, 64, (2, 21))

@@ -2,6 +2,7 @@
 graph break fails), loss and every gradient equal to the eager model's. On a CPU the blocked ops
 take the torch tiles unless told otherwise; the fused Triton tiles (the CUDA path) are forced
 here under Triton's interpreter, where they run inside their custom ops like on a GPU."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,7 @@ from pipeline.model.attention_ops import OPS
 from pipeline.train.loss import next_token_loss
 
 FAMILIES = {name: dict(op=name) for name in OPS} | {
-    "sigmoid-none": dict(op="sigmoid", normalizer="none"),   # Table 6's variant (the blocked tiles)
+    "sigmoid-none": dict(op="sigmoid", normalizer="none"),  # Table 6's variant (the blocked tiles)
     "kernel": dict(op="kernel", kernel="elu1", normalizer="sum"),  # linear: the chunked form
     "kernel-mlp": dict(op="kernel", kernel="mlp", normalizer="abs_clamp"),
 }
@@ -53,7 +54,8 @@ def test_every_attention_family_compiles_without_graph_breaks(family):
 def test_fused_triton_tiles_inside_an_inductor_compiled_model(monkeypatch):
     """The sigmoid model as a GPU trains it: the fused kernels inside a block Inductor compiled."""
     real, calls = attention_module.blocked_attention, []
-    monkeypatch.setattr(attention_module, "blocked_attention",
-                        lambda *a, **kw: calls.append(1) or real(*a, **kw, impl="triton"))
+    monkeypatch.setattr(
+        attention_module, "blocked_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw, impl="triton")
+    )
     _compiled_matches_eager(dict(op="sigmoid", normalizer="none"), "inductor")
     assert calls

@@ -1,5 +1,6 @@
 """FLOPs per token, device peaks and MFU (pipeline.flops) against hand counts and against the
 FLOPs torch counts in the model's forward, for every registered attention op."""
+
 import dataclasses
 from typing import get_args
 
@@ -33,9 +34,9 @@ def test_micro_config_hand_count():
 
 def test_masks_sink_tokens_and_slots_hand_count():
     cfg = micro(mask="sliding", window=3)
-    assert admitted_pairs_count(cfg, 8) == 1 + 2 + 3 * 6          # rows see 1, 2, 3, 3, ...
+    assert admitted_pairs_count(cfg, 8) == 1 + 2 + 3 * 6  # rows see 1, 2, 3, 3, ...
     cfg = micro(mask="prefix", prefix_len=3)
-    assert admitted_pairs_count(cfg, 8) == 36 + 3                  # pairs (0,1) (0,2) (1,2)
+    assert admitted_pairs_count(cfg, 8) == 36 + 3  # pairs (0,1) (0,2) (1,2)
     # one sink token: 9 slots through the blocks, 8 through the head, 45 pairs + 9 k* columns
     cfg = micro(sink_tokens=1, biases=dict(kind="kv"))
     assert admitted_pairs_count(cfg, 8) == 45 + 9
@@ -43,10 +44,16 @@ def test_masks_sink_tokens_and_slots_hand_count():
     assert flops_per_token(cfg, 8) == expected
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(), dict(mask="sliding", window=5), dict(mask="prefix", prefix_len=4, sink_tokens=2),
-    dict(attention=dict(sink_logit=True), biases=dict(kind="k")), dict(mask="sliding", window=40),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(mask="sliding", window=5),
+        dict(mask="prefix", prefix_len=4, sink_tokens=2),
+        dict(attention=dict(sink_logit=True), biases=dict(kind="k")),
+        dict(mask="sliding", window=40),
+    ],
+)
 def test_pair_count_agrees_with_the_models_mask(overrides):
     cfg = micro(**overrides)
     n = 20 + cfg.sink_tokens
@@ -54,9 +61,16 @@ def test_pair_count_agrees_with_the_models_mask(overrides):
     assert admitted_pairs_count(cfg, 20) == int(admitted_pairs(cfg, idx, idx).sum()) + n * cfg.n_bias_slots
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(), dict(ffn="gelu"), dict(head_merge="sum"), dict(attention=dict(gated=True)), dict(tie_embeddings=True),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(ffn="gelu"),
+        dict(head_merge="sum"),
+        dict(attention=dict(gated=True)),
+        dict(tie_embeddings=True),
+    ],
+)
 def test_matmul_params_agree_with_the_model(overrides):
     """N_blocks + N_head = the model's matrices, less the input embedding (counted as the head
     when tied, since the head matmul runs either way)."""
@@ -100,10 +114,14 @@ def test_every_registered_op_counts_the_flops_its_forward_does(attention):
 
 def test_an_op_registered_with_its_own_feature_map_is_counted():
     """A new op's phi (here a wider MLP than the kernel op's) counts without touching pipeline.flops."""
+
     class Wide(torch.nn.Module):
         def __init__(self, head_dim: int):
             super().__init__()
-            self.up, self.down = torch.nn.Linear(head_dim, 3 * head_dim, bias=False), torch.nn.Linear(3 * head_dim, head_dim, bias=False)
+            self.up, self.down = (
+                torch.nn.Linear(head_dim, 3 * head_dim, bias=False),
+                torch.nn.Linear(3 * head_dim, head_dim, bias=False),
+            )
 
         def forward(self, x):
             return self.down(F.relu(self.up(x)))

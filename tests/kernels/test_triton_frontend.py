@@ -9,6 +9,7 @@ Inductor gives), and checks that it compiles and that, for bf16 and fp32 inputs,
 is fp64. It runs in a subprocess: under TRITON_INTERPRET=1 (tests/conftest.py) ``triton.jit``
 gives interpreted functions, which have no front end.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,9 @@ def test_kernels_compile_with_the_widest_scalar_types_and_keep_fp64_out():
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(results) == 3 * 3 * 3 * 2 * 2 and all(r["problem"] is None for r in results), \
-        [r for r in results if r["problem"]][:5]
+    assert len(results) == 3 * 3 * 3 * 2 * 2 and all(r["problem"] is None for r in results), [
+        r for r in results if r["problem"]
+    ][:5]
 
 
 def _cases():
@@ -41,19 +43,29 @@ def _cases():
     for dtype in (torch.bfloat16, torch.float32):
         acc = tt.accumulator(torch.empty(0, dtype=dtype))
         q = k = v = torch.empty(B, H, T, D, dtype=dtype)
-        rows, rows_acc, row_sum = torch.empty(B, H, T, D, dtype=dtype), torch.empty(B, H, T, D, dtype=acc), \
-            torch.empty(B, H, T, dtype=acc)
+        rows, rows_acc, row_sum = (
+            torch.empty(B, H, T, D, dtype=dtype),
+            torch.empty(B, H, T, D, dtype=acc),
+            torch.empty(B, H, T, dtype=acc),
+        )
         for bias in (None, torch.empty(1, H, T, T, dtype=torch.float32)):
             for similarity in tt.SIMILARITIES:
                 for mask in ("causal", "prefix", "sliding"):
-                    spec = TileSpec(similarity=similarity, scale=D ** -0.5, mask=MaskSpec(mask, window=4, prefix=3))
+                    spec = TileSpec(similarity=similarity, scale=D**-0.5, mask=MaskSpec(mask, window=4, prefix=3))
                     scalars, meta = tt._launch_args(q, k, v, bias, spec, (64, 64))
-                    pointers = {tt._forward: (q, k, v, bias, rows_acc, row_sum),
-                                tt._backward_kv: (q, k, v, bias, rows_acc, row_sum, rows, rows),
-                                tt._backward_q: (q, k, v, bias, rows_acc, row_sum, rows)}
+                    pointers = {
+                        tt._forward: (q, k, v, bias, rows_acc, row_sum),
+                        tt._backward_kv: (q, k, v, bias, rows_acc, row_sum, rows, rows),
+                        tt._backward_q: (q, k, v, bias, rows_acc, row_sum, rows),
+                    }
                     for kernel, tensors in pointers.items():
-                        yield f"{kernel.fn.__name__} {similarity} {mask} bias={bias is not None} {dtype}", \
-                            kernel, [*tensors, *scalars], meta, dtype
+                        yield (
+                            f"{kernel.fn.__name__} {similarity} {mask} bias={bias is not None} {dtype}",
+                            kernel,
+                            [*tensors, *scalars],
+                            meta,
+                            dtype,
+                        )
 
 
 def _signature(kernel, args, meta):
@@ -87,8 +99,11 @@ def main() -> None:
         ir.load_dialects(context)
         backend.load_dialects(context)
         try:
-            ttir = str(ASTSource(kernel, signature, constexprs=constexprs).make_ir(
-                target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context))
+            ttir = str(
+                ASTSource(kernel, signature, constexprs=constexprs).make_ir(
+                    target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context
+                )
+            )
             problem = "fp64 values in the TTIR" if "f64" in ttir else None
         except Exception as exc:  # the compiler's error, reported by case
             problem = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"

@@ -1,4 +1,5 @@
 """Attention biases, masks, sink tokens and operations checked against hand computation."""
+
 import math
 
 import pytest
@@ -35,13 +36,14 @@ def _layer0_output_before_merge(model, idx):
 
 # ---- biases (Tables 4, 5, 13) -------------------------------------------------------------
 
+
 def test_k_bias_with_zero_value_changes_scores_but_adds_nothing_to_values():
     m = _model(positional="nope", biases={"kind": "k"})
     idx = torch.randint(0, 64, (1, 6))
     with torch.no_grad():
         m.blocks[0].attn.kv_slot.key.normal_(0, 2.0)
     out = m(idx, output_attentions=True)
-    attn = out.attentions[0][0]                     # [H, T, 1 + T]
+    attn = out.attentions[0][0]  # [H, T, 1 + T]
     assert out.n_key_slots == 1 and torch.all(attn[:, :, 0] > 0.01)
     q, k, v = _layer0_qkv(m, idx)
     kstar = m.blocks[0].attn.kv_slot.key[:, None, :]  # [H, 1, dh]
@@ -75,7 +77,7 @@ def test_v_bias_adds_vstar_to_every_output():
         base = _layer0_output_before_merge(m, idx)
         m.blocks[0].attn.value_bias.normal_()
         shifted = _layer0_output_before_merge(m, idx)
-    vstar = m.blocks[0].attn.value_bias.detach().reshape(-1)        # heads concatenated
+    vstar = m.blocks[0].attn.value_bias.detach().reshape(-1)  # heads concatenated
     torch.testing.assert_close(shifted - base, vstar.expand_as(base), atol=1e-6, rtol=1e-5)
 
 
@@ -89,6 +91,7 @@ def test_head_shared_biases_have_one_vector(kind):
 
 # ---- sink tokens (seed 000) -----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n_sinks", [1, 2])
 def test_sink_tokens_shift_every_real_position_by_their_count(n_sinks):
     m = _model(sink_tokens=n_sinks)
@@ -97,7 +100,7 @@ def test_sink_tokens_shift_every_real_position_by_their_count(n_sinks):
     _, k, _ = _layer0_qkv(m, idx)
     cos, sin = m.positional.rotary(torch.arange(n_sinks, n_sinks + 7))
     torch.testing.assert_close(out.keys[0], apply_rotary(k, cos, sin), atol=1e-6, rtol=1e-5)
-    assert out.logits.shape == (1, 7, 64)             # never predicted
+    assert out.logits.shape == (1, 7, 64)  # never predicted
     assert (out.n_query_slots, out.n_key_slots) == (n_sinks, n_sinks)
     assert out.attentions[0].shape[-2:] == (7 + n_sinks, 7 + n_sinks)
 
@@ -114,6 +117,7 @@ def test_sink_token_logits_equal_a_model_fed_the_sink_embedding_as_a_token():
 
 
 # ---- masks (section 6) ----------------------------------------------------------------------
+
 
 def _brute_force(mask, T, p=0, w=0):
     allowed = torch.zeros(T, T, dtype=torch.bool)
@@ -145,24 +149,45 @@ def test_prefix_lm_changes_prefix_rows_only_through_the_prefix():
     changed = idx.clone()
     changed[0, 2] = (idx[0, 2] + 1) % 64
     a, b = m(idx).logits, m(changed).logits
-    assert not torch.allclose(a[0, 0], b[0, 0])          # bidirectional inside the prefix
+    assert not torch.allclose(a[0, 0], b[0, 0])  # bidirectional inside the prefix
     changed_after = idx.clone()
     changed_after[0, 5] = (idx[0, 5] + 1) % 64
-    torch.testing.assert_close(m(changed_after).logits[0, :5], a[0, :5])   # still causal after it
+    torch.testing.assert_close(m(changed_after).logits[0, :5], a[0, :5])  # still causal after it
 
 
 # ---- SDPA path == eager probability path -----------------------------------------------------
 
 SOFTMAX_VARIANTS = [
-    {}, dict(positional="alibi"), dict(positional="relative"), dict(positional="t5"), dict(positional="nope"),
-    dict(positional="learned"), dict(positional="sinusoidal"), dict(norm_position="post"), dict(head_merge="sum"),
-    dict(norm="layernorm"), dict(norm="layernorm", norm_position="post"),
-    dict(mask="prefix", prefix_len=3), dict(mask="sliding", window=3),
-    dict(biases={"kind": "kv"}), dict(biases={"kind": "k", "value_norm": 3.0}), dict(biases={"kind": "v"}),
-    dict(biases={"kind": "kv", "shared_heads": True}), dict(sink_tokens=2), dict(attention={"scale": 0.2}),
-    dict(attention={"op": "softmax_off_by_one"}), dict(attention={"sink_logit": True}),
+    {},
+    dict(positional="alibi"),
+    dict(positional="relative"),
+    dict(positional="t5"),
+    dict(positional="nope"),
+    dict(positional="learned"),
+    dict(positional="sinusoidal"),
+    dict(norm_position="post"),
+    dict(head_merge="sum"),
+    dict(norm="layernorm"),
+    dict(norm="layernorm", norm_position="post"),
+    dict(mask="prefix", prefix_len=3),
+    dict(mask="sliding", window=3),
+    dict(biases={"kind": "kv"}),
+    dict(biases={"kind": "k", "value_norm": 3.0}),
+    dict(biases={"kind": "v"}),
+    dict(biases={"kind": "kv", "shared_heads": True}),
+    dict(sink_tokens=2),
+    dict(attention={"scale": 0.2}),
+    dict(attention={"op": "softmax_off_by_one"}),
+    dict(attention={"sink_logit": True}),
     dict(attention={"gated": True, "qk_norm": True}),
-    dict(sink_tokens=1, biases={"kind": "kv"}, attention={"sink_logit": True}, positional="alibi", mask="sliding", window=4),
+    dict(
+        sink_tokens=1,
+        biases={"kind": "kv"},
+        attention={"sink_logit": True},
+        positional="alibi",
+        mask="sliding",
+        window=4,
+    ),
 ]
 
 
@@ -177,7 +202,7 @@ def test_sdpa_path_equals_eager_probability_path(overrides):
     slow = m(idx, output_attentions=True)
     torch.testing.assert_close(fast, slow.logits, atol=2e-5, rtol=1e-5)
     assert slow.attention_kind == "probs"
-    for attn in slow.attentions:                       # rows, slots included, sum to one
+    for attn in slow.attentions:  # rows, slots included, sum to one
         torch.testing.assert_close(attn.sum(-1), torch.ones(attn.shape[:-1]), atol=1e-5, rtol=0)
 
 
@@ -185,7 +210,10 @@ def test_layernorm_choice_reaches_every_norm():
     m = _model(norm="layernorm")
     norms = [m.norm] + [n for b in m.blocks for n in (b.attn_norm, b.ffn_norm)]
     assert all(type(n) is torch.nn.LayerNorm for n in norms)
-    assert all(torch.equal(n.weight, torch.ones_like(n.weight)) and torch.equal(n.bias, torch.zeros_like(n.bias)) for n in norms)
+    assert all(
+        torch.equal(n.weight, torch.ones_like(n.weight)) and torch.equal(n.bias, torch.zeros_like(n.bias))
+        for n in norms
+    )
     assert all(type(n) is torch.nn.RMSNorm for n in (_model().norm, _model().blocks[0].attn_norm))
 
 
@@ -194,12 +222,15 @@ def test_softmax_off_by_one_formula():
     idx = torch.randint(0, 64, (1, 5))
     out = m(idx, output_attentions=True)
     q, k, _ = _layer0_qkv(m, idx)
-    s = (q[0] @ k[0].transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(torch.triu(torch.ones(5, 5, dtype=torch.bool), 1), float("-inf"))
+    s = (q[0] @ k[0].transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(
+        torch.triu(torch.ones(5, 5, dtype=torch.bool), 1), float("-inf")
+    )
     expected = s.exp() / (1 + s.exp().sum(-1, keepdim=True))
     torch.testing.assert_close(out.attentions[0][0, :, :, 1:], expected, atol=1e-6, rtol=1e-5)
 
 
 # ---- eager operations: formulas and gradients ------------------------------------------------
+
 
 def _qkvm(T=5, dh=4, slots=0, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -212,14 +243,26 @@ def _qkvm(T=5, dh=4, slots=0, seed=0):
 
 
 OP_CONFIGS = [
-    dict(op="softmax"), dict(op="softmax", p=0.5), dict(op="softmax", scale=0.2), dict(op="clipped_softmax"),
-    dict(op="sigmoid", normalizer="none"), dict(op="sigmoid", normalizer="sum"), dict(op="sigmoid", p=2.0),
-    dict(op="sigmoid", normalizer="abs_clamp"), dict(op="elu1", normalizer="abs_clamp"),
-    dict(op="elu1", normalizer="none"), dict(op="elu1", normalizer="sum"), dict(op="softmax_off_by_one"),
-    dict(op="kernel", kernel="identity", normalizer="none"), dict(op="kernel", kernel="identity", normalizer="abs_clamp"),
-    dict(op="kernel", kernel="elu1", normalizer="sum"), dict(op="kernel", kernel="elu1", normalizer="none"),
-    dict(op="kernel", kernel="mlp", normalizer="abs_clamp"), dict(op="kernel", kernel="mlp", normalizer="none"),
-    dict(op="softpick"), dict(op="relu"),
+    dict(op="softmax"),
+    dict(op="softmax", p=0.5),
+    dict(op="softmax", scale=0.2),
+    dict(op="clipped_softmax"),
+    dict(op="sigmoid", normalizer="none"),
+    dict(op="sigmoid", normalizer="sum"),
+    dict(op="sigmoid", p=2.0),
+    dict(op="sigmoid", normalizer="abs_clamp"),
+    dict(op="elu1", normalizer="abs_clamp"),
+    dict(op="elu1", normalizer="none"),
+    dict(op="elu1", normalizer="sum"),
+    dict(op="softmax_off_by_one"),
+    dict(op="kernel", kernel="identity", normalizer="none"),
+    dict(op="kernel", kernel="identity", normalizer="abs_clamp"),
+    dict(op="kernel", kernel="elu1", normalizer="sum"),
+    dict(op="kernel", kernel="elu1", normalizer="none"),
+    dict(op="kernel", kernel="mlp", normalizer="abs_clamp"),
+    dict(op="kernel", kernel="mlp", normalizer="none"),
+    dict(op="softpick"),
+    dict(op="relu"),
 ]
 
 
@@ -271,13 +314,15 @@ def test_p_normalised_softmax_equals_eq43_directly():
     for p in (0.5, 1 / 3, 2.0):
         a = ModelConfig.from_preset("micro", attention={"p": p}).attention
         sim = torch.exp(q @ k.transpose(-1, -2) / 2.0 + mask)
-        expected = sim / sim.pow(p).sum(-1, keepdim=True).pow(1 / p)         # Eq. 43
+        expected = sim / sim.pow(p).sum(-1, keepdim=True).pow(1 / p)  # Eq. 43
         torch.testing.assert_close(OPS["softmax"].fn(q, k, mask, a, None).weights, expected)
 
 
 def test_abs_clamp_normaliser_is_max_abs_sum_one():
     q, k, v, mask = _qkvm()
-    a = ModelConfig.from_preset("micro", attention={"op": "kernel", "kernel": "identity", "normalizer": "abs_clamp"}).attention
+    a = ModelConfig.from_preset(
+        "micro", attention={"op": "kernel", "kernel": "identity", "normalizer": "abs_clamp"}
+    ).attention
     r = OPS["kernel"].fn(q, k, mask, a, torch.nn.Identity())
     sim = torch.where(torch.isfinite(mask), q @ k.transpose(-1, -2) / 2.0, torch.zeros(()))
     torch.testing.assert_close(r.weights, sim / sim.sum(-1, keepdim=True).abs().clamp(min=1))
@@ -286,7 +331,9 @@ def test_abs_clamp_normaliser_is_max_abs_sum_one():
 
 def test_clipped_softmax_formula():
     q, k, v, mask = _qkvm()
-    a = ModelConfig.from_preset("micro", attention={"op": "clipped_softmax", "clip_gamma": -0.1, "clip_zeta": 1.1}).attention
+    a = ModelConfig.from_preset(
+        "micro", attention={"op": "clipped_softmax", "clip_gamma": -0.1, "clip_zeta": 1.1}
+    ).attention
     expected = (1.2 * torch.softmax(q @ k.transpose(-1, -2) / 2.0 + mask, -1) - 0.1).clamp(0, 1)
     torch.testing.assert_close(OPS["clipped_softmax"].fn(q, k, mask, a, None).weights, expected)
 
@@ -304,8 +351,14 @@ def test_softpick_by_hand():
     assert torch.equal(w == 0, expected == 0)
 
 
-@pytest.mark.parametrize("acfg", [dict(op="sigmoid", normalizer="none"), dict(op="kernel", kernel="mlp", normalizer="abs_clamp"),
-                                  dict(op="elu1", normalizer="none")])
+@pytest.mark.parametrize(
+    "acfg",
+    [
+        dict(op="sigmoid", normalizer="none"),
+        dict(op="kernel", kernel="mlp", normalizer="abs_clamp"),
+        dict(op="elu1", normalizer="none"),
+    ],
+)
 def test_non_softmax_models_overfit_a_tiny_batch(acfg):
     m = _model(attention=acfg)
     m.train()
@@ -322,8 +375,11 @@ def test_non_softmax_models_overfit_a_tiny_batch(acfg):
     assert losses[-1] < 0.2 * losses[0]
 
 
-@pytest.mark.parametrize("acfg", OP_CONFIGS + [dict(op="kernel", kernel="elu1", normalizer="abs_clamp")],
-                         ids=lambda a: "-".join(map(str, a.values())))
+@pytest.mark.parametrize(
+    "acfg",
+    OP_CONFIGS + [dict(op="kernel", kernel="elu1", normalizer="abs_clamp")],
+    ids=lambda a: "-".join(map(str, a.values())),
+)
 def test_each_op_reports_what_its_entry_claims(acfg):
     """probs: the weights the model attends with, each row at most one unit of attention (the
     sink metrics read them as they are); sim_nonneg: no negative score (the metrics' proxy is

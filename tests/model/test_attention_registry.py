@@ -1,5 +1,6 @@
 """The registry of attention operations: every consumer reads an op's one entry in
 attention_ops.OPS, picks up an op registered there, and refuses an unknown one loudly."""
+
 import dataclasses
 from typing import get_args
 
@@ -11,8 +12,20 @@ import pipeline.model.attention as attention_module
 from pipeline.probe import ATTENTION_KINDS, run_probe
 from pipeline.model import ConfigError, ModelConfig, Transformer
 from pipeline.model.attention_ops import (
-    OPS, SCORE_KINDS, OpResult, OpSpec, _admitted, build_kernel, normalize, op_spec, register,
-    proxy_label, scaled_scores, sigmoid_op, softmax_op, unregister,
+    OPS,
+    SCORE_KINDS,
+    OpResult,
+    OpSpec,
+    _admitted,
+    build_kernel,
+    normalize,
+    op_spec,
+    register,
+    proxy_label,
+    scaled_scores,
+    sigmoid_op,
+    softmax_op,
+    unregister,
 )
 from pipeline.model.config import AttentionOp
 
@@ -45,6 +58,7 @@ def _counted(fn, calls, path):
     def wrapper(*args, **kwargs):
         calls[path] += 1
         return fn(*args, **kwargs)
+
     return wrapper
 
 
@@ -58,27 +72,32 @@ def test_a_registered_op_reaches_every_consumer(dummies, name, monkeypatch):
     spec, expected_path = DUMMIES[name]
     calls = {"eager": 0, "blocked": 0, "sdpa": 0}
     monkeypatch.setitem(OPS, name, dataclasses.replace(spec, fn=_counted(spec.fn, calls, "eager")))
-    monkeypatch.setattr(attention_module, "blocked_attention", _counted(attention_module.blocked_attention, calls, "blocked"))
+    monkeypatch.setattr(
+        attention_module, "blocked_attention", _counted(attention_module.blocked_attention, calls, "blocked")
+    )
     monkeypatch.setattr(F, "scaled_dot_product_attention", _counted(F.scaled_dot_product_attention, calls, "sdpa"))
     model = _micro(name)
     idx = torch.randint(0, 64, (2, 12))
     fast = model(idx)
-    assert calls == {path: (2 if path == expected_path else 0) for path in calls}     # one call per layer
+    assert calls == {path: (2 if path == expected_path else 0) for path in calls}  # one call per layer
     slow = model(idx, output_attentions=True)
     assert calls["eager"] == 2 + (expected_path == "eager") * 2
     torch.testing.assert_close(fast.logits, slow.logits, atol=1e-5, rtol=1e-5)
     kind = spec.kind(model.config.attention)
     assert fast.attention_kind == slow.attention_kind == kind
-    assert (proxy_label(model.config.attention) is None) == (kind == "probs")       # the run summary
-    assert run_probe(model, idx, batch_size=2).is_proxy == (kind != "probs")         # the sink probe
+    assert (proxy_label(model.config.attention) is None) == (kind == "probs")  # the run summary
+    assert run_probe(model, idx, batch_size=2).is_proxy == (kind != "probs")  # the sink probe
 
 
 def test_the_config_checks_a_registered_op_against_its_entry(dummies):
-    assert ModelConfig.from_preset("micro", attention={"op": "test_softplus", "normalizer": "none"}).attention.op == "test_softplus"
+    assert (
+        ModelConfig.from_preset("micro", attention={"op": "test_softplus", "normalizer": "none"}).attention.op
+        == "test_softplus"
+    )
     for attention, field in [
-        (dict(op="test_softplus", normalizer="abs_clamp"), "normalizer"),      # not among its normalizers
-        (dict(op="test_softplus", p=2.0), "p"),                                # no p-norm
-        (dict(op="test_softplus", sink_logit=True), "sink_logit"),             # not a softmax
+        (dict(op="test_softplus", normalizer="abs_clamp"), "normalizer"),  # not among its normalizers
+        (dict(op="test_softplus", p=2.0), "p"),  # no p-norm
+        (dict(op="test_softplus", sink_logit=True), "sink_logit"),  # not a softmax
     ]:
         with pytest.raises(ConfigError, match=f"model.attention.{field}"):
             ModelConfig.from_preset("micro", attention=attention)
@@ -95,7 +114,7 @@ def test_unknown_and_unregistered_ops_are_refused_everywhere(dummies):
             with pytest.raises(ValueError, match="unknown attention op 'test_softplus'; registered: softmax, "):
                 call()
         cfg = ModelConfig.from_preset("micro")
-        cfg.attention.op = "test_softplus"                                       # changed after validation
+        cfg.attention.op = "test_softplus"  # changed after validation
         with pytest.raises(ConfigError, match="model.attention.op"):
             Transformer(cfg)
         with pytest.raises(ValueError, match="unknown attention op"):
@@ -104,13 +123,16 @@ def test_unknown_and_unregistered_ops_are_refused_everywhere(dummies):
         register(DUMMIES["test_softplus"][0])
 
 
-@pytest.mark.parametrize("change, problem", [
-    (dict(name="softmax"), "name 'softmax' is taken"),
-    (dict(tiles="relu"), "tiles must be one of sigmoid, elu1, identity"),
-    (dict(scores="probabilities"), "scores must be one of probs, sim_nonneg, sim_signed"),
-    (dict(normalizers=("sum", "max")), "normalizers must be among sum, abs_clamp, none"),
-    (dict(sdpa=True), "sdpa and zero_logit need a softmax op"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (dict(name="softmax"), "name 'softmax' is taken"),
+        (dict(tiles="relu"), "tiles must be one of sigmoid, elu1, identity"),
+        (dict(scores="probabilities"), "scores must be one of probs, sim_nonneg, sim_signed"),
+        (dict(normalizers=("sum", "max")), "normalizers must be among sum, abs_clamp, none"),
+        (dict(sdpa=True), "sdpa and zero_logit need a softmax op"),
+    ],
+)
 def test_a_broken_entry_is_refused_when_registered(change, problem):
     entry = dataclasses.replace(DUMMIES["test_softplus"][0], **change)
     with pytest.raises(ValueError, match=problem):

@@ -1,4 +1,5 @@
 """Streaming KV cache: exact when nothing is evicted; x + y eviction keeps the right entries."""
+
 import pytest
 import torch
 
@@ -12,8 +13,15 @@ def _model(**overrides):
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, dict(sink_tokens=1), dict(sink_tokens=2, positional="alibi"), dict(biases={"kind": "kv"}),
-     dict(attention={"op": "sigmoid", "normalizer": "none"}), dict(positional="relative"), dict(positional="learned")],
+    [
+        {},
+        dict(sink_tokens=1),
+        dict(sink_tokens=2, positional="alibi"),
+        dict(biases={"kind": "kv"}),
+        dict(attention={"op": "sigmoid", "normalizer": "none"}),
+        dict(positional="relative"),
+        dict(positional="learned"),
+    ],
     ids=lambda o: str(o) or "default",
 )
 def test_step_by_step_equals_full_forward_when_nothing_is_evicted(overrides):
@@ -22,7 +30,7 @@ def test_step_by_step_equals_full_forward_when_nothing_is_evicted(overrides):
     full = model(idx).logits
     cache = StreamingCache(model.config, n_initial=2, n_recent=12)
     with torch.no_grad():
-        steps = [model(idx[:, :3], cache=cache).logits]          # a prompt, then one token at a time
+        steps = [model(idx[:, :3], cache=cache).logits]  # a prompt, then one token at a time
         steps += [model(idx[:, t : t + 1], cache=cache).logits for t in range(3, 12)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
     assert cache.length == 12 + model.config.sink_tokens
@@ -39,7 +47,7 @@ def test_eviction_keeps_first_x_and_most_recent_entries_unrotated():
         attn = model.blocks[0].attn
         x = model.blocks[0].attn_norm(torch.cat([model.sink_tokens[None], model.embed(idx)], 1))
         k = attn.qkv(x).view(1, 11, 3, 2, 16)[:, :, 1].transpose(1, 2)
-    kept = [0, 1, 8, 9, 10]            # sink token + first real token, then the 3 most recent
+    kept = [0, 1, 8, 9, 10]  # sink token + first real token, then the 3 most recent
     torch.testing.assert_close(cache.layers[0].k, k[:, :, kept])
     assert cache.length == 5 and cache.sinks_kept == 1
     assert out.n_key_slots == 1 and out.logits.shape == (1, 1, 64)

@@ -71,8 +71,18 @@ def test_jsonargparse_overrides_every_nested_field():
 
     parser = ArgumentParser()
     parser.add_argument("--model", type=ModelConfig, default=ModelConfig.from_preset("tiny"))
-    args = parser.parse_args(["--model.attention.op", "sigmoid", "--model.attention.normalizer", "none",
-                              "--model.biases.kind", "kv", "--model.d_model", "64"])
+    args = parser.parse_args(
+        [
+            "--model.attention.op",
+            "sigmoid",
+            "--model.attention.normalizer",
+            "none",
+            "--model.biases.kind",
+            "kv",
+            "--model.d_model",
+            "64",
+        ]
+    )
     cfg = parser.instantiate(args).model
     assert isinstance(cfg, ModelConfig)
     assert (cfg.attention.op, cfg.biases.kind, cfg.d_model, cfg.n_layers) == ("sigmoid", "kv", 64, 4)

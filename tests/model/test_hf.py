@@ -1,4 +1,5 @@
 """The default variant is HF LlamaForCausalLM: logits match in fp32 both ways."""
+
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ def _model(**overrides):
     torch.manual_seed(0)
     cfg = ModelConfig.from_preset("micro", init_std=0.2, rope_theta=500.0, norm_eps=1e-6, **overrides)
     model = Transformer(cfg).eval()
-    with torch.no_grad():                          # non-trivial norm gains, so the map is tested
+    with torch.no_grad():  # non-trivial norm gains, so the map is tested
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
@@ -35,9 +36,17 @@ def test_export_matches_hf_llama_logits():
 def test_import_from_hf_llama_matches_logits():
     torch.manual_seed(1)
     hf_cfg = transformers.LlamaConfig(
-        vocab_size=50, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=64,
-        tie_word_embeddings=False, initializer_range=0.2,
+        vocab_size=50,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
     )
     hf = transformers.LlamaForCausalLM(hf_cfg).eval()
     ours = from_hf(hf).eval()
@@ -62,9 +71,15 @@ def test_export_hf_command_writes_a_loadable_llama(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "overrides, field",
-    [(dict(positional="alibi"), "model.positional"), (dict(attention={"op": "sigmoid", "normalizer": "none"}), "model.attention.op"),
-     (dict(sink_tokens=1), "model.sink_tokens"), (dict(biases={"kind": "kv"}), "model.biases.kind"),
-     (dict(ffn="gelu"), "model.ffn"), (dict(norm="layernorm"), "model.norm"), (dict(attention={"qk_norm": True}), "model.attention.qk_norm")],
+    [
+        (dict(positional="alibi"), "model.positional"),
+        (dict(attention={"op": "sigmoid", "normalizer": "none"}), "model.attention.op"),
+        (dict(sink_tokens=1), "model.sink_tokens"),
+        (dict(biases={"kind": "kv"}), "model.biases.kind"),
+        (dict(ffn="gelu"), "model.ffn"),
+        (dict(norm="layernorm"), "model.norm"),
+        (dict(attention={"qk_norm": True}), "model.attention.qk_norm"),
+    ],
 )
 def test_variants_hf_cannot_express_are_refused_naming_the_field(tmp_path, capsys, overrides, field):
     model = _model(**overrides)
@@ -88,8 +103,12 @@ def test_export_never_deletes_what_it_did_not_write(tmp_path, capsys, monkeypatc
     run = tmp_path / "run"
     ckpt = save_pretrained(_model(), run / "checkpoints" / "step-000010")
     (run / "metrics.jsonl").write_text("{}\n")
-    out = {"run dir": run, "current dir": Path("."), "user folder": tmp_path / "mine",
-           "earlier export plus a user file": tmp_path / "hf"}[target]
+    out = {
+        "run dir": run,
+        "current dir": Path("."),
+        "user folder": tmp_path / "mine",
+        "earlier export plus a user file": tmp_path / "hf",
+    }[target]
     monkeypatch.chdir(run if target == "current dir" else tmp_path)
     if target == "user folder":
         out.mkdir()

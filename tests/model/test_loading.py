@@ -1,4 +1,5 @@
 """load_pretrained: export dirs, Lightning .ckpt files and consolidated state dicts."""
+
 import json
 
 import pytest

@@ -1,4 +1,5 @@
 """Appendix A formulas and the propositions of Appendix B.1 on repeated-token sequences."""
+
 import math
 
 import pytest
@@ -33,7 +34,7 @@ def test_sinusoidal_matches_eq5_by_hand():
 
 
 def test_alibi_slopes_eq7():
-    assert torch.allclose(alibi_slopes(8), torch.tensor([2.0 ** -h for h in range(1, 9)]))
+    assert torch.allclose(alibi_slopes(8), torch.tensor([2.0**-h for h in range(1, 9)]))
     assert torch.allclose(alibi_slopes(16), torch.tensor([2.0 ** (-h / 2) for h in range(1, 17)]))
 
 
@@ -55,12 +56,12 @@ def test_prop2_relative_pe_first_token_ties_with_all_far_tokens():
     T, D = 140, 128
     out = _model(positional="relative")(_repeated(T), output_attentions=True)
     for attn in out.attentions:
-        for t in (D, T - 1):           # 0-based query index; distance t - j >= D for j <= t - D
+        for t in (D, T - 1):  # 0-based query index; distance t - j >= D for j <= t - D
             row = attn[0, :, t, : t + 1]
             far = row[:, : t - D + 1]
             torch.testing.assert_close(far, row[:, :1].expand_as(far), atol=1e-7, rtol=1e-5)
             assert torch.all(row[:, :1] >= row.max(dim=-1, keepdim=True).values * (1 - 1e-5))
-            if t > D:                   # several tokens share the largest score: no unique sink
+            if t > D:  # several tokens share the largest score: no unique sink
                 assert far.shape[-1] > 1
 
 
@@ -98,7 +99,7 @@ def test_prop4_rope_scores_are_bounded():
         t = torch.arange(1, T + 1, dtype=torch.float32)
         bound = torch.exp(2 * xi)[:, None] / (torch.exp(2 * xi)[:, None] + t[None] - 1)  # [H, T]
         assert torch.all(attn[0].max(dim=-1).values <= bound + 1e-6)
-        assert not torch.allclose(attn[0, :, -1, : T], torch.full((T,), 1 / T).expand(attn.shape[1], T))
+        assert not torch.allclose(attn[0, :, -1, :T], torch.full((T,), 1 / T).expand(attn.shape[1], T))
 
 
 @pytest.mark.parametrize("positional", ["nope", "rope", "relative", "t5", "alibi"])

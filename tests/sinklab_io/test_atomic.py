@@ -1,4 +1,5 @@
 """sinklab_io.atomic: whole or not at all."""
+
 from __future__ import annotations
 
 import pytest

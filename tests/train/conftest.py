@@ -41,5 +41,11 @@ def sinklab_process(args: list[str], uri: str) -> subprocess.Popen:
     """`sinklab fit` on the tiny recipe in a subprocess (stdout and stderr together, as text), in a
     process group of its own: ``os.killpg(proc.pid, ...)`` reaches every rank it launches."""
     env = dict(os.environ, MLFLOW_TRACKING_URI=uri, PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "fit", "--config", TINY, *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "fit", "--config", TINY, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )

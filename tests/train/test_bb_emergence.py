@@ -22,6 +22,7 @@ The tests run seed 1: about 30 s of CPU for the three fits and the analysis (60-
 time on 2 cores at load 7-9; the MLflow server is the session's). With the ops swapped (softmax
 expected sinkless, ReLU expected to sink) they fail at the `_sink` / `_no_sink` assertions.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,26 @@ def bb_data(tmp_path_factory) -> Path:
     from data_prep.cli import main
 
     out = tmp_path_factory.mktemp("bb") / "bb-tiny"
-    assert main(["bb", "--out", str(out), "--context-length", "32", "--sequences", "4000", "--val-sequences", "64",
-                 "--probe-sequences", "50", "--probe-length", "32"]) == 0
+    assert (
+        main(
+            [
+                "bb",
+                "--out",
+                str(out),
+                "--context-length",
+                "32",
+                "--sequences",
+                "4000",
+                "--val-sequences",
+                "64",
+                "--probe-sequences",
+                "50",
+                "--probe-length",
+                "32",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -51,9 +70,25 @@ def _fit(bb_data, run_dir, monkeypatch, uri, *extra: str) -> list[dict]:
     from pipeline.train.cli import main
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    args = ["--config", BB_TINY, "--data.path", str(bb_data), "--run-dir", str(run_dir), "--seed_everything", SEED,
-            "--trainer.max_steps", str(STEPS), "--run.val_every", "0",
-            "--run.sink_every", "100", "--run.checkpoint_every", str(STEPS), *extra]
+    args = [
+        "--config",
+        BB_TINY,
+        "--data.path",
+        str(bb_data),
+        "--run-dir",
+        str(run_dir),
+        "--seed_everything",
+        SEED,
+        "--trainer.max_steps",
+        str(STEPS),
+        "--run.val_every",
+        "0",
+        "--run.sink_every",
+        "100",
+        "--run.checkpoint_every",
+        str(STEPS),
+        *extra,
+    ]
     assert main(args) == 0
     return [row for row in read_metrics(run_dir) if "sink/sink1" in row]
 
@@ -61,16 +96,20 @@ def _fit(bb_data, run_dir, monkeypatch, uri, *extra: str) -> list[dict]:
 def _sink(row: dict) -> bool:
     """The softmax sink of Guo et al.: most heads park on token 1 (BOS) and the non-trigger
     (dormant) queries put most of their attention there, the trigger (active) ones almost none."""
-    return (row["sink/sink1"] >= SINK1_PRESENT and row["sink/bos_share_other_l0"] >= OTHER_PRESENT
-            and row["sink/bos_share_trigger_l0"] <= 0.05)
+    return (
+        row["sink/sink1"] >= SINK1_PRESENT
+        and row["sink/bos_share_other_l0"] >= OTHER_PRESENT
+        and row["sink/bos_share_trigger_l0"] <= 0.05
+    )
 
 
 def _no_sink(row: dict) -> bool:
     return row["sink/sink1"] <= SINK1_ABSENT and row["sink/bos_share_other_l0"] <= OTHER_ABSENT
 
 
-def test_softmax_sink_emerges_with_value_drain_and_analyze_reads_it_back(bb_data, tmp_path, monkeypatch,
-                                                                          mlflow_server, capsys):
+def test_softmax_sink_emerges_with_value_drain_and_analyze_reads_it_back(
+    bb_data, tmp_path, monkeypatch, mlflow_server, capsys
+):
     run_dir = tmp_path / "softmax"
     probes = _fit(bb_data, run_dir, monkeypatch, mlflow_server)
     first, last = probes[0], probes[-1]
@@ -92,15 +131,36 @@ def test_softmax_sink_emerges_with_value_drain_and_analyze_reads_it_back(bb_data
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     out = tmp_path / "analysis"
     ckpt = run_dir / "checkpoints" / f"step-{STEPS:06d}.ckpt"
-    assert analyze.main([str(ckpt), "--dataset", str(bb_data), "--inputs", "natural", "-n", "50", "-T", "32",
-                         "--out", str(out), "--no-plots"]) == 0
+    assert (
+        analyze.main(
+            [
+                str(ckpt),
+                "--dataset",
+                str(bb_data),
+                "--inputs",
+                "natural",
+                "-n",
+                "50",
+                "-T",
+                "32",
+                "--out",
+                str(out),
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "Extreme-token phenomena per layer (natural" in printed and "BOS share, other queries" in printed
     header = next(line for line in printed.splitlines() if "Sink_1^ε" in line)
     assert "natural BOS first (the dataset's probe set)" in header  # not "no BOS"
     layers = json.loads((out / "report.json").read_text())["extreme_tokens"]["natural"]
-    for key in ("sink/bos_share_trigger_l0", "sink/bos_share_other_l0", "act/value_norm_ratio_l0",
-                "act/massive_ratio_l0"):
+    for key in (
+        "sink/bos_share_trigger_l0",
+        "sink/bos_share_other_l0",
+        "act/value_norm_ratio_l0",
+        "act/massive_ratio_l0",
+    ):
         assert layers[key] == pytest.approx(last[key], rel=1e-4, abs=1e-6), key
 
 

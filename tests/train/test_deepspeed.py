@@ -4,6 +4,7 @@ processes over gloo, with the recipe's strategy class and the ZeRO JSON files of
 Each stage trains what DDP trains; ZeRO-2 and ZeRO-3 survive SIGUSR1 (stop at a step boundary)
 and SIGKILL of the whole process group and resume bit for bit; a checkpoint `sinklab fit`
 wrote consolidates, loads and exports to Hugging Face."""
+
 from __future__ import annotations
 
 import os
@@ -29,15 +30,34 @@ from pipeline.train.sharding import DeepSpeedStrategy
 STEPS = 12
 # micro 2 x accum 2 x world 2 = the recipe's 8 sequences. AdamW's eps is raised so that a
 # gradient on the wrong scale (loss divided by the accumulation twice) changes the losses.
-ARGS = ["--trainer.max_steps", str(STEPS), "--run.checkpoint_every", "4", "--run.keep_last", "0",
-        "--run.sink_every", "4", "--data.micro_batch_size", "2", "--trainer.devices", "2",
-        "--model.optim.eps", "1e-4", "--run.experiment", "train-deepspeed"]
+ARGS = [
+    "--trainer.max_steps",
+    str(STEPS),
+    "--run.checkpoint_every",
+    "4",
+    "--run.keep_last",
+    "0",
+    "--run.sink_every",
+    "4",
+    "--data.micro_batch_size",
+    "2",
+    "--trainer.devices",
+    "2",
+    "--model.optim.eps",
+    "1e-4",
+    "--run.experiment",
+    "train-deepspeed",
+]
 
 
 def zero(stage: int) -> list[str]:
     """The strategy as a recipe selects it: the class and one of the ZeRO JSON files."""
-    return ["--trainer.strategy", "pipeline.train.sharding.DeepSpeedStrategy",
-            "--trainer.strategy.config", str(REPO / "configs" / "deepspeed" / f"zero{stage}.json")]
+    return [
+        "--trainer.strategy",
+        "pipeline.train.sharding.DeepSpeedStrategy",
+        "--trainer.strategy.config",
+        str(REPO / "configs" / "deepspeed" / f"zero{stage}.json"),
+    ]
 
 
 def fit(args: list[str], uri: str) -> str:
@@ -181,9 +201,31 @@ def test_checkpoint_of_fit_consolidates_loads_and_exports(runs, tiny_ds, tmp_pat
         assert torch.allclose(hf(tokens).logits, model(tokens).logits, atol=1e-4)
 
     run_dir = tmp_path / "resumed"
-    assert fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--resume", str(fp32),
-                           "--trainer.max_steps", "9", "--data.micro_batch_size", "2", "--run.sink_every", "0",
-                           "--run.val_every", "0", "--model.optim.eps", "1e-4"], monkeypatch, mlflow_server) == 0
+    assert (
+        fit_in_process(
+            [
+                "--data.path",
+                str(tiny_ds),
+                "--run-dir",
+                str(run_dir),
+                "--resume",
+                str(fp32),
+                "--trainer.max_steps",
+                "9",
+                "--data.micro_batch_size",
+                "2",
+                "--run.sink_every",
+                "0",
+                "--run.val_every",
+                "0",
+                "--model.optim.eps",
+                "1e-4",
+            ],
+            monkeypatch,
+            mlflow_server,
+        )
+        == 0
+    )
     assert sorted(losses(run_dir)) == [8]
     assert losses(run_dir)[8] == pytest.approx(losses(runs["ddp"])[8], abs=2e-6)
 
@@ -194,13 +236,33 @@ def test_the_paper_recipe_assembles_its_zero_stage(tiny_ds, tmp_path, monkeypatc
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     monkeypatch.chdir(REPO)
     for stage in (1, 2, 3):
-        cli = SinkLabCLI(SinkLabModule, SinkDataModule, run=False, save_config_callback=None,
-                         auto_configure_optimizers=False, args=[
-                             "--config", "configs/recipes/paper-60m.yaml", "--data.path", str(tiny_ds),
-                             "--run-dir", str(tmp_path / f"zero{stage}"), "--trainer.accelerator", "cpu",
-                             "--trainer.devices", "1", "--model.model.max_seq_len", "64",
-                             "--data.global_batch_tokens", "128", "--data.micro_batch_size", "2",
-                             "--trainer.strategy.init_args.config", f"configs/deepspeed/zero{stage}.json"])
+        cli = SinkLabCLI(
+            SinkLabModule,
+            SinkDataModule,
+            run=False,
+            save_config_callback=None,
+            auto_configure_optimizers=False,
+            args=[
+                "--config",
+                "configs/recipes/paper-60m.yaml",
+                "--data.path",
+                str(tiny_ds),
+                "--run-dir",
+                str(tmp_path / f"zero{stage}"),
+                "--trainer.accelerator",
+                "cpu",
+                "--trainer.devices",
+                "1",
+                "--model.model.max_seq_len",
+                "64",
+                "--data.global_batch_tokens",
+                "128",
+                "--data.micro_batch_size",
+                "2",
+                "--trainer.strategy.init_args.config",
+                f"configs/deepspeed/zero{stage}.json",
+            ],
+        )
         try:
             strategy = cli.trainer.strategy
             assert type(strategy) is DeepSpeedStrategy
@@ -227,8 +289,22 @@ def test_resume_auto_passes_over_a_deepspeed_checkpoint_missing_a_partition(runs
         shutil.copytree(runs["zero2"] / "checkpoints" / name, run_dir / "checkpoints" / name)
     lost = run_dir / "checkpoints" / "step-000008.ckpt" / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     lost.unlink()
-    out = fit(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--resume", "auto", *zero(2),
-               "--trainer.max_steps", "6"], mlflow_server)
-    assert (f"sinklab fit: warning: passing over {lost.parents[1]}: written by 2 ranks but "
-            "zero_pp_rank_1_mp_rank_00_optim_states.pt is missing") in out
+    out = fit(
+        [
+            "--data.path",
+            str(tiny_ds),
+            "--run-dir",
+            str(run_dir),
+            "--resume",
+            "auto",
+            *zero(2),
+            "--trainer.max_steps",
+            "6",
+        ],
+        mlflow_server,
+    )
+    assert (
+        f"sinklab fit: warning: passing over {lost.parents[1]}: written by 2 ranks but "
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt is missing"
+    ) in out
     assert sorted(losses(run_dir)) == [4, 5] and losses(run_dir)[4] == losses(runs["zero2"])[4]

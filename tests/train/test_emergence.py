@@ -1,5 +1,6 @@
 """When the sink emerges (issue 19): the glue of pipeline.train.emergence on hand-made metric
 histories, and `sinklab fit` end to end with the elu+1 kernel (metrics, tags, figure, resume)."""
+
 from __future__ import annotations
 
 import json
@@ -35,11 +36,16 @@ def test_each_crossing_is_logged_once_at_its_step_across_starts(tmp_path):
     first = E.probe_metrics(alpha1, 2.0, 0.11, 0, path, u)
     assert first["sink/emerged_step_sink1_1pct"] == 0 and "sink/emerged_step_sink1_10pct" not in first
     assert first["heads/alpha1_l1_h0"] == pytest.approx(0.3) and first[E.UNIFORM] == u
-    _write(path, [{"step": 0, "sink/sink1": 0.0, "sink/alpha1_mean": 0.10},
-                  {"step": 100, "sink/sink1": 1.5, "sink/alpha1_mean": 0.12},
-                  {"step": 100, "train/loss": 3.0},
-                  # left by a start killed after step 200's probe, before its checkpoint:
-                  {"step": 200, "sink/sink1": 50.0, "sink/alpha1_mean": 0.5}])
+    _write(
+        path,
+        [
+            {"step": 0, "sink/sink1": 0.0, "sink/alpha1_mean": 0.10},
+            {"step": 100, "sink/sink1": 1.5, "sink/alpha1_mean": 0.12},
+            {"step": 100, "train/loss": 3.0},
+            # left by a start killed after step 200's probe, before its checkpoint:
+            {"step": 200, "sink/sink1": 50.0, "sink/alpha1_mean": 0.5},
+        ],
+    )
     # the resumed start probes step 200 again: Sink_1 > 1% was reached at 100 (not again);
     # the stale row at 200 does not count, today's values do
     again = E.probe_metrics(alpha1, 5.0, 0.12, 200, path, u)  # 0.12 < 1.25 x 0.1
@@ -50,14 +56,18 @@ def test_each_crossing_is_logged_once_at_its_step_across_starts(tmp_path):
         f.write(json.dumps({"step": 200, "sink/sink1": 12.0, "sink/alpha1_mean": 0.2, **later}) + "\n")
     assert not E.tags_of(E.probe_metrics(alpha1, 12.0, 0.2, 200, path, u))
     assert E.emerged_so_far(path, 200, 12.0, 0.2, u) == {
-        "sink/emerged_step_sink1_1pct": 100, "sink/emerged_step_sink1_10pct": 200,
-        "sink/emerged_step_alpha1_125pct": 200}
+        "sink/emerged_step_sink1_1pct": 100,
+        "sink/emerged_step_sink1_10pct": 200,
+        "sink/emerged_step_alpha1_125pct": 200,
+    }
 
 
 def test_head_trajectories_read_every_start(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    _write(path, [{"step": s, **{E.head_metric(l, h): s + 10 * l + h for l in range(2) for h in range(3)}}
-                  for s in (8, 0, 4)])
+    _write(
+        path,
+        [{"step": s, **{E.head_metric(l, h): s + 10 * l + h for l in range(2) for h in range(3)}} for s in (8, 0, 4)],
+    )
     steps, series = E.head_trajectories(path, 2, 3)
     assert steps == [0, 4, 8] and series[(1, 2)] == [12, 16, 20] and series[(0, 0)] == [0, 4, 8]
     png = E.draw_trajectory(path, 2, 3, tmp_path / "t.png", 0.07)
@@ -67,26 +77,44 @@ def test_head_trajectories_read_every_start(tmp_path):
 
 def test_extreme_token_figure_draws_what_was_measured(tmp_path, monkeypatch):
     path = tmp_path / "metrics.jsonl"
-    _write(path, [{"step": s, "sink/sink1": 10.0 * s, "act/massive_ratio_l0": 1.0, "act/massive_ratio_l1": 2.0}
-                  for s in (4, 0)] + [{"step": 2, "train/loss": 3.0}])
+    _write(
+        path,
+        [{"step": s, "sink/sink1": 10.0 * s, "act/massive_ratio_l0": 1.0, "act/massive_ratio_l1": 2.0} for s in (4, 0)]
+        + [{"step": 2, "train/loss": 3.0}],
+    )
     drawn = {}
-    monkeypatch.setattr("pipeline.plots.extreme_token_dynamics",
-                        lambda steps, panels, out, title: drawn.update(steps=steps, panels=panels) or out)
+    monkeypatch.setattr(
+        "pipeline.plots.extreme_token_dynamics",
+        lambda steps, panels, out, title: drawn.update(steps=steps, panels=panels) or out,
+    )
     E.draw_extreme_tokens(path, 2, tmp_path / "x.png")
     # no trigger split and no value ratio in this history: the attention panel holds Sink_1 only,
     # and there is no value-state panel
     assert drawn["steps"] == [0, 4]
     assert [(title.split(" ")[0], list(lines)) for title, lines in drawn["panels"]] == [
-        ("attention", ["Sink₁ / 100"]), ("‖h₁‖", ["‖h₁‖ ratio, layer 0", "‖h₁‖ ratio, layer 1"])]
+        ("attention", ["Sink₁ / 100"]),
+        ("‖h₁‖", ["‖h₁‖ ratio, layer 0", "‖h₁‖ ratio, layer 1"]),
+    ]
     assert drawn["panels"][0][1]["Sink₁ / 100"] == [0.0, 0.4]
     assert E.draw_extreme_tokens(tmp_path / "none.jsonl", 2, tmp_path / "n.png") is None
 
 
 # The elu+1 kernel (the paper's strongest sink), a large learning rate and BOS fixed at position 1
 # (the probe carries it too): on the tiny data Sink_1 leaves zero within a few steps.
-ELU1 = ["--model.model.attention.op", "kernel", "--model.model.attention.kernel", "elu1",
-        "--model.optim.lr", "0.03", "--model.optim.min_lr", "0.003",
-        "--data.interventions.fix_position", "1", "--data.interventions.fix_token", "bos"]
+ELU1 = [
+    "--model.model.attention.op",
+    "kernel",
+    "--model.model.attention.kernel",
+    "elu1",
+    "--model.optim.lr",
+    "0.03",
+    "--model.optim.min_lr",
+    "0.003",
+    "--data.interventions.fix_position",
+    "1",
+    "--data.interventions.fix_token",
+    "bos",
+]
 
 
 def _emerged(rows):
@@ -94,8 +122,19 @@ def _emerged(rows):
 
 
 def test_fit_logs_emergence_tags_and_trajectory_and_survives_resume(tiny_ds, tmp_path, monkeypatch, mlflow_server):
-    args = ["--data.path", str(tiny_ds), "--trainer.max_steps", "8", "--run.sink_every", "2",
-            "--run.checkpoint_every", "4", "--run.keep_last", "0", *ELU1]
+    args = [
+        "--data.path",
+        str(tiny_ds),
+        "--trainer.max_steps",
+        "8",
+        "--run.sink_every",
+        "2",
+        "--run.checkpoint_every",
+        "4",
+        "--run.keep_last",
+        "0",
+        *ELU1,
+    ]
     ref_dir = tmp_path / "ref"
     assert fit_in_process([*args, "--run-dir", str(ref_dir)], monkeypatch, mlflow_server) == 0
     rows = read_metrics(ref_dir)
@@ -103,8 +142,11 @@ def test_fit_logs_emergence_tags_and_trajectory_and_survives_resume(tiny_ds, tmp
     assert [r["step"] for r in probes] == [0, 2, 4, 6, 8]
     uniform = M.uniform_alpha1(12)  # the tiny probe set: T = 12, causal, no slots
     assert all(r[E.UNIFORM] == pytest.approx(uniform) for r in probes)
-    assert all(r["sink/alpha1_mean"] == pytest.approx(sum(r[E.head_metric(l, h)] for l in range(2)
-                                                          for h in range(2)) / 4, rel=1e-5) for r in probes)
+    assert all(
+        r["sink/alpha1_mean"]
+        == pytest.approx(sum(r[E.head_metric(l, h)] for l in range(2) for h in range(2)) / 4, rel=1e-5)
+        for r in probes
+    )
     expected = M.emergence_steps([(r["step"], r["sink/sink1"], r["sink/alpha1_mean"]) for r in probes], uniform)
     logged = _emerged(rows)
     assert expected["sink1_1pct"] is not None  # a sink does emerge here (alpha_1 need not cross 1.25 x)
@@ -118,8 +160,10 @@ def test_fit_logs_emergence_tags_and_trajectory_and_survives_resume(tiny_ds, tmp
         assert run.data.tags.get(name) == (str(int(logged[name])) if name in logged else None)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert "plots/alpha1_trajectory.png" in artifacts and (ref_dir / "plots" / "alpha1_trajectory.png").exists()
-    print(f"elu+1 tiny run: probes {[(r['step'], round(r['sink/sink1'], 2), round(r['sink/alpha1_mean'], 3)) for r in probes]}"
-          f"; uniform {uniform:.3f}; emerged {expected}")
+    print(
+        f"elu+1 tiny run: probes {[(r['step'], round(r['sink/sink1'], 2), round(r['sink/alpha1_mean'], 3)) for r in probes]}"
+        f"; uniform {uniform:.3f}; emerged {expected}"
+    )
 
     # A second run directory resumes from the reference's step-4 checkpoint with the history of
     # that first start, plus a stale row a start killed at step 6 would leave: the emergence

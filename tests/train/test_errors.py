@@ -1,5 +1,6 @@
 """Issue 16: a user's mistake or Ctrl-C gives one clear line, leaves no MLflow run RUNNING and
 nothing half-written in the run directory."""
+
 from __future__ import annotations
 
 import os
@@ -22,31 +23,38 @@ def _runs(uri: str, experiment: str):
     return client.search_runs([exp.experiment_id]) if exp is not None else []
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--data.global_batch_tokens", "100"], "use 64 or 128"),
-    (["--data.global_batch_tokens", "0"], "data.global_batch_tokens=0: must be positive"),
-    (["--trainer.accumulate_grad_batches", "2"], "trainer.accumulate_grad_batches is derived"),
-    (["--trainer.max_steps=-1"], "trainer.max_steps must be set"),
-    (["--model.optim.lr=-1e-3"], "model.optim.lr=-0.001: must be positive"),
-    (["--data.path", "no-such-dataset"], "data.path=no-such-dataset: no manifest.json"),
-    (["--model.optim.lrr", "1"], "model.optim: Option 'lrr' is not accepted"),
-    (["--model.model.attention.op", "sigmod"], "model.model.attention.op: Expected a typing.Literal"),
-    (["--model.model.max_seq_len", "8"], "model.model.max_seq_len=8 is below the dataset's context length 16"),
-    (["--model.init", "no-such.ckpt"], "model.init=no-such.ckpt: no such checkpoint"),
-    # issue 26: a value in scientific notation read as an option; a negative keep_last taken as "all"
-    (["--model.optim.lr", "-1e-3"], "model.optim.lr=-0.001: must be positive"),
-    (["--run.keep_last=-1"], "run.keep_last=-1: must be >= 0"),
-    (["--model.init", "GARBAGE"], "not a readable checkpoint or state dict"),
-])
-def test_refused_start_is_one_line_and_leaves_nothing(args, message, tiny_ds, tmp_path, monkeypatch, mlflow_server,
-                                                      capsys):
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--data.global_batch_tokens", "100"], "use 64 or 128"),
+        (["--data.global_batch_tokens", "0"], "data.global_batch_tokens=0: must be positive"),
+        (["--trainer.accumulate_grad_batches", "2"], "trainer.accumulate_grad_batches is derived"),
+        (["--trainer.max_steps=-1"], "trainer.max_steps must be set"),
+        (["--model.optim.lr=-1e-3"], "model.optim.lr=-0.001: must be positive"),
+        (["--data.path", "no-such-dataset"], "data.path=no-such-dataset: no manifest.json"),
+        (["--model.optim.lrr", "1"], "model.optim: Option 'lrr' is not accepted"),
+        (["--model.model.attention.op", "sigmod"], "model.model.attention.op: Expected a typing.Literal"),
+        (["--model.model.max_seq_len", "8"], "model.model.max_seq_len=8 is below the dataset's context length 16"),
+        (["--model.init", "no-such.ckpt"], "model.init=no-such.ckpt: no such checkpoint"),
+        # issue 26: a value in scientific notation read as an option; a negative keep_last taken as "all"
+        (["--model.optim.lr", "-1e-3"], "model.optim.lr=-0.001: must be positive"),
+        (["--run.keep_last=-1"], "run.keep_last=-1: must be >= 0"),
+        (["--model.init", "GARBAGE"], "not a readable checkpoint or state dict"),
+    ],
+)
+def test_refused_start_is_one_line_and_leaves_nothing(
+    args, message, tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys
+):
     run_dir = tmp_path / "refused"
     experiment = f"errors-{abs(hash(message))}"
     if "GARBAGE" in args:
         (tmp_path / "garbage.ckpt").write_bytes(b"not a checkpoint")
         args = [a.replace("GARBAGE", str(tmp_path / "garbage.ckpt")) for a in args]
-    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.experiment", experiment,
-                         *args], monkeypatch, mlflow_server)
+    rc = fit_in_process(
+        ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.experiment", experiment, *args],
+        monkeypatch,
+        mlflow_server,
+    )
     err = capsys.readouterr().err
     assert rc == 2
     lines = [line for line in err.splitlines() if line.startswith("sinklab fit:")]
@@ -58,10 +66,29 @@ def test_refused_start_is_one_line_and_leaves_nothing(args, message, tiny_ds, tm
 
 def test_fixed_start_after_a_refused_one_writes_config_yaml(tiny_ds, tmp_path, monkeypatch, mlflow_server):
     run_dir = tmp_path / "fixed"
-    assert fit_in_process(["--data.path", str(tmp_path / "missing"), "--run-dir", str(run_dir)],
-                          monkeypatch, mlflow_server) == 2
-    assert fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--trainer.max_steps", "3",
-                           "--run.sink_every", "0"], monkeypatch, mlflow_server) == 0
+    assert (
+        fit_in_process(
+            ["--data.path", str(tmp_path / "missing"), "--run-dir", str(run_dir)], monkeypatch, mlflow_server
+        )
+        == 2
+    )
+    assert (
+        fit_in_process(
+            [
+                "--data.path",
+                str(tiny_ds),
+                "--run-dir",
+                str(run_dir),
+                "--trainer.max_steps",
+                "3",
+                "--run.sink_every",
+                "0",
+            ],
+            monkeypatch,
+            mlflow_server,
+        )
+        == 0
+    )
     assert sorted(p.name for p in run_dir.glob("config*.yaml")) == ["config.yaml"]
 
 
@@ -74,8 +101,20 @@ def test_sink_share_of_the_summary_stays_within_the_run(tiny_ds, tmp_path, monke
         return original(*args, **kwargs)
 
     monkeypatch.setattr(probe_mod, "run_probe", slow)
-    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "share"),
-                         "--trainer.max_steps", "3", "--run.sink_every", "3"], monkeypatch, mlflow_server)
+    rc = fit_in_process(
+        [
+            "--data.path",
+            str(tiny_ds),
+            "--run-dir",
+            str(tmp_path / "share"),
+            "--trainer.max_steps",
+            "3",
+            "--run.sink_every",
+            "3",
+        ],
+        monkeypatch,
+        mlflow_server,
+    )
     assert rc == 0
     share = re.search(r"sink metrics [\d.]+ s \(([\d.]+)% of it\)", capsys.readouterr().out)
     assert share and 0 < float(share.group(1)) <= 100
@@ -84,10 +123,29 @@ def test_sink_share_of_the_summary_stays_within_the_run(tiny_ds, tmp_path, monke
 def test_ctrl_c_exits_130_and_marks_the_run_interrupted(tiny_ds, tmp_path, mlflow_server):
     run_dir = tmp_path / "ctrl-c"
     env = dict(os.environ, MLFLOW_TRACKING_URI=mlflow_server, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "fit", "--config", TINY, "--data.path", str(tiny_ds),
-                             "--run-dir", str(run_dir), "--trainer.max_steps", "100000", "--run.sink_every", "0"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "fit",
+            "--config",
+            TINY,
+            "--data.path",
+            str(tiny_ds),
+            "--run-dir",
+            str(run_dir),
+            "--trainer.max_steps",
+            "100000",
+            "--run.sink_every",
+            "0",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # as in a terminal
     deadline = time.time() + 120
     while not (run_dir / "metrics.jsonl").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -117,8 +175,9 @@ def damaged_ds(tiny_ds, tmp_path):
 
 def test_token_id_beyond_the_vocabulary_is_one_line(damaged_ds, tmp_path, monkeypatch, mlflow_server, capsys):
     run_dir = tmp_path / "ids"
-    rc = fit_in_process(["--data.path", str(damaged_ds), "--run-dir", str(run_dir), "--run.sink_every", "0"],
-                        monkeypatch, mlflow_server)
+    rc = fit_in_process(
+        ["--data.path", str(damaged_ds), "--run-dir", str(run_dir), "--run.sink_every", "0"], monkeypatch, mlflow_server
+    )
     assert rc == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sinklab fit:")]
     assert len(err) == 1 and "holds token id 60000, outside the vocabulary of 64" in err[0]
@@ -126,33 +185,52 @@ def test_token_id_beyond_the_vocabulary_is_one_line(damaged_ds, tmp_path, monkey
     assert run.info.status == "FAILED" and run.data.tags["sinklab.status"] == "failed"
 
 
-def test_verify_option_checks_the_shards_before_anything_starts(damaged_ds, tmp_path, monkeypatch, mlflow_server,
-                                                                capsys):
+def test_verify_option_checks_the_shards_before_anything_starts(
+    damaged_ds, tmp_path, monkeypatch, mlflow_server, capsys
+):
     run_dir = tmp_path / "verified"
-    rc = fit_in_process(["--data.path", str(damaged_ds), "--run-dir", str(run_dir), "--data.verify", "true"],
-                        monkeypatch, mlflow_server)
+    rc = fit_in_process(
+        ["--data.path", str(damaged_ds), "--run-dir", str(run_dir), "--data.verify", "true"], monkeypatch, mlflow_server
+    )
     assert rc == 2
     assert "00000.bin: sha256 differs from the manifest; the file is corrupt" in capsys.readouterr().err
     assert not run_dir.exists()
 
 
-def test_a_file_size_limit_while_checkpointing_is_one_line_and_keeps_the_older_checkpoints(tiny_ds, tmp_path,
-                                                                                           monkeypatch, mlflow_server):
+def test_a_file_size_limit_while_checkpointing_is_one_line_and_keeps_the_older_checkpoints(
+    tiny_ds, tmp_path, monkeypatch, mlflow_server
+):
     """Issue 26: EFBIG (or ENOSPC) while a step checkpoint is written was a traceback. Now one line,
     exit 2, no partial file; the checkpoints already on disk stay and a resume continues."""
     import resource
 
     run_dir = tmp_path / "full"
     env = dict(os.environ, MLFLOW_TRACKING_URI=mlflow_server)
-    args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.sink_every", "0", "--run.system_metrics", "false"]
+    args = [
+        "--data.path",
+        str(tiny_ds),
+        "--run-dir",
+        str(run_dir),
+        "--run.sink_every",
+        "0",
+        "--run.system_metrics",
+        "false",
+    ]
     assert fit_in_process([*args, "--trainer.max_steps", "4"], monkeypatch, mlflow_server) == 0
     base = [sys.executable, "-m", "pipeline.cli", "fit", "--config", TINY, *args]
     small = (run_dir / "checkpoints" / "step-000004.ckpt").stat().st_size // 2
-    limited = subprocess.run([*base, "--trainer.max_steps", "8", "--resume", "auto"], env=env, capture_output=True,
-                             text=True, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (small, small)))
+    limited = subprocess.run(
+        [*base, "--trainer.max_steps", "8", "--resume", "auto"],
+        env=env,
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (small, small)),
+    )
     lines = [line for line in limited.stderr.splitlines() if line.startswith("sinklab fit:")]
     assert limited.returncode == 2 and len(lines) == 1, limited.stderr[-2000:]
-    assert "File too large" in lines[0] and "ulimit -f" in lines[0] and "checkpoints already written are kept" in lines[0]
+    assert (
+        "File too large" in lines[0] and "ulimit -f" in lines[0] and "checkpoints already written are kept" in lines[0]
+    )
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000004.ckpt"]
     assert "Traceback" not in limited.stderr
 
@@ -186,9 +264,23 @@ def test_a_sql_store_that_cannot_be_opened_is_one_line_before_anything_is_writte
     (tmp_path / "a-file").write_text("not a folder")
     uri = f"sqlite:///{tmp_path}/a-file/mlflow.db"
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "fit", "--config", TINY, "--data.path", str(tiny_ds),
-                           "--run-dir", str(run_dir)], env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "fit",
+            "--config",
+            TINY,
+            "--data.path",
+            str(tiny_ds),
+            "--run-dir",
+            str(run_dir),
+        ],
+        env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert f"sinklab fit: MLFLOW_TRACKING_URI={uri}: the store cannot be opened" in done.stderr
     assert not run_dir.exists()

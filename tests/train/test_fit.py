@@ -1,4 +1,5 @@
 """`sinklab fit` end to end on CPU, logging to a real MLflow tracking server over HTTP."""
+
 from __future__ import annotations
 
 import json
@@ -23,10 +24,26 @@ from pipeline.train import module as module_mod
 def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path, monkeypatch, mlflow_server):
     run_dir = tmp_path / "run"
     monkeypatch.setenv("SINKLAB_PEAK_TFLOPS", "0.001")  # a peak for the CPU, so MFU is logged
-    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--trainer.max_steps", "8",
-                         "--run.plot_every", "8", "--run.experiment", "train-fit",
-                         "--data.interventions.fix_position", "2", "--data.interventions.fix_token", "bos"],
-                        monkeypatch, mlflow_server)
+    rc = fit_in_process(
+        [
+            "--data.path",
+            str(tiny_ds),
+            "--run-dir",
+            str(run_dir),
+            "--trainer.max_steps",
+            "8",
+            "--run.plot_every",
+            "8",
+            "--run.experiment",
+            "train-fit",
+            "--data.interventions.fix_position",
+            "2",
+            "--data.interventions.fix_token",
+            "bos",
+        ],
+        monkeypatch,
+        mlflow_server,
+    )
     assert rc == 0
     client = MlflowClient(mlflow_server)
     run_id = (run_dir / "mlflow_run_id").read_text().strip()
@@ -64,7 +81,8 @@ def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path
     lrs = [m.value for m in sorted(client.get_metric_history(run_id, "train/lr"), key=lambda m: m.step)]
     assert lrs[:3] == pytest.approx([1.5e-3, 3e-3, 3e-3]) and lrs[-1] < lrs[2]
     artifacts = {a.path for a in client.list_artifacts(run_id, "config")} | {
-        a.path for a in client.list_artifacts(run_id, "plots")}
+        a.path for a in client.list_artifacts(run_id, "plots")
+    }
     assert {"config/config.yaml", "plots/alpha1_step-000008.png"} <= artifacts
     # checkpoints: named step-N, last 2 kept, loadable by pipeline.model.load_pretrained
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
@@ -89,9 +107,26 @@ def test_batches_hold_the_global_order_with_interventions(tiny_ds, tmp_path, mon
         return original(self, tokens)
 
     monkeypatch.setattr(module_mod.SinkLabModule, "lm_loss", spy)
-    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "r"), "--trainer.max_steps", "3",
-                         "--data.interventions.resample", "[1, 3]", "--data.token_budget", "160",
-                         "--run.sink_every", "0", "--run.val_every", "100"], monkeypatch, mlflow_server)
+    rc = fit_in_process(
+        [
+            "--data.path",
+            str(tiny_ds),
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--trainer.max_steps",
+            "3",
+            "--data.interventions.resample",
+            "[1, 3]",
+            "--data.token_budget",
+            "160",
+            "--run.sink_every",
+            "0",
+            "--run.val_every",
+            "100",
+        ],
+        monkeypatch,
+        mlflow_server,
+    )
     assert rc == 0
     batches = torch.cat(seen).numpy()
     assert batches.shape == (24, 16)  # 3 steps x 8 sequences
@@ -104,7 +139,7 @@ def test_batches_hold_the_global_order_with_interventions(tiny_ds, tmp_path, mon
         expected = split[index]
         assert np.array_equal(row[[1] + list(range(3, 16))], expected[[1] + list(range(3, 16))])
     assert len({order.lookup(g)[1] for g in range(24)}) == 10  # 24 samples from a 10-sequence budget
-    changed = (batches[:, [0, 2]] != np.stack([split[order.lookup(g)[1]] for g in range(24)])[:, [0, 2]])
+    changed = batches[:, [0, 2]] != np.stack([split[order.lookup(g)[1]] for g in range(24)])[:, [0, 2]]
     assert changed.mean() > 0.8
 
 
@@ -117,8 +152,9 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tiny_ds, tmp_path, 
 
     monkeypatch.setattr(module_mod.SinkLabModule, "lm_loss", poisoned)
     run_dir = tmp_path / "nan"
-    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.sink_every", "0"],
-                        monkeypatch, mlflow_server)
+    rc = fit_in_process(
+        ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.sink_every", "0"], monkeypatch, mlflow_server
+    )
     assert rc == 3
     assert "non-finite training loss (nan) at step 5" in capsys.readouterr().err
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-000004.ckpt"]
@@ -134,8 +170,9 @@ def test_second_job_on_a_run_dir_refuses(tiny_ds, tmp_path, monkeypatch, mlflow_
     run_dir.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        (run_dir / "lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
-                                                  "slurm_job_id": None}))
+        (run_dir / "lock").write_text(
+            json.dumps({"pid": holder.pid, "host": socket.gethostname(), "slurm_job_id": None})
+        )
         rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir)], monkeypatch, mlflow_server)
     finally:
         holder.kill()
@@ -145,8 +182,11 @@ def test_second_job_on_a_run_dir_refuses(tiny_ds, tmp_path, monkeypatch, mlflow_
 
 
 def test_impossible_batch_is_a_one_line_error(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
-    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "b"),
-                         "--data.micro_batch_size", "3"], monkeypatch, mlflow_server)
+    rc = fit_in_process(
+        ["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "b"), "--data.micro_batch_size", "3"],
+        monkeypatch,
+        mlflow_server,
+    )
     assert rc == 2
     assert "data.micro_batch_size=3" in capsys.readouterr().err
 
@@ -210,8 +250,11 @@ def test_training_survives_an_mlflow_outage(tiny_ds, tmp_path, monkeypatch, mlfl
 
     monkeypatch.setattr(tracking.RunLogger, "__init__.__defaults__", (1.0,), raising=False)
     run_dir = tmp_path / "outage"
-    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.sink_every", "0",
-                         "--trainer.max_steps", "10"], monkeypatch, f"http://127.0.0.1:{proxy.port}")
+    rc = fit_in_process(
+        ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.sink_every", "0", "--trainer.max_steps", "10"],
+        monkeypatch,
+        f"http://127.0.0.1:{proxy.port}",
+    )
     assert rc == 0
     assert "MLflow tracking server unreachable" in capsys.readouterr().err
     client = MlflowClient(mlflow_server)
@@ -221,8 +264,9 @@ def test_training_survives_an_mlflow_outage(tiny_ds, tmp_path, monkeypatch, mlfl
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
-def test_a_server_lost_mid_run_gets_every_metric_from_the_next_start(tiny_ds, tmp_path, monkeypatch, mlflow_server,
-                                                                      capsys):
+def test_a_server_lost_mid_run_gets_every_metric_from_the_next_start(
+    tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys
+):
     """Issue 26: the tracking server goes away at step 4 and stays away to the end of the run (exit
     0, the run left RUNNING, the rest queued). The next start of the run dir, with the server back,
     sends what was queued before anything else, logs the model and closes the run: MLflow then
@@ -241,8 +285,20 @@ def test_a_server_lost_mid_run_gets_every_metric_from_the_next_start(tiny_ds, tm
     monkeypatch.setattr(module_mod.SinkLabModule, "_end_of_step", losing)
     monkeypatch.setattr(tracking.RunLogger, "__init__.__defaults__", (1.0,), raising=False)
     run_dir = tmp_path / "lost"
-    args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.sink_every", "3", "--trainer.max_steps", "10",
-            "--run.checkpoint_every", "5", "--run.system_metrics", "false"]
+    args = [
+        "--data.path",
+        str(tiny_ds),
+        "--run-dir",
+        str(run_dir),
+        "--run.sink_every",
+        "3",
+        "--trainer.max_steps",
+        "10",
+        "--run.checkpoint_every",
+        "5",
+        "--run.system_metrics",
+        "false",
+    ]
     uri = f"http://127.0.0.1:{proxy.port}"
     assert fit_in_process(args, monkeypatch, uri) == 0
     assert "could not be sent before the end" in capsys.readouterr().err
@@ -274,14 +330,25 @@ def test_a_server_lost_mid_run_gets_every_metric_from_the_next_start(tiny_ds, tm
 
 @pytest.mark.parametrize("op,proxy", [("softmax", False), ("kernel", True)])
 def test_summary_says_when_sink_scores_are_proxies(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys, op, proxy):
-    args = ["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / op), "--trainer.max_steps", "4",
-            "--model.model.attention.op", op, "--model.model.attention.kernel", "elu1"]
+    args = [
+        "--data.path",
+        str(tiny_ds),
+        "--run-dir",
+        str(tmp_path / op),
+        "--trainer.max_steps",
+        "4",
+        "--model.model.attention.op",
+        op,
+        "--model.model.attention.kernel",
+        "elu1",
+    ]
     assert fit_in_process(args, monkeypatch, mlflow_server) == 0
     first = capsys.readouterr().out
     # started again on the finished run (what a second `make run` does): nothing trains, and the
     # summary still shows the whole run, read back from the run dir
     assert fit_in_process([*args, "--resume", "auto"], monkeypatch, mlflow_server) == 0
     again = capsys.readouterr().out
+
     def sink_lines(out: str) -> tuple[str, str]:
         lines = out.splitlines()
         i = next(i for i, line in enumerate(lines) if line.startswith("Sink_1 (ε=0.3"))
@@ -317,12 +384,19 @@ def test_validation_sees_the_training_interventions(tiny_ds):
     from pipeline.train.data import SinkDataModule
     from pipeline.train.interventions import Interventions
 
-    dm = SinkDataModule(str(tiny_ds), micro_batch_size=4, val_batches=2,
-                        interventions=Interventions(resample=[2, 3], fix_position=1, fix_token="bos"))
+    dm = SinkDataModule(
+        str(tiny_ds),
+        micro_batch_size=4,
+        val_batches=2,
+        interventions=Interventions(resample=[2, 3], fix_position=1, fix_token="bos"),
+    )
     rows = torch.cat(list(dm.val_dataloader()))
     again = torch.cat(list(dm.val_dataloader()))
-    raw = torch.as_tensor(np.stack([PackedSplit(str(tiny_ds), "val", load_manifest(tiny_ds))[i]
-                                    for i in range(len(rows))]).astype(np.int64))
+    raw = torch.as_tensor(
+        np.stack([PackedSplit(str(tiny_ds), "val", load_manifest(tiny_ds))[i] for i in range(len(rows))]).astype(
+            np.int64
+        )
+    )
     assert torch.equal(rows, again)
     assert (rows[:, 0] == dm.special_ids["bos"]).all()
     assert (rows[:, 1:3] != raw[:, 1:3]).any()
@@ -331,14 +405,26 @@ def test_validation_sees_the_training_interventions(tiny_ds):
     assert torch.equal(plain, raw)
 
 
-def test_metrics_of_an_offline_first_start_reach_mlflow_on_resume(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
+def test_metrics_of_an_offline_first_start_reach_mlflow_on_resume(
+    tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys
+):
     with socket.socket() as s:  # a port nothing listens on: MLflow is down for the first start
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     run_dir = tmp_path / "offline"
-    args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--trainer.max_steps", "6",
-            "--run.checkpoint_every", "3", "--run.sink_every", "3"]
+    args = [
+        "--data.path",
+        str(tiny_ds),
+        "--run-dir",
+        str(run_dir),
+        "--trainer.max_steps",
+        "6",
+        "--run.checkpoint_every",
+        "3",
+        "--run.sink_every",
+        "3",
+    ]
     assert fit_in_process(args, monkeypatch, dead) == 0
     assert "unreachable" in capsys.readouterr().err and not (run_dir / "mlflow_run_id").exists()
     assert fit_in_process([*args, "--resume", "auto"], monkeypatch, mlflow_server) == 0  # nothing left to train
@@ -356,14 +442,21 @@ def test_init_starts_a_new_run_from_another_runs_weights(tiny_ds, tmp_path, monk
 
     data = ["--data.path", str(tiny_ds), "--run.sink_every", "4"]
     source = tmp_path / "source"
-    assert fit_in_process([*data, "--run-dir", str(source), "--trainer.max_steps", "8"], monkeypatch,
-                          mlflow_server) == 0
+    assert (
+        fit_in_process([*data, "--run-dir", str(source), "--trainer.max_steps", "8"], monkeypatch, mlflow_server) == 0
+    )
     source_id = (source / "mlflow_run_id").read_text().strip()
     probe = {r["step"]: r for r in read_metrics(source) if "sink/alpha1_mean" in r}[8]
 
     child = tmp_path / "child"
-    assert fit_in_process([*data, "--run-dir", str(child), "--trainer.max_steps", "4", "--model.init",
-                           f"runs:/{source_id}"], monkeypatch, mlflow_server) == 0
+    assert (
+        fit_in_process(
+            [*data, "--run-dir", str(child), "--trainer.max_steps", "4", "--model.init", f"runs:/{source_id}"],
+            monkeypatch,
+            mlflow_server,
+        )
+        == 0
+    )
     first = {r["step"]: r for r in read_metrics(child) if "sink/alpha1_mean" in r}[0]
     assert first["sink/alpha1_mean"] == pytest.approx(probe["sink/alpha1_mean"], abs=1e-6)
     assert first["sink/sink1"] == probe["sink/sink1"]
@@ -373,12 +466,28 @@ def test_init_starts_a_new_run_from_another_runs_weights(tiny_ds, tmp_path, monk
     assert ckpt["global_step"] == 4  # its own schedule from step 0, not the source's step 8
 
     capsys.readouterr()
-    assert fit_in_process([*data, "--run-dir", str(tmp_path / "wide"), "--trainer.max_steps", "4",
-                           "--model.model.d_ffn", "96", "--model.init", f"runs:/{source_id}"], monkeypatch,
-                          mlflow_server) == 2
+    assert (
+        fit_in_process(
+            [
+                *data,
+                "--run-dir",
+                str(tmp_path / "wide"),
+                "--trainer.max_steps",
+                "4",
+                "--model.model.d_ffn",
+                "96",
+                "--model.init",
+                f"runs:/{source_id}",
+            ],
+            monkeypatch,
+            mlflow_server,
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == (f"sinklab fit: model.init=runs:/{source_id}: its model differs in d_ffn (d_ffn=64); "
-                       "set model.model to match"), err[-3:]
+    assert err[-1] == (
+        f"sinklab fit: model.init=runs:/{source_id}: its model differs in d_ffn (d_ffn=64); set model.model to match"
+    ), err[-3:]
     assert not (tmp_path / "wide" / "config.yaml").exists()
 
 
@@ -392,8 +501,18 @@ def test_nothing_is_written_where_the_command_runs(tiny_ds, tmp_path, monkeypatc
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     uri = f"sqlite:///{store}/mlflow.db"
-    args = ["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "run"), "--trainer.max_steps", "4",
-            "--run.system_metrics", "false", "--run.plot_every", "4"]  # heat maps: artifacts and MLflow images
+    args = [
+        "--data.path",
+        str(tiny_ds),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--trainer.max_steps",
+        "4",
+        "--run.system_metrics",
+        "false",
+        "--run.plot_every",
+        "4",
+    ]  # heat maps: artifacts and MLflow images
     assert fit_in_process(args, monkeypatch, uri) == 0
     client = MlflowClient(uri)
     assert experiment_id(client, "another") != experiment_id(client, "sinklab-tests")  # an analysis's, say

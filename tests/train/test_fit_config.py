@@ -1,5 +1,6 @@
 """`sinklab fit`'s config before anything is built: a preset named on the command line or in a
 recipe, fields beside it, the numbers recorded, and `--check-only` (which writes nothing)."""
+
 from __future__ import annotations
 
 import yaml
@@ -16,8 +17,12 @@ def test_preset_on_the_command_line_with_a_field_beside_it():
     config = check_fit(["--config", EMBEDDED, "--model.model.preset", "llama-1b", "--model.model.max_seq_len", "512"])
     model = config.model.model
     one_b = ModelConfig.from_preset("llama-1b")
-    assert (model.preset, model.d_model, model.n_layers, model.n_heads) == ("llama-1b", one_b.d_model,
-                                                                            one_b.n_layers, one_b.n_heads)
+    assert (model.preset, model.d_model, model.n_layers, model.n_heads) == (
+        "llama-1b",
+        one_b.d_model,
+        one_b.n_layers,
+        one_b.n_heads,
+    )
     assert model.max_seq_len == 512 != one_b.max_seq_len  # given beside the preset: it wins
     # what `sinklab fit` records as the run's config.yaml (and flattens into MLflow params)
     recorded = yaml.safe_load(fit_parser().dump(config, skip_validation=True))["model"]["model"]

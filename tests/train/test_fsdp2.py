@@ -1,6 +1,7 @@
 """FSDP2 (`--trainer.strategy fsdp2`, Lightning's ModelParallelStrategy) on CPU over gloo: two
 processes train what one process trains, the checkpoint is one full file, and a resume from it
 under FSDP2 reproduces the uninterrupted FSDP2 run bit for bit."""
+
 from __future__ import annotations
 
 import shutil
@@ -12,8 +13,20 @@ from conftest import fit_in_process, losses, sinklab_process
 from pipeline.model import ConfigError, load_pretrained
 from pipeline.train.sharding import shard_model
 
-ARGS = ["--trainer.max_steps", "8", "--run.checkpoint_every", "4", "--run.keep_last", "0", "--run.sink_every", "4",
-        "--data.micro_batch_size", "2", "--run.experiment", "train-fsdp2"]
+ARGS = [
+    "--trainer.max_steps",
+    "8",
+    "--run.checkpoint_every",
+    "4",
+    "--run.keep_last",
+    "0",
+    "--run.sink_every",
+    "4",
+    "--data.micro_batch_size",
+    "2",
+    "--run.experiment",
+    "train-fsdp2",
+]
 
 
 def fsdp2(args: list[str], uri: str) -> str:
@@ -57,6 +70,7 @@ def test_fsdp2_matches_one_process_and_resumes_bitwise(tiny_ds, tmp_path, monkey
 
 class _Mesh:
     """What shard_model reads of a DeviceMesh: dimension names and sizes."""
+
     mesh_dim_names = ("data_parallel", "tensor_parallel")
 
     def __getitem__(self, name):

@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py, the matrix `make gpu-check` runs on a GPU, driven on toy CPU cases:
 its table, its verdicts and its exit status. It starts real `sinklab fit` processes (one stopped
 by SIGUSR1 and resumed, one refused), hence ~45 s in all."""
+
 from __future__ import annotations
 
 import os
@@ -14,21 +15,27 @@ SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 
 def gpu_check(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
-    return subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--root", str(tmp_path / "check"), *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--root", str(tmp_path / "check"), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def table_rows(stdout: str) -> dict[str, list[str]]:
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("case "))
-    return {line.split()[0]: line.split() for line in lines[start + 2:] if " cases ok; " not in line}
+    return {line.split()[0]: line.split() for line in lines[start + 2 :] if " cases ok; " not in line}
 
 
 def test_a_preempted_run_resumes_and_passes_with_its_speed(tiny_ds, tmp_path):
     done = gpu_check(["--data", str(tiny_ds), "--cases", "preempt"], tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = table_rows(done.stdout)["preempt"]
-    assert row[1] == "ok" and float(row[2].replace(",", "")) > 0   # tokens/s
+    assert row[1] == "ok" and float(row[2].replace(",", "")) > 0  # tokens/s
     assert done.stdout.splitlines()[-1].startswith("1 of 1 cases ok; ")
     log = (tmp_path / "check" / "preempt.log").read_text()
     assert "stopped by SIGUSR1 at step" in log and "Restored all states from the checkpoint" in log
@@ -44,15 +51,20 @@ def test_a_failing_case_gives_its_first_error_line_and_exit_1(tiny_ds, tmp_path)
 
 def test_the_first_error_line_is_ours_else_the_exception_of_the_last_traceback(load_benchmark):
     first_error_line = load_benchmark("gpu_check").first_error_line
-    traceback = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
-                 "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:\n"
-                 "sinklab fit: warning: torch.compile failed (...)\n"
-                 "Traceback (most recent call last):\n  File \"y.py\", line 2\n"
-                 "RuntimeError: The current optimizer, AdamW, does not allow for gradient clipping\n")
-    assert first_error_line(traceback, 1) == ("exit 1: RuntimeError: The current optimizer, AdamW, does not allow "
-                                              "for gradient clipping")
-    assert first_error_line("loading\nsinklab fit: data.path=x: no manifest.json there\n", 2) == \
-        "exit 2: sinklab fit: data.path=x: no manifest.json there"
+    traceback = (
+        'Traceback (most recent call last):\n  File "x.py", line 1\n'
+        "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:\n"
+        "sinklab fit: warning: torch.compile failed (...)\n"
+        'Traceback (most recent call last):\n  File "y.py", line 2\n'
+        "RuntimeError: The current optimizer, AdamW, does not allow for gradient clipping\n"
+    )
+    assert first_error_line(traceback, 1) == (
+        "exit 1: RuntimeError: The current optimizer, AdamW, does not allow for gradient clipping"
+    )
+    assert (
+        first_error_line("loading\nsinklab fit: data.path=x: no manifest.json there\n", 2)
+        == "exit 2: sinklab fit: data.path=x: no manifest.json there"
+    )
     assert first_error_line("", -9) == "exit -9: no output"
 
 
@@ -76,10 +88,24 @@ def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatc
     fits = [c for c in cases if c.kind in ("fit", "preempt")]
     assert {c.reads for c in cases if c.reads} <= {c.name for c in fits}
     for case in fits:
-        cli = SinkLabCLI(SinkLabModule, SinkDataModule, run=False, save_config_callback=None,
-                         auto_configure_optimizers=False,
-                         args=[*case.args, "--data.path", str(tiny_ds), "--run-dir", str(tmp_path / case.name),
-                               "--trainer.accelerator", "cpu", "--model.model.max_seq_len", "64"])
+        cli = SinkLabCLI(
+            SinkLabModule,
+            SinkDataModule,
+            run=False,
+            save_config_callback=None,
+            auto_configure_optimizers=False,
+            args=[
+                *case.args,
+                "--data.path",
+                str(tiny_ds),
+                "--run-dir",
+                str(tmp_path / case.name),
+                "--trainer.accelerator",
+                "cpu",
+                "--model.model.max_seq_len",
+                "64",
+            ],
+        )
         try:
             assert cli.trainer.max_steps == case.steps and cli.trainer.log_every_n_steps == case.log_every
         finally:

@@ -1,5 +1,6 @@
 """The GPU recipes' settings, on a CPU: a fused AdamW clipped under bf16-mixed; torch.compile with
 its eager fallback."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,17 +21,41 @@ def test_fused_adamw_under_bf16_mixed_clips_every_step(tiny_ds, tmp_path, monkey
         optimizer = real_build(model, cfg)
         fused.append(optimizer.defaults["fused"])
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        optimizer.register_step_post_hook(lambda *_: after_clip.append(
-            float(torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params])))))
+        optimizer.register_step_post_hook(
+            lambda *_: after_clip.append(
+                float(torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params])))
+            )
+        )
         return optimizer
 
     monkeypatch.setattr(module_mod, "build_optimizer", recording_build)
     run_dir = tmp_path / "run"
-    rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--trainer.max_steps", "3",
-                         "--trainer.precision", "bf16-mixed", "--model.optim.fused", "true",
-                         "--trainer.gradient_clip_val", str(max_norm), "--run.sink_every", "0",
-                         "--run.val_every", "0", "--run.log_model", "false", "--run.system_metrics", "false"],
-                        monkeypatch, f"sqlite:///{tmp_path}/mlflow.db")
+    rc = fit_in_process(
+        [
+            "--data.path",
+            str(tiny_ds),
+            "--run-dir",
+            str(run_dir),
+            "--trainer.max_steps",
+            "3",
+            "--trainer.precision",
+            "bf16-mixed",
+            "--model.optim.fused",
+            "true",
+            "--trainer.gradient_clip_val",
+            str(max_norm),
+            "--run.sink_every",
+            "0",
+            "--run.val_every",
+            "0",
+            "--run.log_model",
+            "false",
+            "--run.system_metrics",
+            "false",
+        ],
+        monkeypatch,
+        f"sqlite:///{tmp_path}/mlflow.db",
+    )
     assert rc == 0
     assert fused == [True] and len(after_clip) == 3
     # a fresh model's gradient norm is of order 1, so each of these was clipped to max_norm
@@ -58,9 +83,26 @@ def test_a_compiler_failure_trains_eager_and_says_so_once(tiny_ds, tmp_path, mon
     run_dir = tmp_path / "run"
     # the compile caches would skip the compiler
     with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
-        rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--trainer.max_steps", "3",
-                             "--model.compile", "true", "--run.sink_every", "0", "--run.log_model", "false",
-                             "--run.system_metrics", "false"], monkeypatch, f"sqlite:///{tmp_path}/mlflow.db")
+        rc = fit_in_process(
+            [
+                "--data.path",
+                str(tiny_ds),
+                "--run-dir",
+                str(run_dir),
+                "--trainer.max_steps",
+                "3",
+                "--model.compile",
+                "true",
+                "--run.sink_every",
+                "0",
+                "--run.log_model",
+                "false",
+                "--run.system_metrics",
+                "false",
+            ],
+            monkeypatch,
+            f"sqlite:///{tmp_path}/mlflow.db",
+        )
     assert rc == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if "torch.compile failed" in line]
     assert len(warnings) == 1, warnings

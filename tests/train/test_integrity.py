@@ -1,4 +1,5 @@
 """A checkpoint on disk is always finite and complete; `--resume auto` never picks a damaged one."""
+
 from __future__ import annotations
 
 import torch
@@ -11,12 +12,25 @@ def test_a_diverging_run_writes_no_nonfinite_checkpoint(tiny_ds, tmp_path, monke
     """lr 1e6: the update after step 1 breaks the weights. Step 2's checkpoint is not written, the
     step-1 one is not rotated away, and a resume starts from finite weights."""
     run_dir = tmp_path / "diverged"
-    args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--model.optim.lr", "1e6",
-            "--model.optim.min_lr", "1", "--run.checkpoint_every", "1", "--run.keep_last", "1"]
+    args = [
+        "--data.path",
+        str(tiny_ds),
+        "--run-dir",
+        str(run_dir),
+        "--model.optim.lr",
+        "1e6",
+        "--model.optim.min_lr",
+        "1",
+        "--run.checkpoint_every",
+        "1",
+        "--run.keep_last",
+        "1",
+    ]
     assert fit_in_process(args, monkeypatch, mlflow_server) == 3
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("sinklab fit: non-finite weights or optimizer state after step 2: stopping without "
-                              "writing that checkpoint"), err[-3:]
+    assert err[-1].startswith(
+        "sinklab fit: non-finite weights or optimizer state after step 2: stopping without writing that checkpoint"
+    ), err[-3:]
     ckpts = sorted((run_dir / "checkpoints").iterdir())
     assert [p.name for p in ckpts] == ["step-000001.ckpt"]
     blob = torch.load(ckpts[0], weights_only=False)
@@ -42,8 +56,20 @@ def test_nonfinite_state_sees_weights_and_moments():
 
 def test_resume_auto_passes_over_a_truncated_checkpoint(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
     run_dir = tmp_path / "run"
-    args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.checkpoint_every", "4",
-            "--run.keep_last", "0", "--run.sink_every", "0", "--run.val_every", "0"]
+    args = [
+        "--data.path",
+        str(tiny_ds),
+        "--run-dir",
+        str(run_dir),
+        "--run.checkpoint_every",
+        "4",
+        "--run.keep_last",
+        "0",
+        "--run.sink_every",
+        "0",
+        "--run.val_every",
+        "0",
+    ]
     assert fit_in_process([*args, "--trainer.max_steps", "8"], monkeypatch, mlflow_server) == 0
     reference = losses(run_dir)
     newest = run_dir / "checkpoints" / "step-000008.ckpt"
@@ -52,11 +78,13 @@ def test_resume_auto_passes_over_a_truncated_checkpoint(tiny_ds, tmp_path, monke
     capsys.readouterr()
 
     # --resume PATH: one line that names the file
-    assert fit_in_process([*args, "--trainer.max_steps", "12", "--resume", str(newest)], monkeypatch,
-                          mlflow_server) == 2
+    assert (
+        fit_in_process([*args, "--trainer.max_steps", "12", "--resume", str(newest)], monkeypatch, mlflow_server) == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"sinklab fit: --resume {newest}: damaged checkpoint: step-000008.ckpt cannot be "
-                              "read"), err[-3:]
+    assert err[-1].startswith(f"sinklab fit: --resume {newest}: damaged checkpoint: step-000008.ckpt cannot be read"), (
+        err[-3:]
+    )
 
     # --resume auto: a warning that names it, then the older one
     assert fit_in_process([*args, "--trainer.max_steps", "12", "--resume", "auto"], monkeypatch, mlflow_server) == 0

@@ -1,6 +1,7 @@
 """The LM head fused with the cross-entropy (pipeline.train.loss) against the plain
 logits + F.cross_entropy path: loss and gradients, chunking, grad scaling, no-grad use, and the
 next-token loss of a model (prefix start, sink tokens, tied head, ZeRO-3 fallback)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -36,7 +37,7 @@ def _grads(loss_fn, hidden, weight, targets, scale):
     return loss.detach(), grads
 
 
-@pytest.mark.parametrize("rows", [1, 8, 37, 64])   # one row, a partial last chunk, one chunk, rows > N
+@pytest.mark.parametrize("rows", [1, 8, 37, 64])  # one row, a partial last chunk, one chunk, rows > N
 def test_fused_loss_and_gradients_equal_the_logits_path(rows):
     hidden, weight, targets = _leaves()
     plain = lambda h, w, t: F.cross_entropy(h @ w.T, t)
@@ -66,12 +67,14 @@ def test_under_bf16_autocast_products_are_bf16_and_gradients_keep_the_parameter_
     weight = (0.2 * torch.randn(300, 32, generator=g)).requires_grad_()
     targets = torch.randint(0, 300, (64,), generator=g)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        ref_loss, ref_grads = _grads(lambda h, w, t: F.cross_entropy((h @ w.T).float(), t), hidden, weight, targets, 1.0)
+        ref_loss, ref_grads = _grads(
+            lambda h, w, t: F.cross_entropy((h @ w.T).float(), t), hidden, weight, targets, 1.0
+        )
         with _MatmulDtypes() as seen:
             loss, grads = _grads(lambda h, w, t: linear_cross_entropy(h, w, t, rows=16), hidden, weight, targets, 1.0)
-    assert seen.dtypes == {torch.bfloat16}, seen.dtypes   # logits, dL/dh and dL/dW products alike
+    assert seen.dtypes == {torch.bfloat16}, seen.dtypes  # logits, dL/dh and dL/dW products alike
     exact = F.cross_entropy(hidden @ weight.T, targets).detach()
-    assert abs(loss - ref_loss) < 1e-2 and abs(loss - exact) < 3e-2 and loss != exact   # bf16, not fp32
+    assert abs(loss - ref_loss) < 1e-2 and abs(loss - exact) < 3e-2 and loss != exact  # bf16, not fp32
     for a, b in zip(grads, ref_grads):
         assert a.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=0.05, atol=2e-3)
@@ -86,13 +89,17 @@ def test_chunk_rows_follow_the_vocabulary_and_device():
 
 def test_bad_shapes_are_named():
     hidden, weight, targets = _leaves()
-    with pytest.raises(ValueError, match=r"hidden \[N, d\], weight \[V, d\], targets \[N\]; got \(37, 12\), \(50, 12\), \(36,\)"):
+    with pytest.raises(
+        ValueError, match=r"hidden \[N, d\], weight \[V, d\], targets \[N\]; got \(37, 12\), \(50, 12\), \(36,\)"
+    ):
         linear_cross_entropy(hidden, weight, targets[:-1])
 
 
-@pytest.mark.parametrize("overrides,start", [({}, 0), ({"sink_tokens": 1, "tie_embeddings": True}, 0),
-                                             ({"mask": "prefix", "prefix_len": 4}, 3)],
-                         ids=["plain", "sink-token-tied", "prefix-lm"])
+@pytest.mark.parametrize(
+    "overrides,start",
+    [({}, 0), ({"sink_tokens": 1, "tie_embeddings": True}, 0), ({"mask": "prefix", "prefix_len": 4}, 3)],
+    ids=["plain", "sink-token-tied", "prefix-lm"],
+)
 def test_next_token_loss_equals_logits_and_cross_entropy(overrides, start):
     torch.manual_seed(0)
     model = Transformer(ModelConfig.from_preset("micro", **overrides)).double()

@@ -2,6 +2,7 @@
 final model (loads back to the same logits; `analyze`, `stream-ppl` and `export-hf` take
 runs:/<id>), the dataset input, the experiment's training-view marks, system metrics, and one
 model per run across resumed starts. One tiny fit is shared by the tests of this module."""
+
 from __future__ import annotations
 
 import json
@@ -45,19 +46,39 @@ def fitted(mlflow_server, tmp_path_factory):
         mp.setenv("SINKLAB_CACHE", str(root / "cache"))
         mp.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.02")  # samples within the sub-second fit
         mp.setenv("MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING", "1")
-        args = ["--data.path", str(ds), "--run-dir", str(run_dir), "--trainer.max_steps", "4",
-                "--run.experiment", EXPERIMENT, "--run.sink_every", "0"]
+        args = [
+            "--data.path",
+            str(ds),
+            "--run-dir",
+            str(run_dir),
+            "--trainer.max_steps",
+            "4",
+            "--run.experiment",
+            EXPERIMENT,
+            "--run.sink_every",
+            "0",
+        ]
         assert fit_in_process(args, mp, mlflow_server) == 0
         mp.delenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL")
-        yield SimpleNamespace(root=root, ds=ds, run_dir=run_dir, args=args, mp=mp, uri=mlflow_server,
-                              run_id=(run_dir / "mlflow_run_id").read_text().strip(),
-                              client=MlflowClient(mlflow_server))
+        yield SimpleNamespace(
+            root=root,
+            ds=ds,
+            run_dir=run_dir,
+            args=args,
+            mp=mp,
+            uri=mlflow_server,
+            run_id=(run_dir / "mlflow_run_id").read_text().strip(),
+            client=MlflowClient(mlflow_server),
+        )
 
 
 def ready_models(f):
     exp_id = f.client.get_run(f.run_id).info.experiment_id
-    return [m for m in f.client.search_logged_models([exp_id], filter_string="name = 'model'")
-            if m.source_run_id == f.run_id and str(m.status).endswith("READY")]
+    return [
+        m
+        for m in f.client.search_logged_models([exp_id], filter_string="name = 'model'")
+        if m.source_run_id == f.run_id and str(m.status).endswith("READY")
+    ]
 
 
 def test_logged_model_loads_back_to_the_checkpoints_logits(fitted):
@@ -74,8 +95,13 @@ def test_logged_model_loads_back_to_the_checkpoints_logits(fitted):
         assert (metric.dataset_name, metric.dataset_digest) == (views.dataset_name(manifest), manifest.hash[:36])
     resolved = resolve_model(f"runs:/{fitted.run_id}")
     assert resolved.run_id == fitted.run_id
-    assert {p.name for p in resolved.path.iterdir()} == {"model.safetensors", "sinklab_config.json",
-                                                         "tokenizer.json", "dataset.json", "hf"}
+    assert {p.name for p in resolved.path.iterdir()} == {
+        "model.safetensors",
+        "sinklab_config.json",
+        "tokenizer.json",
+        "dataset.json",
+        "hf",
+    }
     assert model.tags["sinklab.hf_export"] == "hf/"  # the default variant: also LlamaForCausalLM
     assert json.loads((resolved.path / "dataset.json").read_text())["manifest_hash"] == load_manifest(fitted.ds).hash
     logged = load_pretrained(resolved.path).eval()
@@ -90,8 +116,10 @@ def test_logged_model_loads_back_to_the_checkpoints_logits(fitted):
         torch.testing.assert_close(hf(tokens).logits, trained(tokens).logits, atol=1e-4, rtol=0)
     assert (resolved.path / "hf" / "tokenizer.json").is_file()
     by_id = resolve_model(f"models:/{model.model_id}")  # the logged model's own URI
-    assert by_id.run_id == fitted.run_id and (by_id.path / "model.safetensors").read_bytes() == \
-        (resolved.path / "model.safetensors").read_bytes()
+    assert (
+        by_id.run_id == fitted.run_id
+        and (by_id.path / "model.safetensors").read_bytes() == (resolved.path / "model.safetensors").read_bytes()
+    )
     with pytest.raises(RunModelError, match="not found"):
         resolve_model("runs:/0123456789abcdef0123456789abcdef")
 
@@ -141,7 +169,10 @@ def test_dataset_input_experiment_marks_and_system_metrics(fitted):
     view = json.loads(envelope["state"])
     assert envelope["name"] == views.VIEW_NAME and isinstance(envelope["createdAt"], int)
     assert view["isAccordionReordered"] and [s["name"] for s in view["compareRunSections"]][:3] == [
-        views.HEADLINE_SECTION, views.HEADS_SECTION, "sink"]
+        views.HEADLINE_SECTION,
+        views.HEADS_SECTION,
+        "sink",
+    ]
     assert view["orderByKey"] == "tags.`mlflow.runName`"  # a sweep's variants listed flat, with their curves
     url = views.experiment_url(fitted.uri, run.info.experiment_id)
     assert url.startswith(f"{fitted.uri}/#/experiments/{run.info.experiment_id}/runs?workflowType=machine_learning")
@@ -173,19 +204,70 @@ def test_stream_ppl_lm_eval_and_export_hf_take_the_run(fitted, tmp_path, capsys)
 
     text = tmp_path / "words.txt"
     text.write_text(" ".join(WORDS * 3))
-    assert streaming.main([f"runs:/{fitted.run_id}", "--text", str(text), "--max-tokens", "24", "--cache", "1+7",
-                           "--out", str(tmp_path / "ppl.json")]) == 0
+    assert (
+        streaming.main(
+            [
+                f"runs:/{fitted.run_id}",
+                "--text",
+                str(text),
+                "--max-tokens",
+                "24",
+                "--cache",
+                "1+7",
+                "--out",
+                str(tmp_path / "ppl.json"),
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "ppl.json").read_text())["tokens"] == 24
     # the held-out split of the run's dataset, and the result logged back to the run
-    assert streaming.main([f"runs:/{fitted.run_id}", "--dataset", str(fitted.ds), "--max-tokens", "24",
-                           "--cache", "0+8", "--cache", "1+7", "--out", str(tmp_path / "val.json")]) == 0
+    assert (
+        streaming.main(
+            [
+                f"runs:/{fitted.run_id}",
+                "--dataset",
+                str(fitted.ds),
+                "--max-tokens",
+                "24",
+                "--cache",
+                "0+8",
+                "--cache",
+                "1+7",
+                "--out",
+                str(tmp_path / "val.json"),
+            ]
+        )
+        == 0
+    )
     logged = fitted.client.get_run(fitted.run_id).data.metrics
     ppl = json.loads((tmp_path / "val.json").read_text())["perplexity"]
-    assert logged["stream/ppl_1_7"] == pytest.approx(ppl["1+7"]) and logged["stream/ppl_0_8"] == pytest.approx(ppl["0+8"])
+    assert logged["stream/ppl_1_7"] == pytest.approx(ppl["1+7"]) and logged["stream/ppl_0_8"] == pytest.approx(
+        ppl["0+8"]
+    )
     from pipeline.analysis import passkey  # words outside the vocabulary are [UNK]: the mechanics only
 
-    assert passkey.main([f"runs:/{fitted.run_id}", "--length", "64", "--digits", "2", "--depths", "0,1", "--keys", "1", "--cache", "2+30",
-                         "--full", "--out", str(tmp_path / "pk")]) == 0
+    assert (
+        passkey.main(
+            [
+                f"runs:/{fitted.run_id}",
+                "--length",
+                "64",
+                "--digits",
+                "2",
+                "--depths",
+                "0,1",
+                "--keys",
+                "1",
+                "--cache",
+                "2+30",
+                "--full",
+                "--out",
+                str(tmp_path / "pk"),
+            ]
+        )
+        == 0
+    )
     accuracy = json.loads((tmp_path / "pk" / "passkey.json").read_text())["accuracy"]
     logged = fitted.client.get_run(fitted.run_id).data.metrics
     assert logged["passkey/acc_2_30"] == pytest.approx(sum(c["accuracy"] for c in accuracy["2+30"].values()) / 2)
@@ -205,21 +287,52 @@ def test_a_resumed_run_logs_its_final_model_once(fitted):
     (first,) = ready_models(fitted)
     assert fit_in_process([*fitted.args, "--resume", "auto"], fitted.mp, fitted.uri) == 0  # nothing left
     assert [m.model_id for m in ready_models(fitted)] == [first.model_id]
-    assert fit_in_process([*fitted.args[:-6], "--trainer.max_steps", "6", "--run.experiment", EXPERIMENT,
-                           "--run.sink_every", "0", "--resume", "auto"], fitted.mp, fitted.uri) == 0
+    assert (
+        fit_in_process(
+            [
+                *fitted.args[:-6],
+                "--trainer.max_steps",
+                "6",
+                "--run.experiment",
+                EXPERIMENT,
+                "--run.sink_every",
+                "0",
+                "--resume",
+                "auto",
+            ],
+            fitted.mp,
+            fitted.uri,
+        )
+        == 0
+    )
     (latest,) = ready_models(fitted)  # trained on: the newer weights replace the older, one model a run
     assert latest.model_id != first.model_id and latest.tags["sinklab.step"] == "6"
     resolved = resolve_model(f"runs:/{fitted.run_id}")
-    assert torch.equal(load_pretrained(resolved.path).state_dict()["lm_head.weight"],
-                       load_pretrained(fitted.run_dir / "checkpoints" / "step-000006.ckpt").state_dict()["lm_head.weight"])
+    assert torch.equal(
+        load_pretrained(resolved.path).state_dict()["lm_head.weight"],
+        load_pretrained(fitted.run_dir / "checkpoints" / "step-000006.ckpt").state_dict()["lm_head.weight"],
+    )
     assert len(fitted.client.get_run(fitted.run_id).inputs.dataset_inputs) == 1  # logged at creation only
 
 
 def test_log_model_and_system_metrics_flags_turn_them_off(fitted, tmp_path):
     run_dir = tmp_path / "off"
-    args = ["--data.path", str(fitted.ds), "--run-dir", str(run_dir), "--trainer.max_steps", "3",
-            "--run.experiment", EXPERIMENT, "--run.sink_every", "0", "--run.log_model", "false",
-            "--run.system_metrics", "false"]
+    args = [
+        "--data.path",
+        str(fitted.ds),
+        "--run-dir",
+        str(run_dir),
+        "--trainer.max_steps",
+        "3",
+        "--run.experiment",
+        EXPERIMENT,
+        "--run.sink_every",
+        "0",
+        "--run.log_model",
+        "false",
+        "--run.system_metrics",
+        "false",
+    ]
     fitted.mp.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
     assert fit_in_process(args, fitted.mp, fitted.uri) == 0
     fitted.mp.delenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL")

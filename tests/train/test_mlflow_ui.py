@@ -6,6 +6,7 @@ charts first and in order, the varied factor and the headline values as runs-tab
 
 Chromium is Debian's (`apt-get install chromium chromium-driver`, done by `make test` where
 missing); the Python driver is selenium (setup.cfg's dev extra)."""
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,11 @@ from train_datasets import make_dataset
 
 CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 EXPERIMENT = "ui-compare"
-pytestmark = pytest.mark.skipif(not (CHROMIUM.exists() and DRIVER.exists()),
-                                reason="no /usr/bin/chromium + /usr/bin/chromedriver "
-                                       "(apt-get install chromium chromium-driver; `make test` does it)")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM.exists() and DRIVER.exists()),
+    reason="no /usr/bin/chromium + /usr/bin/chromedriver "
+    "(apt-get install chromium chromium-driver; `make test` does it)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +43,30 @@ def two_runs(mlflow_server, tmp_path_factory):
         mp.setenv("SINKLAB_CACHE", str(root / "cache"))
         mp.chdir(root)
         for op in ("softmax", "sigmoid"):
-            args = ["--data.path", str(ds), "--run-dir", str(root / op), "--trainer.max_steps", "4",
-                    "--run.experiment", EXPERIMENT, "--run.name", f"op-{op}", "--run.sink_every", "2",
-                    "--run.plot_every", "2", "--run.val_every", "2", "--run.system_metrics", "false",
-                    "--run.log_model", "false", "--model.model.attention.op", op]
+            args = [
+                "--data.path",
+                str(ds),
+                "--run-dir",
+                str(root / op),
+                "--trainer.max_steps",
+                "4",
+                "--run.experiment",
+                EXPERIMENT,
+                "--run.name",
+                f"op-{op}",
+                "--run.sink_every",
+                "2",
+                "--run.plot_every",
+                "2",
+                "--run.val_every",
+                "2",
+                "--run.system_metrics",
+                "false",
+                "--run.log_model",
+                "false",
+                "--model.model.attention.op",
+                op,
+            ]
             assert fit_in_process(args, mp, mlflow_server) == 0
             out[op] = (root / op / "mlflow_run_id").read_text().strip()
     return out
@@ -57,14 +80,23 @@ def browser():
     profile = tempfile.mkdtemp(prefix="sinklab-chromium-")
     opts = webdriver.ChromeOptions()
     opts.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                 f"--user-data-dir={profile}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+    ):
         opts.add_argument(flag)
     driver = webdriver.Chrome(service=Service(str(DRIVER)), options=opts)
     # the page itself 1600 x 1000, as the issue's check asks
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": 1600, "height": 1000, "deviceScaleFactor": 1, "mobile": False})
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride", {"width": 1600, "height": 1000, "deviceScaleFactor": 1, "mobile": False}
+    )
     yield driver
     driver.quit()
     shutil.rmtree(profile, ignore_errors=True)
@@ -77,13 +109,17 @@ def wait_for(driver, predicate, what: str, timeout: float = 30.0):
         if found:
             return found
         time.sleep(0.3)
-    raise AssertionError(f"{what} did not appear in {timeout:.0f} s; page text: {driver.find_element('tag name', 'body').text[:1500]}")
+    raise AssertionError(
+        f"{what} did not appear in {timeout:.0f} s; page text: {driver.find_element('tag name', 'body').text[:1500]}"
+    )
 
 
 def close_assistant(driver) -> None:
     """MLflow's assistant panel opens by itself on the first visit from localhost; a user closes it once."""
-    driver.execute_script("localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
-                          "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');")
+    driver.execute_script(
+        "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
+        "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');"
+    )
 
 
 def chart_cards(driver) -> list[list]:
@@ -128,8 +164,11 @@ def test_the_printed_link_opens_training_charts_headline_first(two_runs, mlflow_
     close_assistant(browser)
     browser.get(views.experiment_url(mlflow_server, exp.experiment_id))
     browser.refresh()
-    wait_for(browser, lambda: sum(card[4] for card in chart_cards(browser)) >= 2 and curves_drawn(browser) >= 4,
-             "the curves and the α₁ images")
+    wait_for(
+        browser,
+        lambda: sum(card[4] for card in chart_cards(browser)) >= 2 and curves_drawn(browser) >= 4,
+        "the curves and the α₁ images",
+    )
     browser.save_screenshot(str(shots / "mlflow-ui-experiment.png"))
     body = body_text(browser)
     assert "Model training" in body and "Detect Issues" not in body and views.VIEW_NAME in body
@@ -140,9 +179,14 @@ def test_the_printed_link_opens_training_charts_headline_first(two_runs, mlflow_
     assert cards[4][4] >= 2  # the α₁ map of both runs, side by side in one image chart
     assert len(cards) == 6  # the other sections are collapsed
 
-    browser.get(views.experiment_url(mlflow_server, exp.experiment_id).replace("compareRunsMode=CHART", "compareRunsMode=TABLE"))
-    headers = wait_for(browser, lambda: "model.model.attention.op" in body_text(browser) and body_text(browser),
-                       "the runs table's op column")
+    browser.get(
+        views.experiment_url(mlflow_server, exp.experiment_id).replace("compareRunsMode=CHART", "compareRunsMode=TABLE")
+    )
+    headers = wait_for(
+        browser,
+        lambda: "model.model.attention.op" in body_text(browser) and body_text(browser),
+        "the runs table's op column",
+    )
     browser.save_screenshot(str(shots / "mlflow-ui-table.png"))
     for column in ("sinklab.variant", "sink/sink1", "sink/alpha1_mean", "val/loss"):
         assert column in headers, column
@@ -151,9 +195,12 @@ def test_the_printed_link_opens_training_charts_headline_first(two_runs, mlflow_
 
 def workflow_switch(driver) -> dict[str, str]:
     """The sidebar's GenAI / Model training switch: label -> text colour (the chosen one is darker)."""
-    return dict(driver.execute_script(
-        "return [...document.querySelectorAll('div[role=button]')].filter(e => /^(GenAI|Model training)$/"
-        ".test((e.innerText || '').trim())).map(e => [e.innerText.trim(), getComputedStyle(e.firstChild).color]);"))
+    return dict(
+        driver.execute_script(
+            "return [...document.querySelectorAll('div[role=button]')].filter(e => /^(GenAI|Model training)$/"
+            ".test((e.innerText || '').trim())).map(e => [e.innerText.trim(), getComputedStyle(e.firstChild).color]);"
+        )
+    )
 
 
 def darkness(rgb: str) -> int:
@@ -171,12 +218,21 @@ def test_the_home_link_opens_on_training_runs(two_runs, mlflow_server, browser, 
     # "Model training" (on a page opened without the parameter) sets for good (docs/training.md)
     browser.get(views.home_url(mlflow_server).split("?")[0])
     wait_for(browser, lambda: EXPERIMENT in body_text(browser), "the experiment list")
-    next(b for b in browser.find_elements("css selector", "div[role=button]") if b.text.strip() == "Model training").click()
+    next(
+        b for b in browser.find_elements("css selector", "div[role=button]") if b.text.strip() == "Model training"
+    ).click()
     browser.get(views.home_url(mlflow_server).split("?")[0])
-    recent = wait_for(browser, lambda: browser.find_elements(
-        "xpath", f"//*[normalize-space()='Recent Experiments']/following::a[normalize-space()='{EXPERIMENT}']"),
-        "the recent experiments")
+    recent = wait_for(
+        browser,
+        lambda: browser.find_elements(
+            "xpath", f"//*[normalize-space()='Recent Experiments']/following::a[normalize-space()='{EXPERIMENT}']"
+        ),
+        "the recent experiments",
+    )
     recent[0].click()
-    wait_for(browser, lambda: "/runs?" in browser.current_url and "matching runs" in body_text(browser),
-             f"the runs page (at {browser.current_url})")
+    wait_for(
+        browser,
+        lambda: "/runs?" in browser.current_url and "matching runs" in body_text(browser),
+        f"the runs page (at {browser.current_url})",
+    )
     assert "workflowType=machine_learning" in browser.current_url and "Detect Issues" not in body_text(browser)

@@ -1,4 +1,5 @@
 """The progress bar of `sinklab fit`: optimizer steps out of max_steps, with the run's speed."""
+
 from __future__ import annotations
 
 from conftest import fit_in_process
@@ -17,9 +18,26 @@ def test_the_bar_counts_optimizer_steps_to_max_steps_and_resumes_where_it_stoppe
 
     monkeypatch.setattr(StepProgressBar, "on_train_batch_end", recording)
     monkeypatch.setenv("SINKLAB_PEAK_TFLOPS", "0.001")  # a peak for the CPU, so MFU is shown
-    run = ["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "run"), "--trainer.enable_progress_bar", "true",
-           "--run.sink_every", "0", "--run.val_every", "0", "--run.log_model", "false", "--run.system_metrics", "false",
-           "--run.checkpoint_every", "2", "--run.throughput_window", "2"]
+    run = [
+        "--data.path",
+        str(tiny_ds),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--trainer.enable_progress_bar",
+        "true",
+        "--run.sink_every",
+        "0",
+        "--run.val_every",
+        "0",
+        "--run.log_model",
+        "false",
+        "--run.system_metrics",
+        "false",
+        "--run.checkpoint_every",
+        "2",
+        "--run.throughput_window",
+        "2",
+    ]
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     # cpu-tiny: 8 sequences a step in micro-batches of 4, so two batches per optimizer step
     assert fit_in_process([*run, "--trainer.max_steps", "4"], monkeypatch, uri) == 0

@@ -1,6 +1,7 @@
 """Exact resume: a run killed with SIGKILL between checkpoints and resumed with --resume auto
 matches an uninterrupted run bit for bit (losses, final weights, optimizer state), continues
 the same MLflow run, and replays no batch. Also the 2-process gloo DDP run."""
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,9 @@ def test_sigkill_then_resume_is_bitwise_identical(tiny_ds, tmp_path, monkeypatch
     assert [p.name for p in sorted((run_dir / "checkpoints").iterdir())] == ["step-000004.ckpt"]
     assert (run_dir / "lock").exists()  # left behind by the dead process, taken over below
 
-    assert fit_in_process([*data, "--run-dir", str(run_dir), "--resume", "auto", *ARGS], monkeypatch,
-                          mlflow_server) == 0
+    assert (
+        fit_in_process([*data, "--run-dir", str(run_dir), "--resume", "auto", *ARGS], monkeypatch, mlflow_server) == 0
+    )
     ref, rows = losses(ref_dir), read_metrics(run_dir)
     resumed = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}  # later rows win
     assert resumed == ref and sorted(ref) == list(range(12))
@@ -47,9 +49,11 @@ def test_sigkill_then_resume_is_bitwise_identical(tiny_ds, tmp_path, monkeypatch
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
         assert all(torch.equal(sa[k], sb[k]) for k in ("exp_avg", "exp_avg_sq"))
-    assert a["loops"]["fit_loop"]["state_dict"]["combined_loader"] == \
-        b["loops"]["fit_loop"]["state_dict"]["combined_loader"] == \
-        [{"consumed_samples": 96, "global_batch_seqs": 8, "seed": 1234, "n_sequences": 64}]
+    assert (
+        a["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+        == b["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+        == [{"consumed_samples": 96, "global_batch_seqs": 8, "seed": 1234, "n_sequences": 64}]
+    )
 
     client = MlflowClient(mlflow_server)
     run_id = (run_dir / "mlflow_run_id").read_text().strip()
@@ -60,15 +64,38 @@ def test_sigkill_then_resume_is_bitwise_identical(tiny_ds, tmp_path, monkeypatch
 
 
 def test_two_process_ddp_over_gloo_matches_one_process(tiny_ds, tmp_path, monkeypatch, mlflow_server):
-    data = ["--data.path", str(tiny_ds), "--trainer.max_steps", "4", "--run.sink_every", "4",
-            "--run.checkpoint_every", "4", "--run.experiment", "train-ddp"]
+    data = [
+        "--data.path",
+        str(tiny_ds),
+        "--trainer.max_steps",
+        "4",
+        "--run.sink_every",
+        "4",
+        "--run.checkpoint_every",
+        "4",
+        "--run.experiment",
+        "train-ddp",
+    ]
     one = tmp_path / "one"
     # global batch 8 seqs: 1 process x micro 2 x accum 4  vs  2 processes x micro 2 x accum 2
-    assert fit_in_process([*data, "--run-dir", str(one), "--data.micro_batch_size", "2"], monkeypatch,
-                          mlflow_server) == 0
+    assert (
+        fit_in_process([*data, "--run-dir", str(one), "--data.micro_batch_size", "2"], monkeypatch, mlflow_server) == 0
+    )
     two = tmp_path / "two"
-    proc = sinklab_process([*data, "--run-dir", str(two), "--data.micro_batch_size", "2", "--trainer.devices", "2",
-                     "--trainer.strategy", "ddp"], mlflow_server)
+    proc = sinklab_process(
+        [
+            *data,
+            "--run-dir",
+            str(two),
+            "--data.micro_batch_size",
+            "2",
+            "--trainer.devices",
+            "2",
+            "--trainer.strategy",
+            "ddp",
+        ],
+        mlflow_server,
+    )
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
     assert "micro 2 x accum 2 x world 2" in out
@@ -118,9 +145,26 @@ def test_a_rank_killed_mid_run_is_named_in_one_line_and_the_run_resumes(tiny_ds,
     import subprocess
 
     run_dir = tmp_path / "lost-rank"
-    args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--trainer.max_steps", "40", "--run.sink_every", "0",
-            "--run.checkpoint_every", "4", "--data.micro_batch_size", "2", "--trainer.devices", "2",
-            "--trainer.strategy", "ddp", "--run.system_metrics", "false"]
+    args = [
+        "--data.path",
+        str(tiny_ds),
+        "--run-dir",
+        str(run_dir),
+        "--trainer.max_steps",
+        "40",
+        "--run.sink_every",
+        "0",
+        "--run.checkpoint_every",
+        "4",
+        "--data.micro_batch_size",
+        "2",
+        "--trainer.devices",
+        "2",
+        "--trainer.strategy",
+        "ddp",
+        "--run.system_metrics",
+        "false",
+    ]
     proc = sinklab_process(args, mlflow_server)
     deadline = time.time() + 240
     while max(losses(run_dir), default=-1) < 5:
@@ -131,8 +175,26 @@ def test_a_rank_killed_mid_run_is_named_in_one_line_and_the_run_resumes(tiny_ds,
     out, _ = proc.communicate(timeout=120)
     lines = [line for line in out.splitlines() if line.startswith("sinklab fit:")]
     assert proc.returncode == 1 and len(lines) == 1, out[-3000:]
-    assert lines[0].startswith(f"sinklab fit: rank 1 (pid {rank1[0]}, killed by SIGKILL) ended during training at step ")
+    assert lines[0].startswith(
+        f"sinklab fit: rank 1 (pid {rank1[0]}, killed by SIGKILL) ended during training at step "
+    )
     assert "is kept: continue with --resume auto" in lines[0] and "Traceback" not in out
-    assert fit_in_process([*args, "--resume", "auto", "--trainer.max_steps", "10", "--trainer.devices", "1",
-                           "--trainer.strategy", "auto"], monkeypatch, mlflow_server) == 0  # on one process
+    assert (
+        fit_in_process(
+            [
+                *args,
+                "--resume",
+                "auto",
+                "--trainer.max_steps",
+                "10",
+                "--trainer.devices",
+                "1",
+                "--trainer.strategy",
+                "auto",
+            ],
+            monkeypatch,
+            mlflow_server,
+        )
+        == 0
+    )  # on one process
     assert sorted(losses(run_dir)) == list(range(10))

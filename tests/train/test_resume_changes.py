@@ -1,6 +1,7 @@
 """A resume continues its checkpoint's run (issue 26): `trainer.max_steps` extends it with the
 cosine going on from the resumed step's lr, and a change to what defines the run (model,
 optimiser, data order) is refused in one line before anything of the new start is written."""
+
 from __future__ import annotations
 
 import math
@@ -9,8 +10,20 @@ import pytest
 from conftest import fit_in_process, read_metrics
 from mlflow.tracking import MlflowClient
 
-RUN = ["--trainer.max_steps", "8", "--run.checkpoint_every", "4", "--run.keep_last", "0", "--run.sink_every", "0",
-       "--run.log_model", "false", "--run.system_metrics", "false"]
+RUN = [
+    "--trainer.max_steps",
+    "8",
+    "--run.checkpoint_every",
+    "4",
+    "--run.keep_last",
+    "0",
+    "--run.sink_every",
+    "0",
+    "--run.log_model",
+    "false",
+    "--run.system_metrics",
+    "false",
+]
 
 
 def _tree(root):
@@ -26,22 +39,32 @@ def finished_run(tiny_ds, tmp_path_factory, mlflow_server):
     return run_dir
 
 
-@pytest.mark.parametrize("change, named", [
-    (["--data.seed", "99"], "data.seed=99 (the checkpoint's: 1234)"),
-    (["--model.model.n_layers", "1"], "model.model.n_layers=1 (the checkpoint's: 2)"),
-    (["--model.optim.lr", "1.0"], "model.optim.lr=1.0 (the checkpoint's: 0.003)"),
-    (["--data.interventions.fix_position", "1", "--data.interventions.fix_token", "bos"], "data.interventions.fix_position=1"),
-    (["--trainer.max_steps", "6"], "trainer.max_steps=6 is below the checkpoint's step 8"),
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (["--data.seed", "99"], "data.seed=99 (the checkpoint's: 1234)"),
+        (["--model.model.n_layers", "1"], "model.model.n_layers=1 (the checkpoint's: 2)"),
+        (["--model.optim.lr", "1.0"], "model.optim.lr=1.0 (the checkpoint's: 0.003)"),
+        (
+            ["--data.interventions.fix_position", "1", "--data.interventions.fix_token", "bos"],
+            "data.interventions.fix_position=1",
+        ),
+        (["--trainer.max_steps", "6"], "trainer.max_steps=6 is below the checkpoint's step 8"),
+    ],
+)
 def test_a_resume_that_would_change_the_run_is_refused_before_anything_is_written(
-        finished_run, tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys, change, named):
+    finished_run, tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys, change, named
+):
     how = "path into a new run dir" if "n_layers" in change[0] else "auto"
     client = MlflowClient(mlflow_server)
     run_id = (finished_run / "mlflow_run_id").read_text().strip()
     runs_before = len(client.search_runs([client.get_run(run_id).info.experiment_id]))
     before = _tree(finished_run)
-    target = ["--run-dir", str(finished_run), "--resume", "auto"] if how == "auto" else [
-        "--run-dir", str(tmp_path / "new"), "--resume", str(finished_run / "checkpoints" / "step-000008.ckpt")]
+    target = (
+        ["--run-dir", str(finished_run), "--resume", "auto"]
+        if how == "auto"
+        else ["--run-dir", str(tmp_path / "new"), "--resume", str(finished_run / "checkpoints" / "step-000008.ckpt")]
+    )
     capsys.readouterr()
     args = ["--data.path", str(tiny_ds), *RUN, *target, *change]
     assert fit_in_process(args, monkeypatch, mlflow_server) == 2
@@ -53,14 +76,24 @@ def test_a_resume_that_would_change_the_run_is_refused_before_anything_is_writte
     assert len(client.search_runs([run.info.experiment_id])) == runs_before
 
 
-def test_extending_max_steps_continues_the_cosine_without_a_jump(finished_run, tiny_ds, tmp_path, monkeypatch,
-                                                                 mlflow_server):
+def test_extending_max_steps_continues_the_cosine_without_a_jump(
+    finished_run, tiny_ds, tmp_path, monkeypatch, mlflow_server
+):
     """From the step-4 checkpoint of an 8-step run to 16 steps: the lr at step 4 is the one the
     run had there, then a cosine down to min_lr at step 16, never up; the recorded config says 16."""
     first = {r["step"]: r["train/lr"] for r in read_metrics(finished_run) if "train/lr" in r}
     run_dir = tmp_path / "extended"
-    args = ["--data.path", str(tiny_ds), *RUN, "--trainer.max_steps", "16", "--run-dir", str(run_dir),
-            "--resume", str(finished_run / "checkpoints" / "step-000004.ckpt")]
+    args = [
+        "--data.path",
+        str(tiny_ds),
+        *RUN,
+        "--trainer.max_steps",
+        "16",
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        str(finished_run / "checkpoints" / "step-000004.ckpt"),
+    ]
     assert fit_in_process(args, monkeypatch, mlflow_server) == 0
     lrs = {r["step"]: r["train/lr"] for r in read_metrics(run_dir) if "train/lr" in r}
     assert sorted(lrs) == list(range(4, 16))

@@ -1,4 +1,5 @@
 """Pure pieces of the training layer, checked against hand-computed values."""
+
 from __future__ import annotations
 
 import math
@@ -31,19 +32,23 @@ def test_paper_batch_is_512_sequences():
     assert (plan.global_batch_seqs, plan.grad_accum) == (512, 4)
 
 
-@pytest.mark.parametrize("args, fragment", [
-    ((1000, 16, 4, 1), "use 960 or 1024"),
-    ((128, 16, 4, 3), "3 processes cannot share evenly"),
-    ((128, 16, 3, 1), "micro batch sizes that work: [1, 2, 4]"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        ((1000, 16, 4, 1), "use 960 or 1024"),
+        ((128, 16, 4, 3), "3 processes cannot share evenly"),
+        ((128, 16, 3, 1), "micro batch sizes that work: [1, 2, 4]"),
+    ],
+)
 def test_impossible_batches_say_what_works(args, fragment):
     with pytest.raises(BatchConfigError) as err:
         plan_batch(*args)
     assert fragment in str(err.value)
 
 
-@pytest.mark.parametrize("args", [(100, 16, 4, 1), (0, 16, 4, 1), (96, 16, 4, 1), (40, 16, 4, 1),
-                                  (144, 16, 2, 2), (160, 16, 4, 3)])
+@pytest.mark.parametrize(
+    "args", [(100, 16, 4, 1), (0, 16, 4, 1), (96, 16, 4, 1), (40, 16, 4, 1), (144, 16, 2, 2), (160, 16, 4, 3)]
+)
 def test_every_suggested_batch_is_accepted(args):
     """Issue 16: "use 96 or 112" for 100 tokens at C=16, micro 4, and 96 was then refused."""
     tokens, context, micro, world = args
@@ -86,8 +91,11 @@ def test_a_checkpoint_of_the_old_sequential_schedule_resumes_on_the_same_curve()
         return torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
 
     old_opt = optimizer()
-    old = SequentialLR(old_opt, [LambdaLR(old_opt, lambda s: (s + 1) / 2), CosineAnnealingLR(old_opt, T_max=8, eta_min=0.1)],
-                       milestones=[2])
+    old = SequentialLR(
+        old_opt,
+        [LambdaLR(old_opt, lambda s: (s + 1) / 2), CosineAnnealingLR(old_opt, T_max=8, eta_min=0.1)],
+        milestones=[2],
+    )
     for _ in range(5):
         old_opt.step()
         old.step()
@@ -152,7 +160,7 @@ def test_ranks_split_each_step_and_resume_skips_exactly():
     per_rank = [list(s) for s in samplers]
     assert len(per_rank[0]) == len(samplers[0]) == 6
     for step in range(3):
-        got = sorted(i for r in range(2) for b in per_rank[r][2 * step:2 * step + 2] for i in b)
+        got = sorted(i for r in range(2) for b in per_rank[r][2 * step : 2 * step + 2] for i in b)
         assert got == list(range(8 * step, 8 * step + 8))
     samplers[1].start_sample = 16  # two steps done
     assert list(samplers[1]) == per_rank[1][4:]
@@ -295,11 +303,13 @@ def test_a_validation_loss_that_turns_upward_is_called_memorising():
     from pipeline.metrics import memorising
 
     issue_27 = [(250, 3.4), (500, 2.95), (750, 2.81), (1000, 3.3), (1500, 4.4), (2000, 5.07)]  # gpu-small, embedded
-    assert memorising(issue_27) == ("valid loss rising since step 750 (min 2.810 at 750, 5.070 at 2000): the model "
-                                    "memorises its data; more data or fewer steps")
-    assert memorising([(0, 5.0), (250, 4.0), (500, 3.5)]) is None                 # still falling
-    assert memorising([(0, 5.0), (250, 4.0), (500, 4.05), (750, 4.06)]) is None   # flat within 3%
-    assert memorising([(0, 5.0), (250, 4.0), (500, 4.5)]) is None                 # one point after the minimum
+    assert memorising(issue_27) == (
+        "valid loss rising since step 750 (min 2.810 at 750, 5.070 at 2000): the model "
+        "memorises its data; more data or fewer steps"
+    )
+    assert memorising([(0, 5.0), (250, 4.0), (500, 3.5)]) is None  # still falling
+    assert memorising([(0, 5.0), (250, 4.0), (500, 4.05), (750, 4.06)]) is None  # flat within 3%
+    assert memorising([(0, 5.0), (250, 4.0), (500, 4.5)]) is None  # one point after the minimum
     assert memorising([(0, 4.0), (250, float("nan")), (500, 4.5), (750, 4.6)]) is not None
 
 

@@ -1,5 +1,6 @@
 """SinkLab's MLflow view without a server (issue 29): which metrics reach MLflow, the chart list,
 the runs-table columns, and the names runs and datasets carry."""
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,19 @@ def test_per_head_scalars_stay_out_of_mlflow_metrics():
 def test_the_chart_list_puts_the_headline_first_and_hides_flat_series():
     cards = views.chart_cards()
     assert [c.get("metricKey") or c["imageKeys"][0] for c in cards[:6]] == [
-        *views.HEADLINE, views.ALPHA1_IMAGE, views.TRAJECTORY_IMAGE]
+        *views.HEADLINE,
+        views.ALPHA1_IMAGE,
+        views.TRAJECTORY_IMAGE,
+    ]
     assert not any(c["deleted"] for c in cards[:6])
     hidden = {c["metricKey"] for c in cards if c["deleted"]}
-    assert hidden == {"sink/alpha1_uniform", "sink/emerged_step_sink1_1pct", "sink/emerged_step_sink1_10pct",
-                      "sink/emerged_step_alpha1_125pct", "sink/sink_k1"}
+    assert hidden == {
+        "sink/alpha1_uniform",
+        "sink/emerged_step_sink1_1pct",
+        "sink/emerged_step_sink1_10pct",
+        "sink/emerged_step_alpha1_125pct",
+        "sink/sink_k1",
+    }
     sections = views.sections()
     assert [s["display"] for s in sections[:3]] == [True, True, False]  # everything below the headline collapsed
     assert {c["metricSectionId"] for c in cards[:4]} == {sections[0]["uuid"]}
@@ -32,8 +41,13 @@ def test_the_chart_list_puts_the_headline_first_and_hides_flat_series():
 
 
 def test_the_table_shows_the_factors_that_differ_between_runs():
-    softmax = {"model.model.attention.op": "softmax", "model.optim.weight_decay": "0.1", "run.name": "a",
-               "data.path": "/x", "model.model.positional": "rope"}
+    softmax = {
+        "model.model.attention.op": "softmax",
+        "model.optim.weight_decay": "0.1",
+        "run.name": "a",
+        "data.path": "/x",
+        "model.model.positional": "rope",
+    }
     sigmoid = {**softmax, "model.model.attention.op": "sigmoid", "run.name": "b", "data.path": "/y"}
     assert views.varied_factors([softmax, sigmoid]) == ["model.model.attention.op"]  # run names, paths: no factor
     assert views.varied_factors([softmax]) == list(views.DEFAULT_FACTORS)
@@ -63,6 +77,10 @@ def test_the_variant_tag_names_the_attention_op_even_the_default():
 
     softmax = {"model": {"model": {"preset": "micro"}, "optim": {"lr": 0.002, "weight_decay": 0.5}}}
     assert _variant_summary(softmax) == "softmax, lr=0.002, wd=0.5"
-    kernel = {"model": {"model": {"attention": {"op": "kernel", "kernel": "elu1"}}, "optim": {"lr": 0.002,
-                                                                                              "weight_decay": 0.1}}}
+    kernel = {
+        "model": {
+            "model": {"attention": {"op": "kernel", "kernel": "elu1"}},
+            "optim": {"lr": 0.002, "weight_decay": 0.1},
+        }
+    }
     assert _variant_summary(kernel) == "kernel(elu1), lr=0.002, wd=0.1"
