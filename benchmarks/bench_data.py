@@ -87,7 +87,7 @@ def write_corpus(texts: list[tuple[str, str]], directory: Path, copies: int) -> 
     directory.mkdir(parents=True)
     chars = 0
     with open(directory / "00.jsonl.zst", "wb") as fh, zstandard.ZstdCompressor(level=3).stream_writer(fh) as writer:
-        for copy in range(copies):
+        for _ in range(copies):
             for domain, text in texts:
                 writer.write((json.dumps({"text": text, "meta": {"pile_set_name": domain}}) + "\n").encode())
                 chars += len(text)

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from pipeline.analysis.subject import Subject
 from pipeline.analysis.fake_quant import SETTINGS
 from pipeline.analysis.quant_eval import Evaluator, build_parser, load_tokens, make_windows, parse_settings
+from pipeline.analysis.subject import Subject
 from pipeline.outliers import OutlierAccumulator
 
 

@@ -14,8 +14,8 @@ import re
 import shlex
 import sys
 
-from data_prep.errors import DataPrepError, os_error_line
 from data_prep.embedded import build_raw
+from data_prep.errors import DataPrepError, os_error_line
 from data_prep.prepare import STAGING, PrepConfig, PrepResult, claim_output_dir, default_workers, prepare
 from data_prep.readers import FORMATS, TEXT_UNITS, ReaderOptions
 from data_prep.synthetic_bb import BBConfig, prepare_bb

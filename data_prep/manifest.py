@@ -16,8 +16,8 @@ import numpy as np
 
 from data_prep.dataset import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, content_hash
 from data_prep.errors import DataPrepError
-from sinklab_io.atomic import atomic_write
 from data_prep.pack import SPLITS, shard_file
+from sinklab_io.atomic import atomic_write
 
 if TYPE_CHECKING:
     from data_prep.chunks import Chunk

@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from sinklab_io.atomic import atomic_write
 from data_prep.dataset import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, content_hash
 from data_prep.embedded import shakespeare_documents
 from data_prep.errors import DataPrepError
 from data_prep.manifest import existing_dataset, spec_hash
 from data_prep.prepare import STAGING
+from sinklab_io.atomic import atomic_write
 
 GENERATOR_VERSION = 1
 BLOCK = 4096  # sequences per generator stream

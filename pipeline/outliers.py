@@ -15,10 +15,10 @@ the blocks. The *leading positions* are the learnable sink tokens, if any, and t
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn

@@ -5,8 +5,8 @@ writes one file atomically and returns its path."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import matplotlib
 

@@ -10,9 +10,9 @@ training layer imports nothing from ``pipeline.analysis`` for it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from sinklab_io.atomic import atomic_write
 from pipeline import plots
 from pipeline.analysis import inputs
 from pipeline.analysis.subject import Subject, model_name
 from pipeline.analysis.tables import format_table
 from pipeline.probe import SinkReport
+from sinklab_io.atomic import atomic_write
 
 INPUT_KINDS = ("natural", "random", "repeat")
 

@@ -18,10 +18,10 @@ Embeddings, the LM head, norms and the attention products stay at full precision
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F

@@ -25,7 +25,7 @@ _recording: list | None = None  # (query, key, value, head output) per attention
 
 
 def _capturing_eager(module, query, key, value, attention_mask, **kwargs):
-    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
+    eager = sys.modules[type(module).__module__].eager_attention_forward
     out, weights = eager(module, query, key, value, attention_mask, **kwargs)
     if _recording is not None:
         n_rep = query.shape[1] // key.shape[1]

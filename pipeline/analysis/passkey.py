@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from sinklab_io.atomic import atomic_write
 from pipeline.analysis.streaming import (
     CacheSpec,
     Streamer,
@@ -36,6 +35,7 @@ from pipeline.analysis.streaming import (
     streamer_for,
 )
 from pipeline.plots import passkey_heatmap
+from sinklab_io.atomic import atomic_write
 
 INSTRUCTION = (
     "Below, one line among many repeated ones holds a secret number. "
@@ -113,7 +113,7 @@ def answer(
     rows = [(p, s) for p in range(len(prompts)) for s in range(len(specs))]
     feed = streamer.stream([specs[s] for _, s in rows])
     ids = torch.tensor([prompts[p] for p, _ in rows])
-    for _, logits in streamer.read(feed, ids, specs):
+    for _, logits in streamer.read(feed, ids, specs):  # noqa: B007 (the last one is read below)
         pass
     out = [logits[:, -1].argmax(-1)]
     while len(out) < new_tokens:

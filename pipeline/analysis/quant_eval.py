@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from sinklab_io.atomic import atomic_write
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.streaming import perplexity
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
+from sinklab_io.atomic import atomic_write
 
 DEFAULT_SETTINGS = tuple(SETTINGS)
 RECOVERY_MIN_GAP_PCT = 1.0  # below this a setting's gap is noise: no recovery share is given

@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from sinklab_io.atomic import atomic_write
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 from pipeline.model.cache import eviction_index, gather_entries
+from sinklab_io.atomic import atomic_write
 
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
 PREFILL_TOKENS = 2048  # rows x tokens per forward while the cache fills: bounds the logits' memory
@@ -45,7 +45,7 @@ class CacheSpec:
     n_recent: int
 
     @classmethod
-    def parse(cls, text: str) -> "CacheSpec":
+    def parse(cls, text: str) -> CacheSpec:
         m = re.fullmatch(r"\s*(\d+)\s*\+\s*(\d+)\s*", text)
         if not m or int(m.group(2)) < 1:
             raise ValueError(f"cache config {text!r}: expected x+y with x >= 0 and y >= 1, e.g. 4+1020")

@@ -18,10 +18,10 @@ import re
 import time
 from pathlib import Path
 
-from sinklab_io.atomic import atomic_write
 from pipeline import metrics, plots
 from pipeline.analysis.analyze import INPUT_KINDS, probe_sets, write_json
 from pipeline.analysis.subject import Subject, model_name
+from sinklab_io.atomic import atomic_write
 
 DEFAULT_SWEEP = "0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
 BOS_MODES = {"no": False, "yes": True}

@@ -20,9 +20,9 @@ import json
 import os
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from sinklab_io.atomic import atomic_write
 
@@ -163,7 +163,7 @@ def acquire_lock(run: RunDir) -> dict:
                     f"{run.lock_path}: run directory is in use by pid {holder.get('pid')} on "
                     f"{holder.get('host')} (SLURM job {holder.get('slurm_job_id')}); wait for it to end, "
                     "use another --run-dir, or delete the lock file if that job is gone"
-                )
+                ) from None
             run.lock_path.unlink(missing_ok=True)
             continue
         with os.fdopen(fd, "w") as f:

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from sinklab_io.atomic import atomic_write
 from pipeline.experiments.spec import REPO, Experiment, ExperimentError, Variant
+from sinklab_io.atomic import atomic_write
 
 
 def load_recipe(experiment: Experiment, scale: str) -> dict[str, Any]:

@@ -17,10 +17,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sinklab_io.atomic import atomic_path, atomic_write
 from pipeline import metrics as M
 from pipeline import tracking
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
+from sinklab_io.atomic import atomic_path, atomic_write
 
 MISSING = "—"
 ALPHA1 = "sink/alpha1_mean"

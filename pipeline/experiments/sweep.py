@@ -20,9 +20,10 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from cluster.jobs import JobError
 from pipeline import tracking

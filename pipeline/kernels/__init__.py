@@ -18,8 +18,8 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from .linear import chunked_linear_attention
 from . import triton_tiles
+from .linear import chunked_linear_attention
 from .tiled import SIMILARITIES, AttentionSpec, MaskSpec, ScoreBias, TileSpec, tiled_attention
 
 IMPLS = ("auto", "torch", "triton")

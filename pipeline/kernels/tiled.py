@@ -18,8 +18,9 @@ Backward, with u_i = Z_i y_i and D_i = dZ_i = -(dy_i . y_i) / Z_i:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F

@@ -230,16 +230,16 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         return _build(cls, dict(data), "")
 
     @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+    def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
         """A named preset with field overrides; nested fields as dicts
         (``attention={"op": "sigmoid"}``) or with a double underscore (``attention__op``)."""
         return cls.from_dict({**_unflatten(overrides), "preset": name})
 
-    def replace(self, **overrides: Any) -> "ModelConfig":
+    def replace(self, **overrides: Any) -> ModelConfig:
         return ModelConfig.from_dict(_deep_merge(self.to_dict(), _unflatten(overrides)))
 
 

@@ -23,8 +23,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
@@ -100,9 +101,10 @@ def open_run(
     id, or None when the tracking store cannot be reached (training then goes on offline, and a
     later start creates the run and sends what metrics.jsonl holds). manifest: the dataset's,
     logged as the run's dataset input when the run is created."""
-    from .record import dataset_input
     from mlflow.entities import Param, RunTag
     from mlflow.tracking import MlflowClient
+
+    from .record import dataset_input
 
     for key, value in DEFAULT_RETRIES.items():
         os.environ.setdefault(key, value)

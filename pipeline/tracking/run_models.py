@@ -101,7 +101,7 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
                 raise RunModelError(
                     f"{spec}: the run has no logged model ({exc.message[:200]}); "
                     "runs log one at the end of `sinklab fit` unless --run.log_model false"
-                )
+                ) from None
             if not (local / CONFIG_NAME).is_file():
                 raise RunModelError(f"{spec}: the downloaded model holds no {CONFIG_NAME}: not a SinkLab model")
             if target.exists():

@@ -16,6 +16,7 @@ from pipeline import probe as sink_probe
 from pipeline.checkpoint import RunDir, StepCheckpoint, at_step_end
 from pipeline.flops import PEAK_ENV, device_peak_flops, flops_per_token, mfu
 from pipeline.tracking import ALPHA1_IMAGE, TRAJECTORY_IMAGE
+
 from . import emergence
 from .compiling import uncompiled
 

@@ -13,7 +13,7 @@ not the compiler's (out of memory, a shape mismatch in the model) pass through u
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn

@@ -17,16 +17,17 @@ at the next unseen sample, no batch is replayed or skipped.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterator
 
 import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from data_prep.dataset import DatasetError, PackedSplit, load_manifest, load_probe, verify as verify_dataset
+from data_prep.dataset import DatasetError, PackedSplit, load_manifest, load_probe
+from data_prep.dataset import verify as verify_dataset
 
 from .batching import BatchPlan, plan_batch
 from .interventions import Interventions, apply_interventions

@@ -26,7 +26,6 @@ from .loss import next_token_loss
 from .optim import OptimConfig, build_optimizer, build_scheduler
 from .sharding import shard_model
 
-
 # DeepSpeedStrategy warns that an overridden configure_gradient_clipping does not clip: under it
 # ours hands over to Lightning's, which leaves clipping to the engine (gradient_clipping), as wanted.
 warnings.filterwarnings("ignore", message="Since DeepSpeed handles gradient clipping internally")
@@ -62,8 +61,8 @@ def read_init(spec: str, cfg: ModelConfig) -> tuple[dict, dict[str, str]]:
     fit a model of ``cfg``, and the MLflow tags that link the new run to where they came from."""
     from pathlib import Path
 
-    from pipeline.tracking import RunModelError, is_model_uri, resolve_model
     from pipeline.model import load_pretrained
+    from pipeline.tracking import RunModelError, is_model_uri, resolve_model
 
     tags = {"sinklab.init_from": spec}
     if not (is_model_uri(spec) or Path(spec).exists()):

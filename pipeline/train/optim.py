@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 from pipeline.model.config import ConfigError
-from torch.optim.lr_scheduler import LambdaLR
 
 DecayOn = Literal["all", "matrices", "matrices_no_embeddings"]
 OptimizerName = Literal["adamw", "sgd"]

@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 
 import torch
+from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
 from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeedStrategy
-from lightning.fabric.utilities.seed import reset_seed
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 

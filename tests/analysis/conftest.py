@@ -3,8 +3,8 @@ local directories, the real SmolLM2 model (loaded once per session) and SinkLab 
 
 import pytest
 import torch
-
 from analysis_helpers import HAMLET
+
 from pipeline.analysis.inputs import read_text
 
 

@@ -5,11 +5,10 @@ import json
 
 import pytest
 import torch
+from analysis_helpers import HAMLET, micro_model
 
 from pipeline.analysis import analyze
 from pipeline.analysis.hf_capture import capture, hf_sink_report
-
-from analysis_helpers import HAMLET, micro_model
 
 
 def _args(*argv):

@@ -6,7 +6,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-
 from analysis_helpers import micro_model
 
 

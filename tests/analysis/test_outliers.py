@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from analysis_helpers import BOS, greedy_windows, micro_model, planted_model
+from analysis_helpers import greedy_windows, micro_model, planted_model
 
 from pipeline.outliers import (
     OutlierAccumulator,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
 from analysis_helpers import micro_model
+
 from pipeline.analysis import passkey
 from pipeline.analysis.passkey import Trial, build_trial, key_cached
 from pipeline.analysis.streaming import CacheSpec, HFRotaryStreamer, SinkLabStreamer

@@ -5,11 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from analysis_helpers import micro_model
 
 from pipeline import metrics
 from pipeline.probe import run_probe
-
-from analysis_helpers import micro_model
 
 T, L, H = 16, 2, 3
 

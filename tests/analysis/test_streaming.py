@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-
 from analysis_helpers import HAMLET, micro_model
+
 from pipeline.analysis import streaming
 from pipeline.analysis.streaming import CacheSpec, HFRotaryStreamer, SinkLabStreamer, perplexity
 

@@ -7,11 +7,10 @@ import json
 
 import pytest
 import torch
+from analysis_helpers import micro_model
 
 from pipeline import metrics
 from pipeline.analysis import analyze, survey
-
-from analysis_helpers import micro_model
 
 
 def _read_csv(path):

@@ -8,7 +8,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from slurm_cluster import SlurmCluster, ensure_installed
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-from pipeline.experiments import report, sweep
-
 from experiment_helpers import make_dataset, micro_recipe, write_experiment
+
+from pipeline.experiments import report, sweep
 
 VARIANTS = """\
 - {name: softmax, label: "softmax", overrides: {model.model.attention.op: softmax}, paper: {sink1: 18.18, val_loss: 3.73}}

@@ -7,13 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
+from experiment_helpers import log_training_run, write_experiment
 
 from pipeline.experiments import report
 from pipeline.experiments.report import Row
-from pipeline.tracking import variant_runs
 from pipeline.experiments.spec import load_experiment
-
-from experiment_helpers import log_training_run, write_experiment
+from pipeline.tracking import variant_runs
 
 
 def test_rows_put_paper_and_measured_values_side_by_side(tmp_path, mlflow_env, unique_name):

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import yaml
+from experiment_helpers import log_training_run, make_dataset, write_experiment
 
 from pipeline import tracking as mlruns
 from pipeline.experiments import sweep
 from pipeline.experiments.spec import load_experiment
-
-from experiment_helpers import log_training_run, make_dataset, write_experiment
 
 
 def test_plan_skips_finished_runs_and_reruns_the_rest(tmp_path, mlflow_env, unique_name):

@@ -36,8 +36,8 @@ def _cases():
     """Every kernel x similarity x mask x positional bias x input dtype."""
     import torch
 
-    from pipeline.kernels.tiled import MaskSpec, TileSpec
     from pipeline.kernels import triton_tiles as tt
+    from pipeline.kernels.tiled import MaskSpec, TileSpec
 
     B, H, T, D = 1, 2, 16, 64
     for dtype in (torch.bfloat16, torch.float32):
@@ -93,7 +93,7 @@ def main() -> None:
     backend = make_backend(target)
     options = backend.parse_options({})
     results = []
-    for name, kernel, args, meta, dtype in _cases():
+    for name, kernel, args, meta, _dtype in _cases():
         signature, constexprs = _signature(kernel, args, meta)
         context = ir.context()
         ir.load_dialects(context)

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 import pipeline.model.attention as attention_module
-from pipeline.probe import ATTENTION_KINDS, run_probe
 from pipeline.model import ConfigError, ModelConfig, Transformer
 from pipeline.model.attention_ops import (
     OPS,
@@ -20,14 +19,15 @@ from pipeline.model.attention_ops import (
     build_kernel,
     normalize,
     op_spec,
-    register,
     proxy_label,
+    register,
     scaled_scores,
     sigmoid_op,
     softmax_op,
     unregister,
 )
 from pipeline.model.config import AttentionOp
+from pipeline.probe import ATTENTION_KINDS, run_probe
 
 BUILT_IN = tuple(OPS)
 

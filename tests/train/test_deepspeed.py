@@ -20,11 +20,11 @@ from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeed
 from lightning.pytorch.strategies import StrategyRegistry
 
 from data_prep.dataset import PackedSplit
+from pipeline.checkpoint import release_lock
 from pipeline.model import load_pretrained
 from pipeline.train.cli import SinkLabCLI
 from pipeline.train.data import SinkDataModule
 from pipeline.train.module import SinkLabModule
-from pipeline.checkpoint import release_lock
 from pipeline.train.sharding import DeepSpeedStrategy
 
 STEPS = 12
@@ -172,9 +172,10 @@ def test_checkpoint_of_fit_consolidates_loads_and_exports(runs, tiny_ds, tmp_pat
     """ZeRO-3 (parameters partitioned too) -> `sinklab consolidate` -> the weights DDP trained;
     -> `sinklab export-hf` -> LlamaForCausalLM with the same logits; and `--resume FILE` continues
     from it (fresh AdamW moments) with the reference's loss at that step."""
-    from pipeline.model.hf_export import main as export_hf
-    from pipeline.checkpoint.consolidate import main as consolidate
     from transformers import AutoModelForCausalLM
+
+    from pipeline.checkpoint.consolidate import main as consolidate
+    from pipeline.model.hf_export import main as export_hf
 
     fp32 = tmp_path / "step-000008.ckpt"
     assert consolidate([str(runs["zero3"] / "checkpoints" / "step-000008.ckpt"), str(fp32)]) == 0

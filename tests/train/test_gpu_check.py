@@ -76,10 +76,10 @@ def test_an_unknown_case_is_refused_with_the_list(tmp_path):
 def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatch, load_benchmark):
     """The GPU matrix cannot run here; its arguments are parsed and its classes built as
     `sinklab fit` would (on the CPU accelerator), so a typo fails now and not on a lent GPU."""
+    from pipeline.checkpoint import release_lock
     from pipeline.train.cli import SinkLabCLI
     from pipeline.train.data import SinkDataModule
     from pipeline.train.module import SinkLabModule
-    from pipeline.checkpoint import release_lock
 
     gpu_check = load_benchmark("gpu_check")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")

@@ -13,14 +13,13 @@ import pytest
 import torch
 from conftest import fit_in_process
 from mlflow.tracking import MlflowClient
+from train_datasets import make_dataset
 
 from data_prep.dataset import load_manifest
 from pipeline.analysis import analyze
-from pipeline.tracking import RunModelError, resolve_model
 from pipeline.model import load_pretrained
+from pipeline.tracking import RunModelError, resolve_model, views
 from pipeline.tracking import record as mlflow_record
-from pipeline.tracking import views
-from train_datasets import make_dataset
 
 EXPERIMENT = "train-mlflow-record"
 WORDS = [f"w{i}" for i in range(4, 64)]

@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 from conftest import fit_in_process
 from mlflow.tracking import MlflowClient
-
-from pipeline.tracking import views
-from pipeline.tracking import logged_image_keys
 from train_datasets import make_dataset
+
+from pipeline.tracking import logged_image_keys, views
 
 CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 EXPERIMENT = "ui-compare"

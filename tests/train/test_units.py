@@ -10,10 +10,10 @@ import subprocess
 import sys
 
 import numpy as np
-
 import pytest
 import torch
 
+from pipeline.checkpoint import RunDir, RunDirError, acquire_lock, release_lock
 from pipeline.model import ModelConfig
 from pipeline.model.config import ConfigError
 from pipeline.train.batching import BatchConfigError, plan_batch
@@ -21,7 +21,6 @@ from pipeline.train.data import GlobalOrder, RankBatchSampler
 from pipeline.train.interventions import Interventions, apply_interventions
 from pipeline.train.module import SinkLabModule
 from pipeline.train.optim import OptimConfig, build_optimizer, build_scheduler, param_groups
-from pipeline.checkpoint import RunDir, RunDirError, acquire_lock, release_lock
 
 SPECIAL = {"bos": 1, "eos": 2, "pad": 0}
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from pipeline.tracking.runs import run_scale
 from pipeline.tracking import views
+from pipeline.tracking.runs import run_scale
 
 
 def test_per_head_scalars_stay_out_of_mlflow_metrics():
@@ -65,8 +65,9 @@ def test_sweep_run_names_lead_with_the_variant_and_keep_their_scale():
 
 
 def test_the_dataset_is_named_from_its_manifest(tmp_path):
-    from data_prep.dataset import load_manifest
     from train_datasets import make_dataset
+
+    from data_prep.dataset import load_manifest
 
     manifest = load_manifest(make_dataset(tmp_path / "folder-name"))
     assert views.dataset_name(manifest) == f"synthetic · C16 · {manifest.hash[:8]}"
