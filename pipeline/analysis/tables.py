@@ -34,6 +34,10 @@ def format_table(record: dict) -> str:
             lines += ["", f"Extreme-token phenomena per layer ({kind}; Guo et al. 2024)", ""] + extreme_token_table(
                 layers
             )
+    for kind, layers in record.get("flow", {}).items():
+        lines += ["", f"Information flow per layer ({kind}; docs/analysis.md)", ""] + flow_table(
+            layers, record["extreme_tokens"][kind]
+        )
     if record.get("domains"):
         lines += ["", "| domain | Sink_1 (%) |", "|---|---|"] + [
             f"| {d} | {v:.2f} |" for d, v in record["domains"].items()
@@ -56,3 +60,17 @@ def extreme_token_table(layers: dict[str, float]) -> list[str]:
     for l in range(sum(k.startswith("act/massive_ratio_l") for k in layers)):
         rows.append(f"| {l} | " + " | ".join(f"{layers.get(f'{c}_l{l}', float('nan')):.3f}" for c in columns) + " |")
     return rows
+
+
+def flow_table(flow: dict[str, float], extreme: dict[str, float]) -> list[str]:
+    """The first-token norm ratio, matrix entropy and over-mixing sensitivity, one row per layer,
+    and the layers of the largest norm jump and entropy drop."""
+    rows = ["| layer | ‖h₁‖ ratio | matrix entropy | over-mixing sensitivity |", "|---|---|---|---|"]
+    nan = float("nan")
+    for l in range(sum(k.startswith("flow/entropy_l") for k in flow)):
+        rows.append(
+            f"| {l} | {extreme.get(f'act/massive_ratio_l{l}', nan):.2f} | {flow[f'flow/entropy_l{l}']:.3f} "
+            f"| {flow.get(f'flow/mixing_l{l}', nan):.3g} |"
+        )
+    jump, drop = flow.get("flow/norm_jump_layer"), flow.get("flow/entropy_drop_layer")
+    return rows + ["", f"largest BOS-norm jump: layer {jump}; largest entropy drop: layer {drop}"]
