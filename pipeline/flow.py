@@ -35,7 +35,9 @@ def matrix_entropy(x: Tensor, order: float = 1.0) -> Tensor:
         raise ValueError(f"matrix_entropy needs [..., T, d] with T, d >= 2, got {tuple(x.shape)}")
     if order < 0:
         raise ValueError(f"matrix_entropy order must be >= 0, got {order}")
-    s2 = torch.linalg.svdvals(x.double()).square()
+    x = x.double()
+    gram = x @ x.transpose(-1, -2) if x.shape[-2] <= x.shape[-1] else x.transpose(-1, -2) @ x  # the smaller one
+    s2 = torch.linalg.eigvalsh(gram).clamp_min(0.0)  # the squared singular values of x
     lam = s2 / s2.sum(dim=-1, keepdim=True)
     if order == 1.0:
         h = -torch.where(lam > 0, lam * lam.clamp_min(torch.finfo(lam.dtype).tiny).log(), 0.0).sum(dim=-1)
