@@ -24,7 +24,7 @@ from pipeline.model import ConfigError, ModelConfig, Transformer
 
 from .compiling import compile_blocks, failure_line
 from .loss import next_token_loss
-from .optim import OptimConfig, build_optimizer, build_scheduler
+from .optim import OptimConfig, build_optimizer, build_scheduler, optimizer_split
 from .recording import record_metrics, reduced, set_tag
 from .sharding import shard_model
 
@@ -215,6 +215,12 @@ class SinkLabModule(L.LightningModule):
         record_metrics(self, {N.VAL_LOSS: torch.stack(self._val).mean()}, reduce="mean", bar=True)
 
     # ---- optimisation ---------------------------------------------------------------------
+    def optimizer_split(self) -> dict[str, str]:
+        """Which optimiser updates which parameters (pipeline.train.optim.optimizer_split), read off
+        a model built on the meta device (no memory, no initialisation)."""
+        with torch.device("meta"):
+            return optimizer_split(Transformer(self.model_config), self.optim)
+
     def configure_optimizers(self):
         optimizer = build_optimizer(self.model, self.optim)
         scheduler = build_scheduler(optimizer, self.optim, self.trainer.max_steps)
