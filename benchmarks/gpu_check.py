@@ -38,6 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from pipeline import metric_names as N  # noqa: E402
 from pipeline.train.summary import health_problems, metric_rows  # noqa: E402
 
 SINKLAB = [sys.executable, "-m", "pipeline.cli"]
@@ -269,7 +270,7 @@ class Matrix:
         while (
             proc.poll() is None
             and time.monotonic() < deadline
-            and not any(step >= case.steps // 3 for step, _ in metric_rows(metrics, "train/loss"))
+            and not any(step >= case.steps // 3 for step, _ in metric_rows(metrics, N.TRAIN_LOSS))
         ):
             time.sleep(0.05)
         if proc.poll() is None:
@@ -322,8 +323,8 @@ class Matrix:
             values = values[1:] if len(values) > 1 else values  # the first window holds compilation
             return statistics.median(values) if values else None
 
-        result.tokens_per_s, result.mfu = typical("perf/tokens_per_s"), typical("perf/mfu")
-        peaks = [row[1] for row in metric_rows(metrics, "perf/max_memory_gib")]
+        result.tokens_per_s, result.mfu = typical(N.TOKENS_PER_S), typical(N.MFU)
+        peaks = [row[1] for row in metric_rows(metrics, N.MAX_MEMORY_GIB)]
         result.peak_gib = max(peaks) if peaks else None
 
 
