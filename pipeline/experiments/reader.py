@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from pipeline import metric_names as N
+
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
 SEED_KEYS = ("seed_everything", "data.seed")  # set per run by the sweep's seed axis
 
@@ -78,6 +80,14 @@ class Reader:
         if not isinstance(value, str) or not value.strip():
             raise self.fail(path, f"expected a non-empty string, got {value!r}")
         return value.strip()
+
+    def metric(self, value: Any, path: tuple) -> str:
+        value = self.text(value, path)
+        if not N.is_metric(value):
+            raise self.fail(
+                path, f"{value!r} is not a metric name; SinkLab's start with one of {', '.join(N.NAMESPACES)}"
+            )
+        return value
 
     def name(self, value: Any, path: tuple) -> str:
         value = self.text(value, path)

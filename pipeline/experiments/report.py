@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pipeline import metric_names as N
 from pipeline import metrics as M
 from pipeline import tracking
 from pipeline.experiments import stats
@@ -151,12 +152,12 @@ def memorising_notes(rows: list[Row], mlflow) -> list[str]:
     notes = []
     for row in rows:
         for run in row.runs:
-            if note := M.memorising(tracking.metric_history(mlflow, run.run_id, "val/loss")):
+            if note := M.memorising(tracking.metric_history(mlflow, run.run_id, N.VAL_LOSS)):
                 notes.append(f"{row.label} (seed {run.seed}): {note}")
     return notes
 
 
-STEP_KEYS = (SINK1, "train/loss", "val/loss")
+STEP_KEYS = (SINK1, N.TRAIN_LOSS, N.VAL_LOSS)
 
 
 def steps_run(rows: list[Row], mlflow) -> dict[str, list[int]]:

@@ -1,4 +1,5 @@
-"""Names a report reads from training runs and writes to the experiment's parent run (MLflow metrics).
+"""What a report reads from training runs and writes to the experiment's parent run (MLflow metrics;
+the names themselves live in pipeline.metric_names).
 
 Read: Sink_1, the mean alpha_1 and its uniform value, the emergence steps (docs/analysis.md).
 Written, NaN where undefined so that the newest report never leaves an older value standing:
@@ -14,12 +15,12 @@ from __future__ import annotations
 
 import re
 
+from pipeline import metric_names as N
 from pipeline import metrics as M
 
-SINK1 = "sink/sink1"
-ALPHA1 = "sink/alpha1_mean"
-UNIFORM = "sink/alpha1_uniform"  # logged by every probe since emergence steps are (issue 19)
-EMERGED = {name: f"sink/emerged_step_{name}" for name in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)}
+SINK1, ALPHA1 = N.SINK1, N.ALPHA1_MEAN
+UNIFORM = N.ALPHA1_UNIFORM  # logged by every probe since emergence steps are (issue 19)
+EMERGED = {name: N.emerged_step(name) for name in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)}
 # the emergence steps a report shows (issue 37): Sink_1 above 10%, and the alpha_1 version
 EMERGENCE_SHOWN = (("sink1_10pct", "emerged: Sink_1 > 10%"), ("alpha1_125pct", "emerged: alpha_1 > 1.25 x uniform"))
 ALPHA1_KEY = "alpha1_vs_sink1"
@@ -35,12 +36,11 @@ def agreement_metrics(found) -> dict[str, float]:
     """The agreement rows (report.Agreement) as MLflow metrics."""
     out = {}
     for a in found:
-        at = f"agreement/{a.key}"
-        out |= {f"{at}/n": float(a.n), f"{at}/min_seeds": float(a.min_seeds)}
+        out |= {N.agreement(a.key, "n"): float(a.n), N.agreement(a.key, "min_seeds"): float(a.min_seeds)}
         for name, value, interval in (("spearman", a.rho, a.rho_interval), ("kendall", a.tau, a.tau_interval)):
-            out[f"{at}/{name}"] = _number(value)
-            out[f"{at}/{name}_lo"] = _number(interval.lo if interval else None)
-            out[f"{at}/{name}_hi"] = _number(interval.hi if interval else None)
+            out[N.agreement(a.key, name)] = _number(value)
+            out[N.agreement(a.key, f"{name}_lo")] = _number(interval.lo if interval else None)
+            out[N.agreement(a.key, f"{name}_hi")] = _number(interval.hi if interval else None)
     return out
 
 
@@ -54,7 +54,6 @@ def spread_metrics(experiment, rows) -> dict[str, float]:
     for row in rows:
         columns = [(c.key, s) for c, s in zip(experiment.columns, row.measured)] + [(ALPHA1_COLUMN, row.alpha1)]
         for key, s in columns:
-            at = _safe(f"seeds/{row.variant}/{key}")
-            out |= {f"{at}/n": float(s.n), f"{at}/mean": _number(s.mean), f"{at}/std": _number(s.std)}
-            out |= {f"{at}/lo": _number(s.lo), f"{at}/hi": _number(s.hi)}
+            for statistic, value in (("n", s.n), ("mean", s.mean), ("std", s.std), ("lo", s.lo), ("hi", s.hi)):
+                out[_safe(N.over_seeds(row.variant, key, statistic))] = _number(value)
     return out

@@ -196,7 +196,7 @@ def _parse(raw: Any, r: Reader, path: Path) -> Experiment:
         scales[scale] = ScaleSetup(
             recipe,
             r.overrides(s.get("overrides"), ("scale", scale, "overrides")),
-            {k: r.text(v, ("scale", scale, "metrics", k)) for k, v in metrics.items()},
+            {k: r.metric(v, ("scale", scale, "metrics", k)) for k, v in metrics.items()},
             r.count(s.get("seeds"), ("scale", scale, "seeds"), 1),
         )
 
@@ -212,7 +212,7 @@ def _parse(raw: Any, r: Reader, path: Path) -> Experiment:
         columns.append(
             Column(
                 r.name(c["key"], ("columns", i, "key")),
-                r.text(c["metric"], ("columns", i, "metric")),
+                r.metric(c["metric"], ("columns", i, "metric")),
                 r.text(c["label"], ("columns", i, "label")),
                 digits,
             )
@@ -244,7 +244,7 @@ def _parse(raw: Any, r: Reader, path: Path) -> Experiment:
             raise r.fail(("plot", "kind"), f"expected one of {PLOT_KINDS}, got {p['kind']!r}")
         plot = PlotSpec(
             p["kind"],
-            r.text(p["metric"], ("plot", "metric")),
+            r.metric(p["metric"], ("plot", "metric")),
             r.text(p.get("title"), ("plot", "title"), optional=True) or top["title"],
         )
 

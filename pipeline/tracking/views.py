@@ -34,7 +34,9 @@ import json
 import re
 import time
 
+from pipeline import metric_names as N
 from pipeline import metrics as M
+from pipeline.metric_names import ALPHA1_IMAGE, TRAJECTORY_IMAGE
 
 from .contract import TAG_KIND, TAG_SEED, TAG_VARIANT
 
@@ -46,22 +48,24 @@ SHARED_VIEW_KEY = "sinklab-view-v3"
 VIEW_NAME = "SinkLab: sink and loss first"
 VIEW_TAG = SHARED_VIEW_PREFIX + SHARED_VIEW_KEY
 
-HEADLINE = ("sink/sink1", "sink/alpha1_mean", "val/loss", "train/loss")
-ALPHA1_IMAGE = "heads/alpha1"  # layer x head heat map, one image per probe step
-TRAJECTORY_IMAGE = "heads/alpha1_trajectory"  # α₁ of every head over the run, at the last step
+HEADLINE = (N.SINK1, N.ALPHA1_MEAN, N.VAL_LOSS, N.TRAIN_LOSS)
 HEADLINE_SECTION = "Sink and loss"
 HEADS_SECTION = "α₁ per head"
 # below the headline, collapsed, in this order; the UI's own names for system and unprefixed metrics
-SECTIONS = ("sink", "val", "train", "heads", "act", "perf", "analysis", "System metrics", "Model metrics")
+SECTIONS = (
+    *(ns.rstrip("/") for ns in (N.SINK, N.VAL, N.TRAIN, N.HEADS, N.ACT, N.PERF, N.ANALYSIS)),
+    "System metrics",
+    "Model metrics",
+)
 # kept as metrics (reports read them), no chart: constant or one-point series, and Sink_k at k = 1,
 # which is Sink_1 again
 HIDDEN = (
-    "sink/alpha1_uniform",
-    *(f"sink/emerged_step_{n}" for n in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)),
-    "sink/sink_k1",
+    N.ALPHA1_UNIFORM,
+    *(N.emerged_step(n) for n in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)),
+    N.sink_k(1),
 )
 # per-head scalars: in metrics.jsonl and the heat-map images, not MLflow metrics (dozens of charts)
-_PER_HEAD = re.compile(r"heads/(alpha1|entropy|out_norm)_l\d+_h\d+")
+_PER_HEAD = re.compile(rf"({'|'.join(map(re.escape, (N.HEAD_ALPHA1, N.HEAD_ENTROPY, N.HEAD_OUT_NORM)))})_l\d+_h\d+")
 
 # the runs-table columns: the factors the study varies (design.md), where they differ between runs
 FACTOR_PREFIXES = ("model.model.", "model.optim.", "data.interventions", "data.token_budget")

@@ -62,7 +62,6 @@ from pipeline.tracking import (
     tracking_uri,
 )
 
-from . import sharding  # noqa: F401  (registers the strategy names fsdp2, deepspeed, deepspeed_stage_N)
 from .batching import BatchConfigError
 from .callbacks import Preemption, SinkMetrics, Throughput
 from .data import SinkDataModule
@@ -77,6 +76,7 @@ from .fit_config import (
 )
 from .module import SinkLabModule, read_init
 from .progress import StepProgressBar
+from .sharding import refuse_zero_optimizer  # also registers the strategy names fsdp2, deepspeed_stage_N
 from .summary import print_summary
 
 
@@ -159,6 +159,7 @@ class SinkLabCLI(LightningCLI):
     # ---- every class built and checked: only now the config and the MLflow run are recorded ----
     def after_instantiate_classes(self) -> None:
         self.model.optim.validate(self.trainer.max_steps)
+        refuse_zero_optimizer(self.model.optim.name, self.trainer.strategy)
         manifest = self.datamodule.manifest
         self.model.set_vocab(manifest.vocab_size, manifest.context_length)  # max_seq_len checked here too
         self.resume_step = None
@@ -199,7 +200,7 @@ class SinkLabCLI(LightningCLI):
             opts.experiment,
             opts.name,
             tags,
-            flatten(as_plain(cfg)),
+            flatten(as_plain(cfg)) | self.model.optimizer_split(),
             [config_file],
             manifest=self.datamodule.manifest,
         )

@@ -180,6 +180,10 @@ def test_seeds_are_counted_from_the_recipes_seed(tmp_path):
             ":6: scale.cpu.overrides.data.seed: data.seed is set by the sweep",
         ),
         (
+            ("metric: sink/sink1", "metric: sink1"),
+            ":8: columns[0].metric: 'sink1' is not a metric name; SinkLab's start with one of sink/, act/",
+        ),
+        (
             ('label: "Sink_1 (%)"}', 'label: "Sink_1 (%)", digits: 2.5}'),
             ":8: columns[0].digits: expected a whole number of decimals from 0 to 6, got 2.5",
         ),
