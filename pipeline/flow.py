@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from pipeline import metric_names as N
+
 DEFAULT_RHO = 0.01  # perturbation size relative to ‖e_p‖: small enough to read the linear response
 DIRECTION_SEED = 0  # the perturbation directions are drawn from this seed, batch after batch
 
@@ -124,12 +126,12 @@ class FlowReport:
 
     def to_metrics(self) -> dict[str, float]:
         """``flow/entropy_l{l}``, ``flow/mixing_l{l}`` (0-based) and ``flow/mixing_last``."""
-        out = {f"flow/entropy_l{l}": float(v) for l, v in enumerate(self.entropy)}
+        out = {N.layer(N.FLOW_ENTROPY, l): float(v) for l, v in enumerate(self.entropy)}
         if self.entropy_input is not None:
-            out["flow/entropy_input"] = self.entropy_input
+            out[N.FLOW_ENTROPY_INPUT] = self.entropy_input
         if self.mixing is not None:
-            out.update({f"flow/mixing_l{l}": float(v) for l, v in enumerate(self.mixing)})
-            out["flow/mixing_last"] = float(self.mixing[-1])
+            out.update({N.layer(N.FLOW_MIXING, l): float(v) for l, v in enumerate(self.mixing)})
+            out[N.FLOW_MIXING_LAST] = float(self.mixing[-1])
         return out
 
     def landmarks(self, massive_ratio: Tensor) -> dict[str, int | None]:
@@ -137,8 +139,8 @@ class FlowReport:
         [L], from the input embeddings on) and where the entropy drops most: Queipo-de-Llano et
         al. find the two in the same layer. 0-based block indices."""
         return {
-            "flow/norm_jump_layer": largest_step(massive_ratio.tolist(), self.norm_ratio_input, rise=True),
-            "flow/entropy_drop_layer": largest_step(self.entropy.tolist(), self.entropy_input, rise=False),
+            N.NORM_JUMP_LAYER: largest_step(massive_ratio.tolist(), self.norm_ratio_input, rise=True),
+            N.ENTROPY_DROP_LAYER: largest_step(self.entropy.tolist(), self.entropy_input, rise=False),
         }
 
     def to_json(self) -> dict:

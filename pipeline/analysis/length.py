@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline import metric_names as N
 from pipeline import plots
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, natural_windows, read_text
 from pipeline.analysis.passkey import DEFAULT_DEPTHS, accuracy, build_trial, make_trials, parse_depths, run_trials
@@ -36,8 +37,6 @@ from pipeline.analysis.streaming import CacheSpec, bos_id, group_by_capacity, pa
 from sinklab_io.atomic import atomic_write
 
 FULL = "full"
-LOSS_METRIC = "length/loss_{mode}_b{bucket}"  # bucket b: positions [b·w, (b+1)·w), 0-based
-PASSKEY_METRIC = "length/passkey_{mode}_x{factor}"  # mean accuracy over depths and keys, %
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,11 +181,9 @@ def evaluate(subject, args, factors: list[int]) -> dict:
 def metrics_of(result: dict) -> dict[str, float]:
     out = {}
     for mode, values in result["loss"].items():
-        out.update({LOSS_METRIC.format(mode=mode.replace("+", "_"), bucket=b): v for b, v in enumerate(values)})
+        out.update({N.length_loss(mode.replace("+", "_"), b): v for b, v in enumerate(values)})
     for mode, row in result["passkey"].items():
-        out.update(
-            {PASSKEY_METRIC.format(mode=mode.replace("+", "_"), factor=f): v for f, v in row.items() if v is not None}
-        )
+        out.update({N.length_passkey(mode.replace("+", "_"), f): v for f, v in row.items() if v is not None})
     return out
 
 

@@ -1,8 +1,9 @@
 """`sinklab analyze`'s printed tables, from its JSON record (Table 1, activation outliers, the
-extreme-token phenomena per layer, domains, learned-position edits)."""
+extreme-token phenomena and the information flow per layer, domains, learned-position edits)."""
 
 from __future__ import annotations
 
+from pipeline import metric_names as N
 from pipeline.outliers import summary_table
 
 
@@ -30,7 +31,7 @@ def format_table(record: dict) -> str:
     if outliers:
         lines += ["", "Activation outliers (largest over layers; docs/analysis.md)", ""] + summary_table(outliers)
     for kind, layers in record.get("extreme_tokens", {}).items():
-        if any(k.startswith("sink/bos_share_other") for k in layers):  # a Bigram-Backcopy probe: the split is known
+        if any(k.startswith(N.BOS_SHARE_OTHER) for k in layers):  # a Bigram-Backcopy probe: the split is known
             lines += ["", f"Extreme-token phenomena per layer ({kind}; Guo et al. 2024)", ""] + extreme_token_table(
                 layers
             )
@@ -52,13 +53,13 @@ def format_table(record: dict) -> str:
 
 def extreme_token_table(layers: dict[str, float]) -> list[str]:
     """SinkReport.extreme_token_metrics as one row per layer."""
-    columns = ("sink/bos_share_trigger", "sink/bos_share_other", "act/value_norm_ratio", "act/massive_ratio")
+    columns = (N.BOS_SHARE_TRIGGER, N.BOS_SHARE_OTHER, N.VALUE_NORM_RATIO, N.MASSIVE_RATIO)
     rows = [
         "| layer | BOS share, trigger queries | BOS share, other queries | ‖v₁‖ ratio | ‖h₁‖ ratio |",
         "|---|---|---|---|---|",
     ]
-    for l in range(sum(k.startswith("act/massive_ratio_l") for k in layers)):
-        rows.append(f"| {l} | " + " | ".join(f"{layers.get(f'{c}_l{l}', float('nan')):.3f}" for c in columns) + " |")
+    for l in range(sum(k.startswith(N.MASSIVE_RATIO + "_l") for k in layers)):
+        rows.append(f"| {l} | " + " | ".join(f"{layers.get(N.layer(c, l), float('nan')):.3f}" for c in columns) + " |")
     return rows
 
 
@@ -67,10 +68,10 @@ def flow_table(flow: dict[str, float], extreme: dict[str, float]) -> list[str]:
     and the layers of the largest norm jump and entropy drop."""
     rows = ["| layer | ‖h₁‖ ratio | matrix entropy | over-mixing sensitivity |", "|---|---|---|---|"]
     nan = float("nan")
-    for l in range(sum(k.startswith("flow/entropy_l") for k in flow)):
+    for l in range(sum(k.startswith(N.FLOW_ENTROPY + "_l") for k in flow)):
         rows.append(
-            f"| {l} | {extreme.get(f'act/massive_ratio_l{l}', nan):.2f} | {flow[f'flow/entropy_l{l}']:.3f} "
-            f"| {flow.get(f'flow/mixing_l{l}', nan):.3g} |"
+            f"| {l} | {extreme.get(N.layer(N.MASSIVE_RATIO, l), nan):.2f} | {flow[N.layer(N.FLOW_ENTROPY, l)]:.3f} "
+            f"| {flow.get(N.layer(N.FLOW_MIXING, l), nan):.3g} |"
         )
-    jump, drop = flow.get("flow/norm_jump_layer"), flow.get("flow/entropy_drop_layer")
+    jump, drop = flow.get(N.NORM_JUMP_LAYER), flow.get(N.ENTROPY_DROP_LAYER)
     return rows + ["", f"largest BOS-norm jump: layer {jump}; largest entropy drop: layer {drop}"]
