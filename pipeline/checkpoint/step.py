@@ -14,7 +14,8 @@ from .rundir import RunDir, checkpoint_name
 
 
 def at_step_end(trainer: L.Trainer, batch_idx: int) -> bool:
-    """Whether this batch ended an optimizer step (not a micro-batch inside an accumulation)."""
+    """Whether this batch ended an optimizer step (not a micro-batch inside an accumulation): the one
+    step-boundary rule, read by the module's training step and every end-of-step callback."""
     return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
 
 
