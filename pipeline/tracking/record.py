@@ -37,7 +37,7 @@ SYSTEM_SAMPLING_S = 15
 SYSTEM_SAMPLES_PER_POINT = 4
 
 
-def _notice(message: str) -> None:
+def notice(message: str) -> None:
     print(f"sinklab: {message}", file=sys.stderr, flush=True)
 
 
@@ -311,7 +311,7 @@ class SystemMetrics:
             try:
                 monitor.finish()
             except Exception as exc:  # noqa: BLE001 - never fail a run over its system metrics
-                _notice(f"MLflow system metrics: {type(exc).__name__}: {str(exc)[:200]}")
+                notice(f"MLflow system metrics: {type(exc).__name__}: {str(exc)[:200]}")
 
 
 def print_experiment_urls(tracking_uri: str) -> None:
