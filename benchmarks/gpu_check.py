@@ -392,18 +392,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     data = dict(DATA, cpu=args.data) if args.data else dict(DATA)
+    every = gpu_cases() if args.device == "cuda" else cpu_cases()  # names first: a refusal prepares nothing
+    names = [c.name for c in every]
+    wanted = [name.strip() for name in (args.cases or "").split(",") if name.strip()] or names
+    if unknown := [n for n in wanted if n not in names]:
+        parser.error(f"--cases: unknown {', '.join(unknown)}; the {args.device} cases are {', '.join(names)}")
+    if missing := [c.reads for c in every if c.name in wanted and c.reads and c.reads not in wanted]:
+        parser.error(f"--cases: {', '.join(missing)} must run too (the analysis cases read its checkpoint)")
     if args.device == "cpu":
         prepare("cpu", data["cpu"])
-    every = gpu_cases() if args.device == "cuda" else cpu_cases(context_of(data["cpu"]))
-    names = [c.name for c in every]
-    cases = every
-    if args.cases:
-        wanted = [name.strip() for name in args.cases.split(",") if name.strip()]
-        if unknown := [n for n in wanted if n not in names]:
-            parser.error(f"--cases: unknown {', '.join(unknown)}; the {args.device} cases are {', '.join(names)}")
-        if missing := [c.reads for c in every if c.name in wanted and c.reads and c.reads not in wanted]:
-            parser.error(f"--cases: {', '.join(missing)} must run too (the analysis cases read its checkpoint)")
-        cases = [c for c in every if c.name in wanted]
+        every = cpu_cases(context_of(data["cpu"]))
+    cases = [c for c in every if c.name in wanted]
     for key in sorted({c.data for c in cases}):
         prepare(key, data[key])
     root = args.root or REPO / "runs" / "gpu-check" / time.strftime("%Y%m%d-%H%M%S")
