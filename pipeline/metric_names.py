@@ -20,7 +20,24 @@ ANALYSIS, TABLE1, DOMAIN, PASSKEY, STREAM, QUANT, AGREEMENT, EVAL = (
     "agreement/",
     "eval/",  # lm-eval task scores, logged by the lm-eval run itself
 )
-NAMESPACES = (SINK, ACT, HEADS, TRAIN, VAL, PERF, ANALYSIS, TABLE1, DOMAIN, PASSKEY, STREAM, QUANT, AGREEMENT, EVAL)
+SEEDS = "seeds/"  # a report's statistics of one metric over a variant's seeds
+NAMESPACES = (
+    SINK,
+    ACT,
+    HEADS,
+    TRAIN,
+    VAL,
+    PERF,
+    ANALYSIS,
+    TABLE1,
+    DOMAIN,
+    PASSKEY,
+    STREAM,
+    QUANT,
+    AGREEMENT,
+    EVAL,
+    SEEDS,
+)
 
 # ---- training (pipeline.train.module, pipeline.train.callbacks.Throughput) ----------------------
 TRAIN_LOSS = TRAIN + "loss"  # the step's mean over micro-batches and ranks
@@ -115,6 +132,11 @@ def quant(name: str) -> str:
 
 def agreement(key: str, statistic: str) -> str:
     return f"{AGREEMENT}{key}/{statistic}"
+
+
+def over_seeds(variant: str, key: str, statistic: str) -> str:
+    """A report's ``statistic`` (n, mean, std, lo, hi) of column ``key`` over a variant's seeds."""
+    return f"{SEEDS}{variant}/{key}/{statistic}"
 
 
 def is_metric(name: str) -> bool:

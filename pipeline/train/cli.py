@@ -49,6 +49,7 @@ from pipeline.tracking import (
     PARENT_ENV,
     TAG_EXPERIMENT,
     TAG_PARENT,
+    TAG_SEED,
     TAG_STATUS,
     TAG_VARIANT,
     CheckpointUploader,
@@ -183,6 +184,7 @@ class SinkLabCLI(LightningCLI):
         tags = {
             TAG_EXPERIMENT: opts.experiment,
             TAG_VARIANT: opts.variant or variant_summary(cfg),
+            TAG_SEED: str(cfg.get("seed_everything")),
             "sinklab.code_version": code_version(),
             "sinklab.dataset_hash": self.datamodule.manifest.hash,
             "sinklab.run_dir": str(self.run.root.resolve()),
