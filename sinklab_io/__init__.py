@@ -1,2 +1,3 @@
-"""Utilities every part of SinkLab needs, below all of them (standard library only): files and
-directories written whole or not at all (``sinklab_io.atomic``)."""
+"""Utilities every part of SinkLab needs, below all of them (standard library only): files
+written whole or not at all (``sinklab_io.atomic``), and the one rule for where a command may
+write without replacing what a user wrote (``sinklab_io.outputs``)."""

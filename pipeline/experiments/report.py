@@ -20,8 +20,9 @@ from pathlib import Path
 from pipeline import metrics as M
 from pipeline import tracking
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
-from sinklab_io.atomic import atomic_path, atomic_write
+from sinklab_io.outputs import NotOurs, claim, output_path, write_output
 
+BY = "sinklab report"
 MISSING = "—"
 ALPHA1 = "sink/alpha1_mean"
 SINK1 = "sink/sink1"
@@ -309,9 +310,11 @@ def plot(experiment: Experiment, rows: list[Row], mlflow, path: Path) -> Path | 
     ax.set_ylabel(next((c.label for c in experiment.columns if c.metric == spec.metric), spec.metric))
     ax.set_title(spec.title, fontsize=10)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
+    try:
+        with output_path(path, BY) as tmp:
+            fig.savefig(tmp, dpi=120)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -337,12 +340,17 @@ def main(argv: list[str] | None = None) -> int:
     except ExperimentError as error:
         print(f"sinklab report: {error}", file=sys.stderr)
         return 2
+    out = args.out or Path("runs") / experiment.name / args.scale / "report"
+    try:
+        claim(out, ["report.md", *([f"{experiment.name}-{args.scale}.png"] if args.plot else [])])
+    except NotOurs as error:
+        print(f"sinklab report: {error}", file=sys.stderr)
+        return 2
     mlflow = tracking.client()
     records = tracking.variant_runs(mlflow, experiment.mlflow_experiment, args.scale)
     rows = build_rows(experiment, records, args.scale)
     markdown = to_markdown(experiment, args.scale, rows, memorising_notes(rows, mlflow), steps_run(rows, mlflow))
-    out = args.out or Path("runs") / experiment.name / args.scale / "report"
-    files = [atomic_write(out / "report.md", markdown)]
+    files = [write_output(out / "report.md", markdown, BY)]
     if args.plot:
         figure = plot(experiment, rows, mlflow, out / f"{experiment.name}-{args.scale}.png")
         if figure is None:

@@ -183,6 +183,22 @@ def test_sinklab_checkpoint(tmp_path):
     with pytest.raises(SystemExit, match="--dataset"):
         analyze.main([str(ckpt), "--inputs", "natural", "-n", "2", "-T", "8", "--out", str(tmp_path / "o2")])
 
+    # its own output is rewritten; a file it did not write (or one edited since) never is, refused before any work
+    again = [str(ckpt), "--inputs", "random", "-n", "2", "-T", "8", "--no-plots", "--out", str(tmp_path / "o")]
+    (tmp_path / "o" / "notes.txt").write_text("mine")
+    assert analyze.main(again) == 0 and (tmp_path / "o" / "notes.txt").read_text() == "mine"
+    assert set(json.loads((tmp_path / "o" / "report.json").read_text())["reports"]) == {"random"}
+    (tmp_path / "o" / "report.json").write_text("edited by hand")
+    with pytest.raises(SystemExit, match="--out .*o: already holds report.json, which sinklab did not write"):
+        analyze.main(again)
+    assert (tmp_path / "o" / "report.json").read_text() == "edited by hand"
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(SystemExit, match="--out .*file: is a file; name a directory"):
+        analyze.main([*again[:-1], str(tmp_path / "file")])
+    with pytest.raises(SystemExit, match=r"--eps 3.0: α lies in \[0, 1\], so ε must be in \[0, 1\)"):
+        analyze.main([*again[:-1], str(tmp_path / "o3"), "--eps", "3"])
+    assert not (tmp_path / "o3").exists()
+
 
 WORDS = "the cat dog sat on mat a red blue sky is sea green grass".split()
 

@@ -105,6 +105,15 @@ def test_report_command_writes_logs_and_plots(tmp_path, mlflow_env, unique_name,
     # The parent run is not mistaken for a variant's training run.
     assert set(variant_runs(mlflow_env, exp.name, "cpu")) == {"a", "b"}
 
+    # A report.md that sinklab did not write is never replaced: one line, exit 2, nothing written.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    capsys.readouterr()
+    assert report.main([str(path), "--scale", "cpu", "--plot", "--out", str(mine)]) == 2
+    assert "already holds report.md, which sinklab did not write" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["report.md"] and (mine / "report.md").read_text() == "my notes"
+
 
 def test_bar_plot_and_missing_experiment(tmp_path, mlflow_env, unique_name, capsys):
     path = write_experiment(tmp_path, unique_name, plot="plot: {kind: bar, metric: sink/sink1}")
