@@ -1,8 +1,9 @@
 """May a command write here? The one rule every SinkLab command that writes files follows:
 
 - a file is written only where none stands, or where one that SinkLab wrote stands unchanged
-  since (same size and modification time as recorded when it was written); anything else was
-  written or edited by someone else, and is never replaced;
+  since (same size and content hash as recorded when it was written; for a file above 64 MiB,
+  same size and modification time); anything else was written or edited by someone else, and
+  is never replaced;
 - a directory ``--out`` must be a directory (or not exist yet); other files in it are left alone;
 - a whole-directory output (``atomic_directory``) replaces only an empty directory or one that an
   earlier write of the same command filled.
@@ -15,6 +16,7 @@ refusal comes before any work and leaves nothing written.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -25,7 +27,8 @@ from pathlib import Path
 
 from .atomic import atomic_path, atomic_write
 
-MARKER = ".sinklab-output.json"  # {"files": {name: {"by": command, "size": n, "mtime_ns": t}}}
+MARKER = ".sinklab-output.json"  # {"files": {name: {"by": command, "size": n, "sha256": h}}}
+HASHED = 64 << 20  # larger files (checkpoints) are told by size and modification time instead of a hash
 
 
 class NotOurs(FileExistsError):
@@ -43,13 +46,23 @@ def _recorded(directory: Path) -> dict[str, dict]:
     return files if isinstance(files, dict) else {}
 
 
+def _fingerprint(path: Path) -> dict:
+    """Size and content hash (a copy keeps both); above HASHED, size and modification time."""
+    stat = path.stat()
+    if stat.st_size > HASHED:
+        return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    with open(path, "rb") as f:
+        return {"size": stat.st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+
+
 def _ours(path: Path, entry: dict | None, by: str | None = None) -> bool:
     if entry is None or (by is not None and entry.get("by") != by):
         return False
     if "size" not in entry or path.is_dir():
         return True
-    stat = path.stat()
-    return stat.st_size == entry["size"] and stat.st_mtime_ns == entry["mtime_ns"]
+    if path.stat().st_size != entry["size"]:
+        return False
+    return all(entry.get(k) == v for k, v in _fingerprint(path).items())
 
 
 def theirs(directory: str | os.PathLike, names: Iterable[str]) -> list[str]:
@@ -104,9 +117,7 @@ def claim_file(path: str | os.PathLike, what: str) -> Path:
 def _record(directory: Path, entries: dict[str, str]) -> None:
     recorded = _recorded(directory)
     for name, by in entries.items():
-        path = directory / name
-        stat = path.stat()
-        recorded[name] = {"by": by, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        recorded[name] = {"by": by, **_fingerprint(directory / name)}
     atomic_write(directory / MARKER, json.dumps({"files": recorded}, indent=1) + "\n")
 
 

@@ -200,11 +200,9 @@ def write_json(record: dict, path: Path, by: str = "sinklab analyze") -> None:
 
 def output_names(args) -> list[str]:
     """What `sinklab analyze` writes into --out (checked before any work)."""
-    if args.no_plots:
-        return ["report.json"]
     kinds = [k.strip() for k in args.inputs.split(",") if k.strip()]
     plot_names = ["sink_profile.png", *(f"alpha1_{k}.png" for k in kinds), "norm_ratio.png", "qk_decomposition.png"]
-    return ["report.json", *plot_names]
+    return ["report.json", *([] if args.no_plots else plot_names)]
 
 
 def probe_bos(args) -> bool:
@@ -285,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     subject = Subject(args.model, args.kind, tokenizer, device=args.device)
     subject.check_seq_len(args.seq_len)
     if args.dataset is not None:
+        inputs.check_dataset_tokenizer(subject, args.dataset)
         subject.trigger_ids = dataset_trigger_ids(args.dataset)
     record = run(subject, args, load_seconds=time.perf_counter() - started)
     print(format_table(record))

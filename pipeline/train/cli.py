@@ -167,7 +167,13 @@ class SinkLabCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         self.model.optim.validate(self.trainer.max_steps)
         manifest = self.datamodule.manifest
-        self.model.set_vocab(manifest.vocab_size, manifest.context_length)  # max_seq_len checked here too
+        self.model.set_vocab(manifest.vocab_size, manifest.context_length, manifest.tokenizer_sha256)  # max_seq_len too
+        if self.opts.sink_every > 0 and manifest.probe.length > self.model.model_config.max_seq_len:
+            raise DatasetError(
+                f"{manifest.root}/manifest.json: its probe set has sequences of {manifest.probe.length} tokens, more "
+                f"than the model's {self.model.model_config.max_seq_len} positions; prepare it with a probe length of "
+                f"at most {manifest.context_length}, or turn the sink probe off (run.sink_every 0)"
+            )
         self.resume_step = None
         if self.resume_from:  # before anything of this start is written: nothing to undo on a refusal
             self.resume_step = check_resume(
