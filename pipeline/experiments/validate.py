@@ -39,11 +39,13 @@ def check_config(config: dict[str, Any], where: str, extra: list[str] = ()) -> N
         raise ExperimentError(f"{where}: `sinklab fit` rejects it: {parse_error_line(str(error))}") from None
 
 
-def check_variant(experiment: Experiment, variant: Variant, scale: str, extra: list[str] = ()) -> None:
+def check_variant(
+    experiment: Experiment, variant: Variant, scale: str, seed: int | None = None, extra: list[str] = ()
+) -> None:
     where = f"{experiment.path}: variant {variant.name!r} at scale {scale}" + (
         f" with {' '.join(extra)}" if extra else ""
     )
-    check_config(variant_config(experiment, variant, scale), where, extra)
+    check_config(variant_config(experiment, variant, scale, seed), where, extra)
 
 
 def check_experiment(experiment: Experiment, scale: str) -> int:
