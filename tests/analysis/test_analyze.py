@@ -257,14 +257,14 @@ def test_bos_option_starts_every_probe_sequence_with_bos(tiny_gpt2_dir):
 
 
 # ---- issue 16: refused inputs say so in one line, at once, and leave no output folder ------------
-def _micro_dataset(root):
+def _micro_dataset(root, vocab: int = 64):
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
     from train_datasets import make_dataset
 
-    root = make_dataset(root, probe=(8, 12))
+    root = make_dataset(root, probe=(8, 12), V=vocab)
     (root / "tokenizer.json").write_bytes((root.parent / "tokenizer.json").read_bytes())  # the checkpoint's
     return root
 
@@ -275,6 +275,11 @@ def _micro_dataset(root):
         (["-T", "40", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12; ask for at most that"),
         (["-n", "9", "-T", "12", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12"),
         (["-T", "65", "--inputs", "random"], "-T 65: "),
+        # issue 35: the probe set of a dataset of another tokenizer (a vocabulary of 48 ids, the model's 64)
+        (
+            ["-T", "12", "--dataset", "{other}"],
+            "its tokenizer is not the model's (a vocabulary of 48 ids, the model's has 64)",
+        ),
         (["-T", "8", "--text", "{empty}", "--tokenizer", "{tok}"], "empty.txt: the text has 0 tokens"),
         pytest.param(
             ["--device", "cuda"],
@@ -287,6 +292,7 @@ def test_analyze_refuses_what_it_cannot_measure(extra, message, sinklab_ckpt_wit
     (tmp_path / "empty.txt").write_text("")
     names = {
         "{ds}": str(_micro_dataset(tmp_path / "ds")),
+        "{other}": str(_micro_dataset(tmp_path / "other", vocab=48)),
         "{empty}": str(tmp_path / "empty.txt"),
         "{tok}": str(tmp_path / "tokenizer.json"),
     }
