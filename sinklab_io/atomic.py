@@ -9,9 +9,19 @@ The one home of this rule for all of SinkLab: ``sinklab_io`` sits below every ot
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+def remove(path: str | os.PathLike) -> None:
+    """Delete a file or a whole directory (a DeepSpeed checkpoint is one); nothing if absent."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 @contextmanager

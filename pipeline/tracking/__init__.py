@@ -36,7 +36,7 @@ _EXPORTS = {
         "experiment_id",
         "tracking_uri",
     ),
-    "logger": ("RunLogger", "code_version", "flatten", "open_run"),
+    "logger": ("RunLogger", "as_params", "code_version", "open_run"),
     "metrics_file": ("MetricsFile",),
     "record": ("add_hf_export", "final_weights", "log_final_model", "log_run_model", "write_model_dir"),
     "remote_checkpoints": ("CheckpointUploader", "logged_checkpoints", "pulled_argv"),

@@ -58,8 +58,8 @@ from pipeline.tracking import (
     TAG_VARIANT,
     CheckpointUploader,
     RunLogger,
+    as_params,
     code_version,
-    flatten,
     log_run_model,
     open_run,
     pulled_argv,
@@ -219,7 +219,7 @@ class SinkLabCLI(LightningCLI):
             opts.experiment,
             opts.name,
             tags,
-            flatten(as_plain(cfg)) | self.model.optimizer_split(),
+            as_params(as_plain(cfg)) | self.model.optimizer_split(),
             [config_file],
             manifest=self.datamodule.manifest,
         )

@@ -45,7 +45,7 @@ def test_a_whole_directory_edited_since_it_was_written_is_refused(tmp_path):
 
 def test_consolidate_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
     """Issue 35: `sinklab consolidate CKPT OUT` replaced another run's newest checkpoint."""
-    from pipeline.checkpoint.consolidate import main
+    from pipeline.train.consolidate import main
 
     zero = tmp_path / "step-000004.ckpt"  # a DeepSpeed checkpoint directory (refused before it is read)
     zero.mkdir()
