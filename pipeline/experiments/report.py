@@ -104,6 +104,10 @@ def fmt_spread(s: Spread, digits: int = 2) -> str:
     return f"{fmt(s.mean, digits)} [{fmt(s.lo, digits)}, {fmt(s.hi, digits)}]"
 
 
+def alpha1_is_a_column(experiment: Experiment) -> bool:
+    return any(c.metric == ALPHA1 for c in experiment.columns)
+
+
 def spread_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
     """Every metric per variant over its seeds: n, mean, std, the 95% t-interval and the values."""
     lines = [
@@ -113,7 +117,8 @@ def spread_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
         "| variant | metric | n | mean | std | 95% interval | seeds |",
         "|---|---|---:|---:|---:|---:|---|",
     ]
-    columns = [(c.label, c.digits, i) for i, c in enumerate(experiment.columns)] + [("mean alpha_1", 3, None)]
+    columns = [(c.label, c.digits, i) for i, c in enumerate(experiment.columns)]
+    columns += [] if alpha1_is_a_column(experiment) else [("mean alpha_1", 3, None)]
     for row in rows:
         for label, digits, i in columns:
             s = row.alpha1 if i is None else row.measured[i]
@@ -136,7 +141,8 @@ def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
         (c.label, stats.ordering(names, [r.measured[i] for r in rows], c.digits))
         for i, c in enumerate(experiment.columns)
     ]
-    found.append(("mean alpha_1", stats.ordering(names, [r.alpha1 for r in rows], 3)))
+    if not alpha1_is_a_column(experiment):
+        found.append(("mean alpha_1", stats.ordering(names, [r.alpha1 for r in rows], 3)))
     found = [(label, text) for label, text in found if text]
     if not found:
         return []
