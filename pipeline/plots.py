@@ -1,7 +1,8 @@
 """PNG figures in the style of seed 002: α_1 heat maps (Figures 19-24), per-layer norm ratios
 (Figures 2 top, 7, 8), Sink_k by position (Figure 5 middle) and the QK decomposition (Figure 2
 bottom), per-head α_1, Guo et al.'s extreme-token dynamics over training and panels of curves
-(information flow, loss by position). Each function writes one file atomically and returns its path."""
+(information flow, loss by position). Each function writes one file atomically (never over a file
+sinklab did not write) and returns its path."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from sinklab_io.atomic import atomic_path  # noqa: E402
+from sinklab_io.outputs import output_path  # noqa: E402
 
 
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        with output_path(path, "sinklab") as tmp:
+            fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return path
 
 

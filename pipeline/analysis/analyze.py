@@ -21,7 +21,7 @@ from pipeline.analysis import inputs
 from pipeline.analysis.figures import write_plots
 from pipeline.analysis.subject import Subject, model_name
 from pipeline.analysis.tables import format_table
-from sinklab_io.atomic import atomic_write
+from sinklab_io.outputs import NotOurs, claim, write_output
 
 INPUT_KINDS = ("natural", "random", "repeat")
 
@@ -164,8 +164,15 @@ def learned_position_table(subject: Subject, edits: list[tuple[str, int]], token
     return rows
 
 
-def write_json(record: dict, path: Path) -> None:
-    atomic_write(path, json.dumps(record, indent=2))
+def write_json(record: dict, path: Path, by: str = "sinklab analyze") -> None:
+    write_output(path, json.dumps(record, indent=2), by)
+
+
+def output_names(args) -> list[str]:
+    """What `sinklab analyze` writes into --out (checked before any work)."""
+    kinds = [k.strip() for k in args.inputs.split(",") if k.strip()]
+    plot_names = ["sink_profile.png", *(f"alpha1_{k}.png" for k in kinds), "norm_ratio.png", "qk_decomposition.png"]
+    return ["report.json", *([] if args.no_plots else plot_names)]
 
 
 def probe_bos(args) -> bool:
@@ -238,11 +245,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.num_sequences < 1 or args.seq_len < 2:
         raise SystemExit("sinklab analyze: --num-sequences must be >= 1 and --seq-len >= 2")
+    if not 0 <= args.eps < 1:
+        raise SystemExit(f"sinklab analyze: --eps {args.eps}: α lies in [0, 1], so ε must be in [0, 1) (paper: 0.3)")
+    try:
+        claim(args.out or Path("analysis") / model_name(args.model), output_names(args))
+    except NotOurs as error:
+        raise SystemExit(f"sinklab analyze: {error}") from None
     started = time.perf_counter()
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
     subject = Subject(args.model, args.kind, tokenizer, device=args.device)
     subject.check_seq_len(args.seq_len)
     if args.dataset is not None:
+        inputs.check_dataset_tokenizer(subject, args.dataset)
         subject.trigger_ids = dataset_trigger_ids(args.dataset)
     record = run(subject, args, load_seconds=time.perf_counter() - started)
     print(format_table(record))

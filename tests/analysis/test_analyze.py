@@ -204,6 +204,22 @@ def test_sinklab_checkpoint(tmp_path):
     with pytest.raises(SystemExit, match="--dataset"):
         analyze.main([str(ckpt), "--inputs", "natural", "-n", "2", "-T", "8", "--out", str(tmp_path / "o2")])
 
+    # its own output is rewritten; a file it did not write (or one edited since) never is, refused before any work
+    again = [str(ckpt), "--inputs", "random", "-n", "2", "-T", "8", "--no-plots", "--out", str(tmp_path / "o")]
+    (tmp_path / "o" / "notes.txt").write_text("mine")
+    assert analyze.main(again) == 0 and (tmp_path / "o" / "notes.txt").read_text() == "mine"
+    assert set(json.loads((tmp_path / "o" / "report.json").read_text())["reports"]) == {"random"}
+    (tmp_path / "o" / "report.json").write_text("edited by hand")
+    with pytest.raises(SystemExit, match="--out .*o: already holds report.json, which sinklab did not write"):
+        analyze.main(again)
+    assert (tmp_path / "o" / "report.json").read_text() == "edited by hand"
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(SystemExit, match="--out .*file: is a file; name a directory"):
+        analyze.main([*again[:-1], str(tmp_path / "file")])
+    with pytest.raises(SystemExit, match=r"--eps 3.0: α lies in \[0, 1\], so ε must be in \[0, 1\)"):
+        analyze.main([*again[:-1], str(tmp_path / "o3"), "--eps", "3"])
+    assert not (tmp_path / "o3").exists()
+
 
 WORDS = "the cat dog sat on mat a red blue sky is sea green grass".split()
 
@@ -262,14 +278,14 @@ def test_bos_option_starts_every_probe_sequence_with_bos(tiny_gpt2_dir):
 
 
 # ---- issue 16: refused inputs say so in one line, at once, and leave no output folder ------------
-def _micro_dataset(root):
+def _micro_dataset(root, vocab: int = 64):
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
     from train_datasets import make_dataset
 
-    root = make_dataset(root, probe=(8, 12))
+    root = make_dataset(root, probe=(8, 12), V=vocab)
     (root / "tokenizer.json").write_bytes((root.parent / "tokenizer.json").read_bytes())  # the checkpoint's
     return root
 
@@ -280,6 +296,11 @@ def _micro_dataset(root):
         (["-T", "40", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12; ask for at most that"),
         (["-n", "9", "-T", "12", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12"),
         (["-T", "65", "--inputs", "random"], "-T 65: "),
+        # issue 35: the probe set of a dataset of another tokenizer (a vocabulary of 48 ids, the model's 64)
+        (
+            ["-T", "12", "--dataset", "{other}"],
+            "its tokenizer is not the model's (a vocabulary of 48 ids, the model's has 64)",
+        ),
         (["-T", "8", "--text", "{empty}", "--tokenizer", "{tok}"], "empty.txt: the text has 0 tokens"),
         pytest.param(
             ["--device", "cuda"],
@@ -292,6 +313,7 @@ def test_analyze_refuses_what_it_cannot_measure(extra, message, sinklab_ckpt_wit
     (tmp_path / "empty.txt").write_text("")
     names = {
         "{ds}": str(_micro_dataset(tmp_path / "ds")),
+        "{other}": str(_micro_dataset(tmp_path / "other", vocab=48)),
         "{empty}": str(tmp_path / "empty.txt"),
         "{tok}": str(tmp_path / "tokenizer.json"),
     }

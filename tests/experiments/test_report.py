@@ -119,6 +119,15 @@ def test_report_command_writes_logs_and_plots(tmp_path, mlflow_env, unique_name,
     # The parent run is not mistaken for a variant's training run.
     assert set(variant_runs(mlflow_env, exp.name, "cpu")) == {"a", "b"}
 
+    # A report.md that sinklab did not write is never replaced: one line, exit 2, nothing written.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    capsys.readouterr()
+    assert report.main([str(path), "--scale", "cpu", "--plot", "--out", str(mine)]) == 2
+    assert "already holds report.md, which sinklab did not write" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["report.md"] and (mine / "report.md").read_text() == "my notes"
+
 
 def test_bar_plot_and_missing_experiment(tmp_path, mlflow_env, unique_name, capsys):
     path = write_experiment(tmp_path, unique_name, plot="plot: {kind: bar, metric: sink/sink1}")
@@ -142,7 +151,14 @@ def test_a_column_the_paper_has_no_number_for_is_shown_once_with_its_decimals(tm
     )
     exp = load_experiment(path)
     rows = [
-        Row("a", "variant a", [15.2, 3.72, None], [spread([v]) for v in (0.0, 4.231, 0.0786)], "1 finished"),
+        Row(
+            "a",
+            "variant a",
+            [15.2, 3.72, None],
+            [spread([v]) for v in (0.0, 4.231, 0.0786)],
+            "1 finished",
+            alpha1=spread([0.0786]),
+        ),
         Row("c", "variant c", [None, None, None], [spread([])] * 3, "missing", "training failure"),
     ]
     markdown = report.to_markdown(exp, "cpu", rows).splitlines()
@@ -152,6 +168,7 @@ def test_a_column_the_paper_has_no_number_for_is_shown_once_with_its_decimals(tm
     )
     assert "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|" in markdown
     assert "| variant a | 0 | 15.20 | 0.00 | 3.72 | 4.23 | 0.079 | — | — | 1 finished |" in markdown
+    assert sum(line.startswith("| variant a | mean alpha_1 |") for line in markdown) == 1  # the column, once
     assert "| variant c | 0 | training failure | — | training failure | — | — | — | — | missing |" in markdown
 
 
