@@ -32,6 +32,7 @@ import re
 import time
 
 from pipeline import metrics as M
+from pipeline.model.config_keys import ARCH, OLD_ARCH
 
 from .contract import TAG_KIND, TAG_VARIANT
 
@@ -61,8 +62,9 @@ HIDDEN = (
 _PER_HEAD = re.compile(r"heads/(alpha1|entropy|out_norm)_l\d+_h\d+")
 
 # the runs-table columns: the factors the study varies (design.md), where they differ between runs
-FACTOR_PREFIXES = ("model.model.", "model.optim.", "data.interventions", "data.token_budget")
-DEFAULT_FACTORS = ("model.model.attention.op", "model.model.positional", "model.optim.weight_decay")
+# (runs logged before the architecture was `arch` carry it as `model.model.*`)
+FACTOR_PREFIXES = (f"{ARCH}.", f"{OLD_ARCH}.", "model.optim.", "data.interventions", "data.token_budget")
+DEFAULT_FACTORS = (f"{ARCH}.attention.op", f"{ARCH}.positional", "model.optim.weight_decay")
 MAX_FACTOR_COLUMNS = 6
 
 

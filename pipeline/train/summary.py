@@ -61,7 +61,7 @@ def print_summary(cli) -> None:
     tokens = steps * plan.global_batch_tokens
     vals = metric_rows(cli.run.metrics_path, "val/loss")
     sinks = metric_rows(cli.run.metrics_path, "sink/sink1", "sink/alpha1_mean")
-    proxy = proxy_label(cli.model.model.config.attention)
+    proxy = proxy_label(cli.model.arch.attention)
     train_s = cli.fit_seconds
     sink_s = cli.sink_cb.seconds
     logger = trainer.logger

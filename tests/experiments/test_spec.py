@@ -132,7 +132,7 @@ GOOD = """\
       - {key: sink1, metric: sink/sink1, label: "Sink_1 (%)"}
     variants:
       - name: a
-        overrides: {model.n_heads: 4}
+        overrides: {arch.n_heads: 4}
         paper: {sink1: 12.5}
 """
 
@@ -151,8 +151,8 @@ def test_a_good_file_loads(tmp_path):
         (("name: demo", "name: other"), ":1: name: name 'other' must equal the file name 'demo'"),
         (("  cpu: {recipe: configs/recipes/cpu-tiny.yaml}\n", ""), ":4: scale: missing required field 'cpu'"),
         (
-            ("overrides: {model.n_heads: 4}", "overrides: {model: {n_heads: 4}}"),
-            ":11: variants[0].overrides.model: override values must be scalars",
+            ("overrides: {arch.n_heads: 4}", "overrides: {arch: {n_heads: 4}}"),
+            ":11: variants[0].overrides.arch: override values must be scalars",
         ),
         (("title: Demo", "title: Demo\nsteps: 3"), ":3: steps: unknown field 'steps'"),
         (

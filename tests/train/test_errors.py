@@ -33,8 +33,8 @@ def _runs(uri: str, experiment: str):
         (["--model.optim.lr=-1e-3"], "model.optim.lr=-0.001: must be positive"),
         (["--data.path", "no-such-dataset"], "data.path=no-such-dataset: no manifest.json"),
         (["--model.optim.lrr", "1"], "model.optim: Option 'lrr' is not accepted"),
-        (["--model.model.attention.op", "sigmod"], "model.model.attention.op: Expected a typing.Literal"),
-        (["--model.model.max_seq_len", "8"], "model.model.max_seq_len=8 is below the dataset's context length 16"),
+        (["--arch.attention.op", "sigmod"], "arch.attention.op: Expected a typing.Literal"),
+        (["--arch.max_seq_len", "8"], "arch.max_seq_len=8 is below the dataset's context length 16"),
         (["--model.init", "no-such.ckpt"], "model.init=no-such.ckpt: no such checkpoint"),
         # issue 26: a value in scientific notation read as an option; a negative keep_last taken as "all"
         (["--model.optim.lr", "-1e-3"], "model.optim.lr=-0.001: must be positive"),
