@@ -28,6 +28,7 @@ _EXPORTS = {
         "TAG_MODEL_ID",
         "TAG_PARENT",
         "TAG_SCALE",
+        "TAG_SEED",
         "TAG_STATUS",
         "TAG_VARIANT",
         "experiment_id",
@@ -40,8 +41,6 @@ _EXPORTS = {
     "run_models": ("ResolvedModel", "RunModelError", "is_model_uri", "resolve_argv", "resolve_model"),
     "results": ("log_new_run", "log_results"),
     "views": (
-        "ALPHA1_IMAGE",
-        "TRAJECTORY_IMAGE",
         "dataset_name",
         "experiment_url",
         "home_url",
@@ -51,7 +50,16 @@ _EXPORTS = {
         "sent_to_mlflow",
     ),
     "images": ("log_image_file", "logged_image_keys"),
-    "runs": ("RunRecord", "best_run", "client", "log_report", "metric_history", "parent_run", "variant_runs"),
+    "runs": (
+        "RunRecord",
+        "best_run",
+        "best_runs",
+        "client",
+        "log_report",
+        "metric_history",
+        "parent_run",
+        "variant_runs",
+    ),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)
