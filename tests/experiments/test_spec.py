@@ -172,7 +172,7 @@ def test_seeds_are_counted_from_the_recipes_seed(tmp_path):
         ),
         (("cpu-tiny.yaml}", "cpu-tiny.yaml, seeds: 0}"), ":6: scale.cpu.seeds: expected a whole number >= 1, got 0"),
         (
-            ("overrides: {model.n_heads: 4}", "overrides: {model.n_heads: 4, seed_everything: 2}"),
+            ("overrides: {arch.n_heads: 4}", "overrides: {arch.n_heads: 4, seed_everything: 2}"),
             ":11: variants[0].overrides.seed_everything: seed_everything is set by the sweep: seeds are an axis",
         ),
         (
