@@ -12,7 +12,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prep": ("data_prep.cli", "tokenize and pack a corpus into a training dataset"),
     "fit": ("pipeline.train.cli", "train a model (LightningCLI; --config YAML)"),
-    "consolidate": ("pipeline.checkpoint.consolidate", "turn a DeepSpeed ZeRO checkpoint into one fp32 state dict"),
+    "consolidate": ("pipeline.train.consolidate", "turn a DeepSpeed ZeRO checkpoint into one fp32 state dict"),
     "export-hf": ("pipeline.model.hf_export", "export a checkpoint as a Hugging Face model directory"),
     "analyze": ("pipeline.analysis.analyze", "sink metrics and plots for a checkpoint or a pretrained HF model"),
     "survey": (
@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "stream-ppl": ("pipeline.analysis.streaming", "streaming perplexity with x initial + y recent cached tokens"),
     "passkey": ("pipeline.analysis.passkey", "passkey retrieval by depth under x initial + y recent cached tokens"),
+    "length-eval": (
+        "pipeline.analysis.length",
+        "loss by position past the training length and passkey at 1-8x it, full and streaming, across models",
+    ),
     "quant-eval": ("pipeline.analysis.quant_eval", "perplexity under simulated W8A8, with the sink kept intact or not"),
     "submit": ("cluster.submit", "render and submit a SLURM job for a training config"),
     "sweep": ("pipeline.experiments.sweep", "run or submit every variant of a paper experiment"),

@@ -3,18 +3,57 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import lightning as L
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
+
+from sinklab_io.atomic import atomic_path, remove
 
 from .integrity import NonFiniteLossError, nonfinite_state
 from .rundir import RunDir, checkpoint_name
 
 
+class BesideTargetIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, but written beside its target and renamed: Lightning's own
+    goes through an fsspec transaction that stages the whole file under $TMPDIR (often small on a
+    compute node) and holds a second copy of it in memory."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError("storage_options is not supported when writing a local checkpoint")
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            sink = _Writes(f)
+            try:
+                torch.save(checkpoint, sink)
+            except RuntimeError:  # torch's writer turns a failed write (a full disk) into its own error
+                if sink.error is None:
+                    raise
+                raise OSError(sink.error.errno, sink.error.strerror) from None  # no temporary name in it
+
+
+class _Writes:
+    """A file's ``write`` that keeps the operating-system error torch's writer would hide."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def at_step_end(trainer: L.Trainer, batch_idx: int) -> bool:
-    """Whether this batch ended an optimizer step (not a micro-batch inside an accumulation)."""
+    """Whether this batch ended an optimizer step (not a micro-batch inside an accumulation): the one
+    step-boundary rule, read by the module's training step and every end-of-step callback."""
     return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
 
 
@@ -44,17 +83,17 @@ class StepCheckpoint(Checkpoint):
         final = self.run.checkpoints / checkpoint_name(step)
         tmp = self.run.checkpoints / f".{final.name}.partial"
         if trainer.is_global_zero:
-            _remove(tmp)
+            remove(tmp)
         trainer.strategy.barrier("sinklab_ckpt_pre")
         self.last_saved = step  # before saving, so the checkpoint's own state says it is saved
         try:
             trainer.save_checkpoint(tmp, weights_only=False)
         except OSError:  # a full disk, a file-size limit: no partial file stays behind
-            _remove(tmp)
+            remove(tmp)
             raise
         trainer.strategy.barrier("sinklab_ckpt_post")
         if trainer.is_global_zero:
-            _remove(final)
+            remove(final)
             os.replace(tmp, final)
             self.run.prune(self.keep_last)
             if self.uploader is not None:
@@ -82,10 +121,3 @@ class StepCheckpoint(Checkpoint):
 
     def load_state_dict(self, state: dict) -> None:
         self.last_saved = state.get("last_saved", -1)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()

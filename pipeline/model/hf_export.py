@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from sinklab_io.atomic import atomic_directory
+from sinklab_io.outputs import atomic_directory
 
 from .config import AttentionConfig, BiasConfig, ModelConfig
 from .loading import load_pretrained

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .attention import Attention
+from .attention import Attention, length_scale_init
 from .attention_ops import op_spec
 from .cache import StreamingCache
 from .config import ModelConfig
@@ -63,8 +63,7 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        config.validate()
-        self.config = config
+        self.config = config  # checked when it was built (ModelConfig.__post_init__)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.sink_tokens = nn.Parameter(torch.zeros(config.sink_tokens, config.d_model)) if config.sink_tokens else None
         self.positional = build_positional(config)
@@ -86,6 +85,8 @@ class Transformer(nn.Module):
                 nn.init.ones_(p)
             elif name.endswith(("sink_logit", "norm.bias")):
                 nn.init.zeros_(p)
+            elif name.endswith("length_scale"):
+                nn.init.constant_(p, length_scale_init(self.config))
             else:
                 nn.init.normal_(p, 0.0, std)
 

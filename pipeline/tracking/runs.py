@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
@@ -30,8 +31,16 @@ from .contract import (
     tracking_uri,
 )
 
-if TYPE_CHECKING:
-    from pipeline.experiments.spec import Experiment
+
+class Grouped(Protocol):
+    """What this module reads of an experiment (pipeline.experiments.Experiment has it; tracking
+    sits below the experiments layer and does not import it)."""
+
+    name: str
+    title: str
+    paper_ref: str
+    mlflow_experiment: str
+    variants: Sequence[Any]  # each with a .name
 
 
 def client(uri: str | None = None) -> MlflowClient:
@@ -132,7 +141,7 @@ def metric_history(mlflow: MlflowClient, run_id: str, metric: str) -> list[tuple
     return sorted((m.step, m.value) for m in mlflow.get_metric_history(run_id, metric))
 
 
-def parent_run(mlflow: MlflowClient, experiment: Experiment, scale: str) -> str:
+def parent_run(mlflow: MlflowClient, experiment: Grouped, scale: str) -> str:
     """The run that groups the variants of one experiment at one scale in the MLflow UI (the
     variants' runs carry its id as mlflow.parentRunId; `sinklab report` logs its table, figure
     and agreement to it): found again on a repeated sweep or report, created on the first. It
@@ -164,7 +173,7 @@ def parent_run(mlflow: MlflowClient, experiment: Experiment, scale: str) -> str:
 
 
 def log_report(
-    mlflow, experiment: Experiment, scale: str, files: list[Path], metrics: dict[str, float] | None = None
+    mlflow, experiment: Grouped, scale: str, files: list[Path], metrics: dict[str, float] | None = None
 ) -> str:
     """Log the files as artifacts, and the metrics (the agreement), to the run that groups the
     experiment's variants at this scale (:func:`parent_run`: the sweep's parent)."""

@@ -21,6 +21,7 @@ from jsonargparse import Namespace, get_loader, set_loader
 
 from pipeline.model.config import SHAPE_FIELDS, ModelConfig
 from pipeline.model.config_keys import ARCH, renamed_argv, renamed_config
+from sinklab_io.mappings import flatten
 
 CHECK_ONLY = "--check-only"
 ARCH_TARGET = "model.arch"  # the LightningModule's argument, linked from the top-level `arch`
@@ -174,8 +175,6 @@ def as_plain(cfg) -> dict:
 def variant_summary(cfg) -> str:
     """One line naming the attention operation (always: a softmax run says so) and what else
     differs from the paper's default block and data."""
-    from pipeline.tracking import flatten
-
     plain = as_plain(cfg)
     default = flatten(ModelConfig().to_dict())
     flat = flatten(plain.get(ARCH) or {})
