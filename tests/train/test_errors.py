@@ -294,7 +294,7 @@ def test_a_sql_store_that_cannot_be_opened_is_one_line_before_anything_is_writte
         (["--model.optim.lr", "0"], "model.optim.lr=0.0: must be positive"),
         (["--model.optim.warmup_steps", "12"], "model.optim.warmup_steps=12: must be in [0, trainer.max_steps=12)"),
         (["--data.global_batch_tokens", "24"], "data.global_batch_tokens=24"),
-        (["--model.model.max_seq_len", "8"], "model.model.max_seq_len=8 is below the dataset's context length 16"),
+        (["--arch.max_seq_len", "8"], "arch.max_seq_len=8 is below the dataset's context length 16"),
         (["--trainer.max_steps", "0"], "trainer.max_steps=0: must be >= 1"),
         (["--run-dir", "{file}"], "--run-dir {file}: is a file; name a directory"),
         (["--data.path", "{garbage}"], "manifest.json: not valid JSON"),
