@@ -55,7 +55,7 @@ def check_llama_compatible(cfg: ModelConfig) -> None:
         for part in path.split("."):
             value = getattr(value, part)
         if value != needed:
-            raise NotALlama(f"model.{path}={value!r}: HF LlamaForCausalLM expresses only {needed!r}")
+            raise NotALlama(f"arch.{path}={value!r}: HF LlamaForCausalLM expresses only {needed!r}")
 
 
 def llama_config(cfg: ModelConfig):

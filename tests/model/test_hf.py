@@ -72,13 +72,13 @@ def test_export_hf_command_writes_a_loadable_llama(tmp_path, capsys):
 @pytest.mark.parametrize(
     "overrides, field",
     [
-        (dict(positional="alibi"), "model.positional"),
-        (dict(attention={"op": "sigmoid", "normalizer": "none"}), "model.attention.op"),
-        (dict(sink_tokens=1), "model.sink_tokens"),
-        (dict(biases={"kind": "kv"}), "model.biases.kind"),
-        (dict(ffn="gelu"), "model.ffn"),
-        (dict(norm="layernorm"), "model.norm"),
-        (dict(attention={"qk_norm": True}), "model.attention.qk_norm"),
+        (dict(positional="alibi"), "arch.positional"),
+        (dict(attention={"op": "sigmoid", "normalizer": "none"}), "arch.attention.op"),
+        (dict(sink_tokens=1), "arch.sink_tokens"),
+        (dict(biases={"kind": "kv"}), "arch.biases.kind"),
+        (dict(ffn="gelu"), "arch.ffn"),
+        (dict(norm="layernorm"), "arch.norm"),
+        (dict(attention={"qk_norm": True}), "arch.attention.qk_norm"),
     ],
 )
 def test_variants_hf_cannot_express_are_refused_naming_the_field(tmp_path, capsys, overrides, field):

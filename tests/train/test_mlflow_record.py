@@ -129,7 +129,7 @@ def test_a_variant_llama_cannot_express_is_logged_without_the_hf_export(tmp_path
 
     config = ModelConfig.from_preset("micro", vocab_size=64, positional="alibi")
     out = write_model_dir(tmp_path / "model", config, Transformer(config).state_dict())
-    assert add_hf_export(out).startswith("none: model.positional='alibi'") and not (out / "hf").exists()
+    assert add_hf_export(out).startswith("none: arch.positional='alibi'") and not (out / "hf").exists()
 
 
 def test_an_explicit_tracking_uri_wins_over_the_environment(fitted, tmp_path):
