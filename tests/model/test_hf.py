@@ -1,4 +1,5 @@
-"""The default variant is HF LlamaForCausalLM: logits match in fp32 both ways."""
+"""The default variant is HF LlamaForCausalLM, with qk-norm Qwen3ForCausalLM: logits match in fp32
+both ways; every other variant exports as remote code (tests/model/test_hf_remote.py)."""
 
 import json
 from pathlib import Path
@@ -6,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.export import main
 from pipeline.model import ModelConfig, Transformer, save_pretrained
-from pipeline.model.hf_export import NotALlama, from_hf, main, to_hf
+from pipeline.model.hf_native import NotNative, from_hf, native_architecture, to_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -69,6 +71,24 @@ def test_export_hf_command_writes_a_loadable_llama(tmp_path, capsys):
     torch.testing.assert_close(back.lm_head.weight, model.lm_head.weight)
 
 
+def test_qk_norm_is_a_qwen3_both_ways(tmp_path):
+    model = _model(attention={"qk_norm": True})
+    with torch.no_grad():  # non-trivial q/k norm gains
+        for block in model.blocks:
+            block.attn.q_norm.weight.uniform_(0.5, 1.5)
+            block.attn.k_norm.weight.uniform_(0.5, 1.5)
+    hf = to_hf(model)
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    idx = torch.randint(0, 64, (2, 17))
+    with torch.no_grad():
+        ours = model(idx).logits
+        torch.testing.assert_close(hf(idx).logits, ours, atol=1e-5, rtol=1e-5)
+        hf.save_pretrained(tmp_path)
+        back = from_hf(str(tmp_path))
+        assert back.config.attention.qk_norm
+        torch.testing.assert_close(back(idx).logits, ours, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "overrides, field",
     [
@@ -78,17 +98,24 @@ def test_export_hf_command_writes_a_loadable_llama(tmp_path, capsys):
         (dict(biases={"kind": "kv"}), "model.biases.kind"),
         (dict(ffn="gelu"), "model.ffn"),
         (dict(norm="layernorm"), "model.norm"),
-        (dict(attention={"qk_norm": True}), "model.attention.qk_norm"),
+        (dict(attention={"qk_norm": True, "gated": True}), "model.attention.gated"),
+        (dict(mask="sliding", window=4), "model.mask"),
     ],
 )
-def test_variants_hf_cannot_express_are_refused_naming_the_field(tmp_path, capsys, overrides, field):
+def test_variants_no_hf_class_expresses_are_refused_natively_and_exported_as_remote_code(
+    tmp_path, capsys, overrides, field
+):
     model = _model(**overrides)
-    with pytest.raises(NotALlama, match=field.replace(".", r"\.")):
+    assert native_architecture(model.config) is None
+    with pytest.raises(NotNative, match=field.replace(".", r"\.")):
         to_hf(model)
     save_pretrained(model, tmp_path / "run")
-    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 2
-    assert field in capsys.readouterr().err  # refusals go to stderr, as every command's
-    assert not (tmp_path / "hf").exists()
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    assert "remote code" in capsys.readouterr().out
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["model_type"] == "sinklab" and config["auto_map"]["AutoModelForCausalLM"].endswith(
+        ".SinkLabForCausalLM"
+    )
 
 
 def _listing(root: Path) -> dict[str, bytes]:
