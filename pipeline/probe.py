@@ -18,8 +18,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pipeline import metric_names as N
 from pipeline import metrics
 from pipeline.model.attention_ops import SCORE_KINDS
+from pipeline.model.masks import admitted_with_slots
 from pipeline.outliers import OutlierAccumulator, OutlierReport, recording_linear_inputs
 
 ATTENTION_KINDS = tuple(SCORE_KINDS)
@@ -70,26 +72,26 @@ class SinkReport:
         """Per head ``heads/entropy_l{l}_h{h}``, ``heads/out_norm_l{l}_h{h}`` (0-based) and
         ``heads/dormant_pct``; empty when the model returned no head outputs."""
         out: dict[str, float] = {}
-        for name, values in (("entropy", self.entropy), ("out_norm", self.out_norm)):
+        for name, values in ((N.HEAD_ENTROPY, self.entropy), (N.HEAD_OUT_NORM, self.out_norm)):
             if values is not None:
                 out.update(
                     {
-                        f"heads/{name}_l{l}_h{h}": float(values[l, h])
+                        N.head(name, l, h): float(values[l, h])
                         for l in range(values.shape[0])
                         for h in range(values.shape[1])
                     }
                 )
         if self.out_norm is not None:
-            out["heads/dormant_pct"] = self.dormant_pct
+            out[N.DORMANT_PCT] = self.dormant_pct
         return out
 
     def to_metrics(self) -> dict[str, float]:
         # mean alpha_1 over layers, heads and sequences: moves before Sink_1 crosses eps
-        out = {"sink/sink1": self.sink1, "sink/alpha1_mean": float(self.alpha1.mean())}
-        out.update({f"sink/sink_star_{name}": v for name, v in self.sink_star.items()})
-        out.update({f"sink/sink_k{k}": v for k, v in enumerate(self.profile, start=1)})
+        out = {N.SINK1: self.sink1, N.ALPHA1_MEAN: float(self.alpha1.mean())}
+        out.update({N.sink_star(name): v for name, v in self.sink_star.items()})
+        out.update({N.sink_k(k): v for k, v in enumerate(self.profile, start=1)})
         # mean alpha_k at later positions: where a fixed token sits at k > 1 (Table 10 right)
-        out.update({f"sink/alpha{k}_mean": v for k, v in enumerate(self.alpha_profile[1:], start=2)})
+        out.update({N.alpha_k_mean(k): v for k, v in enumerate(self.alpha_profile[1:], start=2)})
         if self.outliers is not None:
             out.update(self.outliers.to_metrics())
         return out | self.extreme_token_metrics()
@@ -100,14 +102,14 @@ class SinkReport:
         kind ``sink/bos_share_trigger_l{l}``, ``sink/bos_share_other_l{l}`` (mean over heads)."""
         out = {}
         for name, values in (
-            ("act/massive_ratio", self.massive_ratio),
-            ("act/value_norm_ratio", self.value_norm_ratio),
-            ("sink/bos_share_trigger", self.bos_share_trigger),
-            ("sink/bos_share_other", self.bos_share_other),
+            (N.MASSIVE_RATIO, self.massive_ratio),
+            (N.VALUE_NORM_RATIO, self.value_norm_ratio),
+            (N.BOS_SHARE_TRIGGER, self.bos_share_trigger),
+            (N.BOS_SHARE_OTHER, self.bos_share_other),
         ):
             if values is not None:
                 per_layer = values if values.dim() == 1 else values.mean(dim=-1)
-                out.update({f"{name}_l{l}": float(v) for l, v in enumerate(per_layer)})
+                out.update({N.layer(name, l): float(v) for l, v in enumerate(per_layer)})
         return out
 
     def to_json(self) -> dict:
@@ -284,20 +286,9 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-def _admitted(model: torch.nn.Module, T: int) -> Tensor | None:
-    """The mask pattern of a SinkLab model's maps (windows, prefixes, slots); None for others."""
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "n_bias_slots"):
-        return None
-    from pipeline.model.masks import admitted_with_slots
-
-    return admitted_with_slots(config, T)
-
-
 def _linear_inputs(model: torch.nn.Module, acc: OutlierAccumulator | None):
-    """Record the linear-layer inputs of a SinkLab model's blocks into ``acc`` (None: nothing)."""
-    blocks = getattr(model, "blocks", None)
-    return recording_linear_inputs(blocks, acc) if acc is not None and blocks is not None else nullcontext()
+    """Record the linear-layer inputs of the model's blocks into ``acc`` (None: nothing)."""
+    return recording_linear_inputs(model.blocks, acc) if acc is not None else nullcontext()
 
 
 def run_probe(
@@ -321,8 +312,8 @@ def run_probe(
     """
     device = _device_of(model)
     tokens = as_token_tensor(tokens, device)
-    admitted = _admitted(model, tokens.shape[1])
-    lead = getattr(getattr(model, "config", None), "sink_tokens", 0) + 1
+    admitted = admitted_with_slots(model.config, tokens.shape[1])  # the maps' mask pattern (windows, prefixes, slots)
+    lead = model.config.sink_tokens + 1
     acc = SinkAccumulator(eps=eps, positions=positions, outliers=OutlierAccumulator(lead) if outliers else None)
     triggers = None if trigger_ids is None else torch.as_tensor(list(trigger_ids), dtype=torch.long, device=device)
     was_training = model.training
@@ -345,10 +336,10 @@ def run_probe(
                     n_query_slots=out.n_query_slots,
                     n_key_slots=out.n_key_slots,
                     hidden_states=out.hidden_states,
-                    keys=getattr(out, "keys", None) if output_qkv else None,
-                    values=getattr(out, "values", None) if output_qkv else None,
-                    queries=getattr(out, "queries", None) if output_qkv else None,
-                    head_outputs=getattr(out, "head_outputs", None),
+                    keys=out.keys if output_qkv else None,
+                    values=out.values if output_qkv else None,
+                    queries=out.queries if output_qkv else None,
+                    head_outputs=out.head_outputs,
                     admitted=admitted,
                     trigger_queries=None if triggers is None else torch.isin(batch, triggers),
                 )

@@ -47,7 +47,8 @@ def mlflow_server(tmp_path_factory):
         "1",
     ]
     log = open(root / "server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job workers: tests run no jobs
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True, env=env)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     while True:

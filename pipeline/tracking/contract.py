@@ -1,6 +1,7 @@
 """The MLflow contract between SinkLab's parts: where the tracking store is, and the tags one
 part writes and another reads (docs/contracts.md section 4). Standard library only, so that
 the training layer, the analysis layer and the experiments layer all import it from here.
+The metric names sit below every layer, in ``pipeline.metric_names`` (the probe reads them too).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ TAG_EXPERIMENT = "sinklab.experiment"
 TAG_VARIANT = "sinklab.variant"
 TAG_SCALE = "sinklab.scale"
 TAG_STATUS = "sinklab.status"
+# the run's seed_everything; a sweep sets the data order's seed (data.seed) to the same value
+TAG_SEED = "sinklab.seed"
 FINISHED = "finished"
 # "sweep" on the run that groups an experiment's variants; other kinds for analysis runs
 TAG_KIND = "sinklab.kind"

@@ -19,13 +19,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import metric_names as N
+
 from .contract import TAG_MODEL_ID, tracking_uri
-from .views import HEADLINE
 
 PREFIXES = ("runs:/", "models:/")
 MODEL_NAME = "model"
 # what an export's model card reports: label -> metric
-CARD_METRICS = dict(zip(("Sink_1 (%, ε = 0.3)", "α₁ (mean over layers and heads)", "val loss"), HEADLINE[:3]))
+CARD_METRICS = {
+    "Sink_1 (%, ε = 0.3)": N.SINK1,
+    "α₁ (mean over layers and heads)": N.ALPHA1_MEAN,
+    "val loss": N.VAL_LOSS,
+}
 
 
 class RunModelError(ValueError):

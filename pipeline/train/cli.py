@@ -49,19 +49,19 @@ from pipeline.tracking import (
     PARENT_ENV,
     TAG_EXPERIMENT,
     TAG_PARENT,
+    TAG_SEED,
     TAG_STATUS,
     TAG_VARIANT,
     CheckpointUploader,
     RunLogger,
+    as_params,
     code_version,
-    flatten,
     log_run_model,
     open_run,
     pulled_argv,
     tracking_uri,
 )
 
-from . import sharding  # noqa: F401  (registers the strategy names fsdp2, deepspeed, deepspeed_stage_N)
 from .batching import BatchConfigError
 from .callbacks import Preemption, SinkMetrics, Throughput
 from .data import SinkDataModule
@@ -76,6 +76,7 @@ from .fit_config import (
 )
 from .module import SinkLabModule, read_init
 from .progress import StepProgressBar
+from .sharding import refuse_zero_optimizer  # also registers the strategy names fsdp2, deepspeed_stage_N
 from .summary import print_summary
 
 
@@ -158,6 +159,7 @@ class SinkLabCLI(LightningCLI):
     # ---- every class built and checked: only now the config and the MLflow run are recorded ----
     def after_instantiate_classes(self) -> None:
         self.model.optim.validate(self.trainer.max_steps)
+        refuse_zero_optimizer(self.model.optim.name, self.trainer.strategy)
         manifest = self.datamodule.manifest
         self.model.set_vocab(manifest.vocab_size, manifest.context_length)  # max_seq_len checked here too
         self.resume_step = None
@@ -182,6 +184,7 @@ class SinkLabCLI(LightningCLI):
         tags = {
             TAG_EXPERIMENT: opts.experiment,
             TAG_VARIANT: opts.variant or variant_summary(cfg),
+            TAG_SEED: str(cfg.get("seed_everything")),
             "sinklab.code_version": code_version(),
             "sinklab.dataset_hash": self.datamodule.manifest.hash,
             "sinklab.run_dir": str(self.run.root.resolve()),
@@ -197,7 +200,7 @@ class SinkLabCLI(LightningCLI):
             opts.experiment,
             opts.name,
             tags,
-            flatten(as_plain(cfg)),
+            as_params(as_plain(cfg)) | self.model.optimizer_split(),
             [config_file],
             manifest=self.datamodule.manifest,
         )

@@ -18,12 +18,14 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.checkpoint import checkpoint
 
-from pipeline.checkpoint import NonFiniteLossError
+from pipeline import metric_names as N
+from pipeline.checkpoint import NonFiniteLossError, at_step_end
 from pipeline.model import ConfigError, ModelConfig, Transformer
 
 from .compiling import compile_blocks, failure_line
 from .loss import next_token_loss
-from .optim import OptimConfig, build_optimizer, build_scheduler
+from .optim import OptimConfig, build_optimizer, build_scheduler, optimizer_split
+from .recording import record_metrics, reduced, set_tag
 from .sharding import shard_model
 
 # DeepSpeedStrategy warns that an overridden configure_gradient_clipping does not clip: under it
@@ -149,9 +151,7 @@ class SinkLabModule(L.LightningModule):
             file=sys.stderr,
             flush=True,
         )
-        for logger in trainer.loggers if trainer is not None else []:
-            if hasattr(logger, "set_tag"):
-                logger.set_tag("sinklab.compile", f"failed, trained eager: {line}")
+        set_tag(trainer, "sinklab.compile", f"failed, trained eager: {line}")
 
     def set_vocab(self, vocab_size: int, context_length: int) -> None:
         cfg = self.model_config.replace(vocab_size=vocab_size)
@@ -163,7 +163,72 @@ class SinkLabModule(L.LightningModule):
         self.model_config = cfg
         self.hparams["model_config"] = cfg.to_dict()
 
-    # ---- loss -----------------------------------------------------------------------------
+    # ---- one optimizer step -------------------------------------------------------------------
+    # Lightning's automatic optimisation runs step s (weights after s updates -> after s + 1) as:
+    #
+    #   for each of A micro-batches    A = trainer.accumulate_grad_batches (cli.py, from data.global_batch_tokens)
+    #       training_step              forward and next-token loss of one micro-batch (loss.py)
+    #       (Lightning) backward       of loss / A; under DeepSpeed engine.backward (sharding.py: divided once)
+    #   _end_of_step                   on the last micro-batch (at_step_end, the one boundary rule): the
+    #                                  step's loss, mean over micro-batches and ranks, recorded as step s;
+    #                                  a non-finite one stops every rank before the update
+    #   configure_gradient_clipping    clip to trainer.gradient_clip_val; a step guard goes at its end,
+    #                                  after the clip and before the update (DeepSpeed calls it on every
+    #                                  micro-batch, and its engine clips and steps at the boundary)
+    #   (Lightning) optimizer.step, zero_grad, lr_scheduler.step; global_step becomes s + 1
+    #   on_train_batch_end where at_step_end: the callbacks in cli.py's order, StepCheckpoint,
+    #                                  SinkMetrics, Throughput, Preemption (callbacks.py)
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        """One micro-batch: forward and loss (Lightning then runs backward); the step's end on the last."""
+        loss = self.lm_loss(batch["input_ids"])
+        self._step_loss = self._step_loss + loss.detach()
+        self._micro += 1
+        if at_step_end(self.trainer, batch_idx):
+            self._end_of_step()
+        return loss
+
+    def _end_of_step(self) -> None:
+        """On the last micro-batch of a step, before its optimizer update: the step's mean loss
+        over micro-batches and ranks; a non-finite one stops every rank together (so no
+        checkpoint of the broken weights is written)."""
+        value = reduced(self.trainer, self._step_loss / self._micro, "mean")
+        self._step_loss, self._micro = 0.0, 0
+        if not math.isfinite(value):
+            raise NonFiniteLossError(
+                f"non-finite training loss ({value}) at step {self.global_step}: stopping; the last good "
+                "checkpoint is kept. Start a new run directory with a lower model.optim.lr or a longer "
+                "warm-up (a resume restores the optimizer's lr from the checkpoint), or check the data."
+            )
+        # the step's mean over micro-batches and ranks, of step s (the weights after s updates)
+        due = self.global_step % max(1, self.trainer.log_every_n_steps) == 0
+        record_metrics(self, {N.TRAIN_LOSS: value}, bar=True, log=False)
+        if due:
+            lr = self.trainer.optimizers[0].param_groups[0]["lr"]
+            record_metrics(self, {N.TRAIN_LOSS: value, N.TRAIN_LR: lr})
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's clipping, except under a mixed precision without a loss scaler (bf16):
+        there the gradients are already unscaled, so a fused AdamW, which Lightning refuses to
+        clip for fp16's sake, is clipped here with torch's own functions. With FSDP2 the
+        gradients are DTensors and torch reduces their norm over the mesh; under DeepSpeed the
+        engine clips (Lightning passes gradient_clip_val as its ``gradient_clipping``)."""
+        plugin = self.trainer.precision_plugin
+        if not (gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None):
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        elif gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(self._with_grads(optimizer), gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(self._with_grads(optimizer), gradient_clip_val)
+        # after the clip, before the update: where a step guard would skip this step
+
+    @staticmethod
+    def _with_grads(optimizer) -> list[torch.Tensor]:
+        return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+    def on_train_epoch_start(self) -> None:
+        self._step_loss, self._micro = 0.0, 0
+
+    # ---- loss and validation -------------------------------------------------------------
     def loss_start(self) -> int:
         """Index of the first logit that counts: the prefix-LM loss starts at token p+1
         (section 6; p = 1 is ordinary LM), i.e. at logit p-1 (0-based)."""
@@ -172,41 +237,6 @@ class SinkLabModule(L.LightningModule):
 
     def lm_loss(self, tokens: torch.Tensor) -> torch.Tensor:
         return next_token_loss(self.model, tokens, self.loss_start())
-
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self.lm_loss(batch["input_ids"])
-        self._step_loss = self._step_loss + loss.detach()
-        self._micro += 1
-        if (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0:
-            self._end_of_step()
-        return loss
-
-    def _end_of_step(self) -> None:
-        """On the last micro-batch of a step, before its optimizer update: the step's mean loss
-        over micro-batches and ranks; a non-finite one stops every rank together (so no
-        checkpoint of the broken weights is written)."""
-        mean = self._step_loss / self._micro
-        if self.trainer.world_size > 1:
-            mean = self.trainer.strategy.reduce(mean, reduce_op="mean")
-        value = float(mean)
-        self._step_loss, self._micro = 0.0, 0
-        if not math.isfinite(value):
-            raise NonFiniteLossError(
-                f"non-finite training loss ({value}) at step {self.global_step}: stopping; the last good "
-                "checkpoint is kept. Start a new run directory with a lower model.optim.lr or a longer "
-                "warm-up (a resume restores the optimizer's lr from the checkpoint), or check the data."
-            )
-        self.log("loss", value, prog_bar=True, logger=False)
-        every = max(1, self.trainer.log_every_n_steps)
-        if self.global_step % every == 0 and self.trainer.is_global_zero:
-            lr = self.trainer.optimizers[0].param_groups[0]["lr"]
-            # to the loggers directly, not self.log: the value is already the step's mean over
-            # micro-batches and ranks, and belongs to step s (the weights after s updates)
-            for logger in self.trainer.loggers:
-                logger.log_metrics({"train/loss": value, "train/lr": lr}, step=self.global_step)
-
-    def on_train_epoch_start(self) -> None:
-        self._step_loss, self._micro = 0.0, 0
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         self._val.append(self.lm_loss(batch).detach())
@@ -217,34 +247,19 @@ class SinkLabModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if not self._val or self.trainer.sanity_checking:
             return
-        mean = torch.stack(self._val).mean()
-        if self.trainer.world_size > 1:
-            mean = self.trainer.strategy.reduce(mean, reduce_op="mean")
-        self.log("val_loss", mean, prog_bar=True, logger=False)
-        if self.trainer.is_global_zero:
-            for logger in self.trainer.loggers:
-                logger.log_metrics({"val/loss": float(mean)}, step=self.global_step)
+        record_metrics(self, {N.VAL_LOSS: torch.stack(self._val).mean()}, reduce="mean", bar=True)
 
-    # ---- optimisation ---------------------------------------------------------------------
+    # ---- optimiser ------------------------------------------------------------------------
+    def optimizer_split(self) -> dict[str, str]:
+        """Which optimiser updates which parameters (pipeline.train.optim.optimizer_split), read off
+        a model built on the meta device (no memory, no initialisation)."""
+        with torch.device("meta"):
+            return optimizer_split(Transformer(self.model_config), self.optim)
+
     def configure_optimizers(self):
         optimizer = build_optimizer(self.model, self.optim)
         scheduler = build_scheduler(optimizer, self.optim, self.trainer.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Lightning's clipping, except under a mixed precision without a loss scaler (bf16):
-        there the gradients are already unscaled, so a fused AdamW, which Lightning refuses to
-        clip for fp16's sake, is clipped here with torch's own functions. With FSDP2 the
-        gradients are DTensors and torch reduces their norm over the mesh; under DeepSpeed the
-        engine clips (Lightning passes gradient_clip_val as its ``gradient_clipping``)."""
-        plugin = self.trainer.precision_plugin
-        if not (gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None):
-            return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if gradient_clip_algorithm == "value":
-            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
-        else:
-            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint.setdefault("hyper_parameters", {})["model_config"] = self.model_config.to_dict()

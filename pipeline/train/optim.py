@@ -12,6 +12,10 @@ learnable sink tokens.
 
 ``name: sgd`` (SGD with momentum; its weight decay is the L2 term added to the gradient) is Guo
 et al.'s (2024) alternative on Bigram-Backcopy: without Adam the massive activations go away.
+``name: muon``: torch.optim.Muon on the blocks' linear weights (peak lr ``muon_lr``, AdamW's lr
+where unset, scaled per matrix to AdamW's update RMS: torch's ``match_rms_adamw``), AdamW on the
+rest; ``name: orthoadam``: AdamW in a fixed random orthogonal basis per parameter (seeded by
+``rotation_seed``). Both in pipeline.train.optimizers; the split in docs/training.md.
 """
 
 from __future__ import annotations
@@ -25,15 +29,21 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from pipeline.model.config import ConfigError
 
+from .optimizers import MuonAdamW, OrthoAdam, muon_split
+
 DecayOn = Literal["all", "matrices", "matrices_no_embeddings"]
-OptimizerName = Literal["adamw", "sgd"]
+OptimizerName = Literal["adamw", "sgd", "muon", "orthoadam"]
+OPTIMIZERS = ("adamw", "sgd", "muon", "orthoadam")
 
 
 @dataclass
 class OptimConfig:
     """lr: peak learning rate. min_lr: the cosine's floor (reached at the last step).
     warmup_steps: linear warm-up from lr/warmup_steps to lr. weight_decay: AdamW's decoupled
-    decay ratio (SGD's L2 coefficient). decay_on: which parameters decay (module docstring). betas, eps: AdamW's. name: adamw or sgd. momentum: SGD's.
+    decay ratio (SGD's L2 coefficient). decay_on: which parameters decay (module docstring).
+    betas, eps: AdamW's (OrthoAdam's, and Muon's AdamW half). name: adamw, sgd, muon or orthoadam.
+    momentum: SGD's. muon_lr: Muon's peak lr (None: lr). muon_momentum: Muon's (Nesterov).
+    rotation_seed: OrthoAdam's rotations.
     fused: AdamW's fused kernel (one launch for every tensor); None picks it where every
     parameter is on a GPU, the fast path there (same update, other rounding)."""
 
@@ -48,6 +58,9 @@ class OptimConfig:
     fused: bool | None = None
     name: OptimizerName = "adamw"
     momentum: float = 0.9
+    muon_lr: float | None = None
+    muon_momentum: float = 0.95
+    rotation_seed: int = 0
 
     def validate(self, max_steps: int) -> None:
         """The checks torch's AdamW makes (it raises a bare ValueError mid-fit), named by field."""
@@ -64,10 +77,13 @@ class OptimConfig:
             raise ConfigError(
                 f"model.optim.warmup_steps={self.warmup_steps}: must be in [0, trainer.max_steps={max_steps})"
             )
-        if self.name not in ("adamw", "sgd"):
-            raise ConfigError(f"model.optim.name={self.name!r}: allowed values are adamw, sgd")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(f"model.optim.momentum={self.momentum}: must be in [0, 1)")
+        if self.name not in OPTIMIZERS:
+            raise ConfigError(f"model.optim.name={self.name!r}: allowed values are {', '.join(OPTIMIZERS)}")
+        for name in ("momentum", "muon_momentum"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"model.optim.{name}={getattr(self, name)}: must be in [0, 1)")
+        if self.muon_lr is not None and not self.muon_lr > 0:
+            raise ConfigError(f"model.optim.muon_lr={self.muon_lr}: must be positive (or null: model.optim.lr)")
         if self.weight_decay < 0:
             raise ConfigError(f"model.optim.weight_decay={self.weight_decay}: must be >= 0")
 
@@ -81,10 +97,11 @@ def _no_decay(name: str, p: torch.nn.Parameter, decay_on: DecayOn) -> bool:
     return decay_on == "matrices_no_embeddings" and (name.endswith("embed.weight") or leaf[-1] == "sink_tokens")
 
 
-def param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
+def param_groups(model: torch.nn.Module, cfg: OptimConfig, skip: frozenset[str] = frozenset()) -> list[dict]:
+    """The decaying and the non-decaying parameters (``decay_on``), less those named in ``skip``."""
     decay, keep = [], []
     for name, p in model.named_parameters():
-        if p.requires_grad:
+        if p.requires_grad and name not in skip:
             (keep if _no_decay(name, p, cfg.decay_on) else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
     if keep:
@@ -92,13 +109,33 @@ def param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
     return groups
 
 
+def optimizer_split(model: torch.nn.Module, cfg: OptimConfig) -> dict[str, str]:
+    """Which optimiser updates how many tensors and elements, and at which peak lr (MLflow params)."""
+    params = dict(model.named_parameters())
+    muon = set(muon_split(model)[0]) if cfg.name == "muon" else set()
+    halves = {"muon": (sorted(muon), cfg.muon_lr or cfg.lr)} if muon else {}
+    halves["adamw" if cfg.name in ("adamw", "muon") else cfg.name] = (sorted(set(params) - muon), cfg.lr)
+    return {
+        f"model.optim.split.{half}": f"{len(names)} tensors, {sum(params[n].numel() for n in names):,} elements, lr {lr:g}"
+        for half, (names, lr) in halves.items()
+    }
+
+
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    betas = (cfg.beta1, cfg.beta2)
     if cfg.name == "sgd":
         return torch.optim.SGD(param_groups(model, cfg), lr=cfg.lr, momentum=cfg.momentum)
+    if cfg.name == "orthoadam":
+        return OrthoAdam(param_groups(model, cfg), lr=cfg.lr, betas=betas, eps=cfg.eps, seed=cfg.rotation_seed)
     fused = cfg.fused if cfg.fused is not None else all(p.is_cuda for p in model.parameters())
-    return torch.optim.AdamW(
-        param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused or None
-    )
+    adamw = {"lr": cfg.lr, "betas": betas, "eps": cfg.eps, "fused": fused or None}
+    if cfg.name == "muon":
+        hidden = muon_split(model)[0]
+        params = dict(model.named_parameters())
+        muon_groups = [{"params": [params[n] for n in hidden], "weight_decay": cfg.weight_decay}]
+        muon = {"lr": cfg.muon_lr or cfg.lr, "momentum": cfg.muon_momentum, "adjust_lr_fn": "match_rms_adamw"}
+        return MuonAdamW(muon_groups, param_groups(model, cfg, frozenset(hidden)), muon, adamw)
+    return torch.optim.AdamW(param_groups(model, cfg), **adamw)
 
 
 @dataclass

@@ -116,6 +116,17 @@ if "fsdp2" not in StrategyRegistry:
     StrategyRegistry.register("fsdp2", FSDP2Strategy, description="FSDP2 (fully_shard) over every process")
 
 
+def refuse_zero_optimizer(name: str, strategy) -> None:
+    """Muon and OrthoAdam under DeepSpeed ZeRO: refused, naming what runs them."""
+    if name in ("muon", "orthoadam") and isinstance(strategy, LightningDeepSpeedStrategy):
+        raise ConfigError(
+            f"model.optim.name={name}: DeepSpeed ZeRO gives a client optimizer flat 1-D partitions, which "
+            f"{'Muon (2-D matrices)' if name == 'muon' else 'OrthoAdam (per-tensor rotations)'} cannot update; "
+            "train it with --trainer.strategy ddp or fsdp2 (DeepSpeed's own Muon, optimizer type Muon in the "
+            "ZeRO JSON, is not wired into SinkLab)"
+        )
+
+
 def shard_model(model: Transformer, mesh: DeviceMesh) -> None:
     """Apply ``fully_shard`` to each block, then to the root, over ``mesh``'s data-parallel
     dimension."""

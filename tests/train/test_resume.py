@@ -8,6 +8,7 @@ import os
 import signal
 import time
 
+import pytest
 import torch
 from conftest import fit_in_process, losses, read_metrics, sinklab_process
 from mlflow.tracking import MlflowClient
@@ -198,3 +199,53 @@ def test_a_rank_killed_mid_run_is_named_in_one_line_and_the_run_resumes(tiny_ds,
         == 0
     )  # on one process
     assert sorted(losses(run_dir)) == list(range(10))
+
+
+def optimizer_tensors(ckpt) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint's optimizer state, by parameter index and key."""
+    state = torch.load(ckpt, weights_only=False)["optimizer_states"][0]["state"]
+    return {f"{i}/{k}": v for i, s in state.items() for k, v in s.items() if isinstance(v, torch.Tensor)}
+
+
+@pytest.mark.parametrize("name", ["muon", "orthoadam"])
+def test_muon_and_orthoadam_resume_bitwise_after_sigkill(name, tiny_ds, tmp_path, monkeypatch, mlflow_server):
+    """Issue 38: each optimiser's state (Muon's momentum and AdamW's moments; OrthoAdam's moments,
+    its rotations re-derived) survives a SIGKILL between checkpoints bit for bit."""
+    args = ["--data.path", str(tiny_ds), "--model.optim.name", name, *ARGS, "--trainer.max_steps", "8"]
+    ref_dir, run_dir = tmp_path / "reference", tmp_path / "killed"
+    assert fit_in_process([*args, "--run-dir", str(ref_dir)], monkeypatch, mlflow_server) == 0
+    proc = sinklab_process([*args, "--run-dir", str(run_dir)], mlflow_server)
+    deadline = time.time() + 240
+    while max(losses(run_dir), default=-1) < 5:  # past the step-4 checkpoint, before step 8
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline, "the training subprocess made no progress"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    assert max(losses(run_dir)) < 8
+    assert fit_in_process([*args, "--run-dir", str(run_dir), "--resume", "auto"], monkeypatch, mlflow_server) == 0
+    ref = losses(ref_dir)
+    assert losses(run_dir) == ref and sorted(ref) == list(range(8))
+    a, b = (d / "checkpoints" / "step-000008.ckpt" for d in (ref_dir, run_dir))
+    wa, wb = (torch.load(c, weights_only=False)["state_dict"] for c in (a, b))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    sa, sb = optimizer_tensors(a), optimizer_tensors(b)
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    kinds = {k.split("/")[1] for k in sa}
+    assert kinds == (
+        {"momentum_buffer", "exp_avg", "exp_avg_sq", "step"} if name == "muon" else {"exp_avg", "exp_avg_sq", "step"}
+    )
+    params = MlflowClient(mlflow_server).get_run((run_dir / "mlflow_run_id").read_text().strip()).data.params
+    assert params["model.optim.name"] == name
+    halves = {k.rsplit(".", 1)[1] for k in params if k.startswith("model.optim.split.")}
+    assert halves == ({"muon", "adamw"} if name == "muon" else {"orthoadam"})
+
+
+def test_muon_under_deepspeed_is_refused_in_one_line(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
+    run_dir = tmp_path / "refused"
+    args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--model.optim.name", "muon"]
+    assert fit_in_process([*args, "--trainer.strategy", "deepspeed_stage_2"], monkeypatch, mlflow_server) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sinklab fit:")]
+    assert len(err) == 1 and "model.optim.name=muon: DeepSpeed ZeRO" in err[0] and "ddp or fsdp2" in err[0]
+    assert not run_dir.exists()

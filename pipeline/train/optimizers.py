@@ -1,0 +1,195 @@
+"""The optimisers beyond torch's AdamW and SGD: Muon (with AdamW beside it) and OrthoAdam.
+
+``MuonAdamW``: torch.optim.Muon on the 2-D hidden matrices (every ``nn.Linear`` weight inside the
+blocks), torch.optim.AdamW on the rest (embeddings, LM head, norms, biases, sink parameters), as
+one optimizer, which is what Lightning's automatic optimisation steps and checkpoints.
+
+``OrthoAdam`` (Kaul et al., ICLR 2025): AdamW whose moments live in a fixed random orthogonal
+basis per parameter. A parameter viewed as ``[m, n]`` has its gradient rotated to ``L G Rᵀ`` (L,
+R random orthogonal, block-diagonal with blocks of at most ``block`` rows where a dimension is
+larger; L ⊗ R is orthogonal on the flattened tensor), the Adam direction is formed there and
+rotated back. The matrices are re-derived from ``seed`` and the parameter's index, never stored,
+so a resume rebuilds the same ones. With identity matrices the arithmetic is torch's
+single-tensor AdamW, bit for bit. Under FSDP2 the rotations act on gathered tensors and the
+moments stay sharded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def muon_split(model: nn.Module) -> tuple[list[str], list[str]]:
+    """Names of the parameters Muon updates (``nn.Linear`` weights inside ``model.blocks``) and of
+    the rest, which AdamW updates."""
+    hidden = {
+        id(module.weight)
+        for module in getattr(model, "blocks", nn.ModuleList()).modules()
+        if isinstance(module, nn.Linear)
+    }
+    muon, rest = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (muon if id(p) in hidden else rest).append(name)
+    return muon, rest
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """One optimizer over ``muon_groups`` (torch.optim.Muon) and ``adamw_groups`` (torch.optim.AdamW):
+    the group dicts and the state are shared with the two inner optimizers, so an lr scheduler and
+    ``state_dict``/``load_state_dict`` see every group, marked ``muon: True`` or ``False``."""
+
+    def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict, adamw: dict):
+        for group in muon_groups:
+            group["muon"] = True
+        for group in adamw_groups:
+            group["muon"] = False
+        self._muon = torch.optim.Muon(muon_groups, **muon)
+        self._adamw = torch.optim.AdamW(adamw_groups, **adamw)
+        super().__init__(muon_groups + adamw_groups, {})
+        self._link()
+
+    def _link(self) -> None:
+        self._muon.param_groups = [g for g in self.param_groups if g["muon"]]
+        self._adamw.param_groups = [g for g in self.param_groups if not g["muon"]]
+        self._muon.state = self._adamw.state = self.state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._link()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._muon.step()
+        self._adamw.step()
+        return loss
+
+
+def random_orthogonal(n: int, generator: torch.Generator) -> Tensor:
+    """A Haar-random orthogonal ``[n, n]`` matrix (QR of a Gaussian, signs fixed by R's diagonal)."""
+    q, r = torch.linalg.qr(torch.randn(n, n, generator=generator, dtype=torch.float64))
+    return (q * torch.sign(torch.diagonal(r))).float()
+
+
+def _blocks(n: int, block: int) -> list[int]:
+    """``n`` split into the fewest near-equal blocks of at most ``block``."""
+    count = math.ceil(n / block)
+    return [n // count + (i < n % count) for i in range(count)]
+
+
+class _Rotation:
+    """Block-diagonal orthogonal matrices for the rows (``left``) and columns (``right``) of a
+    parameter viewed as ``[m, n]``; a dimension of size 1 is not rotated."""
+
+    def __init__(self, shape: torch.Size, block: int, generator: torch.Generator | None, device: torch.device):
+        m = shape[0] if len(shape) > 1 else 1
+        n = math.prod(shape) // m
+
+        def side(size: int) -> list[Tensor]:
+            if size == 1:
+                return []
+            if generator is None:
+                return [torch.eye(b, device=device) for b in _blocks(size, block)]
+            return [random_orthogonal(b, generator).to(device) for b in _blocks(size, block)]
+
+        self.shape, self.left, self.right = (m, n), side(m), side(n)
+
+    def _apply(self, x: Tensor, back: bool) -> Tensor:
+        x = x.reshape(self.shape)
+        if self.left:
+            mats = [q.T if back else q for q in self.left]
+            x = torch.cat([q @ part for q, part in zip(mats, x.split([q.shape[0] for q in mats]))])
+        if self.right:
+            mats = [q if back else q.T for q in self.right]
+            x = torch.cat([part @ q for q, part in zip(mats, x.split([q.shape[0] for q in mats], dim=1))], dim=1)
+        return x
+
+    def forward(self, x: Tensor) -> Tensor:
+        """L x Rᵀ, in x's shape."""
+        return self._apply(x, back=False).reshape(x.shape)
+
+    def back(self, x: Tensor) -> Tensor:
+        """Lᵀ x R, in x's shape."""
+        return self._apply(x, back=True).reshape(x.shape)
+
+
+def _full(x: Tensor) -> Tensor:
+    """The whole tensor of a DTensor (an all-gather), the tensor itself otherwise."""
+    return x.full_tensor() if hasattr(x, "full_tensor") else x
+
+
+def _placed_like(full: Tensor, ref: Tensor) -> Tensor:
+    """``full`` (the same on every rank) sharded as ``ref`` is, where ``ref`` is a DTensor."""
+    if not hasattr(ref, "device_mesh"):
+        return full
+    from torch.distributed.tensor import DTensor, Replicate
+
+    mesh = ref.device_mesh
+    return DTensor.from_local(full, mesh, [Replicate()] * mesh.ndim, run_check=False).redistribute(mesh, ref.placements)
+
+
+class OrthoAdam(torch.optim.Optimizer):
+    """AdamW (decoupled weight decay) in a fixed random orthogonal basis per parameter (module
+    docstring). ``seed``: the matrices' seed; ``block``: the largest rotated block; ``identity``:
+    identity matrices (AdamW exactly; for tests)."""
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        seed: int = 0,
+        block: int = 1024,
+        identity: bool = False,
+    ):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        self.seed, self.block, self.identity = seed, block, identity
+        self._rotations: dict[Tensor, _Rotation] = {}
+
+    def _rotation(self, index: int, p: Tensor) -> _Rotation:
+        if p not in self._rotations:
+            generator = None if self.identity else torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+            self._rotations[p] = _Rotation(p.shape, self.block, generator, p.device)
+        return self._rotations[p]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        index = -1
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                index += 1  # the parameter's place in the optimizer, stable across resumes
+                if p.grad is None:
+                    continue
+                rotation = self._rotation(index, p)
+                grad = _placed_like(rotation.forward(_full(p.grad)), p)
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(grad)
+                    state["exp_avg_sq"] = torch.zeros_like(grad)
+                exp_avg, exp_avg_sq, step_t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+                # torch's single-tensor AdamW, operation for operation
+                step_t += 1
+                p.mul_(1 - lr * wd)
+                exp_avg.lerp_(grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                step = step_t.item()
+                step_size = lr / (1 - beta1**step)
+                denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
+                update = (exp_avg * -step_size) / denom  # addcdiv_'s order: (value * t1) / t2
+                p.add_(_placed_like(rotation.back(_full(update)), p))
+        return loss
