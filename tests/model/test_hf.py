@@ -164,3 +164,36 @@ def test_an_earlier_export_is_replaced_and_a_garbage_checkpoint_refused_in_one_l
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "garbage.ckpt: not a readable checkpoint" in err[0]
     assert not (tmp_path / "hf2").exists()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c: c["attention"].update(op="ssmax_v9"), "model.attention.op='ssmax_v9': allowed values are"),
+        (lambda c: c.update(arch_from_the_future=1), "unknown field model.arch_from_the_future"),
+    ],
+)
+def test_a_checkpoint_too_new_for_this_code_is_refused_in_one_line(tmp_path, capsys, change, message):
+    ckpt = save_pretrained(_model(), tmp_path / "ckpt")
+    config = json.loads((ckpt / "sinklab_config.json").read_text())
+    change(config)
+    (ckpt / "sinklab_config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main([str(ckpt), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and not (tmp_path / "hf").exists()
+
+
+def test_an_export_of_a_newer_format_is_refused_in_one_line(tmp_path):
+    from pipeline.model import load_pretrained
+    from pipeline.model.hf_modeling import SinkLabConfig
+
+    save_pretrained(_model(sink_tokens=1), tmp_path / "ckpt")
+    assert main([str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")]) == 0
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert load_pretrained(tmp_path / "hf").config.sink_tokens == 1  # SinkLab reads its own export
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "sinklab_format": 2}))
+    with pytest.raises(ValueError, match="sinklab_format=2, this SinkLab reads format 1 at most"):
+        load_pretrained(tmp_path / "hf")
+    with pytest.raises(ValueError, match="sinklab_format=2, but this code reads format 1 at most"):
+        SinkLabConfig.from_pretrained(tmp_path / "hf")
