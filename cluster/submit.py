@@ -222,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             spec.sinklab = args.sinklab
         if os.environ.get("MLFLOW_TRACKING_URI"):
             spec.environment["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
+        check_run_dir(run_dir)  # --dry-run refuses what the real submit refuses
         if args.dry_run:
             print(render_job(config, run_dir, spec), end="")
             return 0

@@ -67,11 +67,25 @@ def have_versions(path: Path | None) -> dict[str, str]:
     """``pip freeze`` of the node as {name: version}, local labels (+cu130) dropped."""
     if path is None:
         return {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise WheelhouseError(
+            f"--have {path}: cannot be read ({getattr(err, 'strerror', None) or err}); give the output of "
+            "`pip freeze` on the node (pip freeze > freeze.txt)"
+        ) from None
     pins = {}
-    for line in path.read_text().splitlines():
-        match = re.match(r"^([A-Za-z0-9][\w.-]*)==([^+\s;]+)", line.strip())
-        if match:
-            pins[normalise(match.group(1))] = match.group(2)
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text or text.startswith(("#", "-e ", "--")) or re.match(r"^[A-Za-z0-9][\w.-]*(\[[^]]*\])? @ ", text):
+            continue  # comments, editable and direct-URL installs: nothing a wheel of the index replaces
+        match = re.fullmatch(r"([A-Za-z0-9][\w.-]*)==([^+\s;]+)(\+\S*)?(\s*;.*)?", text)
+        if not match:
+            raise WheelhouseError(
+                f"--have {path} line {number}: {text[:60]!r} is not a `pip freeze` line (name==version); "
+                "give the output of `pip freeze` on the node"
+            )
+        pins[normalise(match.group(1))] = match.group(2)
     return pins
 
 
@@ -201,6 +215,7 @@ def build(
     deepspeed: str | None = None,
 ) -> list[Path]:
     """Fill ``out``; returns the wheels the target needs (``out`` may hold others from before)."""
+    node = have_versions(have)  # before anything is written: a bad --have file is refused
     out.mkdir(parents=True, exist_ok=True)
     target = [
         "--only-binary=:all:",
@@ -211,7 +226,6 @@ def build(
         "cp",
     ]
     reqs = requirements(only, list(extras))
-    node = have_versions(have)
     if any(name(r) == "deepspeed" for r in reqs):
         version = deepspeed or installed_version("deepspeed")
         if not any(out.glob(f"deepspeed-{version}-py3-none-any.whl")):

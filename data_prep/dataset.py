@@ -85,6 +85,10 @@ class Manifest:
         return np.dtype(self.dtype)
 
     @property
+    def tokenizer_sha256(self) -> str | None:
+        return (self.raw.get("tokenizer") or {}).get("sha256")
+
+    @property
     def trigger_ids(self) -> list[int] | None:
         """The trigger ids of a Bigram-Backcopy dataset (data_prep.synthetic_bb); None for others."""
         ids = (self.raw.get("synthetic") or {}).get("trigger_ids")
@@ -104,8 +108,10 @@ def load_manifest(path: str | Path) -> Manifest:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DatasetError(f"{file}: no manifest; prepare the dataset first with `sinklab prep`") from None
-    except json.JSONDecodeError as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DatasetError(f"{file}: not valid JSON ({exc}); re-run `sinklab prep`") from None
+    if not isinstance(raw, dict):
+        raise DatasetError(f"{file}: holds no JSON object (a {type(raw).__name__}); re-run `sinklab prep`")
     if raw.get("format") != FORMAT_NAME or raw.get("format_version") != FORMAT_VERSION:
         raise DatasetError(
             f"{file}: format {raw.get('format')!r} version {raw.get('format_version')!r}; "
@@ -115,7 +121,7 @@ def load_manifest(path: str | Path) -> Manifest:
         raise DatasetError(f"{file}: field 'hash' does not match the manifest content; the file was edited")
     try:
         return _manifest_from_raw(root, raw)
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DatasetError(f"{file}: missing or malformed field {exc}") from None
 
 

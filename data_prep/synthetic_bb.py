@@ -77,6 +77,11 @@ class BBConfig:
             ),
             (self.probe_length >= 3, f"--probe-length {self.probe_length}: must be at least 3"),
             (
+                self.probe_length <= self.context_length,
+                f"--probe-length {self.probe_length}: longer than --context-length {self.context_length}, which a "
+                f"model trained on it cannot read; use at most {self.context_length}",
+            ),
+            (
                 min(self.sequences, self.val_sequences, self.probe_sequences) >= 1,
                 "--sequences, --val-sequences and --probe-sequences must be positive",
             ),

@@ -101,16 +101,24 @@ def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> 
         raise DataPrepError(
             f"{ref}: no tokenizer.json there; --tokenizer takes a tokenizer.json file or a local HF tokenizer directory"
         )
-    json_text = file.read_text(encoding="utf-8")
     try:
+        json_text = file.read_text(encoding="utf-8")
         tokenizer = Tokenizer.from_str(json_text)
-    except Exception as exc:
-        raise DataPrepError(f"{file}: not a valid HF tokenizers file ({exc})") from None
+    except Exception as exc:  # not UTF-8 text, not JSON, not a tokenizer: the library's errors differ
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise DataPrepError(
+            f"{file}: not a valid HF tokenizers file ({first}); give a tokenizer.json saved by `tokenizers`"
+        ) from None
     names: dict[str, str | None] = {}
     for config_name in ("special_tokens_map.json", "tokenizer_config.json"):
         config_file = file.parent / config_name
         if config_file.is_file():
-            config = json.loads(config_file.read_text(encoding="utf-8"))
+            try:
+                config = json.loads(config_file.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise DataPrepError(f"{config_file}: not valid JSON ({exc}); fix or remove it") from None
+            if not isinstance(config, dict):
+                raise DataPrepError(f"{config_file}: holds no JSON object; fix or remove it")
             for role in ("bos", "eos", "pad"):
                 names.setdefault(role, _config_token(config.get(f"{role}_token")))
     for role, value in (overrides or {}).items():

@@ -124,3 +124,30 @@ def held_out_stream(dataset: Path, max_tokens: int, command: str = "stream-ppl")
             break
         ids += split[i].tolist()
     return ids[:max_tokens]
+
+
+def check_dataset_tokenizer(subject, path: Path) -> None:
+    """Refuse a SinkLab model analysed on the probe set of a dataset of another tokenizer: its
+    vocabulary size differs, or the checkpoint's recorded tokenizer hash (``sinklab fit``) does."""
+    from data_prep.dataset import DatasetError, load_manifest
+
+    if subject.kind != "sinklab":
+        return
+    try:
+        manifest = load_manifest(path)
+    except DatasetError as error:
+        raise SystemExit(f"sinklab analyze: --dataset {path}: {error}") from None
+    trained = None
+    if Path(subject.source).is_file() and Path(subject.source).suffix == ".ckpt":
+        blob = torch.load(subject.source, map_location="cpu", mmap=True, weights_only=False)
+        trained = (blob.get("hyper_parameters") or {}).get("tokenizer_sha256")
+    if manifest.vocab_size != subject.vocab_size or (trained and trained != manifest.tokenizer_sha256):
+        what = (
+            f"a vocabulary of {manifest.vocab_size} ids, the model's has {subject.vocab_size}"
+            if manifest.vocab_size != subject.vocab_size
+            else f"tokenizer sha256 {str(manifest.tokenizer_sha256)[:12]}, the model was trained with {trained[:12]}"
+        )
+        raise SystemExit(
+            f"sinklab analyze: --dataset {path}: its tokenizer is not the model's ({what}); give the dataset the "
+            "model was trained on (or one prepared with its tokenizer)"
+        )

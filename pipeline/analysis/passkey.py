@@ -36,8 +36,9 @@ from pipeline.analysis.streaming import (
     streamer_for,
 )
 from pipeline.plots import passkey_heatmap
-from sinklab_io.atomic import atomic_write
+from sinklab_io.outputs import NotOurs, claim, write_output
 
+BY = "sinklab passkey"
 INSTRUCTION = (
     "Below, one line among many repeated ones holds a secret number. "
     "Read everything, remember the number, and give it when asked."
@@ -267,9 +268,8 @@ def cache_configs(specs: list[CacheSpec], full: bool, subject, trials: list[Tria
 def write_outputs(
     out: Path, name: str, subject, table: dict, results: list[dict], settings: dict, seconds: float
 ) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "passkey.md", markdown(name, table, settings["tokens"], settings["keys"]) + "\n")
-    atomic_write(out / "passkey.csv", csv_text(results))
+    write_output(out / "passkey.md", markdown(name, table, settings["tokens"], settings["keys"]) + "\n", BY)
+    write_output(out / "passkey.csv", csv_text(results), BY)
     accuracy_by_depth = {cache: {str(d): cell for d, cell in row.items()} for cache, row in table.items()}
     record = {
         "model": name,
@@ -279,7 +279,7 @@ def write_outputs(
         "accuracy": accuracy_by_depth,
         "trials": results,
     }
-    atomic_write(out / "passkey.json", json.dumps(record, indent=2))
+    write_output(out / "passkey.json", json.dumps(record, indent=2), BY)
     return passkey_heatmap(table, out / "passkey.png", title=f"passkey retrieval, {name}, {settings['tokens']} tokens")
 
 
@@ -291,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     depths = parse_depths(args.depths)
     if args.keys < 1 or not 1 <= args.digits <= 18:
         raise SystemExit("sinklab passkey: --keys must be >= 1 and --digits in 1..18")
+    out = args.out or Path("analysis") / "passkey" / model_name(args.model)
+    try:
+        claim(out, ("passkey.md", "passkey.csv", "passkey.json", "passkey.png"))
+    except NotOurs as error:
+        raise SystemExit(f"sinklab passkey: {error}") from None
     subject = Subject(args.model, args.kind, args.tokenizer, "passkey")
     if subject.tokenizer is None:
         raise SystemExit(
@@ -314,7 +319,6 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "bos": bos is not None,
     }
-    out = args.out or Path("analysis") / "passkey" / name
     figure = write_outputs(out, name, subject, table, results, settings, seconds)
     print(markdown(name, table, settings["tokens"], args.keys))
     print(f"wrote {out}/passkey.md, passkey.csv, passkey.json, passkey.png ({seconds} s)", file=sys.stderr)

@@ -22,7 +22,7 @@ from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.streaming import perplexity
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
-from sinklab_io.atomic import atomic_write
+from sinklab_io.outputs import NotOurs, claim, write_output
 
 DEFAULT_SETTINGS = tuple(SETTINGS)
 RECOVERY_MIN_GAP_PCT = 1.0  # below this a setting's gap is noise: no recovery share is given
@@ -185,7 +185,7 @@ def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.analysis.subject import Subject
+    from pipeline.analysis.subject import Subject, model_name
 
     args = build_parser().parse_args(argv)
     parse_settings(args.settings)
@@ -193,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("sinklab quant-eval: give --text or --dataset, not both")
     if args.seq_len < 3 or args.batch_size < 1:
         raise SystemExit("sinklab quant-eval: --seq-len must be >= 3 and --batch-size >= 1")
+    try:
+        claim(args.out or Path("analysis") / model_name(args.model) / "quant", ("quant_eval.md", "quant_eval.json"))
+    except NotOurs as error:
+        raise SystemExit(f"sinklab quant-eval: {error}") from None
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
     record = run(Subject(args.model, args.kind, tokenizer, "quant-eval"), args)
     print(record["table"])
@@ -245,13 +249,11 @@ def run(subject, args) -> dict:
         "outliers": report.to_json() if report is not None else None,
     }
     record["table"] = markdown(record)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "quant_eval.md", record["table"] + "\n")
-    write_json = lambda: atomic_write(
+    write_output(out / "quant_eval.md", record["table"] + "\n", "sinklab quant-eval")
+    write_json = lambda: write_output(  # noqa: E731
         out / "quant_eval.json",
-        json.dumps(  # noqa: E731
-            {k: v for k, v in record.items() if k != "table"}, indent=2
-        ),
+        json.dumps({k: v for k, v in record.items() if k != "table"}, indent=2),
+        "sinklab quant-eval",
     )
     write_json()
     if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/

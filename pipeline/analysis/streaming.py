@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from pipeline import metric_names as N
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 from pipeline.model.cache import eviction_index, gather_entries
-from sinklab_io.atomic import atomic_write
+from sinklab_io.outputs import NotOurs, claim_file, write_output
 
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
 PREFILL_TOKENS = 2048  # rows x tokens per forward while the cache fills: bounds the logits' memory
@@ -346,10 +346,21 @@ def main(argv: list[str] | None = None) -> int:
     specs = parse_caches(args.cache, "stream-ppl")
     if args.max_tokens < 2:
         raise SystemExit("sinklab stream-ppl: --max-tokens must be >= 2")
+    if args.out is not None:
+        try:
+            claim_file(args.out, "sinklab stream-ppl: --out")
+        except NotOurs as error:
+            raise SystemExit(str(error)) from None
     streamer, ids, subject = load_subject(args)
     ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long, device=next(subject.model.parameters()).device)
     if ids.numel() < 2:
         raise SystemExit("sinklab stream-ppl: the text has fewer than 2 tokens")
+    if unfilled := [str(spec) for spec in specs if spec.n_initial + spec.n_recent >= ids.numel()]:
+        raise SystemExit(
+            f"sinklab stream-ppl: the text has {ids.numel()} tokens, which fit whole in cache {', '.join(unfilled)}: "
+            "nothing would be evicted, so that is no streaming perplexity; give a longer --text (or --max-tokens) "
+            "or a smaller --cache"
+        )
     check_positions(
         subject,
         {spec: str(spec) for spec in specs} | ({CacheSpec(0, ids.numel()): "full"} if args.full else {}),
@@ -375,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         log_to_run(subject, results, {"text": text, "tokens": ids.numel(), "bos_first": first_is_bos})
         print(f"logged to MLflow run {subject.run_id} as stream/ppl_<x>_<y>", file=sys.stderr)
     if args.out:
-        atomic_write(
+        write_output(
             args.out,
             json.dumps(
                 {
@@ -388,5 +399,6 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 indent=2,
             ),
+            "sinklab stream-ppl",
         )
     return 0

@@ -21,9 +21,11 @@ from pathlib import Path
 from pipeline import metrics, plots
 from pipeline.analysis.analyze import INPUT_KINDS, probe_sets, write_json
 from pipeline.analysis.subject import Subject, model_name
-from sinklab_io.atomic import atomic_write
+from sinklab_io.outputs import NotOurs, claim, write_output
 
 DEFAULT_SWEEP = "0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
+BY = "sinklab survey"
+OUTPUTS = ("survey.md", "survey.csv", "sweep.csv", "survey.png", "survey.json")  # what it writes into --out
 BOS_MODES = {"no": False, "yes": True}
 
 
@@ -262,26 +264,29 @@ def main(argv: list[str] | None = None) -> int:
     if any(not 0.0 <= e < 1.0 for e in sweep):
         raise SystemExit(f"sinklab survey: --eps/--eps-sweep {sweep}: every ε must lie in [0, 1)")
     args.positions = 1  # only Sink_1 is surveyed
+    try:
+        claim(args.out, OUTPUTS)
+    except NotOurs as error:
+        raise SystemExit(f"sinklab survey: {error}") from None
     records = []
     for spec in args.models:
         records.append(survey_model(spec, args, sweep))
         print(f"{records[-1]['model']}: {records[-1]['seconds']}", flush=True)
     columns = [column(k, b) for b in args.bos_modes for k in args.inputs_list]
     rows = table_rows(records, columns)
-    args.out.mkdir(parents=True, exist_ok=True)
     table = markdown(rows, columns, args)
-    atomic_write(args.out / "survey.md", table + "\n")
-    atomic_write(args.out / "survey.csv", csv_text(rows))
-    atomic_write(args.out / "sweep.csv", csv_text(sweep_rows(records, sweep)))
+    write_output(args.out / "survey.md", table + "\n", BY)
+    write_output(args.out / "survey.csv", csv_text(rows), BY)
+    write_output(args.out / "sweep.csv", csv_text(sweep_rows(records, sweep)), BY)
     draw(records, columns, sweep, args)
     settings = json.loads(json.dumps(vars(args), default=str))
     record = {"settings": settings, "eps_sweep": sweep, "table": rows, "models": records}
-    write_json(record, args.out / "survey.json")
+    write_json(record, args.out / "survey.json", BY)
     if not args.no_mlflow:
         from pipeline.tracking import tracking_uri
 
         record["mlflow_run_id"] = log_run(args.mlflow_uri or tracking_uri(), args, records, rows, sweep)
-        write_json(record, args.out / "survey.json")
+        write_json(record, args.out / "survey.json", BY)
     print(table)
     print(
         f"wrote {args.out}/survey.md, survey.csv, sweep.csv, survey.png"

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from .consolidate import merge_zero_checkpoint
 from .integrity import NonFiniteLossError, checkpoint_problem, nonfinite_state
-from .resume import check_resume, resume_path
+from .resume import check_resume, resume_path, start_over
 from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, checkpoint_name, release_lock
-from .step import StepCheckpoint, at_step_end
+from .step import BesideTargetIO, StepCheckpoint, at_step_end
 
 __all__ = [
+    "BesideTargetIO",
     "CKPT_RE",
     "NonFiniteLossError",
     "RunDir",
@@ -27,4 +28,5 @@ __all__ = [
     "nonfinite_state",
     "release_lock",
     "resume_path",
+    "start_over",
 ]

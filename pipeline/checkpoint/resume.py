@@ -22,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from sinklab_io.mappings import flatten
 
 from .integrity import checkpoint_problem, model_states_file
-from .rundir import RunDir, RunDirError
+from .rundir import CKPT_RE, RunDir, RunDirError
 
 # how a run is carried out, not what it is: a resume may change these optimiser fields
 FREE_OPTIM_FIELDS = ("fused",)
@@ -94,9 +94,30 @@ def resume_path(run: RunDir, resume: str | None) -> str | None:
     return resume
 
 
+def start_over(run: RunDir) -> str | None:
+    """Rank 0, once the start is checked: --resume auto passed over every checkpoint, so the run
+    begins again at step 0, saying so, with what it recorded set aside (``RunDir.set_aside``).
+    Returns the MLflow run id it had (a new MLflow run is opened: no second history in one record)."""
+    previous = run.mlflow_run_id()
+    aside = run.set_aside()
+    print(
+        f"sinklab fit: no checkpoint of {run.root} can be resumed (each is named above): starting over from "
+        f"step 0; what the run recorded so far is kept in {aside}"
+        + (", and a new MLflow run is opened" if previous else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    return previous
+
+
 def _intact(path: Path) -> bool:
-    """For --resume auto: a damaged checkpoint is passed over, with a warning that names it."""
+    """For --resume auto: a damaged checkpoint, or one whose stored step is not the step its name
+    says (a file copied in from another run), is passed over with a warning that names it."""
     problem = checkpoint_problem(path)
+    if problem is None and (named := int(CKPT_RE.match(path.name).group(1))) != (
+        stored := checkpoint_meta(path)["global_step"]
+    ):
+        problem = f"it holds step {stored}, not step {named} as its name says (copied in from another run?)"
     if problem and rank_zero_only.rank == 0:
         print(f"sinklab fit: warning: passing over {path}: {problem}", file=sys.stderr, flush=True)
     return problem is None

@@ -5,6 +5,7 @@ runs/<name>/
   config.yaml        resolved config of the first start (later starts write config.<n>.yaml if it changed)
   checkpoints/       step-000100.ckpt ...  (files, or directories under DeepSpeed)
   mlflow_run_id      the one MLflow run of this job, continued after every resume
+  restart-N/         what a start over (every checkpoint damaged) set aside
   metrics.jsonl      every logged metric, written locally whatever MLflow does
   lock               pid / host / SLURM job id of the job that owns the directory
 ```
@@ -98,6 +99,17 @@ class RunDir:
 
     def save_mlflow_run_id(self, run_id: str) -> None:
         atomic_write(self.root / "mlflow_run_id", run_id + "\n")
+
+    def set_aside(self) -> Path:
+        """Move what the run recorded so far (checkpoints, metrics.jsonl, the MLflow run id) into
+        ``restart-N/``, so that a start over from step 0 writes no second history over it."""
+        n = 1 + sum(1 for _ in self.root.glob("restart-*"))
+        aside = self.root / f"restart-{n}"
+        aside.mkdir()
+        for name in ("checkpoints", "metrics.jsonl", "mlflow_sent", "mlflow_run_id"):
+            if (self.root / name).exists():
+                os.replace(self.root / name, aside / name)
+        return aside
 
     # ---- resolved config ---------------------------------------------------------------------
     def save_config(self, text: str) -> Path:

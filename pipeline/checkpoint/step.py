@@ -6,12 +6,49 @@ import os
 from pathlib import Path
 
 import lightning as L
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
-from sinklab_io.atomic import remove
+from sinklab_io.atomic import atomic_path, remove
 
 from .integrity import NonFiniteLossError, nonfinite_state
 from .rundir import RunDir, checkpoint_name
+
+
+class BesideTargetIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, but written beside its target and renamed: Lightning's own
+    goes through an fsspec transaction that stages the whole file under $TMPDIR (often small on a
+    compute node) and holds a second copy of it in memory."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError("storage_options is not supported when writing a local checkpoint")
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            sink = _Writes(f)
+            try:
+                torch.save(checkpoint, sink)
+            except RuntimeError:  # torch's writer turns a failed write (a full disk) into its own error
+                if sink.error is None:
+                    raise
+                raise OSError(sink.error.errno, sink.error.strerror) from None  # no temporary name in it
+
+
+class _Writes:
+    """A file's ``write`` that keeps the operating-system error torch's writer would hide."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def at_step_end(trainer: L.Trainer, batch_idx: int) -> bool:

@@ -38,8 +38,9 @@ from pipeline.experiments.report_names import (
 )
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 from pipeline.experiments.stats import Spread, spread
-from sinklab_io.atomic import atomic_write
+from sinklab_io.outputs import NotOurs, claim, write_output
 
+BY = "sinklab report"
 MISSING = "—"
 
 
@@ -103,6 +104,10 @@ def fmt_spread(s: Spread, digits: int = 2) -> str:
     return f"{fmt(s.mean, digits)} [{fmt(s.lo, digits)}, {fmt(s.hi, digits)}]"
 
 
+def alpha1_is_a_column(experiment: Experiment) -> bool:
+    return any(c.metric == ALPHA1 for c in experiment.columns)
+
+
 def spread_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
     """Every metric per variant over its seeds: n, mean, std, the 95% t-interval and the values."""
     lines = [
@@ -112,7 +117,8 @@ def spread_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
         "| variant | metric | n | mean | std | 95% interval | seeds |",
         "|---|---|---:|---:|---:|---:|---|",
     ]
-    columns = [(c.label, c.digits, i) for i, c in enumerate(experiment.columns)] + [("mean alpha_1", 3, None)]
+    columns = [(c.label, c.digits, i) for i, c in enumerate(experiment.columns)]
+    columns += [] if alpha1_is_a_column(experiment) else [("mean alpha_1", 3, None)]
     for row in rows:
         for label, digits, i in columns:
             s = row.alpha1 if i is None else row.measured[i]
@@ -130,19 +136,20 @@ def spread_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
 
 
 def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
-    labels = [r.label for r in rows]
+    names = [r.variant for r in rows]
     found = [
-        (c.label, stats.ordering(labels, [r.measured[i] for r in rows], c.digits))
+        (c.label, stats.ordering(names, [r.measured[i] for r in rows], c.digits))
         for i, c in enumerate(experiment.columns)
     ]
-    found.append(("mean alpha_1", stats.ordering(labels, [r.alpha1 for r in rows], 3)))
+    if not alpha1_is_a_column(experiment):
+        found.append(("mean alpha_1", stats.ordering(names, [r.alpha1 for r in rows], 3)))
     found = [(label, text) for label, text in found if text]
     if not found:
         return []
     return [
         "",
-        "Orderings over seeds (highest mean first; `>`: the two 95% intervals are disjoint, `≈`: they overlap, "
-        "so that ordering is within the noise):",
+        "Orderings over seeds: the variants by mean, then the pairs whose 95% intervals are disjoint (`a > b`); "
+        "every other pair is within the noise:",
         "",
     ] + [f"- {label}: {text}" for label, text in found]
 
@@ -210,7 +217,7 @@ def to_markdown(
     done = sum(r.status != "missing" and "finished" in r.status for r in rows)
     lines += [
         "",
-        f"{done} of {len(rows)} variants have finished runs. Ours: the mean over seeds and its 95% t-interval "
+        f"Finished runs for {done} of {len(rows)} variants. Ours: the mean over seeds and its 95% t-interval "
         f"[low, high] (one seed: the value alone); {MISSING} = no value (paper: not published; ours: not run or "
         "not logged). Emergence: the first probe step above the threshold, median (range) over the seeds, and how "
         "many emerged; a run that never did counts as later than every step.",
@@ -276,14 +283,19 @@ def main(argv: list[str] | None = None) -> int:
     except ExperimentError as error:
         print(f"sinklab report: {error}", file=sys.stderr)
         return 2
+    out = args.out or Path("runs") / experiment.name / args.scale / "report"
+    try:
+        claim(out, ["report.md", "report.json", *([f"{experiment.name}-{args.scale}.png"] if args.plot else [])])
+    except NotOurs as error:
+        print(f"sinklab report: {error}", file=sys.stderr)
+        return 2
     mlflow = tracking.client()
     records = tracking.variant_runs(mlflow, experiment.mlflow_experiment, args.scale)
     rows = build_rows(experiment, records, args.scale)
     markdown = to_markdown(experiment, args.scale, rows, memorising_notes(rows, mlflow), steps_run(rows, mlflow))
-    out = args.out or Path("runs") / experiment.name / args.scale / "report"
     files = [
-        atomic_write(out / "report.md", markdown),
-        atomic_write(out / "report.json", to_json(experiment, args.scale, rows)),
+        write_output(out / "report.md", markdown, BY),
+        write_output(out / "report.json", to_json(experiment, args.scale, rows), BY),
     ]
     if args.plot:
         from pipeline.experiments.report_plot import plot

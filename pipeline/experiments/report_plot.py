@@ -11,7 +11,7 @@ from pipeline.experiments.agreement import agreement, fmt_corr
 from pipeline.experiments.report_names import ALPHA1_KEY, EMERGED, SINK1
 from pipeline.experiments.spec import Experiment
 from pipeline.experiments.stats import Spread, spread
-from sinklab_io.atomic import atomic_path
+from sinklab_io.outputs import output_path
 
 MISSING = "—"
 
@@ -115,7 +115,7 @@ def plot(experiment: Experiment, rows, mlflow, path: Path) -> Path | None:
     ax.set_ylabel(next((c.label for c in experiment.columns if c.metric == spec.metric), spec.metric))
     ax.set_title(spec.title, fontsize=10)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
+    with output_path(path, "sinklab report") as tmp:
         fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path

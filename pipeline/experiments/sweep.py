@@ -159,14 +159,14 @@ def run_local(
     return codes
 
 
-def check_configs(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> None:
-    """Parse each config to be run with `sinklab fit`'s parser, so a typo fails here and not
-    in the middle of a job array."""
+def check_configs(experiment: Experiment, scale: str, planned: list[PlannedRun], extra: list[str] = ()) -> None:
+    """Parse each config to be run, with the arguments after ``--``, with `sinklab fit`'s parser,
+    so a typo fails here and not in the middle of a job array."""
     from pipeline.experiments.validate import check_variant
 
     for run in planned:
         if run.to_run:
-            check_variant(experiment, experiment.variant(run.variant), scale, run.seed)
+            check_variant(experiment, experiment.variant(run.variant), scale, run.seed, extra)
 
 
 def submit(
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
         print(format_plan(experiment, args.scale, planned))
         todo = [r for r in planned if r.to_run]
         if todo and not args.no_check:
-            check_configs(experiment, args.scale, planned)
+            check_configs(experiment, args.scale, planned, extra)
             print(f"checked {len(todo)} configs with the `sinklab fit` parser")
         if args.dry_run:
             for run in todo:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from sinklab_io.atomic import atomic_directory
+from sinklab_io.outputs import atomic_directory
 
 from .config import SHAPE_FIELDS, ModelConfig
 from .hf_bundle import entry_class, write_bundle

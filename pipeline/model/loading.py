@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from sinklab_io.atomic import atomic_directory
+from sinklab_io.outputs import atomic_directory
 
 from .config import EXPORT_FORMAT, ModelConfig
 from .transformer import Transformer

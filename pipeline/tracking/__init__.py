@@ -27,6 +27,8 @@ _EXPORTS = {
         "TAG_KIND",
         "TAG_MODEL_ID",
         "TAG_PARENT",
+        "TAG_PREVIOUS_RUN",
+        "TAG_RUN_DIR",
         "TAG_SCALE",
         "TAG_SEED",
         "TAG_STATUS",

@@ -26,6 +26,10 @@ TAG_MODEL_ID = "sinklab.model_id"
 # a sweep's parent run: passed to each `sinklab fit` in this environment variable, kept as MLflow's tag
 PARENT_ENV = "SINKLAB_PARENT_RUN_ID"
 TAG_PARENT = "mlflow.parentRunId"
+# where a training run's directory is (written by `sinklab fit` at every start; a copy is told by it)
+TAG_RUN_DIR = "sinklab.run_dir"
+# the MLflow run a training run's directory logged to before (a copy's original, a start over, a deleted run)
+TAG_PREVIOUS_RUN = "sinklab.previous_run"
 
 
 def tracking_uri() -> str:

@@ -33,7 +33,7 @@ from pipeline.checkpoint import RunDir
 from pipeline.model.config import ConfigError
 from sinklab_io.mappings import flatten
 
-from .contract import experiment_id, tracking_uri
+from .contract import TAG_PREVIOUS_RUN, TAG_RUN_DIR, experiment_id, tracking_uri
 from .metrics_file import MetricsFile
 from .record import notice
 from .views import mark_training_experiment, sent_to_mlflow
@@ -104,6 +104,10 @@ def open_run(
     client = MlflowClient(uri)
     run_id = run.mlflow_run_id()
     try:
+        if run_id is not None and (why := _not_this_directorys(client, run_id, run)):
+            notice(f"{why}; this start logs to a new MLflow run (its tag {TAG_PREVIOUS_RUN} names {run_id})")
+            tags = {**tags, TAG_PREVIOUS_RUN: run_id}
+            run_id = None
         if run_id is None:
             exp_id = experiment_id(client, experiment)
             created = client.create_run(exp_id, run_name=run_name, tags=tags)
@@ -127,6 +131,26 @@ def open_run(
             f"training goes on, metrics are kept in {run.metrics_path}"
         )
     return run_id
+
+
+def _not_this_directorys(client, run_id: str, run: RunDir) -> str | None:
+    """Why the MLflow run named in the run directory must not be continued from it, or None: the
+    run was deleted (in the MLflow UI), or it belongs to another run directory that still holds
+    it (this one is a copy; a directory moved elsewhere takes its run along)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return f"MLflow run {run_id} of {run.root} no longer exists in {tracking_uri()}"
+    if found.info.lifecycle_stage == "deleted":
+        return f"MLflow run {run_id} of {run.root} was deleted (restore it in the MLflow UI to continue it instead)"
+    home = found.data.tags.get(TAG_RUN_DIR)
+    if home and Path(home) != run.root.resolve() and RunDir(Path(home)).mlflow_run_id() == run_id:
+        return f"{run.root} is a copy of {home}, whose MLflow run {run_id} is not written from here"
+    return None
 
 
 def _as_mlflow(rows: list[dict]) -> list:

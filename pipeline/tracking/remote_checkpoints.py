@@ -23,6 +23,8 @@ from pathlib import Path
 
 from pipeline.checkpoint import CKPT_RE, RunDir, RunDirError
 
+from .contract import TAG_RUN_DIR
+
 ARTIFACT_DIR = "checkpoints"
 
 
@@ -160,6 +162,7 @@ def pull_run(spec: str, run_dir: Path | None, tracking_uri: str, download: bool 
     if not (run.checkpoints / newest).exists():
         _download(client, run_id, f"{ARTIFACT_DIR}/{newest}", run.checkpoints / newest)
     run.save_mlflow_run_id(run_id)
+    client.set_tag(run_id, TAG_RUN_DIR, str(run.root.resolve()))  # the run continues from here now, not as a copy
     return run.root
 
 

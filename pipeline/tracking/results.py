@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+from sinklab_io.outputs import written
+
 from .contract import experiment_id
 
 
@@ -32,7 +34,8 @@ def log_results(
         tags=[RunTag(k, json.dumps(v, sort_keys=True)[:5000]) for k, v in tags.items()],
     )
     if out is not None and Path(out).is_dir():
-        client.log_artifacts(run_id, str(out), artifact_path=artifact_path)
+        for path in written(out):  # what the command wrote there, not whatever else the folder holds
+            client.log_artifact(run_id, str(path), artifact_path=artifact_path)
     elif out is not None:
         client.log_artifact(run_id, str(out), artifact_path)
     return run_id
@@ -50,7 +53,7 @@ def log_new_run(
 ) -> str:
     """An analysis as a run of its own in ``experiment`` (created where missing): ``tags``,
     ``params``, ``metrics`` (step 0), ``curves`` as (key, value, step) points, and the output
-    directory ``out`` as its artifacts. Returns the new run's id."""
+    directory ``out`` (what sinklab wrote there) as its artifacts. Returns the new run's id."""
     import mlflow
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
@@ -64,5 +67,6 @@ def log_new_run(
         if curves:
             now = int(time.time() * 1000)
             MlflowClient(uri).log_batch(run.info.run_id, metrics=[Metric(k, v, now, step) for k, v, step in curves])
-        mlflow.log_artifacts(str(out))
+        for path in written(out):
+            mlflow.log_artifact(str(path))
         return run.info.run_id

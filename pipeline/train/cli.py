@@ -35,6 +35,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from data_prep.dataset import DatasetError
 from data_prep.errors import os_error_line
 from pipeline.checkpoint import (
+    BesideTargetIO,
     NonFiniteLossError,
     RunDir,
     RunDirError,
@@ -43,12 +44,15 @@ from pipeline.checkpoint import (
     check_resume,
     release_lock,
     resume_path,
+    start_over,
 )
 from pipeline.model.config import ConfigError
 from pipeline.tracking import (
     PARENT_ENV,
     TAG_EXPERIMENT,
     TAG_PARENT,
+    TAG_PREVIOUS_RUN,
+    TAG_RUN_DIR,
     TAG_SEED,
     TAG_STATUS,
     TAG_VARIANT,
@@ -145,7 +149,11 @@ class SinkLabCLI(LightningCLI):
         opts.validate()
         self.opts = opts
         self.run = RunDir(Path(cfg.get("run_dir") or cfg.get("run-dir") or f"runs/{opts.name}"))
+        if self.run.root.exists() and not self.run.root.is_dir():
+            raise RunDirError(f"--run-dir {self.run.root}: is a file; name a directory (new, or a run to continue)")
         self.resume_from = resume_path(self.run, cfg.get("resume", "never"))
+        # --resume auto found checkpoints but passed over every one: this start begins again at step 0
+        self.start_over = self.resume_from is None and bool(self.run.step_checkpoints())
         self.rank0 = rank_zero_only.rank == 0
         self.run_id = None
         if not self.rank0:
@@ -161,7 +169,13 @@ class SinkLabCLI(LightningCLI):
         self.model.optim.validate(self.trainer.max_steps)
         refuse_zero_optimizer(self.model.optim.name, self.trainer.strategy)
         manifest = self.datamodule.manifest
-        self.model.set_vocab(manifest.vocab_size, manifest.context_length)  # max_seq_len checked here too
+        self.model.set_vocab(manifest.vocab_size, manifest.context_length, manifest.tokenizer_sha256)  # max_seq_len too
+        if self.opts.sink_every > 0 and manifest.probe.length > self.model.model_config.max_seq_len:
+            raise DatasetError(
+                f"{manifest.root}/manifest.json: its probe set has sequences of {manifest.probe.length} tokens, more "
+                f"than the model's {self.model.model_config.max_seq_len} positions; prepare it with a probe length of "
+                f"at most {manifest.context_length}, or turn the sink probe off (run.sink_every 0)"
+            )
         self.resume_step = None
         if self.resume_from:  # before anything of this start is written: nothing to undo on a refusal
             self.resume_step = check_resume(
@@ -174,9 +188,13 @@ class SinkLabCLI(LightningCLI):
         init_tags = {}
         if self.model.init and not self.resume_from:
             self.model.init_state, init_tags = read_init(self.model.init, self.model.model_config)
+        # only now, every setting accepted: a refused start creates no MLflow store
+        self.trainer.logger = RunLogger(str(self.run.root), self.opts.experiment, self.run_id)
         if not self.rank0:
             return
         cfg, opts = self.config, self.opts
+        previous_id = start_over(self.run) if self.start_over else None
+        previous = {TAG_PREVIOUS_RUN: previous_id} if previous_id else {}
         self.run.create()
         stored = cfg.clone()
         stored["resume"] = None  # how this start was resumed is not part of the run's config
@@ -187,8 +205,9 @@ class SinkLabCLI(LightningCLI):
             TAG_SEED: str(cfg.get("seed_everything")),
             "sinklab.code_version": code_version(),
             "sinklab.dataset_hash": self.datamodule.manifest.hash,
-            "sinklab.run_dir": str(self.run.root.resolve()),
+            TAG_RUN_DIR: str(self.run.root.resolve()),
             TAG_STATUS: "running",
+            **previous,
         }
         if os.environ.get("SLURM_JOB_ID"):
             tags["sinklab.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
@@ -219,7 +238,6 @@ class SinkLabCLI(LightningCLI):
                 "trainer.accumulate_grad_batches is derived from data.global_batch_tokens, "
                 "data.micro_batch_size and the world size; leave it unset"
             )
-        logger = RunLogger(str(self.run.root), opts.experiment, self.run_id)
         context = data.manifest.context_length
         self.sink_cb = SinkMetrics(opts.sink_every, opts.plot_every, self.run.root)
         self.throughput_cb = Throughput(data.global_batch_tokens, context, opts.throughput_window)
@@ -236,18 +254,21 @@ class SinkLabCLI(LightningCLI):
         ):
             callbacks.append(StepProgressBar())
         extra: dict[str, Any] = {
-            "logger": logger,
+            "logger": False,  # the RunLogger comes once every setting is checked (after_instantiate_classes)
             "callbacks": callbacks,
             "default_root_dir": str(self.run.root),
             "use_distributed_sampler": False,
             "check_val_every_n_epoch": None,
             "max_epochs": -1,
         }
+        extra["plugins"] = list(trainer_cfg.get("plugins") or []) + [BesideTargetIO()]
         if SLURMEnvironment.detect():  # requeue is ours (Preemption), at a step boundary
-            extra["plugins"] = list(trainer_cfg.get("plugins") or []) + [SLURMEnvironment(auto_requeue=False)]
+            extra["plugins"].append(SLURMEnvironment(auto_requeue=False))
         trainer = super().instantiate_trainer(**extra)
-        if trainer.max_steps is None or trainer.max_steps < 1:
+        if trainer.max_steps is None or trainer.max_steps == -1:
             raise ConfigError("trainer.max_steps must be set (the cosine schedule and the data order need it)")
+        if trainer.max_steps < 1:
+            raise ConfigError(f"trainer.max_steps={trainer.max_steps}: must be >= 1 (the number of optimizer steps)")
         plan = data.make_plan(trainer.world_size)
         trainer.accumulate_grad_batches = plan.grad_accum
         trainer.val_check_interval = max(1, opts.val_every) * plan.grad_accum
@@ -375,9 +396,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     except OSError as exc:  # a full disk or a file-size limit while writing a checkpoint: older ones are kept
+        kept = cli is not None and cli.run.step_checkpoints()
         print(
-            f"sinklab fit: {os_error_line(exc, writing=str(cli.run.checkpoints) if cli else None)}; "
-            "the checkpoints already written are kept (continue with --resume auto)",
+            f"sinklab fit: {os_error_line(exc, writing=str(cli.run.checkpoints) if cli else None)}"
+            + ("; the checkpoints already written are kept (continue with --resume auto)" if kept else ""),
             file=sys.stderr,
             flush=True,
         )

@@ -8,6 +8,7 @@ Lightning's ``convert_zero_checkpoint_to_fp32_state_dict`` does the merge (DeepS
 global step, loops with the data position, scheduler, callbacks, hyper-parameters), through
 :func:`merge_zero_checkpoint`, which the final model of a DeepSpeed run uses too. What it
 lacks, added here: the file is written under a temporary name and renamed (never half-written),
+never over a file it did not write (``sinklab_io.outputs``),
 it is checked to come from `sinklab fit` (``model_config``), and it gets an optimizer state, so
 that it also resumes with ``sinklab fit --resume <file>`` on any strategy and world size. ZeRO
 keeps AdamW's moments sharded in a layout the merge does not cover, so the resumed run starts
@@ -27,7 +28,7 @@ import torch
 
 from data_prep.errors import os_error_line
 from pipeline.checkpoint import merge_zero_checkpoint
-from sinklab_io.atomic import atomic_path
+from sinklab_io.outputs import NotOurs, claim_file, output_path
 
 
 def fresh_optimizer_state(hparams: dict, last_lr: list[float] | None) -> dict:
@@ -55,7 +56,8 @@ def consolidate(ckpt_dir: str | os.PathLike, out: str | os.PathLike) -> dict:
         raise ValueError(
             f"{out}: is a directory; give the path of the .ckpt file to write, e.g. {out / (ckpt.name.removesuffix('.ckpt') + '-fp32.ckpt')}"
         )
-    with atomic_path(out) as tmp:
+    claim_file(out, "OUT")  # never over a file sinklab consolidate did not write (another run's checkpoint)
+    with output_path(out, "sinklab consolidate") as tmp:
         result = merge_zero_checkpoint(ckpt, tmp)
         hparams = result.get("hyper_parameters") or {}
         if "model_config" not in hparams:
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = consolidate(args.checkpoint, args.out)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, NotOurs) as exc:
         print(f"sinklab consolidate: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a file-size limit: nothing half-written is left at OUT

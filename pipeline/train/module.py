@@ -153,7 +153,11 @@ class SinkLabModule(L.LightningModule):
         )
         set_tag(trainer, "sinklab.compile", f"failed, trained eager: {line}")
 
-    def set_vocab(self, vocab_size: int, context_length: int) -> None:
+    def set_vocab(self, vocab_size: int, context_length: int, tokenizer_sha256: str | None = None) -> None:
+        """The dataset's vocabulary (and its tokenizer's hash, kept in every checkpoint: `sinklab
+        analyze` refuses a probe set of another tokenizer)."""
+        if tokenizer_sha256:
+            self.hparams["tokenizer_sha256"] = tokenizer_sha256
         cfg = self.model_config.replace(vocab_size=vocab_size)
         if cfg.max_seq_len < context_length:
             raise ConfigError(

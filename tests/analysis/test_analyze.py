@@ -7,6 +7,7 @@ import pytest
 import torch
 from analysis_helpers import HAMLET, micro_model
 
+from pipeline import flow
 from pipeline.analysis import analyze
 from pipeline.analysis.hf_capture import capture, hf_sink_report
 
@@ -33,7 +34,11 @@ def test_smollm2_table1_and_plots(smollm2, tmp_path):
     assert nat["profile"][0] == nat["sink1"] and len(nat["profile"]) == 10
     # the massive-activation curve and the key/value ratios cover every layer
     assert len(nat["massive_ratio"]) == 30 and len(nat["key_norm_ratio"]) == 30
-    for png in ("sink_profile.png", "alpha1_natural.png", "norm_ratio.png", "qk_decomposition.png"):
+    # the information flow of every layer, and where the BOS norm jumps and the entropy drops
+    assert len(nat["flow"]["entropy"]) == len(nat["flow"]["mixing"]) == 30 and nat["flow"]["position"] == 8
+    assert 0 <= rec["flow"]["natural"]["flow/norm_jump_layer"] < 30
+    assert rec["flow"]["natural"]["flow/mixing_l29"] == pytest.approx(nat["flow"]["mixing"][29])
+    for png in ("sink_profile.png", "alpha1_natural.png", "norm_ratio.png", "qk_decomposition.png", "flow.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
     # one repeated token: every sequence is a single token id repeated
     ids = analyze.probe_sets(smollm2, _args("smollm2", "-n", "3", "-T", "16"))
@@ -52,6 +57,20 @@ def test_smollm2_metrics_match_eager_attention(smollm2):
     by_hand = torch.stack([(a @ v).norm(dim=-1).mean(dim=(0, -1)) for a, v in zip(full.attentions, full.values)])
     assert rep.out_norm.shape == (30, 9) and torch.allclose(rep.out_norm, by_hand, rtol=1e-4)
     assert rep.entropy.shape == (30, 9) and 0.0 <= rep.entropy.min() and rep.entropy.max() <= 1.0
+    # over-mixing: the hooked perturbation equals one fed through HF's own inputs_embeds
+    g = torch.Generator().manual_seed(flow.DIRECTION_SEED)
+    spread = []
+    for batch in (tokens[:2], tokens[2:]):
+        with torch.no_grad():
+            e = smollm2.model.get_input_embeddings()(batch)
+            u = torch.randn(len(batch), e.shape[-1], generator=g, dtype=torch.float64).float()
+            moved = e.clone()
+            moved[:, 8] += flow.DEFAULT_RHO * e[:, 8].norm(dim=-1, keepdim=True) * u / u.norm(dim=-1, keepdim=True)
+            clean, pert = (smollm2.model(inputs_embeds=x, output_hidden_states=True).hidden_states for x in (e, moved))
+        spread.append(
+            torch.stack([flow.perturbation_spread(a, b, 8, flow.DEFAULT_RHO) for a, b in zip(clean, pert)], 1)
+        )
+    torch.testing.assert_close(rep.flow.mixing[:-1], torch.cat(spread).mean(0)[1:-1], rtol=1e-3, atol=1e-4)
     # hidden states of the last block are read before the final norm
     c = capture(smollm2.model, tokens[:1])
     with torch.no_grad():
@@ -162,6 +181,7 @@ def test_pile_domains_and_mlflow(tiny_llama_dir, tmp_path, mlflow_server):
     run = client.get_run(out["mlflow_run_id"])
     assert run.data.metrics["table1/natural"] == pytest.approx(out["table1"]["natural"])
     assert "domain/Pile-CC" in run.data.metrics
+    assert run.data.metrics["natural/flow/mixing_l1"] == pytest.approx(out["reports"]["natural"]["flow"]["mixing"][1])
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"report.json", "sink_profile.png"}
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "a"}\nnot json\n')
@@ -180,8 +200,25 @@ def test_sinklab_checkpoint(tmp_path):
     )
     rec = json.loads((tmp_path / "o" / "report.json").read_text())
     assert rec["kind"] == "sinklab" and set(rec["reports"]["random"]["sink_star"]) == {"0"}
+    assert len(rec["reports"]["repeat"]["flow"]["mixing"]) == 2 and "flow/entropy_drop_layer" in rec["flow"]["random"]
     with pytest.raises(SystemExit, match="--dataset"):
         analyze.main([str(ckpt), "--inputs", "natural", "-n", "2", "-T", "8", "--out", str(tmp_path / "o2")])
+
+    # its own output is rewritten; a file it did not write (or one edited since) never is, refused before any work
+    again = [str(ckpt), "--inputs", "random", "-n", "2", "-T", "8", "--no-plots", "--out", str(tmp_path / "o")]
+    (tmp_path / "o" / "notes.txt").write_text("mine")
+    assert analyze.main(again) == 0 and (tmp_path / "o" / "notes.txt").read_text() == "mine"
+    assert set(json.loads((tmp_path / "o" / "report.json").read_text())["reports"]) == {"random"}
+    (tmp_path / "o" / "report.json").write_text("edited by hand")
+    with pytest.raises(SystemExit, match="--out .*o: already holds report.json, which sinklab did not write"):
+        analyze.main(again)
+    assert (tmp_path / "o" / "report.json").read_text() == "edited by hand"
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(SystemExit, match="--out .*file: is a file; name a directory"):
+        analyze.main([*again[:-1], str(tmp_path / "file")])
+    with pytest.raises(SystemExit, match=r"--eps 3.0: α lies in \[0, 1\], so ε must be in \[0, 1\)"):
+        analyze.main([*again[:-1], str(tmp_path / "o3"), "--eps", "3"])
+    assert not (tmp_path / "o3").exists()
 
 
 WORDS = "the cat dog sat on mat a red blue sky is sea green grass".split()
@@ -241,14 +278,14 @@ def test_bos_option_starts_every_probe_sequence_with_bos(tiny_gpt2_dir):
 
 
 # ---- issue 16: refused inputs say so in one line, at once, and leave no output folder ------------
-def _micro_dataset(root):
+def _micro_dataset(root, vocab: int = 64):
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
     from train_datasets import make_dataset
 
-    root = make_dataset(root, probe=(8, 12))
+    root = make_dataset(root, probe=(8, 12), V=vocab)
     (root / "tokenizer.json").write_bytes((root.parent / "tokenizer.json").read_bytes())  # the checkpoint's
     return root
 
@@ -259,6 +296,11 @@ def _micro_dataset(root):
         (["-T", "40", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12; ask for at most that"),
         (["-n", "9", "-T", "12", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12"),
         (["-T", "65", "--inputs", "random"], "-T 65: "),
+        # issue 35: the probe set of a dataset of another tokenizer (a vocabulary of 48 ids, the model's 64)
+        (
+            ["-T", "12", "--dataset", "{other}"],
+            "its tokenizer is not the model's (a vocabulary of 48 ids, the model's has 64)",
+        ),
         (["-T", "8", "--text", "{empty}", "--tokenizer", "{tok}"], "empty.txt: the text has 0 tokens"),
         pytest.param(
             ["--device", "cuda"],
@@ -271,6 +313,7 @@ def test_analyze_refuses_what_it_cannot_measure(extra, message, sinklab_ckpt_wit
     (tmp_path / "empty.txt").write_text("")
     names = {
         "{ds}": str(_micro_dataset(tmp_path / "ds")),
+        "{other}": str(_micro_dataset(tmp_path / "other", vocab=48)),
         "{empty}": str(tmp_path / "empty.txt"),
         "{tok}": str(tmp_path / "tokenizer.json"),
     }

@@ -98,31 +98,23 @@ def test_sinklab_micro_eviction_with_sink_token():
 
 def test_cli_on_local_llama(tiny_llama_dir, tmp_path, capsys):
     out = tmp_path / "ppl.json"
-    assert (
-        streaming.main(
-            [
-                str(tiny_llama_dir),
-                "--text",
-                str(HAMLET),
-                "--max-tokens",
-                "20",
-                "--cache",
-                "0+32",
-                "--cache",
-                "1+7",
-                "--full",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    args = [str(tiny_llama_dir), "--text", str(HAMLET), "--max-tokens", "20", "--cache", "1+7", "--full", "--out"]
+    # a text that fits whole in a cache would evict nothing: refused, not printed as a streaming perplexity
+    with pytest.raises(SystemExit, match="the text has 20 tokens, which fit whole in cache 0\\+32: nothing would be"):
+        streaming.main([*args, str(out), "--cache", "0+32"])
+    assert not out.exists()
+    assert streaming.main([*args, str(out)]) == 0
     rec = json.loads(out.read_text())
-    assert rec["tokens"] == 20
-    assert rec["perplexity"]["0+32"] == pytest.approx(rec["perplexity"]["full"], rel=1e-5)
-    assert "| model | 0+32 | 1+7 | full |" in capsys.readouterr().out
+    assert rec["tokens"] == 20 and set(rec["perplexity"]) == {"1+7", "full"}
+    assert "| model | 1+7 | full |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--cache"):
         streaming.main([str(tiny_llama_dir), "--cache", "3"])
+    # --out names a file sinklab did not write: refused before any work, the file unchanged
+    mine = tmp_path / "mine.json"
+    mine.write_text("my notes")
+    with pytest.raises(SystemExit, match=f"--out {mine}: mine.json exists and was not written by sinklab"):
+        streaming.main([*args, str(mine)])
+    assert mine.read_text() == "my notes"
 
 
 def test_configs_sharing_x_plus_y_stream_as_one_batch_with_the_same_results(tiny_llama):
@@ -230,16 +222,17 @@ def test_gemma3_layers_re_rotate_with_their_own_frequencies(layer_type):
 
 def test_gemma3_streams_with_its_bos_first(tmp_path, monkeypatch):
     monkeypatch.setattr(streaming, "PREFILL_TOKENS", 1)  # every cached key re-rotated at every step
-    out = tmp_path / "ppl.json"
-    assert streaming.main(["gemma3-270m", "--max-tokens", "32", "--cache", "0+32", "--full", "--out", str(out)]) == 0
-    rec = json.loads(out.read_text())
-    assert rec["bos_first"] is True  # Gemma's tokenizer starts with BOS, and --bos auto follows it
-    assert rec["perplexity"]["0+32"] == pytest.approx(rec["perplexity"]["full"], rel=1e-4)
+    args = streaming.build_parser().parse_args(["gemma3-270m"])
+    streamer, ids, subject = streaming.load_subject(args)
+    assert ids[0] == subject.tokenizer.bos_token_id  # Gemma's tokenizer starts with BOS, and --bos auto follows it
+    ids = torch.tensor(ids[:32])
+    streamed = streaming.perplexity(streamer.nll(ids, [CacheSpec(0, 32)])[0])  # nothing evicted
+    assert streamed == pytest.approx(streaming.perplexity(streamer.full_nll(ids)), rel=1e-4)
 
 
 def test_bos_option(tiny_llama_dir, tmp_path):
     out = tmp_path / "ppl.json"
-    args = [str(tiny_llama_dir), "--text", str(HAMLET), "--max-tokens", "12", "--cache", "0+16", "--out", str(out)]
+    args = [str(tiny_llama_dir), "--text", str(HAMLET), "--max-tokens", "12", "--cache", "0+8", "--out", str(out)]
     assert streaming.main(args) == 0 and json.loads(out.read_text())["bos_first"] is False  # as its tokenizer does
     with pytest.raises(SystemExit, match="--bos yes: .* has no BOS token"):
         streaming.main(args + ["--bos", "yes"])

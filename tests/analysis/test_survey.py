@@ -143,3 +143,12 @@ def test_survey_refusals(tiny_llama_dir, tmp_path, argv, message):
     with pytest.raises(SystemExit, match=message):
         survey.main([str(tiny_llama_dir), "-n", "2", "--out", str(tmp_path / "o"), "--no-mlflow", *argv])
     assert not (tmp_path / "o").exists()
+
+
+def test_survey_never_writes_over_a_users_file(tiny_llama_dir, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "survey.md").write_text("my table")
+    with pytest.raises(SystemExit, match="o: already holds survey.md, which sinklab did not write"):
+        survey.main([str(tiny_llama_dir), "-n", "2", "--out", str(out), "--no-mlflow"])
+    assert [p.name for p in out.iterdir()] == ["survey.md"] and (out / "survey.md").read_text() == "my table"

@@ -196,6 +196,10 @@ def test_stray_ckpt_name_in_run_dir_is_refused(tmp_path, capsys, monkeypatch):
     assert submit_main([str(config), "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert "best_ckpt_old.pt" in err and "hpc_ckpt_3" not in err
+    # --dry-run refuses what the real submit refuses, printing no script (issue 35)
+    assert submit_main([str(config), "--run-dir", str(run_dir), "--dry-run"]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and "best_ckpt_old.pt" in printed.err
     # The job script refuses too (a stray file can appear after submission).
     script = render_job(config, run_dir, JobSpec(sinklab=f"{sys.executable} -m pipeline.cli", setup=""))
     check = script[script.index("RUN_DIR=") : script.index('echo "sinklab: job')]

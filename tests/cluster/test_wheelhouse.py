@@ -68,6 +68,20 @@ def test_a_freeze_list_drops_local_labels_and_urls(tmp_path):
     assert wh.have_versions(freeze) == {"torch": "2.11.0", "pyyaml": "6.0.2"}
 
 
+def test_a_missing_or_garbage_freeze_list_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """Issue 35: a missing --have file was a traceback, one of garbage lines was taken as empty."""
+    garbage = tmp_path / "garbage.txt"
+    garbage.write_text("torch==2.11.0\nthis is not pip freeze\n")
+    for have, said in (
+        (tmp_path / "missing.txt", f"--have {tmp_path / 'missing.txt'}: cannot be read (No such file or directory)"),
+        (garbage, f"--have {garbage} line 2: 'this is not pip freeze' is not a `pip freeze` line (name==version)"),
+    ):
+        assert wh.main(["--out", str(tmp_path / "wheels"), "--have", str(have)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"make wheelhouse: {said}") and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "wheels").exists()
+
+
 def _pypi_reachable() -> bool:
     try:
         socket.create_connection(("pypi.org", 443), timeout=3).close()

@@ -117,6 +117,24 @@ def test_missing_input_and_unknown_tokenizer(tmp_path, capsys):
     assert "nope: no tokenizer.json there" in line
 
 
+@pytest.mark.parametrize("garbage", [b"\xff\xfe garbage", b"[1, 2]", b'{"model": 3}'])
+def test_a_garbage_tokenizer_file_is_one_line(garbage, tmp_path, capsys):
+    """Issue 35: a tokenizer.json of garbage bytes was a traceback."""
+    (tmp_path / "tokenizer.json").write_bytes(garbage)
+    data = write_jsonl(tmp_path / "d.jsonl", make_docs(5, 7))
+    line = error_of(capsys, prep(["--input", str(data), "--out", str(tmp_path / "ds")], tmp_path / "tokenizer.json"))
+    assert f"{tmp_path / 'tokenizer.json'}: not a valid HF tokenizers file (" in line
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_bb_probe_longer_than_the_context_is_refused(tmp_path, capsys):
+    """Issue 35: accepted, and the fit on it then crashed."""
+    out = tmp_path / "bb"
+    line = error_of(capsys, ["bb", "--out", str(out), "--context-length", "16", "--probe-length", "32"])
+    assert "--probe-length 32: longer than --context-length 16, which a model trained on it cannot read" in line
+    assert not out.exists()
+
+
 def test_embedded_preset_end_to_end(tmp_path, capsys):
     out = tmp_path / "embedded"
     argv = [

@@ -119,6 +119,15 @@ def test_report_command_writes_logs_and_plots(tmp_path, mlflow_env, unique_name,
     # The parent run is not mistaken for a variant's training run.
     assert set(variant_runs(mlflow_env, exp.name, "cpu")) == {"a", "b"}
 
+    # A report.md that sinklab did not write is never replaced: one line, exit 2, nothing written.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    capsys.readouterr()
+    assert report.main([str(path), "--scale", "cpu", "--plot", "--out", str(mine)]) == 2
+    assert "already holds report.md, which sinklab did not write" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["report.md"] and (mine / "report.md").read_text() == "my notes"
+
 
 def test_bar_plot_and_missing_experiment(tmp_path, mlflow_env, unique_name, capsys):
     path = write_experiment(tmp_path, unique_name, plot="plot: {kind: bar, metric: sink/sink1}")
@@ -142,7 +151,14 @@ def test_a_column_the_paper_has_no_number_for_is_shown_once_with_its_decimals(tm
     )
     exp = load_experiment(path)
     rows = [
-        Row("a", "variant a", [15.2, 3.72, None], [spread([v]) for v in (0.0, 4.231, 0.0786)], "1 finished"),
+        Row(
+            "a",
+            "variant a",
+            [15.2, 3.72, None],
+            [spread([v]) for v in (0.0, 4.231, 0.0786)],
+            "1 finished",
+            alpha1=spread([0.0786]),
+        ),
         Row("c", "variant c", [None, None, None], [spread([])] * 3, "missing", "training failure"),
     ]
     markdown = report.to_markdown(exp, "cpu", rows).splitlines()
@@ -152,6 +168,7 @@ def test_a_column_the_paper_has_no_number_for_is_shown_once_with_its_decimals(tm
     )
     assert "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|" in markdown
     assert "| variant a | 0 | 15.20 | 0.00 | 3.72 | 4.23 | 0.079 | — | — | 1 finished |" in markdown
+    assert sum(line.startswith("| variant a | mean alpha_1 |") for line in markdown) == 1  # the column, once
     assert "| variant c | 0 | training failure | — | training failure | — | — | — | — | missing |" in markdown
 
 
@@ -206,7 +223,7 @@ def test_agreement_and_emergence_of_a_synthetic_experiment_with_known_rho(tmp_pa
     assert "| Sink_1 (%) | 4 | 2 | +0.80 [+0.80, +0.80] | +0.67 [+0.67, +0.67] | ordering reproduced |" in md
     assert "| valid loss | 1 | 2 | n/a | n/a | undefined (fewer than 2 variants, or no spread) |" in md
     assert "| mean alpha_1 (ours) vs Sink_1 (paper) | 4 | 2 | +0.95 [+0.95, +0.95] | +0.91 [+0.91, +0.91] |" in md
-    assert "- Sink_1 (%): variant d 4.00 > variant b 3.00 > variant c 2.00 > variant a 1.00" in md
+    assert "- Sink_1 (%): d 4.00, b 3.00, c 2.00, a 1.00; apart: d > b, c, a; b > c, a; c > a" in md
 
     exp = mlflow_env.get_experiment_by_name(f"sinklab/{unique_name}")
     (logged,) = mlflow_env.search_runs([exp.experiment_id], "tags.`sinklab.kind` = 'sweep'")
@@ -231,7 +248,7 @@ def run(variant: str, seed: int, **metrics) -> RunRecord:
 
 def test_noisy_seeds_leave_the_ordering_undecided(tmp_path):
     """Means in the paper's order (rho 1) whose seeds overlap: the bootstrap interval includes 0, so
-    the report does not call the ordering reproduced; the orderings say "≈"."""
+    the report does not call the ordering reproduced, and no two variants are apart."""
     exp = load_experiment(write_experiment(tmp_path, "noisy", variants=KNOWN_RHO))
     values = {"a": [0.0, 5.0, 10.0], "b": [2.0, 6.0, 9.0], "c": [4.0, 5.0, 11.0], "d": [3.0, 8.0, 10.0]}
     records = {v: [run(v, 1234 + i, **{"sink/sink1": x}) for i, x in enumerate(xs)] for v, xs in values.items()}
@@ -242,7 +259,7 @@ def test_noisy_seeds_leave_the_ordering_undecided(tmp_path):
     assert sink1.verdict == "not distinguishable from noise (the interval includes 0)"
     md = report.to_markdown(exp, "cpu", rows)
     assert "Verdict: Sink_1 (%): not distinguishable from noise (the interval includes 0); valid loss: " in md
-    assert "- Sink_1 (%): variant d 7.00 ≈ variant c 6.67 ≈ variant b 5.67 ≈ variant a 5.00" in md
+    assert "- Sink_1 (%): d 7.00, c 6.67, b 5.67, a 5.00; no two apart" in md
 
 
 def test_agreement_without_runs_is_not_available(tmp_path):

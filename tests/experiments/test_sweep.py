@@ -140,6 +140,19 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, mlflow_env, unique
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_misspelt_fit_flag_after_the_double_dash_is_caught_by_the_fit_parser_check(
+    tmp_path, mlflow_env, unique_name, capsys
+):
+    path = write_experiment(tmp_path, unique_name)
+    argv = [str(path), "--dry-run", "--runs-root", str(tmp_path / "runs"), "--variants", "a", "--"]
+    assert sweep.main([*argv, "--trainer.max_stepz", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"sinklab sweep: {path}: variant 'a' at scale cpu with --trainer.max_stepz 3: `sinklab fit`")
+    assert "max_stepz" in err.split("rejects it:")[1] and len(err.splitlines()) == 1
+    assert sweep.main([*argv, "--trainer.max_steps", "3"]) == 0
+    assert not (tmp_path / "runs").exists()
+
+
 def test_unknown_variant_is_an_error(tmp_path, mlflow_env, unique_name, capsys):
     path = write_experiment(tmp_path, unique_name)
     assert sweep.main([str(path), "--dry-run", "--variants", "a,zz"]) == 2

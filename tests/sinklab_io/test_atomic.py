@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sinklab_io.atomic import MARKER, NotOurs, atomic_directory, atomic_path, atomic_write
+from sinklab_io.atomic import atomic_path, atomic_write
+from sinklab_io.outputs import MARKER, NotOurs, atomic_directory
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):

@@ -231,6 +231,8 @@ def test_a_file_size_limit_while_checkpointing_is_one_line_and_keeps_the_older_c
     assert (
         "File too large" in lines[0] and "ulimit -f" in lines[0] and "checkpoints already written are kept" in lines[0]
     )
+    # issue 35: the line names the run's checkpoints folder, not a temporary file that is gone
+    assert lines[0].startswith(f"sinklab fit: writing {run_dir / 'checkpoints'}: File too large"), lines[0]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000004.ckpt"]
     assert "Traceback" not in limited.stderr
 
@@ -284,3 +286,51 @@ def test_a_sql_store_that_cannot_be_opened_is_one_line_before_anything_is_writte
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert f"sinklab fit: MLFLOW_TRACKING_URI={uri}: the store cannot be opened" in done.stderr
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model.optim.lr", "0"], "model.optim.lr=0.0: must be positive"),
+        (["--model.optim.warmup_steps", "12"], "model.optim.warmup_steps=12: must be in [0, trainer.max_steps=12)"),
+        (["--data.global_batch_tokens", "24"], "data.global_batch_tokens=24"),
+        (["--model.model.max_seq_len", "8"], "model.model.max_seq_len=8 is below the dataset's context length 16"),
+        (["--trainer.max_steps", "0"], "trainer.max_steps=0: must be >= 1"),
+        (["--run-dir", "{file}"], "--run-dir {file}: is a file; name a directory"),
+        (["--data.path", "{garbage}"], "manifest.json: not valid JSON"),
+        (["--data.path", "{list}"], "manifest.json: holds no JSON object (a list)"),
+        (
+            ["--data.path", "{long_probe}"],
+            "its probe set has sequences of 80 tokens, more than the model's 64 positions",
+        ),
+    ],
+)
+def test_a_refused_start_creates_no_mlflow_store(args, message, tiny_ds, tmp_path, monkeypatch, capsys):
+    """Issue 35: a refused start left a sqlite MLflow store created for nothing; some refusals were
+    tracebacks (a garbage manifest.json) or pointed the wrong way (max_steps 0, a run dir that is a file)."""
+    import json
+    import shutil
+
+    from data_prep.dataset import content_hash
+
+    (tmp_path / "file").write_text("mine")
+    for name, text in (("garbage", "\x00\xff garbage"), ("list", "[1, 2]")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_bytes(text.encode("latin-1"))
+    long_probe = shutil.copytree(tiny_ds, tmp_path / "long_probe")
+    raw = json.loads((long_probe / "manifest.json").read_text())
+    raw["probe"]["length"] = 80
+    raw["hash"] = content_hash(raw)
+    (long_probe / "manifest.json").write_text(json.dumps(raw))
+    names = {f"{{{k}}}": str(tmp_path / k) for k in ("file", "garbage", "list", "long_probe")}
+    args = [names.get(a, a) for a in args]
+    message = message.format(file=tmp_path / "file")
+    store = tmp_path / "store"
+    rc = fit_in_process(
+        ["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "run"), *args], monkeypatch, f"sqlite:///{store}/m.db"
+    )
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("sinklab fit:")]
+    assert rc == 2 and len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err and "checkpoints already written" not in err
+    assert not store.exists() and not (tmp_path / "run").exists() and (tmp_path / "file").read_text() == "mine"

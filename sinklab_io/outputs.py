@@ -1,0 +1,181 @@
+"""May a command write here? The one rule every SinkLab command that writes files follows:
+
+- a file is written only where none stands, or where one that SinkLab wrote stands unchanged
+  since (same size and content hash as recorded when it was written; for a file above 64 MiB,
+  same size and modification time); anything else was written or edited by someone else, and
+  is never replaced;
+- a directory ``--out`` must be a directory (or not exist yet); other files in it are left alone;
+- a whole-directory output (``atomic_directory``) replaces only an empty directory or one that an
+  earlier write of the same command filled.
+
+What SinkLab wrote is recorded in a marker file (``.sinklab-output.json``) in the directory that
+holds it. Every write goes through :func:`output_path` / :func:`write_output` (whole or not at all,
+``sinklab_io.atomic``); a command calls :func:`claim` first with the names it will write, so that a
+refusal comes before any work and leaves nothing written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .atomic import atomic_path, atomic_write
+
+MARKER = ".sinklab-output.json"  # {"files": {name: {"by": command, "size": n, "sha256": h}}}
+HASHED = 64 << 20  # larger files (checkpoints) are told by size and modification time instead of a hash
+
+
+class NotOurs(FileExistsError):
+    """The target holds files that SinkLab did not write (or that changed since it did)."""
+
+
+def _recorded(directory: Path) -> dict[str, dict]:
+    try:
+        marker = json.loads((directory / MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    files = marker.get("files", {})
+    if isinstance(files, list):  # the first marker format: names written by one command
+        return {name: {"by": marker.get("kind")} for name in files}
+    return files if isinstance(files, dict) else {}
+
+
+def _fingerprint(path: Path) -> dict:
+    """Size and content hash (a copy keeps both); above HASHED, size and modification time."""
+    stat = path.stat()
+    if stat.st_size > HASHED:
+        return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    with open(path, "rb") as f:
+        return {"size": stat.st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+
+
+def _ours(path: Path, entry: dict | None, by: str | None = None) -> bool:
+    if entry is None or (by is not None and entry.get("by") != by):
+        return False
+    if "size" not in entry or path.is_dir():
+        return True
+    if path.stat().st_size != entry["size"]:
+        return False
+    return all(entry.get(k) == v for k, v in _fingerprint(path).items())
+
+
+def theirs(directory: str | os.PathLike, names: Iterable[str]) -> list[str]:
+    """Of ``names`` in ``directory``, those that stand there and that SinkLab did not write
+    (or that changed since): what no command may replace."""
+    directory = Path(directory)
+    existing = [name for name in names if os.path.lexists(directory / name)]
+    if not existing:
+        return []
+    recorded = _recorded(directory)
+    return [name for name in existing if not _ours(directory / name, recorded.get(name))]
+
+
+def written(directory: str | os.PathLike) -> list[Path]:
+    """The files in ``directory`` that SinkLab wrote, unchanged since: what a command uploads as its output."""
+    directory = Path(directory)
+    recorded = _recorded(directory)
+    return [directory / n for n in sorted(recorded) if (directory / n).is_file() and _ours(directory / n, recorded[n])]
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def claim(out_dir: str | os.PathLike, names: Iterable[str], what: str = "--out") -> Path:
+    """Refuse (:class:`NotOurs`) before any work when ``out_dir`` is a file or when writing
+    ``names`` into it would replace a file SinkLab did not write. Returns ``out_dir`` as a Path."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotOurs(f"{what} {out}: is a file; name a directory (new, or one that sinklab wrote into)")
+    if out.is_dir() and (foreign := theirs(out, names)):
+        raise NotOurs(
+            f"{what} {out}: already holds {_shown(foreign)}, which sinklab did not write (or which changed since); "
+            "nothing was changed. Name a new directory, or move those files away"
+        )
+    return out
+
+
+def claim_file(path: str | os.PathLike, what: str) -> Path:
+    """:func:`claim` for a command whose output is one file ``path``."""
+    path = Path(path)
+    if path.is_dir():
+        raise NotOurs(f"{what} {path}: is a directory; give the path of the file to write")
+    if foreign := theirs(path.parent, [path.name]):
+        raise NotOurs(
+            f"{what} {path}: {foreign[0]} exists and was not written by sinklab (or changed since); "
+            "nothing was changed. Give a new file name, or move that file away"
+        )
+    return path
+
+
+def _record(directory: Path, entries: dict[str, str]) -> None:
+    recorded = _recorded(directory)
+    for name, by in entries.items():
+        recorded[name] = {"by": by, **_fingerprint(directory / name)}
+    atomic_write(directory / MARKER, json.dumps({"files": recorded}, indent=1) + "\n")
+
+
+@contextmanager
+def output_path(path: str | os.PathLike, by: str) -> Iterator[Path]:
+    """A temporary sibling of ``path`` to write (``sinklab_io.atomic.atomic_path``), renamed
+    into place and recorded as ``by``'s; refused (:class:`NotOurs`) where ``path`` is not ours."""
+    path = claim_file(path, by)
+    with atomic_path(path) as tmp:
+        yield tmp
+    _record(path.parent, {path.name: by})
+
+
+def write_output(path: str | os.PathLike, data: str | bytes | memoryview, by: str) -> Path:
+    """``data`` (text as UTF-8) at ``path`` under :func:`output_path`'s rule."""
+    with output_path(path, by) as tmp:
+        if isinstance(data, str):
+            tmp.write_text(data, encoding="utf-8")
+        else:
+            tmp.write_bytes(data)
+    return Path(path)
+
+
+@contextmanager
+def atomic_directory(out_dir: str | os.PathLike, kind: str) -> Iterator[Path]:
+    """A temporary sibling directory to fill; on success it takes the place of ``out_dir``, on an
+    error it is removed, so a half-written directory never stands at ``out_dir``.
+
+    An existing ``out_dir`` must be empty or hold exactly what an earlier write of the same
+    ``kind`` left, unchanged; anything else raises :class:`NotOurs` before any work. The current
+    directory is never replaced."""
+    out = Path(out_dir).resolve()
+    if Path.cwd().resolve().is_relative_to(out):
+        raise NotOurs(
+            f"{out_dir}: is the current directory (or holds it); name a new directory below it, e.g. {Path(out_dir) / 'export'}"
+        )
+    if out.exists() and not out.is_dir():
+        raise NotOurs(f"{out_dir}: is a file; name a new directory")
+    if out.is_dir():
+        recorded = _recorded(out)
+        foreign = sorted(p.name for p in out.iterdir() if p.name != MARKER and not _ours(p, recorded.get(p.name), kind))
+        if foreign:
+            raise NotOurs(
+                f"{out_dir}: holds {_shown(foreign)}, which this command did not write; nothing was changed. "
+                "Name a new or empty directory"
+            )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
+        _record(tmp, {p.name: kind for p in tmp.iterdir() if p.name != MARKER})
+        if out.exists():  # empty, or an earlier output of this writer: swap, then drop the old one
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.replace(out, old / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,63 @@
+"""sinklab_io.outputs: the one rule for "may I write here?" (issue 35), and `sinklab consolidate`
+held to it before its minutes-long merge."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from sinklab_io.outputs import MARKER, NotOurs, atomic_directory, claim, theirs, write_output, written
+
+
+def test_a_file_is_rewritten_only_while_it_is_what_sinklab_wrote(tmp_path):
+    out = tmp_path / "out"
+    report = write_output(out / "report.json", "1", "sinklab analyze")
+    assert theirs(out, ["report.json", "new.png"]) == [] and written(out) == [report]
+    write_output(report, "2", "sinklab analyze")  # its own earlier output
+    assert report.read_text() == "2"
+    (out / "notes.txt").write_text("mine")  # other files in --out are left alone, and not counted as output
+    assert claim(out, ["report.json"]) == out and written(out) == [report]
+    report.write_text("edited")  # now partly the user's
+    os.utime(report, ns=(1, 1))
+    assert theirs(out, ["report.json"]) == ["report.json"] and written(out) == []
+    with pytest.raises(NotOurs, match="already holds report.json, which sinklab did not write .*nothing was changed"):
+        claim(out, ["report.json", "plot.png"])
+    with pytest.raises(NotOurs, match="report.json exists and was not written by sinklab"):
+        write_output(report, "3", "sinklab analyze")
+    assert report.read_text() == "edited"
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "notes.txt", "report.json"]  # no temporary left
+    with pytest.raises(NotOurs, match="is a file; name a directory"):
+        claim(report, ["x"])
+
+
+def test_a_whole_directory_edited_since_it_was_written_is_refused(tmp_path):
+    out = tmp_path / "model"
+    with atomic_directory(out, kind="test") as tmp:
+        (tmp / "weights").write_text("1")
+    (out / "weights").write_text("fine-tuned by hand")
+    with pytest.raises(NotOurs, match="holds weights, which this command did not write"):
+        with atomic_directory(out, kind="test"):
+            pytest.fail("refused before any work")
+    assert (out / "weights").read_text() == "fine-tuned by hand"
+
+
+def test_consolidate_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
+    """Issue 35: `sinklab consolidate CKPT OUT` replaced another run's newest checkpoint."""
+    from pipeline.train.consolidate import main
+
+    zero = tmp_path / "step-000004.ckpt"  # a DeepSpeed checkpoint directory (refused before it is read)
+    zero.mkdir()
+    (zero / "latest").write_text("global_step4")
+    other = tmp_path / "other" / "checkpoints" / "step-000024.ckpt"
+    other.parent.mkdir(parents=True)
+    torch.save({"global_step": 24}, other)
+    before = other.read_bytes()
+    assert main([str(zero), str(other)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"sinklab consolidate: OUT {other}: step-000024.ckpt exists and was not written by sinklab (or changed "
+        "since); nothing was changed. Give a new file name, or move that file away"
+    )
+    assert other.read_bytes() == before and sorted(p.name for p in other.parent.iterdir()) == ["step-000024.ckpt"]

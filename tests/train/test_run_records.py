@@ -1,0 +1,145 @@
+"""A run directory's record is written from that directory only (issue 35): a copy, a start over
+and a run deleted in the MLflow UI each get a new MLflow run linked by a tag, never a second
+history in the old one; --resume auto passes over a checkpoint whose stored step is not its name."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from conftest import fit_in_process, losses
+from mlflow.tracking import MlflowClient
+
+from pipeline.tracking import TAG_PREVIOUS_RUN, TAG_RUN_DIR
+
+
+def _args(tiny_ds, run_dir) -> list[str]:
+    return [
+        "--data.path",
+        str(tiny_ds),
+        "--run-dir",
+        str(run_dir),
+        "--run.checkpoint_every",
+        "2",
+        "--run.keep_last",
+        "0",
+        "--run.sink_every",
+        "0",
+        "--run.val_every",
+        "0",
+        "--run.log_model",
+        "false",
+        "--run.system_metrics",
+        "false",
+    ]
+
+
+def _history(client, run_id: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, "train/loss"))
+
+
+@pytest.fixture
+def trained(tiny_ds, tmp_path, monkeypatch, mlflow_server):
+    """A finished 4-step run with checkpoints at steps 2 and 4."""
+    run_dir = tmp_path / "a"
+    assert fit_in_process([*_args(tiny_ds, run_dir), "--trainer.max_steps", "4"], monkeypatch, mlflow_server) == 0
+    return run_dir
+
+
+def test_a_copied_run_dir_never_writes_into_the_originals_mlflow_run(
+    trained, tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys
+):
+    client = MlflowClient(mlflow_server)
+    original = (trained / "mlflow_run_id").read_text().strip()
+    before = client.get_run(original)
+    copy = tmp_path / "b"
+    shutil.copytree(trained, copy)
+    capsys.readouterr()
+    assert (
+        fit_in_process(
+            [*_args(tiny_ds, copy), "--trainer.max_steps", "6", "--resume", "auto"], monkeypatch, mlflow_server
+        )
+        == 0
+    )
+    assert f"{copy} is a copy of {trained.resolve()}, whose MLflow run {original} is not written from here" in (
+        capsys.readouterr().err
+    )
+    after = client.get_run(original)  # the original's record is as it was
+    assert _history(client, original) == [0, 1, 2, 3]
+    assert after.data.tags[TAG_RUN_DIR] == str(trained.resolve()) and after.data.tags == before.data.tags
+    new = (copy / "mlflow_run_id").read_text().strip()
+    assert new != original
+    tags = client.get_run(new).data.tags
+    assert tags[TAG_PREVIOUS_RUN] == original and tags[TAG_RUN_DIR] == str(copy.resolve())
+    assert _history(client, new) == list(range(6))  # the history it continues, then its own steps
+
+    # the original continues its own run as before
+    assert (
+        fit_in_process(
+            [*_args(tiny_ds, trained), "--trainer.max_steps", "6", "--resume", "auto"], monkeypatch, mlflow_server
+        )
+        == 0
+    )
+    assert (trained / "mlflow_run_id").read_text().strip() == original and _history(client, original) == list(range(6))
+
+
+def test_a_run_deleted_in_mlflow_is_said_and_continued_in_a_new_run(
+    trained, tiny_ds, monkeypatch, mlflow_server, capsys
+):
+    client = MlflowClient(mlflow_server)
+    deleted = (trained / "mlflow_run_id").read_text().strip()
+    client.delete_run(deleted)
+    capsys.readouterr()
+    assert (
+        fit_in_process(
+            [*_args(tiny_ds, trained), "--trainer.max_steps", "6", "--resume", "auto"], monkeypatch, mlflow_server
+        )
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert f"MLflow run {deleted} of {trained} was deleted" in err and "unreachable" not in err
+    new = (trained / "mlflow_run_id").read_text().strip()
+    assert new != deleted and client.get_run(new).data.tags[TAG_PREVIOUS_RUN] == deleted
+    assert _history(client, new) == list(range(6))
+
+
+def test_resume_auto_checks_each_checkpoints_step_and_starts_over_in_a_new_record(
+    trained, tiny_ds, monkeypatch, mlflow_server, capsys
+):
+    client = MlflowClient(mlflow_server)
+    first = (trained / "mlflow_run_id").read_text().strip()
+    ckpts = trained / "checkpoints"
+    reference = losses(trained)
+
+    # a step-2 checkpoint under the name step-000004.ckpt (what `consolidate` once wrote over another run's)
+    shutil.copyfile(ckpts / "step-000002.ckpt", ckpts / "step-000004.ckpt")
+    capsys.readouterr()
+    assert (
+        fit_in_process(
+            [*_args(tiny_ds, trained), "--trainer.max_steps", "4", "--resume", "auto"], monkeypatch, mlflow_server
+        )
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert f"passing over {ckpts / 'step-000004.ckpt'}: it holds step 2, not step 4 as its name says" in err
+    assert losses(trained)[3] == reference[3]  # steps 2-3 trained again from the real step-2 checkpoint
+
+    # every checkpoint damaged: said in one line, and a new record instead of a second history in the old one
+    old_history = _history(client, first)
+    for ckpt in ckpts.iterdir():
+        ckpt.write_bytes(ckpt.read_bytes()[:100])
+    assert (
+        fit_in_process(
+            [*_args(tiny_ds, trained), "--trainer.max_steps", "3", "--resume", "auto"], monkeypatch, mlflow_server
+        )
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert f"no checkpoint of {trained} can be resumed (each is named above): starting over from step 0" in err
+    aside = trained / "restart-1"
+    assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == ["step-000002.ckpt", "step-000004.ckpt"]
+    assert (aside / "mlflow_run_id").read_text().strip() == first and (aside / "metrics.jsonl").exists()
+    second = (trained / "mlflow_run_id").read_text().strip()
+    assert second != first and client.get_run(second).data.tags[TAG_PREVIOUS_RUN] == first
+    assert _history(client, first) == old_history and _history(client, second) == [0, 1, 2]  # one value per step
+    assert sorted(losses(trained)) == [0, 1, 2]
