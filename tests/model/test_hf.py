@@ -169,8 +169,8 @@ def test_an_earlier_export_is_replaced_and_a_garbage_checkpoint_refused_in_one_l
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda c: c["attention"].update(op="ssmax_v9"), "model.attention.op='ssmax_v9': allowed values are"),
-        (lambda c: c.update(arch_from_the_future=1), "unknown field model.arch_from_the_future"),
+        (lambda c: c["attention"].update(op="ssmax_v9"), "arch.attention.op='ssmax_v9': allowed values are"),
+        (lambda c: c.update(arch_from_the_future=1), "unknown field arch.arch_from_the_future"),
     ],
 )
 def test_a_checkpoint_too_new_for_this_code_is_refused_in_one_line(tmp_path, capsys, change, message):
