@@ -55,6 +55,8 @@ class SinkReport:
     # attention on token 1 from trigger queries (active heads copy) and from the other queries i ≥ 2.
     bos_share_trigger: Tensor | None = None  # [L, H], mean over sequences
     bos_share_other: Tensor | None = None  # [L, H]
+    # the largest pre-softmax logit q·k/√d_h over the probe's admitted token pairs (metrics.max_attention_logit)
+    max_logit: Tensor | None = None  # [L, H], max over sequences
 
     @property
     def dormant(self) -> Tensor | None:
@@ -67,10 +69,10 @@ class SinkReport:
         return None if dormant is None else 100.0 * dormant.double().mean().item()
 
     def head_metrics(self) -> dict[str, float]:
-        """Per head ``heads/entropy_l{l}_h{h}``, ``heads/out_norm_l{l}_h{h}`` (0-based) and
-        ``heads/dormant_pct``; empty when the model returned no head outputs."""
+        """Per head ``heads/entropy_l{l}_h{h}``, ``heads/out_norm_l{l}_h{h}``,
+        ``heads/max_logit_l{l}_h{h}`` (0-based) and ``heads/dormant_pct``, where measured."""
         out: dict[str, float] = {}
-        for name, values in (("entropy", self.entropy), ("out_norm", self.out_norm)):
+        for name, values in (("entropy", self.entropy), ("out_norm", self.out_norm), ("max_logit", self.max_logit)):
             if values is not None:
                 out.update(
                     {
@@ -92,7 +94,16 @@ class SinkReport:
         out.update({f"sink/alpha{k}_mean": v for k, v in enumerate(self.alpha_profile[1:], start=2)})
         if self.outliers is not None:
             out.update(self.outliers.to_metrics())
-        return out | self.extreme_token_metrics()
+        return out | self.extreme_token_metrics() | self.logit_metrics()
+
+    def logit_metrics(self) -> dict[str, float]:
+        """``attn/max_logit_l{l}`` (max over heads) and ``attn/max_logit`` (over layers), where measured."""
+        if self.max_logit is None:
+            return {}
+        per_layer = self.max_logit.amax(dim=-1)
+        return {f"attn/max_logit_l{l}": float(v) for l, v in enumerate(per_layer)} | {
+            "attn/max_logit": float(per_layer.max())
+        }
 
     def extreme_token_metrics(self) -> dict[str, float]:
         """Per layer l (0-based): the residual-state peak ``act/massive_ratio_l{l}`` and, where
@@ -137,6 +148,7 @@ class SinkReport:
             "outliers": None if self.outliers is None else self.outliers.to_json(),
             "bos_share_trigger": plain(self.bos_share_trigger),
             "bos_share_other": plain(self.bos_share_other),
+            "max_logit": plain(self.max_logit),
         }
 
 
@@ -160,6 +172,7 @@ class SinkAccumulator:
         self.out_norm: list[Tensor] = []  # [B, L, H]
         self.bos_trigger: list[Tensor] = []  # [B, L, H]
         self.bos_other: list[Tensor] = []  # [B, L, H]
+        self.max_logit: list[Tensor] = []  # [B, L, H]
         self.kinds: set[str] = set()
         self.seq_len = 0
 
@@ -176,12 +189,14 @@ class SinkAccumulator:
         head_outputs: Sequence[Tensor] | None = None,
         admitted: Tensor | None = None,
         trigger_queries: Tensor | None = None,
+        max_logits: Sequence[Tensor] | None = None,
     ) -> None:
         """One batch. ``attentions``/``hidden_states`` hold every layer, including the slot
         rows/columns, and ``admitted`` (bool, the maps' last two dims) what each row may see
         (default: causal, slot columns seen by all); ``queries``/``keys``/``values`` and
         ``head_outputs`` ([B, H, T, dh]) are real tokens only. ``trigger_queries`` [B, T] (bool,
-        real tokens) marks the trigger positions of a Bigram-Backcopy probe."""
+        real tokens) marks the trigger positions of a Bigram-Backcopy probe; ``max_logits`` holds
+        each layer's [B, H] maximum pre-softmax logit (metrics.max_attention_logit)."""
         if attention_kind not in ATTENTION_KINDS:
             raise ValueError(f"attention_kind {attention_kind!r}; expected one of {ATTENTION_KINDS}")
         if not attentions:
@@ -213,6 +228,8 @@ class SinkAccumulator:
             self.bos_trigger.append(torch.stack([t for t, _ in shares], dim=1).cpu())
             self.bos_other.append(torch.stack([o for _, o in shares], dim=1).cpu())
         self.slots.append(torch.stack(slots, dim=1).cpu())
+        if max_logits:
+            self.max_logit.append(torch.stack([m.detach().float() for m in max_logits], dim=1).cpu())
         if hidden_states and self.outliers is not None:
             self.outliers.add_hidden(hidden_states)
         if hidden_states:
@@ -266,6 +283,7 @@ class SinkAccumulator:
             outliers=None if self.outliers is None else self.outliers.report(),
             bos_share_trigger=cat_nanmean(self.bos_trigger),
             bos_share_other=cat_nanmean(self.bos_other),
+            max_logit=torch.cat(self.max_logit).amax(dim=0) if self.max_logit else None,
         )
 
 
@@ -313,10 +331,10 @@ def run_probe(
     """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (every sequence counted).
 
     Eval mode, no grad, autocast off (maps in fp32); the model's training mode is restored.
-    ``output_qkv`` also measures the key/value norm ratio of the first token (costs memory);
-    ``outliers`` the activation outliers (pipeline.outliers) of the residual stream and of every
-    linear layer's input.
-    ``output_qkv`` also measures the key/value norm ratio of the first token (costs memory).
+    ``output_qkv`` also measures the key/value norm ratio of the first token and the QK
+    decomposition; ``outliers`` the activation outliers (pipeline.outliers) of the residual stream
+    and of every linear layer's input. The maximum pre-softmax logit of each layer and head is
+    always measured, over the token pairs the mask admits (slots and sink tokens left out).
     ``trigger_ids`` (a Bigram-Backcopy dataset's) split the attention on token 1 by query kind.
     """
     device = _device_of(model)
@@ -334,11 +352,9 @@ def run_probe(
             _linear_inputs(model, acc.outliers),
         ):
             for start in range(0, tokens.shape[0], batch_size):
-                kwargs = {"output_attentions": True, "output_hidden_states": True}
-                if output_qkv:
-                    kwargs["output_qkv"] = True
                 batch = tokens[start : start + batch_size]
-                out = model(batch, **kwargs)
+                out = model(batch, output_attentions=True, output_hidden_states=True, output_qkv=True)
+                real = None if admitted is None else admitted[-batch.shape[1] :, -batch.shape[1] :]
                 acc.add(
                     out.attentions,
                     attention_kind=out.attention_kind,
@@ -351,6 +367,10 @@ def run_probe(
                     head_outputs=getattr(out, "head_outputs", None),
                     admitted=admitted,
                     trigger_queries=None if triggers is None else torch.isin(batch, triggers),
+                    max_logits=[
+                        metrics.max_attention_logit(q, k, real)
+                        for q, k in zip(getattr(out, "queries", None) or [], getattr(out, "keys", None) or [])
+                    ],
                 )
     finally:
         model.train(was_training)

@@ -179,6 +179,7 @@ def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float
                 rep.entropy,
                 rep.out_norm,
                 rep.dormant,
+                max_logit=rep.max_logit,
             )
         )
     first = reports.get("natural") or next(iter(reports.values()))
@@ -227,6 +228,10 @@ def record_metrics(record: dict) -> dict[str, float]:
         summary = (rep.get("outliers") or {}).get("summary", {})
         metrics.update({f"{kind}/act/{k}": v for k, v in summary.items() if not k.endswith("_at")})
         metrics.update({f"{kind}/{k}": v for k, v in record["extreme_tokens"][kind].items()})
+        if rep.get("max_logit") is not None:  # the largest q·k/√d_h per layer (max over heads)
+            layers = [max(row) for row in rep["max_logit"]]
+            metrics.update({f"{kind}/attn/max_logit_l{l}": v for l, v in enumerate(layers)})
+            metrics[f"{kind}/attn/max_logit"] = max(layers)
     metrics.update({f"domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v for d, v in record.get("domains", {}).items()})
     return metrics
 

@@ -170,6 +170,7 @@ class SinkMetrics(Callback):
                 report.out_norm,
                 report.dormant,
                 uniform=self._uniform,
+                max_logit=report.max_logit,
             )
             for logger in trainer.loggers:
                 if hasattr(logger, "log_artifact"):
