@@ -38,6 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from pipeline import metric_names as N  # noqa: E402
 from pipeline.train.summary import health_problems, metric_rows  # noqa: E402
 
 SINKLAB = [sys.executable, "-m", "pipeline.cli"]
@@ -269,7 +270,7 @@ class Matrix:
         while (
             proc.poll() is None
             and time.monotonic() < deadline
-            and not any(step >= case.steps // 3 for step, _ in metric_rows(metrics, "train/loss"))
+            and not any(step >= case.steps // 3 for step, _ in metric_rows(metrics, N.TRAIN_LOSS))
         ):
             time.sleep(0.05)
         if proc.poll() is None:
@@ -322,8 +323,8 @@ class Matrix:
             values = values[1:] if len(values) > 1 else values  # the first window holds compilation
             return statistics.median(values) if values else None
 
-        result.tokens_per_s, result.mfu = typical("perf/tokens_per_s"), typical("perf/mfu")
-        peaks = [row[1] for row in metric_rows(metrics, "perf/max_memory_gib")]
+        result.tokens_per_s, result.mfu = typical(N.TOKENS_PER_S), typical(N.MFU)
+        peaks = [row[1] for row in metric_rows(metrics, N.MAX_MEMORY_GIB)]
         result.peak_gib = max(peaks) if peaks else None
 
 
@@ -391,18 +392,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     data = dict(DATA, cpu=args.data) if args.data else dict(DATA)
+    every = gpu_cases() if args.device == "cuda" else cpu_cases()  # names first: a refusal prepares nothing
+    names = [c.name for c in every]
+    wanted = [name.strip() for name in (args.cases or "").split(",") if name.strip()] or names
+    if unknown := [n for n in wanted if n not in names]:
+        parser.error(f"--cases: unknown {', '.join(unknown)}; the {args.device} cases are {', '.join(names)}")
+    if missing := [c.reads for c in every if c.name in wanted and c.reads and c.reads not in wanted]:
+        parser.error(f"--cases: {', '.join(missing)} must run too (the analysis cases read its checkpoint)")
     if args.device == "cpu":
         prepare("cpu", data["cpu"])
-    every = gpu_cases() if args.device == "cuda" else cpu_cases(context_of(data["cpu"]))
-    names = [c.name for c in every]
-    cases = every
-    if args.cases:
-        wanted = [name.strip() for name in args.cases.split(",") if name.strip()]
-        if unknown := [n for n in wanted if n not in names]:
-            parser.error(f"--cases: unknown {', '.join(unknown)}; the {args.device} cases are {', '.join(names)}")
-        if missing := [c.reads for c in every if c.name in wanted and c.reads and c.reads not in wanted]:
-            parser.error(f"--cases: {', '.join(missing)} must run too (the analysis cases read its checkpoint)")
-        cases = [c for c in every if c.name in wanted]
+        every = cpu_cases(context_of(data["cpu"]))
+    cases = [c for c in every if c.name in wanted]
     for key in sorted({c.data for c in cases}):
         prepare(key, data[key])
     root = args.root or REPO / "runs" / "gpu-check" / time.strftime("%Y%m%d-%H%M%S")

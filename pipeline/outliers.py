@@ -23,6 +23,8 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
+from pipeline import metric_names as N
+
 # Thresholds, in multiples of the median |x| of a sequence's tensor (SinkLab's choices; see
 # docs/analysis.md): a channel is channel-wise when it exceeds CHANNEL_FACTOR at CHANNEL_SHARE of
 # the positions or more; a single entry outside those channels is a token-wise outlier above
@@ -111,13 +113,15 @@ class OutlierReport:
             ("tokenwise_lead_pct", self.lead_pct),
             ("channelwise_channels", self.outlier_channels),
         ):
-            out.update({f"act/{key}_l{l}": float(v) for l, v in enumerate(values)})
+            out.update({N.layer(N.act(key), l): float(v) for l, v in enumerate(values)})
         for name, values in self.linear_max.items():
-            out.update({f"act/linear_max_l{l}_{name}": float(v) for l, v in enumerate(values) if v == v})
+            out.update({f"{N.layer(N.act('linear_max'), l)}_{name}": float(v) for l, v in enumerate(values) if v == v})
         if self.lead_scale_ratio:
             per_layer = torch.stack(list(self.lead_scale_ratio.values())).nan_to_num(nan=-math.inf).amax(dim=0)
-            out.update({f"act/lead_scale_ratio_l{l}": float(v) for l, v in enumerate(per_layer) if v > -math.inf})
-        out.update({f"act/{k}": v for k, v in self.summary().items() if not k.endswith("_at")})
+            out.update(
+                {N.layer(N.act("lead_scale_ratio"), l): float(v) for l, v in enumerate(per_layer) if v > -math.inf}
+            )
+        out.update({N.act(k): v for k, v in self.summary().items() if not k.endswith("_at")})
         return out
 
     def to_json(self) -> dict:

@@ -98,6 +98,27 @@ def alpha1_heatmap(
     return _save(fig, path)
 
 
+def head_map(values, path: str | Path, title: str, label: str) -> Path:
+    """One layer × head panel of ``values [L, H]`` (the values written in where the map is small)."""
+    data = _matrix(values)
+    n_layers, n_heads = len(data), len(data[0])
+    fig, ax = plt.subplots(
+        figsize=(max(4.0, 0.35 * n_heads + 2), max(3.0, 0.25 * n_layers + 1.5)), layout="constrained"
+    )
+    im = ax.imshow(data, aspect="auto", cmap="inferno", origin="lower")
+    if n_layers * n_heads <= 64:
+        for layer, row in enumerate(data):
+            for head, value in enumerate(row):
+                ax.text(head, layer, f"{value:.1f}", ha="center", va="center", fontsize=7, color="cyan")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(0, n_heads, max(1, n_heads // 16)))
+    ax.set_yticks(range(0, n_layers, max(1, n_layers // 16)))
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, label=label)
+    return _save(fig, path)
+
+
 def norm_ratio_curves(curves: Mapping[str, Sequence[float]], path: str | Path, title: str = "") -> Path:
     """One line per quantity: ‖x_1‖ / mean_{t≠1} ‖x_t‖ against the layer index."""
     fig, ax = plt.subplots(figsize=(5.5, 3.5))

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pipeline import metric_names as N
 from pipeline import metrics
 from pipeline.model.attention_ops import SCORE_KINDS
 from pipeline.outliers import OutlierAccumulator, OutlierReport, recording_linear_inputs
@@ -72,26 +73,30 @@ class SinkReport:
         """Per head ``heads/entropy_l{l}_h{h}``, ``heads/out_norm_l{l}_h{h}``,
         ``heads/max_logit_l{l}_h{h}`` (0-based) and ``heads/dormant_pct``, where measured."""
         out: dict[str, float] = {}
-        for name, values in (("entropy", self.entropy), ("out_norm", self.out_norm), ("max_logit", self.max_logit)):
+        for name, values in (
+            (N.HEAD_ENTROPY, self.entropy),
+            (N.HEAD_OUT_NORM, self.out_norm),
+            (N.HEAD_MAX_LOGIT, self.max_logit),
+        ):
             if values is not None:
                 out.update(
                     {
-                        f"heads/{name}_l{l}_h{h}": float(values[l, h])
+                        N.head(name, l, h): float(values[l, h])
                         for l in range(values.shape[0])
                         for h in range(values.shape[1])
                     }
                 )
         if self.out_norm is not None:
-            out["heads/dormant_pct"] = self.dormant_pct
+            out[N.DORMANT_PCT] = self.dormant_pct
         return out
 
     def to_metrics(self) -> dict[str, float]:
         # mean alpha_1 over layers, heads and sequences: moves before Sink_1 crosses eps
-        out = {"sink/sink1": self.sink1, "sink/alpha1_mean": float(self.alpha1.mean())}
-        out.update({f"sink/sink_star_{name}": v for name, v in self.sink_star.items()})
-        out.update({f"sink/sink_k{k}": v for k, v in enumerate(self.profile, start=1)})
+        out = {N.SINK1: self.sink1, N.ALPHA1_MEAN: float(self.alpha1.mean())}
+        out.update({N.sink_star(name): v for name, v in self.sink_star.items()})
+        out.update({N.sink_k(k): v for k, v in enumerate(self.profile, start=1)})
         # mean alpha_k at later positions: where a fixed token sits at k > 1 (Table 10 right)
-        out.update({f"sink/alpha{k}_mean": v for k, v in enumerate(self.alpha_profile[1:], start=2)})
+        out.update({N.alpha_k_mean(k): v for k, v in enumerate(self.alpha_profile[1:], start=2)})
         if self.outliers is not None:
             out.update(self.outliers.to_metrics())
         return out | self.extreme_token_metrics() | self.logit_metrics()
@@ -101,8 +106,8 @@ class SinkReport:
         if self.max_logit is None:
             return {}
         per_layer = self.max_logit.amax(dim=-1)
-        return {f"attn/max_logit_l{l}": float(v) for l, v in enumerate(per_layer)} | {
-            "attn/max_logit": float(per_layer.max())
+        return {N.layer(N.MAX_LOGIT, l): float(v) for l, v in enumerate(per_layer)} | {
+            N.MAX_LOGIT: float(per_layer.max())
         }
 
     def extreme_token_metrics(self) -> dict[str, float]:
@@ -111,14 +116,14 @@ class SinkReport:
         kind ``sink/bos_share_trigger_l{l}``, ``sink/bos_share_other_l{l}`` (mean over heads)."""
         out = {}
         for name, values in (
-            ("act/massive_ratio", self.massive_ratio),
-            ("act/value_norm_ratio", self.value_norm_ratio),
-            ("sink/bos_share_trigger", self.bos_share_trigger),
-            ("sink/bos_share_other", self.bos_share_other),
+            (N.MASSIVE_RATIO, self.massive_ratio),
+            (N.VALUE_NORM_RATIO, self.value_norm_ratio),
+            (N.BOS_SHARE_TRIGGER, self.bos_share_trigger),
+            (N.BOS_SHARE_OTHER, self.bos_share_other),
         ):
             if values is not None:
                 per_layer = values if values.dim() == 1 else values.mean(dim=-1)
-                out.update({f"{name}_l{l}": float(v) for l, v in enumerate(per_layer)})
+                out.update({N.layer(name, l): float(v) for l, v in enumerate(per_layer)})
         return out
 
     def to_json(self) -> dict:

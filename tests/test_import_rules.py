@@ -99,6 +99,11 @@ def test_the_rules_are_read_from_real_imports(tmp_path):
             ),
             THE_TRAINING_LAYER + ("pipeline.analysis", "data_prep", "cluster", "jsonargparse"),
         ),
+        # the metric names: standard library only, so that every layer above reads them
+        (
+            ("pipeline/metric_names.py",),
+            ("pipeline", "sinklab_io", "data_prep", "torch", "numpy", "lightning", "mlflow"),
+        ),
         # data_prep knows nothing of pipeline or cluster
         (("data_prep",), ("pipeline", "cluster", "lightning", "mlflow")),
         # utilities every layer needs sit below all of them
@@ -111,7 +116,16 @@ def test_the_rules_are_read_from_real_imports(tmp_path):
         (("pipeline/tracking",), ("pipeline.train", "pipeline.analysis", "pipeline.experiments")),
         (("pipeline/checkpoint",), ("mlflow", "pipeline.tracking", "pipeline.analysis", "pipeline.experiments")),
     ],
-    ids=["model-kernels-metrics", "data_prep", "sinklab_io", "cluster", "train", "tracking", "checkpoint"],
+    ids=[
+        "model-kernels-metrics",
+        "metric-names",
+        "data_prep",
+        "sinklab_io",
+        "cluster",
+        "train",
+        "tracking",
+        "checkpoint",
+    ],
 )
 def test_design_import_rules(parts, forbidden):
     files = [f for part in parts for f in ([REPO / part] if part.endswith(".py") else sources(part))]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline import metric_names as N
 from pipeline import plots
 from pipeline.analysis import inputs
 from pipeline.analysis.subject import Subject, model_name
@@ -222,17 +223,17 @@ def dataset_trigger_ids(path: Path) -> list[int] | None:
 def record_metrics(record: dict) -> dict[str, float]:
     """The analysis as MLflow metrics: Table 1, Sink_k, activation outliers and the extreme-token
     phenomena per input kind, Sink_1 per Pile domain."""
-    metrics = {f"table1/{k}": v for k, v in record["table1"].items()}
+    metrics = {N.table1(k): v for k, v in record["table1"].items()}
     for kind, rep in record["reports"].items():
-        metrics.update({f"{kind}/sink_k{k}": v for k, v in enumerate(rep["profile"], start=1)})
+        metrics.update({N.input_sink_k(kind, k): v for k, v in enumerate(rep["profile"], start=1)})
         summary = (rep.get("outliers") or {}).get("summary", {})
-        metrics.update({f"{kind}/act/{k}": v for k, v in summary.items() if not k.endswith("_at")})
-        metrics.update({f"{kind}/{k}": v for k, v in record["extreme_tokens"][kind].items()})
+        metrics.update({N.of_input(kind, N.act(k)): v for k, v in summary.items() if not k.endswith("_at")})
+        metrics.update({N.of_input(kind, k): v for k, v in record["extreme_tokens"][kind].items()})
         if rep.get("max_logit") is not None:  # the largest q·k/√d_h per layer (max over heads)
             layers = [max(row) for row in rep["max_logit"]]
-            metrics.update({f"{kind}/attn/max_logit_l{l}": v for l, v in enumerate(layers)})
-            metrics[f"{kind}/attn/max_logit"] = max(layers)
-    metrics.update({f"domain/{re.sub(r'[^A-Za-z0-9_.-]', '_', d)}": v for d, v in record.get("domains", {}).items()})
+            metrics.update({N.of_input(kind, N.layer(N.MAX_LOGIT, l)): v for l, v in enumerate(layers)})
+            metrics[N.of_input(kind, N.MAX_LOGIT)] = max(layers)
+    metrics.update({N.domain(re.sub(r"[^A-Za-z0-9_.-]", "_", d)): v for d, v in record.get("domains", {}).items()})
     return metrics
 
 
@@ -255,10 +256,10 @@ def log_on_run(uri: str, run_id: str, record: dict, out: Path) -> str:
     itself, the output directory (report.json, plots) under ``analysis/``."""
     from pipeline.tracking import log_results
 
-    values = {f"analysis/{k}": v for k, v in record_metrics(record).items()}
+    values = {N.analysis(k): v for k, v in record_metrics(record).items()}
     values.update(
         {
-            f"analysis/{kind}/alpha1_mean": float(torch.tensor(rep["alpha1"]).mean())
+            N.analysis(N.of_input(kind, "alpha1_mean")): float(torch.tensor(rep["alpha1"]).mean())
             for kind, rep in record["reports"].items()
             if rep.get("alpha1") is not None
         }

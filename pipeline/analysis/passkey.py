@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline import metric_names as N
 from pipeline.analysis.streaming import (
     CacheSpec,
     Streamer,
@@ -200,7 +201,7 @@ def log_to_run(subject, table: dict, figure: Path, settings: dict) -> None:
     from pipeline.tracking import log_results
 
     values = {
-        "passkey/acc_" + cache.replace("+", "_"): sum(c["accuracy"] for c in row.values()) / len(row)
+        N.passkey_accuracy(cache.replace("+", "_")): sum(c["accuracy"] for c in row.values()) / len(row)
         for cache, row in table.items()
     }
     log_results(subject.tracking_uri, subject.run_id, values, {"sinklab.passkey.settings": settings}, figure, "passkey")

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.streaming import perplexity
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
@@ -257,13 +258,13 @@ def run(subject, args) -> dict:
         from pipeline.tracking import log_results
 
         values = {
-            f"quant/{key}_{n.replace('-', '_')}": r[key]
+            N.quant(f"{key}_{n.replace('-', '_')}"): r[key]
             for n, r in results.items()
             for key in ("perplexity", "gap_pct", "recovered_pct")
             if r[key] is not None
         }
         if report is not None:
-            values.update({f"quant/act/{k}": v for k, v in report.summary().items() if not k.endswith("_at")})
+            values.update({N.quant(N.act(k)): v for k, v in report.summary().items() if not k.endswith("_at")})
         record["mlflow_run_id"] = log_results(
             subject.tracking_uri, subject.run_id, values, {"sinklab.quant.settings": record["settings"]}, out, "quant"
         )

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from pipeline import metric_names as N
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 from pipeline.model.cache import eviction_index, gather_entries
 from sinklab_io.atomic import atomic_write
@@ -320,7 +321,7 @@ def log_to_run(subject, results: dict[str, float], settings: dict) -> None:
     log_results(
         subject.tracking_uri,
         subject.run_id,
-        {"stream/ppl_" + key.replace("+", "_"): value for key, value in results.items()},
+        {N.stream_perplexity(key.replace("+", "_")): value for key, value in results.items()},
         {"sinklab.stream.settings": settings},
         None,
         "stream",

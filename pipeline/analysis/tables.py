@@ -3,6 +3,7 @@ extreme-token phenomena per layer, domains, learned-position edits)."""
 
 from __future__ import annotations
 
+from pipeline import metric_names as N
 from pipeline.outliers import summary_table
 
 
@@ -30,7 +31,7 @@ def format_table(record: dict) -> str:
     if outliers:
         lines += ["", "Activation outliers (largest over layers; docs/analysis.md)", ""] + summary_table(outliers)
     for kind, layers in record.get("extreme_tokens", {}).items():
-        if any(k.startswith("sink/bos_share_other") for k in layers):  # a Bigram-Backcopy probe: the split is known
+        if any(k.startswith(N.BOS_SHARE_OTHER) for k in layers):  # a Bigram-Backcopy probe: the split is known
             lines += ["", f"Extreme-token phenomena per layer ({kind}; Guo et al. 2024)", ""] + extreme_token_table(
                 layers
             )
@@ -48,11 +49,11 @@ def format_table(record: dict) -> str:
 
 def extreme_token_table(layers: dict[str, float]) -> list[str]:
     """SinkReport.extreme_token_metrics as one row per layer."""
-    columns = ("sink/bos_share_trigger", "sink/bos_share_other", "act/value_norm_ratio", "act/massive_ratio")
+    columns = (N.BOS_SHARE_TRIGGER, N.BOS_SHARE_OTHER, N.VALUE_NORM_RATIO, N.MASSIVE_RATIO)
     rows = [
         "| layer | BOS share, trigger queries | BOS share, other queries | ‖v₁‖ ratio | ‖h₁‖ ratio |",
         "|---|---|---|---|---|",
     ]
-    for l in range(sum(k.startswith("act/massive_ratio_l") for k in layers)):
-        rows.append(f"| {l} | " + " | ".join(f"{layers.get(f'{c}_l{l}', float('nan')):.3f}" for c in columns) + " |")
+    for l in range(sum(k.startswith(N.MASSIVE_RATIO + "_l") for k in layers)):
+        rows.append(f"| {l} | " + " | ".join(f"{layers.get(N.layer(c, l), float('nan')):.3f}" for c in columns) + " |")
     return rows

@@ -17,16 +17,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import metric_names as N
 from pipeline import metrics as M
 from pipeline import tracking
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 from sinklab_io.atomic import atomic_path, atomic_write
 
 MISSING = "—"
-ALPHA1 = "sink/alpha1_mean"
-SINK1 = "sink/sink1"
-UNIFORM = "sink/alpha1_uniform"  # logged by every probe since emergence steps are (issue 19)
-EMERGED = {name: f"sink/emerged_step_{name}" for name in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)}
+ALPHA1, SINK1 = N.ALPHA1_MEAN, N.SINK1
+UNIFORM = N.ALPHA1_UNIFORM  # logged by every probe since emergence steps are (issue 19)
+EMERGED = {name: N.emerged_step(name) for name in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)}
 EMERGENCE_LABEL = "emergence step (Sink_1 > 1% / > 10% / alpha_1 > 1.25 x uniform)"
 
 
@@ -140,9 +140,9 @@ def agreement_metrics(found: list[Agreement]) -> dict[str, float]:
     nan = float("nan")
     out = {}
     for a in found:
-        out[f"agreement/{a.key}/n"] = float(a.n)
-        out[f"agreement/{a.key}/spearman"] = nan if a.rho is None else a.rho
-        out[f"agreement/{a.key}/kendall"] = nan if a.tau is None else a.tau
+        out[N.agreement(a.key, "n")] = float(a.n)
+        out[N.agreement(a.key, "spearman")] = nan if a.rho is None else a.rho
+        out[N.agreement(a.key, "kendall")] = nan if a.tau is None else a.tau
     return out
 
 
@@ -156,12 +156,12 @@ def memorising_notes(rows: list[Row], mlflow) -> list[str]:
     """One line per variant whose validation loss turned upward for good (metrics.memorising)."""
     notes = []
     for row in rows:
-        if row.run_id and (note := M.memorising(tracking.metric_history(mlflow, row.run_id, "val/loss"))):
+        if row.run_id and (note := M.memorising(tracking.metric_history(mlflow, row.run_id, N.VAL_LOSS))):
             notes.append(f"{row.label}: {note}")
     return notes
 
 
-STEP_KEYS = (SINK1, "train/loss", "val/loss")
+STEP_KEYS = (SINK1, N.TRAIN_LOSS, N.VAL_LOSS)
 
 
 def steps_run(rows: list[Row], mlflow) -> dict[str, int]:

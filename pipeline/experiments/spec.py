@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from pipeline import metric_names as N
+
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS_DIR = REPO / "configs" / "experiments"
 SCALES = ("paper", "cpu", "gpu")
@@ -202,6 +204,14 @@ class _Reader:
             raise self.fail(path, f"expected a non-empty string, got {value!r}")
         return value.strip()
 
+    def metric(self, value: Any, path: tuple) -> str:
+        value = self.text(value, path)
+        if not N.is_metric(value):
+            raise self.fail(
+                path, f"{value!r} is not a metric name; SinkLab's start with one of {', '.join(N.NAMESPACES)}"
+            )
+        return value
+
     def name(self, value: Any, path: tuple) -> str:
         value = self.text(value, path)
         if not NAME_RE.match(value):
@@ -288,7 +298,7 @@ def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
         scales[scale] = ScaleSetup(
             recipe,
             r.overrides(s.get("overrides"), ("scale", scale, "overrides")),
-            {k: r.text(v, ("scale", scale, "metrics", k)) for k, v in metrics.items()},
+            {k: r.metric(v, ("scale", scale, "metrics", k)) for k, v in metrics.items()},
         )
 
     columns_raw = top["columns"]
@@ -303,7 +313,7 @@ def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
         columns.append(
             Column(
                 r.name(c["key"], ("columns", i, "key")),
-                r.text(c["metric"], ("columns", i, "metric")),
+                r.metric(c["metric"], ("columns", i, "metric")),
                 r.text(c["label"], ("columns", i, "label")),
                 digits,
             )
@@ -335,7 +345,7 @@ def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
             raise r.fail(("plot", "kind"), f"expected one of {PLOT_KINDS}, got {p['kind']!r}")
         plot = PlotSpec(
             p["kind"],
-            r.text(p["metric"], ("plot", "metric")),
+            r.metric(p["metric"], ("plot", "metric")),
             r.text(p.get("title"), ("plot", "title"), optional=True) or top["title"],
         )
 

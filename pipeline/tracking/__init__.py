@@ -40,8 +40,6 @@ _EXPORTS = {
     "run_models": ("ResolvedModel", "RunModelError", "is_model_uri", "resolve_argv", "resolve_model"),
     "results": ("log_new_run", "log_results"),
     "views": (
-        "ALPHA1_IMAGE",
-        "TRAJECTORY_IMAGE",
         "dataset_name",
         "experiment_url",
         "home_url",

@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+from pipeline import metric_names as N
 from sinklab_io.atomic import atomic_write
 
 
@@ -53,7 +54,7 @@ class MetricsFile:
             f.seek(start)
             rows = [json.loads(line) for line in f.read(end - start).splitlines() if line.strip()]
         return [
-            {k: v for k, v in row.items() if row["step"] < resume_step or not k.startswith("train/")}
+            {k: v for k, v in row.items() if row["step"] < resume_step or not k.startswith(N.TRAIN)}
             for row in rows
             if row["step"] <= resume_step
         ], end

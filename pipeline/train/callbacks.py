@@ -12,13 +12,14 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from pipeline import metric_names as N
 from pipeline import probe as sink_probe
 from pipeline.checkpoint import RunDir, StepCheckpoint, at_step_end
 from pipeline.flops import PEAK_ENV, device_peak_flops, flops_per_token, mfu
-from pipeline.tracking import ALPHA1_IMAGE, TRAJECTORY_IMAGE
 
 from . import emergence
 from .compiling import uncompiled
+from .recording import log_artifact, log_image, record_metrics, set_tag
 
 
 class Preemption(Callback):
@@ -106,12 +107,11 @@ class SinkMetrics(Callback):
                     "attention sink, value-state drain, residual-state peak",
                 ),
             )
-            for logger in trainer.loggers:
-                for path in figures:
-                    if path is not None and hasattr(logger, "log_artifact"):
-                        logger.log_artifact(path, artifact_path="plots")
+            for path in figures:
+                if path is not None:
+                    log_artifact(trainer, path, "plots")
             if figures[0] is not None:
-                _log_image(trainer, figures[0], TRAJECTORY_IMAGE, trainer.global_step)
+                log_image(trainer, figures[0], N.TRAJECTORY_IMAGE, trainer.global_step)
 
     def _maybe_probe(self, trainer, pl_module, force: bool = False) -> None:
         step = trainer.global_step
@@ -150,16 +150,14 @@ class SinkMetrics(Callback):
         self._last, self._uniform = report, emergence.probe_uniform_alpha1(pl_module.model_config, report.seq_len)
         metrics.update(
             emergence.probe_metrics(
-                report.alpha1, report.sink1, metrics["sink/alpha1_mean"], step, self.metrics_path, self._uniform
+                report.alpha1, report.sink1, metrics[N.ALPHA1_MEAN], step, self.metrics_path, self._uniform
             )
         )
-        for logger in trainer.loggers:  # not pl_module.log: the step-0 probe runs in on_train_start
-            logger.log_metrics(metrics, step=step)
-            for key, value in emergence.tags_of(metrics).items():
-                if hasattr(logger, "set_tag"):
-                    logger.set_tag(key, value)
+        record_metrics(pl_module, metrics, step)
+        for key, value in emergence.tags_of(metrics).items():
+            set_tag(trainer, key, value)
         if self.plot_every > 0 and (step % self.plot_every == 0 or force):
-            from pipeline.plots import alpha1_heatmap
+            from pipeline.plots import alpha1_heatmap, head_map
 
             title = f"step {step}: α₁ per layer and head (Sink₁ = {report.sink1:.1f}%)"
             path = alpha1_heatmap(
@@ -172,9 +170,7 @@ class SinkMetrics(Callback):
                 uniform=self._uniform,
                 max_logit=report.max_logit,
             )
-            for logger in trainer.loggers:
-                if hasattr(logger, "log_artifact"):
-                    logger.log_artifact(path, artifact_path="plots")
+            log_artifact(trainer, path, "plots")
             # the UI's image charts show a thumbnail (256 px): α₁ alone, one image per step
             alone = alpha1_heatmap(
                 report.alpha1,
@@ -183,15 +179,17 @@ class SinkMetrics(Callback):
                 dormant=report.dormant,
                 uniform=self._uniform,
             )
-            _log_image(trainer, alone, ALPHA1_IMAGE, step)
+            log_image(trainer, alone, N.ALPHA1_IMAGE, step)
+            if report.max_logit is not None:
+                peak = float(report.max_logit.max())
+                logits = head_map(
+                    report.max_logit,
+                    self.plot_dir / f"max_logit_step-{step:06d}.png",
+                    f"step {step}: largest q·k/√d_h per layer and head (max {peak:.1f})",
+                    "max q·k/√d_h",
+                )
+                log_image(trainer, logits, N.MAX_LOGIT_IMAGE, step)
         self.seconds += time.perf_counter() - t0
-
-
-def _log_image(trainer, path: Path, key: str, step: int) -> None:
-    """A figure as an MLflow image with its step, where the logger takes images."""
-    for logger in trainer.loggers:
-        if hasattr(logger, "log_image"):
-            logger.log_image(path, key, step)
 
 
 class Throughput(Callback):
@@ -223,17 +221,13 @@ class Throughput(Callback):
             return
         now = time.perf_counter()
         tokens_per_s = (step - self._step_window) * self.tokens_per_step / (now - self._t_window)
-        metrics = {"perf/tokens_per_s": tokens_per_s}
+        metrics = {N.TOKENS_PER_S: tokens_per_s}
         value = mfu(tokens_per_s / trainer.world_size, self._flops_token or 0.0, self._peak)
         if value is not None:
-            metrics["perf/mfu"] = value
+            metrics[N.MFU] = value
         if pl_module.device.type == "cuda":  # this rank's high-water mark of allocated memory
-            metrics["perf/max_memory_gib"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
-        pl_module.log_dict(
-            {name.removeprefix("perf/"): value for name, value in metrics.items()}, prog_bar=True, logger=False
-        )
+            metrics[N.MAX_MEMORY_GIB] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
+        record_metrics(pl_module, metrics, step, bar=True)
         self._t_window, self._step_window = now, step
 
     def on_train_end(self, trainer, pl_module) -> None:

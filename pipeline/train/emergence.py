@@ -18,22 +18,21 @@ from pathlib import Path
 
 import torch
 
+from pipeline import metric_names as N
 from pipeline import metrics as M
 from pipeline.model.config import ModelConfig
 
 from .summary import metric_rows
 
-EMERGED = "sink/emerged_step_"
-UNIFORM = "sink/alpha1_uniform"
-HISTORY_KEYS = ("sink/sink1", "sink/alpha1_mean")
+HISTORY_KEYS = (N.SINK1, N.ALPHA1_MEAN)
 
 
 def head_metric(layer: int, head: int) -> str:
-    return f"heads/alpha1_l{layer}_h{head}"
+    return N.head(N.HEAD_ALPHA1, layer, head)
 
 
 def emerged_names() -> list[str]:
-    return [EMERGED + name for name in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)]
+    return [N.emerged_step(name) for name in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)]
 
 
 def probe_uniform_alpha1(cfg: ModelConfig, T: int) -> float:
@@ -56,7 +55,7 @@ def emerged_so_far(
     """Metric name -> step for every threshold crossed up to and including ``step``."""
     rows = history(metrics_path, step) + [(step, sink1, alpha1_mean)]
     found = M.emergence_steps(rows, alpha1_uniform)
-    return {EMERGED + name: at for name, at in found.items() if at is not None}
+    return {N.emerged_step(name): at for name, at in found.items() if at is not None}
 
 
 def probe_metrics(
@@ -69,7 +68,7 @@ def probe_metrics(
         for layer in range(alpha1.shape[0])
         for head in range(alpha1.shape[1])
     }
-    out[UNIFORM] = alpha1_uniform
+    out[N.ALPHA1_UNIFORM] = alpha1_uniform
     for name, at in emerged_so_far(metrics_path, step, sink1, alpha1_mean, alpha1_uniform).items():
         # a resumed start probes its checkpoint's step again: what is logged there stays once
         if at == step and not any(row[0] == step for row in metric_rows(metrics_path, name)):
@@ -79,7 +78,7 @@ def probe_metrics(
 
 def tags_of(logged: dict[str, float]) -> dict[str, str]:
     """The emergence entries of a metrics dict as MLflow tags (same names, integer steps)."""
-    return {k: str(int(v)) for k, v in logged.items() if k.startswith(EMERGED)}
+    return {k: str(int(v)) for k, v in logged.items() if k.startswith(N.EMERGED_STEP)}
 
 
 def head_trajectories(metrics_path: Path, n_layers: int, n_heads: int):
@@ -117,24 +116,24 @@ def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path, title: st
         (
             "attention on token 1",
             {
-                "sink/bos_share_other": "BOS share, other queries",
-                "sink/bos_share_trigger": "BOS share, trigger queries",
+                N.BOS_SHARE_OTHER: "BOS share, other queries",
+                N.BOS_SHARE_TRIGGER: "BOS share, trigger queries",
             },
         ),
-        ("‖v₁‖ / mean ‖vₜ‖ ratio (value-state drain)", {"act/value_norm_ratio": "‖v₁‖ ratio"}),
-        ("‖h₁‖ / mean ‖hₜ‖ ratio (residual-state peak)", {"act/massive_ratio": "‖h₁‖ ratio"}),
+        ("‖v₁‖ / mean ‖vₜ‖ ratio (value-state drain)", {N.VALUE_NORM_RATIO: "‖v₁‖ ratio"}),
+        ("‖h₁‖ / mean ‖hₜ‖ ratio (residual-state peak)", {N.MASSIVE_RATIO: "‖h₁‖ ratio"}),
     )
-    keys = ["sink/sink1"] + [f"{name}_l{layer}" for _, names in panels for name in names for layer in range(n_layers)]
+    keys = [N.SINK1] + [N.layer(name, layer) for _, names in panels for name in names for layer in range(n_layers)]
     rows = metric_rows(metrics_path, *keys)
     if not rows:
         return None
     column = {key: [row[1 + i] for row in rows] for i, key in enumerate(keys)}
     drawn = []
     for panel, names in panels:
-        lines = {"Sink₁ / 100": [v / 100 for v in column["sink/sink1"]]} if not drawn else {}
+        lines = {"Sink₁ / 100": [v / 100 for v in column[N.SINK1]]} if not drawn else {}
         for name, label in names.items():
             for layer in range(n_layers):
-                values = column[f"{name}_l{layer}"]
+                values = column[N.layer(name, layer)]
                 if any(v == v for v in values):  # NaN where the probe did not measure it
                     lines[f"{label}, layer {layer}"] = values
         if lines:

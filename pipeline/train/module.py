@@ -18,12 +18,14 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.checkpoint import checkpoint
 
+from pipeline import metric_names as N
 from pipeline.checkpoint import NonFiniteLossError
 from pipeline.model import ConfigError, ModelConfig, Transformer
 
 from .compiling import compile_blocks, failure_line
 from .loss import next_token_loss
 from .optim import OptimConfig, build_optimizer, build_scheduler, optimizer_split
+from .recording import record_metrics, reduced, set_tag
 from .sharding import shard_model
 
 # DeepSpeedStrategy warns that an overridden configure_gradient_clipping does not clip: under it
@@ -149,9 +151,7 @@ class SinkLabModule(L.LightningModule):
             file=sys.stderr,
             flush=True,
         )
-        for logger in trainer.loggers if trainer is not None else []:
-            if hasattr(logger, "set_tag"):
-                logger.set_tag("sinklab.compile", f"failed, trained eager: {line}")
+        set_tag(trainer, "sinklab.compile", f"failed, trained eager: {line}")
 
     def set_vocab(self, vocab_size: int, context_length: int) -> None:
         cfg = self.model_config.replace(vocab_size=vocab_size)
@@ -185,10 +185,7 @@ class SinkLabModule(L.LightningModule):
         """On the last micro-batch of a step, before its optimizer update: the step's mean loss
         over micro-batches and ranks; a non-finite one stops every rank together (so no
         checkpoint of the broken weights is written)."""
-        mean = self._step_loss / self._micro
-        if self.trainer.world_size > 1:
-            mean = self.trainer.strategy.reduce(mean, reduce_op="mean")
-        value = float(mean)
+        value = reduced(self.trainer, self._step_loss / self._micro, "mean")
         self._step_loss, self._micro = 0.0, 0
         if not math.isfinite(value):
             raise NonFiniteLossError(
@@ -196,14 +193,12 @@ class SinkLabModule(L.LightningModule):
                 "checkpoint is kept. Start a new run directory with a lower model.optim.lr or a longer "
                 "warm-up (a resume restores the optimizer's lr from the checkpoint), or check the data."
             )
-        self.log("loss", value, prog_bar=True, logger=False)
-        every = max(1, self.trainer.log_every_n_steps)
-        if self.global_step % every == 0 and self.trainer.is_global_zero:
+        # the step's mean over micro-batches and ranks, of step s (the weights after s updates)
+        due = self.global_step % max(1, self.trainer.log_every_n_steps) == 0
+        record_metrics(self, {N.TRAIN_LOSS: value}, bar=True, log=False)
+        if due:
             lr = self.trainer.optimizers[0].param_groups[0]["lr"]
-            # to the loggers directly, not self.log: the value is already the step's mean over
-            # micro-batches and ranks, and belongs to step s (the weights after s updates)
-            for logger in self.trainer.loggers:
-                logger.log_metrics({"train/loss": value, "train/lr": lr}, step=self.global_step)
+            record_metrics(self, {N.TRAIN_LOSS: value, N.TRAIN_LR: lr})
 
     def on_train_epoch_start(self) -> None:
         self._step_loss, self._micro = 0.0, 0
@@ -217,13 +212,7 @@ class SinkLabModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if not self._val or self.trainer.sanity_checking:
             return
-        mean = torch.stack(self._val).mean()
-        if self.trainer.world_size > 1:
-            mean = self.trainer.strategy.reduce(mean, reduce_op="mean")
-        self.log("val_loss", mean, prog_bar=True, logger=False)
-        if self.trainer.is_global_zero:
-            for logger in self.trainer.loggers:
-                logger.log_metrics({"val/loss": float(mean)}, step=self.global_step)
+        record_metrics(self, {N.VAL_LOSS: torch.stack(self._val).mean()}, reduce="mean", bar=True)
 
     # ---- optimisation ---------------------------------------------------------------------
     def optimizer_split(self) -> dict[str, str]:

@@ -15,6 +15,8 @@ from lightning.pytorch.callbacks.progress.rich_progress import CustomBarColumn, 
 from rich.progress import TextColumn
 from rich.text import Text
 
+from pipeline import metric_names as N
+
 
 def _si(value: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -28,12 +30,12 @@ class StepsPerSecond(ProcessingSpeedColumn):
         return Text(f"{task.speed or 0:.2f} steps/s", style=self.style)
 
 
-# what the module and the Throughput callback put on the bar (self.log(..., prog_bar=True)), shown as
+# what the module and the Throughput callback put on the bar (record_metrics(..., bar=True)), shown as
 SHOWN = {
-    "loss": ("loss", "{:.3f}".format),
-    "val_loss": ("val loss", "{:.3f}".format),
-    "tokens_per_s": ("tokens/s", _si),
-    "mfu": ("MFU", lambda v: f"{100 * v:.1f}%"),
+    N.TRAIN_LOSS: ("loss", "{:.3f}".format),
+    N.VAL_LOSS: ("val loss", "{:.3f}".format),
+    N.TOKENS_PER_S: ("tokens/s", _si),
+    N.MFU: ("MFU", lambda v: f"{100 * v:.1f}%"),
 }
 
 

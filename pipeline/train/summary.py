@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+from pipeline import metric_names as N
 from pipeline.metrics import memorising
 from pipeline.model.attention_ops import proxy_label
 
@@ -43,13 +44,13 @@ def health_problems(metrics_path, max_steps: int, log_every: int, first_step: in
     train/loss missing at a step where it is due (steps ``first_step`` to ``max_steps - 1`` that
     are multiples of ``log_every``, trainer.log_every_n_steps; the file holds every start of a
     resumed run), or a train or validation loss that is not finite."""
-    losses = dict(metric_rows(metrics_path, "train/loss"))
+    losses = dict(metric_rows(metrics_path, N.TRAIN_LOSS))
     due = [s for s in range(first_step, max_steps) if s % max(1, log_every) == 0]
     problems = []
     if missing := [s for s in due if s not in losses]:
         shown = ", ".join(map(str, missing[:5])) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
-        problems.append(f"train/loss missing at step {shown} (due every {log_every} steps from {first_step})")
-    for key, rows in (("train/loss", sorted(losses.items())), ("val/loss", metric_rows(metrics_path, "val/loss"))):
+        problems.append(f"{N.TRAIN_LOSS} missing at step {shown} (due every {log_every} steps from {first_step})")
+    for key, rows in ((N.TRAIN_LOSS, sorted(losses.items())), (N.VAL_LOSS, metric_rows(metrics_path, N.VAL_LOSS))):
         if bad := next(((s, v) for s, v in rows if not math.isfinite(v)), None):
             problems.append(f"{key} is {bad[1]} at step {bad[0]}")
     return problems
@@ -59,8 +60,8 @@ def print_summary(cli) -> None:
     trainer, plan = cli.trainer, cli.plan
     steps = trainer.global_step
     tokens = steps * plan.global_batch_tokens
-    vals = metric_rows(cli.run.metrics_path, "val/loss")
-    sinks = metric_rows(cli.run.metrics_path, "sink/sink1", "sink/alpha1_mean")
+    vals = metric_rows(cli.run.metrics_path, N.VAL_LOSS)
+    sinks = metric_rows(cli.run.metrics_path, N.SINK1, N.ALPHA1_MEAN)
     proxy = proxy_label(cli.model.model.config.attention)
     train_s = cli.fit_seconds
     sink_s = cli.sink_cb.seconds

@@ -160,6 +160,10 @@ def test_a_good_file_loads(tmp_path):
             ":6: scale.cpu.metrics.val/loss: renames 'val/loss', which no column reads",
         ),
         (
+            ("metric: sink/sink1", "metric: sink1"),
+            ":8: columns[0].metric: 'sink1' is not a metric name; SinkLab's start with one of sink/, act/",
+        ),
+        (
             ('label: "Sink_1 (%)"}', 'label: "Sink_1 (%)", digits: 2.5}'),
             ":8: columns[0].digits: expected a whole number of decimals from 0 to 6, got 2.5",
         ),

@@ -11,6 +11,7 @@ import torch
 from conftest import fit_in_process, read_metrics
 from mlflow.tracking import MlflowClient
 
+from pipeline import metric_names as N
 from pipeline import metrics as M
 from pipeline.model.config import ModelConfig
 from pipeline.train import emergence as E
@@ -35,7 +36,7 @@ def test_each_crossing_is_logged_once_at_its_step_across_starts(tmp_path):
     # nothing logged yet: a crossing at the very first probe counts
     first = E.probe_metrics(alpha1, 2.0, 0.11, 0, path, u)
     assert first["sink/emerged_step_sink1_1pct"] == 0 and "sink/emerged_step_sink1_10pct" not in first
-    assert first["heads/alpha1_l1_h0"] == pytest.approx(0.3) and first[E.UNIFORM] == u
+    assert first["heads/alpha1_l1_h0"] == pytest.approx(0.3) and first[N.ALPHA1_UNIFORM] == u
     _write(
         path,
         [
@@ -118,7 +119,7 @@ ELU1 = [
 
 
 def _emerged(rows):
-    return {k: v for row in rows for k, v in row.items() if k.startswith(E.EMERGED)}
+    return {k: v for row in rows for k, v in row.items() if k.startswith(N.EMERGED_STEP)}
 
 
 def test_fit_logs_emergence_tags_and_trajectory_and_survives_resume(tiny_ds, tmp_path, monkeypatch, mlflow_server):
@@ -141,7 +142,7 @@ def test_fit_logs_emergence_tags_and_trajectory_and_survives_resume(tiny_ds, tmp
     probes = [r for r in rows if "sink/sink1" in r]
     assert [r["step"] for r in probes] == [0, 2, 4, 6, 8]
     uniform = M.uniform_alpha1(12)  # the tiny probe set: T = 12, causal, no slots
-    assert all(r[E.UNIFORM] == pytest.approx(uniform) for r in probes)
+    assert all(r[N.ALPHA1_UNIFORM] == pytest.approx(uniform) for r in probes)
     assert all(
         r["sink/alpha1_mean"]
         == pytest.approx(sum(r[E.head_metric(l, h)] for l in range(2) for h in range(2)) / 4, rel=1e-5)
@@ -151,8 +152,8 @@ def test_fit_logs_emergence_tags_and_trajectory_and_survives_resume(tiny_ds, tmp
     logged = _emerged(rows)
     assert expected["sink1_1pct"] is not None  # a sink does emerge here (alpha_1 need not cross 1.25 x)
     # each crossing once, in the probe row of its step; none for a threshold never crossed
-    assert logged == {E.EMERGED + k: float(v) for k, v in expected.items() if v is not None}
-    assert sum(k.startswith(E.EMERGED) for r in rows for k in r) == len(logged)
+    assert logged == {N.emerged_step(k): float(v) for k, v in expected.items() if v is not None}
+    assert sum(k.startswith(N.EMERGED_STEP) for r in rows for k in r) == len(logged)
     client = MlflowClient(mlflow_server)
     run = client.get_run((ref_dir / "mlflow_run_id").read_text().strip())
     for name in E.emerged_names():  # metric and tag: both set, the same step, or both absent
@@ -177,4 +178,4 @@ def test_fit_logs_emergence_tags_and_trajectory_and_survives_resume(tiny_ds, tmp
     assert fit_in_process([*args, "--run-dir", str(run_dir), "--resume", "auto"], monkeypatch, mlflow_server) == 0
     again = read_metrics(run_dir)
     assert _emerged(again) == logged
-    assert sum(k.startswith(E.EMERGED) for r in again for k in r) == len(logged)
+    assert sum(k.startswith(N.EMERGED_STEP) for r in again for k in r) == len(logged)

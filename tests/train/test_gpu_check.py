@@ -69,8 +69,9 @@ def test_the_first_error_line_is_ours_else_the_exception_of_the_last_traceback(l
 
 
 def test_an_unknown_case_is_refused_with_the_list(tmp_path):
-    done = gpu_check(["--cases", "softmax,nope"], tmp_path)
+    done = gpu_check(["--cases", "softmax,nope", "--data", str(tmp_path / "data")], tmp_path)
     assert done.returncode == 2 and "--cases: unknown nope; the cpu cases are softmax, sigmoid" in done.stderr
+    assert not (tmp_path / "data").exists()  # refused before the corpus is prepared
 
 
 def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatch, load_benchmark):

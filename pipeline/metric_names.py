@@ -1,0 +1,142 @@
+"""Every metric name SinkLab logs, written once (docs/contracts.md section 4).
+
+Standard library only and imported by every layer: the probe and the metrics below the training
+layer, training, tracking (beside the tags of ``pipeline.tracking.contract``), analysis and the
+experiments. Layers and heads are 0-based. tests/test_metric_names.py fails on a metric name
+written as a string anywhere else.
+"""
+
+from __future__ import annotations
+
+# the namespaces; the MLflow UI gives each its own chart section (pipeline.tracking.views)
+SINK, ACT, ATTN, HEADS, TRAIN, VAL, PERF = "sink/", "act/", "attn/", "heads/", "train/", "val/", "perf/"
+ANALYSIS, TABLE1, DOMAIN, PASSKEY, STREAM, QUANT, AGREEMENT, EVAL = (
+    "analysis/",
+    "table1/",
+    "domain/",
+    "passkey/",
+    "stream/",
+    "quant/",
+    "agreement/",
+    "eval/",  # lm-eval task scores, logged by the lm-eval run itself
+)
+NAMESPACES = (
+    SINK,
+    ACT,
+    ATTN,
+    HEADS,
+    TRAIN,
+    VAL,
+    PERF,
+    ANALYSIS,
+    TABLE1,
+    DOMAIN,
+    PASSKEY,
+    STREAM,
+    QUANT,
+    AGREEMENT,
+    EVAL,
+)
+
+# ---- training (pipeline.train.module, pipeline.train.callbacks.Throughput) ----------------------
+TRAIN_LOSS = TRAIN + "loss"  # the step's mean over micro-batches and ranks
+TRAIN_LR = TRAIN + "lr"
+SKIPPED_STEPS = TRAIN + "skipped_steps"  # steps the spike guard did not apply, so far (run.skip_spikes)
+VAL_LOSS = VAL + "loss"
+TOKENS_PER_S = PERF + "tokens_per_s"
+MFU = PERF + "mfu"
+MAX_MEMORY_GIB = PERF + "max_memory_gib"
+
+# ---- the sink probe (pipeline.probe, pipeline.train.emergence) ----------------------------------
+SINK1 = SINK + "sink1"
+ALPHA1_MEAN = SINK + "alpha1_mean"  # mean α₁ over layers, heads and sequences
+ALPHA1_UNIFORM = SINK + "alpha1_uniform"  # α₁ under uniform attention with this model's mask
+EMERGED_STEP = SINK + "emerged_step_"
+BOS_SHARE_TRIGGER = SINK + "bos_share_trigger"  # per layer; Bigram-Backcopy probes only
+BOS_SHARE_OTHER = SINK + "bos_share_other"
+MASSIVE_RATIO = ACT + "massive_ratio"  # per layer: ‖h₁‖ / mean ‖hₜ‖
+VALUE_NORM_RATIO = ACT + "value_norm_ratio"  # per layer: ‖v₁‖ / mean ‖vₜ‖
+MAX_LOGIT = ATTN + "max_logit"  # per layer, and the max over layers: the largest q·k/√d_h
+HEAD_ALPHA1 = HEADS + "alpha1"  # per head
+HEAD_ENTROPY = HEADS + "entropy"
+HEAD_OUT_NORM = HEADS + "out_norm"
+HEAD_MAX_LOGIT = HEADS + "max_logit"
+DORMANT_PCT = HEADS + "dormant_pct"
+# MLflow image keys (pipeline.tracking.images)
+ALPHA1_IMAGE = HEADS + "alpha1"  # layer x head heat map, one image per probe step
+TRAJECTORY_IMAGE = HEADS + "alpha1_trajectory"  # α₁ of every head over the run, at the last step
+MAX_LOGIT_IMAGE = HEADS + "max_logit"  # layer x head heat map of the largest q·k/√d_h, per probe step
+
+
+def sink_k(k: int) -> str:
+    return f"{SINK}sink_k{k}"
+
+
+def sink_star(name: str) -> str:
+    return f"{SINK}sink_star_{name}"
+
+
+def alpha_k_mean(k: int) -> str:
+    return f"{SINK}alpha{k}_mean"
+
+
+def emerged_step(name: str) -> str:
+    return EMERGED_STEP + name
+
+
+def act(name: str) -> str:
+    """An activation-outlier figure (pipeline.outliers): ``act/<name>``."""
+    return ACT + name
+
+
+def layer(name: str, l: int) -> str:
+    """``<name>_l<l>``, e.g. ``layer(MASSIVE_RATIO, 0)`` = ``act/massive_ratio_l0``."""
+    return f"{name}_l{l}"
+
+
+def head(name: str, l: int, h: int) -> str:
+    return f"{name}_l{l}_h{h}"
+
+
+# ---- analysis (pipeline.analysis) and reports (pipeline.experiments.report) ----------------------
+def analysis(name: str) -> str:
+    """A ``sinklab analyze`` metric logged on the training run it analysed."""
+    return ANALYSIS + name
+
+
+def table1(name: str) -> str:
+    return TABLE1 + name
+
+
+def of_input(kind: str, name: str) -> str:
+    """``name`` measured on one kind of probe input (``natural``, ``random``, ...)."""
+    return f"{kind}/{name}"
+
+
+def input_sink_k(kind: str, k: int) -> str:
+    return f"{kind}/sink_k{k}"
+
+
+def domain(name: str) -> str:
+    return DOMAIN + name
+
+
+def passkey_accuracy(cache: str) -> str:
+    return f"{PASSKEY}acc_{cache}"
+
+
+def stream_perplexity(cache: str) -> str:
+    return f"{STREAM}ppl_{cache}"
+
+
+def quant(name: str) -> str:
+    return QUANT + name
+
+
+def agreement(key: str, statistic: str) -> str:
+    return f"{AGREEMENT}{key}/{statistic}"
+
+
+def is_metric(name: str) -> bool:
+    """Whether ``name`` lies in one of SinkLab's namespaces (what an experiment's column may read)."""
+    return name.startswith(NAMESPACES) and len(name) > name.index("/") + 1

@@ -1,0 +1,71 @@
+"""The one path from training to its run: ``record_metrics`` for every metric (names from
+``pipeline.metric_names``); ``set_tag``, ``log_artifact`` and ``log_image`` for the rest, sent to
+the run's logger (``pipeline.tracking.RunLogger``) where the trainer has one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import lightning as L
+import torch
+
+REDUCTIONS = ("mean", "sum")
+
+
+def reduced(trainer: L.Trainer, value: torch.Tensor | float, reduce: str = "mean") -> float:
+    """``value`` reduced over the ranks (a collective: every rank calls it)."""
+    if reduce not in REDUCTIONS:
+        raise ValueError(f"reduce={reduce!r}: expected one of {REDUCTIONS}")
+    if trainer.world_size > 1:
+        tensor = torch.as_tensor(value, dtype=torch.float32, device=trainer.strategy.root_device)
+        value = trainer.strategy.reduce(tensor, reduce_op=reduce)
+    return float(value)
+
+
+def record_metrics(
+    module: L.LightningModule,
+    metrics: Mapping[str, torch.Tensor | float],
+    step: int | None = None,
+    reduce: str | None = None,
+    bar: bool = False,
+    log: bool = True,
+) -> dict[str, float]:
+    """Record ``metrics`` at ``step`` (default: the optimizer steps taken) and return them as floats.
+
+    reduce: "mean" or "sum" over the ranks first (every rank must then call it, in the same order);
+    log: send them, on rank 0, to every logger of the trainer (metrics.jsonl and MLflow);
+    bar: show them on the progress bar (pipeline.train.progress.SHOWN names which, and how).
+    """
+    trainer = module.trainer
+    values = {name: reduced(trainer, v, reduce) if reduce else float(v) for name, v in metrics.items()}
+    if log and trainer.is_global_zero:
+        for logger in trainer.loggers:
+            logger.log_metrics(values, step=trainer.global_step if step is None else step)
+    if bar:
+        module.log_dict(values, prog_bar=True, logger=False)
+    return values
+
+
+def run_logger(trainer: L.Trainer | None):
+    """The trainer's RunLogger (the MLflow run), or None (no trainer, or a run without MLflow)."""
+    from pipeline.tracking import RunLogger
+
+    loggers = trainer.loggers if trainer is not None else []
+    return next((logger for logger in loggers if isinstance(logger, RunLogger)), None)
+
+
+def set_tag(trainer: L.Trainer | None, key: str, value: str) -> None:
+    if (logger := run_logger(trainer)) is not None:
+        logger.set_tag(key, value)
+
+
+def log_artifact(trainer: L.Trainer, path: Path, artifact_path: str | None = None) -> None:
+    if (logger := run_logger(trainer)) is not None:
+        logger.log_artifact(path, artifact_path=artifact_path)
+
+
+def log_image(trainer: L.Trainer, path: Path, key: str, step: int) -> None:
+    """A figure as an MLflow image of ``step`` (its key from pipeline.metric_names)."""
+    if (logger := run_logger(trainer)) is not None:
+        logger.log_image(path, key, step)
