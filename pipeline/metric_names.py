@@ -42,6 +42,7 @@ NAMESPACES = (
 TRAIN_LOSS = TRAIN + "loss"  # the step's mean over micro-batches and ranks
 TRAIN_LR = TRAIN + "lr"
 SKIPPED_STEPS = TRAIN + "skipped_steps"  # steps the spike guard did not apply, so far (run.skip_spikes)
+GRAD_NORM = TRAIN + "grad_norm"  # the step's global gradient norm before clipping (run.skip_spikes)
 VAL_LOSS = VAL + "loss"
 TOKENS_PER_S = PERF + "tokens_per_s"
 MFU = PERF + "mfu"

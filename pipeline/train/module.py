@@ -27,6 +27,7 @@ from .loss import next_token_loss
 from .optim import OptimConfig, build_optimizer, build_scheduler, optimizer_split
 from .recording import record_metrics, reduced, set_tag
 from .sharding import shard_model
+from .spikes import SpikeGuard, drop_gradients, grad_norm
 
 # DeepSpeedStrategy warns that an overridden configure_gradient_clipping does not clip: under it
 # ours hands over to Lightning's, which leaves clipping to the engine (gradient_clipping), as wanted.
@@ -115,6 +116,8 @@ class SinkLabModule(L.LightningModule):
         self.init_state: dict[str, torch.Tensor] | None = None  # read_init() fills it at a fresh start
         self.model: Transformer | None = None
         self._step_loss, self._micro, self._val = 0.0, 0, []
+        self.spike_guard: SpikeGuard | None = None  # run.skip_spikes (set by sinklab fit)
+        self._step_value = math.nan  # the step's mean loss, for the guard
         self.save_hyperparameters({"model_config": self.model_config.to_dict(), "optim": vars(self.optim).copy()})
 
     # ---- model ----------------------------------------------------------------------------
@@ -185,7 +188,7 @@ class SinkLabModule(L.LightningModule):
         """On the last micro-batch of a step, before its optimizer update: the step's mean loss
         over micro-batches and ranks; a non-finite one stops every rank together (so no
         checkpoint of the broken weights is written)."""
-        value = reduced(self.trainer, self._step_loss / self._micro, "mean")
+        value = self._step_value = reduced(self.trainer, self._step_loss / self._micro, "mean")
         self._step_loss, self._micro = 0.0, 0
         if not math.isfinite(value):
             raise NonFiniteLossError(
@@ -241,5 +244,24 @@ class SinkLabModule(L.LightningModule):
         else:
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """The spike guard's place: the step's gradients complete (accumulated, reduced over the
+        ranks), not yet clipped. A spike's gradients are dropped, so the optimizer applies nothing."""
+        guard = self.spike_guard
+        if guard is None:
+            return
+        norm = grad_norm(optimizer)
+        skip = guard.check(self.global_step, self._step_value, norm)
+        if skip:
+            drop_gradients(optimizer)
+        if skip or self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+            record_metrics(self, {N.SKIPPED_STEPS: len(guard.skipped), N.GRAD_NORM: norm})
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.spike_guard is not None and "spike_guard" in checkpoint:
+            self.spike_guard.load_state_dict(checkpoint["spike_guard"])
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.spike_guard is not None:  # the rolling window: a resume decides as the run would have
+            checkpoint["spike_guard"] = self.spike_guard.state_dict()
         checkpoint.setdefault("hyper_parameters", {})["model_config"] = self.model_config.to_dict()
