@@ -12,7 +12,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prep": ("data_prep.cli", "tokenize and pack a corpus into a training dataset"),
     "fit": ("pipeline.train.cli", "train a model (LightningCLI; --config YAML)"),
-    "consolidate": ("pipeline.checkpoint.consolidate", "turn a DeepSpeed ZeRO checkpoint into one fp32 state dict"),
+    "consolidate": ("pipeline.train.consolidate", "turn a DeepSpeed ZeRO checkpoint into one fp32 state dict"),
     "export-hf": ("pipeline.model.hf_export", "export a checkpoint as a Hugging Face model directory"),
     "analyze": ("pipeline.analysis.analyze", "sink metrics and plots for a checkpoint or a pretrained HF model"),
     "survey": (

@@ -20,6 +20,7 @@ ANALYSIS, TABLE1, DOMAIN, PASSKEY, STREAM, QUANT, AGREEMENT, EVAL = (
     "agreement/",
     "eval/",  # lm-eval task scores, logged by the lm-eval run itself
 )
+SEEDS = "seeds/"  # a report's statistics of one metric over a variant's seeds
 NAMESPACES = (
     SINK,
     ACT,
@@ -36,6 +37,7 @@ NAMESPACES = (
     QUANT,
     AGREEMENT,
     EVAL,
+    SEEDS,
 )
 
 # ---- training (pipeline.train.module, pipeline.train.callbacks.Throughput) ----------------------
@@ -136,6 +138,11 @@ def quant(name: str) -> str:
 
 def agreement(key: str, statistic: str) -> str:
     return f"{AGREEMENT}{key}/{statistic}"
+
+
+def over_seeds(variant: str, key: str, statistic: str) -> str:
+    """A report's ``statistic`` (n, mean, std, lo, hi) of column ``key`` over a variant's seeds."""
+    return f"{SEEDS}{variant}/{key}/{statistic}"
 
 
 def is_metric(name: str) -> bool:

@@ -21,6 +21,7 @@ from torch import Tensor
 from pipeline import metric_names as N
 from pipeline import metrics
 from pipeline.model.attention_ops import SCORE_KINDS
+from pipeline.model.masks import admitted_with_slots
 from pipeline.outliers import OutlierAccumulator, OutlierReport, recording_linear_inputs
 
 ATTENTION_KINDS = tuple(SCORE_KINDS)
@@ -307,20 +308,9 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-def _admitted(model: torch.nn.Module, T: int) -> Tensor | None:
-    """The mask pattern of a SinkLab model's maps (windows, prefixes, slots); None for others."""
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "n_bias_slots"):
-        return None
-    from pipeline.model.masks import admitted_with_slots
-
-    return admitted_with_slots(config, T)
-
-
 def _linear_inputs(model: torch.nn.Module, acc: OutlierAccumulator | None):
-    """Record the linear-layer inputs of a SinkLab model's blocks into ``acc`` (None: nothing)."""
-    blocks = getattr(model, "blocks", None)
-    return recording_linear_inputs(blocks, acc) if acc is not None and blocks is not None else nullcontext()
+    """Record the linear-layer inputs of the model's blocks into ``acc`` (None: nothing)."""
+    return recording_linear_inputs(model.blocks, acc) if acc is not None else nullcontext()
 
 
 def run_probe(
@@ -344,8 +334,8 @@ def run_probe(
     """
     device = _device_of(model)
     tokens = as_token_tensor(tokens, device)
-    admitted = _admitted(model, tokens.shape[1])
-    lead = getattr(getattr(model, "config", None), "sink_tokens", 0) + 1
+    admitted = admitted_with_slots(model.config, tokens.shape[1])  # the maps' mask pattern (windows, prefixes, slots)
+    lead = model.config.sink_tokens + 1
     acc = SinkAccumulator(eps=eps, positions=positions, outliers=OutlierAccumulator(lead) if outliers else None)
     triggers = None if trigger_ids is None else torch.as_tensor(list(trigger_ids), dtype=torch.long, device=device)
     was_training = model.training
@@ -366,10 +356,10 @@ def run_probe(
                     n_query_slots=out.n_query_slots,
                     n_key_slots=out.n_key_slots,
                     hidden_states=out.hidden_states,
-                    keys=getattr(out, "keys", None) if output_qkv else None,
-                    values=getattr(out, "values", None) if output_qkv else None,
-                    queries=getattr(out, "queries", None) if output_qkv else None,
-                    head_outputs=getattr(out, "head_outputs", None),
+                    keys=out.keys if output_qkv else None,
+                    values=out.values if output_qkv else None,
+                    queries=out.queries if output_qkv else None,
+                    head_outputs=out.head_outputs,
                     admitted=admitted,
                     trigger_queries=None if triggers is None else torch.isin(batch, triggers),
                     max_logits=[

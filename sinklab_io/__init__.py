@@ -1,2 +1,3 @@
 """Utilities every part of SinkLab needs, below all of them (standard library only): files and
-directories written whole or not at all (``sinklab_io.atomic``)."""
+directories written whole or not at all (``sinklab_io.atomic``); nested mappings flattened to
+dotted keys (``sinklab_io.mappings``)."""

@@ -17,6 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def remove(path: str | os.PathLike) -> None:
+    """Delete a file or a whole directory (a DeepSpeed checkpoint is one); nothing if absent."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary sibling of ``path`` (same suffix, for writers that go by it, e.g. savefig) to

@@ -114,7 +114,10 @@ def test_the_rules_are_read_from_real_imports(tmp_path):
         (("pipeline/train", "pipeline/checkpoint"), ("pipeline.analysis",)),
         # tracking and checkpoints sit below training and analysis
         (("pipeline/tracking",), ("pipeline.train", "pipeline.analysis", "pipeline.experiments")),
-        (("pipeline/checkpoint",), ("mlflow", "pipeline.tracking", "pipeline.analysis", "pipeline.experiments")),
+        (
+            ("pipeline/checkpoint",),
+            ("mlflow", "pipeline.train", "pipeline.tracking", "pipeline.analysis", "pipeline.experiments"),
+        ),
     ],
     ids=[
         "model-kernels-metrics",

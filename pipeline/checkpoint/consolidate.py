@@ -1,49 +1,12 @@
-"""`sinklab consolidate`: a DeepSpeed ZeRO checkpoint directory (what `sinklab fit` writes under
-DeepSpeed) -> one fp32 Lightning checkpoint file.
-
-    sinklab consolidate runs/paper-60m/checkpoints/step-020000.ckpt out/step-020000-fp32.ckpt
-
-Lightning's ``convert_zero_checkpoint_to_fp32_state_dict`` does the merge (DeepSpeed's
-``zero_to_fp32`` over every rank's fp32 master partitions, plus Lightning's training state:
-global step, loops with the data position, scheduler, callbacks, hyper-parameters), through
-:func:`merge_zero_checkpoint`, which the final model of a DeepSpeed run uses too. What it
-lacks, added here: the file is written under a temporary name and renamed (never half-written),
-it is checked to come from `sinklab fit` (``model_config``), and it gets an optimizer state, so
-that it also resumes with ``sinklab fit --resume <file>`` on any strategy and world size. ZeRO
-keeps AdamW's moments sharded in a layout the merge does not cover, so the resumed run starts
-them afresh (``sinklab.optimizer_moments = "reset"`` in the file); weights, step, schedule and
-data position continue. The result loads with ``pipeline.model.load_pretrained`` and exports
-with ``sinklab export-hf``.
-"""
+"""A DeepSpeed ZeRO checkpoint directory merged into one Lightning checkpoint dict: the one way
+SinkLab merges one (`sinklab consolidate`, pipeline.train.consolidate, and the final model of a
+DeepSpeed run, pipeline.tracking.record)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import os
-import sys
-from pathlib import Path
-
-import torch
-
-from data_prep.errors import os_error_line
-from sinklab_io.atomic import atomic_path
-
-
-def fresh_optimizer_state(hparams: dict, last_lr: list[float] | None) -> dict:
-    """An AdamW state with SinkLab's parameter groups, empty moments, and the schedule's current
-    lr (so a resumed run continues the cosine where it was, not at the peak)."""
-    from pipeline.model import ModelConfig, Transformer
-    from pipeline.train.optim import OptimConfig, build_optimizer
-
-    model = Transformer(ModelConfig.from_dict(hparams["model_config"]))
-    state = build_optimizer(model, OptimConfig(**hparams.get("optim", {}))).state_dict()
-    for i, group in enumerate(state["param_groups"]):
-        group["initial_lr"] = group["lr"]
-        if last_lr:
-            group["lr"] = last_lr[i]
-    return state
 
 
 def merge_zero_checkpoint(ckpt_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> dict:
@@ -58,53 +21,3 @@ def merge_zero_checkpoint(ckpt_dir: str | os.PathLike, out: str | os.PathLike | 
         return convert_zero_checkpoint_to_fp32_state_dict(ckpt_dir, out)
     with contextlib.redirect_stdout(io.StringIO()):  # its "Saving fp32 state dict to ..." line
         return convert_zero_checkpoint_to_fp32_state_dict(ckpt_dir, os.devnull)
-
-
-def consolidate(ckpt_dir: str | os.PathLike, out: str | os.PathLike) -> dict:
-    """Writes ``out`` and returns the checkpoint written."""
-    ckpt, out = Path(ckpt_dir), Path(out)
-    if not (ckpt / "latest").is_file():
-        raise FileNotFoundError(f"{ckpt}: not a DeepSpeed checkpoint directory (no 'latest' file)")
-    if out.is_dir():  # checked before the merge, which takes minutes at 1B
-        raise ValueError(
-            f"{out}: is a directory; give the path of the .ckpt file to write, e.g. {out / (ckpt.name.removesuffix('.ckpt') + '-fp32.ckpt')}"
-        )
-    with atomic_path(out) as tmp:
-        result = merge_zero_checkpoint(ckpt, tmp)
-        hparams = result.get("hyper_parameters") or {}
-        if "model_config" not in hparams:
-            raise ValueError(
-                f"{ckpt}: its client state has no hyper_parameters['model_config']; it was not written by `sinklab fit`"
-            )
-        # buffers keep the training dtype (bf16 under bf16-mixed); the file is fp32 throughout
-        result["state_dict"] = {k: v.float() if v.is_floating_point() else v for k, v in result["state_dict"].items()}
-        if "optimizer_states" not in result:
-            last_lr = (result.get("lr_schedulers") or [{}])[0].get("_last_lr")
-            result["optimizer_states"] = [fresh_optimizer_state(hparams, last_lr)]
-            result["sinklab"] = {"optimizer_moments": "reset", "source": str(ckpt)}
-        torch.save(result, tmp)  # again: Lightning's file lacks the above
-        if "loops" not in result:
-            print(
-                f"sinklab consolidate: {ckpt} holds no Lightning loop state; a run resumed from it counts "
-                "steps (and reads data) from 0",
-                file=sys.stderr,
-            )
-    return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sinklab consolidate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="DeepSpeed checkpoint directory (has a 'latest' file)")
-    parser.add_argument("out", help="output .ckpt file (fp32, Lightning format)")
-    args = parser.parse_args(argv)
-    try:
-        result = consolidate(args.checkpoint, args.out)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"sinklab consolidate: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a full disk, a file-size limit: nothing half-written is left at OUT
-        print(f"sinklab consolidate: {os_error_line(exc, writing=args.out)}", file=sys.stderr)
-        return 2
-    n = sum(v.numel() for v in result["state_dict"].values())
-    print(f"wrote {args.out} ({n:,} fp32 values)")
-    return 0

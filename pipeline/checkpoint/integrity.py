@@ -14,16 +14,11 @@ from pathlib import Path
 
 import torch
 
+from pipeline.model import local_part
+
 
 class NonFiniteLossError(RuntimeError):
     """The training loss, the weights or the optimizer state became NaN or infinite."""
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The part of a tensor this process holds: a ZeRO-3 partition, an FSDP2 shard, or all of it."""
-    if hasattr(t, "ds_tensor"):
-        return t.ds_tensor
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _optimizer_tensors(optimizer) -> Iterable[torch.Tensor]:
@@ -36,9 +31,9 @@ def _optimizer_tensors(optimizer) -> Iterable[torch.Tensor]:
 
 def nonfinite_state(module: torch.nn.Module, optimizers: list) -> bool:
     """Whether any weight, master weight or optimizer moment this process holds is NaN or infinite."""
-    tensors = [_local(p).detach() for p in module.parameters()]
+    tensors = [local_part(p).detach() for p in module.parameters()]
     for optimizer in optimizers:
-        tensors += [_local(t).detach() for t in _optimizer_tensors(optimizer)]
+        tensors += [local_part(t).detach() for t in _optimizer_tensors(optimizer)]
     flags = [torch.isfinite(t).all() for t in tensors if t.numel()]
     return bool(flags) and not bool(torch.stack(flags).all())  # one host sync
 

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
+from sinklab_io.mappings import flatten
+
 from .integrity import checkpoint_problem, model_states_file
 from .rundir import RunDir, RunDirError
 
@@ -41,17 +43,8 @@ def checkpoint_meta(path: Path) -> dict[str, Any]:
     }
 
 
-def _flat(data: Any, prefix: str) -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            out.update(_flat(value, f"{prefix}.{key}"))
-        return out
-    return {prefix: data}
-
-
 def _differences(stored: dict, given: dict, prefix: str, free: tuple[str, ...] = ()) -> list[str]:
-    old, new = _flat(stored, prefix), _flat(given, prefix)
+    old, new = flatten(stored, prefix + "."), flatten(given, prefix + ".")
     keys = sorted(k for k in old.keys() & new.keys() if k.rsplit(".", 1)[-1] not in free and old[k] != new[k])
     return [f"{k}={new[k]!r} (the checkpoint's: {old[k]!r})" for k in keys]
 

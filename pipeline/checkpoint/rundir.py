@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sinklab_io.atomic import atomic_write
+from sinklab_io.atomic import atomic_write, remove
 
 CKPT_RE = re.compile(r"^step-(\d{6,})\.ckpt$")
 
@@ -88,12 +88,7 @@ class RunDir:
             return []
         doomed = [p for _, p in self.step_checkpoints()[:-keep_last]]
         for p in doomed:
-            if p.is_dir():
-                import shutil
-
-                shutil.rmtree(p)
-            else:
-                p.unlink()
+            remove(p)
         return doomed
 
     # ---- MLflow run id -----------------------------------------------------------------------

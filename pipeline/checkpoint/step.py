@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Checkpoint
+
+from sinklab_io.atomic import remove
 
 from .integrity import NonFiniteLossError, nonfinite_state
 from .rundir import RunDir, checkpoint_name
 
 
 def at_step_end(trainer: L.Trainer, batch_idx: int) -> bool:
-    """Whether this batch ended an optimizer step (not a micro-batch inside an accumulation)."""
+    """Whether this batch ended an optimizer step (not a micro-batch inside an accumulation): the one
+    step-boundary rule, read by the module's training step and every end-of-step callback."""
     return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
 
 
@@ -44,17 +46,17 @@ class StepCheckpoint(Checkpoint):
         final = self.run.checkpoints / checkpoint_name(step)
         tmp = self.run.checkpoints / f".{final.name}.partial"
         if trainer.is_global_zero:
-            _remove(tmp)
+            remove(tmp)
         trainer.strategy.barrier("sinklab_ckpt_pre")
         self.last_saved = step  # before saving, so the checkpoint's own state says it is saved
         try:
             trainer.save_checkpoint(tmp, weights_only=False)
         except OSError:  # a full disk, a file-size limit: no partial file stays behind
-            _remove(tmp)
+            remove(tmp)
             raise
         trainer.strategy.barrier("sinklab_ckpt_post")
         if trainer.is_global_zero:
-            _remove(final)
+            remove(final)
             os.replace(tmp, final)
             self.run.prune(self.keep_last)
             if self.uploader is not None:
@@ -82,10 +84,3 @@ class StepCheckpoint(Checkpoint):
 
     def load_state_dict(self, state: dict) -> None:
         self.last_saved = state.get("last_saved", -1)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()

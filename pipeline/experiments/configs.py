@@ -1,6 +1,6 @@
 """One training config per variant: the scale's recipe with the variant's overrides applied.
 
-A sweep writes each variant's config as a plain YAML file beside its run directory, so a
+A sweep writes each (variant, seed)'s config as a plain YAML file beside its run directory, so a
 local run and a SLURM array task start the same `sinklab fit --config FILE` (the array API
 takes one config per task). Overrides are dotted paths as on the `sinklab fit` command line
 (`model.attention.op`); where the recipe holds a `class_path`/`init_args` pair the path
@@ -17,6 +17,8 @@ import yaml
 
 from pipeline.experiments.spec import REPO, Experiment, ExperimentError, Variant
 from sinklab_io.atomic import atomic_write
+
+DEFAULT_SEED = 1234  # `sinklab fit`'s seed_everything where a recipe gives none
 
 
 def load_recipe(experiment: Experiment, scale: str) -> dict[str, Any]:
@@ -51,26 +53,44 @@ def set_dotted(config: dict[str, Any], dotted: str, value: Any) -> None:
     node[last] = copy.deepcopy(value)
 
 
-def run_name(experiment: Experiment, variant: Variant, scale: str) -> str:
-    """The MLflow run name of a variant, the variant first so that the UI's legends, which cut long
-    names, still tell variants apart: ``wd-0.5 (weight-decay/cpu)``; `runs.run_scale` reads the
-    scale back from it."""
-    return f"{variant.name} ({experiment.name}/{scale})"
+def seeds(experiment: Experiment, scale: str, count: int | None = None) -> list[int]:
+    """The seeds of every variant at `scale`: the recipe's seed_everything and the next ones,
+    `count` of them (default the file's scale.<scale>.seeds), so a one-seed run keeps its seed."""
+    first = load_recipe(experiment, scale).get("seed_everything", DEFAULT_SEED)
+    if isinstance(first, bool) or not isinstance(first, int):
+        raise ExperimentError(
+            f"{experiment.setup(scale).recipe}: seed_everything: a sweep needs a whole number to count seeds "
+            f"from, got {first!r}"
+        )
+    return [first + i for i in range(count or experiment.setup(scale).seeds)]
 
 
-def identity(experiment: Experiment, variant: Variant, scale: str) -> dict[str, Any]:
-    """`run` settings of `sinklab fit` that tie a run to its experiment, variant and scale:
-    the MLflow experiment, the sinklab.variant tag and the run name."""
+def run_name(experiment: Experiment, variant: Variant, scale: str, seed: int) -> str:
+    """The MLflow run name of a variant's seed, the variant first so that the UI's legends, which cut
+    long names, still tell variants apart: ``wd-0.5 s1234 (weight-decay/cpu)``; `runs.run_scale`
+    reads the scale back from it."""
+    return f"{variant.name} s{seed} ({experiment.name}/{scale})"
+
+
+def identity(experiment: Experiment, variant: Variant, scale: str, seed: int) -> dict[str, Any]:
+    """Settings of `sinklab fit` that tie a run to its experiment, variant, seed and scale: the
+    MLflow experiment, the sinklab.variant tag, the run name, and the seed of both the model's
+    initialisation (seed_everything, the sinklab.seed tag) and the data order (data.seed)."""
     return {
         "run.experiment": experiment.mlflow_experiment,
         "run.variant": variant.name,
-        "run.name": run_name(experiment, variant, scale),
+        "run.name": run_name(experiment, variant, scale, seed),
+        "seed_everything": seed,
+        "data.seed": seed,
     }
 
 
-def variant_config(experiment: Experiment, variant: Variant, scale: str) -> dict[str, Any]:
+def variant_config(experiment: Experiment, variant: Variant, scale: str, seed: int | None = None) -> dict[str, Any]:
+    """The recipe with the scale's and the variant's overrides and the run's identity; `seed`: the
+    run's seed (default the recipe's own, the first seed of a sweep)."""
     config = load_recipe(experiment, scale)
-    settings = {**experiment.overrides(variant, scale), **identity(experiment, variant, scale)}
+    seed = seeds(experiment, scale, 1)[0] if seed is None else seed
+    settings = {**experiment.overrides(variant, scale), **identity(experiment, variant, scale, seed)}
     try:
         for key, value in settings.items():
             set_dotted(config, key, value)

@@ -1,26 +1,25 @@
 """Experiment files: one YAML per experiment of the paper, loaded into typed specs.
 
 An experiment file (configs/experiments/<group>/<name>.yaml) names the base recipe for each
-scale, the variants (config overrides), the metric columns of the paper's table and the
-paper's published values. Every error names the file, the line and the field that is wrong.
+scale (and how many seeds each variant runs there), the variants (config overrides), the
+metric columns of the paper's table and the paper's published values. Every error names the
+file, the line and the field that is wrong.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pipeline import metric_names as N
+from pipeline.experiments.reader import ExperimentError, Reader
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS_DIR = REPO / "configs" / "experiments"
 SCALES = ("paper", "cpu", "gpu")
 REQUIRED_SCALES = ("paper", "cpu")  # gpu (one lent GPU, ~4 min a variant on an H100) is opt-in per file
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
 TOP_KEYS = {
     "name",
     "title",
@@ -49,10 +48,6 @@ VARIANT_KEYS = {
 COLUMN_KEYS = {"key", "metric", "label", "digits"}
 PLOT_KEYS = {"kind", "metric", "x", "title"}
 PLOT_KINDS = ("curve", "bar")
-
-
-class ExperimentError(ValueError):
-    """A malformed experiment file; the message starts with `file:line: field:`."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +84,7 @@ class ScaleSetup:
     overrides: dict[str, Any]
     # a column's metric under another name at this scale (streaming caches are sized by C)
     metrics: dict[str, str] = field(default_factory=dict)
+    seeds: int = 1  # runs per variant, seeds recipe seed + 0 .. seeds - 1 (`sinklab sweep --seeds` overrides)
 
 
 @dataclass(frozen=True)
@@ -142,106 +138,6 @@ class Experiment:
         return {**self.setup(scale).overrides, **variant.overrides_for(scale)}
 
 
-def _line_map(text: str) -> dict[tuple, int]:
-    """Map each YAML path (tuple of keys / indices) to its 1-based line number."""
-    lines: dict[tuple, int] = {}
-
-    def walk(node: yaml.Node, path: tuple) -> None:
-        lines[path] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                walk(value_node, path + (key_node.value,))
-                lines[path + (key_node.value,)] = key_node.start_mark.line + 1  # the key's line, not the value's
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                walk(item, path + (i,))
-
-    root = yaml.compose(text)
-    if root is not None:
-        walk(root, ())
-    return lines
-
-
-class _Reader:
-    """Type-checked access to the parsed YAML with errors that name file, line and field."""
-
-    def __init__(self, path: Path, text: str):
-        self.path = path
-        self.lines = _line_map(text)
-
-    def where(self, path: tuple) -> str:
-        probe = path
-        while probe and probe not in self.lines:
-            probe = probe[:-1]
-        line = self.lines.get(probe, 1)
-        dotted = (
-            "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(path))
-            or "<top>"
-        )
-        return f"{self.path}:{line}: {dotted}"
-
-    def fail(self, path: tuple, message: str) -> ExperimentError:
-        return ExperimentError(f"{self.where(path)}: {message}")
-
-    def mapping(self, value: Any, path: tuple, allowed: set[str] | None = None, required: tuple[str, ...] = ()) -> dict:
-        if value is None:
-            value = {}
-        if not isinstance(value, dict):
-            raise self.fail(path, f"expected a mapping, got {type(value).__name__}")
-        if allowed is not None:
-            for key in value:
-                if key not in allowed:
-                    raise self.fail(path + (key,), f"unknown field {key!r}; allowed: " + ", ".join(sorted(allowed)))
-        for key in required:
-            if key not in value:
-                raise self.fail(path, f"missing required field {key!r}")
-        return value
-
-    def text(self, value: Any, path: tuple, optional: bool = False) -> str | None:
-        if value is None and optional:
-            return None
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(path, f"expected a non-empty string, got {value!r}")
-        return value.strip()
-
-    def metric(self, value: Any, path: tuple) -> str:
-        value = self.text(value, path)
-        if not N.is_metric(value):
-            raise self.fail(
-                path, f"{value!r} is not a metric name; SinkLab's start with one of {', '.join(N.NAMESPACES)}"
-            )
-        return value
-
-    def name(self, value: Any, path: tuple) -> str:
-        value = self.text(value, path)
-        if not NAME_RE.match(value):
-            raise self.fail(
-                path,
-                f"{value!r} is not a valid name (lowercase letters, digits, and . _ + - ; it becomes a directory name)",
-            )
-        return value
-
-    def overrides(self, value: Any, path: tuple) -> dict[str, Any]:
-        value = self.mapping(value, path)
-        for key, item in value.items():
-            if not isinstance(key, str) or not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$", key):
-                raise self.fail(
-                    path + (key,), f"override key {key!r} must be a dotted config path such as model.config.n_heads"
-                )
-            if isinstance(item, dict):
-                raise self.fail(
-                    path + (key,), "override values must be scalars or lists; write nested fields as dotted keys"
-                )
-        return dict(value)
-
-    def number_or_null(self, value: Any, path: tuple) -> float | None:
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.fail(path, f"expected a number or null (null where the paper gives no number), got {value!r}")
-        return float(value)
-
-
 def _find_file(name_or_path: str | Path) -> Path:
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") and candidate.exists():
@@ -280,10 +176,10 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         shown = path.resolve().relative_to(REPO)
     except ValueError:
         shown = path
-    return _parse(raw, _Reader(shown, text), path)
+    return _parse(raw, Reader(shown, text), path)
 
 
-def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
+def _parse(raw: Any, r: Reader, path: Path) -> Experiment:
     top = r.mapping(raw, (), TOP_KEYS, required=("name", "title", "paper_ref", "scale", "columns", "variants"))
     name = r.name(top["name"], ("name",))
     if name != path.stem:
@@ -292,13 +188,16 @@ def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
     scale_raw = r.mapping(top["scale"], ("scale",), set(SCALES), required=REQUIRED_SCALES)
     scales = {}
     for scale in (s for s in SCALES if s in scale_raw):
-        s = r.mapping(scale_raw[scale], ("scale", scale), {"recipe", "overrides", "metrics"}, required=("recipe",))
+        s = r.mapping(
+            scale_raw[scale], ("scale", scale), {"recipe", "overrides", "metrics", "seeds"}, required=("recipe",)
+        )
         recipe = r.text(s["recipe"], ("scale", scale, "recipe"))
         metrics = r.mapping(s.get("metrics"), ("scale", scale, "metrics"))
         scales[scale] = ScaleSetup(
             recipe,
             r.overrides(s.get("overrides"), ("scale", scale, "overrides")),
             {k: r.metric(v, ("scale", scale, "metrics", k)) for k, v in metrics.items()},
+            r.count(s.get("seeds"), ("scale", scale, "seeds"), 1),
         )
 
     columns_raw = top["columns"]
@@ -365,7 +264,7 @@ def _parse(raw: Any, r: _Reader, path: Path) -> Experiment:
     )
 
 
-def _parse_variant(raw: Any, i: int, r: _Reader, column_keys: list[str]) -> Variant:
+def _parse_variant(raw: Any, i: int, r: Reader, column_keys: list[str]) -> Variant:
     at = ("variants", i)
     v = r.mapping(raw, at, VARIANT_KEYS, required=("name",))
     name = r.name(v["name"], at + ("name",))

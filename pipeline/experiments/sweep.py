@@ -1,14 +1,17 @@
-"""`sinklab sweep EXPERIMENT`: train every variant of a paper experiment.
+"""`sinklab sweep EXPERIMENT`: train every variant of a paper experiment under N seeds.
 
-    sinklab sweep weight-decay --scale cpu --local        # one after another, here
-    sinklab sweep weight-decay --scale paper --submit     # one SLURM job array
-    sinklab sweep weight-decay --dry-run                  # print the plan only
+    sinklab sweep weight-decay --scale cpu --local --seeds 3   # one after another, here
+    sinklab sweep weight-decay --scale paper --submit          # one SLURM job array
+    sinklab sweep weight-decay --dry-run                       # print the plan only
 
-Each variant gets `runs/<experiment>/<scale>/<variant>/` as its run directory and its own
-config `runs/<experiment>/<scale>/<variant>.yaml` (the recipe with the variant's overrides);
-all of them log to the MLflow experiment `sinklab/<experiment>`. A variant whose run already
-finished (tag sinklab.status=finished) is skipped, so the command is safe to repeat; failed
-and interrupted runs are listed and run again (they resume from their newest checkpoint).
+Each (variant, seed) gets `runs/<experiment>/<scale>/<variant>/s<seed>/` as its run directory
+and its own config `runs/<experiment>/<scale>/<variant>/s<seed>.yaml` (the recipe with the
+variant's overrides and the seed of both the initialisation and the data order); all of them
+log to the MLflow experiment `sinklab/<experiment>`. A run that already finished (tag
+sinklab.status=finished) is skipped, so the command is safe to repeat and a repeat with more
+seeds runs only the new ones; failed and interrupted runs are listed and run again (they
+resume from their newest checkpoint). Locally the runs fork from one warm worker
+(pipeline.experiments.pool), one at a time.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import subprocess
 import sys
 import time
 from collections import deque
@@ -27,7 +29,8 @@ from typing import Any
 
 from cluster.jobs import JobError
 from pipeline import tracking
-from pipeline.experiments.configs import variant_config, write_config
+from pipeline.experiments.configs import seeds, variant_config, write_config
+from pipeline.experiments.pool import ForkServer, WorkerError, subprocess_runner
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 from pipeline.tracking import PARENT_ENV
 
@@ -56,10 +59,15 @@ def data_args(path: Path | None, scale: str) -> list[str]:
 @dataclass
 class PlannedRun:
     variant: str
+    seed: int
     run_dir: Path
     config_path: Path
     state: str  # "pending", "finished", "failed" or "incomplete"
     previous_run_id: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant} s{self.seed}"
 
     @property
     def to_run(self) -> bool:
@@ -74,28 +82,39 @@ def sweep_dir(experiment: Experiment, scale: str, runs_root: Path) -> Path:
     return runs_root / experiment.name / scale
 
 
-def plan(experiment: Experiment, scale: str, runs_root: Path, mlflow: Any | None) -> list[PlannedRun]:
-    """One PlannedRun per variant with its state from MLflow (None: treat all as pending)."""
+def plan(
+    experiment: Experiment, scale: str, runs_root: Path, mlflow: Any | None, n_seeds: int | None = None
+) -> list[PlannedRun]:
+    """One PlannedRun per (variant, seed), variant by variant, with its state from MLflow (None:
+    treat all as pending). `n_seeds`: seeds per variant (default the file's scale.<scale>.seeds)."""
     known = tracking.variant_runs(mlflow, experiment.mlflow_experiment, scale) if mlflow else {}
     root = sweep_dir(experiment, scale, runs_root)
     planned = []
     for variant in experiment.variants:
         if variant.name in RESERVED_NAMES:
             raise ExperimentError(f"{experiment.path}: variant name {variant.name!r} is reserved")
-        best = tracking.best_run(known.get(variant.name, []))
-        if best is None:
-            state = "pending"
-        elif best.finished:
-            state = "finished"
-        elif best.status in ("failed", "nonfinite", "killed"):
-            state = "failed"
-        else:
-            state = "incomplete"
-        planned.append(
-            PlannedRun(
-                variant.name, root / variant.name, root / f"{variant.name}.yaml", state, best.run_id if best else None
+        done = tracking.best_runs(known.get(variant.name, []))
+        for seed in seeds(experiment, scale, n_seeds):
+            best = done.get(seed)
+            if best is None:
+                state = "pending"
+            elif best.finished:
+                state = "finished"
+            elif best.status in ("failed", "nonfinite", "killed"):
+                state = "failed"
+            else:
+                state = "incomplete"
+            folder = root / variant.name
+            planned.append(
+                PlannedRun(
+                    variant.name,
+                    seed,
+                    folder / f"s{seed}",
+                    folder / f"s{seed}.yaml",
+                    state,
+                    best.run_id if best else None,
+                )
             )
-        )
     return planned
 
 
@@ -106,49 +125,34 @@ def sinklab_command() -> list[str]:
 
 
 def fit_command(run: PlannedRun, extra: list[str] = ()) -> list[str]:
-    return [
-        *sinklab_command(),
-        "fit",
-        "--config",
-        str(run.config_path),
-        "--run-dir",
-        str(run.run_dir),
-        "--resume",
-        "auto",
-        *extra,
-    ]
+    fit = ["fit", "--config", str(run.config_path), "--run-dir", str(run.run_dir), "--resume", "auto"]
+    return [*sinklab_command(), *fit, *extra]
 
 
 def write_configs(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> None:
     for run in planned:
         if run.to_run:
-            write_config(variant_config(experiment, experiment.variant(run.variant), scale), run.config_path)
+            write_config(variant_config(experiment, experiment.variant(run.variant), scale, run.seed), run.config_path)
 
 
 Runner = Callable[[PlannedRun, list[str]], int]
 
 
-def subprocess_runner(run: PlannedRun, command: list[str]) -> int:
-    """Run one variant as its own process; its output goes to <run_dir>/sweep.log."""
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run.log, "ab") as log:
-        return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
-
-
 def run_local(
     planned: list[PlannedRun], runner: Runner = subprocess_runner, extra: list[str] = (), out=None
 ) -> dict[str, int]:
-    """Run every variant that has not finished, one after another; return exit codes."""
+    """Run every (variant, seed) that has not finished, one after another; return exit codes by
+    run name (`<variant> s<seed>`)."""
     out = out or sys.stdout
     todo = [r for r in planned if r.to_run]
     codes = {}
     for i, run in enumerate(todo, 1):
         command = fit_command(run, list(extra))
-        print(f"[{i}/{len(todo)}] {run.variant}: {' '.join(command)}", file=out, flush=True)
+        print(f"[{i}/{len(todo)}] {run.name}: {' '.join(command)}", file=out, flush=True)
         start = time.monotonic()
-        codes[run.variant] = code = runner(run, command)
+        codes[run.name] = code = runner(run, command)
         verdict = "done" if code == 0 else f"FAILED (exit {code}; see {run.log})"
-        print(f"[{i}/{len(todo)}] {run.variant}: {verdict} in {time.monotonic() - start:.0f} s", file=out, flush=True)
+        print(f"[{i}/{len(todo)}] {run.name}: {verdict} in {time.monotonic() - start:.0f} s", file=out, flush=True)
         if code != 0 and run.log.exists():
             with open(run.log, errors="replace") as f:
                 print("".join("    | " + line for line in deque(f, maxlen=6)), end="", file=out)
@@ -162,7 +166,7 @@ def check_configs(experiment: Experiment, scale: str, planned: list[PlannedRun])
 
     for run in planned:
         if run.to_run:
-            check_variant(experiment, experiment.variant(run.variant), scale)
+            check_variant(experiment, experiment.variant(run.variant), scale, run.seed)
 
 
 def submit(
@@ -174,7 +178,8 @@ def submit(
     extra: list[str],
     parent: str | None = None,
 ) -> str:
-    """Submit every variant that has not finished as one SLURM job array; return its id."""
+    """Submit every (variant, seed) that has not finished as one SLURM job array, one task each;
+    return its id."""
     from cluster.submit import JobSpec, submit_array
 
     todo = [r for r in planned if r.to_run]
@@ -197,10 +202,15 @@ def submit(
     )
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def format_plan(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> str:
+    n_seeds = len({r.seed for r in planned})
     lines = [
-        f"{experiment.name} ({experiment.paper_ref}), scale {scale}: "
-        f"{len(planned)} variants -> MLflow experiment {experiment.mlflow_experiment}"
+        f"{experiment.name} ({experiment.paper_ref}), scale {scale}: {plural(len(experiment.variants), 'variant')} x "
+        f"{plural(n_seeds, 'seed')} -> MLflow experiment {experiment.mlflow_experiment}"
     ]
     for run in planned:
         action = {
@@ -210,11 +220,17 @@ def format_plan(experiment: Experiment, scale: str, planned: list[PlannedRun]) -
             "incomplete": "resume (unfinished before)",
         }[run.state]
         previous = f"  [mlflow run {run.previous_run_id}]" if run.previous_run_id else ""
-        lines.append(f"  {run.variant:<24} {action:<28} {run.run_dir}{previous}")
-    failed = [r.variant for r in planned if r.state == "failed"]
+        lines.append(f"  {run.name:<30} {action:<28} {run.run_dir}{previous}")
+    failed = [r.name for r in planned if r.state == "failed"]
     if failed:
         lines.append(f"failed before: {', '.join(failed)}")
     return "\n".join(lines)
+
+
+def seed_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give how many seeds, a whole number >= 1")
+    return int(text)
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -224,13 +240,22 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         argv, extra = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(
         prog="sinklab sweep",
-        description="Train every variant of a paper experiment (configs/experiments/**/<EXPERIMENT>.yaml).",
+        description="Train every variant of a paper experiment (configs/experiments/**/<EXPERIMENT>.yaml) "
+        "under N seeds.",
         epilog="Arguments after `--` go to every `sinklab fit` (e.g. -- --trainer.max_steps 5).",
     )
     parser.add_argument("experiment", help="experiment name (file stem) or path to its YAML")
     parser.add_argument("--scale", choices=SCALES, default="cpu")
+    parser.add_argument(
+        "--seeds",
+        type=seed_count,
+        help="seeds per variant (default: the file's scale.<scale>.seeds, else 1): the recipe's "
+        "seed_everything and the next N-1, for the initialisation and the data order",
+    )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--local", action="store_true", help="run the variants here, one after another (default)")
+    mode.add_argument(
+        "--local", action="store_true", help="run here, one after another, forked from one warm worker (default)"
+    )
     mode.add_argument("--submit", action="store_true", help="submit one SLURM job array")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and commands, run nothing")
     parser.add_argument("--variants", help="comma-separated subset of variants to consider")
@@ -252,7 +277,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_args(argv), extra
 
 
-def main(argv: list[str] | None = None, runner: Runner = subprocess_runner) -> int:
+def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
     args, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         experiment = load_experiment(args.experiment)
@@ -269,7 +294,7 @@ def main(argv: list[str] | None = None, runner: Runner = subprocess_runner) -> i
         experiment.setup(args.scale)  # refuses a scale the file does not have
         extra = data_args(args.data_path, args.scale) + extra
         mlflow = tracking.client()
-        planned = plan(experiment, args.scale, args.runs_root, mlflow)
+        planned = plan(experiment, args.scale, args.runs_root, mlflow, args.seeds)
         print(format_plan(experiment, args.scale, planned))
         todo = [r for r in planned if r.to_run]
         if todo and not args.no_check:
@@ -280,7 +305,7 @@ def main(argv: list[str] | None = None, runner: Runner = subprocess_runner) -> i
                 print("  $ " + " ".join(fit_command(run, extra)))
             return 0
         if not todo:
-            print("nothing to run: every variant has finished")
+            print("nothing to run: every variant and seed has finished")
             return 0
         write_configs(experiment, args.scale, planned)
         parent = tracking.parent_run(mlflow, experiment, args.scale)
@@ -294,14 +319,20 @@ def main(argv: list[str] | None = None, runner: Runner = subprocess_runner) -> i
             return 0
         previous = os.environ.get(PARENT_ENV)
         os.environ[PARENT_ENV] = parent  # each `sinklab fit` tags its run as a child of it
+        pool = ForkServer() if runner is None else None
         try:
-            codes = run_local(planned, runner=runner, extra=extra)
+            codes = run_local(planned, runner=runner or pool, extra=extra)
         finally:
+            if pool is not None:
+                pool.close()
             if previous is None:
                 os.environ.pop(PARENT_ENV, None)
             else:
                 os.environ[PARENT_ENV] = previous
         mlflow.set_terminated(parent, "FINISHED" if all(c == 0 for c in codes.values()) else "FAILED")
+    except WorkerError as error:
+        print(f"sinklab sweep: {error}", file=sys.stderr)
+        return 1
     except (ExperimentError, JobError) as error:
         print(f"sinklab sweep: {error}", file=sys.stderr)
         return 2

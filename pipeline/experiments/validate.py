@@ -28,9 +28,10 @@ def check_config(config: dict[str, Any], where: str) -> None:
         raise ExperimentError(f"{where}: `sinklab fit` rejects it: {parse_error_line(str(error))}") from None
 
 
-def check_variant(experiment: Experiment, variant: Variant, scale: str) -> None:
+def check_variant(experiment: Experiment, variant: Variant, scale: str, seed: int | None = None) -> None:
     check_config(
-        variant_config(experiment, variant, scale), f"{experiment.path}: variant {variant.name!r} at scale {scale}"
+        variant_config(experiment, variant, scale, seed),
+        f"{experiment.path}: variant {variant.name!r} at scale {scale}",
     )
 
 

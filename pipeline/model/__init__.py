@@ -6,6 +6,7 @@ Torch only (no Lightning, MLflow or DeepSpeed), so analysis tools and exports us
 from .cache import StreamingCache
 from .config import PRESETS, AttentionConfig, BiasConfig, ConfigError, ModelConfig
 from .loading import load_pretrained, save_pretrained
+from .sharded import has_sharded, is_sharded, local_part
 from .transformer import Block, ModelOutput, Transformer
 
 __all__ = [
@@ -18,6 +19,9 @@ __all__ = [
     "PRESETS",
     "StreamingCache",
     "Transformer",
+    "has_sharded",
+    "is_sharded",
     "load_pretrained",
+    "local_part",
     "save_pretrained",
 ]

@@ -63,8 +63,7 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        config.validate()
-        self.config = config
+        self.config = config  # checked when it was built (ModelConfig.__post_init__)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.sink_tokens = nn.Parameter(torch.zeros(config.sink_tokens, config.d_model)) if config.sink_tokens else None
         self.positional = build_positional(config)

@@ -28,12 +28,13 @@ _EXPORTS = {
         "TAG_MODEL_ID",
         "TAG_PARENT",
         "TAG_SCALE",
+        "TAG_SEED",
         "TAG_STATUS",
         "TAG_VARIANT",
         "experiment_id",
         "tracking_uri",
     ),
-    "logger": ("RunLogger", "code_version", "flatten", "open_run"),
+    "logger": ("RunLogger", "as_params", "code_version", "open_run"),
     "metrics_file": ("MetricsFile",),
     "record": ("add_hf_export", "final_weights", "log_final_model", "log_run_model", "write_model_dir"),
     "remote_checkpoints": ("CheckpointUploader", "logged_checkpoints", "pulled_argv"),
@@ -49,7 +50,16 @@ _EXPORTS = {
         "sent_to_mlflow",
     ),
     "images": ("log_image_file", "logged_image_keys"),
-    "runs": ("RunRecord", "best_run", "client", "log_report", "metric_history", "parent_run", "variant_runs"),
+    "runs": (
+        "RunRecord",
+        "best_run",
+        "best_runs",
+        "client",
+        "log_report",
+        "metric_history",
+        "parent_run",
+        "variant_runs",
+    ),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -16,6 +16,8 @@ TAG_EXPERIMENT = "sinklab.experiment"
 TAG_VARIANT = "sinklab.variant"
 TAG_SCALE = "sinklab.scale"
 TAG_STATUS = "sinklab.status"
+# the run's seed_everything; a sweep sets the data order's seed (data.seed) to the same value
+TAG_SEED = "sinklab.seed"
 FINISHED = "finished"
 # "sweep" on the run that groups an experiment's variants; other kinds for analysis runs
 TAG_KIND = "sinklab.kind"

@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,9 +31,11 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from pipeline.checkpoint import RunDir
 from pipeline.model.config import ConfigError
+from sinklab_io.mappings import flatten
 
 from .contract import experiment_id, tracking_uri
 from .metrics_file import MetricsFile
+from .record import notice
 from .views import mark_training_experiment, sent_to_mlflow
 
 DEFAULT_RETRIES = {
@@ -57,10 +58,6 @@ class _NoTraceback(logging.Filter):
 logging.getLogger("mlflow.store.db.utils").addFilter(_NoTraceback())
 
 
-def _notice(message: str) -> None:
-    print(f"sinklab: {message}", file=sys.stderr, flush=True)
-
-
 def code_version() -> str:
     repo = Path(__file__).resolve().parents[2]
     try:
@@ -72,15 +69,9 @@ def code_version() -> str:
         return "unknown"
 
 
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-    return out
+def as_params(data: Mapping[str, Any]) -> dict[str, str]:
+    """A nested config as MLflow params: dotted keys, lists and mappings as JSON, the rest as text."""
+    return {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in flatten(data).items()}
 
 
 def _prepare_sqlite(uri: str) -> None:
@@ -131,7 +122,7 @@ def open_run(
         for path in artifacts:
             client.log_artifact(run_id, str(path), artifact_path="config")
     except Exception as exc:  # noqa: BLE001 - any failure of the store means "offline"
-        _notice(
+        notice(
             f"MLflow at {uri} unreachable ({type(exc).__name__}: {str(exc)[:200]}); "
             f"training goes on, metrics are kept in {run.metrics_path}"
         )
@@ -193,7 +184,7 @@ class RunLogger(MLFlowLogger):
             self._pending.insert(0, (_as_mlflow(rows), end))
             waiting = len(self._pending[0][0])
             if self.flush(force=True) and waiting:
-                _notice(f"MLflow: {waiting} values that earlier starts could not send, sent from {self.record.path}")
+                notice(f"MLflow: {waiting} values that earlier starts could not send, sent from {self.record.path}")
 
     def start_system_metrics(self) -> None:
         """Rank 0: MLflow's system metrics (CPU, RAM, GPU where present) on this run until
@@ -205,7 +196,7 @@ class RunLogger(MLFlowLogger):
         try:
             self.system_metrics = SystemMetrics(self._tracking_uri, self._run_id)
         except Exception as exc:  # noqa: BLE001
-            _notice(f"MLflow system metrics off ({type(exc).__name__}: {str(exc)[:200]})")
+            notice(f"MLflow system metrics off ({type(exc).__name__}: {str(exc)[:200]})")
 
     # Lightning asks for name/version to build paths; answer without touching the server.
     @property
@@ -259,7 +250,7 @@ class RunLogger(MLFlowLogger):
                 sent_to = end
         except Exception as exc:  # noqa: BLE001
             if not self.offline:
-                _notice(
+                notice(
                     f"MLflow tracking server unreachable ({type(exc).__name__}: {str(exc)[:200]}); "
                     f"training goes on, metrics are queued and kept in {self.record.path}"
                 )
@@ -269,7 +260,7 @@ class RunLogger(MLFlowLogger):
             if sent_to is not None:
                 self.record.mark_sent(sent_to)
         if self.offline:
-            _notice(f"MLflow reachable again: {self.sent_batches} metric batches now on the server")
+            notice(f"MLflow reachable again: {self.sent_batches} metric batches now on the server")
         self.offline = False
         return True
 
@@ -280,7 +271,7 @@ class RunLogger(MLFlowLogger):
         try:
             self.experiment.log_artifact(self._run_id, str(path), artifact_path=artifact_path)
         except Exception as exc:  # noqa: BLE001
-            _notice(f"MLflow: artifact {path} not uploaded ({type(exc).__name__}); it stays in the run dir")
+            notice(f"MLflow: artifact {path} not uploaded ({type(exc).__name__}); it stays in the run dir")
 
     @rank_zero_only
     def log_image(self, path: Path, key: str, step: int) -> None:
@@ -292,7 +283,7 @@ class RunLogger(MLFlowLogger):
         try:
             log_image_file(self.experiment, self._run_id, path, key, step)
         except Exception as exc:  # noqa: BLE001
-            _notice(f"MLflow: image {path} not uploaded ({type(exc).__name__}); it stays in the run dir")
+            notice(f"MLflow: image {path} not uploaded ({type(exc).__name__}); it stays in the run dir")
 
     @rank_zero_only
     def set_tag(self, key: str, value: str) -> None:
@@ -312,7 +303,7 @@ class RunLogger(MLFlowLogger):
             return
         if not self.flush(force=True):
             waiting = sum(len(metrics) for metrics, _ in self._pending)
-            _notice(
+            notice(
                 f"MLflow: {waiting} values could not be sent before the end; they are in {self.record.path}, "
                 f"and the next start of {self.record.path.parent} (--resume auto) sends them and closes the run"
             )

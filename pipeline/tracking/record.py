@@ -37,7 +37,7 @@ SYSTEM_SAMPLING_S = 15
 SYSTEM_SAMPLES_PER_POINT = 4
 
 
-def _notice(message: str) -> None:
+def notice(message: str) -> None:
     print(f"sinklab: {message}", file=sys.stderr, flush=True)
 
 
@@ -103,7 +103,7 @@ def final_weights(module, checkpoint: str | os.PathLike | None = None):
     DTensors), ``checkpoint``, a file that holds them whole. None when neither is at hand."""
     import torch
 
-    from pipeline.model import load_pretrained
+    from pipeline.model import has_sharded, load_pretrained
 
     model = module.model
     if checkpoint is not None and (Path(checkpoint) / "latest").is_file():
@@ -111,8 +111,7 @@ def final_weights(module, checkpoint: str | os.PathLike | None = None):
 
         state = merge_zero_checkpoint(checkpoint)["state_dict"]
         return model.config, {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
-    sharded = any(type(p).__name__ == "DTensor" or hasattr(p, "ds_id") for p in model.parameters())
-    if not sharded:
+    if not has_sharded(model):
         return model.config, {k: v.detach() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
     if checkpoint is not None and Path(checkpoint).is_file():
         loaded = load_pretrained(checkpoint)
@@ -312,7 +311,7 @@ class SystemMetrics:
             try:
                 monitor.finish()
             except Exception as exc:  # noqa: BLE001 - never fail a run over its system metrics
-                _notice(f"MLflow system metrics: {type(exc).__name__}: {str(exc)[:200]}")
+                notice(f"MLflow system metrics: {type(exc).__name__}: {str(exc)[:200]}")
 
 
 def print_experiment_urls(tracking_uri: str) -> None:

@@ -1,18 +1,20 @@
 """What MLflow knows about the runs of one experiment at one scale.
 
-Training runs carry the tags `sinklab.variant` and `sinklab.status` (docs/contracts.md
-section 4); a sweep names each run `<experiment>/<scale>/<variant>`, which is where the scale
-is read from (a `sinklab.scale` tag, where present, wins). Sweeps and reports find their runs
-by these.
+Training runs carry the tags `sinklab.variant`, `sinklab.seed` and `sinklab.status`
+(docs/contracts.md section 4); a sweep names each run `<variant> s<seed> (<experiment>/<scale>)`,
+which is where the scale is read from (a `sinklab.scale` tag, where present, wins). Sweeps and
+reports find their runs by these; a run from before the seed tag has its seed in the
+`seed_everything` parameter.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
@@ -22,14 +24,23 @@ from .contract import (
     TAG_EXPERIMENT,
     TAG_KIND,
     TAG_SCALE,
+    TAG_SEED,
     TAG_STATUS,
     TAG_VARIANT,
     experiment_id,
     tracking_uri,
 )
 
-if TYPE_CHECKING:
-    from pipeline.experiments.spec import Experiment
+
+class Grouped(Protocol):
+    """What this module reads of an experiment (pipeline.experiments.Experiment has it; tracking
+    sits below the experiments layer and does not import it)."""
+
+    name: str
+    title: str
+    paper_ref: str
+    mlflow_experiment: str
+    variants: Sequence[Any]  # each with a .name
 
 
 def client(uri: str | None = None) -> MlflowClient:
@@ -48,6 +59,7 @@ class RunRecord:
     status: str  # sinklab.status tag, else MLflow's own status in lower case
     start_time: int  # ms since the epoch
     metrics: dict[str, float] = field(default_factory=dict)
+    seed: int | None = None  # sinklab.seed, else the seed_everything parameter
 
     @property
     def finished(self) -> bool:
@@ -79,6 +91,7 @@ def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict
                     status=status,
                     start_time=run.info.start_time or 0,
                     metrics=dict(run.data.metrics),
+                    seed=run_seed(tags, run.data.params),
                 )
             )
         page_token = page.token
@@ -98,12 +111,29 @@ def run_scale(tags: dict[str, str], run_name: str | None) -> str | None:
     return parts[-2] if len(parts) >= 3 else None
 
 
+def run_seed(tags: dict[str, str], params: dict[str, str]) -> int | None:
+    for value in (tags.get(TAG_SEED), params.get("seed_everything")):
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
 def best_run(records: list[RunRecord]) -> RunRecord | None:
-    """The run a report shows for a variant: the newest finished one, else the newest."""
+    """The run a report shows for a variant's seed: the newest finished one, else the newest."""
     if not records:
         return None
     finished = [r for r in records if r.finished]
     return (finished or records)[0]
+
+
+def best_runs(records: list[RunRecord]) -> dict[int | None, RunRecord]:
+    """A variant's runs, one per seed (:func:`best_run` of each), in seed order."""
+    by_seed: dict[int | None, list[RunRecord]] = {}
+    for record in records:
+        by_seed.setdefault(record.seed, []).append(record)
+    return {seed: best_run(by_seed[seed]) for seed in sorted(by_seed, key=lambda s: (s is None, s or 0))}
 
 
 def metric_history(mlflow: MlflowClient, run_id: str, metric: str) -> list[tuple[int, float]]:
@@ -111,7 +141,7 @@ def metric_history(mlflow: MlflowClient, run_id: str, metric: str) -> list[tuple
     return sorted((m.step, m.value) for m in mlflow.get_metric_history(run_id, metric))
 
 
-def parent_run(mlflow: MlflowClient, experiment: Experiment, scale: str) -> str:
+def parent_run(mlflow: MlflowClient, experiment: Grouped, scale: str) -> str:
     """The run that groups the variants of one experiment at one scale in the MLflow UI (the
     variants' runs carry its id as mlflow.parentRunId; `sinklab report` logs its table, figure
     and agreement to it): found again on a repeated sweep or report, created on the first. It
@@ -143,7 +173,7 @@ def parent_run(mlflow: MlflowClient, experiment: Experiment, scale: str) -> str:
 
 
 def log_report(
-    mlflow, experiment: Experiment, scale: str, files: list[Path], metrics: dict[str, float] | None = None
+    mlflow, experiment: Grouped, scale: str, files: list[Path], metrics: dict[str, float] | None = None
 ) -> str:
     """Log the files as artifacts, and the metrics (the agreement), to the run that groups the
     experiment's variants at this scale (:func:`parent_run`: the sweep's parent)."""

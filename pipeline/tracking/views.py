@@ -24,7 +24,10 @@ max-logit heat map), the α₁ heat maps below, every other section collapsed; p
 not sent as metrics (each head's α₁, entropy, output norm and max logit are in the heat-map images
 and metrics.jsonl);
 constant or single-point series (the uniform α₁, the emergence steps) are hidden; the runs table
-shows the factors that differ between the experiment's runs and the final headline values.
+shows the variant, the seed, the factors that differ between the experiment's runs and the final
+headline values. Where a variant ran under several seeds (a seeded sweep), the table and the charts
+group the runs by variant (``groupBy``: one row and one line per variant, the seeds' average with
+their range as a band).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from pipeline import metric_names as N
 from pipeline import metrics as M
 from pipeline.metric_names import ALPHA1_IMAGE, MAX_LOGIT_IMAGE, TRAJECTORY_IMAGE
 
-from .contract import TAG_KIND, TAG_VARIANT
+from .contract import TAG_KIND, TAG_SEED, TAG_VARIANT
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
@@ -162,17 +165,22 @@ def sections() -> list[dict]:
 
 
 def table_columns(factors: list[str]) -> list[str]:
-    """The runs table: variant, the factors, final Sink_1, mean α₁ and validation loss, the model (not
-    the wide Dataset column: the dataset is one per experiment, in each run's page)."""
+    """The runs table: variant, seed, the factors, final Sink_1, mean α₁ and validation loss, the model
+    (not the wide Dataset column: the dataset is one per experiment, in each run's page)."""
     return (
-        [f"tags.`{TAG_VARIANT}`"]
+        [f"tags.`{TAG_VARIANT}`", f"tags.`{TAG_SEED}`"]
         + [f"params.`{p}`" for p in factors]
         + [f"metrics.`{m}`" for m in HEADLINE[:3]]
         + ["attributes.`Models`"]
     )
 
 
-def view_state(factors: list[str]) -> dict:
+def group_by_variant() -> dict:
+    """The UI's grouping of runs by the variant tag, charts drawing each group's average."""
+    return {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": TAG_VARIANT}]}
+
+
+def view_state(factors: list[str], seeded: bool = False) -> dict:
     # Sorted by run name, not by date: the UI nests a sweep's variants under their parent run
     # (collapsed, so no curves) only when runs are listed by date.
     return {
@@ -187,7 +195,7 @@ def view_state(factors: list[str]) -> dict:
         "runsHiddenMode": "SHOW_ALL",
         "viewMaximized": False,
         "runListHidden": False,
-        "groupBy": None,
+        "groupBy": group_by_variant() if seeded else None,
         "groupsExpanded": {},
         "useGroupedValuesInCharts": True,
         "hideEmptyCharts": True,
@@ -206,6 +214,15 @@ def varied_factors(runs_params: list[dict[str, str]]) -> list[str]:
     return varied[:MAX_FACTOR_COLUMNS] or list(DEFAULT_FACTORS)
 
 
+def seeded(runs_params: list[dict[str, str]]) -> bool:
+    """Whether some variant of a sweep ran under more than one seed (run.variant, seed_everything)."""
+    seeds: dict[str, set] = {}
+    for params in runs_params:
+        if params.get("run.variant"):
+            seeds.setdefault(params["run.variant"], set()).add(params.get("seed_everything"))
+    return any(len(s) > 1 for s in seeds.values())
+
+
 def _training_runs_params(client, experiment_id: str) -> list[dict[str, str]]:
     runs = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_KIND}` IS NULL", max_results=1000)
     return [dict(run.data.params) for run in runs]
@@ -219,7 +236,7 @@ def mark_training_experiment(client, experiment_id: str, runs_params: list[dict[
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
     if runs_params is None:
         runs_params = _training_runs_params(client, experiment_id)
-    state = json.dumps(view_state(varied_factors(runs_params)))
+    state = json.dumps(view_state(varied_factors(runs_params), seeded(runs_params)))
     try:
         current = json.loads(tags.get(VIEW_TAG, "{}")).get("state")
     except (ValueError, AttributeError):

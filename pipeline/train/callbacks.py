@@ -16,6 +16,7 @@ from pipeline import metric_names as N
 from pipeline import probe as sink_probe
 from pipeline.checkpoint import RunDir, StepCheckpoint, at_step_end
 from pipeline.flops import PEAK_ENV, device_peak_flops, flops_per_token, mfu
+from pipeline.model import has_sharded
 
 from . import emergence
 from .compiling import uncompiled
@@ -120,8 +121,7 @@ class SinkMetrics(Callback):
         self._done_step = step
         # With sharded weights (ZeRO-3, FSDP2) every rank takes part in gathering them.
         zero3 = getattr(trainer.strategy, "zero_stage_3", False)
-        sharded = zero3 or pl_module.device_mesh is not None
-        if not (trainer.is_global_zero or sharded):
+        if not (trainer.is_global_zero or has_sharded(pl_module.model)):
             return
         t0 = time.perf_counter()
         if self._probe is None:

@@ -17,6 +17,7 @@ from typing import Any
 from jsonargparse import Namespace
 
 from pipeline.model.config import SHAPE_FIELDS, ModelConfig
+from sinklab_io.mappings import flatten
 
 CHECK_ONLY = "--check-only"
 
@@ -146,8 +147,6 @@ def as_plain(cfg) -> dict:
 def variant_summary(cfg) -> str:
     """One line naming the attention operation (always: a softmax run says so) and what else
     differs from the paper's default block and data."""
-    from pipeline.tracking import flatten
-
     plain = as_plain(cfg)
     model = plain.get("model", {}).get("model") or {}
     default = flatten(ModelConfig().to_dict())

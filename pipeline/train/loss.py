@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.distributed.tensor import DTensor
+
+from pipeline.model import is_sharded
 
 CHUNK_ELEMENTS = {"cpu": 2**21, "cuda": 2**25}  # logits per chunk: ~8 MB on a CPU (cache), ~128 MB on a GPU
 
@@ -88,17 +89,10 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, rows: 
     return _LinearCrossEntropy.apply(hidden, weight, targets, rows)
 
 
-def is_sharded(weight: Tensor) -> bool:
-    """Outside its module's forward a sharded weight is not the whole matrix: DeepSpeed ZeRO-3
-    keeps an empty placeholder (``ds_status``), FSDP2 a DTensor shard. The fused loss reads the
-    head's weight directly, so it needs the plain one."""
-    return hasattr(weight, "ds_status") or isinstance(weight, DTensor)
-
-
 def next_token_loss(model, tokens: Tensor, start: int = 0) -> Tensor:
     """Mean next-token loss of ``model`` (a SinkLab Transformer) on ``tokens`` [B, T]: logit i
     predicts token i+1, counting from logit ``start`` (the prefix-LM loss). Fused with the head
-    unless its weight is sharded (ZeRO-3, FSDP2)."""
+    unless its weight is sharded (ZeRO-3, FSDP2): the fused loss reads the whole matrix."""
     targets = tokens[:, start + 1 :].reshape(-1)
     head = model.lm_head.weight
     if is_sharded(head):

@@ -19,7 +19,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.checkpoint import checkpoint
 
 from pipeline import metric_names as N
-from pipeline.checkpoint import NonFiniteLossError
+from pipeline.checkpoint import NonFiniteLossError, at_step_end
 from pipeline.model import ConfigError, ModelConfig, Transformer
 
 from .compiling import compile_blocks, failure_line
@@ -166,21 +166,27 @@ class SinkLabModule(L.LightningModule):
         self.model_config = cfg
         self.hparams["model_config"] = cfg.to_dict()
 
-    # ---- loss -----------------------------------------------------------------------------
-    def loss_start(self) -> int:
-        """Index of the first logit that counts: the prefix-LM loss starts at token p+1
-        (section 6; p = 1 is ordinary LM), i.e. at logit p-1 (0-based)."""
-        cfg = self.model_config
-        return cfg.prefix_len - 1 if cfg.mask == "prefix" and cfg.prefix_len > 1 else 0
-
-    def lm_loss(self, tokens: torch.Tensor) -> torch.Tensor:
-        return next_token_loss(self.model, tokens, self.loss_start())
-
+    # ---- one optimizer step -------------------------------------------------------------------
+    # Lightning's automatic optimisation runs step s (weights after s updates -> after s + 1) as:
+    #
+    #   for each of A micro-batches    A = trainer.accumulate_grad_batches (cli.py, from data.global_batch_tokens)
+    #       training_step              forward and next-token loss of one micro-batch (loss.py)
+    #       (Lightning) backward       of loss / A; under DeepSpeed engine.backward (sharding.py: divided once)
+    #   _end_of_step                   on the last micro-batch (at_step_end, the one boundary rule): the
+    #                                  step's loss, mean over micro-batches and ranks, recorded as step s;
+    #                                  a non-finite one stops every rank before the update
+    #   configure_gradient_clipping    clip to trainer.gradient_clip_val; the spike guard (run.skip_spikes,
+    #                                  spikes.py) at its end, after the clip and before the update (DeepSpeed calls it on every
+    #                                  micro-batch, and its engine clips and steps at the boundary)
+    #   (Lightning) optimizer.step, zero_grad, lr_scheduler.step; global_step becomes s + 1
+    #   on_train_batch_end where at_step_end: the callbacks in cli.py's order, StepCheckpoint,
+    #                                  SinkMetrics, Throughput, Preemption (callbacks.py)
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        """One micro-batch: forward and loss (Lightning then runs backward); the step's end on the last."""
         loss = self.lm_loss(batch["input_ids"])
         self._step_loss = self._step_loss + loss.detach()
         self._micro += 1
-        if (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0:
+        if at_step_end(self.trainer, batch_idx):
             self._end_of_step()
         return loss
 
@@ -203,8 +209,52 @@ class SinkLabModule(L.LightningModule):
             lr = self.trainer.optimizers[0].param_groups[0]["lr"]
             record_metrics(self, {N.TRAIN_LOSS: value, N.TRAIN_LR: lr})
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's clipping, except under a mixed precision without a loss scaler (bf16):
+        there the gradients are already unscaled, so a fused AdamW, which Lightning refuses to
+        clip for fp16's sake, is clipped here with torch's own functions. With FSDP2 the
+        gradients are DTensors and torch reduces their norm over the mesh; under DeepSpeed the
+        engine clips (Lightning passes gradient_clip_val as its ``gradient_clipping``)."""
+        norm = grad_norm(optimizer) if self.spike_guard is not None else None  # before the clip, as OLMo-core
+        plugin = self.trainer.precision_plugin
+        if not (gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None):
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        elif gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(self._with_grads(optimizer), gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(self._with_grads(optimizer), gradient_clip_val)
+        if norm is not None:  # after the clip, before the update: the spike guard
+            self._guard(optimizer, norm)
+
+    def _guard(self, optimizer, norm: float) -> None:
+        """run.skip_spikes: a spike's gradients are dropped, so the optimizer applies nothing."""
+        guard = self.spike_guard
+        skip = guard.check(self.global_step, self._step_value, norm)
+        if skip:
+            drop_gradients(optimizer)
+        if skip or self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+            record_metrics(self, {N.SKIPPED_STEPS: len(guard.skipped), N.GRAD_NORM: norm})
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.spike_guard is not None and "spike_guard" in checkpoint:
+            self.spike_guard.load_state_dict(checkpoint["spike_guard"])
+
+    @staticmethod
+    def _with_grads(optimizer) -> list[torch.Tensor]:
+        return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
     def on_train_epoch_start(self) -> None:
         self._step_loss, self._micro = 0.0, 0
+
+    # ---- loss and validation -------------------------------------------------------------
+    def loss_start(self) -> int:
+        """Index of the first logit that counts: the prefix-LM loss starts at token p+1
+        (section 6; p = 1 is ordinary LM), i.e. at logit p-1 (0-based)."""
+        cfg = self.model_config
+        return cfg.prefix_len - 1 if cfg.mask == "prefix" and cfg.prefix_len > 1 else 0
+
+    def lm_loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        return next_token_loss(self.model, tokens, self.loss_start())
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         self._val.append(self.lm_loss(batch).detach())
@@ -217,7 +267,7 @@ class SinkLabModule(L.LightningModule):
             return
         record_metrics(self, {N.VAL_LOSS: torch.stack(self._val).mean()}, reduce="mean", bar=True)
 
-    # ---- optimisation ---------------------------------------------------------------------
+    # ---- optimiser ------------------------------------------------------------------------
     def optimizer_split(self) -> dict[str, str]:
         """Which optimiser updates which parameters (pipeline.train.optim.optimizer_split), read off
         a model built on the meta device (no memory, no initialisation)."""
@@ -228,38 +278,6 @@ class SinkLabModule(L.LightningModule):
         optimizer = build_optimizer(self.model, self.optim)
         scheduler = build_scheduler(optimizer, self.optim, self.trainer.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Lightning's clipping, except under a mixed precision without a loss scaler (bf16):
-        there the gradients are already unscaled, so a fused AdamW, which Lightning refuses to
-        clip for fp16's sake, is clipped here with torch's own functions. With FSDP2 the
-        gradients are DTensors and torch reduces their norm over the mesh; under DeepSpeed the
-        engine clips (Lightning passes gradient_clip_val as its ``gradient_clipping``)."""
-        plugin = self.trainer.precision_plugin
-        if not (gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None):
-            return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if gradient_clip_algorithm == "value":
-            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
-        else:
-            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
-
-    def on_before_optimizer_step(self, optimizer) -> None:
-        """The spike guard's place: the step's gradients complete (accumulated, reduced over the
-        ranks), not yet clipped. A spike's gradients are dropped, so the optimizer applies nothing."""
-        guard = self.spike_guard
-        if guard is None:
-            return
-        norm = grad_norm(optimizer)
-        skip = guard.check(self.global_step, self._step_value, norm)
-        if skip:
-            drop_gradients(optimizer)
-        if skip or self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
-            record_metrics(self, {N.SKIPPED_STEPS: len(guard.skipped), N.GRAD_NORM: norm})
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if self.spike_guard is not None and "spike_guard" in checkpoint:
-            self.spike_guard.load_state_dict(checkpoint["spike_guard"])
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.spike_guard is not None:  # the rolling window: a resume decides as the run would have

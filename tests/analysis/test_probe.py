@@ -1,13 +1,13 @@
 """run_probe on a fake model whose attention maps are known in closed form."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 from analysis_helpers import micro_model
 
 from pipeline import metrics
+from pipeline.model import ModelConfig, ModelOutput
 from pipeline.probe import run_probe
 
 T, L, H = 16, 2, 3
@@ -21,6 +21,9 @@ class FakeModel(torch.nn.Module):
     def __init__(self, n_slots=0, kind="probs"):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1))
+        # what run_probe reads of a SinkLab model: its config (mask, slots) and its blocks (none here)
+        self.config = ModelConfig(preset="micro", biases={"kind": "k"} if n_slots else {})
+        self.blocks = torch.nn.ModuleList()
         self.n_slots, self.kind, self.modes_seen = n_slots, kind, []
 
     def forward(self, idx, output_attentions=False, output_hidden_states=False, output_qkv=False):
@@ -46,7 +49,8 @@ class FakeModel(torch.nn.Module):
             attns.append(a)
         hidden = torch.ones(B, T, 4)
         hidden[:, 0] *= 10.0  # first token: norm 20 vs 2 -> ratio 10
-        return SimpleNamespace(
+        return ModelOutput(
+            logits=None,
             attentions=attns,
             attention_kind=self.kind,
             n_query_slots=0,
@@ -157,6 +161,7 @@ class ActiveDormantModel(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.config, self.blocks = ModelConfig(preset="micro"), torch.nn.ModuleList()
 
     def forward(self, idx, output_attentions=False, output_hidden_states=False, output_qkv=False):
         B, T_ = idx.shape
@@ -168,7 +173,8 @@ class ActiveDormantModel(torch.nn.Module):
         values = torch.full((B, 1, T_, 2), 2.0 * math.sqrt(2.0))  # norm 4
         values[:, :, 0] = 1.0 / math.sqrt(2.0)  # norm 1
         qkv = {"queries": [values], "keys": [values], "values": [values]} if output_qkv else {}
-        return SimpleNamespace(
+        return ModelOutput(
+            logits=None,
             attentions=[a],
             attention_kind="probs",
             n_query_slots=0,

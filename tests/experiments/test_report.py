@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -9,10 +10,16 @@ from pathlib import Path
 import pytest
 from experiment_helpers import log_training_run, write_experiment
 
-from pipeline.experiments import report
+from pipeline.experiments import report, report_plot
 from pipeline.experiments.report import Row
 from pipeline.experiments.spec import load_experiment
-from pipeline.tracking import variant_runs
+from pipeline.experiments.stats import spread
+from pipeline.tracking import RunRecord, variant_runs
+
+HEADER = (
+    "| variant | seeds | Sink_1 (%) paper | Sink_1 (%) ours | valid loss paper | valid loss ours | "
+    "emerged: Sink_1 > 10% | emerged: alpha_1 > 1.25 x uniform | runs |"
+)
 
 
 def test_rows_put_paper_and_measured_values_side_by_side(tmp_path, mlflow_env, unique_name):
@@ -41,28 +48,35 @@ def test_rows_put_paper_and_measured_values_side_by_side(tmp_path, mlflow_env, u
         status="finished",  # other scale
         metrics={"sink/sink1": 77.0, "val/loss": 3.0},
     )
+    log_training_run(
+        mlflow_env, unique_name, "a", "cpu", status="finished", metrics={"sink/sink1": 30.0, "val/loss": 4.7}, seed=1235
+    )
     log_training_run(mlflow_env, unique_name, "b", "cpu", status="failed", metrics={"sink/sink1": 3.0})
 
     rows = report.build_rows(exp, variant_runs(mlflow_env, exp.mlflow_experiment, "cpu"))
     a, b, c = rows
-    assert (a.paper, a.measured, a.status, a.run_id) == ([15.2, 3.72], [20.0, 4.5], "finished", newest_a)
-    assert (b.paper, b.measured, b.status) == ([41.08, None], [3.0, None], "failed")
-    assert (c.paper, c.measured, c.status, c.paper_status) == (
-        [None, None],
-        [None, None],
-        "missing",
-        "training failure",
+    # per seed the newest finished run: seed 1234's 20.0 (not the older 11.0 or the failed 99.0), seed 1235's 30.0
+    assert [r.seed for r in a.runs] == [1234, 1235] and a.runs[0].run_id == newest_a
+    assert (a.paper, a.measured[0].values, a.measured[1].values, a.status) == (
+        [15.2, 3.72],
+        (20.0, 30.0),
+        (4.5, 4.7),
+        "2 finished",
     )
+    assert (b.paper, b.measured[0].values, b.measured[1].n, b.status) == ([41.08, None], (3.0,), 0, "1 failed")
+    assert (c.measured[0].n, c.status, c.paper_status) == (0, "missing", "training failure")
 
     markdown = report.to_markdown(exp, "cpu", rows).splitlines()
+    assert HEADER in markdown
+    # 20 and 30: mean 25, std 5·√2, half-width t(0.975, 1)·5 = 63.53; 4.5 and 4.7: half-width 1.27
     assert (
-        "| variant | Sink_1 (%) paper | Sink_1 (%) ours | valid loss paper | valid loss ours | emergence step (Sink_1 > 1% / > 10% / alpha_1 > 1.25 x uniform) | run |"
-        in markdown
+        "| variant a | 2 | 15.20 | 25.00 [-38.53, 88.53] | 3.72 | 4.60 [3.33, 5.87] | — | — | 2 finished |" in markdown
     )
-    assert "| variant a | 15.20 | 20.00 | 3.72 | 4.50 | — | finished |" in markdown
-    assert "| variant b | 41.08 | 3.00 | — | — | — | failed |" in markdown
-    assert "| variant c | training failure | — | training failure | — | — | missing |" in markdown
-    assert "1 of 3 variants finished; — = no value (paper: not published; ours: not run or not logged)." in markdown
+    assert "| variant b | 1 | 41.08 | 3.00 | — | — | — | — | 1 failed |" in markdown
+    assert "| variant c | 0 | training failure | — | training failure | — | — | — | missing |" in markdown
+    assert "| variant a | valid loss | 2 | 4.60 | 0.14 | [3.33, 5.87] | 4.50 (s1234), 4.70 (s1235) |" in markdown
+    assert markdown.count("| variant b | Sink_1 (%) | 1 | 3.00 | — | — | 3.00 (s1234) |") == 1
+    assert "- Sink_1 (%): " not in "\n".join(markdown)  # one seed for b: no ordering claimed
     assert "CPU scale (as the experiment file plans it): tiny test setup" in markdown
 
 
@@ -85,9 +99,9 @@ def test_report_command_writes_logs_and_plots(tmp_path, mlflow_env, unique_name,
     printed = capsys.readouterr().out
     md = (out / "report.md").read_text()
     assert md in printed
-    assert "| variant a | 15.20 | 30.00 | 3.72 | 4.00 | — | finished |" in md
+    assert "| variant a | 1 | 15.20 | 30.00 | 3.72 | 4.00 | — | — | 1 finished |" in md
     assert (
-        "Warnings:\n\n- variant b: valid loss rising since step 500 (min 2.800 at 500, 3.600 at 1000): the "
+        "Warnings:\n\n- variant b (seed 1234): valid loss rising since step 500 (min 2.800 at 500, 3.600 at 1000): the "
         "model memorises its data; more data or fewer steps\n"
     ) in md and "variant a: valid" not in md
     assert "Steps actually run: variant a 200, variant b 1000." in md  # the runs' last steps, not the plan
@@ -101,7 +115,7 @@ def test_report_command_writes_logs_and_plots(tmp_path, mlflow_env, unique_name,
     reports = mlflow_env.search_runs([exp.experiment_id], "tags.`sinklab.kind` = 'sweep'")
     assert len(reports) == 1
     listed = sorted(f.path for f in mlflow_env.list_artifacts(reports[0].info.run_id, "report-cpu"))
-    assert listed == sorted([f"report-cpu/{unique_name}-cpu.png", "report-cpu/report.md"])
+    assert listed == sorted([f"report-cpu/{unique_name}-cpu.png", "report-cpu/report.md", "report-cpu/report.json"])
     # The parent run is not mistaken for a variant's training run.
     assert set(variant_runs(mlflow_env, exp.name, "cpu")) == {"a", "b"}
 
@@ -111,7 +125,7 @@ def test_bar_plot_and_missing_experiment(tmp_path, mlflow_env, unique_name, caps
     out = tmp_path / "out"
     assert report.main([str(path), "--plot", "--out", str(out), "--no-log"]) == 0
     md = (out / "report.md").read_text()
-    assert "| variant a | 15.20 | — | 3.72 | — | — | missing |" in md
+    assert "| variant a | 0 | 15.20 | — | 3.72 | — | — | — | missing |" in md
     assert (out / f"{unique_name}-cpu.png").exists()
     assert mlflow_env.get_experiment_by_name(f"sinklab/{unique_name}") is None  # --no-log
     assert report.main(["no-such-experiment"]) == 2
@@ -128,17 +142,17 @@ def test_a_column_the_paper_has_no_number_for_is_shown_once_with_its_decimals(tm
     )
     exp = load_experiment(path)
     rows = [
-        Row("a", "variant a", [15.2, 3.72, None], [0.0, 4.231, 0.0786], "finished"),
-        Row("c", "variant c", [None, None, None], [None, None, None], "missing", "training failure"),
+        Row("a", "variant a", [15.2, 3.72, None], [spread([v]) for v in (0.0, 4.231, 0.0786)], "1 finished"),
+        Row("c", "variant c", [None, None, None], [spread([])] * 3, "missing", "training failure"),
     ]
     markdown = report.to_markdown(exp, "cpu", rows).splitlines()
     assert (
-        "| variant | Sink_1 (%) paper | Sink_1 (%) ours | valid loss paper | valid loss ours | mean alpha_1 | "
-        "emergence step (Sink_1 > 1% / > 10% / alpha_1 > 1.25 x uniform) | run |" in markdown
+        "| variant | seeds | Sink_1 (%) paper | Sink_1 (%) ours | valid loss paper | valid loss ours | mean alpha_1 | "
+        "emerged: Sink_1 > 10% | emerged: alpha_1 > 1.25 x uniform | runs |" in markdown
     )
-    assert "|---|---:|---:|---:|---:|---:|---:|---|" in markdown
-    assert "| variant a | 15.20 | 0.00 | 3.72 | 4.23 | 0.079 | — | finished |" in markdown
-    assert "| variant c | training failure | — | training failure | — | — | — | missing |" in markdown
+    assert "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|" in markdown
+    assert "| variant a | 0 | 15.20 | 0.00 | 3.72 | 4.23 | 0.079 | — | — | 1 finished |" in markdown
+    assert "| variant c | 0 | training failure | — | training failure | — | — | — | — | missing |" in markdown
 
 
 KNOWN_RHO = """\
@@ -154,6 +168,7 @@ def test_agreement_and_emergence_of_a_synthetic_experiment_with_known_rho(tmp_pa
     path = write_experiment(tmp_path, unique_name, variants=KNOWN_RHO)
     # Sink_1 ours 1, 3, 2, 4 against the paper's 10..40: one swap, rho = 0.8, tau = 4/6.
     # Mean alpha_1 0.1, 0.2, 0.2, 0.4 (a tie): rho = sqrt(0.9), tau-b = 5/sqrt(30).
+    # Two seeds each that agree: the bootstrap interval is exactly the value.
     runs = {
         "a": {
             "sink/sink1": 1.0,
@@ -174,29 +189,60 @@ def test_agreement_and_emergence_of_a_synthetic_experiment_with_known_rho(tmp_pa
         "d": {"sink/sink1": 4.0, "sink/alpha1_mean": 0.4},
     }
     for variant, metrics in runs.items():
-        log_training_run(mlflow_env, unique_name, variant, "cpu", status="finished", metrics=metrics)
+        for seed in (1234, 1235):
+            log_training_run(mlflow_env, unique_name, variant, "cpu", status="finished", metrics=metrics, seed=seed)
     out = tmp_path / "out"
     assert report.main([str(path), "--scale", "cpu", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     md = (out / "report.md").read_text()
     assert md in printed
-    assert "| variant a | 10.00 | 1.00 | 3.70 | 4.00 | 100 / none / none | finished |" in md
-    assert "| variant b | 20.00 | 3.00 | — | — | — | finished |" in md
-    assert "| variant c | 30.00 | 2.00 | — | — | 200 / 300 / 150 | finished |" in md
-    assert "| variant e | training failure | — | training failure | — | — | missing |" in md
-    assert "| measured vs paper | variants | Spearman rho | Kendall tau |" in md
-    assert "| Sink_1 (%) | 4 | +0.80 | +0.67 |" in md
-    assert "| valid loss | 1 | n/a | n/a |" in md  # one variant with both values: undefined
-    assert "| mean alpha_1 (ours) vs Sink_1 (paper) | 4 | +0.95 | +0.91 |" in md
+    assert (
+        "| variant a | 2 | 10.00 | 1.00 [1.00, 1.00] | 3.70 | 4.00 [4.00, 4.00] | never, 0/2 | never, 0/2 | 2 finished |"
+        in md
+    )
+    assert "| variant b | 2 | 20.00 | 3.00 [3.00, 3.00] | — | — | — | — | 2 finished |" in md
+    assert "| variant c | 2 | 30.00 | 2.00 [2.00, 2.00] | — | — | 300, 2/2 | 150, 2/2 | 2 finished |" in md
+    assert "| variant e | 0 | training failure | — | training failure | — | — | — | missing |" in md
+    assert "| Sink_1 (%) | 4 | 2 | +0.80 [+0.80, +0.80] | +0.67 [+0.67, +0.67] | ordering reproduced |" in md
+    assert "| valid loss | 1 | 2 | n/a | n/a | undefined (fewer than 2 variants, or no spread) |" in md
+    assert "| mean alpha_1 (ours) vs Sink_1 (paper) | 4 | 2 | +0.95 [+0.95, +0.95] | +0.91 [+0.91, +0.91] |" in md
+    assert "- Sink_1 (%): variant d 4.00 > variant b 3.00 > variant c 2.00 > variant a 1.00" in md
 
     exp = mlflow_env.get_experiment_by_name(f"sinklab/{unique_name}")
     (logged,) = mlflow_env.search_runs([exp.experiment_id], "tags.`sinklab.kind` = 'sweep'")
     m = logged.data.metrics
     assert m["agreement/sink1/n"] == 4 and m["agreement/sink1/spearman"] == pytest.approx(0.8)
-    assert m["agreement/sink1/kendall"] == pytest.approx(2 / 3)
+    assert m["agreement/sink1/spearman_lo"] == m["agreement/sink1/spearman_hi"] == pytest.approx(0.8)
+    assert m["agreement/sink1/min_seeds"] == 2 and m["agreement/sink1/kendall"] == pytest.approx(2 / 3)
     assert m["agreement/alpha1_vs_sink1/spearman"] == pytest.approx(math.sqrt(0.9))
     assert m["agreement/alpha1_vs_sink1/kendall"] == pytest.approx(5 / math.sqrt(30))
     assert m["agreement/val_loss/n"] == 1 and math.isnan(m["agreement/val_loss/spearman"])
+    assert (m["seeds/c/sink1/n"], m["seeds/c/sink1/mean"], m["seeds/c/sink1/std"]) == (2, 2.0, 0.0)
+    assert m["seeds/d/alpha1_mean/lo"] == m["seeds/d/alpha1_mean/hi"] == pytest.approx(0.4)
+    assert math.isnan(m["seeds/e/sink1/mean"])
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["variants"][2]["columns"]["sink1"]["values"] == [2.0, 2.0]
+    assert saved["agreement"][0]["verdict"] == "ordering reproduced"
+
+
+def run(variant: str, seed: int, **metrics) -> RunRecord:
+    return RunRecord(f"{variant}{seed}", variant, "finished", seed, metrics=metrics, seed=seed)
+
+
+def test_noisy_seeds_leave_the_ordering_undecided(tmp_path):
+    """Means in the paper's order (rho 1) whose seeds overlap: the bootstrap interval includes 0, so
+    the report does not call the ordering reproduced; the orderings say "≈"."""
+    exp = load_experiment(write_experiment(tmp_path, "noisy", variants=KNOWN_RHO))
+    values = {"a": [0.0, 5.0, 10.0], "b": [2.0, 6.0, 9.0], "c": [4.0, 5.0, 11.0], "d": [3.0, 8.0, 10.0]}
+    records = {v: [run(v, 1234 + i, **{"sink/sink1": x}) for i, x in enumerate(xs)] for v, xs in values.items()}
+    rows = report.build_rows(exp, records)
+    (sink1, *_) = report.agreement(exp, rows)
+    assert sink1.rho == pytest.approx(1.0) and sink1.min_seeds == 3
+    assert sink1.rho_interval.lo < 0 < sink1.rho_interval.hi
+    assert sink1.verdict == "not distinguishable from noise (the interval includes 0)"
+    md = report.to_markdown(exp, "cpu", rows)
+    assert "Verdict: Sink_1 (%): not distinguishable from noise (the interval includes 0); valid loss: " in md
+    assert "- Sink_1 (%): variant d 7.00 ≈ variant c 6.67 ≈ variant b 5.67 ≈ variant a 5.00" in md
 
 
 def test_agreement_without_runs_is_not_available(tmp_path):
@@ -208,7 +254,7 @@ def test_agreement_without_runs_is_not_available(tmp_path):
         ("val_loss", 0, None, None),
         ("alpha1_vs_sink1", 0, None, None),
     ]
-    assert "| Sink_1 (%) | 0 | n/a | n/a |" in report.to_markdown(exp, "cpu", rows)
+    assert "| Sink_1 (%) | 0 | 0 | n/a | n/a | undefined" in report.to_markdown(exp, "cpu", rows)
 
 
 def test_lr_steps_plot_is_sink1_over_steps_per_learning_rate(tmp_path, mlflow_env, unique_name, capsys):
@@ -228,17 +274,20 @@ def test_lr_steps_plot_is_sink1_over_steps_per_learning_rate(tmp_path, mlflow_en
             mlflow_env, unique_name, variant, "cpu", status="finished", metrics={"sink/sink1": history, "val/loss": 4.5}
         )
     rows = report.build_rows(exp, variant_runs(mlflow_env, exp.mlflow_experiment, "cpu"))
-    series = report.curve_series(exp, rows, mlflow_env)
+    series = report_plot.curve_series(exp, rows, mlflow_env)
     assert series == {
-        "lr 8e-4, 10k steps": histories["lr8e-4-10k"],
-        "lr 4e-4, 20k steps (default)": histories["lr4e-4-20k"],
-        "lr 1e-4, 20k steps": histories["lr1e-4-20k"],
+        "lr 8e-4, 10k steps": [(1234, histories["lr8e-4-10k"])],
+        "lr 4e-4, 20k steps (default)": [(1234, histories["lr4e-4-20k"])],
+        "lr 1e-4, 20k steps": [(1234, histories["lr1e-4-20k"])],
     }
     out = tmp_path / "out"
     assert report.main([str(path), "--plot", "--out", str(out), "--no-log"]) == 0
     png = out / f"{unique_name}-cpu.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    assert "| Sink_1 (%) | 3 | +1.00 | +1.00 |" in capsys.readouterr().out  # 23.44 > 18.18 > 2.90
+    # 23.44 > 18.18 > 2.90; one seed each: no interval, so no verdict
+    assert "| Sink_1 (%) | 3 | 1 | +1.00 | +1.00 | no verdict (one seed for some variant: no interval) |" in (
+        capsys.readouterr().out
+    )
 
 
 def test_bars_show_a_measured_zero_and_mark_a_missing_value():
@@ -248,7 +297,7 @@ def test_bars_show_a_measured_zero_and_mark_a_missing_value():
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots()
-    report.labelled_bars(ax, [0, 1, 2], [0.0, None, 12.5], "ours")
+    report_plot.labelled_bars(ax, [0, 1, 2], [0.0, None, 12.5], "ours")
     assert [t.get_text() for t in ax.texts] == ["0.00", "—", "12.50"]
     zero_stub = [b for b in ax.patches if b.get_x() < 0.5 and b.get_height() > 0]
     assert zero_stub, "a measured 0 draws nothing"
@@ -260,9 +309,18 @@ def test_the_bar_figure_shows_the_mean_alpha1_its_agreement_uses(tmp_path, uniqu
 
     exp = load_experiment(write_experiment(tmp_path, unique_name, plot="plot: {kind: bar, metric: sink/sink1}"))
     rows = [
-        Row("a", "variant a", [15.2, 3.72], [0.0, 4.2], "finished", alpha1=0.071),
-        Row("b", "variant b", [41.08, None], [0.0, 4.1], "finished", alpha1=0.093),
+        Row(
+            "a",
+            "variant a",
+            [15.2, 3.72],
+            [spread([0.0, 0.0]), spread([4.2, 4.3])],
+            "2 finished",
+            alpha1=spread([0.071, 0.08]),
+        ),
+        Row("b", "variant b", [41.08, None], [spread([0.0]), spread([4.1])], "1 finished", alpha1=spread([0.093])),
     ]
-    narrow = report.plot(exp, [Row(**{**r.__dict__, "alpha1": None}) for r in rows], None, tmp_path / "n.png")
-    wide = report.plot(exp, rows, None, tmp_path / "w.png")
+    narrow = report_plot.plot(
+        exp, [Row(**{**r.__dict__, "alpha1": spread([])}) for r in rows], None, tmp_path / "n.png"
+    )
+    wide = report_plot.plot(exp, rows, None, tmp_path / "w.png")
     assert Image.open(wide).width > 1.4 * Image.open(narrow).width  # a second panel: mean α₁ per variant

@@ -141,6 +141,17 @@ def test_a_good_file_loads(tmp_path):
     e = load_experiment(_write(tmp_path, "demo", GOOD))
     assert e.variant("a").paper == {"sink1": 12.5}
     assert e.group == tmp_path.name
+    assert e.setup("cpu").seeds == 1
+
+
+def test_seeds_are_counted_from_the_recipes_seed(tmp_path):
+    from pipeline.experiments.configs import seeds
+
+    text = textwrap.dedent(GOOD).replace("cpu-tiny.yaml}", "cpu-tiny.yaml, seeds: 3}")
+    e = load_experiment(_write(tmp_path, "demo", text))
+    assert e.setup("cpu").seeds == 3 and e.setup("paper").seeds == 1
+    assert seeds(e, "cpu") == [1234, 1235, 1236]  # cpu-tiny.yaml: seed_everything 1234
+    assert seeds(e, "cpu", 2) == [1234, 1235] and seeds(e, "paper") == [1234]
 
 
 @pytest.mark.parametrize(
@@ -158,6 +169,15 @@ def test_a_good_file_loads(tmp_path):
         (
             ("cpu-tiny.yaml}", "cpu-tiny.yaml, metrics: {val/loss: val/loss_cpu}}"),
             ":6: scale.cpu.metrics.val/loss: renames 'val/loss', which no column reads",
+        ),
+        (("cpu-tiny.yaml}", "cpu-tiny.yaml, seeds: 0}"), ":6: scale.cpu.seeds: expected a whole number >= 1, got 0"),
+        (
+            ("overrides: {model.n_heads: 4}", "overrides: {model.n_heads: 4, seed_everything: 2}"),
+            ":11: variants[0].overrides.seed_everything: seed_everything is set by the sweep: seeds are an axis",
+        ),
+        (
+            ("cpu-tiny.yaml}", "cpu-tiny.yaml, overrides: {data.seed: 7}}"),
+            ":6: scale.cpu.overrides.data.seed: data.seed is set by the sweep",
         ),
         (
             ("metric: sink/sink1", "metric: sink1"),

@@ -18,15 +18,15 @@ def test_plan_skips_finished_runs_and_reruns_the_rest(tmp_path, mlflow_env, uniq
     runs_root = tmp_path / "runs"
 
     planned = sweep.plan(exp, "cpu", runs_root, mlflow_env)
-    assert [(r.variant, r.state, r.previous_run_id) for r in planned] == [
-        ("a", "finished", finished_a),
-        ("b", "failed", failed_b),
-        ("c", "pending", None),
+    assert [(r.variant, r.seed, r.state, r.previous_run_id) for r in planned] == [
+        ("a", 1234, "finished", finished_a),
+        ("b", 1234, "failed", failed_b),
+        ("c", 1234, "pending", None),
     ]
-    assert planned[1].run_dir == runs_root / unique_name / "cpu" / "b"
+    assert planned[1].run_dir == runs_root / unique_name / "cpu" / "b" / "s1234"
     text = sweep.format_plan(exp, "cpu", planned)
     assert "skip (finished)" in text and "run again (failed before)" in text
-    assert text.splitlines()[-1] == "failed before: b"
+    assert text.splitlines()[-1] == "failed before: b s1234"
 
     calls = []
 
@@ -40,15 +40,15 @@ def test_plan_skips_finished_runs_and_reruns_the_rest(tmp_path, mlflow_env, uniq
 
     sweep.write_configs(exp, "cpu", planned)
     codes = sweep.run_local(planned, runner=fake_fit, extra=["--trainer.max_steps", "5"])
-    assert codes == {"b": 3, "c": 0}
+    assert codes == {"b s1234": 3, "c s1234": 0}
     assert (
         calls[1][-9:]
         == [
             "fit",
             "--config",
-            str(runs_root / unique_name / "cpu" / "c.yaml"),
+            str(runs_root / unique_name / "cpu" / "c" / "s1234.yaml"),
             "--run-dir",
-            str(runs_root / unique_name / "cpu" / "c"),
+            str(runs_root / unique_name / "cpu" / "c" / "s1234"),
             "--resume",
             "auto",
             "--trainer.max_steps",
@@ -56,21 +56,51 @@ def test_plan_skips_finished_runs_and_reruns_the_rest(tmp_path, mlflow_env, uniq
         ][-9:]
     )
     # configs are written for the variants that run, none for the finished one
-    written = yaml.safe_load((runs_root / unique_name / "cpu" / "c.yaml").read_text())
+    written = yaml.safe_load((runs_root / unique_name / "cpu" / "c" / "s1234.yaml").read_text())
     assert written["model"]["optim"]["weight_decay"] == 5.0
     assert written["run"] == {
         **written["run"],
         "experiment": f"sinklab/{unique_name}",
         "variant": "c",
-        "name": f"c ({unique_name}/cpu)",
+        "name": f"c s1234 ({unique_name}/cpu)",
     }
-    assert not (runs_root / unique_name / "cpu" / "a.yaml").exists()
+    assert written["seed_everything"] == 1234 and written["data"]["seed"] == 1234
+    assert not (runs_root / unique_name / "cpu" / "a" / "s1234.yaml").exists()
 
     again = sweep.plan(exp, "cpu", runs_root, mlflow_env)
     assert [(r.variant, r.state) for r in again] == [("a", "finished"), ("b", "failed"), ("c", "finished")]
     calls.clear()
     assert sweep.run_local([r for r in again if r.variant != "b"], runner=fake_fit) == {}
     assert calls == []
+
+
+def test_more_seeds_run_only_the_new_ones(tmp_path, mlflow_env, unique_name):
+    """Seeds count up from the recipe's seed_everything (1234): a one-seed study's runs are seed
+    1234 of a three-seed one, including runs from before the seed tag (their seed_everything
+    parameter); each (variant, seed) has its own run dir and config with both seeds set."""
+    exp = load_experiment(write_experiment(tmp_path, unique_name))
+    log_training_run(mlflow_env, unique_name, "a", "cpu", status="finished", metrics={})
+    untagged = log_training_run(mlflow_env, unique_name, "b", "cpu", status="finished", metrics={}, seed=None)
+    mlflow_env.log_param(untagged, "seed_everything", "1234")
+    log_training_run(mlflow_env, unique_name, "c", "cpu", status="failed", metrics={}, seed=1235)
+    planned = sweep.plan(exp, "cpu", tmp_path / "runs", mlflow_env, n_seeds=3)
+    assert [(r.name, r.state) for r in planned] == [
+        ("a s1234", "finished"),
+        ("a s1235", "pending"),
+        ("a s1236", "pending"),
+        ("b s1234", "finished"),
+        ("b s1235", "pending"),
+        ("b s1236", "pending"),
+        ("c s1234", "pending"),
+        ("c s1235", "failed"),
+        ("c s1236", "pending"),
+    ]
+    assert "3 variants x 3 seeds" in sweep.format_plan(exp, "cpu", planned)
+    sweep.write_configs(exp, "cpu", planned)
+    written = yaml.safe_load((tmp_path / "runs" / unique_name / "cpu" / "c" / "s1236.yaml").read_text())
+    assert (written["seed_everything"], written["data"]["seed"], written["run"]["variant"]) == (1236, 1236, "c")
+    assert not (tmp_path / "runs" / unique_name / "cpu" / "a" / "s1234.yaml").exists()
+    assert [len(r) for r in mlruns.variant_runs(mlflow_env, f"sinklab/{unique_name}", "cpu").values()] == [1, 1, 1]
 
 
 def test_an_interrupted_run_is_resumed(tmp_path, mlflow_env, unique_name):
@@ -99,10 +129,12 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, mlflow_env, unique
     )
     assert code == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"{unique_name} (002 Table 2), scale cpu: 2 variants -> MLflow experiment sinklab/{unique_name}"
+    assert out[0] == (
+        f"{unique_name} (002 Table 2), scale cpu: 2 variants x 1 seed -> MLflow experiment sinklab/{unique_name}"
+    )
     commands = [line for line in out if line.startswith("  $ ")]
     assert len(commands) == 2 and commands[1].endswith(
-        f"fit --config {tmp_path}/runs/{unique_name}/cpu/c.yaml --run-dir {tmp_path}/runs/{unique_name}/cpu/c "
+        f"fit --config {tmp_path}/runs/{unique_name}/cpu/c/s1234.yaml --run-dir {tmp_path}/runs/{unique_name}/cpu/c/s1234 "
         "--resume auto --trainer.max_steps 3"
     )
     assert not (tmp_path / "runs").exists()
@@ -137,6 +169,8 @@ def test_submit_sends_one_job_array_of_the_unfinished_variants(tmp_path, mlflow_
                 "2",
                 "--time",
                 "1:00:00",
+                "--seeds",
+                "2",
                 "--",
                 "--trainer.max_steps",
                 "7",
@@ -144,15 +178,16 @@ def test_submit_sends_one_job_array_of_the_unfinished_variants(tmp_path, mlflow_
         )
         == 0
     )
-    assert "submitted job array 4242 with 2 tasks" in capsys.readouterr().out
+    assert "submitted job array 4242 with 5 tasks" in capsys.readouterr().out
     sweep_dir = root / unique_name / "cpu"
     assert submitted == [sweep_dir / "array.sbatch"]
+    # one task per (variant, seed) not finished: b's seed 1234 is
     assert (sweep_dir / "runs.tsv").read_text().splitlines() == [
-        f"{sweep_dir / 'a.yaml'}\t{sweep_dir / 'a'}",
-        f"{sweep_dir / 'c.yaml'}\t{sweep_dir / 'c'}",
+        f"{sweep_dir / v / f's{seed}.yaml'}\t{sweep_dir / v / f's{seed}'}"
+        for v, seed in [("a", 1234), ("a", 1235), ("b", 1235), ("c", 1234), ("c", 1235)]
     ]
     script = (sweep_dir / "array.sbatch").read_text()
-    assert "#SBATCH --array=0-1" in script and "#SBATCH --partition=gpu" in script
+    assert "#SBATCH --array=0-4" in script and "#SBATCH --partition=gpu" in script
     assert "#SBATCH --gpus-per-node=2" in script and "#SBATCH --time=1:00:00" in script
     assert "--trainer.max_steps 7" in script and f"MLFLOW_TRACKING_URI={mlflow_env.tracking_uri}" in script
 
@@ -191,7 +226,10 @@ def test_a_sweep_groups_its_variants_under_one_parent_run(tmp_path, mlflow_env, 
     assert (
         parent.data.tags["sinklab.paper_ref"] == "002 Table 2" and parent.data.tags["sinklab.experiment"] == unique_name
     )
-    assert sorted(r.data.tags["sinklab.variant"] for r in children) == ["a", "b"]
+    assert sorted((r.data.tags["sinklab.variant"], r.data.tags["sinklab.seed"]) for r in children) == [
+        ("a", "1234"),
+        ("b", "1234"),
+    ]
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     assert mlruns.parent_run(mlflow_env, load_experiment(path), "cpu") == parent.info.run_id

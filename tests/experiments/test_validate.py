@@ -33,7 +33,8 @@ def test_variant_config_applies_overrides_and_identity():
     assert (attention["op"], attention["kernel"], attention["normalizer"]) == ("kernel", "mlp", "abs_clamp")
     assert config["run"]["experiment"] == "sinklab/attention-operations"
     assert config["run"]["variant"] == "kernel-mlp-clamp"
-    assert config["run"]["name"] == "kernel-mlp-clamp (attention-operations/cpu)"
+    assert config["run"]["name"] == "kernel-mlp-clamp s1234 (attention-operations/cpu)"
+    assert config["seed_everything"] == config["data"]["seed"] == 1234  # the recipe's seed, for both
     assert ModelConfig.from_dict(config["model"]["model"]).d_model == 128  # the cpu recipe underneath is kept
 
 

@@ -353,6 +353,6 @@ def test_final_weights_come_from_the_module_unless_sharded_or_a_checkpoint_is_pr
         module.model.lm_head.weight.add_(1.0)  # the module's weights differ from the checkpoint's
     config, state = mlflow_record.final_weights(module, ckpt)
     assert config == from_ckpt.config and torch.equal(state["lm_head.weight"], module.model.lm_head.weight)
-    module.model.lm_head.weight.ds_id = 0  # a ZeRO-3 partition: rank 0 does not hold it whole
+    module.model.lm_head.weight.ds_status = 0  # a ZeRO-3 partition (pipeline.model.is_sharded): not whole
     assert torch.equal(mlflow_record.final_weights(module, ckpt)[1]["lm_head.weight"], from_ckpt.lm_head.weight)
     assert mlflow_record.final_weights(module, ckpt.parent) is None  # a checkpoint directory: nothing whole

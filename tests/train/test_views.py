@@ -55,15 +55,27 @@ def test_the_table_shows_the_factors_that_differ_between_runs():
     assert views.varied_factors([softmax, sigmoid]) == ["model.model.attention.op"]  # run names, paths: no factor
     assert views.varied_factors([softmax]) == list(views.DEFAULT_FACTORS)
     columns = views.table_columns(["model.model.attention.op"])
-    assert columns[:2] == ["tags.`sinklab.variant`", "params.`model.model.attention.op`"]
-    assert columns[2:5] == ["metrics.`sink/sink1`", "metrics.`sink/alpha1_mean`", "metrics.`val/loss`"]
+    assert columns[:3] == ["tags.`sinklab.variant`", "tags.`sinklab.seed`", "params.`model.model.attention.op`"]
+    assert columns[3:6] == ["metrics.`sink/sink1`", "metrics.`sink/alpha1_mean`", "metrics.`val/loss`"]
+
+
+def test_runs_are_grouped_by_variant_where_a_variant_has_several_seeds():
+    one = [{"run.variant": "a", "seed_everything": "1234"}, {"run.variant": "b", "seed_everything": "1234"}]
+    two = one + [{"run.variant": "a", "seed_everything": "1235"}]
+    assert not views.seeded(one) and views.seeded(two)
+    assert not views.seeded([{"run.variant": "", "seed_everything": s} for s in ("1", "2")])  # plain fits
+    assert views.view_state([])["groupBy"] is None
+    assert views.view_state([], seeded=True)["groupBy"] == {
+        "aggregateFunction": "average",
+        "groupByKeys": [{"mode": "tag", "groupByData": "sinklab.variant"}],
+    }
 
 
 def test_sweep_run_names_lead_with_the_variant_and_keep_their_scale():
     from pipeline.experiments.configs import run_name
 
-    name = run_name(SimpleNamespace(name="weight-decay"), SimpleNamespace(name="wd-0.0"), "cpu")
-    assert name == "wd-0.0 (weight-decay/cpu)"
+    name = run_name(SimpleNamespace(name="weight-decay"), SimpleNamespace(name="wd-0.0"), "cpu", 1235)
+    assert name == "wd-0.0 s1235 (weight-decay/cpu)"
     assert run_scale({}, name) == "cpu" and run_scale({}, "weight-decay/gpu/wd-0.0") == "gpu"  # earlier sweeps
 
 

@@ -1,0 +1,84 @@
+"""A local sweep's wall time against the sum of its runs' training times, side by side in one run.
+
+The same 6-run sweep (bb-norm at the cpu scale: 2 variants x 3 seeds of the bb-tiny recipe) is run
+twice from a fresh process each, on a Bigram-Backcopy dataset prepared here, each with its own
+MLflow store and run directories:
+
+- per-run processes: every run a `sinklab fit` process of its own (imports and all), as sweeps
+  ran before issue 37;
+- one warm worker: `sinklab sweep --local` as it is, every run forked from a worker that imported
+  the training stack once (pipeline.experiments.pool).
+
+A run's training time is the span of its metrics.jsonl (the step-0 sink probe to the last logged
+row); the rest of the wall time is start-up (imports, config parsing, MLflow), the end of the run
+and the sweep's own planning. Prints a table and, last, `ratio=<per-run wall / worker wall>`.
+Run: `make bench-sweep` (or .venv/bin/python benchmarks/bench_sweep.py [--steps N] [--keep DIR]).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENT, SEEDS = "bb-norm", 3
+MODES = {
+    "per-run processes": "from pipeline.experiments import pool, sweep; "
+    "sys.exit(sweep.main(sys.argv[1:], runner=pool.subprocess_runner))",
+    "one warm worker": "from pipeline.experiments import sweep; sys.exit(sweep.main(sys.argv[1:]))",
+}
+
+
+def training_seconds(run_dir: Path) -> float:
+    times = [json.loads(line)["time"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    return max(times) - min(times)
+
+
+def measure(mode: str, work: Path, data: Path, steps: int) -> tuple[float, list[float]]:
+    store, runs = work / mode.replace(" ", "-"), work / mode.replace(" ", "-") / "runs"
+    store.mkdir(parents=True)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store / 'mlflow.db'}", "PYTHONPATH": str(ROOT)}
+    argv = [EXPERIMENT, "--scale", "cpu", "--local", "--seeds", str(SEEDS), "--runs-root", str(runs)]
+    argv += ["--data-path", str(data), "--", "--trainer.max_steps", str(steps)]
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", "import sys; " + MODES[mode], *argv], env=env, cwd=store)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.exit(f"bench-sweep: the {mode} sweep failed (exit {done.returncode}); logs under {runs}")
+    return wall, [training_seconds(d) for d in sorted(runs.glob(f"{EXPERIMENT}/cpu/*/s*")) if d.is_dir()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=400, help="steps per run (the recipe's 400 by default)")
+    parser.add_argument("--keep", type=Path, help="work here and keep the runs (default: a temporary directory)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.keep or Path(tmp)
+        data = work / "bb-tiny"
+        prep = [sys.executable, "-m", "pipeline.cli", "prep", "bb", "--out", str(data), "--context-length", "32"]
+        prep += ["--sequences", "4000", "--val-sequences", "64", "--probe-sequences", "50", "--probe-length", "32"]
+        subprocess.run(prep, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        results = {mode: measure(mode, work, data, args.steps) for mode in MODES}
+    print(f"\n{EXPERIMENT} at the cpu scale, 2 variants x {SEEDS} seeds, {args.steps} steps a run, one run at a time:")
+    print(
+        f"{'mode':<20} {'runs':>4} {'wall s':>8} {'training s (sum)':>17} {'other s per run':>16} {'wall/training':>14}"
+    )
+    for mode, (wall, trained) in results.items():
+        total = sum(trained)
+        print(
+            f"{mode:<20} {len(trained):>4} {wall:>8.1f} {total:>17.1f} {(wall - total) / len(trained):>16.1f} "
+            f"{wall / total:>14.2f}"
+        )
+    walls = [wall for wall, _ in results.values()]
+    print(f"ratio={walls[0] / walls[1]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
