@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "stream-ppl": ("pipeline.analysis.streaming", "streaming perplexity with x initial + y recent cached tokens"),
     "passkey": ("pipeline.analysis.passkey", "passkey retrieval by depth under x initial + y recent cached tokens"),
+    "length-eval": (
+        "pipeline.analysis.length",
+        "loss by position past the training length and passkey at 1-8x it, full and streaming, across models",
+    ),
     "quant-eval": ("pipeline.analysis.quant_eval", "perplexity under simulated W8A8, with the sink kept intact or not"),
     "submit": ("cluster.submit", "render and submit a SLURM job for a training config"),
     "sweep": ("pipeline.experiments.sweep", "run or submit every variant of a paper experiment"),

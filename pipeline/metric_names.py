@@ -21,6 +21,7 @@ ANALYSIS, TABLE1, DOMAIN, PASSKEY, STREAM, QUANT, AGREEMENT, EVAL = (
     "eval/",  # lm-eval task scores, logged by the lm-eval run itself
 )
 SEEDS = "seeds/"  # a report's statistics of one metric over a variant's seeds
+FLOW, LENGTH = "flow/", "length/"  # information flow per layer (pipeline.flow); sinklab length-eval
 NAMESPACES = (
     SINK,
     ACT,
@@ -38,6 +39,8 @@ NAMESPACES = (
     AGREEMENT,
     EVAL,
     SEEDS,
+    FLOW,
+    LENGTH,
 )
 
 # ---- training (pipeline.train.module, pipeline.train.callbacks.Throughput) ----------------------
@@ -65,6 +68,13 @@ HEAD_ENTROPY = HEADS + "entropy"
 HEAD_OUT_NORM = HEADS + "out_norm"
 HEAD_MAX_LOGIT = HEADS + "max_logit"
 DORMANT_PCT = HEADS + "dormant_pct"
+# information flow (pipeline.flow): per layer unless said otherwise
+FLOW_ENTROPY = FLOW + "entropy"  # normalised matrix entropy of the token representations
+FLOW_ENTROPY_INPUT = FLOW + "entropy_input"  # the same of the input embeddings
+FLOW_MIXING = FLOW + "mixing"  # over-mixing sensitivity
+FLOW_MIXING_LAST = FLOW + "mixing_last"  # the last layer's
+NORM_JUMP_LAYER = FLOW + "norm_jump_layer"  # where ‖h₁‖ / mean ‖hₜ‖ rises most
+ENTROPY_DROP_LAYER = FLOW + "entropy_drop_layer"  # where the matrix entropy falls most
 # MLflow image keys (pipeline.tracking.images)
 ALPHA1_IMAGE = HEADS + "alpha1"  # layer x head heat map, one image per probe step
 TRAJECTORY_IMAGE = HEADS + "alpha1_trajectory"  # α₁ of every head over the run, at the last step
@@ -126,6 +136,16 @@ def domain(name: str) -> str:
 
 def passkey_accuracy(cache: str) -> str:
     return f"{PASSKEY}acc_{cache}"
+
+
+def length_loss(mode: str, bucket: int) -> str:
+    """`sinklab length-eval`: the mean loss of position bucket ``bucket`` under ``mode`` (full, 0_128, ...)."""
+    return f"{LENGTH}loss_{mode}_b{bucket}"
+
+
+def length_passkey(mode: str, factor: int | str) -> str:
+    """`sinklab length-eval`: passkey accuracy (%) at ``factor`` x the training length under ``mode``."""
+    return f"{LENGTH}passkey_{mode}_x{factor}"
 
 
 def stream_perplexity(cache: str) -> str:

@@ -1,7 +1,7 @@
 """PNG figures in the style of seed 002: α_1 heat maps (Figures 19-24), per-layer norm ratios
 (Figures 2 top, 7, 8), Sink_k by position (Figure 5 middle) and the QK decomposition (Figure 2
-bottom), per-head α_1 and Guo et al.'s extreme-token dynamics over training. Each function
-writes one file atomically and returns its path."""
+bottom), per-head α_1, Guo et al.'s extreme-token dynamics over training and panels of curves
+(information flow, loss by position). Each function writes one file atomically and returns its path."""
 
 from __future__ import annotations
 
@@ -317,4 +317,27 @@ def passkey_heatmap(
     ax.set_title(title or "passkey retrieval", fontsize=9)
     if any(c["cached"] < 100 for row in table.values() for c in row.values()):
         ax.text(0.0, -0.3, "†: the key had left the cache when the answer began", transform=ax.transAxes, fontsize=7)
+    return _save(fig, path)
+
+
+def curve_panels(
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
+    path: str | Path,
+    title: str = "",
+    xlabel: str = "layer l",
+    log_panels: Sequence[str] = (),
+) -> Path:
+    """Side-by-side panels, one per quantity (``panels[name][label] = (xs, ys)``, one line per
+    label); the panels named in ``log_panels`` on a log y axis. The information flow per layer and
+    the loss by position of `sinklab length-eval`."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False, layout="constrained")
+    for ax, (name, curves) in zip(axes[0], panels.items()):
+        for label, (xs, ys) in curves.items():
+            ax.plot(list(xs), [float(y) for y in ys], marker="o", markersize=3, label=label)
+        if name in log_panels:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_title(name, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
     return _save(fig, path)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ from torch import Tensor
 
 from pipeline import metric_names as N
 from pipeline import metrics
+from pipeline.flow import FlowAccumulator, FlowReport, recording_inputs
 from pipeline.model.attention_ops import SCORE_KINDS
 from pipeline.model.masks import admitted_with_slots
 from pipeline.outliers import OutlierAccumulator, OutlierReport, recording_linear_inputs
@@ -59,6 +60,7 @@ class SinkReport:
     bos_share_other: Tensor | None = None  # [L, H]
     # the largest pre-softmax logit q·k/√d_h over the probe's admitted token pairs (metrics.max_attention_logit)
     max_logit: Tensor | None = None  # [L, H], max over sequences
+    flow: FlowReport | None = None  # information flow per layer (pipeline.flow)
 
     @property
     def dormant(self) -> Tensor | None:
@@ -100,6 +102,8 @@ class SinkReport:
         out.update({N.alpha_k_mean(k): v for k, v in enumerate(self.alpha_profile[1:], start=2)})
         if self.outliers is not None:
             out.update(self.outliers.to_metrics())
+        if self.flow is not None:
+            out.update(self.flow.to_metrics())
         return out | self.extreme_token_metrics() | self.logit_metrics()
 
     def logit_metrics(self) -> dict[str, float]:
@@ -128,44 +132,28 @@ class SinkReport:
         return out
 
     def to_json(self) -> dict:
-        """A JSON-ready record (lists, not tensors)."""
+        """A JSON-ready record (lists, not tensors) of every field but ``alpha1_all``."""
 
-        def plain(t: Tensor | None):
-            return None if t is None else t.tolist()
+        def plain(value):
+            return value.tolist() if isinstance(value, Tensor) else getattr(value, "to_json", lambda: value)()
 
-        return {
-            "sink1": self.sink1,
-            "sink_star": self.sink_star,
-            "profile": self.profile,
-            "alpha_profile": self.alpha_profile,
-            "eps": self.eps,
-            "n_sequences": self.n_sequences,
-            "seq_len": self.seq_len,
-            "is_proxy": self.is_proxy,
-            "alpha1": plain(self.alpha1),
-            "massive_ratio": plain(self.massive_ratio),
-            "key_norm_ratio": plain(self.key_norm_ratio),
-            "value_norm_ratio": plain(self.value_norm_ratio),
-            "slot_massive_ratio": plain(self.slot_massive_ratio),
-            "qk_decomposition": plain(self.qk_decomposition),
-            "entropy": plain(self.entropy),
-            "out_norm": plain(self.out_norm),
-            "dormant_pct": self.dormant_pct,
-            "outliers": None if self.outliers is None else self.outliers.to_json(),
-            "bos_share_trigger": plain(self.bos_share_trigger),
-            "bos_share_other": plain(self.bos_share_other),
-            "max_logit": plain(self.max_logit),
-        }
+        record = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name != "alpha1_all"}
+        return record | {"dormant_pct": self.dormant_pct}
 
 
 class SinkAccumulator:
     """Collects per-sequence importances over batches; :meth:`report` forms the rates."""
 
     def __init__(
-        self, eps: float = metrics.DEFAULT_EPS, positions: int = 10, outliers: OutlierAccumulator | None = None
+        self,
+        eps: float = metrics.DEFAULT_EPS,
+        positions: int = 10,
+        outliers: OutlierAccumulator | None = None,
+        flow: FlowAccumulator | None = None,
     ) -> None:
         self.eps, self.positions = eps, positions
         self.outliers = outliers  # fed the hidden states here; linear inputs come from hooks
+        self.flow = flow  # fed by the caller, which runs the perturbed pass
         self.alphas: list[Tensor] = []  # [B, L, H, P]
         self.slots: list[Tensor] = []  # [B, L, H, S]
         self.massive: list[Tensor] = []  # [B, L]
@@ -290,6 +278,7 @@ class SinkAccumulator:
             bos_share_trigger=cat_nanmean(self.bos_trigger),
             bos_share_other=cat_nanmean(self.bos_other),
             max_logit=torch.cat(self.max_logit).amax(dim=0) if self.max_logit else None,
+            flow=None if self.flow is None or not self.flow.entropy else self.flow.report(),
         )
 
 
@@ -322,34 +311,36 @@ def run_probe(
     output_qkv: bool = False,
     outliers: bool = True,
     trigger_ids: Sequence[int] | None = None,
+    flow: bool = True,
 ) -> SinkReport:
     """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (every sequence counted).
 
     Eval mode, no grad, autocast off (maps in fp32); the model's training mode is restored.
     ``output_qkv`` also measures the key/value norm ratio of the first token and the QK
     decomposition; ``outliers`` the activation outliers (pipeline.outliers) of the residual stream
-    and of every linear layer's input. The maximum pre-softmax logit of each layer and head is
-    always measured, over the token pairs the mask admits (slots and sink tokens left out).
+    and of every linear layer's input; ``flow`` the information flow (pipeline.flow: one more
+    forward pass). The maximum pre-softmax logit of each layer and head is always measured, over
+    the token pairs the mask admits (slots and sink tokens left out).
     ``trigger_ids`` (a Bigram-Backcopy dataset's) split the attention on token 1 by query kind.
     """
     device = _device_of(model)
     tokens = as_token_tensor(tokens, device)
     admitted = admitted_with_slots(model.config, tokens.shape[1])  # the maps' mask pattern (windows, prefixes, slots)
     lead = model.config.sink_tokens + 1
-    acc = SinkAccumulator(eps=eps, positions=positions, outliers=OutlierAccumulator(lead) if outliers else None)
+    acc = SinkAccumulator(
+        eps, positions, OutlierAccumulator(lead) if outliers else None, FlowAccumulator() if flow else None
+    )
     triggers = None if trigger_ids is None else torch.as_tensor(list(trigger_ids), dtype=torch.long, device=device)
     was_training = model.training
     model.eval()
     try:
-        with (
-            torch.no_grad(),
-            torch.autocast(device_type=device.type, enabled=False),
-            _linear_inputs(model, acc.outliers),
-        ):
+        with torch.no_grad(), torch.autocast(device_type=device.type, enabled=False):
             for start in range(0, tokens.shape[0], batch_size):
+                kwargs = {"output_attentions": True, "output_hidden_states": True}
                 batch = tokens[start : start + batch_size]
-                out = model(batch, output_attentions=True, output_hidden_states=True, output_qkv=True)
-                real = None if admitted is None else admitted[-batch.shape[1] :, -batch.shape[1] :]
+                with _linear_inputs(model, acc.outliers), recording_inputs(model, acc.flow) as embedded:
+                    out = model(batch, **kwargs, output_qkv=True)  # queries and keys for the max logit
+                real = admitted[-batch.shape[1] :, -batch.shape[1] :]
                 acc.add(
                     out.attentions,
                     attention_kind=out.attention_kind,
@@ -362,11 +353,11 @@ def run_probe(
                     head_outputs=out.head_outputs,
                     admitted=admitted,
                     trigger_queries=None if triggers is None else torch.isin(batch, triggers),
-                    max_logits=[
-                        metrics.max_attention_logit(q, k, real)
-                        for q, k in zip(getattr(out, "queries", None) or [], getattr(out, "keys", None) or [])
-                    ],
+                    max_logits=[metrics.max_attention_logit(q, k, real) for q, k in zip(out.queries, out.keys)],
                 )
+                if acc.flow is not None:  # the same path again, so the untouched positions match exactly
+                    perturbed = lambda: model(batch, **kwargs).hidden_states  # noqa: B023, E731
+                    acc.flow.add_pass(model, out.hidden_states, perturbed, embedded, batch.shape[1])
     finally:
         model.train(was_training)
     return acc.report()

@@ -17,11 +17,10 @@ from pathlib import Path
 import torch
 
 from pipeline import metric_names as N
-from pipeline import plots
 from pipeline.analysis import inputs
+from pipeline.analysis.figures import write_plots
 from pipeline.analysis.subject import Subject, model_name
 from pipeline.analysis.tables import format_table
-from pipeline.probe import SinkReport
 from sinklab_io.atomic import atomic_write
 
 INPUT_KINDS = ("natural", "random", "repeat")
@@ -165,37 +164,6 @@ def learned_position_table(subject: Subject, edits: list[tuple[str, int]], token
     return rows
 
 
-def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float) -> list[Path]:
-    paths = [
-        plots.sink_profile(
-            {k: r.profile for k, r in reports.items()}, out / "sink_profile.png", f"{name}: Sink_k by position", eps
-        )
-    ]
-    for kind, rep in reports.items():
-        paths.append(
-            plots.alpha1_heatmap(
-                rep.alpha1,
-                out / f"alpha1_{kind}.png",
-                f"{name} ({kind}): α₁ per layer and head",
-                rep.entropy,
-                rep.out_norm,
-                rep.dormant,
-                max_logit=rep.max_logit,
-            )
-        )
-    first = reports.get("natural") or next(iter(reports.values()))
-    curves = {"hidden states": first.massive_ratio.tolist()}
-    for label, t in (("keys", first.key_norm_ratio), ("values", first.value_norm_ratio)):
-        if t is not None:
-            curves[label] = t.tolist()
-    paths.append(plots.norm_ratio_curves(curves, out / "norm_ratio.png", f"{name}: first-token ℓ2-norm ratio"))
-    if first.qk_decomposition is not None:
-        paths.append(
-            plots.qk_decomposition(first.qk_decomposition, out / "qk_decomposition.png", f"{name}: QK decomposition")
-        )
-    return paths
-
-
 def write_json(record: dict, path: Path) -> None:
     atomic_write(path, json.dumps(record, indent=2))
 
@@ -221,8 +189,8 @@ def dataset_trigger_ids(path: Path) -> list[int] | None:
 
 
 def record_metrics(record: dict) -> dict[str, float]:
-    """The analysis as MLflow metrics: Table 1, Sink_k, activation outliers and the extreme-token
-    phenomena per input kind, Sink_1 per Pile domain."""
+    """The analysis as MLflow metrics: Table 1, Sink_k, activation outliers, the extreme-token
+    phenomena and the information flow per input kind, Sink_1 per Pile domain."""
     metrics = {N.table1(k): v for k, v in record["table1"].items()}
     for kind, rep in record["reports"].items():
         metrics.update({N.input_sink_k(kind, k): v for k, v in enumerate(rep["profile"], start=1)})
@@ -233,6 +201,9 @@ def record_metrics(record: dict) -> dict[str, float]:
             layers = [max(row) for row in rep["max_logit"]]
             metrics.update({N.of_input(kind, N.layer(N.MAX_LOGIT, l)): v for l, v in enumerate(layers)})
             metrics[N.of_input(kind, N.MAX_LOGIT)] = max(layers)
+        metrics.update(
+            {N.of_input(kind, k): v for k, v in record.get("flow", {}).get(kind, {}).items() if v is not None}
+        )
     metrics.update({N.domain(re.sub(r"[^A-Za-z0-9_.-]", "_", d)): v for d, v in record.get("domains", {}).items()})
     return metrics
 
@@ -312,6 +283,12 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
         "reports": {kind: rep.to_json() for kind, rep in reports.items()},
         # per layer: residual-state peak, value-state drain, BOS share by query kind (Guo et al. 2024)
         "extreme_tokens": {kind: rep.extreme_token_metrics() for kind, rep in reports.items()},
+        # per layer: matrix entropy, over-mixing sensitivity; where the BOS norm jumps and the entropy drops
+        "flow": {
+            kind: rep.flow.to_metrics() | rep.flow.landmarks(rep.massive_ratio)
+            for kind, rep in reports.items()
+            if rep.flow is not None
+        },
     }
     if args.pile is not None:
         if subject.tokenizer is None:

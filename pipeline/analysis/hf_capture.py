@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from pipeline.flow import FlowAccumulator, recording_inputs
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs
 from pipeline.probe import SinkAccumulator, SinkReport, as_token_tensor
 
@@ -93,16 +94,27 @@ def capture(model: torch.nn.Module, ids: Tensor, qkv: bool = True) -> Captured:
 
 
 def hf_sink_report(
-    model: torch.nn.Module, tokens, eps: float = 0.3, positions: int = 10, batch_size: int = 25, qkv: bool = True
+    model: torch.nn.Module,
+    tokens,
+    eps: float = 0.3,
+    positions: int = 10,
+    batch_size: int = 25,
+    qkv: bool = True,
+    flow: bool = True,
 ) -> SinkReport:
     """Sink metrics of a HF model on ``tokens [N, T]`` (no BOS added; every sequence counted), with
-    the activation outliers of its blocks' outputs and linear-layer inputs."""
+    the activation outliers of its blocks' outputs and linear-layer inputs and, with ``flow``, the
+    information flow (pipeline.flow: one more forward pass)."""
     tokens = as_token_tensor(tokens, next(model.parameters()).device)
-    acc = SinkAccumulator(eps=eps, positions=positions, outliers=OutlierAccumulator(lead=1))
+    acc = SinkAccumulator(eps, positions, OutlierAccumulator(lead=1), FlowAccumulator() if flow else None)
     model.eval()
     for start in range(0, tokens.shape[0], batch_size):
-        with recording_linear_inputs(decoder_blocks(model), acc.outliers):
-            c = capture(model, tokens[start : start + batch_size], qkv=qkv)
+        ids = tokens[start : start + batch_size]
+        with (
+            recording_linear_inputs(decoder_blocks(model), acc.outliers),
+            recording_inputs(model, acc.flow) as embedded,
+        ):
+            c = capture(model, ids, qkv=qkv)
         acc.add(
             c.attentions,
             hidden_states=c.hidden_states,
@@ -111,4 +123,7 @@ def hf_sink_report(
             values=c.values or None,
             head_outputs=c.head_outputs or None,
         )
+        if acc.flow is not None:  # the same eager path again: the untouched positions match exactly
+            perturbed = lambda: capture(model, ids, qkv=False).hidden_states  # noqa: B023, E731
+            acc.flow.add_pass(model, c.hidden_states, perturbed, embedded, ids.shape[1])
     return acc.report()

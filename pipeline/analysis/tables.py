@@ -1,5 +1,5 @@
 """`sinklab analyze`'s printed tables, from its JSON record (Table 1, activation outliers, the
-extreme-token phenomena per layer, domains, learned-position edits)."""
+extreme-token phenomena and the information flow per layer, domains, learned-position edits)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ def format_table(record: dict) -> str:
             lines += ["", f"Extreme-token phenomena per layer ({kind}; Guo et al. 2024)", ""] + extreme_token_table(
                 layers
             )
+    for kind, layers in record.get("flow", {}).items():
+        lines += ["", f"Information flow per layer ({kind}; docs/analysis.md)", ""] + flow_table(
+            layers, record["extreme_tokens"][kind]
+        )
     if record.get("domains"):
         lines += ["", "| domain | Sink_1 (%) |", "|---|---|"] + [
             f"| {d} | {v:.2f} |" for d, v in record["domains"].items()
@@ -57,3 +61,17 @@ def extreme_token_table(layers: dict[str, float]) -> list[str]:
     for l in range(sum(k.startswith(N.MASSIVE_RATIO + "_l") for k in layers)):
         rows.append(f"| {l} | " + " | ".join(f"{layers.get(N.layer(c, l), float('nan')):.3f}" for c in columns) + " |")
     return rows
+
+
+def flow_table(flow: dict[str, float], extreme: dict[str, float]) -> list[str]:
+    """The first-token norm ratio, matrix entropy and over-mixing sensitivity, one row per layer,
+    and the layers of the largest norm jump and entropy drop."""
+    rows = ["| layer | ‖h₁‖ ratio | matrix entropy | over-mixing sensitivity |", "|---|---|---|---|"]
+    nan = float("nan")
+    for l in range(sum(k.startswith(N.FLOW_ENTROPY + "_l") for k in flow)):
+        rows.append(
+            f"| {l} | {extreme.get(N.layer(N.MASSIVE_RATIO, l), nan):.2f} | {flow[N.layer(N.FLOW_ENTROPY, l)]:.3f} "
+            f"| {flow.get(N.layer(N.FLOW_MIXING, l), nan):.3g} |"
+        )
+    jump, drop = flow.get(N.NORM_JUMP_LAYER), flow.get(N.ENTROPY_DROP_LAYER)
+    return rows + ["", f"largest BOS-norm jump: layer {jump}; largest entropy drop: layer {drop}"]

@@ -130,19 +130,19 @@ def spread_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
 
 
 def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
-    labels = [r.label for r in rows]
+    names = [r.variant for r in rows]
     found = [
-        (c.label, stats.ordering(labels, [r.measured[i] for r in rows], c.digits))
+        (c.label, stats.ordering(names, [r.measured[i] for r in rows], c.digits))
         for i, c in enumerate(experiment.columns)
     ]
-    found.append(("mean alpha_1", stats.ordering(labels, [r.alpha1 for r in rows], 3)))
+    found.append(("mean alpha_1", stats.ordering(names, [r.alpha1 for r in rows], 3)))
     found = [(label, text) for label, text in found if text]
     if not found:
         return []
     return [
         "",
-        "Orderings over seeds (highest mean first; `>`: the two 95% intervals are disjoint, `≈`: they overlap, "
-        "so that ordering is within the noise):",
+        "Orderings over seeds: the variants by mean, then the pairs whose 95% intervals are disjoint (`a > b`); "
+        "every other pair is within the noise:",
         "",
     ] + [f"- {label}: {text}" for label, text in found]
 
@@ -210,7 +210,7 @@ def to_markdown(
     done = sum(r.status != "missing" and "finished" in r.status for r in rows)
     lines += [
         "",
-        f"{done} of {len(rows)} variants have finished runs. Ours: the mean over seeds and its 95% t-interval "
+        f"Finished runs for {done} of {len(rows)} variants. Ours: the mean over seeds and its 95% t-interval "
         f"[low, high] (one seed: the value alone); {MISSING} = no value (paper: not published; ours: not run or "
         "not logged). Emergence: the first probe step above the threshold, median (range) over the seeds, and how "
         "many emerged; a run that never did counts as later than every step.",

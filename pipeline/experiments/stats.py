@@ -7,7 +7,7 @@
 - :func:`verdict`: what such an interval lets a study say, in words;
 - :func:`emergence`: median and range of per-seed emergence steps, a run that never emerged
   counted as later than every step;
-- :func:`ordering`: the variants by mean, ``>`` only where neighbouring 95% intervals are disjoint.
+- :func:`ordering`: the variants by mean, and the pairs whose 95% intervals are disjoint.
 
 Definitions and their rationale: docs/experiments.md (Reports).
 """
@@ -131,14 +131,17 @@ def emergence(steps: Sequence[float | None]) -> str:
     return f"{show(median)} ({show(values[0])}–{show(values[-1])}), {emerged}/{n}"
 
 
-def ordering(labels: Sequence[str], spreads: Sequence[Spread], digits: int = 2) -> str | None:
-    """The variants by mean, highest first, joined by ">" where the 95% intervals of neighbours are
-    disjoint and "≈" where they overlap; None unless every variant has an interval."""
-    pairs = [(label, s) for label, s in zip(labels, spreads) if s.mean is not None]
+def ordering(names: Sequence[str], spreads: Sequence[Spread], digits: int = 2) -> str | None:
+    """The variants by mean, highest first, then every pair whose 95% intervals are disjoint ("a > b,
+    c": a's interval lies above b's and c's); None unless every variant has an interval."""
+    pairs = [(name, s) for name, s in zip(names, spreads) if s.mean is not None]
     if len(pairs) < 2 or any(s.lo is None for _, s in pairs):
         return None
     pairs.sort(key=lambda p: -p[1].mean)
-    text = f"{pairs[0][0]} {pairs[0][1].mean:.{digits}f}"
-    for (_, upper), (label, lower) in zip(pairs, pairs[1:]):
-        text += f" {'>' if lower.hi < upper.lo else '≈'} {label} {lower.mean:.{digits}f}"
-    return text
+    means = ", ".join(f"{name} {s.mean:.{digits}f}" for name, s in pairs)
+    apart = []
+    for i, (name, upper) in enumerate(pairs):
+        below = [other for other, lower in pairs[i + 1 :] if lower.hi < upper.lo]
+        if below:
+            apart.append(f"{name} > {', '.join(below)}")
+    return f"{means}; apart: {'; '.join(apart)}" if apart else f"{means}; no two apart"

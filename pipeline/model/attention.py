@@ -64,6 +64,11 @@ class KeyValueSlot(nn.Module):
         return key[None, :, None, :].expand(expand), self.value[None, :, None, :].expand(expand)
 
 
+def length_scale_init(cfg: ModelConfig) -> float:
+    """SSMax's initial s_h: 1 / log(max_seq_len), so that s_h log n = 1 at n = max_seq_len."""
+    return 1.0 / math.log(max(cfg.max_seq_len, 2))
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -80,6 +85,8 @@ class Attention(nn.Module):
         self.value_bias = nn.Parameter(torch.zeros(1 if b.shared_heads else H, dh)) if b.kind == "v" else None
         self.sink_logit = nn.Parameter(torch.zeros(H)) if a.sink_logit else None
         self.op = op_spec(a.op)
+        # SSMax's s_h; 1 / log(max_seq_len): the softmax's logits at n = max_seq_len
+        self.length_scale = nn.Parameter(torch.full((H,), length_scale_init(cfg))) if self.op.length_scale else None
         self.kernel = build_kernel(a, dh)
         self.blocked_spec = blocked_spec(cfg)  # None: the op has no blocked path
 
@@ -123,6 +130,9 @@ class Attention(nn.Module):
         if ctx.rotary_q is not None:
             q = apply_rotary(q, *ctx.rotary_q)
             k = apply_rotary(k, *ctx.rotary_k)
+        if self.length_scale is not None:  # SSMax: row i's logits times s_h log n_i, as a scale of q_i
+            n_keys = ctx.admitted.sum(-1) + self.cfg.n_bias_slots  # [Tq]
+            q = q * (self.length_scale[:, None, None] * n_keys.to(q.dtype).log()[:, None]).to(q.dtype)
 
         path, weights = self._path(ctx, layer_cache, need_weights), None
         if path == "sdpa":

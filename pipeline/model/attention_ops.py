@@ -179,6 +179,10 @@ class OpSpec:
     score_biases: additive positional biases (ALiBi, relative, T5) are defined for it.
     phi: builds the feature map applied to queries and keys (the layer owns its parameters);
       its matrices count in the model's FLOPs (``matmul_weights``, read by pipeline.flops).
+    length_scale: Scalable-Softmax (Nakanishi 2025): every logit q_i k_j / sqrt(d_h) of row i is
+      multiplied by s_h log n_i, n_i the keys row i sees (bias slots and cached keys included) and
+      s_h a learned scale per head (the layer owns it, ``Attention.length_scale``). The layer
+      scales the queries, so every path (SDPA included) computes it and ``fn`` is the op's own.
     """
 
     name: str
@@ -192,6 +196,7 @@ class OpSpec:
     zero_logit: bool = False
     score_biases: bool = True
     phi: Callable[[AttentionConfig, int], nn.Module] | None = None
+    length_scale: bool = False
 
     def kind(self, a: AttentionConfig) -> str:
         """The kind of ``reported`` for this config: "probs", "sim_nonneg" or "sim_signed"."""
@@ -221,6 +226,8 @@ def register(spec: OpSpec) -> OpSpec:
         "normalizers is empty": not spec.normalizers,
         f"tiles must be one of {', '.join(SIMILARITIES)}": spec.tiles is not None and spec.tiles not in SIMILARITIES,
         "sdpa and zero_logit need a softmax op": (spec.sdpa or spec.zero_logit) and not spec.softmax,
+        "length_scale needs score_biases=False (a bias would escape the scale)": spec.length_scale
+        and spec.score_biases,
     }
     if any(broken.values()):
         raise ValueError(f"attention op {spec.name!r}: " + "; ".join(msg for msg, bad in broken.items() if bad))
@@ -288,3 +295,6 @@ register(OpSpec("softpick", softpick_op, scores="probs"))
 # ReLU attention reports its similarities: the sink metrics read ReLU(s) / sum ReLU(s), the share of
 # what a query does attend to (the 1/n_i scale cancels), as for sigmoid and elu+1.
 register(OpSpec("relu", relu_op, scores="sim_nonneg"))
+# Scalable-Softmax (Nakanishi 2025): softmax((s_h log n_i) q_i k_j / sqrt(d_h)), so that a row's largest
+# weight does not fade as n_i grows; a learned sink logit is added after the scale.
+register(OpSpec("ssmax", softmax_op, scores="probs", softmax=True, sdpa=True, score_biases=False, length_scale=True))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .attention import Attention
+from .attention import Attention, length_scale_init
 from .attention_ops import op_spec
 from .cache import StreamingCache
 from .config import ModelConfig
@@ -85,6 +85,8 @@ class Transformer(nn.Module):
                 nn.init.ones_(p)
             elif name.endswith(("sink_logit", "norm.bias")):
                 nn.init.zeros_(p)
+            elif name.endswith("length_scale"):
+                nn.init.constant_(p, length_scale_init(self.config))
             else:
                 nn.init.normal_(p, 0.0, std)
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from analysis_helpers import HAMLET, micro_model
 
+from pipeline import flow
 from pipeline.analysis import analyze
 from pipeline.analysis.hf_capture import capture, hf_sink_report
 
@@ -33,7 +34,11 @@ def test_smollm2_table1_and_plots(smollm2, tmp_path):
     assert nat["profile"][0] == nat["sink1"] and len(nat["profile"]) == 10
     # the massive-activation curve and the key/value ratios cover every layer
     assert len(nat["massive_ratio"]) == 30 and len(nat["key_norm_ratio"]) == 30
-    for png in ("sink_profile.png", "alpha1_natural.png", "norm_ratio.png", "qk_decomposition.png"):
+    # the information flow of every layer, and where the BOS norm jumps and the entropy drops
+    assert len(nat["flow"]["entropy"]) == len(nat["flow"]["mixing"]) == 30 and nat["flow"]["position"] == 8
+    assert 0 <= rec["flow"]["natural"]["flow/norm_jump_layer"] < 30
+    assert rec["flow"]["natural"]["flow/mixing_l29"] == pytest.approx(nat["flow"]["mixing"][29])
+    for png in ("sink_profile.png", "alpha1_natural.png", "norm_ratio.png", "qk_decomposition.png", "flow.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
     # one repeated token: every sequence is a single token id repeated
     ids = analyze.probe_sets(smollm2, _args("smollm2", "-n", "3", "-T", "16"))
@@ -52,6 +57,20 @@ def test_smollm2_metrics_match_eager_attention(smollm2):
     by_hand = torch.stack([(a @ v).norm(dim=-1).mean(dim=(0, -1)) for a, v in zip(full.attentions, full.values)])
     assert rep.out_norm.shape == (30, 9) and torch.allclose(rep.out_norm, by_hand, rtol=1e-4)
     assert rep.entropy.shape == (30, 9) and 0.0 <= rep.entropy.min() and rep.entropy.max() <= 1.0
+    # over-mixing: the hooked perturbation equals one fed through HF's own inputs_embeds
+    g = torch.Generator().manual_seed(flow.DIRECTION_SEED)
+    spread = []
+    for batch in (tokens[:2], tokens[2:]):
+        with torch.no_grad():
+            e = smollm2.model.get_input_embeddings()(batch)
+            u = torch.randn(len(batch), e.shape[-1], generator=g, dtype=torch.float64).float()
+            moved = e.clone()
+            moved[:, 8] += flow.DEFAULT_RHO * e[:, 8].norm(dim=-1, keepdim=True) * u / u.norm(dim=-1, keepdim=True)
+            clean, pert = (smollm2.model(inputs_embeds=x, output_hidden_states=True).hidden_states for x in (e, moved))
+        spread.append(
+            torch.stack([flow.perturbation_spread(a, b, 8, flow.DEFAULT_RHO) for a, b in zip(clean, pert)], 1)
+        )
+    torch.testing.assert_close(rep.flow.mixing[:-1], torch.cat(spread).mean(0)[1:-1], rtol=1e-3, atol=1e-4)
     # hidden states of the last block are read before the final norm
     c = capture(smollm2.model, tokens[:1])
     with torch.no_grad():
@@ -162,6 +181,7 @@ def test_pile_domains_and_mlflow(tiny_llama_dir, tmp_path, mlflow_server):
     run = client.get_run(out["mlflow_run_id"])
     assert run.data.metrics["table1/natural"] == pytest.approx(out["table1"]["natural"])
     assert "domain/Pile-CC" in run.data.metrics
+    assert run.data.metrics["natural/flow/mixing_l1"] == pytest.approx(out["reports"]["natural"]["flow"]["mixing"][1])
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"report.json", "sink_profile.png"}
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "a"}\nnot json\n')
@@ -180,6 +200,7 @@ def test_sinklab_checkpoint(tmp_path):
     )
     rec = json.loads((tmp_path / "o" / "report.json").read_text())
     assert rec["kind"] == "sinklab" and set(rec["reports"]["random"]["sink_star"]) == {"0"}
+    assert len(rec["reports"]["repeat"]["flow"]["mixing"]) == 2 and "flow/entropy_drop_layer" in rec["flow"]["random"]
     with pytest.raises(SystemExit, match="--dataset"):
         analyze.main([str(ckpt), "--inputs", "natural", "-n", "2", "-T", "8", "--out", str(tmp_path / "o2")])
 

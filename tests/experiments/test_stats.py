@@ -74,5 +74,8 @@ def test_emergence_counts_runs_that_never_emerged():
 
 def test_ordering_claims_only_what_the_intervals_separate():
     a, b, c = stats.spread([10.0, 11.0, 12.0]), stats.spread([0.0, 1.0, 2.0]), stats.spread([0.5, 1.5, 1.0])
-    assert stats.ordering(["a", "b", "c"], [a, b, c], 1) == "a 11.0 > b 1.0 ≈ c 1.0"
+    wide = stats.spread([-20.0, 5.0, 30.0])  # overlaps everything
+    assert stats.ordering(["a", "b", "c"], [a, b, c], 1) == "a 11.0, b 1.0, c 1.0; apart: a > b, c"
+    assert stats.ordering(["a", "w", "b"], [a, wide, b], 1) == "a 11.0, w 5.0, b 1.0; apart: a > b"
+    assert stats.ordering(["b", "c"], [b, c]).endswith("; no two apart")
     assert stats.ordering(["a", "b"], [a, stats.spread([3.0])]) is None  # one seed: no interval

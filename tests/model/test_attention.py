@@ -263,6 +263,7 @@ OP_CONFIGS = [
     dict(op="kernel", kernel="mlp", normalizer="none"),
     dict(op="softpick"),
     dict(op="relu"),
+    dict(op="ssmax"),
 ]
 
 
@@ -395,3 +396,39 @@ def test_each_op_reports_what_its_entry_claims(acfg):
     if kind != "sim_signed":
         assert reported.min() >= 0
     assert torch.all(reported[torch.isinf(mask).expand_as(reported)] == 0)
+
+
+# ---- SSMax (Nakanishi 2025) -------------------------------------------------------------------
+
+
+def test_ssmax_multiplies_each_rows_logits_by_s_log_n_by_hand():
+    model = _model(positional="nope", attention={"op": "ssmax"}, biases={"kind": "kv"})
+    attn = model.blocks[0].attn
+    assert attn.length_scale.tolist() == pytest.approx([1 / math.log(64)] * 2)  # 1 / log(max_seq_len)
+    with torch.no_grad():
+        attn.length_scale.copy_(torch.tensor([0.3, 1.7]))
+    idx = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(3))
+    q, k, _ = _layer0_qkv(model, idx)
+    slot_k, _ = attn.kv_slot.keys_values(1, 2)
+    z = torch.cat([slot_k, k], 2).transpose(-1, -2)
+    logits = (q @ z) / math.sqrt(attn.head_dim)  # [1, H, T, 1 + T]
+    n = torch.arange(2, 8, dtype=torch.float32)  # row i sees the slot and tokens 1..i
+    scaled = logits * attn.length_scale[None, :, None, None] * n.log()[None, None, :, None]
+    causal = torch.ones(6, 7, dtype=torch.bool).tril(1)
+    expected = torch.softmax(scaled.masked_fill(~causal, float("-inf")), -1)
+    with torch.no_grad():
+        got = model(idx, output_attentions=True).attentions[0]
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    plain = _model(positional="nope", biases={"kind": "kv"})  # the same weights under softmax differ
+    with torch.no_grad():
+        assert not torch.allclose(plain(idx, output_attentions=True).attentions[0], got, atol=1e-3)
+
+
+@pytest.mark.parametrize("weights", [False, True], ids=["sdpa", "eager"])
+def test_ssmax_scale_passes_gradcheck_on_both_paths(weights):
+    model = _model(attention={"op": "ssmax"}).double()
+    idx = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
+    name = "blocks.1.attn.length_scale"
+    scale = dict(model.named_parameters())[name].detach().clone().requires_grad_()
+    fn = lambda s: torch.func.functional_call(model, {name: s}, (idx,), {"output_attentions": weights}).logits  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (scale,), eps=1e-6, atol=1e-5)

@@ -21,6 +21,7 @@ def _model(**overrides):
         dict(attention={"op": "sigmoid", "normalizer": "none"}),
         dict(positional="relative"),
         dict(positional="learned"),
+        dict(attention={"op": "ssmax"}, biases={"kind": "kv"}, sink_tokens=1),  # n_i counts cached keys
     ],
     ids=lambda o: str(o) or "default",
 )

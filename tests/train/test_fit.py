@@ -63,6 +63,9 @@ def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path
     assert [m.step for m in client.get_metric_history(run_id, "sink/sink1")] == [0, 4, 8]
     assert [m.step for m in client.get_metric_history(run_id, "val/loss")] == [4, 8]
     assert client.get_metric_history(run_id, "act/massive_ratio_l1")
+    # the information flow from the same probe (pipeline.flow)
+    assert [m.step for m in client.get_metric_history(run_id, "flow/mixing_last")] == [0, 4, 8]
+    assert 0.0 <= client.get_metric_history(run_id, "flow/entropy_l1")[0].value <= 1.0
     # active and dormant heads from the same probe pass
     assert [m.step for m in client.get_metric_history(run_id, "heads/dormant_pct")] == [0, 4, 8]
     # per-head values: in metrics.jsonl and the heat-map images, not one MLflow chart per head (issue 29)

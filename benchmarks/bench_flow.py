@@ -1,0 +1,75 @@
+"""What the information-flow metrics add to training, measured side by side in one process.
+
+On the model of a recipe (default: configs/recipes/embedded.yaml, the `tiny` preset at C=128,
+1,024-token steps) and its dataset's probe set (100 x 64): the sink probe with and without the
+flow metrics (pipeline.flow: one more forward pass, the matrix entropies), alternated, best of
+--repeats; and one optimizer step (forward, loss, backward, AdamW) on a batch of the recipe's
+shape. A step here leaves out data loading, logging and validation, so the share printed last,
+``overhead=<flow seconds per probe / (sink_every x step seconds)>``, is an upper bound.
+Run: .venv/bin/python benchmarks/bench_flow.py --data data/embedded [--every 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from data_prep.dataset import load_manifest, load_probe
+from pipeline.model import ModelConfig, Transformer
+from pipeline.probe import run_probe
+
+
+def best_of(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="prepared dataset (its probe set and vocabulary)")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--every", type=int, default=500, help="sink_every of the recipe (embedded: 500)")
+    p.add_argument("--batch", type=int, default=8, help="sequences per step (embedded: 8 of C)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    args = p.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    manifest = load_manifest(args.data)
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_preset(args.preset, vocab_size=manifest.vocab_size)
+    model = Transformer(cfg)
+    probe = torch.from_numpy(load_probe(args.data)).long()
+    run_probe(model, probe[:4])  # warm-up
+    plain = with_flow = float("inf")
+    for _ in range(args.repeats):  # alternated, so that a busy machine weighs on both alike
+        plain = min(plain, best_of(lambda: run_probe(model, probe, flow=False), 1))
+        with_flow = min(with_flow, best_of(lambda: run_probe(model, probe, flow=True), 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, manifest.vocab_size, (args.batch, manifest.context_length + 1))
+
+    def step() -> None:
+        logits = model(tokens[:, :-1]).logits
+        F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    step_s = best_of(lambda: [step() for _ in range(args.steps)], args.repeats) / args.steps
+    extra = with_flow - plain
+    print(f"model {args.preset}, probe {tuple(probe.shape)}, steps of {args.batch} x {manifest.context_length} tokens")
+    print("| measured | seconds |\n|---|---|")
+    print(f"| sink probe without flow | {plain:.3f} |\n| sink probe with flow | {with_flow:.3f} |")
+    print(f"| flow per probe | {extra:.3f} |\n| optimizer step | {step_s:.4f} |")
+    print(f"probe_ratio={with_flow / plain:.3f}")
+    print(f"overhead={extra / (args.every * step_s):.4f} (flow seconds per probe / ({args.every} steps))")
+
+
+if __name__ == "__main__":
+    main()

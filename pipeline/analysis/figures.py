@@ -1,0 +1,63 @@
+"""`sinklab analyze`'s figures: Sink_k by position, α₁ per layer and head, the first-token norm
+ratios, the QK decomposition and the information flow per layer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline import plots
+from pipeline.probe import SinkReport
+
+
+def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float) -> list[Path]:
+    paths = [
+        plots.sink_profile(
+            {k: r.profile for k, r in reports.items()}, out / "sink_profile.png", f"{name}: Sink_k by position", eps
+        )
+    ]
+    for kind, rep in reports.items():
+        paths.append(
+            plots.alpha1_heatmap(
+                rep.alpha1,
+                out / f"alpha1_{kind}.png",
+                f"{name} ({kind}): α₁ per layer and head",
+                rep.entropy,
+                rep.out_norm,
+                rep.dormant,
+                max_logit=rep.max_logit,
+            )
+        )
+    first = reports.get("natural") or next(iter(reports.values()))
+    curves = {"hidden states": first.massive_ratio.tolist()}
+    for label, t in (("keys", first.key_norm_ratio), ("values", first.value_norm_ratio)):
+        if t is not None:
+            curves[label] = t.tolist()
+    paths.append(plots.norm_ratio_curves(curves, out / "norm_ratio.png", f"{name}: first-token ℓ2-norm ratio"))
+    if first.qk_decomposition is not None:
+        paths.append(
+            plots.qk_decomposition(first.qk_decomposition, out / "qk_decomposition.png", f"{name}: QK decomposition")
+        )
+    if any(rep.flow is not None for rep in reports.values()):
+        paths.append(flow_figure(name, reports, out / "flow.png"))
+    return paths
+
+
+def flow_figure(name: str, reports: dict[str, SinkReport], path: Path) -> Path:
+    """Per layer and input kind: the first-token norm ratio, the matrix entropy and the over-mixing
+    sensitivity (layer −1: the input embeddings)."""
+    panels = {"‖h₁‖ / mean ‖h_t≠1‖": {}, "matrix entropy (normalised)": {}, "over-mixing sensitivity": {}}
+    for kind, rep in reports.items():
+        if rep.flow is None:
+            continue
+        layers = list(range(len(rep.flow.entropy)))
+        lead = [-1] if rep.flow.entropy_input is not None else []
+        first = [rep.flow.norm_ratio_input] if lead else []
+        panels["‖h₁‖ / mean ‖h_t≠1‖"][kind] = (lead + layers, first + rep.massive_ratio.tolist())
+        panels["matrix entropy (normalised)"][kind] = (
+            lead + layers,
+            ([rep.flow.entropy_input] if lead else []) + rep.flow.entropy.tolist(),
+        )
+        if rep.flow.mixing is not None:
+            panels["over-mixing sensitivity"][kind] = (layers, rep.flow.mixing.tolist())
+    panels = {k: v for k, v in panels.items() if v}
+    return plots.curve_panels(panels, path, f"{name}: information flow (layer −1: embeddings)", log_panels=panels)

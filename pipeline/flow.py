@@ -1,0 +1,241 @@
+"""Information flow through the layers: over-mixing sensitivity (Barbero et al. 2025) and the
+matrix entropy of the token representations (Queipo-de-Llano et al. 2025).
+
+Pure torch, beside ``pipeline.metrics``; definitions in docs/analysis.md ("Information flow").
+The sensitivity is measured by finite perturbation: one more forward pass in which the input
+embedding of one position p is moved by ``rho`` times its own norm along a fixed random direction;
+per layer, the mean relative change of the representations of the later tokens i > p, over rho.
+A model whose heads attend only to the first token spreads nothing (0); the sink is Barbero et
+al.'s way of keeping this number small as depth and context grow. The entropy reads the clean
+pass: the von Neumann (or Rényi) entropy of the trace-normalised Gram matrix X Xᵀ of a sequence's
+token representations X [T, d], over log min(T, d): 0 when one direction holds them all (the
+BOS-dominated "compression valley"), 1 when they are orthogonal and of equal norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from pipeline import metric_names as N
+
+DEFAULT_RHO = 0.01  # perturbation size relative to ‖e_p‖: small enough to read the linear response
+DIRECTION_SEED = 0  # the perturbation directions are drawn from this seed, batch after batch
+
+
+def matrix_entropy(x: Tensor, order: float = 1.0) -> Tensor:
+    """Normalised matrix entropy of each ``x [..., T, d] -> [...]``.
+
+    λ = eigenvalues of X Xᵀ / tr(X Xᵀ) (the squared singular values of X over ‖X‖²_F, summing to
+    1); S_α = log Σ λ^α / (1 − α), and the von Neumann −Σ λ log λ at α = 1; the result is S_α /
+    log min(T, d): 0 for a rank-1 X, 1 for orthogonal rows of equal norm. NaN for an all-zero X."""
+    if x.dim() < 2 or min(x.shape[-2:]) < 2:
+        raise ValueError(f"matrix_entropy needs [..., T, d] with T, d >= 2, got {tuple(x.shape)}")
+    if order < 0:
+        raise ValueError(f"matrix_entropy order must be >= 0, got {order}")
+    x = x.double()
+    gram = x @ x.transpose(-1, -2) if x.shape[-2] <= x.shape[-1] else x.transpose(-1, -2) @ x  # the smaller one
+    s2 = torch.linalg.eigvalsh(gram).clamp_min(0.0)  # the squared singular values of x
+    lam = s2 / s2.sum(dim=-1, keepdim=True)
+    if order == 1.0:
+        h = -torch.where(lam > 0, lam * lam.clamp_min(torch.finfo(lam.dtype).tiny).log(), 0.0).sum(dim=-1)
+    else:
+        h = torch.where(lam > 0, lam.pow(order), 0.0).sum(dim=-1).log() / (1.0 - order)
+    return (h / torch.tensor(float(min(x.shape[-2:]))).log()).clamp_min(0.0).float()
+
+
+def perturbation_spread(clean: Tensor, perturbed: Tensor, position: int, rho: float) -> Tensor:
+    """Over-mixing sensitivity of one layer: ``[B, T, d]`` twice -> ``[B]``, the mean over the
+    later tokens i > ``position`` (0-based) of ‖h'_i − h_i‖₂ / ‖h_i‖₂, divided by ``rho``."""
+    if clean.shape != perturbed.shape or clean.dim() != 3:
+        raise ValueError(
+            f"perturbation_spread needs two equal [B, T, d], got {tuple(clean.shape)}, {tuple(perturbed.shape)}"
+        )
+    if not 0 <= position < clean.shape[1] - 1:
+        raise ValueError(f"perturbed position {position} leaves no later token in T={clean.shape[1]}")
+    later, moved = clean[:, position + 1 :].double(), perturbed[:, position + 1 :].double()
+    relative = (moved - later).norm(dim=-1) / later.norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
+    return (relative.mean(dim=-1) / rho).float()
+
+
+def default_position(seq_len: int) -> int:
+    """The perturbed position: the middle of the sequence (0-based ⌊T/2⌋), half the tokens after it."""
+    return seq_len // 2
+
+
+def embedding_module(model: nn.Module) -> nn.Module | None:
+    """The module whose output is the input embeddings: a SinkLab ``Transformer``'s ``embed``, an
+    HF model's ``get_input_embeddings()``; None for a model that has neither."""
+    if isinstance(getattr(model, "embed", None), nn.Embedding):
+        return model.embed
+    get = getattr(model, "get_input_embeddings", None)
+    return get() if callable(get) else None
+
+
+@contextmanager
+def recording_embeddings(module: nn.Module) -> Iterator[list[Tensor]]:
+    """While inside, each output of ``module`` is appended, detached, to the list it yields."""
+    outputs: list[Tensor] = []
+    handle = module.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach()))
+    try:
+        yield outputs
+    finally:
+        handle.remove()
+
+
+class Perturbation:
+    """Adds δ_b = rho ‖e_{b,p}‖ u_b to the embedding of position p of every sequence b, u_b a unit
+    vector drawn from ``DIRECTION_SEED`` (the same draws for the same batches)."""
+
+    def __init__(self, position: int, rho: float = DEFAULT_RHO, seed: int = DIRECTION_SEED) -> None:
+        if rho <= 0:
+            raise ValueError(f"perturbation size rho must be > 0, got {rho}")
+        self.position, self.rho = position, rho
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @contextmanager
+    def applied(self, module: nn.Module) -> Iterator[None]:
+        def add(_module, _inputs, out: Tensor) -> Tensor:
+            u = torch.randn(out.shape[0], out.shape[-1], generator=self.generator, dtype=torch.float64)
+            u = (u / u.norm(dim=-1, keepdim=True)).to(out.device, out.dtype)
+            moved = out.clone()
+            moved[:, self.position] += self.rho * out[:, self.position].norm(dim=-1, keepdim=True) * u
+            return moved
+
+        handle = module.register_forward_hook(add)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+
+@dataclass
+class FlowReport:
+    """Per layer (block outputs, 0-based; the last before the final norm), means over sequences."""
+
+    entropy: Tensor  # [L] normalised von Neumann entropy of X Xᵀ
+    entropy_input: float | None = None  # the same of the input embeddings
+    norm_ratio_input: float | None = None  # ‖e_1‖ / mean_{t≠1} ‖e_t‖ of the input embeddings
+    mixing: Tensor | None = None  # [L] over-mixing sensitivity (None: the model has no embedding module)
+    position: int | None = None  # the perturbed position (0-based)
+    rho: float = DEFAULT_RHO
+
+    def to_metrics(self) -> dict[str, float]:
+        """``flow/entropy_l{l}``, ``flow/mixing_l{l}`` (0-based) and ``flow/mixing_last``."""
+        out = {N.layer(N.FLOW_ENTROPY, l): float(v) for l, v in enumerate(self.entropy)}
+        if self.entropy_input is not None:
+            out[N.FLOW_ENTROPY_INPUT] = self.entropy_input
+        if self.mixing is not None:
+            out.update({N.layer(N.FLOW_MIXING, l): float(v) for l, v in enumerate(self.mixing)})
+            out[N.FLOW_MIXING_LAST] = float(self.mixing[-1])
+        return out
+
+    def landmarks(self, massive_ratio: Tensor) -> dict[str, int | None]:
+        """Where the BOS norm jumps (the largest rise of ‖h_1‖ / mean_{t≠1} ‖h_t‖, ``massive_ratio``
+        [L], from the input embeddings on) and where the entropy drops most: Queipo-de-Llano et
+        al. find the two in the same layer. 0-based block indices."""
+        return {
+            N.NORM_JUMP_LAYER: largest_step(massive_ratio.tolist(), self.norm_ratio_input, rise=True),
+            N.ENTROPY_DROP_LAYER: largest_step(self.entropy.tolist(), self.entropy_input, rise=False),
+        }
+
+    def to_json(self) -> dict:
+        return {
+            "entropy": self.entropy.tolist(),
+            "entropy_input": self.entropy_input,
+            "norm_ratio_input": self.norm_ratio_input,
+            "mixing": None if self.mixing is None else self.mixing.tolist(),
+            "position": self.position,
+            "rho": self.rho,
+        }
+
+
+def recording_inputs(model: nn.Module, flow: FlowAccumulator | None):
+    """Record ``model``'s input embeddings for ``flow`` (an empty list without either)."""
+    embed = embedding_module(model) if flow is not None else None
+    return recording_embeddings(embed) if embed is not None else nullcontext([])
+
+
+class FlowAccumulator:
+    """Collects per-sequence entropies and sensitivities over batches; :meth:`report` averages."""
+
+    def __init__(self, rho: float = DEFAULT_RHO) -> None:
+        self.rho = rho
+        self.perturbation: Perturbation | None = None
+        self.entropy: list[Tensor] = []  # [B, L]
+        self.entropy_input: list[Tensor] = []  # [B]
+        self.ratio_input: list[Tensor] = []  # [B]
+        self.mixing: list[Tensor] = []  # [B, L]
+
+    def perturbation_for(self, seq_len: int) -> Perturbation:
+        """The one perturbation of this probe (its generator runs on across batches)."""
+        if self.perturbation is None:
+            self.perturbation = Perturbation(default_position(seq_len), self.rho)
+        return self.perturbation
+
+    def add(
+        self,
+        hidden_states: Sequence[Tensor],
+        perturbed: Sequence[Tensor] | None = None,
+        embeddings: Tensor | None = None,
+    ) -> None:
+        """One batch of real-token states ``[B, T, d]`` per layer: the clean pass, the perturbed
+        pass (same layers) and the clean input embeddings, the last two where measured."""
+        self.entropy.append(torch.stack([matrix_entropy(h.detach().float()) for h in hidden_states], 1).cpu())
+        if embeddings is not None:
+            e = embeddings.detach().float()
+            self.entropy_input.append(matrix_entropy(e).cpu())
+            norms = e.norm(dim=-1)
+            self.ratio_input.append((norms[:, 0] / norms[:, 1:].mean(dim=-1)).cpu())
+        if perturbed is not None:
+            if self.perturbation is None:
+                raise ValueError("perturbed states given before perturbation_for() chose the position")
+            p = self.perturbation.position
+            spread = [
+                perturbation_spread(h.detach(), q.detach(), p, self.rho) for h, q in zip(hidden_states, perturbed)
+            ]
+            self.mixing.append(torch.stack(spread, 1).cpu())
+
+    def add_pass(
+        self,
+        model: nn.Module,
+        hidden_states: Sequence[Tensor],
+        forward: Callable[[], Sequence[Tensor]],
+        embedded: Sequence[Tensor],
+        seq_len: int,
+    ) -> None:
+        """One batch of ``seq_len`` real tokens: the clean pass's ``hidden_states`` (every block;
+        leading sink-token rows are cut off here) and, where ``model`` has an embedding module,
+        ``forward()`` (the same forward, giving the same list) run with position p perturbed."""
+        lead = hidden_states[0].shape[1] - seq_len
+        perturbed, embed = None, embedding_module(model)
+        if embed is not None:
+            with self.perturbation_for(seq_len).applied(embed):
+                perturbed = [h[:, lead:] for h in forward()]
+        self.add([h[:, lead:] for h in hidden_states], perturbed, embedded[0] if embedded else None)
+
+    def report(self) -> FlowReport:
+        mean = lambda xs: float(torch.cat(xs).mean()) if xs else None  # noqa: E731
+        return FlowReport(
+            entropy=torch.cat(self.entropy).mean(dim=0),
+            entropy_input=mean(self.entropy_input),
+            norm_ratio_input=mean(self.ratio_input),
+            mixing=torch.cat(self.mixing).mean(dim=0) if self.mixing else None,
+            position=None if self.perturbation is None else self.perturbation.position,
+            rho=self.rho,
+        )
+
+
+def largest_step(values: Sequence[float], start: float | None, rise: bool) -> int | None:
+    """The layer l whose value moves most from the one before (layer l − 1, or ``start`` before
+    layer 0; skipped when None): the largest rise, or with ``rise=False`` the largest fall; None
+    when nothing moves that way."""
+    previous = [start] + list(values[:-1])
+    sign = 1.0 if rise else -1.0
+    steps = [(sign * (v - p), l) for l, (v, p) in enumerate(zip(values, previous)) if p is not None]
+    steps = [(s, l) for s, l in steps if s > 0]  # NaN and flat or wrong-way steps never count
+    return max(steps)[1] if steps else None

@@ -1,0 +1,87 @@
+"""`sinklab length-eval` on a SinkLab checkpoint and a tiny HF llama: the table, figure, JSON and
+MLflow runs, the streaming rows equal to full attention where nothing is evicted, the refusals."""
+
+import json
+
+import pytest
+import torch
+from analysis_helpers import micro_model
+
+from pipeline import cli
+from pipeline.analysis import length
+
+
+@pytest.fixture(scope="module")
+def sinklab_ckpt(tmp_path_factory, hf_tokenizer):
+    from pipeline.model import save_pretrained
+
+    root = tmp_path_factory.mktemp("length")
+    hf_tokenizer.backend_tokenizer.save(str(root / "tokenizer.json"))
+    return save_pretrained(micro_model(vocab_size=len(hf_tokenizer), init_std=0.1), root / "ckpt")
+
+
+def test_length_eval_of_a_sinklab_checkpoint_and_an_hf_model(sinklab_ckpt, tiny_llama_dir, tmp_path, mlflow_server):
+    out = tmp_path / "out"
+    argv = [str(sinklab_ckpt), str(tiny_llama_dir), "--train-len", "16", "--factor", "3", "--windows", "2"]
+    argv += ["--passkey", "2,16", "--keys", "1", "--depths", "0,1", "--out", str(out), "--mlflow-uri", mlflow_server]
+    assert length.main(argv) == 0
+    record = json.loads((out / "length.json").read_text())
+    assert list(record["models"]) == ["ckpt", tiny_llama_dir.name]
+    for result in record["models"].values():
+        assert result["train_len"] == 16 and result["bucket"] == 8 and result["tokens"] == 48
+        loss = result["loss"]
+        assert set(loss) == {"full", "0+16", "1+15"} and all(len(v) == 6 for v in loss.values())
+        for mode in ("0+16", "1+15"):  # within C nothing is evicted: the cache sees what full attention sees
+            assert loss[mode][:2] == pytest.approx(loss["full"][:2], rel=1e-4)
+        assert loss["0+16"][3:] != pytest.approx(loss["full"][3:], rel=1e-4)  # beyond C it does not
+        assert result["passkey"]["full"]["2"] is None  # 32 tokens cannot hold the prompt
+        assert all(0 <= row["16"] <= 100 for row in result["passkey"].values())
+    table = (out / "length.md").read_text()
+    assert table.count("| ckpt | 16 |") == 3 and "| passkey 16x |" in table and "0-0.5C" in table
+    assert (out / "length.png").read_bytes()[:4] == b"\x89PNG"
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server)
+    runs = client.search_runs(
+        [client.get_experiment_by_name("sinklab-analysis").experiment_id], "tags.`sinklab.kind` = 'length-eval'"
+    )
+    ckpt_run = next(r for r in runs if r.data.tags["sinklab.model"] == "ckpt")
+    assert ckpt_run.data.metrics["length/loss_full_b0"] == pytest.approx(record["models"]["ckpt"]["loss"]["full"][0])
+    assert "length/passkey_1_15_x16" in ckpt_run.data.metrics and "length/passkey_full_x2" not in ckpt_run.data.metrics
+
+
+def test_loss_buckets_by_target_position():
+    class Fixed:
+        def full_nll(self, ids):
+            return torch.arange(1.0, ids.numel())  # NLL index j: the loss of target position j + 1
+
+        def nll(self, ids, specs):
+            return torch.zeros(len(specs), ids.numel() - 1)
+
+    buckets = length.loss_by_position(Fixed(), torch.zeros(2, 7, dtype=torch.long), [], bucket=3)
+    assert buckets["full"] == pytest.approx([(1 + 2) / 2, (3 + 4 + 5) / 3, 6.0])  # targets 1-2, 3-5, 6
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--passkey", "1,x"], "--passkey '1,x': expected a comma list of whole numbers"),
+        (["--factor", "0"], "--factor 0: must be >= 1"),
+        (["--text", "a.txt", "--dataset", "d"], "give --text or --dataset, not both"),
+        ([], "--train-len is needed for a Hugging Face model"),
+    ],
+)
+def test_refusals_are_one_line_and_write_nothing(extra, message, tiny_llama_dir, tmp_path, capsys):
+    assert cli.main(["length-eval", str(tiny_llama_dir), "--out", str(tmp_path / "o"), *extra]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' loading bar, if any
+    assert last.startswith("sinklab length-eval: ") and message in last
+    assert not (tmp_path / "o").exists()
+
+
+def test_learned_positions_refuse_a_length_past_their_table(tmp_path, hf_tokenizer, capsys):
+    from pipeline.model import save_pretrained
+
+    hf_tokenizer.backend_tokenizer.save(str(tmp_path / "tokenizer.json"))
+    ckpt = save_pretrained(micro_model(vocab_size=len(hf_tokenizer), positional="learned"), tmp_path / "ckpt")
+    assert cli.main(["length-eval", str(ckpt), "--train-len", "32", "--passkey", "", "--out", str(tmp_path / "o")]) == 2
+    assert "learned positions end at 64; 128 tokens are asked" in capsys.readouterr().err
