@@ -353,7 +353,9 @@ def run_probe(
                     head_outputs=out.head_outputs,
                     admitted=admitted,
                     trigger_queries=None if triggers is None else torch.isin(batch, triggers),
-                    max_logits=[metrics.max_attention_logit(q, k, real) for q, k in zip(out.queries, out.keys)],
+                    max_logits=[
+                        metrics.max_attention_logit(q, k, real) for q, k in zip(out.queries or [], out.keys or [])
+                    ],
                 )
                 if acc.flow is not None:  # the same path again, so the untouched positions match exactly
                     perturbed = lambda: model(batch, **kwargs).hidden_states  # noqa: B023, E731

@@ -35,7 +35,7 @@ EXPECTED = {
     # Guo et al.'s Bigram-Backcopy findings (issue 30)
     "bb-sink",
     "bb-attention-ops",
-    "bb-optimizer",
+    "bb-optimizers",
     "bb-norm",
     "bb-mitigations",
     # why the first token: context length and length generalisation (issue 39)
