@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.model import ModelConfig, Transformer
-from pipeline.model.hf_export import to_hf
+from pipeline.model.hf_native import to_hf
 from pipeline.train.loss import next_token_loss
 
 OPS = {

@@ -38,6 +38,13 @@ class LoadedTokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
+    def as_transformers(self):
+        """A transformers ``PreTrainedTokenizerFast`` with the BOS/EOS/PAD roles resolved here."""
+        from transformers import PreTrainedTokenizerFast
+
+        roles = {f"{role}_token": self.tokenizer.id_to_token(i) for role, i in self.special_ids.items()}
+        return PreTrainedTokenizerFast(tokenizer_object=self.tokenizer, **roles)
+
 
 MAX_TRAINED_VOCAB = 1 << 20
 

@@ -13,7 +13,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prep": ("data_prep.cli", "tokenize and pack a corpus into a training dataset"),
     "fit": ("pipeline.train.cli", "train a model (LightningCLI; --config YAML)"),
     "consolidate": ("pipeline.train.consolidate", "turn a DeepSpeed ZeRO checkpoint into one fp32 state dict"),
-    "export-hf": ("pipeline.model.hf_export", "export a checkpoint as a Hugging Face model directory"),
+    "export-hf": ("pipeline.export", "export any SinkLab model as a Hugging Face model directory"),
     "analyze": ("pipeline.analysis.analyze", "sink metrics and plots for a checkpoint or a pretrained HF model"),
     "survey": (
         "pipeline.analysis.survey",
@@ -49,15 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"sinklab: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    if name == "export-hf" and any(a.startswith(("runs:/", "models:/")) for a in rest):
-        # the model package knows no MLflow: the run's logged model is downloaded here
-        from pipeline.tracking import RunModelError, resolve_argv
-
-        try:
-            rest = resolve_argv(rest)
-        except RunModelError as err:
-            print(f"sinklab export-hf: {err}", file=sys.stderr)
-            return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
     try:
         result = module.main(rest)

@@ -13,6 +13,7 @@ import torch
 
 from pipeline.analysis.hf_capture import hf_sink_report
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
+from pipeline.model.loading import exported_config
 from pipeline.probe import SinkReport, run_probe
 
 
@@ -55,7 +56,8 @@ class Subject:
             self.vocab_size = self.model.config.vocab_size
             self.special_ids: set[int] = set()
             self.source = self.spec
-            beside = Path(spec).with_name("tokenizer.json")
+            inside, beside = Path(spec) / "tokenizer.json", Path(spec).with_name("tokenizer.json")
+            beside = inside if inside.is_file() else beside
             if tokenizer is not None or beside.exists():
                 self.tokenizer = sinklab_tokenizer(tokenizer or beside, command)
                 self.special_ids = set(self.tokenizer.all_special_ids)
@@ -81,6 +83,11 @@ class Subject:
                 f"sinklab {self.command}: {spec}: no such file or directory (a checkpoint, .gguf file or "
                 "HF model directory; or smollm2, gemma3-270m or a hub id ORG/NAME)"
             )
+        try:
+            if path.is_dir() and exported_config(path) is not None:  # a remote-code export: SinkLab's own model
+                return "sinklab"
+        except ValueError as error:  # a newer format, a config this SinkLab cannot build
+            raise SystemExit(f"sinklab {self.command}: {error}") from None
         if path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").exists()) or not path.exists():
             return "hf"
         return "sinklab"
@@ -134,14 +141,10 @@ def model_name(spec: str) -> str:
 
 def sinklab_tokenizer(path: Path, command: str):
     """A SinkLab dataset's tokenizer.json as a transformers tokenizer with its BOS/EOS/PAD roles."""
-    from transformers import PreTrainedTokenizerFast
-
     from data_prep.errors import DataPrepError
     from data_prep.tokenizer import load_tokenizer
 
     try:
-        loaded = load_tokenizer(str(path))
+        return load_tokenizer(str(path)).as_transformers()
     except DataPrepError as e:
         raise SystemExit(f"sinklab {command}: --tokenizer: {e}") from None
-    roles = {f"{role}_token": loaded.tokenizer.id_to_token(i) for role, i in loaded.special_ids.items()}
-    return PreTrainedTokenizerFast(tokenizer_object=loaded.tokenizer, **roles)

@@ -18,9 +18,11 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from . import triton_tiles
 from .linear import chunked_linear_attention
 from .tiled import SIMILARITIES, AttentionSpec, MaskSpec, ScoreBias, TileSpec, tiled_attention
+from .triton_tiles import SIMILARITIES as FUSED_SIMILARITIES
+from .triton_tiles import fused_tiled_attention
+from .triton_tiles import supports as fused_supports
 
 IMPLS = ("auto", "torch", "triton")
 
@@ -83,14 +85,14 @@ def blocked_attention(
         block_q=query_block,
         block_k=block_size or 128,
     )
-    fused = triton_tiles.supports(tiles, score_bias)
+    fused = fused_supports(tiles, score_bias)
     if impl == "triton" and not fused:
         raise ValueError(
             f"blocked_attention: impl='triton' needs Triton installed, p = 1, a similarity among "
-            f"{', '.join(triton_tiles.SIMILARITIES)} and no per-tile bias function; use impl='torch'"
+            f"{', '.join(FUSED_SIMILARITIES)} and no per-tile bias function; use impl='torch'"
         )
     if impl == "triton" or (impl == "auto" and fused and q.is_cuda):
-        return triton_tiles.fused_tiled_attention(
+        return fused_tiled_attention(
             q, k, v, tiles, slot_k=slot_k, slot_v=slot_v, score_bias=score_bias, blocks=(query_block, block_size)
         )
     if isinstance(score_bias, Tensor):

@@ -35,6 +35,8 @@ PRESETS: dict[str, dict[str, int]] = {
 # What a preset sets; the trainer replaces vocab_size by the dataset's.
 SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_seq_len")
 DEFAULT_PRESET = "llama-60m"
+# The format of the config a remote-code export writes (config.json); code of a lower format refuses it.
+EXPORT_FORMAT = 1
 Preset = Literal[tuple(PRESETS)]
 
 Positional = Literal["rope", "nope", "sinusoidal", "learned", "relative", "t5", "alibi"]

@@ -1,17 +1,19 @@
-"""Conversion to and from HF transformers ``LlamaForCausalLM``.
+"""A Hugging Face model directory of any SinkLab model (``sinklab export-hf``, ``pipeline.export``).
 
-Only the default variant (RoPE, pre-norm RMSNorm, SwiGLU, concat heads, softmax, causal, no
-biases or sink tokens) is a Llama; any other value is refused with the field that differs.
-
-    sinklab export-hf CHECKPOINT --out DIR [--config run/config.yaml] [--dtype bfloat16]
+Where an HF class computes exactly this model (``hf_native``: Llama, Qwen3), its config.json and
+weights; otherwise remote code: config.json with ``auto_map``, SinkLab's own parameter names
+under ``model.`` in model.safetensors, and the model's own source (``hf_bundle``), which
+``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` runs without SinkLab.
+Both with a model card (README.md) and, when given, the tokenizer. The directory appears whole
+or not at all and replaces only an earlier export (``sinklab_io.atomic.atomic_directory``).
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import json
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,192 +21,141 @@ import torch
 
 from sinklab_io.outputs import atomic_directory
 
-from .config import AttentionConfig, BiasConfig, ModelConfig
-from .loading import load_pretrained
+from .config import SHAPE_FIELDS, ModelConfig
+from .hf_bundle import entry_class, write_bundle
+from .hf_native import native_architecture, to_hf
 from .transformer import Transformer
 
-# (field path, value HF Llama needs)
-_LLAMA_FIELDS: list[tuple[str, Any]] = (
-    [
-        ("positional", "rope"),
-        ("norm_position", "pre"),
-        ("norm", "rmsnorm"),
-        ("ffn", "swiglu"),
-        ("head_merge", "concat"),
-        ("sink_tokens", 0),
-        ("mask", "causal"),
-    ]
-    + [
-        (f"attention.{k}", v)
-        for k, v in vars(AttentionConfig()).items()
-        if k not in ("clip_gamma", "clip_zeta", "normalizer", "kernel")
-    ]
-    + [
-        ("biases.kind", "none"),
-    ]
-)
+KIND = "sinklab export-hf"
+REMOTE = "remote code"
+AUTO_MAP = {"AutoConfig": entry_class("SinkLabConfig"), "AutoModelForCausalLM": entry_class("SinkLabForCausalLM")}
+_NOT_VARIANT = {"preset", "init_std", *SHAPE_FIELDS}  # shape and initialisation name no variant
 
 
-class NotALlama(ValueError):
-    """The model config has a field HF LlamaForCausalLM cannot express."""
+def remote_model(model: Transformer):
+    """The model inside ``SinkLabForCausalLM`` (the remote-code class), weights shared."""
+    from .hf_modeling import SinkLabConfig, SinkLabForCausalLM
 
-
-def check_llama_compatible(cfg: ModelConfig) -> None:
-    for path, needed in _LLAMA_FIELDS:
-        value: Any = cfg
-        for part in path.split("."):
-            value = getattr(value, part)
-        if value != needed:
-            raise NotALlama(f"arch.{path}={value!r}: HF LlamaForCausalLM expresses only {needed!r}")
-
-
-def llama_config(cfg: ModelConfig):
-    from transformers import LlamaConfig
-
-    check_llama_compatible(cfg)
-    return LlamaConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.d_ffn,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_heads,
-        head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_seq_len,
-        rms_norm_eps=cfg.norm_eps,
-        rope_theta=cfg.rope_theta,
-        tie_word_embeddings=cfg.tie_embeddings,
-        initializer_range=cfg.init_std,
-        hidden_act="silu",
-        attention_bias=False,
-        mlp_bias=False,
-    )
-
-
-def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    check_llama_compatible(model.config)
-    sd = model.state_dict()
-    out = {"model.embed_tokens.weight": sd["embed.weight"], "model.norm.weight": sd["norm.weight"]}
-    out["lm_head.weight"] = sd["lm_head.weight"]
-    for i in range(model.config.n_layers):
-        src, dst = f"blocks.{i}.", f"model.layers.{i}."
-        q, k, v = sd[src + "attn.qkv.weight"].chunk(3, dim=0)
-        gate, up = sd[src + "ffn.gate_up.weight"].chunk(2, dim=0)
-        out.update(
-            {
-                dst + "input_layernorm.weight": sd[src + "attn_norm.weight"],
-                dst + "post_attention_layernorm.weight": sd[src + "ffn_norm.weight"],
-                dst + "self_attn.q_proj.weight": q,
-                dst + "self_attn.k_proj.weight": k,
-                dst + "self_attn.v_proj.weight": v,
-                dst + "self_attn.o_proj.weight": sd[src + "attn.out.weight"],
-                dst + "mlp.gate_proj.weight": gate,
-                dst + "mlp.up_proj.weight": up,
-                dst + "mlp.down_proj.weight": sd[src + "ffn.down.weight"],
-            }
-        )
-    return {k: v.detach().clone() for k, v in out.items()}
-
-
-def to_hf(model: Transformer):
-    """A ``LlamaForCausalLM`` with this model's weights (fp32)."""
-    from transformers import LlamaForCausalLM
-
-    hf = LlamaForCausalLM(llama_config(model.config))
-    hf.load_state_dict(to_hf_state_dict(model), strict=not model.config.tie_embeddings)
+    hf = SinkLabForCausalLM(SinkLabConfig(sinklab=model.config.to_dict()))
+    hf.model.load_state_dict(model.state_dict())
+    hf.config.auto_map = dict(AUTO_MAP)
     return hf.eval()
 
 
-def from_hf(hf_model) -> Transformer:
-    """Import an HF Llama (a ``LlamaForCausalLM`` or a save_pretrained directory)."""
-    if isinstance(hf_model, (str, os.PathLike)):
-        from transformers import LlamaForCausalLM
-
-        hf_model = LlamaForCausalLM.from_pretrained(hf_model, torch_dtype=torch.float32)
-    c = hf_model.config
-    for name, needed in (
-        ("num_key_value_heads", c.num_attention_heads),
-        ("hidden_act", "silu"),
-        ("attention_bias", False),
-        ("mlp_bias", False),
-    ):
-        if getattr(c, name, needed) != needed:
-            raise NotALlama(f"HF config {name}={getattr(c, name)!r}: SinkLab imports only {needed!r}")
-    rope = getattr(c, "rope_parameters", None) or {"rope_type": "default", "rope_theta": getattr(c, "rope_theta", 1e4)}
-    if rope.get("rope_type", "default") != "default":
-        raise NotALlama(f"HF config rope_type={rope['rope_type']!r}: SinkLab imports only 'default'")
-    cfg = ModelConfig(
-        vocab_size=c.vocab_size,
-        d_model=c.hidden_size,
-        n_layers=c.num_hidden_layers,
-        n_heads=c.num_attention_heads,
-        d_ffn=c.intermediate_size,
-        max_seq_len=c.max_position_embeddings,
-        norm_eps=c.rms_norm_eps,
-        rope_theta=float(rope["rope_theta"]),
-        tie_embeddings=bool(c.tie_word_embeddings),
-        attention=AttentionConfig(),
-        biases=BiasConfig(),
-    )
-    if cfg.head_dim != getattr(c, "head_dim", cfg.head_dim):
-        raise NotALlama(f"HF config head_dim={c.head_dim}: SinkLab needs hidden_size / num_attention_heads")
-    sd = hf_model.state_dict()
-    ours = {
-        "embed.weight": sd["model.embed_tokens.weight"],
-        "norm.weight": sd["model.norm.weight"],
-        "lm_head.weight": sd.get("lm_head.weight", sd["model.embed_tokens.weight"]),
-    }
-    for i in range(cfg.n_layers):
-        src, dst = f"model.layers.{i}.", f"blocks.{i}."
-        ours.update(
-            {
-                dst + "attn_norm.weight": sd[src + "input_layernorm.weight"],
-                dst + "ffn_norm.weight": sd[src + "post_attention_layernorm.weight"],
-                dst + "attn.qkv.weight": torch.cat([sd[src + f"self_attn.{p}_proj.weight"] for p in "qkv"]),
-                dst + "attn.out.weight": sd[src + "self_attn.o_proj.weight"],
-                dst + "ffn.gate_up.weight": torch.cat(
-                    [sd[src + "mlp.gate_proj.weight"], sd[src + "mlp.up_proj.weight"]]
-                ),
-                dst + "ffn.down.weight": sd[src + "mlp.down_proj.weight"],
-            }
-        )
-    model = Transformer(cfg)
-    model.load_state_dict({k: v.float() for k, v in ours.items()})
-    return model
+def variant_fields(cfg: ModelConfig) -> dict[str, Any]:
+    """The fields where ``cfg`` differs from the default block (dotted paths), shape aside."""
+    default = ModelConfig(**{name: getattr(cfg, name) for name in SHAPE_FIELDS}).to_dict()
+    ours = cfg.to_dict()
+    found = {}
+    for name, value in ours.items():
+        if isinstance(value, dict):
+            found |= {f"{name}.{k}": v for k, v in value.items() if v != default[name][k]}
+        elif name not in _NOT_VARIANT and value != default[name]:
+            found[name] = value
+    return found
 
 
 def export_hf(
     model: Transformer,
     out_dir: str | os.PathLike,
     dtype: torch.dtype = torch.float32,
-    tokenizer: str | os.PathLike | None = None,
-) -> Path:
-    """Write a save_pretrained directory (config.json + model.safetensors) atomically."""
-    hf = to_hf(model).to(dtype)
-    with atomic_directory(out_dir, kind="sinklab export-hf") as tmp:
+    tokenizer: Any = None,
+    facts: dict[str, Any] | None = None,
+) -> str:
+    """Write the export; returns the HF class it loads as (or ``REMOTE``). ``tokenizer``: a
+    transformers tokenizer (saved with its special-token roles) or a tokenizer.json path (copied).
+    ``facts``: what the model card reports beyond the config (see :func:`model_card`)."""
+    from transformers import GenerationConfig
+
+    architecture = native_architecture(model.config)
+    hf = (to_hf(model) if architecture else remote_model(model)).to(dtype)
+    for role in ("bos", "eos", "pad"):  # the tokenizer's, else none (not a Llama's defaults)
+        setattr(hf.config, f"{role}_token_id", getattr(tokenizer, f"{role}_token_id", None))
+    hf.generation_config = GenerationConfig.from_model_config(hf.config)
+    with atomic_directory(out_dir, kind=KIND) as tmp:
         hf.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
+        if architecture is None:
+            write_bundle(tmp)
+        if hasattr(tokenizer, "save_pretrained"):
+            tokenizer.save_pretrained(tmp)
+        elif tokenizer is not None:
             shutil.copy(tokenizer, tmp / "tokenizer.json")
-    return Path(out_dir)
+        card = model_card(model, architecture, Path(out_dir).resolve().name, str(dtype).removeprefix("torch."), facts)
+        (tmp / "README.md").write_text(card)
+    return architecture or REMOTE
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sinklab export-hf", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", help="SinkLab export dir, Lightning .ckpt or consolidated state dict")
-    parser.add_argument("--out", required=True, help="output directory (HF save_pretrained layout)")
-    parser.add_argument("--config", help="model/run config, needed for a bare state-dict file")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--tokenizer", help="tokenizer.json to copy next to the weights")
-    args = parser.parse_args(argv)
-    try:
-        model = load_pretrained(args.checkpoint, config=args.config)
-        out = export_hf(model, args.out, getattr(torch, args.dtype), args.tokenizer)
-    except (NotALlama, ValueError, OSError) as err:  # OSError: NotOurs, a missing file, a full disk
-        print(f"sinklab export-hf: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {out} (LlamaForCausalLM, {model.num_parameters() / 1e6:.2f}M parameters, {args.dtype})")
-    return 0
+def _value(v: Any) -> str:
+    return "not recorded" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def model_card(
+    model: Transformer, architecture: str | None, name: str, dtype: str, facts: dict[str, Any] | None
+) -> str:
+    """README.md: the variant, the training data, the final metrics, how to load it. ``facts``:
+    ``source`` (what was exported), ``dataset`` (the manifest summary, a dict), ``metrics``
+    ({label: value}: Sink_1, alpha_1, val loss), ``metrics_from`` (where they were read)."""
+    facts = facts or {}
+    cfg = model.config
+    variant = variant_fields(cfg)
+    described = (
+        ", ".join(f"`{k}={v}`" for k, v in variant.items()) or "the default block (RoPE, pre-norm RMSNorm, SwiGLU)"
+    )
+    remote = architecture is None
+    trust = ", trust_remote_code=True" if remote else ""
+    how = (
+        f"`{architecture}` (native transformers class)"
+        if not remote
+        else "remote code: `SinkLabForCausalLM`, whose source (SinkLab's own model modules) is in this folder"
+    )
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags: [sinklab, attention-sinks]",
+        "---",
+        f"# {name}",
+        "",
+        f"A SinkLab model. Variant: {described}.",
+        "",
+        f"- loads as {how}",
+        f"- shape: d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, FFN {cfg.d_ffn}, "
+        f"vocabulary {cfg.vocab_size}, context {cfg.max_seq_len}; {model.num_parameters() / 1e6:.2f}M parameters; "
+        f"weights in {dtype}",
+        f"- exported from: `{facts.get('source', 'a SinkLab model')}`",
+        "",
+        "## Training data",
+        "",
+    ]
+    dataset = facts.get("dataset")
+    if dataset:
+        lines += [f"- {k}: `{json.dumps(dataset[k])}`" for k in ("manifest_hash", "path", "tokenizer") if k in dataset]
+        for split, info in (dataset.get("splits") or {}).items():
+            lines.append(f"- {split}: {info.get('tokens')} tokens, {info.get('sequences')} sequences")
+    else:
+        lines.append("Not recorded with this checkpoint (no dataset.json beside it).")
+    metrics = facts.get("metrics") or {}
+    lines += ["", "## Final metrics", ""]
+    if metrics:
+        lines += ["| metric | value |", "|---|---|"] + [f"| {k} | {_value(v)} |" for k, v in metrics.items()]
+    lines += ["", f"Read from {facts['metrics_from']}." if facts.get("metrics_from") else "Not recorded."]
+    lines += [
+        "",
+        "## How to load",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM",
+        f'model = AutoModelForCausalLM.from_pretrained("{name}"{trust})',
+        "```",
+        "",
+        f"lm-evaluation-harness: `lm_eval --model hf --model_args pretrained={name}{trust.replace(' ', '')} --tasks ...`"
+        + (" (SinkLab models take no padding mask: generation tasks with batch size 1)." if remote else "."),
+        f"SinkLab reads it back: `sinklab analyze {name}`, `sinklab stream-ppl {name}`.",
+        "",
+        "## Model config (SinkLab)",
+        "",
+        "```json",
+        json.dumps(dataclasses.asdict(cfg), indent=2),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,7 +1,8 @@
 """Saving and loading SinkLab models.
 
 ``load_pretrained(path)`` accepts:
-  (a) a SinkLab export dir: ``sinklab_config.json`` + ``model.safetensors``;
+  (a) a SinkLab export dir: ``sinklab_config.json`` + ``model.safetensors``; or a remote-code
+      HF export (``sinklab export-hf``): ``config.json`` of model_type ``sinklab`` + ``model.safetensors``;
   (b) a Lightning ``.ckpt``: ``hyper_parameters["arch"]`` (a ModelConfig dict) and a
       ``state_dict`` whose keys start with ``model.``;
   (c) a plain fp32 state-dict file (DeepSpeed's consolidated output, ``.bin``/``.pt``/
@@ -21,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from sinklab_io.outputs import atomic_directory
 
-from .config import ModelConfig
+from .config import EXPORT_FORMAT, ModelConfig
 from .config_keys import checkpoint_arch
 from .transformer import Transformer
 
@@ -52,6 +53,8 @@ def load_pretrained(
     path: str | os.PathLike, config: str | os.PathLike | ModelConfig | dict | None = None, map_location: str = "cpu"
 ) -> Transformer:
     p = Path(path)
+    if p.is_dir() and config is None and not (p / CONFIG_NAME).exists() and (exported := exported_config(p)):
+        return _build(exported, load_file(str(p / WEIGHTS_NAME), device=map_location), str(p / WEIGHTS_NAME))
     if p.is_dir():
         cfg_file, weights = p / CONFIG_NAME, p / WEIGHTS_NAME
         for f in (cfg_file, weights):
@@ -76,6 +79,23 @@ def load_pretrained(
     if config is None:
         raise ValueError(f"{p}: no model config inside; pass config=<sinklab_config.json or run config.yaml>")
     return _build(_as_config(config), state, str(p))
+
+
+def exported_config(directory: Path) -> ModelConfig | None:
+    """The model config of a remote-code HF export (config.json, model_type ``sinklab``); None for
+    any other folder. A format newer than this code's is refused."""
+    try:
+        data = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("model_type") != "sinklab":
+        return None
+    if data.get("sinklab_format", 1) > EXPORT_FORMAT:
+        raise ValueError(
+            f"{directory / 'config.json'}: sinklab_format={data['sinklab_format']}, this SinkLab reads format "
+            f"{EXPORT_FORMAT} at most; upgrade SinkLab to read it"
+        )
+    return ModelConfig.from_dict(data.get("sinklab") or {})
 
 
 def read_config(path: str | os.PathLike) -> ModelConfig:

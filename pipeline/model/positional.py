@@ -131,15 +131,16 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
 
 class ALiBi(Positional):
-    """g(i - j) = -(i - j) m_h with the fixed head slopes of Eq. 7."""
+    """g(i - j) = -(i - j) m_h with the fixed head slopes of Eq. 7 (computed per call: no state
+    that a loader, e.g. transformers' from meta tensors, could leave unset)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
+        self.n_heads = cfg.n_heads
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         distance = (q_pos[:, None] - k_pos[None, :]).float()
-        return -distance[None] * self.slopes.to(q_pos.device)[:, None, None]
+        return -distance[None] * alibi_slopes(self.n_heads).to(q_pos.device)[:, None, None]
 
 
 POSITIONAL: dict[str, type[Positional]] = {

@@ -40,7 +40,7 @@ _EXPORTS = {
     "metrics_file": ("MetricsFile",),
     "record": ("add_hf_export", "final_weights", "log_final_model", "log_run_model", "write_model_dir"),
     "remote_checkpoints": ("CheckpointUploader", "logged_checkpoints", "pulled_argv"),
-    "run_models": ("ResolvedModel", "RunModelError", "is_model_uri", "resolve_argv", "resolve_model"),
+    "run_models": ("CARD_METRICS", "ResolvedModel", "RunModelError", "final_metrics", "is_model_uri", "resolve_model"),
     "results": ("log_new_run", "log_results"),
     "views": (
         "dataset_name",

@@ -40,6 +40,15 @@ class MetricsFile:
         except (OSError, ValueError):
             return None
 
+    def last(self, keys) -> dict[str, float | None]:
+        """The last value of each key over the whole file (None: never logged)."""
+        found: dict[str, float | None] = dict.fromkeys(keys)
+        if self.path.is_file():
+            for line in self.path.read_text().splitlines():
+                row = json.loads(line) if line.strip() else {}
+                found |= {k: row[k] for k in keys if k in row}
+        return found
+
     def mark_sent(self, offset: int) -> None:
         atomic_write(self.sent_path, f"{offset}\n")
 

@@ -173,21 +173,24 @@ def write_model_dir(out: Path, config, state: dict, manifest=None) -> Path:
 
 
 def add_hf_export(model_dir: Path) -> str:
-    """The default variant also as HF ``LlamaForCausalLM`` under ``hf/`` (config.json, fp32
-    safetensors, tokenizer.json): loads with ``AutoModelForCausalLM.from_pretrained``. Returns
-    what was done, for the logged model's ``sinklab.hf_export`` tag."""
-    from pipeline.model import ModelConfig, load_pretrained
-    from pipeline.model.hf_export import NotALlama, check_llama_compatible, export_hf
-    from pipeline.model.loading import CONFIG_NAME
+    """The model also as an HF model directory under ``hf/`` (``sinklab export-hf``: a native class
+    where one expresses the variant, else remote code; with the tokenizer and a model card). Returns
+    what the logged model's ``sinklab.hf_export`` tag says: ``hf/ (<how it loads>)``."""
+    from data_prep.errors import DataPrepError
+    from data_prep.tokenizer import load_tokenizer
+    from pipeline.model import load_pretrained
+    from pipeline.model.hf_export import export_hf
 
-    try:  # from the config alone: a variant Llama cannot express never reads its weights back
-        check_llama_compatible(ModelConfig.from_dict(json.loads((model_dir / CONFIG_NAME).read_text())))
-    except NotALlama as exc:
-        return f"none: {exc}"[:250]
     model = load_pretrained(model_dir)
-    tokenizer = model_dir / "tokenizer.json"
-    export_hf(model, model_dir / "hf", tokenizer=tokenizer if tokenizer.is_file() else None)
-    return "hf/"
+    tokenizer, dataset = model_dir / "tokenizer.json", model_dir / "dataset.json"
+    try:
+        tokenizer = load_tokenizer(str(tokenizer)).as_transformers() if tokenizer.is_file() else None
+    except DataPrepError:  # no special-token roles found: the file as it is
+        pass
+    facts = {"source": "the run's final weights", "metrics_from": "the MLflow run that logged this model"}
+    if dataset.is_file():
+        facts["dataset"] = json.loads(dataset.read_text())
+    return f"hf/ ({export_hf(model, model_dir / 'hf', tokenizer=tokenizer, facts=facts)})"
 
 
 def logged_model(client, run_id: str):

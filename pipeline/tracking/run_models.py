@@ -19,10 +19,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import metric_names as N
+
 from .contract import TAG_MODEL_ID, tracking_uri
 
 PREFIXES = ("runs:/", "models:/")
 MODEL_NAME = "model"
+# what an export's model card reports: label -> metric
+CARD_METRICS = {
+    "Sink_1 (%, ε = 0.3)": N.SINK1,
+    "α₁ (mean over layers and heads)": N.ALPHA1_MEAN,
+    "val loss": N.VAL_LOSS,
+}
 
 
 class RunModelError(ValueError):
@@ -112,19 +120,9 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
     return ResolvedModel(uri=spec, path=target, run_id=run_id, tracking_uri=uri)
 
 
-def resolve_argv(argv: list[str], tokenizer_flag: str = "--tokenizer") -> list[str]:
-    """A command line with its runs:/ or models:/ argument replaced by the downloaded directory
-    (and the model's tokenizer.json as ``--tokenizer`` unless one is given): `sinklab export-hf`."""
-    out, resolved = [], None
-    for arg in argv:
-        if resolved is None and is_model_uri(arg):
-            resolved = resolve_model(arg)
-            arg = str(resolved.path)
-        out.append(arg)
-    if (
-        resolved is not None
-        and resolved.tokenizer is not None
-        and not any(a == tokenizer_flag or a.startswith(tokenizer_flag + "=") for a in argv)
-    ):
-        out += [tokenizer_flag, str(resolved.tokenizer)]
-    return out
+def final_metrics(resolved: ResolvedModel) -> dict[str, float | None]:
+    """The run's last value of each metric a model card reports (label -> value; None: never logged)."""
+    from mlflow.tracking import MlflowClient
+
+    logged = MlflowClient(resolved.tracking_uri).get_run(resolved.run_id).data.metrics
+    return {label: logged.get(key) for label, key in CARD_METRICS.items()}

@@ -1,4 +1,5 @@
-"""The default variant is HF LlamaForCausalLM: logits match in fp32 both ways."""
+"""The default variant is HF LlamaForCausalLM, with qk-norm Qwen3ForCausalLM: logits match in fp32
+both ways; every other variant exports as remote code (tests/model/test_hf_remote.py)."""
 
 import json
 from pathlib import Path
@@ -6,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.export import main
 from pipeline.model import ModelConfig, Transformer, save_pretrained
-from pipeline.model.hf_export import NotALlama, from_hf, main, to_hf
+from pipeline.model.hf_native import NotNative, from_hf, native_architecture, to_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -69,6 +71,24 @@ def test_export_hf_command_writes_a_loadable_llama(tmp_path, capsys):
     torch.testing.assert_close(back.lm_head.weight, model.lm_head.weight)
 
 
+def test_qk_norm_is_a_qwen3_both_ways(tmp_path):
+    model = _model(attention={"qk_norm": True})
+    with torch.no_grad():  # non-trivial q/k norm gains
+        for block in model.blocks:
+            block.attn.q_norm.weight.uniform_(0.5, 1.5)
+            block.attn.k_norm.weight.uniform_(0.5, 1.5)
+    hf = to_hf(model)
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    idx = torch.randint(0, 64, (2, 17))
+    with torch.no_grad():
+        ours = model(idx).logits
+        torch.testing.assert_close(hf(idx).logits, ours, atol=1e-5, rtol=1e-5)
+        hf.save_pretrained(tmp_path)
+        back = from_hf(str(tmp_path))
+        assert back.config.attention.qk_norm
+        torch.testing.assert_close(back(idx).logits, ours, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "overrides, field",
     [
@@ -78,17 +98,24 @@ def test_export_hf_command_writes_a_loadable_llama(tmp_path, capsys):
         (dict(biases={"kind": "kv"}), "arch.biases.kind"),
         (dict(ffn="gelu"), "arch.ffn"),
         (dict(norm="layernorm"), "arch.norm"),
-        (dict(attention={"qk_norm": True}), "arch.attention.qk_norm"),
+        (dict(attention={"qk_norm": True, "gated": True}), "arch.attention.gated"),
+        (dict(mask="sliding", window=4), "arch.mask"),
     ],
 )
-def test_variants_hf_cannot_express_are_refused_naming_the_field(tmp_path, capsys, overrides, field):
+def test_variants_no_hf_class_expresses_are_refused_natively_and_exported_as_remote_code(
+    tmp_path, capsys, overrides, field
+):
     model = _model(**overrides)
-    with pytest.raises(NotALlama, match=field.replace(".", r"\.")):
+    assert native_architecture(model.config) is None
+    with pytest.raises(NotNative, match=field.replace(".", r"\.")):
         to_hf(model)
     save_pretrained(model, tmp_path / "run")
-    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 2
-    assert field in capsys.readouterr().err  # refusals go to stderr, as every command's
-    assert not (tmp_path / "hf").exists()
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    assert "remote code" in capsys.readouterr().out
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["model_type"] == "sinklab" and config["auto_map"]["AutoModelForCausalLM"].endswith(
+        ".SinkLabForCausalLM"
+    )
 
 
 def _listing(root: Path) -> dict[str, bytes]:
@@ -137,3 +164,36 @@ def test_an_earlier_export_is_replaced_and_a_garbage_checkpoint_refused_in_one_l
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "garbage.ckpt: not a readable checkpoint" in err[0]
     assert not (tmp_path / "hf2").exists()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c: c["attention"].update(op="ssmax_v9"), "arch.attention.op='ssmax_v9': allowed values are"),
+        (lambda c: c.update(arch_from_the_future=1), "unknown field arch.arch_from_the_future"),
+    ],
+)
+def test_a_checkpoint_too_new_for_this_code_is_refused_in_one_line(tmp_path, capsys, change, message):
+    ckpt = save_pretrained(_model(), tmp_path / "ckpt")
+    config = json.loads((ckpt / "sinklab_config.json").read_text())
+    change(config)
+    (ckpt / "sinklab_config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main([str(ckpt), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and not (tmp_path / "hf").exists()
+
+
+def test_an_export_of_a_newer_format_is_refused_in_one_line(tmp_path):
+    from pipeline.model import load_pretrained
+    from pipeline.model.hf_modeling import SinkLabConfig
+
+    save_pretrained(_model(sink_tokens=1), tmp_path / "ckpt")
+    assert main([str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")]) == 0
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert load_pretrained(tmp_path / "hf").config.sink_tokens == 1  # SinkLab reads its own export
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "sinklab_format": 2}))
+    with pytest.raises(ValueError, match="sinklab_format=2, this SinkLab reads format 1 at most"):
+        load_pretrained(tmp_path / "hf")
+    with pytest.raises(ValueError, match="sinklab_format=2, but this code reads format 1 at most"):
+        SinkLabConfig.from_pretrained(tmp_path / "hf")

@@ -174,7 +174,7 @@ def test_checkpoint_of_fit_consolidates_loads_and_exports(runs, tiny_ds, tmp_pat
     from it (fresh AdamW moments) with the reference's loss at that step."""
     from transformers import AutoModelForCausalLM
 
-    from pipeline.model.hf_export import main as export_hf
+    from pipeline.export import main as export_hf
     from pipeline.train.consolidate import main as consolidate
 
     fp32 = tmp_path / "step-000008.ckpt"

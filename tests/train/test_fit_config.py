@@ -57,9 +57,10 @@ def _repeats(dotted: str) -> bool:
 
 
 def test_no_flag_recorded_key_or_runs_table_column_repeats_a_word():
-    from pipeline.tracking import flatten
+    from pipeline.tracking import as_params
     from pipeline.tracking.views import DEFAULT_FACTORS, table_columns
     from pipeline.train.fit_config import as_plain
+    from sinklab_io.mappings import flatten
 
     parser = fit_parser()
     flags = {o for action in parser._actions for o in action.option_strings if o.startswith("--")}
@@ -67,7 +68,7 @@ def test_no_flag_recorded_key_or_runs_table_column_repeats_a_word():
     config = check_fit(["--config", EMBEDDED])
     recorded = flatten(yaml.safe_load(parser.dump(config, skip_validation=True)))  # the run's config.yaml
     assert {"arch.attention.op", "model.optim.lr", "trainer.max_steps"} <= set(recorded)  # each is a flag too
-    params = flatten(as_plain(config))  # its MLflow params
+    params = as_params(as_plain(config))  # its MLflow params
     assert "arch.attention.op" in params and not any(k.startswith("model.arch") for k in params)
     columns = [c.split("`")[1] for c in table_columns(list(DEFAULT_FACTORS))]
     assert [k for k in (*flags, *recorded, *params, *columns) if _repeats(k)] == []

@@ -101,7 +101,7 @@ def test_logged_model_loads_back_to_the_checkpoints_logits(fitted):
         "dataset.json",
         "hf",
     }
-    assert model.tags["sinklab.hf_export"] == "hf/"  # the default variant: also LlamaForCausalLM
+    assert model.tags["sinklab.hf_export"] == "hf/ (LlamaForCausalLM)"  # the default variant
     assert json.loads((resolved.path / "dataset.json").read_text())["manifest_hash"] == load_manifest(fitted.ds).hash
     logged = load_pretrained(resolved.path).eval()
     trained = load_pretrained(fitted.run_dir / "checkpoints" / "step-000004.ckpt").eval()
@@ -123,13 +123,14 @@ def test_logged_model_loads_back_to_the_checkpoints_logits(fitted):
         resolve_model("runs:/0123456789abcdef0123456789abcdef")
 
 
-def test_a_variant_llama_cannot_express_is_logged_without_the_hf_export(tmp_path):
+def test_a_variant_llama_cannot_express_is_logged_with_a_remote_code_export(tmp_path):
     from pipeline.model import ModelConfig, Transformer
     from pipeline.tracking import add_hf_export, write_model_dir
 
     config = ModelConfig.from_preset("micro", vocab_size=64, positional="alibi")
     out = write_model_dir(tmp_path / "model", config, Transformer(config).state_dict())
-    assert add_hf_export(out).startswith("none: arch.positional='alibi'") and not (out / "hf").exists()
+    assert add_hf_export(out) == "hf/ (remote code)" and (out / "hf" / "hf_modeling.py").is_file()
+    assert json.loads((out / "hf" / "config.json").read_text())["sinklab"]["positional"] == "alibi"
 
 
 def test_an_explicit_tracking_uri_wins_over_the_environment(fitted, tmp_path):
@@ -278,6 +279,11 @@ def test_stream_ppl_lm_eval_and_export_hf_take_the_run(fitted, tmp_path, capsys)
     assert lm.encode("w4 w63") == [4, 63] and lm.model.config.vocab_size == 64
     assert sinklab(["export-hf", f"runs:/{fitted.run_id}", "--out", str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "tokenizer.json").exists() and (tmp_path / "hf" / "config.json").exists()
+    card = (tmp_path / "hf" / "README.md").read_text()  # the model card: data, final metrics from the run
+    val_loss = fitted.client.get_run(fitted.run_id).data.metrics["val/loss"]
+    assert load_manifest(fitted.ds).hash in card and f"| val loss | {val_loss:.4g} |" in card
+    assert "| Sink_1 (%, ε = 0.3) | not recorded |" in card  # this fit probes no sink (--run.sink_every 0)
+    assert f"the MLflow run {fitted.run_id}" in card
     assert sinklab(["export-hf", "runs:/0123456789abcdef0123456789abcdef", "--out", str(tmp_path / "x")]) == 2
     assert "not found in the MLflow store" in capsys.readouterr().err
 

@@ -1,0 +1,95 @@
+"""``sinklab export-hf``: any SinkLab model as a Hugging Face model directory, with its model card.
+
+    sinklab export-hf CHECKPOINT|runs:/<id> --out DIR [--config run/config.yaml] [--dtype bfloat16]
+                      [--tokenizer tokenizer.json]
+
+The command around ``pipeline.model.hf_export``: it resolves a run's logged model, reads the
+tokenizer's special-token roles and gathers what the model card reports (the dataset manifest
+beside the weights, the run's final Sink_1, alpha_1 and val loss from MLflow or its metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data_prep.errors import DataPrepError
+
+_RUN_DEPTH = 3  # how far above a checkpoint its run's metrics.jsonl is looked for
+
+
+def _run_root(path: Path) -> Path | None:
+    """The run directory that holds ``path`` (its metrics.jsonl), if any."""
+    here = path.resolve() if path.is_dir() else path.resolve().parent
+    return next((d for d in [here, *here.parents][:_RUN_DEPTH] if (d / "metrics.jsonl").is_file()), None)
+
+
+def _local_facts(path: Path) -> dict[str, Any]:
+    from pipeline.tracking import CARD_METRICS, MetricsFile
+
+    root = _run_root(path)
+    if root is None:
+        return {"metrics": dict.fromkeys(CARD_METRICS)}
+    last = MetricsFile(root).last(list(CARD_METRICS.values()))
+    return {
+        "metrics": {label: last[key] for label, key in CARD_METRICS.items()},
+        "metrics_from": str(root / "metrics.jsonl"),
+    }
+
+
+def _tokenizer_beside(path: Path) -> Path | None:
+    found = [path / "tokenizer.json"] if path.is_dir() else []
+    return next((f for f in found + [path.with_name("tokenizer.json")] if f.is_file()), None)
+
+
+def export(args: argparse.Namespace) -> str:
+    from data_prep.tokenizer import load_tokenizer
+    from pipeline.model import load_pretrained
+    from pipeline.model.hf_export import export_hf
+    from pipeline.tracking import final_metrics, is_model_uri, resolve_model
+
+    facts: dict[str, Any] = {"source": args.checkpoint}
+    tokenizer = Path(args.tokenizer) if args.tokenizer else None
+    if is_model_uri(args.checkpoint):  # the run's logged model, downloaded
+        resolved = resolve_model(args.checkpoint)
+        path, tokenizer = resolved.path, tokenizer or resolved.tokenizer
+        facts |= {"metrics": final_metrics(resolved), "metrics_from": f"the MLflow run {resolved.run_id}"}
+    else:
+        path = Path(args.checkpoint)
+        tokenizer = tokenizer or _tokenizer_beside(path)
+        facts |= _local_facts(path)
+    dataset = (path if path.is_dir() else path.parent) / "dataset.json"
+    if dataset.is_file():
+        facts["dataset"] = json.loads(dataset.read_text())
+    model = load_pretrained(path, config=args.config)
+    hf_tokenizer = load_tokenizer(str(tokenizer)).as_transformers() if tokenizer is not None else None
+    kind = export_hf(model, args.out, getattr(torch, args.dtype), hf_tokenizer, facts)
+    print(f"wrote {args.out} ({kind}, {model.num_parameters() / 1e6:.2f}M parameters, {args.dtype})")
+    return kind
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sinklab export-hf", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "checkpoint", help="SinkLab export dir, Lightning .ckpt, consolidated state dict, or runs:/<id> / models:/<id>"
+    )
+    parser.add_argument("--out", required=True, help="output directory (HF save_pretrained layout, with README.md)")
+    parser.add_argument("--config", help="model/run config, needed for a bare state-dict file")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--tokenizer", help="tokenizer.json to save beside the weights (default: the one beside them)")
+    args = parser.parse_args(argv)
+    try:
+        export(args)
+    except (ValueError, OSError, DataPrepError) as err:  # a config, a checkpoint, a run, NotOurs, a full disk
+        print(f"sinklab export-hf: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
