@@ -108,9 +108,9 @@ def zero(stage: int) -> tuple[str, ...]:
     return ("--trainer.strategy.init_args.config", f"configs/deepspeed/zero{stage}.json")
 
 
-SIGMOID = ("--model.model.attention.op", "sigmoid", "--model.model.attention.normalizer", "none")
-ELU1_KERNEL = ("--model.model.attention.op", "kernel", "--model.model.attention.kernel", "elu1")
-SOFTPICK = ("--model.model.attention.op", "softpick")
+SIGMOID = ("--arch.attention.op", "sigmoid", "--arch.attention.normalizer", "none")
+ELU1_KERNEL = ("--arch.attention.op", "kernel", "--arch.attention.kernel", "elu1")
+SOFTPICK = ("--arch.attention.op", "softpick")
 EAGER = ("--model.compile", "false")
 
 
@@ -138,7 +138,7 @@ def gpu_cases() -> list[Case]:
             "8",
             "--trainer.devices",
             "1",
-            "--model.model.preset",
+            "--arch.preset",
             "llama-1b",
             window=5,
         ),

@@ -82,20 +82,20 @@ def admitted_pairs_count(config: ModelConfig, context_length: int) -> int:
     return pairs + n * config.n_bias_slots
 
 
-def flops_per_token(model_config: ModelConfig, context_length: int, convention: Convention = "exact") -> float:
+def flops_per_token(arch: ModelConfig, context_length: int, convention: Convention = "exact") -> float:
     """Training FLOPs per real token (forward + backward) for sequences of ``context_length``
     tokens."""
     if context_length < 1:
         raise ValueError(f"context_length={context_length}: must be >= 1")
-    n_blocks, n_head = matmul_params_per_token(model_config)
-    L, d, C = model_config.n_layers, model_config.d_model, context_length
+    n_blocks, n_head = matmul_params_per_token(arch)
+    L, d, C = arch.n_layers, arch.d_model, context_length
     if convention == "palm":
         return 6.0 * (n_blocks + n_head) + 12.0 * L * d * C
     if convention != "exact":
         raise ValueError(f"convention={convention!r}: allowed 'exact' or 'palm'")
-    S = model_config.sink_tokens
+    S = arch.sink_tokens
     per_sequence = 6.0 * (C + S) * n_blocks + 6.0 * C * n_head
-    per_sequence += 12.0 * L * d * admitted_pairs_count(model_config, C)
+    per_sequence += 12.0 * L * d * admitted_pairs_count(arch, C)
     return per_sequence / C
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
+from pipeline.model.config_keys import ARCH, checkpoint_arch
 from sinklab_io.mappings import flatten
 
 from .integrity import checkpoint_problem, model_states_file
@@ -49,12 +50,12 @@ def _differences(stored: dict, given: dict, prefix: str, free: tuple[str, ...] =
     return [f"{k}={new[k]!r} (the checkpoint's: {old[k]!r})" for k in keys]
 
 
-def check_resume(ckpt: Path, model_config: dict, optim: dict, data_order: dict, max_steps: int) -> int:
+def check_resume(ckpt: Path, arch: dict, optim: dict, data_order: dict, max_steps: int) -> int:
     """Refuse a resume from ``ckpt`` that would change the run; returns the checkpoint's step."""
     meta = checkpoint_meta(ckpt)
     step, hparams = meta["global_step"], meta["hyper_parameters"]
     differ = (
-        _differences(hparams.get("model_config") or {}, model_config, "model.model")
+        _differences(checkpoint_arch(hparams, str(ckpt)) or {}, arch, ARCH)
         + _differences(hparams.get("optim") or {}, optim, "model.optim", FREE_OPTIM_FIELDS)
         + _differences(meta["data"] or {}, data_order, "data")
     )

@@ -3,7 +3,7 @@
 A sweep writes each (variant, seed)'s config as a plain YAML file beside its run directory, so a
 local run and a SLURM array task start the same `sinklab fit --config FILE` (the array API
 takes one config per task). Overrides are dotted paths as on the `sinklab fit` command line
-(`model.attention.op`); where the recipe holds a `class_path`/`init_args` pair the path
+(`arch.attention.op`); where the recipe holds a `class_path`/`init_args` pair the path
 goes through `init_args`, as jsonargparse's own command line does.
 """
 
@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 from pipeline.experiments.spec import REPO, Experiment, ExperimentError, Variant
+from pipeline.model.config import ConfigError
+from pipeline.model.config_keys import renamed_config, renamed_keys
 from sinklab_io.atomic import atomic_write
 
 DEFAULT_SEED = 1234  # `sinklab fit`'s seed_everything where a recipe gives none
@@ -31,7 +33,10 @@ def load_recipe(experiment: Experiment, scale: str) -> dict[str, Any]:
         raise ExperimentError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(recipe, dict):
         raise ExperimentError(f"{path}: a recipe must be a YAML mapping")
-    return recipe
+    try:
+        return renamed_config(recipe, str(path))
+    except ConfigError as err:
+        raise ExperimentError(str(err)) from None
 
 
 def set_dotted(config: dict[str, Any], dotted: str, value: Any) -> None:
@@ -90,7 +95,8 @@ def variant_config(experiment: Experiment, variant: Variant, scale: str, seed: i
     run's seed (default the recipe's own, the first seed of a sweep)."""
     config = load_recipe(experiment, scale)
     seed = seeds(experiment, scale, 1)[0] if seed is None else seed
-    settings = {**experiment.overrides(variant, scale), **identity(experiment, variant, scale, seed)}
+    overrides = renamed_keys(experiment.overrides(variant, scale), str(experiment.path))
+    settings = {**overrides, **identity(experiment, variant, scale, seed)}
     try:
         for key, value in settings.items():
             set_dotted(config, key, value)

@@ -103,7 +103,7 @@ class Reader:
         for key, item in value.items():
             if not isinstance(key, str) or not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$", key):
                 raise self.fail(
-                    path + (key,), f"override key {key!r} must be a dotted config path such as model.config.n_heads"
+                    path + (key,), f"override key {key!r} must be a dotted config path such as arch.n_heads"
                 )
             if key in SEED_KEYS:
                 raise self.fail(

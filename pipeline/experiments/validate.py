@@ -1,7 +1,7 @@
 """Check variant configs with `sinklab fit`'s own parser before anything runs.
 
 Every override must name a real field of the training config (LightningCLI / jsonargparse
-checks names and types, e.g. a Literal such as model.model.attention.op), and the model part,
+checks names and types, e.g. a Literal such as arch.attention.op), and the model part,
 its preset resolved, must pass ModelConfig's own cross-field validation
 (pipeline.train.fit_config, the check behind `sinklab fit --check-only`). Nothing is
 instantiated: no run directory, no MLflow run, no dataset, no weights.

@@ -1,7 +1,7 @@
 """Typed model configuration: one dataclass tree, named presets, validation.
 
 Every architectural factor the paper varies is a plain field here, so LightningCLI /
-jsonargparse can override any of them (``--model.attention.op sigmoid``).
+jsonargparse can override any of them (``sinklab fit --arch.attention.op sigmoid``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 from .attention_ops import NORMALIZERS, OPS, op_spec
 
 # Presets (litgpt style): the one place each named shape is written down. A recipe names one
-# (`model.model.preset: tiny`) and overrides fields beside it; `python -m pipeline.model.params`
+# (`arch: {preset: tiny}`) and overrides fields beside it; `python -m pipeline.model.params`
 # prints every preset's shape and parameter count.
 PRESETS: dict[str, dict[str, int]] = {
     # The paper's default 60M model (section 4).
@@ -146,7 +146,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.preset is not None and self.preset not in PRESETS:
-            raise ConfigError(f"model.preset={self.preset!r}: unknown preset; allowed: {', '.join(PRESETS)}")
+            raise ConfigError(f"arch.preset={self.preset!r}: unknown preset; allowed: {', '.join(PRESETS)}")
         shape = PRESETS[self.preset or DEFAULT_PRESET]
         for name in SHAPE_FIELDS:
             if getattr(self, name) is None:
@@ -179,53 +179,53 @@ class ModelConfig:
         _check_literals(self.biases, "biases.")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_seq_len"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"model.{name}={getattr(self, name)}: must be a positive integer")
+                raise ConfigError(f"arch.{name}={getattr(self, name)}: must be a positive integer")
         if self.d_model % self.n_heads:
-            raise ConfigError(f"model.n_heads={self.n_heads}: must divide d_model={self.d_model}")
+            raise ConfigError(f"arch.n_heads={self.n_heads}: must divide d_model={self.d_model}")
         if self.positional == "rope" and self.head_dim % 2:
-            raise ConfigError(f"model.n_heads={self.n_heads}: rope needs an even head_dim, got {self.head_dim}")
+            raise ConfigError(f"arch.n_heads={self.n_heads}: rope needs an even head_dim, got {self.head_dim}")
         if self.positional == "sinusoidal" and self.d_model % 2:
-            raise ConfigError(f"model.d_model={self.d_model}: sinusoidal PE needs an even d_model")
+            raise ConfigError(f"arch.d_model={self.d_model}: sinusoidal PE needs an even d_model")
         if self.sink_tokens not in (0, 1, 2, 3, 4):
-            raise ConfigError(f"model.sink_tokens={self.sink_tokens}: allowed 0..4 (the paper uses 0, 1, 2)")
+            raise ConfigError(f"arch.sink_tokens={self.sink_tokens}: allowed 0..4 (the paper uses 0, 1, 2)")
         if self.mask == "prefix" and self.prefix_len < 1:
-            raise ConfigError(f"model.prefix_len={self.prefix_len}: mask=prefix needs prefix_len >= 1")
+            raise ConfigError(f"arch.prefix_len={self.prefix_len}: mask=prefix needs prefix_len >= 1")
         if self.mask == "sliding" and self.window < 1:
-            raise ConfigError(f"model.window={self.window}: mask=sliding needs window >= 1")
+            raise ConfigError(f"arch.window={self.window}: mask=sliding needs window >= 1")
         if self.positional in ("relative", "t5") and self.relative_buckets < 2:
-            raise ConfigError(f"model.relative_buckets={self.relative_buckets}: must be >= 2")
+            raise ConfigError(f"arch.relative_buckets={self.relative_buckets}: must be >= 2")
         if self.positional in ("relative", "t5") and self.relative_max_distance <= self.relative_buckets // 2:
             raise ConfigError(
-                f"model.relative_max_distance={self.relative_max_distance}: must exceed relative_buckets/2"
+                f"arch.relative_max_distance={self.relative_max_distance}: must exceed relative_buckets/2"
             )
         a, b = self.attention, self.biases
         op = OPS[a.op]  # _check_literals has checked the name against OPS
         if a.scale <= 0:
-            raise ConfigError(f"model.attention.scale={a.scale}: alpha must be > 0")
+            raise ConfigError(f"arch.attention.scale={a.scale}: alpha must be > 0")
         if a.p <= 0:
-            raise ConfigError(f"model.attention.p={a.p}: must be > 0")
+            raise ConfigError(f"arch.attention.p={a.p}: must be > 0")
         if a.normalizer not in op.normalizers:
             raise ConfigError(
-                f"model.attention.normalizer={a.normalizer}: op={a.op} takes {' or '.join(map(repr, op.normalizers))}"
+                f"arch.attention.normalizer={a.normalizer}: op={a.op} takes {' or '.join(map(repr, op.normalizers))}"
             )
         if a.p != 1.0 and not op.p_norm:
             p_ops = " or ".join(name for name, spec in OPS.items() if spec.p_norm)
-            raise ConfigError(f"model.attention.p={a.p}: p-normalisation is defined for op {p_ops}")
+            raise ConfigError(f"arch.attention.p={a.p}: p-normalisation is defined for op {p_ops}")
         if a.p != 1.0 and a.normalizer != "sum":
-            raise ConfigError(f"model.attention.p: p-normalised {a.op} needs normalizer='sum'")
+            raise ConfigError(f"arch.attention.p: p-normalised {a.op} needs normalizer='sum'")
         if a.sink_logit and not op.softmax:
-            raise ConfigError(f"model.attention.sink_logit=true: needs a softmax op, got op={a.op}")
+            raise ConfigError(f"arch.attention.sink_logit=true: needs a softmax op, got op={a.op}")
         if not op.score_biases and self.positional in ("alibi", "relative", "t5"):
             raise ConfigError(
-                f"model.positional={self.positional}: additive score biases are undefined for op={a.op}; "
+                f"arch.positional={self.positional}: additive score biases are undefined for op={a.op}; "
                 "use rope, nope, sinusoidal or learned"
             )
         if b.key_dims < 0 or b.key_dims > self.head_dim:
-            raise ConfigError(f"model.biases.key_dims={b.key_dims}: allowed 0 (all) .. head_dim={self.head_dim}")
+            raise ConfigError(f"arch.biases.key_dims={b.key_dims}: allowed 0 (all) .. head_dim={self.head_dim}")
         if b.key_dims and b.kind not in ("kv", "k"):
-            raise ConfigError(f"model.biases.key_dims={b.key_dims}: only meaningful for kind 'kv' or 'k'")
+            raise ConfigError(f"arch.biases.key_dims={b.key_dims}: only meaningful for kind 'kv' or 'k'")
         if b.value_norm and b.kind != "k":
-            raise ConfigError(f"model.biases.value_norm={b.value_norm}: the fixed v* belongs to kind 'k'")
+            raise ConfigError(f"arch.biases.value_norm={b.value_norm}: the fixed v* belongs to kind 'k'")
 
     # ---- (de)serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -270,7 +270,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ConfigError(f"unknown field model.{prefix}{unknown[0]}; allowed: {', '.join(sorted(names))}")
+        raise ConfigError(f"unknown field arch.{prefix}{unknown[0]}; allowed: {', '.join(sorted(names))}")
     hints = get_type_hints(cls)
     kwargs = {}
     for key, value in data.items():
@@ -293,13 +293,11 @@ def _check_literals(obj: Any, prefix: str) -> None:
         if getattr(hint, "__origin__", None) is Literal:
             allowed = tuple(OPS) if hint == AttentionOp else get_args(hint)  # ops registered later count
             if value not in allowed:
-                raise ConfigError(
-                    f"model.{prefix}{f.name}={value!r}: allowed values are {', '.join(map(str, allowed))}"
-                )
+                raise ConfigError(f"arch.{prefix}{f.name}={value!r}: allowed values are {', '.join(map(str, allowed))}")
         elif hint in (int, float, bool) and not isinstance(value, hint if hint is not float else (int, float)):
-            raise ConfigError(f"model.{prefix}{f.name}={value!r}: expected {hint.__name__}")
+            raise ConfigError(f"arch.{prefix}{f.name}={value!r}: expected {hint.__name__}")
         elif hint is float and isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"model.{prefix}{f.name}={value!r}: must be finite")
+            raise ConfigError(f"arch.{prefix}{f.name}={value!r}: must be finite")
 
 
 __all__ = ["AttentionConfig", "BiasConfig", "ModelConfig", "ConfigError", "PRESETS", "SHAPE_FIELDS"]

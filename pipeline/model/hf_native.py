@@ -63,7 +63,7 @@ def check_native(cfg: ModelConfig) -> str:
     """The HF class of :func:`native_architecture`; else raises, naming a field of the closest one."""
     name, fields = min(ARCHITECTURES.items(), key=lambda item: len(_differing(cfg, item[1])))
     for path, value, needed in _differing(cfg, fields)[:1]:
-        raise NotNative(f"model.{path}={value!r}: HF {name} expresses only {needed!r}")
+        raise NotNative(f"arch.{path}={value!r}: HF {name} expresses only {needed!r}")
     return name
 
 

@@ -3,7 +3,7 @@
 ``load_pretrained(path)`` accepts:
   (a) a SinkLab export dir: ``sinklab_config.json`` + ``model.safetensors``; or a remote-code
       HF export (``sinklab export-hf``): ``config.json`` of model_type ``sinklab`` + ``model.safetensors``;
-  (b) a Lightning ``.ckpt``: ``hyper_parameters["model_config"]`` (a ModelConfig dict) and a
+  (b) a Lightning ``.ckpt``: ``hyper_parameters["arch"]`` (a ModelConfig dict) and a
       ``state_dict`` whose keys start with ``model.``;
   (c) a plain fp32 state-dict file (DeepSpeed's consolidated output, ``.bin``/``.pt``/
       ``.safetensors``) together with ``config=`` (a sinklab_config.json, or a YAML/JSON run
@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from sinklab_io.outputs import atomic_directory
 
 from .config import EXPORT_FORMAT, ModelConfig
+from .config_keys import checkpoint_arch
 from .transformer import Transformer
 
 CONFIG_NAME = "sinklab_config.json"
@@ -59,8 +60,8 @@ def load_pretrained(
         for f in (cfg_file, weights):
             if not f.exists():
                 raise FileNotFoundError(f"{p}: not a SinkLab export dir, missing {f.name}")
-        model_config = _as_config(config) if config is not None else read_config(cfg_file)
-        return _build(model_config, load_file(str(weights), device=map_location), str(weights))
+        arch = _as_config(config) if config is not None else read_config(cfg_file)
+        return _build(arch, load_file(str(weights), device=map_location), str(weights))
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such checkpoint")
     try:
@@ -73,13 +74,11 @@ def load_pretrained(
     except Exception as exc:  # zip, pickle, EOF and safetensors errors alike: not a file we can read
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"{p}: not a readable checkpoint or state dict ({first[:150]})") from None
-    if config is not None:
-        model_config = _as_config(config)
-    elif isinstance(blob, dict) and "model_config" in blob.get("hyper_parameters", {}):
-        model_config = _as_config(blob["hyper_parameters"]["model_config"])
-    else:
+    if config is None and isinstance(blob, dict):
+        config = checkpoint_arch(blob.get("hyper_parameters") or {}, str(p))
+    if config is None:
         raise ValueError(f"{p}: no model config inside; pass config=<sinklab_config.json or run config.yaml>")
-    return _build(model_config, state, str(p))
+    return _build(_as_config(config), state, str(p))
 
 
 def exported_config(directory: Path) -> ModelConfig | None:

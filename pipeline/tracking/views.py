@@ -37,6 +37,7 @@ import time
 from pipeline import metric_names as N
 from pipeline import metrics as M
 from pipeline.metric_names import ALPHA1_IMAGE, TRAJECTORY_IMAGE
+from pipeline.model.config_keys import ARCH, OLD_ARCH
 
 from .contract import TAG_KIND, TAG_SEED, TAG_VARIANT
 
@@ -68,8 +69,9 @@ HIDDEN = (
 _PER_HEAD = re.compile(rf"({'|'.join(map(re.escape, (N.HEAD_ALPHA1, N.HEAD_ENTROPY, N.HEAD_OUT_NORM)))})_l\d+_h\d+")
 
 # the runs-table columns: the factors the study varies (design.md), where they differ between runs
-FACTOR_PREFIXES = ("model.model.", "model.optim.", "data.interventions", "data.token_budget")
-DEFAULT_FACTORS = ("model.model.attention.op", "model.model.positional", "model.optim.weight_decay")
+# (runs logged before the architecture was `arch` carry it as `model.model.*`)
+FACTOR_PREFIXES = (f"{ARCH}.", f"{OLD_ARCH}.", "model.optim.", "data.interventions", "data.token_budget")
+DEFAULT_FACTORS = (f"{ARCH}.attention.op", f"{ARCH}.positional", "model.optim.weight_decay")
 MAX_FACTOR_COLUMNS = 6
 
 

@@ -147,7 +147,7 @@ class SinkMetrics(Callback):
         if not trainer.is_global_zero:
             return
         metrics = report.to_metrics() | report.head_metrics()  # heads/entropy_*, heads/out_norm_*, heads/dormant_pct
-        self._last, self._uniform = report, emergence.probe_uniform_alpha1(pl_module.model_config, report.seq_len)
+        self._last, self._uniform = report, emergence.probe_uniform_alpha1(pl_module.arch, report.seq_len)
         metrics.update(
             emergence.probe_metrics(
                 report.alpha1, report.sink1, metrics[N.ALPHA1_MEAN], step, self.metrics_path, self._uniform
@@ -199,7 +199,7 @@ class Throughput(Callback):
         self._peak: float | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._flops_token = flops_per_token(pl_module.model_config, self.context_length)
+        self._flops_token = flops_per_token(pl_module.arch, self.context_length)
         # on CPU only an explicit SINKLAB_PEAK_TFLOPS gives a peak (the table names GPUs)
         self._peak = device_peak_flops() if pl_module.device.type == "cuda" or os.environ.get(PEAK_ENV) else None
         self._t_start = self._t_window = time.perf_counter()

@@ -1,15 +1,15 @@
 """`sinklab fit`: LightningCLI over SinkLabModule + SinkDataModule, plus the run directory.
 
     sinklab fit --config configs/recipes/embedded.yaml [--run-dir D] [--resume auto|never|PATH]
-                [--model.model.preset llama-60m] [--model.model.attention.op sigmoid] [--model.optim.lr 1e-3]
+                [--arch.preset llama-60m] [--arch.attention.op sigmoid] [--model.optim.lr 1e-3]
                 [--data.interventions.resample [1]] [--trainer.max_steps 100] [--run.sink_every 50] ...
     sinklab fit --check-only --config ... [overrides]   # parse and check the config; run and write nothing
 
-Sections: ``model`` (``model.model`` = every ModelConfig field, a preset's numbers filled in
-where the config leaves them out; ``model.optim``), ``data``,
-``trainer`` (Lightning's Trainer), ``run`` (:class:`RunOptions`: names, cadences). Derived, not
-set by hand: ``trainer.accumulate_grad_batches`` (from data.global_batch_tokens) and
-``trainer.val_check_interval`` (from run.val_every).
+Sections: ``arch`` (every ModelConfig field, a preset's numbers filled in where the config leaves
+them out; linked into the LightningModule's ``arch`` argument), ``model`` (the LightningModule:
+``model.optim``, ``model.compile``, ...), ``data``, ``trainer`` (Lightning's Trainer), ``run``
+(:class:`RunOptions`: names, cadences). Derived, not set by hand: ``trainer.accumulate_grad_batches``
+(from data.global_batch_tokens) and ``trainer.val_check_interval`` (from run.val_every).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ from pipeline.checkpoint import (
     resume_path,
     start_over,
 )
-from pipeline.model.config import ConfigError
+from pipeline.model.config import ConfigError, ModelConfig
+from pipeline.model.config_keys import ARCH
 from pipeline.tracking import (
     PARENT_ENV,
     TAG_EXPERIMENT,
@@ -70,12 +71,14 @@ from .batching import BatchConfigError
 from .callbacks import Preemption, SinkMetrics, Throughput
 from .data import SinkDataModule
 from .fit_config import (
+    ARCH_TARGET,
     CHECK_ONLY,
+    PARSER_MODE,
     as_plain,
     check_fit,
     negative_values_joined,
     parse_error_line,
-    resolve_preset,
+    parse_fit,
     variant_summary,
 )
 from .module import SinkLabModule, read_init
@@ -125,7 +128,12 @@ _CREATED: list[Path] = []  # run dirs this process created, removed again if a f
 
 
 class SinkLabCLI(LightningCLI):
+    def init_parser(self, **kwargs: Any):
+        return super().init_parser(**{"parser_mode": PARSER_MODE, **kwargs})
+
     def add_arguments_to_parser(self, parser) -> None:
+        parser.add_class_arguments(ModelConfig, ARCH)
+        parser.link_arguments(ARCH, ARCH_TARGET, apply_on="parse")
         parser.add_class_arguments(RunOptions, "run")
         parser.add_argument("--run-dir", type=str | None, default=None, help="run directory (default runs/<run.name>)")
         parser.add_argument(
@@ -139,8 +147,7 @@ class SinkLabCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser, args) -> None:
-        super().parse_arguments(parser, args)
-        resolve_preset(self.config)
+        self.config = parse_fit(parser, args)
 
     # ---- before any class exists: run dir and lock; nothing is written yet --------------------
     def before_instantiate_classes(self) -> None:
@@ -170,24 +177,24 @@ class SinkLabCLI(LightningCLI):
         refuse_zero_optimizer(self.model.optim.name, self.trainer.strategy)
         manifest = self.datamodule.manifest
         self.model.set_vocab(manifest.vocab_size, manifest.context_length, manifest.tokenizer_sha256)  # max_seq_len too
-        if self.opts.sink_every > 0 and manifest.probe.length > self.model.model_config.max_seq_len:
+        if self.opts.sink_every > 0 and manifest.probe.length > self.model.arch.max_seq_len:
             raise DatasetError(
                 f"{manifest.root}/manifest.json: its probe set has sequences of {manifest.probe.length} tokens, more "
-                f"than the model's {self.model.model_config.max_seq_len} positions; prepare it with a probe length of "
+                f"than the model's {self.model.arch.max_seq_len} positions; prepare it with a probe length of "
                 f"at most {manifest.context_length}, or turn the sink probe off (run.sink_every 0)"
             )
         self.resume_step = None
         if self.resume_from:  # before anything of this start is written: nothing to undo on a refusal
             self.resume_step = check_resume(
                 Path(self.resume_from),
-                self.model.model_config.to_dict(),
+                self.model.arch.to_dict(),
                 vars(self.model.optim),
                 self.datamodule.order(),
                 self.trainer.max_steps,
             )
         init_tags = {}
         if self.model.init and not self.resume_from:
-            self.model.init_state, init_tags = read_init(self.model.init, self.model.model_config)
+            self.model.init_state, init_tags = read_init(self.model.init, self.model.arch)
         # only now, every setting accepted: a refused start creates no MLflow store
         self.trainer.logger = RunLogger(str(self.run.root), self.opts.experiment, self.run_id)
         if not self.rank0:

@@ -9,7 +9,7 @@ global step, loops with the data position, scheduler, callbacks, hyper-parameter
 :func:`merge_zero_checkpoint`, which the final model of a DeepSpeed run uses too. What it
 lacks, added here: the file is written under a temporary name and renamed (never half-written),
 never over a file it did not write (``sinklab_io.outputs``),
-it is checked to come from `sinklab fit` (``model_config``), and it gets an optimizer state, so
+it is checked to come from `sinklab fit` (``hyper_parameters["arch"]``), and it gets an optimizer state, so
 that it also resumes with ``sinklab fit --resume <file>`` on any strategy and world size. ZeRO
 keeps AdamW's moments sharded in a layout the merge does not cover, so the resumed run starts
 them afresh (``sinklab.optimizer_moments = "reset"`` in the file); weights, step, schedule and
@@ -28,6 +28,7 @@ import torch
 
 from data_prep.errors import os_error_line
 from pipeline.checkpoint import merge_zero_checkpoint
+from pipeline.model.config_keys import checkpoint_arch
 from sinklab_io.outputs import NotOurs, claim_file, output_path
 
 
@@ -38,7 +39,7 @@ def fresh_optimizer_state(hparams: dict, last_lr: list[float] | None) -> dict:
 
     from .optim import OptimConfig, build_optimizer
 
-    model = Transformer(ModelConfig.from_dict(hparams["model_config"]))
+    model = Transformer(ModelConfig.from_dict(checkpoint_arch(hparams, "checkpoint")))
     state = build_optimizer(model, OptimConfig(**hparams.get("optim", {}))).state_dict()
     for i, group in enumerate(state["param_groups"]):
         group["initial_lr"] = group["lr"]
@@ -60,9 +61,9 @@ def consolidate(ckpt_dir: str | os.PathLike, out: str | os.PathLike) -> dict:
     with output_path(out, "sinklab consolidate") as tmp:
         result = merge_zero_checkpoint(ckpt, tmp)
         hparams = result.get("hyper_parameters") or {}
-        if "model_config" not in hparams:
+        if checkpoint_arch(hparams, str(ckpt)) is None:
             raise ValueError(
-                f"{ckpt}: its client state has no hyper_parameters['model_config']; it was not written by `sinklab fit`"
+                f"{ckpt}: its client state has no hyper_parameters['arch']; it was not written by `sinklab fit`"
             )
         # buffers keep the training dtype (bf16 under bf16-mixed); the file is fp32 throughout
         result["state_dict"] = {k: v.float() if v.is_floating_point() else v for k, v in result["state_dict"].items()}

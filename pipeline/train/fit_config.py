@@ -1,5 +1,6 @@
 """`sinklab fit`'s config between parsing and building: negative values on the command line,
-the model preset resolved, parse errors as one line, the check behind `sinklab fit --check-only`
+old names read as today's (pipeline.model.config_keys), the architecture's preset resolved, parse
+errors as one line, the check behind `sinklab fit --check-only`
 (and `sinklab sweep`'s checks), and the config as the run records it (plain values, the
 one-line variant summary).
 
@@ -10,25 +11,53 @@ MLflow run, dataset or weights.
 
 from __future__ import annotations
 
+import os
 import re
 from functools import lru_cache
 from typing import Any
 
-from jsonargparse import Namespace
+import yaml
+from jsonargparse import Namespace, get_loader, set_loader
 
 from pipeline.model.config import SHAPE_FIELDS, ModelConfig
+from pipeline.model.config_keys import ARCH, renamed_argv, renamed_config
 from sinklab_io.mappings import flatten
 
 CHECK_ONLY = "--check-only"
+ARCH_TARGET = "model.arch"  # the LightningModule's argument, linked from the top-level `arch`
+PARSER_MODE = "sinklab"  # YAML, with a config's old `model.model` read as `arch`
+
+
+_YAML = get_loader("yaml")
+
+
+def _load_yaml(value: str, path: str = "") -> Any:
+    """jsonargparse's YAML loader; a config file's ``path`` is its name, read from its folder."""
+    loaded = _YAML(value)
+    return renamed_config(loaded, os.path.abspath(path) if path else "config") if isinstance(loaded, dict) else loaded
+
+
+set_loader(PARSER_MODE, _load_yaml, (yaml.YAMLError,))
+
+
+def parse_fit(parser, args: list[str] | dict[str, Any]) -> Namespace:
+    """``args`` (a command line, or a config as a dict) parsed, old names read as today's, and
+    the preset resolved."""
+    if isinstance(args, dict):
+        config = parser.parse_object(renamed_config(args, "config"))
+    else:
+        config = parser.parse_args(renamed_argv(args))
+    resolve_preset(config)
+    return config
 
 
 def resolve_preset(config: Namespace) -> None:
-    """Replace the parsed ``model.model`` by the ModelConfig it builds, so the config from here
-    on (the run's config.yaml, its MLflow params) names every number of the preset beside the
-    preset's name; a section left out becomes the default model's. Raises ConfigError."""
-    model = config.model.model
-    built = ModelConfig.from_dict(model.as_dict() if model is not None else {})
-    config.model.model = _namespace(built.to_dict())
+    """Replace the parsed ``arch`` by the ModelConfig it builds, so the config from here on (the
+    run's config.yaml, its MLflow params) names every number of the preset beside the preset's
+    name; a section left out becomes the default model's. Raises ConfigError."""
+    arch = config.get(ARCH)
+    built = ModelConfig.from_dict(arch.as_dict() if arch is not None else {}).to_dict()
+    config[ARCH], config[ARCH_TARGET] = _namespace(built), _namespace(built)
 
 
 def _namespace(data: dict[str, Any]) -> Namespace:
@@ -76,9 +105,7 @@ def check_fit(args: list[str] | dict[str, Any]) -> Namespace:
     """The resolved config of `sinklab fit ARGS` (a command line, or a config as a dict); raises
     jsonargparse's ArgumentError for a name or type fit does not accept and ConfigError for a
     model that cannot be built."""
-    parser = fit_parser()
-    config = parser.parse_object(args) if isinstance(args, dict) else parser.parse_args(args)
-    resolve_preset(config)
+    config = parse_fit(fit_parser(), args)
     check_batch(config)
     return config
 
@@ -141,6 +168,7 @@ def as_plain(cfg) -> dict:
 
     out = plain(cfg)
     out.pop("config", None)
+    out.get("model", {}).pop(ARCH_TARGET.split(".")[1], None)  # the link's copy of `arch`
     return out
 
 
@@ -148,9 +176,8 @@ def variant_summary(cfg) -> str:
     """One line naming the attention operation (always: a softmax run says so) and what else
     differs from the paper's default block and data."""
     plain = as_plain(cfg)
-    model = plain.get("model", {}).get("model") or {}
     default = flatten(ModelConfig().to_dict())
-    flat = flatten(model)
+    flat = flatten(plain.get(ARCH) or {})
     op = flat.get("attention.op", default["attention.op"])
     named = {"attention.op"} | ({"attention.kernel"} if op == "kernel" else set())
     diffs = [f"{op}({flat.get('attention.kernel', default['attention.kernel'])})" if op == "kernel" else op]

@@ -11,7 +11,7 @@ Positions are 1-based, as in the paper (x_1 is the first token of a packed chunk
   With ``fix_position: 1, fix_token: bos`` every chunk starts with BOS, which is what a
   BOS-on dataset gives the documents but not the chunks cut from their middle.
 - the prefix-LM loss (loss from token p+1) and learnable sink tokens are model-config fields
-  (``model.mask: prefix, model.prefix_len: p``; ``model.sink_tokens``);
+  (``arch.mask: prefix, arch.prefix_len: p``; ``arch.sink_tokens``);
 - ``token_budget`` (the data-amount study, Figure 5 right) lives in the DataModule's order.
 """
 

@@ -3,8 +3,8 @@
 The model is built in ``configure_model`` once the dataset is known (its vocabulary sets
 ``vocab_size``), which is also where DeepSpeed ZeRO-3 expects it and where FSDP2 shards it
 (``--trainer.strategy fsdp2``, pipeline.train.sharding). Checkpoints carry
-``hyper_parameters["model_config"]`` (a plain dict) and the weights under ``model.``, which is
-what ``pipeline.model.load_pretrained`` reads.
+``hyper_parameters["arch"]`` (a plain dict) and the weights under ``model.``, which is what
+``pipeline.model.load_pretrained`` reads.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from pipeline import metric_names as N
 from pipeline.checkpoint import NonFiniteLossError, at_step_end
 from pipeline.model import ConfigError, ModelConfig, Transformer
+from pipeline.model.config_keys import ARCH
 
 from .compiling import compile_blocks, failure_line
 from .loss import next_token_loss
@@ -84,14 +85,14 @@ def read_init(spec: str, cfg: ModelConfig) -> tuple[dict, dict[str, str]]:
     if differ:
         raise ConfigError(
             f"model.init={spec}: its model differs in {', '.join(differ)} "
-            f"({', '.join(f'{k}={have.get(k)!r}' for k in differ)}); set model.model to match"
+            f"({', '.join(f'{k}={have.get(k)!r}' for k in differ)}); set arch to match"
         )
     return source.state_dict(), tags
 
 
 class SinkLabModule(L.LightningModule):
-    """model: every field of pipeline.model.ModelConfig (``--model.model.attention.op sigmoid``);
-    ``vocab_size`` is taken from the dataset's manifest. optim: peak/min lr, warm-up, AdamW.
+    """arch: every field of pipeline.model.ModelConfig, linked from the config's top-level ``arch``
+    (``--arch.attention.op sigmoid``); ``vocab_size`` is taken from the dataset's manifest. optim: peak/min lr, warm-up, AdamW.
     compile: ``torch.compile`` each block (in place, so checkpoints keep their keys); where
     compiling fails the run trains uncompiled and says so in one line (pipeline.train.compiling).
     activation_checkpointing: recompute each block in backward instead of keeping activations.
@@ -101,21 +102,21 @@ class SinkLabModule(L.LightningModule):
 
     def __init__(
         self,
-        model: ModelConfig | None = None,
+        arch: ModelConfig | None = None,
         optim: OptimConfig | None = None,
         compile: bool = False,
         activation_checkpointing: bool = False,
         init: str | None = None,
     ):
         super().__init__()
-        self.model_config = model if model is not None else ModelConfig()
+        self.arch = arch if arch is not None else ModelConfig()
         self.optim = optim if optim is not None else OptimConfig()
         self.compile_blocks, self.activation_checkpointing = compile, activation_checkpointing
         self.init = init
         self.init_state: dict[str, torch.Tensor] | None = None  # read_init() fills it at a fresh start
         self.model: Transformer | None = None
         self._step_loss, self._micro, self._val = 0.0, 0, []
-        self.save_hyperparameters({"model_config": self.model_config.to_dict(), "optim": vars(self.optim).copy()})
+        self.save_hyperparameters({ARCH: self.arch.to_dict(), "optim": vars(self.optim).copy()})
 
     # ---- model ----------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -124,7 +125,7 @@ class SinkLabModule(L.LightningModule):
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if dm is not None and hasattr(dm, "manifest"):
             self.set_vocab(dm.manifest.vocab_size, dm.manifest.context_length)
-        self.model = Transformer(self.model_config)
+        self.model = Transformer(self.arch)
         zero3 = self._trainer is not None and getattr(self.trainer.strategy, "zero_stage_3", False)
         if zero3:
             _reset_partitioned(self.model, self.init_state)
@@ -158,14 +159,14 @@ class SinkLabModule(L.LightningModule):
         analyze` refuses a probe set of another tokenizer)."""
         if tokenizer_sha256:
             self.hparams["tokenizer_sha256"] = tokenizer_sha256
-        cfg = self.model_config.replace(vocab_size=vocab_size)
+        cfg = self.arch.replace(vocab_size=vocab_size)
         if cfg.max_seq_len < context_length:
             raise ConfigError(
-                f"model.model.max_seq_len={cfg.max_seq_len} is below the dataset's context length "
+                f"arch.max_seq_len={cfg.max_seq_len} is below the dataset's context length "
                 f"{context_length}; set it to at least {context_length}"
             )
-        self.model_config = cfg
-        self.hparams["model_config"] = cfg.to_dict()
+        self.arch = cfg
+        self.hparams[ARCH] = cfg.to_dict()
 
     # ---- one optimizer step -------------------------------------------------------------------
     # Lightning's automatic optimisation runs step s (weights after s updates -> after s + 1) as:
@@ -236,7 +237,7 @@ class SinkLabModule(L.LightningModule):
     def loss_start(self) -> int:
         """Index of the first logit that counts: the prefix-LM loss starts at token p+1
         (section 6; p = 1 is ordinary LM), i.e. at logit p-1 (0-based)."""
-        cfg = self.model_config
+        cfg = self.arch
         return cfg.prefix_len - 1 if cfg.mask == "prefix" and cfg.prefix_len > 1 else 0
 
     def lm_loss(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -258,7 +259,7 @@ class SinkLabModule(L.LightningModule):
         """Which optimiser updates which parameters (pipeline.train.optim.optimizer_split), read off
         a model built on the meta device (no memory, no initialisation)."""
         with torch.device("meta"):
-            return optimizer_split(Transformer(self.model_config), self.optim)
+            return optimizer_split(Transformer(self.arch), self.optim)
 
     def configure_optimizers(self):
         optimizer = build_optimizer(self.model, self.optim)
@@ -266,4 +267,4 @@ class SinkLabModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint.setdefault("hyper_parameters", {})["model_config"] = self.model_config.to_dict()
+        checkpoint.setdefault("hyper_parameters", {})[ARCH] = self.arch.to_dict()

@@ -62,7 +62,7 @@ def print_summary(cli) -> None:
     tokens = steps * plan.global_batch_tokens
     vals = metric_rows(cli.run.metrics_path, N.VAL_LOSS)
     sinks = metric_rows(cli.run.metrics_path, N.SINK1, N.ALPHA1_MEAN)
-    proxy = proxy_label(cli.model.model.config.attention)
+    proxy = proxy_label(cli.model.arch.attention)
     train_s = cli.fit_seconds
     sink_s = cli.sink_cb.seconds
     logger = trainer.logger

@@ -221,7 +221,7 @@ def test_stray_ckpt_name_in_run_dir_is_refused(tmp_path, capsys, monkeypatch):
         (["{list}"], "expected a YAML mapping of settings, got list"),
         (["{broken}"], "config broken.yaml, line 3: not valid YAML (mapping values are not allowed here)"),
         (["{typo}"], "`sinklab fit` rejects it: model.optim: Option 'lrr' is not accepted"),
-        (["{bad}", "--", "--model.model.attention.op", "sigmod"], "rejects it: model.model.attention.op: Expected"),
+        (["{bad}", "--", "--arch.attention.op", "sigmod"], "rejects it: arch.attention.op: Expected"),
         (["{bad}", "--", "--trainer.max_stepz", "5"], "rejects it: unrecognized arguments: --trainer.max_stepz 5"),
     ],
 )

@@ -11,8 +11,8 @@ from experiment_helpers import make_dataset, micro_recipe, write_experiment
 from pipeline.experiments import report, sweep
 
 VARIANTS = """\
-- {name: softmax, label: "softmax", overrides: {model.model.attention.op: softmax}, paper: {sink1: 18.18, val_loss: 3.73}}
-- {name: sigmoid, label: "sigmoid, Z = 1", overrides: {model.model.attention.op: sigmoid, model.model.attention.normalizer: none}, paper: {sink1: 0.44, val_loss: 3.70}}
+- {name: softmax, label: "softmax", overrides: {arch.attention.op: softmax}, paper: {sink1: 18.18, val_loss: 3.73}}
+- {name: sigmoid, label: "sigmoid, Z = 1", overrides: {arch.attention.op: sigmoid, arch.attention.normalizer: none}, paper: {sink1: 0.44, val_loss: 3.70}}
 """
 
 

@@ -135,7 +135,7 @@ GOOD = """\
       - {key: sink1, metric: sink/sink1, label: "Sink_1 (%)"}
     variants:
       - name: a
-        overrides: {model.n_heads: 4}
+        overrides: {arch.n_heads: 4}
         paper: {sink1: 12.5}
 """
 
@@ -165,8 +165,8 @@ def test_seeds_are_counted_from_the_recipes_seed(tmp_path):
         (("name: demo", "name: other"), ":1: name: name 'other' must equal the file name 'demo'"),
         (("  cpu: {recipe: configs/recipes/cpu-tiny.yaml}\n", ""), ":4: scale: missing required field 'cpu'"),
         (
-            ("overrides: {model.n_heads: 4}", "overrides: {model: {n_heads: 4}}"),
-            ":11: variants[0].overrides.model: override values must be scalars",
+            ("overrides: {arch.n_heads: 4}", "overrides: {arch: {n_heads: 4}}"),
+            ":11: variants[0].overrides.arch: override values must be scalars",
         ),
         (("title: Demo", "title: Demo\nsteps: 3"), ":3: steps: unknown field 'steps'"),
         (
@@ -175,7 +175,7 @@ def test_seeds_are_counted_from_the_recipes_seed(tmp_path):
         ),
         (("cpu-tiny.yaml}", "cpu-tiny.yaml, seeds: 0}"), ":6: scale.cpu.seeds: expected a whole number >= 1, got 0"),
         (
-            ("overrides: {model.n_heads: 4}", "overrides: {model.n_heads: 4, seed_everything: 2}"),
+            ("overrides: {arch.n_heads: 4}", "overrides: {arch.n_heads: 4, seed_everything: 2}"),
             ":11: variants[0].overrides.seed_everything: seed_everything is set by the sweep: seeds are an axis",
         ),
         (

@@ -29,21 +29,21 @@ def test_every_variant_resolves_at_cpu_scale_and_every_paper_override_too():
 def test_variant_config_applies_overrides_and_identity():
     e = load_experiment("attention-operations")
     config = variant_config(e, e.variant("kernel-mlp-clamp"), "cpu")
-    attention = config["model"]["model"]["attention"]
+    attention = config["arch"]["attention"]
     assert (attention["op"], attention["kernel"], attention["normalizer"]) == ("kernel", "mlp", "abs_clamp")
     assert config["run"]["experiment"] == "sinklab/attention-operations"
     assert config["run"]["variant"] == "kernel-mlp-clamp"
     assert config["run"]["name"] == "kernel-mlp-clamp s1234 (attention-operations/cpu)"
     assert config["seed_everything"] == config["data"]["seed"] == 1234  # the recipe's seed, for both
-    assert ModelConfig.from_dict(config["model"]["model"]).d_model == 128  # the cpu recipe underneath is kept
+    assert ModelConfig.from_dict(config["arch"]).d_model == 128  # the cpu recipe underneath is kept
 
 
 @pytest.mark.parametrize(
     "path,value,message",
     [
-        (("model", "model", "attention", "op"), "bogus", "model.model.attention.op: Expected"),
+        (("arch", "attention", "op"), "bogus", "arch.attention.op: Expected"),
         (("model", "optim", "lrr"), 1.0, "Option 'lrr' is not accepted"),
-        (("model", "model", "biases"), {"kind": "v", "key_dims": 3}, "key_dims=3: only meaningful for kind"),
+        (("arch", "biases"), {"kind": "v", "key_dims": 3}, "key_dims=3: only meaningful for kind"),
     ],
 )
 def test_wrong_overrides_are_named(path, value, message):
@@ -56,3 +56,28 @@ def test_wrong_overrides_are_named(path, value, message):
     with pytest.raises(ExperimentError, match="^weight-decay/wd-0.0: ") as err:
         check_config(config, "weight-decay/wd-0.0")
     assert message in str(err.value)
+
+
+def test_an_old_experiment_file_and_recipe_read_as_arch_with_a_notice(tmp_path, capsys):
+    """Override keys and a recipe written while the architecture was `model.model`."""
+    import yaml
+
+    from pipeline.experiments import spec
+
+    recipe = yaml.safe_load((spec.REPO / "configs" / "recipes" / "cpu-tiny.yaml").read_text())
+    recipe["model"]["model"] = recipe.pop("arch")
+    (tmp_path / "old-recipe.yaml").write_text(yaml.safe_dump(recipe))
+    path = tmp_path / "demo.yaml"
+    path.write_text(
+        "name: demo\ntitle: Demo\npaper_ref: x\n"
+        f"scale: {{paper: {{recipe: {tmp_path / 'old-recipe.yaml'}}}, cpu: {{recipe: {tmp_path / 'old-recipe.yaml'}}}}}\n"
+        "columns: [{key: sink1, metric: sink/sink1, label: s}]\n"
+        "variants: [{name: a, overrides: {model.model.n_heads: 4}, paper: {sink1: 1.0}}]\n"
+    )
+    e = load_experiment(path)
+    config = variant_config(e, e.variant("a"), "cpu")
+    assert config["arch"]["n_heads"] == 4 and "model" not in config["model"]
+    check_config(config, "demo/a")
+    err = capsys.readouterr().err
+    assert f"sinklab: {path}: `model.model` read as `arch`" in err
+    assert f"sinklab: {tmp_path / 'old-recipe.yaml'}: `model.model` read as `arch`" in err

@@ -43,17 +43,17 @@ def test_overrides_nested_and_roundtrip():
 @pytest.mark.parametrize(
     "overrides, field",
     [
-        (dict(positional="xpos"), "model.positional"),
-        (dict(attention__op="tanh"), "model.attention.op"),
-        (dict(n_heads=3), "model.n_heads"),
-        (dict(mask="sliding"), "model.window"),
-        (dict(mask="prefix"), "model.prefix_len"),
-        (dict(biases__key_dims=4), "model.biases.key_dims"),
-        (dict(attention__op="sigmoid", attention__sink_logit=True), "model.attention.sink_logit"),
-        (dict(attention__op="kernel", positional="alibi"), "model.positional"),
-        (dict(attention__normalizer="none"), "model.attention.normalizer"),
-        (dict(sink_tokens=9), "model.sink_tokens"),
-        (dict(colour="red"), "model.colour"),
+        (dict(positional="xpos"), "arch.positional"),
+        (dict(attention__op="tanh"), "arch.attention.op"),
+        (dict(n_heads=3), "arch.n_heads"),
+        (dict(mask="sliding"), "arch.window"),
+        (dict(mask="prefix"), "arch.prefix_len"),
+        (dict(biases__key_dims=4), "arch.biases.key_dims"),
+        (dict(attention__op="sigmoid", attention__sink_logit=True), "arch.attention.sink_logit"),
+        (dict(attention__op="kernel", positional="alibi"), "arch.positional"),
+        (dict(attention__normalizer="none"), "arch.attention.normalizer"),
+        (dict(sink_tokens=9), "arch.sink_tokens"),
+        (dict(colour="red"), "arch.colour"),
     ],
 )
 def test_bad_values_name_the_field(overrides, field):
@@ -70,20 +70,20 @@ def test_jsonargparse_overrides_every_nested_field():
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser()
-    parser.add_argument("--model", type=ModelConfig, default=ModelConfig.from_preset("tiny"))
+    parser.add_argument("--arch", type=ModelConfig, default=ModelConfig.from_preset("tiny"))
     args = parser.parse_args(
         [
-            "--model.attention.op",
+            "--arch.attention.op",
             "sigmoid",
-            "--model.attention.normalizer",
+            "--arch.attention.normalizer",
             "none",
-            "--model.biases.kind",
+            "--arch.biases.kind",
             "kv",
-            "--model.d_model",
+            "--arch.d_model",
             "64",
         ]
     )
-    cfg = parser.instantiate(args).model
+    cfg = parser.instantiate(args).arch
     assert isinstance(cfg, ModelConfig)
     assert (cfg.attention.op, cfg.biases.kind, cfg.d_model, cfg.n_layers) == ("sigmoid", "kv", 64, 4)
 
@@ -95,7 +95,7 @@ def test_a_preset_fills_only_the_shape_fields_left_unset():
     assert wide.preset == "tiny" and ModelConfig.from_dict(wide.to_dict()) == wide
     default, paper = ModelConfig(), ModelConfig.from_preset("llama-60m")
     assert default.preset is None and default.replace(preset="llama-60m") == paper
-    with pytest.raises(ConfigError, match=r"model\.preset='gpt-5': unknown preset; allowed: llama-60m"):
+    with pytest.raises(ConfigError, match=r"arch\.preset='gpt-5': unknown preset; allowed: llama-60m"):
         ModelConfig(preset="gpt-5")
-    with pytest.raises(ConfigError, match=r"model\.d_model='wide': expected int"):
+    with pytest.raises(ConfigError, match=r"arch\.d_model='wide': expected int"):
         ModelConfig(preset="tiny", d_model="wide")

@@ -92,14 +92,14 @@ def test_qk_norm_is_a_qwen3_both_ways(tmp_path):
 @pytest.mark.parametrize(
     "overrides, field",
     [
-        (dict(positional="alibi"), "model.positional"),
-        (dict(attention={"op": "sigmoid", "normalizer": "none"}), "model.attention.op"),
-        (dict(sink_tokens=1), "model.sink_tokens"),
-        (dict(biases={"kind": "kv"}), "model.biases.kind"),
-        (dict(ffn="gelu"), "model.ffn"),
-        (dict(norm="layernorm"), "model.norm"),
-        (dict(attention={"qk_norm": True, "gated": True}), "model.attention.gated"),
-        (dict(mask="sliding", window=4), "model.mask"),
+        (dict(positional="alibi"), "arch.positional"),
+        (dict(attention={"op": "sigmoid", "normalizer": "none"}), "arch.attention.op"),
+        (dict(sink_tokens=1), "arch.sink_tokens"),
+        (dict(biases={"kind": "kv"}), "arch.biases.kind"),
+        (dict(ffn="gelu"), "arch.ffn"),
+        (dict(norm="layernorm"), "arch.norm"),
+        (dict(attention={"qk_norm": True, "gated": True}), "arch.attention.gated"),
+        (dict(mask="sliding", window=4), "arch.mask"),
     ],
 )
 def test_variants_no_hf_class_expresses_are_refused_natively_and_exported_as_remote_code(
@@ -169,8 +169,8 @@ def test_an_earlier_export_is_replaced_and_a_garbage_checkpoint_refused_in_one_l
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda c: c["attention"].update(op="ssmax_v9"), "model.attention.op='ssmax_v9': allowed values are"),
-        (lambda c: c.update(arch_from_the_future=1), "unknown field model.arch_from_the_future"),
+        (lambda c: c["attention"].update(op="ssmax_v9"), "arch.attention.op='ssmax_v9': allowed values are"),
+        (lambda c: c.update(arch_from_the_future=1), "unknown field arch.arch_from_the_future"),
     ],
 )
 def test_a_checkpoint_too_new_for_this_code_is_refused_in_one_line(tmp_path, capsys, change, message):

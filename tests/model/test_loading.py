@@ -31,7 +31,7 @@ def test_export_dir_roundtrip(tmp_path):
 def test_lightning_ckpt(tmp_path):
     model = _model()
     ckpt = {
-        "hyper_parameters": {"model_config": model.config.to_dict(), "lr": 4e-4},
+        "hyper_parameters": {"arch": model.config.to_dict(), "lr": 4e-4},
         "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
         "optimizer_states": [],
     }
@@ -39,12 +39,21 @@ def test_lightning_ckpt(tmp_path):
     _same(model, load_pretrained(tmp_path / "last.ckpt").eval())
 
 
+def test_a_checkpoint_with_the_old_config_key_loads_with_a_notice(tmp_path, capsys):
+    model = _model()
+    ckpt = {"hyper_parameters": {"model_config": model.config.to_dict()}, "state_dict": model.state_dict()}
+    torch.save(ckpt, tmp_path / "old.ckpt")
+    _same(model, load_pretrained(tmp_path / "old.ckpt").eval())
+    line = f"sinklab: {tmp_path / 'old.ckpt'}: `hyper_parameters['model_config']` read as `arch`"
+    assert capsys.readouterr().err.startswith(line)
+
+
 def test_consolidated_state_dict_with_run_config_yaml(tmp_path):
     model = _model()
     torch.save({f"model.{k}": v for k, v in model.state_dict().items()}, tmp_path / "fp32.bin")
     import yaml
 
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"model": {"model": model.config.to_dict(), "lr": 1e-3}}))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"arch": model.config.to_dict(), "model": {"lr": 1e-3}}))
     _same(model, load_pretrained(tmp_path / "fp32.bin", config=tmp_path / "config.yaml").eval())
     with pytest.raises(ValueError, match="no model config"):
         load_pretrained(tmp_path / "fp32.bin")

@@ -166,7 +166,7 @@ def test_softmax_sink_emerges_with_value_drain_and_analyze_reads_it_back(
 
 @pytest.mark.parametrize("op", ["relu", "sigmoid"])
 def test_attention_without_softmax_grows_no_sink(op, bb_data, tmp_path, monkeypatch, mlflow_server):
-    probes = _fit(bb_data, tmp_path / op, monkeypatch, mlflow_server, "--model.model.attention.op", op)
+    probes = _fit(bb_data, tmp_path / op, monkeypatch, mlflow_server, "--arch.attention.op", op)
     print(f"{op} probes:", [(r["step"], r["sink/sink1"], round(r["sink/bos_share_other_l0"], 3)) for r in probes])
     assert probes[-1]["step"] == STEPS
     assert all(_no_sink(row) for row in probes)

@@ -254,7 +254,7 @@ def test_the_paper_recipe_assembles_its_zero_stage(tiny_ds, tmp_path, monkeypatc
                 "cpu",
                 "--trainer.devices",
                 "1",
-                "--model.model.max_seq_len",
+                "--arch.max_seq_len",
                 "64",
                 "--data.global_batch_tokens",
                 "128",

@@ -103,9 +103,9 @@ def test_extreme_token_figure_draws_what_was_measured(tmp_path, monkeypatch):
 # The elu+1 kernel (the paper's strongest sink), a large learning rate and BOS fixed at position 1
 # (the probe carries it too): on the tiny data Sink_1 leaves zero within a few steps.
 ELU1 = [
-    "--model.model.attention.op",
+    "--arch.attention.op",
     "kernel",
-    "--model.model.attention.kernel",
+    "--arch.attention.kernel",
     "elu1",
     "--model.optim.lr",
     "0.03",

@@ -52,7 +52,7 @@ def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path
     assert len(client.search_runs([exp.experiment_id])) == 1
     assert run.info.status == "FINISHED"
     params, tags = run.data.params, run.data.tags
-    assert params["model.optim.lr"] == "0.003" and params["model.model.d_model"] == "32"
+    assert params["model.optim.lr"] == "0.003" and params["arch.d_model"] == "32"
     assert params["data.interventions.fix_position"] == "2"
     assert tags["sinklab.dataset_hash"] == load_manifest(tiny_ds).hash
     assert tags["sinklab.status"] == "finished" and tags["sinklab.code_version"]
@@ -91,7 +91,7 @@ def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert ckpts == ["step-000004.ckpt", "step-000008.ckpt"]
     blob = torch.load(run_dir / "checkpoints" / "step-000008.ckpt", weights_only=False)
-    assert blob["hyper_parameters"]["model_config"]["vocab_size"] == 64
+    assert blob["hyper_parameters"]["arch"]["vocab_size"] == 64
     assert all(k.startswith("model.") for k in blob["state_dict"])
     model = load_pretrained(run_dir / "checkpoints" / "step-000008.ckpt")
     assert torch.equal(model.embed.weight, blob["state_dict"]["model.embed.weight"])
@@ -340,9 +340,9 @@ def test_summary_says_when_sink_scores_are_proxies(tiny_ds, tmp_path, monkeypatc
         str(tmp_path / op),
         "--trainer.max_steps",
         "4",
-        "--model.model.attention.op",
+        "--arch.attention.op",
         op,
-        "--model.model.attention.kernel",
+        "--arch.attention.kernel",
         "elu1",
     ]
     assert fit_in_process(args, monkeypatch, mlflow_server) == 0
@@ -477,7 +477,7 @@ def test_init_starts_a_new_run_from_another_runs_weights(tiny_ds, tmp_path, monk
                 str(tmp_path / "wide"),
                 "--trainer.max_steps",
                 "4",
-                "--model.model.d_ffn",
+                "--arch.d_ffn",
                 "96",
                 "--model.init",
                 f"runs:/{source_id}",
@@ -489,7 +489,7 @@ def test_init_starts_a_new_run_from_another_runs_weights(tiny_ds, tmp_path, monk
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (
-        f"sinklab fit: model.init=runs:/{source_id}: its model differs in d_ffn (d_ffn=64); set model.model to match"
+        f"sinklab fit: model.init=runs:/{source_id}: its model differs in d_ffn (d_ffn=64); set arch to match"
     ), err[-3:]
     assert not (tmp_path / "wide" / "config.yaml").exists()
 

@@ -14,8 +14,8 @@ EMBEDDED = str(REPO / "configs" / "recipes" / "embedded.yaml")
 
 
 def test_preset_on_the_command_line_with_a_field_beside_it():
-    config = check_fit(["--config", EMBEDDED, "--model.model.preset", "llama-1b", "--model.model.max_seq_len", "512"])
-    model = config.model.model
+    config = check_fit(["--config", EMBEDDED, "--arch.preset", "llama-1b", "--arch.max_seq_len", "512"])
+    model = config.arch
     one_b = ModelConfig.from_preset("llama-1b")
     assert (model.preset, model.d_model, model.n_layers, model.n_heads) == (
         "llama-1b",
@@ -25,27 +25,73 @@ def test_preset_on_the_command_line_with_a_field_beside_it():
     )
     assert model.max_seq_len == 512 != one_b.max_seq_len  # given beside the preset: it wins
     # what `sinklab fit` records as the run's config.yaml (and flattens into MLflow params)
-    recorded = yaml.safe_load(fit_parser().dump(config, skip_validation=True))["model"]["model"]
+    recorded = yaml.safe_load(fit_parser().dump(config, skip_validation=True))["arch"]
     assert recorded["preset"] == "llama-1b" and recorded["d_ffn"] == one_b.d_ffn and recorded["max_seq_len"] == 512
     assert ModelConfig.from_dict(recorded) == ModelConfig.from_preset("llama-1b", max_seq_len=512)
 
 
 def test_preset_in_a_recipe_with_an_override(tmp_path):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({"model": {"model": {"preset": "tiny", "n_heads": 2}}, "data": {"path": "d"}}))
-    model = check_fit(["--config", str(recipe)]).model.model
+    recipe.write_text(yaml.safe_dump({"arch": {"preset": "tiny", "n_heads": 2}, "data": {"path": "d"}}))
+    model = check_fit(["--config", str(recipe)]).arch
     assert (model.preset, model.d_model, model.n_heads) == ("tiny", ModelConfig.from_preset("tiny").d_model, 2)
-    assert check_fit(["--data.path", "d"]).model.model.d_model == ModelConfig().d_model  # no model section
+    assert check_fit(["--data.path", "d"]).arch.d_model == ModelConfig().d_model  # no arch section
 
 
 def test_check_only_accepts_or_refuses_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     common = ["--check-only", "--config", TINY, "--data.path", "no-such-dataset", "--run-dir", str(tmp_path / "run")]
-    assert main(common + ["--model.model.preset", "tiny"]) == 0
+    assert main(common + ["--arch.preset", "tiny"]) == 0
     assert "accepted" in capsys.readouterr().out
-    assert main(common + ["--model.model.preset", "tiny", "--model.model.n_heads", "3"]) == 2
+    assert main(common + ["--arch.preset", "tiny", "--arch.n_heads", "3"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "sinklab fit: model.n_heads=3: must divide d_model=128", err
-    assert main(common + ["--model.model.preset", "gpt-5"]) == 2
-    assert "model.model.preset: Expected a typing.Literal['llama-60m'" in capsys.readouterr().err
+    assert err == "sinklab fit: arch.n_heads=3: must divide d_model=128", err
+    assert main(common + ["--arch.preset", "gpt-5"]) == 2
+    assert "arch.preset: Expected a typing.Literal['llama-60m'" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def _repeats(dotted: str) -> bool:
+    words = dotted.lstrip("-").replace("_", ".").split(".")
+    return len(set(words)) != len(words)
+
+
+def test_no_flag_recorded_key_or_runs_table_column_repeats_a_word():
+    from pipeline.tracking import as_params
+    from pipeline.tracking.views import DEFAULT_FACTORS, table_columns
+    from pipeline.train.fit_config import as_plain
+    from sinklab_io.mappings import flatten
+
+    parser = fit_parser()
+    flags = {o for action in parser._actions for o in action.option_strings if o.startswith("--")}
+    assert {"--arch.attention.op", "--arch.preset"} <= flags
+    config = check_fit(["--config", EMBEDDED])
+    recorded = flatten(yaml.safe_load(parser.dump(config, skip_validation=True)))  # the run's config.yaml
+    assert {"arch.attention.op", "model.optim.lr", "trainer.max_steps"} <= set(recorded)  # each is a flag too
+    params = as_params(as_plain(config))  # its MLflow params
+    assert "arch.attention.op" in params and not any(k.startswith("model.arch") for k in params)
+    columns = [c.split("`")[1] for c in table_columns(list(DEFAULT_FACTORS))]
+    assert [k for k in (*flags, *recorded, *params, *columns) if _repeats(k)] == []
+
+
+def test_an_old_recipe_and_old_flags_read_as_arch_with_a_notice(tmp_path, capsys):
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text(yaml.safe_dump({"model": {"model": {"preset": "tiny", "n_heads": 2}, "optim": {"lr": 1e-3}}}))
+    config = check_fit(["--config", str(recipe), "--model.model.d_ffn", "96", "--data.path", "d"])
+    assert (config.arch.preset, config.arch.n_heads, config.arch.d_ffn, config.model.optim.lr) == ("tiny", 2, 96, 1e-3)
+    err = capsys.readouterr().err.splitlines()
+    assert f"sinklab: {recipe}: `model.model` read as `arch` (the architecture's section); rename it there" in err
+    assert "sinklab: command line: `--model.model` read as `arch` (the architecture's section); rename it there" in err
+    assert "model" not in yaml.safe_load(fit_parser().dump(config, skip_validation=True))["model"]  # recorded as arch
+    as_dict = check_fit({"model": {"model": {"preset": "micro"}}, "data": {"path": "d"}})  # a sweep's config
+    assert as_dict.arch.d_model == ModelConfig.from_preset("micro").d_model
+
+
+def test_a_recipe_with_both_names_is_refused_in_one_line(tmp_path, capsys):
+    recipe = tmp_path / "both.yaml"
+    recipe.write_text(yaml.safe_dump({"arch": {"preset": "tiny"}, "model": {"model": {"preset": "micro"}}}))
+    assert main(["--check-only", "--config", str(recipe)]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == f"sinklab fit: {recipe}: gives both `arch` and `model.model`; keep `arch` only"
+    )

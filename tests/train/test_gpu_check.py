@@ -103,7 +103,7 @@ def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatc
                 str(tmp_path / case.name),
                 "--trainer.accelerator",
                 "cpu",
-                "--model.model.max_seq_len",
+                "--arch.max_seq_len",
                 "64",
             ],
         )

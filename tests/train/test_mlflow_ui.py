@@ -63,7 +63,7 @@ def two_runs(mlflow_server, tmp_path_factory):
                 "false",
                 "--run.log_model",
                 "false",
-                "--model.model.attention.op",
+                "--arch.attention.op",
                 op,
             ]
             assert fit_in_process(args, mp, mlflow_server) == 0
@@ -153,7 +153,7 @@ def test_the_printed_link_opens_training_charts_headline_first(two_runs, mlflow_
     exp = client.get_experiment_by_name(EXPERIMENT)
     envelope = json.loads(exp.tags[views.VIEW_TAG])
     state = json.loads(envelope["state"])
-    assert "params.`model.model.attention.op`" in state["selectedColumns"]  # the one factor that differs
+    assert "params.`arch.attention.op`" in state["selectedColumns"]  # the one factor that differs
     assert logged_image_keys(client, two_runs["sigmoid"])[views.ALPHA1_IMAGE] == [0, 2, 4]
     metrics = client.get_run(two_runs["sigmoid"]).data.metrics
     assert not any(re.fullmatch(r"heads/alpha1_l\d+_h\d+", k) for k in metrics)  # images, not 4 x L x H charts
@@ -183,7 +183,7 @@ def test_the_printed_link_opens_training_charts_headline_first(two_runs, mlflow_
     )
     headers = wait_for(
         browser,
-        lambda: "model.model.attention.op" in body_text(browser) and body_text(browser),
+        lambda: "arch.attention.op" in body_text(browser) and body_text(browser),
         "the runs table's op column",
     )
     browser.save_screenshot(str(shots / "mlflow-ui-table.png"))

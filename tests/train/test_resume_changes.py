@@ -43,7 +43,7 @@ def finished_run(tiny_ds, tmp_path_factory, mlflow_server):
     "change, named",
     [
         (["--data.seed", "99"], "data.seed=99 (the checkpoint's: 1234)"),
-        (["--model.model.n_layers", "1"], "model.model.n_layers=1 (the checkpoint's: 2)"),
+        (["--arch.n_layers", "1"], "arch.n_layers=1 (the checkpoint's: 2)"),
         (["--model.optim.lr", "1.0"], "model.optim.lr=1.0 (the checkpoint's: 0.003)"),
         (
             ["--data.interventions.fix_position", "1", "--data.interventions.fix_token", "bos"],
@@ -103,3 +103,35 @@ def test_extending_max_steps_continues_the_cosine_without_a_jump(
         assert lrs[s] == pytest.approx(floor + (start - floor) * (1 + math.cos(math.pi * (s - 4) / 12)) / 2, rel=1e-9)
     assert all(a > b for a, b in zip(list(lrs.values()), list(lrs.values())[1:])) and lrs[15] < 1.2 * floor < peak
     assert "max_steps: 16" in (run_dir / "config.yaml").read_text()
+
+
+def test_an_old_checkpoint_and_run_config_resume_with_a_notice(
+    finished_run, tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys
+):
+    """A checkpoint and run config written while the architecture was `model.model` (checkpoint:
+    ``hyper_parameters["model_config"]``) resume, and start a new run (--model.init), as today's."""
+    import torch
+    import yaml
+
+    from pipeline.model import ModelConfig
+    from pipeline.train.module import read_init
+
+    blob = torch.load(finished_run / "checkpoints" / "step-000004.ckpt", weights_only=False)
+    blob["hyper_parameters"]["model_config"] = blob["hyper_parameters"].pop("arch")
+    old_ckpt = tmp_path / "old.ckpt"
+    torch.save(blob, old_ckpt)
+    config = yaml.safe_load((finished_run / "config.yaml").read_text())
+    config["model"]["model"] = config.pop("arch")
+    old_config = tmp_path / "old-config.yaml"
+    old_config.write_text(yaml.safe_dump(config))
+    capsys.readouterr()
+    run_dir = tmp_path / "resumed"
+    args = ["--config", str(old_config), "--run-dir", str(run_dir), "--resume", str(old_ckpt), "--data.path"]
+    assert fit_in_process([*args, str(tiny_ds)], monkeypatch, mlflow_server) == 0
+    err = capsys.readouterr().err
+    assert f"sinklab: {old_config}: `model.model` read as `arch`" in err
+    assert f"sinklab: {old_ckpt}: `hyper_parameters['model_config']` read as `arch`" in err
+    assert sorted(r["step"] for r in read_metrics(run_dir) if "train/lr" in r) == [4, 5, 6, 7]  # resumed at 4
+    assert "arch" in yaml.safe_load((run_dir / "config.yaml").read_text())  # recorded under today's name
+    state, _ = read_init(str(old_ckpt), ModelConfig.from_dict(blob["hyper_parameters"]["model_config"]))
+    assert torch.equal(state["embed.weight"], blob["state_dict"]["model.embed.weight"])

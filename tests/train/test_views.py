@@ -42,17 +42,17 @@ def test_the_chart_list_puts_the_headline_first_and_hides_flat_series():
 
 def test_the_table_shows_the_factors_that_differ_between_runs():
     softmax = {
-        "model.model.attention.op": "softmax",
+        "arch.attention.op": "softmax",
         "model.optim.weight_decay": "0.1",
         "run.name": "a",
         "data.path": "/x",
-        "model.model.positional": "rope",
+        "arch.positional": "rope",
     }
-    sigmoid = {**softmax, "model.model.attention.op": "sigmoid", "run.name": "b", "data.path": "/y"}
-    assert views.varied_factors([softmax, sigmoid]) == ["model.model.attention.op"]  # run names, paths: no factor
+    sigmoid = {**softmax, "arch.attention.op": "sigmoid", "run.name": "b", "data.path": "/y"}
+    assert views.varied_factors([softmax, sigmoid]) == ["arch.attention.op"]  # run names, paths: no factor
     assert views.varied_factors([softmax]) == list(views.DEFAULT_FACTORS)
-    columns = views.table_columns(["model.model.attention.op"])
-    assert columns[:3] == ["tags.`sinklab.variant`", "tags.`sinklab.seed`", "params.`model.model.attention.op`"]
+    columns = views.table_columns(["arch.attention.op"])
+    assert columns[:3] == ["tags.`sinklab.variant`", "tags.`sinklab.seed`", "params.`arch.attention.op`"]
     assert columns[3:6] == ["metrics.`sink/sink1`", "metrics.`sink/alpha1_mean`", "metrics.`val/loss`"]
 
 
@@ -88,12 +88,10 @@ def test_the_dataset_is_named_from_its_manifest(tmp_path):
 def test_the_variant_tag_names_the_attention_op_even_the_default():
     from pipeline.train.fit_config import variant_summary as _variant_summary
 
-    softmax = {"model": {"model": {"preset": "micro"}, "optim": {"lr": 0.002, "weight_decay": 0.5}}}
+    softmax = {"arch": {"preset": "micro"}, "model": {"optim": {"lr": 0.002, "weight_decay": 0.5}}}
     assert _variant_summary(softmax) == "softmax, lr=0.002, wd=0.5"
     kernel = {
-        "model": {
-            "model": {"attention": {"op": "kernel", "kernel": "elu1"}},
-            "optim": {"lr": 0.002, "weight_decay": 0.1},
-        }
+        "arch": {"attention": {"op": "kernel", "kernel": "elu1"}},
+        "model": {"optim": {"lr": 0.002, "weight_decay": 0.1}},
     }
     assert _variant_summary(kernel) == "kernel(elu1), lr=0.002, wd=0.1"
