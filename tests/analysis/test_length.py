@@ -85,3 +85,20 @@ def test_learned_positions_refuse_a_length_past_their_table(tmp_path, hf_tokeniz
     ckpt = save_pretrained(micro_model(vocab_size=len(hf_tokenizer), positional="learned"), tmp_path / "ckpt")
     assert cli.main(["length-eval", str(ckpt), "--train-len", "32", "--passkey", "", "--out", str(tmp_path / "o")]) == 2
     assert "learned positions end at 64; 128 tokens are asked" in capsys.readouterr().err
+
+
+def test_a_users_file_in_out_is_refused_before_any_work(tiny_llama_dir, tmp_path, capsys, monkeypatch):
+    """Issue 35: --out's length.md / length.json / length.png go through sinklab_io.outputs."""
+    from pipeline.analysis import subject
+
+    monkeypatch.setattr(subject, "Subject", lambda *a, **k: pytest.fail("a model was loaded"))
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "length.md").write_text("the user's notes")
+    assert cli.main(["length-eval", str(tiny_llama_dir), "--train-len", "16", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"sinklab length-eval: --out {out}: already holds length.md, which sinklab did not write (or which changed "
+        "since); nothing was changed. Name a new directory, or move those files away"
+    ]
+    assert [p.name for p in out.iterdir()] == ["length.md"] and (out / "length.md").read_text() == "the user's notes"
