@@ -20,7 +20,7 @@ from torch import Tensor
 
 from pipeline import metric_names as N
 from pipeline import metrics
-from pipeline.flow import FlowAccumulator, FlowReport, recording_inputs
+from pipeline.flow import FlowAccumulator, FlowReport, probe_batches, recording_inputs
 from pipeline.model.attention_ops import SCORE_KINDS
 from pipeline.model.masks import admitted_with_slots
 from pipeline.outliers import OutlierAccumulator, OutlierReport, recording_linear_inputs
@@ -291,13 +291,15 @@ def run_probe(
     outliers: bool = True,
     trigger_ids: Sequence[int] | None = None,
     flow: bool = True,
+    mixing_sequences: int | None = None,
 ) -> SinkReport:
     """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (every sequence counted).
 
     Eval mode, no grad, autocast off (maps in fp32); the model's training mode is restored.
     ``output_qkv`` also measures the key/value norm ratio of the first token (costs memory);
     ``outliers`` the activation outliers (pipeline.outliers) of the residual stream and of every
-    linear layer's input; ``flow`` the information flow (pipeline.flow: one more forward pass).
+    linear layer's input; ``flow`` the information flow (pipeline.flow: one more forward pass, on
+    the first ``mixing_sequences`` sequences only where given).
     ``trigger_ids`` (a Bigram-Backcopy dataset's) split the attention on token 1 by query kind.
     """
     device = _device_of(model)
@@ -305,16 +307,19 @@ def run_probe(
     admitted = admitted_with_slots(model.config, tokens.shape[1])  # the maps' mask pattern (windows, prefixes, slots)
     lead = model.config.sink_tokens + 1
     acc = SinkAccumulator(
-        eps, positions, OutlierAccumulator(lead) if outliers else None, FlowAccumulator() if flow else None
+        eps,
+        positions,
+        OutlierAccumulator(lead) if outliers else None,
+        FlowAccumulator(mixing_sequences=mixing_sequences) if flow else None,
     )
     triggers = None if trigger_ids is None else torch.as_tensor(list(trigger_ids), dtype=torch.long, device=device)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad(), torch.autocast(device_type=device.type, enabled=False):
-            for start in range(0, tokens.shape[0], batch_size):
+            for start, stop in probe_batches(tokens.shape[0], batch_size, mixing_sequences if flow else None):
                 kwargs = {"output_attentions": True, "output_hidden_states": True}
-                batch = tokens[start : start + batch_size]
+                batch = tokens[start:stop]
                 with _linear_inputs(model, acc.outliers), recording_inputs(model, acc.flow) as embedded:
                     out = model(batch, **kwargs, **({"output_qkv": True} if output_qkv else {}))
                 acc.add(
