@@ -83,7 +83,11 @@ from .fit_config import (
 )
 from .module import SinkLabModule, read_init
 from .progress import StepProgressBar
-from .sharding import refuse_zero_optimizer  # also registers the strategy names fsdp2, deepspeed_stage_N
+from .sharding import (  # also registers the strategy names fsdp2, deepspeed_stage_N
+    refuse_under_deepspeed,
+    refuse_zero_optimizer,
+)
+from .spikes import SpikeGuard
 from .summary import print_summary
 
 
@@ -97,7 +101,9 @@ class RunOptions:
     log_model: log the final weights to the MLflow run (a logged model named `model`, once per run).
     system_metrics: MLflow's system metrics (CPU, RAM, GPU where present) on the run.
     log_checkpoints: upload each kept step checkpoint to the MLflow run (rank 0, in the
-    background), so that `--resume runs:/<run_id>` can continue it on another machine."""
+    background), so that `--resume runs:/<run_id>` can continue it on another machine.
+    skip_spikes: skip a step whose loss or gradient norm lies more than spike_sigmas standard
+    deviations above the mean of the last spike_window steps (pipeline.train.spikes)."""
 
     name: str = "sinklab"
     experiment: str = "sinklab"
@@ -111,6 +117,9 @@ class RunOptions:
     log_model: bool = True
     system_metrics: bool = True
     log_checkpoints: bool = False
+    skip_spikes: bool = False
+    spike_window: int = 128
+    spike_sigmas: float = 6.0
 
     def validate(self) -> None:
         for name in ("checkpoint_every", "keep_last", "sink_every", "plot_every", "val_every"):
@@ -119,6 +128,11 @@ class RunOptions:
                     f"run.{name}={getattr(self, name)}: must be >= 0 ("
                     + ("0 keeps every checkpoint)" if name == "keep_last" else "0 turns it off)")
                 )
+        if self.spike_window < 2 or not self.spike_sigmas > 0:
+            raise ConfigError(
+                f"run.spike_window={self.spike_window}, run.spike_sigmas={self.spike_sigmas}: "
+                "need a window of 2 steps or more and a positive number of standard deviations"
+            )
         if self.throughput_window < 1:
             raise ConfigError(f"run.throughput_window={self.throughput_window}: must be >= 1")
 
@@ -175,6 +189,11 @@ class SinkLabCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         self.model.optim.validate(self.trainer.max_steps)
         refuse_zero_optimizer(self.model.optim.name, self.trainer.strategy)
+        if self.opts.skip_spikes:
+            refuse_under_deepspeed(
+                "run.skip_spikes=true", "the engine owns the gradients and the step", self.trainer.strategy
+            )
+            self.model.spike_guard = SpikeGuard(self.opts.spike_window, self.opts.spike_sigmas)
         manifest = self.datamodule.manifest
         self.model.set_vocab(manifest.vocab_size, manifest.context_length, manifest.tokenizer_sha256)  # max_seq_len too
         if self.opts.sink_every > 0 and manifest.probe.length > self.model.arch.max_seq_len:
