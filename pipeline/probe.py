@@ -58,8 +58,7 @@ class SinkReport:
     # attention on token 1 from trigger queries (active heads copy) and from the other queries i ≥ 2.
     bos_share_trigger: Tensor | None = None  # [L, H], mean over sequences
     bos_share_other: Tensor | None = None  # [L, H]
-    # the largest pre-softmax logit q·k/√d_h over the probe's admitted token pairs (metrics.max_attention_logit)
-    max_logit: Tensor | None = None  # [L, H], max over sequences
+    max_logit: Tensor | None = None  # [L, H] largest admitted q·k/√d_h (metrics.max_attention_logit)
     flow: FlowReport | None = None  # information flow per layer (pipeline.flow)
 
     @property
@@ -73,22 +72,12 @@ class SinkReport:
         return None if dormant is None else 100.0 * dormant.double().mean().item()
 
     def head_metrics(self) -> dict[str, float]:
-        """Per head ``heads/entropy_l{l}_h{h}``, ``heads/out_norm_l{l}_h{h}``,
-        ``heads/max_logit_l{l}_h{h}`` (0-based) and ``heads/dormant_pct``, where measured."""
+        """Per head ``heads/{entropy,out_norm,max_logit}_l{l}_h{h}`` (0-based), ``heads/dormant_pct``; where measured."""
         out: dict[str, float] = {}
-        for name, values in (
-            (N.HEAD_ENTROPY, self.entropy),
-            (N.HEAD_OUT_NORM, self.out_norm),
-            (N.HEAD_MAX_LOGIT, self.max_logit),
-        ):
+        heads = {N.HEAD_ENTROPY: self.entropy, N.HEAD_OUT_NORM: self.out_norm, N.HEAD_MAX_LOGIT: self.max_logit}
+        for name, values in heads.items():
             if values is not None:
-                out.update(
-                    {
-                        N.head(name, l, h): float(values[l, h])
-                        for l in range(values.shape[0])
-                        for h in range(values.shape[1])
-                    }
-                )
+                out.update({N.head(name, l, h): float(v) for (l, h), v in np.ndenumerate(values.float().numpy())})
         if self.out_norm is not None:
             out[N.DORMANT_PCT] = self.dormant_pct
         return out
@@ -108,12 +97,9 @@ class SinkReport:
 
     def logit_metrics(self) -> dict[str, float]:
         """``attn/max_logit_l{l}`` (max over heads) and ``attn/max_logit`` (over layers), where measured."""
-        if self.max_logit is None:
-            return {}
-        per_layer = self.max_logit.amax(dim=-1)
-        return {N.layer(N.MAX_LOGIT, l): float(v) for l, v in enumerate(per_layer)} | {
-            N.MAX_LOGIT: float(per_layer.max())
-        }
+        per_layer = [] if self.max_logit is None else self.max_logit.amax(dim=-1).tolist()
+        out = {N.layer(N.MAX_LOGIT, l): v for l, v in enumerate(per_layer)}
+        return out | ({N.MAX_LOGIT: max(per_layer)} if per_layer else {})
 
     def extreme_token_metrics(self) -> dict[str, float]:
         """Per layer l (0-based): the residual-state peak ``act/massive_ratio_l{l}`` and, where
@@ -316,12 +302,11 @@ def run_probe(
     """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (every sequence counted).
 
     Eval mode, no grad, autocast off (maps in fp32); the model's training mode is restored.
-    ``output_qkv`` also measures the key/value norm ratio of the first token and the QK
-    decomposition; ``outliers`` the activation outliers (pipeline.outliers) of the residual stream
-    and of every linear layer's input; ``flow`` the information flow (pipeline.flow: one more
-    forward pass). The maximum pre-softmax logit of each layer and head is always measured, over
-    the token pairs the mask admits (slots and sink tokens left out).
-    ``trigger_ids`` (a Bigram-Backcopy dataset's) split the attention on token 1 by query kind.
+    Always the largest pre-softmax logit per head over the admitted real-token pairs; ``output_qkv``
+    also the key/value norm ratio of the first token and the QK decomposition; ``outliers`` the
+    activation outliers (pipeline.outliers) of the residual stream and every linear layer's input;
+    ``flow`` the information flow (pipeline.flow: one more forward pass). ``trigger_ids`` (a
+    Bigram-Backcopy dataset's) split the attention on token 1 by query kind.
     """
     device = _device_of(model)
     tokens = as_token_tensor(tokens, device)
@@ -340,7 +325,7 @@ def run_probe(
                 batch = tokens[start : start + batch_size]
                 with _linear_inputs(model, acc.outliers), recording_inputs(model, acc.flow) as embedded:
                     out = model(batch, **kwargs, output_qkv=True)  # queries and keys for the max logit
-                real = admitted[-batch.shape[1] :, -batch.shape[1] :]
+                real = admitted[-batch.shape[1] :, -batch.shape[1] :]  # slots and sink tokens left out
                 acc.add(
                     out.attentions,
                     attention_kind=out.attention_kind,
