@@ -25,6 +25,7 @@ from pipeline import metric_names as N
 
 DEFAULT_RHO = 0.01  # perturbation size relative to ‖e_p‖: small enough to read the linear response
 DIRECTION_SEED = 0  # the perturbation directions are drawn from this seed, batch after batch
+TRAINING_MIXING_SEQUENCES = 25  # training's probe perturbs its first 25 sequences: one batch, not four
 
 
 def matrix_entropy(x: Tensor, order: float = 1.0) -> Tensor:
@@ -160,11 +161,25 @@ def recording_inputs(model: nn.Module, flow: FlowAccumulator | None):
     return recording_embeddings(embed) if embed is not None else nullcontext([])
 
 
-class FlowAccumulator:
-    """Collects per-sequence entropies and sensitivities over batches; :meth:`report` averages."""
+def probe_batches(n: int, batch_size: int, mixing_sequences: int | None = None) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each probe batch of ``n`` sequences: ``batch_size`` at a time, with a
+    batch boundary after the first ``mixing_sequences`` (the ones perturbed; None: all)."""
+    split = n if mixing_sequences is None else min(mixing_sequences, n)
+    return [(s, min(s + batch_size, split)) for s in range(0, split, batch_size)] + [
+        (s, min(s + batch_size, n)) for s in range(split, n, batch_size)
+    ]
 
-    def __init__(self, rho: float = DEFAULT_RHO) -> None:
-        self.rho = rho
+
+class FlowAccumulator:
+    """Collects per-sequence entropies and sensitivities over batches; :meth:`report` averages.
+    ``mixing_sequences``: the perturbed pass runs on the first that many sequences only (None:
+    all); the entropies read every sequence's clean pass."""
+
+    def __init__(self, rho: float = DEFAULT_RHO, mixing_sequences: int | None = None) -> None:
+        if mixing_sequences is not None and mixing_sequences < 1:
+            raise ValueError(f"mixing_sequences must be >= 1 or None, got {mixing_sequences}")
+        self.rho, self.mixing_sequences = rho, mixing_sequences
+        self.perturbed_rows = 0
         self.perturbation: Perturbation | None = None
         self.entropy: list[Tensor] = []  # [B, L]
         self.entropy_input: list[Tensor] = []  # [B]
@@ -211,12 +226,23 @@ class FlowAccumulator:
         """One batch of ``seq_len`` real tokens: the clean pass's ``hidden_states`` (every block;
         leading sink-token rows are cut off here) and, where ``model`` has an embedding module,
         ``forward()`` (the same forward, giving the same list) run with position p perturbed."""
-        lead = hidden_states[0].shape[1] - seq_len
+        lead, rows = hidden_states[0].shape[1] - seq_len, hidden_states[0].shape[0]
         perturbed, embed = None, embedding_module(model)
-        if embed is not None:
+        if embed is not None and self.perturbs(rows):
             with self.perturbation_for(seq_len).applied(embed):
                 perturbed = [h[:, lead:] for h in forward()]
+            self.perturbed_rows += rows
         self.add([h[:, lead:] for h in hidden_states], perturbed, embedded[0] if embedded else None)
+
+    def perturbs(self, rows: int) -> bool:
+        """Whether the next batch of ``rows`` sequences gets the perturbed pass (batches must end
+        where ``mixing_sequences`` does: :func:`probe_batches`)."""
+        if self.mixing_sequences is None:
+            return True
+        left = self.mixing_sequences - self.perturbed_rows
+        if 0 < left < rows:
+            raise ValueError(f"a batch of {rows} sequences straddles mixing_sequences={self.mixing_sequences}")
+        return left > 0
 
     def report(self) -> FlowReport:
         mean = lambda xs: float(torch.cat(xs).mean()) if xs else None  # noqa: E731

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from pipeline import metric_names as N
 from pipeline import metrics
-from pipeline.flow import FlowAccumulator, FlowReport, recording_inputs
+from pipeline.flow import FlowAccumulator, FlowReport, probe_batches, recording_inputs
 from pipeline.model.attention_ops import SCORE_KINDS
 from pipeline.model.masks import admitted_with_slots
 from pipeline.outliers import OutlierAccumulator, OutlierReport, recording_linear_inputs
@@ -93,13 +93,10 @@ class SinkReport:
             out.update(self.outliers.to_metrics())
         if self.flow is not None:
             out.update(self.flow.to_metrics())
-        return out | self.extreme_token_metrics() | self.logit_metrics()
-
-    def logit_metrics(self) -> dict[str, float]:
-        """``attn/max_logit_l{l}`` (max over heads) and ``attn/max_logit`` (over layers), where measured."""
-        per_layer = [] if self.max_logit is None else self.max_logit.amax(dim=-1).tolist()
-        out = {N.layer(N.MAX_LOGIT, l): v for l, v in enumerate(per_layer)}
-        return out | ({N.MAX_LOGIT: max(per_layer)} if per_layer else {})
+        if self.max_logit is not None:  # attn/max_logit_l{l}: max over heads; attn/max_logit: over layers
+            per_layer = self.max_logit.amax(dim=-1).tolist()
+            out.update({N.layer(N.MAX_LOGIT, l): v for l, v in enumerate(per_layer)} | {N.MAX_LOGIT: max(per_layer)})
+        return out | self.extreme_token_metrics()
 
     def extreme_token_metrics(self) -> dict[str, float]:
         """Per layer l (0-based): the residual-state peak ``act/massive_ratio_l{l}`` and, where
@@ -169,14 +166,13 @@ class SinkAccumulator:
         head_outputs: Sequence[Tensor] | None = None,
         admitted: Tensor | None = None,
         trigger_queries: Tensor | None = None,
-        max_logits: Sequence[Tensor] | None = None,
+        max_logits: Sequence[Tensor] | None = None,  # per layer [B, H] (metrics.max_attention_logit)
     ) -> None:
         """One batch. ``attentions``/``hidden_states`` hold every layer, including the slot
         rows/columns, and ``admitted`` (bool, the maps' last two dims) what each row may see
         (default: causal, slot columns seen by all); ``queries``/``keys``/``values`` and
         ``head_outputs`` ([B, H, T, dh]) are real tokens only. ``trigger_queries`` [B, T] (bool,
-        real tokens) marks the trigger positions of a Bigram-Backcopy probe; ``max_logits`` holds
-        each layer's [B, H] maximum pre-softmax logit (metrics.max_attention_logit)."""
+        real tokens) marks the trigger positions of a Bigram-Backcopy probe."""
         if attention_kind not in ATTENTION_KINDS:
             raise ValueError(f"attention_kind {attention_kind!r}; expected one of {ATTENTION_KINDS}")
         if not attentions:
@@ -298,6 +294,7 @@ def run_probe(
     outliers: bool = True,
     trigger_ids: Sequence[int] | None = None,
     flow: bool = True,
+    mixing_sequences: int | None = None,
 ) -> SinkReport:
     """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (every sequence counted).
 
@@ -305,27 +302,32 @@ def run_probe(
     Always the largest pre-softmax logit per head over the admitted real-token pairs; ``output_qkv``
     also the key/value norm ratio of the first token and the QK decomposition; ``outliers`` the
     activation outliers (pipeline.outliers) of the residual stream and every linear layer's input;
-    ``flow`` the information flow (pipeline.flow: one more forward pass). ``trigger_ids`` (a
-    Bigram-Backcopy dataset's) split the attention on token 1 by query kind.
+    ``flow`` the information flow (pipeline.flow: one more forward pass, on the first
+    ``mixing_sequences`` sequences only where given). ``trigger_ids`` (a Bigram-Backcopy dataset's)
+    split the attention on token 1 by query kind.
     """
     device = _device_of(model)
     tokens = as_token_tensor(tokens, device)
     admitted = admitted_with_slots(model.config, tokens.shape[1])  # the maps' mask pattern (windows, prefixes, slots)
     lead = model.config.sink_tokens + 1
     acc = SinkAccumulator(
-        eps, positions, OutlierAccumulator(lead) if outliers else None, FlowAccumulator() if flow else None
+        eps,
+        positions,
+        OutlierAccumulator(lead) if outliers else None,
+        FlowAccumulator(mixing_sequences=mixing_sequences) if flow else None,
     )
     triggers = None if trigger_ids is None else torch.as_tensor(list(trigger_ids), dtype=torch.long, device=device)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad(), torch.autocast(device_type=device.type, enabled=False):
-            for start in range(0, tokens.shape[0], batch_size):
+            for start, stop in probe_batches(tokens.shape[0], batch_size, mixing_sequences if flow else None):
                 kwargs = {"output_attentions": True, "output_hidden_states": True}
-                batch = tokens[start : start + batch_size]
+                batch = tokens[start:stop]
                 with _linear_inputs(model, acc.outliers), recording_inputs(model, acc.flow) as embedded:
                     out = model(batch, **kwargs, output_qkv=True)  # queries and keys for the max logit
                 real = admitted[-batch.shape[1] :, -batch.shape[1] :]  # slots and sink tokens left out
+                logits = [metrics.max_attention_logit(q, k, real) for q, k in zip(out.queries, out.keys)]
                 acc.add(
                     out.attentions,
                     attention_kind=out.attention_kind,
@@ -338,9 +340,7 @@ def run_probe(
                     head_outputs=out.head_outputs,
                     admitted=admitted,
                     trigger_queries=None if triggers is None else torch.isin(batch, triggers),
-                    max_logits=[
-                        metrics.max_attention_logit(q, k, real) for q, k in zip(out.queries or [], out.keys or [])
-                    ],
+                    max_logits=logits,
                 )
                 if acc.flow is not None:  # the same path again, so the untouched positions match exactly
                     perturbed = lambda: model(batch, **kwargs).hidden_states  # noqa: B023, E731

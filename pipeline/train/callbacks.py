@@ -16,6 +16,7 @@ from pipeline import metric_names as N
 from pipeline import probe as sink_probe
 from pipeline.checkpoint import RunDir, StepCheckpoint, at_step_end
 from pipeline.flops import PEAK_ENV, device_peak_flops, flops_per_token, mfu
+from pipeline.flow import TRAINING_MIXING_SEQUENCES
 from pipeline.model import has_sharded
 
 from . import emergence
@@ -70,10 +71,14 @@ class SinkMetrics(Callback):
     set (eval mode, no grad, fp32), logged as ``sink/...`` and ``act/...``; every
     ``plot_every`` steps an alpha_1 heat map (layer x head) into ``<run_dir>/plots`` and MLflow
     (the artifact ``plots/``, and α₁ alone as the MLflow image ``heads/alpha1`` of that step).
-    The time it takes is kept (``seconds``) so its share of the run can be reported."""
+    ``flow``: the information flow too (``flow/...``; over-mixing on the probe's first
+    ``TRAINING_MIXING_SEQUENCES`` sequences). The time it takes is kept (``seconds``) so its share
+    of the run can be reported."""
 
-    def __init__(self, every: int, plot_every: int, run_dir: Path, eps: float = 0.3, positions: int = 10):
-        self.every, self.plot_every = every, plot_every
+    def __init__(
+        self, every: int, plot_every: int, run_dir: Path, eps: float = 0.3, positions: int = 10, flow: bool = True
+    ):
+        self.every, self.plot_every, self.flow = every, plot_every, flow
         self.plot_dir = Path(run_dir) / "plots"
         self.metrics_path = RunDir(run_dir).metrics_path  # emergence reads the run's history
         self.eps, self.positions = eps, positions
@@ -133,6 +138,8 @@ class SinkMetrics(Callback):
                 "positions": self.positions,
                 "trigger_ids": triggers,
                 "output_qkv": triggers is not None,
+                "flow": self.flow,
+                "mixing_sequences": TRAINING_MIXING_SEQUENCES,
             }
         model = pl_module.model
         tokens = self._probe.to(pl_module.device)

@@ -211,7 +211,7 @@ class SinkLabCLI(LightningCLI):
                 "data.micro_batch_size and the world size; leave it unset"
             )
         context = data.manifest.context_length
-        self.sink_cb = SinkMetrics(opts.sink_every, opts.plot_every, self.run.root)
+        self.sink_cb = SinkMetrics(opts.sink_every, opts.plot_every, self.run.root, flow=opts.flow)
         self.throughput_cb = Throughput(data.global_batch_tokens, context, opts.throughput_window)
         self.ckpt_cb = StepCheckpoint(self.run.root, opts.checkpoint_every, opts.keep_last)
         self.preemption_cb = Preemption(self.ckpt_cb)

@@ -16,6 +16,7 @@ class RunOptions:
     variant: one-line summary of what this run changes (a tag; default: derived).
     checkpoint_every / keep_last: step checkpoints and how many to keep (0 = all).
     sink_every / plot_every: cadence of the live sink metrics and the alpha_1 heat maps.
+    flow: measure the information flow (flow/...) at each sink probe (false: Sink_1 and the rest only).
     val_every: validation cadence in optimizer steps. throughput_window: steps per tokens/s value.
     log_model: log the final weights to the MLflow run (a logged model named `model`, once per run).
     system_metrics: MLflow's system metrics (CPU, RAM, GPU where present) on the run.
@@ -30,6 +31,7 @@ class RunOptions:
     checkpoint_every: int = 1000
     keep_last: int = 3
     sink_every: int = 200
+    flow: bool = True
     plot_every: int = 2000
     val_every: int = 500
     throughput_window: int = 20

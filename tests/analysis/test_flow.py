@@ -114,3 +114,23 @@ def test_the_perturbed_pass_leaves_the_other_metrics_alone():
     )
     assert with_flow.to_json() | {"flow": None} == without.to_json()
     assert with_flow.flow.entropy.shape == (2,) and with_flow.flow.mixing.shape == (2,)
+
+
+def test_training_perturbs_only_the_first_sequences():
+    """``mixing_sequences``: the over-mixing of the first k sequences exactly (the same batches,
+    the same seeded directions), the entropies still of every sequence."""
+    assert flow.probe_batches(5, 2, 3) == [(0, 2), (2, 3), (3, 5)]
+    assert flow.probe_batches(5, 2) == [(0, 2), (2, 4), (4, 5)]
+    model = micro_model()
+    tokens = torch.randint(0, 64, (5, 16))
+    part = run_probe(model, tokens, batch_size=2, outliers=False, mixing_sequences=3)
+    first = run_probe(model, tokens[:3], batch_size=2, outliers=False)
+    every = run_probe(model, tokens, batch_size=2, outliers=False)
+    assert torch.equal(part.flow.mixing, first.flow.mixing)
+    assert not torch.equal(part.flow.mixing, every.flow.mixing)
+    torch.testing.assert_close(part.flow.entropy, every.flow.entropy)
+    assert part.to_json() | {"flow": None} == every.to_json() | {"flow": None}
+    straddled = flow.FlowAccumulator(mixing_sequences=3)
+    straddled.perturbed_rows = 2
+    with pytest.raises(ValueError, match="straddles mixing_sequences=3"):
+        straddled.perturbs(2)

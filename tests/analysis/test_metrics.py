@@ -94,7 +94,7 @@ def test_uniform_alpha1_is_the_harmonic_mean_over_queries():
     assert metrics.uniform_alpha1(1) == 1.0
     assert metrics.uniform_alpha1(2) == pytest.approx(0.75)
     assert metrics.uniform_alpha1(4) == pytest.approx(25 / 48)
-    assert metrics.uniform_alpha1(64) == pytest.approx(0.074123, abs=1e-6)  # the README's 0.074
+    assert metrics.uniform_alpha1(64) == pytest.approx(0.074123, abs=1e-6)  # docs/training.md's 0.074
     with pytest.raises(ValueError):
         metrics.uniform_alpha1(0)
 

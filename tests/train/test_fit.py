@@ -461,7 +461,8 @@ def test_init_starts_a_new_run_from_another_runs_weights(tiny_ds, tmp_path, monk
     child = tmp_path / "child"
     assert (
         fit_in_process(
-            [*data, "--run-dir", str(child), "--trainer.max_steps", "4", "--model.init", f"runs:/{source_id}"],
+            [*data, "--run-dir", str(child), "--trainer.max_steps", "4", "--model.init", f"runs:/{source_id}"]
+            + ["--run.flow", "false"],  # the information-flow metrics off: Sink_1 and the rest only
             monkeypatch,
             mlflow_server,
         )
@@ -470,6 +471,8 @@ def test_init_starts_a_new_run_from_another_runs_weights(tiny_ds, tmp_path, monk
     first = {r["step"]: r for r in read_metrics(child) if "sink/alpha1_mean" in r}[0]
     assert first["sink/alpha1_mean"] == pytest.approx(probe["sink/alpha1_mean"], abs=1e-6)
     assert first["sink/sink1"] == probe["sink/sink1"]
+    assert "flow/mixing_last" in probe and "flow/entropy_l0" in probe  # run.flow on (the default)
+    assert not any(k.startswith("flow/") for r in read_metrics(child) for k in r)  # run.flow false
     tags = MlflowClient(mlflow_server).get_run((child / "mlflow_run_id").read_text().strip()).data.tags
     assert tags["sinklab.init_run_id"] == source_id and tags["sinklab.init_from"] == f"runs:/{source_id}"
     ckpt = torch.load(child / "checkpoints" / "step-000004.ckpt", weights_only=False)
