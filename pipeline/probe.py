@@ -327,7 +327,7 @@ def run_probe(
                 with _linear_inputs(model, acc.outliers), recording_inputs(model, acc.flow) as embedded:
                     out = model(batch, **kwargs, output_qkv=True)  # queries and keys for the max logit
                 real = admitted[-batch.shape[1] :, -batch.shape[1] :]  # slots and sink tokens left out
-                logits = [metrics.max_attention_logit(q, k, real) for q, k in zip(out.queries, out.keys)]
+                logits = [metrics.max_attention_logit(q, k, real) for q, k in zip(out.queries or [], out.keys or [])]
                 acc.add(
                     out.attentions,
                     attention_kind=out.attention_kind,
