@@ -4,7 +4,7 @@ against going without it, in one process, on the same tokens, checking the same 
 1. batching: every x+y configuration that shares a capacity streams as the rows of one batch,
    against streaming the configurations one after another;
 2. chunked prefill: until the cache is full the tokens go in chunks (one forward each,
-   ``streaming.PREFILL_TOKENS`` rows x tokens), against one token per forward throughout.
+   ``streamers.PREFILL_TOKENS`` rows x tokens), against one token per forward throughout.
 
 The last two lines are ``batch_ratio=<one-at-a-time s / batched s>`` and
 ``ratio=<token-by-token s / chunked s>`` (both with the batch).
@@ -22,8 +22,9 @@ import time
 
 import torch
 
-from pipeline.analysis import streaming
-from pipeline.analysis.streaming import CacheSpec, build_parser, group_by_capacity, load_subject, perplexity
+from pipeline.analysis import streamers
+from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity
+from pipeline.analysis.streaming import build_parser, load_subject
 
 DEFAULT = ("0+128", "1+127", "4+124")
 
@@ -41,11 +42,11 @@ def main(argv: list[str] | None = None) -> int:
 
     batched, t_batched = timed(lambda: streamer.nll(ids, specs))
     single, t_single = timed(lambda: torch.stack([streamer.nll(ids, [spec])[0] for spec in specs]))
-    chunk, streaming.PREFILL_TOKENS = streaming.PREFILL_TOKENS, 1
+    chunk, streamers.PREFILL_TOKENS = streamers.PREFILL_TOKENS, 1
     try:
         stepwise, t_stepwise = timed(lambda: streamer.nll(ids, specs))
     finally:
-        streaming.PREFILL_TOKENS = chunk
+        streamers.PREFILL_TOKENS = chunk
 
     print(f"{args.model}: {ids.numel()} tokens, {torch.get_num_threads()} threads")
     print(f"{'config':>8} {'batched ppl':>12} {'one-at-a-time ppl':>18}")

@@ -1,23 +1,12 @@
 """`make gpu-check`: every GPU path a user takes, run for real on one GPU, in one table.
 
-    python benchmarks/gpu_check.py                      # the matrix below, on CUDA (under 9 minutes on an H100)
+    python benchmarks/gpu_check.py                      # the matrix (gpu_check_cases.py), on CUDA
     python benchmarks/gpu_check.py --cases 60m-zero2,preempt
     python benchmarks/gpu_check.py --device cpu         # the harness on toy cases (tests run it so)
 
-The GPU matrix: paper-60m.yaml as shipped (DeepSpeed ZeRO-2, bf16, compiled) and without
-compile, on one device without DeepSpeed (the reference of the 0.95x speed goal), under ZeRO-1,
-ZeRO-3 and FSDP2; gpu-small.yaml (C = 512, the gpu scale of the paper studies) with softmax,
-sigmoid without normalisation (the fused Triton tiles), the elu+1 kernel and softpick; the 1B
-shape (TinyLlama's) under ZeRO-2, compiled; a run stopped by SIGUSR1 a third of the way (a
-checkpoint at the next step boundary) and resumed with --resume auto; `sinklab analyze` and `sinklab stream-ppl` on CUDA of
-a checkpoint the matrix wrote. Data: the embedded corpus packed at C = 2048 and 512 (prepared
-once, seconds).
-
-Each case is judged by what a user would check: exit status, the final checkpoint, train/loss
-finite and present at every step it is due (trainer.log_every_n_steps, pipeline.train.summary
-.health_problems), the analysis outputs. tokens/s and MFU are the run's perf/* metrics (median
-of its windows after the first, which holds compilation), peak memory its perf/max_memory_gib.
-The table ends the output; the exit status is 1 if any case failed, 0 otherwise.
+A case is judged as a user would: exit status, the final checkpoint, train/loss finite and
+present at every step it is due, the analysis outputs. tokens/s and MFU are the median of the
+run's perf/* windows after the first (which holds compilation). Exit 1 if any case failed.
 """
 
 from __future__ import annotations
@@ -37,149 +26,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from gpu_check_cases import CONTEXT, DATA, Case, cpu_cases, gpu_cases  # noqa: E402
 
 from pipeline import metric_names as N  # noqa: E402
 from pipeline.train.summary import health_problems, metric_rows  # noqa: E402
 
 SINKLAB = [sys.executable, "-m", "pipeline.cli"]
-DATA = {
-    "c2048": REPO / "data" / "embedded-c2048",
-    "c512": REPO / "data" / "embedded-c512",
-    "cpu": REPO / "data" / "embedded-c64",
-}
-CONTEXT = {"c2048": 2048, "c512": 512, "cpu": 64}
-
-
-@dataclass(frozen=True)
-class Case:
-    """kind: fit, preempt (SIGUSR1 a third of the way, then --resume auto),
-    analyze or stream-ppl (of the final checkpoint of case ``reads``). args: the command's own
-    (for fits: recipe, data and overrides). log_every: the recipe's trainer.log_every_n_steps."""
-
-    name: str
-    kind: str
-    args: tuple[str, ...]
-    steps: int = 0
-    data: str = "c2048"
-    log_every: int = 10
-    reads: str = ""
-
-
-def fit_case(
-    name: str,
-    recipe: str,
-    data: str,
-    steps: int,
-    *overrides: str,
-    kind: str = "fit",
-    log_every: int = 10,
-    window: int = 10,
-) -> Case:
-    common = (
-        "--config",
-        f"configs/recipes/{recipe}.yaml",
-        "--trainer.max_steps",
-        str(steps),
-        "--trainer.log_every_n_steps",
-        str(log_every),
-        "--run.experiment",
-        "gpu-check",
-        "--run.name",
-        name,
-        "--run.log_model",
-        "false",
-        "--run.system_metrics",
-        "false",
-        "--run.sink_every",
-        "0",
-        "--run.val_every",
-        "0",
-        "--run.throughput_window",
-        str(window),
-        "--run.checkpoint_every",
-        str(steps // 2 if kind == "preempt" else 0),
-        "--model.optim.warmup_steps",
-        "5",
-    )
-    return Case(name, kind, common + overrides, steps, data, log_every)
-
-
-def zero(stage: int) -> tuple[str, ...]:
-    return ("--trainer.strategy.init_args.config", f"configs/deepspeed/zero{stage}.json")
-
-
-SIGMOID = ("--arch.attention.op", "sigmoid", "--arch.attention.normalizer", "none")
-ELU1_KERNEL = ("--arch.attention.op", "kernel", "--arch.attention.kernel", "elu1")
-SOFTPICK = ("--arch.attention.op", "softpick")
-EAGER = ("--model.compile", "false")
-
-
-def gpu_cases() -> list[Case]:
-    p60 = ("--data.global_batch_tokens", "32768", "--data.micro_batch_size", "16", "--trainer.devices", "1")
-    return [
-        fit_case("60m-zero2", "paper-60m", "c2048", 60, *p60),
-        fit_case("60m-zero2-eager", "paper-60m", "c2048", 60, *p60, *EAGER),
-        fit_case("60m-single", "paper-60m", "c2048", 60, *p60, "--trainer.strategy", "auto"),
-        fit_case("60m-zero1", "paper-60m", "c2048", 40, *p60, *zero(1)),
-        fit_case("60m-zero3", "paper-60m", "c2048", 40, *p60, *zero(3)),
-        fit_case("60m-fsdp2", "paper-60m", "c2048", 40, *p60, "--trainer.strategy", "fsdp2"),
-        fit_case("small-softmax", "gpu-small", "c512", 60),
-        fit_case("small-sigmoid", "gpu-small", "c512", 60, *SIGMOID),
-        fit_case("small-elu1-kernel", "gpu-small", "c512", 60, *ELU1_KERNEL),
-        fit_case("small-softpick", "gpu-small", "c512", 60, *SOFTPICK),
-        fit_case(
-            "1b-zero2",
-            "paper-60m",
-            "c2048",
-            20,
-            "--data.global_batch_tokens",
-            "16384",
-            "--data.micro_batch_size",
-            "8",
-            "--trainer.devices",
-            "1",
-            "--arch.preset",
-            "llama-1b",
-            window=5,
-        ),
-        fit_case("preempt", "paper-60m", "c2048", 60, *p60, kind="preempt"),
-        Case("analyze", "analyze", ("-n", "20", "--no-plots", "--device", "cuda"), reads="60m-single"),
-        Case(
-            "stream-ppl",
-            "stream-ppl",
-            ("--max-tokens", "2048", "--cache", "0+512", "--cache", "4+508", "--device", "cuda"),
-            reads="60m-single",
-        ),
-    ]
-
-
-def cpu_cases(context: int = CONTEXT["cpu"]) -> list[Case]:
-    """Toy stand-ins on the cpu-tiny recipe (a 2-layer d=32 model, 8 sequences a step), for the
-    harness itself."""
-    tiny = ("--trainer.accelerator", "cpu", "--data.global_batch_tokens", str(8 * context))
-    two = ("--trainer.devices", "2", "--data.micro_batch_size", "2")
-    return [
-        fit_case("softmax", "cpu-tiny", "cpu", 8, *tiny, log_every=2, window=2),
-        fit_case("sigmoid", "cpu-tiny", "cpu", 8, *tiny, *SIGMOID, log_every=2, window=2),
-        fit_case("elu1-kernel", "cpu-tiny", "cpu", 8, *tiny, *ELU1_KERNEL, log_every=2, window=2),
-        fit_case("softpick", "cpu-tiny", "cpu", 8, *tiny, *SOFTPICK, log_every=2, window=2),
-        fit_case("compiled", "cpu-tiny", "cpu", 8, *tiny, "--model.compile", "true", log_every=2, window=2),
-        fit_case(
-            "zero2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "deepspeed_stage_2", log_every=2, window=2
-        ),
-        fit_case("fsdp2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "fsdp2", log_every=2, window=2),
-        fit_case("preempt", "cpu-tiny", "cpu", 60, *tiny, kind="preempt", log_every=2, window=2),
-        Case(
-            "analyze", "analyze", ("-n", "8", "-T", "12", "--no-plots", "--device", "cpu"), data="cpu", reads="softmax"
-        ),
-        Case(
-            "stream-ppl",
-            "stream-ppl",
-            ("--max-tokens", "256", "--cache", "2+30", "--device", "cpu"),
-            data="cpu",
-            reads="softmax",
-        ),
-    ]
 
 
 @dataclass

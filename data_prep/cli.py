@@ -15,8 +15,9 @@ import shlex
 import sys
 
 from data_prep.embedded import build_raw
-from data_prep.errors import DataPrepError, os_error_line
-from data_prep.prepare import STAGING, PrepConfig, PrepResult, claim_output_dir, default_workers, prepare
+from data_prep.errors import DataPrepError
+from data_prep.invocation import run_into
+from data_prep.prepare import PrepConfig, PrepResult, default_workers, prepare
 from data_prep.readers import FORMATS, TEXT_UNITS, ReaderOptions
 from data_prep.synthetic_bb import BBConfig, prepare_bb
 
@@ -191,14 +192,10 @@ def bb_main(argv: list[str]) -> int:
         seed=args.seed,
         command=shlex.join(["sinklab", "prep", *argv]),
     )
-    created = False
-    try:
-        created = claim_output_dir(args.out)
-        manifest, reused = prepare_bb(cfg)
-    except DataPrepError as exc:
-        _drop_if_empty(args.out, created)
-        print(f"sinklab prep: error: {exc}", file=sys.stderr)
-        return 2
+    status, found = run_into(args.out, lambda: prepare_bb(cfg), resumable=False)
+    if found is None:
+        return status
+    manifest, reused = found
     bb = manifest["synthetic"]
     print(
         f"dataset    {args.out}  hash {manifest['hash'][:16]}"
@@ -312,11 +309,6 @@ def summary(result: PrepResult) -> str:
     return "\n".join(lines)
 
 
-def _drop_if_empty(out: str, created: bool) -> None:
-    if created and os.path.isdir(out) and not os.listdir(out):
-        os.rmdir(out)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bb":
@@ -324,27 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     embedded = bool(argv) and argv[0] == "embedded"
     parser = build_embedded_parser() if embedded else build_parser()
     args = parser.parse_args(argv[1:] if embedded else argv)
-    created = False
-    try:
-        created = claim_output_dir(args.out)
-        cfg = embedded_config(args, argv) if embedded else config_from_args(args, argv)
-        result = prepare(cfg)
-    except DataPrepError as exc:
-        _drop_if_empty(args.out, created)
-        print(f"sinklab prep: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a full disk, a file-size limit, no permission: finished chunks are kept
-        _drop_if_empty(args.out, created)
-        print(f"sinklab prep: error: {os_error_line(exc, writing=args.out)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        _drop_if_empty(args.out, created)
-        print(
-            f"sinklab prep: interrupted; run the same command again to resume from the chunks already "
-            f"finished (kept in {os.path.join(args.out, STAGING)})",
-            file=sys.stderr,
-        )
-        return 130
+
+    def work() -> PrepResult:
+        return prepare(embedded_config(args, argv) if embedded else config_from_args(args, argv))
+
+    status, result = run_into(args.out, work, resumable=True)
+    if result is None:
+        return status
     for warning in result.warnings:
         print(f"sinklab prep: warning: {warning}", file=sys.stderr)
     print(summary(result))

@@ -3,7 +3,7 @@
 Work happens in `<out>/.partial/` (tokenizer, shards, one done marker per chunk); the final
 files are linked into `<out>` and `manifest.json` is written last, so `<out>` holds either a
 finished dataset or nothing of one. An interrupted run resumes from the markers and yields
-the same bytes; a run that fails on bad input removes its partial work.
+the same bytes; a run that fails removes what it added (what an earlier run staged is kept).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from data_prep.readers import ByteCounter, ReaderOptions, expand_inputs
 from data_prep.runner import ChunkRunner
 from data_prep.tokenizer import LoadedTokenizer, load_tokenizer, token_dtype, train_bpe, trained_tokenizer
 from sinklab_io.atomic import atomic_write
+from sinklab_io.outputs import Additions
 
 STAGING = ".partial"
 
@@ -268,7 +269,7 @@ class Preparation:
         existing = self.check_output_dir()
         if existing is not None:
             return PrepResult(self.out, existing, True, time.perf_counter() - start)
-        created_out = not self.out.exists()
+        additions = Additions(self.out)
         try:
             for sub in ("shards", "done"):
                 (self.staging / sub).mkdir(parents=True, exist_ok=True)
@@ -278,10 +279,8 @@ class Preparation:
             used, tokenized, resumed = self._pack_all(tok, dtype)
             self._check_domains(used)
             manifest = finalize(self, tok, dtype, used)
-        except DataPrepError:
-            shutil.rmtree(self.staging, ignore_errors=True)
-            if created_out and self.out.is_dir() and not any(self.out.iterdir()):
-                self.out.rmdir()
+        except Exception:  # an interruption keeps the finished chunks to resume from
+            additions.remove()
             raise
         return PrepResult(self.out, manifest, False, time.perf_counter() - start, tokenized, resumed, self.warnings)
 

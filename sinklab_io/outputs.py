@@ -11,7 +11,8 @@
 What SinkLab wrote is recorded in a marker file (``.sinklab-output.json``) in the directory that
 holds it. Every write goes through :func:`output_path` / :func:`write_output` (whole or not at all,
 ``sinklab_io.atomic``); a command calls :func:`claim` first with the names it will write, so that a
-refusal comes before any work and leaves nothing written.
+refusal comes before any work and leaves nothing written. A command that fills a folder in place
+takes its :class:`Additions` first, so that a failure removes what it added and nothing else.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .atomic import atomic_path, atomic_write
+from .atomic import atomic_path, atomic_write, remove
 
 MARKER = ".sinklab-output.json"  # {"files": {name: {"by": command, "size": n, "sha256": h}}}
 HASHED = 64 << 20  # larger files (checkpoints) are told by size and modification time instead of a hash
@@ -179,3 +180,45 @@ def atomic_directory(out_dir: str | os.PathLike, kind: str) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _entries(directory: Path) -> set[Path]:
+    found = set()
+    for root, dirs, files in os.walk(directory):
+        found.update(Path(root, name).relative_to(directory) for name in dirs + files)
+    return found
+
+
+class Additions:
+    """What one command adds under ``out`` from now on, to remove when the command fails: the
+    highest folder it creates (``out`` or an ancestor) as a whole, else each new entry in ``out``;
+    what stood there before is never touched."""
+
+    def __init__(self, out: str | os.PathLike):
+        self.out = Path(out)
+        top = self.out.absolute()
+        while not top.parent.exists() and top.parent != top:
+            top = top.parent
+        self.created = None if os.path.lexists(self.out) else top
+        self.before = _entries(self.out) if self.created is None and self.out.is_dir() else set()
+
+    def new(self) -> list[Path]:
+        """The added entries, outermost only (a new folder stands for what it holds)."""
+        if self.created is not None:
+            return [self.created] if os.path.lexists(self.created) else []
+        added = []
+        for root, dirs, files in os.walk(self.out):
+            here = Path(root).relative_to(self.out)
+            added += [Path(root, name) for name in files if here / name not in self.before]
+            for name in [name for name in dirs if here / name not in self.before]:
+                added.append(Path(root, name))
+                dirs.remove(name)
+        return added
+
+    def remove(self) -> str:
+        """Remove the additions; what was done, as a clause for an error line."""
+        for path in self.new():
+            remove(path)
+        if self.created is not None:
+            return f"removed {self.created}, which this run had created"
+        return f"removed what this run had written in {self.out}; what was there before is kept"

@@ -33,7 +33,8 @@ from pipeline import metric_names as N
 from pipeline import plots
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, natural_windows, read_text
 from pipeline.analysis.passkey import DEFAULT_DEPTHS, accuracy, build_trial, make_trials, parse_depths, run_trials
-from pipeline.analysis.streaming import CacheSpec, bos_id, group_by_capacity, parse_caches, streamer_for
+from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
+from pipeline.analysis.streaming import bos_id, parse_caches
 from sinklab_io.atomic import atomic_write
 
 FULL = "full"

@@ -26,15 +26,8 @@ from pathlib import Path
 import torch
 
 from pipeline import metric_names as N
-from pipeline.analysis.streaming import (
-    CacheSpec,
-    Streamer,
-    bos_id,
-    check_positions,
-    group_by_capacity,
-    parse_caches,
-    streamer_for,
-)
+from pipeline.analysis.streamers import CacheSpec, Streamer, group_by_capacity, streamer_for
+from pipeline.analysis.streaming import bos_id, check_positions, parse_caches
 from pipeline.plots import passkey_heatmap
 from sinklab_io.outputs import NotOurs, claim, write_output
 

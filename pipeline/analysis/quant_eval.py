@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
-from pipeline.analysis.streaming import perplexity
+from pipeline.analysis.streamers import perplexity
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
 from sinklab_io.outputs import NotOurs, claim, write_output
 

@@ -1,225 +1,26 @@
 """`sinklab stream-ppl`: streaming perplexity with an ``x + y`` KV cache (seed 000, Table 10).
 
-A long text is fed through the cache: one token at a time once it is full (in chunks while it
-fills, which evicts nothing). The cache keeps the first ``x`` entries and the most recent ones,
-so that the cached entries plus the incoming token never exceed ``x + y``. Keys are held
-before the rotary rotation and re-rotated by their index inside the cache, so after evictions
-positions stay contiguous (StreamingLLM). Learnable sink tokens of a SinkLab model are the
-first cached entries (``x`` counts them).
-
-SinkLab checkpoints use ``pipeline.model.StreamingCache``; Hugging Face models with rotary
-positions (llama family, e.g. SmolLM2; Gemma-3) use :class:`HFRotaryStreamer`, which drives the
-HF model with a ``DynamicCache`` rebuilt from the kept pre-rotary keys at every step.
-Configs that share x + y (the defaults all hold 1024 entries) stream as the rows of one batch:
-one forward per step for all of them.
+A long text is fed through the cache (``streamers``): one token at a time once it is full, in
+chunks while it fills. Configs that share x + y stream as the rows of one batch.
 """
 
 from __future__ import annotations
 
-import abc
 import argparse
-import inspect
 import json
-import math
-import re
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from pipeline import metric_names as N
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
-from pipeline.model.cache import eviction_index, gather_entries
+from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity, streamer_for
 from sinklab_io.outputs import NotOurs, claim_file, write_output
 
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
-PREFILL_TOKENS = 2048  # rows x tokens per forward while the cache fills: bounds the logits' memory
-
-
-@dataclass(frozen=True)
-class CacheSpec:
-    n_initial: int
-    n_recent: int
-
-    @classmethod
-    def parse(cls, text: str) -> CacheSpec:
-        m = re.fullmatch(r"\s*(\d+)\s*\+\s*(\d+)\s*", text)
-        if not m or int(m.group(2)) < 1:
-            raise ValueError(f"cache config {text!r}: expected x+y with x >= 0 and y >= 1, e.g. 4+1020")
-        return cls(int(m.group(1)), int(m.group(2)))
-
-    def __str__(self) -> str:
-        return f"{self.n_initial}+{self.n_recent}"
-
-
-def _progress(total: int, label: str):
-    """A token counter on a terminal's stderr, silent elsewhere."""
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=label, unit="tok", leave=False, disable=not sys.stderr.isatty())
-
-
-class Streamer(abc.ABC):
-    """Decoding through one x + y cache per batch row (`stream-ppl`, `passkey`)."""
-
-    sink_tokens = 0  # learnable sink tokens: the first cache entries, counted in x
-
-    @abc.abstractmethod
-    def stream(self, specs: Sequence[CacheSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
-        """A fresh stream: ``feed(tokens [rows, n]) -> logits [rows, n, V]``, one row per config
-        (all must share x + y); each call appends the n tokens of each row to that row's cache,
-        evicting first what they need (so n > 1 only matches feeding them one at a time while
-        nothing is evicted: :meth:`read` keeps to that)."""
-
-    def read(
-        self, feed, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = ""
-    ) -> Iterator[tuple[int, torch.Tensor]]:
-        """Feed ids [rows, T] through a stream of the configs ``specs`` (one x + y); yield (t, logits
-        of tokens t..t+n-1). Until the cache is full nothing is evicted, so those tokens go in chunks (one
-        forward each, the same result as one by one); from then on, one token at a time."""
-        rows, total = ids.shape
-        fill = min(total, _batch_shape(specs)[1] - self.sink_tokens)
-        chunk = max(1, PREFILL_TOKENS // rows)
-        t = 0
-        with _progress(total, label or " ".join(map(str, specs))) as bar:
-            while t < total:
-                n = min(chunk, fill - t) if t < fill else 1
-                yield t, feed(ids[:, t : t + n])
-                bar.update(n)
-                t += n
-
-    @torch.no_grad()
-    def nll(self, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = "") -> torch.Tensor:
-        """[len(specs), len(ids) - 1]: the NLL of ids[1:] under each cache config, one batch row
-        per config (all must share x + y)."""
-        rows, targets = len(specs), ids[1:]
-        out_nll = torch.empty(rows, ids.numel() - 1)
-        for t, logits in self.read(self.stream(specs), ids[:-1].expand(rows, -1), specs, label):
-            n = logits.shape[1]
-            picked = F.log_softmax(logits.float(), dim=-1).gather(-1, targets[t : t + n].expand(rows, n)[..., None])
-            out_nll[:, t : t + n] = -picked[..., 0]
-        return out_nll
-
-
-class HFRotaryStreamer(Streamer):
-    """Streaming for a HF decoder with one rotary module ``model.rotary_emb`` (llama family; also
-    Gemma-3, whose module serves each layer type its own frequencies): a ``DynamicCache`` is
-    rebuilt from the kept pre-rotary keys at every step."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        base = getattr(model, "model", None)
-        self.rotary = getattr(base, "rotary_emb", None)
-        modeling = sys.modules[type(model).__module__]
-        self.apply_rotary = getattr(modeling, "apply_rotary_pos_emb", None)
-        if self.rotary is None or self.apply_rotary is None or hasattr(base, "rotary_emb_local"):
-            raise ValueError(
-                f"{type(model).__name__}: streaming needs one rotary module "
-                "(llama-style model.rotary_emb); this model has none"
-            )
-        # rotary modules of models with several layer types take the layer's type (Gemma-3)
-        per_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
-        self.layer_types = model.config.get_text_config().layer_types if per_type else None
-        # transformers 5.x renamed forward's past_key_values to cache (the old name warns)
-        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-    def _rotate(self, k: torch.Tensor, positions: torch.Tensor, layer: int, inverse: bool = False) -> torch.Tensor:
-        by_type = (self.layer_types[layer],) if self.layer_types else ()
-        cos, sin = self.rotary(k, positions[None], *by_type)
-        return self.apply_rotary(k, k, cos, -sin if inverse else sin)[1]
-
-    def stream(self, specs: Sequence[CacheSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
-        from transformers import DynamicCache
-
-        n_initial, capacity = _batch_shape(specs)
-        keys: list[torch.Tensor] = []  # per layer, pre-rotary [rows, Hkv, n, dh]
-        values: list[torch.Tensor] = []
-
-        @torch.no_grad()
-        def feed(tokens: torch.Tensor) -> torch.Tensor:
-            nonlocal keys, values
-            rows, n_new = tokens.shape
-            index = eviction_index(keys[0].shape[2] if keys else 0, n_new, n_initial, capacity)
-            if index is not None:
-                keys = [gather_entries(k, index) for k in keys]
-                values = [gather_entries(v, index) for v in values]
-            n = keys[0].shape[2] if keys else 0
-            pos = torch.arange(n, device=tokens.device)
-            cache = (
-                DynamicCache(
-                    ddp_cache_data=[(self._rotate(k, pos, i), v) for i, (k, v) in enumerate(zip(keys, values))]
-                )
-                if n
-                else DynamicCache()
-            )
-            new_pos = torch.arange(n, n + n_new, device=tokens.device)
-            logits = self.model(
-                input_ids=tokens, position_ids=new_pos.expand(rows, -1), use_cache=True, **{self.cache_arg: cache}
-            ).logits
-            new = [
-                (self._rotate(layer.keys[:, :, -n_new:], new_pos, i, inverse=True), layer.values[:, :, -n_new:])
-                for i, layer in enumerate(cache.layers)
-            ]
-            keys = [torch.cat((k, nk), 2) for k, (nk, _) in zip(keys, new)] if keys else [nk for nk, _ in new]
-            values = [torch.cat((v, nv), 2) for v, (_, nv) in zip(values, new)] if values else [nv for _, nv in new]
-            return logits
-
-        return feed
-
-    @torch.no_grad()
-    def full_nll(self, ids: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids=ids[None], use_cache=False).logits[0, :-1]
-        return F.cross_entropy(logits.float(), ids[1:], reduction="none")
-
-
-class SinkLabStreamer(Streamer):
-    """Streaming for a SinkLab ``Transformer`` through its ``StreamingCache``."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.sink_tokens = model.config.sink_tokens
-
-    def stream(self, specs: Sequence[CacheSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
-        from pipeline.model import StreamingCache
-
-        _batch_shape(specs)
-        cache = StreamingCache(
-            self.model.config, n_initial=[s.n_initial for s in specs], n_recent=[s.n_recent for s in specs]
-        )
-
-        @torch.no_grad()
-        def feed(tokens: torch.Tensor) -> torch.Tensor:
-            return self.model(tokens, cache=cache).logits
-
-        return feed
-
-    @torch.no_grad()
-    def full_nll(self, ids: torch.Tensor) -> torch.Tensor:
-        logits = self.model(ids[None]).logits[0, :-1]
-        return F.cross_entropy(logits.float(), ids[1:], reduction="none")
-
-
-def _batch_shape(specs: Sequence[CacheSpec]) -> tuple[list[int], int]:
-    capacities = {s.n_initial + s.n_recent for s in specs}
-    if len(capacities) != 1:
-        raise ValueError(f"cache configs {[str(s) for s in specs]}: one batch needs one x+y; use group_by_capacity")
-    return [s.n_initial for s in specs], capacities.pop()
-
-
-def group_by_capacity(specs: Sequence[CacheSpec]) -> list[list[CacheSpec]]:
-    """Configs that share x + y stream together as the rows of one batch (duplicates dropped)."""
-    groups: dict[int, list[CacheSpec]] = {}
-    for spec in dict.fromkeys(specs):
-        groups.setdefault(spec.n_initial + spec.n_recent, []).append(spec)
-    return list(groups.values())
-
-
-def perplexity(nll: torch.Tensor) -> float:
-    return math.exp(nll.double().mean().item())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,10 +71,6 @@ def check_positions(subject, caches: dict[CacheSpec, str], hint: str) -> None:
                 f"sinklab {subject.command}: {option}: needs {spec.n_initial + spec.n_recent} positions, "
                 f"{subject.spec} handles at most {limit}; {hint}"
             )
-
-
-def streamer_for(subject) -> Streamer:
-    return SinkLabStreamer(subject.model) if subject.kind == "sinklab" else HFRotaryStreamer(subject.model)
 
 
 def bos_id(subject, mode: str) -> int | None:

@@ -254,6 +254,14 @@ class TiledAttention(torch.autograd.Function):
         return (*grads, None, None)
 
 
+def refuse_learned_bias(caller: str, bias: Tensor) -> None:
+    """Tiles take fixed positional biases only; a learned one (T5's) takes the eager path."""
+    if bias.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            f"{caller}: score_bias needs gradients (a learned bias such as T5's); use the eager attention path for it"
+        )
+
+
 def tiled_attention(
     q: Tensor,
     k: Tensor,
@@ -269,13 +277,9 @@ def tiled_attention(
     not need gradients."""
     if (slot_k is None) != (slot_v is None):
         raise ValueError("tiled_attention: pass slot_k and slot_v together")
-    if score_bias is not None:
+    if score_bias is not None and torch.is_grad_enabled():
         probe = torch.zeros(1, dtype=torch.long, device=q.device)
-        if torch.is_grad_enabled() and score_bias(probe, probe).requires_grad:
-            raise ValueError(
-                "tiled_attention: score_bias needs gradients (a learned bias such as T5's); "
-                "use the eager attention path for it"
-            )
+        refuse_learned_bias("tiled_attention", score_bias(probe, probe))
     if spec.mask.kind == "sliding" and spec.mask.window < 1:
         raise ValueError(f"tiled_attention: mask sliding needs window >= 1, got {spec.mask.window}")
     return TiledAttention.apply(q, k, v, slot_k, slot_v, score_bias, spec)

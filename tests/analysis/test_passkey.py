@@ -10,7 +10,7 @@ from analysis_helpers import micro_model
 
 from pipeline.analysis import passkey
 from pipeline.analysis.passkey import Trial, build_trial, key_cached
-from pipeline.analysis.streaming import CacheSpec, HFRotaryStreamer, SinkLabStreamer
+from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer
 
 
 def test_build_trial_puts_the_key_at_its_depth_in_prompts_of_one_length(hf_tokenizer):

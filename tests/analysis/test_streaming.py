@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from analysis_helpers import HAMLET, micro_model
 
-from pipeline.analysis import streaming
-from pipeline.analysis.streaming import CacheSpec, HFRotaryStreamer, SinkLabStreamer, perplexity
+from pipeline.analysis import streamers, streaming
+from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer, perplexity
 
 
 def kept_indices(t, spec, extra_initial=0):
@@ -135,7 +135,7 @@ def test_filling_the_cache_in_chunks_equals_one_token_at_a_time(tiny_llama, monk
         ids_ = ids % 64 if isinstance(streamer, SinkLabStreamer) else ids
         results = []
         for rows_x_tokens in (2048, 14, 1):  # the whole fill in one forward, chunks of 7, one token each
-            monkeypatch.setattr(streaming, "PREFILL_TOKENS", rows_x_tokens)
+            monkeypatch.setattr(streamers, "PREFILL_TOKENS", rows_x_tokens)
             results.append(streamer.nll(ids_, specs))
         torch.testing.assert_close(results[0], results[2], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(results[1], results[2], atol=1e-5, rtol=1e-5)
@@ -143,7 +143,7 @@ def test_filling_the_cache_in_chunks_equals_one_token_at_a_time(tiny_llama, monk
 
 def test_group_by_capacity():
     a, b, c = CacheSpec(0, 8), CacheSpec(1, 7), CacheSpec(2, 4)
-    assert streaming.group_by_capacity([a, c, b, a]) == [[a, b], [c]]
+    assert streamers.group_by_capacity([a, c, b, a]) == [[a, b], [c]]
     with pytest.raises(ValueError, match="one x\\+y"):
         SinkLabStreamer(micro_model()).nll(torch.arange(5), [a, c])
 
@@ -221,13 +221,13 @@ def test_gemma3_layers_re_rotate_with_their_own_frequencies(layer_type):
 
 
 def test_gemma3_streams_with_its_bos_first(tmp_path, monkeypatch):
-    monkeypatch.setattr(streaming, "PREFILL_TOKENS", 1)  # every cached key re-rotated at every step
+    monkeypatch.setattr(streamers, "PREFILL_TOKENS", 1)  # every cached key re-rotated at every step
     args = streaming.build_parser().parse_args(["gemma3-270m"])
     streamer, ids, subject = streaming.load_subject(args)
     assert ids[0] == subject.tokenizer.bos_token_id  # Gemma's tokenizer starts with BOS, and --bos auto follows it
     ids = torch.tensor(ids[:32])
-    streamed = streaming.perplexity(streamer.nll(ids, [CacheSpec(0, 32)])[0])  # nothing evicted
-    assert streamed == pytest.approx(streaming.perplexity(streamer.full_nll(ids)), rel=1e-4)
+    streamed = perplexity(streamer.nll(ids, [CacheSpec(0, 32)])[0])  # nothing evicted
+    assert streamed == pytest.approx(perplexity(streamer.full_nll(ids)), rel=1e-4)
 
 
 def test_bos_option(tiny_llama_dir, tmp_path):

@@ -104,7 +104,8 @@ def test_forced_uint16_with_a_large_vocabulary_is_refused(tmp_path, capsys):
     line = error_of(capsys, prep(["--input", str(data), "--out", str(out), "--dtype", "uint16"], tmp_path / "big.json"))
     assert (
         line
-        == "sinklab prep: error: --dtype uint16 holds ids below 65536 but the tokenizer has 70002 ids; use --dtype uint32 or leave --dtype out"
+        == "sinklab prep: error: --dtype uint16 holds ids below 65536 but the tokenizer has 70002 ids; use --dtype uint32 "
+        f"or leave --dtype out; removed {out}, which this run had created"
     )
     assert not out.exists()
 
@@ -301,9 +302,9 @@ def test_a_vocabulary_larger_than_the_corpus_supports_is_a_warning(tmp_path, cap
     ]
 
 
-def test_a_file_size_limit_is_one_line_and_the_rerun_resumes(tmp_path, corpus, tokenizer_file):
-    """EFBIG (or a full disk) while shards are written: one line naming the file, exit 2; the run
-    without the limit finishes from what was kept."""
+def test_a_file_size_limit_is_one_line_leaves_nothing_and_the_rerun_finishes(tmp_path, corpus, tokenizer_file):
+    """EFBIG (or a full disk) while shards are written: one line naming the folder, exit 2, the
+    folder this run created removed; the run without the limit finishes."""
     import resource
     import subprocess
     import sys
@@ -321,6 +322,69 @@ def test_a_file_size_limit_is_one_line_and_the_rerun_resumes(tmp_path, corpus, t
     )
     err = limited.stderr.strip().splitlines()
     assert limited.returncode == 2 and len(err) == 1, limited.stderr
-    assert str(out) in err[0] and "File too large" in err[0] and "ulimit -f" in err[0]
+    assert f"writing {out}: File too large" in err[0] and "ulimit -f" in err[0], err[0]
+    assert f"removed {out}, which this run had created" in err[0] and not out.exists()
     assert subprocess.run(argv, capture_output=True, text=True).returncode == 0
     assert load_manifest(out).splits["train"].tokens > 0
+
+
+def test_a_full_disk_removes_what_this_run_wrote_and_nothing_else(
+    tmp_path, capsys, monkeypatch, corpus, tokenizer_file
+):
+    """Issue 35: a prep that hit a full disk left its half-written dataset folder. A failure removes
+    what that invocation added: a folder it created (with its new parents), or the new entries of a
+    folder that stood before; what an interrupted run staged there is kept, and resumed from."""
+    import errno
+    import os
+
+    from data_prep.runner import ChunkRunner
+
+    consume = ChunkRunner._consume
+
+    def fail_after(n: int, exc: BaseException) -> None:
+        calls = []
+
+        def patched(self, chunk, result):
+            calls.append(chunk)
+            if len(calls) > n:
+                raise exc
+            return consume(self, chunk, result)
+
+        monkeypatch.setattr(ChunkRunner, "_consume", patched)
+
+    def full(out):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / ".partial" / "shards" / "x.bin"))
+
+    def files(folder):
+        return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+    def argv(out):
+        inputs = ["--input", str(corpus["train"]), "--val-input", str(corpus["val"])]
+        return prep([*inputs, "--chunk-chars", "4k", "--out", str(out)], tokenizer_file)
+
+    new = tmp_path / "new" / "ds"
+    fail_after(1, full(new))
+    line = error_of(capsys, argv(new))
+    assert line.startswith(f"sinklab prep: error: writing {new}: No space left on device (the disk is full"), line
+    assert line.endswith(f"; removed {tmp_path / 'new'}, which this run had created")
+    assert not (tmp_path / "new").exists()
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    error_of(capsys, argv(empty))
+    assert list(empty.iterdir()) == []
+
+    out = tmp_path / "ds"
+    fail_after(1, KeyboardInterrupt())
+    assert main(argv(out)) == 130
+    assert "interrupted; run the same command again to resume" in capsys.readouterr().err
+    staged = files(out)
+    done = sum(p.parts[:2] == (".partial", "done") for p in staged)
+    assert done >= 1
+    fail_after(3, full(out))
+    line = error_of(capsys, argv(out))
+    assert line.endswith(f"; removed what this run had written in {out}; what was there before is kept"), line
+    assert files(out) == staged
+    monkeypatch.setattr(ChunkRunner, "_consume", consume)
+    assert main(argv(out)) == 0
+    assert f"resumed {done})" in capsys.readouterr().out and load_manifest(out).splits["train"].tokens > 0

@@ -143,3 +143,28 @@ def test_prep_bb_bad_settings_one_line_and_nothing_left(tmp_path, capsys, args, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sinklab prep: error: ") and message in err[0]
     assert not out.exists()
+
+
+def test_prep_bb_on_a_full_disk_one_line_and_nothing_left(tmp_path, capsys, monkeypatch):
+    """Issue 35: a write error was a traceback that left `.partial` behind."""
+    import errno
+    import os
+
+    import data_prep.synthetic_bb as bb
+
+    write = bb.atomic_write
+
+    def full_at_the_probe(path, data):
+        if str(path).endswith("probe.bin"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return write(path, data)
+
+    monkeypatch.setattr(bb, "atomic_write", full_at_the_probe)
+    out = tmp_path / "bb"
+    assert main(["bb", "--out", str(out), "--sequences", "10"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"sinklab prep: error: writing {out}: No space left on device (the disk is full: free space or write "
+        f"elsewhere); removed {out}, which this run had created"
+    ]
+    assert not out.exists()

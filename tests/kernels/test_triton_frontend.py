@@ -36,6 +36,7 @@ def _cases():
     """Every kernel x similarity x mask x positional bias x input dtype."""
     import torch
 
+    from pipeline.kernels import triton_kernels as tk
     from pipeline.kernels import triton_tiles as tt
     from pipeline.kernels.tiled import MaskSpec, TileSpec
 
@@ -54,9 +55,9 @@ def _cases():
                     spec = TileSpec(similarity=similarity, scale=D**-0.5, mask=MaskSpec(mask, window=4, prefix=3))
                     scalars, meta = tt._launch_args(q, k, v, bias, spec, (64, 64))
                     pointers = {
-                        tt._forward: (q, k, v, bias, rows_acc, row_sum),
-                        tt._backward_kv: (q, k, v, bias, rows_acc, row_sum, rows, rows),
-                        tt._backward_q: (q, k, v, bias, rows_acc, row_sum, rows),
+                        tk.forward: (q, k, v, bias, rows_acc, row_sum),
+                        tk.backward_kv: (q, k, v, bias, rows_acc, row_sum, rows, rows),
+                        tk.backward_q: (q, k, v, bias, rows_acc, row_sum, rows),
                     }
                     for kernel, tensors in pointers.items():
                         yield (
