@@ -35,9 +35,11 @@ from pipeline.analysis.inputs import default_text, encode, held_out_stream, natu
 from pipeline.analysis.passkey import DEFAULT_DEPTHS, accuracy, build_trial, make_trials, parse_depths, run_trials
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import bos_id, parse_caches
-from sinklab_io.atomic import atomic_write
+from sinklab_io.outputs import NotOurs, claim, write_output
 
 FULL = "full"
+BY = "sinklab length-eval"
+OUTPUTS = ("length.md", "length.json", "length.png")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(names)) != len(names):
         raise refuse(f"two models share the name {[n for n in names if names.count(n) > 1][0]!r}; copy one aside")
     out = args.out or Path("analysis") / "length" / names[0]
+    try:
+        claim(out, OUTPUTS)
+    except NotOurs as error:
+        raise refuse(str(error)) from None
     results, subjects = {}, {}
     for spec, name in zip(args.models, names):
         tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
@@ -278,16 +284,14 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = evaluate(subjects[name], args, factors)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(results)
-    atomic_write(out / "length.md", table + "\n")
-    atomic_write(
-        out / "length.json",
-        json.dumps({"settings": vars(args) | {"out": str(out)}, "models": results}, indent=2, default=str),
-    )
+    write_output(out / "length.md", table + "\n", BY)
+    record = {"settings": vars(args) | {"out": str(out)}, "models": results}
+    write_output(out / "length.json", json.dumps(record, indent=2, default=str), BY)
     figure(results, out / "length.png")
     print(table)
     for name, result in results.items():
         run_id = log_model(subjects[name], name, result, out, args)
         if run_id:
             print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
-    print(f"wrote {out}/length.md, length.json, length.png", file=sys.stderr)
+    print(f"wrote {out}/{', '.join(OUTPUTS)}", file=sys.stderr)
     return 0

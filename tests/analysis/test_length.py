@@ -109,3 +109,20 @@ def test_length_eval_reads_a_bigram_backcopy_model_on_fresh_long_sequences(tmp_p
     assert ids.shape == (3, 24) and (ids[:, 0] == 30).all() and (ids[:, 1:] < 30).all()  # BOS (id 30) once
     assert cli.main(["length-eval", *argv, "--bos", "no", "--out", str(tmp_path / "o")]) == 2
     assert "a Bigram-Backcopy sequence starts with BOS" in capsys.readouterr().err
+
+
+def test_a_users_file_in_out_is_refused_before_any_work(tiny_llama_dir, tmp_path, capsys, monkeypatch):
+    """Issue 35: --out's length.md / length.json / length.png go through sinklab_io.outputs."""
+    from pipeline.analysis import subject
+
+    monkeypatch.setattr(subject, "Subject", lambda *a, **k: pytest.fail("a model was loaded"))
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "length.md").write_text("the user's notes")
+    assert cli.main(["length-eval", str(tiny_llama_dir), "--train-len", "16", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"sinklab length-eval: --out {out}: already holds length.md, which sinklab did not write (or which changed "
+        "since); nothing was changed. Name a new directory, or move those files away"
+    ]
+    assert [p.name for p in out.iterdir()] == ["length.md"] and (out / "length.md").read_text() == "the user's notes"
