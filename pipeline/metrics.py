@@ -9,6 +9,8 @@ the first *real* token.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -149,6 +151,17 @@ def attention_entropy(attn: Tensor, admitted: Tensor | None = None) -> Tensor:
     valid = (n >= 2) & (mass > 0)
     normalised = torch.where(valid, h / n.clamp_min(2).double().log().float(), torch.zeros_like(h))
     return normalised.sum(dim=-1) / valid.sum(dim=-1)
+
+
+def max_attention_logit(queries: Tensor, keys: Tensor, admitted: Tensor | None = None) -> Tensor:
+    """The largest pre-softmax logit q_i·k_j/√d_h over the pairs ``admitted [T, T]`` lets a query
+    see (default causal), per sequence and head: ``[B, H, T, dh] x2 -> [B, H]`` (QK-clip's
+    quantity; positional biases and the op's own scale are not part of it)."""
+    q, k = queries.float(), keys.float()
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if admitted is None:
+        admitted = causal_admitted(*logits.shape[-2:], logits.device)
+    return logits.masked_fill(~admitted.to(logits.device), float("-inf")).amax(dim=(-2, -1))
 
 
 def head_output_norm(head_out: Tensor) -> Tensor:

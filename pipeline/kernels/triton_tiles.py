@@ -9,6 +9,8 @@ they run under Triton's interpreter: set TRITON_INTERPRET=1 before this module i
 
 from __future__ import annotations
 
+import uuid
+
 import torch
 from torch import Tensor
 
@@ -82,7 +84,11 @@ def _rows_contiguous(*tensors: Tensor) -> list[Tensor]:
     return [t.contiguous() if t is not None and t.stride(-1) != 1 else t for t in tensors]
 
 
-@torch.library.custom_op("sinklab::fused_tiles", mutates_args=())
+# An export's bundled copy of this module gets a namespace of its own (docs/gpu.md).
+_NAMESPACE = "sinklab" if __name__.startswith("pipeline.") else f"sinklab_{uuid.uuid4().hex}"
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::fused_tiles", mutates_args=())
 def _fused_tiles(
     q: Tensor,
     k: Tensor,
@@ -115,7 +121,7 @@ def _(q, k, v, bias, *spec_and_blocks):
     return q.new_empty(B, H, Tq, D, dtype=accumulator(q)), q.new_empty(B, H, Tq, dtype=accumulator(q))
 
 
-@torch.library.custom_op("sinklab::fused_tiles_backward", mutates_args=())
+@torch.library.custom_op(f"{_NAMESPACE}::fused_tiles_backward", mutates_args=())
 def _fused_tiles_backward(
     q: Tensor,
     k: Tensor,

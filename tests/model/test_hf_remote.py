@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.kernels import triton_tiles
 from pipeline.model import ModelConfig, StreamingCache, Transformer
 from pipeline.model.attention_ops import OPS
 from pipeline.model.hf_bundle import bundle, bundle_modules
@@ -136,3 +137,28 @@ def test_the_bundled_source_is_the_tree_with_only_its_imports_made_relative(remo
         assert len(ours) == len(theirs), name
         changed = [(a, b) for a, b in zip(ours, theirs) if a != b]
         assert all(a.lstrip().startswith("from pipeline.") and b.lstrip().startswith("from .") for a, b in changed)
+
+
+@pytest.mark.skipif(not triton_tiles.available(), reason="triton is not installed (a dev dependency)")
+def test_loading_an_export_leaves_sinklabs_fused_kernels_callable(remote_results):
+    """The export's bundled triton_tiles registers its custom ops beside SinkLab's, not over them."""
+    _, _, root = remote_results
+    script = f"""
+import gc, torch
+from transformers import AutoModelForCausalLM
+from pipeline.kernels import triton_tiles
+from pipeline.kernels.tiled import TileSpec, tiled_attention
+AutoModelForCausalLM.from_pretrained({str(root / "op_sigmoid")!r}, trust_remote_code=True)
+gc.collect()
+q, k, v = torch.randn(3, 1, 2, 19, 16, dtype=torch.float64)
+spec = TileSpec(similarity="sigmoid", scale=0.25)
+gap = (triton_tiles.fused_tiled_attention(q, k, v, spec, blocks=(16, 16)) - tiled_attention(q, k, v, spec)).abs().max()
+assert gap < 1e-12, gap
+"""
+    env = os.environ | {
+        "HF_MODULES_CACHE": str(root / "hf_modules_kernels"),
+        "HF_HUB_OFFLINE": "1",
+        "TRITON_INTERPRET": "1",
+    }
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
