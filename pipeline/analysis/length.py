@@ -100,6 +100,8 @@ def train_len(subject, args) -> int:
 
 def windows(subject, args, length: int, bos: int | None) -> torch.Tensor:
     """``args.windows`` windows [W, length]: BOS (when given) and length (−1) tokens of the text."""
+    if args.dataset is not None and (bb := bb_windows(args, length)) is not None:
+        return bb
     body = length - (bos is not None)
     if args.dataset is not None:
         stream = held_out_stream(args.dataset, args.windows * body, "length-eval")
@@ -112,6 +114,22 @@ def windows(subject, args, length: int, bos: int | None) -> torch.Tensor:
     except ValueError as e:
         raise refuse(f"{e}; give a longer --text or lower --windows / --factor") from None
     return ids if bos is None else torch.cat([torch.full((len(ids), 1), bos), ids], 1)
+
+
+def bb_windows(args, length: int) -> torch.Tensor | None:
+    """A Bigram-Backcopy dataset's windows: fresh sequences of ``length`` tokens of its chain, BOS
+    first as in training (data_prep.synthetic_bb.long_sequences); None for another dataset."""
+    from data_prep.dataset import DatasetError, load_manifest
+    from data_prep.synthetic_bb import long_sequences
+
+    try:
+        manifest = load_manifest(args.dataset)
+    except DatasetError as e:
+        raise refuse(f"--dataset {args.dataset}: {e}") from None
+    ids = long_sequences(manifest.raw, args.windows, length)
+    if ids is not None and args.bos == "no":
+        raise refuse(f"--dataset {args.dataset}: a Bigram-Backcopy sequence starts with BOS; drop --bos no")
+    return None if ids is None else torch.from_numpy(ids)
 
 
 def loss_by_position(streamer, ids: torch.Tensor, specs: list[CacheSpec], bucket: int) -> dict[str, list[float]]:

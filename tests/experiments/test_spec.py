@@ -44,6 +44,8 @@ EXPECTED = {
     # why the first token: context length and length generalisation (issue 39)
     "context-length",
     "length-generalisation",
+    "bb-context-length",
+    "bb-length-generalisation",
 }
 
 
