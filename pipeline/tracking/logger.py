@@ -126,11 +126,13 @@ def open_run(
         for path in artifacts:
             client.log_artifact(run_id, str(path), artifact_path="config")
     except Exception as exc:  # noqa: BLE001 - any failure of the store means "offline"
-        notice(
-            f"MLflow at {uri} unreachable ({type(exc).__name__}: {str(exc)[:200]}); "
-            f"training goes on, metrics are kept in {run.metrics_path}"
-        )
+        notice(f"MLflow at {uri} unreachable ({_why(exc)}); training goes on, metrics are kept in {run.metrics_path}")
     return run_id
+
+
+def _why(exc: Exception) -> str:
+    """An exception as part of one line: its type and the first line of its message."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
 
 
 def _not_this_directorys(client, run_id: str, run: RunDir) -> str | None:
@@ -185,9 +187,8 @@ class RunLogger(MLFlowLogger):
         try:
             super().__init__(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a sqlite:/// store is opened here (a bad path, a full disk)
-            first = str(exc).splitlines()[0][:200] if str(exc) else ""
             raise ConfigError(
-                f"MLFLOW_TRACKING_URI={uri}: the store cannot be opened ({type(exc).__name__}: {first}); "
+                f"MLFLOW_TRACKING_URI={uri}: the store cannot be opened ({_why(exc)}); "
                 "check its path, free space or `ulimit -f`, or point MLFLOW_TRACKING_URI at another store"
             ) from None
         self.record = MetricsFile(Path(run_dir))
@@ -275,7 +276,7 @@ class RunLogger(MLFlowLogger):
         except Exception as exc:  # noqa: BLE001
             if not self.offline:
                 notice(
-                    f"MLflow tracking server unreachable ({type(exc).__name__}: {str(exc)[:200]}); "
+                    f"MLflow tracking server unreachable ({_why(exc)}); "
                     f"training goes on, metrics are queued and kept in {self.record.path}"
                 )
             self.offline, self._last_failure = True, time.time()

@@ -143,3 +143,23 @@ def test_resume_auto_checks_each_checkpoints_step_and_starts_over_in_a_new_recor
     assert second != first and client.get_run(second).data.tags[TAG_PREVIOUS_RUN] == first
     assert _history(client, first) == old_history and _history(client, second) == [0, 1, 2]  # one value per step
     assert sorted(losses(trained)) == [0, 1, 2]
+
+
+def test_a_store_error_of_several_lines_is_one_notice(tmp_path, monkeypatch, capsys):
+    """Issue 35 re-check: a sqlite store on a full disk raised a two-line SQLAlchemy error, and the
+    'unreachable' notice printed both lines."""
+    from pipeline.checkpoint.rundir import RunDir
+    from pipeline.tracking import logger
+
+    def fails(*_):
+        raise RuntimeError(
+            "(sqlite3.OperationalError) disk I/O error\n(Background on this error at: https://sqlalche.me)"
+        )
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    monkeypatch.setattr(logger, "experiment_id", fails)
+    assert logger.open_run(RunDir(tmp_path), "e", "r", {}, {}, []) is None
+    assert capsys.readouterr().err.splitlines() == [
+        "sinklab: MLflow at http://127.0.0.1:9 unreachable (RuntimeError: (sqlite3.OperationalError) disk I/O "
+        f"error); training goes on, metrics are kept in {tmp_path / 'metrics.jsonl'}"
+    ]
