@@ -201,7 +201,7 @@ class Additions:
 
     def __init__(self, out: str | os.PathLike):
         self.out = Path(out)
-        top = self.out.absolute()
+        top = self.out
         while not top.parent.exists() and top.parent != top:
             top = top.parent
         self.created = None if os.path.lexists(self.out) else top
