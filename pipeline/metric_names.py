@@ -9,7 +9,7 @@ written as a string anywhere else.
 from __future__ import annotations
 
 # the namespaces; the MLflow UI gives each its own chart section (pipeline.tracking.views)
-SINK, ACT, HEADS, TRAIN, VAL, PERF = "sink/", "act/", "heads/", "train/", "val/", "perf/"
+SINK, ACT, ATTN, HEADS, TRAIN, VAL, PERF = "sink/", "act/", "attn/", "heads/", "train/", "val/", "perf/"
 ANALYSIS, TABLE1, DOMAIN, PASSKEY, STREAM, QUANT, AGREEMENT, EVAL = (
     "analysis/",
     "table1/",
@@ -25,6 +25,7 @@ FLOW, LENGTH = "flow/", "length/"  # information flow per layer (pipeline.flow);
 NAMESPACES = (
     SINK,
     ACT,
+    ATTN,
     HEADS,
     TRAIN,
     VAL,
@@ -45,6 +46,8 @@ NAMESPACES = (
 # ---- training (pipeline.train.module, pipeline.train.callbacks.Throughput) ----------------------
 TRAIN_LOSS = TRAIN + "loss"  # the step's mean over micro-batches and ranks
 TRAIN_LR = TRAIN + "lr"
+SKIPPED_STEPS = TRAIN + "skipped_steps"  # steps the spike guard did not apply, so far (run.skip_spikes)
+GRAD_NORM = TRAIN + "grad_norm"  # the step's global gradient norm before clipping (run.skip_spikes)
 VAL_LOSS = VAL + "loss"
 TOKENS_PER_S = PERF + "tokens_per_s"
 MFU = PERF + "mfu"
@@ -59,9 +62,11 @@ BOS_SHARE_TRIGGER = SINK + "bos_share_trigger"  # per layer; Bigram-Backcopy pro
 BOS_SHARE_OTHER = SINK + "bos_share_other"
 MASSIVE_RATIO = ACT + "massive_ratio"  # per layer: ‖h₁‖ / mean ‖hₜ‖
 VALUE_NORM_RATIO = ACT + "value_norm_ratio"  # per layer: ‖v₁‖ / mean ‖vₜ‖
+MAX_LOGIT = ATTN + "max_logit"  # per layer, and the max over layers: the largest q·k/√d_h
 HEAD_ALPHA1 = HEADS + "alpha1"  # per head
 HEAD_ENTROPY = HEADS + "entropy"
 HEAD_OUT_NORM = HEADS + "out_norm"
+HEAD_MAX_LOGIT = HEADS + "max_logit"
 DORMANT_PCT = HEADS + "dormant_pct"
 # information flow (pipeline.flow): per layer unless said otherwise
 FLOW_ENTROPY = FLOW + "entropy"  # normalised matrix entropy of the token representations
@@ -73,6 +78,7 @@ ENTROPY_DROP_LAYER = FLOW + "entropy_drop_layer"  # where the matrix entropy fal
 # MLflow image keys (pipeline.tracking.images)
 ALPHA1_IMAGE = HEADS + "alpha1"  # layer x head heat map, one image per probe step
 TRAJECTORY_IMAGE = HEADS + "alpha1_trajectory"  # α₁ of every head over the run, at the last step
+MAX_LOGIT_IMAGE = HEADS + "max_logit"  # layer x head heat map of the largest q·k/√d_h, per probe step
 
 
 def sink_k(k: int) -> str:

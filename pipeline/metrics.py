@@ -9,6 +9,8 @@ the first *real* token.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -151,6 +153,17 @@ def attention_entropy(attn: Tensor, admitted: Tensor | None = None) -> Tensor:
     return normalised.sum(dim=-1) / valid.sum(dim=-1)
 
 
+def max_attention_logit(queries: Tensor, keys: Tensor, admitted: Tensor | None = None) -> Tensor:
+    """The largest pre-softmax logit q_i·k_j/√d_h over the pairs ``admitted [T, T]`` lets a query
+    see (default causal), per sequence and head: ``[B, H, T, dh] x2 -> [B, H]`` (QK-clip's
+    quantity; positional biases and the op's own scale are not part of it)."""
+    q, k = queries.float(), keys.float()
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if admitted is None:
+        admitted = causal_admitted(*logits.shape[-2:], logits.device)
+    return logits.masked_fill(~admitted.to(logits.device), float("-inf")).amax(dim=(-2, -1))
+
+
 def head_output_norm(head_out: Tensor) -> Tensor:
     """Mean over tokens of ‖o_t‖₂, the head's output (A·V) at token t: ``[..., T, dh] -> [...]``."""
     return head_out.float().norm(dim=-1).mean(dim=-1)
@@ -208,7 +221,7 @@ def first_step_above(history, threshold: float) -> int | None:
     return min(steps) if steps else None
 
 
-# Emergence thresholds (issue 19): Sink_1 above 1 % and 10 %, mean α_1 above 1.25 x uniform.
+# Emergence thresholds: Sink_1 above 1 % and 10 %, mean α_1 above 1.25 x uniform.
 EMERGENCE_SINK1 = {"sink1_1pct": 1.0, "sink1_10pct": 10.0}
 EMERGENCE_ALPHA1 = {"alpha1_125pct": 1.25}
 

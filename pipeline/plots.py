@@ -32,10 +32,18 @@ def _matrix(values) -> list[list[float]]:
 
 
 def alpha1_heatmap(
-    alpha1, path: str | Path, title: str = "", entropy=None, out_norm=None, dormant=None, uniform: float | None = None
+    alpha1,
+    path: str | Path,
+    title: str = "",
+    entropy=None,
+    out_norm=None,
+    dormant=None,
+    uniform: float | None = None,
+    max_logit=None,
 ) -> Path:
     """Layer × head map of the first token's importance α_1 (mean over sequences). With
-    ``entropy`` / ``out_norm`` ([L, H]) a panel each beside it (active and dormant heads), and
+    ``entropy`` / ``out_norm`` / ``max_logit`` ([L, H]) a panel each beside it (active and
+    dormant heads; the largest pre-softmax logit q·k/√d_h), and
     ``dormant`` (bool [L, H]) marked with a cross on every panel. With ``uniform`` (α_1 under
     uniform attention) the α_1 scale is diverging and white there: blue below, red above, so a
     head near uniform (α_1 ≈ 0.07 on a 0-1 scale) is told apart from one that starts to sink."""
@@ -56,6 +64,8 @@ def alpha1_heatmap(
         panels.append(("row entropy / log n", _matrix(entropy), "magma", (0.0, 1.0)))
     if out_norm is not None:
         panels.append(("mean ‖A·V‖ per token", _matrix(out_norm), "cividis", (None, None)))
+    if max_logit is not None:
+        panels.append(("max q·k/√d_h", _matrix(max_logit), "inferno", (None, None)))
     n_layers, n_heads = len(panels[0][1]), len(panels[0][1][0])
     width = max(4.0, 0.35 * n_heads + 2)
     fig, axes = plt.subplots(
@@ -88,6 +98,27 @@ def alpha1_heatmap(
     if len(panels) > 1:
         for ax, (label, *_rest) in zip(axes[0][1:], panels[1:]):
             ax.set_title(label + (" (x: dormant)" if marks else ""))
+    return _save(fig, path)
+
+
+def head_map(values, path: str | Path, title: str, label: str) -> Path:
+    """One layer × head panel of ``values [L, H]`` (the values written in where the map is small)."""
+    data = _matrix(values)
+    n_layers, n_heads = len(data), len(data[0])
+    fig, ax = plt.subplots(
+        figsize=(max(4.0, 0.35 * n_heads + 2), max(3.0, 0.25 * n_layers + 1.5)), layout="constrained"
+    )
+    im = ax.imshow(data, aspect="auto", cmap="inferno", origin="lower")
+    if n_layers * n_heads <= 64:
+        for layer, row in enumerate(data):
+            for head, value in enumerate(row):
+                ax.text(head, layer, f"{value:.1f}", ha="center", va="center", fontsize=7, color="cyan")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(0, n_heads, max(1, n_heads // 16)))
+    ax.set_yticks(range(0, n_layers, max(1, n_layers // 16)))
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, label=label)
     return _save(fig, path)
 
 

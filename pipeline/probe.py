@@ -58,6 +58,7 @@ class SinkReport:
     # attention on token 1 from trigger queries (active heads copy) and from the other queries i ≥ 2.
     bos_share_trigger: Tensor | None = None  # [L, H], mean over sequences
     bos_share_other: Tensor | None = None  # [L, H]
+    max_logit: Tensor | None = None  # [L, H] largest admitted q·k/√d_h (metrics.max_attention_logit)
     flow: FlowReport | None = None  # information flow per layer (pipeline.flow)
 
     @property
@@ -71,18 +72,12 @@ class SinkReport:
         return None if dormant is None else 100.0 * dormant.double().mean().item()
 
     def head_metrics(self) -> dict[str, float]:
-        """Per head ``heads/entropy_l{l}_h{h}``, ``heads/out_norm_l{l}_h{h}`` (0-based) and
-        ``heads/dormant_pct``; empty when the model returned no head outputs."""
+        """Per head ``heads/{entropy,out_norm,max_logit}_l{l}_h{h}`` (0-based), ``heads/dormant_pct``; where measured."""
         out: dict[str, float] = {}
-        for name, values in ((N.HEAD_ENTROPY, self.entropy), (N.HEAD_OUT_NORM, self.out_norm)):
+        heads = {N.HEAD_ENTROPY: self.entropy, N.HEAD_OUT_NORM: self.out_norm, N.HEAD_MAX_LOGIT: self.max_logit}
+        for name, values in heads.items():
             if values is not None:
-                out.update(
-                    {
-                        N.head(name, l, h): float(values[l, h])
-                        for l in range(values.shape[0])
-                        for h in range(values.shape[1])
-                    }
-                )
+                out.update({N.head(name, l, h): float(v) for (l, h), v in np.ndenumerate(values.float().numpy())})
         if self.out_norm is not None:
             out[N.DORMANT_PCT] = self.dormant_pct
         return out
@@ -98,6 +93,9 @@ class SinkReport:
             out.update(self.outliers.to_metrics())
         if self.flow is not None:
             out.update(self.flow.to_metrics())
+        if self.max_logit is not None:  # attn/max_logit_l{l}: max over heads; attn/max_logit: over layers
+            per_layer = self.max_logit.amax(dim=-1).tolist()
+            out.update({N.layer(N.MAX_LOGIT, l): v for l, v in enumerate(per_layer)} | {N.MAX_LOGIT: max(per_layer)})
         return out | self.extreme_token_metrics()
 
     def extreme_token_metrics(self) -> dict[str, float]:
@@ -151,6 +149,7 @@ class SinkAccumulator:
         self.out_norm: list[Tensor] = []  # [B, L, H]
         self.bos_trigger: list[Tensor] = []  # [B, L, H]
         self.bos_other: list[Tensor] = []  # [B, L, H]
+        self.max_logit: list[Tensor] = []  # [B, L, H]
         self.kinds: set[str] = set()
         self.seq_len = 0
 
@@ -167,6 +166,7 @@ class SinkAccumulator:
         head_outputs: Sequence[Tensor] | None = None,
         admitted: Tensor | None = None,
         trigger_queries: Tensor | None = None,
+        max_logits: Sequence[Tensor] | None = None,  # per layer [B, H] (metrics.max_attention_logit)
     ) -> None:
         """One batch. ``attentions``/``hidden_states`` hold every layer, including the slot
         rows/columns, and ``admitted`` (bool, the maps' last two dims) what each row may see
@@ -204,6 +204,8 @@ class SinkAccumulator:
             self.bos_trigger.append(torch.stack([t for t, _ in shares], dim=1).cpu())
             self.bos_other.append(torch.stack([o for _, o in shares], dim=1).cpu())
         self.slots.append(torch.stack(slots, dim=1).cpu())
+        if max_logits:
+            self.max_logit.append(torch.stack([m.detach().float() for m in max_logits], dim=1).cpu())
         if hidden_states and self.outliers is not None:
             self.outliers.add_hidden(hidden_states)
         if hidden_states:
@@ -257,6 +259,7 @@ class SinkAccumulator:
             outliers=None if self.outliers is None else self.outliers.report(),
             bos_share_trigger=cat_nanmean(self.bos_trigger),
             bos_share_other=cat_nanmean(self.bos_other),
+            max_logit=torch.cat(self.max_logit).amax(dim=0) if self.max_logit else None,
             flow=None if self.flow is None or not self.flow.entropy else self.flow.report(),
         )
 
@@ -296,11 +299,12 @@ def run_probe(
     """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (every sequence counted).
 
     Eval mode, no grad, autocast off (maps in fp32); the model's training mode is restored.
-    ``output_qkv`` also measures the key/value norm ratio of the first token (costs memory);
-    ``outliers`` the activation outliers (pipeline.outliers) of the residual stream and of every
-    linear layer's input; ``flow`` the information flow (pipeline.flow: one more forward pass, on
-    the first ``mixing_sequences`` sequences only where given).
-    ``trigger_ids`` (a Bigram-Backcopy dataset's) split the attention on token 1 by query kind.
+    Always the largest pre-softmax logit per head over the admitted real-token pairs; ``output_qkv``
+    also the key/value norm ratio of the first token and the QK decomposition; ``outliers`` the
+    activation outliers (pipeline.outliers) of the residual stream and every linear layer's input;
+    ``flow`` the information flow (pipeline.flow: one more forward pass, on the first
+    ``mixing_sequences`` sequences only where given). ``trigger_ids`` (a Bigram-Backcopy dataset's)
+    split the attention on token 1 by query kind.
     """
     device = _device_of(model)
     tokens = as_token_tensor(tokens, device)
@@ -321,7 +325,9 @@ def run_probe(
                 kwargs = {"output_attentions": True, "output_hidden_states": True}
                 batch = tokens[start:stop]
                 with _linear_inputs(model, acc.outliers), recording_inputs(model, acc.flow) as embedded:
-                    out = model(batch, **kwargs, **({"output_qkv": True} if output_qkv else {}))
+                    out = model(batch, **kwargs, output_qkv=True)  # queries and keys for the max logit
+                real = admitted[-batch.shape[1] :, -batch.shape[1] :]  # slots and sink tokens left out
+                logits = [metrics.max_attention_logit(q, k, real) for q, k in zip(out.queries or [], out.keys or [])]
                 acc.add(
                     out.attentions,
                     attention_kind=out.attention_kind,
@@ -334,6 +340,7 @@ def run_probe(
                     head_outputs=out.head_outputs,
                     admitted=admitted,
                     trigger_queries=None if triggers is None else torch.isin(batch, triggers),
+                    max_logits=logits,
                 )
                 if acc.flow is not None:  # the same path again, so the untouched positions match exactly
                     perturbed = lambda: model(batch, **kwargs).hidden_states  # noqa: B023, E731

@@ -142,14 +142,10 @@ def write_output(path: str | os.PathLike, data: str | bytes | memoryview, by: st
     return Path(path)
 
 
-@contextmanager
-def atomic_directory(out_dir: str | os.PathLike, kind: str) -> Iterator[Path]:
-    """A temporary sibling directory to fill; on success it takes the place of ``out_dir``, on an
-    error it is removed, so a half-written directory never stands at ``out_dir``.
-
-    An existing ``out_dir`` must be empty or hold exactly what an earlier write of the same
-    ``kind`` left, unchanged; anything else raises :class:`NotOurs` before any work. The current
-    directory is never replaced."""
+def claim_directory(out_dir: str | os.PathLike, kind: str) -> Path:
+    """Refuse (:class:`NotOurs`) an ``out_dir`` that :func:`atomic_directory` would not replace: a
+    file, the current directory (or one above it), a directory holding anything but an earlier
+    ``kind`` output, unchanged. A command calls it before any work; returns ``out_dir`` resolved."""
     out = Path(out_dir).resolve()
     if Path.cwd().resolve().is_relative_to(out):
         raise NotOurs(
@@ -165,6 +161,15 @@ def atomic_directory(out_dir: str | os.PathLike, kind: str) -> Iterator[Path]:
                 f"{out_dir}: holds {_shown(foreign)}, which this command did not write; nothing was changed. "
                 "Name a new or empty directory"
             )
+    return out
+
+
+@contextmanager
+def atomic_directory(out_dir: str | os.PathLike, kind: str) -> Iterator[Path]:
+    """A temporary sibling directory to fill; on success it takes the place of ``out_dir``, on an
+    error it is removed, so a half-written directory never stands at ``out_dir``. Refused as
+    :func:`claim_directory` says (checked again here: the directory may have changed since)."""
+    out = claim_directory(out_dir, kind)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

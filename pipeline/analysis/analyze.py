@@ -204,6 +204,10 @@ def record_metrics(record: dict) -> dict[str, float]:
         summary = (rep.get("outliers") or {}).get("summary", {})
         metrics.update({N.of_input(kind, N.act(k)): v for k, v in summary.items() if not k.endswith("_at")})
         metrics.update({N.of_input(kind, k): v for k, v in record["extreme_tokens"][kind].items()})
+        if rep.get("max_logit") is not None:  # the largest q·k/√d_h per layer (max over heads)
+            layers = [max(row) for row in rep["max_logit"]]
+            metrics.update({N.of_input(kind, N.layer(N.MAX_LOGIT, l)): v for l, v in enumerate(layers)})
+            metrics[N.of_input(kind, N.MAX_LOGIT)] = max(layers)
         metrics.update(
             {N.of_input(kind, k): v for k, v in record.get("flow", {}).get(kind, {}).items() if v is not None}
         )

@@ -24,6 +24,7 @@ def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float
                 rep.entropy,
                 rep.out_norm,
                 rep.dormant,
+                max_logit=rep.max_logit,
             )
         )
     first = reports.get("natural") or next(iter(reports.values()))

@@ -35,9 +35,11 @@ from pipeline.analysis.inputs import default_text, encode, held_out_stream, natu
 from pipeline.analysis.passkey import DEFAULT_DEPTHS, accuracy, build_trial, make_trials, parse_depths, run_trials
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import bos_id, parse_caches
-from sinklab_io.atomic import atomic_write
+from sinklab_io.outputs import NotOurs, claim, write_output
 
 FULL = "full"
+BY = "sinklab length-eval"
+OUTPUTS = ("length.md", "length.json", "length.png")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,6 +100,8 @@ def train_len(subject, args) -> int:
 
 def windows(subject, args, length: int, bos: int | None) -> torch.Tensor:
     """``args.windows`` windows [W, length]: BOS (when given) and length (−1) tokens of the text."""
+    if args.dataset is not None and (bb := bb_windows(args, length)) is not None:
+        return bb
     body = length - (bos is not None)
     if args.dataset is not None:
         stream = held_out_stream(args.dataset, args.windows * body, "length-eval")
@@ -110,6 +114,22 @@ def windows(subject, args, length: int, bos: int | None) -> torch.Tensor:
     except ValueError as e:
         raise refuse(f"{e}; give a longer --text or lower --windows / --factor") from None
     return ids if bos is None else torch.cat([torch.full((len(ids), 1), bos), ids], 1)
+
+
+def bb_windows(args, length: int) -> torch.Tensor | None:
+    """A Bigram-Backcopy dataset's windows: fresh sequences of ``length`` tokens of its chain, BOS
+    first as in training (data_prep.synthetic_bb.long_sequences); None for another dataset."""
+    from data_prep.dataset import DatasetError, load_manifest
+    from data_prep.synthetic_bb import long_sequences
+
+    try:
+        manifest = load_manifest(args.dataset)
+    except DatasetError as e:
+        raise refuse(f"--dataset {args.dataset}: {e}") from None
+    ids = long_sequences(manifest.raw, args.windows, length)
+    if ids is not None and args.bos == "no":
+        raise refuse(f"--dataset {args.dataset}: a Bigram-Backcopy sequence starts with BOS; drop --bos no")
+    return None if ids is None else torch.from_numpy(ids)
 
 
 def loss_by_position(streamer, ids: torch.Tensor, specs: list[CacheSpec], bucket: int) -> dict[str, list[float]]:
@@ -252,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(names)) != len(names):
         raise refuse(f"two models share the name {[n for n in names if names.count(n) > 1][0]!r}; copy one aside")
     out = args.out or Path("analysis") / "length" / names[0]
+    try:
+        claim(out, OUTPUTS)
+    except NotOurs as error:
+        raise refuse(str(error)) from None
     results, subjects = {}, {}
     for spec, name in zip(args.models, names):
         tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
@@ -260,16 +284,14 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = evaluate(subjects[name], args, factors)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(results)
-    atomic_write(out / "length.md", table + "\n")
-    atomic_write(
-        out / "length.json",
-        json.dumps({"settings": vars(args) | {"out": str(out)}, "models": results}, indent=2, default=str),
-    )
+    write_output(out / "length.md", table + "\n", BY)
+    record = {"settings": vars(args) | {"out": str(out)}, "models": results}
+    write_output(out / "length.json", json.dumps(record, indent=2, default=str), BY)
     figure(results, out / "length.png")
     print(table)
     for name, result in results.items():
         run_id = log_model(subjects[name], name, result, out, args)
         if run_id:
             print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
-    print(f"wrote {out}/length.md, length.json, length.png", file=sys.stderr)
+    print(f"wrote {out}/{', '.join(OUTPUTS)}", file=sys.stderr)
     return 0

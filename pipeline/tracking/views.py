@@ -19,8 +19,10 @@ from data SinkLab can write:
   an ``IMAGE`` chart shows one key across runs with a step slider.
 
 SinkLab's view: the headline section first (Sink_1, mean α₁, validation and training loss in one
-row, the α₁ heat map below), every other section collapsed; per-head scalars are not sent as
-metrics (each head's α₁, entropy and output norm are in the heat-map images and metrics.jsonl);
+row), then stability (the largest pre-softmax logit, the steps the spike guard skipped, the
+max-logit heat map), the α₁ heat maps below, every other section collapsed; per-head scalars are
+not sent as metrics (each head's α₁, entropy, output norm and max logit are in the heat-map images
+and metrics.jsonl);
 constant or single-point series (the uniform α₁, the emergence steps) are hidden; the runs table
 shows the variant, the seed, the factors that differ between the experiment's runs and the final
 headline values. Where a variant ran under several seeds (a seeded sweep), the table and the charts
@@ -36,7 +38,7 @@ import time
 
 from pipeline import metric_names as N
 from pipeline import metrics as M
-from pipeline.metric_names import ALPHA1_IMAGE, TRAJECTORY_IMAGE
+from pipeline.metric_names import ALPHA1_IMAGE, MAX_LOGIT_IMAGE, TRAJECTORY_IMAGE
 from pipeline.model.config_keys import ARCH, OLD_ARCH
 
 from .contract import TAG_KIND, TAG_SEED, TAG_VARIANT
@@ -45,16 +47,19 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 WORKFLOW_TYPE = "machine_learning"
 SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
-SHARED_VIEW_KEY = "sinklab-view-v3"
+SHARED_VIEW_KEY = "sinklab-view-v4"
 VIEW_NAME = "SinkLab: sink and loss first"
 VIEW_TAG = SHARED_VIEW_PREFIX + SHARED_VIEW_KEY
 
 HEADLINE = (N.SINK1, N.ALPHA1_MEAN, N.VAL_LOSS, N.TRAIN_LOSS)
 HEADLINE_SECTION = "Sink and loss"
+# training stability: the largest pre-softmax logit and the steps the spike guard skipped
+STABILITY = (N.MAX_LOGIT, N.SKIPPED_STEPS)
+STABILITY_SECTION = "Stability"
 HEADS_SECTION = "α₁ per head"
 # below the headline, collapsed, in this order; the UI's own names for system and unprefixed metrics
 SECTIONS = (
-    *(ns.rstrip("/") for ns in (N.SINK, N.VAL, N.TRAIN, N.HEADS, N.ACT, N.PERF, N.ANALYSIS)),
+    *(ns.rstrip("/") for ns in (N.SINK, N.VAL, N.TRAIN, N.HEADS, N.ATTN, N.ACT, N.PERF, N.ANALYSIS)),
     "System metrics",
     "Model metrics",
 )
@@ -66,7 +71,9 @@ HIDDEN = (
     N.sink_k(1),
 )
 # per-head scalars: in metrics.jsonl and the heat-map images, not MLflow metrics (dozens of charts)
-_PER_HEAD = re.compile(rf"({'|'.join(map(re.escape, (N.HEAD_ALPHA1, N.HEAD_ENTROPY, N.HEAD_OUT_NORM)))})_l\d+_h\d+")
+_PER_HEAD = re.compile(
+    rf"({'|'.join(map(re.escape, (N.HEAD_ALPHA1, N.HEAD_ENTROPY, N.HEAD_OUT_NORM, N.HEAD_MAX_LOGIT)))})_l\d+_h\d+"
+)
 
 # the runs-table columns: the factors the study varies (design.md), where they differ between runs
 # (runs logged before the architecture was `arch` carry it as `model.model.*`)
@@ -122,11 +129,15 @@ def section_uuid(name: str) -> str:
 
 
 def chart_cards() -> list[dict]:
-    """The headline row, the α₁ images under it, and hidden placeholders for flat series."""
-    head, heads = section_uuid(HEADLINE_SECTION), section_uuid(HEADS_SECTION)
-    cards = [line_card(m, head) for m in HEADLINE] + [
-        image_card(key, heads) for key in (ALPHA1_IMAGE, TRAJECTORY_IMAGE)
-    ]
+    """The headline row, the stability row (max logit, skipped steps, the max-logit map), the α₁
+    images, and hidden placeholders for flat series."""
+    head, stable, heads = (section_uuid(s) for s in (HEADLINE_SECTION, STABILITY_SECTION, HEADS_SECTION))
+    cards = (
+        [line_card(m, head) for m in HEADLINE]
+        + [line_card(m, stable) for m in STABILITY]
+        + [image_card(MAX_LOGIT_IMAGE, stable)]
+        + [image_card(key, heads) for key in (ALPHA1_IMAGE, TRAJECTORY_IMAGE)]
+    )
     for metric in HIDDEN:  # generated + deleted: the UI keeps it hidden and adds no chart for it
         cards.append(line_card(metric, section_uuid(metric.rsplit("/", 1)[0])) | {"deleted": True, "isGenerated": True})
     return cards
@@ -146,9 +157,10 @@ def section(name: str, expanded: bool, **layout) -> dict:
 
 
 def sections() -> list[dict]:
-    """The headline row (4 across), the α₁ images (2 across), then the rest collapsed."""
+    """The headline row (4 across), stability (3 across), the α₁ images (2 across), then the rest collapsed."""
     return [
         section(HEADLINE_SECTION, True, columns=4, cardHeight=300),
+        section(STABILITY_SECTION, True, columns=3, cardHeight=300),
         section(HEADS_SECTION, True, columns=2, cardHeight=420),
         *(section(name, False) for name in SECTIONS),
     ]

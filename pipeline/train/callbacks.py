@@ -164,7 +164,7 @@ class SinkMetrics(Callback):
         for key, value in emergence.tags_of(metrics).items():
             set_tag(trainer, key, value)
         if self.plot_every > 0 and (step % self.plot_every == 0 or force):
-            from pipeline.plots import alpha1_heatmap
+            from pipeline.plots import alpha1_heatmap, head_map
 
             title = f"step {step}: α₁ per layer and head (Sink₁ = {report.sink1:.1f}%)"
             path = alpha1_heatmap(
@@ -175,6 +175,7 @@ class SinkMetrics(Callback):
                 report.out_norm,
                 report.dormant,
                 uniform=self._uniform,
+                max_logit=report.max_logit,
             )
             log_artifact(trainer, path, "plots")
             # the UI's image charts show a thumbnail (256 px): α₁ alone, one image per step
@@ -186,6 +187,15 @@ class SinkMetrics(Callback):
                 uniform=self._uniform,
             )
             log_image(trainer, alone, N.ALPHA1_IMAGE, step)
+            if report.max_logit is not None:
+                peak = float(report.max_logit.max())
+                logits = head_map(
+                    report.max_logit,
+                    self.plot_dir / f"max_logit_step-{step:06d}.png",
+                    f"step {step}: largest q·k/√d_h per layer and head (max {peak:.1f})",
+                    "max q·k/√d_h",
+                )
+                log_image(trainer, logits, N.MAX_LOGIT_IMAGE, step)
         self.seconds += time.perf_counter() - t0
 
 

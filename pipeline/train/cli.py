@@ -8,8 +8,9 @@
 Sections: ``arch`` (every ModelConfig field, a preset's numbers filled in where the config leaves
 them out; linked into the LightningModule's ``arch`` argument), ``model`` (the LightningModule:
 ``model.optim``, ``model.compile``, ...), ``data``, ``trainer`` (Lightning's Trainer), ``run``
-(:class:`RunOptions`: names, cadences). Derived, not set by hand: ``trainer.accumulate_grad_batches``
-(from data.global_batch_tokens) and ``trainer.val_check_interval`` (from run.val_every).
+(run_options.RunOptions: names, cadences, the spike guard). Derived, not set by hand:
+``trainer.accumulate_grad_batches`` (from data.global_batch_tokens) and ``trainer.val_check_interval``
+(from run.val_every).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import sys
 import time
 import warnings
 from argparse import ArgumentError
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,47 +83,9 @@ from .fit_config import (
 )
 from .module import SinkLabModule, read_init
 from .progress import StepProgressBar
+from .run_options import RunOptions
 from .sharding import refuse_zero_optimizer  # also registers the strategy names fsdp2, deepspeed_stage_N
 from .summary import print_summary
-
-
-@dataclass
-class RunOptions:
-    """name: run name (default run dir runs/<name>). experiment: MLflow experiment.
-    variant: one-line summary of what this run changes (a tag; default: derived).
-    checkpoint_every / keep_last: step checkpoints and how many to keep (0 = all).
-    sink_every / plot_every: cadence of the live sink metrics and the alpha_1 heat maps.
-    flow: measure the information flow (flow/...) at each sink probe (false: Sink_1 and the rest only).
-    val_every: validation cadence in optimizer steps. throughput_window: steps per tokens/s value.
-    log_model: log the final weights to the MLflow run (a logged model named `model`, once per run).
-    system_metrics: MLflow's system metrics (CPU, RAM, GPU where present) on the run.
-    log_checkpoints: upload each kept step checkpoint to the MLflow run (rank 0, in the
-    background), so that `--resume runs:/<run_id>` can continue it on another machine."""
-
-    name: str = "sinklab"
-    experiment: str = "sinklab"
-    variant: str = ""
-    checkpoint_every: int = 1000
-    keep_last: int = 3
-    sink_every: int = 200
-    flow: bool = True
-    plot_every: int = 2000
-    val_every: int = 500
-    throughput_window: int = 20
-    log_model: bool = True
-    system_metrics: bool = True
-    log_checkpoints: bool = False
-
-    def validate(self) -> None:
-        for name in ("checkpoint_every", "keep_last", "sink_every", "plot_every", "val_every"):
-            if getattr(self, name) < 0:
-                raise ConfigError(
-                    f"run.{name}={getattr(self, name)}: must be >= 0 ("
-                    + ("0 keeps every checkpoint)" if name == "keep_last" else "0 turns it off)")
-                )
-        if self.throughput_window < 1:
-            raise ConfigError(f"run.throughput_window={self.throughput_window}: must be >= 1")
-
 
 _LOCKED: list[RunDir] = []  # run dirs this process locked, released on the way out
 _CREATED: list[Path] = []  # run dirs this process created, removed again if a failed start left them empty
@@ -177,6 +139,7 @@ class SinkLabCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         self.model.optim.validate(self.trainer.max_steps)
         refuse_zero_optimizer(self.model.optim.name, self.trainer.strategy)
+        self.model.spike_guard = self.opts.spike_guard(self.trainer.strategy)
         manifest = self.datamodule.manifest
         self.model.set_vocab(manifest.vocab_size, manifest.context_length, manifest.tokenizer_sha256)  # max_seq_len too
         if self.opts.sink_every > 0 and manifest.probe.length > self.model.arch.max_seq_len:

@@ -28,6 +28,7 @@ from .loss import next_token_loss
 from .optim import OptimConfig, build_optimizer, build_scheduler, optimizer_split
 from .recording import record_metrics, reduced, set_tag
 from .sharding import shard_model
+from .spikes import SpikeGuard, drop_gradients, grad_norm
 
 # DeepSpeedStrategy warns that an overridden configure_gradient_clipping does not clip: under it
 # ours hands over to Lightning's, which leaves clipping to the engine (gradient_clipping), as wanted.
@@ -116,6 +117,8 @@ class SinkLabModule(L.LightningModule):
         self.init_state: dict[str, torch.Tensor] | None = None  # read_init() fills it at a fresh start
         self.model: Transformer | None = None
         self._step_loss, self._micro, self._val = 0.0, 0, []
+        self.spike_guard: SpikeGuard | None = None  # run.skip_spikes (set by sinklab fit)
+        self._step_value = math.nan  # the step's mean loss, for the guard
         self.save_hyperparameters({ARCH: self.arch.to_dict(), "optim": vars(self.optim).copy()})
 
     # ---- model ----------------------------------------------------------------------------
@@ -148,7 +151,7 @@ class SinkLabModule(L.LightningModule):
         line = failure_line(exc)
         print(
             f"sinklab fit: warning: torch.compile failed ({line}); training uncompiled, which is slower "
-            "(paper-60m on an H100: 404K against 639K tokens/s). --model.compile false skips the attempt.",
+            "(docs/gpu.md). --model.compile false skips the attempt.",
             file=sys.stderr,
             flush=True,
         )
@@ -177,8 +180,8 @@ class SinkLabModule(L.LightningModule):
     #   _end_of_step                   on the last micro-batch (at_step_end, the one boundary rule): the
     #                                  step's loss, mean over micro-batches and ranks, recorded as step s;
     #                                  a non-finite one stops every rank before the update
-    #   configure_gradient_clipping    clip to trainer.gradient_clip_val; a step guard goes at its end,
-    #                                  after the clip and before the update (DeepSpeed calls it on every
+    #   configure_gradient_clipping    clip to trainer.gradient_clip_val; the spike guard (run.skip_spikes,
+    #                                  spikes.py) at its end, after the clip and before the update (DeepSpeed calls it on every
     #                                  micro-batch, and its engine clips and steps at the boundary)
     #   (Lightning) optimizer.step, zero_grad, lr_scheduler.step; global_step becomes s + 1
     #   on_train_batch_end where at_step_end: the callbacks in cli.py's order, StepCheckpoint,
@@ -196,7 +199,7 @@ class SinkLabModule(L.LightningModule):
         """On the last micro-batch of a step, before its optimizer update: the step's mean loss
         over micro-batches and ranks; a non-finite one stops every rank together (so no
         checkpoint of the broken weights is written)."""
-        value = reduced(self.trainer, self._step_loss / self._micro, "mean")
+        value = self._step_value = reduced(self.trainer, self._step_loss / self._micro, "mean")
         self._step_loss, self._micro = 0.0, 0
         if not math.isfinite(value):
             raise NonFiniteLossError(
@@ -217,6 +220,7 @@ class SinkLabModule(L.LightningModule):
         clip for fp16's sake, is clipped here with torch's own functions. With FSDP2 the
         gradients are DTensors and torch reduces their norm over the mesh; under DeepSpeed the
         engine clips (Lightning passes gradient_clip_val as its ``gradient_clipping``)."""
+        norm = grad_norm(optimizer) if self.spike_guard is not None else None  # before the clip, as OLMo-core
         plugin = self.trainer.precision_plugin
         if not (gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None):
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
@@ -224,7 +228,21 @@ class SinkLabModule(L.LightningModule):
             torch.nn.utils.clip_grad_value_(self._with_grads(optimizer), gradient_clip_val)
         else:
             torch.nn.utils.clip_grad_norm_(self._with_grads(optimizer), gradient_clip_val)
-        # after the clip, before the update: where a step guard would skip this step
+        if norm is not None:  # after the clip, before the update: the spike guard
+            self._guard(optimizer, norm)
+
+    def _guard(self, optimizer, norm: float) -> None:
+        """run.skip_spikes: a spike's gradients are dropped, so the optimizer applies nothing."""
+        guard = self.spike_guard
+        skip = guard.check(self.global_step, self._step_value, norm)
+        if skip:
+            drop_gradients(optimizer)
+        if skip or self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+            record_metrics(self, {N.SKIPPED_STEPS: len(guard.skipped), N.GRAD_NORM: norm})
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.spike_guard is not None and "spike_guard" in checkpoint:
+            self.spike_guard.load_state_dict(checkpoint["spike_guard"])
 
     @staticmethod
     def _with_grads(optimizer) -> list[torch.Tensor]:
@@ -267,4 +285,6 @@ class SinkLabModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.spike_guard is not None:  # the rolling window: a resume decides as the run would have
+            checkpoint["spike_guard"] = self.spike_guard.state_dict()
         checkpoint.setdefault("hyper_parameters", {})[ARCH] = self.arch.to_dict()

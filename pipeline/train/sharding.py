@@ -116,15 +116,18 @@ if "fsdp2" not in StrategyRegistry:
     StrategyRegistry.register("fsdp2", FSDP2Strategy, description="FSDP2 (fully_shard) over every process")
 
 
+def refuse_under_deepspeed(setting: str, why: str, strategy) -> None:
+    """A setting DeepSpeed ZeRO cannot carry out: one line naming it, why, and what runs it."""
+    if isinstance(strategy, LightningDeepSpeedStrategy):
+        raise ConfigError(f"{setting}: under DeepSpeed ZeRO {why}; train it with --trainer.strategy ddp or fsdp2")
+
+
 def refuse_zero_optimizer(name: str, strategy) -> None:
-    """Muon and OrthoAdam under DeepSpeed ZeRO: refused, naming what runs them."""
-    if name in ("muon", "orthoadam") and isinstance(strategy, LightningDeepSpeedStrategy):
-        raise ConfigError(
-            f"model.optim.name={name}: DeepSpeed ZeRO gives a client optimizer flat 1-D partitions, which "
-            f"{'Muon (2-D matrices)' if name == 'muon' else 'OrthoAdam (per-tensor rotations)'} cannot update; "
-            "train it with --trainer.strategy ddp or fsdp2 (DeepSpeed's own Muon, optimizer type Muon in the "
-            "ZeRO JSON, is not wired into SinkLab)"
-        )
+    """Muon and OrthoAdam under DeepSpeed ZeRO (DeepSpeed's own Muon is not wired into SinkLab)."""
+    if name in ("muon", "orthoadam"):
+        kind = "Muon (2-D matrices)" if name == "muon" else "OrthoAdam (per-tensor rotations)"
+        why = f"a client optimizer gets flat 1-D partitions, which {kind} cannot update"
+        refuse_under_deepspeed(f"model.optim.name={name}", why, strategy)
 
 
 def shard_model(model: Transformer, mesh: DeviceMesh) -> None:

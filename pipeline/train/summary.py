@@ -56,6 +56,17 @@ def health_problems(metrics_path, max_steps: int, log_every: int, first_step: in
     return problems
 
 
+def skipped_lines(guard) -> list[str]:
+    """The steps the spike guard skipped (run.skip_spikes), named; nothing without the guard."""
+    if guard is None:
+        return []
+    named = ", ".join(map(str, guard.skipped[:20])) + (
+        f" (+{len(guard.skipped) - 20} more)" if len(guard.skipped) > 20 else ""
+    )
+    rule = f"loss or grad norm > {guard.sigmas:g}σ above the last {guard.window} steps"
+    return [f"skipped      {len(guard.skipped)} steps ({rule})" + (f": {named}" if named else "")]
+
+
 def print_summary(cli) -> None:
     trainer, plan = cli.trainer, cli.plan
     steps = trainer.global_step
@@ -77,6 +88,7 @@ def print_summary(cli) -> None:
         "Sink_1 (ε=0.3, % of layer×head×sequence" + (f"; {proxy})" if proxy else ")"),
         f"             {sink_trajectory(sinks)}",
         "mean α₁      " + sink_trajectory(sinks, column=2, fmt="{:.3f}"),
+        *skipped_lines(cli.model.spike_guard),
         f"time         {train_s:.0f} s training in this start; sink metrics {sink_s:.1f} s "
         f"({100 * sink_s / train_s if train_s else 0:.2f}% of it)",
     ]

@@ -85,3 +85,44 @@ def test_learned_positions_refuse_a_length_past_their_table(tmp_path, hf_tokeniz
     ckpt = save_pretrained(micro_model(vocab_size=len(hf_tokenizer), positional="learned"), tmp_path / "ckpt")
     assert cli.main(["length-eval", str(ckpt), "--train-len", "32", "--passkey", "", "--out", str(tmp_path / "o")]) == 2
     assert "learned positions end at 64; 128 tokens are asked" in capsys.readouterr().err
+
+
+def test_length_eval_reads_a_bigram_backcopy_model_on_fresh_long_sequences(tmp_path, capsys):
+    """``--dataset`` of a BB dataset: windows of k·C tokens are fresh sequences of its chain, BOS
+    first (not its val split of C-token rows run together, BOS every C tokens)."""
+    from data_prep.cli import main as prep
+    from pipeline.model import save_pretrained
+
+    bb = tmp_path / "bb"
+    assert (
+        prep(["bb", "--out", str(bb), "-C", "8", "--sequences", "4", "--val-sequences", "4", "--probe-length", "8"])
+        == 0
+    )
+    ckpt = save_pretrained(micro_model(vocab_size=32), tmp_path / "ckpt")
+    out = tmp_path / "out"
+    argv = [str(ckpt), "--dataset", str(bb), "--train-len", "8", "--factor", "3", "--windows", "3", "--passkey", ""]
+    assert length.main([*argv, "--out", str(out)]) == 0
+    result = json.loads((out / "length.json").read_text())["models"]["ckpt"]
+    assert result["tokens"] == 24 and result["windows"] == 3 and len(result["loss"]["full"]) == 6
+    args = length.build_parser().parse_args(argv)
+    ids = length.bb_windows(args, 24)
+    assert ids.shape == (3, 24) and (ids[:, 0] == 30).all() and (ids[:, 1:] < 30).all()  # BOS (id 30) once
+    assert cli.main(["length-eval", *argv, "--bos", "no", "--out", str(tmp_path / "o")]) == 2
+    assert "a Bigram-Backcopy sequence starts with BOS" in capsys.readouterr().err
+
+
+def test_a_users_file_in_out_is_refused_before_any_work(tiny_llama_dir, tmp_path, capsys, monkeypatch):
+    """Issue 35: --out's length.md / length.json / length.png go through sinklab_io.outputs."""
+    from pipeline.analysis import subject
+
+    monkeypatch.setattr(subject, "Subject", lambda *a, **k: pytest.fail("a model was loaded"))
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "length.md").write_text("the user's notes")
+    assert cli.main(["length-eval", str(tiny_llama_dir), "--train-len", "16", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"sinklab length-eval: --out {out}: already holds length.md, which sinklab did not write (or which changed "
+        "since); nothing was changed. Name a new directory, or move those files away"
+    ]
+    assert [p.name for p in out.iterdir()] == ["length.md"] and (out / "length.md").read_text() == "the user's notes"

@@ -220,3 +220,23 @@ def test_first_key_share_splits_queries_and_skips_the_first():
     assert math.isnan(share[1, 0].item())  # only query 1 chosen: nothing to average
     rest = metrics.first_key_share(attn, ~chosen)
     assert rest[:, 0].tolist() == pytest.approx([0.3, 1.0])
+
+
+def test_max_attention_logit_on_a_hand_made_case():
+    """d_h = 4, T = 3, one head: the largest q·k lies above the diagonal (a future key), which the
+    causal mask must drop; the admitted pairs' largest is q_3·k_2 = 6, over √4: 3."""
+    q = torch.tensor([[1.0, 0, 0, 0], [0, 1, 0, 0], [0, 3, 0, 0]])[None, None]
+    k = torch.tensor([[0.0, 0, 0, 0], [0, 2, 0, 0], [50, 0, 0, 0]])[None, None]
+    # q_i·k_j: row 1 [0, 0, 50], row 2 [0, 2, 0], row 3 [0, 6, 0]
+    assert metrics.max_attention_logit(q, k).tolist() == [[3.0]]
+    everything = torch.ones(3, 3, dtype=torch.bool)
+    assert metrics.max_attention_logit(q, k, everything).tolist() == [[25.0]]
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 3, 5, 8, generator=gen), torch.randn(2, 3, 5, 8, generator=gen)
+    brute = torch.full((2, 3), -math.inf)
+    for b in range(2):
+        for h in range(3):
+            for i in range(5):
+                for j in range(i + 1):
+                    brute[b, h] = max(brute[b, h], float(q[b, h, i] @ k[b, h, j]) / math.sqrt(8))
+    assert torch.allclose(metrics.max_attention_logit(q, k), brute, atol=1e-6)

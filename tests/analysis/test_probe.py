@@ -196,3 +196,30 @@ def test_run_probe_splits_bos_attention_by_trigger_queries():
     plain = run_probe(ActiveDormantModel(), tokens)
     assert plain.bos_share_trigger is None and plain.value_norm_ratio is None
     assert not any(k.startswith(("sink/bos_share", "act/value_norm")) for k in plain.to_metrics())
+
+
+@pytest.mark.parametrize("overrides", [{}, {"mask": "sliding", "window": 3}, {"sink_tokens": 1}])
+def test_run_probe_max_logit_is_the_largest_admitted_qk_over_sqrt_dh(overrides):
+    """Per layer and head, the largest q·k/√d_h over every sequence and admitted token pair,
+    brute force from the model's own rotated queries and keys."""
+    model = micro_model(**overrides)
+    tokens = torch.randint(0, model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(1))
+    rep = run_probe(model, tokens, batch_size=2)
+    with torch.no_grad():
+        out = model(tokens, output_qkv=True)
+    window = overrides.get("window", 12)
+    dh = model.config.head_dim
+    for layer, (q, k) in enumerate(zip(out.queries, out.keys)):
+        for h in range(model.config.n_heads):
+            brute = max(
+                float(q[b, h, i] @ k[b, h, j]) / math.sqrt(dh)
+                for b in range(3)
+                for i in range(12)
+                for j in range(max(0, i - window + 1), i + 1)
+            )
+            assert rep.max_logit[layer, h].item() == pytest.approx(brute, abs=1e-5)
+    logged = rep.to_metrics()
+    assert logged["attn/max_logit_l1"] == pytest.approx(float(rep.max_logit[1].max()))
+    assert logged["attn/max_logit"] == max(logged[f"attn/max_logit_l{l}"] for l in range(rep.max_logit.shape[0]))
+    assert rep.head_metrics()["heads/max_logit_l0_h1"] == pytest.approx(float(rep.max_logit[0, 1]))
+    assert rep.to_json()["max_logit"] == rep.max_logit.tolist()

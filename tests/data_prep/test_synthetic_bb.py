@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from data_prep.cli import main
 from data_prep.dataset import PackedSplit, load_probe, verify
-from data_prep.synthetic_bb import bigram_source, generate
+from data_prep.synthetic_bb import bigram_source, generate, long_sequences
 
 
 def test_bigram_source_counts_by_hand():
@@ -119,6 +119,14 @@ def test_prep_bb_writes_a_dataset_sinklab_reads(tmp_path, capsys):
     assert main(["bb", "--out", str(again)] + argv[3:]) == 0
     assert (again / "train" / "00000.bin").read_bytes() == before  # the bytes depend on the settings only
     assert json.loads((again / "manifest.json").read_text())["hash"] == manifest.hash
+    # length-eval's sequences: any length, the same chain and rule, a stream of their own, repeatable
+    long = long_sequences(manifest.raw, 30, 64)
+    assert long.shape == (30, 64) and (long[:, 0] == 22).all() and (long[:, 1:] < 22).all()
+    after_trigger = long[:, 1:-1] < 2
+    assert after_trigger.any() and np.array_equal(long[:, 2:][after_trigger], long[:, :-2][after_trigger])
+    assert np.array_equal(long, long_sequences(manifest.raw, 30, 64))
+    assert not np.array_equal(long[:, :16], PackedSplit(out, "val", manifest).take(range(30)))
+    assert long_sequences({"seed": 0}, 3, 8) is None  # not a Bigram-Backcopy dataset
 
 
 @pytest.mark.parametrize(

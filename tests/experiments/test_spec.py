@@ -35,12 +35,17 @@ EXPECTED = {
     # Guo et al.'s Bigram-Backcopy findings (issue 30)
     "bb-sink",
     "bb-attention-ops",
-    "bb-optimizer",
+    "bb-optimizers",
     "bb-norm",
     "bb-mitigations",
+    # the optimiser and stability (issue 38)
+    "optimizers",
+    "lr-tolerance",
     # why the first token: context length and length generalisation (issue 39)
     "context-length",
     "length-generalisation",
+    "bb-context-length",
+    "bb-length-generalisation",
 }
 
 

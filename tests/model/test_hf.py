@@ -126,7 +126,7 @@ def _listing(root: Path) -> dict[str, bytes]:
 def test_export_never_deletes_what_it_did_not_write(tmp_path, capsys, monkeypatch, target):
     """Issue 26: `export-hf CKPT --out DIR` replaced DIR wholesale (the run's checkpoints, the current
     directory's contents). Now it replaces only an earlier export of its own, and refuses the rest
-    in one line with nothing touched."""
+    in one line with nothing touched, before the model is loaded (issue 35)."""
     run = tmp_path / "run"
     ckpt = save_pretrained(_model(), run / "checkpoints" / "step-000010")
     (run / "metrics.jsonl").write_text("{}\n")
@@ -145,6 +145,7 @@ def test_export_never_deletes_what_it_did_not_write(tmp_path, capsys, monkeypatc
         (out / "notes.txt").write_text("mine")
     before = _listing(tmp_path)
     capsys.readouterr()
+    monkeypatch.setattr("pipeline.model.load_pretrained", lambda *a, **k: pytest.fail("refused only after loading"))
     assert main([str(ckpt), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sinklab export-hf: ")

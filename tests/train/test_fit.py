@@ -74,6 +74,13 @@ def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path
     assert not client.get_metric_history(run_id, "heads/entropy_l1_h0")
     plotted = sorted(int(f.stem.split("-")[-1]) for f in (run_dir / "plots").glob("alpha1_step-*.png"))
     assert logged_image_keys(client, run_id)["heads/alpha1"] == plotted and plotted[-1] == 8
+    # issue 38: the largest pre-softmax logit per layer, live; per head in the jsonl and its own image
+    logit = {m.step: m.value for m in client.get_metric_history(run_id, "attn/max_logit")}
+    assert sorted(logit) == [0, 4, 8] and all(v > 0 for v in logit.values())
+    last = next(r for r in read_metrics(run_dir) if r["step"] == 8 and "attn/max_logit_l0" in r)
+    assert logit[8] == max(last["attn/max_logit_l0"], last["attn/max_logit_l1"])
+    assert not client.get_metric_history(run_id, "heads/max_logit_l0_h0") and "heads/max_logit_l1_h1" in first
+    assert logged_image_keys(client, run_id)["heads/max_logit"] == plotted
     speed = {m.step: m.value for m in client.get_metric_history(run_id, "perf/tokens_per_s")}
     mfu = {m.step: m.value for m in client.get_metric_history(run_id, "perf/mfu")}
     config = load_pretrained(run_dir / "checkpoints" / "step-000008.ckpt").config

@@ -165,18 +165,19 @@ def test_dataset_input_experiment_marks_and_system_metrics(fitted):
     assert {t.key: t.value for t in dataset_input.tags} == {"mlflow.data.context": "training"}
     tags = fitted.client.get_experiment(run.info.experiment_id).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
-    envelope = json.loads(tags["mlflow.sharedViewState.sinklab-view-v3"])  # a saved view: listed under "Views"
+    envelope = json.loads(tags["mlflow.sharedViewState.sinklab-view-v4"])  # a saved view: listed under "Views"
     view = json.loads(envelope["state"])
     assert envelope["name"] == views.VIEW_NAME and isinstance(envelope["createdAt"], int)
-    assert view["isAccordionReordered"] and [s["name"] for s in view["compareRunSections"]][:3] == [
+    assert view["isAccordionReordered"] and [s["name"] for s in view["compareRunSections"]][:4] == [
         views.HEADLINE_SECTION,
+        views.STABILITY_SECTION,
         views.HEADS_SECTION,
         "sink",
     ]
     assert view["orderByKey"] == "tags.`mlflow.runName`"  # a sweep's variants listed flat, with their curves
     url = views.experiment_url(fitted.uri, run.info.experiment_id)
     assert url.startswith(f"{fitted.uri}/#/experiments/{run.info.experiment_id}/runs?workflowType=machine_learning")
-    assert "compareRunsMode=CHART" in url and "viewStateShareKey=sinklab-view-v3" in url
+    assert "compareRunsMode=CHART" in url and "viewStateShareKey=sinklab-view-v4" in url
     assert any(k.startswith("system/cpu_utilization") for k in run.data.metrics), sorted(run.data.metrics)
 
 

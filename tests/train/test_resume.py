@@ -247,5 +247,5 @@ def test_muon_under_deepspeed_is_refused_in_one_line(tiny_ds, tmp_path, monkeypa
     args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--model.optim.name", "muon"]
     assert fit_in_process([*args, "--trainer.strategy", "deepspeed_stage_2"], monkeypatch, mlflow_server) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sinklab fit:")]
-    assert len(err) == 1 and "model.optim.name=muon: DeepSpeed ZeRO" in err[0] and "ddp or fsdp2" in err[0]
+    assert len(err) == 1 and "model.optim.name=muon: under DeepSpeed ZeRO" in err[0] and "ddp or fsdp2" in err[0]
     assert not run_dir.exists()

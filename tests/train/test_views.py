@@ -12,19 +12,22 @@ from pipeline.tracking.runs import run_scale
 
 def test_per_head_scalars_stay_out_of_mlflow_metrics():
     assert not views.sent_to_mlflow("heads/alpha1_l3_h7") and not views.sent_to_mlflow("heads/entropy_l0_h0")
-    assert not views.sent_to_mlflow("heads/out_norm_l9_h1")
-    for name in ("sink/sink1", "heads/dormant_pct", "act/massive_ratio_l0", "val/loss"):
+    assert not views.sent_to_mlflow("heads/out_norm_l9_h1") and not views.sent_to_mlflow("heads/max_logit_l0_h2")
+    for name in ("sink/sink1", "heads/dormant_pct", "act/massive_ratio_l0", "val/loss", "attn/max_logit_l0"):
         assert views.sent_to_mlflow(name)
 
 
 def test_the_chart_list_puts_the_headline_first_and_hides_flat_series():
     cards = views.chart_cards()
-    assert [c.get("metricKey") or c["imageKeys"][0] for c in cards[:6]] == [
+    assert [c.get("metricKey") or c["imageKeys"][0] for c in cards[:9]] == [
         *views.HEADLINE,
+        "attn/max_logit",
+        "train/skipped_steps",
+        views.MAX_LOGIT_IMAGE,
         views.ALPHA1_IMAGE,
         views.TRAJECTORY_IMAGE,
     ]
-    assert not any(c["deleted"] for c in cards[:6])
+    assert not any(c["deleted"] for c in cards[:9])
     hidden = {c["metricKey"] for c in cards if c["deleted"]}
     assert hidden == {
         "sink/alpha1_uniform",
@@ -34,7 +37,7 @@ def test_the_chart_list_puts_the_headline_first_and_hides_flat_series():
         "sink/sink_k1",
     }
     sections = views.sections()
-    assert [s["display"] for s in sections[:3]] == [True, True, False]  # everything below the headline collapsed
+    assert [s["display"] for s in sections[:4]] == [True, True, True, False]  # everything below collapsed
     assert {c["metricSectionId"] for c in cards[:4]} == {sections[0]["uuid"]}
     assert len({s["uuid"] for s in sections}) == len(sections)
     json.dumps(views.view_state([]))  # the tag's value is plain JSON

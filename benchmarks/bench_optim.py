@@ -1,0 +1,64 @@
+"""One optimizer step of Muon (+ AdamW) and OrthoAdam against AdamW, side by side, on CPU.
+
+One process, one model (the 60M preset by default) and one set of random gradients; each optimizer
+is built by ``pipeline.train.optim.build_optimizer`` over the same parameters and stepped once to
+create its state (and OrthoAdam's rotations) before timing. Then ``repeats`` rounds, the order
+alternating, each timing one ``step()`` per optimizer by the process CPU clock (one thread under
+``cpulock``: the work done, not another job's); the median per optimizer. The step alone: no
+forward or backward, which all three share. The last line is ``ratio muon=<x> orthoadam=<y>``
+(seconds per step over AdamW's).
+
+    python benchmarks/bench_optim.py [--preset llama-60m] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from pipeline.model import ModelConfig, Transformer
+from pipeline.train.optim import OptimConfig, build_optimizer, optimizer_split
+
+NAMES = ("adamw", "muon", "orthoadam")
+
+
+def step_seconds(preset: str, repeats: int) -> dict[str, float]:
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(preset=preset))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    optimizers = {}
+    for name in NAMES:
+        cfg = OptimConfig(name=name, lr=4e-4)
+        for half, line in optimizer_split(model, cfg).items():
+            print(f"{name:10s} {half.rsplit('.', 1)[1]:9s} {line}", flush=True)
+        optimizers[name] = build_optimizer(model, cfg)
+        optimizers[name].step()  # state, and OrthoAdam's rotations, before timing
+    seconds: dict[str, list[float]] = {name: [] for name in NAMES}
+    for r in range(repeats):
+        for name in NAMES if r % 2 == 0 else NAMES[::-1]:
+            start = time.process_time()
+            optimizers[name].step()
+            seconds[name].append(time.process_time() - start)
+    return {name: statistics.median(s) for name, s in seconds.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="llama-60m")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(f"preset {args.preset}, CPU, {torch.get_num_threads()} thread(s), median of {args.repeats}", flush=True)
+    seconds = step_seconds(args.preset, args.repeats)
+    for name, s in seconds.items():
+        print(f"{name:10s} {s:8.3f} s per step  ({s / seconds['adamw']:.2f}x AdamW)")
+    print(
+        f"ratio muon={seconds['muon'] / seconds['adamw']:.2f} orthoadam={seconds['orthoadam'] / seconds['adamw']:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
