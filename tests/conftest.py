@@ -39,6 +39,23 @@ def pytest_configure(config):
         os.environ[SHARED] = tempfile.mkdtemp(prefix="sinklab-tests-")
 
 
+# The longest files (multi-rank runs, SLURM, sweeps) start first, so the two xdist workers end together.
+LONGEST_FIRST = [
+    "train/test_deepspeed.py",
+    "cluster/test_cluster_slurm.py",
+    "experiments/test_end_to_end.py",
+    "train/test_fsdp2.py",
+    "train/test_resume.py",
+    "analysis/test_analyze.py",
+    "train/test_bb_emergence.py",
+]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.relative_to(REPO / "tests").as_posix(), len(rank)))
+
+
 def pytest_unconfigure(config):
     if hasattr(config, "workerinput") or SHARED not in os.environ:
         return
