@@ -4,8 +4,7 @@ The same 6-run sweep (bb-norm at the cpu scale: 2 variants x 3 seeds of the bb-t
 twice from a fresh process each, on a Bigram-Backcopy dataset prepared here, each with its own
 MLflow store and run directories:
 
-- per-run processes: every run a `sinklab fit` process of its own (imports and all), as sweeps
-  ran before issue 37;
+- per-run processes: every run a `sinklab fit` process of its own (imports and all);
 - one warm worker: `sinklab sweep --local` as it is, every run forked from a worker that imported
   the training stack once (pipeline.experiments.pool).
 

@@ -221,7 +221,7 @@ def first_step_above(history, threshold: float) -> int | None:
     return min(steps) if steps else None
 
 
-# Emergence thresholds (issue 19): Sink_1 above 1 % and 10 %, mean α_1 above 1.25 x uniform.
+# Emergence thresholds: Sink_1 above 1 % and 10 %, mean α_1 above 1.25 x uniform.
 EMERGENCE_SINK1 = {"sink1_1pct": 1.0, "sink1_10pct": 10.0}
 EMERGENCE_ALPHA1 = {"alpha1_125pct": 1.25}
 

@@ -126,9 +126,21 @@ def held_out_stream(dataset: Path, max_tokens: int, command: str = "stream-ppl")
     return ids[:max_tokens]
 
 
+def trained_tokenizer(path: Path) -> str | None:
+    """The tokenizer sha256 `sinklab fit` recorded with a model: in a Lightning checkpoint's
+    hyper-parameters, or in the dataset.json of a model folder it logged; None where none is."""
+    if path.is_file() and path.suffix == ".ckpt":
+        blob = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        return (blob.get("hyper_parameters") or {}).get("tokenizer_sha256")
+    try:
+        return json.loads((path / "dataset.json").read_text())["tokenizer"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def check_dataset_tokenizer(subject, path: Path) -> None:
     """Refuse a SinkLab model analysed on the probe set of a dataset of another tokenizer: its
-    vocabulary size differs, or the checkpoint's recorded tokenizer hash (``sinklab fit``) does."""
+    vocabulary size differs, or the tokenizer hash recorded with the model does."""
     from data_prep.dataset import DatasetError, load_manifest
 
     if subject.kind != "sinklab":
@@ -137,15 +149,12 @@ def check_dataset_tokenizer(subject, path: Path) -> None:
         manifest = load_manifest(path)
     except DatasetError as error:
         raise SystemExit(f"sinklab analyze: --dataset {path}: {error}") from None
-    trained = None
-    if Path(subject.source).is_file() and Path(subject.source).suffix == ".ckpt":
-        blob = torch.load(subject.source, map_location="cpu", mmap=True, weights_only=False)
-        trained = (blob.get("hyper_parameters") or {}).get("tokenizer_sha256")
-    if manifest.vocab_size != subject.vocab_size or (trained and trained != manifest.tokenizer_sha256):
+    trained, used = trained_tokenizer(subject.path), manifest.tokenizer_sha256
+    if manifest.vocab_size != subject.vocab_size or (trained and used and trained != used):
         what = (
             f"a vocabulary of {manifest.vocab_size} ids, the model's has {subject.vocab_size}"
             if manifest.vocab_size != subject.vocab_size
-            else f"tokenizer sha256 {str(manifest.tokenizer_sha256)[:12]}, the model was trained with {trained[:12]}"
+            else f"tokenizer sha256 {used[:12]}, the model was trained with {trained[:12]}"
         )
         raise SystemExit(
             f"sinklab analyze: --dataset {path}: its tokenizer is not the model's ({what}); give the dataset the "

@@ -55,7 +55,7 @@ class Subject:
             self.model.eval()
             self.vocab_size = self.model.config.vocab_size
             self.special_ids: set[int] = set()
-            self.source = self.spec
+            self.source, self.path = self.spec, Path(spec)  # path: the local copy of a run's model
             inside, beside = Path(spec) / "tokenizer.json", Path(spec).with_name("tokenizer.json")
             beside = inside if inside.is_file() else beside
             if tokenizer is not None or beside.exists():

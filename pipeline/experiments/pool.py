@@ -1,11 +1,9 @@
 """A warm worker for a local sweep: the training stack is imported once, each run forks from it.
 
-A local sweep used to start one `sinklab fit` process per run, each paying ~11 s of imports
-(torch, Lightning, MLflow) before its first step. The worker, started by the sweep, imports
-`sinklab fit`'s modules once, touches neither MLflow nor torch's thread pools, and then, per
-request, forks a child that runs `sinklab fit ARGS` exactly as the command does, with its output in the run's `sweep.log`. Each run is still a process of its own
-(its own seeds, globals, run-directory lock and MLflow run) and resumes like any `sinklab fit`;
-the fork only skips the imports.
+The worker, started by the sweep, imports `sinklab fit`'s modules once, touches neither MLflow
+nor torch's thread pools, and per request forks a child that runs `sinklab fit ARGS` exactly as
+the command does, its output in the run's `sweep.log`. Each run is still a process of its own
+(seeds, globals, run-directory lock, MLflow run); the fork only skips the imports (docs/experiments.md).
 
 Protocol: one JSON line per request on the worker's stdin (`{"argv": [...], "log": PATH, "env":
 {...}}`), one JSON line per answer on its stdout (`{"code": EXIT_STATUS}`); the first line it

@@ -19,9 +19,9 @@ from pipeline import metric_names as N
 from pipeline import metrics as M
 
 SINK1, ALPHA1 = N.SINK1, N.ALPHA1_MEAN
-UNIFORM = N.ALPHA1_UNIFORM  # logged by every probe since emergence steps are (issue 19)
+UNIFORM = N.ALPHA1_UNIFORM  # logged by every probe
 EMERGED = {name: N.emerged_step(name) for name in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)}
-# the emergence steps a report shows (issue 37): Sink_1 above 10%, and the alpha_1 version
+# the emergence steps a report shows: Sink_1 above 10%, and the alpha_1 version
 EMERGENCE_SHOWN = (("sink1_10pct", "emerged: Sink_1 > 10%"), ("alpha1_125pct", "emerged: alpha_1 > 1.25 x uniform"))
 ALPHA1_KEY = "alpha1_vs_sink1"
 ALPHA1_COLUMN = "alpha1_mean"

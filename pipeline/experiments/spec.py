@@ -19,7 +19,7 @@ from pipeline.experiments.reader import ExperimentError, Reader
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS_DIR = REPO / "configs" / "experiments"
 SCALES = ("paper", "cpu", "gpu")
-REQUIRED_SCALES = ("paper", "cpu")  # gpu (one lent GPU, ~4 min a variant on an H100) is opt-in per file
+REQUIRED_SCALES = ("paper", "cpu")  # gpu (one lent GPU) is opt-in per file
 TOP_KEYS = {
     "name",
     "title",

@@ -38,9 +38,9 @@ RESERVED_NAMES = {"slurm", "runs.tsv", "array.sbatch"}
 DATA_ENV = "SINKLAB_DATA_PATH"
 EMBEDDED_AT_GPU_SCALE = (
     "note: the gpu scale trains on the embedded corpus (about 3.3M tokens; 2,000 steps of 32K tokens "
-    "are about 20 epochs): on an H100 its valid loss rose from 2.81 at step 750 to 5.07 at step 2000 "
-    "(the model memorises), so its sink figures are the paper's insufficient-data regime (Figure 28 "
-    f"left). Give a prepared Pile dataset with --data-path DIR or ${DATA_ENV}."
+    "are about 20 epochs), which the model memorises (docs/experiments.md, the gpu scale), so its sink "
+    "figures are the paper's insufficient-data regime (Figure 28 left). Give a prepared Pile dataset with "
+    f"--data-path DIR or ${DATA_ENV}."
 )
 
 

@@ -1,4 +1,4 @@
-"""When the sink emerges during training (issue 19), and each head's α_1 over the run.
+"""When the sink emerges during training, and each head's α_1 over the run.
 
 Every sink probe logs, beside ``report.to_metrics()``: the α_1 of each head
 (``heads/alpha1_l{l}_h{h}``, layers and heads 0-based; in metrics.jsonl, where the trajectory

@@ -151,7 +151,7 @@ class SinkLabModule(L.LightningModule):
         line = failure_line(exc)
         print(
             f"sinklab fit: warning: torch.compile failed ({line}); training uncompiled, which is slower "
-            "(paper-60m on an H100: 404K against 639K tokens/s). --model.compile false skips the attempt.",
+            "(docs/gpu.md). --model.compile false skips the attempt.",
             file=sys.stderr,
             flush=True,
         )

@@ -403,3 +403,46 @@ def test_stream_ppl_refuses_a_cache_wider_than_the_model_positions(
         with pytest.raises(SystemExit) as err:
             streaming.main([str(ckpt), "--text", str(text), "--tokenizer", str(tmp_path / "tokenizer.json"), *extra])
         assert option in str(err.value) and "handles at most 64" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("recorded", ["checkpoint", "logged model folder"])
+def test_a_model_analysed_on_the_probe_set_of_another_tokenizer_is_refused(
+    recorded, sinklab_ckpt_with_tokenizer, tmp_path
+):
+    """Issue 35: a dataset of the model's vocabulary size but another tokenizer, told by the tokenizer
+    hash `sinklab fit` records with the model (a checkpoint's hyper-parameters, a logged model's
+    dataset.json); the model's own dataset passes."""
+    import hashlib
+
+    from data_prep.dataset import content_hash
+    from pipeline.model import save_pretrained
+
+    model = micro_model()
+    trained = hashlib.sha256((tmp_path / "tokenizer.json").read_bytes()).hexdigest()
+    other = hashlib.sha256(b"another tokenizer").hexdigest()
+    if recorded == "checkpoint":
+        subject = tmp_path / "step-000004.ckpt"
+        state = {f"model.{k}": v for k, v in model.state_dict().items()}
+        hparams = {"arch": model.config.to_dict(), "tokenizer_sha256": trained}
+        torch.save({"state_dict": state, "hyper_parameters": hparams}, subject)
+    else:
+        subject = save_pretrained(model, tmp_path / "model")
+        (subject / "dataset.json").write_text(json.dumps({"tokenizer": {"sha256": trained}}))
+    datasets = {}
+    for name, sha in (("own", trained), ("other", other)):
+        root = _micro_dataset(tmp_path / name)
+        manifest = json.loads((root / "manifest.json").read_text())
+        manifest["tokenizer"] = {"source": name, "sha256": sha, "file": "tokenizer.json"}
+        manifest["hash"] = content_hash(manifest)
+        (root / "manifest.json").write_text(json.dumps(manifest))
+        datasets[name] = root
+    argv = [str(subject), "-n", "2", "-T", "12", "--no-plots", "--dataset"]
+    with pytest.raises(SystemExit) as err:
+        analyze.main([*argv, str(datasets["other"]), "--out", str(tmp_path / "refused")])
+    assert str(err.value) == (
+        f"sinklab analyze: --dataset {datasets['other']}: its tokenizer is not the model's (tokenizer sha256 "
+        f"{other[:12]}, the model was trained with {trained[:12]}); give the dataset the model was trained on "
+        "(or one prepared with its tokenizer)"
+    )
+    assert not (tmp_path / "refused").exists()
+    assert analyze.main([*argv, str(datasets["own"]), "--out", str(tmp_path / "own-out")]) == 0
