@@ -161,22 +161,13 @@ def hf_loss(model, tokens):
 
 
 def hf_llama(cfg: ModelConfig):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """HF's LlamaForCausalLM of the same shape (the export's config), on SDPA."""
+    from transformers import LlamaForCausalLM
 
-    hf_cfg = LlamaConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.d_ffn,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_heads,
-        max_position_embeddings=cfg.max_seq_len,
-        rms_norm_eps=cfg.norm_eps,
-        rope_theta=cfg.rope_theta,
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-    )
-    return lambda: LlamaForCausalLM(hf_cfg)
+    from pipeline.model.hf_native import hf_config
+
+    hf_cfg = hf_config(cfg)
+    return lambda: LlamaForCausalLM._from_config(hf_cfg, attn_implementation="sdpa")
 
 
 def preset(name: str, tiny: bool, context: int, **overrides) -> ModelConfig:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 # Without a GPU, pipeline.kernels.triton_tiles runs its kernels under Triton's interpreter (on
 # CPU tensors); the variable must be set before the module is first imported.
@@ -26,51 +31,89 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server over HTTP on loopback, started once per test run."""
-    root = tmp_path_factory.mktemp("mlflow-server")
+SHARED = "SINKLAB_TEST_SHARED"  # a folder every xdist worker of this run sees
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controller, or a run without xdist
+        os.environ[SHARED] = tempfile.mkdtemp(prefix="sinklab-tests-")
+
+
+# The longest files (multi-rank runs, SLURM, sweeps) start first, so the two xdist workers end together.
+LONGEST_FIRST = [
+    "train/test_deepspeed.py",
+    "cluster/test_cluster_slurm.py",
+    "experiments/test_end_to_end.py",
+    "train/test_fsdp2.py",
+    "train/test_resume.py",
+    "analysis/test_analyze.py",
+    "train/test_bb_emergence.py",
+]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.relative_to(REPO / "tests").as_posix(), len(rank)))
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "workerinput") or SHARED not in os.environ:
+        return
+    shared = Path(os.environ.pop(SHARED))
+    server = shared / "mlflow-server.json"
+    if server.exists():
+        _stop_group(json.loads(server.read_text())["pgid"])
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+def _stop_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            os.killpg(pgid, 0)
+            time.sleep(0.2)
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _start_mlflow_server(root: Path) -> tuple[int, str]:
     port = free_port()
     mlflow = Path(sys.executable).with_name("mlflow")
-    cmd = [
-        str(mlflow),
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--backend-store-uri",
-        f"sqlite:///{root}/mlflow.db",
-        "--artifacts-destination",
-        str(root / "artifacts"),
-        "--workers",
-        "1",
-    ]
-    log = open(root / "server.log", "w")
+    cmd = [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    cmd += ["--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--artifacts-destination", str(root / "artifacts")]
+    root.mkdir()
+    log_path = root / "server.log"
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job workers: tests run no jobs
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True, env=env)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True, env=env)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     while True:
         try:
             with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
                 if r.status == 200:
-                    break
+                    return proc.pid, uri
         except OSError:
             pass
         if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError(
-                f"MLflow server did not start; see {root / 'server.log'}:\n" + (root / "server.log").read_text()[-3000:]
-            )
+            _stop_group(proc.pid)
+            raise RuntimeError(f"MLflow server did not start; see {log_path}:\n" + log_path.read_text()[-3000:])
         time.sleep(0.5)
-    yield uri
-    os.killpg(proc.pid, 15)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-    log.close()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server():
+    """A real MLflow tracking server over HTTP on loopback, started once per test run and shared by
+    its xdist workers; stopped when the run ends."""
+    shared = Path(os.environ[SHARED])
+    with FileLock(shared / "mlflow-server.lock"):
+        info = shared / "mlflow-server.json"
+        if not info.exists():
+            pgid, uri = _start_mlflow_server(shared / "mlflow-server")
+            info.write_text(json.dumps({"pgid": pgid, "uri": uri}))
+        return json.loads(info.read_text())["uri"]
 
 
 @pytest.fixture(scope="session")

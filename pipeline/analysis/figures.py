@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline import plots
-from pipeline.probe import SinkReport
+from pipeline.sink_report import SinkReport
 
 
 def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float) -> list[Path]:

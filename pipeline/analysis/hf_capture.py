@@ -19,7 +19,8 @@ from torch import Tensor
 
 from pipeline.flow import FlowAccumulator, recording_inputs
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs
-from pipeline.probe import SinkAccumulator, SinkReport, as_token_tensor
+from pipeline.probe import SinkAccumulator, as_token_tensor
+from pipeline.sink_report import SinkReport
 
 IMPLEMENTATION = "sinklab_eager"
 _recording: list | None = None  # (query, key, value, head output) per attention call while capturing

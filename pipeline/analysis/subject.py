@@ -14,7 +14,8 @@ import torch
 from pipeline.analysis.hf_capture import hf_sink_report
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
 from pipeline.model.loading import exported_config
-from pipeline.probe import SinkReport, run_probe
+from pipeline.probe import run_probe
+from pipeline.sink_report import SinkReport
 
 
 class Subject:

@@ -287,10 +287,7 @@ register(
 # 2023), clipped softmax (Bondarenko et al. 2023), softpick (Zuhri et al. 2025).
 register(OpSpec("softmax_off_by_one", softmax_op, scores="probs", softmax=True, sdpa=True, zero_logit=True))
 register(OpSpec("clipped_softmax", clipped_softmax_op, scores="probs", softmax=True))
-# Softpick's weights are read as they are, like clipped softmax's: each row holds at most one
-# unit of attention and may hold none. The proxy w / sum w would blow a row that attends to
-# almost nothing up to a whole distribution and count as a sink what softpick avoids. No tiles:
-# its denominator sums |e^x - 1|, not what multiplies the values.
+# Softpick's weights are read as they are (docs/model.md); no tiles: its denominator sums |e^x - 1|.
 register(OpSpec("softpick", softpick_op, scores="probs"))
 # ReLU attention reports its similarities: the sink metrics read ReLU(s) / sum ReLU(s), the share of
 # what a query does attend to (the 1/n_i scale cancels), as for sigmoid and elu+1.

@@ -69,8 +69,8 @@ def fit_parser():
     """`sinklab fit`'s parser, built once (building it costs about a second)."""
     import warnings
 
-    from .cli import SinkLabCLI
     from .data import SinkDataModule
+    from .lightning_cli import SinkLabCLI
     from .module import SinkLabModule
 
     class ParseOnly(SinkLabCLI):
