@@ -9,12 +9,15 @@ cleanly: the run's final status, its locks released, one line for each way it ca
 
 from __future__ import annotations
 
+import logging
 import re
 import signal
 import sys
 import time
 import warnings
 from argparse import ArgumentError
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from lightning.pytorch.trainer.states import TrainerStatus
 
@@ -81,6 +84,33 @@ def _finish(cli, trainer, status: str) -> None:
         cli.preemption_cb.requeue()
 
 
+class _Held(logging.Handler):
+    def __init__(self, held: list, handlers: list[logging.Handler]):
+        super().__init__()
+        self.held, self.handlers = held, handlers
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.held += [(handler, record) for handler in self.handlers]
+
+
+@contextmanager
+def _start_up_notes_held() -> Iterator[None]:
+    """Lightning's start-up notes (seed, devices, tips) are printed once the config is accepted,
+    so that a refused start prints its one line only."""
+    held: list[tuple[logging.Handler, logging.LogRecord]] = []
+    saved = {logging.getLogger(name): None for name in ("lightning", "lightning.pytorch", "lightning.fabric")}
+    for logger in saved:
+        saved[logger], logger.handlers = logger.handlers, [_Held(held, logger.handlers)]
+    try:
+        yield
+    finally:
+        for logger, handlers in saved.items():
+            logger.handlers = handlers
+    for handler, record in held:
+        if record.levelno >= handler.level:
+            handler.handle(record)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `sinklab fit ...` hands us argv without "fit"; Lightning's DDP launcher re-runs sys.argv as is
@@ -96,16 +126,17 @@ def main(argv: list[str] | None = None) -> int:
             print("sinklab fit: the config is accepted (--check-only: nothing was run or written)", flush=True)
             return 0
         argv = pulled_argv(argv)
-        cli = SinkLabCLI(
-            SinkLabModule,
-            SinkDataModule,
-            args=argv,
-            run=False,
-            save_config_callback=None,
-            auto_configure_optimizers=False,
-            seed_everything_default=1234,
-            parser_kwargs={"default_env": False, "exit_on_error": False},
-        )
+        with _start_up_notes_held():
+            cli = SinkLabCLI(
+                SinkLabModule,
+                SinkDataModule,
+                args=argv,
+                run=False,
+                save_config_callback=None,
+                auto_configure_optimizers=False,
+                seed_everything_default=1234,
+                parser_kwargs={"default_env": False, "exit_on_error": False},
+            )
         started = time.perf_counter()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.resume_from)
         # the whole fit, so that every sink probe (step 0's and the last one included) lies inside it
