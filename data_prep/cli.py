@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv[1:] if embedded else argv)
 
     def work() -> PrepResult:
-        return prepare(embedded_config(args, argv) if embedded else config_from_args(args, argv))
+        return prepare(embedded_config(args, argv) if embedded else config_from_args(args, argv), undo=False)
 
     status, result = run_into(args.out, work, resumable=True)
     if result is None:

@@ -20,17 +20,15 @@ T = TypeVar("T")
 def run_into(out: str, work: Callable[[], T], resumable: bool) -> tuple[int, T | None]:
     """``work()`` writing into ``out``: (0, its result), or (exit status, None) after one line on stderr."""
     additions = Additions(out)
-    claimed = False
     try:
         claim_output_dir(out)
-        claimed = True
         return 0, work()
     except (DataPrepError, OSError) as exc:
         if isinstance(exc, OSError) and _inside(exc.filename, out):  # that file is removed below: name the folder
             exc = OSError(exc.errno, exc.strerror)
         line = str(exc) if isinstance(exc, DataPrepError) else os_error_line(exc, writing=out)
         undone = additions.remove()
-        print(f"sinklab prep: error: {line}" + (f"; {undone}" if claimed else ""), file=sys.stderr)
+        print(f"sinklab prep: error: {line}" + (f"; {undone}" if undone else ""), file=sys.stderr)
         return 2, None
     except KeyboardInterrupt:
         staging = os.path.join(out, STAGING)
@@ -41,7 +39,8 @@ def run_into(out: str, work: Callable[[], T], resumable: bool) -> tuple[int, T |
                 file=sys.stderr,
             )
         else:
-            print(f"sinklab prep: interrupted; {additions.remove()}", file=sys.stderr)
+            undone = additions.remove()
+            print("sinklab prep: interrupted" + (f"; {undone}" if undone else ""), file=sys.stderr)
         return 130, None
     except BaseException:
         additions.remove()

@@ -264,7 +264,7 @@ class Preparation:
         done = self.staging / "done"
         return (self.staging / "tokenizer.json").is_file() or (done.is_dir() and any(done.iterdir()))
 
-    def run(self) -> PrepResult:
+    def run(self, undo: bool = True) -> PrepResult:
         start = time.perf_counter()
         existing = self.check_output_dir()
         if existing is not None:
@@ -280,7 +280,8 @@ class Preparation:
             self._check_domains(used)
             manifest = finalize(self, tok, dtype, used)
         except Exception:  # an interruption keeps the finished chunks to resume from
-            additions.remove()
+            if undo:
+                additions.remove()
             raise
         return PrepResult(self.out, manifest, False, time.perf_counter() - start, tokenized, resumed, self.warnings)
 
@@ -321,6 +322,7 @@ class Preparation:
         return runner.used, runner.tokenized, runner.resumed
 
 
-def prepare(cfg: PrepConfig, on_chunk: Callable[[dict[str, Any]], None] | None = None) -> PrepResult:
-    """Prepare (or find already prepared) the dataset `cfg` describes."""
-    return Preparation(cfg, on_chunk).run()
+def prepare(cfg: PrepConfig, on_chunk: Callable[[dict[str, Any]], None] | None = None, undo: bool = True) -> PrepResult:
+    """Prepare (or find already prepared) the dataset `cfg` describes; on an error, what it added
+    is removed (``undo``; False: the caller removes what its whole invocation added)."""
+    return Preparation(cfg, on_chunk).run(undo)

@@ -221,9 +221,14 @@ class Additions:
         return added
 
     def remove(self) -> str:
-        """Remove the additions; what was done, as a clause for an error line."""
-        for path in self.new():
+        """Remove the additions; what was done, as a clause for an error line ("" where only empty
+        folders were added: nothing was written)."""
+        added = self.new()
+        wrote = any(p.is_file() or p.is_symlink() or any(files for _, _, files in os.walk(p)) for p in added)
+        for path in added:
             remove(path)
+        if not wrote:
+            return ""
         if self.created is not None:
             return f"removed {self.created}, which this run had created"
         return f"removed what this run had written in {self.out}; what was there before is kept"
