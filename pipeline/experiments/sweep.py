@@ -295,10 +295,11 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
         extra = data_args(args.data_path, args.scale) + extra
         mlflow = tracking.client()
         planned = plan(experiment, args.scale, args.runs_root, mlflow, args.seeds)
-        print(format_plan(experiment, args.scale, planned))
         todo = [r for r in planned if r.to_run]
-        if todo and not args.no_check:
+        if todo and not args.no_check:  # before the plan is printed: a refusal is its one line only
             check_configs(experiment, args.scale, planned, extra)
+        print(format_plan(experiment, args.scale, planned))
+        if todo and not args.no_check:
             print(f"checked {len(todo)} configs with the `sinklab fit` parser")
         if args.dry_run:
             for run in todo:

@@ -146,7 +146,9 @@ def test_a_misspelt_fit_flag_after_the_double_dash_is_caught_by_the_fit_parser_c
     path = write_experiment(tmp_path, unique_name)
     argv = [str(path), "--dry-run", "--runs-root", str(tmp_path / "runs"), "--variants", "a", "--"]
     assert sweep.main([*argv, "--trainer.max_stepz", "3"]) == 2
-    err = capsys.readouterr().err.strip()
+    out, err = capsys.readouterr()
+    assert out == ""  # issue 35 re-check: the plan was printed before the refusal
+    err = err.strip()
     assert err.startswith(f"sinklab sweep: {path}: variant 'a' at scale cpu with --trainer.max_stepz 3: `sinklab fit`")
     assert "max_stepz" in err.split("rejects it:")[1] and len(err.splitlines()) == 1
     assert sweep.main([*argv, "--trainer.max_steps", "3"]) == 0
