@@ -56,4 +56,12 @@ def experiment_id(client, experiment: str) -> str:
     found = client.get_experiment_by_name(experiment)
     if found is not None:
         return found.experiment_id
-    return client.create_experiment(experiment, artifact_location=artifact_location(client.tracking_uri, experiment))
+    try:
+        return client.create_experiment(
+            experiment, artifact_location=artifact_location(client.tracking_uri, experiment)
+        )
+    except Exception as error:  # another process (a sweep, an array task) created it in between
+        found = client.get_experiment_by_name(experiment)
+        if getattr(error, "error_code", None) != "RESOURCE_ALREADY_EXISTS" or found is None:
+            raise
+        return found.experiment_id

@@ -163,3 +163,22 @@ def test_a_store_error_of_several_lines_is_one_notice(tmp_path, monkeypatch, cap
         "sinklab: MLflow at http://127.0.0.1:9 unreachable (RuntimeError: (sqlite3.OperationalError) disk I/O "
         f"error); training goes on, metrics are kept in {tmp_path / 'metrics.jsonl'}"
     ]
+
+
+def test_an_experiment_created_by_another_process_in_between_is_used(tmp_path):
+    """Two sweeps (or SLURM array tasks) starting together both find no experiment; the second
+    create fails with RESOURCE_ALREADY_EXISTS and must take the first one's."""
+    from pipeline.tracking.contract import experiment_id
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    first = client.create_experiment("sinklab/race")
+    real_get = client.get_experiment_by_name
+    calls = []
+
+    def get_after_the_other_created(name):
+        calls.append(name)
+        return None if len(calls) == 1 else real_get(name)
+
+    client.get_experiment_by_name = get_after_the_other_created
+    assert experiment_id(client, "sinklab/race") == first
+    assert len(client.search_experiments(filter_string="name = 'sinklab/race'")) == 1
