@@ -30,6 +30,20 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {row["step"]: row["train/loss"] for row in read_metrics(run_dir) if "train/loss" in row}
 
 
+def checkpoints_only(every: int) -> list[str]:
+    """fit flags for a run that writes every checkpoint and no probe or validation."""
+    return [
+        "--run.checkpoint_every",
+        str(every),
+        "--run.keep_last",
+        "0",
+        "--run.sink_every",
+        "0",
+        "--run.val_every",
+        "0",
+    ]
+
+
 def fit_in_process(args: list[str], monkeypatch, tracking_uri: str) -> int:
     from pipeline.train.cli import main
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import fit_in_process, losses
+from conftest import checkpoints_only, fit_in_process, losses
 
 from pipeline.checkpoint import checkpoint_problem, nonfinite_state
 
@@ -61,14 +61,7 @@ def test_resume_auto_passes_over_a_truncated_checkpoint(tiny_ds, tmp_path, monke
         str(tiny_ds),
         "--run-dir",
         str(run_dir),
-        "--run.checkpoint_every",
-        "4",
-        "--run.keep_last",
-        "0",
-        "--run.sink_every",
-        "0",
-        "--run.val_every",
-        "0",
+        *checkpoints_only(4),
     ]
     assert fit_in_process([*args, "--trainer.max_steps", "8"], monkeypatch, mlflow_server) == 0
     reference = losses(run_dir)

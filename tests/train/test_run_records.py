@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import fit_in_process, losses
+from conftest import checkpoints_only, fit_in_process, losses
 from mlflow.tracking import MlflowClient
 
 from pipeline.tracking import TAG_PREVIOUS_RUN, TAG_RUN_DIR
@@ -19,14 +19,7 @@ def _args(tiny_ds, run_dir) -> list[str]:
         str(tiny_ds),
         "--run-dir",
         str(run_dir),
-        "--run.checkpoint_every",
-        "2",
-        "--run.keep_last",
-        "0",
-        "--run.sink_every",
-        "0",
-        "--run.val_every",
-        "0",
+        *checkpoints_only(2),
         "--run.log_model",
         "false",
         "--run.system_metrics",

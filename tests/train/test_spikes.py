@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import fit_in_process, losses, read_metrics
+from conftest import checkpoints_only, fit_in_process, losses, read_metrics
 
 from pipeline.train.module import SinkLabModule
 from pipeline.train.spikes import SpikeGuard
@@ -20,14 +20,7 @@ ARGS = [
     "true",
     "--run.spike_window",
     "32",
-    "--run.checkpoint_every",
-    "24",
-    "--run.keep_last",
-    "0",
-    "--run.sink_every",
-    "0",
-    "--run.val_every",
-    "0",
+    *checkpoints_only(24),
 ]
 
 
