@@ -61,7 +61,6 @@ def experiment_id(client, experiment: str) -> str:
             experiment, artifact_location=artifact_location(client.tracking_uri, experiment)
         )
     except Exception as error:  # another process (a sweep, an array task) created it in between
-        found = client.get_experiment_by_name(experiment)
-        if getattr(error, "error_code", None) != "RESOURCE_ALREADY_EXISTS" or found is None:
+        if getattr(error, "error_code", None) != "RESOURCE_ALREADY_EXISTS":
             raise
-        return found.experiment_id
+        return client.get_experiment_by_name(experiment).experiment_id
