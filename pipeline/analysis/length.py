@@ -35,6 +35,7 @@ from pipeline.analysis.inputs import default_text, encode, held_out_stream, natu
 from pipeline.analysis.passkey import DEFAULT_DEPTHS, accuracy, build_trial, make_trials, parse_depths, run_trials
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import bos_id, parse_caches
+from pipeline.analysis.subject import Subject, add_model_arguments, device_of, model_name
 from sinklab_io.outputs import NotOurs, claim, write_output
 
 FULL = "full"
@@ -44,8 +45,7 @@ OUTPUTS = ("length.md", "length.json", "length.png")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab length-eval", description=__doc__.split("\n\n")[0])
-    p.add_argument("models", nargs="+", help="smollm2 | .gguf | HF model dir | SinkLab checkpoint | runs:/<id>")
-    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
+    add_model_arguments(p, many=True)
     p.add_argument("--train-len", type=int, help="C, the training length (default: a SinkLab model's max_seq_len)")
     p.add_argument("--factor", type=int, default=4, help="windows of factor x C tokens (default 4)")
     p.add_argument("--windows", type=int, default=8, help="windows averaged (default 8)")
@@ -263,7 +263,6 @@ def log_model(subject, name: str, result: dict, out: Path, args) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.analysis.subject import Subject, device_of, model_name
 
     args = build_parser().parse_args(argv)
     factors = check_args(args)

@@ -28,6 +28,7 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.streamers import CacheSpec, Streamer, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import bos_id, check_positions, parse_caches
+from pipeline.analysis.subject import Subject, add_model_arguments, model_name
 from pipeline.plots import passkey_heatmap
 from sinklab_io.outputs import NotOurs, claim, write_output
 
@@ -203,10 +204,7 @@ def log_to_run(subject, table: dict, figure: Path, settings: dict) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab passkey", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "model", help="smollm2 | path to a .gguf file or HF llama-style model dir | SinkLab checkpoint | runs:/<id>"
-    )
-    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
+    add_model_arguments(p)
     p.add_argument(
         "--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: the one beside it)"
     )
@@ -265,8 +263,7 @@ def write_outputs(
     write_output(out / "passkey.csv", csv_text(results), BY)
     accuracy_by_depth = {cache: {str(d): cell for d, cell in row.items()} for cache, row in table.items()}
     record = {
-        "model": name,
-        "source": subject.source,
+        **subject.header(out),
         "settings": settings,
         "seconds": seconds,
         "accuracy": accuracy_by_depth,
@@ -277,7 +274,6 @@ def write_outputs(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.analysis.subject import Subject, model_name
 
     args = build_parser().parse_args(argv)
     specs = parse_caches(args.cache, "passkey", DEFAULT_CACHES)

