@@ -109,7 +109,7 @@ class Subject:
 
     def header(self, out: Path | None = None) -> dict:
         """The fields every analysis record starts with."""
-        head = {"model": model_name(self.spec), "source": self.source, "kind": self.kind, "run_id": self.run_id}
+        head = {"model": model_name(self.spec), "source": self.source, "kind": self.kind}
         return head if out is None else head | {"out": str(out)}
 
     def max_positions(self) -> int | None:

@@ -87,6 +87,7 @@ def survey_model(spec: str, args, sweep: list[float]) -> dict:
     record = {
         **subject.header(),
         "spec": spec,
+        "run_id": subject.run_id,
         "cells": {},
         "skipped": [],
     }
