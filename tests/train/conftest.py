@@ -7,10 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from train_datasets import make_dataset  # noqa: E402
+from packed_datasets import make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "recipes" / "cpu-tiny.yaml")

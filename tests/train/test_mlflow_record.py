@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import fit_in_process
 from mlflow.tracking import MlflowClient
-from train_datasets import make_dataset
+from packed_datasets import make_dataset
 
 from data_prep.dataset import load_manifest
 from pipeline.analysis import analyze

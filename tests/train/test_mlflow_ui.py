@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import fit_in_process
 from mlflow.tracking import MlflowClient
-from train_datasets import make_dataset
+from packed_datasets import make_dataset
 
 from pipeline import metric_names as N
 from pipeline.tracking import logged_image_keys, views
