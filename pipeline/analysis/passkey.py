@@ -27,7 +27,8 @@ import torch
 
 from pipeline import metric_names as N
 from pipeline.analysis.streamers import CacheSpec, Streamer, group_by_capacity, streamer_for
-from pipeline.analysis.streaming import bos_id, check_positions, parse_caches
+from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, check_positions, parse_caches
+from pipeline.analysis.subject import Subject, add_model_arguments, model_name
 from pipeline.plots import passkey_heatmap
 from sinklab_io.outputs import NotOurs, claim, write_output
 
@@ -203,28 +204,15 @@ def log_to_run(subject, table: dict, figure: Path, settings: dict) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab passkey", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "model", help="smollm2 | path to a .gguf file or HF llama-style model dir | SinkLab checkpoint | runs:/<id>"
-    )
-    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
-    p.add_argument(
-        "--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: the one beside it)"
-    )
+    add_model_arguments(p)
+    add_text_arguments(p, text=False)
     p.add_argument("--length", type=int, default=512, help="prompt length in tokens (about; filler repeats are whole)")
     p.add_argument("--depths", default=DEFAULT_DEPTHS, help="comma list of depths in [0, 1]")
     p.add_argument("--keys", type=int, default=2, help="random keys per depth")
     p.add_argument("--digits", type=int, default=5, help="digits of each key")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--cache", action="append", help=f"x+y cache config, repeatable (default: {' '.join(DEFAULT_CACHES)})"
-    )
+    add_cache_argument(p, " ".join(DEFAULT_CACHES))
     p.add_argument("--full", action="store_true", help="also answer with the whole prompt cached (the reference)")
-    p.add_argument(
-        "--bos",
-        choices=("auto", "yes", "no"),
-        default="auto",
-        help="start with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)",
-    )
     p.add_argument("--out", type=Path, help="output directory (default: analysis/passkey/<model>)")
     return p
 
@@ -265,8 +253,7 @@ def write_outputs(
     write_output(out / "passkey.csv", csv_text(results), BY)
     accuracy_by_depth = {cache: {str(d): cell for d, cell in row.items()} for cache, row in table.items()}
     record = {
-        "model": name,
-        "source": subject.source,
+        **subject.header(out),
         "settings": settings,
         "seconds": seconds,
         "accuracy": accuracy_by_depth,
@@ -277,7 +264,6 @@ def write_outputs(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.analysis.subject import Subject, model_name
 
     args = build_parser().parse_args(argv)
     specs = parse_caches(args.cache, "passkey", DEFAULT_CACHES)

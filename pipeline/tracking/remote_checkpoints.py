@@ -24,6 +24,7 @@ from pathlib import Path
 from pipeline.checkpoint import CKPT_RE, RunDir, RunDirError
 
 from .contract import TAG_RUN_DIR
+from .record import why
 
 ARTIFACT_DIR = "checkpoints"
 
@@ -71,8 +72,7 @@ class CheckpointUploader:
                 job.result()
             except Exception as exc:  # noqa: BLE001 - the checkpoint is on disk; MLflow may be away
                 print(
-                    f"sinklab fit: warning: a checkpoint was not uploaded to MLflow ({type(exc).__name__}: "
-                    f"{str(exc)[:200]})",
+                    f"sinklab fit: warning: a checkpoint was not uploaded to MLflow ({why(exc)})",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -37,6 +37,14 @@ def muon_split(model: nn.Module) -> tuple[list[str], list[str]]:
     return muon, rest
 
 
+def _evaluate(closure) -> Tensor | None:
+    """The loss of torch.optim's optional closure, with gradients on."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """One optimizer over ``muon_groups`` (torch.optim.Muon) and ``adamw_groups`` (torch.optim.AdamW):
     the group dicts and the state are shared with the two inner optimizers, so an lr scheduler and
@@ -63,10 +71,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         self._muon.step()
         self._adamw.step()
         return loss
@@ -163,10 +168,7 @@ class OrthoAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate(closure)
         index = -1
         for group in self.param_groups:
             lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
