@@ -7,26 +7,19 @@ Configs and checkpoints that still name it ``model.model`` (the section) or
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
+
+from sinklab_io.notices import notice
 
 from .config import ConfigError
 
 ARCH = "arch"
 OLD_ARCH = "model.model"
 OLD_HPARAM = "model_config"
-_RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
-_told: set[str] = set()
 
 
 def _notice(where: str, old: str) -> None:
-    """Once per process and source, on rank 0 only."""
-    line = f"sinklab: {where}: `{old}` read as `{ARCH}` (the architecture's section); rename it there"
-    if line in _told or any(os.environ.get(v, "0") != "0" for v in _RANK_VARS):
-        return
-    _told.add(line)
-    print(line, file=sys.stderr, flush=True)
+    notice(f"{where}: `{old}` read as `{ARCH}` (the architecture's section); rename it there", once=True)
 
 
 def renamed_key(dotted: str) -> str:

@@ -32,10 +32,10 @@ from lightning.pytorch.utilities import rank_zero_only
 from pipeline.checkpoint import RunDir
 from pipeline.model.config import ConfigError
 from sinklab_io.mappings import flatten
+from sinklab_io.notices import notice, why
 
 from .contract import TAG_PREVIOUS_RUN, TAG_RUN_DIR, experiment_id, tracking_uri
 from .metrics_file import MetricsFile
-from .record import notice, why
 from .views import mark_training_experiment, sent_to_mlflow
 
 DEFAULT_RETRIES = {

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sinklab_io.notices import notice, why
+
 from .contract import TAG_MODEL_ID
 from .views import HEADLINE, VIEW_TAG, dataset_name, experiment_url, home_url
 
@@ -35,15 +37,6 @@ DIGEST_LIMIT = 36  # mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE
 # System metrics: a sample every 15 s, one averaged point a minute (2 days: ~2,900 points a metric).
 SYSTEM_SAMPLING_S = 15
 SYSTEM_SAMPLES_PER_POINT = 4
-
-
-def notice(message: str) -> None:
-    print(f"sinklab: {message}", file=sys.stderr, flush=True)
-
-
-def why(exc: Exception) -> str:
-    """An exception as part of one line: its type and the first line of its message."""
-    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
 
 
 # ---- dataset -------------------------------------------------------------------------------

@@ -22,9 +22,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.checkpoint import CKPT_RE, RunDir, RunDirError
+from sinklab_io.notices import why
 
 from .contract import TAG_RUN_DIR
-from .record import why
 
 ARTIFACT_DIR = "checkpoints"
 
