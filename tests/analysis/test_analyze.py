@@ -279,11 +279,7 @@ def test_bos_option_starts_every_probe_sequence_with_bos(tiny_gpt2_dir):
 
 # ---- issue 16: refused inputs say so in one line, at once, and leave no output folder ------------
 def _micro_dataset(root, vocab: int = 64):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-    from train_datasets import make_dataset
+    from packed_datasets import make_dataset
 
     root = make_dataset(root, probe=(8, 12), V=vocab)
     (root / "tokenizer.json").write_bytes((root.parent / "tokenizer.json").read_bytes())  # the checkpoint's

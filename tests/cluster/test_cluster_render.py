@@ -283,8 +283,7 @@ def test_a_world_size_fit_would_refuse_is_refused_before_anything_is_queued(tmp_
     """Issue 26: 3 nodes x 1 task of an 8-sequence batch was rendered (and would have been queued),
     though `sinklab fit` refuses that world size at the job's start. The check sees the dataset
     where it can be read from here; a dataset it cannot read leaves the check to the job."""
-    sys.path.insert(0, str(REPO / "tests" / "train"))
-    from train_datasets import make_dataset
+    from packed_datasets import make_dataset
 
     site_free(monkeypatch)
     data = make_dataset(tmp_path / "ds")  # C = 16

@@ -8,7 +8,6 @@ packed dataset, two gloo processes per job: the path of a multi-node GPU job, on
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
 import sys
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
+from packed_datasets import make_dataset
 
 from cluster.submit import JobSpec, submit_array, submit_job
 
@@ -30,20 +30,10 @@ ZERO2 = [
 ]
 
 
-def tiny_dataset(root: Path) -> Path:
-    """The training tests' synthetic packed dataset (tests/train/train_datasets.py)."""
-    spec = importlib.util.spec_from_file_location(
-        "sinklab_train_test_datasets", REPO / "tests" / "train" / "train_datasets.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_dataset(root)
-
-
 def fit_args(tmp_path: Path, max_steps: int, strategy: list[str]) -> list[str]:
     data = tmp_path / "data"
     if not (data / "manifest.json").exists():
-        tiny_dataset(data)
+        make_dataset(data)
     return ["--trainer.max_steps", str(max_steps), "--data.path", str(data), *strategy]
 
 

@@ -79,59 +79,6 @@ def log_training_run(
     return run.info.run_id
 
 
-def make_dataset(
-    root: Path, *, n_train: int = 48, n_val: int = 8, C: int = 16, V: int = 64, probe: tuple[int, int] = (8, 12)
-) -> Path:
-    """A small packed dataset in the manifest format of data_prep.dataset (contracts section 1):
-    random tokens 8..V-1 (ids 0..2 are pad/bos/eos), one shard per split."""
-    import hashlib
-    import json
-
-    import numpy as np
-
-    from data_prep.dataset import FORMAT_NAME, FORMAT_VERSION, content_hash
-
-    rng = np.random.default_rng(0)
-    root.mkdir(parents=True, exist_ok=True)
-    splits = {}
-    for split, n in (("train", n_train), ("val", n_val)):
-        (root / split).mkdir(exist_ok=True)
-        tokens = rng.integers(8, V, size=(n, C)).astype(np.uint16)
-        tokens.tofile(root / split / "00000.bin")
-        splits[split] = {
-            "sequences": n,
-            "tokens": n * C,
-            "documents": n,
-            "dropped_tail_tokens": 0,
-            "domains": {"synthetic": {"documents": n}},
-            "shards": [
-                {"path": f"{split}/00000.bin", "sequences": n, "sha256": hashlib.sha256(tokens.tobytes()).hexdigest()}
-            ],
-        }
-    probe_tokens = rng.integers(8, V, size=probe).astype(np.uint16)
-    probe_tokens.tofile(root / "probe.bin")
-    manifest = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "vocab_size": V,
-        "special_ids": {"pad": 0, "bos": 1, "eos": 2},
-        "bos": False,
-        "context_length": C,
-        "dtype": "uint16",
-        "splits": splits,
-        "probe": {
-            "path": "probe.bin",
-            "sequences": probe[0],
-            "length": probe[1],
-            "bos": False,
-            "sha256": hashlib.sha256(probe_tokens.tobytes()).hexdigest(),
-        },
-    }
-    manifest["hash"] = content_hash(manifest)
-    (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    return root
-
-
 def micro_recipe(directory: Path, dataset: Path, steps: int = 5) -> Path:
     """A seconds-long `sinklab fit` recipe on the `micro` model shape over `dataset`."""
     path = directory / "micro-recipe.yaml"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import re
 
-from experiment_helpers import make_dataset, micro_recipe, write_experiment
+from experiment_helpers import micro_recipe, write_experiment
+from packed_datasets import make_dataset
 
 from pipeline.experiments import report, sweep
 

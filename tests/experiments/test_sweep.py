@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import yaml
-from experiment_helpers import log_training_run, make_dataset, write_experiment
+from experiment_helpers import log_training_run, write_experiment
+from packed_datasets import make_dataset
 
 from pipeline import tracking as mlruns
 from pipeline.experiments import sweep
@@ -210,7 +211,7 @@ def test_submit_sends_one_job_array_of_the_unfinished_variants(tmp_path, mlflow_
 def test_a_sweep_groups_its_variants_under_one_parent_run(tmp_path, mlflow_env, unique_name, monkeypatch):
     """Two variants trained for real (in this process) become the children of one parent run that
     carries the experiment's name and paper reference; a repeated sweep reuses that parent."""
-    from experiment_helpers import make_dataset, micro_recipe
+    from experiment_helpers import micro_recipe
 
     from pipeline.train.cli import main as fit
 

@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO, read_metrics
+from conftest import REPO, paths, read_metrics
 
 BB_TINY = str(REPO / "configs" / "recipes" / "bb-tiny.yaml")
 STEPS = 400
@@ -73,10 +73,7 @@ def _fit(bb_data, run_dir, monkeypatch, uri, *extra: str) -> list[dict]:
     args = [
         "--config",
         BB_TINY,
-        "--data.path",
-        str(bb_data),
-        "--run-dir",
-        str(run_dir),
+        *paths(bb_data, run_dir),
         "--seed_everything",
         SEED,
         "--trainer.max_steps",

@@ -10,21 +10,26 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, fit_in_process, losses, read_metrics, sinklab_process
+from conftest import (
+    REPO,
+    built_fit,
+    fit_in_process,
+    keep_checkpoints,
+    losses,
+    paths,
+    read_metrics,
+    sinklab_process,
+    wait_for_step,
+)
 from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeedStrategy
 from lightning.pytorch.strategies import StrategyRegistry
 
 from data_prep.dataset import PackedSplit
-from pipeline.checkpoint import release_lock
 from pipeline.model import load_pretrained
-from pipeline.train.cli import SinkLabCLI
-from pipeline.train.data import SinkDataModule
-from pipeline.train.module import SinkLabModule
 from pipeline.train.sharding import DeepSpeedStrategy
 
 STEPS = 12
@@ -33,10 +38,7 @@ STEPS = 12
 ARGS = [
     "--trainer.max_steps",
     str(STEPS),
-    "--run.checkpoint_every",
-    "4",
-    "--run.keep_last",
-    "0",
+    *keep_checkpoints(4),
     "--run.sink_every",
     "4",
     "--data.micro_batch_size",
@@ -74,7 +76,7 @@ def runs(tiny_ds, tmp_path_factory, mlflow_server) -> dict[str, Path]:
     out = {}
     for name, strategy in (("ddp", ["--trainer.strategy", "ddp"]), *((f"zero{s}", zero(s)) for s in (1, 2, 3))):
         out[name] = root / name
-        log = fit(["--data.path", str(tiny_ds), "--run-dir", str(out[name]), *strategy], mlflow_server)
+        log = fit([*paths(tiny_ds, out[name]), *strategy], mlflow_server)
         assert "micro 2 x accum 2 x world 2" in log
     return out
 
@@ -125,15 +127,6 @@ def optimizer_partitions(ckpt: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def wait_for_step(proc, run_dir: Path, step: int, timeout: float = 240) -> int:
-    deadline = time.time() + timeout
-    while max(losses(run_dir), default=-1) < step:
-        assert proc.poll() is None, proc.stdout.read()[-4000:]
-        assert time.time() < deadline, "the training processes made no progress"
-        time.sleep(0.05)
-    return max(losses(run_dir))
-
-
 @pytest.mark.parametrize("stage", [2, 3])
 def test_preempted_then_killed_run_resumes_bit_for_bit(stage, runs, tiny_ds, tmp_path, mlflow_server):
     """SIGUSR1 to rank 0: every rank stops at the next step boundary and checkpoints there.
@@ -141,7 +134,7 @@ def test_preempted_then_killed_run_resumes_bit_for_bit(stage, runs, tiny_ds, tmp
     the newest complete checkpoint. Losses, weights and every optimizer partition end equal to
     the uninterrupted run's, bit for bit."""
     run_dir = tmp_path / "interrupted"
-    args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--resume", "auto", *zero(stage)]
+    args = [*paths(tiny_ds, run_dir), "--resume", "auto", *zero(stage)]
 
     proc = sinklab_process([*ARGS, *args], mlflow_server)
     wait_for_step(proc, run_dir, 1)
@@ -205,10 +198,7 @@ def test_checkpoint_of_fit_consolidates_loads_and_exports(runs, tiny_ds, tmp_pat
     assert (
         fit_in_process(
             [
-                "--data.path",
-                str(tiny_ds),
-                "--run-dir",
-                str(run_dir),
+                *paths(tiny_ds, run_dir),
                 "--resume",
                 str(fp32),
                 "--trainer.max_steps",
@@ -237,19 +227,11 @@ def test_the_paper_recipe_assembles_its_zero_stage(tiny_ds, tmp_path, monkeypatc
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     monkeypatch.chdir(REPO)
     for stage in (1, 2, 3):
-        cli = SinkLabCLI(
-            SinkLabModule,
-            SinkDataModule,
-            run=False,
-            save_config_callback=None,
-            auto_configure_optimizers=False,
-            args=[
+        with built_fit(
+            [
                 "--config",
                 "configs/recipes/paper-60m.yaml",
-                "--data.path",
-                str(tiny_ds),
-                "--run-dir",
-                str(tmp_path / f"zero{stage}"),
+                *paths(tiny_ds, tmp_path / f"zero{stage}"),
                 "--trainer.accelerator",
                 "cpu",
                 "--trainer.devices",
@@ -262,9 +244,8 @@ def test_the_paper_recipe_assembles_its_zero_stage(tiny_ds, tmp_path, monkeypatc
                 "2",
                 "--trainer.strategy.init_args.config",
                 f"configs/deepspeed/zero{stage}.json",
-            ],
-        )
-        try:
+            ]
+        ) as cli:
             strategy = cli.trainer.strategy
             assert type(strategy) is DeepSpeedStrategy
             strategy.connect(cli.model)
@@ -276,8 +257,6 @@ def test_the_paper_recipe_assembles_its_zero_stage(tiny_ds, tmp_path, monkeypatc
             assert cfg["gradient_accumulation_steps"] == 4 == cli.trainer.accumulate_grad_batches  # 8 seqs / 2
             assert cfg["gradient_clipping"] == 1.0 and cfg["bf16"]["enabled"] is True
             assert cli.trainer.max_steps == 20000 and cli.model.optim.lr == 4e-4
-        finally:
-            release_lock(cli.run)
     for name in ("deepspeed", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"):
         assert StrategyRegistry[name]["strategy"] is DeepSpeedStrategy
     assert issubclass(DeepSpeedStrategy, LightningDeepSpeedStrategy)
@@ -290,20 +269,7 @@ def test_resume_auto_passes_over_a_deepspeed_checkpoint_missing_a_partition(runs
         shutil.copytree(runs["zero2"] / "checkpoints" / name, run_dir / "checkpoints" / name)
     lost = run_dir / "checkpoints" / "step-000008.ckpt" / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     lost.unlink()
-    out = fit(
-        [
-            "--data.path",
-            str(tiny_ds),
-            "--run-dir",
-            str(run_dir),
-            "--resume",
-            "auto",
-            *zero(2),
-            "--trainer.max_steps",
-            "6",
-        ],
-        mlflow_server,
-    )
+    out = fit([*paths(tiny_ds, run_dir), "--resume", "auto", *zero(2), "--trainer.max_steps", "6"], mlflow_server)
     assert (
         f"sinklab fit: warning: passing over {lost.parents[1]}: written by 2 ranks but "
         "zero_pp_rank_1_mp_rank_00_optim_states.pt is missing"

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import fit_in_process, read_metrics
+from conftest import fit_in_process, keep_checkpoints, read_metrics
 from mlflow.tracking import MlflowClient
 
 from pipeline import metric_names as N
@@ -130,10 +130,7 @@ def test_fit_logs_emergence_tags_and_trajectory_and_survives_resume(tiny_ds, tmp
         "8",
         "--run.sink_every",
         "2",
-        "--run.checkpoint_every",
-        "4",
-        "--run.keep_last",
-        "0",
+        *keep_checkpoints(4),
         *ELU1,
     ]
     ref_dir = tmp_path / "ref"

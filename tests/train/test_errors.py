@@ -7,11 +7,10 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from conftest import TINY, fit_in_process
+from conftest import fit_command, fit_in_process, paths
 from mlflow.tracking import MlflowClient
 
 from pipeline import probe as probe_mod
@@ -51,7 +50,7 @@ def test_refused_start_is_one_line_and_leaves_nothing(
         (tmp_path / "garbage.ckpt").write_bytes(b"not a checkpoint")
         args = [a.replace("GARBAGE", str(tmp_path / "garbage.ckpt")) for a in args]
     rc = fit_in_process(
-        ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.experiment", experiment, *args],
+        [*paths(tiny_ds, run_dir), "--run.experiment", experiment, *args],
         monkeypatch,
         mlflow_server,
     )
@@ -66,24 +65,10 @@ def test_refused_start_is_one_line_and_leaves_nothing(
 
 def test_fixed_start_after_a_refused_one_writes_config_yaml(tiny_ds, tmp_path, monkeypatch, mlflow_server):
     run_dir = tmp_path / "fixed"
+    assert fit_in_process(paths(tmp_path / "missing", run_dir), monkeypatch, mlflow_server) == 2
     assert (
         fit_in_process(
-            ["--data.path", str(tmp_path / "missing"), "--run-dir", str(run_dir)], monkeypatch, mlflow_server
-        )
-        == 2
-    )
-    assert (
-        fit_in_process(
-            [
-                "--data.path",
-                str(tiny_ds),
-                "--run-dir",
-                str(run_dir),
-                "--trainer.max_steps",
-                "3",
-                "--run.sink_every",
-                "0",
-            ],
+            [*paths(tiny_ds, run_dir), "--trainer.max_steps", "3", "--run.sink_every", "0"],
             monkeypatch,
             mlflow_server,
         )
@@ -102,16 +87,7 @@ def test_sink_share_of_the_summary_stays_within_the_run(tiny_ds, tmp_path, monke
 
     monkeypatch.setattr(probe_mod, "run_probe", slow)
     rc = fit_in_process(
-        [
-            "--data.path",
-            str(tiny_ds),
-            "--run-dir",
-            str(tmp_path / "share"),
-            "--trainer.max_steps",
-            "3",
-            "--run.sink_every",
-            "3",
-        ],
+        [*paths(tiny_ds, tmp_path / "share"), "--trainer.max_steps", "3", "--run.sink_every", "3"],
         monkeypatch,
         mlflow_server,
     )
@@ -124,22 +100,7 @@ def test_ctrl_c_exits_130_and_marks_the_run_interrupted(tiny_ds, tmp_path, mlflo
     run_dir = tmp_path / "ctrl-c"
     env = dict(os.environ, MLFLOW_TRACKING_URI=mlflow_server, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.cli",
-            "fit",
-            "--config",
-            TINY,
-            "--data.path",
-            str(tiny_ds),
-            "--run-dir",
-            str(run_dir),
-            "--trainer.max_steps",
-            "100000",
-            "--run.sink_every",
-            "0",
-        ],
+        fit_command([*paths(tiny_ds, run_dir), "--trainer.max_steps", "100000", "--run.sink_every", "0"]),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -175,9 +136,7 @@ def damaged_ds(tiny_ds, tmp_path):
 
 def test_token_id_beyond_the_vocabulary_is_one_line(damaged_ds, tmp_path, monkeypatch, mlflow_server, capsys):
     run_dir = tmp_path / "ids"
-    rc = fit_in_process(
-        ["--data.path", str(damaged_ds), "--run-dir", str(run_dir), "--run.sink_every", "0"], monkeypatch, mlflow_server
-    )
+    rc = fit_in_process([*paths(damaged_ds, run_dir), "--run.sink_every", "0"], monkeypatch, mlflow_server)
     assert rc == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sinklab fit:")]
     assert len(err) == 1 and "holds token id 60000, outside the vocabulary of 64" in err[0]
@@ -189,9 +148,7 @@ def test_verify_option_checks_the_shards_before_anything_starts(
     damaged_ds, tmp_path, monkeypatch, mlflow_server, capsys
 ):
     run_dir = tmp_path / "verified"
-    rc = fit_in_process(
-        ["--data.path", str(damaged_ds), "--run-dir", str(run_dir), "--data.verify", "true"], monkeypatch, mlflow_server
-    )
+    rc = fit_in_process([*paths(damaged_ds, run_dir), "--data.verify", "true"], monkeypatch, mlflow_server)
     assert rc == 2
     assert "00000.bin: sha256 differs from the manifest; the file is corrupt" in capsys.readouterr().err
     assert not run_dir.exists()
@@ -206,21 +163,11 @@ def test_a_file_size_limit_while_checkpointing_is_one_line_and_keeps_the_older_c
 
     run_dir = tmp_path / "full"
     env = dict(os.environ, MLFLOW_TRACKING_URI=mlflow_server)
-    args = [
-        "--data.path",
-        str(tiny_ds),
-        "--run-dir",
-        str(run_dir),
-        "--run.sink_every",
-        "0",
-        "--run.system_metrics",
-        "false",
-    ]
+    args = [*paths(tiny_ds, run_dir), "--run.sink_every", "0", "--run.system_metrics", "false"]
     assert fit_in_process([*args, "--trainer.max_steps", "4"], monkeypatch, mlflow_server) == 0
-    base = [sys.executable, "-m", "pipeline.cli", "fit", "--config", TINY, *args]
     small = (run_dir / "checkpoints" / "step-000004.ckpt").stat().st_size // 2
     limited = subprocess.run(
-        [*base, "--trainer.max_steps", "8", "--resume", "auto"],
+        fit_command([*args, "--trainer.max_steps", "8", "--resume", "auto"]),
         env=env,
         capture_output=True,
         text=True,
@@ -267,18 +214,7 @@ def test_a_sql_store_that_cannot_be_opened_is_one_line_before_anything_is_writte
     uri = f"sqlite:///{tmp_path}/a-file/mlflow.db"
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.cli",
-            "fit",
-            "--config",
-            TINY,
-            "--data.path",
-            str(tiny_ds),
-            "--run-dir",
-            str(run_dir),
-        ],
+        fit_command(paths(tiny_ds, run_dir)),
         env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
         capture_output=True,
         text=True,
@@ -329,9 +265,7 @@ def test_a_refused_start_creates_no_mlflow_store(args, message, tiny_ds, tmp_pat
     args = [names.get(a, a) for a in args]
     message = message.format(file=tmp_path / "file")
     store = tmp_path / "store"
-    rc = fit_in_process(
-        ["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "run"), *args], monkeypatch, f"sqlite:///{store}/m.db"
-    )
+    rc = fit_in_process([*paths(tiny_ds, tmp_path / "run"), *args], monkeypatch, f"sqlite:///{store}/m.db")
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("sinklab fit:")]
     assert rc == 2 and len(lines) == 1 and message in lines[0], err

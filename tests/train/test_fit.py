@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import fit_in_process, losses, read_metrics
+from conftest import fit_in_process, losses, paths, read_metrics
 from mlflow.tracking import MlflowClient
 
 from data_prep.dataset import PackedSplit, load_manifest
@@ -26,10 +26,7 @@ def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path
     monkeypatch.setenv("SINKLAB_PEAK_TFLOPS", "0.001")  # a peak for the CPU, so MFU is logged
     rc = fit_in_process(
         [
-            "--data.path",
-            str(tiny_ds),
-            "--run-dir",
-            str(run_dir),
+            *paths(tiny_ds, run_dir),
             "--trainer.max_steps",
             "8",
             "--run.plot_every",
@@ -104,7 +101,7 @@ def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path
     assert torch.equal(model.embed.weight, blob["state_dict"]["model.embed.weight"])
     assert not (run_dir / "lock").exists()
     # a second start on the same directory without --resume refuses
-    assert fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir)], monkeypatch, mlflow_server) == 2
+    assert fit_in_process(paths(tiny_ds, run_dir), monkeypatch, mlflow_server) == 2
 
 
 def test_batches_hold_the_global_order_with_interventions(tiny_ds, tmp_path, monkeypatch, mlflow_server):
@@ -119,10 +116,7 @@ def test_batches_hold_the_global_order_with_interventions(tiny_ds, tmp_path, mon
     monkeypatch.setattr(module_mod.SinkLabModule, "lm_loss", spy)
     rc = fit_in_process(
         [
-            "--data.path",
-            str(tiny_ds),
-            "--run-dir",
-            str(tmp_path / "r"),
+            *paths(tiny_ds, tmp_path / "r"),
             "--trainer.max_steps",
             "3",
             "--data.interventions.resample",
@@ -162,9 +156,7 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tiny_ds, tmp_path, 
 
     monkeypatch.setattr(module_mod.SinkLabModule, "lm_loss", poisoned)
     run_dir = tmp_path / "nan"
-    rc = fit_in_process(
-        ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.sink_every", "0"], monkeypatch, mlflow_server
-    )
+    rc = fit_in_process([*paths(tiny_ds, run_dir), "--run.sink_every", "0"], monkeypatch, mlflow_server)
     assert rc == 3
     assert "non-finite training loss (nan) at step 5" in capsys.readouterr().err
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-000004.ckpt"]
@@ -183,7 +175,7 @@ def test_second_job_on_a_run_dir_refuses(tiny_ds, tmp_path, monkeypatch, mlflow_
         (run_dir / "lock").write_text(
             json.dumps({"pid": holder.pid, "host": socket.gethostname(), "slurm_job_id": None})
         )
-        rc = fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir)], monkeypatch, mlflow_server)
+        rc = fit_in_process(paths(tiny_ds, run_dir), monkeypatch, mlflow_server)
     finally:
         holder.kill()
         holder.wait()
@@ -193,7 +185,7 @@ def test_second_job_on_a_run_dir_refuses(tiny_ds, tmp_path, monkeypatch, mlflow_
 
 def test_impossible_batch_is_a_one_line_error(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
     rc = fit_in_process(
-        ["--data.path", str(tiny_ds), "--run-dir", str(tmp_path / "b"), "--data.micro_batch_size", "3"],
+        [*paths(tiny_ds, tmp_path / "b"), "--data.micro_batch_size", "3"],
         monkeypatch,
         mlflow_server,
     )
@@ -261,7 +253,7 @@ def test_training_survives_an_mlflow_outage(tiny_ds, tmp_path, monkeypatch, mlfl
     monkeypatch.setattr(tracking.RunLogger, "__init__.__defaults__", (1.0,), raising=False)
     run_dir = tmp_path / "outage"
     rc = fit_in_process(
-        ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--run.sink_every", "0", "--trainer.max_steps", "10"],
+        [*paths(tiny_ds, run_dir), "--run.sink_every", "0", "--trainer.max_steps", "10"],
         monkeypatch,
         f"http://127.0.0.1:{proxy.port}",
     )
@@ -296,10 +288,7 @@ def test_a_server_lost_mid_run_gets_every_metric_from_the_next_start(
     monkeypatch.setattr(tracking.RunLogger, "__init__.__defaults__", (1.0,), raising=False)
     run_dir = tmp_path / "lost"
     args = [
-        "--data.path",
-        str(tiny_ds),
-        "--run-dir",
-        str(run_dir),
+        *paths(tiny_ds, run_dir),
         "--run.sink_every",
         "3",
         "--trainer.max_steps",
@@ -341,10 +330,7 @@ def test_a_server_lost_mid_run_gets_every_metric_from_the_next_start(
 @pytest.mark.parametrize("op,proxy", [("softmax", False), ("kernel", True)])
 def test_summary_says_when_sink_scores_are_proxies(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys, op, proxy):
     args = [
-        "--data.path",
-        str(tiny_ds),
-        "--run-dir",
-        str(tmp_path / op),
+        *paths(tiny_ds, tmp_path / op),
         "--trainer.max_steps",
         "4",
         "--arch.attention.op",
@@ -424,10 +410,7 @@ def test_metrics_of_an_offline_first_start_reach_mlflow_on_resume(
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     run_dir = tmp_path / "offline"
     args = [
-        "--data.path",
-        str(tiny_ds),
-        "--run-dir",
-        str(run_dir),
+        *paths(tiny_ds, run_dir),
         "--trainer.max_steps",
         "6",
         "--run.checkpoint_every",
@@ -515,10 +498,7 @@ def test_nothing_is_written_where_the_command_runs(tiny_ds, tmp_path, monkeypatc
     monkeypatch.chdir(cwd)
     uri = f"sqlite:///{store}/mlflow.db"
     args = [
-        "--data.path",
-        str(tiny_ds),
-        "--run-dir",
-        str(tmp_path / "run"),
+        *paths(tiny_ds, tmp_path / "run"),
         "--trainer.max_steps",
         "4",
         "--run.system_metrics",

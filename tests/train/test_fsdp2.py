@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import fit_in_process, losses, sinklab_process
+from conftest import fit_in_process, keep_checkpoints, losses, sinklab_process
 
 from pipeline.model import ConfigError, load_pretrained
 from pipeline.train.sharding import shard_model
@@ -16,10 +16,7 @@ from pipeline.train.sharding import shard_model
 ARGS = [
     "--trainer.max_steps",
     "8",
-    "--run.checkpoint_every",
-    "4",
-    "--run.keep_last",
-    "0",
+    *keep_checkpoints(4),
     "--run.sink_every",
     "4",
     "--data.micro_batch_size",

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import REPO, built_fit, paths
+
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 
 
@@ -77,11 +78,6 @@ def test_an_unknown_case_is_refused_with_the_list(tmp_path):
 def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatch, load_benchmark):
     """The GPU matrix cannot run here; its arguments are parsed and its classes built as
     `sinklab fit` would (on the CPU accelerator), so a typo fails now and not on a lent GPU."""
-    from pipeline.checkpoint import release_lock
-    from pipeline.train.cli import SinkLabCLI
-    from pipeline.train.data import SinkDataModule
-    from pipeline.train.module import SinkLabModule
-
     gpu_check = load_benchmark("gpu_check")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.chdir(REPO)
@@ -89,25 +85,13 @@ def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatc
     fits = [c for c in cases if c.kind in ("fit", "preempt")]
     assert {c.reads for c in cases if c.reads} <= {c.name for c in fits}
     for case in fits:
-        cli = SinkLabCLI(
-            SinkLabModule,
-            SinkDataModule,
-            run=False,
-            save_config_callback=None,
-            auto_configure_optimizers=False,
-            args=[
-                *case.args,
-                "--data.path",
-                str(tiny_ds),
-                "--run-dir",
-                str(tmp_path / case.name),
-                "--trainer.accelerator",
-                "cpu",
-                "--arch.max_seq_len",
-                "64",
-            ],
-        )
-        try:
+        args = [
+            *case.args,
+            *paths(tiny_ds, tmp_path / case.name),
+            "--trainer.accelerator",
+            "cpu",
+            "--arch.max_seq_len",
+            "64",
+        ]
+        with built_fit(args) as cli:
             assert cli.trainer.max_steps == case.steps and cli.trainer.log_every_n_steps == case.log_every
-        finally:
-            release_lock(cli.run)

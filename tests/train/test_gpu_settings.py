@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import fit_in_process, losses
+from conftest import fit_in_process, lean_tracking, losses, paths
 
 from pipeline.train import module as module_mod
 
@@ -32,10 +32,7 @@ def test_fused_adamw_under_bf16_mixed_clips_every_step(tiny_ds, tmp_path, monkey
     run_dir = tmp_path / "run"
     rc = fit_in_process(
         [
-            "--data.path",
-            str(tiny_ds),
-            "--run-dir",
-            str(run_dir),
+            *paths(tiny_ds, run_dir),
             "--trainer.max_steps",
             "3",
             "--trainer.precision",
@@ -48,10 +45,7 @@ def test_fused_adamw_under_bf16_mixed_clips_every_step(tiny_ds, tmp_path, monkey
             "0",
             "--run.val_every",
             "0",
-            "--run.log_model",
-            "false",
-            "--run.system_metrics",
-            "false",
+            *lean_tracking(),
         ],
         monkeypatch,
         f"sqlite:///{tmp_path}/mlflow.db",
@@ -85,20 +79,14 @@ def test_a_compiler_failure_trains_eager_and_says_so_once(tiny_ds, tmp_path, mon
     with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
         rc = fit_in_process(
             [
-                "--data.path",
-                str(tiny_ds),
-                "--run-dir",
-                str(run_dir),
+                *paths(tiny_ds, run_dir),
                 "--trainer.max_steps",
                 "3",
                 "--model.compile",
                 "true",
                 "--run.sink_every",
                 "0",
-                "--run.log_model",
-                "false",
-                "--run.system_metrics",
-                "false",
+                *lean_tracking(),
             ],
             monkeypatch,
             f"sqlite:///{tmp_path}/mlflow.db",

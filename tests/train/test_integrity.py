@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import checkpoints_only, fit_in_process, losses
+from conftest import checkpoints_only, fit_in_process, losses, paths
 
 from pipeline.checkpoint import checkpoint_problem, nonfinite_state
 
@@ -13,10 +13,7 @@ def test_a_diverging_run_writes_no_nonfinite_checkpoint(tiny_ds, tmp_path, monke
     step-1 one is not rotated away, and a resume starts from finite weights."""
     run_dir = tmp_path / "diverged"
     args = [
-        "--data.path",
-        str(tiny_ds),
-        "--run-dir",
-        str(run_dir),
+        *paths(tiny_ds, run_dir),
         "--model.optim.lr",
         "1e6",
         "--model.optim.min_lr",
@@ -56,13 +53,7 @@ def test_nonfinite_state_sees_weights_and_moments():
 
 def test_resume_auto_passes_over_a_truncated_checkpoint(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
     run_dir = tmp_path / "run"
-    args = [
-        "--data.path",
-        str(tiny_ds),
-        "--run-dir",
-        str(run_dir),
-        *checkpoints_only(4),
-    ]
+    args = [*paths(tiny_ds, run_dir), *checkpoints_only(4)]
     assert fit_in_process([*args, "--trainer.max_steps", "8"], monkeypatch, mlflow_server) == 0
     reference = losses(run_dir)
     newest = run_dir / "checkpoints" / "step-000008.ckpt"

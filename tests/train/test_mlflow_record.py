@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import fit_in_process
+from conftest import fit_in_process, paths
 from mlflow.tracking import MlflowClient
-from train_datasets import make_dataset
+from packed_datasets import make_dataset
 
 from data_prep.dataset import load_manifest
 from pipeline.analysis import analyze
@@ -46,10 +46,7 @@ def fitted(mlflow_server, tmp_path_factory):
         mp.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.02")  # samples within the sub-second fit
         mp.setenv("MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING", "1")
         args = [
-            "--data.path",
-            str(ds),
-            "--run-dir",
-            str(run_dir),
+            *paths(ds, run_dir),
             "--trainer.max_steps",
             "4",
             "--run.experiment",
@@ -296,7 +293,7 @@ def test_a_resumed_run_logs_its_final_model_once(fitted):
     assert (
         fit_in_process(
             [
-                *fitted.args[:-6],
+                *paths(fitted.ds, fitted.run_dir),
                 "--trainer.max_steps",
                 "6",
                 "--run.experiment",
@@ -324,10 +321,7 @@ def test_a_resumed_run_logs_its_final_model_once(fitted):
 def test_log_model_and_system_metrics_flags_turn_them_off(fitted, tmp_path):
     run_dir = tmp_path / "off"
     args = [
-        "--data.path",
-        str(fitted.ds),
-        "--run-dir",
-        str(run_dir),
+        *paths(fitted.ds, run_dir),
         "--trainer.max_steps",
         "3",
         "--run.experiment",

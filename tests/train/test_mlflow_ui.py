@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import fit_in_process
+from conftest import fit_in_process, lean_tracking, paths
 from mlflow.tracking import MlflowClient
-from train_datasets import make_dataset
+from packed_datasets import make_dataset
 
 from pipeline import metric_names as N
 from pipeline.tracking import logged_image_keys, views
@@ -44,10 +44,7 @@ def two_runs(mlflow_server, tmp_path_factory):
         mp.chdir(root)
         for op in ("softmax", "sigmoid"):
             args = [
-                "--data.path",
-                str(ds),
-                "--run-dir",
-                str(root / op),
+                *paths(ds, root / op),
                 "--trainer.max_steps",
                 "4",
                 "--run.experiment",
@@ -60,10 +57,7 @@ def two_runs(mlflow_server, tmp_path_factory):
                 "2",
                 "--run.val_every",
                 "2",
-                "--run.system_metrics",
-                "false",
-                "--run.log_model",
-                "false",
+                *lean_tracking(),
                 "--arch.attention.op",
                 op,
             ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import fit_in_process
+from conftest import fit_in_process, lean_tracking, paths
 
 from pipeline.train.progress import StepProgressBar
 
@@ -19,20 +19,14 @@ def test_the_bar_counts_optimizer_steps_to_max_steps_and_resumes_where_it_stoppe
     monkeypatch.setattr(StepProgressBar, "on_train_batch_end", recording)
     monkeypatch.setenv("SINKLAB_PEAK_TFLOPS", "0.001")  # a peak for the CPU, so MFU is shown
     run = [
-        "--data.path",
-        str(tiny_ds),
-        "--run-dir",
-        str(tmp_path / "run"),
+        *paths(tiny_ds, tmp_path / "run"),
         "--trainer.enable_progress_bar",
         "true",
         "--run.sink_every",
         "0",
         "--run.val_every",
         "0",
-        "--run.log_model",
-        "false",
-        "--run.system_metrics",
-        "false",
+        *lean_tracking(),
         "--run.checkpoint_every",
         "2",
         "--run.throughput_window",

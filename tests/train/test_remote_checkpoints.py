@@ -3,7 +3,7 @@ from the checkpoint it logged to MLflow (the real tracking server over HTTP)."""
 
 from __future__ import annotations
 
-from conftest import fit_in_process, losses
+from conftest import fit_in_process, lean_tracking, losses, paths
 from mlflow.tracking import MlflowClient
 
 from pipeline.tracking.remote_checkpoints import ARTIFACT_DIR, logged_checkpoints
@@ -17,10 +17,7 @@ ARGS = [
     "2",
     "--run.sink_every",
     "0",
-    "--run.log_model",
-    "false",
-    "--run.system_metrics",
-    "false",
+    *lean_tracking(),
 ]
 
 
@@ -28,7 +25,7 @@ def test_a_run_continues_elsewhere_from_its_logged_checkpoint(tiny_ds, tmp_path,
     first = tmp_path / "machine-a"
     assert (
         fit_in_process(
-            ["--data.path", str(tiny_ds), "--run-dir", str(first), "--run.log_checkpoints", "true", *ARGS],
+            [*paths(tiny_ds, first), "--run.log_checkpoints", "true", *ARGS],
             monkeypatch,
             mlflow_server,
         )
@@ -63,7 +60,7 @@ def test_resume_from_a_run_without_logged_checkpoints_is_refused_in_one_line(
     run_dir = tmp_path / "plain"
     assert (
         fit_in_process(
-            ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--trainer.max_steps", "4", *ARGS[2:]],
+            [*paths(tiny_ds, run_dir), "--trainer.max_steps", "4", *ARGS[2:]],
             monkeypatch,
             mlflow_server,
         )

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 import torch
-from conftest import fit_in_process, losses, read_metrics, sinklab_process
+from conftest import fit_in_process, keep_checkpoints, losses, paths, read_metrics, sinklab_process, wait_for_step
 from mlflow.tracking import MlflowClient
 
-ARGS = ["--trainer.max_steps", "12", "--run.checkpoint_every", "4", "--run.keep_last", "0", "--run.sink_every", "6"]
+ARGS = ["--trainer.max_steps", "12", *keep_checkpoints(4), "--run.sink_every", "6"]
+# two gloo processes of micro-batch 2: the 8-sequence step in 2 accumulated micro-batches each
+DDP_TWO_RANKS = ["--data.micro_batch_size", "2", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
 
 
 def test_sigkill_then_resume_is_bitwise_identical(tiny_ds, tmp_path, monkeypatch, mlflow_server):
@@ -22,11 +23,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tiny_ds, tmp_path, monkeypatch
     assert fit_in_process([*data, "--run-dir", str(ref_dir), *ARGS], monkeypatch, mlflow_server) == 0
 
     proc = sinklab_process([*data, "--run-dir", str(run_dir), *ARGS], mlflow_server)
-    deadline = time.time() + 240
-    while max(losses(run_dir), default=-1) < 6:  # past the step-4 checkpoint, before step 8
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline, "the training subprocess made no progress"
-        time.sleep(0.05)
+    wait_for_step(proc, run_dir, 6)  # past the step-4 checkpoint, before step 8
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
@@ -83,20 +80,7 @@ def test_two_process_ddp_over_gloo_matches_one_process(tiny_ds, tmp_path, monkey
         fit_in_process([*data, "--run-dir", str(one), "--data.micro_batch_size", "2"], monkeypatch, mlflow_server) == 0
     )
     two = tmp_path / "two"
-    proc = sinklab_process(
-        [
-            *data,
-            "--run-dir",
-            str(two),
-            "--data.micro_batch_size",
-            "2",
-            "--trainer.devices",
-            "2",
-            "--trainer.strategy",
-            "ddp",
-        ],
-        mlflow_server,
-    )
+    proc = sinklab_process([*data, "--run-dir", str(two), *DDP_TWO_RANKS], mlflow_server)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
     assert "micro 2 x accum 2 x world 2" in out
@@ -147,30 +131,19 @@ def test_a_rank_killed_mid_run_is_named_in_one_line_and_the_run_resumes(tiny_ds,
 
     run_dir = tmp_path / "lost-rank"
     args = [
-        "--data.path",
-        str(tiny_ds),
-        "--run-dir",
-        str(run_dir),
+        *paths(tiny_ds, run_dir),
         "--trainer.max_steps",
         "40",
         "--run.sink_every",
         "0",
         "--run.checkpoint_every",
         "4",
-        "--data.micro_batch_size",
-        "2",
-        "--trainer.devices",
-        "2",
-        "--trainer.strategy",
-        "ddp",
+        *DDP_TWO_RANKS,
         "--run.system_metrics",
         "false",
     ]
     proc = sinklab_process(args, mlflow_server)
-    deadline = time.time() + 240
-    while max(losses(run_dir), default=-1) < 5:
-        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
-        time.sleep(0.05)
+    wait_for_step(proc, run_dir, 5)
     rank1 = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     os.kill(int(rank1[0]), signal.SIGKILL)
     out, _ = proc.communicate(timeout=120)
@@ -215,11 +188,7 @@ def test_muon_and_orthoadam_resume_bitwise_after_sigkill(name, tiny_ds, tmp_path
     ref_dir, run_dir = tmp_path / "reference", tmp_path / "killed"
     assert fit_in_process([*args, "--run-dir", str(ref_dir)], monkeypatch, mlflow_server) == 0
     proc = sinklab_process([*args, "--run-dir", str(run_dir)], mlflow_server)
-    deadline = time.time() + 240
-    while max(losses(run_dir), default=-1) < 5:  # past the step-4 checkpoint, before step 8
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline, "the training subprocess made no progress"
-        time.sleep(0.05)
+    wait_for_step(proc, run_dir, 5)  # past the step-4 checkpoint, before step 8
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
@@ -244,7 +213,7 @@ def test_muon_and_orthoadam_resume_bitwise_after_sigkill(name, tiny_ds, tmp_path
 
 def test_muon_under_deepspeed_is_refused_in_one_line(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
     run_dir = tmp_path / "refused"
-    args = ["--data.path", str(tiny_ds), "--run-dir", str(run_dir), "--model.optim.name", "muon"]
+    args = [*paths(tiny_ds, run_dir), "--model.optim.name", "muon"]
     assert fit_in_process([*args, "--trainer.strategy", "deepspeed_stage_2"], monkeypatch, mlflow_server) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sinklab fit:")]
     assert len(err) == 1 and "model.optim.name=muon: under DeepSpeed ZeRO" in err[0] and "ddp or fsdp2" in err[0]

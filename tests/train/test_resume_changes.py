@@ -7,23 +7,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import fit_in_process, read_metrics
+from conftest import fit_in_process, keep_checkpoints, lean_tracking, paths, read_metrics
 from mlflow.tracking import MlflowClient
 
-RUN = [
-    "--trainer.max_steps",
-    "8",
-    "--run.checkpoint_every",
-    "4",
-    "--run.keep_last",
-    "0",
-    "--run.sink_every",
-    "0",
-    "--run.log_model",
-    "false",
-    "--run.system_metrics",
-    "false",
-]
+RUN = ["--trainer.max_steps", "8", *keep_checkpoints(4), "--run.sink_every", "0", *lean_tracking()]
 
 
 def _tree(root):
@@ -34,7 +21,7 @@ def _tree(root):
 def finished_run(tiny_ds, tmp_path_factory, mlflow_server):
     run_dir = tmp_path_factory.mktemp("finished") / "run"
     mp = pytest.MonkeyPatch()
-    assert fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), *RUN], mp, mlflow_server) == 0
+    assert fit_in_process([*paths(tiny_ds, run_dir), *RUN], mp, mlflow_server) == 0
     mp.undo()
     return run_dir
 

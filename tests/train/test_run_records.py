@@ -7,24 +7,14 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import checkpoints_only, fit_in_process, losses
+from conftest import checkpoints_only, fit_in_process, lean_tracking, losses, paths
 from mlflow.tracking import MlflowClient
 
 from pipeline.tracking import TAG_PREVIOUS_RUN, TAG_RUN_DIR
 
 
 def _args(tiny_ds, run_dir) -> list[str]:
-    return [
-        "--data.path",
-        str(tiny_ds),
-        "--run-dir",
-        str(run_dir),
-        *checkpoints_only(2),
-        "--run.log_model",
-        "false",
-        "--run.system_metrics",
-        "false",
-    ]
+    return [*paths(tiny_ds, run_dir), *checkpoints_only(2), *lean_tracking()]
 
 
 def _history(client, run_id: str) -> list[int]:

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import checkpoints_only, fit_in_process, losses, read_metrics
+from conftest import checkpoints_only, fit_in_process, losses, paths, read_metrics
 
 from pipeline.train.module import SinkLabModule
 from pipeline.train.spikes import SpikeGuard
@@ -60,9 +60,7 @@ def adam_steps(ckpt) -> set[float]:
 
 def test_a_normal_run_skips_nothing(tiny_ds, tmp_path, monkeypatch, mlflow_server):
     run_dir = tmp_path / "normal"
-    assert (
-        fit_in_process(["--data.path", str(tiny_ds), "--run-dir", str(run_dir), *ARGS], monkeypatch, mlflow_server) == 0
-    )
+    assert fit_in_process([*paths(tiny_ds, run_dir), *ARGS], monkeypatch, mlflow_server) == 0
     skipped = [r["train/skipped_steps"] for r in read_metrics(run_dir) if "train/skipped_steps" in r]
     assert len(skipped) == 30 and set(skipped) == {0.0}
     assert adam_steps(run_dir / "checkpoints" / "step-000030.ckpt") == {30.0}

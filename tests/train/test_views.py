@@ -80,7 +80,7 @@ def test_sweep_run_names_lead_with_the_variant_and_keep_their_scale():
 
 
 def test_the_dataset_is_named_from_its_manifest(tmp_path):
-    from train_datasets import make_dataset
+    from packed_datasets import make_dataset
 
     from data_prep.dataset import load_manifest
 

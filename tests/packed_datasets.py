@@ -1,4 +1,5 @@
-"""Tiny packed datasets in the manifest format of data_prep.dataset (contracts.md section 1).
+"""Tiny packed datasets in the manifest format of data_prep.dataset (contracts.md section 1), for the
+tests of every part (imported by name: tests/ is on sys.path through tests/conftest.py).
 
 Train sequence i is ``(i * C + arange(C)) % (V - 8) + 8``-like but distinguishable: its first
 token is ``8 + i % (V - 8)``, so a batch tells which sequences it holds."""
