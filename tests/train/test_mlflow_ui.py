@@ -194,8 +194,11 @@ def test_the_printed_link_opens_training_charts_headline_first(two_runs, mlflow_
     )
     headers = wait_for(
         browser,
-        lambda: "arch.attention.op" in body_text(browser) and body_text(browser),
-        "the runs table's op column",
+        lambda: (
+            all(text in body_text(browser) for text in ("arch.attention.op", "sigmoid", "softmax"))
+            and body_text(browser)
+        ),
+        "the runs table's op column and its two values",
     )
     browser.save_screenshot(str(shots / "mlflow-ui-table.png"))
     for column in ("sinklab.variant", "sink/sink1", "sink/alpha1_mean", "val/loss"):
