@@ -18,7 +18,7 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity, streamer_for
-from pipeline.analysis.subject import Subject, add_model_arguments
+from pipeline.analysis.subject import Subject, add_model_arguments, model_name
 from sinklab_io.outputs import NotOurs, claim_file, write_output
 
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ({label}: one batch of {len(group)}, {seconds[label]} s)", file=sys.stderr)
     if args.full:
         results["full"] = perplexity(streamer.full_nll(ids))
-    name = subject.header()["model"]
+    name = model_name(args.model)
     print(markdown_table(name, ids.numel(), results))
     if subject.run_id is not None:
         text = f"dataset {args.dataset} (val)" if args.dataset else str(args.text or default_text())
