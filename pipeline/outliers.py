@@ -176,9 +176,14 @@ class OutlierAccumulator:
     def add_linear(self, layer: int, name: str, x: Tensor) -> None:
         """The input of one linear layer for one batch: its ‖x‖∞ per sequence, with and without
         the leading positions."""
-        a = _as_sequences(x).abs()
-        rest = a[:, self.lead :].amax(dim=(-2, -1)) if a.shape[1] > self.lead else torch.full_like(a[:, 0, 0], math.nan)
-        self.linear.setdefault((layer, name), []).append(torch.stack((a.amax(dim=(-2, -1)), rest), -1).cpu())
+        a = linear_input(x).detach().float().abs()
+        per_sequence = tuple(range(1, a.dim()))
+        rest = (
+            a[..., self.lead :, :].amax(dim=per_sequence)
+            if a.shape[-2] > self.lead
+            else a.new_full(a.shape[:1], math.nan)
+        )
+        self.linear.setdefault((layer, name), []).append(torch.stack((a.amax(dim=per_sequence), rest), -1).cpu())
 
     def report(self) -> OutlierReport | None:
         if not self.rows["max_abs"]:
@@ -210,6 +215,13 @@ class OutlierAccumulator:
 def _record_input(acc: OutlierAccumulator, layer: int, name: str, _module: nn.Module, args: tuple) -> None:
     if args and isinstance(args[0], Tensor):
         acc.add_linear(layer, name, args[0])
+
+
+def linear_input(x: Tensor) -> Tensor:
+    """A linear layer's input, checked: ``[B, T, d]``, or ``[B, H, T, d_h]`` for a per-head one (the MLP kernel)."""
+    if x.dim() not in (3, 4):
+        raise ValueError(f"linear inputs must be [B, T, d] or [B, H, T, d_h], got {tuple(x.shape)}")
+    return x
 
 
 def linear_layers(blocks: Sequence[nn.Module]) -> Iterator[tuple[int, str, nn.Linear]]:

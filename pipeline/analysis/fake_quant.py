@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.outliers import linear_layers
+from pipeline.outliers import linear_input, linear_layers
 
 QMAX = 127
 _TINY = torch.finfo(torch.float32).tiny
@@ -76,13 +76,12 @@ def quantize_weight(weight: Tensor) -> Tensor:
 
 
 def quantize_activation(x: Tensor, granularity: str, skip: int = 0) -> Tensor:
-    """Symmetric int8 of ``x [B, T, d]``, de-quantized. ``granularity`` "tensor": one scale per
-    sequence from positions ``skip..`` (every position is quantized with it); "token": one per
-    position."""
-    if x.dim() != 3:
-        raise ValueError(f"linear inputs must be [B, T, d], got {tuple(x.shape)}")
+    """Symmetric int8 of a linear input ``x [B, (H,) T, d]``, de-quantized. ``granularity``
+    "tensor": one scale per sequence from positions ``skip..`` (every position is quantized with
+    it); "token": one per row (position, and head)."""
+    linear_input(x)
     if granularity == "tensor":
-        amax = x[:, skip:].abs().amax(dim=(-2, -1), keepdim=True)
+        amax = x[..., skip:, :].abs().amax(dim=tuple(range(1, x.dim())), keepdim=True)
     elif granularity == "token":
         amax = x.abs().amax(dim=-1, keepdim=True)
     else:
@@ -94,9 +93,9 @@ def quantize_activation(x: Tensor, granularity: str, skip: int = 0) -> Tensor:
 def _fake_quant_forward(module: nn.Linear, setting: QuantSetting, lead: int, weight_q: Tensor, x: Tensor) -> Tensor:
     skip = lead if setting.lead != "none" else 0
     if setting.lead == "intact" and skip:
-        head = F.linear(x[:, :skip], module.weight, module.bias)
-        tail = F.linear(quantize_activation(x[:, skip:], setting.activations), weight_q, module.bias)
-        return torch.cat((head, tail), dim=1)
+        head = F.linear(x[..., :skip, :], module.weight, module.bias)
+        tail = F.linear(quantize_activation(x[..., skip:, :], setting.activations), weight_q, module.bias)
+        return torch.cat((head, tail), dim=-2)
     return F.linear(quantize_activation(x, setting.activations, skip), weight_q, module.bias)
 
 

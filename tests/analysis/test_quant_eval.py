@@ -30,6 +30,30 @@ def test_activations_per_tensor_per_token_and_without_the_lead():
     assert excluded[0, 0, 0].item() == pytest.approx(1.0) and (excluded[0, 1] - x[0, 1]).abs().max() <= 0.5 / 127
 
 
+def test_a_per_head_input_has_one_scale_per_sequence_over_its_heads_and_positions_on_dim_minus_2():
+    x = torch.tensor([[[[127.0, 0.4], [1.0, -0.6]], [[2.0, 0.0], [0.3, 0.0]]]])  # [B=1, H=2, T=2, d=2]
+    # per tensor: one step of 1.0 for both heads, so head 2's 0.3 -> 0
+    torch.testing.assert_close(quantize_activation(x, "tensor")[0, 1], torch.tensor([[2.0, 0.0], [0.0, 0.0]]))
+    # without position 1 (127 and 2.0): the step is 1/127 for both heads
+    assert (quantize_activation(x, "tensor", skip=1)[0, :, 1] - x[0, :, 1]).abs().max() <= 0.5 / 127
+    with pytest.raises(ValueError, match=r"\[B, T, d\] or \[B, H, T, d_h\], got \(2, 2\)"):
+        quantize_activation(x[0, 0], "tensor")
+
+
+def test_the_mlp_kernel_s_per_head_linears_are_quantized_too_and_intact_keeps_the_first_position():
+    model = micro_model(attention={"op": "kernel", "kernel": "mlp", "normalizer": "none"})
+    ids = torch.randint(3, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids).logits
+        with fake_quantized(model.blocks, SETTINGS["w8a8-tensor-intact"], lead=1) as n:
+            intact = model(ids).logits
+        assert n == 2 * 6  # per block: attn.qkv, attn.out, attn.kernel.fc1, attn.kernel.fc2, ffn.gate_up, ffn.down
+        with fake_quantized(model.blocks, SETTINGS["w8a8-tensor"]):
+            quantized = model(ids).logits
+    torch.testing.assert_close(intact[:, 0], before[:, 0])  # position 0: every linear input kept
+    assert not torch.equal(quantized[:, 0], before[:, 0]) and not torch.equal(intact, before)
+
+
 def test_fake_quantization_is_undone_on_exit():
     model = micro_model()
     ids = torch.randint(3, 64, (2, 12), generator=torch.Generator().manual_seed(0))
