@@ -2,6 +2,7 @@
 attention_ops.OPS, picks up an op registered there, and refuses an unknown one loudly."""
 
 import dataclasses
+import math
 from typing import get_args
 
 import pytest
@@ -161,6 +162,16 @@ def test_every_registered_op_trains_and_its_training_path_equals_its_eager_path(
     torch.testing.assert_close(fast, slow, atol=1e-10, rtol=1e-10)
     for a, b in zip(grads, [p.grad for p in model.parameters()], strict=True):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "op, kernel", [(name, None) for name in BUILT_IN] + [("kernel", "identity"), ("kernel", "mlp")]
+)
+def test_every_op_and_kernel_passes_the_whole_sink_probe_training_runs(op, kernel):
+    model = _micro(op, normalizer=OPS[op].normalizers[-1], **({"kernel": kernel} if kernel else {}))
+    report = run_probe(model, torch.randint(0, 64, (2, 12)), batch_size=2)
+    metrics = report.to_metrics()
+    assert report.outliers is not None and "act/linear_max" in metrics and math.isfinite(metrics["sink/alpha1_mean"])
 
 
 def test_the_run_summary_names_the_proxy_the_sink_metrics_use():
