@@ -3,10 +3,10 @@ inside a model's decoder blocks, for SinkLab and Hugging Face models alike. Torc
 
 - Weights: symmetric int8 per output channel (LLM.int8, SmoothQuant): s_o = max_i |W_oi| / 127,
   Ŵ = clamp(round(W / s_o), −127, 127) · s_o.
-- Activations, the linear layer's input x [B, T, d]: symmetric int8 with a dynamic absmax scale
-  from the tensor at hand (SmoothQuant's "dynamic" scales): *per-tensor*, one scale per sequence
-  (max |x| over its T·d entries / 127; as serving one sequence at a time); *per-token*, one scale
-  per position (max_j |x_tj| / 127).
+- Activations, the linear layer's input x [B, T, d] (or [B, H, T, d_h] for a per-head linear):
+  symmetric int8 with a dynamic absmax scale from the tensor at hand (SmoothQuant's "dynamic"
+  scales): *per-tensor*, one scale per sequence (max |x| over its T·d entries / 127; as serving
+  one sequence at a time); *per-token*, one scale per position (max_j |x_tj| / 127), and head.
 - The leading positions (the sink tokens, if any, and the first token; ``lead`` of them) may be
   *intact*: computed at full precision, weights included, and left out of the scale. Because
   attention is causal, this is exactly IntactKV (Liu et al. 2024): the pivot tokens' keys and
