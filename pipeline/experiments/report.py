@@ -58,6 +58,11 @@ class Row:
     emerged: dict[str, list[float | None]] = field(default_factory=dict)
 
 
+def cell(text: str) -> str:
+    """``text`` as one Markdown table cell: its pipes escaped (``|sum|`` in a label)."""
+    return text.replace("|", "\\|")
+
+
 def status_of(runs: list[tracking.RunRecord]) -> str:
     if not runs:
         return "missing"
@@ -130,7 +135,7 @@ def spread_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
                 for v, seed in zip(s.values, s.seeds or [None] * s.n)
             )
             lines.append(
-                f"| {row.label} | {label} | {s.n} | {fmt(s.mean, digits)} | {fmt(s.std, digits)} | {interval} | {seeds} |"
+                f"| {cell(row.label)} | {label} | {s.n} | {fmt(s.mean, digits)} | {fmt(s.std, digits)} | {interval} | {seeds} |"
             )
     return lines
 
@@ -206,7 +211,7 @@ def to_markdown(
         "|---|" + "---:|" * (len(header) - 2) + "---|",
     ]
     for row in rows:
-        cells = [row.label, str(len(row.runs))]
+        cells = [cell(row.label), str(len(row.runs))]
         for c, paper, measured, published in zip(experiment.columns, row.paper, row.measured, in_paper):
             if published:
                 cells.append(row.paper_status if row.paper_status else fmt(paper, c.digits))

@@ -159,7 +159,7 @@ def test_a_column_the_paper_has_no_number_for_is_shown_once_with_its_decimals(tm
             "1 finished",
             alpha1=spread([0.0786]),
         ),
-        Row("c", "variant c", [None, None, None], [spread([])] * 3, "missing", "training failure"),
+        Row("c", "variant c, Z = max(|sum|, 1)", [None, None, None], [spread([])] * 3, "missing", "training failure"),
     ]
     markdown = report.to_markdown(exp, "cpu", rows).splitlines()
     assert (
@@ -169,7 +169,10 @@ def test_a_column_the_paper_has_no_number_for_is_shown_once_with_its_decimals(tm
     assert "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|" in markdown
     assert "| variant a | 0 | 15.20 | 0.00 | 3.72 | 4.23 | 0.079 | — | — | 1 finished |" in markdown
     assert sum(line.startswith("| variant a | mean alpha_1 |") for line in markdown) == 1  # the column, once
-    assert "| variant c | 0 | training failure | — | training failure | — | — | — | — | missing |" in markdown
+    assert (
+        r"| variant c, Z = max(\|sum\|, 1) | 0 | training failure | — | training failure | — | — | — | — | missing |"
+        in markdown
+    )
 
 
 KNOWN_RHO = """\
