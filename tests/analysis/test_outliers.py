@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from analysis_helpers import greedy_windows, micro_model, planted_model
+from analysis_helpers import MLP_KERNEL, greedy_windows, micro_model, planted_model
 
 from pipeline.outliers import (
     OutlierAccumulator,
@@ -110,9 +110,6 @@ def test_with_a_sink_token_the_lead_is_the_sink_token_and_the_first_token():
     model = micro_model(sink_tokens=1)
     report = run_probe(model, torch.randint(3, 64, (4, 12), generator=torch.Generator().manual_seed(0)), positions=4)
     assert report.outliers.lead == 2 and not math.isnan(report.outliers.lead_scale_ratio["attn.qkv"][0])
-
-
-MLP_KERNEL = {"op": "kernel", "kernel": "mlp", "normalizer": "none"}
 
 
 def test_the_mlp_kernel_s_per_head_linears_are_read_per_sequence_over_heads():

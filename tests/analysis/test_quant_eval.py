@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from analysis_helpers import BOS, greedy_windows, micro_model, planted_model
+from analysis_helpers import BOS, MLP_KERNEL, greedy_windows, micro_model, planted_model
 
 from pipeline.analysis import quant_eval
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized, quantize_activation, quantize_weight
@@ -41,7 +41,7 @@ def test_a_per_head_input_has_one_scale_per_sequence_over_its_heads_and_position
 
 
 def test_the_mlp_kernel_s_per_head_linears_are_quantized_too_and_intact_keeps_the_first_position():
-    model = micro_model(attention={"op": "kernel", "kernel": "mlp", "normalizer": "none"})
+    model = micro_model(attention=MLP_KERNEL)
     ids = torch.randint(3, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         before = model(ids).logits
