@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from pipeline.experiments.report import Row
 
 
+def table_row(cells) -> str:
+    """One Markdown table row, each cell's pipes escaped (``|sum|`` in a label)."""
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
 def fmt_corr(value: float | None) -> str:
     return "n/a" if value is None else f"{value:+.2f}"
 
@@ -100,9 +105,7 @@ def agreement_markdown(found: list[Agreement]) -> list[str]:
         "|---|---:|---:|---:|---:|---|",
     ]
     for a in found:
-        lines.append(
-            f"| {a.label} | {a.n} | {a.min_seeds} | {fmt_corr(a.rho)}{fmt_interval(a.rho_interval)} | "
-            f"{fmt_corr(a.tau)}{fmt_interval(a.tau_interval)} | {a.verdict} |"
-        )
+        rho, tau = fmt_corr(a.rho) + fmt_interval(a.rho_interval), fmt_corr(a.tau) + fmt_interval(a.tau_interval)
+        lines.append(table_row([a.label, a.n, a.min_seeds, rho, tau, a.verdict]))
     lines += ["", "Verdict: " + "; ".join(f"{a.label}: {a.verdict}" for a in found) + "."]
     return lines

@@ -25,7 +25,7 @@ from pipeline import metric_names as N
 from pipeline import metrics as M
 from pipeline import tracking
 from pipeline.experiments import stats
-from pipeline.experiments.agreement import agreement, agreement_markdown
+from pipeline.experiments.agreement import agreement, agreement_markdown, table_row
 from pipeline.experiments.report_names import (
     ALPHA1,
     ALPHA1_COLUMN,
@@ -56,11 +56,6 @@ class Row:
     alpha1: Spread = field(default_factory=lambda: spread([]))  # the runs' last mean alpha_1
     # EMERGED name -> the step of each run that tracks emergence (None: not crossed)
     emerged: dict[str, list[float | None]] = field(default_factory=dict)
-
-
-def cell(text: str) -> str:
-    """``text`` as one Markdown table cell: its pipes escaped (``|sum|`` in a label)."""
-    return text.replace("|", "\\|")
 
 
 def status_of(runs: list[tracking.RunRecord]) -> str:
@@ -134,9 +129,7 @@ def spread_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
                 f"{fmt(v, digits)}" + (f" (s{seed})" if seed is not None else "")
                 for v, seed in zip(s.values, s.seeds or [None] * s.n)
             )
-            lines.append(
-                f"| {cell(row.label)} | {label} | {s.n} | {fmt(s.mean, digits)} | {fmt(s.std, digits)} | {interval} | {seeds} |"
-            )
+            lines.append(table_row([row.label, label, s.n, fmt(s.mean, digits), fmt(s.std, digits), interval, seeds]))
     return lines
 
 
@@ -207,18 +200,18 @@ def to_markdown(
         "",
         f"Paper: {experiment.paper_ref}. Scale: {scale}. MLflow experiment: `{experiment.mlflow_experiment}`.",
         "",
-        "| " + " | ".join(header) + " |",
+        table_row(header),
         "|---|" + "---:|" * (len(header) - 2) + "---|",
     ]
     for row in rows:
-        cells = [cell(row.label), str(len(row.runs))]
+        cells = [row.label, len(row.runs)]
         for c, paper, measured, published in zip(experiment.columns, row.paper, row.measured, in_paper):
             if published:
                 cells.append(row.paper_status if row.paper_status else fmt(paper, c.digits))
             cells.append(fmt_spread(measured, c.digits))
         cells += [stats.emergence(row.emerged.get(key, [])) for key, _ in EMERGENCE_SHOWN]
         cells.append(row.status)
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(table_row(cells))
     done = sum(r.status != "missing" and "finished" in r.status for r in rows)
     lines += [
         "",
