@@ -39,15 +39,20 @@ def pytest_configure(config):
         os.environ[SHARED] = tempfile.mkdtemp(prefix="sinklab-tests-")
 
 
-# The longest files (multi-rank runs, SLURM, sweeps) start first, so the two xdist workers end together.
+# The longest files start first, so the two xdist workers end together; `make test` keeps this
+# order (--no-loadscope-reorder: xdist would otherwise order files by their number of tests).
 LONGEST_FIRST = [
     "train/test_deepspeed.py",
-    "cluster/test_cluster_slurm.py",
-    "experiments/test_end_to_end.py",
     "train/test_fsdp2.py",
     "train/test_resume.py",
     "analysis/test_analyze.py",
-    "train/test_bb_emergence.py",
+    "cluster/test_cluster_slurm.py",
+    "train/test_gpu_check.py",
+    "analysis/test_survey.py",
+    "train/test_errors.py",
+    "train/test_fit.py",
+    "train/test_mlflow_ui.py",
+    "experiments/test_end_to_end.py",
 ]
 
 
