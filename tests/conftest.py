@@ -17,6 +17,10 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+# Two xdist workers share two cores: one thread each, and in every process a test starts
+# (Lightning gives each rank of a multi-process run one thread already).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Without a GPU, pipeline.kernels.triton_tiles runs its kernels under Triton's interpreter (on
 # CPU tensors); the variable must be set before the module is first imported.
 if not Path("/dev/nvidia0").exists():
