@@ -18,6 +18,8 @@ ARGS = [
     "--run.sink_every",
     "0",
     *lean_tracking(),
+    "--run.experiment",  # of its own: the resume counts its runs while other files' runs go on
+    "train-remote-checkpoints",
 ]
 
 

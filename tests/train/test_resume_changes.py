@@ -10,7 +10,16 @@ import pytest
 from conftest import fit_in_process, keep_checkpoints, lean_tracking, paths, read_metrics
 from mlflow.tracking import MlflowClient
 
-RUN = ["--trainer.max_steps", "8", *keep_checkpoints(4), "--run.sink_every", "0", *lean_tracking()]
+RUN = [
+    "--trainer.max_steps",
+    "8",
+    *keep_checkpoints(4),
+    "--run.sink_every",
+    "0",
+    *lean_tracking(),
+    "--run.experiment",  # of its own: the refusals count its runs while other files' runs go on
+    "train-resume-changes",
+]
 
 
 def _tree(root):
