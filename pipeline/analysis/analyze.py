@@ -129,21 +129,33 @@ def parse_position_edits(specs: list[str] | None) -> list[tuple[str, int]]:
     return edits
 
 
-def learned_position_table(subject: Subject, edits: list[tuple[str, int]], tokens: torch.Tensor, args) -> list[dict]:
-    """Table 7: Sink_1 and Sink_t after replacing p_1 by p_t or swapping p_1 and p_t."""
+def learned_positions(subject: Subject) -> torch.nn.Embedding | None:
     wpe = getattr(getattr(subject.model, "transformer", None), "wpe", None)
-    if not isinstance(wpe, torch.nn.Embedding):
+    return wpe if isinstance(wpe, torch.nn.Embedding) else None
+
+
+def checked_position_edits(subject: Subject, args) -> list[tuple[str, int]]:
+    """--gpt2-positions as (mode, t), refused before any work where a t or the model cannot take it."""
+    edits = parse_position_edits(args.gpt2_positions)
+    outside = [t for _, t in edits if not 2 <= t <= args.seq_len]
+    if outside:
+        raise SystemExit(f"sinklab analyze: --gpt2-positions position {outside[0]} outside 2..{args.seq_len}")
+    if edits and learned_positions(subject) is None:
         raise SystemExit(
             f"sinklab analyze: --gpt2-positions needs learned absolute positions (transformer.wpe); "
             f"{type(subject.model).__name__} has none"
         )
+    return edits
+
+
+def learned_position_table(subject: Subject, edits: list[tuple[str, int]], tokens: torch.Tensor, args) -> list[dict]:
+    """Table 7: Sink_1 and Sink_t after replacing p_1 by p_t or swapping p_1 and p_t."""
+    wpe = learned_positions(subject)
     rows = []
     original = wpe.weight.detach().clone()
     args._min_positions = max([t for _, t in edits] + [args.positions])
     try:
         for mode, t in edits:
-            if not 2 <= t <= args.seq_len:
-                raise SystemExit(f"sinklab analyze: --gpt2-positions position {t} outside 2..{args.seq_len}")
             with torch.no_grad():
                 wpe.weight.copy_(original)
                 wpe.weight[0] = original[t - 1]
@@ -270,7 +282,14 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     started = time.perf_counter()
     name = model_name(args.model)
     out = args.out or Path("analysis") / name
-    sets = probe_sets(subject, args)  # before the output folder exists: a refused input leaves none
+    # refusals before any work, and before the output folder exists: a refused input leaves none
+    edits = checked_position_edits(subject, args)
+    if args.pile is not None and subject.tokenizer is None:
+        raise SystemExit(
+            "sinklab analyze: --pile on a SinkLab checkpoint needs its tokenizer: --tokenizer "
+            "<dataset>/tokenizer.json or --dataset DIR"
+        )
+    sets = probe_sets(subject, args)
     out.mkdir(parents=True, exist_ok=True)
     reports = {kind: subject.report(tokens, args) for kind, tokens in sets.items()}
     record = {
@@ -296,14 +315,8 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
         },
     }
     if args.pile is not None:
-        if subject.tokenizer is None:
-            raise SystemExit(
-                "sinklab analyze: --pile on a SinkLab checkpoint needs its tokenizer: --tokenizer "
-                "<dataset>/tokenizer.json or --dataset DIR"
-            )
         domains = inputs.pile_domains(subject.tokenizer, args.pile, args.num_sequences, args.seq_len)
         record["domains"] = {d: subject.report(toks, args).sink1 for d, toks in domains.items()}
-    edits = parse_position_edits(args.gpt2_positions)
     if edits:
         tokens = sets.get("natural")
         if tokens is None:

@@ -102,6 +102,8 @@ def test_gpt2_learned_position_edits(tiny_gpt2_dir, tmp_path):
             "16",
             "--inputs",
             "natural",
+            "--text",
+            str(HAMLET),
             "--no-plots",
             "--gpt2-positions",
             "replace:5",
@@ -114,7 +116,7 @@ def test_gpt2_learned_position_edits(tiny_gpt2_dir, tmp_path):
     assert torch.equal(wpe, before)  # restored
     rows = {(r["mode"], r["t"]): r for r in rec["learned_positions"]}
     assert set(rows) == {("replace", 5), ("swap", 5), ("swap", 12)}
-    nat = analyze.natural_tokens(subject, _args(str(tiny_gpt2_dir), "-n", "4", "-T", "16"))
+    nat = analyze.natural_tokens(subject, _args(str(tiny_gpt2_dir), "-n", "4", "-T", "16", "--text", str(HAMLET)))
     for (mode, t), row in rows.items():  # recompute each edit by hand
         with torch.no_grad():
             wpe.copy_(before)
@@ -125,26 +127,6 @@ def test_gpt2_learned_position_edits(tiny_gpt2_dir, tmp_path):
         with torch.no_grad():
             wpe.copy_(before)
         assert row["sink1"] == pytest.approx(manual.sink1) and row["sink_t"] == pytest.approx(manual.profile[t - 1])
-
-
-def test_position_edits_need_learned_positions(tiny_llama_dir, tmp_path):
-    with pytest.raises(SystemExit, match="learned absolute positions"):
-        analyze.main(
-            [
-                str(tiny_llama_dir),
-                "-n",
-                "2",
-                "-T",
-                "8",
-                "--no-plots",
-                "--gpt2-positions",
-                "swap:3",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-    with pytest.raises(SystemExit, match="replace:T"):
-        analyze.parse_position_edits(["move:3"])
 
 
 def test_pile_domains_and_mlflow(tiny_llama_dir, tmp_path, mlflow_server):
@@ -162,6 +144,8 @@ def test_pile_domains_and_mlflow(tiny_llama_dir, tmp_path, mlflow_server):
             "2",
             "-T",
             "8",
+            "--text",
+            str(HAMLET),
             "--pile",
             str(shard),
             "--out",
@@ -266,11 +250,12 @@ def test_sinklab_checkpoint_with_its_tokenizer_reads_text_pile_and_bos(sinklab_c
 
 def test_bos_option_starts_every_probe_sequence_with_bos(tiny_gpt2_dir):
     subject = analyze.Subject(str(tiny_gpt2_dir), "auto")
+    common = [str(tiny_gpt2_dir), "-n", "3", "-T", "10", "--text", str(HAMLET)]
     with pytest.raises(SystemExit, match="--bos needs a model whose tokenizer has a BOS token"):
-        analyze.probe_sets(subject, _args(str(tiny_gpt2_dir), "-n", "3", "-T", "10", "--bos"))
+        analyze.probe_sets(subject, _args(*common, "--bos"))
     subject.tokenizer.bos_token = "<|endoftext|>"
-    plain = analyze.probe_sets(subject, _args(str(tiny_gpt2_dir), "-n", "3", "-T", "10"))
-    with_bos = analyze.probe_sets(subject, _args(str(tiny_gpt2_dir), "-n", "3", "-T", "10", "--bos"))
+    plain = analyze.probe_sets(subject, _args(*common))
+    with_bos = analyze.probe_sets(subject, _args(*common, "--bos"))
     bos = subject.tokenizer.bos_token_id
     for kind, tokens in plain.items():
         assert with_bos[kind].shape == tokens.shape == (3, 10)
@@ -298,6 +283,9 @@ def _micro_dataset(root, vocab: int = 64):
             "its tokenizer is not the model's (a vocabulary of 48 ids, the model's has 64)",
         ),
         (["-T", "8", "--text", "{empty}", "--tokenizer", "{tok}"], "empty.txt: the text has 0 tokens"),
+        (["--gpt2-positions", "swap:3"], "--gpt2-positions needs learned absolute positions (transformer.wpe)"),
+        (["--gpt2-positions", "move:3"], "--gpt2-positions 'move:3': expected replace:T[,T..] or swap:T[,T..]"),
+        (["-T", "8", "--gpt2-positions", "replace:9"], "--gpt2-positions position 9 outside 2..8"),
         pytest.param(
             ["--device", "cuda"],
             "--device cuda: no CUDA device is visible (use --device cpu)",
