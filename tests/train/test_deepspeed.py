@@ -2,8 +2,8 @@
 processes over gloo, with the recipe's strategy class and the ZeRO JSON files of configs/.
 
 Each stage trains what DDP trains; ZeRO-3 survives SIGUSR1 (stop at a step boundary) and SIGKILL
-of the whole process group and resumes bit for bit (ZeRO-2's SIGUSR1 resume: tests/cluster); a checkpoint `sinklab fit`
-wrote consolidates, loads and exports to Hugging Face."""
+of the whole process group and resumes bit for bit (ZeRO-2's SIGUSR1 resume: tests/cluster); a
+checkpoint `sinklab fit` wrote consolidates, loads and exports to Hugging Face."""
 
 from __future__ import annotations
 
