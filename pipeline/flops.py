@@ -7,7 +7,7 @@ activation checkpointing or by a flash/blocked backward is *not* counted: this i
 
 - N_blocks: weights of the matrix multiplies inside the L blocks, per token: W_QKV (3 d^2),
   W_O (d^2, or d_h d when heads are summed), the FFN (3 d f gated, 2 d f plain), the gate of
-  gated attention (d H), and what the attention op adds, as its registry entry says
+  gated attention (d H head-wise, d^2 element-wise), and what the attention op adds, as its registry entry says
   (``OpSpec.matmul_weights``: the phi-MLP of kernel attention, 2 d_h^2 applied to the queries
   and keys of every head, 4 H d_h^2 per token). The input embedding is a lookup: not counted.
 - N_head: the LM head, d V (tied or not: the matmul runs either way).
@@ -62,7 +62,7 @@ def matmul_params_per_token(config: ModelConfig) -> tuple[float, float]:
     per_layer = 3 * d * d
     per_layer += (config.head_dim if config.head_merge == "sum" else d) * d
     per_layer += (3 if config.ffn in ("swiglu", "geglu", "reglu") else 2) * d * f
-    per_layer += d * H if a.gated else 0
+    per_layer += d * (H if a.gate_granularity == "headwise" else d) if a.gated else 0
     per_layer += op_spec(a.op).matmul_weights(a, H, config.head_dim)
     return float(L * per_layer), float(d * V)
 

@@ -80,7 +80,8 @@ class Attention(nn.Module):
         a, b = cfg.attention, cfg.biases
         self.q_norm = nn.RMSNorm(dh, eps=cfg.norm_eps) if a.qk_norm else None
         self.k_norm = nn.RMSNorm(dh, eps=cfg.norm_eps) if a.qk_norm else None
-        self.gate = nn.Linear(d, H, bias=False) if a.gated else None
+        # one gate score per head (headwise) or per head-dimension element (elementwise, G1)
+        self.gate = nn.Linear(d, H if a.gate_granularity == "headwise" else d, bias=False) if a.gated else None
         self.kv_slot = KeyValueSlot(cfg) if b.kind in ("kv", "k") else None
         self.value_bias = nn.Parameter(torch.zeros(1 if b.shared_heads else H, dh)) if b.kind == "v" else None
         self.sink_logit = nn.Parameter(torch.zeros(H)) if a.sink_logit else None
@@ -154,8 +155,8 @@ class Attention(nn.Module):
             y = y * self.cfg.attention.scale
         if self.value_bias is not None:
             y = y + self.value_bias[None, :, None, :].to(y.dtype)
-        if self.gate is not None:
-            y = y * torch.sigmoid(self.gate(x)).transpose(1, 2)[..., None]
+        if self.gate is not None:  # scores [B, H, T, 1] (headwise) or [B, H, T, dh] (elementwise)
+            y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_heads, -1).transpose(1, 2)
         head_out = y if need_weights else None
         y = self._merge(y)
         record = None

@@ -51,6 +51,7 @@ Kernel = Literal["identity", "elu1", "mlp"]
 Normalizer = Literal[NORMALIZERS]
 BiasKind = Literal["none", "kv", "k", "v"]
 FixedValue = Literal["onehot", "uniform"]
+GateGranularity = Literal["headwise", "elementwise"]
 
 
 class ConfigError(ValueError):
@@ -72,7 +73,11 @@ class AttentionConfig:
     clip_gamma, clip_zeta: clipped softmax clip((zeta - gamma) softmax + gamma, 0, 1).
     sink_logit: learned per-head logit in the softmax denominator (an extra key column
       whose value is zero; reported as a key slot).
-    gated: per-head sigmoid gate on the attention output (Bondarenko et al. 2023).
+    gated: a sigmoid gate on the attention output before W_O, computed from the attention's
+      input x (Qiu et al. 2025's position G1, after SDPA); ``gate_granularity`` picks its shape.
+    gate_granularity: ``headwise`` one score per head and query (sigma(x W), W in R^{d x H}) or
+      ``elementwise`` one per head-dimension element (sigma(x W_g), W_g in R^{d x d}: Qiu et
+      al.'s headline G1). Only with ``gated``.
     qk_norm: RMSNorm on each head's queries and keys before the rotation (Dehghani et al.).
     """
 
@@ -85,6 +90,7 @@ class AttentionConfig:
     clip_zeta: float = 1.0
     sink_logit: bool = False
     gated: bool = False
+    gate_granularity: GateGranularity = "headwise"
     qk_norm: bool = False
 
 
@@ -213,6 +219,8 @@ class ModelConfig:
             raise ConfigError(f"arch.attention.p={a.p}: p-normalisation is defined for op {p_ops}")
         if a.p != 1.0 and a.normalizer != "sum":
             raise ConfigError(f"arch.attention.p: p-normalised {a.op} needs normalizer='sum'")
+        if a.gate_granularity != "headwise" and not a.gated:
+            raise ConfigError(f"arch.attention.gate_granularity={a.gate_granularity}: needs attention.gated=true")
         if a.sink_logit and not op.softmax:
             raise ConfigError(f"arch.attention.sink_logit=true: needs a softmax op, got op={a.op}")
         if not op.score_biases and self.positional in ("alibi", "relative", "t5"):

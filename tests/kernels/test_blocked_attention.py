@@ -303,8 +303,9 @@ def test_no_tensor_of_t_by_t_elements_is_allocated(attention):
         dict(attention=dict(op="sigmoid", normalizer="none"), biases=dict(kind="kv")),
         dict(attention=dict(op="elu1"), mask="sliding", window=6, positional="alibi", sink_tokens=1),
         dict(attention=dict(op="kernel", kernel="mlp", normalizer="abs_clamp"), mask="prefix", prefix_len=4),
+        dict(attention=dict(op="sigmoid", normalizer="none", gated=True, gate_granularity="elementwise")),
     ],
-    ids=["sigmoid-kv", "elu1-sliding-alibi", "kernel-mlp-prefix"],
+    ids=["sigmoid-kv", "elu1-sliding-alibi", "kernel-mlp-prefix", "sigmoid-elementwise-gate"],
 )
 @pytest.mark.parametrize("impl", ["auto", pytest.param("triton", marks=needs_triton)])
 def test_model_training_path_matches_its_eager_path(overrides, impl, monkeypatch):

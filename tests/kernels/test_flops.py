@@ -68,6 +68,7 @@ def test_pair_count_agrees_with_the_models_mask(overrides):
         dict(ffn="gelu"),
         dict(head_merge="sum"),
         dict(attention=dict(gated=True)),
+        dict(attention=dict(gated=True, gate_granularity="elementwise")),
         dict(tie_embeddings=True),
     ],
 )
@@ -80,6 +81,15 @@ def test_matmul_params_agree_with_the_model(overrides):
     if cfg.tie_embeddings:
         matrices += cfg.vocab_size * cfg.d_model
     assert sum(matmul_params_per_token(cfg)) == matrices
+
+
+def test_elementwise_gate_counts_its_d_by_d_matmul():
+    """The G1 gate's x W_g costs 2 d^2 FLOPs per token and layer forward, 6 d^2 forward + backward."""
+    plain, g1 = micro(), micro(attention=dict(gated=True, gate_granularity="elementwise"))
+    d, L = plain.d_model, plain.n_layers
+    assert matmul_params_per_token(g1)[0] - matmul_params_per_token(plain)[0] == L * d * d
+    assert flops_per_token(g1, 16) - flops_per_token(plain, 16) == pytest.approx(6 * L * d * d)
+    _forward_flops_match(g1)  # and torch's count of the forward agrees
 
 
 def test_kernel_mlp_counts_each_use_per_head():

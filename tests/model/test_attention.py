@@ -180,6 +180,7 @@ SOFTMAX_VARIANTS = [
     dict(attention={"op": "softmax_off_by_one"}),
     dict(attention={"sink_logit": True}),
     dict(attention={"gated": True, "qk_norm": True}),
+    dict(attention={"gated": True, "gate_granularity": "elementwise"}, head_merge="sum"),
     dict(
         sink_tokens=1,
         biases={"kind": "kv"},
@@ -204,6 +205,24 @@ def test_sdpa_path_equals_eager_probability_path(overrides):
     assert slow.attention_kind == "probs"
     for attn in slow.attentions:  # rows, slots included, sum to one
         torch.testing.assert_close(attn.sum(-1), torch.ones(attn.shape[:-1]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("granularity", ["headwise", "elementwise"])
+def test_gate_multiplies_each_heads_output_by_sigmoid_of_its_input_times_w(granularity):
+    """Qiu et al.'s G1: after SDPA, y <- y * sigma(x W) with x the attention's input, one score per
+    head (W: d x H) or per head-dimension element (W_g: d x d), before W_O."""
+    m = _model(positional="nope", attention={"gated": True, "gate_granularity": granularity})
+    idx = torch.randint(0, 64, (2, 9))
+    q, k, v = _layer0_qkv(m, idx)
+    B, H, T, dh = q.shape
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    y = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(dh)).masked_fill(~causal, -math.inf), -1) @ v
+    w = m.blocks[0].attn.gate.weight
+    assert w.shape == (H if granularity == "headwise" else H * dh, H * dh)
+    gate = torch.sigmoid(m.blocks[0].attn_norm(m.embed(idx)) @ w.T)  # [B, T, H] or [B, T, d]
+    gate = gate[..., None] if granularity == "headwise" else gate.view(B, T, H, dh)
+    expected = (y.transpose(1, 2) * gate).reshape(B, T, H * dh)
+    torch.testing.assert_close(_layer0_output_before_merge(m, idx), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_layernorm_choice_reaches_every_norm():

@@ -29,6 +29,15 @@ def test_60m_preset_counts_about_60m_parameters_without_embeddings():
     assert _non_embedding_params("llama-60m") == expected == 58_998_528
 
 
+def test_the_elementwise_gate_adds_a_d_by_d_matrix_per_layer_the_headwise_one_d_by_h():
+    d, H, L = 768, 8, 10
+    base = _non_embedding_params("llama-60m")
+    for granularity, extra in (("headwise", d * H), ("elementwise", d * d)):
+        arch = ModelConfig.from_preset("llama-60m", attention={"gated": True, "gate_granularity": granularity})
+        with torch.device("meta"):
+            assert Transformer(arch).num_parameters(embeddings=False) == base + L * extra
+
+
 def test_1b_preset_is_about_a_billion():
     assert 1.0e9 < _non_embedding_params("llama-1b") < 1.2e9
 
@@ -53,6 +62,8 @@ def test_overrides_nested_and_roundtrip():
         (dict(attention__op="kernel", positional="alibi"), "arch.positional"),
         (dict(attention__normalizer="none"), "arch.attention.normalizer"),
         (dict(sink_tokens=9), "arch.sink_tokens"),
+        (dict(attention__gate_granularity="elementwise"), "arch.attention.gate_granularity"),
+        (dict(attention__gated=True, attention__gate_granularity="channel"), "arch.attention.gate_granularity"),
         (dict(colour="red"), "arch.colour"),
     ],
 )

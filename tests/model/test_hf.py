@@ -99,6 +99,7 @@ def test_qk_norm_is_a_qwen3_both_ways(tmp_path):
         (dict(ffn="gelu"), "arch.ffn"),
         (dict(norm="layernorm"), "arch.norm"),
         (dict(attention={"qk_norm": True, "gated": True}), "arch.attention.gated"),
+        (dict(attention={"gated": True, "gate_granularity": "elementwise"}), "arch.attention.gated"),
         (dict(mask="sliding", window=4), "arch.mask"),
     ],
 )

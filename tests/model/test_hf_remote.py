@@ -50,6 +50,10 @@ VARIANTS = {f"op_{name}": _op_variant(name) for name in OPS} | {
     },
     "sink_tokens_sigmoid_kv": {"sink_tokens": 1, "biases": {"kind": "kv"}, "attention": {"op": "sigmoid"}},
     "gated_qk_norm": {"attention": {"gated": True, "qk_norm": True}},
+    "gated_elementwise_post": {
+        "attention": {"gated": True, "gate_granularity": "elementwise"},
+        "norm_position": "post",
+    },
     "qk_norm": {"attention": {"qk_norm": True}},
     "prefix_mask": {"mask": "prefix", "prefix_len": 3},
     "nope_post_layernorm_gelu": {"positional": "nope", "norm_position": "post", "norm": "layernorm", "ffn": "gelu"},
