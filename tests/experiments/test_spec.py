@@ -221,3 +221,16 @@ def test_the_docs_list_every_experiment_with_its_paper_table():
         row = next((line for line in doc.splitlines() if line.startswith(f"| `{e.group}/{e.name}` |")), None)
         assert row is not None, f"{doc_path} has no row for {e.group}/{e.name}"
         assert e.paper_ref.split()[0] in row  # the seed number (002, 000, 004) of its table
+
+
+def test_every_gated_variant_names_its_gate():
+    """Head-wise, or element-wise (Qiu et al.'s G1): a study's table says which gate it ran."""
+    gated = []
+    for e in load_all():
+        for v in e.variants:
+            for scale in e.scales:
+                overrides = e.overrides(v, scale)
+                if overrides.get("arch.attention.gated"):
+                    gated.append(f"{e.name}/{v.name}")
+                    assert overrides.get("arch.attention.gate_granularity") in ("headwise", "elementwise"), gated[-1]
+    assert "lr-tolerance/gated-elementwise-x4" in gated
