@@ -24,7 +24,9 @@ class ModelOutput:
     attention_kind: str = "probs"  # "probs" | "sim_nonneg" | "sim_signed"
     n_query_slots: int = 0  # leading rows that are sink tokens
     n_key_slots: int = 0  # leading columns that are not real tokens
-    hidden_states: list[Tensor] | None = None  # per block [B, Tq, d]; last before final norm
+    # per block [B, Tq, d]: its output (pre-norm; the last before the final norm) or, post-norm,
+    # its residual sum before its last LN
+    hidden_states: list[Tensor] | None = None
     queries: list[Tensor] | None = None  # per layer [B, H, T, dh], real tokens, rotated
     keys: list[Tensor] | None = None
     values: list[Tensor] | None = None
@@ -40,7 +42,11 @@ def build_norm(cfg: ModelConfig) -> nn.Module:
 
 class Block(nn.Module):
     """Pre-norm (Eq. 2): h + MHSA(LN(h)), then + FFN(LN(.)).
-    Post-norm (Eq. 3): LN(h + MHSA(h)), then LN(. + FFN(.))."""
+    Post-norm (Eq. 3): LN(h + MHSA(h)), then LN(. + FFN(.)).
+
+    Returns the output, the attention record and the state the probe reads: the output
+    (pre-norm) or, post-norm, the residual sum x + FFN(x) before the last LN, where massive
+    activations show (seed 002, Fig. 7 left)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -54,10 +60,12 @@ class Block(nn.Module):
         if self.pre_norm:
             a, record = self.attn(self.attn_norm(x), ctx, layer_cache, need_weights, need_qkv)
             x = x + a
-            return x + self.ffn(self.ffn_norm(x)), record
+            x = x + self.ffn(self.ffn_norm(x))
+            return x, record, x
         a, record = self.attn(x, ctx, layer_cache, need_weights, need_qkv)
         x = self.attn_norm(x + a)
-        return self.ffn_norm(x + self.ffn(x)), record
+        residual = x + self.ffn(x)
+        return self.ffn_norm(residual), record, residual
 
 
 class Transformer(nn.Module):
@@ -151,9 +159,9 @@ class Transformer(nn.Module):
         hidden, records = [], []
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None
-            x, record = block(x, ctx, layer_cache, output_attentions, output_qkv)
+            x, record, state = block(x, ctx, layer_cache, output_attentions, output_qkv)
             if output_hidden_states:
-                hidden.append(x)
+                hidden.append(state)
             if want_records:
                 records.append(record)
         if cache is not None:
