@@ -15,7 +15,7 @@ et al.'s (2024) alternative on Bigram-Backcopy: without Adam the massive activat
 ``name: muon``: torch.optim.Muon on the blocks' linear weights (peak lr ``muon_lr``, AdamW's lr
 where unset, scaled per matrix to AdamW's update RMS: torch's ``match_rms_adamw``), AdamW on the
 rest; ``name: orthoadam``: AdamW in a fixed random orthogonal basis per parameter (seeded by
-``rotation_seed``). Both in pipeline.train.optimizers; the split in docs/training.md.
+``rotation_seed``; the embedding's and head's vocabulary axis not rotated). Both in pipeline.train.optimizers; the split in docs/training.md.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from pipeline.model.config import ConfigError
 
-from .optimizers import MuonAdamW, OrthoAdam, muon_split
+from .optimizers import MuonAdamW, OrthoAdam, muon_split, token_matrices
 
 DecayOn = Literal["all", "matrices", "matrices_no_embeddings"]
 OptimizerName = Literal["adamw", "sgd", "muon", "orthoadam"]
@@ -126,7 +126,14 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
     if cfg.name == "sgd":
         return torch.optim.SGD(param_groups(model, cfg), lr=cfg.lr, momentum=cfg.momentum)
     if cfg.name == "orthoadam":
-        return OrthoAdam(param_groups(model, cfg), lr=cfg.lr, betas=betas, eps=cfg.eps, seed=cfg.rotation_seed)
+        return OrthoAdam(
+            param_groups(model, cfg),
+            lr=cfg.lr,
+            betas=betas,
+            eps=cfg.eps,
+            seed=cfg.rotation_seed,
+            token_rows=token_matrices(model),
+        )
     fused = cfg.fused if cfg.fused is not None else all(p.is_cuda for p in model.parameters())
     adamw = {"lr": cfg.lr, "betas": betas, "eps": cfg.eps, "fused": fused or None}
     if cfg.name == "muon":

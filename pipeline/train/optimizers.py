@@ -8,15 +8,17 @@ one optimizer, which is what Lightning's automatic optimisation steps and checkp
 basis per parameter. A parameter viewed as ``[m, n]`` has its gradient rotated to ``L G Rᵀ`` (L,
 R random orthogonal, block-diagonal with blocks of at most ``block`` rows where a dimension is
 larger; L ⊗ R is orthogonal on the flattened tensor), the Adam direction is formed there and
-rotated back. The matrices are re-derived from ``seed`` and the parameter's index, never stored,
-so a resume rebuilds the same ones. With identity matrices the arithmetic is torch's
-single-tensor AdamW, bit for bit. Under FSDP2 the rotations act on gathered tensors and the
-moments stay sharded.
+rotated back. The token embedding and the LM head (rows: the vocabulary) keep ``L = I``: only
+their d_model axis is rotated. The matrices are re-derived from ``seed`` and the parameter's
+index, never stored, so a resume rebuilds the same ones. With identity matrices the arithmetic is
+torch's single-tensor AdamW, bit for bit. Under FSDP2 the rotations act on gathered tensors and
+the moments stay sharded.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +37,11 @@ def muon_split(model: nn.Module) -> tuple[list[str], list[str]]:
         if p.requires_grad:
             (muon if id(p) in hidden else rest).append(name)
     return muon, rest
+
+
+def token_matrices(model: nn.Module) -> list[Tensor]:
+    """The token embedding's and the LM head's weights (one tensor when tied): rows are tokens."""
+    return [m.weight for m in (getattr(model, "embed", None), getattr(model, "lm_head", None)) if m is not None]
 
 
 def _evaluate(closure) -> Tensor | None:
@@ -91,9 +98,12 @@ def _blocks(n: int, block: int) -> list[int]:
 
 class _Rotation:
     """Block-diagonal orthogonal matrices for the rows (``left``) and columns (``right``) of a
-    parameter viewed as ``[m, n]``; a dimension of size 1 is not rotated."""
+    parameter viewed as ``[m, n]``; a dimension of size 1, or the rows where ``rows`` is False,
+    is not rotated."""
 
-    def __init__(self, shape: torch.Size, block: int, generator: torch.Generator | None, device: torch.device):
+    def __init__(
+        self, shape: torch.Size, block: int, generator: torch.Generator | None, device: torch.device, rows: bool = True
+    ):
         m = shape[0] if len(shape) > 1 else 1
         n = math.prod(shape) // m
 
@@ -104,7 +114,7 @@ class _Rotation:
                 return [torch.eye(b, device=device) for b in _blocks(size, block)]
             return [random_orthogonal(b, generator).to(device) for b in _blocks(size, block)]
 
-        self.shape, self.left, self.right = (m, n), side(m), side(n)
+        self.shape, self.left, self.right = (m, n), side(m) if rows else [], side(n)
 
     def _apply(self, x: Tensor, back: bool) -> Tensor:
         x = x.reshape(self.shape)
@@ -143,7 +153,8 @@ def _placed_like(full: Tensor, ref: Tensor) -> Tensor:
 class OrthoAdam(torch.optim.Optimizer):
     """AdamW (decoupled weight decay) in a fixed random orthogonal basis per parameter (module
     docstring). ``seed``: the matrices' seed; ``block``: the largest rotated block; ``identity``:
-    identity matrices (AdamW exactly; for tests)."""
+    identity matrices (AdamW exactly; for tests); ``token_rows``: parameters whose rows are tokens
+    (:func:`token_matrices`), rotated along their columns only."""
 
     def __init__(
         self,
@@ -155,15 +166,17 @@ class OrthoAdam(torch.optim.Optimizer):
         seed: int = 0,
         block: int = 1024,
         identity: bool = False,
+        token_rows: Iterable[Tensor] = (),
     ):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.seed, self.block, self.identity = seed, block, identity
+        self.token_rows = {id(p) for p in token_rows}
         self._rotations: dict[Tensor, _Rotation] = {}
 
     def _rotation(self, index: int, p: Tensor) -> _Rotation:
         if p not in self._rotations:
             generator = None if self.identity else torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-            self._rotations[p] = _Rotation(p.shape, self.block, generator, p.device)
+            self._rotations[p] = _Rotation(p.shape, self.block, generator, p.device, id(p) not in self.token_rows)
         return self._rotations[p]
 
     @torch.no_grad()

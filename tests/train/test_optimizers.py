@@ -80,6 +80,25 @@ def test_orthoadam_state_round_trip_re_derives_the_rotations():
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
 
 
+def test_orthoadam_rotates_only_the_d_model_axis_of_the_embedding_and_head():
+    net = model()
+    opt = build_optimizer(net, OptimConfig(name="orthoadam", lr=3e-3, weight_decay=0.0))
+    params = dict(net.named_parameters())
+    for name in ("embed.weight", "lm_head.weight"):
+        table, before = params[name], {n: p.detach().clone() for n, p in params.items()}
+        opt.zero_grad()
+        table.grad = torch.zeros_like(table)
+        table.grad[5] = torch.randn(CFG.d_model)  # one token's row
+        opt.step()
+        assert {n for n, p in params.items() if not torch.equal(p, before[n])} == {name}
+        assert (table.detach() != before[name]).any(dim=1).nonzero().flatten().tolist() == [5]
+        rotation = opt._rotations[table]
+        assert rotation.left == [] and len(rotation.right) == 1  # the vocabulary axis is the identity
+        right = rotation.right[0]
+        assert torch.allclose(right @ right.T, torch.eye(CFG.d_model), atol=1e-5)
+        assert not torch.allclose(right, torch.eye(CFG.d_model), atol=1e-2)
+
+
 def test_muon_split_puts_block_matrices_on_muon_and_the_rest_on_adamw():
     net = model(sink_tokens=1, positional="learned")
     hidden, rest = muon_split(net)
