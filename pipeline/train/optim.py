@@ -12,10 +12,11 @@ learnable sink tokens.
 
 ``name: sgd`` (SGD with momentum; its weight decay is the L2 term added to the gradient) is Guo
 et al.'s (2024) alternative on Bigram-Backcopy: without Adam the massive activations go away.
-``name: muon``: torch.optim.Muon on the blocks' linear weights (peak lr ``muon_lr``, AdamW's lr
-where unset, scaled per matrix to AdamW's update RMS: torch's ``match_rms_adamw``), AdamW on the
-rest; ``name: orthoadam``: AdamW in a fixed random orthogonal basis per parameter (seeded by
-``rotation_seed``; the embedding's and head's vocabulary axis not rotated). Both in pipeline.train.optimizers; the split in docs/training.md.
+``name: muon``: torch.optim.Muon on the blocks' linear weights, per logical matrix where one weight
+fuses several (peak lr ``muon_lr``, AdamW's lr where unset, scaled per matrix to AdamW's update
+RMS: torch's ``match_rms_adamw``), AdamW on the rest; ``name: orthoadam``: AdamW in a fixed random
+orthogonal basis per parameter (seeded by ``rotation_seed``; the embedding's and head's vocabulary
+axis not rotated). Both in pipeline.train.optimizers; the split in docs/training.md.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from pipeline.model.config import ConfigError
 
-from .optimizers import MuonAdamW, OrthoAdam, muon_split, token_matrices
+from .optimizers import MuonAdamW, OrthoAdam, fused_rows, muon_split, token_matrices
 
 DecayOn = Literal["all", "matrices", "matrices_no_embeddings"]
 OptimizerName = Literal["adamw", "sgd", "muon", "orthoadam"]
@@ -141,7 +142,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
         params = dict(model.named_parameters())
         muon_groups = [{"params": [params[n] for n in hidden], "weight_decay": cfg.weight_decay}]
         muon = {"lr": cfg.muon_lr or cfg.lr, "momentum": cfg.muon_momentum, "adjust_lr_fn": "match_rms_adamw"}
-        return MuonAdamW(muon_groups, param_groups(model, cfg, frozenset(hidden)), muon, adamw)
+        return MuonAdamW(muon_groups, param_groups(model, cfg, frozenset(hidden)), muon, adamw, fused_rows(model))
     return torch.optim.AdamW(param_groups(model, cfg), **adamw)
 
 

@@ -2,7 +2,9 @@
 
 ``MuonAdamW``: torch.optim.Muon on the 2-D hidden matrices (every ``nn.Linear`` weight inside the
 blocks), torch.optim.AdamW on the rest (embeddings, LM head, norms, biases, sink parameters), as
-one optimizer, which is what Lightning's automatic optimisation steps and checkpoints.
+one optimizer, which is what Lightning's automatic optimisation steps and checkpoints. A weight
+that stacks several logical matrices (its ``nn.Linear`` declares ``fused_rows``, as the fused
+W_Q/W_K/W_V and the gated FFN's W1/W2 do) is orthogonalised and lr-scaled per logical matrix.
 
 ``OrthoAdam`` (Kaul et al., ICLR 2025): AdamW whose moments live in a fixed random orthogonal
 basis per parameter. A parameter viewed as ``[m, n]`` has its gradient rotated to ``L G Rᵀ`` (L,
@@ -39,6 +41,16 @@ def muon_split(model: nn.Module) -> tuple[list[str], list[str]]:
     return muon, rest
 
 
+def fused_rows(model: nn.Module) -> dict[Tensor, tuple[int, ...]]:
+    """The weights whose rows stack several logical matrices (an ``nn.Linear`` declaring
+    ``fused_rows``), with each matrix's row count."""
+    rows = {m.weight: tuple(m.fused_rows) for m in model.modules() if hasattr(m, "fused_rows")}
+    for weight, sizes in rows.items():
+        if sum(sizes) != weight.shape[0]:
+            raise ValueError(f"fused_rows {sizes} do not add up to the weight's {weight.shape[0]} rows")
+    return rows
+
+
 def token_matrices(model: nn.Module) -> list[Tensor]:
     """The token embedding's and the LM head's weights (one tensor when tied): rows are tokens."""
     return [m.weight for m in (getattr(model, "embed", None), getattr(model, "lm_head", None)) if m is not None]
@@ -52,17 +64,53 @@ def _evaluate(closure) -> Tensor | None:
         return closure()
 
 
-class MuonAdamW(torch.optim.Optimizer):
-    """One optimizer over ``muon_groups`` (torch.optim.Muon) and ``adamw_groups`` (torch.optim.AdamW):
-    the group dicts and the state are shared with the two inner optimizers, so an lr scheduler and
-    ``state_dict``/``load_state_dict`` see every group, marked ``muon: True`` or ``False``."""
+class SplitMuon(torch.optim.Muon):
+    """torch.optim.Muon whose fused weights (``rows``: weight -> its logical matrices' row counts)
+    are orthogonalised, lr-scaled and decayed per logical matrix, as Muon on the separate matrices
+    would; the momentum buffer stays one tensor per weight (elementwise, so the same). A DTensor
+    weight (FSDP2) is split gathered and written back to its shards."""
 
-    def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict, adamw: dict):
+    def __init__(self, params, rows: dict[Tensor, tuple[int, ...]], **kwargs):
+        super().__init__(params, **kwargs)
+        self.rows = rows
+        self._gathered: list[tuple[Tensor, ...]] = []
+
+    def _init_group(self, group, params, grads, bufs):
+        has_complex = super()._init_group(group, params, grads, bufs)
+        for i in reversed(range(len(params))):
+            p, buf = params[i], bufs[i]
+            if p not in self.rows:
+                continue
+            whole = [_full(t) for t in (p, grads[i], buf)]  # views where p is a plain tensor
+            if whole[0] is not p:
+                self._gathered.append((p, buf, whole[0], whole[2]))
+            params[i : i + 1], grads[i : i + 1], bufs[i : i + 1] = (t.split(self.rows[p]) for t in whole)
+        return has_complex
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self._gathered = []
+        loss = super().step(closure)
+        for p, buf, p_full, buf_full in self._gathered:
+            p.copy_(_placed_like(p_full, p))
+            buf.copy_(_placed_like(buf_full, buf))
+        return loss
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """One optimizer over ``muon_groups`` (:class:`SplitMuon`, with ``rows`` from :func:`fused_rows`)
+    and ``adamw_groups`` (torch.optim.AdamW): the group dicts and the state are shared with the two
+    inner optimizers, so an lr scheduler and ``state_dict``/``load_state_dict`` see every group,
+    marked ``muon: True`` or ``False``."""
+
+    def __init__(
+        self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict, adamw: dict, rows: dict | None = None
+    ):
         for group in muon_groups:
             group["muon"] = True
         for group in adamw_groups:
             group["muon"] = False
-        self._muon = torch.optim.Muon(muon_groups, **muon)
+        self._muon = SplitMuon(muon_groups, rows or {}, **muon)
         self._adamw = torch.optim.AdamW(adamw_groups, **adamw)
         super().__init__(muon_groups + adamw_groups, {})
         self._link()
