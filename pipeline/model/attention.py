@@ -76,6 +76,7 @@ class Attention(nn.Module):
         d, H, dh = cfg.d_model, cfg.n_heads, cfg.head_dim
         self.n_heads, self.head_dim = H, dh
         self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.qkv.fused_rows = (d, d, d)  # W_Q, W_K, W_V stacked: optimisers may treat each apart
         self.out = nn.Linear(d if cfg.head_merge == "concat" else dh, d, bias=False)
         a, b = cfg.attention, cfg.biases
         self.q_norm = nn.RMSNorm(dh, eps=cfg.norm_eps) if a.qk_norm else None

@@ -38,6 +38,7 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.act = ACTIVATIONS[cfg.ffn]
         self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ffn, bias=False)
+        self.gate_up.fused_rows = (cfg.d_ffn, cfg.d_ffn)  # W1 and W2 stacked: optimisers may treat each apart
         self.down = nn.Linear(cfg.d_ffn, cfg.d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -12,10 +12,11 @@ learnable sink tokens.
 
 ``name: sgd`` (SGD with momentum; its weight decay is the L2 term added to the gradient) is Guo
 et al.'s (2024) alternative on Bigram-Backcopy: without Adam the massive activations go away.
-``name: muon``: torch.optim.Muon on the blocks' linear weights (peak lr ``muon_lr``, AdamW's lr
-where unset, scaled per matrix to AdamW's update RMS: torch's ``match_rms_adamw``), AdamW on the
-rest; ``name: orthoadam``: AdamW in a fixed random orthogonal basis per parameter (seeded by
-``rotation_seed``). Both in pipeline.train.optimizers; the split in docs/training.md.
+``name: muon``: torch.optim.Muon on the blocks' linear weights, per logical matrix where one weight
+fuses several (peak lr ``muon_lr``, AdamW's lr where unset, scaled per matrix to AdamW's update
+RMS: torch's ``match_rms_adamw``), AdamW on the rest; ``name: orthoadam``: AdamW in a fixed random
+orthogonal basis per parameter (seeded by ``rotation_seed``; the embedding's and head's vocabulary
+axis not rotated). Both in pipeline.train.optimizers; the split in docs/training.md.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from pipeline.model.config import ConfigError
 
-from .optimizers import MuonAdamW, OrthoAdam, muon_split
+from .optimizers import MuonAdamW, OrthoAdam, fused_rows, muon_split, token_matrices
 
 DecayOn = Literal["all", "matrices", "matrices_no_embeddings"]
 OptimizerName = Literal["adamw", "sgd", "muon", "orthoadam"]
@@ -126,7 +127,14 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
     if cfg.name == "sgd":
         return torch.optim.SGD(param_groups(model, cfg), lr=cfg.lr, momentum=cfg.momentum)
     if cfg.name == "orthoadam":
-        return OrthoAdam(param_groups(model, cfg), lr=cfg.lr, betas=betas, eps=cfg.eps, seed=cfg.rotation_seed)
+        return OrthoAdam(
+            param_groups(model, cfg),
+            lr=cfg.lr,
+            betas=betas,
+            eps=cfg.eps,
+            seed=cfg.rotation_seed,
+            token_rows=token_matrices(model),
+        )
     fused = cfg.fused if cfg.fused is not None else all(p.is_cuda for p in model.parameters())
     adamw = {"lr": cfg.lr, "betas": betas, "eps": cfg.eps, "fused": fused or None}
     if cfg.name == "muon":
@@ -134,7 +142,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
         params = dict(model.named_parameters())
         muon_groups = [{"params": [params[n] for n in hidden], "weight_decay": cfg.weight_decay}]
         muon = {"lr": cfg.muon_lr or cfg.lr, "momentum": cfg.muon_momentum, "adjust_lr_fn": "match_rms_adamw"}
-        return MuonAdamW(muon_groups, param_groups(model, cfg, frozenset(hidden)), muon, adamw)
+        return MuonAdamW(muon_groups, param_groups(model, cfg, frozenset(hidden)), muon, adamw, fused_rows(model))
     return torch.optim.AdamW(param_groups(model, cfg), **adamw)
 
 

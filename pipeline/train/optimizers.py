@@ -2,21 +2,25 @@
 
 ``MuonAdamW``: torch.optim.Muon on the 2-D hidden matrices (every ``nn.Linear`` weight inside the
 blocks), torch.optim.AdamW on the rest (embeddings, LM head, norms, biases, sink parameters), as
-one optimizer, which is what Lightning's automatic optimisation steps and checkpoints.
+one optimizer, which is what Lightning's automatic optimisation steps and checkpoints. A weight
+that stacks several logical matrices (its ``nn.Linear`` declares ``fused_rows``, as the fused
+W_Q/W_K/W_V and the gated FFN's W1/W2 do) is orthogonalised and lr-scaled per logical matrix.
 
 ``OrthoAdam`` (Kaul et al., ICLR 2025): AdamW whose moments live in a fixed random orthogonal
 basis per parameter. A parameter viewed as ``[m, n]`` has its gradient rotated to ``L G Rᵀ`` (L,
 R random orthogonal, block-diagonal with blocks of at most ``block`` rows where a dimension is
 larger; L ⊗ R is orthogonal on the flattened tensor), the Adam direction is formed there and
-rotated back. The matrices are re-derived from ``seed`` and the parameter's index, never stored,
-so a resume rebuilds the same ones. With identity matrices the arithmetic is torch's
-single-tensor AdamW, bit for bit. Under FSDP2 the rotations act on gathered tensors and the
-moments stay sharded.
+rotated back. The token embedding and the LM head (rows: the vocabulary) keep ``L = I``: only
+their d_model axis is rotated. The matrices are re-derived from ``seed`` and the parameter's
+index, never stored, so a resume rebuilds the same ones. With identity matrices the arithmetic is
+torch's single-tensor AdamW, bit for bit. Under FSDP2 the rotations act on gathered tensors and
+the moments stay sharded.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +41,21 @@ def muon_split(model: nn.Module) -> tuple[list[str], list[str]]:
     return muon, rest
 
 
+def fused_rows(model: nn.Module) -> dict[Tensor, tuple[int, ...]]:
+    """The weights whose rows stack several logical matrices (an ``nn.Linear`` declaring
+    ``fused_rows``), with each matrix's row count."""
+    rows = {m.weight: tuple(m.fused_rows) for m in model.modules() if hasattr(m, "fused_rows")}
+    for weight, sizes in rows.items():
+        if sum(sizes) != weight.shape[0]:
+            raise ValueError(f"fused_rows {sizes} do not add up to the weight's {weight.shape[0]} rows")
+    return rows
+
+
+def token_matrices(model: nn.Module) -> list[Tensor]:
+    """The token embedding's and the LM head's weights (one tensor when tied): rows are tokens."""
+    return [m.weight for m in (getattr(model, "embed", None), getattr(model, "lm_head", None)) if m is not None]
+
+
 def _evaluate(closure) -> Tensor | None:
     """The loss of torch.optim's optional closure, with gradients on."""
     if closure is None:
@@ -45,17 +64,53 @@ def _evaluate(closure) -> Tensor | None:
         return closure()
 
 
-class MuonAdamW(torch.optim.Optimizer):
-    """One optimizer over ``muon_groups`` (torch.optim.Muon) and ``adamw_groups`` (torch.optim.AdamW):
-    the group dicts and the state are shared with the two inner optimizers, so an lr scheduler and
-    ``state_dict``/``load_state_dict`` see every group, marked ``muon: True`` or ``False``."""
+class SplitMuon(torch.optim.Muon):
+    """torch.optim.Muon whose fused weights (``rows``: weight -> its logical matrices' row counts)
+    are orthogonalised, lr-scaled and decayed per logical matrix, as Muon on the separate matrices
+    would; the momentum buffer stays one tensor per weight (elementwise, so the same). A DTensor
+    weight (FSDP2) is split gathered and written back to its shards."""
 
-    def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict, adamw: dict):
+    def __init__(self, params, rows: dict[Tensor, tuple[int, ...]], **kwargs):
+        super().__init__(params, **kwargs)
+        self.rows = rows
+        self._gathered: list[tuple[Tensor, ...]] = []
+
+    def _init_group(self, group, params, grads, bufs):
+        has_complex = super()._init_group(group, params, grads, bufs)
+        for i in reversed(range(len(params))):
+            p, buf = params[i], bufs[i]
+            if p not in self.rows:
+                continue
+            whole = [_full(t) for t in (p, grads[i], buf)]  # views where p is a plain tensor
+            if whole[0] is not p:
+                self._gathered.append((p, buf, whole[0], whole[2]))
+            params[i : i + 1], grads[i : i + 1], bufs[i : i + 1] = (t.split(self.rows[p]) for t in whole)
+        return has_complex
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self._gathered = []
+        loss = super().step(closure)
+        for p, buf, p_full, buf_full in self._gathered:
+            p.copy_(_placed_like(p_full, p))
+            buf.copy_(_placed_like(buf_full, buf))
+        return loss
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """One optimizer over ``muon_groups`` (:class:`SplitMuon`, with ``rows`` from :func:`fused_rows`)
+    and ``adamw_groups`` (torch.optim.AdamW): the group dicts and the state are shared with the two
+    inner optimizers, so an lr scheduler and ``state_dict``/``load_state_dict`` see every group,
+    marked ``muon: True`` or ``False``."""
+
+    def __init__(
+        self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict, adamw: dict, rows: dict | None = None
+    ):
         for group in muon_groups:
             group["muon"] = True
         for group in adamw_groups:
             group["muon"] = False
-        self._muon = torch.optim.Muon(muon_groups, **muon)
+        self._muon = SplitMuon(muon_groups, rows or {}, **muon)
         self._adamw = torch.optim.AdamW(adamw_groups, **adamw)
         super().__init__(muon_groups + adamw_groups, {})
         self._link()
@@ -91,9 +146,12 @@ def _blocks(n: int, block: int) -> list[int]:
 
 class _Rotation:
     """Block-diagonal orthogonal matrices for the rows (``left``) and columns (``right``) of a
-    parameter viewed as ``[m, n]``; a dimension of size 1 is not rotated."""
+    parameter viewed as ``[m, n]``; a dimension of size 1, or the rows where ``rows`` is False,
+    is not rotated."""
 
-    def __init__(self, shape: torch.Size, block: int, generator: torch.Generator | None, device: torch.device):
+    def __init__(
+        self, shape: torch.Size, block: int, generator: torch.Generator | None, device: torch.device, rows: bool = True
+    ):
         m = shape[0] if len(shape) > 1 else 1
         n = math.prod(shape) // m
 
@@ -104,7 +162,7 @@ class _Rotation:
                 return [torch.eye(b, device=device) for b in _blocks(size, block)]
             return [random_orthogonal(b, generator).to(device) for b in _blocks(size, block)]
 
-        self.shape, self.left, self.right = (m, n), side(m), side(n)
+        self.shape, self.left, self.right = (m, n), side(m) if rows else [], side(n)
 
     def _apply(self, x: Tensor, back: bool) -> Tensor:
         x = x.reshape(self.shape)
@@ -143,7 +201,8 @@ def _placed_like(full: Tensor, ref: Tensor) -> Tensor:
 class OrthoAdam(torch.optim.Optimizer):
     """AdamW (decoupled weight decay) in a fixed random orthogonal basis per parameter (module
     docstring). ``seed``: the matrices' seed; ``block``: the largest rotated block; ``identity``:
-    identity matrices (AdamW exactly; for tests)."""
+    identity matrices (AdamW exactly; for tests); ``token_rows``: parameters whose rows are tokens
+    (:func:`token_matrices`), rotated along their columns only."""
 
     def __init__(
         self,
@@ -155,15 +214,17 @@ class OrthoAdam(torch.optim.Optimizer):
         seed: int = 0,
         block: int = 1024,
         identity: bool = False,
+        token_rows: Iterable[Tensor] = (),
     ):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.seed, self.block, self.identity = seed, block, identity
+        self.token_rows = {id(p) for p in token_rows}
         self._rotations: dict[Tensor, _Rotation] = {}
 
     def _rotation(self, index: int, p: Tensor) -> _Rotation:
         if p not in self._rotations:
             generator = None if self.identity else torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-            self._rotations[p] = _Rotation(p.shape, self.block, generator, p.device)
+            self._rotations[p] = _Rotation(p.shape, self.block, generator, p.device, id(p) not in self.token_rows)
         return self._rotations[p]
 
     @torch.no_grad()

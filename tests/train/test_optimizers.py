@@ -10,7 +10,7 @@ import torch
 
 from pipeline.model import ConfigError, ModelConfig, Transformer
 from pipeline.train.optim import OptimConfig, build_optimizer, build_scheduler, optimizer_split
-from pipeline.train.optimizers import MuonAdamW, OrthoAdam, _Rotation, muon_split
+from pipeline.train.optimizers import MuonAdamW, OrthoAdam, _Rotation, fused_rows, muon_split
 
 CFG = ModelConfig(vocab_size=48, d_model=32, n_layers=2, n_heads=4, d_ffn=64, max_seq_len=16)
 
@@ -78,6 +78,56 @@ def test_orthoadam_state_round_trip_re_derives_the_rotations():
     fresh.load_state_dict(state)
     assert train(b, fresh, 3, seed=2) == expected
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+
+
+def test_orthoadam_rotates_only_the_d_model_axis_of_the_embedding_and_head():
+    net = model()
+    opt = build_optimizer(net, OptimConfig(name="orthoadam", lr=3e-3, weight_decay=0.0))
+    params = dict(net.named_parameters())
+    for name in ("embed.weight", "lm_head.weight"):
+        table, before = params[name], {n: p.detach().clone() for n, p in params.items()}
+        opt.zero_grad()
+        table.grad = torch.zeros_like(table)
+        table.grad[5] = torch.randn(CFG.d_model)  # one token's row
+        opt.step()
+        assert {n for n, p in params.items() if not torch.equal(p, before[n])} == {name}
+        assert (table.detach() != before[name]).any(dim=1).nonzero().flatten().tolist() == [5]
+        rotation = opt._rotations[table]
+        assert rotation.left == [] and len(rotation.right) == 1  # the vocabulary axis is the identity
+        right = rotation.right[0]
+        assert torch.allclose(right @ right.T, torch.eye(CFG.d_model), atol=1e-5)
+        assert not torch.allclose(right, torch.eye(CFG.d_model), atol=1e-2)
+
+
+def test_muon_orthogonalises_each_fused_matrix_as_muon_on_the_separate_matrices():
+    net = model(ffn="swiglu")
+    rows = fused_rows(net)
+    attn, ffn = net.blocks[0].attn.qkv.weight, net.blocks[0].ffn.gate_up.weight
+    assert rows[attn] == (CFG.d_model,) * 3 and rows[ffn] == (CFG.d_ffn,) * 2
+    cfg = OptimConfig(name="muon", lr=1e-2, weight_decay=0.1)
+    opt = build_optimizer(net, cfg)
+    separate = {w: [torch.nn.Parameter(part.detach().clone()) for part in w.split(rows[w])] for w in (attn, ffn)}
+    ref = torch.optim.Muon(
+        [p for parts in separate.values() for p in parts],
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        momentum=cfg.muon_momentum,
+        adjust_lr_fn="match_rms_adamw",
+    )
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for p in net.parameters():
+            p.grad = torch.randn(p.shape, generator=gen)
+        for w, parts in separate.items():
+            for part, grad in zip(parts, w.grad.split(rows[w])):
+                part.grad = grad.clone()
+        opt.step()
+        ref.step()
+    for w, parts in separate.items():
+        assert torch.equal(w.detach(), torch.cat([p.detach() for p in parts]))
+    assert all(
+        set(opt.state[w]) == {"momentum_buffer"} and opt.state[w]["momentum_buffer"].shape == w.shape for w in separate
+    )
 
 
 def test_muon_split_puts_block_matrices_on_muon_and_the_rest_on_adamw():
