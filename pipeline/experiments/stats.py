@@ -188,7 +188,8 @@ def verdict(
         failed.append(f"the interval [{interval.lo:+.2f}, {interval.hi:+.2f}] includes 0")
     tail = None if p is None else (p.p if up else p.p_reversed)
     if tail is None or tail >= ALPHA:
-        failed.append(f"p = {tail:.2g}: chance explains this ordering" if tail is not None else "no permutation p")
+        which = "" if up else " for a reversal"  # the other tail than the p printed beside rho
+        failed.append("no permutation p" if tail is None else f"p = {tail:.2g}{which}: chance explains this ordering")
     if tau is None or (tau > 0) != up or tau == 0:
         failed.append(f"rho and tau disagree in sign (tau {'n/a' if tau is None else f'{tau:+.2f}'})")
     if failed:

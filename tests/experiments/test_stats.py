@@ -120,7 +120,9 @@ def test_the_verdict_needs_all_four_conditions_and_names_the_one_that_failed():
     assert verdict(tau=-0.07) == "no verdict: rho and tau disagree in sign (tau -0.07)"
     assert verdict(distinct=2) == "no verdict: too few distinct values: 2"
     # a reversal is judged on the other tail: a small p in the paper's direction does not make one
-    assert verdict(rho=-0.9, tau=-0.8, lo=-1.0, hi=-0.4, p=0.001, p_reversed=0.2).startswith("no verdict: p = 0.2")
+    assert verdict(rho=-0.9, tau=-0.8, lo=-1.0, hi=-0.4, p=0.001, p_reversed=0.2).startswith(
+        "no verdict: p = 0.2 for a reversal: chance"
+    )
     assert verdict(distinct=2, p=0.5) == (
         "no verdict: too few distinct values: 2; p = 0.5: chance explains this ordering"
     )
