@@ -7,9 +7,9 @@ sinklab.seed, sinklab.scale) and prints one markdown row per variant: the paper'
 its seeds, the mean and 95% t-interval of ours (n shown), the emergence steps as median and range;
 then each metric's mean, std and interval per variant, which orderings of the variants survive the
 noise, and the rank agreement with the paper (Spearman rho, Kendall tau-b on the per-variant means,
-a bootstrap interval over seeds, and a verdict). It writes report.md and report.json (and with
---plot the figure) to --out and logs them, the intervals and the agreement as metrics, to the
-experiment's parent run.
+a bootstrap interval over seeds, the permutation p of rho, and a verdict). It writes report.md and
+report.json (and with --plot the figure) to --out and logs them, the intervals and the agreement as
+metrics, to the experiment's parent run.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pipeline.experiments.report_names import (
     SINK1,
     UNIFORM,
     agreement_metrics,
+    bounds,
     spread_metrics,
 )
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
@@ -80,11 +81,11 @@ def build_rows(experiment: Experiment, records: dict[str, list[tracking.RunRecor
                 variant.name,
                 variant.label,
                 [variant.paper[c.key] for c in experiment.columns],
-                [spread([r.metrics.get(name) for r in used], seeds) for name in names],
+                [spread([r.metrics.get(name) for r in used], seeds, bounds(name)) for name in names],
                 status_of(best),
                 variant.paper_status,
                 used,
-                alpha1=spread([r.metrics.get(ALPHA1) for r in used], seeds),
+                alpha1=spread([r.metrics.get(ALPHA1) for r in used], seeds, bounds(ALPHA1)),
                 emerged={k: [r.metrics.get(m) for r in tracked] for k, m in EMERGED.items()},
             )
         )

@@ -4,15 +4,18 @@ the names themselves live in pipeline.metric_names).
 Read: Sink_1, the mean alpha_1 and its uniform value, the emergence steps (docs/analysis.md).
 Written, NaN where undefined so that the newest report never leaves an older value standing:
 
-- ``agreement/<column key>/{n,min_seeds,spearman,kendall}`` and the bootstrap interval's ends
-  ``agreement/<key>/{spearman,kendall}_{lo,hi}`` (key ``alpha1_vs_sink1``: mean alpha_1 against the
-  paper's Sink_1);
+- ``agreement/<column key>/{n,min_seeds,distinct,spearman,kendall}``, the bootstrap interval's ends
+  ``agreement/<key>/{spearman,kendall}_{lo,hi}`` and its defined resamples of ``resamples``
+  ``agreement/<key>/{spearman,kendall}_defined``, and rho's permutation p
+  ``agreement/<key>/{spearman_p,spearman_p_reversed,permutations}`` (key ``alpha1_vs_sink1``: mean
+  alpha_1 against the paper's Sink_1);
 - ``seeds/<variant>/<column key>/{n,mean,std,lo,hi}``: a metric over the variant's seeds, the 95%
   t-interval as lo and hi (column key ``alpha1_mean`` for the mean alpha_1).
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 from pipeline import metric_names as N
@@ -28,6 +31,35 @@ ALPHA1_COLUMN = "alpha1_mean"
 NAN = float("nan")
 
 
+PERCENT, SHARE, NONNEGATIVE = (0.0, 100.0), (0.0, 1.0), (0.0, math.inf)
+# a metric's range by how its name starts; a family's start is its name without the example's tail
+RANGES = (
+    (N.SINK1, PERCENT),
+    (N.sink_k(1).removesuffix("1"), PERCENT),
+    (N.sink_star("0").removesuffix("0"), PERCENT),
+    (N.DORMANT_PCT, PERCENT),
+    (N.passkey_accuracy("x").removesuffix("x"), PERCENT),
+    (N.length_passkey("m", 1).removesuffix("m_x1"), PERCENT),
+    (N.alpha_k_mean(1).removesuffix("1_mean"), SHARE),  # alpha_k means and the uniform alpha_1
+    (N.BOS_SHARE_TRIGGER, SHARE),
+    (N.BOS_SHARE_OTHER, SHARE),
+    (N.FLOW_ENTROPY, SHARE),  # normalised: 0 for rank 1, 1 at most
+    (N.TRAIN_LOSS, NONNEGATIVE),
+    (N.VAL_LOSS, NONNEGATIVE),
+    (N.length_loss("m", 0).removesuffix("m_b0"), NONNEGATIVE),
+    (N.MASSIVE_RATIO, NONNEGATIVE),
+    (N.VALUE_NORM_RATIO, NONNEGATIVE),
+    (N.SKIPPED_STEPS, NONNEGATIVE),
+    (N.FLOW_MIXING, NONNEGATIVE),
+    (N.stream_perplexity("x").removesuffix("x"), (1.0, math.inf)),
+)
+
+
+def bounds(metric: str) -> tuple[float, float]:
+    """The range a metric (so the mean of its values) can take; an interval is clipped to it."""
+    return next((r for start, r in RANGES if metric.startswith(start)), (-math.inf, math.inf))
+
+
 def _number(value: float | None) -> float:
     return NAN if value is None else float(value)
 
@@ -36,11 +68,20 @@ def agreement_metrics(found) -> dict[str, float]:
     """The agreement rows (report.Agreement) as MLflow metrics."""
     out = {}
     for a in found:
-        out |= {N.agreement(a.key, "n"): float(a.n), N.agreement(a.key, "min_seeds"): float(a.min_seeds)}
+        out |= {
+            N.agreement(a.key, "n"): float(a.n),
+            N.agreement(a.key, "min_seeds"): float(a.min_seeds),
+            N.agreement(a.key, "distinct"): float(a.distinct),
+            N.agreement(a.key, "spearman_p"): _number(a.p.p if a.p else None),
+            N.agreement(a.key, "spearman_p_reversed"): _number(a.p.p_reversed if a.p else None),
+            N.agreement(a.key, "permutations"): _number(a.p.permutations if a.p else None),
+        }
         for name, value, interval in (("spearman", a.rho, a.rho_interval), ("kendall", a.tau, a.tau_interval)):
             out[N.agreement(a.key, name)] = _number(value)
             out[N.agreement(a.key, f"{name}_lo")] = _number(interval.lo if interval else None)
             out[N.agreement(a.key, f"{name}_hi")] = _number(interval.hi if interval else None)
+            out[N.agreement(a.key, f"{name}_defined")] = _number(interval.defined if interval else None)
+        out[N.agreement(a.key, "resamples")] = _number(a.rho_interval.resamples if a.rho_interval else None)
     return out
 
 

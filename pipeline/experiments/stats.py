@@ -1,10 +1,14 @@
-"""Statistics over seeds: a variant's spread, the bootstrap of a rank agreement, emergence steps.
+"""Statistics over seeds: a variant's spread, the rank agreement's interval and permutation p, the
+verdict they allow, emergence steps.
 
 - :func:`spread`: n, mean, sample standard deviation and the 95% t-interval of the mean
-  (mean ± t₀.₉₇₅,ₙ₋₁ · s/√n) of one metric over a variant's seeds;
-- :func:`bootstrap`: a 95% percentile interval of a statistic of the per-variant means (Spearman ρ,
-  Kendall τ against the paper), resampling each variant's seeds with replacement, fixed RNG seed;
-- :func:`verdict`: what such an interval lets a study say, in words;
+  (mean ± t₀.₉₇₅,ₙ₋₁ · s/√n) of one metric over a variant's seeds, clipped to the metric's range;
+- :func:`bootstrap`: a 95% interval of a statistic of the per-variant means (Spearman ρ, Kendall τ
+  against the paper), each resample drawing every variant's mean from its t-distribution
+  (mean + s/√n · T, T ~ t with n − 1 degrees of freedom), fixed RNG seed;
+- :func:`permutation`: the one-sided permutation p of ρ over the variant means, exact up to
+  :data:`EXACT_UP_TO` variants, Monte Carlo beyond;
+- :func:`verdict`: what all of these let a study say, in words;
 - :func:`emergence`: median and range of per-seed emergence steps, a run that never emerged
   counted as later than every step;
 - :func:`ordering`: the variants by mean, and the pairs whose 95% intervals are disjoint.
@@ -21,9 +25,16 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as scipy_stats
 
+from pipeline import metrics as M
+
 LEVEL = 0.95
 RESAMPLES = 2000
-BOOTSTRAP_SEED = 0  # the report's bootstrap is the same on every run of it
+BOOTSTRAP_SEED = 0  # the report's bootstrap and Monte Carlo p are the same on every run of it
+ALPHA = 0.05  # a directional verdict's one-sided level
+EXACT_UP_TO = 10  # variants whose every permutation is enumerated (10! = 3,628,800)
+PERMUTATIONS = 100_000  # random permutations beyond that
+MIN_DISTINCT = 3  # distinct measured means a directional verdict needs
+UNBOUNDED = (-math.inf, math.inf)
 
 
 def known(values: Sequence[float | None]) -> list[float]:
@@ -47,9 +58,13 @@ class Spread:
         return len(self.values)
 
 
-def spread(values: Sequence[float | None], seeds: Sequence[int | None] | None = None) -> Spread:
-    """n, mean, sample std (ddof 1) and the 95% t-interval of the mean of the known values (with
-    `seeds`, the seed of each value is kept beside it)."""
+def spread(
+    values: Sequence[float | None],
+    seeds: Sequence[int | None] | None = None,
+    bounds: tuple[float, float] = UNBOUNDED,
+) -> Spread:
+    """n, mean, sample std (ddof 1) and the 95% t-interval of the mean of the known values, the
+    interval clipped to `bounds`, the metric's range (with `seeds`, each value's seed is kept)."""
     pairs = [(float(v), s) for v, s in zip(values, seeds or [None] * len(values)) if v is not None and v == v]
     xs, kept = tuple(v for v, _ in pairs), tuple(s for _, s in pairs) if seeds is not None else ()
     n = len(xs)
@@ -60,7 +75,7 @@ def spread(values: Sequence[float | None], seeds: Sequence[int | None] | None = 
         return Spread(xs, mean, None, None, None, kept)
     std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = float(scipy_stats.t.ppf(0.5 + LEVEL / 2, n - 1)) * std / math.sqrt(n)
-    return Spread(xs, mean, std, mean - half, mean + half, kept)
+    return Spread(xs, mean, std, max(mean - half, bounds[0]), min(mean + half, bounds[1]), kept)
 
 
 @dataclass(frozen=True)
@@ -78,34 +93,108 @@ def bootstrap(
     statistic: Callable[[list[float]], float | None],
     resamples: int = RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
+    bounds: tuple[float, float] = UNBOUNDED,
 ) -> Interval:
     """95% percentile interval of ``statistic(means)`` where each resample draws every group's
-    values (a variant's seeds) with replacement and takes their mean. Groups must be non-empty."""
-    rng = np.random.default_rng(seed)
+    mean (a variant's seeds: n ≥ 2 values, mean m, std s) as m + s/√n · T, T ~ t(n − 1), clipped
+    to `bounds`. For one mean this is its t-interval; docs/experiments.md (Reports) says why."""
     arrays = [np.asarray(g, dtype=float) for g in groups]
-    draws = []
-    for _ in range(resamples):
-        means = [float(a[rng.integers(0, len(a), len(a))].mean()) for a in arrays]
-        value = statistic(means)
-        if value is not None:
-            draws.append(value)
+    sizes = np.array([len(a) for a in arrays])
+    if (sizes < 2).any():
+        raise ValueError(f"bootstrap needs 2 values or more in every group, got sizes {sizes.tolist()}")
+    means = np.array([a.mean() for a in arrays])
+    errors = np.array([a.std(ddof=1) for a in arrays]) / np.sqrt(sizes)
+    t = np.random.default_rng(seed).standard_t(sizes - 1, size=(resamples, len(arrays)))
+    drawn = np.clip(means + errors * t, *bounds)
+    draws = [v for v in (statistic(row.tolist()) for row in drawn) if v is not None]
     if not draws:
         return Interval(None, None, 0, resamples)
     lo, hi = np.quantile(draws, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
     return Interval(float(lo), float(hi), len(draws), resamples)
 
 
-def verdict(value: float | None, interval: Interval | None, min_seeds: int) -> str:
-    """In words: "ordering reproduced" only where the interval excludes 0 from above."""
-    if value is None:
+@dataclass(frozen=True)
+class Permutation:
+    """One-sided permutation p of Spearman ρ: `p` in the paper's direction (P(ρ* ≥ ρ), ρ* over
+    reassignments of the measured means to the paper's values), `p_reversed` the other tail."""
+
+    p: float
+    p_reversed: float
+    permutations: int
+    exact: bool
+
+
+def all_permutations(k: int) -> np.ndarray:
+    """Every permutation of range(k): [k!, k] int8."""
+    perms = np.zeros((1, 0), dtype=np.int8)
+    for m in range(k):  # insert m at every position of each permutation of range(m)
+        perms = np.concatenate([np.insert(perms, i, m, axis=1) for i in range(m + 1)])
+    return perms
+
+
+def permutation(
+    means: Sequence[float], paper: Sequence[float], draws: int = PERMUTATIONS, seed: int = BOOTSTRAP_SEED
+) -> Permutation | None:
+    """The permutation p of ρ(means, paper), ties at average ranks, counting permutations that tie
+    the observed ρ as at least as extreme; None where ρ is undefined. ρ is a fixed affine function
+    of Σ rank(means)ᵢ · rank(paper)ᵢ under permutation, so that sum is what is compared."""
+    if M.spearman_rho(means, paper) is None:
+        return None
+    x, y = np.array(M.average_ranks(means)), np.array(M.average_ranks(paper))
+    y -= y.mean()
+    observed, tolerance = float(x @ y), 1e-9 * (1 + float(np.abs(x) @ np.abs(y)))
+    k, above, below = len(x), 0, 0
+    exact = k <= EXACT_UP_TO
+    if exact:
+        perms = all_permutations(k)
+        for start in range(0, len(perms), 1 << 18):
+            scores = x[perms[start : start + (1 << 18)]] @ y
+            above += int((scores >= observed - tolerance).sum())
+            below += int((scores <= observed + tolerance).sum())
+        return Permutation(above / len(perms), below / len(perms), len(perms), True)
+    scores = np.random.default_rng(seed).permuted(np.tile(x, (draws, 1)), axis=1) @ y
+    above, below = int((scores >= observed - tolerance).sum()), int((scores <= observed + tolerance).sum())
+    return Permutation((above + 1) / (draws + 1), (below + 1) / (draws + 1), draws, False)
+
+
+def distinct(means: Sequence[float], digits: int) -> int:
+    """How many different values `means` hold as the report prints them (`digits` decimals):
+    means equal to within the printed precision, such as Sink_1 at a floor of 0, count once."""
+    return len({round(m, digits) + 0.0 for m in means})  # + 0.0: -0.0 is 0.0
+
+
+def verdict(
+    rho: float | None,
+    tau: float | None,
+    interval: Interval | None,
+    p: Permutation | None,
+    distinct_means: int,
+    min_seeds: int,
+) -> str:
+    """In words: "ordering reproduced" (or "reversed") only where ρ's interval excludes 0, the
+    permutation p in that direction is below ALPHA, τ has ρ's sign and the means take at least
+    MIN_DISTINCT distinct values; otherwise which of these failed."""
+    if rho is None:
         return "undefined (fewer than 2 variants, or no spread)"
     if min_seeds < 2 or interval is None or interval.lo is None:
         return "no verdict (one seed for some variant: no interval)"
-    if interval.lo > 0:
-        return "ordering reproduced"
-    if interval.hi < 0:
-        return "ordering reversed"
-    return "not distinguishable from noise (the interval includes 0)"
+    if rho == 0:
+        return "no verdict (rho = 0: no ordering)"
+    up = rho > 0
+    failed = []
+    if distinct_means < MIN_DISTINCT:
+        failed.append(f"too few distinct values: {distinct_means}")
+    if (interval.lo <= 0) if up else (interval.hi >= 0):
+        failed.append(f"the interval [{interval.lo:+.2f}, {interval.hi:+.2f}] includes 0")
+    tail = None if p is None else (p.p if up else p.p_reversed)
+    if tail is None or tail >= ALPHA:
+        which = "" if up else " for a reversal"  # the other tail than the p printed beside rho
+        failed.append("no permutation p" if tail is None else f"p = {tail:.2g}{which}: chance explains this ordering")
+    if tau is None or (tau > 0) != up or tau == 0:
+        failed.append(f"rho and tau disagree in sign (tau {'n/a' if tau is None else f'{tau:+.2f}'})")
+    if failed:
+        return "no verdict: " + "; ".join(failed)
+    return "ordering reproduced" if up else "ordering reversed"
 
 
 NEVER = "never"

@@ -11,6 +11,7 @@ import pytest
 from experiment_helpers import log_training_run, write_experiment
 
 from pipeline.experiments import report, report_plot
+from pipeline.experiments.agreement import compare
 from pipeline.experiments.report import Row
 from pipeline.experiments.spec import load_experiment
 from pipeline.experiments.stats import spread
@@ -68,10 +69,9 @@ def test_rows_put_paper_and_measured_values_side_by_side(tmp_path, mlflow_env, u
 
     markdown = report.to_markdown(exp, "cpu", rows).splitlines()
     assert HEADER in markdown
-    # 20 and 30: mean 25, std 5·√2, half-width t(0.975, 1)·5 = 63.53; 4.5 and 4.7: half-width 1.27
-    assert (
-        "| variant a | 2 | 15.20 | 25.00 [-38.53, 88.53] | 3.72 | 4.60 [3.33, 5.87] | — | — | 2 finished |" in markdown
-    )
+    # 20 and 30: mean 25, std 5·√2, half-width t(0.975, 1)·5 = 63.53, clipped to Sink_1's [0, 100];
+    # 4.5 and 4.7: half-width 1.27
+    assert "| variant a | 2 | 15.20 | 25.00 [0.00, 88.53] | 3.72 | 4.60 [3.33, 5.87] | — | — | 2 finished |" in markdown
     assert "| variant b | 1 | 41.08 | 3.00 | — | — | — | — | 1 failed |" in markdown
     assert "| variant c | 0 | training failure | — | training failure | — | — | — | missing |" in markdown
     assert "| variant a | valid loss | 2 | 4.60 | 0.14 | [3.33, 5.87] | 4.50 (s1234), 4.70 (s1235) |" in markdown
@@ -223,9 +223,13 @@ def test_agreement_and_emergence_of_a_synthetic_experiment_with_known_rho(tmp_pa
     assert "| variant b | 2 | 20.00 | 3.00 [3.00, 3.00] | — | — | — | — | 2 finished |" in md
     assert "| variant c | 2 | 30.00 | 2.00 [2.00, 2.00] | — | — | 300, 2/2 | 150, 2/2 | 2 finished |" in md
     assert "| variant e | 0 | training failure | — | training failure | — | — | — | missing |" in md
-    assert "| Sink_1 (%) | 4 | 2 | +0.80 [+0.80, +0.80] | +0.67 [+0.67, +0.67] | ordering reproduced |" in md
-    assert "| valid loss | 1 | 2 | n/a | n/a | undefined (fewer than 2 variants, or no spread) |" in md
-    assert "| mean alpha_1 (ours) vs Sink_1 (paper) | 4 | 2 | +0.95 [+0.95, +0.95] | +0.91 [+0.91, +0.91] |" in md
+    # rho 0.8 over 4 variants: 4 of the 24 permutations reach it, so p = 0.17 and no verdict
+    assert (
+        "| Sink_1 (%) | 4 | 2 | +0.80 [+0.80, +0.80] | 0.17 (all 24) | 2000/2000 | +0.67 [+0.67, +0.67] | 4 | "
+        "no verdict: p = 0.17: chance explains this ordering |" in md
+    )
+    assert "| valid loss | 1 | 2 | n/a | n/a | — | n/a | 1 | undefined (fewer than 2 variants, or no spread) |" in md
+    assert "| mean alpha_1 (ours) vs Sink_1 (paper) | 4 | 2 | +0.95 [+0.95, +0.95] | 0.083 (all 24) | 2000/2000 |" in md
     assert "- Sink_1 (%): d 4.00, b 3.00, c 2.00, a 1.00; apart: d > b, c, a; b > c, a; c > a" in md
 
     exp = mlflow_env.get_experiment_by_name(f"sinklab/{unique_name}")
@@ -234,6 +238,9 @@ def test_agreement_and_emergence_of_a_synthetic_experiment_with_known_rho(tmp_pa
     assert m["agreement/sink1/n"] == 4 and m["agreement/sink1/spearman"] == pytest.approx(0.8)
     assert m["agreement/sink1/spearman_lo"] == m["agreement/sink1/spearman_hi"] == pytest.approx(0.8)
     assert m["agreement/sink1/min_seeds"] == 2 and m["agreement/sink1/kendall"] == pytest.approx(2 / 3)
+    assert (m["agreement/sink1/spearman_p"], m["agreement/sink1/permutations"]) == (pytest.approx(4 / 24), 24)
+    assert (m["agreement/sink1/spearman_defined"], m["agreement/sink1/resamples"]) == (2000, 2000)
+    assert m["agreement/sink1/distinct"] == 4 and math.isnan(m["agreement/val_loss/spearman_p"])
     assert m["agreement/alpha1_vs_sink1/spearman"] == pytest.approx(math.sqrt(0.9))
     assert m["agreement/alpha1_vs_sink1/kendall"] == pytest.approx(5 / math.sqrt(30))
     assert m["agreement/val_loss/n"] == 1 and math.isnan(m["agreement/val_loss/spearman"])
@@ -242,7 +249,9 @@ def test_agreement_and_emergence_of_a_synthetic_experiment_with_known_rho(tmp_pa
     assert math.isnan(m["seeds/e/sink1/mean"])
     saved = json.loads((out / "report.json").read_text())
     assert saved["variants"][2]["columns"]["sink1"]["values"] == [2.0, 2.0]
-    assert saved["agreement"][0]["verdict"] == "ordering reproduced"
+    assert saved["agreement"][0]["verdict"] == "no verdict: p = 0.17: chance explains this ordering"
+    assert saved["agreement"][0]["p"] == {"p": 4 / 24, "p_reversed": 23 / 24, "permutations": 24, "exact": True}
+    assert saved["agreement"][0]["rho_interval"]["defined"] == 2000
 
 
 def run(variant: str, seed: int, **metrics) -> RunRecord:
@@ -258,11 +267,44 @@ def test_noisy_seeds_leave_the_ordering_undecided(tmp_path):
     rows = report.build_rows(exp, records)
     (sink1, *_) = report.agreement(exp, rows)
     assert sink1.rho == pytest.approx(1.0) and sink1.min_seeds == 3
-    assert sink1.rho_interval.lo < 0 < sink1.rho_interval.hi
-    assert sink1.verdict == "not distinguishable from noise (the interval includes 0)"
+    assert sink1.rho_interval.lo < 0 < sink1.rho_interval.hi and sink1.p.p == 1 / 24
+    lo, hi = sink1.rho_interval.lo, sink1.rho_interval.hi
+    assert sink1.verdict == f"no verdict: the interval [{lo:+.2f}, {hi:+.2f}] includes 0"
     md = report.to_markdown(exp, "cpu", rows)
-    assert "Verdict: Sink_1 (%): not distinguishable from noise (the interval includes 0); valid loss: " in md
+    assert f"Verdict: Sink_1 (%): no verdict: the interval [{lo:+.2f}, {hi:+.2f}] includes 0; valid loss: " in md
     assert "- Sink_1 (%): d 7.00, c 6.67, b 5.67, a 5.00; no two apart" in md
+
+
+def seeds(*means: float) -> list:
+    """One variant per mean, three seeds each at mean - 0.1, mean, mean + 0.1."""
+    return [spread([m - 0.1, m, m + 0.1]) for m in means]
+
+
+def test_a_two_variant_study_gets_no_directional_verdict():
+    """Two variants always rank at rho = +1 or -1: with seeds that agree the interval is exact, but
+    2 permutations give p = 0.5 and two values are too few for an ordering."""
+    two = compare("sink1", "Sink_1 (%)", seeds(1.0, 5.0), [10.0, 20.0])
+    assert (two.rho, two.rho_interval.lo, two.rho_interval.hi, two.p.p) == (1.0, 1.0, 1.0, 0.5)
+    assert two.verdict == "no verdict: too few distinct values: 2; p = 0.5: chance explains this ordering"
+
+
+def test_a_six_variant_perfect_ordering_is_reproduced_at_p_one_in_720():
+    six = compare("val_loss", "valid loss", seeds(1.0, 2.0, 3.0, 4.0, 5.0, 6.0), [3.1, 3.2, 3.3, 3.4, 3.5, 3.6])
+    assert (six.p.p, six.p.permutations, six.distinct) == (1 / 720, 720, 6)
+    assert six.verdict == "ordering reproduced"
+    assert compare("val_loss", "valid loss", seeds(6.0, 5.0, 4.0, 3.0, 2.0, 1.0), [1, 2, 3, 4, 5, 6]).verdict == (
+        "ordering reversed"
+    )
+
+
+def test_ties_at_a_floor_count_once():
+    """Six variants at Sink_1 = 0 in every seed, one at 0.001 (0.00 as printed) and one at 7: rho's
+    interval lies above 0 and p = 1/56, but the means take two values, so there is no verdict."""
+    floor = [spread([0.0, 0.0, 0.0]) for _ in range(6)] + [spread([0.0, 0.0, 0.003]), spread([6.0, 7.0, 8.0])]
+    found = compare("sink1", "Sink_1 (%)", floor, [1, 2, 3, 4, 5, 6, 7, 8], 2, (0.0, 100.0))
+    assert found.rho_interval.lo > 0 and found.p.p == pytest.approx(1 / 56) and found.tau > 0
+    assert found.verdict == "no verdict: too few distinct values: 2"
+    assert compare("sink1", "Sink_1 (%)", floor, [1, 2, 3, 4, 5, 6, 7, 8], 3, (0.0, 100.0)).distinct == 3
 
 
 def test_agreement_without_runs_is_not_available(tmp_path):
@@ -274,7 +316,7 @@ def test_agreement_without_runs_is_not_available(tmp_path):
         ("val_loss", 0, None, None),
         ("alpha1_vs_sink1", 0, None, None),
     ]
-    assert "| Sink_1 (%) | 0 | 0 | n/a | n/a | undefined" in report.to_markdown(exp, "cpu", rows)
+    assert "| Sink_1 (%) | 0 | 0 | n/a | n/a | — | n/a | 0 | undefined" in report.to_markdown(exp, "cpu", rows)
 
 
 def test_lr_steps_plot_is_sink1_over_steps_per_learning_rate(tmp_path, mlflow_env, unique_name, capsys):
@@ -305,7 +347,7 @@ def test_lr_steps_plot_is_sink1_over_steps_per_learning_rate(tmp_path, mlflow_en
     png = out / f"{unique_name}-cpu.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     # 23.44 > 18.18 > 2.90; one seed each: no interval, so no verdict
-    assert "| Sink_1 (%) | 3 | 1 | +1.00 | +1.00 | no verdict (one seed for some variant: no interval) |" in (
+    assert "| Sink_1 (%) | 3 | 1 | +1.00 | 0.17 (all 6) | — | +1.00 | 3 | no verdict (one seed for some" in (
         capsys.readouterr().out
     )
 
