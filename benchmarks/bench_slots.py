@@ -126,7 +126,9 @@ def run(device: str, seqs: list[int], d: int, heads: int, repeats: int) -> float
             speed, memory = secs["softmax"] / secs[name], peaks[name] / peaks["softmax"]
             if name != "softmax":
                 worst = min(worst, speed)
-            print(f"{T:>6}  {name:<18} {secs[name] * 1e3:>9.1f} {peaks[name] / 2**20:>9.1f} {speed:>6.2f}x {memory:>6.2f}x")
+            print(
+                f"{T:>6}  {name:<18} {secs[name] * 1e3:>9.1f} {peaks[name] / 2**20:>9.1f} {speed:>6.2f}x {memory:>6.2f}x"
+            )
     return worst
 
 
