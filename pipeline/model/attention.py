@@ -132,7 +132,8 @@ class Attention(nn.Module):
             width = -(self.head_dim + 1) % 8 + 1 if q.is_cuda else 1
             logit = (self.sink_logit * self.head_dim**0.5).to(k.dtype)[None, :, None, None].expand(B, H, 1, 1)
             column = F.pad(torch.cat([k.new_zeros(B, H, S - 1, 1), logit, k.new_zeros(B, H, Tk, 1)], 2), (0, width - 1))
-            q, keys, values = F.pad(q, (0, width), value=1.0), torch.cat([keys, column], -1), F.pad(values, (0, width))
+            q = F.pad(q.transpose(1, 2), (0, width), value=1.0).transpose(1, 2)  # [B, T, H, d_h] as projected
+            keys, values = torch.cat([keys, column], -1), F.pad(values, (0, width))
         return q, keys, values, S
 
     # ---- forward -------------------------------------------------------------------------
@@ -212,7 +213,8 @@ class Attention(nn.Module):
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, causal=True
             )
             return out.transpose(1, 2)[..., :dh]
-        q = F.pad(q, (0, 0, n_slots, 0)) if n_slots else q
+        if n_slots:  # laid out [B, T, H, d_h], as the projection lays q out: SDPA's output follows
+            q = F.pad(q.transpose(1, 2), (0, 0, 0, 0, n_slots, 0)).transpose(1, 2)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)[:, :, n_slots:, :dh]
 
     def _merge(self, y: Tensor) -> Tensor:
