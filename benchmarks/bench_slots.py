@@ -2,10 +2,10 @@
 bias, against plain softmax, side by side in one process.
 
 Each variant is one ``Attention`` layer on the SDPA path (plain causal mask, no positional
-encoding) over the same input; warm-up, then interleaved repeats, median. CPU: timed by the
-process CPU clock (with one thread it is the work done), peak memory is the most bytes held at
-once by tensors that an op returned during the step (the input and weights left out: they are
-the same for every variant). CUDA (when present, bfloat16): wall time after a synchronize, peak
+encoding) over the same input and output gradient; warm-up, then interleaved repeats, median.
+CPU: timed by the process CPU clock (with one thread it is the work done), peak memory is the
+most bytes held at once by tensors that ops returned during the step (kernels' scratch buffers
+are not op outputs). CUDA (when present, bfloat16): wall time after a synchronize, peak
 from torch.cuda.max_memory_allocated. Ratios are the variant over softmax: speed is softmax's
 time over the variant's (goal >= 0.85), memory the variant's peak over softmax's (goal <= 1.1).
 The last line is ``ratio=<the lowest speed ratio of any variant and T>``.
@@ -72,10 +72,10 @@ def layer_and_context(overrides: dict, T: int, d: int, heads: int, device: str, 
     return layer, ctx
 
 
-def make_step(layer: Attention, ctx: AttentionContext, x: torch.Tensor):
+def make_step(layer: Attention, ctx: AttentionContext, x: torch.Tensor, grad: torch.Tensor):
     def step() -> None:
         y, _ = layer(x, ctx)
-        y.float().square().mean().backward()
+        y.backward(grad)
         layer.zero_grad(set_to_none=True)
         x.grad = None
 
@@ -120,7 +120,10 @@ def run(device: str, seqs: list[int], d: int, heads: int, repeats: int) -> float
     print(f"{'T':>6}  {'variant':<18} {'ms/step':>9} {'peak MiB':>9} {'speed':>7} {'memory':>7}")
     for T in seqs:
         x = torch.randn(1, T, d, device=device, dtype=dtype, requires_grad=True)
-        steps = {name: make_step(*layer_and_context(o, T, d, heads, device, dtype), x) for name, o in VARIANTS.items()}
+        grad = torch.randn_like(x)  # the output's gradient, the same for every variant
+        steps = {
+            name: make_step(*layer_and_context(o, T, d, heads, device, dtype), x, grad) for name, o in VARIANTS.items()
+        }
         secs, peaks = measure(steps, repeats, device)
         for name in VARIANTS:
             speed, memory = secs["softmax"] / secs[name], peaks[name] / peaks["softmax"]
@@ -138,8 +141,10 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cpu-only", action="store_true", help="skip CUDA even when a GPU is present")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     worst = run("cpu", args.seqs, args.d_model, args.heads, args.repeats)
     if torch.cuda.is_available() and not args.cpu_only:
         worst = min(worst, run("cuda", args.seqs, args.d_model, args.heads, args.repeats))

@@ -4,8 +4,10 @@ Key slots that are not tokens come first, in this order: the k*/v* slot (kinds `
 then the sink-logit column (a zero key with a zero value whose logit is a learned per-head
 scalar, or 0 for softmax-off-by-one). The op's entry in attention_ops.OPS picks the path
 (``Attention._path``): F.scaled_dot_product_attention (flash-attn on CUDA when installed) for
-softmax ops that SDPA expresses, the blocked kernels of pipeline.kernels (no T x T tensor) for
-ops with tiles, and the eager op otherwise and whenever attention weights are requested.
+softmax ops that SDPA expresses, slots included and with no T x T tensor under a plain causal
+mask (``_augmented``, ``_sdpa``; docs/gpu.md), the blocked kernels of pipeline.kernels (no T x T
+tensor) for ops with tiles, and the eager op (the reference) otherwise and whenever attention
+weights are requested.
 """
 
 from __future__ import annotations
