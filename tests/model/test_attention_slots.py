@@ -133,7 +133,8 @@ def test_slots_allocate_no_tensor_larger_than_plain_softmax_and_none_is_t_by_t()
     assert largest["sink_logit"] <= largest["softmax"] and largest["kv"] <= largest["softmax"], largest
 
 
-def test_old_parameter_names_load():
+def test_slot_parameter_names_are_unchanged():
+    """Checkpoints written before the O(T) path load by these names."""
     model = _model(SLOTS["kv_shared_and_sink_logit"])
     slot_names = {n for n in model.state_dict() if ".attn." in n and "slot" in n or n.endswith("sink_logit")}
     assert slot_names == {
