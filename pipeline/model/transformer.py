@@ -13,7 +13,7 @@ from .attention_ops import op_spec
 from .cache import StreamingCache
 from .config import ModelConfig
 from .ffn import build_ffn
-from .masks import AttentionContext, admitted_pairs
+from .masks import AttentionContext
 from .positional import build_positional
 
 
@@ -148,7 +148,9 @@ class Transformer(nn.Module):
             k_pos=k_pos,
             rotary_q=None if rotary_k is None else tuple(t[-T:] for t in rotary_k),
             rotary_k=rotary_k,
-            admitted=admitted_pairs(cfg, q_idx, k_idx),
+            config=cfg,
+            q_idx=q_idx,
+            k_idx=k_idx,
             score_bias=self.positional.score_bias(q_pos, k_pos),
             plain_causal=cfg.mask == "causal" and offset == 0,
         )
