@@ -71,7 +71,7 @@ class Matrix:
     def __init__(self, cases: list[Case], root: Path, data: dict[str, Path], extra: list[str], timeout: float):
         self.cases = {c.name: c for c in cases}
         self.root, self.data, self.extra, self.timeout = root, data, extra, timeout
-        self.deadline = float("inf")
+        self.deadline, self.proc = float("inf"), None
 
     def run(self, case: Case, limit: float) -> Result:
         """The case, killed after ``limit`` seconds."""
@@ -82,6 +82,9 @@ class Matrix:
             problem = getattr(self, "_" + case.kind.replace("-", "_"))(case, log)
         except subprocess.TimeoutExpired:
             problem = f"killed at its time limit, {limit:.0f} s"
+        finally:
+            if self.proc is not None:
+                kill_group(self.proc)  # also on Ctrl-C or SIGTERM, wherever they came
         result = Result(case.name, problem, time.perf_counter() - start)
         if case.kind in ("fit", "preempt"):
             self._speed(result, self.root / case.name / "metrics.jsonl")
@@ -94,8 +97,10 @@ class Matrix:
 
     def _command(self, command: list[str], log: Path, wait: bool = True):
         with open(log, "a") as out:
-            proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        return self._wait(proc) if wait else proc
+            self.proc = subprocess.Popen(
+                command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        return self._wait(self.proc) if wait else self.proc
 
     def _wait(self, proc: subprocess.Popen) -> int:
         """Its exit status; at the deadline (or on Ctrl-C) its whole process group is killed."""
@@ -212,7 +217,12 @@ def run_within(matrix: Matrix, cases: list[Case], budget: float, start: float, r
         elif needs and (needs.name not in done or done[needs.name].problem or done[needs.name].skipped):
             results.append(Result(case.name, None, 0, skipped=f"reads {needs.name}'s checkpoint"))
         else:
-            results.append(matrix.run(case, min(case.limit or matrix.timeout, left)))
+            begun = time.monotonic()
+            try:
+                results.append(matrix.run(case, min(case.limit or matrix.timeout, left)))
+            except KeyboardInterrupt:  # its process group is killed by then
+                results.append(Result(case.name, "interrupted (SIGTERM or Ctrl-C)", time.monotonic() - begun))
+                raise
         r = results[-1]
         verdict = f"skipped ({r.skipped})" if r.skipped else "ok" if r.problem is None else "FAIL " + r.problem
         print(f"  {case.name}: {verdict} ({r.seconds:.0f} s)", flush=True)

@@ -164,3 +164,45 @@ def test_the_table_gives_every_case_and_the_goal_ratios_also_of_a_killed_case(lo
     assert "sigmoid (Triton tiles) / softmax: 0.75 (goal >= 0.8: MISSED)" in text
     assert "sink logit / softmax: - (goal >= 0.85; small-sink-logit and small-softmax give no figure)" in text
     assert "1B MFU" not in text  # not asked for
+
+
+def test_a_terminated_check_kills_its_case_and_still_prints_the_table(tiny_ds, tmp_path):
+    """SIGTERM (a job's end) while a fit runs: the fit's process group goes, the table comes."""
+    import signal
+    import time
+
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--root", str(tmp_path / "check")]
+    proc = subprocess.Popen(
+        [*command, "--data", str(tiny_ds), "--cases", "preempt"], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().startswith("gpu-check: 1 cases on cpu; torch ")
+    log = tmp_path / "check" / "preempt.log"
+    for _ in range(300):  # until the fit has started
+        if log.exists() and log.stat().st_size:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.stdout.read()
+    assert proc.wait(timeout=60) == 1
+    assert "interrupted; the table of what ran" in out
+    assert table_rows(out)["preempt"][1:3] == ["FAIL", "interrupted"] and "\n0 of 1 cases ok; 0 skipped; " in out
+    for _ in range(50):  # the fit (its run directory is under tmp_path) is gone
+        if not processes_naming(str(tmp_path)):
+            break
+        time.sleep(0.1)
+    assert not processes_naming(str(tmp_path))
+
+
+def processes_naming(text: str) -> list[int]:
+    """Live processes whose command line holds ``text`` (zombies left out)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(proc.name))
+    return found
