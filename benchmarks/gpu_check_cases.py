@@ -1,9 +1,12 @@
 """The cases of `make gpu-check` (benchmarks/gpu_check.py runs them; docs/gpu.md lists them).
 
-On CUDA: paper-60m.yaml under ZeRO-2 (compiled and eager), on one device, ZeRO-1, ZeRO-3 and
-FSDP2; gpu-small.yaml with softmax, sigmoid (fused Triton tiles), the elu+1 kernel and softpick;
-the 1B shape; a preempted and resumed run; `analyze` and `stream-ppl` of a checkpoint. On the
-CPU: toy stand-ins on cpu-tiny, for the harness itself.
+On CUDA, in priority order (a short window runs the first few): paper-60m.yaml under ZeRO-2 as
+shipped (compiled), compiled without DeepSpeed; gpu-small.yaml with softmax and sigmoid (fused
+Triton tiles under Inductor); a preempted and resumed run; gpu-small with a sink logit; the 1B
+shape; then ZeRO-2 eager, ZeRO-1, ZeRO-3, FSDP2, the elu+1 kernel, softpick, `analyze` and
+`stream-ppl` of a checkpoint. ``minimum``: the seconds a case needs on an H100 (start-up and
+compilation included), below which it is not started; ``limit``: when it is killed. On the CPU:
+toy stand-ins on cpu-tiny, for the harness itself.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class Case:
     data: str = "c2048"
     log_every: int = 10
     reads: str = ""
+    minimum: float = 0
+    limit: float | None = None  # None: gpu_check's --timeout
 
 
 def fit_case(
@@ -44,6 +49,8 @@ def fit_case(
     kind: str = "fit",
     log_every: int = 10,
     window: int = 10,
+    minimum: float = 0,
+    limit: float | None = None,
 ) -> Case:
     common = (
         "--config",
@@ -71,7 +78,7 @@ def fit_case(
         "--model.optim.warmup_steps",
         "5",
     )
-    return Case(name, kind, common + overrides, steps, data, log_every)
+    return Case(name, kind, common + overrides, steps, data, log_every, minimum=minimum, limit=limit)
 
 
 def zero(stage: int) -> tuple[str, ...]:
@@ -82,43 +89,37 @@ SIGMOID = ("--arch.attention.op", "sigmoid", "--arch.attention.normalizer", "non
 ELU1_KERNEL = ("--arch.attention.op", "kernel", "--arch.attention.kernel", "elu1")
 SOFTPICK = ("--arch.attention.op", "softpick")
 EAGER = ("--model.compile", "false")
+SINK_LOGIT = ("--arch.attention.sink_logit", "true")
 
 
 def gpu_cases() -> list[Case]:
     p60 = ("--data.global_batch_tokens", "32768", "--data.micro_batch_size", "16", "--trainer.devices", "1")
+    onebn = ("--data.global_batch_tokens", "16384", "--data.micro_batch_size", "8", "--trainer.devices", "1")
+    run = {"minimum": 60, "limit": 150}
+    small = {"minimum": 45, "limit": 120}
     return [
-        fit_case("60m-zero2", "paper-60m", "c2048", 60, *p60),
-        fit_case("60m-zero2-eager", "paper-60m", "c2048", 60, *p60, *EAGER),
-        fit_case("60m-single", "paper-60m", "c2048", 60, *p60, "--trainer.strategy", "auto"),
-        fit_case("60m-zero1", "paper-60m", "c2048", 40, *p60, *zero(1)),
-        fit_case("60m-zero3", "paper-60m", "c2048", 40, *p60, *zero(3)),
-        fit_case("60m-fsdp2", "paper-60m", "c2048", 40, *p60, "--trainer.strategy", "fsdp2"),
-        fit_case("small-softmax", "gpu-small", "c512", 60),
-        fit_case("small-sigmoid", "gpu-small", "c512", 60, *SIGMOID),
-        fit_case("small-elu1-kernel", "gpu-small", "c512", 60, *ELU1_KERNEL),
-        fit_case("small-softpick", "gpu-small", "c512", 60, *SOFTPICK),
+        fit_case("60m-zero2", "paper-60m", "c2048", 60, *p60, **run),
+        fit_case("60m-compiled", "paper-60m", "c2048", 60, *p60, "--trainer.strategy", "auto", **run),
+        fit_case("small-softmax", "gpu-small", "c512", 60, **small),
+        fit_case("small-sigmoid", "gpu-small", "c512", 60, *SIGMOID, **small),
+        fit_case("preempt", "paper-60m", "c2048", 60, *p60, kind="preempt", minimum=90, limit=180),
+        fit_case("small-sink-logit", "gpu-small", "c512", 60, *SINK_LOGIT, **small),
         fit_case(
-            "1b-zero2",
-            "paper-60m",
-            "c2048",
-            20,
-            "--data.global_batch_tokens",
-            "16384",
-            "--data.micro_batch_size",
-            "8",
-            "--trainer.devices",
-            "1",
-            "--arch.preset",
-            "llama-1b",
-            window=5,
+            "1b-zero2", "paper-60m", "c2048", 20, *onebn, "--arch.preset", "llama-1b", window=5, minimum=120, limit=240
         ),
-        fit_case("preempt", "paper-60m", "c2048", 60, *p60, kind="preempt"),
-        Case("analyze", "analyze", ("-n", "20", "--no-plots", "--device", "cuda"), reads="60m-single"),
+        fit_case("60m-zero2-eager", "paper-60m", "c2048", 60, *p60, *EAGER, **run),
+        fit_case("60m-zero1", "paper-60m", "c2048", 40, *p60, *zero(1), **run),
+        fit_case("60m-zero3", "paper-60m", "c2048", 40, *p60, *zero(3), **run),
+        fit_case("60m-fsdp2", "paper-60m", "c2048", 40, *p60, "--trainer.strategy", "fsdp2", **run),
+        fit_case("small-elu1-kernel", "gpu-small", "c512", 60, *ELU1_KERNEL, **small),
+        fit_case("small-softpick", "gpu-small", "c512", 60, *SOFTPICK, **small),
+        Case("analyze", "analyze", ("-n", "20", "--no-plots", "--device", "cuda"), reads="60m-compiled", minimum=30),
         Case(
             "stream-ppl",
             "stream-ppl",
             ("--max-tokens", "2048", "--cache", "0+512", "--cache", "4+508", "--device", "cuda"),
-            reads="60m-single",
+            reads="60m-compiled",
+            minimum=30,
         ),
     ]
 

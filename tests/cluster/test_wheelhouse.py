@@ -3,15 +3,17 @@ and a real subset built and installed with pip --no-index into a fresh venv."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import venv
 import zipfile
+from pathlib import Path
 
 import pytest
-from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from cluster import wheelhouse as wh
 
@@ -54,12 +56,46 @@ def test_what_only_torch_needs_is_left_to_the_nodes_torch():
             )
         ),
     ]
-    asked = wh.needed(resolved, ["sinklab"], "3.11", "x86_64")
-    assert set(asked) == {"sinklab", "jsonargparse", "pyyaml", "docstring-parser"}
-    assert [str(s) for s in asked["pyyaml"]] == [">=3.13"]
+    carry = wh.plan(resolved, ["sinklab"], {}, "3.11", "x86_64")
+    assert carry == {"sinklab": "0.1.0", "jsonargparse": "4.40.0", "pyyaml": "1.0", "docstring-parser": "1.0"}
     node = {"pyyaml": "6.0.2", "jsonargparse": "4.20.0", "docstring-parser": "bad version!"}
-    asked["jsonargparse"].append(SpecifierSet(">=4.32"))
-    assert wh.satisfied_on_node(asked, node) == {"pyyaml"}  # too old and unreadable versions stay in
+    carry = wh.plan(resolved, ["sinklab"], node, "3.11", "x86_64")
+    assert set(carry) == {"sinklab", "jsonargparse", "docstring-parser"}  # too old and unreadable versions stay in
+
+
+GPU_IMAGE = Path(__file__).parent / "gpu_image_freeze.txt"  # a CUDA image: torch 2.11, triton 3.6, pyarrow 26
+
+
+def gpu_image_plan(have: dict[str, str]) -> dict[str, str]:
+    """The carry for the GPU image, from pip's resolution (recorded from PyPI for Python 3.12) of
+    every requirement of the project and mlflow-skinny, torch pinned to 2.11.0."""
+    resolution = json.loads((Path(__file__).parent / "gpu_image_resolution.json").read_text())
+    roots = [*wh.requirements(wh.FIT, []), *wh.BUILD]
+    return wh.plan(resolution["install"], roots, have, "3.12", "x86_64")
+
+
+def test_the_gpu_images_carry_is_what_a_fit_imports_and_the_image_lacks():
+    have = wh.have_versions(GPU_IMAGE)
+    carry = gpu_image_plan(have)
+    assert {"deepspeed", "mlflow-skinny", "sqlalchemy", "alembic", "jsonargparse", "matplotlib", "zstandard"} <= set(
+        carry
+    )
+    for package in ("numpy", "pyarrow", "lightning", "tokenizers", "safetensors", "tabulate", "torch", "triton"):
+        assert package not in carry  # the image has them in versions every asker accepts
+    server = {"mlflow", "flask", "gunicorn", "graphene", "huey", "docker", "uvicorn"}  # `import mlflow` needs fastapi
+    unasked = {"datasets", "gguf", "transformers", "pandas", "pyarrow", "scipy", "scikit-learn", "gitpython", "ninja"}
+    assert not (server | unasked) & set(carry)
+    assert all(Version(version) > Version(have[key]) for key, version in carry.items() if key in have)  # no downgrade
+
+
+def test_a_node_package_too_new_for_its_asker_is_refused_naming_both():
+    have = wh.have_versions(GPU_IMAGE) | {"importlib-metadata": "99.0"}
+    with pytest.raises(wh.WheelhouseError) as refused:
+        gpu_image_plan(have)
+    assert str(refused.value).startswith(
+        "mlflow-skinny 3.17.2 asks importlib_metadata!=4.7.0,<10,>=3.7.0, but the node has importlib_metadata 99.0: "
+        "carrying it would be a downgrade"
+    )
 
 
 def test_a_freeze_list_drops_local_labels_and_urls(tmp_path):

@@ -29,7 +29,8 @@ def gpu_check(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
 def table_rows(stdout: str) -> dict[str, list[str]]:
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("case "))
-    return {line.split()[0]: line.split() for line in lines[start + 2 :] if " cases ok; " not in line}
+    rows = lines[start + 2 : next(i for i, line in enumerate(lines) if " cases ok; " in line)]
+    return {line.split()[0]: line.split() for line in rows}
 
 
 def test_a_preempted_run_resumes_and_passes_with_its_speed(tiny_ds, tmp_path):
@@ -95,3 +96,113 @@ def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatc
         ]
         with built_fit(args) as cli:
             assert cli.trainer.max_steps == case.steps and cli.trainer.log_every_n_steps == case.log_every
+
+
+FAKE_SINKLAB = """
+import subprocess, sys, time
+name = sys.argv[sys.argv.index("--run.name") + 1]
+if name == "hangs":  # a launcher whose rank hangs: both must go
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    open(sys.argv[-1], "w").write(str(child.pid))
+    time.sleep(60)
+"""
+
+
+def test_cases_start_within_the_budget_and_a_hung_one_is_killed_with_its_children(tmp_path, load_benchmark):
+    """The planning and the time limits, with a stand-in for `sinklab fit` (a script that ends
+    at once, or starts a child and hangs): fast, no training."""
+    import time
+
+    gpu_check = load_benchmark("gpu_check")
+    fake = tmp_path / "fake_sinklab.py"
+    fake.write_text(FAKE_SINKLAB)
+    gpu_check.SINKLAB = [sys.executable, str(fake)]
+    child_pid = tmp_path / "child.pid"
+
+    def case(name: str, minimum: float, limit: float):
+        return gpu_check.Case(name, "fit", ("--run.name", name), steps=2, minimum=minimum, limit=limit)
+
+    cases = [case("quick", 0, 30), case("hangs", 0, 1.5), case("too-long", 60, 300), case("last", 0, 30)]
+    matrix = gpu_check.Matrix(cases, tmp_path, {"c2048": tmp_path}, [str(child_pid)], timeout=30)
+    results, start = [], time.monotonic()
+    gpu_check.run_within(matrix, cases, 30, start, results)
+    assert time.monotonic() - start < 15
+    verdicts = {r.case: (r.problem, r.skipped) for r in results}
+    assert [r.case for r in results] == ["quick", "hangs", "too-long", "last"]
+    assert verdicts["quick"][0].startswith("no final checkpoint")  # it ran to its end and was judged
+    assert verdicts["hangs"] == ("killed at its time limit, 2 s", None)
+    assert verdicts["too-long"][1].endswith("s left, needs 60 s") and verdicts["last"][0] is not None
+    pid = int(child_pid.read_text())
+    for _ in range(50):  # the orphaned child is reaped by init
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the hung case's child {pid} survived")
+
+
+def test_the_table_gives_every_case_and_the_goal_ratios_also_of_a_killed_case(load_benchmark):
+    gpu_check = load_benchmark("gpu_check")
+    R = gpu_check.Result
+    results = [
+        R("60m-zero2", None, 70, tokens_per_s=950_000, mfu=0.31, peak_gib=30.2, mode="compiled"),
+        R("60m-compiled", None, 65, tokens_per_s=1_000_000, mfu=0.33, peak_gib=28.0, mode="compiled"),
+        R("small-softmax", None, 50, tokens_per_s=400_000, mode="compiled"),
+        R("small-sigmoid", "killed at its time limit, 120 s", 120, tokens_per_s=300_000, mode="compiled"),
+        R("preempt", None, 95, tokens_per_s=900_000, mode="compiled, resumed"),
+        R("small-sink-logit", None, 0, skipped="40 s left, needs 45 s"),
+    ]
+    text = gpu_check.table(results)
+    rows = table_rows(text)
+    assert rows["small-sigmoid"][1:3] == ["FAIL", "killed"] and "300,000" in rows["small-sigmoid"]
+    assert rows["preempt"][-4:] == ["compiled,", "resumed", "95", "s"]
+    assert rows["small-sink-logit"][1:3] == ["skipped:", "40"]
+    assert "\n5 of 5 cases ok; " not in text and "\n4 of 5 cases ok; 1 skipped; " in text
+    assert "60m as shipped / compiled without DeepSpeed: 0.95 (goal >= 0.95: met)" in text
+    assert "sigmoid (Triton tiles) / softmax: 0.75 (goal >= 0.8: MISSED)" in text
+    assert "sink logit / softmax: - (goal >= 0.85; small-sink-logit and small-softmax give no figure)" in text
+    assert "1B MFU" not in text  # not asked for
+
+
+def test_a_terminated_check_kills_its_case_and_still_prints_the_table(tiny_ds, tmp_path):
+    """SIGTERM (a job's end) while a fit runs: the fit's process group goes, the table comes."""
+    import signal
+    import time
+
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--root", str(tmp_path / "check")]
+    proc = subprocess.Popen(
+        [*command, "--data", str(tiny_ds), "--cases", "preempt"], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().startswith("gpu-check: 1 cases on cpu; torch ")
+    log = tmp_path / "check" / "preempt.log"
+    for _ in range(300):  # until the fit has started
+        if log.exists() and log.stat().st_size:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.stdout.read()
+    assert proc.wait(timeout=60) == 1
+    assert "interrupted; the table of what ran" in out
+    assert table_rows(out)["preempt"][1:3] == ["FAIL", "interrupted"] and "\n0 of 1 cases ok; 0 skipped; " in out
+    for _ in range(50):  # the fit (its run directory is under tmp_path) is gone
+        if not processes_naming(str(tmp_path)):
+            break
+        time.sleep(0.1)
+    assert not processes_naming(str(tmp_path))
+
+
+def processes_naming(text: str) -> list[int]:
+    """Live processes whose command line holds ``text`` (zombies left out)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(proc.name))
+    return found
