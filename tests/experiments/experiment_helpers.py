@@ -53,17 +53,14 @@ def log_training_run(
     *,
     status: str | None,
     metrics: dict[str, float | list[tuple[int, float]]],
-    seed: int | None = 1234,
+    seed: int = 1234,
 ) -> str:
-    """Log a run as `sinklab fit` does for a sweep: its tags, run name and metric names (seed None:
-    a run from before the seed tag)."""
+    """Log a run as `sinklab fit` does for a sweep: its tags, run name and metric names."""
     exp = client.get_experiment_by_name(f"sinklab/{experiment}")
     exp_id = exp.experiment_id if exp else client.create_experiment(f"sinklab/{experiment}")
-    tags = {"sinklab.experiment": f"sinklab/{experiment}", "sinklab.variant": variant}
+    tags = {"sinklab.experiment": f"sinklab/{experiment}", "sinklab.variant": variant, "sinklab.seed": str(seed)}
     if status:
         tags["sinklab.status"] = status
-    if seed is not None:
-        tags["sinklab.seed"] = str(seed)
     run = client.create_run(exp_id, run_name=f"{variant} s{seed} ({experiment}/{scale})", tags=tags)
     now = int(time.time() * 1000)
     batch = [

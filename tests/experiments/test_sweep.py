@@ -77,12 +77,10 @@ def test_plan_skips_finished_runs_and_reruns_the_rest(tmp_path, mlflow_env, uniq
 
 def test_more_seeds_run_only_the_new_ones(tmp_path, mlflow_env, unique_name):
     """Seeds count up from the recipe's seed_everything (1234): a one-seed study's runs are seed
-    1234 of a three-seed one, including runs from before the seed tag (their seed_everything
-    parameter); each (variant, seed) has its own run dir and config with both seeds set."""
+    1234 of a three-seed one; each (variant, seed) has its own run dir and config with both seeds set."""
     exp = load_experiment(write_experiment(tmp_path, unique_name))
     log_training_run(mlflow_env, unique_name, "a", "cpu", status="finished", metrics={})
-    untagged = log_training_run(mlflow_env, unique_name, "b", "cpu", status="finished", metrics={}, seed=None)
-    mlflow_env.log_param(untagged, "seed_everything", "1234")
+    log_training_run(mlflow_env, unique_name, "b", "cpu", status="finished", metrics={})
     log_training_run(mlflow_env, unique_name, "c", "cpu", status="failed", metrics={}, seed=1235)
     planned = sweep.plan(exp, "cpu", tmp_path / "runs", mlflow_env, n_seeds=3)
     assert [(r.name, r.state) for r in planned] == [

@@ -76,7 +76,7 @@ def test_sweep_run_names_lead_with_the_variant_and_keep_their_scale():
 
     name = run_name(SimpleNamespace(name="weight-decay"), SimpleNamespace(name="wd-0.0"), "cpu", 1235)
     assert name == "wd-0.0 s1235 (weight-decay/cpu)"
-    assert run_scale({}, name) == "cpu" and run_scale({}, "weight-decay/gpu/wd-0.0") == "gpu"  # earlier sweeps
+    assert run_scale(name) == "cpu" and run_scale("weight-decay/gpu/wd-0.0") is None  # one format only
 
 
 def test_the_dataset_is_named_from_its_manifest(tmp_path):
