@@ -35,6 +35,8 @@ PRESETS: dict[str, dict[str, int]] = {
 # What a preset sets; the trainer replaces vocab_size by the dataset's.
 SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_seq_len")
 DEFAULT_PRESET = "llama-60m"
+# The section that holds a ModelConfig: a run config's `arch:` and a checkpoint's hyper_parameters["arch"]
+ARCH = "arch"
 # The format of the config a remote-code export writes (config.json); code of a lower format refuses it.
 EXPORT_FORMAT = 1
 Preset = Literal[tuple(PRESETS)]
@@ -56,6 +58,28 @@ GateGranularity = Literal["headwise", "elementwise"]
 
 class ConfigError(ValueError):
     """A model config field has a value the model cannot build."""
+
+
+def checkpoint_arch(hparams: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """The ModelConfig dict a checkpoint's ``hyper_parameters`` carry (None: none). Raises
+    ConfigError for an older checkpoint, whose ``model_config`` key is no longer read."""
+    if "model_config" in hparams:
+        raise ConfigError(
+            f"{where}: hyper_parameters['model_config'] is an older checkpoint format, no longer read "
+            f"(today's checkpoints hold hyper_parameters['{ARCH}'])"
+        )
+    return hparams.get(ARCH)
+
+
+def refuse_old_layout(config: dict[str, Any], where: str) -> None:
+    """Raises ConfigError for a run config of the older layout: the architecture under ``model.model``."""
+    module = config.get("model")
+    module = module.get("init_args", module) if isinstance(module, dict) else None
+    if isinstance(module, dict) and "model" in module:
+        raise ConfigError(
+            f"{where}: `model.model` is an older config format, no longer read "
+            f"(today's configs hold the architecture in a top-level `{ARCH}:` section)"
+        )
 
 
 @dataclass

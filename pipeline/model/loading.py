@@ -22,8 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from sinklab_io.outputs import atomic_directory
 
-from .config import EXPORT_FORMAT, ModelConfig
-from .config_keys import checkpoint_arch
+from .config import EXPORT_FORMAT, ModelConfig, checkpoint_arch
 from .transformer import Transformer
 
 CONFIG_NAME = "sinklab_config.json"

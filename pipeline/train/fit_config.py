@@ -1,5 +1,5 @@
 """`sinklab fit`'s config between parsing and building: negative values on the command line,
-old names read as today's (pipeline.model.config_keys), the architecture's preset resolved, parse
+a config of the older layout refused, the architecture's preset resolved, parse
 errors as one line, the check behind `sinklab fit --check-only`
 (and `sinklab sweep`'s checks), and the config as the run records it (plain values, the
 one-line variant summary).
@@ -19,14 +19,12 @@ from typing import Any
 import yaml
 from jsonargparse import Namespace, get_loader, set_loader
 
-from pipeline.model.config import SHAPE_FIELDS, ModelConfig
-from pipeline.model.config_keys import ARCH, renamed_argv, renamed_config
+from pipeline.model.config import ARCH, SHAPE_FIELDS, ModelConfig, refuse_old_layout
 from sinklab_io.mappings import flatten
 
 CHECK_ONLY = "--check-only"
 ARCH_TARGET = "model.arch"  # the LightningModule's argument, linked from the top-level `arch`
-PARSER_MODE = "sinklab"  # YAML, with a config's old `model.model` read as `arch`
-
+PARSER_MODE = "sinklab"  # YAML, with a config of the older layout refused
 
 _YAML = get_loader("yaml")
 
@@ -34,19 +32,19 @@ _YAML = get_loader("yaml")
 def _load_yaml(value: str, path: str = "") -> Any:
     """jsonargparse's YAML loader; a config file's ``path`` is its name, read from its folder."""
     loaded = _YAML(value)
-    return renamed_config(loaded, os.path.abspath(path) if path else "config") if isinstance(loaded, dict) else loaded
+    if isinstance(loaded, dict):
+        refuse_old_layout(loaded, os.path.abspath(path) if path else "config")
+    return loaded
 
 
 set_loader(PARSER_MODE, _load_yaml, (yaml.YAMLError,))
 
 
 def parse_fit(parser, args: list[str] | dict[str, Any]) -> Namespace:
-    """``args`` (a command line, or a config as a dict) parsed, old names read as today's, and
-    the preset resolved."""
+    """``args`` (a command line, or a config as a dict) parsed, and the preset resolved."""
     if isinstance(args, dict):
-        config = parser.parse_object(renamed_config(args, "config"))
-    else:
-        config = parser.parse_args(renamed_argv(args))
+        refuse_old_layout(args, "config")
+    config = parser.parse_object(args) if isinstance(args, dict) else parser.parse_args(args)
     resolve_preset(config)
     return config
 
