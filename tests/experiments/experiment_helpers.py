@@ -29,7 +29,7 @@ def write_experiment(
     text = textwrap.dedent(f"""\
     name: {name}
     title: Test experiment {name}
-    paper_ref: "002 Table 2"
+    paper_ref: "Gu et al. 2025, Table 2"
     scale:
       paper: {{recipe: {recipe}}}
       cpu: {{recipe: {recipe}}}
@@ -84,8 +84,8 @@ def micro_recipe(directory: Path, dataset: Path, steps: int = 5) -> Path:
     seed_everything: 1234
     run: {{name: micro, experiment: sinklab-tests, checkpoint_every: 0, keep_last: 1,
           sink_every: {steps}, plot_every: 0, val_every: {steps}, throughput_window: 1}}
+    arch: {{preset: micro}}
     model:
-      model: {{preset: micro}}
       optim: {{lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 1, weight_decay: 0.1}}
     data: {{path: {dataset}, global_batch_tokens: 64, micro_batch_size: 4, val_batches: 1}}
     trainer: {{max_steps: {steps}, accelerator: cpu, devices: 1, precision: 32-true,
