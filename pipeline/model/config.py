@@ -84,7 +84,7 @@ def refuse_old_layout(config: dict[str, Any], where: str) -> None:
 
 @dataclass
 class AttentionConfig:
-    """How queries meet keys (paper section 7.4, Tables 6, 14, 15; seed 004 mitigations).
+    """How queries meet keys (paper section 7.4, Tables 6, 14, 15; Gu et al. 2025, appendix A.3 mitigations).
 
     op: the similarity function, a name registered in ``attention_ops.OPS`` (default
       ``softmax``); the registry's eager functions say what each computes, and

@@ -129,7 +129,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, mlflow_env, unique
     assert code == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == (
-        f"{unique_name} (002 Table 2), scale cpu: 2 variants x 1 seed -> MLflow experiment sinklab/{unique_name}"
+        f"{unique_name} (Gu et al. 2025, Table 2), scale cpu: 2 variants x 1 seed -> MLflow experiment sinklab/{unique_name}"
     )
     commands = [line for line in out if line.startswith("  $ ")]
     assert len(commands) == 2 and commands[1].endswith(
@@ -238,7 +238,8 @@ def test_a_sweep_groups_its_variants_under_one_parent_run(tmp_path, mlflow_env, 
     parent = parents[0]
     assert parent.info.run_name == f"{unique_name}/cpu" and parent.info.status == "FINISHED"
     assert (
-        parent.data.tags["sinklab.paper_ref"] == "002 Table 2" and parent.data.tags["sinklab.experiment"] == unique_name
+        parent.data.tags["sinklab.paper_ref"] == "Gu et al. 2025, Table 2"
+        and parent.data.tags["sinklab.experiment"] == unique_name
     )
     assert sorted((r.data.tags["sinklab.variant"], r.data.tags["sinklab.seed"]) for r in children) == [
         ("a", "1234"),

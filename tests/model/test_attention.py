@@ -89,7 +89,7 @@ def test_head_shared_biases_have_one_vector(kind):
     assert param.shape[0] == 1
 
 
-# ---- sink tokens (seed 000) -----------------------------------------------------------------
+# ---- sink tokens (Xiao et al. 2024) ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("n_sinks", [1, 2])
