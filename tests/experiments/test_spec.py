@@ -32,16 +32,16 @@ EXPECTED = {
     "sigmoid-1b",
     "sink-tokens",
     "mitigations",
-    # Guo et al.'s Bigram-Backcopy findings (issue 30)
+    # Guo et al.'s Bigram-Backcopy findings
     "bb-sink",
     "bb-attention-ops",
     "bb-optimizers",
     "bb-norm",
     "bb-mitigations",
-    # the optimiser and stability (issue 38)
+    # the optimiser and stability
     "optimizers",
     "lr-tolerance",
-    # why the first token: context length and length generalisation (issue 39)
+    # why the first token: context length and length generalisation
     "context-length",
     "length-generalisation",
     "bb-context-length",

@@ -146,7 +146,7 @@ def test_a_misspelt_fit_flag_after_the_double_dash_is_caught_by_the_fit_parser_c
     argv = [str(path), "--dry-run", "--runs-root", str(tmp_path / "runs"), "--variants", "a", "--"]
     assert sweep.main([*argv, "--trainer.max_stepz", "3"]) == 2
     out, err = capsys.readouterr()
-    assert out == ""  # issue 35 re-check: the plan was printed before the refusal
+    assert out == ""  # no plan printed before the refusal
     err = err.strip()
     assert err.startswith(f"sinklab sweep: {path}: variant 'a' at scale cpu with --trainer.max_stepz 3: `sinklab fit`")
     assert "max_stepz" in err.split("rejects it:")[1] and len(err.splitlines()) == 1
@@ -158,7 +158,7 @@ def test_unknown_variant_is_an_error(tmp_path, mlflow_env, unique_name, capsys):
     path = write_experiment(tmp_path, unique_name)
     assert sweep.main([str(path), "--dry-run", "--variants", "a,zz"]) == 2
     assert "no variant 'zz'; variants: a, b, c" in capsys.readouterr().err
-    assert sweep.main([str(path), "--dry-run", "--variants", ""]) == 2  # planned all of them (issue 26)
+    assert sweep.main([str(path), "--dry-run", "--variants", ""]) == 2  # not "all of them"
     assert "--variants '': names no variant; give some of a, b, c" in capsys.readouterr().err
 
 
@@ -254,7 +254,7 @@ def test_a_sweep_groups_its_variants_under_one_parent_run(tmp_path, mlflow_env, 
 def test_the_gpu_scale_says_what_the_embedded_corpus_does_and_takes_a_data_path(
     tmp_path, mlflow_env, capsys, monkeypatch
 ):
-    """gpu-small on the embedded corpus memorises (issue 27); a prepared Pile dataset, given once
+    """gpu-small on the embedded corpus memorises (docs/experiments.md); a prepared Pile dataset, given once
     for the sweep (--data-path or SINKLAB_DATA_PATH), goes to every variant's `sinklab fit`."""
     monkeypatch.delenv("SINKLAB_DATA_PATH", raising=False)
     common = [

@@ -1,4 +1,4 @@
-"""Every variant leaves SinkLab (issue 40): one micro model of every registered attention op and
+"""Every variant leaves SinkLab: one micro model of every registered attention op and
 every slot kind is exported, then loaded with transformers' AutoModelForCausalLM in one fresh
 process where SinkLab cannot be imported (hf_remote_check.py); its logits through ``forward`` and
 through ``generate`` with the KV cache are SinkLab's (within 1e-5, fp32: those of ``generate`` against

@@ -1,4 +1,4 @@
-"""A resume continues its checkpoint's run (issue 26): `trainer.max_steps` extends it with the
+"""A resume continues its checkpoint's run: `trainer.max_steps` extends it with the
 cosine going on from the resumed step's lr, and a change to what defines the run (model,
 optimiser, data order) is refused in one line before anything of the new start is written."""
 

@@ -49,7 +49,7 @@ def test_impossible_batches_say_what_works(args, fragment):
     "args", [(100, 16, 4, 1), (0, 16, 4, 1), (96, 16, 4, 1), (40, 16, 4, 1), (144, 16, 2, 2), (160, 16, 4, 3)]
 )
 def test_every_suggested_batch_is_accepted(args):
-    """Issue 16: "use 96 or 112" for 100 tokens at C=16, micro 4, and 96 was then refused."""
+    """Every batch a refusal suggests ("use 96 or 112" for 100 tokens at C=16, micro 4) is accepted."""
     tokens, context, micro, world = args
     with pytest.raises(BatchConfigError) as err:
         plan_batch(*args)

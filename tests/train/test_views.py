@@ -1,4 +1,4 @@
-"""SinkLab's MLflow view without a server (issue 29): which metrics reach MLflow, the chart list,
+"""SinkLab's MLflow view without a server: which metrics reach MLflow, the chart list,
 the runs-table columns, and the names runs and datasets carry."""
 
 from __future__ import annotations
