@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
-from pipeline.model.config import ARCH, checkpoint_arch
+from pipeline.model.config import ARCH
+from pipeline.model.loading import checkpoint_arch
 from sinklab_io.mappings import flatten
 
 from .integrity import checkpoint_problem, model_states_file

@@ -146,11 +146,11 @@ class KernelMLP(nn.Module):
 
 
 def _kernel_phi(a: AttentionConfig, head_dim: int) -> nn.Module:
-    return {"identity": nn.Identity, "elu1": Elu1}.get(a.kernel, lambda: KernelMLP(head_dim))()
+    return {"identity": nn.Identity, "elu1": Elu1}.get(a.feature_map, lambda: KernelMLP(head_dim))()
 
 
 def _kernel_scores(a: AttentionConfig) -> str:
-    return "sim_nonneg" if a.kernel == "elu1" else "sim_signed"
+    return "sim_nonneg" if a.feature_map == "elu1" else "sim_signed"
 
 
 OpFn = Callable[[Tensor, Tensor, Tensor, "AttentionConfig", "nn.Module | None"], OpResult]

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from jsonargparse import Namespace, get_loader, set_loader
 
-from pipeline.model.config import ARCH, SHAPE_FIELDS, ModelConfig, refuse_old_layout
+from pipeline.model.config import ARCH, SHAPE_FIELDS, ModelConfig, refuse_old_layout, refuse_renamed
 from sinklab_io.mappings import flatten
 
 CHECK_ONLY = "--check-only"
@@ -44,6 +44,9 @@ def parse_fit(parser, args: list[str] | dict[str, Any]) -> Namespace:
     """``args`` (a command line, or a config as a dict) parsed, and the preset resolved."""
     if isinstance(args, dict):
         refuse_old_layout(args, "config")
+    for flag in args if isinstance(args, list) else ():
+        if flag.startswith(f"--{ARCH}."):
+            refuse_renamed(flag.split("=")[0][len(ARCH) + 3 :], "command line: ", f"--{ARCH}.")
     config = parser.parse_object(args) if isinstance(args, dict) else parser.parse_args(args)
     resolve_preset(config)
     return config
@@ -177,8 +180,8 @@ def variant_summary(cfg) -> str:
     default = flatten(ModelConfig().to_dict())
     flat = flatten(plain.get(ARCH) or {})
     op = flat.get("attention.op", default["attention.op"])
-    named = {"attention.op"} | ({"attention.kernel"} if op == "kernel" else set())
-    diffs = [f"{op}({flat.get('attention.kernel', default['attention.kernel'])})" if op == "kernel" else op]
+    named = {"attention.op"} | ({"attention.feature_map"} if op == "kernel" else set())
+    diffs = [f"{op}({flat.get('attention.feature_map', default['attention.feature_map'])})" if op == "kernel" else op]
     diffs += [
         f"{k}={v}"
         for k, v in sorted(flat.items())

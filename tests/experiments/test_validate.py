@@ -30,7 +30,7 @@ def test_variant_config_applies_overrides_and_identity():
     e = load_experiment("attention-operations")
     config = variant_config(e, e.variant("kernel-mlp-clamp"), "cpu")
     attention = config["arch"]["attention"]
-    assert (attention["op"], attention["kernel"], attention["normalizer"]) == ("kernel", "mlp", "abs_clamp")
+    assert (attention["op"], attention["feature_map"], attention["normalizer"]) == ("kernel", "mlp", "abs_clamp")
     assert config["run"]["experiment"] == "sinklab/attention-operations"
     assert config["run"]["variant"] == "kernel-mlp-clamp"
     assert config["run"]["name"] == "kernel-mlp-clamp s1234 (attention-operations/cpu)"

@@ -105,7 +105,7 @@ def test_extreme_token_figure_draws_what_was_measured(tmp_path, monkeypatch):
 ELU1 = [
     "--arch.attention.op",
     "kernel",
-    "--arch.attention.kernel",
+    "--arch.attention.feature_map",
     "elu1",
     "--model.optim.lr",
     "0.03",

@@ -335,7 +335,7 @@ def test_summary_says_when_sink_scores_are_proxies(tiny_ds, tmp_path, monkeypatc
         "4",
         "--arch.attention.op",
         op,
-        "--arch.attention.kernel",
+        "--arch.attention.feature_map",
         "elu1",
     ]
     assert fit_in_process(args, monkeypatch, mlflow_server) == 0

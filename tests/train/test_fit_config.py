@@ -74,6 +74,20 @@ def test_no_flag_recorded_key_or_runs_table_column_repeats_a_word():
     assert [k for k in (*flags, *recorded, *params, *columns) if _repeats(k)] == []
 
 
+def test_the_feature_maps_older_name_is_refused_in_one_line_naming_todays(tmp_path, capsys):
+    assert main(["--check-only", "--arch.attention.op", "kernel", "--arch.attention.kernel", "elu1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "sinklab fit: command line: --arch.attention.kernel is now --arch.attention.feature_map; "
+        "give it under that name"
+    )
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text(yaml.safe_dump({"arch": {"attention": {"op": "kernel", "kernel": "elu1"}}}))
+    assert main(["--check-only", "--config", str(recipe)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"sinklab fit: {recipe}: arch.attention.kernel is now arch.attention.feature_map; give it under that name"
+    )
+
+
 def test_a_recipe_of_the_older_layout_is_refused_in_one_line(tmp_path, capsys):
     recipe = tmp_path / "old.yaml"
     recipe.write_text(yaml.safe_dump({"model": {"model": {"preset": "tiny"}, "optim": {"lr": 1e-3}}}))

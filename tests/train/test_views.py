@@ -94,7 +94,7 @@ def test_the_variant_tag_names_the_attention_op_even_the_default():
     softmax = {"arch": {"preset": "micro"}, "model": {"optim": {"lr": 0.002, "weight_decay": 0.5}}}
     assert _variant_summary(softmax) == "softmax, lr=0.002, wd=0.5"
     kernel = {
-        "arch": {"attention": {"op": "kernel", "kernel": "elu1"}},
+        "arch": {"attention": {"op": "kernel", "feature_map": "elu1"}},
         "model": {"optim": {"lr": 0.002, "weight_decay": 0.1}},
     }
     assert _variant_summary(kernel) == "kernel(elu1), lr=0.002, wd=0.1"
