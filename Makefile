@@ -56,7 +56,7 @@ wheelhouse: venv
 # CPU recipe for a bounded time, log to the local MLflow store and print a summary.
 # RUN_ARGS: the one field in which the default departs from the (softmax) cpu recipe, the
 # attention operation (README); `make run RUN_ARGS=` trains configs/recipes/embedded.yaml as is.
-RUN_ARGS ?= --arch.attention.op kernel --arch.attention.kernel elu1 --run.name embedded-elu1-kernel
+RUN_ARGS ?= --arch.attention.op kernel --arch.attention.feature_map elu1 --run.name embedded-elu1-kernel
 run: venv
 	$(VENV)/bin/sinklab prep embedded --out data/embedded
 	$(VENV)/bin/sinklab fit --config configs/recipes/embedded.yaml $(RUN_ARGS) --resume auto

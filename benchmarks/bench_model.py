@@ -31,9 +31,9 @@ OPS = {
     "sigmoid (Z=1)": dict(op="sigmoid", normalizer="none"),
     "sigmoid (Z=sum)": dict(op="sigmoid", normalizer="sum"),
     "elu+1 (Z=1)": dict(op="elu1", normalizer="none"),
-    "kernel identity (Z=max(|sum|,1))": dict(op="kernel", kernel="identity", normalizer="abs_clamp"),
-    "kernel elu+1 (Z=sum)": dict(op="kernel", kernel="elu1", normalizer="sum"),
-    "kernel mlp (Z=1)": dict(op="kernel", kernel="mlp", normalizer="none"),
+    "kernel identity (Z=max(|sum|,1))": dict(op="kernel", feature_map="identity", normalizer="abs_clamp"),
+    "kernel elu+1 (Z=sum)": dict(op="kernel", feature_map="elu1", normalizer="sum"),
+    "kernel mlp (Z=1)": dict(op="kernel", feature_map="mlp", normalizer="none"),
     "p-softmax (p=0.5)": dict(op="softmax", p=0.5),
     "clipped softmax": dict(op="clipped_softmax"),
 }

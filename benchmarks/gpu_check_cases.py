@@ -86,7 +86,7 @@ def zero(stage: int) -> tuple[str, ...]:
 
 
 SIGMOID = ("--arch.attention.op", "sigmoid", "--arch.attention.normalizer", "none")
-ELU1_KERNEL = ("--arch.attention.op", "kernel", "--arch.attention.kernel", "elu1")
+ELU1_KERNEL = ("--arch.attention.op", "kernel", "--arch.attention.feature_map", "elu1")
 SOFTPICK = ("--arch.attention.op", "softpick")
 EAGER = ("--model.compile", "false")
 SINK_LOGIT = ("--arch.attention.sink_logit", "true")

@@ -1,6 +1,6 @@
 """Attention-sink and activation metrics: pure functions over tensors (torch only).
 
-Conventions (seed 002, section 3.2): an attention map ``A`` has shape ``[..., T, T]`` with
+Conventions (Gu et al. 2025, section 3.2): an attention map ``A`` has shape ``[..., T, T]`` with
 rows = queries and columns = keys, causal. Positions ``k`` are 1-based as in the paper.
 Leading "slots" (learnable sink tokens, K/KV bias columns) are split off with
 :func:`split_slots` before the real-token metrics are formed, so ``Sink_1`` always refers to
@@ -65,7 +65,7 @@ def slot_importance(slot_mass: Tensor) -> Tensor:
 
 
 def proxy_scores(sim: Tensor, signed: bool) -> Tensor:
-    """Proxy attention scores for attention without softmax (seed 002, section 7.4).
+    """Proxy attention scores for attention without softmax (Gu et al. 2025, section 7.4).
 
     ``sim / Σ_j sim`` for non-negative similarities (sigmoid, elu+1) and ``|sim| / Σ_j |sim|``
     where similarities can be negative (identity, MLP kernels). Masked entries must be 0 (or
@@ -95,7 +95,7 @@ def massive_activation_ratio(hidden: Tensor) -> Tensor:
 
 
 def qk_decomposition(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-    """Split q_i·k_j = ‖q_i‖‖k_j‖ cos(q_i, k_j) (seed 002, Figure 2 bottom).
+    """Split q_i·k_j = ‖q_i‖‖k_j‖ cos(q_i, k_j) (Gu et al. 2025, Figure 2 bottom).
 
     ``queries, keys [..., T, dh]`` (after the positional rotation) -> ``(cosine, norm_product)``,
     each ``[..., T, T]`` with the non-causal entries (j > i) set to NaN.

@@ -1,7 +1,7 @@
 """Activation outliers: the largest |activation|, kurtosis, and a token-wise / channel-wise split.
 
 Pure torch, beside ``pipeline.metrics``; definitions in docs/analysis.md ("Activation outliers").
-Seed 004 A.2: the first token's massive activations are *token-wise* outliers (one position),
+Gu et al. 2025, appendix A.2: the first token's massive activations are *token-wise* outliers (one position),
 the outlier features of LLM.int8 and SmoothQuant are *channel-wise* (a few channels at every
 position); per-token activation scales absorb the first kind, not the second. As in Bondarenko
 et al. (2023), the largest |x| and the kurtosis are taken per sequence, over the sequence's whole

@@ -1,4 +1,4 @@
-"""PNG figures in the style of seed 002: α_1 heat maps (Figures 19-24), per-layer norm ratios
+"""PNG figures in the style of Gu et al. 2025: α_1 heat maps (Figures 19-24), per-layer norm ratios
 (Figures 2 top, 7, 8), Sink_k by position (Figure 5 middle) and the QK decomposition (Figure 2
 bottom), per-head α_1, Guo et al.'s extreme-token dynamics over training and panels of curves
 (information flow, loss by position). Each function writes one file atomically (never over a file

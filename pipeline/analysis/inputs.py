@@ -1,4 +1,4 @@
-"""Probe inputs for pretrained-model analysis (seed 002, section 3.3 and appendix B.2):
+"""Probe inputs for pretrained-model analysis (Gu et al. 2025, section 3.3 and appendix B.2):
 natural text windows, random token sequences, one repeated token; Pile shards by domain.
 No BOS is added anywhere. Every probe function returns a LongTensor [N, T]. Also the token
 streams of the streaming commands (``stream-ppl``, ``passkey``, ``quant-eval``): the default

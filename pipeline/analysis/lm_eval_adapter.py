@@ -1,4 +1,4 @@
-"""lm-evaluation-harness adapter for SinkLab checkpoints (zero-shot tables, seed 000 Table 9).
+"""lm-evaluation-harness adapter for SinkLab checkpoints (zero-shot tables, Xiao et al. 2024 Table 9).
 
     python -c 'import pipeline.analysis.lm_eval_adapter; from lm_eval.__main__ import cli_evaluate; cli_evaluate()' \\
         --model sinklab --model_args pretrained=<export dir or .ckpt>,tokenizer=<tokenizer.json> --tasks hellaswag,piqa

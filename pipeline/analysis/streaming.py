@@ -1,4 +1,4 @@
-"""`sinklab stream-ppl`: streaming perplexity with an ``x + y`` KV cache (seed 000, Table 10).
+"""`sinklab stream-ppl`: streaming perplexity with an ``x + y`` KV cache (Xiao et al. 2024, Table 10).
 
 A long text is fed through the cache (``streamers``): one token at a time once it is full, in
 chunks while it fills. Configs that share x + y stream as the rows of one batch.

@@ -2,7 +2,7 @@
 
 For each MODEL (what `sinklab analyze` takes: smollm2, gemma3-270m, a .gguf file, an HF model
 directory or hub id, a SinkLab checkpoint, runs:/<run_id>): Sink_1^ε on natural text, random
-tokens and one repeated token, without and with BOS (seed 002 Table 1 left; across models,
+tokens and one repeated token, without and with BOS (Gu et al. 2025 Table 1 left; across models,
 Figure 4 left and Figure 10), Sink_1 over a sweep of ε, the first token's hidden-state norm
 ratio (massive activations) and the share of dormant heads. Logged as one MLflow run.
 """

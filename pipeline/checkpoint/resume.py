@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
-from pipeline.model.config_keys import ARCH, checkpoint_arch
+from pipeline.model.config import ARCH
+from pipeline.model.loading import checkpoint_arch
 from sinklab_io.mappings import flatten
 
 from .integrity import checkpoint_problem, model_states_file
@@ -32,8 +33,8 @@ NEW_RUN = "to train those weights under new settings, start a new run with --mod
 
 def checkpoint_meta(path: Path) -> dict[str, Any]:
     """The checkpoint's training state without its tensors (memory-mapped): ``global_step``,
-    ``hyper_parameters`` and the data module's state. A DeepSpeed directory keeps them in its
-    model-states file (Lightning's client state)."""
+    ``hyper_parameters``, the data module's state and the lr schedules' states. A DeepSpeed
+    directory keeps them in its model-states file (Lightning's client state)."""
     path = Path(path)
     source = model_states_file(path) if path.is_dir() else path
     blob = torch.load(source, map_location="cpu", mmap=True, weights_only=False)
@@ -41,6 +42,7 @@ def checkpoint_meta(path: Path) -> dict[str, Any]:
         "global_step": int(blob.get("global_step", 0)),
         "hyper_parameters": blob.get("hyper_parameters") or {},
         "data": (blob.get("SinkDataModule") or {}).get("order"),
+        "lr_schedulers": blob.get("lr_schedulers") or [],
     }
 
 
@@ -54,6 +56,11 @@ def check_resume(ckpt: Path, arch: dict, optim: dict, data_order: dict, max_step
     """Refuse a resume from ``ckpt`` that would change the run; returns the checkpoint's step."""
     meta = checkpoint_meta(ckpt)
     step, hparams = meta["global_step"], meta["hyper_parameters"]
+    if any("lr_lambdas" not in s for s in meta["lr_schedulers"]):
+        raise RunDirError(
+            f"--resume {ckpt}: lr_schedulers holds an older schedule format (SequentialLR / CosineAnnealingLR), "
+            f"no longer read; {NEW_RUN.format(ckpt=ckpt)}"
+        )
     differ = (
         _differences(checkpoint_arch(hparams, str(ckpt)) or {}, arch, ARCH)
         + _differences(hparams.get("optim") or {}, optim, "model.optim", FREE_OPTIM_FIELDS)

@@ -16,8 +16,7 @@ from typing import Any
 import yaml
 
 from pipeline.experiments.spec import REPO, Experiment, ExperimentError, Variant
-from pipeline.model.config import ConfigError
-from pipeline.model.config_keys import renamed_config, renamed_keys
+from pipeline.model.config import ConfigError, refuse_old_layout
 from sinklab_io.atomic import atomic_write
 
 DEFAULT_SEED = 1234  # `sinklab fit`'s seed_everything where a recipe gives none
@@ -34,9 +33,10 @@ def load_recipe(experiment: Experiment, scale: str) -> dict[str, Any]:
     if not isinstance(recipe, dict):
         raise ExperimentError(f"{path}: a recipe must be a YAML mapping")
     try:
-        return renamed_config(recipe, str(path))
+        refuse_old_layout(recipe, str(path))
     except ConfigError as err:
         raise ExperimentError(str(err)) from None
+    return recipe
 
 
 def set_dotted(config: dict[str, Any], dotted: str, value: Any) -> None:
@@ -95,8 +95,7 @@ def variant_config(experiment: Experiment, variant: Variant, scale: str, seed: i
     run's seed (default the recipe's own, the first seed of a sweep)."""
     config = load_recipe(experiment, scale)
     seed = seeds(experiment, scale, 1)[0] if seed is None else seed
-    overrides = renamed_keys(experiment.overrides(variant, scale), str(experiment.path))
-    settings = {**overrides, **identity(experiment, variant, scale, seed)}
+    settings = {**experiment.overrides(variant, scale), **identity(experiment, variant, scale, seed)}
     try:
         for key, value in settings.items():
             set_dotted(config, key, value)

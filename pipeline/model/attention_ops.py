@@ -1,4 +1,4 @@
-"""Attention operations (section 7.4, Tables 6, 14, 15, Eq. 43-44; seed 004): each is one
+"""Attention operations (section 7.4, Tables 6, 14, 15, Eq. 43-44; Gu et al. 2025, appendix A.3): each is one
 ``OpSpec`` in ``OPS``, and everything that depends on the operation reads that entry: the
 config's allowed values and checks, the path the model takes (SDPA, blocked kernels, eager),
 the kind of scores it reports, the sink metrics and the run summary.
@@ -146,11 +146,11 @@ class KernelMLP(nn.Module):
 
 
 def _kernel_phi(a: AttentionConfig, head_dim: int) -> nn.Module:
-    return {"identity": nn.Identity, "elu1": Elu1}.get(a.kernel, lambda: KernelMLP(head_dim))()
+    return {"identity": nn.Identity, "elu1": Elu1}.get(a.feature_map, lambda: KernelMLP(head_dim))()
 
 
 def _kernel_scores(a: AttentionConfig) -> str:
-    return "sim_nonneg" if a.kernel == "elu1" else "sim_signed"
+    return "sim_nonneg" if a.feature_map == "elu1" else "sim_signed"
 
 
 OpFn = Callable[[Tensor, Tensor, Tensor, "AttentionConfig", "nn.Module | None"], OpResult]
@@ -283,7 +283,7 @@ register(
         phi=_kernel_phi,
     )
 )
-# Beyond the paper (seed 004): softmax with one more logit fixed at 0 in its denominator (Miller
+# Beyond the paper (Gu et al. 2025, appendix A.3): softmax with one more logit fixed at 0 in its denominator (Miller
 # 2023), clipped softmax (Bondarenko et al. 2023), softpick (Zuhri et al. 2025).
 register(OpSpec("softmax_off_by_one", softmax_op, scores="probs", softmax=True, sdpa=True, zero_logit=True))
 register(OpSpec("clipped_softmax", clipped_softmax_op, scores="probs", softmax=True))

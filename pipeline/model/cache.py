@@ -1,4 +1,4 @@
-"""Streaming KV cache (StreamingLLM, seed 000 Table 10).
+"""Streaming KV cache (StreamingLLM, Xiao et al. 2024 Table 10).
 
 Keys are stored before the rotary rotation, so after an eviction the model re-rotates
 every cached key by its index inside the cache. ``x + y`` eviction keeps the first

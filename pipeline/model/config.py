@@ -35,6 +35,10 @@ PRESETS: dict[str, dict[str, int]] = {
 # What a preset sets; the trainer replaces vocab_size by the dataset's.
 SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_seq_len")
 DEFAULT_PRESET = "llama-60m"
+# The section that holds a ModelConfig: a run config's `arch:` and a checkpoint's hyper_parameters["arch"]
+ARCH = "arch"
+# Older field names under `arch`, refused with today's name
+RENAMED = {"attention.kernel": "attention.feature_map"}
 # The format of the config a remote-code export writes (config.json); code of a lower format refuses it.
 EXPORT_FORMAT = 1
 Preset = Literal[tuple(PRESETS)]
@@ -47,7 +51,7 @@ HeadMerge = Literal["concat", "sum"]
 MaskKind = Literal["causal", "prefix", "sliding"]
 # the ops registered in attention_ops.py, so that the CLI lists them; validation reads OPS itself
 AttentionOp = Literal[tuple(OPS)]
-Kernel = Literal["identity", "elu1", "mlp"]
+FeatureMap = Literal["identity", "elu1", "mlp"]
 Normalizer = Literal[NORMALIZERS]
 BiasKind = Literal["none", "kv", "k", "v"]
 FixedValue = Literal["onehot", "uniform"]
@@ -58,16 +62,39 @@ class ConfigError(ValueError):
     """A model config field has a value the model cannot build."""
 
 
+def refuse_renamed(key: str, where: str, prefix: str = f"{ARCH}.") -> None:
+    """Raises ConfigError where ``key`` (dotted, under ``arch``) is a field's older name."""
+    if key in RENAMED:
+        raise ConfigError(f"{where}{prefix}{key} is now {prefix}{RENAMED[key]}; give it under that name")
+
+
+def refuse_old_layout(config: dict[str, Any], where: str) -> None:
+    """Raises ConfigError for a run config of the older layout: the architecture under ``model.model``,
+    or a field under an older name."""
+    module = config.get("model")
+    module = module.get("init_args", module) if isinstance(module, dict) else None
+    if isinstance(module, dict) and "model" in module:
+        raise ConfigError(
+            f"{where}: `model.model` is an older config format, no longer read "
+            f"(today's configs hold the architecture in a top-level `{ARCH}:` section)"
+        )
+    arch = config.get(ARCH)
+    for old in RENAMED:
+        section, _, name = old.partition(".")
+        if isinstance(arch, dict) and name in (arch.get(section) or {}):
+            refuse_renamed(old, f"{where}: ")
+
+
 @dataclass
 class AttentionConfig:
-    """How queries meet keys (paper section 7.4, Tables 6, 14, 15; seed 004 mitigations).
+    """How queries meet keys (paper section 7.4, Tables 6, 14, 15; Gu et al. 2025, appendix A.3 mitigations).
 
     op: the similarity function, a name registered in ``attention_ops.OPS`` (default
       ``softmax``); the registry's eager functions say what each computes, and
       ``sinklab fit --help`` lists the names.
     normalizer: Z_i for non-softmax ops: ``sum`` (Z = sum_j sim, or its p-norm),
       ``abs_clamp`` (Z = max(|sum_j sim|, 1), for signed kernels), ``none`` (Z = 1).
-    kernel: phi for ``op=kernel``: identity, elu1 (elu+1) or mlp (per-layer 2-layer MLP).
+    feature_map: phi for ``op=kernel``: identity, elu1 (elu+1) or mlp (per-layer 2-layer MLP).
     scale: alpha, the normalisation scale (Z -> Z / alpha; Table 14 left). 1 = default.
     p: p-normalisation (Eq. 43-44); 1 = ordinary. For softmax: softmax(p*s)^(1/p).
     clip_gamma, clip_zeta: clipped softmax clip((zeta - gamma) softmax + gamma, 0, 1).
@@ -83,7 +110,7 @@ class AttentionConfig:
 
     op: AttentionOp = "softmax"
     normalizer: Normalizer = "sum"
-    kernel: Kernel = "identity"
+    feature_map: FeatureMap = "identity"
     scale: float = 1.0
     p: float = 1.0
     clip_gamma: float = -0.03
@@ -278,6 +305,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
+        refuse_renamed(prefix + unknown[0], "")
         raise ConfigError(f"unknown field arch.{prefix}{unknown[0]}; allowed: {', '.join(sorted(names))}")
     hints = get_type_hints(cls)
     kwargs = {}

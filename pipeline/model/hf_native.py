@@ -27,7 +27,7 @@ _LLAMA_FIELDS: list[tuple[str, Any]] = (
     + [
         (f"attention.{k}", v)
         for k, v in vars(AttentionConfig()).items()
-        if k not in ("clip_gamma", "clip_zeta", "normalizer", "kernel")
+        if k not in ("clip_gamma", "clip_zeta", "normalizer", "feature_map")
     ]
     + [
         ("biases.kind", "none"),

@@ -22,13 +22,23 @@ from safetensors.torch import load_file, save_file
 
 from sinklab_io.outputs import atomic_directory
 
-from .config import EXPORT_FORMAT, ModelConfig
-from .config_keys import checkpoint_arch
+from .config import ARCH, EXPORT_FORMAT, ConfigError, ModelConfig
 from .transformer import Transformer
 
 CONFIG_NAME = "sinklab_config.json"
 WEIGHTS_NAME = "model.safetensors"
 _PREFIXES = ("_forward_module.", "module.", "model.")
+
+
+def checkpoint_arch(hparams: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """The ModelConfig dict a checkpoint's ``hyper_parameters`` carry (None: none). Raises
+    ConfigError for an older checkpoint, whose ``model_config`` key is no longer read."""
+    if "model_config" in hparams:
+        raise ConfigError(
+            f"{where}: hyper_parameters['model_config'] is an older checkpoint format, no longer read "
+            f"(today's checkpoints hold hyper_parameters['{ARCH}'])"
+        )
+    return hparams.get(ARCH)
 
 
 def save_pretrained(model: Transformer, out_dir: str | os.PathLike) -> Path:

@@ -46,7 +46,7 @@ class Block(nn.Module):
 
     Returns the output, the attention record and the state the probe reads: the output
     (pre-norm) or, post-norm, the residual sum x + FFN(x) before the last LN, where massive
-    activations show (seed 002, Fig. 7 left)."""
+    activations show (Gu et al. 2025, Fig. 7 left)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

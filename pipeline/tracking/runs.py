@@ -2,9 +2,7 @@
 
 Training runs carry the tags `sinklab.variant`, `sinklab.seed` and `sinklab.status`
 (docs/contracts.md section 4); a sweep names each run `<variant> s<seed> (<experiment>/<scale>)`,
-which is where the scale is read from (a `sinklab.scale` tag, where present, wins). Sweeps and
-reports find their runs by these; a run from before the seed tag has its seed in the
-`seed_everything` parameter.
+which is where the scale is read from. Sweeps and reports find their runs by these.
 """
 
 from __future__ import annotations
@@ -59,7 +57,7 @@ class RunRecord:
     status: str  # sinklab.status tag, else MLflow's own status in lower case
     start_time: int  # ms since the epoch
     metrics: dict[str, float] = field(default_factory=dict)
-    seed: int | None = None  # sinklab.seed, else the seed_everything parameter
+    seed: int | None = None  # the sinklab.seed tag
 
     @property
     def finished(self) -> bool:
@@ -81,7 +79,7 @@ def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict
             tags = run.data.tags
             if TAG_VARIANT not in tags:  # the parent run of a sweep or report has none
                 continue
-            if run_scale(tags, run.info.run_name) != scale:
+            if run_scale(run.info.run_name) != scale:
                 continue
             status = tags.get(TAG_STATUS) or run.info.status.lower()
             runs.setdefault(tags[TAG_VARIANT], []).append(
@@ -91,7 +89,7 @@ def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict
                     status=status,
                     start_time=run.info.start_time or 0,
                     metrics=dict(run.data.metrics),
-                    seed=run_seed(tags, run.data.params),
+                    seed=run_seed(tags),
                 )
             )
         page_token = page.token
@@ -100,24 +98,18 @@ def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict
     return runs
 
 
-def run_scale(tags: dict[str, str], run_name: str | None) -> str | None:
-    """The scale of a training run: its sinklab.scale tag, else from a sweep's run name
-    `<variant> (<experiment>/<scale>)` (earlier sweeps: `<experiment>/<scale>/<variant>`)."""
-    if TAG_SCALE in tags:
-        return tags[TAG_SCALE]
-    if named := re.fullmatch(r".+ \(.+/([^/()]+)\)", run_name or ""):
-        return named.group(1)
-    parts = (run_name or "").split("/")
-    return parts[-2] if len(parts) >= 3 else None
+def run_scale(run_name: str | None) -> str | None:
+    """The scale of a sweep's training run, from its name `<variant> s<seed> (<experiment>/<scale>)`
+    (pipeline.experiments.configs.run_name); None for a run no sweep named."""
+    named = re.fullmatch(r".+ \(.+/([^/()]+)\)", run_name or "")
+    return named.group(1) if named else None
 
 
-def run_seed(tags: dict[str, str], params: dict[str, str]) -> int | None:
-    for value in (tags.get(TAG_SEED), params.get("seed_everything")):
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            continue
-    return None
+def run_seed(tags: dict[str, str]) -> int | None:
+    try:
+        return int(tags[TAG_SEED])
+    except (KeyError, ValueError):
+        return None
 
 
 def best_run(records: list[RunRecord]) -> RunRecord | None:

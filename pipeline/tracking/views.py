@@ -39,7 +39,7 @@ import time
 from pipeline import metric_names as N
 from pipeline import metrics as M
 from pipeline.metric_names import ALPHA1_IMAGE, MAX_LOGIT_IMAGE, TRAJECTORY_IMAGE
-from pipeline.model.config_keys import ARCH, OLD_ARCH
+from pipeline.model.config import ARCH
 
 from .contract import TAG_KIND, TAG_SEED, TAG_VARIANT
 
@@ -76,8 +76,7 @@ _PER_HEAD = re.compile(
 )
 
 # the runs-table columns: the factors the study varies (design.md), where they differ between runs
-# (runs logged before the architecture was `arch` carry it as `model.model.*`)
-FACTOR_PREFIXES = (f"{ARCH}.", f"{OLD_ARCH}.", "model.optim.", "data.interventions", "data.token_budget")
+FACTOR_PREFIXES = (f"{ARCH}.", "model.optim.", "data.interventions", "data.token_budget")
 DEFAULT_FACTORS = (f"{ARCH}.attention.op", f"{ARCH}.positional", "model.optim.weight_decay")
 MAX_FACTOR_COLUMNS = 6
 

@@ -28,7 +28,7 @@ import torch
 
 from data_prep.errors import os_error_line
 from pipeline.checkpoint import merge_zero_checkpoint
-from pipeline.model.config_keys import checkpoint_arch
+from pipeline.model.loading import checkpoint_arch
 from sinklab_io.outputs import NotOurs, claim_file, output_path
 
 

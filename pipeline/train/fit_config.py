@@ -1,5 +1,5 @@
 """`sinklab fit`'s config between parsing and building: negative values on the command line,
-old names read as today's (pipeline.model.config_keys), the architecture's preset resolved, parse
+a config of the older layout refused, the architecture's preset resolved, parse
 errors as one line, the check behind `sinklab fit --check-only`
 (and `sinklab sweep`'s checks), and the config as the run records it (plain values, the
 one-line variant summary).
@@ -19,14 +19,12 @@ from typing import Any
 import yaml
 from jsonargparse import Namespace, get_loader, set_loader
 
-from pipeline.model.config import SHAPE_FIELDS, ModelConfig
-from pipeline.model.config_keys import ARCH, renamed_argv, renamed_config
+from pipeline.model.config import ARCH, SHAPE_FIELDS, ModelConfig, refuse_old_layout, refuse_renamed
 from sinklab_io.mappings import flatten
 
 CHECK_ONLY = "--check-only"
 ARCH_TARGET = "model.arch"  # the LightningModule's argument, linked from the top-level `arch`
-PARSER_MODE = "sinklab"  # YAML, with a config's old `model.model` read as `arch`
-
+PARSER_MODE = "sinklab"  # YAML, with a config of the older layout refused
 
 _YAML = get_loader("yaml")
 
@@ -34,19 +32,22 @@ _YAML = get_loader("yaml")
 def _load_yaml(value: str, path: str = "") -> Any:
     """jsonargparse's YAML loader; a config file's ``path`` is its name, read from its folder."""
     loaded = _YAML(value)
-    return renamed_config(loaded, os.path.abspath(path) if path else "config") if isinstance(loaded, dict) else loaded
+    if isinstance(loaded, dict):
+        refuse_old_layout(loaded, os.path.abspath(path) if path else "config")
+    return loaded
 
 
 set_loader(PARSER_MODE, _load_yaml, (yaml.YAMLError,))
 
 
 def parse_fit(parser, args: list[str] | dict[str, Any]) -> Namespace:
-    """``args`` (a command line, or a config as a dict) parsed, old names read as today's, and
-    the preset resolved."""
+    """``args`` (a command line, or a config as a dict) parsed, and the preset resolved."""
     if isinstance(args, dict):
-        config = parser.parse_object(renamed_config(args, "config"))
-    else:
-        config = parser.parse_args(renamed_argv(args))
+        refuse_old_layout(args, "config")
+    for flag in args if isinstance(args, list) else ():
+        if flag.startswith(f"--{ARCH}."):
+            refuse_renamed(flag.split("=")[0][len(ARCH) + 3 :], "command line: ", f"--{ARCH}.")
+    config = parser.parse_object(args) if isinstance(args, dict) else parser.parse_args(args)
     resolve_preset(config)
     return config
 
@@ -179,8 +180,8 @@ def variant_summary(cfg) -> str:
     default = flatten(ModelConfig().to_dict())
     flat = flatten(plain.get(ARCH) or {})
     op = flat.get("attention.op", default["attention.op"])
-    named = {"attention.op"} | ({"attention.kernel"} if op == "kernel" else set())
-    diffs = [f"{op}({flat.get('attention.kernel', default['attention.kernel'])})" if op == "kernel" else op]
+    named = {"attention.op"} | ({"attention.feature_map"} if op == "kernel" else set())
+    diffs = [f"{op}({flat.get('attention.feature_map', default['attention.feature_map'])})" if op == "kernel" else op]
     diffs += [
         f"{k}={v}"
         for k, v in sorted(flat.items())

@@ -33,8 +33,7 @@ from pipeline.checkpoint import (
     resume_path,
     start_over,
 )
-from pipeline.model.config import ConfigError, ModelConfig
-from pipeline.model.config_keys import ARCH
+from pipeline.model.config import ARCH, ConfigError, ModelConfig
 from pipeline.tracking import (
     PARENT_ENV,
     TAG_EXPERIMENT,

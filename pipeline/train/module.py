@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from pipeline import metric_names as N
 from pipeline.checkpoint import NonFiniteLossError, at_step_end
 from pipeline.model import ConfigError, ModelConfig, Transformer
-from pipeline.model.config_keys import ARCH
+from pipeline.model.config import ARCH
 
 from .compiling import compile_blocks, failure_line
 from .loss import next_token_loss

@@ -191,35 +191,9 @@ class Schedule(LambdaLR):
         return {k: v for k, v in super().state_dict().items() if k not in self._OWN}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict({k: v for k, v in _from_legacy(state_dict).items() if k not in self._OWN})
+        super().load_state_dict({k: v for k, v in state_dict.items() if k not in self._OWN})
         if self.shape.end != self.wanted_end:
             self.shape.extend(self.last_epoch, self.wanted_end)
-
-
-def _from_legacy(state: dict) -> dict:
-    """Checkpoints written before :class:`Schedule` hold a SequentialLR (warm-up LambdaLR, then
-    CosineAnnealingLR) or a bare CosineAnnealingLR: the same curve, as a WarmupCosine state."""
-    if "lr_lambdas" in state:
-        return state
-    cosine = state["_schedulers"][-1] if "_schedulers" in state else state
-    warmup = state["_milestones"][0] if "_milestones" in state else 0
-    peak = cosine["base_lrs"][0]
-    shape = {
-        "warmup": warmup,
-        "decay_from": warmup,
-        "start": 1.0,
-        "end": warmup + cosine["T_max"],
-        "floor": cosine["eta_min"] / peak,
-    }
-    return {
-        "base_lrs": cosine["base_lrs"],
-        "last_epoch": state["last_epoch"],
-        "_last_lr": state["_last_lr"],
-        "lr_lambdas": [dict(shape) for _ in cosine["base_lrs"]],
-        "verbose": False,
-        "_step_count": state["last_epoch"] + 1,
-        "_get_lr_called_within_step": False,
-    }
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> Schedule:

@@ -14,7 +14,7 @@ def micro_model(**overrides):
     return Transformer(ModelConfig.from_preset("micro", **overrides)).eval()
 
 
-MLP_KERNEL = {"op": "kernel", "kernel": "mlp", "normalizer": "none"}  # per-head linears: [B, H, T, d_h] inputs
+MLP_KERNEL = {"op": "kernel", "feature_map": "mlp", "normalizer": "none"}  # per-head linears: [B, H, T, d_h] inputs
 
 
 BOS = 1  # the planted model's "BOS": the only token whose embedding has channel 0

@@ -262,7 +262,7 @@ def test_bos_option_starts_every_probe_sequence_with_bos(tiny_gpt2_dir):
         assert (with_bos[kind][:, 0] == bos).all() and torch.equal(with_bos[kind][:, 1:], tokens[:, :-1])
 
 
-# ---- issue 16: refused inputs say so in one line, at once, and leave no output folder ------------
+# ---- refused inputs say so in one line, at once, and leave no output folder ---------------------
 def _micro_dataset(root, vocab: int = 64):
     from packed_datasets import make_dataset
 
@@ -277,7 +277,7 @@ def _micro_dataset(root, vocab: int = 64):
         (["-T", "40", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12; ask for at most that"),
         (["-n", "9", "-T", "12", "--dataset", "{ds}"], "probe.bin holds 8 sequences of T=12"),
         (["-T", "65", "--inputs", "random"], "-T 65: "),
-        # issue 35: the probe set of a dataset of another tokenizer (a vocabulary of 48 ids, the model's 64)
+        # the probe set of a dataset of another tokenizer (a vocabulary of 48 ids, the model's 64)
         (
             ["-T", "12", "--dataset", "{other}"],
             "its tokenizer is not the model's (a vocabulary of 48 ids, the model's has 64)",
@@ -341,8 +341,7 @@ def test_a_refused_model_is_one_line_naming_the_command_and_exit_2(command, tmp_
 @pytest.mark.parametrize("what", ["damaged checkpoint", "empty folder", "dataset folder"])
 @pytest.mark.parametrize("command", ["analyze", "stream-ppl"])
 def test_a_path_that_holds_no_model_is_one_line(what, command, tmp_path, monkeypatch, capsys):
-    """Issue 26: a garbage .ckpt (UnpicklingError), an empty folder or a dataset folder
-    (FileNotFoundError) ended in tracebacks."""
+    """A garbage .ckpt, an empty folder or a dataset folder: one line, no traceback."""
     from pipeline.cli import main as sinklab
 
     monkeypatch.chdir(tmp_path)
@@ -375,8 +374,8 @@ def test_a_path_that_holds_no_model_is_one_line(what, command, tmp_path, monkeyp
 def test_stream_ppl_refuses_a_cache_wider_than_the_model_positions(
     extra, option, sinklab_ckpt_with_tokenizer, tmp_path
 ):
-    """Issue 26: a learned-positions model streamed past max_seq_len ended in an IndexError, and a
-    RoPE model's perplexities were printed without a word; now both are refused, as `analyze -T` is."""
+    """A learned-positions model and a RoPE model streamed past max_seq_len are both refused, as
+    `analyze -T` is."""
     from pipeline.analysis import streaming
     from pipeline.model import save_pretrained
 
@@ -393,7 +392,7 @@ def test_stream_ppl_refuses_a_cache_wider_than_the_model_positions(
 def test_a_model_analysed_on_the_probe_set_of_another_tokenizer_is_refused(
     recorded, sinklab_ckpt_with_tokenizer, tmp_path
 ):
-    """Issue 35: a dataset of the model's vocabulary size but another tokenizer, told by the tokenizer
+    """A dataset of the model's vocabulary size but another tokenizer, told by the tokenizer
     hash `sinklab fit` records with the model (a checkpoint's hyper-parameters, a logged model's
     dataset.json); the model's own dataset passes."""
     import hashlib

@@ -1,4 +1,4 @@
-"""An export is usable where users are (issue 40): `sinklab analyze` and `sinklab stream-ppl` read it
+"""An export is usable where users are: `sinklab analyze` and `sinklab stream-ppl` read it
 back with the checkpoint's Sink_1 and perplexity, and lm-evaluation-harness's own HF backend
 (``--model hf --model_args pretrained=DIR,trust_remote_code=True``) scores a remote-code export
 as SinkLab's adapter scores the checkpoint."""

@@ -112,7 +112,7 @@ def test_length_eval_reads_a_bigram_backcopy_model_on_fresh_long_sequences(tmp_p
 
 
 def test_a_users_file_in_out_is_refused_before_any_work(tiny_llama_dir, tmp_path, capsys, monkeypatch):
-    """Issue 35: --out's length.md / length.json / length.png go through sinklab_io.outputs."""
+    """--out's length.md / length.json / length.png go through sinklab_io.outputs."""
     from pipeline.analysis import subject
 
     monkeypatch.setattr(subject, "Subject", lambda *a, **k: pytest.fail("a model was loaded"))

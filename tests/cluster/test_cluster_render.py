@@ -196,7 +196,7 @@ def test_stray_ckpt_name_in_run_dir_is_refused(tmp_path, capsys, monkeypatch):
     assert submit_main([str(config), "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert "best_ckpt_old.pt" in err and "hpc_ckpt_3" not in err
-    # --dry-run refuses what the real submit refuses, printing no script (issue 35)
+    # --dry-run refuses what the real submit refuses, printing no script
     assert submit_main([str(config), "--run-dir", str(run_dir), "--dry-run"]) == 2
     printed = capsys.readouterr()
     assert printed.out == "" and "best_ckpt_old.pt" in printed.err
@@ -280,8 +280,8 @@ def test_default_run_dir_and_job_name_follow_run_name(tmp_path, capsys, monkeypa
 
 
 def test_a_world_size_fit_would_refuse_is_refused_before_anything_is_queued(tmp_path, capsys, monkeypatch):
-    """Issue 26: 3 nodes x 1 task of an 8-sequence batch was rendered (and would have been queued),
-    though `sinklab fit` refuses that world size at the job's start. The check sees the dataset
+    """3 nodes x 1 task of an 8-sequence batch, a world size `sinklab fit` refuses at the job's start,
+    is refused before it is rendered or queued. The check sees the dataset
     where it can be read from here; a dataset it cannot read leaves the check to the job."""
     from packed_datasets import make_dataset
 

@@ -105,7 +105,7 @@ def test_a_freeze_list_drops_local_labels_and_urls(tmp_path):
 
 
 def test_a_missing_or_garbage_freeze_list_is_one_line_and_writes_nothing(tmp_path, capsys):
-    """Issue 35: a missing --have file was a traceback, one of garbage lines was taken as empty."""
+    """A missing --have file, and one of garbage lines, are refused in one line."""
     garbage = tmp_path / "garbage.txt"
     garbage.write_text("torch==2.11.0\nthis is not pip freeze\n")
     for have, said in (

@@ -120,7 +120,7 @@ def test_missing_input_and_unknown_tokenizer(tmp_path, capsys):
 
 @pytest.mark.parametrize("garbage", [b"\xff\xfe garbage", b"[1, 2]", b'{"model": 3}'])
 def test_a_garbage_tokenizer_file_is_one_line(garbage, tmp_path, capsys):
-    """Issue 35: a tokenizer.json of garbage bytes was a traceback."""
+    """A tokenizer.json of garbage bytes: one line, no traceback."""
     (tmp_path / "tokenizer.json").write_bytes(garbage)
     data = write_jsonl(tmp_path / "d.jsonl", make_docs(5, 7))
     line = error_of(capsys, prep(["--input", str(data), "--out", str(tmp_path / "ds")], tmp_path / "tokenizer.json"))
@@ -129,7 +129,7 @@ def test_a_garbage_tokenizer_file_is_one_line(garbage, tmp_path, capsys):
 
 
 def test_a_bb_probe_longer_than_the_context_is_refused(tmp_path, capsys):
-    """Issue 35: accepted, and the fit on it then crashed."""
+    """Refused at prep time: a fit on it could not run."""
     out = tmp_path / "bb"
     line = error_of(capsys, ["bb", "--out", str(out), "--context-length", "16", "--probe-length", "32"])
     assert "--probe-length 32: longer than --context-length 16, which a model trained on it cannot read" in line
@@ -206,7 +206,7 @@ def test_text_files_through_the_cli(tmp_path, capsys, tokenizer_file):
     assert set(m.splits["train"].domains) == {"books"} and m.raw["documents"]["documents_read"] == 200
 
 
-# ---- issue 16: --out that cannot hold a dataset, and Ctrl-C --------------------------------------
+# ---- --out that cannot hold a dataset, and Ctrl-C -----------------------------------------------
 @pytest.mark.parametrize(
     "out, message",
     [
@@ -261,8 +261,8 @@ def test_ctrl_c_exits_130_and_the_rerun_resumes_to_the_same_bytes(tmp_path, toke
 
 
 def test_a_vocabulary_no_bpe_can_use_is_refused_and_the_rerun_is_not_blocked(tmp_path, capsys, corpus):
-    """Issue 26: --vocab-size 1e10 made the tokenizer trainer ask for 566 GB and abort, leaving a
-    .partial that blocked the corrected re-run."""
+    """--vocab-size 1e10 (the tokenizer trainer would ask for 566 GB) is refused, and leaves no
+    .partial to block the corrected re-run."""
     out = tmp_path / "ds"
     args = prep(["--input", str(corpus["train"]), "--val-input", str(corpus["val"]), "--out", str(out)])
     line = error_of(capsys, [*args, "--vocab-size", "10000000000"])
@@ -331,7 +331,7 @@ def test_a_file_size_limit_is_one_line_leaves_nothing_and_the_rerun_finishes(tmp
 def test_a_full_disk_removes_what_this_run_wrote_and_nothing_else(
     tmp_path, capsys, monkeypatch, corpus, tokenizer_file
 ):
-    """Issue 35: a prep that hit a full disk left its half-written dataset folder. A failure removes
+    """A prep that hits a full disk leaves no half-written dataset folder. A failure removes
     what that invocation added: a folder it created (with its new parents), or the new entries of a
     folder that stood before; what an interrupted run staged there is kept, and resumed from."""
     import errno

@@ -146,7 +146,7 @@ def test_prep_bb_bad_settings_one_line_and_nothing_left(tmp_path, capsys, args, 
 
 
 def test_prep_bb_on_a_full_disk_one_line_and_nothing_left(tmp_path, capsys, monkeypatch):
-    """Issue 35: a write error was a traceback that left `.partial` behind."""
+    """A write error: one line, and no `.partial` left behind."""
     import errno
     import os
 

@@ -29,7 +29,7 @@ def write_experiment(
     text = textwrap.dedent(f"""\
     name: {name}
     title: Test experiment {name}
-    paper_ref: "002 Table 2"
+    paper_ref: "Gu et al. 2025, Table 2"
     scale:
       paper: {{recipe: {recipe}}}
       cpu: {{recipe: {recipe}}}
@@ -53,17 +53,14 @@ def log_training_run(
     *,
     status: str | None,
     metrics: dict[str, float | list[tuple[int, float]]],
-    seed: int | None = 1234,
+    seed: int = 1234,
 ) -> str:
-    """Log a run as `sinklab fit` does for a sweep: its tags, run name and metric names (seed None:
-    a run from before the seed tag)."""
+    """Log a run as `sinklab fit` does for a sweep: its tags, run name and metric names."""
     exp = client.get_experiment_by_name(f"sinklab/{experiment}")
     exp_id = exp.experiment_id if exp else client.create_experiment(f"sinklab/{experiment}")
-    tags = {"sinklab.experiment": f"sinklab/{experiment}", "sinklab.variant": variant}
+    tags = {"sinklab.experiment": f"sinklab/{experiment}", "sinklab.variant": variant, "sinklab.seed": str(seed)}
     if status:
         tags["sinklab.status"] = status
-    if seed is not None:
-        tags["sinklab.seed"] = str(seed)
     run = client.create_run(exp_id, run_name=f"{variant} s{seed} ({experiment}/{scale})", tags=tags)
     now = int(time.time() * 1000)
     batch = [
@@ -87,8 +84,8 @@ def micro_recipe(directory: Path, dataset: Path, steps: int = 5) -> Path:
     seed_everything: 1234
     run: {{name: micro, experiment: sinklab-tests, checkpoint_every: 0, keep_last: 1,
           sink_every: {steps}, plot_every: 0, val_every: {steps}, throughput_window: 1}}
+    arch: {{preset: micro}}
     model:
-      model: {{preset: micro}}
       optim: {{lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 1, weight_decay: 0.1}}
     data: {{path: {dataset}, global_batch_tokens: 64, micro_batch_size: 4, val_batches: 1}}
     trainer: {{max_steps: {steps}, accelerator: cpu, devices: 1, precision: 32-true,

@@ -32,16 +32,16 @@ EXPECTED = {
     "sigmoid-1b",
     "sink-tokens",
     "mitigations",
-    # Guo et al.'s Bigram-Backcopy findings (issue 30)
+    # Guo et al.'s Bigram-Backcopy findings
     "bb-sink",
     "bb-attention-ops",
     "bb-optimizers",
     "bb-norm",
     "bb-mitigations",
-    # the optimiser and stability (issue 38)
+    # the optimiser and stability
     "optimizers",
     "lr-tolerance",
-    # why the first token: context length and length generalisation (issue 39)
+    # why the first token: context length and length generalisation
     "context-length",
     "length-generalisation",
     "bb-context-length",
@@ -132,7 +132,7 @@ def _write(tmp_path: Path, name: str, body: str) -> Path:
 GOOD = """\
     name: demo
     title: Demo
-    paper_ref: "002 Table 0"
+    paper_ref: "Gu et al. 2025, Table 0"
     scale:
       paper: {recipe: configs/recipes/paper-60m.yaml}
       cpu: {recipe: configs/recipes/cpu-tiny.yaml}
@@ -220,7 +220,7 @@ def test_the_docs_list_every_experiment_with_its_paper_table():
     for e in load_all():
         row = next((line for line in doc.splitlines() if line.startswith(f"| `{e.group}/{e.name}` |")), None)
         assert row is not None, f"{doc_path} has no row for {e.group}/{e.name}"
-        assert e.paper_ref.split()[0] in row  # the seed number (002, 000, 004) of its table
+        assert e.paper_ref.split()[0] in row  # the first author of the paper it cites
 
 
 def test_every_gated_variant_names_its_gate():

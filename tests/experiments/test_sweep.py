@@ -77,12 +77,10 @@ def test_plan_skips_finished_runs_and_reruns_the_rest(tmp_path, mlflow_env, uniq
 
 def test_more_seeds_run_only_the_new_ones(tmp_path, mlflow_env, unique_name):
     """Seeds count up from the recipe's seed_everything (1234): a one-seed study's runs are seed
-    1234 of a three-seed one, including runs from before the seed tag (their seed_everything
-    parameter); each (variant, seed) has its own run dir and config with both seeds set."""
+    1234 of a three-seed one; each (variant, seed) has its own run dir and config with both seeds set."""
     exp = load_experiment(write_experiment(tmp_path, unique_name))
     log_training_run(mlflow_env, unique_name, "a", "cpu", status="finished", metrics={})
-    untagged = log_training_run(mlflow_env, unique_name, "b", "cpu", status="finished", metrics={}, seed=None)
-    mlflow_env.log_param(untagged, "seed_everything", "1234")
+    log_training_run(mlflow_env, unique_name, "b", "cpu", status="finished", metrics={})
     log_training_run(mlflow_env, unique_name, "c", "cpu", status="failed", metrics={}, seed=1235)
     planned = sweep.plan(exp, "cpu", tmp_path / "runs", mlflow_env, n_seeds=3)
     assert [(r.name, r.state) for r in planned] == [
@@ -131,7 +129,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, mlflow_env, unique
     assert code == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == (
-        f"{unique_name} (002 Table 2), scale cpu: 2 variants x 1 seed -> MLflow experiment sinklab/{unique_name}"
+        f"{unique_name} (Gu et al. 2025, Table 2), scale cpu: 2 variants x 1 seed -> MLflow experiment sinklab/{unique_name}"
     )
     commands = [line for line in out if line.startswith("  $ ")]
     assert len(commands) == 2 and commands[1].endswith(
@@ -148,7 +146,7 @@ def test_a_misspelt_fit_flag_after_the_double_dash_is_caught_by_the_fit_parser_c
     argv = [str(path), "--dry-run", "--runs-root", str(tmp_path / "runs"), "--variants", "a", "--"]
     assert sweep.main([*argv, "--trainer.max_stepz", "3"]) == 2
     out, err = capsys.readouterr()
-    assert out == ""  # issue 35 re-check: the plan was printed before the refusal
+    assert out == ""  # no plan printed before the refusal
     err = err.strip()
     assert err.startswith(f"sinklab sweep: {path}: variant 'a' at scale cpu with --trainer.max_stepz 3: `sinklab fit`")
     assert "max_stepz" in err.split("rejects it:")[1] and len(err.splitlines()) == 1
@@ -160,7 +158,7 @@ def test_unknown_variant_is_an_error(tmp_path, mlflow_env, unique_name, capsys):
     path = write_experiment(tmp_path, unique_name)
     assert sweep.main([str(path), "--dry-run", "--variants", "a,zz"]) == 2
     assert "no variant 'zz'; variants: a, b, c" in capsys.readouterr().err
-    assert sweep.main([str(path), "--dry-run", "--variants", ""]) == 2  # planned all of them (issue 26)
+    assert sweep.main([str(path), "--dry-run", "--variants", ""]) == 2  # not "all of them"
     assert "--variants '': names no variant; give some of a, b, c" in capsys.readouterr().err
 
 
@@ -240,7 +238,8 @@ def test_a_sweep_groups_its_variants_under_one_parent_run(tmp_path, mlflow_env, 
     parent = parents[0]
     assert parent.info.run_name == f"{unique_name}/cpu" and parent.info.status == "FINISHED"
     assert (
-        parent.data.tags["sinklab.paper_ref"] == "002 Table 2" and parent.data.tags["sinklab.experiment"] == unique_name
+        parent.data.tags["sinklab.paper_ref"] == "Gu et al. 2025, Table 2"
+        and parent.data.tags["sinklab.experiment"] == unique_name
     )
     assert sorted((r.data.tags["sinklab.variant"], r.data.tags["sinklab.seed"]) for r in children) == [
         ("a", "1234"),
@@ -255,7 +254,7 @@ def test_a_sweep_groups_its_variants_under_one_parent_run(tmp_path, mlflow_env, 
 def test_the_gpu_scale_says_what_the_embedded_corpus_does_and_takes_a_data_path(
     tmp_path, mlflow_env, capsys, monkeypatch
 ):
-    """gpu-small on the embedded corpus memorises (issue 27); a prepared Pile dataset, given once
+    """gpu-small on the embedded corpus memorises (docs/experiments.md); a prepared Pile dataset, given once
     for the sweep (--data-path or SINKLAB_DATA_PATH), goes to every variant's `sinklab fit`."""
     monkeypatch.delenv("SINKLAB_DATA_PATH", raising=False)
     common = [

@@ -30,7 +30,7 @@ def test_variant_config_applies_overrides_and_identity():
     e = load_experiment("attention-operations")
     config = variant_config(e, e.variant("kernel-mlp-clamp"), "cpu")
     attention = config["arch"]["attention"]
-    assert (attention["op"], attention["kernel"], attention["normalizer"]) == ("kernel", "mlp", "abs_clamp")
+    assert (attention["op"], attention["feature_map"], attention["normalizer"]) == ("kernel", "mlp", "abs_clamp")
     assert config["run"]["experiment"] == "sinklab/attention-operations"
     assert config["run"]["variant"] == "kernel-mlp-clamp"
     assert config["run"]["name"] == "kernel-mlp-clamp s1234 (attention-operations/cpu)"
@@ -58,26 +58,27 @@ def test_wrong_overrides_are_named(path, value, message):
     assert message in str(err.value)
 
 
-def test_an_old_experiment_file_and_recipe_read_as_arch_with_a_notice(tmp_path, capsys):
-    """Override keys and a recipe written while the architecture was `model.model`."""
+def test_a_recipe_of_the_older_layout_is_refused_in_one_line(tmp_path):
+    """A recipe written while the architecture was `model.model`."""
     import yaml
 
     from pipeline.experiments import spec
 
     recipe = yaml.safe_load((spec.REPO / "configs" / "recipes" / "cpu-tiny.yaml").read_text())
     recipe["model"]["model"] = recipe.pop("arch")
-    (tmp_path / "old-recipe.yaml").write_text(yaml.safe_dump(recipe))
+    old = tmp_path / "old-recipe.yaml"
+    old.write_text(yaml.safe_dump(recipe))
     path = tmp_path / "demo.yaml"
     path.write_text(
         "name: demo\ntitle: Demo\npaper_ref: x\n"
-        f"scale: {{paper: {{recipe: {tmp_path / 'old-recipe.yaml'}}}, cpu: {{recipe: {tmp_path / 'old-recipe.yaml'}}}}}\n"
+        f"scale: {{paper: {{recipe: {old}}}, cpu: {{recipe: {old}}}}}\n"
         "columns: [{key: sink1, metric: sink/sink1, label: s}]\n"
-        "variants: [{name: a, overrides: {model.model.n_heads: 4}, paper: {sink1: 1.0}}]\n"
+        "variants: [{name: a, overrides: {arch.n_heads: 4}, paper: {sink1: 1.0}}]\n"
     )
     e = load_experiment(path)
-    config = variant_config(e, e.variant("a"), "cpu")
-    assert config["arch"]["n_heads"] == 4 and "model" not in config["model"]
-    check_config(config, "demo/a")
-    err = capsys.readouterr().err
-    assert f"sinklab: {path}: `model.model` read as `arch`" in err
-    assert f"sinklab: {tmp_path / 'old-recipe.yaml'}: `model.model` read as `arch`" in err
+    with pytest.raises(ExperimentError) as err:
+        variant_config(e, e.variant("a"), "cpu")
+    assert str(err.value) == (
+        f"{old}: `model.model` is an older config format, no longer read "
+        "(today's configs hold the architecture in a top-level `arch:` section)"
+    )

@@ -25,10 +25,10 @@ ATTENTION = [
     dict(op="sigmoid", normalizer="sum", p=0.5),
     dict(op="elu1", normalizer="sum"),
     dict(op="elu1", normalizer="none"),
-    dict(op="kernel", kernel="identity", normalizer="abs_clamp"),
-    dict(op="kernel", kernel="identity", normalizer="none"),
-    dict(op="kernel", kernel="elu1", normalizer="sum"),
-    dict(op="kernel", kernel="mlp", normalizer="abs_clamp"),
+    dict(op="kernel", feature_map="identity", normalizer="abs_clamp"),
+    dict(op="kernel", feature_map="identity", normalizer="none"),
+    dict(op="kernel", feature_map="elu1", normalizer="sum"),
+    dict(op="kernel", feature_map="mlp", normalizer="abs_clamp"),
 ]
 # (mask, number of k*/v* bias slots)
 MASKS = [
@@ -273,7 +273,9 @@ class _LargestAllocation(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("attention", [dict(op="sigmoid"), dict(op="kernel", kernel="elu1")], ids=["tiled", "linear"])
+@pytest.mark.parametrize(
+    "attention", [dict(op="sigmoid"), dict(op="kernel", feature_map="elu1")], ids=["tiled", "linear"]
+)
 def test_no_tensor_of_t_by_t_elements_is_allocated(attention):
     """T = 1024: one T x T slice would be 1M elements; the blocked path's largest tensor
     (forward and backward) is a T x 32 key-block tile (or linear chunk), 32 times smaller."""
@@ -302,7 +304,7 @@ def test_no_tensor_of_t_by_t_elements_is_allocated(attention):
     [
         dict(attention=dict(op="sigmoid", normalizer="none"), biases=dict(kind="kv")),
         dict(attention=dict(op="elu1"), mask="sliding", window=6, positional="alibi", sink_tokens=1),
-        dict(attention=dict(op="kernel", kernel="mlp", normalizer="abs_clamp"), mask="prefix", prefix_len=4),
+        dict(attention=dict(op="kernel", feature_map="mlp", normalizer="abs_clamp"), mask="prefix", prefix_len=4),
         dict(attention=dict(op="sigmoid", normalizer="none", gated=True, gate_granularity="elementwise")),
     ],
     ids=["sigmoid-kv", "elu1-sliding-alibi", "kernel-mlp-prefix", "sigmoid-elementwise-gate"],

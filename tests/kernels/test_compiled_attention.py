@@ -16,8 +16,8 @@ from pipeline.train.loss import next_token_loss
 
 FAMILIES = {name: dict(op=name) for name in OPS} | {
     "sigmoid-none": dict(op="sigmoid", normalizer="none"),  # Table 6's variant (the blocked tiles)
-    "kernel": dict(op="kernel", kernel="elu1", normalizer="sum"),  # linear: the chunked form
-    "kernel-mlp": dict(op="kernel", kernel="mlp", normalizer="abs_clamp"),
+    "kernel": dict(op="kernel", feature_map="elu1", normalizer="sum"),  # linear: the chunked form
+    "kernel-mlp": dict(op="kernel", feature_map="mlp", normalizer="abs_clamp"),
 }
 
 

@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from pipeline.flops import admitted_pairs_count, device_peak_flops, flops_per_token, matmul_params_per_token, mfu
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.attention_ops import OPS, register, unregister
-from pipeline.model.config import Kernel
+from pipeline.model.config import FeatureMap
 from pipeline.model.masks import admitted_pairs
 
 
@@ -93,8 +93,8 @@ def test_elementwise_gate_counts_its_d_by_d_matmul():
 
 
 def test_kernel_mlp_counts_each_use_per_head():
-    base = micro(attention=dict(op="kernel", kernel="identity", normalizer="abs_clamp"))
-    mlp = micro(attention=dict(op="kernel", kernel="mlp", normalizer="abs_clamp"))
+    base = micro(attention=dict(op="kernel", feature_map="identity", normalizer="abs_clamp"))
+    mlp = micro(attention=dict(op="kernel", feature_map="mlp", normalizer="abs_clamp"))
     # d_h = 16: two 16x16 layers on q and k of 2 heads, per layer: 2 * 256 * 2 * 2 = 2048; x2 layers
     assert matmul_params_per_token(mlp)[0] - matmul_params_per_token(base)[0] == 4096
 
@@ -102,8 +102,8 @@ def test_kernel_mlp_counts_each_use_per_head():
 def _every_op():
     """Each registered op with a normaliser it takes, under every feature map where it has one."""
     for name, spec in OPS.items():
-        for kernel in get_args(Kernel) if spec.phi else ("identity",):
-            yield dict(op=name, normalizer=spec.normalizers[0], kernel=kernel)
+        for feature_map in get_args(FeatureMap) if spec.phi else ("identity",):
+            yield dict(op=name, normalizer=spec.normalizers[0], feature_map=feature_map)
 
 
 def _forward_flops_match(cfg: ModelConfig, context: int = 8) -> None:
@@ -117,7 +117,7 @@ def _forward_flops_match(cfg: ModelConfig, context: int = 8) -> None:
     assert counter.get_total_flops() == flops_per_token(cfg, context, convention="palm") * context / 3 + slots
 
 
-@pytest.mark.parametrize("attention", list(_every_op()), ids=lambda a: f"{a['op']}-{a['kernel']}")
+@pytest.mark.parametrize("attention", list(_every_op()), ids=lambda a: f"{a['op']}-{a['feature_map']}")
 def test_every_registered_op_counts_the_flops_its_forward_does(attention):
     _forward_flops_match(micro(attention=attention))
 

@@ -89,7 +89,7 @@ def test_head_shared_biases_have_one_vector(kind):
     assert param.shape[0] == 1
 
 
-# ---- sink tokens (seed 000) -----------------------------------------------------------------
+# ---- sink tokens (Xiao et al. 2024) ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("n_sinks", [1, 2])
@@ -274,12 +274,12 @@ OP_CONFIGS = [
     dict(op="elu1", normalizer="none"),
     dict(op="elu1", normalizer="sum"),
     dict(op="softmax_off_by_one"),
-    dict(op="kernel", kernel="identity", normalizer="none"),
-    dict(op="kernel", kernel="identity", normalizer="abs_clamp"),
-    dict(op="kernel", kernel="elu1", normalizer="sum"),
-    dict(op="kernel", kernel="elu1", normalizer="none"),
-    dict(op="kernel", kernel="mlp", normalizer="abs_clamp"),
-    dict(op="kernel", kernel="mlp", normalizer="none"),
+    dict(op="kernel", feature_map="identity", normalizer="none"),
+    dict(op="kernel", feature_map="identity", normalizer="abs_clamp"),
+    dict(op="kernel", feature_map="elu1", normalizer="sum"),
+    dict(op="kernel", feature_map="elu1", normalizer="none"),
+    dict(op="kernel", feature_map="mlp", normalizer="abs_clamp"),
+    dict(op="kernel", feature_map="mlp", normalizer="none"),
     dict(op="softpick"),
     dict(op="relu"),
     dict(op="ssmax"),
@@ -341,7 +341,7 @@ def test_p_normalised_softmax_equals_eq43_directly():
 def test_abs_clamp_normaliser_is_max_abs_sum_one():
     q, k, v, mask = _qkvm()
     a = ModelConfig.from_preset(
-        "micro", attention={"op": "kernel", "kernel": "identity", "normalizer": "abs_clamp"}
+        "micro", attention={"op": "kernel", "feature_map": "identity", "normalizer": "abs_clamp"}
     ).attention
     r = OPS["kernel"].fn(q, k, mask, a, torch.nn.Identity())
     sim = torch.where(torch.isfinite(mask), q @ k.transpose(-1, -2) / 2.0, torch.zeros(()))
@@ -375,7 +375,7 @@ def test_softpick_by_hand():
     "acfg",
     [
         dict(op="sigmoid", normalizer="none"),
-        dict(op="kernel", kernel="mlp", normalizer="abs_clamp"),
+        dict(op="kernel", feature_map="mlp", normalizer="abs_clamp"),
         dict(op="elu1", normalizer="none"),
     ],
 )
@@ -397,7 +397,7 @@ def test_non_softmax_models_overfit_a_tiny_batch(acfg):
 
 @pytest.mark.parametrize(
     "acfg",
-    OP_CONFIGS + [dict(op="kernel", kernel="elu1", normalizer="abs_clamp")],
+    OP_CONFIGS + [dict(op="kernel", feature_map="elu1", normalizer="abs_clamp")],
     ids=lambda a: "-".join(map(str, a.values())),
 )
 def test_each_op_reports_what_its_entry_claims(acfg):

@@ -165,10 +165,10 @@ def test_every_registered_op_trains_and_its_training_path_equals_its_eager_path(
 
 
 @pytest.mark.parametrize(
-    "op, kernel", [(name, None) for name in BUILT_IN] + [("kernel", "identity"), ("kernel", "mlp")]
+    "op, feature_map", [(name, None) for name in BUILT_IN] + [("kernel", "identity"), ("kernel", "mlp")]
 )
-def test_every_op_and_kernel_passes_the_whole_sink_probe_training_runs(op, kernel):
-    model = _micro(op, normalizer=OPS[op].normalizers[-1], **({"kernel": kernel} if kernel else {}))
+def test_every_op_and_feature_map_passes_the_whole_sink_probe_training_runs(op, feature_map):
+    model = _micro(op, normalizer=OPS[op].normalizers[-1], **({"feature_map": feature_map} if feature_map else {}))
     report = run_probe(model, torch.randint(0, 64, (2, 12)), batch_size=2)
     metrics = report.to_metrics()
     assert report.outliers is not None and "act/linear_max" in metrics and math.isfinite(metrics["sink/alpha1_mean"])
@@ -178,4 +178,4 @@ def test_the_run_summary_names_the_proxy_the_sink_metrics_use():
     label = lambda **attention: proxy_label(ModelConfig.from_preset("micro", attention=attention).attention)  # noqa: E731
     assert label(op="softmax") is None and label(op="clipped_softmax") is None
     assert label(op="softmax", p=2.0) == label(op="sigmoid") == "proxy scores sim/Σ sim"
-    assert label(op="kernel", kernel="identity", normalizer="abs_clamp") == "proxy scores |sim|/Σ|sim|"
+    assert label(op="kernel", feature_map="identity", normalizer="abs_clamp") == "proxy scores |sim|/Σ|sim|"

@@ -72,6 +72,13 @@ def test_bad_values_name_the_field(overrides, field):
         ModelConfig.from_preset("micro", **overrides)
 
 
+def test_the_feature_maps_older_name_is_refused_with_todays():
+    with pytest.raises(ConfigError) as err:
+        ModelConfig.from_preset("micro", attention__op="kernel", attention__kernel="elu1")
+    assert str(err.value) == "arch.attention.kernel is now arch.attention.feature_map; give it under that name"
+    assert ModelConfig.from_preset("micro", attention__feature_map="elu1").attention.feature_map == "elu1"
+
+
 def test_unknown_preset_lists_the_allowed_ones():
     with pytest.raises(ConfigError, match="llama-60m"):
         ModelConfig.from_preset("gpt-5")

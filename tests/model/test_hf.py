@@ -125,9 +125,9 @@ def _listing(root: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("target", ["run dir", "current dir", "user folder", "earlier export plus a user file"])
 def test_export_never_deletes_what_it_did_not_write(tmp_path, capsys, monkeypatch, target):
-    """Issue 26: `export-hf CKPT --out DIR` replaced DIR wholesale (the run's checkpoints, the current
-    directory's contents). Now it replaces only an earlier export of its own, and refuses the rest
-    in one line with nothing touched, before the model is loaded (issue 35)."""
+    """`export-hf CKPT --out DIR` replaces only an earlier export of its own (never the run's
+    checkpoints or the current directory's contents), and refuses the rest in one line with nothing
+    touched, before the model is loaded."""
     run = tmp_path / "run"
     ckpt = save_pretrained(_model(), run / "checkpoints" / "step-000010")
     (run / "metrics.jsonl").write_text("{}\n")

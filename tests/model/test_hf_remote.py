@@ -1,4 +1,4 @@
-"""Every variant leaves SinkLab (issue 40): one micro model of every registered attention op and
+"""Every variant leaves SinkLab: one micro model of every registered attention op and
 every slot kind is exported, then loaded with transformers' AutoModelForCausalLM in one fresh
 process where SinkLab cannot be imported (hf_remote_check.py); its logits through ``forward`` and
 through ``generate`` with the KV cache are SinkLab's (within 1e-5, fp32: those of ``generate`` against
@@ -33,8 +33,8 @@ def _op_variant(name: str) -> dict:
 
 # every op of the registry as imported (ops that later tests register and drop are not SinkLab's)
 VARIANTS = {f"op_{name}": _op_variant(name) for name in OPS} | {
-    "kernel_mlp": {"attention": {"op": "kernel", "kernel": "mlp", "normalizer": "abs_clamp"}},
-    "kernel_elu1": {"attention": {"op": "kernel", "kernel": "elu1"}},
+    "kernel_mlp": {"attention": {"op": "kernel", "feature_map": "mlp", "normalizer": "abs_clamp"}},
+    "kernel_elu1": {"attention": {"op": "kernel", "feature_map": "elu1"}},
     "softmax_p2_alpha": {"attention": {"p": 2.0, "scale": 1.5}},
     "sink_tokens_2": {"sink_tokens": 2},
     "kv_bias": {"biases": {"kind": "kv"}},

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from pipeline.model import ModelConfig, Transformer, load_pretrained, save_pretrained
+from pipeline.model import ConfigError, ModelConfig, Transformer, load_pretrained, save_pretrained
 
 
 def _model():
@@ -39,13 +39,16 @@ def test_lightning_ckpt(tmp_path):
     _same(model, load_pretrained(tmp_path / "last.ckpt").eval())
 
 
-def test_a_checkpoint_with_the_old_config_key_loads_with_a_notice(tmp_path, capsys):
+def test_a_checkpoint_of_the_older_format_is_refused(tmp_path):
     model = _model()
     ckpt = {"hyper_parameters": {"model_config": model.config.to_dict()}, "state_dict": model.state_dict()}
     torch.save(ckpt, tmp_path / "old.ckpt")
-    _same(model, load_pretrained(tmp_path / "old.ckpt").eval())
-    line = f"sinklab: {tmp_path / 'old.ckpt'}: `hyper_parameters['model_config']` read as `arch`"
-    assert capsys.readouterr().err.startswith(line)
+    with pytest.raises(ConfigError) as err:
+        load_pretrained(tmp_path / "old.ckpt")
+    assert str(err.value) == (
+        f"{tmp_path / 'old.ckpt'}: hyper_parameters['model_config'] is an older checkpoint format, no longer read "
+        "(today's checkpoints hold hyper_parameters['arch'])"
+    )
 
 
 def test_consolidated_state_dict_with_run_config_yaml(tmp_path):

@@ -20,7 +20,7 @@ def _ffn_sums(model: Transformer, idx: torch.Tensor) -> tuple[list[torch.Tensor]
 
 @pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
 def test_post_norm_records_the_residual_sum_before_the_blocks_last_norm(norm):
-    """Seed 002, Fig. 7 left: post-norm's massive activations are in x + FFN(x), before the LN."""
+    """Gu et al. 2025, Fig. 7 left: post-norm's massive activations are in x + FFN(x), before the LN."""
     torch.manual_seed(0)
     model = Transformer(ModelConfig.from_preset("micro", norm_position="post", norm=norm, init_std=0.2)).eval()
     idx = torch.randint(0, 64, (3, 12))

@@ -1,4 +1,4 @@
-"""sinklab_io.outputs: the one rule for "may I write here?" (issue 35), and `sinklab consolidate`
+"""sinklab_io.outputs: the one rule for "may I write here?", and `sinklab consolidate`
 held to it before its minutes-long merge."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_a_whole_directory_edited_since_it_was_written_is_refused(tmp_path):
 
 
 def test_consolidate_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
-    """Issue 35: `sinklab consolidate CKPT OUT` replaced another run's newest checkpoint."""
+    """`sinklab consolidate CKPT OUT` never replaces another run's newest checkpoint."""
     from pipeline.train.consolidate import main
 
     zero = tmp_path / "step-000004.ckpt"  # a DeepSpeed checkpoint directory (refused before it is read)

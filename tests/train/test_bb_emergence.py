@@ -1,4 +1,4 @@
-"""The project's tests that a softmax attention sink emerges (issue 30): `sinklab fit` (in
+"""The project's tests that a softmax attention sink emerges: `sinklab fit` (in
 process) of the seconds-long Bigram-Backcopy recipe, configs/recipes/bb-tiny.yaml (lr 1e-2 held
 near-constant for 400 steps), on a BB dataset prepared here.
 

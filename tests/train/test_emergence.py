@@ -1,4 +1,4 @@
-"""When the sink emerges (issue 19): the glue of pipeline.train.emergence on hand-made metric
+"""When the sink emerges: the glue of pipeline.train.emergence on hand-made metric
 histories, and `sinklab fit` end to end with the elu+1 kernel (metrics, tags, figure, resume)."""
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_extreme_token_figure_draws_what_was_measured(tmp_path, monkeypatch):
 ELU1 = [
     "--arch.attention.op",
     "kernel",
-    "--arch.attention.kernel",
+    "--arch.attention.feature_map",
     "elu1",
     "--model.optim.lr",
     "0.03",

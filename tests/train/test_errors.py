@@ -1,4 +1,4 @@
-"""Issue 16: a user's mistake or Ctrl-C gives one clear line, leaves no MLflow run RUNNING and
+"""A user's mistake or Ctrl-C gives one clear line, leaves no MLflow run RUNNING and
 nothing half-written in the run directory."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _runs(uri: str, experiment: str):
         (["--arch.attention.op", "sigmod"], "arch.attention.op: Expected a typing.Literal"),
         (["--arch.max_seq_len", "8"], "arch.max_seq_len=8 is below the dataset's context length 16"),
         (["--model.init", "no-such.ckpt"], "model.init=no-such.ckpt: no such checkpoint"),
-        # issue 26: a value in scientific notation read as an option; a negative keep_last taken as "all"
+        # a value in scientific notation is a value, not an option; a negative keep_last is not "all"
         (["--model.optim.lr", "-1e-3"], "model.optim.lr=-0.001: must be positive"),
         (["--run.keep_last=-1"], "run.keep_last=-1: must be >= 0"),
         (["--model.init", "GARBAGE"], "not a readable checkpoint or state dict"),
@@ -157,8 +157,8 @@ def test_verify_option_checks_the_shards_before_anything_starts(
 def test_a_file_size_limit_while_checkpointing_is_one_line_and_keeps_the_older_checkpoints(
     tiny_ds, tmp_path, monkeypatch, mlflow_server
 ):
-    """Issue 26: EFBIG (or ENOSPC) while a step checkpoint is written was a traceback. Now one line,
-    exit 2, no partial file; the checkpoints already on disk stay and a resume continues."""
+    """EFBIG (or ENOSPC) while a step checkpoint is written: one line, exit 2, no partial file; the
+    checkpoints already on disk stay and a resume continues."""
     import resource
 
     run_dir = tmp_path / "full"
@@ -178,15 +178,15 @@ def test_a_file_size_limit_while_checkpointing_is_one_line_and_keeps_the_older_c
     assert (
         "File too large" in lines[0] and "ulimit -f" in lines[0] and "checkpoints already written are kept" in lines[0]
     )
-    # issue 35: the line names the run's checkpoints folder, not a temporary file that is gone
+    # the line names the run's checkpoints folder, not a temporary file that is gone
     assert lines[0].startswith(f"sinklab fit: writing {run_dir / 'checkpoints'}: File too large"), lines[0]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000004.ckpt"]
     assert "Traceback" not in limited.stderr
 
 
 def test_a_failed_sql_store_write_is_logged_without_its_traceback():
-    """Issue 26 re-run: `ulimit -f` under a sqlite:/// store printed SQLAlchemy's traceback (MLflow's
-    own ERROR record) before sinklab's one line. The record keeps its message, not the traceback."""
+    """`ulimit -f` under a sqlite:/// store: MLflow's own ERROR record keeps SQLAlchemy's message,
+    not its traceback, before sinklab's one line."""
     import io
     import logging
 
@@ -207,9 +207,9 @@ def test_a_failed_sql_store_write_is_logged_without_its_traceback():
 
 
 def test_a_sql_store_that_cannot_be_opened_is_one_line_before_anything_is_written(tiny_ds, tmp_path):
-    """Issue 26 re-run: a sqlite:/// store that cannot be opened (measured: one larger than `ulimit -f`;
-    here: a path under a file) failed inside MlflowClient's construction with SQLAlchemy's
-    traceback, exit 1. Now one line naming the store, and no run directory."""
+    """A sqlite:/// store that cannot be opened (one larger than `ulimit -f`; here: a path under a
+    file), which fails inside MlflowClient's construction: one line naming the store, exit 2, and no
+    run directory."""
     (tmp_path / "a-file").write_text("not a folder")
     uri = f"sqlite:///{tmp_path}/a-file/mlflow.db"
     run_dir = tmp_path / "run"
@@ -220,7 +220,7 @@ def test_a_sql_store_that_cannot_be_opened_is_one_line_before_anything_is_writte
         text=True,
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    lines = done.stderr.strip().splitlines()  # issue 35: Lightning's start-up notes wait for an accepted config
+    lines = done.stderr.strip().splitlines()  # Lightning's start-up notes wait for an accepted config
     assert len(lines) == 1 and lines[0].startswith(
         f"sinklab fit: MLFLOW_TRACKING_URI={uri}: the store cannot be opened"
     )
@@ -245,8 +245,8 @@ def test_a_sql_store_that_cannot_be_opened_is_one_line_before_anything_is_writte
     ],
 )
 def test_a_refused_start_creates_no_mlflow_store(args, message, tiny_ds, tmp_path, monkeypatch, capsys):
-    """Issue 35: a refused start left a sqlite MLflow store created for nothing; some refusals were
-    tracebacks (a garbage manifest.json) or pointed the wrong way (max_steps 0, a run dir that is a file)."""
+    """A refused start creates no sqlite MLflow store, and each refusal (a garbage manifest.json,
+    max_steps 0, a run dir that is a file) is one line that names what is wrong."""
     import json
     import shutil
 

@@ -65,13 +65,13 @@ def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path
     assert 0.0 <= client.get_metric_history(run_id, "flow/entropy_l1")[0].value <= 1.0
     # active and dormant heads from the same probe pass
     assert [m.step for m in client.get_metric_history(run_id, "heads/dormant_pct")] == [0, 4, 8]
-    # per-head values: in metrics.jsonl and the heat-map images, not one MLflow chart per head (issue 29)
+    # per-head values: in metrics.jsonl and the heat-map images, not one MLflow chart per head
     first = next(row for row in read_metrics(run_dir) if "heads/entropy_l1_h0" in row)
     assert 0.0 <= first["heads/entropy_l1_h0"] <= 1.0 and first["heads/out_norm_l0_h1"] > 0.0
     assert not client.get_metric_history(run_id, "heads/entropy_l1_h0")
     plotted = sorted(int(f.stem.split("-")[-1]) for f in (run_dir / "plots").glob("alpha1_step-*.png"))
     assert logged_image_keys(client, run_id)["heads/alpha1"] == plotted and plotted[-1] == 8
-    # issue 38: the largest pre-softmax logit per layer, live; per head in the jsonl and its own image
+    # the largest pre-softmax logit per layer, live; per head in the jsonl and its own image
     logit = {m.step: m.value for m in client.get_metric_history(run_id, "attn/max_logit")}
     assert sorted(logit) == [0, 4, 8] and all(v > 0 for v in logit.values())
     last = next(r for r in read_metrics(run_dir) if r["step"] == 8 and "attn/max_logit_l0" in r)
@@ -269,7 +269,7 @@ def test_training_survives_an_mlflow_outage(tiny_ds, tmp_path, monkeypatch, mlfl
 def test_a_server_lost_mid_run_gets_every_metric_from_the_next_start(
     tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys
 ):
-    """Issue 26: the tracking server goes away at step 4 and stays away to the end of the run (exit
+    """The tracking server goes away at step 4 and stays away to the end of the run (exit
     0, the run left RUNNING, the rest queued). The next start of the run dir, with the server back,
     sends what was queued before anything else, logs the model and closes the run: MLflow then
     holds every value of metrics.jsonl, once."""
@@ -335,7 +335,7 @@ def test_summary_says_when_sink_scores_are_proxies(tiny_ds, tmp_path, monkeypatc
         "4",
         "--arch.attention.op",
         op,
-        "--arch.attention.kernel",
+        "--arch.attention.feature_map",
         "elu1",
     ]
     assert fit_in_process(args, monkeypatch, mlflow_server) == 0
@@ -488,9 +488,9 @@ def test_init_starts_a_new_run_from_another_runs_weights(tiny_ds, tmp_path, monk
 
 
 def test_nothing_is_written_where_the_command_runs(tiny_ds, tmp_path, monkeypatch):
-    """Issue 26/29: with MLFLOW_TRACKING_URI=sqlite:///<dir>/mlflow.db, a run's artifacts and its
-    logged model went to ./mlruns of whatever directory the command ran in. Now every experiment
-    SinkLab creates keeps them beside the store."""
+    """With MLFLOW_TRACKING_URI=sqlite:///<dir>/mlflow.db, every experiment SinkLab creates keeps a
+    run's artifacts and its logged model beside the store, never in ./mlruns of whatever directory
+    the command runs in."""
     from pipeline.tracking import experiment_id
 
     cwd, store = tmp_path / "somewhere", tmp_path / "store"

@@ -74,24 +74,25 @@ def test_no_flag_recorded_key_or_runs_table_column_repeats_a_word():
     assert [k for k in (*flags, *recorded, *params, *columns) if _repeats(k)] == []
 
 
-def test_an_old_recipe_and_old_flags_read_as_arch_with_a_notice(tmp_path, capsys):
+def test_the_feature_maps_older_name_is_refused_in_one_line_naming_todays(tmp_path, capsys):
+    assert main(["--check-only", "--arch.attention.op", "kernel", "--arch.attention.kernel", "elu1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "sinklab fit: command line: --arch.attention.kernel is now --arch.attention.feature_map; "
+        "give it under that name"
+    )
     recipe = tmp_path / "old.yaml"
-    recipe.write_text(yaml.safe_dump({"model": {"model": {"preset": "tiny", "n_heads": 2}, "optim": {"lr": 1e-3}}}))
-    config = check_fit(["--config", str(recipe), "--model.model.d_ffn", "96", "--data.path", "d"])
-    assert (config.arch.preset, config.arch.n_heads, config.arch.d_ffn, config.model.optim.lr) == ("tiny", 2, 96, 1e-3)
-    err = capsys.readouterr().err.splitlines()
-    assert f"sinklab: {recipe}: `model.model` read as `arch` (the architecture's section); rename it there" in err
-    assert "sinklab: command line: `--model.model` read as `arch` (the architecture's section); rename it there" in err
-    assert "model" not in yaml.safe_load(fit_parser().dump(config, skip_validation=True))["model"]  # recorded as arch
-    as_dict = check_fit({"model": {"model": {"preset": "micro"}}, "data": {"path": "d"}})  # a sweep's config
-    assert as_dict.arch.d_model == ModelConfig.from_preset("micro").d_model
-
-
-def test_a_recipe_with_both_names_is_refused_in_one_line(tmp_path, capsys):
-    recipe = tmp_path / "both.yaml"
-    recipe.write_text(yaml.safe_dump({"arch": {"preset": "tiny"}, "model": {"model": {"preset": "micro"}}}))
+    recipe.write_text(yaml.safe_dump({"arch": {"attention": {"op": "kernel", "kernel": "elu1"}}}))
     assert main(["--check-only", "--config", str(recipe)]) == 2
-    assert (
-        capsys.readouterr().err.strip()
-        == f"sinklab fit: {recipe}: gives both `arch` and `model.model`; keep `arch` only"
+    assert capsys.readouterr().err.strip() == (
+        f"sinklab fit: {recipe}: arch.attention.kernel is now arch.attention.feature_map; give it under that name"
+    )
+
+
+def test_a_recipe_of_the_older_layout_is_refused_in_one_line(tmp_path, capsys):
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text(yaml.safe_dump({"model": {"model": {"preset": "tiny"}, "optim": {"lr": 1e-3}}}))
+    assert main(["--check-only", "--config", str(recipe)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"sinklab fit: {recipe}: `model.model` is an older config format, no longer read "
+        "(today's configs hold the architecture in a top-level `arch:` section)"
     )

@@ -86,7 +86,7 @@ def test_a_tensor_parallel_mesh_is_refused():
 def test_muon_and_orthoadam_train_sharded_as_on_one_process(
     name, strategy, tiny_ds, tmp_path, monkeypatch, mlflow_server
 ):
-    """Issue 38: under FSDP2 Muon orthogonalises and OrthoAdam rotates the gathered matrices (DTensor
+    """Under FSDP2 Muon orthogonalises and OrthoAdam rotates the gathered matrices (DTensor
     operations) while the moments stay sharded; the losses and weights are one process's."""
     data = ["--data.path", str(tiny_ds), *ARGS, "--trainer.max_steps", "4", "--model.optim.name", name]
     one, two = tmp_path / "one", tmp_path / strategy

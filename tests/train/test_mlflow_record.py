@@ -1,4 +1,4 @@
-"""What a run leaves in MLflow beyond metrics (issue 17), against the real tracking server: the
+"""What a run leaves in MLflow beyond metrics, against the real tracking server: the
 final model (loads back to the same logits; `analyze`, `stream-ppl` and `export-hf` take
 runs:/<id>), the dataset input, the experiment's training-view marks, system metrics, and one
 model per run across resumed starts. One tiny fit is shared by the tests of this module."""

@@ -1,4 +1,4 @@
-"""The MLflow UI as a researcher opens it (issue 29), in a real headless Chromium against the real
+"""The MLflow UI as a researcher opens it, in a real headless Chromium against the real
 tracking server: two short runs that differ in one factor (the attention op), then the printed
 experiment link and the home link. Checked: model-training mode (no GenAI overview), the headline
 charts first and in order, the varied factor and the headline values as runs-table columns, the

@@ -124,9 +124,9 @@ def test_resume_twice_with_gradient_accumulation(tiny_ds, tmp_path, monkeypatch,
 
 
 def test_a_rank_killed_mid_run_is_named_in_one_line_and_the_run_resumes(tiny_ds, tmp_path, monkeypatch, mlflow_server):
-    """Issue 26: SIGKILL of one rank of a 2-process gloo run (DDP here; DeepSpeed's ZeRO talks over
-    the same process group) left rank 0 printing a gloo traceback. Now one line names the rank and
-    how it ended, and says how to continue; --resume auto does."""
+    """SIGKILL of one rank of a 2-process gloo run (DDP here; DeepSpeed's ZeRO talks over the same
+    process group): one line, no gloo traceback, names the rank and how it ended, and says how to
+    continue; --resume auto does."""
     import subprocess
 
     run_dir = tmp_path / "lost-rank"
@@ -182,7 +182,7 @@ def optimizer_tensors(ckpt) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("name", ["muon", "orthoadam"])
 def test_muon_and_orthoadam_resume_bitwise_after_sigkill(name, tiny_ds, tmp_path, monkeypatch, mlflow_server):
-    """Issue 38: each optimiser's state (Muon's momentum and AdamW's moments; OrthoAdam's moments,
+    """Each optimiser's state (Muon's momentum and AdamW's moments; OrthoAdam's moments,
     its rotations re-derived) survives a SIGKILL between checkpoints bit for bit."""
     args = ["--data.path", str(tiny_ds), "--model.optim.name", name, *ARGS, "--trainer.max_steps", "8"]
     ref_dir, run_dir = tmp_path / "reference", tmp_path / "killed"

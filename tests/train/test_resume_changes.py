@@ -1,4 +1,4 @@
-"""A resume continues its checkpoint's run (issue 26): `trainer.max_steps` extends it with the
+"""A resume continues its checkpoint's run: `trainer.max_steps` extends it with the
 cosine going on from the resumed step's lr, and a change to what defines the run (model,
 optimiser, data order) is refused in one line before anything of the new start is written."""
 
@@ -101,33 +101,29 @@ def test_extending_max_steps_continues_the_cosine_without_a_jump(
     assert "max_steps: 16" in (run_dir / "config.yaml").read_text()
 
 
-def test_an_old_checkpoint_and_run_config_resume_with_a_notice(
-    finished_run, tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys
-):
-    """A checkpoint and run config written while the architecture was `model.model` (checkpoint:
-    ``hyper_parameters["model_config"]``) resume, and start a new run (--model.init), as today's."""
+def test_a_checkpoint_of_an_older_format_is_refused_in_one_line(finished_run, tmp_path):
+    """The architecture as ``hyper_parameters["model_config"]``, or the lr schedule as a SequentialLR."""
     import torch
-    import yaml
 
-    from pipeline.model import ModelConfig
-    from pipeline.train.module import read_init
+    from pipeline.checkpoint import RunDirError, check_resume
+    from pipeline.model import ConfigError
 
-    blob = torch.load(finished_run / "checkpoints" / "step-000004.ckpt", weights_only=False)
-    blob["hyper_parameters"]["model_config"] = blob["hyper_parameters"].pop("arch")
-    old_ckpt = tmp_path / "old.ckpt"
-    torch.save(blob, old_ckpt)
-    config = yaml.safe_load((finished_run / "config.yaml").read_text())
-    config["model"]["model"] = config.pop("arch")
-    old_config = tmp_path / "old-config.yaml"
-    old_config.write_text(yaml.safe_dump(config))
-    capsys.readouterr()
-    run_dir = tmp_path / "resumed"
-    args = ["--config", str(old_config), "--run-dir", str(run_dir), "--resume", str(old_ckpt), "--data.path"]
-    assert fit_in_process([*args, str(tiny_ds)], monkeypatch, mlflow_server) == 0
-    err = capsys.readouterr().err
-    assert f"sinklab: {old_config}: `model.model` read as `arch`" in err
-    assert f"sinklab: {old_ckpt}: `hyper_parameters['model_config']` read as `arch`" in err
-    assert sorted(r["step"] for r in read_metrics(run_dir) if "train/lr" in r) == [4, 5, 6, 7]  # resumed at 4
-    assert "arch" in yaml.safe_load((run_dir / "config.yaml").read_text())  # recorded under today's name
-    state, _ = read_init(str(old_ckpt), ModelConfig.from_dict(blob["hyper_parameters"]["model_config"]))
-    assert torch.equal(state["embed.weight"], blob["state_dict"]["model.embed.weight"])
+    ckpt = finished_run / "checkpoints" / "step-000004.ckpt"
+    blob = torch.load(ckpt, weights_only=False)
+    hparams, order = blob["hyper_parameters"], blob["SinkDataModule"]["order"]
+    assert check_resume(ckpt, hparams["arch"], hparams["optim"], order, 8) == 4  # today's format
+    old = tmp_path / "old.ckpt"
+    torch.save({**blob, "hyper_parameters": {"model_config": hparams["arch"], "optim": hparams["optim"]}}, old)
+    with pytest.raises(
+        ConfigError,
+        match=r"^\S+old.ckpt: hyper_parameters\['model_config'\] is an older checkpoint format, no longer read",
+    ):
+        check_resume(old, hparams["arch"], hparams["optim"], order, 8)
+    sequential = {"_schedulers": [{}, {}], "_milestones": [2], "last_epoch": 4}
+    torch.save({**blob, "lr_schedulers": [sequential]}, old)
+    with pytest.raises(RunDirError) as err:
+        check_resume(old, hparams["arch"], hparams["optim"], order, 8)
+    assert str(err.value) == (
+        f"--resume {old}: lr_schedulers holds an older schedule format (SequentialLR / CosineAnnealingLR), "
+        f"no longer read; to train those weights under new settings, start a new run with --model.init {old}"
+    )

@@ -1,4 +1,4 @@
-"""A run directory's record is written from that directory only (issue 35): a copy, a start over
+"""A run directory's record is written from that directory only: a copy, a start over
 and a run deleted in the MLflow UI each get a new MLflow run linked by a tag, never a second
 history in the old one; --resume auto passes over a checkpoint whose stored step is not its name."""
 
@@ -129,8 +129,7 @@ def test_resume_auto_checks_each_checkpoints_step_and_starts_over_in_a_new_recor
 
 
 def test_a_store_error_of_several_lines_is_one_notice(tmp_path, monkeypatch, capsys):
-    """Issue 35 re-check: a sqlite store on a full disk raised a two-line SQLAlchemy error, and the
-    'unreachable' notice printed both lines."""
+    """A two-line SQLAlchemy error (a sqlite store on a full disk) is one 'unreachable' notice line."""
     from pipeline.checkpoint.rundir import RunDir
     from pipeline.tracking import logger
 

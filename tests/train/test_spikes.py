@@ -1,4 +1,4 @@
-"""The spike guard (run.skip_spikes, issue 38): a poisoned batch's step is not applied, a normal run
+"""The spike guard (run.skip_spikes): a poisoned batch's step is not applied, a normal run
 skips nothing, and the rolling window travels in the checkpoint (a resume skips the same step)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SinkLab's MLflow view without a server (issue 29): which metrics reach MLflow, the chart list,
+"""SinkLab's MLflow view without a server: which metrics reach MLflow, the chart list,
 the runs-table columns, and the names runs and datasets carry."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_sweep_run_names_lead_with_the_variant_and_keep_their_scale():
 
     name = run_name(SimpleNamespace(name="weight-decay"), SimpleNamespace(name="wd-0.0"), "cpu", 1235)
     assert name == "wd-0.0 s1235 (weight-decay/cpu)"
-    assert run_scale({}, name) == "cpu" and run_scale({}, "weight-decay/gpu/wd-0.0") == "gpu"  # earlier sweeps
+    assert run_scale(name) == "cpu" and run_scale("weight-decay/gpu/wd-0.0") is None  # one format only
 
 
 def test_the_dataset_is_named_from_its_manifest(tmp_path):
@@ -94,7 +94,7 @@ def test_the_variant_tag_names_the_attention_op_even_the_default():
     softmax = {"arch": {"preset": "micro"}, "model": {"optim": {"lr": 0.002, "weight_decay": 0.5}}}
     assert _variant_summary(softmax) == "softmax, lr=0.002, wd=0.5"
     kernel = {
-        "arch": {"attention": {"op": "kernel", "kernel": "elu1"}},
+        "arch": {"attention": {"op": "kernel", "feature_map": "elu1"}},
         "model": {"optim": {"lr": 0.002, "weight_decay": 0.1}},
     }
     assert _variant_summary(kernel) == "kernel(elu1), lr=0.002, wd=0.1"
