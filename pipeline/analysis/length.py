@@ -32,7 +32,15 @@ import torch
 from pipeline import metric_names as N
 from pipeline import plots
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, natural_windows, read_text
-from pipeline.analysis.passkey import DEFAULT_DEPTHS, accuracy, build_trial, make_trials, parse_depths, run_trials
+from pipeline.analysis.passkey import (
+    DEFAULT_DEPTHS,
+    DIGITS,
+    accuracy,
+    build_trial,
+    make_trials,
+    parse_depths,
+    run_trials,
+)
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, parse_caches
 from pipeline.analysis.subject import Subject, add_model_arguments, device_of, model_name
@@ -84,6 +92,10 @@ def check_args(args) -> list[int]:
         raise refuse(f"--passkey {args.passkey!r}: expected a comma list of whole numbers, e.g. 1,2,4,8") from None
     if any(f < 1 for f in factors):
         raise refuse(f"--passkey {args.passkey!r}: each factor must be >= 1")
+    if factors and args.digits not in DIGITS:
+        raise refuse(f"--digits {args.digits}: must be in 1..18 (the passkey's length in digits)")
+    if factors:  # refused here, before any model loads
+        parse_depths(args.depths, BY)
     return factors
 
 
@@ -146,7 +158,7 @@ def loss_by_position(streamer, ids: torch.Tensor, specs: list[CacheSpec], bucket
 
 def passkey_by_length(streamer, subject, args, factors, C, specs, bos) -> dict[str, dict[int, float | None]]:
     """mode -> factor -> mean accuracy (%), None where f·C tokens cannot hold the prompt."""
-    depths = parse_depths(args.depths)
+    depths = parse_depths(args.depths, BY)
     out: dict[str, dict[int, float | None]] = {FULL: {}} | {str(s): {} for s in specs}
     for f in factors:
         try:

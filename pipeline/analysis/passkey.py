@@ -41,6 +41,7 @@ FILLER = " The lake was calm. The road went on. The birds flew south. Nothing ha
 NEEDLE = (" The secret number is", " {key}", ". Remember it:", " {key}", ".")  # encoded piece by piece
 QUESTION = " What is the secret number? The secret number is"
 DEFAULT_DEPTHS = "0,0.25,0.5,0.75,1"
+DIGITS = range(1, 19)  # a key's digits: every key fits an int64
 DEFAULT_CACHES = ("0+256", "4+252")
 
 
@@ -217,13 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_depths(text: str) -> list[float]:
+def parse_depths(text: str, prog: str = BY) -> list[float]:
     try:
         depths = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"sinklab passkey: --depths {text!r}: expected a comma list of numbers in [0, 1]") from None
+        depths = []
     if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
-        raise SystemExit(f"sinklab passkey: --depths {text!r}: expected a comma list of numbers in [0, 1]")
+        raise SystemExit(f"{prog}: --depths {text!r}: expected a comma list of numbers in [0, 1]")
     return list(dict.fromkeys(depths))
 
 
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     specs = parse_caches(args.cache, "passkey", DEFAULT_CACHES)
     depths = parse_depths(args.depths)
-    if args.keys < 1 or not 1 <= args.digits <= 18:
+    if args.keys < 1 or args.digits not in DIGITS:
         raise SystemExit("sinklab passkey: --keys must be >= 1 and --digits in 1..18")
     out = args.out or Path("analysis") / "passkey" / model_name(args.model)
     try:
