@@ -170,6 +170,7 @@ class SinkLabCLI(LightningCLI):
             manifest=self.datamodule.manifest,
         )
         self.trainer.logger.attach_run(self.run_id, self.resume_step)
+        print(f"sinklab: run dir {self.run.root}; batch: {self.plan.describe()}", flush=True)  # every check passed
         if opts.system_metrics:
             self.trainer.logger.start_system_metrics()
         if opts.log_checkpoints and self.run_id:
@@ -223,8 +224,6 @@ class SinkLabCLI(LightningCLI):
         self.plan = plan
         if isinstance(trainer.strategy, DeepSpeedStrategy) and trainer.strategy.config is not None:
             trainer.strategy.config.setdefault("train_micro_batch_size_per_gpu", plan.micro_batch_size)
-        if rank_zero_only.rank == 0:
-            print(f"sinklab: run dir {self.run.root}; batch: {plan.describe()}", flush=True)
         return trainer
 
 
