@@ -113,7 +113,7 @@ class SinkLabCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         self.model.optim.validate(self.trainer.max_steps)
         refuse_zero_optimizer(self.model.optim.name, self.trainer.strategy)
-        self.model.spike_guard = self.opts.spike_guard(self.trainer.strategy)
+        self.model.spike_guard = self.opts.spike_guard(self.trainer.strategy, self.trainer.max_steps)
         manifest = self.datamodule.manifest
         self.model.set_vocab(manifest.vocab_size, manifest.context_length, manifest.tokenizer_sha256)  # max_seq_len too
         if self.opts.sink_every > 0 and manifest.probe.length > self.model.arch.max_seq_len:

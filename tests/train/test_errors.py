@@ -236,6 +236,11 @@ def test_a_sql_store_that_cannot_be_opened_is_one_line_before_anything_is_writte
         (["--data.global_batch_tokens", "24"], "data.global_batch_tokens=24"),
         (["--arch.max_seq_len", "8"], "arch.max_seq_len=8 is below the dataset's context length 16"),
         (["--trainer.max_steps", "0"], "trainer.max_steps=0: must be >= 1"),
+        (["--run.skip_spikes", "true", "--run.spike_window", "1000"], "run.spike_window=1000: the spike guard"),
+        (
+            ["--model.optim.name", "orthoadam", "--model.optim.rotation_seed", "10000000000000"],
+            "model.optim.rotation_seed=10000000000000: must be in 0..4294967295",
+        ),
         (["--run-dir", "{file}"], "--run-dir {file}: is a file; name a directory"),
         (["--data.path", "{garbage}"], "manifest.json: not valid JSON"),
         (["--data.path", "{list}"], "manifest.json: holds no JSON object (a list)"),
