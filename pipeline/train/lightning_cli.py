@@ -53,7 +53,7 @@ from pipeline.tracking import (
 )
 
 from .callbacks import Preemption, SinkMetrics, Throughput
-from .fit_config import ARCH_TARGET, PARSER_MODE, as_plain, parse_fit, variant_summary
+from .fit_config import ARCH_TARGET, PARSER_MODE, as_plain, parse_fit, set_arch, variant_summary
 from .module import read_init
 from .progress import StepProgressBar
 from .run_options import RunOptions
@@ -116,6 +116,7 @@ class SinkLabCLI(LightningCLI):
         self.model.spike_guard = self.opts.spike_guard(self.trainer.strategy, self.trainer.max_steps)
         manifest = self.datamodule.manifest
         self.model.set_vocab(manifest.vocab_size, manifest.context_length, manifest.tokenizer_sha256)  # max_seq_len too
+        set_arch(self.config, self.model.arch)  # config.yaml and the MLflow params: the vocabulary it trains
         if self.opts.sink_every > 0 and manifest.probe.length > self.model.arch.max_seq_len:
             raise DatasetError(
                 f"{manifest.root}/manifest.json: its probe set has sequences of {manifest.probe.length} tokens, more "
