@@ -47,8 +47,25 @@ def _tokenizer_beside(path: Path) -> Path | None:
     return next((f for f in found + [path.with_name("tokenizer.json")] if f.is_file()), None)
 
 
+def _check_tokenizer(tokenizer, file: Path, vocab_size: int, trained: str | None) -> None:
+    """Refuse a tokenizer that is not the model's: another sha256 than the one `sinklab fit`
+    recorded with it, or more ids than its vocabulary holds."""
+    if trained and tokenizer.sha256 != trained:
+        raise ValueError(
+            f"tokenizer {file}: not the model's (sha256 {tokenizer.sha256[:12]}, {tokenizer.vocab_size} ids; the "
+            f"model's: sha256 {trained[:12]}, vocabulary {vocab_size}); give the tokenizer.json of the dataset it "
+            "was trained on"
+        )
+    if tokenizer.vocab_size > vocab_size:
+        raise ValueError(
+            f"tokenizer {file}: holds {tokenizer.vocab_size} ids, more than the model's vocabulary of {vocab_size}; "
+            "give the tokenizer.json of the dataset it was trained on"
+        )
+
+
 def export(args: argparse.Namespace) -> str:
     from data_prep.tokenizer import load_tokenizer
+    from pipeline.analysis.inputs import trained_tokenizer
     from pipeline.model import load_pretrained
     from pipeline.model.hf_export import KIND, export_hf
     from pipeline.tracking import final_metrics, is_model_uri, resolve_model
@@ -69,7 +86,11 @@ def export(args: argparse.Namespace) -> str:
     if dataset.is_file():
         facts["dataset"] = json.loads(dataset.read_text())
     model = load_pretrained(path, config=args.config)
-    hf_tokenizer = load_tokenizer(str(tokenizer)).as_transformers() if tokenizer is not None else None
+    hf_tokenizer = None
+    if tokenizer is not None:  # checked before anything is written
+        loaded = load_tokenizer(str(tokenizer))
+        _check_tokenizer(loaded, tokenizer, model.config.vocab_size, trained_tokenizer(Path(path)))
+        hf_tokenizer = loaded.as_transformers()
     kind = export_hf(model, args.out, getattr(torch, args.dtype), hf_tokenizer, facts)
     print(f"wrote {args.out} ({kind}, {model.num_parameters() / 1e6:.2f}M parameters, {args.dtype})")
     return kind

@@ -1,8 +1,7 @@
 """PNG figures in the style of Gu et al. 2025: α_1 heat maps (Figures 19-24), per-layer norm ratios
-(Figures 2 top, 7, 8), Sink_k by position (Figure 5 middle) and the QK decomposition (Figure 2
-bottom), per-head α_1, Guo et al.'s extreme-token dynamics over training and panels of curves
-(information flow, loss by position). Each function writes one file atomically (never over a file
-sinklab did not write) and returns its path."""
+(Figures 2 top, 7, 8), Sink_k by position (Figure 5 middle), the QK decomposition (Figure 2 bottom),
+per-head α_1, Guo et al.'s extreme-token dynamics and panels of curves (information flow, loss by
+position). Each function writes one file atomically as ``by``'s (sinklab_io.outputs) and returns its path."""
 
 from __future__ import annotations
 
@@ -16,11 +15,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from sinklab_io.outputs import output_path  # noqa: E402
 
+Curves = Mapping[str, Sequence[float]]
 
-def _save(fig, path: str | Path) -> Path:
+
+def _save(fig, path: str | Path, by: str = "sinklab") -> Path:
     path = Path(path)
     try:
-        with output_path(path, "sinklab") as tmp:
+        with output_path(path, by) as tmp:
             fig.savefig(tmp, dpi=120, bbox_inches="tight")
     finally:
         plt.close(fig)
@@ -40,6 +41,7 @@ def alpha1_heatmap(
     dormant=None,
     uniform: float | None = None,
     max_logit=None,
+    by: str = "sinklab",
 ) -> Path:
     """Layer × head map of the first token's importance α_1 (mean over sequences). With
     ``entropy`` / ``out_norm`` / ``max_logit`` ([L, H]) a panel each beside it (active and
@@ -98,7 +100,7 @@ def alpha1_heatmap(
     if len(panels) > 1:
         for ax, (label, *_rest) in zip(axes[0][1:], panels[1:]):
             ax.set_title(label + (" (x: dormant)" if marks else ""))
-    return _save(fig, path)
+    return _save(fig, path, by)
 
 
 def head_map(values, path: str | Path, title: str, label: str) -> Path:
@@ -122,7 +124,7 @@ def head_map(values, path: str | Path, title: str, label: str) -> Path:
     return _save(fig, path)
 
 
-def norm_ratio_curves(curves: Mapping[str, Sequence[float]], path: str | Path, title: str = "") -> Path:
+def norm_ratio_curves(curves: Curves, path: str | Path, title: str = "", by: str = "sinklab") -> Path:
     """One line per quantity: ‖x_1‖ / mean_{t≠1} ‖x_t‖ against the layer index."""
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     for label, values in curves.items():
@@ -134,10 +136,10 @@ def norm_ratio_curves(curves: Mapping[str, Sequence[float]], path: str | Path, t
     ax.set_ylabel("‖x₁‖ / mean ‖x_t≠1‖")
     ax.set_title(title or "first-token norm ratio")
     ax.legend()
-    return _save(fig, path)
+    return _save(fig, path, by)
 
 
-def sink_profile(profiles: Mapping[str, Sequence[float]], path: str | Path, title: str = "", eps: float = 0.3) -> Path:
+def sink_profile(profiles: Curves, path: str | Path, title: str = "", eps: float = 0.3, by: str = "sinklab") -> Path:
     """Sink_k^ε for k = 1..P, one bar group per input kind."""
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     n = max(1, len(profiles))
@@ -150,10 +152,10 @@ def sink_profile(profiles: Mapping[str, Sequence[float]], path: str | Path, titl
     ax.set_ylim(0, 100)
     ax.set_title(title or "attention sink by position")
     ax.legend()
-    return _save(fig, path)
+    return _save(fig, path, by)
 
 
-def qk_decomposition(rows, path: str | Path, title: str = "") -> Path:
+def qk_decomposition(rows, path: str | Path, title: str = "", by: str = "sinklab") -> Path:
     """Per layer: cos(q, k_1) vs cos(q, k_other) and ‖q‖‖k_1‖ vs ‖q‖‖k_other‖."""
     rows = [list(map(float, r)) for r in rows]
     layers = range(1, len(rows) + 1)
@@ -168,7 +170,7 @@ def qk_decomposition(rows, path: str | Path, title: str = "") -> Path:
         ax.set_xlabel("layer l")
         ax.legend()
     fig.suptitle(title or "QK decomposition")
-    return _save(fig, path)
+    return _save(fig, path, by)
 
 
 def alpha1_trajectories(
@@ -219,7 +221,7 @@ def alpha1_trajectories(
 
 
 def extreme_token_dynamics(
-    steps: Sequence[int], panels: Sequence[tuple[str, Mapping[str, Sequence[float]]]], path: str | Path, title: str = ""
+    steps: Sequence[int], panels: Sequence[tuple[str, Curves]], path: str | Path, title: str = ""
 ) -> Path:
     """Guo et al.'s (2024) mutual-reinforcement picture: the attention sink, the value-state drain
     and the residual-state peak of the first token against the training step, one panel each
@@ -248,6 +250,7 @@ def survey_figure(
     path: str | Path,
     eps: float = 0.3,
     curve_input: str = "natural",
+    by: str = "sinklab",
 ) -> Path:
     """Left: Sink_1^ε per model, one bar per input column (``<input>`` or ``<input>_bos``, the
     BOS ones hatched); right: Sink_1 against ε for ``curve_input``, one colour per model, solid
@@ -292,11 +295,11 @@ def survey_figure(
     ax_eps.set_ylim(0, 100)
     ax_eps.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     ax_eps.set_title(f"Sink₁ against ε ({curve_input} input)")
-    return _save(fig, path)
+    return _save(fig, path, by)
 
 
 def passkey_heatmap(
-    table: Mapping[str, Mapping[float, Mapping[str, float]]], path: str | Path, title: str = ""
+    table: Mapping[str, Mapping[float, Mapping[str, float]]], path: str | Path, title: str = "", by: str = "sinklab"
 ) -> Path:
     """Passkey accuracy, one row per cache config and one column per depth; cells whose key had
     left the cache for some trial are marked †. ``table[cache][depth]`` holds ``accuracy`` and
@@ -320,7 +323,7 @@ def passkey_heatmap(
     ax.set_title(title or "passkey retrieval", fontsize=9)
     if any(c["cached"] < 100 for row in table.values() for c in row.values()):
         ax.text(0.0, -0.3, "†: the key had left the cache when the answer began", transform=ax.transAxes, fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, by)
 
 
 def curve_panels(
@@ -329,6 +332,7 @@ def curve_panels(
     title: str = "",
     xlabel: str = "layer l",
     log_panels: Sequence[str] = (),
+    by: str = "sinklab",
 ) -> Path:
     """Side-by-side panels, one per quantity (``panels[name][label] = (xs, ys)``, one line per
     label); the panels named in ``log_panels`` on a log y axis. The information flow per layer and
@@ -343,4 +347,4 @@ def curve_panels(
         ax.set_title(name, fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return _save(fig, path, by)

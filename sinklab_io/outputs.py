@@ -3,7 +3,10 @@
 - a file is written only where none stands, or where one that SinkLab wrote stands unchanged
   since (same size and content hash as recorded when it was written; for a file above 64 MiB,
   same size and modification time); anything else was written or edited by someone else, and
-  is never replaced;
+  is never replaced; a marker of another shape, or one that names files without size and hash
+  (the first format), vouches for nothing;
+- of those, a command replaces only its own for the same subject (the marker's ``by``: the
+  command and its model or experiment, given to :func:`claim` and :func:`write_output`);
 - a directory ``--out`` must be a directory (or not exist yet); other files in it are left alone;
 - a whole-directory output (``atomic_directory``) replaces only an empty directory or one that an
   earlier write of the same command filled.
@@ -28,7 +31,7 @@ from pathlib import Path
 
 from .atomic import atomic_path, atomic_write, remove
 
-MARKER = ".sinklab-output.json"  # {"files": {name: {"by": command, "size": n, "sha256": h}}}
+MARKER = ".sinklab-output.json"  # {"files": {name: {"by": writer, "size": n, "sha256": h}}}
 HASHED = 64 << 20  # larger files (checkpoints) are told by size and modification time instead of a hash
 
 
@@ -37,14 +40,16 @@ class NotOurs(FileExistsError):
 
 
 def _recorded(directory: Path) -> dict[str, dict]:
+    """The marker's entries; a marker of any other shape (or of the first format, names without
+    a size or hash) vouches for nothing."""
     try:
         marker = json.loads((directory / MARKER).read_text())
     except (OSError, ValueError):
         return {}
-    files = marker.get("files", {})
-    if isinstance(files, list):  # the first marker format: names written by one command
-        return {name: {"by": marker.get("kind")} for name in files}
-    return files if isinstance(files, dict) else {}
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(files, dict):
+        return {}
+    return {name: entry for name, entry in files.items() if isinstance(entry, dict)}
 
 
 def _fingerprint(path: Path) -> dict:
@@ -59,22 +64,20 @@ def _fingerprint(path: Path) -> dict:
 def _ours(path: Path, entry: dict | None, by: str | None = None) -> bool:
     if entry is None or (by is not None and entry.get("by") != by):
         return False
-    if "size" not in entry or path.is_dir():
-        return True
-    if path.stat().st_size != entry["size"]:
+    if not path.is_file() or path.is_symlink() or path.stat().st_size != entry.get("size"):
         return False
     return all(entry.get(k) == v for k, v in _fingerprint(path).items())
 
 
-def theirs(directory: str | os.PathLike, names: Iterable[str]) -> list[str]:
+def theirs(directory: str | os.PathLike, names: Iterable[str], by: str | None = None) -> list[str]:
     """Of ``names`` in ``directory``, those that stand there and that SinkLab did not write
-    (or that changed since): what no command may replace."""
+    (or that changed since; with ``by``, that another writer wrote): what ``by`` may not replace."""
     directory = Path(directory)
     existing = [name for name in names if os.path.lexists(directory / name)]
     if not existing:
         return []
     recorded = _recorded(directory)
-    return [name for name in existing if not _ours(directory / name, recorded.get(name))]
+    return [name for name in existing if not _ours(directory / name, recorded.get(name), by)]
 
 
 def written(directory: str | os.PathLike) -> list[Path]:
@@ -88,28 +91,40 @@ def _shown(names: list[str]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def claim(out_dir: str | os.PathLike, names: Iterable[str], what: str = "--out") -> Path:
+def _whose(directory: Path, names: list[str]) -> str:
+    """Who wrote ``names``, as a clause: the user (any of them not sinklab's, unchanged), else the
+    other writers."""
+    recorded = _recorded(directory)
+    writers = [recorded[name]["by"] for name in names if _ours(directory / name, recorded.get(name))]
+    if len(writers) < len(names):
+        return "which sinklab did not write (or which changed since)"
+    others = " and ".join(sorted(set(map(str, writers))))
+    return f"which {others} wrote (a command replaces only its own output for the same subject)"
+
+
+def claim(out_dir: str | os.PathLike, names: Iterable[str], what: str = "--out", by: str | None = None) -> Path:
     """Refuse (:class:`NotOurs`) before any work when ``out_dir`` is a file or when writing
-    ``names`` into it would replace a file SinkLab did not write. Returns ``out_dir`` as a Path."""
+    ``names`` into it would replace a file SinkLab did not write (with ``by``: that another writer
+    or the same command for another subject wrote). Returns ``out_dir`` as a Path."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise NotOurs(f"{what} {out}: is a file; name a directory (new, or one that sinklab wrote into)")
-    if out.is_dir() and (foreign := theirs(out, names)):
+    if out.is_dir() and (foreign := theirs(out, names, by)):
         raise NotOurs(
-            f"{what} {out}: already holds {_shown(foreign)}, which sinklab did not write (or which changed since); "
+            f"{what} {out}: already holds {_shown(foreign)}, {_whose(out, foreign)}; "
             "nothing was changed. Name a new directory, or move those files away"
         )
     return out
 
 
-def claim_file(path: str | os.PathLike, what: str) -> Path:
+def claim_file(path: str | os.PathLike, what: str, by: str | None = None) -> Path:
     """:func:`claim` for a command whose output is one file ``path``."""
     path = Path(path)
     if path.is_dir():
         raise NotOurs(f"{what} {path}: is a directory; give the path of the file to write")
-    if foreign := theirs(path.parent, [path.name]):
+    if foreign := theirs(path.parent, [path.name], by):
         raise NotOurs(
-            f"{what} {path}: {foreign[0]} exists and was not written by sinklab (or changed since); "
+            f"{what} {path}: {foreign[0]} exists, {_whose(path.parent, foreign)}; "
             "nothing was changed. Give a new file name, or move that file away"
         )
     return path
@@ -125,8 +140,8 @@ def _record(directory: Path, entries: dict[str, str]) -> None:
 @contextmanager
 def output_path(path: str | os.PathLike, by: str) -> Iterator[Path]:
     """A temporary sibling of ``path`` to write (``sinklab_io.atomic.atomic_path``), renamed
-    into place and recorded as ``by``'s; refused (:class:`NotOurs`) where ``path`` is not ours."""
-    path = claim_file(path, by)
+    into place and recorded as ``by``'s; refused (:class:`NotOurs`) where ``path`` is not ``by``'s."""
+    path = claim_file(path, by, by)
     with atomic_path(path) as tmp:
         yield tmp
     _record(path.parent, {path.name: by})

@@ -19,10 +19,11 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis import inputs
 from pipeline.analysis.figures import write_plots
-from pipeline.analysis.subject import Subject, add_model_arguments, model_name
+from pipeline.analysis.subject import Subject, add_model_arguments, model_name, writer
 from pipeline.analysis.tables import format_table
 from sinklab_io.outputs import NotOurs, claim, write_output
 
+BY = "sinklab analyze"
 INPUT_KINDS = ("natural", "random", "repeat")
 
 
@@ -170,14 +171,20 @@ def learned_position_table(subject: Subject, edits: list[tuple[str, int]], token
     return rows
 
 
-def write_json(record: dict, path: Path, by: str = "sinklab analyze") -> None:
+def write_json(record: dict, path: Path, by: str) -> None:
     write_output(path, json.dumps(record, indent=2), by)
 
 
 def output_names(args) -> list[str]:
     """What `sinklab analyze` writes into --out (checked before any work)."""
     kinds = [k.strip() for k in args.inputs.split(",") if k.strip()]
-    plot_names = ["sink_profile.png", *(f"alpha1_{k}.png" for k in kinds), "norm_ratio.png", "qk_decomposition.png"]
+    plot_names = [
+        "sink_profile.png",
+        *(f"alpha1_{k}.png" for k in kinds),
+        "norm_ratio.png",
+        "qk_decomposition.png",
+        "flow.png",
+    ]
     return ["report.json", *([] if args.no_plots else plot_names)]
 
 
@@ -258,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.eps < 1:
         raise SystemExit(f"sinklab analyze: --eps {args.eps}: α lies in [0, 1], so ε must be in [0, 1) (paper: 0.3)")
     try:
-        claim(args.out or Path("analysis") / model_name(args.model), output_names(args))
+        claim(args.out or Path("analysis") / model_name(args.model), output_names(args), by=writer(BY, [args.model]))
     except NotOurs as error:
         raise SystemExit(f"sinklab analyze: {error}") from None
     started = time.perf_counter()
@@ -280,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     """Everything after loading: probe sets, reports, plots, JSON, MLflow. Returns the record."""
     started = time.perf_counter()
-    name = model_name(args.model)
+    name, by = model_name(args.model), writer(BY, [subject.spec])
     out = args.out or Path("analysis") / name
     # refusals before any work, and before the output folder exists: a refused input leaves none
     edits = checked_position_edits(subject, args)
@@ -323,14 +330,14 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
             tokens = natural_tokens(subject, args)
         record["learned_positions"] = learned_position_table(subject, edits, tokens, args)
     if not args.no_plots:
-        record["plots"] = [p.name for p in write_plots(name, reports, out, args.eps)]
+        record["plots"] = [p.name for p in write_plots(name, reports, out, args.eps, by)]
     record["seconds"] = {"load": round(load_seconds, 2), "analysis": round(time.perf_counter() - started, 2)}
-    write_json(record, out / "report.json")
+    write_json(record, out / "report.json", by)
     uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if getattr(subject, "run_id", None) is not None:  # runs:/<id>: on the training run itself, under analysis/
         record["mlflow_run_id"] = log_on_run(subject.tracking_uri, subject.run_id, record, out)
-        write_json(record, out / "report.json")
+        write_json(record, out / "report.json", by)
     elif uri:
         record["mlflow_run_id"] = log_mlflow(uri, args.experiment, record, out)
-        write_json(record, out / "report.json")
+        write_json(record, out / "report.json", by)
     return record

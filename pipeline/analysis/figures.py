@@ -9,12 +9,10 @@ from pipeline import plots
 from pipeline.sink_report import SinkReport
 
 
-def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float) -> list[Path]:
-    paths = [
-        plots.sink_profile(
-            {k: r.profile for k, r in reports.items()}, out / "sink_profile.png", f"{name}: Sink_k by position", eps
-        )
-    ]
+def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float, by: str) -> list[Path]:
+    """The figures, each recorded as ``by``'s (the output marker's writer)."""
+    profiles = {k: r.profile for k, r in reports.items()}
+    paths = [plots.sink_profile(profiles, out / "sink_profile.png", f"{name}: Sink_k by position", eps, by)]
     for kind, rep in reports.items():
         paths.append(
             plots.alpha1_heatmap(
@@ -25,6 +23,7 @@ def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float
                 rep.out_norm,
                 rep.dormant,
                 max_logit=rep.max_logit,
+                by=by,
             )
         )
     first = reports.get("natural") or next(iter(reports.values()))
@@ -32,17 +31,19 @@ def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float
     for label, t in (("keys", first.key_norm_ratio), ("values", first.value_norm_ratio)):
         if t is not None:
             curves[label] = t.tolist()
-    paths.append(plots.norm_ratio_curves(curves, out / "norm_ratio.png", f"{name}: first-token ℓ2-norm ratio"))
+    paths.append(plots.norm_ratio_curves(curves, out / "norm_ratio.png", f"{name}: first-token ℓ2-norm ratio", by))
     if first.qk_decomposition is not None:
         paths.append(
-            plots.qk_decomposition(first.qk_decomposition, out / "qk_decomposition.png", f"{name}: QK decomposition")
+            plots.qk_decomposition(
+                first.qk_decomposition, out / "qk_decomposition.png", f"{name}: QK decomposition", by
+            )
         )
     if any(rep.flow is not None for rep in reports.values()):
-        paths.append(flow_figure(name, reports, out / "flow.png"))
+        paths.append(flow_figure(name, reports, out / "flow.png", by))
     return paths
 
 
-def flow_figure(name: str, reports: dict[str, SinkReport], path: Path) -> Path:
+def flow_figure(name: str, reports: dict[str, SinkReport], path: Path, by: str) -> Path:
     """Per layer and input kind: the first-token norm ratio, the matrix entropy and the over-mixing
     sensitivity (layer −1: the input embeddings)."""
     panels = {"‖h₁‖ / mean ‖h_t≠1‖": {}, "matrix entropy (normalised)": {}, "over-mixing sensitivity": {}}
@@ -60,4 +61,6 @@ def flow_figure(name: str, reports: dict[str, SinkReport], path: Path) -> Path:
         if rep.flow.mixing is not None:
             panels["over-mixing sensitivity"][kind] = (layers, rep.flow.mixing.tolist())
     panels = {k: v for k, v in panels.items() if v}
-    return plots.curve_panels(panels, path, f"{name}: information flow (layer −1: embeddings)", log_panels=panels)
+    return plots.curve_panels(
+        panels, path, f"{name}: information flow (layer −1: embeddings)", log_panels=panels, by=by
+    )

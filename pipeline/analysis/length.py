@@ -32,10 +32,18 @@ import torch
 from pipeline import metric_names as N
 from pipeline import plots
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, natural_windows, read_text
-from pipeline.analysis.passkey import DEFAULT_DEPTHS, accuracy, build_trial, make_trials, parse_depths, run_trials
+from pipeline.analysis.passkey import (
+    DEFAULT_DEPTHS,
+    DIGITS,
+    accuracy,
+    build_trial,
+    make_trials,
+    parse_depths,
+    run_trials,
+)
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, parse_caches
-from pipeline.analysis.subject import Subject, add_model_arguments, device_of, model_name
+from pipeline.analysis.subject import Subject, add_model_arguments, device_of, model_name, writer
 from sinklab_io.outputs import NotOurs, claim, write_output
 
 FULL = "full"
@@ -84,6 +92,10 @@ def check_args(args) -> list[int]:
         raise refuse(f"--passkey {args.passkey!r}: expected a comma list of whole numbers, e.g. 1,2,4,8") from None
     if any(f < 1 for f in factors):
         raise refuse(f"--passkey {args.passkey!r}: each factor must be >= 1")
+    if factors and args.digits not in DIGITS:
+        raise refuse(f"--digits {args.digits}: must be in 1..18 (the passkey's length in digits)")
+    if factors:  # refused here, before any model loads
+        parse_depths(args.depths, BY)
     return factors
 
 
@@ -146,7 +158,7 @@ def loss_by_position(streamer, ids: torch.Tensor, specs: list[CacheSpec], bucket
 
 def passkey_by_length(streamer, subject, args, factors, C, specs, bos) -> dict[str, dict[int, float | None]]:
     """mode -> factor -> mean accuracy (%), None where f·C tokens cannot hold the prompt."""
-    depths = parse_depths(args.depths)
+    depths = parse_depths(args.depths, BY)
     out: dict[str, dict[int, float | None]] = {FULL: {}} | {str(s): {} for s in specs}
     for f in factors:
         try:
@@ -229,7 +241,7 @@ def markdown(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def figure(results: dict[str, dict], path: Path) -> Path:
+def figure(results: dict[str, dict], path: Path, by: str) -> Path:
     panels: dict[str, dict] = {}
     for name, r in results.items():
         C, w = r["train_len"], r["bucket"]
@@ -240,7 +252,7 @@ def figure(results: dict[str, dict], path: Path) -> Path:
             points = [(int(f), v) for f, v in row.items() if v is not None]
             if points:
                 panels.setdefault("passkey accuracy (%)", {})[f"{name} {mode}"] = tuple(zip(*points))
-    return plots.curve_panels(panels, path, "length generalisation", xlabel="position (or prompt length) / C")
+    return plots.curve_panels(panels, path, "length generalisation", xlabel="position (or prompt length) / C", by=by)
 
 
 def log_model(subject, name: str, result: dict, out: Path, args) -> str | None:
@@ -268,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(names)) != len(names):
         raise refuse(f"two models share the name {[n for n in names if names.count(n) > 1][0]!r}; copy one aside")
     out = args.out or Path("analysis") / "length" / names[0]
+    by = writer(BY, args.models)
     try:
-        claim(out, OUTPUTS)
+        claim(out, OUTPUTS, by=by)
     except NotOurs as error:
         raise refuse(str(error)) from None
     results, subjects = {}, {}
@@ -280,10 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = evaluate(subjects[name], args, factors)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(results)
-    write_output(out / "length.md", table + "\n", BY)
+    write_output(out / "length.md", table + "\n", by)
     record = {"settings": vars(args) | {"out": str(out)}, "models": results}
-    write_output(out / "length.json", json.dumps(record, indent=2, default=str), BY)
-    figure(results, out / "length.png")
+    write_output(out / "length.json", json.dumps(record, indent=2, default=str), by)
+    figure(results, out / "length.png", by)
     print(table)
     for name, result in results.items():
         run_id = log_model(subjects[name], name, result, out, args)

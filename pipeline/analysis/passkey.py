@@ -28,7 +28,7 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.streamers import CacheSpec, Streamer, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, check_positions, parse_caches
-from pipeline.analysis.subject import Subject, add_model_arguments, model_name
+from pipeline.analysis.subject import Subject, add_model_arguments, model_name, writer
 from pipeline.plots import passkey_heatmap
 from sinklab_io.outputs import NotOurs, claim, write_output
 
@@ -41,6 +41,7 @@ FILLER = " The lake was calm. The road went on. The birds flew south. Nothing ha
 NEEDLE = (" The secret number is", " {key}", ". Remember it:", " {key}", ".")  # encoded piece by piece
 QUESTION = " What is the secret number? The secret number is"
 DEFAULT_DEPTHS = "0,0.25,0.5,0.75,1"
+DIGITS = range(1, 19)  # a key's digits: every key fits an int64
 DEFAULT_CACHES = ("0+256", "4+252")
 
 
@@ -217,13 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_depths(text: str) -> list[float]:
+def parse_depths(text: str, prog: str = BY) -> list[float]:
     try:
         depths = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"sinklab passkey: --depths {text!r}: expected a comma list of numbers in [0, 1]") from None
+        depths = []
     if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
-        raise SystemExit(f"sinklab passkey: --depths {text!r}: expected a comma list of numbers in [0, 1]")
+        raise SystemExit(f"{prog}: --depths {text!r}: expected a comma list of numbers in [0, 1]")
     return list(dict.fromkeys(depths))
 
 
@@ -249,8 +250,9 @@ def cache_configs(specs: list[CacheSpec], full: bool, subject, trials: list[Tria
 def write_outputs(
     out: Path, name: str, subject, table: dict, results: list[dict], settings: dict, seconds: float
 ) -> Path:
-    write_output(out / "passkey.md", markdown(name, table, settings["tokens"], settings["keys"]) + "\n", BY)
-    write_output(out / "passkey.csv", csv_text(results), BY)
+    by = writer(BY, [subject.spec])
+    write_output(out / "passkey.md", markdown(name, table, settings["tokens"], settings["keys"]) + "\n", by)
+    write_output(out / "passkey.csv", csv_text(results), by)
     accuracy_by_depth = {cache: {str(d): cell for d, cell in row.items()} for cache, row in table.items()}
     record = {
         **subject.header(out),
@@ -259,8 +261,9 @@ def write_outputs(
         "accuracy": accuracy_by_depth,
         "trials": results,
     }
-    write_output(out / "passkey.json", json.dumps(record, indent=2), BY)
-    return passkey_heatmap(table, out / "passkey.png", title=f"passkey retrieval, {name}, {settings['tokens']} tokens")
+    write_output(out / "passkey.json", json.dumps(record, indent=2), by)
+    title = f"passkey retrieval, {name}, {settings['tokens']} tokens"
+    return passkey_heatmap(table, out / "passkey.png", title, by)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,11 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     specs = parse_caches(args.cache, "passkey", DEFAULT_CACHES)
     depths = parse_depths(args.depths)
-    if args.keys < 1 or not 1 <= args.digits <= 18:
+    if args.keys < 1 or args.digits not in DIGITS:
         raise SystemExit("sinklab passkey: --keys must be >= 1 and --digits in 1..18")
     out = args.out or Path("analysis") / "passkey" / model_name(args.model)
     try:
-        claim(out, ("passkey.md", "passkey.csv", "passkey.json", "passkey.png"))
+        claim(out, ("passkey.md", "passkey.csv", "passkey.json", "passkey.png"), by=writer(BY, [args.model]))
     except NotOurs as error:
         raise SystemExit(f"sinklab passkey: {error}") from None
     subject = Subject(args.model, args.kind, args.tokenizer, "passkey")

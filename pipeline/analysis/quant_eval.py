@@ -22,10 +22,11 @@ from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.streamers import perplexity
 from pipeline.analysis.streaming import add_text_arguments, bos_id
-from pipeline.analysis.subject import Subject, add_model_arguments, model_name
+from pipeline.analysis.subject import Subject, add_model_arguments, model_name, writer
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
 from sinklab_io.outputs import NotOurs, claim, write_output
 
+BY = "sinklab quant-eval"
 DEFAULT_SETTINGS = tuple(SETTINGS)
 RECOVERY_MIN_GAP_PCT = 1.0  # below this a setting's gap is noise: no recovery share is given
 
@@ -177,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.seq_len < 3 or args.batch_size < 1:
         raise SystemExit("sinklab quant-eval: --seq-len must be >= 3 and --batch-size >= 1")
     try:
-        claim(args.out or Path("analysis") / model_name(args.model) / "quant", ("quant_eval.md", "quant_eval.json"))
+        out = args.out or Path("analysis") / model_name(args.model) / "quant"
+        claim(out, ("quant_eval.md", "quant_eval.json"), by=writer(BY, [args.model]))
     except NotOurs as error:
         raise SystemExit(f"sinklab quant-eval: {error}") from None
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
@@ -227,11 +229,10 @@ def run(subject, args) -> dict:
         "outliers": report.to_json() if report is not None else None,
     }
     record["table"] = markdown(record)
-    write_output(out / "quant_eval.md", record["table"] + "\n", "sinklab quant-eval")
+    by = writer(BY, [subject.spec])
+    write_output(out / "quant_eval.md", record["table"] + "\n", by)
     write_json = lambda: write_output(  # noqa: E731
-        out / "quant_eval.json",
-        json.dumps({k: v for k, v in record.items() if k != "table"}, indent=2),
-        "sinklab quant-eval",
+        out / "quant_eval.json", json.dumps({k: v for k, v in record.items() if k != "table"}, indent=2), by
     )
     write_json()
     if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/

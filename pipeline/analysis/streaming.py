@@ -18,9 +18,10 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity, streamer_for
-from pipeline.analysis.subject import Subject, add_model_arguments, model_name
+from pipeline.analysis.subject import Subject, add_model_arguments, model_name, writer
 from sinklab_io.outputs import NotOurs, claim_file, write_output
 
+BY = "sinklab stream-ppl"
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
 
 
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("sinklab stream-ppl: --max-tokens must be >= 2")
     if args.out is not None:
         try:
-            claim_file(args.out, "sinklab stream-ppl: --out")
+            claim_file(args.out, "sinklab stream-ppl: --out", writer(BY, [args.model]))
         except NotOurs as error:
             raise SystemExit(str(error)) from None
     streamer, ids, subject = load_subject(args)
@@ -201,6 +202,6 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 indent=2,
             ),
-            "sinklab stream-ppl",
+            writer(BY, [args.model]),
         )
     return 0

@@ -154,6 +154,12 @@ def device_of(name: str, command: str) -> torch.device:
     return torch.device(name)
 
 
+def writer(command: str, specs: list[str]) -> str:
+    """Who wrote a command's files, as the output marker records it: the command and its models
+    (paths resolved), so that a run of it on other models replaces none of them."""
+    return f"{command} of " + ", ".join(str(Path(s).resolve()) if Path(s).exists() else s for s in specs)
+
+
 def model_name(spec: str) -> str:
     """A name safe in file and metric names: a path's stem, else the spec itself."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", Path(spec).stem if Path(spec).exists() else spec)

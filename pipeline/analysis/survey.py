@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pipeline import metrics, plots
 from pipeline.analysis.analyze import INPUT_KINDS, probe_sets, write_json
-from pipeline.analysis.subject import Subject, add_model_arguments
+from pipeline.analysis.subject import Subject, add_model_arguments, writer
 from sinklab_io.outputs import NotOurs, claim, write_output
 
 DEFAULT_SWEEP = "0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
@@ -189,7 +189,7 @@ def sweep_rows(records: list[dict], sweep: list[float]) -> list[dict]:
     ]
 
 
-def draw(records: list[dict], columns: list[str], sweep: list[float], args) -> Path:
+def draw(records: list[dict], columns: list[str], sweep: list[float], args, by: str) -> Path:
     bars = {rec["model"]: {c: rec["cells"][c]["sink1"] for c in columns if c in rec["cells"]} for rec in records}
     first = args.inputs_list[0]
     curves = {}
@@ -198,7 +198,7 @@ def draw(records: list[dict], columns: list[str], sweep: list[float], args) -> P
             cell = rec["cells"].get(column(first, bos))
             if cell:
                 curves[(rec["model"], bos)] = cell["sweep"]
-    return plots.survey_figure(bars, curves, sweep, args.out / "survey.png", eps=args.eps, curve_input=first)
+    return plots.survey_figure(bars, curves, sweep, args.out / "survey.png", args.eps, first, by)
 
 
 def log_run(uri: str, args, records: list[dict], rows: list[dict], sweep: list[float]) -> str:
@@ -256,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(not 0.0 <= e < 1.0 for e in sweep):
         raise SystemExit(f"sinklab survey: --eps/--eps-sweep {sweep}: every ε must lie in [0, 1)")
     args.positions = 1  # only Sink_1 is surveyed
+    by = writer(BY, args.models)
     try:
-        claim(args.out, OUTPUTS)
+        claim(args.out, OUTPUTS, by=by)
     except NotOurs as error:
         raise SystemExit(f"sinklab survey: {error}") from None
     records = []
@@ -267,18 +268,18 @@ def main(argv: list[str] | None = None) -> int:
     columns = [column(k, b) for b in args.bos_modes for k in args.inputs_list]
     rows = table_rows(records, columns)
     table = markdown(rows, columns, args)
-    write_output(args.out / "survey.md", table + "\n", BY)
-    write_output(args.out / "survey.csv", csv_text(rows), BY)
-    write_output(args.out / "sweep.csv", csv_text(sweep_rows(records, sweep)), BY)
-    draw(records, columns, sweep, args)
+    write_output(args.out / "survey.md", table + "\n", by)
+    write_output(args.out / "survey.csv", csv_text(rows), by)
+    write_output(args.out / "sweep.csv", csv_text(sweep_rows(records, sweep)), by)
+    draw(records, columns, sweep, args, by)
     settings = json.loads(json.dumps(vars(args), default=str))
     record = {"settings": settings, "eps_sweep": sweep, "table": rows, "models": records}
-    write_json(record, args.out / "survey.json", BY)
+    write_json(record, args.out / "survey.json", by)
     if not args.no_mlflow:
         from pipeline.tracking import tracking_uri
 
         record["mlflow_run_id"] = log_run(args.mlflow_uri or tracking_uri(), args, records, rows, sweep)
-        write_json(record, args.out / "survey.json", BY)
+        write_json(record, args.out / "survey.json", by)
     print(table)
     print(
         f"wrote {args.out}/survey.md, survey.csv, sweep.csv, survey.png"

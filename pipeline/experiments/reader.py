@@ -117,11 +117,11 @@ class Reader:
                 )
         return dict(value)
 
-    def count(self, value: Any, path: tuple, default: int) -> int:
+    def count(self, value: Any, path: tuple, default: int, at_most: int) -> int:
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.fail(path, f"expected a whole number >= 1, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= at_most:
+            raise self.fail(path, f"expected a whole number in 1..{at_most}, got {value!r}")
         return value
 
     def number_or_null(self, value: Any, path: tuple) -> float | None:

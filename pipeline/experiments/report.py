@@ -283,8 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sinklab report: {error}", file=sys.stderr)
         return 2
     out = args.out or Path("runs") / experiment.name / args.scale / "report"
+    by = f"{BY} of {experiment.name} at scale {args.scale}"  # the output marker's writer
     try:
-        claim(out, ["report.md", "report.json", *([f"{experiment.name}-{args.scale}.png"] if args.plot else [])])
+        claim(out, ["report.md", "report.json", *([f"{experiment.name}-{args.scale}.png"] if args.plot else [])], by=by)
     except NotOurs as error:
         print(f"sinklab report: {error}", file=sys.stderr)
         return 2
@@ -293,13 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = build_rows(experiment, records, args.scale)
     markdown = to_markdown(experiment, args.scale, rows, memorising_notes(rows, mlflow), steps_run(rows, mlflow))
     files = [
-        write_output(out / "report.md", markdown, BY),
-        write_output(out / "report.json", to_json(experiment, args.scale, rows), BY),
+        write_output(out / "report.md", markdown, by),
+        write_output(out / "report.json", to_json(experiment, args.scale, rows), by),
     ]
     if args.plot:
         from pipeline.experiments.report_plot import plot
 
-        figure = plot(experiment, rows, mlflow, out / f"{experiment.name}-{args.scale}.png")
+        figure = plot(experiment, rows, mlflow, out / f"{experiment.name}-{args.scale}.png", by)
         if figure is None:
             print(f"sinklab report: {experiment.name} defines no plot", file=sys.stderr)
         else:

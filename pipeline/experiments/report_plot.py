@@ -74,8 +74,8 @@ def _curves(ax, experiment: Experiment, rows, mlflow) -> None:
         ax.legend(fontsize=8)
 
 
-def plot(experiment: Experiment, rows, mlflow, path: Path) -> Path | None:
-    """The experiment's figure: a metric over steps per run (curve) or per variant (bar)."""
+def plot(experiment: Experiment, rows, mlflow, path: Path, by: str) -> Path | None:
+    """The experiment's figure: a metric over steps per run (curve) or per variant (bar), written as ``by``'s."""
     if experiment.plot is None:
         return None
     import matplotlib
@@ -115,7 +115,7 @@ def plot(experiment: Experiment, rows, mlflow, path: Path) -> Path | None:
     ax.set_ylabel(next((c.label for c in experiment.columns if c.metric == spec.metric), spec.metric))
     ax.set_title(spec.title, fontsize=10)
     fig.tight_layout()
-    with output_path(path, "sinklab report") as tmp:
+    with output_path(path, by) as tmp:
         fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path

@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS_DIR = REPO / "configs" / "experiments"
 SCALES = ("paper", "cpu", "gpu")
 REQUIRED_SCALES = ("paper", "cpu")  # gpu (one lent GPU) is opt-in per file
+MAX_SEEDS = 1000  # runs per variant: a larger count is a slip (the plan lists every run)
 TOP_KEYS = {
     "name",
     "title",
@@ -197,7 +198,7 @@ def _parse(raw: Any, r: Reader, path: Path) -> Experiment:
             recipe,
             r.overrides(s.get("overrides"), ("scale", scale, "overrides")),
             {k: r.metric(v, ("scale", scale, "metrics", k)) for k, v in metrics.items()},
-            r.count(s.get("seeds"), ("scale", scale, "seeds"), 1),
+            r.count(s.get("seeds"), ("scale", scale, "seeds"), 1, MAX_SEEDS),
         )
 
     columns_raw = top["columns"]

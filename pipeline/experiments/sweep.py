@@ -31,7 +31,7 @@ from cluster.jobs import JobError
 from pipeline import tracking
 from pipeline.experiments.configs import seeds, variant_config, write_config
 from pipeline.experiments.pool import ForkServer, WorkerError, subprocess_runner
-from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
+from pipeline.experiments.spec import MAX_SEEDS, SCALES, Experiment, ExperimentError, load_experiment
 from pipeline.tracking import PARENT_ENV
 
 RESERVED_NAMES = {"slurm", "runs.tsv", "array.sbatch"}
@@ -228,8 +228,8 @@ def format_plan(experiment: Experiment, scale: str, planned: list[PlannedRun]) -
 
 
 def seed_count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give how many seeds, a whole number >= 1")
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_SEEDS:
+        raise argparse.ArgumentTypeError(f"{text!r}: give how many seeds per variant, a whole number in 1..{MAX_SEEDS}")
     return int(text)
 
 

@@ -165,5 +165,13 @@ def _build(config: ModelConfig, state: dict[str, Any], source: str) -> Transform
     unexpected = sorted(set(tensors) - expected)
     if missing or unexpected:
         raise ValueError(f"{source}: weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    shapes = model.state_dict()
+    if wrong := [k for k, v in tensors.items() if v.shape != shapes[k].shape]:
+        k = wrong[0]
+        raise ValueError(
+            f"{source}: weights do not fit the config: {k} is {list(tensors[k].shape)}, the config builds "
+            f"{list(shapes[k].shape)} (vocab_size {config.vocab_size}, d_model {config.d_model}); give the config "
+            "the weights were trained with"
+        )
     model.load_state_dict({k: v.float() for k, v in tensors.items()})
     return model

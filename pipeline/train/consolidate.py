@@ -57,8 +57,9 @@ def consolidate(ckpt_dir: str | os.PathLike, out: str | os.PathLike) -> dict:
         raise ValueError(
             f"{out}: is a directory; give the path of the .ckpt file to write, e.g. {out / (ckpt.name.removesuffix('.ckpt') + '-fp32.ckpt')}"
         )
-    claim_file(out, "OUT")  # never over a file sinklab consolidate did not write (another run's checkpoint)
-    with output_path(out, "sinklab consolidate") as tmp:
+    by = f"sinklab consolidate of {ckpt.resolve()}"  # never over another checkpoint's merge, nor a file of others
+    claim_file(out, "OUT", by)
+    with output_path(out, by) as tmp:
         result = merge_zero_checkpoint(ckpt, tmp)
         hparams = result.get("hyper_parameters") or {}
         if checkpoint_arch(hparams, str(ckpt)) is None:

@@ -57,7 +57,13 @@ def resolve_preset(config: Namespace) -> None:
     run's config.yaml, its MLflow params) names every number of the preset beside the preset's
     name; a section left out becomes the default model's. Raises ConfigError."""
     arch = config.get(ARCH)
-    built = ModelConfig.from_dict(arch.as_dict() if arch is not None else {}).to_dict()
+    set_arch(config, ModelConfig.from_dict(arch.as_dict() if arch is not None else {}))
+
+
+def set_arch(config: Namespace, arch: ModelConfig) -> None:
+    """Name ``arch`` in the config: the model as built (the dataset's vocabulary set at the start),
+    so that the run's config.yaml builds the model it trained."""
+    built = arch.to_dict()
     config[ARCH], config[ARCH_TARGET] = _namespace(built), _namespace(built)
 
 

@@ -52,7 +52,7 @@ from pipeline.tracking import (
 )
 
 from .callbacks import Preemption, SinkMetrics, Throughput
-from .fit_config import ARCH_TARGET, PARSER_MODE, as_plain, parse_fit, variant_summary
+from .fit_config import ARCH_TARGET, PARSER_MODE, as_plain, parse_fit, set_arch, variant_summary
 from .module import read_init
 from .progress import StepProgressBar
 from .run_options import RunOptions
@@ -112,9 +112,10 @@ class SinkLabCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         self.model.optim.validate(self.trainer.max_steps)
         refuse_zero_optimizer(self.model.optim.name, self.trainer.strategy)
-        self.model.spike_guard = self.opts.spike_guard(self.trainer.strategy)
+        self.model.spike_guard = self.opts.spike_guard(self.trainer.strategy, self.trainer.max_steps)
         manifest = self.datamodule.manifest
         self.model.set_vocab(manifest.vocab_size, manifest.context_length, manifest.tokenizer_sha256)  # max_seq_len too
+        set_arch(self.config, self.model.arch)  # config.yaml and the MLflow params: the vocabulary it trains
         if self.opts.sink_every > 0 and manifest.probe.length > self.model.arch.max_seq_len:
             raise DatasetError(
                 f"{manifest.root}/manifest.json: its probe set has sequences of {manifest.probe.length} tokens, more "
@@ -169,6 +170,7 @@ class SinkLabCLI(LightningCLI):
             manifest=self.datamodule.manifest,
         )
         self.trainer.logger.attach_run(self.run_id, self.resume_step)
+        print(f"sinklab: run dir {self.run.root}; batch: {self.plan.describe()}", flush=True)  # every check passed
         if opts.system_metrics:
             self.trainer.logger.start_system_metrics()
         if opts.log_checkpoints and self.run_id:
@@ -222,8 +224,6 @@ class SinkLabCLI(LightningCLI):
         self.plan = plan
         if isinstance(trainer.strategy, DeepSpeedStrategy) and trainer.strategy.config is not None:
             trainer.strategy.config.setdefault("train_micro_batch_size_per_gpu", plan.micro_batch_size)
-        if rank_zero_only.rank == 0:
-            print(f"sinklab: run dir {self.run.root}; batch: {plan.describe()}", flush=True)
         return trainer
 
 

@@ -87,6 +87,8 @@ class OptimConfig:
             raise ConfigError(f"model.optim.muon_lr={self.muon_lr}: must be positive (or null: model.optim.lr)")
         if self.weight_decay < 0:
             raise ConfigError(f"model.optim.weight_decay={self.weight_decay}: must be >= 0")
+        if not 0 <= self.rotation_seed < 2**32:  # OrthoAdam derives a torch seed per parameter from it
+            raise ConfigError(f"model.optim.rotation_seed={self.rotation_seed}: must be in 0..{2**32 - 1} (32 bits)")
 
 
 def _no_decay(name: str, p: torch.nn.Parameter, decay_on: DecayOn) -> bool:

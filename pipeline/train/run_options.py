@@ -49,17 +49,27 @@ class RunOptions:
                     f"run.{name}={getattr(self, name)}: must be >= 0 ("
                     + ("0 keeps every checkpoint)" if name == "keep_last" else "0 turns it off)")
                 )
-        if self.spike_window < 2 or not self.spike_sigmas > 0:
+        if self.spike_window < 20 or not self.spike_sigmas > 0:
             raise ConfigError(
-                f"run.spike_window={self.spike_window}, run.spike_sigmas={self.spike_sigmas}: "
-                "need a window of 2 steps or more and a positive number of standard deviations"
+                f"run.spike_window={self.spike_window}, run.spike_sigmas={self.spike_sigmas}: need a window of "
+                "20 steps or more (the guard's verdicts need 20 steps of history) and a positive number of "
+                "standard deviations"
             )
         if self.throughput_window < 1:
             raise ConfigError(f"run.throughput_window={self.throughput_window}: must be >= 1")
 
-    def spike_guard(self, strategy) -> SpikeGuard | None:
-        """run.skip_spikes: the guard for the module, refused under DeepSpeed in one line."""
+    def spike_guard(self, strategy, max_steps: int) -> SpikeGuard | None:
+        """run.skip_spikes: the guard for the module, refused in one line under DeepSpeed and where
+        the run ends before the guard's first verdict (it would guard nothing)."""
         if not self.skip_spikes:
             return None
         refuse_under_deepspeed("run.skip_spikes=true", "the engine owns the gradients and the step", strategy)
-        return SpikeGuard(self.spike_window, self.spike_sigmas)
+        guard = SpikeGuard(self.spike_window, self.spike_sigmas)
+        if max_steps <= guard.needed:
+            fix = f"a run.spike_window of at most {2 * max_steps - 1}" if max_steps > 20 else "more than 20 steps"
+            raise ConfigError(
+                f"run.spike_window={self.spike_window}: the spike guard gives no verdict before {guard.needed} steps "
+                f"of history (max(20, window/2)) and trainer.max_steps={max_steps} ends sooner, so it would guard "
+                f"nothing; give {fix}, or run.skip_spikes false"
+            )
+        return guard

@@ -23,8 +23,13 @@ class SpikeGuard:
     grad_norms: list[float] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)  # the optimizer steps not applied
 
+    @property
+    def needed(self) -> int:
+        """Steps of history before a verdict: the first step the guard can skip."""
+        return max(20, self.window // 2)
+
     def _spike(self, history: list[float], value: float) -> bool:
-        if len(history) < max(20, self.window // 2):
+        if len(history) < self.needed:
             return False
         mean, std = statistics.fmean(history), statistics.stdev(history)
         return std > 0 and value > mean + self.sigmas * std

@@ -10,6 +10,7 @@ from analysis_helpers import HAMLET, micro_model
 from pipeline import flow
 from pipeline.analysis import analyze
 from pipeline.analysis.hf_capture import capture, hf_sink_report
+from sinklab_io.outputs import write_output
 
 
 def _args(*argv):
@@ -197,6 +198,13 @@ def test_sinklab_checkpoint(tmp_path):
     with pytest.raises(SystemExit, match="--out .*o: already holds report.json, which sinklab did not write"):
         analyze.main(again)
     assert (tmp_path / "o" / "report.json").read_text() == "edited by hand"
+    # nor one that another command, or this one for another model, wrote into the same --out
+    for other in ("sinklab report of sweep at scale cpu", f"sinklab analyze of {tmp_path / 'other.ckpt'}"):
+        write_output(tmp_path / "r" / "report.json", "{}", other)
+        with pytest.raises(SystemExit, match=f"already holds report.json, which {other} wrote"):
+            analyze.main([*again[:-1], str(tmp_path / "r")])
+        assert (tmp_path / "r" / "report.json").read_text() == "{}"
+        (tmp_path / "r" / "report.json").unlink()
     (tmp_path / "file").write_text("mine")
     with pytest.raises(SystemExit, match="--out .*file: is a file; name a directory"):
         analyze.main([*again[:-1], str(tmp_path / "file")])

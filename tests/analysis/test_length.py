@@ -69,6 +69,9 @@ def test_loss_buckets_by_target_position():
         (["--factor", "0"], "--factor 0: must be >= 1"),
         (["--text", "a.txt", "--dataset", "d"], "give --text or --dataset, not both"),
         ([], "--train-len is needed for a Hugging Face model"),
+        # checked before the model loads (--digits 0 crashed in the passkey after the loss was computed)
+        (["--passkey", "4", "--digits", "0"], "--digits 0: must be in 1..18"),
+        (["--depths", "x"], "--depths 'x': expected a comma list of numbers in [0, 1]"),
     ],
 )
 def test_refusals_are_one_line_and_write_nothing(extra, message, tiny_llama_dir, tmp_path, capsys):

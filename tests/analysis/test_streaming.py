@@ -112,7 +112,7 @@ def test_cli_on_local_llama(tiny_llama_dir, tmp_path, capsys):
     # --out names a file sinklab did not write: refused before any work, the file unchanged
     mine = tmp_path / "mine.json"
     mine.write_text("my notes")
-    with pytest.raises(SystemExit, match=f"--out {mine}: mine.json exists and was not written by sinklab"):
+    with pytest.raises(SystemExit, match=f"--out {mine}: mine.json exists, which sinklab did not write"):
         streaming.main([*args, str(mine)])
     assert mine.read_text() == "my notes"
 

@@ -16,6 +16,7 @@ from pipeline.experiments.report import Row
 from pipeline.experiments.spec import load_experiment
 from pipeline.experiments.stats import spread
 from pipeline.tracking import RunRecord, variant_runs
+from sinklab_io.outputs import write_output
 
 HEADER = (
     "| variant | seeds | Sink_1 (%) paper | Sink_1 (%) ours | valid loss paper | valid loss ours | "
@@ -127,6 +128,11 @@ def test_report_command_writes_logs_and_plots(tmp_path, mlflow_env, unique_name,
     assert report.main([str(path), "--scale", "cpu", "--plot", "--out", str(mine)]) == 2
     assert "already holds report.md, which sinklab did not write" in capsys.readouterr().err
     assert [p.name for p in mine.iterdir()] == ["report.md"] and (mine / "report.md").read_text() == "my notes"
+    # nor one that another command wrote: `sinklab analyze ... --out res` then `sinklab report ... --out res`
+    write_output(tmp_path / "res" / "report.json", "{}", "sinklab analyze of runs:/abc")
+    assert report.main([str(path), "--scale", "cpu", "--out", str(tmp_path / "res")]) == 2
+    assert "already holds report.json, which sinklab analyze of runs:/abc wrote" in capsys.readouterr().err
+    assert (tmp_path / "res" / "report.json").read_text() == "{}" and not (tmp_path / "res" / "report.md").exists()
 
 
 def test_bar_plot_and_missing_experiment(tmp_path, mlflow_env, unique_name, capsys):
@@ -382,7 +388,7 @@ def test_the_bar_figure_shows_the_mean_alpha1_its_agreement_uses(tmp_path, uniqu
         Row("b", "variant b", [41.08, None], [spread([0.0]), spread([4.1])], "1 finished", alpha1=spread([0.093])),
     ]
     narrow = report_plot.plot(
-        exp, [Row(**{**r.__dict__, "alpha1": spread([])}) for r in rows], None, tmp_path / "n.png"
+        exp, [Row(**{**r.__dict__, "alpha1": spread([])}) for r in rows], None, tmp_path / "n.png", "sinklab report"
     )
-    wide = report_plot.plot(exp, rows, None, tmp_path / "w.png")
+    wide = report_plot.plot(exp, rows, None, tmp_path / "w.png", "sinklab report")
     assert Image.open(wide).width > 1.4 * Image.open(narrow).width  # a second panel: mean α₁ per variant

@@ -178,7 +178,11 @@ def test_seeds_are_counted_from_the_recipes_seed(tmp_path):
             ("cpu-tiny.yaml}", "cpu-tiny.yaml, metrics: {val/loss: val/loss_cpu}}"),
             ":6: scale.cpu.metrics.val/loss: renames 'val/loss', which no column reads",
         ),
-        (("cpu-tiny.yaml}", "cpu-tiny.yaml, seeds: 0}"), ":6: scale.cpu.seeds: expected a whole number >= 1, got 0"),
+        (("cpu-tiny.yaml}", "cpu-tiny.yaml, seeds: 0}"), ":6: scale.cpu.seeds: expected a whole number in 1..1000"),
+        (
+            ("cpu-tiny.yaml}", "cpu-tiny.yaml, seeds: 99999999999999999999}"),
+            ":6: scale.cpu.seeds: expected a whole number in 1..1000, got 99999999999999999999",
+        ),
         (
             ("overrides: {arch.n_heads: 4}", "overrides: {arch.n_heads: 4, seed_everything: 2}"),
             ":11: variants[0].overrides.seed_everything: seed_everything is set by the sweep: seeds are an axis",

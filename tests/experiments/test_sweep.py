@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from experiment_helpers import log_training_run, write_experiment
 from packed_datasets import make_dataset
@@ -282,3 +283,13 @@ def test_the_gpu_scale_says_what_the_embedded_corpus_does_and_takes_a_data_path(
     )
     assert sweep.main([*common, "--data-path", str(tmp_path / "nothing")]) == 2
     assert f"sinklab sweep: --data-path {tmp_path / 'nothing'}: no manifest.json there" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("count", ["99999999999999999999", "1001", "0", "²"])
+def test_a_seed_count_outside_1_to_1000_is_refused_before_any_plan(count, capsys):
+    """`--seeds 99999999999999999999 --dry-run` built the whole list of seeds and ran out of memory."""
+    with pytest.raises(SystemExit) as refused:
+        sweep.parse_args(["weight-decay", "--seeds", count, "--dry-run"])
+    assert refused.value.code == 2
+    assert f"--seeds: {count!r}: give how many seeds per variant, a whole number in 1..1000" in capsys.readouterr().err
+    assert sweep.parse_args(["weight-decay", "--seeds", "1000"])[0].seeds == 1000

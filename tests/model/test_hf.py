@@ -1,6 +1,7 @@
 """The default variant is HF LlamaForCausalLM, with qk-norm Qwen3ForCausalLM: logits match in fp32
 both ways; every other variant exports as remote code (tests/model/test_hf_remote.py)."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -199,3 +200,53 @@ def test_an_export_of_a_newer_format_is_refused_in_one_line(tmp_path):
         load_pretrained(tmp_path / "hf")
     with pytest.raises(ValueError, match="sinklab_format=2, but this code reads format 1 at most"):
         SinkLabConfig.from_pretrained(tmp_path / "hf")
+
+
+def _tokenizer(path: Path, ids: int) -> str:
+    """A word-level tokenizer.json of ``ids`` ids at ``path``; its sha256."""
+    from tokenizers import Tokenizer, models
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    vocab = {"<|bos|>": 0, "<|eos|>": 1} | {f"w{i}": i for i in range(2, ids)}
+    Tokenizer(models.WordLevel(vocab, unk_token="w2")).save(str(path))
+    return hashlib.sha256(path.read_text(encoding="utf-8").encode()).hexdigest()
+
+
+def test_a_tokenizer_that_is_not_the_models_is_refused(tmp_path, capsys):
+    """`export-hf CKPT --tokenizer other/tokenizer.json` exported a 48-id tokenizer beside a
+    64-id model with exit 0, though the checkpoint records its tokenizer's sha256."""
+    model = _model()
+    ours = _tokenizer(tmp_path / "ours" / "tokenizer.json", 64)
+    other = _tokenizer(tmp_path / "other" / "tokenizer.json", 48)
+    _tokenizer(tmp_path / "wide" / "tokenizer.json", 80)
+    ckpt, bare = tmp_path / "step-000010.ckpt", tmp_path / "sd.pt"
+    hparams = {"arch": model.config.to_dict(), "tokenizer_sha256": ours}
+    torch.save(
+        {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "hyper_parameters": hparams}, ckpt
+    )
+    torch.save(model.state_dict(), bare)
+    (tmp_path / "config.json").write_text(json.dumps(model.config.to_dict()))
+    refusals = [
+        (
+            [str(ckpt)],
+            "other",
+            f"not the model's (sha256 {other[:12]}, 48 ids; the model's: sha256 {ours[:12]}, vocabulary 64)",
+        ),
+        (
+            [str(bare), "--config", str(tmp_path / "config.json")],
+            "wide",
+            "holds 80 ids, more than the model's vocabulary of 64",
+        ),
+    ]
+    for source, name, message in refusals:
+        capsys.readouterr()
+        assert (
+            main([*source, "--out", str(tmp_path / "hf"), "--tokenizer", str(tmp_path / name / "tokenizer.json")]) == 2
+        )
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+        assert not (tmp_path / "hf").exists()
+    assert (
+        main([str(ckpt), "--out", str(tmp_path / "hf"), "--tokenizer", str(tmp_path / "ours" / "tokenizer.json")]) == 0
+    )
+    assert json.loads((tmp_path / "hf" / "tokenizer.json").read_text())["model"]["vocab"]["w63"] == 63

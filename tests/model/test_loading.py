@@ -70,3 +70,12 @@ def test_mismatched_weights_are_reported(tmp_path):
     (tmp_path / "export" / "sinklab_config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="unexpected .*kv_slot"):
         load_pretrained(tmp_path / "export")
+
+
+def test_weights_of_another_shape_are_one_line(tmp_path):
+    """A state dict under a config of another vocabulary raised torch's multi-line size mismatch."""
+    model = _model()
+    torch.save(model.state_dict(), tmp_path / "sd.pt")
+    other = model.config.to_dict() | {"vocab_size": 48}
+    with pytest.raises(ValueError, match=r"embed.weight is \[64, 32\], the config builds \[48, 32\] \(vocab_size 48"):
+        load_pretrained(tmp_path / "sd.pt", config=other)

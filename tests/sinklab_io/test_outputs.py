@@ -8,7 +8,16 @@ import os
 import pytest
 import torch
 
-from sinklab_io.outputs import MARKER, NotOurs, atomic_directory, claim, theirs, write_output, written
+from sinklab_io.outputs import (
+    MARKER,
+    NotOurs,
+    atomic_directory,
+    claim,
+    claim_directory,
+    theirs,
+    write_output,
+    written,
+)
 
 
 def test_a_file_is_rewritten_only_while_it_is_what_sinklab_wrote(tmp_path):
@@ -24,12 +33,50 @@ def test_a_file_is_rewritten_only_while_it_is_what_sinklab_wrote(tmp_path):
     assert theirs(out, ["report.json"]) == ["report.json"] and written(out) == []
     with pytest.raises(NotOurs, match="already holds report.json, which sinklab did not write .*nothing was changed"):
         claim(out, ["report.json", "plot.png"])
-    with pytest.raises(NotOurs, match="report.json exists and was not written by sinklab"):
+    with pytest.raises(NotOurs, match="report.json exists, which sinklab did not write"):
         write_output(report, "3", "sinklab analyze")
     assert report.read_text() == "edited"
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "notes.txt", "report.json"]  # no temporary left
     with pytest.raises(NotOurs, match="is a file; name a directory"):
         claim(report, ["x"])
+
+
+@pytest.mark.parametrize("marker", ["[1, 2]", '"files"', "null", '{"files": 3}', '{"files": {"report.json": "x"}}'])
+def test_a_marker_of_any_other_shape_vouches_for_nothing(marker, tmp_path):
+    """A marker that is valid JSON of the wrong shape crashed every command that claims an output."""
+    (tmp_path / "report.json").write_text("mine")
+    (tmp_path / MARKER).write_text(marker)
+    assert theirs(tmp_path, ["report.json"]) == ["report.json"] and written(tmp_path) == []
+    with pytest.raises(NotOurs, match="already holds report.json, which sinklab did not write"):
+        claim(tmp_path, ["report.json"])
+    with pytest.raises(NotOurs, match="report.json exists, which sinklab did not write"):
+        write_output(tmp_path / "report.json", "1", "sinklab analyze")
+    with pytest.raises(NotOurs, match="holds report.json, which this command did not write"):
+        claim_directory(tmp_path, "sinklab export-hf")
+    assert (tmp_path / "report.json").read_text() == "mine"
+
+
+def test_a_file_in_a_first_format_marker_is_the_users(tmp_path):
+    """The first marker format names files without a size or hash: it cannot tell a README edited
+    since, so a second export replaced the user's edit without a word."""
+    (tmp_path / "README.md").write_text("edited by hand")
+    (tmp_path / MARKER).write_text('{"kind": "sinklab export-hf", "files": ["README.md"]}')
+    with pytest.raises(NotOurs, match="holds README.md, which this command did not write"):
+        with atomic_directory(tmp_path, "sinklab export-hf"):
+            pytest.fail("refused before any work")
+    assert (tmp_path / "README.md").read_text() == "edited by hand"
+
+
+def test_a_command_replaces_only_its_own_output_for_the_same_subject(tmp_path):
+    report = write_output(tmp_path / "report.json", "1", "sinklab analyze of a")
+    write_output(report, "2", "sinklab analyze of a")
+    for other in ("sinklab report of e at scale cpu", "sinklab analyze of b"):
+        assert theirs(tmp_path, ["report.json"], other) == ["report.json"]
+        with pytest.raises(NotOurs, match="already holds report.json, which sinklab analyze of a wrote"):
+            claim(tmp_path, ["report.json"], by=other)
+        with pytest.raises(NotOurs, match="report.json exists, which sinklab analyze of a wrote"):
+            write_output(report, "3", other)
+    assert report.read_text() == "2" and written(tmp_path) == [report]
 
 
 def test_a_whole_directory_edited_since_it_was_written_is_refused(tmp_path):
@@ -57,7 +104,11 @@ def test_consolidate_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
     assert main([str(zero), str(other)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        f"sinklab consolidate: OUT {other}: step-000024.ckpt exists and was not written by sinklab (or changed "
+        f"sinklab consolidate: OUT {other}: step-000024.ckpt exists, which sinklab did not write (or which changed "
         "since); nothing was changed. Give a new file name, or move that file away"
     )
     assert other.read_bytes() == before and sorted(p.name for p in other.parent.iterdir()) == ["step-000024.ckpt"]
+    merged = write_output(tmp_path / "merged.ckpt", b"another checkpoint's merge", f"sinklab consolidate of {other}")
+    assert main([str(zero), str(merged)]) == 2
+    assert f"merged.ckpt exists, which sinklab consolidate of {other} wrote" in capsys.readouterr().err
+    assert merged.read_bytes() == b"another checkpoint's merge"

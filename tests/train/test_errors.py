@@ -54,10 +54,11 @@ def test_refused_start_is_one_line_and_leaves_nothing(
         monkeypatch,
         mlflow_server,
     )
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert rc == 2
     lines = [line for line in err.splitlines() if line.startswith("sinklab fit:")]
     assert len(lines) == 1 and message in lines[0], err
+    assert out == ""  # only the refusal: no "sinklab: run dir ...; batch: ..." banner before it
     assert not err.lstrip().startswith("usage:")  # no 60-line usage dump before it
     assert not run_dir.exists()  # no config.yaml (a fixed start would write config.1.yaml), no lock
     assert _runs(mlflow_server, experiment) == []  # no MLflow run left RUNNING
@@ -219,7 +220,7 @@ def test_a_sql_store_that_cannot_be_opened_is_one_line_before_anything_is_writte
         capture_output=True,
         text=True,
     )
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and "Traceback" not in done.stderr and done.stdout == "", done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()  # Lightning's start-up notes wait for an accepted config
     assert len(lines) == 1 and lines[0].startswith(
         f"sinklab fit: MLFLOW_TRACKING_URI={uri}: the store cannot be opened"
@@ -235,6 +236,11 @@ def test_a_sql_store_that_cannot_be_opened_is_one_line_before_anything_is_writte
         (["--data.global_batch_tokens", "24"], "data.global_batch_tokens=24"),
         (["--arch.max_seq_len", "8"], "arch.max_seq_len=8 is below the dataset's context length 16"),
         (["--trainer.max_steps", "0"], "trainer.max_steps=0: must be >= 1"),
+        (["--run.skip_spikes", "true", "--run.spike_window", "1000"], "run.spike_window=1000: the spike guard"),
+        (
+            ["--model.optim.name", "orthoadam", "--model.optim.rotation_seed", "10000000000000"],
+            "model.optim.rotation_seed=10000000000000: must be in 0..4294967295",
+        ),
         (["--run-dir", "{file}"], "--run-dir {file}: is a file; name a directory"),
         (["--data.path", "{garbage}"], "manifest.json: not valid JSON"),
         (["--data.path", "{list}"], "manifest.json: holds no JSON object (a list)"),
@@ -266,8 +272,8 @@ def test_a_refused_start_creates_no_mlflow_store(args, message, tiny_ds, tmp_pat
     message = message.format(file=tmp_path / "file")
     store = tmp_path / "store"
     rc = fit_in_process([*paths(tiny_ds, tmp_path / "run"), *args], monkeypatch, f"sqlite:///{store}/m.db")
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     lines = [line for line in err.splitlines() if line.startswith("sinklab fit:")]
-    assert rc == 2 and len(lines) == 1 and message in lines[0], err
+    assert rc == 2 and len(lines) == 1 and message in lines[0] and out == "", err
     assert "Traceback" not in err and "checkpoints already written" not in err
     assert not store.exists() and not (tmp_path / "run").exists() and (tmp_path / "file").read_text() == "mine"

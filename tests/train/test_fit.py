@@ -11,8 +11,9 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import fit_in_process, losses, paths, read_metrics
+from conftest import TINY, built_fit, fit_in_process, lean_tracking, losses, paths, read_metrics
 from mlflow.tracking import MlflowClient
+from packed_datasets import make_dataset
 
 from data_prep.dataset import PackedSplit, load_manifest
 from pipeline.flops import flops_per_token
@@ -102,6 +103,24 @@ def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path
     assert not (run_dir / "lock").exists()
     # a second start on the same directory without --resume refuses
     assert fit_in_process(paths(tiny_ds, run_dir), monkeypatch, mlflow_server) == 2
+
+
+def test_the_run_config_builds_the_model_it_trained(tmp_path, monkeypatch, mlflow_server):
+    """config.yaml named the preset's vocab_size (64) while the model was built with the dataset's
+    (48): `sinklab export-hf sd.pt --config <run>/config.yaml`, the advice export-hf gives for a
+    bare state dict, failed with a size mismatch."""
+    from pipeline import export
+    from pipeline.model.transformer import Transformer
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    dataset, run_dir = make_dataset(tmp_path / "v48", V=48), tmp_path / "run"
+    with built_fit(
+        ["--config", TINY, *paths(dataset, run_dir), "--run.experiment", "train-fit-vocab", *lean_tracking()]
+    ) as cli:
+        torch.save(Transformer(cli.model.arch).state_dict(), tmp_path / "sd.pt")
+    args = [str(tmp_path / "sd.pt"), "--config", str(run_dir / "config.yaml"), "--out", str(tmp_path / "hf")]
+    assert export.main(args) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["vocab_size"] == 48
 
 
 def test_batches_hold_the_global_order_with_interventions(tiny_ds, tmp_path, monkeypatch, mlflow_server):

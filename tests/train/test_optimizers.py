@@ -175,7 +175,13 @@ def test_muon_trains_follows_the_schedule_and_round_trips():
 
 @pytest.mark.parametrize(
     "field, value, message",
-    [("name", "lion", "allowed values are adamw, sgd, muon, orthoadam"), ("muon_lr", 0.0, "muon_lr=0.0")],
+    [
+        ("name", "lion", "allowed values are adamw, sgd, muon, orthoadam"),
+        ("muon_lr", 0.0, "muon_lr=0.0"),
+        # above ~9.2e12 it crashed at the first optimizer step, after the run had started
+        ("rotation_seed", 10**13, r"rotation_seed=10000000000000: must be in 0\.\.4294967295"),
+        ("rotation_seed", -1, r"rotation_seed=-1: must be in 0\.\.4294967295"),
+    ],
 )
 def test_bad_optimizer_fields_are_named(field, value, message):
     with pytest.raises(ConfigError, match=message):

@@ -64,8 +64,9 @@ def test_a_resume_that_would_change_the_run_is_refused_before_anything_is_writte
     capsys.readouterr()
     args = ["--data.path", str(tiny_ds), *RUN, *target, *change]
     assert fit_in_process(args, monkeypatch, mlflow_server) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sinklab fit:")]
-    assert len(err) == 1 and named in err[0], err
+    out, err = capsys.readouterr()
+    err = [line for line in err.splitlines() if line.startswith("sinklab fit:")]
+    assert len(err) == 1 and named in err[0] and out == "", (err, out)  # no run-dir banner before the refusal
     assert _tree(finished_run) == before and not (tmp_path / "new").exists()
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["sinklab.status"] == "finished"

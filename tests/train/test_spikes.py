@@ -9,7 +9,9 @@ import pytest
 import torch
 from conftest import checkpoints_only, fit_in_process, losses, paths, read_metrics
 
+from pipeline.model.config import ConfigError
 from pipeline.train.module import SinkLabModule
+from pipeline.train.run_options import RunOptions
 from pipeline.train.spikes import SpikeGuard
 
 POISONED = 26
@@ -39,6 +41,24 @@ def test_the_guard_waits_for_history_and_skips_a_rise_only():
     again = SpikeGuard(window=32, sigmas=6.0)
     again.load_state_dict(state)
     assert again.check(30, 1.5, 2.1) and again.skipped == [30] and again.losses[:30] == state["losses"]
+
+
+def test_a_window_the_run_never_fills_is_refused_at_the_start():
+    """`--run.skip_spikes true --run.spike_window 1000` on a 30-step run reported "skipped 0 steps":
+    no verdict comes before 500 steps of history, so the guard guarded nothing."""
+    options = RunOptions(skip_spikes=True, spike_window=1000)
+    with pytest.raises(ConfigError, match=r"no verdict before 500 steps .* trainer.max_steps=30 ends sooner"):
+        options.spike_guard(None, 30)
+    assert options.spike_guard(None, 501).needed == 500
+    with pytest.raises(ConfigError, match="give a run.spike_window of at most 59, or run.skip_spikes false"):
+        RunOptions(skip_spikes=True, spike_window=60).spike_guard(None, 30)
+    assert RunOptions(skip_spikes=True, spike_window=59).spike_guard(None, 30).needed == 29
+    with pytest.raises(
+        ConfigError, match="max_steps=12 ends sooner, so it would guard nothing; give more than 20 steps"
+    ):
+        RunOptions(skip_spikes=True, spike_window=32).spike_guard(None, 12)
+    with pytest.raises(ConfigError, match="run.spike_window=10, .* need a window of 20 steps or more"):
+        RunOptions(skip_spikes=True, spike_window=10).validate()  # its history never holds 20 steps
 
 
 @pytest.fixture
