@@ -8,6 +8,8 @@
 - of those, a command replaces only its own for the same subject (the marker's ``by``: the
   command and its model or experiment, given to :func:`claim` and :func:`write_output`);
 - a directory ``--out`` must be a directory (or not exist yet); other files in it are left alone;
+- a file with a region a person may edit (``keep``: its two marker lines, e.g. a results page's
+  prose) is told by the hash of what lies outside that region, so an edit inside it is no change;
 - a whole-directory output (``atomic_directory``) replaces only an empty directory or one that an
   earlier write of the same command filled.
 
@@ -32,6 +34,7 @@ from pathlib import Path
 from .atomic import atomic_path, atomic_write, remove
 
 MARKER = ".sinklab-output.json"  # {"files": {name: {"by": writer, "size": n, "sha256": h}}}
+# a file with a kept region: {"by": writer, "keep": [start, end], "outside_sha256": h}
 HASHED = 64 << 20  # larger files (checkpoints) are told by size and modification time instead of a hash
 
 
@@ -61,9 +64,26 @@ def _fingerprint(path: Path) -> dict:
         return {"size": stat.st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
 
 
+def outside(data: bytes, keep: list[str]) -> bytes | None:
+    """``data`` less what lies between the two marker lines ``keep`` (None unless each stands once, in order)."""
+    start, end = (m.encode() for m in keep)
+    if data.count(start) != 1 or data.count(end) != 1 or data.index(start) > data.index(end):
+        return None
+    return data[: data.index(start) + len(start)] + data[data.index(end) :]
+
+
+def _outside_fingerprint(path: Path, keep: list[str]) -> dict:
+    rest = outside(path.read_bytes(), keep)
+    return {"keep": list(keep), "outside_sha256": None if rest is None else hashlib.sha256(rest).hexdigest()}
+
+
 def _ours(path: Path, entry: dict | None, by: str | None = None) -> bool:
     if entry is None or (by is not None and entry.get("by") != by):
         return False
+    if "keep" in entry:
+        if not path.is_file() or path.is_symlink() or entry.get("outside_sha256") is None:
+            return False
+        return _outside_fingerprint(path, entry["keep"]) == {k: entry[k] for k in ("keep", "outside_sha256")}
     if not path.is_file() or path.is_symlink() or path.stat().st_size != entry.get("size"):
         return False
     return all(entry.get(k) == v for k, v in _fingerprint(path).items())
@@ -130,26 +150,30 @@ def claim_file(path: str | os.PathLike, what: str, by: str | None = None) -> Pat
     return path
 
 
-def _record(directory: Path, entries: dict[str, str]) -> None:
+def _record(directory: Path, entries: dict[str, str], keep: list[str] | None = None) -> None:
     recorded = _recorded(directory)
     for name, by in entries.items():
-        recorded[name] = {"by": by, **_fingerprint(directory / name)}
+        found = _outside_fingerprint(directory / name, keep) if keep else _fingerprint(directory / name)
+        recorded[name] = {"by": by, **found}
     atomic_write(directory / MARKER, json.dumps({"files": recorded}, indent=1) + "\n")
 
 
 @contextmanager
-def output_path(path: str | os.PathLike, by: str) -> Iterator[Path]:
+def output_path(path: str | os.PathLike, by: str, keep: list[str] | None = None) -> Iterator[Path]:
     """A temporary sibling of ``path`` to write (``sinklab_io.atomic.atomic_path``), renamed
-    into place and recorded as ``by``'s; refused (:class:`NotOurs`) where ``path`` is not ``by``'s."""
+    into place and recorded as ``by``'s (with ``keep``: told by what lies outside that region);
+    refused (:class:`NotOurs`) where ``path`` is not ``by``'s."""
     path = claim_file(path, by, by)
     with atomic_path(path) as tmp:
         yield tmp
-    _record(path.parent, {path.name: by})
+    _record(path.parent, {path.name: by}, keep)
 
 
-def write_output(path: str | os.PathLike, data: str | bytes | memoryview, by: str) -> Path:
+def write_output(
+    path: str | os.PathLike, data: str | bytes | memoryview, by: str, keep: list[str] | None = None
+) -> Path:
     """``data`` (text as UTF-8) at ``path`` under :func:`output_path`'s rule."""
-    with output_path(path, by) as tmp:
+    with output_path(path, by, keep) as tmp:
         if isinstance(data, str):
             tmp.write_text(data, encoding="utf-8")
         else:

@@ -1,6 +1,6 @@
 """`sinklab report EXPERIMENT`: the paper's table with the measured values over seeds beside it.
 
-    sinklab report weight-decay --scale cpu [--plot] [--out DIR]
+    sinklab report weight-decay --scale cpu [--plot] [--out DIR] [--docs docs/results]
 
 Reads the runs of MLflow experiment `sinklab/<experiment>` at the scale (tags sinklab.variant,
 sinklab.seed, sinklab.scale) and prints one markdown row per variant: the paper's value and, over
@@ -9,22 +9,25 @@ then each metric's mean, std and interval per variant, which orderings of the va
 noise, and the rank agreement with the paper (Spearman rho, Kendall tau-b on the per-variant means,
 a bootstrap interval over seeds, the permutation p of rho, and a verdict). It writes report.md and
 report.json (and with --plot the figure) to --out and logs them, the intervals and the agreement as
-metrics, to the experiment's parent run.
+metrics, to the experiment's parent run. With --docs it also writes the results page
+(pipeline.experiments.results_page).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline import metric_names as N
 from pipeline import metrics as M
 from pipeline import tracking
-from pipeline.experiments import stats
+from pipeline.experiments import results_page, stats
 from pipeline.experiments.agreement import agreement, agreement_markdown, table_row
 from pipeline.experiments.report_names import (
     ALPHA1,
@@ -270,12 +273,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, help="directory for report.md and the figure (default: runs/<experiment>/<scale>/report)"
     )
+    parser.add_argument(
+        "--docs", type=Path, help="also write the results page DIR/<experiment>.md and the index DIR/README.md"
+    )
     parser.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
     try:
         experiment = load_experiment(args.experiment)
         experiment.setup(args.scale)
@@ -286,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     by = f"{BY} of {experiment.name} at scale {args.scale}"  # the output marker's writer
     try:
         claim(out, ["report.md", "report.json", *([f"{experiment.name}-{args.scale}.png"] if args.plot else [])], by=by)
+        if args.docs:
+            results_page.claim_pages(args.docs, experiment.name)
     except NotOurs as error:
         print(f"sinklab report: {error}", file=sys.stderr)
         return 2
@@ -297,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
         write_output(out / "report.md", markdown, by),
         write_output(out / "report.json", to_json(experiment, args.scale, rows), by),
     ]
+    if args.docs:
+        today = datetime.now(timezone.utc).date().isoformat()
+        top = f"# {experiment.name}\n\nWritten by `sinklab report {shlex.join(argv)}` on {today} from MLflow.\n\n"
+        for f in results_page.write_page(args.docs, experiment.name, top + markdown):
+            print(f"wrote {f}")
     if args.plot:
         from pipeline.experiments.report_plot import plot
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from experiment_helpers import log_training_run, write_experiment
 
-from pipeline.experiments import report, report_plot
+from pipeline.experiments import report, report_plot, results_page
 from pipeline.experiments.agreement import compare
 from pipeline.experiments.report import Row
 from pipeline.experiments.spec import load_experiment
@@ -392,3 +392,43 @@ def test_the_bar_figure_shows_the_mean_alpha1_its_agreement_uses(tmp_path, uniqu
     )
     wide = report_plot.plot(exp, rows, None, tmp_path / "w.png", "sinklab report")
     assert Image.open(wide).width > 1.4 * Image.open(narrow).width  # a second panel: mean α₁ per variant
+
+
+def test_the_results_page_keeps_its_prose_and_refuses_a_page_it_did_not_write(
+    tmp_path, mlflow_env, unique_name, capsys
+):
+    path = write_experiment(tmp_path, unique_name)
+    log_training_run(
+        mlflow_env, unique_name, "a", "cpu", status="finished", metrics={"sink/sink1": 30.0, "val/loss": 4.0}
+    )
+    docs, out = tmp_path / "docs", tmp_path / "out"
+    argv = [str(path), "--scale", "cpu", "--out", str(out), "--docs", str(docs), "--no-log"]
+    assert report.main(argv) == 0
+    page = docs / f"{unique_name}.md"
+    text = page.read_text()
+    assert f"Written by `sinklab report {' '.join(argv)}` on " in text
+    assert (out / "report.md").read_text() in text  # the tables as printed, agreement and verdict included
+    assert "| variant a | 1 | 15.20 | 30.00 | 3.72 | 4.00 | — | — | 1 finished |" in text
+    assert f"| [{unique_name}]({unique_name}.md) |" in (docs / "README.md").read_text()
+
+    # a person writes inside the prose region; a run with new values replaces the tables and keeps the prose
+    start, end = results_page.PROSE
+    page.write_text(text.replace(f"{start}\n{end}", f"{start}\nWhy a leads.\n{end}"))
+    log_training_run(mlflow_env, unique_name, "a", "cpu", status="finished", metrics={"sink/sink1": 40.0}, seed=1235)
+    assert report.main(argv) == 0
+    again = page.read_text()
+    assert f"{start}\nWhy a leads.\n{end}\n" in again and "| variant a | 2 | 15.20 | 35.00 [" in again
+
+    # an edit outside the region, or a page the command did not write, is refused in one line
+    page.write_text(again.replace("Written by", "Typed by"))
+    capsys.readouterr()
+    assert report.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"already holds {unique_name}.md, which sinklab did not write" in err
+    assert page.read_text() == again.replace("Written by", "Typed by")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / f"{unique_name}.md").write_text("my notes")
+    assert report.main([*argv[:5], "--docs", str(mine), "--no-log"]) == 2
+    assert "which sinklab did not write" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == [f"{unique_name}.md"]

@@ -1,0 +1,64 @@
+"""`sinklab report ... --docs DIR`: the report as a results page, DIR/<experiment>.md, and the index DIR/README.md.
+
+A page is the command and date, the report's Markdown, and a prose region between PROSE's two
+lines that a regeneration carries over as it stands: what a person wrote there is never lost,
+and an edit there does not stop the command from replacing the rest (``sinklab_io.outputs``,
+``keep``). The index lists the pages this command wrote, each by its title, with its own prose.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sinklab_io.outputs import claim, outside, write_output, written
+
+PROSE = ["<!-- prose: kept as it stands when this page is regenerated -->", "<!-- /prose -->"]
+INDEX = "README.md"
+INDEX_BY = "sinklab report --docs (the index)"
+
+
+def page_by(experiment: str) -> str:
+    return f"sinklab report --docs of {experiment}"
+
+
+def claim_pages(out: Path, experiment: str) -> None:
+    """Refuse (``NotOurs``) before any work where the page or the index is not this command's."""
+    claim(out, [f"{experiment}.md"], "--docs", page_by(experiment))
+    claim(out, [INDEX], "--docs", INDEX_BY)
+
+
+def prose_of(path: Path) -> str:
+    """The prose region of the page at ``path`` (its lines between PROSE's), "" where there is none."""
+    if not path.is_file() or outside(path.read_bytes(), PROSE) is None:
+        return ""
+    text = path.read_text(encoding="utf-8")
+    return text[text.index(PROSE[0]) + len(PROSE[0]) : text.index(PROSE[1])].strip("\n")
+
+
+def with_prose(generated: str, prose: str, tail: str = "") -> str:
+    """``generated``, then the prose region, then ``tail`` (generated too)."""
+    body = f"{prose}\n" if prose else ""
+    return f"{generated.rstrip()}\n\n{PROSE[0]}\n{body}{PROSE[1]}\n" + (f"\n{tail.rstrip()}\n" if tail else "")
+
+
+def title_of(path: Path) -> str:
+    heading = next((line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("## ")), "")
+    return heading.removeprefix("## ") or path.stem
+
+
+def write_index(out: Path) -> Path:
+    pages = [p for p in written(out) if p.suffix == ".md" and p.name != INDEX]
+    head = (
+        "# Results\n\nOne page per study, each written by `sinklab report EXPERIMENT --scale S --docs DIR` from "
+        "the study's MLflow runs (the command and date at its top); this index is rewritten with every page."
+    )
+    table = ["| page | study |", "|---|---|"] + [f"| [{p.stem}]({p.name}) | {title_of(p)} |" for p in pages]
+    index = out / INDEX
+    return write_output(index, with_prose(head, prose_of(index), "\n".join(table)), INDEX_BY, PROSE)
+
+
+def write_page(out: Path, experiment: str, generated: str) -> list[Path]:
+    """The page (``generated`` beside the prose it held) and the index; call :func:`claim_pages` first."""
+    page = out / f"{experiment}.md"
+    write_output(page, with_prose(generated, prose_of(page)), page_by(experiment), PROSE)
+    return [page, write_index(out)]
