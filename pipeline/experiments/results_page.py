@@ -43,7 +43,7 @@ def with_prose(generated: str, prose: str, tail: str = "") -> str:
 
 def title_of(path: Path) -> str:
     heading = next((line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("## ")), "")
-    return heading.removeprefix("## ") or path.stem
+    return heading.removeprefix("## ").removeprefix(f"{path.stem}: ") or path.stem
 
 
 def write_index(out: Path) -> Path:
