@@ -68,7 +68,7 @@ lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# The MLflow UI test (tests/train/test_mlflow_ui.py) drives Debian's Chromium; installed here where
+# The MLflow UI test (tests/tracking/test_mlflow_ui.py) drives Debian's Chromium; installed here where
 # missing (as root, or through sudo); without apt the test says why it skips.
 browser:
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
+from packed_datasets import make_dataset
 
 # Two xdist workers share two cores: one thread each, and in every process a test starts
 # (Lightning gives each rank of a multi-process run one thread already).
@@ -48,14 +49,14 @@ def pytest_configure(config):
 LONGEST_FIRST = [
     "train/test_deepspeed.py",
     "train/test_fsdp2.py",
-    "train/test_resume.py",
+    "train/test_exact_resume.py",
     "analysis/test_analyze.py",
     "cluster/test_cluster_slurm.py",
     "train/test_gpu_check.py",
     "analysis/test_survey.py",
     "train/test_errors.py",
     "train/test_fit.py",
-    "train/test_mlflow_ui.py",
+    "tracking/test_mlflow_ui.py",
     "experiments/test_end_to_end.py",
 ]
 
@@ -123,6 +124,12 @@ def mlflow_server():
             pgid, uri = _start_mlflow_server(shared / "mlflow-server")
             info.write_text(json.dumps({"pgid": pgid, "uri": uri}))
         return json.loads(info.read_text())["uri"]
+
+
+@pytest.fixture(scope="session")
+def tiny_ds(tmp_path_factory) -> Path:
+    """The packed dataset `sinklab fit`'s tests train on (tests/fit_runs.py)."""
+    return make_dataset(tmp_path_factory.mktemp("ds") / "tiny")
 
 
 @pytest.fixture(scope="session")

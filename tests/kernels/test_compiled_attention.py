@@ -46,7 +46,7 @@ def _compiled_matches_eager(attention: dict, backend: str) -> None:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_attention_family_compiles_without_graph_breaks(family):
     """Dynamo and AOTAutograd over forward and backward (aot_eager: Inductor's code generation,
-    slow on a CPU, is covered by the next test and by tests/train/test_units.py)."""
+    slow on a CPU, is covered by the next test and by tests/train/test_module.py)."""
     _compiled_matches_eager(FAMILIES[family], "aot_eager")
 
 

@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO, paths, read_metrics
+from fit_runs import REPO, paths, read_metrics
 
 BB_TINY = str(REPO / "configs" / "recipes" / "bb-tiny.yaml")
 STEPS = 400

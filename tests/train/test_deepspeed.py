@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
+from fit_runs import (
     REPO,
     built_fit,
     fit_in_process,

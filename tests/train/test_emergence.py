@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import fit_in_process, keep_checkpoints, read_metrics
+from fit_runs import fit_in_process, keep_checkpoints, read_metrics
 from mlflow.tracking import MlflowClient
 
 from pipeline import metric_names as N

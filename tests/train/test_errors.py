@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import fit_command, fit_in_process, paths
+from fit_runs import fit_command, fit_in_process, paths
 from mlflow.tracking import MlflowClient
 
 from pipeline import probe as probe_mod

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, built_fit, fit_in_process, lean_tracking, losses, paths, read_metrics
+from fit_runs import TINY, built_fit, fit_in_process, lean_tracking, losses, paths, read_metrics
 from mlflow.tracking import MlflowClient
 from packed_datasets import make_dataset
 

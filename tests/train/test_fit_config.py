@@ -4,7 +4,7 @@ recipe, fields beside it, the numbers recorded, and `--check-only` (which writes
 from __future__ import annotations
 
 import yaml
-from conftest import REPO, TINY
+from fit_runs import REPO, TINY
 
 from pipeline.model import ModelConfig
 from pipeline.train.cli import main

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import fit_in_process, keep_checkpoints, losses, sinklab_process
+from fit_runs import fit_in_process, keep_checkpoints, losses, sinklab_process
 
 from pipeline.model import ConfigError, load_pretrained
 from pipeline.train.sharding import shard_model

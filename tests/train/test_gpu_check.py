@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, built_fit, paths
+from fit_runs import REPO, built_fit, paths
 
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import fit_in_process, lean_tracking, losses, paths
+from fit_runs import fit_in_process, lean_tracking, losses, paths
 
 from pipeline.train import module as module_mod
 

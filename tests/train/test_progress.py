@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import fit_in_process, lean_tracking, paths
+from fit_runs import fit_in_process, lean_tracking, paths
 
 from pipeline.train.progress import StepProgressBar
 

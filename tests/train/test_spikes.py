@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import checkpoints_only, fit_in_process, losses, paths, read_metrics
+from fit_runs import checkpoints_only, fit_in_process, losses, paths, read_metrics
 
 from pipeline.model.config import ConfigError
 from pipeline.train.module import SinkLabModule

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import fit_in_process, keep_checkpoints, lean_tracking, paths, read_metrics
+from fit_runs import fit_in_process, keep_checkpoints, lean_tracking, paths, read_metrics
 from mlflow.tracking import MlflowClient
 
 RUN = [

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import fit_in_process, paths
+from fit_runs import fit_in_process, paths
 from mlflow.tracking import MlflowClient
 from packed_datasets import make_dataset
 

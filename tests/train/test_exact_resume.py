@@ -9,7 +9,7 @@ import signal
 
 import pytest
 import torch
-from conftest import fit_in_process, keep_checkpoints, losses, paths, read_metrics, sinklab_process, wait_for_step
+from fit_runs import fit_in_process, keep_checkpoints, losses, paths, read_metrics, sinklab_process, wait_for_step
 from mlflow.tracking import MlflowClient
 
 ARGS = ["--trainer.max_steps", "12", *keep_checkpoints(4), "--run.sink_every", "6"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import checkpoints_only, fit_in_process, losses, paths
+from fit_runs import checkpoints_only, fit_in_process, losses, paths
 
 from pipeline.checkpoint import checkpoint_problem, nonfinite_state
 

@@ -1,3 +1,7 @@
+"""`sinklab fit` on the tiny recipe for the tests of the training, tracking and checkpoint parts:
+its flags, in process or as a subprocess, and what a run directory holds (imported by name:
+tests/ is on sys.path through tests/conftest.py)."""
+
 from __future__ import annotations
 
 import json
@@ -8,16 +12,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-from packed_datasets import make_dataset
-
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "recipes" / "cpu-tiny.yaml")
-
-
-@pytest.fixture(scope="session")
-def tiny_ds(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("ds") / "tiny")
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import checkpoints_only, fit_in_process, lean_tracking, losses, paths
+from fit_runs import checkpoints_only, fit_in_process, lean_tracking, losses, paths
 from mlflow.tracking import MlflowClient
 
 from pipeline.tracking import TAG_PREVIOUS_RUN, TAG_RUN_DIR

@@ -3,7 +3,7 @@ from the checkpoint it logged to MLflow (the real tracking server over HTTP)."""
 
 from __future__ import annotations
 
-from conftest import fit_in_process, lean_tracking, losses, paths
+from fit_runs import fit_in_process, lean_tracking, losses, paths
 from mlflow.tracking import MlflowClient
 
 from pipeline.tracking.remote_checkpoints import ARTIFACT_DIR, logged_checkpoints

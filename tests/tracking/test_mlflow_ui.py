@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import fit_in_process, lean_tracking, paths
+from fit_runs import fit_in_process, lean_tracking, paths
 from mlflow.tracking import MlflowClient
 from packed_datasets import make_dataset
 
