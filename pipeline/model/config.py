@@ -38,7 +38,7 @@ DEFAULT_PRESET = "llama-60m"
 # The section that holds a ModelConfig: a run config's `arch:` and a checkpoint's hyper_parameters["arch"]
 ARCH = "arch"
 # Older names, refused with today's: fields under `arch`, and every run-config path that moved
-RENAMED = {"attention.kernel": "attention.feature_map"}
+RENAMED = {"attention.kernel": "attention.feature_map", "attention.scale": "attention.alpha"}
 OLD_PATHS = {f"{ARCH}.{old}": f"{ARCH}.{new}" for old, new in RENAMED.items()} | {"model.optim": "optim"}
 # The format of the config a remote-code export writes (config.json); code of a lower format refuses it.
 EXPORT_FORMAT = 1
@@ -100,7 +100,7 @@ class AttentionConfig:
     normalizer: Z_i for non-softmax ops: ``sum`` (Z = sum_j sim, or its p-norm),
       ``abs_clamp`` (Z = max(|sum_j sim|, 1), for signed kernels), ``none`` (Z = 1).
     feature_map: phi for ``op=kernel``: identity, elu1 (elu+1) or mlp (per-layer 2-layer MLP).
-    scale: alpha, the normalisation scale (Z -> Z / alpha; Table 14 left). 1 = default.
+    alpha: the normalisation scale (Z -> Z / alpha; Table 14 left). 1 = default.
     p: p-normalisation (Eq. 43-44); 1 = ordinary. For softmax: softmax(p*s)^(1/p).
     clip_gamma, clip_zeta: clipped softmax clip((zeta - gamma) softmax + gamma, 0, 1).
     sink_logit: learned per-head logit in the softmax denominator (an extra key column
@@ -116,7 +116,7 @@ class AttentionConfig:
     op: AttentionOp = "softmax"
     normalizer: Normalizer = "sum"
     feature_map: FeatureMap = "identity"
-    scale: float = 1.0
+    alpha: float = 1.0
     p: float = 1.0
     clip_gamma: float = -0.03
     clip_zeta: float = 1.0
@@ -238,8 +238,8 @@ class ModelConfig:
             )
         a, b = self.attention, self.biases
         op = OPS[a.op]  # _check_literals has checked the name against OPS
-        if a.scale <= 0:
-            raise ConfigError(f"arch.attention.scale={a.scale}: alpha must be > 0")
+        if a.alpha <= 0:
+            raise ConfigError(f"arch.attention.alpha={a.alpha}: must be > 0")
         if a.p <= 0:
             raise ConfigError(f"arch.attention.p={a.p}: must be > 0")
         if a.normalizer not in op.normalizers:

@@ -196,6 +196,10 @@ def test_seeds_are_counted_from_the_recipes_seed(tmp_path):
             ":11: variants[0].overrides.model.optim.lr: model.optim.lr is now optim.lr; give it under that name",
         ),
         (
+            ("overrides: {arch.n_heads: 4}", "overrides: {arch.attention.scale: 0.5}"),
+            ":11: variants[0].overrides.arch.attention.scale: arch.attention.scale is now arch.attention.alpha;",
+        ),
+        (
             ("metric: sink/sink1", "metric: sink1"),
             ":8: columns[0].metric: 'sink1' is not a metric name; SinkLab's start with one of sink/, act/",
         ),

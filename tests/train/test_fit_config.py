@@ -80,6 +80,7 @@ def test_no_flag_recorded_key_or_runs_table_column_repeats_a_word():
     "old,new,value,section",
     [
         ("arch.attention.kernel", "arch.attention.feature_map", "elu1", {"arch": {"attention": {"kernel": "elu1"}}}),
+        ("arch.attention.scale", "arch.attention.alpha", "0.5", {"arch": {"attention": {"scale": 0.5}}}),
         ("model.optim.lr", "optim.lr", "1e-3", {"model": {"optim": {"lr": 1e-3}}}),
     ],
 )
