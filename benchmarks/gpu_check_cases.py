@@ -75,7 +75,7 @@ def fit_case(
         str(window),
         "--run.checkpoint_every",
         str(steps // 2 if kind == "preempt" else 0),
-        "--model.optim.warmup_steps",
+        "--optim.warmup_steps",
         "5",
     )
     return Case(name, kind, common + overrides, steps, data, log_every, minimum=minimum, limit=limit)

@@ -63,7 +63,7 @@ def check_resume(ckpt: Path, arch: dict, optim: dict, data_order: dict, max_step
         )
     differ = (
         _differences(checkpoint_arch(hparams, str(ckpt)) or {}, arch, ARCH)
-        + _differences(hparams.get("optim") or {}, optim, "model.optim", FREE_OPTIM_FIELDS)
+        + _differences(hparams.get("optim") or {}, optim, "optim", FREE_OPTIM_FIELDS)
         + _differences(meta["data"] or {}, data_order, "data")
     )
     if differ:

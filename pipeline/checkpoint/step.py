@@ -78,7 +78,7 @@ class StepCheckpoint(Checkpoint):
             raise NonFiniteLossError(
                 f"non-finite weights or optimizer state after step {step}: stopping without writing that "
                 f"checkpoint; the ones in {self.run.checkpoints} are kept. Start a new run directory with a "
-                "lower model.optim.lr or a longer warm-up, or check the data."
+                "lower optim.lr or a longer warm-up, or check the data."
             )
         final = self.run.checkpoints / checkpoint_name(step)
         tmp = self.run.checkpoints / f".{final.name}.partial"

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from pipeline import metric_names as N
+from pipeline.model.config import ConfigError, refuse_renamed
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
 SEED_KEYS = ("seed_everything", "data.seed")  # set per run by the sweep's seed axis
@@ -105,6 +106,10 @@ class Reader:
                 raise self.fail(
                     path + (key,), f"override key {key!r} must be a dotted config path such as arch.n_heads"
                 )
+            try:
+                refuse_renamed(key, "")
+            except ConfigError as err:
+                raise self.fail(path + (key,), str(err)) from None
             if key in SEED_KEYS:
                 raise self.fail(
                     path + (key,),

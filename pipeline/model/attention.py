@@ -177,8 +177,8 @@ class Attention(nn.Module):
             result = self.op.fn(q, keys, mask, self.cfg.attention, self.kernel)
             y = result.weights.to(values.dtype) @ values
             weights = result.reported if need_weights else None
-        if self.cfg.attention.scale != 1.0:
-            y = y * self.cfg.attention.scale
+        if self.cfg.attention.alpha != 1.0:
+            y = y * self.cfg.attention.alpha
         if self.value_bias is not None:
             y = y + self.value_bias[None, :, None, :].to(y.dtype)
         if self.gate is not None:  # scores [B, H, T, 1] (headwise) or [B, H, T, dh] (elementwise)

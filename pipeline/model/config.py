@@ -37,8 +37,9 @@ SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_se
 DEFAULT_PRESET = "llama-60m"
 # The section that holds a ModelConfig: a run config's `arch:` and a checkpoint's hyper_parameters["arch"]
 ARCH = "arch"
-# Older field names under `arch`, refused with today's name
-RENAMED = {"attention.kernel": "attention.feature_map"}
+# Older names, refused with today's: fields under `arch`, and every run-config path that moved
+RENAMED = {"attention.kernel": "attention.feature_map", "attention.scale": "attention.alpha"}
+OLD_PATHS = {f"{ARCH}.{old}": f"{ARCH}.{new}" for old, new in RENAMED.items()} | {"model.optim": "optim"}
 # The format of the config a remote-code export writes (config.json); code of a lower format refuses it.
 EXPORT_FORMAT = 1
 Preset = Literal[tuple(PRESETS)]
@@ -62,15 +63,17 @@ class ConfigError(ValueError):
     """A model config field has a value the model cannot build."""
 
 
-def refuse_renamed(key: str, where: str, prefix: str = f"{ARCH}.") -> None:
-    """Raises ConfigError where ``key`` (dotted, under ``arch``) is a field's older name."""
-    if key in RENAMED:
-        raise ConfigError(f"{where}{prefix}{key} is now {prefix}{RENAMED[key]}; give it under that name")
+def refuse_renamed(key: str, where: str, prefix: str = "") -> None:
+    """Raises ConfigError where ``key`` (a dotted run-config path, ``arch.attention.kernel`` or
+    ``model.optim.lr``) is an older name; ``prefix`` spells it as given (``--`` on a command line)."""
+    for old, new in OLD_PATHS.items():
+        if key == old or key.startswith(old + "."):
+            raise ConfigError(f"{where}{prefix}{key} is now {prefix}{new}{key[len(old) :]}; give it under that name")
 
 
 def refuse_old_layout(config: dict[str, Any], where: str) -> None:
     """Raises ConfigError for a run config of the older layout: the architecture under ``model.model``,
-    or a field under an older name."""
+    the optimiser under ``model.optim``, or a field under an older name."""
     module = config.get("model")
     module = module.get("init_args", module) if isinstance(module, dict) else None
     if isinstance(module, dict) and "model" in module:
@@ -78,11 +81,13 @@ def refuse_old_layout(config: dict[str, Any], where: str) -> None:
             f"{where}: `model.model` is an older config format, no longer read "
             f"(today's configs hold the architecture in a top-level `{ARCH}:` section)"
         )
+    if isinstance(module, dict) and "optim" in module:
+        refuse_renamed("model.optim", f"{where}: ")
     arch = config.get(ARCH)
     for old in RENAMED:
         section, _, name = old.partition(".")
         if isinstance(arch, dict) and name in (arch.get(section) or {}):
-            refuse_renamed(old, f"{where}: ")
+            refuse_renamed(f"{ARCH}.{old}", f"{where}: ")
 
 
 @dataclass
@@ -95,7 +100,7 @@ class AttentionConfig:
     normalizer: Z_i for non-softmax ops: ``sum`` (Z = sum_j sim, or its p-norm),
       ``abs_clamp`` (Z = max(|sum_j sim|, 1), for signed kernels), ``none`` (Z = 1).
     feature_map: phi for ``op=kernel``: identity, elu1 (elu+1) or mlp (per-layer 2-layer MLP).
-    scale: alpha, the normalisation scale (Z -> Z / alpha; Table 14 left). 1 = default.
+    alpha: the normalisation scale (Z -> Z / alpha; Table 14 left). 1 = default.
     p: p-normalisation (Eq. 43-44); 1 = ordinary. For softmax: softmax(p*s)^(1/p).
     clip_gamma, clip_zeta: clipped softmax clip((zeta - gamma) softmax + gamma, 0, 1).
     sink_logit: learned per-head logit in the softmax denominator (an extra key column
@@ -111,7 +116,7 @@ class AttentionConfig:
     op: AttentionOp = "softmax"
     normalizer: Normalizer = "sum"
     feature_map: FeatureMap = "identity"
-    scale: float = 1.0
+    alpha: float = 1.0
     p: float = 1.0
     clip_gamma: float = -0.03
     clip_zeta: float = 1.0
@@ -233,8 +238,8 @@ class ModelConfig:
             )
         a, b = self.attention, self.biases
         op = OPS[a.op]  # _check_literals has checked the name against OPS
-        if a.scale <= 0:
-            raise ConfigError(f"arch.attention.scale={a.scale}: alpha must be > 0")
+        if a.alpha <= 0:
+            raise ConfigError(f"arch.attention.alpha={a.alpha}: must be > 0")
         if a.p <= 0:
             raise ConfigError(f"arch.attention.p={a.p}: must be > 0")
         if a.normalizer not in op.normalizers:
@@ -305,7 +310,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        refuse_renamed(prefix + unknown[0], "")
+        refuse_renamed(f"{ARCH}.{prefix}{unknown[0]}", "")
         raise ConfigError(f"unknown field arch.{prefix}{unknown[0]}; allowed: {', '.join(sorted(names))}")
     hints = get_type_hints(cls)
     kwargs = {}

@@ -76,8 +76,8 @@ _PER_HEAD = re.compile(
 )
 
 # the runs-table columns: the factors the study varies (design.md), where they differ between runs
-FACTOR_PREFIXES = (f"{ARCH}.", "model.optim.", "data.interventions", "data.token_budget")
-DEFAULT_FACTORS = (f"{ARCH}.attention.op", f"{ARCH}.positional", "model.optim.weight_decay")
+FACTOR_PREFIXES = (f"{ARCH}.", "optim.", "data.interventions", "data.token_budget")
+DEFAULT_FACTORS = (f"{ARCH}.attention.op", f"{ARCH}.positional", "optim.weight_decay")
 MAX_FACTOR_COLUMNS = 6
 
 

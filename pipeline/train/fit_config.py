@@ -24,6 +24,7 @@ from sinklab_io.mappings import flatten
 
 CHECK_ONLY = "--check-only"
 ARCH_TARGET = "model.arch"  # the LightningModule's argument, linked from the top-level `arch`
+OPTIM, OPTIM_TARGET = "optim", "model.optim"  # likewise the optimiser's
 PARSER_MODE = "sinklab"  # YAML, with a config of the older layout refused
 
 _YAML = get_loader("yaml")
@@ -45,8 +46,8 @@ def parse_fit(parser, args: list[str] | dict[str, Any]) -> Namespace:
     if isinstance(args, dict):
         refuse_old_layout(args, "config")
     for flag in args if isinstance(args, list) else ():
-        if flag.startswith(f"--{ARCH}."):
-            refuse_renamed(flag.split("=")[0][len(ARCH) + 3 :], "command line: ", f"--{ARCH}.")
+        if flag.startswith("--"):
+            refuse_renamed(flag.split("=")[0][2:], "command line: ", "--")
     config = parser.parse_object(args) if isinstance(args, dict) else parser.parse_args(args)
     resolve_preset(config)
     return config
@@ -158,6 +159,8 @@ def parse_error_line(message: str) -> str:
         if line and not any(noise in line for noise in _NOISE):
             reasons.append(line)
     where = ".".join(keys)
+    if where == OPTIM_TARGET or where.startswith(OPTIM_TARGET + "."):  # the link's copy of `optim`
+        where = OPTIM + where[len(OPTIM_TARGET) :]
     return (f"{where}: " if where else "") + "; ".join(reasons)[:500]
 
 
@@ -175,7 +178,8 @@ def as_plain(cfg) -> dict:
 
     out = plain(cfg)
     out.pop("config", None)
-    out.get("model", {}).pop(ARCH_TARGET.split(".")[1], None)  # the link's copy of `arch`
+    for target in (ARCH_TARGET, OPTIM_TARGET):  # the links' copies of `arch` and `optim`
+        out.get("model", {}).pop(target.split(".")[1], None)
     return out
 
 
@@ -193,7 +197,7 @@ def variant_summary(cfg) -> str:
         for k, v in sorted(flat.items())
         if k not in ("preset", *SHAPE_FIELDS, *named) and default.get(k) != v
     ]
-    optim = plain.get("model", {}).get("optim") or {}
+    optim = plain.get(OPTIM) or {}
     diffs += [f"lr={optim.get('lr')}", f"wd={optim.get('weight_decay')}"]
     inter = plain.get("data", {}).get("interventions") or {}
     if inter.get("resample"):
@@ -209,7 +213,7 @@ NEGATIVE_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def negative_values_joined(argv: list[str]) -> list[str]:
-    """``--model.optim.lr -1e-3`` as ``--model.optim.lr=-1e-3``: argparse takes a value that starts
+    """``--optim.lr -1e-3`` as ``--optim.lr=-1e-3``: argparse takes a value that starts
     with '-' and is not a plain negative integer or decimal for an option, and said only
     "expected one argument"; joined, the field's own check names it and the value."""
     out: list[str] = []

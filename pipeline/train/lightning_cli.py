@@ -2,8 +2,9 @@
 the MLflow run (`sinklab fit` in ``cli`` drives it).
 
 Sections: ``arch`` (every ModelConfig field, a preset's numbers filled in where the config leaves
-them out; linked into the LightningModule's ``arch`` argument), ``model`` (the LightningModule:
-``model.optim``, ``model.compile``, ...), ``data``, ``trainer`` (Lightning's Trainer), ``run``
+them out; linked into the LightningModule's ``arch`` argument), ``optim`` (OptimConfig, linked
+likewise into its ``optim``), ``model`` (the LightningModule's other switches: ``model.compile``,
+``model.activation_checkpointing``, ``model.init``), ``data``, ``trainer`` (Lightning's Trainer), ``run``
 (run_options.RunOptions: names, cadences, the spike guard). Derived, not set by hand:
 ``trainer.accumulate_grad_batches`` (from data.global_batch_tokens) and ``trainer.val_check_interval``
 (from run.val_every).
@@ -52,8 +53,9 @@ from pipeline.tracking import (
 )
 
 from .callbacks import Preemption, SinkMetrics, Throughput
-from .fit_config import ARCH_TARGET, PARSER_MODE, as_plain, parse_fit, set_arch, variant_summary
+from .fit_config import ARCH_TARGET, OPTIM, OPTIM_TARGET, PARSER_MODE, as_plain, parse_fit, set_arch, variant_summary
 from .module import read_init
+from .optim import OptimConfig
 from .progress import StepProgressBar
 from .run_options import RunOptions
 from .sharding import refuse_zero_optimizer  # also registers the strategy names fsdp2, deepspeed_stage_N
@@ -71,6 +73,8 @@ class SinkLabCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_class_arguments(ModelConfig, ARCH)
         parser.link_arguments(ARCH, ARCH_TARGET, apply_on="parse")
+        parser.add_class_arguments(OptimConfig, OPTIM)
+        parser.link_arguments(OPTIM, OPTIM_TARGET, apply_on="parse")
         parser.add_class_arguments(RunOptions, "run")
         parser.add_argument("--run-dir", type=str | None, default=None, help="run directory (default runs/<run.name>)")
         parser.add_argument(

@@ -204,7 +204,7 @@ class SinkLabModule(L.LightningModule):
         if not math.isfinite(value):
             raise NonFiniteLossError(
                 f"non-finite training loss ({value}) at step {self.global_step}: stopping; the last good "
-                "checkpoint is kept. Start a new run directory with a lower model.optim.lr or a longer "
+                "checkpoint is kept. Start a new run directory with a lower optim.lr or a longer "
                 "warm-up (a resume restores the optimizer's lr from the checkpoint), or check the data."
             )
         # the step's mean over micro-batches and ranks, of step s (the weights after s updates)

@@ -66,29 +66,27 @@ class OptimConfig:
     def validate(self, max_steps: int) -> None:
         """The checks torch's AdamW makes (it raises a bare ValueError mid-fit), named by field."""
         if not self.lr > 0:
-            raise ConfigError(f"model.optim.lr={self.lr}: must be positive (the paper's is 4e-4)")
+            raise ConfigError(f"optim.lr={self.lr}: must be positive (the paper's is 4e-4)")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"model.optim.{name}={getattr(self, name)}: must be in [0, 1)")
+                raise ConfigError(f"optim.{name}={getattr(self, name)}: must be in [0, 1)")
         if not self.eps >= 0:
-            raise ConfigError(f"model.optim.eps={self.eps}: must be >= 0")
+            raise ConfigError(f"optim.eps={self.eps}: must be >= 0")
         if not 0 <= self.min_lr < self.lr:
-            raise ConfigError(f"model.optim.min_lr={self.min_lr}: must be >= 0 and below lr={self.lr}")
+            raise ConfigError(f"optim.min_lr={self.min_lr}: must be >= 0 and below lr={self.lr}")
         if not 0 <= self.warmup_steps < max_steps:
-            raise ConfigError(
-                f"model.optim.warmup_steps={self.warmup_steps}: must be in [0, trainer.max_steps={max_steps})"
-            )
+            raise ConfigError(f"optim.warmup_steps={self.warmup_steps}: must be in [0, trainer.max_steps={max_steps})")
         if self.name not in OPTIMIZERS:
-            raise ConfigError(f"model.optim.name={self.name!r}: allowed values are {', '.join(OPTIMIZERS)}")
+            raise ConfigError(f"optim.name={self.name!r}: allowed values are {', '.join(OPTIMIZERS)}")
         for name in ("momentum", "muon_momentum"):
             if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"model.optim.{name}={getattr(self, name)}: must be in [0, 1)")
+                raise ConfigError(f"optim.{name}={getattr(self, name)}: must be in [0, 1)")
         if self.muon_lr is not None and not self.muon_lr > 0:
-            raise ConfigError(f"model.optim.muon_lr={self.muon_lr}: must be positive (or null: model.optim.lr)")
+            raise ConfigError(f"optim.muon_lr={self.muon_lr}: must be positive (or null: optim.lr)")
         if self.weight_decay < 0:
-            raise ConfigError(f"model.optim.weight_decay={self.weight_decay}: must be >= 0")
+            raise ConfigError(f"optim.weight_decay={self.weight_decay}: must be >= 0")
         if not 0 <= self.rotation_seed < 2**32:  # OrthoAdam derives a torch seed per parameter from it
-            raise ConfigError(f"model.optim.rotation_seed={self.rotation_seed}: must be in 0..{2**32 - 1} (32 bits)")
+            raise ConfigError(f"optim.rotation_seed={self.rotation_seed}: must be in 0..{2**32 - 1} (32 bits)")
 
 
 def _no_decay(name: str, p: torch.nn.Parameter, decay_on: DecayOn) -> bool:
@@ -119,7 +117,7 @@ def optimizer_split(model: torch.nn.Module, cfg: OptimConfig) -> dict[str, str]:
     halves = {"muon": (sorted(muon), cfg.muon_lr or cfg.lr)} if muon else {}
     halves["adamw" if cfg.name in ("adamw", "muon") else cfg.name] = (sorted(set(params) - muon), cfg.lr)
     return {
-        f"model.optim.split.{half}": f"{len(names)} tensors, {sum(params[n].numel() for n in names):,} elements, lr {lr:g}"
+        f"optim.split.{half}": f"{len(names)} tensors, {sum(params[n].numel() for n in names):,} elements, lr {lr:g}"
         for half, (names, lr) in halves.items()
     }
 

@@ -127,7 +127,7 @@ def refuse_zero_optimizer(name: str, strategy) -> None:
     if name in ("muon", "orthoadam"):
         kind = "Muon (2-D matrices)" if name == "muon" else "OrthoAdam (per-tensor rotations)"
         why = f"a client optimizer gets flat 1-D partitions, which {kind} cannot update"
-        refuse_under_deepspeed(f"model.optim.name={name}", why, strategy)
+        refuse_under_deepspeed(f"optim.name={name}", why, strategy)
 
 
 def shard_model(model: Transformer, mesh: DeviceMesh) -> None:

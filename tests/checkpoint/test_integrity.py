@@ -14,9 +14,9 @@ def test_a_diverging_run_writes_no_nonfinite_checkpoint(tiny_ds, tmp_path, monke
     run_dir = tmp_path / "diverged"
     args = [
         *paths(tiny_ds, run_dir),
-        "--model.optim.lr",
+        "--optim.lr",
         "1e6",
-        "--model.optim.min_lr",
+        "--optim.min_lr",
         "1",
         "--run.checkpoint_every",
         "1",

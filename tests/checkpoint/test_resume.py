@@ -40,7 +40,7 @@ def finished_run(tiny_ds, tmp_path_factory, mlflow_server):
     [
         (["--data.seed", "99"], "data.seed=99 (the checkpoint's: 1234)"),
         (["--arch.n_layers", "1"], "arch.n_layers=1 (the checkpoint's: 2)"),
-        (["--model.optim.lr", "1.0"], "model.optim.lr=1.0 (the checkpoint's: 0.003)"),
+        (["--optim.lr", "1.0"], "optim.lr=1.0 (the checkpoint's: 0.003)"),
         (
             ["--data.interventions.fix_position", "1", "--data.interventions.fix_token", "bos"],
             "data.interventions.fix_position=1",

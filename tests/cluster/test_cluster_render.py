@@ -220,7 +220,8 @@ def test_stray_ckpt_name_in_run_dir_is_refused(tmp_path, capsys, monkeypatch):
         (["{bad}", "--gpus-per-node", "-1"], "--gpus-per-node must be 0 (CPU job) or more"),
         (["{list}"], "expected a YAML mapping of settings, got list"),
         (["{broken}"], "config broken.yaml, line 3: not valid YAML (mapping values are not allowed here)"),
-        (["{typo}"], "`sinklab fit` rejects it: model.optim: Option 'lrr' is not accepted"),
+        (["{typo}"], "`sinklab fit` rejects it: optim: Option 'lrr' is not accepted"),
+        (["{old}"], "old.yaml: model.optim is now optim; give it under that name"),
         (["{bad}", "--", "--arch.attention.op", "sigmod"], "rejects it: arch.attention.op: Expected"),
         (["{bad}", "--", "--trainer.max_stepz", "5"], "rejects it: unrecognized arguments: --trainer.max_stepz 5"),
     ],
@@ -231,8 +232,15 @@ def test_bad_input_gives_one_clear_line(argv, message, tmp_path, capsys, monkeyp
     (tmp_path / "ok.yaml").write_text("trainer: {}\n")
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     (tmp_path / "broken.yaml").write_text("trainer:\n  max_steps: 5\n   lr: 1\n")
-    (tmp_path / "typo.yaml").write_text("model:\n  optim:\n    lrr: 1.0e-3\n")
-    names = {"{bad}": "ok.yaml", "{list}": "list.yaml", "{broken}": "broken.yaml", "{typo}": "typo.yaml"}
+    (tmp_path / "typo.yaml").write_text("optim:\n  lrr: 1.0e-3\n")
+    (tmp_path / "old.yaml").write_text("model:\n  optim:\n    lr: 1.0e-3\n")
+    names = {
+        "{bad}": "ok.yaml",
+        "{list}": "list.yaml",
+        "{broken}": "broken.yaml",
+        "{typo}": "typo.yaml",
+        "{old}": "old.yaml",
+    }
     argv = [names.get(a, a) for a in argv]
     assert submit_main(argv + ["--dry-run"]) == 2
     err = capsys.readouterr().err.strip()

@@ -21,9 +21,9 @@ def write_experiment(
     variants = (
         variants
         or """\
-      - {name: a, label: "variant a", overrides: {model.optim.weight_decay: 0.0}, paper: {sink1: 15.2, val_loss: 3.72}}
-      - {name: b, label: "variant b", overrides: {model.optim.weight_decay: 0.5}, paper: {sink1: 41.08}}
-      - {name: c, label: "variant c", overrides: {model.optim.weight_decay: 5.0}, paper_status: training failure}
+      - {name: a, label: "variant a", overrides: {optim.weight_decay: 0.0}, paper: {sink1: 15.2, val_loss: 3.72}}
+      - {name: b, label: "variant b", overrides: {optim.weight_decay: 0.5}, paper: {sink1: 41.08}}
+      - {name: c, label: "variant c", overrides: {optim.weight_decay: 5.0}, paper_status: training failure}
     """
     )
     text = textwrap.dedent(f"""\
@@ -85,8 +85,7 @@ def micro_recipe(directory: Path, dataset: Path, steps: int = 5) -> Path:
     run: {{name: micro, experiment: sinklab-tests, checkpoint_every: 0, keep_last: 1,
           sink_every: {steps}, plot_every: 0, val_every: {steps}, throughput_window: 1}}
     arch: {{preset: micro}}
-    model:
-      optim: {{lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 1, weight_decay: 0.1}}
+    optim: {{lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 1, weight_decay: 0.1}}
     data: {{path: {dataset}, global_batch_tokens: 64, micro_batch_size: 4, val_batches: 1}}
     trainer: {{max_steps: {steps}, accelerator: cpu, devices: 1, precision: 32-true,
               log_every_n_steps: 1, enable_progress_bar: false, enable_model_summary: false}}

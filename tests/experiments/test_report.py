@@ -182,11 +182,11 @@ def test_a_column_the_paper_has_no_number_for_is_shown_once_with_its_decimals(tm
 
 
 KNOWN_RHO = """\
-  - {name: a, label: "variant a", overrides: {model.optim.weight_decay: 0.0}, paper: {sink1: 10.0, val_loss: 3.7}}
-  - {name: b, label: "variant b", overrides: {model.optim.weight_decay: 0.1}, paper: {sink1: 20.0}}
-  - {name: c, label: "variant c", overrides: {model.optim.weight_decay: 0.5}, paper: {sink1: 30.0}}
-  - {name: d, label: "variant d", overrides: {model.optim.weight_decay: 1.0}, paper: {sink1: 40.0}}
-  - {name: e, label: "variant e", overrides: {model.optim.weight_decay: 5.0}, paper_status: training failure}
+  - {name: a, label: "variant a", overrides: {optim.weight_decay: 0.0}, paper: {sink1: 10.0, val_loss: 3.7}}
+  - {name: b, label: "variant b", overrides: {optim.weight_decay: 0.1}, paper: {sink1: 20.0}}
+  - {name: c, label: "variant c", overrides: {optim.weight_decay: 0.5}, paper: {sink1: 30.0}}
+  - {name: d, label: "variant d", overrides: {optim.weight_decay: 1.0}, paper: {sink1: 40.0}}
+  - {name: e, label: "variant e", overrides: {optim.weight_decay: 5.0}, paper_status: training failure}
 """
 
 

@@ -118,7 +118,7 @@ def test_a_scale_may_read_a_column_from_another_metric():
 def test_the_gpu_scale_is_opt_in_and_a_missing_one_is_refused_by_name():
     e = load_experiment("weight-decay")
     assert e.setup("gpu").recipe == "configs/recipes/gpu-small.yaml"
-    assert e.overrides(e.variant("wd-0.5"), "gpu") == {"model.optim.weight_decay": 0.5}
+    assert e.overrides(e.variant("wd-0.5"), "gpu") == {"optim.weight_decay": 0.5}
     with pytest.raises(ExperimentError, match=r"lr-steps.yaml: scale.gpu: this experiment has no gpu scale"):
         load_experiment("lr-steps").setup("gpu")
 
@@ -190,6 +190,14 @@ def test_seeds_are_counted_from_the_recipes_seed(tmp_path):
         (
             ("cpu-tiny.yaml}", "cpu-tiny.yaml, overrides: {data.seed: 7}}"),
             ":6: scale.cpu.overrides.data.seed: data.seed is set by the sweep",
+        ),
+        (
+            ("overrides: {arch.n_heads: 4}", "overrides: {model.optim.lr: 1.0e-3}"),
+            ":11: variants[0].overrides.model.optim.lr: model.optim.lr is now optim.lr; give it under that name",
+        ),
+        (
+            ("overrides: {arch.n_heads: 4}", "overrides: {arch.attention.scale: 0.5}"),
+            ":11: variants[0].overrides.arch.attention.scale: arch.attention.scale is now arch.attention.alpha;",
         ),
         (
             ("metric: sink/sink1", "metric: sink1"),

@@ -59,7 +59,7 @@ def test_plan_skips_finished_runs_and_reruns_the_rest(tmp_path, mlflow_env, uniq
     )
     # configs are written for the variants that run, none for the finished one
     written = yaml.safe_load((runs_root / unique_name / "cpu" / "c" / "s1234.yaml").read_text())
-    assert written["model"]["optim"]["weight_decay"] == 5.0
+    assert written["optim"]["weight_decay"] == 5.0
     assert written["run"] == {
         **written["run"],
         "experiment": f"sinklab/{unique_name}",
@@ -221,8 +221,8 @@ def test_a_sweep_groups_its_variants_under_one_parent_run(tmp_path, mlflow_env, 
         unique_name,
         recipe=recipe,
         variants="""\
-      - {name: a, label: "variant a", overrides: {model.optim.weight_decay: 0.0}}
-      - {name: b, label: "variant b", overrides: {model.optim.weight_decay: 0.5}}
+      - {name: a, label: "variant a", overrides: {optim.weight_decay: 0.0}}
+      - {name: b, label: "variant b", overrides: {optim.weight_decay: 0.5}}
     """,
     )
 

@@ -42,7 +42,7 @@ def test_variant_config_applies_overrides_and_identity():
     "path,value,message",
     [
         (("arch", "attention", "op"), "bogus", "arch.attention.op: Expected"),
-        (("model", "optim", "lrr"), 1.0, "Option 'lrr' is not accepted"),
+        (("optim", "lrr"), 1.0, "Option 'lrr' is not accepted"),
         (("arch", "biases"), {"kind": "v", "key_dims": 3}, "key_dims=3: only meaningful for kind"),
     ],
 )
@@ -58,14 +58,25 @@ def test_wrong_overrides_are_named(path, value, message):
     assert message in str(err.value)
 
 
-def test_a_recipe_of_the_older_layout_is_refused_in_one_line(tmp_path):
-    """A recipe written while the architecture was `model.model`."""
+@pytest.mark.parametrize(
+    "section,message",
+    [
+        (
+            "arch",
+            "`model.model` is an older config format, no longer read "
+            "(today's configs hold the architecture in a top-level `arch:` section)",
+        ),
+        ("optim", "model.optim is now optim; give it under that name"),
+    ],
+)
+def test_a_recipe_of_the_older_layout_is_refused_in_one_line(tmp_path, section, message):
+    """A recipe written while the architecture was `model.model`, or the optimiser `model.optim`."""
     import yaml
 
     from pipeline.experiments import spec
 
     recipe = yaml.safe_load((spec.REPO / "configs" / "recipes" / "cpu-tiny.yaml").read_text())
-    recipe["model"]["model"] = recipe.pop("arch")
+    recipe["model"] = {{"arch": "model"}.get(section, section): recipe.pop(section)}
     old = tmp_path / "old-recipe.yaml"
     old.write_text(yaml.safe_dump(recipe))
     path = tmp_path / "demo.yaml"
@@ -78,7 +89,4 @@ def test_a_recipe_of_the_older_layout_is_refused_in_one_line(tmp_path):
     e = load_experiment(path)
     with pytest.raises(ExperimentError) as err:
         variant_config(e, e.variant("a"), "cpu")
-    assert str(err.value) == (
-        f"{old}: `model.model` is an older config format, no longer read "
-        "(today's configs hold the architecture in a top-level `arch:` section)"
-    )
+    assert str(err.value) == f"{old}: {message}"

@@ -176,7 +176,7 @@ SOFTMAX_VARIANTS = [
     dict(biases={"kind": "v"}),
     dict(biases={"kind": "kv", "shared_heads": True}),
     dict(sink_tokens=2),
-    dict(attention={"scale": 0.2}),
+    dict(attention={"alpha": 0.2}),
     dict(attention={"op": "softmax_off_by_one"}),
     dict(attention={"sink_logit": True}),
     dict(attention={"gated": True, "qk_norm": True}),
@@ -264,7 +264,7 @@ def _qkvm(T=5, dh=4, slots=0, seed=0):
 OP_CONFIGS = [
     dict(op="softmax"),
     dict(op="softmax", p=0.5),
-    dict(op="softmax", scale=0.2),
+    dict(op="softmax", alpha=0.2),
     dict(op="clipped_softmax"),
     dict(op="sigmoid", normalizer="none"),
     dict(op="sigmoid", normalizer="sum"),

@@ -72,11 +72,15 @@ def test_bad_values_name_the_field(overrides, field):
         ModelConfig.from_preset("micro", **overrides)
 
 
-def test_the_feature_maps_older_name_is_refused_with_todays():
+@pytest.mark.parametrize(
+    "old,new,value",
+    [("kernel", "feature_map", "elu1"), ("scale", "alpha", 0.5)],
+)
+def test_an_attention_fields_older_name_is_refused_with_todays(old, new, value):
     with pytest.raises(ConfigError) as err:
-        ModelConfig.from_preset("micro", attention__op="kernel", attention__kernel="elu1")
-    assert str(err.value) == "arch.attention.kernel is now arch.attention.feature_map; give it under that name"
-    assert ModelConfig.from_preset("micro", attention__feature_map="elu1").attention.feature_map == "elu1"
+        ModelConfig.from_preset("micro", attention__op="kernel", **{f"attention__{old}": value})
+    assert str(err.value) == f"arch.attention.{old} is now arch.attention.{new}; give it under that name"
+    assert getattr(ModelConfig.from_preset("micro", **{f"attention__{new}": value}).attention, new) == value
 
 
 def test_unknown_preset_lists_the_allowed_ones():

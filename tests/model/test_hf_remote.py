@@ -35,7 +35,7 @@ def _op_variant(name: str) -> dict:
 VARIANTS = {f"op_{name}": _op_variant(name) for name in OPS} | {
     "kernel_mlp": {"attention": {"op": "kernel", "feature_map": "mlp", "normalizer": "abs_clamp"}},
     "kernel_elu1": {"attention": {"op": "kernel", "feature_map": "elu1"}},
-    "softmax_p2_alpha": {"attention": {"p": 2.0, "scale": 1.5}},
+    "softmax_p2_alpha": {"attention": {"p": 2.0, "alpha": 1.5}},
     "sink_tokens_2": {"sink_tokens": 2},
     "kv_bias": {"biases": {"kind": "kv"}},
     "kv_bias_shared_key_dims": {"biases": {"kind": "kv", "shared_heads": True, "key_dims": 4}},

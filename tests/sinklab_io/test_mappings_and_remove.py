@@ -7,7 +7,7 @@ from sinklab_io.mappings import flatten
 def test_flatten_dots_nested_keys_and_keeps_empty_mappings_and_lists():
     data = {"model": {"attention": {"op": "sigmoid"}, "dims": [1, 2], "extra": {}}, "seed": 0}
     assert flatten(data) == {"model.attention.op": "sigmoid", "model.dims": [1, 2], "model.extra": {}, "seed": 0}
-    assert flatten({"lr": 1e-3}, "model.optim.") == {"model.optim.lr": 1e-3}
+    assert flatten({"lr": 1e-3}, "optim.") == {"optim.lr": 1e-3}
 
 
 def test_remove_takes_a_file_a_tree_or_a_link_and_passes_over_what_is_absent(tmp_path):

@@ -46,7 +46,7 @@ def test_the_chart_list_puts_the_headline_first_and_hides_flat_series():
 def test_the_table_shows_the_factors_that_differ_between_runs():
     softmax = {
         "arch.attention.op": "softmax",
-        "model.optim.weight_decay": "0.1",
+        "optim.weight_decay": "0.1",
         "run.name": "a",
         "data.path": "/x",
         "arch.positional": "rope",
@@ -91,10 +91,10 @@ def test_the_dataset_is_named_from_its_manifest(tmp_path):
 def test_the_variant_tag_names_the_attention_op_even_the_default():
     from pipeline.train.fit_config import variant_summary as _variant_summary
 
-    softmax = {"arch": {"preset": "micro"}, "model": {"optim": {"lr": 0.002, "weight_decay": 0.5}}}
+    softmax = {"arch": {"preset": "micro"}, "optim": {"lr": 0.002, "weight_decay": 0.5}}
     assert _variant_summary(softmax) == "softmax, lr=0.002, wd=0.5"
     kernel = {
         "arch": {"attention": {"op": "kernel", "feature_map": "elu1"}},
-        "model": {"optim": {"lr": 0.002, "weight_decay": 0.1}},
+        "optim": {"lr": 0.002, "weight_decay": 0.1},
     }
     assert _variant_summary(kernel) == "kernel(elu1), lr=0.002, wd=0.1"

@@ -184,7 +184,7 @@ def optimizer_tensors(ckpt) -> dict[str, torch.Tensor]:
 def test_muon_and_orthoadam_resume_bitwise_after_sigkill(name, tiny_ds, tmp_path, monkeypatch, mlflow_server):
     """Each optimiser's state (Muon's momentum and AdamW's moments; OrthoAdam's moments,
     its rotations re-derived) survives a SIGKILL between checkpoints bit for bit."""
-    args = ["--data.path", str(tiny_ds), "--model.optim.name", name, *ARGS, "--trainer.max_steps", "8"]
+    args = ["--data.path", str(tiny_ds), "--optim.name", name, *ARGS, "--trainer.max_steps", "8"]
     ref_dir, run_dir = tmp_path / "reference", tmp_path / "killed"
     assert fit_in_process([*args, "--run-dir", str(ref_dir)], monkeypatch, mlflow_server) == 0
     proc = sinklab_process([*args, "--run-dir", str(run_dir)], mlflow_server)
@@ -206,15 +206,15 @@ def test_muon_and_orthoadam_resume_bitwise_after_sigkill(name, tiny_ds, tmp_path
         {"momentum_buffer", "exp_avg", "exp_avg_sq", "step"} if name == "muon" else {"exp_avg", "exp_avg_sq", "step"}
     )
     params = MlflowClient(mlflow_server).get_run((run_dir / "mlflow_run_id").read_text().strip()).data.params
-    assert params["model.optim.name"] == name
-    halves = {k.rsplit(".", 1)[1] for k in params if k.startswith("model.optim.split.")}
+    assert params["optim.name"] == name
+    halves = {k.rsplit(".", 1)[1] for k in params if k.startswith("optim.split.")}
     assert halves == ({"muon", "adamw"} if name == "muon" else {"orthoadam"})
 
 
 def test_muon_under_deepspeed_is_refused_in_one_line(tiny_ds, tmp_path, monkeypatch, mlflow_server, capsys):
     run_dir = tmp_path / "refused"
-    args = [*paths(tiny_ds, run_dir), "--model.optim.name", "muon"]
+    args = [*paths(tiny_ds, run_dir), "--optim.name", "muon"]
     assert fit_in_process([*args, "--trainer.strategy", "deepspeed_stage_2"], monkeypatch, mlflow_server) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sinklab fit:")]
-    assert len(err) == 1 and "model.optim.name=muon: under DeepSpeed ZeRO" in err[0] and "ddp or fsdp2" in err[0]
+    assert len(err) == 1 and "optim.name=muon: under DeepSpeed ZeRO" in err[0] and "ddp or fsdp2" in err[0]
     assert not run_dir.exists()

@@ -50,7 +50,7 @@ def test_fit_logs_one_mlflow_run_with_config_metrics_and_plots(tiny_ds, tmp_path
     assert len(client.search_runs([exp.experiment_id])) == 1
     assert run.info.status == "FINISHED"
     params, tags = run.data.params, run.data.tags
-    assert params["model.optim.lr"] == "0.003" and params["arch.d_model"] == "32"
+    assert params["optim.lr"] == "0.003" and params["arch.d_model"] == "32"
     assert params["data.interventions.fix_position"] == "2"
     assert tags["sinklab.dataset_hash"] == load_manifest(tiny_ds).hash
     assert tags["sinklab.status"] == "finished" and tags["sinklab.code_version"]

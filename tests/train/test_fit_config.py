@@ -3,6 +3,7 @@ recipe, fields beside it, the numbers recorded, and `--check-only` (which writes
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from fit_runs import REPO, TINY
 
@@ -67,25 +68,32 @@ def test_no_flag_recorded_key_or_runs_table_column_repeats_a_word():
     assert {"--arch.attention.op", "--arch.preset"} <= flags
     config = check_fit(["--config", EMBEDDED])
     recorded = flatten(yaml.safe_load(parser.dump(config, skip_validation=True)))  # the run's config.yaml
-    assert {"arch.attention.op", "model.optim.lr", "trainer.max_steps"} <= set(recorded)  # each is a flag too
+    assert {"arch.attention.op", "optim.lr", "trainer.max_steps"} <= set(recorded)  # each is a flag too
     params = as_params(as_plain(config))  # its MLflow params
-    assert "arch.attention.op" in params and not any(k.startswith("model.arch") for k in params)
+    assert {"arch.attention.op", "optim.lr"} <= set(params)
+    assert not any(k.startswith(("model.arch", "model.optim")) for k in params)
     columns = [c.split("`")[1] for c in table_columns(list(DEFAULT_FACTORS))]
     assert [k for k in (*flags, *recorded, *params, *columns) if _repeats(k)] == []
 
 
-def test_the_feature_maps_older_name_is_refused_in_one_line_naming_todays(tmp_path, capsys):
-    assert main(["--check-only", "--arch.attention.op", "kernel", "--arch.attention.kernel", "elu1"]) == 2
+@pytest.mark.parametrize(
+    "old,new,value,section",
+    [
+        ("arch.attention.kernel", "arch.attention.feature_map", "elu1", {"arch": {"attention": {"kernel": "elu1"}}}),
+        ("arch.attention.scale", "arch.attention.alpha", "0.5", {"arch": {"attention": {"scale": 0.5}}}),
+        ("model.optim.lr", "optim.lr", "1e-3", {"model": {"optim": {"lr": 1e-3}}}),
+    ],
+)
+def test_an_older_name_is_refused_in_one_line_naming_todays(tmp_path, capsys, old, new, value, section):
+    assert main(["--check-only", f"--{old}", value]) == 2
     assert capsys.readouterr().err.strip() == (
-        "sinklab fit: command line: --arch.attention.kernel is now --arch.attention.feature_map; "
-        "give it under that name"
+        f"sinklab fit: command line: --{old} is now --{new}; give it under that name"
     )
     recipe = tmp_path / "old.yaml"
-    recipe.write_text(yaml.safe_dump({"arch": {"attention": {"op": "kernel", "kernel": "elu1"}}}))
+    recipe.write_text(yaml.safe_dump(section))
     assert main(["--check-only", "--config", str(recipe)]) == 2
-    assert capsys.readouterr().err.strip() == (
-        f"sinklab fit: {recipe}: arch.attention.kernel is now arch.attention.feature_map; give it under that name"
-    )
+    old, new = (old, new) if old.startswith("arch") else ("model.optim", "optim")  # a file names the section
+    assert capsys.readouterr().err.strip() == f"sinklab fit: {recipe}: {old} is now {new}; give it under that name"
 
 
 def test_a_recipe_of_the_older_layout_is_refused_in_one_line(tmp_path, capsys):

@@ -88,7 +88,7 @@ def test_muon_and_orthoadam_train_sharded_as_on_one_process(
 ):
     """Under FSDP2 Muon orthogonalises and OrthoAdam rotates the gathered matrices (DTensor
     operations) while the moments stay sharded; the losses and weights are one process's."""
-    data = ["--data.path", str(tiny_ds), *ARGS, "--trainer.max_steps", "4", "--model.optim.name", name]
+    data = ["--data.path", str(tiny_ds), *ARGS, "--trainer.max_steps", "4", "--optim.name", name]
     one, two = tmp_path / "one", tmp_path / strategy
     assert fit_in_process([*data, "--run-dir", str(one)], monkeypatch, mlflow_server) == 0
     proc = sinklab_process(

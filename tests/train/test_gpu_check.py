@@ -44,9 +44,9 @@ def test_a_preempted_run_resumes_and_passes_with_its_speed(tiny_ds, tmp_path):
 
 
 def test_a_failing_case_gives_its_first_error_line_and_exit_1(tiny_ds, tmp_path):
-    done = gpu_check(["--data", str(tiny_ds), "--cases", "softmax", "--extra-args", "--model.optim.lr -1"], tmp_path)
+    done = gpu_check(["--data", str(tiny_ds), "--cases", "softmax", "--extra-args", "--optim.lr -1"], tmp_path)
     assert done.returncode == 1
-    assert "softmax: exit 2: sinklab fit: model.optim.lr=-1.0: must be positive" in done.stdout
+    assert "softmax: exit 2: sinklab fit: optim.lr=-1.0: must be positive" in done.stdout
     assert table_rows(done.stdout)["softmax"][1] == "FAIL"
     assert "\n0 of 1 cases ok; " in done.stdout
 

@@ -37,7 +37,7 @@ def test_fused_adamw_under_bf16_mixed_clips_every_step(tiny_ds, tmp_path, monkey
             "3",
             "--trainer.precision",
             "bf16-mixed",
-            "--model.optim.fused",
+            "--optim.fused",
             "true",
             "--trainer.gradient_clip_val",
             str(max_norm),

@@ -39,7 +39,7 @@ def test_sgd_choice_builds_sgd_with_momentum_and_the_decay_groups():
     assert type(sgd) is torch.optim.SGD and sgd.defaults["momentum"] == 0.8 and sgd.defaults["lr"] == 0.03
     assert [g["weight_decay"] for g in sgd.param_groups] == [1e-4, 0.0]
     assert type(build_optimizer(model, OptimConfig())) is torch.optim.AdamW
-    with pytest.raises(ConfigError, match="model.optim.momentum=1.0"):
+    with pytest.raises(ConfigError, match="optim.momentum=1.0"):
         OptimConfig(name="sgd", momentum=1.0).validate(1000)
 
 

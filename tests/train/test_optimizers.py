@@ -144,11 +144,8 @@ def test_muon_split_puts_block_matrices_on_muon_and_the_rest_on_adamw():
     assert muon_ids == {id(dict(net.named_parameters())[n]) for n in hidden}
     assert [g["lr"] for g in opt.param_groups] == [2e-2, 1e-3]
     split = optimizer_split(net, cfg)
-    assert (
-        split["model.optim.split.muon"].startswith(f"{len(hidden)} tensors")
-        and "lr 0.02" in split["model.optim.split.muon"]
-    )
-    assert split["model.optim.split.adamw"].startswith(f"{len(rest)} tensors")
+    assert split["optim.split.muon"].startswith(f"{len(hidden)} tensors") and "lr 0.02" in split["optim.split.muon"]
+    assert split["optim.split.adamw"].startswith(f"{len(rest)} tensors")
 
 
 def test_muon_trains_follows_the_schedule_and_round_trips():
