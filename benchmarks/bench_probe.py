@@ -1,0 +1,98 @@
+"""One live sink probe against the training steps between two probes, measured side by side.
+
+On a recipe's model and its dataset's probe set (100 x 64): the probe as the training callback
+runs it (``run_probe`` with the flow metrics on the first TRAINING_MIXING_SEQUENCES sequences,
+then its metrics' names), its parts (without the flow pass, without the outlier hooks, the
+forward with maps alone), its figures, and one optimizer step (forward, loss, backward, AdamW)
+on a batch of the recipe's shape, alternated round by round, best of --repeats. A step here
+leaves out data loading, logging and validation, so the shares are upper bounds. The last line,
+``ratio=<probe seconds / (every x step seconds)>``, is the probe's share of training at the
+recipe's cadence (figures: ``figures_ratio=``, at --plot-every).
+Defaults: `make run` (tiny preset, elu+1 kernel attention, every 500 steps). The paper-60m
+recipe's shape at cpu size: --preset llama-60m --op softmax --every 200 --plot-every 2000.
+Run: .venv/bin/python benchmarks/bench_probe.py --data data/embedded
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from data_prep.dataset import load_manifest, load_probe
+from pipeline.flow import TRAINING_MIXING_SEQUENCES
+from pipeline.model import ModelConfig, Transformer
+from pipeline.probe import run_probe
+from pipeline.train.callbacks import probe_figures
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default="data/embedded", help="prepared dataset (its probe set and vocabulary)")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--op", default="kernel", help="arch.attention.op (make run: kernel)")
+    p.add_argument("--kernel", default="elu1", help="arch.attention.kernel, for --op kernel")
+    p.add_argument("--every", type=int, default=500, help="run.sink_every (embedded: 500; paper-60m: 200)")
+    p.add_argument("--plot-every", type=int, default=500, help="run.plot_every (embedded: 500; paper-60m: 2000)")
+    p.add_argument("--batch", type=int, default=8, help="sequences per step (embedded: 8 of 128)")
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps timed per round")
+    args = p.parse_args()
+    manifest = load_manifest(args.data)
+    attention = {"op": args.op} | ({"kernel": args.kernel} if args.op == "kernel" else {})
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset(args.preset, vocab_size=manifest.vocab_size, attention=attention))
+    probe = torch.from_numpy(load_probe(args.data)).long()
+    plot_dir = Path(tempfile.mkdtemp(prefix="bench-probe-"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randint(0, manifest.vocab_size, (args.batch, args.context + 1))
+
+    def step() -> None:
+        logits = model(x[:, :-1]).logits
+        F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def probe_as_trained(**kwargs):
+        report = run_probe(model, probe, mixing_sequences=TRAINING_MIXING_SEQUENCES, **kwargs)
+        report.to_metrics() | report.head_metrics()
+        return report
+
+    parts = {
+        "probe": probe_as_trained,
+        "probe without the flow pass": lambda: probe_as_trained(flow=False),
+        "probe without the outlier hooks": lambda: probe_as_trained(outliers=False),
+        "forward with maps, q/k/v and states": lambda: model.eval()(
+            probe[:25], output_attentions=True, output_hidden_states=True, output_qkv=True, skip_head=True
+        ),
+    }
+    step(), probe_as_trained()  # warm-up
+    best = dict.fromkeys([*parts, "figures", "step"], float("inf"))
+    for _ in range(args.repeats):  # alternated, so that a busy machine weighs on all alike
+        for name, fn in parts.items():
+            with torch.no_grad():
+                best[name] = min(best[name], timed(fn) * (4 if name.startswith("forward") else 1))
+        model.train()
+        report = probe_as_trained()
+        best["figures"] = min(best["figures"], timed(lambda: probe_figures(report, 0, plot_dir, None)))  # noqa: B023
+        model.train()
+        best["step"] = min(best["step"], timed(lambda: [step() for _ in range(args.steps)]) / args.steps)
+    for name, seconds in best.items():
+        print(f"{name:40s} {seconds * 1000:9.1f} ms")
+    print(f"figures_ratio={best['figures'] / (args.plot_every * best['step']):.4f}")
+    print(f"ratio={best['probe'] / (args.every * best['step']):.4f}")
+
+
+if __name__ == "__main__":
+    main()
