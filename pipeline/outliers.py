@@ -57,6 +57,14 @@ def kurtosis(x: Tensor) -> Tensor:
     return centred.pow(4).mean(dim=1) / variance.pow(2).clamp_min(torch.finfo(torch.float32).tiny)
 
 
+def token_kurtosis(x: Tensor) -> Tensor:
+    """Kurtosis of each token's d channels, Kaul et al. (2025)'s κ_{m,t}, Pearson's with population
+    moments as :func:`kurtosis`: ``[..., T, d] -> [..., T]``."""
+    centred = x.detach().float() - x.detach().float().mean(dim=-1, keepdim=True)
+    variance = centred.pow(2).mean(dim=-1)
+    return centred.pow(4).mean(dim=-1) / variance.pow(2).clamp_min(torch.finfo(torch.float32).tiny)
+
+
 @dataclass
 class OutlierSplit:
     token_positions: Tensor  # [B, T] bool: the position holds a token-wise outlier

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from pipeline import metric_names as N
 from pipeline import metrics
+from pipeline.outliers import token_kurtosis
 
 Reduce = Literal["mean", "nanmean", "max"]
 
@@ -120,6 +121,16 @@ def value_norm_ratio(b: ProbeBatch) -> Tensor | None:
     return None if b.values is None or not b.qkv else metrics.first_token_norm_ratio(b.values).mean(dim=2)
 
 
+def kurtosis_first(b: ProbeBatch) -> Tensor | None:
+    """Kaul et al. 2025's κ_{m,1}: the first token's kurtosis over its d channels (Table 2)."""
+    return None if b.hidden is None else token_kurtosis(b.hidden[:, :, 0])
+
+
+def kurtosis_rest(b: ProbeBatch) -> Tensor | None:
+    """Kaul et al. 2025's κ_{m,>1}: the other tokens' kurtosis over their d channels, their mean."""
+    return None if b.hidden is None else token_kurtosis(b.hidden[:, :, 1:]).mean(dim=-1)
+
+
 register(ProbeMetric("entropy", "head", entropy, "nanmean", head_name=N.HEAD_ENTROPY))
 register(ProbeMetric("out_norm", "head", out_norm, head_name=N.HEAD_OUT_NORM))
 register(ProbeMetric("max_logit", "head", max_logit, "max", N.MAX_LOGIT, "max", "max", N.HEAD_MAX_LOGIT))
@@ -128,6 +139,8 @@ register(ProbeMetric("bos_share_other", "head", bos_share_other, "nanmean", N.BO
 register(ProbeMetric("massive_ratio", "layer", massive_ratio, layer_name=N.MASSIVE_RATIO))
 register(ProbeMetric("key_norm_ratio", "layer", key_norm_ratio))
 register(ProbeMetric("value_norm_ratio", "layer", value_norm_ratio, layer_name=N.VALUE_NORM_RATIO))
+register(ProbeMetric("kurtosis_first", "layer", kurtosis_first, layer_name=N.act("kurtosis_first"), over_layers="mean"))
+register(ProbeMetric("kurtosis_rest", "layer", kurtosis_rest, layer_name=N.act("kurtosis_rest"), over_layers="mean"))
 
 
 def head_names() -> tuple[str, ...]:
