@@ -79,41 +79,51 @@ class SinkAccumulator:
         if not attentions:
             raise ValueError("the model returned no attention maps (output_attentions ignored?)")
         self.kinds.add(attention_kind)
-        stack = lambda xs: None if not xs else torch.stack([x.detach().float() for x in xs], dim=1)  # noqa: E731
-        maps = torch.stack([a.detach() for a in attentions], dim=1)[..., n_query_slots:, :].float()  # [B, L, H, T, Tk]
-        if attention_kind != "probs":
-            maps = metrics.proxy_scores(maps, signed=attention_kind == "sim_signed")
         if admitted is None:
-            admitted = metrics.causal_admitted(*attentions[0].shape[-2:], maps.device)
-        hidden = stack(hidden_states)  # [B, L, Tq, d], sink-token rows included
-        batch = ProbeBatch(
-            maps=maps,
-            admitted=admitted[n_query_slots:].to(maps.device),
-            n_key_slots=n_key_slots,
-            hidden=None if hidden is None else hidden[:, :, n_query_slots:],
-            queries=stack(queries),
-            keys=stack(keys),
-            values=stack(values),
-            head_outputs=stack(head_outputs),
-            triggers=trigger_queries,
-            qkv=qkv,
-            logits=max_logit,
-        )
-        slot_mass, real = metrics.split_slots(maps, 0, n_key_slots)
+            admitted = metrics.causal_admitted(*attentions[0].shape[-2:], attentions[0].device)
+        triggers = trigger_queries
+        alphas, slots, measured = [], [], []
+        for l, a in enumerate(attentions):  # one layer at a time: its tensors stay in cache
+            one = lambda xs: None if not xs else xs[l].detach().float()[:, None]  # noqa: B023, E731
+            maps = a.detach()[:, None, :, n_query_slots:].float()  # [B, 1, H, T, S + T]
+            if attention_kind != "probs":
+                maps = metrics.proxy_scores(maps, signed=attention_kind == "sim_signed")
+            hidden = one(hidden_states)
+            batch = ProbeBatch(
+                maps=maps,
+                admitted=admitted[n_query_slots:].to(maps.device),
+                n_key_slots=n_key_slots,
+                hidden=None if hidden is None else hidden[:, :, n_query_slots:],
+                queries=one(queries),
+                keys=one(keys),
+                values=one(values),
+                head_outputs=one(head_outputs),
+                triggers=triggers,
+                qkv=qkv,
+                logits=max_logit,
+            )
+            slot_mass, real = metrics.split_slots(maps, 0, n_key_slots)
+            alphas.append(metrics.importance_profile(real, self.positions))
+            slots.append(metrics.slot_importance(slot_mass))
+            measured.append(probe_metrics.measure(batch))
         self.seq_len = real.shape[-1]
-        self.alphas.append(metrics.importance_profile(real, self.positions).cpu())
-        self.slots.append(metrics.slot_importance(slot_mass).cpu())
-        for key, value in probe_metrics.measure(batch).items():
-            self.values.setdefault(key, []).append(value)
+        self.alphas.append(torch.cat(alphas, dim=1).cpu())
+        self.slots.append(torch.cat(slots, dim=1).cpu())
+        for key in measured[0]:
+            self.values.setdefault(key, []).append(torch.cat([m[key] for m in measured], dim=1))
         if hidden_states and self.outliers is not None:
             self.outliers.add_hidden(hidden_states)
-        if hidden is not None and n_query_slots:
-            rest = batch.hidden.norm(dim=-1).mean(dim=-1, keepdim=True)
-            self.slot_massive.append((hidden[:, :, :n_query_slots].norm(dim=-1) / rest).cpu())
-        if qkv and batch.queries is not None and batch.keys is not None:
+        if hidden_states and n_query_slots:
+            ratios = [
+                h.detach().float()[:, :n_query_slots].norm(dim=-1)
+                / h.detach().float()[:, n_query_slots:].norm(dim=-1).mean(dim=-1, keepdim=True)
+                for h in hidden_states
+            ]
+            self.slot_massive.append(torch.stack(ratios, dim=1).cpu())
+        if qkv and queries and keys:
             rows = []
-            for q, k in zip(batch.queries.unbind(1), batch.keys.unbind(1)):
-                cos, normprod = metrics.qk_decomposition(q, k)
+            for q, k in zip(queries, keys):
+                cos, normprod = metrics.qk_decomposition(q.detach().float(), k.detach().float())
                 rows.append([*metrics.first_key_vs_rest(cos), *metrics.first_key_vs_rest(normprod)])
             self.qk.append(torch.tensor(rows) * queries[0].shape[0])
             self.qk_weights.append(queries[0].shape[0])

@@ -27,7 +27,7 @@ Reduce = Literal["mean", "nanmean", "max"]
 
 @dataclass
 class ProbeBatch:
-    """One probe batch, layers stacked on dim 1; real tokens only unless said otherwise."""
+    """One probe batch, its layers (one or more) on dim 1; real tokens only unless said otherwise."""
 
     maps: Tensor  # [B, L, H, T, S + T] the real queries' rows: key slots first (proxy scores for a similarity op)
     admitted: Tensor  # [T, S + T] bool: what each real query may see
