@@ -2,9 +2,9 @@
 
 On a recipe's model and its dataset's probe set (100 x 64): the probe as the training callback
 runs it (``run_probe`` with the flow metrics on the first TRAINING_MIXING_SEQUENCES sequences,
-then its metrics' names), its parts (without the flow pass, without the outlier hooks, the
-forward with maps alone), its figures, and one optimizer step (forward, loss, backward, AdamW)
-on a batch of the recipe's shape, alternated round by round, best of --repeats. A step here
+then its metrics' names), its figures, and one optimizer step (forward, loss, backward, AdamW)
+on a batch of the recipe's shape, alternated round by round, best of --repeats; then one more
+probe under cProfile, its time split into its parts (``profile:`` lines). A step here
 leaves out data loading, logging and validation, so the shares are upper bounds. The last line,
 ``ratio=<probe seconds / (every x step seconds)>``, is the probe's share of training at the
 recipe's cadence (figures: ``figures_ratio=``, at --plot-every).
@@ -16,6 +16,8 @@ Run: .venv/bin/python benchmarks/bench_probe.py --data data/embedded
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +38,35 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+# parts of one probe, by the (file, function) whose cumulative time is theirs
+PARTS = {
+    "perturbed forward and flow entropies (flow.add_pass)": ("flow.py", "add_pass"),
+    "  flow entropies (flow.add)": ("flow.py", "add"),
+    "metrics of the forward's tensors (SinkAccumulator.add)": ("probe.py", "add"),
+    "  registered metrics (probe_metrics.measure)": ("probe_metrics.py", "measure"),
+    "    of which the largest logit": ("probe_metrics.py", "max_logit"),
+    "    of which the attention entropy": ("probe_metrics.py", "entropy"),
+    "  outlier statistics of the states (add_hidden)": ("outliers.py", "add_hidden"),
+    "outlier hooks on the linear inputs (_record_input)": ("outliers.py", "_record_input"),
+    "reductions over sequences (SinkAccumulator.report)": ("probe.py", "report"),
+    "MLflow names (to_metrics, head_metrics)": ("sink_report.py", "to_metrics"),
+}
+
+
+def profile(fn) -> dict[str, float]:
+    """Cumulative seconds of each of PARTS in one call of ``fn``, and the whole call's."""
+    prof = cProfile.Profile()
+    start = time.perf_counter()
+    prof.runcall(fn)
+    total = time.perf_counter() - start
+    stats = pstats.Stats(prof).stats  # (file, line, function) -> (calls, primitive, own, cumulative, callers)
+    seconds = {}
+    for label, (file, function) in PARTS.items():
+        seconds[label] = sum(v[3] for (f, _, n), v in stats.items() if f.endswith("/" + file) and n == function)
+    outside = sum(seconds[k] for k in PARTS if not k.startswith(" "))
+    return {"probe forward with maps, states, q/k/v (the rest)": total - outside, **seconds, "whole probe": total}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="data/embedded", help="prepared dataset (its probe set and vocabulary)")
@@ -43,7 +74,7 @@ def main() -> None:
     p.add_argument("--op", default="kernel", help="arch.attention.op (make run: kernel)")
     p.add_argument("--kernel", default="elu1", help="arch.attention.kernel, for --op kernel")
     p.add_argument("--every", type=int, default=500, help="run.sink_every (embedded: 500; paper-60m: 200)")
-    p.add_argument("--plot-every", type=int, default=500, help="run.plot_every (embedded: 500; paper-60m: 2000)")
+    p.add_argument("--plot-every", type=int, default=1000, help="run.plot_every (embedded: 1000; paper-60m: 2000)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step (embedded: 8 of 128)")
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
@@ -64,30 +95,20 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def probe_as_trained(**kwargs):
-        report = run_probe(model, probe, mixing_sequences=TRAINING_MIXING_SEQUENCES, **kwargs)
+    def probe_as_trained():
+        report = run_probe(model, probe, mixing_sequences=TRAINING_MIXING_SEQUENCES)
         report.to_metrics() | report.head_metrics()
         return report
 
-    parts = {
-        "probe": probe_as_trained,
-        "probe without the flow pass": lambda: probe_as_trained(flow=False),
-        "probe without the outlier hooks": lambda: probe_as_trained(outliers=False),
-        "forward with maps, q/k/v and states": lambda: model.eval()(
-            probe[:25], output_attentions=True, output_hidden_states=True, output_qkv=True, skip_head=True
-        ),
-    }
-    step(), probe_as_trained()  # warm-up
-    best = dict.fromkeys([*parts, "figures", "step"], float("inf"))
+    step()
+    report = probe_as_trained()  # warm-up
+    best = dict.fromkeys(["probe", "figures", "step"], float("inf"))
     for _ in range(args.repeats):  # alternated, so that a busy machine weighs on all alike
-        for name, fn in parts.items():
-            with torch.no_grad():
-                best[name] = min(best[name], timed(fn) * (4 if name.startswith("forward") else 1))
-        model.train()
-        report = probe_as_trained()
-        best["figures"] = min(best["figures"], timed(lambda: probe_figures(report, 0, plot_dir, None)))  # noqa: B023
-        model.train()
+        best["probe"] = min(best["probe"], timed(probe_as_trained))
+        best["figures"] = min(best["figures"], timed(lambda: probe_figures(report, 0, plot_dir, None)))
         best["step"] = min(best["step"], timed(lambda: [step() for _ in range(args.steps)]) / args.steps)
+    for name, seconds in profile(probe_as_trained).items():
+        print(f"profile: {name:56s} {seconds * 1000:9.1f} ms")
     for name, seconds in best.items():
         print(f"{name:40s} {seconds * 1000:9.1f} ms")
     print(f"figures_ratio={best['figures'] / (args.plot_every * best['step']):.4f}")
