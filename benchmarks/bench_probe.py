@@ -7,7 +7,8 @@ on a batch of the recipe's shape, alternated round by round, best of --repeats; 
 probe under cProfile, its time split into its parts (``profile:`` lines). A step here
 leaves out data loading, logging and validation, so the shares are upper bounds. The last line,
 ``ratio=<probe seconds / (every x step seconds)>``, is the probe's share of training at the
-recipe's cadence (figures: ``figures_ratio=``, at --plot-every).
+recipe's cadence in wall time (``cpu_ratio=``: in CPU time; figures: ``figures_ratio=``, at
+--plot-every).
 Defaults: `make run` (tiny preset, elu+1 kernel attention, every 500 steps). The paper-60m
 recipe's shape at cpu size: --preset llama-60m --op softmax --every 200 --plot-every 2000.
 Run: .venv/bin/python benchmarks/bench_probe.py --data data/embedded
@@ -32,10 +33,11 @@ from pipeline.probe import run_probe
 from pipeline.train.callbacks import probe_figures
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
+def timed(fn) -> tuple[float, float]:
+    """Wall and CPU seconds of ``fn()`` (CPU time: the figure a shared machine disturbs least)."""
+    start, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 # parts of one probe, by the (file, function) whose cumulative time is theirs
@@ -102,17 +104,21 @@ def main() -> None:
 
     step()
     report = probe_as_trained()  # warm-up
-    best = dict.fromkeys(["probe", "figures", "step"], float("inf"))
+    best = {k: (float("inf"), float("inf")) for k in ("probe", "figures", "step")}
+    pick = lambda old, new: tuple(map(min, old, new))  # noqa: E731
     for _ in range(args.repeats):  # alternated, so that a busy machine weighs on all alike
-        best["probe"] = min(best["probe"], timed(probe_as_trained))
-        best["figures"] = min(best["figures"], timed(lambda: probe_figures(report, 0, plot_dir, None)))
-        best["step"] = min(best["step"], timed(lambda: [step() for _ in range(args.steps)]) / args.steps)
+        best["probe"] = pick(best["probe"], timed(probe_as_trained))
+        best["figures"] = pick(best["figures"], timed(lambda: probe_figures(report, 0, plot_dir, None)))
+        wall, cpu = timed(lambda: [step() for _ in range(args.steps)])
+        best["step"] = pick(best["step"], (wall / args.steps, cpu / args.steps))
     for name, seconds in profile(probe_as_trained).items():
         print(f"profile: {name:56s} {seconds * 1000:9.1f} ms")
-    for name, seconds in best.items():
-        print(f"{name:40s} {seconds * 1000:9.1f} ms")
-    print(f"figures_ratio={best['figures'] / (args.plot_every * best['step']):.4f}")
-    print(f"ratio={best['probe'] / (args.every * best['step']):.4f}")
+    for name, (wall, cpu) in best.items():
+        print(f"{name:40s} {wall * 1000:9.1f} ms wall {cpu * 1000:9.1f} ms cpu")
+    step_wall, step_cpu = best["step"]
+    print(f"figures_ratio={best['figures'][0] / (args.plot_every * step_wall):.4f}")
+    print(f"cpu_ratio={best['probe'][1] / (args.every * step_cpu):.4f}")
+    print(f"ratio={best['probe'][0] / (args.every * step_wall):.4f}")
 
 
 if __name__ == "__main__":
