@@ -1,6 +1,6 @@
-"""The probe's per-layer and per-head metrics, one registration each (docs/training.md, "Live metrics").
+"""The probe's per-layer and per-head metrics, one registration each (docs/training.md, "The live probe").
 
-A metric is a function of one probe batch (:class:`ProbeBatch`, every layer stacked) that returns
+A metric is a function of one probe batch (:class:`ProbeBatch`, its layers on dim 1) that returns
 one value per sequence and layer ``[B, L]`` or per sequence, layer and head ``[B, L, H]`` (None:
 not measured on this batch), and a :class:`ProbeMetric` saying how it is reduced and named. The
 accumulator (``pipeline.probe``), the report and its MLflow names (``pipeline.sink_report``),
@@ -83,7 +83,7 @@ def reduce(values: Tensor, how: Reduce, dim: int) -> Tensor:
 
 def _flat_heads(fn: Callable[..., Tensor], x: Tensor, *args) -> Tensor:
     """``fn`` of per-head ``[B, H', ...]`` inputs applied to ``x [B, L, H, ...]``: layers folded into heads."""
-    B, L, H = x.shape[:3]
+    L, H = x.shape[1:3]
     return fn(x.flatten(1, 2), *args).unflatten(1, (L, H))
 
 
