@@ -88,36 +88,44 @@ def _flat_heads(fn: Callable[..., Tensor], x: Tensor, *args) -> Tensor:
 
 
 def entropy(b: ProbeBatch) -> Tensor:
+    """Normalised row entropy per head (metrics.attention_entropy)."""
     return metrics.attention_entropy(b.maps, b.admitted)
 
 
 def out_norm(b: ProbeBatch) -> Tensor | None:
+    """Mean ‖A·V‖ per token, per head (with dormant α₁: Guo et al.'s dormant heads)."""
     return None if b.head_outputs is None else metrics.head_output_norm(b.head_outputs)
 
 
 def max_logit(b: ProbeBatch) -> Tensor | None:
+    """The largest admitted q·k/√d_h per head (metrics.max_attention_logit)."""
     if not b.logits or b.queries is None or b.keys is None:
         return None
     return metrics.max_attention_logit(b.queries, b.keys, b.admitted[:, b.n_key_slots :])
 
 
 def bos_share_trigger(b: ProbeBatch) -> Tensor | None:
+    """Guo et al. 2024's active/dormant split on a Bigram-Backcopy probe: attention on token 1 from trigger queries."""
     return None if b.triggers is None else _flat_heads(metrics.first_key_share, b.real, b.triggers)
 
 
 def bos_share_other(b: ProbeBatch) -> Tensor | None:
+    """The same from the other queries i ≥ 2."""
     return None if b.triggers is None else _flat_heads(metrics.first_key_share, b.real, ~b.triggers)
 
 
 def massive_ratio(b: ProbeBatch) -> Tensor | None:
+    """Guo et al.'s residual-state peak: ‖h_1‖ / mean_{t≠1} ‖h_t‖ per layer."""
     return None if b.hidden is None else metrics.massive_activation_ratio(b.hidden)
 
 
 def key_norm_ratio(b: ProbeBatch) -> Tensor | None:
+    """‖k_1‖ / mean_{t≠1} ‖k_t‖, mean over heads."""
     return None if b.keys is None or not b.qkv else metrics.first_token_norm_ratio(b.keys).mean(dim=2)
 
 
 def value_norm_ratio(b: ProbeBatch) -> Tensor | None:
+    """Guo et al.'s value-state drain: ‖v_1‖ / mean_{t≠1} ‖v_t‖, mean over heads."""
     return None if b.values is None or not b.qkv else metrics.first_token_norm_ratio(b.values).mean(dim=2)
 
 
