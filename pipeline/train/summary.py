@@ -75,7 +75,8 @@ def print_summary(cli) -> None:
     sinks = metric_rows(cli.run.metrics_path, N.SINK1, N.ALPHA1_MEAN)
     proxy = proxy_label(cli.model.arch.attention)
     train_s = cli.fit_seconds
-    sink_s = cli.sink_cb.seconds
+    sink_s, figure_s = cli.sink_cb.seconds, cli.sink_cb.figure_seconds
+    share = lambda part, whole: f"{100 * part / whole if whole else 0:.2f}%"  # noqa: E731
     logger = trainer.logger
     lines = [
         "",
@@ -90,7 +91,7 @@ def print_summary(cli) -> None:
         "mean α₁      " + sink_trajectory(sinks, column=2, fmt="{:.3f}"),
         *skipped_lines(cli.model.spike_guard),
         f"time         {train_s:.0f} s training in this start; sink metrics {sink_s:.1f} s "
-        f"({100 * sink_s / train_s if train_s else 0:.2f}% of it)",
+        f"({share(sink_s, train_s)} of it), their figures {figure_s:.1f} s ({share(figure_s, train_s)})",
     ]
     if getattr(logger, "_run_id", None) and getattr(logger, "offline", False):
         lines.append(

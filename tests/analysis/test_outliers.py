@@ -99,9 +99,12 @@ def test_the_probe_finds_the_planted_massive_activation():
     assert out.lead_pct.tolist() == [100.0, 100.0]
     metrics = report.to_metrics()  # what training logs at every sink probe
     assert metrics["act/linear_max_l0_ffn.down"] == pytest.approx(float(down[0]))
-    assert {"act/kurtosis_l0", "act/max_abs_l1", "act/channelwise_channels_l0", "act/lead_scale_ratio_l1"} <= set(
-        metrics
-    )
+    assert {
+        "act/kurtosis_pooled_l0",
+        "act/max_abs_l1",
+        "act/channelwise_channels_l0",
+        "act/lead_scale_ratio_l1",
+    } <= set(metrics)
     assert report.to_json()["outliers"]["summary"]["lead_pct"] == 100.0
     assert run_probe(model, tokens, positions=4, outliers=False).outliers is None
 
@@ -138,7 +141,7 @@ def test_the_hf_path_reports_the_same_quantities(tiny_llama_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, attn_implementation="eager").eval()
     tokens = torch.randint(3, 200, (4, 12), generator=torch.Generator().manual_seed(0))
     out = hf_sink_report(model, tokens, positions=4).outliers
-    assert out.lead == 1 and out.max_abs.shape == (2,) and out.kurtosis.shape == (2,)
+    assert out.lead == 1 and out.max_abs.shape == (2,) and out.kurtosis_pooled.shape == (2,)
     assert {"self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"} <= set(out.linear_max)
     with torch.no_grad(), recording_block_outputs(model.model.layers) as hidden:
         model(input_ids=tokens)

@@ -26,7 +26,7 @@ class FakeModel(torch.nn.Module):
         self.blocks = torch.nn.ModuleList()
         self.n_slots, self.kind, self.modes_seen = n_slots, kind, []
 
-    def forward(self, idx, output_attentions=False, output_hidden_states=False, output_qkv=False):
+    def forward(self, idx, output_attentions=False, output_hidden_states=False, output_qkv=False, skip_head=False):
         self.modes_seen.append((self.training, torch.is_grad_enabled()))
         B = idx.shape[0]
         attns = []
@@ -163,7 +163,7 @@ class ActiveDormantModel(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.zeros(1))
         self.config, self.blocks = ModelConfig(preset="micro"), torch.nn.ModuleList()
 
-    def forward(self, idx, output_attentions=False, output_hidden_states=False, output_qkv=False):
+    def forward(self, idx, output_attentions=False, output_hidden_states=False, output_qkv=False, skip_head=False):
         B, T_ = idx.shape
         a = torch.zeros(B, 1, T_, T_)
         a[:, 0, :, 0] = 1.0

@@ -93,8 +93,10 @@ def test_sink_share_of_the_summary_stays_within_the_run(tiny_ds, tmp_path, monke
         mlflow_server,
     )
     assert rc == 0
-    share = re.search(r"sink metrics [\d.]+ s \(([\d.]+)% of it\)", capsys.readouterr().out)
-    assert share and 0 < float(share.group(1)) <= 100
+    share = re.search(
+        r"sink metrics [\d.]+ s \(([\d.]+)% of it\), their figures [\d.]+ s \(([\d.]+)%\)", capsys.readouterr().out
+    )
+    assert share and 0 < float(share.group(1)) <= 100 and 0 <= float(share.group(2)) < 100
 
 
 def test_ctrl_c_exits_130_and_marks_the_run_interrupted(tiny_ds, tmp_path, mlflow_server):

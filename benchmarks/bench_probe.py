@@ -1,0 +1,125 @@
+"""One live sink probe against the training steps between two probes, measured side by side.
+
+On a recipe's model and its dataset's probe set (100 x 64): the probe as the training callback
+runs it (``run_probe`` with the flow metrics on the first TRAINING_MIXING_SEQUENCES sequences,
+then its metrics' names), its figures, and one optimizer step (forward, loss, backward, AdamW)
+on a batch of the recipe's shape, alternated round by round, best of --repeats; then one more
+probe under cProfile, its time split into its parts (``profile:`` lines). A step here
+leaves out data loading, logging and validation, so the shares are upper bounds. The last line,
+``ratio=<probe seconds / (every x step seconds)>``, is the probe's share of training at the
+recipe's cadence in wall time (``cpu_ratio=``: in CPU time; figures: ``figures_ratio=``, at
+--plot-every).
+Defaults: `make run` (tiny preset, elu+1 kernel attention, every 500 steps). The paper-60m
+recipe's shape at cpu size: --preset llama-60m --op softmax --every 200 --plot-every 2000.
+Run: .venv/bin/python benchmarks/bench_probe.py --data data/embedded
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from data_prep.dataset import load_manifest, load_probe
+from pipeline.flow import TRAINING_MIXING_SEQUENCES
+from pipeline.model import ModelConfig, Transformer
+from pipeline.probe import run_probe
+from pipeline.train.callbacks import probe_figures
+
+
+def timed(fn) -> tuple[float, float]:
+    """Wall and CPU seconds of ``fn()`` (CPU time: the figure a shared machine disturbs least)."""
+    start, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+# parts of one probe, by the (file, function) whose cumulative time is theirs
+PARTS = {
+    "perturbed forward and flow entropies (flow.add_pass)": ("flow.py", "add_pass"),
+    "  flow entropies (flow.add)": ("flow.py", "add"),
+    "metrics of the forward's tensors (SinkAccumulator.add)": ("probe.py", "add"),
+    "  registered metrics (probe_metrics.measure)": ("probe_metrics.py", "measure"),
+    "    of which the largest logit": ("probe_metrics.py", "max_logit"),
+    "    of which the attention entropy": ("probe_metrics.py", "entropy"),
+    "  outlier statistics of the states (add_hidden)": ("outliers.py", "add_hidden"),
+    "outlier hooks on the linear inputs (_record_input)": ("outliers.py", "_record_input"),
+    "reductions over sequences (SinkAccumulator.report)": ("probe.py", "report"),
+    "MLflow names (to_metrics, head_metrics)": ("sink_report.py", "to_metrics"),
+}
+
+
+def profile(fn) -> dict[str, float]:
+    """Cumulative seconds of each of PARTS in one call of ``fn``, and the whole call's."""
+    prof = cProfile.Profile()
+    start = time.perf_counter()
+    prof.runcall(fn)
+    total = time.perf_counter() - start
+    stats = pstats.Stats(prof).stats  # (file, line, function) -> (calls, primitive, own, cumulative, callers)
+    seconds = {}
+    for label, (file, function) in PARTS.items():
+        seconds[label] = sum(v[3] for (f, _, n), v in stats.items() if f.endswith("/" + file) and n == function)
+    outside = sum(seconds[k] for k in PARTS if not k.startswith(" "))
+    return {"probe forward with maps, states, q/k/v (the rest)": total - outside, **seconds, "whole probe": total}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default="data/embedded", help="prepared dataset (its probe set and vocabulary)")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--op", default="kernel", help="arch.attention.op (make run: kernel)")
+    p.add_argument("--kernel", default="elu1", help="arch.attention.kernel, for --op kernel")
+    p.add_argument("--every", type=int, default=500, help="run.sink_every (embedded: 500; paper-60m: 200)")
+    p.add_argument("--plot-every", type=int, default=1000, help="run.plot_every (embedded: 1000; paper-60m: 2000)")
+    p.add_argument("--batch", type=int, default=8, help="sequences per step (embedded: 8 of 128)")
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps timed per round")
+    args = p.parse_args()
+    manifest = load_manifest(args.data)
+    attention = {"op": args.op} | ({"kernel": args.kernel} if args.op == "kernel" else {})
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset(args.preset, vocab_size=manifest.vocab_size, attention=attention))
+    probe = torch.from_numpy(load_probe(args.data)).long()
+    plot_dir = Path(tempfile.mkdtemp(prefix="bench-probe-"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randint(0, manifest.vocab_size, (args.batch, args.context + 1))
+
+    def step() -> None:
+        logits = model(x[:, :-1]).logits
+        F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def probe_as_trained():
+        report = run_probe(model, probe, mixing_sequences=TRAINING_MIXING_SEQUENCES)
+        report.to_metrics() | report.head_metrics()
+        return report
+
+    step()
+    report = probe_as_trained()  # warm-up
+    best = {k: (float("inf"), float("inf")) for k in ("probe", "figures", "step")}
+    pick = lambda old, new: tuple(map(min, old, new))  # noqa: E731
+    for _ in range(args.repeats):  # alternated, so that a busy machine weighs on all alike
+        best["probe"] = pick(best["probe"], timed(probe_as_trained))
+        best["figures"] = pick(best["figures"], timed(lambda: probe_figures(report, 0, plot_dir, None)))
+        wall, cpu = timed(lambda: [step() for _ in range(args.steps)])
+        best["step"] = pick(best["step"], (wall / args.steps, cpu / args.steps))
+    for name, seconds in profile(probe_as_trained).items():
+        print(f"profile: {name:56s} {seconds * 1000:9.1f} ms")
+    for name, (wall, cpu) in best.items():
+        print(f"{name:40s} {wall * 1000:9.1f} ms wall {cpu * 1000:9.1f} ms cpu")
+    step_wall, step_cpu = best["step"]
+    print(f"figures_ratio={best['figures'][0] / (args.plot_every * step_wall):.4f}")
+    print(f"cpu_ratio={best['probe'][1] / (args.every * step_cpu):.4f}")
+    print(f"ratio={best['probe'][0] / (args.every * step_wall):.4f}")
+
+
+if __name__ == "__main__":
+    main()

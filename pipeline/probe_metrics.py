@@ -1,0 +1,195 @@
+"""The probe's per-layer and per-head metrics, one registration each (docs/training.md, "The live probe").
+
+A metric is a function of one probe batch (:class:`ProbeBatch`, its layers on dim 1) that returns
+one value per sequence and layer ``[B, L]`` or per sequence, layer and head ``[B, L, H]`` (None:
+not measured on this batch), and a :class:`ProbeMetric` saying how it is reduced and named. The
+accumulator (``pipeline.probe``), the report and its MLflow names (``pipeline.sink_report``),
+``sinklab analyze``'s JSON and the MLflow view (``pipeline.tracking.views``) all read
+:data:`REGISTRY`. The probe runs on one rank (rank 0's probe set), so its reduction over
+sequences is the whole reduction. Adding a metric: a function below and a ``register`` line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from pipeline import metric_names as N
+from pipeline import metrics
+from pipeline.outliers import token_kurtosis
+
+Reduce = Literal["mean", "nanmean", "max"]
+
+
+@dataclass
+class ProbeBatch:
+    """One probe batch, its layers (one or more) on dim 1; real tokens only unless said otherwise."""
+
+    maps: Tensor  # [B, L, H, T, S + T] the real queries' rows: key slots first (proxy scores for a similarity op)
+    admitted: Tensor  # [T, S + T] bool: what each real query may see
+    n_key_slots: int
+    hidden: Tensor | None = None  # [B, L, T, d] block outputs
+    queries: Tensor | None = None  # [B, L, H, T, dh] (rotated)
+    keys: Tensor | None = None
+    values: Tensor | None = None
+    head_outputs: Tensor | None = None  # [B, L, H, T, dh]
+    triggers: Tensor | None = None  # [B, T] bool: a Bigram-Backcopy probe's trigger queries
+    qkv: bool = True  # whether the key and value norm ratios are measured
+    logits: bool = False  # whether queries and keys give the largest pre-softmax logit
+
+    @property
+    def real(self) -> Tensor:
+        """[B, L, H, T, T] the maps among real tokens."""
+        return self.maps[..., self.n_key_slots :]
+
+
+@dataclass(frozen=True)
+class ProbeMetric:
+    """``key``: the report's attribute and JSON field. ``per``: ``compute`` gives ``[B, L]``
+    (layer) or ``[B, L, H]`` (head). ``over_sequences``: the reduction to ``[L]`` / ``[L, H]``.
+    Logged as ``layer_name``_l{l} (a head metric reduced over heads by ``over_heads``), with
+    ``over_layers`` also as ``layer_name`` itself, and per head as ``head_name``_l{l}_h{h}
+    (metrics.jsonl and images only: pipeline.tracking.views); None: not logged that way."""
+
+    key: str
+    per: Literal["layer", "head"]
+    compute: Callable[[ProbeBatch], Tensor | None]
+    over_sequences: Reduce = "mean"
+    layer_name: str | None = None
+    over_heads: Reduce = "mean"
+    over_layers: Reduce | None = None
+    head_name: str | None = None
+
+
+REGISTRY: dict[str, ProbeMetric] = {}
+
+
+def register(metric: ProbeMetric) -> ProbeMetric:
+    if metric.key in REGISTRY:
+        raise ValueError(f"probe metric {metric.key!r} is registered twice")
+    REGISTRY[metric.key] = metric
+    return metric
+
+
+def reduce(values: Tensor, how: Reduce, dim: int) -> Tensor:
+    if how == "max":
+        return values.amax(dim=dim)
+    return values.nanmean(dim=dim) if how == "nanmean" else values.mean(dim=dim)
+
+
+def _flat_heads(fn: Callable[..., Tensor], x: Tensor, *args) -> Tensor:
+    """``fn`` of per-head ``[B, H', ...]`` inputs applied to ``x [B, L, H, ...]``: layers folded into heads."""
+    L, H = x.shape[1:3]
+    return fn(x.flatten(1, 2), *args).unflatten(1, (L, H))
+
+
+def entropy(b: ProbeBatch) -> Tensor:
+    """Normalised row entropy per head (metrics.attention_entropy)."""
+    return metrics.attention_entropy(b.maps, b.admitted)
+
+
+def out_norm(b: ProbeBatch) -> Tensor | None:
+    """Mean ‖A·V‖ per token, per head (with dormant α₁: Guo et al.'s dormant heads)."""
+    return None if b.head_outputs is None else metrics.head_output_norm(b.head_outputs)
+
+
+def max_logit(b: ProbeBatch) -> Tensor | None:
+    """The largest admitted q·k/√d_h per head (metrics.max_attention_logit)."""
+    if not b.logits or b.queries is None or b.keys is None:
+        return None
+    return metrics.max_attention_logit(b.queries, b.keys, b.admitted[:, b.n_key_slots :])
+
+
+def bos_share_trigger(b: ProbeBatch) -> Tensor | None:
+    """Guo et al. 2024's active/dormant split on a Bigram-Backcopy probe: attention on token 1 from trigger queries."""
+    return None if b.triggers is None else _flat_heads(metrics.first_key_share, b.real, b.triggers)
+
+
+def bos_share_other(b: ProbeBatch) -> Tensor | None:
+    """The same from the other queries i ≥ 2."""
+    return None if b.triggers is None else _flat_heads(metrics.first_key_share, b.real, ~b.triggers)
+
+
+def massive_ratio(b: ProbeBatch) -> Tensor | None:
+    """Guo et al.'s residual-state peak: ‖h_1‖ / mean_{t≠1} ‖h_t‖ per layer."""
+    return None if b.hidden is None else metrics.massive_activation_ratio(b.hidden)
+
+
+def key_norm_ratio(b: ProbeBatch) -> Tensor | None:
+    """‖k_1‖ / mean_{t≠1} ‖k_t‖, mean over heads."""
+    return None if b.keys is None or not b.qkv else metrics.first_token_norm_ratio(b.keys).mean(dim=2)
+
+
+def value_norm_ratio(b: ProbeBatch) -> Tensor | None:
+    """Guo et al.'s value-state drain: ‖v_1‖ / mean_{t≠1} ‖v_t‖, mean over heads."""
+    return None if b.values is None or not b.qkv else metrics.first_token_norm_ratio(b.values).mean(dim=2)
+
+
+def kurtosis_first(b: ProbeBatch) -> Tensor | None:
+    """Kaul et al. 2025's κ_{m,1}: the first token's kurtosis over its d channels (Table 2)."""
+    return None if b.hidden is None else token_kurtosis(b.hidden[:, :, 0])
+
+
+def kurtosis_rest(b: ProbeBatch) -> Tensor | None:
+    """Kaul et al. 2025's κ_{m,>1}: the other tokens' kurtosis over their d channels, their mean."""
+    return None if b.hidden is None else token_kurtosis(b.hidden[:, :, 1:]).mean(dim=-1)
+
+
+register(ProbeMetric("entropy", "head", entropy, "nanmean", head_name=N.HEAD_ENTROPY))
+register(ProbeMetric("out_norm", "head", out_norm, head_name=N.HEAD_OUT_NORM))
+register(ProbeMetric("max_logit", "head", max_logit, "max", N.MAX_LOGIT, "max", "max", N.HEAD_MAX_LOGIT))
+register(ProbeMetric("bos_share_trigger", "head", bos_share_trigger, "nanmean", N.BOS_SHARE_TRIGGER))
+register(ProbeMetric("bos_share_other", "head", bos_share_other, "nanmean", N.BOS_SHARE_OTHER))
+register(ProbeMetric("massive_ratio", "layer", massive_ratio, layer_name=N.MASSIVE_RATIO))
+register(ProbeMetric("key_norm_ratio", "layer", key_norm_ratio))
+register(ProbeMetric("value_norm_ratio", "layer", value_norm_ratio, layer_name=N.VALUE_NORM_RATIO))
+register(ProbeMetric("kurtosis_first", "layer", kurtosis_first, layer_name=N.act("kurtosis_first"), over_layers="mean"))
+register(ProbeMetric("kurtosis_rest", "layer", kurtosis_rest, layer_name=N.act("kurtosis_rest"), over_layers="mean"))
+
+
+def head_names() -> tuple[str, ...]:
+    """The per-head names (``<name>_l{l}_h{h}``) of the registered metrics."""
+    return tuple(m.head_name for m in REGISTRY.values() if m.head_name)
+
+
+def to_metrics(values: dict[str, Tensor]) -> dict[str, float]:
+    """Reduced ``values`` (key -> ``[L]`` or ``[L, H]``) as MLflow names, per layer and over layers."""
+    out: dict[str, float] = {}
+    for key, v in values.items():
+        m = REGISTRY[key]
+        if m.layer_name is None:
+            continue
+        per_layer = reduce(v.float(), m.over_heads, -1) if m.per == "head" else v.float()
+        out.update({N.layer(m.layer_name, l): float(x) for l, x in enumerate(per_layer)})
+        if m.over_layers is not None:
+            out[m.layer_name] = float(reduce(per_layer, m.over_layers, 0))
+    return out
+
+
+def head_metrics(values: dict[str, Tensor]) -> dict[str, float]:
+    """Per head ``<head_name>_l{l}_h{h}`` (0-based) of the head metrics that have one."""
+    out: dict[str, float] = {}
+    for key, v in values.items():
+        name = REGISTRY[key].head_name
+        if name is not None:
+            out.update({N.head(name, l, h): float(v[l, h]) for l in range(v.shape[0]) for h in range(v.shape[1])})
+    return out
+
+
+def measure(batch: ProbeBatch) -> dict[str, Tensor]:
+    """Every registered metric measured on ``batch``: key -> per-sequence values, on the CPU."""
+    out = {}
+    for key, m in REGISTRY.items():
+        value = m.compute(batch)
+        if value is not None:
+            out[key] = value.detach().float().cpu()
+    return out
+
+
+def reduced(rows: dict[str, list[Tensor]]) -> dict[str, Tensor]:
+    """Per-batch values (key -> list of ``[B, ...]``) reduced over sequences."""
+    return {k: reduce(torch.cat(v), REGISTRY[k].over_sequences, 0) for k, v in rows.items() if v}
