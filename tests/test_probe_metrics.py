@@ -61,7 +61,7 @@ def _by_layer(model, tokens, triggers):
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"attention": {"op": "kernel", "kernel": "elu1"}}, {"sink_tokens": 2, "biases": {"kind": "kv"}}],
+    [{}, {"attention": {"op": "kernel", "feature_map": "elu1"}}, {"sink_tokens": 2, "biases": {"kind": "kv"}}],
     ids=["softmax", "elu1", "sink-tokens-and-kv-slot"],
 )
 def test_every_logged_value_equals_the_pure_functions_layer_by_layer(overrides):
