@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+MIN_QUERIES = 8  # default: keys followed by fewer queries are not judged
+
 
 def key_importance(attn: Tensor) -> Tensor:
     """α_k for every key: ``[..., T, T] -> [..., T]``, the mean of column k over rows i >= k."""

@@ -123,13 +123,19 @@ class HFRotaryStreamer(Streamer):
         n_initial, capacity = _batch_shape(specs)
         if evictor is not None and evictor.needs_attention:
             self.model.set_attn_implementation("eager")  # attention weights for the policies
-        keys: list[torch.Tensor] = []  # per layer, pre-rotary [rows, Hkv, n, dh]
+        keys: list[torch.Tensor] = []  # per layer, pre-rotary [rows, Hkv, n, dh] ([1, ...] while shared)
         values: list[torch.Tensor] = []
+        shared = True  # every row has fed the same tokens and evicted nothing: one row computes them all
 
         @torch.no_grad()
         def feed(tokens: torch.Tensor) -> torch.Tensor:
-            nonlocal keys, values
+            nonlocal keys, values, shared
             rows, n_new = tokens.shape
+            if shared and ((keys and keys[0].shape[2] + n_new > capacity) or not bool((tokens == tokens[:1]).all())):
+                shared = False
+                keys = [k.expand(rows, -1, -1, -1) for k in keys]
+                values = [v.expand(rows, -1, -1, -1) for v in values]
+            run = tokens[:1] if shared else tokens
             if evictor is None:
                 index = eviction_index(keys[0].shape[2] if keys else 0, n_new, n_initial, capacity)
                 indices = None if index is None else [index] * len(keys)
@@ -150,8 +156,8 @@ class HFRotaryStreamer(Streamer):
             new_pos = torch.arange(n, n + n_new, device=tokens.device)
             weights = evictor is not None and evictor.needs_attention
             out = self.model(
-                input_ids=tokens,
-                position_ids=new_pos.expand(rows, -1),
+                input_ids=run,
+                position_ids=new_pos.expand(run.shape[0], -1),
                 use_cache=True,
                 output_attentions=weights,
                 **{self.cache_arg: cache},
@@ -165,8 +171,8 @@ class HFRotaryStreamer(Streamer):
             if evictor is not None:
                 evictor.append(n_new)
                 if weights:
-                    evictor.observe(out.attentions)
-            return out.logits
+                    evictor.observe([w.expand(rows, -1, -1, -1) for w in out.attentions])
+            return out.logits.expand(rows, -1, -1)
 
         return feed
 

@@ -178,7 +178,7 @@ class Evictor:
         """Per layer the step's attention [rows, H, n_q, n] over the n cached entries (after ``append``)."""
         for h, w in zip(self.history, weights):
             rows, heads, n_q, n = w.shape
-            w = w.float().view(rows, h.pos.shape[1], -1, n_q, n).mean(2)  # query heads -> kv head
+            w = w.float().reshape(rows, h.pos.shape[1], -1, n_q, n).mean(2)  # query heads -> kv head
             h.received = h.received + w.sum(2)
             h.window = torch.cat((h.window, w), 2)[:, :, -self.window :]
 

@@ -1,0 +1,75 @@
+"""`sinklab kv-eval`: every policy through both streamers; a cache that never fills is full
+attention; the StreamingLLM policy is the x + y cache; the command's table, files and refusals."""
+
+import json
+
+import pytest
+import torch
+from analysis_helpers import HAMLET, micro_model
+
+from pipeline.analysis import kv_eval
+from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer
+from pipeline.model.eviction import POLICIES, Evictor, Row, StreamingLLM
+
+ROWS = [Row(p(), first=1, sinks=s) for p in POLICIES.values() for s in ("keep", "drop")]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny_llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
+
+
+def test_hf_policies_with_a_full_cache_are_full_attention(tiny_llama):
+    ids = torch.randint(0, 300, (24,), generator=torch.Generator().manual_seed(0))
+    s = HFRotaryStreamer(tiny_llama)
+    evictor = Evictor(ROWS, 24, n_layers=2, kv_heads=2)
+    got = s.nll(ids, [CacheSpec(0, 24)] * len(ROWS), evictor=evictor)
+    full = s.full_nll(ids)
+    for row in got:
+        torch.testing.assert_close(row, full, atol=1e-6, rtol=1e-6)
+    assert evictor.history[0].received.sum() > 0  # the policies saw the attention
+
+
+def test_sinklab_policies_with_a_full_cache_are_full_attention():
+    model = micro_model(sink_tokens=1)
+    ids = torch.randint(0, 64, (20,), generator=torch.Generator().manual_seed(2))
+    s = SinkLabStreamer(model)
+    evictor = Evictor(ROWS, 21, model.config.n_layers, model.config.n_heads)
+    for row in s.nll(ids, [CacheSpec(0, 21)] * len(ROWS), evictor=evictor):
+        torch.testing.assert_close(row, s.full_nll(ids), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("x", [0, 2])
+def test_hf_streamingllm_policy_equals_the_x_plus_y_cache(tiny_llama, x):
+    ids = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(1))
+    s = HFRotaryStreamer(tiny_llama)
+    plain = s.nll(ids, [CacheSpec(x, 8 - x)])
+    policy = s.nll(ids, [CacheSpec(x, 8 - x)], evictor=Evictor([Row(StreamingLLM(), first=x)], 8, 2, 2))
+    torch.testing.assert_close(policy, plain, atol=0, rtol=0)
+
+
+def test_policies_that_evict_differ_and_stay_finite(tiny_llama):
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(3))
+    nll = HFRotaryStreamer(tiny_llama).nll(ids, [CacheSpec(0, 10)] * len(ROWS), evictor=Evictor(ROWS, 10, 2, 2))
+    assert torch.isfinite(nll).all()
+    assert len({round(row.mean().item(), 6) for row in nll}) > 4
+
+
+def test_cli_table_files_and_refusals(tiny_llama_dir, tmp_path, capsys):
+    out = tmp_path / "kv"
+    args = [str(tiny_llama_dir), "--text", str(HAMLET), "--max-tokens", "40", "--budget", "25%", "--budget", "20"]
+    assert kv_eval.main([*args, "--out", str(out), "--policies", "streaming,h2o"]) == 0
+    (rec,) = json.loads((out / "kv_eval.json").read_text())["models"].values()
+    assert {b: r["entries"] for b, r in rec["budgets"].items()} == {"25": 10, "50": 20}
+    assert set(rec["budgets"]["25"]["perplexity"]) == {"streaming/keep", "streaming/drop", "h2o/keep", "h2o/drop"}
+    assert f"| {tiny_llama_dir.name} | 40 |" in capsys.readouterr().out and (out / "kv_eval.png").exists()
+    for bad, message in (
+        (["--budget", "100%"], "--budget '100%': expected a share below 100%"),
+        (["--budget", "a"], "--budget 'a': expected a share"),
+        (["--budget", "40"], "--budget 40: 40 entries of 40 tokens"),
+        (["--policies", "lru"], "--policies lru unknown"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            kv_eval.main([*args[:5], *bad, "--out", str(tmp_path / "other")])
