@@ -7,6 +7,7 @@ import pytest
 import torch
 from analysis_helpers import HAMLET, micro_model
 
+from pipeline import metric_names as N
 from pipeline.analysis import kv_eval
 from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer
 from pipeline.model.eviction import POLICIES, Evictor, Row, StreamingLLM
@@ -57,11 +58,19 @@ def test_policies_that_evict_differ_and_stay_finite(tiny_llama):
     assert len({round(row.mean().item(), 6) for row in nll}) > 4
 
 
-def test_cli_table_files_and_refusals(tiny_llama_dir, tmp_path, capsys):
+def test_cli_table_files_mlflow_and_refusals(tiny_llama_dir, tmp_path, capsys, mlflow_server):
+    import mlflow
+
     out = tmp_path / "kv"
     args = [str(tiny_llama_dir), "--text", str(HAMLET), "--max-tokens", "40", "--budget", "25%", "--budget", "20"]
-    assert kv_eval.main([*args, "--out", str(out), "--policies", "streaming,h2o"]) == 0
+    logging = ["--mlflow-uri", mlflow_server, "--experiment", "kv-eval-test"]
+    assert kv_eval.main([*args, "--out", str(out), "--policies", "streaming,h2o", *logging]) == 0
     (rec,) = json.loads((out / "kv_eval.json").read_text())["models"].values()
+    (run,) = mlflow.MlflowClient(mlflow_server).search_runs(
+        [mlflow.get_experiment_by_name("kv-eval-test").experiment_id]
+    )
+    ppl = rec["budgets"]["25"]["perplexity"]["h2o/drop"]
+    assert run.data.metrics[N.kv_perplexity("h2o", "drop", 25)] == pytest.approx(ppl)
     assert {b: r["entries"] for b, r in rec["budgets"].items()} == {"25": 10, "50": 20}
     assert set(rec["budgets"]["25"]["perplexity"]) == {"streaming/keep", "streaming/drop", "h2o/keep", "h2o/drop"}
     assert f"| {tiny_llama_dir.name} | 40 |" in capsys.readouterr().out and (out / "kv_eval.png").exists()

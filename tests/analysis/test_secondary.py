@@ -33,14 +33,21 @@ def test_sinklab_batches_add_up_to_one_pass(tmp_path, eps):
     assert section["metrics"][N.layer(N.SECONDARY_COUNT, 0)] == section["count"][0]
 
 
-def test_hf_model_through_analyze(tiny_llama_dir, tmp_path):
+def test_hf_model_through_analyze_and_mlflow(tiny_llama_dir, tmp_path, mlflow_server):
+    import mlflow
+
     out = tmp_path / "a"
     argv = [str(tiny_llama_dir), "--inputs", "natural,random", "-n", "3", "-T", "32", "--eps", "0.05"]
-    assert analyze.main([*argv, "--text", str(HAMLET), "--out", str(out)]) == 0
-    rec = json.loads((out / "report.json").read_text())["secondary_sinks"]
+    logging = ["--mlflow-uri", mlflow_server, "--experiment", "analysis-secondary-test"]
+    assert analyze.main([*argv, "--text", str(HAMLET), "--out", str(out), *logging]) == 0
+    report = json.loads((out / "report.json").read_text())
+    rec = report["secondary_sinks"]
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server)
+    run = client.get_run(report["mlflow_run_id"])
+    assert run.data.metrics[N.layer(N.SECONDARY_SHARE, 1)] == pytest.approx(rec["share"][1])
+    assert secondary.FIGURE in {a.path for a in client.list_artifacts(run.info.run_id)}
     subject = Subject(str(tiny_llama_dir), "auto")
     tokens = analyze.natural_tokens(subject, analyze.build_parser().parse_args([*argv, "--text", str(HAMLET)]))
     whole = _in_one_pass(subject, tokens, 0.05)
     assert rec["count"] == pytest.approx([s.count for s in whole]) and any(c > 0 for c in rec["count"])
-    assert (out / secondary.FIGURE).exists()
-    assert set(rec["metrics"]) <= set(analyze.record_metrics(json.loads((out / "report.json").read_text())))
+    assert set(rec["metrics"]) <= set(analyze.record_metrics(report))
