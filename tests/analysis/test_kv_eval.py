@@ -42,6 +42,19 @@ def test_sinklab_policies_with_a_full_cache_are_full_attention():
         torch.testing.assert_close(row, s.full_nll(ids), atol=1e-6, rtol=1e-6)
 
 
+def test_sinklab_sink_token_kept_or_dropped_by_attention_policies():
+    model = micro_model(sink_tokens=1)
+    ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(4))
+    rows = [Row(p(), first=1, sinks=s) for p in (POLICIES["h2o"], POLICIES["snapkv"]) for s in ("keep", "drop")]
+    evictor = Evictor(rows, 6, model.config.n_layers, model.config.n_heads)
+    nll = SinkLabStreamer(model).nll(ids, [CacheSpec(0, 6)] * len(rows), evictor=evictor)
+    assert torch.isfinite(nll).all() and evictor.seen == 16  # the sink token and 15 inputs
+    for h in evictor.history:
+        assert h.pos.shape == (4, model.config.n_heads, 6)  # 5 kept + the last input
+        assert [bool((h.pos[r] == 0).any(-1).all()) for r in range(4)] == [True, False, True, False]
+        assert not (h.pos[[1, 3]] == 0).any()
+
+
 @pytest.mark.parametrize("x", [0, 2])
 def test_hf_streamingllm_policy_equals_the_x_plus_y_cache(tiny_llama, x):
     ids = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(1))
