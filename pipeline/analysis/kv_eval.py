@@ -90,22 +90,29 @@ def check_args(args) -> list[str]:
 
 
 @torch.no_grad()
-def full_pass(subject, ids: torch.Tensor, eps: float, first: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One full-attention pass over the text: the NLL of ids[1:] and, per layer, the stream positions
-    of its secondary sinks (in any head) — an oracle that has seen the whole text, not an online detector."""
-    if subject.kind == "sinklab":
-        out = subject.model(ids[None], output_attentions=True)
-        maps = [split_slots(a, out.n_query_slots, out.n_key_slots)[1] for a in out.attentions]
-        offset = out.n_query_slots
-    else:
-        subject.model.set_attn_implementation("eager")
-        out = subject.model(input_ids=ids[None], output_attentions=True, use_cache=False)
-        maps, offset = out.attentions, 0
-    nll = F.cross_entropy(out.logits[0, :-1].float(), ids[1:], reduction="none")
-    found = []
-    for attn in maps:
-        mask = secondary_sink_mask(attn.float(), eps, max(first - offset, 0), MIN_QUERIES)[0].any(0)
-        found.append(mask.nonzero()[:, 0].cpu() + offset)
+def full_pass(subject, ids: torch.Tensor, eps: float, first: int) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """Full attention over the text: the NLL of ids[1:] and, per layer, the stream positions of its
+    secondary sinks (in any head) — an oracle that has seen the whole text, not an online detector.
+    A text longer than the model's positions is read in windows of that length: no NLL then."""
+    n_sinks = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
+    limit = (subject.max_positions() or ids.numel() + n_sinks) - n_sinks
+    found, nll = None, None
+    for start in range(0, ids.numel(), limit):
+        window = ids[start : start + limit]
+        if subject.kind == "sinklab":
+            out = subject.model(window[None], output_attentions=True)
+            maps = [split_slots(a, out.n_query_slots, out.n_key_slots)[1] for a in out.attentions]
+            offset = out.n_query_slots
+        else:
+            subject.model.set_attn_implementation("eager")
+            out = subject.model(input_ids=window[None], output_attentions=True, use_cache=False)
+            maps, offset = out.attentions, 0
+        if limit >= ids.numel():
+            nll = F.cross_entropy(out.logits[0, :-1].float(), window[1:], reduction="none")
+        lead = max(first - offset - start, 0)  # the first entries are no secondary sinks
+        masks = [secondary_sink_mask(a.float(), eps, lead, MIN_QUERIES)[0].any(0) for a in maps]
+        here = [m.nonzero()[:, 0].cpu() + offset + start for m in masks]
+        found = here if found is None else [torch.cat(pair) for pair in zip(found, here)]
     return nll, found
 
 
@@ -123,7 +130,7 @@ def evaluate(subject, streamer, ids: torch.Tensor, args, policies: list[str]) ->
     secondary = None if args.no_secondary else secondary
     layers, heads = kv_heads(subject)
     rows = [Row(POLICIES[p](), first=args.first, sinks=s) for p in policies for s in SINKS]
-    result = {"tokens": ids.numel(), "full": perplexity(full), "budgets": {}}
+    result = {"tokens": ids.numel(), "full": None if full is None else perplexity(full), "budgets": {}}
     result["full_seconds"] = round(time.perf_counter() - started, 1)
     result["secondary"] = None if secondary is None else [(s - n_sinks).tolist() for s in secondary]
     for text in args.budget or ["25%"]:
@@ -141,7 +148,7 @@ def evaluate(subject, streamer, ids: torch.Tensor, args, policies: list[str]) ->
 
 
 def metrics_of(result: dict) -> dict[str, float]:
-    out = {N.stream_perplexity("full"): result["full"]}
+    out = {} if result["full"] is None else {N.stream_perplexity("full"): result["full"]}
     for budget, r in result["budgets"].items():
         for key, value in r["perplexity"].items():
             policy, sinks = key.split("/")
@@ -162,7 +169,8 @@ def markdown(results: dict[str, dict], first: int) -> str:
             policies = dict.fromkeys(k.split("/")[0] for k in b["perplexity"])
             for p in policies:
                 keep, drop = b["perplexity"][f"{p}/keep"], b["perplexity"][f"{p}/drop"]
-                cells = [name, r["tokens"], f"{r['full']:.2f}", f"{budget}% ({b['entries']})", p]
+                full = "n/a" if r["full"] is None else f"{r['full']:.2f}"
+                cells = [name, r["tokens"], full, f"{budget}% ({b['entries']})", p]
                 lines.append("| " + " | ".join(map(str, cells)) + f" | {keep:.2f} | {drop:.2f} | {drop / keep:.2f} |")
     return "\n".join(lines)
 
@@ -179,7 +187,8 @@ def figure(results: dict[str, dict], path: Path) -> Path:
             )
             for k in keys
         }
-        curves["full attention"] = ([float(b) for b in budgets], [r["full"]] * len(budgets))
+        if r["full"] is not None:
+            curves["full attention"] = ([float(b) for b in budgets], [r["full"]] * len(budgets))
         panels[f"perplexity: {name}"] = curves
     return plots.curve_panels(
         panels, path, "KV-cache eviction", xlabel="cache budget (% of the text)", log_panels=list(panels)

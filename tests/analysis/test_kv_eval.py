@@ -2,6 +2,7 @@
 attention; the StreamingLLM policy is the x + y cache; the command's table, files and refusals."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from pipeline import metric_names as N
 from pipeline.analysis import kv_eval
 from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer
 from pipeline.model.eviction import POLICIES, Evictor, Row, StreamingLLM
+from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
 
 ROWS = [Row(p(), first=1, sinks=s) for p in POLICIES.values() for s in ("keep", "drop")]
 
@@ -53,6 +55,19 @@ def test_sinklab_sink_token_kept_or_dropped_by_attention_policies():
         assert h.pos.shape == (4, model.config.n_heads, 6)  # 5 kept + the last input
         assert [bool((h.pos[r] == 0).any(-1).all()) for r in range(4)] == [True, False, True, False]
         assert not (h.pos[[1, 3]] == 0).any()
+
+
+def test_a_text_longer_than_learned_positions_is_read_in_windows():
+    model = micro_model(positional="learned", max_seq_len=16, sink_tokens=1)
+    subject = SimpleNamespace(kind="sinklab", model=model, max_positions=lambda: 16)
+    ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(5))
+    nll, found = kv_eval.full_pass(subject, ids, eps=0.05, first=1)
+    assert nll is None and len(found) == model.config.n_layers
+    window = model(ids[None, 15:30], output_attentions=True)  # the second window: stream positions 16..30
+    maps = [a[:, :, 1:, 1:] for a in window.attentions]
+    expect = [secondary_sink_mask(a, 0.05, 0, MIN_QUERIES)[0].any(0).nonzero()[:, 0] + 16 for a in maps]
+    assert sum(len(e) for e in expect) > 0
+    assert [f[(f >= 16) & (f < 31)].tolist() for f in found] == [e.tolist() for e in expect]
 
 
 @pytest.mark.parametrize("x", [0, 2])
