@@ -25,6 +25,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "pipeline.analysis.length",
         "loss by position past the training length and passkey at 1-8x it, full and streaming, across models",
     ),
+    "kv-eval": (
+        "pipeline.analysis.kv_eval",
+        "perplexity under KV-cache eviction policies (StreamingLLM, H2O, SnapKV, key norm), sinks kept or dropped",
+    ),
     "quant-eval": ("pipeline.analysis.quant_eval", "perplexity under simulated W8A8, with the sink kept intact or not"),
     "submit": ("cluster.submit", "render and submit a SLURM job for a training config"),
     "sweep": ("pipeline.experiments.sweep", "run or submit every variant of a paper experiment"),

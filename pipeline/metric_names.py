@@ -152,6 +152,20 @@ def stream_perplexity(cache: str) -> str:
     return f"{STREAM}ppl_{cache}"
 
 
+def kv_perplexity(policy: str, sinks: str, budget: float) -> str:
+    """`sinklab kv-eval`: perplexity under eviction ``policy`` with the sinks ``keep`` or ``drop``, the
+    cache ``budget`` percent of the text, e.g. ``stream/kv_h2o_keep_b25``."""
+    return f"{STREAM}kv_{policy}_{sinks}_b{budget:g}"
+
+
+# secondary sinks per layer (pipeline.secondary_sinks), with layer(): count per head, attention share, ‖h‖ ratio
+SECONDARY_COUNT, SECONDARY_SHARE, SECONDARY_NORM = (
+    SINK + "secondary_count",
+    SINK + "secondary_share",
+    SINK + "secondary_norm_ratio",
+)
+
+
 def quant(name: str) -> str:
     return QUANT + name
 

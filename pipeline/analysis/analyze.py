@@ -18,7 +18,7 @@ import torch
 
 from pipeline import metric_names as N
 from pipeline import probe_metrics
-from pipeline.analysis import inputs
+from pipeline.analysis import inputs, secondary
 from pipeline.analysis.figures import write_plots
 from pipeline.analysis.subject import Subject, add_model_arguments, model_name, writer
 from pipeline.analysis.tables import format_table
@@ -186,6 +186,7 @@ def output_names(args) -> list[str]:
         "qk_decomposition.png",
         "flow.png",
     ]
+    plot_names += [secondary.FIGURE] if "natural" in kinds else []
     return ["report.json", *([] if args.no_plots else plot_names)]
 
 
@@ -222,7 +223,7 @@ def record_metrics(record: dict) -> dict[str, float]:
             {N.of_input(kind, k): v for k, v in record.get("flow", {}).get(kind, {}).items() if v is not None}
         )
     metrics.update({N.domain(re.sub(r"[^A-Za-z0-9_.-]", "_", d)): v for d, v in record.get("domains", {}).items()})
-    return metrics
+    return metrics | record.get("secondary_sinks", {}).get("metrics", {})
 
 
 def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
@@ -320,6 +321,10 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
             if rep.flow is not None
         },
     }
+    if "natural" in sets:  # secondary sinks per layer (pipeline.secondary_sinks)
+        record["secondary_sinks"] = secondary.secondary_section(
+            subject, sets["natural"], args, None if args.no_plots else out, name
+        )
     if args.pile is not None:
         domains = inputs.pile_domains(subject.tokenizer, args.pile, args.num_sequences, args.seq_len)
         record["domains"] = {d: subject.report(toks, args).sink1 for d, toks in domains.items()}

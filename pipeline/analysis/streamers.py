@@ -53,11 +53,12 @@ class Streamer(abc.ABC):
     sink_tokens = 0  # learnable sink tokens: the first cache entries, counted in x
 
     @abc.abstractmethod
-    def stream(self, specs: Sequence[CacheSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def stream(self, specs: Sequence[CacheSpec], evictor=None) -> Callable[[torch.Tensor], torch.Tensor]:
         """A fresh stream: ``feed(tokens [rows, n]) -> logits [rows, n, V]``, one row per config
         (all must share x + y); each call appends the n tokens of each row to that row's cache,
         evicting first what they need (so n > 1 only matches feeding them one at a time while
-        nothing is evicted: :meth:`read` keeps to that)."""
+        nothing is evicted: :meth:`read` keeps to that). An ``evictor`` (pipeline.model.eviction,
+        capacity x + y, one row per config) chooses the kept entries in place of x + y."""
 
     def read(
         self, feed, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = ""
@@ -77,12 +78,12 @@ class Streamer(abc.ABC):
                 t += n
 
     @torch.no_grad()
-    def nll(self, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = "") -> torch.Tensor:
+    def nll(self, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = "", evictor=None) -> torch.Tensor:
         """[len(specs), len(ids) - 1]: the NLL of ids[1:] under each cache config, one batch row
         per config (all must share x + y)."""
         rows, targets = len(specs), ids[1:]
         out_nll = torch.empty(rows, ids.numel() - 1)
-        for t, logits in self.read(self.stream(specs), ids[:-1].expand(rows, -1), specs, label):
+        for t, logits in self.read(self.stream(specs, evictor), ids[:-1].expand(rows, -1), specs, label):
             n = logits.shape[1]
             picked = F.log_softmax(logits.float(), dim=-1).gather(-1, targets[t : t + n].expand(rows, n)[..., None])
             out_nll[:, t : t + n] = -picked[..., 0]
@@ -116,21 +117,33 @@ class HFRotaryStreamer(Streamer):
         cos, sin = self.rotary(k, positions[None], *by_type)
         return self.apply_rotary(k, k, cos, -sin if inverse else sin)[1]
 
-    def stream(self, specs: Sequence[CacheSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def stream(self, specs: Sequence[CacheSpec], evictor=None) -> Callable[[torch.Tensor], torch.Tensor]:
         from transformers import DynamicCache
 
         n_initial, capacity = _batch_shape(specs)
-        keys: list[torch.Tensor] = []  # per layer, pre-rotary [rows, Hkv, n, dh]
+        if evictor is not None and evictor.needs_attention:
+            self.model.set_attn_implementation("eager")  # attention weights for the policies
+        keys: list[torch.Tensor] = []  # per layer, pre-rotary [rows, Hkv, n, dh] ([1, ...] while shared)
         values: list[torch.Tensor] = []
+        shared = True  # every row has fed the same tokens and evicted nothing: one row computes them all
 
         @torch.no_grad()
         def feed(tokens: torch.Tensor) -> torch.Tensor:
-            nonlocal keys, values
+            nonlocal keys, values, shared
             rows, n_new = tokens.shape
-            index = eviction_index(keys[0].shape[2] if keys else 0, n_new, n_initial, capacity)
-            if index is not None:
-                keys = [gather_entries(k, index) for k in keys]
-                values = [gather_entries(v, index) for v in values]
+            if shared and ((keys and keys[0].shape[2] + n_new > capacity) or not bool((tokens == tokens[:1]).all())):
+                shared = False
+                keys = [k.expand(rows, -1, -1, -1) for k in keys]
+                values = [v.expand(rows, -1, -1, -1) for v in values]
+            run = tokens[:1] if shared else tokens
+            if evictor is None:
+                index = eviction_index(keys[0].shape[2] if keys else 0, n_new, n_initial, capacity)
+                indices = None if index is None else [index] * len(keys)
+            else:
+                indices = evictor.indices(keys, n_new) if keys else None
+            if indices is not None:
+                keys = [gather_entries(k, index) for k, index in zip(keys, indices)]
+                values = [gather_entries(v, index) for v, index in zip(values, indices)]
             n = keys[0].shape[2] if keys else 0
             pos = torch.arange(n, device=tokens.device)
             cache = (
@@ -141,16 +154,25 @@ class HFRotaryStreamer(Streamer):
                 else DynamicCache()
             )
             new_pos = torch.arange(n, n + n_new, device=tokens.device)
-            logits = self.model(
-                input_ids=tokens, position_ids=new_pos.expand(rows, -1), use_cache=True, **{self.cache_arg: cache}
-            ).logits
+            weights = evictor is not None and evictor.needs_attention
+            out = self.model(
+                input_ids=run,
+                position_ids=new_pos.expand(run.shape[0], -1),
+                use_cache=True,
+                output_attentions=weights,
+                **{self.cache_arg: cache},
+            )
             new = [
                 (self._rotate(layer.keys[:, :, -n_new:], new_pos, i, inverse=True), layer.values[:, :, -n_new:])
                 for i, layer in enumerate(cache.layers)
             ]
             keys = [torch.cat((k, nk), 2) for k, (nk, _) in zip(keys, new)] if keys else [nk for nk, _ in new]
             values = [torch.cat((v, nv), 2) for v, (_, nv) in zip(values, new)] if values else [nv for _, nv in new]
-            return logits
+            if evictor is not None:
+                evictor.append(n_new)
+                if weights:
+                    evictor.observe([w.expand(rows, -1, -1, -1) for w in out.attentions])
+            return out.logits.expand(rows, -1, -1)
 
         return feed
 
@@ -167,17 +189,24 @@ class SinkLabStreamer(Streamer):
         self.model = model
         self.sink_tokens = model.config.sink_tokens
 
-    def stream(self, specs: Sequence[CacheSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def stream(self, specs: Sequence[CacheSpec], evictor=None) -> Callable[[torch.Tensor], torch.Tensor]:
         from pipeline.model import StreamingCache
 
         _batch_shape(specs)
         cache = StreamingCache(
-            self.model.config, n_initial=[s.n_initial for s in specs], n_recent=[s.n_recent for s in specs]
+            self.model.config,
+            n_initial=[s.n_initial for s in specs],
+            n_recent=[s.n_recent for s in specs],
+            evictor=evictor,
         )
+        weights = evictor is not None and evictor.needs_attention
 
         @torch.no_grad()
         def feed(tokens: torch.Tensor) -> torch.Tensor:
-            return self.model(tokens, cache=cache).logits
+            out = self.model(tokens, cache=cache, output_attentions=weights)
+            if weights:  # the slot columns (k*/v*, sink logit) are no cache entries
+                evictor.observe([w[..., self.model.config.n_bias_slots :] for w in out.attentions])
+            return out.logits
 
         return feed
 

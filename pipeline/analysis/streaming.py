@@ -94,26 +94,27 @@ def bos_id(subject, mode: str) -> int | None:
     return bos if subject.tokenizer("a")["input_ids"][:1] == [bos] else None
 
 
-def load_subject(args) -> tuple[object, list[int], object]:
-    """The streamer, the token ids to stream and the subject (its ``run_id`` is set for runs:/)."""
+def load_subject(args, command: str = "stream-ppl", text=None) -> tuple[object, list[int], object]:
+    """The streamer, the token ids to stream and the subject (its ``run_id`` is set for runs:/);
+    ``text``: the file read without --text (default: Hamlet)."""
 
     if args.dataset is not None and args.text is not None:
-        raise SystemExit("sinklab stream-ppl: give --text or --dataset, not both")
+        raise SystemExit(f"sinklab {command}: give --text or --dataset, not both")
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
-    subject = Subject(args.model, args.kind, tokenizer, "stream-ppl", device=args.device)
+    subject = Subject(args.model, args.kind, tokenizer, command, device=args.device)
     if args.dataset is not None:
         if args.bos != "auto":
             raise SystemExit(
-                "sinklab stream-ppl: --bos applies to --text; a prepared dataset's sequences carry their own BOS"
+                f"sinklab {command}: --bos applies to --text; a prepared dataset's sequences carry their own BOS"
             )
-        ids = held_out_stream(args.dataset, args.max_tokens)
+        ids = held_out_stream(args.dataset, args.max_tokens, command)
     elif subject.tokenizer is None:
         raise SystemExit(
-            f"sinklab stream-ppl: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json"
+            f"sinklab {command}: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json"
         )
     else:
         bos = bos_id(subject, args.bos)
-        ids = ([] if bos is None else [bos]) + encode(subject.tokenizer, read_text(args.text or default_text()))
+        ids = ([] if bos is None else [bos]) + encode(subject.tokenizer, read_text(args.text or text or default_text()))
     return streamer_for(subject), ids, subject
 
 

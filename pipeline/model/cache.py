@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .config import ModelConfig
+from .eviction import Evictor
 
 
 def eviction_index(length: int, n_new: int, n_initial: Sequence[int], capacity: int) -> Tensor | None:
@@ -38,8 +39,9 @@ def eviction_index(length: int, n_new: int, n_initial: Sequence[int], capacity: 
 
 
 def gather_entries(t: Tensor, index: Tensor) -> Tensor:
-    """t [B, H, n, dh] -> [B, H, m, dh]: the entries of each row at index [B or 1, m]."""
-    idx = index.to(t.device)[:, None, :, None]
+    """t [B, H, n, dh] -> [B, H, m, dh]: the entries of each row at index [B or 1, m] (or per head [B, H, m])."""
+    idx = index.to(t.device)
+    idx = (idx[:, None] if idx.dim() == 2 else idx)[..., None]
     return t.gather(2, idx.expand(t.shape[0], t.shape[1], -1, t.shape[3]))
 
 
@@ -62,9 +64,17 @@ class LayerCache:
 
 
 class StreamingCache:
-    """n_initial / n_recent: one x and y for every batch row, or one per row."""
+    """n_initial / n_recent: one x and y for every batch row, or one per row. With an ``evictor``
+    (pipeline.model.eviction) its rows' policies choose the kept entries within the same x + y;
+    the streamer hands it each step's attention."""
 
-    def __init__(self, config: ModelConfig, n_initial: int | Sequence[int], n_recent: int | Sequence[int]):
+    def __init__(
+        self,
+        config: ModelConfig,
+        n_initial: int | Sequence[int],
+        n_recent: int | Sequence[int],
+        evictor: Evictor | None = None,
+    ):
         xs = [n_initial] if isinstance(n_initial, int) else list(n_initial)
         ys = [n_recent] * len(xs) if isinstance(n_recent, int) else list(n_recent)
         if len(xs) != len(ys) or not xs:
@@ -80,9 +90,21 @@ class StreamingCache:
         self.seen = 0  # entries ever appended (sink tokens included)
         self.sink_tokens = config.sink_tokens
         self.sinks_kept = 0  # sink-token entries still in the cache (the fewest over rows)
+        self.evictor = evictor
+        if evictor is not None and (evictor.capacity != self.capacity or len(evictor.rows) != len(xs)):
+            raise ValueError(
+                f"evictor of {len(evictor.rows)} rows, capacity {evictor.capacity}: cache has {len(xs)}, {self.capacity}"
+            )
 
     def make_room(self, n_new: int) -> None:
         """Evict the middle so that length + n_new <= x + y (called before a forward)."""
+        if self.evictor is not None:
+            indices = self.evictor.indices([layer.k for layer in self.layers], n_new) if self.length else None
+            for layer, index in zip(self.layers, indices or []):
+                layer.keep(index)
+            self.length = indices[0].shape[2] if indices else self.length
+            self.sinks_kept = min(self.sinks_kept, self.evictor.sinks_held(self.sink_tokens))
+            return
         index = eviction_index(self.length, n_new, self.n_initial, self.capacity)
         if index is None:
             return
@@ -92,6 +114,8 @@ class StreamingCache:
         self.length = index.shape[1]
 
     def advance(self, n_new: int, n_sinks: int) -> None:
+        if self.evictor is not None:
+            self.evictor.append(n_new)
         self.length += n_new
         self.seen += n_new
         self.sinks_kept += n_sinks

@@ -1,0 +1,246 @@
+"""`sinklab kv-eval`: perplexity under KV-cache eviction policies, with the sinks kept or dropped.
+
+Every policy of pipeline.model.eviction (StreamingLLM, H2O, SnapKV, key norm) streams the text
+through a cache of ``--budget`` entries (a share of the text's tokens, sink tokens included), once
+keeping the sinks (the first ``--first`` entries and the secondary sinks detected on the text) and
+once dropping them: one batch row each. One table and one figure across models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pipeline import metric_names as N
+from pipeline import plots
+from pipeline.analysis.inputs import shakespeare_files
+from pipeline.analysis.streamers import CacheSpec, perplexity
+from pipeline.analysis.streaming import add_text_arguments, check_positions, load_subject
+from pipeline.analysis.subject import add_model_arguments, device_of, model_name
+from pipeline.metrics import split_slots
+from pipeline.model.eviction import POLICIES, Evictor, Row
+from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
+from sinklab_io.outputs import NotOurs, claim, write_output
+
+BY = "sinklab kv-eval"
+OUTPUTS = ("kv_eval.md", "kv_eval.json", "kv_eval.png")
+SINKS = ("keep", "drop")
+
+
+def refuse(message: str) -> SystemExit:
+    return SystemExit(f"{BY}: {message}")
+
+
+def held_out_text() -> Path:
+    """The default text: Othello, a play no test reads (stream-ppl's default is Hamlet)."""
+    return next(f for f in shakespeare_files() if f.stem == "othello")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=BY, description=__doc__.split("\n\n")[0])
+    add_model_arguments(p, many=True)
+    add_text_arguments(p)
+    p.add_argument(
+        "--budget", action="append", help="cache size: a share of the text (25%%) or entries (256); repeatable"
+    )
+    p.add_argument("--max-tokens", type=int, default=1024, help="evaluate on the first N tokens of the text")
+    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma list of {','.join(POLICIES)}")
+    p.add_argument("--first", type=int, default=4, help="leading entries that are sinks (StreamingLLM: 4)")
+    p.add_argument("--eps", type=float, default=0.3, help="secondary sink threshold on α_k")
+    p.add_argument("--no-secondary", action="store_true", help="sinks are the first entries only")
+    p.add_argument("--out", type=Path, help="output directory (default: analysis/kv-eval/<first model>)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
+    p.add_argument(
+        "--mlflow-uri", help="MLflow tracking URI for models that are no runs:/ (default: $MLFLOW_TRACKING_URI)"
+    )
+    p.add_argument("--experiment", default="sinklab-analysis", help="MLflow experiment name")
+    return p
+
+
+def parse_budget(text: str, n_tokens: int | None = None) -> tuple[float, int]:
+    """(percent of the text, entries) for ``25%`` or ``256``; without ``n_tokens`` only the form is checked."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(%?)\s*", text)
+    if not m or (m.group(2) and not 0 < float(m.group(1)) < 100):
+        raise refuse(f"--budget {text!r}: expected a share below 100% such as 25%, or a number of entries such as 256")
+    if n_tokens is None:
+        return 0.0, 0
+    entries = round(float(m.group(1)) / 100 * n_tokens) if m.group(2) else int(float(m.group(1)))
+    if not 2 <= entries < n_tokens:
+        raise refuse(f"--budget {text}: {entries} entries of {n_tokens} tokens; need 2 <= entries < the text")
+    return 100 * entries / n_tokens, entries
+
+
+def check_args(args) -> list[str]:
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if bad := [p for p in names if p not in POLICIES]:
+        raise refuse(f"--policies {','.join(bad)} unknown; choose from {','.join(POLICIES)}")
+    for text in args.budget or []:  # the form now, the size once the text's length is known
+        parse_budget(text)
+    if args.first < 0 or not 0 <= args.eps < 1 or args.max_tokens < 8:
+        raise refuse(f"--first {args.first}, --eps {args.eps}, --max-tokens {args.max_tokens}: need >= 0, [0, 1), >= 8")
+    return names
+
+
+@torch.no_grad()
+def full_pass(subject, ids: torch.Tensor, eps: float, first: int) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """Full attention over the text: the NLL of ids[1:] and, per layer, the stream positions of its
+    secondary sinks (in any head) — an oracle that has seen the whole text, not an online detector.
+    A text longer than the model's positions is read in windows of that length: no NLL then."""
+    n_sinks = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
+    limit = (subject.max_positions() or ids.numel() + n_sinks) - n_sinks
+    found, nll = None, None
+    for start in range(0, ids.numel(), limit):
+        window = ids[start : start + limit]
+        if subject.kind == "sinklab":
+            out = subject.model(window[None], output_attentions=True)
+            maps = [split_slots(a, out.n_query_slots, out.n_key_slots)[1] for a in out.attentions]
+            offset = out.n_query_slots
+        else:
+            subject.model.set_attn_implementation("eager")
+            out = subject.model(input_ids=window[None], output_attentions=True, use_cache=False)
+            maps, offset = out.attentions, 0
+        if limit >= ids.numel():
+            nll = F.cross_entropy(out.logits[0, :-1].float(), window[1:], reduction="none")
+        lead = max(first - offset - start, 0)  # the first entries are no secondary sinks
+        masks = [secondary_sink_mask(a.float(), eps, lead, MIN_QUERIES)[0].any(0) for a in maps]
+        here = [m.nonzero()[:, 0].cpu() + offset + start for m in masks]
+        found = here if found is None else [torch.cat(pair) for pair in zip(found, here)]
+    return nll, found
+
+
+def kv_heads(subject) -> tuple[int, int]:
+    if subject.kind == "sinklab":
+        return subject.model.config.n_layers, subject.model.config.n_heads
+    text = subject.model.config.get_text_config()
+    return text.num_hidden_layers, getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+
+
+def evaluate(subject, streamer, ids: torch.Tensor, args, policies: list[str]) -> dict:
+    n_sinks = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
+    started = time.perf_counter()
+    full, secondary = full_pass(subject, ids, args.eps, args.first)
+    secondary = None if args.no_secondary else secondary
+    layers, heads = kv_heads(subject)
+    rows = [Row(POLICIES[p](), first=args.first, sinks=s) for p in policies for s in SINKS]
+    result = {"tokens": ids.numel(), "full": None if full is None else perplexity(full), "budgets": {}}
+    result["full_seconds"] = round(time.perf_counter() - started, 1)
+    result["secondary"] = None if secondary is None else [(s - n_sinks).tolist() for s in secondary]
+    for text in args.budget or ["25%"]:
+        percent, entries = parse_budget(text, ids.numel())
+        specs = [CacheSpec(0, entries)] * len(rows)
+        check_positions(subject, {specs[0]: str(specs[0])}, "lower --budget")
+        evictor = Evictor(rows, entries, layers, heads, secondary, device=ids.device)
+        started = time.perf_counter()
+        nll = streamer.nll(ids, specs, label=f"{text} x {len(rows)} rows", evictor=evictor)
+        seconds = round(time.perf_counter() - started, 1)
+        ppl = {f"{r.policy.name}/{r.sinks}": perplexity(row) for r, row in zip(rows, nll)}
+        result["budgets"][f"{percent:g}"] = {"entries": entries, "perplexity": ppl, "seconds": seconds}
+        print(f"  budget {text} ({entries} entries): {len(rows)} rows in {seconds} s", file=sys.stderr)
+    return result
+
+
+def metrics_of(result: dict) -> dict[str, float]:
+    out = {} if result["full"] is None else {N.stream_perplexity("full"): result["full"]}
+    for budget, r in result["budgets"].items():
+        for key, value in r["perplexity"].items():
+            policy, sinks = key.split("/")
+            out[N.kv_perplexity(policy, sinks, float(budget))] = value
+    return out
+
+
+def markdown(results: dict[str, dict], first: int) -> str:
+    lines = [
+        f"Perplexity under each eviction policy; sinks = the first {first} entries and the secondary sinks found "
+        "on the text; budget = cache entries as a share of the text",
+        "",
+        "| model | tokens | full | budget | policy | sinks kept | sinks dropped | dropped / kept |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        for budget, b in r["budgets"].items():
+            policies = dict.fromkeys(k.split("/")[0] for k in b["perplexity"])
+            for p in policies:
+                keep, drop = b["perplexity"][f"{p}/keep"], b["perplexity"][f"{p}/drop"]
+                full = "n/a" if r["full"] is None else f"{r['full']:.2f}"
+                cells = [name, r["tokens"], full, f"{budget}% ({b['entries']})", p]
+                lines.append("| " + " | ".join(map(str, cells)) + f" | {keep:.2f} | {drop:.2f} | {drop / keep:.2f} |")
+    return "\n".join(lines)
+
+
+def figure(results: dict[str, dict], path: Path) -> Path:
+    panels = {}
+    for name, r in results.items():
+        budgets = sorted(r["budgets"], key=float)
+        keys = dict.fromkeys(k for b in budgets for k in r["budgets"][b]["perplexity"])
+        curves = {
+            k.replace("/", ", sinks "): (
+                [float(b) for b in budgets],
+                [r["budgets"][b]["perplexity"][k] for b in budgets],
+            )
+            for k in keys
+        }
+        if r["full"] is not None:
+            curves["full attention"] = ([float(b) for b in budgets], [r["full"]] * len(budgets))
+        panels[f"perplexity: {name}"] = curves
+    return plots.curve_panels(
+        panels, path, "KV-cache eviction", xlabel="cache budget (% of the text)", log_panels=list(panels)
+    )
+
+
+def log_model(subject, name: str, result: dict, out: Path, args) -> str | None:
+    """On the model's MLflow run (runs:/<id>) or a run of its own; None: no tracking URI."""
+    from pipeline.tracking import log_new_run, log_results
+
+    settings = {"tokens": result["tokens"], "first": args.first, "eps": args.eps, "budgets": list(result["budgets"])}
+    if subject.run_id is not None:
+        return log_results(
+            subject.tracking_uri, subject.run_id, metrics_of(result), {"sinklab.kv": settings}, out, "kv"
+        )
+    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return None
+    tags = {"sinklab.kind": "kv-eval", "sinklab.model": name}
+    return log_new_run(uri, args.experiment, f"kv-eval-{name}", tags, settings, metrics_of(result), out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    policies = check_args(args)
+    device_of(args.device, "kv-eval")
+    names = [model_name(m) for m in args.models]
+    if len(set(names)) != len(names):
+        raise refuse(f"two models share the name {[n for n in names if names.count(n) > 1][0]!r}; copy one aside")
+    out = args.out or Path("analysis") / "kv-eval" / names[0]
+    try:
+        claim(out, OUTPUTS)
+    except NotOurs as error:
+        raise refuse(str(error)) from None
+    results, subjects = {}, {}
+    for spec, name in zip(args.models, names):
+        streamer, ids, subjects[name] = load_subject(
+            argparse.Namespace(**vars(args), model=spec), "kv-eval", held_out_text()
+        )
+        ids = torch.tensor(
+            ids[: args.max_tokens], dtype=torch.long, device=next(subjects[name].model.parameters()).device
+        )
+        print(f"{name}: {ids.numel()} tokens", file=sys.stderr)
+        results[name] = evaluate(subjects[name], streamer, ids, args, policies)
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown(results, args.first)
+    write_output(out / "kv_eval.md", table + "\n", BY)
+    record = {"settings": vars(args) | {"out": str(out)}, "models": results}
+    write_output(out / "kv_eval.json", json.dumps(record, indent=2, default=str), BY)
+    figure(results, out / "kv_eval.png")
+    print(table)
+    for name, result in results.items():
+        if run_id := log_model(subjects[name], name, result, out, args):
+            print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
+    return 0

@@ -1,0 +1,83 @@
+"""`sinklab analyze`'s secondary-sink section: the tracker (pipeline.secondary_sinks) on the
+natural probe set of a SinkLab or HF model, per layer, with one figure."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from pipeline import metric_names as N
+from pipeline import plots
+from pipeline.metrics import split_slots
+from pipeline.secondary_sinks import MIN_QUERIES, layer_stats
+
+FIGURE = "secondary_sinks.png"
+TOP_TOKENS = 10
+
+
+@torch.no_grad()
+def maps_and_states(subject, ids: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer the real-token attention [B, H, T, T] and block output [B, T, d]."""
+    if subject.kind == "sinklab":
+        out = subject.model(ids, output_attentions=True, output_hidden_states=True)
+        maps = [split_slots(a.float(), out.n_query_slots, out.n_key_slots)[1] for a in out.attentions]
+        return maps, [h[:, out.n_query_slots :] for h in out.hidden_states]
+    from pipeline.analysis.hf_capture import capture
+
+    c = capture(subject.model, ids, qkv=False)
+    return c.attentions, c.hidden_states
+
+
+def token_text(tokenizer, token: int) -> str:
+    return tokenizer.decode([token]) if tokenizer is not None else str(token)
+
+
+def secondary_section(subject, tokens: torch.Tensor, args, out: Path | None, name: str) -> dict:
+    """Per layer: secondary sinks per (sequence, head), their share of attention, their residual
+    norm over the sequence mean; the most frequent sink tokens; the figure (``out``: where)."""
+    device = next(subject.model.parameters()).device
+    n, layers = 0, None
+    for start in range(0, tokens.shape[0], args.batch_size):
+        ids = tokens[start : start + args.batch_size].to(device)
+        maps, states = maps_and_states(subject, ids)
+        stats = [layer_stats(a, args.eps, 1, MIN_QUERIES, ids, h) for a, h in zip(maps, states)]
+        if layers is None:
+            layers = [{"count": 0.0, "share": 0.0, "norm": 0.0, "tokens": Counter()} for _ in stats]
+        for acc, s in zip(layers, stats):
+            found = sum(s.tokens.values())
+            acc["count"] += s.count * len(ids)
+            acc["share"] += s.share * len(ids)
+            acc["norm"] += (s.norm_ratio or 0.0) * found
+            acc["tokens"] += s.tokens
+        n += len(ids)
+    found = [sum(acc["tokens"].values()) for acc in layers]
+    section = {
+        "eps": args.eps,
+        "min_queries": MIN_QUERIES,
+        "count": [acc["count"] / n for acc in layers],
+        "share": [acc["share"] / n for acc in layers],
+        "norm_ratio": [acc["norm"] / f if f else None for acc, f in zip(layers, found)],
+    }
+    everywhere = sum((acc["tokens"] for acc in layers), Counter())
+    section["tokens"] = {token_text(subject.tokenizer, t): c for t, c in everywhere.most_common(TOP_TOKENS)}
+    section["metrics"] = metrics_of(section)
+    if out is not None:
+        layer_ids = list(range(len(layers)))
+        norms = [(l, v) for l, v in enumerate(section["norm_ratio"]) if v is not None]
+        panels = {
+            "secondary sinks per head": {"natural": (layer_ids, section["count"])},
+            "their share of attention": {"natural": (layer_ids, section["share"])},
+        }
+        if norms:
+            panels["their ‖h_k‖ / mean ‖h_t‖"] = {"natural": tuple(zip(*norms))}
+        plots.curve_panels(panels, out / FIGURE, f"{name}: secondary sinks (α_k > {args.eps:g}, k > 1)")
+    return section
+
+
+def metrics_of(section: dict) -> dict[str, float]:
+    out = {}
+    for key, name in (("count", N.SECONDARY_COUNT), ("share", N.SECONDARY_SHARE), ("norm_ratio", N.SECONDARY_NORM)):
+        out.update({N.layer(name, l): v for l, v in enumerate(section[key]) if v is not None})
+    return out

@@ -1,0 +1,187 @@
+"""KV-cache eviction policies behind one interface: StreamingLLM, H2O, SnapKV and key norm.
+
+A full cache keeps ``capacity - n_new`` of its entries before ``n_new`` tokens come in. A policy
+scores each entry per kv head; its ``recent`` newest entries rank above every score, and the
+sink entries (the first ``first`` stream positions and the detected secondary sinks) rank above
+everything when a row keeps them and below everything when it drops them, so they count as kept
+entries. Kept entries stay in stream order: re-rotating keys by cache index keeps their order.
+Each batch row has its own policy and sink setting; all rows share the capacity.
+
+    evictor = Evictor([Row(H2O(), first=4), Row(H2O(), first=4, sinks="drop")], capacity=256, ...)
+    index = evictor.indices(keys_per_layer, n_new)   # before a forward: [rows, Hkv, m] per layer
+    evictor.append(n_new); evictor.observe(weights)  # after it
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+RECENT = 1e30  # above any score, below a kept sink
+
+
+class Policy:
+    """Scores per entry (higher is kept); ``recent(capacity)`` newest entries are always kept."""
+
+    name = ""
+    needs_attention = False
+
+    def recent(self, capacity: int) -> int:
+        return 0
+
+    def scores(self, history: History, row: int, keys: Tensor) -> Tensor:
+        """[Hkv, n] for batch row ``row``; keys [Hkv, n, dh] (before rotation)."""
+        raise NotImplementedError
+
+
+class StreamingLLM(Policy):
+    """Xiao et al. 2024: the most recent entries (the first ones through the sink setting)."""
+
+    name = "streaming"
+
+    def scores(self, history, row, keys):
+        return history.pos[row].to(torch.float32)
+
+
+class H2O(Policy):
+    """Zhang et al. 2023: heavy hitters by attention received so far, plus the recent half."""
+
+    name = "h2o"
+    needs_attention = True
+
+    def recent(self, capacity):
+        return capacity // 2
+
+    def scores(self, history, row, keys):
+        return history.received[row]
+
+
+class SnapKV(Policy):
+    """Li et al. 2024: attention from the last ``window`` queries, average-pooled over
+    neighbouring keys (kernel 5); the window's own entries are kept."""
+
+    name = "snapkv"
+    needs_attention = True
+
+    def __init__(self, window: int = 32, kernel: int = 5):
+        self.window, self.kernel = window, kernel
+
+    def recent(self, capacity):
+        return min(self.window, capacity // 2)
+
+    def scores(self, history, row, keys):
+        votes = history.window[row].sum(dim=-2)  # [Hkv, n]
+        return F.avg_pool1d(votes[:, None], self.kernel, stride=1, padding=self.kernel // 2)[:, 0]
+
+
+class KeyNorm(Policy):
+    """Devoto et al. 2024: keep the keys of smallest L2 norm (the norm is rotation-free)."""
+
+    name = "keynorm"
+
+    def scores(self, history, row, keys):
+        return -keys.float().norm(dim=-1)
+
+
+POLICIES = {p.name: p for p in (StreamingLLM, H2O, SnapKV, KeyNorm)}
+
+
+@dataclass(frozen=True)
+class Row:
+    policy: Policy
+    first: int = 0  # leading stream positions that are sinks (learnable sink tokens included)
+    sinks: str = "keep"  # keep: sinks always kept; drop: evicted at the first eviction
+
+    def __post_init__(self):
+        if self.sinks not in ("keep", "drop") or self.first < 0:
+            raise ValueError(f"cache row: sinks={self.sinks!r}, first={self.first}; want keep|drop and first >= 0")
+
+
+@dataclass
+class History:
+    """Per layer, what policies read about each cached entry (batch rows x kv heads)."""
+
+    pos: Tensor  # [rows, Hkv, n] stream position
+    received: Tensor  # [rows, Hkv, n] attention received, summed over queries (H2O)
+    window: Tensor  # [rows, Hkv, w, n] the last w queries' attention (SnapKV)
+
+    def keep(self, index: Tensor) -> None:
+        self.pos, self.received = self.pos.gather(2, index), self.received.gather(2, index)
+        self.window = self.window.gather(3, index[:, :, None].expand(-1, -1, self.window.shape[2], -1))
+
+
+class Evictor:
+    """The rows' policies over every layer; ``secondary[l]``: layer l's secondary-sink positions."""
+
+    def __init__(
+        self,
+        rows: Sequence[Row],
+        capacity: int,
+        n_layers: int,
+        kv_heads: int,
+        secondary: Sequence[Tensor] | None = None,
+        window: int = 32,
+        device: torch.device | str = "cpu",
+    ):
+        if capacity < 1 or not rows:
+            raise ValueError(f"cache capacity {capacity} with {len(rows)} rows: need capacity >= 1 and a row")
+        self.rows, self.capacity, self.window = list(rows), capacity, window
+        self.needs_attention = any(r.policy.needs_attention for r in rows)
+        self.secondary = [torch.as_tensor(s, dtype=torch.long) for s in secondary] if secondary else None
+        empty = torch.zeros(len(rows), kv_heads, 0, device=device)
+        self.history = [History(empty.long(), empty, empty[:, :, None]) for _ in range(n_layers)]
+        self.seen = 0
+
+    def _sink_mask(self, layer: int, pos: Tensor) -> Tensor:
+        first = torch.tensor([r.first for r in self.rows], device=pos.device)[:, None, None]
+        mask = pos < first
+        if self.secondary is not None:
+            mask |= torch.isin(pos, self.secondary[layer].to(pos.device))
+        return mask
+
+    def indices(self, keys: Sequence[Tensor], n_new: int) -> list[Tensor] | None:
+        """Before n_new tokens: per layer the entries to keep [rows, Hkv, m] of keys [rows, Hkv, n, dh],
+        the history narrowed to them; None when all fit."""
+        n = keys[0].shape[2]
+        if n + n_new <= self.capacity:
+            return None
+        if n_new > self.capacity:
+            raise ValueError(f"{n_new} new tokens exceed the cache capacity {self.capacity}")
+        out = []
+        for layer, (history, k) in enumerate(zip(self.history, keys)):
+            prio = torch.stack([r.policy.scores(history, i, k[i]) for i, r in enumerate(self.rows)])
+            recent = torch.tensor([r.policy.recent(self.capacity) for r in self.rows], device=k.device)
+            prio = prio.masked_fill(torch.arange(n, device=k.device) >= n - recent[:, None, None], RECENT)
+            drop = torch.tensor([r.sinks == "drop" for r in self.rows], device=k.device)[:, None, None]
+            sinks = self._sink_mask(layer, history.pos)
+            prio = prio.masked_fill(sinks & ~drop, float("inf")).masked_fill(sinks & drop, float("-inf"))
+            index = prio.topk(self.capacity - n_new, dim=-1).indices.sort(dim=-1).values
+            history.keep(index)
+            out.append(index)
+        return out
+
+    def append(self, n_new: int) -> None:
+        """n_new entries joined every layer (after the forward that cached them)."""
+        for h in self.history:
+            rows, heads = h.pos.shape[:2]
+            new = torch.arange(self.seen, self.seen + n_new, device=h.pos.device).expand(rows, heads, -1)
+            h.pos = torch.cat((h.pos, new), 2)
+            h.received = F.pad(h.received, (0, n_new))
+            h.window = F.pad(h.window, (0, n_new))
+        self.seen += n_new
+
+    def observe(self, weights: Sequence[Tensor]) -> None:
+        """Per layer the step's attention [rows, H, n_q, n] over the n cached entries (after ``append``)."""
+        for h, w in zip(self.history, weights):
+            rows, heads, n_q, n = w.shape
+            w = w.float().reshape(rows, h.pos.shape[1], -1, n_q, n).mean(2)  # query heads -> kv head
+            h.received = h.received + w.sum(2)
+            h.window = torch.cat((h.window, w), 2)[:, :, -self.window :]
+
+    def sinks_held(self, limit: int) -> int:
+        """The fewest entries at stream positions < limit over rows and heads (layer 0)."""
+        return int((self.history[0].pos < limit).sum(-1).min()) if self.seen else 0

@@ -1,0 +1,71 @@
+"""Secondary attention sinks: key positions past the first ones that draw attention like a sink.
+
+Pure torch over one layer's attention map ``A [B, H, T, T]`` (rows = queries, columns = keys,
+causal, real tokens only). For every key position k, its importance is design.md's
+α_k = 1/(T−k+1) · Σ_{i=k..T} A_{i,k}; a head's secondary sinks are the positions k > ``first``
+(1-based) with α_k > ε that at least ``min_queries`` queries look at (the last keys' α rests on a
+handful of rows). Per layer: how many there are per head, the share of the head's attention
+mass they take, their token ids, and their residual norm over the sequence's mean.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+MIN_QUERIES = 8  # default: keys followed by fewer queries are not judged
+
+
+def key_importance(attn: Tensor) -> Tensor:
+    """α_k for every key: ``[..., T, T] -> [..., T]``, the mean of column k over rows i >= k."""
+    T = attn.shape[-1]
+    if attn.shape[-2] != T:
+        raise ValueError(f"key_importance needs square [..., T, T] maps, got {tuple(attn.shape)}")
+    below = torch.tril(torch.ones(T, T, dtype=torch.bool, device=attn.device))
+    received = attn.masked_fill(~below, 0).sum(dim=-2)
+    return received / torch.arange(T, 0, -1, device=attn.device, dtype=received.dtype)
+
+
+def secondary_sink_mask(attn: Tensor, eps: float, first: int = 1, min_queries: int = 1) -> Tensor:
+    """Bool ``[..., T]``: key k (1-based) is a secondary sink: k > first, α_k > ε and T−k+1 >= min_queries."""
+    T = attn.shape[-1]
+    alpha = key_importance(attn)
+    k = torch.arange(1, T + 1, device=attn.device)
+    return (alpha > eps) & (k > first) & (T - k + 1 >= min_queries)
+
+
+@dataclass
+class SecondarySinkStats:
+    """One layer's secondary sinks over a batch of sequences."""
+
+    count: float  # sink positions per (sequence, head)
+    share: float  # share of a head's attention mass on them, mean over (sequence, head)
+    norm_ratio: float | None  # ‖h_k‖ / mean_t ‖h_t‖ over the sinks found (None: none found)
+    tokens: Counter = field(default_factory=Counter)  # token id -> (sequence, head) detections
+
+
+def layer_stats(
+    attn: Tensor,
+    eps: float,
+    first: int = 1,
+    min_queries: int = 1,
+    tokens: Tensor | None = None,
+    hidden: Tensor | None = None,
+) -> SecondarySinkStats:
+    """``attn [B, H, T, T]``, ``tokens [B, T]``, ``hidden [B, T, d]`` (this layer's residual stream)."""
+    T = attn.shape[-1]
+    sinks = secondary_sink_mask(attn, eps, first, min_queries)  # [B, H, T]
+    mass = attn.sum(dim=-2)  # [B, H, T]: attention each key receives from all rows
+    share = (mass * sinks).sum(-1) / T
+    ids: Counter = Counter()
+    if tokens is not None:
+        ids.update(tokens[:, None, :].expand_as(sinks)[sinks].tolist())
+    ratio = None
+    if hidden is not None and sinks.any():
+        norms = hidden.float().norm(dim=-1)  # [B, T]
+        relative = (norms / norms.mean(dim=-1, keepdim=True))[:, None, :].expand_as(sinks)
+        ratio = float(relative[sinks].mean())
+    return SecondarySinkStats(float(sinks.sum(-1).double().mean()), float(share.double().mean()), ratio, ids)

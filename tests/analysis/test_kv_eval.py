@@ -1,0 +1,112 @@
+"""`sinklab kv-eval`: every policy through both streamers; a cache that never fills is full
+attention; the StreamingLLM policy is the x + y cache; the command's table, files and refusals."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from analysis_helpers import HAMLET, micro_model
+
+from pipeline import metric_names as N
+from pipeline.analysis import kv_eval
+from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer
+from pipeline.model.eviction import POLICIES, Evictor, Row, StreamingLLM
+from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
+
+ROWS = [Row(p(), first=1, sinks=s) for p in POLICIES.values() for s in ("keep", "drop")]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny_llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
+
+
+def test_hf_policies_with_a_full_cache_are_full_attention(tiny_llama):
+    ids = torch.randint(0, 300, (24,), generator=torch.Generator().manual_seed(0))
+    s = HFRotaryStreamer(tiny_llama)
+    evictor = Evictor(ROWS, 24, n_layers=2, kv_heads=2)
+    got = s.nll(ids, [CacheSpec(0, 24)] * len(ROWS), evictor=evictor)
+    full = s.full_nll(ids)
+    for row in got:
+        torch.testing.assert_close(row, full, atol=1e-6, rtol=1e-6)
+    assert evictor.history[0].received.sum() > 0  # the policies saw the attention
+
+
+def test_sinklab_policies_with_a_full_cache_are_full_attention():
+    model = micro_model(sink_tokens=1)
+    ids = torch.randint(0, 64, (20,), generator=torch.Generator().manual_seed(2))
+    s = SinkLabStreamer(model)
+    evictor = Evictor(ROWS, 21, model.config.n_layers, model.config.n_heads)
+    for row in s.nll(ids, [CacheSpec(0, 21)] * len(ROWS), evictor=evictor):
+        torch.testing.assert_close(row, s.full_nll(ids), atol=1e-6, rtol=1e-6)
+
+
+def test_sinklab_sink_token_kept_or_dropped_by_attention_policies():
+    model = micro_model(sink_tokens=1)
+    ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(4))
+    rows = [Row(p(), first=1, sinks=s) for p in (POLICIES["h2o"], POLICIES["snapkv"]) for s in ("keep", "drop")]
+    evictor = Evictor(rows, 6, model.config.n_layers, model.config.n_heads)
+    nll = SinkLabStreamer(model).nll(ids, [CacheSpec(0, 6)] * len(rows), evictor=evictor)
+    assert torch.isfinite(nll).all() and evictor.seen == 16  # the sink token and 15 inputs
+    for h in evictor.history:
+        assert h.pos.shape == (4, model.config.n_heads, 6)  # 5 kept + the last input
+        assert [bool((h.pos[r] == 0).any(-1).all()) for r in range(4)] == [True, False, True, False]
+        assert not (h.pos[[1, 3]] == 0).any()
+
+
+def test_a_text_longer_than_learned_positions_is_read_in_windows():
+    model = micro_model(positional="learned", max_seq_len=16, sink_tokens=1)
+    subject = SimpleNamespace(kind="sinklab", model=model, max_positions=lambda: 16)
+    ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(5))
+    nll, found = kv_eval.full_pass(subject, ids, eps=0.05, first=1)
+    assert nll is None and len(found) == model.config.n_layers
+    window = model(ids[None, 15:30], output_attentions=True)  # the second window: stream positions 16..30
+    maps = [a[:, :, 1:, 1:] for a in window.attentions]
+    expect = [secondary_sink_mask(a, 0.05, 0, MIN_QUERIES)[0].any(0).nonzero()[:, 0] + 16 for a in maps]
+    assert sum(len(e) for e in expect) > 0
+    assert [f[(f >= 16) & (f < 31)].tolist() for f in found] == [e.tolist() for e in expect]
+
+
+@pytest.mark.parametrize("x", [0, 2])
+def test_hf_streamingllm_policy_equals_the_x_plus_y_cache(tiny_llama, x):
+    ids = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(1))
+    s = HFRotaryStreamer(tiny_llama)
+    plain = s.nll(ids, [CacheSpec(x, 8 - x)])
+    policy = s.nll(ids, [CacheSpec(x, 8 - x)], evictor=Evictor([Row(StreamingLLM(), first=x)], 8, 2, 2))
+    torch.testing.assert_close(policy, plain, atol=0, rtol=0)
+
+
+def test_policies_that_evict_differ_and_stay_finite(tiny_llama):
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(3))
+    nll = HFRotaryStreamer(tiny_llama).nll(ids, [CacheSpec(0, 10)] * len(ROWS), evictor=Evictor(ROWS, 10, 2, 2))
+    assert torch.isfinite(nll).all()
+    assert len({round(row.mean().item(), 6) for row in nll}) > 4
+
+
+def test_cli_table_files_mlflow_and_refusals(tiny_llama_dir, tmp_path, capsys, mlflow_server):
+    import mlflow
+
+    out = tmp_path / "kv"
+    args = [str(tiny_llama_dir), "--text", str(HAMLET), "--max-tokens", "40", "--budget", "25%", "--budget", "20"]
+    logging = ["--mlflow-uri", mlflow_server, "--experiment", "kv-eval-test"]
+    assert kv_eval.main([*args, "--out", str(out), "--policies", "streaming,h2o", *logging]) == 0
+    (rec,) = json.loads((out / "kv_eval.json").read_text())["models"].values()
+    (run,) = mlflow.MlflowClient(mlflow_server).search_runs(
+        [mlflow.get_experiment_by_name("kv-eval-test").experiment_id]
+    )
+    ppl = rec["budgets"]["25"]["perplexity"]["h2o/drop"]
+    assert run.data.metrics[N.kv_perplexity("h2o", "drop", 25)] == pytest.approx(ppl)
+    assert {b: r["entries"] for b, r in rec["budgets"].items()} == {"25": 10, "50": 20}
+    assert set(rec["budgets"]["25"]["perplexity"]) == {"streaming/keep", "streaming/drop", "h2o/keep", "h2o/drop"}
+    assert f"| {tiny_llama_dir.name} | 40 |" in capsys.readouterr().out and (out / "kv_eval.png").exists()
+    for bad, message in (
+        (["--budget", "100%"], "--budget '100%': expected a share below 100%"),
+        (["--budget", "a"], "--budget 'a': expected a share"),
+        (["--budget", "40"], "--budget 40: 40 entries of 40 tokens"),
+        (["--policies", "lru"], "--policies lru unknown"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            kv_eval.main([*args[:5], *bad, "--out", str(tmp_path / "other")])

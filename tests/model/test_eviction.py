@@ -1,0 +1,102 @@
+"""Eviction policies on a hand-made attention history: which entries each one keeps."""
+
+import pytest
+import torch
+
+from pipeline.model import ModelConfig, StreamingCache, Transformer
+from pipeline.model.eviction import H2O, Evictor, KeyNorm, Row, SnapKV, StreamingLLM
+
+# 6 cached entries, one head; rows = queries. Columns receive 2.7, .85, 1.15, 1.0, .2, .1 in all;
+# the last two queries (SnapKV's window of 2) give .4, .15, .25, .9, .2, .1.
+HISTORY = torch.tensor(
+    [
+        [1.0, 0, 0, 0, 0, 0],
+        [0.5, 0.5, 0, 0, 0, 0],
+        [0.4, 0.1, 0.5, 0, 0, 0],
+        [0.4, 0.1, 0.4, 0.1, 0, 0],
+        [0.2, 0.1, 0.1, 0.5, 0.1, 0],
+        [0.2, 0.05, 0.15, 0.4, 0.1, 0.1],
+    ]
+)
+KEY_NORMS = torch.tensor([5.0, 1.0, 3.0, 2.0, 4.0, 6.0])
+
+
+def kept(rows, secondary=None):
+    """The entries each row keeps when a 7th token comes into a cache of 5 (so 4 stay)."""
+    ev = Evictor(rows, capacity=5, n_layers=1, kv_heads=1, secondary=secondary, window=2)
+    ev.append(6)
+    ev.observe([HISTORY.expand(len(rows), 1, 6, 6)])
+    keys = torch.zeros(len(rows), 1, 6, 4)
+    keys[..., 0] = KEY_NORMS
+    (index,) = ev.indices([keys], n_new=1)
+    assert ev.history[0].pos.tolist() == index.tolist()  # the history follows the kept entries
+    return [row[0] for row in index.tolist()]
+
+
+def test_each_policy_keeps_its_entries_with_the_first_token_kept_or_dropped():
+    snap = SnapKV(window=2, kernel=1)
+    rows = [Row(p, first=1, sinks=s) for p in (StreamingLLM(), H2O(), snap, KeyNorm()) for s in ("keep", "drop")]
+    assert kept(rows) == [
+        [0, 3, 4, 5],  # StreamingLLM 1+4: the first, then the most recent
+        [2, 3, 4, 5],  # 0+5
+        [0, 2, 4, 5],  # H2O: recent half {4, 5}, the first, the heaviest of the rest (1.15)
+        [2, 3, 4, 5],  # without the first: the two heaviest of 1..3
+        [0, 3, 4, 5],  # SnapKV: window {4, 5}, the first, the window's favourite (.9)
+        [2, 3, 4, 5],  # .9 and .25
+        [0, 1, 2, 3],  # key norm: the first, then the smallest norms 1, 2, 3
+        [1, 2, 3, 4],  # the four smallest norms
+    ]
+
+
+def test_without_sinks_h2o_keeps_the_heavy_first_token_on_its_own():
+    assert kept([Row(H2O()), Row(KeyNorm())]) == [[0, 2, 4, 5], [1, 2, 3, 4]]
+
+
+def test_snapkv_pools_the_window_votes_over_neighbouring_keys():
+    # kernel 3 (zero padded): the pooled votes of 0..3 are .18, .27, .43, .38
+    assert kept([Row(SnapKV(window=2, kernel=3))]) == [[2, 3, 4, 5]]
+
+
+def test_secondary_sinks_are_kept_or_dropped_with_the_first():
+    secondary = [torch.tensor([3])]
+    assert kept([Row(H2O(), first=1), Row(H2O(), first=1, sinks="drop")], secondary) == [[0, 3, 4, 5], [1, 2, 4, 5]]
+
+
+def test_heads_choose_their_own_entries():
+    ev = Evictor([Row(H2O())], capacity=3, n_layers=1, kv_heads=2)
+    ev.append(4)
+    later = torch.tensor([[1.0, 0, 0, 0], [0.2, 0.8, 0, 0], [0.1, 0.8, 0.1, 0], [0.1, 0.7, 0.1, 0.1]])
+    ev.observe([torch.stack([HISTORY[:4, :4], later])[None]])  # head 0 favours key 0, head 1 key 1
+    (index,) = ev.indices([torch.zeros(1, 2, 4, 4)], n_new=1)
+    assert index.tolist() == [[[0, 3], [1, 3]]]  # the recent one (capacity // 2) and each head's heaviest
+
+
+def test_a_dropped_sink_goes_even_from_the_recent_window():
+    # entry 5 is a secondary sink inside H2O's recent {4, 5}: 4 and the three heaviest of 0..3 stay
+    assert kept([Row(H2O(), sinks="drop")], [torch.tensor([5])]) == [[0, 2, 3, 4]]
+
+
+def _micro(**overrides):
+    torch.manual_seed(0)
+    return Transformer(ModelConfig.from_preset("micro", init_std=0.2, **overrides)).eval()
+
+
+@pytest.mark.parametrize("x", [0, 1, 2])
+def test_the_streamingllm_policy_is_the_x_plus_y_cache(x):
+    model = _micro(sink_tokens=1)
+    idx = torch.randint(0, 64, (1, 12))
+    n_layers, heads = model.config.n_layers, model.config.n_heads
+    plain = StreamingCache(model.config, n_initial=x, n_recent=5 - x)
+    policy = StreamingCache(model.config, x, 5 - x, evictor=Evictor([Row(StreamingLLM(), first=x)], 5, n_layers, heads))
+    with torch.no_grad():
+        a = torch.cat([model(idx[:, t : t + 1], cache=plain).logits for t in range(12)], 1)
+        b = torch.cat([model(idx[:, t : t + 1], cache=policy).logits for t in range(12)], 1)
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert policy.sinks_kept == plain.sinks_kept == min(x, 1)
+
+
+def test_bad_rows():
+    with pytest.raises(ValueError, match="keep\\|drop"):
+        Row(H2O(), sinks="maybe")
+    with pytest.raises(ValueError, match="capacity"):
+        Evictor([Row(H2O())], capacity=0, n_layers=1, kv_heads=1)
