@@ -21,6 +21,7 @@ from torch import Tensor
 from pipeline import metric_names as N
 from pipeline import metrics
 from pipeline.outliers import token_kurtosis
+from pipeline.secondary_sinks import MIN_QUERIES, attention_share
 
 Reduce = Literal["mean", "nanmean", "max"]
 
@@ -139,6 +140,11 @@ def kurtosis_rest(b: ProbeBatch) -> Tensor | None:
     return None if b.hidden is None else token_kurtosis(b.hidden[:, :, 1:]).mean(dim=-1)
 
 
+def secondary_share(b: ProbeBatch) -> Tensor:
+    """Attention share of each head's secondary sinks (α_k > ε at k > 1; pipeline.secondary_sinks)."""
+    return attention_share(b.real, metrics.DEFAULT_EPS, 1, MIN_QUERIES)
+
+
 register(ProbeMetric("entropy", "head", entropy, "nanmean", head_name=N.HEAD_ENTROPY))
 register(ProbeMetric("out_norm", "head", out_norm, head_name=N.HEAD_OUT_NORM))
 register(ProbeMetric("max_logit", "head", max_logit, "max", N.MAX_LOGIT, "max", "max", N.HEAD_MAX_LOGIT))
@@ -149,6 +155,7 @@ register(ProbeMetric("key_norm_ratio", "layer", key_norm_ratio))
 register(ProbeMetric("value_norm_ratio", "layer", value_norm_ratio, layer_name=N.VALUE_NORM_RATIO))
 register(ProbeMetric("kurtosis_first", "layer", kurtosis_first, layer_name=N.act("kurtosis_first"), over_layers="mean"))
 register(ProbeMetric("kurtosis_rest", "layer", kurtosis_rest, layer_name=N.act("kurtosis_rest"), over_layers="mean"))
+register(ProbeMetric("secondary_share", "head", secondary_share, layer_name=N.SECONDARY_SHARE, over_layers="mean"))
 
 
 def head_names() -> tuple[str, ...]:

@@ -37,6 +37,12 @@ def secondary_sink_mask(attn: Tensor, eps: float, first: int = 1, min_queries: i
     return (alpha > eps) & (k > first) & (T - k + 1 >= min_queries)
 
 
+def attention_share(attn: Tensor, eps: float, first: int = 1, min_queries: int = 1) -> Tensor:
+    """``[..., T, T] -> [...]``: the share of each map's attention mass that its secondary sinks take."""
+    sinks = secondary_sink_mask(attn, eps, first, min_queries)
+    return (attn.sum(dim=-2) * sinks).sum(-1) / attn.shape[-1]
+
+
 @dataclass
 class SecondarySinkStats:
     """One layer's secondary sinks over a batch of sequences."""
@@ -56,10 +62,8 @@ def layer_stats(
     hidden: Tensor | None = None,
 ) -> SecondarySinkStats:
     """``attn [B, H, T, T]``, ``tokens [B, T]``, ``hidden [B, T, d]`` (this layer's residual stream)."""
-    T = attn.shape[-1]
     sinks = secondary_sink_mask(attn, eps, first, min_queries)  # [B, H, T]
-    mass = attn.sum(dim=-2)  # [B, H, T]: attention each key receives from all rows
-    share = (mass * sinks).sum(-1) / T
+    share = attention_share(attn, eps, first, min_queries)  # [B, H]
     ids: Counter = Counter()
     if tokens is not None:
         ids.update(tokens[:, None, :].expand_as(sinks)[sinks].tolist())

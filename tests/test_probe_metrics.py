@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pipeline import metric_names as N
-from pipeline import metrics, outliers, probe_metrics
+from pipeline import metrics, outliers, probe_metrics, secondary_sinks
 from pipeline.flow import TRAINING_MIXING_SEQUENCES, matrix_entropy
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.masks import admitted_with_slots
@@ -53,6 +53,7 @@ def _by_layer(model, tokens, triggers):
         expect[N.layer(N.act("kurtosis_pooled"), l)] = outliers.kurtosis(hidden).mean()
         expect[N.layer(N.act("max_abs"), l)] = outliers.max_abs(hidden).mean()
         expect[N.layer(N.FLOW_ENTROPY, l)] = matrix_entropy(hidden[:, nq:]).mean()
+        expect[N.layer(N.SECONDARY_SHARE, l)] = secondary_sinks.attention_share(real, 0.3, 1, 8).mean()
     alpha = torch.stack(alphas, 1)
     expect[N.SINK1] = metrics.sink_rate(alpha[..., 0])
     expect |= {N.sink_k(k + 1): metrics.sink_rate(alpha[..., k]) for k in range(alpha.shape[-1])}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.secondary_sinks import key_importance, layer_stats, secondary_sink_mask
+from pipeline.secondary_sinks import attention_share, key_importance, layer_stats, secondary_sink_mask
 
 # rows = queries, causal; key 2 draws 0.5, 0.6, 0.6 from queries 2..4
 SECOND = torch.tensor(
@@ -33,6 +33,7 @@ def test_a_secondary_sink_at_a_known_position_is_found_with_its_share():
     assert stats.share == pytest.approx(1.7 / 4)  # column 2's mass over the 4 rows' total
     assert stats.tokens == {8: 1}
     assert stats.norm_ratio == pytest.approx(2.0)
+    assert attention_share(attn, 0.3).item() == pytest.approx(1.7 / 4)  # what the live probe logs
 
 
 def test_first_positions_are_not_secondary():
