@@ -5,7 +5,8 @@ through a cache of ``--budget`` entries (a share of the text's tokens, sink toke
 keeping the sinks (the first ``--first`` entries and the secondary sinks detected on the text) and
 once dropping them: one batch row each. One table and one figure across models. With
 ``--per-sequence`` each sequence of ``--dataset``'s val split is streamed alone from an empty cache
-(its BOS the candidate sink), the budget a share of the sequence's length.
+(its BOS the candidate sink), the budget a share of the sequence's length; a SinkLab model's
+absolute position embedding then gives each token its position in the sequence, not its cache index.
 """
 
 from __future__ import annotations
@@ -252,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         streamer, ids, subjects[name] = load_subject(
             argparse.Namespace(**vars(args), model=spec), "kv-eval", held_out_text()
         )
+        if subjects[name].kind == "sinklab":  # a sequence fits its learned positions: no re-indexing
+            streamer.stream_positions = args.per_sequence
         device = next(subjects[name].model.parameters()).device
         chunks = (
             held_out_sequences(args.dataset, args.max_tokens, "kv-eval")

@@ -143,3 +143,14 @@ def test_per_sequence_starts_each_sequence_from_an_empty_cache(monkeypatch):
         assert math.log(both["budgets"]["50"]["perplexity"][key]) == pytest.approx(sum(logs) / 2)
     full = [math.log(r["full"]) for r in alone]
     assert math.log(both["full"]) == pytest.approx(sum(full) / 2)
+
+
+def test_stream_positions_give_a_one_layer_model_the_kept_tokens_at_their_own_positions():
+    model = micro_model(positional="learned", max_seq_len=8, n_layers=1)
+    ids = torch.randint(0, 64, (8,), generator=torch.Generator().manual_seed(8))
+    rows = [Row(StreamingLLM(), first=1, sinks=s) for s in ("keep", "drop")]
+    evictor = Evictor(rows, 4, 1, model.config.n_heads)
+    nll = SinkLabStreamer(model, stream_positions=True).nll(ids, [CacheSpec(0, 4)] * 2, evictor=evictor)
+    for row, kept in zip(nll, ([0, 4, 5, 6], [3, 4, 5, 6])):  # the last input sees these 4 entries
+        logits = model(ids[None, kept], positions=torch.tensor(kept)).logits[0, -1]
+        assert row[-1].item() == pytest.approx(torch.nn.functional.cross_entropy(logits, ids[7]).item(), abs=1e-5)
