@@ -82,7 +82,7 @@ def parse_budget(text: str, n_tokens: int | None = None) -> tuple[float, int]:
         return 0.0, 0
     entries = round(float(m.group(1)) / 100 * n_tokens) if m.group(2) else int(float(m.group(1)))
     if not 2 <= entries < n_tokens:
-        raise refuse(f"--budget {text}: {entries} entries of {n_tokens} tokens; need 2 <= entries < the text")
+        raise refuse(f"--budget {text}: {entries} entries of {n_tokens} tokens; need 2 <= entries < {n_tokens}")
     return 100 * entries / n_tokens, entries
 
 
