@@ -108,8 +108,8 @@ def default_text() -> Path:
     return next(f for f in shakespeare_files() if f.stem == "hamlet")
 
 
-def held_out_stream(dataset: Path, max_tokens: int, command: str = "stream-ppl") -> list[int]:
-    """The first ``max_tokens`` tokens of a prepared dataset's val split, its sequences in order."""
+def held_out_sequences(dataset: Path, max_tokens: int, command: str = "stream-ppl") -> list[list[int]]:
+    """The val split's sequences, in order, that start within its first ``max_tokens`` tokens."""
     from data_prep.dataset import PackedSplit
 
     try:
@@ -118,12 +118,18 @@ def held_out_stream(dataset: Path, max_tokens: int, command: str = "stream-ppl")
         raise SystemExit(
             f"sinklab {command}: --dataset {dataset}: not a prepared dataset with a val split ({e})"
         ) from None
-    ids: list[int] = []
+    sequences, total = [], 0
     for i in range(len(split)):
-        if len(ids) >= max_tokens:
+        if total >= max_tokens:
             break
-        ids += split[i].tolist()
-    return ids[:max_tokens]
+        sequences.append(split[i].tolist())
+        total += len(sequences[-1])
+    return sequences
+
+
+def held_out_stream(dataset: Path, max_tokens: int, command: str = "stream-ppl") -> list[int]:
+    """The first ``max_tokens`` tokens of a prepared dataset's val split, its sequences in order."""
+    return [t for s in held_out_sequences(dataset, max_tokens, command) for t in s][:max_tokens]
 
 
 def trained_tokenizer(path: Path) -> str | None:

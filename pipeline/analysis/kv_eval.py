@@ -3,7 +3,10 @@
 Every policy of pipeline.model.eviction (StreamingLLM, H2O, SnapKV, key norm) streams the text
 through a cache of ``--budget`` entries (a share of the text's tokens, sink tokens included), once
 keeping the sinks (the first ``--first`` entries and the secondary sinks detected on the text) and
-once dropping them: one batch row each. One table and one figure across models.
+once dropping them: one batch row each. One table and one figure across models. With
+``--per-sequence`` each sequence of ``--dataset``'s val split is streamed alone from an empty cache
+(its BOS the candidate sink), the budget a share of the sequence's length; a SinkLab model's
+absolute position embedding then gives each token its position in the sequence, not its cache index.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch.nn.functional as F
 
 from pipeline import metric_names as N
 from pipeline import plots
-from pipeline.analysis.inputs import shakespeare_files
+from pipeline.analysis.inputs import held_out_sequences, shakespeare_files
 from pipeline.analysis.streamers import CacheSpec, perplexity
 from pipeline.analysis.streaming import add_text_arguments, check_positions, load_subject
 from pipeline.analysis.subject import add_model_arguments, device_of, model_name
@@ -52,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget", action="append", help="cache size: a share of the text (25%%) or entries (256); repeatable"
     )
     p.add_argument("--max-tokens", type=int, default=1024, help="evaluate on the first N tokens of the text")
+    p.add_argument(
+        "--per-sequence",
+        action="store_true",
+        help="with --dataset: each val sequence alone, from an empty cache; --budget a share of its length",
+    )
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma list of {','.join(POLICIES)}")
     p.add_argument("--first", type=int, default=4, help="leading entries that are sinks (StreamingLLM: 4)")
     p.add_argument("--eps", type=float, default=0.3, help="secondary sink threshold on α_k")
@@ -74,7 +82,7 @@ def parse_budget(text: str, n_tokens: int | None = None) -> tuple[float, int]:
         return 0.0, 0
     entries = round(float(m.group(1)) / 100 * n_tokens) if m.group(2) else int(float(m.group(1)))
     if not 2 <= entries < n_tokens:
-        raise refuse(f"--budget {text}: {entries} entries of {n_tokens} tokens; need 2 <= entries < the text")
+        raise refuse(f"--budget {text}: {entries} entries of {n_tokens} tokens; need 2 <= entries < {n_tokens}")
     return 100 * entries / n_tokens, entries
 
 
@@ -84,6 +92,8 @@ def check_args(args) -> list[str]:
         raise refuse(f"--policies {','.join(bad)} unknown; choose from {','.join(POLICIES)}")
     for text in args.budget or []:  # the form now, the size once the text's length is known
         parse_budget(text)
+    if args.per_sequence and args.dataset is None:
+        raise refuse("--per-sequence reads a prepared dataset's val split: add --dataset DIR")
     if args.first < 0 or not 0 <= args.eps < 1 or args.max_tokens < 8:
         raise refuse(f"--first {args.first}, --eps {args.eps}, --max-tokens {args.max_tokens}: need >= 0, [0, 1), >= 8")
     return names
@@ -94,8 +104,7 @@ def full_pass(subject, ids: torch.Tensor, eps: float, first: int) -> tuple[torch
     """Full attention over the text: the NLL of ids[1:] and, per layer, the stream positions of its
     secondary sinks (in any head) — an oracle that has seen the whole text, not an online detector.
     A text longer than the model's positions is read in windows of that length: no NLL then."""
-    n_sinks = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
-    limit = (subject.max_positions() or ids.numel() + n_sinks) - n_sinks
+    limit = subject.max_positions() or ids.numel()  # a SinkLab model's sink tokens have positions of their own
     found, nll = None, None
     for start in range(0, ids.numel(), limit):
         window = ids[start : start + limit]
@@ -123,23 +132,38 @@ def kv_heads(subject) -> tuple[int, int]:
     return text.num_hidden_layers, getattr(text, "num_key_value_heads", None) or text.num_attention_heads
 
 
-def evaluate(subject, streamer, ids: torch.Tensor, args, policies: list[str]) -> dict:
-    n_sinks = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
-    started = time.perf_counter()
-    full, secondary = full_pass(subject, ids, args.eps, args.first)
-    secondary = None if args.no_secondary else secondary
+def stream_rows(subject, streamer, ids: torch.Tensor, rows: list[Row], entries: int, secondary) -> torch.Tensor:
+    """(rows, len(ids) - 1) NLL: ids streamed once per row through a cache of ``entries`` entries."""
     layers, heads = kv_heads(subject)
+    specs = [CacheSpec(0, entries)] * len(rows)
+    evictor = Evictor(rows, entries, layers, heads, secondary, device=ids.device)
+    return streamer.nll(ids, specs, label=f"{entries} entries x {len(rows)} rows", evictor=evictor)
+
+
+def evaluate(subject, streamer, sequences: list[torch.Tensor], args, policies: list[str]) -> dict:
+    """Perplexity over every sequence's tokens; each sequence streams from an empty cache (one
+    sequence: the text), the budget a share of a sequence's length."""
+    started = time.perf_counter()
+    passes = [full_pass(subject, ids, args.eps, args.first) for ids in sequences]
+    secondary = [None if args.no_secondary else found for _, found in passes]
+    full = None if any(nll is None for nll, _ in passes) else torch.cat([nll for nll, _ in passes])
     rows = [Row(POLICIES[p](), first=args.first, sinks=s) for p in policies for s in SINKS]
-    result = {"tokens": ids.numel(), "full": None if full is None else perplexity(full), "budgets": {}}
+    n_sinks = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
+    result = {"tokens": sum(s.numel() for s in sequences), "sequences": len(sequences), "budgets": {}}
+    result["full"] = None if full is None else perplexity(full)
     result["full_seconds"] = round(time.perf_counter() - started, 1)
-    result["secondary"] = None if secondary is None else [(s - n_sinks).tolist() for s in secondary]
+    if len(sequences) == 1:
+        result["secondary"] = None if secondary[0] is None else [(s - n_sinks).tolist() for s in secondary[0]]
+    length = min(s.numel() for s in sequences)
     for text in args.budget or ["25%"]:
-        percent, entries = parse_budget(text, ids.numel())
-        specs = [CacheSpec(0, entries)] * len(rows)
-        check_positions(subject, {specs[0]: str(specs[0])}, "lower --budget")
-        evictor = Evictor(rows, entries, layers, heads, secondary, device=ids.device)
+        percent, entries = parse_budget(text, length)
+        spec = CacheSpec(0, entries)
+        check_positions(subject, {spec: str(spec)}, "lower --budget")
         started = time.perf_counter()
-        nll = streamer.nll(ids, specs, label=f"{text} x {len(rows)} rows", evictor=evictor)
+        nll = torch.cat(
+            [stream_rows(subject, streamer, ids, rows, entries, found) for ids, found in zip(sequences, secondary)],
+            dim=1,
+        )
         seconds = round(time.perf_counter() - started, 1)
         ppl = {f"{r.policy.name}/{r.sinks}": perplexity(row) for r, row in zip(rows, nll)}
         result["budgets"][f"{percent:g}"] = {"entries": entries, "perplexity": ppl, "seconds": seconds}
@@ -170,7 +194,8 @@ def markdown(results: dict[str, dict], first: int) -> str:
             for p in policies:
                 keep, drop = b["perplexity"][f"{p}/keep"], b["perplexity"][f"{p}/drop"]
                 full = "n/a" if r["full"] is None else f"{r['full']:.2f}"
-                cells = [name, r["tokens"], full, f"{budget}% ({b['entries']})", p]
+                tokens = r["tokens"] if r["sequences"] == 1 else f"{r['sequences']} seqs, {r['tokens']}"
+                cells = [name, tokens, full, f"{budget}% ({b['entries']})", p]
                 lines.append("| " + " | ".join(map(str, cells)) + f" | {keep:.2f} | {drop:.2f} | {drop / keep:.2f} |")
     return "\n".join(lines)
 
@@ -228,11 +253,17 @@ def main(argv: list[str] | None = None) -> int:
         streamer, ids, subjects[name] = load_subject(
             argparse.Namespace(**vars(args), model=spec), "kv-eval", held_out_text()
         )
-        ids = torch.tensor(
-            ids[: args.max_tokens], dtype=torch.long, device=next(subjects[name].model.parameters()).device
+        if subjects[name].kind == "sinklab":  # a sequence fits its learned positions: no re-indexing
+            streamer.stream_positions = args.per_sequence
+        device = next(subjects[name].model.parameters()).device
+        chunks = (
+            held_out_sequences(args.dataset, args.max_tokens, "kv-eval")
+            if args.per_sequence
+            else [ids[: args.max_tokens]]
         )
-        print(f"{name}: {ids.numel()} tokens", file=sys.stderr)
-        results[name] = evaluate(subjects[name], streamer, ids, args, policies)
+        sequences = [torch.tensor(c, dtype=torch.long, device=device) for c in chunks]
+        print(f"{name}: {len(sequences)} sequences, {sum(map(len, chunks))} tokens", file=sys.stderr)
+        results[name] = evaluate(subjects[name], streamer, sequences, args, policies)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(results, args.first)
     write_output(out / "kv_eval.md", table + "\n", BY)

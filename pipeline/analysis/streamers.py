@@ -185,9 +185,10 @@ class HFRotaryStreamer(Streamer):
 class SinkLabStreamer(Streamer):
     """Streaming for a SinkLab ``Transformer`` through its ``StreamingCache``."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, stream_positions: bool = False) -> None:
         self.model = model
         self.sink_tokens = model.config.sink_tokens
+        self.stream_positions = stream_positions  # absolute embeddings at stream, not cache, positions
 
     def stream(self, specs: Sequence[CacheSpec], evictor=None) -> Callable[[torch.Tensor], torch.Tensor]:
         from pipeline.model import StreamingCache
@@ -198,6 +199,7 @@ class SinkLabStreamer(Streamer):
             n_initial=[s.n_initial for s in specs],
             n_recent=[s.n_recent for s in specs],
             evictor=evictor,
+            stream_positions=self.stream_positions,
         )
         weights = evictor is not None and evictor.needs_attention
 

@@ -74,6 +74,7 @@ class StreamingCache:
         n_initial: int | Sequence[int],
         n_recent: int | Sequence[int],
         evictor: Evictor | None = None,
+        stream_positions: bool = False,
     ):
         xs = [n_initial] if isinstance(n_initial, int) else list(n_initial)
         ys = [n_recent] * len(xs) if isinstance(n_recent, int) else list(n_recent)
@@ -91,10 +92,17 @@ class StreamingCache:
         self.sink_tokens = config.sink_tokens
         self.sinks_kept = 0  # sink-token entries still in the cache (the fewest over rows)
         self.evictor = evictor
+        self.stream_positions = stream_positions
         if evictor is not None and (evictor.capacity != self.capacity or len(evictor.rows) != len(xs)):
             raise ValueError(
                 f"evictor of {len(evictor.rows)} rows, capacity {evictor.capacity}: cache has {len(xs)}, {self.capacity}"
             )
+
+    @property
+    def position_shift(self) -> int:
+        """Added to a new entry's cache index for an absolute position embedding: with
+        ``stream_positions`` it is then the entry's position in the stream (rotary keys keep cache indices)."""
+        return self.seen - self.length if self.stream_positions else 0
 
     def make_room(self, n_new: int) -> None:
         """Evict the middle so that length + n_new <= x + y (called before a forward)."""

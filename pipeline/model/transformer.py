@@ -139,7 +139,7 @@ class Transformer(nn.Module):
         if positions is not None and positions.shape != (T,):
             raise ValueError(f"positions must have shape ({T},) (sink tokens included), got {tuple(positions.shape)}")
 
-        absolute = self.positional.input_embedding(q_pos)
+        absolute = self.positional.input_embedding(q_pos + (cache.position_shift if cache is not None else 0))
         if absolute is not None:
             x = x + absolute.to(x.dtype)[None]
         rotary_k = self.positional.rotary(k_pos)

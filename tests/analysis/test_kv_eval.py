@@ -2,6 +2,7 @@
 attention; the StreamingLLM policy is the x + y cache; the command's table, files and refusals."""
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -63,11 +64,11 @@ def test_a_text_longer_than_learned_positions_is_read_in_windows():
     ids = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(5))
     nll, found = kv_eval.full_pass(subject, ids, eps=0.05, first=1)
     assert nll is None and len(found) == model.config.n_layers
-    window = model(ids[None, 15:30], output_attentions=True)  # the second window: stream positions 16..30
+    window = model(ids[None, 16:32], output_attentions=True)  # the second window: stream positions 17..32
     maps = [a[:, :, 1:, 1:] for a in window.attentions]
-    expect = [secondary_sink_mask(a, 0.05, 0, MIN_QUERIES)[0].any(0).nonzero()[:, 0] + 16 for a in maps]
+    expect = [secondary_sink_mask(a, 0.05, 0, MIN_QUERIES)[0].any(0).nonzero()[:, 0] + 17 for a in maps]
     assert sum(len(e) for e in expect) > 0
-    assert [f[(f >= 16) & (f < 31)].tolist() for f in found] == [e.tolist() for e in expect]
+    assert [f[(f >= 17) & (f < 33)].tolist() for f in found] == [e.tolist() for e in expect]
 
 
 @pytest.mark.parametrize("x", [0, 2])
@@ -107,6 +108,49 @@ def test_cli_table_files_mlflow_and_refusals(tiny_llama_dir, tmp_path, capsys, m
         (["--budget", "a"], "--budget 'a': expected a share"),
         (["--budget", "40"], "--budget 40: 40 entries of 40 tokens"),
         (["--policies", "lru"], "--policies lru unknown"),
+        (["--per-sequence"], "--per-sequence reads a prepared dataset's val split: add --dataset DIR"),
     ):
         with pytest.raises(SystemExit, match=message):
             kv_eval.main([*args[:5], *bad, "--out", str(tmp_path / "other")])
+
+
+def per_sequence_subject():
+    model = micro_model(positional="learned", max_seq_len=8)
+    return SimpleNamespace(kind="sinklab", model=model, max_positions=lambda: 8), SinkLabStreamer(model)
+
+
+def test_per_sequence_full_cache_is_full_attention():
+    subject, streamer = per_sequence_subject()
+    ids = torch.randint(0, 64, (8,), generator=torch.Generator().manual_seed(6))
+    full, _ = kv_eval.full_pass(subject, ids, eps=0.3, first=1)
+    for row in kv_eval.stream_rows(subject, streamer, ids, ROWS, 8, None):
+        torch.testing.assert_close(row, full, atol=0, rtol=0)
+
+
+def test_per_sequence_starts_each_sequence_from_an_empty_cache(monkeypatch):
+    subject, streamer = per_sequence_subject()
+    a, b = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(7))
+    made = []
+    monkeypatch.setattr(kv_eval, "Evictor", lambda *a, **k: made.append(Evictor(*a, **k)) or made[-1])
+    args = SimpleNamespace(eps=0.3, first=1, no_secondary=True, budget=["50%"])
+    both = kv_eval.evaluate(subject, streamer, [a, b], args, ["streaming"])
+    assert both["sequences"] == 2 and both["budgets"]["50"]["entries"] == 4 and len(made) == 2
+    for evictor in made:  # 7 inputs through 4 entries: BOS and the last 3, or the last 4
+        assert [h.pos[:, 0].tolist() for h in evictor.history] == [[[0, 4, 5, 6], [3, 4, 5, 6]]] * 2
+    alone = [kv_eval.evaluate(subject, streamer, [s], args, ["streaming"]) for s in (a, b)]
+    for key in ("streaming/keep", "streaming/drop"):
+        logs = [math.log(r["budgets"]["50"]["perplexity"][key]) for r in alone]
+        assert math.log(both["budgets"]["50"]["perplexity"][key]) == pytest.approx(sum(logs) / 2)
+    full = [math.log(r["full"]) for r in alone]
+    assert math.log(both["full"]) == pytest.approx(sum(full) / 2)
+
+
+def test_stream_positions_give_a_one_layer_model_the_kept_tokens_at_their_own_positions():
+    model = micro_model(positional="learned", max_seq_len=8, n_layers=1)
+    ids = torch.randint(0, 64, (8,), generator=torch.Generator().manual_seed(8))
+    rows = [Row(StreamingLLM(), first=1, sinks=s) for s in ("keep", "drop")]
+    evictor = Evictor(rows, 4, 1, model.config.n_heads)
+    nll = SinkLabStreamer(model, stream_positions=True).nll(ids, [CacheSpec(0, 4)] * 2, evictor=evictor)
+    for row, kept in zip(nll, ([0, 4, 5, 6], [3, 4, 5, 6])):  # the last input sees these 4 entries
+        logits = model(ids[None, kept], positions=torch.tensor(kept)).logits[0, -1]
+        assert row[-1].item() == pytest.approx(torch.nn.functional.cross_entropy(logits, ids[7]).item(), abs=1e-5)
