@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
@@ -27,7 +26,7 @@ from pipeline import plots
 from pipeline.analysis.inputs import held_out_sequences, shakespeare_files
 from pipeline.analysis.streamers import CacheSpec, perplexity
 from pipeline.analysis.streaming import add_text_arguments, check_positions, load_subject
-from pipeline.analysis.subject import add_model_arguments, device_of, model_name
+from pipeline.analysis.subject import add_model_arguments, device_of, log_results_of, model_name, writer
 from pipeline.metrics import split_slots
 from pipeline.model.eviction import POLICIES, Evictor, Row
 from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
@@ -50,7 +49,7 @@ def held_out_text() -> Path:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=BY, description=__doc__.split("\n\n")[0])
     add_model_arguments(p, many=True)
-    add_text_arguments(p)
+    add_text_arguments(p, default="Othello")
     p.add_argument(
         "--budget", action="append", help="cache size: a share of the text (25%%) or entries (256); repeatable"
     )
@@ -200,7 +199,7 @@ def markdown(results: dict[str, dict], first: int) -> str:
     return "\n".join(lines)
 
 
-def figure(results: dict[str, dict], path: Path) -> Path:
+def figure(results: dict[str, dict], path: Path, by: str) -> Path:
     panels = {}
     for name, r in results.items():
         budgets = sorted(r["budgets"], key=float)
@@ -216,24 +215,8 @@ def figure(results: dict[str, dict], path: Path) -> Path:
             curves["full attention"] = ([float(b) for b in budgets], [r["full"]] * len(budgets))
         panels[f"perplexity: {name}"] = curves
     return plots.curve_panels(
-        panels, path, "KV-cache eviction", xlabel="cache budget (% of the text)", log_panels=list(panels)
+        panels, path, "KV-cache eviction", xlabel="cache budget (% of the text)", log_panels=list(panels), by=by
     )
-
-
-def log_model(subject, name: str, result: dict, out: Path, args) -> str | None:
-    """On the model's MLflow run (runs:/<id>) or a run of its own; None: no tracking URI."""
-    from pipeline.tracking import log_new_run, log_results
-
-    settings = {"tokens": result["tokens"], "first": args.first, "eps": args.eps, "budgets": list(result["budgets"])}
-    if subject.run_id is not None:
-        return log_results(
-            subject.tracking_uri, subject.run_id, metrics_of(result), {"sinklab.kv": settings}, out, "kv"
-        )
-    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if not uri:
-        return None
-    tags = {"sinklab.kind": "kv-eval", "sinklab.model": name}
-    return log_new_run(uri, args.experiment, f"kv-eval-{name}", tags, settings, metrics_of(result), out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,8 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(names)) != len(names):
         raise refuse(f"two models share the name {[n for n in names if names.count(n) > 1][0]!r}; copy one aside")
     out = args.out or Path("analysis") / "kv-eval" / names[0]
+    by = writer(BY, args.models)
     try:
-        claim(out, OUTPUTS)
+        claim(out, OUTPUTS, by=by)
     except NotOurs as error:
         raise refuse(str(error)) from None
     results, subjects = {}, {}
@@ -266,12 +250,18 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = evaluate(subjects[name], streamer, sequences, args, policies)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(results, args.first)
-    write_output(out / "kv_eval.md", table + "\n", BY)
+    write_output(out / "kv_eval.md", table + "\n", by)
     record = {"settings": vars(args) | {"out": str(out)}, "models": results}
-    write_output(out / "kv_eval.json", json.dumps(record, indent=2, default=str), BY)
-    figure(results, out / "kv_eval.png")
+    write_output(out / "kv_eval.json", json.dumps(record, indent=2, default=str), by)
+    figure(results, out / "kv_eval.png", by)
     print(table)
     for name, result in results.items():
-        if run_id := log_model(subjects[name], name, result, out, args):
+        settings = {
+            "tokens": result["tokens"],
+            "first": args.first,
+            "eps": args.eps,
+            "budgets": list(result["budgets"]),
+        }
+        if run_id := log_results_of(subjects[name], "kv-eval", "kv", name, metrics_of(result), settings, out, args):
             print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
     return 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ from pipeline.analysis.passkey import (
 )
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, parse_caches
-from pipeline.analysis.subject import Subject, add_model_arguments, device_of, model_name, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, device_of, log_results_of, model_name, writer
 from sinklab_io.outputs import NotOurs, claim, write_output
 
 FULL = "full"
@@ -255,22 +254,6 @@ def figure(results: dict[str, dict], path: Path, by: str) -> Path:
     return plots.curve_panels(panels, path, "length generalisation", xlabel="position (or prompt length) / C", by=by)
 
 
-def log_model(subject, name: str, result: dict, out: Path, args) -> str | None:
-    """The model's results on its MLflow run (runs:/<id>) or on a run of its own; None: no URI."""
-    from pipeline.tracking import log_new_run, log_results
-
-    settings = {k: result[k] for k in ("train_len", "bucket", "tokens", "windows", "bos", "caches")}
-    if subject.run_id is not None:
-        return log_results(
-            subject.tracking_uri, subject.run_id, metrics_of(result), {"sinklab.length": settings}, out, "length"
-        )
-    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if not uri:
-        return None
-    tags = {"sinklab.kind": "length-eval", "sinklab.model": name}
-    return log_new_run(uri, args.experiment, f"length-eval-{name}", tags, settings, metrics_of(result), out)
-
-
 def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
@@ -299,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     figure(results, out / "length.png", by)
     print(table)
     for name, result in results.items():
-        run_id = log_model(subjects[name], name, result, out, args)
+        settings = {k: result[k] for k in ("train_len", "bucket", "tokens", "windows", "bos", "caches")}
+        run_id = log_results_of(subjects[name], "length-eval", "length", name, metrics_of(result), settings, out, args)
         if run_id:
             print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
     print(f"wrote {out}/{', '.join(OUTPUTS)}", file=sys.stderr)

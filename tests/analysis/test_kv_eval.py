@@ -112,6 +112,8 @@ def test_cli_table_files_mlflow_and_refusals(tiny_llama_dir, tmp_path, capsys, m
     ):
         with pytest.raises(SystemExit, match=message):
             kv_eval.main([*args[:5], *bad, "--out", str(tmp_path / "other")])
+    with pytest.raises(SystemExit, match="already holds .* sinklab kv-eval of "):  # another model's files
+        kv_eval.main(["smollm2", "--budget", "25%", "--out", str(out)])
 
 
 def per_sequence_subject():
