@@ -53,7 +53,7 @@ _EXPORTS = {
     ),
     "images": ("log_image_file", "logged_image_keys"),
     "runs": (
-        "RunRecord",
+        "RunSummary",
         "best_run",
         "best_runs",
         "client",
