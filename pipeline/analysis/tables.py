@@ -52,7 +52,7 @@ def format_table(result: dict) -> str:
 
 
 def extreme_token_table(layers: dict[str, float]) -> list[str]:
-    """SinkReport.extreme_token_metrics as one row per layer."""
+    """SinkMeasures.extreme_token_metrics as one row per layer."""
     columns = (N.BOS_SHARE_TRIGGER, N.BOS_SHARE_OTHER, N.VALUE_NORM_RATIO, N.MASSIVE_RATIO)
     rows = [
         "| layer | BOS share, trigger queries | BOS share, other queries | ‖v₁‖ ratio | ‖h₁‖ ratio |",
