@@ -1,7 +1,7 @@
 """Sink metrics of a model on a probe set: ``run_probe`` (contracts.md, section 3).
 
 ``SinkAccumulator`` turns per-batch model outputs (attention maps of every layer, hidden
-states, optionally keys/values and head outputs) into one :class:`SinkReport`; ``run_probe``
+states, optionally keys/values and head outputs) into one :class:`SinkMeasures`; ``run_probe``
 feeds it from a SinkLab ``Transformer`` and ``pipeline.analysis.hf_capture`` feeds it from a
 Hugging Face model, so both paths count sinks the same way. Torch only, beside
 ``pipeline.metrics``: the training callbacks and the analysis layer both use it, and the
@@ -23,7 +23,7 @@ from pipeline.model.attention_ops import SCORE_KINDS
 from pipeline.model.masks import admitted_with_slots
 from pipeline.outliers import OutlierAccumulator, recording_linear_inputs
 from pipeline.probe_metrics import ProbeBatch
-from pipeline.sink_report import SinkReport
+from pipeline.sink_measures import SinkMeasures
 
 ATTENTION_KINDS = tuple(SCORE_KINDS)
 
@@ -128,14 +128,14 @@ class SinkAccumulator:
             self.qk.append(torch.tensor(rows) * queries[0].shape[0])
             self.qk_weights.append(queries[0].shape[0])
 
-    def report(self) -> SinkReport:
+    def report(self) -> SinkMeasures:
         if not self.alphas:
             raise ValueError("no batches were added to the sink accumulator")
         alphas = torch.cat(self.alphas)  # [N, L, H, P]
         slots = torch.cat(self.slots)  # [N, L, H, S]
         values = probe_metrics.reduced(self.values)
         values.setdefault("massive_ratio", torch.full((alphas.shape[1],), float("nan")))
-        return SinkReport(
+        return SinkMeasures(
             sink1=metrics.sink_rate(alphas[..., 0], self.eps),
             sink_star={str(s): metrics.sink_rate(slots[..., s], self.eps) for s in range(slots.shape[-1])},
             profile=[metrics.sink_rate(alphas[..., p], self.eps) for p in range(alphas.shape[-1])],
@@ -185,7 +185,7 @@ def run_probe(
     trigger_ids: Sequence[int] | None = None,
     flow: bool = True,
     mixing_sequences: int | None = None,
-) -> SinkReport:
+) -> SinkMeasures:
     """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (every sequence counted).
 
     Eval mode, no grad, autocast off (maps in fp32); the model's training mode is restored.

@@ -94,7 +94,7 @@ def test_the_rules_are_read_from_real_imports(tmp_path):
                 "pipeline/metrics.py",
                 "pipeline/probe.py",
                 "pipeline/probe_metrics.py",
-                "pipeline/sink_report.py",
+                "pipeline/sink_measures.py",
                 "pipeline/outliers.py",
                 "pipeline/flops.py",
                 "pipeline/plots.py",

@@ -136,11 +136,11 @@ def test_the_mlp_kernel_s_per_head_linears_are_read_per_sequence_over_heads():
 def test_the_hf_path_reports_the_same_quantities(tiny_llama_dir):
     from transformers import AutoModelForCausalLM
 
-    from pipeline.analysis.hf_capture import hf_sink_report
+    from pipeline.analysis.hf_capture import hf_sink_measures
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, attn_implementation="eager").eval()
     tokens = torch.randint(3, 200, (4, 12), generator=torch.Generator().manual_seed(0))
-    out = hf_sink_report(model, tokens, positions=4).outliers
+    out = hf_sink_measures(model, tokens, positions=4).outliers
     assert out.lead == 1 and out.max_abs.shape == (2,) and out.kurtosis_pooled.shape == (2,)
     assert {"self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"} <= set(out.linear_max)
     with torch.no_grad(), recording_block_outputs(model.model.layers) as hidden:

@@ -172,8 +172,8 @@ def learned_position_table(subject: Subject, edits: list[tuple[str, int]], token
     return rows
 
 
-def write_json(record: dict, path: Path, by: str) -> None:
-    write_output(path, json.dumps(record, indent=2), by)
+def write_json(result: dict, path: Path, by: str) -> None:
+    write_output(path, json.dumps(result, indent=2), by)
 
 
 def output_names(args) -> list[str]:
@@ -210,50 +210,50 @@ def dataset_trigger_ids(path: Path) -> list[int] | None:
         raise SystemExit(f"sinklab analyze: --dataset {path}: {error}") from None
 
 
-def record_metrics(record: dict) -> dict[str, float]:
+def result_metrics(result: dict) -> dict[str, float]:
     """The analysis as MLflow metrics: Table 1, Sink_k, activation outliers, the registered probe
     metrics and the information flow per input kind, Sink_1 per Pile domain."""
-    metrics = {N.table1(k): v for k, v in record["table1"].items()}
-    for kind, rep in record["reports"].items():
+    metrics = {N.table1(k): v for k, v in result["table1"].items()}
+    for kind, rep in result["reports"].items():
         metrics.update({N.input_sink_k(kind, k): v for k, v in enumerate(rep["profile"], start=1)})
         summary = (rep.get("outliers") or {}).get("summary", {})
         metrics.update({N.of_input(kind, N.act(k)): v for k, v in summary.items() if not k.endswith("_at")})
-        metrics.update({N.of_input(kind, k): v for k, v in record["probe_metrics"][kind].items()})
+        metrics.update({N.of_input(kind, k): v for k, v in result["probe_metrics"][kind].items()})
         metrics.update(
-            {N.of_input(kind, k): v for k, v in record.get("flow", {}).get(kind, {}).items() if v is not None}
+            {N.of_input(kind, k): v for k, v in result.get("flow", {}).get(kind, {}).items() if v is not None}
         )
-    metrics.update({N.domain(re.sub(r"[^A-Za-z0-9_.-]", "_", d)): v for d, v in record.get("domains", {}).items()})
-    return metrics | record.get("secondary_sinks", {}).get("metrics", {})
+    metrics.update({N.domain(re.sub(r"[^A-Za-z0-9_.-]", "_", d)): v for d, v in result.get("domains", {}).items()})
+    return metrics | result.get("secondary_sinks", {}).get("metrics", {})
 
 
-def log_mlflow(uri: str, experiment: str, record: dict, out: Path) -> str:
+def log_mlflow(uri: str, experiment: str, result: dict, out: Path) -> str:
     from pipeline.tracking import log_new_run
 
     return log_new_run(
         uri,
         experiment,
-        f"analyze-{record['model']}",
-        {"sinklab.kind": "analysis", "sinklab.model": record["model"]},
-        {k: record["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")},
-        record_metrics(record),
+        f"analyze-{result['model']}",
+        {"sinklab.kind": "analysis", "sinklab.model": result["model"]},
+        {k: result["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")},
+        result_metrics(result),
         out,
     )
 
 
-def log_on_run(uri: str, run_id: str, record: dict, out: Path) -> str:
+def log_on_run(uri: str, run_id: str, result: dict, out: Path) -> str:
     """`sinklab analyze runs:/<id>`: the metrics (and mean α₁ per input kind) on the training run
     itself, the output directory (report.json, plots) under ``analysis/``."""
     from pipeline.tracking import log_results
 
-    values = {N.analysis(k): v for k, v in record_metrics(record).items()}
+    values = {N.analysis(k): v for k, v in result_metrics(result).items()}
     values.update(
         {
             N.analysis(N.of_input(kind, "alpha1_mean")): float(torch.tensor(rep["alpha1"]).mean())
-            for kind, rep in record["reports"].items()
+            for kind, rep in result["reports"].items()
             if rep.get("alpha1") is not None
         }
     )
-    return log_results(uri, run_id, values, {"sinklab.analysis.settings": record["settings"]}, out, "analysis")
+    return log_results(uri, run_id, values, {"sinklab.analysis.settings": result["settings"]}, out, "analysis")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,17 +273,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.dataset is not None:
         inputs.check_dataset_tokenizer(subject, args.dataset)
         subject.trigger_ids = dataset_trigger_ids(args.dataset)
-    record = run(subject, args, load_seconds=time.perf_counter() - started)
-    print(format_table(record))
+    result = run(subject, args, load_seconds=time.perf_counter() - started)
+    print(format_table(result))
     print(
-        f"wrote {record['out']}/report.json"
-        + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else "")
+        f"wrote {result['out']}/report.json"
+        + (f"; MLflow run {result['mlflow_run_id']}" if "mlflow_run_id" in result else "")
     )
     return 0
 
 
 def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
-    """Everything after loading: probe sets, reports, plots, JSON, MLflow. Returns the record."""
+    """Everything after loading: probe sets, reports, plots, JSON, MLflow. Returns the result."""
     started = time.perf_counter()
     name, by = model_name(args.model), writer(BY, [subject.spec])
     out = args.out or Path("analysis") / name
@@ -297,7 +297,7 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     sets = probe_sets(subject, args)
     out.mkdir(parents=True, exist_ok=True)
     reports = {kind: subject.report(tokens, args) for kind, tokens in sets.items()}
-    record = {
+    result = {
         **subject.header(out),
         "settings": {
             "num_sequences": args.num_sequences,
@@ -322,26 +322,26 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
         },
     }
     if "natural" in sets:  # secondary sinks per layer (pipeline.secondary_sinks)
-        record["secondary_sinks"] = secondary.secondary_section(
+        result["secondary_sinks"] = secondary.secondary_section(
             subject, sets["natural"], args, None if args.no_plots else out, name
         )
     if args.pile is not None:
         domains = inputs.pile_domains(subject.tokenizer, args.pile, args.num_sequences, args.seq_len)
-        record["domains"] = {d: subject.report(toks, args).sink1 for d, toks in domains.items()}
+        result["domains"] = {d: subject.report(toks, args).sink1 for d, toks in domains.items()}
     if edits:
         tokens = sets.get("natural")
         if tokens is None:
             tokens = natural_tokens(subject, args)
-        record["learned_positions"] = learned_position_table(subject, edits, tokens, args)
+        result["learned_positions"] = learned_position_table(subject, edits, tokens, args)
     if not args.no_plots:
-        record["plots"] = [p.name for p in write_plots(name, reports, out, args.eps, by)]
-    record["seconds"] = {"load": round(load_seconds, 2), "analysis": round(time.perf_counter() - started, 2)}
-    write_json(record, out / "report.json", by)
+        result["plots"] = [p.name for p in write_plots(name, reports, out, args.eps, by)]
+    result["seconds"] = {"load": round(load_seconds, 2), "analysis": round(time.perf_counter() - started, 2)}
+    write_json(result, out / "report.json", by)
     uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if getattr(subject, "run_id", None) is not None:  # runs:/<id>: on the training run itself, under analysis/
-        record["mlflow_run_id"] = log_on_run(subject.tracking_uri, subject.run_id, record, out)
-        write_json(record, out / "report.json", by)
+        result["mlflow_run_id"] = log_on_run(subject.tracking_uri, subject.run_id, result, out)
+        write_json(result, out / "report.json", by)
     elif uri:
-        record["mlflow_run_id"] = log_mlflow(uri, args.experiment, record, out)
-        write_json(record, out / "report.json", by)
-    return record
+        result["mlflow_run_id"] = log_mlflow(uri, args.experiment, result, out)
+        write_json(result, out / "report.json", by)
+    return result

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline import plots
-from pipeline.sink_report import SinkReport
+from pipeline.sink_measures import SinkMeasures
 
 
-def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float, by: str) -> list[Path]:
+def write_plots(name: str, reports: dict[str, SinkMeasures], out: Path, eps: float, by: str) -> list[Path]:
     """The figures, each recorded as ``by``'s (the output marker's writer)."""
     profiles = {k: r.profile for k, r in reports.items()}
     paths = [plots.sink_profile(profiles, out / "sink_profile.png", f"{name}: Sink_k by position", eps, by)]
@@ -43,7 +43,7 @@ def write_plots(name: str, reports: dict[str, SinkReport], out: Path, eps: float
     return paths
 
 
-def flow_figure(name: str, reports: dict[str, SinkReport], path: Path, by: str) -> Path:
+def flow_figure(name: str, reports: dict[str, SinkMeasures], path: Path, by: str) -> Path:
     """Per layer and input kind: the first-token norm ratio, the matrix entropy and the over-mixing
     sensitivity (layer −1: the input embeddings)."""
     panels = {"‖h₁‖ / mean ‖h_t≠1‖": {}, "matrix entropy (normalised)": {}, "over-mixing sensitivity": {}}

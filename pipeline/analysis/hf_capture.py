@@ -1,5 +1,5 @@
 """Read attention maps, per-block hidden states and post-rotary queries/keys/values out of a
-Hugging Face causal LM, and turn them into a :class:`SinkReport`.
+Hugging Face causal LM, and turn them into a :class:`SinkMeasures`.
 
 Attention: the model runs with ``attn_implementation="sinklab_eager"``, registered here, which
 calls the model's *own* ``eager_attention_forward`` (so the maps are exactly the eager ones,
@@ -20,7 +20,7 @@ from torch import Tensor
 from pipeline.flow import FlowAccumulator, recording_inputs
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs
 from pipeline.probe import SinkAccumulator, as_token_tensor
-from pipeline.sink_report import SinkReport
+from pipeline.sink_measures import SinkMeasures
 
 IMPLEMENTATION = "sinklab_eager"
 _recording: list | None = None  # (query, key, value, head output) per attention call while capturing
@@ -94,7 +94,7 @@ def capture(model: torch.nn.Module, ids: Tensor, qkv: bool = True) -> Captured:
     return captured
 
 
-def hf_sink_report(
+def hf_sink_measures(
     model: torch.nn.Module,
     tokens,
     eps: float = 0.3,
@@ -102,7 +102,7 @@ def hf_sink_report(
     batch_size: int = 25,
     qkv: bool = True,
     flow: bool = True,
-) -> SinkReport:
+) -> SinkMeasures:
     """Sink metrics of a HF model on ``tokens [N, T]`` (no BOS added; every sequence counted), with
     the activation outliers of its blocks' outputs and linear-layer inputs and, with ``flow``, the
     information flow (pipeline.flow: one more forward pass)."""

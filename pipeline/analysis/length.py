@@ -277,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(results)
     write_output(out / "length.md", table + "\n", by)
-    record = {"settings": vars(args) | {"out": str(out)}, "models": results}
-    write_output(out / "length.json", json.dumps(record, indent=2, default=str), by)
+    saved = {"settings": vars(args) | {"out": str(out)}, "models": results}
+    write_output(out / "length.json", json.dumps(saved, indent=2, default=str), by)
     figure(results, out / "length.png", by)
     print(table)
     for name, result in results.items():

@@ -254,14 +254,14 @@ def write_outputs(
     write_output(out / "passkey.md", markdown(name, table, settings["tokens"], settings["keys"]) + "\n", by)
     write_output(out / "passkey.csv", csv_text(results), by)
     accuracy_by_depth = {cache: {str(d): cell for d, cell in row.items()} for cache, row in table.items()}
-    record = {
+    result = {
         **subject.header(out),
         "settings": settings,
         "seconds": seconds,
         "accuracy": accuracy_by_depth,
         "trials": results,
     }
-    write_output(out / "passkey.json", json.dumps(record, indent=2), by)
+    write_output(out / "passkey.json", json.dumps(result, indent=2), by)
     title = f"passkey retrieval, {name}, {settings['tokens']} tokens"
     return passkey_heatmap(table, out / "passkey.png", title, by)
 

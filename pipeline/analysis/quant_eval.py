@@ -137,19 +137,19 @@ def add_gaps(results: dict[str, dict]) -> None:
         )
 
 
-def markdown(record: dict) -> str:
-    s = record["settings"]
+def markdown(result: dict) -> str:
+    s = result["settings"]
     head = (
-        f"{record['model']}: perplexity of {s['scored']} predictions ({s['windows']} windows of {s['seq_len']} "
+        f"{result['model']}: perplexity of {s['scored']} predictions ({s['windows']} windows of {s['seq_len']} "
         f"tokens, {'BOS first' if s['bos_first'] else 'no BOS'}; {s['text']}); leading positions: {s['lead']}"
     )
     lines = [head, "", "| setting | perplexity | gap vs fp (%) | gap recovered (%) |", "|---|---|---|---|"]
-    for name, r in record["results"].items():
+    for name, r in result["results"].items():
         recovered = "" if r["recovered_pct"] is None else f"{r['recovered_pct']:.1f}"
         lines.append(f"| {name} | {r['perplexity']:.3f} | {r['gap_pct']:.2f} | {recovered} |")
-    if record.get("outliers"):
+    if result.get("outliers"):
         lines += ["", "Activation outliers at full precision (largest over layers)", ""]
-        lines += summary_table({record["model"]: record["outliers"]["summary"]})
+        lines += summary_table({result["model"]: result["outliers"]["summary"]})
     return "\n".join(lines)
 
 
@@ -183,16 +183,16 @@ def main(argv: list[str] | None = None) -> int:
     except NotOurs as error:
         raise SystemExit(f"sinklab quant-eval: {error}") from None
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
-    record = run(Subject(args.model, args.kind, tokenizer, "quant-eval"), args)
-    print(record["table"])
-    if "mlflow_run_id" in record:
-        print(f"logged to MLflow run {record['mlflow_run_id']} as quant/perplexity_<setting>")
-    print(f"wrote {record['out']}/quant_eval.json")
+    result = run(Subject(args.model, args.kind, tokenizer, "quant-eval"), args)
+    print(result["table"])
+    if "mlflow_run_id" in result:
+        print(f"logged to MLflow run {result['mlflow_run_id']} as quant/perplexity_<setting>")
+    print(f"wrote {result['out']}/quant_eval.json")
     return 0
 
 
 def run(subject, args) -> dict:
-    """Everything after loading the model: windows, the settings, outputs, MLflow. Returns the record."""
+    """Everything after loading the model: windows, the settings, outputs, MLflow. Returns the result."""
 
     subject.check_seq_len(args.seq_len)
     sink_tokens = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
@@ -214,7 +214,7 @@ def run(subject, args) -> dict:
     results, outliers = evaluator.run(parse_settings(args.settings))
     report = outliers.report()
     out = args.out or Path("analysis") / model_name(args.model) / "quant"
-    record = {
+    result = {
         **subject.header(out),
         "settings": {
             "text": text,
@@ -228,11 +228,11 @@ def run(subject, args) -> dict:
         "results": results,
         "outliers": report.to_json() if report is not None else None,
     }
-    record["table"] = markdown(record)
+    result["table"] = markdown(result)
     by = writer(BY, [subject.spec])
-    write_output(out / "quant_eval.md", record["table"] + "\n", by)
+    write_output(out / "quant_eval.md", result["table"] + "\n", by)
     write_json = lambda: write_output(  # noqa: E731
-        out / "quant_eval.json", json.dumps({k: v for k, v in record.items() if k != "table"}, indent=2), by
+        out / "quant_eval.json", json.dumps({k: v for k, v in result.items() if k != "table"}, indent=2), by
     )
     write_json()
     if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/
@@ -246,8 +246,8 @@ def run(subject, args) -> dict:
         }
         if report is not None:
             values.update({N.quant(N.act(k)): v for k, v in report.summary().items() if not k.endswith("_at")})
-        record["mlflow_run_id"] = log_results(
-            subject.tracking_uri, subject.run_id, values, {"sinklab.quant.settings": record["settings"]}, out, "quant"
+        result["mlflow_run_id"] = log_results(
+            subject.tracking_uri, subject.run_id, values, {"sinklab.quant.settings": result["settings"]}, out, "quant"
         )
         write_json()
-    return record
+    return result

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from pipeline.analysis.hf_capture import hf_sink_report
+from pipeline.analysis.hf_capture import hf_sink_measures
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
 from pipeline.model.loading import exported_config
 from pipeline.probe import run_probe
-from pipeline.sink_report import SinkReport
+from pipeline.sink_measures import SinkMeasures
 
 MODEL_HELP = "smollm2 | gemma3-270m | .gguf file | HF model dir or hub id | SinkLab checkpoint or export | runs:/<id>"
 
@@ -130,7 +130,7 @@ class Subject:
                 f"(max_seq_len / max_position_embeddings); use -T {limit} or less"
             )
 
-    def report(self, tokens: torch.Tensor, args) -> SinkReport:
+    def report(self, tokens: torch.Tensor, args) -> SinkMeasures:
         positions = max(args.positions, getattr(args, "_min_positions", 0))
         if self.kind == "sinklab":
             return run_probe(
@@ -142,7 +142,7 @@ class Subject:
                 output_qkv=True,
                 trigger_ids=self.trigger_ids,
             )
-        return hf_sink_report(self.model, tokens, eps=args.eps, positions=positions, batch_size=args.batch_size)
+        return hf_sink_measures(self.model, tokens, eps=args.eps, positions=positions, batch_size=args.batch_size)
 
 
 def device_of(name: str, command: str) -> torch.device:

@@ -84,7 +84,7 @@ def survey_model(spec: str, args, sweep: list[float]) -> dict:
     subject = Subject(spec, args.kind, tokenizer, "survey")
     subject.check_seq_len(args.seq_len)
     loaded = time.perf_counter() - started
-    record = {
+    result = {
         **subject.header(),
         "spec": spec,
         "run_id": subject.run_id,
@@ -93,13 +93,13 @@ def survey_model(spec: str, args, sweep: list[float]) -> dict:
     }
     for bos in args.bos_modes:
         if bos and getattr(subject.tokenizer, "bos_token_id", None) is None:
-            record["skipped"].append("BOS: the model's tokenizer has no BOS token")
+            result["skipped"].append("BOS: the model's tokenizer has no BOS token")
             continue
         sets = probe_sets(subject, argparse.Namespace(**{**vars(args), "bos": bos}))
         for kind, tokens in sets.items():
             rep = subject.report(tokens, args)
-            record["layers"], record["heads"] = rep.alpha1.shape
-            record["cells"][column(kind, bos)] = {
+            result["layers"], result["heads"] = rep.alpha1.shape
+            result["cells"][column(kind, bos)] = {
                 "input": kind,
                 "bos": bos,
                 "sink1": rep.sink1,
@@ -109,10 +109,10 @@ def survey_model(spec: str, args, sweep: list[float]) -> dict:
                 "dormant_pct": rep.dormant_pct,
                 "entropy_mean": float(rep.entropy.nanmean()),
             }
-    record["seconds"] = {"load": round(loaded, 2), "measure": round(time.perf_counter() - started - loaded, 2)}
+    result["seconds"] = {"load": round(loaded, 2), "measure": round(time.perf_counter() - started - loaded, 2)}
     del subject
     gc.collect()
-    return record
+    return result
 
 
 def peak_ratio(cell: dict | None) -> tuple[float | None, int | None]:
@@ -124,9 +124,9 @@ def peak_ratio(cell: dict | None) -> tuple[float | None, int | None]:
     return ratios[layer], layer + 1
 
 
-def table_rows(records: list[dict], columns: list[str]) -> list[dict]:
+def table_rows(results: list[dict], columns: list[str]) -> list[dict]:
     rows = []
-    for rec in records:
+    for rec in results:
         cells = rec["cells"]
         natural = cells.get("natural") or next((c for c in cells.values() if not c["bos"]), None)
         natural_bos = cells.get("natural_bos") or next((c for c in cells.values() if c["bos"]), None)
@@ -180,20 +180,20 @@ def csv_text(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
-def sweep_rows(records: list[dict], sweep: list[float]) -> list[dict]:
+def sweep_rows(results: list[dict], sweep: list[float]) -> list[dict]:
     return [
         {"model": rec["model"], "input": cell["input"], "bos": int(cell["bos"]), "eps": eps, "sink1": value}
-        for rec in records
+        for rec in results
         for cell in rec["cells"].values()
         for eps, value in zip(sweep, cell["sweep"])
     ]
 
 
-def draw(records: list[dict], columns: list[str], sweep: list[float], args, by: str) -> Path:
-    bars = {rec["model"]: {c: rec["cells"][c]["sink1"] for c in columns if c in rec["cells"]} for rec in records}
+def draw(results: list[dict], columns: list[str], sweep: list[float], args, by: str) -> Path:
+    bars = {rec["model"]: {c: rec["cells"][c]["sink1"] for c in columns if c in rec["cells"]} for rec in results}
     first = args.inputs_list[0]
     curves = {}
-    for rec in records:
+    for rec in results:
         for bos in args.bos_modes:
             cell = rec["cells"].get(column(first, bos))
             if cell:
@@ -201,12 +201,12 @@ def draw(records: list[dict], columns: list[str], sweep: list[float], args, by: 
     return plots.survey_figure(bars, curves, sweep, args.out / "survey.png", args.eps, first, by)
 
 
-def log_run(uri: str, args, records: list[dict], rows: list[dict], sweep: list[float]) -> str:
+def log_run(uri: str, args, results: list[dict], rows: list[dict], sweep: list[float]) -> str:
     from pipeline.tracking import log_new_run
 
     safe = lambda s: re.sub(r"[^A-Za-z0-9_.-]", "_", s)  # noqa: E731
-    tags = {"sinklab.kind": "analysis-survey", "sinklab.models": ",".join(r["spec"] for r in records)[:5000]}
-    sources = [r["run_id"] for r in records if r.get("run_id")]
+    tags = {"sinklab.kind": "analysis-survey", "sinklab.models": ",".join(r["spec"] for r in results)[:5000]}
+    sources = [r["run_id"] for r in results if r.get("run_id")]
     if sources:
         tags["sinklab.source_runs"] = ",".join(sources)
     params = {
@@ -230,14 +230,14 @@ def log_run(uri: str, args, records: list[dict], rows: list[dict], sweep: list[f
     # the ε sweep as a curve: step = 100 ε
     curve = [
         (f"{safe(rec['model'])}/sweep_{name}", value, round(100 * eps))
-        for rec in records
+        for rec in results
         for name, cell in rec["cells"].items()
         for eps, value in zip(sweep, cell["sweep"])
     ]
     return log_new_run(
         uri,
         args.experiment,
-        "survey-" + "+".join(r["model"] for r in records)[:200],
+        "survey-" + "+".join(r["model"] for r in results)[:200],
         tags,
         params,
         values,
@@ -261,28 +261,28 @@ def main(argv: list[str] | None = None) -> int:
         claim(args.out, OUTPUTS, by=by)
     except NotOurs as error:
         raise SystemExit(f"sinklab survey: {error}") from None
-    records = []
+    results = []
     for spec in args.models:
-        records.append(survey_model(spec, args, sweep))
-        print(f"{records[-1]['model']}: {records[-1]['seconds']}", flush=True)
+        results.append(survey_model(spec, args, sweep))
+        print(f"{results[-1]['model']}: {results[-1]['seconds']}", flush=True)
     columns = [column(k, b) for b in args.bos_modes for k in args.inputs_list]
-    rows = table_rows(records, columns)
+    rows = table_rows(results, columns)
     table = markdown(rows, columns, args)
     write_output(args.out / "survey.md", table + "\n", by)
     write_output(args.out / "survey.csv", csv_text(rows), by)
-    write_output(args.out / "sweep.csv", csv_text(sweep_rows(records, sweep)), by)
-    draw(records, columns, sweep, args, by)
+    write_output(args.out / "sweep.csv", csv_text(sweep_rows(results, sweep)), by)
+    draw(results, columns, sweep, args, by)
     settings = json.loads(json.dumps(vars(args), default=str))
-    record = {"settings": settings, "eps_sweep": sweep, "table": rows, "models": records}
-    write_json(record, args.out / "survey.json", by)
+    saved = {"settings": settings, "eps_sweep": sweep, "table": rows, "models": results}
+    write_json(saved, args.out / "survey.json", by)
     if not args.no_mlflow:
         from pipeline.tracking import tracking_uri
 
-        record["mlflow_run_id"] = log_run(args.mlflow_uri or tracking_uri(), args, records, rows, sweep)
-        write_json(record, args.out / "survey.json", by)
+        saved["mlflow_run_id"] = log_run(args.mlflow_uri or tracking_uri(), args, results, rows, sweep)
+        write_json(saved, args.out / "survey.json", by)
     print(table)
     print(
         f"wrote {args.out}/survey.md, survey.csv, sweep.csv, survey.png"
-        + (f"; MLflow run {record['mlflow_run_id']}" if "mlflow_run_id" in record else "")
+        + (f"; MLflow run {saved['mlflow_run_id']}" if "mlflow_run_id" in saved else "")
     )
     return 0

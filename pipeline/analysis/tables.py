@@ -1,4 +1,4 @@
-"""`sinklab analyze`'s printed tables, from its JSON record (Table 1, activation outliers, the
+"""`sinklab analyze`'s printed tables, from its JSON result (Table 1, activation outliers, the
 extreme-token phenomena and the information flow per layer, domains, learned-position edits)."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from pipeline import metric_names as N
 from pipeline.outliers import summary_table
 
 
-def format_table(record: dict) -> str:
-    s = record["settings"]
-    proxy = any(rep.get("is_proxy") for rep in record.get("reports", {}).values())
+def format_table(result: dict) -> str:
+    s = result["settings"]
+    proxy = any(rep.get("is_proxy") for rep in result.get("reports", {}).values())
     scores = " on proxy scores (attention without softmax)" if proxy else ""
     lines = [
-        f"{record['model']}: Sink_1^ε (%){scores}, ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, "
+        f"{result['model']}: Sink_1^ε (%){scores}, ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, "
         + (
             "BOS first"
             if s.get("bos")
@@ -21,38 +21,38 @@ def format_table(record: dict) -> str:
             else "no BOS"
         ),
         "",
-        "| " + " | ".join(record["table1"]) + " |",
-        "|" + "---|" * len(record["table1"]),
-        "| " + " | ".join(f"{v:.2f}" for v in record["table1"].values()) + " |",
+        "| " + " | ".join(result["table1"]) + " |",
+        "|" + "---|" * len(result["table1"]),
+        "| " + " | ".join(f"{v:.2f}" for v in result["table1"].values()) + " |",
     ]
     outliers = {
-        kind: rep["outliers"]["summary"] for kind, rep in record.get("reports", {}).items() if rep.get("outliers")
+        kind: rep["outliers"]["summary"] for kind, rep in result.get("reports", {}).items() if rep.get("outliers")
     }
     if outliers:
         lines += ["", "Activation outliers (largest over layers; docs/analysis.md)", ""] + summary_table(outliers)
-    for kind, layers in record.get("extreme_tokens", {}).items():
+    for kind, layers in result.get("extreme_tokens", {}).items():
         if any(k.startswith(N.BOS_SHARE_OTHER) for k in layers):  # a Bigram-Backcopy probe: the split is known
             lines += ["", f"Extreme-token phenomena per layer ({kind}; Guo et al. 2024)", ""] + extreme_token_table(
                 layers
             )
-    for kind, layers in record.get("flow", {}).items():
+    for kind, layers in result.get("flow", {}).items():
         lines += ["", f"Information flow per layer ({kind}; docs/analysis.md)", ""] + flow_table(
-            layers, record["extreme_tokens"][kind]
+            layers, result["extreme_tokens"][kind]
         )
-    if record.get("domains"):
+    if result.get("domains"):
         lines += ["", "| domain | Sink_1 (%) |", "|---|---|"] + [
-            f"| {d} | {v:.2f} |" for d, v in record["domains"].items()
+            f"| {d} | {v:.2f} |" for d, v in result["domains"].items()
         ]
-    if record.get("learned_positions"):
+    if result.get("learned_positions"):
         lines += ["", "| edit | t | Sink_1 (%) | Sink_t (%) |", "|---|---|---|---|"]
         lines += [
-            f"| {r['mode']} | {r['t']} | {r['sink1']:.2f} | {r['sink_t']:.2f} |" for r in record["learned_positions"]
+            f"| {r['mode']} | {r['t']} | {r['sink1']:.2f} | {r['sink_t']:.2f} |" for r in result["learned_positions"]
         ]
     return "\n".join(lines)
 
 
 def extreme_token_table(layers: dict[str, float]) -> list[str]:
-    """SinkReport.extreme_token_metrics as one row per layer."""
+    """SinkMeasures.extreme_token_metrics as one row per layer."""
     columns = (N.BOS_SHARE_TRIGGER, N.BOS_SHARE_OTHER, N.VALUE_NORM_RATIO, N.MASSIVE_RATIO)
     rows = [
         "| layer | BOS share, trigger queries | BOS share, other queries | ‖v₁‖ ratio | ‖h₁‖ ratio |",

@@ -1,6 +1,6 @@
 """A DeepSpeed ZeRO checkpoint directory merged into one Lightning checkpoint dict: the one way
 SinkLab merges one (`sinklab consolidate`, pipeline.train.consolidate, and the final model of a
-DeepSpeed run, pipeline.tracking.record)."""
+DeepSpeed run, pipeline.tracking.run_assets)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the checkout the sweep runs from, first on the worker's path
-WARM_MODULES = ("pipeline.cli", "pipeline.train.cli", "pipeline.tracking.logger", "pipeline.tracking.record")
+WARM_MODULES = ("pipeline.cli", "pipeline.train.cli", "pipeline.tracking.logger", "pipeline.tracking.run_assets")
 
 
 class WorkerError(RuntimeError):

@@ -56,25 +56,27 @@ class Row:
     measured: list[Spread]  # per column, over the seeds measured
     status: str  # "3 finished", "2 finished, 1 failed", or "missing"
     paper_status: str | None = None
-    runs: list[tracking.RunRecord] = field(default_factory=list)  # one per seed: the ones measured
+    runs: list[tracking.RunSummary] = field(default_factory=list)  # one per seed: the ones measured
     alpha1: Spread = field(default_factory=lambda: spread([]))  # the runs' last mean alpha_1
     # EMERGED name -> the step of each run that tracks emergence (None: not crossed)
     emerged: dict[str, list[float | None]] = field(default_factory=dict)
 
 
-def status_of(runs: list[tracking.RunRecord]) -> str:
+def status_of(runs: list[tracking.RunSummary]) -> str:
     if not runs:
         return "missing"
     counts = Counter(r.status for r in runs)
     return ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=lambda kv: kv[0] != "finished"))
 
 
-def build_rows(experiment: Experiment, records: dict[str, list[tracking.RunRecord]], scale: str = "cpu") -> list[Row]:
+def build_rows(
+    experiment: Experiment, runs_by_variant: dict[str, list[tracking.RunSummary]], scale: str = "cpu"
+) -> list[Row]:
     """One row per variant, in the experiment file's order, over its seeds' finished runs (its
     newest runs where none finished)."""
     rows = []
     for variant in experiment.variants:
-        best = list(tracking.best_runs(records.get(variant.name, [])).values())
+        best = list(tracking.best_runs(runs_by_variant.get(variant.name, [])).values())
         used = [r for r in best if r.finished] or best
         tracked = [r for r in used if UNIFORM in r.metrics]  # runs that log emergence
         names = [experiment.metric(c, scale) for c in experiment.columns]
@@ -299,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sinklab report: {error}", file=sys.stderr)
         return 2
     mlflow = tracking.client()
-    records = tracking.variant_runs(mlflow, experiment.mlflow_experiment, args.scale)
-    rows = build_rows(experiment, records, args.scale)
+    runs_by_variant = tracking.variant_runs(mlflow, experiment.mlflow_experiment, args.scale)
+    rows = build_rows(experiment, runs_by_variant, args.scale)
     markdown = to_markdown(experiment, args.scale, rows, memorising_notes(rows, mlflow), steps_run(rows, mlflow))
     files = [
         write_output(out / "report.md", markdown, by),

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - depends on the machine
     flash_attn_func = None
 
 
-class AttentionRecord(NamedTuple):
+class AttentionCapture(NamedTuple):
     weights: Tensor | None  # [B, H, Tq, Tk] incl. slot columns
     q: Tensor | None  # [B, H, Tq, dh] after rotation
     k: Tensor | None  # [B, H, Tq, dh] keys of this step's inputs, after rotation
@@ -148,7 +148,7 @@ class Attention(nn.Module):
         layer_cache=None,
         need_weights: bool = False,
         need_qkv: bool = False,
-    ) -> tuple[Tensor, AttentionRecord | None]:
+    ) -> tuple[Tensor, AttentionCapture | None]:
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.q_norm is not None:
@@ -185,11 +185,11 @@ class Attention(nn.Module):
             y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_heads, -1).transpose(1, 2)
         head_out = y if need_weights else None
         y = self._merge(y)
-        record = None
+        capture = None
         if need_weights or need_qkv:
             new_k, new_v = (k[:, :, -T:], v[:, :, -T:]) if need_qkv else (None, None)
-            record = AttentionRecord(weights, q if need_qkv else None, new_k, new_v, head_out)
-        return self.out(y), record
+            capture = AttentionCapture(weights, q if need_qkv else None, new_k, new_v, head_out)
+        return self.out(y), capture
 
     def _path(self, ctx: AttentionContext, layer_cache, need_weights: bool) -> str:
         """ "sdpa", "blocked" or "eager" (always when weights are requested). The blocked kernels

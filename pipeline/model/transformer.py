@@ -44,7 +44,7 @@ class Block(nn.Module):
     """Pre-norm (Eq. 2): h + MHSA(LN(h)), then + FFN(LN(.)).
     Post-norm (Eq. 3): LN(h + MHSA(h)), then LN(. + FFN(.)).
 
-    Returns the output, the attention record and the state the probe reads: the output
+    Returns the output, the attention capture and the state the probe reads: the output
     (pre-norm) or, post-norm, the residual sum x + FFN(x) before the last LN, where massive
     activations show (Gu et al. 2025, Fig. 7 left)."""
 
@@ -58,14 +58,14 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, ctx: AttentionContext, layer_cache=None, need_weights=False, need_qkv=False):
         if self.pre_norm:
-            a, record = self.attn(self.attn_norm(x), ctx, layer_cache, need_weights, need_qkv)
+            a, capture = self.attn(self.attn_norm(x), ctx, layer_cache, need_weights, need_qkv)
             x = x + a
             x = x + self.ffn(self.ffn_norm(x))
-            return x, record, x
-        a, record = self.attn(x, ctx, layer_cache, need_weights, need_qkv)
+            return x, capture, x
+        a, capture = self.attn(x, ctx, layer_cache, need_weights, need_qkv)
         x = self.attn_norm(x + a)
         residual = x + self.ffn(x)
-        return self.ffn_norm(residual), record, residual
+        return self.ffn_norm(residual), capture, residual
 
 
 class Transformer(nn.Module):
@@ -158,14 +158,14 @@ class Transformer(nn.Module):
             ctx.plain_causal = False
 
         want_records = output_attentions or output_qkv
-        hidden, records = [], []
+        hidden, captures = [], []
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None
-            x, record, state = block(x, ctx, layer_cache, output_attentions, output_qkv)
+            x, capture, state = block(x, ctx, layer_cache, output_attentions, output_qkv)
             if output_hidden_states:
                 hidden.append(state)
             if want_records:
-                records.append(record)
+                captures.append(capture)
         if cache is not None:
             cache.advance(T, n_sinks)
 
@@ -180,10 +180,10 @@ class Transformer(nn.Module):
         )
         out.attention_kind = op_spec(cfg.attention.op).kind(cfg.attention)
         if output_attentions:
-            out.attentions = [r.weights for r in records]
-            out.head_outputs = [r.head_out[:, :, n_sinks:] for r in records]
+            out.attentions = [r.weights for r in captures]
+            out.head_outputs = [r.head_out[:, :, n_sinks:] for r in captures]
         if output_qkv:
-            out.queries = [r.q[:, :, n_sinks:] for r in records]
-            out.keys = [r.k[:, :, n_sinks:] for r in records]
-            out.values = [r.v[:, :, n_sinks:] for r in records]
+            out.queries = [r.q[:, :, n_sinks:] for r in captures]
+            out.keys = [r.k[:, :, n_sinks:] for r in captures]
+            out.values = [r.v[:, :, n_sinks:] for r in captures]
         return out

@@ -3,7 +3,7 @@
 - ``contract``: where the store is and the tags one part writes and another reads;
 - ``logger``: the training run (one per job, kept across resumes) and its outage-proof metrics,
   with ``metrics_file`` (metrics.jsonl and how far it has reached MLflow);
-- ``record``: what a run leaves beyond metrics (dataset input, final model, system metrics);
+- ``run_assets``: what a run leaves beyond metrics (dataset input, final model, system metrics);
 - ``remote_checkpoints``: step checkpoints uploaded to the run, ``--resume runs:/<id>``;
 - ``run_models``: ``runs:/`` and ``models:/`` URIs to local model directories;
 - ``results``: analysis results on a training run or as runs of their own;
@@ -38,7 +38,7 @@ _EXPORTS = {
     ),
     "logger": ("RunLogger", "as_params", "code_version", "open_run"),
     "metrics_file": ("MetricsFile",),
-    "record": ("add_hf_export", "final_weights", "log_final_model", "log_run_model", "write_model_dir"),
+    "run_assets": ("add_hf_export", "final_weights", "log_final_model", "log_run_model", "write_model_dir"),
     "remote_checkpoints": ("CheckpointUploader", "logged_checkpoints", "pulled_argv"),
     "run_models": ("CARD_METRICS", "ResolvedModel", "RunModelError", "final_metrics", "is_model_uri", "resolve_model"),
     "results": ("log_new_run", "log_results"),
@@ -53,7 +53,7 @@ _EXPORTS = {
     ),
     "images": ("log_image_file", "logged_image_keys"),
     "runs": (
-        "RunRecord",
+        "RunSummary",
         "best_run",
         "best_runs",
         "client",

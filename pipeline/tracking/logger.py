@@ -95,7 +95,7 @@ def open_run(
     from mlflow.entities import Param, RunTag
     from mlflow.tracking import MlflowClient
 
-    from .record import dataset_input
+    from .run_assets import dataset_input
 
     for key, value in DEFAULT_RETRIES.items():
         os.environ.setdefault(key, value)
@@ -186,7 +186,7 @@ class RunLogger(MLFlowLogger):
                 f"MLFLOW_TRACKING_URI={uri}: the store cannot be opened ({why(exc)}); "
                 "check its path, free space or `ulimit -f`, or point MLFLOW_TRACKING_URI at another store"
             ) from None
-        self.record = MetricsFile(Path(run_dir))
+        self.metrics_file = MetricsFile(Path(run_dir))
         self.retry_every_s = retry_every_s
         self._pending: list[tuple[list, int]] = []  # (MLflow metrics, metrics.jsonl offset after them)
         self._last_failure = 0.0
@@ -200,18 +200,20 @@ class RunLogger(MLFlowLogger):
         the run directory logged but could not send, before anything new."""
         self._run_id, self.offline = run_id, run_id is None
         if run_id is not None:
-            rows, end = self.record.backlog(resume_step)
+            rows, end = self.metrics_file.backlog(resume_step)
             self._pending.insert(0, (_as_mlflow(rows), end))
             waiting = len(self._pending[0][0])
             if self.flush(force=True) and waiting:
-                notice(f"MLflow: {waiting} values that earlier starts could not send, sent from {self.record.path}")
+                notice(
+                    f"MLflow: {waiting} values that earlier starts could not send, sent from {self.metrics_file.path}"
+                )
 
     def start_system_metrics(self) -> None:
         """Rank 0: MLflow's system metrics (CPU, RAM, GPU where present) on this run until
         :meth:`finalize`."""
         if self._run_id is None or self.system_metrics is not None:
             return
-        from .record import SystemMetrics
+        from .run_assets import SystemMetrics
 
         try:
             self.system_metrics = SystemMetrics(self._tracking_uri, self._run_id)
@@ -247,7 +249,7 @@ class RunLogger(MLFlowLogger):
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        row, end = self.record.append(int(step or 0), {k: float(v) for k, v in metrics.items()})
+        row, end = self.metrics_file.append(int(step or 0), {k: float(v) for k, v in metrics.items()})
         if self._run_id is not None:  # without a run, metrics.jsonl is sent when one is created
             self._pending.append((_as_mlflow([row]), end))
             self.flush()
@@ -272,13 +274,13 @@ class RunLogger(MLFlowLogger):
             if not self.offline:
                 notice(
                     f"MLflow tracking server unreachable ({why(exc)}); "
-                    f"training goes on, metrics are queued and kept in {self.record.path}"
+                    f"training goes on, metrics are queued and kept in {self.metrics_file.path}"
                 )
             self.offline, self._last_failure = True, time.time()
             return False
         finally:
             if sent_to is not None:
-                self.record.mark_sent(sent_to)
+                self.metrics_file.mark_sent(sent_to)
         if self.offline:
             notice(f"MLflow reachable again: {self.sent_batches} metric batches now on the server")
         self.offline = False
@@ -324,8 +326,8 @@ class RunLogger(MLFlowLogger):
         if not self.flush(force=True):
             waiting = sum(len(metrics) for metrics, _ in self._pending)
             notice(
-                f"MLflow: {waiting} values could not be sent before the end; they are in {self.record.path}, "
-                f"and the next start of {self.record.path.parent} (--resume auto) sends them and closes the run"
+                f"MLflow: {waiting} values could not be sent before the end; they are in {self.metrics_file.path}, "
+                f"and the next start of {self.metrics_file.path.parent} (--resume auto) sends them and closes the run"
             )
             return
         mlflow_status = _MLFLOW_STATUS.get(status, "FINISHED")

@@ -3,7 +3,7 @@ to a local SinkLab model directory.
 
 The one place SinkLab resolves MLflow model URIs; `sinklab analyze`, `stream-ppl` and `export-hf`
 go through it. ``sinklab fit`` logs each run's final weights as the logged model ``model``
-(``pipeline.tracking.record``); here MLflow's artifact API downloads it (into
+(``pipeline.tracking.run_assets``); here MLflow's artifact API downloads it (into
 ``$SINKLAB_CACHE/mlflow/<run_id>/model``, once) and ``pipeline.model.load_pretrained`` reads the
 directory: ``model.safetensors``, ``sinklab_config.json``, and the dataset's ``tokenizer.json``
 and ``dataset.json``. The tracking store is ``$MLFLOW_TRACKING_URI`` (default: the project's

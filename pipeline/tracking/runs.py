@@ -49,7 +49,7 @@ def client(uri: str | None = None) -> MlflowClient:
 
 
 @dataclass
-class RunRecord:
+class RunSummary:
     """One training run of a variant as MLflow reports it."""
 
     run_id: str
@@ -64,12 +64,12 @@ class RunRecord:
         return self.status == FINISHED
 
 
-def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict[str, list[RunRecord]]:
+def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict[str, list[RunSummary]]:
     """Training runs of each variant at `scale`, newest first; {} when the experiment is new."""
     experiment = mlflow.get_experiment_by_name(experiment_name)
     if experiment is None:
         return {}
-    runs: dict[str, list[RunRecord]] = {}
+    runs: dict[str, list[RunSummary]] = {}
     page_token = None
     while True:
         page = mlflow.search_runs(
@@ -83,7 +83,7 @@ def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict
                 continue
             status = tags.get(TAG_STATUS) or run.info.status.lower()
             runs.setdefault(tags[TAG_VARIANT], []).append(
-                RunRecord(
+                RunSummary(
                     run_id=run.info.run_id,
                     variant=tags[TAG_VARIANT],
                     status=status,
@@ -112,19 +112,19 @@ def run_seed(tags: dict[str, str]) -> int | None:
         return None
 
 
-def best_run(records: list[RunRecord]) -> RunRecord | None:
+def best_run(runs: list[RunSummary]) -> RunSummary | None:
     """The run a report shows for a variant's seed: the newest finished one, else the newest."""
-    if not records:
+    if not runs:
         return None
-    finished = [r for r in records if r.finished]
-    return (finished or records)[0]
+    finished = [r for r in runs if r.finished]
+    return (finished or runs)[0]
 
 
-def best_runs(records: list[RunRecord]) -> dict[int | None, RunRecord]:
+def best_runs(runs: list[RunSummary]) -> dict[int | None, RunSummary]:
     """A variant's runs, one per seed (:func:`best_run` of each), in seed order."""
-    by_seed: dict[int | None, list[RunRecord]] = {}
-    for record in records:
-        by_seed.setdefault(record.seed, []).append(record)
+    by_seed: dict[int | None, list[RunSummary]] = {}
+    for run in runs:
+        by_seed.setdefault(run.seed, []).append(run)
     return {seed: best_run(by_seed[seed]) for seed in sorted(by_seed, key=lambda s: (s is None, s or 0))}
 
 

@@ -61,7 +61,7 @@ def emerged_so_far(
 def probe_metrics(
     alpha1: torch.Tensor, sink1: float, alpha1_mean: float, step: int, metrics_path: Path, alpha1_uniform: float
 ) -> dict[str, float]:
-    """What a probe at ``step`` logs beyond ``SinkReport.to_metrics()``: per-head α_1, the
+    """What a probe at ``step`` logs beyond ``SinkMeasures.to_metrics()``: per-head α_1, the
     uniform reference, and the emergence steps first reached at this very step."""
     out = {
         head_metric(layer, head): float(alpha1[layer, head])

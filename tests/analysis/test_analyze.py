@@ -9,7 +9,7 @@ from analysis_helpers import HAMLET, micro_model
 
 from pipeline import flow
 from pipeline.analysis import analyze
-from pipeline.analysis.hf_capture import capture, hf_sink_report
+from pipeline.analysis.hf_capture import capture, hf_sink_measures
 from sinklab_io.outputs import write_output
 
 
@@ -49,7 +49,7 @@ def test_smollm2_table1_and_plots(smollm2, tmp_path):
 
 def test_smollm2_metrics_match_eager_attention(smollm2):
     tokens = torch.randint(0, 49152, (3, 16), generator=torch.Generator().manual_seed(1))
-    rep = hf_sink_report(smollm2.model, tokens, eps=0.3, batch_size=2)
+    rep = hf_sink_measures(smollm2.model, tokens, eps=0.3, batch_size=2)
     alpha = _independent_alpha1(smollm2.model, tokens)
     assert torch.allclose(rep.alpha1, alpha.mean(0), atol=1e-5)
     assert rep.sink1 == pytest.approx(100.0 * (alpha > 0.3).double().mean().item())
@@ -124,7 +124,7 @@ def test_gpt2_learned_position_edits(tiny_gpt2_dir, tmp_path):
             wpe[0] = before[t - 1]
             if mode == "swap":
                 wpe[t - 1] = before[0]
-        manual = hf_sink_report(subject.model, nat, positions=t)
+        manual = hf_sink_measures(subject.model, nat, positions=t)
         with torch.no_grad():
             wpe.copy_(before)
         assert row["sink1"] == pytest.approx(manual.sink1) and row["sink_t"] == pytest.approx(manual.profile[t - 1])

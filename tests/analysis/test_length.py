@@ -25,9 +25,9 @@ def test_length_eval_of_a_sinklab_checkpoint_and_an_hf_model(sinklab_ckpt, tiny_
     argv = [str(sinklab_ckpt), str(tiny_llama_dir), "--train-len", "16", "--factor", "3", "--windows", "2"]
     argv += ["--passkey", "2,16", "--keys", "1", "--depths", "0,1", "--out", str(out), "--mlflow-uri", mlflow_server]
     assert length.main(argv) == 0
-    record = json.loads((out / "length.json").read_text())
-    assert list(record["models"]) == ["ckpt", tiny_llama_dir.name]
-    for result in record["models"].values():
+    saved = json.loads((out / "length.json").read_text())
+    assert list(saved["models"]) == ["ckpt", tiny_llama_dir.name]
+    for result in saved["models"].values():
         assert result["train_len"] == 16 and result["bucket"] == 8 and result["tokens"] == 48
         loss = result["loss"]
         assert set(loss) == {"full", "0+16", "1+15"} and all(len(v) == 6 for v in loss.values())
@@ -46,7 +46,7 @@ def test_length_eval_of_a_sinklab_checkpoint_and_an_hf_model(sinklab_ckpt, tiny_
         [client.get_experiment_by_name("sinklab-analysis").experiment_id], "tags.`sinklab.kind` = 'length-eval'"
     )
     ckpt_run = next(r for r in runs if r.data.tags["sinklab.model"] == "ckpt")
-    assert ckpt_run.data.metrics["length/loss_full_b0"] == pytest.approx(record["models"]["ckpt"]["loss"]["full"][0])
+    assert ckpt_run.data.metrics["length/loss_full_b0"] == pytest.approx(saved["models"]["ckpt"]["loss"]["full"][0])
     assert "length/passkey_1_15_x16" in ckpt_run.data.metrics and "length/passkey_full_x2" not in ckpt_run.data.metrics
 
 

@@ -133,9 +133,9 @@ def args(**overrides):
 
 
 def test_smollm2_table_and_json(smollm2, tmp_path):
-    record = quant_eval.run(smollm2, args(out=tmp_path))
+    result = quant_eval.run(smollm2, args(out=tmp_path))
     saved = json.loads((tmp_path / "quant_eval.json").read_text())
-    assert saved["settings"] == record["settings"] and saved["settings"]["windows"] == 2
+    assert saved["settings"] == result["settings"] and saved["settings"]["windows"] == 2
     assert (
         saved["settings"]["scored"] == 2 * 62 and saved["settings"]["lead"] == 1 and not saved["settings"]["bos_first"]
     )

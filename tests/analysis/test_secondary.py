@@ -50,4 +50,4 @@ def test_hf_model_through_analyze_and_mlflow(tiny_llama_dir, tmp_path, mlflow_se
     tokens = analyze.natural_tokens(subject, analyze.build_parser().parse_args([*argv, "--text", str(HAMLET)]))
     whole = _in_one_pass(subject, tokens, 0.05)
     assert rec["count"] == pytest.approx([s.count for s in whole]) and any(c > 0 for c in rec["count"])
-    assert set(rec["metrics"]) <= set(analyze.record_metrics(report))
+    assert set(rec["metrics"]) <= set(analyze.result_metrics(report))

@@ -109,15 +109,15 @@ def test_survey_hf_and_sinklab_models_logged_as_one_run(tiny_llama_dir, tmp_path
         )
         == 0
     )
-    record = json.loads((out / "survey.json").read_text())
-    names = [m["model"] for m in record["models"]]
+    saved = json.loads((out / "survey.json").read_text())
+    names = [m["model"] for m in saved["models"]]
     # neither tokenizer has a BOS token: those cells are n/a, and said why
-    assert all(m["skipped"] == ["BOS: the model's tokenizer has no BOS token"] for m in record["models"])
+    assert all(m["skipped"] == ["BOS: the model's tokenizer has no BOS token"] for m in saved["models"])
     assert "n/a" in (out / "survey.md").read_text()
     client = mlflow.MlflowClient(tracking_uri=mlflow_server)
-    run = client.get_run(record["mlflow_run_id"])
+    run = client.get_run(saved["mlflow_run_id"])
     assert run.data.tags["sinklab.kind"] == "analysis-survey" and run.data.params["num_sequences"] == "3"
-    for name, row in zip(names, record["table"]):
+    for name, row in zip(names, saved["table"]):
         assert run.data.metrics[f"{name}/sink1_random"] == pytest.approx(row["sink1_random"])
         assert f"{name}/sink1_random_bos" not in run.data.metrics
     curve = client.get_metric_history(run.info.run_id, f"{names[1]}/sweep_repeat")

@@ -15,7 +15,7 @@ from pipeline.experiments.agreement import compare
 from pipeline.experiments.report import Row
 from pipeline.experiments.spec import load_experiment
 from pipeline.experiments.stats import spread
-from pipeline.tracking import RunRecord, variant_runs
+from pipeline.tracking import RunSummary, variant_runs
 from sinklab_io.outputs import write_output
 
 HEADER = (
@@ -260,8 +260,8 @@ def test_agreement_and_emergence_of_a_synthetic_experiment_with_known_rho(tmp_pa
     assert saved["agreement"][0]["rho_interval"]["defined"] == 2000
 
 
-def run(variant: str, seed: int, **metrics) -> RunRecord:
-    return RunRecord(f"{variant}{seed}", variant, "finished", seed, metrics=metrics, seed=seed)
+def run(variant: str, seed: int, **metrics) -> RunSummary:
+    return RunSummary(f"{variant}{seed}", variant, "finished", seed, metrics=metrics, seed=seed)
 
 
 def test_noisy_seeds_leave_the_ordering_undecided(tmp_path):
@@ -269,8 +269,8 @@ def test_noisy_seeds_leave_the_ordering_undecided(tmp_path):
     the report does not call the ordering reproduced, and no two variants are apart."""
     exp = load_experiment(write_experiment(tmp_path, "noisy", variants=KNOWN_RHO))
     values = {"a": [0.0, 5.0, 10.0], "b": [2.0, 6.0, 9.0], "c": [4.0, 5.0, 11.0], "d": [3.0, 8.0, 10.0]}
-    records = {v: [run(v, 1234 + i, **{"sink/sink1": x}) for i, x in enumerate(xs)] for v, xs in values.items()}
-    rows = report.build_rows(exp, records)
+    runs_by_variant = {v: [run(v, 1234 + i, **{"sink/sink1": x}) for i, x in enumerate(xs)] for v, xs in values.items()}
+    rows = report.build_rows(exp, runs_by_variant)
     (sink1, *_) = report.agreement(exp, rows)
     assert sink1.rho == pytest.approx(1.0) and sink1.min_seeds == 3
     assert sink1.rho_interval.lo < 0 < sink1.rho_interval.hi and sink1.p.p == 1 / 24

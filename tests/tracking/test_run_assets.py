@@ -18,10 +18,9 @@ from packed_datasets import make_dataset
 from data_prep.dataset import load_manifest
 from pipeline.analysis import analyze
 from pipeline.model import load_pretrained
-from pipeline.tracking import RunModelError, resolve_model, views
-from pipeline.tracking import record as mlflow_record
+from pipeline.tracking import RunModelError, resolve_model, run_assets, views
 
-EXPERIMENT = "train-mlflow-record"
+EXPERIMENT = "train-mlflow-run-assets"
 WORDS = [f"w{i}" for i in range(4, 64)]
 
 
@@ -37,7 +36,7 @@ def write_tokenizer(ds: Path) -> None:
 
 @pytest.fixture(scope="module")
 def fitted(mlflow_server, tmp_path_factory):
-    root = tmp_path_factory.mktemp("record")
+    root = tmp_path_factory.mktemp("run_assets")
     ds = make_dataset(root / "ds")
     write_tokenizer(ds)
     run_dir = root / "run"
@@ -351,8 +350,8 @@ def test_final_weights_come_from_the_module_unless_sharded_or_a_checkpoint_is_pr
     module = SimpleNamespace(model=load_pretrained(ckpt))
     with torch.no_grad():
         module.model.lm_head.weight.add_(1.0)  # the module's weights differ from the checkpoint's
-    config, state = mlflow_record.final_weights(module, ckpt)
+    config, state = run_assets.final_weights(module, ckpt)
     assert config == from_ckpt.config and torch.equal(state["lm_head.weight"], module.model.lm_head.weight)
     module.model.lm_head.weight.ds_status = 0  # a ZeRO-3 partition (pipeline.model.is_sharded): not whole
-    assert torch.equal(mlflow_record.final_weights(module, ckpt)[1]["lm_head.weight"], from_ckpt.lm_head.weight)
-    assert mlflow_record.final_weights(module, ckpt.parent) is None  # a checkpoint directory: nothing whole
+    assert torch.equal(run_assets.final_weights(module, ckpt)[1]["lm_head.weight"], from_ckpt.lm_head.weight)
+    assert run_assets.final_weights(module, ckpt.parent) is None  # a checkpoint directory: nothing whole

@@ -1,4 +1,4 @@
-"""``SinkReport``: what one sink probe measures (``pipeline.probe`` fills it), as metrics and as JSON."""
+"""``SinkMeasures``: what one sink probe measures (``pipeline.probe`` fills it), as metrics and as JSON."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ EXTREME_TOKENS = ("massive_ratio", "value_norm_ratio", "bos_share_trigger", "bos
 
 
 @dataclass
-class SinkReport:
+class SinkMeasures:
     """Sink_1^ε and friends over all (sequence, layer, head) triples of a probe set."""
 
     sink1: float
