@@ -26,11 +26,11 @@ from pipeline import plots
 from pipeline.analysis.inputs import held_out_sequences, shakespeare_files
 from pipeline.analysis.streamers import CacheSpec, perplexity
 from pipeline.analysis.streaming import add_text_arguments, check_positions, load_subject
-from pipeline.analysis.subject import add_model_arguments, device_of, log_results_of, model_name, writer
+from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of
 from pipeline.metrics import split_slots
 from pipeline.model.eviction import POLICIES, Evictor, Row
 from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
-from sinklab_io.outputs import NotOurs, claim, write_output
+from sinklab_io.outputs import write_output
 
 BY = "sinklab kv-eval"
 OUTPUTS = ("kv_eval.md", "kv_eval.json", "kv_eval.png")
@@ -223,15 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     policies = check_args(args)
     device_of(args.device, "kv-eval")
-    names = [model_name(m) for m in args.models]
-    if len(set(names)) != len(names):
-        raise refuse(f"two models share the name {[n for n in names if names.count(n) > 1][0]!r}; copy one aside")
-    out = args.out or Path("analysis") / "kv-eval" / names[0]
-    by = writer(BY, args.models)
-    try:
-        claim(out, OUTPUTS, by=by)
-    except NotOurs as error:
-        raise refuse(str(error)) from None
+    names, out, by = claim_out(args, BY, "kv-eval", OUTPUTS)
     results, subjects = {}, {}
     for spec, name in zip(args.models, names):
         streamer, ids, subjects[name] = load_subject(

@@ -42,8 +42,8 @@ from pipeline.analysis.passkey import (
 )
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, parse_caches
-from pipeline.analysis.subject import Subject, add_model_arguments, device_of, log_results_of, model_name, writer
-from sinklab_io.outputs import NotOurs, claim, write_output
+from pipeline.analysis.subject import Subject, add_model_arguments, claim_out, device_of, log_results_of
+from sinklab_io.outputs import write_output
 
 FULL = "full"
 BY = "sinklab length-eval"
@@ -255,19 +255,10 @@ def figure(results: dict[str, dict], path: Path, by: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-
     args = build_parser().parse_args(argv)
     factors = check_args(args)
     device_of(args.device, "length-eval")
-    names = [model_name(m) for m in args.models]
-    if len(set(names)) != len(names):
-        raise refuse(f"two models share the name {[n for n in names if names.count(n) > 1][0]!r}; copy one aside")
-    out = args.out or Path("analysis") / "length" / names[0]
-    by = writer(BY, args.models)
-    try:
-        claim(out, OUTPUTS, by=by)
-    except NotOurs as error:
-        raise refuse(str(error)) from None
+    names, out, by = claim_out(args, BY, "length", OUTPUTS)
     results, subjects = {}, {}
     for spec, name in zip(args.models, names):
         tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)

@@ -17,6 +17,7 @@ from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
 from pipeline.model.loading import exported_config
 from pipeline.probe import run_probe
 from pipeline.sink_measures import SinkMeasures
+from sinklab_io.outputs import NotOurs, claim
 
 MODEL_HELP = "smollm2 | gemma3-270m | .gguf file | HF model dir or hub id | SinkLab checkpoint or export | runs:/<id>"
 
@@ -188,3 +189,18 @@ def log_results_of(subject, command: str, key: str, name: str, metrics: dict, se
         return None
     tags = {"sinklab.kind": command, "sinklab.model": name}
     return log_new_run(uri, args.experiment, f"{command}-{name}", tags, settings, metrics, out)
+
+
+def claim_out(args, command: str, folder: str, outputs: tuple[str, ...]) -> tuple[list[str], Path, str]:
+    """The models' names, the --out folder (default analysis/<folder>/<first name>) and the writer
+    ``command`` records there; the folder is claimed before any work (SystemExit: one line)."""
+    names = [model_name(m) for m in args.models]
+    if len(set(names)) != len(names):
+        twice = [n for n in names if names.count(n) > 1][0]
+        raise SystemExit(f"{command}: two models share the name {twice!r}; copy one aside")
+    out, by = args.out or Path("analysis") / folder / names[0], writer(command, args.models)
+    try:
+        claim(out, outputs, by=by)
+    except NotOurs as error:
+        raise SystemExit(f"{command}: {error}") from None
+    return names, out, by
