@@ -14,6 +14,7 @@ Each batch row has its own policy and sink setting; all rows share the capacity.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from torch import Tensor
 RECENT = 1e30  # above any score, below a kept sink
 
 
-class Policy:
+class Policy(ABC):
     """Scores per entry (higher is kept); ``recent(capacity)`` newest entries are always kept."""
 
     name = ""
@@ -33,9 +34,9 @@ class Policy:
     def recent(self, capacity: int) -> int:
         return 0
 
+    @abstractmethod
     def scores(self, history: History, row: int, keys: Tensor) -> Tensor:
         """[Hkv, n] for batch row ``row``; keys [Hkv, n, dh] (before rotation)."""
-        raise NotImplementedError
 
 
 class StreamingLLM(Policy):
