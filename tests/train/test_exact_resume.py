@@ -14,35 +14,38 @@ from mlflow.tracking import MlflowClient
 
 ARGS = ["--trainer.max_steps", "12", *keep_checkpoints(4), "--run.sink_every", "6"]
 # two gloo processes of micro-batch 2: the 8-sequence step in 2 accumulated micro-batches each
+# the killed run: 8 steps between its checkpoints, so the kill lands between two with steps to spare
+KILL_ARGS = ["--trainer.max_steps", "24", *keep_checkpoints(8), "--run.sink_every", "6"]
 DDP_TWO_RANKS = ["--data.micro_batch_size", "2", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
 
 
 def test_sigkill_then_resume_is_bitwise_identical(tiny_ds, tmp_path, monkeypatch, mlflow_server):
     data = ["--data.path", str(tiny_ds)]
     ref_dir, run_dir = tmp_path / "reference", tmp_path / "killed"
-    assert fit_in_process([*data, "--run-dir", str(ref_dir), *ARGS], monkeypatch, mlflow_server) == 0
+    assert fit_in_process([*data, "--run-dir", str(ref_dir), *KILL_ARGS], monkeypatch, mlflow_server) == 0
 
-    proc = sinklab_process([*data, "--run-dir", str(run_dir), *ARGS], mlflow_server)
-    wait_for_step(proc, run_dir, 6)  # past the step-4 checkpoint, before step 8
+    proc = sinklab_process([*data, "--run-dir", str(run_dir), *KILL_ARGS], mlflow_server)
+    wait_for_step(proc, run_dir, 10)  # past the step-8 checkpoint, before step 16
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
     killed_at = max(losses(run_dir))
-    assert killed_at < 8
-    assert [p.name for p in sorted((run_dir / "checkpoints").iterdir())] == ["step-000004.ckpt"]
+    assert killed_at < 16
+    assert [p.name for p in sorted((run_dir / "checkpoints").iterdir())] == ["step-000008.ckpt"]
     assert (run_dir / "lock").exists()  # left behind by the dead process, taken over below
 
     assert (
-        fit_in_process([*data, "--run-dir", str(run_dir), "--resume", "auto", *ARGS], monkeypatch, mlflow_server) == 0
+        fit_in_process([*data, "--run-dir", str(run_dir), "--resume", "auto", *KILL_ARGS], monkeypatch, mlflow_server)
+        == 0
     )
     ref, rows = losses(ref_dir), read_metrics(run_dir)
     resumed = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}  # later rows win
-    assert resumed == ref and sorted(ref) == list(range(12))
+    assert resumed == ref and sorted(ref) == list(range(24))
     before_kill = [r for r in rows if "train/loss" in r][: killed_at + 1]
     assert all(r["train/loss"] == ref[r["step"]] for r in before_kill)  # the subprocess agreed too
 
-    a = torch.load(ref_dir / "checkpoints" / "step-000012.ckpt", weights_only=False)
-    b = torch.load(run_dir / "checkpoints" / "step-000012.ckpt", weights_only=False)
+    a = torch.load(ref_dir / "checkpoints" / "step-000024.ckpt", weights_only=False)
+    b = torch.load(run_dir / "checkpoints" / "step-000024.ckpt", weights_only=False)
     assert a["state_dict"].keys() == b["state_dict"].keys()
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
@@ -50,7 +53,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tiny_ds, tmp_path, monkeypatch
     assert (
         a["loops"]["fit_loop"]["state_dict"]["combined_loader"]
         == b["loops"]["fit_loop"]["state_dict"]["combined_loader"]
-        == [{"consumed_samples": 96, "global_batch_seqs": 8, "seed": 1234, "n_sequences": 64}]
+        == [{"consumed_samples": 192, "global_batch_seqs": 8, "seed": 1234, "n_sequences": 64}]
     )
 
     client = MlflowClient(mlflow_server)
