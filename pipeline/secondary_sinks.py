@@ -39,7 +39,10 @@ def secondary_sink_mask(attn: Tensor, eps: float, first: int = 1, min_queries: i
 
 def attention_share(attn: Tensor, eps: float, first: int = 1, min_queries: int = 1) -> Tensor:
     """``[..., T, T] -> [...]``: the share of each map's attention mass that its secondary sinks take."""
-    sinks = secondary_sink_mask(attn, eps, first, min_queries)
+    return _share(attn, secondary_sink_mask(attn, eps, first, min_queries))
+
+
+def _share(attn: Tensor, sinks: Tensor) -> Tensor:
     return (attn.sum(dim=-2) * sinks).sum(-1) / attn.shape[-1]
 
 
@@ -63,7 +66,7 @@ def layer_stats(
 ) -> SecondarySinkStats:
     """``attn [B, H, T, T]``, ``tokens [B, T]``, ``hidden [B, T, d]`` (this layer's residual stream)."""
     sinks = secondary_sink_mask(attn, eps, first, min_queries)  # [B, H, T]
-    share = attention_share(attn, eps, first, min_queries)  # [B, H]
+    share = _share(attn, sinks)  # [B, H]
     ids: Counter = Counter()
     if tokens is not None:
         ids.update(tokens[:, None, :].expand_as(sinks)[sinks].tolist())
