@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -42,6 +43,15 @@ def _as_sequences(x: Tensor) -> Tensor:
     if x.dim() != 3:
         raise ValueError(f"activations must be [B, T, d] or [T, d], got {tuple(x.shape)}")
     return x.detach().float()
+
+
+def lower_median(rows: Tensor) -> Tensor:
+    """``torch.median`` of each row of ``[B, n]`` (the lower middle value); on CPU by numpy's
+    selection, a tenth of the time of torch's sort-based median."""
+    if rows.device.type != "cpu":
+        return rows.median(dim=1).values
+    k = (rows.shape[1] - 1) // 2
+    return torch.from_numpy(np.partition(rows.numpy(), k, axis=1)[:, k].copy())
 
 
 def max_abs(x: Tensor) -> Tensor:
@@ -80,7 +90,7 @@ def outlier_split(
     entry outside those channels with |x| > ``token_factor`` · m is a *token-wise* outlier, and its
     position a token-wise outlier position."""
     a = _as_sequences(x).abs()
-    median = a.flatten(1).median(dim=1).values.clamp_min(torch.finfo(torch.float32).tiny)[:, None, None]
+    median = lower_median(a.flatten(1)).clamp_min(torch.finfo(torch.float32).tiny)[:, None, None]
     channels = (a > channel_factor * median).float().mean(dim=1) >= share
     token_entries = (a > token_factor * median) & ~channels[:, None, :]
     return OutlierSplit(token_positions=token_entries.any(dim=-1), channels=channels)

@@ -9,6 +9,7 @@ from analysis_helpers import MLP_KERNEL, greedy_windows, micro_model, planted_mo
 from pipeline.outliers import (
     OutlierAccumulator,
     kurtosis,
+    lower_median,
     max_abs,
     outlier_split,
     recording_block_outputs,
@@ -146,3 +147,10 @@ def test_the_hf_path_reports_the_same_quantities(tiny_llama_dir):
     with torch.no_grad(), recording_block_outputs(model.model.layers) as hidden:
         model(input_ids=tokens)
     assert out.max_abs.tolist() == pytest.approx([max_abs(h).mean().item() for h in hidden])
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 8192])
+def test_lower_median_is_torch_median(n):
+    rows = torch.randn(5, n, generator=torch.Generator().manual_seed(n)).abs()
+    rows[0] = 1.0  # ties
+    assert torch.equal(lower_median(rows), rows.median(dim=1).values)

@@ -1,10 +1,13 @@
 """run_probe on a fake model whose attention maps are known in closed form."""
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from analysis_helpers import micro_model
+from probe_cases import CASES, logged_values
 
 from pipeline import metrics
 from pipeline.model import ModelConfig, ModelOutput
@@ -223,3 +226,14 @@ def test_run_probe_max_logit_is_the_largest_admitted_qk_over_sqrt_dh(overrides):
     assert logged["attn/max_logit"] == max(logged[f"attn/max_logit_l{l}"] for l in range(rep.max_logit.shape[0]))
     assert rep.head_metrics()["heads/max_logit_l0_h1"] == pytest.approx(float(rep.max_logit[0, 1]))
     assert rep.to_json()["max_logit"] == rep.max_logit.tolist()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_run_probe_logs_the_recorded_values(case):
+    """Every value a training probe logs, on a fixed seed, as recorded in tests/probe_values.json:
+    a faster probe must measure the same things."""
+    recorded = json.loads((Path(__file__).parent / "probe_values.json").read_text())[case]
+    measured = logged_values(case)
+    assert sorted(measured) == sorted(recorded)
+    for name, value in recorded.items():
+        assert measured[name] == pytest.approx(value, rel=1e-5, abs=1e-7, nan_ok=True), name
