@@ -8,7 +8,7 @@ probe under cProfile, its time split into its parts (``profile:`` lines). A step
 leaves out data loading, logging and validation, so the shares are upper bounds. The last line,
 ``ratio=<probe seconds / (every x step seconds)>``, is the probe's share of training at the
 recipe's cadence in wall time (``cpu_ratio=``: in CPU time; figures: ``figures_ratio=``, at
---plot-every).
+--plot-every; ``every_for_1pct=``: the least cadence that keeps the probe at 1% in CPU time).
 Defaults: `make run` (tiny preset, elu+1 kernel attention, every 500 steps). The paper-60m
 recipe's shape at cpu size: --preset llama-60m --op softmax --every 200 --plot-every 2000.
 Run: .venv/bin/python benchmarks/bench_probe.py --data data/embedded
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import math
 import pstats
 import tempfile
 import time
@@ -118,6 +119,7 @@ def main() -> None:
     step_wall, step_cpu = best["step"]
     print(f"figures_ratio={best['figures'][0] / (args.plot_every * step_wall):.4f}")
     print(f"cpu_ratio={best['probe'][1] / (args.every * step_cpu):.4f}")
+    print(f"every_for_1pct={math.ceil(best['probe'][1] / (0.01 * step_cpu))}  (the least sink_every at 1% in CPU time)")
     print(f"ratio={best['probe'][0] / (args.every * step_wall):.4f}")
 
 
