@@ -43,7 +43,7 @@ def matrix_entropy(x: Tensor, order: float = 1.0) -> Tensor:
     s2 = torch.linalg.eigvalsh(gram).clamp_min(0.0)  # the squared singular values of x
     lam = s2 / s2.sum(dim=-1, keepdim=True)
     if order == 1.0:
-        h = -torch.where(lam > 0, lam * lam.clamp_min(torch.finfo(lam.dtype).tiny).log(), 0.0).sum(dim=-1)
+        h = torch.special.entr(lam).sum(dim=-1)  # −λ log λ, 0 at λ = 0
     else:
         h = torch.where(lam > 0, lam.pow(order), 0.0).sum(dim=-1).log() / (1.0 - order)
     return (h / torch.tensor(float(min(x.shape[-2:]))).log()).clamp_min(0.0).float()

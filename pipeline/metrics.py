@@ -146,7 +146,7 @@ def attention_entropy(attn: Tensor, admitted: Tensor | None = None) -> Tensor:
     a = a * admitted.to(a.device)
     mass = a.sum(dim=-1)
     p = a / mass.clamp_min(torch.finfo(a.dtype).tiny).unsqueeze(-1)
-    h = -torch.where(p > 0, p * p.clamp_min(torch.finfo(a.dtype).tiny).log(), torch.zeros_like(p)).sum(dim=-1)
+    h = torch.special.entr(p).sum(dim=-1)  # −p log p, 0 at p = 0
     n = admitted.sum(dim=-1).to(a.device)
     valid = (n >= 2) & (mass > 0)
     normalised = torch.where(valid, h / n.clamp_min(2).double().log().float(), torch.zeros_like(h))
