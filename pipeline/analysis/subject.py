@@ -8,17 +8,21 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from dataclasses import fields
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from pipeline.analysis.hf_capture import hf_sink_measures
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
+from pipeline.analysis.inputs import Probe
 from pipeline.model.loading import exported_config
 from pipeline.probe import run_probe
 from pipeline.sink_measures import SinkMeasures
 from sinklab_io.outputs import NotOurs, claim
 
+T = TypeVar("T")
 MODEL_HELP = "smollm2 | gemma3-270m | .gguf file | HF model dir or hub id | SinkLab checkpoint or export | runs:/<id>"
 
 
@@ -31,6 +35,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, many: bool = False) -> 
     parser.add_argument(
         "--kind", choices=("auto", "hf", "sinklab"), default="auto", help="how to load a model (auto: by its shape)"
     )
+
+
+def settings_of(cls: type[T], args: argparse.Namespace, **given) -> T:
+    """A command's typed settings: the fields of the dataclass ``cls`` from its parsed options, ``given`` set apart."""
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if f.name not in given} | given)
 
 
 class Subject:
@@ -131,19 +140,11 @@ class Subject:
                 f"(max_seq_len / max_position_embeddings); use -T {limit} or less"
             )
 
-    def report(self, tokens: torch.Tensor, args) -> SinkMeasures:
-        positions = max(args.positions, getattr(args, "_min_positions", 0))
+    def report(self, tokens: torch.Tensor, probe: Probe) -> SinkMeasures:
+        at = {"eps": probe.eps, "positions": probe.positions, "batch_size": probe.batch_size}
         if self.kind == "sinklab":
-            return run_probe(
-                self.model,
-                tokens,
-                eps=args.eps,
-                positions=positions,
-                batch_size=args.batch_size,
-                output_qkv=True,
-                trigger_ids=self.trigger_ids,
-            )
-        return hf_sink_measures(self.model, tokens, eps=args.eps, positions=positions, batch_size=args.batch_size)
+            return run_probe(self.model, tokens, **at, output_qkv=True, trigger_ids=self.trigger_ids)
+        return hf_sink_measures(self.model, tokens, **at)
 
 
 def device_of(name: str, command: str) -> torch.device:
