@@ -16,6 +16,7 @@ import json
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,8 +26,8 @@ from pipeline import metric_names as N
 from pipeline import plots
 from pipeline.analysis.inputs import held_out_sequences, shakespeare_files
 from pipeline.analysis.streamers import CacheSpec, perplexity
-from pipeline.analysis.streaming import add_text_arguments, check_positions, load_subject
-from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of
+from pipeline.analysis.streaming import Reading, add_text_arguments, check_positions, load_subject
+from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of, settings_of
 from pipeline.metrics import split_slots
 from pipeline.model.eviction import POLICIES, Evictor, Row
 from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
@@ -85,7 +86,19 @@ def parse_budget(text: str, n_tokens: int | None = None) -> tuple[float, int]:
     return 100 * entries / n_tokens, entries
 
 
-def check_args(args) -> list[str]:
+@dataclass(frozen=True)
+class Eviction:
+    """What `evaluate` runs: each policy at each budget, the first entries and (unless
+    ``no_secondary``) the secondary sinks at threshold ``eps`` kept or dropped."""
+
+    policies: list[str]
+    budget: list[str] | None
+    first: int
+    eps: float
+    no_secondary: bool
+
+
+def check_args(args) -> Eviction:
     names = [p.strip() for p in args.policies.split(",") if p.strip()]
     if bad := [p for p in names if p not in POLICIES]:
         raise refuse(f"--policies {','.join(bad)} unknown; choose from {','.join(POLICIES)}")
@@ -95,7 +108,7 @@ def check_args(args) -> list[str]:
         raise refuse("--per-sequence reads a prepared dataset's val split: add --dataset DIR")
     if args.first < 0 or not 0 <= args.eps < 1 or args.max_tokens < 8:
         raise refuse(f"--first {args.first}, --eps {args.eps}, --max-tokens {args.max_tokens}: need >= 0, [0, 1), >= 8")
-    return names
+    return settings_of(Eviction, args, policies=names)
 
 
 @torch.no_grad()
@@ -139,14 +152,14 @@ def stream_rows(subject, streamer, ids: torch.Tensor, rows: list[Row], entries: 
     return streamer.nll(ids, specs, label=f"{entries} entries x {len(rows)} rows", evictor=evictor)
 
 
-def evaluate(subject, streamer, sequences: list[torch.Tensor], args, policies: list[str]) -> dict:
+def evaluate(subject, streamer, sequences: list[torch.Tensor], e: Eviction) -> dict:
     """Perplexity over every sequence's tokens; each sequence streams from an empty cache (one
     sequence: the text), the budget a share of a sequence's length."""
     started = time.perf_counter()
-    passes = [full_pass(subject, ids, args.eps, args.first) for ids in sequences]
-    secondary = [None if args.no_secondary else found for _, found in passes]
+    passes = [full_pass(subject, ids, e.eps, e.first) for ids in sequences]
+    secondary = [None if e.no_secondary else found for _, found in passes]
     full = None if any(nll is None for nll, _ in passes) else torch.cat([nll for nll, _ in passes])
-    rows = [Row(POLICIES[p](), first=args.first, sinks=s) for p in policies for s in SINKS]
+    rows = [Row(POLICIES[p](), first=e.first, sinks=s) for p in e.policies for s in SINKS]
     n_sinks = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
     result = {"tokens": sum(s.numel() for s in sequences), "sequences": len(sequences), "budgets": {}}
     result["full"] = None if full is None else perplexity(full)
@@ -154,7 +167,7 @@ def evaluate(subject, streamer, sequences: list[torch.Tensor], args, policies: l
     if len(sequences) == 1:
         result["secondary"] = None if secondary[0] is None else [(s - n_sinks).tolist() for s in secondary[0]]
     length = min(s.numel() for s in sequences)
-    for text in args.budget or ["25%"]:
+    for text in e.budget or ["25%"]:
         percent, entries = parse_budget(text, length)
         spec = CacheSpec(0, entries)
         check_positions(subject, {spec: str(spec)}, "lower --budget")
@@ -221,14 +234,12 @@ def figure(results: dict[str, dict], path: Path, by: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    policies = check_args(args)
+    eviction = check_args(args)
     device_of(args.device, "kv-eval")
-    names, out, by = claim_out(args, BY, "kv-eval", OUTPUTS)
-    results, subjects = {}, {}
+    names, out, by = claim_out(args.models, args.out, BY, "kv-eval", OUTPUTS)
+    results, subjects, reading = {}, {}, settings_of(Reading, args)
     for spec, name in zip(args.models, names):
-        streamer, ids, subjects[name] = load_subject(
-            argparse.Namespace(**vars(args), model=spec), "kv-eval", held_out_text()
-        )
+        streamer, ids, subjects[name] = load_subject(spec, reading, args.max_tokens, "kv-eval", held_out_text())
         if subjects[name].kind == "sinklab":  # a sequence fits its learned positions: no re-indexing
             streamer.stream_positions = args.per_sequence
         device = next(subjects[name].model.parameters()).device
@@ -239,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         sequences = [torch.tensor(c, dtype=torch.long, device=device) for c in chunks]
         print(f"{name}: {len(sequences)} sequences, {sum(map(len, chunks))} tokens", file=sys.stderr)
-        results[name] = evaluate(subjects[name], streamer, sequences, args, policies)
+        results[name] = evaluate(subjects[name], streamer, sequences, eviction)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(results, args.first)
     write_output(out / "kv_eval.md", table + "\n", by)
@@ -254,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             "eps": args.eps,
             "budgets": list(result["budgets"]),
         }
-        if run_id := log_results_of(subjects[name], "kv-eval", "kv", name, metrics_of(result), settings, out, args):
+        if run_id := log_results_of(
+            subjects[name], "kv", metrics_of(result), settings, out, args.mlflow_uri, args.experiment
+        ):
             print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
     return 0

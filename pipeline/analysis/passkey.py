@@ -228,11 +228,11 @@ def parse_depths(text: str, prog: str = BY) -> list[float]:
     return list(dict.fromkeys(depths))
 
 
-def make_trials(subject, args, depths: list[float], bos: int | None) -> list[Trial]:
-    rng = random.Random(args.seed)
-    keys = [str(rng.randrange(10 ** (args.digits - 1), 10**args.digits)) for _ in range(args.keys)]
+def make_trials(subject, length: int, depths: list[float], n_keys: int, digits: int, seed: int, bos) -> list[Trial]:
+    rng = random.Random(seed)
+    keys = [str(rng.randrange(10 ** (digits - 1), 10**digits)) for _ in range(n_keys)]
     try:
-        return [build_trial(subject.tokenizer, args.length, d, k, bos) for d in depths for k in keys]
+        return [build_trial(subject.tokenizer, length, d, k, bos) for d in depths for k in keys]
     except ValueError as e:
         raise SystemExit(f"sinklab passkey: {e}") from None
 
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             f"sinklab passkey: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json"
         )
     bos = bos_id(subject, args.bos)
-    trials = make_trials(subject, args, depths, bos)
+    trials = make_trials(subject, args.length, depths, args.keys, args.digits, args.seed, bos)
     caches = cache_configs(specs, args.full, subject, trials)
     streamer = streamer_for(subject)
     started = time.perf_counter()

@@ -178,28 +178,30 @@ def sinklab_tokenizer(path: Path, command: str):
         raise SystemExit(f"sinklab {command}: --tokenizer: {e}") from None
 
 
-def log_results_of(subject, command: str, key: str, name: str, metrics: dict, settings: dict, out: Path, args):
-    """``sinklab <command>``'s results on the model's MLflow run (runs:/<id>; settings in the tag
-    ``sinklab.<key>``, files under ``<key>/``) or on a run of its own; the run id, None: no tracking URI."""
+def log_results_of(subject, key: str, metrics: dict, settings: dict, out: Path, uri: str | None, experiment: str):
+    """The subject's command's results on the model's MLflow run (runs:/<id>; settings in the tag
+    ``sinklab.<key>``, files under ``<key>/``) or on a run of its own (``uri``: --mlflow-uri, in
+    ``experiment``); the run id, None: no tracking URI."""
     from pipeline.tracking import log_new_run, log_results
 
     if subject.run_id is not None:
         return log_results(subject.tracking_uri, subject.run_id, metrics, {f"sinklab.{key}": settings}, out, key)
-    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return None
+    command, name = subject.command, model_name(subject.spec)
     tags = {"sinklab.kind": command, "sinklab.model": name}
-    return log_new_run(uri, args.experiment, f"{command}-{name}", tags, settings, metrics, out)
+    return log_new_run(uri, experiment, f"{command}-{name}", tags, settings, metrics, out)
 
 
-def claim_out(args, command: str, folder: str, outputs: tuple[str, ...]) -> tuple[list[str], Path, str]:
+def claim_out(models: list[str], out: Path | None, command: str, folder: str, outputs) -> tuple[list[str], Path, str]:
     """The models' names, the --out folder (default analysis/<folder>/<first name>) and the writer
     ``command`` records there; the folder is claimed before any work (SystemExit: one line)."""
-    names = [model_name(m) for m in args.models]
+    names = [model_name(m) for m in models]
     if len(set(names)) != len(names):
         twice = [n for n in names if names.count(n) > 1][0]
         raise SystemExit(f"{command}: two models share the name {twice!r}; copy one aside")
-    out, by = args.out or Path("analysis") / folder / names[0], writer(command, args.models)
+    out, by = out or Path("analysis") / folder / names[0], writer(command, models)
     try:
         claim(out, outputs, by=by)
     except NotOurs as error:
