@@ -16,7 +16,6 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -86,19 +85,7 @@ def parse_budget(text: str, n_tokens: int | None = None) -> tuple[float, int]:
     return 100 * entries / n_tokens, entries
 
 
-@dataclass(frozen=True)
-class Eviction:
-    """What `evaluate` runs: each policy at each budget, the first entries and (unless
-    ``no_secondary``) the secondary sinks at threshold ``eps`` kept or dropped."""
-
-    policies: list[str]
-    budget: list[str] | None
-    first: int
-    eps: float
-    no_secondary: bool
-
-
-def check_args(args) -> Eviction:
+def check_args(args) -> list[str]:
     names = [p.strip() for p in args.policies.split(",") if p.strip()]
     if bad := [p for p in names if p not in POLICIES]:
         raise refuse(f"--policies {','.join(bad)} unknown; choose from {','.join(POLICIES)}")
@@ -108,7 +95,7 @@ def check_args(args) -> Eviction:
         raise refuse("--per-sequence reads a prepared dataset's val split: add --dataset DIR")
     if args.first < 0 or not 0 <= args.eps < 1 or args.max_tokens < 8:
         raise refuse(f"--first {args.first}, --eps {args.eps}, --max-tokens {args.max_tokens}: need >= 0, [0, 1), >= 8")
-    return settings_of(Eviction, args, policies=names)
+    return names
 
 
 @torch.no_grad()
@@ -152,14 +139,15 @@ def stream_rows(subject, streamer, ids: torch.Tensor, rows: list[Row], entries: 
     return streamer.nll(ids, specs, label=f"{entries} entries x {len(rows)} rows", evictor=evictor)
 
 
-def evaluate(subject, streamer, sequences: list[torch.Tensor], e: Eviction) -> dict:
-    """Perplexity over every sequence's tokens; each sequence streams from an empty cache (one
-    sequence: the text), the budget a share of a sequence's length."""
+def evaluate(subject, streamer, sequences, policies, budgets, first: int, eps: float, with_secondary: bool) -> dict:
+    """Perplexity over every sequence's tokens under each policy at each budget (--budget; a share
+    of a sequence's length), the first ``first`` entries and (``with_secondary``) the secondary
+    sinks at threshold ``eps`` kept or dropped; each sequence streams from an empty cache."""
     started = time.perf_counter()
-    passes = [full_pass(subject, ids, e.eps, e.first) for ids in sequences]
-    secondary = [None if e.no_secondary else found for _, found in passes]
+    passes = [full_pass(subject, ids, eps, first) for ids in sequences]
+    secondary = [found if with_secondary else None for _, found in passes]
     full = None if any(nll is None for nll, _ in passes) else torch.cat([nll for nll, _ in passes])
-    rows = [Row(POLICIES[p](), first=e.first, sinks=s) for p in e.policies for s in SINKS]
+    rows = [Row(POLICIES[p](), first=first, sinks=s) for p in policies for s in SINKS]
     n_sinks = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
     result = {"tokens": sum(s.numel() for s in sequences), "sequences": len(sequences), "budgets": {}}
     result["full"] = None if full is None else perplexity(full)
@@ -167,7 +155,7 @@ def evaluate(subject, streamer, sequences: list[torch.Tensor], e: Eviction) -> d
     if len(sequences) == 1:
         result["secondary"] = None if secondary[0] is None else [(s - n_sinks).tolist() for s in secondary[0]]
     length = min(s.numel() for s in sequences)
-    for text in e.budget or ["25%"]:
+    for text in budgets or ["25%"]:
         percent, entries = parse_budget(text, length)
         spec = CacheSpec(0, entries)
         check_positions(subject, {spec: str(spec)}, "lower --budget")
@@ -234,7 +222,7 @@ def figure(results: dict[str, dict], path: Path, by: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    eviction = check_args(args)
+    policies = check_args(args)
     device_of(args.device, "kv-eval")
     names, out, by = claim_out(args.models, args.out, BY, "kv-eval", OUTPUTS)
     results, subjects, reading = {}, {}, settings_of(Reading, args)
@@ -250,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         sequences = [torch.tensor(c, dtype=torch.long, device=device) for c in chunks]
         print(f"{name}: {len(sequences)} sequences, {sum(map(len, chunks))} tokens", file=sys.stderr)
-        results[name] = evaluate(subjects[name], streamer, sequences, eviction)
+        results[name] = evaluate(
+            subjects[name], streamer, sequences, policies, args.budget, args.first, args.eps, not args.no_secondary
+        )
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(results, args.first)
     write_output(out / "kv_eval.md", table + "\n", by)
