@@ -22,9 +22,9 @@ from pipeline import probe_metrics
 from pipeline.analysis import inputs, secondary
 from pipeline.analysis.figures import write_plots
 from pipeline.analysis.inputs import INPUT_KINDS, Probe, natural_tokens, probe_sets
-from pipeline.analysis.subject import Subject, add_model_arguments, model_name, settings_of, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, settings_of, writer
 from pipeline.analysis.tables import format_table
-from sinklab_io.outputs import NotOurs, claim, write_output
+from sinklab_io.outputs import write_output
 
 BY = "sinklab analyze"
 
@@ -110,16 +110,14 @@ def learned_positions(subject: Subject) -> torch.nn.Embedding | None:
     return wpe if isinstance(wpe, torch.nn.Embedding) else None
 
 
-def learned_position_table(
-    subject: Subject, edits: list[tuple[str, int]], tokens: torch.Tensor, probe: Probe
-) -> list[dict]:
+def learned_position_table(subject: Subject, tokens: torch.Tensor, a: Analysis) -> list[dict]:
     """Table 7: Sink_1 and Sink_t after replacing p_1 by p_t or swapping p_1 and p_t."""
     wpe = learned_positions(subject)
     rows = []
     original = wpe.weight.detach().clone()
-    probe = replace(probe, positions=max([t for _, t in edits] + [probe.positions]))
+    probe = replace(a, positions=max([t for _, t in a.edits] + [a.positions]))
     try:
-        for mode, t in edits:
+        for mode, t in a.edits:
             with torch.no_grad():
                 wpe.weight.copy_(original)
                 wpe.weight[0] = original[t - 1]
@@ -218,10 +216,7 @@ def log_on_run(uri: str, run_id: str, result: dict, out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     a = check_args(build_parser().parse_args(argv))
-    try:
-        claim(a.out, output_names(a), by=writer(BY, [a.model]))
-    except NotOurs as error:
-        raise SystemExit(f"sinklab analyze: {error}") from None
+    claimed(a.out, output_names(a), writer(BY, [a.model]), BY)
     started = time.perf_counter()
     subject = Subject(a.model, a.kind, a.tokenizer, device=a.device)
     subject.check_seq_len(a.seq_len)
@@ -283,7 +278,7 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
         tokens = sets.get("natural")
         if tokens is None:
             tokens = natural_tokens(subject, a)
-        result["learned_positions"] = learned_position_table(subject, a.edits, tokens, a)
+        result["learned_positions"] = learned_position_table(subject, tokens, a)
     if not a.no_plots:
         result["plots"] = [p.name for p in write_plots(name, reports, out, a.eps, by)]
     result["seconds"] = {"load": round(load_seconds, 2), "analysis": round(time.perf_counter() - started, 2)}

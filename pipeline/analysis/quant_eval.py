@@ -23,9 +23,9 @@ from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.streamers import perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, bos_id
-from pipeline.analysis.subject import Subject, add_model_arguments, model_name, settings_of, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, settings_of, writer
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
-from sinklab_io.outputs import NotOurs, claim, write_output
+from sinklab_io.outputs import write_output
 
 BY = "sinklab quant-eval"
 DEFAULT_SETTINGS = tuple(SETTINGS)
@@ -197,10 +197,7 @@ def load_tokens(subject, q: QuantEval) -> tuple[list[int], int | None, str]:
 
 def main(argv: list[str] | None = None) -> int:
     q = check_args(build_parser().parse_args(argv))
-    try:
-        claim(q.out, ("quant_eval.md", "quant_eval.json"), by=writer(BY, [q.model]))
-    except NotOurs as error:
-        raise SystemExit(f"sinklab quant-eval: {error}") from None
+    claimed(q.out, ("quant_eval.md", "quant_eval.json"), writer(BY, [q.model]), BY)
     result = run(Subject(q.model, q.kind, q.tokenizer_file, "quant-eval"), q)
     print(result["table"])
     if "mlflow_run_id" in result:

@@ -194,6 +194,14 @@ def log_results_of(subject, key: str, metrics: dict, settings: dict, out: Path, 
     return log_new_run(uri, experiment, f"{command}-{name}", tags, settings, metrics, out)
 
 
+def claimed(out: Path, outputs, by: str, command: str) -> Path:
+    """``out``, claimed for ``outputs`` before any work; refused: SystemExit ``<command>: <why>``."""
+    try:
+        return claim(out, outputs, by=by)
+    except NotOurs as error:
+        raise SystemExit(f"{command}: {error}") from None
+
+
 def claim_out(models: list[str], out: Path | None, command: str, folder: str, outputs) -> tuple[list[str], Path, str]:
     """The models' names, the --out folder (default analysis/<folder>/<first name>) and the writer
     ``command`` records there; the folder is claimed before any work (SystemExit: one line)."""
@@ -201,9 +209,5 @@ def claim_out(models: list[str], out: Path | None, command: str, folder: str, ou
     if len(set(names)) != len(names):
         twice = [n for n in names if names.count(n) > 1][0]
         raise SystemExit(f"{command}: two models share the name {twice!r}; copy one aside")
-    out, by = out or Path("analysis") / folder / names[0], writer(command, models)
-    try:
-        claim(out, outputs, by=by)
-    except NotOurs as error:
-        raise SystemExit(f"{command}: {error}") from None
-    return names, out, by
+    by = writer(command, models)
+    return names, claimed(out or Path("analysis") / folder / names[0], outputs, by, command), by

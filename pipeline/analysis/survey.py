@@ -22,8 +22,8 @@ from pathlib import Path
 from pipeline import metrics, plots
 from pipeline.analysis.analyze import write_json
 from pipeline.analysis.inputs import INPUT_KINDS, Probe, add_probe_arguments, probe_sets
-from pipeline.analysis.subject import Subject, add_model_arguments, settings_of, writer
-from sinklab_io.outputs import NotOurs, claim, write_output
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, settings_of, writer
+from sinklab_io.outputs import write_output
 
 DEFAULT_SWEEP = "0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
 BY = "sinklab survey"
@@ -199,8 +199,7 @@ def draw(
 def log_run(
     uri: str, experiment: str, settings: dict, results: list[dict], rows: list[dict], sweep: list[float]
 ) -> str:
-    """One MLflow run of the survey: ``settings`` (the options, as survey.json records them) its
-    parameters, each model's table row its metrics, the ε sweep a curve, --out its artifacts."""
+    """The survey's MLflow run: ``settings`` (as survey.json records them) give its parameters and --out."""
     from pipeline.tracking import log_new_run
 
     safe = lambda s: re.sub(r"[^A-Za-z0-9_.-]", "_", s)  # noqa: E731
@@ -241,10 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     probe = settings_of(Probe, args, inputs=tuple(kinds), positions=1, bos=False)  # only Sink_1 is surveyed
     tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
     by = writer(BY, args.models)
-    try:
-        claim(args.out, OUTPUTS, by=by)
-    except NotOurs as error:
-        raise SystemExit(f"sinklab survey: {error}") from None
+    claimed(args.out, OUTPUTS, by, BY)
     results = []
     for spec in args.models:
         results.append(survey_model(spec, args.kind, tokenizer, probe, bos_modes, sweep))
