@@ -2,6 +2,7 @@
 SinkLab checkpoint, checked against metrics recomputed independently from HF's own eager maps."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -292,8 +293,6 @@ def _micro_dataset(root, vocab: int = 64):
         ),
         (["-T", "8", "--text", "{empty}", "--tokenizer", "{tok}"], "empty.txt: the text has 0 tokens"),
         (["--gpt2-positions", "swap:3"], "--gpt2-positions needs learned absolute positions (transformer.wpe)"),
-        (["--gpt2-positions", "move:3"], "--gpt2-positions 'move:3': expected replace:T[,T..] or swap:T[,T..]"),
-        (["-T", "8", "--gpt2-positions", "replace:9"], "--gpt2-positions position 9 outside 2..8"),
         pytest.param(
             ["--device", "cuda"],
             "--device cuda: no CUDA device is visible (use --device cpu)",
@@ -324,6 +323,21 @@ def test_analyze_refuses_what_it_cannot_measure(extra, message, sinklab_ckpt_wit
         )
     assert message in str(err.value) and "\n" not in str(err.value)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--inputs", "natural,noise"], "--inputs noise unknown; choose from natural,random,repeat"),
+        (["--gpt2-positions", "move:3"], "--gpt2-positions 'move:3': expected replace:T[,T..] or swap:T[,T..]"),
+        (["-T", "8", "--gpt2-positions", "replace:9"], "--gpt2-positions position 9 outside 2..8"),
+    ],
+)
+def test_option_refusals_come_before_the_model_loads(extra, message, tmp_path, monkeypatch):
+    monkeypatch.setattr(analyze, "Subject", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        analyze.main(["smollm2", "--out", str(tmp_path / "out"), *extra])
+    assert not (tmp_path / "out").exists()
 
 
 def test_analyze_of_a_missing_path_fails_at_once(tmp_path, monkeypatch):
