@@ -36,7 +36,6 @@ from pipeline.analysis.passkey import (
     DEFAULT_DEPTHS,
     DIGITS,
     accuracy,
-    build_trial,
     make_trials,
     parse_depths,
     run_trials,
@@ -177,13 +176,12 @@ def passkey_by_length(streamer, subject, s: LengthEval, C, specs, bos) -> dict[s
     out: dict[str, dict[int, float | None]] = {FULL: {}} | {str(spec): {} for spec in specs}
     for f in s.passkey:
         try:
-            build_trial(subject.tokenizer, f * C, 0.0, "1" * s.digits, bos)
+            trials = make_trials(subject.tokenizer, f * C, s.depths, s.keys, s.digits, s.seed, bos)
         except ValueError as e:
             print(f"  passkey at {f}xC = {f * C} tokens: skipped ({e})", file=sys.stderr)
             for row in out.values():
                 row[f] = None
             continue
-        trials = make_trials(subject, f * C, s.depths, s.keys, s.digits, s.seed, bos)
         caches = {CacheSpec(0, f * C + 32): FULL} | {spec: str(spec) for spec in specs}
         table = accuracy(run_trials(streamer, subject.tokenizer, trials, caches), list(out), s.depths)
         for mode, row in table.items():
