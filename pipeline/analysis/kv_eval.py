@@ -139,15 +139,14 @@ def stream_rows(subject, streamer, ids: torch.Tensor, rows: list[Row], entries: 
     return streamer.nll(ids, specs, label=f"{entries} entries x {len(rows)} rows", evictor=evictor)
 
 
-def evaluate(subject, streamer, sequences, policies, budgets, first: int, eps: float, with_secondary: bool) -> dict:
-    """Perplexity over every sequence's tokens under each policy at each budget (--budget; a share
-    of a sequence's length), the first ``first`` entries and (``with_secondary``) the secondary
-    sinks at threshold ``eps`` kept or dropped; each sequence streams from an empty cache."""
+def evaluate(subject, streamer, sequences: list[torch.Tensor], args, policies: list[str]) -> dict:
+    """Perplexity over every sequence's tokens; each sequence streams from an empty cache (one
+    sequence: the text), the budget a share of a sequence's length."""
     started = time.perf_counter()
-    passes = [full_pass(subject, ids, eps, first) for ids in sequences]
-    secondary = [found if with_secondary else None for _, found in passes]
+    passes = [full_pass(subject, ids, args.eps, args.first) for ids in sequences]
+    secondary = [None if args.no_secondary else found for _, found in passes]
     full = None if any(nll is None for nll, _ in passes) else torch.cat([nll for nll, _ in passes])
-    rows = [Row(POLICIES[p](), first=first, sinks=s) for p in policies for s in SINKS]
+    rows = [Row(POLICIES[p](), first=args.first, sinks=s) for p in policies for s in SINKS]
     n_sinks = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
     result = {"tokens": sum(s.numel() for s in sequences), "sequences": len(sequences), "budgets": {}}
     result["full"] = None if full is None else perplexity(full)
@@ -155,7 +154,7 @@ def evaluate(subject, streamer, sequences, policies, budgets, first: int, eps: f
     if len(sequences) == 1:
         result["secondary"] = None if secondary[0] is None else [(s - n_sinks).tolist() for s in secondary[0]]
     length = min(s.numel() for s in sequences)
-    for text in budgets or ["25%"]:
+    for text in args.budget or ["25%"]:
         percent, entries = parse_budget(text, length)
         spec = CacheSpec(0, entries)
         check_positions(subject, {spec: str(spec)}, "lower --budget")
@@ -238,9 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         sequences = [torch.tensor(c, dtype=torch.long, device=device) for c in chunks]
         print(f"{name}: {len(sequences)} sequences, {sum(map(len, chunks))} tokens", file=sys.stderr)
-        results[name] = evaluate(
-            subjects[name], streamer, sequences, policies, args.budget, args.first, args.eps, not args.no_secondary
-        )
+        results[name] = evaluate(subjects[name], streamer, sequences, args, policies)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(results, args.first)
     write_output(out / "kv_eval.md", table + "\n", by)

@@ -134,12 +134,12 @@ def test_per_sequence_starts_each_sequence_from_an_empty_cache(monkeypatch):
     a, b = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(7))
     made = []
     monkeypatch.setattr(kv_eval, "Evictor", lambda *a, **k: made.append(Evictor(*a, **k)) or made[-1])
-    settings = {"policies": ["streaming"], "budgets": ["50%"], "first": 1, "eps": 0.3, "with_secondary": False}
-    both = kv_eval.evaluate(subject, streamer, [a, b], **settings)
+    args = SimpleNamespace(eps=0.3, first=1, no_secondary=True, budget=["50%"])
+    both = kv_eval.evaluate(subject, streamer, [a, b], args, ["streaming"])
     assert both["sequences"] == 2 and both["budgets"]["50"]["entries"] == 4 and len(made) == 2
     for evictor in made:  # 7 inputs through 4 entries: BOS and the last 3, or the last 4
         assert [h.pos[:, 0].tolist() for h in evictor.history] == [[[0, 4, 5, 6], [3, 4, 5, 6]]] * 2
-    alone = [kv_eval.evaluate(subject, streamer, [s], **settings) for s in (a, b)]
+    alone = [kv_eval.evaluate(subject, streamer, [s], args, ["streaming"]) for s in (a, b)]
     for key in ("streaming/keep", "streaming/drop"):
         logs = [math.log(r["budgets"]["50"]["perplexity"][key]) for r in alone]
         assert math.log(both["budgets"]["50"]["perplexity"][key]) == pytest.approx(sum(logs) / 2)
