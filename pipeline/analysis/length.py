@@ -24,6 +24,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,14 +36,13 @@ from pipeline.analysis.passkey import (
     DEFAULT_DEPTHS,
     DIGITS,
     accuracy,
-    build_trial,
     make_trials,
     parse_depths,
     run_trials,
 )
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
-from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, parse_caches
-from pipeline.analysis.subject import Subject, add_model_arguments, claim_out, device_of, log_results_of
+from pipeline.analysis.streaming import Reading, add_cache_argument, add_text_arguments, bos_id, parse_caches
+from pipeline.analysis.subject import Subject, add_model_arguments, claim_out, device_of, log_results_of, settings_of
 from sinklab_io.outputs import write_output
 
 FULL = "full"
@@ -75,8 +75,25 @@ def refuse(message: str) -> SystemExit:
     return SystemExit(f"sinklab length-eval: {message}")
 
 
-def check_args(args) -> list[int]:
-    """The passkey factors; every number checked before anything is loaded."""
+@dataclass(frozen=True)
+class LengthEval(Reading):
+    """`sinklab length-eval`'s settings: C (``train_len``), the loss windows and their buckets, the
+    streaming caches, the passkey prompts of f x C tokens for each f in ``passkey``."""
+
+    train_len: int | None
+    factor: int
+    windows: int
+    bucket: int | None
+    cache: list[str] | None
+    passkey: list[int]
+    depths: list[float]
+    keys: int
+    digits: int
+    seed: int
+
+
+def check_args(args: argparse.Namespace) -> LengthEval:
+    """The settings, every number checked before anything is loaded."""
     for name in ("factor", "windows", "keys"):
         if getattr(args, name) < 1:
             raise refuse(f"--{name} {getattr(args, name)}: must be >= 1")
@@ -93,50 +110,49 @@ def check_args(args) -> list[int]:
         raise refuse(f"--passkey {args.passkey!r}: each factor must be >= 1")
     if factors and args.digits not in DIGITS:
         raise refuse(f"--digits {args.digits}: must be in 1..18 (the passkey's length in digits)")
-    if factors:  # refused here, before any model loads
-        parse_depths(args.depths, BY)
-    return factors
+    depths = parse_depths(args.depths, BY) if factors else []  # refused here, before any model loads
+    return settings_of(LengthEval, args, passkey=factors, depths=depths)
 
 
-def train_len(subject, args) -> int:
-    if args.train_len is not None:
-        return args.train_len
+def train_len(subject, s: LengthEval) -> int:
+    if s.train_len is not None:
+        return s.train_len
     if subject.kind != "sinklab":
         raise refuse(f"{subject.spec}: --train-len is needed for a Hugging Face model (its training length)")
     return subject.model.config.max_seq_len
 
 
-def windows(subject, args, length: int, bos: int | None) -> torch.Tensor:
-    """``args.windows`` windows [W, length]: BOS (when given) and length (−1) tokens of the text."""
-    if args.dataset is not None and (bb := bb_windows(args, length)) is not None:
+def windows(subject, s: LengthEval, length: int, bos: int | None) -> torch.Tensor:
+    """``s.windows`` windows [W, length]: BOS (when given) and length (−1) tokens of the text."""
+    if s.dataset is not None and (bb := bb_windows(s, length)) is not None:
         return bb
     body = length - (bos is not None)
-    if args.dataset is not None:
-        stream = held_out_stream(args.dataset, args.windows * body, "length-eval")
+    if s.dataset is not None:
+        stream = held_out_stream(s.dataset, s.windows * body, "length-eval")
     elif subject.tokenizer is None:
         raise refuse(f"{subject.spec}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
     else:
-        stream = encode(subject.tokenizer, read_text(args.text or default_text()))
+        stream = encode(subject.tokenizer, read_text(s.text or default_text()))
     try:
-        ids = natural_windows(stream, args.windows, body)
+        ids = natural_windows(stream, s.windows, body)
     except ValueError as e:
         raise refuse(f"{e}; give a longer --text or lower --windows / --factor") from None
     return ids if bos is None else torch.cat([torch.full((len(ids), 1), bos), ids], 1)
 
 
-def bb_windows(args, length: int) -> torch.Tensor | None:
+def bb_windows(s: LengthEval, length: int) -> torch.Tensor | None:
     """A Bigram-Backcopy dataset's windows: fresh sequences of ``length`` tokens of its chain, BOS
     first as in training (data_prep.synthetic_bb.long_sequences); None for another dataset."""
     from data_prep.dataset import DatasetError, load_manifest
     from data_prep.synthetic_bb import long_sequences
 
     try:
-        manifest = load_manifest(args.dataset)
+        manifest = load_manifest(s.dataset)
     except DatasetError as e:
-        raise refuse(f"--dataset {args.dataset}: {e}") from None
-    ids = long_sequences(manifest.raw, args.windows, length)
-    if ids is not None and args.bos == "no":
-        raise refuse(f"--dataset {args.dataset}: a Bigram-Backcopy sequence starts with BOS; drop --bos no")
+        raise refuse(f"--dataset {s.dataset}: {e}") from None
+    ids = long_sequences(manifest.raw, s.windows, length)
+    if ids is not None and s.bos == "no":
+        raise refuse(f"--dataset {s.dataset}: a Bigram-Backcopy sequence starts with BOS; drop --bos no")
     return None if ids is None else torch.from_numpy(ids)
 
 
@@ -155,32 +171,30 @@ def loss_by_position(streamer, ids: torch.Tensor, specs: list[CacheSpec], bucket
     }
 
 
-def passkey_by_length(streamer, subject, args, factors, C, specs, bos) -> dict[str, dict[int, float | None]]:
+def passkey_by_length(streamer, subject, s: LengthEval, C, specs, bos) -> dict[str, dict[int, float | None]]:
     """mode -> factor -> mean accuracy (%), None where f·C tokens cannot hold the prompt."""
-    depths = parse_depths(args.depths, BY)
-    out: dict[str, dict[int, float | None]] = {FULL: {}} | {str(s): {} for s in specs}
-    for f in factors:
+    out: dict[str, dict[int, float | None]] = {FULL: {}} | {str(spec): {} for spec in specs}
+    for f in s.passkey:
         try:
-            build_trial(subject.tokenizer, f * C, 0.0, "1" * args.digits, bos)
+            trials = make_trials(subject.tokenizer, f * C, s.depths, s.keys, s.digits, s.seed, bos)
         except ValueError as e:
             print(f"  passkey at {f}xC = {f * C} tokens: skipped ({e})", file=sys.stderr)
             for row in out.values():
                 row[f] = None
             continue
-        trials = make_trials(subject, argparse.Namespace(**vars(args), length=f * C), depths, bos)
-        caches = {CacheSpec(0, f * C + 32): FULL} | {s: str(s) for s in specs}
-        table = accuracy(run_trials(streamer, subject.tokenizer, trials, caches), list(out), depths)
+        caches = {CacheSpec(0, f * C + 32): FULL} | {spec: str(spec) for spec in specs}
+        table = accuracy(run_trials(streamer, subject.tokenizer, trials, caches), list(out), s.depths)
         for mode, row in table.items():
             out[mode][f] = sum(cell["accuracy"] for cell in row.values()) / len(row)
     return out
 
 
-def evaluate(subject, args, factors: list[int]) -> dict:
-    C = train_len(subject, args)
-    bucket = args.bucket or max(1, C // 2)
-    specs = parse_caches(args.cache, "length-eval", (f"0+{C}", f"1+{C - 1}"))
-    bos = bos_id(subject, args.bos)
-    longest = max([args.factor * C] + [f * C + 32 for f in factors])
+def evaluate(subject, s: LengthEval) -> dict:
+    C = train_len(subject, s)
+    bucket = s.bucket or max(1, C // 2)
+    specs = parse_caches(s.cache, "length-eval", (f"0+{C}", f"1+{C - 1}"))
+    bos = bos_id(subject, s.bos)
+    longest = max([s.factor * C] + [f * C + 32 for f in s.passkey])
     if subject.kind == "sinklab" and subject.model.config.positional == "learned" and longest > subject.max_positions():
         raise refuse(
             f"{subject.spec}: learned positions end at {subject.max_positions()}; {longest} tokens are asked "
@@ -191,9 +205,9 @@ def evaluate(subject, args, factors: list[int]) -> dict:
     except ValueError as e:
         raise refuse(f"{subject.spec}: {e}") from None
     started = time.perf_counter()
-    ids = windows(subject, args, args.factor * C, bos).to(next(subject.model.parameters()).device)
+    ids = windows(subject, s, s.factor * C, bos).to(next(subject.model.parameters()).device)
     loss = loss_by_position(streamer, ids, specs, bucket)
-    passkey = passkey_by_length(streamer, subject, args, factors, C, specs, bos) if factors else {}
+    passkey = passkey_by_length(streamer, subject, s, C, specs, bos) if s.passkey else {}
     return {
         "train_len": C,
         "bucket": bucket,
@@ -256,15 +270,14 @@ def figure(results: dict[str, dict], path: Path, by: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    factors = check_args(args)
-    device_of(args.device, "length-eval")
-    names, out, by = claim_out(args, BY, "length", OUTPUTS)
+    s = check_args(args)
+    device_of(s.device, "length-eval")
+    names, out, by = claim_out(args.models, args.out, BY, "length", OUTPUTS)
     results, subjects = {}, {}
     for spec, name in zip(args.models, names):
-        tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
-        subjects[name] = Subject(spec, args.kind, tokenizer, "length-eval", device=args.device)
+        subjects[name] = Subject(spec, s.kind, s.tokenizer_file, "length-eval", device=s.device)
         print(f"{name}: evaluating", file=sys.stderr)
-        results[name] = evaluate(subjects[name], args, factors)
+        results[name] = evaluate(subjects[name], s)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(results)
     write_output(out / "length.md", table + "\n", by)
@@ -274,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     for name, result in results.items():
         settings = {k: result[k] for k in ("train_len", "bucket", "tokens", "windows", "bos", "caches")}
-        run_id = log_results_of(subjects[name], "length-eval", "length", name, metrics_of(result), settings, out, args)
+        run_id = log_results_of(
+            subjects[name], "length", metrics_of(result), settings, out, args.mlflow_uri, args.experiment
+        )
         if run_id:
             print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
     print(f"wrote {out}/{', '.join(OUTPUTS)}", file=sys.stderr)

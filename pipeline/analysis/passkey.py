@@ -228,13 +228,13 @@ def parse_depths(text: str, prog: str = BY) -> list[float]:
     return list(dict.fromkeys(depths))
 
 
-def make_trials(subject, args, depths: list[float], bos: int | None) -> list[Trial]:
-    rng = random.Random(args.seed)
-    keys = [str(rng.randrange(10 ** (args.digits - 1), 10**args.digits)) for _ in range(args.keys)]
-    try:
-        return [build_trial(subject.tokenizer, args.length, d, k, bos) for d in depths for k in keys]
-    except ValueError as e:
-        raise SystemExit(f"sinklab passkey: {e}") from None
+def make_trials(
+    tokenizer, length: int, depths: list[float], keys: int, digits: int = 5, seed: int = 0, bos: int | None = None
+) -> list[Trial]:
+    """``keys`` random keys of ``digits`` digits at each depth; ValueError where ``length`` is too short."""
+    rng = random.Random(seed)
+    drawn = [str(rng.randrange(10 ** (digits - 1), 10**digits)) for _ in range(keys)]
+    return [build_trial(tokenizer, length, d, k, bos) for d in depths for k in drawn]
 
 
 def cache_configs(specs: list[CacheSpec], full: bool, subject, trials: list[Trial]) -> dict[CacheSpec, str]:
@@ -284,7 +284,10 @@ def main(argv: list[str] | None = None) -> int:
             f"sinklab passkey: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json"
         )
     bos = bos_id(subject, args.bos)
-    trials = make_trials(subject, args, depths, bos)
+    try:
+        trials = make_trials(subject.tokenizer, args.length, depths, args.keys, args.digits, args.seed, bos)
+    except ValueError as e:
+        raise SystemExit(f"sinklab passkey: {e}") from None
     caches = cache_configs(specs, args.full, subject, trials)
     streamer = streamer_for(subject)
     started = time.perf_counter()

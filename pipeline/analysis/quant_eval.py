@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,10 +22,10 @@ import torch.nn.functional as F
 from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.streamers import perplexity
-from pipeline.analysis.streaming import add_text_arguments, bos_id
-from pipeline.analysis.subject import Subject, add_model_arguments, model_name, writer
+from pipeline.analysis.streaming import Reading, add_text_arguments, bos_id
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, settings_of, writer
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
-from sinklab_io.outputs import NotOurs, claim, write_output
+from sinklab_io.outputs import write_output
 
 BY = "sinklab quant-eval"
 DEFAULT_SETTINGS = tuple(SETTINGS)
@@ -51,6 +52,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, help="output directory (default: analysis/<model>/quant): quant_eval.json and quant_eval.md"
     )
     return p
+
+
+@dataclass(frozen=True)
+class QuantEval(Reading):
+    """`sinklab quant-eval`'s settings: the model, its text's first ``max_tokens`` tokens in
+    windows of ``seq_len``, the fake-quantization ``settings`` (fp first), where the results go."""
+
+    model: str
+    max_tokens: int
+    seq_len: int
+    settings: list[str]
+    lead: int | None
+    batch_size: int
+    out: Path
+
+
+def check_args(args: argparse.Namespace) -> QuantEval:
+    """The settings, checked before anything is loaded (SystemExit: one line); on the CPU."""
+    names = parse_settings(args.settings)
+    if args.dataset is not None and args.text is not None:
+        raise SystemExit("sinklab quant-eval: give --text or --dataset, not both")
+    if args.seq_len < 3 or args.batch_size < 1:
+        raise SystemExit("sinklab quant-eval: --seq-len must be >= 3 and --batch-size >= 1")
+    out = args.out or Path("analysis") / model_name(args.model) / "quant"
+    return settings_of(QuantEval, args, settings=names, out=out, device="cpu")
 
 
 def parse_settings(text: str) -> list[str]:
@@ -153,37 +179,26 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def load_tokens(subject, args) -> tuple[list[int], int | None, str]:
+def load_tokens(subject, q: QuantEval) -> tuple[list[int], int | None, str]:
     """The token stream, the BOS id to start each window with (or None) and a label of the text."""
     from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 
-    bos = bos_id(subject, args.bos)
-    if args.dataset is not None:
-        return held_out_stream(args.dataset, args.max_tokens, "quant-eval"), bos, f"dataset {args.dataset} (val)"
+    bos = bos_id(subject, q.bos)
+    if q.dataset is not None:
+        return held_out_stream(q.dataset, q.max_tokens, "quant-eval"), bos, f"dataset {q.dataset} (val)"
     if subject.tokenizer is None:
         raise SystemExit(
-            f"sinklab quant-eval: {args.model}: no tokenizer.json beside it; pass --tokenizer "
+            f"sinklab quant-eval: {q.model}: no tokenizer.json beside it; pass --tokenizer "
             "<dataset>/tokenizer.json or --dataset DIR"
         )
-    text = args.text or default_text()
-    return encode(subject.tokenizer, read_text(text))[: args.max_tokens], bos, str(text)
+    text = q.text or default_text()
+    return encode(subject.tokenizer, read_text(text))[: q.max_tokens], bos, str(text)
 
 
 def main(argv: list[str] | None = None) -> int:
-
-    args = build_parser().parse_args(argv)
-    parse_settings(args.settings)
-    if args.dataset is not None and args.text is not None:
-        raise SystemExit("sinklab quant-eval: give --text or --dataset, not both")
-    if args.seq_len < 3 or args.batch_size < 1:
-        raise SystemExit("sinklab quant-eval: --seq-len must be >= 3 and --batch-size >= 1")
-    try:
-        out = args.out or Path("analysis") / model_name(args.model) / "quant"
-        claim(out, ("quant_eval.md", "quant_eval.json"), by=writer(BY, [args.model]))
-    except NotOurs as error:
-        raise SystemExit(f"sinklab quant-eval: {error}") from None
-    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
-    result = run(Subject(args.model, args.kind, tokenizer, "quant-eval"), args)
+    q = check_args(build_parser().parse_args(argv))
+    claimed(q.out, ("quant_eval.md", "quant_eval.json"), writer(BY, [q.model]), BY)
+    result = run(Subject(q.model, q.kind, q.tokenizer_file, "quant-eval"), q)
     print(result["table"])
     if "mlflow_run_id" in result:
         print(f"logged to MLflow run {result['mlflow_run_id']} as quant/perplexity_<setting>")
@@ -191,39 +206,38 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(subject, args) -> dict:
+def run(subject, q: QuantEval) -> dict:
     """Everything after loading the model: windows, the settings, outputs, MLflow. Returns the result."""
-
-    subject.check_seq_len(args.seq_len)
+    subject.check_seq_len(q.seq_len)
     sink_tokens = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
-    lead = args.lead if args.lead is not None else sink_tokens + 1
-    if not sink_tokens < lead < args.seq_len + sink_tokens - 1:
+    lead = q.lead if q.lead is not None else sink_tokens + 1
+    if not sink_tokens < lead < q.seq_len + sink_tokens - 1:
         raise SystemExit(
             f"sinklab quant-eval: --lead {lead}: must cover the {sink_tokens} sink token(s) and leave "
-            f"at least two of the {args.seq_len} window positions (between {sink_tokens + 1} and "
-            f"{args.seq_len + sink_tokens - 2})"
+            f"at least two of the {q.seq_len} window positions (between {sink_tokens + 1} and "
+            f"{q.seq_len + sink_tokens - 2})"
         )
-    ids, bos, text = load_tokens(subject, args)
-    windows = make_windows(ids, args.seq_len, bos)
+    ids, bos, text = load_tokens(subject, q)
+    windows = make_windows(ids, q.seq_len, bos)
     if len(windows) == 0:
         raise SystemExit(
-            f"sinklab quant-eval: {text}: {len(ids)} tokens do not fill one window of {args.seq_len}; "
+            f"sinklab quant-eval: {text}: {len(ids)} tokens do not fill one window of {q.seq_len}; "
             "give more text (--max-tokens) or lower --seq-len"
         )
-    evaluator = Evaluator(subject.model, subject.kind, windows, lead, args.batch_size)
-    results, outliers = evaluator.run(parse_settings(args.settings))
+    evaluator = Evaluator(subject.model, subject.kind, windows, lead, q.batch_size)
+    results, outliers = evaluator.run(q.settings)
     report = outliers.report()
-    out = args.out or Path("analysis") / model_name(args.model) / "quant"
+    out = q.out
     result = {
         **subject.header(out),
         "settings": {
             "text": text,
             "tokens": len(ids),
             "windows": len(windows),
-            "seq_len": args.seq_len,
+            "seq_len": q.seq_len,
             "bos_first": bos is not None,
             "lead": lead,
-            "scored": windows.shape[0] * (args.seq_len - 1 - evaluator.skip),
+            "scored": windows.shape[0] * (q.seq_len - 1 - evaluator.skip),
         },
         "results": results,
         "outliers": report.to_json() if report is not None else None,

@@ -10,6 +10,7 @@ import torch
 
 from pipeline import metric_names as N
 from pipeline import plots
+from pipeline.analysis.inputs import Probe
 from pipeline.metrics import split_slots
 from pipeline.secondary_sinks import MIN_QUERIES, layer_stats
 
@@ -34,15 +35,15 @@ def token_text(tokenizer, token: int) -> str:
     return tokenizer.decode([token]) if tokenizer is not None else str(token)
 
 
-def secondary_section(subject, tokens: torch.Tensor, args, out: Path | None, name: str) -> dict:
+def secondary_section(subject, tokens: torch.Tensor, probe: Probe, out: Path | None, name: str) -> dict:
     """Per layer: secondary sinks per (sequence, head), their share of attention, their residual
     norm over the sequence mean; the most frequent sink tokens; the figure (``out``: where)."""
     device = next(subject.model.parameters()).device
     n, layers = 0, None
-    for start in range(0, tokens.shape[0], args.batch_size):
-        ids = tokens[start : start + args.batch_size].to(device)
+    for start in range(0, tokens.shape[0], probe.batch_size):
+        ids = tokens[start : start + probe.batch_size].to(device)
         maps, states = maps_and_states(subject, ids)
-        stats = [layer_stats(a, args.eps, 1, MIN_QUERIES, ids, h) for a, h in zip(maps, states)]
+        stats = [layer_stats(a, probe.eps, 1, MIN_QUERIES, ids, h) for a, h in zip(maps, states)]
         if layers is None:
             layers = [{"count": 0.0, "share": 0.0, "norm": 0.0, "tokens": Counter()} for _ in stats]
         for acc, s in zip(layers, stats):
@@ -54,7 +55,7 @@ def secondary_section(subject, tokens: torch.Tensor, args, out: Path | None, nam
         n += len(ids)
     found = [sum(acc["tokens"].values()) for acc in layers]
     section = {
-        "eps": args.eps,
+        "eps": probe.eps,
         "min_queries": MIN_QUERIES,
         "count": [acc["count"] / n for acc in layers],
         "share": [acc["share"] / n for acc in layers],
@@ -72,7 +73,7 @@ def secondary_section(subject, tokens: torch.Tensor, args, out: Path | None, nam
         }
         if norms:
             panels["their ‖h_k‖ / mean ‖h_t‖"] = {"natural": tuple(zip(*norms))}
-        plots.curve_panels(panels, out / FIGURE, f"{name}: secondary sinks (α_k > {args.eps:g}, k > 1)")
+        plots.curve_panels(panels, out / FIGURE, f"{name}: secondary sinks (α_k > {probe.eps:g}, k > 1)")
     return section
 
 

@@ -11,6 +11,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity, streamer_for
-from pipeline.analysis.subject import Subject, add_model_arguments, model_name, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, model_name, settings_of, writer
 from sinklab_io.outputs import NotOurs, claim_file, write_output
 
 BY = "sinklab stream-ppl"
@@ -44,6 +45,24 @@ def add_text_arguments(parser: argparse.ArgumentParser, text: bool = True, defau
         default="auto",
         help="start the input with BOS (auto: SinkLab checkpoints yes, HF models as their tokenizer does)",
     )
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a streaming command loads a model (--kind, --device, --tokenizer) and what it feeds it:
+    --text or --dataset's val split, BOS first as --bos says."""
+
+    kind: str
+    device: str
+    tokenizer: Path | None
+    text: Path | None
+    dataset: Path | None
+    bos: str
+
+    @property
+    def tokenizer_file(self) -> Path | None:
+        """--tokenizer, else --dataset's, else None (a SinkLab checkpoint's then lies beside it)."""
+        return self.tokenizer or (self.dataset / "tokenizer.json" if self.dataset else None)
 
 
 def add_cache_argument(parser: argparse.ArgumentParser, default: str) -> None:
@@ -95,27 +114,25 @@ def bos_id(subject, mode: str) -> int | None:
     return bos if subject.tokenizer("a")["input_ids"][:1] == [bos] else None
 
 
-def load_subject(args, command: str = "stream-ppl", text=None) -> tuple[object, list[int], object]:
-    """The streamer, the token ids to stream and the subject (its ``run_id`` is set for runs:/);
-    ``text``: the file read without --text (default: Hamlet)."""
-
-    if args.dataset is not None and args.text is not None:
+def load_subject(spec: str, r: Reading, max_tokens: int, command: str = "stream-ppl", text=None) -> tuple:
+    """The streamer, the token ids to stream (of a dataset: ``max_tokens``) and the subject (its
+    ``run_id`` is set for runs:/) of the model ``spec``; ``text``: the file read without --text (default: Hamlet)."""
+    if r.dataset is not None and r.text is not None:
         raise SystemExit(f"sinklab {command}: give --text or --dataset, not both")
-    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
-    subject = Subject(args.model, args.kind, tokenizer, command, device=args.device)
-    if args.dataset is not None:
-        if args.bos != "auto":
+    subject = Subject(spec, r.kind, r.tokenizer_file, command, device=r.device)
+    if r.dataset is not None:
+        if r.bos != "auto":
             raise SystemExit(
                 f"sinklab {command}: --bos applies to --text; a prepared dataset's sequences carry their own BOS"
             )
-        ids = held_out_stream(args.dataset, args.max_tokens, command)
+        ids = held_out_stream(r.dataset, max_tokens, command)
     elif subject.tokenizer is None:
         raise SystemExit(
-            f"sinklab {command}: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json"
+            f"sinklab {command}: {spec}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json"
         )
     else:
-        bos = bos_id(subject, args.bos)
-        ids = ([] if bos is None else [bos]) + encode(subject.tokenizer, read_text(args.text or text or default_text()))
+        bos = bos_id(subject, r.bos)
+        ids = ([] if bos is None else [bos]) + encode(subject.tokenizer, read_text(r.text or text or default_text()))
     return streamer_for(subject), ids, subject
 
 
@@ -157,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             claim_file(args.out, "sinklab stream-ppl: --out", writer(BY, [args.model]))
         except NotOurs as error:
             raise SystemExit(str(error)) from None
-    streamer, ids, subject = load_subject(args)
+    streamer, ids, subject = load_subject(args.model, settings_of(Reading, args), args.max_tokens)
     ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long, device=next(subject.model.parameters()).device)
     if ids.numel() < 2:
         raise SystemExit("sinklab stream-ppl: the text has fewer than 2 tokens")

@@ -8,17 +8,21 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from dataclasses import fields
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from pipeline.analysis.hf_capture import hf_sink_measures
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
+from pipeline.analysis.inputs import Probe
 from pipeline.model.loading import exported_config
 from pipeline.probe import run_probe
 from pipeline.sink_measures import SinkMeasures
 from sinklab_io.outputs import NotOurs, claim
 
+T = TypeVar("T")
 MODEL_HELP = "smollm2 | gemma3-270m | .gguf file | HF model dir or hub id | SinkLab checkpoint or export | runs:/<id>"
 
 
@@ -31,6 +35,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, many: bool = False) -> 
     parser.add_argument(
         "--kind", choices=("auto", "hf", "sinklab"), default="auto", help="how to load a model (auto: by its shape)"
     )
+
+
+def settings_of(cls: type[T], args: argparse.Namespace, **given) -> T:
+    """A command's typed settings: the fields of the dataclass ``cls`` from its parsed options, ``given`` set apart."""
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if f.name not in given} | given)
 
 
 class Subject:
@@ -131,19 +140,11 @@ class Subject:
                 f"(max_seq_len / max_position_embeddings); use -T {limit} or less"
             )
 
-    def report(self, tokens: torch.Tensor, args) -> SinkMeasures:
-        positions = max(args.positions, getattr(args, "_min_positions", 0))
+    def report(self, tokens: torch.Tensor, probe: Probe) -> SinkMeasures:
+        at = {"eps": probe.eps, "positions": probe.positions, "batch_size": probe.batch_size}
         if self.kind == "sinklab":
-            return run_probe(
-                self.model,
-                tokens,
-                eps=args.eps,
-                positions=positions,
-                batch_size=args.batch_size,
-                output_qkv=True,
-                trigger_ids=self.trigger_ids,
-            )
-        return hf_sink_measures(self.model, tokens, eps=args.eps, positions=positions, batch_size=args.batch_size)
+            return run_probe(self.model, tokens, **at, output_qkv=True, trigger_ids=self.trigger_ids)
+        return hf_sink_measures(self.model, tokens, **at)
 
 
 def device_of(name: str, command: str) -> torch.device:
@@ -177,30 +178,36 @@ def sinklab_tokenizer(path: Path, command: str):
         raise SystemExit(f"sinklab {command}: --tokenizer: {e}") from None
 
 
-def log_results_of(subject, command: str, key: str, name: str, metrics: dict, settings: dict, out: Path, args):
-    """``sinklab <command>``'s results on the model's MLflow run (runs:/<id>; settings in the tag
-    ``sinklab.<key>``, files under ``<key>/``) or on a run of its own; the run id, None: no tracking URI."""
+def log_results_of(subject, key: str, metrics: dict, settings: dict, out: Path, uri: str | None, experiment: str):
+    """The subject's command's results on the model's MLflow run (runs:/<id>; settings in the tag
+    ``sinklab.<key>``, files under ``<key>/``) or on a run of its own (``uri``: --mlflow-uri, in
+    ``experiment``); the run id, None: no tracking URI."""
     from pipeline.tracking import log_new_run, log_results
 
     if subject.run_id is not None:
         return log_results(subject.tracking_uri, subject.run_id, metrics, {f"sinklab.{key}": settings}, out, key)
-    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return None
+    command, name = subject.command, model_name(subject.spec)
     tags = {"sinklab.kind": command, "sinklab.model": name}
-    return log_new_run(uri, args.experiment, f"{command}-{name}", tags, settings, metrics, out)
+    return log_new_run(uri, experiment, f"{command}-{name}", tags, settings, metrics, out)
 
 
-def claim_out(args, command: str, folder: str, outputs: tuple[str, ...]) -> tuple[list[str], Path, str]:
+def claimed(out: Path, outputs, by: str, command: str) -> Path:
+    """``out``, claimed for ``outputs`` before any work; refused: SystemExit ``<command>: <why>``."""
+    try:
+        return claim(out, outputs, by=by)
+    except NotOurs as error:
+        raise SystemExit(f"{command}: {error}") from None
+
+
+def claim_out(models: list[str], out: Path | None, command: str, folder: str, outputs) -> tuple[list[str], Path, str]:
     """The models' names, the --out folder (default analysis/<folder>/<first name>) and the writer
     ``command`` records there; the folder is claimed before any work (SystemExit: one line)."""
-    names = [model_name(m) for m in args.models]
+    names = [model_name(m) for m in models]
     if len(set(names)) != len(names):
         twice = [n for n in names if names.count(n) > 1][0]
         raise SystemExit(f"{command}: two models share the name {twice!r}; copy one aside")
-    out, by = args.out or Path("analysis") / folder / names[0], writer(command, args.models)
-    try:
-        claim(out, outputs, by=by)
-    except NotOurs as error:
-        raise SystemExit(f"{command}: {error}") from None
-    return names, out, by
+    by = writer(command, models)
+    return names, claimed(out or Path("analysis") / folder / names[0], outputs, by, command), by

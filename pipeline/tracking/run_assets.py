@@ -146,7 +146,6 @@ def log_run_model(cli) -> None:
         )
         return
     if logged:
-        cli.logged_model = logged
         print(
             f"sinklab: final model logged to MLflow as runs:/{cli.run_id}/model ({logged['megabytes']:.1f} MB "
             f"in {logged['seconds']:.1f} s)",

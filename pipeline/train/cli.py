@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.resume_from)
         # the whole fit, so that every sink probe (step 0's and the last one included) lies inside it
-        cli.fit_seconds = time.perf_counter() - started
+        fit_seconds = time.perf_counter() - started
         _leave_process_group()
         if cli.preemption_cb.stopped_at is not None:
             status = "preempted"
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         status = "finished"
         if cli.trainer.is_global_zero:
             log_run_model(cli)
-            print_summary(cli)
+            print_summary(cli, fit_seconds)
         return 0
     except NonFiniteLossError as exc:
         status = "nonfinite"

@@ -67,14 +67,14 @@ def skipped_lines(guard) -> list[str]:
     return [f"skipped      {len(guard.skipped)} steps ({rule})" + (f": {named}" if named else "")]
 
 
-def print_summary(cli) -> None:
+def print_summary(cli, train_s: float) -> None:
+    """The summary of this start, whose fit took ``train_s`` seconds."""
     trainer, plan = cli.trainer, cli.plan
     steps = trainer.global_step
     tokens = steps * plan.global_batch_tokens
     vals = metric_rows(cli.run.metrics_path, N.VAL_LOSS)
     sinks = metric_rows(cli.run.metrics_path, N.SINK1, N.ALPHA1_MEAN)
     proxy = proxy_label(cli.model.arch.attention)
-    train_s = cli.fit_seconds
     sink_s, figure_s = cli.sink_cb.seconds, cli.sink_cb.figure_seconds
     share = lambda part, whole: f"{100 * part / whole if whole else 0:.2f}%"  # noqa: E731
     logger = trainer.logger

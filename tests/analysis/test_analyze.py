@@ -2,19 +2,20 @@
 SinkLab checkpoint, checked against metrics recomputed independently from HF's own eager maps."""
 
 import json
+import re
 
 import pytest
 import torch
 from analysis_helpers import HAMLET, micro_model
 
 from pipeline import flow
-from pipeline.analysis import analyze
+from pipeline.analysis import analyze, inputs
 from pipeline.analysis.hf_capture import capture, hf_sink_measures
 from sinklab_io.outputs import write_output
 
 
 def _args(*argv):
-    return analyze.build_parser().parse_args(list(argv))
+    return analyze.check_args(analyze.build_parser().parse_args(list(argv)))
 
 
 def _independent_alpha1(model, tokens):
@@ -42,7 +43,7 @@ def test_smollm2_table1_and_plots(smollm2, tmp_path):
     for png in ("sink_profile.png", "alpha1_natural.png", "norm_ratio.png", "qk_decomposition.png", "flow.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
     # one repeated token: every sequence is a single token id repeated
-    ids = analyze.probe_sets(smollm2, _args("smollm2", "-n", "3", "-T", "16"))
+    ids = inputs.probe_sets(smollm2, _args("smollm2", "-n", "3", "-T", "16"))
     assert all(len(set(row.tolist())) == 1 for row in ids["repeat"])
     assert not set(ids["random"].flatten().tolist()) & smollm2.special_ids
 
@@ -117,7 +118,7 @@ def test_gpt2_learned_position_edits(tiny_gpt2_dir, tmp_path):
     assert torch.equal(wpe, before)  # restored
     rows = {(r["mode"], r["t"]): r for r in rec["learned_positions"]}
     assert set(rows) == {("replace", 5), ("swap", 5), ("swap", 12)}
-    nat = analyze.natural_tokens(subject, _args(str(tiny_gpt2_dir), "-n", "4", "-T", "16", "--text", str(HAMLET)))
+    nat = inputs.natural_tokens(subject, _args(str(tiny_gpt2_dir), "-n", "4", "-T", "16", "--text", str(HAMLET)))
     for (mode, t), row in rows.items():  # recompute each edit by hand
         with torch.no_grad():
             wpe.copy_(before)
@@ -247,7 +248,7 @@ def test_sinklab_checkpoint_with_its_tokenizer_reads_text_pile_and_bos(sinklab_c
     rec = json.loads((tmp_path / "o" / "report.json").read_text())
     assert set(rec["domains"]) == {"Pile-CC", "Github"} and set(rec["table1"]) == {"natural", "random", "repeat"}
     subject = analyze.Subject(str(sinklab_ckpt_with_tokenizer), "auto")  # tokenizer.json beside it is found
-    sets = analyze.probe_sets(subject, _args(*common, "--text", str(text), "--bos"))
+    sets = inputs.probe_sets(subject, _args(*common, "--text", str(text), "--bos"))
     assert all((t[:, 0] == 0).all() for t in sets.values())  # <|bos|> is id 0
     assert not any(
         ((t[:, 1:] == 0) | (t[:, 1:] == 1) | (t[:, 1:] == 2)).any() for k, t in sets.items() if k != "natural"
@@ -260,10 +261,10 @@ def test_bos_option_starts_every_probe_sequence_with_bos(tiny_gpt2_dir):
     subject = analyze.Subject(str(tiny_gpt2_dir), "auto")
     common = [str(tiny_gpt2_dir), "-n", "3", "-T", "10", "--text", str(HAMLET)]
     with pytest.raises(SystemExit, match="--bos needs a model whose tokenizer has a BOS token"):
-        analyze.probe_sets(subject, _args(*common, "--bos"))
+        inputs.probe_sets(subject, _args(*common, "--bos"))
     subject.tokenizer.bos_token = "<|endoftext|>"
-    plain = analyze.probe_sets(subject, _args(*common))
-    with_bos = analyze.probe_sets(subject, _args(*common, "--bos"))
+    plain = inputs.probe_sets(subject, _args(*common))
+    with_bos = inputs.probe_sets(subject, _args(*common, "--bos"))
     bos = subject.tokenizer.bos_token_id
     for kind, tokens in plain.items():
         assert with_bos[kind].shape == tokens.shape == (3, 10)
@@ -292,8 +293,6 @@ def _micro_dataset(root, vocab: int = 64):
         ),
         (["-T", "8", "--text", "{empty}", "--tokenizer", "{tok}"], "empty.txt: the text has 0 tokens"),
         (["--gpt2-positions", "swap:3"], "--gpt2-positions needs learned absolute positions (transformer.wpe)"),
-        (["--gpt2-positions", "move:3"], "--gpt2-positions 'move:3': expected replace:T[,T..] or swap:T[,T..]"),
-        (["-T", "8", "--gpt2-positions", "replace:9"], "--gpt2-positions position 9 outside 2..8"),
         pytest.param(
             ["--device", "cuda"],
             "--device cuda: no CUDA device is visible (use --device cpu)",
@@ -324,6 +323,21 @@ def test_analyze_refuses_what_it_cannot_measure(extra, message, sinklab_ckpt_wit
         )
     assert message in str(err.value) and "\n" not in str(err.value)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--inputs", "natural,noise"], "--inputs noise unknown; choose from natural,random,repeat"),
+        (["--gpt2-positions", "move:3"], "--gpt2-positions 'move:3': expected replace:T[,T..] or swap:T[,T..]"),
+        (["-T", "8", "--gpt2-positions", "replace:9"], "--gpt2-positions position 9 outside 2..8"),
+    ],
+)
+def test_option_refusals_come_before_the_model_loads(extra, message, tmp_path, monkeypatch):
+    monkeypatch.setattr(analyze, "Subject", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        analyze.main(["smollm2", "--out", str(tmp_path / "out"), *extra])
+    assert not (tmp_path / "out").exists()
 
 
 def test_analyze_of_a_missing_path_fails_at_once(tmp_path, monkeypatch):

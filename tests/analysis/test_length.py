@@ -107,8 +107,7 @@ def test_length_eval_reads_a_bigram_backcopy_model_on_fresh_long_sequences(tmp_p
     assert length.main([*argv, "--out", str(out)]) == 0
     result = json.loads((out / "length.json").read_text())["models"]["ckpt"]
     assert result["tokens"] == 24 and result["windows"] == 3 and len(result["loss"]["full"]) == 6
-    args = length.build_parser().parse_args(argv)
-    ids = length.bb_windows(args, 24)
+    ids = length.bb_windows(length.check_args(length.build_parser().parse_args(argv)), 24)
     assert ids.shape == (3, 24) and (ids[:, 0] == 30).all() and (ids[:, 1:] < 30).all()  # BOS (id 30) once
     assert cli.main(["length-eval", *argv, "--bos", "no", "--out", str(tmp_path / "o")]) == 2
     assert "a Bigram-Backcopy sequence starts with BOS" in capsys.readouterr().err

@@ -1,7 +1,6 @@
 """Simulated W8A8 (pipeline.analysis.fake_quant) and `sinklab quant-eval`."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -116,24 +115,9 @@ def test_make_windows_and_the_scored_predictions():
     torch.testing.assert_close(evaluator.nll("fp"), expected)
 
 
-def args(**overrides):
-    base = dict(
-        text=None,
-        dataset=None,
-        max_tokens=128,
-        seq_len=64,
-        bos="auto",
-        settings=",".join(SETTINGS),
-        lead=None,
-        batch_size=2,
-        out=None,
-        model="smollm2",
-    )
-    return SimpleNamespace(**(base | overrides))
-
-
 def test_smollm2_table_and_json(smollm2, tmp_path):
-    result = quant_eval.run(smollm2, args(out=tmp_path))
+    argv = ["smollm2", "--max-tokens", "128", "-T", "64", "--batch-size", "2", "--out", str(tmp_path)]
+    result = quant_eval.run(smollm2, quant_eval.check_args(quant_eval.build_parser().parse_args(argv)))
     saved = json.loads((tmp_path / "quant_eval.json").read_text())
     assert saved["settings"] == result["settings"] and saved["settings"]["windows"] == 2
     assert (

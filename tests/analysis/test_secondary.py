@@ -9,9 +9,13 @@ import torch
 from analysis_helpers import HAMLET, micro_model
 
 from pipeline import metric_names as N
-from pipeline.analysis import analyze, secondary
+from pipeline.analysis import analyze, inputs, secondary
 from pipeline.analysis.subject import Subject
 from pipeline.secondary_sinks import MIN_QUERIES, layer_stats
+
+
+def _probe(eps: float) -> analyze.Analysis:
+    return analyze.check_args(analyze.build_parser().parse_args(["micro", "--eps", str(eps), "--batch-size", "4"]))
 
 
 def _in_one_pass(subject, tokens, eps):
@@ -23,7 +27,7 @@ def _in_one_pass(subject, tokens, eps):
 def test_sinklab_batches_add_up_to_one_pass(tmp_path, eps):
     subject = SimpleNamespace(kind="sinklab", model=micro_model(sink_tokens=1), tokenizer=None)
     tokens = torch.randint(0, 64, (6, 24), generator=torch.Generator().manual_seed(0))
-    section = secondary.secondary_section(subject, tokens, SimpleNamespace(eps=eps, batch_size=4), tmp_path, "micro")
+    section = secondary.secondary_section(subject, tokens, _probe(eps), tmp_path, "micro")
     whole = _in_one_pass(subject, tokens, eps)
     assert section["count"] == pytest.approx([s.count for s in whole])
     assert section["share"] == pytest.approx([s.share for s in whole])
@@ -47,7 +51,9 @@ def test_hf_model_through_analyze_and_mlflow(tiny_llama_dir, tmp_path, mlflow_se
     assert run.data.metrics[N.layer(N.SECONDARY_SHARE, 1)] == pytest.approx(rec["share"][1])
     assert secondary.FIGURE in {a.path for a in client.list_artifacts(run.info.run_id)}
     subject = Subject(str(tiny_llama_dir), "auto")
-    tokens = analyze.natural_tokens(subject, analyze.build_parser().parse_args([*argv, "--text", str(HAMLET)]))
+    tokens = inputs.natural_tokens(
+        subject, analyze.check_args(analyze.build_parser().parse_args([*argv, "--text", str(HAMLET)]))
+    )
     whole = _in_one_pass(subject, tokens, 0.05)
     assert rec["count"] == pytest.approx([s.count for s in whole]) and any(c > 0 for c in rec["count"])
     assert set(rec["metrics"]) <= set(analyze.result_metrics(report))

@@ -12,6 +12,7 @@ from analysis_helpers import HAMLET, micro_model
 
 from pipeline.analysis import streamers, streaming
 from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer, perplexity
+from pipeline.analysis.subject import settings_of
 
 
 def kept_indices(t, spec, extra_initial=0):
@@ -222,8 +223,8 @@ def test_gemma3_layers_re_rotate_with_their_own_frequencies(layer_type):
 
 def test_gemma3_streams_with_its_bos_first(tmp_path, monkeypatch):
     monkeypatch.setattr(streamers, "PREFILL_TOKENS", 1)  # every cached key re-rotated at every step
-    args = streaming.build_parser().parse_args(["gemma3-270m"])
-    streamer, ids, subject = streaming.load_subject(args)
+    reading = settings_of(streaming.Reading, streaming.build_parser().parse_args(["gemma3-270m"]))
+    streamer, ids, subject = streaming.load_subject("gemma3-270m", reading, 2048)
     assert ids[0] == subject.tokenizer.bos_token_id  # Gemma's tokenizer starts with BOS, and --bos auto follows it
     ids = torch.tensor(ids[:32])
     streamed = perplexity(streamer.nll(ids, [CacheSpec(0, 32)])[0])  # nothing evicted

@@ -4,13 +4,14 @@ refusals."""
 
 import csv
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 from analysis_helpers import micro_model
 
 from pipeline import metrics
-from pipeline.analysis import analyze, survey
+from pipeline.analysis import analyze, inputs, survey
 
 
 def _read_csv(path):
@@ -57,10 +58,9 @@ def test_survey_gguf_models_against_eager_attention(smollm2, tmp_path, capsys):
     sweep = _read_csv(out / "sweep.csv")
     assert {float(r["eps"]) for r in sweep} == {0.1, 0.3, 0.5} and len(sweep) == 2 * 6 * 3
     # smollm2, natural text with and without BOS, recomputed from the same tokens
-    args = analyze.build_parser().parse_args(["smollm2", "-n", "2", "-T", "64"])
+    probe = analyze.check_args(analyze.build_parser().parse_args(["smollm2", "-n", "2", "-T", "64"]))
     for bos, column in ((False, "natural"), (True, "natural_bos")):
-        args.bos = bos
-        tokens = analyze.probe_sets(smollm2, args)["natural"]
+        tokens = inputs.probe_sets(smollm2, replace(probe, bos=bos))["natural"]
         alpha, ratios = _eager_alpha1_and_ratio(smollm2.model, tokens)
         assert float(rows["smollm2"][f"sink1_{column}"]) == pytest.approx(metrics.sink_rate(alpha, 0.3))
         curve = {
