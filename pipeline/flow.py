@@ -115,7 +115,7 @@ class Perturbation:
 
 
 @dataclass
-class FlowReport:
+class FlowMeasures:
     """Per layer (block outputs, 0-based; the last before the final norm), means over sequences."""
 
     entropy: Tensor  # [L] normalised von Neumann entropy of X Xᵀ
@@ -171,7 +171,7 @@ def probe_batches(n: int, batch_size: int, mixing_sequences: int | None = None) 
 
 
 class FlowAccumulator:
-    """Collects per-sequence entropies and sensitivities over batches; :meth:`report` averages.
+    """Collects per-sequence entropies and sensitivities over batches; :meth:`measures` averages.
     ``mixing_sequences``: the perturbed pass runs on the first that many sequences only (None:
     all); the entropies read every sequence's clean pass."""
 
@@ -244,9 +244,9 @@ class FlowAccumulator:
             raise ValueError(f"a batch of {rows} sequences straddles mixing_sequences={self.mixing_sequences}")
         return left > 0
 
-    def report(self) -> FlowReport:
+    def measures(self) -> FlowMeasures:
         mean = lambda xs: float(torch.cat(xs).mean()) if xs else None  # noqa: E731
-        return FlowReport(
+        return FlowMeasures(
             entropy=torch.cat(self.entropy).mean(dim=0),
             entropy_input=mean(self.entropy_input),
             norm_ratio_input=mean(self.ratio_input),

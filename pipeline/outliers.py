@@ -97,7 +97,7 @@ def outlier_split(
 
 
 @dataclass
-class OutlierReport:
+class OutlierMeasures:
     """Per layer, means over sequences (see ``OutlierAccumulator``)."""
 
     lead: int  # leading positions: sink tokens + the first token
@@ -169,7 +169,7 @@ class OutlierReport:
 
 
 class OutlierAccumulator:
-    """Per-sequence outlier statistics over batches; :meth:`report` averages them."""
+    """Per-sequence outlier statistics over batches; :meth:`measures` averages them."""
 
     def __init__(self, lead: int = 1) -> None:
         self.lead = lead
@@ -210,7 +210,7 @@ class OutlierAccumulator:
         )
         self.linear.setdefault((layer, name), []).append(torch.stack((a.amax(dim=per_sequence), rest), -1).cpu())
 
-    def report(self) -> OutlierReport | None:
+    def measures(self) -> OutlierMeasures | None:
         if not self.rows["max_abs"]:
             return None
         mean = {k: torch.cat(v).mean(dim=0) for k, v in self.rows.items()}  # [L] each
@@ -224,7 +224,7 @@ class OutlierAccumulator:
             ratio.setdefault(name, torch.full((n_layers,), math.nan))[layer] = (
                 m[:, 0] / m[:, 1].clamp_min(torch.finfo(torch.float32).tiny)
             ).mean()
-        return OutlierReport(
+        return OutlierMeasures(
             lead=self.lead,
             max_abs=mean["max_abs"],
             kurtosis_pooled=mean["kurtosis_pooled"],
@@ -289,7 +289,7 @@ def recording_block_outputs(blocks: Sequence[nn.Module]) -> Iterator[list[Tensor
 
 
 def summary_table(summaries: dict[str, dict]) -> list[str]:
-    """Markdown rows of :meth:`OutlierReport.summary` records, one per label (an input kind, a model)."""
+    """Markdown rows of :meth:`OutlierMeasures.summary` records, one per label (an input kind, a model)."""
 
     def cell(s: dict, key: str, fmt: str) -> str:
         return "n/a" if key not in s else f"{s[key]:{fmt}} ({s[key + '_at']})"

@@ -30,7 +30,7 @@ ATTENTION_KINDS = tuple(SCORE_KINDS)
 
 class SinkAccumulator:
     """Collects per-sequence importances and the registered metrics (pipeline.probe_metrics) over
-    batches; :meth:`report` forms the rates."""
+    batches; :meth:`measures` forms the rates."""
 
     def __init__(
         self,
@@ -128,7 +128,7 @@ class SinkAccumulator:
             self.qk.append(torch.tensor(rows) * queries[0].shape[0])
             self.qk_weights.append(queries[0].shape[0])
 
-    def report(self) -> SinkMeasures:
+    def measures(self) -> SinkMeasures:
         if not self.alphas:
             raise ValueError("no batches were added to the sink accumulator")
         alphas = torch.cat(self.alphas)  # [N, L, H, P]
@@ -149,8 +149,8 @@ class SinkAccumulator:
             slot_massive_ratio=torch.cat(self.slot_massive).mean(dim=0) if self.slot_massive else None,
             qk_decomposition=torch.stack(self.qk).sum(0) / sum(self.qk_weights) if self.qk else None,
             alpha1_all=alphas[..., 0],
-            outliers=None if self.outliers is None else self.outliers.report(),
-            flow=None if self.flow is None or not self.flow.entropy else self.flow.report(),
+            outliers=None if self.outliers is None else self.outliers.measures(),
+            flow=None if self.flow is None or not self.flow.entropy else self.flow.measures(),
         )
 
 
@@ -237,4 +237,4 @@ def run_probe(
                     acc.flow.add_pass(model, out.hidden_states, perturbed, embedded, batch.shape[1])
     finally:
         model.train(was_training)
-    return acc.report()
+    return acc.measures()

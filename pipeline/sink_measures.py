@@ -8,8 +8,8 @@ from torch import Tensor
 
 from pipeline import metric_names as N
 from pipeline import metrics, probe_metrics
-from pipeline.flow import FlowReport
-from pipeline.outliers import OutlierReport
+from pipeline.flow import FlowMeasures
+from pipeline.outliers import OutlierMeasures
 
 EXTREME_TOKENS = ("massive_ratio", "value_norm_ratio", "bos_share_trigger", "bos_share_other")
 
@@ -35,8 +35,8 @@ class SinkMeasures:
     qk_decomposition: Tensor | None = None
     alpha1_all: Tensor | None = field(default=None, repr=False)  # [N, L, H]
     # activation outliers (pipeline.outliers): residual stream and linear-layer inputs
-    outliers: OutlierReport | None = None
-    flow: FlowReport | None = None  # information flow per layer (pipeline.flow)
+    outliers: OutlierMeasures | None = None
+    flow: FlowMeasures | None = None  # information flow per layer (pipeline.flow)
 
     def __getattr__(self, name: str):
         if name in probe_metrics.REGISTRY:

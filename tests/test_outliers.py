@@ -72,7 +72,7 @@ def test_the_accumulator_averages_sequences_and_reads_linear_inputs():
             h = block(h)
     acc.add_hidden([x, x])  # the residual stream, as a model hands it over: one tensor per layer
     assert len(hidden) == 2 and hidden[0].shape == x.shape
-    rep = acc.report()
+    rep = acc.measures()
     assert rep.lead_pct.tolist() == [50.0, 50.0] and rep.token_positions.tolist() == [0.5, 0.5]
     assert rep.max_abs[0].item() == pytest.approx(max_abs(x).mean().item())
     assert set(rep.linear_max) == {"0", "1"}  # names inside a block

@@ -118,7 +118,7 @@ def test_a_registered_metric_reaches_the_report_its_names_and_its_json(monkeypat
     )
     acc = SinkAccumulator()
     acc.add([torch.eye(4).expand(2, 3, 4, 4)] * 2)
-    report = acc.report()
+    report = acc.measures()
     assert report.diagonal.shape == (2, 3) and report.to_json()["diagonal"] == [[1.0] * 3] * 2
     assert report.to_metrics()["sink/diag_l1"] == 1.0 and report.to_metrics()["sink/diag"] == 1.0
     with pytest.raises(ValueError, match="registered twice"):

@@ -123,7 +123,7 @@ def learned_position_table(subject: Subject, tokens: torch.Tensor, a: Analysis) 
                 wpe.weight[0] = original[t - 1]
                 if mode == "swap":
                     wpe.weight[t - 1] = original[0]
-            rep = subject.report(tokens, probe)
+            rep = subject.measure(tokens, probe)
             rows.append({"mode": mode, "t": t, "sink1": rep.sink1, "sink_t": rep.profile[t - 1]})
     finally:
         with torch.no_grad():
@@ -249,7 +249,7 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
         )
     sets = probe_sets(subject, a)
     out.mkdir(parents=True, exist_ok=True)
-    reports = {kind: subject.report(tokens, a) for kind, tokens in sets.items()}
+    reports = {kind: subject.measure(tokens, a) for kind, tokens in sets.items()}
     result = {
         **subject.header(out),
         "settings": {k: getattr(a, k) for k in ("num_sequences", "seq_len", "eps", "seed", "positions", "bos")}
@@ -273,7 +273,7 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
         )
     if a.pile is not None:
         domains = inputs.pile_domains(subject.tokenizer, a.pile, a.num_sequences, a.seq_len)
-        result["domains"] = {d: subject.report(toks, a).sink1 for d, toks in domains.items()}
+        result["domains"] = {d: subject.measure(toks, a).sink1 for d, toks in domains.items()}
     if a.edits:
         tokens = sets.get("natural")
         if tokens is None:

@@ -127,4 +127,4 @@ def hf_sink_measures(
         if acc.flow is not None:  # the same eager path again: the untouched positions match exactly
             perturbed = lambda: capture(model, ids, qkv=False).hidden_states  # noqa: B023, E731
             acc.flow.add_pass(model, c.hidden_states, perturbed, embedded, ids.shape[1])
-    return acc.report()
+    return acc.measures()

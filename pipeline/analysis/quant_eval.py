@@ -226,7 +226,7 @@ def run(subject, q: QuantEval) -> dict:
         )
     evaluator = Evaluator(subject.model, subject.kind, windows, lead, q.batch_size)
     results, outliers = evaluator.run(q.settings)
-    report = outliers.report()
+    measures = outliers.measures()
     out = q.out
     result = {
         **subject.header(out),
@@ -240,7 +240,7 @@ def run(subject, q: QuantEval) -> dict:
             "scored": windows.shape[0] * (q.seq_len - 1 - evaluator.skip),
         },
         "results": results,
-        "outliers": report.to_json() if report is not None else None,
+        "outliers": measures.to_json() if measures is not None else None,
     }
     result["table"] = markdown(result)
     by = writer(BY, [subject.spec])
@@ -258,8 +258,8 @@ def run(subject, q: QuantEval) -> dict:
             for key in ("perplexity", "gap_pct", "recovered_pct")
             if r[key] is not None
         }
-        if report is not None:
-            values.update({N.quant(N.act(k)): v for k, v in report.summary().items() if not k.endswith("_at")})
+        if measures is not None:
+            values.update({N.quant(N.act(k)): v for k, v in measures.summary().items() if not k.endswith("_at")})
         result["mlflow_run_id"] = log_results(
             subject.tracking_uri, subject.run_id, values, {"sinklab.quant.settings": result["settings"]}, out, "quant"
         )

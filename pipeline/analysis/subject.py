@@ -1,7 +1,7 @@
 """The model an analysis command works on (``sinklab analyze``, ``survey``, ``stream-ppl``,
 ``passkey``, ``quant-eval``): a SinkLab checkpoint or export, an HF model (directory, hub id,
 GGUF, a shortcut) or an MLflow run's logged model (``runs:/<id>``), loaded on its device with its
-tokenizer, and the sink report of a batch of tokens."""
+tokenizer, and the sink measures of a batch of tokens."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ class Subject:
                 f"(max_seq_len / max_position_embeddings); use -T {limit} or less"
             )
 
-    def report(self, tokens: torch.Tensor, probe: Probe) -> SinkMeasures:
+    def measure(self, tokens: torch.Tensor, probe: Probe) -> SinkMeasures:
         at = {"eps": probe.eps, "positions": probe.positions, "batch_size": probe.batch_size}
         if self.kind == "sinklab":
             return run_probe(self.model, tokens, **at, output_qkv=True, trigger_ids=self.trigger_ids)

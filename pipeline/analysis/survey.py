@@ -90,7 +90,7 @@ def survey_model(
             result["skipped"].append("BOS: the model's tokenizer has no BOS token")
             continue
         for kind, tokens in probe_sets(subject, replace(probe, bos=bos)).items():
-            rep = subject.report(tokens, probe)
+            rep = subject.measure(tokens, probe)
             result["layers"], result["heads"] = rep.alpha1.shape
             result["cells"][column(kind, bos)] = {
                 "input": kind,
