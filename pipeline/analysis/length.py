@@ -35,9 +35,9 @@ from pipeline.analysis.passkey import (
     DEFAULT_DEPTHS,
     DIGITS,
     accuracy,
-    build_trial,
     make_trials,
     parse_depths,
+    parse_factors,
     run_trials,
 )
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
@@ -85,12 +85,7 @@ def check_args(args) -> list[int]:
             raise refuse(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 2")
     if args.text is not None and args.dataset is not None:
         raise refuse("give --text or --dataset, not both")
-    try:
-        factors = [int(f) for f in args.passkey.split(",") if f.strip()]
-    except ValueError:
-        raise refuse(f"--passkey {args.passkey!r}: expected a comma list of whole numbers, e.g. 1,2,4,8") from None
-    if any(f < 1 for f in factors):
-        raise refuse(f"--passkey {args.passkey!r}: each factor must be >= 1")
+    factors = parse_factors(args.passkey, BY)
     if factors and args.digits not in DIGITS:
         raise refuse(f"--digits {args.digits}: must be in 1..18 (the passkey's length in digits)")
     if factors:  # refused here, before any model loads
@@ -161,13 +156,12 @@ def passkey_by_length(streamer, subject, args, factors, C, specs, bos) -> dict[s
     out: dict[str, dict[int, float | None]] = {FULL: {}} | {str(s): {} for s in specs}
     for f in factors:
         try:
-            build_trial(subject.tokenizer, f * C, 0.0, "1" * args.digits, bos)
+            trials = make_trials(subject.tokenizer, f * C, depths, args.keys, args.digits, args.seed, bos)
         except ValueError as e:
             print(f"  passkey at {f}xC = {f * C} tokens: skipped ({e})", file=sys.stderr)
             for row in out.values():
                 row[f] = None
             continue
-        trials = make_trials(subject, argparse.Namespace(**vars(args), length=f * C), depths, bos)
         caches = {CacheSpec(0, f * C + 32): FULL} | {s: str(s) for s in specs}
         table = accuracy(run_trials(streamer, subject.tokenizer, trials, caches), list(out), depths)
         for mode, row in table.items():
