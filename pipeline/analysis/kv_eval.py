@@ -246,7 +246,8 @@ def figure(results: dict[str, dict], path: Path, by: str) -> Path:
                 p = r["budgets"][b].get("passkey", {}).get(factor)
                 for key, value in (p or {}).get("accuracy", {}).items():
                     if value is not None:
-                        points.setdefault(key.replace("/", ", sinks "), []).append((float(b), value))
+                        label = "full cache" if key == "full" else key.replace("/", ", sinks ")
+                        points.setdefault(label, []).append((float(b), value))
             if points:
                 panels[f"passkey {factor} (% right): {name}"] = {
                     k: tuple(map(list, zip(*v))) for k, v in points.items()

@@ -26,7 +26,7 @@ def add_passkey_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--passkey", default="1,2", help="comma list of f: passkey prompts of f x the budget's entries ('': none)"
     )
-    p.add_argument("--depths", default=pk.DEFAULT_DEPTHS, help="passkey depths in [0, 1]")
+    p.add_argument("--depths", default="0,0.5,1", help=f"passkey depths in [0, 1] (passkey's: {pk.DEFAULT_DEPTHS})")
     p.add_argument("--keys", type=int, default=1, help="passkey keys (trials) per depth")
 
 
