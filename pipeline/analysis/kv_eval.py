@@ -291,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             "first": args.first,
             "eps": args.eps,
             "budgets": list(result["budgets"]),
+            **({"passkey": args.passkey, "depths": args.depths, "keys": args.keys} if args.passkey else {}),
         }
         if run_id := log_results_of(subjects[name], "kv-eval", "kv", name, metrics_of(result), settings, out, args):
             print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)

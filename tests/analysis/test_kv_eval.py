@@ -104,6 +104,7 @@ def test_cli_table_files_mlflow_and_refusals(tiny_llama_dir, tmp_path, capsys, m
     )
     ppl = rec["budgets"]["25"]["perplexity"]["h2o/drop"]
     assert run.data.metrics[N.kv_perplexity("h2o", "drop", 25)] == pytest.approx(ppl)
+    assert (run.data.params["passkey"], run.data.params["depths"], run.data.params["keys"]) == ("1,2", "0,0.5,1", "1")
     assert {b: r["entries"] for b, r in rec["budgets"].items()} == {"25": 10, "50": 20}
     assert set(rec["budgets"]["25"]["perplexity"]) == {"streaming/keep", "streaming/drop", "h2o/keep", "h2o/drop"}
     assert rec["budgets"]["25"]["passkey"] == {"1x": None, "2x": None}  # 10 or 20 tokens hold no prompt
