@@ -158,6 +158,13 @@ def kv_perplexity(policy: str, sinks: str, budget: float) -> str:
     return f"{STREAM}kv_{policy}_{sinks}_b{budget:g}"
 
 
+def kv_passkey(row: str, budget: float, factor: int | str) -> str:
+    """`sinklab kv-eval`: passkey accuracy (%) on prompts of ``factor`` x the cache's entries, ``row``
+    a policy and sink setting (``h2o_keep``) or ``full`` (the whole prompt cached), e.g.
+    ``stream/kv_passkey_h2o_drop_b25_x2``."""
+    return f"{STREAM}kv_passkey_{row}_b{budget:g}_x{factor}"
+
+
 # secondary sinks per layer (pipeline.secondary_sinks), with layer(): count per head, attention share, ‖h‖ ratio
 SECONDARY_COUNT, SECONDARY_SHARE, SECONDARY_NORM = (
     SINK + "secondary_count",

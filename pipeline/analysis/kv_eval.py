@@ -3,7 +3,9 @@
 Every policy of pipeline.model.eviction (StreamingLLM, H2O, SnapKV, key norm) streams the text
 through a cache of ``--budget`` entries (a share of the text's tokens, sink tokens included), once
 keeping the sinks (the first ``--first`` entries and the secondary sinks detected on the text) and
-once dropping them: one batch row each. One table and one figure across models. With
+once dropping them: one batch row each. Passkey retrieval (the prompts of `sinklab passkey`) at
+``--passkey`` times the budget streams through the same rows, the key evictable while the prompt
+streams. One table and one figure across models. With
 ``--per-sequence`` each sequence of ``--dataset``'s val split is streamed alone from an empty cache
 (its BOS the candidate sink), the budget a share of the sequence's length; a SinkLab model's
 absolute position embedding then gives each token its position in the sequence, not its cache index.
@@ -16,6 +18,7 @@ import json
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,7 +27,9 @@ import torch.nn.functional as F
 from pipeline import metric_names as N
 from pipeline import plots
 from pipeline.analysis.inputs import held_out_sequences, shakespeare_files
-from pipeline.analysis.streamers import CacheSpec, perplexity
+from pipeline.analysis.kv_passkey import add_passkey_arguments, check_passkey_args, passkey_at, passkey_cell
+from pipeline.analysis.passkey import parse_depths
+from pipeline.analysis.streamers import CacheSpec, kv_heads, perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, check_positions, load_subject
 from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of, settings_of
 from pipeline.metrics import split_slots
@@ -59,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --dataset: each val sequence alone, from an empty cache; --budget a share of its length",
     )
+    add_passkey_arguments(p)
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma list of {','.join(POLICIES)}")
     p.add_argument("--first", type=int, default=4, help="leading entries that are sinks (StreamingLLM: 4)")
     p.add_argument("--eps", type=float, default=0.3, help="secondary sink threshold on α_k")
@@ -85,7 +91,23 @@ def parse_budget(text: str, n_tokens: int | None = None) -> tuple[float, int]:
     return 100 * entries / n_tokens, entries
 
 
-def check_args(args) -> list[str]:
+@dataclass(frozen=True)
+class KvEval:
+    """kv-eval's settings beside the model loading's (a ``Reading``)."""
+
+    policies: list[str]
+    budget: list[str]
+    first: int
+    eps: float
+    no_secondary: bool
+    per_sequence: bool
+    passkey: list[int]  # passkey prompt lengths, in multiples of the budget's entries
+    depths: list[float]
+    keys: int
+    bos: str
+
+
+def check_args(args) -> KvEval:
     names = [p.strip() for p in args.policies.split(",") if p.strip()]
     if bad := [p for p in names if p not in POLICIES]:
         raise refuse(f"--policies {','.join(bad)} unknown; choose from {','.join(POLICIES)}")
@@ -95,7 +117,9 @@ def check_args(args) -> list[str]:
         raise refuse("--per-sequence reads a prepared dataset's val split: add --dataset DIR")
     if args.first < 0 or not 0 <= args.eps < 1 or args.max_tokens < 8:
         raise refuse(f"--first {args.first}, --eps {args.eps}, --max-tokens {args.max_tokens}: need >= 0, [0, 1), >= 8")
-    return names
+    factors = check_passkey_args(args)
+    depths = parse_depths(args.depths, BY) if factors else []
+    return settings_of(KvEval, args, policies=names, budget=args.budget or ["25%"], passkey=factors, depths=depths)
 
 
 @torch.no_grad()
@@ -124,13 +148,6 @@ def full_pass(subject, ids: torch.Tensor, eps: float, first: int) -> tuple[torch
     return nll, found
 
 
-def kv_heads(subject) -> tuple[int, int]:
-    if subject.kind == "sinklab":
-        return subject.model.config.n_layers, subject.model.config.n_heads
-    text = subject.model.config.get_text_config()
-    return text.num_hidden_layers, getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-
-
 def stream_rows(subject, streamer, ids: torch.Tensor, rows: list[Row], entries: int, secondary) -> torch.Tensor:
     """(rows, len(ids) - 1) NLL: ids streamed once per row through a cache of ``entries`` entries."""
     layers, heads = kv_heads(subject)
@@ -139,22 +156,22 @@ def stream_rows(subject, streamer, ids: torch.Tensor, rows: list[Row], entries: 
     return streamer.nll(ids, specs, label=f"{entries} entries x {len(rows)} rows", evictor=evictor)
 
 
-def evaluate(subject, streamer, sequences: list[torch.Tensor], args, policies: list[str]) -> dict:
+def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> dict:
     """Perplexity over every sequence's tokens; each sequence streams from an empty cache (one
     sequence: the text), the budget a share of a sequence's length."""
     started = time.perf_counter()
-    passes = [full_pass(subject, ids, args.eps, args.first) for ids in sequences]
-    secondary = [None if args.no_secondary else found for _, found in passes]
+    passes = [full_pass(subject, ids, s.eps, s.first) for ids in sequences]
+    secondary = [None if s.no_secondary else found for _, found in passes]
     full = None if any(nll is None for nll, _ in passes) else torch.cat([nll for nll, _ in passes])
-    rows = [Row(POLICIES[p](), first=args.first, sinks=s) for p in policies for s in SINKS]
+    rows = [Row(POLICIES[p](), first=s.first, sinks=sinks) for p in s.policies for sinks in SINKS]
     n_sinks = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
     result = {"tokens": sum(s.numel() for s in sequences), "sequences": len(sequences), "budgets": {}}
     result["full"] = None if full is None else perplexity(full)
     result["full_seconds"] = round(time.perf_counter() - started, 1)
     if len(sequences) == 1:
-        result["secondary"] = None if secondary[0] is None else [(s - n_sinks).tolist() for s in secondary[0]]
+        result["secondary"] = None if secondary[0] is None else [(k - n_sinks).tolist() for k in secondary[0]]
     length = min(s.numel() for s in sequences)
-    for text in args.budget or ["25%"]:
+    for text in s.budget:
         percent, entries = parse_budget(text, length)
         spec = CacheSpec(0, entries)
         check_positions(subject, {spec: str(spec)}, "lower --budget")
@@ -167,6 +184,13 @@ def evaluate(subject, streamer, sequences: list[torch.Tensor], args, policies: l
         ppl = {f"{r.policy.name}/{r.sinks}": perplexity(row) for r, row in zip(rows, nll)}
         result["budgets"][f"{percent:g}"] = {"entries": entries, "perplexity": ppl, "seconds": seconds}
         print(f"  budget {text} ({entries} entries): {len(rows)} rows in {seconds} s", file=sys.stderr)
+        if s.passkey and not s.per_sequence:
+            started = time.perf_counter()
+            oracle = None if s.no_secondary else (lambda ids: full_pass(subject, ids, s.eps, s.first)[1])
+            passkey = passkey_at(subject, streamer, rows, entries, s.passkey, s.depths, s.keys, s.bos, oracle)
+            seconds = round(time.perf_counter() - started, 1)
+            result["budgets"][f"{percent:g}"] |= {"passkey": passkey, "passkey_seconds": seconds}
+            print(f"  budget {text}: passkey in {seconds} s", file=sys.stderr)
     return result
 
 
@@ -176,31 +200,52 @@ def metrics_of(result: dict) -> dict[str, float]:
         for key, value in r["perplexity"].items():
             policy, sinks = key.split("/")
             out[N.kv_perplexity(policy, sinks, float(budget))] = value
+        for factor, p in r.get("passkey", {}).items():
+            for key, value in (p or {}).get("accuracy", {}).items():
+                if value is not None:
+                    out[N.kv_passkey(key.replace("/", "_"), float(budget), factor.removesuffix("x"))] = value
     return out
 
 
 def markdown(results: dict[str, dict], first: int) -> str:
+    factors = list(
+        dict.fromkeys(f for r in results.values() for b in r["budgets"].values() for f in b.get("passkey", {}))
+    )
     lines = [
         f"Perplexity under each eviction policy; sinks = the first {first} entries and the secondary sinks found "
-        "on the text; budget = cache entries as a share of the text",
+        "on the text; budget = cache entries as a share of the text"
+        + (
+            "; passkey f× = right answers / trials (depths × keys) on prompts of f × the budget's entries streamed "
+            "through the same cache (full cache: the whole prompt cached)"
+            if factors
+            else ""
+        ),
         "",
-        "| model | tokens | full | budget | policy | sinks kept | sinks dropped | dropped / kept |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | tokens | full | budget | policy | sinks kept | sinks dropped | dropped / kept |"
+        + "".join(f" passkey {f} kept | passkey {f} dropped |" for f in factors),
+        "|---|---|---|---|---|---|---|---|" + "---|---|" * len(factors),
     ]
     for name, r in results.items():
+        full = "n/a" if r["full"] is None else f"{r['full']:.2f}"
+        tokens = r["tokens"] if r["sequences"] == 1 else f"{r['sequences']} seqs, {r['tokens']}"
         for budget, b in r["budgets"].items():
-            policies = dict.fromkeys(k.split("/")[0] for k in b["perplexity"])
-            for p in policies:
+            head = f"| {name} | {tokens} | {full} | {budget}% ({b['entries']}) |"
+            passkey = [b.get("passkey", {}).get(f) for f in factors]
+            for p in dict.fromkeys(k.split("/")[0] for k in b["perplexity"]):
                 keep, drop = b["perplexity"][f"{p}/keep"], b["perplexity"][f"{p}/drop"]
-                full = "n/a" if r["full"] is None else f"{r['full']:.2f}"
-                tokens = r["tokens"] if r["sequences"] == 1 else f"{r['sequences']} seqs, {r['tokens']}"
-                cells = [name, tokens, full, f"{budget}% ({b['entries']})", p]
-                lines.append("| " + " | ".join(map(str, cells)) + f" | {keep:.2f} | {drop:.2f} | {drop / keep:.2f} |")
+                cells = [passkey_cell(pk, f"{p}/{sinks}") for pk in passkey for sinks in SINKS]
+                lines.append(
+                    f"{head} {p} | {keep:.2f} | {drop:.2f} | {drop / keep:.2f} |" + "".join(f" {c} |" for c in cells)
+                )
+            if factors:
+                lines.append(
+                    f"{head} full cache | — | — | — |" + "".join(f" {passkey_cell(pk, 'full')} | — |" for pk in passkey)
+                )
     return "\n".join(lines)
 
 
 def figure(results: dict[str, dict], path: Path, by: str) -> Path:
-    panels = {}
+    panels, perplexity = {}, [f"perplexity: {name}" for name in results]
     for name, r in results.items():
         budgets = sorted(r["budgets"], key=float)
         keys = dict.fromkeys(k for b in budgets for k in r["budgets"][b]["perplexity"])
@@ -214,14 +259,26 @@ def figure(results: dict[str, dict], path: Path, by: str) -> Path:
         if r["full"] is not None:
             curves["full attention"] = ([float(b) for b in budgets], [r["full"]] * len(budgets))
         panels[f"perplexity: {name}"] = curves
+        for factor in dict.fromkeys(f for b in budgets for f in r["budgets"][b].get("passkey", {})):
+            points: dict[str, list] = {}
+            for b in budgets:
+                p = r["budgets"][b].get("passkey", {}).get(factor)
+                for key, value in (p or {}).get("accuracy", {}).items():
+                    if value is not None:
+                        label = "full cache" if key == "full" else key.replace("/", ", sinks ")
+                        points.setdefault(label, []).append((float(b), value))
+            if points:
+                panels[f"passkey {factor} (% right): {name}"] = {
+                    k: tuple(map(list, zip(*v))) for k, v in points.items()
+                }
     return plots.curve_panels(
-        panels, path, "KV-cache eviction", xlabel="cache budget (% of the text)", log_panels=list(panels), by=by
+        panels, path, "KV-cache eviction", xlabel="cache budget (% of the text)", log_panels=perplexity, by=by
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    policies = check_args(args)
+    s = check_args(args)
     device_of(args.device, "kv-eval")
     names, out, by = claim_out(args.models, args.out, BY, "kv-eval", OUTPUTS)
     results, subjects, reading = {}, {}, settings_of(Reading, args)
@@ -237,9 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         sequences = [torch.tensor(c, dtype=torch.long, device=device) for c in chunks]
         print(f"{name}: {len(sequences)} sequences, {sum(map(len, chunks))} tokens", file=sys.stderr)
-        results[name] = evaluate(subjects[name], streamer, sequences, args, policies)
+        results[name] = evaluate(subjects[name], streamer, sequences, s)
     out.mkdir(parents=True, exist_ok=True)
-    table = markdown(results, args.first)
+    table = markdown(results, s.first)
     write_output(out / "kv_eval.md", table + "\n", by)
     record = {"settings": vars(args) | {"out": str(out)}, "models": results}
     write_output(out / "kv_eval.json", json.dumps(record, indent=2, default=str), by)
@@ -248,9 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, result in results.items():
         settings = {
             "tokens": result["tokens"],
-            "first": args.first,
-            "eps": args.eps,
+            "first": s.first,
+            "eps": s.eps,
             "budgets": list(result["budgets"]),
+            **({"passkey": args.passkey, "depths": args.depths, "keys": s.keys} if s.passkey else {}),
         }
         if run_id := log_results_of(
             subjects[name], "kv", metrics_of(result), settings, out, args.mlflow_uri, args.experiment

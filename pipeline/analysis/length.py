@@ -38,6 +38,7 @@ from pipeline.analysis.passkey import (
     accuracy,
     make_trials,
     parse_depths,
+    parse_factors,
     run_trials,
 )
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
@@ -102,12 +103,7 @@ def check_args(args: argparse.Namespace) -> LengthEval:
             raise refuse(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 2")
     if args.text is not None and args.dataset is not None:
         raise refuse("give --text or --dataset, not both")
-    try:
-        factors = [int(f) for f in args.passkey.split(",") if f.strip()]
-    except ValueError:
-        raise refuse(f"--passkey {args.passkey!r}: expected a comma list of whole numbers, e.g. 1,2,4,8") from None
-    if any(f < 1 for f in factors):
-        raise refuse(f"--passkey {args.passkey!r}: each factor must be >= 1")
+    factors = parse_factors(args.passkey, BY)
     if factors and args.digits not in DIGITS:
         raise refuse(f"--digits {args.digits}: must be in 1..18 (the passkey's length in digits)")
     depths = parse_depths(args.depths, BY) if factors else []  # refused here, before any model loads

@@ -101,15 +101,22 @@ def answer_length(tokenizer, key: str) -> int:
     return len(tokenizer(" " + key, add_special_tokens=False)["input_ids"]) + 2
 
 
+def check(tokenizer, tokens: list[int], key: str) -> tuple[str, bool]:
+    """The answer's text, and whether the first number it writes is the key."""
+    text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    return text, first_number(text) == key
+
+
 @torch.no_grad()
 def answer(
-    streamer: Streamer, prompts: Sequence[list[int]], specs: Sequence[CacheSpec], new_tokens: int
+    streamer: Streamer, prompts: Sequence[list[int]], specs: Sequence[CacheSpec], new_tokens: int, evictor=None
 ) -> list[list[list[int]]]:
     """Greedy answers [prompt][spec] -> token ids: every (prompt, spec) pair is one batch row
-    (the prompts share their length, the specs their x + y)."""
+    (the prompts share their length, the specs their x + y); an ``evictor`` (one row per pair)
+    chooses the kept entries in place of x + y."""
     rows = [(p, s) for p in range(len(prompts)) for s in range(len(specs))]
-    feed = streamer.stream([specs[s] for _, s in rows])
-    ids = torch.tensor([prompts[p] for p, _ in rows])
+    feed = streamer.stream([specs[s] for _, s in rows], evictor)
+    ids = torch.tensor([prompts[p] for p, _ in rows], device=streamer.device)
     for _, logits in streamer.read(feed, ids, specs):  # noqa: B007 (the last one is read below)
         pass
     out = [logits[:, -1].argmax(-1)]
@@ -138,15 +145,15 @@ def run_trials(streamer: Streamer, tokenizer, trials: Sequence[Trial], caches: d
             )
             for trial, per_spec in zip(same_length, answers):
                 for spec, tokens in zip(group, per_spec):
-                    text = tokenizer.decode(tokens, skip_special_tokens=True)
+                    text, correct = check(tokenizer, tokens, trial.key)
                     results.append(
                         {
                             "cache": caches[spec],
                             "depth": trial.depth,
                             "key": trial.key,
                             "tokens": len(trial.ids),
-                            "answer": text.strip(),
-                            "correct": first_number(text) == trial.key,
+                            "answer": text,
+                            "correct": correct,
                             "key_cached": key_cached(trial, spec, streamer.sink_tokens),
                         }
                     )
@@ -226,6 +233,17 @@ def parse_depths(text: str, prog: str = BY) -> list[float]:
     if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
         raise SystemExit(f"{prog}: --depths {text!r}: expected a comma list of numbers in [0, 1]")
     return list(dict.fromkeys(depths))
+
+
+def parse_factors(text: str, prog: str) -> list[int]:
+    """``--passkey``'s comma list of prompt lengths in multiples of a command's unit ('': none)."""
+    try:
+        factors = [int(f) for f in text.split(",") if f.strip()]
+    except ValueError:
+        raise SystemExit(f"{prog}: --passkey {text!r}: expected a comma list of whole numbers, e.g. 1,2,4,8") from None
+    if any(f < 1 for f in factors):
+        raise SystemExit(f"{prog}: --passkey {text!r}: each factor must be >= 1")
+    return factors
 
 
 def make_trials(

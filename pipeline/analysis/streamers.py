@@ -51,6 +51,11 @@ class Streamer(abc.ABC):
     """Decoding through one x + y cache per batch row (`stream-ppl`, `passkey`)."""
 
     sink_tokens = 0  # learnable sink tokens: the first cache entries, counted in x
+    model: torch.nn.Module
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     @abc.abstractmethod
     def stream(self, specs: Sequence[CacheSpec], evictor=None) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -235,6 +240,14 @@ def group_by_capacity(specs: Sequence[CacheSpec]) -> list[list[CacheSpec]]:
 
 def perplexity(nll: torch.Tensor) -> float:
     return math.exp(nll.double().mean().item())
+
+
+def kv_heads(subject) -> tuple[int, int]:
+    """(layers, kv heads): the shape of an evictor for ``subject``'s model."""
+    if subject.kind == "sinklab":
+        return subject.model.config.n_layers, subject.model.config.n_heads
+    text = subject.model.config.get_text_config()
+    return text.num_hidden_layers, getattr(text, "num_key_value_heads", None) or text.num_attention_heads
 
 
 def streamer_for(subject) -> Streamer:

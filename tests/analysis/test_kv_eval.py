@@ -1,6 +1,8 @@
 """`sinklab kv-eval`: every policy through both streamers; a cache that never fills is full
-attention; the StreamingLLM policy is the x + y cache; the command's table, files and refusals."""
+attention; the StreamingLLM policy is the x + y cache; passkey through the policies' caches; the
+command's table, files and refusals."""
 
+import copy
 import json
 import math
 from types import SimpleNamespace
@@ -10,8 +12,10 @@ import torch
 from analysis_helpers import HAMLET, micro_model
 
 from pipeline import metric_names as N
-from pipeline.analysis import kv_eval
-from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer
+from pipeline.analysis import kv_eval, passkey
+from pipeline.analysis.kv_passkey import passkey_at
+from pipeline.analysis.passkey import first_number
+from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer, Streamer
 from pipeline.model.eviction import POLICIES, Evictor, Row, StreamingLLM
 from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
 
@@ -100,15 +104,22 @@ def test_cli_table_files_mlflow_and_refusals(tiny_llama_dir, tmp_path, capsys, m
     )
     ppl = rec["budgets"]["25"]["perplexity"]["h2o/drop"]
     assert run.data.metrics[N.kv_perplexity("h2o", "drop", 25)] == pytest.approx(ppl)
+    assert (run.data.params["passkey"], run.data.params["depths"], run.data.params["keys"]) == ("1,2", "0,0.5,1", "1")
     assert {b: r["entries"] for b, r in rec["budgets"].items()} == {"25": 10, "50": 20}
     assert set(rec["budgets"]["25"]["perplexity"]) == {"streaming/keep", "streaming/drop", "h2o/keep", "h2o/drop"}
-    assert f"| {tiny_llama_dir.name} | 40 |" in capsys.readouterr().out and (out / "kv_eval.png").exists()
+    assert rec["budgets"]["25"]["passkey"] == {"1x": None, "2x": None}  # 10 or 20 tokens hold no prompt
+    table = capsys.readouterr().out
+    assert f"| {tiny_llama_dir.name} | 40 |" in table and (out / "kv_eval.png").exists()
+    assert "| h2o | " in table and table.count("| n/a | n/a | n/a | n/a |") == 4 and "passkey 2x dropped" in table
     for bad, message in (
         (["--budget", "100%"], "--budget '100%': expected a share below 100%"),
         (["--budget", "a"], "--budget 'a': expected a share"),
         (["--budget", "40"], "--budget 40: 40 entries of 40 tokens"),
         (["--policies", "lru"], "--policies lru unknown"),
         (["--per-sequence"], "--per-sequence reads a prepared dataset's val split: add --dataset DIR"),
+        (["--keys", "0"], "--keys 0: must be >= 1"),
+        (["--passkey", "1,x"], "--passkey '1,x': expected a comma list of whole numbers"),
+        (["--depths", "2"], "--depths '2': expected a comma list of numbers in"),
     ):
         with pytest.raises(SystemExit, match=message):
             kv_eval.main([*args[:5], *bad, "--out", str(tmp_path / "other")])
@@ -134,12 +145,12 @@ def test_per_sequence_starts_each_sequence_from_an_empty_cache(monkeypatch):
     a, b = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(7))
     made = []
     monkeypatch.setattr(kv_eval, "Evictor", lambda *a, **k: made.append(Evictor(*a, **k)) or made[-1])
-    args = SimpleNamespace(eps=0.3, first=1, no_secondary=True, budget=["50%"])
-    both = kv_eval.evaluate(subject, streamer, [a, b], args, ["streaming"])
+    settings = kv_eval.KvEval(["streaming"], ["50%"], 1, 0.3, True, True, [], [], 1, "no")
+    both = kv_eval.evaluate(subject, streamer, [a, b], settings)
     assert both["sequences"] == 2 and both["budgets"]["50"]["entries"] == 4 and len(made) == 2
     for evictor in made:  # 7 inputs through 4 entries: BOS and the last 3, or the last 4
         assert [h.pos[:, 0].tolist() for h in evictor.history] == [[[0, 4, 5, 6], [3, 4, 5, 6]]] * 2
-    alone = [kv_eval.evaluate(subject, streamer, [s], args, ["streaming"]) for s in (a, b)]
+    alone = [kv_eval.evaluate(subject, streamer, [s], settings) for s in (a, b)]
     for key in ("streaming/keep", "streaming/drop"):
         logs = [math.log(r["budgets"]["50"]["perplexity"][key]) for r in alone]
         assert math.log(both["budgets"]["50"]["perplexity"][key]) == pytest.approx(sum(logs) / 2)
@@ -156,3 +167,86 @@ def test_stream_positions_give_a_one_layer_model_the_kept_tokens_at_their_own_po
     for row, kept in zip(nll, ([0, 4, 5, 6], [3, 4, 5, 6])):  # the last input sees these 4 entries
         logits = model(ids[None, kept], positions=torch.tensor(kept)).logits[0, -1]
         assert row[-1].item() == pytest.approx(torch.nn.functional.cross_entropy(logits, ids[7]).item(), abs=1e-5)
+
+
+PASSKEY = {"depths": [0.0, 1.0], "keys": 1, "bos_mode": "no"}
+
+
+def hf_subject(model, tokenizer):
+    return SimpleNamespace(kind="hf", model=model, tokenizer=tokenizer, max_positions=lambda: 512)
+
+
+def test_passkey_through_a_cache_that_keeps_everything_is_the_full_cache_answer(tiny_llama, hf_tokenizer):
+    def room(entries):  # past a 1x prompt and its answer: nothing is ever evicted
+        trials = passkey.make_trials(hf_tokenizer, entries, [0.0, 1.0], 1)
+        return entries - len(trials[0].ids) - max(passkey.answer_length(hf_tokenizer, t.key) for t in trials)
+
+    entries = next(e for e in range(227, 400) if room(e) >= 0)
+    trials = passkey.make_trials(hf_tokenizer, entries, [0.0, 1.0], 1)
+    got = passkey_at(hf_subject(tiny_llama, hf_tokenizer), HFRotaryStreamer(tiny_llama), ROWS, entries, [1], **PASSKEY)
+    (one,) = got.values()
+    assert one["tokens"] == len(trials[0].ids) and [t["depth"] for t in one["trials"]] == [0.0, 1.0]
+    assert len(one["answers"]) == len(ROWS) + 1 and all(a == one["answers"]["full"] for a in one["answers"].values())
+    assert len(set(one["right"].values())) == 1
+
+
+class CopyStreamer(Streamer):
+    """A hand-made retriever over token ids: it predicts the token that followed the latest earlier
+    occurrence of its last three cached tokens, so it writes the key exactly while the needle is cached."""
+
+    device = torch.device("cpu")
+
+    def stream(self, specs, evictor=None):
+        cache = torch.zeros(len(specs), 0, dtype=torch.long)
+
+        def feed(tokens):
+            nonlocal cache
+            if evictor is not None and (index := evictor.indices([cache[:, None, :, None].float()], tokens.shape[1])):
+                cache = cache.gather(1, index[0][:, 0])
+            logits = []
+            for i in range(tokens.shape[1]):
+                cache = torch.cat((cache, tokens[:, i : i + 1]), 1)
+                logits.append(torch.stack([self.next_token(row.tolist()) for row in cache]))
+            if evictor is not None:
+                evictor.append(tokens.shape[1])
+            return torch.stack(logits, 1)
+
+        return feed
+
+    @staticmethod
+    def next_token(ids):
+        out = torch.zeros(300)
+        match = [j for j in range(len(ids) - 3) if ids[j : j + 3] == ids[-3:]]
+        out[ids[match[-1] + 3] if match else 0] = 1  # 0: <unk>, which decodes to nothing
+        return out
+
+
+def test_passkey_fails_where_the_policy_evicts_the_key(hf_tokenizer):
+    """2x prompts through 150 entries: StreamingLLM keeps the first 4 and the latest 146, so the key
+    at depth 0 is gone by the question and the key at depth 1 is not; the whole cache finds both."""
+    from tokenizers import decoders
+
+    tokenizer = copy.deepcopy(hf_tokenizer)
+    tokenizer.backend_tokenizer.decoder = decoders.ByteLevel()  # answers decode to text, " 60494"
+    model = SimpleNamespace(config=SimpleNamespace(n_layers=1, n_heads=1))
+    subject = SimpleNamespace(kind="sinklab", model=model, tokenizer=tokenizer, max_positions=lambda: None)
+    rows = [Row(StreamingLLM(), first=4, sinks=s) for s in ("keep", "drop")]
+    got = passkey_at(subject, CopyStreamer(), rows, 150, [2], **PASSKEY)
+    (two,) = got.values()
+    spans = passkey.build_trial(tokenizer, 300, 0.0, two["trials"][0]["key"]).key_spans
+    assert all(4 <= a and b <= two["tokens"] - 146 for a, b in spans)  # depth 0: the key left the window
+    assert two["right"] == {"streaming/keep": 1, "streaming/drop": 1, "full": 2}
+    assert [first_number(a) for a in two["answers"]["full"]] == [t["key"] for t in two["trials"]]
+    result = {"full": None, "tokens": 1, "sequences": 1, "budgets": {"25": {"entries": 150, "perplexity": {}}}}
+    result["budgets"]["25"]["perplexity"] = {"streaming/keep": 2.0, "streaming/drop": 3.0}
+    result["budgets"]["25"]["passkey"] = got
+    assert kv_eval.metrics_of(result) == {
+        N.kv_perplexity("streaming", "keep", 25): 2.0,
+        N.kv_perplexity("streaming", "drop", 25): 3.0,
+        N.kv_passkey("streaming_keep", 25, 2): 50.0,
+        N.kv_passkey("streaming_drop", 25, 2): 50.0,
+        N.kv_passkey("full", 25, 2): 100.0,
+    }
+    table = kv_eval.markdown({"m": result}, 4)
+    assert "| m | 1 | n/a | 25% (150) | streaming | 2.00 | 3.00 | 1.50 | 1/2 | 1/2 |" in table
+    assert "| m | 1 | n/a | 25% (150) | full cache | — | — | — | 2/2 | — |" in table
