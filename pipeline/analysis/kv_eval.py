@@ -28,7 +28,6 @@ from pipeline import metric_names as N
 from pipeline import plots
 from pipeline.analysis.inputs import held_out_sequences, shakespeare_files
 from pipeline.analysis.kv_passkey import add_passkey_arguments, check_passkey_args, passkey_at, passkey_cell
-from pipeline.analysis.passkey import parse_depths
 from pipeline.analysis.streamers import CacheSpec, kv_heads, perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, check_positions, load_subject
 from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of, settings_of
@@ -117,8 +116,7 @@ def check_args(args) -> KvEval:
         raise refuse("--per-sequence reads a prepared dataset's val split: add --dataset DIR")
     if args.first < 0 or not 0 <= args.eps < 1 or args.max_tokens < 8:
         raise refuse(f"--first {args.first}, --eps {args.eps}, --max-tokens {args.max_tokens}: need >= 0, [0, 1), >= 8")
-    factors = check_passkey_args(args)
-    depths = parse_depths(args.depths, BY) if factors else []
+    factors, depths = check_passkey_args(args)
     return settings_of(KvEval, args, policies=names, budget=args.budget or ["25%"], passkey=factors, depths=depths)
 
 

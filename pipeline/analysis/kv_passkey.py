@@ -30,14 +30,14 @@ def add_passkey_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keys", type=int, default=1, help="passkey keys (trials) per depth")
 
 
-def check_passkey_args(args) -> list[int]:
-    """The factors; depths and keys checked where there are any."""
+def check_passkey_args(args) -> tuple[list[int], list[float]]:
+    """The factors and the depths (none without factors); the keys checked where there are factors."""
     factors = pk.parse_factors(args.passkey, BY)
-    if factors:
-        pk.parse_depths(args.depths, BY)
-        if args.keys < 1:
-            raise SystemExit(f"{BY}: --keys {args.keys}: must be >= 1 (no passkey: --passkey '')")
-    return factors
+    if not factors:
+        return [], []
+    if args.keys < 1:
+        raise SystemExit(f"{BY}: --keys {args.keys}: must be >= 1 (no passkey: --passkey '')")
+    return factors, pk.parse_depths(args.depths, BY)
 
 
 def passkey_at(
@@ -51,10 +51,11 @@ def passkey_at(
     bos_mode: str,
     secondary: Callable[[torch.Tensor], list[torch.Tensor]] | None = None,
 ) -> dict[str, dict | None]:
-    """``<f>x`` -> the passkey on prompts of f x ``entries`` tokens (f in ``factors``; ``keys`` trials a depth): each trial one batch of the rows
-    through caches of ``entries`` entries (the sinks: the rows' first entries and ``secondary(ids)``
-    of its prompt), and all trials with the whole prompt cached (``full``; None past the model's
-    positions). None where f x ``entries`` tokens cannot hold the prompt."""
+    """``<f>x`` -> the passkey on prompts of f x ``entries`` tokens (f in ``factors``, ``keys``
+    trials a depth): each trial one batch of the rows through caches of ``entries`` entries (the
+    sinks: the rows' first entries and ``secondary(ids)`` of its prompt), and all trials with the
+    whole prompt cached (``full``; None past the model's positions). None where f x ``entries``
+    tokens cannot hold the prompt."""
     tokenizer, bos = subject.tokenizer, bos_id(subject, bos_mode)
     layers, heads = kv_heads(subject)
     out: dict[str, dict | None] = {}
