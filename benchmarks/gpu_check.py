@@ -35,6 +35,7 @@ from gpu_check_cases import CONTEXT, DATA, Case, cpu_cases, gpu_cases  # noqa: E
 from gpu_check_report import Result, table  # noqa: E402
 
 from pipeline import metric_names as N  # noqa: E402
+from pipeline.train.compiling import BACKWARD_WITH_FORWARD  # noqa: E402
 from pipeline.train.summary import health_problems, metric_rows  # noqa: E402
 
 SINKLAB = [sys.executable, "-m", "pipeline.cli"]
@@ -288,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     versions = f"torch {torch.__version__}, triton {getattr(sys.modules.get('triton'), '__version__', '-')}"
+    versions += f", backward compiled {'with the forward' if BACKWARD_WITH_FORWARD else 'by a zero-gradient pass'}"
     print(f"gpu-check: {len(cases)} cases on {device}; {versions}; {args.budget:.0f} s; logs in {root}", flush=True)
     matrix, results = Matrix(every, root, data, shlex.split(args.extra_args), args.timeout), []
     signal.signal(signal.SIGTERM, interrupt)
