@@ -28,11 +28,12 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.streamers import CacheSpec, Streamer, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, check_positions, parse_caches
-from pipeline.analysis.subject import Subject, add_model_arguments, model_name, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, writer
 from pipeline.plots import passkey_heatmap
-from sinklab_io.outputs import NotOurs, claim, write_output
+from sinklab_io.outputs import write_output
 
 BY = "sinklab passkey"
+OUTPUTS = ("passkey.md", "passkey.csv", "passkey.json", "passkey.png")
 INSTRUCTION = (
     "Below, one line among many repeated ones holds a secret number. "
     "Read everything, remember the number, and give it when asked."
@@ -292,10 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.keys < 1 or args.digits not in DIGITS:
         raise SystemExit("sinklab passkey: --keys must be >= 1 and --digits in 1..18")
     out = args.out or Path("analysis") / "passkey" / model_name(args.model)
-    try:
-        claim(out, ("passkey.md", "passkey.csv", "passkey.json", "passkey.png"), by=writer(BY, [args.model]))
-    except NotOurs as error:
-        raise SystemExit(f"sinklab passkey: {error}") from None
+    claimed(out, OUTPUTS, writer(BY, [args.model]), BY)
     subject = Subject(args.model, args.kind, args.tokenizer, "passkey")
     if subject.tokenizer is None:
         raise SystemExit(
@@ -324,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     figure = write_outputs(out, name, subject, table, results, settings, seconds)
     print(markdown(name, table, settings["tokens"], args.keys))
-    print(f"wrote {out}/passkey.md, passkey.csv, passkey.json, passkey.png ({seconds} s)", file=sys.stderr)
+    print(f"wrote {out}/{', '.join(OUTPUTS)} ({seconds} s)", file=sys.stderr)
     if subject.run_id is not None:
         log_to_run(subject, table, figure, settings)
         print(f"logged to MLflow run {subject.run_id} as passkey/acc_<x>_<y>", file=sys.stderr)
