@@ -25,7 +25,7 @@ import torch
 from pipeline.analysis import streamers
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity
 from pipeline.analysis.streaming import Reading, build_parser, load_subject
-from pipeline.analysis.subject import settings_of
+from sinklab_io.mappings import settings_of
 
 DEFAULT = ("0+128", "1+127", "4+124")
 

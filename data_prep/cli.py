@@ -20,6 +20,7 @@ from data_prep.invocation import run_into
 from data_prep.prepare import PrepConfig, PrepResult, default_workers, prepare
 from data_prep.readers import FORMATS, TEXT_UNITS, ReaderOptions
 from data_prep.synthetic_bb import BBConfig, prepare_bb
+from sinklab_io.mappings import settings_of
 
 SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
@@ -180,18 +181,7 @@ def build_bb_parser() -> argparse.ArgumentParser:
 
 def bb_main(argv: list[str]) -> int:
     args = build_bb_parser().parse_args(argv[1:])
-    cfg = BBConfig(
-        out=args.out,
-        vocab_size=args.vocab_size,
-        triggers=args.triggers,
-        context_length=args.context_length,
-        sequences=args.sequences,
-        val_sequences=args.val_sequences,
-        probe_sequences=args.probe_sequences,
-        probe_length=args.probe_length,
-        seed=args.seed,
-        command=shlex.join(["sinklab", "prep", *argv]),
-    )
+    cfg = settings_of(BBConfig, args, command=shlex.join(["sinklab", "prep", *argv]))
     status, found = run_into(args.out, lambda: prepare_bb(cfg), resumable=False)
     if found is None:
         return status
@@ -219,28 +209,14 @@ def config_from_args(args: argparse.Namespace, argv: list[str]) -> PrepConfig:
     if separate_val and args.val_fraction:
         raise DataPrepError("--val-fraction holds out part of --input; with --val-input or --hf-val-split leave it out")
     val_fraction = args.val_fraction if args.val_fraction is not None else (0.0 if separate_val else 0.01)
-    return PrepConfig(
+    return settings_of(
+        PrepConfig,
+        args,
         inputs=args.input,
-        out=args.out,
         fmt=args.format,
         val_inputs=args.val_input,
         val_fraction=val_fraction,
-        tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size,
-        tokenizer_train_chars=args.tokenizer_train_chars,
-        bos_token=args.bos_token,
-        eos_token=args.eos_token,
-        pad_token=args.pad_token,
-        context_length=args.context_length,
-        bos=args.bos,
-        dtype=args.dtype,
         domains=[d.strip() for d in args.domains.split(",") if d.strip()] if args.domains else None,
-        max_tokens=args.max_tokens,
-        probe_sequences=args.probe_sequences,
-        probe_length=args.probe_length,
-        workers=args.workers,
-        seed=args.seed,
-        chunk_chars=args.chunk_chars,
         reader=ReaderOptions(
             fmt=args.format,
             text_unit=args.text_unit,
@@ -248,8 +224,6 @@ def config_from_args(args: argparse.Namespace, argv: list[str]) -> PrepConfig:
             text_field=args.text_field,
             hf_split=args.hf_split,
         ),
-        hf_val_split=args.hf_val_split,
-        progress=args.progress,
         command=shlex.join(["sinklab", "prep", *argv]),
     )
 

@@ -1,9 +1,14 @@
-"""Nested mappings as one level of dotted keys (MLflow params, resume checks, config summaries)."""
+"""Nested mappings as one level of dotted keys (MLflow params, resume checks, config summaries), and
+a command's parsed options as its typed settings."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import fields
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -16,3 +21,8 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def settings_of(cls: type[T], args: argparse.Namespace, **given) -> T:
+    """A command's typed settings: the fields of the dataclass ``cls`` from its parsed options, ``given`` set apart."""
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if f.name not in given} | given)

@@ -22,8 +22,9 @@ from pipeline import probe_metrics
 from pipeline.analysis import inputs, secondary
 from pipeline.analysis.figures import write_plots
 from pipeline.analysis.inputs import INPUT_KINDS, Probe, natural_tokens, probe_sets
-from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, settings_of, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, writer
 from pipeline.analysis.tables import format_table
+from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
 
 BY = "sinklab analyze"

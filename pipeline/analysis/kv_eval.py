@@ -30,10 +30,11 @@ from pipeline.analysis.inputs import held_out_sequences, shakespeare_files
 from pipeline.analysis.kv_passkey import add_passkey_arguments, check_passkey_args, passkey_at, passkey_cell
 from pipeline.analysis.streamers import CacheSpec, kv_heads, perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, check_positions, load_subject
-from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of, settings_of
+from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of
 from pipeline.metrics import split_slots
 from pipeline.model.eviction import POLICIES, Evictor, Row
 from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
+from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
 
 BY = "sinklab kv-eval"

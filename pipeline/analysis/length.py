@@ -43,7 +43,8 @@ from pipeline.analysis.passkey import (
 )
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import Reading, add_cache_argument, add_text_arguments, bos_id, parse_caches
-from pipeline.analysis.subject import Subject, add_model_arguments, claim_out, device_of, log_results_of, settings_of
+from pipeline.analysis.subject import Subject, add_model_arguments, claim_out, device_of, log_results_of
+from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
 
 FULL = "full"

@@ -23,8 +23,9 @@ from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.streamers import perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, bos_id
-from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, settings_of, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, writer
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
+from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
 
 BY = "sinklab quant-eval"

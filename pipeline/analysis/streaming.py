@@ -19,7 +19,8 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity, streamer_for
-from pipeline.analysis.subject import Subject, add_model_arguments, model_name, settings_of, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, model_name, writer
+from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import NotOurs, claim_file, write_output
 
 BY = "sinklab stream-ppl"

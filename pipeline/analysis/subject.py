@@ -8,9 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from dataclasses import fields
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 
@@ -22,7 +20,6 @@ from pipeline.probe import run_probe
 from pipeline.sink_measures import SinkMeasures
 from sinklab_io.outputs import NotOurs, claim
 
-T = TypeVar("T")
 MODEL_HELP = "smollm2 | gemma3-270m | .gguf file | HF model dir or hub id | SinkLab checkpoint or export | runs:/<id>"
 
 
@@ -35,11 +32,6 @@ def add_model_arguments(parser: argparse.ArgumentParser, many: bool = False) -> 
     parser.add_argument(
         "--kind", choices=("auto", "hf", "sinklab"), default="auto", help="how to load a model (auto: by its shape)"
     )
-
-
-def settings_of(cls: type[T], args: argparse.Namespace, **given) -> T:
-    """A command's typed settings: the fields of the dataclass ``cls`` from its parsed options, ``given`` set apart."""
-    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if f.name not in given} | given)
 
 
 class Subject:

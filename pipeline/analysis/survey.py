@@ -22,7 +22,8 @@ from pathlib import Path
 from pipeline import metrics, plots
 from pipeline.analysis.analyze import write_json
 from pipeline.analysis.inputs import INPUT_KINDS, Probe, add_probe_arguments, probe_sets
-from pipeline.analysis.subject import Subject, add_model_arguments, claimed, settings_of, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, writer
+from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
 
 DEFAULT_SWEEP = "0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"

@@ -12,7 +12,7 @@ from analysis_helpers import HAMLET, micro_model
 
 from pipeline.analysis import streamers, streaming
 from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer, perplexity
-from pipeline.analysis.subject import settings_of
+from sinklab_io.mappings import settings_of
 
 
 def kept_indices(t, spec, extra_initial=0):
