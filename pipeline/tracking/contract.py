@@ -38,6 +38,13 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlruns' / 'mlflow.db'}"
 
 
+def prepare_store(uri: str) -> str:
+    """``uri``, with the folder of a sqlite store made."""
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
 def artifact_location(uri: str, experiment: str) -> str | None:
     """Where a new experiment keeps its artifacts: beside a sqlite store, in ``<store dir>/artifacts/
     <experiment>`` (MLflow would use ``./mlruns`` of whatever directory the command runs in); a

@@ -34,7 +34,7 @@ from pipeline.model.config import ConfigError
 from sinklab_io.mappings import flatten
 from sinklab_io.notices import notice, why
 
-from .contract import TAG_PREVIOUS_RUN, TAG_RUN_DIR, experiment_id, tracking_uri
+from .contract import TAG_PREVIOUS_RUN, TAG_RUN_DIR, experiment_id, prepare_store, tracking_uri
 from .metrics_file import MetricsFile
 from .views import mark_training_experiment, sent_to_mlflow
 
@@ -74,11 +74,6 @@ def as_params(data: Mapping[str, Any]) -> dict[str, str]:
     return {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in flatten(data).items()}
 
 
-def _prepare_sqlite(uri: str) -> None:
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-
-
 def open_run(
     run: RunDir,
     experiment: str,
@@ -99,8 +94,7 @@ def open_run(
 
     for key, value in DEFAULT_RETRIES.items():
         os.environ.setdefault(key, value)
-    uri = tracking_uri()
-    _prepare_sqlite(uri)
+    uri = prepare_store(tracking_uri())
     client = MlflowClient(uri)
     run_id = run.mlflow_run_id()
     try:
@@ -286,35 +280,33 @@ class RunLogger(MLFlowLogger):
         self.offline = False
         return True
 
-    @rank_zero_only
-    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+    def _send(self, send, failed: str | None = None) -> None:
+        """``send()`` where a run exists; a failure costs the notice ``failed`` (None: nothing)."""
         if self._run_id is None:
             return
         try:
-            self.experiment.log_artifact(self._run_id, str(path), artifact_path=artifact_path)
+            send()
         except Exception as exc:  # noqa: BLE001
-            notice(f"MLflow: artifact {path} not uploaded ({type(exc).__name__}); it stays in the run dir")
+            if failed:
+                notice(f"MLflow: {failed} not uploaded ({type(exc).__name__}); it stays in the run dir")
+
+    @rank_zero_only
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self._send(
+            lambda: self.experiment.log_artifact(self._run_id, str(path), artifact_path=artifact_path),
+            f"artifact {path}",
+        )
 
     @rank_zero_only
     def log_image(self, path: Path, key: str, step: int) -> None:
         """The figure at ``path`` as MLflow image ``key`` at ``step`` (pipeline.tracking.images)."""
-        if self._run_id is None:
-            return
         from .images import log_image_file
 
-        try:
-            log_image_file(self.experiment, self._run_id, path, key, step)
-        except Exception as exc:  # noqa: BLE001
-            notice(f"MLflow: image {path} not uploaded ({type(exc).__name__}); it stays in the run dir")
+        self._send(lambda: log_image_file(self.experiment, self._run_id, path, key, step), f"image {path}")
 
     @rank_zero_only
     def set_tag(self, key: str, value: str) -> None:
-        if self._run_id is None:
-            return
-        try:
-            self.experiment.set_tag(self._run_id, key, value)
-        except Exception:  # noqa: BLE001
-            pass
+        self._send(lambda: self.experiment.set_tag(self._run_id, key, value))
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
@@ -330,11 +322,7 @@ class RunLogger(MLFlowLogger):
                 f"and the next start of {self.metrics_file.path.parent} (--resume auto) sends them and closes the run"
             )
             return
-        mlflow_status = _MLFLOW_STATUS.get(status, "FINISHED")
-        try:
-            self.experiment.set_terminated(self._run_id, mlflow_status)
-        except Exception:  # noqa: BLE001
-            pass
+        self._send(lambda: self.experiment.set_terminated(self._run_id, _MLFLOW_STATUS.get(status, "FINISHED")))
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         pass

@@ -28,7 +28,7 @@ from typing import Any
 
 from sinklab_io.notices import notice, why
 
-from .contract import TAG_MODEL_ID
+from .contract import TAG_MODEL_ID, tracking_uri
 from .views import HEADLINE, VIEW_TAG, dataset_name, experiment_url, home_url
 
 MODEL_NAME = "model"  # the logged model's name: runs:/<run_id>/model
@@ -120,8 +120,6 @@ def final_weights(module, checkpoint: str | os.PathLike | None = None):
 def log_run_model(cli) -> None:
     """Rank 0 of `sinklab fit`, after the final checkpoint: the final weights as the run's MLflow
     model (once per run); an MLflow outage costs a warning, never the run."""
-    from .contract import tracking_uri
-
     if not cli.opts.log_model or not cli.run_id:
         return
     newest = cli.run.newest_checkpoint()
@@ -330,8 +328,4 @@ def print_experiment_urls(tracking_uri: str) -> None:
 
 
 if __name__ == "__main__":
-    print_experiment_urls(
-        sys.argv[1]
-        if len(sys.argv) > 1
-        else os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlruns' / 'mlflow.db'}"
-    )
+    print_experiment_urls(sys.argv[1] if len(sys.argv) > 1 else tracking_uri())

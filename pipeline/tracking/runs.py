@@ -26,6 +26,7 @@ from .contract import (
     TAG_STATUS,
     TAG_VARIANT,
     experiment_id,
+    prepare_store,
     tracking_uri,
 )
 
@@ -42,10 +43,7 @@ class Grouped(Protocol):
 
 
 def client(uri: str | None = None) -> MlflowClient:
-    uri = uri or tracking_uri()
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=uri)
+    return MlflowClient(tracking_uri=prepare_store(uri or tracking_uri()))
 
 
 @dataclass
