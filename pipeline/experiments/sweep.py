@@ -159,30 +159,18 @@ def run_local(
     return codes
 
 
-def check_configs(experiment: Experiment, scale: str, planned: list[PlannedRun], extra: list[str] = ()) -> None:
-    """Parse each config to be run, with the arguments after ``--``, with `sinklab fit`'s parser,
-    so a typo fails here and not in the middle of a job array."""
-    from pipeline.experiments.validate import check_variant
-
-    for run in planned:
-        if run.to_run:
-            check_variant(experiment, experiment.variant(run.variant), scale, run.seed, extra)
-
-
 def submit(
     experiment: Experiment,
     scale: str,
-    planned: list[PlannedRun],
+    todo: list[PlannedRun],
     runs_root: Path,
     job_args: argparse.Namespace,
     extra: list[str],
     parent: str | None = None,
 ) -> str:
-    """Submit every (variant, seed) that has not finished as one SLURM job array, one task each;
-    return its id."""
+    """Submit the runs ``todo`` as one SLURM job array, one task each; return its id."""
     from cluster.submit import JobSpec, submit_array
 
-    todo = [r for r in planned if r.to_run]
     spec = JobSpec(
         nodes=job_args.nodes,
         gpus_per_node=job_args.gpus_per_node,
@@ -296,8 +284,11 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
         mlflow = tracking.client()
         planned = plan(experiment, args.scale, args.runs_root, mlflow, args.seeds)
         todo = [r for r in planned if r.to_run]
-        if todo and not args.no_check:  # before the plan is printed: a refusal is its one line only
-            check_configs(experiment, args.scale, planned, extra)
+        if todo and not args.no_check:  # with `sinklab fit`'s parser, before the plan: a refusal is one line
+            from pipeline.experiments.validate import check_variant
+
+            for run in todo:
+                check_variant(experiment, experiment.variant(run.variant), args.scale, run.seed, extra)
         print(format_plan(experiment, args.scale, planned))
         if todo and not args.no_check:
             print(f"checked {len(todo)} configs with the `sinklab fit` parser")
@@ -312,7 +303,7 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
         parent = tracking.parent_run(mlflow, experiment, args.scale)
         print(f"MLflow parent run {parent} ({experiment.name}/{args.scale})")
         if args.submit:
-            job_id = submit(experiment, args.scale, planned, args.runs_root, args, extra, parent)
+            job_id = submit(experiment, args.scale, todo, args.runs_root, args, extra, parent)
             print(
                 f"submitted job array {job_id} with {len(todo)} tasks; logs in "
                 f"{sweep_dir(experiment, args.scale, args.runs_root) / 'slurm'}"
@@ -331,12 +322,9 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
             else:
                 os.environ[PARENT_ENV] = previous
         mlflow.set_terminated(parent, "FINISHED" if all(c == 0 for c in codes.values()) else "FAILED")
-    except WorkerError as error:
+    except (WorkerError, ExperimentError, JobError) as error:
         print(f"sinklab sweep: {error}", file=sys.stderr)
-        return 1
-    except (ExperimentError, JobError) as error:
-        print(f"sinklab sweep: {error}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(error, WorkerError) else 2
     failed = [name for name, code in codes.items() if code != 0]
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
