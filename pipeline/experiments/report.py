@@ -110,8 +110,12 @@ def fmt_spread(s: Spread, digits: int = 2) -> str:
     return f"{fmt(s.mean, digits)} [{fmt(s.lo, digits)}, {fmt(s.hi, digits)}]"
 
 
-def alpha1_is_a_column(experiment: Experiment) -> bool:
-    return any(c.metric == ALPHA1 for c in experiment.columns)
+def metric_columns(experiment: Experiment, rows: list[Row]) -> list[tuple[str, int, list[Spread]]]:
+    """(label, digits, each row's spread) of every column, then of the mean alpha_1 where it is none."""
+    found = [(c.label, c.digits, [r.measured[i] for r in rows]) for i, c in enumerate(experiment.columns)]
+    if not any(c.metric == ALPHA1 for c in experiment.columns):
+        found.append(("mean alpha_1", 3, [r.alpha1 for r in rows]))
+    return found
 
 
 def spread_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
@@ -123,11 +127,10 @@ def spread_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
         "| variant | metric | n | mean | std | 95% interval | seeds |",
         "|---|---|---:|---:|---:|---:|---|",
     ]
-    columns = [(c.label, c.digits, i) for i, c in enumerate(experiment.columns)]
-    columns += [] if alpha1_is_a_column(experiment) else [("mean alpha_1", 3, None)]
-    for row in rows:
-        for label, digits, i in columns:
-            s = row.alpha1 if i is None else row.measured[i]
+    columns = metric_columns(experiment, rows)
+    for j, row in enumerate(rows):
+        for label, digits, spreads in columns:
+            s = spreads[j]
             if s.n == 0:
                 continue
             interval = f"[{fmt(s.lo, digits)}, {fmt(s.hi, digits)}]" if s.lo is not None else MISSING
@@ -142,11 +145,8 @@ def spread_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
 def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
     names = [r.variant for r in rows]
     found = [
-        (c.label, stats.ordering(names, [r.measured[i] for r in rows], c.digits))
-        for i, c in enumerate(experiment.columns)
+        (label, stats.ordering(names, spreads, digits)) for label, digits, spreads in metric_columns(experiment, rows)
     ]
-    if not alpha1_is_a_column(experiment):
-        found.append(("mean alpha_1", stats.ordering(names, [r.alpha1 for r in rows], 3)))
     found = [(label, text) for label, text in found if text]
     if not found:
         return []
@@ -288,16 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         experiment = load_experiment(args.experiment)
         experiment.setup(args.scale)
-    except ExperimentError as error:
-        print(f"sinklab report: {error}", file=sys.stderr)
-        return 2
-    out = args.out or Path("runs") / experiment.name / args.scale / "report"
-    by = f"{BY} of {experiment.name} at scale {args.scale}"  # the output marker's writer
-    try:
+        out = args.out or Path("runs") / experiment.name / args.scale / "report"
+        by = f"{BY} of {experiment.name} at scale {args.scale}"  # the output marker's writer
         claim(out, ["report.md", "report.json", *([f"{experiment.name}-{args.scale}.png"] if args.plot else [])], by=by)
         if args.docs:
             results_page.claim_pages(args.docs, experiment.name)
-    except NotOurs as error:
+    except (ExperimentError, NotOurs) as error:
         print(f"sinklab report: {error}", file=sys.stderr)
         return 2
     mlflow = tracking.client()
