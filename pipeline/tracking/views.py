@@ -175,11 +175,6 @@ def table_columns(factors: list[str]) -> list[str]:
     )
 
 
-def group_by_variant() -> dict:
-    """The UI's grouping of runs by the variant tag, charts drawing each group's average."""
-    return {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": TAG_VARIANT}]}
-
-
 def view_state(factors: list[str], seeded: bool = False) -> dict:
     # Sorted by run name, not by date: the UI nests a sweep's variants under their parent run
     # (collapsed, so no curves) only when runs are listed by date.
@@ -195,7 +190,10 @@ def view_state(factors: list[str], seeded: bool = False) -> dict:
         "runsHiddenMode": "SHOW_ALL",
         "viewMaximized": False,
         "runListHidden": False,
-        "groupBy": group_by_variant() if seeded else None,
+        # the runs grouped by the variant tag, charts drawing each group's average
+        "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": TAG_VARIANT}]}
+        if seeded
+        else None,
         "groupsExpanded": {},
         "useGroupedValuesInCharts": True,
         "hideEmptyCharts": True,
@@ -223,11 +221,6 @@ def seeded(runs_params: list[dict[str, str]]) -> bool:
     return any(len(s) > 1 for s in seeds.values())
 
 
-def _training_runs_params(client, experiment_id: str) -> list[dict[str, str]]:
-    runs = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_KIND}` IS NULL", max_results=1000)
-    return [dict(run.data.params) for run in runs]
-
-
 def mark_training_experiment(client, experiment_id: str, runs_params: list[dict[str, str]] | None = None) -> None:
     """Tag the experiment as model training and (re)write SinkLab's view where it is missing or
     its factor columns changed. ``runs_params``: the training runs' params (else searched)."""
@@ -235,7 +228,8 @@ def mark_training_experiment(client, experiment_id: str, runs_params: list[dict[
     if tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
     if runs_params is None:
-        runs_params = _training_runs_params(client, experiment_id)
+        runs = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_KIND}` IS NULL", max_results=1000)
+        runs_params = [dict(run.data.params) for run in runs]
     state = json.dumps(view_state(varied_factors(runs_params), seeded(runs_params)))
     try:
         current = json.loads(tags.get(VIEW_TAG, "{}")).get("state")
