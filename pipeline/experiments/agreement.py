@@ -40,7 +40,7 @@ def fmt_p(p: Permutation | None) -> str:
 
 
 def fmt_defined(interval: Interval | None) -> str:
-    return "—" if interval is None else f"{interval.defined}/{interval.resamples}"
+    return stats.MISSING if interval is None else f"{interval.defined}/{interval.resamples}"
 
 
 @dataclass

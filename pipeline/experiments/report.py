@@ -41,11 +41,10 @@ from pipeline.experiments.report_names import (
     spread_metrics,
 )
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
-from pipeline.experiments.stats import Spread, spread
+from pipeline.experiments.stats import MISSING, Spread, spread
 from sinklab_io.outputs import NotOurs, claim, write_output
 
 BY = "sinklab report"
-MISSING = "—"
 
 
 @dataclass

@@ -10,10 +10,8 @@ from pipeline import tracking
 from pipeline.experiments.agreement import agreement, fmt_corr
 from pipeline.experiments.report_names import ALPHA1_KEY, EMERGED, SINK1
 from pipeline.experiments.spec import Experiment
-from pipeline.experiments.stats import Spread, spread
+from pipeline.experiments.stats import MISSING, Spread, spread
 from sinklab_io.outputs import output_path
-
-MISSING = "—"
 
 
 def curve_series(experiment: Experiment, rows, mlflow) -> dict[str, list[tuple[int, list[tuple[int, float]]]]]:

@@ -198,6 +198,7 @@ def verdict(
 
 
 NEVER = "never"
+MISSING = "—"  # no value, in every table of a report
 
 
 def emergence(steps: Sequence[float | None]) -> str:
@@ -205,7 +206,7 @@ def emergence(steps: Sequence[float | None]) -> str:
     where all agree); a run that never emerged (None) counts as later than any step, so it can make
     the median "never"."""
     if not steps:
-        return "—"
+        return MISSING
     ordered = sorted(steps, key=lambda s: math.inf if s is None else s)
     values = [math.inf if s is None else float(s) for s in ordered]
     n = len(values)

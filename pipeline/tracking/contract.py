@@ -23,6 +23,7 @@ FINISHED = "finished"
 TAG_KIND = "sinklab.kind"
 # the newest logged model of a training run (written at the end of fit; read by runs:/<id>)
 TAG_MODEL_ID = "sinklab.model_id"
+MODEL_NAME = "model"  # the logged model's name: runs:/<run_id>/model
 # a sweep's parent run: passed to each `sinklab fit` in this environment variable, kept as MLflow's tag
 PARENT_ENV = "SINKLAB_PARENT_RUN_ID"
 TAG_PARENT = "mlflow.parentRunId"

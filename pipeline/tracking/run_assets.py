@@ -28,10 +28,9 @@ from typing import Any
 
 from sinklab_io.notices import notice, why
 
-from .contract import TAG_MODEL_ID, tracking_uri
+from .contract import MODEL_NAME, TAG_MODEL_ID, tracking_uri
 from .views import HEADLINE, VIEW_TAG, dataset_name, experiment_url, home_url
 
-MODEL_NAME = "model"  # the logged model's name: runs:/<run_id>/model
 DIGEST_LIMIT = 36  # mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE
 
 # System metrics: a sample every 15 s, one averaged point a minute (2 days: ~2,900 points a metric).

@@ -21,10 +21,9 @@ from pathlib import Path
 
 from pipeline import metric_names as N
 
-from .contract import TAG_MODEL_ID, tracking_uri
+from .contract import MODEL_NAME, TAG_MODEL_ID, tracking_uri
 
 PREFIXES = ("runs:/", "models:/")
-MODEL_NAME = "model"
 # what an export's model card reports: label -> metric
 CARD_METRICS = {
     "Sink_1 (%, ε = 0.3)": N.SINK1,
