@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import random
 import re
 import sys
@@ -28,7 +27,7 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.streamers import CacheSpec, Streamer, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, check_positions, parse_caches
-from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, write_json, writer
 from pipeline.plots import passkey_heatmap
 from sinklab_io.outputs import write_output
 
@@ -280,7 +279,7 @@ def write_outputs(
         "accuracy": accuracy_by_depth,
         "trials": results,
     }
-    write_output(out / "passkey.json", json.dumps(result, indent=2), by)
+    write_json(result, out / "passkey.json", by)
     title = f"passkey retrieval, {name}, {settings['tokens']} tokens"
     return passkey_heatmap(table, out / "passkey.png", title, by)
 
@@ -293,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.keys < 1 or args.digits not in DIGITS:
         raise SystemExit("sinklab passkey: --keys must be >= 1 and --digits in 1..18")
     out = args.out or Path("analysis") / "passkey" / model_name(args.model)
-    claimed(out, OUTPUTS, writer(BY, [args.model]), BY)
+    claimed(out, OUTPUTS, BY, [args.model])
     subject = Subject(args.model, args.kind, args.tokenizer, "passkey")
     if subject.tokenizer is None:
         raise SystemExit(

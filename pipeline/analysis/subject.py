@@ -203,12 +203,19 @@ def log_results_of(subjects: dict, key: str, results: dict, metrics_of, settings
             print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
 
 
-def claimed(out: Path, outputs, by: str, command: str) -> Path:
-    """``out``, claimed for ``outputs`` before any work; refused: SystemExit ``<command>: <why>``."""
+def write_json(record: dict, path: Path, by: str) -> None:
+    write_output(path, json.dumps(record, indent=2), by)
+
+
+def claimed(out: Path, outputs, command: str, specs: list[str]) -> str:
+    """Claim ``out`` for ``outputs`` before any work as ``command`` of ``specs`` (:func:`writer`),
+    which is returned; refused: SystemExit ``<command>: <why>``."""
+    by = writer(command, specs)
     try:
-        return claim(out, outputs, by=by)
+        claim(out, outputs, by=by)
     except NotOurs as error:
         raise SystemExit(f"{command}: {error}") from None
+    return by
 
 
 def claim_out(models: list[str], out: Path | None, command: str, folder: str, outputs) -> tuple[list[str], Path, str]:
@@ -218,5 +225,5 @@ def claim_out(models: list[str], out: Path | None, command: str, folder: str, ou
     if len(set(names)) != len(names):
         twice = [n for n in names if names.count(n) > 1][0]
         raise SystemExit(f"{command}: two models share the name {twice!r}; copy one aside")
-    by = writer(command, models)
-    return names, claimed(out or Path("analysis") / folder / names[0], outputs, by, command), by
+    out = out or Path("analysis") / folder / names[0]
+    return names, out, claimed(out, outputs, command, models)
