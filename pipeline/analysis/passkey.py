@@ -27,7 +27,7 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.streamers import CacheSpec, Streamer, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, check_positions, parse_caches
-from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, write_json, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
 from pipeline.plots import passkey_heatmap
 from sinklab_io.outputs import write_output
 
@@ -201,13 +201,11 @@ def csv_text(results: Sequence[dict]) -> str:
 def log_to_run(subject, table: dict, figure: Path, settings: dict) -> None:
     """`passkey runs:/<id>`: ``passkey/acc_<x>_<y>`` (mean over depths) and the figure go back to
     the training run."""
-    from pipeline.tracking import log_results
-
     values = {
         N.passkey_accuracy(cache.replace("+", "_")): sum(c["accuracy"] for c in row.values()) / len(row)
         for cache, row in table.items()
     }
-    log_results(subject.tracking_uri, subject.run_id, values, {"sinklab.passkey.settings": settings}, figure, "passkey")
+    log_back(subject, "passkey", values, settings, figure)
 
 
 def build_parser() -> argparse.ArgumentParser:

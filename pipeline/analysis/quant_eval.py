@@ -22,7 +22,7 @@ from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.streamers import perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, bos_id
-from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, write_json, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
 from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
@@ -247,8 +247,6 @@ def run(subject, q: QuantEval) -> dict:
     write_output(out / "quant_eval.md", result["table"] + "\n", by)
     write_json({k: v for k, v in result.items() if k != "table"}, out / "quant_eval.json", by)
     if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/
-        from pipeline.tracking import log_results
-
         values = {
             N.quant(f"{key}_{n.replace('-', '_')}"): r[key]
             for n, r in results.items()
@@ -257,8 +255,6 @@ def run(subject, q: QuantEval) -> dict:
         }
         if measures is not None:
             values.update({N.quant(N.act(k)): v for k, v in measures.summary().items() if not k.endswith("_at")})
-        result["mlflow_run_id"] = log_results(
-            subject.tracking_uri, subject.run_id, values, {"sinklab.quant.settings": result["settings"]}, out, "quant"
-        )
+        result["mlflow_run_id"] = log_back(subject, "quant", values, result["settings"], out)
         write_json({k: v for k, v in result.items() if k != "table"}, out / "quant_eval.json", by)
     return result

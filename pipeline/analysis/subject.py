@@ -183,6 +183,14 @@ def save_results(out: Path, stem: str, table: str, args, results: dict, by: str,
     print(table)
 
 
+def log_back(subject, key: str, metrics: dict, settings: dict, out: Path | None) -> str:
+    """Results back on the subject's training run (runs:/<id>): ``settings`` in the tag
+    ``sinklab.<key>.settings``, ``out`` (None: no files) under ``<key>/``; the run id."""
+    from pipeline.tracking import log_results
+
+    return log_results(subject.tracking_uri, subject.run_id, metrics, {f"sinklab.{key}.settings": settings}, out, key)
+
+
 def log_results_of(subjects: dict, key: str, results: dict, metrics_of, settings_of, out: Path, args) -> None:
     """Each model's results on its MLflow run (runs:/<id>; settings in the tag ``sinklab.<key>``,
     files under ``<key>/``) or on a run of its own (--mlflow-uri, in --experiment); no tracking
