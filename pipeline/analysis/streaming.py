@@ -7,7 +7,6 @@ chunks while it fills. Configs that share x + y stream as the rows of one batch.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -19,9 +18,9 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity, streamer_for
-from pipeline.analysis.subject import Subject, add_model_arguments, log_back, model_name, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, log_back, model_name, write_json, writer
 from sinklab_io.mappings import settings_of
-from sinklab_io.outputs import NotOurs, claim_file, write_output
+from sinklab_io.outputs import NotOurs, claim_file
 
 BY = "sinklab stream-ppl"
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
@@ -155,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     specs = parse_caches(args.cache, "stream-ppl")
     if args.max_tokens < 2:
         raise SystemExit("sinklab stream-ppl: --max-tokens must be >= 2")
+    by = writer(BY, [args.model])
     if args.out is not None:
         try:
-            claim_file(args.out, "sinklab stream-ppl: --out", writer(BY, [args.model]))
+            claim_file(args.out, "sinklab stream-ppl: --out", by)
         except NotOurs as error:
             raise SystemExit(str(error)) from None
     streamer, ids, subject = load_subject(args.model, settings_of(Reading, args), args.max_tokens)
@@ -196,18 +196,6 @@ def main(argv: list[str] | None = None) -> int:
         log_back(subject, "stream", values, {"text": text, "tokens": ids.numel(), "bos_first": first_is_bos}, None)
         print(f"logged to MLflow run {subject.run_id} as stream/ppl_<x>_<y>", file=sys.stderr)
     if args.out:
-        write_output(
-            args.out,
-            json.dumps(
-                {
-                    **subject.header(),
-                    "tokens": ids.numel(),
-                    "bos_first": first_is_bos,
-                    "perplexity": results,
-                    "seconds": seconds,
-                },
-                indent=2,
-            ),
-            writer(BY, [args.model]),
-        )
+        record = {"tokens": ids.numel(), "bos_first": first_is_bos, "perplexity": results, "seconds": seconds}
+        write_json(subject.header() | record, args.out, by)
     return 0
