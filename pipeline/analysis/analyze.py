@@ -8,7 +8,6 @@ Works on HF causal LMs (directory, hub name, GGUF, ``smollm2`` / ``gemma3-270m``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import time
@@ -22,10 +21,9 @@ from pipeline import probe_metrics
 from pipeline.analysis import inputs, secondary
 from pipeline.analysis.figures import write_plots
 from pipeline.analysis.inputs import INPUT_KINDS, Probe, natural_tokens, probe_sets
-from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
 from pipeline.analysis.tables import format_table
 from sinklab_io.mappings import settings_of
-from sinklab_io.outputs import write_output
 
 BY = "sinklab analyze"
 
@@ -132,10 +130,6 @@ def learned_position_table(subject: Subject, tokens: torch.Tensor, a: Analysis) 
     return rows
 
 
-def write_json(result: dict, path: Path, by: str) -> None:
-    write_output(path, json.dumps(result, indent=2), by)
-
-
 def output_names(a: Analysis) -> list[str]:
     """What `sinklab analyze` writes into --out (checked before any work)."""
     plot_names = [
@@ -199,11 +193,9 @@ def log_mlflow(uri: str, experiment: str, result: dict, out: Path) -> str:
     )
 
 
-def log_on_run(uri: str, run_id: str, result: dict, out: Path) -> str:
+def log_on_run(subject: Subject, result: dict, out: Path) -> str:
     """`sinklab analyze runs:/<id>`: the metrics (and mean α₁ per input kind) on the training run
     itself, the output directory (report.json, plots) under ``analysis/``."""
-    from pipeline.tracking import log_results
-
     values = {N.analysis(k): v for k, v in result_metrics(result).items()}
     values.update(
         {
@@ -212,12 +204,12 @@ def log_on_run(uri: str, run_id: str, result: dict, out: Path) -> str:
             if rep.get("alpha1") is not None
         }
     )
-    return log_results(uri, run_id, values, {"sinklab.analysis.settings": result["settings"]}, out, "analysis")
+    return log_back(subject, "analysis", values, result["settings"], out)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = check_args(build_parser().parse_args(argv))
-    claimed(a.out, output_names(a), writer(BY, [a.model]), BY)
+    claimed(a.out, output_names(a), BY, [a.model])
     started = time.perf_counter()
     subject = Subject(a.model, a.kind, a.tokenizer, device=a.device)
     subject.check_seq_len(a.seq_len)
@@ -286,7 +278,7 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
     write_json(result, out / "report.json", by)
     uri = a.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if getattr(subject, "run_id", None) is not None:  # runs:/<id>: on the training run itself, under analysis/
-        result["mlflow_run_id"] = log_on_run(subject.tracking_uri, subject.run_id, result, out)
+        result["mlflow_run_id"] = log_on_run(subject, result, out)
         write_json(result, out / "report.json", by)
     elif uri:
         result["mlflow_run_id"] = log_mlflow(uri, a.experiment, result, out)

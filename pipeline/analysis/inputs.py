@@ -34,10 +34,6 @@ def read_text(path: Path) -> str:
     return _MARKDOWN.sub("", text) if Path(path).suffix == ".md" else text
 
 
-def default_text_files() -> list[Path]:
-    return shakespeare_files()
-
-
 def encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -217,7 +213,7 @@ def natural_tokens(subject, probe: Probe) -> torch.Tensor:
             f"sinklab {subject.command}: natural text for a SinkLab checkpoint needs --dataset DIR (its probe set) "
             "or --tokenizer <dataset>/tokenizer.json (with --text files)"
         )
-    files = probe.text or default_text_files()
+    files = probe.text or shakespeare_files()
     try:
         return natural_from_files(subject.tokenizer, files, probe.num_sequences, probe.seq_len)
     except ValueError as error:

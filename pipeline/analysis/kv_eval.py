@@ -14,7 +14,6 @@ absolute position embedding then gives each token its position in the sequence, 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
@@ -30,12 +29,11 @@ from pipeline.analysis.inputs import held_out_sequences, shakespeare_files
 from pipeline.analysis.kv_passkey import add_passkey_arguments, check_passkey_args, passkey_at, passkey_cell
 from pipeline.analysis.streamers import CacheSpec, kv_heads, perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, check_positions, load_subject
-from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of
+from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of, save_results
 from pipeline.metrics import split_slots
 from pipeline.model.eviction import POLICIES, Evictor, Row
 from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
 from sinklab_io.mappings import settings_of
-from sinklab_io.outputs import write_output
 
 BY = "sinklab kv-eval"
 OUTPUTS = ("kv_eval.md", "kv_eval.json", "kv_eval.png")
@@ -294,23 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         sequences = [torch.tensor(c, dtype=torch.long, device=device) for c in chunks]
         print(f"{name}: {len(sequences)} sequences, {sum(map(len, chunks))} tokens", file=sys.stderr)
         results[name] = evaluate(subjects[name], streamer, sequences, s)
-    out.mkdir(parents=True, exist_ok=True)
-    table = markdown(results, s.first)
-    write_output(out / "kv_eval.md", table + "\n", by)
-    record = {"settings": vars(args) | {"out": str(out)}, "models": results}
-    write_output(out / "kv_eval.json", json.dumps(record, indent=2, default=str), by)
-    figure(results, out / "kv_eval.png", by)
-    print(table)
-    for name, result in results.items():
-        settings = {
-            "tokens": result["tokens"],
-            "first": s.first,
-            "eps": s.eps,
-            "budgets": list(result["budgets"]),
-            **({"passkey": args.passkey, "depths": args.depths, "keys": s.keys} if s.passkey else {}),
-        }
-        if run_id := log_results_of(
-            subjects[name], "kv", metrics_of(result), settings, out, args.mlflow_uri, args.experiment
-        ):
-            print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
+    save_results(out, "kv_eval", markdown(results, s.first), args, results, by, figure)
+    passkey = {"passkey": args.passkey, "depths": args.depths, "keys": s.keys} if s.passkey else {}
+
+    def settings(r: dict) -> dict:
+        return {"tokens": r["tokens"], "first": s.first, "eps": s.eps, "budgets": list(r["budgets"])} | passkey
+
+    log_results_of(subjects, "kv", results, metrics_of, settings, out, args)
     return 0

@@ -21,7 +21,6 @@ to its MLflow run like `sinklab analyze`'s (``runs:/<id>``: on the training run,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -43,9 +42,8 @@ from pipeline.analysis.passkey import (
 )
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import Reading, add_cache_argument, add_text_arguments, bos_id, parse_caches
-from pipeline.analysis.subject import Subject, add_model_arguments, claim_out, device_of, log_results_of
+from pipeline.analysis.subject import Subject, add_model_arguments, claim_out, device_of, log_results_of, save_results
 from sinklab_io.mappings import settings_of
-from sinklab_io.outputs import write_output
 
 FULL = "full"
 BY = "sinklab length-eval"
@@ -275,19 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         subjects[name] = Subject(spec, s.kind, s.tokenizer_file, "length-eval", device=s.device)
         print(f"{name}: evaluating", file=sys.stderr)
         results[name] = evaluate(subjects[name], s)
-    out.mkdir(parents=True, exist_ok=True)
-    table = markdown(results)
-    write_output(out / "length.md", table + "\n", by)
-    saved = {"settings": vars(args) | {"out": str(out)}, "models": results}
-    write_output(out / "length.json", json.dumps(saved, indent=2, default=str), by)
-    figure(results, out / "length.png", by)
-    print(table)
-    for name, result in results.items():
-        settings = {k: result[k] for k in ("train_len", "bucket", "tokens", "windows", "bos", "caches")}
-        run_id = log_results_of(
-            subjects[name], "length", metrics_of(result), settings, out, args.mlflow_uri, args.experiment
-        )
-        if run_id:
-            print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
+    save_results(out, "length", markdown(results), args, results, by, figure)
+    keys = ("train_len", "bucket", "tokens", "windows", "bos", "caches")
+    log_results_of(subjects, "length", results, metrics_of, lambda r: {k: r[k] for k in keys}, out, args)
     print(f"wrote {out}/{', '.join(OUTPUTS)}", file=sys.stderr)
     return 0

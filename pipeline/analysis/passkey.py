@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import random
 import re
 import sys
@@ -28,7 +27,7 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.streamers import CacheSpec, Streamer, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, check_positions, parse_caches
-from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json
 from pipeline.plots import passkey_heatmap
 from sinklab_io.outputs import write_output
 
@@ -202,13 +201,11 @@ def csv_text(results: Sequence[dict]) -> str:
 def log_to_run(subject, table: dict, figure: Path, settings: dict) -> None:
     """`passkey runs:/<id>`: ``passkey/acc_<x>_<y>`` (mean over depths) and the figure go back to
     the training run."""
-    from pipeline.tracking import log_results
-
     values = {
         N.passkey_accuracy(cache.replace("+", "_")): sum(c["accuracy"] for c in row.values()) / len(row)
         for cache, row in table.items()
     }
-    log_results(subject.tracking_uri, subject.run_id, values, {"sinklab.passkey.settings": settings}, figure, "passkey")
+    log_back(subject, "passkey", values, settings, figure)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -267,9 +264,8 @@ def cache_configs(specs: list[CacheSpec], full: bool, subject, trials: list[Tria
 
 
 def write_outputs(
-    out: Path, name: str, subject, table: dict, results: list[dict], settings: dict, seconds: float
+    out: Path, name: str, subject, table: dict, results: list[dict], settings: dict, seconds: float, by: str
 ) -> Path:
-    by = writer(BY, [subject.spec])
     write_output(out / "passkey.md", markdown(name, table, settings["tokens"], settings["keys"]) + "\n", by)
     write_output(out / "passkey.csv", csv_text(results), by)
     accuracy_by_depth = {cache: {str(d): cell for d, cell in row.items()} for cache, row in table.items()}
@@ -280,7 +276,7 @@ def write_outputs(
         "accuracy": accuracy_by_depth,
         "trials": results,
     }
-    write_output(out / "passkey.json", json.dumps(result, indent=2), by)
+    write_json(result, out / "passkey.json", by)
     title = f"passkey retrieval, {name}, {settings['tokens']} tokens"
     return passkey_heatmap(table, out / "passkey.png", title, by)
 
@@ -293,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.keys < 1 or args.digits not in DIGITS:
         raise SystemExit("sinklab passkey: --keys must be >= 1 and --digits in 1..18")
     out = args.out or Path("analysis") / "passkey" / model_name(args.model)
-    claimed(out, OUTPUTS, writer(BY, [args.model]), BY)
+    by = claimed(out, OUTPUTS, BY, [args.model])
     subject = Subject(args.model, args.kind, args.tokenizer, "passkey")
     if subject.tokenizer is None:
         raise SystemExit(
@@ -320,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "bos": bos is not None,
     }
-    figure = write_outputs(out, name, subject, table, results, settings, seconds)
+    figure = write_outputs(out, name, subject, table, results, settings, seconds, by)
     print(markdown(name, table, settings["tokens"], args.keys))
     print(f"wrote {out}/{', '.join(OUTPUTS)} ({seconds} s)", file=sys.stderr)
     if subject.run_id is not None:

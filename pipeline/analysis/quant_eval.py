@@ -11,7 +11,6 @@ full-precision pass also measures the activation outliers (``pipeline.outliers``
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.streamers import perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, bos_id
-from pipeline.analysis.subject import Subject, add_model_arguments, claimed, model_name, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
 from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
 from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
@@ -198,7 +197,7 @@ def load_tokens(subject, q: QuantEval) -> tuple[list[int], int | None, str]:
 
 def main(argv: list[str] | None = None) -> int:
     q = check_args(build_parser().parse_args(argv))
-    claimed(q.out, ("quant_eval.md", "quant_eval.json"), writer(BY, [q.model]), BY)
+    claimed(q.out, ("quant_eval.md", "quant_eval.json"), BY, [q.model])
     result = run(Subject(q.model, q.kind, q.tokenizer_file, "quant-eval"), q)
     print(result["table"])
     if "mlflow_run_id" in result:
@@ -246,13 +245,8 @@ def run(subject, q: QuantEval) -> dict:
     result["table"] = markdown(result)
     by = writer(BY, [subject.spec])
     write_output(out / "quant_eval.md", result["table"] + "\n", by)
-    write_json = lambda: write_output(  # noqa: E731
-        out / "quant_eval.json", json.dumps({k: v for k, v in result.items() if k != "table"}, indent=2), by
-    )
-    write_json()
+    write_json({k: v for k, v in result.items() if k != "table"}, out / "quant_eval.json", by)
     if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/
-        from pipeline.tracking import log_results
-
         values = {
             N.quant(f"{key}_{n.replace('-', '_')}"): r[key]
             for n, r in results.items()
@@ -261,8 +255,6 @@ def run(subject, q: QuantEval) -> dict:
         }
         if measures is not None:
             values.update({N.quant(N.act(k)): v for k, v in measures.summary().items() if not k.endswith("_at")})
-        result["mlflow_run_id"] = log_results(
-            subject.tracking_uri, subject.run_id, values, {"sinklab.quant.settings": result["settings"]}, out, "quant"
-        )
-        write_json()
+        result["mlflow_run_id"] = log_back(subject, "quant", values, result["settings"], out)
+        write_json({k: v for k, v in result.items() if k != "table"}, out / "quant_eval.json", by)
     return result

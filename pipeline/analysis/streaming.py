@@ -7,7 +7,6 @@ chunks while it fills. Configs that share x + y stream as the rows of one batch.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -19,9 +18,9 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity, streamer_for
-from pipeline.analysis.subject import Subject, add_model_arguments, model_name, writer
+from pipeline.analysis.subject import Subject, add_model_arguments, log_back, model_name, write_json, writer
 from sinklab_io.mappings import settings_of
-from sinklab_io.outputs import NotOurs, claim_file, write_output
+from sinklab_io.outputs import NotOurs, claim_file
 
 BY = "sinklab stream-ppl"
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
@@ -137,21 +136,6 @@ def load_subject(spec: str, r: Reading, max_tokens: int, command: str = "stream-
     return streamer_for(subject), ids, subject
 
 
-def log_to_run(subject, results: dict[str, float], settings: dict) -> None:
-    """`stream-ppl runs:/<id>`: the perplexities go back to the training run as
-    ``stream/ppl_<x>_<y>`` (``stream/ppl_full``), the columns `sinklab report` reads."""
-    from pipeline.tracking import log_results
-
-    log_results(
-        subject.tracking_uri,
-        subject.run_id,
-        {N.stream_perplexity(key.replace("+", "_")): value for key, value in results.items()},
-        {"sinklab.stream.settings": settings},
-        None,
-        "stream",
-    )
-
-
 def markdown_table(model: str, n_tokens: int, results: dict[str, float]) -> str:
     head = "| model | " + " | ".join(results) + " |"
     return "\n".join(
@@ -170,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     specs = parse_caches(args.cache, "stream-ppl")
     if args.max_tokens < 2:
         raise SystemExit("sinklab stream-ppl: --max-tokens must be >= 2")
+    by = writer(BY, [args.model])
     if args.out is not None:
         try:
-            claim_file(args.out, "sinklab stream-ppl: --out", writer(BY, [args.model]))
+            claim_file(args.out, "sinklab stream-ppl: --out", by)
         except NotOurs as error:
             raise SystemExit(str(error)) from None
     streamer, ids, subject = load_subject(args.model, settings_of(Reading, args), args.max_tokens)
@@ -207,21 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(name, ids.numel(), results))
     if subject.run_id is not None:
         text = f"dataset {args.dataset} (val)" if args.dataset else str(args.text or default_text())
-        log_to_run(subject, results, {"text": text, "tokens": ids.numel(), "bos_first": first_is_bos})
+        values = {N.stream_perplexity(key.replace("+", "_")): value for key, value in results.items()}
+        log_back(subject, "stream", values, {"text": text, "tokens": ids.numel(), "bos_first": first_is_bos}, None)
         print(f"logged to MLflow run {subject.run_id} as stream/ppl_<x>_<y>", file=sys.stderr)
     if args.out:
-        write_output(
-            args.out,
-            json.dumps(
-                {
-                    **subject.header(),
-                    "tokens": ids.numel(),
-                    "bos_first": first_is_bos,
-                    "perplexity": results,
-                    "seconds": seconds,
-                },
-                indent=2,
-            ),
-            writer(BY, [args.model]),
-        )
+        record = {"tokens": ids.numel(), "bos_first": first_is_bos, "perplexity": results, "seconds": seconds}
+        write_json(subject.header() | record, args.out, by)
     return 0

@@ -6,8 +6,10 @@ tokenizer, and the sink measures of a batch of tokens."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -18,7 +20,7 @@ from pipeline.analysis.inputs import Probe
 from pipeline.model.loading import exported_config
 from pipeline.probe import run_probe
 from pipeline.sink_measures import SinkMeasures
-from sinklab_io.outputs import NotOurs, claim
+from sinklab_io.outputs import NotOurs, claim, write_output
 
 MODEL_HELP = "smollm2 | gemma3-270m | .gguf file | HF model dir or hub id | SinkLab checkpoint or export | runs:/<id>"
 
@@ -170,28 +172,58 @@ def sinklab_tokenizer(path: Path, command: str):
         raise SystemExit(f"sinklab {command}: --tokenizer: {e}") from None
 
 
-def log_results_of(subject, key: str, metrics: dict, settings: dict, out: Path, uri: str | None, experiment: str):
-    """The subject's command's results on the model's MLflow run (runs:/<id>; settings in the tag
-    ``sinklab.<key>``, files under ``<key>/``) or on a run of its own (``uri``: --mlflow-uri, in
-    ``experiment``); the run id, None: no tracking URI."""
+def save_results(out: Path, stem: str, table: str, args, results: dict, by: str, figure) -> None:
+    """``<stem>.md`` (the table), ``<stem>.json`` (the options and each model's result) and
+    ``<stem>.png`` (``figure``) in ``out``; the table printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_output(out / f"{stem}.md", table + "\n", by)
+    record = {"settings": vars(args) | {"out": str(out)}, "models": results}
+    write_output(out / f"{stem}.json", json.dumps(record, indent=2, default=str), by)
+    figure(results, out / f"{stem}.png", by)
+    print(table)
+
+
+def log_back(subject, key: str, metrics: dict, settings: dict, out: Path | None) -> str:
+    """Results back on the subject's training run (runs:/<id>): ``settings`` in the tag
+    ``sinklab.<key>.settings``, ``out`` (None: no files) under ``<key>/``; the run id."""
+    from pipeline.tracking import log_results
+
+    return log_results(subject.tracking_uri, subject.run_id, metrics, {f"sinklab.{key}.settings": settings}, out, key)
+
+
+def log_results_of(subjects: dict, key: str, results: dict, metrics_of, settings_of, out: Path, args) -> None:
+    """Each model's results on its MLflow run (runs:/<id>; settings in the tag ``sinklab.<key>``,
+    files under ``<key>/``) or on a run of its own (--mlflow-uri, in --experiment); no tracking
+    URI: none. One line per run logged."""
     from pipeline.tracking import log_new_run, log_results
 
-    if subject.run_id is not None:
-        return log_results(subject.tracking_uri, subject.run_id, metrics, {f"sinklab.{key}": settings}, out, key)
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if not uri:
-        return None
-    command, name = subject.command, model_name(subject.spec)
-    tags = {"sinklab.kind": command, "sinklab.model": name}
-    return log_new_run(uri, experiment, f"{command}-{name}", tags, settings, metrics, out)
+    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    for name, result in results.items():
+        subject, metrics, settings = subjects[name], metrics_of(result), settings_of(result)
+        if subject.run_id is not None:
+            run_id = log_results(subject.tracking_uri, subject.run_id, metrics, {f"sinklab.{key}": settings}, out, key)
+        elif uri:
+            tags = {"sinklab.kind": subject.command, "sinklab.model": name}
+            run_id = log_new_run(uri, args.experiment, f"{subject.command}-{name}", tags, settings, metrics, out)
+        else:
+            continue
+        if run_id:
+            print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
 
 
-def claimed(out: Path, outputs, by: str, command: str) -> Path:
-    """``out``, claimed for ``outputs`` before any work; refused: SystemExit ``<command>: <why>``."""
+def write_json(record: dict, path: Path, by: str) -> None:
+    write_output(path, json.dumps(record, indent=2), by)
+
+
+def claimed(out: Path, outputs, command: str, specs: list[str]) -> str:
+    """Claim ``out`` for ``outputs`` before any work as ``command`` of ``specs`` (:func:`writer`),
+    which is returned; refused: SystemExit ``<command>: <why>``."""
+    by = writer(command, specs)
     try:
-        return claim(out, outputs, by=by)
+        claim(out, outputs, by=by)
     except NotOurs as error:
         raise SystemExit(f"{command}: {error}") from None
+    return by
 
 
 def claim_out(models: list[str], out: Path | None, command: str, folder: str, outputs) -> tuple[list[str], Path, str]:
@@ -201,5 +233,5 @@ def claim_out(models: list[str], out: Path | None, command: str, folder: str, ou
     if len(set(names)) != len(names):
         twice = [n for n in names if names.count(n) > 1][0]
         raise SystemExit(f"{command}: two models share the name {twice!r}; copy one aside")
-    by = writer(command, models)
-    return names, claimed(out or Path("analysis") / folder / names[0], outputs, by, command), by
+    out = out or Path("analysis") / folder / names[0]
+    return names, out, claimed(out, outputs, command, models)
