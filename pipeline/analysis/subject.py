@@ -191,7 +191,7 @@ def log_back(subject, key: str, metrics: dict, settings: dict, out: Path | None)
     return log_results(subject.tracking_uri, subject.run_id, metrics, {f"sinklab.{key}.settings": settings}, out, key)
 
 
-def log_results_of(subjects: dict, key: str, results: dict, metrics_of, settings_of, out: Path, args) -> None:
+def log_results_of(subjects: dict, key: str, results: dict, metrics_of, settings_for, out: Path, args) -> None:
     """Each model's results on its MLflow run (runs:/<id>; settings in the tag ``sinklab.<key>``,
     files under ``<key>/``) or on a run of its own (--mlflow-uri, in --experiment); no tracking
     URI: none. One line per run logged."""
@@ -199,7 +199,7 @@ def log_results_of(subjects: dict, key: str, results: dict, metrics_of, settings
 
     uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     for name, result in results.items():
-        subject, metrics, settings = subjects[name], metrics_of(result), settings_of(result)
+        subject, metrics, settings = subjects[name], metrics_of(result), settings_for(result)
         if subject.run_id is not None:
             run_id = log_results(subject.tracking_uri, subject.run_id, metrics, {f"sinklab.{key}": settings}, out, key)
         elif uri:
