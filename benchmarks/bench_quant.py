@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from pipeline.analysis.fake_quant import SETTINGS
-from pipeline.analysis.quant_eval import Evaluator, build_parser, check_args, load_tokens, make_windows
+from pipeline.analysis.quant_eval import Evaluator, build_parser, check_args, lead_of, load_tokens, make_windows
 from pipeline.analysis.subject import Subject
 from pipeline.outliers import OutlierAccumulator
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     subject = Subject(q.model, q.kind, q.tokenizer_file, "quant-eval")
     ids, bos, _ = load_tokens(subject, q)
     windows = make_windows(ids, q.seq_len, bos)
-    lead = q.lead or (subject.model.config.sink_tokens + 1 if subject.kind == "sinklab" else 1)
+    lead = lead_of(subject, q)
     evaluator = Evaluator(subject.model, subject.kind, windows, lead, q.batch_size)
     out, best = interleaved_best(
         args.repeat,

@@ -20,7 +20,7 @@ from pipeline import metric_names as N
 from pipeline import probe_metrics
 from pipeline.analysis import inputs, secondary
 from pipeline.analysis.figures import write_plots
-from pipeline.analysis.inputs import INPUT_KINDS, Probe, natural_tokens, probe_sets
+from pipeline.analysis.inputs import INPUT_KINDS, Probe, natural_tokens, probe_sets, tokenizer_file
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
 from pipeline.analysis.tables import format_table
 from sinklab_io.mappings import settings_of
@@ -89,9 +89,10 @@ def check_args(args: argparse.Namespace) -> Analysis:
     edits = parse_position_edits(args.gpt2_positions)
     if outside := [t for _, t in edits if not 2 <= t <= args.seq_len]:
         raise SystemExit(f"sinklab analyze: --gpt2-positions position {outside[0]} outside 2..{args.seq_len}")
-    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
     out = args.out or Path("analysis") / model_name(args.model)
-    return settings_of(Analysis, args, inputs=kinds, edits=edits, tokenizer=tokenizer, out=out)
+    return settings_of(
+        Analysis, args, inputs=kinds, edits=edits, tokenizer=tokenizer_file(args.tokenizer, args.dataset), out=out
+    )
 
 
 def parse_position_edits(specs: list[str] | None) -> list[tuple[str, int]]:

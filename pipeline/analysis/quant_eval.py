@@ -206,9 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(subject, q: QuantEval) -> dict:
-    """Everything after loading the model: windows, the settings, outputs, MLflow. Returns the result."""
-    subject.check_seq_len(q.seq_len)
+def lead_of(subject, q: QuantEval) -> int:
+    """--lead, by default the sink tokens and BOS; refused (one line) where it leaves under two positions."""
     sink_tokens = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
     lead = q.lead if q.lead is not None else sink_tokens + 1
     if not sink_tokens < lead < q.seq_len + sink_tokens - 1:
@@ -217,6 +216,13 @@ def run(subject, q: QuantEval) -> dict:
             f"at least two of the {q.seq_len} window positions (between {sink_tokens + 1} and "
             f"{q.seq_len + sink_tokens - 2})"
         )
+    return lead
+
+
+def run(subject, q: QuantEval) -> dict:
+    """Everything after loading the model: windows, the settings, outputs, MLflow. Returns the result."""
+    subject.check_seq_len(q.seq_len)
+    lead = lead_of(subject, q)
     ids, bos, text = load_tokens(subject, q)
     windows = make_windows(ids, q.seq_len, bos)
     if len(windows) == 0:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from pipeline import metric_names as N
-from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
+from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text, tokenizer_file
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity, streamer_for
 from pipeline.analysis.subject import Subject, add_model_arguments, log_back, model_name, write_json, writer
 from sinklab_io.mappings import settings_of
@@ -61,8 +61,7 @@ class Reading:
 
     @property
     def tokenizer_file(self) -> Path | None:
-        """--tokenizer, else --dataset's, else None (a SinkLab checkpoint's then lies beside it)."""
-        return self.tokenizer or (self.dataset / "tokenizer.json" if self.dataset else None)
+        return tokenizer_file(self.tokenizer, self.dataset)
 
 
 def add_cache_argument(parser: argparse.ArgumentParser, default: str) -> None:

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipeline import metrics, plots
-from pipeline.analysis.inputs import INPUT_KINDS, Probe, add_probe_arguments, probe_sets
+from pipeline.analysis.inputs import INPUT_KINDS, Probe, add_probe_arguments, probe_sets, tokenizer_file
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, write_json
 from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(not 0.0 <= e < 1.0 for e in sweep):
         raise SystemExit(f"sinklab survey: --eps/--eps-sweep {sweep}: every ε must lie in [0, 1)")
     probe = settings_of(Probe, args, inputs=tuple(kinds), positions=1, bos=False)  # only Sink_1 is surveyed
-    tokenizer = args.tokenizer or (args.dataset / "tokenizer.json" if args.dataset else None)
+    tokenizer = tokenizer_file(args.tokenizer, args.dataset)
     by = claimed(args.out, OUTPUTS, BY, args.models)
     results = []
     for spec in args.models:
