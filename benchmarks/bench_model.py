@@ -1,14 +1,8 @@
 """Training-step throughput of SinkLab's model against HF LlamaForCausalLM, side by side.
 
-One process, CPU, the same dims, batch and thread count; forward + backward + AdamW step;
-warm-up, then interleaved repeats (order alternating), median. Each model's training step
-computes its loss as its library does: SinkLab's ``next_token_loss`` (the LM head fused with
-the cross-entropy, pipeline.train.loss) and HF's logits + F.cross_entropy (what
-LlamaForCausalLM(labels=...) runs). SinkLab with HF's loss is timed too, so the model alone
-is compared as well. Timed by the process CPU clock by default (with one thread it is the
-work done, and it is not inflated by other jobs on a shared machine); ``--clock wall`` for
-wall-clock time.
-Also the slow-down of each non-softmax attention operation relative to softmax.
+One process, CPU, the same dims, batch and thread count; forward + backward + AdamW step, each with its
+library's loss (and SinkLab with HF's loss, the model alone); interleaved repeats, median, by the process
+CPU clock (``--clock wall``: wall time). Also each non-softmax attention op's slow-down against softmax.
 The last line is ``ratio=<ours over HF>``.
 
     python benchmarks/bench_model.py [--preset tiny] [--vocab 8192] [--batch 8] [--seq 256]

@@ -16,15 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from cluster.jobs import (
-    JobError,
-    JobSpec,
-    check_path,
-    render_array,
-    render_job,
-    sinklab_argv,
-    write_run_list,
-)
+from cluster.jobs import JobError, JobSpec, check_path, render_array, render_job, sinklab_argv, write_run_list
 from sinklab_io.atomic import atomic_write
 
 __all__ = ["JobError", "JobSpec", "render_job", "render_array", "submit_job", "submit_array", "write_run_list", "main"]
