@@ -1,5 +1,4 @@
-"""Group a document stream into chunks (the unit of parallel work and of resumption),
-applying the domain filter and counting what is skipped."""
+"""Group a document stream into chunks (the unit of parallel work and of resumption), counting what is skipped."""
 
 from __future__ import annotations
 
@@ -28,11 +27,7 @@ def iter_chunks(
     counter: ByteCounter | None = None,
     seen_domains: set[str] | None = None,
 ) -> Iterator[Chunk]:
-    """Chunks of at least `chunk_chars` characters of kept documents (the last may be smaller).
-
-    Chunk boundaries depend only on the documents, never on the worker count, so the
-    input-to-shard mapping is deterministic.
-    """
+    """Chunks of at least `chunk_chars` characters of kept documents (the last may be smaller)."""
     index = 0
     chunk = Chunk(ChunkTask(stream, index, [], []))
     for doc in read_documents(inputs, options, counter):

@@ -1,7 +1,5 @@
 """Read a prepared dataset directory: the manifest, packed token splits and the probe set.
-
-This module is the contract between data preparation and everything that trains or
-analyses (docs/contracts.md section 1). It needs only numpy and the standard library.
+The contract between data preparation and everything that trains or analyses (docs/contracts.md section 1).
 
     <dataset>/manifest.json     counts, tokenizer identity, shard checksums, a content hash
     <dataset>/tokenizer.json    the HF tokenizers file used
@@ -159,12 +157,7 @@ def _manifest_from_raw(root: Path, raw: dict[str, Any]) -> Manifest:
 
 
 class PackedSplit:
-    """Sequence-indexed view over one split's shards; memmaps are opened on first access.
-
-    `len(split)` is the number of sequences, `split[i]` one sequence as int64 of length C,
-    `split.take(indices)` a (B, C) int64 batch. Safe to pickle into DataLoader workers:
-    the memmaps are not pickled, each process opens its own.
-    """
+    """Sequence-indexed view over one split's shards; safe to pickle into DataLoader workers (each opens its own)."""
 
     def __init__(self, path: str | Path, split: str, manifest: Manifest | None = None):
         self.manifest = manifest if manifest is not None else load_manifest(path)

@@ -1,9 +1,7 @@
 """Prepare a dataset: read, tokenize in N worker processes, pack and write shards, resumably.
 
-Work happens in `<out>/.partial/` (tokenizer, shards, one done marker per chunk); the final
-files are linked into `<out>` and `manifest.json` is written last, so `<out>` holds either a
-finished dataset or nothing of one. An interrupted run resumes from the markers and yields
-the same bytes; a run that fails removes what it added (what an earlier run staged is kept).
+Work happens in `<out>/.partial/`; `manifest.json` is written last, so `<out>` holds a finished dataset
+or none (docs/data_prep.md).
 """
 
 from __future__ import annotations
@@ -147,8 +145,7 @@ DATASET_ENTRIES = {MANIFEST_NAME, "tokenizer.json", "train", "val", "probe.bin",
 
 
 def claim_output_dir(out: str | Path) -> bool:
-    """Make `out` ready for a dataset; True when this call created it. Refuses a file, a path
-    that cannot be created, and a folder holding anything a dataset does not hold."""
+    """Make `out` ready for a dataset (new, empty or one of `sinklab prep`); True when this call created it."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DataPrepError(f"--out {out}: is a file; choose a directory path")
@@ -323,6 +320,5 @@ class Preparation:
 
 
 def prepare(cfg: PrepConfig, on_chunk: Callable[[dict[str, Any]], None] | None = None, undo: bool = True) -> PrepResult:
-    """Prepare (or find already prepared) the dataset `cfg` describes; on an error, what it added
-    is removed (``undo``; False: the caller removes what its whole invocation added)."""
+    """Prepare (or find already prepared) the dataset `cfg` describes; ``undo``: remove what it added on an error."""
     return Preparation(cfg, on_chunk).run(undo)

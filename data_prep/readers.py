@@ -1,9 +1,5 @@
 """Readers: Pile-format JSON lines (`.jsonl`, `.jsonl.zst`), plain text files and Hugging Face
-datasets, all behind one interface, an iterator of `Document`.
-
-Every reader streams: a shard is read block by block, never whole. Documents are yielded in
-a fixed order (inputs in the order given, globs sorted), so a run is reproducible and a
-resumed run sees the same documents at the same positions.
+datasets, all behind one interface, an iterator of `Document` in a fixed order.
 """
 
 from __future__ import annotations
@@ -73,11 +69,7 @@ def _decode(raw: bytes) -> tuple[str, bool]:
 
 
 def iter_raw_lines(path: str, counter: ByteCounter | None = None) -> Iterator[bytes]:
-    """Lines of a (possibly zstd-compressed) file as bytes without the newline.
-
-    A `.zst` file is decompressed frame by frame with bounded memory; a file that ends
-    inside a frame (truncated download) raises DataPrepError instead of silently ending.
-    """
+    """Lines of a (possibly zstd-compressed) file as bytes without the newline; a truncated `.zst` is an error."""
     compressed = path.endswith(".zst")
     decompressor = zstandard.ZstdDecompressor().decompressobj() if compressed else None
     frame_started = False
@@ -211,8 +203,7 @@ def _open_hf(ref: str, split: str):
 
 
 def read_hf(ref: str, split: str = "train", text_field: str = "text", domain: str | None = None) -> Iterator[Document]:
-    """Rows of a Hugging Face dataset (a `save_to_disk` directory, a local data file, or a hub
-    name, streamed). The domain is `meta.pile_set_name` when present, else `domain` or the name."""
+    """Rows of a Hugging Face dataset; the domain is `meta.pile_set_name`, else `domain` or the dataset's name."""
     ds = _open_hf(ref, split)
     fallback = domain or Path(ref.rstrip("/")).name
     for row_no, row in enumerate(ds, 1):

@@ -1,5 +1,4 @@
-"""Tokenizers (HF `tokenizers`): load a tokenizer.json or a local HF tokenizer directory, or
-train a byte-level BPE on the corpus; find the special ids; identify it by sha256."""
+"""Tokenizers (HF `tokenizers`): load one or train a byte-level BPE on the corpus; find the special ids."""
 
 from __future__ import annotations
 
@@ -89,12 +88,8 @@ def _config_token(value) -> str | None:
 
 
 def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> LoadedTokenizer:
-    """Load `tokenizer.json` or a local HF tokenizer directory and resolve BOS/EOS/PAD ids.
-
-    Roles come from `overrides` (token strings), then the directory's tokenizer_config.json /
-    special_tokens_map.json, then well-known token names. Without a BOS token the EOS token
-    serves as BOS (the GPT-2 convention); without EOS the tokenizer cannot pack documents.
-    """
+    """Load `tokenizer.json` or a local HF tokenizer directory; BOS/EOS/PAD from `overrides`, its config files,
+    then `KNOWN_NAMES` (no BOS: the EOS serves, as in GPT-2)."""
     path = Path(ref)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
