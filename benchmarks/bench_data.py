@@ -1,9 +1,6 @@
 """Data-prep throughput beside raw tokenizer throughput, measured side by side in one run.
 
-For a 1x and a 10x corpus: `Tokenizer.encode_batch_fast` (and `encode_batch`) with N threads against
-`sinklab prep` end to end with N workers, and the prep's peak RSS (docs/data_prep.md). The last line is
-`ratio=<prep tokens/s / raw tokens/s>` for the 10x corpus.
-Run: `make bench-data` (or .venv/bin/python benchmarks/bench_data.py [--workers N]).
+The last line is `ratio=<prep tokens/s / raw tokens/s>` for the 10x corpus (docs/data_prep.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """What the information-flow metrics add to training, measured side by side in one process.
 
-The sink probe without the flow metrics, with them as training takes them and with every sequence
-perturbed, beside one optimizer step of the recipe's model (docs/analysis.md); the shares printed last,
-``overhead=<flow seconds per probe / (sink_every x step seconds)>`` and ``overhead_all=``, are upper bounds.
-Run: .venv/bin/python benchmarks/bench_flow.py --data data/embedded [--every 200]
+The last lines, ``overhead=<flow seconds per probe / (sink_every x step seconds)>`` and ``overhead_all=``,
+are upper bounds (docs/analysis.md).
 """
 
 from __future__ import annotations

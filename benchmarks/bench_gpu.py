@@ -1,7 +1,6 @@
 """GPU training speed side by side in one process (`make bench-gpu`).
 
-Cases, shapes and defaults: docs/gpu.md. The last line is ``ratio=<SinkLab tokens/s over HF tokens/s, 1B>``;
-without CUDA (or with ``--tiny``) the same cases run at toy shapes on the CPU.
+The last line is ``ratio=<SinkLab tokens/s over HF tokens/s, 1B>`` (docs/gpu.md); without CUDA it runs toy shapes.
 """
 
 from __future__ import annotations

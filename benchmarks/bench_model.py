@@ -1,11 +1,6 @@
 """Training-step throughput of SinkLab's model against HF LlamaForCausalLM, side by side.
 
-One process, CPU, the same dims, batch and thread count; forward + backward + AdamW step, each with its
-library's loss (and SinkLab with HF's loss, the model alone); interleaved repeats, median, by the process
-CPU clock (``--clock wall``: wall time). Also each non-softmax attention op's slow-down against softmax.
-The last line is ``ratio=<ours over HF>``.
-
-    python benchmarks/bench_model.py [--preset tiny] [--vocab 8192] [--batch 8] [--seq 256]
+Also each non-softmax attention op's slow-down against softmax; the last line is ``ratio=<ours over HF>``.
 """
 
 from __future__ import annotations
@@ -107,29 +102,20 @@ def main() -> None:
     twin = Transformer(cfg).train()
     twin.load_state_dict(ours.state_dict())
     alone = "sinklab, hf's loss"
-    speeds = compare(
-        {
-            "sinklab": make_step(ours, idx, next_token_loss),
-            alone: make_step(twin, idx, logits_loss),
-            "hf-llama": make_step(hf, idx, logits_loss),
-        },
-        tokens,
-        args.warmup,
-        args.repeats,
-        args.steps,
-        clock,
-    )
+    losses = {"sinklab": (ours, next_token_loss), alone: (twin, logits_loss), "hf-llama": (hf, logits_loss)}
+    steps = {name: make_step(model, idx, loss) for name, (model, loss) in losses.items()}
+    speeds = compare(steps, tokens, args.warmup, args.repeats, args.steps, clock)
     for name, tps in speeds.items():
         print(f"{name:18s} {tps:10.0f} tokens/s (train step: fwd+bwd+AdamW)")
     print(f"ratio model alone (both with hf's loss) = {speeds[alone] / speeds['hf-llama']:.3f}")
 
     if not args.skip_ops:
         print("attention operations, training-step slow-down relative to softmax (SDPA):")
-        steps = {"softmax": make_step(ours, idx, next_token_loss)}
+        op_steps = {"softmax": make_step(ours, idx, next_token_loss)}
         for name, acfg in OPS.items():
             torch.manual_seed(0)
-            steps[name] = make_step(Transformer(cfg.replace(attention=acfg)).train(), idx, next_token_loss)
-        op_speeds = compare(steps, tokens, 1, max(3, args.repeats - 2), args.steps, clock)
+            op_steps[name] = make_step(Transformer(cfg.replace(attention=acfg)).train(), idx, next_token_loss)
+        op_speeds = compare(op_steps, tokens, 1, max(3, args.repeats - 2), args.steps, clock)
         for name, tps in op_speeds.items():
             print(f"  {name:34s} {tps:9.0f} tokens/s  slow-down x{op_speeds['softmax'] / tps:.2f}")
 

@@ -1,9 +1,6 @@
 """One optimizer step of Muon (+ AdamW) and OrthoAdam against AdamW, side by side, on CPU.
 
-The step alone, after one untimed step that builds the state; interleaved repeats, median, by the
-process CPU clock. The last line is ``ratio muon=<x> orthoadam=<y>`` (seconds per step over AdamW's).
-
-    python benchmarks/bench_optim.py [--preset llama-60m] [--repeats 3]
+The last line is ``ratio muon=<x> orthoadam=<y>``, seconds per step over AdamW's (docs/training.md).
 """
 
 from __future__ import annotations

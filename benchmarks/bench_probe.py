@@ -1,10 +1,7 @@
 """One live sink probe against the training steps between two probes, measured side by side.
 
-The probe as the training callback runs it, its figures and one optimizer step, alternated, best of
---repeats; then one probe under cProfile split into its parts (``profile:`` lines; docs/training.md).
 The last line, ``ratio=<probe seconds / (every x step seconds)>``, is the probe's share of training in
-wall time (``cpu_ratio=``, ``figures_ratio=``, ``every_for_1pct=`` before it). Defaults: `make run`'s.
-Run: .venv/bin/python benchmarks/bench_probe.py --data data/embedded
+wall time (docs/training.md).
 """
 
 from __future__ import annotations

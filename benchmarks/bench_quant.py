@@ -1,14 +1,7 @@
 """`sinklab quant-eval`'s cost against one plain perplexity pass, in one process, on the same windows.
 
-Timed, best of ``--repeat`` and interleaved: a plain pass, one W8A8 pass, the full-precision pass that
-records outliers, and all of quant-eval; then the sink probe with and without the outlier metrics. The
-last three lines are ``probe_ratio=<with / without outliers>``, ``pass_ratio=<W8A8 pass / plain pass>``
-and ``ratio=<all of quant-eval / plain pass>``.
-
-    python benchmarks/bench_quant.py MODEL [--text F | --dataset D] [--max-tokens N] [-T T] [--repeat R]
-                                     [--probe-dataset DIR]
-
-MODEL and the options are `sinklab quant-eval`'s; here --max-tokens defaults to 512.
+MODEL and the options are quant-eval's (--max-tokens 512 here); the last line is
+``ratio=<all of quant-eval / plain pass>``, after ``probe_ratio=`` and ``pass_ratio=``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Forward + backward of one attention layer with a learned sink logit, a K bias (fixed v*) or a KV
 bias, against plain softmax, side by side in one process.
 
-Method and figures: docs/gpu.md. The last line is ``ratio=<the lowest speed ratio of any variant and T>``.
-
-    python benchmarks/bench_slots.py [--seqs 1024 4096 16384] [--d-model 128] [--heads 2] [--repeats 3]
-        [--cuda-d-model 2048] [--cuda-heads 32]
+The last line is ``ratio=<the lowest speed ratio of any variant and T>`` (docs/gpu.md).
 """
 
 from __future__ import annotations

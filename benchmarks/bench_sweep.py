@@ -1,9 +1,6 @@
 """A local sweep's wall time against the sum of its runs' training times, side by side in one run.
 
-The bb-norm cpu sweep (6 runs) with a `sinklab fit` process per run, then forked from one warm worker
-(pipeline.experiments.pool); a run's training time is the span of its metrics.jsonl. The last line is
-`ratio=<per-run wall / worker wall>`.
-Run: `make bench-sweep` (or .venv/bin/python benchmarks/bench_sweep.py [--steps N] [--keep DIR]).
+The last line is `ratio=<per-run wall / worker wall>` (docs/experiments.md).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """`make gpu-check`: every GPU path a user takes, run for real on one GPU, in one table.
 
-    python -m benchmarks.gpu_check                      # the matrix (gpu_check_cases.py), 480 s at most
-    python -m benchmarks.gpu_check --budget 300 --cases 60m-zero2,preempt
-    python -m benchmarks.gpu_check --device cpu         # the harness on toy cases (tests run it so)
-
-Budget, limits, how a case is judged and the table: docs/gpu.md.
+Budget, limits, how a case is judged and the table: docs/gpu.md; `--device cpu` runs the harness on toy cases.
 """
 
 from __future__ import annotations
@@ -104,18 +100,8 @@ class Matrix:
             kill_group(proc)  # also what it left running (a launcher's ranks)
 
     def _fit_command(self, case: Case) -> list[str]:
-        return [
-            *SINKLAB,
-            "fit",
-            *case.args,
-            "--data.path",
-            str(self.data[case.data]),
-            "--run-dir",
-            str(self.root / case.name),
-            "--resume",
-            "auto",
-            *self.extra,
-        ]
+        data, run_dir = str(self.data[case.data]), str(self.root / case.name)
+        return [*SINKLAB, "fit", *case.args, "--data.path", data, "--run-dir", run_dir, "--resume", "auto", *self.extra]
 
     def _judge_fit(self, case: Case, code: int, log: Path) -> str | None:
         if code != 0:

@@ -1,8 +1,4 @@
-"""The cases of `make gpu-check` in priority order (benchmarks/gpu_check.py runs them; docs/gpu.md lists them).
-
-``minimum``: the seconds a case needs on an H100, below which it is not started; ``limit``: when it is
-killed. On the CPU: toy stand-ins on cpu-tiny, for the harness itself.
-"""
+"""The cases of `make gpu-check` in priority order (docs/gpu.md lists them); on the CPU, toy stand-ins."""
 
 from __future__ import annotations
 
@@ -29,8 +25,8 @@ class Case:
     data: str = "c2048"
     log_every: int = 10
     reads: str = ""
-    minimum: float = 0
-    limit: float | None = None  # None: gpu_check's --timeout
+    minimum: float = 0  # seconds it needs (start-up and compilation included); not started with less left
+    limit: float | None = None  # seconds until it is killed; None: gpu_check's --timeout
 
 
 def fit_case(

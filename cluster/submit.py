@@ -1,9 +1,4 @@
-"""`sinklab submit`: render a SLURM batch script for a training config and submit it.
-
-sinklab submit CONFIG [--nodes N] [--gpus-per-node G] [--time T] [--partition P]
-               [--account A] [--qos Q] [--setup 'module load ...'] [--run-dir D]
-               [--dry-run] [-- extra fit arguments]
-"""
+"""`sinklab submit`: render a SLURM batch script for a training config and submit it (docs/cluster.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """`make wheelhouse`: what `sinklab fit` needs as wheels, for nodes that reach no package index.
 
-    python -m cluster.wheelhouse --out wheelhouse [--python-version 3.12] [--platform manylinux_2_28_x86_64]
-        [--torch torch==2.11.0] [--have freeze.txt] [--add datasets gguf] [--extras eval] [--only deepspeed ...]
-    # on the node:  pip install --no-index --no-deps --target carry wheelhouse/*.whl; PYTHONPATH=carry
-
 What is carried and left out, and why: docs/cluster.md.
 """
 
