@@ -38,6 +38,11 @@ def sinklab_argv() -> list[str]:
     return [found] if found else [sys.executable, "-m", "pipeline.cli"]
 
 
+def sinklab_command() -> str:
+    """The command a job runs sinklab with: SINKLAB_COMMAND, else `sinklab_argv`."""
+    return os.environ.get("SINKLAB_COMMAND") or shlex.join(sinklab_argv())
+
+
 def time_limit_seconds(text: str) -> int:
     """Seconds in a SLURM time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
     match = _TIME.match(text.strip())
@@ -71,7 +76,7 @@ class JobSpec:
     job_name: str = "sinklab"
     sbatch_options: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
-    sinklab: str = field(default_factory=lambda: os.environ.get("SINKLAB_COMMAND") or shlex.join(sinklab_argv()))
+    sinklab: str = field(default_factory=sinklab_command)
     fit_args: list[str] = field(default_factory=list)
 
     @property

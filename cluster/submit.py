@@ -11,8 +11,18 @@ from pathlib import Path
 
 import yaml
 
-from cluster.jobs import JobError, JobSpec, check_path, render_array, render_job, sinklab_argv, write_run_list
+from cluster.jobs import (
+    JobError,
+    JobSpec,
+    check_path,
+    render_array,
+    render_job,
+    sinklab_argv,
+    sinklab_command,
+    write_run_list,
+)
 from sinklab_io.atomic import atomic_write
+from sinklab_io.mappings import settings_of
 
 __all__ = ["JobError", "JobSpec", "render_job", "render_array", "submit_job", "submit_array", "write_run_list", "main"]
 
@@ -167,26 +177,17 @@ def main(argv: list[str] | None = None) -> int:
         config, settings = load_config(args.config)
         name = run_name(config, settings)
         run_dir = check_path(args.run_dir or Path("runs") / name, "run directory")
-        spec = JobSpec(
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            tasks_per_node=args.tasks_per_node,
-            cpus_per_task=args.cpus_per_task,
-            time=args.time,
-            partition=args.partition,
-            account=args.account,
-            qos=args.qos,
-            mem=args.mem,
-            signal_seconds=args.signal_seconds,
-            setup=args.setup,
+        spec = settings_of(
+            JobSpec,
+            args,
             job_name=args.job_name or re.sub(r"[^\w.+-]", "_", name),
             sbatch_options=args.sbatch_option,
             fit_args=fit_args,
+            environment={},
+            sinklab=args.sinklab or sinklab_command(),
         )
         spec.validate()
         check_with_fit(config, spec.fit_overrides())  # the exact arguments the job passes to fit
-        if args.sinklab:
-            spec.sinklab = args.sinklab
         if os.environ.get("MLFLOW_TRACKING_URI"):
             spec.environment["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
         check_run_dir(run_dir)  # --dry-run refuses what the real submit refuses
