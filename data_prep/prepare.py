@@ -144,8 +144,8 @@ def build_spec(cfg: PrepConfig, inputs: list[str], val_inputs: list[str]) -> dic
 DATASET_ENTRIES = {MANIFEST_NAME, "tokenizer.json", "train", "val", "probe.bin", STAGING, "raw"}
 
 
-def claim_output_dir(out: str | Path) -> bool:
-    """Make `out` ready for a dataset (new, empty or one of `sinklab prep`); True when this call created it."""
+def claim_output_dir(out: str | Path) -> None:
+    """Make `out` ready for a dataset: new, empty or one of `sinklab prep`."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DataPrepError(f"--out {out}: is a file; choose a directory path")
@@ -158,12 +158,11 @@ def claim_output_dir(out: str | Path) -> bool:
             )
         if not os.access(out, os.W_OK | os.X_OK):
             raise DataPrepError(f"--out {out}: not writable by this user; choose a writable directory")
-        return False
+        return
     try:
         out.mkdir(parents=True)
     except OSError as error:
         raise DataPrepError(f"--out {out}: cannot create it ({error.strerror}); choose a writable directory") from None
-    return True
 
 
 class Preparation:
@@ -182,8 +181,6 @@ class Preparation:
         self.warnings: list[str] = []
         self.probe_pool = ProbeReservoir(cfg.probe_sequences, cfg.seed)
 
-    # ---- document streams ----------------------------------------------------------------
-
     def streams(self) -> list[tuple[str, list[str], ReaderOptions]]:
         streams = [("main", self.inputs, self.cfg.reader)]
         if self.val_inputs:
@@ -200,8 +197,6 @@ class Preparation:
     def chunks(self, stream: str, inputs: list[str], options: ReaderOptions) -> Iterator[Chunk]:
         domains = frozenset(self.cfg.domains) if self.cfg.domains else None
         return iter_chunks(stream, inputs, options, self.cfg.chunk_chars, domains, self.counter, self.seen_domains)
-
-    # ---- tokenizer -----------------------------------------------------------------------
 
     def tokenizer(self) -> LoadedTokenizer:
         file = self.staging / "tokenizer.json"
@@ -237,8 +232,6 @@ class Preparation:
                 budget -= len(text)
                 if budget <= 0:
                     return
-
-    # ---- the run -------------------------------------------------------------------------
 
     def check_output_dir(self) -> dict[str, Any] | None:
         """The existing manifest when `out` already holds this dataset; errors for anything else."""

@@ -32,11 +32,11 @@ class Document:
     invalid_utf8: bool = False  # undecodable bytes were replaced by U+FFFD
 
 
+@dataclass
 class ByteCounter:
     """Bytes consumed from disk so far, for the progress bar."""
 
-    def __init__(self) -> None:
-        self.value = 0
+    value: int = 0
 
 
 def expand_inputs(patterns: list[str], fmt: str) -> list[str]:
