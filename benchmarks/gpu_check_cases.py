@@ -6,12 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = {
-    "c2048": REPO / "data" / "embedded-c2048",
-    "c512": REPO / "data" / "embedded-c512",
-    "cpu": REPO / "data" / "embedded-c64",
-}
 CONTEXT = {"c2048": 2048, "c512": 512, "cpu": 64}
+DATA = {key: REPO / "data" / f"embedded-c{context}" for key, context in CONTEXT.items()}
 
 
 @dataclass(frozen=True)

@@ -44,18 +44,15 @@ def requirements(names: list[str], extras: list[str]) -> list[str]:
     """``names`` with setup.cfg's ranges (and extras) where it lists them, then the ``extras``' requirements."""
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
-    listed = [line.strip() for line in cfg["options"]["install_requires"].splitlines() if line.strip()]
+    listed = [line for line in map(str.strip, cfg["options"]["install_requires"].splitlines()) if line]
     by_name = {name(req): req for req in listed}
     reqs = []
     for wanted in map(normalise, names):
         listed_as = SAME_RANGE.get(wanted, wanted)
         reqs.append(by_name[listed_as].replace(listed_as, wanted, 1) if listed_as in by_name else wanted)
     for extra in extras:
-        reqs += [
-            line.strip()
-            for line in cfg["options.extras_require"][extra].splitlines()
-            if line.strip() and not line.strip().startswith("#")
-        ]
+        lines = map(str.strip, cfg["options.extras_require"][extra].splitlines())
+        reqs += [line for line in lines if line and not line.startswith("#")]
     return reqs
 
 

@@ -130,15 +130,8 @@ def encode(tokenizer, texts: list[str]) -> tuple[list[list[int]], int]:
     try:
         return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)], 0
     except TypeError:
-        repaired = 0
-        clean = []
-        for text in texts:
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                text = text.encode("utf-8", errors="replace").decode("utf-8")
-                repaired += 1
-            clean.append(text)
+        clean = [text.encode("utf-8", errors="replace").decode("utf-8") for text in texts]
+        repaired = sum(text != was for text, was in zip(clean, texts))
         return [e.ids for e in tokenizer.encode_batch_fast(clean, add_special_tokens=False)], repaired
 
 

@@ -97,15 +97,12 @@ def _validate(cfg: PrepConfig) -> None:
 
 
 def _input_entries(refs: list[str], out: Path) -> list[dict[str, Any]]:
-    entries = []
+    entries, root = [], out.resolve()
     for ref in refs:
         path = Path(ref)
         if path.exists():
-            resolved = path.resolve()
-            try:  # inputs inside the dataset directory (the embedded raw shards) stay valid if it moves
-                name = "<out>/" + str(resolved.relative_to(out.resolve()))
-            except ValueError:
-                name = str(resolved)
+            resolved = path.resolve()  # inputs inside the dataset directory stay valid if it moves
+            name = f"<out>/{resolved.relative_to(root)}" if resolved.is_relative_to(root) else str(resolved)
             entries.append({"path": name, "bytes": path.stat().st_size if path.is_file() else None})
         else:
             entries.append({"path": ref, "bytes": None})

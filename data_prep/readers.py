@@ -149,8 +149,7 @@ def read_text(
             raise DataPrepError(
                 f"{path}: {size} bytes is too large for one document; use --text-unit paragraph or line"
             )
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        raw = Path(path).read_bytes()
         if counter is not None:
             counter.value += len(raw)
         text, invalid = _decode(raw)
