@@ -168,17 +168,12 @@ def render_array(
     if n_tasks < 1:
         raise JobError("a job array needs at least one config")
     list_file, log_dir = check_path(list_file, "run list"), check_path(log_dir, "log directory")
-    throttle = f"%{max_parallel}" if max_parallel else ""
     select = [
         f"RUN_LIST={shlex.quote(str(list_file))}",
         'IFS=$\'\\t\' read -r CONFIG RUN_DIR < <(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$RUN_LIST")',
     ]
-    return _render(
-        spec,
-        log_file=f"{log_dir}/%A_%a.out",
-        select_run=select,
-        array_line=f"#SBATCH --array=0-{n_tasks - 1}{throttle}",
-    )
+    array_line = f"#SBATCH --array=0-{n_tasks - 1}" + (f"%{max_parallel}" if max_parallel else "")
+    return _render(spec, log_file=f"{log_dir}/%A_%a.out", select_run=select, array_line=array_line)
 
 
 def write_run_list(runs: list[tuple[str | Path, str | Path]], list_file: str | Path) -> Path:

@@ -5,6 +5,7 @@ datasets, all behind one interface, an iterator of `Document` in a fixed order.
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -155,24 +156,17 @@ def read_text(
         text, invalid = _decode(raw)
         yield Document(text, domain, path, 1, invalid)
         return
-    paragraph: list[bytes] = []
-    start = 1
-    line_no = 0
-    for line_no, raw in enumerate(iter_raw_lines(path, counter), 1):
-        if unit == "line":
+    numbered = enumerate(iter_raw_lines(path, counter), 1)
+    if unit == "line":
+        for line_no, raw in numbered:
             text, invalid = _decode(raw)
             yield Document(text, domain, path, line_no, invalid)
-        elif raw.strip():
-            if not paragraph:
-                start = line_no
-            paragraph.append(raw)
-        elif paragraph:
-            text, invalid = _decode(b"\n".join(paragraph))
-            yield Document(text, domain, path, start, invalid)
-            paragraph = []
-    if paragraph:
-        text, invalid = _decode(b"\n".join(paragraph))
-        yield Document(text, domain, path, start, invalid)
+        return
+    for has_text, run in itertools.groupby(numbered, key=lambda item: bool(item[1].strip())):
+        if has_text:
+            paragraph = list(run)
+            text, invalid = _decode(b"\n".join(raw for _, raw in paragraph))
+            yield Document(text, domain, path, paragraph[0][0], invalid)
 
 
 def _open_hf(ref: str, split: str):

@@ -122,16 +122,13 @@ def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> 
     ids: dict[str, int] = {}
     for role in ("bos", "eos", "pad"):
         candidates = [names[role]] if names.get(role) else list(KNOWN_NAMES[role])
-        for name in candidates:
-            token_id = tokenizer.token_to_id(name)
-            if token_id is not None:
-                ids[role] = token_id
-                break
-        else:
-            if names.get(role):
-                raise DataPrepError(
-                    f"{file}: the {role.upper()} token {names[role]!r} is not in the vocabulary; pass --{role}-token with one that is"
-                )
+        found = [token_id for token_id in map(tokenizer.token_to_id, candidates) if token_id is not None]
+        if found:
+            ids[role] = found[0]
+        elif names.get(role):
+            raise DataPrepError(
+                f"{file}: the {role.upper()} token {names[role]!r} is not in the vocabulary; pass --{role}-token with one that is"
+            )
     if "eos" not in ids:
         raise DataPrepError(f"{file}: no EOS token found (tried {', '.join(KNOWN_NAMES['eos'])}); pass --eos-token")
     ids.setdefault("bos", ids["eos"])
