@@ -49,13 +49,6 @@ def make_step(model: torch.nn.Module, idx: torch.Tensor, loss_fn):
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
-def timed(step, n_steps: int, clock) -> float:
-    start = clock()
-    for _ in range(n_steps):
-        step()
-    return clock() - start
-
-
 def compare(steps: dict, tokens: int, warmup: int, repeats: int, n_steps: int, clock) -> dict[str, float]:
     """Median tokens/s per entry; repeats interleaved, order alternating, so drift hits all alike."""
     for step in steps.values():
@@ -64,7 +57,10 @@ def compare(steps: dict, tokens: int, warmup: int, repeats: int, n_steps: int, c
     seconds: dict[str, list[float]] = {name: [] for name in steps}
     for r in range(repeats):
         for name in list(steps) if r % 2 == 0 else list(steps)[::-1]:
-            seconds[name].append(timed(steps[name], n_steps, clock))
+            start = clock()
+            for _ in range(n_steps):
+                steps[name]()
+            seconds[name].append(clock() - start)
     return {name: tokens * n_steps / statistics.median(s) for name, s in seconds.items()}
 
 

@@ -113,10 +113,8 @@ class JobSpec:
 
     def resource_lines(self) -> list[str]:
         options = [f"--gpus-per-node={self.gpus_per_node}"] if self.gpus_per_node > 0 else []
-        for name in ("time", "partition", "account", "qos", "mem"):
-            value = getattr(self, name)
-            if value:
-                options.append(f"--{name}={value}")
+        settings = {name: getattr(self, name) for name in ("time", "partition", "account", "qos", "mem")}
+        options += [f"--{name}={value}" for name, value in settings.items() if value]
         return [f"#SBATCH {option}" for option in options + self.sbatch_options]
 
 

@@ -137,8 +137,7 @@ def resolve(reqs: list[str], target: list[str], out: Path, torch: str) -> list[d
 
 
 def plan(resolved: list[dict], roots: list[str], have: dict, python_version: str, machine: str, trusted=None) -> dict:
-    """{name: version} of the resolved packages that ``roots`` need and the node lacks (docs/cluster.md);
-    a range asked of a node package of unknown version is added to ``trusted[name]``."""
+    """{name: version} of what ``roots`` need and the node lacks; ranges taken on trust go to ``trusted``."""
     from packaging.requirements import Requirement
     from packaging.version import InvalidVersion, Version
 
@@ -294,9 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     size = sum(p.stat().st_size for p in wheels)
     node = have_versions(args.have)
-    if newer := [
-        f"{w.name.split('-')[0]} {w.name.split('-')[1]}" for w in wheels if normalise(w.name.split("-")[0]) in node
-    ]:
+    if newer := [" ".join(w.name.split("-")[:2]) for w in wheels if normalise(w.name.split("-")[0]) in node]:
         print(f"newer than the node's (carried): {', '.join(newer)}")
     if trusted:
         ranges = ", ".join(key + str(spec) for key, spec in sorted(trusted.items()))

@@ -28,8 +28,7 @@ def iter_chunks(
     seen_domains: set[str] | None = None,
 ) -> Iterator[Chunk]:
     """Chunks of at least `chunk_chars` characters of kept documents (the last may be smaller)."""
-    index = 0
-    chunk = Chunk(ChunkTask(stream, index, [], []))
+    chunk = Chunk(ChunkTask(stream, 0, [], []))
     for doc in read_documents(inputs, options, counter):
         chunk.counts["documents_read"] += 1
         if seen_domains is not None:
@@ -47,7 +46,6 @@ def iter_chunks(
         chunk.text_chars += len(doc.text)
         if chunk.text_chars >= chunk_chars:
             yield chunk
-            index += 1
-            chunk = Chunk(ChunkTask(stream, index, [], []))
+            chunk = Chunk(ChunkTask(stream, chunk.task.index + 1, [], []))
     if chunk.task.texts or chunk.counts:
         yield chunk

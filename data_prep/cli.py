@@ -246,13 +246,11 @@ def summary(result: PrepResult) -> str:
         for domain, d in split["domains"].items():
             lines.append(f"             {domain:<24} {d['tokens']:>13,} tokens {d['documents']:>8,} documents")
     probe, docs = m["probe"], m["documents"]
-    lines.append(
-        f"probe      {probe['sequences']} x {probe['length']} tokens, no BOS, from held-out documents ({probe['path']})"
-    )
-    lines.append(
+    lines += [
+        f"probe      {probe['sequences']} x {probe['length']} tokens, no BOS, from held-out documents ({probe['path']})",
         f"documents  read {docs['documents_read']:,}  empty skipped {docs['empty_documents']:,}  "
-        f"invalid UTF-8 replaced {docs['invalid_utf8_documents']:,}  filtered by domain {docs['filtered_documents']:,}"
-    )
+        f"invalid UTF-8 replaced {docs['invalid_utf8_documents']:,}  filtered by domain {docs['filtered_documents']:,}",
+    ]
     if not result.reused:
         lines.append(
             f"took       {result.elapsed_s:.1f} s  (chunks tokenized {result.chunks_tokenized}, resumed {result.chunks_resumed})"

@@ -127,15 +127,9 @@ def _manifest_from_raw(root: Path, raw: dict[str, Any]) -> Manifest:
     splits = {}
     for name, info in raw["splits"].items():
         shards = tuple(ShardInfo(s["path"], int(s["sequences"]), s["sha256"]) for s in info["shards"])
-        splits[name] = SplitInfo(
-            name=name,
-            sequences=int(info["sequences"]),
-            tokens=int(info["tokens"]),
-            documents=int(info["documents"]),
-            dropped_tail_tokens=int(info["dropped_tail_tokens"]),
-            domains={d: dict(v) for d, v in info["domains"].items()},
-            shards=shards,
-        )
+        counts = {key: int(info[key]) for key in ("sequences", "tokens", "documents", "dropped_tail_tokens")}
+        domains = {d: dict(v) for d, v in info["domains"].items()}
+        splits[name] = SplitInfo(name=name, **counts, domains=domains, shards=shards)
     probe = raw["probe"]
     special = {k: int(v) for k, v in raw["special_ids"].items()}
     return Manifest(

@@ -81,10 +81,9 @@ def finalize(
             f"{cfg.probe_length} tokens for the probe set, {cfg.probe_sequences} needed; add validation data "
             "(--val-input, a larger --val-fraction) or lower --probe-sequences/--probe-length"
         )
-    for leftover in ("train", "val"):  # from a finalize that was interrupted before the manifest
-        shutil.rmtree(out / leftover, ignore_errors=True)
     splits: dict[str, Any] = {}
     for split in SPLITS:
+        shutil.rmtree(out / split, ignore_errors=True)  # from a finalize interrupted before the manifest
         (out / split).mkdir(parents=True)
         shards, domains = [], {}
         totals: Counter = Counter()
@@ -153,8 +152,7 @@ def finalize(
 
 
 def existing_dataset(out: Path, spec: dict[str, Any], staged: bool = False) -> dict[str, Any] | None:
-    """The manifest when ``out`` holds the dataset ``spec`` describes, None when it holds none (or only
-    ``staged`` work); an error for anything else."""
+    """The manifest when ``out`` holds the dataset ``spec`` describes, None when it holds none; else an error."""
     manifest_file = out / MANIFEST_NAME
     if manifest_file.is_file():
         try:

@@ -39,7 +39,7 @@ def default_workers() -> int:
 
 @dataclass
 class PrepConfig:
-    """Everything `sinklab prep` takes; see docs/parts/data_prep.md for each option."""
+    """Everything `sinklab prep` takes; each option in docs/data_prep.md."""
 
     inputs: list[str]
     out: str
@@ -240,9 +240,9 @@ class Preparation:
         if staged != self.spec and not self._staged_work():
             shutil.rmtree(self.staging)  # an earlier attempt that died before any work: nothing to keep
         elif staged != self.spec:
-            diff = spec_differences(staged, self.spec)
             raise DataPrepError(
-                f"{self.staging}: an unfinished preparation with other settings ({diff}); delete it or use the same settings"
+                f"{self.staging}: an unfinished preparation with other settings ({spec_differences(staged, self.spec)}); "
+                "delete it or use the same settings"
             )
         return None
 

@@ -164,8 +164,7 @@ def _split_sequences(P, marginal, cfg: BBConfig, bos_id: int, stream: str, n: in
 
 
 def long_sequences(manifest: dict[str, Any], n: int, length: int) -> np.ndarray | None:
-    """``n`` sequences of any ``length`` (int64, BOS first) of the chain a BB ``manifest`` records, from a
-    stream of their own; None for a dataset that is not Bigram-Backcopy."""
+    """``n`` sequences of any ``length`` of the chain a BB ``manifest`` records (own stream); None if not BB."""
     bb = manifest.get("synthetic") or {}
     if bb.get("task") != DOMAIN:
         return None

@@ -88,8 +88,7 @@ def _config_token(value) -> str | None:
 
 
 def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> LoadedTokenizer:
-    """Load `tokenizer.json` or a local HF tokenizer directory; BOS/EOS/PAD from `overrides`, its config files,
-    then `KNOWN_NAMES` (no BOS: the EOS serves, as in GPT-2)."""
+    """Load a tokenizer.json or local HF tokenizer directory; roles from `overrides`, its configs, or `KNOWN_NAMES`."""
     path = Path(ref)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
