@@ -220,19 +220,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def attention_cases(bench: Bench, sig: ModelConfig, ratios: dict[str, float]) -> None:
     """One layer's attention core at the 60M shape: where the eager sigmoid op falls off."""
-    H, dh, batch = sig.n_heads, sig.head_dim, 1 if bench.cuda else 2
+    H, dh, batch, spec = sig.n_heads, sig.head_dim, 1 if bench.cuda else 2, blocked_spec(sig)
     mask = torch.full((context := bench.context, context), float("-inf"), device=bench.device).triu(1)[None, None]
     cases = {
         "attn softmax sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         "attn sigmoid eager": lambda q, k, v: (
             OPS["sigmoid"].fn(q, k, mask.to(q.dtype), sig.attention, None).weights.to(v.dtype) @ v
         ),
-        "attn sigmoid torch tiles": lambda q, k, v: blocked_attention(q, k, v, blocked_spec(sig), impl="torch"),
+        "attn sigmoid torch tiles": lambda q, k, v: blocked_attention(q, k, v, spec, impl="torch"),
     }
     if triton_tiles.available() and (bench.cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        cases["attn sigmoid fused triton"] = lambda q, k, v: blocked_attention(
-            q, k, v, blocked_spec(sig), impl="triton"
-        )
+        cases["attn sigmoid fused triton"] = lambda q, k, v: blocked_attention(q, k, v, spec, impl="triton")
     results = {name: bench.attention_only(name, fn, H, dh, batch) for name, fn in cases.items()}
     for result in results.values():
         print(result.line(), flush=True)

@@ -87,11 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         f"plain full-precision pass {t_plain:.2f} s; one W8A8 pass {t_w8a8:.2f} s; "
         f"full precision recording outliers {t_recorded:.2f} s; quant-eval, {len(q.settings)} settings {t_all:.2f} s"
     )
-    print(
-        f"perplexity fp {results['fp']['perplexity']:.3f}, w8a8-tensor {results['w8a8-tensor']['perplexity']:.3f}"
-        if "w8a8-tensor" in results
-        else f"perplexity fp {results['fp']['perplexity']:.3f}"
-    )
+    shown = [setting for setting in ("fp", "w8a8-tensor") if setting in results]
+    print("perplexity " + ", ".join(f"{setting} {results[setting]['perplexity']:.3f}" for setting in shown))
     print(f"same full-precision nll: {same}; settings: {', '.join(s for s in q.settings if s in SETTINGS)}")
     if (args.probe_dataset / "probe.bin").is_file():
         print(f"probe_ratio={probe_ratio(args.probe_dataset):.2f}")

@@ -77,6 +77,7 @@ def measure(steps: dict, repeats: int, device: str) -> tuple[dict[str, float], d
     """Median seconds per step and peak bytes per variant, variants interleaved in alternating order."""
     cuda = device == "cuda"
     clock = time.perf_counter if cuda else time.process_time
+    sync = torch.cuda.synchronize if cuda else lambda: None
     times: dict[str, list[float]] = {name: [] for name in steps}
     peaks = {}
     for name, step in steps.items():  # warm-up and peak memory
@@ -94,12 +95,10 @@ def measure(steps: dict, repeats: int, device: str) -> tuple[dict[str, float], d
             peaks[name] = probe.peak
     for r in range(repeats):
         for name in steps if r % 2 == 0 else reversed(steps):
-            if cuda:
-                torch.cuda.synchronize()
+            sync()
             t0 = clock()
             steps[name]()
-            if cuda:
-                torch.cuda.synchronize()
+            sync()
             times[name].append(clock() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}, peaks
 

@@ -101,17 +101,16 @@ def cpu_cases(context: int = CONTEXT["cpu"]) -> list[Case]:
     """Toy stand-ins on the cpu-tiny recipe, for the harness itself."""
     tiny = ("--trainer.accelerator", "cpu", "--data.global_batch_tokens", str(8 * context))
     two = ("--trainer.devices", "2", "--data.micro_batch_size", "2")
+    toy = {"log_every": 2, "window": 2}
     return [
-        fit_case("softmax", "cpu-tiny", "cpu", 8, *tiny, log_every=2, window=2),
-        fit_case("sigmoid", "cpu-tiny", "cpu", 8, *tiny, *SIGMOID, log_every=2, window=2),
-        fit_case("elu1-kernel", "cpu-tiny", "cpu", 8, *tiny, *ELU1_KERNEL, log_every=2, window=2),
-        fit_case("softpick", "cpu-tiny", "cpu", 8, *tiny, *SOFTPICK, log_every=2, window=2),
-        fit_case("compiled", "cpu-tiny", "cpu", 8, *tiny, "--model.compile", "true", log_every=2, window=2),
-        fit_case(
-            "zero2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "deepspeed_stage_2", log_every=2, window=2
-        ),
-        fit_case("fsdp2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "fsdp2", log_every=2, window=2),
-        fit_case("preempt", "cpu-tiny", "cpu", 60, *tiny, kind="preempt", log_every=2, window=2),
+        fit_case("softmax", "cpu-tiny", "cpu", 8, *tiny, **toy),
+        fit_case("sigmoid", "cpu-tiny", "cpu", 8, *tiny, *SIGMOID, **toy),
+        fit_case("elu1-kernel", "cpu-tiny", "cpu", 8, *tiny, *ELU1_KERNEL, **toy),
+        fit_case("softpick", "cpu-tiny", "cpu", 8, *tiny, *SOFTPICK, **toy),
+        fit_case("compiled", "cpu-tiny", "cpu", 8, *tiny, "--model.compile", "true", **toy),
+        fit_case("zero2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "deepspeed_stage_2", **toy),
+        fit_case("fsdp2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "fsdp2", **toy),
+        fit_case("preempt", "cpu-tiny", "cpu", 60, *tiny, kind="preempt", **toy),
         Case(
             "analyze", "analyze", ("-n", "8", "-T", "12", "--no-plots", "--device", "cpu"), data="cpu", reads="softmax"
         ),

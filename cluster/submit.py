@@ -177,19 +177,18 @@ def main(argv: list[str] | None = None) -> int:
         config, settings = load_config(args.config)
         name = run_name(config, settings)
         run_dir = check_path(args.run_dir or Path("runs") / name, "run directory")
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
         spec = settings_of(
             JobSpec,
             args,
             job_name=args.job_name or re.sub(r"[^\w.+-]", "_", name),
             sbatch_options=args.sbatch_option,
             fit_args=fit_args,
-            environment={},
+            environment={"MLFLOW_TRACKING_URI": uri} if uri else {},
             sinklab=args.sinklab or sinklab_command(),
         )
         spec.validate()
         check_with_fit(config, spec.fit_overrides())  # the exact arguments the job passes to fit
-        if os.environ.get("MLFLOW_TRACKING_URI"):
-            spec.environment["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
         check_run_dir(run_dir)  # --dry-run refuses what the real submit refuses
         if args.dry_run:
             print(render_job(config, run_dir, spec), end="")

@@ -1,10 +1,9 @@
-"""Read a prepared dataset directory: the manifest, packed token splits and the probe set.
-The contract between data preparation and everything that trains or analyses (docs/contracts.md section 1).
+"""Read a prepared dataset directory, the contract between data preparation and training (docs/contracts.md section 1).
 
-    <dataset>/manifest.json     counts, tokenizer identity, shard checksums, a content hash
-    <dataset>/tokenizer.json    the HF tokenizers file used
-    <dataset>/<split>/NNNNN.bin flat token shards (dtype from the manifest), n_seq * C tokens
-    <dataset>/probe.bin         the probe set for the sink metric, (N, T), no BOS
+<dataset>/manifest.json     counts, tokenizer identity, shard checksums, a content hash
+<dataset>/tokenizer.json    the HF tokenizers file used
+<dataset>/<split>/NNNNN.bin flat token shards (dtype from the manifest), n_seq * C tokens
+<dataset>/probe.bin         the probe set for the sink metric, (N, T), no BOS
 """
 
 from __future__ import annotations

@@ -128,13 +128,12 @@ def read_pile(path: str, default_domain: str = "unknown", counter: ByteCounter |
             raise DataPrepError(
                 f"{path}: line {line_no}: not valid JSON ({exc.msg} at column {exc.colno}); {PILE_LINE_HINT}"
             ) from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-            what = (
-                "has no string field 'text'"
-                if isinstance(obj, dict)
-                else f"is a JSON {type(obj).__name__}, not an object"
+        if not isinstance(obj, dict):
+            raise DataPrepError(
+                f"{path}: line {line_no}: is a JSON {type(obj).__name__}, not an object; {PILE_LINE_HINT}"
             )
-            raise DataPrepError(f"{path}: line {line_no}: {what}; {PILE_LINE_HINT}")
+        if not isinstance(obj.get("text"), str):
+            raise DataPrepError(f"{path}: line {line_no}: has no string field 'text'; {PILE_LINE_HINT}")
         meta = obj.get("meta")
         domain = meta.get("pile_set_name") if isinstance(meta, dict) else None
         yield Document(obj["text"], str(domain) if domain else default_domain, path, line_no, invalid)
