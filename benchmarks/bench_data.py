@@ -1,16 +1,6 @@
 """Data-prep throughput beside raw tokenizer throughput, measured side by side in one run.
 
-For a 1x corpus (--base-chars of the embedded corpus, both domains) and a 10x corpus (it
-repeated ten times), as Pile-format .jsonl.zst shards:
-
-- raw: `Tokenizer.encode_batch_fast` (and `encode_batch`) over the same documents, batch by
-  batch, with N Rust threads (RAYON_NUM_THREADS=N), in a fresh process; texts preloaded;
-- prep: `sinklab prep` end to end (read + decompress + parse + tokenize + pack + write +
-  checksums + manifest) with N worker processes, in a fresh process, same tokenizer;
-- peak RSS of the prep (its process plus its workers, sampled with psutil).
-
-Prints a table and, last, `ratio=<prep tokens/s / raw tokens/s>` for the 10x corpus.
-Run: `make bench-data` (or .venv/bin/python benchmarks/bench_data.py [--workers N]).
+The last line is `ratio=<prep tokens/s / raw tokens/s>` for the 10x corpus (docs/data_prep.md).
 """
 
 from __future__ import annotations
@@ -83,15 +73,12 @@ def run_sampled(cmd: list[str], env: dict[str, str]) -> tuple[dict, int]:
     return json.loads(stdout.strip().splitlines()[-1]), peak
 
 
-def write_corpus(texts: list[tuple[str, str]], directory: Path, copies: int) -> int:
+def write_corpus(texts: list[tuple[str, str]], directory: Path, copies: int) -> None:
     directory.mkdir(parents=True)
-    chars = 0
     with open(directory / "00.jsonl.zst", "wb") as fh, zstandard.ZstdCompressor(level=3).stream_writer(fh) as writer:
         for _ in range(copies):
             for domain, text in texts:
                 writer.write((json.dumps({"text": text, "meta": {"pile_set_name": domain}}) + "\n").encode())
-                chars += len(text)
-    return chars
 
 
 def main() -> None:
@@ -128,19 +115,8 @@ def main() -> None:
             raw, _ = run_sampled(
                 [sys.executable, "-c", RAW_SNIPPET, str(tokenizer), str(corpus), str(args.chunk_chars)], env
             )
-            prep, peak = run_sampled(
-                [
-                    sys.executable,
-                    "-c",
-                    PREP_SNIPPET,
-                    str(corpus / "*.jsonl.zst"),
-                    str(tmp / f"out{copies}"),
-                    str(tokenizer),
-                    str(args.workers),
-                    str(args.chunk_chars),
-                ],
-                env,
-            )
+            prep_args = (corpus / "*.jsonl.zst", tmp / f"out{copies}", tokenizer, args.workers, args.chunk_chars)
+            prep, peak = run_sampled([sys.executable, "-c", PREP_SNIPPET, *map(str, prep_args)], env)
             fast = raw["encode_batch_fast"]["tokens"] / raw["encode_batch_fast"]["seconds"]
             slow = raw["encode_batch"]["tokens"] / raw["encode_batch"]["seconds"]
             prep_rate = prep["text_tokens"] / prep["seconds"]

@@ -1,14 +1,7 @@
 """What the information-flow metrics add to training, measured side by side in one process.
 
-On the model of a recipe (default: configs/recipes/embedded.yaml, the `tiny` preset at C=128,
-1,024-token steps) and its dataset's probe set (100 x 64): the sink probe without the flow
-metrics, with them as training measures them (the perturbed pass on the first
-TRAINING_MIXING_SEQUENCES sequences) and with every sequence perturbed (as `sinklab analyze`),
-alternated, best of --repeats; and one optimizer step (forward, loss, backward, AdamW) on a batch
-of the recipe's shape. A step here leaves out data loading, logging and validation, so the shares
-printed last, ``overhead=<flow seconds per probe / (sink_every x step seconds)>`` (training's)
-and ``overhead_all=`` (every sequence perturbed), are upper bounds.
-Run: .venv/bin/python benchmarks/bench_flow.py --data data/embedded [--every 200]
+The last lines, ``overhead=<flow seconds per probe / (sink_every x step seconds)>`` and ``overhead_all=``,
+are upper bounds (docs/analysis.md).
 """
 
 from __future__ import annotations

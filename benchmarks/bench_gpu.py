@@ -1,20 +1,6 @@
 """GPU training speed side by side in one process (`make bench-gpu`).
 
-Trains each case for a few steps after warm-up with the largest micro-batch that fits
-(halving on out-of-memory) and prints tokens/s, MFU (pipeline.flops, exact causal count) and
-peak memory:
-
-- SinkLab's Transformer, presets llama-60m and llama-1b, softmax (SDPA / flash-attn), with
-  the training loss of ``sinklab fit`` (LM head fused with the cross-entropy);
-- HF LlamaForCausalLM of the same shape with its SDPA attention (full logits, then the loss);
-- the 60M model with sigmoid attention without normalisation (the paper's Table 6 variant);
-- attention alone (forward + backward, one layer's shape): softmax SDPA, the eager sigmoid
-  op (T x T), and the blocked sigmoid in its two implementations (pipeline.kernels): the torch
-  tiles and the fused Triton kernels (the model's path on CUDA; on a CPU only under
-  TRITON_INTERPRET=1).
-
-The last line is ``ratio=<SinkLab tokens/s over HF tokens/s, 1B>``. Without CUDA (or with
-``--tiny``) it runs the same cases at toy shapes on the CPU, as a smoke test.
+The last line is ``ratio=<SinkLab tokens/s over HF tokens/s, 1B>`` (docs/gpu.md); without CUDA it runs toy shapes.
 """
 
 from __future__ import annotations
@@ -98,7 +84,7 @@ class Bench:
                     for block in getattr(model, "blocks", None) or model.model.layers:
                         block.compile()
                 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=self.cuda)
-                tokens = torch.randint(0, model_vocab(model), (batch, self.context + 1), device=self.device)
+                tokens = torch.randint(0, model.config.vocab_size, (batch, self.context + 1), device=self.device)
                 step = lambda: self._step(model, optimizer, loss_fn, tokens)
                 for _ in range(self.warmup):
                     step()
@@ -143,10 +129,6 @@ class Bench:
             return Result(name + " (OOM)", batch, 0.0, None, None)
         tokens_per_s = batch * self.context * self.steps / (time.perf_counter() - start)
         return Result(name, batch, tokens_per_s, None, torch.cuda.max_memory_allocated() if self.cuda else None)
-
-
-def model_vocab(model: torch.nn.Module) -> int:
-    return model.config.vocab_size
 
 
 def ours_loss(model, tokens):
@@ -238,19 +220,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def attention_cases(bench: Bench, sig: ModelConfig, ratios: dict[str, float]) -> None:
     """One layer's attention core at the 60M shape: where the eager sigmoid op falls off."""
-    H, dh, batch = sig.n_heads, sig.head_dim, 1 if bench.cuda else 2
+    H, dh, batch, spec = sig.n_heads, sig.head_dim, 1 if bench.cuda else 2, blocked_spec(sig)
     mask = torch.full((context := bench.context, context), float("-inf"), device=bench.device).triu(1)[None, None]
     cases = {
         "attn softmax sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         "attn sigmoid eager": lambda q, k, v: (
             OPS["sigmoid"].fn(q, k, mask.to(q.dtype), sig.attention, None).weights.to(v.dtype) @ v
         ),
-        "attn sigmoid torch tiles": lambda q, k, v: blocked_attention(q, k, v, blocked_spec(sig), impl="torch"),
+        "attn sigmoid torch tiles": lambda q, k, v: blocked_attention(q, k, v, spec, impl="torch"),
     }
     if triton_tiles.available() and (bench.cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        cases["attn sigmoid fused triton"] = lambda q, k, v: blocked_attention(
-            q, k, v, blocked_spec(sig), impl="triton"
-        )
+        cases["attn sigmoid fused triton"] = lambda q, k, v: blocked_attention(q, k, v, spec, impl="triton")
     results = {name: bench.attention_only(name, fn, H, dh, batch) for name, fn in cases.items()}
     for result in results.values():
         print(result.line(), flush=True)

@@ -1,17 +1,6 @@
 """Training-step throughput of SinkLab's model against HF LlamaForCausalLM, side by side.
 
-One process, CPU, the same dims, batch and thread count; forward + backward + AdamW step;
-warm-up, then interleaved repeats (order alternating), median. Each model's training step
-computes its loss as its library does: SinkLab's ``next_token_loss`` (the LM head fused with
-the cross-entropy, pipeline.train.loss) and HF's logits + F.cross_entropy (what
-LlamaForCausalLM(labels=...) runs). SinkLab with HF's loss is timed too, so the model alone
-is compared as well. Timed by the process CPU clock by default (with one thread it is the
-work done, and it is not inflated by other jobs on a shared machine); ``--clock wall`` for
-wall-clock time.
-Also the slow-down of each non-softmax attention operation relative to softmax.
-The last line is ``ratio=<ours over HF>``.
-
-    python benchmarks/bench_model.py [--preset tiny] [--vocab 8192] [--batch 8] [--seq 256]
+Also each non-softmax attention op's slow-down against softmax; the last line is ``ratio=<ours over HF>``.
 """
 
 from __future__ import annotations
@@ -60,13 +49,6 @@ def make_step(model: torch.nn.Module, idx: torch.Tensor, loss_fn):
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
-def timed(step, n_steps: int, clock) -> float:
-    start = clock()
-    for _ in range(n_steps):
-        step()
-    return clock() - start
-
-
 def compare(steps: dict, tokens: int, warmup: int, repeats: int, n_steps: int, clock) -> dict[str, float]:
     """Median tokens/s per entry; repeats interleaved, order alternating, so drift hits all alike."""
     for step in steps.values():
@@ -75,7 +57,10 @@ def compare(steps: dict, tokens: int, warmup: int, repeats: int, n_steps: int, c
     seconds: dict[str, list[float]] = {name: [] for name in steps}
     for r in range(repeats):
         for name in list(steps) if r % 2 == 0 else list(steps)[::-1]:
-            seconds[name].append(timed(steps[name], n_steps, clock))
+            start = clock()
+            for _ in range(n_steps):
+                steps[name]()
+            seconds[name].append(clock() - start)
     return {name: tokens * n_steps / statistics.median(s) for name, s in seconds.items()}
 
 
@@ -113,29 +98,20 @@ def main() -> None:
     twin = Transformer(cfg).train()
     twin.load_state_dict(ours.state_dict())
     alone = "sinklab, hf's loss"
-    speeds = compare(
-        {
-            "sinklab": make_step(ours, idx, next_token_loss),
-            alone: make_step(twin, idx, logits_loss),
-            "hf-llama": make_step(hf, idx, logits_loss),
-        },
-        tokens,
-        args.warmup,
-        args.repeats,
-        args.steps,
-        clock,
-    )
+    losses = {"sinklab": (ours, next_token_loss), alone: (twin, logits_loss), "hf-llama": (hf, logits_loss)}
+    steps = {name: make_step(model, idx, loss) for name, (model, loss) in losses.items()}
+    speeds = compare(steps, tokens, args.warmup, args.repeats, args.steps, clock)
     for name, tps in speeds.items():
         print(f"{name:18s} {tps:10.0f} tokens/s (train step: fwd+bwd+AdamW)")
     print(f"ratio model alone (both with hf's loss) = {speeds[alone] / speeds['hf-llama']:.3f}")
 
     if not args.skip_ops:
         print("attention operations, training-step slow-down relative to softmax (SDPA):")
-        steps = {"softmax": make_step(ours, idx, next_token_loss)}
+        op_steps = {"softmax": make_step(ours, idx, next_token_loss)}
         for name, acfg in OPS.items():
             torch.manual_seed(0)
-            steps[name] = make_step(Transformer(cfg.replace(attention=acfg)).train(), idx, next_token_loss)
-        op_speeds = compare(steps, tokens, 1, max(3, args.repeats - 2), args.steps, clock)
+            op_steps[name] = make_step(Transformer(cfg.replace(attention=acfg)).train(), idx, next_token_loss)
+        op_speeds = compare(op_steps, tokens, 1, max(3, args.repeats - 2), args.steps, clock)
         for name, tps in op_speeds.items():
             print(f"  {name:34s} {tps:9.0f} tokens/s  slow-down x{op_speeds['softmax'] / tps:.2f}")
 

@@ -1,14 +1,6 @@
 """One optimizer step of Muon (+ AdamW) and OrthoAdam against AdamW, side by side, on CPU.
 
-One process, one model (the 60M preset by default) and one set of random gradients; each optimizer
-is built by ``pipeline.train.optim.build_optimizer`` over the same parameters and stepped once to
-create its state (and OrthoAdam's rotations) before timing. Then ``repeats`` rounds, the order
-alternating, each timing one ``step()`` per optimizer by the process CPU clock (one thread under
-``cpulock``: the work done, not another job's); the median per optimizer. The step alone: no
-forward or backward, which all three share. The last line is ``ratio muon=<x> orthoadam=<y>``
-(seconds per step over AdamW's).
-
-    python benchmarks/bench_optim.py [--preset llama-60m] [--repeats 3]
+The last line is ``ratio muon=<x> orthoadam=<y>``, seconds per step over AdamW's (docs/training.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """One live sink probe against the training steps between two probes, measured side by side.
 
-On a recipe's model and its dataset's probe set (100 x 64): the probe as the training callback
-runs it (``run_probe`` with the flow metrics on the first TRAINING_MIXING_SEQUENCES sequences,
-then its metrics' names), its figures, and one optimizer step (forward, loss, backward, AdamW)
-on a batch of the recipe's shape, alternated round by round, best of --repeats; then one more
-probe under cProfile, its time split into its parts (``profile:`` lines). A step here
-leaves out data loading, logging and validation, so the shares are upper bounds. The last line,
-``ratio=<probe seconds / (every x step seconds)>``, is the probe's share of training at the
-recipe's cadence in wall time (``cpu_ratio=``: in CPU time; figures: ``figures_ratio=``, at
---plot-every; ``every_for_1pct=``: the least cadence that keeps the probe at 1% in CPU time).
-Defaults: `make run` (tiny preset, elu+1 kernel attention, every 500 steps). The paper-60m
-recipe's shape at cpu size: --preset llama-60m --op softmax --every 200 --plot-every 2000.
-Run: .venv/bin/python benchmarks/bench_probe.py --data data/embedded
+The last line, ``ratio=<probe seconds / (every x step seconds)>``, is the probe's share of training in
+wall time (docs/training.md).
 """
 
 from __future__ import annotations

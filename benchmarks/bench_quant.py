@@ -1,23 +1,7 @@
 """`sinklab quant-eval`'s cost against one plain perplexity pass, in one process, on the same windows.
 
-1. a plain full-precision pass (no hooks), the reference;
-2. one simulated W8A8 pass (per-tensor activations; every linear layer fake-quantized);
-3. the full-precision pass of quant-eval, which also records the activation outliers;
-4. all of quant-eval: its six settings.
-
-Each is timed as the best of ``--repeat`` runs, the four interleaved in every repeat (a load that
-comes and goes on a shared machine falls on all of them). The full-precision NLL of quant-eval must
-equal the plain pass's. Then the sink probe's cost with and without the outlier metrics:
-``run_probe`` of the embedded recipe's model shape (tiny preset, vocabulary 4096, random weights) on the probe set of
-``--probe-dataset`` (default data/embedded, skipped when absent), interleaved, median of 8. The
-last three lines are ``probe_ratio=<with / without outliers>``, ``pass_ratio=<W8A8 pass / plain
-pass>`` and ``ratio=<all of quant-eval / plain pass>``.
-
-    python benchmarks/bench_quant.py MODEL [--text F | --dataset D] [--max-tokens N] [-T T] [--repeat R]
-                                     [--probe-dataset DIR]
-
-MODEL and the options are `sinklab quant-eval`'s (`make bench-quant` runs smollm2); here
---max-tokens defaults to 512.
+MODEL and the options are quant-eval's (--max-tokens 512 here); the last line is
+``ratio=<all of quant-eval / plain pass>``, after ``probe_ratio=`` and ``pass_ratio=``.
 """
 
 from __future__ import annotations
@@ -36,8 +20,7 @@ from pipeline.outliers import OutlierAccumulator
 
 
 def interleaved_best(repeat: int, works: dict) -> tuple[dict, dict[str, float]]:
-    """Each repeat runs every work once, in turn, so a load that comes and goes on a shared machine
-    falls on all of them alike; the result of each work's last run and its best time."""
+    """Each work's last result and best time, the works run in turn in every repeat."""
     results, times = {}, {name: [] for name in works}
     for _ in range(repeat):
         for name, work in works.items():
@@ -104,11 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         f"plain full-precision pass {t_plain:.2f} s; one W8A8 pass {t_w8a8:.2f} s; "
         f"full precision recording outliers {t_recorded:.2f} s; quant-eval, {len(q.settings)} settings {t_all:.2f} s"
     )
-    print(
-        f"perplexity fp {results['fp']['perplexity']:.3f}, w8a8-tensor {results['w8a8-tensor']['perplexity']:.3f}"
-        if "w8a8-tensor" in results
-        else f"perplexity fp {results['fp']['perplexity']:.3f}"
-    )
+    shown = [setting for setting in ("fp", "w8a8-tensor") if setting in results]
+    print("perplexity " + ", ".join(f"{setting} {results[setting]['perplexity']:.3f}" for setting in shown))
     print(f"same full-precision nll: {same}; settings: {', '.join(s for s in q.settings if s in SETTINGS)}")
     if (args.probe_dataset / "probe.bin").is_file():
         print(f"probe_ratio={probe_ratio(args.probe_dataset):.2f}")

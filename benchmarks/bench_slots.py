@@ -1,18 +1,7 @@
 """Forward + backward of one attention layer with a learned sink logit, a K bias (fixed v*) or a KV
 bias, against plain softmax, side by side in one process.
 
-Each variant is one ``Attention`` layer on the SDPA path (plain causal mask, no positional
-encoding) over the same input and output gradient; warm-up, then interleaved repeats, median.
-CPU: timed by the process CPU clock (with one thread it is the work done), peak memory is the
-most bytes held at once by tensors that ops returned during the step (kernels' scratch buffers
-are not op outputs). CUDA (when present, bfloat16): wall time after a synchronize, peak
-from torch.cuda.max_memory_allocated. Ratios are the variant over softmax: speed is softmax's
-time over the variant's (goal >= 0.85), memory the variant's peak over softmax's (goal <= 1.1).
-CUDA runs the 1B preset's layer width (d = 2048, H = 32): at the CPU's d = 128, H = 2 an H200 step
-is launch overhead at every T. The last line is ``ratio=<the lowest speed ratio of any variant and T>``.
-
-    python benchmarks/bench_slots.py [--seqs 1024 4096 16384] [--d-model 128] [--heads 2] [--repeats 3]
-        [--cuda-d-model 2048] [--cuda-heads 32]
+The last line is ``ratio=<the lowest speed ratio of any variant and T>`` (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -88,6 +77,7 @@ def measure(steps: dict, repeats: int, device: str) -> tuple[dict[str, float], d
     """Median seconds per step and peak bytes per variant, variants interleaved in alternating order."""
     cuda = device == "cuda"
     clock = time.perf_counter if cuda else time.process_time
+    sync = torch.cuda.synchronize if cuda else lambda: None
     times: dict[str, list[float]] = {name: [] for name in steps}
     peaks = {}
     for name, step in steps.items():  # warm-up and peak memory
@@ -105,12 +95,10 @@ def measure(steps: dict, repeats: int, device: str) -> tuple[dict[str, float], d
             peaks[name] = probe.peak
     for r in range(repeats):
         for name in steps if r % 2 == 0 else reversed(steps):
-            if cuda:
-                torch.cuda.synchronize()
+            sync()
             t0 = clock()
             steps[name]()
-            if cuda:
-                torch.cuda.synchronize()
+            sync()
             times[name].append(clock() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}, peaks
 

@@ -1,18 +1,8 @@
 """Streaming perplexity: the two shortcuts of `sinklab stream-ppl` and `passkey`, each timed
 against going without it, in one process, on the same tokens, checking the same NLL.
 
-1. batching: every x+y configuration that shares a capacity streams as the rows of one batch,
-   against streaming the configurations one after another;
-2. chunked prefill: until the cache is full the tokens go in chunks (one forward each,
-   ``streamers.PREFILL_TOKENS`` rows x tokens), against one token per forward throughout.
-
-The last two lines are ``batch_ratio=<one-at-a-time s / batched s>`` and
-``ratio=<token-by-token s / chunked s>`` (both with the batch).
-
-    python benchmarks/bench_stream.py MODEL [--tokenizer T] [--max-tokens N] [--cache x+y ...]
-
-MODEL and the options are `sinklab stream-ppl`'s (`make bench-stream` runs smollm2); here
---max-tokens defaults to 512 and --cache to 0+128 1+127 4+124, so that evictions happen.
+MODEL and the options are stream-ppl's (--max-tokens 512, --cache 0+128 1+127 4+124 here); the last
+line is ``ratio=<token-by-token s / chunked s>``, after ``batch_ratio=<one-at-a-time s / batched s>``.
 """
 
 from __future__ import annotations

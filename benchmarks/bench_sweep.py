@@ -1,17 +1,6 @@
 """A local sweep's wall time against the sum of its runs' training times, side by side in one run.
 
-The same 6-run sweep (bb-norm at the cpu scale: 2 variants x 3 seeds of the bb-tiny recipe) is run
-twice from a fresh process each, on a Bigram-Backcopy dataset prepared here, each with its own
-MLflow store and run directories:
-
-- per-run processes: every run a `sinklab fit` process of its own (imports and all);
-- one warm worker: `sinklab sweep --local` as it is, every run forked from a worker that imported
-  the training stack once (pipeline.experiments.pool).
-
-A run's training time is the span of its metrics.jsonl (the step-0 sink probe to the last logged
-row); the rest of the wall time is start-up (imports, config parsing, MLflow), the end of the run
-and the sweep's own planning. Prints a table and, last, `ratio=<per-run wall / worker wall>`.
-Run: `make bench-sweep` (or .venv/bin/python benchmarks/bench_sweep.py [--steps N] [--keep DIR]).
+The last line is `ratio=<per-run wall / worker wall>` (docs/experiments.md).
 """
 
 from __future__ import annotations

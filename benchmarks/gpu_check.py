@@ -1,16 +1,6 @@
 """`make gpu-check`: every GPU path a user takes, run for real on one GPU, in one table.
 
-    python -m benchmarks.gpu_check                      # the matrix (gpu_check_cases.py), 480 s at most
-    python -m benchmarks.gpu_check --budget 300 --cases 60m-zero2,preempt
-    python -m benchmarks.gpu_check --device cpu         # the harness on toy cases (tests run it so)
-
-Cases run in priority order; one starts only while its ``minimum`` seconds are left of
-``--budget`` (counted from the start, data preparation included), and is killed, with every
-process it started, at its ``limit`` or at the end of the budget. A case is judged as a user
-would: exit status, the final checkpoint, train/loss finite and present at every step it is
-due, the analysis outputs. tokens/s and MFU are the median of the run's perf/* windows after the
-first (which holds compilation), also of a killed run. One table and the goal ratios are printed
-at the end, also when a case was killed or the check interrupted. Exit 1 if any case failed.
+Budget, limits, how a case is judged and the table: docs/gpu.md; `--device cpu` runs the harness on toy cases.
 """
 
 from __future__ import annotations
@@ -57,8 +47,7 @@ def recipe_compiles(case: Case) -> bool:
 
 
 def first_error_line(log: str, code: int | None) -> str:
-    """What went wrong, in one line: SinkLab's own refusal (`sinklab <command>: ...`), else the
-    exception line of the last traceback, else the last line printed."""
+    """What went wrong, in one line: SinkLab's own refusal, else the last exception line, else the last line."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]
     ours = [line for line in lines if re.match(r"sinklab [\w-]+: (?!warning)", line)]
     raised = [line for line in lines if re.match(r"([\w.]+\.)?[A-Z]\w*(Error|Exception|Failed)\b", line)]
@@ -111,18 +100,8 @@ class Matrix:
             kill_group(proc)  # also what it left running (a launcher's ranks)
 
     def _fit_command(self, case: Case) -> list[str]:
-        return [
-            *SINKLAB,
-            "fit",
-            *case.args,
-            "--data.path",
-            str(self.data[case.data]),
-            "--run-dir",
-            str(self.root / case.name),
-            "--resume",
-            "auto",
-            *self.extra,
-        ]
+        data, run_dir = str(self.data[case.data]), str(self.root / case.name)
+        return [*SINKLAB, "fit", *case.args, "--data.path", data, "--run-dir", run_dir, "--resume", "auto", *self.extra]
 
     def _judge_fit(self, case: Case, code: int, log: Path) -> str | None:
         if code != 0:
@@ -140,9 +119,7 @@ class Matrix:
         return self._judge_fit(case, self._command(self._fit_command(case), log), log)
 
     def _preempt(self, case: Case, log: Path) -> str | None:
-        """The path of a SLURM job told to stop: SIGUSR1 once a third of the steps are logged
-        (the handler is installed by then), a checkpoint at the next step boundary, exit 0; then
-        a second start with --resume auto runs to the end."""
+        """A SLURM job told to stop: SIGUSR1 once a third of the steps are logged, then --resume auto to the end."""
         metrics = self.root / case.name / "metrics.jsonl"
         proc = self._command(self._fit_command(case), log, wait=False)
         while (
@@ -160,39 +137,21 @@ class Matrix:
             return "the first start ran to the end: SIGUSR1 came too late to test the resume"
         return self._judge_fit(case, self._command(self._fit_command(case), log), log)
 
-    def _analysis(self, command: list[str], log: Path, output: Path) -> str | None:
+    def _analysis(self, case: Case, log: Path, out: Path, output: Path) -> str | None:
+        """``sinklab analyze`` or ``stream-ppl`` (the case's kind) of the checkpoint the case reads."""
+        source, data = self._final_checkpoint(self.cases[case.reads]), self.data[case.data]
+        command = [*SINKLAB, case.kind, str(source), "--dataset", str(data), "--out", str(out), *case.args]
         code = self._command(command, log)
         if code != 0:
             return first_error_line(log.read_text(errors="replace"), code)
         return None if output.exists() else f"wrote no {output.name}"
 
     def _analyze(self, case: Case, log: Path) -> str | None:
-        out, source = self.root / case.name, self._checkpoint_of(case)
-        return self._analysis(
-            [*SINKLAB, "analyze", str(source), "--dataset", str(self.data[case.data]), "--out", str(out), *case.args],
-            log,
-            out / "report.json",
-        )
+        return self._analysis(case, log, self.root / case.name, self.root / case.name / "report.json")
 
     def _stream_ppl(self, case: Case, log: Path) -> str | None:
-        out, source = self.root / f"{case.name}.json", self._checkpoint_of(case)
-        return self._analysis(
-            [
-                *SINKLAB,
-                "stream-ppl",
-                str(source),
-                "--dataset",
-                str(self.data[case.data]),
-                "--out",
-                str(out),
-                *case.args,
-            ],
-            log,
-            out,
-        )
-
-    def _checkpoint_of(self, case: Case) -> Path:
-        return self._final_checkpoint(self.cases[case.reads])
+        out = self.root / f"{case.name}.json"
+        return self._analysis(case, log, out, out)
 
     @staticmethod
     def _speed(result: Result, metrics: Path) -> None:
@@ -207,8 +166,7 @@ class Matrix:
 
 
 def run_within(matrix: Matrix, cases: list[Case], budget: float, start: float, results: list[Result]) -> None:
-    """The cases in order, each started only while its ``minimum`` is left of ``budget`` seconds
-    from ``start`` (time.monotonic), and killed at its limit or at the budget's end."""
+    """The cases in order, each started only while its ``minimum`` is left of ``budget`` seconds from ``start``."""
     for case in cases:
         left = budget - (time.monotonic() - start)
         needs = matrix.cases.get(case.reads)

@@ -1,13 +1,4 @@
-"""The cases of `make gpu-check` (benchmarks/gpu_check.py runs them; docs/gpu.md lists them).
-
-On CUDA, in priority order (a short window runs the first few): paper-60m.yaml under ZeRO-2 as
-shipped (compiled), compiled without DeepSpeed; gpu-small.yaml with softmax and sigmoid (fused
-Triton tiles under Inductor); a preempted and resumed run; gpu-small with a sink logit; the 1B
-shape; then ZeRO-2 eager, ZeRO-1, ZeRO-3, FSDP2, the elu+1 kernel, softpick, `analyze` and
-`stream-ppl` of a checkpoint. ``minimum``: the seconds a case needs on an H100 (start-up and
-compilation included), below which it is not started; ``limit``: when it is killed. On the CPU:
-toy stand-ins on cpu-tiny, for the harness itself.
-"""
+"""The cases of `make gpu-check` in priority order (docs/gpu.md lists them); on the CPU, toy stand-ins."""
 
 from __future__ import annotations
 
@@ -15,19 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = {
-    "c2048": REPO / "data" / "embedded-c2048",
-    "c512": REPO / "data" / "embedded-c512",
-    "cpu": REPO / "data" / "embedded-c64",
-}
 CONTEXT = {"c2048": 2048, "c512": 512, "cpu": 64}
+DATA = {key: REPO / "data" / f"embedded-c{context}" for key, context in CONTEXT.items()}
 
 
 @dataclass(frozen=True)
 class Case:
-    """kind: fit, preempt (SIGUSR1 a third of the way, then --resume auto),
-    analyze or stream-ppl (of the final checkpoint of case ``reads``). args: the command's own
-    (for fits: recipe, data and overrides). log_every: the recipe's trainer.log_every_n_steps."""
+    """kind: fit, preempt, analyze or stream-ppl (of the final checkpoint of case ``reads``); args: the command's."""
 
     name: str
     kind: str
@@ -36,8 +21,8 @@ class Case:
     data: str = "c2048"
     log_every: int = 10
     reads: str = ""
-    minimum: float = 0
-    limit: float | None = None  # None: gpu_check's --timeout
+    minimum: float = 0  # seconds it needs (start-up and compilation included); not started with less left
+    limit: float | None = None  # seconds until it is killed; None: gpu_check's --timeout
 
 
 def fit_case(
@@ -52,32 +37,21 @@ def fit_case(
     minimum: float = 0,
     limit: float | None = None,
 ) -> Case:
-    common = (
-        "--config",
-        f"configs/recipes/{recipe}.yaml",
-        "--trainer.max_steps",
-        str(steps),
-        "--trainer.log_every_n_steps",
-        str(log_every),
-        "--run.experiment",
-        "gpu-check",
-        "--run.name",
-        name,
-        "--run.log_model",
-        "false",
-        "--run.system_metrics",
-        "false",
-        "--run.sink_every",
-        "0",
-        "--run.val_every",
-        "0",
-        "--run.throughput_window",
-        str(window),
-        "--run.checkpoint_every",
-        str(steps // 2 if kind == "preempt" else 0),
-        "--optim.warmup_steps",
-        "5",
-    )
+    settings = {
+        "--config": f"configs/recipes/{recipe}.yaml",
+        "--trainer.max_steps": str(steps),
+        "--trainer.log_every_n_steps": str(log_every),
+        "--run.experiment": "gpu-check",
+        "--run.name": name,
+        "--run.log_model": "false",
+        "--run.system_metrics": "false",
+        "--run.sink_every": "0",
+        "--run.val_every": "0",
+        "--run.throughput_window": str(window),
+        "--run.checkpoint_every": str(steps // 2 if kind == "preempt" else 0),
+        "--optim.warmup_steps": "5",
+    }
+    common = tuple(word for pair in settings.items() for word in pair)
     return Case(name, kind, common + overrides, steps, data, log_every, minimum=minimum, limit=limit)
 
 
@@ -124,21 +98,19 @@ def gpu_cases() -> list[Case]:
 
 
 def cpu_cases(context: int = CONTEXT["cpu"]) -> list[Case]:
-    """Toy stand-ins on the cpu-tiny recipe (a 2-layer d=32 model, 8 sequences a step), for the
-    harness itself."""
+    """Toy stand-ins on the cpu-tiny recipe, for the harness itself."""
     tiny = ("--trainer.accelerator", "cpu", "--data.global_batch_tokens", str(8 * context))
     two = ("--trainer.devices", "2", "--data.micro_batch_size", "2")
+    toy = {"log_every": 2, "window": 2}
     return [
-        fit_case("softmax", "cpu-tiny", "cpu", 8, *tiny, log_every=2, window=2),
-        fit_case("sigmoid", "cpu-tiny", "cpu", 8, *tiny, *SIGMOID, log_every=2, window=2),
-        fit_case("elu1-kernel", "cpu-tiny", "cpu", 8, *tiny, *ELU1_KERNEL, log_every=2, window=2),
-        fit_case("softpick", "cpu-tiny", "cpu", 8, *tiny, *SOFTPICK, log_every=2, window=2),
-        fit_case("compiled", "cpu-tiny", "cpu", 8, *tiny, "--model.compile", "true", log_every=2, window=2),
-        fit_case(
-            "zero2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "deepspeed_stage_2", log_every=2, window=2
-        ),
-        fit_case("fsdp2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "fsdp2", log_every=2, window=2),
-        fit_case("preempt", "cpu-tiny", "cpu", 60, *tiny, kind="preempt", log_every=2, window=2),
+        fit_case("softmax", "cpu-tiny", "cpu", 8, *tiny, **toy),
+        fit_case("sigmoid", "cpu-tiny", "cpu", 8, *tiny, *SIGMOID, **toy),
+        fit_case("elu1-kernel", "cpu-tiny", "cpu", 8, *tiny, *ELU1_KERNEL, **toy),
+        fit_case("softpick", "cpu-tiny", "cpu", 8, *tiny, *SOFTPICK, **toy),
+        fit_case("compiled", "cpu-tiny", "cpu", 8, *tiny, "--model.compile", "true", **toy),
+        fit_case("zero2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "deepspeed_stage_2", **toy),
+        fit_case("fsdp2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "fsdp2", **toy),
+        fit_case("preempt", "cpu-tiny", "cpu", 60, *tiny, kind="preempt", **toy),
         Case(
             "analyze", "analyze", ("-n", "8", "-T", "12", "--no-plots", "--device", "cpu"), data="cpu", reads="softmax"
         ),

@@ -1,5 +1,4 @@
-"""gpu-check's results: one row per case, the table and the goal ratios (benchmarks/gpu_check.py
-runs the cases)."""
+"""gpu-check's results: one row per case, the table and the goal ratios."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Render SLURM batch scripts for training jobs and job arrays from `cluster/train.sbatch`.
-
-Only the standard library: a job script calls the `sinklab` command, it never imports the
-training layer. Site-specific values (partition, account, QoS, module loads) come from the
-caller or from SINKLAB_* environment variables, never from this file.
-"""
+"""Render SLURM batch scripts for training jobs and job arrays from `cluster/train.sbatch` (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -20,8 +15,7 @@ from sinklab_io.atomic import atomic_write
 
 TEMPLATE = Path(__file__).with_name("train.sbatch")
 
-# Overrides the job script adds itself; passing them as extra fit arguments would contradict
-# the SLURM allocation (Lightning checks devices == --ntasks-per-node, num_nodes == --nodes).
+# set by the job script to match the allocation, so never passed as extra fit arguments
 RESERVED_FIT_ARGS = ("--trainer.num_nodes", "--trainer.devices", "--run-dir", "--resume", "--config")
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
@@ -44,8 +38,9 @@ def sinklab_argv() -> list[str]:
     return [found] if found else [sys.executable, "-m", "pipeline.cli"]
 
 
-def default_sinklab_command() -> str:
-    return shlex.join(sinklab_argv())
+def sinklab_command() -> str:
+    """The command a job runs sinklab with: SINKLAB_COMMAND, else `sinklab_argv`."""
+    return os.environ.get("SINKLAB_COMMAND") or shlex.join(sinklab_argv())
 
 
 def time_limit_seconds(text: str) -> int:
@@ -81,7 +76,7 @@ class JobSpec:
     job_name: str = "sinklab"
     sbatch_options: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
-    sinklab: str = field(default_factory=lambda: os.environ.get("SINKLAB_COMMAND") or default_sinklab_command())
+    sinklab: str = field(default_factory=sinklab_command)
     fit_args: list[str] = field(default_factory=list)
 
     @property
@@ -118,10 +113,8 @@ class JobSpec:
 
     def resource_lines(self) -> list[str]:
         options = [f"--gpus-per-node={self.gpus_per_node}"] if self.gpus_per_node > 0 else []
-        for name in ("time", "partition", "account", "qos", "mem"):
-            value = getattr(self, name)
-            if value:
-                options.append(f"--{name}={value}")
+        settings = {name: getattr(self, name) for name in ("time", "partition", "account", "qos", "mem")}
+        options += [f"--{name}={value}" for name, value in settings.items() if value]
         return [f"#SBATCH {option}" for option in options + self.sbatch_options]
 
 
@@ -169,25 +162,16 @@ def render_job(config: str | Path, run_dir: str | Path, spec: JobSpec) -> str:
 def render_array(
     list_file: str | Path, n_tasks: int, log_dir: str | Path, spec: JobSpec, max_parallel: int | None = None
 ) -> str:
-    """The batch script of a job array: task i trains line i+1 of `list_file`.
-
-    Each line of the list file is `CONFIG<TAB>RUN_DIR` (see `write_run_list`). Logs go to
-    `<log_dir>/<arrayjob>_<task>.out`; every task requeues and resumes on its own.
-    """
+    """The batch script of a job array: task i trains line i+1 (`CONFIG<TAB>RUN_DIR`) of `list_file`."""
     if n_tasks < 1:
         raise JobError("a job array needs at least one config")
     list_file, log_dir = check_path(list_file, "run list"), check_path(log_dir, "log directory")
-    throttle = f"%{max_parallel}" if max_parallel else ""
     select = [
         f"RUN_LIST={shlex.quote(str(list_file))}",
         'IFS=$\'\\t\' read -r CONFIG RUN_DIR < <(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$RUN_LIST")',
     ]
-    return _render(
-        spec,
-        log_file=f"{log_dir}/%A_%a.out",
-        select_run=select,
-        array_line=f"#SBATCH --array=0-{n_tasks - 1}{throttle}",
-    )
+    array_line = f"#SBATCH --array=0-{n_tasks - 1}" + (f"%{max_parallel}" if max_parallel else "")
+    return _render(spec, log_file=f"{log_dir}/%A_%a.out", select_run=select, array_line=array_line)
 
 
 def write_run_list(runs: list[tuple[str | Path, str | Path]], list_file: str | Path) -> Path:
@@ -198,9 +182,4 @@ def write_run_list(runs: list[tuple[str | Path, str | Path]], list_file: str | P
         if not config.is_file():
             raise JobError(f"config {config} does not exist")
         lines.append(f"{config}\t{check_path(run_dir, 'run directory')}")
-    return write_text_atomic(Path(list_file), "\n".join(lines) + "\n")
-
-
-def write_text_atomic(path: Path, text: str) -> Path:
-    """sbatch never reads half a file."""
-    return atomic_write(path, text)
+    return atomic_write(list_file, "\n".join(lines) + "\n")

@@ -1,14 +1,4 @@
-"""`sinklab submit`: render a SLURM batch script for a training config and submit it.
-
-    sinklab submit CONFIG [--nodes N] [--gpus-per-node G] [--time T] [--partition P]
-                   [--account A] [--qos Q] [--setup 'module load ...'] [--run-dir D]
-                   [--dry-run] [-- extra fit arguments]
-
-The script (from cluster/train.sbatch) is written to `<run_dir>/slurm/train.sbatch`; the job
-runs `sinklab fit --config CONFIG --run-dir RUN_DIR --resume auto` with one srun task per GPU,
-requeues itself on SIGUSR1 and resumes from the newest checkpoint of the run directory.
-Python API: `render_job`, `submit_job`, `render_array`, `submit_array`, `JobSpec`.
-"""
+"""`sinklab submit`: render a SLURM batch script for a training config and submit it (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -28,9 +18,11 @@ from cluster.jobs import (
     render_array,
     render_job,
     sinklab_argv,
+    sinklab_command,
     write_run_list,
-    write_text_atomic,
 )
+from sinklab_io.atomic import atomic_write
+from sinklab_io.mappings import settings_of
 
 __all__ = ["JobError", "JobSpec", "render_job", "render_array", "submit_job", "submit_array", "write_run_list", "main"]
 
@@ -52,15 +44,8 @@ def load_config(config: str | Path) -> tuple[Path, dict]:
     return path, content
 
 
-def check_config(config: str | Path) -> Path:
-    return load_config(config)[0]
-
-
 def check_with_fit(config: Path, fit_args: list[str]) -> None:
-    """`sinklab fit --check-only` on the config and the arguments after `--`, in a process of
-    its own: fit's own parser and model checks, so a misspelt key fails here and not after the
-    job waited in the queue. `cluster` calls the command, as the job does, and never imports
-    the training layer (docs/contracts.md)."""
+    """`sinklab fit --check-only` on the config and the arguments after `--`, as a command (docs/contracts.md)."""
     command = [*sinklab_argv(), "fit", "--check-only", "--config", str(config), *fit_args]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:  # fit's refusal is its last line that starts "sinklab fit: "
@@ -77,11 +62,7 @@ def run_name(config: Path, settings: dict) -> str:
 
 
 def check_run_dir(run_dir: Path) -> None:
-    """Refuse run directories where Lightning's requeue-checkpoint numbering would break: under
-    SLURM it scans the run directory for names containing ``ckpt_`` and reads a number from each.
-    The one home of that rule: `sinklab submit` checks before submitting, the job script
-    (`sinklab submit --check-run-dir`) at every start, and `sinklab fit` names its own
-    checkpoints `step-N.ckpt`."""
+    """Refuse a run directory that would break Lightning's requeue scan of ``ckpt_`` names (docs/cluster.md)."""
     if not run_dir.is_dir():
         return
     stray = sorted(p.name for p in run_dir.iterdir() if "ckpt_" in p.name and not _LIGHTNING_CKPT_SCAN.match(p.name))
@@ -107,28 +88,24 @@ def sbatch(script: Path) -> str:
 
 def submit_job(config: str | Path, run_dir: str | Path, spec: JobSpec) -> str:
     """Write `<run_dir>/slurm/train.sbatch`, submit it and return the SLURM job id."""
-    config, run_dir = check_config(config), check_path(run_dir, "run directory")
+    config, run_dir = load_config(config)[0], check_path(run_dir, "run directory")
     check_run_dir(run_dir)
     script = render_job(config, run_dir, spec)
-    return sbatch(write_text_atomic(run_dir / "slurm" / "train.sbatch", script))
+    return sbatch(atomic_write(run_dir / "slurm" / "train.sbatch", script))
 
 
 def submit_array(
     runs: list[tuple[str | Path, str | Path]], sweep_dir: str | Path, spec: JobSpec, max_parallel: int | None = None
 ) -> str:
-    """Submit one array job whose task i trains `runs[i] = (config, run_dir)`; return its id.
-
-    Writes `<sweep_dir>/runs.tsv` and `<sweep_dir>/array.sbatch`; logs go to
-    `<sweep_dir>/slurm/<jobid>_<task>.out`.
-    """
+    """Submit one array job whose task i trains `runs[i] = (config, run_dir)`; return its id."""
     sweep_dir = check_path(sweep_dir, "sweep directory")
     for config, run_dir in runs:
-        check_config(config)
+        load_config(config)
         check_run_dir(check_path(run_dir, "run directory"))
     list_file = write_run_list(runs, sweep_dir / "runs.tsv")
     (sweep_dir / "slurm").mkdir(parents=True, exist_ok=True)
     script = render_array(list_file, len(runs), sweep_dir / "slurm", spec, max_parallel)
-    return sbatch(write_text_atomic(sweep_dir / "array.sbatch", script))
+    return sbatch(atomic_write(sweep_dir / "array.sbatch", script))
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -200,28 +177,18 @@ def main(argv: list[str] | None = None) -> int:
         config, settings = load_config(args.config)
         name = run_name(config, settings)
         run_dir = check_path(args.run_dir or Path("runs") / name, "run directory")
-        spec = JobSpec(
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            tasks_per_node=args.tasks_per_node,
-            cpus_per_task=args.cpus_per_task,
-            time=args.time,
-            partition=args.partition,
-            account=args.account,
-            qos=args.qos,
-            mem=args.mem,
-            signal_seconds=args.signal_seconds,
-            setup=args.setup,
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        spec = settings_of(
+            JobSpec,
+            args,
             job_name=args.job_name or re.sub(r"[^\w.+-]", "_", name),
             sbatch_options=args.sbatch_option,
             fit_args=fit_args,
+            environment={"MLFLOW_TRACKING_URI": uri} if uri else {},
+            sinklab=args.sinklab or sinklab_command(),
         )
         spec.validate()
         check_with_fit(config, spec.fit_overrides())  # the exact arguments the job passes to fit
-        if args.sinklab:
-            spec.sinklab = args.sinklab
-        if os.environ.get("MLFLOW_TRACKING_URI"):
-            spec.environment["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
         check_run_dir(run_dir)  # --dry-run refuses what the real submit refuses
         if args.dry_run:
             print(render_job(config, run_dir, spec), end="")

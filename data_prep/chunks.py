@@ -1,5 +1,4 @@
-"""Group a document stream into chunks (the unit of parallel work and of resumption),
-applying the domain filter and counting what is skipped."""
+"""Group a document stream into chunks (the unit of parallel work and of resumption), counting what is skipped."""
 
 from __future__ import annotations
 
@@ -28,13 +27,8 @@ def iter_chunks(
     counter: ByteCounter | None = None,
     seen_domains: set[str] | None = None,
 ) -> Iterator[Chunk]:
-    """Chunks of at least `chunk_chars` characters of kept documents (the last may be smaller).
-
-    Chunk boundaries depend only on the documents, never on the worker count, so the
-    input-to-shard mapping is deterministic.
-    """
-    index = 0
-    chunk = Chunk(ChunkTask(stream, index, [], []))
+    """Chunks of at least `chunk_chars` characters of kept documents (the last may be smaller)."""
+    chunk = Chunk(ChunkTask(stream, 0, [], []))
     for doc in read_documents(inputs, options, counter):
         chunk.counts["documents_read"] += 1
         if seen_domains is not None:
@@ -52,7 +46,6 @@ def iter_chunks(
         chunk.text_chars += len(doc.text)
         if chunk.text_chars >= chunk_chars:
             yield chunk
-            index += 1
-            chunk = Chunk(ChunkTask(stream, index, [], []))
+            chunk = Chunk(ChunkTask(stream, chunk.task.index + 1, [], []))
     if chunk.task.texts or chunk.counts:
         yield chunk

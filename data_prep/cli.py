@@ -149,33 +149,18 @@ def build_bb_parser() -> argparse.ArgumentParser:
         "frequent characters (the triggers) copies the token before it; every sequence starts with BOS.",
     )
     parser.add_argument("--out", required=True, help="dataset directory to create")
-    parser.add_argument(
-        "--vocab-size", type=count, default=d.vocab_size, help="kept characters + BOS + EOS (default %(default)s)"
-    )
-    parser.add_argument(
-        "--triggers", "-k", type=int, default=d.triggers, help="k, the number of triggers (default %(default)s)"
-    )
-    parser.add_argument(
-        "--context-length",
-        "-C",
-        type=count,
-        default=d.context_length,
-        help="tokens per sequence, BOS included (default %(default)s)",
-    )
-    parser.add_argument("--sequences", type=count, default=d.sequences, help="training sequences (default %(default)s)")
-    parser.add_argument(
-        "--val-sequences", type=count, default=d.val_sequences, help="validation sequences (default %(default)s)"
-    )
-    parser.add_argument(
-        "--probe-sequences", type=count, default=d.probe_sequences, help="probe set size N (default %(default)s)"
-    )
-    parser.add_argument(
-        "--probe-length",
-        type=count,
-        default=d.probe_length,
-        help="probe sequence length T, BOS included (default %(default)s)",
-    )
-    parser.add_argument("--seed", type=int, default=d.seed, help="seed of every generated split (default %(default)s)")
+    for flags, kind, text in (
+        (["--vocab-size"], count, "kept characters + BOS + EOS"),
+        (["--triggers", "-k"], int, "k, the number of triggers"),
+        (["--context-length", "-C"], count, "tokens per sequence, BOS included"),
+        (["--sequences"], count, "training sequences"),
+        (["--val-sequences"], count, "validation sequences"),
+        (["--probe-sequences"], count, "probe set size N"),
+        (["--probe-length"], count, "probe sequence length T, BOS included"),
+        (["--seed"], int, "seed of every generated split"),
+    ):
+        default = getattr(d, flags[0].removeprefix("--").replace("-", "_"))
+        parser.add_argument(*flags, type=kind, default=default, help=f"{text} (default %(default)s)")
     return parser
 
 
@@ -217,13 +202,7 @@ def config_from_args(args: argparse.Namespace, argv: list[str]) -> PrepConfig:
         val_inputs=args.val_input,
         val_fraction=val_fraction,
         domains=[d.strip() for d in args.domains.split(",") if d.strip()] if args.domains else None,
-        reader=ReaderOptions(
-            fmt=args.format,
-            text_unit=args.text_unit,
-            domain=args.domain,
-            text_field=args.text_field,
-            hf_split=args.hf_split,
-        ),
+        reader=settings_of(ReaderOptions, args, fmt=args.format),
         command=shlex.join(["sinklab", "prep", *argv]),
     )
 
@@ -235,9 +214,7 @@ def embedded_config(args: argparse.Namespace, argv: list[str]) -> PrepConfig:
         inputs=[os.path.join(raw, "train", "*.jsonl.zst")],
         val_inputs=[os.path.join(raw, "val.jsonl.zst")],
         out=args.out,
-        fmt="pile",
         val_fraction=0.0,
-        tokenizer=None,
         vocab_size=args.vocab_size,
         context_length=args.context_length,
         bos=args.bos,
@@ -269,13 +246,11 @@ def summary(result: PrepResult) -> str:
         for domain, d in split["domains"].items():
             lines.append(f"             {domain:<24} {d['tokens']:>13,} tokens {d['documents']:>8,} documents")
     probe, docs = m["probe"], m["documents"]
-    lines.append(
-        f"probe      {probe['sequences']} x {probe['length']} tokens, no BOS, from held-out documents ({probe['path']})"
-    )
-    lines.append(
+    lines += [
+        f"probe      {probe['sequences']} x {probe['length']} tokens, no BOS, from held-out documents ({probe['path']})",
         f"documents  read {docs['documents_read']:,}  empty skipped {docs['empty_documents']:,}  "
-        f"invalid UTF-8 replaced {docs['invalid_utf8_documents']:,}  filtered by domain {docs['filtered_documents']:,}"
-    )
+        f"invalid UTF-8 replaced {docs['invalid_utf8_documents']:,}  filtered by domain {docs['filtered_documents']:,}",
+    ]
     if not result.reused:
         lines.append(
             f"took       {result.elapsed_s:.1f} s  (chunks tokenized {result.chunks_tokenized}, resumed {result.chunks_resumed})"

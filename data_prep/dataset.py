@@ -1,12 +1,9 @@
-"""Read a prepared dataset directory: the manifest, packed token splits and the probe set.
+"""Read a prepared dataset directory, the contract between data preparation and training (docs/contracts.md section 1).
 
-This module is the contract between data preparation and everything that trains or
-analyses (docs/contracts.md section 1). It needs only numpy and the standard library.
-
-    <dataset>/manifest.json     counts, tokenizer identity, shard checksums, a content hash
-    <dataset>/tokenizer.json    the HF tokenizers file used
-    <dataset>/<split>/NNNNN.bin flat token shards (dtype from the manifest), n_seq * C tokens
-    <dataset>/probe.bin         the probe set for the sink metric, (N, T), no BOS
+<dataset>/manifest.json     counts, tokenizer identity, shard checksums, a content hash
+<dataset>/tokenizer.json    the HF tokenizers file used
+<dataset>/<split>/NNNNN.bin flat token shards (dtype from the manifest), n_seq * C tokens
+<dataset>/probe.bin         the probe set for the sink metric, (N, T), no BOS
 """
 
 from __future__ import annotations
@@ -129,15 +126,9 @@ def _manifest_from_raw(root: Path, raw: dict[str, Any]) -> Manifest:
     splits = {}
     for name, info in raw["splits"].items():
         shards = tuple(ShardInfo(s["path"], int(s["sequences"]), s["sha256"]) for s in info["shards"])
-        splits[name] = SplitInfo(
-            name=name,
-            sequences=int(info["sequences"]),
-            tokens=int(info["tokens"]),
-            documents=int(info["documents"]),
-            dropped_tail_tokens=int(info["dropped_tail_tokens"]),
-            domains={d: dict(v) for d, v in info["domains"].items()},
-            shards=shards,
-        )
+        counts = {key: int(info[key]) for key in ("sequences", "tokens", "documents", "dropped_tail_tokens")}
+        domains = {d: dict(v) for d, v in info["domains"].items()}
+        splits[name] = SplitInfo(name=name, **counts, domains=domains, shards=shards)
     probe = raw["probe"]
     special = {k: int(v) for k, v in raw["special_ids"].items()}
     return Manifest(
@@ -159,12 +150,7 @@ def _manifest_from_raw(root: Path, raw: dict[str, Any]) -> Manifest:
 
 
 class PackedSplit:
-    """Sequence-indexed view over one split's shards; memmaps are opened on first access.
-
-    `len(split)` is the number of sequences, `split[i]` one sequence as int64 of length C,
-    `split.take(indices)` a (B, C) int64 batch. Safe to pickle into DataLoader workers:
-    the memmaps are not pickled, each process opens its own.
-    """
+    """Sequence-indexed view over one split's shards; safe to pickle into DataLoader workers (each opens its own)."""
 
     def __init__(self, path: str | Path, split: str, manifest: Manifest | None = None):
         self.manifest = manifest if manifest is not None else load_manifest(path)

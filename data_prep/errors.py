@@ -1,12 +1,10 @@
-"""The one exception data preparation raises for bad input or settings, and operating-system
-errors (a full disk, a file-size limit, no permission) as one line for every command."""
+"""The one exception of data preparation, and operating-system errors as one line."""
 
 import errno
 
 
 class DataPrepError(Exception):
-    """Bad input, settings or output directory; the message is one line naming the file
-    (and line) and what would be right. `sinklab prep` prints it and exits with status 2."""
+    """Bad input, settings or output directory, in one line naming the file and what would be right."""
 
 
 _ADVICE = {
@@ -20,8 +18,7 @@ _ADVICE = {
 
 
 def os_error_line(exc: OSError, writing: str | None = None) -> str:
-    """An operating-system error as one line: the path (else ``writing``, the file or folder being
-    written), what happened and what would help."""
+    """An operating-system error as one line: the path (else ``writing``), what happened and what would help."""
     where = f"{exc.filename}: " if exc.filename else (f"writing {writing}: " if writing else "")
     advice = _ADVICE.get(exc.errno)
     return f"{where}{exc.strerror or exc}" + (f" ({advice})" if advice else "")

@@ -1,7 +1,5 @@
-"""One `sinklab prep` invocation around its work: the output folder claimed before any work, an
-error as one line (exit 2) and an interruption as one line (exit 130), and on either everything
-the invocation added under the folder removed again, except finished chunks an interrupted
-resumable preparation keeps for its re-run (docs/data_prep.md)."""
+"""One `sinklab prep` invocation: the output folder claimed first, an error (exit 2) or interruption (exit 130)
+as one line, and what the invocation added removed again (docs/data_prep.md)."""
 
 from __future__ import annotations
 

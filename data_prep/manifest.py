@@ -1,5 +1,4 @@
-"""Finish a preparation: place shards, the probe set and the tokenizer in the dataset
-directory and write manifest.json last (temp name, then rename)."""
+"""Finish a preparation: place shards, the probe set and the tokenizer, and write manifest.json last."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ def spec_differences(old: dict[str, Any], new: dict[str, Any]) -> str:
 
 
 class ProbeReservoir:
-    """A uniform, seeded sample of `size` probe windows from all candidates, in arrival order
-    (reservoir sampling), so memory stays at `size` windows however large the corpus."""
+    """A uniform, seeded reservoir sample of `size` probe windows, kept in arrival order."""
 
     def __init__(self, size: int, seed: int):
         self.size = size
@@ -83,10 +81,9 @@ def finalize(
             f"{cfg.probe_length} tokens for the probe set, {cfg.probe_sequences} needed; add validation data "
             "(--val-input, a larger --val-fraction) or lower --probe-sequences/--probe-length"
         )
-    for leftover in ("train", "val"):  # from a finalize that was interrupted before the manifest
-        shutil.rmtree(out / leftover, ignore_errors=True)
     splits: dict[str, Any] = {}
     for split in SPLITS:
+        shutil.rmtree(out / split, ignore_errors=True)  # from a finalize interrupted before the manifest
         (out / split).mkdir(parents=True)
         shards, domains = [], {}
         totals: Counter = Counter()
@@ -95,9 +92,7 @@ def finalize(
             for key in ("sequences", "documents", "document_tokens", "dropped_tail_tokens"):
                 totals[key] += info[key]
             for domain, counts in info["domains"].items():
-                entry = domains.setdefault(domain, {"documents": 0, "tokens": 0})
-                entry["documents"] += counts["documents"]
-                entry["tokens"] += counts["tokens"]
+                domains.setdefault(domain, Counter()).update(counts)
             if info["sequences"]:
                 rel = f"{split}/{len(shards):05d}.bin"
                 target = out / rel
@@ -157,9 +152,7 @@ def finalize(
 
 
 def existing_dataset(out: Path, spec: dict[str, Any], staged: bool = False) -> dict[str, Any] | None:
-    """The manifest when ``out`` already holds the dataset ``spec`` describes, None when it holds
-    none; an error for another dataset, or for splits without a manifest (unless an unfinished
-    run of this command is ``staged`` beside them)."""
+    """The manifest when ``out`` holds the dataset ``spec`` describes, None when it holds none; else an error."""
     manifest_file = out / MANIFEST_NAME
     if manifest_file.is_file():
         try:

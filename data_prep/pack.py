@@ -1,11 +1,6 @@
 """Packing (the paper's Figure 1, right): each document becomes `[BOS] tokens EOS`, documents
 are concatenated and cut into sequences of C tokens; the tail shorter than C is dropped and
-counted.
-
-The unit of work is a *chunk*: consecutive documents of one input stream. A worker
-tokenizes a chunk, packs its train and validation documents separately, writes one shard per
-split (temp name, then rename) and then a done marker, so an interrupted run resumes at the
-first chunk without a marker and produces the same bytes.
+counted. A worker packs one chunk, writes its shards, then its done marker.
 """
 
 from __future__ import annotations
@@ -15,6 +10,7 @@ import itertools
 import json
 import os
 import signal
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,12 +75,8 @@ def pack_documents(
     dtype: str,
     limit: int | None = None,
 ) -> tuple[np.ndarray, int, int]:
-    """Pack `[BOS] ids EOS` per document into full sequences.
-
-    Returns (tokens of n_seq * C, documents used, dropped tail tokens). With `limit`, only the
-    documents needed for `limit` sequences are used and the rest of the last one is the tail,
-    so always: sum of used document lengths (with BOS/EOS) == n_seq * C + dropped.
-    """
+    """(tokens of n_seq * C, documents used, dropped tail tokens) of `[BOS] ids EOS` per document, at most
+    `limit` sequences; always: sum of used document lengths (with BOS/EOS) == n_seq * C + dropped."""
     extra = 2 if bos_id is not None else 1
     lengths = np.fromiter((len(x) + extra for x in ids), dtype=np.int64, count=len(ids))
     ends = np.cumsum(lengths)
@@ -110,16 +102,13 @@ def pack_documents(
 def probe_candidates(
     ids: Sequence[Sequence[int]], length: int, wanted: int, rng: np.random.Generator
 ) -> list[list[int]]:
-    """Up to `wanted` windows of `length` tokens, drawn from the non-overlapping windows inside
-    the documents (no BOS, no EOS, never crossing a document boundary), in document order."""
+    """Up to `wanted` of the non-overlapping `length`-token windows inside the documents, in document order."""
     slots = [(d, start) for d, doc in enumerate(ids) for start in range(0, len(doc) - length + 1, length)]
     if not slots:
         return []
     chosen = np.sort(rng.choice(len(slots), size=min(wanted, len(slots)), replace=False))
     return [list(ids[slots[i][0]][slots[i][1] : slots[i][1] + length]) for i in chosen]
 
-
-# ---- worker process -------------------------------------------------------------------
 
 _tokenizer = None
 _config: PackConfig | None = None
@@ -141,15 +130,8 @@ def encode(tokenizer, texts: list[str]) -> tuple[list[list[int]], int]:
     try:
         return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)], 0
     except TypeError:
-        repaired = 0
-        clean = []
-        for text in texts:
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                text = text.encode("utf-8", errors="replace").decode("utf-8")
-                repaired += 1
-            clean.append(text)
+        clean = [text.encode("utf-8", errors="replace").decode("utf-8") for text in texts]
+        repaired = sum(text != was for text, was in zip(clean, texts))
         return [e.ids for e in tokenizer.encode_batch_fast(clean, add_special_tokens=False)], repaired
 
 
@@ -168,11 +150,9 @@ def process_chunk(task: ChunkTask) -> dict[str, Any]:
         tokens, used, dropped = pack_documents(
             split_ids, config.context_length, config.bos_id, config.eos_id, config.dtype, limit
         )
-        domains: dict[str, dict[str, int]] = {}
+        domains: dict[str, Counter] = {}
         for i, doc in zip(members[:used], split_ids[:used]):
-            entry = domains.setdefault(task.domains[i], {"documents": 0, "tokens": 0})
-            entry["documents"] += 1
-            entry["tokens"] += len(doc) + extra
+            domains.setdefault(task.domains[i], Counter()).update(documents=1, tokens=len(doc) + extra)
         info = {
             "sequences": len(tokens) // config.context_length,
             "documents": used,

@@ -1,9 +1,7 @@
 """Prepare a dataset: read, tokenize in N worker processes, pack and write shards, resumably.
 
-Work happens in `<out>/.partial/` (tokenizer, shards, one done marker per chunk); the final
-files are linked into `<out>` and `manifest.json` is written last, so `<out>` holds either a
-finished dataset or nothing of one. An interrupted run resumes from the markers and yields
-the same bytes; a run that fails removes what it added (what an earlier run staged is kept).
+Work happens in `<out>/.partial/`; `manifest.json` is written last, so `<out>` holds a finished dataset
+or none (docs/data_prep.md).
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ def default_workers() -> int:
 
 @dataclass
 class PrepConfig:
-    """Everything `sinklab prep` takes; see docs/parts/data_prep.md for each option."""
+    """Everything `sinklab prep` takes; each option in docs/data_prep.md."""
 
     inputs: list[str]
     out: str
@@ -99,15 +97,12 @@ def _validate(cfg: PrepConfig) -> None:
 
 
 def _input_entries(refs: list[str], out: Path) -> list[dict[str, Any]]:
-    entries = []
+    entries, root = [], out.resolve()
     for ref in refs:
         path = Path(ref)
         if path.exists():
-            resolved = path.resolve()
-            try:  # inputs inside the dataset directory (the embedded raw shards) stay valid if it moves
-                name = "<out>/" + str(resolved.relative_to(out.resolve()))
-            except ValueError:
-                name = str(resolved)
+            resolved = path.resolve()  # inputs inside the dataset directory stay valid if it moves
+            name = f"<out>/{resolved.relative_to(root)}" if resolved.is_relative_to(root) else str(resolved)
             entries.append({"path": name, "bytes": path.stat().st_size if path.is_file() else None})
         else:
             entries.append({"path": ref, "bytes": None})
@@ -146,9 +141,8 @@ def build_spec(cfg: PrepConfig, inputs: list[str], val_inputs: list[str]) -> dic
 DATASET_ENTRIES = {MANIFEST_NAME, "tokenizer.json", "train", "val", "probe.bin", STAGING, "raw"}
 
 
-def claim_output_dir(out: str | Path) -> bool:
-    """Make `out` ready for a dataset; True when this call created it. Refuses a file, a path
-    that cannot be created, and a folder holding anything a dataset does not hold."""
+def claim_output_dir(out: str | Path) -> None:
+    """Make `out` ready for a dataset: new, empty or one of `sinklab prep`."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DataPrepError(f"--out {out}: is a file; choose a directory path")
@@ -161,12 +155,11 @@ def claim_output_dir(out: str | Path) -> bool:
             )
         if not os.access(out, os.W_OK | os.X_OK):
             raise DataPrepError(f"--out {out}: not writable by this user; choose a writable directory")
-        return False
+        return
     try:
         out.mkdir(parents=True)
     except OSError as error:
         raise DataPrepError(f"--out {out}: cannot create it ({error.strerror}); choose a writable directory") from None
-    return True
 
 
 class Preparation:
@@ -185,8 +178,6 @@ class Preparation:
         self.warnings: list[str] = []
         self.probe_pool = ProbeReservoir(cfg.probe_sequences, cfg.seed)
 
-    # ---- document streams ----------------------------------------------------------------
-
     def streams(self) -> list[tuple[str, list[str], ReaderOptions]]:
         streams = [("main", self.inputs, self.cfg.reader)]
         if self.val_inputs:
@@ -203,8 +194,6 @@ class Preparation:
     def chunks(self, stream: str, inputs: list[str], options: ReaderOptions) -> Iterator[Chunk]:
         domains = frozenset(self.cfg.domains) if self.cfg.domains else None
         return iter_chunks(stream, inputs, options, self.cfg.chunk_chars, domains, self.counter, self.seen_domains)
-
-    # ---- tokenizer -----------------------------------------------------------------------
 
     def tokenizer(self) -> LoadedTokenizer:
         file = self.staging / "tokenizer.json"
@@ -241,8 +230,6 @@ class Preparation:
                 if budget <= 0:
                     return
 
-    # ---- the run -------------------------------------------------------------------------
-
     def check_output_dir(self) -> dict[str, Any] | None:
         """The existing manifest when `out` already holds this dataset; errors for anything else."""
         existing = existing_dataset(self.out, self.spec, staged=self.staging.exists())
@@ -253,9 +240,9 @@ class Preparation:
         if staged != self.spec and not self._staged_work():
             shutil.rmtree(self.staging)  # an earlier attempt that died before any work: nothing to keep
         elif staged != self.spec:
-            diff = spec_differences(staged, self.spec)
             raise DataPrepError(
-                f"{self.staging}: an unfinished preparation with other settings ({diff}); delete it or use the same settings"
+                f"{self.staging}: an unfinished preparation with other settings ({spec_differences(staged, self.spec)}); "
+                "delete it or use the same settings"
             )
         return None
 
@@ -323,6 +310,5 @@ class Preparation:
 
 
 def prepare(cfg: PrepConfig, on_chunk: Callable[[dict[str, Any]], None] | None = None, undo: bool = True) -> PrepResult:
-    """Prepare (or find already prepared) the dataset `cfg` describes; on an error, what it added
-    is removed (``undo``; False: the caller removes what its whole invocation added)."""
+    """Prepare (or find already prepared) the dataset `cfg` describes; ``undo``: remove what it added on an error."""
     return Preparation(cfg, on_chunk).run(undo)

