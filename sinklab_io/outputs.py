@@ -1,24 +1,8 @@
-"""May a command write here? The one rule every SinkLab command that writes files follows:
-
-- a file is written only where none stands, or where one that SinkLab wrote stands unchanged
-  since (same size and content hash as recorded when it was written; for a file above 64 MiB,
-  same size and modification time); anything else was written or edited by someone else, and
-  is never replaced; a marker of another shape, or one that names files without size and hash
-  (the first format), vouches for nothing;
-- of those, a command replaces only its own for the same subject (the marker's ``by``: the
-  command and its model or experiment, given to :func:`claim` and :func:`write_output`);
-- a directory ``--out`` must be a directory (or not exist yet); other files in it are left alone;
-- a file with a region a person may edit (``keep``: its two marker lines, e.g. a results page's
-  prose) is told by the hash of what lies outside that region, so an edit inside it is no change;
-- a whole-directory output (``atomic_directory``) replaces only an empty directory or one that an
-  earlier write of the same command filled.
-
-What SinkLab wrote is recorded in a marker file (``.sinklab-output.json``) in the directory that
-holds it. Every write goes through :func:`output_path` / :func:`write_output` (whole or not at all,
-``sinklab_io.atomic``); a command calls :func:`claim` first with the names it will write, so that a
-refusal comes before any work and leaves nothing written. A command that fills a folder in place
-takes its :class:`Additions` first, so that a failure removes what it added and nothing else.
-"""
+"""May a command write here? The one rule (docs/training.md, "What each command writes"): a file is written only
+where none stands or where SinkLab's own stands unchanged (size and sha256 as ``.sinklab-output.json`` records them;
+above 64 MiB, size and mtime; with ``keep``, the hash of what lies outside that region), and replaced only by the
+writer (``by``: the command and its subject) that wrote it. A command calls :func:`claim` before any work, writes
+through :func:`write_output` / :func:`output_path`, and fills a folder in place under :class:`Additions`."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """`sinklab analyze`: attention-sink metrics and plots of a pretrained model.
 
-Gu et al. 2025 Table 1 (left): Sink_1^ε on natural text, random tokens and one repeated token; B.2 (per
-Pile domain); Table 7 (GPT-2: replace/swap the first learned position vector); Figures 2, 5, 19-24.
-Works on HF causal LMs (directory, hub name, GGUF, ``smollm2`` / ``gemma3-270m``) and SinkLab checkpoints.
-"""
+Gu et al. 2025 Table 1 (left), B.2, Table 7 and Figures 2, 5, 19-24; docs/analysis.md says what each output holds."""
 
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
-"""Simulated W8A8: fake quantization (quantize, then de-quantize in fp32) of every linear layer
-inside a model's decoder blocks, for SinkLab and Hugging Face models alike. Torch only.
+"""Simulated W8A8: fake quantization (quantize, then de-quantize in fp32) of every linear layer inside a model's
+decoder blocks, SinkLab and Hugging Face models alike.
 
-- Weights: symmetric int8 per output channel (LLM.int8, SmoothQuant): s_o = max_i |W_oi| / 127,
-  Ŵ = clamp(round(W / s_o), −127, 127) · s_o.
-- Activations, the linear layer's input x [B, T, d] (or [B, H, T, d_h] for a per-head linear):
-  symmetric int8 with a dynamic absmax scale from the tensor at hand (SmoothQuant's "dynamic"
-  scales): *per-tensor*, one scale per sequence (max |x| over its T·d entries / 127; as serving
-  one sequence at a time); *per-token*, one scale per position (max_j |x_tj| / 127), and head.
-- The leading positions (the sink tokens, if any, and the first token; ``lead`` of them) may be
-  *intact*: computed at full precision, weights included, and left out of the scale. Because
-  attention is causal, this is exactly IntactKV (Liu et al. 2024): the pivot tokens' keys and
-  values come from the full-precision model and the quantized model attends to them. Or
-  *excluded*: left out of the scale but quantized with it, so their values saturate at ±127·s.
-
-Embeddings, the LM head, norms and the attention products stay at full precision.
-"""
+Weights: symmetric int8 per output channel, s_o = max_i |W_oi| / 127, Ŵ = clamp(round(W / s_o), −127, 127) · s_o.
+Activations (a linear layer's input): symmetric int8 with a dynamic absmax scale per sequence ("tensor") or per
+position and head ("token"). The ``lead`` positions may be *intact* (full precision, weights included, and out of
+the scale: IntactKV, Liu et al. 2024) or *excluded* (out of the scale but quantized with it, so they saturate).
+Embeddings, the LM head, norms and the attention products stay at full precision."""
 
 from __future__ import annotations
 

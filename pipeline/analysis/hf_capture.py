@@ -1,12 +1,6 @@
-"""Read attention maps, per-block hidden states and post-rotary queries/keys/values out of a
-Hugging Face causal LM, and turn them into a :class:`SinkMeasures`.
-
-Attention: the model runs with ``attn_implementation="sinklab_eager"``, registered here, which
-calls the model's *own* ``eager_attention_forward`` (so the maps are exactly the eager ones,
-softcaps and scalings included) and records the query/key/value tensors it was handed, i.e.
-after q/k norms and rotary. Hidden states: forward hooks on the decoder blocks, because HF's
-``hidden_states`` puts the final norm on the last entry and the paper reads it before.
-"""
+"""Attention maps, block outputs and post-rotary queries/keys/values of a Hugging Face causal LM, as a
+:class:`SinkMeasures`: ``sinklab_eager`` (registered here) runs the model's own eager attention and records
+its inputs; hooks on the blocks read the hidden states before the final norm."""
 
 from __future__ import annotations
 

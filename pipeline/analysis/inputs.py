@@ -1,8 +1,5 @@
-"""Probe inputs for pretrained-model analysis (Gu et al. 2025, section 3.3 and appendix B.2):
-natural text windows, random token sequences, one repeated token, Pile shards by domain, and
-the sets of a :class:`Probe` (BOS first only where it asks), each a LongTensor [N, T]. Also the
-token streams of the streaming commands (``stream-ppl``, ``passkey``, ``quant-eval``): the
-default text and a prepared dataset's held-out split."""
+"""Probe inputs of the analysis commands, each a LongTensor [N, T] (Gu et al. 2025, section 3.3 and B.2), and the
+token streams of the streaming commands (the default text, a prepared dataset's held-out split)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
 """`sinklab kv-eval`: perplexity under KV-cache eviction policies, with the sinks kept or dropped.
 
-Every policy of pipeline.model.eviction (StreamingLLM, H2O, SnapKV, key norm) streams the text
-through a cache of ``--budget`` entries (a share of the text's tokens, sink tokens included), once
-keeping the sinks (the first ``--first`` entries and the secondary sinks detected on the text) and
-once dropping them: one batch row each. Passkey retrieval (the prompts of `sinklab passkey`) at
-``--passkey`` times the budget streams through the same rows, the key evictable while the prompt
-streams. One table and one figure across models. With
-``--per-sequence`` each sequence of ``--dataset``'s val split is streamed alone from an empty cache
-(its BOS the candidate sink), the budget a share of the sequence's length; a SinkLab model's
-absolute position embedding then gives each token its position in the sequence, not its cache index.
-"""
+Each (policy, sinks kept or dropped) is one batch row of the streamers; docs/analysis.md gives the protocol."""
 
 from __future__ import annotations
 

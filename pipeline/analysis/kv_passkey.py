@@ -1,10 +1,4 @@
-"""Passkey retrieval under the eviction policies of `sinklab kv-eval`: its passkey columns.
-
-The prompts and the answer check are those of `sinklab passkey`. A prompt of f times the cache's
-entries streams through every row's cache (a policy and a sink setting) and the model answers
-greedily; the cache evicts while the prompt and the answer stream, so the key can be evicted.
-The whole prompt cached (``full``) is the reference.
-"""
+"""Passkey retrieval under the eviction policies of `sinklab kv-eval`: its passkey columns (docs/analysis.md)."""
 
 from __future__ import annotations
 

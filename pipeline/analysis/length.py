@@ -1,22 +1,7 @@
 """`sinklab length-eval`: length generalisation of one or more models, one table and one figure.
 
-C is each model's training length (``--train-len``; a SinkLab checkpoint's ``max_seq_len`` when not
-given). Two measurements, each under full attention and under streaming caches of C entries that
-keep the first token or not (``0+C``, ``1+(C-1)``; ``--cache``), through the streamers of
-`sinklab stream-ppl`:
-
-- loss by position: ``--windows`` windows of k·C tokens (``--factor k``) of a text or of a
-  dataset's held-out split, each started with BOS where the model's tokenizer has one and
-  ``--bos`` says so; the NLL of every next token, averaged over the windows in buckets of
-  ``--bucket`` positions (C/2 by default), so the buckets past C show what happens beyond the
-  trained length;
-- passkey retrieval at f·C tokens for each f in ``--passkey`` (default 1,2,4,8): the prompts of
-  `sinklab passkey`, accuracy over its depths and keys.
-
-Writes ``length.json``, ``length.md`` and ``length.png`` into ``--out``; each model's results go
-to its MLflow run like `sinklab analyze`'s (``runs:/<id>``: on the training run, under
-``length/``; otherwise a run of its own where a tracking URI is set).
-"""
+Loss by position and passkey accuracy past the training length C, under full attention and x + y caches of C
+entries (docs/analysis.md)."""
 
 from __future__ import annotations
 

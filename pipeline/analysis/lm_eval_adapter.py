@@ -1,17 +1,6 @@
 """lm-evaluation-harness adapter for SinkLab checkpoints (zero-shot tables, Xiao et al. 2024 Table 9).
 
-    python -c 'import pipeline.analysis.lm_eval_adapter; from lm_eval.__main__ import cli_evaluate; cli_evaluate()' \\
-        --model sinklab --model_args pretrained=<export dir or .ckpt>,tokenizer=<tokenizer.json> --tasks hellaswag,piqa
-
-or from Python, ``lm_eval.simple_evaluate(model="sinklab", model_args=...)`` after importing this module.
-``pretrained=runs:/<run_id>`` (or ``models:/<model_id>``) takes a training run's logged model and
-its tokenizer from ``$MLFLOW_TRACKING_URI``.
-
-Importing this module registers the model name ``sinklab``. Sequences longer than the model's
-``max_seq_len`` keep their last ``max_seq_len`` tokens. Log-likelihood requests are scored in
-batches of ``batch_size`` (longest first, right-padded: causal attention keeps padding out of
-every scored position; ``auto`` means 16). Needs the ``eval`` extra (lm-eval).
-"""
+Importing this module registers the model name ``sinklab``; docs/analysis.md shows how to run it."""
 
 from __future__ import annotations
 

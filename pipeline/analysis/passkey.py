@@ -1,13 +1,4 @@
-"""`sinklab passkey`: passkey retrieval under a streaming x + y cache.
-
-A random number (the key) is hidden at depth d of a long filler text (d = 0: right after the
-instruction; d = 1: right before the question). The model reads the prompt through an x + y
-cache (the streaming of `sinklab stream-ppl`) and then answers greedily;
-a trial is right when the first number it writes is the key. Accuracy by depth and cache
-config shows where streaming forgets: a key that has left the window cannot come back, however
-low the streaming perplexity. Each cell also says whether the key was still cached when the
-answer began, so a miss can be told apart from an eviction.
-"""
+"""`sinklab passkey`: passkey retrieval under a streaming x + y cache."""
 
 from __future__ import annotations
 

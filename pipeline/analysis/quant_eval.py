@@ -1,12 +1,5 @@
 """`sinklab quant-eval`: perplexity at full precision and under simulated W8A8, and what keeping
-the sink intact buys (docs/analysis.md, "`sinklab quant-eval`").
-
-The text (or a prepared dataset's held-out split) is cut into windows of ``--seq-len`` tokens, each
-starting with BOS when ``--bos`` says so, and every window goes through the model once per setting
-of ``pipeline.analysis.fake_quant``. Every setting scores the same predictions: those made at the
-real positions after the leading ones (IntactKV computes the leading ones at full precision). The
-full-precision pass also measures the activation outliers (``pipeline.outliers``) on the same text.
-"""
+the sink intact buys (docs/analysis.md, "`sinklab quant-eval`")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Decoding through ``x + y`` KV caches, one config per batch row (`stream-ppl`, `passkey`, `length-eval`).
 
-The cache keeps the first ``x`` entries and the most recent ones, so that the cached entries
-plus the incoming tokens never exceed ``x + y``. Keys are held before the rotary rotation and
-re-rotated by their index inside the cache (StreamingLLM). Learnable sink tokens of a SinkLab
-model are the first cached entries (``x`` counts them).
-"""
+The cache keeps the first ``x`` entries (a SinkLab model's sink tokens among them) and the latest, ``x + y`` in all
+with the incoming tokens; keys are held before the rotary rotation and re-rotated by their cache index."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""`sinklab stream-ppl`: streaming perplexity with an ``x + y`` KV cache (Xiao et al. 2024, Table 10).
-
-A long text is fed through the cache (``streamers``): one token at a time once it is full, in
-chunks while it fills. Configs that share x + y stream as the rows of one batch.
-"""
+"""`sinklab stream-ppl`: streaming perplexity with an ``x + y`` KV cache (Xiao et al. 2024, Table 10)."""
 
 from __future__ import annotations
 

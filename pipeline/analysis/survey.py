@@ -1,11 +1,7 @@
 """`sinklab survey`: attention sinks across models, in one table and one figure.
 
-For each MODEL (what `sinklab analyze` takes: smollm2, gemma3-270m, a .gguf file, an HF model
-directory or hub id, a SinkLab checkpoint, runs:/<run_id>): Sink_1^ε on natural text, random
-tokens and one repeated token, without and with BOS (Gu et al. 2025 Table 1 left; across models,
-Figure 4 left and Figure 10), Sink_1 over a sweep of ε, the first token's hidden-state norm
-ratio (massive activations) and the share of dormant heads. Logged as one MLflow run.
-"""
+Per model: Sink_1^ε per input without and with BOS (Gu et al. 2025 Table 1 left, Figures 4 left and 10), Sink_1
+over a sweep of ε, the first token's norm ratio and the share of dormant heads; one MLflow run."""
 
 from __future__ import annotations
 
