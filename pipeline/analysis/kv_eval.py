@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from pipeline import metric_names as N
 from pipeline import plots
-from pipeline.analysis.inputs import held_out_sequences, shakespeare_files
+from pipeline.analysis.inputs import default_text, held_out_sequences
 from pipeline.analysis.kv_passkey import add_passkey_arguments, check_passkey_args, passkey_at, passkey_cell
 from pipeline.analysis.streamers import CacheSpec, kv_heads, perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, check_positions, load_subject
@@ -33,11 +33,6 @@ SINKS = ("keep", "drop")
 
 def refuse(message: str) -> SystemExit:
     return SystemExit(f"{BY}: {message}")
-
-
-def held_out_text() -> Path:
-    """The default text: Othello, a play no test reads (stream-ppl's default is Hamlet)."""
-    return next(f for f in shakespeare_files() if f.stem == "othello")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -271,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     names, out, by = claim_out(args.models, args.out, BY, "kv-eval", OUTPUTS)
     results, subjects, reading = {}, {}, settings_of(Reading, args)
     for spec, name in zip(args.models, names):
-        streamer, ids, subjects[name] = load_subject(spec, reading, args.max_tokens, "kv-eval", held_out_text())
+        streamer, ids, subjects[name] = load_subject(spec, reading, args.max_tokens, "kv-eval", default_text("othello"))
         if subjects[name].kind == "sinklab":  # a sequence fits its learned positions: no re-indexing
             streamer.stream_positions = args.per_sequence
         device = next(subjects[name].model.parameters()).device
