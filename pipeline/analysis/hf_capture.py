@@ -25,14 +25,8 @@ def _capturing_eager(module, query, key, value, attention_mask, **kwargs):
     out, weights = eager(module, query, key, value, attention_mask, **kwargs)
     if _recording is not None:
         n_rep = query.shape[1] // key.shape[1]
-        _recording.append(
-            (
-                query.detach(),
-                key.detach().repeat_interleave(n_rep, 1),
-                value.detach().repeat_interleave(n_rep, 1),
-                out.detach().transpose(1, 2),
-            )
-        )
+        kv = (t.detach().repeat_interleave(n_rep, 1) for t in (key, value))  # kv heads repeated to H
+        _recording.append((query.detach(), *kv, out.detach().transpose(1, 2)))
     return out, weights
 
 

@@ -47,21 +47,11 @@ def natural_windows(token_stream: list[int] | torch.Tensor, n: int, seq_len: int
     return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
 
 
-def allowed_ids(vocab_size: int, special_ids: list[int] | set[int]) -> torch.Tensor:
-    special = set(special_ids)
-    return torch.tensor([i for i in range(vocab_size) if i not in special], dtype=torch.long)
-
-
-def random_tokens(ids: torch.Tensor, n: int, seq_len: int, seed: int = 0) -> torch.Tensor:
-    """Each of ``n`` sequences: ``seq_len`` tokens drawn uniformly from ``ids``."""
-    g = torch.Generator().manual_seed(seed)
-    return ids[torch.randint(0, ids.numel(), (n, seq_len), generator=g)]
-
-
-def repeated_token(ids: torch.Tensor, n: int, seq_len: int, seed: int = 0) -> torch.Tensor:
-    """Each of ``n`` sequences: one token drawn from ``ids``, repeated ``seq_len`` times."""
-    g = torch.Generator().manual_seed(seed + 1)
-    return ids[torch.randint(0, ids.numel(), (n, 1), generator=g)].expand(n, seq_len).contiguous()
+def drawn_tokens(ids: torch.Tensor, n: int, seq_len: int, seed: int, repeat: bool) -> torch.Tensor:
+    """``n`` sequences of ``seq_len`` tokens drawn uniformly from ``ids``; with ``repeat``, one token repeated."""
+    g = torch.Generator().manual_seed(seed + 1 if repeat else seed)
+    drawn = ids[torch.randint(0, ids.numel(), (n, 1 if repeat else seq_len), generator=g)]
+    return drawn.expand(n, seq_len).contiguous()
 
 
 def _open_text(path: Path):
@@ -134,16 +124,20 @@ def trained_tokenizer(path: Path) -> str | None:
         return None
 
 
-def check_dataset_tokenizer(subject, path: Path) -> None:
-    """Refuse a SinkLab model on the probe set of a dataset of another vocabulary size or tokenizer hash."""
+def dataset_manifest(path: Path, command: str):
+    """--dataset's manifest; refused (one line) where it is none."""
     from data_prep.dataset import DatasetError, load_manifest
 
+    try:
+        return load_manifest(path)
+    except DatasetError as error:
+        raise SystemExit(f"sinklab {command}: --dataset {path}: {error}") from None
+
+
+def check_dataset_tokenizer(subject, path: Path, manifest) -> None:
+    """Refuse a SinkLab model on the probe set of a dataset of another vocabulary size or tokenizer hash."""
     if subject.kind != "sinklab":
         return
-    try:
-        manifest = load_manifest(path)
-    except DatasetError as error:
-        raise SystemExit(f"sinklab analyze: --dataset {path}: {error}") from None
     trained, used = trained_tokenizer(subject.path), manifest.tokenizer_sha256
     if manifest.vocab_size != subject.vocab_size or (trained and used and trained != used):
         what = (
@@ -214,15 +208,13 @@ def natural_tokens(subject, probe: Probe) -> torch.Tensor:
 
 
 def probe_sets(subject, probe: Probe) -> dict[str, torch.Tensor]:
-    ids = allowed_ids(subject.vocab_size, subject.special_ids)
+    ids = torch.tensor([i for i in range(subject.vocab_size) if i not in subject.special_ids], dtype=torch.long)
     sets = {}
     for kind in probe.inputs:
         if kind == "natural":
             sets[kind] = natural_tokens(subject, probe)
-        elif kind == "random":
-            sets[kind] = random_tokens(ids, probe.num_sequences, probe.seq_len, probe.seed)
-        else:
-            sets[kind] = repeated_token(ids, probe.num_sequences, probe.seq_len, probe.seed)
+        else:  # random, or repeat
+            sets[kind] = drawn_tokens(ids, probe.num_sequences, probe.seq_len, probe.seed, repeat=kind == "repeat")
     if probe.bos:
         bos = getattr(subject.tokenizer, "bos_token_id", None)
         if bos is None:

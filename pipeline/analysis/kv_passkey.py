@@ -13,7 +13,7 @@ from pipeline.analysis.streamers import CacheSpec, Streamer, kv_heads
 from pipeline.analysis.streaming import bos_id
 from pipeline.model.eviction import Evictor, Row
 
-BY = "sinklab kv-eval"
+BY = "sinklab kv-eval"  # the command's name, shared with kv_eval
 
 
 def add_passkey_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,11 +45,9 @@ def passkey_at(
     bos_mode: str,
     secondary: Callable[[torch.Tensor], list[torch.Tensor]] | None = None,
 ) -> dict[str, dict | None]:
-    """``<f>x`` -> the passkey on prompts of f x ``entries`` tokens (f in ``factors``, ``keys``
-    trials a depth): each trial one batch of the rows through caches of ``entries`` entries (the
-    sinks: the rows' first entries and ``secondary(ids)`` of its prompt), and all trials with the
-    whole prompt cached (``full``; None past the model's positions). None where f x ``entries``
-    tokens cannot hold the prompt."""
+    """``<f>x`` -> the passkey on prompts of f x ``entries`` tokens (None where they cannot hold it): each trial one
+    batch of the rows (sinks: their first entries and ``secondary(ids)``), and all trials with the whole prompt
+    cached (``full``; None past the model's positions)."""
     tokenizer, bos = subject.tokenizer, bos_id(subject, bos_mode)
     layers, heads = kv_heads(subject)
     out: dict[str, dict | None] = {}
