@@ -145,14 +145,12 @@ def result_metrics(result: dict) -> dict[str, float]:
     """The analysis as MLflow metrics: per input kind and per Pile domain, and the secondary sinks."""
     metrics = {N.table1(k): v for k, v in result["table1"].items()}
     for kind, rep in result["reports"].items():
-        metrics.update({N.input_sink_k(kind, k): v for k, v in enumerate(rep["profile"], start=1)})
+        metrics |= {N.input_sink_k(kind, k): v for k, v in enumerate(rep["profile"], start=1)}
         summary = (rep.get("outliers") or {}).get("summary", {})
-        metrics.update({N.of_input(kind, N.act(k)): v for k, v in summary.items() if not k.endswith("_at")})
-        metrics.update({N.of_input(kind, k): v for k, v in result["probe_metrics"][kind].items()})
-        metrics.update(
-            {N.of_input(kind, k): v for k, v in result.get("flow", {}).get(kind, {}).items() if v is not None}
-        )
-    metrics.update({N.domain(re.sub(r"[^A-Za-z0-9_.-]", "_", d)): v for d, v in result.get("domains", {}).items()})
+        metrics |= {N.of_input(kind, N.act(k)): v for k, v in summary.items() if not k.endswith("_at")}
+        metrics |= {N.of_input(kind, k): v for k, v in result["probe_metrics"][kind].items()}
+        metrics |= {N.of_input(kind, k): v for k, v in result.get("flow", {}).get(kind, {}).items() if v is not None}
+    metrics |= {N.domain(re.sub(r"[^A-Za-z0-9_.-]", "_", d)): v for d, v in result.get("domains", {}).items()}
     return metrics | result.get("secondary_sinks", {}).get("metrics", {})
 
 
@@ -167,13 +165,8 @@ def log_mlflow(uri: str, experiment: str, result: dict, out: Path) -> str:
 def log_on_run(subject: Subject, result: dict, out: Path) -> str:
     """The metrics (and mean α₁ per input kind) on the training run, the output directory under ``analysis/``."""
     values = {N.analysis(k): v for k, v in result_metrics(result).items()}
-    values.update(
-        {
-            N.analysis(N.of_input(kind, "alpha1_mean")): float(torch.tensor(rep["alpha1"]).mean())
-            for kind, rep in result["reports"].items()
-            if rep.get("alpha1") is not None
-        }
-    )
+    alpha1 = {kind: rep["alpha1"] for kind, rep in result["reports"].items() if rep.get("alpha1") is not None}
+    values |= {N.analysis(N.of_input(kind, "alpha1_mean")): float(torch.tensor(a).mean()) for kind, a in alpha1.items()}
     return log_back(subject, "analysis", values, result["settings"], out)
 
 

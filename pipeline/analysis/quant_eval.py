@@ -216,9 +216,8 @@ def run(subject, q: QuantEval) -> dict:
     evaluator = Evaluator(subject.model, subject.kind, windows, lead, q.batch_size)
     results, outliers = evaluator.run(q.settings)
     measures = outliers.measures()
-    out = q.out
     result = {
-        **subject.header(out),
+        **subject.header(q.out),
         "settings": {
             "text": text,
             "tokens": len(ids),
@@ -233,8 +232,8 @@ def run(subject, q: QuantEval) -> dict:
     }
     result["table"] = markdown(result)
     by = writer(BY, [subject.spec])
-    write_output(out / "quant_eval.md", result["table"] + "\n", by)
-    write_json({k: v for k, v in result.items() if k != "table"}, out / "quant_eval.json", by)
+    write_output(q.out / "quant_eval.md", result["table"] + "\n", by)
+    write_json({k: v for k, v in result.items() if k != "table"}, q.out / "quant_eval.json", by)
     if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/
         values = {
             N.quant(f"{key}_{n.replace('-', '_')}"): r[key]
@@ -244,6 +243,6 @@ def run(subject, q: QuantEval) -> dict:
         }
         if measures is not None:
             values.update({N.quant(N.act(k)): v for k, v in measures.summary().items() if not k.endswith("_at")})
-        result["mlflow_run_id"] = log_back(subject, "quant", values, result["settings"], out)
-        write_json({k: v for k, v in result.items() if k != "table"}, out / "quant_eval.json", by)
+        result["mlflow_run_id"] = log_back(subject, "quant", values, result["settings"], q.out)
+        write_json({k: v for k, v in result.items() if k != "table"}, q.out / "quant_eval.json", by)
     return result

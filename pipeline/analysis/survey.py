@@ -163,8 +163,11 @@ def draw(
 ) -> Path:
     bars = {rec["model"]: {c: rec["cells"][c]["sink1"] for c in columns if c in rec["cells"]} for rec in results}
     first = probe.inputs[0]
-    cells = {(rec["model"], bos): rec["cells"].get(column(first, bos)) for rec in results for bos in bos_modes}
-    curves = {key: cell["sweep"] for key, cell in cells.items() if cell}
+    curves = {}
+    for rec in results:
+        for bos in bos_modes:
+            if cell := rec["cells"].get(column(first, bos)):
+                curves[(rec["model"], bos)] = cell["sweep"]
     return plots.survey_figure(bars, curves, sweep, path, probe.eps, first, by)
 
 
@@ -227,9 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_mlflow:
         from pipeline.tracking import tracking_uri
 
-        saved["mlflow_run_id"] = log_run(
-            args.mlflow_uri or tracking_uri(), args.experiment, settings, results, rows, sweep
-        )
+        uri = args.mlflow_uri or tracking_uri()
+        saved["mlflow_run_id"] = log_run(uri, args.experiment, settings, results, rows, sweep)
         write_json(saved, args.out / "survey.json", by)
     print(table)
     print(
