@@ -1,4 +1,2 @@
-"""Utilities every part of SinkLab needs, below all of them (standard library only): files
-written whole or not at all (``sinklab_io.atomic``); the one rule for where a command may write
-without replacing what a user wrote (``sinklab_io.outputs``); nested mappings flattened to dotted
-keys (``sinklab_io.mappings``); one-line notices (``sinklab_io.notices``)."""
+"""Utilities below every part of SinkLab (standard library only): atomic files, where a command may write,
+dotted mappings, one-line notices."""

@@ -1,10 +1,5 @@
-"""Files that appear whole or not at all: each is written under a hidden
-temporary name beside its target and renamed into place (one rename within a directory is
-atomic on POSIX), so a crash or Ctrl-C never leaves half a file where a reader looks.
-
-The one home of this rule for all of SinkLab: ``sinklab_io`` sits below every other part
-(``data_prep``, ``pipeline``, ``cluster`` all import it) and needs nothing but the standard library.
-"""
+"""Files that appear whole or not at all: written under a hidden temporary name beside the target and renamed
+into place (atomic on POSIX)."""
 
 from __future__ import annotations
 

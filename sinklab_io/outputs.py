@@ -1,24 +1,8 @@
-"""May a command write here? The one rule every SinkLab command that writes files follows:
-
-- a file is written only where none stands, or where one that SinkLab wrote stands unchanged
-  since (same size and content hash as recorded when it was written; for a file above 64 MiB,
-  same size and modification time); anything else was written or edited by someone else, and
-  is never replaced; a marker of another shape, or one that names files without size and hash
-  (the first format), vouches for nothing;
-- of those, a command replaces only its own for the same subject (the marker's ``by``: the
-  command and its model or experiment, given to :func:`claim` and :func:`write_output`);
-- a directory ``--out`` must be a directory (or not exist yet); other files in it are left alone;
-- a file with a region a person may edit (``keep``: its two marker lines, e.g. a results page's
-  prose) is told by the hash of what lies outside that region, so an edit inside it is no change;
-- a whole-directory output (``atomic_directory``) replaces only an empty directory or one that an
-  earlier write of the same command filled.
-
-What SinkLab wrote is recorded in a marker file (``.sinklab-output.json``) in the directory that
-holds it. Every write goes through :func:`output_path` / :func:`write_output` (whole or not at all,
-``sinklab_io.atomic``); a command calls :func:`claim` first with the names it will write, so that a
-refusal comes before any work and leaves nothing written. A command that fills a folder in place
-takes its :class:`Additions` first, so that a failure removes what it added and nothing else.
-"""
+"""May a command write here? The one rule (docs/training.md, "What each command writes"): a file is written only
+where none stands or where SinkLab's own stands unchanged (size and sha256 as ``.sinklab-output.json`` records them;
+above 64 MiB, size and mtime; with ``keep``, the hash of what lies outside that region), and replaced only by the
+writer (``by``: the command and its subject) that wrote it. A command calls :func:`claim` before any work, writes
+through :func:`write_output` / :func:`output_path`, and fills a folder in place under :class:`Additions`."""
 
 from __future__ import annotations
 
@@ -43,8 +27,7 @@ class NotOurs(FileExistsError):
 
 
 def _recorded(directory: Path) -> dict[str, dict]:
-    """The marker's entries; a marker of any other shape (or of the first format, names without
-    a size or hash) vouches for nothing."""
+    """The marker's entries; a marker of any other shape vouches for nothing."""
     try:
         marker = json.loads((directory / MARKER).read_text())
     except (OSError, ValueError):
@@ -90,8 +73,7 @@ def _ours(path: Path, entry: dict | None, by: str | None = None) -> bool:
 
 
 def theirs(directory: str | os.PathLike, names: Iterable[str], by: str | None = None) -> list[str]:
-    """Of ``names`` in ``directory``, those that stand there and that SinkLab did not write
-    (or that changed since; with ``by``, that another writer wrote): what ``by`` may not replace."""
+    """Of ``names`` in ``directory``, those that stand there and that ``by`` may not replace."""
     directory = Path(directory)
     existing = [name for name in names if os.path.lexists(directory / name)]
     if not existing:
@@ -112,8 +94,7 @@ def _shown(names: list[str]) -> str:
 
 
 def _whose(directory: Path, names: list[str]) -> str:
-    """Who wrote ``names``, as a clause: the user (any of them not sinklab's, unchanged), else the
-    other writers."""
+    """Who wrote ``names``, as a clause: the user where any is not sinklab's unchanged, else the other writers."""
     recorded = _recorded(directory)
     writers = [recorded[name]["by"] for name in names if _ours(directory / name, recorded.get(name))]
     if len(writers) < len(names):
@@ -123,9 +104,8 @@ def _whose(directory: Path, names: list[str]) -> str:
 
 
 def claim(out_dir: str | os.PathLike, names: Iterable[str], what: str = "--out", by: str | None = None) -> Path:
-    """Refuse (:class:`NotOurs`) before any work when ``out_dir`` is a file or when writing
-    ``names`` into it would replace a file SinkLab did not write (with ``by``: that another writer
-    or the same command for another subject wrote). Returns ``out_dir`` as a Path."""
+    """``out_dir`` as a Path; refused (:class:`NotOurs`) where it is a file or where writing ``names`` into it
+    would replace a file that ``by`` may not replace."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise NotOurs(f"{what} {out}: is a file; name a directory (new, or one that sinklab wrote into)")
@@ -160,9 +140,8 @@ def _record(directory: Path, entries: dict[str, str], keep: list[str] | None = N
 
 @contextmanager
 def output_path(path: str | os.PathLike, by: str, keep: list[str] | None = None) -> Iterator[Path]:
-    """A temporary sibling of ``path`` to write (``sinklab_io.atomic.atomic_path``), renamed
-    into place and recorded as ``by``'s (with ``keep``: told by what lies outside that region);
-    refused (:class:`NotOurs`) where ``path`` is not ``by``'s."""
+    """A temporary sibling of ``path`` to write, renamed into place and recorded as ``by``'s (with ``keep``: told by
+    what lies outside that region); refused (:class:`NotOurs`) where ``path`` is not ``by``'s."""
     path = claim_file(path, by, by)
     with atomic_path(path) as tmp:
         yield tmp
@@ -173,18 +152,14 @@ def write_output(
     path: str | os.PathLike, data: str | bytes | memoryview, by: str, keep: list[str] | None = None
 ) -> Path:
     """``data`` (text as UTF-8) at ``path`` under :func:`output_path`'s rule."""
-    with output_path(path, by, keep) as tmp:
-        if isinstance(data, str):
-            tmp.write_text(data, encoding="utf-8")
-        else:
-            tmp.write_bytes(data)
-    return Path(path)
+    path = atomic_write(claim_file(path, by, by), data)
+    _record(path.parent, {path.name: by}, keep)
+    return path
 
 
 def claim_directory(out_dir: str | os.PathLike, kind: str) -> Path:
-    """Refuse (:class:`NotOurs`) an ``out_dir`` that :func:`atomic_directory` would not replace: a
-    file, the current directory (or one above it), a directory holding anything but an earlier
-    ``kind`` output, unchanged. A command calls it before any work; returns ``out_dir`` resolved."""
+    """``out_dir`` resolved; refused (:class:`NotOurs`) where :func:`atomic_directory` would not replace it: a file,
+    the current directory (or one above it), a directory holding anything but an earlier ``kind`` output, unchanged."""
     out = Path(out_dir).resolve()
     if Path.cwd().resolve().is_relative_to(out):
         raise NotOurs(
@@ -205,9 +180,8 @@ def claim_directory(out_dir: str | os.PathLike, kind: str) -> Path:
 
 @contextmanager
 def atomic_directory(out_dir: str | os.PathLike, kind: str) -> Iterator[Path]:
-    """A temporary sibling directory to fill; on success it takes the place of ``out_dir``, on an
-    error it is removed, so a half-written directory never stands at ``out_dir``. Refused as
-    :func:`claim_directory` says (checked again here: the directory may have changed since)."""
+    """A temporary sibling directory to fill, put in the place of ``out_dir`` on success and removed on an error;
+    refused as :func:`claim_directory` says (checked again: the directory may have changed since)."""
     out = claim_directory(out_dir, kind)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -234,9 +208,8 @@ def _entries(directory: Path) -> set[Path]:
 
 
 class Additions:
-    """What one command adds under ``out`` from now on, to remove when the command fails: the
-    highest folder it creates (``out`` or an ancestor) as a whole, else each new entry in ``out``;
-    what stood there before is never touched."""
+    """What one command adds under ``out`` from now on, to remove when it fails: the highest folder it creates as a
+    whole, else each new entry in ``out``; what stood there before is never touched."""
 
     def __init__(self, out: str | os.PathLike):
         self.out = Path(out)
@@ -260,8 +233,7 @@ class Additions:
         return added
 
     def remove(self) -> str:
-        """Remove the additions; what was done, as a clause for an error line ("" where only empty
-        folders were added: nothing was written)."""
+        """Remove the additions; what was done, as a clause for an error line ("" where nothing was written)."""
         added = self.new()
         wrote = any(p.is_file() or p.is_symlink() or any(files for _, _, files in os.walk(p)) for p in added)
         for path in added:

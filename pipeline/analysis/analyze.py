@@ -1,9 +1,6 @@
 """`sinklab analyze`: attention-sink metrics and plots of a pretrained model.
 
-Gu et al. 2025 Table 1 (left): Sink_1^ε on natural text, random tokens and one repeated token; B.2 (per
-Pile domain); Table 7 (GPT-2: replace/swap the first learned position vector); Figures 2, 5, 19-24.
-Works on HF causal LMs (directory, hub name, GGUF, ``smollm2`` / ``gemma3-270m``) and SinkLab checkpoints.
-"""
+Gu et al. 2025 Table 1 (left), B.2, Table 7 and Figures 2, 5, 19-24; docs/analysis.md says what each output holds."""
 
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ BY = "sinklab analyze"
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab analyze", description=__doc__.split("\n\n")[0])
-    add_model_arguments(p)
+    add_model_arguments(p, logged=True)
     inputs.add_probe_arguments(p)
     p.add_argument("--positions", type=int, default=10, help="Sink_k reported for k = 1..positions")
     p.add_argument("--pile", type=Path, help="Pile-format .jsonl[.zst] shard: add a Sink_1 breakdown per domain")
@@ -53,11 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, help="output directory (default: analysis/<model>)")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
-    p.add_argument(
-        "--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI; no MLflow run when neither is set)"
-    )
-    p.add_argument("--experiment", default="sinklab-analysis", help="MLflow experiment name")
     return p
 
 
@@ -133,20 +125,15 @@ def learned_position_table(subject: Subject, tokens: torch.Tensor, a: Analysis) 
 
 def output_names(a: Analysis) -> list[str]:
     """What `sinklab analyze` writes into --out (checked before any work)."""
-    plot_names = [
-        "sink_profile.png",
-        *(f"alpha1_{k}.png" for k in a.inputs),
-        "norm_ratio.png",
-        "qk_decomposition.png",
-        "flow.png",
-    ]
-    plot_names += [secondary.FIGURE] if "natural" in a.inputs else []
-    return ["report.json", *([] if a.no_plots else plot_names)]
+    if a.no_plots:
+        return ["report.json"]
+    alpha1 = [f"alpha1_{k}.png" for k in a.inputs]
+    natural = [secondary.FIGURE] if "natural" in a.inputs else []
+    return ["report.json", "sink_profile.png", *alpha1, "norm_ratio.png", "qk_decomposition.png", "flow.png", *natural]
 
 
 def probe_bos(probe: Probe) -> bool:
-    """Whether the natural inputs are ``--dataset``'s probe sequences written BOS first (a
-    Bigram-Backcopy dataset's are): the header must not say "no BOS" of them."""
+    """Whether the natural inputs are ``--dataset``'s probe sequences written BOS first (a Bigram-Backcopy dataset's)."""
     if probe.dataset is None or probe.bos or "natural" not in probe.inputs:
         return False
     from data_prep.dataset import load_manifest
@@ -154,57 +141,32 @@ def probe_bos(probe: Probe) -> bool:
     return load_manifest(probe.dataset).probe.bos
 
 
-def dataset_trigger_ids(path: Path) -> list[int] | None:
-    """The trigger ids in ``--dataset``'s manifest (a Bigram-Backcopy dataset's), else None."""
-    from data_prep.dataset import DatasetError, load_manifest
-
-    try:
-        return load_manifest(path).trigger_ids
-    except DatasetError as error:
-        raise SystemExit(f"sinklab analyze: --dataset {path}: {error}") from None
-
-
 def result_metrics(result: dict) -> dict[str, float]:
-    """The analysis as MLflow metrics: Table 1, Sink_k, activation outliers, the registered probe
-    metrics and the information flow per input kind, Sink_1 per Pile domain."""
+    """The analysis as MLflow metrics: per input kind and per Pile domain, and the secondary sinks."""
     metrics = {N.table1(k): v for k, v in result["table1"].items()}
     for kind, rep in result["reports"].items():
-        metrics.update({N.input_sink_k(kind, k): v for k, v in enumerate(rep["profile"], start=1)})
+        metrics |= {N.input_sink_k(kind, k): v for k, v in enumerate(rep["profile"], start=1)}
         summary = (rep.get("outliers") or {}).get("summary", {})
-        metrics.update({N.of_input(kind, N.act(k)): v for k, v in summary.items() if not k.endswith("_at")})
-        metrics.update({N.of_input(kind, k): v for k, v in result["probe_metrics"][kind].items()})
-        metrics.update(
-            {N.of_input(kind, k): v for k, v in result.get("flow", {}).get(kind, {}).items() if v is not None}
-        )
-    metrics.update({N.domain(re.sub(r"[^A-Za-z0-9_.-]", "_", d)): v for d, v in result.get("domains", {}).items()})
+        metrics |= {N.of_input(kind, N.act(k)): v for k, v in summary.items() if not k.endswith("_at")}
+        metrics |= {N.of_input(kind, k): v for k, v in result["probe_metrics"][kind].items()}
+        metrics |= {N.of_input(kind, k): v for k, v in result.get("flow", {}).get(kind, {}).items() if v is not None}
+    metrics |= {N.domain(re.sub(r"[^A-Za-z0-9_.-]", "_", d)): v for d, v in result.get("domains", {}).items()}
     return metrics | result.get("secondary_sinks", {}).get("metrics", {})
 
 
 def log_mlflow(uri: str, experiment: str, result: dict, out: Path) -> str:
     from pipeline.tracking import log_new_run
 
-    return log_new_run(
-        uri,
-        experiment,
-        f"analyze-{result['model']}",
-        {"sinklab.kind": "analysis", "sinklab.model": result["model"]},
-        {k: result["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")},
-        result_metrics(result),
-        out,
-    )
+    tags = {"sinklab.kind": "analysis", "sinklab.model": result["model"]}
+    params = {k: result["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")}
+    return log_new_run(uri, experiment, f"analyze-{result['model']}", tags, params, result_metrics(result), out)
 
 
 def log_on_run(subject: Subject, result: dict, out: Path) -> str:
-    """`sinklab analyze runs:/<id>`: the metrics (and mean α₁ per input kind) on the training run
-    itself, the output directory (report.json, plots) under ``analysis/``."""
+    """The metrics (and mean α₁ per input kind) on the training run, the output directory under ``analysis/``."""
     values = {N.analysis(k): v for k, v in result_metrics(result).items()}
-    values.update(
-        {
-            N.analysis(N.of_input(kind, "alpha1_mean")): float(torch.tensor(rep["alpha1"]).mean())
-            for kind, rep in result["reports"].items()
-            if rep.get("alpha1") is not None
-        }
-    )
+    alpha1 = {kind: rep["alpha1"] for kind, rep in result["reports"].items() if rep.get("alpha1") is not None}
+    values |= {N.analysis(N.of_input(kind, "alpha1_mean")): float(torch.tensor(a).mean()) for kind, a in alpha1.items()}
     return log_back(subject, "analysis", values, result["settings"], out)
 
 
@@ -215,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     subject = Subject(a.model, a.kind, a.tokenizer, device=a.device)
     subject.check_seq_len(a.seq_len)
     if a.dataset is not None:
-        inputs.check_dataset_tokenizer(subject, a.dataset)
-        subject.trigger_ids = dataset_trigger_ids(a.dataset)
+        manifest = inputs.dataset_manifest(a.dataset, "analyze")
+        inputs.check_dataset_tokenizer(subject, a.dataset, manifest)
+        subject.trigger_ids = manifest.trigger_ids  # a Bigram-Backcopy dataset's, else None
     result = run(subject, a, load_seconds=time.perf_counter() - started)
     print(format_table(result))
     print(
@@ -269,9 +232,7 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
         domains = inputs.pile_domains(subject.tokenizer, a.pile, a.num_sequences, a.seq_len)
         result["domains"] = {d: subject.measure(toks, a).sink1 for d, toks in domains.items()}
     if a.edits:
-        tokens = sets.get("natural")
-        if tokens is None:
-            tokens = natural_tokens(subject, a)
+        tokens = sets["natural"] if "natural" in sets else natural_tokens(subject, a)
         result["learned_positions"] = learned_position_table(subject, tokens, a)
     if not a.no_plots:
         result["plots"] = [p.name for p in write_plots(name, reports, out, a.eps, by)]

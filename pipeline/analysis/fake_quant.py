@@ -1,20 +1,11 @@
-"""Simulated W8A8: fake quantization (quantize, then de-quantize in fp32) of every linear layer
-inside a model's decoder blocks, for SinkLab and Hugging Face models alike. Torch only.
+"""Simulated W8A8: fake quantization (quantize, then de-quantize in fp32) of every linear layer inside a model's
+decoder blocks, SinkLab and Hugging Face models alike.
 
-- Weights: symmetric int8 per output channel (LLM.int8, SmoothQuant): s_o = max_i |W_oi| / 127,
-  Ŵ = clamp(round(W / s_o), −127, 127) · s_o.
-- Activations, the linear layer's input x [B, T, d] (or [B, H, T, d_h] for a per-head linear):
-  symmetric int8 with a dynamic absmax scale from the tensor at hand (SmoothQuant's "dynamic"
-  scales): *per-tensor*, one scale per sequence (max |x| over its T·d entries / 127; as serving
-  one sequence at a time); *per-token*, one scale per position (max_j |x_tj| / 127), and head.
-- The leading positions (the sink tokens, if any, and the first token; ``lead`` of them) may be
-  *intact*: computed at full precision, weights included, and left out of the scale. Because
-  attention is causal, this is exactly IntactKV (Liu et al. 2024): the pivot tokens' keys and
-  values come from the full-precision model and the quantized model attends to them. Or
-  *excluded*: left out of the scale but quantized with it, so their values saturate at ±127·s.
-
-Embeddings, the LM head, norms and the attention products stay at full precision.
-"""
+Weights: symmetric int8 per output channel, s_o = max_i |W_oi| / 127, Ŵ = clamp(round(W / s_o), −127, 127) · s_o.
+Activations (a linear layer's input): symmetric int8 with a dynamic absmax scale per sequence ("tensor") or per
+position and head ("token"). The ``lead`` positions may be *intact* (full precision, weights included, and out of
+the scale: IntactKV, Liu et al. 2024) or *excluded* (out of the scale but quantized with it, so they saturate).
+Embeddings, the LM head, norms and the attention products stay at full precision."""
 
 from __future__ import annotations
 
@@ -42,29 +33,14 @@ class QuantSetting:
 
 
 SETTINGS = {
-    s.name: s
-    for s in (
-        QuantSetting("fp", None, description="full precision (fp32)"),
-        QuantSetting("w8a8-tensor", "tensor", description="int8 weights per channel, activations per tensor"),
-        QuantSetting("w8a8-token", "token", description="int8 weights per channel, activations per token"),
-        QuantSetting(
-            "w8a8-tensor-intact",
-            "tensor",
-            "intact",
-            description="per tensor; leading positions at full precision (IntactKV)",
-        ),
-        QuantSetting(
-            "w8a8-token-intact",
-            "token",
-            "intact",
-            description="per token; leading positions at full precision (IntactKV)",
-        ),
-        QuantSetting(
-            "w8a8-tensor-exclude",
-            "tensor",
-            "exclude",
-            description="per tensor; scale without the leading positions, which saturate",
-        ),
+    row[0]: QuantSetting(*row)
+    for row in (
+        ("fp", None, "none", "full precision (fp32)"),
+        ("w8a8-tensor", "tensor", "none", "int8 weights per channel, activations per tensor"),
+        ("w8a8-token", "token", "none", "int8 weights per channel, activations per token"),
+        ("w8a8-tensor-intact", "tensor", "intact", "per tensor; leading positions at full precision (IntactKV)"),
+        ("w8a8-token-intact", "token", "intact", "per token; leading positions at full precision (IntactKV)"),
+        ("w8a8-tensor-exclude", "tensor", "exclude", "per tensor; scale without the leading positions, which saturate"),
     )
 }
 
@@ -76,9 +52,8 @@ def quantize_weight(weight: Tensor) -> Tensor:
 
 
 def quantize_activation(x: Tensor, granularity: str, skip: int = 0) -> Tensor:
-    """Symmetric int8 of a linear input ``x [B, (H,) T, d]``, de-quantized. ``granularity``
-    "tensor": one scale per sequence from positions ``skip..`` (every position is quantized with
-    it); "token": one per row (position, and head)."""
+    """Symmetric int8 of a linear input ``x [B, (H,) T, d]``, de-quantized: one scale per sequence from positions
+    ``skip..`` ("tensor"), or one per row ("token")."""
     linear_input(x)
     if granularity == "tensor":
         amax = x[..., skip:, :].abs().amax(dim=tuple(range(1, x.dim())), keepdim=True)
@@ -101,8 +76,7 @@ def _fake_quant_forward(module: nn.Linear, setting: QuantSetting, lead: int, wei
 
 @contextmanager
 def fake_quantized(blocks: Sequence[nn.Module], setting: QuantSetting, lead: int = 1) -> Iterator[int]:
-    """While inside, every ``nn.Linear`` of ``blocks`` runs fake-quantized as ``setting`` says
-    (weights quantized once, on entry); yields the number of linear layers it took."""
+    """Every ``nn.Linear`` of ``blocks`` fake-quantized as ``setting`` says while inside; yields how many."""
     if setting.activations is None:
         yield 0
         return

@@ -14,18 +14,9 @@ def write_plots(name: str, reports: dict[str, SinkMeasures], out: Path, eps: flo
     profiles = {k: r.profile for k, r in reports.items()}
     paths = [plots.sink_profile(profiles, out / "sink_profile.png", f"{name}: Sink_k by position", eps, by)]
     for kind, rep in reports.items():
-        paths.append(
-            plots.alpha1_heatmap(
-                rep.alpha1,
-                out / f"alpha1_{kind}.png",
-                f"{name} ({kind}): α₁ per layer and head",
-                rep.entropy,
-                rep.out_norm,
-                rep.dormant,
-                max_logit=rep.max_logit,
-                by=by,
-            )
-        )
+        panels = {"entropy": rep.entropy, "out_norm": rep.out_norm, "dormant": rep.dormant, "max_logit": rep.max_logit}
+        title = f"{name} ({kind}): α₁ per layer and head"
+        paths.append(plots.alpha1_heatmap(rep.alpha1, out / f"alpha1_{kind}.png", title, **panels, by=by))
     first = reports.get("natural") or next(iter(reports.values()))
     curves = {"hidden states": first.massive_ratio.tolist()}
     for label, t in (("keys", first.key_norm_ratio), ("values", first.value_norm_ratio)):
@@ -33,19 +24,15 @@ def write_plots(name: str, reports: dict[str, SinkMeasures], out: Path, eps: flo
             curves[label] = t.tolist()
     paths.append(plots.norm_ratio_curves(curves, out / "norm_ratio.png", f"{name}: first-token ℓ2-norm ratio", by))
     if first.qk_decomposition is not None:
-        paths.append(
-            plots.qk_decomposition(
-                first.qk_decomposition, out / "qk_decomposition.png", f"{name}: QK decomposition", by
-            )
-        )
+        title = f"{name}: QK decomposition"
+        paths.append(plots.qk_decomposition(first.qk_decomposition, out / "qk_decomposition.png", title, by))
     if any(rep.flow is not None for rep in reports.values()):
         paths.append(flow_figure(name, reports, out / "flow.png", by))
     return paths
 
 
 def flow_figure(name: str, reports: dict[str, SinkMeasures], path: Path, by: str) -> Path:
-    """Per layer and input kind: the first-token norm ratio, the matrix entropy and the over-mixing
-    sensitivity (layer −1: the input embeddings)."""
+    """Per layer and input kind: the norm ratio, matrix entropy and over-mixing sensitivity (−1: the embeddings)."""
     panels = {"‖h₁‖ / mean ‖h_t≠1‖": {}, "matrix entropy (normalised)": {}, "over-mixing sensitivity": {}}
     for kind, rep in reports.items():
         if rep.flow is None:
@@ -54,10 +41,8 @@ def flow_figure(name: str, reports: dict[str, SinkMeasures], path: Path, by: str
         lead = [-1] if rep.flow.entropy_input is not None else []
         first = [rep.flow.norm_ratio_input] if lead else []
         panels["‖h₁‖ / mean ‖h_t≠1‖"][kind] = (lead + layers, first + rep.massive_ratio.tolist())
-        panels["matrix entropy (normalised)"][kind] = (
-            lead + layers,
-            ([rep.flow.entropy_input] if lead else []) + rep.flow.entropy.tolist(),
-        )
+        entropy = ([rep.flow.entropy_input] if lead else []) + rep.flow.entropy.tolist()
+        panels["matrix entropy (normalised)"][kind] = (lead + layers, entropy)
         if rep.flow.mixing is not None:
             panels["over-mixing sensitivity"][kind] = (layers, rep.flow.mixing.tolist())
     panels = {k: v for k, v in panels.items() if v}

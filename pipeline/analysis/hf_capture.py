@@ -1,18 +1,12 @@
-"""Read attention maps, per-block hidden states and post-rotary queries/keys/values out of a
-Hugging Face causal LM, and turn them into a :class:`SinkMeasures`.
-
-Attention: the model runs with ``attn_implementation="sinklab_eager"``, registered here, which
-calls the model's *own* ``eager_attention_forward`` (so the maps are exactly the eager ones,
-softcaps and scalings included) and records the query/key/value tensors it was handed, i.e.
-after q/k norms and rotary. Hidden states: forward hooks on the decoder blocks, because HF's
-``hidden_states`` puts the final norm on the last entry and the paper reads it before.
-"""
+"""Attention maps, block outputs and post-rotary queries/keys/values of a Hugging Face causal LM, as a
+:class:`SinkMeasures`: ``sinklab_eager`` (registered here) runs the model's own eager attention and records
+its inputs; hooks on the blocks read the hidden states before the final norm."""
 
 from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -31,14 +25,8 @@ def _capturing_eager(module, query, key, value, attention_mask, **kwargs):
     out, weights = eager(module, query, key, value, attention_mask, **kwargs)
     if _recording is not None:
         n_rep = query.shape[1] // key.shape[1]
-        _recording.append(
-            (
-                query.detach(),
-                key.detach().repeat_interleave(n_rep, 1),
-                value.detach().repeat_interleave(n_rep, 1),
-                out.detach().transpose(1, 2),
-            )
-        )
+        kv = (t.detach().repeat_interleave(n_rep, 1) for t in (key, value))  # kv heads repeated to H
+        _recording.append((query.detach(), *kv, out.detach().transpose(1, 2)))
     return out, weights
 
 
@@ -63,10 +51,10 @@ def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
 class Captured:
     attentions: list[Tensor]  # [B, H, T, T] per layer
     hidden_states: list[Tensor]  # [B, T, d] per block output, the last before the final norm
-    queries: list[Tensor] = field(default_factory=list)  # [B, H, T, dh] post-rotary
-    keys: list[Tensor] = field(default_factory=list)  # [B, H, T, dh], kv heads repeated to H
-    values: list[Tensor] = field(default_factory=list)
-    head_outputs: list[Tensor] = field(default_factory=list)  # [B, H, T, dh] A·V per head, before o_proj
+    queries: list[Tensor] | None = None  # [B, H, T, dh] post-rotary
+    keys: list[Tensor] | None = None  # [B, H, T, dh], kv heads repeated to H
+    values: list[Tensor] | None = None
+    head_outputs: list[Tensor] | None = None  # [B, H, T, dh] A·V per head, before o_proj
 
 
 @contextmanager
@@ -87,10 +75,8 @@ def capture(model: torch.nn.Module, ids: Tensor, qkv: bool = True) -> Captured:
     with torch.no_grad(), _recording_qkv() as rec, recording_block_outputs(decoder_blocks(model)) as hidden:
         out = model(input_ids=ids, output_attentions=True, use_cache=False, logits_to_keep=1)
     captured = Captured(attentions=[a.float() for a in out.attentions], hidden_states=hidden)
-    if qkv:
-        captured.queries, captured.keys, captured.values, captured.head_outputs = (
-            (list(x) for x in zip(*rec)) if rec else ([], [], [], [])
-        )
+    if qkv and rec:
+        captured.queries, captured.keys, captured.values, captured.head_outputs = map(list, zip(*rec))
     return captured
 
 
@@ -103,9 +89,8 @@ def hf_sink_measures(
     qkv: bool = True,
     flow: bool = True,
 ) -> SinkMeasures:
-    """Sink metrics of a HF model on ``tokens [N, T]`` (no BOS added; every sequence counted), with
-    the activation outliers of its blocks' outputs and linear-layer inputs and, with ``flow``, the
-    information flow (pipeline.flow: one more forward pass)."""
+    """Sink metrics of a HF model on ``tokens [N, T]`` (no BOS added), its activation outliers and, with ``flow``,
+    the information flow (one more forward pass)."""
     tokens = as_token_tensor(tokens, next(model.parameters()).device)
     acc = SinkAccumulator(eps, positions, OutlierAccumulator(lead=1), FlowAccumulator() if flow else None)
     model.eval()
@@ -116,14 +101,7 @@ def hf_sink_measures(
             recording_inputs(model, acc.flow) as embedded,
         ):
             c = capture(model, ids, qkv=qkv)
-        acc.add(
-            c.attentions,
-            hidden_states=c.hidden_states,
-            queries=c.queries or None,
-            keys=c.keys or None,
-            values=c.values or None,
-            head_outputs=c.head_outputs or None,
-        )
+        acc.add(**vars(c))  # each field of Captured is an argument of add
         if acc.flow is not None:  # the same eager path again: the untouched positions match exactly
             perturbed = lambda: capture(model, ids, qkv=False).hidden_states  # noqa: B023, E731
             acc.flow.add_pass(model, c.hidden_states, perturbed, embedded, ids.shape[1])

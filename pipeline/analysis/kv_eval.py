@@ -1,15 +1,6 @@
 """`sinklab kv-eval`: perplexity under KV-cache eviction policies, with the sinks kept or dropped.
 
-Every policy of pipeline.model.eviction (StreamingLLM, H2O, SnapKV, key norm) streams the text
-through a cache of ``--budget`` entries (a share of the text's tokens, sink tokens included), once
-keeping the sinks (the first ``--first`` entries and the secondary sinks detected on the text) and
-once dropping them: one batch row each. Passkey retrieval (the prompts of `sinklab passkey`) at
-``--passkey`` times the budget streams through the same rows, the key evictable while the prompt
-streams. One table and one figure across models. With
-``--per-sequence`` each sequence of ``--dataset``'s val split is streamed alone from an empty cache
-(its BOS the candidate sink), the budget a share of the sequence's length; a SinkLab model's
-absolute position embedding then gives each token its position in the sequence, not its cache index.
-"""
+Each (policy, sinks kept or dropped) is one batch row of the streamers; docs/analysis.md gives the protocol."""
 
 from __future__ import annotations
 
@@ -25,8 +16,8 @@ import torch.nn.functional as F
 
 from pipeline import metric_names as N
 from pipeline import plots
-from pipeline.analysis.inputs import held_out_sequences, shakespeare_files
-from pipeline.analysis.kv_passkey import add_passkey_arguments, check_passkey_args, passkey_at, passkey_cell
+from pipeline.analysis.inputs import default_text, held_out_sequences
+from pipeline.analysis.kv_passkey import BY, add_passkey_arguments, check_passkey_args, passkey_at, passkey_cell
 from pipeline.analysis.streamers import CacheSpec, kv_heads, perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, check_positions, load_subject
 from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of, save_results
@@ -35,7 +26,6 @@ from pipeline.model.eviction import POLICIES, Evictor, Row
 from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
 from sinklab_io.mappings import settings_of
 
-BY = "sinklab kv-eval"
 OUTPUTS = ("kv_eval.md", "kv_eval.json", "kv_eval.png")
 SINKS = ("keep", "drop")
 
@@ -44,14 +34,9 @@ def refuse(message: str) -> SystemExit:
     return SystemExit(f"{BY}: {message}")
 
 
-def held_out_text() -> Path:
-    """The default text: Othello, a play no test reads (stream-ppl's default is Hamlet)."""
-    return next(f for f in shakespeare_files() if f.stem == "othello")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=BY, description=__doc__.split("\n\n")[0])
-    add_model_arguments(p, many=True)
+    add_model_arguments(p, many=True, logged=True)
     add_text_arguments(p, default="Othello")
     p.add_argument(
         "--budget", action="append", help="cache size: a share of the text (25%%) or entries (256); repeatable"
@@ -68,11 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eps", type=float, default=0.3, help="secondary sink threshold on α_k")
     p.add_argument("--no-secondary", action="store_true", help="sinks are the first entries only")
     p.add_argument("--out", type=Path, help="output directory (default: analysis/kv-eval/<first model>)")
-    p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
-    p.add_argument(
-        "--mlflow-uri", help="MLflow tracking URI for models that are no runs:/ (default: $MLFLOW_TRACKING_URI)"
-    )
-    p.add_argument("--experiment", default="sinklab-analysis", help="MLflow experiment name")
     return p
 
 
@@ -121,9 +101,8 @@ def check_args(args) -> KvEval:
 
 @torch.no_grad()
 def full_pass(subject, ids: torch.Tensor, eps: float, first: int) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
-    """Full attention over the text: the NLL of ids[1:] and, per layer, the stream positions of its
-    secondary sinks (in any head) — an oracle that has seen the whole text, not an online detector.
-    A text longer than the model's positions is read in windows of that length: no NLL then."""
+    """Full attention over the text: the NLL of ids[1:] (None past the model's positions, read in windows) and, per
+    layer, the stream positions of its secondary sinks in any head."""
     limit = subject.max_positions() or ids.numel()  # a SinkLab model's sink tokens have positions of their own
     found, nll = None, None
     for start in range(0, ids.numel(), limit):
@@ -154,8 +133,7 @@ def stream_rows(subject, streamer, ids: torch.Tensor, rows: list[Row], entries: 
 
 
 def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> dict:
-    """Perplexity over every sequence's tokens; each sequence streams from an empty cache (one
-    sequence: the text), the budget a share of a sequence's length."""
+    """Perplexity over every sequence's tokens, each streamed from an empty cache; the budget a share of its length."""
     started = time.perf_counter()
     passes = [full_pass(subject, ids, s.eps, s.first) for ids in sequences]
     secondary = [None if s.no_secondary else found for _, found in passes]
@@ -173,10 +151,8 @@ def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> dic
         spec = CacheSpec(0, entries)
         check_positions(subject, {spec: str(spec)}, "lower --budget")
         started = time.perf_counter()
-        nll = torch.cat(
-            [stream_rows(subject, streamer, ids, rows, entries, found) for ids, found in zip(sequences, secondary)],
-            dim=1,
-        )
+        parts = [stream_rows(subject, streamer, ids, rows, entries, found) for ids, found in zip(sequences, secondary)]
+        nll = torch.cat(parts, dim=1)
         seconds = round(time.perf_counter() - started, 1)
         ppl = {f"{r.policy.name}/{r.sinks}": perplexity(row) for r, row in zip(rows, nll)}
         result["budgets"][f"{percent:g}"] = {"entries": entries, "perplexity": ppl, "seconds": seconds}
@@ -246,15 +222,10 @@ def figure(results: dict[str, dict], path: Path, by: str) -> Path:
     for name, r in results.items():
         budgets = sorted(r["budgets"], key=float)
         keys = dict.fromkeys(k for b in budgets for k in r["budgets"][b]["perplexity"])
-        curves = {
-            k.replace("/", ", sinks "): (
-                [float(b) for b in budgets],
-                [r["budgets"][b]["perplexity"][k] for b in budgets],
-            )
-            for k in keys
-        }
+        x = [float(b) for b in budgets]
+        curves = {k.replace("/", ", sinks "): (x, [r["budgets"][b]["perplexity"][k] for b in budgets]) for k in keys}
         if r["full"] is not None:
-            curves["full attention"] = ([float(b) for b in budgets], [r["full"]] * len(budgets))
+            curves["full attention"] = (x, [r["full"]] * len(budgets))
         panels[f"perplexity: {name}"] = curves
         for factor in dict.fromkeys(f for b in budgets for f in r["budgets"][b].get("passkey", {})):
             points: dict[str, list] = {}
@@ -280,16 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     names, out, by = claim_out(args.models, args.out, BY, "kv-eval", OUTPUTS)
     results, subjects, reading = {}, {}, settings_of(Reading, args)
     for spec, name in zip(args.models, names):
-        streamer, ids, subjects[name] = load_subject(spec, reading, args.max_tokens, "kv-eval", held_out_text())
+        streamer, ids, subjects[name] = load_subject(spec, reading, args.max_tokens, "kv-eval", default_text("othello"))
         if subjects[name].kind == "sinklab":  # a sequence fits its learned positions: no re-indexing
             streamer.stream_positions = args.per_sequence
-        device = next(subjects[name].model.parameters()).device
-        chunks = (
-            held_out_sequences(args.dataset, args.max_tokens, "kv-eval")
-            if args.per_sequence
-            else [ids[: args.max_tokens]]
-        )
-        sequences = [torch.tensor(c, dtype=torch.long, device=device) for c in chunks]
+        chunks = [ids[: args.max_tokens]]
+        if args.per_sequence:
+            chunks = held_out_sequences(args.dataset, args.max_tokens, "kv-eval")
+        sequences = [torch.tensor(c, dtype=torch.long, device=streamer.device) for c in chunks]
         print(f"{name}: {len(sequences)} sequences, {sum(map(len, chunks))} tokens", file=sys.stderr)
         results[name] = evaluate(subjects[name], streamer, sequences, s)
     save_results(out, "kv_eval", markdown(results, s.first), args, results, by, figure)

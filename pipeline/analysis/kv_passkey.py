@@ -1,10 +1,4 @@
-"""Passkey retrieval under the eviction policies of `sinklab kv-eval`: its passkey columns.
-
-The prompts and the answer check are those of `sinklab passkey`. A prompt of f times the cache's
-entries streams through every row's cache (a policy and a sink setting) and the model answers
-greedily; the cache evicts while the prompt and the answer stream, so the key can be evicted.
-The whole prompt cached (``full``) is the reference.
-"""
+"""Passkey retrieval under the eviction policies of `sinklab kv-eval`: its passkey columns (docs/analysis.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +13,7 @@ from pipeline.analysis.streamers import CacheSpec, Streamer, kv_heads
 from pipeline.analysis.streaming import bos_id
 from pipeline.model.eviction import Evictor, Row
 
-BY = "sinklab kv-eval"
+BY = "sinklab kv-eval"  # the command's name, shared with kv_eval
 
 
 def add_passkey_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,11 +45,9 @@ def passkey_at(
     bos_mode: str,
     secondary: Callable[[torch.Tensor], list[torch.Tensor]] | None = None,
 ) -> dict[str, dict | None]:
-    """``<f>x`` -> the passkey on prompts of f x ``entries`` tokens (f in ``factors``, ``keys``
-    trials a depth): each trial one batch of the rows through caches of ``entries`` entries (the
-    sinks: the rows' first entries and ``secondary(ids)`` of its prompt), and all trials with the
-    whole prompt cached (``full``; None past the model's positions). None where f x ``entries``
-    tokens cannot hold the prompt."""
+    """``<f>x`` -> the passkey on prompts of f x ``entries`` tokens (None where they cannot hold it): each trial one
+    batch of the rows (sinks: their first entries and ``secondary(ids)``), and all trials with the whole prompt
+    cached (``full``; None past the model's positions)."""
     tokenizer, bos = subject.tokenizer, bos_id(subject, bos_mode)
     layers, heads = kv_heads(subject)
     out: dict[str, dict | None] = {}

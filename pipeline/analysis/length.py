@@ -1,22 +1,7 @@
 """`sinklab length-eval`: length generalisation of one or more models, one table and one figure.
 
-C is each model's training length (``--train-len``; a SinkLab checkpoint's ``max_seq_len`` when not
-given). Two measurements, each under full attention and under streaming caches of C entries that
-keep the first token or not (``0+C``, ``1+(C-1)``; ``--cache``), through the streamers of
-`sinklab stream-ppl`:
-
-- loss by position: ``--windows`` windows of k·C tokens (``--factor k``) of a text or of a
-  dataset's held-out split, each started with BOS where the model's tokenizer has one and
-  ``--bos`` says so; the NLL of every next token, averaged over the windows in buckets of
-  ``--bucket`` positions (C/2 by default), so the buckets past C show what happens beyond the
-  trained length;
-- passkey retrieval at f·C tokens for each f in ``--passkey`` (default 1,2,4,8): the prompts of
-  `sinklab passkey`, accuracy over its depths and keys.
-
-Writes ``length.json``, ``length.md`` and ``length.png`` into ``--out``; each model's results go
-to its MLflow run like `sinklab analyze`'s (``runs:/<id>``: on the training run, under
-``length/``; otherwise a run of its own where a tracking URI is set).
-"""
+Loss by position and passkey accuracy past the training length C, under full attention and x + y caches of C
+entries (docs/analysis.md)."""
 
 from __future__ import annotations
 
@@ -30,16 +15,8 @@ import torch
 
 from pipeline import metric_names as N
 from pipeline import plots
-from pipeline.analysis.inputs import default_text, encode, held_out_stream, natural_windows, read_text
-from pipeline.analysis.passkey import (
-    DEFAULT_DEPTHS,
-    DIGITS,
-    accuracy,
-    make_trials,
-    parse_depths,
-    parse_factors,
-    run_trials,
-)
+from pipeline.analysis import passkey as pk
+from pipeline.analysis.inputs import dataset_manifest, default_text, encode, held_out_stream, natural_windows, read_text
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import Reading, add_cache_argument, add_text_arguments, bos_id, parse_caches
 from pipeline.analysis.subject import Subject, add_model_arguments, claim_out, device_of, log_results_of, save_results
@@ -52,22 +29,19 @@ OUTPUTS = ("length.md", "length.json", "length.png")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab length-eval", description=__doc__.split("\n\n")[0])
-    add_model_arguments(p, many=True)
+    add_model_arguments(p, many=True, logged=True)
     p.add_argument("--train-len", type=int, help="C, the training length (default: a SinkLab model's max_seq_len)")
     p.add_argument("--factor", type=int, default=4, help="windows of factor x C tokens (default 4)")
     p.add_argument("--windows", type=int, default=8, help="windows averaged (default 8)")
     p.add_argument("--bucket", type=int, help="positions per bucket (default C/2)")
     add_cache_argument(p, "0+C and 1+(C-1)")
     p.add_argument("--passkey", default="1,2,4,8", help="comma list of f: passkey prompts of f x C tokens ('': none)")
-    p.add_argument("--depths", default=DEFAULT_DEPTHS, help="passkey depths in [0, 1]")
+    p.add_argument("--depths", default=pk.DEFAULT_DEPTHS, help="passkey depths in [0, 1]")
     p.add_argument("--keys", type=int, default=2, help="passkey keys per depth")
     p.add_argument("--digits", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     add_text_arguments(p)
     p.add_argument("--out", type=Path, help="output directory (default: analysis/length/<first model>)")
-    p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
-    p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI; none: no run)")
-    p.add_argument("--experiment", default="sinklab-analysis", help="MLflow experiment of runs of their own")
     return p
 
 
@@ -77,8 +51,7 @@ def refuse(message: str) -> SystemExit:
 
 @dataclass(frozen=True)
 class LengthEval(Reading):
-    """`sinklab length-eval`'s settings: C (``train_len``), the loss windows and their buckets, the
-    streaming caches, the passkey prompts of f x C tokens for each f in ``passkey``."""
+    """`sinklab length-eval`'s settings: C (``train_len``), the loss windows, the caches, the passkey factors."""
 
     train_len: int | None
     factor: int
@@ -102,10 +75,10 @@ def check_args(args: argparse.Namespace) -> LengthEval:
             raise refuse(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 2")
     if args.text is not None and args.dataset is not None:
         raise refuse("give --text or --dataset, not both")
-    factors = parse_factors(args.passkey, BY)
-    if factors and args.digits not in DIGITS:
+    factors = pk.parse_factors(args.passkey, BY)
+    if factors and args.digits not in pk.DIGITS:
         raise refuse(f"--digits {args.digits}: must be in 1..18 (the passkey's length in digits)")
-    depths = parse_depths(args.depths, BY) if factors else []  # refused here, before any model loads
+    depths = pk.parse_depths(args.depths, BY) if factors else []  # refused here, before any model loads
     return settings_of(LengthEval, args, passkey=factors, depths=depths)
 
 
@@ -124,10 +97,8 @@ def windows(subject, s: LengthEval, length: int, bos: int | None) -> torch.Tenso
     body = length - (bos is not None)
     if s.dataset is not None:
         stream = held_out_stream(s.dataset, s.windows * body, "length-eval")
-    elif subject.tokenizer is None:
-        raise refuse(f"{subject.spec}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json")
     else:
-        stream = encode(subject.tokenizer, read_text(s.text or default_text()))
+        stream = encode(subject.require_tokenizer(), read_text(s.text or default_text()))
     try:
         ids = natural_windows(stream, s.windows, body)
     except ValueError as e:
@@ -136,16 +107,10 @@ def windows(subject, s: LengthEval, length: int, bos: int | None) -> torch.Tenso
 
 
 def bb_windows(s: LengthEval, length: int) -> torch.Tensor | None:
-    """A Bigram-Backcopy dataset's windows: fresh sequences of ``length`` tokens of its chain, BOS
-    first as in training (data_prep.synthetic_bb.long_sequences); None for another dataset."""
-    from data_prep.dataset import DatasetError, load_manifest
+    """A Bigram-Backcopy dataset's windows: fresh sequences of ``length`` tokens, BOS first; None for another."""
     from data_prep.synthetic_bb import long_sequences
 
-    try:
-        manifest = load_manifest(s.dataset)
-    except DatasetError as e:
-        raise refuse(f"--dataset {s.dataset}: {e}") from None
-    ids = long_sequences(manifest.raw, s.windows, length)
+    ids = long_sequences(dataset_manifest(s.dataset, "length-eval").raw, s.windows, length)
     if ids is not None and s.bos == "no":
         raise refuse(f"--dataset {s.dataset}: a Bigram-Backcopy sequence starts with BOS; drop --bos no")
     return None if ids is None else torch.from_numpy(ids)
@@ -171,14 +136,14 @@ def passkey_by_length(streamer, subject, s: LengthEval, C, specs, bos) -> dict[s
     out: dict[str, dict[int, float | None]] = {FULL: {}} | {str(spec): {} for spec in specs}
     for f in s.passkey:
         try:
-            trials = make_trials(subject.tokenizer, f * C, s.depths, s.keys, s.digits, s.seed, bos)
+            trials = pk.make_trials(subject.tokenizer, f * C, s.depths, s.keys, s.digits, s.seed, bos)
         except ValueError as e:
             print(f"  passkey at {f}xC = {f * C} tokens: skipped ({e})", file=sys.stderr)
             for row in out.values():
                 row[f] = None
             continue
         caches = {CacheSpec(0, f * C + 32): FULL} | {spec: str(spec) for spec in specs}
-        table = accuracy(run_trials(streamer, subject.tokenizer, trials, caches), list(out), s.depths)
+        table = pk.accuracy(pk.run_trials(streamer, subject.tokenizer, trials, caches), list(out), s.depths)
         for mode, row in table.items():
             out[mode][f] = sum(cell["accuracy"] for cell in row.values()) / len(row)
     return out
@@ -226,8 +191,7 @@ def metrics_of(result: dict) -> dict[str, float]:
 
 
 def markdown(results: dict[str, dict]) -> str:
-    """One table: a row per model and mode, the loss by position bucket (in units of C) and the
-    passkey accuracy by prompt length (f x C)."""
+    """A row per model and mode: the loss by position bucket (in units of C) and the passkey accuracy per f x C."""
     first = next(iter(results.values()))
     buckets = [
         f"{b * first['bucket'] / first['train_len']:g}-{(b + 1) * first['bucket'] / first['train_len']:g}C"

@@ -1,17 +1,6 @@
 """lm-evaluation-harness adapter for SinkLab checkpoints (zero-shot tables, Xiao et al. 2024 Table 9).
 
-    python -c 'import pipeline.analysis.lm_eval_adapter; from lm_eval.__main__ import cli_evaluate; cli_evaluate()' \\
-        --model sinklab --model_args pretrained=<export dir or .ckpt>,tokenizer=<tokenizer.json> --tasks hellaswag,piqa
-
-or from Python, ``lm_eval.simple_evaluate(model="sinklab", model_args=...)`` after importing this module.
-``pretrained=runs:/<run_id>`` (or ``models:/<model_id>``) takes a training run's logged model and
-its tokenizer from ``$MLFLOW_TRACKING_URI``.
-
-Importing this module registers the model name ``sinklab``. Sequences longer than the model's
-``max_seq_len`` keep their last ``max_seq_len`` tokens. Log-likelihood requests are scored in
-batches of ``batch_size`` (longest first, right-padded: causal attention keeps padding out of
-every scored position; ``auto`` means 16). Needs the ``eval`` extra (lm-eval).
-"""
+Importing this module registers the model name ``sinklab``; docs/analysis.md shows how to run it."""
 
 from __future__ import annotations
 
@@ -22,6 +11,7 @@ import torch.nn.functional as F
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from torch.nn.utils.rnn import pad_sequence
 
 EOT_NAMES = ("<|endoftext|>", "</s>", "<eos>", "[EOS]", "<|eos|>")
 
@@ -83,10 +73,7 @@ class SinkLabLM(LM):
         out: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
-            width = len(wholes[batch[0]][0])
-            idx = torch.zeros(len(batch), width, dtype=torch.long)
-            for row, i in enumerate(batch):
-                idx[row, : len(wholes[i][0])] = torch.tensor(wholes[i][0])
+            idx = pad_sequence([torch.tensor(wholes[i][0], dtype=torch.long) for i in batch], batch_first=True)
             logp = F.log_softmax(self.model(idx.to(self.device_)).logits.float(), dim=-1)
             for row, i in enumerate(batch):
                 inputs, continuation = wholes[i]
@@ -109,14 +96,12 @@ class SinkLabLM(LM):
         windows, owner = [], []
         for n, req in enumerate(requests):
             (text,) = req.args
-            for window in map(
-                make_disjoint_window,
-                get_rolling_token_windows(
-                    self.encode(text), prefix_token=self.eot_id, max_seq_len=self.max_length, context_len=1
-                ),
-            ):
-                windows.append(window)
-                owner.append(n)
+            rolling = get_rolling_token_windows(
+                self.encode(text), prefix_token=self.eot_id, max_seq_len=self.max_length, context_len=1
+            )
+            pieces = [make_disjoint_window(window) for window in rolling]
+            windows += pieces
+            owner += [n] * len(pieces)
         totals = [0.0] * len(requests)
         for n, (logp, _) in zip(owner, self._score_many(windows)):
             totals[n] += logp

@@ -1,19 +1,8 @@
-"""`sinklab passkey`: passkey retrieval under a streaming x + y cache.
-
-A random number (the key) is hidden at depth d of a long filler text (d = 0: right after the
-instruction; d = 1: right before the question). The model reads the prompt through an x + y
-cache (the streaming of `sinklab stream-ppl`) and then answers greedily;
-a trial is right when the first number it writes is the key. Accuracy by depth and cache
-config shows where streaming forgets: a key that has left the window cannot come back, however
-low the streaming perplexity. Each cell also says whether the key was still cached when the
-answer began, so a miss can be told apart from an eviction.
-"""
+"""`sinklab passkey`: passkey retrieval under a streaming x + y cache."""
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import random
 import re
 import sys
@@ -27,7 +16,7 @@ import torch
 from pipeline import metric_names as N
 from pipeline.analysis.streamers import CacheSpec, Streamer, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, check_positions, parse_caches
-from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, csv_text, log_back, model_name, write_json
 from pipeline.plots import passkey_heatmap
 from sinklab_io.outputs import write_output
 
@@ -54,9 +43,8 @@ class Trial:
 
 
 def build_trial(tokenizer, length: int, depth: float, key: str, bos: int | None = None) -> Trial:
-    """About ``length`` tokens: instruction, filler with the needle after ``round(depth * n)`` of
-    its ``n`` repeats, question. Built from separately encoded pieces, so every trial of one
-    length and key width has the same token count (one batch) and the key's tokens are known."""
+    """About ``length`` tokens: instruction, filler with the needle after ``round(depth * n)`` of its ``n`` repeats,
+    question; encoded piece by piece, so trials of one length and key width share a token count."""
 
     def enc(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -82,9 +70,8 @@ def build_trial(tokenizer, length: int, depth: float, key: str, bos: int | None 
 
 
 def key_cached(trial: Trial, spec: CacheSpec, sink_tokens: int = 0) -> bool:
-    """Whether one whole mention of the key is among the tokens the model sees when it predicts
-    the first answer token: the first x (less the model's sink tokens, which x counts) and the
-    latest, x + y entries in all, the incoming token included."""
+    """Whether one whole mention of the key is cached when the first answer token is predicted: among the first x
+    (less the model's sink tokens) and the latest, x + y entries with the incoming token."""
     n, first = len(trial.ids), max(0, spec.n_initial - sink_tokens)
     return n + sink_tokens <= spec.n_initial + spec.n_recent or any(
         end <= first or start >= n - spec.n_recent for start, end in trial.key_spans
@@ -111,9 +98,8 @@ def check(tokenizer, tokens: list[int], key: str) -> tuple[str, bool]:
 def answer(
     streamer: Streamer, prompts: Sequence[list[int]], specs: Sequence[CacheSpec], new_tokens: int, evictor=None
 ) -> list[list[list[int]]]:
-    """Greedy answers [prompt][spec] -> token ids: every (prompt, spec) pair is one batch row
-    (the prompts share their length, the specs their x + y); an ``evictor`` (one row per pair)
-    chooses the kept entries in place of x + y."""
+    """Greedy answers [prompt][spec] -> token ids, each (prompt, spec) pair one batch row; an ``evictor`` (one row
+    per pair) chooses the kept entries in place of x + y."""
     rows = [(p, s) for p in range(len(prompts)) for s in range(len(specs))]
     feed = streamer.stream([specs[s] for _, s in rows], evictor)
     ids = torch.tensor([prompts[p] for p, _ in rows], device=streamer.device)
@@ -127,8 +113,7 @@ def answer(
 
 
 def run_trials(streamer: Streamer, tokenizer, trials: Sequence[Trial], caches: dict[CacheSpec, str]) -> list[dict]:
-    """One result per (trial, cache config), its ``cache`` the config's name in ``caches``.
-    Trials of one length and configs of one x + y are one batch."""
+    """One result per (trial, cache config), its ``cache`` the config's name in ``caches``."""
     results = []
     by_length: dict[int, list[Trial]] = {}
     for trial in trials:
@@ -190,24 +175,6 @@ def markdown(model: str, table: dict, n_tokens: int, trials: int) -> str:
     return "\n".join(lines)
 
 
-def csv_text(results: Sequence[dict]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(results[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(results)
-    return buffer.getvalue()
-
-
-def log_to_run(subject, table: dict, figure: Path, settings: dict) -> None:
-    """`passkey runs:/<id>`: ``passkey/acc_<x>_<y>`` (mean over depths) and the figure go back to
-    the training run."""
-    values = {
-        N.passkey_accuracy(cache.replace("+", "_")): sum(c["accuracy"] for c in row.values()) / len(row)
-        for cache, row in table.items()
-    }
-    log_back(subject, "passkey", values, settings, figure)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab passkey", description=__doc__.split("\n\n")[0])
     add_model_arguments(p)
@@ -254,8 +221,8 @@ def make_trials(
 
 
 def cache_configs(specs: list[CacheSpec], full: bool, subject, trials: list[Trial]) -> dict[CacheSpec, str]:
-    """The configs to run, each with its name: ``x+y``, and ``full`` (room for the longest
-    prompt and answer: nothing is ever evicted); refused where wider than the model's positions."""
+    """Each config to run and its name (``full``: room for the longest prompt and answer); refused past the model's
+    positions."""
     caches = {spec: str(spec) for spec in specs}
     if full:
         caches[CacheSpec(0, max(len(t.ids) + answer_length(subject.tokenizer, t.key) for t in trials))] = "full"
@@ -263,26 +230,7 @@ def cache_configs(specs: list[CacheSpec], full: bool, subject, trials: list[Tria
     return caches
 
 
-def write_outputs(
-    out: Path, name: str, subject, table: dict, results: list[dict], settings: dict, seconds: float, by: str
-) -> Path:
-    write_output(out / "passkey.md", markdown(name, table, settings["tokens"], settings["keys"]) + "\n", by)
-    write_output(out / "passkey.csv", csv_text(results), by)
-    accuracy_by_depth = {cache: {str(d): cell for d, cell in row.items()} for cache, row in table.items()}
-    result = {
-        **subject.header(out),
-        "settings": settings,
-        "seconds": seconds,
-        "accuracy": accuracy_by_depth,
-        "trials": results,
-    }
-    write_json(result, out / "passkey.json", by)
-    title = f"passkey retrieval, {name}, {settings['tokens']} tokens"
-    return passkey_heatmap(table, out / "passkey.png", title, by)
-
-
 def main(argv: list[str] | None = None) -> int:
-
     args = build_parser().parse_args(argv)
     specs = parse_caches(args.cache, "passkey", DEFAULT_CACHES)
     depths = parse_depths(args.depths)
@@ -291,13 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("analysis") / "passkey" / model_name(args.model)
     by = claimed(out, OUTPUTS, BY, [args.model])
     subject = Subject(args.model, args.kind, args.tokenizer, "passkey")
-    if subject.tokenizer is None:
-        raise SystemExit(
-            f"sinklab passkey: {args.model}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json"
-        )
-    bos = bos_id(subject, args.bos)
+    tokenizer, bos = subject.require_tokenizer(), bos_id(subject, args.bos)
     try:
-        trials = make_trials(subject.tokenizer, args.length, depths, args.keys, args.digits, args.seed, bos)
+        trials = make_trials(tokenizer, args.length, depths, args.keys, args.digits, args.seed, bos)
     except ValueError as e:
         raise SystemExit(f"sinklab passkey: {e}") from None
     caches = cache_configs(specs, args.full, subject, trials)
@@ -316,10 +260,19 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "bos": bos is not None,
     }
-    figure = write_outputs(out, name, subject, table, results, settings, seconds, by)
-    print(markdown(name, table, settings["tokens"], args.keys))
+    text = markdown(name, table, settings["tokens"], args.keys)
+    write_output(out / "passkey.md", text + "\n", by)
+    write_output(out / "passkey.csv", csv_text(results), by)
+    accuracy_by_depth = {cache: {str(d): cell for d, cell in row.items()} for cache, row in table.items()}
+    result = {"settings": settings, "seconds": seconds, "accuracy": accuracy_by_depth, "trials": results}
+    write_json(subject.header(out) | result, out / "passkey.json", by)
+    title = f"passkey retrieval, {name}, {settings['tokens']} tokens"
+    figure = passkey_heatmap(table, out / "passkey.png", title, by)
+    print(text)
     print(f"wrote {out}/{', '.join(OUTPUTS)} ({seconds} s)", file=sys.stderr)
-    if subject.run_id is not None:
-        log_to_run(subject, table, figure, settings)
+    if subject.run_id is not None:  # passkey/acc_<x>_<y>, the mean over depths, and the figure
+        means = {cache: sum(c["accuracy"] for c in row.values()) / len(row) for cache, row in table.items()}
+        values = {N.passkey_accuracy(cache.replace("+", "_")): mean for cache, mean in means.items()}
+        log_back(subject, "passkey", values, settings, figure)
         print(f"logged to MLflow run {subject.run_id} as passkey/acc_<x>_<y>", file=sys.stderr)
     return 0

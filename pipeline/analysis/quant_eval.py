@@ -1,12 +1,5 @@
 """`sinklab quant-eval`: perplexity at full precision and under simulated W8A8, and what keeping
-the sink intact buys (docs/analysis.md, "`sinklab quant-eval`").
-
-The text (or a prepared dataset's held-out split) is cut into windows of ``--seq-len`` tokens, each
-starting with BOS when ``--bos`` says so, and every window goes through the model once per setting
-of ``pipeline.analysis.fake_quant``. Every setting scores the same predictions: those made at the
-real positions after the leading ones (IntactKV computes the leading ones at full precision). The
-full-precision pass also measures the activation outliers (``pipeline.outliers``) on the same text.
-"""
+the sink intact buys (docs/analysis.md, "`sinklab quant-eval`")."""
 
 from __future__ import annotations
 
@@ -20,6 +13,8 @@ import torch.nn.functional as F
 
 from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
+from pipeline.analysis.hf_capture import decoder_blocks
+from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
 from pipeline.analysis.streamers import perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, bos_id
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
@@ -56,8 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @dataclass(frozen=True)
 class QuantEval(Reading):
-    """`sinklab quant-eval`'s settings: the model, its text's first ``max_tokens`` tokens in
-    windows of ``seq_len``, the fake-quantization ``settings`` (fp first), where the results go."""
+    """`sinklab quant-eval`'s settings: the text's first ``max_tokens`` tokens in windows of ``seq_len``, fp first."""
 
     model: str
     max_tokens: int
@@ -70,28 +64,22 @@ class QuantEval(Reading):
 
 def check_args(args: argparse.Namespace) -> QuantEval:
     """The settings, checked before anything is loaded (SystemExit: one line); on the CPU."""
-    names = parse_settings(args.settings)
+    names = [s.strip() for s in args.settings.split(",") if s.strip()]
+    if unknown := [s for s in names if s not in SETTINGS]:
+        raise SystemExit(
+            f"sinklab quant-eval: --settings {','.join(unknown)} unknown; choose from {','.join(SETTINGS)}"
+        )
     if args.dataset is not None and args.text is not None:
         raise SystemExit("sinklab quant-eval: give --text or --dataset, not both")
     if args.seq_len < 3 or args.batch_size < 1:
         raise SystemExit("sinklab quant-eval: --seq-len must be >= 3 and --batch-size >= 1")
     out = args.out or Path("analysis") / model_name(args.model) / "quant"
-    return settings_of(QuantEval, args, settings=names, out=out, device="cpu")
-
-
-def parse_settings(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SETTINGS]
-    if unknown:
-        raise SystemExit(
-            f"sinklab quant-eval: --settings {','.join(unknown)} unknown; choose from {','.join(SETTINGS)}"
-        )
-    return ["fp"] + [s for s in dict.fromkeys(names) if s != "fp"]
+    settings = ["fp"] + [s for s in dict.fromkeys(names) if s != "fp"]
+    return settings_of(QuantEval, args, settings=settings, out=out, device="cpu")
 
 
 def make_windows(ids: list[int], seq_len: int, bos: int | None) -> torch.Tensor:
-    """Consecutive windows ``[N, seq_len]`` of ``ids``, each ``[bos] + seq_len − 1`` tokens when
-    ``bos`` is given; a last partial window is dropped."""
+    """Consecutive windows ``[N, seq_len]`` of ``ids``, each BOS first when ``bos`` is given; no partial window."""
     step = seq_len - (bos is not None)
     n = len(ids) // step
     rows = [([] if bos is None else [bos]) + ids[i * step : (i + 1) * step] for i in range(n)]
@@ -102,8 +90,6 @@ class Evaluator:
     """One model (SinkLab ``Transformer`` or HF causal LM) and the windows it is scored on."""
 
     def __init__(self, model: torch.nn.Module, kind: str, windows: torch.Tensor, lead: int, batch_size: int = 1):
-        from pipeline.analysis.hf_capture import decoder_blocks
-
         self.model, self.kind, self.windows, self.batch_size = model.eval(), kind, windows, batch_size
         self.blocks = model.blocks if kind == "sinklab" else decoder_blocks(model)
         self.sink_tokens = model.config.sink_tokens if kind == "sinklab" else 0
@@ -117,8 +103,7 @@ class Evaluator:
 
     @torch.no_grad()
     def nll(self, setting: str, outliers: OutlierAccumulator | None = None) -> torch.Tensor:
-        """NLL of every scored prediction ``[N, T − 1 − skip]`` under one setting; ``outliers``
-        also collects the activation outliers of the pass."""
+        """NLL of every scored prediction ``[N, T − 1 − skip]`` under one setting; ``outliers`` collects the pass's."""
         rows = []
         with fake_quantized(self.blocks, SETTINGS[setting], self.lead):
             for start in range(0, len(self.windows), self.batch_size):
@@ -150,8 +135,8 @@ class Evaluator:
 
 
 def add_gaps(results: dict[str, dict]) -> None:
-    """``gap_pct``: perplexity over fp's, in %; ``recovered_pct`` (intact / exclude settings): the
-    share of its base setting's gap (the same activation scale, no lead treatment) it closes."""
+    """``gap_pct``: perplexity over fp's, in %; ``recovered_pct``: the share of its base setting's gap (the same
+    activation scale, no lead treatment) an intact or exclude setting closes."""
     fp = results["fp"]["perplexity"]
     for name, r in results.items():
         r["gap_pct"] = 100.0 * (r["perplexity"] / fp - 1.0)
@@ -181,8 +166,6 @@ def markdown(result: dict) -> str:
 
 def load_tokens(subject, q: QuantEval) -> tuple[list[int], int | None, str]:
     """The token stream, the BOS id to start each window with (or None) and a label of the text."""
-    from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
-
     bos = bos_id(subject, q.bos)
     if q.dataset is not None:
         return held_out_stream(q.dataset, q.max_tokens, "quant-eval"), bos, f"dataset {q.dataset} (val)"
@@ -233,9 +216,8 @@ def run(subject, q: QuantEval) -> dict:
     evaluator = Evaluator(subject.model, subject.kind, windows, lead, q.batch_size)
     results, outliers = evaluator.run(q.settings)
     measures = outliers.measures()
-    out = q.out
     result = {
-        **subject.header(out),
+        **subject.header(q.out),
         "settings": {
             "text": text,
             "tokens": len(ids),
@@ -250,8 +232,8 @@ def run(subject, q: QuantEval) -> dict:
     }
     result["table"] = markdown(result)
     by = writer(BY, [subject.spec])
-    write_output(out / "quant_eval.md", result["table"] + "\n", by)
-    write_json({k: v for k, v in result.items() if k != "table"}, out / "quant_eval.json", by)
+    write_output(q.out / "quant_eval.md", result["table"] + "\n", by)
+    write_json({k: v for k, v in result.items() if k != "table"}, q.out / "quant_eval.json", by)
     if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/
         values = {
             N.quant(f"{key}_{n.replace('-', '_')}"): r[key]
@@ -261,6 +243,6 @@ def run(subject, q: QuantEval) -> dict:
         }
         if measures is not None:
             values.update({N.quant(N.act(k)): v for k, v in measures.summary().items() if not k.endswith("_at")})
-        result["mlflow_run_id"] = log_back(subject, "quant", values, result["settings"], out)
-        write_json({k: v for k, v in result.items() if k != "table"}, out / "quant_eval.json", by)
+        result["mlflow_run_id"] = log_back(subject, "quant", values, result["settings"], q.out)
+        write_json({k: v for k, v in result.items() if k != "table"}, q.out / "quant_eval.json", by)
     return result

@@ -31,13 +31,9 @@ def maps_and_states(subject, ids: torch.Tensor) -> tuple[list[torch.Tensor], lis
     return c.attentions, c.hidden_states
 
 
-def token_text(tokenizer, token: int) -> str:
-    return tokenizer.decode([token]) if tokenizer is not None else str(token)
-
-
 def secondary_section(subject, tokens: torch.Tensor, probe: Probe, out: Path | None, name: str) -> dict:
-    """Per layer: secondary sinks per (sequence, head), their share of attention, their residual
-    norm over the sequence mean; the most frequent sink tokens; the figure (``out``: where)."""
+    """Per layer: secondary sinks per (sequence, head), their attention share and norm ratio; the most frequent sink
+    tokens; the figure where ``out`` is given."""
     device = next(subject.model.parameters()).device
     n, layers = 0, None
     for start in range(0, tokens.shape[0], probe.batch_size):
@@ -62,7 +58,8 @@ def secondary_section(subject, tokens: torch.Tensor, probe: Probe, out: Path | N
         "norm_ratio": [acc["norm"] / f if f else None for acc, f in zip(layers, found)],
     }
     everywhere = sum((acc["tokens"] for acc in layers), Counter())
-    section["tokens"] = {token_text(subject.tokenizer, t): c for t, c in everywhere.most_common(TOP_TOKENS)}
+    text = (lambda t: subject.tokenizer.decode([t])) if subject.tokenizer is not None else str
+    section["tokens"] = {text(t): c for t, c in everywhere.most_common(TOP_TOKENS)}
     section["metrics"] = metrics_of(section)
     if out is not None:
         layer_ids = list(range(len(layers)))

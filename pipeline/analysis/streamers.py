@@ -1,10 +1,7 @@
 """Decoding through ``x + y`` KV caches, one config per batch row (`stream-ppl`, `passkey`, `length-eval`).
 
-The cache keeps the first ``x`` entries and the most recent ones, so that the cached entries
-plus the incoming tokens never exceed ``x + y``. Keys are held before the rotary rotation and
-re-rotated by their index inside the cache (StreamingLLM). Learnable sink tokens of a SinkLab
-model are the first cached entries (``x`` counts them).
-"""
+The cache keeps the first ``x`` entries (a SinkLab model's sink tokens among them) and the latest, ``x + y`` in all
+with the incoming tokens; keys are held before the rotary rotation and re-rotated by their cache index."""
 
 from __future__ import annotations
 
@@ -59,18 +56,15 @@ class Streamer(abc.ABC):
 
     @abc.abstractmethod
     def stream(self, specs: Sequence[CacheSpec], evictor=None) -> Callable[[torch.Tensor], torch.Tensor]:
-        """A fresh stream: ``feed(tokens [rows, n]) -> logits [rows, n, V]``, one row per config
-        (all must share x + y); each call appends the n tokens of each row to that row's cache,
-        evicting first what they need (so n > 1 only matches feeding them one at a time while
-        nothing is evicted: :meth:`read` keeps to that). An ``evictor`` (pipeline.model.eviction,
-        capacity x + y, one row per config) chooses the kept entries in place of x + y."""
+        """A fresh stream: ``feed(tokens [rows, n]) -> logits [rows, n, V]``, one row per config (all share x + y),
+        evicting first what the n tokens need (n > 1 only while nothing is evicted); an ``evictor`` (one row per
+        config) chooses the kept entries in place of x + y."""
 
     def read(
         self, feed, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = ""
     ) -> Iterator[tuple[int, torch.Tensor]]:
-        """Feed ids [rows, T] through a stream of the configs ``specs`` (one x + y); yield (t, logits
-        of tokens t..t+n-1). Until the cache is full nothing is evicted, so those tokens go in chunks (one
-        forward each, the same result as one by one); from then on, one token at a time."""
+        """Feed ids [rows, T] through a stream of ``specs``; yield (t, logits of tokens t..t+n-1): in chunks until the
+        cache is full (nothing is evicted), then one token at a time."""
         rows, total = ids.shape
         fill = min(total, _batch_shape(specs)[1] - self.sink_tokens)
         chunk = max(1, PREFILL_TOKENS // rows)
@@ -84,8 +78,7 @@ class Streamer(abc.ABC):
 
     @torch.no_grad()
     def nll(self, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = "", evictor=None) -> torch.Tensor:
-        """[len(specs), len(ids) - 1]: the NLL of ids[1:] under each cache config, one batch row
-        per config (all must share x + y)."""
+        """[len(specs), len(ids) - 1]: the NLL of ids[1:] under each cache config (all share x + y)."""
         rows, targets = len(specs), ids[1:]
         out_nll = torch.empty(rows, ids.numel() - 1)
         for t, logits in self.read(self.stream(specs, evictor), ids[:-1].expand(rows, -1), specs, label):
@@ -96,9 +89,8 @@ class Streamer(abc.ABC):
 
 
 class HFRotaryStreamer(Streamer):
-    """Streaming for a HF decoder with one rotary module ``model.rotary_emb`` (llama family; also
-    Gemma-3, whose module serves each layer type its own frequencies): a ``DynamicCache`` is
-    rebuilt from the kept pre-rotary keys at every step."""
+    """Streaming for a HF decoder with one rotary module ``model.rotary_emb`` (llama family, Gemma-3): a
+    ``DynamicCache`` rebuilt from the kept pre-rotary keys at every step."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -151,13 +143,8 @@ class HFRotaryStreamer(Streamer):
                 values = [gather_entries(v, index) for v, index in zip(values, indices)]
             n = keys[0].shape[2] if keys else 0
             pos = torch.arange(n, device=tokens.device)
-            cache = (
-                DynamicCache(
-                    ddp_cache_data=[(self._rotate(k, pos, i), v) for i, (k, v) in enumerate(zip(keys, values))]
-                )
-                if n
-                else DynamicCache()
-            )
+            rotated = [(self._rotate(k, pos, i), v) for i, (k, v) in enumerate(zip(keys, values))] if n else None
+            cache = DynamicCache(ddp_cache_data=rotated)
             new_pos = torch.arange(n, n + n_new, device=tokens.device)
             weights = evictor is not None and evictor.needs_attention
             out = self.model(

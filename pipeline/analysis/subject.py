@@ -6,6 +6,8 @@ tokenizer, and the sink measures of a batch of tokens."""
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import os
 import re
@@ -25,8 +27,9 @@ from sinklab_io.outputs import NotOurs, claim, write_output
 MODEL_HELP = "smollm2 | gemma3-270m | .gguf file | HF model dir or hub id | SinkLab checkpoint or export | runs:/<id>"
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, many: bool = False) -> None:
-    """MODEL (or MODEL ... with ``many``) and ``--kind``, as every analysis command reads them."""
+def add_model_arguments(parser: argparse.ArgumentParser, many: bool = False, logged: bool = False) -> None:
+    """MODEL (or MODEL ... with ``many``) and ``--kind``, as every analysis command reads them; with ``logged``,
+    ``--device`` and where each model's results are logged (``--mlflow-uri``, ``--experiment``)."""
     if many:
         parser.add_argument("models", nargs="+", metavar="MODEL", help=MODEL_HELP)
     else:
@@ -34,6 +37,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, many: bool = False) -> 
     parser.add_argument(
         "--kind", choices=("auto", "hf", "sinklab"), default="auto", help="how to load a model (auto: by its shape)"
     )
+    if not logged:
+        return
+    parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
+    parser.add_argument("--mlflow-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI; none: no run)")
+    parser.add_argument("--experiment", default="sinklab-analysis", help="MLflow experiment of runs of their own")
 
 
 class Subject:
@@ -52,12 +60,8 @@ class Subject:
                 resolved = resolve_model(spec)
             except RunModelError as e:
                 raise SystemExit(f"sinklab {command}: {e}") from None
-            spec, kind, self.run_id, self.tracking_uri = (
-                str(resolved.path),
-                "sinklab",
-                resolved.run_id,
-                resolved.tracking_uri,
-            )
+            spec, kind = str(resolved.path), "sinklab"
+            self.run_id, self.tracking_uri = resolved.run_id, resolved.tracking_uri
             tokenizer = tokenizer or resolved.tokenizer
         self.kind = kind if kind != "auto" else self._detect(spec)
         self.tokenizer = None
@@ -73,13 +77,11 @@ class Subject:
                 ) from None
             self.model.eval()
             self.vocab_size = self.model.config.vocab_size
-            self.special_ids: set[int] = set()
             self.source, self.path = self.spec, Path(spec)  # path: the local copy of a run's model
             inside, beside = Path(spec) / "tokenizer.json", Path(spec).with_name("tokenizer.json")
             beside = inside if inside.is_file() else beside
             if tokenizer is not None or beside.exists():
                 self.tokenizer = sinklab_tokenizer(tokenizer or beside, command)
-                self.special_ids = set(self.tokenizer.all_special_ids)
         else:
             try:
                 loaded = load_hf_model(spec)
@@ -90,7 +92,7 @@ class Subject:
                 ) from None
             self.model, self.tokenizer, self.source = loaded.model, loaded.tokenizer, loaded.source
             self.vocab_size = min(len(self.tokenizer), self.model.config.get_text_config().vocab_size)
-            self.special_ids = set(self.tokenizer.all_special_ids)
+        self.special_ids: set[int] = set(self.tokenizer.all_special_ids) if self.tokenizer is not None else set()
         self.model.to(device_of(device, command))
 
     def _detect(self, spec: str) -> str:
@@ -118,12 +120,9 @@ class Subject:
 
     def max_positions(self) -> int | None:
         """The longest sequence the model was built for, when its config states one."""
-        config = self.model.config
-        return (
-            config.max_seq_len
-            if self.kind == "sinklab"
-            else getattr(config.get_text_config(), "max_position_embeddings", None)
-        )
+        if self.kind == "sinklab":
+            return self.model.config.max_seq_len
+        return getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
 
     def check_seq_len(self, seq_len: int) -> None:
         """Refuse ``-T`` beyond :meth:`max_positions`."""
@@ -133,6 +132,15 @@ class Subject:
                 f"sinklab {self.command}: -T {seq_len}: {self.spec} handles at most {limit} positions "
                 f"(max_seq_len / max_position_embeddings); use -T {limit} or less"
             )
+
+    def require_tokenizer(self):
+        """The tokenizer; refused (one line) where a SinkLab checkpoint has none."""
+        if self.tokenizer is None:
+            raise SystemExit(
+                f"sinklab {self.command}: {self.spec}: no tokenizer.json beside it; "
+                "pass --tokenizer <dataset>/tokenizer.json"
+            )
+        return self.tokenizer
 
     def measure(self, tokens: torch.Tensor, probe: Probe) -> SinkMeasures:
         at = {"eps": probe.eps, "positions": probe.positions, "batch_size": probe.batch_size}
@@ -151,8 +159,7 @@ def device_of(name: str, command: str) -> torch.device:
 
 
 def writer(command: str, specs: list[str]) -> str:
-    """Who wrote a command's files, as the output marker records it: the command and its models
-    (paths resolved), so that a run of it on other models replaces none of them."""
+    """Who wrote a command's files, as the output marker records it: the command and its models (paths resolved)."""
     return f"{command} of " + ", ".join(str(Path(s).resolve()) if Path(s).exists() else s for s in specs)
 
 
@@ -173,8 +180,7 @@ def sinklab_tokenizer(path: Path, command: str):
 
 
 def save_results(out: Path, stem: str, table: str, args, results: dict, by: str, figure) -> None:
-    """``<stem>.md`` (the table), ``<stem>.json`` (the options and each model's result) and
-    ``<stem>.png`` (``figure``) in ``out``; the table printed."""
+    """``<stem>.md`` (the table, also printed), ``<stem>.json`` (options, results) and ``<stem>.png`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     write_output(out / f"{stem}.md", table + "\n", by)
     record = {"settings": vars(args) | {"out": str(out)}, "models": results}
@@ -184,17 +190,15 @@ def save_results(out: Path, stem: str, table: str, args, results: dict, by: str,
 
 
 def log_back(subject, key: str, metrics: dict, settings: dict, out: Path | None) -> str:
-    """Results back on the subject's training run (runs:/<id>): ``settings`` in the tag
-    ``sinklab.<key>.settings``, ``out`` (None: no files) under ``<key>/``; the run id."""
+    """Results back on the subject's training run (tag ``sinklab.<key>.settings``, files under ``<key>/``); its id."""
     from pipeline.tracking import log_results
 
     return log_results(subject.tracking_uri, subject.run_id, metrics, {f"sinklab.{key}.settings": settings}, out, key)
 
 
 def log_results_of(subjects: dict, key: str, results: dict, metrics_of, settings_for, out: Path, args) -> None:
-    """Each model's results on its MLflow run (runs:/<id>; settings in the tag ``sinklab.<key>``,
-    files under ``<key>/``) or on a run of its own (--mlflow-uri, in --experiment); no tracking
-    URI: none. One line per run logged."""
+    """Each model's results on its MLflow run (runs:/<id>: tag ``sinklab.<key>``, files under ``<key>/``), else on a
+    run of its own where a tracking URI is set."""
     from pipeline.tracking import log_new_run, log_results
 
     uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
@@ -215,9 +219,17 @@ def write_json(record: dict, path: Path, by: str) -> None:
     write_output(path, json.dumps(record, indent=2), by)
 
 
+def csv_text(rows: list[dict]) -> str:
+    """``rows`` as CSV with a header, None as an empty cell."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows([{k: "" if v is None else v for k, v in row.items()} for row in rows])
+    return buffer.getvalue()
+
+
 def claimed(out: Path, outputs, command: str, specs: list[str]) -> str:
-    """Claim ``out`` for ``outputs`` before any work as ``command`` of ``specs`` (:func:`writer`),
-    which is returned; refused: SystemExit ``<command>: <why>``."""
+    """The writer (:func:`writer`) that claimed ``out`` for ``outputs``; refused: SystemExit ``<command>: <why>``."""
     by = writer(command, specs)
     try:
         claim(out, outputs, by=by)
@@ -227,8 +239,7 @@ def claimed(out: Path, outputs, command: str, specs: list[str]) -> str:
 
 
 def claim_out(models: list[str], out: Path | None, command: str, folder: str, outputs) -> tuple[list[str], Path, str]:
-    """The models' names, the --out folder (default analysis/<folder>/<first name>) and the writer
-    ``command`` records there; the folder is claimed before any work (SystemExit: one line)."""
+    """The models' names, the --out folder (default analysis/<folder>/<first name>), claimed, and its writer."""
     names = [model_name(m) for m in models]
     if len(set(names)) != len(names):
         twice = [n for n in names if names.count(n) > 1][0]

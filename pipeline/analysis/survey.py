@@ -1,18 +1,12 @@
 """`sinklab survey`: attention sinks across models, in one table and one figure.
 
-For each MODEL (what `sinklab analyze` takes: smollm2, gemma3-270m, a .gguf file, an HF model
-directory or hub id, a SinkLab checkpoint, runs:/<run_id>): Sink_1^ε on natural text, random
-tokens and one repeated token, without and with BOS (Gu et al. 2025 Table 1 left; across models,
-Figure 4 left and Figure 10), Sink_1 over a sweep of ε, the first token's hidden-state norm
-ratio (massive activations) and the share of dormant heads. Logged as one MLflow run.
-"""
+Per model: Sink_1^ε per input without and with BOS (Gu et al. 2025 Table 1 left, Figures 4 left and 10), Sink_1
+over a sweep of ε, the first token's norm ratio and the share of dormant heads; one MLflow run."""
 
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
-import io
 import json
 import re
 import time
@@ -21,7 +15,7 @@ from pathlib import Path
 
 from pipeline import metrics, plots
 from pipeline.analysis.inputs import INPUT_KINDS, Probe, add_probe_arguments, probe_sets, tokenizer_file
-from pipeline.analysis.subject import Subject, add_model_arguments, claimed, write_json
+from pipeline.analysis.subject import Subject, add_model_arguments, claimed, csv_text, write_json
 from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
 
@@ -78,13 +72,7 @@ def survey_model(
     subject = Subject(spec, kind, tokenizer, "survey")
     subject.check_seq_len(probe.seq_len)
     loaded = time.perf_counter() - started
-    result = {
-        **subject.header(),
-        "spec": spec,
-        "run_id": subject.run_id,
-        "cells": {},
-        "skipped": [],
-    }
+    result = {**subject.header(), "spec": spec, "run_id": subject.run_id, "cells": {}, "skipped": []}
     for bos in bos_modes:
         if bos and getattr(subject.tokenizer, "bos_token_id", None) is None:
             result["skipped"].append("BOS: the model's tokenizer has no BOS token")
@@ -152,25 +140,13 @@ def markdown(rows: list[dict], columns: list[str], probe: Probe, bos_modes: list
         "|---|---|" + "---|" * (len(columns) + 3),
     ]
     for r in rows:
-        ratio = f"{_fmt(r['norm_ratio'], 1)} ({_fmt(r['norm_ratio_layer'])})" if r["norm_ratio"] is not None else "n/a"
-        ratio_bos = (
-            f"{_fmt(r['norm_ratio_bos'], 1)} ({_fmt(r['norm_ratio_bos_layer'])})"
-            if r["norm_ratio_bos"] is not None
-            else "n/a"
-        )
-        cells = " | ".join(_fmt(r[f"sink1_{c}"]) for c in columns)
-        lines.append(
-            f"| {r['model']} | {r['layers']}×{r['heads']} | {cells} | {ratio} | {ratio_bos} | {_fmt(r['dormant_pct'], 1)} |"
-        )
+        ratios = [
+            "n/a" if r[key] is None else f"{_fmt(r[key], 1)} ({_fmt(r[key + '_layer'])})"
+            for key in ("norm_ratio", "norm_ratio_bos")
+        ]
+        cells = " | ".join([_fmt(r[f"sink1_{c}"]) for c in columns] + ratios + [_fmt(r["dormant_pct"], 1)])
+        lines.append(f"| {r['model']} | {r['layers']}×{r['heads']} | {cells} |")
     return "\n".join(lines)
-
-
-def csv_text(rows: list[dict]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows([{k: "" if v is None else v for k, v in row.items()} for row in rows])
-    return buffer.getvalue()
 
 
 def sweep_rows(results: list[dict], sweep: list[float]) -> list[dict]:
@@ -190,8 +166,7 @@ def draw(
     curves = {}
     for rec in results:
         for bos in bos_modes:
-            cell = rec["cells"].get(column(first, bos))
-            if cell:
+            if cell := rec["cells"].get(column(first, bos)):
                 curves[(rec["model"], bos)] = cell["sweep"]
     return plots.survey_figure(bars, curves, sweep, path, probe.eps, first, by)
 
@@ -208,15 +183,12 @@ def log_run(
     if sources:
         tags["sinklab.source_runs"] = ",".join(sources)
     params = {k: settings[k] for k in ("num_sequences", "seq_len", "eps", "seed", "inputs", "bos", "eps_sweep")}
-    values = {}
-    for row in rows:
-        values.update(
-            {
-                f"{safe(row['model'])}/{k}": v
-                for k, v in row.items()
-                if k not in ("model", "layers", "heads") and isinstance(v, (int, float))
-            }
-        )
+    values = {
+        f"{safe(row['model'])}/{k}": v
+        for row in rows
+        for k, v in row.items()
+        if k not in ("model", "layers", "heads") and isinstance(v, (int, float))
+    }
     # the ε sweep as a curve: step = 100 ε
     curve = [
         (f"{safe(rec['model'])}/sweep_{name}", value, round(100 * eps))
@@ -258,9 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_mlflow:
         from pipeline.tracking import tracking_uri
 
-        saved["mlflow_run_id"] = log_run(
-            args.mlflow_uri or tracking_uri(), args.experiment, settings, results, rows, sweep
-        )
+        uri = args.mlflow_uri or tracking_uri()
+        saved["mlflow_run_id"] = log_run(uri, args.experiment, settings, results, rows, sweep)
         write_json(saved, args.out / "survey.json", by)
     print(table)
     print(

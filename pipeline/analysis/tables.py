@@ -11,15 +11,11 @@ def format_table(result: dict) -> str:
     s = result["settings"]
     proxy = any(rep.get("is_proxy") for rep in result.get("reports", {}).values())
     scores = " on proxy scores (attention without softmax)" if proxy else ""
+    bos = "no BOS"
+    if s.get("bos") or s.get("probe_bos"):
+        bos = "BOS first" if s.get("bos") else "natural BOS first (the dataset's probe set), the rest no BOS"
     lines = [
-        f"{result['model']}: Sink_1^ε (%){scores}, ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, "
-        + (
-            "BOS first"
-            if s.get("bos")
-            else "natural BOS first (the dataset's probe set), the rest no BOS"
-            if s.get("probe_bos")
-            else "no BOS"
-        ),
+        f"{result['model']}: Sink_1^ε (%){scores}, ε={s['eps']}, T={s['seq_len']}, N={s['num_sequences']}, {bos}",
         "",
         "| " + " | ".join(result["table1"]) + " |",
         "|" + "---|" * len(result["table1"]),
@@ -64,8 +60,7 @@ def extreme_token_table(layers: dict[str, float]) -> list[str]:
 
 
 def flow_table(flow: dict[str, float], extreme: dict[str, float]) -> list[str]:
-    """The first-token norm ratio, matrix entropy and over-mixing sensitivity, one row per layer,
-    and the layers of the largest norm jump and entropy drop."""
+    """Per layer the first-token norm ratio, matrix entropy and over-mixing sensitivity; the jump and drop layers."""
     rows = ["| layer | ‖h₁‖ ratio | matrix entropy | over-mixing sensitivity |", "|---|---|---|---|"]
     nan = float("nan")
     for l in range(sum(k.startswith(N.FLOW_ENTROPY + "_l") for k in flow)):
