@@ -57,14 +57,14 @@ def gemma3_270m_gguf() -> Path:
     if target.exists():
         return target
     pkg.verify_chunks()
+    digest = hashlib.sha256()
     with atomic_path(target) as tmp:
         with open(tmp, "wb") as out:
             for chunk in pkg.chunk_paths():
-                with open(chunk, "rb") as src:
-                    shutil.copyfileobj(src, out, 1 << 22)
-        with open(tmp, "rb") as f:
-            got = hashlib.file_digest(f, "sha256").hexdigest()
-        if got != pkg.EXPECTED_SHA256:
+                data = Path(chunk).read_bytes()
+                digest.update(data)
+                out.write(data)
+        if (got := digest.hexdigest()) != pkg.EXPECTED_SHA256:
             raise ValueError(f"assembled {pkg.MODEL_NAME} has sha256 {got}, expected {pkg.EXPECTED_SHA256}")
     return target
 
