@@ -1,6 +1,4 @@
-"""The figure of `sinklab report --plot`: a metric over steps, one line per seed coloured by variant
-(curve), or the paper's value beside our mean per variant with its 95% interval as an error bar and
-each seed as a dot (bar; with Sink_1, a second panel of the mean alpha_1)."""
+"""The figure of `sinklab report --plot`: a metric over steps per run (curve), or paper against ours per variant (bar)."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ from sinklab_io.outputs import output_path
 
 
 def curve_series(experiment: Experiment, rows, mlflow) -> dict[str, list[tuple[int, list[tuple[int, float]]]]]:
-    """Variant label -> (seed, the plotted metric's (step, value) history) of each run that logged it
-    (for lr-steps: Sink_1 against steps per learning rate, the paper's Figure 4 right)."""
+    """Variant label -> (seed, the plotted metric's (step, value) history) of each run that logged it."""
     out = {}
     for row in rows:
         for run in row.runs:
@@ -27,9 +24,7 @@ def curve_series(experiment: Experiment, rows, mlflow) -> dict[str, list[tuple[i
 
 
 def labelled_bars(ax, xs, values, label: str, digits: int = 2, spreads: list[Spread] | None = None) -> None:
-    """Bars with their value written above; a measured 0 gets a visible stub and "0", a missing
-    value "—", so the two are never confused. With `spreads`, the bars are means over seeds: the
-    95% interval is drawn as an error bar and every seed as a dot."""
+    """Bars with their value above (a 0 gets a stub, a missing value "—"); `spreads` adds intervals and seeds."""
     heights = [v if v is not None else 0.0 for v in values]
     bars = ax.bar(xs, heights, 0.4, label=label)
     top = max([abs(h) for h in heights] + [1e-9])

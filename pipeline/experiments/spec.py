@@ -1,14 +1,8 @@
-"""Experiment files: one YAML per experiment of the paper, loaded into typed specs.
-
-An experiment file (configs/experiments/<group>/<name>.yaml) names the base recipe for each
-scale (and how many seeds each variant runs there), the variants (config overrides), the
-metric columns of the paper's table and the paper's published values. Every error names the
-file, the line and the field that is wrong.
-"""
+"""Experiment files, configs/experiments/<group>/<name>.yaml (docs/experiments.md), loaded into typed specs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,32 +15,7 @@ EXPERIMENTS_DIR = REPO / "configs" / "experiments"
 SCALES = ("paper", "cpu", "gpu")
 REQUIRED_SCALES = ("paper", "cpu")  # gpu (one lent GPU) is opt-in per file
 MAX_SEEDS = 1000  # runs per variant: a larger count is a slip (the plan lists every run)
-TOP_KEYS = {
-    "name",
-    "title",
-    "group",
-    "paper_ref",
-    "description",
-    "scale",
-    "columns",
-    "variants",
-    "cpu_notes",
-    "paper_notes",
-    "plot",
-}
-VARIANT_KEYS = {
-    "name",
-    "label",
-    "overrides",
-    "cpu_overrides",
-    "paper_overrides",
-    "gpu_overrides",
-    "paper",
-    "paper_source",
-    "paper_status",
-    "note",
-}
-COLUMN_KEYS = {"key", "metric", "label", "digits"}
+TOP_KEYS = set("name title group paper_ref description scale columns variants cpu_notes paper_notes plot".split())
 PLOT_KEYS = {"kind", "metric", "x", "title"}
 PLOT_KINDS = ("curve", "bar")
 
@@ -137,6 +106,10 @@ class Experiment:
     def overrides(self, variant: Variant, scale: str) -> dict[str, Any]:
         """The scale's base overrides, then the variant's (the variant wins)."""
         return {**self.setup(scale).overrides, **variant.overrides_for(scale)}
+
+
+VARIANT_KEYS = {f.name for f in fields(Variant)}  # a variant's fields are what its entry may set
+COLUMN_KEYS = {f.name for f in fields(Column)}
 
 
 def _find_file(name_or_path: str | Path) -> Path:

@@ -1,17 +1,4 @@
-"""Statistics over seeds: a variant's spread, the rank agreement's interval and permutation p, the
-verdict they allow, emergence steps.
-
-- :func:`spread`: n, mean, sample standard deviation and the 95% t-interval of the mean
-  (mean ± t₀.₉₇₅,ₙ₋₁ · s/√n) of one metric over a variant's seeds, clipped to the metric's range;
-- :func:`bootstrap`: a 95% interval of a statistic of the per-variant means (Spearman ρ, Kendall τ
-  against the paper), each resample drawing every variant's mean from its t-distribution
-  (mean + s/√n · T, T ~ t with n − 1 degrees of freedom), fixed RNG seed;
-- :func:`permutation`: the one-sided permutation p of ρ over the variant means, exact up to
-  :data:`EXACT_UP_TO` variants, Monte Carlo beyond;
-- :func:`verdict`: what all of these let a study say, in words;
-- :func:`emergence`: median and range of per-seed emergence steps, a run that never emerged
-  counted as later than every step;
-- :func:`ordering`: the variants by mean, and the pairs whose 95% intervals are disjoint.
+"""Statistics over seeds: spreads, the rank agreement's interval and permutation p, verdicts, emergence steps.
 
 Definitions and their rationale: docs/experiments.md (Reports).
 """
@@ -63,8 +50,8 @@ def spread(
     seeds: Sequence[int | None] | None = None,
     bounds: tuple[float, float] = UNBOUNDED,
 ) -> Spread:
-    """n, mean, sample std (ddof 1) and the 95% t-interval of the mean of the known values, the
-    interval clipped to `bounds`, the metric's range (with `seeds`, each value's seed is kept)."""
+    """n, mean, sample std (ddof 1) and the 95% t-interval of the mean (mean ± t₀.₉₇₅,ₙ₋₁ · s/√n) of the known
+    values, clipped to `bounds`, the metric's range; with `seeds`, each value's seed is kept."""
     pairs = [(float(v), s) for v, s in zip(values, seeds or [None] * len(values)) if v is not None and v == v]
     xs, kept = tuple(v for v, _ in pairs), tuple(s for _, s in pairs) if seeds is not None else ()
     n = len(xs)
@@ -97,7 +84,7 @@ def bootstrap(
 ) -> Interval:
     """95% percentile interval of ``statistic(means)`` where each resample draws every group's
     mean (a variant's seeds: n ≥ 2 values, mean m, std s) as m + s/√n · T, T ~ t(n − 1), clipped
-    to `bounds`. For one mean this is its t-interval; docs/experiments.md (Reports) says why."""
+    to `bounds`."""
     arrays = [np.asarray(g, dtype=float) for g in groups]
     sizes = np.array([len(a) for a in arrays])
     if (sizes < 2).any():
@@ -158,8 +145,7 @@ def permutation(
 
 
 def distinct(means: Sequence[float], digits: int) -> int:
-    """How many different values `means` hold as the report prints them (`digits` decimals):
-    means equal to within the printed precision, such as Sink_1 at a floor of 0, count once."""
+    """How many different values `means` hold as the report prints them (`digits` decimals)."""
     return len({round(m, digits) + 0.0 for m in means})  # + 0.0: -0.0 is 0.0
 
 
