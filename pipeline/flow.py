@@ -1,27 +1,17 @@
-"""Information flow through the layers: over-mixing sensitivity (Barbero et al. 2025) and the
-matrix entropy of the token representations (Queipo-de-Llano et al. 2025).
-
-Pure torch, beside ``pipeline.metrics``; definitions in docs/analysis.md ("Information flow").
-The sensitivity is measured by finite perturbation: one more forward pass in which the input
-embedding of one position p is moved by ``rho`` times its own norm along a fixed random direction;
-per layer, the mean relative change of the representations of the later tokens i > p, over rho.
-A model whose heads attend only to the first token spreads nothing (0); the sink is Barbero et
-al.'s way of keeping this number small as depth and context grow. The entropy reads the clean
-pass: the von Neumann (or Rényi) entropy of the trace-normalised Gram matrix X Xᵀ of a sequence's
-token representations X [T, d], over log min(T, d): 0 when one direction holds them all (the
-BOS-dominated "compression valley"), 1 when they are orthogonal and of equal norm.
-"""
+"""Information flow through the layers: over-mixing sensitivity by finite perturbation (Barbero et al. 2025) and the
+matrix entropy of the token representations (Queipo-de-Llano et al. 2025); definitions in docs/analysis.md."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor, nn
 
 from pipeline import metric_names as N
+from pipeline.metrics import first_token_norm_ratio
 
 DEFAULT_RHO = 0.01  # perturbation size relative to ‖e_p‖: small enough to read the linear response
 DIRECTION_SEED = 0  # the perturbation directions are drawn from this seed, batch after batch
@@ -61,11 +51,6 @@ def perturbation_spread(clean: Tensor, perturbed: Tensor, position: int, rho: fl
     later, moved = clean[:, position + 1 :].double(), perturbed[:, position + 1 :].double()
     relative = (moved - later).norm(dim=-1) / later.norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
     return (relative.mean(dim=-1) / rho).float()
-
-
-def default_position(seq_len: int) -> int:
-    """The perturbed position: the middle of the sequence (0-based ⌊T/2⌋), half the tokens after it."""
-    return seq_len // 2
 
 
 def embedding_module(model: nn.Module) -> nn.Module | None:
@@ -145,14 +130,8 @@ class FlowMeasures:
         }
 
     def to_json(self) -> dict:
-        return {
-            "entropy": self.entropy.tolist(),
-            "entropy_input": self.entropy_input,
-            "norm_ratio_input": self.norm_ratio_input,
-            "mixing": None if self.mixing is None else self.mixing.tolist(),
-            "position": self.position,
-            "rho": self.rho,
-        }
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: v.tolist() if isinstance(v, Tensor) else v for name, v in values.items()}
 
 
 def recording_inputs(model: nn.Module, flow: FlowAccumulator | None):
@@ -189,7 +168,7 @@ class FlowAccumulator:
     def perturbation_for(self, seq_len: int) -> Perturbation:
         """The one perturbation of this probe (its generator runs on across batches)."""
         if self.perturbation is None:
-            self.perturbation = Perturbation(default_position(seq_len), self.rho)
+            self.perturbation = Perturbation(seq_len // 2, self.rho)  # the middle: half the tokens after it
         return self.perturbation
 
     def add(
@@ -204,8 +183,7 @@ class FlowAccumulator:
         if embeddings is not None:
             e = embeddings.detach().float()
             self.entropy_input.append(matrix_entropy(e).cpu())
-            norms = e.norm(dim=-1)
-            self.ratio_input.append((norms[:, 0] / norms[:, 1:].mean(dim=-1)).cpu())
+            self.ratio_input.append(first_token_norm_ratio(e).cpu())
         if perturbed is not None:
             if self.perturbation is None:
                 raise ValueError("perturbed states given before perturbation_for() chose the position")

@@ -231,16 +231,9 @@ def emergence_steps(history, alpha1_uniform: float) -> dict[str, int | None]:
     ``{"sink1_1pct", "sink1_10pct", "alpha1_125pct"} -> first step strictly above the
     threshold`` (None where it never was)."""
     rows = list(history)
-    out: dict[str, int | None] = {
-        name: first_step_above(((r[0], r[1]) for r in rows), limit) for name, limit in EMERGENCE_SINK1.items()
-    }
-    out.update(
-        {
-            name: first_step_above(((r[0], r[2]) for r in rows), factor * alpha1_uniform)
-            for name, factor in EMERGENCE_ALPHA1.items()
-        }
-    )
-    return out
+    sink1, alpha1 = [(r[0], r[1]) for r in rows], [(r[0], r[2]) for r in rows]
+    out = {name: first_step_above(sink1, limit) for name, limit in EMERGENCE_SINK1.items()}
+    return out | {name: first_step_above(alpha1, f * alpha1_uniform) for name, f in EMERGENCE_ALPHA1.items()}
 
 
 def memorising(history, rise: float = 0.03, after: int = 2) -> str | None:

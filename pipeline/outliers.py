@@ -1,16 +1,7 @@
-"""Activation outliers: the largest |activation|, kurtosis, and a token-wise / channel-wise split.
+"""Activation outliers: the largest |activation|, kurtosis, and a token-wise / channel-wise split (Gu et al. 2025,
+appendix A.2), per sequence over its [T, d] tensor (Bondarenko et al. 2023); definitions in docs/analysis.md.
 
-Pure torch, beside ``pipeline.metrics``; definitions in docs/analysis.md ("Activation outliers").
-Gu et al. 2025, appendix A.2: the first token's massive activations are *token-wise* outliers (one position),
-the outlier features of LLM.int8 and SmoothQuant are *channel-wise* (a few channels at every
-position); per-token activation scales absorb the first kind, not the second. As in Bondarenko
-et al. (2023), the largest |x| and the kurtosis (``kurtosis_pooled``) are taken per sequence, over
-the sequence's whole [T, d] tensor, and averaged over sequences; Kaul et al. (2025)'s per-token
-kurtosis is :func:`token_kurtosis` (pipeline.probe_metrics registers it).
-
-``OutlierAccumulator`` collects them batch by batch: ``add_hidden`` for the residual stream (each
-block's output), ``recording_linear_inputs`` (forward pre-hooks) for every ``nn.Linear`` inside
-the blocks. The *leading positions* are the learnable sink tokens, if any, and the first token.
+The *leading positions* are the learnable sink tokens, if any, and the first token.
 """
 
 from __future__ import annotations
@@ -27,10 +18,7 @@ from torch import Tensor, nn
 
 from pipeline import metric_names as N
 
-# Thresholds, in multiples of the median |x| of a sequence's tensor (SinkLab's choices; see
-# docs/analysis.md): a channel is channel-wise when it exceeds CHANNEL_FACTOR at CHANNEL_SHARE of
-# the positions or more; a single entry outside those channels is a token-wise outlier above
-# TOKEN_FACTOR (heavy-tailed hidden states put single entries at 20-70x the median anywhere).
+# thresholds in multiples of the median |x| of a sequence's tensor (docs/analysis.md says why)
 CHANNEL_FACTOR = 20.0
 CHANNEL_SHARE = 0.5
 TOKEN_FACTOR = 100.0
@@ -46,8 +34,7 @@ def _as_sequences(x: Tensor) -> Tensor:
 
 
 def lower_median(rows: Tensor) -> Tensor:
-    """``torch.median`` of each row of ``[B, n]`` (the lower middle value); on CPU by numpy's
-    selection, a tenth of the time of torch's sort-based median."""
+    """``torch.median`` of each row of ``[B, n]`` (the lower middle value); on CPU by numpy's faster selection."""
     if rows.device.type != "cpu":
         return rows.median(dim=1).values
     k = (rows.shape[1] - 1) // 2
@@ -62,10 +49,7 @@ def max_abs(x: Tensor) -> Tensor:
 def kurtosis(x: Tensor) -> Tensor:
     """Kurtosis of each sequence's T·d values, E[(x−μ)⁴] / E[(x−μ)²]² (Pearson's: 3 for a normal
     distribution, 1.8 for a uniform one; population moments): ``[B, T, d] -> [B]``."""
-    flat = _as_sequences(x).flatten(1)
-    centred = flat - flat.mean(dim=1, keepdim=True)
-    variance = centred.pow(2).mean(dim=1)
-    return centred.pow(4).mean(dim=1) / variance.pow(2).clamp_min(torch.finfo(torch.float32).tiny)
+    return token_kurtosis(_as_sequences(x).flatten(1))
 
 
 def token_kurtosis(x: Tensor) -> Tensor:
@@ -96,6 +80,16 @@ def outlier_split(
     return OutlierSplit(token_positions=token_entries.any(dim=-1), channels=channels)
 
 
+# per-layer fields of OutlierMeasures -> their act/ metric names
+LAYER_METRICS = {
+    "max_abs": "max_abs",
+    "kurtosis_pooled": "kurtosis_pooled",
+    "token_positions": "tokenwise_positions",
+    "lead_pct": "tokenwise_lead_pct",
+    "outlier_channels": "channelwise_channels",
+}
+
+
 @dataclass
 class OutlierMeasures:
     """Per layer, means over sequences (see ``OutlierAccumulator``)."""
@@ -113,11 +107,8 @@ class OutlierMeasures:
     def summary(self) -> dict[str, float | str]:
         """The largest of each over layers (and linears), with where it is (0-based layers)."""
         out: dict[str, float | str] = {}
-        for key, values in (
-            ("max_abs", self.max_abs),
-            ("kurtosis_pooled", self.kurtosis_pooled),
-            ("lead_pct", self.lead_pct),
-        ):
+        for key in ("max_abs", "kurtosis_pooled", "lead_pct"):
+            values = getattr(self, key)
             layer = int(torch.nan_to_num(values, nan=-math.inf).argmax())
             out[key], out[f"{key}_at"] = float(values[layer]), f"l{layer}"
         for key, table in (("linear_max", self.linear_max), ("lead_scale_ratio", self.lead_scale_ratio)):
@@ -129,14 +120,8 @@ class OutlierMeasures:
     def to_metrics(self) -> dict[str, float]:
         """``act/...`` names, 0-based layers: per layer and, without a layer suffix, the largest."""
         out: dict[str, float] = {}
-        for key, values in (
-            ("max_abs", self.max_abs),
-            ("kurtosis_pooled", self.kurtosis_pooled),
-            ("tokenwise_positions", self.token_positions),
-            ("tokenwise_lead_pct", self.lead_pct),
-            ("channelwise_channels", self.outlier_channels),
-        ):
-            out.update({N.layer(N.act(key), l): float(v) for l, v in enumerate(values)})
+        for key, name in LAYER_METRICS.items():
+            out.update({N.layer(N.act(name), l): float(v) for l, v in enumerate(getattr(self, key))})
         for name, values in self.linear_max.items():
             out.update({f"{N.layer(N.act('linear_max'), l)}_{name}": float(v) for l, v in enumerate(values) if v == v})
         if self.lead_scale_ratio:
@@ -148,19 +133,9 @@ class OutlierMeasures:
         return out
 
     def to_json(self) -> dict:
-        plain = {
-            name: values.tolist()
-            for name, values in (
-                ("max_abs", self.max_abs),
-                ("kurtosis_pooled", self.kurtosis_pooled),
-                ("token_positions", self.token_positions),
-                ("lead_pct", self.lead_pct),
-                ("outlier_channels", self.outlier_channels),
-            )
-        }
         return {
             "lead": self.lead,
-            **plain,
+            **{key: getattr(self, key).tolist() for key in LAYER_METRICS},
             "channel_ids": self.channel_ids,
             "linear_max": {k: v.tolist() for k, v in self.linear_max.items()},
             "lead_scale_ratio": {k: v.tolist() for k, v in self.lead_scale_ratio.items()},

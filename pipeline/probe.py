@@ -1,12 +1,5 @@
-"""Sink metrics of a model on a probe set: ``run_probe`` (contracts.md, section 3).
-
-``SinkAccumulator`` turns per-batch model outputs (attention maps of every layer, hidden
-states, optionally keys/values and head outputs) into one :class:`SinkMeasures`; ``run_probe``
-feeds it from a SinkLab ``Transformer`` and ``pipeline.analysis.hf_capture`` feeds it from a
-Hugging Face model, so both paths count sinks the same way. Torch only, beside
-``pipeline.metrics``: the training callbacks and the analysis layer both use it, and the
-training layer imports nothing from ``pipeline.analysis`` for it.
-"""
+"""Sink metrics of a model on a probe set (contracts.md, section 3): ``SinkAccumulator`` turns per-batch outputs into
+one :class:`SinkMeasures`, fed by ``run_probe`` (a SinkLab ``Transformer``) and ``pipeline.analysis.hf_capture``."""
 
 from __future__ import annotations
 
@@ -186,16 +179,8 @@ def run_probe(
     flow: bool = True,
     mixing_sequences: int | None = None,
 ) -> SinkMeasures:
-    """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (every sequence counted).
-
-    Eval mode, no grad, autocast off (maps in fp32); the model's training mode is restored.
-    Always the largest pre-softmax logit per head over the admitted real-token pairs; ``output_qkv``
-    also the key/value norm ratio of the first token and the QK decomposition; ``outliers`` the
-    activation outliers (pipeline.outliers) of the residual stream and every linear layer's input;
-    ``flow`` the information flow (pipeline.flow: one more forward pass, on the first
-    ``mixing_sequences`` sequences only where given). ``trigger_ids`` (a Bigram-Backcopy dataset's)
-    split the attention on token 1 by query kind.
-    """
+    """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]``, every sequence counted (docs/analysis.md,
+    "`run_probe` and `SinkMeasures`"); eval mode, no grad, fp32 maps, the training mode restored."""
     device = _device_of(model)
     tokens = as_token_tensor(tokens, device)
     admitted = admitted_with_slots(model.config, tokens.shape[1])  # the maps' mask pattern (windows, prefixes, slots)
