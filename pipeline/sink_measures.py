@@ -74,10 +74,7 @@ class SinkMeasures:
         return out | probe_metrics.to_metrics(self.values)
 
     def extreme_token_metrics(self) -> dict[str, float]:
-        """Guo et al. 2024's extreme-token phenomena per layer l (0-based), where measured: the
-        residual-state peak ``act/massive_ratio_l{l}``, the value-state drain
-        ``act/value_norm_ratio_l{l}`` and the BOS share by query kind ``sink/bos_share_trigger_l{l}``,
-        ``sink/bos_share_other_l{l}`` (mean over heads)."""
+        """Guo et al. 2024's extreme-token phenomena per layer, where measured (the EXTREME_TOKENS metrics)."""
         return probe_metrics.to_metrics({k: v for k, v in self.values.items() if k in EXTREME_TOKENS})
 
     def to_json(self) -> dict:
