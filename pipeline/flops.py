@@ -46,9 +46,8 @@ def matmul_params_per_token(config: ModelConfig) -> tuple[float, float]:
 
 
 def admitted_pairs_count(config: ModelConfig, context_length: int) -> int:
-    """(query, key) pairs one layer computes for one sequence: tokens (sink tokens included)
-    under the config's mask, plus every bias-slot column. Closed forms of the model's
-    ``masks.admitted_pairs``."""
+    """(query, key) pairs one layer computes for one sequence under the config's mask, sink tokens and bias-slot
+    columns included: closed forms of ``masks.admitted_pairs``."""
     n = context_length + config.sink_tokens
     pairs = n * (n + 1) // 2
     if config.mask == "sliding":

@@ -121,9 +121,8 @@ class FlowMeasures:
         return out
 
     def landmarks(self, massive_ratio: Tensor) -> dict[str, int | None]:
-        """Where the BOS norm jumps (the largest rise of ‖h_1‖ / mean_{t≠1} ‖h_t‖, ``massive_ratio``
-        [L], from the input embeddings on) and where the entropy drops most: Queipo-de-Llano et
-        al. find the two in the same layer. 0-based block indices."""
+        """The 0-based block where ‖h_1‖ / mean_{t≠1} ‖h_t‖ (``massive_ratio`` [L], from the input embeddings on)
+        rises most, and where the entropy falls most."""
         return {
             N.NORM_JUMP_LAYER: largest_step(massive_ratio.tolist(), self.norm_ratio_input, rise=True),
             N.ENTROPY_DROP_LAYER: largest_step(self.entropy.tolist(), self.entropy_input, rise=False),
@@ -151,8 +150,7 @@ def probe_batches(n: int, batch_size: int, mixing_sequences: int | None = None) 
 
 class FlowAccumulator:
     """Collects per-sequence entropies and sensitivities over batches; :meth:`measures` averages.
-    ``mixing_sequences``: the perturbed pass runs on the first that many sequences only (None:
-    all); the entropies read every sequence's clean pass."""
+    Only the first ``mixing_sequences`` get the perturbed pass (None: all)."""
 
     def __init__(self, rho: float = DEFAULT_RHO, mixing_sequences: int | None = None) -> None:
         if mixing_sequences is not None and mixing_sequences < 1:
@@ -201,9 +199,8 @@ class FlowAccumulator:
         embedded: Sequence[Tensor],
         seq_len: int,
     ) -> None:
-        """One batch of ``seq_len`` real tokens: the clean pass's ``hidden_states`` (every block;
-        leading sink-token rows are cut off here) and, where ``model`` has an embedding module,
-        ``forward()`` (the same forward, giving the same list) run with position p perturbed."""
+        """One batch of ``seq_len`` real tokens: the clean pass's ``hidden_states`` (sink-token rows cut off here)
+        and, where ``model`` has an embedding module, ``forward()`` (the same pass) rerun with position p perturbed."""
         lead, rows = hidden_states[0].shape[1] - seq_len, hidden_states[0].shape[0]
         perturbed, embed = None, embedding_module(model)
         if embed is not None and self.perturbs(rows):

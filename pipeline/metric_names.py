@@ -148,9 +148,8 @@ def kv_perplexity(policy: str, sinks: str, budget: float) -> str:
 
 
 def kv_passkey(row: str, budget: float, factor: int | str) -> str:
-    """`sinklab kv-eval`: passkey accuracy (%) on prompts of ``factor`` x the cache's entries, ``row``
-    a policy and sink setting (``h2o_keep``) or ``full`` (the whole prompt cached), e.g.
-    ``stream/kv_passkey_h2o_drop_b25_x2``."""
+    """`sinklab kv-eval`: passkey accuracy (%) on prompts of ``factor`` x the cache's entries, ``row`` a policy and
+    sink setting (``h2o_keep``) or ``full``, e.g. ``stream/kv_passkey_h2o_drop_b25_x2``."""
     return f"{STREAM}kv_passkey_{row}_b{budget:g}_x{factor}"
 
 

@@ -203,9 +203,8 @@ def uniform_alpha1(T: int) -> float:
 
 
 def uniform_alpha1_masked(admitted: Tensor, n_query_slots: int = 0, n_key_slots: int = 0) -> float:
-    """α_1 of the first real token when every query spreads its attention evenly over the keys
-    ``admitted [Q, K]`` lets it see (bias slots included, as :func:`split_slots` lays them out).
-    For a plain causal mask without slots this is :func:`uniform_alpha1`."""
+    """α_1 of the first real token when every query spreads its attention evenly over the keys ``admitted [Q, K]``
+    lets it see (bias slots included, as :func:`split_slots` lays them out)."""
     allowed = admitted.double()
     counts = allowed.sum(dim=-1, keepdim=True)
     if (counts == 0).any():
@@ -227,9 +226,8 @@ EMERGENCE_ALPHA1 = {"alpha1_125pct": 1.25}
 
 
 def emergence_steps(history, alpha1_uniform: float) -> dict[str, int | None]:
-    """When the sink emerged, from ``history`` rows (step, Sink_1 in %, mean α_1):
-    ``{"sink1_1pct", "sink1_10pct", "alpha1_125pct"} -> first step strictly above the
-    threshold`` (None where it never was)."""
+    """When the sink emerged, from ``history`` rows (step, Sink_1 in %, mean α_1): threshold name -> the first step
+    strictly above it (None where it never was)."""
     rows = list(history)
     sink1, alpha1 = [(r[0], r[1]) for r in rows], [(r[0], r[2]) for r in rows]
     out = {name: first_step_above(sink1, limit) for name, limit in EMERGENCE_SINK1.items()}
@@ -237,10 +235,8 @@ def emergence_steps(history, alpha1_uniform: float) -> dict[str, int | None]:
 
 
 def memorising(history, rise: float = 0.03, after: int = 2) -> str | None:
-    """A validation loss that turned upward for good: ``after`` or more evaluations came after
-    its minimum, and the last is ``rise`` (relative) above it. Returns the warning to print, or
-    None (still falling, flat within noise, too few points). ``history``: (step, value) pairs
-    (NaN never counts)."""
+    """The warning to print where a validation loss turned upward for good: ``after`` or more evaluations came after
+    its minimum and the last is ``rise`` (relative) above it; else None. ``history``: (step, value), NaN skipped."""
     rows = sorted((int(step), float(value)) for step, value in history if value == value)
     if len(rows) <= after:
         return None

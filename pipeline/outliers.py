@@ -174,8 +174,7 @@ class OutlierAccumulator:
         self.channel_hits = hits if self.channel_hits is None else self.channel_hits + hits
 
     def add_linear(self, layer: int, name: str, x: Tensor) -> None:
-        """The input of one linear layer for one batch: its ‖x‖∞ per sequence, with and without
-        the leading positions."""
+        """One batch's input to one linear layer: its ‖x‖∞ per sequence, with and without the leading positions."""
         a = linear_input(x).detach().float().abs()
         per_sequence = tuple(range(1, a.dim()))
         rest = (
@@ -248,8 +247,7 @@ def recording_linear_inputs(blocks: Sequence[nn.Module], acc: OutlierAccumulator
 
 @contextmanager
 def recording_block_outputs(blocks: Sequence[nn.Module]) -> Iterator[list[Tensor]]:
-    """While inside, each block's output hidden states (``[B, T, d]``, the first element of a
-    tuple output) are appended, detached, to the list it yields."""
+    """While inside, each block's output hidden states ``[B, T, d]`` are appended, detached, to the list it yields."""
     outputs: list[Tensor] = []
 
     def keep(_module, _inputs, out) -> None:

@@ -162,8 +162,7 @@ def alpha1_trajectories(
     title: str = "",
     uniform: float | None = None,
 ) -> Path:
-    """One line per (layer, head): α_1 of that head against the training step, coloured by
-    layer, with the uniform-attention value (and 1.25 x it) as dashed references."""
+    """α_1 of each (layer, head) against the step, coloured by layer, with uniform (and 1.25 x it) dashed."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     layers = sorted({layer for layer, _ in series})
     cmap = plt.get_cmap("viridis", max(2, len(layers)))
@@ -232,9 +231,8 @@ def survey_figure(
     curve_input: str = "natural",
     by: str = "sinklab",
 ) -> Path:
-    """Left: Sink_1^ε per model, one bar per input column (``<input>`` or ``<input>_bos``, the
-    BOS ones hatched); right: Sink_1 against ε for ``curve_input``, one colour per model, solid
-    without BOS and dashed with it (``curves[(model, bos)]`` over ``eps_values``)."""
+    """Left: Sink_1^ε per model, one bar per input column (``<input>_bos`` hatched); right: Sink_1 against ε for
+    ``curve_input``, one colour per model, dashed with BOS (``curves[(model, bos)]`` over ``eps_values``)."""
     models = list(bars)
     columns = list(dict.fromkeys(c for cells in bars.values() for c in cells))
     fig, (ax_bar, ax_eps) = plt.subplots(
@@ -281,9 +279,8 @@ def survey_figure(
 def passkey_heatmap(
     table: Mapping[str, Mapping[float, Mapping[str, float]]], path: str | Path, title: str = "", by: str = "sinklab"
 ) -> Path:
-    """Passkey accuracy, one row per cache config and one column per depth; cells whose key had
-    left the cache for some trial are marked †. ``table[cache][depth]`` holds ``accuracy`` and
-    ``cached`` (both %)."""
+    """Passkey accuracy (``table[cache][depth]``: ``accuracy`` and ``cached``, both %) by cache and depth; † marks a
+    cell whose key had left the cache in some trial."""
     caches = list(table)
     depths = list(next(iter(table.values())))
     data = [[table[c][d]["accuracy"] for d in depths] for c in caches]
@@ -314,8 +311,7 @@ def curve_panels(
     log_panels: Sequence[str] = (),
     by: str = "sinklab",
 ) -> Path:
-    """Side-by-side panels, one per quantity (``panels[name][label] = (xs, ys)``), those in ``log_panels`` on a log y
-    axis."""
+    """Side-by-side panels, one per quantity (``panels[name][label] = (xs, ys)``), ``log_panels`` on a log y axis."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False, layout="constrained")
     for ax, (name, curves) in zip(axes[0], panels.items()):
         for label, (xs, ys) in curves.items():

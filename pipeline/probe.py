@@ -22,8 +22,7 @@ ATTENTION_KINDS = tuple(SCORE_KINDS)
 
 
 class SinkAccumulator:
-    """Collects per-sequence importances and the registered metrics (pipeline.probe_metrics) over
-    batches; :meth:`measures` forms the rates."""
+    """Collects per-sequence importances and the registered metrics over batches; :meth:`measures` forms the rates."""
 
     def __init__(
         self,
@@ -60,13 +59,10 @@ class SinkAccumulator:
         qkv: bool = True,
         max_logit: bool = False,
     ) -> None:
-        """One batch. ``attentions``/``hidden_states`` hold every layer, including the slot
-        rows/columns, and ``admitted`` (bool, the maps' last two dims) what each row may see
-        (default: causal, slot columns seen by all); ``queries``/``keys``/``values`` and
-        ``head_outputs`` ([B, H, T, dh]) are real tokens only: ``qkv`` measures the key/value
-        norm ratios and the QK decomposition of them, ``max_logit`` the largest q·k/√d_h (for
-        queries and keys that make the scores). ``trigger_queries`` [B, T] (bool, real tokens)
-        marks the trigger positions of a Bigram-Backcopy probe."""
+        """One batch: ``attentions``/``hidden_states`` of every layer with the slot rows/columns, ``admitted`` what each
+        row may see (default causal, slots seen by all); ``queries``/``keys``/``values``/``head_outputs``
+        ([B, H, T, dh]) and ``trigger_queries`` ([B, T] bool, a Bigram-Backcopy probe's) real tokens only; ``qkv``
+        measures the key/value norm ratios and QK decomposition, ``max_logit`` the largest q·k/√d_h."""
         if attention_kind not in ATTENTION_KINDS:
             raise ValueError(f"attention_kind {attention_kind!r}; expected one of {ATTENTION_KINDS}")
         if not attentions:
@@ -74,7 +70,6 @@ class SinkAccumulator:
         self.kinds.add(attention_kind)
         if admitted is None:
             admitted = metrics.causal_admitted(*attentions[0].shape[-2:], attentions[0].device)
-        triggers = trigger_queries
         alphas, slots, measured = [], [], []
         for l, a in enumerate(attentions):  # one layer at a time: its tensors stay in cache
             one = lambda xs: None if not xs else xs[l].detach().float()[:, None]  # noqa: B023, E731
@@ -91,7 +86,7 @@ class SinkAccumulator:
                 keys=one(keys),
                 values=one(values),
                 head_outputs=one(head_outputs),
-                triggers=triggers,
+                triggers=trigger_queries,
                 qkv=qkv,
                 logits=max_logit,
             )
@@ -107,11 +102,8 @@ class SinkAccumulator:
         if hidden_states and self.outliers is not None:
             self.outliers.add_hidden(hidden_states)
         if hidden_states and n_query_slots:
-            ratios = [
-                h.detach().float()[:, :n_query_slots].norm(dim=-1)
-                / h.detach().float()[:, n_query_slots:].norm(dim=-1).mean(dim=-1, keepdim=True)
-                for h in hidden_states
-            ]
+            norms = [h.detach().float().norm(dim=-1) for h in hidden_states]
+            ratios = [n[:, :n_query_slots] / n[:, n_query_slots:].mean(dim=-1, keepdim=True) for n in norms]
             self.slot_massive.append(torch.stack(ratios, dim=1).cpu())
         if qkv and queries and keys:
             rows = []

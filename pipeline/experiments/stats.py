@@ -157,9 +157,8 @@ def verdict(
     distinct_means: int,
     min_seeds: int,
 ) -> str:
-    """In words: "ordering reproduced" (or "reversed") only where ρ's interval excludes 0, the
-    permutation p in that direction is below ALPHA, τ has ρ's sign and the means take at least
-    MIN_DISTINCT distinct values; otherwise which of these failed."""
+    """ "ordering reproduced" / "reversed" where the verdict's four conditions hold (docs/experiments.md), else which
+    failed, in words."""
     if rho is None:
         return "undefined (fewer than 2 variants, or no spread)"
     if min_seeds < 2 or interval is None or interval.lo is None:
@@ -188,9 +187,8 @@ MISSING = "—"  # no value, in every table of a report
 
 
 def emergence(steps: Sequence[float | None]) -> str:
-    """ "100 (100–150), 3/3": median and range of the steps, and how many runs emerged ("100, 3/3"
-    where all agree); a run that never emerged (None) counts as later than any step, so it can make
-    the median "never"."""
+    """ "100 (100–150), 3/3": median and range of the steps and how many runs emerged; a run that never emerged
+    (None) counts as later than any step."""
     if not steps:
         return MISSING
     ordered = sorted(steps, key=lambda s: math.inf if s is None else s)

@@ -87,21 +87,11 @@ def plan(
                 state = "pending"
             elif best.finished:
                 state = "finished"
-            elif best.status in ("failed", "nonfinite", "killed"):
-                state = "failed"
             else:
-                state = "incomplete"
-            folder = root / variant.name
-            planned.append(
-                PlannedRun(
-                    variant.name,
-                    seed,
-                    folder / f"s{seed}",
-                    folder / f"s{seed}.yaml",
-                    state,
-                    best.run_id if best else None,
-                )
-            )
+                state = "failed" if best.status in ("failed", "nonfinite", "killed") else "incomplete"
+            run_dir = root / variant.name / f"s{seed}"
+            previous = best.run_id if best else None
+            planned.append(PlannedRun(variant.name, seed, run_dir, run_dir.with_suffix(".yaml"), state, previous))
     return planned
 
 
@@ -297,12 +287,11 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
             return 0
         previous = os.environ.get(PARENT_ENV)
         os.environ[PARENT_ENV] = parent  # each `sinklab fit` tags its run as a child of it
-        pool = ForkServer() if runner is None else None
+        pool = ForkServer()  # started on its first run only
         try:
             codes = run_local(planned, runner=runner or pool, extra=extra)
         finally:
-            if pool is not None:
-                pool.close()
+            pool.close()
             if previous is None:
                 os.environ.pop(PARENT_ENV, None)
             else:
