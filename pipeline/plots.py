@@ -141,14 +141,11 @@ def qk_decomposition(rows, path: str | Path, title: str = "", by: str = "sinklab
     """Per layer: cos(q, k_1) vs cos(q, k_other) and ‖q‖‖k_1‖ vs ‖q‖‖k_other‖."""
     rows = [list(map(float, r)) for r in rows]
     layers = range(1, len(rows) + 1)
-    fig, (ax_cos, ax_norm) = plt.subplots(1, 2, figsize=(10, 3.5))
-    ax_cos.plot(layers, [r[0] for r in rows], marker="o", markersize=3, label="first token")
-    ax_cos.plot(layers, [r[1] for r in rows], marker="o", markersize=3, label="other tokens")
-    ax_cos.set_ylabel("mean cos(q_t, k_j)")
-    ax_norm.plot(layers, [r[2] for r in rows], marker="o", markersize=3, label="first token")
-    ax_norm.plot(layers, [r[3] for r in rows], marker="o", markersize=3, label="other tokens")
-    ax_norm.set_ylabel("mean ‖q_t‖·‖k_j‖")
-    for ax in (ax_cos, ax_norm):
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for ax, first, ylabel in zip(axes, (0, 2), ("mean cos(q_t, k_j)", "mean ‖q_t‖·‖k_j‖")):
+        ax.plot(layers, [r[first] for r in rows], marker="o", markersize=3, label="first token")
+        ax.plot(layers, [r[first + 1] for r in rows], marker="o", markersize=3, label="other tokens")
+        ax.set_ylabel(ylabel)
         ax.set_xlabel("layer l")
         ax.legend()
     fig.suptitle(title or "QK decomposition")
@@ -169,21 +166,14 @@ def alpha1_trajectories(
     labelled: set[int] = set()
     for (layer, head), values in sorted(series.items()):
         colour = cmap(layers.index(layer) / max(1, len(layers) - 1))
-        ax.plot(
-            list(steps),
-            [float(v) for v in values],
-            color=colour,
-            linewidth=1.0,
-            alpha=0.8,
-            marker="o",
-            markersize=2,
-            label=None if layer in labelled else f"layer {layer}",
-        )
+        label = None if layer in labelled else f"layer {layer}"
         labelled.add(layer)
-        if len(series) <= 64 and len(values):
+        ys = [float(v) for v in values]
+        ax.plot(list(steps), ys, color=colour, linewidth=1.0, alpha=0.8, marker="o", markersize=2, label=label)
+        if len(series) <= 64 and ys:  # each line named at its end
             ax.annotate(
                 f"l{layer}h{head}",
-                (list(steps)[-1], float(values[-1])),
+                (steps[-1], ys[-1]),
                 fontsize=6,
                 xytext=(3, 0),
                 textcoords="offset points",

@@ -99,16 +99,9 @@ def agreement(experiment: Experiment, rows: list[Row]) -> list[Agreement]:
             out.append(compare(column.key, column.label, measured, paper, column.digits, bounds(column.metric)))
     sink1 = next((i for i, c in enumerate(experiment.columns) if c.metric == SINK1), None)
     if sink1 is not None and any(r.paper[sink1] is not None for r in rows):
-        out.append(
-            compare(
-                ALPHA1_KEY,
-                "mean alpha_1 (ours) vs Sink_1 (paper)",
-                [r.alpha1 for r in rows],
-                [r.paper[sink1] for r in rows],
-                3,
-                bounds(ALPHA1),
-            )
-        )
+        label = "mean alpha_1 (ours) vs Sink_1 (paper)"
+        paper = [r.paper[sink1] for r in rows]
+        out.append(compare(ALPHA1_KEY, label, [r.alpha1 for r in rows], paper, 3, bounds(ALPHA1)))
     return out
 
 

@@ -38,15 +38,8 @@ def labelled_bars(ax, xs, values, label: str, digits: int = 2, spreads: list[Spr
             offsets = [(j - (s.n - 1) / 2) * 0.06 for j in range(s.n)]
             ax.scatter([x + o for o in offsets], s.values, s=9, color="black", zorder=3)
         above = max([value or 0.0, 0.0] + ([s.hi] if s is not None and s.hi is not None else []))
-        ax.annotate(
-            MISSING if value is None else f"{value:.{digits}f}",
-            (x, above),
-            xytext=(0, 2),
-            textcoords="offset points",
-            ha="center",
-            va="bottom",
-            fontsize=7,
-        )
+        text = MISSING if value is None else f"{value:.{digits}f}"
+        ax.annotate(text, (x, above), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7)
 
 
 def _curves(ax, experiment: Experiment, rows, mlflow) -> None:
