@@ -302,18 +302,9 @@ def kendall_tau_b(x, y) -> float | None:
     n = len(x)
     if n < 2:
         return None
-    concordant = discordant = tied_x = tied_y = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            dx, dy = x[i] - x[j], y[i] - y[j]
-            if dx == 0:
-                tied_x += 1
-            if dy == 0:
-                tied_y += 1
-            if dx * dy > 0:
-                concordant += 1
-            elif dx * dy < 0:
-                discordant += 1
+    steps = [(x[i] - x[j], y[i] - y[j]) for i in range(n) for j in range(i + 1, n)]
+    concordant_minus_discordant = sum((dx * dy > 0) - (dx * dy < 0) for dx, dy in steps)
+    tied_x, tied_y = sum(dx == 0 for dx, _ in steps), sum(dy == 0 for _, dy in steps)
     n0 = n * (n - 1) // 2
     denominator = ((n0 - tied_x) * (n0 - tied_y)) ** 0.5
-    return (concordant - discordant) / denominator if denominator else None
+    return concordant_minus_discordant / denominator if denominator else None

@@ -222,12 +222,9 @@ def to_markdown(
         lines += ["", f"Paper notes: {experiment.paper_notes}"]
     if scale == "cpu" and experiment.cpu_notes:
         lines += ["", f"CPU scale (as the experiment file plans it): {experiment.cpu_notes}"]
-    renamed = experiment.setup(scale).metrics
-    if renamed:
-        lines += [
-            "",
-            f"Columns read at the {scale} scale: " + ", ".join(f"`{k}` from `{v}`" for k, v in renamed.items()) + ".",
-        ]
+    if renamed := experiment.setup(scale).metrics:
+        shown = ", ".join(f"`{k}` from `{v}`" for k, v in renamed.items())
+        lines += ["", f"Columns read at the {scale} scale: {shown}."]
     return "\n".join(lines) + "\n"
 
 

@@ -108,8 +108,8 @@ class Experiment:
         return {**self.setup(scale).overrides, **variant.overrides_for(scale)}
 
 
-VARIANT_KEYS = {f.name for f in fields(Variant)}  # a variant's fields are what its entry may set
-COLUMN_KEYS = {f.name for f in fields(Column)}
+# the fields of a variant, a column and a scale are what their entries may set
+VARIANT_KEYS, COLUMN_KEYS, SCALE_KEYS = ({f.name for f in fields(kind)} for kind in (Variant, Column, ScaleSetup))
 
 
 def _find_file(name_or_path: str | Path) -> Path:
@@ -146,10 +146,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ExperimentError(f"{path}: not valid YAML: {err}") from None
-    try:
-        shown = path.resolve().relative_to(REPO)
-    except ValueError:
-        shown = path
+    shown = path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path
     return _parse(raw, Reader(shown, text), path)
 
 
@@ -162,16 +159,15 @@ def _parse(raw: Any, r: Reader, path: Path) -> Experiment:
     scale_raw = r.mapping(top["scale"], ("scale",), set(SCALES), required=REQUIRED_SCALES)
     scales = {}
     for scale in (s for s in SCALES if s in scale_raw):
-        s = r.mapping(
-            scale_raw[scale], ("scale", scale), {"recipe", "overrides", "metrics", "seeds"}, required=("recipe",)
-        )
-        recipe = r.text(s["recipe"], ("scale", scale, "recipe"))
-        metrics = r.mapping(s.get("metrics"), ("scale", scale, "metrics"))
+        at = ("scale", scale)
+        s = r.mapping(scale_raw[scale], at, SCALE_KEYS, required=("recipe",))
+        recipe = r.text(s["recipe"], at + ("recipe",))
+        metrics = r.mapping(s.get("metrics"), at + ("metrics",))
         scales[scale] = ScaleSetup(
             recipe,
-            r.overrides(s.get("overrides"), ("scale", scale, "overrides")),
-            {k: r.metric(v, ("scale", scale, "metrics", k)) for k, v in metrics.items()},
-            r.count(s.get("seeds"), ("scale", scale, "seeds"), 1, MAX_SEEDS),
+            r.overrides(s.get("overrides"), at + ("overrides",)),
+            {k: r.metric(v, at + ("metrics", k)) for k, v in metrics.items()},
+            r.count(s.get("seeds"), at + ("seeds",), 1, MAX_SEEDS),
         )
 
     columns_raw = top["columns"]
