@@ -148,9 +148,7 @@ class OutlierAccumulator:
 
     def __init__(self, lead: int = 1) -> None:
         self.lead = lead
-        self.rows: dict[str, list[Tensor]] = {
-            k: [] for k in ("max_abs", "kurtosis_pooled", "positions", "lead", "channels")
-        }
+        self.rows: dict[str, list[Tensor]] = {k: [] for k in LAYER_METRICS}  # field -> [[B, L]]
         self.channel_hits: Tensor | None = None  # [L, d] sequences in which a channel was channel-wise
         self.linear: dict[tuple[int, str], list[Tensor]] = {}  # (layer, name) -> [[B, 2]] (all, rest) maxima
 
@@ -164,9 +162,9 @@ class OutlierAccumulator:
             split = outlier_split(h)
             stats["max_abs"].append(max_abs(h))
             stats["kurtosis_pooled"].append(kurtosis(h))
-            stats["positions"].append(split.token_positions.sum(dim=-1).float())
-            stats["lead"].append(split.token_positions[:, : self.lead].any(dim=-1).float())
-            stats["channels"].append(split.channels.sum(dim=-1).float())
+            stats["token_positions"].append(split.token_positions.sum(dim=-1).float())
+            stats["lead_pct"].append(split.token_positions[:, : self.lead].any(dim=-1).float())
+            stats["outlier_channels"].append(split.channels.sum(dim=-1).float())
             hits.append(split.channels.sum(dim=0))
         for key, per_layer in stats.items():
             self.rows[key].append(torch.stack(per_layer, dim=1).cpu())  # [B, L]
@@ -188,6 +186,7 @@ class OutlierAccumulator:
         if not self.rows["max_abs"]:
             return None
         mean = {k: torch.cat(v).mean(dim=0) for k, v in self.rows.items()}  # [L] each
+        mean["lead_pct"] = 100.0 * mean["lead_pct"]  # a share until here
         n_seq = sum(len(t) for t in self.rows["max_abs"])
         n_layers = mean["max_abs"].shape[0]
         linear_max: dict[str, Tensor] = {}
@@ -200,11 +199,7 @@ class OutlierAccumulator:
             ).mean()
         return OutlierMeasures(
             lead=self.lead,
-            max_abs=mean["max_abs"],
-            kurtosis_pooled=mean["kurtosis_pooled"],
-            token_positions=mean["positions"],
-            lead_pct=100.0 * mean["lead"],
-            outlier_channels=mean["channels"],
+            **mean,
             channel_ids=[torch.nonzero(row >= n_seq / 2).flatten().tolist() for row in self.channel_hits],
             linear_max=linear_max,
             lead_scale_ratio=ratio,
