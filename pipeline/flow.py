@@ -4,7 +4,7 @@ matrix entropy of the token representations (Queipo-de-Llano et al. 2025); defin
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
 import torch
@@ -60,17 +60,6 @@ def embedding_module(model: nn.Module) -> nn.Module | None:
         return model.embed
     get = getattr(model, "get_input_embeddings", None)
     return get() if callable(get) else None
-
-
-@contextmanager
-def recording_embeddings(module: nn.Module) -> Iterator[list[Tensor]]:
-    """While inside, each output of ``module`` is appended, detached, to the list it yields."""
-    outputs: list[Tensor] = []
-    handle = module.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach()))
-    try:
-        yield outputs
-    finally:
-        handle.remove()
 
 
 class Perturbation:
@@ -133,10 +122,17 @@ class FlowMeasures:
         return {name: v.tolist() if isinstance(v, Tensor) else v for name, v in values.items()}
 
 
-def recording_inputs(model: nn.Module, flow: FlowAccumulator | None):
-    """Record ``model``'s input embeddings for ``flow`` (an empty list without either)."""
+@contextmanager
+def recording_inputs(model: nn.Module, flow: FlowAccumulator | None) -> Iterator[list[Tensor]]:
+    """While inside, ``model``'s input embeddings are appended, detached, to the list it yields (none without ``flow``)."""
+    outputs: list[Tensor] = []
     embed = embedding_module(model) if flow is not None else None
-    return recording_embeddings(embed) if embed is not None else nullcontext([])
+    handle = None if embed is None else embed.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach()))
+    try:
+        yield outputs
+    finally:
+        if handle is not None:
+            handle.remove()
 
 
 def probe_batches(n: int, batch_size: int, mixing_sequences: int | None = None) -> list[tuple[int, int]]:

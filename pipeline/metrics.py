@@ -113,9 +113,7 @@ def qk_decomposition(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
 def first_key_vs_rest(matrix: Tensor) -> tuple[float, float]:
     """Mean of a causal ``[..., T, T]`` matrix (NaN above the diagonal) on key 1 for queries
     i ≥ 2, and over all other causal pairs j ≥ 2: the two bars of Figure 2 bottom."""
-    first = matrix[..., 1:, 0]
-    rest = matrix[..., 1:, 1:]
-    return torch.nanmean(first).item(), torch.nanmean(rest).item()
+    return torch.nanmean(matrix[..., 1:, 0]).item(), torch.nanmean(matrix[..., 1:, 1:]).item()
 
 
 # ---- active and dormant heads (Guo et al. 2024) ---------------------------------------------

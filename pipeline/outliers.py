@@ -227,14 +227,12 @@ def linear_layers(blocks: Sequence[nn.Module]) -> Iterator[tuple[int, str, nn.Li
 
 
 @contextmanager
-def recording_linear_inputs(blocks: Sequence[nn.Module], acc: OutlierAccumulator) -> Iterator[OutlierAccumulator]:
-    """While inside, every forward of a linear layer of ``blocks`` adds its input to ``acc``."""
-    handles = [
-        module.register_forward_pre_hook(partial(_record_input, acc, layer, name))
-        for layer, name, module in linear_layers(blocks)
-    ]
+def recording_linear_inputs(blocks: Sequence[nn.Module], acc: OutlierAccumulator | None) -> Iterator[None]:
+    """While inside, every forward of a linear layer of ``blocks`` adds its input to ``acc`` (None: nothing)."""
+    layers = linear_layers(blocks) if acc is not None else ()
+    handles = [module.register_forward_pre_hook(partial(_record_input, acc, l, name)) for l, name, module in layers]
     try:
-        yield acc
+        yield
     finally:
         for handle in handles:
             handle.remove()

@@ -4,7 +4,6 @@ one :class:`SinkMeasures`, fed by ``run_probe`` (a SinkLab ``Transformer``) and 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -154,11 +153,6 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-def _linear_inputs(model: torch.nn.Module, acc: OutlierAccumulator | None):
-    """Record the linear-layer inputs of the model's blocks into ``acc`` (None: nothing)."""
-    return recording_linear_inputs(model.blocks, acc) if acc is not None else nullcontext()
-
-
 def run_probe(
     model: torch.nn.Module,
     tokens,
@@ -192,7 +186,7 @@ def run_probe(
                 # no logits (skip_head): the probe reads none, and the LM head is a third of a small model's forward
                 kwargs = {"output_attentions": True, "output_hidden_states": True, "skip_head": True}
                 batch = tokens[start:stop]
-                with _linear_inputs(model, acc.outliers), recording_inputs(model, acc.flow) as embedded:
+                with recording_linear_inputs(model.blocks, acc.outliers), recording_inputs(model, acc.flow) as embedded:
                     out = model(batch, **kwargs, output_qkv=True)  # queries and keys for the max logit
                 acc.add(
                     out.attentions,

@@ -22,8 +22,7 @@ class SinkMeasures:
     sink_star: dict[str, float]
     profile: list[float]
     alpha1: Tensor  # [L, H], mean over sequences
-    # the registered metrics (pipeline.probe_metrics), reduced over sequences: key -> [L] or [L, H];
-    # read as attributes (report.massive_ratio, report.max_logit, ...), None where not measured
+    # the registered metrics reduced over sequences, key -> [L] or [L, H], read as attributes (None: not measured)
     values: dict[str, Tensor]
     is_proxy: bool
     eps: float = metrics.DEFAULT_EPS
@@ -34,8 +33,7 @@ class SinkMeasures:
     # [L, 4]: cos(q_i, k_1), cos(q_i, k_j≥2), ‖q_i‖‖k_1‖, ‖q_i‖‖k_j≥2‖ (Figure 2 bottom)
     qk_decomposition: Tensor | None = None
     alpha1_all: Tensor | None = field(default=None, repr=False)  # [N, L, H]
-    # activation outliers (pipeline.outliers): residual stream and linear-layer inputs
-    outliers: OutlierMeasures | None = None
+    outliers: OutlierMeasures | None = None  # residual stream and linear-layer inputs (pipeline.outliers)
     flow: FlowMeasures | None = None  # information flow per layer (pipeline.flow)
 
     def __getattr__(self, name: str):
