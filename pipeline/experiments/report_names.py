@@ -73,10 +73,6 @@ def agreement_metrics(found) -> dict[str, float]:
     return out
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^\w./ -]", "_", name)  # MLflow's metric-name characters
-
-
 def spread_metrics(experiment, rows) -> dict[str, float]:
     """Each variant's metrics over its seeds (report.Row) as MLflow metrics."""
     out = {}
@@ -84,5 +80,6 @@ def spread_metrics(experiment, rows) -> dict[str, float]:
         columns = [(c.key, s) for c, s in zip(experiment.columns, row.measured)] + [(ALPHA1_COLUMN, row.alpha1)]
         for key, s in columns:
             for statistic, value in (("n", s.n), ("mean", s.mean), ("std", s.std), ("lo", s.lo), ("hi", s.hi)):
-                out[_safe(N.over_seeds(row.variant, key, statistic))] = _number(value)
+                name = re.sub(r"[^\w./ -]", "_", N.over_seeds(row.variant, key, statistic))  # MLflow's characters
+                out[name] = _number(value)
     return out

@@ -73,18 +73,17 @@ def plot(experiment: Experiment, rows, mlflow, path: Path, by: str) -> Path | No
     with_alpha1 = spec.kind == "bar" and spec.metric == SINK1 and any(r.alpha1.n for r in rows)
     fig, axes = plt.subplots(1, 2 if with_alpha1 else 1, figsize=(13 if with_alpha1 else 8, 4.5), squeeze=False)
     ax = axes[0][0]
+    column = next((i for i, c in enumerate(experiment.columns) if c.metric == spec.metric), None)
     if spec.kind == "curve":
         _curves(ax, experiment, rows, mlflow)
     else:
-        column = next((i for i, c in enumerate(experiment.columns) if c.metric == spec.metric), None)
         labels = [r.label for r in rows]
         xs = range(len(rows))
         ours = [r.measured[column] if column is not None else spread([]) for r in rows]
-        paper = [(r.paper[column] if column is not None else None) for r in rows]
+        paper = [r.paper[column] if column is not None else None for r in rows]
         labelled_bars(ax, [x - 0.2 for x in xs], paper, "paper")
-        labelled_bars(
-            ax, [x + 0.2 for x in xs], [s.mean for s in ours], "ours (mean, 95% interval, seeds)", spreads=ours
-        )
+        ours_label = "ours (mean, 95% interval, seeds)"
+        labelled_bars(ax, [x + 0.2 for x in xs], [s.mean for s in ours], ours_label, spreads=ours)
         ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=8)
         ax.legend(fontsize=8)
         if with_alpha1:
@@ -94,11 +93,9 @@ def plot(experiment: Experiment, rows, mlflow, path: Path, by: str) -> Path | No
             alpha_ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=8)
             alpha_ax.set_ylabel("mean α₁ (ours)")
             rank = next((a for a in agreement(experiment, rows) if a.key == ALPHA1_KEY), None)
-            alpha_ax.set_title(
-                "mean α₁, ranked against the paper's Sink₁" + (f": Spearman ρ {fmt_corr(rank.rho)}" if rank else ""),
-                fontsize=10,
-            )
-    ax.set_ylabel(next((c.label for c in experiment.columns if c.metric == spec.metric), spec.metric))
+            title = "mean α₁, ranked against the paper's Sink₁" + (f": Spearman ρ {fmt_corr(rank.rho)}" if rank else "")
+            alpha_ax.set_title(title, fontsize=10)
+    ax.set_ylabel(experiment.columns[column].label if column is not None else spec.metric)
     ax.set_title(spec.title, fontsize=10)
     fig.tight_layout()
     with output_path(path, by) as tmp:

@@ -121,7 +121,7 @@ def _find_file(name_or_path: str | Path) -> Path:
         return matches[0]
     if len(matches) > 1:
         raise ExperimentError(f"experiment name {name_or_path!r} is ambiguous: " + ", ".join(map(str, matches)))
-    known = ", ".join(experiment_names()) or "(none)"
+    known = ", ".join(p.stem for p in experiment_files()) or "(none)"
     raise ExperimentError(f"no experiment {name_or_path!r} under {EXPERIMENTS_DIR}; known: {known}")
 
 
@@ -132,10 +132,6 @@ def experiment_files() -> list[Path]:
         for p in EXPERIMENTS_DIR.rglob("*.yaml")
         if not any(part.startswith("_") for part in p.relative_to(EXPERIMENTS_DIR).parts)
     )
-
-
-def experiment_names() -> list[str]:
-    return [p.stem for p in experiment_files()]
 
 
 def load_experiment(name_or_path: str | Path) -> Experiment:
