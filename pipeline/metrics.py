@@ -255,17 +255,7 @@ def average_ranks(values) -> list[float]:
     """1-based ranks of ``values``, ties sharing the mean of the ranks they span
     ([10, 20, 20, 30] -> [1, 2.5, 2.5, 4])."""
     values = [float(v) for v in values]
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        for i in order[start : end + 1]:
-            ranks[i] = (start + end) / 2 + 1
-        start = end + 1
-    return ranks
+    return [sum(w < v for w in values) + (sum(w == v for w in values) + 1) / 2 for v in values]
 
 
 def _paired(x, y) -> tuple[list[float], list[float]]:

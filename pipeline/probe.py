@@ -148,11 +148,6 @@ def as_token_tensor(tokens, device: torch.device | str = "cpu") -> Tensor:
     return tokens
 
 
-def _device_of(model: torch.nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
 def run_probe(
     model: torch.nn.Module,
     tokens,
@@ -167,7 +162,7 @@ def run_probe(
 ) -> SinkMeasures:
     """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]``, every sequence counted (docs/analysis.md,
     "`run_probe` and `SinkMeasures`"); eval mode, no grad, fp32 maps, the training mode restored."""
-    device = _device_of(model)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     tokens = as_token_tensor(tokens, device)
     admitted = admitted_with_slots(model.config, tokens.shape[1])  # the maps' mask pattern (windows, prefixes, slots)
     lead = model.config.sink_tokens + 1
