@@ -93,10 +93,7 @@ def device_peak_flops(name: str | None = None) -> float | None:
         if not torch.cuda.is_available():
             return None
         name = torch.cuda.get_device_name()
-    for pattern, _label, tflops in DEVICE_PEAK_TFLOPS:
-        if re.search(pattern, name, flags=re.IGNORECASE):
-            return tflops * 1e12
-    return None
+    return next((tflops * 1e12 for pattern, _, tflops in DEVICE_PEAK_TFLOPS if re.search(pattern, name, re.I)), None)
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak: float | None) -> float | None:

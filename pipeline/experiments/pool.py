@@ -58,8 +58,7 @@ class ForkServer:
             self.start()
         run.run_dir.mkdir(parents=True, exist_ok=True)
         request = {"argv": command[command.index("fit") + 1 :], "log": str(run.log), "env": dict(os.environ)}
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
+        print(json.dumps(request), file=self.process.stdin, flush=True)
         return int(self._answer()["code"])
 
     def close(self) -> None:
@@ -105,9 +104,7 @@ def serve() -> None:
 
     for name in WARM_MODULES:
         importlib.import_module(name)
-    answer = sys.stdout
-    answer.write(json.dumps({"ready": round(time.perf_counter() - started, 2)}) + "\n")
-    answer.flush()
+    print(json.dumps({"ready": round(time.perf_counter() - started, 2)}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         Path(request["log"]).parent.mkdir(parents=True, exist_ok=True)
@@ -115,8 +112,7 @@ def serve() -> None:
         if pid == 0:
             _run_child(request)
         _, status = os.waitpid(pid, 0)
-        answer.write(json.dumps({"code": os.waitstatus_to_exitcode(status)}) + "\n")
-        answer.flush()
+        print(json.dumps({"code": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
 if __name__ == "__main__":
