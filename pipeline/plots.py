@@ -233,14 +233,11 @@ def survey_figure(
     kinds = list(dict.fromkeys(c.removesuffix("_bos") for c in columns))
     for i, col in enumerate(columns):
         xs = [m + (i - (len(columns) - 1) / 2) * width for m in range(len(models))]
+        heights = [float(bars[m].get(col, float("nan"))) for m in models]
+        colour = palette(kinds.index(col.removesuffix("_bos")))
+        hatch = "//" if col.endswith("_bos") else None  # the BOS columns
         ax_bar.bar(
-            xs,
-            [float(bars[m].get(col, float("nan"))) for m in models],
-            width=width,
-            color=palette(kinds.index(col.removesuffix("_bos"))),
-            hatch="//" if col.endswith("_bos") else None,
-            edgecolor="white",
-            label=col.replace("_bos", " +BOS"),
+            xs, heights, width=width, color=colour, hatch=hatch, edgecolor="white", label=col.replace("_bos", " +BOS")
         )
     ax_bar.set_xticks(range(len(models)), models, rotation=20 if len(models) > 3 else 0)
     ax_bar.set_ylabel(f"Sink₁ (%), ε={eps}")

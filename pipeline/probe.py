@@ -165,11 +165,10 @@ def run_probe(
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     tokens = as_token_tensor(tokens, device)
     admitted = admitted_with_slots(model.config, tokens.shape[1])  # the maps' mask pattern (windows, prefixes, slots)
-    lead = model.config.sink_tokens + 1
     acc = SinkAccumulator(
         eps,
         positions,
-        OutlierAccumulator(lead) if outliers else None,
+        OutlierAccumulator(model.config.sink_tokens + 1) if outliers else None,  # the sink tokens and the first
         FlowAccumulator(mixing_sequences=mixing_sequences) if flow else None,
     )
     triggers = None if trigger_ids is None else torch.as_tensor(list(trigger_ids), dtype=torch.long, device=device)
