@@ -54,8 +54,7 @@ def perturbation_spread(clean: Tensor, perturbed: Tensor, position: int, rho: fl
 
 
 def embedding_module(model: nn.Module) -> nn.Module | None:
-    """The module whose output is the input embeddings: a SinkLab ``Transformer``'s ``embed``, an
-    HF model's ``get_input_embeddings()``; None for a model that has neither."""
+    """The module whose output is the input embeddings (``embed``, or HF's ``get_input_embeddings()``), else None."""
     if isinstance(getattr(model, "embed", None), nn.Embedding):
         return model.embed
     get = getattr(model, "get_input_embeddings", None)
@@ -124,7 +123,7 @@ class FlowMeasures:
 
 @contextmanager
 def recording_inputs(model: nn.Module, flow: FlowAccumulator | None) -> Iterator[list[Tensor]]:
-    """While inside, ``model``'s input embeddings are appended, detached, to the list it yields (none without ``flow``)."""
+    """While inside, ``model``'s input embeddings are appended, detached, to the list it yields (none without flow)."""
     outputs: list[Tensor] = []
     embed = embedding_module(model) if flow is not None else None
     handle = None if embed is None else embed.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach()))
@@ -206,8 +205,7 @@ class FlowAccumulator:
         self.add([h[:, lead:] for h in hidden_states], perturbed, embedded[0] if embedded else None)
 
     def perturbs(self, rows: int) -> bool:
-        """Whether the next batch of ``rows`` sequences gets the perturbed pass (batches must end
-        where ``mixing_sequences`` does: :func:`probe_batches`)."""
+        """Whether the next batch of ``rows`` sequences gets the perturbed pass (batches: :func:`probe_batches`)."""
         if self.mixing_sequences is None:
             return True
         left = self.mixing_sequences - self.perturbed_rows
@@ -228,9 +226,8 @@ class FlowAccumulator:
 
 
 def largest_step(values: Sequence[float], start: float | None, rise: bool) -> int | None:
-    """The layer l whose value moves most from the one before (layer l − 1, or ``start`` before
-    layer 0; skipped when None): the largest rise, or with ``rise=False`` the largest fall; None
-    when nothing moves that way."""
+    """The layer l whose value rises (``rise=False``: falls) most from layer l − 1's (``start`` before layer 0, unless
+    None); None when nothing moves that way."""
     previous = [start] + list(values[:-1])
     sign = 1.0 if rise else -1.0
     steps = [(sign * (v - p), l) for l, (v, p) in enumerate(zip(values, previous)) if p is not None]

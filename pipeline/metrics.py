@@ -34,8 +34,7 @@ def importance_profile(attn: Tensor, positions: int) -> Tensor:
 
 
 def sink_rate(alpha: Tensor, eps: float = DEFAULT_EPS) -> float:
-    """Percent of entries of ``alpha`` strictly above ``eps`` (Sink_k^ε over every
-    (sequence, layer, head) entry given)."""
+    """Percent of entries of ``alpha`` strictly above ``eps``: Sink_k^ε over the (sequence, layer, head) entries."""
     if alpha.numel() == 0:
         raise ValueError("sink_rate of an empty tensor")
     return 100.0 * (alpha > eps).double().mean().item()
@@ -212,8 +211,8 @@ def uniform_alpha1_masked(admitted: Tensor, n_query_slots: int = 0, n_key_slots:
 
 
 def first_step_above(history, threshold: float) -> int | None:
-    """The first step whose value is strictly above ``threshold`` in ``history`` (an iterable of
-    (step, value) pairs, any order; NaN never counts), or None if there is none."""
+    """The first step of ``history`` ((step, value) pairs, any order) whose value is strictly above ``threshold``
+    (NaN never is), or None."""
     steps = [step for step, value in history if value == value and value > threshold]
     return min(steps) if steps else None
 
@@ -252,8 +251,7 @@ def memorising(history, rise: float = 0.03, after: int = 2) -> str | None:
 
 
 def average_ranks(values) -> list[float]:
-    """1-based ranks of ``values``, ties sharing the mean of the ranks they span
-    ([10, 20, 20, 30] -> [1, 2.5, 2.5, 4])."""
+    """1-based ranks of ``values``, ties sharing the mean of their ranks ([10, 20, 20, 30] -> [1, 2.5, 2.5, 4])."""
     values = [float(v) for v in values]
     return [sum(w < v for w in values) + (sum(w == v for w in values) + 1) / 2 for v in values]
 

@@ -53,8 +53,8 @@ def kurtosis(x: Tensor) -> Tensor:
 
 
 def token_kurtosis(x: Tensor) -> Tensor:
-    """Kurtosis of each token's d channels, Kaul et al. (2025)'s κ_{m,t}, Pearson's with population
-    moments as :func:`kurtosis`: ``[..., T, d] -> [..., T]``."""
+    """Kaul et al. (2025)'s κ_{m,t}: each token's kurtosis over its d channels as :func:`kurtosis`:
+    ``[..., T, d] -> [..., T]``."""
     centred = x.detach().float() - x.detach().float().mean(dim=-1, keepdim=True)
     variance = centred.pow(2).mean(dim=-1)
     return centred.pow(4).mean(dim=-1) / variance.pow(2).clamp_min(torch.finfo(torch.float32).tiny)

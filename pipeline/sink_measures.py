@@ -52,7 +52,7 @@ class SinkMeasures:
         return None if dormant is None else 100.0 * dormant.double().mean().item()
 
     def head_metrics(self) -> dict[str, float]:
-        """Per head ``heads/{entropy,out_norm,max_logit}_l{l}_h{h}`` (0-based), ``heads/dormant_pct``; where measured."""
+        """Per head ``heads/{entropy,out_norm,max_logit}_l{l}_h{h}`` and ``heads/dormant_pct``, where measured."""
         out = probe_metrics.head_metrics(self.values)
         if self.out_norm is not None:
             out[N.DORMANT_PCT] = self.dormant_pct

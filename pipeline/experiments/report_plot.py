@@ -1,4 +1,4 @@
-"""The figure of `sinklab report --plot`: a metric over steps per run (curve), or paper against ours per variant (bar)."""
+"""The figure of `sinklab report --plot`: a metric over steps per run (curve), or paper and ours per variant (bar)."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ def sweep_dir(experiment: Experiment, scale: str, runs_root: Path) -> Path:
 def plan(
     experiment: Experiment, scale: str, runs_root: Path, mlflow: Any | None, n_seeds: int | None = None
 ) -> list[PlannedRun]:
-    """One PlannedRun per (variant, seed) with its state from MLflow (None: all pending); `n_seeds` overrides the file's."""
+    """One PlannedRun per (variant, seed), its state from MLflow (None: all pending); `n_seeds` overrides the file's."""
     known = tracking.variant_runs(mlflow, experiment.mlflow_experiment, scale) if mlflow else {}
     root = sweep_dir(experiment, scale, runs_root)
     planned = []
@@ -158,12 +158,8 @@ def submit(
         spec.environment["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
     if parent:
         spec.environment[PARENT_ENV] = parent
-    return submit_array(
-        [(r.config_path, r.run_dir) for r in todo],
-        sweep_dir(experiment, scale, runs_root),
-        spec,
-        max_parallel=job_args.max_parallel,
-    )
+    tasks = [(r.config_path, r.run_dir) for r in todo]
+    return submit_array(tasks, sweep_dir(experiment, scale, runs_root), spec, max_parallel=job_args.max_parallel)
 
 
 def plural(n: int, word: str) -> str:
