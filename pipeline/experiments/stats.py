@@ -24,11 +24,6 @@ MIN_DISTINCT = 3  # distinct measured means a directional verdict needs
 UNBOUNDED = (-math.inf, math.inf)
 
 
-def known(values: Sequence[float | None]) -> list[float]:
-    """The values that are numbers (None and NaN dropped)."""
-    return [float(v) for v in values if v is not None and v == v]
-
-
 @dataclass(frozen=True)
 class Spread:
     """One metric over a variant's seeds; std and the interval are None below 2 values."""
