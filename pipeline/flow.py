@@ -19,11 +19,9 @@ TRAINING_MIXING_SEQUENCES = 25  # training's probe perturbs its first 25 sequenc
 
 
 def matrix_entropy(x: Tensor, order: float = 1.0) -> Tensor:
-    """Normalised matrix entropy of each ``x [..., T, d] -> [...]``.
-
-    λ = eigenvalues of X Xᵀ / tr(X Xᵀ) (the squared singular values of X over ‖X‖²_F, summing to
-    1); S_α = log Σ λ^α / (1 − α), and the von Neumann −Σ λ log λ at α = 1; the result is S_α /
-    log min(T, d): 0 for a rank-1 X, 1 for orthogonal rows of equal norm. NaN for an all-zero X."""
+    """Normalised matrix entropy of each ``x [..., T, d] -> [...]``: λ = eigenvalues of X Xᵀ / tr(X Xᵀ) (σ_j² / ‖X‖²_F,
+    summing to 1); S_α = log Σ λ^α / (1 − α), the von Neumann −Σ λ log λ at α = 1; the result is S_α / log min(T, d):
+    0 for a rank-1 X, 1 for orthogonal rows of equal norm, NaN for an all-zero X."""
     if x.dim() < 2 or min(x.shape[-2:]) < 2:
         raise ValueError(f"matrix_entropy needs [..., T, d] with T, d >= 2, got {tuple(x.shape)}")
     if order < 0:

@@ -41,12 +41,9 @@ def sink_rate(alpha: Tensor, eps: float = DEFAULT_EPS) -> float:
 
 
 def split_slots(attn: Tensor, n_query_slots: int, n_key_slots: int) -> tuple[Tensor, Tensor]:
-    """Separate bias slots from real tokens.
-
-    ``attn [..., n_query_slots + T, n_key_slots + T]`` -> ``(slot_mass [..., T, S], real [..., T, T])``
-    with ``S = n_key_slots``: the rows of real queries only; ``slot_mass[..., i, s]`` is the
-    attention query ``i`` gives slot ``s``; ``real`` is the block among real tokens.
-    """
+    """Separate bias slots from real tokens: ``attn [..., n_query_slots + T, n_key_slots + T]`` -> ``(slot_mass
+    [..., T, S], real [..., T, T])``, S = n_key_slots, the real queries' rows only; ``slot_mass[..., i, s]`` is the
+    attention query ``i`` gives slot ``s``, ``real`` the block among real tokens."""
     rows = attn[..., n_query_slots:, :]
     slot_mass, real = rows[..., :n_key_slots], rows[..., n_key_slots:]
     if real.shape[-1] != real.shape[-2]:
@@ -64,12 +61,9 @@ def slot_importance(slot_mass: Tensor) -> Tensor:
 
 
 def proxy_scores(sim: Tensor, signed: bool) -> Tensor:
-    """Proxy attention scores for attention without softmax (Gu et al. 2025, section 7.4).
-
-    ``sim / Σ_j sim`` for non-negative similarities (sigmoid, elu+1) and ``|sim| / Σ_j |sim|``
-    where similarities can be negative (identity, MLP kernels). Masked entries must be 0 (or
-    non-finite, which is treated as 0); a row whose similarities are all 0 stays all 0.
-    """
+    """Proxy attention scores for attention without softmax (Gu et al. 2025, section 7.4): ``sim / Σ_j sim`` for
+    non-negative similarities (sigmoid, elu+1), ``|sim| / Σ_j |sim|`` where they can be negative (identity, MLP
+    kernels). Masked entries must be 0 (non-finite counts as 0); a row of zeros stays all 0."""
     s = torch.nan_to_num(sim.float(), nan=0.0, posinf=0.0, neginf=0.0)
     if signed:
         s = s.abs()
@@ -94,11 +88,8 @@ def massive_activation_ratio(hidden: Tensor) -> Tensor:
 
 
 def qk_decomposition(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-    """Split q_i·k_j = ‖q_i‖‖k_j‖ cos(q_i, k_j) (Gu et al. 2025, Figure 2 bottom).
-
-    ``queries, keys [..., T, dh]`` (after the positional rotation) -> ``(cosine, norm_product)``,
-    each ``[..., T, T]`` with the non-causal entries (j > i) set to NaN.
-    """
+    """Split q_i·k_j = ‖q_i‖‖k_j‖ cos(q_i, k_j) (Gu et al. 2025, Figure 2 bottom): ``queries, keys [..., T, dh]``
+    (rotated) -> ``(cosine, norm_product)``, each ``[..., T, T]`` with the non-causal entries (j > i) NaN."""
     qn, kn = queries.float().norm(dim=-1), keys.float().norm(dim=-1)
     dots = queries.float() @ keys.float().transpose(-1, -2)
     norm_product = qn.unsqueeze(-1) * kn.unsqueeze(-2)
@@ -128,12 +119,9 @@ def causal_admitted(n_queries: int, n_keys: int, device=None) -> Tensor:
 
 
 def attention_entropy(attn: Tensor, admitted: Tensor | None = None) -> Tensor:
-    """Normalised row entropy of ``attn [..., Tq, Tk]`` -> ``[...]``.
-
-    Row i, scaled to sum 1, has entropy H_i = −Σ_j p_ij log p_ij over the n_i keys ``admitted
-    [Tq, Tk]`` lets it see (default :func:`causal_admitted`); the result is the mean of
-    H_i / log n_i over the rows with n_i ≥ 2 and some mass: 0 = one key takes everything,
-    1 = spread evenly. NaN where no row qualifies."""
+    """Normalised row entropy of ``attn [..., Tq, Tk]`` -> ``[...]``: row i, scaled to sum 1, has entropy
+    H_i = −Σ_j p_ij log p_ij over the n_i keys ``admitted [Tq, Tk]`` lets it see (default :func:`causal_admitted`);
+    the mean of H_i / log n_i over the rows with n_i ≥ 2 and some mass (0: one key takes all, 1: even; NaN: no row)."""
     a = torch.nan_to_num(attn.float(), nan=0.0, posinf=0.0, neginf=0.0).clamp_min(0.0)
     n_queries, n_keys = a.shape[-2:]
     if admitted is None:

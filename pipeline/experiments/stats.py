@@ -125,10 +125,8 @@ def permutation(
     x, y = np.array(M.average_ranks(means)), np.array(M.average_ranks(paper))
     y -= y.mean()
     observed, tolerance = float(x @ y), 1e-9 * (1 + float(np.abs(x) @ np.abs(y)))
-    k, above, below = len(x), 0, 0
-    exact = k <= EXACT_UP_TO
-    if exact:
-        perms = all_permutations(k)
+    if len(x) <= EXACT_UP_TO:
+        perms, above, below = all_permutations(len(x)), 0, 0
         for start in range(0, len(perms), 1 << 18):
             scores = x[perms[start : start + (1 << 18)]] @ y
             above += int((scores >= observed - tolerance).sum())
