@@ -69,10 +69,9 @@ class OutlierSplit:
 def outlier_split(
     x: Tensor, token_factor: float = TOKEN_FACTOR, channel_factor: float = CHANNEL_FACTOR, share: float = CHANNEL_SHARE
 ) -> OutlierSplit:
-    """Per sequence of ``x [B, T, d]``, with m the median |x| of that sequence's tensor: a channel
-    with |x| > ``channel_factor`` · m at ``share`` of the positions or more is *channel-wise*; an
-    entry outside those channels with |x| > ``token_factor`` · m is a *token-wise* outlier, and its
-    position a token-wise outlier position."""
+    """Per sequence of ``x [B, T, d]``, with m the median |x| of that sequence's tensor: a channel with |x| >
+    ``channel_factor`` · m at ``share`` of the positions or more is *channel-wise*; an entry outside those channels with
+    |x| > ``token_factor`` · m is a *token-wise* outlier, and its position a token-wise outlier position."""
     a = _as_sequences(x).abs()
     median = lower_median(a.flatten(1)).clamp_min(torch.finfo(torch.float32).tiny)[:, None, None]
     channels = (a > channel_factor * median).float().mean(dim=1) >= share

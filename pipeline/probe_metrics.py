@@ -45,11 +45,10 @@ class ProbeBatch:
 
 @dataclass(frozen=True)
 class ProbeMetric:
-    """``key``: the report's attribute and JSON field. ``per``: ``compute`` gives ``[B, L]``
-    (layer) or ``[B, L, H]`` (head). ``over_sequences``: the reduction to ``[L]`` / ``[L, H]``.
-    Logged as ``layer_name``_l{l} (a head metric reduced over heads by ``over_heads``), with
-    ``over_layers`` also as ``layer_name`` itself, and per head as ``head_name``_l{l}_h{h}
-    (metrics.jsonl and images only: pipeline.tracking.views); None: not logged that way."""
+    """``key``: the report's attribute and JSON field. ``per``: ``compute`` gives ``[B, L]`` (layer) or ``[B, L, H]``
+    (head). ``over_sequences``: the reduction to ``[L]`` / ``[L, H]``. Logged as ``layer_name``_l{l} (a head metric
+    reduced over heads by ``over_heads``), with ``over_layers`` also as ``layer_name`` itself, and per head as
+    ``head_name``_l{l}_h{h} (metrics.jsonl and images only: pipeline.tracking.views); None: not logged that way."""
 
     key: str
     per: Literal["layer", "head"]

@@ -77,9 +77,8 @@ def bootstrap(
     seed: int = BOOTSTRAP_SEED,
     bounds: tuple[float, float] = UNBOUNDED,
 ) -> Interval:
-    """95% percentile interval of ``statistic(means)`` where each resample draws every group's
-    mean (a variant's seeds: n ≥ 2 values, mean m, std s) as m + s/√n · T, T ~ t(n − 1), clipped
-    to `bounds`."""
+    """95% percentile interval of ``statistic(means)`` where each resample draws every group's mean (a variant's seeds:
+    n ≥ 2 values, mean m, std s) as m + s/√n · T, T ~ t(n − 1), clipped to `bounds`."""
     arrays = [np.asarray(g, dtype=float) for g in groups]
     sizes = np.array([len(a) for a in arrays])
     if (sizes < 2).any():
