@@ -1,8 +1,4 @@
-"""`sinklab` console command: a thin dispatcher to each part's own entry point.
-
-Each subcommand lives in the module that owns it and is imported only when used, so
-`sinklab prep` never pays for importing Lightning and `sinklab submit` never imports torch.
-"""
+"""`sinklab` console command: a dispatcher to each part's own entry point, imported only when used."""
 
 from __future__ import annotations
 
@@ -59,8 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as refusal:
         if not isinstance(refusal.code, str):
             raise
-        # a refused input ("sinklab <command>: <what; what would be right>"): exit 2, as argparse
-        # and `sinklab fit` refuse theirs, not the interpreter's 1 for a message
+        # a refused input ("sinklab <command>: <what; what would be right>") exits 2, as argparse's do
         print(refusal.code, file=sys.stderr)
         return 2
     return int(result or 0)

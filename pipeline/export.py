@@ -1,11 +1,6 @@
 """``sinklab export-hf``: any SinkLab model as a Hugging Face model directory, with its model card.
 
-    sinklab export-hf CHECKPOINT|runs:/<id> --out DIR [--config run/config.yaml] [--dtype bfloat16]
-                      [--tokenizer tokenizer.json]
-
-The command around ``pipeline.model.hf_export``: it resolves a run's logged model, reads the
-tokenizer's special-token roles and gathers what the model card reports (the dataset manifest
-beside the weights, the run's final Sink_1, alpha_1 and val loss from MLflow or its metrics.jsonl).
+The command around ``pipeline.model.hf_export``: it resolves the model and gathers what the card reports.
 """
 
 from __future__ import annotations
@@ -48,8 +43,7 @@ def _tokenizer_beside(path: Path) -> Path | None:
 
 
 def _check_tokenizer(tokenizer, file: Path, vocab_size: int, trained: str | None) -> None:
-    """Refuse a tokenizer that is not the model's: another sha256 than the one `sinklab fit`
-    recorded with it, or more ids than its vocabulary holds."""
+    """Refuse a tokenizer that is not the model's: another sha256 than `sinklab fit` recorded, or too many ids."""
     if trained and tokenizer.sha256 != trained:
         raise ValueError(
             f"tokenizer {file}: not the model's (sha256 {tokenizer.sha256[:12]}, {tokenizer.vocab_size} ids; the "

@@ -1,27 +1,8 @@
-"""Model FLOPs per trained token, device peaks and model FLOPs utilisation (MFU). Pure functions.
+"""Model FLOPs per trained token, device peaks and model FLOPs utilisation (MFU); pure functions.
 
-Counting (forward + backward = 3 x forward; a multiply-add is 2 FLOPs; recomputation by
-activation checkpointing or by a flash/blocked backward is *not* counted: this is MFU, not HFU):
+Forward + backward, recomputation not counted (docs/gpu.md defines each term):
 
     F_token = [ 6 (C + S) N_blocks  +  6 C N_head  +  12 L d P ] / C
-
-- N_blocks: weights of the matrix multiplies inside the L blocks, per token: W_QKV (3 d^2),
-  W_O (d^2, or d_h d when heads are summed), the FFN (3 d f gated, 2 d f plain), the gate of
-  gated attention (d H head-wise, d^2 element-wise), and what the attention op adds, as its registry entry says
-  (``OpSpec.matmul_weights``: the phi-MLP of kernel attention, 2 d_h^2 applied to the queries
-  and keys of every head, 4 H d_h^2 per token). The input embedding is a lookup: not counted.
-- N_head: the LM head, d V (tied or not: the matmul runs either way).
-- P: admitted (query, key) pairs per layer and sequence, over the C real tokens plus S
-  learnable sink tokens, plus one column per bias slot (k*/v*, sink logit) for every query.
-  Each pair costs 2 d_h FLOPs in q k^T and 2 d_h in A V per head, i.e. 4 d forward, 12 d
-  forward + backward.
-
-For the plain causal mask P = C (C + 1) / 2, so F = 6 N + 6 L d (C + 1), the *exact* count of
-useful work. PaLM (appendix B) counts the full C x C square, F = 6 N + 12 L d C; pass
-``convention="palm"`` for figures comparable with papers that use it (PaLM, nanoGPT,
-torchtitan). The attention term counts the similarity matrix as the paper defines it for every
-operation, including linear kernels computed in O(T d^2) form, so that MFU compares
-implementations of one model rather than models.
 """
 
 from __future__ import annotations
@@ -36,11 +17,8 @@ from pipeline.model.config import ModelConfig
 Convention = Literal["exact", "palm"]
 PEAK_ENV = "SINKLAB_PEAK_TFLOPS"
 
-# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s per device, from the vendors' data
-# sheets. Matched against torch.cuda.get_device_name() in this order (first match wins), so
-# the more specific names come first.
+# (regex on torch.cuda.get_device_name(), label, dense bf16 TFLOP/s from the data sheet): the first match wins
 DEVICE_PEAK_TFLOPS: list[tuple[str, str, float]] = [
-    # (regex on the device name, table label, dense bf16 TFLOP/s)
     (r"H100.*PCIE", "H100 PCIe", 756.0),
     (r"H100.*NVL", "H100 NVL", 835.0),
     (r"H100|H800", "H100 SXM", 989.0),
@@ -68,9 +46,8 @@ def matmul_params_per_token(config: ModelConfig) -> tuple[float, float]:
 
 
 def admitted_pairs_count(config: ModelConfig, context_length: int) -> int:
-    """(query, key) pairs one layer computes for one sequence: tokens (sink tokens included)
-    under the config's mask, plus every bias-slot column. Closed forms of the model's
-    ``masks.admitted_pairs``."""
+    """(query, key) pairs one layer computes for one sequence under the config's mask, sink tokens and bias-slot
+    columns included: closed forms of ``masks.admitted_pairs``."""
     n = context_length + config.sink_tokens
     pairs = n * (n + 1) // 2
     if config.mask == "sliding":
@@ -83,8 +60,7 @@ def admitted_pairs_count(config: ModelConfig, context_length: int) -> int:
 
 
 def flops_per_token(arch: ModelConfig, context_length: int, convention: Convention = "exact") -> float:
-    """Training FLOPs per real token (forward + backward) for sequences of ``context_length``
-    tokens."""
+    """Training FLOPs per real token (forward + backward) for sequences of ``context_length`` tokens."""
     if context_length < 1:
         raise ValueError(f"context_length={context_length}: must be >= 1")
     n_blocks, n_head = matmul_params_per_token(arch)
@@ -100,9 +76,8 @@ def flops_per_token(arch: ModelConfig, context_length: int, convention: Conventi
 
 
 def device_peak_flops(name: str | None = None) -> float | None:
-    """Dense bf16 peak FLOP/s of one device. ``SINKLAB_PEAK_TFLOPS`` (TFLOP/s) overrides the
-    table; ``name`` defaults to torch.cuda.get_device_name(). None on CPU or an unknown device
-    (then MFU is not reported; set the variable)."""
+    """Dense bf16 peak FLOP/s of one device (``name`` default: this one), ``SINKLAB_PEAK_TFLOPS`` (TFLOP/s) first;
+    None on CPU or an unknown device."""
     override = os.environ.get(PEAK_ENV, "").strip()
     if override:
         try:
@@ -118,10 +93,7 @@ def device_peak_flops(name: str | None = None) -> float | None:
         if not torch.cuda.is_available():
             return None
         name = torch.cuda.get_device_name()
-    for pattern, _label, tflops in DEVICE_PEAK_TFLOPS:
-        if re.search(pattern, name, flags=re.IGNORECASE):
-            return tflops * 1e12
-    return None
+    return next((tflops * 1e12 for pattern, _, tflops in DEVICE_PEAK_TFLOPS if re.search(pattern, name, re.I)), None)
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak: float | None) -> float | None:
@@ -129,14 +101,3 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak: float | None) -> floa
     if peak is None or peak <= 0:
         return None
     return tokens_per_s * flops_per_token / peak
-
-
-__all__ = [
-    "DEVICE_PEAK_TFLOPS",
-    "PEAK_ENV",
-    "admitted_pairs_count",
-    "device_peak_flops",
-    "flops_per_token",
-    "matmul_params_per_token",
-    "mfu",
-]

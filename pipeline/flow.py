@@ -1,27 +1,17 @@
-"""Information flow through the layers: over-mixing sensitivity (Barbero et al. 2025) and the
-matrix entropy of the token representations (Queipo-de-Llano et al. 2025).
-
-Pure torch, beside ``pipeline.metrics``; definitions in docs/analysis.md ("Information flow").
-The sensitivity is measured by finite perturbation: one more forward pass in which the input
-embedding of one position p is moved by ``rho`` times its own norm along a fixed random direction;
-per layer, the mean relative change of the representations of the later tokens i > p, over rho.
-A model whose heads attend only to the first token spreads nothing (0); the sink is Barbero et
-al.'s way of keeping this number small as depth and context grow. The entropy reads the clean
-pass: the von Neumann (or Rényi) entropy of the trace-normalised Gram matrix X Xᵀ of a sequence's
-token representations X [T, d], over log min(T, d): 0 when one direction holds them all (the
-BOS-dominated "compression valley"), 1 when they are orthogonal and of equal norm.
-"""
+"""Information flow through the layers: over-mixing sensitivity by finite perturbation (Barbero et al. 2025) and the
+matrix entropy of the token representations (Queipo-de-Llano et al. 2025); definitions in docs/analysis.md."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor, nn
 
 from pipeline import metric_names as N
+from pipeline.metrics import first_token_norm_ratio
 
 DEFAULT_RHO = 0.01  # perturbation size relative to ‖e_p‖: small enough to read the linear response
 DIRECTION_SEED = 0  # the perturbation directions are drawn from this seed, batch after batch
@@ -29,11 +19,9 @@ TRAINING_MIXING_SEQUENCES = 25  # training's probe perturbs its first 25 sequenc
 
 
 def matrix_entropy(x: Tensor, order: float = 1.0) -> Tensor:
-    """Normalised matrix entropy of each ``x [..., T, d] -> [...]``.
-
-    λ = eigenvalues of X Xᵀ / tr(X Xᵀ) (the squared singular values of X over ‖X‖²_F, summing to
-    1); S_α = log Σ λ^α / (1 − α), and the von Neumann −Σ λ log λ at α = 1; the result is S_α /
-    log min(T, d): 0 for a rank-1 X, 1 for orthogonal rows of equal norm. NaN for an all-zero X."""
+    """Normalised matrix entropy of each ``x [..., T, d] -> [...]``: λ = eigenvalues of X Xᵀ / tr(X Xᵀ) (σ_j² / ‖X‖²_F,
+    summing to 1); S_α = log Σ λ^α / (1 − α), the von Neumann −Σ λ log λ at α = 1; the result is S_α / log min(T, d):
+    0 for a rank-1 X, 1 for orthogonal rows of equal norm, NaN for an all-zero X."""
     if x.dim() < 2 or min(x.shape[-2:]) < 2:
         raise ValueError(f"matrix_entropy needs [..., T, d] with T, d >= 2, got {tuple(x.shape)}")
     if order < 0:
@@ -63,29 +51,12 @@ def perturbation_spread(clean: Tensor, perturbed: Tensor, position: int, rho: fl
     return (relative.mean(dim=-1) / rho).float()
 
 
-def default_position(seq_len: int) -> int:
-    """The perturbed position: the middle of the sequence (0-based ⌊T/2⌋), half the tokens after it."""
-    return seq_len // 2
-
-
 def embedding_module(model: nn.Module) -> nn.Module | None:
-    """The module whose output is the input embeddings: a SinkLab ``Transformer``'s ``embed``, an
-    HF model's ``get_input_embeddings()``; None for a model that has neither."""
+    """The module whose output is the input embeddings (``embed``, or HF's ``get_input_embeddings()``), else None."""
     if isinstance(getattr(model, "embed", None), nn.Embedding):
         return model.embed
     get = getattr(model, "get_input_embeddings", None)
     return get() if callable(get) else None
-
-
-@contextmanager
-def recording_embeddings(module: nn.Module) -> Iterator[list[Tensor]]:
-    """While inside, each output of ``module`` is appended, detached, to the list it yields."""
-    outputs: list[Tensor] = []
-    handle = module.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach()))
-    try:
-        yield outputs
-    finally:
-        handle.remove()
 
 
 class Perturbation:
@@ -136,29 +107,29 @@ class FlowMeasures:
         return out
 
     def landmarks(self, massive_ratio: Tensor) -> dict[str, int | None]:
-        """Where the BOS norm jumps (the largest rise of ‖h_1‖ / mean_{t≠1} ‖h_t‖, ``massive_ratio``
-        [L], from the input embeddings on) and where the entropy drops most: Queipo-de-Llano et
-        al. find the two in the same layer. 0-based block indices."""
+        """The 0-based block where ‖h_1‖ / mean_{t≠1} ‖h_t‖ (``massive_ratio`` [L], from the input embeddings on)
+        rises most, and where the entropy falls most."""
         return {
             N.NORM_JUMP_LAYER: largest_step(massive_ratio.tolist(), self.norm_ratio_input, rise=True),
             N.ENTROPY_DROP_LAYER: largest_step(self.entropy.tolist(), self.entropy_input, rise=False),
         }
 
     def to_json(self) -> dict:
-        return {
-            "entropy": self.entropy.tolist(),
-            "entropy_input": self.entropy_input,
-            "norm_ratio_input": self.norm_ratio_input,
-            "mixing": None if self.mixing is None else self.mixing.tolist(),
-            "position": self.position,
-            "rho": self.rho,
-        }
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: v.tolist() if isinstance(v, Tensor) else v for name, v in values.items()}
 
 
-def recording_inputs(model: nn.Module, flow: FlowAccumulator | None):
-    """Record ``model``'s input embeddings for ``flow`` (an empty list without either)."""
+@contextmanager
+def recording_inputs(model: nn.Module, flow: FlowAccumulator | None) -> Iterator[list[Tensor]]:
+    """While inside, ``model``'s input embeddings are appended, detached, to the list it yields (none without flow)."""
+    outputs: list[Tensor] = []
     embed = embedding_module(model) if flow is not None else None
-    return recording_embeddings(embed) if embed is not None else nullcontext([])
+    handle = None if embed is None else embed.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach()))
+    try:
+        yield outputs
+    finally:
+        if handle is not None:
+            handle.remove()
 
 
 def probe_batches(n: int, batch_size: int, mixing_sequences: int | None = None) -> list[tuple[int, int]]:
@@ -172,8 +143,7 @@ def probe_batches(n: int, batch_size: int, mixing_sequences: int | None = None) 
 
 class FlowAccumulator:
     """Collects per-sequence entropies and sensitivities over batches; :meth:`measures` averages.
-    ``mixing_sequences``: the perturbed pass runs on the first that many sequences only (None:
-    all); the entropies read every sequence's clean pass."""
+    Only the first ``mixing_sequences`` get the perturbed pass (None: all)."""
 
     def __init__(self, rho: float = DEFAULT_RHO, mixing_sequences: int | None = None) -> None:
         if mixing_sequences is not None and mixing_sequences < 1:
@@ -189,7 +159,7 @@ class FlowAccumulator:
     def perturbation_for(self, seq_len: int) -> Perturbation:
         """The one perturbation of this probe (its generator runs on across batches)."""
         if self.perturbation is None:
-            self.perturbation = Perturbation(default_position(seq_len), self.rho)
+            self.perturbation = Perturbation(seq_len // 2, self.rho)  # the middle: half the tokens after it
         return self.perturbation
 
     def add(
@@ -204,8 +174,7 @@ class FlowAccumulator:
         if embeddings is not None:
             e = embeddings.detach().float()
             self.entropy_input.append(matrix_entropy(e).cpu())
-            norms = e.norm(dim=-1)
-            self.ratio_input.append((norms[:, 0] / norms[:, 1:].mean(dim=-1)).cpu())
+            self.ratio_input.append(first_token_norm_ratio(e).cpu())
         if perturbed is not None:
             if self.perturbation is None:
                 raise ValueError("perturbed states given before perturbation_for() chose the position")
@@ -223,9 +192,8 @@ class FlowAccumulator:
         embedded: Sequence[Tensor],
         seq_len: int,
     ) -> None:
-        """One batch of ``seq_len`` real tokens: the clean pass's ``hidden_states`` (every block;
-        leading sink-token rows are cut off here) and, where ``model`` has an embedding module,
-        ``forward()`` (the same forward, giving the same list) run with position p perturbed."""
+        """One batch of ``seq_len`` real tokens: the clean pass's ``hidden_states`` (sink-token rows cut off here)
+        and, where ``model`` has an embedding module, ``forward()`` (the same pass) rerun with position p perturbed."""
         lead, rows = hidden_states[0].shape[1] - seq_len, hidden_states[0].shape[0]
         perturbed, embed = None, embedding_module(model)
         if embed is not None and self.perturbs(rows):
@@ -235,8 +203,7 @@ class FlowAccumulator:
         self.add([h[:, lead:] for h in hidden_states], perturbed, embedded[0] if embedded else None)
 
     def perturbs(self, rows: int) -> bool:
-        """Whether the next batch of ``rows`` sequences gets the perturbed pass (batches must end
-        where ``mixing_sequences`` does: :func:`probe_batches`)."""
+        """Whether the next batch of ``rows`` sequences gets the perturbed pass (batches: :func:`probe_batches`)."""
         if self.mixing_sequences is None:
             return True
         left = self.mixing_sequences - self.perturbed_rows
@@ -257,9 +224,8 @@ class FlowAccumulator:
 
 
 def largest_step(values: Sequence[float], start: float | None, rise: bool) -> int | None:
-    """The layer l whose value moves most from the one before (layer l − 1, or ``start`` before
-    layer 0; skipped when None): the largest rise, or with ``rise=False`` the largest fall; None
-    when nothing moves that way."""
+    """The layer l whose value rises (``rise=False``: falls) most from layer l − 1's (``start`` before layer 0, unless
+    None); None when nothing moves that way."""
     previous = [start] + list(values[:-1])
     sign = 1.0 if rise else -1.0
     steps = [(sign * (v - p), l) for l, (v, p) in enumerate(zip(values, previous)) if p is not None]

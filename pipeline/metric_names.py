@@ -1,26 +1,15 @@
-"""Every metric name SinkLab logs, written once (docs/contracts.md section 4).
+"""Every metric name SinkLab logs, written once (docs/contracts.md section 4); standard library only.
 
-Standard library only and imported by every layer: the probe and the metrics below the training
-layer, training, tracking (beside the tags of ``pipeline.tracking.contract``), analysis and the
-experiments. Layers and heads are 0-based. tests/test_metric_names.py fails on a metric name
-written as a string anywhere else.
+Layers and heads are 0-based; tests/test_metric_names.py fails on a metric name written as a string anywhere else.
 """
 
 from __future__ import annotations
 
 # the namespaces; the MLflow UI gives each its own chart section (pipeline.tracking.views)
 SINK, ACT, ATTN, HEADS, TRAIN, VAL, PERF = "sink/", "act/", "attn/", "heads/", "train/", "val/", "perf/"
-ANALYSIS, TABLE1, DOMAIN, PASSKEY, STREAM, QUANT, AGREEMENT, EVAL = (
-    "analysis/",
-    "table1/",
-    "domain/",
-    "passkey/",
-    "stream/",
-    "quant/",
-    "agreement/",
-    "eval/",  # lm-eval task scores, logged by the lm-eval run itself
-)
-SEEDS = "seeds/"  # a report's statistics of one metric over a variant's seeds
+ANALYSIS, TABLE1, DOMAIN, PASSKEY, STREAM, QUANT = "analysis/", "table1/", "domain/", "passkey/", "stream/", "quant/"
+AGREEMENT, SEEDS = "agreement/", "seeds/"  # a report's rank agreement, and its statistics over a variant's seeds
+EVAL = "eval/"  # lm-eval task scores, logged by the lm-eval run itself
 FLOW, LENGTH = "flow/", "length/"  # information flow per layer (pipeline.flow); sinklab length-eval
 NAMESPACES = (
     SINK,
@@ -159,18 +148,14 @@ def kv_perplexity(policy: str, sinks: str, budget: float) -> str:
 
 
 def kv_passkey(row: str, budget: float, factor: int | str) -> str:
-    """`sinklab kv-eval`: passkey accuracy (%) on prompts of ``factor`` x the cache's entries, ``row``
-    a policy and sink setting (``h2o_keep``) or ``full`` (the whole prompt cached), e.g.
-    ``stream/kv_passkey_h2o_drop_b25_x2``."""
+    """`sinklab kv-eval`: passkey accuracy (%) on prompts of ``factor`` x the cache's entries, ``row`` a policy and
+    sink setting (``h2o_keep``) or ``full``, e.g. ``stream/kv_passkey_h2o_drop_b25_x2``."""
     return f"{STREAM}kv_passkey_{row}_b{budget:g}_x{factor}"
 
 
 # secondary sinks per layer (pipeline.secondary_sinks), with layer(): count per head, attention share, ‖h‖ ratio
-SECONDARY_COUNT, SECONDARY_SHARE, SECONDARY_NORM = (
-    SINK + "secondary_count",
-    SINK + "secondary_share",
-    SINK + "secondary_norm_ratio",
-)
+SECONDARY_COUNT, SECONDARY_SHARE = SINK + "secondary_count", SINK + "secondary_share"
+SECONDARY_NORM = SINK + "secondary_norm_ratio"
 
 
 def quant(name: str) -> str:

@@ -34,20 +34,16 @@ def importance_profile(attn: Tensor, positions: int) -> Tensor:
 
 
 def sink_rate(alpha: Tensor, eps: float = DEFAULT_EPS) -> float:
-    """Percent of entries of ``alpha`` strictly above ``eps`` (Sink_k^ε over every
-    (sequence, layer, head) entry given)."""
+    """Percent of entries of ``alpha`` strictly above ``eps``: Sink_k^ε over the (sequence, layer, head) entries."""
     if alpha.numel() == 0:
         raise ValueError("sink_rate of an empty tensor")
     return 100.0 * (alpha > eps).double().mean().item()
 
 
 def split_slots(attn: Tensor, n_query_slots: int, n_key_slots: int) -> tuple[Tensor, Tensor]:
-    """Separate bias slots from real tokens.
-
-    ``attn [..., n_query_slots + T, n_key_slots + T]`` -> ``(slot_mass [..., T, S], real [..., T, T])``
-    with ``S = n_key_slots``: the rows of real queries only; ``slot_mass[..., i, s]`` is the
-    attention query ``i`` gives slot ``s``; ``real`` is the block among real tokens.
-    """
+    """Separate bias slots from real tokens: ``attn [..., n_query_slots + T, n_key_slots + T]`` -> ``(slot_mass
+    [..., T, S], real [..., T, T])``, S = n_key_slots, the real queries' rows only; ``slot_mass[..., i, s]`` is the
+    attention query ``i`` gives slot ``s``, ``real`` the block among real tokens."""
     rows = attn[..., n_query_slots:, :]
     slot_mass, real = rows[..., :n_key_slots], rows[..., n_key_slots:]
     if real.shape[-1] != real.shape[-2]:
@@ -65,12 +61,9 @@ def slot_importance(slot_mass: Tensor) -> Tensor:
 
 
 def proxy_scores(sim: Tensor, signed: bool) -> Tensor:
-    """Proxy attention scores for attention without softmax (Gu et al. 2025, section 7.4).
-
-    ``sim / Σ_j sim`` for non-negative similarities (sigmoid, elu+1) and ``|sim| / Σ_j |sim|``
-    where similarities can be negative (identity, MLP kernels). Masked entries must be 0 (or
-    non-finite, which is treated as 0); a row whose similarities are all 0 stays all 0.
-    """
+    """Proxy attention scores for attention without softmax (Gu et al. 2025, section 7.4): ``sim / Σ_j sim`` for
+    non-negative similarities (sigmoid, elu+1), ``|sim| / Σ_j |sim|`` where they can be negative (identity, MLP
+    kernels). Masked entries must be 0 (non-finite counts as 0); a row of zeros stays all 0."""
     s = torch.nan_to_num(sim.float(), nan=0.0, posinf=0.0, neginf=0.0)
     if signed:
         s = s.abs()
@@ -95,11 +88,8 @@ def massive_activation_ratio(hidden: Tensor) -> Tensor:
 
 
 def qk_decomposition(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-    """Split q_i·k_j = ‖q_i‖‖k_j‖ cos(q_i, k_j) (Gu et al. 2025, Figure 2 bottom).
-
-    ``queries, keys [..., T, dh]`` (after the positional rotation) -> ``(cosine, norm_product)``,
-    each ``[..., T, T]`` with the non-causal entries (j > i) set to NaN.
-    """
+    """Split q_i·k_j = ‖q_i‖‖k_j‖ cos(q_i, k_j) (Gu et al. 2025, Figure 2 bottom): ``queries, keys [..., T, dh]``
+    (rotated) -> ``(cosine, norm_product)``, each ``[..., T, T]`` with the non-causal entries (j > i) NaN."""
     qn, kn = queries.float().norm(dim=-1), keys.float().norm(dim=-1)
     dots = queries.float() @ keys.float().transpose(-1, -2)
     norm_product = qn.unsqueeze(-1) * kn.unsqueeze(-2)
@@ -113,9 +103,7 @@ def qk_decomposition(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
 def first_key_vs_rest(matrix: Tensor) -> tuple[float, float]:
     """Mean of a causal ``[..., T, T]`` matrix (NaN above the diagonal) on key 1 for queries
     i ≥ 2, and over all other causal pairs j ≥ 2: the two bars of Figure 2 bottom."""
-    first = matrix[..., 1:, 0]
-    rest = matrix[..., 1:, 1:]
-    return torch.nanmean(first).item(), torch.nanmean(rest).item()
+    return torch.nanmean(matrix[..., 1:, 0]).item(), torch.nanmean(matrix[..., 1:, 1:]).item()
 
 
 # ---- active and dormant heads (Guo et al. 2024) ---------------------------------------------
@@ -131,12 +119,9 @@ def causal_admitted(n_queries: int, n_keys: int, device=None) -> Tensor:
 
 
 def attention_entropy(attn: Tensor, admitted: Tensor | None = None) -> Tensor:
-    """Normalised row entropy of ``attn [..., Tq, Tk]`` -> ``[...]``.
-
-    Row i, scaled to sum 1, has entropy H_i = −Σ_j p_ij log p_ij over the n_i keys ``admitted
-    [Tq, Tk]`` lets it see (default :func:`causal_admitted`); the result is the mean of
-    H_i / log n_i over the rows with n_i ≥ 2 and some mass: 0 = one key takes everything,
-    1 = spread evenly. NaN where no row qualifies."""
+    """Normalised row entropy of ``attn [..., Tq, Tk]`` -> ``[...]``: row i, scaled to sum 1, has entropy
+    H_i = −Σ_j p_ij log p_ij over the n_i keys ``admitted [Tq, Tk]`` lets it see (default :func:`causal_admitted`);
+    the mean of H_i / log n_i over the rows with n_i ≥ 2 and some mass (0: one key takes all, 1: even; NaN: no row)."""
     a = torch.nan_to_num(attn.float(), nan=0.0, posinf=0.0, neginf=0.0).clamp_min(0.0)
     n_queries, n_keys = a.shape[-2:]
     if admitted is None:
@@ -203,9 +188,8 @@ def uniform_alpha1(T: int) -> float:
 
 
 def uniform_alpha1_masked(admitted: Tensor, n_query_slots: int = 0, n_key_slots: int = 0) -> float:
-    """α_1 of the first real token when every query spreads its attention evenly over the keys
-    ``admitted [Q, K]`` lets it see (bias slots included, as :func:`split_slots` lays them out).
-    For a plain causal mask without slots this is :func:`uniform_alpha1`."""
+    """α_1 of the first real token when every query spreads its attention evenly over the keys ``admitted [Q, K]``
+    lets it see (bias slots included, as :func:`split_slots` lays them out)."""
     allowed = admitted.double()
     counts = allowed.sum(dim=-1, keepdim=True)
     if (counts == 0).any():
@@ -215,8 +199,8 @@ def uniform_alpha1_masked(admitted: Tensor, n_query_slots: int = 0, n_key_slots:
 
 
 def first_step_above(history, threshold: float) -> int | None:
-    """The first step whose value is strictly above ``threshold`` in ``history`` (an iterable of
-    (step, value) pairs, any order; NaN never counts), or None if there is none."""
+    """The first step of ``history`` ((step, value) pairs, any order) whose value is strictly above ``threshold``
+    (NaN never is), or None."""
     steps = [step for step, value in history if value == value and value > threshold]
     return min(steps) if steps else None
 
@@ -227,27 +211,17 @@ EMERGENCE_ALPHA1 = {"alpha1_125pct": 1.25}
 
 
 def emergence_steps(history, alpha1_uniform: float) -> dict[str, int | None]:
-    """When the sink emerged, from ``history`` rows (step, Sink_1 in %, mean α_1):
-    ``{"sink1_1pct", "sink1_10pct", "alpha1_125pct"} -> first step strictly above the
-    threshold`` (None where it never was)."""
+    """When the sink emerged, from ``history`` rows (step, Sink_1 in %, mean α_1): threshold name -> the first step
+    strictly above it (None where it never was)."""
     rows = list(history)
-    out: dict[str, int | None] = {
-        name: first_step_above(((r[0], r[1]) for r in rows), limit) for name, limit in EMERGENCE_SINK1.items()
-    }
-    out.update(
-        {
-            name: first_step_above(((r[0], r[2]) for r in rows), factor * alpha1_uniform)
-            for name, factor in EMERGENCE_ALPHA1.items()
-        }
-    )
-    return out
+    sink1, alpha1 = [(r[0], r[1]) for r in rows], [(r[0], r[2]) for r in rows]
+    out = {name: first_step_above(sink1, limit) for name, limit in EMERGENCE_SINK1.items()}
+    return out | {name: first_step_above(alpha1, f * alpha1_uniform) for name, f in EMERGENCE_ALPHA1.items()}
 
 
 def memorising(history, rise: float = 0.03, after: int = 2) -> str | None:
-    """A validation loss that turned upward for good: ``after`` or more evaluations came after
-    its minimum, and the last is ``rise`` (relative) above it. Returns the warning to print, or
-    None (still falling, flat within noise, too few points). ``history``: (step, value) pairs
-    (NaN never counts)."""
+    """The warning to print where a validation loss turned upward for good: ``after`` or more evaluations came after
+    its minimum and the last is ``rise`` (relative) above it; else None. ``history``: (step, value), NaN skipped."""
     rows = sorted((int(step), float(value)) for step, value in history if value == value)
     if len(rows) <= after:
         return None
@@ -265,20 +239,9 @@ def memorising(history, rise: float = 0.03, after: int = 2) -> str | None:
 
 
 def average_ranks(values) -> list[float]:
-    """1-based ranks of ``values``, ties sharing the mean of the ranks they span
-    ([10, 20, 20, 30] -> [1, 2.5, 2.5, 4])."""
+    """1-based ranks of ``values``, ties sharing the mean of their ranks ([10, 20, 20, 30] -> [1, 2.5, 2.5, 4])."""
     values = [float(v) for v in values]
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        for i in order[start : end + 1]:
-            ranks[i] = (start + end) / 2 + 1
-        start = end + 1
-    return ranks
+    return [sum(w < v for w in values) + (sum(w == v for w in values) + 1) / 2 for v in values]
 
 
 def _paired(x, y) -> tuple[list[float], list[float]]:
@@ -313,18 +276,9 @@ def kendall_tau_b(x, y) -> float | None:
     n = len(x)
     if n < 2:
         return None
-    concordant = discordant = tied_x = tied_y = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            dx, dy = x[i] - x[j], y[i] - y[j]
-            if dx == 0:
-                tied_x += 1
-            if dy == 0:
-                tied_y += 1
-            if dx * dy > 0:
-                concordant += 1
-            elif dx * dy < 0:
-                discordant += 1
+    steps = [(x[i] - x[j], y[i] - y[j]) for i in range(n) for j in range(i + 1, n)]
+    concordant_minus_discordant = sum((dx * dy > 0) - (dx * dy < 0) for dx, dy in steps)
+    tied_x, tied_y = sum(dx == 0 for dx, _ in steps), sum(dy == 0 for _, dy in steps)
     n0 = n * (n - 1) // 2
     denominator = ((n0 - tied_x) * (n0 - tied_y)) ** 0.5
-    return (concordant - discordant) / denominator if denominator else None
+    return concordant_minus_discordant / denominator if denominator else None

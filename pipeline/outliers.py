@@ -1,16 +1,7 @@
-"""Activation outliers: the largest |activation|, kurtosis, and a token-wise / channel-wise split.
+"""Activation outliers: the largest |activation|, kurtosis, and a token-wise / channel-wise split (Gu et al. 2025,
+appendix A.2), per sequence over its [T, d] tensor (Bondarenko et al. 2023); definitions in docs/analysis.md.
 
-Pure torch, beside ``pipeline.metrics``; definitions in docs/analysis.md ("Activation outliers").
-Gu et al. 2025, appendix A.2: the first token's massive activations are *token-wise* outliers (one position),
-the outlier features of LLM.int8 and SmoothQuant are *channel-wise* (a few channels at every
-position); per-token activation scales absorb the first kind, not the second. As in Bondarenko
-et al. (2023), the largest |x| and the kurtosis (``kurtosis_pooled``) are taken per sequence, over
-the sequence's whole [T, d] tensor, and averaged over sequences; Kaul et al. (2025)'s per-token
-kurtosis is :func:`token_kurtosis` (pipeline.probe_metrics registers it).
-
-``OutlierAccumulator`` collects them batch by batch: ``add_hidden`` for the residual stream (each
-block's output), ``recording_linear_inputs`` (forward pre-hooks) for every ``nn.Linear`` inside
-the blocks. The *leading positions* are the learnable sink tokens, if any, and the first token.
+The *leading positions* are the learnable sink tokens, if any, and the first token.
 """
 
 from __future__ import annotations
@@ -27,10 +18,7 @@ from torch import Tensor, nn
 
 from pipeline import metric_names as N
 
-# Thresholds, in multiples of the median |x| of a sequence's tensor (SinkLab's choices; see
-# docs/analysis.md): a channel is channel-wise when it exceeds CHANNEL_FACTOR at CHANNEL_SHARE of
-# the positions or more; a single entry outside those channels is a token-wise outlier above
-# TOKEN_FACTOR (heavy-tailed hidden states put single entries at 20-70x the median anywhere).
+# thresholds in multiples of the median |x| of a sequence's tensor (docs/analysis.md says why)
 CHANNEL_FACTOR = 20.0
 CHANNEL_SHARE = 0.5
 TOKEN_FACTOR = 100.0
@@ -46,8 +34,7 @@ def _as_sequences(x: Tensor) -> Tensor:
 
 
 def lower_median(rows: Tensor) -> Tensor:
-    """``torch.median`` of each row of ``[B, n]`` (the lower middle value); on CPU by numpy's
-    selection, a tenth of the time of torch's sort-based median."""
+    """``torch.median`` of each row of ``[B, n]`` (the lower middle value); on CPU by numpy's faster selection."""
     if rows.device.type != "cpu":
         return rows.median(dim=1).values
     k = (rows.shape[1] - 1) // 2
@@ -62,15 +49,12 @@ def max_abs(x: Tensor) -> Tensor:
 def kurtosis(x: Tensor) -> Tensor:
     """Kurtosis of each sequence's T·d values, E[(x−μ)⁴] / E[(x−μ)²]² (Pearson's: 3 for a normal
     distribution, 1.8 for a uniform one; population moments): ``[B, T, d] -> [B]``."""
-    flat = _as_sequences(x).flatten(1)
-    centred = flat - flat.mean(dim=1, keepdim=True)
-    variance = centred.pow(2).mean(dim=1)
-    return centred.pow(4).mean(dim=1) / variance.pow(2).clamp_min(torch.finfo(torch.float32).tiny)
+    return token_kurtosis(_as_sequences(x).flatten(1))
 
 
 def token_kurtosis(x: Tensor) -> Tensor:
-    """Kurtosis of each token's d channels, Kaul et al. (2025)'s κ_{m,t}, Pearson's with population
-    moments as :func:`kurtosis`: ``[..., T, d] -> [..., T]``."""
+    """Kaul et al. (2025)'s κ_{m,t}: each token's kurtosis over its d channels as :func:`kurtosis`:
+    ``[..., T, d] -> [..., T]``."""
     centred = x.detach().float() - x.detach().float().mean(dim=-1, keepdim=True)
     variance = centred.pow(2).mean(dim=-1)
     return centred.pow(4).mean(dim=-1) / variance.pow(2).clamp_min(torch.finfo(torch.float32).tiny)
@@ -85,15 +69,24 @@ class OutlierSplit:
 def outlier_split(
     x: Tensor, token_factor: float = TOKEN_FACTOR, channel_factor: float = CHANNEL_FACTOR, share: float = CHANNEL_SHARE
 ) -> OutlierSplit:
-    """Per sequence of ``x [B, T, d]``, with m the median |x| of that sequence's tensor: a channel
-    with |x| > ``channel_factor`` · m at ``share`` of the positions or more is *channel-wise*; an
-    entry outside those channels with |x| > ``token_factor`` · m is a *token-wise* outlier, and its
-    position a token-wise outlier position."""
+    """Per sequence of ``x [B, T, d]``, with m the median |x| of that sequence's tensor: a channel with |x| >
+    ``channel_factor`` · m at ``share`` of the positions or more is *channel-wise*; an entry outside those channels with
+    |x| > ``token_factor`` · m is a *token-wise* outlier, and its position a token-wise outlier position."""
     a = _as_sequences(x).abs()
     median = lower_median(a.flatten(1)).clamp_min(torch.finfo(torch.float32).tiny)[:, None, None]
     channels = (a > channel_factor * median).float().mean(dim=1) >= share
     token_entries = (a > token_factor * median) & ~channels[:, None, :]
     return OutlierSplit(token_positions=token_entries.any(dim=-1), channels=channels)
+
+
+# per-layer fields of OutlierMeasures -> their act/ metric names
+LAYER_METRICS = {
+    "max_abs": "max_abs",
+    "kurtosis_pooled": "kurtosis_pooled",
+    "token_positions": "tokenwise_positions",
+    "lead_pct": "tokenwise_lead_pct",
+    "outlier_channels": "channelwise_channels",
+}
 
 
 @dataclass
@@ -113,11 +106,8 @@ class OutlierMeasures:
     def summary(self) -> dict[str, float | str]:
         """The largest of each over layers (and linears), with where it is (0-based layers)."""
         out: dict[str, float | str] = {}
-        for key, values in (
-            ("max_abs", self.max_abs),
-            ("kurtosis_pooled", self.kurtosis_pooled),
-            ("lead_pct", self.lead_pct),
-        ):
+        for key in ("max_abs", "kurtosis_pooled", "lead_pct"):
+            values = getattr(self, key)
             layer = int(torch.nan_to_num(values, nan=-math.inf).argmax())
             out[key], out[f"{key}_at"] = float(values[layer]), f"l{layer}"
         for key, table in (("linear_max", self.linear_max), ("lead_scale_ratio", self.lead_scale_ratio)):
@@ -129,14 +119,8 @@ class OutlierMeasures:
     def to_metrics(self) -> dict[str, float]:
         """``act/...`` names, 0-based layers: per layer and, without a layer suffix, the largest."""
         out: dict[str, float] = {}
-        for key, values in (
-            ("max_abs", self.max_abs),
-            ("kurtosis_pooled", self.kurtosis_pooled),
-            ("tokenwise_positions", self.token_positions),
-            ("tokenwise_lead_pct", self.lead_pct),
-            ("channelwise_channels", self.outlier_channels),
-        ):
-            out.update({N.layer(N.act(key), l): float(v) for l, v in enumerate(values)})
+        for key, name in LAYER_METRICS.items():
+            out.update({N.layer(N.act(name), l): float(v) for l, v in enumerate(getattr(self, key))})
         for name, values in self.linear_max.items():
             out.update({f"{N.layer(N.act('linear_max'), l)}_{name}": float(v) for l, v in enumerate(values) if v == v})
         if self.lead_scale_ratio:
@@ -148,19 +132,9 @@ class OutlierMeasures:
         return out
 
     def to_json(self) -> dict:
-        plain = {
-            name: values.tolist()
-            for name, values in (
-                ("max_abs", self.max_abs),
-                ("kurtosis_pooled", self.kurtosis_pooled),
-                ("token_positions", self.token_positions),
-                ("lead_pct", self.lead_pct),
-                ("outlier_channels", self.outlier_channels),
-            )
-        }
         return {
             "lead": self.lead,
-            **plain,
+            **{key: getattr(self, key).tolist() for key in LAYER_METRICS},
             "channel_ids": self.channel_ids,
             "linear_max": {k: v.tolist() for k, v in self.linear_max.items()},
             "lead_scale_ratio": {k: v.tolist() for k, v in self.lead_scale_ratio.items()},
@@ -173,9 +147,7 @@ class OutlierAccumulator:
 
     def __init__(self, lead: int = 1) -> None:
         self.lead = lead
-        self.rows: dict[str, list[Tensor]] = {
-            k: [] for k in ("max_abs", "kurtosis_pooled", "positions", "lead", "channels")
-        }
+        self.rows: dict[str, list[Tensor]] = {k: [] for k in LAYER_METRICS}  # field -> [[B, L]]
         self.channel_hits: Tensor | None = None  # [L, d] sequences in which a channel was channel-wise
         self.linear: dict[tuple[int, str], list[Tensor]] = {}  # (layer, name) -> [[B, 2]] (all, rest) maxima
 
@@ -189,9 +161,9 @@ class OutlierAccumulator:
             split = outlier_split(h)
             stats["max_abs"].append(max_abs(h))
             stats["kurtosis_pooled"].append(kurtosis(h))
-            stats["positions"].append(split.token_positions.sum(dim=-1).float())
-            stats["lead"].append(split.token_positions[:, : self.lead].any(dim=-1).float())
-            stats["channels"].append(split.channels.sum(dim=-1).float())
+            stats["token_positions"].append(split.token_positions.sum(dim=-1).float())
+            stats["lead_pct"].append(split.token_positions[:, : self.lead].any(dim=-1).float())
+            stats["outlier_channels"].append(split.channels.sum(dim=-1).float())
             hits.append(split.channels.sum(dim=0))
         for key, per_layer in stats.items():
             self.rows[key].append(torch.stack(per_layer, dim=1).cpu())  # [B, L]
@@ -199,8 +171,7 @@ class OutlierAccumulator:
         self.channel_hits = hits if self.channel_hits is None else self.channel_hits + hits
 
     def add_linear(self, layer: int, name: str, x: Tensor) -> None:
-        """The input of one linear layer for one batch: its ‖x‖∞ per sequence, with and without
-        the leading positions."""
+        """One batch's input to one linear layer: its ‖x‖∞ per sequence, with and without the leading positions."""
         a = linear_input(x).detach().float().abs()
         per_sequence = tuple(range(1, a.dim()))
         rest = (
@@ -214,6 +185,7 @@ class OutlierAccumulator:
         if not self.rows["max_abs"]:
             return None
         mean = {k: torch.cat(v).mean(dim=0) for k, v in self.rows.items()}  # [L] each
+        mean["lead_pct"] = 100.0 * mean["lead_pct"]  # a share until here
         n_seq = sum(len(t) for t in self.rows["max_abs"])
         n_layers = mean["max_abs"].shape[0]
         linear_max: dict[str, Tensor] = {}
@@ -226,11 +198,7 @@ class OutlierAccumulator:
             ).mean()
         return OutlierMeasures(
             lead=self.lead,
-            max_abs=mean["max_abs"],
-            kurtosis_pooled=mean["kurtosis_pooled"],
-            token_positions=mean["positions"],
-            lead_pct=100.0 * mean["lead"],
-            outlier_channels=mean["channels"],
+            **mean,
             channel_ids=[torch.nonzero(row >= n_seq / 2).flatten().tolist() for row in self.channel_hits],
             linear_max=linear_max,
             lead_scale_ratio=ratio,
@@ -258,14 +226,12 @@ def linear_layers(blocks: Sequence[nn.Module]) -> Iterator[tuple[int, str, nn.Li
 
 
 @contextmanager
-def recording_linear_inputs(blocks: Sequence[nn.Module], acc: OutlierAccumulator) -> Iterator[OutlierAccumulator]:
-    """While inside, every forward of a linear layer of ``blocks`` adds its input to ``acc``."""
-    handles = [
-        module.register_forward_pre_hook(partial(_record_input, acc, layer, name))
-        for layer, name, module in linear_layers(blocks)
-    ]
+def recording_linear_inputs(blocks: Sequence[nn.Module], acc: OutlierAccumulator | None) -> Iterator[None]:
+    """While inside, every forward of a linear layer of ``blocks`` adds its input to ``acc`` (None: nothing)."""
+    layers = linear_layers(blocks) if acc is not None else ()
+    handles = [module.register_forward_pre_hook(partial(_record_input, acc, l, name)) for l, name, module in layers]
     try:
-        yield acc
+        yield
     finally:
         for handle in handles:
             handle.remove()
@@ -273,8 +239,7 @@ def recording_linear_inputs(blocks: Sequence[nn.Module], acc: OutlierAccumulator
 
 @contextmanager
 def recording_block_outputs(blocks: Sequence[nn.Module]) -> Iterator[list[Tensor]]:
-    """While inside, each block's output hidden states (``[B, T, d]``, the first element of a
-    tuple output) are appended, detached, to the list it yields."""
+    """While inside, each block's output hidden states ``[B, T, d]`` are appended, detached, to the list it yields."""
     outputs: list[Tensor] = []
 
     def keep(_module, _inputs, out) -> None:

@@ -32,6 +32,23 @@ def _matrix(values) -> list[list[float]]:
     return [list(map(float, row)) for row in values]
 
 
+def _map_size(n_layers: int, n_heads: int) -> tuple[float, float]:
+    """The figure size of one layer × head panel."""
+    return max(4.0, 0.35 * n_heads + 2), max(3.0, 0.25 * n_layers + 1.5)
+
+
+def _layer_head_axes(ax, data: list[list[float]], fmt: str, **text) -> None:
+    """Head and layer ticks of a layer × head panel, its values written in where the map is small."""
+    n_layers, n_heads = len(data), len(data[0])
+    if n_layers * n_heads <= 64:
+        for layer, row in enumerate(data):
+            for head, value in enumerate(row):
+                ax.text(head, layer, f"{value:{fmt}}", ha="center", va="center", fontsize=7, **text)
+    ax.set_xlabel("head")
+    ax.set_xticks(range(0, n_heads, max(1, n_heads // 16)))
+    ax.set_yticks(range(0, n_layers, max(1, n_layers // 16)))
+
+
 def alpha1_heatmap(
     alpha1,
     path: str | Path,
@@ -43,82 +60,47 @@ def alpha1_heatmap(
     max_logit=None,
     by: str = "sinklab",
 ) -> Path:
-    """Layer × head map of the first token's importance α_1 (mean over sequences). With
-    ``entropy`` / ``out_norm`` / ``max_logit`` ([L, H]) a panel each beside it (active and
-    dormant heads; the largest pre-softmax logit q·k/√d_h), and
-    ``dormant`` (bool [L, H]) marked with a cross on every panel. With ``uniform`` (α_1 under
-    uniform attention) the α_1 scale is diverging and white there: blue below, red above, so a
-    head near uniform (α_1 ≈ 0.07 on a 0-1 scale) is told apart from one that starts to sink."""
+    """Layer × head map of the first token's importance α_1 (mean over sequences), with a panel each of
+    ``entropy`` / ``out_norm`` / ``max_logit`` ([L, H]) beside it and ``dormant`` (bool [L, H]) crossed on
+    every panel; with ``uniform`` (α_1 under uniform attention) the α_1 scale is diverging, white there."""
     scale = (0.0, 1.0)
     if uniform is not None and 0.0 < uniform < 1.0:
         from matplotlib.colors import TwoSlopeNorm
 
         scale = TwoSlopeNorm(vmin=0.0, vcenter=uniform, vmax=1.0)
-    panels = [
-        (
-            f"α₁ (white: uniform {uniform:.3f})" if uniform else "α₁",
-            _matrix(alpha1),
-            "RdBu_r" if uniform else "viridis",
-            scale,
-        )
-    ]
+    label = f"α₁ (white: uniform {uniform:.3f})" if uniform else "α₁"
+    panels = [(label, _matrix(alpha1), "RdBu_r" if uniform else "viridis", scale)]
     if entropy is not None:
         panels.append(("row entropy / log n", _matrix(entropy), "magma", (0.0, 1.0)))
     if out_norm is not None:
         panels.append(("mean ‖A·V‖ per token", _matrix(out_norm), "cividis", (None, None)))
     if max_logit is not None:
         panels.append(("max q·k/√d_h", _matrix(max_logit), "inferno", (None, None)))
-    n_layers, n_heads = len(panels[0][1]), len(panels[0][1][0])
-    width = max(4.0, 0.35 * n_heads + 2)
-    fig, axes = plt.subplots(
-        1,
-        len(panels),
-        figsize=(width * len(panels), max(3.0, 0.25 * n_layers + 1.5)),
-        squeeze=False,
-        layout="constrained",
-    )
-    marks = (
-        [(h, layer) for layer, row in enumerate(_matrix(dormant)) for h, v in enumerate(row) if v]
-        if dormant is not None
-        else []
-    )
+    width, height = _map_size(len(panels[0][1]), len(panels[0][1][0]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False, layout="constrained")
+    crossed = _matrix(dormant) if dormant is not None else []
+    marks = [(h, layer) for layer, row in enumerate(crossed) for h, v in enumerate(row) if v]
     for ax, (label, data, cmap, scale) in zip(axes[0], panels):
         limits = {"vmin": scale[0], "vmax": scale[1]} if isinstance(scale, tuple) else {"norm": scale}
         im = ax.imshow(data, aspect="auto", cmap=cmap, origin="lower", **limits)
-        if len(data) * len(data[0]) <= 64:  # small maps: the values themselves
-            for layer, row in enumerate(data):
-                for head, value in enumerate(row):
-                    ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7)
+        _layer_head_axes(ax, data, ".2f")
         if marks:
             ax.scatter(*zip(*marks), marker="x", color="red", s=18, linewidths=1.0, label="dormant")
-        ax.set_xlabel("head")
-        ax.set_xticks(range(0, n_heads, max(1, n_heads // 16)))
-        ax.set_yticks(range(0, n_layers, max(1, n_layers // 16)))
         fig.colorbar(im, ax=ax, label=label)
     axes[0][0].set_ylabel("layer")
     axes[0][0].set_title(title or "importance of the first token α₁")
-    if len(panels) > 1:
-        for ax, (label, *_rest) in zip(axes[0][1:], panels[1:]):
-            ax.set_title(label + (" (x: dormant)" if marks else ""))
+    for ax, (label, *_rest) in zip(axes[0][1:], panels[1:]):
+        ax.set_title(label + (" (x: dormant)" if marks else ""))
     return _save(fig, path, by)
 
 
 def head_map(values, path: str | Path, title: str, label: str) -> Path:
-    """One layer × head panel of ``values [L, H]`` (the values written in where the map is small)."""
+    """One layer × head panel of ``values [L, H]``."""
     data = _matrix(values)
-    n_layers, n_heads = len(data), len(data[0])
-    fig, ax = plt.subplots(
-        figsize=(max(4.0, 0.35 * n_heads + 2), max(3.0, 0.25 * n_layers + 1.5)), layout="constrained"
-    )
+    fig, ax = plt.subplots(figsize=_map_size(len(data), len(data[0])), layout="constrained")
     im = ax.imshow(data, aspect="auto", cmap="inferno", origin="lower")
-    if n_layers * n_heads <= 64:
-        for layer, row in enumerate(data):
-            for head, value in enumerate(row):
-                ax.text(head, layer, f"{value:.1f}", ha="center", va="center", fontsize=7, color="cyan")
-    ax.set_xlabel("head")
+    _layer_head_axes(ax, data, ".1f", color="cyan")
     ax.set_ylabel("layer")
-    ax.set_xticks(range(0, n_heads, max(1, n_heads // 16)))
-    ax.set_yticks(range(0, n_layers, max(1, n_layers // 16)))
     ax.set_title(title)
     fig.colorbar(im, ax=ax, label=label)
     return _save(fig, path)
@@ -159,14 +141,11 @@ def qk_decomposition(rows, path: str | Path, title: str = "", by: str = "sinklab
     """Per layer: cos(q, k_1) vs cos(q, k_other) and ‖q‖‖k_1‖ vs ‖q‖‖k_other‖."""
     rows = [list(map(float, r)) for r in rows]
     layers = range(1, len(rows) + 1)
-    fig, (ax_cos, ax_norm) = plt.subplots(1, 2, figsize=(10, 3.5))
-    ax_cos.plot(layers, [r[0] for r in rows], marker="o", markersize=3, label="first token")
-    ax_cos.plot(layers, [r[1] for r in rows], marker="o", markersize=3, label="other tokens")
-    ax_cos.set_ylabel("mean cos(q_t, k_j)")
-    ax_norm.plot(layers, [r[2] for r in rows], marker="o", markersize=3, label="first token")
-    ax_norm.plot(layers, [r[3] for r in rows], marker="o", markersize=3, label="other tokens")
-    ax_norm.set_ylabel("mean ‖q_t‖·‖k_j‖")
-    for ax in (ax_cos, ax_norm):
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for ax, first, ylabel in zip(axes, (0, 2), ("mean cos(q_t, k_j)", "mean ‖q_t‖·‖k_j‖")):
+        ax.plot(layers, [r[first] for r in rows], marker="o", markersize=3, label="first token")
+        ax.plot(layers, [r[first + 1] for r in rows], marker="o", markersize=3, label="other tokens")
+        ax.set_ylabel(ylabel)
         ax.set_xlabel("layer l")
         ax.legend()
     fig.suptitle(title or "QK decomposition")
@@ -180,29 +159,21 @@ def alpha1_trajectories(
     title: str = "",
     uniform: float | None = None,
 ) -> Path:
-    """One line per (layer, head): α_1 of that head against the training step, coloured by
-    layer, with the uniform-attention value (and 1.25 x it) as dashed references."""
+    """α_1 of each (layer, head) against the step, coloured by layer, with uniform (and 1.25 x it) dashed."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     layers = sorted({layer for layer, _ in series})
     cmap = plt.get_cmap("viridis", max(2, len(layers)))
     labelled: set[int] = set()
     for (layer, head), values in sorted(series.items()):
         colour = cmap(layers.index(layer) / max(1, len(layers) - 1))
-        ax.plot(
-            list(steps),
-            [float(v) for v in values],
-            color=colour,
-            linewidth=1.0,
-            alpha=0.8,
-            marker="o",
-            markersize=2,
-            label=None if layer in labelled else f"layer {layer}",
-        )
+        label = None if layer in labelled else f"layer {layer}"
         labelled.add(layer)
-        if len(series) <= 64 and len(values):
+        ys = [float(v) for v in values]
+        ax.plot(list(steps), ys, color=colour, linewidth=1.0, alpha=0.8, marker="o", markersize=2, label=label)
+        if len(series) <= 64 and ys:  # each line named at its end
             ax.annotate(
                 f"l{layer}h{head}",
-                (list(steps)[-1], float(values[-1])),
+                (steps[-1], ys[-1]),
                 fontsize=6,
                 xytext=(3, 0),
                 textcoords="offset points",
@@ -223,10 +194,8 @@ def alpha1_trajectories(
 def extreme_token_dynamics(
     steps: Sequence[int], panels: Sequence[tuple[str, Curves]], path: str | Path, title: str = ""
 ) -> Path:
-    """Guo et al.'s (2024) mutual-reinforcement picture: the attention sink, the value-state drain
-    and the residual-state peak of the first token against the training step, one panel each
-    (``panels``: (panel title, {line label: values at ``steps``})), the x axis shared. A panel of
-    norm ratios carries the no-peak reference 1 as a dashed line."""
+    """Guo et al.'s (2024) extreme-token dynamics over training, one panel each (``panels``: (title, {label: values
+    at ``steps``})); a panel of ratios carries the no-peak reference 1 dashed."""
     fig, axes = plt.subplots(
         len(panels), 1, figsize=(7.0, 2.3 * len(panels) + 0.6), sharex=True, squeeze=False, layout="constrained"
     )
@@ -252,9 +221,8 @@ def survey_figure(
     curve_input: str = "natural",
     by: str = "sinklab",
 ) -> Path:
-    """Left: Sink_1^ε per model, one bar per input column (``<input>`` or ``<input>_bos``, the
-    BOS ones hatched); right: Sink_1 against ε for ``curve_input``, one colour per model, solid
-    without BOS and dashed with it (``curves[(model, bos)]`` over ``eps_values``)."""
+    """Left: Sink_1^ε per model, one bar per input column (``<input>_bos`` hatched); right: Sink_1 against ε for
+    ``curve_input``, one colour per model, dashed with BOS (``curves[(model, bos)]`` over ``eps_values``)."""
     models = list(bars)
     columns = list(dict.fromkeys(c for cells in bars.values() for c in cells))
     fig, (ax_bar, ax_eps) = plt.subplots(
@@ -265,14 +233,11 @@ def survey_figure(
     kinds = list(dict.fromkeys(c.removesuffix("_bos") for c in columns))
     for i, col in enumerate(columns):
         xs = [m + (i - (len(columns) - 1) / 2) * width for m in range(len(models))]
+        heights = [float(bars[m].get(col, float("nan"))) for m in models]
+        colour = palette(kinds.index(col.removesuffix("_bos")))
+        hatch = "//" if col.endswith("_bos") else None  # the BOS columns
         ax_bar.bar(
-            xs,
-            [float(bars[m].get(col, float("nan"))) for m in models],
-            width=width,
-            color=palette(kinds.index(col.removesuffix("_bos"))),
-            hatch="//" if col.endswith("_bos") else None,
-            edgecolor="white",
-            label=col.replace("_bos", " +BOS"),
+            xs, heights, width=width, color=colour, hatch=hatch, edgecolor="white", label=col.replace("_bos", " +BOS")
         )
     ax_bar.set_xticks(range(len(models)), models, rotation=20 if len(models) > 3 else 0)
     ax_bar.set_ylabel(f"Sink₁ (%), ε={eps}")
@@ -301,9 +266,8 @@ def survey_figure(
 def passkey_heatmap(
     table: Mapping[str, Mapping[float, Mapping[str, float]]], path: str | Path, title: str = "", by: str = "sinklab"
 ) -> Path:
-    """Passkey accuracy, one row per cache config and one column per depth; cells whose key had
-    left the cache for some trial are marked †. ``table[cache][depth]`` holds ``accuracy`` and
-    ``cached`` (both %)."""
+    """Passkey accuracy (``table[cache][depth]``: ``accuracy`` and ``cached``, both %) by cache and depth; † marks a
+    cell whose key had left the cache in some trial."""
     caches = list(table)
     depths = list(next(iter(table.values())))
     data = [[table[c][d]["accuracy"] for d in depths] for c in caches]
@@ -334,9 +298,7 @@ def curve_panels(
     log_panels: Sequence[str] = (),
     by: str = "sinklab",
 ) -> Path:
-    """Side-by-side panels, one per quantity (``panels[name][label] = (xs, ys)``, one line per
-    label); the panels named in ``log_panels`` on a log y axis. The information flow per layer and
-    the loss by position of `sinklab length-eval`."""
+    """Side-by-side panels, one per quantity (``panels[name][label] = (xs, ys)``), ``log_panels`` on a log y axis."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False, layout="constrained")
     for ax, (name, curves) in zip(axes[0], panels.items()):
         for label, (xs, ys) in curves.items():

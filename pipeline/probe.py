@@ -1,17 +1,9 @@
-"""Sink metrics of a model on a probe set: ``run_probe`` (contracts.md, section 3).
-
-``SinkAccumulator`` turns per-batch model outputs (attention maps of every layer, hidden
-states, optionally keys/values and head outputs) into one :class:`SinkMeasures`; ``run_probe``
-feeds it from a SinkLab ``Transformer`` and ``pipeline.analysis.hf_capture`` feeds it from a
-Hugging Face model, so both paths count sinks the same way. Torch only, beside
-``pipeline.metrics``: the training callbacks and the analysis layer both use it, and the
-training layer imports nothing from ``pipeline.analysis`` for it.
-"""
+"""Sink metrics of a model on a probe set (contracts.md, section 3): ``SinkAccumulator`` turns per-batch outputs into
+one :class:`SinkMeasures`, fed by ``run_probe`` (a SinkLab ``Transformer``) and ``pipeline.analysis.hf_capture``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -29,8 +21,7 @@ ATTENTION_KINDS = tuple(SCORE_KINDS)
 
 
 class SinkAccumulator:
-    """Collects per-sequence importances and the registered metrics (pipeline.probe_metrics) over
-    batches; :meth:`measures` forms the rates."""
+    """Collects per-sequence importances and the registered metrics over batches; :meth:`measures` forms the rates."""
 
     def __init__(
         self,
@@ -67,13 +58,10 @@ class SinkAccumulator:
         qkv: bool = True,
         max_logit: bool = False,
     ) -> None:
-        """One batch. ``attentions``/``hidden_states`` hold every layer, including the slot
-        rows/columns, and ``admitted`` (bool, the maps' last two dims) what each row may see
-        (default: causal, slot columns seen by all); ``queries``/``keys``/``values`` and
-        ``head_outputs`` ([B, H, T, dh]) are real tokens only: ``qkv`` measures the key/value
-        norm ratios and the QK decomposition of them, ``max_logit`` the largest q·k/√d_h (for
-        queries and keys that make the scores). ``trigger_queries`` [B, T] (bool, real tokens)
-        marks the trigger positions of a Bigram-Backcopy probe."""
+        """One batch: ``attentions``/``hidden_states`` of every layer with the slot rows/columns, ``admitted`` what each
+        row may see (default causal, slots seen by all); ``queries``/``keys``/``values``/``head_outputs``
+        ([B, H, T, dh]) and ``trigger_queries`` ([B, T] bool, a Bigram-Backcopy probe's) real tokens only; ``qkv``
+        measures the key/value norm ratios and QK decomposition, ``max_logit`` the largest q·k/√d_h."""
         if attention_kind not in ATTENTION_KINDS:
             raise ValueError(f"attention_kind {attention_kind!r}; expected one of {ATTENTION_KINDS}")
         if not attentions:
@@ -81,7 +69,6 @@ class SinkAccumulator:
         self.kinds.add(attention_kind)
         if admitted is None:
             admitted = metrics.causal_admitted(*attentions[0].shape[-2:], attentions[0].device)
-        triggers = trigger_queries
         alphas, slots, measured = [], [], []
         for l, a in enumerate(attentions):  # one layer at a time: its tensors stay in cache
             one = lambda xs: None if not xs else xs[l].detach().float()[:, None]  # noqa: B023, E731
@@ -98,7 +85,7 @@ class SinkAccumulator:
                 keys=one(keys),
                 values=one(values),
                 head_outputs=one(head_outputs),
-                triggers=triggers,
+                triggers=trigger_queries,
                 qkv=qkv,
                 logits=max_logit,
             )
@@ -114,11 +101,8 @@ class SinkAccumulator:
         if hidden_states and self.outliers is not None:
             self.outliers.add_hidden(hidden_states)
         if hidden_states and n_query_slots:
-            ratios = [
-                h.detach().float()[:, :n_query_slots].norm(dim=-1)
-                / h.detach().float()[:, n_query_slots:].norm(dim=-1).mean(dim=-1, keepdim=True)
-                for h in hidden_states
-            ]
+            norms = [h.detach().float().norm(dim=-1) for h in hidden_states]
+            ratios = [n[:, :n_query_slots] / n[:, n_query_slots:].mean(dim=-1, keepdim=True) for n in norms]
             self.slot_massive.append(torch.stack(ratios, dim=1).cpu())
         if qkv and queries and keys:
             rows = []
@@ -164,16 +148,6 @@ def as_token_tensor(tokens, device: torch.device | str = "cpu") -> Tensor:
     return tokens
 
 
-def _device_of(model: torch.nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
-def _linear_inputs(model: torch.nn.Module, acc: OutlierAccumulator | None):
-    """Record the linear-layer inputs of the model's blocks into ``acc`` (None: nothing)."""
-    return recording_linear_inputs(model.blocks, acc) if acc is not None else nullcontext()
-
-
 def run_probe(
     model: torch.nn.Module,
     tokens,
@@ -186,24 +160,15 @@ def run_probe(
     flow: bool = True,
     mixing_sequences: int | None = None,
 ) -> SinkMeasures:
-    """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (every sequence counted).
-
-    Eval mode, no grad, autocast off (maps in fp32); the model's training mode is restored.
-    Always the largest pre-softmax logit per head over the admitted real-token pairs; ``output_qkv``
-    also the key/value norm ratio of the first token and the QK decomposition; ``outliers`` the
-    activation outliers (pipeline.outliers) of the residual stream and every linear layer's input;
-    ``flow`` the information flow (pipeline.flow: one more forward pass, on the first
-    ``mixing_sequences`` sequences only where given). ``trigger_ids`` (a Bigram-Backcopy dataset's)
-    split the attention on token 1 by query kind.
-    """
-    device = _device_of(model)
+    """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]``, every sequence counted (docs/analysis.md,
+    "`run_probe` and `SinkMeasures`"); eval mode, no grad, fp32 maps, the training mode restored."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     tokens = as_token_tensor(tokens, device)
     admitted = admitted_with_slots(model.config, tokens.shape[1])  # the maps' mask pattern (windows, prefixes, slots)
-    lead = model.config.sink_tokens + 1
     acc = SinkAccumulator(
         eps,
         positions,
-        OutlierAccumulator(lead) if outliers else None,
+        OutlierAccumulator(model.config.sink_tokens + 1) if outliers else None,  # the sink tokens and the first
         FlowAccumulator(mixing_sequences=mixing_sequences) if flow else None,
     )
     triggers = None if trigger_ids is None else torch.as_tensor(list(trigger_ids), dtype=torch.long, device=device)
@@ -215,7 +180,7 @@ def run_probe(
                 # no logits (skip_head): the probe reads none, and the LM head is a third of a small model's forward
                 kwargs = {"output_attentions": True, "output_hidden_states": True, "skip_head": True}
                 batch = tokens[start:stop]
-                with _linear_inputs(model, acc.outliers), recording_inputs(model, acc.flow) as embedded:
+                with recording_linear_inputs(model.blocks, acc.outliers), recording_inputs(model, acc.flow) as embedded:
                     out = model(batch, **kwargs, output_qkv=True)  # queries and keys for the max logit
                 acc.add(
                     out.attentions,

@@ -1,12 +1,7 @@
 """The probe's per-layer and per-head metrics, one registration each (docs/training.md, "The live probe").
 
-A metric is a function of one probe batch (:class:`ProbeBatch`, its layers on dim 1) that returns
-one value per sequence and layer ``[B, L]`` or per sequence, layer and head ``[B, L, H]`` (None:
-not measured on this batch), and a :class:`ProbeMetric` saying how it is reduced and named. The
-accumulator (``pipeline.probe``), the measures and their MLflow names (``pipeline.sink_measures``),
-``sinklab analyze``'s JSON and the MLflow view (``pipeline.tracking.views``) all read
-:data:`REGISTRY`. The probe runs on one rank (rank 0's probe set), so its reduction over
-sequences is the whole reduction. Adding a metric: a function below and a ``register`` line.
+A metric maps a :class:`ProbeBatch` to ``[B, L]`` or ``[B, L, H]`` (None: not measured); every reader reads
+:data:`REGISTRY`. Adding a metric: a function below and a ``register`` line.
 """
 
 from __future__ import annotations
@@ -50,11 +45,10 @@ class ProbeBatch:
 
 @dataclass(frozen=True)
 class ProbeMetric:
-    """``key``: the report's attribute and JSON field. ``per``: ``compute`` gives ``[B, L]``
-    (layer) or ``[B, L, H]`` (head). ``over_sequences``: the reduction to ``[L]`` / ``[L, H]``.
-    Logged as ``layer_name``_l{l} (a head metric reduced over heads by ``over_heads``), with
-    ``over_layers`` also as ``layer_name`` itself, and per head as ``head_name``_l{l}_h{h}
-    (metrics.jsonl and images only: pipeline.tracking.views); None: not logged that way."""
+    """``key``: the report's attribute and JSON field. ``per``: ``compute`` gives ``[B, L]`` (layer) or ``[B, L, H]``
+    (head). ``over_sequences``: the reduction to ``[L]`` / ``[L, H]``. Logged as ``layer_name``_l{l} (a head metric
+    reduced over heads by ``over_heads``), with ``over_layers`` also as ``layer_name`` itself, and per head as
+    ``head_name``_l{l}_h{h} (metrics.jsonl and images only: pipeline.tracking.views); None: not logged that way."""
 
     key: str
     per: Literal["layer", "head"]

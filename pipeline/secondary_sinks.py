@@ -1,11 +1,7 @@
 """Secondary attention sinks: key positions past the first ones that draw attention like a sink.
 
-Pure torch over one layer's attention map ``A [B, H, T, T]`` (rows = queries, columns = keys,
-causal, real tokens only). For every key position k, its importance is design.md's
-α_k = 1/(T−k+1) · Σ_{i=k..T} A_{i,k}; a head's secondary sinks are the positions k > ``first``
-(1-based) with α_k > ε that at least ``min_queries`` queries look at (the last keys' α rests on a
-handful of rows). Per layer: how many there are per head, the share of the head's attention
-mass they take, their token ids, and their residual norm over the sequence's mean.
+Over one layer's causal map ``A [B, H, T, T]`` of real tokens, a head's secondary sinks are the positions
+k > ``first`` (1-based) with α_k = 1/(T−k+1) · Σ_{i=k..T} A_{i,k} > ε that at least ``min_queries`` queries see.
 """
 
 from __future__ import annotations

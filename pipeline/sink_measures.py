@@ -22,8 +22,7 @@ class SinkMeasures:
     sink_star: dict[str, float]
     profile: list[float]
     alpha1: Tensor  # [L, H], mean over sequences
-    # the registered metrics (pipeline.probe_metrics), reduced over sequences: key -> [L] or [L, H];
-    # read as attributes (report.massive_ratio, report.max_logit, ...), None where not measured
+    # the registered metrics reduced over sequences, key -> [L] or [L, H], read as attributes (None: not measured)
     values: dict[str, Tensor]
     is_proxy: bool
     eps: float = metrics.DEFAULT_EPS
@@ -34,8 +33,7 @@ class SinkMeasures:
     # [L, 4]: cos(q_i, k_1), cos(q_i, k_j≥2), ‖q_i‖‖k_1‖, ‖q_i‖‖k_j≥2‖ (Figure 2 bottom)
     qk_decomposition: Tensor | None = None
     alpha1_all: Tensor | None = field(default=None, repr=False)  # [N, L, H]
-    # activation outliers (pipeline.outliers): residual stream and linear-layer inputs
-    outliers: OutlierMeasures | None = None
+    outliers: OutlierMeasures | None = None  # residual stream and linear-layer inputs (pipeline.outliers)
     flow: FlowMeasures | None = None  # information flow per layer (pipeline.flow)
 
     def __getattr__(self, name: str):
@@ -54,7 +52,7 @@ class SinkMeasures:
         return None if dormant is None else 100.0 * dormant.double().mean().item()
 
     def head_metrics(self) -> dict[str, float]:
-        """Per head ``heads/{entropy,out_norm,max_logit}_l{l}_h{h}`` (0-based), ``heads/dormant_pct``; where measured."""
+        """Per head ``heads/{entropy,out_norm,max_logit}_l{l}_h{h}`` and ``heads/dormant_pct``, where measured."""
         out = probe_metrics.head_metrics(self.values)
         if self.out_norm is not None:
             out[N.DORMANT_PCT] = self.dormant_pct
@@ -74,10 +72,7 @@ class SinkMeasures:
         return out | probe_metrics.to_metrics(self.values)
 
     def extreme_token_metrics(self) -> dict[str, float]:
-        """Guo et al. 2024's extreme-token phenomena per layer l (0-based), where measured: the
-        residual-state peak ``act/massive_ratio_l{l}``, the value-state drain
-        ``act/value_norm_ratio_l{l}`` and the BOS share by query kind ``sink/bos_share_trigger_l{l}``,
-        ``sink/bos_share_other_l{l}`` (mean over heads)."""
+        """Guo et al. 2024's extreme-token phenomena per layer, where measured (the EXTREME_TOKENS metrics)."""
         return probe_metrics.to_metrics({k: v for k, v in self.values.items() if k in EXTREME_TOKENS})
 
     def to_json(self) -> dict:

@@ -45,8 +45,7 @@ def fmt_defined(interval: Interval | None) -> str:
 
 @dataclass
 class Agreement:
-    """Rank agreement of one measured quantity's per-variant means with one paper column over the
-    variants that have both (None: undefined), with bootstrap intervals over seeds."""
+    """Rank agreement of per-variant means with one paper column over the variants with both (None: undefined)."""
 
     key: str  # metric-name part: the column key, or alpha1_vs_sink1
     label: str
@@ -91,8 +90,7 @@ def compare(
 
 
 def agreement(experiment: Experiment, rows: list[Row]) -> list[Agreement]:
-    """Per column with paper values: ours against the paper's; then the mean alpha_1 against
-    the paper's Sink_1 (it moves where Sink_1 stays zero at a small scale)."""
+    """Per column with paper values: ours against the paper's; then the mean alpha_1 against the paper's Sink_1."""
     out = []
     for i, column in enumerate(experiment.columns):
         paper = [r.paper[i] for r in rows]
@@ -101,16 +99,9 @@ def agreement(experiment: Experiment, rows: list[Row]) -> list[Agreement]:
             out.append(compare(column.key, column.label, measured, paper, column.digits, bounds(column.metric)))
     sink1 = next((i for i, c in enumerate(experiment.columns) if c.metric == SINK1), None)
     if sink1 is not None and any(r.paper[sink1] is not None for r in rows):
-        out.append(
-            compare(
-                ALPHA1_KEY,
-                "mean alpha_1 (ours) vs Sink_1 (paper)",
-                [r.alpha1 for r in rows],
-                [r.paper[sink1] for r in rows],
-                3,
-                bounds(ALPHA1),
-            )
-        )
+        label = "mean alpha_1 (ours) vs Sink_1 (paper)"
+        paper = [r.paper[sink1] for r in rows]
+        out.append(compare(ALPHA1_KEY, label, [r.alpha1 for r in rows], paper, 3, bounds(ALPHA1)))
     return out
 
 

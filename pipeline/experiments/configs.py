@@ -1,11 +1,4 @@
-"""One training config per variant: the scale's recipe with the variant's overrides applied.
-
-A sweep writes each (variant, seed)'s config as a plain YAML file beside its run directory, so a
-local run and a SLURM array task start the same `sinklab fit --config FILE` (the array API
-takes one config per task). Overrides are dotted paths as on the `sinklab fit` command line
-(`arch.attention.op`); where the recipe holds a `class_path`/`init_args` pair the path
-goes through `init_args`, as jsonargparse's own command line does.
-"""
+"""One training config per (variant, seed): the scale's recipe with the variant's dotted overrides applied."""
 
 from __future__ import annotations
 
@@ -59,8 +52,7 @@ def set_dotted(config: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def seeds(experiment: Experiment, scale: str, count: int | None = None) -> list[int]:
-    """The seeds of every variant at `scale`: the recipe's seed_everything and the next ones,
-    `count` of them (default the file's scale.<scale>.seeds), so a one-seed run keeps its seed."""
+    """The recipe's seed_everything and the next ones, `count` of them (default the file's scale.<scale>.seeds)."""
     first = load_recipe(experiment, scale).get("seed_everything", DEFAULT_SEED)
     if isinstance(first, bool) or not isinstance(first, int):
         raise ExperimentError(
@@ -71,16 +63,12 @@ def seeds(experiment: Experiment, scale: str, count: int | None = None) -> list[
 
 
 def run_name(experiment: Experiment, variant: Variant, scale: str, seed: int) -> str:
-    """The MLflow run name of a variant's seed, the variant first so that the UI's legends, which cut
-    long names, still tell variants apart: ``wd-0.5 s1234 (weight-decay/cpu)``; `runs.run_scale`
-    reads the scale back from it."""
+    """``wd-0.5 s1234 (weight-decay/cpu)``, the variant first (the UI cuts long legends); `runs.run_scale` reads it."""
     return f"{variant.name} s{seed} ({experiment.name}/{scale})"
 
 
 def identity(experiment: Experiment, variant: Variant, scale: str, seed: int) -> dict[str, Any]:
-    """Settings of `sinklab fit` that tie a run to its experiment, variant, seed and scale: the
-    MLflow experiment, the sinklab.variant tag, the run name, and the seed of both the model's
-    initialisation (seed_everything, the sinklab.seed tag) and the data order (data.seed)."""
+    """Settings of `sinklab fit` that tie a run to its experiment, variant, scale and seed (initialisation and data)."""
     return {
         "run.experiment": experiment.mlflow_experiment,
         "run.variant": variant.name,
@@ -91,8 +79,7 @@ def identity(experiment: Experiment, variant: Variant, scale: str, seed: int) ->
 
 
 def variant_config(experiment: Experiment, variant: Variant, scale: str, seed: int | None = None) -> dict[str, Any]:
-    """The recipe with the scale's and the variant's overrides and the run's identity; `seed`: the
-    run's seed (default the recipe's own, the first seed of a sweep)."""
+    """The recipe with the scale's and the variant's overrides and the run's identity (`seed` default: the first)."""
     config = load_recipe(experiment, scale)
     seed = seeds(experiment, scale, 1)[0] if seed is None else seed
     settings = {**experiment.overrides(variant, scale), **identity(experiment, variant, scale, seed)}

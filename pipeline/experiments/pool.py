@@ -1,13 +1,7 @@
-"""A warm worker for a local sweep: the training stack is imported once, each run forks from it.
+"""A warm worker for a local sweep: `sinklab fit`'s modules imported once, each run a child forked from it.
 
-The worker, started by the sweep, imports `sinklab fit`'s modules once, touches neither MLflow
-nor torch's thread pools, and per request forks a child that runs `sinklab fit ARGS` exactly as
-the command does, its output in the run's `sweep.log`. Each run is still a process of its own
-(seeds, globals, run-directory lock, MLflow run); the fork only skips the imports (docs/experiments.md).
-
-Protocol: one JSON line per request on the worker's stdin (`{"argv": [...], "log": PATH, "env":
-{...}}`), one JSON line per answer on its stdout (`{"code": EXIT_STATUS}`); the first line it
-writes is `{"ready": SECONDS_OF_IMPORTS}`.
+Protocol: one JSON request per line on stdin (`{"argv": [...], "log": PATH, "env": {...}}`), one answer per line on
+stdout (`{"code": EXIT_STATUS}`), after a first line `{"ready": SECONDS_OF_IMPORTS}`.
 """
 
 from __future__ import annotations
@@ -31,21 +25,17 @@ class WorkerError(RuntimeError):
 
 
 def subprocess_runner(run, command: list[str]) -> int:
-    """A sweep's runner that starts `command` as a process of its own (imports and all); its output
-    goes to <run_dir>/sweep.log."""
+    """A sweep's runner that starts `command` as a process of its own, its output in <run_dir>/sweep.log."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
     with open(run.log, "ab") as log:
         return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
 
 
 class ForkServer:
-    """A sweep's runner (`sweep.Runner`): each call runs one `sinklab fit` command in a child forked
-    from the warm worker and returns its exit status. Started lazily, so a sweep with nothing to
-    run never pays for it."""
+    """A sweep's runner (`sweep.Runner`): one `sinklab fit` per call in a child of the worker, started lazily."""
 
     def __init__(self) -> None:
         self.process: subprocess.Popen | None = None
-        self.import_seconds: float | None = None
 
     def start(self) -> None:
         boot = (
@@ -54,7 +44,7 @@ class ForkServer:
         self.process = subprocess.Popen(
             [sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
-        self.import_seconds = self._answer()["ready"]
+        self._answer()  # the "ready" line
 
     def _answer(self) -> dict:
         line = self.process.stdout.readline()
@@ -68,8 +58,7 @@ class ForkServer:
             self.start()
         run.run_dir.mkdir(parents=True, exist_ok=True)
         request = {"argv": command[command.index("fit") + 1 :], "log": str(run.log), "env": dict(os.environ)}
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
+        print(json.dumps(request), file=self.process.stdin, flush=True)
         return int(self._answer()["code"])
 
     def close(self) -> None:
@@ -115,9 +104,7 @@ def serve() -> None:
 
     for name in WARM_MODULES:
         importlib.import_module(name)
-    answer = sys.stdout
-    answer.write(json.dumps({"ready": round(time.perf_counter() - started, 2)}) + "\n")
-    answer.flush()
+    print(json.dumps({"ready": round(time.perf_counter() - started, 2)}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         Path(request["log"]).parent.mkdir(parents=True, exist_ok=True)
@@ -125,8 +112,7 @@ def serve() -> None:
         if pid == 0:
             _run_child(request)
         _, status = os.waitpid(pid, 0)
-        answer.write(json.dumps({"code": os.waitstatus_to_exitcode(status)}) + "\n")
-        answer.flush()
+        print(json.dumps({"code": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,5 @@
-"""`sinklab report EXPERIMENT`: the paper's table with the measured values over seeds beside it.
-
-    sinklab report weight-decay --scale cpu [--plot] [--out DIR] [--docs docs/results]
-
-Reads the runs of MLflow experiment `sinklab/<experiment>` at the scale (tags sinklab.variant,
-sinklab.seed, sinklab.scale) and prints one markdown row per variant: the paper's value and, over
-its seeds, the mean and 95% t-interval of ours (n shown), the emergence steps as median and range;
-then each metric's mean, std and interval per variant, which orderings of the variants survive the
-noise, and the rank agreement with the paper (Spearman rho, Kendall tau-b on the per-variant means,
-a bootstrap interval over seeds, the permutation p of rho, and a verdict). It writes report.md and
-report.json (and with --plot the figure) to --out and logs them, the intervals and the agreement as
-metrics, to the experiment's parent run. With --docs it also writes the results page
-(pipeline.experiments.results_page).
-"""
+"""`sinklab report EXPERIMENT`: the paper's table with the measured values over seeds beside it (docs/experiments.md,
+Reports)."""
 
 from __future__ import annotations
 
@@ -71,8 +59,7 @@ def status_of(runs: list[tracking.RunSummary]) -> str:
 def build_rows(
     experiment: Experiment, runs_by_variant: dict[str, list[tracking.RunSummary]], scale: str = "cpu"
 ) -> list[Row]:
-    """One row per variant, in the experiment file's order, over its seeds' finished runs (its
-    newest runs where none finished)."""
+    """One row per variant, in file order, over its seeds' finished runs (its newest where none finished)."""
     rows = []
     for variant in experiment.variants:
         best = list(tracking.best_runs(runs_by_variant.get(variant.name, [])).values())
@@ -158,7 +145,7 @@ def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
 
 
 def memorising_notes(rows: list[Row], mlflow) -> list[str]:
-    """One line per run whose validation loss turned upward for good (metrics.memorising)."""
+    """One line per run whose validation loss turned upward for good."""
     notes = []
     for row in rows:
         for run in row.runs:
@@ -235,12 +222,9 @@ def to_markdown(
         lines += ["", f"Paper notes: {experiment.paper_notes}"]
     if scale == "cpu" and experiment.cpu_notes:
         lines += ["", f"CPU scale (as the experiment file plans it): {experiment.cpu_notes}"]
-    renamed = experiment.setup(scale).metrics
-    if renamed:
-        lines += [
-            "",
-            f"Columns read at the {scale} scale: " + ", ".join(f"`{k}` from `{v}`" for k, v in renamed.items()) + ".",
-        ]
+    if renamed := experiment.setup(scale).metrics:
+        shown = ", ".join(f"`{k}` from `{v}`" for k, v in renamed.items())
+        lines += ["", f"Columns read at the {scale} scale: {shown}."]
     return "\n".join(lines) + "\n"
 
 

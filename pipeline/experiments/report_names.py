@@ -1,17 +1,5 @@
-"""What a report reads from training runs and writes to the experiment's parent run (MLflow metrics;
-the names themselves live in pipeline.metric_names).
-
-Read: Sink_1, the mean alpha_1 and its uniform value, the emergence steps (docs/analysis.md).
-Written, NaN where undefined so that the newest report never leaves an older value standing:
-
-- ``agreement/<column key>/{n,min_seeds,distinct,spearman,kendall}``, the bootstrap interval's ends
-  ``agreement/<key>/{spearman,kendall}_{lo,hi}`` and its defined resamples of ``resamples``
-  ``agreement/<key>/{spearman,kendall}_defined``, and rho's permutation p
-  ``agreement/<key>/{spearman_p,spearman_p_reversed,permutations}`` (key ``alpha1_vs_sink1``: mean
-  alpha_1 against the paper's Sink_1);
-- ``seeds/<variant>/<column key>/{n,mean,std,lo,hi}``: a metric over the variant's seeds, the 95%
-  t-interval as lo and hi (column key ``alpha1_mean`` for the mean alpha_1).
-"""
+"""What a report reads from training runs and writes to the experiment's parent run, NaN where undefined
+(the names: docs/experiments.md, Reports)."""
 
 from __future__ import annotations
 
@@ -85,10 +73,6 @@ def agreement_metrics(found) -> dict[str, float]:
     return out
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^\w./ -]", "_", name)  # MLflow's metric-name characters
-
-
 def spread_metrics(experiment, rows) -> dict[str, float]:
     """Each variant's metrics over its seeds (report.Row) as MLflow metrics."""
     out = {}
@@ -96,5 +80,6 @@ def spread_metrics(experiment, rows) -> dict[str, float]:
         columns = [(c.key, s) for c, s in zip(experiment.columns, row.measured)] + [(ALPHA1_COLUMN, row.alpha1)]
         for key, s in columns:
             for statistic, value in (("n", s.n), ("mean", s.mean), ("std", s.std), ("lo", s.lo), ("hi", s.hi)):
-                out[_safe(N.over_seeds(row.variant, key, statistic))] = _number(value)
+                name = re.sub(r"[^\w./ -]", "_", N.over_seeds(row.variant, key, statistic))  # MLflow's characters
+                out[name] = _number(value)
     return out

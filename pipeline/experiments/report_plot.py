@@ -1,6 +1,4 @@
-"""The figure of `sinklab report --plot`: a metric over steps, one line per seed coloured by variant
-(curve), or the paper's value beside our mean per variant with its 95% interval as an error bar and
-each seed as a dot (bar; with Sink_1, a second panel of the mean alpha_1)."""
+"""The figure of `sinklab report --plot`: a metric over steps per run (curve), or paper and ours per variant (bar)."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ from sinklab_io.outputs import output_path
 
 
 def curve_series(experiment: Experiment, rows, mlflow) -> dict[str, list[tuple[int, list[tuple[int, float]]]]]:
-    """Variant label -> (seed, the plotted metric's (step, value) history) of each run that logged it
-    (for lr-steps: Sink_1 against steps per learning rate, the paper's Figure 4 right)."""
+    """Variant label -> (seed, the plotted metric's (step, value) history) of each run that logged it."""
     out = {}
     for row in rows:
         for run in row.runs:
@@ -27,9 +24,7 @@ def curve_series(experiment: Experiment, rows, mlflow) -> dict[str, list[tuple[i
 
 
 def labelled_bars(ax, xs, values, label: str, digits: int = 2, spreads: list[Spread] | None = None) -> None:
-    """Bars with their value written above; a measured 0 gets a visible stub and "0", a missing
-    value "—", so the two are never confused. With `spreads`, the bars are means over seeds: the
-    95% interval is drawn as an error bar and every seed as a dot."""
+    """Bars with their value above (a 0 gets a stub, a missing value "—"); `spreads` adds intervals and seeds."""
     heights = [v if v is not None else 0.0 for v in values]
     bars = ax.bar(xs, heights, 0.4, label=label)
     top = max([abs(h) for h in heights] + [1e-9])
@@ -43,15 +38,8 @@ def labelled_bars(ax, xs, values, label: str, digits: int = 2, spreads: list[Spr
             offsets = [(j - (s.n - 1) / 2) * 0.06 for j in range(s.n)]
             ax.scatter([x + o for o in offsets], s.values, s=9, color="black", zorder=3)
         above = max([value or 0.0, 0.0] + ([s.hi] if s is not None and s.hi is not None else []))
-        ax.annotate(
-            MISSING if value is None else f"{value:.{digits}f}",
-            (x, above),
-            xytext=(0, 2),
-            textcoords="offset points",
-            ha="center",
-            va="bottom",
-            fontsize=7,
-        )
+        text = MISSING if value is None else f"{value:.{digits}f}"
+        ax.annotate(text, (x, above), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7)
 
 
 def _curves(ax, experiment: Experiment, rows, mlflow) -> None:
@@ -85,18 +73,17 @@ def plot(experiment: Experiment, rows, mlflow, path: Path, by: str) -> Path | No
     with_alpha1 = spec.kind == "bar" and spec.metric == SINK1 and any(r.alpha1.n for r in rows)
     fig, axes = plt.subplots(1, 2 if with_alpha1 else 1, figsize=(13 if with_alpha1 else 8, 4.5), squeeze=False)
     ax = axes[0][0]
+    column = next((i for i, c in enumerate(experiment.columns) if c.metric == spec.metric), None)
     if spec.kind == "curve":
         _curves(ax, experiment, rows, mlflow)
     else:
-        column = next((i for i, c in enumerate(experiment.columns) if c.metric == spec.metric), None)
         labels = [r.label for r in rows]
         xs = range(len(rows))
         ours = [r.measured[column] if column is not None else spread([]) for r in rows]
-        paper = [(r.paper[column] if column is not None else None) for r in rows]
+        paper = [r.paper[column] if column is not None else None for r in rows]
         labelled_bars(ax, [x - 0.2 for x in xs], paper, "paper")
-        labelled_bars(
-            ax, [x + 0.2 for x in xs], [s.mean for s in ours], "ours (mean, 95% interval, seeds)", spreads=ours
-        )
+        ours_label = "ours (mean, 95% interval, seeds)"
+        labelled_bars(ax, [x + 0.2 for x in xs], [s.mean for s in ours], ours_label, spreads=ours)
         ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=8)
         ax.legend(fontsize=8)
         if with_alpha1:
@@ -106,11 +93,9 @@ def plot(experiment: Experiment, rows, mlflow, path: Path, by: str) -> Path | No
             alpha_ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=8)
             alpha_ax.set_ylabel("mean α₁ (ours)")
             rank = next((a for a in agreement(experiment, rows) if a.key == ALPHA1_KEY), None)
-            alpha_ax.set_title(
-                "mean α₁, ranked against the paper's Sink₁" + (f": Spearman ρ {fmt_corr(rank.rho)}" if rank else ""),
-                fontsize=10,
-            )
-    ax.set_ylabel(next((c.label for c in experiment.columns if c.metric == spec.metric), spec.metric))
+            title = "mean α₁, ranked against the paper's Sink₁" + (f": Spearman ρ {fmt_corr(rank.rho)}" if rank else "")
+            alpha_ax.set_title(title, fontsize=10)
+    ax.set_ylabel(experiment.columns[column].label if column is not None else spec.metric)
     ax.set_title(spec.title, fontsize=10)
     fig.tight_layout()
     with output_path(path, by) as tmp:

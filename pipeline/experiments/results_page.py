@@ -1,10 +1,5 @@
-"""`sinklab report ... --docs DIR`: the report as a results page, DIR/<experiment>.md, and the index DIR/README.md.
-
-A page is the command and date, the report's Markdown, and a prose region between PROSE's two
-lines that a regeneration carries over as it stands: what a person wrote there is never lost,
-and an edit there does not stop the command from replacing the rest (``sinklab_io.outputs``,
-``keep``). The index lists the pages this command wrote, each by its title, with its own prose.
-"""
+"""`sinklab report ... --docs DIR`: the report as DIR/<experiment>.md and the index DIR/README.md, each with a prose
+region between PROSE's lines that a rewrite keeps as it stands (docs/experiments.md, Results pages)."""
 
 from __future__ import annotations
 

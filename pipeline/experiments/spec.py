@@ -1,14 +1,8 @@
-"""Experiment files: one YAML per experiment of the paper, loaded into typed specs.
-
-An experiment file (configs/experiments/<group>/<name>.yaml) names the base recipe for each
-scale (and how many seeds each variant runs there), the variants (config overrides), the
-metric columns of the paper's table and the paper's published values. Every error names the
-file, the line and the field that is wrong.
-"""
+"""Experiment files, configs/experiments/<group>/<name>.yaml (docs/experiments.md), loaded into typed specs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,32 +15,7 @@ EXPERIMENTS_DIR = REPO / "configs" / "experiments"
 SCALES = ("paper", "cpu", "gpu")
 REQUIRED_SCALES = ("paper", "cpu")  # gpu (one lent GPU) is opt-in per file
 MAX_SEEDS = 1000  # runs per variant: a larger count is a slip (the plan lists every run)
-TOP_KEYS = {
-    "name",
-    "title",
-    "group",
-    "paper_ref",
-    "description",
-    "scale",
-    "columns",
-    "variants",
-    "cpu_notes",
-    "paper_notes",
-    "plot",
-}
-VARIANT_KEYS = {
-    "name",
-    "label",
-    "overrides",
-    "cpu_overrides",
-    "paper_overrides",
-    "gpu_overrides",
-    "paper",
-    "paper_source",
-    "paper_status",
-    "note",
-}
-COLUMN_KEYS = {"key", "metric", "label", "digits"}
+TOP_KEYS = set("name title group paper_ref description scale columns variants cpu_notes paper_notes plot".split())
 PLOT_KEYS = {"kind", "metric", "x", "title"}
 PLOT_KINDS = ("curve", "bar")
 
@@ -139,6 +108,10 @@ class Experiment:
         return {**self.setup(scale).overrides, **variant.overrides_for(scale)}
 
 
+# the fields of a variant, a column and a scale are what their entries may set
+VARIANT_KEYS, COLUMN_KEYS, SCALE_KEYS = ({f.name for f in fields(kind)} for kind in (Variant, Column, ScaleSetup))
+
+
 def _find_file(name_or_path: str | Path) -> Path:
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") and candidate.exists():
@@ -148,7 +121,7 @@ def _find_file(name_or_path: str | Path) -> Path:
         return matches[0]
     if len(matches) > 1:
         raise ExperimentError(f"experiment name {name_or_path!r} is ambiguous: " + ", ".join(map(str, matches)))
-    known = ", ".join(experiment_names()) or "(none)"
+    known = ", ".join(p.stem for p in experiment_files()) or "(none)"
     raise ExperimentError(f"no experiment {name_or_path!r} under {EXPERIMENTS_DIR}; known: {known}")
 
 
@@ -161,10 +134,6 @@ def experiment_files() -> list[Path]:
     )
 
 
-def experiment_names() -> list[str]:
-    return [p.stem for p in experiment_files()]
-
-
 def load_experiment(name_or_path: str | Path) -> Experiment:
     """Load and validate one experiment by name (file stem) or path."""
     path = _find_file(name_or_path)
@@ -173,10 +142,7 @@ def load_experiment(name_or_path: str | Path) -> Experiment:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ExperimentError(f"{path}: not valid YAML: {err}") from None
-    try:
-        shown = path.resolve().relative_to(REPO)
-    except ValueError:
-        shown = path
+    shown = path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path
     return _parse(raw, Reader(shown, text), path)
 
 
@@ -189,16 +155,15 @@ def _parse(raw: Any, r: Reader, path: Path) -> Experiment:
     scale_raw = r.mapping(top["scale"], ("scale",), set(SCALES), required=REQUIRED_SCALES)
     scales = {}
     for scale in (s for s in SCALES if s in scale_raw):
-        s = r.mapping(
-            scale_raw[scale], ("scale", scale), {"recipe", "overrides", "metrics", "seeds"}, required=("recipe",)
-        )
-        recipe = r.text(s["recipe"], ("scale", scale, "recipe"))
-        metrics = r.mapping(s.get("metrics"), ("scale", scale, "metrics"))
+        at = ("scale", scale)
+        s = r.mapping(scale_raw[scale], at, SCALE_KEYS, required=("recipe",))
+        recipe = r.text(s["recipe"], at + ("recipe",))
+        metrics = r.mapping(s.get("metrics"), at + ("metrics",))
         scales[scale] = ScaleSetup(
             recipe,
-            r.overrides(s.get("overrides"), ("scale", scale, "overrides")),
-            {k: r.metric(v, ("scale", scale, "metrics", k)) for k, v in metrics.items()},
-            r.count(s.get("seeds"), ("scale", scale, "seeds"), 1, MAX_SEEDS),
+            r.overrides(s.get("overrides"), at + ("overrides",)),
+            {k: r.metric(v, at + ("metrics", k)) for k, v in metrics.items()},
+            r.count(s.get("seeds"), at + ("seeds",), 1, MAX_SEEDS),
         )
 
     columns_raw = top["columns"]

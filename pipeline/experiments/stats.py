@@ -1,17 +1,4 @@
-"""Statistics over seeds: a variant's spread, the rank agreement's interval and permutation p, the
-verdict they allow, emergence steps.
-
-- :func:`spread`: n, mean, sample standard deviation and the 95% t-interval of the mean
-  (mean ± t₀.₉₇₅,ₙ₋₁ · s/√n) of one metric over a variant's seeds, clipped to the metric's range;
-- :func:`bootstrap`: a 95% interval of a statistic of the per-variant means (Spearman ρ, Kendall τ
-  against the paper), each resample drawing every variant's mean from its t-distribution
-  (mean + s/√n · T, T ~ t with n − 1 degrees of freedom), fixed RNG seed;
-- :func:`permutation`: the one-sided permutation p of ρ over the variant means, exact up to
-  :data:`EXACT_UP_TO` variants, Monte Carlo beyond;
-- :func:`verdict`: what all of these let a study say, in words;
-- :func:`emergence`: median and range of per-seed emergence steps, a run that never emerged
-  counted as later than every step;
-- :func:`ordering`: the variants by mean, and the pairs whose 95% intervals are disjoint.
+"""Statistics over seeds: spreads, the rank agreement's interval and permutation p, verdicts, emergence steps.
 
 Definitions and their rationale: docs/experiments.md (Reports).
 """
@@ -37,11 +24,6 @@ MIN_DISTINCT = 3  # distinct measured means a directional verdict needs
 UNBOUNDED = (-math.inf, math.inf)
 
 
-def known(values: Sequence[float | None]) -> list[float]:
-    """The values that are numbers (None and NaN dropped)."""
-    return [float(v) for v in values if v is not None and v == v]
-
-
 @dataclass(frozen=True)
 class Spread:
     """One metric over a variant's seeds; std and the interval are None below 2 values."""
@@ -63,8 +45,8 @@ def spread(
     seeds: Sequence[int | None] | None = None,
     bounds: tuple[float, float] = UNBOUNDED,
 ) -> Spread:
-    """n, mean, sample std (ddof 1) and the 95% t-interval of the mean of the known values, the
-    interval clipped to `bounds`, the metric's range (with `seeds`, each value's seed is kept)."""
+    """n, mean, sample std (ddof 1) and the 95% t-interval of the mean (mean ± t₀.₉₇₅,ₙ₋₁ · s/√n) of the known
+    values, clipped to `bounds`, the metric's range; with `seeds`, each value's seed is kept."""
     pairs = [(float(v), s) for v, s in zip(values, seeds or [None] * len(values)) if v is not None and v == v]
     xs, kept = tuple(v for v, _ in pairs), tuple(s for _, s in pairs) if seeds is not None else ()
     n = len(xs)
@@ -95,9 +77,8 @@ def bootstrap(
     seed: int = BOOTSTRAP_SEED,
     bounds: tuple[float, float] = UNBOUNDED,
 ) -> Interval:
-    """95% percentile interval of ``statistic(means)`` where each resample draws every group's
-    mean (a variant's seeds: n ≥ 2 values, mean m, std s) as m + s/√n · T, T ~ t(n − 1), clipped
-    to `bounds`. For one mean this is its t-interval; docs/experiments.md (Reports) says why."""
+    """95% percentile interval of ``statistic(means)`` where each resample draws every group's mean (a variant's seeds:
+    n ≥ 2 values, mean m, std s) as m + s/√n · T, T ~ t(n − 1), clipped to `bounds`."""
     arrays = [np.asarray(g, dtype=float) for g in groups]
     sizes = np.array([len(a) for a in arrays])
     if (sizes < 2).any():
@@ -143,10 +124,8 @@ def permutation(
     x, y = np.array(M.average_ranks(means)), np.array(M.average_ranks(paper))
     y -= y.mean()
     observed, tolerance = float(x @ y), 1e-9 * (1 + float(np.abs(x) @ np.abs(y)))
-    k, above, below = len(x), 0, 0
-    exact = k <= EXACT_UP_TO
-    if exact:
-        perms = all_permutations(k)
+    if len(x) <= EXACT_UP_TO:
+        perms, above, below = all_permutations(len(x)), 0, 0
         for start in range(0, len(perms), 1 << 18):
             scores = x[perms[start : start + (1 << 18)]] @ y
             above += int((scores >= observed - tolerance).sum())
@@ -158,8 +137,7 @@ def permutation(
 
 
 def distinct(means: Sequence[float], digits: int) -> int:
-    """How many different values `means` hold as the report prints them (`digits` decimals):
-    means equal to within the printed precision, such as Sink_1 at a floor of 0, count once."""
+    """How many different values `means` hold as the report prints them (`digits` decimals)."""
     return len({round(m, digits) + 0.0 for m in means})  # + 0.0: -0.0 is 0.0
 
 
@@ -171,9 +149,8 @@ def verdict(
     distinct_means: int,
     min_seeds: int,
 ) -> str:
-    """In words: "ordering reproduced" (or "reversed") only where ρ's interval excludes 0, the
-    permutation p in that direction is below ALPHA, τ has ρ's sign and the means take at least
-    MIN_DISTINCT distinct values; otherwise which of these failed."""
+    """ "ordering reproduced" / "reversed" where the verdict's four conditions hold (docs/experiments.md), else which
+    failed, in words."""
     if rho is None:
         return "undefined (fewer than 2 variants, or no spread)"
     if min_seeds < 2 or interval is None or interval.lo is None:
@@ -202,9 +179,8 @@ MISSING = "—"  # no value, in every table of a report
 
 
 def emergence(steps: Sequence[float | None]) -> str:
-    """ "100 (100–150), 3/3": median and range of the steps, and how many runs emerged ("100, 3/3"
-    where all agree); a run that never emerged (None) counts as later than any step, so it can make
-    the median "never"."""
+    """ "100 (100–150), 3/3": median and range of the steps and how many runs emerged; a run that never emerged
+    (None) counts as later than any step."""
     if not steps:
         return MISSING
     ordered = sorted(steps, key=lambda s: math.inf if s is None else s)

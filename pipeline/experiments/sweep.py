@@ -1,17 +1,6 @@
-"""`sinklab sweep EXPERIMENT`: train every variant of a paper experiment under N seeds.
+"""`sinklab sweep EXPERIMENT`: train every variant of a paper experiment under N seeds (docs/experiments.md, Sweeps).
 
-    sinklab sweep weight-decay --scale cpu --local --seeds 3   # one after another, here
-    sinklab sweep weight-decay --scale paper --submit          # one SLURM job array
-    sinklab sweep weight-decay --dry-run                       # print the plan only
-
-Each (variant, seed) gets `runs/<experiment>/<scale>/<variant>/s<seed>/` as its run directory
-and its own config `runs/<experiment>/<scale>/<variant>/s<seed>.yaml` (the recipe with the
-variant's overrides and the seed of both the initialisation and the data order); all of them
-log to the MLflow experiment `sinklab/<experiment>`. A run that already finished (tag
-sinklab.status=finished) is skipped, so the command is safe to repeat and a repeat with more
-seeds runs only the new ones; failed and interrupted runs are listed and run again (they
-resume from their newest checkpoint). Locally the runs fork from one warm worker
-(pipeline.experiments.pool), one at a time.
+A finished run (tag sinklab.status=finished) is skipped, so a repeat runs only what is missing, failed or unfinished.
 """
 
 from __future__ import annotations
@@ -45,8 +34,7 @@ EMBEDDED_AT_GPU_SCALE = (
 
 
 def data_args(path: Path | None, scale: str) -> list[str]:
-    """`--data.path` for every variant's `sinklab fit`, checked here; the note on the embedded
-    corpus at the gpu scale where none is given."""
+    """`--data.path` for every variant's `sinklab fit`, checked; a note at the gpu scale where none is given."""
     if path is None:
         if scale == "gpu":
             print(EMBEDDED_AT_GPU_SCALE, file=sys.stderr)
@@ -85,8 +73,7 @@ def sweep_dir(experiment: Experiment, scale: str, runs_root: Path) -> Path:
 def plan(
     experiment: Experiment, scale: str, runs_root: Path, mlflow: Any | None, n_seeds: int | None = None
 ) -> list[PlannedRun]:
-    """One PlannedRun per (variant, seed), variant by variant, with its state from MLflow (None:
-    treat all as pending). `n_seeds`: seeds per variant (default the file's scale.<scale>.seeds)."""
+    """One PlannedRun per (variant, seed), its state from MLflow (None: all pending); `n_seeds` overrides the file's."""
     known = tracking.variant_runs(mlflow, experiment.mlflow_experiment, scale) if mlflow else {}
     root = sweep_dir(experiment, scale, runs_root)
     planned = []
@@ -100,21 +87,11 @@ def plan(
                 state = "pending"
             elif best.finished:
                 state = "finished"
-            elif best.status in ("failed", "nonfinite", "killed"):
-                state = "failed"
             else:
-                state = "incomplete"
-            folder = root / variant.name
-            planned.append(
-                PlannedRun(
-                    variant.name,
-                    seed,
-                    folder / f"s{seed}",
-                    folder / f"s{seed}.yaml",
-                    state,
-                    best.run_id if best else None,
-                )
-            )
+                state = "failed" if best.status in ("failed", "nonfinite", "killed") else "incomplete"
+            run_dir = root / variant.name / f"s{seed}"
+            previous = best.run_id if best else None
+            planned.append(PlannedRun(variant.name, seed, run_dir, run_dir.with_suffix(".yaml"), state, previous))
     return planned
 
 
@@ -141,8 +118,7 @@ Runner = Callable[[PlannedRun, list[str]], int]
 def run_local(
     planned: list[PlannedRun], runner: Runner = subprocess_runner, extra: list[str] = (), out=None
 ) -> dict[str, int]:
-    """Run every (variant, seed) that has not finished, one after another; return exit codes by
-    run name (`<variant> s<seed>`)."""
+    """Run every (variant, seed) that has not finished, one after another; exit codes by run name."""
     out = out or sys.stdout
     todo = [r for r in planned if r.to_run]
     codes = {}
@@ -182,12 +158,8 @@ def submit(
         spec.environment["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
     if parent:
         spec.environment[PARENT_ENV] = parent
-    return submit_array(
-        [(r.config_path, r.run_dir) for r in todo],
-        sweep_dir(experiment, scale, runs_root),
-        spec,
-        max_parallel=job_args.max_parallel,
-    )
+    tasks = [(r.config_path, r.run_dir) for r in todo]
+    return submit_array(tasks, sweep_dir(experiment, scale, runs_root), spec, max_parallel=job_args.max_parallel)
 
 
 def plural(n: int, word: str) -> str:
@@ -311,12 +283,11 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
             return 0
         previous = os.environ.get(PARENT_ENV)
         os.environ[PARENT_ENV] = parent  # each `sinklab fit` tags its run as a child of it
-        pool = ForkServer() if runner is None else None
+        pool = ForkServer()  # started on its first run only
         try:
             codes = run_local(planned, runner=runner or pool, extra=extra)
         finally:
-            if pool is not None:
-                pool.close()
+            pool.close()
             if previous is None:
                 os.environ.pop(PARENT_ENV, None)
             else:

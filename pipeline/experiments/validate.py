@@ -1,11 +1,4 @@
-"""Check variant configs with `sinklab fit`'s own parser before anything runs.
-
-Every override must name a real field of the training config (LightningCLI / jsonargparse
-checks names and types, e.g. a Literal such as arch.attention.op), and the model part,
-its preset resolved, must pass ModelConfig's own cross-field validation
-(pipeline.train.fit_config, the check behind `sinklab fit --check-only`). Nothing is
-instantiated: no run directory, no MLflow run, no dataset, no weights.
-"""
+"""Check variant configs with `sinklab fit`'s own parser and ModelConfig's validation, instantiating nothing."""
 
 from __future__ import annotations
 
@@ -16,8 +9,7 @@ from pipeline.experiments.spec import Experiment, ExperimentError, Variant
 
 
 def check_config(config: dict[str, Any], where: str, extra: list[str] = ()) -> None:
-    """Raise ExperimentError (starting with `where`) unless `sinklab fit` would accept `config`
-    followed by the command-line arguments ``extra`` (a sweep's arguments after ``--``)."""
+    """Raise ExperimentError (starting with `where`) unless `sinklab fit` accepts `config`, then ``extra``."""
     import tempfile
 
     import yaml
