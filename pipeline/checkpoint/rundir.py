@@ -10,9 +10,7 @@ runs/<name>/
   lock               pid / host / SLURM job id of the job that owns the directory
 ```
 
-All of it is decided here, so a requeued SLURM job and a user typing `--resume auto` find the
-same run. Checkpoint names avoid ``ckpt_``, which Lightning's SLURM support scans the root dir
-for (the rule and its check: ``cluster.submit.check_run_dir``).
+Checkpoint names avoid ``ckpt_``, which Lightning's SLURM support scans for (``cluster.submit.check_run_dir``).
 """
 
 from __future__ import annotations
@@ -39,8 +37,7 @@ def checkpoint_name(step: int) -> str:
 
 
 def _complete(path: Path) -> bool:
-    """A file checkpoint is complete once renamed into place; a DeepSpeed directory once
-    DeepSpeed has written its ``latest`` tag file (it does so last)."""
+    """A file once renamed into place; a DeepSpeed directory once its ``latest`` file (written last) exists."""
     return path.is_file() or (path.is_dir() and (path / "latest").is_file())
 
 
@@ -79,8 +76,7 @@ class RunDir:
         return sorted(found)
 
     def newest_checkpoint(self, usable: Callable[[Path], bool] = lambda path: True) -> Path | None:
-        """The checkpoint `--resume auto` continues from: the newest complete step checkpoint
-        that ``usable`` accepts (pipeline.checkpoint.integrity checks it can be loaded)."""
+        """The newest complete step checkpoint that ``usable`` accepts."""
         return next((p for _, p in reversed(self.step_checkpoints()) if usable(p)), None)
 
     def prune(self, keep_last: int) -> list[Path]:
@@ -101,8 +97,7 @@ class RunDir:
         atomic_write(self.root / "mlflow_run_id", run_id + "\n")
 
     def set_aside(self) -> Path:
-        """Move what the run recorded so far (checkpoints, metrics.jsonl, the MLflow run id) into
-        ``restart-N/``, so that a start over from step 0 writes no second history over it."""
+        """Move what the run recorded so far into ``restart-N/``, for a start over from step 0."""
         n = 1 + sum(1 for _ in self.root.glob("restart-*"))
         aside = self.root / f"restart-{n}"
         aside.mkdir()
@@ -113,8 +108,7 @@ class RunDir:
 
     # ---- resolved config ---------------------------------------------------------------------
     def save_config(self, text: str) -> Path:
-        """Keep the first start's config as config.yaml; a resume with a changed config adds
-        config.1.yaml, config.2.yaml ... so the history of a run stays readable."""
+        """config.yaml for the first start; config.<n>.yaml for a resume whose config changed."""
         first = self.root / "config.yaml"
         if not first.exists():
             atomic_write(first, text)
@@ -144,10 +138,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def acquire_lock(run: RunDir) -> dict:
-    """Claim the run directory for this job, or raise if another live job holds it.
-
-    A lock is taken over when its holder is a dead process on this host, or the same SLURM job
-    id (a requeued job restarts under its old id, possibly on another node)."""
+    """Claim the run directory for this job, or raise if another live job holds it; a dead process on
+    this host or the same SLURM job id (a requeued job) is taken over."""
     run.root.mkdir(parents=True, exist_ok=True)
     me = _owner()
     payload = json.dumps(me)
