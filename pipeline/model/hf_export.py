@@ -1,12 +1,5 @@
-"""A Hugging Face model directory of any SinkLab model (``sinklab export-hf``, ``pipeline.export``).
-
-Where an HF class computes exactly this model (``hf_native``: Llama, Qwen3), its config.json and
-weights; otherwise remote code: config.json with ``auto_map``, SinkLab's own parameter names
-under ``model.`` in model.safetensors, and the model's own source (``hf_bundle``), which
-``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` runs without SinkLab.
-Both with a model card (README.md) and, when given, the tokenizer. The directory appears whole
-or not at all and replaces only an earlier export (``sinklab_io.atomic.atomic_directory``).
-"""
+"""A Hugging Face model directory of any SinkLab model (``sinklab export-hf``): a native Llama or
+Qwen3 where one computes it exactly (``hf_native``), else remote code (``hf_bundle``; docs/model.md)."""
 
 from __future__ import annotations
 

@@ -12,12 +12,8 @@ from .config import ModelConfig
 
 
 def admitted_pairs(cfg: ModelConfig, q_idx: Tensor, k_idx: Tensor) -> Tensor:
-    """Bool [Tq, Tk] over slot indices (sink tokens first).
-
-    causal: j <= i. prefix: additionally every pair inside the first ``prefix_len`` real
-    tokens (and the sink tokens before them) sees each other. sliding: j <= i and
-    i - j < window, so token t sees down to token t - w + 1.
-    """
+    """Bool [Tq, Tk] over slot indices (sink tokens first): causal j <= i; prefix: also i, j < sink
+    tokens + prefix_len; sliding: j <= i and i - j < window."""
     qi, kj = q_idx[:, None], k_idx[None, :]
     causal = kj <= qi
     if cfg.mask == "prefix":
@@ -29,9 +25,8 @@ def admitted_pairs(cfg: ModelConfig, q_idx: Tensor, k_idx: Tensor) -> Tensor:
 
 
 def admitted_with_slots(cfg: ModelConfig, T: int) -> Tensor:
-    """Bool [S + T, n_bias + S + T]: the pattern of a full-sequence attention map of ``T`` tokens
-    as the model returns it; rows: sink tokens then tokens, columns: bias slots (seen by every
-    query), sink tokens, tokens."""
+    """Bool [S + T, n_bias + S + T]: the admitted pairs of a full-sequence attention map as the model
+    returns it (bias-slot columns first)."""
     idx = torch.arange(cfg.sink_tokens + T)
     admitted = admitted_pairs(cfg, idx, idx)
     if cfg.n_bias_slots:
@@ -41,8 +36,7 @@ def admitted_with_slots(cfg: ModelConfig, T: int) -> Tensor:
 
 @dataclass
 class AttentionContext:
-    """Per-forward facts shared by every layer: positions, rotary angles, the mask. The admitted
-    pairs [Tq, Tk] are built on first use: plain causal attention never needs them."""
+    """Per-forward facts shared by every layer; the admitted pairs [Tq, Tk] are built on first use."""
 
     q_pos: Tensor
     k_pos: Tensor

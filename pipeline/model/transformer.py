@@ -41,12 +41,9 @@ def build_norm(cfg: ModelConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-norm (Eq. 2): h + MHSA(LN(h)), then + FFN(LN(.)).
-    Post-norm (Eq. 3): LN(h + MHSA(h)), then LN(. + FFN(.)).
-
-    Returns the output, the attention capture and the state the probe reads: the output
-    (pre-norm) or, post-norm, the residual sum x + FFN(x) before the last LN, where massive
-    activations show (Gu et al. 2025, Fig. 7 left)."""
+    """Pre-norm (Eq. 2): h + MHSA(LN(h)), then + FFN(LN(.)). Post-norm (Eq. 3): LN(h + MHSA(h)), then
+    LN(. + FFN(.)). Returns the output, the attention capture and the state the probe reads (post-norm:
+    x + FFN(x) before the last LN)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
