@@ -108,10 +108,10 @@ def start_over(run: RunDir) -> str | None:
 def _intact(path: Path) -> bool:
     """For --resume auto: a damaged checkpoint, or one whose step is not its name's, is passed over with a warning."""
     problem = checkpoint_problem(path)
-    if problem is None and (named := int(CKPT_RE.match(path.name).group(1))) != (
-        stored := checkpoint_meta(path)["global_step"]
-    ):
-        problem = f"it holds step {stored}, not step {named} as its name says (copied in from another run?)"
+    if problem is None:
+        named, stored = int(CKPT_RE.match(path.name).group(1)), checkpoint_meta(path)["global_step"]
+        if named != stored:
+            problem = f"it holds step {stored}, not step {named} as its name says (copied in from another run?)"
     if problem and rank_zero_only.rank == 0:
         print(f"sinklab fit: warning: passing over {path}: {problem}", file=sys.stderr, flush=True)
     return problem is None

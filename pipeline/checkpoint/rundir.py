@@ -1,16 +1,5 @@
-"""The run directory: where one training run keeps everything a resumed job needs.
-
-```
-runs/<name>/
-  config.yaml        resolved config of the first start (later starts write config.<n>.yaml if it changed)
-  checkpoints/       step-000100.ckpt ...  (files, or directories under DeepSpeed)
-  mlflow_run_id      the one MLflow run of this job, continued after every resume
-  restart-N/         what a start over (every checkpoint damaged) set aside
-  metrics.jsonl      every logged metric, written locally whatever MLflow does
-  lock               pid / host / SLURM job id of the job that owns the directory
-```
-
-Checkpoint names avoid ``ckpt_``, which Lightning's SLURM support scans for (``cluster.submit.check_run_dir``).
+"""The run directory: where one training run keeps everything a resumed job needs (its layout:
+docs/training.md, "The run directory"). Checkpoint names avoid ``ckpt_``, which Lightning's SLURM support scans for (``cluster.submit.check_run_dir``).
 """
 
 from __future__ import annotations
@@ -116,13 +105,20 @@ class RunDir:
         versions = sorted(self.root.glob("config*.yaml"), key=lambda p: p.stat().st_mtime_ns)
         if versions[-1].read_text() == text:
             return versions[-1]
-        n = len(versions)
-        path = self.root / f"config.{n}.yaml"
+        path = self.root / f"config.{len(versions)}.yaml"
         atomic_write(path, text)
         return path
 
 
 # ---- lock -------------------------------------------------------------------------------------
+def _holder(run: RunDir) -> dict:
+    """Who the lock file names ({} when it is missing or unreadable)."""
+    try:
+        return json.loads(run.lock_path.read_text() or "{}")
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
 def _owner() -> dict:
     return {"pid": os.getpid(), "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
 
@@ -147,10 +143,7 @@ def acquire_lock(run: RunDir) -> dict:
         try:
             fd = os.open(run.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            try:
-                holder = json.loads(run.lock_path.read_text() or "{}")
-            except (OSError, json.JSONDecodeError):
-                holder = {}
+            holder = _holder(run)
             same_job = me["slurm_job_id"] and holder.get("slurm_job_id") == me["slurm_job_id"]
             dead_local = (
                 holder.get("host") == me["host"]
@@ -172,9 +165,6 @@ def acquire_lock(run: RunDir) -> dict:
 
 
 def release_lock(run: RunDir) -> None:
-    try:
-        holder = json.loads(run.lock_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return
+    holder = _holder(run)
     if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
         run.lock_path.unlink(missing_ok=True)

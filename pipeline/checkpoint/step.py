@@ -98,13 +98,8 @@ class StepCheckpoint(Checkpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if (
-            at_step_end(trainer, batch_idx)
-            and self.every > 0
-            and step > 0
-            and step % self.every == 0
-            and step != self.last_saved
-        ):
+        due = self.every > 0 and step > 0 and step % self.every == 0 and step != self.last_saved
+        if due and at_step_end(trainer, batch_idx):
             self.save(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
