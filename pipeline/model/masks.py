@@ -8,20 +8,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from pipeline.kernels.tiled import MaskSpec
+
 from .config import ModelConfig
 
 
 def admitted_pairs(cfg: ModelConfig, q_idx: Tensor, k_idx: Tensor) -> Tensor:
-    """Bool [Tq, Tk] over slot indices (sink tokens first): causal j <= i; prefix: also i, j < sink
-    tokens + prefix_len; sliding: j <= i and i - j < window."""
-    qi, kj = q_idx[:, None], k_idx[None, :]
-    causal = kj <= qi
-    if cfg.mask == "prefix":
-        prefix = cfg.sink_tokens + cfg.prefix_len
-        return causal | ((qi < prefix) & (kj < prefix))
-    if cfg.mask == "sliding":
-        return causal & (qi - kj < cfg.window)
-    return causal
+    """Bool [Tq, Tk] over slot indices (sink tokens first, inside the prefix of a prefix mask)."""
+    return MaskSpec(cfg.mask, cfg.window, cfg.sink_tokens + cfg.prefix_len).admitted(q_idx, k_idx)
 
 
 def admitted_with_slots(cfg: ModelConfig, T: int) -> Tensor:
@@ -66,10 +60,8 @@ class AttentionContext:
     def additive_mask(self) -> Tensor:
         """Float [1, 1|H, Tq, Tk]: positional bias where admitted, -inf elsewhere."""
         if self._mask is None:
-            bias = (
-                self.score_bias
-                if self.score_bias is not None
-                else torch.zeros(1, *self.admitted.shape, device=self.admitted.device)
-            )
+            bias = self.score_bias
+            if bias is None:
+                bias = torch.zeros(1, *self.admitted.shape, device=self.admitted.device)
             self._mask = bias.masked_fill(~self.admitted, float("-inf"))[None]
         return self._mask

@@ -140,6 +140,7 @@ class Transformer(nn.Module):
         if absolute is not None:
             x = x + absolute.to(x.dtype)[None]
         rotary_k = self.positional.rotary(k_pos)
+        score_bias = self.positional.score_bias(q_pos, k_pos)
         ctx = AttentionContext(
             q_pos=q_pos,
             k_pos=k_pos,
@@ -148,21 +149,17 @@ class Transformer(nn.Module):
             config=cfg,
             q_idx=q_idx,
             k_idx=k_idx,
-            score_bias=self.positional.score_bias(q_pos, k_pos),
-            plain_causal=cfg.mask == "causal" and offset == 0,
+            score_bias=score_bias,
+            plain_causal=cfg.mask == "causal" and offset == 0 and score_bias is None,
         )
-        if ctx.score_bias is not None:
-            ctx.plain_causal = False
 
-        want_records = output_attentions or output_qkv
-        hidden, captures = [], []
+        hidden, captures = [], []  # captures: None unless attentions or q, k, v are asked for
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None
             x, capture, state = block(x, ctx, layer_cache, output_attentions, output_qkv)
             if output_hidden_states:
                 hidden.append(state)
-            if want_records:
-                captures.append(capture)
+            captures.append(capture)
         if cache is not None:
             cache.advance(T, n_sinks)
 
