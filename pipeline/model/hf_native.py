@@ -1,7 +1,5 @@
-"""The variants an HF architecture expresses exactly, converted both ways: the default block is
-a ``LlamaForCausalLM``, the default block with qk-norm a ``Qwen3ForCausalLM`` (RMSNorm on each
-head's queries and keys before the rotation, the norm's eps the model's). Anything else exports
-as remote code (``hf_export``)."""
+"""The variants an HF architecture expresses exactly, converted both ways: the default block is a
+``LlamaForCausalLM``, with qk-norm a ``Qwen3ForCausalLM``; anything else exports as remote code."""
 
 from __future__ import annotations
 
@@ -49,8 +47,7 @@ _FUSED_WEIGHTS = {
 
 
 class NotNative(ValueError):
-    """The model config has a field no HF architecture here expresses (or an HF config one SinkLab
-    does not import)."""
+    """A model config no HF architecture here expresses, or an HF config SinkLab does not import."""
 
 
 def _differing(cfg: ModelConfig, fields: list[tuple[str, Any]]) -> list[tuple[str, Any, Any]]:
