@@ -134,12 +134,7 @@ class Attention(nn.Module):
 
     # ---- forward -------------------------------------------------------------------------
     def forward(
-        self,
-        x: Tensor,
-        ctx: AttentionContext,
-        layer_cache=None,
-        need_weights: bool = False,
-        need_qkv: bool = False,
+        self, x: Tensor, ctx: AttentionContext, layer_cache=None, need_weights: bool = False, need_qkv: bool = False
     ) -> tuple[Tensor, AttentionCapture | None]:
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)

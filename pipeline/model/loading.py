@@ -52,10 +52,10 @@ def load_pretrained(
 ) -> Transformer:
     """A SinkLab export dir or remote-code HF export, a Lightning ``.ckpt``, or a state-dict file with ``config``."""
     p = Path(path)
-    if p.is_dir() and config is None and not (p / CONFIG_NAME).exists() and (exported := exported_config(p)):
-        return _build(exported, load_file(str(p / WEIGHTS_NAME), device=map_location), str(p / WEIGHTS_NAME))
     if p.is_dir():
         cfg_file, weights = p / CONFIG_NAME, p / WEIGHTS_NAME
+        if config is None and not cfg_file.exists() and (exported := exported_config(p)):
+            return _build(exported, load_file(str(weights), device=map_location), str(weights))
         for f in (cfg_file, weights):
             if not f.exists():
                 raise FileNotFoundError(f"{p}: not a SinkLab export dir, missing {f.name}")
