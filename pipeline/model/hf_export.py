@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from sinklab_io.mappings import flatten
 from sinklab_io.outputs import atomic_directory
 
 from .config import SHAPE_FIELDS, ModelConfig
@@ -37,15 +38,8 @@ def remote_model(model: Transformer):
 
 def variant_fields(cfg: ModelConfig) -> dict[str, Any]:
     """The fields where ``cfg`` differs from the default block (dotted paths), shape aside."""
-    default = ModelConfig(**{name: getattr(cfg, name) for name in SHAPE_FIELDS}).to_dict()
-    ours = cfg.to_dict()
-    found = {}
-    for name, value in ours.items():
-        if isinstance(value, dict):
-            found |= {f"{name}.{k}": v for k, v in value.items() if v != default[name][k]}
-        elif name not in _NOT_VARIANT and value != default[name]:
-            found[name] = value
-    return found
+    default = flatten(ModelConfig(**{name: getattr(cfg, name) for name in SHAPE_FIELDS}).to_dict())
+    return {k: v for k, v in flatten(cfg.to_dict()).items() if k not in _NOT_VARIANT and v != default[k]}
 
 
 def export_hf(
