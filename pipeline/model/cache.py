@@ -39,11 +39,8 @@ class LayerCache:
         self.v: Tensor | None = None
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.k is None:
-            self.k, self.v = k, v
-        else:
-            self.k = torch.cat((self.k, k), dim=2)
-            self.v = torch.cat((self.v, v), dim=2)
+        self.k = k if self.k is None else torch.cat((self.k, k), dim=2)
+        self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
         return self.k, self.v
 
     def keep(self, index: Tensor) -> None:

@@ -3,7 +3,6 @@ Qwen3 where one computes it exactly (``hf_native``), else remote code (``hf_bund
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -141,7 +140,7 @@ def model_card(
         "## Model config (SinkLab)",
         "",
         "```json",
-        json.dumps(dataclasses.asdict(cfg), indent=2),
+        json.dumps(cfg.to_dict(), indent=2),
         "```",
         "",
     ]

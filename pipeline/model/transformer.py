@@ -24,8 +24,7 @@ class ModelOutput:
     attention_kind: str = "probs"  # "probs" | "sim_nonneg" | "sim_signed"
     n_query_slots: int = 0  # leading rows that are sink tokens
     n_key_slots: int = 0  # leading columns that are not real tokens
-    # per block [B, Tq, d]: its output (pre-norm; the last before the final norm) or, post-norm,
-    # its residual sum before its last LN
+    # per block [B, Tq, d]: its output (the last before the final norm); post-norm: its sum before the last LN
     hidden_states: list[Tensor] | None = None
     queries: list[Tensor] | None = None  # per layer [B, H, T, dh], real tokens, rotated
     keys: list[Tensor] | None = None
