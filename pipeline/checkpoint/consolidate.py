@@ -8,8 +8,7 @@ import os
 
 
 def merge_zero_checkpoint(ckpt_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> dict:
-    """Lightning's converter (DeepSpeed's ``zero_to_fp32`` plus the training state): the checkpoint
-    dict, also written to ``out`` unless it is None."""
+    """Lightning's converter (``zero_to_fp32`` and the training state): the checkpoint dict, also written to ``out``."""
     from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
     if out is not None:

@@ -54,11 +54,8 @@ def _deepspeed_problem(path: Path) -> str | None:
             world = blob.get("dp_world_size", 1)
     if world is None:
         return f"{tag}/ holds no model_states.pt"
-    missing = [
-        f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
-        for r in range(world)
-        if not any(n.endswith(f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt") for n in names)
-    ]
+    expected = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)]
+    missing = [e for e in expected if not any(n.endswith(e) for n in names)]
     if missing:
         return f"written by {world} ranks but {', '.join(missing)} is missing"
     return None

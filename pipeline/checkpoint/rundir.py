@@ -1,5 +1,5 @@
-"""The run directory: where one training run keeps everything a resumed job needs (its layout:
-docs/training.md, "The run directory"). Checkpoint names avoid ``ckpt_``, which Lightning's SLURM support scans for (``cluster.submit.check_run_dir``).
+"""The run directory: where one training run keeps everything a resumed job needs (docs/training.md).
+Checkpoint names avoid ``ckpt_``, which Lightning's SLURM support scans for (``cluster.submit.check_run_dir``).
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ class RunDir:
     def create(self) -> None:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
 
-    # ---- checkpoints -------------------------------------------------------------------------
     def step_checkpoints(self) -> list[tuple[int, Path]]:
         """Complete `step-N.ckpt` checkpoints, oldest first."""
         if not self.checkpoints.is_dir():
@@ -77,7 +76,6 @@ class RunDir:
             remove(p)
         return doomed
 
-    # ---- MLflow run id -----------------------------------------------------------------------
     def mlflow_run_id(self) -> str | None:
         path = self.root / "mlflow_run_id"
         return path.read_text().strip() or None if path.exists() else None
@@ -95,7 +93,6 @@ class RunDir:
                 os.replace(self.root / name, aside / name)
         return aside
 
-    # ---- resolved config ---------------------------------------------------------------------
     def save_config(self, text: str) -> Path:
         """config.yaml for the first start; config.<n>.yaml for a resume whose config changed."""
         first = self.root / "config.yaml"
@@ -110,7 +107,6 @@ class RunDir:
         return path
 
 
-# ---- lock -------------------------------------------------------------------------------------
 def _holder(run: RunDir) -> dict:
     """Who the lock file names ({} when it is missing or unreadable)."""
     try:
@@ -138,7 +134,6 @@ def acquire_lock(run: RunDir) -> dict:
     this host or the same SLURM job id (a requeued job) is taken over."""
     run.root.mkdir(parents=True, exist_ok=True)
     me = _owner()
-    payload = json.dumps(me)
     for _ in range(2):
         try:
             fd = os.open(run.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -159,7 +154,7 @@ def acquire_lock(run: RunDir) -> dict:
             run.lock_path.unlink(missing_ok=True)
             continue
         with os.fdopen(fd, "w") as f:
-            f.write(payload)
+            f.write(json.dumps(me))
         return me
     raise RunDirError(f"{run.lock_path}: could not take over the lock (another job raced for it)")
 

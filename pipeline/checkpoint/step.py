@@ -55,8 +55,7 @@ def at_step_end(trainer: L.Trainer, batch_idx: int) -> bool:
 
 
 class StepCheckpoint(Checkpoint):
-    """``<run_dir>/checkpoints/step-NNNNNN.ckpt`` every ``every`` optimizer steps and at the end, written
-    under a hidden name and renamed into place; the newest ``keep_last`` are kept."""
+    """``step-NNNNNN.ckpt`` every ``every`` optimizer steps and at the end, renamed into place; keeps ``keep_last``."""
 
     def __init__(self, run_dir: Path, every: int, keep_last: int = 3):
         self.run = RunDir(run_dir)

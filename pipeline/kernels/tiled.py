@@ -27,9 +27,8 @@ ScoreBias = Callable[[Tensor, Tensor], Tensor]  # (query slot idx [bq], key slot
 
 @dataclass(frozen=True)
 class MaskSpec:
-    """Which (query, key) slot pairs are admitted, computed per tile from indices (the model's
-    masks.admitted_pairs): causal j <= i; prefix: also i, j < prefix; sliding: j <= i and
-    i - j < window. Queries are slots q_offset .. q_offset + Tq - 1; keys are slots 0 .. Tk - 1."""
+    """The admitted (query, key) slot pairs: causal j <= i; prefix: also i, j < prefix; sliding: j <= i
+    and i - j < window. Queries are slots q_offset .. q_offset + Tq - 1; keys are slots 0 .. Tk - 1."""
 
     kind: MaskKind = "causal"
     window: int = 0
@@ -122,9 +121,8 @@ class _Tiles:
         self.acc = accumulator(q)
 
     def blocks(self):
-        """Yield (q_lo, q_hi, tile): a range of queries and the key tile they see, where a tile
-        is (k_lo, k_hi) over token keys or None for the bias-slot columns (admitted for every
-        query, no positional bias). Queries that see nothing of a tile are trimmed off."""
+        """Yield (q_lo, q_hi, tile): the queries that see something of a tile, (k_lo, k_hi) over token
+        keys or None for the bias-slot columns (admitted for every query, no positional bias)."""
         spec, mask, Tq, Tk = self.spec, self.spec.mask, self.q.shape[2], self.k.shape[2]
         off = mask.q_offset
         block_q = spec.block_q or Tq

@@ -87,7 +87,6 @@ class Attention(nn.Module):
         self.kernel = build_kernel(a, dh)
         self.blocked_spec = blocked_spec(cfg)  # None: the op has no blocked path
 
-    # ---- slots ---------------------------------------------------------------------------
     def _slots(self, k: Tensor, v: Tensor) -> tuple[list[Tensor], list[Tensor]]:
         """Keys and values [B, H, 1, d_h] of the non-token key slots, in order."""
         B, H = k.shape[:2]
@@ -132,7 +131,6 @@ class Attention(nn.Module):
             keys, values = torch.cat([keys, column], -1), F.pad(values, (0, width))
         return q, keys, values, S
 
-    # ---- forward -------------------------------------------------------------------------
     def forward(
         self, x: Tensor, ctx: AttentionContext, layer_cache=None, need_weights: bool = False, need_qkv: bool = False
     ) -> tuple[Tensor, AttentionCapture | None]:

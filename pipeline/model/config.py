@@ -59,8 +59,7 @@ def refuse_renamed(key: str, where: str, prefix: str = "") -> None:
 
 
 def refuse_old_layout(config: dict[str, Any], where: str) -> None:
-    """Raises ConfigError for a run config of the older layout: the architecture under ``model.model``,
-    the optimiser under ``model.optim``, or a field under an older name."""
+    """Raises ConfigError for a run config of an older layout (``model.model``, ``model.optim``, a renamed field)."""
     module = config.get("model")
     module = module.get("init_args", module) if isinstance(module, dict) else None
     if isinstance(module, dict) and "model" in module:
@@ -151,7 +150,6 @@ class ModelConfig:
             self.biases = _build(BiasConfig, self.biases, "biases")
         self.validate()
 
-    # ---- derived sizes -------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
@@ -166,7 +164,6 @@ class ModelConfig:
     def has_sink_logit(self) -> bool:
         return self.attention.sink_logit or op_spec(self.attention.op).zero_logit
 
-    # ---- validation ----------------------------------------------------------------------
     def validate(self) -> None:
         _check_literals(self, "")
         _check_literals(self.attention, "attention.")
@@ -223,7 +220,6 @@ class ModelConfig:
         if b.value_norm and b.kind != "k":
             raise ConfigError(f"arch.biases.value_norm={b.value_norm}: the fixed v* belongs to kind 'k'")
 
-    # ---- (de)serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -233,8 +229,7 @@ class ModelConfig:
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
-        """A named preset with field overrides; nested fields as dicts
-        (``attention={"op": "sigmoid"}``) or with a double underscore (``attention__op``)."""
+        """A preset with overrides, nested as dicts (``attention={"op": "sigmoid"}``) or as ``attention__op``."""
         return cls.from_dict({**_unflatten(overrides), "preset": name})
 
     def replace(self, **overrides: Any) -> ModelConfig:

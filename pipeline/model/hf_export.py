@@ -48,9 +48,8 @@ def export_hf(
     tokenizer: Any = None,
     facts: dict[str, Any] | None = None,
 ) -> str:
-    """Write the export; returns the HF class it loads as (or ``REMOTE``). ``tokenizer``: a
-    transformers tokenizer (saved with its special-token roles) or a tokenizer.json path (copied).
-    ``facts``: what the model card reports beyond the config (see :func:`model_card`)."""
+    """Write the export; returns the HF class it loads as (or ``REMOTE``). ``tokenizer``: a transformers
+    tokenizer or a tokenizer.json path; ``facts``: what the model card reports beyond the config."""
     from transformers import GenerationConfig
 
     architecture = native_architecture(model.config)

@@ -38,8 +38,7 @@ def save_pretrained(model: Transformer, out_dir: str | os.PathLike) -> Path:
 
 
 def write_weights(config: ModelConfig, state: dict[str, torch.Tensor], directory: Path) -> None:
-    """``state`` as ``model.safetensors`` (a tied ``lm_head.weight`` left out) and ``config`` as
-    ``sinklab_config.json`` into an existing ``directory``."""
+    """``state`` (a tied ``lm_head.weight`` left out) and ``config`` as load_pretrained reads them."""
     state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     if config.tie_embeddings:
         state.pop("lm_head.weight", None)

@@ -19,8 +19,7 @@ def admitted_pairs(cfg: ModelConfig, q_idx: Tensor, k_idx: Tensor) -> Tensor:
 
 
 def admitted_with_slots(cfg: ModelConfig, T: int) -> Tensor:
-    """Bool [S + T, n_bias + S + T]: the admitted pairs of a full-sequence attention map as the model
-    returns it (bias-slot columns first)."""
+    """Bool [S + T, n_bias + S + T]: the admitted pairs of a full attention map, bias-slot columns first."""
     idx = torch.arange(cfg.sink_tokens + T)
     admitted = admitted_pairs(cfg, idx, idx)
     if cfg.n_bias_slots:

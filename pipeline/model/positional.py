@@ -56,8 +56,7 @@ class Learned(Positional):
 
 
 class Rotary(Positional):
-    """RoPE (Eq. 8) in the half-split layout of HF Llama (dims i and i + d_h/2 form a pair);
-    it is the paper's interleaved R_{Theta,m} up to a fixed permutation of head dims."""
+    """RoPE (Eq. 8) in HF Llama's half-split layout (dims i and i + d_h/2 form a pair)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -92,8 +91,7 @@ def relative_bucket(distance: Tensor, n_buckets: int, max_distance: int) -> Tens
 
 
 class RelativeBucket(Positional):
-    """The paper's relative PE taken literally: <q_i, k_j> = q_i k_j^T + g(i - j), with the
-    bucket index g itself (Eq. 6) as a fixed bias, shared by all heads."""
+    """The paper's relative PE taken literally: the bucket index g(i - j) itself (Eq. 6) added to the logits."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -41,8 +41,7 @@ def build_norm(cfg: ModelConfig) -> nn.Module:
 
 class Block(nn.Module):
     """Pre-norm (Eq. 2): h + MHSA(LN(h)), then + FFN(LN(.)). Post-norm (Eq. 3): LN(h + MHSA(h)), then
-    LN(. + FFN(.)). Returns the output, the attention capture and the state the probe reads (post-norm:
-    x + FFN(x) before the last LN)."""
+    LN(. + FFN(.)). Returns the output, the attention capture and the state hidden_states records."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
