@@ -30,16 +30,14 @@ def blocked_attention(
     query_block: int | None = None,
     impl: str = "auto",
 ) -> Tensor:
-    """Attention output [B, H, Tq, d_h] before the alpha scale: the chunked linear form for a linear
+    """Attention output [B, H, Tq, d_h] before the alpha scale: chunked linear attention for a linear
     kernel under a causal or prefix mask, else tiles (fused Triton or torch, the same numbers).
 
-    q [B, H, Tq, d_h], k/v [B, H, Tk, d_h]: rotated (sink tokens included; queries are the last Tq
-    key slots). kernel: phi, applied to queries and keys first. slot_k/slot_v [B, H, S, d_h]: the
-    k*/v* bias slots, admitted for every query. score_bias: a fixed positional bias, a function
-    (q_idx, k_idx) -> [1|H, bq, bk] or the model's [1|H, Tq, Tk] tensor; learned biases are refused.
-    block_size / query_block: keys / queries per tile (None: 128 / all for the torch tiles, 64 / 64
-    fused; the linear chunk is at most 64). impl: ``triton``, ``torch`` or ``auto`` (triton for CUDA
-    tensors when it computes the spec); the linear form ignores it.
+    q [B, H, Tq, d_h], k/v [B, H, Tk, d_h]: rotated, queries the last Tq key slots. kernel: phi.
+    slot_k/slot_v [B, H, S, d_h]: the bias slots. score_bias: a fixed positional bias, a function
+    (q_idx, k_idx) -> [1|H, bq, bk] or the model's [1|H, Tq, Tk] tensor. block_size / query_block:
+    keys / queries per tile (None: 128 / all torch, 64 / 64 fused; the linear chunk is at most 64).
+    impl: ``triton``, ``torch`` or ``auto`` (triton for CUDA tensors when it computes the spec).
     """
     if impl not in IMPLS:
         raise ValueError(f"blocked_attention: impl={impl!r}; allowed {', '.join(IMPLS)}")

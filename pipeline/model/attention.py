@@ -48,10 +48,7 @@ class KeyValueSlot(nn.Module):
         if b.kind == "kv":
             self.value = nn.Parameter(torch.zeros(heads, dh))
         else:
-            if b.value_direction == "onehot":
-                direction = torch.eye(dh)[0]
-            else:
-                direction = torch.full((dh,), 1.0 / math.sqrt(dh))
+            direction = torch.eye(dh)[0] if b.value_direction == "onehot" else torch.full((dh,), 1.0 / math.sqrt(dh))
             self.register_buffer("value", (b.value_norm * direction).expand(heads, dh).clone())
 
     def keys_values(self, batch: int, n_heads: int) -> tuple[Tensor, Tensor]:

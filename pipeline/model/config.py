@@ -168,7 +168,7 @@ class ModelConfig:
         _check_literals(self, "")
         _check_literals(self.attention, "attention.")
         _check_literals(self.biases, "biases.")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_seq_len"):
+        for name in SHAPE_FIELDS:
             if getattr(self, name) < 1:
                 raise ConfigError(f"arch.{name}={getattr(self, name)}: must be a positive integer")
         if self.d_model % self.n_heads:

@@ -28,10 +28,10 @@ class SinkLabConfig(PretrainedConfig):
                 f"config.json: sinklab_format={sinklab_format}, but this code reads format {EXPORT_FORMAT} at most; "
                 "export the checkpoint again with the SinkLab that trained it"
             )
-        cfg = ModelConfig.from_dict(sinklab) if sinklab is not None else None
-        self.sinklab = cfg.to_dict() if cfg is not None else None
-        self.sinklab_format = sinklab_format
-        if cfg is not None:  # what HF tools read (lm-eval's context length, the vocabulary)
+        self.sinklab, self.sinklab_format = None, sinklab_format
+        if sinklab is not None:  # with what HF tools read (lm-eval's context length, the vocabulary)
+            cfg = ModelConfig.from_dict(sinklab)
+            self.sinklab = cfg.to_dict()
             self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.d_model
             self.num_hidden_layers, self.num_attention_heads = cfg.n_layers, cfg.n_heads
             self.max_position_embeddings = cfg.max_seq_len

@@ -162,12 +162,11 @@ class Transformer(nn.Module):
             cache.advance(T, n_sinks)
 
         final = self.norm(x[:, n_sinks:])
-        sinks_in_keys = cache.sinks_kept if cache is not None else n_sinks
         out = ModelOutput(
             logits=None if skip_head else self.lm_head(final),
             final_hidden=final if skip_head else None,
             n_query_slots=n_sinks,
-            n_key_slots=cfg.n_bias_slots + sinks_in_keys,
+            n_key_slots=cfg.n_bias_slots + (cache.sinks_kept if cache is not None else n_sinks),
             hidden_states=hidden if output_hidden_states else None,
         )
         out.attention_kind = op_spec(cfg.attention.op).kind(cfg.attention)
