@@ -1,11 +1,8 @@
 """Causal linear attention in chunked prefix-sum form, O(T c d_h + T d_h^2), no T x T matrix.
 
-With phi already applied (``q``, ``k`` = phi(q), phi(k)) and sim_ij = q_i k_j^T * scale on admitted pairs:
-
-    u_i = sum_{j admitted} sim_ij v_j,   S_i = sum_{j admitted} sim_ij,   y_i = u_i / Z(S_i)
-
-Inside a chunk of c slots the (c x c) product is masked causally; the state sum_j k_j^T v_j
-(d_h x d_h) and sum_j k_j of earlier chunks, seeded by the bias slots, carries the earlier keys.
+With phi applied (``q``, ``k`` = phi(q), phi(k)) and sim_ij = q_i k_j^T * scale on admitted pairs,
+y_i = u_i / Z(S_i), u_i = sum_j sim_ij v_j, S_i = sum_j sim_ij. A chunk of c slots is masked causally;
+the state sum_j k_j^T v_j and sum_j k_j of earlier chunks, seeded by the bias slots, holds the rest.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Multi-head self-attention with the paper's biases (Tables 4, 5, 12, 13) and operations.
-
-Key slots that are not tokens come first: the k*/v* slot, then the sink-logit column (a zero key
-and value whose logit is learned per head, or 0). The op's entry picks the path, SDPA, blocked
-kernels or the eager reference (``Attention._path``; docs/model.md, "What runs where").
-"""
+"""Multi-head self-attention with the paper's biases (Tables 4, 5, 12, 13) and operations. Key slots
+that are not tokens come first: the k*/v* slot, then the sink-logit column (a zero key and value
+whose logit is learned per head, or 0); ``Attention._path`` picks SDPA, blocked kernels or eager."""
 
 from __future__ import annotations
 

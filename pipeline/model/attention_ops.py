@@ -1,9 +1,7 @@
-"""Attention operations (section 7.4, Tables 6, 14, 15, Eq. 43-44; Gu et al. 2025, appendix A.3): each is one
-``OpSpec`` in ``OPS``, which everything that depends on the operation reads (docs/model.md).
-
-v_i = alpha * sum_j sim(phi(q_i), phi(k_j)) / Z_i * v_j. An eager op maps queries, keys and the
-additive mask (-inf where a pair is not admitted) to ``weights`` [B, H, Tq, Tk] (what multiplies
-the values, before alpha) and ``reported`` (the model's "attentions": see ``OpSpec.scores``).
+"""Attention operations (section 7.4, Tables 6, 14, 15, Eq. 43-44; Gu et al. 2025, appendix A.3), each
+one ``OpSpec`` in ``OPS``: v_i = alpha * sum_j sim(phi(q_i), phi(k_j)) / Z_i * v_j. An eager op maps
+queries, keys and the additive mask (-inf where not admitted) to ``weights`` [B, H, Tq, Tk] (what
+multiplies the values, before alpha) and ``reported`` (the model's "attentions", ``OpSpec.scores``).
 """
 
 from __future__ import annotations

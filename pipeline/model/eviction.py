@@ -1,9 +1,6 @@
-"""KV-cache eviction policies behind one interface: StreamingLLM, H2O, SnapKV and key norm.
-
-A full cache keeps ``capacity - n_new`` entries per kv head, in stream order, ranked by the row's
-policy: its ``recent`` newest entries above every score, sinks above everything when the row keeps
-them and below everything when it drops them (docs/analysis.md, "sinklab kv-eval").
-"""
+"""KV-cache eviction policies behind one interface: StreamingLLM, H2O, SnapKV and key norm. A full
+cache keeps ``capacity - n_new`` entries per kv head, ranked by the row's policy, its ``recent``
+newest entries and its sinks (kept: above all; dropped: below all; docs/analysis.md, "sinklab kv-eval")."""
 
 from __future__ import annotations
 
