@@ -136,10 +136,6 @@ def _kernel_phi(a: AttentionConfig, head_dim: int) -> nn.Module:
     return {"identity": nn.Identity, "elu1": Elu1}.get(a.feature_map, lambda: KernelMLP(head_dim))()
 
 
-def _kernel_scores(a: AttentionConfig) -> str:
-    return "sim_nonneg" if a.feature_map == "elu1" else "sim_signed"
-
-
 OpFn = Callable[[Tensor, Tensor, Tensor, "AttentionConfig", "nn.Module | None"], OpResult]
 
 
@@ -241,7 +237,7 @@ register(
     OpSpec(
         "kernel",
         kernel_op,
-        scores=_kernel_scores,
+        scores=lambda a: "sim_nonneg" if a.feature_map == "elu1" else "sim_signed",
         normalizers=NORMALIZERS,
         tiles="identity",
         score_biases=False,

@@ -77,12 +77,10 @@ def bundle() -> dict[str, str]:
     return {_flat_name(m): bundle_source(m) for m in bundle_modules()}
 
 
-def write_bundle(directory: Path) -> list[str]:
-    """Write the bundle into ``directory``; returns the file names."""
-    files = bundle()
-    for name, text in files.items():
+def write_bundle(directory: Path) -> None:
+    """Write the bundle into ``directory``."""
+    for name, text in bundle().items():
         (directory / name).write_text(text)
-    return sorted(files)
 
 
 def entry_class(name: str) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -51,14 +52,8 @@ class NotNative(ValueError):
 
 
 def _differing(cfg: ModelConfig, fields: list[tuple[str, Any]]) -> list[tuple[str, Any, Any]]:
-    found = []
-    for path, needed in fields:
-        value: Any = cfg
-        for part in path.split("."):
-            value = getattr(value, part)
-        if value != needed:
-            found.append((path, value, needed))
-    return found
+    found = [(path, functools.reduce(getattr, path.split("."), cfg), needed) for path, needed in fields]
+    return [(path, value, needed) for path, value, needed in found if value != needed]
 
 
 def native_architecture(cfg: ModelConfig) -> str | None:

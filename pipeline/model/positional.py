@@ -1,8 +1,7 @@
 """Positional embeddings (Table 3, Appendix A) over 0-based slot indices (sink tokens first), each a
 module with three hooks that may return None: ``input_embedding(pos)``, P added to the token
 embeddings; ``rotary(pos)``, (cos, sin) for queries and keys; ``score_bias(q_pos, k_pos)``, g(i - j)
-added to the logits, [H|1, Tq, Tk].
-"""
+added to the logits, [H|1, Tq, Tk]."""
 
 from __future__ import annotations
 
