@@ -1,8 +1,5 @@
-"""Checkpoints of a run, in one room: the run directory and its lock (``rundir``), the step
-checkpoint callback (``step``), what makes a checkpoint fit to keep and resume from
-(``integrity``), which checkpoint a start resumes and what a resume may change (``resume``),
-and a DeepSpeed ZeRO checkpoint merged into one (``consolidate``; the command is pipeline.train.consolidate). Other parts import
-from here only; nothing outside this package writes or chooses a step checkpoint."""
+"""A run's checkpoints: its directory and lock, the step checkpoint callback, what may be kept and
+resumed, and the ZeRO merge. Other parts import from here only (docs/training.md, "Resume")."""
 
 from __future__ import annotations
 

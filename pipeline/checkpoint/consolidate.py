@@ -1,6 +1,4 @@
-"""A DeepSpeed ZeRO checkpoint directory merged into one Lightning checkpoint dict: the one way
-SinkLab merges one (`sinklab consolidate`, pipeline.train.consolidate, and the final model of a
-DeepSpeed run, pipeline.tracking.run_assets)."""
+"""A DeepSpeed ZeRO checkpoint directory merged into one Lightning checkpoint dict."""
 
 from __future__ import annotations
 
@@ -10,11 +8,7 @@ import os
 
 
 def merge_zero_checkpoint(ckpt_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> dict:
-    """The one way SinkLab merges a DeepSpeed ZeRO checkpoint directory: Lightning's converter
-    (DeepSpeed's ``zero_to_fp32`` over every rank's fp32 master partitions, plus Lightning's
-    training state). Returns the Lightning checkpoint dict (``state_dict`` keys as the
-    LightningModule's); ``out`` None: only the dict is wanted (the final model of `sinklab fit`),
-    and the converter's own copy of it is written nowhere."""
+    """Lightning's converter (``zero_to_fp32`` and the training state): the checkpoint dict, also written to ``out``."""
     from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
     if out is not None:

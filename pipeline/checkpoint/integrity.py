@@ -1,11 +1,4 @@
-"""What makes a checkpoint fit to keep and to resume from.
-
-- ``nonfinite_state``: checked before a step checkpoint is written, so a diverged run never
-  leaves a checkpoint of broken weights (nor deletes an older, good one to make room).
-- ``checkpoint_problem``: checked before a resume, so a checkpoint cut short (a full disk, a
-  node lost mid-copy) or a DeepSpeed directory missing a rank's partition is passed over by
-  ``--resume auto`` and refused by ``--resume PATH`` with a line that names it.
-"""
+"""What makes a checkpoint fit to keep (``nonfinite_state``) and to resume from (``checkpoint_problem``)."""
 
 from __future__ import annotations
 
@@ -39,8 +32,7 @@ def nonfinite_state(module: torch.nn.Module, optimizers: list) -> bool:
 
 
 def _load(path: Path) -> tuple[object, str | None]:
-    """A load-check that reads the archive's index and pickled structure but not the tensor data
-    (memory-mapped): a file cut short loses its index, which is stored last."""
+    """Load the archive's index and structure memory-mapped, not its tensors: a file cut short loses its index."""
     try:
         return torch.load(path, map_location="cpu", mmap=True, weights_only=False), None
     except Exception as exc:  # a damaged archive raises zip, pickle or EOF errors alike
@@ -62,19 +54,15 @@ def _deepspeed_problem(path: Path) -> str | None:
             world = blob.get("dp_world_size", 1)
     if world is None:
         return f"{tag}/ holds no model_states.pt"
-    missing = [
-        f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
-        for r in range(world)
-        if not any(n.endswith(f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt") for n in names)
-    ]
+    expected = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)]
+    missing = [e for e in expected if not any(n.endswith(e) for n in names)]
     if missing:
         return f"written by {world} ranks but {', '.join(missing)} is missing"
     return None
 
 
 def model_states_file(path: Path) -> Path:
-    """A DeepSpeed checkpoint directory's model-states file: the tensors of rank 0 (all of them
-    below ZeRO-3) and Lightning's training state (step, hyper-parameters, loops)."""
+    """A DeepSpeed checkpoint directory's model-states file (rank 0's tensors, Lightning's training state)."""
     tag_dir = Path(path) / (Path(path) / "latest").read_text().strip()
     found = sorted(tag_dir.glob("*model_states.pt"))
     if not found:

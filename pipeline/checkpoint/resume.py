@@ -1,14 +1,5 @@
-"""Which checkpoint a start resumes (:func:`resume_path`), and what a resume may change
-(:func:`check_resume`): both checked before anything of the new start is written.
-
-A resume continues the checkpoint's run. It may change how the run is carried out (world size
-and micro-batch, strategy, precision, compilation, cadences of checkpoints, probes and
-validation, logging) and ``trainer.max_steps``, which extends (or shortens) the run: the cosine
-goes on from the lr of the resumed step to ``min_lr`` at the new end (``optim.Schedule``). It
-may not change what defines the run — the model, the optimiser and its schedule, the data and
-its order — since the checkpoint's state would silently win over the new value (or the weights
-would not fit). Those are refused in one line that names the field and both values.
-"""
+"""Which checkpoint a start resumes (:func:`resume_path`) and what a resume may change
+(:func:`check_resume`: not the model, optimiser, schedule or data order; docs/training.md)."""
 
 from __future__ import annotations
 
@@ -32,9 +23,7 @@ NEW_RUN = "to train those weights under new settings, start a new run with --mod
 
 
 def checkpoint_meta(path: Path) -> dict[str, Any]:
-    """The checkpoint's training state without its tensors (memory-mapped): ``global_step``,
-    ``hyper_parameters``, the data module's state and the lr schedules' states. A DeepSpeed
-    directory keeps them in its model-states file (Lightning's client state)."""
+    """The checkpoint's step, hyper-parameters, data order and lr schedules, read memory-mapped."""
     path = Path(path)
     source = model_states_file(path) if path.is_dir() else path
     blob = torch.load(source, map_location="cpu", mmap=True, weights_only=False)
@@ -80,9 +69,8 @@ def check_resume(ckpt: Path, arch: dict, optim: dict, data_order: dict, max_step
 
 
 def resume_path(run: RunDir, resume: str | None) -> str | None:
-    """The checkpoint ``--resume`` names: ``auto``, the newest intact one of the run directory
-    (None: a fresh start); ``never``, None, refusing a run directory that has checkpoints; else
-    the path given, refused where missing or damaged."""
+    """The checkpoint ``--resume`` names: ``auto``, the newest intact one (None: a fresh start);
+    ``never``, None (refusing a run directory with checkpoints); else the path, if intact."""
     if resume == "auto":
         newest = run.newest_checkpoint(usable=_intact)
         return str(newest) if newest else None
@@ -103,9 +91,8 @@ def resume_path(run: RunDir, resume: str | None) -> str | None:
 
 
 def start_over(run: RunDir) -> str | None:
-    """Rank 0, once the start is checked: --resume auto passed over every checkpoint, so the run
-    begins again at step 0, saying so, with what it recorded set aside (``RunDir.set_aside``).
-    Returns the MLflow run id it had (a new MLflow run is opened: no second history in one record)."""
+    """Rank 0, when --resume auto passed over every checkpoint: set the run's records aside and say
+    so; returns the MLflow run id it had (a new one is opened)."""
     previous = run.mlflow_run_id()
     aside = run.set_aside()
     print(
@@ -119,13 +106,12 @@ def start_over(run: RunDir) -> str | None:
 
 
 def _intact(path: Path) -> bool:
-    """For --resume auto: a damaged checkpoint, or one whose stored step is not the step its name
-    says (a file copied in from another run), is passed over with a warning that names it."""
+    """For --resume auto: a damaged checkpoint, or one whose step is not its name's, is passed over with a warning."""
     problem = checkpoint_problem(path)
-    if problem is None and (named := int(CKPT_RE.match(path.name).group(1))) != (
-        stored := checkpoint_meta(path)["global_step"]
-    ):
-        problem = f"it holds step {stored}, not step {named} as its name says (copied in from another run?)"
+    if problem is None:
+        named, stored = int(CKPT_RE.match(path.name).group(1)), checkpoint_meta(path)["global_step"]
+        if named != stored:
+            problem = f"it holds step {stored}, not step {named} as its name says (copied in from another run?)"
     if problem and rank_zero_only.rank == 0:
         print(f"sinklab fit: warning: passing over {path}: {problem}", file=sys.stderr, flush=True)
     return problem is None

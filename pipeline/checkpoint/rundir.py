@@ -1,18 +1,5 @@
-"""The run directory: where one training run keeps everything a resumed job needs.
-
-```
-runs/<name>/
-  config.yaml        resolved config of the first start (later starts write config.<n>.yaml if it changed)
-  checkpoints/       step-000100.ckpt ...  (files, or directories under DeepSpeed)
-  mlflow_run_id      the one MLflow run of this job, continued after every resume
-  restart-N/         what a start over (every checkpoint damaged) set aside
-  metrics.jsonl      every logged metric, written locally whatever MLflow does
-  lock               pid / host / SLURM job id of the job that owns the directory
-```
-
-All of it is decided here, so a requeued SLURM job and a user typing `--resume auto` find the
-same run. Checkpoint names avoid ``ckpt_``, which Lightning's SLURM support scans the root dir
-for (the rule and its check: ``cluster.submit.check_run_dir``).
+"""The run directory: where one training run keeps everything a resumed job needs (docs/training.md).
+Checkpoint names avoid ``ckpt_``, which Lightning's SLURM support scans for (``cluster.submit.check_run_dir``).
 """
 
 from __future__ import annotations
@@ -39,8 +26,7 @@ def checkpoint_name(step: int) -> str:
 
 
 def _complete(path: Path) -> bool:
-    """A file checkpoint is complete once renamed into place; a DeepSpeed directory once
-    DeepSpeed has written its ``latest`` tag file (it does so last)."""
+    """A file once renamed into place; a DeepSpeed directory once its ``latest`` file (written last) exists."""
     return path.is_file() or (path.is_dir() and (path / "latest").is_file())
 
 
@@ -66,7 +52,6 @@ class RunDir:
     def create(self) -> None:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
 
-    # ---- checkpoints -------------------------------------------------------------------------
     def step_checkpoints(self) -> list[tuple[int, Path]]:
         """Complete `step-N.ckpt` checkpoints, oldest first."""
         if not self.checkpoints.is_dir():
@@ -79,8 +64,7 @@ class RunDir:
         return sorted(found)
 
     def newest_checkpoint(self, usable: Callable[[Path], bool] = lambda path: True) -> Path | None:
-        """The checkpoint `--resume auto` continues from: the newest complete step checkpoint
-        that ``usable`` accepts (pipeline.checkpoint.integrity checks it can be loaded)."""
+        """The newest complete step checkpoint that ``usable`` accepts."""
         return next((p for _, p in reversed(self.step_checkpoints()) if usable(p)), None)
 
     def prune(self, keep_last: int) -> list[Path]:
@@ -92,7 +76,6 @@ class RunDir:
             remove(p)
         return doomed
 
-    # ---- MLflow run id -----------------------------------------------------------------------
     def mlflow_run_id(self) -> str | None:
         path = self.root / "mlflow_run_id"
         return path.read_text().strip() or None if path.exists() else None
@@ -101,8 +84,7 @@ class RunDir:
         atomic_write(self.root / "mlflow_run_id", run_id + "\n")
 
     def set_aside(self) -> Path:
-        """Move what the run recorded so far (checkpoints, metrics.jsonl, the MLflow run id) into
-        ``restart-N/``, so that a start over from step 0 writes no second history over it."""
+        """Move what the run recorded so far into ``restart-N/``, for a start over from step 0."""
         n = 1 + sum(1 for _ in self.root.glob("restart-*"))
         aside = self.root / f"restart-{n}"
         aside.mkdir()
@@ -111,10 +93,8 @@ class RunDir:
                 os.replace(self.root / name, aside / name)
         return aside
 
-    # ---- resolved config ---------------------------------------------------------------------
     def save_config(self, text: str) -> Path:
-        """Keep the first start's config as config.yaml; a resume with a changed config adds
-        config.1.yaml, config.2.yaml ... so the history of a run stays readable."""
+        """config.yaml for the first start; config.<n>.yaml for a resume whose config changed."""
         first = self.root / "config.yaml"
         if not first.exists():
             atomic_write(first, text)
@@ -122,13 +102,19 @@ class RunDir:
         versions = sorted(self.root.glob("config*.yaml"), key=lambda p: p.stat().st_mtime_ns)
         if versions[-1].read_text() == text:
             return versions[-1]
-        n = len(versions)
-        path = self.root / f"config.{n}.yaml"
+        path = self.root / f"config.{len(versions)}.yaml"
         atomic_write(path, text)
         return path
 
 
-# ---- lock -------------------------------------------------------------------------------------
+def _holder(run: RunDir) -> dict:
+    """Who the lock file names ({} when it is missing or unreadable)."""
+    try:
+        return json.loads(run.lock_path.read_text() or "{}")
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
 def _owner() -> dict:
     return {"pid": os.getpid(), "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
 
@@ -144,21 +130,15 @@ def _pid_alive(pid: int) -> bool:
 
 
 def acquire_lock(run: RunDir) -> dict:
-    """Claim the run directory for this job, or raise if another live job holds it.
-
-    A lock is taken over when its holder is a dead process on this host, or the same SLURM job
-    id (a requeued job restarts under its old id, possibly on another node)."""
+    """Claim the run directory for this job, or raise if another live job holds it; a dead process on
+    this host or the same SLURM job id (a requeued job) is taken over."""
     run.root.mkdir(parents=True, exist_ok=True)
     me = _owner()
-    payload = json.dumps(me)
     for _ in range(2):
         try:
             fd = os.open(run.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            try:
-                holder = json.loads(run.lock_path.read_text() or "{}")
-            except (OSError, json.JSONDecodeError):
-                holder = {}
+            holder = _holder(run)
             same_job = me["slurm_job_id"] and holder.get("slurm_job_id") == me["slurm_job_id"]
             dead_local = (
                 holder.get("host") == me["host"]
@@ -174,15 +154,12 @@ def acquire_lock(run: RunDir) -> dict:
             run.lock_path.unlink(missing_ok=True)
             continue
         with os.fdopen(fd, "w") as f:
-            f.write(payload)
+            f.write(json.dumps(me))
         return me
     raise RunDirError(f"{run.lock_path}: could not take over the lock (another job raced for it)")
 
 
 def release_lock(run: RunDir) -> None:
-    try:
-        holder = json.loads(run.lock_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return
+    holder = _holder(run)
     if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
         run.lock_path.unlink(missing_ok=True)

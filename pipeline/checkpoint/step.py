@@ -17,9 +17,7 @@ from .rundir import RunDir, checkpoint_name
 
 
 class BesideTargetIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer, but written beside its target and renamed: Lightning's own
-    goes through an fsspec transaction that stages the whole file under $TMPDIR (often small on a
-    compute node) and holds a second copy of it in memory."""
+    """Lightning's checkpoint writer, writing beside its target and renaming, never under $TMPDIR."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         if storage_options is not None:
@@ -52,16 +50,12 @@ class _Writes:
 
 
 def at_step_end(trainer: L.Trainer, batch_idx: int) -> bool:
-    """Whether this batch ended an optimizer step (not a micro-batch inside an accumulation): the one
-    step-boundary rule, read by the module's training step and every end-of-step callback."""
+    """Whether this batch ended an optimizer step (not a micro-batch inside an accumulation)."""
     return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
 
 
 class StepCheckpoint(Checkpoint):
-    """Saves ``<run_dir>/checkpoints/step-NNNNNN.ckpt`` every ``every`` optimizer steps and at
-    the end, keeping the newest ``keep_last``. Each one is written under a hidden temporary
-    name and renamed into place, so a crash never leaves a half-written checkpoint where
-    ``--resume auto`` looks (works for files and for DeepSpeed's checkpoint directories)."""
+    """``step-NNNNNN.ckpt`` every ``every`` optimizer steps and at the end, renamed into place; keeps ``keep_last``."""
 
     def __init__(self, run_dir: Path, every: int, keep_last: int = 3):
         self.run = RunDir(run_dir)
@@ -103,13 +97,8 @@ class StepCheckpoint(Checkpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if (
-            at_step_end(trainer, batch_idx)
-            and self.every > 0
-            and step > 0
-            and step % self.every == 0
-            and step != self.last_saved
-        ):
+        due = self.every > 0 and step > 0 and step % self.every == 0 and step != self.last_saved
+        if due and at_step_end(trainer, batch_idx):
             self.save(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:

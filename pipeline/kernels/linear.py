@@ -1,15 +1,8 @@
 """Causal linear attention in chunked prefix-sum form, O(T c d_h + T d_h^2), no T x T matrix.
 
-For a feature map phi already applied (``q``, ``k`` = phi(q), phi(k)) and sim_ij = q_i k_j^T *
-scale on admitted pairs:
-
-    u_i = sum_{j admitted} sim_ij v_j,   S_i = sum_{j admitted} sim_ij,   y_i = u_i / Z(S_i)
-
-The sequence is cut into chunks of c slots. Inside a chunk the (c x c) product is masked
-causally; across chunks the running state sum_j k_j^T v_j (d_h x d_h) and sum_j k_j carry the
-earlier keys. Bias slots (always admitted) seed the state. A prefix mask (queries i < P also
-see keys j < P) replaces the first P rows by q_i against the whole prefix's state. Plain autograd:
-memory is O(T d_h + (T / c) d_h^2) per (batch, head).
+With phi applied (``q``, ``k`` = phi(q), phi(k)) and sim_ij = q_i k_j^T * scale on admitted pairs,
+y_i = u_i / Z(S_i), u_i = sum_j sim_ij v_j, S_i = sum_j sim_ij. A chunk of c slots is masked causally;
+the state sum_j k_j^T v_j and sum_j k_j of earlier chunks, seeded by the bias slots, holds the rest.
 """
 
 from __future__ import annotations
@@ -18,15 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .tiled import Normalizer
-
-
-def _normalise(u: Tensor, row_sum: Tensor, normalizer: Normalizer) -> Tensor:
-    if normalizer == "none":
-        return u
-    if normalizer == "abs_clamp":
-        return u / row_sum.abs().clamp(min=1.0)[..., None]
-    return u / row_sum[..., None]
+from .tiled import Normalizer, accumulator, normaliser
 
 
 def chunked_linear_attention(
@@ -45,7 +30,7 @@ def chunked_linear_attention(
     B, H, T, dh = q.shape
     if k.shape[2] != T:
         raise ValueError(f"chunked_linear_attention: needs as many keys as queries, got {k.shape[2]} and {T}")
-    dtype, acc = q.dtype, torch.promote_types(q.dtype, torch.float32)
+    dtype, acc = q.dtype, accumulator(q)
     q, k, v = q.to(acc) * scale, k.to(acc), v.to(acc)
     n = -(-T // chunk)
     pad = n * chunk - T
@@ -57,8 +42,9 @@ def chunked_linear_attention(
     kv_before = kv.cumsum(2) - kv
     k_before = ksum.cumsum(2) - ksum
     if slot_k is not None:
-        kv_before = kv_before + (slot_k.to(acc).transpose(-2, -1) @ slot_v.to(acc))[:, :, None]
-        k_before = k_before + slot_k.to(acc).sum(2)[:, :, None]
+        slot_kv, slot_ksum = slot_k.to(acc).transpose(-2, -1) @ slot_v.to(acc), slot_k.to(acc).sum(2)
+        kv_before = kv_before + slot_kv[:, :, None]
+        k_before = k_before + slot_ksum[:, :, None]
 
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
     intra = (qc @ kc.transpose(-2, -1)).masked_fill(~causal, 0.0)  # [B, H, n, c, c]
@@ -71,8 +57,8 @@ def chunked_linear_attention(
         kv_prefix = k[:, :, :P].transpose(-2, -1) @ v[:, :, :P]
         k_prefix = k[:, :, :P].sum(2)
         if slot_k is not None:
-            kv_prefix = kv_prefix + slot_k.to(acc).transpose(-2, -1) @ slot_v.to(acc)
-            k_prefix = k_prefix + slot_k.to(acc).sum(2)
+            kv_prefix = kv_prefix + slot_kv
+            k_prefix = k_prefix + slot_ksum
         u = torch.cat((q[:, :, :P] @ kv_prefix, u[:, :, P:]), dim=2)
         row_sum = torch.cat(((q[:, :, :P] @ k_prefix[..., None]).squeeze(-1), row_sum[:, :, P:]), dim=2)
-    return _normalise(u, row_sum, normalizer).to(dtype)
+    return (u / normaliser(row_sum, normalizer)[..., None]).to(dtype)

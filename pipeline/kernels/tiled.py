@@ -1,17 +1,10 @@
-"""Tiled attention for element-wise similarities (sigmoid, elu+1, kernel dot products) that
-never materialises the T x T matrix, forward or backward.
+"""Tiled attention for element-wise similarities (sigmoid, elu+1, kernel dot products), no T x T
+tensor forward or backward: tiles are recomputed in backward, as in FlashAttention (docs/gpu.md).
 
     y_i = sum_j sim_ij v_j / Z_i,   sim_ij = f(q_i k_j^T * scale + b_ij) on admitted pairs, else 0
 
-with Z_i = sum_j sim_ij (or its p-norm), max(|sum_j sim_ij|, 1), or 1. A custom autograd
-Function loops over (query block, key block) tiles, keeps only per-row statistics (u_i =
-sum_j sim_ij v_j, S_i = sum_j sim_ij) and recomputes each tile in backward, like
-FlashAttention does for softmax. Memory: O(T d_h + block_q block_k) per (batch, head) plus the
-saved inputs, with block_q = T by default (a key-block loop: T / block_k tiles per layer, few
-kernel launches); tiles, and queries of a tile, that the mask hides (causal, sliding window)
-are skipped.
-
-Backward, with u_i = Z_i y_i and D_i = dZ_i = -(dy_i . y_i) / Z_i:
+with Z_i = sum_j sim_ij (or its p-norm), max(|sum_j sim_ij|, 1), or 1. Backward, with u_i = Z_i y_i
+and D_i = dZ_i = -(dy_i . y_i) / Z_i:
     dsim_ij = dy_i . v_j / Z_i + D_i dZ_i/dsim_ij    (1 | sign(S_i) [|S_i| > 1] | (sim_ij/Z_i)^(p-1) | 0)
     ds_ij   = dsim_ij f'(s_ij) on admitted pairs;   dq = ds k scale,  dk = ds^T q scale,  dv = sim^T dy / Z
 """
@@ -34,9 +27,8 @@ ScoreBias = Callable[[Tensor, Tensor], Tensor]  # (query slot idx [bq], key slot
 
 @dataclass(frozen=True)
 class MaskSpec:
-    """Which (query, key) slot pairs are admitted, computed per tile from indices (the model's
-    masks.admitted_pairs): causal j <= i; prefix: also i, j < prefix; sliding: j <= i and
-    i - j < window. Queries are slots q_offset .. q_offset + Tq - 1; keys are slots 0 .. Tk - 1."""
+    """The admitted (query, key) slot pairs: causal j <= i; prefix: also i, j < prefix; sliding: j <= i
+    and i - j < window. Queries are slots q_offset .. q_offset + Tq - 1; keys are slots 0 .. Tk - 1."""
 
     kind: MaskKind = "causal"
     window: int = 0
@@ -69,22 +61,13 @@ class MaskSpec:
 
 @dataclass(frozen=True)
 class AttentionSpec:
-    """What the blocked kernels compute for one layer, y_i = sum_j sim_ij v_j / Z_i; the model's
-    op registry builds it (``attention_ops.blocked_spec``), so the kernels read no model config.
+    """What the blocked kernels compute for one layer; built by ``attention_ops.blocked_spec``."""
 
-    similarity: f in sim_ij = f(q_i k_j^T * scale + b_ij), a key of SIMILARITIES ("identity"
-      after a feature map phi is linear attention; phi itself, a module with the layer's
-      parameters, comes with each call).
-    normalizer: Z_i = sum_j sim_ij (its p-norm when p != 1), max(|sum_j sim_ij|, 1), or 1.
-    scale: of the scores (1/sqrt(d_h) for every op registered today).
-    mask: the admitted (query, key) slot pairs; blocked_attention sets q_offset per call.
-    """
-
-    similarity: Similarity
-    normalizer: Normalizer = "sum"
+    similarity: Similarity  # f, a key of SIMILARITIES ("identity" after phi: linear attention)
+    normalizer: Normalizer = "sum"  # Z_i: sum_j sim_ij (its p-norm when p != 1), max(|sum_j sim_ij|, 1), or 1
     p: float = 1.0
-    scale: float = 1.0
-    mask: MaskSpec = MaskSpec()
+    scale: float = 1.0  # of the scores q_i k_j^T
+    mask: MaskSpec = MaskSpec()  # blocked_attention sets q_offset per call
 
     def __post_init__(self) -> None:
         if self.similarity not in SIMILARITIES:
@@ -124,18 +107,22 @@ def similarity_and_grad(s: Tensor, kind: Similarity) -> tuple[Tensor, Tensor]:
     return SIMILARITIES[kind](s)
 
 
+def accumulator(t: Tensor) -> torch.dtype:
+    """fp32 sums for fp32/bf16/fp16 inputs; fp64 stays fp64 (tests compare to 1e-9)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
 class _Tiles:
     """Recomputes one tile's scores; shared by forward and backward."""
 
     def __init__(self, q, k, v, slot_k, slot_v, bias, spec: TileSpec):
         self.q, self.k, self.v, self.slot_k, self.slot_v, self.bias, self.spec = q, k, v, slot_k, slot_v, bias, spec
         self.n_slots = 0 if slot_k is None else slot_k.shape[2]
-        self.acc = torch.promote_types(q.dtype, torch.float32)  # accumulate in fp32 (fp64 stays fp64)
+        self.acc = accumulator(q)
 
     def blocks(self):
-        """Yield (q_lo, q_hi, tile): a range of queries and the key tile they see, where a tile
-        is (k_lo, k_hi) over token keys or None for the bias-slot columns (admitted for every
-        query, no positional bias). Queries that see nothing of a tile are trimmed off."""
+        """Yield (q_lo, q_hi, tile): the queries that see something of a tile, (k_lo, k_hi) over token
+        keys or None for the bias-slot columns (admitted for every query, no positional bias)."""
         spec, mask, Tq, Tk = self.spec, self.spec.mask, self.q.shape[2], self.k.shape[2]
         off = mask.q_offset
         block_q = spec.block_q or Tq
@@ -151,11 +138,9 @@ class _Tiles:
                     yield a - off, b - off, (k_lo, k_hi)
 
     def keys(self, tile):
-        return (
-            (self.slot_k, self.slot_v)
-            if tile is None
-            else (self.k[:, :, tile[0] : tile[1]], self.v[:, :, tile[0] : tile[1]])
-        )
+        if tile is None:
+            return self.slot_k, self.slot_v
+        return self.k[:, :, tile[0] : tile[1]], self.v[:, :, tile[0] : tile[1]]
 
     def scores(self, q_lo: int, q_hi: int, tile):
         """sim = f(s) and f'(s), in the accumulation dtype, zero off the mask."""
@@ -176,12 +161,13 @@ class _Tiles:
         return sim, dsim_ds
 
 
-def normaliser(row_sum: Tensor, row_pow: Tensor | None, spec: TileSpec) -> Tensor:
-    if spec.normalizer == "none":
+def normaliser(row_sum: Tensor, normalizer: Normalizer, row_pow: Tensor | None = None, p: float = 1.0) -> Tensor:
+    """Z_i from S_i = sum_j sim_ij (and sum_j sim_ij^p for a p-norm)."""
+    if normalizer == "none":
         return torch.ones_like(row_sum)
-    if spec.normalizer == "abs_clamp":
+    if normalizer == "abs_clamp":
         return row_sum.abs().clamp(min=1.0)
-    return row_sum if row_pow is None else row_pow.pow(1.0 / spec.p)
+    return row_sum if row_pow is None else row_pow.pow(1.0 / p)
 
 
 class TiledAttention(torch.autograd.Function):
@@ -200,7 +186,7 @@ class TiledAttention(torch.autograd.Function):
             row_sum[:, :, q_lo:q_hi] += sim.sum(-1)
             if row_pow is not None:
                 row_pow[:, :, q_lo:q_hi] += sim.pow(spec.p).sum(-1)
-        z = normaliser(row_sum, row_pow, spec)
+        z = normaliser(row_sum, spec.normalizer, row_pow, spec.p)
         y = u / z[..., None]
         ctx.save_for_backward(q, k, v, slot_k, slot_v, y, z, row_sum)
         ctx.bias, ctx.spec = bias, spec
@@ -219,11 +205,8 @@ class TiledAttention(torch.autograd.Function):
             dz = torch.zeros_like(dz)
         elif spec.normalizer == "abs_clamp":
             dz = dz * torch.sign(row_sum) * (row_sum.abs() > 1.0)
-        dq = torch.zeros_like(q, dtype=acc)
-        dk = torch.zeros_like(k, dtype=acc)
-        dv = torch.zeros_like(v, dtype=acc)
-        dsk = None if slot_k is None else torch.zeros_like(slot_k, dtype=acc)
-        dsv = None if slot_v is None else torch.zeros_like(slot_v, dtype=acc)
+        dq, dk, dv = (torch.zeros_like(t, dtype=acc) for t in (q, k, v))
+        dsk, dsv = (None if t is None else torch.zeros_like(t, dtype=acc) for t in (slot_k, slot_v))
         mm = lambda a, b: (a.to(q.dtype) @ b.to(q.dtype)).to(acc)  # tensor-core dtype in, fp32 out
         for q_lo, q_hi, tile in tiles.blocks():
             q_blk, du_blk, dz_blk = q[:, :, q_lo:q_hi], du[:, :, q_lo:q_hi], dz[:, :, q_lo:q_hi, None]
@@ -244,13 +227,8 @@ class TiledAttention(torch.autograd.Function):
             else:
                 dk[:, :, tile[0] : tile[1]] += dk_tile
                 dv[:, :, tile[0] : tile[1]] += dv_tile
-        grads = [
-            dq.to(q.dtype),
-            dk.to(k.dtype),
-            dv.to(v.dtype),
-            None if dsk is None else dsk.to(slot_k.dtype),
-            None if dsv is None else dsv.to(slot_v.dtype),
-        ]
+        inputs = (q, k, v, slot_k, slot_v)
+        grads = [None if g is None else g.to(t.dtype) for g, t in zip((dq, dk, dv, dsk, dsv), inputs)]
         return (*grads, None, None)
 
 
@@ -271,10 +249,8 @@ def tiled_attention(
     slot_v: Tensor | None = None,
     score_bias: ScoreBias | None = None,
 ) -> Tensor:
-    """[B, H, Tq, d_h] = sum_j sim_ij v_j / Z_i over bias slots (``slot_k``/``slot_v``
-    [B, H, S, d_h], admitted for every query) and token keys ``k``/``v`` [B, H, Tk, d_h].
-    ``score_bias`` (a fixed positional bias such as ALiBi's) is evaluated per tile and must
-    not need gradients."""
+    """[B, H, Tq, d_h] over bias slots ``slot_k``/``slot_v`` [B, H, S, d_h] (admitted for every query)
+    and token keys ``k``/``v`` [B, H, Tk, d_h]; ``score_bias``, evaluated per tile, must need no gradients."""
     if (slot_k is None) != (slot_v is None):
         raise ValueError("tiled_attention: pass slot_k and slot_v together")
     if score_bias is not None and torch.is_grad_enabled():

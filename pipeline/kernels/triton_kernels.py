@@ -1,16 +1,10 @@
-"""The Triton kernels of the fused tiles (device code; ``triton_tiles`` launches them).
+"""The Triton kernels of the fused tiles (device code), launched by ``triton_tiles``, all three with
+the arguments of ``triton_tiles._launch_args`` after their pointers.
 
-One program per (query block, batch x head) streams key blocks and keeps, over admitted keys,
-
-    u_i = sum_j sim_ij v_j,    S_i = sum_j sim_ij,    sim_ij = f(q_i k_j^T * scale + b_ij)
-
-Backward recomputes each tile (one kernel over key blocks for dk and dv, one over query blocks
-for dq; no atomics), with
-
-    dsim_ij = du_i . v_j + dS_i,   ds_ij = dsim_ij f'(s_ij),
-    dq = scale ds k,   dk = scale ds^T q,   dv = sim^T du.
-
-The three kernels take the same arguments after their pointers (``triton_tiles._launch_args``).
+Forward, one program per (query block, batch x head) over key blocks: u_i = sum_j sim_ij v_j and
+S_i = sum_j sim_ij on admitted keys, sim_ij = f(q_i k_j^T * scale + b_ij). Backward recomputes each
+tile, one kernel over key blocks for dk and dv, one over query blocks for dq (no atomics):
+dsim_ij = du_i . v_j + dS_i,  ds_ij = dsim_ij f'(s_ij),  dq = scale ds k,  dk = scale ds^T q,  dv = sim^T du.
 """
 
 from __future__ import annotations

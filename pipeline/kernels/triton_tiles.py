@@ -1,11 +1,6 @@
-"""Fused Triton tiles for element-wise attention (sigmoid, elu+1, kernel dot products): the GPU
-path of ``tiled_attention``, host side (the kernels are in ``triton_kernels``).
-
-The normaliser Z_i(S_i) and the bias slots (k*, v*) are O(T d) and stay in torch around the
-kernels. The kernels launch inside two custom ops (``sinklab::fused_tiles`` and its backward);
-their one float, the scale, is a compile-time constant (docs/gpu.md says why). Without a GPU
-they run under Triton's interpreter: set TRITON_INTERPRET=1 before this module is imported.
-"""
+"""Host side of the fused Triton tiles (``triton_kernels``), the GPU path of ``tiled_attention``:
+two custom ops, ``sinklab::fused_tiles`` and its backward, with Z_i(S_i) and the bias slots in
+torch (docs/gpu.md). Without a GPU set TRITON_INTERPRET=1 before this module is imported."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ import uuid
 import torch
 from torch import Tensor
 
-from .tiled import MaskSpec, TileSpec, normaliser, refuse_learned_bias, similarity_and_grad
+from .tiled import MaskSpec, TileSpec, accumulator, normaliser, refuse_learned_bias, similarity_and_grad
 from .triton_kernels import MASKS, SIMILARITIES, triton
 
 if triton is not None:
@@ -28,9 +23,7 @@ def available() -> bool:
 
 
 def supports(spec: TileSpec, score_bias) -> bool:
-    """Whether the fused kernels compute this spec: p-norms, per-tile bias functions and
-    similarities without a Triton form stay on the torch tiles (a bias must be the model's
-    [1|H, Tq, Tk] tensor)."""
+    """Whether the fused kernels compute this spec (p = 1, a Triton similarity, a bias tensor or none)."""
     return (
         available()
         and spec.p == 1.0
@@ -39,20 +32,12 @@ def supports(spec: TileSpec, score_bias) -> bool:
     )
 
 
-def accumulator(q: Tensor) -> torch.dtype:
-    """fp32 sums for fp32/bf16/fp16 inputs; fp64 stays fp64 (tests compare to 1e-9)."""
-    return torch.promote_types(q.dtype, torch.float32)
-
-
 def _launch_args(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, spec: TileSpec, blocks: tuple[int, int]):
     """Arguments shared by the three kernels (after the pointers)."""
     B, H, Tq, D = q.shape
     mask: MaskSpec = spec.mask
     strides = [s for t in (q, k, v) for s in t.stride()[:3]]
-    if bias is None:
-        bias_strides = [0, 0]
-    else:
-        bias_strides = [bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1)]
+    bias_strides = [0, 0] if bias is None else [bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1)]
     scalars = [H, Tq, k.shape[2], mask.q_offset, mask.window, mask.prefix, *strides, *bias_strides]
     wide = q.dtype in (torch.float32, torch.float64)
     meta = dict(
@@ -80,8 +65,12 @@ def _tile_spec(similarity: str, mask: str, window: int, prefix: int, q_offset: i
     return TileSpec(similarity=similarity, scale=scale, mask=MaskSpec(mask, window, prefix, q_offset))
 
 
-def _rows_contiguous(*tensors: Tensor) -> list[Tensor]:
-    return [t.contiguous() if t is not None and t.stride(-1) != 1 else t for t in tensors]
+def _prepare(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, spec_and_blocks: tuple):
+    """q, k, v with unit stride in their rows, bias contiguous, and the kernels' shared arguments."""
+    *spec, block_q, block_k = spec_and_blocks
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    bias = None if bias is None else bias.contiguous()
+    return q, k, v, bias, *_launch_args(q, k, v, bias, _tile_spec(*spec), (block_q, block_k))
 
 
 # An export's bundled copy of this module gets a namespace of its own (docs/gpu.md).
@@ -103,14 +92,12 @@ def _fused_tiles(
     block_q: int,
     block_k: int,
 ) -> tuple[Tensor, Tensor]:
-    """(u, S) over the token keys; see the module docstring."""
-    q, k, v = _rows_contiguous(q, k, v)
-    bias = None if bias is None else bias.contiguous()
+    """(u, S) over the token keys."""
+    spec_and_blocks = (similarity, mask, window, prefix, q_offset, scale, block_q, block_k)
+    q, k, v, bias, scalars, meta = _prepare(q, k, v, bias, spec_and_blocks)
     B, H, Tq, D = q.shape
     u = q.new_empty(B, H, Tq, D, dtype=accumulator(q))
     row_sum = q.new_empty(B, H, Tq, dtype=accumulator(q))
-    spec = _tile_spec(similarity, mask, window, prefix, q_offset, scale)
-    scalars, meta = _launch_args(q, k, v, bias, spec, (block_q, block_k))
     forward[(triton.cdiv(Tq, block_q), B * H)](q, k, v, bias, u, row_sum, *scalars, **meta)
     return u, row_sum
 
@@ -139,14 +126,12 @@ def _fused_tiles_backward(
     block_k: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (contiguous) from du and dS."""
-    q, k, v = _rows_contiguous(q, k, v)
-    bias = None if bias is None else bias.contiguous()
+    spec_and_blocks = (similarity, mask, window, prefix, q_offset, scale, block_q, block_k)
+    q, k, v, bias, scalars, meta = _prepare(q, k, v, bias, spec_and_blocks)
     B, H, Tq, D = q.shape
     acc = accumulator(q)
     du, d_row = du.to(acc).contiguous(), d_row.to(acc).contiguous()
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    spec = _tile_spec(similarity, mask, window, prefix, q_offset, scale)
-    scalars, meta = _launch_args(q, k, v, bias, spec, (block_q, block_k))
     backward_kv[(triton.cdiv(k.shape[2], block_k), B * H)](q, k, v, bias, du, d_row, dk, dv, *scalars, **meta)
     backward_q[(triton.cdiv(Tq, block_q), B * H)](q, k, v, bias, du, d_row, dq, *scalars, **meta)
     return dq, dk, dv
@@ -184,8 +169,7 @@ def fused_tiled_attention(
     score_bias: Tensor | None = None,
     blocks: tuple[int | None, int | None] = (None, None),
 ) -> Tensor:
-    """What ``tiled_attention`` returns, from the fused kernels: [B, H, Tq, d_h]. blocks:
-    (queries, keys) per tile, None for ``default_blocks``."""
+    """``tiled_attention``'s [B, H, Tq, d_h] from the fused kernels; blocks: (queries, keys) per tile, None: default."""
     if not supports(spec, score_bias):
         raise ValueError("fused_tiled_attention: needs triton, p = 1 and score_bias None or a tensor")
     if score_bias is not None:
@@ -200,4 +184,4 @@ def fused_tiled_attention(
         sim, _ = similarity_and_grad((q @ slot_k.transpose(-2, -1)).to(u.dtype) * spec.scale, spec.similarity)
         u = u + sim @ slot_v.to(u.dtype)
         row_sum = row_sum + sim.sum(-1)
-    return (u / normaliser(row_sum, None, spec)[..., None]).to(q.dtype)
+    return (u / normaliser(row_sum, spec.normalizer)[..., None]).to(q.dtype)

@@ -1,7 +1,4 @@
-"""SinkLab's model: one LLaMA-style decoder whose every paper factor is a config field.
-
-Torch only (no Lightning, MLflow or DeepSpeed), so analysis tools and exports use it as is.
-"""
+"""SinkLab's model: one LLaMA-style decoder whose every paper factor is a config field (torch only)."""
 
 from .cache import StreamingCache
 from .config import PRESETS, AttentionConfig, BiasConfig, ConfigError, ModelConfig

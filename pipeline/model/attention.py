@@ -1,14 +1,6 @@
-"""Multi-head self-attention with the paper's biases (Tables 4, 5, 12, 13) and operations.
-
-Key slots that are not tokens come first, in this order: the k*/v* slot (kinds ``kv``/``k``),
-then the sink-logit column (a zero key with a zero value whose logit is a learned per-head
-scalar, or 0 for softmax-off-by-one). The op's entry in attention_ops.OPS picks the path
-(``Attention._path``): F.scaled_dot_product_attention (flash-attn on CUDA when installed) for
-softmax ops that SDPA expresses, slots included and with no T x T tensor under a plain causal
-mask (``_augmented``, ``_sdpa``; docs/gpu.md), the blocked kernels of pipeline.kernels (no T x T
-tensor) for ops with tiles, and the eager op (the reference) otherwise and whenever attention
-weights are requested.
-"""
+"""Multi-head self-attention with the paper's biases (Tables 4, 5, 12, 13) and operations. Key slots
+that are not tokens come first: the k*/v* slot, then the sink-logit column (a zero key and value
+whose logit is learned per head, or 0); ``Attention._path`` picks SDPA, blocked kernels or eager."""
 
 from __future__ import annotations
 
@@ -53,11 +45,7 @@ class KeyValueSlot(nn.Module):
         if b.kind == "kv":
             self.value = nn.Parameter(torch.zeros(heads, dh))
         else:
-            direction = torch.zeros(dh)
-            if b.value_direction == "onehot":
-                direction[0] = 1.0
-            else:
-                direction[:] = 1.0 / math.sqrt(dh)
+            direction = torch.eye(dh)[0] if b.value_direction == "onehot" else torch.full((dh,), 1.0 / math.sqrt(dh))
             self.register_buffer("value", (b.value_norm * direction).expand(heads, dh).clone())
 
     def keys_values(self, batch: int, n_heads: int) -> tuple[Tensor, Tensor]:
@@ -89,12 +77,10 @@ class Attention(nn.Module):
         self.value_bias = nn.Parameter(torch.zeros(1 if b.shared_heads else H, dh)) if b.kind == "v" else None
         self.sink_logit = nn.Parameter(torch.zeros(H)) if a.sink_logit else None
         self.op = op_spec(a.op)
-        # SSMax's s_h; 1 / log(max_seq_len): the softmax's logits at n = max_seq_len
         self.length_scale = nn.Parameter(torch.full((H,), length_scale_init(cfg))) if self.op.length_scale else None
         self.kernel = build_kernel(a, dh)
         self.blocked_spec = blocked_spec(cfg)  # None: the op has no blocked path
 
-    # ---- slots ---------------------------------------------------------------------------
     def _slots(self, k: Tensor, v: Tensor) -> tuple[list[Tensor], list[Tensor]]:
         """Keys and values [B, H, 1, d_h] of the non-token key slots, in order."""
         B, H = k.shape[:2]
@@ -124,9 +110,8 @@ class Attention(nn.Module):
         return torch.cat(keys + [k], 2), torch.cat(values + [v], 2), mask
 
     def _augmented(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
-        """q, keys and values with the S slots as S leading keys, and S. A learned sink logit
-        takes one more head dim (padded to a multiple of 8 on CUDA): 1 in every query, s_h sqrt(d_h)
-        in the sink key, 0 in the other keys and in every value: its logit is s_h, its value 0."""
+        """q, keys and values with the S slots as S leading keys, and S. A learned sink logit takes one
+        more head dim (a multiple of 8 on CUDA): 1 in every query, s_h sqrt(d_h) in the sink key, else 0."""
         keys, values = self._slots(k, v)
         if not keys:
             return q, k, v, 0
@@ -140,14 +125,8 @@ class Attention(nn.Module):
             keys, values = torch.cat([keys, column], -1), F.pad(values, (0, width))
         return q, keys, values, S
 
-    # ---- forward -------------------------------------------------------------------------
     def forward(
-        self,
-        x: Tensor,
-        ctx: AttentionContext,
-        layer_cache=None,
-        need_weights: bool = False,
-        need_qkv: bool = False,
+        self, x: Tensor, ctx: AttentionContext, layer_cache=None, need_weights: bool = False, need_qkv: bool = False
     ) -> tuple[Tensor, AttentionCapture | None]:
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -192,8 +171,7 @@ class Attention(nn.Module):
         return self.out(y), capture
 
     def _path(self, ctx: AttentionContext, layer_cache, need_weights: bool) -> str:
-        """ "sdpa", "blocked" or "eager" (always when weights are requested). The blocked kernels
-        take no learned positional bias, sink-logit column or streaming cache."""
+        """ "sdpa", "blocked" (no learned bias, sink logit or cache) or "eager" (always for weights)."""
         if need_weights:
             return "eager"
         if self.op.sdpa and self.cfg.attention.p == 1.0:
@@ -204,10 +182,8 @@ class Attention(nn.Module):
         return "eager"
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, n_slots: int, mask: Tensor | None) -> Tensor:
-        """Softmax attention over n_slots leading slot keys and the token keys; [B, H, Tq, d_h].
-        No mask: causal with the slots seen by every query, through flash-attn's lower-right
-        causal mask, or SDPA's upper-left one with n_slots dummy query rows in front (no T x T
-        tensor either way)."""
+        """Softmax attention over n_slots leading slot keys and the token keys; [B, H, Tq, d_h]. No mask:
+        causal, by flash-attn's lower-right mask or SDPA's upper-left one with n_slots dummy query rows."""
         scale, dh = self.head_dim**-0.5, self.head_dim
         if mask is not None:
             mask = F.pad(mask.to(q.dtype), (n_slots, 0))  # the slots: admitted, no positional bias

@@ -1,15 +1,7 @@
-"""Attention operations (section 7.4, Tables 6, 14, 15, Eq. 43-44; Gu et al. 2025, appendix A.3): each is one
-``OpSpec`` in ``OPS``, and everything that depends on the operation reads that entry: the
-config's allowed values and checks, the path the model takes (SDPA, blocked kernels, eager),
-the kind of scores it reports, the sink metrics and the run summary.
-
-v_i = alpha * sum_j sim(phi(q_i), phi(k_j)) / Z_i * v_j. An eager op maps queries, keys and the
-additive mask (-inf where a pair is not admitted; finite entries carry positional biases, bias
-slots and the sink logit) to:
-
-- ``weights`` [B, H, Tq, Tk]: what multiplies the values (before alpha);
-- ``reported``: what the model returns as "attentions": probabilities, or the scores that the
-  sink metrics turn into proxy scores (see ``OpSpec.scores``).
+"""Attention operations (section 7.4, Tables 6, 14, 15, Eq. 43-44; Gu et al. 2025, appendix A.3), each
+one ``OpSpec`` in ``OPS``: v_i = alpha * sum_j sim(phi(q_i), phi(k_j)) / Z_i * v_j. An eager op maps
+queries, keys and the additive mask (-inf where not admitted) to ``weights`` [B, H, Tq, Tk] (what
+multiplies the values, before alpha) and ``reported`` (the model's "attentions", ``OpSpec.scores``).
 """
 
 from __future__ import annotations
@@ -28,9 +20,7 @@ from pipeline.kernels.tiled import SIMILARITIES, AttentionSpec, MaskSpec
 if TYPE_CHECKING:
     from .config import AttentionConfig, ModelConfig
 
-# What an op's reported scores are, and how the sink metrics read them: "probs" are the weights
-# the model attends with, at most one unit of attention per row, read as they are; the others
-# are similarities that metrics.proxy_scores turns into proxy scores.
+# what an op reports: "probs" are read as they are, the others become proxy scores (metrics.proxy_scores)
 SCORE_KINDS = {
     "probs": "attention weights",
     "sim_nonneg": "proxy scores sim/Σ sim",
@@ -79,8 +69,7 @@ def clipped_softmax_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, k
 
 
 def softpick_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
-    """Softpick (Zuhri et al. 2025): ReLU(e^x - 1) / sum_j |e^x_j - 1| over admitted pairs. A row
-    sums to at most one and is zero where no score is positive."""
+    """Softpick (Zuhri et al. 2025): ReLU(e^x - 1) / sum_j |e^x_j - 1| over admitted pairs."""
     admitted = _admitted(mask)
     x = torch.where(admitted, scaled_scores(q, k, mask.masked_fill(~admitted, 0.0)), 0.0)  # masked: e^0 - 1 = 0
     m = x.amax(-1, keepdim=True).clamp(min=0.0).detach()
@@ -92,9 +81,7 @@ def softpick_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: 
 
 
 def relu_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
-    """ReLU attention as Guo et al. 2024 train it on Bigram-Backcopy: ReLU(s_ij) / n_i, where n_i
-    counts the keys query i may see (i under a causal mask). Rows need not sum to one, and a row
-    of non-positive scores attends to nothing: no sink is needed to do nothing."""
+    """ReLU attention (Guo et al. 2024, Bigram-Backcopy): ReLU(s_ij) / n_i, n_i the keys query i may see."""
     admitted = _admitted(mask)
     s = scaled_scores(q, k, mask.masked_fill(~admitted, 0.0))
     sim = torch.where(admitted, torch.relu(s), torch.zeros_like(s))
@@ -149,53 +136,30 @@ def _kernel_phi(a: AttentionConfig, head_dim: int) -> nn.Module:
     return {"identity": nn.Identity, "elu1": Elu1}.get(a.feature_map, lambda: KernelMLP(head_dim))()
 
 
-def _kernel_scores(a: AttentionConfig) -> str:
-    return "sim_nonneg" if a.feature_map == "elu1" else "sim_signed"
-
-
 OpFn = Callable[[Tensor, Tensor, Tensor, "AttentionConfig", "nn.Module | None"], OpResult]
 
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One attention operation and every fact the rest of SinkLab needs about it.
-
-    fn: the eager form (q, k, mask, attention config, phi) -> OpResult; every path is checked
-      against it.
-    scores: what ``reported`` holds (a key of SCORE_KINDS), or a function of the attention
-      config for ops where that depends on another field. With p != 1 "probs" becomes
-      "sim_nonneg": the p-norm of a row, not its sum, is one.
-    softmax: rows are a softmax of the logits, so a sink logit (one more logit in the
-      denominator, a key column with a zero value) is defined.
-    normalizers: the values of ``attention.normalizer`` it accepts (only "sum" for ops that
-      carry their own denominator).
-    p_norm: accepts ``attention.p`` != 1 (Eq. 43-44).
-    sdpa: at p = 1 the training path may run F.scaled_dot_product_attention (a softmax).
-    tiles: the similarity f of ``pipeline.kernels`` (a key of ``tiled.SIMILARITIES``) when the
-      op is f(q k^T * scale + b) / Z: the training path then never builds a T x T tensor; the
-      fused Triton tiles cover the similarities in ``triton_tiles.SIMILARITIES``. "identity"
-      with phi is linear attention (the chunked O(T d_h^2) form under causal/prefix masks).
-    zero_logit: one more logit fixed at 0 in the denominator (a key slot, like the sink logit).
-    score_biases: additive positional biases (ALiBi, relative, T5) are defined for it.
-    phi: builds the feature map applied to queries and keys (the layer owns its parameters);
-      its matrices count in the model's FLOPs (``matmul_weights``, read by pipeline.flops).
-    length_scale: Scalable-Softmax (Nakanishi 2025): every logit q_i k_j / sqrt(d_h) of row i is
-      multiplied by s_h log n_i, n_i the keys row i sees (bias slots and cached keys included) and
-      s_h a learned scale per head (the layer owns it, ``Attention.length_scale``). The layer
-      scales the queries, so every path (SDPA included) computes it and ``fn`` is the op's own.
-    """
+    """One attention operation and every fact the rest of SinkLab needs about it."""
 
     name: str
-    fn: OpFn
+    fn: OpFn  # the eager form (q, k, mask, attention config, phi) -> OpResult; every path is checked against it
+    # what ``reported`` holds (a key of SCORE_KINDS), or a function of the attention config;
+    # with p != 1 "probs" becomes "sim_nonneg" (a row's p-norm, not its sum, is one)
     scores: str | Callable[[AttentionConfig], str]
-    softmax: bool = False
-    normalizers: tuple[str, ...] = ("sum",)
-    p_norm: bool = False
-    sdpa: bool = False
+    softmax: bool = False  # rows are a softmax of the logits, so a sink logit is defined
+    normalizers: tuple[str, ...] = ("sum",)  # the values of attention.normalizer it accepts
+    p_norm: bool = False  # accepts attention.p != 1 (Eq. 43-44)
+    sdpa: bool = False  # at p = 1 the training path may run F.scaled_dot_product_attention
+    # the similarity f of f(q k^T * scale + b) / Z (a key of tiled.SIMILARITIES): the blocked kernels
+    # then run the training path; "identity" with phi is linear attention
     tiles: str | None = None
-    zero_logit: bool = False
-    score_biases: bool = True
+    zero_logit: bool = False  # one more logit fixed at 0 in the denominator (a key slot, like the sink logit)
+    score_biases: bool = True  # additive positional biases (ALiBi, relative, T5) are defined for it
+    # builds phi, applied to queries and keys (the layer owns its parameters; they count in FLOPs)
     phi: Callable[[AttentionConfig, int], nn.Module] | None = None
+    # Scalable-Softmax (Nakanishi 2025): the layer scales row i's queries by s_h log n_i, n_i the keys it sees
     length_scale: bool = False
 
     def kind(self, a: AttentionConfig) -> str:
@@ -204,8 +168,7 @@ class OpSpec:
         return "sim_nonneg" if kind == "probs" and a.p != 1.0 else kind
 
     def matmul_weights(self, a: AttentionConfig, n_heads: int, head_dim: int) -> int:
-        """Weights the op multiplies per token and layer beyond W_QKV and W_O: the matrices of
-        phi, applied to the query and the key of every head (built on the meta device)."""
+        """Weights beyond W_QKV and W_O multiplied per token and layer: phi's matrices, on each head's q and k."""
         if self.phi is None:
             return 0
         with torch.device("meta"):
@@ -252,8 +215,7 @@ def build_kernel(a: AttentionConfig, head_dim: int) -> nn.Module | None:
 
 
 def blocked_spec(cfg: ModelConfig) -> AttentionSpec | None:
-    """What pipeline.kernels computes for a layer of ``cfg`` on the blocked path; None for an op
-    without tiles (it never takes that path)."""
+    """What pipeline.kernels computes for a layer of ``cfg``; None for an op without tiles."""
     a = cfg.attention
     tiles = op_spec(a.op).tiles
     if tiles is None:
@@ -263,8 +225,7 @@ def blocked_spec(cfg: ModelConfig) -> AttentionSpec | None:
 
 
 def proxy_label(a: AttentionConfig) -> str | None:
-    """Which proxy scores the sink metrics are computed on (section 7.4), or None where the op
-    reports the attention weights themselves."""
+    """Which proxy scores the sink metrics read (section 7.4); None where the op reports its weights."""
     kind = op_spec(a.op).kind(a)
     return None if kind == "probs" else SCORE_KINDS[kind]
 
@@ -276,22 +237,19 @@ register(
     OpSpec(
         "kernel",
         kernel_op,
-        scores=_kernel_scores,
+        scores=lambda a: "sim_nonneg" if a.feature_map == "elu1" else "sim_signed",
         normalizers=NORMALIZERS,
         tiles="identity",
         score_biases=False,
         phi=_kernel_phi,
     )
 )
-# Beyond the paper (Gu et al. 2025, appendix A.3): softmax with one more logit fixed at 0 in its denominator (Miller
-# 2023), clipped softmax (Bondarenko et al. 2023), softpick (Zuhri et al. 2025).
+# beyond the paper (Gu et al. 2025, appendix A.3): Miller 2023, Bondarenko et al. 2023, Zuhri et al. 2025
 register(OpSpec("softmax_off_by_one", softmax_op, scores="probs", softmax=True, sdpa=True, zero_logit=True))
 register(OpSpec("clipped_softmax", clipped_softmax_op, scores="probs", softmax=True))
-# Softpick's weights are read as they are (docs/model.md); no tiles: its denominator sums |e^x - 1|.
+# no tiles: softpick's denominator sums |e^x - 1|
 register(OpSpec("softpick", softpick_op, scores="probs"))
-# ReLU attention reports its similarities: the sink metrics read ReLU(s) / sum ReLU(s), the share of
-# what a query does attend to (the 1/n_i scale cancels), as for sigmoid and elu+1.
+# the sink metrics read ReLU(s) / sum ReLU(s): the 1/n_i scale cancels
 register(OpSpec("relu", relu_op, scores="sim_nonneg"))
-# Scalable-Softmax (Nakanishi 2025): softmax((s_h log n_i) q_i k_j / sqrt(d_h)), so that a row's largest
-# weight does not fade as n_i grows; a learned sink logit is added after the scale.
+# Scalable-Softmax (Nakanishi 2025): softmax((s_h log n_i) q_i k_j / sqrt(d_h)); a sink logit is added after the scale
 register(OpSpec("ssmax", softmax_op, scores="probs", softmax=True, sdpa=True, score_biases=False, length_scale=True))

@@ -1,16 +1,5 @@
-"""Streaming KV cache (StreamingLLM, Xiao et al. 2024 Table 10).
-
-Keys are stored before the rotary rotation, so after an eviction the model re-rotates
-every cached key by its index inside the cache. ``x + y`` eviction keeps the first
-``n_initial`` entries (sink tokens, when the model has them, are the first entries) and
-the most recent ones, so that the entries plus the incoming tokens never exceed x + y.
-Each batch row may have its own x + y as long as all share the capacity (0+1024, 1+1023,
-4+1020: one batched pass evaluates them all).
-
-    cache = StreamingCache(model.config, n_initial=4, n_recent=1020)
-    for t in range(T):
-        logits = model(tokens[:, t:t+1], cache=cache).logits
-"""
+"""Streaming KV cache (StreamingLLM, Xiao et al. 2024 Table 10): keys held before the rotation,
+``x + y`` eviction keeping the first x entries and the most recent ones (docs/model.md, "Streaming")."""
 
 from __future__ import annotations
 
@@ -24,8 +13,7 @@ from .eviction import Evictor
 
 
 def eviction_index(length: int, n_new: int, n_initial: Sequence[int], capacity: int) -> Tensor | None:
-    """Per row, the indices of the cached entries to keep so that they plus n_new fit in
-    `capacity`: the first x of that row, then the most recent. None when all fit."""
+    """Per row, the cached entries to keep (the first x, then the most recent) so that n_new more fit; None: all fit."""
     overflow = length + n_new - capacity
     if overflow <= 0:
         return None
@@ -51,11 +39,8 @@ class LayerCache:
         self.v: Tensor | None = None
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.k is None:
-            self.k, self.v = k, v
-        else:
-            self.k = torch.cat((self.k, k), dim=2)
-            self.v = torch.cat((self.v, v), dim=2)
+        self.k = k if self.k is None else torch.cat((self.k, k), dim=2)
+        self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
         return self.k, self.v
 
     def keep(self, index: Tensor) -> None:
@@ -64,9 +49,8 @@ class LayerCache:
 
 
 class StreamingCache:
-    """n_initial / n_recent: one x and y for every batch row, or one per row. With an ``evictor``
-    (pipeline.model.eviction) its rows' policies choose the kept entries within the same x + y;
-    the streamer hands it each step's attention."""
+    """x (``n_initial``) and y (``n_recent``) for every batch row, or one per row sharing x + y; an
+    ``evictor``'s policies choose the kept entries instead."""
 
     def __init__(
         self,
@@ -100,8 +84,7 @@ class StreamingCache:
 
     @property
     def position_shift(self) -> int:
-        """Added to a new entry's cache index for an absolute position embedding: with
-        ``stream_positions`` it is then the entry's position in the stream (rotary keys keep cache indices)."""
+        """Added to a cache index for an absolute position embedding: the stream position with ``stream_positions``."""
         return self.seen - self.length if self.stream_positions else 0
 
     def make_room(self, n_new: int) -> None:

@@ -1,8 +1,4 @@
-"""Typed model configuration: one dataclass tree, named presets, validation.
-
-Every architectural factor the paper varies is a plain field here, so LightningCLI /
-jsonargparse can override any of them (``sinklab fit --arch.attention.op sigmoid``).
-"""
+"""Typed model configuration: one dataclass tree (every factor the paper varies is a field), presets, validation."""
 
 from __future__ import annotations
 
@@ -14,21 +10,12 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from .attention_ops import NORMALIZERS, OPS, op_spec
 
-# Presets (litgpt style): the one place each named shape is written down. A recipe names one
-# (`arch: {preset: tiny}`) and overrides fields beside it; `python -m pipeline.model.params`
-# prints every preset's shape and parameter count.
+# the one place each named shape is written down (docs/model.md, "Presets")
 PRESETS: dict[str, dict[str, int]] = {
-    # The paper's default 60M model (section 4).
     "llama-60m": dict(vocab_size=32000, d_model=768, n_layers=10, n_heads=8, d_ffn=1536, max_seq_len=2048),
-    # A 1B LLaMA shape: TinyLlama-1.1B's dims with full multi-head attention (TinyLlama itself
-    # uses 4 KV groups).
     "llama-1b": dict(vocab_size=32000, d_model=2048, n_layers=22, n_heads=32, d_ffn=5632, max_seq_len=2048),
-    # CPU presets: `tiny` trains in the embedded recipe (configs/recipes/embedded.yaml), `micro` is for tests.
     "tiny": dict(vocab_size=32000, d_model=128, n_layers=4, n_heads=4, d_ffn=512, max_seq_len=256),
     "micro": dict(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ffn=64, max_seq_len=64),
-    # Guo et al.'s one-layer, one-head Bigram-Backcopy shape (their d=256, FFN 4d) at CPU widths:
-    # `bb` for configs/recipes/bb.yaml (C=64), `bb-tiny` for the seconds-long recipe and the
-    # emergence tests (C=32). The vocabulary is the BB dataset's 32 symbols.
     "bb": dict(vocab_size=32, d_model=64, n_layers=1, n_heads=1, d_ffn=256, max_seq_len=64),
     "bb-tiny": dict(vocab_size=32, d_model=32, n_layers=1, n_heads=1, d_ffn=128, max_seq_len=32),
 }
@@ -72,8 +59,7 @@ def refuse_renamed(key: str, where: str, prefix: str = "") -> None:
 
 
 def refuse_old_layout(config: dict[str, Any], where: str) -> None:
-    """Raises ConfigError for a run config of the older layout: the architecture under ``model.model``,
-    the optimiser under ``model.optim``, or a field under an older name."""
+    """Raises ConfigError for a run config of an older layout (``model.model``, ``model.optim``, a renamed field)."""
     module = config.get("model")
     module = module.get("init_args", module) if isinstance(module, dict) else None
     if isinstance(module, dict) and "model" in module:
@@ -92,70 +78,39 @@ def refuse_old_layout(config: dict[str, Any], where: str) -> None:
 
 @dataclass
 class AttentionConfig:
-    """How queries meet keys (paper section 7.4, Tables 6, 14, 15; Gu et al. 2025, appendix A.3 mitigations).
+    """How queries meet keys (paper section 7.4, Tables 6, 14, 15; Gu et al. 2025, appendix A.3 mitigations)."""
 
-    op: the similarity function, a name registered in ``attention_ops.OPS`` (default
-      ``softmax``); the registry's eager functions say what each computes, and
-      ``sinklab fit --help`` lists the names.
-    normalizer: Z_i for non-softmax ops: ``sum`` (Z = sum_j sim, or its p-norm),
-      ``abs_clamp`` (Z = max(|sum_j sim|, 1), for signed kernels), ``none`` (Z = 1).
-    feature_map: phi for ``op=kernel``: identity, elu1 (elu+1) or mlp (per-layer 2-layer MLP).
-    alpha: the normalisation scale (Z -> Z / alpha; Table 14 left). 1 = default.
-    p: p-normalisation (Eq. 43-44); 1 = ordinary. For softmax: softmax(p*s)^(1/p).
-    clip_gamma, clip_zeta: clipped softmax clip((zeta - gamma) softmax + gamma, 0, 1).
-    sink_logit: learned per-head logit in the softmax denominator (an extra key column
-      whose value is zero; reported as a key slot).
-    gated: a sigmoid gate on the attention output before W_O, computed from the attention's
-      input x (Qiu et al. 2025's position G1, after SDPA); ``gate_granularity`` picks its shape.
-    gate_granularity: ``headwise`` one score per head and query (sigma(x W), W in R^{d x H}) or
-      ``elementwise`` one per head-dimension element (sigma(x W_g), W_g in R^{d x d}: Qiu et
-      al.'s headline G1). Only with ``gated``.
-    qk_norm: RMSNorm on each head's queries and keys before the rotation (Dehghani et al.).
-    """
-
-    op: AttentionOp = "softmax"
+    op: AttentionOp = "softmax"  # a name registered in attention_ops.OPS
+    # Z_i of non-softmax ops: sum (sum_j sim, or its p-norm), abs_clamp (max(|sum_j sim|, 1)), none (1)
     normalizer: Normalizer = "sum"
-    feature_map: FeatureMap = "identity"
-    alpha: float = 1.0
-    p: float = 1.0
-    clip_gamma: float = -0.03
+    feature_map: FeatureMap = "identity"  # phi of op=kernel: identity, elu+1 or a per-layer 2-layer MLP
+    alpha: float = 1.0  # the normalisation scale, Z -> Z / alpha (Table 14 left)
+    p: float = 1.0  # p-normalisation (Eq. 43-44); softmax: softmax(p s)^(1/p)
+    clip_gamma: float = -0.03  # clipped softmax: clip((zeta - gamma) softmax + gamma, 0, 1)
     clip_zeta: float = 1.0
-    sink_logit: bool = False
-    gated: bool = False
+    sink_logit: bool = False  # a learned per-head logit in the softmax denominator (a key slot of value 0)
+    gated: bool = False  # sigmoid gate on the attention output before W_O, from its input x (Qiu et al. 2025, G1)
+    # headwise: one score per head, sigma(x W), W in R^{d x H}; elementwise: sigma(x W_g), W_g in R^{d x d}
     gate_granularity: GateGranularity = "headwise"
-    qk_norm: bool = False
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys before the rotation (Dehghani et al.)
 
 
 @dataclass
 class BiasConfig:
-    """Explicit attention biases (Tables 4, 5, 12 right, 13).
+    """Explicit attention biases (Tables 4, 5, 12 right, 13)."""
 
-    kind: ``kv`` learnable k* and v* as an extra key/value slot; ``k`` learnable k* with a
-      fixed v* (zero unless value_norm > 0); ``v`` learnable v* added to each head's output.
-    shared_heads: one bias shared by all heads of a layer (Table 12 right).
-    key_dims: d_a, the number of learnable leading dimensions of k* (the rest are zero);
-      0 means all d_h dimensions (Table 13).
-    value_norm, value_direction: the fixed v* = m v' (onehot: v' = [1,0,..,0]) or
-      m v'' (uniform: v'' = [1,..,1]/sqrt(d_h)) of the ``k`` setup (Table 5).
-    """
-
+    # kv: learnable k* and v* as a key/value slot; k: learnable k*, fixed v*; v: learnable v* added to each head
     kind: BiasKind = "none"
-    shared_heads: bool = False
-    key_dims: int = 0
-    value_norm: float = 0.0
-    value_direction: FixedValue = "onehot"
+    shared_heads: bool = False  # one bias for all heads of a layer (Table 12 right)
+    key_dims: int = 0  # d_a, the learnable leading dimensions of k* (the rest zero); 0: all (Table 13)
+    value_norm: float = 0.0  # m of kind k's fixed v* = m v' (onehot [1,0,..,0]) or m v'' (uniform [1,..,1]/sqrt(d_h))
+    value_direction: FixedValue = "onehot"  # (Table 5)
 
 
 @dataclass
 class ModelConfig:
     """One LLaMA-style decoder; the defaults are the paper's block (RoPE, pre-norm RMSNorm,
-    SwiGLU, no linear biases, untied embeddings).
-
-    preset: a named shape of ``PRESETS``; it fills each shape field (``SHAPE_FIELDS``) left
-    unset (None), so a field given beside it wins. None: the shape of ``llama-60m``, the
-    paper's model. Once built, every shape field holds its number. ``vocab_size`` is set from
-    the dataset's manifest by the trainer. ``norm``: RMSNorm, or LayerNorm with its bias (GPT-2,
-    Guo et al.'s Bigram-Backcopy model) for the block norms and the final norm."""
+    SwiGLU, no linear biases, untied embeddings). ``preset`` fills each shape field left None."""
 
     preset: Preset | None = None
     vocab_size: int | None = None
@@ -172,7 +127,7 @@ class ModelConfig:
     relative_buckets: int = 32
     relative_max_distance: int = 128
     norm_position: NormPosition = "pre"
-    norm: NormKind = "rmsnorm"
+    norm: NormKind = "rmsnorm"  # of the blocks and the final norm; layernorm has its bias (GPT-2)
     ffn: FFNKind = "swiglu"
     head_merge: HeadMerge = "concat"
     attention: AttentionConfig = field(default_factory=AttentionConfig)
@@ -195,7 +150,6 @@ class ModelConfig:
             self.biases = _build(BiasConfig, self.biases, "biases")
         self.validate()
 
-    # ---- derived sizes -------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
@@ -210,12 +164,11 @@ class ModelConfig:
     def has_sink_logit(self) -> bool:
         return self.attention.sink_logit or op_spec(self.attention.op).zero_logit
 
-    # ---- validation ----------------------------------------------------------------------
     def validate(self) -> None:
         _check_literals(self, "")
         _check_literals(self.attention, "attention.")
         _check_literals(self.biases, "biases.")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_seq_len"):
+        for name in SHAPE_FIELDS:
             if getattr(self, name) < 1:
                 raise ConfigError(f"arch.{name}={getattr(self, name)}: must be a positive integer")
         if self.d_model % self.n_heads:
@@ -267,7 +220,6 @@ class ModelConfig:
         if b.value_norm and b.kind != "k":
             raise ConfigError(f"arch.biases.value_norm={b.value_norm}: the fixed v* belongs to kind 'k'")
 
-    # ---- (de)serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -277,8 +229,7 @@ class ModelConfig:
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
-        """A named preset with field overrides; nested fields as dicts
-        (``attention={"op": "sigmoid"}``) or with a double underscore (``attention__op``)."""
+        """A preset with overrides, nested as dicts (``attention={"op": "sigmoid"}``) or as ``attention__op``."""
         return cls.from_dict({**_unflatten(overrides), "preset": name})
 
     def replace(self, **overrides: Any) -> ModelConfig:

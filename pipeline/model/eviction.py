@@ -1,16 +1,6 @@
-"""KV-cache eviction policies behind one interface: StreamingLLM, H2O, SnapKV and key norm.
-
-A full cache keeps ``capacity - n_new`` of its entries before ``n_new`` tokens come in. A policy
-scores each entry per kv head; its ``recent`` newest entries rank above every score, and the
-sink entries (the first ``first`` stream positions and the detected secondary sinks) rank above
-everything when a row keeps them and below everything when it drops them, so they count as kept
-entries. Kept entries stay in stream order: re-rotating keys by cache index keeps their order.
-Each batch row has its own policy and sink setting; all rows share the capacity.
-
-    evictor = Evictor([Row(H2O(), first=4), Row(H2O(), first=4, sinks="drop")], capacity=256, ...)
-    index = evictor.indices(keys_per_layer, n_new)   # before a forward: [rows, Hkv, m] per layer
-    evictor.append(n_new); evictor.observe(weights)  # after it
-"""
+"""KV-cache eviction policies behind one interface: StreamingLLM, H2O, SnapKV and key norm. A full
+cache keeps ``capacity - n_new`` entries per kv head, ranked by the row's policy, its ``recent``
+newest entries and its sinks (kept: above all; dropped: below all; docs/analysis.md, "sinklab kv-eval")."""
 
 from __future__ import annotations
 
@@ -62,8 +52,7 @@ class H2O(Policy):
 
 
 class SnapKV(Policy):
-    """Li et al. 2024: attention from the last ``window`` queries, average-pooled over
-    neighbouring keys (kernel 5); the window's own entries are kept."""
+    """Li et al. 2024: attention from the last ``window`` queries, average-pooled over neighbouring keys."""
 
     name = "snapkv"
     needs_attention = True
@@ -145,8 +134,7 @@ class Evictor:
         return mask
 
     def indices(self, keys: Sequence[Tensor], n_new: int) -> list[Tensor] | None:
-        """Before n_new tokens: per layer the entries to keep [rows, Hkv, m] of keys [rows, Hkv, n, dh],
-        the history narrowed to them; None when all fit."""
+        """Per layer, the entries of keys [rows, Hkv, n, dh] to keep before n_new tokens ([rows, Hkv, m]) or None."""
         n = keys[0].shape[2]
         if n + n_new <= self.capacity:
             return None

@@ -7,14 +7,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 
-ACTIVATIONS = {
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "swish": F.silu,
-    "reglu": F.relu,
-    "geglu": F.gelu,
-    "swiglu": F.silu,
-}
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu, "reglu": F.relu, "geglu": F.gelu, "swiglu": F.silu}
 GATED = {"reglu", "geglu", "swiglu"}
 
 

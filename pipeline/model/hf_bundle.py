@@ -1,11 +1,6 @@
-"""The source a remote-code export carries: ``hf_modeling`` and every SinkLab module it imports,
-read from this tree and laid flat beside config.json, each import of another SinkLab module
-rewritten to a relative one (``from pipeline.kernels.tiled import X`` -> ``from .tiled import X``).
-
-Flat, because transformers' dynamic-module loader copies only the files it finds by the pattern
-``from .name import`` in the entry file and in what that imports, relative to the export folder.
-Nothing else changes: one definition of the model serves SinkLab and the export.
-"""
+"""The source a remote-code export carries: ``hf_modeling`` and every SinkLab module it imports, laid
+flat with each such import made relative (``from pipeline.kernels.tiled import X`` -> ``from .tiled
+import X``): transformers' loader copies only the files that ``from .name import`` lines name."""
 
 from __future__ import annotations
 
@@ -82,12 +77,10 @@ def bundle() -> dict[str, str]:
     return {_flat_name(m): bundle_source(m) for m in bundle_modules()}
 
 
-def write_bundle(directory: Path) -> list[str]:
-    """Write the bundle into ``directory``; returns the file names."""
-    files = bundle()
-    for name, text in files.items():
+def write_bundle(directory: Path) -> None:
+    """Write the bundle into ``directory``."""
+    for name, text in bundle().items():
         (directory / name).write_text(text)
-    return sorted(files)
 
 
 def entry_class(name: str) -> str:

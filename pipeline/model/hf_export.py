@@ -1,16 +1,8 @@
-"""A Hugging Face model directory of any SinkLab model (``sinklab export-hf``, ``pipeline.export``).
-
-Where an HF class computes exactly this model (``hf_native``: Llama, Qwen3), its config.json and
-weights; otherwise remote code: config.json with ``auto_map``, SinkLab's own parameter names
-under ``model.`` in model.safetensors, and the model's own source (``hf_bundle``), which
-``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` runs without SinkLab.
-Both with a model card (README.md) and, when given, the tokenizer. The directory appears whole
-or not at all and replaces only an earlier export (``sinklab_io.atomic.atomic_directory``).
-"""
+"""A Hugging Face model directory of any SinkLab model (``sinklab export-hf``): a native Llama or
+Qwen3 where one computes it exactly (``hf_native``), else remote code (``hf_bundle``; docs/model.md)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -19,6 +11,7 @@ from typing import Any
 
 import torch
 
+from sinklab_io.mappings import flatten
 from sinklab_io.outputs import atomic_directory
 
 from .config import SHAPE_FIELDS, ModelConfig
@@ -44,15 +37,8 @@ def remote_model(model: Transformer):
 
 def variant_fields(cfg: ModelConfig) -> dict[str, Any]:
     """The fields where ``cfg`` differs from the default block (dotted paths), shape aside."""
-    default = ModelConfig(**{name: getattr(cfg, name) for name in SHAPE_FIELDS}).to_dict()
-    ours = cfg.to_dict()
-    found = {}
-    for name, value in ours.items():
-        if isinstance(value, dict):
-            found |= {f"{name}.{k}": v for k, v in value.items() if v != default[name][k]}
-        elif name not in _NOT_VARIANT and value != default[name]:
-            found[name] = value
-    return found
+    default = flatten(ModelConfig(**{name: getattr(cfg, name) for name in SHAPE_FIELDS}).to_dict())
+    return {k: v for k, v in flatten(cfg.to_dict()).items() if k not in _NOT_VARIANT and v != default[k]}
 
 
 def export_hf(
@@ -62,9 +48,8 @@ def export_hf(
     tokenizer: Any = None,
     facts: dict[str, Any] | None = None,
 ) -> str:
-    """Write the export; returns the HF class it loads as (or ``REMOTE``). ``tokenizer``: a
-    transformers tokenizer (saved with its special-token roles) or a tokenizer.json path (copied).
-    ``facts``: what the model card reports beyond the config (see :func:`model_card`)."""
+    """Write the export; returns the HF class it loads as (or ``REMOTE``). ``tokenizer``: a transformers
+    tokenizer or a tokenizer.json path; ``facts``: what the model card reports beyond the config."""
     from transformers import GenerationConfig
 
     architecture = native_architecture(model.config)
@@ -154,7 +139,7 @@ def model_card(
         "## Model config (SinkLab)",
         "",
         "```json",
-        json.dumps(dataclasses.asdict(cfg), indent=2),
+        json.dumps(cfg.to_dict(), indent=2),
         "```",
         "",
     ]

@@ -1,11 +1,5 @@
-"""SinkLab's model as a transformers model: the remote code of every export that no HF
-architecture expresses (``sinklab export-hf``). The export carries this file and the model's own
-modules (``hf_bundle``), so that ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)``
-runs the very code SinkLab trains, where SinkLab is not installed.
-
-``generate`` keeps its keys and values in the model's own cache (``SinkLabCache``): slots, sink
-tokens and positions follow the model's rules, never an HF cache class's.
-"""
+"""SinkLab's model as a transformers model: the remote code of an export (``hf_bundle``), whose
+``generate`` keeps keys and values in the model's own cache (``SinkLabCache``)."""
 
 from __future__ import annotations
 
@@ -34,10 +28,10 @@ class SinkLabConfig(PretrainedConfig):
                 f"config.json: sinklab_format={sinklab_format}, but this code reads format {EXPORT_FORMAT} at most; "
                 "export the checkpoint again with the SinkLab that trained it"
             )
-        cfg = ModelConfig.from_dict(sinklab) if sinklab is not None else None
-        self.sinklab = cfg.to_dict() if cfg is not None else None
-        self.sinklab_format = sinklab_format
-        if cfg is not None:  # what HF tools read (lm-eval's context length, the vocabulary)
+        self.sinklab, self.sinklab_format = None, sinklab_format
+        if sinklab is not None:  # with what HF tools read (lm-eval's context length, the vocabulary)
+            cfg = ModelConfig.from_dict(sinklab)
+            self.sinklab = cfg.to_dict()
             self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.d_model
             self.num_hidden_layers, self.num_attention_heads = cfg.n_layers, cfg.n_heads
             self.max_position_embeddings = cfg.max_seq_len
@@ -97,9 +91,7 @@ class SinkLabForCausalLM(PreTrainedModel, GenerationMixin):
         output_attentions: bool | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Logits of the real tokens. ``attention_mask`` may only admit every token: the model
-        takes rows of equal length (no padding). ``output_attentions``: each layer's scores with
-        the non-token key slots first, as SinkLab's probe reads them."""
+        """Logits of the real tokens; rows of equal length (no padding); attentions with the key slots first."""
         if attention_mask is not None and not bool(attention_mask.bool().all()):
             raise ValueError("SinkLab models take no padding: pass rows of equal length (attention_mask all ones)")
         cache = cache if cache is not None else past_key_values

@@ -1,10 +1,9 @@
-"""The variants an HF architecture expresses exactly, converted both ways: the default block is
-a ``LlamaForCausalLM``, the default block with qk-norm a ``Qwen3ForCausalLM`` (RMSNorm on each
-head's queries and keys before the rotation, the norm's eps the model's). Anything else exports
-as remote code (``hf_export``)."""
+"""The variants an HF architecture expresses exactly, converted both ways: the default block is a
+``LlamaForCausalLM``, with qk-norm a ``Qwen3ForCausalLM``; anything else exports as remote code."""
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -13,45 +12,48 @@ import torch
 from .config import AttentionConfig, BiasConfig, ModelConfig
 from .transformer import Transformer
 
+_ANY_ATTENTION = ("clip_gamma", "clip_zeta", "normalizer", "feature_map")  # fields a softmax op ignores
 # (field path, value HF Llama needs)
-_LLAMA_FIELDS: list[tuple[str, Any]] = (
-    [
-        ("positional", "rope"),
-        ("norm_position", "pre"),
-        ("norm", "rmsnorm"),
-        ("ffn", "swiglu"),
-        ("head_merge", "concat"),
-        ("sink_tokens", 0),
-        ("mask", "causal"),
-    ]
-    + [
-        (f"attention.{k}", v)
-        for k, v in vars(AttentionConfig()).items()
-        if k not in ("clip_gamma", "clip_zeta", "normalizer", "feature_map")
-    ]
-    + [
-        ("biases.kind", "none"),
-    ]
-)
+_LLAMA_FIELDS: list[tuple[str, Any]] = [
+    ("positional", "rope"),
+    ("norm_position", "pre"),
+    ("norm", "rmsnorm"),
+    ("ffn", "swiglu"),
+    ("head_merge", "concat"),
+    ("sink_tokens", 0),
+    ("mask", "causal"),
+    *((f"attention.{k}", v) for k, v in vars(AttentionConfig()).items() if k not in _ANY_ATTENTION),
+    ("biases.kind", "none"),
+]
 # the one field Qwen3 adds to Llama
 _QWEN3_FIELDS = [(path, True if path == "attention.qk_norm" else needed) for path, needed in _LLAMA_FIELDS]
 ARCHITECTURES = {"LlamaForCausalLM": _LLAMA_FIELDS, "Qwen3ForCausalLM": _QWEN3_FIELDS}
+# our weights -> HF's; per layer: one to one, Qwen3's qk-norm, and ours stacked from several of HF's
+_TOP_WEIGHTS = {
+    "embed.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
+_LAYER_WEIGHTS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn.out.weight": "self_attn.o_proj.weight",
+    "ffn.down.weight": "mlp.down_proj.weight",
+}
+_QK_NORM_WEIGHTS = {"attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight"}
+_FUSED_WEIGHTS = {
+    "attn.qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "ffn.gate_up.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}
 
 
 class NotNative(ValueError):
-    """The model config has a field no HF architecture here expresses (or an HF config one SinkLab
-    does not import)."""
+    """A model config no HF architecture here expresses, or an HF config SinkLab does not import."""
 
 
 def _differing(cfg: ModelConfig, fields: list[tuple[str, Any]]) -> list[tuple[str, Any, Any]]:
-    found = []
-    for path, needed in fields:
-        value: Any = cfg
-        for part in path.split("."):
-            value = getattr(value, part)
-        if value != needed:
-            found.append((path, value, needed))
-    return found
+    found = [(path, functools.reduce(getattr, path.split("."), cfg), needed) for path, needed in fields]
+    return [(path, value, needed) for path, value, needed in found if value != needed]
 
 
 def native_architecture(cfg: ModelConfig) -> str | None:
@@ -93,31 +95,25 @@ def hf_config(cfg: ModelConfig):
     return LlamaConfig(**shape, mlp_bias=False)
 
 
+def _weight_names(cfg: ModelConfig) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """Our state-dict names -> HF's: one to one, and ours stacked from several HF matrices."""
+    single = dict(_TOP_WEIGHTS)
+    layer = _LAYER_WEIGHTS | (_QK_NORM_WEIGHTS if cfg.attention.qk_norm else {})
+    fused = {}
+    for i in range(cfg.n_layers):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        single |= {ours + a: theirs + b for a, b in layer.items()}
+        fused |= {ours + a: tuple(theirs + b for b in bs) for a, bs in _FUSED_WEIGHTS.items()}
+    return single, fused
+
+
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     check_native(model.config)
     sd = model.state_dict()
-    out = {"model.embed_tokens.weight": sd["embed.weight"], "model.norm.weight": sd["norm.weight"]}
-    out["lm_head.weight"] = sd["lm_head.weight"]
-    for i in range(model.config.n_layers):
-        src, dst = f"blocks.{i}.", f"model.layers.{i}."
-        q, k, v = sd[src + "attn.qkv.weight"].chunk(3, dim=0)
-        gate, up = sd[src + "ffn.gate_up.weight"].chunk(2, dim=0)
-        out.update(
-            {
-                dst + "input_layernorm.weight": sd[src + "attn_norm.weight"],
-                dst + "post_attention_layernorm.weight": sd[src + "ffn_norm.weight"],
-                dst + "self_attn.q_proj.weight": q,
-                dst + "self_attn.k_proj.weight": k,
-                dst + "self_attn.v_proj.weight": v,
-                dst + "self_attn.o_proj.weight": sd[src + "attn.out.weight"],
-                dst + "mlp.gate_proj.weight": gate,
-                dst + "mlp.up_proj.weight": up,
-                dst + "mlp.down_proj.weight": sd[src + "ffn.down.weight"],
-            }
-        )
-        if model.config.attention.qk_norm:
-            out[dst + "self_attn.q_norm.weight"] = sd[src + "attn.q_norm.weight"]
-            out[dst + "self_attn.k_norm.weight"] = sd[src + "attn.k_norm.weight"]
+    single, fused = _weight_names(model.config)
+    out = {theirs: sd[ours] for ours, theirs in single.items()}
+    for ours, theirs in fused.items():
+        out |= dict(zip(theirs, sd[ours].chunk(len(theirs), dim=0)))
     return {k: v.detach().clone() for k, v in out.items()}
 
 
@@ -137,7 +133,6 @@ def from_hf(hf_model) -> Transformer:
 
         hf_model = AutoModelForCausalLM.from_pretrained(hf_model, dtype=torch.float32)
     c = hf_model.config
-    qwen3 = c.model_type == "qwen3"
     if c.model_type not in ("llama", "qwen3"):
         raise NotNative(f"HF config model_type={c.model_type!r}: SinkLab imports only 'llama' and 'qwen3'")
     for name, needed in (
@@ -162,34 +157,15 @@ def from_hf(hf_model) -> Transformer:
         norm_eps=c.rms_norm_eps,
         rope_theta=float(rope["rope_theta"]),
         tie_embeddings=bool(c.tie_word_embeddings),
-        attention=AttentionConfig(qk_norm=qwen3),
+        attention=AttentionConfig(qk_norm=c.model_type == "qwen3"),
         biases=BiasConfig(),
     )
     if cfg.head_dim != getattr(c, "head_dim", cfg.head_dim):
         raise NotNative(f"HF config head_dim={c.head_dim}: SinkLab needs hidden_size / num_attention_heads")
     sd = hf_model.state_dict()
-    ours = {
-        "embed.weight": sd["model.embed_tokens.weight"],
-        "norm.weight": sd["model.norm.weight"],
-        "lm_head.weight": sd.get("lm_head.weight", sd["model.embed_tokens.weight"]),
-    }
-    for i in range(cfg.n_layers):
-        src, dst = f"model.layers.{i}.", f"blocks.{i}."
-        ours.update(
-            {
-                dst + "attn_norm.weight": sd[src + "input_layernorm.weight"],
-                dst + "ffn_norm.weight": sd[src + "post_attention_layernorm.weight"],
-                dst + "attn.qkv.weight": torch.cat([sd[src + f"self_attn.{p}_proj.weight"] for p in "qkv"]),
-                dst + "attn.out.weight": sd[src + "self_attn.o_proj.weight"],
-                dst + "ffn.gate_up.weight": torch.cat(
-                    [sd[src + "mlp.gate_proj.weight"], sd[src + "mlp.up_proj.weight"]]
-                ),
-                dst + "ffn.down.weight": sd[src + "mlp.down_proj.weight"],
-            }
-        )
-        if qwen3:
-            ours[dst + "attn.q_norm.weight"] = sd[src + "self_attn.q_norm.weight"]
-            ours[dst + "attn.k_norm.weight"] = sd[src + "self_attn.k_norm.weight"]
+    sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])
+    single, fused = _weight_names(cfg)
+    ours = {o: sd[t] for o, t in single.items()} | {o: torch.cat([sd[t] for t in ts]) for o, ts in fused.items()}
     model = Transformer(cfg)
     model.load_state_dict({k: v.float() for k, v in ours.items()})
     return model

@@ -1,14 +1,4 @@
-"""Saving and loading SinkLab models.
-
-``load_pretrained(path)`` accepts:
-  (a) a SinkLab export dir: ``sinklab_config.json`` + ``model.safetensors``; or a remote-code
-      HF export (``sinklab export-hf``): ``config.json`` of model_type ``sinklab`` + ``model.safetensors``;
-  (b) a Lightning ``.ckpt``: ``hyper_parameters["arch"]`` (a ModelConfig dict) and a
-      ``state_dict`` whose keys start with ``model.``;
-  (c) a plain fp32 state-dict file (DeepSpeed's consolidated output, ``.bin``/``.pt``/
-      ``.safetensors``) together with ``config=`` (a sinklab_config.json, or a YAML/JSON run
-      config in which the model section is found).
-"""
+"""Saving and loading SinkLab models (docs/model.md, "Checkpoints and HF")."""
 
 from __future__ import annotations
 
@@ -31,8 +21,7 @@ _PREFIXES = ("_forward_module.", "module.", "model.")
 
 
 def checkpoint_arch(hparams: dict[str, Any], where: str) -> dict[str, Any] | None:
-    """The ModelConfig dict a checkpoint's ``hyper_parameters`` carry (None: none). Raises
-    ConfigError for an older checkpoint, whose ``model_config`` key is no longer read."""
+    """The ModelConfig dict a checkpoint's ``hyper_parameters`` carry, or None; refuses the older ``model_config``."""
     if "model_config" in hparams:
         raise ConfigError(
             f"{where}: hyper_parameters['model_config'] is an older checkpoint format, no longer read "
@@ -49,9 +38,7 @@ def save_pretrained(model: Transformer, out_dir: str | os.PathLike) -> Path:
 
 
 def write_weights(config: ModelConfig, state: dict[str, torch.Tensor], directory: Path) -> None:
-    """``state`` as ``model.safetensors`` (on the CPU; a tied ``lm_head.weight`` left out) and
-    ``config`` as ``sinklab_config.json`` into an existing ``directory``: what
-    :func:`load_pretrained` reads."""
+    """``state`` (a tied ``lm_head.weight`` left out) and ``config`` as load_pretrained reads them."""
     state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     if config.tie_embeddings:
         state.pop("lm_head.weight", None)
@@ -62,11 +49,12 @@ def write_weights(config: ModelConfig, state: dict[str, torch.Tensor], directory
 def load_pretrained(
     path: str | os.PathLike, config: str | os.PathLike | ModelConfig | dict | None = None, map_location: str = "cpu"
 ) -> Transformer:
+    """A SinkLab export dir or remote-code HF export, a Lightning ``.ckpt``, or a state-dict file with ``config``."""
     p = Path(path)
-    if p.is_dir() and config is None and not (p / CONFIG_NAME).exists() and (exported := exported_config(p)):
-        return _build(exported, load_file(str(p / WEIGHTS_NAME), device=map_location), str(p / WEIGHTS_NAME))
     if p.is_dir():
         cfg_file, weights = p / CONFIG_NAME, p / WEIGHTS_NAME
+        if config is None and not cfg_file.exists() and (exported := exported_config(p)):
+            return _build(exported, load_file(str(weights), device=map_location), str(weights))
         for f in (cfg_file, weights):
             if not f.exists():
                 raise FileNotFoundError(f"{p}: not a SinkLab export dir, missing {f.name}")
@@ -92,8 +80,7 @@ def load_pretrained(
 
 
 def exported_config(directory: Path) -> ModelConfig | None:
-    """The model config of a remote-code HF export (config.json, model_type ``sinklab``); None for
-    any other folder. A format newer than this code's is refused."""
+    """The model config of a remote-code HF export (config.json of model_type ``sinklab``), or None."""
     try:
         data = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError):

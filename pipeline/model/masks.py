@@ -8,30 +8,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from pipeline.kernels.tiled import MaskSpec
+
 from .config import ModelConfig
 
 
 def admitted_pairs(cfg: ModelConfig, q_idx: Tensor, k_idx: Tensor) -> Tensor:
-    """Bool [Tq, Tk] over slot indices (sink tokens first).
-
-    causal: j <= i. prefix: additionally every pair inside the first ``prefix_len`` real
-    tokens (and the sink tokens before them) sees each other. sliding: j <= i and
-    i - j < window, so token t sees down to token t - w + 1.
-    """
-    qi, kj = q_idx[:, None], k_idx[None, :]
-    causal = kj <= qi
-    if cfg.mask == "prefix":
-        prefix = cfg.sink_tokens + cfg.prefix_len
-        return causal | ((qi < prefix) & (kj < prefix))
-    if cfg.mask == "sliding":
-        return causal & (qi - kj < cfg.window)
-    return causal
+    """Bool [Tq, Tk] over slot indices (sink tokens first, inside the prefix of a prefix mask)."""
+    return MaskSpec(cfg.mask, cfg.window, cfg.sink_tokens + cfg.prefix_len).admitted(q_idx, k_idx)
 
 
 def admitted_with_slots(cfg: ModelConfig, T: int) -> Tensor:
-    """Bool [S + T, n_bias + S + T]: the pattern of a full-sequence attention map of ``T`` tokens
-    as the model returns it; rows: sink tokens then tokens, columns: bias slots (seen by every
-    query), sink tokens, tokens."""
+    """Bool [S + T, n_bias + S + T]: the admitted pairs of a full attention map, bias-slot columns first."""
     idx = torch.arange(cfg.sink_tokens + T)
     admitted = admitted_pairs(cfg, idx, idx)
     if cfg.n_bias_slots:
@@ -41,8 +29,7 @@ def admitted_with_slots(cfg: ModelConfig, T: int) -> Tensor:
 
 @dataclass
 class AttentionContext:
-    """Per-forward facts shared by every layer: positions, rotary angles, the mask. The admitted
-    pairs [Tq, Tk] are built on first use: plain causal attention never needs them."""
+    """Per-forward facts shared by every layer; the admitted pairs [Tq, Tk] are built on first use."""
 
     q_pos: Tensor
     k_pos: Tensor
@@ -72,10 +59,8 @@ class AttentionContext:
     def additive_mask(self) -> Tensor:
         """Float [1, 1|H, Tq, Tk]: positional bias where admitted, -inf elsewhere."""
         if self._mask is None:
-            bias = (
-                self.score_bias
-                if self.score_bias is not None
-                else torch.zeros(1, *self.admitted.shape, device=self.admitted.device)
-            )
+            bias = self.score_bias
+            if bias is None:
+                bias = torch.zeros(1, *self.admitted.shape, device=self.admitted.device)
             self._mask = bias.masked_fill(~self.admitted, float("-inf"))[None]
         return self._mask

@@ -1,11 +1,7 @@
-"""Positional embeddings (Table 3, Appendix A). Each is one small module with three hooks:
-
-- ``input_embedding(pos)``: P added to the token embeddings (absolute, learnable), or None;
-- ``rotary(pos)``: (cos, sin) that rotate queries and keys (RoPE), or None;
-- ``score_bias(q_pos, k_pos)``: g(i - j) added to the attention logits, [H|1, Tq, Tk], or None.
-
-Positions are 0-based slot indices (sink tokens occupy the first slots).
-"""
+"""Positional embeddings (Table 3, Appendix A) over 0-based slot indices (sink tokens first), each a
+module with three hooks that may return None: ``input_embedding(pos)``, P added to the token
+embeddings; ``rotary(pos)``, (cos, sin) for queries and keys; ``score_bias(q_pos, k_pos)``, g(i - j)
+added to the logits, [H|1, Tq, Tk]."""
 
 from __future__ import annotations
 
@@ -48,7 +44,7 @@ class Sinusoidal(Positional):
 
 
 class Learned(Positional):
-    """Learnable P (GPT-2 style): one vector per slot up to max_seq_len + sink tokens."""
+    """Learnable P (GPT-2 style), one vector per slot."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -59,8 +55,7 @@ class Learned(Positional):
 
 
 class Rotary(Positional):
-    """RoPE (Eq. 8) in the half-split layout of HF Llama (dims i and i + d_h/2 form a pair);
-    it is the paper's interleaved R_{Theta,m} up to a fixed permutation of head dims."""
+    """RoPE (Eq. 8) in HF Llama's half-split layout (dims i and i + d_h/2 form a pair)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -83,9 +78,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def relative_bucket(distance: Tensor, n_buckets: int, max_distance: int) -> Tensor:
-    """Eq. 6 bucket g(i - j) for causal distances n = i - j >= 0 (T5's unidirectional
-    buckets): n if n < B/2; B/2 + floor(log(n / (B/2)) / log(D / (B/2)) * B/2) if
-    B/2 <= n < D; B - 1 if n >= D."""
+    """Eq. 6 bucket g(i - j) of causal distances n = i - j >= 0: n if n < B/2; B - 1 if n >= D; else
+    B/2 + floor(log(n / (B/2)) / log(D / (B/2)) * B/2)."""
     half = n_buckets // 2
     n = distance.clamp(min=0)
     log_ratio = torch.log(n.float().clamp(min=1) / half) / math.log(max_distance / half)
@@ -96,8 +90,7 @@ def relative_bucket(distance: Tensor, n_buckets: int, max_distance: int) -> Tens
 
 
 class RelativeBucket(Positional):
-    """The paper's relative PE taken literally: <q_i, k_j> = q_i k_j^T + g(i - j), with the
-    bucket index g itself (Eq. 6) as a fixed bias, shared by all heads."""
+    """The paper's relative PE taken literally: the bucket index g(i - j) itself (Eq. 6) added to the logits."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -109,14 +102,11 @@ class RelativeBucket(Positional):
         return relative_bucket(distance, self.n_buckets, self.max_distance).float()[None]
 
 
-class T5Bias(Positional):
-    """T5's relative PE: a learned scalar per (bucket, head), bucket from Eq. 6; one table
-    shared by all layers, as in T5."""
+class T5Bias(RelativeBucket):
+    """T5's relative PE: a learned scalar per (bucket, head), one table shared by all layers."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.n_buckets = cfg.relative_buckets
-        self.max_distance = cfg.relative_max_distance
+        super().__init__(cfg)
         self.table = nn.Embedding(cfg.relative_buckets, cfg.n_heads)
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
@@ -131,8 +121,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
 
 class ALiBi(Positional):
-    """g(i - j) = -(i - j) m_h with the fixed head slopes of Eq. 7 (computed per call: no state
-    that a loader, e.g. transformers' from meta tensors, could leave unset)."""
+    """g(i - j) = -(i - j) m_h with Eq. 7's slopes, computed per call (no state a loader could leave unset)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -24,8 +24,7 @@ class ModelOutput:
     attention_kind: str = "probs"  # "probs" | "sim_nonneg" | "sim_signed"
     n_query_slots: int = 0  # leading rows that are sink tokens
     n_key_slots: int = 0  # leading columns that are not real tokens
-    # per block [B, Tq, d]: its output (pre-norm; the last before the final norm) or, post-norm,
-    # its residual sum before its last LN
+    # per block [B, Tq, d]: its output (the last before the final norm); post-norm: its sum before the last LN
     hidden_states: list[Tensor] | None = None
     queries: list[Tensor] | None = None  # per layer [B, H, T, dh], real tokens, rotated
     keys: list[Tensor] | None = None
@@ -41,12 +40,8 @@ def build_norm(cfg: ModelConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-norm (Eq. 2): h + MHSA(LN(h)), then + FFN(LN(.)).
-    Post-norm (Eq. 3): LN(h + MHSA(h)), then LN(. + FFN(.)).
-
-    Returns the output, the attention capture and the state the probe reads: the output
-    (pre-norm) or, post-norm, the residual sum x + FFN(x) before the last LN, where massive
-    activations show (Gu et al. 2025, Fig. 7 left)."""
+    """Pre-norm (Eq. 2): h + MHSA(LN(h)), then + FFN(LN(.)). Post-norm (Eq. 3): LN(h + MHSA(h)), then
+    LN(. + FFN(.)). Returns the output, the attention capture and the state hidden_states records."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -143,6 +138,7 @@ class Transformer(nn.Module):
         if absolute is not None:
             x = x + absolute.to(x.dtype)[None]
         rotary_k = self.positional.rotary(k_pos)
+        score_bias = self.positional.score_bias(q_pos, k_pos)
         ctx = AttentionContext(
             q_pos=q_pos,
             k_pos=k_pos,
@@ -151,31 +147,26 @@ class Transformer(nn.Module):
             config=cfg,
             q_idx=q_idx,
             k_idx=k_idx,
-            score_bias=self.positional.score_bias(q_pos, k_pos),
-            plain_causal=cfg.mask == "causal" and offset == 0,
+            score_bias=score_bias,
+            plain_causal=cfg.mask == "causal" and offset == 0 and score_bias is None,
         )
-        if ctx.score_bias is not None:
-            ctx.plain_causal = False
 
-        want_records = output_attentions or output_qkv
-        hidden, captures = [], []
+        hidden, captures = [], []  # captures: None unless attentions or q, k, v are asked for
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None
             x, capture, state = block(x, ctx, layer_cache, output_attentions, output_qkv)
             if output_hidden_states:
                 hidden.append(state)
-            if want_records:
-                captures.append(capture)
+            captures.append(capture)
         if cache is not None:
             cache.advance(T, n_sinks)
 
         final = self.norm(x[:, n_sinks:])
-        sinks_in_keys = cache.sinks_kept if cache is not None else n_sinks
         out = ModelOutput(
             logits=None if skip_head else self.lm_head(final),
             final_hidden=final if skip_head else None,
             n_query_slots=n_sinks,
-            n_key_slots=cfg.n_bias_slots + sinks_in_keys,
+            n_key_slots=cfg.n_bias_slots + (cache.sinks_kept if cache is not None else n_sinks),
             hidden_states=hidden if output_hidden_states else None,
         )
         out.attention_kind = op_spec(cfg.attention.op).kind(cfg.attention)
