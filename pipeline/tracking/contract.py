@@ -1,8 +1,5 @@
-"""The MLflow contract between SinkLab's parts: where the tracking store is, and the tags one
-part writes and another reads (docs/contracts.md section 4). Standard library only, so that
-the training layer, the analysis layer and the experiments layer all import it from here.
-The metric names sit below every layer, in ``pipeline.metric_names`` (the probe reads them too).
-"""
+"""The MLflow contract between SinkLab's parts: where the tracking store is, and the tags one part writes
+and another reads (docs/contracts.md section 4). Standard library only."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Figures as MLflow images with steps (``MlflowClient.log_image(key=, step=)``): the UI's image
-charts then show one key for every run side by side, with a slider over the steps, and the
-compare page finds them in common (plain artifacts under ``plots/`` it does not compare).
-
-Keys (see :mod:`pipeline.tracking.views`): ``heads/alpha1`` at every plotted probe step (α₁,
-row entropy and output norm per layer and head), ``heads/alpha1_trajectory`` at the last step.
-"""
+"""Figures as MLflow images with steps: the UI's image charts show one key across runs, with a step slider."""
 
 from __future__ import annotations
 

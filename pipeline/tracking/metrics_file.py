@@ -1,11 +1,5 @@
-"""``<run_dir>/metrics.jsonl`` and how far it has reached MLflow.
-
-Every metric a run logs is appended to metrics.jsonl first (one JSON row per call: step, time,
-values), whatever the tracking server does. ``mlflow_sent`` holds the byte offset up to which
-every row has been sent to (or deliberately left out of) the run's MLflow run; it only moves
-forward, after the server has taken the rows. A start that finds rows past it sends them
-(:meth:`MetricsFile.backlog`) before logging anything new.
-"""
+"""``<run_dir>/metrics.jsonl`` (every metric, one JSON row per call) and ``mlflow_sent``, the byte offset up
+to which its rows have reached MLflow (it only moves forward)."""
 
 from __future__ import annotations
 

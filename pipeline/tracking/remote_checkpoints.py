@@ -1,14 +1,5 @@
-"""Step checkpoints in MLflow, so that a run can be continued on another machine.
-
-- :class:`CheckpointUploader` (``--run.log_checkpoints true``, rank 0): every kept step
-  checkpoint goes to the run's artifacts as ``checkpoints/<name>`` (a DeepSpeed checkpoint
-  directory as a folder), one at a time in a background thread, so training does not wait for
-  the network; those the run directory has pruned are deleted there too where the artifact store
-  can delete (local and proxied stores can; where one cannot, they stay and a warning says so).
-- :func:`pull_run`: ``sinklab fit --resume runs:/<run_id>`` on any machine that reaches the
-  tracking server: the run's ``config/config.yaml``, its newest logged checkpoint and its MLflow
-  run id into a local run directory, which ``--resume auto`` then continues (same MLflow run).
-"""
+"""Step checkpoints in MLflow (``--run.log_checkpoints true``), and ``sinklab fit --resume runs:/<run_id>``,
+which continues a run from them on another machine (docs/training.md, "Resume")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""What MLflow knows about the runs of one experiment at one scale.
-
-Training runs carry the tags `sinklab.variant`, `sinklab.seed` and `sinklab.status`
-(docs/contracts.md section 4); a sweep names each run `<variant> s<seed> (<experiment>/<scale>)`,
-which is where the scale is read from. Sweeps and reports find their runs by these.
-"""
+"""What MLflow knows about the runs of one experiment at one scale (tags: docs/contracts.md section 4)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""`sinklab fit`: train a recipe through ``SinkLabCLI`` (lightning_cli.py), and end every start
-cleanly: the run's final status, its locks released, one line for each way it can fail.
-
-    sinklab fit --config configs/recipes/embedded.yaml [--run-dir D] [--resume auto|never|PATH]
-                [--arch.preset llama-60m] [--arch.attention.op sigmoid] [--optim.lr 1e-3]
-                [--data.interventions.resample [1]] [--trainer.max_steps 100] [--run.sink_every 50] ...
-    sinklab fit --check-only --config ... [overrides]   # parse and check the config; run and write nothing
-"""
+"""`sinklab fit`: train a recipe through ``SinkLabCLI`` and end every start cleanly: the run's final
+status, its locks released, one line for each way it can fail (docs/training.md)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""`--model.compile true`: torch.compile each block in place, and train eager instead, saying so
-once, if compiling fails.
-
-A missing C++ compiler on a CPU node, an Inductor or Triton error on some GPU, or an op that
-Dynamo cannot trace should not cost a queued job: the same model trains uncompiled, only
-slower. Dynamo compiles a block at its first call (and again for a new shape or mode, e.g. the
-first validation); AOTAutograd would compile the backward only at the first backward, so it is
-asked to compile both at the forward call, where a failure can still be caught and the call
-repeated eagerly. A torch without that switch (``force_non_lazy_backward_lowering``) has the
-backward of each newly compiled graph run once on zero gradients inside the forward call
-instead, which compiles it there. Every block then runs eager (they share one compiled graph).
-Errors that are not the compiler's (out of memory, a shape mismatch in the model) pass through
-unchanged.
-"""
+"""`--model.compile true`: torch.compile each block in place, and train eager instead, saying so once, if
+compiling fails; the backward is compiled at the forward call, so its failure is caught there too."""
 
 from __future__ import annotations
 

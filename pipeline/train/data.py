@@ -1,18 +1,8 @@
 """Training data: a deterministic global order over memory-mapped packed sequences.
 
-Order. Epoch e of the training split is the permutation ``default_rng([seed, e])`` of the
-sequences in use (all of them, or a seeded subset of ``token_budget`` tokens for the
-data-amount study: same steps and batch, so the data repeats). Sample g of the run (g = 0, 1,
-...) is sequence ``perm_{g // n}[g % n]``. Optimizer step s consumes samples
-[s*G, (s+1)*G), G = global batch in sequences; within the step, micro-step a gives rank r the
-samples starting at s*G + (a*W + r)*m. The order is global, so resuming on another world size
-with the same global batch continues the same stream.
-
-Resume. The loader's state (``state_dict``) is the number of samples consumed by completed
-optimizer steps, read from the trainer's global step when Lightning saves a checkpoint, so
-batches already fetched ahead of time are not counted. Lightning stores it in the checkpoint
-(``loops.fit_loop.state_dict.combined_loader``) and hands it back on resume: training goes on
-at the next unseen sample, no batch is replayed or skipped.
+Epoch e is the permutation ``default_rng([seed, e])`` of the sequences in use; sample g is
+``perm_{g // n}[g % n]``; step s consumes samples [s*G, (s+1)*G), and micro-step a gives rank r
+those from s*G + (a*W + r)*m. The loader's state is the samples consumed by completed steps.
 """
 
 from __future__ import annotations

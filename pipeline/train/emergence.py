@@ -1,16 +1,5 @@
-"""When the sink emerges during training, and each head's α_1 over the run.
-
-Every sink probe logs, beside ``report.to_metrics()``: the α_1 of each head
-(``heads/alpha1_l{l}_h{h}``, layers and heads 0-based; in metrics.jsonl, where the trajectory
-figure reads them, not sent to MLflow: the UI gets them as images, pipeline.tracking.views), the
-α_1 that uniform attention would give
-under this model's mask and slots (``sink/alpha1_uniform``), and, at the probe where a threshold
-is first crossed, ``sink/emerged_step_{sink1_1pct,sink1_10pct,alpha1_125pct}`` = that step
-(also set as MLflow tags of the same names). The history comes from ``<run_dir>/metrics.jsonl``
-(every start of the run appends to it), so a resumed run neither forgets an earlier crossing
-nor reports a second one; rows past the current step (left by a start killed before its
-checkpoint) are ignored. The decisions are the pure functions of ``pipeline.metrics``.
-"""
+"""When the sink emerges during training, and each head's α_1 over the run, read from the run's
+metrics.jsonl (docs/analysis.md, "During training"); the decisions are ``pipeline.metrics``'."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""`sinklab fit`'s config between parsing and building: negative values on the command line,
-a config of the older layout refused, the architecture's preset resolved, parse
-errors as one line, the check behind `sinklab fit --check-only`
-(and `sinklab sweep`'s checks), and the config as the run records it (plain values, the
-one-line variant summary).
-
-A check parses with fit's own parser (LightningCLI / jsonargparse: every name and type) and
-builds the ModelConfig (its cross-field checks); it instantiates nothing: no run directory,
-MLflow run, dataset or weights.
-"""
+"""`sinklab fit`'s config between parsing and building: the preset resolved, older layouts refused, parse
+errors as one line, the `--check-only` check (which instantiates nothing), and the config as the run records it."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""``SinkLabCLI``: LightningCLI over SinkLabModule + SinkDataModule, plus the run directory and
-the MLflow run (`sinklab fit` in ``cli`` drives it).
-
-Sections: ``arch`` (every ModelConfig field, a preset's numbers filled in where the config leaves
-them out; linked into the LightningModule's ``arch`` argument), ``optim`` (OptimConfig, linked
-likewise into its ``optim``), ``model`` (the LightningModule's other switches: ``model.compile``,
-``model.activation_checkpointing``, ``model.init``), ``data``, ``trainer`` (Lightning's Trainer), ``run``
-(run_options.RunOptions: names, cadences, the spike guard). Derived, not set by hand:
-``trainer.accumulate_grad_batches`` (from data.global_batch_tokens) and ``trainer.val_check_interval``
-(from run.val_every).
-"""
+"""``SinkLabCLI``: LightningCLI over SinkLabModule + SinkDataModule, with the sections ``arch``, ``optim``,
+``model``, ``data``, ``trainer`` and ``run``, plus the run directory and the MLflow run."""
 
 from __future__ import annotations
 

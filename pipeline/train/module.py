@@ -1,11 +1,5 @@
-"""The LightningModule: a SinkLab Transformer, next-token loss, AdamW + warm-up/cosine.
-
-The model is built in ``configure_model`` once the dataset is known (its vocabulary sets
-``vocab_size``), which is also where DeepSpeed ZeRO-3 expects it and where FSDP2 shards it
-(``--trainer.strategy fsdp2``, pipeline.train.sharding). Checkpoints carry
-``hyper_parameters["arch"]`` (a plain dict) and the weights under ``model.``, which is what
-``pipeline.model.load_pretrained`` reads.
-"""
+"""The LightningModule: a SinkLab Transformer (built in ``configure_model``, where ZeRO-3 and FSDP2 expect it),
+next-token loss, the optimizer and its schedule; checkpoints carry ``hyper_parameters["arch"]``."""
 
 from __future__ import annotations
 

@@ -1,21 +1,6 @@
-"""The optimisers beyond torch's AdamW and SGD: Muon (with AdamW beside it) and OrthoAdam.
-
-``MuonAdamW``: torch.optim.Muon on the 2-D hidden matrices (every ``nn.Linear`` weight inside the
-blocks), torch.optim.AdamW on the rest (embeddings, LM head, norms, biases, sink parameters), as
-one optimizer, which is what Lightning's automatic optimisation steps and checkpoints. A weight
-that stacks several logical matrices (its ``nn.Linear`` declares ``fused_rows``, as the fused
-W_Q/W_K/W_V and the gated FFN's W1/W2 do) is orthogonalised and lr-scaled per logical matrix.
-
-``OrthoAdam`` (Kaul et al., ICLR 2025): AdamW whose moments live in a fixed random orthogonal
-basis per parameter. A parameter viewed as ``[m, n]`` has its gradient rotated to ``L G Rᵀ`` (L,
-R random orthogonal, block-diagonal with blocks of at most ``block`` rows where a dimension is
-larger; L ⊗ R is orthogonal on the flattened tensor), the Adam direction is formed there and
-rotated back. The token embedding and the LM head (rows: the vocabulary) keep ``L = I``: only
-their d_model axis is rotated. The matrices are re-derived from ``seed`` and the parameter's
-index, never stored, so a resume rebuilds the same ones. With identity matrices the arithmetic is
-torch's single-tensor AdamW, bit for bit. Under FSDP2 the rotations act on gathered tensors and
-the moments stay sharded.
-"""
+"""The optimizers beyond torch's AdamW and SGD: Muon with AdamW beside it (per logical matrix of a fused
+weight) and OrthoAdam (Kaul et al., ICLR 2025: AdamW in a fixed random orthogonal basis per parameter).
+Their definitions and deviations: docs/training.md, "The optimiser"."""
 
 from __future__ import annotations
 

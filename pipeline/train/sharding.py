@@ -1,14 +1,5 @@
-"""The sharded strategies: DeepSpeed ZeRO and FSDP2, as Lightning strategies.
-
-``DeepSpeedStrategy`` is Lightning's, able to run on CPU too (2+ processes over gloo), so the
-recipe a cluster job runs is the one CI runs. It is what ``class_path`` names in the recipes
-and what the names ``deepspeed`` and ``deepspeed_stage_{1,2,3}`` select.
-
-``--trainer.strategy fsdp2`` shards parameters, gradients and AdamW's moments over every
-process with PyTorch's ``fully_shard`` (through ModelParallelStrategy). Each block is one
-unit, gathered just before it runs and freed after; the root unit holds the embeddings, final
-norm and head. SinkLab has no tensor-parallel plan, so the whole mesh is data-parallel.
-"""
+"""The sharded strategies as Lightning strategies: DeepSpeed ZeRO (able to run on CPU) and FSDP2
+(``fully_shard`` per block, the whole mesh data-parallel); docs/training.md, "Multi-process"."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The spike guard (``run.skip_spikes``): a step whose loss or gradient norm lies more than
-``sigmas`` standard deviations above the mean of the last ``window`` steps is not applied.
-
-OLMo-core's SkipStepOptimizer defaults: a window of 128 steps, 6σ, no verdict before
-max(20, window/2) steps of history; every step's values enter the window, skipped ones too.
-OLMo-core compares the absolute deviation; a spike here is a rise (a sudden drop is no threat).
-The window travels in the checkpoint, so a resume decides as the uninterrupted run does.
-"""
+"""The spike guard (``run.skip_spikes``): a step whose loss or gradient norm lies more than ``sigmas``
+standard deviations above the mean of the last ``window`` steps is not applied (docs/training.md)."""
 
 from __future__ import annotations
 
