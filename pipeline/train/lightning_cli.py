@@ -44,8 +44,9 @@ from pipeline.tracking import (
 )
 
 from .callbacks import Preemption, SinkMetrics, Throughput
+from .data import SinkDataModule
 from .fit_config import ARCH_TARGET, OPTIM, OPTIM_TARGET, PARSER_MODE, as_plain, parse_fit, set_arch, variant_summary
-from .module import read_init
+from .module import SinkLabModule, read_init
 from .optim import OptimConfig
 from .progress import StepProgressBar
 from .run_options import RunOptions
@@ -57,6 +58,20 @@ _CREATED: list[Path] = []  # run dirs this process created, removed again if a f
 
 class SinkLabCLI(LightningCLI):
     """Parse and check the config, take the run dir, build the trainer, then open the MLflow run."""
+
+    @classmethod
+    def build(cls, args: list[str]):
+        """`sinklab fit`'s CLI over ``args``, everything built and nothing run."""
+        return cls(
+            SinkLabModule,
+            SinkDataModule,
+            args=args,
+            run=False,
+            save_config_callback=None,
+            auto_configure_optimizers=False,
+            seed_everything_default=1234,
+            parser_kwargs={"default_env": False, "exit_on_error": False},
+        )
 
     def init_parser(self, **kwargs: Any):
         return super().init_parser(**{"parser_mode": PARSER_MODE, **kwargs})
