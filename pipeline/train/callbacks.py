@@ -3,6 +3,7 @@ pipeline.checkpoint.StepCheckpoint)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -25,12 +26,8 @@ from .recording import log_artifact, log_image, record_metrics, set_tag
 
 
 class Preemption(Callback):
-    """SIGUSR1 (SLURM's ``--signal=USR1@s`` before the time limit, or ``scancel --signal=USR1``)
-    asks the run to stop at the next optimizer-step boundary. The handler only sets a flag; the
-    ranks agree on it at each step end, write the same step checkpoint a periodic save writes,
-    and stop. ``requeue()`` then puts the SLURM job back in the queue; its rerun resumes from
-    that checkpoint, so no step is lost or trained twice. (Lightning's own SLURM handler
-    checkpoints inside the signal handler, mid-step, which replays the interrupted step.)"""
+    """SIGUSR1 stops the run at the next optimizer-step end, with that step's checkpoint; the handler
+    only sets a flag, which the ranks agree on at each step end (docs/training.md, "Preemption")."""
 
     def __init__(self, checkpoint: StepCheckpoint, sig: int = signal.SIGUSR1):
         self.checkpoint, self.sig = checkpoint, sig
@@ -67,14 +64,8 @@ class Preemption(Callback):
 
 
 class SinkMetrics(Callback):
-    """Every ``every`` steps (and at step 0), on rank 0: ``run_probe`` on the dataset's probe
-    set (eval mode, no grad, fp32), logged as ``sink/...`` and ``act/...``; every
-    ``plot_every`` steps an alpha_1 heat map (layer x head) into ``<run_dir>/plots`` and MLflow
-    (the artifact ``plots/``, and α₁ alone as the MLflow image ``heads/alpha1`` of that step).
-    ``flow``: the information flow too (``flow/...``; over-mixing on the probe's first
-    ``TRAINING_MIXING_SEQUENCES`` sequences). The time the probes take (metrics and their logging,
-    ``seconds``) and their figures' (``figure_seconds``) are kept so their shares of the run can be
-    reported."""
+    """The sink probe at step 0, every ``every`` steps and at the end (rank 0 logs it), its figures every
+    ``plot_every`` steps; ``seconds`` and ``figure_seconds`` are the time both took."""
 
     def __init__(
         self, every: int, plot_every: int, run_dir: Path, eps: float = 0.3, positions: int = 10, flow: bool = True
@@ -125,9 +116,7 @@ class SinkMetrics(Callback):
         if self.every <= 0 or step == self._done_step or not (force or step % self.every == 0):
             return
         self._done_step = step
-        # With sharded weights (ZeRO-3, FSDP2) every rank takes part in gathering them.
-        zero3 = getattr(trainer.strategy, "zero_stage_3", False)
-        if not (trainer.is_global_zero or has_sharded(pl_module.model)):
+        if not (trainer.is_global_zero or has_sharded(pl_module.model)):  # every rank gathers sharded weights
             return
         t0 = time.perf_counter()
         if self._probe is None:
@@ -142,16 +131,13 @@ class SinkMetrics(Callback):
                 "flow": self.flow,
                 "mixing_sequences": TRAINING_MIXING_SEQUENCES,
             }
-        model = pl_module.model
-        tokens = self._probe.to(pl_module.device)
-        if zero3:
+        model, gathered = pl_module.model, contextlib.nullcontext()  # FSDP2 gathers each block in its forward
+        if getattr(trainer.strategy, "zero_stage_3", False):
             import deepspeed
 
-            with deepspeed.zero.GatheredParameters(list(model.parameters())), uncompiled():
-                report = sink_probe.run_probe(model, tokens, **self._probe_args)
-        else:  # FSDP2 gathers each block's weights in its forward
-            with uncompiled():
-                report = sink_probe.run_probe(model, tokens, **self._probe_args)
+            gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
+        with gathered, uncompiled():
+            report = sink_probe.run_probe(model, self._probe.to(pl_module.device), **self._probe_args)
         if not trainer.is_global_zero:
             return
         metrics = report.to_metrics() | report.head_metrics()  # heads/entropy_*, heads/out_norm_*, heads/dormant_pct
@@ -208,10 +194,8 @@ def probe_figures(report, step: int, plot_dir: Path, uniform: float | None) -> l
 
 
 class Throughput(Callback):
-    """Tokens/s over windows of ``window`` optimizer steps (wall time, everything included)
-    and, on a GPU with a known peak, MFU = tokens/s/device x FLOPs/token / peak (pipeline.flops);
-    on a GPU also the peak memory allocated so far (``perf/max_memory_gib``, rank 0's).
-    Why not Lightning's ThroughputMonitor: docs/contracts.md section 4."""
+    """Tokens/s over windows of ``window`` optimizer steps (wall time, everything included), MFU =
+    tokens/s/device x FLOPs/token / peak where the peak is known, and a GPU's peak allocated memory."""
 
     def __init__(self, tokens_per_step: int, context_length: int, window: int = 10):
         self.tokens_per_step, self.context_length, self.window = tokens_per_step, context_length, window

@@ -22,9 +22,7 @@ def _backward_compiled_with_forward():
 
 
 def _compile_backward_now(block: nn.Module, args: tuple, out) -> None:
-    """The backward of the graph that ``out`` came from, run on zero gradients (nothing is
-    accumulated: only the inputs' gradients are asked for), so that a lazily compiled backward
-    is compiled, or fails, here."""
+    """The backward of ``out``'s graph on zero gradients, accumulating nothing, so that it compiles (or fails) here."""
     outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
     inputs = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
     inputs = inputs or [p for p in block.parameters() if p.requires_grad]
@@ -71,9 +69,7 @@ def compile_blocks(blocks: Sequence[nn.Module], on_failure: Callable[[BaseExcept
 
 
 def uncompiled():
-    """Compiled blocks run their eager code inside this context (the sink probe: a few small
-    forward passes that ask for attention weights, which would otherwise compile graphs of
-    their own, once per probe shape)."""
+    """Compiled blocks run eager inside this context (the sink probe, which would compile graphs of its own)."""
     set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
     return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 

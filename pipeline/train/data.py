@@ -69,8 +69,7 @@ class RankBatchSampler(Sampler[list[int]]):
 
 
 def check_token_ids(tokens: np.ndarray, split: PackedSplit, indices) -> np.ndarray:
-    """Refuse a batch holding an id outside the vocabulary (a damaged or foreign shard of the
-    right size): it would otherwise fail as an index error deep inside the embedding."""
+    """Refuse a batch holding an id outside the vocabulary (a damaged shard), not an index error later."""
     vocab = split.manifest.vocab_size
     if tokens.size and (tokens.max() >= vocab or tokens.min() < 0):
         row = int(np.argmax((tokens >= vocab).any(axis=1) | (tokens < 0).any(axis=1)))
@@ -146,9 +145,7 @@ def _identity(batch):
 
 
 class EvalSet(Dataset):
-    """The first ``n`` held-out sequences, with the training interventions applied: the
-    validation loss is measured on the distribution the model is trained on (with x1 fixed to
-    BOS in training, an unfixed x1 would be a token the model never saw there)."""
+    """The first ``n`` held-out sequences, with the training interventions applied."""
 
     def __init__(self, split: PackedSplit, n: int, intervene: Callable[..., np.ndarray]):
         self.split, self.n, self.intervene = split, min(n, len(split)), intervene
@@ -217,18 +214,12 @@ class SinkDataModule(L.LightningDataModule):
         )
         return self.plan
 
-    def train_order(self) -> GlobalOrder:
-        split = PackedSplit(self.path, "train", self.manifest)
-        budget = None
-        if self.token_budget:
-            budget = max(1, self.token_budget // self.manifest.context_length)
-        return GlobalOrder(len(split), self.seed, budget)
-
     def train_dataloader(self) -> StatefulLoader:
         trainer = self.trainer
         plan = self.plan or self.make_plan(trainer.world_size)
         split = PackedSplit(self.path, "train", self.manifest)
-        dataset = PackedTrainSet(split, self.train_order(), self.intervene())
+        budget = max(1, self.token_budget // self.manifest.context_length) if self.token_budget else None
+        dataset = PackedTrainSet(split, GlobalOrder(len(split), self.seed, budget), self.intervene())
         sampler = RankBatchSampler(plan, trainer.global_rank, trainer.max_steps)
         return StatefulLoader(
             dataset,
@@ -264,8 +255,7 @@ class SinkDataModule(L.LightningDataModule):
         return {"order": self.order()}
 
     def probe_tokens(self) -> torch.Tensor:
-        """The probe set; with a fixed token at position p in training, the probe carries it
-        at p too (Table 10 right measures the sink on the fixed token)."""
+        """The probe set, carrying the training's fixed token at its position (Table 10 right)."""
         probe = load_probe(self.path)
         fix = self.interventions.fix_position
         if fix and fix <= probe.shape[1]:

@@ -48,14 +48,6 @@ class Interventions:
     def active(self) -> bool:
         return bool(self.resample or self.fix_position)
 
-    def summary(self) -> str:
-        parts = []
-        if self.resample:
-            parts.append("resample x" + ",x".join(map(str, self.resample)) + "~U(V)")
-        if self.fix_position:
-            parts.append(f"fix x{self.fix_position}={self.fix_token}")
-        return "; ".join(parts)
-
 
 VAL_STREAM = 1  # validation rows draw from their own random stream, never a training row's
 

@@ -158,9 +158,8 @@ class WarmupCosine:
 
 
 class Schedule(LambdaLR):
-    """LambdaLR over one :class:`WarmupCosine`, which travels in the checkpoint (LambdaLR keeps a
-    callable object's attributes in its state). On a resume whose ``max_steps`` differs from the
-    checkpoint's, the restored shape is extended to the new end at the restored step."""
+    """LambdaLR over one :class:`WarmupCosine`, which travels in the checkpoint; a resume to another
+    ``max_steps`` extends the restored shape to the new end."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, shape: WarmupCosine):
         self.shape = shape

@@ -50,10 +50,8 @@ def _evaluate(closure) -> Tensor | None:
 
 
 class SplitMuon(torch.optim.Muon):
-    """torch.optim.Muon whose fused weights (``rows``: weight -> its logical matrices' row counts)
-    are orthogonalised, lr-scaled and decayed per logical matrix, as Muon on the separate matrices
-    would; the momentum buffer stays one tensor per weight (elementwise, so the same). A DTensor
-    weight (FSDP2) is split gathered and written back to its shards."""
+    """torch.optim.Muon that updates each fused weight (``rows``: weight -> its matrices' row counts) per
+    logical matrix; a DTensor weight (FSDP2) is split gathered and written back to its shards."""
 
     def __init__(self, params, rows: dict[Tensor, tuple[int, ...]], **kwargs):
         super().__init__(params, **kwargs)
@@ -83,10 +81,8 @@ class SplitMuon(torch.optim.Muon):
 
 
 class MuonAdamW(torch.optim.Optimizer):
-    """One optimizer over ``muon_groups`` (:class:`SplitMuon`, with ``rows`` from :func:`fused_rows`)
-    and ``adamw_groups`` (torch.optim.AdamW): the group dicts and the state are shared with the two
-    inner optimizers, so an lr scheduler and ``state_dict``/``load_state_dict`` see every group,
-    marked ``muon: True`` or ``False``."""
+    """One optimizer over ``muon_groups`` (:class:`SplitMuon`) and ``adamw_groups`` (AdamW), sharing their group
+    dicts (marked ``muon: True`` or ``False``) and state, so a scheduler and a checkpoint see every group."""
 
     def __init__(
         self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict, adamw: dict, rows: dict | None = None
@@ -130,9 +126,8 @@ def _blocks(n: int, block: int) -> list[int]:
 
 
 class _Rotation:
-    """Block-diagonal orthogonal matrices for the rows (``left``) and columns (``right``) of a
-    parameter viewed as ``[m, n]``; a dimension of size 1, or the rows where ``rows`` is False,
-    is not rotated."""
+    """Block-diagonal orthogonal matrices for the rows (``left``, unless not ``rows``) and columns (``right``) of
+    a parameter viewed as ``[m, n]``; a dimension of size 1 is not rotated."""
 
     def __init__(
         self, shape: torch.Size, block: int, generator: torch.Generator | None, device: torch.device, rows: bool = True
@@ -184,10 +179,8 @@ def _placed_like(full: Tensor, ref: Tensor) -> Tensor:
 
 
 class OrthoAdam(torch.optim.Optimizer):
-    """AdamW (decoupled weight decay) in a fixed random orthogonal basis per parameter (module
-    docstring). ``seed``: the matrices' seed; ``block``: the largest rotated block; ``identity``:
-    identity matrices (AdamW exactly; for tests); ``token_rows``: parameters whose rows are tokens
-    (:func:`token_matrices`), rotated along their columns only."""
+    """AdamW in a fixed random orthogonal basis per parameter, re-derived from ``seed`` and its index (so a
+    resume rebuilds it); ``identity``: AdamW exactly; ``token_rows``: rotated along their columns only."""
 
     def __init__(
         self,
