@@ -44,9 +44,8 @@ def prepare_store(uri: str) -> str:
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
-    """Where a new experiment keeps its artifacts: beside a sqlite store, in ``<store dir>/artifacts/
-    <experiment>`` (MLflow would use ``./mlruns`` of whatever directory the command runs in); a
-    tracking server or a file store decides itself (None)."""
+    """Where a new experiment keeps its artifacts: beside a sqlite store (not MLflow's ``./mlruns`` of the
+    working directory); None where the store decides itself."""
     if not uri.startswith("sqlite:///"):
         return None
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment).strip("._") or "experiment"
@@ -55,9 +54,7 @@ def artifact_location(uri: str, experiment: str) -> str | None:
 
 
 def experiment_id(client, experiment: str) -> str:
-    """The id of the experiment named ``experiment`` in ``client``'s store, created (with its
-    artifacts beside the store: :func:`artifact_location`) if it does not exist. Every SinkLab
-    command that creates an experiment goes through here."""
+    """The id of the experiment named ``experiment``, created where missing: every SinkLab command's way."""
     found = client.get_experiment_by_name(experiment)
     if found is not None:
         return found.experiment_id

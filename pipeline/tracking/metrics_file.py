@@ -27,8 +27,7 @@ class MetricsFile:
         return self.path.stat().st_size if self.path.exists() else 0
 
     def sent(self) -> int | None:
-        """The offset sent so far; None where no start has recorded one (a run from before this
-        record existed: everything up to now counts as sent)."""
+        """The offset sent so far; None where no start has recorded one (everything counts as sent)."""
         try:
             return int(self.sent_path.read_text())
         except (OSError, ValueError):
@@ -47,9 +46,8 @@ class MetricsFile:
         atomic_write(self.sent_path, f"{offset}\n")
 
     def backlog(self, resume_step: int | None) -> tuple[list[dict], int]:
-        """The rows past the recorded offset that this start will not log again, and the offset
-        where the file ends now. A start resumed at step s logs again its training metrics from
-        step s on and anything after s; a fresh start (``resume_step`` None) logs everything again."""
+        """The rows past the sent offset that a start resumed at ``resume_step`` will not log again (its
+        training metrics from that step on, anything after it), and the offset where the file ends."""
         start, end = self.sent(), self.end()
         if start is None or start >= end or resume_step is None:
             return [], end

@@ -91,9 +91,8 @@ def default_run_dir(client, run_id: str) -> Path:
 
 
 def pulled_argv(argv: list[str]) -> list[str]:
-    """``sinklab fit ... --resume runs:/<id>``: the run's config and newest logged checkpoint are
-    fetched into a local run dir (by global rank 0; the other ranks wait for it), and the command
-    continues it as ``--config <run dir>/config.yaml ... --run-dir <run dir> --resume auto``."""
+    """``--resume runs:/<id>`` as ``--config <run dir>/config.yaml ... --run-dir <run dir> --resume auto``,
+    once rank 0 has fetched the run's config and newest logged checkpoint there."""
     from .contract import tracking_uri
 
     at = next((i for i, a in enumerate(argv) if a == "--resume" or a.startswith("--resume=")), None)

@@ -28,19 +28,19 @@ SYSTEM_SAMPLES_PER_POINT = 4
 def manifest_summary(manifest) -> dict[str, Any]:
     """The manifest without shard lists: hash, tokenizer, vocabulary, context, and the
     sequence, token and document counts of each split and domain."""
-    raw = manifest.raw
-    splits = {}
-    for name, info in manifest.splits.items():
-        splits[name] = {
+    splits = {
+        name: {
             "sequences": info.sequences,
             "tokens": info.tokens,
             "documents": info.documents,
             "domains": {d: dict(v) for d, v in sorted(info.domains.items())},
         }
+        for name, info in manifest.splits.items()
+    }
     return {
         "manifest_hash": manifest.hash,
         "path": str(Path(manifest.root).resolve()),
-        "tokenizer": raw.get("tokenizer"),
+        "tokenizer": manifest.raw.get("tokenizer"),
         "vocab_size": manifest.vocab_size,
         "context_length": manifest.context_length,
         "bos": manifest.bos,

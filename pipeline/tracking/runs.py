@@ -127,10 +127,8 @@ def metric_history(mlflow: MlflowClient, run_id: str, metric: str) -> list[tuple
 
 
 def parent_run(mlflow: MlflowClient, experiment: Grouped, scale: str) -> str:
-    """The run that groups the variants of one experiment at one scale in the MLflow UI (the
-    variants' runs carry its id as mlflow.parentRunId; `sinklab report` logs its table, figure
-    and agreement to it): found again on a repeated sweep or report, created on the first. It
-    holds the experiment's name, title and paper reference."""
+    """The run that groups the variants of one experiment at one scale (their mlflow.parentRunId, where
+    `sinklab report` logs), found again or created."""
     from .views import mark_training_experiment
 
     exp_id = experiment_id(mlflow, experiment.mlflow_experiment)

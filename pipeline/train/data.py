@@ -116,28 +116,26 @@ class StatefulLoader(DataLoader):
         super().__init__(dataset, batch_sampler=sampler, collate_fn=_identity, **kwargs)
         self._consumed_samples = consumed_samples
 
-    def state_dict(self) -> dict:
-        s: RankBatchSampler = self.batch_sampler
+    def _must_match(self) -> dict[str, int]:
+        """What a resume must share with the checkpoint's loader."""
+        order = self.dataset.order
         return {
-            "consumed_samples": int(self._consumed_samples()),
-            "global_batch_seqs": s.plan.global_batch_seqs,
-            "seed": self.dataset.order.seed,
-            "n_sequences": self.dataset.order.n,
+            "global_batch_seqs": self.batch_sampler.plan.global_batch_seqs,
+            "seed": order.seed,
+            "n_sequences": order.n,
         }
 
+    def state_dict(self) -> dict:
+        return {"consumed_samples": int(self._consumed_samples()), **self._must_match()}
+
     def load_state_dict(self, state: dict) -> None:
-        s: RankBatchSampler = self.batch_sampler
-        for key, mine in (
-            ("global_batch_seqs", s.plan.global_batch_seqs),
-            ("seed", self.dataset.order.seed),
-            ("n_sequences", self.dataset.order.n),
-        ):
+        for key, mine in self._must_match().items():
             if state.get(key) != mine:
                 raise ValueError(
                     f"resume: the checkpoint's data {key}={state.get(key)} differs from this "
                     f"run's {mine}; resume with the same data settings or start a new run"
                 )
-        s.start_sample = int(state["consumed_samples"])
+        self.batch_sampler.start_sample = int(state["consumed_samples"])
 
 
 def _identity(batch):
@@ -192,10 +190,9 @@ class SinkDataModule(L.LightningDataModule):
     @property
     def special_ids(self) -> dict[str, int]:
         ids = {k.lower(): int(v) for k, v in (self.manifest.special_ids or {}).items()}
-        if self.manifest.bos_id is not None:
-            ids.setdefault("bos", int(self.manifest.bos_id))
-        if self.manifest.eos_id is not None:
-            ids.setdefault("eos", int(self.manifest.eos_id))
+        for name in ("bos", "eos"):
+            if (value := getattr(self.manifest, f"{name}_id")) is not None:
+                ids.setdefault(name, int(value))
         return ids
 
     def intervene(self) -> Callable[..., np.ndarray]:

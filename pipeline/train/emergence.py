@@ -13,8 +13,6 @@ from pipeline.model.config import ModelConfig
 
 from .summary import metric_rows
 
-HISTORY_KEYS = (N.SINK1, N.ALPHA1_MEAN)
-
 
 def head_metric(layer: int, head: int) -> str:
     return N.head(N.HEAD_ALPHA1, layer, head)
@@ -33,16 +31,12 @@ def probe_uniform_alpha1(cfg: ModelConfig, T: int) -> float:
     return M.uniform_alpha1_masked(admitted_with_slots(cfg, T), n_sinks, cfg.n_bias_slots + n_sinks)
 
 
-def history(metrics_path: Path, before_step: int) -> list[tuple]:
-    """(step, Sink_1, mean α_1) rows of metrics.jsonl strictly before ``before_step``."""
-    return [row for row in metric_rows(metrics_path, *HISTORY_KEYS) if row[0] < before_step]
-
-
 def emerged_so_far(
     metrics_path: Path, step: int, sink1: float, alpha1_mean: float, alpha1_uniform: float
 ) -> dict[str, int]:
     """Metric name -> step for every threshold crossed up to and including ``step``."""
-    rows = history(metrics_path, step) + [(step, sink1, alpha1_mean)]
+    earlier = [row for row in metric_rows(metrics_path, N.SINK1, N.ALPHA1_MEAN) if row[0] < step]
+    rows = earlier + [(step, sink1, alpha1_mean)]
     found = M.emergence_steps(rows, alpha1_uniform)
     return {N.emerged_step(name): at for name, at in found.items() if at is not None}
 
@@ -96,9 +90,7 @@ def draw_trajectory(
 
 
 def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path, title: str = "") -> Path | None:
-    """Guo et al.'s joint dynamics from metrics.jsonl (every start of the run): Sink_1 and, on a
-    Bigram-Backcopy dataset, each layer's BOS share from trigger and from other queries; the
-    value-state drain where the probe measured it; the residual-state peak. None before any probe."""
+    """Guo et al.'s joint dynamics of the extreme tokens from metrics.jsonl, or None before any probe."""
     from pipeline.plots import extreme_token_dynamics
 
     panels = (

@@ -99,10 +99,9 @@ class SinkLabCLI(LightningCLI):
     # ---- before any class exists: run dir and lock; nothing is written yet --------------------
     def before_instantiate_classes(self) -> None:
         cfg = self.config
-        opts: RunOptions = RunOptions(**{k: v for k, v in dict(cfg["run"]).items()})
-        opts.validate()
-        self.opts = opts
-        self.run = RunDir(Path(cfg.get("run_dir") or cfg.get("run-dir") or f"runs/{opts.name}"))
+        self.opts = RunOptions(**dict(cfg["run"]))
+        self.opts.validate()
+        self.run = RunDir(Path(cfg.get("run_dir") or cfg.get("run-dir") or f"runs/{self.opts.name}"))
         if self.run.root.exists() and not self.run.root.is_dir():
             raise RunDirError(f"--run-dir {self.run.root}: is a file; name a directory (new, or a run to continue)")
         self.resume_from = resume_path(self.run, cfg.get("resume", "never"))
