@@ -189,7 +189,6 @@ def log_final_model(
     state: dict,
     manifest=None,
     step: int = 0,
-    tags: dict[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """Log the weights as the run's one model, unless it has one of this ``step`` already; returns
     {model_id, seconds, megabytes}, or None when nothing was logged."""
@@ -210,12 +209,7 @@ def log_final_model(
             run.info.experiment_id,
             name=MODEL_NAME,
             source_run_id=run_id,
-            tags={
-                "sinklab.format": "sinklab-safetensors",
-                "sinklab.hf_export": hf,
-                "sinklab.step": str(step),
-                **(tags or {}),
-            },
+            tags={"sinklab.format": "sinklab-safetensors", "sinklab.hf_export": hf, "sinklab.step": str(step)},
             model_type="sinklab-transformer",
         )
         try:
@@ -253,19 +247,13 @@ def _log_model_metrics(client, run, model_id: str, manifest) -> None:
 class SystemMetrics:
     """MLflow's SystemMetricsMonitor on a run, continuing its step count on a resumed run."""
 
-    def __init__(
-        self,
-        tracking_uri: str,
-        run_id: str,
-        sampling_s: float = SYSTEM_SAMPLING_S,
-        samples_per_point: int = SYSTEM_SAMPLES_PER_POINT,
-    ):
+    def __init__(self, tracking_uri: str, run_id: str):
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
         self.monitor = SystemMetricsMonitor(
             run_id,
-            sampling_interval=sampling_s,
-            samples_before_logging=samples_per_point,
+            sampling_interval=SYSTEM_SAMPLING_S,
+            samples_before_logging=SYSTEM_SAMPLES_PER_POINT,
             resume_logging=True,
             tracking_uri=tracking_uri,
         )

@@ -29,13 +29,13 @@ class Preemption(Callback):
     """SIGUSR1 stops the run at the next optimizer-step end, with that step's checkpoint; the handler
     only sets a flag, which the ranks agree on at each step end (docs/training.md, "Preemption")."""
 
-    def __init__(self, checkpoint: StepCheckpoint, sig: int = signal.SIGUSR1):
-        self.checkpoint, self.sig = checkpoint, sig
+    def __init__(self, checkpoint: StepCheckpoint):
+        self.checkpoint = checkpoint
         self.received = False
         self.stopped_at: int | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        signal.signal(self.sig, self._on_signal)
+        signal.signal(signal.SIGUSR1, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
         self.received = True
@@ -67,13 +67,10 @@ class SinkMetrics(Callback):
     """The sink probe at step 0, every ``every`` steps and at the end (rank 0 logs it), its figures every
     ``plot_every`` steps; ``seconds`` and ``figure_seconds`` are the time both took."""
 
-    def __init__(
-        self, every: int, plot_every: int, run_dir: Path, eps: float = 0.3, positions: int = 10, flow: bool = True
-    ):
+    def __init__(self, every: int, plot_every: int, run_dir: Path, flow: bool = True):
         self.every, self.plot_every, self.flow = every, plot_every, flow
         self.plot_dir = Path(run_dir) / "plots"
         self.metrics_path = RunDir(run_dir).metrics_path  # emergence reads the run's history
-        self.eps, self.positions = eps, positions
         self.seconds = self.figure_seconds = 0.0  # the probes (metrics and logging); their figures
         self._probe: torch.Tensor | None = None
         self._done_step = -1
@@ -124,8 +121,6 @@ class SinkMetrics(Callback):
             # a Bigram-Backcopy dataset's triggers: the active/dormant split and the value-state drain
             triggers = getattr(trainer.datamodule.manifest, "trigger_ids", None)
             self._probe_args = {
-                "eps": self.eps,
-                "positions": self.positions,
                 "trigger_ids": triggers,
                 "output_qkv": triggers is not None,
                 "flow": self.flow,

@@ -15,12 +15,6 @@ COMPILE_FAILURES = (torch._dynamo.exc.TorchDynamoException,)
 BACKWARD_WITH_FORWARD = hasattr(torch._functorch.config, "force_non_lazy_backward_lowering")  # not in every torch
 
 
-def _backward_compiled_with_forward():
-    if BACKWARD_WITH_FORWARD:
-        return torch._functorch.config.patch(force_non_lazy_backward_lowering=True)
-    return None
-
-
 def _compile_backward_now(block: nn.Module, args: tuple, out) -> None:
     """The backward of ``out``'s graph on zero gradients, accumulating nothing, so that it compiles (or fails) here."""
     outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -48,7 +42,9 @@ def compile_blocks(blocks: Sequence[nn.Module], on_failure: Callable[[BaseExcept
         compiled = block._compiled_call_impl
 
         def call(*args, _compiled=compiled, _block=block, **kwargs):
-            with_forward = _backward_compiled_with_forward()
+            with_forward = (
+                torch._functorch.config.patch(force_non_lazy_backward_lowering=True) if BACKWARD_WITH_FORWARD else None
+            )
             graphs, out = counters["stats"]["unique_graphs"], None
             try:
                 with with_forward or contextlib.nullcontext():

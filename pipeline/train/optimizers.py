@@ -84,14 +84,12 @@ class MuonAdamW(torch.optim.Optimizer):
     """One optimizer over ``muon_groups`` (:class:`SplitMuon`) and ``adamw_groups`` (AdamW), sharing their group
     dicts (marked ``muon: True`` or ``False``) and state, so a scheduler and a checkpoint see every group."""
 
-    def __init__(
-        self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict, adamw: dict, rows: dict | None = None
-    ):
+    def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict, adamw: dict, rows: dict):
         for group in muon_groups:
             group["muon"] = True
         for group in adamw_groups:
             group["muon"] = False
-        self._muon = SplitMuon(muon_groups, rows or {}, **muon)
+        self._muon = SplitMuon(muon_groups, rows, **muon)
         self._adamw = torch.optim.AdamW(adamw_groups, **adamw)
         super().__init__(muon_groups + adamw_groups, {})
         self._link()
