@@ -29,6 +29,7 @@ DEFAULT_RETRIES = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
 }
+RETRY_EVERY_S = 60.0  # how often an unreachable server is tried again
 
 
 class _NoTraceback(logging.Filter):
@@ -149,19 +150,16 @@ _MLFLOW_STATUS = {
 class RunLogger(MLFlowLogger):
     """MLFlowLogger that never stops training and mirrors metrics to metrics.jsonl."""
 
-    def __init__(
-        self, run_dir: str, experiment_name: str, run_id: str | None, retry_every_s: float = 60.0, **kwargs: Any
-    ):
+    def __init__(self, run_dir: str, experiment_name: str, run_id: str | None):
         uri = tracking_uri()
         try:
-            super().__init__(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, **kwargs)
+            super().__init__(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id)
         except Exception as exc:  # noqa: BLE001 - a sqlite:/// store is opened here (a bad path, a full disk)
             raise ConfigError(
                 f"MLFLOW_TRACKING_URI={uri}: the store cannot be opened ({why(exc)}); "
                 "check its path, free space or `ulimit -f`, or point MLFLOW_TRACKING_URI at another store"
             ) from None
         self.metrics_file = MetricsFile(Path(run_dir))
-        self.retry_every_s = retry_every_s
         self._pending: list[tuple[list, int]] = []  # (MLflow metrics, metrics.jsonl offset after them)
         self._last_failure = 0.0
         self.offline = run_id is None
@@ -227,7 +225,7 @@ class RunLogger(MLFlowLogger):
         """Send queued metrics in order, recording how far they got; True when nothing is left to send."""
         if not self._pending or self._run_id is None:
             return not self._pending
-        if self.offline and not force and time.time() - self._last_failure < self.retry_every_s:
+        if self.offline and not force and time.time() - self._last_failure < RETRY_EVERY_S:
             return False
         sent_to = None
         try:

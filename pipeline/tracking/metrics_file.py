@@ -23,9 +23,6 @@ class MetricsFile:
             f.write((json.dumps(row) + "\n").encode())
             return row, f.tell()
 
-    def end(self) -> int:
-        return self.path.stat().st_size if self.path.exists() else 0
-
     def sent(self) -> int | None:
         """The offset sent so far; None where no start has recorded one (everything counts as sent)."""
         try:
@@ -48,7 +45,7 @@ class MetricsFile:
     def backlog(self, resume_step: int | None) -> tuple[list[dict], int]:
         """The rows past the sent offset that a start resumed at ``resume_step`` will not log again (its
         training metrics from that step on, anything after it), and the offset where the file ends."""
-        start, end = self.sent(), self.end()
+        start, end = self.sent(), self.path.stat().st_size if self.path.exists() else 0
         if start is None or start >= end or resume_step is None:
             return [], end
         with open(self.path, "rb") as f:

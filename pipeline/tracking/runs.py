@@ -70,16 +70,13 @@ def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict
         )
         for run in page:
             tags = run.data.tags
-            if TAG_VARIANT not in tags:  # the parent run of a sweep or report has none
+            if TAG_VARIANT not in tags or run_scale(run.info.run_name) != scale:  # a sweep's parent has no variant
                 continue
-            if run_scale(run.info.run_name) != scale:
-                continue
-            status = tags.get(TAG_STATUS) or run.info.status.lower()
             runs.setdefault(tags[TAG_VARIANT], []).append(
                 RunSummary(
                     run_id=run.info.run_id,
                     variant=tags[TAG_VARIANT],
-                    status=status,
+                    status=tags.get(TAG_STATUS) or run.info.status.lower(),
                     start_time=run.info.start_time or 0,
                     metrics=dict(run.data.metrics),
                     seed=run_seed(tags),

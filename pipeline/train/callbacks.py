@@ -86,21 +86,12 @@ class SinkMetrics(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         self._maybe_probe(trainer, pl_module, force=True)
         if trainer.is_global_zero and self._last is not None:  # α₁ of each head over the run
-            n_layers = self._last.alpha1.shape[0]
+            shape = self._last.alpha1.shape
             figures = (
                 emergence.draw_trajectory(
-                    self.metrics_path,
-                    *self._last.alpha1.shape,
-                    self.plot_dir / "alpha1_trajectory.png",
-                    self._uniform,
-                    "α₁ per layer and head over training",
+                    self.metrics_path, *shape, self.plot_dir / "alpha1_trajectory.png", self._uniform
                 ),
-                emergence.draw_extreme_tokens(
-                    self.metrics_path,
-                    n_layers,
-                    self.plot_dir / "extreme_tokens.png",
-                    "attention sink, value-state drain, residual-state peak",
-                ),
+                emergence.draw_extreme_tokens(self.metrics_path, shape[0], self.plot_dir / "extreme_tokens.png"),
             )
             for path in figures:
                 if path is not None:
@@ -194,11 +185,8 @@ class Throughput(Callback):
 
     def __init__(self, tokens_per_step: int, context_length: int, window: int = 10):
         self.tokens_per_step, self.context_length, self.window = tokens_per_step, context_length, window
-        self.train_seconds = 0.0
-        self.steps_timed = 0
         self._t_window: float | None = None
         self._step_window = 0
-        self._t_start: float | None = None
         self._flops_token: float | None = None
         self._peak: float | None = None
 
@@ -206,7 +194,7 @@ class Throughput(Callback):
         self._flops_token = flops_per_token(pl_module.arch, self.context_length)
         # on CPU only an explicit SINKLAB_PEAK_TFLOPS gives a peak (the table names GPUs)
         self._peak = device_peak_flops() if pl_module.device.type == "cuda" or os.environ.get(PEAK_ENV) else None
-        self._t_start = self._t_window = time.perf_counter()
+        self._t_window = time.perf_counter()
         self._step_window = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -223,7 +211,3 @@ class Throughput(Callback):
             metrics[N.MAX_MEMORY_GIB] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
         record_metrics(pl_module, metrics, step, bar=True)
         self._t_window, self._step_window = now, step
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self._t_start is not None:
-            self.train_seconds = time.perf_counter() - self._t_start

@@ -78,7 +78,7 @@ def head_trajectories(metrics_path: Path, n_layers: int, n_heads: int):
 
 
 def draw_trajectory(
-    metrics_path: Path, n_layers: int, n_heads: int, path: Path, alpha1_uniform: float | None = None, title: str = ""
+    metrics_path: Path, n_layers: int, n_heads: int, path: Path, alpha1_uniform: float | None = None
 ) -> Path | None:
     """The per-head α_1 trajectory figure, or None before any probe was logged."""
     from pipeline.plots import alpha1_trajectories
@@ -86,10 +86,10 @@ def draw_trajectory(
     steps, series = head_trajectories(metrics_path, n_layers, n_heads)
     if not steps:
         return None
-    return alpha1_trajectories(steps, series, path, title, uniform=alpha1_uniform)
+    return alpha1_trajectories(steps, series, path, "α₁ per layer and head over training", uniform=alpha1_uniform)
 
 
-def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path, title: str = "") -> Path | None:
+def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path) -> Path | None:
     """Guo et al.'s joint dynamics of the extreme tokens from metrics.jsonl, or None before any probe."""
     from pipeline.plots import extreme_token_dynamics
 
@@ -119,4 +119,5 @@ def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path, title: st
                     lines[f"{label}, layer {layer}"] = values
         if lines:
             drawn.append((panel, lines))
+    title = "attention sink, value-state drain, residual-state peak"
     return extreme_token_dynamics([row[0] for row in rows], drawn, path, title)

@@ -24,8 +24,7 @@ from .recording import record_metrics, reduced, set_tag
 from .sharding import shard_model
 from .spikes import SpikeGuard, drop_gradients, grad_norm, with_grads
 
-# DeepSpeedStrategy warns that an overridden configure_gradient_clipping does not clip: under it
-# ours hands over to Lightning's, which leaves clipping to the engine (gradient_clipping), as wanted.
+# under DeepSpeed ours hands clipping over to Lightning's, which leaves it to the engine, as wanted
 warnings.filterwarnings("ignore", message="Since DeepSpeed handles gradient clipping internally")
 
 

@@ -49,7 +49,7 @@ class OptimConfig:
         """The checks torch's AdamW makes (it raises a bare ValueError mid-fit), named by field."""
         if not self.lr > 0:
             raise ConfigError(f"optim.lr={self.lr}: must be positive (the paper's is 4e-4)")
-        for name in ("beta1", "beta2"):
+        for name in ("beta1", "beta2", "momentum", "muon_momentum"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"optim.{name}={getattr(self, name)}: must be in [0, 1)")
         if not self.eps >= 0:
@@ -60,9 +60,6 @@ class OptimConfig:
             raise ConfigError(f"optim.warmup_steps={self.warmup_steps}: must be in [0, trainer.max_steps={max_steps})")
         if self.name not in OPTIMIZERS:
             raise ConfigError(f"optim.name={self.name!r}: allowed values are {', '.join(OPTIMIZERS)}")
-        for name in ("momentum", "muon_momentum"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"optim.{name}={getattr(self, name)}: must be in [0, 1)")
         if self.muon_lr is not None and not self.muon_lr > 0:
             raise ConfigError(f"optim.muon_lr={self.muon_lr}: must be positive (or null: optim.lr)")
         if self.weight_decay < 0:
