@@ -31,8 +31,7 @@ TAG_PREVIOUS_RUN = "sinklab.previous_run"
 
 
 def tracking_uri() -> str:
-    """``$MLFLOW_TRACKING_URI``, else the project's sqlite store ``mlruns/mlflow.db`` under the
-    working directory (what the Makefile exports)."""
+    """``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlruns/mlflow.db`` (what the Makefile exports)."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlruns' / 'mlflow.db'}"
 
 

@@ -6,8 +6,7 @@ from pathlib import Path
 
 
 def log_image_file(client, run_id: str, path: Path, key: str, step: int) -> None:
-    """Log the PNG at ``path`` as image ``key`` at ``step`` of the run (synchronously: a run that
-    ends right after still has it)."""
+    """Log the PNG at ``path`` as image ``key`` at ``step`` of the run, synchronously."""
     from PIL import Image
 
     with Image.open(path) as image:

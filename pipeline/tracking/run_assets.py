@@ -26,8 +26,7 @@ SYSTEM_SAMPLES_PER_POINT = 4
 
 # ---- dataset -------------------------------------------------------------------------------
 def manifest_summary(manifest) -> dict[str, Any]:
-    """The manifest without shard lists: hash, tokenizer, vocabulary, context, and the
-    sequence, token and document counts of each split and domain."""
+    """The manifest without shard lists: its settings and the counts of each split and domain."""
     splits = {
         name: {
             "sequences": info.sequences,

@@ -70,8 +70,7 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
     uri = uri or tracking_uri()
     scheme, ident = parse(spec)
     client = MlflowClient(uri)
-    # Downloads go to the location ``client`` returns: MLflow's own runs:/ and models:/
-    # resolution would ask the global tracking URI, not ``uri``.
+    # from the locations ``client`` returns: MLflow's own URI resolution would ask the global tracking URI
     try:
         if scheme == "models":
             model = client.get_logged_model(ident)

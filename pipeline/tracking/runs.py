@@ -27,8 +27,7 @@ from .contract import (
 
 
 class Grouped(Protocol):
-    """What this module reads of an experiment (pipeline.experiments.Experiment has it; tracking
-    sits below the experiments layer and does not import it)."""
+    """What this module reads of an experiment (tracking does not import the experiments layer)."""
 
     name: str
     title: str
@@ -155,8 +154,7 @@ def parent_run(mlflow: MlflowClient, experiment: Grouped, scale: str) -> str:
 def log_report(
     mlflow, experiment: Grouped, scale: str, files: list[Path], metrics: dict[str, float] | None = None
 ) -> str:
-    """Log the files as artifacts, and the metrics (the agreement), to the run that groups the
-    experiment's variants at this scale (:func:`parent_run`: the sweep's parent)."""
+    """Log the files and the metrics (the agreement) to the experiment's :func:`parent_run` at this scale."""
     run_id = parent_run(mlflow, experiment, scale)
     for f in files:
         mlflow.log_artifact(run_id, str(f), artifact_path=f"report-{scale}")

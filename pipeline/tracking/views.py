@@ -97,8 +97,7 @@ def section_uuid(name: str) -> str:
 
 
 def chart_cards() -> list[dict]:
-    """The headline row, the stability row (max logit, skipped steps, the max-logit map), the α₁
-    images, and hidden placeholders for flat series."""
+    """The headline, stability and α₁ image rows, and hidden placeholders for flat series."""
     head, stable, heads = (section_uuid(s) for s in (HEADLINE_SECTION, STABILITY_SECTION, HEADS_SECTION))
     cards = (
         [line_card(m, head) for m in HEADLINE]
@@ -174,8 +173,7 @@ def view_state(factors: list[str], seeded: bool = False) -> dict:
 
 
 def varied_factors(runs_params: list[dict[str, str]]) -> list[str]:
-    """Factor parameters whose value differs between the runs (sorted); the default factors where
-    none does (a single run, or repeats of one setting)."""
+    """Factor params whose value differs between the runs (sorted), else the default factors."""
     keys = sorted({k for params in runs_params for k in params if k.startswith(FACTOR_PREFIXES)})
     varied = [k for k in keys if len({params.get(k) for params in runs_params}) > 1]
     return varied[:MAX_FACTOR_COLUMNS] or list(DEFAULT_FACTORS)
@@ -230,8 +228,7 @@ def home_url(tracking_uri: str) -> str:
 
 
 def experiment_url(tracking_uri: str, experiment_id: str, shared_view: bool = True) -> str:
-    """The experiment's training runs in the chart view; with ``shared_view`` (an experiment
-    :func:`mark_training_experiment` has marked) in SinkLab's layout."""
+    """The experiment's training runs in the chart view, in SinkLab's layout where ``shared_view``."""
     url = (
         f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?workflowType={WORKFLOW_TYPE}&compareRunsMode=CHART"
     )

@@ -84,8 +84,7 @@ class _Held(logging.Handler):
 
 @contextmanager
 def _start_up_notes_held() -> Iterator[None]:
-    """Lightning's start-up notes (seed, devices, tips) are printed once the config is accepted,
-    so that a refused start prints its one line only."""
+    """Lightning's start-up notes held until the config is accepted: a refused start prints one line."""
     held: list[tuple[logging.Handler, logging.LogRecord]] = []
     saved = {logging.getLogger(name): None for name in ("lightning", "lightning.pytorch", "lightning.fabric")}
     for logger in saved:

@@ -12,8 +12,7 @@ from torch import Tensor, nn
 
 
 def muon_split(model: nn.Module) -> tuple[list[str], list[str]]:
-    """Names of the parameters Muon updates (``nn.Linear`` weights inside ``model.blocks``) and of
-    the rest, which AdamW updates."""
+    """Names of the parameters Muon updates (``nn.Linear`` weights in ``model.blocks``) and of the rest."""
     hidden = {
         id(module.weight)
         for module in getattr(model, "blocks", nn.ModuleList()).modules()
@@ -27,8 +26,7 @@ def muon_split(model: nn.Module) -> tuple[list[str], list[str]]:
 
 
 def fused_rows(model: nn.Module) -> dict[Tensor, tuple[int, ...]]:
-    """The weights whose rows stack several logical matrices (an ``nn.Linear`` declaring
-    ``fused_rows``), with each matrix's row count."""
+    """The weights of ``nn.Linear`` modules declaring ``fused_rows``, with each logical matrix's rows."""
     rows = {m.weight: tuple(m.fused_rows) for m in model.modules() if hasattr(m, "fused_rows")}
     for weight, sizes in rows.items():
         if sum(sizes) != weight.shape[0]:
