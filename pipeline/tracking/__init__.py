@@ -1,19 +1,5 @@
-"""Everything that talks to MLflow, behind one surface: other parts import from here only.
-
-- ``contract``: where the store is and the tags one part writes and another reads;
-- ``logger``: the training run (one per job, kept across resumes) and its outage-proof metrics,
-  with ``metrics_file`` (metrics.jsonl and how far it has reached MLflow);
-- ``run_assets``: what a run leaves beyond metrics (dataset input, final model, system metrics);
-- ``remote_checkpoints``: step checkpoints uploaded to the run, ``--resume runs:/<id>``;
-- ``run_models``: ``runs:/`` and ``models:/`` URIs to local model directories;
-- ``results``: analysis results on a training run or as runs of their own;
-- ``runs``: what an experiment's runs are (sweeps, reports);
-- ``views``: what the MLflow UI shows (training mode, chart layout, runs-table columns, names);
-- ``images``: figures as MLflow images with steps.
-
-Names are imported on first use, so that a command which needs only the tags does not load
-MLflow or Lightning.
-"""
+"""Everything that talks to MLflow, behind one surface (its modules: docs/contracts.md); names are imported
+on first use, so a command that needs only the tags loads neither MLflow nor Lightning."""
 
 from __future__ import annotations
 
@@ -48,7 +34,6 @@ _EXPORTS = {
         "home_url",
         "mark_training_experiment",
         "run_experiment_url",
-        "run_url",
         "sent_to_mlflow",
     ),
     "images": ("log_image_file", "logged_image_keys"),

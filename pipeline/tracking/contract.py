@@ -1,8 +1,5 @@
-"""The MLflow contract between SinkLab's parts: where the tracking store is, and the tags one
-part writes and another reads (docs/contracts.md section 4). Standard library only, so that
-the training layer, the analysis layer and the experiments layer all import it from here.
-The metric names sit below every layer, in ``pipeline.metric_names`` (the probe reads them too).
-"""
+"""The MLflow contract between SinkLab's parts: where the tracking store is, and the tags one part writes
+and another reads (docs/contracts.md section 4). Standard library only."""
 
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ TAG_PREVIOUS_RUN = "sinklab.previous_run"
 
 
 def tracking_uri() -> str:
-    """``$MLFLOW_TRACKING_URI``, else the project's sqlite store ``mlruns/mlflow.db`` under the
-    working directory (what the Makefile exports)."""
+    """``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlruns/mlflow.db`` (what the Makefile exports)."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlruns' / 'mlflow.db'}"
 
 
@@ -47,9 +43,8 @@ def prepare_store(uri: str) -> str:
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
-    """Where a new experiment keeps its artifacts: beside a sqlite store, in ``<store dir>/artifacts/
-    <experiment>`` (MLflow would use ``./mlruns`` of whatever directory the command runs in); a
-    tracking server or a file store decides itself (None)."""
+    """Where a new experiment keeps its artifacts: beside a sqlite store (not MLflow's ``./mlruns`` of the
+    working directory); None where the store decides itself."""
     if not uri.startswith("sqlite:///"):
         return None
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment).strip("._") or "experiment"
@@ -58,9 +53,7 @@ def artifact_location(uri: str, experiment: str) -> str | None:
 
 
 def experiment_id(client, experiment: str) -> str:
-    """The id of the experiment named ``experiment`` in ``client``'s store, created (with its
-    artifacts beside the store: :func:`artifact_location`) if it does not exist. Every SinkLab
-    command that creates an experiment goes through here."""
+    """The id of the experiment named ``experiment``, created where missing: every SinkLab command's way."""
     found = client.get_experiment_by_name(experiment)
     if found is not None:
         return found.experiment_id

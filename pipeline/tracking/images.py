@@ -1,10 +1,4 @@
-"""Figures as MLflow images with steps (``MlflowClient.log_image(key=, step=)``): the UI's image
-charts then show one key for every run side by side, with a slider over the steps, and the
-compare page finds them in common (plain artifacts under ``plots/`` it does not compare).
-
-Keys (see :mod:`pipeline.tracking.views`): ``heads/alpha1`` at every plotted probe step (α₁,
-row entropy and output norm per layer and head), ``heads/alpha1_trajectory`` at the last step.
-"""
+"""Figures as MLflow images with steps: the UI's image charts show one key across runs, with a step slider."""
 
 from __future__ import annotations
 
@@ -12,8 +6,7 @@ from pathlib import Path
 
 
 def log_image_file(client, run_id: str, path: Path, key: str, step: int) -> None:
-    """Log the PNG at ``path`` as image ``key`` at ``step`` of the run (synchronously: a run that
-    ends right after still has it)."""
+    """Log the PNG at ``path`` as image ``key`` at ``step`` of the run, synchronously."""
     from PIL import Image
 
     with Image.open(path) as image:

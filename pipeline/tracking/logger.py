@@ -1,19 +1,5 @@
-"""MLflow for training runs: one run per job, kept across resumes, and tolerant of outages.
-
-``RunLogger`` is Lightning's MLFlowLogger with two additions:
-
-- every metric is first appended to ``<run_dir>/metrics.jsonl`` (rank 0), whatever MLflow does;
-- sending never stops training: a batch the tracking server does not take stays queued, with
-  all later ones, and is re-sent in order once the server answers again (tried at most every
-  ``retry_every_s`` seconds, and at the end of the run). ``<run_dir>/mlflow_sent`` records how
-  far metrics.jsonl has reached MLflow, so what a start could not send before it ended (the
-  server gone at the end, a killed process) is sent by the next start of the run directory
-  (``--resume auto``, also on a finished run) before anything else.
-
-The run itself is created (or found again) by :func:`open_run` on rank 0 once every setting has
-been checked, before training starts; its id lives in the run directory, so a resumed or
-requeued job continues it.
-"""
+"""MLflow for training runs: one run per job, kept across resumes, metrics mirrored to metrics.jsonl and
+re-sent after an outage (docs/training.md, "When the tracking server goes away")."""
 
 from __future__ import annotations
 
@@ -43,12 +29,11 @@ DEFAULT_RETRIES = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
 }
+RETRY_EVERY_S = 60.0  # how often an unreachable server is tried again
 
 
 class _NoTraceback(logging.Filter):
-    """MLflow's SQL store logs a failed commit (a full disk, a file-size limit) with its traceback
-    at ERROR, then raises; the logger below reports the raise in one line, so the record keeps its
-    message and drops the traceback."""
+    """Drops the traceback of the SQL store's failed-commit record: the raise is reported in one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.exc_info, record.exc_text = None, None
@@ -83,10 +68,8 @@ def open_run(
     artifacts: list[Path],
     manifest=None,
 ) -> str | None:
-    """Rank 0: the MLflow run of this run directory (created on the first start). Returns its
-    id, or None when the tracking store cannot be reached (training then goes on offline, and a
-    later start creates the run and sends what metrics.jsonl holds). manifest: the dataset's,
-    logged as the run's dataset input when the run is created."""
+    """Rank 0: the MLflow run of this run directory (created on the first start, with ``manifest`` as its
+    dataset input); its id, or None where the store cannot be reached (training goes on offline)."""
     from mlflow.entities import Param, RunTag
     from mlflow.tracking import MlflowClient
 
@@ -125,9 +108,7 @@ def open_run(
 
 
 def _not_this_directorys(client, run_id: str, run: RunDir) -> str | None:
-    """Why the MLflow run named in the run directory must not be continued from it, or None: the
-    run was deleted (in the MLflow UI), or it belongs to another run directory that still holds
-    it (this one is a copy; a directory moved elsewhere takes its run along)."""
+    """Why the run directory's MLflow run must not be continued from it (deleted, or a copy's), or None."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -169,19 +150,16 @@ _MLFLOW_STATUS = {
 class RunLogger(MLFlowLogger):
     """MLFlowLogger that never stops training and mirrors metrics to metrics.jsonl."""
 
-    def __init__(
-        self, run_dir: str, experiment_name: str, run_id: str | None, retry_every_s: float = 60.0, **kwargs: Any
-    ):
+    def __init__(self, run_dir: str, experiment_name: str, run_id: str | None):
         uri = tracking_uri()
         try:
-            super().__init__(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, **kwargs)
+            super().__init__(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id)
         except Exception as exc:  # noqa: BLE001 - a sqlite:/// store is opened here (a bad path, a full disk)
             raise ConfigError(
                 f"MLFLOW_TRACKING_URI={uri}: the store cannot be opened ({why(exc)}); "
                 "check its path, free space or `ulimit -f`, or point MLFLOW_TRACKING_URI at another store"
             ) from None
         self.metrics_file = MetricsFile(Path(run_dir))
-        self.retry_every_s = retry_every_s
         self._pending: list[tuple[list, int]] = []  # (MLflow metrics, metrics.jsonl offset after them)
         self._last_failure = 0.0
         self.offline = run_id is None
@@ -189,9 +167,7 @@ class RunLogger(MLFlowLogger):
         self.system_metrics = None
 
     def attach_run(self, run_id: str | None, resume_step: int | None) -> None:
-        """The MLflow run, once :func:`open_run` has created it (after every setting is checked,
-        so a start refused for a bad setting leaves no run behind); then what earlier starts of
-        the run directory logged but could not send, before anything new."""
+        """The run :func:`open_run` created; then what earlier starts could not send, before anything new."""
         self._run_id, self.offline = run_id, run_id is None
         if run_id is not None:
             rows, end = self.metrics_file.backlog(resume_step)
@@ -203,8 +179,7 @@ class RunLogger(MLFlowLogger):
                 )
 
     def start_system_metrics(self) -> None:
-        """Rank 0: MLflow's system metrics (CPU, RAM, GPU where present) on this run until
-        :meth:`finalize`."""
+        """Rank 0: MLflow's system metrics (CPU, RAM, GPU where present) on this run until :meth:`finalize`."""
         if self._run_id is None or self.system_metrics is not None:
             return
         from .run_assets import SystemMetrics
@@ -225,9 +200,7 @@ class RunLogger(MLFlowLogger):
 
     @property
     def experiment(self):
-        """MLFlowLogger's client, which asks the server for the run on first use; while no run
-        exists (offline from the start) or the server does not answer, a client that has not
-        touched it (Lightning's set-up asks for this property too), and the next use asks again."""
+        """MLFlowLogger's client; while no run exists or the server is away, one that has not asked it yet."""
         from mlflow.tracking import MlflowClient
 
         if self._run_id is None:
@@ -249,11 +222,10 @@ class RunLogger(MLFlowLogger):
             self.flush()
 
     def flush(self, force: bool = False) -> bool:
-        """Send queued metrics in order, recording in the run dir how far they got; returns
-        True when nothing is left to send."""
+        """Send queued metrics in order, recording how far they got; True when nothing is left to send."""
         if not self._pending or self._run_id is None:
             return not self._pending
-        if self.offline and not force and time.time() - self._last_failure < self.retry_every_s:
+        if self.offline and not force and time.time() - self._last_failure < RETRY_EVERY_S:
             return False
         sent_to = None
         try:

@@ -1,11 +1,5 @@
-"""``<run_dir>/metrics.jsonl`` and how far it has reached MLflow.
-
-Every metric a run logs is appended to metrics.jsonl first (one JSON row per call: step, time,
-values), whatever the tracking server does. ``mlflow_sent`` holds the byte offset up to which
-every row has been sent to (or deliberately left out of) the run's MLflow run; it only moves
-forward, after the server has taken the rows. A start that finds rows past it sends them
-(:meth:`MetricsFile.backlog`) before logging anything new.
-"""
+"""``<run_dir>/metrics.jsonl`` (every metric, one JSON row per call) and ``mlflow_sent``, the byte offset up
+to which its rows have reached MLflow (it only moves forward)."""
 
 from __future__ import annotations
 
@@ -29,12 +23,8 @@ class MetricsFile:
             f.write((json.dumps(row) + "\n").encode())
             return row, f.tell()
 
-    def end(self) -> int:
-        return self.path.stat().st_size if self.path.exists() else 0
-
     def sent(self) -> int | None:
-        """The offset sent so far; None where no start has recorded one (a run from before this
-        record existed: everything up to now counts as sent)."""
+        """The offset sent so far; None where no start has recorded one (everything counts as sent)."""
         try:
             return int(self.sent_path.read_text())
         except (OSError, ValueError):
@@ -53,10 +43,9 @@ class MetricsFile:
         atomic_write(self.sent_path, f"{offset}\n")
 
     def backlog(self, resume_step: int | None) -> tuple[list[dict], int]:
-        """The rows past the recorded offset that this start will not log again, and the offset
-        where the file ends now. A start resumed at step s logs again its training metrics from
-        step s on and anything after s; a fresh start (``resume_step`` None) logs everything again."""
-        start, end = self.sent(), self.end()
+        """The rows past the sent offset that a start resumed at ``resume_step`` will not log again (its
+        training metrics from that step on, anything after it), and the offset where the file ends."""
+        start, end = self.sent(), self.path.stat().st_size if self.path.exists() else 0
         if start is None or start >= end or resume_step is None:
             return [], end
         with open(self.path, "rb") as f:

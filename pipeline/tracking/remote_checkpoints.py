@@ -1,14 +1,5 @@
-"""Step checkpoints in MLflow, so that a run can be continued on another machine.
-
-- :class:`CheckpointUploader` (``--run.log_checkpoints true``, rank 0): every kept step
-  checkpoint goes to the run's artifacts as ``checkpoints/<name>`` (a DeepSpeed checkpoint
-  directory as a folder), one at a time in a background thread, so training does not wait for
-  the network; those the run directory has pruned are deleted there too where the artifact store
-  can delete (local and proxied stores can; where one cannot, they stay and a warning says so).
-- :func:`pull_run`: ``sinklab fit --resume runs:/<run_id>`` on any machine that reaches the
-  tracking server: the run's ``config/config.yaml``, its newest logged checkpoint and its MLflow
-  run id into a local run directory, which ``--resume auto`` then continues (same MLflow run).
-"""
+"""Step checkpoints in MLflow (``--run.log_checkpoints true``), and ``sinklab fit --resume runs:/<run_id>``,
+which continues a run from them on another machine (docs/training.md, "Resume")."""
 
 from __future__ import annotations
 
@@ -100,9 +91,8 @@ def default_run_dir(client, run_id: str) -> Path:
 
 
 def pulled_argv(argv: list[str]) -> list[str]:
-    """``sinklab fit ... --resume runs:/<id>``: the run's config and newest logged checkpoint are
-    fetched into a local run dir (by global rank 0; the other ranks wait for it), and the command
-    continues it as ``--config <run dir>/config.yaml ... --run-dir <run dir> --resume auto``."""
+    """``--resume runs:/<id>`` as ``--config <run dir>/config.yaml ... --run-dir <run dir> --resume auto``,
+    once rank 0 has fetched the run's config and newest logged checkpoint there."""
     from .contract import tracking_uri
 
     at = next((i for i, a in enumerate(argv) if a == "--resume" or a.startswith("--resume=")), None)

@@ -33,11 +33,9 @@ def log_results(
         metrics=[Metric(k, float(v), now, 0) for k, v in values.items()],
         tags=[RunTag(k, json.dumps(v, sort_keys=True)[:5000]) for k, v in tags.items()],
     )
-    if out is not None and Path(out).is_dir():
-        for path in written(out):  # what the command wrote there, not whatever else the folder holds
+    if out is not None:  # a folder: what the command wrote there, not whatever else it holds
+        for path in written(out) if Path(out).is_dir() else [out]:
             client.log_artifact(run_id, str(path), artifact_path=artifact_path)
-    elif out is not None:
-        client.log_artifact(run_id, str(out), artifact_path)
     return run_id
 
 

@@ -1,19 +1,5 @@
-"""What a SinkLab run leaves in MLflow beyond metrics: its dataset, its final weights, the
-training-view marks on its experiment, and system metrics.
-
-- :func:`dataset_input`: the packed dataset as an MLflow dataset input (Dataset column and panel):
-  digest = the manifest hash (its first 36 characters, MLflow's limit; the full hash is in the
-  profile and in the ``sinklab.dataset_hash`` tag), source = the dataset directory, profile =
-  token and document counts per split and domain.
-- :func:`log_final_model`: the final weights as an MLflow 3 *logged model* named ``model``
-  (fp32 ``model.safetensors``, ``sinklab_config.json``, the dataset's ``tokenizer.json`` and
-  ``dataset.json``, the manifest summary; for the default variant also the HF ``LlamaForCausalLM``
-  export under ``hf/``), once per run. ``runs:/<run_id>/model`` and
-  ``models:/<model_id>`` both download it; ``pipeline.model.load_pretrained`` reads the directory.
-- the experiment's UI view (training mode, chart layout, runs-table columns) and its links:
-  :mod:`pipeline.tracking.views`.
-- :class:`SystemMetrics`: MLflow's own CPU/RAM/disk/network (and GPU) sampler, on rank 0.
-"""
+"""What a run leaves in MLflow beyond metrics: its dataset input, its final logged model ``model``, system
+metrics (docs/training.md, "Metrics and MLflow")."""
 
 from __future__ import annotations
 
@@ -40,21 +26,20 @@ SYSTEM_SAMPLES_PER_POINT = 4
 
 # ---- dataset -------------------------------------------------------------------------------
 def manifest_summary(manifest) -> dict[str, Any]:
-    """The manifest without shard lists: hash, tokenizer, vocabulary, context, and the
-    sequence, token and document counts of each split and domain."""
-    raw = manifest.raw
-    splits = {}
-    for name, info in manifest.splits.items():
-        splits[name] = {
+    """The manifest without shard lists: its settings and the counts of each split and domain."""
+    splits = {
+        name: {
             "sequences": info.sequences,
             "tokens": info.tokens,
             "documents": info.documents,
             "domains": {d: dict(v) for d, v in sorted(info.domains.items())},
         }
+        for name, info in manifest.splits.items()
+    }
     return {
         "manifest_hash": manifest.hash,
         "path": str(Path(manifest.root).resolve()),
-        "tokenizer": raw.get("tokenizer"),
+        "tokenizer": manifest.raw.get("tokenizer"),
         "vocab_size": manifest.vocab_size,
         "context_length": manifest.context_length,
         "bos": manifest.bos,
@@ -93,11 +78,8 @@ def dataset_input(manifest):
 
 # ---- the final model -----------------------------------------------------------------------
 def final_weights(module, checkpoint: str | os.PathLike | None = None):
-    """(ModelConfig, {name: tensor}) of the trained model on rank 0: from a DeepSpeed checkpoint
-    directory, its fp32 master partitions merged by ``pipeline.checkpoint.merge_zero_checkpoint`` (ZeRO-3's
-    module holds only shards, bf16 ZeRO-1/2's only bf16 copies); else the LightningModule's own
-    weights where rank 0 holds them whole (one process, DDP); where they are sharded (FSDP2
-    DTensors), ``checkpoint``, a file that holds them whole. None when neither is at hand."""
+    """(ModelConfig, {name: tensor}) of the trained model on rank 0: a DeepSpeed ``checkpoint``'s merged fp32
+    master weights, else the module's own where unsharded, else the full ``checkpoint`` file; None without."""
     import torch
 
     from pipeline.model import has_sharded, load_pretrained
@@ -117,8 +99,7 @@ def final_weights(module, checkpoint: str | os.PathLike | None = None):
 
 
 def log_run_model(cli) -> None:
-    """Rank 0 of `sinklab fit`, after the final checkpoint: the final weights as the run's MLflow
-    model (once per run); an MLflow outage costs a warning, never the run."""
+    """Rank 0, after the final checkpoint: the final weights as the run's model; an outage costs a warning."""
     if not cli.opts.log_model or not cli.run_id:
         return
     newest = cli.run.newest_checkpoint()
@@ -166,9 +147,7 @@ def write_model_dir(out: Path, config, state: dict, manifest=None) -> Path:
 
 
 def add_hf_export(model_dir: Path) -> str:
-    """The model also as an HF model directory under ``hf/`` (``sinklab export-hf``: a native class
-    where one expresses the variant, else remote code; with the tokenizer and a model card). Returns
-    what the logged model's ``sinklab.hf_export`` tag says: ``hf/ (<how it loads>)``."""
+    """The model also as an HF directory ``hf/`` (``sinklab export-hf``); returns its tag, ``hf/ (<how it loads>)``."""
     from data_prep.errors import DataPrepError
     from data_prep.tokenizer import load_tokenizer
     from pipeline.model import load_pretrained
@@ -209,18 +188,9 @@ def log_final_model(
     state: dict,
     manifest=None,
     step: int = 0,
-    tags: dict[str, str] | None = None,
 ) -> dict[str, Any] | None:
-    """Log the weights as the run's model, unless the run already has one of this step (a
-    resumed run, or `make run` repeated, logs its final model once; a finished run trained
-    further gets the newer weights in place of the older). Returns {model_id, seconds, megabytes}, or
-    None when nothing was logged.
-
-    MLflow 3's logged-model API (create_logged_model / log_model_artifacts /
-    finalize_logged_model, linked to the run by log_outputs) rather than mlflow.pytorch.log_model:
-    the PyTorch flavour pickles the module object and infers pip requirements, while SinkLab's
-    own format (safetensors + config) loads without SinkLab's class being importable at the same
-    version; the logged model still fills the run's Model column and resolves runs:/<id>/model."""
+    """Log the weights as the run's one model, unless it has one of this ``step`` already; returns
+    {model_id, seconds, megabytes}, or None when nothing was logged."""
     from mlflow.entities import LoggedModelOutput
     from mlflow.tracking import MlflowClient
 
@@ -238,12 +208,7 @@ def log_final_model(
             run.info.experiment_id,
             name=MODEL_NAME,
             source_run_id=run_id,
-            tags={
-                "sinklab.format": "sinklab-safetensors",
-                "sinklab.hf_export": hf,
-                "sinklab.step": str(step),
-                **(tags or {}),
-            },
+            tags={"sinklab.format": "sinklab-safetensors", "sinklab.hf_export": hf, "sinklab.step": str(step)},
             model_type="sinklab-transformer",
         )
         try:
@@ -262,8 +227,7 @@ def log_final_model(
 
 
 def _log_model_metrics(client, run, model_id: str, manifest) -> None:
-    """The run's final headline values (Sink_1, mean α₁, losses) on its logged model, measured on
-    its dataset: the model's page and the Models tab show them beside the dataset."""
+    """The run's final headline values on its logged model, measured on its dataset (the Models tab)."""
     from mlflow.entities import Metric
 
     histories = [client.get_metric_history(run.info.run_id, key) for key in HEADLINE]
@@ -280,22 +244,15 @@ def _log_model_metrics(client, run, model_id: str, manifest) -> None:
 
 # ---- system metrics ------------------------------------------------------------------------
 class SystemMetrics:
-    """MLflow's SystemMetricsMonitor (CPU, RAM, disk, network; GPU with pynvml) on a run,
-    continuing its step count on a resumed run."""
+    """MLflow's SystemMetricsMonitor on a run, continuing its step count on a resumed run."""
 
-    def __init__(
-        self,
-        tracking_uri: str,
-        run_id: str,
-        sampling_s: float = SYSTEM_SAMPLING_S,
-        samples_per_point: int = SYSTEM_SAMPLES_PER_POINT,
-    ):
+    def __init__(self, tracking_uri: str, run_id: str):
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
         self.monitor = SystemMetricsMonitor(
             run_id,
-            sampling_interval=sampling_s,
-            samples_before_logging=samples_per_point,
+            sampling_interval=SYSTEM_SAMPLING_S,
+            samples_before_logging=SYSTEM_SAMPLES_PER_POINT,
             resume_logging=True,
             tracking_uri=tracking_uri,
         )

@@ -1,14 +1,5 @@
-"""A training run as a model: ``runs:/<run_id>`` (or ``runs:/<run_id>/model``, ``models:/<model_id>``)
-to a local SinkLab model directory.
-
-The one place SinkLab resolves MLflow model URIs; `sinklab analyze`, `stream-ppl` and `export-hf`
-go through it. ``sinklab fit`` logs each run's final weights as the logged model ``model``
-(``pipeline.tracking.run_assets``); here MLflow's artifact API downloads it (into
-``$SINKLAB_CACHE/mlflow/<run_id>/model``, once) and ``pipeline.model.load_pretrained`` reads the
-directory: ``model.safetensors``, ``sinklab_config.json``, and the dataset's ``tokenizer.json``
-and ``dataset.json``. The tracking store is ``$MLFLOW_TRACKING_URI`` (default: the project's
-``mlruns/mlflow.db``), as for training.
-"""
+"""``runs:/<run_id>[/model]`` and ``models:/<model_id>`` to a local SinkLab model directory: the one place
+SinkLab resolves MLflow model URIs (cached under ``$SINKLAB_CACHE/mlflow``)."""
 
 from __future__ import annotations
 
@@ -79,8 +70,7 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
     uri = uri or tracking_uri()
     scheme, ident = parse(spec)
     client = MlflowClient(uri)
-    # Downloads go to the location ``client`` returns: MLflow's own runs:/ and models:/
-    # resolution would ask the global tracking URI, not ``uri``.
+    # from the locations ``client`` returns: MLflow's own URI resolution would ask the global tracking URI
     try:
         if scheme == "models":
             model = client.get_logged_model(ident)

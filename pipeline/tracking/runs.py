@@ -1,9 +1,4 @@
-"""What MLflow knows about the runs of one experiment at one scale.
-
-Training runs carry the tags `sinklab.variant`, `sinklab.seed` and `sinklab.status`
-(docs/contracts.md section 4); a sweep names each run `<variant> s<seed> (<experiment>/<scale>)`,
-which is where the scale is read from. Sweeps and reports find their runs by these.
-"""
+"""What MLflow knows about the runs of one experiment at one scale (tags: docs/contracts.md section 4)."""
 
 from __future__ import annotations
 
@@ -32,8 +27,7 @@ from .contract import (
 
 
 class Grouped(Protocol):
-    """What this module reads of an experiment (pipeline.experiments.Experiment has it; tracking
-    sits below the experiments layer and does not import it)."""
+    """What this module reads of an experiment (tracking does not import the experiments layer)."""
 
     name: str
     title: str
@@ -75,16 +69,13 @@ def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict
         )
         for run in page:
             tags = run.data.tags
-            if TAG_VARIANT not in tags:  # the parent run of a sweep or report has none
+            if TAG_VARIANT not in tags or run_scale(run.info.run_name) != scale:  # a sweep's parent has no variant
                 continue
-            if run_scale(run.info.run_name) != scale:
-                continue
-            status = tags.get(TAG_STATUS) or run.info.status.lower()
             runs.setdefault(tags[TAG_VARIANT], []).append(
                 RunSummary(
                     run_id=run.info.run_id,
                     variant=tags[TAG_VARIANT],
-                    status=status,
+                    status=tags.get(TAG_STATUS) or run.info.status.lower(),
                     start_time=run.info.start_time or 0,
                     metrics=dict(run.data.metrics),
                     seed=run_seed(tags),
@@ -132,10 +123,8 @@ def metric_history(mlflow: MlflowClient, run_id: str, metric: str) -> list[tuple
 
 
 def parent_run(mlflow: MlflowClient, experiment: Grouped, scale: str) -> str:
-    """The run that groups the variants of one experiment at one scale in the MLflow UI (the
-    variants' runs carry its id as mlflow.parentRunId; `sinklab report` logs its table, figure
-    and agreement to it): found again on a repeated sweep or report, created on the first. It
-    holds the experiment's name, title and paper reference."""
+    """The run that groups the variants of one experiment at one scale (their mlflow.parentRunId, where
+    `sinklab report` logs), found again or created."""
     from .views import mark_training_experiment
 
     exp_id = experiment_id(mlflow, experiment.mlflow_experiment)
@@ -165,8 +154,7 @@ def parent_run(mlflow: MlflowClient, experiment: Grouped, scale: str) -> str:
 def log_report(
     mlflow, experiment: Grouped, scale: str, files: list[Path], metrics: dict[str, float] | None = None
 ) -> str:
-    """Log the files as artifacts, and the metrics (the agreement), to the run that groups the
-    experiment's variants at this scale (:func:`parent_run`: the sweep's parent)."""
+    """Log the files and the metrics (the agreement) to the experiment's :func:`parent_run` at this scale."""
     run_id = parent_run(mlflow, experiment, scale)
     for f in files:
         mlflow.log_artifact(run_id, str(f), artifact_path=f"report-{scale}")

@@ -1,34 +1,5 @@
-"""The MLflow UI view of SinkLab's training experiments: what a researcher sees on opening one.
-
-MLflow 3.17's UI (mlflow/server/js/src, read against the installed build) decides three things
-from data SinkLab can write:
-
-- *GenAI or model training*: the ``workflowType`` URL parameter (``genai`` | ``machine_learning``),
-  else the browser's remembered switch (localStorage ``mlflow.workflowType_v1``), default GenAI.
-  Every link SinkLab prints carries ``workflowType=machine_learning``; the experiment tag
-  ``mlflow.experimentKind`` labels the experiment "Machine learning" where the UI shows a kind.
-- *the chart layout and the runs table*: a saved view is the experiment tag
-  ``mlflow.sharedViewState.<key>``, a JSON envelope ``{name, createdAt, state}`` whose ``state`` is
-  the experiment page's UI state as JSON; the UI lists it under "Views" and applies it when the
-  URL carries ``viewStateShareKey=<key>`` (fields it lacks take the UI's defaults). Charts are matched to metrics by ``metricKey`` (images by
-  ``imageKeys``), sections by name; a metric with no chart gets one appended to the section of
-  its prefix (``sink/...`` -> ``sink``), so a listed chart is never duplicated, and a listed chart
-  marked ``deleted`` stays hidden. ``selectedColumns`` are the runs table's columns
-  (``params.`name```, ``metrics.`name```, ``tags.`name```).
-- *images with steps*: ``MlflowClient.log_image(key=, step=)`` (see :mod:`pipeline.tracking.images`);
-  an ``IMAGE`` chart shows one key across runs with a step slider.
-
-SinkLab's view: the headline section first (Sink_1, mean α₁, validation and training loss in one
-row), then stability (the largest pre-softmax logit, the steps the spike guard skipped, the
-max-logit heat map), the α₁ heat maps below, every other section collapsed; per-head scalars are
-not sent as metrics (each head's α₁, entropy, output norm and max logit are in the heat-map images
-and metrics.jsonl);
-constant or single-point series (the uniform α₁, the emergence steps) are hidden; the runs table
-shows the variant, the seed, the factors that differ between the experiment's runs and the final
-headline values. Where a variant ran under several seeds (a seeded sweep), the table and the charts
-group the runs by variant (``groupBy``: one row and one line per variant, the seeds' average with
-their range as a band).
-"""
+"""The MLflow UI view of SinkLab's training experiments: training mode, chart layout, runs-table columns,
+links (docs/training.md, "The view")."""
 
 from __future__ import annotations
 
@@ -64,8 +35,7 @@ SECTIONS = (
     "System metrics",
     "Model metrics",
 )
-# kept as metrics (reports read them), no chart: constant or one-point series, and Sink_k at k = 1,
-# which is Sink_1 again
+# kept as metrics (reports read them), no chart: flat or one-point series, and Sink_k at k = 1 (Sink_1)
 HIDDEN = (
     N.ALPHA1_UNIFORM,
     *(N.emerged_step(n) for n in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)),
@@ -127,8 +97,7 @@ def section_uuid(name: str) -> str:
 
 
 def chart_cards() -> list[dict]:
-    """The headline row, the stability row (max logit, skipped steps, the max-logit map), the α₁
-    images, and hidden placeholders for flat series."""
+    """The headline, stability and α₁ image rows, and hidden placeholders for flat series."""
     head, stable, heads = (section_uuid(s) for s in (HEADLINE_SECTION, STABILITY_SECTION, HEADS_SECTION))
     cards = (
         [line_card(m, head) for m in HEADLINE]
@@ -176,8 +145,7 @@ def table_columns(factors: list[str]) -> list[str]:
 
 
 def view_state(factors: list[str], seeded: bool = False) -> dict:
-    # Sorted by run name, not by date: the UI nests a sweep's variants under their parent run
-    # (collapsed, so no curves) only when runs are listed by date.
+    # by run name: by date, the UI nests a sweep's variants under their collapsed parent
     return {
         "compareRunCharts": chart_cards(),
         "compareRunSections": sections(),
@@ -205,8 +173,7 @@ def view_state(factors: list[str], seeded: bool = False) -> dict:
 
 
 def varied_factors(runs_params: list[dict[str, str]]) -> list[str]:
-    """Factor parameters whose value differs between the runs (sorted); the default factors where
-    none does (a single run, or repeats of one setting)."""
+    """Factor params whose value differs between the runs (sorted), else the default factors."""
     keys = sorted({k for params in runs_params for k in params if k.startswith(FACTOR_PREFIXES)})
     varied = [k for k in keys if len({params.get(k) for params in runs_params}) > 1]
     return varied[:MAX_FACTOR_COLUMNS] or list(DEFAULT_FACTORS)
@@ -241,8 +208,7 @@ def mark_training_experiment(client, experiment_id: str, runs_params: list[dict[
 
 
 def dataset_name(manifest) -> str:
-    """A packed dataset as the UI names it, from its manifest (not its folder): its training
-    domains, context length and hash, e.g. ``Pile-CC+Github · C2048 · 3f2a9c1e``."""
+    """A packed dataset as the UI names it, e.g. ``Pile-CC+Github · C2048 · 3f2a9c1e`` (domains, context, hash)."""
     domains = sorted((manifest.splits.get("train") or next(iter(manifest.splits.values()))).domains)
     shown = "+".join(domains[:3]) + (f"+{len(domains) - 3} more" if len(domains) > 3 else "")
     return f"{shown or 'tokens'} · C{manifest.context_length} · {manifest.hash[:8]}"
@@ -262,16 +228,11 @@ def home_url(tracking_uri: str) -> str:
 
 
 def experiment_url(tracking_uri: str, experiment_id: str, shared_view: bool = True) -> str:
-    """The experiment's training runs in the chart view; with ``shared_view`` (an experiment
-    :func:`mark_training_experiment` has marked) in SinkLab's layout."""
+    """The experiment's training runs in the chart view, in SinkLab's layout where ``shared_view``."""
     url = (
         f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?workflowType={WORKFLOW_TYPE}&compareRunsMode=CHART"
     )
     return url + (f"&viewStateShareKey={SHARED_VIEW_KEY}" if shared_view else "")
-
-
-def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
-    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}?workflowType={WORKFLOW_TYPE}"
 
 
 def run_experiment_url(tracking_uri: str, run_id: str) -> str:

@@ -1,9 +1,6 @@
 """Batch arithmetic: the recipe states the global batch in tokens; everything else follows.
 
-    global_batch_tokens = context_length x micro_batch_size x grad_accum x world_size
-
-The paper's 1M-token batch at C=2048 is 512 sequences (2**20 tokens). An impossible
-combination is an error that lists what would work.
+global_batch_tokens = context_length x micro_batch_size x grad_accum x world_size
 """
 
 from __future__ import annotations

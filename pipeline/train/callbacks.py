@@ -3,6 +3,7 @@ pipeline.checkpoint.StepCheckpoint)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -25,20 +26,16 @@ from .recording import log_artifact, log_image, record_metrics, set_tag
 
 
 class Preemption(Callback):
-    """SIGUSR1 (SLURM's ``--signal=USR1@s`` before the time limit, or ``scancel --signal=USR1``)
-    asks the run to stop at the next optimizer-step boundary. The handler only sets a flag; the
-    ranks agree on it at each step end, write the same step checkpoint a periodic save writes,
-    and stop. ``requeue()`` then puts the SLURM job back in the queue; its rerun resumes from
-    that checkpoint, so no step is lost or trained twice. (Lightning's own SLURM handler
-    checkpoints inside the signal handler, mid-step, which replays the interrupted step.)"""
+    """SIGUSR1 stops the run at the next optimizer-step end, with that step's checkpoint; the handler
+    only sets a flag, which the ranks agree on at each step end (docs/training.md, "Preemption")."""
 
-    def __init__(self, checkpoint: StepCheckpoint, sig: int = signal.SIGUSR1):
-        self.checkpoint, self.sig = checkpoint, sig
+    def __init__(self, checkpoint: StepCheckpoint):
+        self.checkpoint = checkpoint
         self.received = False
         self.stopped_at: int | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        signal.signal(self.sig, self._on_signal)
+        signal.signal(signal.SIGUSR1, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
         self.received = True
@@ -67,22 +64,13 @@ class Preemption(Callback):
 
 
 class SinkMetrics(Callback):
-    """Every ``every`` steps (and at step 0), on rank 0: ``run_probe`` on the dataset's probe
-    set (eval mode, no grad, fp32), logged as ``sink/...`` and ``act/...``; every
-    ``plot_every`` steps an alpha_1 heat map (layer x head) into ``<run_dir>/plots`` and MLflow
-    (the artifact ``plots/``, and α₁ alone as the MLflow image ``heads/alpha1`` of that step).
-    ``flow``: the information flow too (``flow/...``; over-mixing on the probe's first
-    ``TRAINING_MIXING_SEQUENCES`` sequences). The time the probes take (metrics and their logging,
-    ``seconds``) and their figures' (``figure_seconds``) are kept so their shares of the run can be
-    reported."""
+    """The sink probe at step 0, every ``every`` steps and at the end (rank 0 logs it), its figures every
+    ``plot_every`` steps; ``seconds`` and ``figure_seconds`` are the time both took."""
 
-    def __init__(
-        self, every: int, plot_every: int, run_dir: Path, eps: float = 0.3, positions: int = 10, flow: bool = True
-    ):
+    def __init__(self, every: int, plot_every: int, run_dir: Path, flow: bool = True):
         self.every, self.plot_every, self.flow = every, plot_every, flow
         self.plot_dir = Path(run_dir) / "plots"
         self.metrics_path = RunDir(run_dir).metrics_path  # emergence reads the run's history
-        self.eps, self.positions = eps, positions
         self.seconds = self.figure_seconds = 0.0  # the probes (metrics and logging); their figures
         self._probe: torch.Tensor | None = None
         self._done_step = -1
@@ -98,21 +86,12 @@ class SinkMetrics(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         self._maybe_probe(trainer, pl_module, force=True)
         if trainer.is_global_zero and self._last is not None:  # α₁ of each head over the run
-            n_layers = self._last.alpha1.shape[0]
+            shape = self._last.alpha1.shape
             figures = (
                 emergence.draw_trajectory(
-                    self.metrics_path,
-                    *self._last.alpha1.shape,
-                    self.plot_dir / "alpha1_trajectory.png",
-                    self._uniform,
-                    "α₁ per layer and head over training",
+                    self.metrics_path, *shape, self.plot_dir / "alpha1_trajectory.png", self._uniform
                 ),
-                emergence.draw_extreme_tokens(
-                    self.metrics_path,
-                    n_layers,
-                    self.plot_dir / "extreme_tokens.png",
-                    "attention sink, value-state drain, residual-state peak",
-                ),
+                emergence.draw_extreme_tokens(self.metrics_path, shape[0], self.plot_dir / "extreme_tokens.png"),
             )
             for path in figures:
                 if path is not None:
@@ -125,9 +104,7 @@ class SinkMetrics(Callback):
         if self.every <= 0 or step == self._done_step or not (force or step % self.every == 0):
             return
         self._done_step = step
-        # With sharded weights (ZeRO-3, FSDP2) every rank takes part in gathering them.
-        zero3 = getattr(trainer.strategy, "zero_stage_3", False)
-        if not (trainer.is_global_zero or has_sharded(pl_module.model)):
+        if not (trainer.is_global_zero or has_sharded(pl_module.model)):  # every rank gathers sharded weights
             return
         t0 = time.perf_counter()
         if self._probe is None:
@@ -135,23 +112,18 @@ class SinkMetrics(Callback):
             # a Bigram-Backcopy dataset's triggers: the active/dormant split and the value-state drain
             triggers = getattr(trainer.datamodule.manifest, "trigger_ids", None)
             self._probe_args = {
-                "eps": self.eps,
-                "positions": self.positions,
                 "trigger_ids": triggers,
                 "output_qkv": triggers is not None,
                 "flow": self.flow,
                 "mixing_sequences": TRAINING_MIXING_SEQUENCES,
             }
-        model = pl_module.model
-        tokens = self._probe.to(pl_module.device)
-        if zero3:
+        model, gathered = pl_module.model, contextlib.nullcontext()  # FSDP2 gathers each block in its forward
+        if getattr(trainer.strategy, "zero_stage_3", False):
             import deepspeed
 
-            with deepspeed.zero.GatheredParameters(list(model.parameters())), uncompiled():
-                report = sink_probe.run_probe(model, tokens, **self._probe_args)
-        else:  # FSDP2 gathers each block's weights in its forward
-            with uncompiled():
-                report = sink_probe.run_probe(model, tokens, **self._probe_args)
+            gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
+        with gathered, uncompiled():
+            report = sink_probe.run_probe(model, self._probe.to(pl_module.device), **self._probe_args)
         if not trainer.is_global_zero:
             return
         metrics = report.to_metrics() | report.head_metrics()  # heads/entropy_*, heads/out_norm_*, heads/dormant_pct
@@ -208,18 +180,13 @@ def probe_figures(report, step: int, plot_dir: Path, uniform: float | None) -> l
 
 
 class Throughput(Callback):
-    """Tokens/s over windows of ``window`` optimizer steps (wall time, everything included)
-    and, on a GPU with a known peak, MFU = tokens/s/device x FLOPs/token / peak (pipeline.flops);
-    on a GPU also the peak memory allocated so far (``perf/max_memory_gib``, rank 0's).
-    Why not Lightning's ThroughputMonitor: docs/contracts.md section 4."""
+    """Tokens/s over windows of ``window`` optimizer steps (wall time, everything included), MFU =
+    tokens/s/device x FLOPs/token / peak where the peak is known, and a GPU's peak allocated memory."""
 
     def __init__(self, tokens_per_step: int, context_length: int, window: int = 10):
         self.tokens_per_step, self.context_length, self.window = tokens_per_step, context_length, window
-        self.train_seconds = 0.0
-        self.steps_timed = 0
         self._t_window: float | None = None
         self._step_window = 0
-        self._t_start: float | None = None
         self._flops_token: float | None = None
         self._peak: float | None = None
 
@@ -227,7 +194,7 @@ class Throughput(Callback):
         self._flops_token = flops_per_token(pl_module.arch, self.context_length)
         # on CPU only an explicit SINKLAB_PEAK_TFLOPS gives a peak (the table names GPUs)
         self._peak = device_peak_flops() if pl_module.device.type == "cuda" or os.environ.get(PEAK_ENV) else None
-        self._t_start = self._t_window = time.perf_counter()
+        self._t_window = time.perf_counter()
         self._step_window = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -244,7 +211,3 @@ class Throughput(Callback):
             metrics[N.MAX_MEMORY_GIB] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
         record_metrics(pl_module, metrics, step, bar=True)
         self._t_window, self._step_window = now, step
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self._t_start is not None:
-            self.train_seconds = time.perf_counter() - self._t_start

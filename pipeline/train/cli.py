@@ -1,11 +1,5 @@
-"""`sinklab fit`: train a recipe through ``SinkLabCLI`` (lightning_cli.py), and end every start
-cleanly: the run's final status, its locks released, one line for each way it can fail.
-
-    sinklab fit --config configs/recipes/embedded.yaml [--run-dir D] [--resume auto|never|PATH]
-                [--arch.preset llama-60m] [--arch.attention.op sigmoid] [--optim.lr 1e-3]
-                [--data.interventions.resample [1]] [--trainer.max_steps 100] [--run.sink_every 50] ...
-    sinklab fit --check-only --config ... [overrides]   # parse and check the config; run and write nothing
-"""
+"""`sinklab fit`: train a recipe through ``SinkLabCLI`` and end every start cleanly: the run's final
+status, its locks released, one line for each way it can fail (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -28,10 +22,8 @@ from pipeline.model.config import ConfigError
 from pipeline.tracking import TAG_STATUS, RunLogger, log_run_model, pulled_argv
 
 from .batching import BatchConfigError
-from .data import SinkDataModule
 from .fit_config import CHECK_ONLY, check_fit, negative_values_joined, parse_error_line
 from .lightning_cli import SinkLabCLI, release_run_dirs
-from .module import SinkLabModule
 from .summary import print_summary
 
 # what gloo and NCCL raise in a collective when another process of the run has gone
@@ -57,11 +49,8 @@ def _lost_peer(trainer) -> str:
 
 
 def _leave_process_group() -> None:
-    """Once fit has returned on every rank (finished or preempted alike), leave the process group
-    together. A gloo group left to the interpreter's shutdown can abort the process ("terminate
-    called without an active exception"), and an aborted rank makes srun end the whole step,
-    rank 0 perhaps still in its end-of-fit plots. Not after a failure: the other ranks may never
-    get here. Rank 0's MLflow upload comes after, so no rank waits on it."""
+    """After a fit that returned on every rank: leave the process group together (a gloo group left to the
+    interpreter's shutdown can abort the process, and srun then ends the whole step)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -95,8 +84,7 @@ class _Held(logging.Handler):
 
 @contextmanager
 def _start_up_notes_held() -> Iterator[None]:
-    """Lightning's start-up notes (seed, devices, tips) are printed once the config is accepted,
-    so that a refused start prints its one line only."""
+    """Lightning's start-up notes held until the config is accepted: a refused start prints one line."""
     held: list[tuple[logging.Handler, logging.LogRecord]] = []
     saved = {logging.getLogger(name): None for name in ("lightning", "lightning.pytorch", "lightning.fabric")}
     for logger in saved:
@@ -109,6 +97,12 @@ def _start_up_notes_held() -> Iterator[None]:
     for handler, record in held:
         if record.levelno >= handler.level:
             handler.handle(record)
+
+
+def _failed(line: str, code: int) -> int:
+    """``sinklab fit: <line>`` on stderr; returns the exit code."""
+    print(f"sinklab fit: {line}", file=sys.stderr, flush=True)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,16 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         argv = pulled_argv(argv)
         with _start_up_notes_held():
-            cli = SinkLabCLI(
-                SinkLabModule,
-                SinkDataModule,
-                args=argv,
-                run=False,
-                save_config_callback=None,
-                auto_configure_optimizers=False,
-                seed_everything_default=1234,
-                parser_kwargs={"default_env": False, "exit_on_error": False},
-            )
+            cli = SinkLabCLI.build(argv)
         started = time.perf_counter()
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.resume_from)
         # the whole fit, so that every sink probe (step 0's and the last one included) lies inside it
@@ -152,40 +137,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except NonFiniteLossError as exc:
         status = "nonfinite"
-        print(f"sinklab fit: {exc}", file=sys.stderr, flush=True)
-        return 3
+        return _failed(str(exc), 3)
     except (RunDirError, BatchConfigError, ConfigError, DatasetError, FileNotFoundError) as exc:
-        print(f"sinklab fit: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return _failed(str(exc), 2)
     except RuntimeError as exc:
         if not _PEER_LOST.search(str(exc)):
             raise
         trainer = getattr(cli, "trainer", None)
         newest = cli.run.newest_checkpoint() if cli is not None else None
         at = f" at step {trainer.global_step}" if trainer is not None else ""
-        print(
-            f"sinklab fit: {_lost_peer(trainer)} ended during training{at}, so this one stopped too; the newest "
+        return _failed(
+            f"{_lost_peer(trainer)} ended during training{at}, so this one stopped too; the newest "
             f"checkpoint ({newest.name if newest else 'none yet'}) is kept: continue with --resume auto",
-            file=sys.stderr,
-            flush=True,
+            1,
         )
-        return 1
     except OSError as exc:  # a full disk or a file-size limit while writing a checkpoint: older ones are kept
         kept = cli is not None and cli.run.step_checkpoints()
-        print(
-            f"sinklab fit: {os_error_line(exc, writing=str(cli.run.checkpoints) if cli else None)}"
-            + ("; the checkpoints already written are kept (continue with --resume auto)" if kept else ""),
-            file=sys.stderr,
-            flush=True,
+        line = os_error_line(exc, writing=str(cli.run.checkpoints) if cli else None)
+        return _failed(
+            line + ("; the checkpoints already written are kept (continue with --resume auto)" if kept else ""), 2
         )
-        return 2
     except ArgumentError as exc:
-        print(
-            f"sinklab fit: {parse_error_line(str(exc))} (`sinklab fit --help` lists every option)",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 2
+        return _failed(f"{parse_error_line(str(exc))} (`sinklab fit --help` lists every option)", 2)
     except (KeyboardInterrupt, SystemExit) as exc:
         # Lightning turns Ctrl-C during fit into sys.exit(1) after marking the trainer interrupted
         trainer = getattr(cli, "trainer", None)
@@ -196,11 +169,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         status = "interrupted"
         step = f" at step {trainer.global_step}" if trainer is not None else ""
-        print(
-            f"sinklab fit: interrupted{step}; continue it with --resume auto (from the newest checkpoint)",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 130
+        return _failed(f"interrupted{step}; continue it with --resume auto (from the newest checkpoint)", 130)
     finally:
         _finish(cli, getattr(cli, "trainer", None), status)

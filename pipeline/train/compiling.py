@@ -1,17 +1,5 @@
-"""`--model.compile true`: torch.compile each block in place, and train eager instead, saying so
-once, if compiling fails.
-
-A missing C++ compiler on a CPU node, an Inductor or Triton error on some GPU, or an op that
-Dynamo cannot trace should not cost a queued job: the same model trains uncompiled, only
-slower. Dynamo compiles a block at its first call (and again for a new shape or mode, e.g. the
-first validation); AOTAutograd would compile the backward only at the first backward, so it is
-asked to compile both at the forward call, where a failure can still be caught and the call
-repeated eagerly. A torch without that switch (``force_non_lazy_backward_lowering``) has the
-backward of each newly compiled graph run once on zero gradients inside the forward call
-instead, which compiles it there. Every block then runs eager (they share one compiled graph).
-Errors that are not the compiler's (out of memory, a shape mismatch in the model) pass through
-unchanged.
-"""
+"""`--model.compile true`: torch.compile each block in place, and train eager instead, saying so once, if
+compiling fails; the backward is compiled at the forward call, so its failure is caught there too."""
 
 from __future__ import annotations
 
@@ -27,16 +15,8 @@ COMPILE_FAILURES = (torch._dynamo.exc.TorchDynamoException,)
 BACKWARD_WITH_FORWARD = hasattr(torch._functorch.config, "force_non_lazy_backward_lowering")  # not in every torch
 
 
-def _backward_compiled_with_forward():
-    if BACKWARD_WITH_FORWARD:
-        return torch._functorch.config.patch(force_non_lazy_backward_lowering=True)
-    return None
-
-
 def _compile_backward_now(block: nn.Module, args: tuple, out) -> None:
-    """The backward of the graph that ``out`` came from, run on zero gradients (nothing is
-    accumulated: only the inputs' gradients are asked for), so that a lazily compiled backward
-    is compiled, or fails, here."""
+    """The backward of ``out``'s graph on zero gradients, accumulating nothing, so that it compiles (or fails) here."""
     outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
     inputs = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
     inputs = inputs or [p for p in block.parameters() if p.requires_grad]
@@ -62,7 +42,9 @@ def compile_blocks(blocks: Sequence[nn.Module], on_failure: Callable[[BaseExcept
         compiled = block._compiled_call_impl
 
         def call(*args, _compiled=compiled, _block=block, **kwargs):
-            with_forward = _backward_compiled_with_forward()
+            with_forward = (
+                torch._functorch.config.patch(force_non_lazy_backward_lowering=True) if BACKWARD_WITH_FORWARD else None
+            )
             graphs, out = counters["stats"]["unique_graphs"], None
             try:
                 with with_forward or contextlib.nullcontext():
@@ -83,9 +65,7 @@ def compile_blocks(blocks: Sequence[nn.Module], on_failure: Callable[[BaseExcept
 
 
 def uncompiled():
-    """Compiled blocks run their eager code inside this context (the sink probe: a few small
-    forward passes that ask for attention weights, which would otherwise compile graphs of
-    their own, once per probe shape)."""
+    """Compiled blocks run eager inside this context (the sink probe, which would compile graphs of its own)."""
     set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
     return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 

@@ -3,18 +3,7 @@ DeepSpeed) -> one fp32 Lightning checkpoint file.
 
     sinklab consolidate runs/paper-60m/checkpoints/step-020000.ckpt out/step-020000-fp32.ckpt
 
-Lightning's ``convert_zero_checkpoint_to_fp32_state_dict`` does the merge (DeepSpeed's
-``zero_to_fp32`` over every rank's fp32 master partitions, plus Lightning's training state:
-global step, loops with the data position, scheduler, callbacks, hyper-parameters), through
-:func:`merge_zero_checkpoint`, which the final model of a DeepSpeed run uses too. What it
-lacks, added here: the file is written under a temporary name and renamed (never half-written),
-never over a file it did not write (``sinklab_io.outputs``),
-it is checked to come from `sinklab fit` (``hyper_parameters["arch"]``), and it gets an optimizer state, so
-that it also resumes with ``sinklab fit --resume <file>`` on any strategy and world size. ZeRO
-keeps AdamW's moments sharded in a layout the merge does not cover, so the resumed run starts
-them afresh (``sinklab.optimizer_moments = "reset"`` in the file); weights, step, schedule and
-data position continue. The result loads with ``pipeline.model.load_pretrained`` and exports
-with ``sinklab export-hf``.
+The file resumes on any strategy with AdamW's moments reset (docs/training.md, "Consolidating").
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Training data: a deterministic global order over memory-mapped packed sequences.
 
-Order. Epoch e of the training split is the permutation ``default_rng([seed, e])`` of the
-sequences in use (all of them, or a seeded subset of ``token_budget`` tokens for the
-data-amount study: same steps and batch, so the data repeats). Sample g of the run (g = 0, 1,
-...) is sequence ``perm_{g // n}[g % n]``. Optimizer step s consumes samples
-[s*G, (s+1)*G), G = global batch in sequences; within the step, micro-step a gives rank r the
-samples starting at s*G + (a*W + r)*m. The order is global, so resuming on another world size
-with the same global batch continues the same stream.
-
-Resume. The loader's state (``state_dict``) is the number of samples consumed by completed
-optimizer steps, read from the trainer's global step when Lightning saves a checkpoint, so
-batches already fetched ahead of time are not counted. Lightning stores it in the checkpoint
-(``loops.fit_loop.state_dict.combined_loader``) and hands it back on resume: training goes on
-at the next unseen sample, no batch is replayed or skipped.
+Epoch e is the permutation ``default_rng([seed, e])`` of the sequences in use; sample g is
+``perm_{g // n}[g % n]``; step s consumes samples [s*G, (s+1)*G), and micro-step a gives rank r
+those from s*G + (a*W + r)*m. The loader's state is the samples consumed by completed steps.
 """
 
 from __future__ import annotations
@@ -79,8 +69,7 @@ class RankBatchSampler(Sampler[list[int]]):
 
 
 def check_token_ids(tokens: np.ndarray, split: PackedSplit, indices) -> np.ndarray:
-    """Refuse a batch holding an id outside the vocabulary (a damaged or foreign shard of the
-    right size): it would otherwise fail as an index error deep inside the embedding."""
+    """Refuse a batch holding an id outside the vocabulary (a damaged shard), not an index error later."""
     vocab = split.manifest.vocab_size
     if tokens.size and (tokens.max() >= vocab or tokens.min() < 0):
         row = int(np.argmax((tokens >= vocab).any(axis=1) | (tokens < 0).any(axis=1)))
@@ -127,28 +116,26 @@ class StatefulLoader(DataLoader):
         super().__init__(dataset, batch_sampler=sampler, collate_fn=_identity, **kwargs)
         self._consumed_samples = consumed_samples
 
-    def state_dict(self) -> dict:
-        s: RankBatchSampler = self.batch_sampler
+    def _must_match(self) -> dict[str, int]:
+        """What a resume must share with the checkpoint's loader."""
+        order = self.dataset.order
         return {
-            "consumed_samples": int(self._consumed_samples()),
-            "global_batch_seqs": s.plan.global_batch_seqs,
-            "seed": self.dataset.order.seed,
-            "n_sequences": self.dataset.order.n,
+            "global_batch_seqs": self.batch_sampler.plan.global_batch_seqs,
+            "seed": order.seed,
+            "n_sequences": order.n,
         }
 
+    def state_dict(self) -> dict:
+        return {"consumed_samples": int(self._consumed_samples()), **self._must_match()}
+
     def load_state_dict(self, state: dict) -> None:
-        s: RankBatchSampler = self.batch_sampler
-        for key, mine in (
-            ("global_batch_seqs", s.plan.global_batch_seqs),
-            ("seed", self.dataset.order.seed),
-            ("n_sequences", self.dataset.order.n),
-        ):
+        for key, mine in self._must_match().items():
             if state.get(key) != mine:
                 raise ValueError(
                     f"resume: the checkpoint's data {key}={state.get(key)} differs from this "
                     f"run's {mine}; resume with the same data settings or start a new run"
                 )
-        s.start_sample = int(state["consumed_samples"])
+        self.batch_sampler.start_sample = int(state["consumed_samples"])
 
 
 def _identity(batch):
@@ -156,9 +143,7 @@ def _identity(batch):
 
 
 class EvalSet(Dataset):
-    """The first ``n`` held-out sequences, with the training interventions applied: the
-    validation loss is measured on the distribution the model is trained on (with x1 fixed to
-    BOS in training, an unfixed x1 would be a token the model never saw there)."""
+    """The first ``n`` held-out sequences, with the training interventions applied."""
 
     def __init__(self, split: PackedSplit, n: int, intervene: Callable[..., np.ndarray]):
         self.split, self.n, self.intervene = split, min(n, len(split)), intervene
@@ -205,10 +190,9 @@ class SinkDataModule(L.LightningDataModule):
     @property
     def special_ids(self) -> dict[str, int]:
         ids = {k.lower(): int(v) for k, v in (self.manifest.special_ids or {}).items()}
-        if self.manifest.bos_id is not None:
-            ids.setdefault("bos", int(self.manifest.bos_id))
-        if self.manifest.eos_id is not None:
-            ids.setdefault("eos", int(self.manifest.eos_id))
+        for name in ("bos", "eos"):
+            if (value := getattr(self.manifest, f"{name}_id")) is not None:
+                ids.setdefault(name, int(value))
         return ids
 
     def intervene(self) -> Callable[..., np.ndarray]:
@@ -227,18 +211,12 @@ class SinkDataModule(L.LightningDataModule):
         )
         return self.plan
 
-    def train_order(self) -> GlobalOrder:
-        split = PackedSplit(self.path, "train", self.manifest)
-        budget = None
-        if self.token_budget:
-            budget = max(1, self.token_budget // self.manifest.context_length)
-        return GlobalOrder(len(split), self.seed, budget)
-
     def train_dataloader(self) -> StatefulLoader:
         trainer = self.trainer
         plan = self.plan or self.make_plan(trainer.world_size)
         split = PackedSplit(self.path, "train", self.manifest)
-        dataset = PackedTrainSet(split, self.train_order(), self.intervene())
+        budget = max(1, self.token_budget // self.manifest.context_length) if self.token_budget else None
+        dataset = PackedTrainSet(split, GlobalOrder(len(split), self.seed, budget), self.intervene())
         sampler = RankBatchSampler(plan, trainer.global_rank, trainer.max_steps)
         return StatefulLoader(
             dataset,
@@ -274,8 +252,7 @@ class SinkDataModule(L.LightningDataModule):
         return {"order": self.order()}
 
     def probe_tokens(self) -> torch.Tensor:
-        """The probe set; with a fixed token at position p in training, the probe carries it
-        at p too (Table 10 right measures the sink on the fixed token)."""
+        """The probe set, carrying the training's fixed token at its position (Table 10 right)."""
         probe = load_probe(self.path)
         fix = self.interventions.fix_position
         if fix and fix <= probe.shape[1]:

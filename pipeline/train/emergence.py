@@ -1,16 +1,5 @@
-"""When the sink emerges during training, and each head's α_1 over the run.
-
-Every sink probe logs, beside ``report.to_metrics()``: the α_1 of each head
-(``heads/alpha1_l{l}_h{h}``, layers and heads 0-based; in metrics.jsonl, where the trajectory
-figure reads them, not sent to MLflow: the UI gets them as images, pipeline.tracking.views), the
-α_1 that uniform attention would give
-under this model's mask and slots (``sink/alpha1_uniform``), and, at the probe where a threshold
-is first crossed, ``sink/emerged_step_{sink1_1pct,sink1_10pct,alpha1_125pct}`` = that step
-(also set as MLflow tags of the same names). The history comes from ``<run_dir>/metrics.jsonl``
-(every start of the run appends to it), so a resumed run neither forgets an earlier crossing
-nor reports a second one; rows past the current step (left by a start killed before its
-checkpoint) are ignored. The decisions are the pure functions of ``pipeline.metrics``.
-"""
+"""When the sink emerges during training, and each head's α_1 over the run, read from the run's
+metrics.jsonl (docs/analysis.md, "During training"); the decisions are ``pipeline.metrics``'."""
 
 from __future__ import annotations
 
@@ -23,8 +12,6 @@ from pipeline import metrics as M
 from pipeline.model.config import ModelConfig
 
 from .summary import metric_rows
-
-HISTORY_KEYS = (N.SINK1, N.ALPHA1_MEAN)
 
 
 def head_metric(layer: int, head: int) -> str:
@@ -44,16 +31,12 @@ def probe_uniform_alpha1(cfg: ModelConfig, T: int) -> float:
     return M.uniform_alpha1_masked(admitted_with_slots(cfg, T), n_sinks, cfg.n_bias_slots + n_sinks)
 
 
-def history(metrics_path: Path, before_step: int) -> list[tuple]:
-    """(step, Sink_1, mean α_1) rows of metrics.jsonl strictly before ``before_step``."""
-    return [row for row in metric_rows(metrics_path, *HISTORY_KEYS) if row[0] < before_step]
-
-
 def emerged_so_far(
     metrics_path: Path, step: int, sink1: float, alpha1_mean: float, alpha1_uniform: float
 ) -> dict[str, int]:
     """Metric name -> step for every threshold crossed up to and including ``step``."""
-    rows = history(metrics_path, step) + [(step, sink1, alpha1_mean)]
+    earlier = [row for row in metric_rows(metrics_path, N.SINK1, N.ALPHA1_MEAN) if row[0] < step]
+    rows = earlier + [(step, sink1, alpha1_mean)]
     found = M.emergence_steps(rows, alpha1_uniform)
     return {N.emerged_step(name): at for name, at in found.items() if at is not None}
 
@@ -95,7 +78,7 @@ def head_trajectories(metrics_path: Path, n_layers: int, n_heads: int):
 
 
 def draw_trajectory(
-    metrics_path: Path, n_layers: int, n_heads: int, path: Path, alpha1_uniform: float | None = None, title: str = ""
+    metrics_path: Path, n_layers: int, n_heads: int, path: Path, alpha1_uniform: float | None = None
 ) -> Path | None:
     """The per-head α_1 trajectory figure, or None before any probe was logged."""
     from pipeline.plots import alpha1_trajectories
@@ -103,13 +86,11 @@ def draw_trajectory(
     steps, series = head_trajectories(metrics_path, n_layers, n_heads)
     if not steps:
         return None
-    return alpha1_trajectories(steps, series, path, title, uniform=alpha1_uniform)
+    return alpha1_trajectories(steps, series, path, "α₁ per layer and head over training", uniform=alpha1_uniform)
 
 
-def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path, title: str = "") -> Path | None:
-    """Guo et al.'s joint dynamics from metrics.jsonl (every start of the run): Sink_1 and, on a
-    Bigram-Backcopy dataset, each layer's BOS share from trigger and from other queries; the
-    value-state drain where the probe measured it; the residual-state peak. None before any probe."""
+def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path) -> Path | None:
+    """Guo et al.'s joint dynamics of the extreme tokens from metrics.jsonl, or None before any probe."""
     from pipeline.plots import extreme_token_dynamics
 
     panels = (
@@ -138,4 +119,5 @@ def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path, title: st
                     lines[f"{label}, layer {layer}"] = values
         if lines:
             drawn.append((panel, lines))
+    title = "attention sink, value-state drain, residual-state peak"
     return extreme_token_dynamics([row[0] for row in rows], drawn, path, title)

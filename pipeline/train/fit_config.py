@@ -1,13 +1,5 @@
-"""`sinklab fit`'s config between parsing and building: negative values on the command line,
-a config of the older layout refused, the architecture's preset resolved, parse
-errors as one line, the check behind `sinklab fit --check-only`
-(and `sinklab sweep`'s checks), and the config as the run records it (plain values, the
-one-line variant summary).
-
-A check parses with fit's own parser (LightningCLI / jsonargparse: every name and type) and
-builds the ModelConfig (its cross-field checks); it instantiates nothing: no run directory,
-MLflow run, dataset or weights.
-"""
+"""`sinklab fit`'s config between parsing and building: the preset resolved, older layouts refused, parse
+errors as one line, the `--check-only` check (which instantiates nothing), and the config as the run records it."""
 
 from __future__ import annotations
 
@@ -42,28 +34,21 @@ set_loader(PARSER_MODE, _load_yaml, (yaml.YAMLError,))
 
 
 def parse_fit(parser, args: list[str] | dict[str, Any]) -> Namespace:
-    """``args`` (a command line, or a config as a dict) parsed, and the preset resolved."""
+    """``args`` (a command line, or a config as a dict) parsed, and ``arch`` replaced by the ModelConfig it
+    builds, so the run's config names every number of its preset (ConfigError where it cannot)."""
     if isinstance(args, dict):
         refuse_old_layout(args, "config")
     for flag in args if isinstance(args, list) else ():
         if flag.startswith("--"):
             refuse_renamed(flag.split("=")[0][2:], "command line: ", "--")
     config = parser.parse_object(args) if isinstance(args, dict) else parser.parse_args(args)
-    resolve_preset(config)
+    arch = config.get(ARCH)
+    set_arch(config, ModelConfig.from_dict(arch.as_dict() if arch is not None else {}))
     return config
 
 
-def resolve_preset(config: Namespace) -> None:
-    """Replace the parsed ``arch`` by the ModelConfig it builds, so the config from here on (the
-    run's config.yaml, its MLflow params) names every number of the preset beside the preset's
-    name; a section left out becomes the default model's. Raises ConfigError."""
-    arch = config.get(ARCH)
-    set_arch(config, ModelConfig.from_dict(arch.as_dict() if arch is not None else {}))
-
-
 def set_arch(config: Namespace, arch: ModelConfig) -> None:
-    """Name ``arch`` in the config: the model as built (the dataset's vocabulary set at the start),
-    so that the run's config.yaml builds the model it trained."""
+    """Name ``arch``, the model as built, in the config (and its link's copy)."""
     built = arch.to_dict()
     config[ARCH], config[ARCH_TARGET] = _namespace(built), _namespace(built)
 
@@ -77,9 +62,7 @@ def fit_parser():
     """`sinklab fit`'s parser, built once (building it costs about a second)."""
     import warnings
 
-    from .data import SinkDataModule
     from .lightning_cli import SinkLabCLI
-    from .module import SinkLabModule
 
     class ParseOnly(SinkLabCLI):
         def _set_seed(self) -> None:
@@ -96,33 +79,19 @@ def fit_parser():
 
     with warnings.catch_warnings():  # "args given while sys.argv has arguments": intended here
         warnings.simplefilter("ignore", UserWarning)
-        cli = ParseOnly(
-            SinkLabModule,
-            SinkDataModule,
-            args=[],
-            run=False,
-            save_config_callback=None,
-            auto_configure_optimizers=False,
-            seed_everything_default=1234,
-            parser_kwargs={"default_env": False, "exit_on_error": False},
-        )
-    return cli.parser
+        return ParseOnly.build([]).parser
 
 
 def check_fit(args: list[str] | dict[str, Any]) -> Namespace:
-    """The resolved config of `sinklab fit ARGS` (a command line, or a config as a dict); raises
-    jsonargparse's ArgumentError for a name or type fit does not accept and ConfigError for a
-    model that cannot be built."""
+    """The resolved config of `sinklab fit ARGS`; raises ArgumentError (a name or type) or ConfigError (the model)."""
     config = parse_fit(fit_parser(), args)
     check_batch(config)
     return config
 
 
 def check_batch(config: Namespace) -> None:
-    """The batch plan fit would make for the config's world size (trainer.num_nodes x
-    trainer.devices, where both are numbers), when its dataset can be read from here (on a
-    cluster it may lie on the compute nodes only: then the job's start checks it). Raises
-    BatchConfigError."""
+    """Raises BatchConfigError where the batch does not fit the world size, both given as numbers and the
+    dataset readable from here (else the job's start checks it)."""
     from data_prep.dataset import DatasetError, load_manifest
 
     from .batching import plan_batch
@@ -148,8 +117,7 @@ _NOISE = (
 
 
 def parse_error_line(message: str) -> str:
-    """jsonargparse's multi-line error as one line, ``<dotted key>: <what is wrong>``: it explains
-    every Union alternative and nests ``Parser key`` lines; keep the key path and the reason."""
+    """jsonargparse's multi-line error (every Union alternative, nested keys) as ``<dotted key>: <reason>``."""
     keys, reasons = [], []
     for line in (raw.strip(" -") for raw in message.splitlines()):
         if line.startswith('Parser key "'):
@@ -184,8 +152,7 @@ def as_plain(cfg) -> dict:
 
 
 def variant_summary(cfg) -> str:
-    """One line naming the attention operation (always: a softmax run says so) and what else
-    differs from the paper's default block and data."""
+    """One line naming the attention operation (always) and what else differs from the paper's defaults."""
     plain = as_plain(cfg)
     default = flatten(ModelConfig().to_dict())
     flat = flatten(plain.get(ARCH) or {})
@@ -213,9 +180,7 @@ NEGATIVE_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def negative_values_joined(argv: list[str]) -> list[str]:
-    """``--optim.lr -1e-3`` as ``--optim.lr=-1e-3``: argparse takes a value that starts
-    with '-' and is not a plain negative integer or decimal for an option, and said only
-    "expected one argument"; joined, the field's own check names it and the value."""
+    """``--optim.lr -1e-3`` as ``--optim.lr=-1e-3``, which argparse would take for an option."""
     out: list[str] = []
     for arg in argv:
         if out and out[-1].startswith("--") and "=" not in out[-1] and NEGATIVE_NUMBER.fullmatch(arg):

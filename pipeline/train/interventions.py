@@ -1,19 +1,5 @@
-"""The paper's data interventions (section 5, Table 10 right, Figure 5), applied when a batch is
-formed so that one prepared dataset serves every experiment.
-
-Positions are 1-based, as in the paper (x_1 is the first token of a packed chunk).
-
-- ``resample``: positions whose token is replaced by a draw from Uniform(V) ("x1 ~ U(V)",
-  "x1, x2 ~ U(V)", "x2 ~ U(V)"). Each sequence draws from its own generator seeded by
-  (seed, epoch, sample index), so the draw is the same on any world size and after resume.
-- ``fix_position`` / ``fix_token``: x_p <- x_fix for every chunk (Table 10 right: p = 1, 2, 3).
-  ``fix_token`` is a token id or the name of a special token of the dataset ("bos", "eos").
-  With ``fix_position: 1, fix_token: bos`` every chunk starts with BOS, which is what a
-  BOS-on dataset gives the documents but not the chunks cut from their middle.
-- the prefix-LM loss (loss from token p+1) and learnable sink tokens are model-config fields
-  (``arch.mask: prefix, arch.prefix_len: p``; ``arch.sink_tokens``);
-- ``token_budget`` (the data-amount study, Figure 5 right) lives in the DataModule's order.
-"""
+"""The paper's data interventions (section 5, Table 10 right), applied when a batch is formed; positions
+are 1-based (x_1 is a chunk's first token), each resampled row draws from its own (seed, epoch, sample) stream."""
 
 from __future__ import annotations
 
@@ -61,14 +47,6 @@ class Interventions:
     @property
     def active(self) -> bool:
         return bool(self.resample or self.fix_position)
-
-    def summary(self) -> str:
-        parts = []
-        if self.resample:
-            parts.append("resample x" + ",x".join(map(str, self.resample)) + "~U(V)")
-        if self.fix_position:
-            parts.append(f"fix x{self.fix_position}={self.fix_token}")
-        return "; ".join(parts)
 
 
 VAL_STREAM = 1  # validation rows draw from their own random stream, never a training row's

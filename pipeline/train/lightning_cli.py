@@ -1,14 +1,5 @@
-"""``SinkLabCLI``: LightningCLI over SinkLabModule + SinkDataModule, plus the run directory and
-the MLflow run (`sinklab fit` in ``cli`` drives it).
-
-Sections: ``arch`` (every ModelConfig field, a preset's numbers filled in where the config leaves
-them out; linked into the LightningModule's ``arch`` argument), ``optim`` (OptimConfig, linked
-likewise into its ``optim``), ``model`` (the LightningModule's other switches: ``model.compile``,
-``model.activation_checkpointing``, ``model.init``), ``data``, ``trainer`` (Lightning's Trainer), ``run``
-(run_options.RunOptions: names, cadences, the spike guard). Derived, not set by hand:
-``trainer.accumulate_grad_batches`` (from data.global_batch_tokens) and ``trainer.val_check_interval``
-(from run.val_every).
-"""
+"""``SinkLabCLI``: LightningCLI over SinkLabModule + SinkDataModule, with the sections ``arch``, ``optim``,
+``model``, ``data``, ``trainer`` and ``run``, plus the run directory and the MLflow run."""
 
 from __future__ import annotations
 
@@ -53,8 +44,9 @@ from pipeline.tracking import (
 )
 
 from .callbacks import Preemption, SinkMetrics, Throughput
+from .data import SinkDataModule
 from .fit_config import ARCH_TARGET, OPTIM, OPTIM_TARGET, PARSER_MODE, as_plain, parse_fit, set_arch, variant_summary
-from .module import read_init
+from .module import SinkLabModule, read_init
 from .optim import OptimConfig
 from .progress import StepProgressBar
 from .run_options import RunOptions
@@ -66,6 +58,20 @@ _CREATED: list[Path] = []  # run dirs this process created, removed again if a f
 
 class SinkLabCLI(LightningCLI):
     """Parse and check the config, take the run dir, build the trainer, then open the MLflow run."""
+
+    @classmethod
+    def build(cls, args: list[str]):
+        """`sinklab fit`'s CLI over ``args``, everything built and nothing run."""
+        return cls(
+            SinkLabModule,
+            SinkDataModule,
+            args=args,
+            run=False,
+            save_config_callback=None,
+            auto_configure_optimizers=False,
+            seed_everything_default=1234,
+            parser_kwargs={"default_env": False, "exit_on_error": False},
+        )
 
     def init_parser(self, **kwargs: Any):
         return super().init_parser(**{"parser_mode": PARSER_MODE, **kwargs})
@@ -93,10 +99,9 @@ class SinkLabCLI(LightningCLI):
     # ---- before any class exists: run dir and lock; nothing is written yet --------------------
     def before_instantiate_classes(self) -> None:
         cfg = self.config
-        opts: RunOptions = RunOptions(**{k: v for k, v in dict(cfg["run"]).items()})
-        opts.validate()
-        self.opts = opts
-        self.run = RunDir(Path(cfg.get("run_dir") or cfg.get("run-dir") or f"runs/{opts.name}"))
+        self.opts = RunOptions(**dict(cfg["run"]))
+        self.opts.validate()
+        self.run = RunDir(Path(cfg.get("run_dir") or cfg.get("run-dir") or f"runs/{self.opts.name}"))
         if self.run.root.exists() and not self.run.root.is_dir():
             raise RunDirError(f"--run-dir {self.run.root}: is a file; name a directory (new, or a run to continue)")
         self.resume_from = resume_path(self.run, cfg.get("resume", "never"))

@@ -1,15 +1,10 @@
-"""Next-token cross-entropy fused with the LM head, in chunks of rows.
-
-The usual head materialises logits [N, V] (and an fp32 copy), keeps log-softmax for backward
-and, in backward, makes a zero [N, V] gradient to scatter into and passes over it twice more.
-For a fixed weight W and mean loss L = (1/N) sum_i (lse_i - z_i[t_i]) with z = h W^T,
+"""Next-token cross-entropy fused with the LM head, in chunks of rows. For L = (1/N) sum_i (lse_i - z_i[t_i]),
+z = h W^T,
 
     dL/dz = (softmax(z) - onehot(t)) / N,   dL/dh = dL/dz W,   dL/dW = dL/dz^T h,
 
-so each chunk of rows can form its logits, its loss and both gradients at once, in forward,
-and drop the chunk: memory is O(chunk V) instead of O(N V), and the [N, V] passes are fewer.
-Backward only scales the stored gradients by the incoming one. Same numbers as
-``F.cross_entropy(h @ W.T .float(), t)`` up to summation order.
+so each chunk forms its logits, loss and both gradients in forward (memory O(chunk V), not O(N V)), and
+backward only scales them. Same numbers as ``F.cross_entropy(h @ W.T .float(), t)`` up to summation order.
 """
 
 from __future__ import annotations

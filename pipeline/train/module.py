@@ -1,11 +1,5 @@
-"""The LightningModule: a SinkLab Transformer, next-token loss, AdamW + warm-up/cosine.
-
-The model is built in ``configure_model`` once the dataset is known (its vocabulary sets
-``vocab_size``), which is also where DeepSpeed ZeRO-3 expects it and where FSDP2 shards it
-(``--trainer.strategy fsdp2``, pipeline.train.sharding). Checkpoints carry
-``hyper_parameters["arch"]`` (a plain dict) and the weights under ``model.``, which is what
-``pipeline.model.load_pretrained`` reads.
-"""
+"""The LightningModule: a SinkLab Transformer (built in ``configure_model``, where ZeRO-3 and FSDP2 expect it),
+next-token loss, the optimizer and its schedule; checkpoints carry ``hyper_parameters["arch"]``."""
 
 from __future__ import annotations
 
@@ -28,10 +22,9 @@ from .loss import next_token_loss
 from .optim import OptimConfig, build_optimizer, build_scheduler, optimizer_split
 from .recording import record_metrics, reduced, set_tag
 from .sharding import shard_model
-from .spikes import SpikeGuard, drop_gradients, grad_norm
+from .spikes import SpikeGuard, drop_gradients, grad_norm, with_grads
 
-# DeepSpeedStrategy warns that an overridden configure_gradient_clipping does not clip: under it
-# ours hands over to Lightning's, which leaves clipping to the engine (gradient_clipping), as wanted.
+# under DeepSpeed ours hands clipping over to Lightning's, which leaves it to the engine, as wanted
 warnings.filterwarnings("ignore", message="Since DeepSpeed handles gradient clipping internally")
 
 
@@ -47,11 +40,8 @@ def _recomputed(forward):
 
 
 def _reset_partitioned(model: Transformer, state: dict | None = None) -> None:
-    """Under ZeRO-3 the model is built inside ``deepspeed.zero.Init``, which partitions each
-    layer's parameters as soon as that layer exists, so the Transformer's own initialisation
-    (run once all layers exist) met empty shards. Run it again (or load ``state``) on the
-    gathered parameters, on rank 0, which then broadcasts them: the same RNG stream as an
-    unsharded build, so the same initial weights as DDP."""
+    """ZeRO-3's ``zero.Init`` partitioned the layers before the Transformer initialised them: initialise
+    (or load ``state``) again on the gathered parameters on rank 0, so the initial weights are DDP's."""
     import deepspeed
     import torch.distributed as dist
 
@@ -172,20 +162,10 @@ class SinkLabModule(L.LightningModule):
         self.hparams[ARCH] = cfg.to_dict()
 
     # ---- one optimizer step -------------------------------------------------------------------
-    # Lightning's automatic optimisation runs step s (weights after s updates -> after s + 1) as:
-    #
-    #   for each of A micro-batches    A = trainer.accumulate_grad_batches (cli.py, from data.global_batch_tokens)
-    #       training_step              forward and next-token loss of one micro-batch (loss.py)
-    #       (Lightning) backward       of loss / A; under DeepSpeed engine.backward (sharding.py: divided once)
-    #   _end_of_step                   on the last micro-batch (at_step_end, the one boundary rule): the
-    #                                  step's loss, mean over micro-batches and ranks, recorded as step s;
-    #                                  a non-finite one stops every rank before the update
-    #   configure_gradient_clipping    clip to trainer.gradient_clip_val; the spike guard (run.skip_spikes,
-    #                                  spikes.py) at its end, after the clip and before the update (DeepSpeed calls it on every
-    #                                  micro-batch, and its engine clips and steps at the boundary)
-    #   (Lightning) optimizer.step, zero_grad, lr_scheduler.step; global_step becomes s + 1
-    #   on_train_batch_end where at_step_end: the callbacks in cli.py's order, StepCheckpoint,
-    #                                  SinkMetrics, Throughput, Preemption (callbacks.py)
+    # Step s: for each of A = trainer.accumulate_grad_batches micro-batches, training_step and Lightning's
+    # backward of loss / A; on the last (at_step_end), _end_of_step; configure_gradient_clipping (the clip,
+    # then the spike guard); Lightning's optimizer.step, zero_grad and lr_scheduler.step (global_step s + 1);
+    # the callbacks' on_train_batch_end where at_step_end: StepCheckpoint, SinkMetrics, Throughput, Preemption.
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         """One micro-batch: forward and loss (Lightning then runs backward); the step's end on the last."""
         loss = self.lm_loss(batch["input_ids"])
@@ -196,9 +176,7 @@ class SinkLabModule(L.LightningModule):
         return loss
 
     def _end_of_step(self) -> None:
-        """On the last micro-batch of a step, before its optimizer update: the step's mean loss
-        over micro-batches and ranks; a non-finite one stops every rank together (so no
-        checkpoint of the broken weights is written)."""
+        """Before the update: the step's mean loss over micro-batches and ranks; a non-finite one stops every rank."""
         value = self._step_value = reduced(self.trainer, self._step_loss / self._micro, "mean")
         self._step_loss, self._micro = 0.0, 0
         if not math.isfinite(value):
@@ -215,19 +193,16 @@ class SinkLabModule(L.LightningModule):
             record_metrics(self, {N.TRAIN_LOSS: value, N.TRAIN_LR: lr})
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Lightning's clipping, except under a mixed precision without a loss scaler (bf16):
-        there the gradients are already unscaled, so a fused AdamW, which Lightning refuses to
-        clip for fp16's sake, is clipped here with torch's own functions. With FSDP2 the
-        gradients are DTensors and torch reduces their norm over the mesh; under DeepSpeed the
-        engine clips (Lightning passes gradient_clip_val as its ``gradient_clipping``)."""
+        """Lightning's clipping, except under bf16 (no loss scaler), where torch's clips a fused AdamW that
+        Lightning refuses for fp16's sake; DeepSpeed's engine clips itself."""
         norm = grad_norm(optimizer) if self.spike_guard is not None else None  # before the clip, as OLMo-core
         plugin = self.trainer.precision_plugin
         if not (gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None):
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
         elif gradient_clip_algorithm == "value":
-            torch.nn.utils.clip_grad_value_(self._with_grads(optimizer), gradient_clip_val)
+            torch.nn.utils.clip_grad_value_(with_grads(optimizer), gradient_clip_val)
         else:
-            torch.nn.utils.clip_grad_norm_(self._with_grads(optimizer), gradient_clip_val)
+            torch.nn.utils.clip_grad_norm_(with_grads(optimizer), gradient_clip_val)
         if norm is not None:  # after the clip, before the update: the spike guard
             self._guard(optimizer, norm)
 
@@ -243,10 +218,6 @@ class SinkLabModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if self.spike_guard is not None and "spike_guard" in checkpoint:
             self.spike_guard.load_state_dict(checkpoint["spike_guard"])
-
-    @staticmethod
-    def _with_grads(optimizer) -> list[torch.Tensor]:
-        return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
     def on_train_epoch_start(self) -> None:
         self._step_loss, self._micro = 0.0, 0
@@ -274,8 +245,7 @@ class SinkLabModule(L.LightningModule):
 
     # ---- optimiser ------------------------------------------------------------------------
     def optimizer_split(self) -> dict[str, str]:
-        """Which optimiser updates which parameters (pipeline.train.optim.optimizer_split), read off
-        a model built on the meta device (no memory, no initialisation)."""
+        """:func:`optimizer_split` of a model built on the meta device (no memory, no initialisation)."""
         with torch.device("meta"):
             return optimizer_split(Transformer(self.arch), self.optim)
 

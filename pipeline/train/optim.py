@@ -1,23 +1,5 @@
-"""AdamW (or SGD) with the paper's schedule: linear warm-up, then cosine decay to a minimum.
-
-Paper default (section 4): peak lr 4e-4, 100 warm-up steps, cosine over 20k steps, AdamW with
-weight decay 0.1. The paper does not state a minimum; ``min_lr`` defaults to a tenth of the
-peak (a common choice) and must be below it.
-
-Weight decay (Table 2 studies gamma in ``L + gamma * ||theta||^2``): ``decay_on`` picks which
-parameters it applies to. ``all`` (default) decays every parameter, as the paper's formula and
-its TinyLlama-based trainer do; ``matrices`` spares 1-d tensors (norm gains, biases, learned
-per-head sink logits); ``matrices_no_embeddings`` also spares the token embedding and the
-learnable sink tokens.
-
-``name: sgd`` (SGD with momentum; its weight decay is the L2 term added to the gradient) is Guo
-et al.'s (2024) alternative on Bigram-Backcopy: without Adam the massive activations go away.
-``name: muon``: torch.optim.Muon on the blocks' linear weights, per logical matrix where one weight
-fuses several (peak lr ``muon_lr``, AdamW's lr where unset, scaled per matrix to AdamW's update
-RMS: torch's ``match_rms_adamw``), AdamW on the rest; ``name: orthoadam``: AdamW in a fixed random
-orthogonal basis per parameter (seeded by ``rotation_seed``; the embedding's and head's vocabulary
-axis not rotated). Both in pipeline.train.optimizers; the split in docs/training.md.
-"""
+"""The optimizers (``optim.name``: adamw, sgd, muon, orthoadam; docs/training.md) and the paper's schedule:
+linear warm-up, then cosine decay to ``min_lr`` (a tenth of the peak by default; the paper states none)."""
 
 from __future__ import annotations
 
@@ -67,7 +49,7 @@ class OptimConfig:
         """The checks torch's AdamW makes (it raises a bare ValueError mid-fit), named by field."""
         if not self.lr > 0:
             raise ConfigError(f"optim.lr={self.lr}: must be positive (the paper's is 4e-4)")
-        for name in ("beta1", "beta2"):
+        for name in ("beta1", "beta2", "momentum", "muon_momentum"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"optim.{name}={getattr(self, name)}: must be in [0, 1)")
         if not self.eps >= 0:
@@ -78,9 +60,6 @@ class OptimConfig:
             raise ConfigError(f"optim.warmup_steps={self.warmup_steps}: must be in [0, trainer.max_steps={max_steps})")
         if self.name not in OPTIMIZERS:
             raise ConfigError(f"optim.name={self.name!r}: allowed values are {', '.join(OPTIMIZERS)}")
-        for name in ("momentum", "muon_momentum"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"optim.{name}={getattr(self, name)}: must be in [0, 1)")
         if self.muon_lr is not None and not self.muon_lr > 0:
             raise ConfigError(f"optim.muon_lr={self.muon_lr}: must be positive (or null: optim.lr)")
         if self.weight_decay < 0:
@@ -176,9 +155,8 @@ class WarmupCosine:
 
 
 class Schedule(LambdaLR):
-    """LambdaLR over one :class:`WarmupCosine`, which travels in the checkpoint (LambdaLR keeps a
-    callable object's attributes in its state). On a resume whose ``max_steps`` differs from the
-    checkpoint's, the restored shape is extended to the new end at the restored step."""
+    """LambdaLR over one :class:`WarmupCosine`, which travels in the checkpoint; a resume to another
+    ``max_steps`` extends the restored shape to the new end."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, shape: WarmupCosine):
         self.shape = shape

@@ -1,21 +1,6 @@
-"""The optimisers beyond torch's AdamW and SGD: Muon (with AdamW beside it) and OrthoAdam.
-
-``MuonAdamW``: torch.optim.Muon on the 2-D hidden matrices (every ``nn.Linear`` weight inside the
-blocks), torch.optim.AdamW on the rest (embeddings, LM head, norms, biases, sink parameters), as
-one optimizer, which is what Lightning's automatic optimisation steps and checkpoints. A weight
-that stacks several logical matrices (its ``nn.Linear`` declares ``fused_rows``, as the fused
-W_Q/W_K/W_V and the gated FFN's W1/W2 do) is orthogonalised and lr-scaled per logical matrix.
-
-``OrthoAdam`` (Kaul et al., ICLR 2025): AdamW whose moments live in a fixed random orthogonal
-basis per parameter. A parameter viewed as ``[m, n]`` has its gradient rotated to ``L G Rᵀ`` (L,
-R random orthogonal, block-diagonal with blocks of at most ``block`` rows where a dimension is
-larger; L ⊗ R is orthogonal on the flattened tensor), the Adam direction is formed there and
-rotated back. The token embedding and the LM head (rows: the vocabulary) keep ``L = I``: only
-their d_model axis is rotated. The matrices are re-derived from ``seed`` and the parameter's
-index, never stored, so a resume rebuilds the same ones. With identity matrices the arithmetic is
-torch's single-tensor AdamW, bit for bit. Under FSDP2 the rotations act on gathered tensors and
-the moments stay sharded.
-"""
+"""The optimizers beyond torch's AdamW and SGD: Muon with AdamW beside it (per logical matrix of a fused
+weight) and OrthoAdam (Kaul et al., ICLR 2025: AdamW in a fixed random orthogonal basis per parameter).
+Their definitions and deviations: docs/training.md, "The optimiser"."""
 
 from __future__ import annotations
 
@@ -27,8 +12,7 @@ from torch import Tensor, nn
 
 
 def muon_split(model: nn.Module) -> tuple[list[str], list[str]]:
-    """Names of the parameters Muon updates (``nn.Linear`` weights inside ``model.blocks``) and of
-    the rest, which AdamW updates."""
+    """Names of the parameters Muon updates (``nn.Linear`` weights in ``model.blocks``) and of the rest."""
     hidden = {
         id(module.weight)
         for module in getattr(model, "blocks", nn.ModuleList()).modules()
@@ -42,8 +26,7 @@ def muon_split(model: nn.Module) -> tuple[list[str], list[str]]:
 
 
 def fused_rows(model: nn.Module) -> dict[Tensor, tuple[int, ...]]:
-    """The weights whose rows stack several logical matrices (an ``nn.Linear`` declaring
-    ``fused_rows``), with each matrix's row count."""
+    """The weights of ``nn.Linear`` modules declaring ``fused_rows``, with each logical matrix's rows."""
     rows = {m.weight: tuple(m.fused_rows) for m in model.modules() if hasattr(m, "fused_rows")}
     for weight, sizes in rows.items():
         if sum(sizes) != weight.shape[0]:
@@ -65,10 +48,8 @@ def _evaluate(closure) -> Tensor | None:
 
 
 class SplitMuon(torch.optim.Muon):
-    """torch.optim.Muon whose fused weights (``rows``: weight -> its logical matrices' row counts)
-    are orthogonalised, lr-scaled and decayed per logical matrix, as Muon on the separate matrices
-    would; the momentum buffer stays one tensor per weight (elementwise, so the same). A DTensor
-    weight (FSDP2) is split gathered and written back to its shards."""
+    """torch.optim.Muon that updates each fused weight (``rows``: weight -> its matrices' row counts) per
+    logical matrix; a DTensor weight (FSDP2) is split gathered and written back to its shards."""
 
     def __init__(self, params, rows: dict[Tensor, tuple[int, ...]], **kwargs):
         super().__init__(params, **kwargs)
@@ -98,19 +79,15 @@ class SplitMuon(torch.optim.Muon):
 
 
 class MuonAdamW(torch.optim.Optimizer):
-    """One optimizer over ``muon_groups`` (:class:`SplitMuon`, with ``rows`` from :func:`fused_rows`)
-    and ``adamw_groups`` (torch.optim.AdamW): the group dicts and the state are shared with the two
-    inner optimizers, so an lr scheduler and ``state_dict``/``load_state_dict`` see every group,
-    marked ``muon: True`` or ``False``."""
+    """One optimizer over ``muon_groups`` (:class:`SplitMuon`) and ``adamw_groups`` (AdamW), sharing their group
+    dicts (marked ``muon: True`` or ``False``) and state, so a scheduler and a checkpoint see every group."""
 
-    def __init__(
-        self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict, adamw: dict, rows: dict | None = None
-    ):
+    def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict, adamw: dict, rows: dict):
         for group in muon_groups:
             group["muon"] = True
         for group in adamw_groups:
             group["muon"] = False
-        self._muon = SplitMuon(muon_groups, rows or {}, **muon)
+        self._muon = SplitMuon(muon_groups, rows, **muon)
         self._adamw = torch.optim.AdamW(adamw_groups, **adamw)
         super().__init__(muon_groups + adamw_groups, {})
         self._link()
@@ -145,9 +122,8 @@ def _blocks(n: int, block: int) -> list[int]:
 
 
 class _Rotation:
-    """Block-diagonal orthogonal matrices for the rows (``left``) and columns (``right``) of a
-    parameter viewed as ``[m, n]``; a dimension of size 1, or the rows where ``rows`` is False,
-    is not rotated."""
+    """Block-diagonal orthogonal matrices for the rows (``left``, unless not ``rows``) and columns (``right``) of
+    a parameter viewed as ``[m, n]``; a dimension of size 1 is not rotated."""
 
     def __init__(
         self, shape: torch.Size, block: int, generator: torch.Generator | None, device: torch.device, rows: bool = True
@@ -199,10 +175,8 @@ def _placed_like(full: Tensor, ref: Tensor) -> Tensor:
 
 
 class OrthoAdam(torch.optim.Optimizer):
-    """AdamW (decoupled weight decay) in a fixed random orthogonal basis per parameter (module
-    docstring). ``seed``: the matrices' seed; ``block``: the largest rotated block; ``identity``:
-    identity matrices (AdamW exactly; for tests); ``token_rows``: parameters whose rows are tokens
-    (:func:`token_matrices`), rotated along their columns only."""
+    """AdamW in a fixed random orthogonal basis per parameter, re-derived from ``seed`` and its index (so a
+    resume rebuilds it); ``identity``: AdamW exactly; ``token_rows``: rotated along their columns only."""
 
     def __init__(
         self,

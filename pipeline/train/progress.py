@@ -1,12 +1,4 @@
-"""The training progress bar: optimizer steps out of ``trainer.max_steps``.
-
-Lightning's default bar counts micro-batches per data-loader epoch against a total derived from
-``max_epochs`` (-1 here: the run is bounded by steps), which printed ``Epoch 0/-2 ... 1600/99``.
-This one is Lightning's RichProgressBar with one bar for the whole run: position =
-``trainer.global_step`` (so it moves once per optimizer step, whatever the accumulation, and a
-resumed run starts where it stopped), elapsed and remaining time at the recent pace (rich's
-estimate), steps/s, and the step's loss, tokens/s, MFU and the last validation loss.
-"""
+"""The training progress bar: one bar for the run, optimizer steps out of ``trainer.max_steps``."""
 
 from __future__ import annotations
 

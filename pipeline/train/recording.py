@@ -31,12 +31,8 @@ def record_metrics(
     bar: bool = False,
     log: bool = True,
 ) -> dict[str, float]:
-    """Record ``metrics`` at ``step`` (default: the optimizer steps taken) and return them as floats.
-
-    reduce: "mean" or "sum" over the ranks first (every rank must then call it, in the same order);
-    log: send them, on rank 0, to every logger of the trainer (metrics.jsonl and MLflow);
-    bar: show them on the progress bar (pipeline.train.progress.SHOWN names which, and how).
-    """
+    """Record ``metrics`` at ``step`` (default: the steps taken) and return them as floats. reduce: over the
+    ranks first (a collective); log: to the trainer's loggers, on rank 0; bar: on the progress bar."""
     trainer = module.trainer
     values = {name: reduced(trainer, v, reduce) if reduce else float(v) for name, v in metrics.items()}
     if log and trainer.is_global_zero:

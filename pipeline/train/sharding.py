@@ -1,14 +1,5 @@
-"""The sharded strategies: DeepSpeed ZeRO and FSDP2, as Lightning strategies.
-
-``DeepSpeedStrategy`` is Lightning's, able to run on CPU too (2+ processes over gloo), so the
-recipe a cluster job runs is the one CI runs. It is what ``class_path`` names in the recipes
-and what the names ``deepspeed`` and ``deepspeed_stage_{1,2,3}`` select.
-
-``--trainer.strategy fsdp2`` shards parameters, gradients and AdamW's moments over every
-process with PyTorch's ``fully_shard`` (through ModelParallelStrategy). Each block is one
-unit, gathered just before it runs and freed after; the root unit holds the embeddings, final
-norm and head. SinkLab has no tensor-parallel plan, so the whole mesh is data-parallel.
-"""
+"""The sharded strategies as Lightning strategies: DeepSpeed ZeRO (able to run on CPU) and FSDP2
+(``fully_shard`` per block, the whole mesh data-parallel); docs/training.md, "Multi-process"."""
 
 from __future__ import annotations
 
@@ -26,10 +17,7 @@ from pipeline.model import ConfigError, Transformer
 
 
 class FSDP2Strategy(ModelParallelStrategy):
-    """ModelParallelStrategy with every process in one data-parallel (sharding) group and no
-    tensor parallelism. Checkpoints are gathered into one file on rank 0 (full state dict), so
-    they are ``step-NNNNNN.ckpt`` files like DDP's: resumable on any strategy and world size,
-    loadable with ``load_pretrained`` and exportable without consolidation."""
+    """ModelParallelStrategy, every process data-parallel; checkpoints are one full file on rank 0, as DDP's."""
 
     def __init__(self, process_group_backend: str | None = None) -> None:
         super().__init__(
@@ -45,15 +33,8 @@ class FSDP2Strategy(ModelParallelStrategy):
 
 
 class DeepSpeedStrategy(LightningDeepSpeedStrategy):
-    """Lightning's DeepSpeedStrategy with two changes.
-
-    - On a CPU accelerator it runs instead of refusing: DeepSpeed's CPU accelerator, the
-      process group over gloo, and ``cpu:<local rank>`` as the root device (DeepSpeed reads the
-      device index). On CUDA the setup is Lightning's, unchanged.
-    - The loss is divided by the accumulation steps once: Lightning divides the closure loss
-      by ``accumulate_grad_batches`` already, and DeepSpeed's ``backward`` would divide it again
-      (gradients 1/accum² of the mean; clipping and AdamW's eps then act on the wrong scale).
-    """
+    """Lightning's DeepSpeedStrategy, also on a CPU accelerator (gloo), with the loss divided by the
+    accumulation steps once, not twice (docs/training.md, "Multi-process")."""
 
     def _on_cpu(self) -> bool:
         return isinstance(self.accelerator, CPUAccelerator)
@@ -83,9 +64,7 @@ class DeepSpeedStrategy(LightningDeepSpeedStrategy):
 
 
 def _use_deepspeed_cpu() -> None:
-    """DeepSpeed on CPU: its CPU accelerator, and none of its compiled ops. They are optional
-    (SinkLab's optimizer is torch's AdamW; gloo does the all-reduce), and the shared-memory
-    all-reduce op would otherwise be compiled on first use, for minutes."""
+    """DeepSpeed's CPU accelerator, without its optional shared-memory all-reduce op (a build of minutes)."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
@@ -98,14 +77,9 @@ def _use_deepspeed_cpu() -> None:
     deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
 
 
-for _name, _stage in (
-    ("deepspeed", None),
-    ("deepspeed_stage_1", 1),
-    ("deepspeed_stage_2", 2),
-    ("deepspeed_stage_3", 3),
-):
+for _stage in (None, 1, 2, 3):
     StrategyRegistry.register(
-        _name,
+        "deepspeed" if _stage is None else f"deepspeed_stage_{_stage}",
         DeepSpeedStrategy,
         description="DeepSpeed ZeRO (SinkLab: CPU or CUDA)",
         override=True,
@@ -131,8 +105,7 @@ def refuse_zero_optimizer(name: str, strategy) -> None:
 
 
 def shard_model(model: Transformer, mesh: DeviceMesh) -> None:
-    """Apply ``fully_shard`` to each block, then to the root, over ``mesh``'s data-parallel
-    dimension."""
+    """``fully_shard`` each block, then the root, over ``mesh``'s data-parallel dimension."""
     names = mesh.mesh_dim_names or ()
     tp = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
     if tp > 1:

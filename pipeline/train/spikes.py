@@ -1,11 +1,5 @@
-"""The spike guard (``run.skip_spikes``): a step whose loss or gradient norm lies more than
-``sigmas`` standard deviations above the mean of the last ``window`` steps is not applied.
-
-OLMo-core's SkipStepOptimizer defaults: a window of 128 steps, 6σ, no verdict before
-max(20, window/2) steps of history; every step's values enter the window, skipped ones too.
-OLMo-core compares the absolute deviation; a spike here is a rise (a sudden drop is no threat).
-The window travels in the checkpoint, so a resume decides as the uninterrupted run does.
-"""
+"""The spike guard (``run.skip_spikes``): a step whose loss or gradient norm lies more than ``sigmas``
+standard deviations above the mean of the last ``window`` steps is not applied (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -51,18 +45,21 @@ class SpikeGuard:
         self.losses, self.grad_norms, self.skipped = (list(state[k]) for k in ("losses", "grad_norms", "skipped"))
 
 
+def with_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's parameters that have a gradient."""
+    return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+
 def grad_norm(optimizer: torch.optim.Optimizer) -> float:
     """The global L2 norm of the optimizer's gradients (over the mesh, for FSDP2's DTensors)."""
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if not grads:
+    params = with_grads(optimizer)
+    if not params:
         return 0.0
-    total = torch.nn.utils.get_total_norm(grads)
+    total = torch.nn.utils.get_total_norm([p.grad for p in params])
     return float(total.full_tensor() if hasattr(total, "full_tensor") else total)
 
 
 def drop_gradients(optimizer: torch.optim.Optimizer) -> None:
-    """Leave the step undone: torch's optimizers pass over a parameter without a gradient (no
-    update, no weight decay, moments and step counts untouched)."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            p.grad = None
+    """Leave the step undone: torch's optimizers pass over a parameter without a gradient."""
+    for p in with_grads(optimizer):
+        p.grad = None

@@ -24,9 +24,8 @@ def sink_trajectory(
 
 
 def metric_rows(metrics_path, *keys: str) -> list[tuple]:
-    """``(step, value of each key)`` for the rows of metrics.jsonl that have ``keys[0]``, by step.
-    The file holds every start of the run, so a resumed run's summary covers all of it; a step
-    logged twice (a start killed after logging it, before its checkpoint) keeps the last value."""
+    """``(step, value of each key)`` for the rows of metrics.jsonl (every start) that have ``keys[0]``, by
+    step; a step logged twice keeps its last value."""
     by_step = {}
     try:
         with open(metrics_path) as f:
@@ -40,10 +39,8 @@ def metric_rows(metrics_path, *keys: str) -> list[tuple]:
 
 
 def health_problems(metrics_path, max_steps: int, log_every: int, first_step: int = 0) -> list[str]:
-    """What is wrong with a finished run's metrics.jsonl, as lines (none for a healthy run):
-    train/loss missing at a step where it is due (steps ``first_step`` to ``max_steps - 1`` that
-    are multiples of ``log_every``, trainer.log_every_n_steps; the file holds every start of a
-    resumed run), or a train or validation loss that is not finite."""
+    """What is wrong with a finished run's metrics.jsonl, as lines: train/loss missing where due (every
+    ``log_every`` steps from ``first_step``), or a train or validation loss that is not finite."""
     losses = dict(metric_rows(metrics_path, N.TRAIN_LOSS))
     due = [s for s in range(first_step, max_steps) if s % max(1, log_every) == 0]
     problems = []
