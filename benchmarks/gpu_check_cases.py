@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,13 @@ def zero(stage: int) -> tuple[str, ...]:
     return ("--trainer.strategy.init_args.config", f"configs/deepspeed/zero{stage}.json")
 
 
+def zero2_without(*settings: str) -> tuple[str, ...]:
+    """The shipped zero2.json with ``settings`` of its ``zero_optimization`` turned off, as one JSON argument."""
+    config = json.loads((REPO / "configs/deepspeed/zero2.json").read_text())
+    config["zero_optimization"].update(dict.fromkeys(settings, False))
+    return ("--trainer.strategy.init_args.config", json.dumps(config))
+
+
 SIGMOID = ("--arch.attention.op", "sigmoid", "--arch.attention.normalizer", "none")
 ELU1_KERNEL = ("--arch.attention.op", "kernel", "--arch.attention.feature_map", "elu1")
 SOFTPICK = ("--arch.attention.op", "softpick")
@@ -82,6 +90,16 @@ def gpu_cases() -> list[Case]:
         ),
         fit_case("60m-zero2-eager", "paper-60m", "c2048", 60, *p60, *EAGER, minimum=35, **run),
         fit_case("60m-zero1", "paper-60m", "c2048", 40, *p60, *zero(1), minimum=33, **run),
+        fit_case(
+            "60m-zero2-serial",
+            "paper-60m",
+            "c2048",
+            40,
+            *p60,
+            *zero2_without("overlap_comm", "contiguous_gradients"),
+            minimum=37,
+            **run,
+        ),
         fit_case("60m-zero3", "paper-60m", "c2048", 40, *p60, *zero(3), minimum=52, **run),
         fit_case("60m-fsdp2", "paper-60m", "c2048", 40, *p60, "--trainer.strategy", "fsdp2", minimum=37, **run),
         fit_case("small-elu1-kernel", "gpu-small", "c512", 60, *ELU1_KERNEL, minimum=45, **small),
