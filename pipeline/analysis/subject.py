@@ -197,15 +197,14 @@ def log_back(subject, key: str, metrics: dict, settings: dict, out: Path | None)
 
 
 def log_results_of(subjects: dict, key: str, results: dict, metrics_of, settings_for, out: Path, args) -> None:
-    """Each model's results on its MLflow run (runs:/<id>: tag ``sinklab.<key>``, files under ``<key>/``), else on a
-    run of its own where a tracking URI is set."""
-    from pipeline.tracking import log_new_run, log_results
+    """Each model's results on its MLflow run (:func:`log_back`), else on a run of its own where a tracking URI is set."""
+    from pipeline.tracking import log_new_run
 
     uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     for name, result in results.items():
         subject, metrics, settings = subjects[name], metrics_of(result), settings_for(result)
         if subject.run_id is not None:
-            run_id = log_results(subject.tracking_uri, subject.run_id, metrics, {f"sinklab.{key}": settings}, out, key)
+            run_id = log_back(subject, key, metrics, settings, out)
         elif uri:
             tags = {"sinklab.kind": subject.command, "sinklab.model": name}
             run_id = log_new_run(uri, args.experiment, f"{subject.command}-{name}", tags, settings, metrics, out)
