@@ -4,7 +4,7 @@ matrix entropy of the token representations (Queipo-de-Llano et al. 2025); defin
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, fields
 
 import torch
@@ -78,11 +78,8 @@ class Perturbation:
             moved[:, self.position] += self.rho * out[:, self.position].norm(dim=-1, keepdim=True) * u
             return moved
 
-        handle = module.register_forward_hook(add)
-        try:
+        with module.register_forward_hook(add):
             yield
-        finally:
-            handle.remove()
 
 
 @dataclass
@@ -124,12 +121,10 @@ def recording_inputs(model: nn.Module, flow: FlowAccumulator | None) -> Iterator
     """While inside, ``model``'s input embeddings are appended, detached, to the list it yields (none without flow)."""
     outputs: list[Tensor] = []
     embed = embedding_module(model) if flow is not None else None
-    handle = None if embed is None else embed.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach()))
-    try:
+    with ExitStack() as hooks:
+        if embed is not None:
+            hooks.enter_context(embed.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach())))
         yield outputs
-    finally:
-        if handle is not None:
-            handle.remove()
 
 
 def probe_batches(n: int, batch_size: int, mixing_sequences: int | None = None) -> list[tuple[int, int]]:

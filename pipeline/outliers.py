@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -229,12 +229,10 @@ def linear_layers(blocks: Sequence[nn.Module]) -> Iterator[tuple[int, str, nn.Li
 def recording_linear_inputs(blocks: Sequence[nn.Module], acc: OutlierAccumulator | None) -> Iterator[None]:
     """While inside, every forward of a linear layer of ``blocks`` adds its input to ``acc`` (None: nothing)."""
     layers = linear_layers(blocks) if acc is not None else ()
-    handles = [module.register_forward_pre_hook(partial(_record_input, acc, l, name)) for l, name, module in layers]
-    try:
+    with ExitStack() as hooks:
+        for l, name, module in layers:
+            hooks.enter_context(module.register_forward_pre_hook(partial(_record_input, acc, l, name)))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
@@ -245,12 +243,10 @@ def recording_block_outputs(blocks: Sequence[nn.Module]) -> Iterator[list[Tensor
     def keep(_module, _inputs, out) -> None:
         outputs.append((out[0] if isinstance(out, tuple) else out).detach())
 
-    handles = [block.register_forward_hook(keep) for block in blocks]
-    try:
+    with ExitStack() as hooks:
+        for block in blocks:
+            hooks.enter_context(block.register_forward_hook(keep))
         yield outputs
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def summary_table(summaries: dict[str, dict]) -> list[str]:
