@@ -96,8 +96,7 @@ def qk_decomposition(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
     cosine = dots / norm_product.clamp_min(1e-12)
     T = queries.shape[-2]
     future = torch.ones(T, T, dtype=torch.bool, device=queries.device).triu(1)
-    nan = torch.tensor(float("nan"), device=queries.device)
-    return cosine.masked_fill(future, nan), norm_product.masked_fill(future, nan)
+    return cosine.masked_fill(future, math.nan), norm_product.masked_fill(future, math.nan)
 
 
 def first_key_vs_rest(matrix: Tensor) -> tuple[float, float]:

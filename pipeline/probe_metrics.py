@@ -183,12 +183,8 @@ def head_metrics(values: dict[str, Tensor]) -> dict[str, float]:
 
 def measure(batch: ProbeBatch) -> dict[str, Tensor]:
     """Every registered metric measured on ``batch``: key -> per-sequence values, on the CPU."""
-    out = {}
-    for key, m in REGISTRY.items():
-        value = m.compute(batch)
-        if value is not None:
-            out[key] = value.detach().float().cpu()
-    return out
+    values = {key: m.compute(batch) for key, m in REGISTRY.items()}
+    return {key: v.detach().float().cpu() for key, v in values.items() if v is not None}
 
 
 def reduced(rows: dict[str, list[Tensor]]) -> dict[str, Tensor]:

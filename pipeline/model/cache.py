@@ -19,11 +19,8 @@ def eviction_index(length: int, n_new: int, n_initial: Sequence[int], capacity: 
         return None
     if n_new > capacity:
         raise ValueError(f"{n_new} new tokens exceed the cache capacity {capacity}")
-    rows = []
-    for x in n_initial:
-        first = min(x, length)
-        rows.append(torch.cat((torch.arange(first), torch.arange(first + overflow, length))))
-    return torch.stack(rows)
+    firsts = [min(x, length) for x in n_initial]
+    return torch.stack([torch.cat((torch.arange(f), torch.arange(f + overflow, length))) for f in firsts])
 
 
 def gather_entries(t: Tensor, index: Tensor) -> Tensor:
