@@ -126,13 +126,6 @@ class Evictor:
         self.history = [History(empty.long(), empty, empty[:, :, None]) for _ in range(n_layers)]
         self.seen = 0
 
-    def _sink_mask(self, layer: int, pos: Tensor) -> Tensor:
-        first = torch.tensor([r.first for r in self.rows], device=pos.device)[:, None, None]
-        mask = pos < first
-        if self.secondary is not None:
-            mask |= torch.isin(pos, self.secondary[layer].to(pos.device))
-        return mask
-
     def indices(self, keys: Sequence[Tensor], n_new: int) -> list[Tensor] | None:
         """Per layer, the entries of keys [rows, Hkv, n, dh] to keep before n_new tokens ([rows, Hkv, m]) or None."""
         n = keys[0].shape[2]
@@ -146,7 +139,9 @@ class Evictor:
             recent = torch.tensor([r.policy.recent(self.capacity) for r in self.rows], device=k.device)
             prio = prio.masked_fill(torch.arange(n, device=k.device) >= n - recent[:, None, None], RECENT)
             drop = torch.tensor([r.sinks == "drop" for r in self.rows], device=k.device)[:, None, None]
-            sinks = self._sink_mask(layer, history.pos)
+            sinks = history.pos < torch.tensor([r.first for r in self.rows], device=k.device)[:, None, None]
+            if self.secondary is not None:
+                sinks |= torch.isin(history.pos, self.secondary[layer].to(k.device))
             prio = prio.masked_fill(sinks & ~drop, float("inf")).masked_fill(sinks & drop, float("-inf"))
             index = prio.topk(self.capacity - n_new, dim=-1).indices.sort(dim=-1).values
             history.keep(index)
