@@ -87,8 +87,7 @@ def alpha1_heatmap(
         if marks:
             ax.scatter(*zip(*marks), marker="x", color="red", s=18, linewidths=1.0, label="dormant")
         fig.colorbar(im, ax=ax, label=label)
-    axes[0][0].set_ylabel("layer")
-    axes[0][0].set_title(title or "importance of the first token α₁")
+    axes[0][0].set(ylabel="layer", title=title or "importance of the first token α₁")
     for ax, (label, *_rest) in zip(axes[0][1:], panels[1:]):
         ax.set_title(label + (" (x: dormant)" if marks else ""))
     return _save(fig, path, by)
@@ -100,8 +99,7 @@ def head_map(values, path: str | Path, title: str, label: str) -> Path:
     fig, ax = plt.subplots(figsize=_map_size(len(data), len(data[0])), layout="constrained")
     im = ax.imshow(data, aspect="auto", cmap="inferno", origin="lower")
     _layer_head_axes(ax, data, ".1f", color="cyan")
-    ax.set_ylabel("layer")
-    ax.set_title(title)
+    ax.set(ylabel="layer", title=title)
     fig.colorbar(im, ax=ax, label=label)
     return _save(fig, path)
 
@@ -113,10 +111,7 @@ def norm_ratio_curves(curves: Curves, path: str | Path, title: str = "", by: str
         values = [float(v) for v in values]
         ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3, label=label)
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_yscale("log")
-    ax.set_xlabel("layer l")
-    ax.set_ylabel("‖x₁‖ / mean ‖x_t≠1‖")
-    ax.set_title(title or "first-token norm ratio")
+    ax.set(yscale="log", xlabel="layer l", ylabel="‖x₁‖ / mean ‖x_t≠1‖", title=title or "first-token norm ratio")
     ax.legend()
     return _save(fig, path, by)
 
@@ -129,9 +124,7 @@ def sink_profile(profiles: Curves, path: str | Path, title: str = "", eps: float
     for i, (label, values) in enumerate(profiles.items()):
         xs = [k + (i - (n - 1) / 2) * width for k in range(1, len(values) + 1)]
         ax.bar(xs, [float(v) for v in values], width=width, label=label)
-    ax.set_xlabel("token position k")
-    ax.set_ylabel(f"Sink_k (%) , ε={eps}")
-    ax.set_ylim(0, 100)
+    ax.set(xlabel="token position k", ylabel=f"Sink_k (%) , ε={eps}", ylim=(0, 100))
     ax.set_title(title or "attention sink by position")
     ax.legend()
     return _save(fig, path, by)
@@ -145,8 +138,7 @@ def qk_decomposition(rows, path: str | Path, title: str = "", by: str = "sinklab
     for ax, first, ylabel in zip(axes, (0, 2), ("mean cos(q_t, k_j)", "mean ‖q_t‖·‖k_j‖")):
         ax.plot(layers, [r[first] for r in rows], marker="o", markersize=3, label="first token")
         ax.plot(layers, [r[first + 1] for r in rows], marker="o", markersize=3, label="other tokens")
-        ax.set_ylabel(ylabel)
-        ax.set_xlabel("layer l")
+        ax.set(ylabel=ylabel, xlabel="layer l")
         ax.legend()
     fig.suptitle(title or "QK decomposition")
     return _save(fig, path, by)
@@ -183,10 +175,8 @@ def alpha1_trajectories(
     if uniform is not None:
         ax.axhline(uniform, color="grey", linewidth=0.8, linestyle="--", label=f"uniform {uniform:.3f}")
         ax.axhline(1.25 * uniform, color="grey", linewidth=0.8, linestyle=":", label="1.25 x uniform")
-    ax.set_xlabel("step")
-    ax.set_ylabel("α₁ (mean over probe sequences)")
+    ax.set(xlabel="step", ylabel="α₁ (mean over probe sequences)", title=title or "α₁ per layer and head over training")
     ax.set_ylim(bottom=0)
-    ax.set_title(title or "α₁ per layer and head over training")
     ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)
 
@@ -240,10 +230,8 @@ def survey_figure(
             xs, heights, width=width, color=colour, hatch=hatch, edgecolor="white", label=col.replace("_bos", " +BOS")
         )
     ax_bar.set_xticks(range(len(models)), models, rotation=20 if len(models) > 3 else 0)
-    ax_bar.set_ylabel(f"Sink₁ (%), ε={eps}")
-    ax_bar.set_ylim(0, 100)
+    ax_bar.set(ylabel=f"Sink₁ (%), ε={eps}", ylim=(0, 100), title="attention sink by model and input")
     ax_bar.legend(fontsize=7, ncol=min(3, len(columns)), loc="upper center", bbox_to_anchor=(0.5, -0.12))
-    ax_bar.set_title("attention sink by model and input")
     for (model, bos), values in curves.items():
         ax_eps.plot(
             list(eps_values),
@@ -255,11 +243,8 @@ def survey_figure(
             label=model + (" +BOS" if bos else ""),
         )
     ax_eps.axvline(eps, color="grey", linewidth=0.8, linestyle=":")
-    ax_eps.set_xlabel("threshold ε")
-    ax_eps.set_ylabel("Sink₁ (%)")
-    ax_eps.set_ylim(0, 100)
+    ax_eps.set(xlabel="threshold ε", ylabel="Sink₁ (%)", ylim=(0, 100), title=f"Sink₁ against ε ({curve_input} input)")
     ax_eps.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
-    ax_eps.set_title(f"Sink₁ against ε ({curve_input} input)")
     return _save(fig, path, by)
 
 
@@ -281,8 +266,7 @@ def passkey_heatmap(
             ax.text(j, i, f"{data[i][j]:.0f}{mark}", ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(depths)), [f"{d:g}" for d in depths])
     ax.set_yticks(range(len(caches)), caches)
-    ax.set_xlabel("depth of the key (0: start, 1: end)")
-    ax.set_ylabel("cache x+y")
+    ax.set(xlabel="depth of the key (0: start, 1: end)", ylabel="cache x+y")
     fig.colorbar(im, ax=ax, label="accuracy (%)")
     ax.set_title(title or "passkey retrieval", fontsize=9)
     if any(c["cached"] < 100 for row in table.values() for c in row.values()):
