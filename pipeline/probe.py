@@ -105,10 +105,8 @@ class SinkAccumulator:
             ratios = [n[:, :n_query_slots] / n[:, n_query_slots:].mean(dim=-1, keepdim=True) for n in norms]
             self.slot_massive.append(torch.stack(ratios, dim=1).cpu())
         if qkv and queries and keys:
-            rows = []
-            for q, k in zip(queries, keys):
-                cos, normprod = metrics.qk_decomposition(q.detach().float(), k.detach().float())
-                rows.append([*metrics.first_key_vs_rest(cos), *metrics.first_key_vs_rest(normprod)])
+            pairs = (metrics.qk_decomposition(q.detach().float(), k.detach().float()) for q, k in zip(queries, keys))
+            rows = [[*metrics.first_key_vs_rest(cos), *metrics.first_key_vs_rest(norm)] for cos, norm in pairs]
             self.qk.append(torch.tensor(rows) * queries[0].shape[0])
             self.qk_weights.append(queries[0].shape[0])
 

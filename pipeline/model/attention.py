@@ -162,13 +162,11 @@ class Attention(nn.Module):
             y = y + self.value_bias[None, :, None, :].to(y.dtype)
         if self.gate is not None:  # scores [B, H, T, 1] (headwise) or [B, H, T, dh] (elementwise)
             y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_heads, -1).transpose(1, 2)
-        head_out = y if need_weights else None
-        y = self._merge(y)
         capture = None
         if need_weights or need_qkv:
-            new_k, new_v = (k[:, :, -T:], v[:, :, -T:]) if need_qkv else (None, None)
-            capture = AttentionCapture(weights, q if need_qkv else None, new_k, new_v, head_out)
-        return self.out(y), capture
+            qkv = (q, k[:, :, -T:], v[:, :, -T:]) if need_qkv else (None, None, None)
+            capture = AttentionCapture(weights, *qkv, y if need_weights else None)
+        return self.out(self._merge(y)), capture
 
     def _path(self, ctx: AttentionContext, layer_cache, need_weights: bool) -> str:
         """ "sdpa", "blocked" (no learned bias, sink logit or cache) or "eager" (always for weights)."""

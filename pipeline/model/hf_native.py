@@ -108,7 +108,6 @@ def _weight_names(cfg: ModelConfig) -> tuple[dict[str, str], dict[str, tuple[str
 
 
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    check_native(model.config)
     sd = model.state_dict()
     single, fused = _weight_names(model.config)
     out = {theirs: sd[ours] for ours, theirs in single.items()}

@@ -144,7 +144,8 @@ def _strip_prefixes(state: dict[str, Any], expected: set[str]) -> dict[str, torc
 
 def _build(config: ModelConfig, state: dict[str, Any], source: str) -> Transformer:
     model = Transformer(config)
-    expected = set(model.state_dict())
+    shapes = model.state_dict()
+    expected = set(shapes)
     tensors = _strip_prefixes(state, expected)
     if config.tie_embeddings:
         tensors.setdefault("lm_head.weight", tensors.get("embed.weight"))
@@ -152,7 +153,6 @@ def _build(config: ModelConfig, state: dict[str, Any], source: str) -> Transform
     unexpected = sorted(set(tensors) - expected)
     if missing or unexpected:
         raise ValueError(f"{source}: weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    shapes = model.state_dict()
     if wrong := [k for k, v in tensors.items() if v.shape != shapes[k].shape]:
         k = wrong[0]
         raise ValueError(
