@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .config import AttentionConfig, BiasConfig, ModelConfig
+from .config import AttentionConfig, ModelConfig
 from .transformer import Transformer
 
 _ANY_ATTENTION = ("clip_gamma", "clip_zeta", "normalizer", "feature_map")  # fields a softmax op ignores
@@ -157,7 +157,6 @@ def from_hf(hf_model) -> Transformer:
         rope_theta=float(rope["rope_theta"]),
         tie_embeddings=bool(c.tie_word_embeddings),
         attention=AttentionConfig(qk_norm=c.model_type == "qwen3"),
-        biases=BiasConfig(),
     )
     if cfg.head_dim != getattr(c, "head_dim", cfg.head_dim):
         raise NotNative(f"HF config head_dim={c.head_dim}: SinkLab needs hidden_size / num_attention_heads")
