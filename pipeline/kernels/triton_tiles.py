@@ -60,17 +60,14 @@ def default_blocks(head_dim: int, itemsize: int = 2) -> tuple[int, int]:
     return (64, 64) if head_dim * itemsize <= 256 else (32, 32)
 
 
-# A TileSpec crosses the custom ops as (similarity, mask kind, window, prefix, q_offset, scale).
-def _tile_spec(similarity: str, mask: str, window: int, prefix: int, q_offset: int, scale: float) -> TileSpec:
-    return TileSpec(similarity=similarity, scale=scale, mask=MaskSpec(mask, window, prefix, q_offset))
-
-
-def _prepare(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, spec_and_blocks: tuple):
+def _prepare(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, *spec_and_blocks):
     """q, k, v with unit stride in their rows, bias contiguous, and the kernels' shared arguments."""
-    *spec, block_q, block_k = spec_and_blocks
+    # a TileSpec crosses the custom ops as (similarity, mask kind, window, prefix, q_offset, scale)
+    similarity, mask, window, prefix, q_offset, scale, block_q, block_k = spec_and_blocks
+    spec = TileSpec(similarity=similarity, scale=scale, mask=MaskSpec(mask, window, prefix, q_offset))
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     bias = None if bias is None else bias.contiguous()
-    return q, k, v, bias, *_launch_args(q, k, v, bias, _tile_spec(*spec), (block_q, block_k))
+    return q, k, v, bias, *_launch_args(q, k, v, bias, spec, (block_q, block_k))
 
 
 # An export's bundled copy of this module gets a namespace of its own (docs/gpu.md).
@@ -94,7 +91,7 @@ def _fused_tiles(
 ) -> tuple[Tensor, Tensor]:
     """(u, S) over the token keys."""
     spec_and_blocks = (similarity, mask, window, prefix, q_offset, scale, block_q, block_k)
-    q, k, v, bias, scalars, meta = _prepare(q, k, v, bias, spec_and_blocks)
+    q, k, v, bias, scalars, meta = _prepare(q, k, v, bias, *spec_and_blocks)
     B, H, Tq, D = q.shape
     u = q.new_empty(B, H, Tq, D, dtype=accumulator(q))
     row_sum = q.new_empty(B, H, Tq, dtype=accumulator(q))
@@ -127,7 +124,7 @@ def _fused_tiles_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (contiguous) from du and dS."""
     spec_and_blocks = (similarity, mask, window, prefix, q_offset, scale, block_q, block_k)
-    q, k, v, bias, scalars, meta = _prepare(q, k, v, bias, spec_and_blocks)
+    q, k, v, bias, scalars, meta = _prepare(q, k, v, bias, *spec_and_blocks)
     B, H, Tq, D = q.shape
     acc = accumulator(q)
     du, d_row = du.to(acc).contiguous(), d_row.to(acc).contiguous()
