@@ -57,7 +57,7 @@ def _check_tokenizer(tokenizer, file: Path, vocab_size: int, trained: str | None
         )
 
 
-def export(args: argparse.Namespace) -> str:
+def export(args: argparse.Namespace) -> None:
     from data_prep.tokenizer import load_tokenizer
     from pipeline.analysis.inputs import trained_tokenizer
     from pipeline.model import load_pretrained
@@ -87,7 +87,6 @@ def export(args: argparse.Namespace) -> str:
         hf_tokenizer = loaded.as_transformers()
     kind = export_hf(model, args.out, getattr(torch, args.dtype), hf_tokenizer, facts)
     print(f"wrote {args.out} ({kind}, {model.num_parameters() / 1e6:.2f}M parameters, {args.dtype})")
-    return kind
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,11 +63,10 @@ class ProbeMetric:
 REGISTRY: dict[str, ProbeMetric] = {}
 
 
-def register(metric: ProbeMetric) -> ProbeMetric:
+def register(metric: ProbeMetric) -> None:
     if metric.key in REGISTRY:
         raise ValueError(f"probe metric {metric.key!r} is registered twice")
     REGISTRY[metric.key] = metric
-    return metric
 
 
 def reduce(values: Tensor, how: Reduce, dim: int) -> Tensor:

@@ -179,7 +179,7 @@ class OpSpec:
 OPS: dict[str, OpSpec] = {}
 
 
-def register(spec: OpSpec) -> OpSpec:
+def register(spec: OpSpec) -> None:
     """Add an operation; refuses a taken name or an entry that names what does not exist."""
     broken = {
         f"name {spec.name!r} is taken": spec.name in OPS,
@@ -195,7 +195,6 @@ def register(spec: OpSpec) -> OpSpec:
     if any(broken.values()):
         raise ValueError(f"attention op {spec.name!r}: " + "; ".join(msg for msg, bad in broken.items() if bad))
     OPS[spec.name] = spec
-    return spec
 
 
 def unregister(name: str) -> None:

@@ -248,12 +248,10 @@ def _unflatten(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    merged = dict(base)
     for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
+        nested = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _deep_merge(merged[key], value) if nested else value
     return merged
 
 
