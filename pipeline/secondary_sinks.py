@@ -63,9 +63,7 @@ def layer_stats(
     """``attn [B, H, T, T]``, ``tokens [B, T]``, ``hidden [B, T, d]`` (this layer's residual stream)."""
     sinks = secondary_sink_mask(attn, eps, first, min_queries)  # [B, H, T]
     share = _share(attn, sinks)  # [B, H]
-    ids: Counter = Counter()
-    if tokens is not None:
-        ids.update(tokens[:, None, :].expand_as(sinks)[sinks].tolist())
+    ids = Counter() if tokens is None else Counter(tokens[:, None, :].expand_as(sinks)[sinks].tolist())
     ratio = None
     if hidden is not None and sinks.any():
         norms = hidden.float().norm(dim=-1)  # [B, T]
