@@ -116,8 +116,7 @@ def _find_model_section(data: Any) -> dict | None:
         if "preset" in data or {"d_model", "n_layers", "n_heads"} <= set(data):
             return data
         for value in data.values():
-            found = _find_model_section(value)
-            if found is not None:
+            if (found := _find_model_section(value)) is not None:
                 return found
     return None
 
