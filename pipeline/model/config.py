@@ -145,9 +145,9 @@ class ModelConfig:
             if getattr(self, name) is None:
                 setattr(self, name, shape[name])
         if isinstance(self.attention, dict):
-            self.attention = _build(AttentionConfig, self.attention, "attention")
+            self.attention = _build(AttentionConfig, self.attention, "attention.")
         if isinstance(self.biases, dict):
-            self.biases = _build(BiasConfig, self.biases, "biases")
+            self.biases = _build(BiasConfig, self.biases, "biases.")
         self.validate()
 
     @property

@@ -83,6 +83,20 @@ def test_an_attention_fields_older_name_is_refused_with_todays(old, new, value):
     assert getattr(ModelConfig.from_preset("micro", **{f"attention__{new}": value}).attention, new) == value
 
 
+@pytest.mark.parametrize(
+    "section, old, message",
+    [
+        ("attention", "kernel", "arch.attention.kernel is now arch.attention.feature_map; give it under that name"),
+        ("attention", "colour", "unknown field arch.attention.colour; allowed: "),
+        ("biases", "colour", "unknown field arch.biases.colour; allowed: "),
+    ],
+)
+def test_a_section_given_as_a_dict_names_its_fields_as_from_preset_does(section, old, message):
+    with pytest.raises(ConfigError) as err:
+        ModelConfig(**{section: {old: 1}})
+    assert str(err.value).startswith(message)
+
+
 def test_unknown_preset_lists_the_allowed_ones():
     with pytest.raises(ConfigError, match="llama-60m"):
         ModelConfig.from_preset("gpt-5")
