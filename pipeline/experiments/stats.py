@@ -183,8 +183,7 @@ def emergence(steps: Sequence[float | None]) -> str:
     (None) counts as later than any step."""
     if not steps:
         return MISSING
-    ordered = sorted(steps, key=lambda s: math.inf if s is None else s)
-    values = [math.inf if s is None else float(s) for s in ordered]
+    values = sorted(math.inf if s is None else float(s) for s in steps)
     n = len(values)
     median = (values[(n - 1) // 2] + values[n // 2]) / 2
 
