@@ -139,12 +139,13 @@ def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> dic
     secondary = [None if s.no_secondary else found for _, found in passes]
     full = None if any(nll is None for nll, _ in passes) else torch.cat([nll for nll, _ in passes])
     rows = [Row(POLICIES[p](), first=s.first, sinks=sinks) for p in s.policies for sinks in SINKS]
-    n_sinks = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
     result = {"tokens": sum(s.numel() for s in sequences), "sequences": len(sequences), "budgets": {}}
     result["full"] = None if full is None else perplexity(full)
     result["full_seconds"] = round(time.perf_counter() - started, 1)
     if len(sequences) == 1:
-        result["secondary"] = None if secondary[0] is None else [(k - n_sinks).tolist() for k in secondary[0]]
+        result["secondary"] = (
+            None if secondary[0] is None else [(k - streamer.sink_tokens).tolist() for k in secondary[0]]
+        )
     length = min(s.numel() for s in sequences)
     for text in s.budget:
         percent, entries = parse_budget(text, length)
