@@ -17,7 +17,7 @@ from pipeline import metric_names as N
 from pipeline import probe_metrics
 from pipeline.analysis import inputs, secondary
 from pipeline.analysis.figures import write_plots
-from pipeline.analysis.inputs import INPUT_KINDS, Probe, natural_tokens, probe_sets, tokenizer_file
+from pipeline.analysis.inputs import INPUT_KINDS, Probe, comma_choices, natural_tokens, probe_sets, tokenizer_file
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
 from pipeline.analysis.tables import format_table
 from sinklab_io.mappings import settings_of
@@ -75,9 +75,7 @@ def check_args(args: argparse.Namespace) -> Analysis:
         raise SystemExit("sinklab analyze: --num-sequences must be >= 1 and --seq-len >= 2")
     if not 0 <= args.eps < 1:
         raise SystemExit(f"sinklab analyze: --eps {args.eps}: α lies in [0, 1], so ε must be in [0, 1) (paper: 0.3)")
-    kinds = tuple(k.strip() for k in args.inputs.split(",") if k.strip())
-    if bad := [k for k in kinds if k not in INPUT_KINDS]:
-        raise SystemExit(f"sinklab analyze: --inputs {','.join(bad)} unknown; choose from {','.join(INPUT_KINDS)}")
+    kinds = tuple(comma_choices(args.inputs, "--inputs", INPUT_KINDS, BY))
     edits = parse_position_edits(args.gpt2_positions)
     if outside := [t for _, t in edits if not 2 <= t <= args.seq_len]:
         raise SystemExit(f"sinklab analyze: --gpt2-positions position {outside[0]} outside 2..{args.seq_len}")

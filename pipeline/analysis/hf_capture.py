@@ -86,7 +86,6 @@ def hf_sink_measures(
     eps: float = 0.3,
     positions: int = 10,
     batch_size: int = 25,
-    qkv: bool = True,
     flow: bool = True,
 ) -> SinkMeasures:
     """Sink metrics of a HF model on ``tokens [N, T]`` (no BOS added), its activation outliers and, with ``flow``,
@@ -100,7 +99,7 @@ def hf_sink_measures(
             recording_linear_inputs(decoder_blocks(model), acc.outliers),
             recording_inputs(model, acc.flow) as embedded,
         ):
-            c = capture(model, ids, qkv=qkv)
+            c = capture(model, ids)
         acc.add(**vars(c))  # each field of Captured is an argument of add
         if acc.flow is not None:  # the same eager path again: the untouched positions match exactly
             perturbed = lambda: capture(model, ids, qkv=False).hidden_states  # noqa: B023, E731

@@ -101,7 +101,7 @@ def converted_gguf_dir(gguf: Path) -> Path:
     return target
 
 
-def load_hf_model(spec: str, attn_implementation: str = "eager") -> LoadedModel:
+def load_hf_model(spec: str) -> LoadedModel:
     """``spec`` (a shortcut, a ``.gguf`` file, an HF model directory or a hub name) in fp32, eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -122,9 +122,7 @@ def load_hf_model(spec: str, attn_implementation: str = "eager") -> LoadedModel:
         source, directory = str(path), path
     else:
         source, directory = spec, spec  # a hub name: works where a hub (or its cache) is reachable
-    model = AutoModelForCausalLM.from_pretrained(
-        str(directory), dtype=torch.float32, attn_implementation=attn_implementation
-    )
+    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, attn_implementation="eager")
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, source=source)

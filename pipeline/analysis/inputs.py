@@ -18,6 +18,14 @@ _MARKDOWN = re.compile(r"[#*_]+")
 INPUT_KINDS = ("natural", "random", "repeat")
 
 
+def comma_choices(text: str, option: str, allowed, prog: str) -> list[str]:
+    """The comma list ``text``, each item one of ``allowed``; refused (one line) otherwise."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if bad := [x for x in items if x not in allowed]:
+        raise SystemExit(f"{prog}: {option} {','.join(bad)} unknown; choose from {','.join(allowed)}")
+    return items
+
+
 def tokenizer_file(tokenizer: Path | None, dataset: Path | None) -> Path | None:
     """--tokenizer, else --dataset's, else None (a SinkLab checkpoint's then lies beside it)."""
     return tokenizer or (dataset / "tokenizer.json" if dataset else None)

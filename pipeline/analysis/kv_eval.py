@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from pipeline import metric_names as N
 from pipeline import plots
-from pipeline.analysis.inputs import default_text, held_out_sequences
+from pipeline.analysis.inputs import comma_choices, default_text, held_out_sequences
 from pipeline.analysis.kv_passkey import BY, add_passkey_arguments, check_passkey_args, passkey_at, passkey_cell
 from pipeline.analysis.streamers import CacheSpec, kv_heads, perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, check_positions, load_subject
@@ -86,9 +86,7 @@ class KvEval:
 
 
 def check_args(args) -> KvEval:
-    names = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if bad := [p for p in names if p not in POLICIES]:
-        raise refuse(f"--policies {','.join(bad)} unknown; choose from {','.join(POLICIES)}")
+    names = comma_choices(args.policies, "--policies", POLICIES, BY)
     for text in args.budget or []:  # the form now, the size once the text's length is known
         parse_budget(text)
     if args.per_sequence and args.dataset is None:
@@ -139,12 +137,13 @@ def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> dic
     secondary = [None if s.no_secondary else found for _, found in passes]
     full = None if any(nll is None for nll, _ in passes) else torch.cat([nll for nll, _ in passes])
     rows = [Row(POLICIES[p](), first=s.first, sinks=sinks) for p in s.policies for sinks in SINKS]
-    n_sinks = subject.model.config.sink_tokens if subject.kind == "sinklab" else 0
     result = {"tokens": sum(s.numel() for s in sequences), "sequences": len(sequences), "budgets": {}}
     result["full"] = None if full is None else perplexity(full)
     result["full_seconds"] = round(time.perf_counter() - started, 1)
     if len(sequences) == 1:
-        result["secondary"] = None if secondary[0] is None else [(k - n_sinks).tolist() for k in secondary[0]]
+        result["secondary"] = (
+            None if secondary[0] is None else [(k - streamer.sink_tokens).tolist() for k in secondary[0]]
+        )
     length = min(s.numel() for s in sequences)
     for text in s.budget:
         percent, entries = parse_budget(text, length)

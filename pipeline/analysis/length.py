@@ -67,12 +67,10 @@ class LengthEval(Reading):
 
 def check_args(args: argparse.Namespace) -> LengthEval:
     """The settings, every number checked before anything is loaded."""
-    for name in ("factor", "windows", "keys"):
-        if getattr(args, name) < 1:
-            raise refuse(f"--{name} {getattr(args, name)}: must be >= 1")
-    for name in ("train_len", "bucket"):
-        if getattr(args, name) is not None and getattr(args, name) < 2:
-            raise refuse(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 2")
+    for name, least in (("factor", 1), ("windows", 1), ("keys", 1), ("train_len", 2), ("bucket", 2)):
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise refuse(f"--{name.replace('_', '-')} {value}: must be >= {least}")
     if args.text is not None and args.dataset is not None:
         raise refuse("give --text or --dataset, not both")
     factors = pk.parse_factors(args.passkey, BY)

@@ -147,16 +147,15 @@ def run_trials(streamer: Streamer, tokenizer, trials: Sequence[Trial], caches: d
 
 def accuracy(results: Sequence[dict], caches: Sequence[str], depths: Sequence[float]) -> dict[str, dict[float, dict]]:
     """cache -> depth -> {"accuracy": % right, "cached": % of trials whose key was cached}."""
-    table: dict[str, dict[float, dict]] = {}
-    for cache in caches:
-        table[cache] = {}
-        for depth in depths:
-            cell = [r for r in results if r["cache"] == cache and r["depth"] == depth]
-            table[cache][depth] = {
-                "accuracy": 100.0 * sum(r["correct"] for r in cell) / len(cell),
-                "cached": 100.0 * sum(r["key_cached"] for r in cell) / len(cell),
-            }
-    return table
+
+    def cell(cache: str, depth: float) -> dict:
+        found = [r for r in results if r["cache"] == cache and r["depth"] == depth]
+        return {
+            "accuracy": 100.0 * sum(r["correct"] for r in found) / len(found),
+            "cached": 100.0 * sum(r["key_cached"] for r in found) / len(found),
+        }
+
+    return {cache: {depth: cell(cache, depth) for depth in depths} for cache in caches}
 
 
 def markdown(model: str, table: dict, n_tokens: int, trials: int) -> str:

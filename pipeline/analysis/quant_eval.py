@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.hf_capture import decoder_blocks
-from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text
+from pipeline.analysis.inputs import comma_choices, default_text, encode, held_out_stream, read_text
 from pipeline.analysis.streamers import perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, bos_id
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
@@ -64,11 +64,7 @@ class QuantEval(Reading):
 
 def check_args(args: argparse.Namespace) -> QuantEval:
     """The settings, checked before anything is loaded (SystemExit: one line); on the CPU."""
-    names = [s.strip() for s in args.settings.split(",") if s.strip()]
-    if unknown := [s for s in names if s not in SETTINGS]:
-        raise SystemExit(
-            f"sinklab quant-eval: --settings {','.join(unknown)} unknown; choose from {','.join(SETTINGS)}"
-        )
+    names = comma_choices(args.settings, "--settings", SETTINGS, BY)
     if args.dataset is not None and args.text is not None:
         raise SystemExit("sinklab quant-eval: give --text or --dataset, not both")
     if args.seq_len < 3 or args.batch_size < 1:

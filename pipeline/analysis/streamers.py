@@ -118,7 +118,8 @@ class HFRotaryStreamer(Streamer):
         from transformers import DynamicCache
 
         n_initial, capacity = _batch_shape(specs)
-        if evictor is not None and evictor.needs_attention:
+        weights = evictor is not None and evictor.needs_attention
+        if weights:
             self.model.set_attn_implementation("eager")  # attention weights for the policies
         keys: list[torch.Tensor] = []  # per layer, pre-rotary [rows, Hkv, n, dh] ([1, ...] while shared)
         values: list[torch.Tensor] = []
@@ -146,7 +147,6 @@ class HFRotaryStreamer(Streamer):
             rotated = [(self._rotate(k, pos, i), v) for i, (k, v) in enumerate(zip(keys, values))] if n else None
             cache = DynamicCache(ddp_cache_data=rotated)
             new_pos = torch.arange(n, n + n_new, device=tokens.device)
-            weights = evictor is not None and evictor.needs_attention
             out = self.model(
                 input_ids=run,
                 position_ids=new_pos.expand(run.shape[0], -1),

@@ -240,8 +240,7 @@ def claimed(out: Path, outputs, command: str, specs: list[str]) -> str:
 def claim_out(models: list[str], out: Path | None, command: str, folder: str, outputs) -> tuple[list[str], Path, str]:
     """The models' names, the --out folder (default analysis/<folder>/<first name>), claimed, and its writer."""
     names = [model_name(m) for m in models]
-    if len(set(names)) != len(names):
-        twice = [n for n in names if names.count(n) > 1][0]
-        raise SystemExit(f"{command}: two models share the name {twice!r}; copy one aside")
+    if twice := [n for n in names if names.count(n) > 1]:
+        raise SystemExit(f"{command}: two models share the name {twice[0]!r}; copy one aside")
     out = out or Path("analysis") / folder / names[0]
     return names, out, claimed(out, outputs, command, models)

@@ -163,11 +163,8 @@ def draw(
 ) -> Path:
     bars = {rec["model"]: {c: rec["cells"][c]["sink1"] for c in columns if c in rec["cells"]} for rec in results}
     first = probe.inputs[0]
-    curves = {}
-    for rec in results:
-        for bos in bos_modes:
-            if cell := rec["cells"].get(column(first, bos)):
-                curves[(rec["model"], bos)] = cell["sweep"]
+    cells = {(rec["model"], bos): rec["cells"].get(column(first, bos)) for rec in results for bos in bos_modes}
+    curves = {key: cell["sweep"] for key, cell in cells.items() if cell}
     return plots.survey_figure(bars, curves, sweep, path, probe.eps, first, by)
 
 

@@ -28,17 +28,14 @@ def format_table(result: dict) -> str:
         lines += ["", "Activation outliers (largest over layers; docs/analysis.md)", ""] + summary_table(outliers)
     for kind, layers in result.get("extreme_tokens", {}).items():
         if any(k.startswith(N.BOS_SHARE_OTHER) for k in layers):  # a Bigram-Backcopy probe: the split is known
-            lines += ["", f"Extreme-token phenomena per layer ({kind}; Guo et al. 2024)", ""] + extreme_token_table(
-                layers
-            )
+            table = extreme_token_table(layers)
+            lines += ["", f"Extreme-token phenomena per layer ({kind}; Guo et al. 2024)", "", *table]
     for kind, layers in result.get("flow", {}).items():
-        lines += ["", f"Information flow per layer ({kind}; docs/analysis.md)", ""] + flow_table(
-            layers, result["extreme_tokens"][kind]
-        )
+        table = flow_table(layers, result["extreme_tokens"][kind])
+        lines += ["", f"Information flow per layer ({kind}; docs/analysis.md)", "", *table]
     if result.get("domains"):
-        lines += ["", "| domain | Sink_1 (%) |", "|---|---|"] + [
-            f"| {d} | {v:.2f} |" for d, v in result["domains"].items()
-        ]
+        rows = [f"| {d} | {v:.2f} |" for d, v in result["domains"].items()]
+        lines += ["", "| domain | Sink_1 (%) |", "|---|---|", *rows]
     if result.get("learned_positions"):
         lines += ["", "| edit | t | Sink_1 (%) | Sink_t (%) |", "|---|---|---|---|"]
         lines += [

@@ -34,21 +34,21 @@ def load_recipe(experiment: Experiment, scale: str) -> dict[str, Any]:
 
 def set_dotted(config: dict[str, Any], dotted: str, value: Any) -> None:
     """Set `a.b.c` in nested dicts, stepping through `init_args` where the recipe has one."""
+
+    def holder(node: dict, part: str) -> dict:  # its init_args where the section has them but not part
+        return node["init_args"] if part not in node and isinstance(node.get("init_args"), dict) else node
+
     node = config
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        if part not in node and isinstance(node.get("init_args"), dict):
-            node = node["init_args"]
+    *sections, last = dotted.split(".")
+    for part in sections:
+        node = holder(node, part)
         child = node.get(part)
         if child is None:
             child = node[part] = {}
         elif not isinstance(child, dict):
             raise ExperimentError(f"override {dotted}: {part!r} holds a value, not a section")
         node = child
-    last = parts[-1]
-    if last not in node and isinstance(node.get("init_args"), dict):
-        node = node["init_args"]
-    node[last] = copy.deepcopy(value)
+    holder(node, last)[last] = copy.deepcopy(value)
 
 
 def seeds(experiment: Experiment, scale: str, count: int | None = None) -> list[int]:

@@ -62,8 +62,7 @@ class Reader:
         return ExperimentError(f"{self.where(path)}: {message}")
 
     def mapping(self, value: Any, path: tuple, allowed: set[str] | None = None, required: tuple[str, ...] = ()) -> dict:
-        if value is None:
-            value = {}
+        value = {} if value is None else value
         if not isinstance(value, dict):
             raise self.fail(path, f"expected a mapping, got {type(value).__name__}")
         if allowed is not None:

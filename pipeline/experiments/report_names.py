@@ -48,6 +48,10 @@ def bounds(metric: str) -> tuple[float, float]:
     return next((r for start, r in RANGES if metric.startswith(start)), (-math.inf, math.inf))
 
 
+# each agreement metric of the permutation p and the Permutation field it reports
+PERMUTATION_FIELDS = (("spearman_p", "p"), ("spearman_p_reversed", "p_reversed"), ("permutations", "permutations"))
+
+
 def _number(value: float | None) -> float:
     return NAN if value is None else float(value)
 
@@ -55,21 +59,14 @@ def _number(value: float | None) -> float:
 def agreement_metrics(found) -> dict[str, float]:
     """The agreement rows (report.Agreement) as MLflow metrics."""
     out = {}
-    for a in found:
-        out |= {
-            N.agreement(a.key, "n"): float(a.n),
-            N.agreement(a.key, "min_seeds"): float(a.min_seeds),
-            N.agreement(a.key, "distinct"): float(a.distinct),
-            N.agreement(a.key, "spearman_p"): _number(a.p.p if a.p else None),
-            N.agreement(a.key, "spearman_p_reversed"): _number(a.p.p_reversed if a.p else None),
-            N.agreement(a.key, "permutations"): _number(a.p.permutations if a.p else None),
-        }
+    for a in found:  # getattr(None, field, None): None where there is no permutation p or no interval
+        values = {"n": a.n, "min_seeds": a.min_seeds, "distinct": a.distinct}
+        values |= {name: getattr(a.p, field, None) for name, field in PERMUTATION_FIELDS}
         for name, value, interval in (("spearman", a.rho, a.rho_interval), ("kendall", a.tau, a.tau_interval)):
-            out[N.agreement(a.key, name)] = _number(value)
-            out[N.agreement(a.key, f"{name}_lo")] = _number(interval.lo if interval else None)
-            out[N.agreement(a.key, f"{name}_hi")] = _number(interval.hi if interval else None)
-            out[N.agreement(a.key, f"{name}_defined")] = _number(interval.defined if interval else None)
-        out[N.agreement(a.key, "resamples")] = _number(a.rho_interval.resamples if a.rho_interval else None)
+            values[name] = value
+            values |= {f"{name}_{part}": getattr(interval, part, None) for part in ("lo", "hi", "defined")}
+        values["resamples"] = getattr(a.rho_interval, "resamples", None)
+        out |= {N.agreement(a.key, name): _number(value) for name, value in values.items()}
     return out
 
 

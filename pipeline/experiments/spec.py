@@ -235,13 +235,11 @@ def _parse_variant(raw: Any, i: int, r: Reader, column_keys: list[str]) -> Varia
     v = r.mapping(raw, at, VARIANT_KEYS, required=("name",))
     name = r.name(v["name"], at + ("name",))
     paper_raw = r.mapping(v.get("paper"), at + ("paper",))
-    paper = {}
+    paper = dict.fromkeys(column_keys)
     for key, value in paper_raw.items():
         if key not in column_keys:
             raise r.fail(at + ("paper", key), f"no column {key!r}; columns: {', '.join(column_keys)}")
         paper[key] = r.number_or_null(value, at + ("paper", key))
-    for key in column_keys:
-        paper.setdefault(key, None)
     return Variant(
         name=name,
         label=r.text(v.get("label"), at + ("label",), optional=True) or name,

@@ -124,15 +124,16 @@ def permutation(
     x, y = np.array(M.average_ranks(means)), np.array(M.average_ranks(paper))
     y -= y.mean()
     observed, tolerance = float(x @ y), 1e-9 * (1 + float(np.abs(x) @ np.abs(y)))
+
+    def tails(scores: np.ndarray) -> tuple[int, int]:  # how many score at least / at most the observed, ties in both
+        return int((scores >= observed - tolerance).sum()), int((scores <= observed + tolerance).sum())
+
     if len(x) <= EXACT_UP_TO:
-        perms, above, below = all_permutations(len(x)), 0, 0
-        for start in range(0, len(perms), 1 << 18):
-            scores = x[perms[start : start + (1 << 18)]] @ y
-            above += int((scores >= observed - tolerance).sum())
-            below += int((scores <= observed + tolerance).sum())
+        perms = all_permutations(len(x))
+        chunks = [tails(x[perms[start : start + (1 << 18)]] @ y) for start in range(0, len(perms), 1 << 18)]
+        above, below = map(sum, zip(*chunks))
         return Permutation(above / len(perms), below / len(perms), len(perms), True)
-    scores = np.random.default_rng(seed).permuted(np.tile(x, (draws, 1)), axis=1) @ y
-    above, below = int((scores >= observed - tolerance).sum()), int((scores <= observed + tolerance).sum())
+    above, below = tails(np.random.default_rng(seed).permuted(np.tile(x, (draws, 1)), axis=1) @ y)
     return Permutation((above + 1) / (draws + 1), (below + 1) / (draws + 1), draws, False)
 
 
@@ -183,8 +184,7 @@ def emergence(steps: Sequence[float | None]) -> str:
     (None) counts as later than any step."""
     if not steps:
         return MISSING
-    ordered = sorted(steps, key=lambda s: math.inf if s is None else s)
-    values = [math.inf if s is None else float(s) for s in ordered]
+    values = sorted(math.inf if s is None else float(s) for s in steps)
     n = len(values)
     median = (values[(n - 1) // 2] + values[n // 2]) / 2
 
