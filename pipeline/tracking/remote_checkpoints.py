@@ -141,7 +141,7 @@ def pull_run(spec: str, run_dir: Path | None, tracking_uri: str, download: bool 
         raise RunDirError(f"--resume {spec}: {run.root} belongs to MLflow run {known}; choose another --run-dir")
     if not download:
         return run.root
-    run.checkpoints.mkdir(parents=True, exist_ok=True)
+    run.create()
     config = run.root / "config.yaml"
     if not config.exists():
         _download(client, run_id, "config/config.yaml", config)
