@@ -67,14 +67,12 @@ class RunDir:
         """The newest complete step checkpoint that ``usable`` accepts."""
         return next((p for _, p in reversed(self.step_checkpoints()) if usable(p)), None)
 
-    def prune(self, keep_last: int) -> list[Path]:
+    def prune(self, keep_last: int) -> None:
         """Delete all but the newest `keep_last` step checkpoints (0 keeps all)."""
         if keep_last <= 0:
-            return []
-        doomed = [p for _, p in self.step_checkpoints()[:-keep_last]]
-        for p in doomed:
+            return
+        for _, p in self.step_checkpoints()[:-keep_last]:
             remove(p)
-        return doomed
 
     def mlflow_run_id(self) -> str | None:
         path = self.root / "mlflow_run_id"
@@ -115,10 +113,6 @@ def _holder(run: RunDir) -> dict:
         return {}
 
 
-def _owner() -> dict:
-    return {"pid": os.getpid(), "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -133,7 +127,7 @@ def acquire_lock(run: RunDir) -> dict:
     """Claim the run directory for this job, or raise if another live job holds it; a dead process on
     this host or the same SLURM job id (a requeued job) is taken over."""
     run.root.mkdir(parents=True, exist_ok=True)
-    me = _owner()
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
     for _ in range(2):
         try:
             fd = os.open(run.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

@@ -63,7 +63,7 @@ class StepCheckpoint(Checkpoint):
         self.last_saved = -1
         self.uploader = None  # a remote_checkpoints.CheckpointUploader under run.log_checkpoints
 
-    def save(self, trainer: L.Trainer) -> Path:
+    def save(self, trainer: L.Trainer) -> None:
         step = trainer.global_step
         # every rank checks what it holds (shards under ZeRO-3 / FSDP2); one bad rank stops all
         if trainer.strategy.reduce_boolean_decision(
@@ -93,7 +93,6 @@ class StepCheckpoint(Checkpoint):
             if self.uploader is not None:
                 self.uploader.upload(final, keep={p.name for _, p in self.run.step_checkpoints()})
         trainer.strategy.barrier("sinklab_ckpt_done")
-        return final
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step

@@ -32,15 +32,13 @@ DEFAULT_RETRIES = {
 RETRY_EVERY_S = 60.0  # how often an unreachable server is tried again
 
 
-class _NoTraceback(logging.Filter):
+def _no_traceback(record: logging.LogRecord) -> bool:
     """Drops the traceback of the SQL store's failed-commit record: the raise is reported in one line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.exc_info, record.exc_text = None, None
-        return True
+    record.exc_info, record.exc_text = None, None
+    return True
 
 
-logging.getLogger("mlflow.store.db.utils").addFilter(_NoTraceback())
+logging.getLogger("mlflow.store.db.utils").addFilter(_no_traceback)
 
 
 def code_version() -> str:
@@ -136,15 +134,8 @@ def _as_mlflow(rows: list[dict]) -> list:
     ]
 
 
-# sinklab.status (and Lightning's "success") -> MLflow's run status
-_MLFLOW_STATUS = {
-    "success": "FINISHED",
-    "finished": "FINISHED",
-    "preempted": "FINISHED",
-    "failed": "FAILED",
-    "nonfinite": "FAILED",
-    "interrupted": "KILLED",
-}
+# sinklab.status -> MLflow's run status; any other (finished, preempted, Lightning's "success") is FINISHED
+_MLFLOW_STATUS = {"failed": "FAILED", "nonfinite": "FAILED", "interrupted": "KILLED"}
 
 
 class RunLogger(MLFlowLogger):
@@ -182,10 +173,10 @@ class RunLogger(MLFlowLogger):
         """Rank 0: MLflow's system metrics (CPU, RAM, GPU where present) on this run until :meth:`finalize`."""
         if self._run_id is None or self.system_metrics is not None:
             return
-        from .run_assets import SystemMetrics
+        from .run_assets import system_metrics_monitor
 
         try:
-            self.system_metrics = SystemMetrics(self._tracking_uri, self._run_id)
+            self.system_metrics = system_metrics_monitor(self._tracking_uri, self._run_id)
         except Exception as exc:  # noqa: BLE001
             notice(f"MLflow system metrics off ({why(exc)})")
 
@@ -283,7 +274,10 @@ class RunLogger(MLFlowLogger):
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
         if self.system_metrics is not None:
-            self.system_metrics.stop()
+            try:
+                self.system_metrics.finish()
+            except Exception as exc:  # noqa: BLE001 - never fail a run over its system metrics
+                notice(f"MLflow system metrics: {why(exc)}")
             self.system_metrics = None
         if self._run_id is None:
             return

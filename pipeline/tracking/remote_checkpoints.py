@@ -110,12 +110,9 @@ def pulled_argv(argv: list[str]) -> list[str]:
         print(f"sinklab fit: {spec}: continuing in {root} from its newest logged checkpoint", flush=True)
     while not (root / "mlflow_run_id").exists():  # another rank is downloading
         time.sleep(2)
-    config = (
-        []
-        if any(a == "--config" or a.startswith("--config=") for a in rest)
-        else ["--config", str(root / "config.yaml")]
-    )
-    return config + rest + ["--run-dir", str(root), "--resume", "auto"]
+    if not any(a == "--config" or a.startswith("--config=") for a in rest):
+        rest = ["--config", str(root / "config.yaml"), *rest]
+    return rest + ["--run-dir", str(root), "--resume", "auto"]
 
 
 def pull_run(spec: str, run_dir: Path | None, tracking_uri: str, download: bool = True) -> Path:
@@ -144,7 +141,7 @@ def pull_run(spec: str, run_dir: Path | None, tracking_uri: str, download: bool 
         raise RunDirError(f"--resume {spec}: {run.root} belongs to MLflow run {known}; choose another --run-dir")
     if not download:
         return run.root
-    run.checkpoints.mkdir(parents=True, exist_ok=True)
+    run.create()
     config = run.root / "config.yaml"
     if not config.exists():
         _download(client, run_id, "config/config.yaml", config)

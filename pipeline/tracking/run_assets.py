@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sinklab_io.notices import notice, why
+from sinklab_io.notices import why
 
 from .contract import MODEL_NAME, TAG_MODEL_ID, tracking_uri
 from .views import HEADLINE, VIEW_TAG, dataset_name, experiment_url, home_url
@@ -52,7 +52,6 @@ def dataset_input(manifest):
     """The dataset as an ``mlflow.entities.DatasetInput`` (context: training)."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
-    root = Path(manifest.root).resolve()
     summary = manifest_summary(manifest)
     profile = {
         "manifest_hash": manifest.hash,
@@ -69,7 +68,7 @@ def dataset_input(manifest):
         name=dataset_name(manifest),
         digest=manifest.hash[:DIGEST_LIMIT],
         source_type="local",
-        source=json.dumps({"uri": str(root)}),
+        source=json.dumps({"uri": summary["path"]}),
         schema=None,
         profile=json.dumps(profile),
     )
@@ -182,12 +181,7 @@ def logged_model(client, run_id: str):
 
 
 def log_final_model(
-    tracking_uri: str,
-    run_id: str,
-    config,
-    state: dict,
-    manifest=None,
-    step: int = 0,
+    tracking_uri: str, run_id: str, config, state: dict, manifest=None, step: int = 0
 ) -> dict[str, Any] | None:
     """Log the weights as the run's one model, unless it has one of this ``step`` already; returns
     {model_id, seconds, megabytes}, or None when nothing was logged."""
@@ -243,28 +237,19 @@ def _log_model_metrics(client, run, model_id: str, manifest) -> None:
 
 
 # ---- system metrics ------------------------------------------------------------------------
-class SystemMetrics:
-    """MLflow's SystemMetricsMonitor on a run, continuing its step count on a resumed run."""
+def system_metrics_monitor(tracking_uri: str, run_id: str):
+    """MLflow's SystemMetricsMonitor on a run, started, continuing its step count on a resumed run."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-    def __init__(self, tracking_uri: str, run_id: str):
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-        self.monitor = SystemMetricsMonitor(
-            run_id,
-            sampling_interval=SYSTEM_SAMPLING_S,
-            samples_before_logging=SYSTEM_SAMPLES_PER_POINT,
-            resume_logging=True,
-            tracking_uri=tracking_uri,
-        )
-        self.monitor.start()
-
-    def stop(self) -> None:
-        monitor, self.monitor = self.monitor, None
-        if monitor is not None:
-            try:
-                monitor.finish()
-            except Exception as exc:  # noqa: BLE001 - never fail a run over its system metrics
-                notice(f"MLflow system metrics: {why(exc)}")
+    monitor = SystemMetricsMonitor(
+        run_id,
+        sampling_interval=SYSTEM_SAMPLING_S,
+        samples_before_logging=SYSTEM_SAMPLES_PER_POINT,
+        resume_logging=True,
+        tracking_uri=tracking_uri,
+    )
+    monitor.start()
+    return monitor
 
 
 def print_experiment_urls(tracking_uri: str) -> None:

@@ -36,11 +36,7 @@ SECTIONS = (
     "Model metrics",
 )
 # kept as metrics (reports read them), no chart: flat or one-point series, and Sink_k at k = 1 (Sink_1)
-HIDDEN = (
-    N.ALPHA1_UNIFORM,
-    *(N.emerged_step(n) for n in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)),
-    N.sink_k(1),
-)
+HIDDEN = (N.ALPHA1_UNIFORM, *(N.emerged_step(n) for n in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)), N.sink_k(1))
 # per-head scalars: in metrics.jsonl and the heat-map images, not MLflow metrics (dozens of charts)
 _PER_HEAD = re.compile(rf"({'|'.join(map(re.escape, (N.HEAD_ALPHA1, *probe_metrics.head_names())))})_l\d+_h\d+")
 
@@ -188,15 +184,14 @@ def seeded(runs_params: list[dict[str, str]]) -> bool:
     return any(len(s) > 1 for s in seeds.values())
 
 
-def mark_training_experiment(client, experiment_id: str, runs_params: list[dict[str, str]] | None = None) -> None:
+def mark_training_experiment(client, experiment_id: str) -> None:
     """Tag the experiment as model training and (re)write SinkLab's view where it is missing or
-    its factor columns changed. ``runs_params``: the training runs' params (else searched)."""
+    its factor columns (of the training runs' params) changed."""
     tags = client.get_experiment(experiment_id).tags
     if tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
-    if runs_params is None:
-        runs = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_KIND}` IS NULL", max_results=1000)
-        runs_params = [dict(run.data.params) for run in runs]
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_KIND}` IS NULL", max_results=1000)
+    runs_params = [dict(run.data.params) for run in runs]
     state = json.dumps(view_state(varied_factors(runs_params), seeded(runs_params)))
     try:
         current = json.loads(tags.get(VIEW_TAG, "{}")).get("state")

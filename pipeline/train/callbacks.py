@@ -50,17 +50,16 @@ class Preemption(Callback):
             self.stopped_at = step
             trainer.should_stop = True
 
-    def requeue(self) -> bool:
+    def requeue(self) -> None:
         """On rank 0 of a SLURM job stopped by the signal: ``scontrol requeue`` the job."""
         job = os.environ.get("SLURM_JOB_ID")
         if array := os.environ.get("SLURM_ARRAY_JOB_ID"):
             job = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
         if self.stopped_at is None or not job:
-            return False
+            return
         done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
         if done.returncode != 0:
             print(f"sinklab fit: scontrol requeue {job} failed: {done.stderr.strip()}", flush=True)
-        return done.returncode == 0
 
 
 class SinkMetrics(Callback):
@@ -128,10 +127,8 @@ class SinkMetrics(Callback):
             return
         metrics = report.to_metrics() | report.head_metrics()  # heads/entropy_*, heads/out_norm_*, heads/dormant_pct
         self._last, self._uniform = report, emergence.probe_uniform_alpha1(pl_module.arch, report.seq_len)
-        metrics.update(
-            emergence.probe_metrics(
-                report.alpha1, report.sink1, metrics[N.ALPHA1_MEAN], step, self.metrics_path, self._uniform
-            )
+        metrics |= emergence.probe_metrics(
+            report.alpha1, report.sink1, metrics[N.ALPHA1_MEAN], step, self.metrics_path, self._uniform
         )
         record_metrics(pl_module, metrics, step)
         for key, value in emergence.tags_of(metrics).items():

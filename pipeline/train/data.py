@@ -29,8 +29,7 @@ class GlobalOrder:
     def __init__(self, n_total: int, seed: int, budget_sequences: int | None = None):
         self.seed = seed
         if budget_sequences is not None and budget_sequences < n_total:
-            pool = np.random.default_rng([seed, 0xB0D6E7]).permutation(n_total)[:budget_sequences]
-            self.pool = np.sort(pool)
+            self.pool = np.sort(np.random.default_rng([seed, 0xB0D6E7]).permutation(n_total)[:budget_sequences])
         else:
             self.pool = np.arange(n_total)
         self.n = len(self.pool)
@@ -61,8 +60,7 @@ class RankBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         p, G = self.plan, self.plan.global_batch_seqs
-        first_step = self.start_sample // G
-        for step in range(first_step, self.total_steps):
+        for step in range(self.start_sample // G, self.total_steps):
             for a in range(p.grad_accum):
                 start = step * G + (a * p.world_size + self.rank) * p.micro_batch_size
                 yield list(range(start, start + p.micro_batch_size))

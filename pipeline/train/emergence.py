@@ -27,8 +27,7 @@ def probe_uniform_alpha1(cfg: ModelConfig, T: int) -> float:
     its mask (causal, prefix, sliding window), its sink tokens and bias columns."""
     from pipeline.model.masks import admitted_with_slots
 
-    n_sinks = cfg.sink_tokens
-    return M.uniform_alpha1_masked(admitted_with_slots(cfg, T), n_sinks, cfg.n_bias_slots + n_sinks)
+    return M.uniform_alpha1_masked(admitted_with_slots(cfg, T), cfg.sink_tokens, cfg.n_bias_slots + cfg.sink_tokens)
 
 
 def emerged_so_far(
@@ -96,10 +95,7 @@ def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path) -> Path |
     panels = (
         (
             "attention on token 1",
-            {
-                N.BOS_SHARE_OTHER: "BOS share, other queries",
-                N.BOS_SHARE_TRIGGER: "BOS share, trigger queries",
-            },
+            {N.BOS_SHARE_OTHER: "BOS share, other queries", N.BOS_SHARE_TRIGGER: "BOS share, trigger queries"},
         ),
         ("‖v₁‖ / mean ‖vₜ‖ ratio (value-state drain)", {N.VALUE_NORM_RATIO: "‖v₁‖ ratio"}),
         ("‖h₁‖ / mean ‖hₜ‖ ratio (residual-state peak)", {N.MASSIVE_RATIO: "‖h₁‖ ratio"}),

@@ -194,15 +194,13 @@ class SinkLabCLI(LightningCLI):
                 "trainer.accumulate_grad_batches is derived from data.global_batch_tokens, "
                 "data.micro_batch_size and the world size; leave it unset"
             )
-        context = data.manifest.context_length
         self.sink_cb = SinkMetrics(opts.sink_every, opts.plot_every, self.run.root, flow=opts.flow)
-        self.throughput_cb = Throughput(data.global_batch_tokens, context, opts.throughput_window)
         self.ckpt_cb = StepCheckpoint(self.run.root, opts.checkpoint_every, opts.keep_last)
         self.preemption_cb = Preemption(self.ckpt_cb)
         callbacks = list(trainer_cfg.get("callbacks") or []) + [
             self.ckpt_cb,
             self.sink_cb,
-            self.throughput_cb,
+            Throughput(data.global_batch_tokens, data.manifest.context_length, opts.throughput_window),
             self.preemption_cb,
         ]
         if trainer_cfg.get("enable_progress_bar", True) is not False and not any(
@@ -225,12 +223,11 @@ class SinkLabCLI(LightningCLI):
             raise ConfigError("trainer.max_steps must be set (the cosine schedule and the data order need it)")
         if trainer.max_steps < 1:
             raise ConfigError(f"trainer.max_steps={trainer.max_steps}: must be >= 1 (the number of optimizer steps)")
-        plan = data.make_plan(trainer.world_size)
+        plan = self.plan = data.make_plan(trainer.world_size)
         trainer.accumulate_grad_batches = plan.grad_accum
         trainer.val_check_interval = max(1, opts.val_every) * plan.grad_accum
         if opts.val_every <= 0:  # 0 turns validation off, as 0 turns off the other periodic work
             trainer.limit_val_batches = 0
-        self.plan = plan
         if isinstance(trainer.strategy, DeepSpeedStrategy) and trainer.strategy.config is not None:
             trainer.strategy.config.setdefault("train_micro_batch_size_per_gpu", plan.micro_batch_size)
         return trainer

@@ -62,11 +62,10 @@ def read_init(spec: str, cfg: ModelConfig) -> tuple[dict, dict[str, str]]:
     if not (is_model_uri(spec) or Path(spec).exists()):
         raise ConfigError(f"model.init={spec}: no such checkpoint or model directory (or runs:/<run_id>)")
     try:
+        spec_path = spec
         if is_model_uri(spec):
             resolved = resolve_model(spec)
             spec_path, tags["sinklab.init_run_id"] = resolved.path, resolved.run_id
-        else:
-            spec_path = spec
         source = load_pretrained(spec_path)
     except (RunModelError, ValueError, OSError) as exc:
         raise ConfigError(f"model.init={spec}: {exc}") from None
@@ -119,8 +118,7 @@ class SinkLabModule(L.LightningModule):
         if dm is not None and hasattr(dm, "manifest"):
             self.set_vocab(dm.manifest.vocab_size, dm.manifest.context_length)
         self.model = Transformer(self.arch)
-        zero3 = self._trainer is not None and getattr(self.trainer.strategy, "zero_stage_3", False)
-        if zero3:
+        if self._trainer is not None and getattr(self.trainer.strategy, "zero_stage_3", False):
             _reset_partitioned(self.model, self.init_state)
         elif self.init_state is not None:
             self.model.load_state_dict(self.init_state)
@@ -197,9 +195,8 @@ class SinkLabModule(L.LightningModule):
                 "warm-up (a resume restores the optimizer's lr from the checkpoint), or check the data."
             )
         # the step's mean over micro-batches and ranks, of step s (the weights after s updates)
-        due = self.global_step % max(1, self.trainer.log_every_n_steps) == 0
         record_metrics(self, {N.TRAIN_LOSS: value}, bar=True, log=False)
-        if due:
+        if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
             lr = self.trainer.optimizers[0].param_groups[0]["lr"]
             record_metrics(self, {N.TRAIN_LOSS: value, N.TRAIN_LR: lr})
 
@@ -214,17 +211,12 @@ class SinkLabModule(L.LightningModule):
             torch.nn.utils.clip_grad_value_(with_grads(optimizer), gradient_clip_val)
         else:
             torch.nn.utils.clip_grad_norm_(with_grads(optimizer), gradient_clip_val)
-        if norm is not None:  # after the clip, before the update: the spike guard
-            self._guard(optimizer, norm)
-
-    def _guard(self, optimizer, norm: float) -> None:
-        """run.skip_spikes: a spike's gradients are dropped, so the optimizer applies nothing."""
-        guard = self.spike_guard
-        skip = guard.check(self.global_step, self._step_value, norm)
-        if skip:
-            drop_gradients(optimizer)
-        if skip or self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
-            record_metrics(self, {N.SKIPPED_STEPS: len(guard.skipped), N.GRAD_NORM: norm})
+        if norm is not None:  # after the clip, before the update: a spike's gradients are dropped (no update)
+            skip = self.spike_guard.check(self.global_step, self._step_value, norm)
+            if skip:
+                drop_gradients(optimizer)
+            if skip or self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+                record_metrics(self, {N.SKIPPED_STEPS: len(self.spike_guard.skipped), N.GRAD_NORM: norm})
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if self.spike_guard is not None and "spike_guard" in checkpoint:

@@ -30,8 +30,8 @@ def record_metrics(
     reduce: str | None = None,
     bar: bool = False,
     log: bool = True,
-) -> dict[str, float]:
-    """Record ``metrics`` at ``step`` (default: the steps taken) and return them as floats. reduce: over the
+) -> None:
+    """Record ``metrics`` at ``step`` (default: the steps taken) as floats. reduce: over the
     ranks first (a collective); log: to the trainer's loggers, on rank 0; bar: on the progress bar."""
     trainer = module.trainer
     values = {name: reduced(trainer, v, reduce) if reduce else float(v) for name, v in metrics.items()}
@@ -40,7 +40,6 @@ def record_metrics(
             logger.log_metrics(values, step=trainer.global_step if step is None else step)
     if bar:
         module.log_dict(values, prog_bar=True, logger=False)
-    return values
 
 
 def run_logger(trainer: L.Trainer | None):

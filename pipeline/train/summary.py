@@ -68,7 +68,6 @@ def print_summary(cli, train_s: float) -> None:
     """The summary of this start, whose fit took ``train_s`` seconds."""
     trainer, plan = cli.trainer, cli.plan
     steps = trainer.global_step
-    tokens = steps * plan.global_batch_tokens
     vals = metric_rows(cli.run.metrics_path, N.VAL_LOSS)
     sinks = metric_rows(cli.run.metrics_path, N.SINK1, N.ALPHA1_MEAN)
     proxy = proxy_label(cli.model.arch.attention)
@@ -80,7 +79,7 @@ def print_summary(cli, train_s: float) -> None:
         "── sinklab fit: summary " + "─" * 40,
         f"run dir      {cli.run.root}",
         f"steps        {steps}  ({plan.describe()})",
-        f"tokens       {tokens:,}",
+        f"tokens       {steps * plan.global_batch_tokens:,}",
         "val loss     " + ("  ".join(f"{s}:{v:.3f}" for s, v in vals[-6:]) if vals else "(none)"),
         *(["             warning: " + note] if (note := memorising(vals)) else []),
         "Sink_1 (ε=0.3, % of layer×head×sequence" + (f"; {proxy})" if proxy else ")"),
