@@ -1,10 +1,11 @@
 """Rank agreement of a study with the paper: Spearman rho and Kendall tau-b of the per-variant
-means against the paper's values, a bootstrap interval over seeds, the permutation p of rho, and a
-verdict in words."""
+means against the paper's values, a bootstrap interval over seeds, the permutation p of rho, Holm's
+adjustment over a family of rows, and a verdict in words."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from pipeline import metrics as M
@@ -23,7 +24,7 @@ def table_row(cells) -> str:
 
 
 def fmt_corr(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:+.2f}"
+    return stats.MISSING if value is None else f"{value:+.2f}"
 
 
 def fmt_interval(interval: Interval | None) -> str:
@@ -32,11 +33,16 @@ def fmt_interval(interval: Interval | None) -> str:
     return f" [{interval.lo:+.2f}, {interval.hi:+.2f}]"
 
 
-def fmt_p(p: Permutation | None) -> str:
-    """ "0.0014 (all 720)": the one-sided p in the paper's direction and the permutations behind it."""
-    if p is None:
-        return "n/a"
-    return f"{p.p:.2g} ({f'all {p.permutations:,}' if p.exact else f'{p.permutations:,} drawn'})"
+def fmt_p(rho: float | None, p: Permutation | None) -> str:
+    """ "0.0014 (all 720)": the one-sided p in rho's direction and the permutations behind it."""
+    tail = stats.directional(rho, p)
+    if tail is None:
+        return stats.MISSING
+    return f"{tail:.2g} ({f'all {p.permutations:,}' if p.exact else f'{p.permutations:,} drawn'})"
+
+
+def fmt_holm(value: float | None) -> str:
+    return stats.MISSING if value is None else f"{value:.2g}"
 
 
 def fmt_defined(interval: Interval | None) -> str:
@@ -57,10 +63,23 @@ class Agreement:
     min_seeds: int = 0  # the fewest seeds of a variant in the comparison
     p: Permutation | None = None  # of rho over the variant means
     distinct: int = 0  # distinct means at the printed precision
+    p_holm: float | None = None  # p in rho's direction, Holm-adjusted over `family` rows
+    family: int = 0
 
     @property
     def verdict(self) -> str:
-        return stats.verdict(self.rho, self.tau, self.rho_interval, self.p, self.distinct, self.min_seeds)
+        args = (self.rho, self.tau, self.rho_interval, self.p, self.distinct, self.min_seeds)
+        return stats.verdict(*args, self.p_holm if self.family else None)
+
+
+def adjust(found: list[Agreement]) -> list[Agreement]:
+    """Holm over the family of `found`: its rows with a permutation p, each in rho's direction."""
+    family = [a for a in found if stats.directional(a.rho, a.p) is not None]
+    for a in found:
+        a.p_holm, a.family = None, 0
+    for a, adjusted in zip(family, stats.holm([stats.directional(a.rho, a.p) for a in family])):
+        a.p_holm, a.family = adjusted, len(family)
+    return found
 
 
 def compare(
@@ -76,9 +95,11 @@ def compare(
     both = [(s, p) for s, p in zip(ours, paper) if s.mean is not None and p is not None]
     means, values = [s.mean for s, _ in both], [p for _, p in both]
     rho, tau = M.spearman_rho(means, values), M.kendall_tau_b(means, values)
-    fewest = min((s.n for s, _ in both), default=0)
-    found = Agreement(key, label, len(both), rho, tau, min_seeds=fewest, distinct=stats.distinct(means, digits))
-    if len(both) < 2:
+    fewest, count = min((s.n for s, _ in both), default=0), stats.distinct(means, digits)
+    if count < 2:  # means printed alike: no ordering to rank
+        rho = tau = None
+    found = Agreement(key, label, len(both), rho, tau, min_seeds=fewest, distinct=count)
+    if rho is None:
         return found
     found.p = stats.permutation(means, values)
     if fewest < 2:  # with one seed there is no spread to resample
@@ -102,7 +123,27 @@ def agreement(experiment: Experiment, rows: list[Row]) -> list[Agreement]:
         label = "mean alpha_1 (ours) vs Sink_1 (paper)"
         paper = [r.paper[sink1] for r in rows]
         out.append(compare(ALPHA1_KEY, label, [r.alpha1 for r in rows], paper, 3, bounds(ALPHA1)))
-    return out
+    return adjust(out)
+
+
+UNDEFINED = (
+    f"{stats.MISSING} for rho, tau and p: not defined, as fewer than 2 variants have both values or the means (at the "
+    "printed precision) or the paper's values are all equal: there is no ordering to rank, so no range and no "
+    "verdict; a resampled range needs 2 seeds of every variant"
+)
+
+
+def legend(family: list[str], rows_of: str) -> str:
+    """What p, Holm p and the verdict are, naming the `family` (its rows' names) that the rows of `rows_of` form."""
+    rows = f"{len(family)} row{'s' if len(family) > 1 else ''}"
+    named = f"its {rows} with a p ({', '.join(family)})" if family else "empty (no row has a p)"
+    return (
+        "p: the one-sided permutation p of rho in rho's own direction (exact over every permutation up to "
+        f"{stats.EXACT_UP_TO} variants, else {stats.PERMUTATIONS:,} drawn). Holm p: p after Holm's step-down "
+        f"adjustment over the family of {rows_of}, {named}. A verdict needs rho's range to exclude 0, Holm p < "
+        f"{stats.ALPHA / 2} (two-sided {stats.ALPHA}), tau of rho's sign and {stats.MIN_DISTINCT} distinct means. "
+        f"{UNDEFINED}."
+    )
 
 
 def agreement_markdown(found: list[Agreement]) -> list[str]:
@@ -111,22 +152,63 @@ def agreement_markdown(found: list[Agreement]) -> list[str]:
     lines = [
         "",
         "Rank agreement with the paper, on the per-variant means over the variants with both values "
-        "(Spearman rho on average ranks, Kendall tau-b; n/a: fewer than 2 variants or no spread), each with "
+        "(Spearman rho on average ranks, Kendall tau-b), each with "
         f"the 2.5-97.5% range of its {stats.RESAMPLES} resamples over seeds (a resample draws every variant's "
         "mean from its t-distribution, mean + s/sqrt(n) t(n-1), the draws of one mean spanning its 95% "
-        f"t-interval; RNG seed {stats.BOOTSTRAP_SEED}; defined: the resamples in which rho has a value), the "
-        "one-sided permutation p of rho in the paper's direction (exact over every permutation up to "
-        f"{stats.EXACT_UP_TO} variants, else {stats.PERMUTATIONS:,} drawn) and the distinct means at the printed "
-        f"precision. A verdict needs rho's range to exclude 0, p < {stats.ALPHA} in rho's direction, tau of "
-        f"rho's sign and {stats.MIN_DISTINCT} distinct means:",
+        f"t-interval; RNG seed {stats.BOOTSTRAP_SEED}; defined: the resamples in which rho has a value), "
+        "and the distinct means at the printed precision. "
+        + legend([a.label for a in found if a.family], "this report"),
         "",
-        "| measured vs paper | variants | seeds (fewest) | Spearman rho [resampled] | p | defined "
+        "| measured vs paper | variants | seeds (fewest) | Spearman rho [resampled] | p | Holm p | defined "
         "| Kendall tau [resampled] | distinct | verdict |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for a in found:
         rho, tau = fmt_corr(a.rho) + fmt_interval(a.rho_interval), fmt_corr(a.tau) + fmt_interval(a.tau_interval)
-        cells = [a.label, a.n, a.min_seeds, rho, fmt_p(a.p), fmt_defined(a.rho_interval), tau, a.distinct, a.verdict]
+        p, holm = fmt_p(a.rho, a.p), fmt_holm(a.p_holm)
+        cells = [a.label, a.n, a.min_seeds, rho, p, holm, fmt_defined(a.rho_interval), tau, a.distinct, a.verdict]
         lines.append(table_row(cells))
     lines += ["", "Verdict: " + "; ".join(f"{a.label}: {a.verdict}" for a in found) + "."]
+    return lines
+
+
+DATA = "<!-- agreement rows: "  # a results page's line of its agreement rows, for the index
+
+
+def data_line(found: list[Agreement]) -> str:
+    """The agreement rows as one Markdown comment line of JSON, exact where the tables round."""
+    return f"{DATA}{json.dumps([asdict(a) for a in found])} -->"
+
+
+def from_data(text: str) -> list[Agreement]:
+    """The agreement rows of a page's DATA line, none where it has none."""
+    line = next((line for line in text.splitlines() if line.startswith(DATA)), None)
+    if line is None:
+        return []
+    found = []
+    for row in json.loads(line.removeprefix(DATA).removesuffix(" -->")):
+        for name, kind in (("rho_interval", Interval), ("tau_interval", Interval), ("p", Permutation)):
+            row[name] = None if row[name] is None else kind(**row[name])
+        found.append(Agreement(**row))
+    return found
+
+
+def index_markdown(pages: list[tuple[str, list[Agreement]]]) -> list[str]:
+    """Every page's agreement rows in one table, Holm over all of them (each row is re-adjusted)."""
+    found = adjust([a for _, rows in pages for a in rows])
+    if not found:
+        return ["", "Rank agreement: no generated page has an agreement row, so the index's family is empty."]
+    lines = [
+        "",
+        "Rank agreement of every generated page, its rows as the page prints them but re-judged over the index's "
+        "family. " + legend([f"{page}: {a.label}" for page, rows in pages for a in rows if a.family], "this index"),
+        "",
+        "| study | measured vs paper | variants | seeds (fewest) | Spearman rho [resampled] | p | Holm p "
+        "| distinct | verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for page, rows in pages:
+        for a in rows:
+            rho, p, holm = fmt_corr(a.rho) + fmt_interval(a.rho_interval), fmt_p(a.rho, a.p), fmt_holm(a.p_holm)
+            lines.append(table_row([page, a.label, a.n, a.min_seeds, rho, p, holm, a.distinct, a.verdict]))
     return lines

@@ -138,8 +138,9 @@ def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
         return []
     return [
         "",
-        "Orderings over seeds: the variants by mean, then the pairs whose 95% intervals are disjoint (`a > b`); "
-        "every other pair is within the noise:",
+        "Orderings over seeds: the variants by mean, then each pair that Welch's t-test tells apart at two-sided "
+        f"{stats.ALPHA} after Holm over the pairs of its column (`a > b (Welch, Holm p = ...)`); the other pairs "
+        "are not resolved at the seeds run, which says nothing of whether they differ:",
         "",
     ] + [f"- {label}: {text}" for label, text in found]
 
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.docs:
         today = datetime.now(timezone.utc).date().isoformat()
         top = f"# {experiment.name}\n\nWritten by `sinklab report {shlex.join(argv)}` on {today} from MLflow.\n\n"
-        for f in results_page.write_page(args.docs, experiment.name, top + markdown):
+        for f in results_page.write_page(args.docs, experiment.name, top + markdown, agreement(experiment, rows)):
             print(f"wrote {f}")
     if args.plot:
         from pipeline.experiments.report_plot import plot

@@ -19,7 +19,7 @@ ALPHA1_COLUMN = "alpha1_mean"
 NAN = float("nan")
 
 
-PERCENT, SHARE, NONNEGATIVE = (0.0, 100.0), (0.0, 1.0), (0.0, math.inf)
+PERCENT, SHARE, NONNEGATIVE, REAL = (0.0, 100.0), (0.0, 1.0), (0.0, math.inf), (-math.inf, math.inf)
 # a metric's range by how its name starts; a family's start is its name without the example's tail
 RANGES = (
     (N.SINK1, PERCENT),
@@ -28,6 +28,7 @@ RANGES = (
     (N.DORMANT_PCT, PERCENT),
     (N.passkey_accuracy("x").removesuffix("x"), PERCENT),
     (N.length_passkey("m", 1).removesuffix("m_x1"), PERCENT),
+    (N.EVAL, PERCENT),  # lm-eval's accuracies: a share in [0, 1], or a percentage
     (N.alpha_k_mean(1).removesuffix("1_mean"), SHARE),  # alpha_k means and the uniform alpha_1
     (N.BOS_SHARE_TRIGGER, SHARE),
     (N.BOS_SHARE_OTHER, SHARE),
@@ -40,12 +41,19 @@ RANGES = (
     (N.SKIPPED_STEPS, NONNEGATIVE),
     (N.FLOW_MIXING, NONNEGATIVE),
     (N.stream_perplexity("x").removesuffix("x"), (1.0, math.inf)),
+    (N.act("kurtosis"), (1.0, math.inf)),  # Pearson's form, E[z⁴] >= E[z²]² = 1
+    (N.MAX_LOGIT, REAL),  # q·k/√d_h takes either sign
 )
 
 
+def declared(metric: str) -> bool:
+    return any(metric.startswith(start) for start, _ in RANGES)
+
+
 def bounds(metric: str) -> tuple[float, float]:
-    """The range a metric (so the mean of its values) can take; an interval is clipped to it."""
-    return next((r for start, r in RANGES if metric.startswith(start)), (-math.inf, math.inf))
+    """The range a metric (so the mean of its values) can take, unbounded where none is declared; an interval is
+    clipped to it."""
+    return next((r for start, r in RANGES if metric.startswith(start)), REAL)
 
 
 # each agreement metric of the permutation p and the Permutation field it reports
@@ -60,7 +68,8 @@ def agreement_metrics(found) -> dict[str, float]:
     """The agreement rows (report.Agreement) as MLflow metrics."""
     out = {}
     for a in found:  # getattr(None, field, None): None where there is no permutation p or no interval
-        values = {"n": a.n, "min_seeds": a.min_seeds, "distinct": a.distinct}
+        values = {"n": a.n, "min_seeds": a.min_seeds, "distinct": a.distinct, "family": a.family}
+        values["spearman_p_holm"] = a.p_holm
         values |= {name: getattr(a.p, field, None) for name, field in PERMUTATION_FIELDS}
         for name, value, interval in (("spearman", a.rho, a.rho_interval), ("kendall", a.tau, a.tau_interval)):
             values[name] = value

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.experiments.agreement import Agreement, data_line, from_data, index_markdown
 from sinklab_io.outputs import claim, outside, write_output, written
 
 PROSE = ["<!-- prose: kept as it stands when this page is regenerated -->", "<!-- /prose -->"]
@@ -48,12 +49,15 @@ def write_index(out: Path) -> Path:
         "the study's MLflow runs (the command and date at its top); this index is rewritten with every page."
     )
     table = ["| page | study |", "|---|---|"] + [f"| [{p.stem}]({p.name}) | {title_of(p)} |" for p in pages]
+    table += index_markdown([(p.stem, from_data(p.read_text(encoding="utf-8"))) for p in pages])
     index = out / INDEX
     return write_output(index, with_prose(head, prose_of(index), "\n".join(table)), INDEX_BY, PROSE)
 
 
-def write_page(out: Path, experiment: str, generated: str) -> list[Path]:
-    """The page (``generated`` beside the prose it held) and the index; call :func:`claim_pages` first."""
+def write_page(out: Path, experiment: str, generated: str, found: list[Agreement] = ()) -> list[Path]:
+    """The page (``generated``, the line of its agreement rows ``found`` for the index, and the prose it held) and the
+    index; call :func:`claim_pages` first."""
     page = out / f"{experiment}.md"
+    generated = f"{generated.rstrip()}\n\n{data_line(found)}\n" if found else generated
     write_output(page, with_prose(generated, prose_of(page)), page_by(experiment), PROSE)
     return [page, write_index(out)]

@@ -1,4 +1,5 @@
-"""Statistics over seeds: spreads, the rank agreement's interval and permutation p, verdicts, emergence steps.
+"""Statistics over seeds: spreads, the rank agreement's interval and permutation p, Holm's adjustment, verdicts,
+emergence steps and Welch orderings.
 
 Definitions and their rationale: docs/experiments.md (Reports).
 """
@@ -6,6 +7,7 @@ Definitions and their rationale: docs/experiments.md (Reports).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,7 +19,7 @@ from pipeline import metrics as M
 LEVEL = 0.95
 RESAMPLES = 2000
 BOOTSTRAP_SEED = 0  # the report's bootstrap and Monte Carlo p are the same on every run of it
-ALPHA = 0.05  # a directional verdict's one-sided level
+ALPHA = 0.05  # two-sided level of every test: a directional verdict's tail must be below ALPHA / 2
 EXACT_UP_TO = 10  # variants whose every permutation is enumerated (10! = 3,628,800)
 PERMUTATIONS = 100_000  # random permutations beyond that
 MIN_DISTINCT = 3  # distinct measured means a directional verdict needs
@@ -142,6 +144,24 @@ def distinct(means: Sequence[float], digits: int) -> int:
     return len({round(m, digits) + 0.0 for m in means})  # + 0.0: -0.0 is 0.0
 
 
+def directional(rho: float | None, p: Permutation | None) -> float | None:
+    """The permutation p in rho's own direction: `p` for rho >= 0, `p_reversed` below."""
+    if rho is None or p is None:
+        return None
+    return p.p if rho >= 0 else p.p_reversed
+
+
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p values, in the order given: the i-th smallest of m is scaled by m − i
+    (i from 0), made non-decreasing in that order and capped at 1."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    adjusted, running = [1.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted
+
+
 def verdict(
     rho: float | None,
     tau: float | None,
@@ -149,11 +169,12 @@ def verdict(
     p: Permutation | None,
     distinct_means: int,
     min_seeds: int,
+    adjusted: float | None = None,
 ) -> str:
     """ "ordering reproduced" / "reversed" where the verdict's four conditions hold (docs/experiments.md), else which
-    failed, in words."""
+    failed, in words; `adjusted`: the Holm-adjusted p in rho's direction (None: a family of one)."""
     if rho is None:
-        return "undefined (fewer than 2 variants, or no spread)"
+        return "undefined"
     if min_seeds < 2 or interval is None or interval.lo is None:
         return "no verdict (one seed for some variant: no interval)"
     if rho == 0:
@@ -164,12 +185,14 @@ def verdict(
         failed.append(f"too few distinct values: {distinct_means}")
     if (interval.lo <= 0) if up else (interval.hi >= 0):
         failed.append(f"the interval [{interval.lo:+.2f}, {interval.hi:+.2f}] includes 0")
-    tail = None if p is None else (p.p if up else p.p_reversed)
-    if tail is None or tail >= ALPHA:
-        which = "" if up else " for a reversal"  # the other tail than the p printed beside rho
-        failed.append("no permutation p" if tail is None else f"p = {tail:.2g}{which}: chance explains this ordering")
+    tail = directional(rho, p)
+    held = tail if adjusted is None else adjusted
+    if tail is None or held >= ALPHA / 2:
+        which = "" if up else " for a reversal"
+        shown = f"p = {tail:.2g}{which}" + ("" if adjusted is None else f", Holm {adjusted:.2g}")
+        failed.append("no permutation p" if tail is None else f"{shown}: not below {ALPHA / 2}")
     if tau is None or (tau > 0) != up or tau == 0:
-        failed.append(f"rho and tau disagree in sign (tau {'n/a' if tau is None else f'{tau:+.2f}'})")
+        failed.append(f"rho and tau disagree in sign (tau {'—' if tau is None else f'{tau:+.2f}'})")
     if failed:
         return "no verdict: " + "; ".join(failed)
     return "ordering reproduced" if up else "ordering reversed"
@@ -197,17 +220,31 @@ def emergence(steps: Sequence[float | None]) -> str:
     return f"{show(median)} ({show(values[0])}–{show(values[-1])}), {emerged}/{n}"
 
 
+def welch(a: Spread, b: Spread) -> float:
+    """Two-sided p of Welch's t-test of a's seeds against b's; 1 where it is undefined (both constant and equal)."""
+    with warnings.catch_warnings():  # constant seeds: scipy warns of precision loss, its p is still 0 or NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(scipy_stats.ttest_ind(a.values, b.values, equal_var=False).pvalue)
+    return 1.0 if p != p else p
+
+
 def ordering(names: Sequence[str], spreads: Sequence[Spread], digits: int = 2) -> str | None:
-    """The variants by mean, highest first, then every pair whose 95% intervals are disjoint ("a > b,
-    c": a's interval lies above b's and c's); None unless every variant has an interval."""
+    """The variants by mean, highest first, then every pair Welch's t-test tells apart, Holm-adjusted over all
+    pairs ("a > b (Welch, Holm p = 0.012)"), and the rest as not resolved; None unless every variant has 2
+    seeds or more. Means equal at `digits` decimals are never told apart."""
     pairs = [(name, s) for name, s in zip(names, spreads) if s.mean is not None]
-    if len(pairs) < 2 or any(s.lo is None for _, s in pairs):
+    if len(pairs) < 2 or any(s.n < 2 for _, s in pairs):
         return None
     pairs.sort(key=lambda p: -p[1].mean)
     means = ", ".join(f"{name} {s.mean:.{digits}f}" for name, s in pairs)
-    apart = []
-    for i, (name, upper) in enumerate(pairs):
-        below = [other for other, lower in pairs[i + 1 :] if lower.hi < upper.lo]
-        if below:
-            apart.append(f"{name} > {', '.join(below)}")
-    return f"{means}; apart: {'; '.join(apart)}" if apart else f"{means}; no two apart"
+    tested = [(a, sa, b, sb) for i, (a, sa) in enumerate(pairs) for b, sb in pairs[i + 1 :]]
+    adjusted = holm([welch(sa, sb) for _, sa, _, sb in tested])
+    resolved = [
+        f"{a} > {b} (Welch, Holm p = {q:.2g})"
+        for (a, sa, b, sb), q in zip(tested, adjusted)
+        if q < ALPHA and distinct([sa.mean, sb.mean], digits) == 2
+    ]
+    counts = sorted({s.n for _, s in pairs})
+    at = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    rest = f"{'every other pair' if resolved else 'every pair'} not resolved at {at} seeds"
+    return f"{means}; " + "; ".join(resolved + ([rest] if len(resolved) < len(tested) else []))

@@ -229,14 +229,20 @@ def test_agreement_and_emergence_of_a_synthetic_experiment_with_known_rho(tmp_pa
     assert "| variant b | 2 | 20.00 | 3.00 [3.00, 3.00] | — | — | — | — | 2 finished |" in md
     assert "| variant c | 2 | 30.00 | 2.00 [2.00, 2.00] | — | — | 300, 2/2 | 150, 2/2 | 2 finished |" in md
     assert "| variant e | 0 | training failure | — | training failure | — | — | — | missing |" in md
-    # rho 0.8 over 4 variants: 4 of the 24 permutations reach it, so p = 0.17 and no verdict
+    # rho 0.8 over 4 variants: 4 of the 24 permutations reach it, so p = 0.17 and no verdict; with the mean
+    # alpha_1's p = 2/24 the family holds 2 rows, and Holm gives both 2 · 2/24 = 0.17
     assert (
-        "| Sink_1 (%) | 4 | 2 | +0.80 [+0.80, +0.80] | 0.17 (all 24) | 2000/2000 | +0.67 [+0.67, +0.67] | 4 | "
-        "no verdict: p = 0.17: chance explains this ordering |" in md
+        "| Sink_1 (%) | 4 | 2 | +0.80 [+0.80, +0.80] | 0.17 (all 24) | 0.17 | 2000/2000 | +0.67 [+0.67, +0.67] | 4 | "
+        "no verdict: p = 0.17, Holm 0.17: not below 0.025 |" in md
     )
-    assert "| valid loss | 1 | 2 | n/a | n/a | — | n/a | 1 | undefined (fewer than 2 variants, or no spread) |" in md
-    assert "| mean alpha_1 (ours) vs Sink_1 (paper) | 4 | 2 | +0.95 [+0.95, +0.95] | 0.083 (all 24) | 2000/2000 |" in md
-    assert "- Sink_1 (%): d 4.00, b 3.00, c 2.00, a 1.00; apart: d > b, c, a; b > c, a; c > a" in md
+    assert "| valid loss | 1 | 2 | — | — | — | — | — | 1 | undefined |" in md
+    assert "| mean alpha_1 (ours) vs Sink_1 (paper) | 4 | 2 | +0.95 [+0.95, +0.95] | 0.083 (all 24) | 0.17 |" in md
+    assert "family of this report, its 2 rows with a p (Sink_1 (%), mean alpha_1 (ours) vs Sink_1 (paper))" in md
+    # seeds that agree: Welch's t is infinite for every pair of different means
+    assert (
+        "- Sink_1 (%): d 4.00, b 3.00, c 2.00, a 1.00; d > b (Welch, Holm p = 0); d > c (Welch, Holm p = 0); "
+        "d > a (Welch, Holm p = 0); b > c (Welch, Holm p = 0); b > a (Welch, Holm p = 0); c > a (Welch, Holm p = 0)\n"
+    ) in md
 
     exp = mlflow_env.get_experiment_by_name(f"sinklab/{unique_name}")
     (logged,) = mlflow_env.search_runs([exp.experiment_id], "tags.`sinklab.kind` = 'sweep'")
@@ -245,6 +251,7 @@ def test_agreement_and_emergence_of_a_synthetic_experiment_with_known_rho(tmp_pa
     assert m["agreement/sink1/spearman_lo"] == m["agreement/sink1/spearman_hi"] == pytest.approx(0.8)
     assert m["agreement/sink1/min_seeds"] == 2 and m["agreement/sink1/kendall"] == pytest.approx(2 / 3)
     assert (m["agreement/sink1/spearman_p"], m["agreement/sink1/permutations"]) == (pytest.approx(4 / 24), 24)
+    assert (m["agreement/sink1/spearman_p_holm"], m["agreement/sink1/family"]) == (pytest.approx(4 / 24), 2)
     assert (m["agreement/sink1/spearman_defined"], m["agreement/sink1/resamples"]) == (2000, 2000)
     assert m["agreement/sink1/distinct"] == 4 and math.isnan(m["agreement/val_loss/spearman_p"])
     assert m["agreement/alpha1_vs_sink1/spearman"] == pytest.approx(math.sqrt(0.9))
@@ -255,7 +262,8 @@ def test_agreement_and_emergence_of_a_synthetic_experiment_with_known_rho(tmp_pa
     assert math.isnan(m["seeds/e/sink1/mean"])
     saved = json.loads((out / "report.json").read_text())
     assert saved["variants"][2]["columns"]["sink1"]["values"] == [2.0, 2.0]
-    assert saved["agreement"][0]["verdict"] == "no verdict: p = 0.17: chance explains this ordering"
+    assert saved["agreement"][0]["verdict"] == "no verdict: p = 0.17, Holm 0.17: not below 0.025"
+    assert (saved["agreement"][0]["p_holm"], saved["agreement"][0]["family"]) == (pytest.approx(4 / 24), 2)
     assert saved["agreement"][0]["p"] == {"p": 4 / 24, "p_reversed": 23 / 24, "permutations": 24, "exact": True}
     assert saved["agreement"][0]["rho_interval"]["defined"] == 2000
 
@@ -275,10 +283,13 @@ def test_noisy_seeds_leave_the_ordering_undecided(tmp_path):
     assert sink1.rho == pytest.approx(1.0) and sink1.min_seeds == 3
     assert sink1.rho_interval.lo < 0 < sink1.rho_interval.hi and sink1.p.p == 1 / 24
     lo, hi = sink1.rho_interval.lo, sink1.rho_interval.hi
-    assert sink1.verdict == f"no verdict: the interval [{lo:+.2f}, {hi:+.2f}] includes 0"
+    # 1/24 alone in its family: not below 0.025 either
+    failed = f"no verdict: the interval [{lo:+.2f}, {hi:+.2f}] includes 0; p = 0.042, Holm 0.042: not below 0.025"
+    assert sink1.verdict == failed
     md = report.to_markdown(exp, "cpu", rows)
-    assert f"Verdict: Sink_1 (%): no verdict: the interval [{lo:+.2f}, {hi:+.2f}] includes 0; valid loss: " in md
-    assert "- Sink_1 (%): d 7.00, c 6.67, b 5.67, a 5.00; no two apart" in md
+    assert f"Verdict: Sink_1 (%): {failed}; valid loss: " in md
+    assert "- Sink_1 (%): d 7.00, c 6.67, b 5.67, a 5.00; every pair not resolved at 3 seeds\n" in md
+    assert "within the noise" not in md
 
 
 def seeds(*means: float) -> list:
@@ -291,7 +302,7 @@ def test_a_two_variant_study_gets_no_directional_verdict():
     2 permutations give p = 0.5 and two values are too few for an ordering."""
     two = compare("sink1", "Sink_1 (%)", seeds(1.0, 5.0), [10.0, 20.0])
     assert (two.rho, two.rho_interval.lo, two.rho_interval.hi, two.p.p) == (1.0, 1.0, 1.0, 0.5)
-    assert two.verdict == "no verdict: too few distinct values: 2; p = 0.5: chance explains this ordering"
+    assert two.verdict == "no verdict: too few distinct values: 2; p = 0.5: not below 0.025"
 
 
 def test_a_six_variant_perfect_ordering_is_reproduced_at_p_one_in_720():
@@ -313,6 +324,49 @@ def test_ties_at_a_floor_count_once():
     assert compare("sink1", "Sink_1 (%)", floor, [1, 2, 3, 4, 5, 6, 7, 8], 3, (0.0, 100.0)).distinct == 3
 
 
+SIX = "".join(
+    f'- {{name: v{i}, label: "v{i}", overrides: {{optim.weight_decay: 0.{i}}}, paper: {{sink1: {i}.0, val_loss: 3.{i}}}}}\n'
+    for i in range(1, 7)
+)
+
+
+def test_a_reversal_at_one_sided_p_0_04_gets_no_verdict_and_the_report_names_its_family(tmp_path):
+    """Six variants whose Sink_1 means run against the paper's at a reversed-tail p of 28/720 = 0.039: below the
+    one-sided 0.05 a chosen tail used to pass, not below 0.025; valid loss in the paper's order (p = 1/720)."""
+    exp = load_experiment(write_experiment(tmp_path, "six", variants=SIX))
+    sink1, loss = seeds(3.0, 3.0, 4.0, 2.0, 2.0, 1.0), seeds(1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
+    rows = [
+        Row(f"v{i}", f"v{i}", [float(i), 3.0 + i / 10], [sink1[i - 1], loss[i - 1]], "3 finished") for i in range(1, 7)
+    ]
+    found, *_ = report.agreement(exp, rows)
+    assert found.rho < 0 and found.tau < 0 and found.rho_interval.hi < 0 and found.distinct == 4
+    assert found.p.p_reversed == pytest.approx(28 / 720)
+    md = report.to_markdown(exp, "cpu", rows)
+    # Holm over the family of 2: 1/720 · 2 = 0.0028 for valid loss, then max(0.0028, 28/720) for Sink_1
+    assert "| 0.039 (all 720) | 0.039 | 2000/2000 |" in md and "| 0.0014 (all 720) | 0.0028 | 2000/2000 |" in md
+    assert "no verdict: p = 0.039 for a reversal, Holm 0.039: not below 0.025 |" in md
+    assert "| 6 | ordering reproduced |" in md and "ordering reversed" not in md
+    assert "Holm p: p after Holm's step-down adjustment over the family of this report, its 2 rows with a p " in md
+    assert "(Sink_1 (%), valid loss)" in md and "| p | Holm p |" in md
+
+
+def test_a_statistic_that_is_not_defined_prints_a_dash_and_the_legend_says_why(tmp_path):
+    """Means alike at the printed precision give no rho (a rho of the unseen digits would print as if ranked),
+    and an undefined rho gets no resampled range (its resamples would rank the seeds' noise)."""
+    alike = compare("val_loss", "valid loss", seeds(4.3671, 4.3672, 4.3674), [3.1, 3.2, 3.3])
+    assert (alike.rho, alike.tau, alike.p, alike.rho_interval, alike.distinct) == (None, None, None, None, 1)
+    assert alike.verdict == "undefined"
+    assert compare("val_loss", "valid loss", seeds(4.3671, 4.3672, 4.3674), [3.1, 3.2, 3.3], 4).rho == 1.0
+    equal = [spread([1.0, 2.0, 3.0]), spread([0.0, 2.0, 4.0]), spread([2.5, 2.0, 1.5])]  # every mean 2
+    flat = compare("sink1", "Sink_1 (%)", equal, [1.0, 2.0, 3.0])
+    assert (flat.rho, flat.rho_interval, flat.tau_interval) == (None, None, None)
+    exp = load_experiment(write_experiment(tmp_path, "flat"))
+    rows = [Row(n, n, [p, None], [s, spread([])], "3 finished") for n, p, s in zip("abc", (15.2, 41.08, 7.0), equal)]
+    md = report.to_markdown(exp, "cpu", rows)
+    assert "| Sink_1 (%) | 3 | 3 | — | — | — | — | — | 1 | undefined |" in md and "[-1.00, +1.00]" not in md
+    assert md.count("— for rho, tau and p: not defined") == 1 and "family of this report, empty" in md
+
+
 def test_agreement_without_runs_is_not_available(tmp_path):
     exp = load_experiment(write_experiment(tmp_path, "agreement-offline", variants=KNOWN_RHO))
     rows = report.build_rows(exp, {})
@@ -322,7 +376,7 @@ def test_agreement_without_runs_is_not_available(tmp_path):
         ("val_loss", 0, None, None),
         ("alpha1_vs_sink1", 0, None, None),
     ]
-    assert "| Sink_1 (%) | 0 | 0 | n/a | n/a | — | n/a | 0 | undefined" in report.to_markdown(exp, "cpu", rows)
+    assert "| Sink_1 (%) | 0 | 0 | — | — | — | — | — | 0 | undefined |" in report.to_markdown(exp, "cpu", rows)
 
 
 def test_lr_steps_plot_is_sink1_over_steps_per_learning_rate(tmp_path, mlflow_env, unique_name, capsys):
@@ -353,7 +407,7 @@ def test_lr_steps_plot_is_sink1_over_steps_per_learning_rate(tmp_path, mlflow_en
     png = out / f"{unique_name}-cpu.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     # 23.44 > 18.18 > 2.90; one seed each: no interval, so no verdict
-    assert "| Sink_1 (%) | 3 | 1 | +1.00 | 0.17 (all 6) | — | +1.00 | 3 | no verdict (one seed for some" in (
+    assert "| Sink_1 (%) | 3 | 1 | +1.00 | 0.17 (all 6) | 0.17 | — | +1.00 | 3 | no verdict (one seed for some" in (
         capsys.readouterr().out
     )
 

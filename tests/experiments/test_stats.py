@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from pipeline import metrics as M
 from pipeline.experiments import stats
@@ -108,26 +109,98 @@ def test_means_equal_at_the_printed_precision_count_once():
 
 
 def test_the_verdict_needs_all_four_conditions_and_names_the_one_that_failed():
-    def verdict(rho=0.9, tau=0.8, lo=0.4, hi=1.0, p=0.001, p_reversed=1.0, distinct=6, seeds=3):
-        return stats.verdict(
-            rho, tau, stats.Interval(lo, hi, 2000, 2000), stats.Permutation(p, p_reversed, 720, True), distinct, seeds
-        )
+    def verdict(rho=0.9, tau=0.8, lo=0.4, hi=1.0, p=0.001, p_reversed=1.0, distinct=6, seeds=3, adjusted=None):
+        permutation = stats.Permutation(p, p_reversed, 720, True)
+        return stats.verdict(rho, tau, stats.Interval(lo, hi, 2000, 2000), permutation, distinct, seeds, adjusted)
 
     assert verdict() == "ordering reproduced"
     assert verdict(rho=-0.9, tau=-0.8, lo=-1.0, hi=-0.4, p=1.0, p_reversed=0.001) == "ordering reversed"
     assert verdict(lo=-0.1) == "no verdict: the interval [-0.10, +1.00] includes 0"
-    assert verdict(p=0.12) == "no verdict: p = 0.12: chance explains this ordering"
+    assert verdict(p=0.12) == "no verdict: p = 0.12: not below 0.025"
     assert verdict(tau=-0.07) == "no verdict: rho and tau disagree in sign (tau -0.07)"
     assert verdict(distinct=2) == "no verdict: too few distinct values: 2"
     # a reversal is judged on the other tail: a small p in the paper's direction does not make one
-    assert verdict(rho=-0.9, tau=-0.8, lo=-1.0, hi=-0.4, p=0.001, p_reversed=0.2).startswith(
-        "no verdict: p = 0.2 for a reversal: chance"
+    assert verdict(rho=-0.9, tau=-0.8, lo=-1.0, hi=-0.4, p=0.001, p_reversed=0.2) == (
+        "no verdict: p = 0.2 for a reversal: not below 0.025"
     )
-    assert verdict(distinct=2, p=0.5) == (
-        "no verdict: too few distinct values: 2; p = 0.5: chance explains this ordering"
-    )
+    assert verdict(distinct=2, p=0.5) == "no verdict: too few distinct values: 2; p = 0.5: not below 0.025"
     assert verdict(seeds=1).startswith("no verdict (one seed")
-    assert stats.verdict(None, None, None, None, 0, 3).startswith("undefined")
+    assert stats.verdict(None, None, None, None, 0, 3) == "undefined"
+
+
+def test_a_directional_verdict_needs_its_own_tail_below_half_the_level_after_holm():
+    def verdict(tail, adjusted=None, up=True):
+        sign = 1 if up else -1
+        p = stats.Permutation(tail, 1.0, 720, True) if up else stats.Permutation(1.0, tail, 720, True)
+        interval = stats.Interval(0.4, 1.0, 2000, 2000) if up else stats.Interval(-1.0, -0.4, 2000, 2000)
+        return stats.verdict(0.9 * sign, 0.8 * sign, interval, p, 6, 3, adjusted)
+
+    # one-sided 0.04 passed the old one-sided 0.05 in either direction: about 10% of orderings under chance
+    assert verdict(0.04, up=False) == "no verdict: p = 0.04 for a reversal: not below 0.025"
+    assert verdict(0.04) == "no verdict: p = 0.04: not below 0.025"
+    assert verdict(0.024) == "ordering reproduced" and verdict(0.024, up=False) == "ordering reversed"
+    assert verdict(0.01, adjusted=0.03) == "no verdict: p = 0.01, Holm 0.03: not below 0.025"
+    assert verdict(0.01, adjusted=0.02) == "ordering reproduced"
+
+
+def test_holm_matches_its_step_down_definition():
+    # sorted 0.01, 0.02, 0.04, 0.5 scaled by 4, 3, 2, 1: 0.04, 0.06, 0.08, 0.5, each at least the one before
+    assert stats.holm([0.04, 0.5, 0.01, 0.02]) == pytest.approx([0.08, 0.5, 0.04, 0.06])
+    assert stats.holm([0.03, 0.02]) == pytest.approx([0.04, 0.04])  # monotone: 2·0.02, then max(0.04, 0.03)
+    assert stats.holm([0.6, 0.7]) == [1.0, 1.0] and stats.holm([0.2]) == [0.2] and stats.holm([]) == []
+    assert stats.directional(-0.5, stats.Permutation(0.9, 0.2, 24, True)) == 0.2
+    assert stats.directional(0.5, stats.Permutation(0.1, 0.95, 24, True)) == 0.1
+    assert stats.directional(None, None) is None
+
+
+def ranked(x, y, axis=-1):
+    """Spearman rho of each row of x against y, as Pearson's r of their ranks (scipy's ranks)."""
+    rx, ry = scipy_stats.rankdata(x, axis=axis), scipy_stats.rankdata(y)
+    rx = rx - rx.mean(axis=axis, keepdims=True)
+    ry = ry - ry.mean()
+    return (rx * ry).sum(axis=axis) / np.sqrt((rx**2).sum(axis=axis) * (ry**2).sum())
+
+
+@pytest.mark.parametrize("k", [4, 5, 6, 7])
+def test_the_exact_permutation_p_is_scipys(k):
+    rng = np.random.default_rng(k)
+    for case in range(6):
+        means = rng.normal(size=k).round(1 if case % 2 else 3)  # the coarse half holds ties
+        paper = rng.integers(0, 4 if case % 3 == 0 else 100, size=k).astype(float)
+        mine = stats.permutation(means.tolist(), paper.tolist())
+        if mine is None:
+            continue
+        for alternative, tail in (("greater", mine.p), ("less", mine.p_reversed)):
+            reference = scipy_stats.permutation_test(
+                (means,),
+                lambda x, axis, paper=paper: ranked(x, paper, axis),
+                permutation_type="pairings",
+                vectorized=True,
+                n_resamples=np.inf,
+                alternative=alternative,
+            )
+            assert tail == pytest.approx(reference.pvalue, abs=1e-12), (k, case, alternative)
+
+
+def test_the_drawn_permutation_p_agrees_with_scipy_s_within_monte_carlo_error():
+    rng = np.random.default_rng(12)
+    draws = 20_000
+    for case in range(3):
+        means = (np.arange(12) * 0.15 + rng.normal(size=12)).tolist()
+        paper = list(range(12))
+        mine = stats.permutation(means, paper, draws=draws, seed=case)
+        assert not mine.exact
+        reference = scipy_stats.permutation_test(
+            (np.array(means),),
+            lambda x, axis, paper=paper: ranked(x, np.array(paper, dtype=float), axis),
+            permutation_type="pairings",
+            vectorized=True,
+            n_resamples=draws,
+            alternative="greater",
+            rng=np.random.default_rng(100 + case),
+        )
+        error = 4 * math.sqrt(2 * reference.pvalue * (1 - reference.pvalue) / draws) + 1e-4
+        assert abs(mine.p - reference.pvalue) < error, (case, mine.p, reference.pvalue)
 
 
 def test_emergence_counts_runs_that_never_emerged():
@@ -139,10 +212,39 @@ def test_emergence_counts_runs_that_never_emerged():
     assert stats.emergence([]) == "—"
 
 
-def test_ordering_claims_only_what_the_intervals_separate():
+def test_ordering_names_the_pairs_welch_resolves_after_holm():
     a, b, c = stats.spread([10.0, 11.0, 12.0]), stats.spread([0.0, 1.0, 2.0]), stats.spread([0.5, 1.5, 1.0])
-    wide = stats.spread([-20.0, 5.0, 30.0])  # overlaps everything
-    assert stats.ordering(["a", "b", "c"], [a, b, c], 1) == "a 11.0, b 1.0, c 1.0; apart: a > b, c"
-    assert stats.ordering(["a", "w", "b"], [a, wide, b], 1) == "a 11.0, w 5.0, b 1.0; apart: a > b"
-    assert stats.ordering(["b", "c"], [b, c]).endswith("; no two apart")
-    assert stats.ordering(["a", "b"], [a, stats.spread([3.0])]) is None  # one seed: no interval
+    wide = stats.spread([-20.0, 5.0, 30.0])  # resolves from nothing
+    # a vs b: t = 10 / sqrt(1/3 + 1/3) on 4 df; a vs c: t = 10 / sqrt(1/3 + 1/12) on Welch's
+    # (5/12)² / ((1/3)² / 2 + (1/12)² / 2) df; b vs c: equal means, p = 1. Holm scales them by 3 and 2.
+    p_ab = 2 * scipy_stats.t.sf(10 / math.sqrt(2 / 3), 4)
+    p_ac = 2 * scipy_stats.t.sf(10 / math.sqrt(5 / 12), (5 / 12) ** 2 / ((1 / 3) ** 2 / 2 + (1 / 12) ** 2 / 2))
+    assert stats.ordering(["a", "b", "c"], [a, b, c], 1) == (
+        f"a 11.0, b 1.0, c 1.0; a > b (Welch, Holm p = {3 * p_ab:.2g}); a > c (Welch, Holm p = {2 * p_ac:.2g}); "
+        "every other pair not resolved at 3 seeds"
+    )
+    assert f"{3 * p_ab:.2g}" == "0.00077" and f"{2 * p_ac:.2g}" == "0.0013"
+    assert stats.ordering(["a", "w", "b"], [a, wide, b], 1) == (
+        "a 11.0, w 5.0, b 1.0; a > b (Welch, Holm p = 0.00077); every other pair not resolved at 3 seeds"
+    )
+    assert stats.ordering(["b", "c"], [b, c]) == "b 1.00, c 1.00; every pair not resolved at 3 seeds"
+    assert stats.ordering(["a", "b"], [a, stats.spread([3.0])]) is None  # one seed: no test
+    two = stats.spread([0.0, 1.0])
+    assert stats.ordering(["b", "two"], [b, two]) == "b 1.00, two 0.50; every pair not resolved at 2–3 seeds"
+    assert stats.ordering(["a", "two"], [a, two]) == "a 11.00, two 0.50; a > two (Welch, Holm p = 0.001)"
+    same = [stats.spread([1.0, 1.0]), stats.spread([1.0, 1.0]), stats.spread([2.0, 2.0])]  # constant seeds
+    assert stats.ordering(["x", "y", "z"], same) == (
+        "z 2.00, x 1.00, y 1.00; z > x (Welch, Holm p = 0); z > y (Welch, Holm p = 0); "
+        "every other pair not resolved at 2 seeds"
+    )
+
+
+def test_the_welch_p_is_scipys_and_holm_spans_the_pairs_of_a_column():
+    a, b = stats.spread([1.0, 2.0, 3.5]), stats.spread([3.0, 4.5, 6.0, 5.0])
+    assert stats.welch(a, b) == scipy_stats.ttest_ind([1.0, 2.0, 3.5], [3.0, 4.5, 6.0, 5.0], equal_var=False).pvalue
+    # 0.021 alone; the smallest of three pairs' p, it is scaled by 3 and no longer resolves
+    p = stats.welch(stats.spread([0.0, 0.5, 1.0]), stats.spread([1.5, 2.0, 2.5]))
+    assert p < stats.ALPHA < 3 * p
+    pair = [stats.spread([0.0, 0.5, 1.0]), stats.spread([1.5, 2.0, 2.5])]
+    assert "y > x (Welch, Holm p = 0.021)" in stats.ordering(["x", "y"], pair)
+    assert "y > x" not in stats.ordering(["x", "y", "z"], [*pair, stats.spread([-9.0, 0.0, 9.0])])
