@@ -197,11 +197,6 @@ def register(spec: OpSpec) -> None:
     OPS[spec.name] = spec
 
 
-def unregister(name: str) -> None:
-    op_spec(name)
-    del OPS[name]
-
-
 def op_spec(name: str) -> OpSpec:
     if name not in OPS:
         raise ValueError(f"unknown attention op {name!r}; registered: {', '.join(OPS)}")

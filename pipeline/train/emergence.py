@@ -18,10 +18,6 @@ def head_metric(layer: int, head: int) -> str:
     return N.head(N.HEAD_ALPHA1, layer, head)
 
 
-def emerged_names() -> list[str]:
-    return [N.emerged_step(name) for name in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)]
-
-
 def probe_uniform_alpha1(cfg: ModelConfig, T: int) -> float:
     """α_1 of the first real token under uniform attention over what this model admits:
     its mask (causal, prefix, sliding window), its sink tokens and bias columns."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -16,7 +16,7 @@ from .optimizers import MuonAdamW, OrthoAdam, fused_rows, muon_split, token_matr
 
 DecayOn = Literal["all", "matrices", "matrices_no_embeddings"]
 OptimizerName = Literal["adamw", "sgd", "muon", "orthoadam"]
-OPTIMIZERS = ("adamw", "sgd", "muon", "orthoadam")
+OPTIMIZERS = get_args(OptimizerName)
 
 
 @dataclass
