@@ -139,11 +139,12 @@ def _kernel_phi(a: AttentionConfig, head_dim: int) -> nn.Module:
 OpFn = Callable[[Tensor, Tensor, Tensor, "AttentionConfig", "nn.Module | None"], OpResult]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OpSpec:
-    """One attention operation and every fact the rest of SinkLab needs about it."""
+    """One attention operation and every fact the rest of SinkLab needs about it (docs/model.md's table reads it)."""
 
     name: str
+    about: str  # what it computes and after whom, one line
     fn: OpFn  # the eager form (q, k, mask, attention config, phi) -> OpResult; every path is checked against it
     # what ``reported`` holds (a key of SCORE_KINDS), or a function of the attention config;
     # with p != 1 "probs" becomes "sim_nonneg" (a row's p-norm, not its sum, is one)
@@ -224,13 +225,43 @@ def proxy_label(a: AttentionConfig) -> str | None:
     return None if kind == "probs" else SCORE_KINDS[kind]
 
 
-register(OpSpec("softmax", softmax_op, scores="probs", softmax=True, p_norm=True, sdpa=True))
-register(OpSpec("sigmoid", sigmoid_op, scores="sim_nonneg", normalizers=NORMALIZERS, p_norm=True, tiles="sigmoid"))
-register(OpSpec("elu1", elu1_op, scores="sim_nonneg", normalizers=NORMALIZERS, tiles="elu1"))
 register(
     OpSpec(
-        "kernel",
-        kernel_op,
+        name="softmax",
+        about="softmax(q·k/√d_h); p ≠ 1: softmax(p s)^(1/p) (Eq. 44)",
+        fn=softmax_op,
+        scores="probs",
+        softmax=True,
+        p_norm=True,
+        sdpa=True,
+    )
+)
+register(
+    OpSpec(
+        name="sigmoid",
+        about="sigmoid(q·k/√d_h) / Z_i (Table 6)",
+        fn=sigmoid_op,
+        scores="sim_nonneg",
+        normalizers=NORMALIZERS,
+        p_norm=True,
+        tiles="sigmoid",
+    )
+)
+register(
+    OpSpec(
+        name="elu1",
+        about="(elu(q·k/√d_h) + 1) / Z_i (Table 6)",
+        fn=elu1_op,
+        scores="sim_nonneg",
+        normalizers=NORMALIZERS,
+        tiles="elu1",
+    )
+)
+register(
+    OpSpec(
+        name="kernel",
+        about="φ(q)·φ(k)/√d_h / Z_i, φ = `attention.feature_map` (linear attention, Table 15)",
+        fn=kernel_op,
         scores=lambda a: "sim_nonneg" if a.feature_map == "elu1" else "sim_signed",
         normalizers=NORMALIZERS,
         tiles="identity",
@@ -238,12 +269,43 @@ register(
         phi=_kernel_phi,
     )
 )
-# beyond the paper (Gu et al. 2025, appendix A.3): Miller 2023, Bondarenko et al. 2023, Zuhri et al. 2025
-register(OpSpec("softmax_off_by_one", softmax_op, scores="probs", softmax=True, sdpa=True, zero_logit=True))
-register(OpSpec("clipped_softmax", clipped_softmax_op, scores="probs", softmax=True))
+# beyond the paper: Gu et al. 2025, appendix A.3
+register(
+    OpSpec(
+        name="softmax_off_by_one",
+        about="softmax with one more logit fixed at 0 (Miller 2023)",
+        fn=softmax_op,
+        scores="probs",
+        softmax=True,
+        sdpa=True,
+        zero_logit=True,
+    )
+)
+register(
+    OpSpec(
+        name="clipped_softmax",
+        about="clip((ζ − γ) softmax + γ, 0, 1) (Bondarenko et al. 2023)",
+        fn=clipped_softmax_op,
+        scores="probs",
+        softmax=True,
+    )
+)
 # no tiles: softpick's denominator sums |e^x - 1|
-register(OpSpec("softpick", softpick_op, scores="probs"))
+register(
+    OpSpec(name="softpick", about="ReLU(e^x − 1) / Σ_j |e^x_j − 1| (Zuhri et al. 2025)", fn=softpick_op, scores="probs")
+)
 # the sink metrics read ReLU(s) / sum ReLU(s): the 1/n_i scale cancels
-register(OpSpec("relu", relu_op, scores="sim_nonneg"))
-# Scalable-Softmax (Nakanishi 2025): softmax((s_h log n_i) q_i k_j / sqrt(d_h)); a sink logit is added after the scale
-register(OpSpec("ssmax", softmax_op, scores="probs", softmax=True, sdpa=True, score_biases=False, length_scale=True))
+register(OpSpec(name="relu", about="ReLU(q·k/√d_h) / n_i (Guo et al. 2024)", fn=relu_op, scores="sim_nonneg"))
+# a sink logit is added after the scale
+register(
+    OpSpec(
+        name="ssmax",
+        about="Scalable-Softmax: softmax((s_h log n_i) q·k/√d_h) (Nakanishi 2025)",
+        fn=softmax_op,
+        scores="probs",
+        softmax=True,
+        sdpa=True,
+        score_biases=False,
+        length_scale=True,
+    )
+)

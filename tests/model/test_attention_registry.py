@@ -39,9 +39,20 @@ def softplus_op(q, k, mask, a, kernel):
 
 
 DUMMIES = {  # name: (entry, the path its training step takes)
-    "test_softplus": (OpSpec("test_softplus", softplus_op, scores="sim_nonneg", normalizers=("sum", "none")), "eager"),
-    "test_sigmoid_tiles": (OpSpec("test_sigmoid_tiles", sigmoid_op, scores="sim_nonneg", tiles="sigmoid"), "blocked"),
-    "test_softmax_sdpa": (OpSpec("test_softmax_sdpa", softmax_op, scores="probs", softmax=True, sdpa=True), "sdpa"),
+    "test_softplus": (
+        OpSpec(
+            name="test_softplus", about="softplus", fn=softplus_op, scores="sim_nonneg", normalizers=("sum", "none")
+        ),
+        "eager",
+    ),
+    "test_sigmoid_tiles": (
+        OpSpec(name="test_sigmoid_tiles", about="sigmoid", fn=sigmoid_op, scores="sim_nonneg", tiles="sigmoid"),
+        "blocked",
+    ),
+    "test_softmax_sdpa": (
+        OpSpec(name="test_softmax_sdpa", about="softmax", fn=softmax_op, scores="probs", softmax=True, sdpa=True),
+        "sdpa",
+    ),
 }
 
 
@@ -177,3 +188,13 @@ def test_the_run_summary_names_the_proxy_the_sink_metrics_use():
     assert label(op="softmax") is None and label(op="clipped_softmax") is None
     assert label(op="softmax", p=2.0) == label(op="sigmoid") == "proxy scores sim/Σ sim"
     assert label(op="kernel", feature_map="identity", normalizer="abs_clamp") == "proxy scores |sim|/Σ|sim|"
+
+
+def test_the_docs_table_of_ops_is_the_registry(dummies):
+    """docs/model.md's table is the built-in ops' (a registered op gets its row)."""
+    from regen_docs_tables import COMMAND, REPO, op_table, rendered
+
+    assert any(line.startswith("| `test_softplus` | softplus |") for line in op_table())
+    for name in DUMMIES:
+        del OPS[name]
+    assert rendered("model.md") == (REPO / "docs" / "model.md").read_text(), f"docs are stale: run `{COMMAND}`"
