@@ -11,26 +11,8 @@ ANALYSIS, TABLE1, DOMAIN, PASSKEY, STREAM, QUANT = "analysis/", "table1/", "doma
 AGREEMENT, SEEDS = "agreement/", "seeds/"  # a report's rank agreement, and its statistics over a variant's seeds
 EVAL = "eval/"  # lm-eval task scores, logged by the lm-eval run itself
 FLOW, LENGTH = "flow/", "length/"  # information flow per layer (pipeline.flow); sinklab length-eval
-NAMESPACES = (
-    SINK,
-    ACT,
-    ATTN,
-    HEADS,
-    TRAIN,
-    VAL,
-    PERF,
-    ANALYSIS,
-    TABLE1,
-    DOMAIN,
-    PASSKEY,
-    STREAM,
-    QUANT,
-    AGREEMENT,
-    EVAL,
-    SEEDS,
-    FLOW,
-    LENGTH,
-)
+NAMESPACES = (SINK, ACT, ATTN, HEADS, TRAIN, VAL, PERF, ANALYSIS, TABLE1, DOMAIN, PASSKEY, STREAM, QUANT)
+NAMESPACES += (AGREEMENT, EVAL, SEEDS, FLOW, LENGTH)
 
 # ---- training (pipeline.train.module, pipeline.train.callbacks.Throughput) ----------------------
 TRAIN_LOSS = TRAIN + "loss"  # the step's mean over micro-batches and ranks

@@ -61,7 +61,7 @@ def softmax_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: n
 
 
 def clipped_softmax_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
-    """clip((zeta - gamma) softmax(s) + gamma, 0, 1), zero where the mask forbids a pair."""
+    """Clipped softmax (Bondarenko et al. 2023): clip((ζ − γ) softmax(s) + γ, 0, 1), 0 where the mask forbids a pair."""
     s = scaled_scores(q, k, mask)
     w = ((a.clip_zeta - a.clip_gamma) * torch.softmax(s, dim=-1) + a.clip_gamma).clamp(0.0, 1.0)
     w = torch.where(_admitted(mask), w, torch.zeros_like(w))
@@ -144,7 +144,6 @@ class OpSpec:
     """One attention operation and every fact the rest of SinkLab needs about it (docs/model.md's table reads it)."""
 
     name: str
-    about: str  # what it computes and after whom, one line
     fn: OpFn  # the eager form (q, k, mask, attention config, phi) -> OpResult; every path is checked against it
     # what ``reported`` holds (a key of SCORE_KINDS), or a function of the attention config;
     # with p != 1 "probs" becomes "sim_nonneg" (a row's p-norm, not its sum, is one)
@@ -162,6 +161,11 @@ class OpSpec:
     phi: Callable[[AttentionConfig, int], nn.Module] | None = None
     # Scalable-Softmax (Nakanishi 2025): the layer scales row i's queries by s_h log n_i, n_i the keys it sees
     length_scale: bool = False
+    about: str = ""  # what it computes and after whom, one line (docs/model.md); empty: fn's docstring
+
+    def __post_init__(self) -> None:
+        if not self.about:
+            object.__setattr__(self, "about", " ".join((self.fn.__doc__ or "").split()))
 
     def kind(self, a: AttentionConfig) -> str:
         """The kind of ``reported`` for this config: "probs", "sim_nonneg" or "sim_signed"."""
@@ -188,6 +192,7 @@ def register(spec: OpSpec) -> None:
         f"scores must be one of {', '.join(SCORE_KINDS)}": not callable(spec.scores) and spec.scores not in SCORE_KINDS,
         f"normalizers must be among {', '.join(NORMALIZERS)}": not set(spec.normalizers) <= set(NORMALIZERS),
         "normalizers is empty": not spec.normalizers,
+        "about is empty (give fn a docstring)": not spec.about,
         f"tiles must be one of {', '.join(SIMILARITIES)}": spec.tiles is not None and spec.tiles not in SIMILARITIES,
         "sdpa and zero_logit need a softmax op": (spec.sdpa or spec.zero_logit) and not spec.softmax,
         "length_scale needs score_biases=False (a bias would escape the scale)": spec.length_scale
@@ -225,42 +230,14 @@ def proxy_label(a: AttentionConfig) -> str | None:
     return None if kind == "probs" else SCORE_KINDS[kind]
 
 
+register(OpSpec(name="softmax", fn=softmax_op, scores="probs", softmax=True, p_norm=True, sdpa=True))
 register(
-    OpSpec(
-        name="softmax",
-        about="softmax(q·k/√d_h); p ≠ 1: softmax(p s)^(1/p) (Eq. 44)",
-        fn=softmax_op,
-        scores="probs",
-        softmax=True,
-        p_norm=True,
-        sdpa=True,
-    )
+    OpSpec(name="sigmoid", fn=sigmoid_op, scores="sim_nonneg", normalizers=NORMALIZERS, p_norm=True, tiles="sigmoid")
 )
-register(
-    OpSpec(
-        name="sigmoid",
-        about="sigmoid(q·k/√d_h) / Z_i (Table 6)",
-        fn=sigmoid_op,
-        scores="sim_nonneg",
-        normalizers=NORMALIZERS,
-        p_norm=True,
-        tiles="sigmoid",
-    )
-)
-register(
-    OpSpec(
-        name="elu1",
-        about="(elu(q·k/√d_h) + 1) / Z_i (Table 6)",
-        fn=elu1_op,
-        scores="sim_nonneg",
-        normalizers=NORMALIZERS,
-        tiles="elu1",
-    )
-)
+register(OpSpec(name="elu1", fn=elu1_op, scores="sim_nonneg", normalizers=NORMALIZERS, tiles="elu1"))
 register(
     OpSpec(
         name="kernel",
-        about="φ(q)·φ(k)/√d_h / Z_i, φ = `attention.feature_map` (linear attention, Table 15)",
         fn=kernel_op,
         scores=lambda a: "sim_nonneg" if a.feature_map == "elu1" else "sim_signed",
         normalizers=NORMALIZERS,
@@ -273,39 +250,29 @@ register(
 register(
     OpSpec(
         name="softmax_off_by_one",
-        about="softmax with one more logit fixed at 0 (Miller 2023)",
         fn=softmax_op,
         scores="probs",
         softmax=True,
         sdpa=True,
         zero_logit=True,
+        about="Softmax with one more logit fixed at 0 in the denominator (Miller 2023).",
     )
 )
-register(
-    OpSpec(
-        name="clipped_softmax",
-        about="clip((ζ − γ) softmax + γ, 0, 1) (Bondarenko et al. 2023)",
-        fn=clipped_softmax_op,
-        scores="probs",
-        softmax=True,
-    )
-)
+register(OpSpec(name="clipped_softmax", fn=clipped_softmax_op, scores="probs", softmax=True))
 # no tiles: softpick's denominator sums |e^x - 1|
-register(
-    OpSpec(name="softpick", about="ReLU(e^x − 1) / Σ_j |e^x_j − 1| (Zuhri et al. 2025)", fn=softpick_op, scores="probs")
-)
+register(OpSpec(name="softpick", fn=softpick_op, scores="probs"))
 # the sink metrics read ReLU(s) / sum ReLU(s): the 1/n_i scale cancels
-register(OpSpec(name="relu", about="ReLU(q·k/√d_h) / n_i (Guo et al. 2024)", fn=relu_op, scores="sim_nonneg"))
+register(OpSpec(name="relu", fn=relu_op, scores="sim_nonneg"))
 # a sink logit is added after the scale
 register(
     OpSpec(
         name="ssmax",
-        about="Scalable-Softmax: softmax((s_h log n_i) q·k/√d_h) (Nakanishi 2025)",
         fn=softmax_op,
         scores="probs",
         softmax=True,
         sdpa=True,
         score_biases=False,
         length_scale=True,
+        about="Scalable-Softmax (Nakanishi 2025): softmax((s_h log n_i) q_i k_j / sqrt(d_h)).",
     )
 )

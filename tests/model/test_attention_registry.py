@@ -33,6 +33,7 @@ BUILT_IN = tuple(OPS)
 
 
 def softplus_op(q, k, mask, a, kernel):
+    """softplus(s) / Z_i."""
     admitted = _admitted(mask)
     sim = torch.where(admitted, F.softplus(scaled_scores(q, k, mask.masked_fill(~admitted, 0.0))), 0.0)
     return OpResult(normalize(sim, a.normalizer, a.p), sim)
@@ -40,17 +41,15 @@ def softplus_op(q, k, mask, a, kernel):
 
 DUMMIES = {  # name: (entry, the path its training step takes)
     "test_softplus": (
-        OpSpec(
-            name="test_softplus", about="softplus", fn=softplus_op, scores="sim_nonneg", normalizers=("sum", "none")
-        ),
+        OpSpec(name="test_softplus", fn=softplus_op, scores="sim_nonneg", normalizers=("sum", "none")),
         "eager",
     ),
     "test_sigmoid_tiles": (
-        OpSpec(name="test_sigmoid_tiles", about="sigmoid", fn=sigmoid_op, scores="sim_nonneg", tiles="sigmoid"),
+        OpSpec(name="test_sigmoid_tiles", fn=sigmoid_op, scores="sim_nonneg", tiles="sigmoid"),
         "blocked",
     ),
     "test_softmax_sdpa": (
-        OpSpec(name="test_softmax_sdpa", about="softmax", fn=softmax_op, scores="probs", softmax=True, sdpa=True),
+        OpSpec(name="test_softmax_sdpa", fn=softmax_op, scores="probs", softmax=True, sdpa=True),
         "sdpa",
     ),
 }
@@ -141,6 +140,7 @@ def test_unknown_and_unregistered_ops_are_refused_everywhere(dummies):
         (dict(scores="probabilities"), "scores must be one of probs, sim_nonneg, sim_signed"),
         (dict(normalizers=("sum", "max")), "normalizers must be among sum, abs_clamp, none"),
         (dict(sdpa=True), "sdpa and zero_logit need a softmax op"),
+        (dict(fn=lambda q, k, mask, a, phi: None, about=""), "about is empty"),
     ],
 )
 def test_a_broken_entry_is_refused_when_registered(change, problem):
@@ -148,6 +148,8 @@ def test_a_broken_entry_is_refused_when_registered(change, problem):
     with pytest.raises(ValueError, match=problem):
         register(entry)
     assert OPS.get(entry.name) is not entry
+    with pytest.raises(TypeError):  # every field by name
+        OpSpec("test_positional", softplus_op, "sim_nonneg")
 
 
 def test_the_cli_lists_the_ops_of_attention_ops_py():
@@ -194,7 +196,7 @@ def test_the_docs_table_of_ops_is_the_registry(dummies):
     """docs/model.md's table is the built-in ops' (a registered op gets its row)."""
     from regen_docs_tables import COMMAND, REPO, op_table, rendered
 
-    assert any(line.startswith("| `test_softplus` | softplus |") for line in op_table())
+    assert any(line.startswith("| `test_softplus` | softplus(s) / Z_i. | `sim_nonneg` |") for line in op_table())
     for name in DUMMIES:
         del OPS[name]
     assert rendered("model.md") == (REPO / "docs" / "model.md").read_text(), f"docs are stale: run `{COMMAND}`"
