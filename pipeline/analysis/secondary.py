@@ -77,10 +77,7 @@ def secondary_section(subject, tokens: torch.Tensor, probe: Probe, out: Path | N
 
 def metrics_of(section: dict) -> dict[str, float]:
     out = {}
-    for key, name in (
-        ("count", N.SECONDARY_COUNT),
-        ("share", P.name("secondary_share")),
-        ("norm_ratio", N.SECONDARY_NORM),
-    ):
+    names = {"count": N.SECONDARY_COUNT, "share": P.name("secondary_share"), "norm_ratio": N.SECONDARY_NORM}
+    for key, name in names.items():
         out.update({N.layer(name, l): v for l, v in enumerate(section[key]) if v is not None})
     return out

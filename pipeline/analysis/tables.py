@@ -47,12 +47,7 @@ def format_table(result: dict) -> str:
 
 def extreme_token_table(layers: dict[str, float]) -> list[str]:
     """SinkMeasures.extreme_token_metrics as one row per layer."""
-    columns = (
-        P.name("bos_share_trigger"),
-        P.name("bos_share_other"),
-        P.name("value_norm_ratio"),
-        P.name("massive_ratio"),
-    )
+    columns = [P.name(key) for key in ("bos_share_trigger", "bos_share_other", "value_norm_ratio", "massive_ratio")]
     rows = [
         "| layer | BOS share, trigger queries | BOS share, other queries | ‖v₁‖ ratio | ‖h₁‖ ratio |",
         "|---|---|---|---|---|",
@@ -65,10 +60,10 @@ def extreme_token_table(layers: dict[str, float]) -> list[str]:
 def flow_table(flow: dict[str, float], extreme: dict[str, float]) -> list[str]:
     """Per layer the first-token norm ratio, matrix entropy and over-mixing sensitivity; the jump and drop layers."""
     rows = ["| layer | ‖h₁‖ ratio | matrix entropy | over-mixing sensitivity |", "|---|---|---|---|"]
-    nan = float("nan")
+    nan, massive = float("nan"), P.name("massive_ratio")
     for l in range(sum(k.startswith(N.FLOW_ENTROPY + "_l") for k in flow)):
         rows.append(
-            f"| {l} | {extreme.get(N.layer(P.name('massive_ratio'), l), nan):.2f} | {flow[N.layer(N.FLOW_ENTROPY, l)]:.3f} "
+            f"| {l} | {extreme.get(N.layer(massive, l), nan):.2f} | {flow[N.layer(N.FLOW_ENTROPY, l)]:.3f} "
             f"| {flow.get(N.layer(N.FLOW_MIXING, l), nan):.3g} |"
         )
     jump, drop = flow.get(N.NORM_JUMP_LAYER), flow.get(N.ENTROPY_DROP_LAYER)
