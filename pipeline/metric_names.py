@@ -11,26 +11,8 @@ ANALYSIS, TABLE1, DOMAIN, PASSKEY, STREAM, QUANT = "analysis/", "table1/", "doma
 AGREEMENT, SEEDS = "agreement/", "seeds/"  # a report's rank agreement, and its statistics over a variant's seeds
 EVAL = "eval/"  # lm-eval task scores, logged by the lm-eval run itself
 FLOW, LENGTH = "flow/", "length/"  # information flow per layer (pipeline.flow); sinklab length-eval
-NAMESPACES = (
-    SINK,
-    ACT,
-    ATTN,
-    HEADS,
-    TRAIN,
-    VAL,
-    PERF,
-    ANALYSIS,
-    TABLE1,
-    DOMAIN,
-    PASSKEY,
-    STREAM,
-    QUANT,
-    AGREEMENT,
-    EVAL,
-    SEEDS,
-    FLOW,
-    LENGTH,
-)
+NAMESPACES = (SINK, ACT, ATTN, HEADS, TRAIN, VAL, PERF, ANALYSIS, TABLE1, DOMAIN, PASSKEY, STREAM, QUANT)
+NAMESPACES += (AGREEMENT, EVAL, SEEDS, FLOW, LENGTH)
 
 # ---- training (pipeline.train.module, pipeline.train.callbacks.Throughput) ----------------------
 TRAIN_LOSS = TRAIN + "loss"  # the step's mean over micro-batches and ranks
@@ -43,19 +25,12 @@ MFU = PERF + "mfu"
 MAX_MEMORY_GIB = PERF + "max_memory_gib"
 
 # ---- the sink probe (pipeline.probe, pipeline.train.emergence) ----------------------------------
+# its registered metrics are named by their registrations, namespace + key (pipeline.probe_metrics.name)
 SINK1 = SINK + "sink1"
 ALPHA1_MEAN = SINK + "alpha1_mean"  # mean α₁ over layers, heads and sequences
 ALPHA1_UNIFORM = SINK + "alpha1_uniform"  # α₁ under uniform attention with this model's mask
 EMERGED_STEP = SINK + "emerged_step_"
-BOS_SHARE_TRIGGER = SINK + "bos_share_trigger"  # per layer; Bigram-Backcopy probes only
-BOS_SHARE_OTHER = SINK + "bos_share_other"
-MASSIVE_RATIO = ACT + "massive_ratio"  # per layer: ‖h₁‖ / mean ‖hₜ‖
-VALUE_NORM_RATIO = ACT + "value_norm_ratio"  # per layer: ‖v₁‖ / mean ‖vₜ‖
-MAX_LOGIT = ATTN + "max_logit"  # per layer, and the max over layers: the largest q·k/√d_h
 HEAD_ALPHA1 = HEADS + "alpha1"  # per head
-HEAD_ENTROPY = HEADS + "entropy"
-HEAD_OUT_NORM = HEADS + "out_norm"
-HEAD_MAX_LOGIT = HEADS + "max_logit"
 DORMANT_PCT = HEADS + "dormant_pct"
 # information flow (pipeline.flow): per layer unless said otherwise
 FLOW_ENTROPY = FLOW + "entropy"  # normalised matrix entropy of the token representations
@@ -92,7 +67,7 @@ def act(name: str) -> str:
 
 
 def layer(name: str, l: int) -> str:
-    """``<name>_l<l>``, e.g. ``layer(MASSIVE_RATIO, 0)`` = ``act/massive_ratio_l0``."""
+    """``<name>_l<l>``, e.g. ``layer(FLOW_ENTROPY, 0)`` = ``flow/entropy_l0``."""
     return f"{name}_l{l}"
 
 
@@ -153,9 +128,9 @@ def kv_passkey(row: str, budget: float, factor: int | str) -> str:
     return f"{STREAM}kv_passkey_{row}_b{budget:g}_x{factor}"
 
 
-# secondary sinks per layer (pipeline.secondary_sinks), with layer(): count per head, attention share, ‖h‖ ratio
-SECONDARY_COUNT, SECONDARY_SHARE = SINK + "secondary_count", SINK + "secondary_share"
-SECONDARY_NORM = SINK + "secondary_norm_ratio"
+# secondary sinks per layer (pipeline.secondary_sinks), with layer(): count per head and ‖h‖ ratio (the
+# attention share is the probe's registered secondary_share)
+SECONDARY_COUNT, SECONDARY_NORM = SINK + "secondary_count", SINK + "secondary_norm_ratio"
 
 
 def quant(name: str) -> str:

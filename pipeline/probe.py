@@ -116,7 +116,9 @@ class SinkAccumulator:
         alphas = torch.cat(self.alphas)  # [N, L, H, P]
         slots = torch.cat(self.slots)  # [N, L, H, S]
         values = probe_metrics.reduced(self.values)
-        values.setdefault("massive_ratio", torch.full((alphas.shape[1],), float("nan")))
+        for key, m in probe_metrics.REGISTRY.items():
+            if m.nan_when_unmeasured:
+                values.setdefault(key, torch.full(alphas.shape[1 : 2 if m.per == "layer" else 3], float("nan")))
         return SinkMeasures(
             sink1=metrics.sink_rate(alphas[..., 0], self.eps),
             sink_star={str(s): metrics.sink_rate(slots[..., s], self.eps) for s in range(slots.shape[-1])},

@@ -1,7 +1,8 @@
 """The probe's per-layer and per-head metrics, one registration each (docs/training.md, "The live probe").
 
 A metric maps a :class:`ProbeBatch` to ``[B, L]`` or ``[B, L, H]`` (None: not measured); every reader reads
-:data:`REGISTRY`. Adding a metric: a function below and a ``register`` line.
+:data:`REGISTRY`, docs/training.md's table too. Adding a metric: a function below with its ``@register(...)``, then
+``python -m tests.regen_probe_values`` and ``python -m tests.regen_docs_tables``.
 """
 
 from __future__ import annotations
@@ -43,30 +44,64 @@ class ProbeBatch:
         return self.maps[..., self.n_key_slots :]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProbeMetric:
-    """``key``: the report's attribute and JSON field. ``per``: ``compute`` gives ``[B, L]`` (layer) or ``[B, L, H]``
-    (head). ``over_sequences``: the reduction to ``[L]`` / ``[L, H]``. Logged as ``layer_name``_l{l} (a head metric
-    reduced over heads by ``over_heads``), with ``over_layers`` also as ``layer_name`` itself, and per head as
-    ``head_name``_l{l}_h{h} (metrics.jsonl and images only: pipeline.tracking.views); None: not logged that way."""
+    """One registered metric; its MLflow names are its namespace and key, so no other file spells them."""
 
     key: str
-    per: Literal["layer", "head"]
+    """The report's attribute and JSON field: the function's name."""
     compute: Callable[[ProbeBatch], Tensor | None]
+    """The function; the first line of its docstring is its row in docs/training.md."""
+    per: Literal["layer", "head"]
+    """What ``compute`` gives per sequence: ``[B, L]`` (layer) or ``[B, L, H]`` (head)."""
     over_sequences: Reduce = "mean"
-    layer_name: str | None = None
+    """The reduction over sequences, to ``[L]`` or ``[L, H]``."""
+    namespace: str | None = None
+    """Logged per layer as ``<namespace><key>_l{l}`` (a head metric reduced over heads); None: not per layer."""
     over_heads: Reduce = "mean"
     over_layers: Reduce | None = None
-    head_name: str | None = None
+    """Also logged over layers as ``<namespace><key>`` by this reduction; None: not."""
+    per_head: bool = False
+    """Logged per head as ``heads/<key>_l{l}_h{h}`` (metrics.jsonl and images only: pipeline.tracking.views)."""
+    extreme_token: bool = False
+    """One of Guo et al. 2024's extreme-token phenomena (``SinkMeasures.extreme_token_metrics``)."""
+    nan_when_unmeasured: bool = False
+    """Reported as NaN per layer where a probe cannot measure it, so that every report has the column."""
+
+    @property
+    def name(self) -> str | None:
+        """The MLflow name per layer without its ``_l{l}``, and over layers."""
+        return None if self.namespace is None else self.namespace + self.key
+
+    @property
+    def head_name(self) -> str | None:
+        return N.HEADS + self.key if self.per_head else None
 
 
 REGISTRY: dict[str, ProbeMetric] = {}
 
 
-def register(metric: ProbeMetric) -> None:
-    if metric.key in REGISTRY:
-        raise ValueError(f"probe metric {metric.key!r} is registered twice")
-    REGISTRY[metric.key] = metric
+def register(*, per: Literal["layer", "head"], **fields) -> Callable[[Callable], Callable]:
+    """The decorator that registers the function below it under its own name, with ``ProbeMetric``'s fields."""
+
+    def add(compute: Callable) -> Callable:
+        metric = ProbeMetric(key=compute.__name__, compute=compute, per=per, **fields)
+        if metric.key in REGISTRY:
+            raise ValueError(f"probe metric {metric.key!r} is registered twice")
+        if metric.namespace is not None and metric.namespace not in N.NAMESPACES:
+            raise ValueError(f"probe metric {metric.key!r}: namespace {metric.namespace!r} is none of metric_names'")
+        REGISTRY[metric.key] = metric
+        return compute
+
+    return add
+
+
+def name(key: str) -> str:
+    """The per-layer MLflow name (without ``_l{l}``) of registered metric ``key``."""
+    metric = REGISTRY[key]
+    if metric.name is None:
+        raise ValueError(f"probe metric {key!r} is not logged per layer")
+    return metric.name
 
 
 def reduce(values: Tensor, how: Reduce, dim: int) -> Tensor:
@@ -81,16 +116,19 @@ def _flat_heads(fn: Callable[..., Tensor], x: Tensor, *args) -> Tensor:
     return fn(x.flatten(1, 2), *args).unflatten(1, (L, H))
 
 
+@register(per="head", over_sequences="nanmean", per_head=True)
 def entropy(b: ProbeBatch) -> Tensor:
     """Normalised row entropy per head (metrics.attention_entropy)."""
     return metrics.attention_entropy(b.maps, b.admitted)
 
 
+@register(per="head", per_head=True)
 def out_norm(b: ProbeBatch) -> Tensor | None:
     """Mean ‖A·V‖ per token, per head (with dormant α₁: Guo et al.'s dormant heads)."""
     return None if b.head_outputs is None else metrics.head_output_norm(b.head_outputs)
 
 
+@register(per="head", over_sequences="max", namespace=N.ATTN, over_heads="max", over_layers="max", per_head=True)
 def max_logit(b: ProbeBatch) -> Tensor | None:
     """The largest admitted q·k/√d_h per head (metrics.max_attention_logit)."""
     if not b.logits or b.queries is None or b.keys is None:
@@ -98,57 +136,52 @@ def max_logit(b: ProbeBatch) -> Tensor | None:
     return metrics.max_attention_logit(b.queries, b.keys, b.admitted[:, b.n_key_slots :])
 
 
+@register(per="head", over_sequences="nanmean", namespace=N.SINK, extreme_token=True)
 def bos_share_trigger(b: ProbeBatch) -> Tensor | None:
-    """Guo et al. 2024's active/dormant split on a Bigram-Backcopy probe: attention on token 1 from trigger queries."""
+    """Guo et al. 2024's active/dormant split: attention on token 1 from a Bigram-Backcopy probe's trigger queries."""
     return None if b.triggers is None else _flat_heads(metrics.first_key_share, b.real, b.triggers)
 
 
+@register(per="head", over_sequences="nanmean", namespace=N.SINK, extreme_token=True)
 def bos_share_other(b: ProbeBatch) -> Tensor | None:
-    """The same from the other queries i ≥ 2."""
+    """Guo et al.'s split again: attention on token 1 from the other queries i ≥ 2."""
     return None if b.triggers is None else _flat_heads(metrics.first_key_share, b.real, ~b.triggers)
 
 
+@register(per="layer", namespace=N.ACT, extreme_token=True, nan_when_unmeasured=True)
 def massive_ratio(b: ProbeBatch) -> Tensor | None:
     """Guo et al.'s residual-state peak: ‖h_1‖ / mean_{t≠1} ‖h_t‖ per layer."""
     return None if b.hidden is None else metrics.massive_activation_ratio(b.hidden)
 
 
+@register(per="layer")
 def key_norm_ratio(b: ProbeBatch) -> Tensor | None:
     """‖k_1‖ / mean_{t≠1} ‖k_t‖, mean over heads."""
     return None if b.keys is None or not b.qkv else metrics.first_token_norm_ratio(b.keys).mean(dim=2)
 
 
+@register(per="layer", namespace=N.ACT, extreme_token=True)
 def value_norm_ratio(b: ProbeBatch) -> Tensor | None:
     """Guo et al.'s value-state drain: ‖v_1‖ / mean_{t≠1} ‖v_t‖, mean over heads."""
     return None if b.values is None or not b.qkv else metrics.first_token_norm_ratio(b.values).mean(dim=2)
 
 
+@register(per="layer", namespace=N.ACT, over_layers="mean")
 def kurtosis_first(b: ProbeBatch) -> Tensor | None:
     """Kaul et al. 2025's κ_{m,1}: the first token's kurtosis over its d channels (Table 2)."""
     return None if b.hidden is None else token_kurtosis(b.hidden[:, :, 0])
 
 
+@register(per="layer", namespace=N.ACT, over_layers="mean")
 def kurtosis_rest(b: ProbeBatch) -> Tensor | None:
     """Kaul et al. 2025's κ_{m,>1}: the other tokens' kurtosis over their d channels, their mean."""
     return None if b.hidden is None else token_kurtosis(b.hidden[:, :, 1:]).mean(dim=-1)
 
 
+@register(per="head", namespace=N.SINK, over_layers="mean")
 def secondary_share(b: ProbeBatch) -> Tensor:
     """Attention share of each head's secondary sinks (α_k > ε at k > 1; pipeline.secondary_sinks)."""
     return attention_share(b.real, metrics.DEFAULT_EPS, 1, MIN_QUERIES)
-
-
-register(ProbeMetric("entropy", "head", entropy, "nanmean", head_name=N.HEAD_ENTROPY))
-register(ProbeMetric("out_norm", "head", out_norm, head_name=N.HEAD_OUT_NORM))
-register(ProbeMetric("max_logit", "head", max_logit, "max", N.MAX_LOGIT, "max", "max", N.HEAD_MAX_LOGIT))
-register(ProbeMetric("bos_share_trigger", "head", bos_share_trigger, "nanmean", N.BOS_SHARE_TRIGGER))
-register(ProbeMetric("bos_share_other", "head", bos_share_other, "nanmean", N.BOS_SHARE_OTHER))
-register(ProbeMetric("massive_ratio", "layer", massive_ratio, layer_name=N.MASSIVE_RATIO))
-register(ProbeMetric("key_norm_ratio", "layer", key_norm_ratio))
-register(ProbeMetric("value_norm_ratio", "layer", value_norm_ratio, layer_name=N.VALUE_NORM_RATIO))
-register(ProbeMetric("kurtosis_first", "layer", kurtosis_first, layer_name=N.act("kurtosis_first"), over_layers="mean"))
-register(ProbeMetric("kurtosis_rest", "layer", kurtosis_rest, layer_name=N.act("kurtosis_rest"), over_layers="mean"))
-register(ProbeMetric("secondary_share", "head", secondary_share, layer_name=N.SECONDARY_SHARE, over_layers="mean"))
 
 
 def head_names() -> tuple[str, ...]:
@@ -161,12 +194,12 @@ def to_metrics(values: dict[str, Tensor]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, v in values.items():
         m = REGISTRY[key]
-        if m.layer_name is None:
+        if m.name is None:
             continue
         per_layer = reduce(v.float(), m.over_heads, -1) if m.per == "head" else v.float()
-        out.update({N.layer(m.layer_name, l): float(x) for l, x in enumerate(per_layer)})
+        out.update({N.layer(m.name, l): float(x) for l, x in enumerate(per_layer)})
         if m.over_layers is not None:
-            out[m.layer_name] = float(reduce(per_layer, m.over_layers, 0))
+            out[m.name] = float(reduce(per_layer, m.over_layers, 0))
     return out
 
 

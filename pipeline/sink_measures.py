@@ -11,8 +11,6 @@ from pipeline import metrics, probe_metrics
 from pipeline.flow import FlowMeasures
 from pipeline.outliers import OutlierMeasures
 
-EXTREME_TOKENS = ("massive_ratio", "value_norm_ratio", "bos_share_trigger", "bos_share_other")
-
 
 @dataclass
 class SinkMeasures:
@@ -72,8 +70,9 @@ class SinkMeasures:
         return out | probe_metrics.to_metrics(self.values)
 
     def extreme_token_metrics(self) -> dict[str, float]:
-        """Guo et al. 2024's extreme-token phenomena per layer, where measured (the EXTREME_TOKENS metrics)."""
-        return probe_metrics.to_metrics({k: v for k, v in self.values.items() if k in EXTREME_TOKENS})
+        """Guo et al. 2024's extreme-token phenomena per layer, where measured (the ``extreme_token`` metrics)."""
+        extreme = {k: v for k, v in self.values.items() if probe_metrics.REGISTRY[k].extreme_token}
+        return probe_metrics.to_metrics(extreme)
 
     def to_json(self) -> dict:
         """A JSON-ready record (lists, not tensors) of every field but ``alpha1_all``."""

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from pipeline import metric_names as N
+from pipeline import probe_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = ("sinklab_io", "data_prep", "pipeline", "cluster", "benchmarks")
@@ -56,8 +57,17 @@ e = "hf/"  # not a namespace of metrics
 
 
 def test_names():
-    assert N.layer(N.MASSIVE_RATIO, 3) == "act/massive_ratio_l3"
+    assert N.layer(N.FLOW_ENTROPY, 3) == "flow/entropy_l3"
     assert N.head(N.HEAD_ALPHA1, 0, 2) == "heads/alpha1_l0_h2"
     assert N.sink_k(1) == "sink/sink_k1" and N.emerged_step("sink1_1pct") == "sink/emerged_step_sink1_1pct"
     assert N.is_metric("sink/sink1") and N.is_metric("stream/ppl_sink4_window252")
     assert not N.is_metric("sink1") and not N.is_metric("sink/") and not N.is_metric("foo/bar")
+
+
+def test_the_probe_registry_names_its_metrics_once():
+    """A registered probe metric's names are metric names that neither another registration nor a constant
+    of pipeline/metric_names.py also gives."""
+    names = [n for m in probe_metrics.REGISTRY.values() for n in (m.name, m.head_name) if n is not None]
+    constants = {v for k, v in vars(N).items() if k.isupper() and isinstance(v, str) and not k.endswith("_IMAGE")}
+    assert all(N.is_metric(n) for n in names) and len(set(names)) == len(names)
+    assert set(names).isdisjoint(constants)

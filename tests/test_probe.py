@@ -2,12 +2,12 @@
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from analysis_helpers import micro_model
 from probe_cases import CASES, logged_values
+from regen_probe_values import COMMAND, VALUES
 
 from pipeline import metrics
 from pipeline.model import ModelConfig, ModelOutput
@@ -232,8 +232,9 @@ def test_run_probe_max_logit_is_the_largest_admitted_qk_over_sqrt_dh(overrides):
 def test_run_probe_logs_the_recorded_values(case):
     """Every value a training probe logs, on a fixed seed, as recorded in tests/probe_values.json:
     a faster probe must measure the same things."""
-    recorded = json.loads((Path(__file__).parent / "probe_values.json").read_text())[case]
+    recorded = json.loads(VALUES.read_text())[case]
     measured = logged_values(case)
-    assert sorted(measured) == sorted(recorded)
+    regen = f"; if that is meant, `{COMMAND}` records the new values"
+    assert sorted(measured) == sorted(recorded), f"the probe logs other names than {VALUES.name} holds{regen}"
     for name, value in recorded.items():
-        assert measured[name] == pytest.approx(value, rel=1e-5, abs=1e-7, nan_ok=True), name
+        assert measured[name] == pytest.approx(value, rel=1e-5, abs=1e-7, nan_ok=True), name + regen

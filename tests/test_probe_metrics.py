@@ -42,18 +42,18 @@ def _by_layer(model, tokens, triggers):
         logit = metrics.max_attention_logit(out.queries[l], out.keys[l], admitted[-T:, -T:]).amax(0)
         out_norm = metrics.head_output_norm(out.head_outputs[l]).mean(0)
         for h in range(a.shape[1]):
-            expect |= {N.head(N.HEAD_ENTROPY, l, h): entropy[h], N.head(N.HEAD_MAX_LOGIT, l, h): logit[h]}
-            expect[N.head(N.HEAD_OUT_NORM, l, h)] = out_norm[h]
-        expect[N.layer(N.MAX_LOGIT, l)] = logit.max()
+            expect |= {N.head("heads/entropy", l, h): entropy[h], N.head("heads/max_logit", l, h): logit[h]}
+            expect[N.head("heads/out_norm", l, h)] = out_norm[h]
+        expect[N.layer("attn/max_logit", l)] = logit.max()
         hidden = out.hidden_states[l].float()
-        expect[N.layer(N.MASSIVE_RATIO, l)] = metrics.massive_activation_ratio(hidden[:, nq:]).mean()
-        expect[N.layer(N.VALUE_NORM_RATIO, l)] = metrics.first_token_norm_ratio(out.values[l]).mean()
-        for name, chosen in ((N.BOS_SHARE_TRIGGER, triggers), (N.BOS_SHARE_OTHER, ~triggers)):
+        expect[N.layer("act/massive_ratio", l)] = metrics.massive_activation_ratio(hidden[:, nq:]).mean()
+        expect[N.layer("act/value_norm_ratio", l)] = metrics.first_token_norm_ratio(out.values[l]).mean()
+        for name, chosen in (("sink/bos_share_trigger", triggers), ("sink/bos_share_other", ~triggers)):
             expect[N.layer(name, l)] = metrics.first_key_share(real, chosen).nanmean(0).mean()
         expect[N.layer(N.act("kurtosis_pooled"), l)] = outliers.kurtosis(hidden).mean()
         expect[N.layer(N.act("max_abs"), l)] = outliers.max_abs(hidden).mean()
         expect[N.layer(N.FLOW_ENTROPY, l)] = matrix_entropy(hidden[:, nq:]).mean()
-        expect[N.layer(N.SECONDARY_SHARE, l)] = secondary_sinks.attention_share(real, 0.3, 1, 8).mean()
+        expect[N.layer("sink/secondary_share", l)] = secondary_sinks.attention_share(real, 0.3, 1, 8).mean()
     alpha = torch.stack(alphas, 1)
     expect[N.SINK1] = metrics.sink_rate(alpha[..., 0])
     expect |= {N.sink_k(k + 1): metrics.sink_rate(alpha[..., k]) for k in range(alpha.shape[-1])}
@@ -107,23 +107,66 @@ def test_kaul_kurtosis_is_logged_per_layer_and_as_the_mean_over_layers():
     assert logged[N.act("kurtosis_rest")] < 10
 
 
-def test_a_registered_metric_reaches_the_report_its_names_and_its_json(monkeypatch):
-    """One function and one registration: the accumulator, to_metrics, head_metrics and to_json read it."""
-    registry = dict(probe_metrics.REGISTRY)
-    monkeypatch.setattr(probe_metrics, "REGISTRY", registry)
-    probe_metrics.register(
-        probe_metrics.ProbeMetric(
-            "diagonal", "head", lambda b: b.real.diagonal(dim1=-2, dim2=-1).mean(-1), "max", "sink/diag", "mean", "max"
-        )
+@pytest.fixture
+def diagonal(monkeypatch):
+    """A metric registered as a new one is: one function and its ``@register``, nothing else."""
+    monkeypatch.setattr(probe_metrics, "REGISTRY", dict(probe_metrics.REGISTRY))
+
+    @probe_metrics.register(
+        per="head", over_sequences="max", namespace=N.SINK, over_layers="max", per_head=True, extreme_token=True
     )
+    def diagonal(b: ProbeBatch) -> torch.Tensor:
+        """How much each query attends to itself."""
+        return b.real.diagonal(dim1=-2, dim2=-1).mean(-1)
+
+    return diagonal
+
+
+def test_a_registered_metric_reaches_every_reader(diagonal):
+    """The accumulator, the report's attribute and JSON, its MLflow names, the extreme-token set, the per-head
+    names the MLflow view keeps apart, and docs/training.md's table all read the registration."""
+    from regen_docs_tables import metric_table
+
+    from pipeline.tracking.views import sent_to_mlflow
+
     acc = SinkAccumulator()
     acc.add([torch.eye(4).expand(2, 3, 4, 4)] * 2)
     report = acc.measures()
     assert report.diagonal.shape == (2, 3) and report.to_json()["diagonal"] == [[1.0] * 3] * 2
-    assert report.to_metrics()["sink/diag_l1"] == 1.0 and report.to_metrics()["sink/diag"] == 1.0
+    assert report.to_metrics()["sink/diagonal_l1"] == 1.0 and report.to_metrics()["sink/diagonal"] == 1.0
+    assert report.head_metrics()["heads/diagonal_l1_h2"] == 1.0
+    extreme = report.extreme_token_metrics()
+    assert {k: v for k, v in extreme.items() if "diagonal" in k} == {
+        f"sink/diagonal{s}": 1.0 for s in ("_l0", "_l1", "")
+    }
+    assert probe_metrics.name("diagonal") == "sink/diagonal" and "heads/diagonal" in probe_metrics.head_names()
+    assert not sent_to_mlflow("heads/diagonal_l0_h1") and sent_to_mlflow("sink/diagonal_l0")
+    row = next(line for line in metric_table() if line.startswith("| `diagonal` |"))
+    assert "`sink/diagonal_l{l}` (mean over heads)" in row and "How much each query attends to itself." in row
     with pytest.raises(ValueError, match="registered twice"):
-        probe_metrics.register(registry["diagonal"])
+        probe_metrics.register(per="layer")(diagonal)
+
+
+def test_a_registration_is_keyword_only_and_its_namespace_known():
+    with pytest.raises(TypeError):
+        probe_metrics.ProbeMetric("diagonal", lambda b: None, "head")
+    with pytest.raises(ValueError, match="namespace 'diag/' is none of metric_names'"):
+        probe_metrics.register(per="layer", namespace="diag/")(lambda b: None)
+
+
+def test_a_metric_no_probe_can_measure_is_nan_where_so_registered():
+    acc = SinkAccumulator()
+    acc.add([torch.eye(4).expand(2, 3, 4, 4)] * 2)  # no hidden states
+    unmeasured = {k for k, m in probe_metrics.REGISTRY.items() if m.nan_when_unmeasured}
+    assert unmeasured == {"massive_ratio"}
+    assert torch.isnan(acc.measures().massive_ratio).all() and acc.measures().kurtosis_first is None
+
+
+def test_the_docs_table_of_metrics_is_the_registry():
+    from regen_docs_tables import COMMAND, REPO, rendered
+
+    assert rendered("training.md") == (REPO / "docs" / "training.md").read_text(), f"docs are stale: run `{COMMAND}`"
 
 
 def test_the_per_head_names_come_from_the_registry():
-    assert probe_metrics.head_names() == (N.HEAD_ENTROPY, N.HEAD_OUT_NORM, N.HEAD_MAX_LOGIT)
+    assert probe_metrics.head_names() == ("heads/entropy", "heads/out_norm", "heads/max_logit")

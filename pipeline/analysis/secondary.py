@@ -10,6 +10,7 @@ import torch
 
 from pipeline import metric_names as N
 from pipeline import plots
+from pipeline import probe_metrics as P
 from pipeline.analysis.inputs import Probe
 from pipeline.metrics import split_slots
 from pipeline.secondary_sinks import MIN_QUERIES, layer_stats
@@ -76,6 +77,7 @@ def secondary_section(subject, tokens: torch.Tensor, probe: Probe, out: Path | N
 
 def metrics_of(section: dict) -> dict[str, float]:
     out = {}
-    for key, name in (("count", N.SECONDARY_COUNT), ("share", N.SECONDARY_SHARE), ("norm_ratio", N.SECONDARY_NORM)):
+    names = {"count": N.SECONDARY_COUNT, "share": P.name("secondary_share"), "norm_ratio": N.SECONDARY_NORM}
+    for key, name in names.items():
         out.update({N.layer(name, l): v for l, v in enumerate(section[key]) if v is not None})
     return out

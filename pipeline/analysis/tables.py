@@ -4,6 +4,7 @@ extreme-token phenomena and the information flow per layer, domains, learned-pos
 from __future__ import annotations
 
 from pipeline import metric_names as N
+from pipeline import probe_metrics as P
 from pipeline.outliers import summary_table
 
 
@@ -27,7 +28,7 @@ def format_table(result: dict) -> str:
     if outliers:
         lines += ["", "Activation outliers (largest over layers; docs/analysis.md)", ""] + summary_table(outliers)
     for kind, layers in result.get("extreme_tokens", {}).items():
-        if any(k.startswith(N.BOS_SHARE_OTHER) for k in layers):  # a Bigram-Backcopy probe: the split is known
+        if any(k.startswith(P.name("bos_share_other")) for k in layers):  # a Bigram-Backcopy probe: the split is known
             table = extreme_token_table(layers)
             lines += ["", f"Extreme-token phenomena per layer ({kind}; Guo et al. 2024)", "", *table]
     for kind, layers in result.get("flow", {}).items():
@@ -46,12 +47,12 @@ def format_table(result: dict) -> str:
 
 def extreme_token_table(layers: dict[str, float]) -> list[str]:
     """SinkMeasures.extreme_token_metrics as one row per layer."""
-    columns = (N.BOS_SHARE_TRIGGER, N.BOS_SHARE_OTHER, N.VALUE_NORM_RATIO, N.MASSIVE_RATIO)
+    columns = [P.name(key) for key in ("bos_share_trigger", "bos_share_other", "value_norm_ratio", "massive_ratio")]
     rows = [
         "| layer | BOS share, trigger queries | BOS share, other queries | ‖v₁‖ ratio | ‖h₁‖ ratio |",
         "|---|---|---|---|---|",
     ]
-    for l in range(sum(k.startswith(N.MASSIVE_RATIO + "_l") for k in layers)):
+    for l in range(sum(k.startswith(P.name("massive_ratio") + "_l") for k in layers)):
         rows.append(f"| {l} | " + " | ".join(f"{layers.get(N.layer(c, l), float('nan')):.3f}" for c in columns) + " |")
     return rows
 
@@ -59,10 +60,10 @@ def extreme_token_table(layers: dict[str, float]) -> list[str]:
 def flow_table(flow: dict[str, float], extreme: dict[str, float]) -> list[str]:
     """Per layer the first-token norm ratio, matrix entropy and over-mixing sensitivity; the jump and drop layers."""
     rows = ["| layer | ‖h₁‖ ratio | matrix entropy | over-mixing sensitivity |", "|---|---|---|---|"]
-    nan = float("nan")
+    nan, massive = float("nan"), P.name("massive_ratio")
     for l in range(sum(k.startswith(N.FLOW_ENTROPY + "_l") for k in flow)):
         rows.append(
-            f"| {l} | {extreme.get(N.layer(N.MASSIVE_RATIO, l), nan):.2f} | {flow[N.layer(N.FLOW_ENTROPY, l)]:.3f} "
+            f"| {l} | {extreme.get(N.layer(massive, l), nan):.2f} | {flow[N.layer(N.FLOW_ENTROPY, l)]:.3f} "
             f"| {flow.get(N.layer(N.FLOW_MIXING, l), nan):.3g} |"
         )
     jump, drop = flow.get(N.NORM_JUMP_LAYER), flow.get(N.ENTROPY_DROP_LAYER)

@@ -3,11 +3,10 @@ resumed, and the ZeRO merge. Other parts import from here only (docs/training.md
 
 from __future__ import annotations
 
-from .consolidate import merge_zero_checkpoint
 from .integrity import NonFiniteLossError, checkpoint_problem, nonfinite_state
 from .resume import check_resume, resume_path, start_over
 from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, checkpoint_name, release_lock
-from .step import BesideTargetIO, StepCheckpoint, at_step_end
+from .step import BesideTargetIO, StepCheckpoint, at_step_end, merge_zero_checkpoint
 
 __all__ = [
     "BesideTargetIO",

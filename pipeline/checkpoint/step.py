@@ -1,7 +1,9 @@
-"""Step checkpoints: written at optimizer-step ends only, atomically, the newest ``keep_last`` kept."""
+"""Step checkpoints: written at optimizer-step ends only, atomically, the newest ``keep_last`` kept; the ZeRO merge."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from pathlib import Path
 
@@ -109,3 +111,14 @@ class StepCheckpoint(Checkpoint):
 
     def load_state_dict(self, state: dict) -> None:
         self.last_saved = state.get("last_saved", -1)
+
+
+def merge_zero_checkpoint(ckpt_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> dict:
+    """A DeepSpeed ZeRO checkpoint directory merged by Lightning's converter (``zero_to_fp32`` and the training
+    state): the checkpoint dict, also written to ``out``."""
+    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+    if out is not None:
+        return convert_zero_checkpoint_to_fp32_state_dict(ckpt_dir, out)
+    with contextlib.redirect_stdout(io.StringIO()):  # its "Saving fp32 state dict to ..." line
+        return convert_zero_checkpoint_to_fp32_state_dict(ckpt_dir, os.devnull)

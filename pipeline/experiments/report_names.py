@@ -8,6 +8,7 @@ import re
 
 from pipeline import metric_names as N
 from pipeline import metrics as M
+from pipeline import probe_metrics as P
 
 SINK1, ALPHA1 = N.SINK1, N.ALPHA1_MEAN
 UNIFORM = N.ALPHA1_UNIFORM  # logged by every probe
@@ -30,14 +31,14 @@ RANGES = (
     (N.length_passkey("m", 1).removesuffix("m_x1"), PERCENT),
     (N.EVAL, PERCENT),  # lm-eval's accuracies: a share in [0, 1], or a percentage
     (N.alpha_k_mean(1).removesuffix("1_mean"), SHARE),  # alpha_k means and the uniform alpha_1
-    (N.BOS_SHARE_TRIGGER, SHARE),
-    (N.BOS_SHARE_OTHER, SHARE),
+    (P.name("bos_share_trigger"), SHARE),
+    (P.name("bos_share_other"), SHARE),
     (N.FLOW_ENTROPY, SHARE),  # normalised: 0 for rank 1, 1 at most
     (N.TRAIN_LOSS, NONNEGATIVE),
     (N.VAL_LOSS, NONNEGATIVE),
     (N.length_loss("m", 0).removesuffix("m_b0"), NONNEGATIVE),
-    (N.MASSIVE_RATIO, NONNEGATIVE),
-    (N.VALUE_NORM_RATIO, NONNEGATIVE),
+    (P.name("massive_ratio"), NONNEGATIVE),
+    (P.name("value_norm_ratio"), NONNEGATIVE),
     (N.SKIPPED_STEPS, NONNEGATIVE),
     (N.FLOW_MIXING, NONNEGATIVE),
     (N.stream_perplexity("x").removesuffix("x"), (1.0, math.inf)),

@@ -252,13 +252,3 @@ def _parse_variant(raw: Any, i: int, r: Reader, column_keys: list[str]) -> Varia
         paper_status=r.text(v.get("paper_status"), at + ("paper_status",), optional=True),
         note=r.text(v.get("note"), at + ("note",), optional=True),
     )
-
-
-def load_all() -> list[Experiment]:
-    experiments = [load_experiment(p) for p in experiment_files()]
-    seen: dict[str, Path] = {}
-    for e in experiments:
-        if e.name in seen:
-            raise ExperimentError(f"{e.path}: experiment name {e.name!r} also used by {seen[e.name]}")
-        seen[e.name] = e.path
-    return experiments

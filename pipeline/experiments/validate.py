@@ -38,10 +38,3 @@ def check_variant(
         f" with {' '.join(extra)}" if extra else ""
     )
     check_config(variant_config(experiment, variant, scale, seed), where, extra)
-
-
-def check_experiment(experiment: Experiment, scale: str) -> int:
-    """Check every variant's config at `scale`; return how many were checked."""
-    for variant in experiment.variants:
-        check_variant(experiment, variant, scale)
-    return len(experiment.variants)

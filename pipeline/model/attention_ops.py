@@ -61,7 +61,7 @@ def softmax_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: n
 
 
 def clipped_softmax_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
-    """clip((zeta - gamma) softmax(s) + gamma, 0, 1), zero where the mask forbids a pair."""
+    """Clipped softmax (Bondarenko et al. 2023): clip((ζ − γ) softmax(s) + γ, 0, 1), 0 where the mask forbids a pair."""
     s = scaled_scores(q, k, mask)
     w = ((a.clip_zeta - a.clip_gamma) * torch.softmax(s, dim=-1) + a.clip_gamma).clamp(0.0, 1.0)
     w = torch.where(_admitted(mask), w, torch.zeros_like(w))
@@ -139,9 +139,9 @@ def _kernel_phi(a: AttentionConfig, head_dim: int) -> nn.Module:
 OpFn = Callable[[Tensor, Tensor, Tensor, "AttentionConfig", "nn.Module | None"], OpResult]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OpSpec:
-    """One attention operation and every fact the rest of SinkLab needs about it."""
+    """One attention operation and every fact the rest of SinkLab needs about it (docs/model.md's table reads it)."""
 
     name: str
     fn: OpFn  # the eager form (q, k, mask, attention config, phi) -> OpResult; every path is checked against it
@@ -161,6 +161,11 @@ class OpSpec:
     phi: Callable[[AttentionConfig, int], nn.Module] | None = None
     # Scalable-Softmax (Nakanishi 2025): the layer scales row i's queries by s_h log n_i, n_i the keys it sees
     length_scale: bool = False
+    about: str = ""  # what it computes and after whom, one line (docs/model.md); empty: fn's docstring
+
+    def __post_init__(self) -> None:
+        if not self.about:
+            object.__setattr__(self, "about", " ".join((self.fn.__doc__ or "").split()))
 
     def kind(self, a: AttentionConfig) -> str:
         """The kind of ``reported`` for this config: "probs", "sim_nonneg" or "sim_signed"."""
@@ -187,6 +192,7 @@ def register(spec: OpSpec) -> None:
         f"scores must be one of {', '.join(SCORE_KINDS)}": not callable(spec.scores) and spec.scores not in SCORE_KINDS,
         f"normalizers must be among {', '.join(NORMALIZERS)}": not set(spec.normalizers) <= set(NORMALIZERS),
         "normalizers is empty": not spec.normalizers,
+        "about is empty (give fn a docstring)": not spec.about,
         f"tiles must be one of {', '.join(SIMILARITIES)}": spec.tiles is not None and spec.tiles not in SIMILARITIES,
         "sdpa and zero_logit need a softmax op": (spec.sdpa or spec.zero_logit) and not spec.softmax,
         "length_scale needs score_biases=False (a bias would escape the scale)": spec.length_scale
@@ -195,11 +201,6 @@ def register(spec: OpSpec) -> None:
     if any(broken.values()):
         raise ValueError(f"attention op {spec.name!r}: " + "; ".join(msg for msg, bad in broken.items() if bad))
     OPS[spec.name] = spec
-
-
-def unregister(name: str) -> None:
-    op_spec(name)
-    del OPS[name]
 
 
 def op_spec(name: str) -> OpSpec:
@@ -229,13 +230,15 @@ def proxy_label(a: AttentionConfig) -> str | None:
     return None if kind == "probs" else SCORE_KINDS[kind]
 
 
-register(OpSpec("softmax", softmax_op, scores="probs", softmax=True, p_norm=True, sdpa=True))
-register(OpSpec("sigmoid", sigmoid_op, scores="sim_nonneg", normalizers=NORMALIZERS, p_norm=True, tiles="sigmoid"))
-register(OpSpec("elu1", elu1_op, scores="sim_nonneg", normalizers=NORMALIZERS, tiles="elu1"))
+register(OpSpec(name="softmax", fn=softmax_op, scores="probs", softmax=True, p_norm=True, sdpa=True))
+register(
+    OpSpec(name="sigmoid", fn=sigmoid_op, scores="sim_nonneg", normalizers=NORMALIZERS, p_norm=True, tiles="sigmoid")
+)
+register(OpSpec(name="elu1", fn=elu1_op, scores="sim_nonneg", normalizers=NORMALIZERS, tiles="elu1"))
 register(
     OpSpec(
-        "kernel",
-        kernel_op,
+        name="kernel",
+        fn=kernel_op,
         scores=lambda a: "sim_nonneg" if a.feature_map == "elu1" else "sim_signed",
         normalizers=NORMALIZERS,
         tiles="identity",
@@ -243,12 +246,33 @@ register(
         phi=_kernel_phi,
     )
 )
-# beyond the paper (Gu et al. 2025, appendix A.3): Miller 2023, Bondarenko et al. 2023, Zuhri et al. 2025
-register(OpSpec("softmax_off_by_one", softmax_op, scores="probs", softmax=True, sdpa=True, zero_logit=True))
-register(OpSpec("clipped_softmax", clipped_softmax_op, scores="probs", softmax=True))
+# beyond the paper: Gu et al. 2025, appendix A.3
+register(
+    OpSpec(
+        name="softmax_off_by_one",
+        fn=softmax_op,
+        scores="probs",
+        softmax=True,
+        sdpa=True,
+        zero_logit=True,
+        about="Softmax with one more logit fixed at 0 in the denominator (Miller 2023).",
+    )
+)
+register(OpSpec(name="clipped_softmax", fn=clipped_softmax_op, scores="probs", softmax=True))
 # no tiles: softpick's denominator sums |e^x - 1|
-register(OpSpec("softpick", softpick_op, scores="probs"))
+register(OpSpec(name="softpick", fn=softpick_op, scores="probs"))
 # the sink metrics read ReLU(s) / sum ReLU(s): the 1/n_i scale cancels
-register(OpSpec("relu", relu_op, scores="sim_nonneg"))
-# Scalable-Softmax (Nakanishi 2025): softmax((s_h log n_i) q_i k_j / sqrt(d_h)); a sink logit is added after the scale
-register(OpSpec("ssmax", softmax_op, scores="probs", softmax=True, sdpa=True, score_biases=False, length_scale=True))
+register(OpSpec(name="relu", fn=relu_op, scores="sim_nonneg"))
+# a sink logit is added after the scale
+register(
+    OpSpec(
+        name="ssmax",
+        fn=softmax_op,
+        scores="probs",
+        softmax=True,
+        sdpa=True,
+        score_biases=False,
+        length_scale=True,
+        about="Scalable-Softmax (Nakanishi 2025): softmax((s_h log n_i) q_i k_j / sqrt(d_h)).",
+    )
+)

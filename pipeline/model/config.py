@@ -80,62 +80,98 @@ def refuse_old_layout(config: dict[str, Any], where: str) -> None:
 class AttentionConfig:
     """How queries meet keys (paper section 7.4, Tables 6, 14, 15; Gu et al. 2025, appendix A.3 mitigations)."""
 
-    op: AttentionOp = "softmax"  # a name registered in attention_ops.OPS
-    # Z_i of non-softmax ops: sum (sum_j sim, or its p-norm), abs_clamp (max(|sum_j sim|, 1)), none (1)
+    op: AttentionOp = "softmax"
+    """The attention operation, a name registered in attention_ops.OPS (docs/model.md's table)."""
     normalizer: Normalizer = "sum"
-    feature_map: FeatureMap = "identity"  # phi of op=kernel: identity, elu+1 or a per-layer 2-layer MLP
-    alpha: float = 1.0  # the normalisation scale, Z -> Z / alpha (Table 14 left)
-    p: float = 1.0  # p-normalisation (Eq. 43-44); softmax: softmax(p s)^(1/p)
-    clip_gamma: float = -0.03  # clipped softmax: clip((zeta - gamma) softmax + gamma, 0, 1)
+    """Z_i of a non-softmax op: sum (Σ_j sim, or its p-norm), abs_clamp (max(|Σ_j sim|, 1)) or none (1)."""
+    feature_map: FeatureMap = "identity"
+    """φ of op kernel: identity, elu+1 or a two-layer MLP per layer (Table 15)."""
+    alpha: float = 1.0
+    """The normalisation scale α: Z becomes Z / α (Table 14 left)."""
+    p: float = 1.0
+    """p-normalisation (Eq. 43-44); for softmax, softmax(p s)^(1/p)."""
+    clip_gamma: float = -0.03
+    """γ of clipped softmax, clip((ζ − γ) softmax + γ, 0, 1)."""
     clip_zeta: float = 1.0
-    sink_logit: bool = False  # a learned per-head logit in the softmax denominator (a key slot of value 0)
-    gated: bool = False  # sigmoid gate on the attention output before W_O, from its input x (Qiu et al. 2025, G1)
-    # headwise: one score per head, sigma(x W), W in R^{d x H}; elementwise: sigma(x W_g), W_g in R^{d x d}
+    """ζ of clipped softmax."""
+    sink_logit: bool = False
+    """A learned per-head logit in the softmax denominator (a key slot of value 0)."""
+    gated: bool = False
+    """A sigmoid gate on the attention output before W_O, from its input x (Qiu et al. 2025, G1)."""
     gate_granularity: GateGranularity = "headwise"
-    qk_norm: bool = False  # RMSNorm on each head's queries and keys before the rotation (Dehghani et al.)
+    """headwise: one score per head, σ(x W), W ∈ R^{d×H}; elementwise: σ(x W_g), W_g ∈ R^{d×d}."""
+    qk_norm: bool = False
+    """RMSNorm on each head's queries and keys before the rotation (Dehghani et al.)."""
 
 
 @dataclass
 class BiasConfig:
     """Explicit attention biases (Tables 4, 5, 12 right, 13)."""
 
-    # kv: learnable k* and v* as a key/value slot; k: learnable k*, fixed v*; v: learnable v* added to each head
     kind: BiasKind = "none"
-    shared_heads: bool = False  # one bias for all heads of a layer (Table 12 right)
-    key_dims: int = 0  # d_a, the learnable leading dimensions of k* (the rest zero); 0: all (Table 13)
-    value_norm: float = 0.0  # m of kind k's fixed v* = m v' (onehot [1,0,..,0]) or m v'' (uniform [1,..,1]/sqrt(d_h))
-    value_direction: FixedValue = "onehot"  # (Table 5)
+    """kv: learnable k* and v* as a key/value slot; k: learnable k*, fixed v*; v: learnable v* added to each head."""
+    shared_heads: bool = False
+    """One bias for all heads of a layer (Table 12 right)."""
+    key_dims: int = 0
+    """d_a, the learnable leading dimensions of k* (the rest zero); 0: all (Table 13)."""
+    value_norm: float = 0.0
+    """m of kind k's fixed v* = m v' (onehot) or m v'' (uniform)."""
+    value_direction: FixedValue = "onehot"
+    """v' = [1, 0, .., 0] (onehot) or v'' = [1, .., 1] / √d_h (uniform) of kind k's fixed v* (Table 5)."""
 
 
 @dataclass
 class ModelConfig:
-    """One LLaMA-style decoder; the defaults are the paper's block (RoPE, pre-norm RMSNorm,
-    SwiGLU, no linear biases, untied embeddings). ``preset`` fills each shape field left None."""
+    """One LLaMA-style decoder; every default is the paper's block."""
 
     preset: Preset | None = None
+    """A named shape (docs/model.md, "Presets") that fills each shape field left null; null: llama-60m."""
     vocab_size: int | None = None
+    """Token vocabulary; the trainer sets the dataset's."""
     d_model: int | None = None
+    """Width of the residual stream."""
     n_layers: int | None = None
+    """Number of blocks."""
     n_heads: int | None = None
+    """Attention heads per block; divides d_model."""
     d_ffn: int | None = None
+    """Hidden width of the feed-forward block."""
     max_seq_len: int | None = None
+    """Longest sequence the positional encodings cover."""
     norm_eps: float = 1e-5
+    """ε of every norm."""
     init_std: float = 0.02
+    """Standard deviation of the normal initialisation of the weights."""
     tie_embeddings: bool = False
+    """Share the token embedding with the LM head."""
     positional: Positional = "rope"
+    """The positional encoding (docs/model.md; Table 3)."""
     rope_theta: float = 10000.0
+    """RoPE's base θ."""
     relative_buckets: int = 32
+    """B, the buckets of relative and T5 position biases (Eq. 6)."""
     relative_max_distance: int = 128
+    """D, the distance the last relative bucket starts at (Eq. 6)."""
     norm_position: NormPosition = "pre"
-    norm: NormKind = "rmsnorm"  # of the blocks and the final norm; layernorm has its bias (GPT-2)
+    """Norms before each sublayer (pre) or after its residual sum (post)."""
+    norm: NormKind = "rmsnorm"
+    """The norm of the blocks and the final norm; layernorm has its bias (GPT-2)."""
     ffn: FFNKind = "swiglu"
+    """The feed-forward block's activation; the three *glu are gated."""
     head_merge: HeadMerge = "concat"
+    """How the heads' outputs meet W_O: concatenated, or summed with W_O ∈ R^{d_h×d} (Table 12 left)."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
+    """The attention operation and its mitigations."""
     biases: BiasConfig = field(default_factory=BiasConfig)
+    """Explicit attention biases."""
     sink_tokens: int = 0
+    """Learnable tokens put before every sequence, 0 to 4 (Xiao et al. 2024; Table 4 row 2)."""
     mask: MaskKind = "causal"
+    """The attention mask: causal, prefix LM (prefix_len) or sliding window (window)."""
     prefix_len: int = 0
+    """p, the real tokens that see each other under mask prefix (Figure 5 left)."""
     window: int = 0
+    """w under mask sliding: token t sees t−w+1..t (Figure 6 left)."""
 
     def __post_init__(self) -> None:
         if self.preset is not None and self.preset not in PRESETS:

@@ -5,7 +5,7 @@ newest entries and its sinks (kept: above all; dropped: below all; docs/analysis
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,20 +29,33 @@ class Policy(ABC):
         """[Hkv, n] for batch row ``row``; keys [Hkv, n, dh] (before rotation)."""
 
 
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register(*, name: str, needs_attention: bool = False) -> Callable[[type[Policy]], type[Policy]]:
+    """The class decorator that registers a policy under ``name``; its fields (keyword-only) are its settings."""
+
+    def add(cls: type[Policy]) -> type[Policy]:
+        if name in POLICIES:
+            raise ValueError(f"eviction policy {name!r} is registered twice")
+        cls.name, cls.needs_attention = name, needs_attention
+        POLICIES[name] = dataclass(frozen=True, kw_only=True)(cls)
+        return POLICIES[name]
+
+    return add
+
+
+@register(name="streaming")
 class StreamingLLM(Policy):
     """Xiao et al. 2024: the most recent entries (the first ones through the sink setting)."""
-
-    name = "streaming"
 
     def scores(self, history, row, keys):
         return history.pos[row].to(torch.float32)
 
 
+@register(name="h2o", needs_attention=True)
 class H2O(Policy):
     """Zhang et al. 2023: heavy hitters by attention received so far, plus the recent half."""
-
-    name = "h2o"
-    needs_attention = True
 
     def recent(self, capacity):
         return capacity // 2
@@ -51,14 +64,14 @@ class H2O(Policy):
         return history.received[row]
 
 
+@register(name="snapkv", needs_attention=True)
 class SnapKV(Policy):
     """Li et al. 2024: attention from the last ``window`` queries, average-pooled over neighbouring keys."""
 
-    name = "snapkv"
-    needs_attention = True
-
-    def __init__(self, window: int = 32, kernel: int = 5):
-        self.window, self.kernel = window, kernel
+    window: int = 32
+    """The observation window: the last queries whose attention ranks the entries."""
+    kernel: int = 5
+    """Width of the average pooling over neighbouring keys."""
 
     def recent(self, capacity):
         return min(self.window, capacity // 2)
@@ -68,16 +81,12 @@ class SnapKV(Policy):
         return F.avg_pool1d(votes[:, None], self.kernel, stride=1, padding=self.kernel // 2)[:, 0]
 
 
+@register(name="keynorm")
 class KeyNorm(Policy):
     """Devoto et al. 2024: keep the keys of smallest L2 norm (the norm is rotation-free)."""
 
-    name = "keynorm"
-
     def scores(self, history, row, keys):
         return -keys.float().norm(dim=-1)
-
-
-POLICIES = {p.name: p for p in (StreamingLLM, H2O, SnapKV, KeyNorm)}
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ VIEW_TAG = SHARED_VIEW_PREFIX + SHARED_VIEW_KEY
 HEADLINE = (N.SINK1, N.ALPHA1_MEAN, N.VAL_LOSS, N.TRAIN_LOSS)
 HEADLINE_SECTION = "Sink and loss"
 # training stability: the largest pre-softmax logit and the steps the spike guard skipped
-STABILITY = (N.MAX_LOGIT, N.SKIPPED_STEPS)
+STABILITY = (probe_metrics.name("max_logit"), N.SKIPPED_STEPS)
 STABILITY_SECTION = "Stability"
 HEADS_SECTION = "α₁ per head"
 # below the headline, collapsed, in this order; the UI's own names for system and unprefixed metrics
@@ -37,8 +37,6 @@ SECTIONS = (
 )
 # kept as metrics (reports read them), no chart: flat or one-point series, and Sink_k at k = 1 (Sink_1)
 HIDDEN = (N.ALPHA1_UNIFORM, *(N.emerged_step(n) for n in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)), N.sink_k(1))
-# per-head scalars: in metrics.jsonl and the heat-map images, not MLflow metrics (dozens of charts)
-_PER_HEAD = re.compile(rf"({'|'.join(map(re.escape, (N.HEAD_ALPHA1, *probe_metrics.head_names())))})_l\d+_h\d+")
 
 # the runs-table columns: the factors the study varies (design.md), where they differ between runs
 FACTOR_PREFIXES = (f"{ARCH}.", "optim.", "data.interventions", "data.token_budget")
@@ -47,8 +45,10 @@ MAX_FACTOR_COLUMNS = 6
 
 
 def sent_to_mlflow(name: str) -> bool:
-    """Whether a metric of metrics.jsonl goes to MLflow as a metric."""
-    return not _PER_HEAD.fullmatch(name)
+    """Whether a metric of metrics.jsonl goes to MLflow as a metric: not a per-head scalar (metrics.jsonl and the
+    heat-map images only, not dozens of charts)."""
+    per_head = "|".join(map(re.escape, (N.HEAD_ALPHA1, *probe_metrics.head_names())))
+    return not re.fullmatch(rf"({per_head})_l\d+_h\d+", name)
 
 
 def _card(uuid: str, section: str, **fields) -> dict:

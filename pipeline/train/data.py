@@ -156,11 +156,19 @@ class EvalSet(Dataset):
 
 
 class SinkDataModule(L.LightningDataModule):
-    """path: prepared dataset directory (``sinklab prep``). global_batch_tokens: tokens per
-    optimizer step over all processes. micro_batch_size: sequences per process per forward.
-    token_budget: use only this many training tokens (Figure 5 right), 0 = all. val_batches:
-    validation micro-batches per evaluation. seed: data order and resampling seed. verify: check
-    every shard and the probe against the manifest's sha256 before training (reads all of them)."""
+    """The prepared dataset, served in a deterministic global order.
+
+    Args:
+        path: The prepared dataset directory (`sinklab prep`).
+        global_batch_tokens: Tokens per optimizer step over all processes.
+        micro_batch_size: Sequences per process per forward.
+        token_budget: Train on only this many tokens (Figure 5 right); 0: all.
+        val_batches: Validation micro-batches per evaluation.
+        num_workers: DataLoader worker processes per rank; 0: load in the training process.
+        seed: The seed of the data order and of resampling.
+        interventions: The paper's data interventions (section 5, Table 10 right); null: none.
+        verify: Check every shard and the probe against the manifest's sha256 before training.
+    """
 
     def __init__(
         self,

@@ -9,6 +9,7 @@ import torch
 
 from pipeline import metric_names as N
 from pipeline import metrics as M
+from pipeline import probe_metrics as P
 from pipeline.model.config import ModelConfig
 
 from .summary import metric_rows
@@ -16,10 +17,6 @@ from .summary import metric_rows
 
 def head_metric(layer: int, head: int) -> str:
     return N.head(N.HEAD_ALPHA1, layer, head)
-
-
-def emerged_names() -> list[str]:
-    return [N.emerged_step(name) for name in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)]
 
 
 def probe_uniform_alpha1(cfg: ModelConfig, T: int) -> float:
@@ -95,10 +92,13 @@ def draw_extreme_tokens(metrics_path: Path, n_layers: int, path: Path) -> Path |
     panels = (
         (
             "attention on token 1",
-            {N.BOS_SHARE_OTHER: "BOS share, other queries", N.BOS_SHARE_TRIGGER: "BOS share, trigger queries"},
+            {
+                P.name("bos_share_other"): "BOS share, other queries",
+                P.name("bos_share_trigger"): "BOS share, trigger queries",
+            },
         ),
-        ("‖v₁‖ / mean ‖vₜ‖ ratio (value-state drain)", {N.VALUE_NORM_RATIO: "‖v₁‖ ratio"}),
-        ("‖h₁‖ / mean ‖hₜ‖ ratio (residual-state peak)", {N.MASSIVE_RATIO: "‖h₁‖ ratio"}),
+        ("‖v₁‖ / mean ‖vₜ‖ ratio (value-state drain)", {P.name("value_norm_ratio"): "‖v₁‖ ratio"}),
+        ("‖h₁‖ / mean ‖hₜ‖ ratio (residual-state peak)", {P.name("massive_ratio"): "‖h₁‖ ratio"}),
     )
     keys = [N.SINK1] + [N.layer(name, layer) for _, names in panels for name in names for layer in range(n_layers)]
     rows = metric_rows(metrics_path, *keys)

@@ -12,9 +12,14 @@ from pipeline.model.config import ConfigError
 
 @dataclass
 class Interventions:
+    """The paper's data interventions, applied when a batch is formed."""
+
     resample: list[int] = field(default_factory=list)
+    """1-based positions whose tokens are drawn at random."""
     fix_position: int = 0
+    """A 1-based position that holds fix_token in every chunk; 0: none."""
     fix_token: int | str | None = None
+    """The token at fix_position: an id, or a special token's name (bos, eos)."""
 
     def validate(self, context_length: int, special_ids: dict[str, int]) -> None:
         for p in self.resample:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import set_parsing_settings
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -74,6 +75,7 @@ class SinkLabCLI(LightningCLI):
         )
 
     def init_parser(self, **kwargs: Any):
+        set_parsing_settings(docstring_parse_attribute_docstrings=True)  # each field's docstring is its --help line
         return super().init_parser(**{"parser_mode": PARSER_MODE, **kwargs})
 
     def add_arguments_to_parser(self, parser) -> None:

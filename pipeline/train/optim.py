@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -16,34 +16,41 @@ from .optimizers import MuonAdamW, OrthoAdam, fused_rows, muon_split, token_matr
 
 DecayOn = Literal["all", "matrices", "matrices_no_embeddings"]
 OptimizerName = Literal["adamw", "sgd", "muon", "orthoadam"]
-OPTIMIZERS = ("adamw", "sgd", "muon", "orthoadam")
+OPTIMIZERS = get_args(OptimizerName)
 
 
 @dataclass
 class OptimConfig:
-    """lr: peak learning rate. min_lr: the cosine's floor (reached at the last step).
-    warmup_steps: linear warm-up from lr/warmup_steps to lr. weight_decay: AdamW's decoupled
-    decay ratio (SGD's L2 coefficient). decay_on: which parameters decay (module docstring).
-    betas, eps: AdamW's (OrthoAdam's, and Muon's AdamW half). name: adamw, sgd, muon or orthoadam.
-    momentum: SGD's. muon_lr: Muon's peak lr (None: lr). muon_momentum: Muon's (Nesterov).
-    rotation_seed: OrthoAdam's rotations.
-    fused: AdamW's fused kernel (one launch for every tensor); None picks it where every
-    parameter is on a GPU, the fast path there (same update, other rounding)."""
+    """The optimizer and the learning-rate schedule (docs/training.md)."""
 
     lr: float = 4e-4
+    """Peak learning rate, reached at the end of the warm-up."""
     min_lr: float = 4e-5
+    """The cosine's floor, reached at the last step; below lr."""
     warmup_steps: int = 100
+    """Steps of linear warm-up from lr/warmup_steps to lr."""
     weight_decay: float = 0.1
+    """AdamW's decoupled decay ratio (SGD's L2 coefficient)."""
     decay_on: DecayOn = "all"
+    """Which parameters decay: all, matrices (not 1-d tensors), or matrices_no_embeddings (nor embeddings)."""
     beta1: float = 0.9
+    """β₁ of AdamW, OrthoAdam and Muon's AdamW half."""
     beta2: float = 0.95
+    """β₂ of AdamW, OrthoAdam and Muon's AdamW half."""
     eps: float = 1e-8
+    """ε of AdamW, OrthoAdam and Muon's AdamW half."""
     fused: bool | None = None
+    """AdamW's fused kernel (one launch for every tensor); null: where every parameter is on a GPU."""
     name: OptimizerName = "adamw"
+    """The optimizer (docs/training.md, "The optimiser")."""
     momentum: float = 0.9
+    """SGD's momentum."""
     muon_lr: float | None = None
+    """Muon's peak learning rate; null: lr."""
     muon_momentum: float = 0.95
+    """Muon's (Nesterov) momentum."""
     rotation_seed: int = 0
+    """The seed of OrthoAdam's fixed rotations, 32 bits."""
 
     def validate(self, max_steps: int) -> None:
         """The checks torch's AdamW makes (it raises a bare ValueError mid-fit), named by field."""

@@ -12,35 +12,40 @@ from .spikes import SpikeGuard
 
 @dataclass
 class RunOptions:
-    """name: run name (default run dir runs/<name>). experiment: MLflow experiment.
-    variant: one-line summary of what this run changes (a tag; default: derived).
-    checkpoint_every / keep_last: step checkpoints and how many to keep (0 = all).
-    sink_every / plot_every: cadence of the live sink metrics and the alpha_1 heat maps.
-    flow: measure the information flow (flow/...) at each sink probe (false: Sink_1 and the rest only).
-    val_every: validation cadence in optimizer steps. throughput_window: steps per tokens/s value.
-    log_model: log the final weights to the MLflow run (a logged model named `model`, once per run).
-    system_metrics: MLflow's system metrics (CPU, RAM, GPU where present) on the run.
-    log_checkpoints: upload each kept step checkpoint to the MLflow run (rank 0, in the
-    background), so that `--resume runs:/<run_id>` can continue it on another machine.
-    skip_spikes: skip a step whose loss or gradient norm lies more than spike_sigmas standard
-    deviations above the mean of the last spike_window steps (pipeline.train.spikes)."""
+    """Names, cadences and the spike guard of one run."""
 
     name: str = "sinklab"
+    """The run's name; the run directory defaults to runs/<name>."""
     experiment: str = "sinklab"
+    """The MLflow experiment the run is logged to."""
     variant: str = ""
+    """One line of what this run changes (a tag); empty: derived from the config."""
     checkpoint_every: int = 1000
+    """Optimizer steps between step checkpoints; 0: none."""
     keep_last: int = 3
+    """How many step checkpoints to keep; 0: all."""
     sink_every: int = 200
+    """Optimizer steps between live sink probes; 0: none."""
     flow: bool = True
+    """Measure the information flow (flow/...) at each sink probe; false: the sink metrics only."""
     plot_every: int = 2000
+    """Optimizer steps between α₁ heat maps; 0: none."""
     val_every: int = 500
+    """Optimizer steps between validations; 0: none."""
     throughput_window: int = 20
+    """Optimizer steps per tokens/s value."""
     log_model: bool = True
+    """Log the final weights to the MLflow run (a logged model named model, once per run)."""
     system_metrics: bool = True
+    """MLflow's system metrics (CPU, RAM, GPU where present) on the run."""
     log_checkpoints: bool = False
+    """Upload each kept step checkpoint to the MLflow run, so that --resume runs:/<run_id> continues it elsewhere."""
     skip_spikes: bool = False
+    """Skip a step whose loss or gradient norm lies spike_sigmas deviations above the last spike_window steps' mean."""
     spike_window: int = 128
+    """Steps of history the spike guard compares with; 20 or more."""
     spike_sigmas: float = 6.0
+    """Standard deviations above the mean that make a spike."""
 
     def validate(self) -> None:
         for name in ("checkpoint_every", "keep_last", "sink_every", "plot_every", "val_every"):

@@ -48,7 +48,7 @@ def test_hf_model_through_analyze_and_mlflow(tiny_llama_dir, tmp_path, mlflow_se
     rec = report["secondary_sinks"]
     client = mlflow.MlflowClient(tracking_uri=mlflow_server)
     run = client.get_run(report["mlflow_run_id"])
-    assert run.data.metrics[N.layer(N.SECONDARY_SHARE, 1)] == pytest.approx(rec["share"][1])
+    assert run.data.metrics["sink/secondary_share_l1"] == pytest.approx(rec["share"][1])
     assert secondary.FIGURE in {a.path for a in client.list_artifacts(run.info.run_id)}
     subject = Subject(str(tiny_llama_dir), "auto")
     tokens = inputs.natural_tokens(

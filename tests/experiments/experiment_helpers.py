@@ -9,6 +9,9 @@ from pathlib import Path
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+from pipeline.experiments.spec import Experiment, ExperimentError, experiment_files, load_experiment
+from pipeline.experiments.validate import check_variant
+
 
 def write_experiment(
     directory: Path,
@@ -92,3 +95,21 @@ def micro_recipe(directory: Path, dataset: Path, steps: int = 5) -> Path:
     """)
     )
     return path
+
+
+def load_all() -> list[Experiment]:
+    """Every experiment file under configs/experiments, their names distinct."""
+    experiments = [load_experiment(p) for p in experiment_files()]
+    seen: dict[str, Path] = {}
+    for e in experiments:
+        if e.name in seen:
+            raise ExperimentError(f"{e.path}: experiment name {e.name!r} also used by {seen[e.name]}")
+        seen[e.name] = e.path
+    return experiments
+
+
+def check_experiment(experiment: Experiment, scale: str) -> int:
+    """Check every variant's config at ``scale``; how many were checked."""
+    for variant in experiment.variants:
+        check_variant(experiment, variant, scale)
+    return len(experiment.variants)

@@ -6,8 +6,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from experiment_helpers import load_all
 
-from pipeline.experiments.spec import EXPERIMENTS_DIR, ExperimentError, experiment_files, load_all, load_experiment
+from pipeline.experiments.spec import EXPERIMENTS_DIR, ExperimentError, experiment_files, load_experiment
 
 EXPECTED = {
     "weight-decay",

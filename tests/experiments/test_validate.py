@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 
 import pytest
+from experiment_helpers import check_experiment, load_all
 
 from pipeline.experiments.configs import variant_config
-from pipeline.experiments.spec import ExperimentError, load_all, load_experiment
-from pipeline.experiments.validate import check_config, check_experiment
+from pipeline.experiments.spec import ExperimentError, load_experiment
+from pipeline.experiments.validate import check_config
 from pipeline.model import ModelConfig
 
 

@@ -14,7 +14,8 @@ from pipeline.model import ModelConfig, Transformer
 from pipeline.model.attention_ops import OPS
 from pipeline.train.loss import next_token_loss
 
-FAMILIES = {name: dict(op=name) for name in OPS} | {
+# every op with its first declared normalizer (not every op accepts the config's default)
+FAMILIES = {name: dict(op=name, normalizer=spec.normalizers[0]) for name, spec in OPS.items()} | {
     "sigmoid-none": dict(op="sigmoid", normalizer="none"),  # Table 6's variant (the blocked tiles)
     "kernel": dict(op="kernel", feature_map="elu1", normalizer="sum"),  # linear: the chunked form
     "kernel-mlp": dict(op="kernel", feature_map="mlp", normalizer="abs_clamp"),

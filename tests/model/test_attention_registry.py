@@ -25,7 +25,6 @@ from pipeline.model.attention_ops import (
     scaled_scores,
     sigmoid_op,
     softmax_op,
-    unregister,
 )
 from pipeline.model.config import AttentionOp
 from pipeline.probe import ATTENTION_KINDS, run_probe
@@ -34,15 +33,25 @@ BUILT_IN = tuple(OPS)
 
 
 def softplus_op(q, k, mask, a, kernel):
+    """softplus(s) / Z_i."""
     admitted = _admitted(mask)
     sim = torch.where(admitted, F.softplus(scaled_scores(q, k, mask.masked_fill(~admitted, 0.0))), 0.0)
     return OpResult(normalize(sim, a.normalizer, a.p), sim)
 
 
 DUMMIES = {  # name: (entry, the path its training step takes)
-    "test_softplus": (OpSpec("test_softplus", softplus_op, scores="sim_nonneg", normalizers=("sum", "none")), "eager"),
-    "test_sigmoid_tiles": (OpSpec("test_sigmoid_tiles", sigmoid_op, scores="sim_nonneg", tiles="sigmoid"), "blocked"),
-    "test_softmax_sdpa": (OpSpec("test_softmax_sdpa", softmax_op, scores="probs", softmax=True, sdpa=True), "sdpa"),
+    "test_softplus": (
+        OpSpec(name="test_softplus", fn=softplus_op, scores="sim_nonneg", normalizers=("sum", "none")),
+        "eager",
+    ),
+    "test_sigmoid_tiles": (
+        OpSpec(name="test_sigmoid_tiles", fn=sigmoid_op, scores="sim_nonneg", tiles="sigmoid"),
+        "blocked",
+    ),
+    "test_softmax_sdpa": (
+        OpSpec(name="test_softmax_sdpa", fn=softmax_op, scores="probs", softmax=True, sdpa=True),
+        "sdpa",
+    ),
 }
 
 
@@ -52,7 +61,7 @@ def dummies():
         register(spec)
     yield
     for name in DUMMIES:
-        unregister(name)
+        OPS.pop(name, None)
 
 
 def _counted(fn, calls, path):
@@ -107,13 +116,12 @@ def test_the_config_checks_a_registered_op_against_its_entry(dummies):
 
 
 def test_unknown_and_unregistered_ops_are_refused_everywhere(dummies):
-    unregister("test_softplus")
+    del OPS["test_softplus"]
     try:
         with pytest.raises(ConfigError, match="arch.attention.op='test_softplus': allowed values are softmax, "):
             ModelConfig.from_preset("micro", attention={"op": "test_softplus"})
-        for call in (lambda: op_spec("test_softplus"), lambda: unregister("test_softplus")):
-            with pytest.raises(ValueError, match="unknown attention op 'test_softplus'; registered: softmax, "):
-                call()
+        with pytest.raises(ValueError, match="unknown attention op 'test_softplus'; registered: softmax, "):
+            op_spec("test_softplus")
         cfg = ModelConfig.from_preset("micro")
         cfg.attention.op = "test_softplus"  # changed after validation
         with pytest.raises(ValueError, match="unknown attention op 'test_softplus'"):
@@ -132,6 +140,7 @@ def test_unknown_and_unregistered_ops_are_refused_everywhere(dummies):
         (dict(scores="probabilities"), "scores must be one of probs, sim_nonneg, sim_signed"),
         (dict(normalizers=("sum", "max")), "normalizers must be among sum, abs_clamp, none"),
         (dict(sdpa=True), "sdpa and zero_logit need a softmax op"),
+        (dict(fn=lambda q, k, mask, a, phi: None, about=""), "about is empty"),
     ],
 )
 def test_a_broken_entry_is_refused_when_registered(change, problem):
@@ -139,6 +148,8 @@ def test_a_broken_entry_is_refused_when_registered(change, problem):
     with pytest.raises(ValueError, match=problem):
         register(entry)
     assert OPS.get(entry.name) is not entry
+    with pytest.raises(TypeError):  # every field by name
+        OpSpec("test_positional", softplus_op, "sim_nonneg")
 
 
 def test_the_cli_lists_the_ops_of_attention_ops_py():
@@ -179,3 +190,13 @@ def test_the_run_summary_names_the_proxy_the_sink_metrics_use():
     assert label(op="softmax") is None and label(op="clipped_softmax") is None
     assert label(op="softmax", p=2.0) == label(op="sigmoid") == "proxy scores sim/Σ sim"
     assert label(op="kernel", feature_map="identity", normalizer="abs_clamp") == "proxy scores |sim|/Σ|sim|"
+
+
+def test_the_docs_table_of_ops_is_the_registry(dummies):
+    """docs/model.md's table is the built-in ops' (a registered op gets its row)."""
+    from regen_docs_tables import COMMAND, REPO, op_table, rendered
+
+    assert any(line.startswith("| `test_softplus` | softplus(s) / Z_i. | `sim_nonneg` |") for line in op_table())
+    for name in DUMMIES:
+        del OPS[name]
+    assert rendered("model.md") == (REPO / "docs" / "model.md").read_text(), f"docs are stale: run `{COMMAND}`"

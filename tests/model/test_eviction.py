@@ -1,9 +1,11 @@
 """Eviction policies on a hand-made attention history: which entries each one keeps."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from pipeline.model import ModelConfig, StreamingCache, Transformer
+from pipeline.model import ModelConfig, StreamingCache, Transformer, eviction
 from pipeline.model.eviction import H2O, Evictor, KeyNorm, Row, SnapKV, StreamingLLM
 
 # 6 cached entries, one head; rows = queries. Columns receive 2.7, .85, 1.15, 1.0, .2, .1 in all;
@@ -55,6 +57,19 @@ def test_without_sinks_h2o_keeps_the_heavy_first_token_on_its_own():
 def test_snapkv_pools_the_window_votes_over_neighbouring_keys():
     # kernel 3 (zero padded): the pooled votes of 0..3 are .18, .27, .43, .38
     assert kept([Row(SnapKV(window=2, kernel=3))]) == [[2, 3, 4, 5]]
+
+
+def test_a_policy_is_registered_by_name_with_its_settings_as_keyword_only_fields():
+    assert list(eviction.POLICIES) == ["streaming", "h2o", "snapkv", "keynorm"]
+    assert [(f.name, f.default) for f in dataclasses.fields(eviction.POLICIES["snapkv"])] == [
+        ("window", 32),
+        ("kernel", 5),
+    ]
+    assert SnapKV.needs_attention and not KeyNorm.needs_attention and H2O().name == "h2o"
+    with pytest.raises(TypeError):
+        SnapKV(2, 3)
+    with pytest.raises(ValueError, match="'h2o' is registered twice"):
+        eviction.register(name="h2o")(type("Again", (eviction.Policy,), {"scores": lambda self, h, r, k: k}))
 
 
 def test_secondary_sinks_are_kept_or_dropped_with_the_first():

@@ -153,7 +153,9 @@ def test_fit_logs_emergence_tags_and_trajectory_and_survives_resume(tiny_ds, tmp
     assert sum(k.startswith(N.EMERGED_STEP) for r in rows for k in r) == len(logged)
     client = MlflowClient(mlflow_server)
     run = client.get_run((ref_dir / "mlflow_run_id").read_text().strip())
-    for name in E.emerged_names():  # metric and tag: both set, the same step, or both absent
+    for name in (
+        N.emerged_step(n) for n in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)
+    ):  # metric and tag: both set, the same step, or both absent
         assert run.data.metrics.get(name) == logged.get(name)
         assert run.data.tags.get(name) == (str(int(logged[name])) if name in logged else None)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}

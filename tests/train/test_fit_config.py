@@ -3,6 +3,8 @@ recipe, fields beside it, the numbers recorded, and `--check-only` (which writes
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 from fit_runs import REPO, TINY
@@ -104,3 +106,19 @@ def test_a_recipe_of_the_older_layout_is_refused_in_one_line(tmp_path, capsys):
         f"sinklab fit: {recipe}: `model.model` is an older config format, no longer read "
         "(today's configs hold the architecture in a top-level `arch:` section)"
     )
+
+
+def test_every_arch_optim_run_and_data_flag_explains_itself_in_help():
+    """`sinklab fit --help`: each field's docstring is the line under its flag (the config files are not fields)."""
+    entries = re.split(r"\n(?=  -)", fit_parser().format_help())
+    unexplained, seen = [], 0
+    for entry in entries:
+        flag = re.match(r"  (--(?:arch|optim|run|data)\.\S+)( CONFIG)?", entry)
+        if flag is None or flag[1].endswith(".help") or flag[2]:
+            continue
+        seen += 1
+        first, *rest = entry.split("\n")
+        text = " ".join([*re.split(r"\s{2,}", first.strip())[1:], *(line.strip() for line in rest)])
+        if not text.split("(type:")[0].strip():
+            unexplained.append(flag[1])
+    assert seen > 60 and unexplained == [], f"fields without a docstring: {unexplained}"
