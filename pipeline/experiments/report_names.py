@@ -43,7 +43,7 @@ RANGES = (
     (N.FLOW_MIXING, NONNEGATIVE),
     (N.stream_perplexity("x").removesuffix("x"), (1.0, math.inf)),
     (N.act("kurtosis"), (1.0, math.inf)),  # Pearson's form, E[z⁴] >= E[z²]² = 1
-    (N.MAX_LOGIT, REAL),  # q·k/√d_h takes either sign
+    (P.name("max_logit"), REAL),  # q·k/√d_h takes either sign
 )
 
 
