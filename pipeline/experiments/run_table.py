@@ -105,15 +105,18 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
         raise DataFileError(f"{path}: no such file; give a data file that `sinklab report --docs` wrote") from None
     except (OSError, UnicodeDecodeError) as error:
         raise DataFileError(f"{path}: cannot be read as a UTF-8 CSV file ({error})") from None
-    reader = csv.reader(io.StringIO(text))
-    columns = next(reader, None)
-    if not columns:
-        raise DataFileError(f"{path}: empty; a data file starts with its header line ({', '.join(FIXED)}, ...)")
+    reader = csv.reader(io.StringIO(text), strict=True)
     rows = []
-    for cells in reader:
-        if len(cells) != len(columns):
-            raise DataFileError(f"{path}:{reader.line_num}: {len(cells)} cells where the header has {len(columns)}")
-        rows.append((reader.line_num, dict(zip(columns, cells))))
+    try:
+        columns = next(reader, None)
+        if not columns:
+            raise DataFileError(f"{path}: empty; a data file starts with its header line ({', '.join(FIXED)}, ...)")
+        for cells in reader:
+            if len(cells) != len(columns):
+                raise DataFileError(f"{path}:{reader.line_num}: {len(cells)} cells where the header has {len(columns)}")
+            rows.append((reader.line_num, dict(zip(columns, cells))))
+    except csv.Error as error:
+        raise DataFileError(f"{path}:{reader.line_num}: not CSV ({error})") from None
     return columns, rows
 
 
