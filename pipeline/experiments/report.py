@@ -237,7 +237,8 @@ def to_json(experiment: Experiment, scale: str, rows: list[Row]) -> str:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="sinklab report", description="The paper's table beside the measured values over seeds, from MLflow."
+        prog="sinklab report",
+        description="The paper's table beside the measured values over seeds, from MLflow or a data file (--from).",
     )
     parser.add_argument("experiment", help="experiment name (file stem) or path to its YAML")
     parser.add_argument("--scale", choices=SCALES, help="default: cpu, or the data file's with --from")
