@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.docs:
         data = run_table.to_csv(table, experiment)
-        for f in results_page.write_page(args.docs, experiment.name, run_table.page_top(table) + markdown, data):
+        for f in results_page.write_page(args.docs, experiment.name, run_table.page_top(table) + markdown, data=data):
             print(f"wrote {f}")
     if args.plot:
         from pipeline.experiments.report_plot import plot

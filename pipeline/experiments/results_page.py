@@ -61,10 +61,10 @@ def write_index(out: Path) -> Path:
     return write_output(index, with_prose(head, prose_of(index), "\n".join(table)), INDEX_BY, PROSE)
 
 
-def write_page(out: Path, experiment: str, generated: str, data: str) -> list[Path]:
-    """The data file (``data``: its CSV text), the page (``generated`` beside the prose it held) and the index; call
-    :func:`claim_pages` first."""
-    table = write_output(out / DATA / f"{experiment}.csv", data, data_by(experiment))
+def write_page(out: Path, experiment: str, generated: str, *, data: str | None = None) -> list[Path]:
+    """The data file (``data``: its CSV text, where given), the page (``generated`` beside the prose it held) and the
+    index; call :func:`claim_pages` first."""
+    table = [write_output(out / DATA / f"{experiment}.csv", data, data_by(experiment))] if data is not None else []
     page = out / f"{experiment}.md"
     write_output(page, with_prose(generated, prose_of(page)), page_by(experiment), PROSE)
-    return [table, page, write_index(out)]
+    return [*table, page, write_index(out)]
