@@ -28,7 +28,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "quant-eval": ("pipeline.analysis.quant_eval", "perplexity under simulated W8A8, with the sink kept intact or not"),
     "submit": ("cluster.submit", "render and submit a SLURM job for a training config"),
     "sweep": ("pipeline.experiments.sweep", "run or submit every variant of a paper experiment"),
-    "report": ("pipeline.experiments.report", "the paper's table beside the measured values, from MLflow"),
+    "report": (
+        "pipeline.experiments.report",
+        "the paper's table beside the measured values, from MLflow or a data file",
+    ),
 }
 
 

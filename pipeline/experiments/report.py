@@ -5,29 +5,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
-from pipeline import metric_names as N
-from pipeline import metrics as M
 from pipeline import tracking
-from pipeline.experiments import results_page, stats
+from pipeline.experiments import results_page, run_table, stats
 from pipeline.experiments.agreement import agreement, agreement_markdown, table_row
 from pipeline.experiments.report_names import (
     ALPHA1,
     ALPHA1_COLUMN,
     EMERGED,
     EMERGENCE_SHOWN,
-    SINK1,
     UNIFORM,
     agreement_metrics,
     bounds,
     spread_metrics,
 )
+from pipeline.experiments.run_table import DataFileError
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 from pipeline.experiments.stats import MISSING, Spread, spread
 from sinklab_io.outputs import NotOurs, claim, write_output
@@ -145,27 +141,18 @@ def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
     ] + [f"- {label}: {text}" for label, text in found]
 
 
-def memorising_notes(rows: list[Row], mlflow) -> list[str]:
+def memorising_notes(rows: list[Row]) -> list[str]:
     """One line per run whose validation loss turned upward for good."""
-    notes = []
-    for row in rows:
-        for run in row.runs:
-            if note := M.memorising(tracking.metric_history(mlflow, run.run_id, N.VAL_LOSS)):
-                notes.append(f"{row.label} (seed {run.seed}): {note}")
-    return notes
+    return [f"{row.label} (seed {run.seed}): {run.memorising}" for row in rows for run in row.runs if run.memorising]
 
 
-STEP_KEYS = (SINK1, N.TRAIN_LOSS, N.VAL_LOSS)
-
-
-def steps_run(rows: list[Row], mlflow) -> dict[str, list[int]]:
+def steps_run(rows: list[Row]) -> dict[str, list[int]]:
     """Variant label -> the last step each of its runs logged (the final sink probe runs at the last step)."""
     out = {}
     for row in rows:
         for run in row.runs:
-            steps = [step for key in STEP_KEYS for step, _ in tracking.metric_history(mlflow, run.run_id, key)]
-            if steps:
-                out.setdefault(row.label, []).append(max(steps))
+            if run.steps is not None:
+                out.setdefault(row.label, []).append(run.steps)
     return out
 
 
@@ -251,16 +238,25 @@ def to_json(experiment: Experiment, scale: str, rows: list[Row]) -> str:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="sinklab report", description="The paper's table beside the measured values over seeds, from MLflow."
+        prog="sinklab report",
+        description="The paper's table beside the measured values over seeds, from MLflow or a data file (--from).",
     )
     parser.add_argument("experiment", help="experiment name (file stem) or path to its YAML")
-    parser.add_argument("--scale", choices=SCALES, default="cpu")
+    parser.add_argument("--scale", choices=SCALES, help="default: cpu, or the data file's with --from")
     parser.add_argument("--plot", action="store_true", help="also write the experiment's figure (PNG)")
     parser.add_argument(
         "--out", type=Path, help="directory for report.md and the figure (default: runs/<experiment>/<scale>/report)"
     )
     parser.add_argument(
         "--docs", type=Path, help="also write the results page DIR/<experiment>.md and the index DIR/README.md"
+    )
+    parser.add_argument(
+        "--from",
+        dest="data",
+        type=Path,
+        metavar="CSV",
+        help="render from this data file (DIR/data/<experiment>.csv of an earlier --docs) instead of MLflow; "
+        "nothing is read from or logged to MLflow",
     )
     parser.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
     return parser.parse_args(argv)
@@ -271,32 +267,39 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         experiment = load_experiment(args.experiment)
-        experiment.setup(args.scale)
-        out = args.out or Path("runs") / experiment.name / args.scale / "report"
-        by = f"{BY} of {experiment.name} at scale {args.scale}"  # the output marker's writer
-        claim(out, ["report.md", "report.json", *([f"{experiment.name}-{args.scale}.png"] if args.plot else [])], by=by)
+        table = run_table.from_csv(args.data, experiment, args.scale) if args.data else None
+        scale = table.scale if table else args.scale or "cpu"
+        experiment.setup(scale)
+        if args.data and args.plot and experiment.plot is not None and experiment.plot.kind == "curve":
+            raise DataFileError(
+                f"--plot: {experiment.name}'s figure is a metric over steps, which --from does not hold"
+            )
+        out = args.out or Path("runs") / experiment.name / scale / "report"
+        by = f"{BY} of {experiment.name} at scale {scale}"  # the output marker's writer
+        claim(out, ["report.md", "report.json", *([f"{experiment.name}-{scale}.png"] if args.plot else [])], by=by)
         if args.docs:
             results_page.claim_pages(args.docs, experiment.name)
-    except (ExperimentError, NotOurs) as error:
+    except (ExperimentError, NotOurs, DataFileError) as error:
         print(f"sinklab report: {error}", file=sys.stderr)
         return 2
-    mlflow = tracking.client()
-    runs_by_variant = tracking.variant_runs(mlflow, experiment.mlflow_experiment, args.scale)
-    rows = build_rows(experiment, runs_by_variant, args.scale)
-    markdown = to_markdown(experiment, args.scale, rows, memorising_notes(rows, mlflow), steps_run(rows, mlflow))
+    mlflow = None if table else tracking.client()
+    table = table or run_table.from_mlflow(experiment, scale, mlflow)
+    rows = build_rows(experiment, table.runs, scale)
+    markdown = to_markdown(experiment, scale, rows, memorising_notes(rows), steps_run(rows))
     files = [
         write_output(out / "report.md", markdown, by),
-        write_output(out / "report.json", to_json(experiment, args.scale, rows), by),
+        write_output(out / "report.json", to_json(experiment, scale, rows), by),
     ]
     if args.docs:
-        today = datetime.now(timezone.utc).date().isoformat()
-        top = f"# {experiment.name}\n\nWritten by `sinklab report {shlex.join(argv)}` on {today} from MLflow.\n\n"
-        for f in results_page.write_page(args.docs, experiment.name, top + markdown, agreement(experiment, rows)):
+        data = run_table.to_csv(table, experiment)
+        for f in results_page.write_page(
+            args.docs, experiment.name, run_table.page_top(table) + markdown, agreement(experiment, rows), data=data
+        ):
             print(f"wrote {f}")
     if args.plot:
         from pipeline.experiments.report_plot import plot
 
-        figure = plot(experiment, rows, mlflow, out / f"{experiment.name}-{args.scale}.png", by)
+        figure = plot(experiment, rows, mlflow, out / f"{experiment.name}-{scale}.png", by)
         if figure is None:
             print(f"sinklab report: {experiment.name} defines no plot", file=sys.stderr)
         else:
@@ -304,9 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown, end="")
     for f in files:
         print(f"wrote {f}")
-    if not args.no_log:
+    if not args.no_log and mlflow is not None:
         logged = agreement_metrics(agreement(experiment, rows)) | spread_metrics(experiment, rows)
-        run_id = tracking.log_report(mlflow, experiment, args.scale, files, logged)
+        run_id = tracking.log_report(mlflow, experiment, scale, files, logged)
         print(f"logged to MLflow run {run_id} ({experiment.mlflow_experiment})")
     return 0
 

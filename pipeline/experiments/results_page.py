@@ -1,5 +1,6 @@
-"""`sinklab report ... --docs DIR`: the report as DIR/<experiment>.md and the index DIR/README.md, each with a prose
-region between PROSE's lines that a rewrite keeps as it stands (docs/experiments.md, Results pages)."""
+"""`sinklab report ... --docs DIR`: the report as DIR/<experiment>.md, its runs as DIR/data/<experiment>.csv and the
+index DIR/README.md, each page with a prose region between PROSE's lines that a rewrite keeps as it stands
+(docs/experiments.md, Results pages)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,21 @@ from sinklab_io.outputs import claim, outside, write_output, written
 PROSE = ["<!-- prose: kept as it stands when this page is regenerated -->", "<!-- /prose -->"]
 INDEX = "README.md"
 INDEX_BY = "sinklab report --docs (the index)"
+DATA = "data"  # DIR/data/<experiment>.csv: the runs a page renders
 
 
 def page_by(experiment: str) -> str:
     return f"sinklab report --docs of {experiment}"
 
 
+def data_by(experiment: str) -> str:
+    return f"sinklab report --docs of {experiment} (its runs)"
+
+
 def claim_pages(out: Path, experiment: str) -> None:
-    """Refuse (``NotOurs``) before any work where the page or the index is not this command's."""
+    """Refuse (``NotOurs``) before any work where the page, its data file or the index is not this command's."""
     claim(out, [f"{experiment}.md"], "--docs", page_by(experiment))
+    claim(out / DATA, [f"{experiment}.csv"], "--docs", data_by(experiment))
     claim(out, [INDEX], "--docs", INDEX_BY)
 
 
@@ -46,7 +53,9 @@ def write_index(out: Path) -> Path:
     pages = [p for p in written(out) if p.suffix == ".md" and p.name != INDEX]
     head = (
         "# Results\n\nOne page per study, each written by `sinklab report EXPERIMENT --scale S --docs DIR` from "
-        "the study's MLflow runs (the command and date at its top); this index is rewritten with every page."
+        "the study's MLflow runs, which it keeps in data/EXPERIMENT.csv: `sinklab report EXPERIMENT --from "
+        "DIR/data/EXPERIMENT.csv --docs DIR` writes the page again from that file alone (the command and date at its "
+        "top); this index is rewritten with every page."
     )
     table = ["| page | study |", "|---|---|"] + [f"| [{p.stem}]({p.name}) | {title_of(p)} |" for p in pages]
     table += index_markdown([(p.stem, from_data(p.read_text(encoding="utf-8"))) for p in pages])
@@ -54,10 +63,13 @@ def write_index(out: Path) -> Path:
     return write_output(index, with_prose(head, prose_of(index), "\n".join(table)), INDEX_BY, PROSE)
 
 
-def write_page(out: Path, experiment: str, generated: str, found: list[Agreement] = ()) -> list[Path]:
-    """The page (``generated``, the line of its agreement rows ``found`` for the index, and the prose it held) and the
-    index; call :func:`claim_pages` first."""
+def write_page(
+    out: Path, experiment: str, generated: str, found: list[Agreement] = (), *, data: str | None = None
+) -> list[Path]:
+    """The data file (``data``: its CSV text, where given), the page (``generated``, the line of its agreement rows
+    ``found`` for the index, and the prose it held) and the index; call :func:`claim_pages` first."""
+    table = [write_output(out / DATA / f"{experiment}.csv", data, data_by(experiment))] if data is not None else []
     page = out / f"{experiment}.md"
     generated = f"{generated.rstrip()}\n\n{data_line(found)}\n" if found else generated
     write_output(page, with_prose(generated, prose_of(page)), page_by(experiment), PROSE)
-    return [page, write_index(out)]
+    return [*table, page, write_index(out)]

@@ -9,6 +9,7 @@ _EXPORTS = {
     "contract": (
         "FINISHED",
         "PARENT_ENV",
+        "TAG_CODE_VERSION",
         "TAG_EXPERIMENT",
         "TAG_KIND",
         "TAG_MODEL_ID",
@@ -37,10 +38,8 @@ _EXPORTS = {
         "sent_to_mlflow",
     ),
     "images": ("log_image_file", "logged_image_keys"),
+    "summaries": ("RunSummary", "best_run", "best_runs", "config_hash"),
     "runs": (
-        "RunSummary",
-        "best_run",
-        "best_runs",
         "client",
         "log_report",
         "metric_history",

@@ -15,6 +15,8 @@ TAG_SCALE = "sinklab.scale"
 TAG_STATUS = "sinklab.status"
 # the run's seed_everything; a sweep sets the data order's seed (data.seed) to the same value
 TAG_SEED = "sinklab.seed"
+# `git describe` of the code a run trained with (written by `sinklab fit`; read by reports)
+TAG_CODE_VERSION = "sinklab.code_version"
 FINISHED = "finished"
 # "sweep" on the run that groups an experiment's variants; other kinds for analysis runs
 TAG_KIND = "sinklab.kind"

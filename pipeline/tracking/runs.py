@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -13,7 +12,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from .contract import (
-    FINISHED,
+    TAG_CODE_VERSION,
     TAG_EXPERIMENT,
     TAG_KIND,
     TAG_SCALE,
@@ -24,6 +23,7 @@ from .contract import (
     prepare_store,
     tracking_uri,
 )
+from .summaries import RunSummary, config_hash
 
 
 class Grouped(Protocol):
@@ -38,22 +38,6 @@ class Grouped(Protocol):
 
 def client(uri: str | None = None) -> MlflowClient:
     return MlflowClient(tracking_uri=prepare_store(uri or tracking_uri()))
-
-
-@dataclass
-class RunSummary:
-    """One training run of a variant as MLflow reports it."""
-
-    run_id: str
-    variant: str
-    status: str  # sinklab.status tag, else MLflow's own status in lower case
-    start_time: int  # ms since the epoch
-    metrics: dict[str, float] = field(default_factory=dict)
-    seed: int | None = None  # the sinklab.seed tag
-
-    @property
-    def finished(self) -> bool:
-        return self.status == FINISHED
 
 
 def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict[str, list[RunSummary]]:
@@ -79,6 +63,8 @@ def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict
                     start_time=run.info.start_time or 0,
                     metrics=dict(run.data.metrics),
                     seed=run_seed(tags),
+                    commit=tags.get(TAG_CODE_VERSION),
+                    config_hash=config_hash(dict(run.data.params)),
                 )
             )
         page_token = page.token
@@ -99,22 +85,6 @@ def run_seed(tags: dict[str, str]) -> int | None:
         return int(tags[TAG_SEED])
     except (KeyError, ValueError):
         return None
-
-
-def best_run(runs: list[RunSummary]) -> RunSummary | None:
-    """The run a report shows for a variant's seed: the newest finished one, else the newest."""
-    if not runs:
-        return None
-    finished = [r for r in runs if r.finished]
-    return (finished or runs)[0]
-
-
-def best_runs(runs: list[RunSummary]) -> dict[int | None, RunSummary]:
-    """A variant's runs, one per seed (:func:`best_run` of each), in seed order."""
-    by_seed: dict[int | None, list[RunSummary]] = {}
-    for run in runs:
-        by_seed.setdefault(run.seed, []).append(run)
-    return {seed: best_run(by_seed[seed]) for seed in sorted(by_seed, key=lambda s: (s is None, s or 0))}
 
 
 def metric_history(mlflow: MlflowClient, run_id: str, metric: str) -> list[tuple[int, float]]:

@@ -29,6 +29,7 @@ from pipeline.checkpoint import (
 from pipeline.model.config import ARCH, ConfigError, ModelConfig
 from pipeline.tracking import (
     PARENT_ENV,
+    TAG_CODE_VERSION,
     TAG_EXPERIMENT,
     TAG_PARENT,
     TAG_PREVIOUS_RUN,
@@ -160,7 +161,7 @@ class SinkLabCLI(LightningCLI):
             TAG_EXPERIMENT: opts.experiment,
             TAG_VARIANT: opts.variant or variant_summary(cfg),
             TAG_SEED: str(cfg.get("seed_everything")),
-            "sinklab.code_version": code_version(),
+            TAG_CODE_VERSION: code_version(),
             "sinklab.dataset_hash": self.datamodule.manifest.hash,
             TAG_RUN_DIR: str(self.run.root.resolve()),
             TAG_STATUS: "running",

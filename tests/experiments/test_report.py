@@ -460,7 +460,7 @@ def test_the_results_page_keeps_its_prose_and_refuses_a_page_it_did_not_write(
     assert report.main(argv) == 0
     page = docs / f"{unique_name}.md"
     text = page.read_text()
-    assert f"Written by `sinklab report {' '.join(argv)}` on " in text
+    assert text.startswith(f"# {unique_name}\n\nWritten by `sinklab report {unique_name} --scale cpu --docs DIR` from ")
     assert (out / "report.md").read_text() in text  # the tables as printed, agreement and verdict included
     assert "| variant a | 1 | 15.20 | 30.00 | 3.72 | 4.00 | — | — | 1 finished |" in text
     assert f"| [{unique_name}]({unique_name}.md) |" in (docs / "README.md").read_text()

@@ -1,0 +1,198 @@
+"""The runs a report renders, as one table read either from MLflow or from the study's data file
+(``DIR/data/<experiment>.csv``, written by ``sinklab report --docs``): one row per run, one column per
+value the report reads (docs/experiments.md, Results as data)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pipeline import metric_names as N
+from pipeline import tracking
+from pipeline.experiments import results_page
+from pipeline.experiments.report_names import ALPHA1, EMERGED, SINK1, UNIFORM
+from pipeline.experiments.spec import Experiment
+
+# the columns before the metrics; then one per metric the report reads, by name
+FIXED = ("study", "scale", "read_on", "variant", "seed", "run_id", "status", "steps", "commit", "config_hash")
+WARNING = "memorising"  # the last column: the run's valid-loss warning, "" where none
+STEP_KEYS = (SINK1, N.TRAIN_LOSS, N.VAL_LOSS)  # the last step any of these was logged at is the run's last step
+
+
+class DataFileError(ValueError):
+    """A data file the report cannot render from; the message starts with the file."""
+
+
+@dataclass
+class RunTable:
+    """An experiment's runs at one scale: per variant in file order, one run per seed, as read on ``read_on``."""
+
+    study: str
+    scale: str
+    read_on: str  # the date (UTC, ISO) the runs were read from MLflow
+    runs: dict[str, list[tracking.RunSummary]]
+
+
+def metrics_read(experiment: Experiment, scale: str) -> list[str]:
+    """Every final metric the report (table, agreement, emergence, figure) reads of a run, sorted."""
+    found = {experiment.metric(c, scale) for c in experiment.columns} | {ALPHA1, UNIFORM, *EMERGED.values()}
+    return sorted(found)
+
+
+def header(experiment: Experiment, scale: str) -> list[str]:
+    return [*FIXED, *metrics_read(experiment, scale), WARNING]
+
+
+def from_mlflow(experiment: Experiment, scale: str, mlflow) -> RunTable:
+    """The runs a report shows (per variant and seed the newest finished, else the newest), with their last step
+    and valid-loss warning read from their metric histories and only the metrics the report reads."""
+    from pipeline import metrics as M
+
+    known = tracking.variant_runs(mlflow, experiment.mlflow_experiment, scale)
+    read = set(metrics_read(experiment, scale))
+    runs = {}
+    for variant in experiment.variants:
+        shown = list(tracking.best_runs(known.get(variant.name, [])).values())
+        for run in shown:
+            histories = {key: tracking.metric_history(mlflow, run.run_id, key) for key in STEP_KEYS}
+            steps = [step for history in histories.values() for step, _ in history]
+            run.steps = max(steps) if steps else None
+            run.memorising = M.memorising(histories[N.VAL_LOSS])
+            run.metrics = {k: v for k, v in run.metrics.items() if k in read}
+        runs[variant.name] = shown
+    today = datetime.now(timezone.utc).date().isoformat()
+    return RunTable(experiment.name, scale, today, runs)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def to_csv(table: RunTable, experiment: Experiment) -> str:
+    """The table as CSV text, one line per run in the report's order; a value the run did not log is empty."""
+    columns = header(experiment, table.scale)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for runs in table.runs.values():
+        for r in runs:
+            fixed = [table.study, table.scale, table.read_on, r.variant, r.seed, r.run_id, r.status, r.steps]
+            values = [*fixed, r.commit, r.config_hash, *(r.metrics.get(m) for m in columns[len(FIXED) : -1])]
+            writer.writerow([_cell(v) for v in values] + [r.memorising or ""])
+    return out.getvalue()
+
+
+def _number(path: Path, line: int, column: str, text: str, kind: type):
+    """``text`` as ``kind`` (int or float), None where empty; a one-line error naming the cell otherwise."""
+    if text == "":
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise DataFileError(f"{path}:{line}: {column}: {text!r} is not {what} (or empty: not logged)") from None
+
+
+def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataFileError(f"{path}: no such file; give a data file that `sinklab report --docs` wrote") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataFileError(f"{path}: cannot be read as a UTF-8 CSV file ({error})") from None
+    reader = csv.reader(io.StringIO(text), strict=True)
+    rows = []
+    try:
+        columns = next(reader, None)
+        if not columns:
+            raise DataFileError(f"{path}: empty; a data file starts with its header line ({', '.join(FIXED)}, ...)")
+        for cells in reader:
+            if len(cells) != len(columns):
+                raise DataFileError(f"{path}:{reader.line_num}: {len(cells)} cells where the header has {len(columns)}")
+            rows.append((reader.line_num, dict(zip(columns, cells))))
+    except csv.Error as error:
+        raise DataFileError(f"{path}:{reader.line_num}: not CSV ({error})") from None
+    return columns, rows
+
+
+def _one(path: Path, rows: list[tuple[int, dict[str, str]]], column: str) -> str:
+    values = sorted({row[column] for _, row in rows})
+    if len(values) != 1:
+        raise DataFileError(f"{path}: {column}: every row must give the same one, these give {', '.join(values)}")
+    return values[0]
+
+
+def from_csv(path: Path, experiment: Experiment, scale: str | None = None) -> RunTable:
+    """The table a data file holds, checked against ``experiment`` (its study, scale, variants and the columns the
+    report reads) before anything is rendered; :class:`DataFileError` with one line naming the file otherwise."""
+    path = Path(path)
+    columns, rows = _rows(path)
+    missing = [c for c in FIXED if c not in columns]
+    if missing:
+        raise DataFileError(f"{path}: no column {', '.join(missing)}; not a data file of `sinklab report --docs`")
+    if not rows:
+        raise DataFileError(f"{path}: holds no runs; nothing to render")
+    study = _one(path, rows, "study")
+    if study != experiment.name:
+        raise DataFileError(
+            f"{path}: holds the runs of {study!r}, not of {experiment.name!r}; give {study}'s data file"
+        )
+    found = _one(path, rows, "scale")
+    if scale is not None and scale != found:
+        raise DataFileError(
+            f"{path}: holds the {found} scale's runs, not the {scale} scale's; drop --scale or match it"
+        )
+    experiment.setup(found)
+    expected = header(experiment, found)
+    if columns != expected:
+        lacking = [c for c in expected if c not in columns]
+        extra = [c for c in columns if c not in expected]
+        what = f"no column {', '.join(lacking)}" if lacking else f"column {', '.join(extra)} not read by this report"
+        if not lacking and not extra:
+            what = "its columns in another order"
+        raise DataFileError(f"{path}: {what}; `sinklab report {study} --scale {found} --docs DIR` writes the columns")
+    variants = [v.name for v in experiment.variants]
+    runs: dict[str, list[tracking.RunSummary]] = {}
+    seen = set()
+    for line, row in rows:
+        variant = row["variant"]
+        if variant not in variants:
+            raise DataFileError(f"{path}:{line}: variant {variant!r} is not one of {study}'s ({', '.join(variants)})")
+        seed = _number(path, line, "seed", row["seed"], int)
+        if (variant, seed) in seen:
+            raise DataFileError(f"{path}:{line}: a second run of {variant} seed {seed}; a report shows one per seed")
+        seen.add((variant, seed))
+        if not row["run_id"] or not row["status"]:
+            raise DataFileError(f"{path}:{line}: run_id and status must not be empty")
+        metrics = {m: _number(path, line, m, row[m], float) for m in expected[len(FIXED) : -1]}
+        runs.setdefault(variant, []).append(
+            tracking.RunSummary(
+                run_id=row["run_id"],
+                variant=variant,
+                status=row["status"],
+                start_time=0,
+                metrics={m: v for m, v in metrics.items() if v is not None},
+                seed=seed,
+                commit=row["commit"] or None,
+                config_hash=row["config_hash"] or None,
+                steps=_number(path, line, "steps", row["steps"], int),
+                memorising=row[WARNING] or None,
+            )
+        )
+    ordered = {v: runs[v] for v in variants if v in runs}
+    return RunTable(study, found, _one(path, rows, "read_on"), ordered)
+
+
+def page_top(table: RunTable) -> str:
+    """The results page's first lines: what wrote it and from what; the same from MLflow and from the data file."""
+    data, name = f"{results_page.DATA}/{table.study}.csv", table.study
+    return (
+        f"# {name}\n\nWritten by `sinklab report {name} --scale {table.scale} --docs DIR` from the study's MLflow runs "
+        f"as read on {table.read_on}, which [{data}]({data}) holds: `sinklab report {name} --from DIR/{data} "
+        "--docs DIR` writes this page again from that file alone.\n\n"
+    )
