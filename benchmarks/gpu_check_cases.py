@@ -129,7 +129,13 @@ def gpu_cases() -> list[Case]:
             minimum=30,
         ),
         Case("slots-cuda", "pytest", (slots, "-q", "-p", "no:cacheprovider", "-rs"), minimum=30, limit=120),
-        Case("bench-slots-1b", "command", ("benchmarks/bench_slots.py", "--cuda-only", "--repeats", "3"), minimum=30),
+        Case(
+            "bench-slots-1b",
+            "command",
+            ("benchmarks/bench_slots.py", "--cuda-only", "--repeats", "3"),
+            minimum=30,
+            limit=120,
+        ),
     ]
 
 
