@@ -6,6 +6,7 @@ and its summary: the top kernels by device time and each step's phases (docs/gpu
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import sys
@@ -77,8 +78,10 @@ def _outermost(marks: list[dict]) -> list[dict]:
     return kept
 
 
-def _inside(ts: float, ranges: list[dict]) -> bool:
-    return any(r["ts"] <= ts <= r["ts"] + r["dur"] for r in ranges)
+def _inside(ts: float, ranges: list[dict], starts: list[float]) -> bool:
+    """Whether ``ts`` falls in one of ``ranges`` (not overlapping, sorted; ``starts`` their starts)."""
+    i = bisect.bisect_right(starts, ts) - 1
+    return i >= 0 and ts <= ranges[i]["ts"] + ranges[i]["dur"]
 
 
 def summarize(trace: dict, top: int = 15) -> str:
@@ -109,8 +112,10 @@ def summarize(trace: dict, top: int = 15) -> str:
     def device_in(ranges: list[dict]) -> float | None:
         if not kernels:
             return None
-        picked = [k["dur"] for k in kernels if _inside(launch.get(k.get("args", {}).get("correlation"), -1), ranges)]
-        return sum(picked)
+        ranges = sorted(ranges, key=lambda r: r["ts"])
+        starts = [r["ts"] for r in ranges]
+        at = (launch.get(k.get("args", {}).get("correlation"), -1) for k in kernels)
+        return sum(k["dur"] for k, ts in zip(kernels, at) if _inside(ts, ranges, starts))
 
     lines.append("step split (wall ms a step on the host; device ms of the kernels launched in it):")
     rows = [(PHASE_TEXT.get(p, p), phases[p]) for p in PHASES] + [("DeepSpeed gradient hooks and reduction", hooks)]
@@ -118,9 +123,11 @@ def summarize(trace: dict, top: int = 15) -> str:
         if not ranges:
             lines.append(f"  {label}: none in the trace")
             continue
-        wall = sum(r["dur"] for r in ranges) / 1e3 / steps
+        # the first profiled batch's loading came before the profile: data per batch, times batches
+        scale = len(phases["forward"]) / len(ranges) if ranges is phases["data"] else 1
+        wall = scale * sum(r["dur"] for r in ranges) / 1e3 / steps
         device = device_in(ranges)
-        text = f"{device / 1e3 / steps:.3f} ms device" if device is not None else "no device activity"
+        text = f"{scale * device / 1e3 / steps:.3f} ms device" if device is not None else "no device activity"
         lines.append(f"  {label}: {wall:.3f} ms wall, {text}")
     nccl = [k for k in kernels if "nccl" in k["name"].lower()]
     lines.append(
@@ -131,7 +138,8 @@ def summarize(trace: dict, top: int = 15) -> str:
     if kernels and marks:
         start = min(r["ts"] for r in marks if r["name"].startswith(MARK))
         end = max(r["ts"] + r["dur"] for r in marks if r["name"].startswith(MARK))
-        busy = _union([(max(k["ts"], start), min(k["ts"] + k["dur"], end)) for k in kernels if k["ts"] < end])
+        clipped = [(max(k["ts"], start), min(k["ts"] + k["dur"], end)) for k in kernels]
+        busy = _union([(lo, hi) for lo, hi in clipped if hi > lo])
         lines.append(
             f"  device idle gaps: {(end - start - busy) / 1e3 / steps:.3f} ms of {(end - start) / 1e3 / steps:.3f}"
         )
