@@ -116,12 +116,14 @@ bench-slots: venv
 # On a GPU machine: the cases in priority order within GPU_BUDGET seconds (each killed at its limit),
 # one table and the goal ratios, exit 1 on any failure (docs/gpu.md). `make gpu-check TORCH_SPEC=torch`
 # builds the venv with a CUDA torch first; GPU_PYTHON=python3 uses a node's own torch and no venv
-# (with the carry of `make wheelhouse` on PYTHONPATH). GPU_CHECK_ARGS="--cases 60m-zero2,preempt".
+# (with the carry of `make wheelhouse` on PYTHONPATH). GPU_CHECK_ARGS="--cases 60m-shipped,preempt".
+# GPU_PLAN=causes runs that plan's cases instead, within 420 s (GPU_CHECK_ARGS=--dry-run lists them).
 GPU_BUDGET     ?= 480
 GPU_CHECK_ARGS ?=
 GPU_PYTHON     ?=
+GPU_PLAN       ?=
 gpu-check: $(if $(GPU_PYTHON),,venv)
-	$(or $(GPU_PYTHON),$(PY)) -m benchmarks.gpu_check --budget $(GPU_BUDGET) $(GPU_CHECK_ARGS)
+	$(or $(GPU_PYTHON),$(PY)) -m benchmarks.gpu_check $(if $(GPU_PLAN),--plan $(GPU_PLAN),--budget $(GPU_BUDGET)) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) data runs mlruns .pytest_cache

@@ -134,10 +134,14 @@ def main() -> None:
     ap.add_argument("--cuda-heads", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--cpu-only", action="store_true", help="skip CUDA even when a GPU is present")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--cpu-only", action="store_true", help="skip CUDA even when a GPU is present")
+    only.add_argument("--cuda-only", action="store_true", help="skip the CPU part (gpu-check's bench-slots case)")
     args = ap.parse_args()
+    if args.cuda_only and not torch.cuda.is_available():
+        ap.error("--cuda-only: no CUDA device (torch.cuda.is_available() is False)")
     torch.set_num_threads(args.threads)
-    worst = run("cpu", args.seqs, args.d_model, args.heads, args.repeats)
+    worst = float("inf") if args.cuda_only else run("cpu", args.seqs, args.d_model, args.heads, args.repeats)
     if torch.cuda.is_available() and not args.cpu_only:
         worst = min(worst, run("cuda", args.seqs, args.cuda_d_model, args.cuda_heads, args.repeats))
     print(f"ratio={worst:.3f}")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GOALS = (  # (what, case, the case it is divided by or None for its MFU, goal)
-    ("60m as shipped / compiled without DeepSpeed", "60m-zero2", "60m-compiled", 0.95),
+    ("60m as shipped / compiled without DeepSpeed", "60m-shipped", "60m-compiled", 0.95),
     ("sigmoid (Triton tiles) / softmax", "small-sigmoid", "small-softmax", 0.8),
-    ("sink logit / softmax", "small-sink-logit", "small-softmax", 0.85),
-    ("1B MFU", "1b-zero2", None, 0.55),
+    ("sink logit / softmax", "small-sink-logit", "small-softmax", 0.95),
+    ("1B MFU", "1b-", None, 0.55),  # the best of the 1b cases that passed (as shipped, the grid's cells)
 )
 
 
@@ -27,18 +27,24 @@ class Result:
 def goal_lines(results: list[Result]) -> list[str]:
     """The goals some of whose cases were asked for: ratio of tokens/s (or MFU), against the goal."""
     by_name, lines = {r.case: r for r in results}, []
+    ones = [r for r in results if r.case.startswith("1b-") and r.mfu is not None and not r.problem]
+    if ones:
+        by_name["1b-"] = max(ones, key=lambda r: r.mfu)
     for what, case, base, goal in GOALS:
         if case not in by_name and base not in by_name:
-            continue
+            if case != "1b-" or not any(r.case.startswith("1b-") for r in results):
+                continue
         top, bottom = by_name.get(case), by_name.get(base) if base else None
         if base is None:
             value = top.mfu if top else None
+            what += f" ({top.case})" if top else ""
         elif top and bottom and top.tokens_per_s and bottom.tokens_per_s:
             value = top.tokens_per_s / bottom.tokens_per_s
         else:
             value = None
         if value is None:
-            lines.append(f"{what}: - (goal >= {goal:g}; {case}{' and ' + base if base else ''} give no figure)")
+            cases = f"{case}{' and ' + base if base else ''}" if case != "1b-" else "no 1b case"
+            lines.append(f"{what}: - (goal >= {goal:g}; {cases} give no figure)")
         else:
             lines.append(f"{what}: {value:.2f} (goal >= {goal:g}: {'met' if value >= goal else 'MISSED'})")
     return lines

@@ -36,7 +36,7 @@ def blocked_attention(
     q [B, H, Tq, d_h], k/v [B, H, Tk, d_h]: rotated, queries the last Tq key slots. kernel: phi.
     slot_k/slot_v [B, H, S, d_h]: the bias slots. score_bias: a fixed positional bias, a function
     (q_idx, k_idx) -> [1|H, bq, bk] or the model's [1|H, Tq, Tk] tensor. block_size / query_block:
-    keys / queries per tile (None: 128 / all torch, 64 / 64 fused; the linear chunk is at most 64).
+    keys / queries per tile (None: 128 / all torch, autotuned fused; the linear chunk is at most 64).
     impl: ``triton``, ``torch`` or ``auto`` (triton for CUDA tensors when it computes the spec).
     """
     if impl not in IMPLS:

@@ -4,6 +4,7 @@ torch (docs/gpu.md). Without a GPU set TRITON_INTERPRET=1 before this module is 
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import torch
@@ -16,6 +17,51 @@ if triton is not None:
     import triton.language as tl
 
     from .triton_kernels import backward_kv, backward_q, forward
+
+# block_q = block_k = 0 across the custom ops: the autotuned kernels pick the tiles
+TUNED = 0
+
+
+def tile_configs(full: bool) -> list:
+    """Today's tiles first (64 x 64 narrow rows, 32 x 32 wide; 4 warps, 3 stages), then the ones tuning tries."""
+    shapes = [(64, 64, 4, 3), (32, 32, 4, 3)]
+    if full:
+        shapes += [(64, 64, 4, 2), (128, 64, 8, 3), (64, 128, 8, 3), (128, 128, 8, 2), (128, 32, 4, 3)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Rows wider than 256 bytes keep today's 32 x 32 only; narrow rows drop it (docs/gpu.md)."""
+    wide = kwargs["D"] * named_args["Q"].element_size() > 256
+    kept = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) != (32, 32)]
+    return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) == (32, 32)] if wide else kept
+
+
+if triton is not None:  # one config under the interpreter (no timing there); keyed on (T, head dim, dtypes)
+    _TUNING = dict(
+        configs=tile_configs(full=os.environ.get("TRITON_INTERPRET") != "1"),
+        key=["Tq", "Tk", "D"],
+        prune_configs_by={"early_config_prune": _prune},
+    )
+    forward_tuned, backward_kv_tuned, backward_q_tuned = (
+        triton.autotune(**_TUNING)(kernel) for kernel in (forward, backward_kv, backward_q)
+    )
+_REPORTED: set[tuple] = set()
+
+
+def _launch(kernel, tuned, blocks: tuple[int, int], rows: int, BH: int, *args, **meta) -> None:
+    """The kernel over ``rows`` (queries or keys) in tiles of ``blocks``, or its autotuned twin when TUNED."""
+    if blocks[0] != TUNED:
+        by_rows = blocks[0] if kernel is not backward_kv else blocks[1]
+        kernel[(triton.cdiv(rows, by_rows), BH)](*args, **meta, BLOCK_M=blocks[0], BLOCK_N=blocks[1])
+        return
+    along = "BLOCK_N" if kernel is backward_kv else "BLOCK_M"
+    tuned[lambda config: (triton.cdiv(rows, config[along]), BH)](*args, **meta)
+    named = dict(zip(tuned.arg_names, args))
+    key = (tuned.base_fn.__name__, named["Tq"], named["Tk"], meta["D"], str(args[0].dtype))
+    if os.environ.get("SINKLAB_REPORT_TILES") == "1" and key not in _REPORTED:  # gpu-check prints it
+        _REPORTED.add(key)
+        print(f"sinklab tiles: {key[0]} at T {key[1]} x {key[2]}, head dim {key[3]}, {key[4]}: {tuned.best_config}")
 
 
 def available() -> bool:
@@ -32,7 +78,7 @@ def supports(spec: TileSpec, score_bias) -> bool:
     )
 
 
-def _launch_args(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, spec: TileSpec, blocks: tuple[int, int]):
+def _launch_args(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, spec: TileSpec):
     """Arguments shared by the three kernels (after the pointers)."""
     B, H, Tq, D = q.shape
     mask: MaskSpec = spec.mask
@@ -43,8 +89,6 @@ def _launch_args(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, spec: Til
     meta = dict(
         D=D,
         BLOCK_D=max(16, triton.next_power_of_2(D)),
-        BLOCK_M=blocks[0],
-        BLOCK_N=blocks[1],
         SIM=SIMILARITIES[spec.similarity],
         MASK=MASKS[mask.kind],
         HAS_BIAS=bias is not None,
@@ -67,7 +111,7 @@ def _prepare(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, *spec_and_blo
     spec = TileSpec(similarity=similarity, scale=scale, mask=MaskSpec(mask, window, prefix, q_offset))
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     bias = None if bias is None else bias.contiguous()
-    return q, k, v, bias, *_launch_args(q, k, v, bias, spec, (block_q, block_k))
+    return q, k, v, bias, *_launch_args(q, k, v, bias, spec)
 
 
 # An export's bundled copy of this module gets a namespace of its own (docs/gpu.md).
@@ -95,7 +139,7 @@ def _fused_tiles(
     B, H, Tq, D = q.shape
     u = q.new_empty(B, H, Tq, D, dtype=accumulator(q))
     row_sum = q.new_empty(B, H, Tq, dtype=accumulator(q))
-    forward[(triton.cdiv(Tq, block_q), B * H)](q, k, v, bias, u, row_sum, *scalars, **meta)
+    _launch(forward, forward_tuned, (block_q, block_k), Tq, B * H, q, k, v, bias, u, row_sum, *scalars, **meta)
     return u, row_sum
 
 
@@ -129,8 +173,9 @@ def _fused_tiles_backward(
     acc = accumulator(q)
     du, d_row = du.to(acc).contiguous(), d_row.to(acc).contiguous()
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    backward_kv[(triton.cdiv(k.shape[2], block_k), B * H)](q, k, v, bias, du, d_row, dk, dv, *scalars, **meta)
-    backward_q[(triton.cdiv(Tq, block_q), B * H)](q, k, v, bias, du, d_row, dq, *scalars, **meta)
+    blocks, Tk = (block_q, block_k), k.shape[2]
+    _launch(backward_kv, backward_kv_tuned, blocks, Tk, B * H, q, k, v, bias, du, d_row, dk, dv, *scalars, **meta)
+    _launch(backward_q, backward_q_tuned, blocks, Tq, B * H, q, k, v, bias, du, d_row, dq, *scalars, **meta)
     return dq, dk, dv
 
 
@@ -166,13 +211,14 @@ def fused_tiled_attention(
     score_bias: Tensor | None = None,
     blocks: tuple[int | None, int | None] = (None, None),
 ) -> Tensor:
-    """``tiled_attention``'s [B, H, Tq, d_h] from the fused kernels; blocks: (queries, keys) per tile, None: default."""
+    """``tiled_attention``'s [B, H, Tq, d_h] from the fused kernels; blocks: (queries, keys) per tile; both None: autotuned, one None: today's default."""
     if not supports(spec, score_bias):
         raise ValueError("fused_tiled_attention: needs triton, p = 1 and score_bias None or a tensor")
     if score_bias is not None:
         refuse_learned_bias("fused_tiled_attention", score_bias)
     default_q, default_k = default_blocks(q.shape[-1], q.element_size())
-    blocks = (blocks[0] or default_q, blocks[1] or default_k)
+    tuned = blocks == (None, None)
+    blocks = (TUNED, TUNED) if tuned else (blocks[0] or default_q, blocks[1] or default_k)
     m = spec.mask
     u, row_sum = _fused_tiles(
         q, k, v, score_bias, spec.similarity, m.kind, m.window, m.prefix, m.q_offset, spec.scale, *blocks

@@ -53,7 +53,8 @@ def _cases():
             for similarity in tt.SIMILARITIES:
                 for mask in ("causal", "prefix", "sliding"):
                     spec = TileSpec(similarity=similarity, scale=D**-0.5, mask=MaskSpec(mask, window=4, prefix=3))
-                    scalars, meta = tt._launch_args(q, k, v, bias, spec, (64, 64))
+                    scalars, meta = tt._launch_args(q, k, v, bias, spec)
+                    meta = dict(meta, BLOCK_M=64, BLOCK_N=64)
                     pointers = {
                         tk.forward: (q, k, v, bias, rows_acc, row_sum),
                         tk.backward_kv: (q, k, v, bias, rows_acc, row_sum, rows, rows),

@@ -33,14 +33,22 @@ def table_rows(stdout: str) -> dict[str, list[str]]:
     return {line.split()[0]: line.split() for line in rows}
 
 
-def test_a_preempted_run_resumes_and_passes_with_its_speed(tiny_ds, tmp_path):
-    done = gpu_check(["--data", str(tiny_ds), "--cases", "preempt"], tmp_path)
+def test_a_preempted_run_resumes_and_passes_with_its_speed_and_its_profile(tiny_ds, tmp_path):
+    """The profile of the resumed start's last 3 steps: printed after the case, the trace beside it."""
+    done = gpu_check(["--data", str(tiny_ds), "--cases", "preempt", "--profile", "preempt"], tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = table_rows(done.stdout)["preempt"]
     assert row[1] == "ok" and float(row[2].replace(",", "")) > 0  # tokens/s
     assert done.stdout.splitlines()[-1].startswith("1 of 1 cases ok; ")
     log = (tmp_path / "check" / "preempt.log").read_text()
     assert "stopped by SIGUSR1 at step" in log and "Restored all states from the checkpoint" in log
+    summary = done.stdout[done.stdout.index("  preempt: ok") : done.stdout.index("case ")]
+    assert "profiled optimizer steps: 3" in summary and "top 15 CPU ops by self time:" in summary
+    assert "aten::mm" in summary and "DeepSpeed gradient hooks and reduction: none in the trace" in summary
+    for phase in ("forward", "backward", "optimizer", "data and between steps"):
+        assert f"      {phase}: " in summary and f"{phase}: none" not in summary
+    trace = tmp_path / "check" / "preempt-profile" / "trace.json.gz"
+    assert 0 < trace.stat().st_size <= 20 * 2**20
 
 
 def test_a_failing_case_gives_its_first_error_line_and_exit_1(tiny_ds, tmp_path):
@@ -82,10 +90,14 @@ def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatc
     gpu_check = load_benchmark("gpu_check")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.chdir(REPO)
-    cases = gpu_check.gpu_cases()
+    cases, cells = gpu_check.gpu_cases(), gpu_check.grid_cases()
     fits = [c for c in cases if c.kind in ("fit", "preempt")]
     assert {c.reads for c in cases if c.reads} <= {c.name for c in fits}
-    for case in fits:
+    assert len({c.name for c in cases + cells}) == len(cases + cells)
+    shipped = next(c for c in cases if c.name == "60m-shipped")
+    assert "--trainer.strategy.init_args.config" not in shipped.args  # the recipe's own strategy
+    picked = [next(c for c in cells if c.name == name) for name in ("1b-mb8-z1", "1b-mb16-ac-z2")]
+    for case in fits + picked:
         args = [
             *case.args,
             *paths(tiny_ds, tmp_path / case.name),
@@ -96,6 +108,11 @@ def test_every_gpu_case_is_a_valid_sinklab_command(tiny_ds, tmp_path, monkeypatc
         ]
         with built_fit(args) as cli:
             assert cli.trainer.max_steps == case.steps and cli.trainer.log_every_n_steps == case.log_every
+            if case in picked:
+                assert cli.model.activation_checkpointing == ("-ac-" in case.name)
+                assert cli.trainer.strategy.config["zero_optimization"]["stage"] == int(case.name[-1])
+    for case in (c for c in cases if c.kind in ("pytest", "command")):
+        assert (REPO / case.args[0]).is_file()  # the test file or the script
 
 
 FAKE_SINKLAB = """
@@ -147,7 +164,7 @@ def test_the_table_gives_every_case_and_the_goal_ratios_also_of_a_killed_case(lo
     gpu_check = load_benchmark("gpu_check")
     R = gpu_check.Result
     results = [
-        R("60m-zero2", None, 70, tokens_per_s=950_000, mfu=0.31, peak_gib=30.2, mode="compiled"),
+        R("60m-shipped", None, 70, tokens_per_s=950_000, mfu=0.31, peak_gib=30.2, mode="compiled"),
         R("60m-compiled", None, 65, tokens_per_s=1_000_000, mfu=0.33, peak_gib=28.0, mode="compiled"),
         R("small-softmax", None, 50, tokens_per_s=400_000, mode="compiled"),
         R("small-sigmoid", "killed at its time limit, 120 s", 120, tokens_per_s=300_000, mode="compiled"),
@@ -162,8 +179,10 @@ def test_the_table_gives_every_case_and_the_goal_ratios_also_of_a_killed_case(lo
     assert "\n5 of 5 cases ok; " not in text and "\n4 of 5 cases ok; 1 skipped; " in text
     assert "60m as shipped / compiled without DeepSpeed: 0.95 (goal >= 0.95: met)" in text
     assert "sigmoid (Triton tiles) / softmax: 0.75 (goal >= 0.8: MISSED)" in text
-    assert "sink logit / softmax: - (goal >= 0.85; small-sink-logit and small-softmax give no figure)" in text
+    assert "sink logit / softmax: - (goal >= 0.95; small-sink-logit and small-softmax give no figure)" in text
     assert "1B MFU" not in text  # not asked for
+    ones = [R("1b-shipped", None, 80, mfu=0.44), R("1b-mb32-z1", None, 60, mfu=0.52), R("1b-mb8-z1", "x", 9, mfu=0.6)]
+    assert "1B MFU (1b-mb32-z1): 0.52 (goal >= 0.55: MISSED)" in gpu_check.table(ones)
 
 
 def test_a_terminated_check_kills_its_case_and_still_prints_the_table(tiny_ds, tmp_path):
