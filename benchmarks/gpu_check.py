@@ -73,6 +73,7 @@ class Matrix:
         """The case, killed after ``limit`` seconds."""
         start = time.perf_counter()
         self.deadline = time.monotonic() + limit
+        ours = not (self.root / case.name / "checkpoints").exists()  # never delete checkpoints it did not write
         log = self.root / f"{case.name}.log"
         try:
             problem = getattr(self, "_" + case.kind.replace("-", "_"))(case, log)
@@ -89,7 +90,7 @@ class Matrix:
             result.mode = "eager" if compiled != "true" else "compiled"
             result.mode = "eager (compile failed)" if "torch.compile failed" in text else result.mode
             result.mode += ", resumed" if "Restored all states" in text else ""
-            if not any(c.reads == case.name for c in self.cases.values()):  # a 1B one takes ~17 GB of disk
+            if ours and not any(c.reads == case.name for c in self.cases.values()):  # a 1B one takes ~17 GB
                 shutil.rmtree(self.root / case.name / "checkpoints", ignore_errors=True)
         return result
 
