@@ -38,11 +38,11 @@ def fmt_p(rho: float | None, p: Permutation | None) -> str:
     tail = stats.directional(rho, p)
     if tail is None:
         return stats.MISSING
-    return f"{tail:.2g} ({f'all {p.permutations:,}' if p.exact else f'{p.permutations:,} drawn'})"
+    return f"{stats.show_p(tail, stats.ALPHA / 2)} ({f'all {p.permutations:,}' if p.exact else f'{p.permutations:,} drawn'})"
 
 
 def fmt_holm(value: float | None) -> str:
-    return stats.MISSING if value is None else f"{value:.2g}"
+    return stats.MISSING if value is None else stats.show_p(value, stats.ALPHA / 2)
 
 
 def fmt_defined(interval: Interval | None) -> str:

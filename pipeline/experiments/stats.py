@@ -228,6 +228,14 @@ def welch(a: Spread, b: Spread) -> float:
     return 1.0 if p != p else p
 
 
+def show_p(p: float, level: float = ALPHA) -> str:
+    """p to 2 significant digits, or more where 2 would round a p below `level` up to it."""
+    digits = 2
+    while float(text := f"{p:.{digits}g}") >= level > p:
+        digits += 1
+    return text
+
+
 def ordering(names: Sequence[str], spreads: Sequence[Spread], digits: int = 2) -> str | None:
     """The variants by mean, highest first, then every pair Welch's t-test tells apart, Holm-adjusted over all
     pairs ("a > b (Welch, Holm p = 0.012)"), and the rest as not resolved; None unless every variant has 2
@@ -240,7 +248,7 @@ def ordering(names: Sequence[str], spreads: Sequence[Spread], digits: int = 2) -
     tested = [(a, sa, b, sb) for i, (a, sa) in enumerate(pairs) for b, sb in pairs[i + 1 :]]
     adjusted = holm([welch(sa, sb) for _, sa, _, sb in tested])
     resolved = [
-        f"{a} > {b} (Welch, Holm p = {q:.2g})"
+        f"{a} > {b} (Welch, Holm p = {show_p(q)})"
         for (a, sa, b, sb), q in zip(tested, adjusted)
         if q < ALPHA and distinct([sa.mean, sb.mean], digits) == 2
     ]

@@ -248,3 +248,10 @@ def test_the_welch_p_is_scipys_and_holm_spans_the_pairs_of_a_column():
     pair = [stats.spread([0.0, 0.5, 1.0]), stats.spread([1.5, 2.0, 2.5])]
     assert "y > x (Welch, Holm p = 0.021)" in stats.ordering(["x", "y"], pair)
     assert "y > x" not in stats.ordering(["x", "y", "z"], [*pair, stats.spread([-9.0, 0.0, 9.0])])
+
+
+def test_show_p_never_rounds_a_p_below_its_level_up_to_it():
+    assert stats.show_p(0.0498) == "0.0498"
+    assert stats.show_p(0.02499, 0.025) == "0.02499"
+    assert stats.show_p(0.012) == "0.012"
+    assert stats.show_p(0.3) == "0.3"
