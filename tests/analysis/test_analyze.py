@@ -426,3 +426,12 @@ def test_a_model_analysed_on_the_probe_set_of_another_tokenizer_is_refused(
     )
     assert not (tmp_path / "refused").exists()
     assert analyze.main([*argv, str(datasets["own"]), "--out", str(tmp_path / "own-out")]) == 0
+
+
+def test_the_flow_table_says_when_no_layer_moves():
+    from pipeline import metric_names as N
+    from pipeline.analysis.tables import flow_table
+
+    flow = {N.layer(N.FLOW_ENTROPY, 0): 1.0, N.layer(N.FLOW_ENTROPY, 1): 0.5, N.ENTROPY_DROP_LAYER: 1}
+    last = flow_table(flow, {})[-1]
+    assert last == "largest BOS-norm jump: none (the ‖h₁‖ ratio rises at no layer); largest entropy drop: layer 1"
