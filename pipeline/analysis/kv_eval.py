@@ -77,7 +77,7 @@ def parse_budget(text: str, n_tokens: int | None = None) -> tuple[float, int]:
     if n_tokens < MIN_TOKENS:
         raise refuse(
             f"the text has {n_tokens} token{'s' * (n_tokens != 1)}: too short for any budget (at least {MIN_TOKENS}: "
-            "a cache of 2 entries and a token past it); give a longer --text"
+            "a cache of 2 entries and a token past it)"
         )
     entries = round(float(m.group(1)) / 100 * n_tokens) if m.group(2) else int(float(m.group(1)))
     if entries < 2:
@@ -329,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         chunks = [ids[: args.max_tokens]]
         if args.per_sequence:
             chunks = held_out_sequences(args.dataset, args.max_tokens, "kv-eval")
+        if (shortest := min(map(len, chunks))) < MIN_TOKENS:
+            where = f"--dataset {args.dataset}" if args.dataset else f"--text {args.text or 'Othello'}"
+            raise refuse(
+                f"{where}: {shortest} token{'s' * (shortest != 1)} (a BOS counted), empty or too short for any budget "
+                f"(at least {MIN_TOKENS}: a cache of 2 entries and a token past it); give a longer text"
+            )
         sequences = [torch.tensor(c, dtype=torch.long, device=streamer.device) for c in chunks]
         print(f"{name}: {len(sequences)} sequences, {sum(map(len, chunks))} tokens", file=sys.stderr)
         results[name] = evaluate(subjects[name], streamer, sequences, s)

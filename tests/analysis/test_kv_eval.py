@@ -282,7 +282,9 @@ def test_an_empty_text_is_named_too_short_before_the_full_pass(tiny_llama_dir, t
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(SystemExit) as err:
         kv_eval.main([str(tiny_llama_dir), "--text", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "out")])
-    assert str(err.value).startswith("sinklab kv-eval: the text has 0 tokens: too short for any budget")
+    assert str(err.value).startswith(
+        f"sinklab kv-eval: --text {tmp_path / 'empty.txt'}: 0 tokens (a BOS counted), empty"
+    )
     assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
 
 
