@@ -85,6 +85,16 @@ def test_hf_streamingllm_policy_equals_the_x_plus_y_cache(tiny_llama, x):
     torch.testing.assert_close(policy, plain, atol=0, rtol=0)
 
 
+def test_the_streamingllm_row_beside_attention_policies_is_the_x_plus_y_cache_to_rounding(tiny_llama):
+    """In kv-eval's batch the attention policies switch HF models to eager attention: equal within 1e-5."""
+    ids = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(1))
+    s = HFRotaryStreamer(tiny_llama)
+    plain = s.nll(ids, [CacheSpec(2, 6)])
+    rows = [Row(StreamingLLM(), first=2), *ROWS]
+    batched = s.nll(ids, [CacheSpec(0, 8)] * len(rows), evictor=Evictor(rows, 8, 2, 2))
+    torch.testing.assert_close(batched[:1], plain, rtol=1e-5, atol=0)
+
+
 def test_policies_that_evict_differ_and_stay_finite(tiny_llama):
     ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(3))
     nll = HFRotaryStreamer(tiny_llama).nll(ids, [CacheSpec(0, 10)] * len(ROWS), evictor=Evictor(ROWS, 10, 2, 2))
