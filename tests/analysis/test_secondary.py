@@ -75,7 +75,7 @@ def test_a_probe_too_short_to_judge_reports_not_judged_not_zero(sinklab_ckpt_wit
     rec = report["secondary_sinks"]
     assert rec["count"] == rec["share"] == [None, None] and "-T 9 or more judges them" in rec["not_judged"]
     metrics = mlflow.MlflowClient(mlflow_server).get_run(report["mlflow_run_id"]).data.metrics
-    assert math.isnan(metrics[N.layer(N.SECONDARY_COUNT, 0)]) and math.isnan(metrics[N.layer(N.SECONDARY_SHARE, 1)])
+    assert math.isnan(metrics[N.layer(N.SECONDARY_COUNT, 0)]) and math.isnan(metrics["sink/secondary_share_l1"])
     assert "Secondary sinks: not judged (no key past the first is followed by the 8 queries" in format_table(report)
     judged = analyze.run(
         Subject(str(sinklab_ckpt_with_tokenizer), "auto"),
