@@ -117,9 +117,15 @@ def stream_perplexity(cache: str) -> str:
 
 
 def kv_perplexity(policy: str, sinks: str, budget: float) -> str:
-    """`sinklab kv-eval`: perplexity under eviction ``policy`` with the sinks ``keep`` or ``drop``, the
-    cache ``budget`` percent of the text, e.g. ``stream/kv_h2o_keep_b25``."""
+    """`sinklab kv-eval`: perplexity under eviction ``policy`` with the sinks ``keep``, ``drop`` or ``policy`` (its own
+    scores), the cache ``budget`` percent of the text, e.g. ``stream/kv_h2o_keep_b25``."""
     return f"{STREAM}kv_{policy}_{sinks}_b{budget:g}"
+
+
+def kv_first_kept(policy: str, budget: float) -> str:
+    """`sinklab kv-eval`: the share (%) of evictions, layers and kv heads where ``policy`` on its own scores kept the
+    first entry, the cache ``budget`` percent of the text, e.g. ``stream/kv_first_kept_h2o_b25``."""
+    return f"{STREAM}kv_first_kept_{policy}_b{budget:g}"
 
 
 def kv_passkey(row: str, budget: float, factor: int | str) -> str:

@@ -33,6 +33,11 @@ def secondary_sink_mask(attn: Tensor, eps: float, first: int = 1, min_queries: i
     return (alpha > eps) & (k > first) & (T - k + 1 >= min_queries)
 
 
+def judged_keys(T: int, first: int = 1, min_queries: int = 1) -> int:
+    """How many keys of a length-``T`` map :func:`secondary_sink_mask` can call a sink: k > first, T−k+1 >= min_queries."""
+    return max(0, T - first - min_queries + 1)
+
+
 def attention_share(attn: Tensor, eps: float, first: int = 1, min_queries: int = 1) -> Tensor:
     """``[..., T, T] -> [...]``: the share of each map's attention mass that its secondary sinks take."""
     return _share(attn, secondary_sink_mask(attn, eps, first, min_queries))

@@ -5,6 +5,7 @@ import torch
 from pipeline.analysis.inputs import shakespeare_files
 
 HAMLET = next(f for f in shakespeare_files() if f.stem == "hamlet")
+WORDS = "the cat dog sat on mat a red blue sky is sea green grass".split()  # the micro checkpoint's word tokenizer
 
 
 def micro_model(**overrides):
@@ -57,3 +58,12 @@ def greedy_windows(model, n: int, seq_len: int, seed: int = 1) -> torch.Tensor:
             logits[:, BOS] = -torch.inf
             ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
     return ids
+
+
+def micro_dataset(root, vocab: int = 64):
+    """A packed dataset of ``vocab`` ids beside a micro checkpoint's tokenizer.json (copied in as its own)."""
+    from packed_datasets import make_dataset
+
+    root = make_dataset(root, probe=(8, 12), V=vocab)
+    (root / "tokenizer.json").write_bytes((root.parent / "tokenizer.json").read_bytes())
+    return root

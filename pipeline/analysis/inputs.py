@@ -142,11 +142,12 @@ def dataset_manifest(path: Path, command: str):
         raise SystemExit(f"sinklab {command}: --dataset {path}: {error}") from None
 
 
-def check_dataset_tokenizer(subject, path: Path, manifest) -> None:
-    """Refuse a SinkLab model on the probe set of a dataset of another vocabulary size or tokenizer hash."""
-    if subject.kind != "sinklab":
-        return
-    trained, used = trained_tokenizer(subject.path), manifest.tokenizer_sha256
+def check_dataset_tokenizer(subject, path: Path, manifest=None) -> None:
+    """Refuse a dataset (``manifest``: its manifest, read when None) of another vocabulary size than ``subject``'s
+    model, or another tokenizer hash where the model's training recorded one."""
+    manifest = manifest or dataset_manifest(path, subject.command)
+    trained = trained_tokenizer(subject.path) if subject.kind == "sinklab" else None
+    used = manifest.tokenizer_sha256
     if manifest.vocab_size != subject.vocab_size or (trained and used and trained != used):
         what = (
             f"a vocabulary of {manifest.vocab_size} ids, the model's has {subject.vocab_size}"
@@ -154,8 +155,8 @@ def check_dataset_tokenizer(subject, path: Path, manifest) -> None:
             else f"tokenizer sha256 {used[:12]}, the model was trained with {trained[:12]}"
         )
         raise SystemExit(
-            f"sinklab analyze: --dataset {path}: its tokenizer is not the model's ({what}); give the dataset the "
-            "model was trained on (or one prepared with its tokenizer)"
+            f"sinklab {subject.command}: --dataset {path}: its tokenizer is not the model's ({what}); give the "
+            "dataset the model was trained on (or one prepared with its tokenizer)"
         )
 
 

@@ -1,6 +1,6 @@
-"""`sinklab kv-eval`: perplexity under KV-cache eviction policies, with the sinks kept or dropped.
+"""`sinklab kv-eval`: perplexity under KV-cache eviction policies, on their own scores and with the sinks kept or dropped.
 
-Each (policy, sinks kept or dropped) is one batch row of the streamers; docs/analysis.md gives the protocol."""
+Each (policy, sink setting) is one batch row of the streamers; docs/analysis.md gives the protocol."""
 
 from __future__ import annotations
 
@@ -23,11 +23,14 @@ from pipeline.analysis.streaming import Reading, add_text_arguments, check_posit
 from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of, save_results
 from pipeline.metrics import split_slots
 from pipeline.model.eviction import POLICIES, Evictor, Row
+from pipeline.model.eviction import SINKS as MODES
 from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
 from sinklab_io.mappings import settings_of
 
 OUTPUTS = ("kv_eval.md", "kv_eval.json", "kv_eval.png")
-SINKS = ("keep", "drop")
+SINKS = dict(zip(("policy", "kept", "dropped"), MODES))  # --sinks name -> a row's sink setting
+LABELS = {"policy": "own scores", "keep": "sinks kept", "drop": "sinks dropped"}
+MIN_TOKENS = 3  # a budget of 2 entries and one token past it
 
 
 def refuse(message: str) -> SystemExit:
@@ -49,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_passkey_arguments(p)
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma list of {','.join(POLICIES)}")
+    p.add_argument(
+        "--sinks",
+        default=",".join(SINKS),
+        help="comma list of the rows per policy: policy (its own scores), kept (sinks forced in), dropped (forced out)",
+    )
     p.add_argument("--first", type=int, default=4, help="leading entries that are sinks (StreamingLLM: 4)")
     p.add_argument("--eps", type=float, default=0.3, help="secondary sink threshold on α_k")
     p.add_argument("--no-secondary", action="store_true", help="sinks are the first entries only")
@@ -57,16 +65,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_budget(text: str, n_tokens: int | None = None) -> tuple[float, int]:
-    """(percent of the text, entries) for ``25%`` or ``256``; without ``n_tokens`` only the form is checked."""
+    """(percent of the text, entries) for ``25%`` or ``256``; without ``n_tokens`` the form and a number of entries
+    are checked."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(%?)\s*", text)
     if not m or (m.group(2) and not 0 < float(m.group(1)) < 100):
         raise refuse(f"--budget {text!r}: expected a share below 100% such as 25%, or a number of entries such as 256")
+    if not m.group(2) and float(m.group(1)) < 2:
+        raise refuse(f"--budget {text}: a cache needs at least 2 entries")
     if n_tokens is None:
-        return 0.0, 0
+        return 0.0, 0 if m.group(2) else int(float(m.group(1)))
+    if n_tokens < MIN_TOKENS:
+        raise refuse(
+            f"the text has {n_tokens} token{'s' * (n_tokens != 1)}: too short for any budget (at least {MIN_TOKENS}: "
+            "a cache of 2 entries and a token past it)"
+        )
     entries = round(float(m.group(1)) / 100 * n_tokens) if m.group(2) else int(float(m.group(1)))
-    if not 2 <= entries < n_tokens:
-        raise refuse(f"--budget {text}: {entries} entries of {n_tokens} tokens; need 2 <= entries < {n_tokens}")
+    if entries < 2:
+        raise refuse(f"--budget {text}: {entries} entries of a {n_tokens}-token text; a cache needs at least 2")
+    if entries >= n_tokens:
+        raise refuse(
+            f"--budget {text}: {entries} entries hold the whole {n_tokens}-token text, so nothing is evicted; give a "
+            f"budget below {n_tokens} entries or a longer text"
+        )
     return 100 * entries / n_tokens, entries
+
+
+def check_first(first: int, budget: str, entries: int) -> None:
+    """Refuse sinks that fill a cache of ``entries`` (it keeps entries − 1 beside the incoming token)."""
+    if first > entries - 2:
+        raise refuse(
+            f"--first {first} with --budget {budget} ({entries} entries): the sinks would fill the cache; "
+            f"need --first <= {entries - 2} (or a larger --budget)"
+        )
 
 
 @dataclass(frozen=True)
@@ -74,6 +104,7 @@ class KvEval:
     """kv-eval's settings beside the model loading's (a ``Reading``)."""
 
     policies: list[str]
+    sinks: list[str]  # the rows' sink settings: policy, keep, drop
     budget: list[str]
     first: int
     eps: float
@@ -87,14 +118,23 @@ class KvEval:
 
 def check_args(args) -> KvEval:
     names = comma_choices(args.policies, "--policies", POLICIES, BY)
-    for text in args.budget or []:  # the form now, the size once the text's length is known
-        parse_budget(text)
+    sinks = [SINKS[x] for x in comma_choices(args.sinks, "--sinks", SINKS, BY)]
+    if not names or not sinks:
+        raise refuse(f"--policies {args.policies!r} --sinks {args.sinks!r}: name at least one of each")
+    if args.first < 0:
+        raise refuse(f"--first {args.first}: must be >= 0 (StreamingLLM: 4)")
+    if not 0 <= args.eps < 1:
+        raise refuse(f"--eps {args.eps}: α lies in [0, 1], so ε must be in [0, 1) (default 0.3)")
+    if args.max_tokens < 8:
+        raise refuse(f"--max-tokens {args.max_tokens}: must be >= 8")
+    for text in args.budget or []:  # the form and a number of entries now, a share once the text's length is known
+        if entries := parse_budget(text)[1]:
+            check_first(args.first, text, entries)
     if args.per_sequence and args.dataset is None:
         raise refuse("--per-sequence reads a prepared dataset's val split: add --dataset DIR")
-    if args.first < 0 or not 0 <= args.eps < 1 or args.max_tokens < 8:
-        raise refuse(f"--first {args.first}, --eps {args.eps}, --max-tokens {args.max_tokens}: need >= 0, [0, 1), >= 8")
     factors, depths = check_passkey_args(args)
-    return settings_of(KvEval, args, policies=names, budget=args.budget or ["25%"], passkey=factors, depths=depths)
+    budget = args.budget or ["25%"]
+    return settings_of(KvEval, args, policies=names, sinks=sinks, budget=budget, passkey=factors, depths=depths)
 
 
 @torch.no_grad()
@@ -124,19 +164,36 @@ def full_pass(subject, ids: torch.Tensor, eps: float, first: int) -> tuple[torch
 
 def stream_rows(subject, streamer, ids: torch.Tensor, rows: list[Row], entries: int, secondary) -> torch.Tensor:
     """(rows, len(ids) - 1) NLL: ids streamed once per row through a cache of ``entries`` entries."""
+    return stream_evicting(subject, streamer, ids, rows, entries, secondary)[0]
+
+
+def stream_evicting(subject, streamer, ids, rows: list[Row], entries: int, secondary) -> tuple[torch.Tensor, Evictor]:
+    """:func:`stream_rows`' NLL and the evictor that chose the entries (what it kept of the first token)."""
     layers, heads = kv_heads(subject)
     specs = [CacheSpec(0, entries)] * len(rows)
     evictor = Evictor(rows, entries, layers, heads, secondary, device=ids.device)
-    return streamer.nll(ids, specs, label=f"{entries} entries x {len(rows)} rows", evictor=evictor)
+    return streamer.nll(ids, specs, label=f"{entries} entries x {len(rows)} rows", evictor=evictor), evictor
+
+
+def first_kept(rows: list[Row], evictors: list[Evictor]) -> dict[str, float | None]:
+    """Per policy row (own scores), the share of (eviction, layer, kv head) over ``evictors`` that kept position 0."""
+    held = sum(e.first_held.cpu() for e in evictors)
+    total = sum(e.evictions for e in evictors)
+    return {r.policy.name: float(h) / total if total else None for r, h in zip(rows, held) if r.sinks == "policy"}
 
 
 def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> dict:
     """Perplexity over every sequence's tokens, each streamed from an empty cache; the budget a share of its length."""
+    length = min(s.numel() for s in sequences)
+    budgets = {text: parse_budget(text, length) for text in s.budget}  # refused before any work
+    for text, (_, entries) in budgets.items():
+        check_first(s.first, text, entries)
+        check_positions(subject, {CacheSpec(0, entries): ""}, "lower --budget", option=f"--budget {text}")
     started = time.perf_counter()
     passes = [full_pass(subject, ids, s.eps, s.first) for ids in sequences]
     secondary = [None if s.no_secondary else found for _, found in passes]
     full = None if any(nll is None for nll, _ in passes) else torch.cat([nll for nll, _ in passes])
-    rows = [Row(POLICIES[p](), first=s.first, sinks=sinks) for p in s.policies for sinks in SINKS]
+    rows = [Row(POLICIES[p](), first=s.first, sinks=sinks) for p in s.policies for sinks in s.sinks]
     result = {"tokens": sum(s.numel() for s in sequences), "sequences": len(sequences), "budgets": {}}
     result["full"] = None if full is None else perplexity(full)
     result["full_seconds"] = round(time.perf_counter() - started, 1)
@@ -144,17 +201,15 @@ def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> dic
         result["secondary"] = (
             None if secondary[0] is None else [(k - streamer.sink_tokens).tolist() for k in secondary[0]]
         )
-    length = min(s.numel() for s in sequences)
-    for text in s.budget:
-        percent, entries = parse_budget(text, length)
-        spec = CacheSpec(0, entries)
-        check_positions(subject, {spec: str(spec)}, "lower --budget")
+    for text, (percent, entries) in budgets.items():
         started = time.perf_counter()
-        parts = [stream_rows(subject, streamer, ids, rows, entries, found) for ids, found in zip(sequences, secondary)]
-        nll = torch.cat(parts, dim=1)
+        parts = [stream_evicting(subject, streamer, ids, rows, entries, f) for ids, f in zip(sequences, secondary)]
+        nll = torch.cat([p[0] for p in parts], dim=1)
         seconds = round(time.perf_counter() - started, 1)
         ppl = {f"{r.policy.name}/{r.sinks}": perplexity(row) for r, row in zip(rows, nll)}
         result["budgets"][f"{percent:g}"] = {"entries": entries, "perplexity": ppl, "seconds": seconds}
+        if "policy" in s.sinks:
+            result["budgets"][f"{percent:g}"]["first_kept"] = first_kept(rows, [p[1] for p in parts])
         print(f"  budget {text} ({entries} entries): {len(rows)} rows in {seconds} s", file=sys.stderr)
         if s.passkey and not s.per_sequence:
             started = time.perf_counter()
@@ -172,6 +227,9 @@ def metrics_of(result: dict) -> dict[str, float]:
         for key, value in r["perplexity"].items():
             policy, sinks = key.split("/")
             out[N.kv_perplexity(policy, sinks, float(budget))] = value
+        for policy, share in r.get("first_kept", {}).items():
+            if share is not None:
+                out[N.kv_first_kept(policy, float(budget))] = 100 * share
         for factor, p in r.get("passkey", {}).items():
             for key, value in (p or {}).get("accuracy", {}).items():
                 if value is not None:
@@ -180,12 +238,15 @@ def metrics_of(result: dict) -> dict[str, float]:
 
 
 def markdown(results: dict[str, dict], first: int) -> str:
-    factors = list(
-        dict.fromkeys(f for r in results.values() for b in r["budgets"].values() for f in b.get("passkey", {}))
-    )
+    budgets = [b for r in results.values() for b in r["budgets"].values()]
+    factors = list(dict.fromkeys(f for b in budgets for f in b.get("passkey", {})))
+    modes = [m for m in MODES if any(k.endswith(f"/{m}") for b in budgets for k in b["perplexity"])]
+    ratio = "keep" in modes and "drop" in modes
     lines = [
-        f"Perplexity under each eviction policy; sinks = the first {first} entries and the secondary sinks found "
-        "on the text; budget = cache entries as a share of the text"
+        f"Perplexity under each eviction policy: on its own scores, and with the sinks (the first {first} entries and "
+        "the secondary sinks found on the text) forced in (kept) or out (dropped); first token kept = the share of "
+        "(eviction, layer, kv head) whose cache still held the first entry on the policy's own scores; budget = cache "
+        "entries as a share of the text"
         + (
             "; passkey f× = right answers / trials (depths × keys) on prompts of f × the budget's entries streamed "
             "through the same cache (full cache: the whole prompt cached)"
@@ -193,9 +254,12 @@ def markdown(results: dict[str, dict], first: int) -> str:
             else ""
         ),
         "",
-        "| model | tokens | full | budget | policy | sinks kept | sinks dropped | dropped / kept |"
-        + "".join(f" passkey {f} kept | passkey {f} dropped |" for f in factors),
-        "|---|---|---|---|---|---|---|---|" + "---|---|" * len(factors),
+        "| model | tokens | full | budget | policy |"
+        + "".join(f" {LABELS[m]} |" for m in modes)
+        + (" first token kept |" if "policy" in modes else "")
+        + (" dropped / kept |" if ratio else "")
+        + "".join(f" passkey {f} {LABELS[m].removeprefix('sinks ')} |" for f in factors for m in modes),
+        "|---|---|---|---|---|" + "---|" * (len(modes) + ("policy" in modes) + ratio + len(factors) * len(modes)),
     ]
     for name, r in results.items():
         full = "n/a" if r["full"] is None else f"{r['full']:.2f}"
@@ -204,16 +268,26 @@ def markdown(results: dict[str, dict], first: int) -> str:
             head = f"| {name} | {tokens} | {full} | {budget}% ({b['entries']}) |"
             passkey = [b.get("passkey", {}).get(f) for f in factors]
             for p in dict.fromkeys(k.split("/")[0] for k in b["perplexity"]):
-                keep, drop = b["perplexity"][f"{p}/keep"], b["perplexity"][f"{p}/drop"]
-                cells = [passkey_cell(pk, f"{p}/{sinks}") for pk in passkey for sinks in SINKS]
-                lines.append(
-                    f"{head} {p} | {keep:.2f} | {drop:.2f} | {drop / keep:.2f} |" + "".join(f" {c} |" for c in cells)
-                )
+                ppl = [b["perplexity"][f"{p}/{m}"] for m in modes]
+                cells = [f"{v:.2f}" for v in ppl]
+                if "policy" in modes:
+                    share = b.get("first_kept", {}).get(p)
+                    cells.append("— (no eviction)" if share is None else f"{100 * share:.1f}%")
+                if ratio:
+                    cells.append(f"{b['perplexity'][f'{p}/drop'] / b['perplexity'][f'{p}/keep']:.2f}")
+                cells += [passkey_cell(pk, f"{p}/{m}") for pk in passkey for m in modes]
+                lines.append(f"{head} {p} |" + "".join(f" {c} |" for c in cells))
             if factors:
-                lines.append(
-                    f"{head} full cache | — | — | — |" + "".join(f" {passkey_cell(pk, 'full')} | — |" for pk in passkey)
-                )
+                empty = len(modes) + ("policy" in modes) + ratio
+                full_cells = [passkey_cell(pk, "full") if i == 0 else "—" for pk in passkey for i in range(len(modes))]
+                lines.append(f"{head} full cache |" + " — |" * empty + "".join(f" {c} |" for c in full_cells))
     return "\n".join(lines)
+
+
+def label(key: str) -> str:
+    """A row's name in the figure: ``h2o, sinks kept``; ``full cache``."""
+    policy, _, mode = key.partition("/")
+    return f"{policy}, {LABELS[mode]}" if mode else "full cache"
 
 
 def figure(results: dict[str, dict], path: Path, by: str) -> Path:
@@ -222,7 +296,7 @@ def figure(results: dict[str, dict], path: Path, by: str) -> Path:
         budgets = sorted(r["budgets"], key=float)
         keys = dict.fromkeys(k for b in budgets for k in r["budgets"][b]["perplexity"])
         x = [float(b) for b in budgets]
-        curves = {k.replace("/", ", sinks "): (x, [r["budgets"][b]["perplexity"][k] for b in budgets]) for k in keys}
+        curves = {label(k): (x, [r["budgets"][b]["perplexity"][k] for b in budgets]) for k in keys}
         if r["full"] is not None:
             curves["full attention"] = (x, [r["full"]] * len(budgets))
         panels[f"perplexity: {name}"] = curves
@@ -232,8 +306,7 @@ def figure(results: dict[str, dict], path: Path, by: str) -> Path:
                 p = r["budgets"][b].get("passkey", {}).get(factor)
                 for key, value in (p or {}).get("accuracy", {}).items():
                     if value is not None:
-                        label = "full cache" if key == "full" else key.replace("/", ", sinks ")
-                        points.setdefault(label, []).append((float(b), value))
+                        points.setdefault(label(key), []).append((float(b), value))
             if points:
                 panels[f"passkey {factor} (% right): {name}"] = {
                     k: tuple(map(list, zip(*v))) for k, v in points.items()
@@ -256,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         chunks = [ids[: args.max_tokens]]
         if args.per_sequence:
             chunks = held_out_sequences(args.dataset, args.max_tokens, "kv-eval")
+        if (shortest := min(map(len, chunks))) < MIN_TOKENS:
+            where = f"--dataset {args.dataset}" if args.dataset else f"--text {args.text or 'Othello'}"
+            raise refuse(
+                f"{where}: {shortest} token{'s' * (shortest != 1)} (a BOS counted), empty or too short for any budget "
+                f"(at least {MIN_TOKENS}: a cache of 2 entries and a token past it); give a longer text"
+            )
         sequences = [torch.tensor(c, dtype=torch.long, device=streamer.device) for c in chunks]
         print(f"{name}: {len(sequences)} sequences, {sum(map(len, chunks))} tokens", file=sys.stderr)
         results[name] = evaluate(subjects[name], streamer, sequences, s)

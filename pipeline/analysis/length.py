@@ -16,7 +16,15 @@ import torch
 from pipeline import metric_names as N
 from pipeline import plots
 from pipeline.analysis import passkey as pk
-from pipeline.analysis.inputs import dataset_manifest, default_text, encode, held_out_stream, natural_windows, read_text
+from pipeline.analysis.inputs import (
+    check_dataset_tokenizer,
+    dataset_manifest,
+    default_text,
+    encode,
+    held_out_stream,
+    natural_windows,
+    read_text,
+)
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import Reading, add_cache_argument, add_text_arguments, bos_id, parse_caches
 from pipeline.analysis.subject import Subject, add_model_arguments, claim_out, device_of, log_results_of, save_results
@@ -233,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     results, subjects = {}, {}
     for spec, name in zip(args.models, names):
         subjects[name] = Subject(spec, s.kind, s.tokenizer_file, "length-eval", device=s.device)
+        if s.dataset is not None:
+            check_dataset_tokenizer(subjects[name], s.dataset)
         print(f"{name}: evaluating", file=sys.stderr)
         results[name] = evaluate(subjects[name], s)
     save_results(out, "length", markdown(results), args, results, by, figure)

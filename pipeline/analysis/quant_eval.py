@@ -14,7 +14,14 @@ import torch.nn.functional as F
 from pipeline import metric_names as N
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.hf_capture import decoder_blocks
-from pipeline.analysis.inputs import comma_choices, default_text, encode, held_out_stream, read_text
+from pipeline.analysis.inputs import (
+    check_dataset_tokenizer,
+    comma_choices,
+    default_text,
+    encode,
+    held_out_stream,
+    read_text,
+)
 from pipeline.analysis.streamers import perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, bos_id
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
@@ -164,6 +171,7 @@ def load_tokens(subject, q: QuantEval) -> tuple[list[int], int | None, str]:
     """The token stream, the BOS id to start each window with (or None) and a label of the text."""
     bos = bos_id(subject, q.bos)
     if q.dataset is not None:
+        check_dataset_tokenizer(subject, q.dataset)
         return held_out_stream(q.dataset, q.max_tokens, "quant-eval"), bos, f"dataset {q.dataset} (val)"
     if subject.tokenizer is None:
         raise SystemExit(

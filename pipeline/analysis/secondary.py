@@ -13,7 +13,7 @@ from pipeline import plots
 from pipeline import probe_metrics as P
 from pipeline.analysis.inputs import Probe
 from pipeline.metrics import split_slots
-from pipeline.secondary_sinks import MIN_QUERIES, layer_stats
+from pipeline.secondary_sinks import MIN_QUERIES, judged_keys, layer_stats
 
 FIGURE = "secondary_sinks.png"
 TOP_TOKENS = 10
@@ -51,23 +51,29 @@ def secondary_section(subject, tokens: torch.Tensor, probe: Probe, out: Path | N
             acc["tokens"] += s.tokens
         n += len(ids)
     found = [sum(acc["tokens"].values()) for acc in layers]
+    judged = judged_keys(tokens.shape[1], 1, MIN_QUERIES) > 0
     section = {
         "eps": probe.eps,
         "min_queries": MIN_QUERIES,
-        "count": [acc["count"] / n for acc in layers],
-        "share": [acc["share"] / n for acc in layers],
+        "count": [acc["count"] / n if judged else None for acc in layers],
+        "share": [acc["share"] / n if judged else None for acc in layers],
         "norm_ratio": [acc["norm"] / f if f else None for acc, f in zip(layers, found)],
     }
+    if not judged:
+        section["not_judged"] = (
+            f"no key past the first is followed by the {MIN_QUERIES} queries that judge it at T = {tokens.shape[1]}; "
+            f"-T {MIN_QUERIES + 1} or more judges them"
+        )
     everywhere = sum((acc["tokens"] for acc in layers), Counter())
     text = (lambda t: subject.tokenizer.decode([t])) if subject.tokenizer is not None else str
     section["tokens"] = {text(t): c for t, c in everywhere.most_common(TOP_TOKENS)}
     section["metrics"] = metrics_of(section)
     if out is not None:
-        layer_ids = list(range(len(layers)))
+        layer_ids, nan = list(range(len(layers))), float("nan")
         norms = [(l, v) for l, v in enumerate(section["norm_ratio"]) if v is not None]
         panels = {
-            "secondary sinks per head": {"natural": (layer_ids, section["count"])},
-            "their share of attention": {"natural": (layer_ids, section["share"])},
+            "secondary sinks per head": {"natural": (layer_ids, [nan if v is None else v for v in section["count"]])},
+            "their share of attention": {"natural": (layer_ids, [nan if v is None else v for v in section["share"]])},
         }
         if norms:
             panels["their ‖h_k‖ / mean ‖h_t‖"] = {"natural": tuple(zip(*norms))}
@@ -76,8 +82,12 @@ def secondary_section(subject, tokens: torch.Tensor, probe: Probe, out: Path | N
 
 
 def metrics_of(section: dict) -> dict[str, float]:
+    """The section per layer; NaN where nothing could be judged, none where no sink was found to take a norm of."""
     out = {}
     names = {"count": N.SECONDARY_COUNT, "share": P.name("secondary_share"), "norm_ratio": N.SECONDARY_NORM}
     for key, name in names.items():
-        out.update({N.layer(name, l): v for l, v in enumerate(section[key]) if v is not None})
-    return out
+        judged = key == "norm_ratio" or "not_judged" not in section
+        out.update(
+            {N.layer(name, l): float("nan") if v is None and not judged else v for l, v in enumerate(section[key])}
+        )
+    return {k: v for k, v in out.items() if v is not None}

@@ -12,7 +12,14 @@ from pathlib import Path
 import torch
 
 from pipeline import metric_names as N
-from pipeline.analysis.inputs import default_text, encode, held_out_stream, read_text, tokenizer_file
+from pipeline.analysis.inputs import (
+    check_dataset_tokenizer,
+    default_text,
+    encode,
+    held_out_stream,
+    read_text,
+    tokenizer_file,
+)
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity, streamer_for
 from pipeline.analysis.subject import Subject, add_model_arguments, log_back, model_name, write_json, writer
 from sinklab_io.mappings import settings_of
@@ -81,12 +88,13 @@ def parse_caches(texts: list[str] | None, command: str, default: Sequence[str] =
         raise SystemExit(f"sinklab {command}: --cache: {e}") from None
 
 
-def check_positions(subject, caches: dict[CacheSpec, str], hint: str) -> None:
-    """Refuse a cache wider than the model's positions (a cache named ``full`` is ``--full``'s)."""
+def check_positions(subject, caches: dict[CacheSpec, str], hint: str, option: str | None = None) -> None:
+    """Refuse a cache wider than the model's positions, named as ``option`` (default: ``--cache x+y``, or ``--full``
+    for a cache named ``full``)."""
     limit = subject.max_positions()
     for spec, name in caches.items():
         if limit is not None and spec.n_initial + spec.n_recent > limit:
-            option = "--full" if name == "full" else f"--cache {spec}"
+            option = option or ("--full" if name == "full" else f"--cache {spec}")
             raise SystemExit(
                 f"sinklab {subject.command}: {option}: needs {spec.n_initial + spec.n_recent} positions, "
                 f"{subject.spec} handles at most {limit}; {hint}"
@@ -116,6 +124,7 @@ def load_subject(spec: str, r: Reading, max_tokens: int, command: str = "stream-
             raise SystemExit(
                 f"sinklab {command}: --bos applies to --text; a prepared dataset's sequences carry their own BOS"
             )
+        check_dataset_tokenizer(subject, r.dataset)
         ids = held_out_stream(r.dataset, max_tokens, command)
     else:
         tokenizer, bos = subject.require_tokenizer(), bos_id(subject, r.bos)

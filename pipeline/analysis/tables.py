@@ -34,6 +34,8 @@ def format_table(result: dict) -> str:
     for kind, layers in result.get("flow", {}).items():
         table = flow_table(layers, result["extreme_tokens"][kind])
         lines += ["", f"Information flow per layer ({kind}; docs/analysis.md)", "", *table]
+    if why := result.get("secondary_sinks", {}).get("not_judged"):
+        lines += ["", f"Secondary sinks: not judged ({why})"]
     if result.get("domains"):
         rows = [f"| {d} | {v:.2f} |" for d, v in result["domains"].items()]
         lines += ["", "| domain | Sink_1 (%) |", "|---|---|", *rows]
@@ -67,4 +69,6 @@ def flow_table(flow: dict[str, float], extreme: dict[str, float]) -> list[str]:
             f"| {flow.get(N.layer(N.FLOW_MIXING, l), nan):.3g} |"
         )
     jump, drop = flow.get(N.NORM_JUMP_LAYER), flow.get(N.ENTROPY_DROP_LAYER)
-    return rows + ["", f"largest BOS-norm jump: layer {jump}; largest entropy drop: layer {drop}"]
+    jump = "none (the ‖h₁‖ ratio rises at no layer)" if jump is None else f"layer {jump}"
+    drop = "none (the entropy falls at no layer)" if drop is None else f"layer {drop}"
+    return rows + ["", f"largest BOS-norm jump: {jump}; largest entropy drop: {drop}"]

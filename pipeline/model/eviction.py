@@ -1,6 +1,8 @@
 """KV-cache eviction policies behind one interface: StreamingLLM, H2O, SnapKV and key norm. A full
 cache keeps ``capacity - n_new`` entries per kv head, ranked by the row's policy, its ``recent``
-newest entries and its sinks (kept: above all; dropped: below all; docs/analysis.md, "sinklab kv-eval")."""
+newest entries and its sinks: kept, they rank above all; dropped, below all, so each eviction removes
+sinks before anything else (one entry per decoded token once the cache is full); with ``policy``, the
+policy's own scores rank them (docs/analysis.md, "sinklab kv-eval")."""
 
 from __future__ import annotations
 
@@ -89,15 +91,20 @@ class KeyNorm(Policy):
         return -keys.float().norm(dim=-1)
 
 
+SINKS = ("policy", "keep", "drop")  # a row's sinks: ranked by its policy, forced in, forced out
+
+
 @dataclass(frozen=True)
 class Row:
     policy: Policy
     first: int = 0  # leading stream positions that are sinks (learnable sink tokens included)
-    sinks: str = "keep"  # keep: sinks always kept; drop: evicted at the first eviction
+    sinks: str = "keep"  # keep: ranked above all; drop: below all, evicted first; policy: by the policy's scores
 
     def __post_init__(self):
-        if self.sinks not in ("keep", "drop") or self.first < 0:
-            raise ValueError(f"cache row: sinks={self.sinks!r}, first={self.first}; want keep|drop and first >= 0")
+        if self.sinks not in SINKS or self.first < 0:
+            raise ValueError(
+                f"cache row: sinks={self.sinks!r}, first={self.first}; want {'|'.join(SINKS)} and first >= 0"
+            )
 
 
 @dataclass
@@ -134,6 +141,8 @@ class Evictor:
         empty = torch.zeros(len(rows), kv_heads, 0, device=device)
         self.history = [History(empty.long(), empty, empty[:, :, None]) for _ in range(n_layers)]
         self.seen = 0
+        self.first_held = torch.zeros(len(rows), dtype=torch.long, device=device)  # cases that kept position 0
+        self.evictions = 0  # cases: (eviction, layer, kv head), the same for every row
 
     def indices(self, keys: Sequence[Tensor], n_new: int) -> list[Tensor] | None:
         """Per layer, the entries of keys [rows, Hkv, n, dh] to keep before n_new tokens ([rows, Hkv, m]) or None."""
@@ -147,15 +156,24 @@ class Evictor:
             prio = torch.stack([r.policy.scores(history, i, k[i]) for i, r in enumerate(self.rows)])
             recent = torch.tensor([r.policy.recent(self.capacity) for r in self.rows], device=k.device)
             prio = prio.masked_fill(torch.arange(n, device=k.device) >= n - recent[:, None, None], RECENT)
-            drop = torch.tensor([r.sinks == "drop" for r in self.rows], device=k.device)[:, None, None]
+            keep, drop = (
+                torch.tensor([r.sinks == mode for r in self.rows], device=k.device)[:, None, None]
+                for mode in ("keep", "drop")
+            )
             sinks = history.pos < torch.tensor([r.first for r in self.rows], device=k.device)[:, None, None]
             if self.secondary is not None:
                 sinks |= torch.isin(history.pos, self.secondary[layer].to(k.device))
-            prio = prio.masked_fill(sinks & ~drop, float("inf")).masked_fill(sinks & drop, float("-inf"))
+            prio = prio.masked_fill(sinks & keep, float("inf")).masked_fill(sinks & drop, float("-inf"))
             index = prio.topk(self.capacity - n_new, dim=-1).indices.sort(dim=-1).values
             history.keep(index)
+            self.first_held += (history.pos == 0).any(-1).sum(-1).to(self.first_held.device)
+            self.evictions += history.pos.shape[1]
             out.append(index)
         return out
+
+    def first_kept(self) -> list[float | None]:
+        """Per row, the share of (eviction, layer, kv head) whose kept entries hold stream position 0; None: none."""
+        return [None if not self.evictions else float(h) / self.evictions for h in self.first_held.tolist()]
 
     def append(self, n_new: int) -> None:
         """n_new entries joined every layer (after the forward that cached them)."""

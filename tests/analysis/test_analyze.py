@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from analysis_helpers import HAMLET, micro_model
+from analysis_helpers import HAMLET, WORDS, micro_dataset, micro_model
 
 from pipeline import flow
 from pipeline.analysis import analyze, inputs
@@ -214,23 +214,6 @@ def test_sinklab_checkpoint(tmp_path):
     assert not (tmp_path / "o3").exists()
 
 
-WORDS = "the cat dog sat on mat a red blue sky is sea green grass".split()
-
-
-@pytest.fixture()
-def sinklab_ckpt_with_tokenizer(tmp_path):
-    """A micro SinkLab checkpoint with a word-level tokenizer.json (SinkLab's special names) beside it."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    from pipeline.model import save_pretrained
-
-    vocab = {w: i for i, w in enumerate(["<|bos|>", "<|eos|>", "<|pad|>", "[UNK]", *WORDS])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(tmp_path / "tokenizer.json"))
-    return save_pretrained(micro_model(), tmp_path / "ckpt")
-
-
 def test_sinklab_checkpoint_with_its_tokenizer_reads_text_pile_and_bos(sinklab_ckpt_with_tokenizer, tmp_path):
     text = tmp_path / "words.txt"
     text.write_text(" ".join(WORDS * 20))
@@ -272,14 +255,6 @@ def test_bos_option_starts_every_probe_sequence_with_bos(tiny_gpt2_dir):
 
 
 # ---- refused inputs say so in one line, at once, and leave no output folder ---------------------
-def _micro_dataset(root, vocab: int = 64):
-    from packed_datasets import make_dataset
-
-    root = make_dataset(root, probe=(8, 12), V=vocab)
-    (root / "tokenizer.json").write_bytes((root.parent / "tokenizer.json").read_bytes())  # the checkpoint's
-    return root
-
-
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -303,8 +278,8 @@ def _micro_dataset(root, vocab: int = 64):
 def test_analyze_refuses_what_it_cannot_measure(extra, message, sinklab_ckpt_with_tokenizer, tmp_path):
     (tmp_path / "empty.txt").write_text("")
     names = {
-        "{ds}": str(_micro_dataset(tmp_path / "ds")),
-        "{other}": str(_micro_dataset(tmp_path / "other", vocab=48)),
+        "{ds}": str(micro_dataset(tmp_path / "ds")),
+        "{other}": str(micro_dataset(tmp_path / "other", vocab=48)),
         "{empty}": str(tmp_path / "empty.txt"),
         "{tok}": str(tmp_path / "tokenizer.json"),
     }
@@ -435,7 +410,7 @@ def test_a_model_analysed_on_the_probe_set_of_another_tokenizer_is_refused(
         (subject / "dataset.json").write_text(json.dumps({"tokenizer": {"sha256": trained}}))
     datasets = {}
     for name, sha in (("own", trained), ("other", other)):
-        root = _micro_dataset(tmp_path / name)
+        root = micro_dataset(tmp_path / name)
         manifest = json.loads((root / "manifest.json").read_text())
         manifest["tokenizer"] = {"source": name, "sha256": sha, "file": "tokenizer.json"}
         manifest["hash"] = content_hash(manifest)
@@ -451,3 +426,12 @@ def test_a_model_analysed_on_the_probe_set_of_another_tokenizer_is_refused(
     )
     assert not (tmp_path / "refused").exists()
     assert analyze.main([*argv, str(datasets["own"]), "--out", str(tmp_path / "own-out")]) == 0
+
+
+def test_the_flow_table_says_when_no_layer_moves():
+    from pipeline import metric_names as N
+    from pipeline.analysis.tables import flow_table
+
+    flow = {N.layer(N.FLOW_ENTROPY, 0): 1.0, N.layer(N.FLOW_ENTROPY, 1): 0.5, N.ENTROPY_DROP_LAYER: 1}
+    last = flow_table(flow, {})[-1]
+    assert last == "largest BOS-norm jump: none (the ‖h₁‖ ratio rises at no layer); largest entropy drop: layer 1"

@@ -17,6 +17,7 @@ from pipeline.analysis.kv_passkey import passkey_at
 from pipeline.analysis.passkey import first_number
 from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer, Streamer
 from pipeline.model.eviction import POLICIES, Evictor, Row, StreamingLLM
+from pipeline.model.eviction import SINKS as MODES
 from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
 
 ROWS = [Row(p(), first=1, sinks=s) for p in POLICIES.values() for s in ("keep", "drop")]
@@ -84,6 +85,16 @@ def test_hf_streamingllm_policy_equals_the_x_plus_y_cache(tiny_llama, x):
     torch.testing.assert_close(policy, plain, atol=0, rtol=0)
 
 
+def test_the_streamingllm_row_beside_attention_policies_is_the_x_plus_y_cache_to_rounding(tiny_llama):
+    """In kv-eval's batch the attention policies switch HF models to eager attention: equal within 1e-5."""
+    ids = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(1))
+    s = HFRotaryStreamer(tiny_llama)
+    plain = s.nll(ids, [CacheSpec(2, 6)])
+    rows = [Row(StreamingLLM(), first=2), *ROWS]
+    batched = s.nll(ids, [CacheSpec(0, 8)] * len(rows), evictor=Evictor(rows, 8, 2, 2))
+    torch.testing.assert_close(batched[:1], plain, rtol=1e-5, atol=0)
+
+
 def test_policies_that_evict_differ_and_stay_finite(tiny_llama):
     ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(3))
     nll = HFRotaryStreamer(tiny_llama).nll(ids, [CacheSpec(0, 10)] * len(ROWS), evictor=Evictor(ROWS, 10, 2, 2))
@@ -106,23 +117,35 @@ def test_cli_table_files_mlflow_and_refusals(tiny_llama_dir, tmp_path, capsys, m
     assert run.data.metrics[N.kv_perplexity("h2o", "drop", 25)] == pytest.approx(ppl)
     assert (run.data.params["passkey"], run.data.params["depths"], run.data.params["keys"]) == ("1,2", "0,0.5,1", "1")
     assert {b: r["entries"] for b, r in rec["budgets"].items()} == {"25": 10, "50": 20}
-    assert set(rec["budgets"]["25"]["perplexity"]) == {"streaming/keep", "streaming/drop", "h2o/keep", "h2o/drop"}
+    assert set(rec["budgets"]["25"]["perplexity"]) == {f"{p}/{m}" for p in ("streaming", "h2o") for m in MODES}
+    shares = rec["budgets"]["25"]["first_kept"]  # StreamingLLM on its own scores evicts the first token at once
+    assert shares["streaming"] == 0 and 0 <= shares["h2o"] <= 1
+    assert run.data.metrics[N.kv_first_kept("h2o", 25)] == pytest.approx(100 * shares["h2o"])
     assert rec["budgets"]["25"]["passkey"] == {"1x": None, "2x": None}  # 10 or 20 tokens hold no prompt
     table = capsys.readouterr().out
     assert f"| {tiny_llama_dir.name} | 40 |" in table and (out / "kv_eval.png").exists()
-    assert "| h2o | " in table and table.count("| n/a | n/a | n/a | n/a |") == 4 and "passkey 2x dropped" in table
+    assert "| h2o | " in table and table.count("| n/a | n/a | n/a | n/a | n/a | n/a |") == 4
+    assert "| own scores | sinks kept | sinks dropped | first token kept | dropped / kept |" in table
+    assert "| streaming | " in table and " | 0.0% | " in table and "passkey 2x dropped" in table
     for bad, message in (
         (["--budget", "100%"], "--budget '100%': expected a share below 100%"),
         (["--budget", "a"], "--budget 'a': expected a share"),
-        (["--budget", "40"], "--budget 40: 40 entries of 40 tokens"),
+        (["--budget", "40"], "--budget 40: 40 entries hold the whole 40-token text, so nothing is evicted"),
+        (["--budget", "3%"], "--budget 3%: 1 entries of a 40-token text; a cache needs at least 2"),
+        (["--sinks", "kept,some"], "--sinks some unknown; choose from policy,kept,dropped"),
         (["--policies", "lru"], "--policies lru unknown"),
         (["--per-sequence"], "--per-sequence reads a prepared dataset's val split: add --dataset DIR"),
         (["--keys", "0"], "--keys 0: must be >= 1"),
         (["--passkey", "1,x"], "--passkey '1,x': expected a comma list of whole numbers"),
         (["--depths", "2"], "--depths '2': expected a comma list of numbers in"),
+        (["--first", "10", "--budget", "25%"], r"--first 10 with --budget 25% \(10 entries\): the sinks would fill"),
+        (["--eps", "1.5"], r"--eps 1.5: α lies in \[0, 1\], so ε must be in \[0, 1\)"),
+        (["--first", "-1"], "--first -1: must be >= 0"),
+        (["--max-tokens", "4"], "--max-tokens 4: must be >= 8"),
     ):
         with pytest.raises(SystemExit, match=message):
             kv_eval.main([*args[:5], *bad, "--out", str(tmp_path / "other")])
+        assert not (tmp_path / "other").exists()
     with pytest.raises(SystemExit, match="already holds .* sinklab kv-eval of "):  # another model's files
         kv_eval.main(["smollm2", "--budget", "25%", "--out", str(out)])
 
@@ -145,7 +168,7 @@ def test_per_sequence_starts_each_sequence_from_an_empty_cache(monkeypatch):
     a, b = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(7))
     made = []
     monkeypatch.setattr(kv_eval, "Evictor", lambda *a, **k: made.append(Evictor(*a, **k)) or made[-1])
-    settings = kv_eval.KvEval(["streaming"], ["50%"], 1, 0.3, True, True, [], [], 1, "no")
+    settings = kv_eval.KvEval(["streaming"], ["keep", "drop"], ["50%"], 1, 0.3, True, True, [], [], 1, "no")
     both = kv_eval.evaluate(subject, streamer, [a, b], settings)
     assert both["sequences"] == 2 and both["budgets"]["50"]["entries"] == 4 and len(made) == 2
     for evictor in made:  # 7 inputs through 4 entries: BOS and the last 3, or the last 4
@@ -250,3 +273,38 @@ def test_passkey_fails_where_the_policy_evicts_the_key(hf_tokenizer):
     table = kv_eval.markdown({"m": result}, 4)
     assert "| m | 1 | n/a | 25% (150) | streaming | 2.00 | 3.00 | 1.50 | 1/2 | 1/2 |" in table
     assert "| m | 1 | n/a | 25% (150) | full cache | — | — | — | 2/2 | — |" in table
+
+
+def test_sinks_that_fill_the_smallest_budget_are_refused_before_any_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr(kv_eval, "load_subject", lambda *a, **k: pytest.fail("a model was loaded"))
+    argv = ["smollm2", "--first", "16", "--budget", "25%", "--budget", "8", "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as err:
+        kv_eval.main(argv)
+    assert str(err.value) == (
+        "sinklab kv-eval: --first 16 with --budget 8 (8 entries): the sinks would fill the cache; "
+        "need --first <= 6 (or a larger --budget)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_text_is_named_too_short_before_the_full_pass(tiny_llama_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(kv_eval, "full_pass", lambda *a, **k: pytest.fail("work began"))
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(SystemExit) as err:
+        kv_eval.main([str(tiny_llama_dir), "--text", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "out")])
+    assert str(err.value).startswith(
+        f"sinklab kv-eval: --text {tmp_path / 'empty.txt'}: 0 tokens (a BOS counted), empty"
+    )
+    assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
+
+
+def test_a_budget_past_the_model_positions_names_the_budget(sinklab_ckpt_with_tokenizer, tmp_path, monkeypatch):
+    from analysis_helpers import WORDS
+
+    monkeypatch.setattr(kv_eval, "full_pass", lambda *a, **k: pytest.fail("work began"))
+    (tmp_path / "words.txt").write_text(" ".join(WORDS * 40))
+    argv = [str(sinklab_ckpt_with_tokenizer), "--text", str(tmp_path / "words.txt"), "--max-tokens", "200"]
+    with pytest.raises(SystemExit) as err:
+        kv_eval.main([*argv, "--budget", "100", "--out", str(tmp_path / "out")])
+    assert str(err.value).startswith("sinklab kv-eval: --budget 100: needs 100 positions, ")
+    assert "handles at most 64" in str(err.value) and "--cache" not in str(err.value)

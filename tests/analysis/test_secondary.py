@@ -57,3 +57,28 @@ def test_hf_model_through_analyze_and_mlflow(tiny_llama_dir, tmp_path, mlflow_se
     whole = _in_one_pass(subject, tokens, 0.05)
     assert rec["count"] == pytest.approx([s.count for s in whole]) and any(c > 0 for c in rec["count"])
     assert set(rec["metrics"]) <= set(analyze.result_metrics(report))
+
+
+def test_a_probe_too_short_to_judge_reports_not_judged_not_zero(sinklab_ckpt_with_tokenizer, tmp_path, mlflow_server):
+    """At T = 8 no key past the first has the 8 queries that judge it: the count and share are null in
+    report.json and NaN in MLflow, and the printed table says why; at T = 9 the second key is judged."""
+    import math
+
+    import mlflow
+
+    from pipeline.analysis.tables import format_table
+
+    argv = [str(sinklab_ckpt_with_tokenizer), "--inputs", "natural", "-n", "2", "--no-plots", "--eps", "0.05"]
+    logging = ["--mlflow-uri", mlflow_server, "--experiment", "analysis-not-judged"]
+    assert analyze.main([*argv, "-T", "8", "--out", str(tmp_path / "t8"), *logging]) == 0
+    report = json.loads((tmp_path / "t8" / "report.json").read_text())
+    rec = report["secondary_sinks"]
+    assert rec["count"] == rec["share"] == [None, None] and "-T 9 or more judges them" in rec["not_judged"]
+    metrics = mlflow.MlflowClient(mlflow_server).get_run(report["mlflow_run_id"]).data.metrics
+    assert math.isnan(metrics[N.layer(N.SECONDARY_COUNT, 0)]) and math.isnan(metrics["sink/secondary_share_l1"])
+    assert "Secondary sinks: not judged (no key past the first is followed by the 8 queries" in format_table(report)
+    judged = analyze.run(
+        Subject(str(sinklab_ckpt_with_tokenizer), "auto"),
+        analyze.check_args(analyze.build_parser().parse_args([*argv, "-T", "9", "--out", str(tmp_path / "t9")])),
+    )["secondary_sinks"]
+    assert "not_judged" not in judged and all(c >= 0 for c in judged["count"])

@@ -86,6 +86,28 @@ def test_heads_choose_their_own_entries():
     assert index.tolist() == [[[0, 3], [1, 3]]]  # the recent one (capacity // 2) and each head's heaviest
 
 
+def test_policy_rows_rank_the_sinks_by_the_policy_alone():
+    # key norm scores the first entry (norm 5) below 1, 2, 3, 4: its own scores evict it, whatever --first says
+    rows = [Row(KeyNorm(), first=1, sinks=s) for s in ("policy", "keep")] + [Row(H2O(), first=2, sinks="policy")]
+    assert kept(rows) == [[1, 2, 3, 4], [0, 1, 2, 3], [0, 2, 4, 5]]
+
+
+def test_dropped_sinks_leave_one_per_eviction_and_first_kept_counts_position_zero():
+    """A cache of 4, one token per step: the drop row loses its 3 sinks over 3 evictions, not at
+    the first; first_kept is the share of (eviction, layer, head) that still holds position 0."""
+    rows = [Row(StreamingLLM(), first=3, sinks=s) for s in ("drop", "keep", "policy")]
+    ev = Evictor(rows, capacity=4, n_layers=2, kv_heads=2)
+    assert ev.first_kept() == [None] * 3
+    ev.append(4)
+    sinks_left = []
+    for _ in range(4):
+        ev.indices([torch.zeros(3, 2, 4, 1)] * 2, n_new=1)
+        sinks_left.append(int((ev.history[0].pos[0, 0] < 3).sum()))
+        ev.append(1)
+    assert sinks_left == [2, 1, 0, 0]
+    assert ev.first_kept()[1:] == [1.0, 0.0]  # recency evicts position 0 at the first eviction
+
+
 def test_a_dropped_sink_goes_even_from_the_recent_window():
     # entry 5 is a secondary sink inside H2O's recent {4, 5}: 4 and the three heaviest of 0..3 stay
     assert kept([Row(H2O(), sinks="drop")], [torch.tensor([5])]) == [[0, 2, 3, 4]]
@@ -111,7 +133,7 @@ def test_the_streamingllm_policy_is_the_x_plus_y_cache(x):
 
 
 def test_bad_rows():
-    with pytest.raises(ValueError, match="keep\\|drop"):
+    with pytest.raises(ValueError, match="policy\\|keep\\|drop"):
         Row(H2O(), sinks="maybe")
     with pytest.raises(ValueError, match="capacity"):
         Evictor([Row(H2O())], capacity=0, n_layers=1, kv_heads=1)
