@@ -127,6 +127,22 @@ def mlflow_server():
 
 
 @pytest.fixture(scope="session")
+def slurm():
+    """A running two-node SLURM on this machine (tests/cluster/slurm_cluster.py), shared by the cluster
+    and guide tests of a worker; skipped (with the reason) where it cannot run."""
+    sys.path.insert(0, str(REPO / "tests" / "cluster"))
+    from slurm_cluster import ensure_installed, running_cluster
+
+    if os.geteuid() != 0:
+        pytest.skip("starting SLURM daemons (slurmctld, slurmd, munged) needs root")
+    why_not = ensure_installed()
+    if why_not:
+        pytest.skip(why_not)
+    with pytest.MonkeyPatch.context() as patch, running_cluster(patch) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
 def tiny_ds(tmp_path_factory) -> Path:
     """The packed dataset `sinklab fit`'s tests train on (tests/fit_runs.py)."""
     return make_dataset(tmp_path_factory.mktemp("ds") / "tiny")
