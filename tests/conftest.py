@@ -52,11 +52,14 @@ LONGEST_FIRST = [
     "train/test_exact_resume.py",
     "analysis/test_analyze.py",
     "cluster/test_cluster_slurm.py",
+    "guides/test_cluster_guide.py",
+    "guides/test_pretrained_guide.py",
     "train/test_gpu_check.py",
     "analysis/test_survey.py",
     "train/test_errors.py",
     "train/test_fit.py",
     "tracking/test_mlflow_ui.py",
+    "guides/test_compare_guide.py",
     "experiments/test_end_to_end.py",
 ]
 

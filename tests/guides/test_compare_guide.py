@@ -17,6 +17,7 @@ from packed_datasets import make_dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracking"))
 from test_mlflow_ui import (  # noqa: E402  the UI test's browser and page readers
+    _SCROLL_TO_LAST_CARD,
     CHROMIUM,
     DRIVER,
     body_text,
@@ -28,23 +29,25 @@ from test_mlflow_ui import (  # noqa: E402  the UI test's browser and page reade
 
 from pipeline.tracking import views  # noqa: E402
 
-EXPERIMENT = "weight-decay-demo"
+EXPERIMENT, SWEEP = "weight-decay-demo", "weight-decay-seeds"
 pytestmark = pytest.mark.skipif(not (CHROMIUM.exists() and DRIVER.exists()), reason="no /usr/bin/chromium")
 
 
 def train_runs(server: str, root: Path) -> None:
+    """Two weight decays in one experiment, and the same two under two seeds each in another."""
     ds = make_dataset(root / "ds")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SINKLAB_CACHE", str(root / "cache"))
         mp.chdir(root)
-        for wd in ("0.0", "0.5"):
-            for seed in (1, 2):
-                name = f"wd-{wd}-s{seed}"
-                args = [*paths(ds, root / name), "--trainer.max_steps", "4", "--run.experiment", EXPERIMENT]
-                args += ["--run.name", name, "--run.variant", f"wd-{wd}", "--seed_everything", str(seed)]
-                args += ["--optim.weight_decay", wd, "--run.sink_every", "2", "--run.plot_every", "2"]
-                args += ["--run.val_every", "2", *lean_tracking()]
-                assert fit_in_process(args, mp, server) == 0
+        for experiment, wd, seed in [(EXPERIMENT, wd, 1) for wd in ("0.0", "0.5")] + [
+            (SWEEP, wd, seed) for wd in ("0.0", "0.5") for seed in (1, 2)
+        ]:
+            name = f"wd-{wd}-s{seed}"
+            args = [*paths(ds, root / experiment / name), "--trainer.max_steps", "4", "--run.experiment", experiment]
+            args += ["--run.name", name, "--run.variant", f"wd-{wd}", "--seed_everything", str(seed)]
+            args += ["--optim.weight_decay", wd, "--run.sink_every", "2", "--run.plot_every", "2"]
+            args += ["--run.val_every", "2", *lean_tracking()]
+            assert fit_in_process(args, mp, server) == 0
 
 
 def test_compare_guide_runs_as_written(mlflow_server, browser, tmp_path):  # noqa: F811
@@ -55,7 +58,7 @@ def test_compare_guide_runs_as_written(mlflow_server, browser, tmp_path):  # noq
     finally:
         shell.close()
     printed = shell.log[-1][2]
-    link = re.search(rf"^  {EXPERIMENT}: (\S+)$", printed, re.M).group(1)
+    link, sweep = (re.search(rf"^  {name}: (\S+)$", printed, re.M).group(1) for name in (EXPERIMENT, SWEEP))
     assert link.endswith(f"viewStateShareKey={views.SHARED_VIEW_KEY}")
 
     shots = Path(os.environ.get("SINKLAB_GUIDE_SHOTS") or tmp_path / "shots")
@@ -69,22 +72,15 @@ def test_compare_guide_runs_as_written(mlflow_server, browser, tmp_path):  # noq
     browser.refresh()
     headline = list(views.HEADLINE)
     wait_for(browser, lambda: [c[3] for c in chart_cards(browser)][:4] == headline, "the headline row")
+    assert views.VIEW_NAME in body_text(browser)
     browser.save_screenshot(str(shots / "compare-first-screen.png"))
     taken.add("compare-first-screen.png")
-    body = body_text(browser)
-    assert views.VIEW_NAME in body and "wd-0.0" in body and "wd-0.5" in body  # the runs, grouped by variant
-    browser.save_screenshot(str(shots / "compare-grouped.png"))
-    taken.add("compare-grouped.png")
 
-    browser.execute_script(
-        "const c = [...document.querySelectorAll('[data-testid=\"experiment-view-compare-runs-card\"]')]"
-        f".find(c => (c.innerText || '').startsWith('{views.ALPHA1_IMAGE}')); c.scrollIntoView({{block: 'start'}});"
-    )
-    wait_for(
-        browser,
-        lambda: any(c[3] == views.ALPHA1_IMAGE and c[4] for c in chart_cards(browser)),
-        "the α₁ maps",
-    )
+    def alpha1_maps() -> bool:
+        browser.execute_script(_SCROLL_TO_LAST_CARD)  # the UI draws the cards in view only
+        return any(c[3] == views.ALPHA1_IMAGE and c[4] for c in chart_cards(browser))
+
+    wait_for(browser, alpha1_maps, "the α₁ maps")
     slider = browser.execute_script(
         "const c = [...document.querySelectorAll('[data-testid=\"experiment-view-compare-runs-card\"]')]"
         f".find(c => (c.innerText || '').startsWith('{views.ALPHA1_IMAGE}'));"
@@ -99,4 +95,14 @@ def test_compare_guide_runs_as_written(mlflow_server, browser, tmp_path):  # noq
     wait_for(browser, lambda: all(c in body_text(browser) for c in columns), "the runs table's columns")
     browser.save_screenshot(str(shots / "compare-table.png"))
     taken.add("compare-table.png")
+
+    browser.get(sweep)
+    wait_for(
+        browser,
+        lambda: all(f"Group: wd-{wd}" in body_text(browser) for wd in ("0.0", "0.5")),
+        "the sweep's runs grouped by variant",
+    )
+    wait_for(browser, lambda: [c[3] for c in chart_cards(browser)][:4] == headline, "the grouped headline row")
+    browser.save_screenshot(str(shots / "compare-grouped.png"))
+    taken.add("compare-grouped.png")
     assert named == taken, f"the page shows {sorted(named)}, the test takes {sorted(taken)}"
