@@ -145,7 +145,7 @@ class GuideShell:
             check_shape(out, step.expected, f"guide line {step.line}")
         return out
 
-    def wait(self, condition: str, line: int, timeout: float = 240) -> None:
+    def wait(self, condition: str, line: int, timeout: float = 420) -> None:
         load = f"source {shlex.quote(str(self.state))}; " if self.state.exists() else ""
         deadline = time.time() + timeout
         while subprocess.run(
