@@ -79,8 +79,7 @@ browser:
 
 ui: venv
 	mkdir -p mlruns
-	@echo "the UI on training runs (home) and each experiment's chart view (Sink_1, mean alpha_1, losses first):"
-	@$(PY) -m pipeline.tracking.run_assets "$(MLFLOW_TRACKING_URI)" 2>/dev/null || true
+	@$(PY) -m pipeline.cli ui --tracking-uri "$(MLFLOW_TRACKING_URI)" || true
 	$(VENV)/bin/mlflow ui --backend-store-uri "$(MLFLOW_TRACKING_URI)" --host 127.0.0.1 --port 5000
 
 bench-data: venv

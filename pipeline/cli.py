@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "perplexity under KV-cache eviction policies (StreamingLLM, H2O, SnapKV, key norm), sinks kept or dropped",
     ),
     "quant-eval": ("pipeline.analysis.quant_eval", "perplexity under simulated W8A8, with the sink kept intact or not"),
+    "ui": ("pipeline.tracking.ui", "install SinkLab's chart view on a tracking store's experiments, print their links"),
     "submit": ("cluster.submit", "render and submit a SLURM job for a training config"),
     "sweep": ("pipeline.experiments.sweep", "run or submit every variant of a paper experiment"),
     "report": (

@@ -52,11 +52,14 @@ LONGEST_FIRST = [
     "train/test_exact_resume.py",
     "analysis/test_analyze.py",
     "cluster/test_cluster_slurm.py",
+    "guides/test_cluster_guide.py",
+    "guides/test_pretrained_guide.py",
     "train/test_gpu_check.py",
     "analysis/test_survey.py",
     "train/test_errors.py",
     "train/test_fit.py",
     "tracking/test_mlflow_ui.py",
+    "guides/test_compare_guide.py",
     "experiments/test_end_to_end.py",
 ]
 
@@ -124,6 +127,22 @@ def mlflow_server():
             pgid, uri = _start_mlflow_server(shared / "mlflow-server")
             info.write_text(json.dumps({"pgid": pgid, "uri": uri}))
         return json.loads(info.read_text())["uri"]
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A running two-node SLURM on this machine (tests/cluster/slurm_cluster.py), shared by the cluster
+    and guide tests of a worker; skipped (with the reason) where it cannot run."""
+    sys.path.insert(0, str(REPO / "tests" / "cluster"))
+    from slurm_cluster import ensure_installed, running_cluster
+
+    if os.geteuid() != 0:
+        pytest.skip("starting SLURM daemons (slurmctld, slurmd, munged) needs root")
+    why_not = ensure_installed()
+    if why_not:
+        pytest.skip(why_not)
+    with pytest.MonkeyPatch.context() as patch, running_cluster(patch) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

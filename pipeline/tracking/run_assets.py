@@ -15,7 +15,7 @@ from typing import Any
 from sinklab_io.notices import why
 
 from .contract import MODEL_NAME, TAG_MODEL_ID, tracking_uri
-from .views import HEADLINE, VIEW_TAG, dataset_name, experiment_url, home_url
+from .views import HEADLINE, dataset_name
 
 DIGEST_LIMIT = 36  # mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE
 
@@ -250,23 +250,3 @@ def system_metrics_monitor(tracking_uri: str, run_id: str):
     )
     monitor.start()
     return monitor
-
-
-def print_experiment_urls(tracking_uri: str) -> None:
-    """`make ui`: the home page and each experiment's chart view, on training runs."""
-    from mlflow.tracking import MlflowClient
-
-    try:
-        experiments = MlflowClient(tracking_uri).search_experiments()
-    except Exception as exc:  # noqa: BLE001
-        print(f"(no experiments listed: {type(exc).__name__})")
-        return
-    print(f"  home: {home_url(tracking_uri)}")
-    for exp in experiments:
-        if exp.name != "Default":
-            marked = VIEW_TAG in exp.tags
-            print(f"  {exp.name}: {experiment_url(tracking_uri, exp.experiment_id, marked)}")
-
-
-if __name__ == "__main__":
-    print_experiment_urls(sys.argv[1] if len(sys.argv) > 1 else tracking_uri())

@@ -8,10 +8,12 @@ MASTER_ADDR=127.0.0.1 (on a real cluster Lightning takes the first host of SLURM
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -80,8 +82,8 @@ SchedulerType=sched/builtin
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-# Each node claims 4 CPUs (config_overrides: more than this machine has) so that a 1-node x 2-task
-# job and a 2-node x 1-task job fit at the same time.
+# Each node claims 16 CPUs (config_overrides: more than this machine has) so that a 1-node x 2-task
+# job and a 2-node x 1-task job fit at the same time, and a task of `sinklab sweep --submit` (8 CPUs).
 {nodes}
 PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE State=UP
 """
@@ -106,7 +108,7 @@ class SlurmCluster:
         os.chmod(key, 0o400)
         node_lines = "\n".join(
             f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} "
-            "CPUs=4 RealMemory=2000 State=UNKNOWN"
+            "CPUs=16 RealMemory=2000 State=UNKNOWN"
             for name in self.nodes
         )
         (root / "slurm.conf").write_text(
@@ -224,3 +226,19 @@ class SlurmCluster:
                 proc.wait()
         for log in self.logs:
             log.close()
+
+
+@contextlib.contextmanager
+def running_cluster(monkeypatch):
+    """A started SlurmCluster in a directory of its own (not pytest's numbered temp dirs, which other
+    pytest sessions may rotate away while the daemons still use it); SLURM_CONF and MASTER_ADDR set
+    through ``monkeypatch`` for sbatch, scontrol and the jobs (which inherit this environment)."""
+    cluster = SlurmCluster(Path(tempfile.mkdtemp(prefix="sinklab-slurm-")))
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    monkeypatch.setenv("MASTER_ADDR", cluster.env["MASTER_ADDR"])
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
