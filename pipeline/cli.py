@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from sinklab_io.third_party import quiet_third_party
+
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prep": ("data_prep.cli", "tokenize and pack a corpus into a training dataset"),
     "fit": ("pipeline.train.cli", "train a model (LightningCLI; --config YAML)"),
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"sinklab: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    quiet_third_party()
     module = importlib.import_module(SUBCOMMANDS[name][0])
     try:
         result = module.main(rest)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from data_prep.errors import DataPrepError
+from sinklab_io.third_party import quiet_third_party
 
 _RUN_DEPTH = 3  # how far above a checkpoint its run's metrics.jsonl is looked for
 
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--tokenizer", help="tokenizer.json to save beside the weights (default: the one beside them)")
     args = parser.parse_args(argv)
+    quiet_third_party()
     try:
         export(args)
     except (ValueError, OSError, DataPrepError) as err:  # a config, a checkpoint, a run, NotOurs, a full disk

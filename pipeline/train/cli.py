@@ -20,6 +20,7 @@ from data_prep.errors import os_error_line
 from pipeline.checkpoint import NonFiniteLossError, RunDirError
 from pipeline.model.config import ConfigError
 from pipeline.tracking import TAG_STATUS, RunLogger, log_run_model, pulled_argv
+from sinklab_io.third_party import quiet_third_party
 
 from .batching import BatchConfigError
 from .fit_config import CHECK_ONLY, check_fit, negative_values_joined, parse_error_line
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     # `sinklab fit ...` hands us argv without "fit"; Lightning's DDP launcher re-runs sys.argv as is
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     warnings.filterwarnings("ignore", message=".*srun. command is available on your system")
-    warnings.filterwarnings("ignore", message=".*litlogger")
+    quiet_third_party()
     cli = None
     status = "failed"
     try:

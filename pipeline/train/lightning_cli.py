@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from argparse import SUPPRESS
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,10 @@ class SinkLabCLI(LightningCLI):
         parser.link_arguments(ARCH, ARCH_TARGET, apply_on="parse")
         parser.add_class_arguments(OptimConfig, OPTIM)
         parser.link_arguments(OPTIM, OPTIM_TARGET, apply_on="parse")
+        hidden = {ARCH_TARGET, OPTIM_TARGET, f"{ARCH_TARGET}.help", f"{OPTIM_TARGET}.help"}
+        for group in parser._action_groups:  # the links' targets: set from `arch` and `optim`, never given
+            for action in group._group_actions:
+                action.help = SUPPRESS if action.dest in hidden else action.help
         parser.add_class_arguments(RunOptions, "run")
         parser.add_argument("--run-dir", type=str | None, default=None, help="run directory (default runs/<run.name>)")
         parser.add_argument(

@@ -81,14 +81,19 @@ def read_init(spec: str, cfg: ModelConfig) -> tuple[dict, dict[str, str]]:
 
 
 class SinkLabModule(L.LightningModule):
-    """arch: every field of pipeline.model.ModelConfig, linked from the config's top-level ``arch``
-    (``--arch.attention.op sigmoid``); ``vocab_size`` is taken from the dataset's manifest. optim: peak/min lr, warm-up, AdamW.
-    compile: ``torch.compile`` each block (in place, so checkpoints keep their keys); where
-    compiling fails the run trains uncompiled and says so in one line (pipeline.train.compiling).
-    activation_checkpointing: recompute each block in backward instead of keeping activations.
-    init: weights to start from (a checkpoint, an export directory or ``runs:/<run_id>``): a new
-    run, with a fresh optimizer, schedule and data order, that continues training a model (on
-    another dataset, say). Ignored on a resume, which restores its own checkpoint."""
+    """The model in training: its optimiser and schedule, its training and validation steps.
+
+    Args:
+        arch: the config's top-level ``arch`` (every field of pipeline.model.ModelConfig, e.g.
+            ``--arch.attention.op sigmoid``); ``vocab_size`` is taken from the dataset's manifest.
+        optim: the config's top-level ``optim`` (peak/min lr, warm-up, AdamW).
+        compile: ``torch.compile`` each block (in place, so checkpoints keep their keys); where
+            compiling fails the run trains uncompiled and says so in one line (pipeline.train.compiling).
+        activation_checkpointing: recompute each block in backward instead of keeping activations.
+        init: weights to start from (a checkpoint, an export directory or ``runs:/<run_id>``): a new
+            run, with a fresh optimizer, schedule and data order, that continues training a model (on
+            another dataset, say). Ignored on a resume, which restores its own checkpoint.
+    """
 
     def __init__(
         self,

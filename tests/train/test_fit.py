@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -11,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from fit_runs import TINY, built_fit, fit_in_process, lean_tracking, losses, paths, read_metrics
+from fit_runs import TINY, built_fit, fit_command, fit_in_process, lean_tracking, losses, paths, read_metrics
 from mlflow.tracking import MlflowClient
 from packed_datasets import make_dataset
 
@@ -536,3 +538,33 @@ def test_nothing_is_written_where_the_command_runs(tiny_ds, tmp_path, monkeypatc
         assert artifacts.startswith((store / "artifacts").as_uri())
     assert (store / "artifacts").is_dir() and any((store / "artifacts").rglob("model.safetensors"))
     assert any((store / "artifacts").rglob("images/heads~alpha1+step+4+*.png"))
+
+
+# what other libraries print when they warn or advertise: a Python warning's "file.py:N: " (Lightning's
+# format) or "SomeWarning:", a logger's level tag, MLflow's run address, Lightning's tips
+THIRD_PARTY = re.compile(r"\.py:\d+: |\w+Warning: |\[WARNING\]|\bINFO\b|View run|Tip:|litlogger")
+
+
+def test_a_cpu_fit_and_its_export_print_nothing_of_other_libraries(tiny_ds, tmp_path):
+    """`sinklab fit` on the tiny recipe with a new sqlite store (as `make run` logs), then `sinklab export-hf`
+    of its checkpoint, each a process of its own: what they print is SinkLab's and Lightning's progress."""
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/store/mlflow.db", CUDA_VISIBLE_DEVICES="")
+    run_dir = tmp_path / "run"
+    fit = [*paths(tiny_ds, run_dir), "--trainer.max_steps", "4", "--run.plot_every", "4"]
+    checkpoint = run_dir / "checkpoints" / "step-000004.ckpt"
+    export = [sys.executable, "-m", "pipeline.cli", "export-hf", str(checkpoint), "--out", str(tmp_path / "hf")]
+    for command, said in ((fit_command(fit), "sinklab fit: summary"), (export, "wrote ")):
+        done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and said in done.stdout, done.stderr[-3000:]
+        noise = [line for line in (done.stdout + done.stderr).splitlines() if THIRD_PARTY.search(line)]
+        assert not noise, noise
+
+
+def test_fit_help_names_only_todays_options(capsys):
+    from pipeline.train.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "--arch.attention.op" in out and "--optim.lr" in out
+    assert "--model.arch" not in out and "--model.optim" not in out and "lacks type and help" not in out
