@@ -84,7 +84,11 @@ def fit_parser():
 
 def check_fit(args: list[str] | dict[str, Any]) -> Namespace:
     """The resolved config of `sinklab fit ARGS`; raises ArgumentError (a name or type) or ConfigError (the model)."""
+    from .optim import OptimConfig
+
     config = parse_fit(fit_parser(), args)
+    if config.model.optim is not None and (config.trainer.max_steps or 0) >= 1:
+        OptimConfig(**config.model.optim.as_dict()).validate(config.trainer.max_steps)  # as the fit's start does
     check_batch(config)
     return config
 

@@ -51,6 +51,9 @@ def test_check_only_accepts_or_refuses_in_one_line_and_writes_nothing(tmp_path, 
     assert err == "sinklab fit: arch.n_heads=3: must divide d_model=128", err
     assert main(common + ["--arch.preset", "gpt-5"]) == 2
     assert "arch.preset: Expected a typing.Literal['llama-60m'" in capsys.readouterr().err
+    assert main(common + ["--optim.warmup_steps", "10", "--trainer.max_steps", "4"]) == 2  # as a sweep's task would
+    err = capsys.readouterr().err.strip()
+    assert err == "sinklab fit: optim.warmup_steps=10: must be in [0, trainer.max_steps=4)", err
     assert list(tmp_path.iterdir()) == []
 
 
