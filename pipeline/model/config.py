@@ -117,6 +117,8 @@ class ModelConfig:
     d_model: int | None = None
     n_layers: int | None = None
     n_heads: int | None = None
+    n_kv_heads: int | None = None
+    """Key/value heads, each shared by n_heads / n_kv_heads query heads (grouped-query attention); None: n_heads."""
     d_ffn: int | None = None
     max_seq_len: int | None = None
     norm_eps: float = 1e-5
@@ -155,6 +157,11 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_heads, or n_heads where it is None."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
     def n_bias_slots(self) -> int:
         """Leading key columns that are not tokens: k*/v* slot, then the sink-logit column."""
         kv_slot = 1 if self.biases.kind in ("kv", "k") else 0
@@ -173,6 +180,10 @@ class ModelConfig:
                 raise ConfigError(f"arch.{name}={getattr(self, name)}: must be a positive integer")
         if self.d_model % self.n_heads:
             raise ConfigError(f"arch.n_heads={self.n_heads}: must divide d_model={self.d_model}")
+        if self.n_kv_heads is not None and (self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads):
+            raise ConfigError(
+                f"arch.n_kv_heads={self.n_kv_heads}: must be a positive divisor of n_heads={self.n_heads}"
+            )
         if self.positional == "rope" and self.head_dim % 2:
             raise ConfigError(f"arch.n_heads={self.n_heads}: rope needs an even head_dim, got {self.head_dim}")
         if self.positional == "sinusoidal" and self.d_model % 2:
