@@ -89,6 +89,7 @@ class Attention(nn.Module):
         self.kv_slot = KeyValueSlot(cfg) if b.kind in ("kv", "k") else None
         self.value_bias = nn.Parameter(torch.zeros(1 if b.shared_heads else H, dh)) if b.kind == "v" else None
         self.sink_logit = nn.Parameter(torch.zeros(H)) if a.sink_logit else None
+        self.slot_logit = nn.Parameter(torch.zeros(H)) if b.slot_logit else None
         self.op = op_spec(a.op)
         self.length_scale = nn.Parameter(torch.full((H,), length_scale_init(cfg))) if self.op.length_scale else None
         self.kernel = build_kernel(a, dh)
@@ -115,6 +116,8 @@ class Attention(nn.Module):
             return k, v, base
         Tq = base.shape[2]
         columns = [k.new_zeros(1, 1, Tq, 1)] * (len(keys) - int(self.cfg.has_sink_logit))
+        if self.slot_logit is not None:
+            columns[0] = self.slot_logit.to(k.dtype)[None, :, None, None].expand(1, self.n_heads, Tq, 1)
         if self.cfg.has_sink_logit:
             logit = self.sink_logit if self.sink_logit is not None else k.new_zeros(self.n_heads)
             columns.append(logit.to(k.dtype)[None, :, None, None].expand(1, self.n_heads, Tq, 1))
@@ -125,18 +128,24 @@ class Attention(nn.Module):
     def _augmented(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
         """q, keys and values with the S slots as S leading keys, and S. A learned sink logit takes one
         more head dim (a multiple of 8 on CUDA): 1 in every query, s_h sqrt(d_h) in the sink key, else 0;
-        being per query head, it needs keys per query head."""
-        if self.sink_logit is not None:
+        being per query head, it needs keys per query head; so does the k*/v* slot's learned logit, likewise."""
+        learned = [p for p in (self.slot_logit, self.sink_logit) if p is not None]
+        if learned:
             k, v = expand_heads(k, self.n_heads), expand_heads(v, self.n_heads)
         keys, values = self._slots(k, v)
         if not keys:
             return q, k, v, 0
         S, (B, H, Tk) = len(keys), k.shape[:3]
         keys, values = torch.cat(keys + [k], 2), torch.cat(values + [v], 2)
-        if self.sink_logit is not None:
+        if learned:
             width = -(self.head_dim + 1) % 8 + 1 if q.is_cuda else 1
-            logit = (self.sink_logit * self.head_dim**0.5).to(k.dtype)[None, :, None, None].expand(B, H, 1, 1)
-            column = F.pad(torch.cat([k.new_zeros(B, H, S - 1, 1), logit, k.new_zeros(B, H, Tk, 1)], 2), (0, width - 1))
+            slots = [k.new_zeros(H)] * S  # the logit of each slot: the k*/v* slot's first, the sink column's last
+            if self.slot_logit is not None:
+                slots[0] = self.slot_logit
+            if self.sink_logit is not None:
+                slots[-1] = self.sink_logit
+            logit = (torch.stack(slots, -1) * self.head_dim**0.5).to(k.dtype)[None, :, :, None].expand(B, H, S, 1)
+            column = F.pad(torch.cat([logit, k.new_zeros(B, H, Tk, 1)], 2), (0, width - 1))
             q = F.pad(q.transpose(1, 2), (0, width), value=1.0).transpose(1, 2)  # [B, T, H, d_h] as projected
             keys, values = torch.cat([keys, column], -1), F.pad(values, (0, width))
         return q, keys, values, S

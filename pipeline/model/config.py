@@ -105,6 +105,8 @@ class BiasConfig:
     key_dims: int = 0  # d_a, the learnable leading dimensions of k* (the rest zero); 0: all (Table 13)
     value_norm: float = 0.0  # m of kind k's fixed v* = m v' (onehot [1,0,..,0]) or m v'' (uniform [1,..,1]/sqrt(d_h))
     value_direction: FixedValue = "onehot"  # (Table 5)
+    slot_logit: bool = False
+    """A learned per-query-head logit added to the k*/v* slot's scores (0 at a fresh start; an added slot starts far below)."""
 
 
 @dataclass
@@ -228,6 +230,8 @@ class ModelConfig:
             raise ConfigError(f"arch.biases.key_dims={b.key_dims}: allowed 0 (all) .. head_dim={self.head_dim}")
         if b.key_dims and b.kind not in ("kv", "k"):
             raise ConfigError(f"arch.biases.key_dims={b.key_dims}: only meaningful for kind 'kv' or 'k'")
+        if b.slot_logit and (b.kind not in ("kv", "k") or not op.softmax):
+            raise ConfigError("arch.biases.slot_logit=true: needs biases.kind 'kv' or 'k' and a softmax op")
         if b.value_norm and b.kind != "k":
             raise ConfigError(f"arch.biases.value_norm={b.value_norm}: the fixed v* belongs to kind 'k'")
 

@@ -126,14 +126,8 @@ def to_hf(model: Transformer):
     return hf.eval()
 
 
-def from_hf(hf_model) -> Transformer:
-    """Import an HF Llama or Qwen3 (a model object or a save_pretrained directory), grouped-query attention
-    included; float64 weights stay float64, any other dtype becomes float32."""
-    if isinstance(hf_model, (str, os.PathLike)):
-        from transformers import AutoModelForCausalLM
-
-        hf_model = AutoModelForCausalLM.from_pretrained(hf_model, dtype=torch.float32)
-    c = hf_model.config
+def config_from_hf(c) -> ModelConfig:
+    """The ModelConfig of an HF Llama or Qwen3 config (a ``PretrainedConfig``); NotNative for any other."""
     if c.model_type not in ("llama", "qwen3"):
         raise NotNative(f"HF config model_type={c.model_type!r}: SinkLab imports only 'llama' and 'qwen3'")
     for name, needed in (
@@ -162,6 +156,17 @@ def from_hf(hf_model) -> Transformer:
     )
     if cfg.head_dim != getattr(c, "head_dim", cfg.head_dim):
         raise NotNative(f"HF config head_dim={c.head_dim}: SinkLab needs hidden_size / num_attention_heads")
+    return cfg
+
+
+def from_hf(hf_model) -> Transformer:
+    """Import an HF Llama or Qwen3 (a model object or a save_pretrained directory), grouped-query attention
+    included; float64 weights stay float64, any other dtype becomes float32."""
+    if isinstance(hf_model, (str, os.PathLike)):
+        from transformers import AutoModelForCausalLM
+
+        hf_model = AutoModelForCausalLM.from_pretrained(hf_model, dtype=torch.float32)
+    cfg = config_from_hf(hf_model.config)
     sd = hf_model.state_dict()
     sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])
     single, fused = _weight_names(cfg)

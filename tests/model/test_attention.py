@@ -181,6 +181,7 @@ SOFTMAX_VARIANTS = [
     dict(attention={"sink_logit": True}),
     dict(attention={"gated": True, "qk_norm": True}),
     dict(attention={"gated": True, "gate_granularity": "elementwise"}, head_merge="sum"),
+    dict(biases={"kind": "kv", "slot_logit": True}, attention={"sink_logit": True}, n_kv_heads=1),
     dict(
         sink_tokens=1,
         biases={"kind": "kv"},
@@ -195,9 +196,9 @@ SOFTMAX_VARIANTS = [
 @pytest.mark.parametrize("overrides", SOFTMAX_VARIANTS, ids=lambda o: str(o) or "default")
 def test_sdpa_path_equals_eager_probability_path(overrides):
     m = _model(**overrides)
-    for mod in m.modules():
-        if getattr(mod, "sink_logit", None) is not None and isinstance(mod.sink_logit, torch.nn.Parameter):
-            torch.nn.init.normal_(mod.sink_logit, 0.0, 1.0)
+    for name, p in m.named_parameters():
+        if name.endswith(("sink_logit", "slot_logit")):
+            torch.nn.init.normal_(p, 0.0, 1.0)
     idx = torch.randint(0, 64, (2, 11))
     fast = m(idx).logits
     slow = m(idx, output_attentions=True)
@@ -478,7 +479,7 @@ def _full_heads_twin(model):
         {},
         {"attention": {"sink_logit": True}},
         {"biases": {"kind": "kv"}},
-        {"biases": {"kind": "k", "value_norm": 2.0}, "attention": {"sink_logit": True}},
+        {"biases": {"kind": "k", "value_norm": 2.0, "slot_logit": True}, "attention": {"sink_logit": True}},
         {"attention": {"op": "softmax_off_by_one"}},
         {"positional": "alibi"},
         {"attention": {"op": "sigmoid"}},  # blocked kernels
@@ -489,7 +490,7 @@ def _full_heads_twin(model):
 def test_gqa_equals_full_heads_with_repeated_key_value_weights_on_every_path(overrides):
     model = _model(seed=3, d_model=48, n_heads=6, n_kv_heads=2, **overrides)
     for name, p in model.named_parameters():  # slots away from their zero init
-        if "kv_slot" in name or "sink_logit" in name:
+        if "kv_slot" in name or name.endswith(("sink_logit", "slot_logit")):
             p.data.normal_(0.0, 0.5)
     twin = _full_heads_twin(model)
     idx = torch.randint(0, 64, (2, 12))
