@@ -19,6 +19,7 @@ SLOT_FIELDS = ("attention.sink_logit", "biases")
 # an added slot's logit: its share of a row with log-sum-exp >= 0 is at most e^-20 = 2.1e-9, under float32's
 # rounding (2^-24 = 6e-8) wherever the row's log-sum-exp is above -3.4; Adam still moves it (docs/training.md)
 SLOT_INIT_LOGIT = -20.0
+CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".bin", ".safetensors", ".json", ".yaml")  # a missing file, not a hub id
 NEW_SLOT_PARAMETERS = ("sink_logit", "slot_logit", "kv_slot.key", "kv_slot.value")
 
 
@@ -32,7 +33,8 @@ def is_pretrained_hf(spec: str) -> bool:
         return True
     if path.is_dir():
         return (path / "config.json").is_file() and exported_config(path) is None
-    return not path.exists() and not spec.startswith("runs:/") and re.fullmatch(r"[\w.-]+/[\w.-]+", spec) is not None
+    hub_id = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) and path.suffix not in CHECKPOINT_SUFFIXES
+    return not path.exists() and not spec.startswith("runs:/") and bool(hub_id)
 
 
 def _flat(cfg: ModelConfig) -> dict:
