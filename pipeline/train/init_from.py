@@ -16,9 +16,9 @@ from pipeline.model import ConfigError, ModelConfig, Transformer
 
 # what a run may add to its source: a sink logit, a K/KV-bias slot (with or without its logit)
 SLOT_FIELDS = ("attention.sink_logit", "biases")
-# an added slot's logit: its share of a row with log-sum-exp >= 0 is at most e^-20 = 2.1e-9, under float32's
-# rounding (2^-24 = 6e-8) wherever the row's log-sum-exp is above -3.4; Adam still moves it (docs/training.md)
-SLOT_INIT_LOGIT = -20.0
+# an added slot's logit starts this far below the smallest log-sum-exp of its head's rows on the probe set:
+# its share of every probe row is at most e^-20 = 2.1e-9, under float32's rounding (docs/training.md)
+SLOT_MARGIN = 20.0
 CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".bin", ".safetensors", ".json", ".yaml")  # a missing file, not a hub id
 NEW_SLOT_PARAMETERS = ("sink_logit", "slot_logit", "kv_slot.key", "kv_slot.value")
 
@@ -117,9 +117,39 @@ def _source_model(spec: str) -> tuple[Transformer, dict[str, str]]:
         raise ConfigError(f"model.init={spec}: {exc}") from None
 
 
-def read_init(spec: str, cfg: ModelConfig) -> tuple[dict, dict[str, str]]:
+def _added_logits(model: Transformer, new: list[str], tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per new logit parameter, SLOT_MARGIN below the smallest log-sum-exp over the existing keys of its head's
+    rows on ``tokens``, read in float64 from the share of a new column whose logit is L: 1/p = n_new + e^(lse - L)
+    (L moves down where e^(lse - L) is lost to rounding)."""
+    model = model.double().eval()
+    params = dict(model.named_parameters())
+    layers = sorted({name.split(".")[1] for name in new})
+    level = {layer: torch.zeros(model.config.n_heads, dtype=torch.float64) for layer in layers}
+    column = model.config.n_bias_slots - 1 if any(n.endswith("sink_logit") for n in new) else 0
+    n_new = len({n.rsplit(".", 1)[1] for n in new})
+    lse = {}
+    for _ in range(8):
+        with torch.no_grad():
+            for name in new:
+                params[name].copy_(level[name.split(".")[1]])
+            out = model(tokens, output_attentions=True)
+        lost = False
+        for layer in layers:
+            p = out.attentions[int(layer)][..., column].transpose(0, 1).reshape(model.config.n_heads, -1)
+            rest = (1.0 / p - n_new).amin(-1)  # e^(lse - L) of the row with the smallest lse, per head
+            lse[layer] = level[layer] + rest.clamp(min=1e-300).log()
+            imprecise = rest < 1e-8 * n_new
+            lost |= bool(imprecise.any())
+            level[layer] = torch.where(imprecise, level[layer] - 40.0, level[layer])
+        if not lost:
+            break
+    return {name: (lse[name.split(".")[1]] - SLOT_MARGIN).float() for name in new}
+
+
+def read_init(spec: str, cfg: ModelConfig, tokens: torch.Tensor) -> tuple[dict, dict[str, str]]:
     """The weights of ``spec`` for a model of ``cfg`` (``init_arch``'s), the slots the run adds set where the
-    function is the source's (an added logit at SLOT_INIT_LOGIT, k* and v* zero), and the MLflow tags."""
+    function is the source's on ``tokens`` (the probe set): k* and v* zero, an added logit SLOT_MARGIN below
+    every row's log-sum-exp; and the MLflow tags."""
     source, tags = _source_model(spec)
     have, want = _flat(source.config), _flat(cfg)
     differ = sorted(k for k in want if k != "preset" and not _adds_slot(k) and want[k] != have.get(k))
@@ -132,12 +162,18 @@ def read_init(spec: str, cfg: ModelConfig) -> tuple[dict, dict[str, str]]:
     dropped = sorted(set(theirs) - set(ours))
     if dropped:
         raise ConfigError(f"model.init={spec}: the run's model lacks its {dropped[0]}; keep the source's slots in arch")
-    state = {}
+    if cfg.biases.kind in ("k", "kv") and not cfg.biases.slot_logit and not any("kv_slot" in n for n in theirs):
+        raise ConfigError(
+            f"model.init={spec}: an added K/KV-bias slot scores q·k* whatever k*; give arch.biases.slot_logit=true "
+            "so that it starts with no attention"
+        )
+    state, new = {}, []
     for name, fresh in ours.items():
         if name in theirs and theirs[name].shape == fresh.shape:
             state[name] = theirs[name].to(fresh.dtype)
         elif name.endswith(("sink_logit", "slot_logit")):
-            state[name] = torch.full_like(fresh, SLOT_INIT_LOGIT)
+            state[name] = torch.zeros_like(fresh)
+            new.append(name)
         elif name.endswith(NEW_SLOT_PARAMETERS):
             state[name] = (
                 fresh if name.endswith("kv_slot.value") and cfg.biases.kind == "k" else torch.zeros_like(fresh)
@@ -146,6 +182,10 @@ def read_init(spec: str, cfg: ModelConfig) -> tuple[dict, dict[str, str]]:
             raise ConfigError(
                 f"model.init={spec}: {name} has shape {tuple(theirs[name].shape)} there, here {tuple(fresh.shape)}"
             )
+    if new:
+        model = Transformer(cfg)
+        model.load_state_dict(state)
+        state |= _added_logits(model, new, tokens)
     return state, tags
 
 

@@ -9,7 +9,8 @@ import torch
 from fit_runs import fit_in_process, read_metrics
 from packed_datasets import make_dataset
 
-from pipeline.model import Transformer
+from data_prep.dataset import load_probe
+from pipeline.model import ModelConfig, Transformer
 from pipeline.model.hf_native import from_hf
 from pipeline.train import init_from
 from pipeline.train.init_from import init_arch, read_init
@@ -22,29 +23,44 @@ def llama_ds(tmp_path_factory, hf_tokenizer):
 
 
 def _run_arch(tiny_llama_dir, **overrides):
-    from pipeline.model import ModelConfig
-
     return init_arch(str(tiny_llama_dir), ModelConfig(**overrides), 300)
 
 
 @pytest.mark.parametrize(
-    "slot", [{"attention": {"sink_logit": True}}, {"biases": {"kind": "kv", "slot_logit": True}}], ids=["sink", "kv"]
+    "slot",
+    [
+        {"attention": {"sink_logit": True}},
+        {"biases": {"kind": "kv", "slot_logit": True}},
+        {"biases": {"kind": "k", "slot_logit": True, "value_norm": 3.0}, "attention": {"sink_logit": True}},
+    ],
+    ids=["sink", "kv", "k+sink"],
 )
-def test_an_added_slot_starts_where_the_function_is_the_sources(tiny_llama_dir, monkeypatch, slot):
-    """Logits of the retrofitted model equal the source's within float32 rounding; at a slot logit of 0 they do not."""
+def test_an_added_slot_starts_where_the_function_is_the_sources(tiny_llama_dir, slot):
+    """Logits of the retrofitted model equal the source's within float32 rounding on the probe set the slot
+    logits were set on; with those logits at 0 they do not."""
     arch = _run_arch(tiny_llama_dir, **slot)
     assert (arch.d_model, arch.n_heads, arch.n_kv_heads, arch.vocab_size) == (32, 4, 2, 300)
     source = from_hf(str(tiny_llama_dir)).eval()
-    idx = torch.randint(0, 300, (2, 24))
-    want = source(idx).logits
-    for logit, close in ((init_from.SLOT_INIT_LOGIT, True), (0.0, False)):
-        monkeypatch.setattr(init_from, "SLOT_INIT_LOGIT", logit)
-        state, tags = read_init(str(tiny_llama_dir), arch)
-        model = Transformer(arch).eval()
-        model.load_state_dict(state)
-        diff = (model(idx).logits - want).abs().max().item()
-        assert (diff <= 4 * torch.finfo(torch.float32).eps * want.abs().max().item()) == close, diff
-    assert tags["sinklab.init_from"] == str(tiny_llama_dir)
+    probe = torch.randint(0, 300, (6, 24), generator=torch.Generator().manual_seed(0))
+    want = source(probe).logits
+    state, tags = read_init_from(source, arch, probe)
+    model = Transformer(arch).eval()
+    model.load_state_dict(state)
+    tolerance = 4 * torch.finfo(torch.float32).eps * want.abs().max().item()
+    assert (model(probe).logits - want).abs().max().item() <= tolerance
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("sink_logit", "slot_logit")):
+                p.zero_()
+    assert (model(probe).logits - want).abs().max().item() > 100 * tolerance
+
+
+def read_init_from(source, arch, probe):
+    """read_init with ``source`` (a SinkLab model) as the source."""
+    from unittest import mock
+
+    with mock.patch.object(init_from, "_source_model", return_value=(source, {"sinklab.init_from": "x"})):
+        return read_init("x", arch, probe)
 
 
 def test_a_pretrained_source_keeps_its_architecture(tiny_llama_dir):
@@ -74,10 +90,12 @@ def test_fit_continues_a_pretrained_model_with_a_sink_logit_training_alone(
     assert first["sink/alpha1_mean"] == pytest.approx(alpha1, abs=1e-6)
     ckpt = torch.load(run / "checkpoints" / "step-000002.ckpt", weights_only=False)
     source = from_hf(str(tiny_llama_dir)).state_dict()
+    arch = ModelConfig.from_dict(ckpt["hyper_parameters"]["arch"])
+    start, _ = read_init(str(tiny_llama_dir), arch, torch.from_numpy(load_probe(llama_ds)))
     for name, value in ckpt["state_dict"].items():
         name = name.removeprefix("model.")
         if name.endswith("sink_logit"):
-            assert (value != init_from.SLOT_INIT_LOGIT).all()  # trained
+            assert (value != start[name]).all() and (start[name] < -20).all()  # trained
         else:
             assert torch.equal(value, source[name]), name  # frozen, saved as it was
 
