@@ -320,9 +320,9 @@ def test_gqa_variant_exports_as_remote_code_and_loads_with_automodel(tmp_path):
 
 def test_smollm2_imports_exactly():
     """The real SmolLM2-135M (9 query heads, 3 key/value heads, tied embeddings) against transformers."""
-    from pipeline.analysis.hf_models import load_hf_model
+    from pipeline.model.hf_sources import hf_directory
 
-    hf = load_hf_model("smollm2").model
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_directory("smollm2")[1], dtype=torch.float32).eval()
     ours = from_hf(hf).eval()
     c = ours.config
     assert (c.n_heads, c.n_kv_heads, c.tie_embeddings) == (9, 3, True)
