@@ -1,6 +1,7 @@
 """Training-step throughput of SinkLab's model against HF LlamaForCausalLM, side by side.
 
-Also each non-softmax attention op's slow-down against softmax; the last line is ``ratio=<ours over HF>``.
+Also grouped-query attention against the same shape with full heads, and each non-softmax attention op's
+slow-down against softmax; the last line is ``ratio=<ours over HF>``.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
-    parser.add_argument("--skip-ops", action="store_true", help="only the HF comparison")
+    parser.add_argument("--kv-heads", type=int, help="key/value heads of the GQA comparison (default: heads / 2)")
+    parser.add_argument("--skip-ops", action="store_true", help="only the HF and GQA comparisons")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -104,6 +106,18 @@ def main() -> None:
     for name, tps in speeds.items():
         print(f"{name:18s} {tps:10.0f} tokens/s (train step: fwd+bwd+AdamW)")
     print(f"ratio model alone (both with hf's loss) = {speeds[alone] / speeds['hf-llama']:.3f}")
+
+    kv = args.kv_heads or max(1, cfg.n_heads // 2)
+    torch.manual_seed(0)
+    gqa = {
+        "full heads": steps["sinklab"],
+        "gqa": make_step(Transformer(cfg.replace(n_kv_heads=kv)), idx, next_token_loss),
+    }
+    gqa_speeds = compare(gqa, tokens, 1, max(3, args.repeats - 2), args.steps, clock)
+    print(
+        f"grouped-query attention H={cfg.n_heads} KV={kv}: {gqa_speeds['gqa']:.0f} vs {gqa_speeds['full heads']:.0f} "
+        f"tokens/s with full heads; gqa_ratio={gqa_speeds['gqa'] / gqa_speeds['full heads']:.3f} (> 1: faster)"
+    )
 
     if not args.skip_ops:
         print("attention operations, training-step slow-down relative to softmax (SDPA):")

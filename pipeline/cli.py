@@ -46,6 +46,22 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def _shortcut_tokenizer(args: list[str]) -> list[str]:
+    """``prep --tokenizer smollm2`` (a pretrained model's shortcut): its converted directory's tokenizer."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--tokenizer="):
+            value, span = arg.split("=", 1)[1], 1
+        elif arg == "--tokenizer" and i + 1 < len(args):
+            value, span = args[i + 1], 2
+        else:
+            continue
+        from pipeline.model.hf_sources import SHORTCUTS, hf_directory
+
+        if value in SHORTCUTS:
+            return args[:i] + ["--tokenizer", hf_directory(value)[1]] + args[i + span :]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -56,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sinklab: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     quiet_third_party()
+    if name == "prep":
+        rest = _shortcut_tokenizer(rest)
     module = importlib.import_module(SUBCOMMANDS[name][0])
     try:
         result = module.main(rest)

@@ -37,7 +37,7 @@ def matmul_params_per_token(config: ModelConfig) -> tuple[float, float]:
     """(N_blocks, N_head): weights each token multiplies in the blocks and in the LM head."""
     d, L, H, f, V = config.d_model, config.n_layers, config.n_heads, config.d_ffn, config.vocab_size
     a = config.attention
-    per_layer = 3 * d * d
+    per_layer = (d + 2 * config.kv_heads * config.head_dim) * d  # W_Q, then W_K and W_V per key/value head
     per_layer += (config.head_dim if config.head_merge == "sum" else d) * d
     per_layer += (3 if config.ffn in ("swiglu", "geglu", "reglu") else 2) * d * f
     per_layer += d * (H if a.gate_granularity == "headwise" else d) if a.gated else 0

@@ -70,6 +70,7 @@ def test_pair_count_agrees_with_the_models_mask(overrides):
         dict(attention=dict(gated=True)),
         dict(attention=dict(gated=True, gate_granularity="elementwise")),
         dict(tie_embeddings=True),
+        dict(n_kv_heads=1),
     ],
 )
 def test_matmul_params_agree_with_the_model(overrides):

@@ -232,7 +232,7 @@ def perplexity(nll: torch.Tensor) -> float:
 def kv_heads(subject) -> tuple[int, int]:
     """(layers, kv heads): the shape of an evictor for ``subject``'s model."""
     if subject.kind == "sinklab":
-        return subject.model.config.n_layers, subject.model.config.n_heads
+        return subject.model.config.n_layers, subject.model.config.kv_heads
     text = subject.model.config.get_text_config()
     return text.num_hidden_layers, getattr(text, "num_key_value_heads", None) or text.num_attention_heads
 

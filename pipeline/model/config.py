@@ -118,6 +118,8 @@ class BiasConfig:
     """m of kind k's fixed v* = m v' (onehot) or m v'' (uniform)."""
     value_direction: FixedValue = "onehot"
     """v' = [1, 0, .., 0] (onehot) or v'' = [1, .., 1] / √d_h (uniform) of kind k's fixed v* (Table 5)."""
+    slot_logit: bool = False
+    """A learned per-query-head logit added to the k*/v* slot's scores (0 at a fresh start; an added slot starts far below)."""
 
 
 @dataclass
@@ -134,6 +136,8 @@ class ModelConfig:
     """Number of blocks."""
     n_heads: int | None = None
     """Attention heads per block; divides d_model."""
+    n_kv_heads: int | None = None
+    """Key/value heads, each shared by n_heads / n_kv_heads query heads (grouped-query attention); None: n_heads."""
     d_ffn: int | None = None
     """Hidden width of the feed-forward block."""
     max_seq_len: int | None = None
@@ -191,6 +195,11 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_heads, or n_heads where it is None."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
     def n_bias_slots(self) -> int:
         """Leading key columns that are not tokens: k*/v* slot, then the sink-logit column."""
         kv_slot = 1 if self.biases.kind in ("kv", "k") else 0
@@ -209,6 +218,10 @@ class ModelConfig:
                 raise ConfigError(f"arch.{name}={getattr(self, name)}: must be a positive integer")
         if self.d_model % self.n_heads:
             raise ConfigError(f"arch.n_heads={self.n_heads}: must divide d_model={self.d_model}")
+        if self.n_kv_heads is not None and (self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads):
+            raise ConfigError(
+                f"arch.n_kv_heads={self.n_kv_heads}: must be a positive divisor of n_heads={self.n_heads}"
+            )
         if self.positional == "rope" and self.head_dim % 2:
             raise ConfigError(f"arch.n_heads={self.n_heads}: rope needs an even head_dim, got {self.head_dim}")
         if self.positional == "sinusoidal" and self.d_model % 2:
@@ -253,6 +266,8 @@ class ModelConfig:
             raise ConfigError(f"arch.biases.key_dims={b.key_dims}: allowed 0 (all) .. head_dim={self.head_dim}")
         if b.key_dims and b.kind not in ("kv", "k"):
             raise ConfigError(f"arch.biases.key_dims={b.key_dims}: only meaningful for kind 'kv' or 'k'")
+        if b.slot_logit and (b.kind not in ("kv", "k") or not op.softmax):
+            raise ConfigError("arch.biases.slot_logit=true: needs biases.kind 'kv' or 'k' and a softmax op")
         if b.value_norm and b.kind != "k":
             raise ConfigError(f"arch.biases.value_norm={b.value_norm}: the fixed v* belongs to kind 'k'")
 

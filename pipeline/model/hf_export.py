@@ -103,7 +103,7 @@ def model_card(
         f"A SinkLab model. Variant: {described}.",
         "",
         f"- loads as {how}",
-        f"- shape: d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, FFN {cfg.d_ffn}, "
+        f"- shape: d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads ({cfg.kv_heads} key/value), FFN {cfg.d_ffn}, "
         f"vocabulary {cfg.vocab_size}, context {cfg.max_seq_len}; {model.num_parameters() / 1e6:.2f}M parameters; "
         f"weights in {dtype}",
         f"- exported from: `{facts.get('source', 'a SinkLab model')}`",

@@ -34,6 +34,7 @@ class SinkLabConfig(PretrainedConfig):
             self.sinklab = cfg.to_dict()
             self.vocab_size, self.hidden_size = cfg.vocab_size, cfg.d_model
             self.num_hidden_layers, self.num_attention_heads = cfg.n_layers, cfg.n_heads
+            self.num_key_value_heads = cfg.kv_heads
             self.max_position_embeddings = cfg.max_seq_len
             kwargs["tie_word_embeddings"] = cfg.tie_embeddings
         super().__init__(**kwargs)

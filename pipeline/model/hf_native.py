@@ -80,7 +80,7 @@ def hf_config(cfg: ModelConfig):
         intermediate_size=cfg.d_ffn,
         num_hidden_layers=cfg.n_layers,
         num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_heads,
+        num_key_value_heads=cfg.kv_heads,
         head_dim=cfg.head_dim,
         max_position_embeddings=cfg.max_seq_len,
         rms_norm_eps=cfg.norm_eps,
@@ -111,8 +111,9 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     sd = model.state_dict()
     single, fused = _weight_names(model.config)
     out = {theirs: sd[ours] for ours, theirs in single.items()}
+    modules = dict(model.named_modules())
     for ours, theirs in fused.items():
-        out |= dict(zip(theirs, sd[ours].chunk(len(theirs), dim=0)))
+        out |= dict(zip(theirs, sd[ours].split(modules[ours.removesuffix(".weight")].fused_rows, dim=0)))
     return {k: v.detach().clone() for k, v in out.items()}
 
 
@@ -125,17 +126,11 @@ def to_hf(model: Transformer):
     return hf.eval()
 
 
-def from_hf(hf_model) -> Transformer:
-    """Import an HF Llama or Qwen3 (a model object or a save_pretrained directory)."""
-    if isinstance(hf_model, (str, os.PathLike)):
-        from transformers import AutoModelForCausalLM
-
-        hf_model = AutoModelForCausalLM.from_pretrained(hf_model, dtype=torch.float32)
-    c = hf_model.config
+def config_from_hf(c) -> ModelConfig:
+    """The ModelConfig of an HF Llama or Qwen3 config (a ``PretrainedConfig``); NotNative for any other."""
     if c.model_type not in ("llama", "qwen3"):
         raise NotNative(f"HF config model_type={c.model_type!r}: SinkLab imports only 'llama' and 'qwen3'")
     for name, needed in (
-        ("num_key_value_heads", c.num_attention_heads),
         ("hidden_act", "silu"),
         ("attention_bias", False),
         ("mlp_bias", False),
@@ -151,6 +146,7 @@ def from_hf(hf_model) -> Transformer:
         d_model=c.hidden_size,
         n_layers=c.num_hidden_layers,
         n_heads=c.num_attention_heads,
+        n_kv_heads=None if c.num_key_value_heads == c.num_attention_heads else c.num_key_value_heads,
         d_ffn=c.intermediate_size,
         max_seq_len=c.max_position_embeddings,
         norm_eps=c.rms_norm_eps,
@@ -160,10 +156,22 @@ def from_hf(hf_model) -> Transformer:
     )
     if cfg.head_dim != getattr(c, "head_dim", cfg.head_dim):
         raise NotNative(f"HF config head_dim={c.head_dim}: SinkLab needs hidden_size / num_attention_heads")
+    return cfg
+
+
+def from_hf(hf_model) -> Transformer:
+    """Import an HF Llama or Qwen3 (a model object or a save_pretrained directory), grouped-query attention
+    included; float64 weights stay float64, any other dtype becomes float32."""
+    if isinstance(hf_model, (str, os.PathLike)):
+        from transformers import AutoModelForCausalLM
+
+        hf_model = AutoModelForCausalLM.from_pretrained(hf_model, dtype=torch.float32)
+    cfg = config_from_hf(hf_model.config)
     sd = hf_model.state_dict()
     sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])
     single, fused = _weight_names(cfg)
     ours = {o: sd[t] for o, t in single.items()} | {o: torch.cat([sd[t] for t in ts]) for o, ts in fused.items()}
-    model = Transformer(cfg)
-    model.load_state_dict({k: v.float() for k, v in ours.items()})
+    dtype = torch.float64 if sd["model.embed_tokens.weight"].dtype == torch.float64 else torch.float32
+    model = Transformer(cfg).to(dtype)
+    model.load_state_dict({k: v.to(dtype) for k, v in ours.items()})
     return model

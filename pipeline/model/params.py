@@ -25,12 +25,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab", type=int, default=32000)
     args = parser.parse_args(argv)
     print(
-        f"{'preset':10s} {'d':>5s} {'L':>3s} {'H':>3s} {'ffn':>5s} {'non-embedding':>14s} {'total (V=' + str(args.vocab) + ')':>16s}"
+        f"{'preset':10s} {'d':>5s} {'L':>3s} {'H':>3s} {'KV':>3s} {'ffn':>5s} {'non-embedding':>14s} {'total (V=' + str(args.vocab) + ')':>16s}"
     )
     for name, (body, total) in parameter_counts(args.vocab).items():
         c = ModelConfig.from_preset(name)
         print(
-            f"{name:10s} {c.d_model:5d} {c.n_layers:3d} {c.n_heads:3d} {c.d_ffn:5d} {body / 1e6:13.2f}M {total / 1e6:15.2f}M"
+            f"{name:10s} {c.d_model:5d} {c.n_layers:3d} {c.n_heads:3d} {c.kv_heads:3d} {c.d_ffn:5d} {body / 1e6:13.2f}M {total / 1e6:15.2f}M"
         )
 
 

@@ -86,7 +86,7 @@ class Transformer(nn.Module):
                 nn.init.normal_(p, 0.0, residual_std)
             elif name.endswith("norm.weight"):
                 nn.init.ones_(p)
-            elif name.endswith(("sink_logit", "norm.bias")):
+            elif name.endswith(("sink_logit", "slot_logit", "norm.bias")):
                 nn.init.zeros_(p)
             elif name.endswith("length_scale"):
                 nn.init.constant_(p, length_scale_init(self.config))

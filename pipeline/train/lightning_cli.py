@@ -8,6 +8,7 @@ from argparse import SUPPRESS
 from pathlib import Path
 from typing import Any
 
+import torch
 from jsonargparse import set_parsing_settings
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
@@ -27,6 +28,7 @@ from pipeline.checkpoint import (
     resume_path,
     start_over,
 )
+from pipeline.model import Transformer
 from pipeline.model.config import ARCH, ConfigError, ModelConfig
 from pipeline.tracking import (
     PARENT_ENV,
@@ -49,7 +51,8 @@ from pipeline.tracking import (
 from .callbacks import Preemption, SinkMetrics, Throughput
 from .data import SinkDataModule
 from .fit_config import ARCH_TARGET, OPTIM, OPTIM_TARGET, PARSER_MODE, as_plain, parse_fit, set_arch, variant_summary
-from .module import SinkLabModule, read_init
+from .init_from import init_arch, read_init, trainable_names
+from .module import SinkLabModule
 from .optim import OptimConfig
 from .progress import StepProgressBar
 from .run_options import RunOptions
@@ -132,6 +135,11 @@ class SinkLabCLI(LightningCLI):
         self.model.spike_guard = self.opts.spike_guard(self.trainer.strategy, self.trainer.max_steps)
         manifest = self.datamodule.manifest
         self.model.set_vocab(manifest.vocab_size, manifest.context_length, manifest.tokenizer_sha256)  # max_seq_len too
+        if self.model.init:  # a pretrained HF source sets the shape; the run may add slots
+            self.model.use_arch(init_arch(self.model.init, self.model.arch, manifest.vocab_size))
+        if self.model.trainable is not None:
+            with torch.device("meta"):
+                trainable_names(Transformer(self.model.arch), self.model.trainable)
         set_arch(self.config, self.model.arch)  # config.yaml and the MLflow params: the vocabulary it trains
         if self.opts.sink_every > 0 and manifest.probe.length > self.model.arch.max_seq_len:
             raise DatasetError(
@@ -150,7 +158,8 @@ class SinkLabCLI(LightningCLI):
             )
         init_tags = {}
         if self.model.init and not self.resume_from:
-            self.model.init_state, init_tags = read_init(self.model.init, self.model.arch)
+            probe = self.datamodule.probe_tokens()
+            self.model.init_state, init_tags = read_init(self.model.init, self.model.arch, probe)
         # only now, every setting accepted: a refused start creates no MLflow store
         self.trainer.logger = RunLogger(str(self.run.root), self.opts.experiment, self.run_id)
         if not self.rank0:

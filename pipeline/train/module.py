@@ -18,6 +18,7 @@ from pipeline.model import ConfigError, ModelConfig, Transformer
 from pipeline.model.config import ARCH
 
 from .compiling import compile_blocks, failure_line
+from .init_from import freeze_all_but
 from .loss import next_token_loss
 from .optim import OptimConfig, build_optimizer, build_scheduler, optimizer_split
 from .recording import record_metrics, reduced, set_tag
@@ -50,36 +51,6 @@ def _reset_partitioned(model: Transformer, state: dict | None = None) -> None:
             model.reset_parameters() if state is None else model.load_state_dict(state)
 
 
-def read_init(spec: str, cfg: ModelConfig) -> tuple[dict, dict[str, str]]:
-    """The weights of ``spec`` (a checkpoint, an export directory or runs:/<run_id>), checked to
-    fit a model of ``cfg``, and the MLflow tags that link the new run to where they came from."""
-    from pathlib import Path
-
-    from pipeline.model import load_pretrained
-    from pipeline.tracking import RunModelError, is_model_uri, resolve_model
-
-    tags = {"sinklab.init_from": spec}
-    if not (is_model_uri(spec) or Path(spec).exists()):
-        raise ConfigError(f"model.init={spec}: no such checkpoint or model directory (or runs:/<run_id>)")
-    try:
-        spec_path = spec
-        if is_model_uri(spec):
-            resolved = resolve_model(spec)
-            spec_path, tags["sinklab.init_run_id"] = resolved.path, resolved.run_id
-        source = load_pretrained(spec_path)
-    except (RunModelError, ValueError, OSError) as exc:
-        raise ConfigError(f"model.init={spec}: {exc}") from None
-    # the numbers are compared, not the preset name they were chosen by
-    want, have = ({k: v for k, v in c.to_dict().items() if k != "preset"} for c in (cfg, source.config))
-    differ = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
-    if differ:
-        raise ConfigError(
-            f"model.init={spec}: its model differs in {', '.join(differ)} "
-            f"({', '.join(f'{k}={have.get(k)!r}' for k in differ)}); set arch to match"
-        )
-    return source.state_dict(), tags
-
-
 class SinkLabModule(L.LightningModule):
     """The model in training: its optimiser and schedule, its training and validation steps.
 
@@ -90,9 +61,13 @@ class SinkLabModule(L.LightningModule):
         compile: ``torch.compile`` each block (in place, so checkpoints keep their keys); where
             compiling fails the run trains uncompiled and says so in one line (pipeline.train.compiling).
         activation_checkpointing: recompute each block in backward instead of keeping activations.
-        init: weights to start from (a checkpoint, an export directory or ``runs:/<run_id>``): a new
-            run, with a fresh optimizer, schedule and data order, that continues training a model (on
-            another dataset, say). Ignored on a resume, which restores its own checkpoint.
+        init: weights to start from (a checkpoint, an export directory or ``runs:/<run_id>``; or a
+            pretrained HF model: smollm2, a .gguf file, an HF directory or hub id, whose config sets
+            arch's shape): a new run, with a fresh optimizer, schedule and data order, that continues
+            training a model; a sink logit or K/KV-bias slot that arch adds starts where the function is
+            the source's. Ignored on a resume, which restores its own checkpoint.
+        trainable: comma-separated globs of parameter names (``blocks.*.attn.sink_logit``) that train;
+            the rest stay frozen, saved as they were (None: all train).
     """
 
     def __init__(
@@ -102,12 +77,13 @@ class SinkLabModule(L.LightningModule):
         compile: bool = False,
         activation_checkpointing: bool = False,
         init: str | None = None,
+        trainable: str | None = None,
     ):
         super().__init__()
         self.arch = arch if arch is not None else ModelConfig()
         self.optim = optim if optim is not None else OptimConfig()
         self.compile_blocks, self.activation_checkpointing = compile, activation_checkpointing
-        self.init = init
+        self.init, self.trainable = init, trainable
         self.init_state: dict[str, torch.Tensor] | None = None  # read_init() fills it at a fresh start
         self.model: Transformer | None = None
         self._step_loss, self._micro, self._val = 0.0, 0, []
@@ -128,6 +104,7 @@ class SinkLabModule(L.LightningModule):
         elif self.init_state is not None:
             self.model.load_state_dict(self.init_state)
         self.init_state = None
+        freeze_all_but(self.model, self.trainable)
         for block in self.model.blocks:
             if self.activation_checkpointing:
                 block.forward = _recomputed(block.forward)
@@ -161,6 +138,10 @@ class SinkLabModule(L.LightningModule):
                 f"arch.max_seq_len={cfg.max_seq_len} is below the dataset's context length "
                 f"{context_length}; set it to at least {context_length}"
             )
+        self.use_arch(cfg)
+
+    def use_arch(self, cfg: ModelConfig) -> None:
+        """Build ``cfg`` (the checkpoints' hyper_parameters say so too)."""
         self.arch = cfg
         self.hparams[ARCH] = cfg.to_dict()
 

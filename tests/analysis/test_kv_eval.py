@@ -251,7 +251,7 @@ def test_passkey_fails_where_the_policy_evicts_the_key(hf_tokenizer):
 
     tokenizer = copy.deepcopy(hf_tokenizer)
     tokenizer.backend_tokenizer.decoder = decoders.ByteLevel()  # answers decode to text, " 60494"
-    model = SimpleNamespace(config=SimpleNamespace(n_layers=1, n_heads=1))
+    model = SimpleNamespace(config=SimpleNamespace(n_layers=1, n_heads=1, kv_heads=1))
     subject = SimpleNamespace(kind="sinklab", model=model, tokenizer=tokenizer, max_positions=lambda: None)
     rows = [Row(StreamingLLM(), first=4, sinks=s) for s in ("keep", "drop")]
     got = passkey_at(subject, CopyStreamer(), rows, 150, [2], **PASSKEY)

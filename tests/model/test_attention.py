@@ -181,6 +181,7 @@ SOFTMAX_VARIANTS = [
     dict(attention={"sink_logit": True}),
     dict(attention={"gated": True, "qk_norm": True}),
     dict(attention={"gated": True, "gate_granularity": "elementwise"}, head_merge="sum"),
+    dict(biases={"kind": "kv", "slot_logit": True}, attention={"sink_logit": True}, n_kv_heads=1),
     dict(
         sink_tokens=1,
         biases={"kind": "kv"},
@@ -195,9 +196,9 @@ SOFTMAX_VARIANTS = [
 @pytest.mark.parametrize("overrides", SOFTMAX_VARIANTS, ids=lambda o: str(o) or "default")
 def test_sdpa_path_equals_eager_probability_path(overrides):
     m = _model(**overrides)
-    for mod in m.modules():
-        if getattr(mod, "sink_logit", None) is not None and isinstance(mod.sink_logit, torch.nn.Parameter):
-            torch.nn.init.normal_(mod.sink_logit, 0.0, 1.0)
+    for name, p in m.named_parameters():
+        if name.endswith(("sink_logit", "slot_logit")):
+            torch.nn.init.normal_(p, 0.0, 1.0)
     idx = torch.randint(0, 64, (2, 11))
     fast = m(idx).logits
     slow = m(idx, output_attentions=True)
@@ -451,3 +452,71 @@ def test_ssmax_scale_passes_gradcheck_on_both_paths(weights):
     scale = dict(model.named_parameters())[name].detach().clone().requires_grad_()
     fn = lambda s: torch.func.functional_call(model, {name: s}, (idx,), {"output_attentions": weights}).logits  # noqa: E731
     assert torch.autograd.gradcheck(fn, (scale,), eps=1e-6, atol=1e-5)
+
+
+# ---- grouped-query attention ----------------------------------------------------------------
+
+
+def _full_heads_twin(model):
+    """The same function with n_kv_heads = n_heads: each key/value head's rows repeated for its query heads."""
+    cfg = model.config
+    twin = Transformer(cfg.replace(n_kv_heads=None)).eval()
+    sd, H, Hkv, dh, d = model.state_dict(), cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.d_model
+    for key in list(sd):
+        if key.endswith("attn.qkv.weight"):
+            q, k, v = sd[key].split((d, Hkv * dh, Hkv * dh))
+            k, v = (t.view(Hkv, dh, d).repeat_interleave(H // Hkv, 0).reshape(d, d) for t in (k, v))
+            sd[key] = torch.cat((q, k, v))
+        elif key.endswith(("kv_slot.key", "kv_slot.value")) and sd[key].shape[0] == Hkv:
+            sd[key] = sd[key].repeat_interleave(H // Hkv, 0)
+    twin.load_state_dict(sd)
+    return twin
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"attention": {"sink_logit": True}},
+        {"biases": {"kind": "kv"}},
+        {"biases": {"kind": "k", "value_norm": 2.0, "slot_logit": True}, "attention": {"sink_logit": True}},
+        {"attention": {"op": "softmax_off_by_one"}},
+        {"positional": "alibi"},
+        {"attention": {"op": "sigmoid"}},  # blocked kernels
+        {"attention": {"op": "sigmoid"}, "biases": {"kind": "kv"}},
+    ],
+    ids=["plain", "sink-logit", "kv-slot", "k-slot+sink", "off-by-one", "alibi-mask", "sigmoid", "sigmoid-kv"],
+)
+def test_gqa_equals_full_heads_with_repeated_key_value_weights_on_every_path(overrides):
+    model = _model(seed=3, d_model=48, n_heads=6, n_kv_heads=2, **overrides)
+    for name, p in model.named_parameters():  # slots away from their zero init
+        if "kv_slot" in name or name.endswith(("sink_logit", "slot_logit")):
+            p.data.normal_(0.0, 0.5)
+    twin = _full_heads_twin(model)
+    idx = torch.randint(0, 64, (2, 12))
+    out = model(idx, output_attentions=True, output_qkv=True)
+    ref = twin(idx, output_attentions=True, output_qkv=True)
+    torch.testing.assert_close(model(idx).logits, twin(idx).logits, atol=1e-5, rtol=1e-5)  # SDPA / blocked paths
+    torch.testing.assert_close(out.logits, ref.logits, atol=1e-5, rtol=1e-5)  # eager path
+    for a, b in zip(out.attentions + out.keys, ref.attentions + ref.keys):
+        assert a.shape == b.shape and a.shape[1] == 6  # per query head
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_gqa_shrinks_the_projection_and_the_cached_keys_by_the_group_size():
+    from pipeline.model.cache import StreamingCache
+
+    gqa = _model(d_model=48, n_heads=6, n_kv_heads=2)
+    assert gqa.blocks[0].attn.qkv.weight.shape == (48 + 2 * 16, 48)
+    twin, idx, sizes, logits = _full_heads_twin(gqa), torch.randint(0, 64, (1, 12)), [], []
+    for m in (twin, gqa):
+        cache = StreamingCache(m.config, 2, 6)
+        logits.append(torch.cat([m(idx[:, i : i + 4], cache=cache).logits for i in range(0, 12, 4)], 1))
+        sizes.append(sum(layer.k.numel() + layer.v.numel() for layer in cache.layers))
+    assert sizes[0] == 3 * sizes[1]
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=1e-5)  # evicting per key/value head
+
+
+def test_n_kv_heads_must_divide_n_heads():
+    with pytest.raises(ValueError, match=r"^arch.n_kv_heads=4: must be a positive divisor of n_heads=6$"):
+        ModelConfig.from_preset("micro", d_model=48, n_heads=6, n_kv_heads=4)

@@ -250,3 +250,84 @@ def test_a_tokenizer_that_is_not_the_models_is_refused(tmp_path, capsys):
         main([str(ckpt), "--out", str(tmp_path / "hf"), "--tokenizer", str(tmp_path / "ours" / "tokenizer.json")]) == 0
     )
     assert json.loads((tmp_path / "hf" / "tokenizer.json").read_text())["model"]["vocab"]["w63"] == 63
+
+
+def _gqa_llama(seed=2, tie=False):
+    torch.manual_seed(seed)
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=50,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+        initializer_range=0.2,
+    )
+    return transformers.LlamaForCausalLM(hf_cfg).double().eval()
+
+
+@pytest.fixture
+def float64_hf_norms(monkeypatch):
+    """HF's RMSNorm computes in float32 whatever its input; here in the input's dtype, as SinkLab's does."""
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    monkeypatch.setattr(transformers.models.llama.modeling_llama.LlamaRMSNorm, "forward", forward)
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_gqa_llama_imports_and_exports_exactly_in_float64(tie, float64_hf_norms):
+    hf = _gqa_llama(tie=tie)
+    ours = from_hf(hf).eval()
+    assert (ours.config.n_heads, ours.config.n_kv_heads, ours.config.tie_embeddings) == (6, 2, tie)
+    idx = torch.randint(0, 50, (2, 17))
+    with torch.no_grad():
+        assert (ours(idx).logits - hf(idx).logits).abs().max() <= 1e-9
+        back = to_hf(ours).double()  # and back: a GQA SinkLab model as a native Llama
+        assert back.config.num_key_value_heads == 2
+        assert (back(idx).logits - ours(idx).logits).abs().max() <= 1e-9
+
+
+def test_gqa_model_exports_through_the_command_and_loads_with_automodel(tmp_path, float64_hf_norms):
+    model = _model(d_model=48, n_heads=6, n_kv_heads=2).double()
+    save_pretrained(model.float(), tmp_path / "run")
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float64).eval()
+    assert hf.config.num_key_value_heads == 2
+    idx = torch.randint(0, 64, (2, 11))
+    with torch.no_grad():
+        assert (hf(idx).logits - model.double()(idx).logits).abs().max() <= 1e-9
+
+
+def test_gqa_variant_exports_as_remote_code_and_loads_with_automodel(tmp_path):
+    model = _model(d_model=48, n_heads=6, n_kv_heads=2, attention={"sink_logit": True})
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.sink_logit.normal_(0.0, 1.0)
+    save_pretrained(model, tmp_path / "run")
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
+    assert hf.config.num_key_value_heads == 2
+    idx = torch.randint(0, 64, (2, 11))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, model(idx).logits, atol=1e-6, rtol=1e-6)
+
+
+def test_smollm2_imports_exactly():
+    """The real SmolLM2-135M (9 query heads, 3 key/value heads, tied embeddings) against transformers."""
+    from pipeline.model.hf_sources import hf_directory
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_directory("smollm2")[1], dtype=torch.float32).eval()
+    ours = from_hf(hf).eval()
+    c = ours.config
+    assert (c.n_heads, c.n_kv_heads, c.tie_embeddings) == (9, 3, True)
+    idx = torch.tensor([[1, 504, 3458, 282, 3436, 314, 253, 1789, 30, 378, 8331, 314]])
+    with torch.no_grad():
+        theirs, mine = hf(idx).logits, ours(idx).logits
+    assert theirs.abs().mean() > 1.0
+    torch.testing.assert_close(mine, theirs, atol=2e-4, rtol=1e-4)
