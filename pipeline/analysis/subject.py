@@ -18,7 +18,7 @@ import torch
 
 from pipeline.analysis.hf_capture import hf_sink_measures
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
-from pipeline.analysis.inputs import Probe
+from pipeline.analysis.inputs import ProbeSettings
 from pipeline.model.loading import exported_config
 from pipeline.probe import run_probe
 from pipeline.sink_measures import SinkMeasures
@@ -142,7 +142,7 @@ class Subject:
             )
         return self.tokenizer
 
-    def measure(self, tokens: torch.Tensor, probe: Probe) -> SinkMeasures:
+    def measure(self, tokens: torch.Tensor, probe: ProbeSettings) -> SinkMeasures:
         at = {"eps": probe.eps, "positions": probe.positions, "batch_size": probe.batch_size}
         if self.kind == "sinklab":
             return run_probe(self.model, tokens, **at, output_qkv=True, trigger_ids=self.trigger_ids)

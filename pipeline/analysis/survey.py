@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipeline import metrics, plots
-from pipeline.analysis.inputs import INPUT_KINDS, Probe, add_probe_arguments, probe_sets, tokenizer_file
+from pipeline.analysis.inputs import INPUT_KINDS, ProbeSettings, add_probe_arguments, probe_sets, tokenizer_file
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, csv_text, write_json
 from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
@@ -65,7 +65,7 @@ def column(kind: str, bos: bool) -> str:
 
 
 def survey_model(
-    spec: str, kind: str, tokenizer: Path | None, probe: Probe, bos_modes: list[bool], sweep: list[float]
+    spec: str, kind: str, tokenizer: Path | None, probe: ProbeSettings, bos_modes: list[bool], sweep: list[float]
 ) -> dict:
     """Load one model, measure every (input, BOS) cell, and free it again."""
     started = time.perf_counter()
@@ -78,17 +78,17 @@ def survey_model(
             result["skipped"].append("BOS: the model's tokenizer has no BOS token")
             continue
         for kind, tokens in probe_sets(subject, replace(probe, bos=bos)).items():
-            rep = subject.measure(tokens, probe)
-            result["layers"], result["heads"] = rep.alpha1.shape
+            measures = subject.measure(tokens, probe)
+            result["layers"], result["heads"] = measures.alpha1.shape
             result["cells"][column(kind, bos)] = {
                 "input": kind,
                 "bos": bos,
-                "sink1": rep.sink1,
-                "alpha1_mean": float(rep.alpha1.mean()),
-                "sweep": [metrics.sink_rate(rep.alpha1_all, e) for e in sweep],
-                "massive_ratio": rep.massive_ratio.tolist(),
-                "dormant_pct": rep.dormant_pct,
-                "entropy_mean": float(rep.entropy.nanmean()),
+                "sink1": measures.sink1,
+                "alpha1_mean": float(measures.alpha1.mean()),
+                "sweep": [metrics.sink_rate(measures.alpha1_all, e) for e in sweep],
+                "massive_ratio": measures.massive_ratio.tolist(),
+                "dormant_pct": measures.dormant_pct,
+                "entropy_mean": float(measures.entropy.nanmean()),
             }
     result["seconds"] = {"load": round(loaded, 2), "measure": round(time.perf_counter() - started - loaded, 2)}
     del subject
@@ -126,7 +126,7 @@ def _fmt(value, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def markdown(rows: list[dict], columns: list[str], probe: Probe, bos_modes: list[bool]) -> str:
+def markdown(rows: list[dict], columns: list[str], probe: ProbeSettings, bos_modes: list[bool]) -> str:
     bos_note = {(False,): "no BOS", (True,): "BOS first", (False, True): "without / with BOS"}
     head = (
         f"Sink_1^ε (%), ε={probe.eps}, T={probe.seq_len}, N={probe.num_sequences}, "
@@ -159,7 +159,7 @@ def sweep_rows(results: list[dict], sweep: list[float]) -> list[dict]:
 
 
 def draw(
-    results: list[dict], columns: list[str], sweep: list[float], probe: Probe, bos_modes, path: Path, by: str
+    results: list[dict], columns: list[str], sweep: list[float], probe: ProbeSettings, bos_modes, path: Path, by: str
 ) -> Path:
     bars = {rec["model"]: {c: rec["cells"][c]["sink1"] for c in columns if c in rec["cells"]} for rec in results}
     first = probe.inputs[0]
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep = sorted(set(parse_list(args.eps_sweep, "--eps-sweep", float) + [args.eps]))
     if any(not 0.0 <= e < 1.0 for e in sweep):
         raise SystemExit(f"sinklab survey: --eps/--eps-sweep {sweep}: every ε must lie in [0, 1)")
-    probe = settings_of(Probe, args, inputs=tuple(kinds), positions=1, bos=False)  # only Sink_1 is surveyed
+    probe = settings_of(ProbeSettings, args, inputs=tuple(kinds), positions=1, bos=False)  # only Sink_1 is surveyed
     tokenizer = tokenizer_file(args.tokenizer, args.dataset)
     by = claimed(args.out, OUTPUTS, BY, args.models)
     results = []
