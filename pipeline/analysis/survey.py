@@ -10,7 +10,7 @@ import gc
 import json
 import re
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline import metrics, plots
@@ -197,8 +197,25 @@ def log_run(
     return log_new_run(uri, experiment, name, tags, params, values, Path(settings["out"]), curve)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+@dataclass(frozen=True)
+class Survey:
+    """`sinklab survey`'s settings: the models, what each is fed (``probe``), the BOS modes and ε sweep, where the
+    results go; ``options``: the command line as parsed, written into survey.json and logged."""
+
+    models: list[str]
+    kind: str
+    tokenizer: Path | None
+    probe: ProbeSettings
+    bos_modes: list[bool]
+    sweep: list[float]
+    out: Path
+    options: dict
+    mlflow_uri: str | None
+    experiment: str
+    no_mlflow: bool
+
+
+def check_args(args: argparse.Namespace) -> Survey:
     if args.num_sequences < 1 or args.seq_len < 2:
         raise SystemExit("sinklab survey: --num-sequences must be >= 1 and --seq-len >= 2")
     kinds = parse_list(args.inputs, "--inputs", str, INPUT_KINDS)
@@ -207,32 +224,38 @@ def main(argv: list[str] | None = None) -> int:
     if any(not 0.0 <= e < 1.0 for e in sweep):
         raise SystemExit(f"sinklab survey: --eps/--eps-sweep {sweep}: every ε must lie in [0, 1)")
     probe = settings_of(ProbeSettings, args, inputs=tuple(kinds), positions=1, bos=False)  # only Sink_1 is surveyed
-    tokenizer = tokenizer_file(args.tokenizer, args.dataset)
-    by = claimed(args.out, OUTPUTS, BY, args.models)
+    parsed = {"inputs_list": kinds, "bos_modes": bos_modes, "positions": 1}
+    options = json.loads(json.dumps(vars(args) | parsed, default=str))
+    given = {"tokenizer": tokenizer_file(args.tokenizer, args.dataset), "options": options}
+    return settings_of(Survey, args, probe=probe, bos_modes=bos_modes, sweep=sweep, **given)
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = check_args(build_parser().parse_args(argv))
+    probe, bos_modes, sweep = s.probe, s.bos_modes, s.sweep
+    by = claimed(s.out, OUTPUTS, BY, s.models)
     results = []
-    for spec in args.models:
-        results.append(survey_model(spec, args.kind, tokenizer, probe, bos_modes, sweep))
+    for spec in s.models:
+        results.append(survey_model(spec, s.kind, s.tokenizer, probe, bos_modes, sweep))
         print(f"{results[-1]['model']}: {results[-1]['seconds']}", flush=True)
-    columns = [column(k, b) for b in bos_modes for k in kinds]
+    columns = [column(k, b) for b in bos_modes for k in probe.inputs]
     rows = table_rows(results, columns)
     table = markdown(rows, columns, probe, bos_modes)
-    write_output(args.out / "survey.md", table + "\n", by)
-    write_output(args.out / "survey.csv", csv_text(rows), by)
-    write_output(args.out / "sweep.csv", csv_text(sweep_rows(results, sweep)), by)
-    draw(results, columns, sweep, probe, bos_modes, args.out / "survey.png", by)
-    parsed = {"inputs_list": kinds, "bos_modes": bos_modes, "positions": 1}
-    settings = json.loads(json.dumps(vars(args) | parsed, default=str))
-    saved = {"settings": settings, "eps_sweep": sweep, "table": rows, "models": results}
-    write_json(saved, args.out / "survey.json", by)
-    if not args.no_mlflow:
+    write_output(s.out / "survey.md", table + "\n", by)
+    write_output(s.out / "survey.csv", csv_text(rows), by)
+    write_output(s.out / "sweep.csv", csv_text(sweep_rows(results, sweep)), by)
+    draw(results, columns, sweep, probe, bos_modes, s.out / "survey.png", by)
+    saved = {"settings": s.options, "eps_sweep": sweep, "table": rows, "models": results}
+    write_json(saved, s.out / "survey.json", by)
+    if not s.no_mlflow:
         from pipeline.tracking import tracking_uri
 
-        uri = args.mlflow_uri or tracking_uri()
-        saved["mlflow_run_id"] = log_run(uri, args.experiment, settings, results, rows, sweep)
-        write_json(saved, args.out / "survey.json", by)
+        uri = s.mlflow_uri or tracking_uri()
+        saved["mlflow_run_id"] = log_run(uri, s.experiment, s.options, results, rows, sweep)
+        write_json(saved, s.out / "survey.json", by)
     print(table)
     print(
-        f"wrote {args.out}/survey.md, survey.csv, sweep.csv, survey.png"
+        f"wrote {s.out}/survey.md, survey.csv, sweep.csv, survey.png"
         + (f"; MLflow run {saved['mlflow_run_id']}" if "mlflow_run_id" in saved else "")
     )
     return 0

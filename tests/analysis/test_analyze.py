@@ -373,7 +373,7 @@ def test_stream_ppl_refuses_a_cache_wider_than_the_model_positions(
 ):
     """A learned-positions model and a RoPE model streamed past max_seq_len are both refused, as
     `analyze -T` is."""
-    from pipeline.analysis import streaming
+    from pipeline.analysis import stream_ppl
     from pipeline.model import save_pretrained
 
     text = tmp_path / "words.txt"
@@ -381,7 +381,7 @@ def test_stream_ppl_refuses_a_cache_wider_than_the_model_positions(
     learned = save_pretrained(micro_model(positional="learned"), tmp_path / "learned")
     for ckpt in (sinklab_ckpt_with_tokenizer, learned):
         with pytest.raises(SystemExit) as err:
-            streaming.main([str(ckpt), "--text", str(text), "--tokenizer", str(tmp_path / "tokenizer.json"), *extra])
+            stream_ppl.main([str(ckpt), "--text", str(text), "--tokenizer", str(tmp_path / "tokenizer.json"), *extra])
         assert option in str(err.value) and "handles at most 64" in str(err.value) and "\n" not in str(err.value)
 
 

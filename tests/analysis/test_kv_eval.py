@@ -168,7 +168,9 @@ def test_per_sequence_starts_each_sequence_from_an_empty_cache(monkeypatch):
     a, b = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(7))
     made = []
     monkeypatch.setattr(kv_eval, "Evictor", lambda *a, **k: made.append(Evictor(*a, **k)) or made[-1])
-    settings = kv_eval.KvEval(["streaming"], ["keep", "drop"], ["50%"], 1, 0.3, True, True, [], [], 1, "no")
+    settings = kv_eval.KvEval(
+        ["streaming"], ["keep", "drop"], ["50%"], 1, 0.3, True, True, [], [], 1, "no", 7, None, None, "", ""
+    )
     both = kv_eval.evaluate(subject, streamer, [a, b], settings)
     assert both["sequences"] == 2 and both["budgets"]["50"]["entries"] == 4 and len(made) == 2
     for evictor in made:  # 7 inputs through 4 entries: BOS and the last 3, or the last 4
