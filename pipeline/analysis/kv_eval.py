@@ -9,6 +9,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 from pipeline.analysis.inputs import comma_choices, default_text, held_out_sequences
 from pipeline.analysis.kv_passkey import BY, add_passkey_arguments, check_passkey_args, passkey_at
-from pipeline.analysis.kv_tables import figure, markdown, metrics_of
+from pipeline.analysis.kv_results import KvResult, figure, markdown, row_key
 from pipeline.analysis.streamers import CacheSpec, kv_heads, perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, check_positions, load_subject
 from pipeline.analysis.subject import (
@@ -207,7 +208,7 @@ def first_kept(rows: list[Row], evictors: list[Evictor]) -> dict[str, float | No
     return {r.policy.name: float(h) / total if total else None for r, h in zip(rows, held) if r.sinks == "policy"}
 
 
-def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> dict:
+def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> KvResult:
     """Perplexity over every sequence's tokens, each streamed from an empty cache; the budget a share of its length."""
     length = min(s.numel() for s in sequences)
     budgets = {text: parse_budget(text, length) for text in s.budget}  # refused before any work
@@ -231,7 +232,7 @@ def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> dic
         parts = [stream_evicting(subject, streamer, ids, rows, entries, f) for ids, f in zip(sequences, secondary)]
         nll = torch.cat([p[0] for p in parts], dim=1)
         seconds = round(time.perf_counter() - started, 1)
-        ppl = {f"{r.policy.name}/{r.sinks}": perplexity(row) for r, row in zip(rows, nll)}
+        ppl = {row_key(r.policy.name, r.sinks): perplexity(row) for r, row in zip(rows, nll)}
         result["budgets"][f"{percent:g}"] = {"entries": entries, "perplexity": ppl, "seconds": seconds}
         if "policy" in s.sinks:
             result["budgets"][f"{percent:g}"]["first_kept"] = first_kept(rows, [p[1] for p in parts])
@@ -243,7 +244,7 @@ def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> dic
             seconds = round(time.perf_counter() - started, 1)
             result["budgets"][f"{percent:g}"] |= {"passkey": passkey, "passkey_seconds": seconds}
             print(f"  budget {text}: passkey in {seconds} s", file=sys.stderr)
-    return result
+    return KvResult([(r.policy.name, r.sinks) for r in rows], result)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,16 +269,13 @@ def main(argv: list[str] | None = None) -> int:
         sequences = [torch.tensor(c, dtype=torch.long, device=streamer.device) for c in chunks]
         print(f"{name}: {len(sequences)} sequences, {sum(map(len, chunks))} tokens", file=sys.stderr)
         results[name] = evaluate(subjects[name], streamer, sequences, s)
-    save_results(out, "kv_eval", markdown(results, s.first), d.options, results, by, figure)
+    records = {name: r.to_json() for name, r in results.items()}
+    save_results(out, "kv_eval", markdown(results, s.first), d.options, records, by, partial(figure, results))
     passkey = {"passkey": s.passkey_given, "depths": s.depths_given, "keys": s.keys} if s.passkey else {}
 
-    def settings(result: dict) -> dict:
-        return {
-            "tokens": result["tokens"],
-            "first": s.first,
-            "eps": s.eps,
-            "budgets": list(result["budgets"]),
-        } | passkey
+    def settings(result: KvResult) -> dict:
+        r = result.record
+        return {"tokens": r["tokens"], "first": s.first, "eps": s.eps, "budgets": list(r["budgets"])} | passkey
 
-    log_results_of(subjects, "kv", results, metrics_of, settings, out, d)
+    log_results_of(subjects, "kv", results, KvResult.metrics, settings, out, d)
     return 0

@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             check_dataset_tokenizer(subjects[name], s.dataset)
         print(f"{name}: evaluating", file=sys.stderr)
         results[name] = evaluate(subjects[name], s)
-    save_results(out, "length", markdown(results), d.options, results, by, figure)
+    save_results(out, "length", markdown(results), d.options, results, by, partial(figure, results))
     keys = ("train_len", "bucket", "tokens", "windows", "bos", "caches")
     log_results_of(subjects, "length", results, metrics_of, lambda r: {k: r[k] for k in keys}, out, d)
     print(f"wrote {out}/{', '.join(OUTPUTS)}", file=sys.stderr)

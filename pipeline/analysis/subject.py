@@ -193,12 +193,13 @@ class Destination:
 
 
 def save_results(out: Path, stem: str, table: str, options: dict, results: dict, by: str, figure) -> None:
-    """``<stem>.md`` (the table, also printed), ``<stem>.json`` (options, results) and ``<stem>.png`` in ``out``."""
+    """``<stem>.md`` (the table, also printed), ``<stem>.json`` (options, results) and ``<stem>.png`` in ``out``
+    (``figure(path, by)``)."""
     out.mkdir(parents=True, exist_ok=True)
     write_output(out / f"{stem}.md", table + "\n", by)
     record = {"settings": options | {"out": str(out)}, "models": results}
     write_output(out / f"{stem}.json", json.dumps(record, indent=2, default=str), by)
-    figure(results, out / f"{stem}.png", by)
+    figure(out / f"{stem}.png", by)
     print(table)
 
 

@@ -1,7 +1,8 @@
-"""kv-eval's results read back: MLflow metrics, the markdown table and the figure."""
+"""kv-eval's result of one model, its MLflow metrics, the markdown table and the figure."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import metric_names as N
@@ -12,26 +13,46 @@ from pipeline.model.eviction import SINKS as MODES
 LABELS = {"policy": "own scores", "keep": "sinks kept", "drop": "sinks dropped"}
 
 
-def metrics_of(result: dict) -> dict[str, float]:
-    out = {} if result["full"] is None else {N.stream_perplexity("full"): result["full"]}
-    for budget, r in result["budgets"].items():
-        for key, value in r["perplexity"].items():
-            policy, sinks = key.split("/")
-            out[N.kv_perplexity(policy, sinks, float(budget))] = value
-        for policy, share in r.get("first_kept", {}).items():
-            if share is not None:
-                out[N.kv_first_kept(policy, float(budget))] = 100 * share
-        for factor, p in r.get("passkey", {}).items():
-            for key, value in (p or {}).get("accuracy", {}).items():
-                if value is not None:
-                    out[N.kv_passkey(key.replace("/", "_"), float(budget), factor.removesuffix("x"))] = value
-    return out
+def row_key(policy: str, sinks: str) -> str:
+    """A row's name in kv_eval.json: ``h2o/keep``."""
+    return f"{policy}/{sinks}"
 
 
-def markdown(results: dict[str, dict], first: int) -> str:
-    budgets = [b for r in results.values() for b in r["budgets"].values()]
+@dataclass(frozen=True)
+class KvResult:
+    """One model's kv-eval result: ``rows``, the (policy, sink setting) pairs streamed; ``record``, its entry in
+    kv_eval.json (perplexities keyed by :func:`row_key`)."""
+
+    rows: list[tuple[str, str]]
+    record: dict
+
+    def to_json(self) -> dict:
+        return self.record
+
+    def names(self) -> dict[str, str]:
+        """Each row's name in the figure, ``h2o, sinks kept``; ``full cache``."""
+        return {row_key(p, m): f"{p}, {LABELS[m]}" for p, m in self.rows} | {"full": "full cache"}
+
+    def metrics(self) -> dict[str, float]:
+        r = self.record
+        out = {} if r["full"] is None else {N.stream_perplexity("full"): r["full"]}
+        for budget, b in r["budgets"].items():
+            for policy, sinks in self.rows:
+                out[N.kv_perplexity(policy, sinks, float(budget))] = b["perplexity"][row_key(policy, sinks)]
+            for policy, share in b.get("first_kept", {}).items():
+                if share is not None:
+                    out[N.kv_first_kept(policy, float(budget))] = 100 * share
+            for factor, p in b.get("passkey", {}).items():
+                for key, value in (p or {}).get("accuracy", {}).items():
+                    if value is not None:
+                        out[N.kv_passkey(key.replace("/", "_"), float(budget), factor.removesuffix("x"))] = value
+        return out
+
+
+def markdown(results: dict[str, KvResult], first: int) -> str:
+    budgets = [b for r in results.values() for b in r.record["budgets"].values()]
     factors = list(dict.fromkeys(f for b in budgets for f in b.get("passkey", {})))
-    modes = [m for m in MODES if any(k.endswith(f"/{m}") for b in budgets for k in b["perplexity"])]
+    modes = [m for m in MODES if any(sinks == m for r in results.values() for _, sinks in r.rows)]
     ratio = "keep" in modes and "drop" in modes
     lines = [
         f"Perplexity under each eviction policy: on its own scores, and with the sinks (the first {first} entries and "
@@ -52,21 +73,22 @@ def markdown(results: dict[str, dict], first: int) -> str:
         + "".join(f" passkey {f} {LABELS[m].removeprefix('sinks ')} |" for f in factors for m in modes),
         "|---|---|---|---|---|" + "---|" * (len(modes) + ("policy" in modes) + ratio + len(factors) * len(modes)),
     ]
-    for name, r in results.items():
+    for name, result in results.items():
+        r = result.record
         full = "n/a" if r["full"] is None else f"{r['full']:.2f}"
         tokens = r["tokens"] if r["sequences"] == 1 else f"{r['sequences']} seqs, {r['tokens']}"
         for budget, b in r["budgets"].items():
             head = f"| {name} | {tokens} | {full} | {budget}% ({b['entries']}) |"
             passkey = [b.get("passkey", {}).get(f) for f in factors]
-            for p in dict.fromkeys(k.split("/")[0] for k in b["perplexity"]):
-                ppl = [b["perplexity"][f"{p}/{m}"] for m in modes]
+            for p in dict.fromkeys(p for p, _ in result.rows):
+                ppl = [b["perplexity"][row_key(p, m)] for m in modes]
                 cells = [f"{v:.2f}" for v in ppl]
                 if "policy" in modes:
                     share = b.get("first_kept", {}).get(p)
                     cells.append("— (no eviction)" if share is None else f"{100 * share:.1f}%")
                 if ratio:
-                    cells.append(f"{b['perplexity'][f'{p}/drop'] / b['perplexity'][f'{p}/keep']:.2f}")
-                cells += [passkey_cell(pk, f"{p}/{m}") for pk in passkey for m in modes]
+                    cells.append(f"{b['perplexity'][row_key(p, 'drop')] / b['perplexity'][row_key(p, 'keep')]:.2f}")
+                cells += [passkey_cell(pk, row_key(p, m)) for pk in passkey for m in modes]
                 lines.append(f"{head} {p} |" + "".join(f" {c} |" for c in cells))
             if factors:
                 empty = len(modes) + ("policy" in modes) + ratio
@@ -75,19 +97,14 @@ def markdown(results: dict[str, dict], first: int) -> str:
     return "\n".join(lines)
 
 
-def label(key: str) -> str:
-    """A row's name in the figure: ``h2o, sinks kept``; ``full cache``."""
-    policy, _, mode = key.partition("/")
-    return f"{policy}, {LABELS[mode]}" if mode else "full cache"
-
-
-def figure(results: dict[str, dict], path: Path, by: str) -> Path:
+def figure(results: dict[str, KvResult], path: Path, by: str) -> Path:
     panels, perplexity = {}, [f"perplexity: {name}" for name in results]
-    for name, r in results.items():
+    for name, result in results.items():
+        r, label = result.record, result.names()
         budgets = sorted(r["budgets"], key=float)
-        keys = dict.fromkeys(k for b in budgets for k in r["budgets"][b]["perplexity"])
+        keys = [row_key(p, m) for p, m in result.rows]
         x = [float(b) for b in budgets]
-        curves = {label(k): (x, [r["budgets"][b]["perplexity"][k] for b in budgets]) for k in keys}
+        curves = {label[k]: (x, [r["budgets"][b]["perplexity"][k] for b in budgets]) for k in keys}
         if r["full"] is not None:
             curves["full attention"] = (x, [r["full"]] * len(budgets))
         panels[f"perplexity: {name}"] = curves
@@ -97,7 +114,7 @@ def figure(results: dict[str, dict], path: Path, by: str) -> Path:
                 p = r["budgets"][b].get("passkey", {}).get(factor)
                 for key, value in (p or {}).get("accuracy", {}).items():
                     if value is not None:
-                        points.setdefault(label(key), []).append((float(b), value))
+                        points.setdefault(label[key], []).append((float(b), value))
             if points:
                 panels[f"passkey {factor} (% right): {name}"] = {
                     k: tuple(map(list, zip(*v))) for k, v in points.items()
