@@ -14,7 +14,6 @@ from analysis_helpers import HAMLET, micro_model
 from pipeline import metric_names as N
 from pipeline.analysis import kv_eval, passkey
 from pipeline.analysis.kv_passkey import passkey_at
-from pipeline.analysis.kv_results import KvResult
 from pipeline.analysis.passkey import first_number
 from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer, Streamer
 from pipeline.model.eviction import POLICIES, Evictor, Row, StreamingLLM
@@ -263,20 +262,6 @@ def test_passkey_fails_where_the_policy_evicts_the_key(hf_tokenizer):
     assert all(4 <= a and b <= two["tokens"] - 146 for a, b in spans)  # depth 0: the key left the window
     assert two["right"] == {"streaming/keep": 1, "streaming/drop": 1, "full": 2}
     assert [first_number(a) for a in two["answers"]["full"]] == [t["key"] for t in two["trials"]]
-    result = {"full": None, "tokens": 1, "sequences": 1, "budgets": {"25": {"entries": 150, "perplexity": {}}}}
-    result["budgets"]["25"]["perplexity"] = {"streaming/keep": 2.0, "streaming/drop": 3.0}
-    result["budgets"]["25"]["passkey"] = got
-    rows = [("streaming", "keep"), ("streaming", "drop")]
-    assert KvResult(rows, result).metrics() == {
-        N.kv_perplexity("streaming", "keep", 25): 2.0,
-        N.kv_perplexity("streaming", "drop", 25): 3.0,
-        N.kv_passkey("streaming_keep", 25, 2): 50.0,
-        N.kv_passkey("streaming_drop", 25, 2): 50.0,
-        N.kv_passkey("full", 25, 2): 100.0,
-    }
-    table = kv_eval.markdown({"m": KvResult(rows, result)}, 4)
-    assert "| m | 1 | n/a | 25% (150) | streaming | 2.00 | 3.00 | 1.50 | 1/2 | 1/2 |" in table
-    assert "| m | 1 | n/a | 25% (150) | full cache | — | — | — | 2/2 | — |" in table
 
 
 def test_sinks_that_fill_the_smallest_budget_are_refused_before_any_model_loads(tmp_path, monkeypatch):
