@@ -40,7 +40,7 @@ PARTS = {
     "    of which the largest logit": ("probe_metrics.py", "max_logit"),
     "    of which the attention entropy": ("probe_metrics.py", "entropy"),
     "  outlier statistics of the states (add_hidden)": ("outliers.py", "add_hidden"),
-    "outlier hooks on the linear inputs (_record_input)": ("outliers.py", "_record_input"),
+    "outlier hooks on the linear inputs (_capture_input)": ("outliers.py", "_capture_input"),
     "reductions over sequences (SinkAccumulator.measures)": ("probe.py", "measures"),
     "MLflow names (to_metrics, head_metrics)": ("sink_measures.py", "to_metrics"),
 }

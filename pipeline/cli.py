@@ -17,7 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "pipeline.analysis.survey",
         "Sink_1 by input, BOS and threshold, norm ratio and dormant heads across models",
     ),
-    "stream-ppl": ("pipeline.analysis.streaming", "streaming perplexity with x initial + y recent cached tokens"),
+    "stream-ppl": ("pipeline.analysis.stream_ppl", "streaming perplexity with x initial + y recent cached tokens"),
     "passkey": ("pipeline.analysis.passkey", "passkey retrieval by depth under x initial + y recent cached tokens"),
     "length-eval": (
         "pipeline.analysis.length",

@@ -117,7 +117,7 @@ class FlowMeasures:
 
 
 @contextmanager
-def recording_inputs(model: nn.Module, flow: FlowAccumulator | None) -> Iterator[list[Tensor]]:
+def capturing_inputs(model: nn.Module, flow: FlowAccumulator | None) -> Iterator[list[Tensor]]:
     """While inside, ``model``'s input embeddings are appended, detached, to the list it yields (none without flow)."""
     outputs: list[Tensor] = []
     embed = embedding_module(model) if flow is not None else None

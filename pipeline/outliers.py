@@ -205,7 +205,7 @@ class OutlierAccumulator:
         )
 
 
-def _record_input(acc: OutlierAccumulator, layer: int, name: str, _module: nn.Module, args: tuple) -> None:
+def _capture_input(acc: OutlierAccumulator, layer: int, name: str, _module: nn.Module, args: tuple) -> None:
     if args and isinstance(args[0], Tensor):
         acc.add_linear(layer, name, args[0])
 
@@ -226,17 +226,17 @@ def linear_layers(blocks: Sequence[nn.Module]) -> Iterator[tuple[int, str, nn.Li
 
 
 @contextmanager
-def recording_linear_inputs(blocks: Sequence[nn.Module], acc: OutlierAccumulator | None) -> Iterator[None]:
+def capturing_linear_inputs(blocks: Sequence[nn.Module], acc: OutlierAccumulator | None) -> Iterator[None]:
     """While inside, every forward of a linear layer of ``blocks`` adds its input to ``acc`` (None: nothing)."""
     layers = linear_layers(blocks) if acc is not None else ()
     with ExitStack() as hooks:
         for l, name, module in layers:
-            hooks.enter_context(module.register_forward_pre_hook(partial(_record_input, acc, l, name)))
+            hooks.enter_context(module.register_forward_pre_hook(partial(_capture_input, acc, l, name)))
         yield
 
 
 @contextmanager
-def recording_block_outputs(blocks: Sequence[nn.Module]) -> Iterator[list[Tensor]]:
+def capturing_block_outputs(blocks: Sequence[nn.Module]) -> Iterator[list[Tensor]]:
     """While inside, each block's output hidden states ``[B, T, d]`` are appended, detached, to the list it yields."""
     outputs: list[Tensor] = []
 

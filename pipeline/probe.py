@@ -10,10 +10,10 @@ import torch
 from torch import Tensor
 
 from pipeline import metrics, probe_metrics
-from pipeline.flow import FlowAccumulator, probe_batches, recording_inputs
+from pipeline.flow import FlowAccumulator, capturing_inputs, probe_batches
 from pipeline.model.attention_ops import SCORE_KINDS
 from pipeline.model.masks import admitted_with_slots
-from pipeline.outliers import OutlierAccumulator, recording_linear_inputs
+from pipeline.outliers import OutlierAccumulator, capturing_linear_inputs
 from pipeline.probe_metrics import ProbeBatch
 from pipeline.sink_measures import SinkMeasures
 
@@ -180,7 +180,7 @@ def run_probe(
                 # no logits (skip_head): the probe reads none, and the LM head is a third of a small model's forward
                 kwargs = {"output_attentions": True, "output_hidden_states": True, "skip_head": True}
                 batch = tokens[start:stop]
-                with recording_linear_inputs(model.blocks, acc.outliers), recording_inputs(model, acc.flow) as embedded:
+                with capturing_linear_inputs(model.blocks, acc.outliers), capturing_inputs(model, acc.flow) as embedded:
                     out = model(batch, **kwargs, output_qkv=True)  # queries and keys for the max logit
                 acc.add(
                     out.attentions,

@@ -27,5 +27,5 @@ def logged_values(case: str) -> dict[str, float]:
     build, probe_args = CASES[case]
     tokens = torch.randint(2, 64, (50, 48), generator=torch.Generator().manual_seed(1))
     tokens[:, 0] = BOS
-    report = run_probe(build(), tokens, mixing_sequences=TRAINING_MIXING_SEQUENCES, **probe_args)
-    return report.to_metrics() | report.head_metrics()
+    measures = run_probe(build(), tokens, mixing_sequences=TRAINING_MIXING_SEQUENCES, **probe_args)
+    return measures.to_metrics() | measures.head_metrics()

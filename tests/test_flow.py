@@ -93,14 +93,14 @@ def test_heads_that_attend_only_to_bos_spread_a_perturbation_to_no_other_positio
 def test_the_probe_reports_the_flow_metrics():
     model = micro_model()
     tokens = torch.randint(0, 64, (5, 16))
-    report = run_probe(model, tokens, batch_size=2)
-    m = report.to_metrics()
+    measures = run_probe(model, tokens, batch_size=2)
+    m = measures.to_metrics()
     assert {"flow/entropy_l0", "flow/entropy_l1", "flow/entropy_input", "flow/mixing_l1", "flow/mixing_last"} <= set(m)
     assert all(0.0 <= m[f"flow/entropy_l{l}"] <= 1.0 for l in range(2))
     assert m["flow/mixing_last"] > 0
-    assert report.to_json()["flow"]["mixing"] == pytest.approx(report.flow.mixing.tolist())
+    assert measures.to_json()["flow"]["mixing"] == pytest.approx(measures.flow.mixing.tolist())
     again = run_probe(model, tokens, batch_size=2)  # the perturbation directions are seeded
-    torch.testing.assert_close(again.flow.mixing, report.flow.mixing)
+    torch.testing.assert_close(again.flow.mixing, measures.flow.mixing)
     assert run_probe(model, tokens, flow=False).flow is None
     assert not any(k.startswith("flow/") for k in run_probe(model, tokens, flow=False).to_metrics())
 

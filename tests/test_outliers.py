@@ -8,12 +8,12 @@ from analysis_helpers import MLP_KERNEL, greedy_windows, micro_model, planted_mo
 
 from pipeline.outliers import (
     OutlierAccumulator,
+    capturing_block_outputs,
+    capturing_linear_inputs,
     kurtosis,
     lower_median,
     max_abs,
     outlier_split,
-    recording_block_outputs,
-    recording_linear_inputs,
 )
 from pipeline.probe import run_probe
 
@@ -66,23 +66,24 @@ def test_the_accumulator_averages_sequences_and_reads_linear_inputs():
     x = noise(B=4)
     x[:2, 0, :] += 100.0  # half the sequences carry a token-wise outlier at position 1
     acc = OutlierAccumulator(lead=1)
-    with torch.no_grad(), recording_linear_inputs(blocks, acc), recording_block_outputs(blocks) as hidden:
+    with torch.no_grad(), capturing_linear_inputs(blocks, acc), capturing_block_outputs(blocks) as hidden:
         h = x
         for block in blocks:
             h = block(h)
     acc.add_hidden([x, x])  # the residual stream, as a model hands it over: one tensor per layer
     assert len(hidden) == 2 and hidden[0].shape == x.shape
-    rep = acc.measures()
-    assert rep.lead_pct.tolist() == [50.0, 50.0] and rep.token_positions.tolist() == [0.5, 0.5]
-    assert rep.max_abs[0].item() == pytest.approx(max_abs(x).mean().item())
-    assert set(rep.linear_max) == {"0", "1"}  # names inside a block
+    measures = acc.measures()
+    assert measures.lead_pct.tolist() == [50.0, 50.0] and measures.token_positions.tolist() == [0.5, 0.5]
+    assert measures.max_abs[0].item() == pytest.approx(max_abs(x).mean().item())
+    assert set(measures.linear_max) == {"0", "1"}  # names inside a block
     first = x.abs().amax(dim=(1, 2))
     rest = x[:, 1:].abs().amax(dim=(1, 2))
-    assert rep.linear_max["0"][0].item() == pytest.approx(first.mean().item())
-    assert rep.lead_scale_ratio["0"][0].item() == pytest.approx((first / rest).mean().item())
-    metrics = rep.to_metrics()
+    assert measures.linear_max["0"][0].item() == pytest.approx(first.mean().item())
+    assert measures.lead_scale_ratio["0"][0].item() == pytest.approx((first / rest).mean().item())
+    metrics = measures.to_metrics()
     assert (
-        metrics["act/tokenwise_lead_pct_l1"] == 50.0 and metrics["act/linear_max_l0_0"] == rep.linear_max["0"][0].item()
+        metrics["act/tokenwise_lead_pct_l1"] == 50.0
+        and metrics["act/linear_max_l0_0"] == measures.linear_max["0"][0].item()
     )
     assert metrics["act/max_abs"] == pytest.approx(max_abs(x).mean().item())
 
@@ -90,15 +91,15 @@ def test_the_accumulator_averages_sequences_and_reads_linear_inputs():
 def test_the_probe_finds_the_planted_massive_activation():
     model = planted_model()
     tokens = greedy_windows(model, 6, 16)
-    report = run_probe(model, tokens, positions=4)
-    out = report.outliers
+    measures = run_probe(model, tokens, positions=4)
+    out = measures.outliers
     down = out.linear_max["ffn.down"]
     assert down[0] > 900 and down[1] < 50  # layer 0's down projection reads the ~1000 at BOS
     assert out.lead_scale_ratio["ffn.down"][0] > 100
     assert out.summary()["linear_max_at"] == "l0.ffn.down"
     # the residual stream: BOS's channel 0 (100, against a median |h| of about 0.5) is a token-wise outlier
     assert out.lead_pct.tolist() == [100.0, 100.0]
-    metrics = report.to_metrics()  # what training logs at every sink probe
+    metrics = measures.to_metrics()  # what training logs at every sink probe
     assert metrics["act/linear_max_l0_ffn.down"] == pytest.approx(float(down[0]))
     assert {
         "act/kurtosis_pooled_l0",
@@ -106,14 +107,14 @@ def test_the_probe_finds_the_planted_massive_activation():
         "act/channelwise_channels_l0",
         "act/lead_scale_ratio_l1",
     } <= set(metrics)
-    assert report.to_json()["outliers"]["summary"]["lead_pct"] == 100.0
+    assert measures.to_json()["outliers"]["summary"]["lead_pct"] == 100.0
     assert run_probe(model, tokens, positions=4, outliers=False).outliers is None
 
 
 def test_with_a_sink_token_the_lead_is_the_sink_token_and_the_first_token():
     model = micro_model(sink_tokens=1)
-    report = run_probe(model, torch.randint(3, 64, (4, 12), generator=torch.Generator().manual_seed(0)), positions=4)
-    assert report.outliers.lead == 2 and not math.isnan(report.outliers.lead_scale_ratio["attn.qkv"][0])
+    measures = run_probe(model, torch.randint(3, 64, (4, 12), generator=torch.Generator().manual_seed(0)), positions=4)
+    assert measures.outliers.lead == 2 and not math.isnan(measures.outliers.lead_scale_ratio["attn.qkv"][0])
 
 
 def test_the_mlp_kernel_s_per_head_linears_are_read_per_sequence_over_heads():
@@ -122,16 +123,16 @@ def test_the_mlp_kernel_s_per_head_linears_are_read_per_sequence_over_heads():
     seen = []  # fc1's inputs in layer 0: phi(q), then phi(k), each [B, H, T, d_h]
     handle = model.blocks[0].attn.kernel.fc1.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
     try:
-        report = run_probe(model, tokens, positions=4)
+        measures = run_probe(model, tokens, positions=4)
     finally:
         handle.remove()
     assert seen and all(x.dim() == 4 for x in seen)
     whole = torch.cat([x.abs().amax(dim=(1, 2, 3)) for x in seen])
     rest = torch.cat([x[:, :, 1:].abs().amax(dim=(1, 2, 3)) for x in seen])
-    out = report.outliers
+    out = measures.outliers
     assert out.linear_max["attn.kernel.fc1"][0].item() == pytest.approx(whole.mean().item())
     assert out.lead_scale_ratio["attn.kernel.fc1"][0].item() == pytest.approx((whole / rest).mean().item())
-    assert "act/linear_max_l1_attn.kernel.fc2" in report.to_metrics()
+    assert "act/linear_max_l1_attn.kernel.fc2" in measures.to_metrics()
 
 
 def test_the_hf_path_reports_the_same_quantities(tiny_llama_dir):
@@ -144,7 +145,7 @@ def test_the_hf_path_reports_the_same_quantities(tiny_llama_dir):
     out = hf_sink_measures(model, tokens, positions=4).outliers
     assert out.lead == 1 and out.max_abs.shape == (2,) and out.kurtosis_pooled.shape == (2,)
     assert {"self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"} <= set(out.linear_max)
-    with torch.no_grad(), recording_block_outputs(model.model.layers) as hidden:
+    with torch.no_grad(), capturing_block_outputs(model.model.layers) as hidden:
         model(input_ids=tokens)
     assert out.max_abs.tolist() == pytest.approx([max_abs(h).mean().item() for h in hidden])
 

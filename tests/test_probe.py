@@ -73,20 +73,20 @@ def test_run_probe_counts_every_sequence(batch_size):
     tokens[:, 0] = torch.arange(100)
     model = FakeModel()
     model.train()
-    rep = run_probe(model, tokens, eps=0.3, positions=4, batch_size=batch_size)
-    assert rep.n_sequences == 100 and rep.seq_len == T
-    assert rep.sink1 == pytest.approx(expected_sink1(range(100)))
-    assert rep.profile[0] == rep.sink1 and rep.profile[1:] == [0.0, 0.0, 0.0]
-    assert rep.alpha1.shape == (L, H)
-    assert rep.massive_ratio.tolist() == pytest.approx([10.0, 10.0])
-    assert not rep.is_proxy and rep.sink_star == {}
+    measures = run_probe(model, tokens, eps=0.3, positions=4, batch_size=batch_size)
+    assert measures.n_sequences == 100 and measures.seq_len == T
+    assert measures.sink1 == pytest.approx(expected_sink1(range(100)))
+    assert measures.profile[0] == measures.sink1 and measures.profile[1:] == [0.0, 0.0, 0.0]
+    assert measures.alpha1.shape == (L, H)
+    assert measures.massive_ratio.tolist() == pytest.approx([10.0, 10.0])
+    assert not measures.is_proxy and measures.sink_star == {}
     assert model.training and all(mode == (False, False) for mode in model.modes_seen)
-    m = rep.to_metrics()
-    assert m["sink/sink1"] == rep.sink1 and m["sink/sink_k2"] == 0.0 and m["act/massive_ratio_l1"] == 10.0
-    assert m["sink/alpha1_mean"] == pytest.approx(float(rep.alpha1.mean()))
-    assert rep.alpha_profile[0] == pytest.approx(m["sink/alpha1_mean"]) and len(rep.alpha_profile) == 4
+    m = measures.to_metrics()
+    assert m["sink/sink1"] == measures.sink1 and m["sink/sink_k2"] == 0.0 and m["act/massive_ratio_l1"] == 10.0
+    assert m["sink/alpha1_mean"] == pytest.approx(float(measures.alpha1.mean()))
+    assert measures.alpha_profile[0] == pytest.approx(m["sink/alpha1_mean"]) and len(measures.alpha_profile) == 4
     # a self-attending head gives alpha_k = 1/(T-k+1); a sink head 0 for k >= 2
-    expected = [(1 - rep.sink1 / 100) / (T - k + 1) for k in (2, 3, 4)]
+    expected = [(1 - measures.sink1 / 100) / (T - k + 1) for k in (2, 3, 4)]
     assert [m[f"sink/alpha{k}_mean"] for k in (2, 3, 4)] == pytest.approx(expected)
     assert "sink/alpha5_mean" not in m and "sink/alpha1_mean" in m
 
@@ -94,19 +94,19 @@ def test_run_probe_counts_every_sequence(batch_size):
 def test_run_probe_last_sequence_alone_is_counted():
     tokens = torch.ones(100, T, dtype=torch.long)
     tokens[99, 0] = 10  # only the last sequence has a sink, and only in head (0, 0)
-    rep = run_probe(FakeModel(), tokens.numpy(), batch_size=25)
-    assert rep.sink1 == pytest.approx(100.0 / (100 * L * H))
+    measures = run_probe(FakeModel(), tokens.numpy(), batch_size=25)
+    assert measures.sink1 == pytest.approx(100.0 / (100 * L * H))
 
 
 def test_run_probe_bias_slot_and_proxy():
     tokens = torch.zeros(20, T, dtype=torch.long)
     tokens[:, 0] = torch.arange(20)
-    rep = run_probe(FakeModel(n_slots=1, kind="sim_nonneg"), tokens, eps=0.3, batch_size=8)
-    assert rep.is_proxy
-    assert rep.sink_star == {"0": 100.0}  # the slot gets 0.5 from every query
+    measures = run_probe(FakeModel(n_slots=1, kind="sim_nonneg"), tokens, eps=0.3, batch_size=8)
+    assert measures.is_proxy
+    assert measures.sink_star == {"0": 100.0}  # the slot gets 0.5 from every query
     # real part halves: a sink head now has alpha_1 = 0.5 > 0.3 and the rest 0.5/T
-    assert rep.sink1 == pytest.approx(expected_sink1(range(20)))
-    assert "sink/sink_star_0" in rep.to_metrics()
+    assert measures.sink1 == pytest.approx(expected_sink1(range(20)))
+    assert "sink/sink_star_0" in measures.to_metrics()
     rep_strict = run_probe(FakeModel(n_slots=1), tokens, eps=0.5)
     assert rep_strict.sink1 == 0.0 and rep_strict.sink_star == {"0": 0.0}
 
@@ -131,30 +131,30 @@ def _row_entropy_by_hand(attn, window=None):
 def test_run_probe_head_entropy_and_output_norm(overrides):
     model = micro_model(**overrides)
     tokens = torch.randint(0, model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(0))
-    rep = run_probe(model, tokens, batch_size=2)
+    measures = run_probe(model, tokens, batch_size=2)
     with torch.no_grad():
         out = model(tokens, output_attentions=True, output_qkv=True)
     L_, H_ = len(out.attentions), model.config.n_heads
-    assert rep.entropy.shape == rep.out_norm.shape == (L_, H_)
+    assert measures.entropy.shape == measures.out_norm.shape == (L_, H_)
     for layer, (attn, values) in enumerate(zip(out.attentions, out.values)):
         by_hand = (attn @ values).norm(dim=-1).mean(dim=(0, -1))  # A·V per head, mean over tokens and sequences
-        assert torch.allclose(rep.out_norm[layer], by_hand, atol=1e-5)
+        assert torch.allclose(measures.out_norm[layer], by_hand, atol=1e-5)
         entropy = _row_entropy_by_hand(attn, overrides.get("window")).mean(0)
-        assert torch.allclose(rep.entropy[layer], entropy, atol=1e-5)
-    logged = rep.head_metrics()
-    assert logged["heads/entropy_l1_h0"] == pytest.approx(float(rep.entropy[1, 0]))
-    assert logged["heads/out_norm_l0_h1"] == pytest.approx(float(rep.out_norm[0, 1]))
+        assert torch.allclose(measures.entropy[layer], entropy, atol=1e-5)
+    logged = measures.head_metrics()
+    assert logged["heads/entropy_l1_h0"] == pytest.approx(float(measures.entropy[1, 0]))
+    assert logged["heads/out_norm_l0_h1"] == pytest.approx(float(measures.out_norm[0, 1]))
     assert logged["heads/dormant_pct"] == pytest.approx(
-        100.0 * float(metrics.dormant_heads(rep.alpha1, rep.out_norm).double().mean())
+        100.0 * float(metrics.dormant_heads(measures.alpha1, measures.out_norm).double().mean())
     )
-    assert rep.to_json()["entropy"] == rep.entropy.tolist()
+    assert measures.to_json()["entropy"] == measures.entropy.tolist()
 
 
 def test_run_probe_without_head_outputs_reports_entropy_only():
-    rep = run_probe(FakeModel(), torch.zeros(4, T, dtype=torch.long))
-    assert rep.out_norm is None and rep.dormant_pct is None
-    assert rep.entropy.abs().max() == 0.0  # every row of the fake maps is one-hot
-    assert "heads/dormant_pct" not in rep.head_metrics() and "heads/entropy_l0_h0" in rep.head_metrics()
+    measures = run_probe(FakeModel(), torch.zeros(4, T, dtype=torch.long))
+    assert measures.out_norm is None and measures.dormant_pct is None
+    assert measures.entropy.abs().max() == 0.0  # every row of the fake maps is one-hot
+    assert "heads/dormant_pct" not in measures.head_metrics() and "heads/entropy_l0_h0" in measures.head_metrics()
 
 
 class ActiveDormantModel(torch.nn.Module):
@@ -190,10 +190,10 @@ class ActiveDormantModel(torch.nn.Module):
 def test_run_probe_splits_bos_attention_by_trigger_queries():
     tokens = torch.zeros(10, T, dtype=torch.long)
     tokens[::2, 5] = 7  # a trigger at position 6 in every other sequence
-    rep = run_probe(ActiveDormantModel(), tokens, trigger_ids=[7, 9], batch_size=3, output_qkv=True)
-    assert rep.bos_share_trigger.tolist() == [[0.0]]  # sequences without a trigger do not count
-    assert rep.bos_share_other.tolist() == [[1.0]]
-    m = rep.to_metrics()
+    measures = run_probe(ActiveDormantModel(), tokens, trigger_ids=[7, 9], batch_size=3, output_qkv=True)
+    assert measures.bos_share_trigger.tolist() == [[0.0]]  # sequences without a trigger do not count
+    assert measures.bos_share_other.tolist() == [[1.0]]
+    m = measures.to_metrics()
     assert m["sink/bos_share_trigger_l0"] == 0.0 and m["sink/bos_share_other_l0"] == 1.0
     assert m["act/value_norm_ratio_l0"] == pytest.approx(0.25)  # the value-state drain
     plain = run_probe(ActiveDormantModel(), tokens)
@@ -207,7 +207,7 @@ def test_run_probe_max_logit_is_the_largest_admitted_qk_over_sqrt_dh(overrides):
     brute force from the model's own rotated queries and keys."""
     model = micro_model(**overrides)
     tokens = torch.randint(0, model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(1))
-    rep = run_probe(model, tokens, batch_size=2)
+    measures = run_probe(model, tokens, batch_size=2)
     with torch.no_grad():
         out = model(tokens, output_qkv=True)
     window = overrides.get("window", 12)
@@ -220,12 +220,12 @@ def test_run_probe_max_logit_is_the_largest_admitted_qk_over_sqrt_dh(overrides):
                 for i in range(12)
                 for j in range(max(0, i - window + 1), i + 1)
             )
-            assert rep.max_logit[layer, h].item() == pytest.approx(brute, abs=1e-5)
-    logged = rep.to_metrics()
-    assert logged["attn/max_logit_l1"] == pytest.approx(float(rep.max_logit[1].max()))
-    assert logged["attn/max_logit"] == max(logged[f"attn/max_logit_l{l}"] for l in range(rep.max_logit.shape[0]))
-    assert rep.head_metrics()["heads/max_logit_l0_h1"] == pytest.approx(float(rep.max_logit[0, 1]))
-    assert rep.to_json()["max_logit"] == rep.max_logit.tolist()
+            assert measures.max_logit[layer, h].item() == pytest.approx(brute, abs=1e-5)
+    logged = measures.to_metrics()
+    assert logged["attn/max_logit_l1"] == pytest.approx(float(measures.max_logit[1].max()))
+    assert logged["attn/max_logit"] == max(logged[f"attn/max_logit_l{l}"] for l in range(measures.max_logit.shape[0]))
+    assert measures.head_metrics()["heads/max_logit_l0_h1"] == pytest.approx(float(measures.max_logit[0, 1]))
+    assert measures.to_json()["max_logit"] == measures.max_logit.tolist()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -68,10 +68,10 @@ def _by_layer(model, tokens, triggers):
 def test_every_logged_value_equals_the_pure_functions_layer_by_layer(overrides):
     model, tokens = _model(**overrides), _tokens()
     trigger_ids = [3, 5, 7]
-    report = run_probe(
+    measures = run_probe(
         model, tokens, output_qkv=True, trigger_ids=trigger_ids, mixing_sequences=TRAINING_MIXING_SEQUENCES
     )
-    logged = report.to_metrics() | report.head_metrics()
+    logged = measures.to_metrics() | measures.head_metrics()
     expect = _by_layer(model, tokens, torch.isin(tokens, torch.tensor(trigger_ids)))
     assert set(expect) <= set(logged)
     for name, value in expect.items():
@@ -123,7 +123,7 @@ def diagonal(monkeypatch):
 
 
 def test_a_registered_metric_reaches_every_reader(diagonal):
-    """The accumulator, the report's attribute and JSON, its MLflow names, the extreme-token set, the per-head
+    """The accumulator, the measures' attribute and JSON, its MLflow names, the extreme-token set, the per-head
     names the MLflow view keeps apart, and docs/training.md's table all read the registration."""
     from regen_docs_tables import metric_table
 
@@ -131,11 +131,11 @@ def test_a_registered_metric_reaches_every_reader(diagonal):
 
     acc = SinkAccumulator()
     acc.add([torch.eye(4).expand(2, 3, 4, 4)] * 2)
-    report = acc.measures()
-    assert report.diagonal.shape == (2, 3) and report.to_json()["diagonal"] == [[1.0] * 3] * 2
-    assert report.to_metrics()["sink/diagonal_l1"] == 1.0 and report.to_metrics()["sink/diagonal"] == 1.0
-    assert report.head_metrics()["heads/diagonal_l1_h2"] == 1.0
-    extreme = report.extreme_token_metrics()
+    measures = acc.measures()
+    assert measures.diagonal.shape == (2, 3) and measures.to_json()["diagonal"] == [[1.0] * 3] * 2
+    assert measures.to_metrics()["sink/diagonal_l1"] == 1.0 and measures.to_metrics()["sink/diagonal"] == 1.0
+    assert measures.head_metrics()["heads/diagonal_l1_h2"] == 1.0
+    extreme = measures.extreme_token_metrics()
     assert {k: v for k, v in extreme.items() if "diagonal" in k} == {
         f"sink/diagonal{s}": 1.0 for s in ("_l0", "_l1", "")
     }

@@ -17,7 +17,14 @@ from pipeline import metric_names as N
 from pipeline import probe_metrics
 from pipeline.analysis import inputs, secondary
 from pipeline.analysis.figures import write_plots
-from pipeline.analysis.inputs import INPUT_KINDS, Probe, comma_choices, natural_tokens, probe_sets, tokenizer_file
+from pipeline.analysis.inputs import (
+    INPUT_KINDS,
+    ProbeSettings,
+    comma_choices,
+    natural_tokens,
+    probe_sets,
+    tokenizer_file,
+)
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
 from pipeline.analysis.tables import format_table
 from sinklab_io.mappings import settings_of
@@ -54,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclass(frozen=True)
-class Analysis(Probe):
+class Analysis(ProbeSettings):
     """`sinklab analyze`'s settings: the probe, the model to load and where its results go."""
 
     model: str
@@ -113,8 +120,8 @@ def learned_position_table(subject: Subject, tokens: torch.Tensor, a: Analysis) 
                 wpe.weight[0] = original[t - 1]
                 if mode == "swap":
                     wpe.weight[t - 1] = original[0]
-            rep = subject.measure(tokens, probe)
-            rows.append({"mode": mode, "t": t, "sink1": rep.sink1, "sink_t": rep.profile[t - 1]})
+            measures = subject.measure(tokens, probe)
+            rows.append({"mode": mode, "t": t, "sink1": measures.sink1, "sink_t": measures.profile[t - 1]})
     finally:
         with torch.no_grad():
             wpe.weight.copy_(original)
@@ -130,7 +137,7 @@ def output_names(a: Analysis) -> list[str]:
     return ["report.json", "sink_profile.png", *alpha1, "norm_ratio.png", "qk_decomposition.png", "flow.png", *natural]
 
 
-def probe_bos(probe: Probe) -> bool:
+def probe_bos(probe: ProbeSettings) -> bool:
     """Whether the natural inputs are ``--dataset``'s probe sequences written BOS first (a Bigram-Backcopy dataset's)."""
     if probe.dataset is None or probe.bos or "natural" not in probe.inputs:
         return False
@@ -142,9 +149,9 @@ def probe_bos(probe: Probe) -> bool:
 def result_metrics(result: dict) -> dict[str, float]:
     """The analysis as MLflow metrics: per input kind and per Pile domain, and the secondary sinks."""
     metrics = {N.table1(k): v for k, v in result["table1"].items()}
-    for kind, rep in result["reports"].items():
-        metrics |= {N.input_sink_k(kind, k): v for k, v in enumerate(rep["profile"], start=1)}
-        summary = (rep.get("outliers") or {}).get("summary", {})
+    for kind, measures in result["reports"].items():
+        metrics |= {N.input_sink_k(kind, k): v for k, v in enumerate(measures["profile"], start=1)}
+        summary = (measures.get("outliers") or {}).get("summary", {})
         metrics |= {N.of_input(kind, N.act(k)): v for k, v in summary.items() if not k.endswith("_at")}
         metrics |= {N.of_input(kind, k): v for k, v in result["probe_metrics"][kind].items()}
         metrics |= {N.of_input(kind, k): v for k, v in result.get("flow", {}).get(kind, {}).items() if v is not None}
@@ -163,7 +170,9 @@ def log_mlflow(uri: str, experiment: str, result: dict, out: Path) -> str:
 def log_on_run(subject: Subject, result: dict, out: Path) -> str:
     """The metrics (and mean α₁ per input kind) on the training run, the output directory under ``analysis/``."""
     values = {N.analysis(k): v for k, v in result_metrics(result).items()}
-    alpha1 = {kind: rep["alpha1"] for kind, rep in result["reports"].items() if rep.get("alpha1") is not None}
+    alpha1 = {
+        kind: measures["alpha1"] for kind, measures in result["reports"].items() if measures.get("alpha1") is not None
+    }
     values |= {N.analysis(N.of_input(kind, "alpha1_mean")): float(torch.tensor(a).mean()) for kind, a in alpha1.items()}
     return log_back(subject, "analysis", values, result["settings"], out)
 
@@ -188,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
-    """Everything after loading: probe sets, reports, plots, JSON, MLflow. Returns the result."""
+    """Everything after loading: probe sets, sink measures, plots, JSON, MLflow. Returns the result."""
     started = time.perf_counter()
     name, by, out = model_name(a.model), writer(BY, [subject.spec]), a.out
     # refusals before any work, and before the output folder exists: a refused input leaves none
@@ -204,22 +213,22 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
         )
     sets = probe_sets(subject, a)
     out.mkdir(parents=True, exist_ok=True)
-    reports = {kind: subject.measure(tokens, a) for kind, tokens in sets.items()}
+    measures_of = {kind: subject.measure(tokens, a) for kind, tokens in sets.items()}
     result = {
         **subject.header(out),
         "settings": {k: getattr(a, k) for k in ("num_sequences", "seq_len", "eps", "seed", "positions", "bos")}
         | {"probe_bos": probe_bos(a)},
-        "table1": {kind: rep.sink1 for kind, rep in reports.items()},
-        "reports": {kind: rep.to_json() for kind, rep in reports.items()},
+        "table1": {kind: measures.sink1 for kind, measures in measures_of.items()},
+        "reports": {kind: measures.to_json() for kind, measures in measures_of.items()},
         # per layer: residual-state peak, value-state drain, BOS share by query kind (Guo et al. 2024)
-        "extreme_tokens": {kind: rep.extreme_token_metrics() for kind, rep in reports.items()},
+        "extreme_tokens": {kind: measures.extreme_token_metrics() for kind, measures in measures_of.items()},
         # every registered probe metric (pipeline.probe_metrics) under its MLflow name
-        "probe_metrics": {kind: probe_metrics.to_metrics(rep.values) for kind, rep in reports.items()},
+        "probe_metrics": {kind: probe_metrics.to_metrics(measures.values) for kind, measures in measures_of.items()},
         # per layer: matrix entropy, over-mixing sensitivity; where the BOS norm jumps and the entropy drops
         "flow": {
-            kind: rep.flow.to_metrics() | rep.flow.landmarks(rep.massive_ratio)
-            for kind, rep in reports.items()
-            if rep.flow is not None
+            kind: measures.flow.to_metrics() | measures.flow.landmarks(measures.massive_ratio)
+            for kind, measures in measures_of.items()
+            if measures.flow is not None
         },
     }
     if "natural" in sets:  # secondary sinks per layer (pipeline.secondary_sinks)
@@ -233,7 +242,7 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
         tokens = sets["natural"] if "natural" in sets else natural_tokens(subject, a)
         result["learned_positions"] = learned_position_table(subject, tokens, a)
     if not a.no_plots:
-        result["plots"] = [p.name for p in write_plots(name, reports, out, a.eps, by)]
+        result["plots"] = [p.name for p in write_plots(name, measures_of, out, a.eps, by)]
     result["seconds"] = {"load": round(load_seconds, 2), "analysis": round(time.perf_counter() - started, 2)}
     write_json(result, out / "report.json", by)
     uri = a.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")

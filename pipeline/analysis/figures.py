@@ -9,15 +9,20 @@ from pipeline import plots
 from pipeline.sink_measures import SinkMeasures
 
 
-def write_plots(name: str, reports: dict[str, SinkMeasures], out: Path, eps: float, by: str) -> list[Path]:
+def write_plots(name: str, measures_of: dict[str, SinkMeasures], out: Path, eps: float, by: str) -> list[Path]:
     """The figures, each recorded as ``by``'s (the output marker's writer)."""
-    profiles = {k: r.profile for k, r in reports.items()}
+    profiles = {k: r.profile for k, r in measures_of.items()}
     paths = [plots.sink_profile(profiles, out / "sink_profile.png", f"{name}: Sink_k by position", eps, by)]
-    for kind, rep in reports.items():
-        panels = {"entropy": rep.entropy, "out_norm": rep.out_norm, "dormant": rep.dormant, "max_logit": rep.max_logit}
+    for kind, measures in measures_of.items():
+        panels = {
+            "entropy": measures.entropy,
+            "out_norm": measures.out_norm,
+            "dormant": measures.dormant,
+            "max_logit": measures.max_logit,
+        }
         title = f"{name} ({kind}): α₁ per layer and head"
-        paths.append(plots.alpha1_heatmap(rep.alpha1, out / f"alpha1_{kind}.png", title, **panels, by=by))
-    first = reports.get("natural") or next(iter(reports.values()))
+        paths.append(plots.alpha1_heatmap(measures.alpha1, out / f"alpha1_{kind}.png", title, **panels, by=by))
+    first = measures_of.get("natural") or next(iter(measures_of.values()))
     curves = {"hidden states": first.massive_ratio.tolist()}
     for label, t in (("keys", first.key_norm_ratio), ("values", first.value_norm_ratio)):
         if t is not None:
@@ -26,25 +31,25 @@ def write_plots(name: str, reports: dict[str, SinkMeasures], out: Path, eps: flo
     if first.qk_decomposition is not None:
         title = f"{name}: QK decomposition"
         paths.append(plots.qk_decomposition(first.qk_decomposition, out / "qk_decomposition.png", title, by))
-    if any(rep.flow is not None for rep in reports.values()):
-        paths.append(flow_figure(name, reports, out / "flow.png", by))
+    if any(measures.flow is not None for measures in measures_of.values()):
+        paths.append(flow_figure(name, measures_of, out / "flow.png", by))
     return paths
 
 
-def flow_figure(name: str, reports: dict[str, SinkMeasures], path: Path, by: str) -> Path:
+def flow_figure(name: str, measures_of: dict[str, SinkMeasures], path: Path, by: str) -> Path:
     """Per layer and input kind: the norm ratio, matrix entropy and over-mixing sensitivity (−1: the embeddings)."""
     panels = {"‖h₁‖ / mean ‖h_t≠1‖": {}, "matrix entropy (normalised)": {}, "over-mixing sensitivity": {}}
-    for kind, rep in reports.items():
-        if rep.flow is None:
+    for kind, measures in measures_of.items():
+        if measures.flow is None:
             continue
-        layers = list(range(len(rep.flow.entropy)))
-        lead = [-1] if rep.flow.entropy_input is not None else []
-        first = [rep.flow.norm_ratio_input] if lead else []
-        panels["‖h₁‖ / mean ‖h_t≠1‖"][kind] = (lead + layers, first + rep.massive_ratio.tolist())
-        entropy = ([rep.flow.entropy_input] if lead else []) + rep.flow.entropy.tolist()
+        layers = list(range(len(measures.flow.entropy)))
+        lead = [-1] if measures.flow.entropy_input is not None else []
+        first = [measures.flow.norm_ratio_input] if lead else []
+        panels["‖h₁‖ / mean ‖h_t≠1‖"][kind] = (lead + layers, first + measures.massive_ratio.tolist())
+        entropy = ([measures.flow.entropy_input] if lead else []) + measures.flow.entropy.tolist()
         panels["matrix entropy (normalised)"][kind] = (lead + layers, entropy)
-        if rep.flow.mixing is not None:
-            panels["over-mixing sensitivity"][kind] = (layers, rep.flow.mixing.tolist())
+        if measures.flow.mixing is not None:
+            panels["over-mixing sensitivity"][kind] = (layers, measures.flow.mixing.tolist())
     panels = {k: v for k, v in panels.items() if v}
     return plots.curve_panels(
         panels, path, f"{name}: information flow (layer −1: embeddings)", log_panels=panels, by=by

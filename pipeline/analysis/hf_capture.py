@@ -1,5 +1,5 @@
 """Attention maps, block outputs and post-rotary queries/keys/values of a Hugging Face causal LM, as a
-:class:`SinkMeasures`: ``sinklab_eager`` (registered here) runs the model's own eager attention and records
+:class:`SinkMeasures`: ``sinklab_eager`` (registered here) runs the model's own eager attention and captures
 its inputs; hooks on the blocks read the hidden states before the final norm."""
 
 from __future__ import annotations
@@ -11,22 +11,22 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pipeline.flow import FlowAccumulator, recording_inputs
-from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs
+from pipeline.flow import FlowAccumulator, capturing_inputs
+from pipeline.outliers import OutlierAccumulator, capturing_block_outputs, capturing_linear_inputs
 from pipeline.probe import SinkAccumulator, as_token_tensor
 from pipeline.sink_measures import SinkMeasures
 
 IMPLEMENTATION = "sinklab_eager"
-_recording: list | None = None  # (query, key, value, head output) per attention call while capturing
+_qkv_calls: list | None = None  # (query, key, value, head output) per attention call while capturing
 
 
 def _capturing_eager(module, query, key, value, attention_mask, **kwargs):
     eager = sys.modules[type(module).__module__].eager_attention_forward
     out, weights = eager(module, query, key, value, attention_mask, **kwargs)
-    if _recording is not None:
+    if _qkv_calls is not None:
         n_rep = query.shape[1] // key.shape[1]
         kv = (t.detach().repeat_interleave(n_rep, 1) for t in (key, value))  # kv heads repeated to H
-        _recording.append((query.detach(), *kv, out.detach().transpose(1, 2)))
+        _qkv_calls.append((query.detach(), *kv, out.detach().transpose(1, 2)))
     return out, weights
 
 
@@ -58,13 +58,13 @@ class Captured:
 
 
 @contextmanager
-def _recording_qkv():
-    global _recording
-    _recording = []
+def _capturing_qkv():
+    global _qkv_calls
+    _qkv_calls = []
     try:
-        yield _recording
+        yield _qkv_calls
     finally:
-        _recording = None
+        _qkv_calls = None
 
 
 def capture(model: torch.nn.Module, ids: Tensor, qkv: bool = True) -> Captured:
@@ -72,11 +72,11 @@ def capture(model: torch.nn.Module, ids: Tensor, qkv: bool = True) -> Captured:
     if qkv and model.config._attn_implementation != IMPLEMENTATION:
         ensure_registered()
         model.set_attn_implementation(IMPLEMENTATION)
-    with torch.no_grad(), _recording_qkv() as rec, recording_block_outputs(decoder_blocks(model)) as hidden:
+    with torch.no_grad(), _capturing_qkv() as calls, capturing_block_outputs(decoder_blocks(model)) as hidden:
         out = model(input_ids=ids, output_attentions=True, use_cache=False, logits_to_keep=1)
     captured = Captured(attentions=[a.float() for a in out.attentions], hidden_states=hidden)
-    if qkv and rec:
-        captured.queries, captured.keys, captured.values, captured.head_outputs = map(list, zip(*rec))
+    if qkv and calls:
+        captured.queries, captured.keys, captured.values, captured.head_outputs = map(list, zip(*calls))
     return captured
 
 
@@ -96,8 +96,8 @@ def hf_sink_measures(
     for start in range(0, tokens.shape[0], batch_size):
         ids = tokens[start : start + batch_size]
         with (
-            recording_linear_inputs(decoder_blocks(model), acc.outliers),
-            recording_inputs(model, acc.flow) as embedded,
+            capturing_linear_inputs(decoder_blocks(model), acc.outliers),
+            capturing_inputs(model, acc.flow) as embedded,
         ):
             c = capture(model, ids)
         acc.add(**vars(c))  # each field of Captured is an argument of add

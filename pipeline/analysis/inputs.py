@@ -161,7 +161,7 @@ def check_dataset_tokenizer(subject, path: Path, manifest=None) -> None:
 
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of a :class:`Probe` that `analyze` and `survey` share (not --positions, --bos)."""
+    """The options of a :class:`ProbeSettings` that `analyze` and `survey` share (not --positions, --bos)."""
     p.add_argument("--inputs", default=",".join(INPUT_KINDS), help="comma list of natural,random,repeat")
     p.add_argument("-n", "--num-sequences", type=int, default=100, help="probe sequences per input (paper: 100)")
     p.add_argument("-T", "--seq-len", type=int, default=64, help="tokens per sequence, BOS included (paper: 64)")
@@ -173,7 +173,7 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
 
 
 @dataclass(frozen=True)
-class Probe:
+class ProbeSettings:
     """What `analyze` and `survey` feed a model and measure (Sink_k at ``eps``, k = 1..``positions``)."""
 
     inputs: tuple[str, ...]
@@ -188,7 +188,7 @@ class Probe:
     dataset: Path | None
 
 
-def natural_tokens(subject, probe: Probe) -> torch.Tensor:
+def natural_tokens(subject, probe: ProbeSettings) -> torch.Tensor:
     if probe.dataset is not None:
         from data_prep.dataset import load_probe
 
@@ -216,7 +216,7 @@ def natural_tokens(subject, probe: Probe) -> torch.Tensor:
         ) from None
 
 
-def probe_sets(subject, probe: Probe) -> dict[str, torch.Tensor]:
+def probe_sets(subject, probe: ProbeSettings) -> dict[str, torch.Tensor]:
     ids = torch.tensor([i for i in range(subject.vocab_size) if i not in subject.special_ids], dtype=torch.long)
     sets = {}
     for kind in probe.inputs:

@@ -9,18 +9,25 @@ import re
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from pipeline import metric_names as N
-from pipeline import plots
 from pipeline.analysis.inputs import comma_choices, default_text, held_out_sequences
-from pipeline.analysis.kv_passkey import BY, add_passkey_arguments, check_passkey_args, passkey_at, passkey_cell
+from pipeline.analysis.kv_passkey import BY, add_passkey_arguments, check_passkey_args, passkey_at
+from pipeline.analysis.kv_results import KvResult, figure, markdown, row_key
 from pipeline.analysis.streamers import CacheSpec, kv_heads, perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, check_positions, load_subject
-from pipeline.analysis.subject import add_model_arguments, claim_out, device_of, log_results_of, save_results
+from pipeline.analysis.subject import (
+    Destination,
+    add_model_arguments,
+    claim_out,
+    device_of,
+    log_results_of,
+    save_results,
+)
 from pipeline.metrics import split_slots
 from pipeline.model.eviction import POLICIES, Evictor, Row
 from pipeline.model.eviction import SINKS as MODES
@@ -29,7 +36,6 @@ from sinklab_io.mappings import settings_of
 
 OUTPUTS = ("kv_eval.md", "kv_eval.json", "kv_eval.png")
 SINKS = dict(zip(("policy", "kept", "dropped"), MODES))  # --sinks name -> a row's sink setting
-LABELS = {"policy": "own scores", "keep": "sinks kept", "drop": "sinks dropped"}
 MIN_TOKENS = 3  # a budget of 2 entries and one token past it
 
 
@@ -114,6 +120,11 @@ class KvEval:
     depths: list[float]
     keys: int
     bos: str
+    max_tokens: int
+    reading: Reading
+    destination: Destination
+    passkey_given: str  # --passkey and --depths as given, for the MLflow tag
+    depths_given: str
 
 
 def check_args(args) -> KvEval:
@@ -132,9 +143,24 @@ def check_args(args) -> KvEval:
             check_first(args.first, text, entries)
     if args.per_sequence and args.dataset is None:
         raise refuse("--per-sequence reads a prepared dataset's val split: add --dataset DIR")
-    factors, depths = check_passkey_args(args)
+    factors, depths = check_passkey_args(args.passkey, args.depths, args.keys)
     budget = args.budget or ["25%"]
-    return settings_of(KvEval, args, policies=names, sinks=sinks, budget=budget, passkey=factors, depths=depths)
+    given = {
+        "passkey_given": args.passkey,
+        "depths_given": args.depths,
+        "destination": settings_of(Destination, args, options=dict(vars(args))),
+    }
+    return settings_of(
+        KvEval,
+        args,
+        policies=names,
+        sinks=sinks,
+        budget=budget,
+        passkey=factors,
+        depths=depths,
+        reading=settings_of(Reading, args),
+        **given,
+    )
 
 
 @torch.no_grad()
@@ -182,7 +208,7 @@ def first_kept(rows: list[Row], evictors: list[Evictor]) -> dict[str, float | No
     return {r.policy.name: float(h) / total if total else None for r, h in zip(rows, held) if r.sinks == "policy"}
 
 
-def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> dict:
+def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> KvResult:
     """Perplexity over every sequence's tokens, each streamed from an empty cache; the budget a share of its length."""
     length = min(s.numel() for s in sequences)
     budgets = {text: parse_budget(text, length) for text in s.budget}  # refused before any work
@@ -206,7 +232,7 @@ def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> dic
         parts = [stream_evicting(subject, streamer, ids, rows, entries, f) for ids, f in zip(sequences, secondary)]
         nll = torch.cat([p[0] for p in parts], dim=1)
         seconds = round(time.perf_counter() - started, 1)
-        ppl = {f"{r.policy.name}/{r.sinks}": perplexity(row) for r, row in zip(rows, nll)}
+        ppl = {row_key(r.policy.name, r.sinks): perplexity(row) for r, row in zip(rows, nll)}
         result["budgets"][f"{percent:g}"] = {"entries": entries, "perplexity": ppl, "seconds": seconds}
         if "policy" in s.sinks:
             result["budgets"][f"{percent:g}"]["first_kept"] = first_kept(rows, [p[1] for p in parts])
@@ -218,119 +244,24 @@ def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> dic
             seconds = round(time.perf_counter() - started, 1)
             result["budgets"][f"{percent:g}"] |= {"passkey": passkey, "passkey_seconds": seconds}
             print(f"  budget {text}: passkey in {seconds} s", file=sys.stderr)
-    return result
-
-
-def metrics_of(result: dict) -> dict[str, float]:
-    out = {} if result["full"] is None else {N.stream_perplexity("full"): result["full"]}
-    for budget, r in result["budgets"].items():
-        for key, value in r["perplexity"].items():
-            policy, sinks = key.split("/")
-            out[N.kv_perplexity(policy, sinks, float(budget))] = value
-        for policy, share in r.get("first_kept", {}).items():
-            if share is not None:
-                out[N.kv_first_kept(policy, float(budget))] = 100 * share
-        for factor, p in r.get("passkey", {}).items():
-            for key, value in (p or {}).get("accuracy", {}).items():
-                if value is not None:
-                    out[N.kv_passkey(key.replace("/", "_"), float(budget), factor.removesuffix("x"))] = value
-    return out
-
-
-def markdown(results: dict[str, dict], first: int) -> str:
-    budgets = [b for r in results.values() for b in r["budgets"].values()]
-    factors = list(dict.fromkeys(f for b in budgets for f in b.get("passkey", {})))
-    modes = [m for m in MODES if any(k.endswith(f"/{m}") for b in budgets for k in b["perplexity"])]
-    ratio = "keep" in modes and "drop" in modes
-    lines = [
-        f"Perplexity under each eviction policy: on its own scores, and with the sinks (the first {first} entries and "
-        "the secondary sinks found on the text) forced in (kept) or out (dropped); first token kept = the share of "
-        "(eviction, layer, kv head) whose cache still held the first entry on the policy's own scores; budget = cache "
-        "entries as a share of the text"
-        + (
-            "; passkey f× = right answers / trials (depths × keys) on prompts of f × the budget's entries streamed "
-            "through the same cache (full cache: the whole prompt cached)"
-            if factors
-            else ""
-        ),
-        "",
-        "| model | tokens | full | budget | policy |"
-        + "".join(f" {LABELS[m]} |" for m in modes)
-        + (" first token kept |" if "policy" in modes else "")
-        + (" dropped / kept |" if ratio else "")
-        + "".join(f" passkey {f} {LABELS[m].removeprefix('sinks ')} |" for f in factors for m in modes),
-        "|---|---|---|---|---|" + "---|" * (len(modes) + ("policy" in modes) + ratio + len(factors) * len(modes)),
-    ]
-    for name, r in results.items():
-        full = "n/a" if r["full"] is None else f"{r['full']:.2f}"
-        tokens = r["tokens"] if r["sequences"] == 1 else f"{r['sequences']} seqs, {r['tokens']}"
-        for budget, b in r["budgets"].items():
-            head = f"| {name} | {tokens} | {full} | {budget}% ({b['entries']}) |"
-            passkey = [b.get("passkey", {}).get(f) for f in factors]
-            for p in dict.fromkeys(k.split("/")[0] for k in b["perplexity"]):
-                ppl = [b["perplexity"][f"{p}/{m}"] for m in modes]
-                cells = [f"{v:.2f}" for v in ppl]
-                if "policy" in modes:
-                    share = b.get("first_kept", {}).get(p)
-                    cells.append("— (no eviction)" if share is None else f"{100 * share:.1f}%")
-                if ratio:
-                    cells.append(f"{b['perplexity'][f'{p}/drop'] / b['perplexity'][f'{p}/keep']:.2f}")
-                cells += [passkey_cell(pk, f"{p}/{m}") for pk in passkey for m in modes]
-                lines.append(f"{head} {p} |" + "".join(f" {c} |" for c in cells))
-            if factors:
-                empty = len(modes) + ("policy" in modes) + ratio
-                full_cells = [passkey_cell(pk, "full") if i == 0 else "—" for pk in passkey for i in range(len(modes))]
-                lines.append(f"{head} full cache |" + " — |" * empty + "".join(f" {c} |" for c in full_cells))
-    return "\n".join(lines)
-
-
-def label(key: str) -> str:
-    """A row's name in the figure: ``h2o, sinks kept``; ``full cache``."""
-    policy, _, mode = key.partition("/")
-    return f"{policy}, {LABELS[mode]}" if mode else "full cache"
-
-
-def figure(results: dict[str, dict], path: Path, by: str) -> Path:
-    panels, perplexity = {}, [f"perplexity: {name}" for name in results]
-    for name, r in results.items():
-        budgets = sorted(r["budgets"], key=float)
-        keys = dict.fromkeys(k for b in budgets for k in r["budgets"][b]["perplexity"])
-        x = [float(b) for b in budgets]
-        curves = {label(k): (x, [r["budgets"][b]["perplexity"][k] for b in budgets]) for k in keys}
-        if r["full"] is not None:
-            curves["full attention"] = (x, [r["full"]] * len(budgets))
-        panels[f"perplexity: {name}"] = curves
-        for factor in dict.fromkeys(f for b in budgets for f in r["budgets"][b].get("passkey", {})):
-            points: dict[str, list] = {}
-            for b in budgets:
-                p = r["budgets"][b].get("passkey", {}).get(factor)
-                for key, value in (p or {}).get("accuracy", {}).items():
-                    if value is not None:
-                        points.setdefault(label(key), []).append((float(b), value))
-            if points:
-                panels[f"passkey {factor} (% right): {name}"] = {
-                    k: tuple(map(list, zip(*v))) for k, v in points.items()
-                }
-    return plots.curve_panels(
-        panels, path, "KV-cache eviction", xlabel="cache budget (% of the text)", log_panels=perplexity, by=by
-    )
+    return KvResult([(r.policy.name, r.sinks) for r in rows], result)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    s = check_args(args)
-    device_of(args.device, "kv-eval")
-    names, out, by = claim_out(args.models, args.out, BY, "kv-eval", OUTPUTS)
-    results, subjects, reading = {}, {}, settings_of(Reading, args)
-    for spec, name in zip(args.models, names):
-        streamer, ids, subjects[name] = load_subject(spec, reading, args.max_tokens, "kv-eval", default_text("othello"))
+    s = check_args(build_parser().parse_args(argv))
+    r, d = s.reading, s.destination
+    device_of(r.device, "kv-eval")
+    names, out, by = claim_out(d.models, d.out, BY, "kv-eval", OUTPUTS)
+    results, subjects = {}, {}
+    for spec, name in zip(d.models, names):
+        streamer, ids, subjects[name] = load_subject(spec, r, s.max_tokens, "kv-eval", default_text("othello"))
         if subjects[name].kind == "sinklab":  # a sequence fits its learned positions: no re-indexing
-            streamer.stream_positions = args.per_sequence
-        chunks = [ids[: args.max_tokens]]
-        if args.per_sequence:
-            chunks = held_out_sequences(args.dataset, args.max_tokens, "kv-eval")
+            streamer.stream_positions = s.per_sequence
+        chunks = [ids[: s.max_tokens]]
+        if s.per_sequence:
+            chunks = held_out_sequences(r.dataset, s.max_tokens, "kv-eval")
         if (shortest := min(map(len, chunks))) < MIN_TOKENS:
-            where = f"--dataset {args.dataset}" if args.dataset else f"--text {args.text or 'Othello'}"
+            where = f"--dataset {r.dataset}" if r.dataset else f"--text {r.text or 'Othello'}"
             raise refuse(
                 f"{where}: {shortest} token{'s' * (shortest != 1)} (a BOS counted), empty or too short for any budget "
                 f"(at least {MIN_TOKENS}: a cache of 2 entries and a token past it); give a longer text"
@@ -338,11 +269,13 @@ def main(argv: list[str] | None = None) -> int:
         sequences = [torch.tensor(c, dtype=torch.long, device=streamer.device) for c in chunks]
         print(f"{name}: {len(sequences)} sequences, {sum(map(len, chunks))} tokens", file=sys.stderr)
         results[name] = evaluate(subjects[name], streamer, sequences, s)
-    save_results(out, "kv_eval", markdown(results, s.first), args, results, by, figure)
-    passkey = {"passkey": args.passkey, "depths": args.depths, "keys": s.keys} if s.passkey else {}
+    records = {name: r.to_json() for name, r in results.items()}
+    save_results(out, "kv_eval", markdown(results, s.first), d.options, records, by, partial(figure, results))
+    passkey = {"passkey": s.passkey_given, "depths": s.depths_given, "keys": s.keys} if s.passkey else {}
 
-    def settings(r: dict) -> dict:
+    def settings(result: KvResult) -> dict:
+        r = result.record
         return {"tokens": r["tokens"], "first": s.first, "eps": s.eps, "budgets": list(r["budgets"])} | passkey
 
-    log_results_of(subjects, "kv", results, metrics_of, settings, out, args)
+    log_results_of(subjects, "kv", results, KvResult.metrics, settings, out, d)
     return 0

@@ -24,14 +24,15 @@ def add_passkey_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keys", type=int, default=1, help="passkey keys (trials) per depth")
 
 
-def check_passkey_args(args) -> tuple[list[int], list[float]]:
-    """The factors and the depths (none without factors); the keys checked where there are factors."""
-    factors = pk.parse_factors(args.passkey, BY)
+def check_passkey_args(passkey: str, depths: str, keys: int) -> tuple[list[int], list[float]]:
+    """The factors and the depths (none without factors) of --passkey, --depths; --keys checked where there are
+    factors."""
+    factors = pk.parse_factors(passkey, BY)
     if not factors:
         return [], []
-    if args.keys < 1:
-        raise SystemExit(f"{BY}: --keys {args.keys}: must be >= 1 (no passkey: --passkey '')")
-    return factors, pk.parse_depths(args.depths, BY)
+    if keys < 1:
+        raise SystemExit(f"{BY}: --keys {keys}: must be >= 1 (no passkey: --passkey '')")
+    return factors, pk.parse_depths(depths, BY)
 
 
 def passkey_at(

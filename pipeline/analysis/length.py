@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,7 +28,15 @@ from pipeline.analysis.inputs import (
 )
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import Reading, add_cache_argument, add_text_arguments, bos_id, parse_caches
-from pipeline.analysis.subject import Subject, add_model_arguments, claim_out, device_of, log_results_of, save_results
+from pipeline.analysis.subject import (
+    Destination,
+    Subject,
+    add_model_arguments,
+    claim_out,
+    device_of,
+    log_results_of,
+    save_results,
+)
 from sinklab_io.mappings import settings_of
 
 FULL = "full"
@@ -71,6 +80,7 @@ class LengthEval(Reading):
     keys: int
     digits: int
     seed: int
+    destination: Destination
 
 
 def check_args(args: argparse.Namespace) -> LengthEval:
@@ -85,7 +95,13 @@ def check_args(args: argparse.Namespace) -> LengthEval:
     if factors and args.digits not in pk.DIGITS:
         raise refuse(f"--digits {args.digits}: must be in 1..18 (the passkey's length in digits)")
     depths = pk.parse_depths(args.depths, BY) if factors else []  # refused here, before any model loads
-    return settings_of(LengthEval, args, passkey=factors, depths=depths)
+    return settings_of(
+        LengthEval,
+        args,
+        passkey=factors,
+        depths=depths,
+        destination=settings_of(Destination, args, options=dict(vars(args))),
+    )
 
 
 def train_len(subject, s: LengthEval) -> int:
@@ -234,19 +250,19 @@ def figure(results: dict[str, dict], path: Path, by: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    s = check_args(args)
+    s = check_args(build_parser().parse_args(argv))
     device_of(s.device, "length-eval")
-    names, out, by = claim_out(args.models, args.out, BY, "length", OUTPUTS)
+    d = s.destination
+    names, out, by = claim_out(d.models, d.out, BY, "length", OUTPUTS)
     results, subjects = {}, {}
-    for spec, name in zip(args.models, names):
+    for spec, name in zip(d.models, names):
         subjects[name] = Subject(spec, s.kind, s.tokenizer_file, "length-eval", device=s.device)
         if s.dataset is not None:
             check_dataset_tokenizer(subjects[name], s.dataset)
         print(f"{name}: evaluating", file=sys.stderr)
         results[name] = evaluate(subjects[name], s)
-    save_results(out, "length", markdown(results), args, results, by, figure)
+    save_results(out, "length", markdown(results), d.options, results, by, partial(figure, results))
     keys = ("train_len", "bucket", "tokens", "windows", "bos", "caches")
-    log_results_of(subjects, "length", results, metrics_of, lambda r: {k: r[k] for k in keys}, out, args)
+    log_results_of(subjects, "length", results, metrics_of, lambda r: {k: r[k] for k in keys}, out, d)
     print(f"wrote {out}/{', '.join(OUTPUTS)}", file=sys.stderr)
     return 0

@@ -18,6 +18,7 @@ from pipeline.analysis.streamers import CacheSpec, Streamer, group_by_capacity, 
 from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, check_positions, parse_caches
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, csv_text, log_back, model_name, write_json
 from pipeline.plots import passkey_heatmap
+from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
 
 BY = "sinklab passkey"
@@ -229,37 +230,60 @@ def cache_configs(specs: list[CacheSpec], full: bool, subject, trials: list[Tria
     return caches
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    specs = parse_caches(args.cache, "passkey", DEFAULT_CACHES)
+@dataclass(frozen=True)
+class PasskeyEval:
+    """`sinklab passkey`'s settings: the model and its tokenizer, the caches, the trials, --out."""
+
+    model: str
+    kind: str
+    tokenizer: Path | None
+    bos: str
+    cache: list[CacheSpec]
+    full: bool
+    length: int
+    depths: list[float]
+    keys: int
+    digits: int
+    seed: int
+    out: Path | None
+
+
+def check_args(args: argparse.Namespace) -> PasskeyEval:
+    cache = parse_caches(args.cache, "passkey", DEFAULT_CACHES)
     depths = parse_depths(args.depths)
     if args.keys < 1 or args.digits not in DIGITS:
         raise SystemExit("sinklab passkey: --keys must be >= 1 and --digits in 1..18")
-    out = args.out or Path("analysis") / "passkey" / model_name(args.model)
-    by = claimed(out, OUTPUTS, BY, [args.model])
-    subject = Subject(args.model, args.kind, args.tokenizer, "passkey")
-    tokenizer, bos = subject.require_tokenizer(), bos_id(subject, args.bos)
+    return settings_of(PasskeyEval, args, cache=cache, depths=depths)
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = check_args(build_parser().parse_args(argv))
+    depths = s.depths
+    out = s.out or Path("analysis") / "passkey" / model_name(s.model)
+    by = claimed(out, OUTPUTS, BY, [s.model])
+    subject = Subject(s.model, s.kind, s.tokenizer, "passkey")
+    tokenizer, bos = subject.require_tokenizer(), bos_id(subject, s.bos)
     try:
-        trials = make_trials(tokenizer, args.length, depths, args.keys, args.digits, args.seed, bos)
+        trials = make_trials(tokenizer, s.length, depths, s.keys, s.digits, s.seed, bos)
     except ValueError as e:
         raise SystemExit(f"sinklab passkey: {e}") from None
-    caches = cache_configs(specs, args.full, subject, trials)
+    caches = cache_configs(s.cache, s.full, subject, trials)
     streamer = streamer_for(subject)
     started = time.perf_counter()
     results = run_trials(streamer, subject.tokenizer, trials, caches)
     seconds = round(time.perf_counter() - started, 1)
     table = accuracy(results, list(dict.fromkeys(caches.values())), depths)
-    name = model_name(args.model)
+    name = model_name(s.model)
     settings = {
-        "length": args.length,
+        "length": s.length,
         "tokens": len(trials[0].ids),
         "depths": depths,
-        "keys": args.keys,
-        "digits": args.digits,
-        "seed": args.seed,
+        "keys": s.keys,
+        "digits": s.digits,
+        "seed": s.seed,
         "bos": bos is not None,
     }
-    text = markdown(name, table, settings["tokens"], args.keys)
+    text = markdown(name, table, settings["tokens"], s.keys)
     write_output(out / "passkey.md", text + "\n", by)
     write_output(out / "passkey.csv", csv_text(results), by)
     accuracy_by_depth = {cache: {str(d): cell for d, cell in row.items()} for cache, row in table.items()}

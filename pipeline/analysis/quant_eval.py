@@ -25,7 +25,7 @@ from pipeline.analysis.inputs import (
 from pipeline.analysis.streamers import perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, bos_id
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
-from pipeline.outliers import OutlierAccumulator, recording_block_outputs, recording_linear_inputs, summary_table
+from pipeline.outliers import OutlierAccumulator, capturing_block_outputs, capturing_linear_inputs, summary_table
 from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
 
@@ -114,7 +114,7 @@ class Evaluator:
                 if outliers is None:
                     logits = self.logits(ids)
                 else:
-                    with recording_linear_inputs(self.blocks, outliers), recording_block_outputs(self.blocks) as hidden:
+                    with capturing_linear_inputs(self.blocks, outliers), capturing_block_outputs(self.blocks) as hidden:
                         logits = self.logits(ids)
                     outliers.add_hidden(hidden)
                 scored = logits[:, self.skip : -1].float()

@@ -11,7 +11,7 @@ import torch
 from pipeline import metric_names as N
 from pipeline import plots
 from pipeline import probe_metrics as P
-from pipeline.analysis.inputs import Probe
+from pipeline.analysis.inputs import ProbeSettings
 from pipeline.metrics import split_slots
 from pipeline.secondary_sinks import MIN_QUERIES, judged_keys, layer_stats
 
@@ -32,7 +32,7 @@ def maps_and_states(subject, ids: torch.Tensor) -> tuple[list[torch.Tensor], lis
     return c.attentions, c.hidden_states
 
 
-def secondary_section(subject, tokens: torch.Tensor, probe: Probe, out: Path | None, name: str) -> dict:
+def secondary_section(subject, tokens: torch.Tensor, probe: ProbeSettings, out: Path | None, name: str) -> dict:
     """Per layer: secondary sinks per (sequence, head), their attention share and norm ratio; the most frequent sink
     tokens; the figure where ``out`` is given."""
     device = next(subject.model.parameters()).device

@@ -1,17 +1,13 @@
-"""`sinklab stream-ppl`: streaming perplexity with an ``x + y`` KV cache (Xiao et al. 2024, Table 10)."""
+"""What the streaming commands share: the text read (--text, --dataset, --bos), the model loaded with it, the
+``x + y`` caches (--cache) checked against the model's positions."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from pipeline import metric_names as N
 from pipeline.analysis.inputs import (
     check_dataset_tokenizer,
     default_text,
@@ -20,12 +16,9 @@ from pipeline.analysis.inputs import (
     read_text,
     tokenizer_file,
 )
-from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity, streamer_for
-from pipeline.analysis.subject import Subject, add_model_arguments, log_back, model_name, write_json, writer
-from sinklab_io.mappings import settings_of
-from sinklab_io.outputs import NotOurs, claim_file
+from pipeline.analysis.streamers import CacheSpec, streamer_for
+from pipeline.analysis.subject import Subject
 
-BY = "sinklab stream-ppl"
 DEFAULT_CACHES = ("0+1024", "1+1023", "2+1022", "4+1020")
 
 
@@ -67,18 +60,6 @@ class Reading:
 
 def add_cache_argument(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument("--cache", action="append", help=f"x+y cache config, repeatable (default: {default})")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sinklab stream-ppl", description=__doc__.split("\n\n")[0])
-    add_model_arguments(p)
-    add_text_arguments(p)
-    p.add_argument("--max-tokens", type=int, default=2048, help="evaluate on the first N tokens of the text")
-    add_cache_argument(p, " ".join(DEFAULT_CACHES))
-    p.add_argument("--full", action="store_true", help="also report the full-context perplexity (one forward pass)")
-    p.add_argument("--out", type=Path, help="write the results as JSON here")
-    p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
-    return p
 
 
 def parse_caches(texts: list[str] | None, command: str, default: Sequence[str] = DEFAULT_CACHES) -> list[CacheSpec]:
@@ -130,58 +111,3 @@ def load_subject(spec: str, r: Reading, max_tokens: int, command: str = "stream-
         tokenizer, bos = subject.require_tokenizer(), bos_id(subject, r.bos)
         ids = ([] if bos is None else [bos]) + encode(tokenizer, read_text(r.text or text or default_text()))
     return streamer_for(subject), ids, subject
-
-
-def markdown_table(model: str, n_tokens: int, results: dict[str, float]) -> str:
-    head, row = " | ".join(results), " | ".join(f"{v:.2f}" for v in results.values())
-    separator = "|---" * (len(results) + 1) + "|"
-    return f"Streaming perplexity, {n_tokens} tokens\n\n| model | {head} |\n{separator}\n| {model} | {row} |"
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    specs = parse_caches(args.cache, "stream-ppl")
-    if args.max_tokens < 2:
-        raise SystemExit("sinklab stream-ppl: --max-tokens must be >= 2")
-    by = writer(BY, [args.model])
-    if args.out is not None:
-        try:
-            claim_file(args.out, "sinklab stream-ppl: --out", by)
-        except NotOurs as error:
-            raise SystemExit(str(error)) from None
-    streamer, ids, subject = load_subject(args.model, settings_of(Reading, args), args.max_tokens)
-    ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long, device=streamer.device)
-    if ids.numel() < 2:
-        raise SystemExit("sinklab stream-ppl: the text has fewer than 2 tokens")
-    if unfilled := [str(spec) for spec in specs if spec.n_initial + spec.n_recent >= ids.numel()]:
-        raise SystemExit(
-            f"sinklab stream-ppl: the text has {ids.numel()} tokens, which fit whole in cache {', '.join(unfilled)}: "
-            "nothing would be evicted, so that is no streaming perplexity; give a longer --text (or --max-tokens) "
-            "or a smaller --cache"
-        )
-    caches = {spec: str(spec) for spec in specs} | ({CacheSpec(0, ids.numel()): "full"} if args.full else {})
-    check_positions(subject, caches, "keep x+y (and --max-tokens for --full) within it")
-    first_is_bos = ids[0].item() == getattr(subject.tokenizer, "bos_token_id", None)
-    results, seconds = {}, {}
-    for group in group_by_capacity(specs):
-        label = " ".join(map(str, group))
-        start = time.perf_counter()
-        nll = streamer.nll(ids, group, label=label)
-        seconds[label] = round(time.perf_counter() - start, 2)
-        for spec, row in zip(group, nll):
-            results[str(spec)] = perplexity(row)
-            print(f"  {spec}: ppl {results[str(spec)]:.3f}", file=sys.stderr)
-        print(f"  ({label}: one batch of {len(group)}, {seconds[label]} s)", file=sys.stderr)
-    if args.full:
-        results["full"] = perplexity(streamer.full_nll(ids))
-    name = model_name(args.model)
-    print(markdown_table(name, ids.numel(), results))
-    if subject.run_id is not None:
-        text = f"dataset {args.dataset} (val)" if args.dataset else str(args.text or default_text())
-        values = {N.stream_perplexity(key.replace("+", "_")): value for key, value in results.items()}
-        log_back(subject, "stream", values, {"text": text, "tokens": ids.numel(), "bos_first": first_is_bos}, None)
-        print(f"logged to MLflow run {subject.run_id} as stream/ppl_<x>_<y>", file=sys.stderr)
-    if args.out:
-        record = {"tokens": ids.numel(), "bos_first": first_is_bos, "perplexity": results, "seconds": seconds}
-        write_json(subject.header() | record, args.out, by)
-    return 0

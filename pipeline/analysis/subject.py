@@ -12,13 +12,14 @@ import json
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from pipeline.analysis.hf_capture import hf_sink_measures
 from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
-from pipeline.analysis.inputs import Probe
+from pipeline.analysis.inputs import ProbeSettings
 from pipeline.model.loading import exported_config
 from pipeline.probe import run_probe
 from pipeline.sink_measures import SinkMeasures
@@ -142,7 +143,7 @@ class Subject:
             )
         return self.tokenizer
 
-    def measure(self, tokens: torch.Tensor, probe: Probe) -> SinkMeasures:
+    def measure(self, tokens: torch.Tensor, probe: ProbeSettings) -> SinkMeasures:
         at = {"eps": probe.eps, "positions": probe.positions, "batch_size": probe.batch_size}
         if self.kind == "sinklab":
             return run_probe(self.model, tokens, **at, output_qkv=True, trigger_ids=self.trigger_ids)
@@ -179,13 +180,26 @@ def sinklab_tokenizer(path: Path, command: str):
         raise SystemExit(f"sinklab {command}: --tokenizer: {e}") from None
 
 
-def save_results(out: Path, stem: str, table: str, args, results: dict, by: str, figure) -> None:
-    """``<stem>.md`` (the table, also printed), ``<stem>.json`` (options, results) and ``<stem>.png`` in ``out``."""
+@dataclass(frozen=True)
+class Destination:
+    """Where a command of many models writes and logs: its MODELs, --out, its options as parsed (written into
+    ``<stem>.json``), --mlflow-uri and --experiment."""
+
+    models: list[str]
+    out: Path | None
+    options: dict
+    mlflow_uri: str | None
+    experiment: str
+
+
+def save_results(out: Path, stem: str, table: str, options: dict, results: dict, by: str, figure) -> None:
+    """``<stem>.md`` (the table, also printed), ``<stem>.json`` (options, results) and ``<stem>.png`` in ``out``
+    (``figure(path, by)``)."""
     out.mkdir(parents=True, exist_ok=True)
     write_output(out / f"{stem}.md", table + "\n", by)
-    record = {"settings": vars(args) | {"out": str(out)}, "models": results}
+    record = {"settings": options | {"out": str(out)}, "models": results}
     write_output(out / f"{stem}.json", json.dumps(record, indent=2, default=str), by)
-    figure(results, out / f"{stem}.png", by)
+    figure(out / f"{stem}.png", by)
     print(table)
 
 
@@ -196,18 +210,20 @@ def log_back(subject, key: str, metrics: dict, settings: dict, out: Path | None)
     return log_results(subject.tracking_uri, subject.run_id, metrics, {f"sinklab.{key}.settings": settings}, out, key)
 
 
-def log_results_of(subjects: dict, key: str, results: dict, metrics_of, settings_for, out: Path, args) -> None:
+def log_results_of(
+    subjects: dict, key: str, results: dict, metrics_of, settings_for, out: Path, d: Destination
+) -> None:
     """Each model's results on its MLflow run (:func:`log_back`), else on a run of its own where a tracking URI is set."""
     from pipeline.tracking import log_new_run
 
-    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = d.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     for name, result in results.items():
         subject, metrics, settings = subjects[name], metrics_of(result), settings_for(result)
         if subject.run_id is not None:
             run_id = log_back(subject, key, metrics, settings, out)
         elif uri:
             tags = {"sinklab.kind": subject.command, "sinklab.model": name}
-            run_id = log_new_run(uri, args.experiment, f"{subject.command}-{name}", tags, settings, metrics, out)
+            run_id = log_new_run(uri, d.experiment, f"{subject.command}-{name}", tags, settings, metrics, out)
         else:
             continue
         if run_id:

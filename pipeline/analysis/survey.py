@@ -10,11 +10,11 @@ import gc
 import json
 import re
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline import metrics, plots
-from pipeline.analysis.inputs import INPUT_KINDS, Probe, add_probe_arguments, probe_sets, tokenizer_file
+from pipeline.analysis.inputs import INPUT_KINDS, ProbeSettings, add_probe_arguments, probe_sets, tokenizer_file
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, csv_text, write_json
 from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
@@ -65,7 +65,7 @@ def column(kind: str, bos: bool) -> str:
 
 
 def survey_model(
-    spec: str, kind: str, tokenizer: Path | None, probe: Probe, bos_modes: list[bool], sweep: list[float]
+    spec: str, kind: str, tokenizer: Path | None, probe: ProbeSettings, bos_modes: list[bool], sweep: list[float]
 ) -> dict:
     """Load one model, measure every (input, BOS) cell, and free it again."""
     started = time.perf_counter()
@@ -78,17 +78,17 @@ def survey_model(
             result["skipped"].append("BOS: the model's tokenizer has no BOS token")
             continue
         for kind, tokens in probe_sets(subject, replace(probe, bos=bos)).items():
-            rep = subject.measure(tokens, probe)
-            result["layers"], result["heads"] = rep.alpha1.shape
+            measures = subject.measure(tokens, probe)
+            result["layers"], result["heads"] = measures.alpha1.shape
             result["cells"][column(kind, bos)] = {
                 "input": kind,
                 "bos": bos,
-                "sink1": rep.sink1,
-                "alpha1_mean": float(rep.alpha1.mean()),
-                "sweep": [metrics.sink_rate(rep.alpha1_all, e) for e in sweep],
-                "massive_ratio": rep.massive_ratio.tolist(),
-                "dormant_pct": rep.dormant_pct,
-                "entropy_mean": float(rep.entropy.nanmean()),
+                "sink1": measures.sink1,
+                "alpha1_mean": float(measures.alpha1.mean()),
+                "sweep": [metrics.sink_rate(measures.alpha1_all, e) for e in sweep],
+                "massive_ratio": measures.massive_ratio.tolist(),
+                "dormant_pct": measures.dormant_pct,
+                "entropy_mean": float(measures.entropy.nanmean()),
             }
     result["seconds"] = {"load": round(loaded, 2), "measure": round(time.perf_counter() - started - loaded, 2)}
     del subject
@@ -126,7 +126,7 @@ def _fmt(value, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def markdown(rows: list[dict], columns: list[str], probe: Probe, bos_modes: list[bool]) -> str:
+def markdown(rows: list[dict], columns: list[str], probe: ProbeSettings, bos_modes: list[bool]) -> str:
     bos_note = {(False,): "no BOS", (True,): "BOS first", (False, True): "without / with BOS"}
     head = (
         f"Sink_1^ε (%), ε={probe.eps}, T={probe.seq_len}, N={probe.num_sequences}, "
@@ -159,7 +159,7 @@ def sweep_rows(results: list[dict], sweep: list[float]) -> list[dict]:
 
 
 def draw(
-    results: list[dict], columns: list[str], sweep: list[float], probe: Probe, bos_modes, path: Path, by: str
+    results: list[dict], columns: list[str], sweep: list[float], probe: ProbeSettings, bos_modes, path: Path, by: str
 ) -> Path:
     bars = {rec["model"]: {c: rec["cells"][c]["sink1"] for c in columns if c in rec["cells"]} for rec in results}
     first = probe.inputs[0]
@@ -197,8 +197,25 @@ def log_run(
     return log_new_run(uri, experiment, name, tags, params, values, Path(settings["out"]), curve)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+@dataclass(frozen=True)
+class Survey:
+    """`sinklab survey`'s settings: the models, what each is fed (``probe``), the BOS modes and ε sweep, where the
+    results go; ``options``: the command line as parsed, written into survey.json and logged."""
+
+    models: list[str]
+    kind: str
+    tokenizer: Path | None
+    probe: ProbeSettings
+    bos_modes: list[bool]
+    sweep: list[float]
+    out: Path
+    options: dict
+    mlflow_uri: str | None
+    experiment: str
+    no_mlflow: bool
+
+
+def check_args(args: argparse.Namespace) -> Survey:
     if args.num_sequences < 1 or args.seq_len < 2:
         raise SystemExit("sinklab survey: --num-sequences must be >= 1 and --seq-len >= 2")
     kinds = parse_list(args.inputs, "--inputs", str, INPUT_KINDS)
@@ -206,33 +223,39 @@ def main(argv: list[str] | None = None) -> int:
     sweep = sorted(set(parse_list(args.eps_sweep, "--eps-sweep", float) + [args.eps]))
     if any(not 0.0 <= e < 1.0 for e in sweep):
         raise SystemExit(f"sinklab survey: --eps/--eps-sweep {sweep}: every ε must lie in [0, 1)")
-    probe = settings_of(Probe, args, inputs=tuple(kinds), positions=1, bos=False)  # only Sink_1 is surveyed
-    tokenizer = tokenizer_file(args.tokenizer, args.dataset)
-    by = claimed(args.out, OUTPUTS, BY, args.models)
+    probe = settings_of(ProbeSettings, args, inputs=tuple(kinds), positions=1, bos=False)  # only Sink_1 is surveyed
+    parsed = {"inputs_list": kinds, "bos_modes": bos_modes, "positions": 1}
+    options = json.loads(json.dumps(vars(args) | parsed, default=str))
+    given = {"tokenizer": tokenizer_file(args.tokenizer, args.dataset), "options": options}
+    return settings_of(Survey, args, probe=probe, bos_modes=bos_modes, sweep=sweep, **given)
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = check_args(build_parser().parse_args(argv))
+    probe, bos_modes, sweep = s.probe, s.bos_modes, s.sweep
+    by = claimed(s.out, OUTPUTS, BY, s.models)
     results = []
-    for spec in args.models:
-        results.append(survey_model(spec, args.kind, tokenizer, probe, bos_modes, sweep))
+    for spec in s.models:
+        results.append(survey_model(spec, s.kind, s.tokenizer, probe, bos_modes, sweep))
         print(f"{results[-1]['model']}: {results[-1]['seconds']}", flush=True)
-    columns = [column(k, b) for b in bos_modes for k in kinds]
+    columns = [column(k, b) for b in bos_modes for k in probe.inputs]
     rows = table_rows(results, columns)
     table = markdown(rows, columns, probe, bos_modes)
-    write_output(args.out / "survey.md", table + "\n", by)
-    write_output(args.out / "survey.csv", csv_text(rows), by)
-    write_output(args.out / "sweep.csv", csv_text(sweep_rows(results, sweep)), by)
-    draw(results, columns, sweep, probe, bos_modes, args.out / "survey.png", by)
-    parsed = {"inputs_list": kinds, "bos_modes": bos_modes, "positions": 1}
-    settings = json.loads(json.dumps(vars(args) | parsed, default=str))
-    saved = {"settings": settings, "eps_sweep": sweep, "table": rows, "models": results}
-    write_json(saved, args.out / "survey.json", by)
-    if not args.no_mlflow:
+    write_output(s.out / "survey.md", table + "\n", by)
+    write_output(s.out / "survey.csv", csv_text(rows), by)
+    write_output(s.out / "sweep.csv", csv_text(sweep_rows(results, sweep)), by)
+    draw(results, columns, sweep, probe, bos_modes, s.out / "survey.png", by)
+    saved = {"settings": s.options, "eps_sweep": sweep, "table": rows, "models": results}
+    write_json(saved, s.out / "survey.json", by)
+    if not s.no_mlflow:
         from pipeline.tracking import tracking_uri
 
-        uri = args.mlflow_uri or tracking_uri()
-        saved["mlflow_run_id"] = log_run(uri, args.experiment, settings, results, rows, sweep)
-        write_json(saved, args.out / "survey.json", by)
+        uri = s.mlflow_uri or tracking_uri()
+        saved["mlflow_run_id"] = log_run(uri, s.experiment, s.options, results, rows, sweep)
+        write_json(saved, s.out / "survey.json", by)
     print(table)
     print(
-        f"wrote {args.out}/survey.md, survey.csv, sweep.csv, survey.png"
+        f"wrote {s.out}/survey.md, survey.csv, sweep.csv, survey.png"
         + (f"; MLflow run {saved['mlflow_run_id']}" if "mlflow_run_id" in saved else "")
     )
     return 0

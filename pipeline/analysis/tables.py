@@ -10,7 +10,7 @@ from pipeline.outliers import summary_table
 
 def format_table(result: dict) -> str:
     s = result["settings"]
-    proxy = any(rep.get("is_proxy") for rep in result.get("reports", {}).values())
+    proxy = any(measures.get("is_proxy") for measures in result.get("reports", {}).values())
     scores = " on proxy scores (attention without softmax)" if proxy else ""
     bos = "no BOS"
     if s.get("bos") or s.get("probe_bos"):
@@ -23,7 +23,9 @@ def format_table(result: dict) -> str:
         "| " + " | ".join(f"{v:.2f}" for v in result["table1"].values()) + " |",
     ]
     outliers = {
-        kind: rep["outliers"]["summary"] for kind, rep in result.get("reports", {}).items() if rep.get("outliers")
+        kind: measures["outliers"]["summary"]
+        for kind, measures in result.get("reports", {}).items()
+        if measures.get("outliers")
     }
     if outliers:
         lines += ["", "Activation outliers (largest over layers; docs/analysis.md)", ""] + summary_table(outliers)

@@ -73,7 +73,7 @@ class SinkMetrics(Callback):
         self.seconds = self.figure_seconds = 0.0  # the probes (metrics and logging); their figures
         self._probe: torch.Tensor | None = None
         self._done_step = -1
-        self._last, self._uniform = None, None  # the newest probe's report and uniform α₁
+        self._last, self._uniform = None, None  # the newest probe's measures and uniform α₁
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._maybe_probe(trainer, pl_module, force=trainer.global_step == 0)
@@ -122,13 +122,15 @@ class SinkMetrics(Callback):
 
             gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
         with gathered, uncompiled():
-            report = sink_probe.run_probe(model, self._probe.to(pl_module.device), **self._probe_args)
+            measures = sink_probe.run_probe(model, self._probe.to(pl_module.device), **self._probe_args)
         if not trainer.is_global_zero:
             return
-        metrics = report.to_metrics() | report.head_metrics()  # heads/entropy_*, heads/out_norm_*, heads/dormant_pct
-        self._last, self._uniform = report, emergence.probe_uniform_alpha1(pl_module.arch, report.seq_len)
-        metrics |= emergence.probe_metrics(
-            report.alpha1, report.sink1, metrics[N.ALPHA1_MEAN], step, self.metrics_path, self._uniform
+        metrics = (
+            measures.to_metrics() | measures.head_metrics()
+        )  # heads/entropy_*, heads/out_norm_*, heads/dormant_pct
+        self._last, self._uniform = measures, emergence.probe_uniform_alpha1(pl_module.arch, measures.seq_len)
+        metrics |= emergence.step_metrics(
+            measures.alpha1, measures.sink1, metrics[N.ALPHA1_MEAN], step, self.metrics_path, self._uniform
         )
         record_metrics(pl_module, metrics, step)
         for key, value in emergence.tags_of(metrics).items():
@@ -136,7 +138,7 @@ class SinkMetrics(Callback):
         self.seconds += time.perf_counter() - t0
         if self.plot_every > 0 and (step % self.plot_every == 0 or force):
             t0 = time.perf_counter()
-            for path, key in probe_figures(report, step, self.plot_dir, self._uniform):
+            for path, key in probe_figures(measures, step, self.plot_dir, self._uniform):
                 if key is None:
                     log_artifact(trainer, path, "plots")
                 else:
@@ -144,30 +146,30 @@ class SinkMetrics(Callback):
             self.figure_seconds += time.perf_counter() - t0
 
 
-def probe_figures(report, step: int, plot_dir: Path, uniform: float | None) -> list[tuple[Path, str | None]]:
+def probe_figures(measures, step: int, plot_dir: Path, uniform: float | None) -> list[tuple[Path, str | None]]:
     """A probe's figures: (path, MLflow image key, or None for an artifact under ``plots/``)."""
     from pipeline.plots import alpha1_heatmap, head_map
 
-    title = f"step {step}: α₁ per layer and head (Sink₁ = {report.sink1:.1f}%)"
+    title = f"step {step}: α₁ per layer and head (Sink₁ = {measures.sink1:.1f}%)"
     path = alpha1_heatmap(
-        report.alpha1,
+        measures.alpha1,
         plot_dir / f"alpha1_step-{step:06d}.png",
         title,
-        report.entropy,
-        report.out_norm,
-        report.dormant,
+        measures.entropy,
+        measures.out_norm,
+        measures.dormant,
         uniform=uniform,
-        max_logit=report.max_logit,
+        max_logit=measures.max_logit,
     )
     # the UI's image charts show a thumbnail (256 px): α₁ alone, one image per step
     alone = alpha1_heatmap(
-        report.alpha1, plot_dir / f"alpha1_map_step-{step:06d}.png", title, dormant=report.dormant, uniform=uniform
+        measures.alpha1, plot_dir / f"alpha1_map_step-{step:06d}.png", title, dormant=measures.dormant, uniform=uniform
     )
     figures = [(path, None), (alone, N.ALPHA1_IMAGE)]
-    if report.max_logit is not None:
-        peak = float(report.max_logit.max())
+    if measures.max_logit is not None:
+        peak = float(measures.max_logit.max())
         logits = head_map(
-            report.max_logit,
+            measures.max_logit,
             plot_dir / f"max_logit_step-{step:06d}.png",
             f"step {step}: largest q·k/√d_h per layer and head (max {peak:.1f})",
             "max q·k/√d_h",

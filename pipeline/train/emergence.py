@@ -37,7 +37,7 @@ def emerged_so_far(
     return {N.emerged_step(name): at for name, at in found.items() if at is not None}
 
 
-def probe_metrics(
+def step_metrics(
     alpha1: torch.Tensor, sink1: float, alpha1_mean: float, step: int, metrics_path: Path, alpha1_uniform: float
 ) -> dict[str, float]:
     """What a probe at ``step`` logs beyond ``SinkMeasures.to_metrics()``: per-head α_1, the

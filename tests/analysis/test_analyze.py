@@ -50,15 +50,15 @@ def test_smollm2_table1_and_plots(smollm2, tmp_path):
 
 def test_smollm2_metrics_match_eager_attention(smollm2):
     tokens = torch.randint(0, 49152, (3, 16), generator=torch.Generator().manual_seed(1))
-    rep = hf_sink_measures(smollm2.model, tokens, eps=0.3, batch_size=2)
+    measures = hf_sink_measures(smollm2.model, tokens, eps=0.3, batch_size=2)
     alpha = _independent_alpha1(smollm2.model, tokens)
-    assert torch.allclose(rep.alpha1, alpha.mean(0), atol=1e-5)
-    assert rep.sink1 == pytest.approx(100.0 * (alpha > 0.3).double().mean().item())
+    assert torch.allclose(measures.alpha1, alpha.mean(0), atol=1e-5)
+    assert measures.sink1 == pytest.approx(100.0 * (alpha > 0.3).double().mean().item())
     # each head's output is A·V of HF's own maps and the (repeated) value heads
     full = capture(smollm2.model, tokens)
     by_hand = torch.stack([(a @ v).norm(dim=-1).mean(dim=(0, -1)) for a, v in zip(full.attentions, full.values)])
-    assert rep.out_norm.shape == (30, 9) and torch.allclose(rep.out_norm, by_hand, rtol=1e-4)
-    assert rep.entropy.shape == (30, 9) and 0.0 <= rep.entropy.min() and rep.entropy.max() <= 1.0
+    assert measures.out_norm.shape == (30, 9) and torch.allclose(measures.out_norm, by_hand, rtol=1e-4)
+    assert measures.entropy.shape == (30, 9) and 0.0 <= measures.entropy.min() and measures.entropy.max() <= 1.0
     # over-mixing: the hooked perturbation equals one fed through HF's own inputs_embeds
     g = torch.Generator().manual_seed(flow.DIRECTION_SEED)
     spread = []
@@ -72,7 +72,7 @@ def test_smollm2_metrics_match_eager_attention(smollm2):
         spread.append(
             torch.stack([flow.perturbation_spread(a, b, 8, flow.DEFAULT_RHO) for a, b in zip(clean, pert)], 1)
         )
-    torch.testing.assert_close(rep.flow.mixing[:-1], torch.cat(spread).mean(0)[1:-1], rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(measures.flow.mixing[:-1], torch.cat(spread).mean(0)[1:-1], rtol=1e-3, atol=1e-4)
     # hidden states of the last block are read before the final norm
     c = capture(smollm2.model, tokens[:1])
     with torch.no_grad():
@@ -373,7 +373,7 @@ def test_stream_ppl_refuses_a_cache_wider_than_the_model_positions(
 ):
     """A learned-positions model and a RoPE model streamed past max_seq_len are both refused, as
     `analyze -T` is."""
-    from pipeline.analysis import streaming
+    from pipeline.analysis import stream_ppl
     from pipeline.model import save_pretrained
 
     text = tmp_path / "words.txt"
@@ -381,7 +381,7 @@ def test_stream_ppl_refuses_a_cache_wider_than_the_model_positions(
     learned = save_pretrained(micro_model(positional="learned"), tmp_path / "learned")
     for ckpt in (sinklab_ckpt_with_tokenizer, learned):
         with pytest.raises(SystemExit) as err:
-            streaming.main([str(ckpt), "--text", str(text), "--tokenizer", str(tmp_path / "tokenizer.json"), *extra])
+            stream_ppl.main([str(ckpt), "--text", str(text), "--tokenizer", str(tmp_path / "tokenizer.json"), *extra])
         assert option in str(err.value) and "handles at most 64" in str(err.value) and "\n" not in str(err.value)
 
 

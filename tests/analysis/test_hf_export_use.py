@@ -35,7 +35,7 @@ def exported(tmp_path_factory):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_analyze_and_stream_ppl_read_the_export_back(exported, name, tmp_path):
-    from pipeline.analysis import analyze, streaming
+    from pipeline.analysis import analyze, stream_ppl
 
     paths = exported[name]
     text = tmp_path / "words.txt"
@@ -59,7 +59,7 @@ def test_analyze_and_stream_ppl_read_the_export_back(exported, name, tmp_path):
             "--out",
             str(out / "ppl.json"),
         ]
-        assert streaming.main([model, *ppl]) == 0
+        assert stream_ppl.main([model, *ppl]) == 0
         found[which] = (json.loads((out / "report.json").read_text()), json.loads((out / "ppl.json").read_text()))
     (ckpt_report, ckpt_ppl), (hf_report, hf_ppl) = found["ckpt"], found["hf"]
     assert hf_report["kind"] == ("sinklab" if name == "remote" else "hf")

@@ -3,14 +3,12 @@ evictions, in a one-layer model (whose pre-rotary keys and values depend on the 
 each prediction equals a fresh forward over exactly the kept tokens placed at contiguous
 positions, which checks the eviction rule and the re-rotation of the kept keys."""
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
-from analysis_helpers import HAMLET, micro_model
+from analysis_helpers import micro_model
 
-from pipeline.analysis import streamers, streaming
+from pipeline.analysis import stream_ppl, streamers, streaming
 from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer, perplexity
 from sinklab_io.mappings import settings_of
 
@@ -97,27 +95,6 @@ def test_sinklab_micro_eviction_with_sink_token():
     assert_equals_fresh_forwards(model, ids, SinkLabStreamer(model).nll(ids, [spec])[0], spec, extra_initial=1)
 
 
-def test_cli_on_local_llama(tiny_llama_dir, tmp_path, capsys):
-    out = tmp_path / "ppl.json"
-    args = [str(tiny_llama_dir), "--text", str(HAMLET), "--max-tokens", "20", "--cache", "1+7", "--full", "--out"]
-    # a text that fits whole in a cache would evict nothing: refused, not printed as a streaming perplexity
-    with pytest.raises(SystemExit, match="the text has 20 tokens, which fit whole in cache 0\\+32: nothing would be"):
-        streaming.main([*args, str(out), "--cache", "0+32"])
-    assert not out.exists()
-    assert streaming.main([*args, str(out)]) == 0
-    rec = json.loads(out.read_text())
-    assert rec["tokens"] == 20 and set(rec["perplexity"]) == {"1+7", "full"}
-    assert "| model | 1+7 | full |" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="--cache"):
-        streaming.main([str(tiny_llama_dir), "--cache", "3"])
-    # --out names a file sinklab did not write: refused before any work, the file unchanged
-    mine = tmp_path / "mine.json"
-    mine.write_text("my notes")
-    with pytest.raises(SystemExit, match=f"--out {mine}: mine.json exists, which sinklab did not write"):
-        streaming.main([*args, str(mine)])
-    assert mine.read_text() == "my notes"
-
-
 def test_configs_sharing_x_plus_y_stream_as_one_batch_with_the_same_results(tiny_llama):
     ids = torch.randint(0, 300, (20,), generator=torch.Generator().manual_seed(4))
     specs = [CacheSpec(0, 6), CacheSpec(1, 5), CacheSpec(4, 2)]
@@ -147,46 +124,6 @@ def test_group_by_capacity():
     assert streamers.group_by_capacity([a, c, b, a]) == [[a, b], [c]]
     with pytest.raises(ValueError, match="one x\\+y"):
         SinkLabStreamer(micro_model()).nll(torch.arange(5), [a, c])
-
-
-def test_cli_on_a_sinklab_checkpoint_with_its_tokenizer(tmp_path, capsys):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    from pipeline.model import save_pretrained
-
-    words = "<|bos|> <|eos|> the cat sat on a mat".split()
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="the"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(tmp_path / "tokenizer.json"))
-    ckpt = save_pretrained(micro_model(), tmp_path / "ckpt")
-    text = tmp_path / "t.txt"
-    text.write_text("the cat sat on a mat " * 5)
-    out = tmp_path / "ppl.json"
-    for bos, first in (("auto", True), ("no", False)):  # auto: BOS first, as in training
-        assert (
-            streaming.main(
-                [
-                    str(ckpt),
-                    "--text",
-                    str(text),
-                    "--cache",
-                    "0+8",
-                    "--cache",
-                    "2+6",
-                    "--full",
-                    "--bos",
-                    bos,
-                    "--out",
-                    str(out),
-                ]
-            )
-            == 0
-        )
-        assert json.loads(out.read_text())["bos_first"] is first
-    assert "| model | 0+8 | 2+6 | full |" in capsys.readouterr().out
-    (tmp_path / "tokenizer.json").unlink()
-    with pytest.raises(SystemExit, match="--tokenizer"):
-        streaming.main([str(ckpt), "--text", str(text)])
 
 
 def tiny_gemma3(layer_type: str):
@@ -223,19 +160,9 @@ def test_gemma3_layers_re_rotate_with_their_own_frequencies(layer_type):
 
 def test_gemma3_streams_with_its_bos_first(tmp_path, monkeypatch):
     monkeypatch.setattr(streamers, "PREFILL_TOKENS", 1)  # every cached key re-rotated at every step
-    reading = settings_of(streaming.Reading, streaming.build_parser().parse_args(["gemma3-270m"]))
+    reading = settings_of(streaming.Reading, stream_ppl.build_parser().parse_args(["gemma3-270m"]))
     streamer, ids, subject = streaming.load_subject("gemma3-270m", reading, 2048)
     assert ids[0] == subject.tokenizer.bos_token_id  # Gemma's tokenizer starts with BOS, and --bos auto follows it
     ids = torch.tensor(ids[:32])
     streamed = perplexity(streamer.nll(ids, [CacheSpec(0, 32)])[0])  # nothing evicted
     assert streamed == pytest.approx(perplexity(streamer.full_nll(ids)), rel=1e-4)
-
-
-def test_bos_option(tiny_llama_dir, tmp_path):
-    out = tmp_path / "ppl.json"
-    args = [str(tiny_llama_dir), "--text", str(HAMLET), "--max-tokens", "12", "--cache", "0+8", "--out", str(out)]
-    assert streaming.main(args) == 0 and json.loads(out.read_text())["bos_first"] is False  # as its tokenizer does
-    with pytest.raises(SystemExit, match="--bos yes: .* has no BOS token"):
-        streaming.main(args + ["--bos", "yes"])
-    with pytest.raises(SystemExit, match="--bos applies to --text"):
-        streaming.main([str(tiny_llama_dir), "--dataset", str(tmp_path), "--bos", "yes"])

@@ -196,13 +196,13 @@ def test_analyze_of_the_run_equals_analyze_of_its_checkpoint(fitted, tmp_path):
 
 
 def test_stream_ppl_lm_eval_and_export_hf_take_the_run(fitted, tmp_path, capsys):
-    from pipeline.analysis import streaming
+    from pipeline.analysis import stream_ppl
     from pipeline.cli import main as sinklab
 
     text = tmp_path / "words.txt"
     text.write_text(" ".join(WORDS * 3))
     assert (
-        streaming.main(
+        stream_ppl.main(
             [
                 f"runs:/{fitted.run_id}",
                 "--text",
@@ -220,7 +220,7 @@ def test_stream_ppl_lm_eval_and_export_hf_take_the_run(fitted, tmp_path, capsys)
     assert json.loads((tmp_path / "ppl.json").read_text())["tokens"] == 24
     # the held-out split of the run's dataset, and the result logged back to the run
     assert (
-        streaming.main(
+        stream_ppl.main(
             [
                 f"runs:/{fitted.run_id}",
                 "--dataset",

@@ -34,7 +34,7 @@ def test_each_crossing_is_logged_once_at_its_step_across_starts(tmp_path):
     path, u = tmp_path / "metrics.jsonl", 0.1
     alpha1 = torch.tensor([[0.1, 0.2], [0.3, 0.4]])
     # nothing logged yet: a crossing at the very first probe counts
-    first = E.probe_metrics(alpha1, 2.0, 0.11, 0, path, u)
+    first = E.step_metrics(alpha1, 2.0, 0.11, 0, path, u)
     assert first["sink/emerged_step_sink1_1pct"] == 0 and "sink/emerged_step_sink1_10pct" not in first
     assert first["heads/alpha1_l1_h0"] == pytest.approx(0.3) and first[N.ALPHA1_UNIFORM] == u
     _write(
@@ -49,13 +49,13 @@ def test_each_crossing_is_logged_once_at_its_step_across_starts(tmp_path):
     )
     # the resumed start probes step 200 again: Sink_1 > 1% was reached at 100 (not again);
     # the stale row at 200 does not count, today's values do
-    again = E.probe_metrics(alpha1, 5.0, 0.12, 200, path, u)  # 0.12 < 1.25 x 0.1
+    again = E.step_metrics(alpha1, 5.0, 0.12, 200, path, u)  # 0.12 < 1.25 x 0.1
     assert not E.tags_of(again)
-    later = E.probe_metrics(alpha1, 12.0, 0.2, 200, path, u)
+    later = E.step_metrics(alpha1, 12.0, 0.2, 200, path, u)
     assert E.tags_of(later) == {"sink/emerged_step_sink1_10pct": "200", "sink/emerged_step_alpha1_125pct": "200"}
     with open(path, "a") as f:  # logged, then probed again at the same step by a resumed start
         f.write(json.dumps({"step": 200, "sink/sink1": 12.0, "sink/alpha1_mean": 0.2, **later}) + "\n")
-    assert not E.tags_of(E.probe_metrics(alpha1, 12.0, 0.2, 200, path, u))
+    assert not E.tags_of(E.step_metrics(alpha1, 12.0, 0.2, 200, path, u))
     assert E.emerged_so_far(path, 200, 12.0, 0.2, u) == {
         "sink/emerged_step_sink1_1pct": 100,
         "sink/emerged_step_sink1_10pct": 200,
