@@ -89,17 +89,17 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
 
     def probe_as_trained():
-        report = run_probe(model, probe, mixing_sequences=TRAINING_MIXING_SEQUENCES)
-        report.to_metrics() | report.head_metrics()
-        return report
+        measures = run_probe(model, probe, mixing_sequences=TRAINING_MIXING_SEQUENCES)
+        measures.to_metrics() | measures.head_metrics()
+        return measures
 
     step()
-    report = probe_as_trained()  # warm-up
+    measures = probe_as_trained()  # warm-up
     best = {k: (float("inf"), float("inf")) for k in ("probe", "figures", "step")}
     pick = lambda old, new: tuple(map(min, old, new))  # noqa: E731
     for _ in range(args.repeats):  # alternated, so that a busy machine weighs on all alike
         best["probe"] = pick(best["probe"], timed(probe_as_trained))
-        best["figures"] = pick(best["figures"], timed(lambda: probe_figures(report, 0, plot_dir, None)))
+        best["figures"] = pick(best["figures"], timed(lambda: probe_figures(measures, 0, plot_dir, None)))
         wall, cpu = timed(lambda: [step() for _ in range(args.steps)])
         best["step"] = pick(best["step"], (wall / args.steps, cpu / args.steps))
     for name, seconds in profile(probe_as_trained).items():

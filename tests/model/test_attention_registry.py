@@ -180,9 +180,9 @@ def test_every_registered_op_trains_and_its_training_path_equals_its_eager_path(
 )
 def test_every_op_and_feature_map_passes_the_whole_sink_probe_training_runs(op, feature_map):
     model = _micro(op, normalizer=OPS[op].normalizers[-1], **({"feature_map": feature_map} if feature_map else {}))
-    report = run_probe(model, torch.randint(0, 64, (2, 12)), batch_size=2)
-    metrics = report.to_metrics()
-    assert report.outliers is not None and "act/linear_max" in metrics and math.isfinite(metrics["sink/alpha1_mean"])
+    measures = run_probe(model, torch.randint(0, 64, (2, 12)), batch_size=2)
+    metrics = measures.to_metrics()
+    assert measures.outliers is not None and "act/linear_max" in metrics and math.isfinite(metrics["sink/alpha1_mean"])
 
 
 def test_the_run_summary_names_the_proxy_the_sink_metrics_use():

@@ -30,9 +30,9 @@ def test_post_norm_records_the_residual_sum_before_the_blocks_last_norm(norm):
             torch.testing.assert_close(recorded, expected)
             assert not torch.allclose(recorded, block.ffn_norm(expected), atol=1e-3)
         torch.testing.assert_close(out.logits, model.lm_head(model.blocks[-1].ffn_norm(sums[-1])))
-        report = run_probe(model, idx, outliers=False, flow=False)
+        measures = run_probe(model, idx, outliers=False, flow=False)
     ratios = torch.stack([metrics.massive_activation_ratio(h).mean() for h in sums])
-    torch.testing.assert_close(report.massive_ratio, ratios)
+    torch.testing.assert_close(measures.massive_ratio, ratios)
 
 
 def test_pre_norm_records_each_blocks_output():

@@ -17,7 +17,7 @@ def test_fused_adamw_under_bf16_mixed_clips_every_step(tiny_ds, tmp_path, monkey
     max_norm, after_clip, fused = 1e-3, [], []
     real_build = module_mod.build_optimizer
 
-    def recording_build(model, cfg):
+    def counting_build(model, cfg):
         optimizer = real_build(model, cfg)
         fused.append(optimizer.defaults["fused"])
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -28,7 +28,7 @@ def test_fused_adamw_under_bf16_mixed_clips_every_step(tiny_ds, tmp_path, monkey
         )
         return optimizer
 
-    monkeypatch.setattr(module_mod, "build_optimizer", recording_build)
+    monkeypatch.setattr(module_mod, "build_optimizer", counting_build)
     run_dir = tmp_path / "run"
     rc = fit_in_process(
         [
@@ -113,5 +113,5 @@ def test_the_sink_probe_of_a_compiled_model_compiles_nothing_more():
     compiled = counters["stats"]["unique_graphs"]
     assert compiled > 0
     with uncompiled():
-        report = probe.run_probe(model, torch.randint(0, 64, (4, 12)))
-    assert counters["stats"]["unique_graphs"] == compiled and 0 <= report.sink1 <= 100
+        measures = probe.run_probe(model, torch.randint(0, 64, (4, 12)))
+    assert counters["stats"]["unique_graphs"] == compiled and 0 <= measures.sink1 <= 100
