@@ -155,9 +155,8 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, AttentionCapture | None]:
         B, T, d = x.shape
         H, Hkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
-        q, k, v = self.qkv(x).split((H * dh, Hkv * dh, Hkv * dh), dim=-1)
-        q = q.view(B, T, H, dh).transpose(1, 2)  # [B, H, T, dh]
-        k, v = k.view(B, T, Hkv, dh).transpose(1, 2), v.view(B, T, Hkv, dh).transpose(1, 2)  # [B, Hkv, T, dh]
+        heads = self.qkv(x).view(B, T, H + 2 * Hkv, dh).transpose(1, 2)  # [B, H + 2 Hkv, T, dh]
+        q, k, v = heads.split((H, Hkv, Hkv), dim=1)  # [B, H, T, dh], [B, Hkv, T, dh] twice
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if layer_cache is not None:

@@ -126,7 +126,7 @@ def test_cpu_job_site_values_from_environment_and_extra_fit_args(capsys, monkeyp
     monkeypatch.setenv("SINKLAB_SETUP", "source /opt/env/bin/activate")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
     config = tmp_path / "tiny.yaml"
-    config.write_text("trainer:\n  max_steps: 5\n")
+    config.write_text("trainer:\n  max_steps: 5\noptim:\n  warmup_steps: 2\n")  # warm-up below max_steps, as fit checks
     code = submit_main(
         [
             str(config),

@@ -33,6 +33,7 @@ EXPECTED = {
     "sigmoid-1b",
     "sink-tokens",
     "mitigations",
+    "retrofit-sink",
     # Guo et al.'s Bigram-Backcopy findings
     "bb-sink",
     "bb-attention-ops",
