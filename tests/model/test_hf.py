@@ -36,22 +36,27 @@ def test_export_matches_hf_llama_logits():
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
-def test_import_from_hf_llama_matches_logits():
-    torch.manual_seed(1)
+def _llama(seed: int, heads: int, kv_heads: int, tie: bool = False):
+    """A random 2-layer HF Llama, d = 48."""
+    torch.manual_seed(seed)
     hf_cfg = transformers.LlamaConfig(
         vocab_size=50,
         hidden_size=48,
         intermediate_size=80,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
         max_position_embeddings=64,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie,
         initializer_range=0.2,
     )
-    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
+    return transformers.LlamaForCausalLM(hf_cfg).eval()
+
+
+def test_import_from_hf_llama_matches_logits():
+    hf = _llama(seed=1, heads=4, kv_heads=4)
     ours = from_hf(hf).eval()
     assert (ours.config.d_model, ours.config.n_heads, ours.config.d_ffn) == (48, 4, 80)
     idx = torch.randint(0, 50, (2, 13))
@@ -253,21 +258,7 @@ def test_a_tokenizer_that_is_not_the_models_is_refused(tmp_path, capsys):
 
 
 def _gqa_llama(seed=2, tie=False):
-    torch.manual_seed(seed)
-    hf_cfg = transformers.LlamaConfig(
-        vocab_size=50,
-        hidden_size=48,
-        intermediate_size=80,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-        initializer_range=0.2,
-    )
-    return transformers.LlamaForCausalLM(hf_cfg).double().eval()
+    return _llama(seed, heads=6, kv_heads=2, tie=tie).double()
 
 
 @pytest.fixture
