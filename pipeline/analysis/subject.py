@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 
 from pipeline.analysis.hf_capture import hf_sink_measures
-from pipeline.analysis.hf_models import SHORTCUTS, load_hf_model
+from pipeline.analysis.hf_models import load_hf_model
 from pipeline.analysis.inputs import ProbeSettings
+from pipeline.model.hf_sources import hub_name
 from pipeline.model.loading import exported_config
 from pipeline.probe import run_probe
 from pipeline.sink_measures import SinkMeasures
@@ -99,7 +100,7 @@ class Subject:
     def _detect(self, spec: str) -> str:
         path = Path(spec)
         # the hub is asked only for shortcuts and ORG/NAME ids; any other missing path fails at once
-        hub_id = spec in SHORTCUTS or re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) and path.suffix != ".gguf"
+        hub_id = hub_name(spec)
         if not path.exists() and not hub_id:
             raise SystemExit(
                 f"sinklab {self.command}: {spec}: no such file or directory (a checkpoint, .gguf file or "

