@@ -116,39 +116,43 @@ def _source_model(spec: str) -> tuple[Transformer, dict[str, str]]:
         raise ConfigError(f"model.init={spec}: {exc}") from None
 
 
-def _added_logits(model: Transformer, new: list[str], tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per new logit parameter, SLOT_MARGIN below the smallest log-sum-exp over the existing keys of its head's
+def _added_logits(model: Transformer, new: list[str], tokens: torch.Tensor, margin: float) -> dict[str, torch.Tensor]:
+    """Per new logit parameter, ``margin`` below the smallest log-sum-exp over the existing keys of its head's
     rows on ``tokens``, read in float64 from the share of a new column whose logit is L: 1/p = n_new + e^(lse - L)
-    (L moves down where e^(lse - L) is lost to rounding)."""
+    (L moves down where e^(lse - L) is lost to rounding); repeated until each layer's L holds with the layers
+    below it at theirs."""
     model = model.double().eval()
     params = dict(model.named_parameters())
     layers = sorted({name.split(".")[1] for name in new})
     level = {layer: torch.zeros(model.config.n_heads, dtype=torch.float64) for layer in layers}
     column = model.config.n_bias_slots - 1 if any(n.endswith("sink_logit") for n in new) else 0
     n_new = len({n.rsplit(".", 1)[1] for n in new})
-    lse = {}
-    for _ in range(8):
+    for _ in range(len(layers) + 8):
         with torch.no_grad():
             for name in new:
                 params[name].copy_(level[name.split(".")[1]])
             out = model(tokens, output_attentions=True)
-        lost = False
+        moved = 0.0
         for layer in layers:
             p = out.attentions[int(layer)][..., column].transpose(0, 1).reshape(model.config.n_heads, -1)
             rest = (1.0 / p - n_new).amin(-1)  # e^(lse - L) of the row with the smallest lse, per head
-            lse[layer] = level[layer] + rest.clamp(min=1e-300).log()
-            imprecise = rest < 1e-8 * n_new
-            lost |= bool(imprecise.any())
-            level[layer] = torch.where(imprecise, level[layer] - 40.0, level[layer])
-        if not lost:
+            target = level[layer] + rest.clamp(min=1e-300).log() - margin
+            target = torch.where(rest < 1e-8 * n_new, level[layer] - 40.0, target)
+            moved = max(moved, (target - level[layer]).abs().max().item())
+            level[layer] = target
+        if moved < 1e-6:
             break
-    return {name: (lse[name.split(".")[1]] - SLOT_MARGIN).float() for name in new}
+    return {name: level[name.split(".")[1]].float() for name in new}
 
 
-def read_init(spec: str, cfg: ModelConfig, tokens: torch.Tensor) -> tuple[dict, dict[str, str]]:
+def read_init(
+    spec: str, cfg: ModelConfig, tokens: torch.Tensor, margin: float = SLOT_MARGIN
+) -> tuple[dict, dict[str, str]]:
     """The weights of ``spec`` for a model of ``cfg`` (``init_arch``'s), the slots the run adds set where the
-    function is the source's on ``tokens`` (the probe set): k* and v* zero, an added logit SLOT_MARGIN below
+    function is the source's on ``tokens`` (the probe set): k* and v* zero, an added logit ``margin`` below
     every row's log-sum-exp; and the MLflow tags."""
+    if not margin > 0:
+        raise ConfigError(f"model.slot_margin={margin}: must be above 0 (20 keeps the function; 4.6 starts at 1%)")
     source, tags = _source_model(spec)
     have, want = _flat(source.config), _flat(cfg)
     differ = sorted(k for k in want if k != "preset" and not _adds_slot(k) and want[k] != have.get(k))
@@ -184,7 +188,7 @@ def read_init(spec: str, cfg: ModelConfig, tokens: torch.Tensor) -> tuple[dict, 
     if new:
         model = Transformer(cfg)
         model.load_state_dict(state)
-        state |= _added_logits(model, new, tokens)
+        state |= _added_logits(model, new, tokens, margin)
     return state, tags
 
 

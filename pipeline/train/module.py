@@ -18,7 +18,7 @@ from pipeline.model import ConfigError, ModelConfig, Transformer
 from pipeline.model.config import ARCH
 
 from .compiling import compile_blocks, failure_line
-from .init_from import freeze_all_but
+from .init_from import SLOT_MARGIN, freeze_all_but
 from .loss import next_token_loss
 from .optim import OptimConfig, build_optimizer, build_scheduler, optimizer_split
 from .recording import record_metrics, reduced, set_tag
@@ -68,6 +68,8 @@ class SinkLabModule(L.LightningModule):
             the source's. Ignored on a resume, which restores its own checkpoint.
         trainable: comma-separated globs of parameter names (``blocks.*.attn.sink_logit``) that train;
             the rest stay frozen, saved as they were (None: all train).
+        slot_margin: how far below its head's smallest log-sum-exp on the probe set an added slot's logit
+            starts: 20 keeps the function (share <= e^-20); 4.6 starts it at <= 1%, where it can learn.
     """
 
     def __init__(
@@ -78,12 +80,13 @@ class SinkLabModule(L.LightningModule):
         activation_checkpointing: bool = False,
         init: str | None = None,
         trainable: str | None = None,
+        slot_margin: float = SLOT_MARGIN,
     ):
         super().__init__()
         self.arch = arch if arch is not None else ModelConfig()
         self.optim = optim if optim is not None else OptimConfig()
         self.compile_blocks, self.activation_checkpointing = compile, activation_checkpointing
-        self.init, self.trainable = init, trainable
+        self.init, self.trainable, self.slot_margin = init, trainable, slot_margin
         self.init_state: dict[str, torch.Tensor] | None = None  # read_init() fills it at a fresh start
         self.model: Transformer | None = None
         self._step_loss, self._micro, self._val = 0.0, 0, []

@@ -3,6 +3,7 @@ tested in tests/model/test_hf.py): the arch its config sets, the slots a run add
 function, --model.trainable, and the refusals."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -55,12 +56,26 @@ def test_an_added_slot_starts_where_the_function_is_the_sources(tiny_llama_dir, 
     assert (model(probe).logits - want).abs().max().item() > 100 * tolerance
 
 
-def read_init_from(source, arch, probe):
+def read_init_from(source, arch, probe, margin=init_from.SLOT_MARGIN):
     """read_init with ``source`` (a SinkLab model) as the source."""
     from unittest import mock
 
     with mock.patch.object(init_from, "_source_model", return_value=(source, {"sinklab.init_from": "x"})):
-        return read_init("x", arch, probe)
+        return read_init("x", arch, probe, margin)
+
+
+def test_a_smaller_margin_starts_the_slot_at_its_share(tiny_llama_dir):
+    """slot_margin log(99): the slot takes 1% of each head's row with the smallest log-sum-exp, less elsewhere."""
+    arch = _run_arch(tiny_llama_dir, attention={"sink_logit": True})
+    probe = torch.randint(0, 300, (6, 24), generator=torch.Generator().manual_seed(0))
+    state, _ = read_init_from(from_hf(str(tiny_llama_dir)).eval(), arch, probe, margin=math.log(99))
+    model = Transformer(arch).double().eval()
+    model.load_state_dict(state)
+    with torch.no_grad():
+        attentions = model(probe, output_attentions=True).attentions
+    for layer in attentions:
+        share = layer[..., 0].transpose(0, 1).reshape(arch.n_heads, -1).amax(-1)  # the slot column, per head
+        assert share == pytest.approx(torch.full_like(share, 0.01), rel=1e-5)
 
 
 def test_a_pretrained_source_keeps_its_architecture(tiny_llama_dir):
@@ -107,9 +122,10 @@ def test_fit_continues_a_pretrained_model_with_a_sink_logit_training_alone(
             ["--model.trainable", "blocks.*.attn.nothing"],
             "model.trainable: 'blocks.*.attn.nothing' matches no parameter",
         ),
+        (["--model.slot_margin", "0"], "model.slot_margin=0.0: must be above 0"),
         (["--arch.vocab_size", "64"], ""),
     ],
-    ids=["glob", "vocab"],
+    ids=["glob", "margin", "vocab"],
 )
 def test_refusals_are_one_line(tiny_llama_dir, llama_ds, tmp_path, monkeypatch, mlflow_server, capsys, flags, message):
     data = llama_ds if message else make_dataset(tmp_path / "ds64", V=64)
