@@ -116,9 +116,11 @@ def _source_model(spec: str) -> tuple[Transformer, dict[str, str]]:
         raise ConfigError(f"model.init={spec}: {exc}") from None
 
 
-def _added_logits(model: Transformer, new: list[str], tokens: torch.Tensor, margin: float) -> dict[str, torch.Tensor]:
-    """Per new logit parameter, ``margin`` below the smallest log-sum-exp over the existing keys of its head's
-    rows on ``tokens``, read in float64 from the share of a new column whose logit is L: 1/p = n_new + e^(lse - L)
+def _added_logits(
+    model: Transformer, new: list[str], tokens: torch.Tensor, margin: float, quantile: float
+) -> dict[str, torch.Tensor]:
+    """Per new logit parameter, ``margin`` below the ``quantile`` (0: the smallest) of the log-sum-exps over the
+    existing keys of its head's rows on ``tokens``, read in float64 from the share of a new column whose logit is L: 1/p = n_new + e^(lse - L)
     (L moves down where e^(lse - L) is lost to rounding); repeated until each layer's L holds with the layers
     below it at theirs."""
     model = model.double().eval()
@@ -135,8 +137,10 @@ def _added_logits(model: Transformer, new: list[str], tokens: torch.Tensor, marg
         moved = 0.0
         for layer in layers:
             p = out.attentions[int(layer)][..., column].transpose(0, 1).reshape(model.config.n_heads, -1)
-            rest = (1.0 / p - n_new).amin(-1)  # e^(lse - L) of the row with the smallest lse, per head
-            target = level[layer] + rest.clamp(min=1e-300).log() - margin
+            rest = torch.quantile(
+                (1.0 / p - n_new).clamp(min=1e-300), quantile, dim=-1, interpolation="lower"
+            )  # e^(lse - L), per head
+            target = level[layer] + rest.log() - margin
             target = torch.where(rest < 1e-8 * n_new, level[layer] - 40.0, target)
             moved = max(moved, (target - level[layer]).abs().max().item())
             level[layer] = target
@@ -146,13 +150,15 @@ def _added_logits(model: Transformer, new: list[str], tokens: torch.Tensor, marg
 
 
 def read_init(
-    spec: str, cfg: ModelConfig, tokens: torch.Tensor, margin: float = SLOT_MARGIN
+    spec: str, cfg: ModelConfig, tokens: torch.Tensor, margin: float = SLOT_MARGIN, quantile: float = 0.0
 ) -> tuple[dict, dict[str, str]]:
     """The weights of ``spec`` for a model of ``cfg`` (``init_arch``'s), the slots the run adds set where the
     function is the source's on ``tokens`` (the probe set): k* and v* zero, an added logit ``margin`` below
-    every row's log-sum-exp; and the MLflow tags."""
+    the ``quantile`` of its head's row log-sum-exps (0: every row's); and the MLflow tags."""
     if not margin > 0:
         raise ConfigError(f"model.slot_margin={margin}: must be above 0 (20 keeps the function; 4.6 starts at 1%)")
+    if not 0 <= quantile <= 1:
+        raise ConfigError(f"model.slot_quantile={quantile}: must be in [0, 1] (0: the smallest row, 0.5: the median)")
     source, tags = _source_model(spec)
     have, want = _flat(source.config), _flat(cfg)
     differ = sorted(k for k in want if k != "preset" and not _adds_slot(k) and want[k] != have.get(k))
@@ -188,7 +194,7 @@ def read_init(
     if new:
         model = Transformer(cfg)
         model.load_state_dict(state)
-        state |= _added_logits(model, new, tokens, margin)
+        state |= _added_logits(model, new, tokens, margin, quantile)
     return state, tags
 
 

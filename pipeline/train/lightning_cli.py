@@ -160,7 +160,7 @@ class SinkLabCLI(LightningCLI):
         if self.model.init and not self.resume_from:
             probe = self.datamodule.probe_tokens()
             self.model.init_state, init_tags = read_init(
-                self.model.init, self.model.arch, probe, self.model.slot_margin
+                self.model.init, self.model.arch, probe, self.model.slot_margin, self.model.slot_quantile
             )
         # only now, every setting accepted: a refused start creates no MLflow store
         self.trainer.logger = RunLogger(str(self.run.root), self.opts.experiment, self.run_id)

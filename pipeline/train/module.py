@@ -68,8 +68,10 @@ class SinkLabModule(L.LightningModule):
             the source's. Ignored on a resume, which restores its own checkpoint.
         trainable: comma-separated globs of parameter names (``blocks.*.attn.sink_logit``) that train;
             the rest stay frozen, saved as they were (None: all train).
-        slot_margin: how far below its head's smallest log-sum-exp on the probe set an added slot's logit
-            starts: 20 keeps the function (share <= e^-20); 4.6 starts it at <= 1%, where it can learn.
+        slot_margin: how far below its head's smallest row log-sum-exp on the probe set an added slot's
+            logit starts: 20 keeps the function (share <= e^-20); 4.6 gives that row 1%.
+        slot_quantile: the row whose log-sum-exp slot_margin counts from, as a quantile of the head's rows
+            (0: the smallest, which keeps every row; 0.5: the median row, where the slot can learn).
     """
 
     def __init__(
@@ -81,12 +83,14 @@ class SinkLabModule(L.LightningModule):
         init: str | None = None,
         trainable: str | None = None,
         slot_margin: float = SLOT_MARGIN,
+        slot_quantile: float = 0.0,
     ):
         super().__init__()
         self.arch = arch if arch is not None else ModelConfig()
         self.optim = optim if optim is not None else OptimConfig()
         self.compile_blocks, self.activation_checkpointing = compile, activation_checkpointing
-        self.init, self.trainable, self.slot_margin = init, trainable, slot_margin
+        self.init, self.trainable = init, trainable
+        self.slot_margin, self.slot_quantile = slot_margin, slot_quantile
         self.init_state: dict[str, torch.Tensor] | None = None  # read_init() fills it at a fresh start
         self.model: Transformer | None = None
         self._step_loss, self._micro, self._val = 0.0, 0, []

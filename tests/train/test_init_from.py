@@ -56,26 +56,32 @@ def test_an_added_slot_starts_where_the_function_is_the_sources(tiny_llama_dir, 
     assert (model(probe).logits - want).abs().max().item() > 100 * tolerance
 
 
-def read_init_from(source, arch, probe, margin=init_from.SLOT_MARGIN):
+def read_init_from(source, arch, probe, margin=init_from.SLOT_MARGIN, quantile=0.0):
     """read_init with ``source`` (a SinkLab model) as the source."""
     from unittest import mock
 
     with mock.patch.object(init_from, "_source_model", return_value=(source, {"sinklab.init_from": "x"})):
-        return read_init("x", arch, probe, margin)
+        return read_init("x", arch, probe, margin, quantile)
 
 
-def test_a_smaller_margin_starts_the_slot_at_its_share(tiny_llama_dir):
-    """slot_margin log(99): the slot takes 1% of each head's row with the smallest log-sum-exp, less elsewhere."""
+@pytest.mark.parametrize("quantile", [0.0, 0.5])
+def test_the_margin_counts_from_a_quantile_of_the_rows(tiny_llama_dir, quantile):
+    """slot_margin log(99): the slot takes 1% of each head's row at that quantile of log-sum-exps, more of the
+    rows below it, less of those above (quantile 0: the smallest row, every row at most 1%)."""
     arch = _run_arch(tiny_llama_dir, attention={"sink_logit": True})
     probe = torch.randint(0, 300, (6, 24), generator=torch.Generator().manual_seed(0))
-    state, _ = read_init_from(from_hf(str(tiny_llama_dir)).eval(), arch, probe, margin=math.log(99))
+    state, _ = read_init_from(from_hf(str(tiny_llama_dir)).eval(), arch, probe, math.log(99), quantile)
     model = Transformer(arch).double().eval()
     model.load_state_dict(state)
     with torch.no_grad():
         attentions = model(probe, output_attentions=True).attentions
     for layer in attentions:
-        share = layer[..., 0].transpose(0, 1).reshape(arch.n_heads, -1).amax(-1)  # the slot column, per head
-        assert share == pytest.approx(torch.full_like(share, 0.01), rel=1e-5)
+        share = layer[..., 0].transpose(0, 1).reshape(arch.n_heads, -1)  # the slot column, per head
+        at = torch.quantile(
+            share, 1 - quantile, dim=-1, interpolation="higher"
+        )  # the higher the row's lse, the lower its share
+        assert at == pytest.approx(torch.full_like(at, 0.01), rel=1e-5)
+        assert (share.amax(-1) > 0.02).all() == (quantile > 0)
 
 
 def test_a_pretrained_source_keeps_its_architecture(tiny_llama_dir):
@@ -123,9 +129,10 @@ def test_fit_continues_a_pretrained_model_with_a_sink_logit_training_alone(
             "model.trainable: 'blocks.*.attn.nothing' matches no parameter",
         ),
         (["--model.slot_margin", "0"], "model.slot_margin=0.0: must be above 0"),
+        (["--model.slot_quantile", "2"], "model.slot_quantile=2.0: must be in [0, 1]"),
         (["--arch.vocab_size", "64"], ""),
     ],
-    ids=["glob", "margin", "vocab"],
+    ids=["glob", "margin", "quantile", "vocab"],
 )
 def test_refusals_are_one_line(tiny_llama_dir, llama_ds, tmp_path, monkeypatch, mlflow_server, capsys, flags, message):
     data = llama_ds if message else make_dataset(tmp_path / "ds64", V=64)
