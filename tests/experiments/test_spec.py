@@ -34,6 +34,7 @@ EXPECTED = {
     "sink-tokens",
     "mitigations",
     "retrofit-sink",
+    "retrofit-sink-smollm2",
     # Guo et al.'s Bigram-Backcopy findings
     "bb-sink",
     "bb-attention-ops",
