@@ -25,7 +25,7 @@ KEY_NORMS = torch.tensor([5.0, 1.0, 3.0, 2.0, 4.0, 6.0])
 
 def kept(rows, secondary=None):
     """The entries each row keeps when a 7th token comes into a cache of 5 (so 4 stay)."""
-    ev = Evictor(rows, capacity=5, n_layers=1, kv_heads=1, secondary=secondary, window=2)
+    ev = Evictor(rows, capacity=5, n_layers=1, kv_heads=1, secondary=secondary)
     ev.append(6)
     ev.observe([HISTORY.expand(len(rows), 1, 6, 6)])
     keys = torch.zeros(len(rows), 1, 6, 4)
@@ -36,7 +36,7 @@ def kept(rows, secondary=None):
 
 
 def test_each_policy_keeps_its_entries_with_the_first_token_kept_or_dropped():
-    snap = SnapKV(window=2, kernel=1)
+    snap = SnapKV(window=2, pool_width=1)
     rows = [Row(p, first=1, sinks=s) for p in (StreamingLLM(), H2O(), snap, KeyNorm()) for s in ("keep", "drop")]
     assert kept(rows) == [
         [0, 3, 4, 5],  # StreamingLLM 1+4: the first, then the most recent
@@ -55,15 +55,38 @@ def test_without_sinks_h2o_keeps_the_heavy_first_token_on_its_own():
 
 
 def test_snapkv_pools_the_window_votes_over_neighbouring_keys():
-    # kernel 3 (zero padded): the pooled votes of 0..3 are .18, .27, .43, .38
-    assert kept([Row(SnapKV(window=2, kernel=3))]) == [[2, 3, 4, 5]]
+    # pooled over 3 (zero padded): the pooled votes of 0..3 are .18, .27, .43, .38
+    assert kept([Row(SnapKV(window=2, pool_width=3))]) == [[2, 3, 4, 5]]
+
+
+def test_each_snapkv_row_reads_its_own_window_of_a_history_as_wide_as_the_widest():
+    # window 6 sums every query (2.7, .85, 1.15, 1.0 before the recent {4, 5}); window 2 the last two (.4, .15, .25, .9)
+    rows = [Row(SnapKV(window=2, pool_width=1)), Row(SnapKV(window=6, pool_width=1))]
+    assert kept(rows) == [[0, 3, 4, 5], [0, 2, 4, 5]]
+    ev = Evictor([Row(H2O())], capacity=5, n_layers=1, kv_heads=1)
+    ev.append(6)
+    ev.observe([HISTORY.expand(1, 1, 6, 6)])
+    assert not ev.history[0].window.any()  # no policy reads a window: none is held
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(window=0), "snapkv.window=0: the observation window needs at least 1 query"),
+        (dict(pool_width=4), "snapkv.pool_width=4: an odd width >= 1"),
+        (dict(pool_width=-1), "snapkv.pool_width=-1: an odd width >= 1"),
+    ],
+)
+def test_bad_snapkv_settings_are_refused_naming_the_field(bad, message):
+    with pytest.raises(ValueError, match=message):
+        SnapKV(**bad)
 
 
 def test_a_policy_is_registered_by_name_with_its_settings_as_keyword_only_fields():
     assert list(eviction.POLICIES) == ["streaming", "h2o", "snapkv", "keynorm"]
     assert [(f.name, f.default) for f in dataclasses.fields(eviction.POLICIES["snapkv"])] == [
         ("window", 32),
-        ("kernel", 5),
+        ("pool_width", 5),
     ]
     assert SnapKV.needs_attention and not KeyNorm.needs_attention and H2O().name == "h2o"
     with pytest.raises(TypeError):
