@@ -95,6 +95,30 @@ def test_a_policy_is_registered_by_name_with_its_settings_as_keyword_only_fields
         eviction.register(name="h2o")(type("Again", (eviction.Policy,), {"scores": lambda self, h, r, k: k}))
 
 
+def test_the_docs_table_of_policies_is_the_registry():
+    """docs/analysis.md's table is the registry's: a registered policy gets its row, each of its fields a flag."""
+    from regen_docs_tables import COMMAND, REPO, policy_table, rendered
+
+    @eviction.register(name="test_oldest")
+    class Oldest(eviction.Policy):
+        """The oldest entries."""
+
+        span: int = 3
+        """How far back it looks."""
+
+        def scores(self, history, row, keys):
+            return -history.pos[row].float()
+
+    try:
+        assert (
+            "| `test_oldest` | The oldest entries. | no | `--test_oldest.span` (3): How far back it looks |"
+            in policy_table()
+        )
+    finally:
+        del eviction.POLICIES["test_oldest"]
+    assert rendered("analysis.md") == (REPO / "docs" / "analysis.md").read_text(), f"docs are stale: run `{COMMAND}`"
+
+
 def test_secondary_sinks_are_kept_or_dropped_with_the_first():
     secondary = [torch.tensor([3])]
     assert kept([Row(H2O(), first=1), Row(H2O(), first=1, sinks="drop")], secondary) == [[0, 3, 4, 5], [1, 2, 4, 5]]
