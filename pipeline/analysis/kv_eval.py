@@ -130,9 +130,7 @@ class KvEval:
     bos: str
     max_tokens: int
     reading: Reading
-    destination: Destination
-    passkey_given: str  # --passkey and --depths as given, for the MLflow tag
-    depths_given: str
+    destination: Destination  # its options: --passkey and --depths as given, for the MLflow tag
 
 
 def check_args(args) -> KvEval:
@@ -162,21 +160,10 @@ def check_args(args) -> KvEval:
     if args.per_sequence and args.dataset is None:
         raise refuse("--per-sequence reads a prepared dataset's val split: add --dataset DIR")
     factors, depths = check_passkey_args(args.passkey, args.depths, args.keys)
-    budget = args.budget or ["25%"]
     options = vars(args) | {f"{p.name}.{k}": v for p in policies for k, v in asdict(p).items()}
-    given = {"passkey_given": args.passkey, "depths_given": args.depths}
-    given["destination"] = settings_of(Destination, args, options=options)
-    return settings_of(
-        KvEval,
-        args,
-        policies=policies,
-        sinks=sinks,
-        budget=budget,
-        passkey=factors,
-        depths=depths,
-        reading=settings_of(Reading, args),
-        **given,
-    )
+    given = dict(policies=policies, sinks=sinks, budget=args.budget or ["25%"], passkey=factors, depths=depths)
+    destination = settings_of(Destination, args, options=options)
+    return settings_of(KvEval, args, reading=settings_of(Reading, args), destination=destination, **given)
 
 
 @torch.no_grad()
@@ -283,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = evaluate(subjects[name], streamer, sequences, s)
     records = {name: r.to_json() for name, r in results.items()}
     save_results(out, "kv_eval", markdown(results, s.first), d.options, records, by, partial(figure, results))
-    given = {"passkey": s.passkey_given, "depths": s.depths_given, "keys": s.keys} if s.passkey else {}
+    given = {k: d.options[k] for k in ("passkey", "depths", "keys")} if s.passkey else {}
     given |= {f"{p.name}.{k}": v for p in s.policies for k, v in asdict(p).items()}
 
     def settings(result: KvResult) -> dict:

@@ -180,10 +180,6 @@ class Evictor:
             out.append(index)
         return out
 
-    def first_kept(self) -> list[float | None]:
-        """Per row, the share of (eviction, layer, kv head) whose kept entries hold stream position 0; None: none."""
-        return [None if not self.evictions else float(h) / self.evictions for h in self.first_held.tolist()]
-
     def append(self, n_new: int) -> None:
         """n_new entries joined every layer (after the forward that cached them)."""
         for h in self.history:

@@ -176,7 +176,7 @@ def test_per_sequence_starts_each_sequence_from_an_empty_cache(monkeypatch):
     made = []
     monkeypatch.setattr(kv_eval, "Evictor", lambda *a, **k: made.append(Evictor(*a, **k)) or made[-1])
     settings = kv_eval.KvEval(
-        [StreamingLLM()], ["keep", "drop"], ["50%"], 1, 0.3, True, True, [], [], 1, "no", 7, None, None, "", ""
+        [StreamingLLM()], ["keep", "drop"], ["50%"], 1, 0.3, True, True, [], [], 1, "no", 7, None, None
     )
     both = kv_eval.evaluate(subject, streamer, [a, b], settings).to_json()
     assert both["sequences"] == 2 and both["budgets"]["50"]["entries"] == 4 and len(made) == 2

@@ -139,12 +139,12 @@ def test_policy_rows_rank_the_sinks_by_the_policy_alone():
     assert kept(rows) == [[1, 2, 3, 4], [0, 1, 2, 3], [0, 2, 4, 5]]
 
 
-def test_dropped_sinks_leave_one_per_eviction_and_first_kept_counts_position_zero():
+def test_dropped_sinks_leave_one_per_eviction_and_first_held_counts_position_zero():
     """A cache of 4, one token per step: the drop row loses its 3 sinks over 3 evictions, not at
-    the first; first_kept is the share of (eviction, layer, head) that still holds position 0."""
+    the first; first_held counts the cases of (eviction, layer, head) that still hold position 0."""
     rows = [Row(StreamingLLM(), first=3, sinks=s) for s in ("drop", "keep", "policy")]
     ev = Evictor(rows, capacity=4, n_layers=2, kv_heads=2)
-    assert ev.first_kept() == [None] * 3
+    assert ev.evictions == 0 and not ev.first_held.any()
     ev.append(4)
     sinks_left = []
     for _ in range(4):
@@ -152,7 +152,7 @@ def test_dropped_sinks_leave_one_per_eviction_and_first_kept_counts_position_zer
         sinks_left.append(int((ev.history[0].pos[0, 0] < 3).sum()))
         ev.append(1)
     assert sinks_left == [2, 1, 0, 0]
-    assert ev.first_kept()[1:] == [1.0, 0.0]  # recency evicts position 0 at the first eviction
+    assert (ev.first_held[1:] / ev.evictions).tolist() == [1.0, 0.0]  # recency evicts position 0 at the first eviction
 
 
 def test_a_dropped_sink_goes_even_from_the_recent_window():
