@@ -200,13 +200,6 @@ def stream_evicting(subject, streamer, ids, rows: list[Row], entries: int, secon
     return streamer.nll(ids, specs, label=f"{entries} entries x {len(rows)} rows", evictor=evictor), evictor
 
 
-def first_kept(rows: list[Row], evictors: list[Evictor]) -> dict[str, float | None]:
-    """Per policy row (own scores), the share of (eviction, layer, kv head) over ``evictors`` that kept position 0."""
-    held = sum(e.first_held.cpu() for e in evictors)
-    total = sum(e.evictions for e in evictors)
-    return {r.policy.name: float(h) / total if total else None for r, h in zip(rows, held) if r.sinks == "policy"}
-
-
 def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> KvResult:
     """Perplexity over every sequence's tokens, each streamed from an empty cache; the budget a share of its length."""
     length = min(s.numel() for s in sequences)
@@ -217,31 +210,30 @@ def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> KvR
     started = time.perf_counter()
     passes = [full_pass(subject, ids, s.eps, s.first) for ids in sequences]
     secondary = [None if s.no_secondary else found for _, found in passes]
-    full = None if any(nll is None for nll, _ in passes) else torch.cat([nll for nll, _ in passes])
+    full = None if any(nll is None for nll, _ in passes) else perplexity(torch.cat([nll for nll, _ in passes]))
     rows = [Row(p, first=s.first, sinks=sinks) for p in s.policies for sinks in s.sinks]
-    result = {"tokens": sum(s.numel() for s in sequences), "sequences": len(sequences), "budgets": {}}
-    result["full"] = None if full is None else perplexity(full)
+    result = {"tokens": sum(s.numel() for s in sequences), "sequences": len(sequences), "budgets": {}, "full": full}
     result["full_seconds"] = round(time.perf_counter() - started, 1)
-    if len(sequences) == 1:
-        result["secondary"] = (
-            None if secondary[0] is None else [(k - streamer.sink_tokens).tolist() for k in secondary[0]]
-        )
+    if len(sequences) == 1:  # per layer, the secondary sinks' positions in the text
+        result["secondary"] = secondary[0] and [(k - streamer.sink_tokens).tolist() for k in secondary[0]]
     for text, (percent, entries) in budgets.items():
         started = time.perf_counter()
         parts = [stream_evicting(subject, streamer, ids, rows, entries, f) for ids, f in zip(sequences, secondary)]
         nll = torch.cat([p[0] for p in parts], dim=1)
         seconds = round(time.perf_counter() - started, 1)
         ppl = {row_key(r.policy.name, r.sinks): perplexity(row) for r, row in zip(rows, nll)}
-        result["budgets"][f"{percent:g}"] = {"entries": entries, "perplexity": ppl, "seconds": seconds}
-        if "policy" in s.sinks:
-            result["budgets"][f"{percent:g}"]["first_kept"] = first_kept(rows, [p[1] for p in parts])
+        b = result["budgets"][f"{percent:g}"] = {"entries": entries, "perplexity": ppl, "seconds": seconds}
+        if "policy" in s.sinks:  # per policy, the share of (eviction, layer, kv head) that kept position 0
+            held, total = sum(e.first_held.cpu() for _, e in parts), sum(e.evictions for _, e in parts)
+            shares = [float(h) / total if total else None for h in held]
+            b["first_kept"] = {r.policy.name: x for r, x in zip(rows, shares) if r.sinks == "policy"}
         print(f"  budget {text} ({entries} entries): {len(rows)} rows in {seconds} s", file=sys.stderr)
         if s.passkey and not s.per_sequence:
             started = time.perf_counter()
             oracle = None if s.no_secondary else (lambda ids: full_pass(subject, ids, s.eps, s.first)[1])
             passkey = passkey_at(subject, streamer, rows, entries, s.passkey, s.depths, s.keys, s.bos, oracle)
             seconds = round(time.perf_counter() - started, 1)
-            result["budgets"][f"{percent:g}"] |= {"passkey": passkey, "passkey_seconds": seconds}
+            b |= {"passkey": passkey, "passkey_seconds": seconds}
             print(f"  budget {text}: passkey in {seconds} s", file=sys.stderr)
     return KvResult([(r.policy.name, r.sinks) for r in rows], result)
 
@@ -277,5 +269,5 @@ def main(argv: list[str] | None = None) -> int:
         r = result.record
         return {"tokens": r["tokens"], "first": s.first, "eps": s.eps, "budgets": list(r["budgets"])} | given
 
-    log_results_of(subjects, "kv", results, KvResult.metrics, settings, out, d)
+    log_results_of(subjects, "kv", results, settings, out, d)
     return 0

@@ -121,12 +121,9 @@ class LengthResult:
         return {k: v for k, v in self.to_json().items() if k not in ("loss", "passkey", "seconds")}
 
     def metrics(self) -> dict[str, float]:
-        out = {}
-        for mode, values in self.loss.items():
-            out.update({N.length_loss(mode.replace("+", "_"), b): v for b, v in enumerate(values)})
-        for mode, row in self.passkey.items():
-            out.update({N.length_passkey(mode.replace("+", "_"), f): v for f, v in row.items() if v is not None})
-        return out
+        loss = {N.length_loss(m.replace("+", "_"), b): v for m, vs in self.loss.items() for b, v in enumerate(vs)}
+        keys = {N.length_passkey(m.replace("+", "_"), f): v for m, row in self.passkey.items() for f, v in row.items()}
+        return loss | {name: v for name, v in keys.items() if v is not None}
 
 
 def train_len(subject, s: LengthEval) -> int:
@@ -186,8 +183,7 @@ def passkey_by_length(streamer, subject, s: LengthEval, C, specs, bos) -> dict[s
             trials = pk.make_trials(subject.tokenizer, f * C, s.depths, s.keys, s.digits, s.seed, bos)
         except ValueError as e:
             print(f"  passkey at {f}xC = {f * C} tokens: skipped ({e})", file=sys.stderr)
-            for row in out.values():
-                row[f] = None
+            out = {mode: row | {f: None} for mode, row in out.items()}
             continue
         caches = {CacheSpec(0, f * C + 32): FULL} | {spec: str(spec) for spec in specs}
         table = pk.accuracy(pk.run_trials(streamer, subject.tokenizer, trials, caches), list(out), s.depths)
@@ -269,6 +265,6 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = evaluate(subjects[name], s)
     records = {name: r.to_json() for name, r in results.items()}
     save_results(out, "length", markdown(results), d.options, records, by, partial(figure, results))
-    log_results_of(subjects, "length", results, LengthResult.metrics, LengthResult.settings, out, d)
+    log_results_of(subjects, "length", results, LengthResult.settings, out, d)
     print(f"wrote {out}/{', '.join(OUTPUTS)}", file=sys.stderr)
     return 0
