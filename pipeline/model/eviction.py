@@ -37,7 +37,7 @@ POLICIES: dict[str, type[Policy]] = {}
 
 def register(*, name: str, needs_attention: bool = False) -> Callable[[type[Policy]], type[Policy]]:
     """The class decorator that registers a policy under ``name``; its fields (keyword-only, each with a docstring) are
-    its settings, a bad one refused as ``<name>.<field> <value>: <what is valid>``."""
+    its settings, a bad one refused (ValueError) as ``<name>.<field>=<value>: <what is valid>``."""
 
     def add(cls: type[Policy]) -> type[Policy]:
         if name in POLICIES:
