@@ -25,7 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "kv-eval": (
         "pipeline.analysis.kv_eval",
-        "perplexity under KV-cache eviction policies (StreamingLLM, H2O, SnapKV, key norm), sinks kept or dropped",
+        "perplexity under each registered KV-cache eviction policy, sinks kept or dropped (--help lists them)",
     ),
     "quant-eval": ("pipeline.analysis.quant_eval", "perplexity under simulated W8A8, with the sink kept intact or not"),
     "ui": ("pipeline.tracking.ui", "install SinkLab's chart view on a tracking store's experiments, print their links"),

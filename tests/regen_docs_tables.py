@@ -1,6 +1,6 @@
 """``python -m tests.regen_docs_tables``: rewrites the docs tables read from the registries, between their marker
-comments: docs/training.md's probe metrics (pipeline.probe_metrics) and docs/model.md's attention ops
-(pipeline.model.attention_ops)."""
+comments: docs/training.md's probe metrics (pipeline.probe_metrics), docs/model.md's attention ops
+(pipeline.model.attention_ops) and docs/analysis.md's eviction policies (pipeline.model.eviction)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,28 @@ def op_table() -> list[str]:
     raise AssertionError("an unknown attention op was accepted")
 
 
-TABLES = {"training.md": ("probe-metrics", metric_table), "model.md": ("attention-ops", op_table)}
+def policy_table() -> list[str]:
+    """One row per registered eviction policy: what it ranks by, whether it reads attention, its kv-eval flags."""
+    from dataclasses import fields
+
+    from docstring_parser import parse_from_object
+
+    from pipeline.model.eviction import POLICIES
+
+    rows = ["| policy | ranks by (kept: highest), recent entries | reads attention | `sinklab kv-eval` flags |"]
+    rows.append("|---|---|---|---|")
+    for name, cls in POLICIES.items():
+        about = {d.arg_name: _first_line(d.description) for d in parse_from_object(cls).params}
+        flags = "; ".join(f"`--{name}.{f.name}` ({f.default}): {about[f.name].rstrip('.')}" for f in fields(cls)) or "—"
+        rows.append(f"| `{name}` | {_first_line(cls.__doc__)} | {'yes' if cls.needs_attention else 'no'} | {flags} |")
+    return rows
+
+
+TABLES = {
+    "training.md": ("probe-metrics", metric_table),
+    "model.md": ("attention-ops", op_table),
+    "analysis.md": ("eviction-policies", policy_table),
+}
 
 
 def rendered(doc: str) -> str:

@@ -8,12 +8,14 @@ import argparse
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
+from typing import get_type_hints
 
 import torch
 import torch.nn.functional as F
+from docstring_parser import parse_from_object
 
 from pipeline.analysis.inputs import comma_choices, default_text, held_out_sequences
 from pipeline.analysis.kv_passkey import BY, add_passkey_arguments, check_passkey_args, passkey_at
@@ -29,7 +31,7 @@ from pipeline.analysis.subject import (
     save_results,
 )
 from pipeline.metrics import split_slots
-from pipeline.model.eviction import POLICIES, Evictor, Row
+from pipeline.model.eviction import POLICIES, Evictor, Policy, Row
 from pipeline.model.eviction import SINKS as MODES
 from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
 from sinklab_io.mappings import settings_of
@@ -57,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --dataset: each val sequence alone, from an empty cache; --budget a share of its length",
     )
     add_passkey_arguments(p)
-    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma list of {','.join(POLICIES)}")
+    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma list of {','.join(POLICIES)} (below)")
     p.add_argument(
         "--sinks",
         default=",".join(SINKS),
@@ -67,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eps", type=float, default=0.3, help="secondary sink threshold on α_k")
     p.add_argument("--no-secondary", action="store_true", help="sinks are the first entries only")
     p.add_argument("--out", type=Path, help="output directory (default: analysis/kv-eval/<first model>)")
+    for name, cls in POLICIES.items():  # a group per policy, a flag per field: --snapkv.window
+        group = p.add_argument_group(f"policy {name}", " ".join(cls.__doc__.replace("``", "").split()))
+        about, types = {d.arg_name: d.description for d in parse_from_object(cls).params}, get_type_hints(cls)
+        for f in fields(cls):
+            help_, flag = f"{about[f.name].rstrip('.')} (default: {f.default})", f"{name}.{f.name}"
+            group.add_argument(f"--{flag}", dest=flag, type=types[f.name], metavar=f.name.upper(), help=help_)
     return p
 
 
@@ -109,7 +117,7 @@ def check_first(first: int, budget: str, entries: int) -> None:
 class KvEval:
     """kv-eval's settings beside the model loading's (a ``Reading``)."""
 
-    policies: list[str]
+    policies: list[Policy]
     sinks: list[str]  # the rows' sink settings: policy, keep, drop
     budget: list[str]
     first: int
@@ -122,9 +130,7 @@ class KvEval:
     bos: str
     max_tokens: int
     reading: Reading
-    destination: Destination
-    passkey_given: str  # --passkey and --depths as given, for the MLflow tag
-    depths_given: str
+    destination: Destination  # its options: --passkey and --depths as given, for the MLflow tag
 
 
 def check_args(args) -> KvEval:
@@ -132,6 +138,16 @@ def check_args(args) -> KvEval:
     sinks = [SINKS[x] for x in comma_choices(args.sinks, "--sinks", SINKS, BY)]
     if not names or not sinks:
         raise refuse(f"--policies {args.policies!r} --sinks {args.sinks!r}: name at least one of each")
+    chosen = {
+        n: {f.name: v for f in fields(c) if (v := getattr(args, f"{n}.{f.name}")) is not None}
+        for n, c in POLICIES.items()
+    }
+    if stray := next((f"--{n}.{k}" for n, values in chosen.items() if n not in names for k in values), None):
+        raise refuse(f"{stray}: sets a policy that --policies {args.policies} leaves out")
+    try:
+        policies = [POLICIES[n](**chosen[n]) for n in names]
+    except ValueError as e:
+        raise refuse(f"--{e}") from None
     if args.first < 0:
         raise refuse(f"--first {args.first}: must be >= 0 (StreamingLLM: 4)")
     if not 0 <= args.eps < 1:
@@ -144,23 +160,10 @@ def check_args(args) -> KvEval:
     if args.per_sequence and args.dataset is None:
         raise refuse("--per-sequence reads a prepared dataset's val split: add --dataset DIR")
     factors, depths = check_passkey_args(args.passkey, args.depths, args.keys)
-    budget = args.budget or ["25%"]
-    given = {
-        "passkey_given": args.passkey,
-        "depths_given": args.depths,
-        "destination": settings_of(Destination, args, options=dict(vars(args))),
-    }
-    return settings_of(
-        KvEval,
-        args,
-        policies=names,
-        sinks=sinks,
-        budget=budget,
-        passkey=factors,
-        depths=depths,
-        reading=settings_of(Reading, args),
-        **given,
-    )
+    options = vars(args) | {f"{p.name}.{k}": v for p in policies for k, v in asdict(p).items()}
+    given = dict(policies=policies, sinks=sinks, budget=args.budget or ["25%"], passkey=factors, depths=depths)
+    destination = settings_of(Destination, args, options=options)
+    return settings_of(KvEval, args, reading=settings_of(Reading, args), destination=destination, **given)
 
 
 @torch.no_grad()
@@ -188,24 +191,13 @@ def full_pass(subject, ids: torch.Tensor, eps: float, first: int) -> tuple[torch
     return nll, found
 
 
-def stream_rows(subject, streamer, ids: torch.Tensor, rows: list[Row], entries: int, secondary) -> torch.Tensor:
-    """(rows, len(ids) - 1) NLL: ids streamed once per row through a cache of ``entries`` entries."""
-    return stream_evicting(subject, streamer, ids, rows, entries, secondary)[0]
-
-
 def stream_evicting(subject, streamer, ids, rows: list[Row], entries: int, secondary) -> tuple[torch.Tensor, Evictor]:
-    """:func:`stream_rows`' NLL and the evictor that chose the entries (what it kept of the first token)."""
+    """(rows, len(ids) - 1) NLL, ids streamed once per row through a cache of ``entries`` entries, and the evictor that
+    chose them (what it kept of the first token)."""
     layers, heads = kv_heads(subject)
     specs = [CacheSpec(0, entries)] * len(rows)
     evictor = Evictor(rows, entries, layers, heads, secondary, device=ids.device)
     return streamer.nll(ids, specs, label=f"{entries} entries x {len(rows)} rows", evictor=evictor), evictor
-
-
-def first_kept(rows: list[Row], evictors: list[Evictor]) -> dict[str, float | None]:
-    """Per policy row (own scores), the share of (eviction, layer, kv head) over ``evictors`` that kept position 0."""
-    held = sum(e.first_held.cpu() for e in evictors)
-    total = sum(e.evictions for e in evictors)
-    return {r.policy.name: float(h) / total if total else None for r, h in zip(rows, held) if r.sinks == "policy"}
 
 
 def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> KvResult:
@@ -218,31 +210,30 @@ def evaluate(subject, streamer, sequences: list[torch.Tensor], s: KvEval) -> KvR
     started = time.perf_counter()
     passes = [full_pass(subject, ids, s.eps, s.first) for ids in sequences]
     secondary = [None if s.no_secondary else found for _, found in passes]
-    full = None if any(nll is None for nll, _ in passes) else torch.cat([nll for nll, _ in passes])
-    rows = [Row(POLICIES[p](), first=s.first, sinks=sinks) for p in s.policies for sinks in s.sinks]
-    result = {"tokens": sum(s.numel() for s in sequences), "sequences": len(sequences), "budgets": {}}
-    result["full"] = None if full is None else perplexity(full)
+    full = None if any(nll is None for nll, _ in passes) else perplexity(torch.cat([nll for nll, _ in passes]))
+    rows = [Row(p, first=s.first, sinks=sinks) for p in s.policies for sinks in s.sinks]
+    result = {"tokens": sum(s.numel() for s in sequences), "sequences": len(sequences), "budgets": {}, "full": full}
     result["full_seconds"] = round(time.perf_counter() - started, 1)
-    if len(sequences) == 1:
-        result["secondary"] = (
-            None if secondary[0] is None else [(k - streamer.sink_tokens).tolist() for k in secondary[0]]
-        )
+    if len(sequences) == 1:  # per layer, the secondary sinks' positions in the text
+        result["secondary"] = secondary[0] and [(k - streamer.sink_tokens).tolist() for k in secondary[0]]
     for text, (percent, entries) in budgets.items():
         started = time.perf_counter()
         parts = [stream_evicting(subject, streamer, ids, rows, entries, f) for ids, f in zip(sequences, secondary)]
         nll = torch.cat([p[0] for p in parts], dim=1)
         seconds = round(time.perf_counter() - started, 1)
         ppl = {row_key(r.policy.name, r.sinks): perplexity(row) for r, row in zip(rows, nll)}
-        result["budgets"][f"{percent:g}"] = {"entries": entries, "perplexity": ppl, "seconds": seconds}
-        if "policy" in s.sinks:
-            result["budgets"][f"{percent:g}"]["first_kept"] = first_kept(rows, [p[1] for p in parts])
+        b = result["budgets"][f"{percent:g}"] = {"entries": entries, "perplexity": ppl, "seconds": seconds}
+        if "policy" in s.sinks:  # per policy, the share of (eviction, layer, kv head) that kept position 0
+            held, total = sum(e.first_held.cpu() for _, e in parts), sum(e.evictions for _, e in parts)
+            shares = [float(h) / total if total else None for h in held]
+            b["first_kept"] = {r.policy.name: x for r, x in zip(rows, shares) if r.sinks == "policy"}
         print(f"  budget {text} ({entries} entries): {len(rows)} rows in {seconds} s", file=sys.stderr)
         if s.passkey and not s.per_sequence:
             started = time.perf_counter()
             oracle = None if s.no_secondary else (lambda ids: full_pass(subject, ids, s.eps, s.first)[1])
             passkey = passkey_at(subject, streamer, rows, entries, s.passkey, s.depths, s.keys, s.bos, oracle)
             seconds = round(time.perf_counter() - started, 1)
-            result["budgets"][f"{percent:g}"] |= {"passkey": passkey, "passkey_seconds": seconds}
+            b |= {"passkey": passkey, "passkey_seconds": seconds}
             print(f"  budget {text}: passkey in {seconds} s", file=sys.stderr)
     return KvResult([(r.policy.name, r.sinks) for r in rows], result)
 
@@ -271,11 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = evaluate(subjects[name], streamer, sequences, s)
     records = {name: r.to_json() for name, r in results.items()}
     save_results(out, "kv_eval", markdown(results, s.first), d.options, records, by, partial(figure, results))
-    passkey = {"passkey": s.passkey_given, "depths": s.depths_given, "keys": s.keys} if s.passkey else {}
+    given = {k: d.options[k] for k in ("passkey", "depths", "keys")} if s.passkey else {}
+    given |= {f"{p.name}.{k}": v for p in s.policies for k, v in asdict(p).items()}
 
     def settings(result: KvResult) -> dict:
         r = result.record
-        return {"tokens": r["tokens"], "first": s.first, "eps": s.eps, "budgets": list(r["budgets"])} | passkey
+        return {"tokens": r["tokens"], "first": s.first, "eps": s.eps, "budgets": list(r["budgets"])} | given
 
-    log_results_of(subjects, "kv", results, KvResult.metrics, settings, out, d)
+    log_results_of(subjects, "kv", results, settings, out, d)
     return 0

@@ -37,11 +37,10 @@ class KvResult:
         r = self.record
         out = {} if r["full"] is None else {N.stream_perplexity("full"): r["full"]}
         for budget, b in r["budgets"].items():
-            for policy, sinks in self.rows:
-                out[N.kv_perplexity(policy, sinks, float(budget))] = b["perplexity"][row_key(policy, sinks)]
-            for policy, share in b.get("first_kept", {}).items():
-                if share is not None:
-                    out[N.kv_first_kept(policy, float(budget))] = 100 * share
+            out |= {N.kv_perplexity(p, m, float(budget)): b["perplexity"][row_key(p, m)] for p, m in self.rows}
+            out |= {
+                N.kv_first_kept(p, float(budget)): 100 * x for p, x in b.get("first_kept", {}).items() if x is not None
+            }
             for factor, p in b.get("passkey", {}).items():
                 for key, value in (p or {}).get("accuracy", {}).items():
                     if value is not None:

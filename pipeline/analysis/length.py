@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -95,13 +95,35 @@ def check_args(args: argparse.Namespace) -> LengthEval:
     if factors and args.digits not in pk.DIGITS:
         raise refuse(f"--digits {args.digits}: must be in 1..18 (the passkey's length in digits)")
     depths = pk.parse_depths(args.depths, BY) if factors else []  # refused here, before any model loads
-    return settings_of(
-        LengthEval,
-        args,
-        passkey=factors,
-        depths=depths,
-        destination=settings_of(Destination, args, options=dict(vars(args))),
-    )
+    destination = settings_of(Destination, args, options=dict(vars(args)))
+    return settings_of(LengthEval, args, passkey=factors, depths=depths, destination=destination)
+
+
+@dataclass(frozen=True)
+class LengthResult:
+    """One model's length-eval result; its entry in length.json is :meth:`to_json`."""
+
+    train_len: int  # C
+    bucket: int  # target positions per loss bucket
+    tokens: int  # per window
+    windows: int
+    bos: bool
+    caches: list[str]
+    loss: dict[str, list[float]]  # mode (full, x+y) -> mean NLL per bucket
+    passkey: dict[str, dict[int, float | None]]  # mode -> f -> accuracy (%), None where f·C tokens hold no prompt
+    seconds: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def settings(self) -> dict:
+        """What the MLflow tag records."""
+        return {k: v for k, v in self.to_json().items() if k not in ("loss", "passkey", "seconds")}
+
+    def metrics(self) -> dict[str, float]:
+        loss = {N.length_loss(m.replace("+", "_"), b): v for m, vs in self.loss.items() for b, v in enumerate(vs)}
+        keys = {N.length_passkey(m.replace("+", "_"), f): v for m, row in self.passkey.items() for f, v in row.items()}
+        return loss | {name: v for name, v in keys.items() if v is not None}
 
 
 def train_len(subject, s: LengthEval) -> int:
@@ -161,8 +183,7 @@ def passkey_by_length(streamer, subject, s: LengthEval, C, specs, bos) -> dict[s
             trials = pk.make_trials(subject.tokenizer, f * C, s.depths, s.keys, s.digits, s.seed, bos)
         except ValueError as e:
             print(f"  passkey at {f}xC = {f * C} tokens: skipped ({e})", file=sys.stderr)
-            for row in out.values():
-                row[f] = None
+            out = {mode: row | {f: None} for mode, row in out.items()}
             continue
         caches = {CacheSpec(0, f * C + 32): FULL} | {spec: str(spec) for spec in specs}
         table = pk.accuracy(pk.run_trials(streamer, subject.tokenizer, trials, caches), list(out), s.depths)
@@ -171,7 +192,7 @@ def passkey_by_length(streamer, subject, s: LengthEval, C, specs, bos) -> dict[s
     return out
 
 
-def evaluate(subject, s: LengthEval) -> dict:
+def evaluate(subject, s: LengthEval) -> LengthResult:
     C = train_len(subject, s)
     bucket = s.bucket or max(1, C // 2)
     specs = parse_caches(s.cache, "length-eval", (f"0+{C}", f"1+{C - 1}"))
@@ -190,36 +211,18 @@ def evaluate(subject, s: LengthEval) -> dict:
     ids = windows(subject, s, s.factor * C, bos).to(next(subject.model.parameters()).device)
     loss = loss_by_position(streamer, ids, specs, bucket)
     passkey = passkey_by_length(streamer, subject, s, C, specs, bos) if s.passkey else {}
-    return {
-        "train_len": C,
-        "bucket": bucket,
-        "tokens": ids.shape[1],
-        "windows": ids.shape[0],
-        "bos": bos is not None,
-        "caches": [str(s) for s in specs],
-        "loss": loss,
-        "passkey": {mode: {str(f): v for f, v in row.items()} for mode, row in passkey.items()},
-        "seconds": round(time.perf_counter() - started, 1),
-    }
+    seconds = round(time.perf_counter() - started, 1)
+    return LengthResult(
+        C, bucket, ids.shape[1], ids.shape[0], bos is not None, list(map(str, specs)), loss, passkey, seconds
+    )
 
 
-def metrics_of(result: dict) -> dict[str, float]:
-    out = {}
-    for mode, values in result["loss"].items():
-        out.update({N.length_loss(mode.replace("+", "_"), b): v for b, v in enumerate(values)})
-    for mode, row in result["passkey"].items():
-        out.update({N.length_passkey(mode.replace("+", "_"), f): v for f, v in row.items() if v is not None})
-    return out
-
-
-def markdown(results: dict[str, dict]) -> str:
+def markdown(results: dict[str, LengthResult]) -> str:
     """A row per model and mode: the loss by position bucket (in units of C) and the passkey accuracy per f x C."""
     first = next(iter(results.values()))
-    buckets = [
-        f"{b * first['bucket'] / first['train_len']:g}-{(b + 1) * first['bucket'] / first['train_len']:g}C"
-        for b in range(len(first["loss"][FULL]))
-    ]
-    factors = sorted({f for r in results.values() for row in r["passkey"].values() for f in row}, key=int)
+    share = first.bucket / first.train_len
+    buckets = [f"{b * share:g}-{(b + 1) * share:g}C" for b in range(len(first.loss[FULL]))]
+    factors = sorted({f for r in results.values() for row in r.passkey.values() for f in row})
     lines = [
         "Loss by position (mean NLL per bucket, in multiples of the training length C) and passkey accuracy (%) "
         "at f x C tokens; full = full attention, x+y = a streaming cache of C entries keeping the first x",
@@ -228,22 +231,21 @@ def markdown(results: dict[str, dict]) -> str:
         "|---|---|---|" + "---|" * (len(buckets) + len(factors)),
     ]
     for name, r in results.items():
-        for mode, values in r["loss"].items():
-            keys = [r["passkey"].get(mode, {}).get(f) for f in factors]
+        for mode, values in r.loss.items():
+            keys = [r.passkey.get(mode, {}).get(f) for f in factors]
             cells = [f"{v:.3f}" for v in values] + ["n/a" if v is None else f"{v:.0f}" for v in keys]
-            lines.append(f"| {name} | {r['train_len']} | {mode} | " + " | ".join(cells) + " |")
+            lines.append(f"| {name} | {r.train_len} | {mode} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def figure(results: dict[str, dict], path: Path, by: str) -> Path:
+def figure(results: dict[str, LengthResult], path: Path, by: str) -> Path:
     panels: dict[str, dict] = {}
     for name, r in results.items():
-        C, w = r["train_len"], r["bucket"]
         panels[f"loss by position: {name}"] = {
-            mode: ([(b + 0.5) * w / C for b in range(len(v))], v) for mode, v in r["loss"].items()
+            mode: ([(b + 0.5) * r.bucket / r.train_len for b in range(len(v))], v) for mode, v in r.loss.items()
         }
-        for mode, row in r["passkey"].items():
-            points = [(int(f), v) for f, v in row.items() if v is not None]
+        for mode, row in r.passkey.items():
+            points = [(f, v) for f, v in row.items() if v is not None]
             if points:
                 panels.setdefault("passkey accuracy (%)", {})[f"{name} {mode}"] = tuple(zip(*points))
     return plots.curve_panels(panels, path, "length generalisation", xlabel="position (or prompt length) / C", by=by)
@@ -261,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             check_dataset_tokenizer(subjects[name], s.dataset)
         print(f"{name}: evaluating", file=sys.stderr)
         results[name] = evaluate(subjects[name], s)
-    save_results(out, "length", markdown(results), d.options, results, by, partial(figure, results))
-    keys = ("train_len", "bucket", "tokens", "windows", "bos", "caches")
-    log_results_of(subjects, "length", results, metrics_of, lambda r: {k: r[k] for k in keys}, out, d)
+    records = {name: r.to_json() for name, r in results.items()}
+    save_results(out, "length", markdown(results), d.options, records, by, partial(figure, results))
+    log_results_of(subjects, "length", results, LengthResult.settings, out, d)
     print(f"wrote {out}/{', '.join(OUTPUTS)}", file=sys.stderr)
     return 0

@@ -211,15 +211,14 @@ def log_back(subject, key: str, metrics: dict, settings: dict, out: Path | None)
     return log_results(subject.tracking_uri, subject.run_id, metrics, {f"sinklab.{key}.settings": settings}, out, key)
 
 
-def log_results_of(
-    subjects: dict, key: str, results: dict, metrics_of, settings_for, out: Path, d: Destination
-) -> None:
-    """Each model's results on its MLflow run (:func:`log_back`), else on a run of its own where a tracking URI is set."""
+def log_results_of(subjects: dict, key: str, results: dict, settings_for, out: Path, d: Destination) -> None:
+    """Each model's results (their ``metrics()``) on its MLflow run (:func:`log_back`), else on a run of its own where a
+    tracking URI is set."""
     from pipeline.tracking import log_new_run
 
     uri = d.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     for name, result in results.items():
-        subject, metrics, settings = subjects[name], metrics_of(result), settings_for(result)
+        subject, metrics, settings = subjects[name], result.metrics(), settings_for(result)
         if subject.run_id is not None:
             run_id = log_back(subject, key, metrics, settings, out)
         elif uri:

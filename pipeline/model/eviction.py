@@ -1,4 +1,4 @@
-"""KV-cache eviction policies behind one interface: StreamingLLM, H2O, SnapKV and key norm. A full
+"""KV-cache eviction policies behind one interface, registered in ``POLICIES``. A full
 cache keeps ``capacity - n_new`` entries per kv head, ranked by the row's policy, its ``recent``
 newest entries and its sinks: kept, they rank above all; dropped, below all, so each eviction removes
 sinks before anything else (one entry per decoded token once the cache is full); with ``policy``, the
@@ -22,6 +22,7 @@ class Policy(ABC):
 
     name = ""
     needs_attention = False
+    window = 0  # the last queries whose attention the policy reads
 
     def recent(self, capacity: int) -> int:
         return 0
@@ -35,7 +36,8 @@ POLICIES: dict[str, type[Policy]] = {}
 
 
 def register(*, name: str, needs_attention: bool = False) -> Callable[[type[Policy]], type[Policy]]:
-    """The class decorator that registers a policy under ``name``; its fields (keyword-only) are its settings."""
+    """The class decorator that registers a policy under ``name``; its fields (keyword-only, each with a docstring) are
+    its settings, a bad one refused (ValueError) as ``<name>.<field>=<value>: <what is valid>``."""
 
     def add(cls: type[Policy]) -> type[Policy]:
         if name in POLICIES:
@@ -49,7 +51,7 @@ def register(*, name: str, needs_attention: bool = False) -> Callable[[type[Poli
 
 @register(name="streaming")
 class StreamingLLM(Policy):
-    """Xiao et al. 2024: the most recent entries (the first ones through the sink setting)."""
+    """Xiao et al. 2024 (StreamingLLM): recency, the newest entries kept (the first ones through the sink setting)."""
 
     def scores(self, history, row, keys):
         return history.pos[row].to(torch.float32)
@@ -57,7 +59,8 @@ class StreamingLLM(Policy):
 
 @register(name="h2o", needs_attention=True)
 class H2O(Policy):
-    """Zhang et al. 2023: heavy hitters by attention received so far, plus the recent half."""
+    """Zhang et al. 2023 (H2O, heavy-hitter oracle): the attention an entry received, summed over every query since it
+    was cached; the newest budget / 2 kept (the paper's even split of heavy hitters and recent tokens)."""
 
     def recent(self, capacity):
         return capacity // 2
@@ -68,24 +71,31 @@ class H2O(Policy):
 
 @register(name="snapkv", needs_attention=True)
 class SnapKV(Policy):
-    """Li et al. 2024: attention from the last ``window`` queries, average-pooled over neighbouring keys."""
+    """Li et al. 2024 (SnapKV): the attention from the last ``window`` queries, summed and average-pooled over
+    ``pool_width`` neighbouring keys; the newest min(window, budget / 2) kept (the window's own entries)."""
 
     window: int = 32
     """The observation window: the last queries whose attention ranks the entries."""
-    kernel: int = 5
-    """Width of the average pooling over neighbouring keys."""
+    pool_width: int = 5
+    """Width of the average pooling over neighbouring keys (odd: centred on each key)."""
+
+    def __post_init__(self):
+        if self.window < 1:
+            raise ValueError(f"snapkv.window={self.window}: the observation window needs at least 1 query")
+        if self.pool_width < 1 or self.pool_width % 2 == 0:
+            raise ValueError(f"snapkv.pool_width={self.pool_width}: an odd width >= 1, centred on a key")
 
     def recent(self, capacity):
         return min(self.window, capacity // 2)
 
     def scores(self, history, row, keys):
-        votes = history.window[row].sum(dim=-2)  # [Hkv, n]
-        return F.avg_pool1d(votes[:, None], self.kernel, stride=1, padding=self.kernel // 2)[:, 0]
+        votes = history.window[row, :, -self.window :].sum(dim=-2)  # [Hkv, n]
+        return F.avg_pool1d(votes[:, None], self.pool_width, stride=1, padding=self.pool_width // 2)[:, 0]
 
 
 @register(name="keynorm")
 class KeyNorm(Policy):
-    """Devoto et al. 2024: keep the keys of smallest L2 norm (the norm is rotation-free)."""
+    """Devoto et al. 2024 (L2 norm): −‖k‖₂, the keys of smallest norm kept (rotation leaves the norm alone)."""
 
     def scores(self, history, row, keys):
         return -keys.float().norm(dim=-1)
@@ -130,12 +140,11 @@ class Evictor:
         n_layers: int,
         kv_heads: int,
         secondary: Sequence[Tensor] | None = None,
-        window: int = 32,
         device: torch.device | str = "cpu",
     ):
         if capacity < 1 or not rows:
             raise ValueError(f"cache capacity {capacity} with {len(rows)} rows: need capacity >= 1 and a row")
-        self.rows, self.capacity, self.window = list(rows), capacity, window
+        self.rows, self.capacity, self.window = list(rows), capacity, max(r.policy.window for r in rows)
         self.needs_attention = any(r.policy.needs_attention for r in rows)
         self.secondary = [torch.as_tensor(s, dtype=torch.long) for s in secondary] if secondary else None
         empty = torch.zeros(len(rows), kv_heads, 0, device=device)
@@ -171,10 +180,6 @@ class Evictor:
             out.append(index)
         return out
 
-    def first_kept(self) -> list[float | None]:
-        """Per row, the share of (eviction, layer, kv head) whose kept entries hold stream position 0; None: none."""
-        return [None if not self.evictions else float(h) / self.evictions for h in self.first_held.tolist()]
-
     def append(self, n_new: int) -> None:
         """n_new entries joined every layer (after the forward that cached them)."""
         for h in self.history:
@@ -191,7 +196,8 @@ class Evictor:
             rows, heads, n_q, n = w.shape
             w = w.float().reshape(rows, h.pos.shape[1], -1, n_q, n).mean(2)  # query heads -> kv head
             h.received = h.received + w.sum(2)
-            h.window = torch.cat((h.window, w), 2)[:, :, -self.window :]
+            if self.window:
+                h.window = torch.cat((h.window, w), 2)[:, :, -self.window :]
 
     def sinks_held(self, limit: int) -> int:
         """The fewest entries at stream positions < limit over rows and heads (layer 0)."""

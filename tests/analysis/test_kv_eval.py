@@ -108,23 +108,30 @@ def test_cli_table_files_mlflow_and_refusals(tiny_llama_dir, tmp_path, capsys, m
     out = tmp_path / "kv"
     args = [str(tiny_llama_dir), "--text", str(HAMLET), "--max-tokens", "40", "--budget", "25%", "--budget", "20"]
     logging = ["--mlflow-uri", mlflow_server, "--experiment", "kv-eval-test"]
-    assert kv_eval.main([*args, "--out", str(out), "--policies", "streaming,h2o", *logging]) == 0
-    (rec,) = json.loads((out / "kv_eval.json").read_text())["models"].values()
+    assert (
+        kv_eval.main([*args, "--out", str(out), "--policies", "streaming,h2o,snapkv", "--snapkv.window", "4", *logging])
+        == 0
+    )
+    saved = json.loads((out / "kv_eval.json").read_text())
+    (rec,) = saved["models"].values()
     (run,) = mlflow.MlflowClient(mlflow_server).search_runs(
         [mlflow.get_experiment_by_name("kv-eval-test").experiment_id]
     )
     ppl = rec["budgets"]["25"]["perplexity"]["h2o/drop"]
     assert run.data.metrics[N.kv_perplexity("h2o", "drop", 25)] == pytest.approx(ppl)
     assert (run.data.params["passkey"], run.data.params["depths"], run.data.params["keys"]) == ("1,2", "0,0.5,1", "1")
+    assert run.data.params["snapkv.window"] == "4" and saved["settings"]["snapkv.window"] == 4
     assert {b: r["entries"] for b, r in rec["budgets"].items()} == {"25": 10, "50": 20}
-    assert set(rec["budgets"]["25"]["perplexity"]) == {f"{p}/{m}" for p in ("streaming", "h2o") for m in MODES}
+    assert set(rec["budgets"]["25"]["perplexity"]) == {
+        f"{p}/{m}" for p in ("streaming", "h2o", "snapkv") for m in MODES
+    }
     shares = rec["budgets"]["25"]["first_kept"]  # StreamingLLM on its own scores evicts the first token at once
     assert shares["streaming"] == 0 and 0 <= shares["h2o"] <= 1
     assert run.data.metrics[N.kv_first_kept("h2o", 25)] == pytest.approx(100 * shares["h2o"])
     assert rec["budgets"]["25"]["passkey"] == {"1x": None, "2x": None}  # 10 or 20 tokens hold no prompt
     table = capsys.readouterr().out
     assert f"| {tiny_llama_dir.name} | 40 |" in table and (out / "kv_eval.png").exists()
-    assert "| h2o | " in table and table.count("| n/a | n/a | n/a | n/a | n/a | n/a |") == 4
+    assert "| h2o | " in table and table.count("| n/a | n/a | n/a | n/a | n/a | n/a |") == 6
     assert "| own scores | sinks kept | sinks dropped | first token kept | dropped / kept |" in table
     assert "| streaming | " in table and " | 0.0% | " in table and "passkey 2x dropped" in table
     for bad, message in (
@@ -159,7 +166,7 @@ def test_per_sequence_full_cache_is_full_attention():
     subject, streamer = per_sequence_subject()
     ids = torch.randint(0, 64, (8,), generator=torch.Generator().manual_seed(6))
     full, _ = kv_eval.full_pass(subject, ids, eps=0.3, first=1)
-    for row in kv_eval.stream_rows(subject, streamer, ids, ROWS, 8, None):
+    for row in kv_eval.stream_evicting(subject, streamer, ids, ROWS, 8, None)[0]:
         torch.testing.assert_close(row, full, atol=0, rtol=0)
 
 
@@ -169,7 +176,7 @@ def test_per_sequence_starts_each_sequence_from_an_empty_cache(monkeypatch):
     made = []
     monkeypatch.setattr(kv_eval, "Evictor", lambda *a, **k: made.append(Evictor(*a, **k)) or made[-1])
     settings = kv_eval.KvEval(
-        ["streaming"], ["keep", "drop"], ["50%"], 1, 0.3, True, True, [], [], 1, "no", 7, None, None, "", ""
+        [StreamingLLM()], ["keep", "drop"], ["50%"], 1, 0.3, True, True, [], [], 1, "no", 7, None, None
     )
     both = kv_eval.evaluate(subject, streamer, [a, b], settings).to_json()
     assert both["sequences"] == 2 and both["budgets"]["50"]["entries"] == 4 and len(made) == 2
@@ -274,6 +281,38 @@ def test_sinks_that_fill_the_smallest_budget_are_refused_before_any_model_loads(
         "need --first <= 6 (or a larger --budget)"
     )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--snapkv.window", "0"], "--snapkv.window=0: the observation window needs at least 1 query"),
+        (["--snapkv.pool_width", "4"], "--snapkv.pool_width=4: an odd width >= 1, centred on a key"),
+        (
+            ["--snapkv.window", "8", "--policies", "h2o"],
+            "--snapkv.window: sets a policy that --policies h2o leaves out",
+        ),
+    ],
+)
+def test_bad_policy_settings_are_refused_in_one_line_before_any_model_loads(extra, message, tmp_path, monkeypatch):
+    monkeypatch.setattr(kv_eval, "load_subject", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit) as err:
+        kv_eval.main(["smollm2", *extra, "--out", str(tmp_path / "out")])
+    assert str(err.value) == f"sinklab kv-eval: {message}" and not (tmp_path / "out").exists()
+
+
+def test_each_policy_field_is_a_flag_explained_by_its_docstring(tmp_path):
+    parser = kv_eval.build_parser()
+    text = " ".join(parser.format_help().split())
+    for name, cls in POLICIES.items():
+        assert f"policy {name}: {' '.join(cls.__doc__.replace('``', '').split())}" in text
+    assert "--snapkv.window WINDOW The observation window: the last queries whose attention ranks" in text
+    assert "--snapkv.pool_width POOL_WIDTH Width of the average pooling over neighbouring keys" in text
+    assert "(odd: centred on each key) (default: 5)" in text
+    argv = ["smollm2", "--policies", "snapkv,h2o", "--snapkv.pool_width", "3", "--out", str(tmp_path)]
+    s = kv_eval.check_args(parser.parse_args(argv))
+    assert s.policies == [POLICIES["snapkv"](window=32, pool_width=3), POLICIES["h2o"]()]
+    assert (s.destination.options["snapkv.window"], s.destination.options["snapkv.pool_width"]) == (32, 3)
 
 
 def test_an_empty_text_is_named_too_short_before_the_full_pass(tiny_llama_dir, tmp_path, monkeypatch):

@@ -62,6 +62,34 @@ def test_loss_buckets_by_target_position():
     assert buckets["full"] == pytest.approx([(1 + 2) / 2, (3 + 4 + 5) / 3, 6.0])  # targets 1-2, 3-5, 6
 
 
+def test_a_result_is_its_json_its_metrics_and_its_table():
+    passkey = {"full": {2: 100.0, 4: None}, "1+7": {2: 50.0, 4: None}}
+    loss = {"full": [2.0, 3.0], "1+7": [2.0, 4.0]}
+    result = length.LengthResult(8, 4, 16, 2, True, ["1+7"], loss, passkey, 0.5)
+    saved = json.loads(json.dumps(result.to_json()))
+    assert saved["passkey"] == {"full": {"2": 100.0, "4": None}, "1+7": {"2": 50.0, "4": None}}
+    assert saved["loss"] == loss and saved["train_len"] == 8 and saved["seconds"] == 0.5
+    assert result.settings() == {
+        "train_len": 8,
+        "bucket": 4,
+        "tokens": 16,
+        "windows": 2,
+        "bos": True,
+        "caches": ["1+7"],
+    }
+    assert result.metrics() == {
+        "length/loss_full_b0": 2.0,
+        "length/loss_full_b1": 3.0,
+        "length/loss_1_7_b0": 2.0,
+        "length/loss_1_7_b1": 4.0,
+        "length/passkey_full_x2": 100.0,
+        "length/passkey_1_7_x2": 50.0,
+    }
+    table = length.markdown({"m": result}).splitlines()
+    assert table[2] == "| model | C | mode | 0-0.5C | 0.5-1C | passkey 2x | passkey 4x |"
+    assert table[5] == "| m | 8 | 1+7 | 2.000 | 4.000 | 50 | n/a |"
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from argparse import Namespace
 from types import SimpleNamespace
 
 import mlflow
 
-from pipeline.analysis.subject import log_results_of
+from pipeline.analysis.subject import Destination, log_results_of
 from sinklab_io.outputs import write_output
 
 
@@ -20,12 +19,10 @@ def test_results_go_back_to_the_subject_run(mlflow_server, tmp_path):
     out = tmp_path / "out"
     write_output(out / "kv.md", "| table |\n", by="sinklab kv-eval")
     (out / "notes.txt").write_text("the user's own file, not uploaded\n")
-    results = {"m": {"loss": 2.5, "budget": 64}}
-    args = Namespace(mlflow_uri=None, experiment="unused")
+    result = SimpleNamespace(metrics=lambda: {"kv/loss": 2.5}, budget=64)
+    d = Destination(["m"], out, {}, mlflow_uri=None, experiment="unused")
 
-    log_results_of(
-        {"m": subject}, "kv", results, lambda r: {"kv/loss": r["loss"]}, lambda r: {"budget": r["budget"]}, out, args
-    )
+    log_results_of({"m": subject}, "kv", {"m": result}, lambda r: {"budget": r.budget}, out, d)
 
     run = client.get_run(run_id)
     assert run.data.metrics == {"kv/loss": 2.5}

@@ -25,7 +25,7 @@ KEY_NORMS = torch.tensor([5.0, 1.0, 3.0, 2.0, 4.0, 6.0])
 
 def kept(rows, secondary=None):
     """The entries each row keeps when a 7th token comes into a cache of 5 (so 4 stay)."""
-    ev = Evictor(rows, capacity=5, n_layers=1, kv_heads=1, secondary=secondary, window=2)
+    ev = Evictor(rows, capacity=5, n_layers=1, kv_heads=1, secondary=secondary)
     ev.append(6)
     ev.observe([HISTORY.expand(len(rows), 1, 6, 6)])
     keys = torch.zeros(len(rows), 1, 6, 4)
@@ -36,7 +36,7 @@ def kept(rows, secondary=None):
 
 
 def test_each_policy_keeps_its_entries_with_the_first_token_kept_or_dropped():
-    snap = SnapKV(window=2, kernel=1)
+    snap = SnapKV(window=2, pool_width=1)
     rows = [Row(p, first=1, sinks=s) for p in (StreamingLLM(), H2O(), snap, KeyNorm()) for s in ("keep", "drop")]
     assert kept(rows) == [
         [0, 3, 4, 5],  # StreamingLLM 1+4: the first, then the most recent
@@ -55,21 +55,68 @@ def test_without_sinks_h2o_keeps_the_heavy_first_token_on_its_own():
 
 
 def test_snapkv_pools_the_window_votes_over_neighbouring_keys():
-    # kernel 3 (zero padded): the pooled votes of 0..3 are .18, .27, .43, .38
-    assert kept([Row(SnapKV(window=2, kernel=3))]) == [[2, 3, 4, 5]]
+    # pooled over 3 (zero padded): the pooled votes of 0..3 are .18, .27, .43, .38
+    assert kept([Row(SnapKV(window=2, pool_width=3))]) == [[2, 3, 4, 5]]
+
+
+def test_each_snapkv_row_reads_its_own_window_of_a_history_as_wide_as_the_widest():
+    # window 6 sums every query (2.7, .85, 1.15, 1.0 before the recent {4, 5}); window 2 the last two (.4, .15, .25, .9)
+    rows = [Row(SnapKV(window=2, pool_width=1)), Row(SnapKV(window=6, pool_width=1))]
+    assert kept(rows) == [[0, 3, 4, 5], [0, 2, 4, 5]]
+    ev = Evictor([Row(H2O())], capacity=5, n_layers=1, kv_heads=1)
+    ev.append(6)
+    ev.observe([HISTORY.expand(1, 1, 6, 6)])
+    assert not ev.history[0].window.any()  # no policy reads a window: none is held
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(window=0), "snapkv.window=0: the observation window needs at least 1 query"),
+        (dict(pool_width=4), "snapkv.pool_width=4: an odd width >= 1"),
+        (dict(pool_width=-1), "snapkv.pool_width=-1: an odd width >= 1"),
+    ],
+)
+def test_bad_snapkv_settings_are_refused_naming_the_field(bad, message):
+    with pytest.raises(ValueError, match=message):
+        SnapKV(**bad)
 
 
 def test_a_policy_is_registered_by_name_with_its_settings_as_keyword_only_fields():
     assert list(eviction.POLICIES) == ["streaming", "h2o", "snapkv", "keynorm"]
     assert [(f.name, f.default) for f in dataclasses.fields(eviction.POLICIES["snapkv"])] == [
         ("window", 32),
-        ("kernel", 5),
+        ("pool_width", 5),
     ]
     assert SnapKV.needs_attention and not KeyNorm.needs_attention and H2O().name == "h2o"
     with pytest.raises(TypeError):
         SnapKV(2, 3)
     with pytest.raises(ValueError, match="'h2o' is registered twice"):
         eviction.register(name="h2o")(type("Again", (eviction.Policy,), {"scores": lambda self, h, r, k: k}))
+
+
+def test_the_docs_table_of_policies_is_the_registry():
+    """docs/analysis.md's table is the registry's: a registered policy gets its row, each of its fields a flag."""
+    from regen_docs_tables import COMMAND, REPO, policy_table, rendered
+
+    @eviction.register(name="test_oldest")
+    class Oldest(eviction.Policy):
+        """The oldest entries."""
+
+        span: int = 3
+        """How far back it looks."""
+
+        def scores(self, history, row, keys):
+            return -history.pos[row].float()
+
+    try:
+        assert (
+            "| `test_oldest` | The oldest entries. | no | `--test_oldest.span` (3): How far back it looks |"
+            in policy_table()
+        )
+    finally:
+        del eviction.POLICIES["test_oldest"]
+    assert rendered("analysis.md") == (REPO / "docs" / "analysis.md").read_text(), f"docs are stale: run `{COMMAND}`"
 
 
 def test_secondary_sinks_are_kept_or_dropped_with_the_first():
@@ -92,12 +139,12 @@ def test_policy_rows_rank_the_sinks_by_the_policy_alone():
     assert kept(rows) == [[1, 2, 3, 4], [0, 1, 2, 3], [0, 2, 4, 5]]
 
 
-def test_dropped_sinks_leave_one_per_eviction_and_first_kept_counts_position_zero():
+def test_dropped_sinks_leave_one_per_eviction_and_first_held_counts_position_zero():
     """A cache of 4, one token per step: the drop row loses its 3 sinks over 3 evictions, not at
-    the first; first_kept is the share of (eviction, layer, head) that still holds position 0."""
+    the first; first_held counts the cases of (eviction, layer, head) that still hold position 0."""
     rows = [Row(StreamingLLM(), first=3, sinks=s) for s in ("drop", "keep", "policy")]
     ev = Evictor(rows, capacity=4, n_layers=2, kv_heads=2)
-    assert ev.first_kept() == [None] * 3
+    assert ev.evictions == 0 and not ev.first_held.any()
     ev.append(4)
     sinks_left = []
     for _ in range(4):
@@ -105,7 +152,7 @@ def test_dropped_sinks_leave_one_per_eviction_and_first_kept_counts_position_zer
         sinks_left.append(int((ev.history[0].pos[0, 0] < 3).sum()))
         ev.append(1)
     assert sinks_left == [2, 1, 0, 0]
-    assert ev.first_kept()[1:] == [1.0, 0.0]  # recency evicts position 0 at the first eviction
+    assert (ev.first_held[1:] / ev.evictions).tolist() == [1.0, 0.0]  # recency evicts position 0 at the first eviction
 
 
 def test_a_dropped_sink_goes_even_from_the_recent_window():
