@@ -19,8 +19,8 @@ from data_prep.pack import SPLITS, shard_file
 from sinklab_io.atomic import atomic_write
 
 if TYPE_CHECKING:
-    from data_prep.chunks import Chunk
     from data_prep.prepare import Preparation
+    from data_prep.runner import Chunk
     from data_prep.tokenizer import LoadedTokenizer
 
 

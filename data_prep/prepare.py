@@ -18,13 +18,12 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from data_prep.chunks import Chunk, iter_chunks
 from data_prep.dataset import MANIFEST_NAME
 from data_prep.errors import DataPrepError
 from data_prep.manifest import ProbeReservoir, existing_dataset, finalize, spec_differences, spec_hash
 from data_prep.pack import PackConfig, val_mask
 from data_prep.readers import ByteCounter, ReaderOptions, expand_inputs
-from data_prep.runner import ChunkRunner
+from data_prep.runner import Chunk, ChunkRunner, iter_chunks
 from data_prep.tokenizer import LoadedTokenizer, load_tokenizer, token_dtype, train_bpe, trained_tokenizer
 from sinklab_io.atomic import atomic_write
 from sinklab_io.outputs import Additions
