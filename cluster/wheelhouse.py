@@ -7,6 +7,7 @@ What is carried and left out, and why: docs/cluster.md.
 from __future__ import annotations
 
 import configparser
+import importlib.metadata
 import json
 import os
 import re
@@ -196,15 +197,6 @@ def plan(resolved: list[dict], roots: list[str], have: dict, python_version: str
     return carry
 
 
-def installed_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        raise WheelhouseError(f"{name} is not installed here; give its version (--{name} X.Y.Z)") from None
-
-
 def build(
     out: Path,
     python_version: str,
@@ -239,7 +231,10 @@ def build(
         target += platform_tags(platform)
         reqs = requirements([*FIT, *add] if only is None else only, list(extras))
         if any(name(r) == "deepspeed" for r in reqs):
-            version = deepspeed or installed_version("deepspeed")
+            try:
+                version = deepspeed or importlib.metadata.version("deepspeed")
+            except importlib.metadata.PackageNotFoundError:
+                raise WheelhouseError("deepspeed is not installed here; give its version (--deepspeed X.Y.Z)") from None
             if not any(out.glob(f"deepspeed-{version}-py3-none-any.whl")):
                 build_wheel(out, f"deepspeed=={version}")
             reqs = [f"deepspeed=={version}" if name(r) == "deepspeed" else r for r in reqs]

@@ -92,14 +92,9 @@ class Manifest:
         return None if ids is None else [int(i) for i in ids]
 
 
-def _dataset_dir(path: str | Path) -> Path:
-    path = Path(path)
-    return path.parent if path.name == MANIFEST_NAME else path
-
-
 def load_manifest(path: str | Path) -> Manifest:
     """Load and check `<dataset>/manifest.json` (`path` is the directory or the file)."""
-    root = _dataset_dir(path)
+    root = Path(path).parent if Path(path).name == MANIFEST_NAME else Path(path)
     file = root / MANIFEST_NAME
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))

@@ -62,14 +62,6 @@ class ProbeReservoir:
         return np.array([w for _, w in sorted(self.items, key=lambda item: item[0])], dtype=dtype)
 
 
-def _place(source: Path, target: Path) -> None:
-    """Hard link (same file system: free) or copy a finished file into the dataset."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
-
-
 def finalize(
     prep: Preparation, tok: LoadedTokenizer, dtype: str, used: list[tuple[Chunk, dict[str, Any]]]
 ) -> dict[str, Any]:
@@ -97,7 +89,11 @@ def finalize(
                 rel = f"{split}/{len(shards):05d}.bin"
                 target = out / rel
                 target.unlink(missing_ok=True)
-                _place(shard_file(staging, chunk.task.name, split), target)
+                source = shard_file(staging, chunk.task.name, split)
+                try:
+                    os.link(source, target)  # same file system: free
+                except OSError:
+                    shutil.copyfile(source, target)
                 shards.append({"path": rel, "sequences": info["sequences"], "sha256": info["sha256"]})
         splits[split] = {
             "sequences": totals["sequences"],

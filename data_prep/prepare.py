@@ -232,23 +232,19 @@ class Preparation:
     def check_output_dir(self) -> dict[str, Any] | None:
         """The existing manifest when `out` already holds this dataset; errors for anything else."""
         existing = existing_dataset(self.out, self.spec, staged=self.staging.exists())
-        if existing is not None:
+        spec_file, done = self.staging / "spec.json", self.staging / "done"
+        if existing is not None or not spec_file.is_file():
             return existing
-        spec_file = self.staging / "spec.json"
-        staged = json.loads(spec_file.read_text(encoding="utf-8")) if spec_file.is_file() else self.spec
-        if staged != self.spec and not self._staged_work():
+        staged = json.loads(spec_file.read_text(encoding="utf-8"))
+        if staged == self.spec:
+            return None
+        if not (self.staging / "tokenizer.json").is_file() and not (done.is_dir() and any(done.iterdir())):
             shutil.rmtree(self.staging)  # an earlier attempt that died before any work: nothing to keep
-        elif staged != self.spec:
-            raise DataPrepError(
-                f"{self.staging}: an unfinished preparation with other settings ({spec_differences(staged, self.spec)}); "
-                "delete it or use the same settings"
-            )
-        return None
-
-    def _staged_work(self) -> bool:
-        """Whether the staging directory holds work worth resuming: a trained tokenizer or a finished chunk."""
-        done = self.staging / "done"
-        return (self.staging / "tokenizer.json").is_file() or (done.is_dir() and any(done.iterdir()))
+            return None
+        raise DataPrepError(
+            f"{self.staging}: an unfinished preparation with other settings ({spec_differences(staged, self.spec)}); "
+            "delete it or use the same settings"
+        )
 
     def run(self, undo: bool = True) -> PrepResult:
         start = time.perf_counter()
