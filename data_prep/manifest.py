@@ -18,6 +18,8 @@ from data_prep.errors import DataPrepError
 from data_prep.pack import SPLITS, shard_file
 from sinklab_io.atomic import atomic_write
 
+COUNTS = ("sequences", "documents", "document_tokens", "dropped_tail_tokens")  # a split's, summed over its chunks
+
 if TYPE_CHECKING:
     from data_prep.prepare import Preparation
     from data_prep.runner import Chunk
@@ -81,8 +83,7 @@ def finalize(
         totals: Counter = Counter()
         for chunk, result in used:
             info = result["splits"][split]
-            for key in ("sequences", "documents", "document_tokens", "dropped_tail_tokens"):
-                totals[key] += info[key]
+            totals.update({key: info[key] for key in COUNTS})
             for domain, counts in info["domains"].items():
                 domains.setdefault(domain, Counter()).update(counts)
             if info["sequences"]:
@@ -98,9 +99,7 @@ def finalize(
         splits[split] = {
             "sequences": totals["sequences"],
             "tokens": totals["sequences"] * cfg.context_length,
-            "documents": totals["documents"],
-            "document_tokens": totals["document_tokens"],
-            "dropped_tail_tokens": totals["dropped_tail_tokens"],
+            **{key: totals[key] for key in COUNTS[1:]},
             "domains": dict(sorted(domains.items())),
             "shards": shards,
         }
