@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -162,10 +162,9 @@ def claim_output_dir(out: str | Path) -> None:
 
 
 class Preparation:
-    def __init__(self, cfg: PrepConfig, on_chunk: Callable[[dict[str, Any]], None] | None = None):
+    def __init__(self, cfg: PrepConfig):
         _validate(cfg)
         self.cfg = cfg = replace(cfg, reader=replace(cfg.reader, fmt=cfg.fmt))
-        self.on_chunk = on_chunk
         self.out = Path(cfg.out)
         self.staging = self.out / STAGING
         self.inputs = expand_inputs(cfg.inputs, cfg.fmt)
@@ -304,6 +303,6 @@ class Preparation:
         return runner.used, runner.tokenized, runner.resumed
 
 
-def prepare(cfg: PrepConfig, on_chunk: Callable[[dict[str, Any]], None] | None = None, undo: bool = True) -> PrepResult:
+def prepare(cfg: PrepConfig, undo: bool = True) -> PrepResult:
     """Prepare (or find already prepared) the dataset `cfg` describes; ``undo``: remove what it added on an error."""
-    return Preparation(cfg, on_chunk).run(undo)
+    return Preparation(cfg).run(undo)

@@ -155,6 +155,4 @@ class ChunkRunner:
         self.used.append((chunk, {k: v for k, v in result.items() if k != "probe_candidates"}))
         chunk.task.texts, chunk.task.domains = [], []  # memory must not grow with the corpus
         self.progress.record(self.prep.counter.value, result)
-        if self.prep.on_chunk is not None:
-            self.prep.on_chunk(result)
         return stop
