@@ -232,10 +232,8 @@ def verify(path: str | Path) -> Manifest:
     files = [(s.path, s.sha256) for split in manifest.splits.values() for s in split.shards]
     files.append((manifest.probe.path, manifest.probe.sha256))
     for rel, expected in files:
-        digest = hashlib.sha256()
         with open(_existing(manifest.root / rel), "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != expected:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        if digest != expected:
             raise DatasetError(f"{manifest.root / rel}: sha256 differs from the manifest; the file is corrupt")
     return manifest
