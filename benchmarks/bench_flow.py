@@ -7,7 +7,7 @@ are upper bounds (docs/analysis.md).
 from __future__ import annotations
 
 import argparse
-import time
+import timeit
 
 import torch
 import torch.nn.functional as F
@@ -16,15 +16,6 @@ from data_prep.dataset import load_manifest, load_probe
 from pipeline.flow import TRAINING_MIXING_SEQUENCES
 from pipeline.model import ModelConfig, Transformer
 from pipeline.probe import run_probe
-
-
-def best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:
@@ -45,11 +36,12 @@ def main() -> None:
     run_probe(model, probe[:4])  # warm-up
     plain = training = every_sequence = float("inf")
     for _ in range(args.repeats):  # alternated, so that a busy machine weighs on all alike
-        plain = min(plain, best_of(lambda: run_probe(model, probe, flow=False), 1))
+        plain = min(plain, timeit.timeit(lambda: run_probe(model, probe, flow=False), number=1))
         training = min(
-            training, best_of(lambda: run_probe(model, probe, mixing_sequences=TRAINING_MIXING_SEQUENCES), 1)
+            training,
+            timeit.timeit(lambda: run_probe(model, probe, mixing_sequences=TRAINING_MIXING_SEQUENCES), number=1),
         )
-        every_sequence = min(every_sequence, best_of(lambda: run_probe(model, probe, flow=True), 1))
+        every_sequence = min(every_sequence, timeit.timeit(lambda: run_probe(model, probe, flow=True), number=1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tokens = torch.randint(0, manifest.vocab_size, (args.batch, manifest.context_length + 1))
 
@@ -60,7 +52,7 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
 
     step()
-    step_s = best_of(lambda: [step() for _ in range(args.steps)], args.repeats) / args.steps
+    step_s = min(timeit.repeat(step, number=args.steps, repeat=args.repeats)) / args.steps
     extra, extra_all = training - plain, every_sequence - plain
     print(f"model {args.preset}, probe {tuple(probe.shape)}, steps of {args.batch} x {manifest.context_length} tokens")
     print("| measured | seconds |\n|---|---|")

@@ -163,8 +163,10 @@ class Matrix:
             return "the first start ran to the end: SIGUSR1 came too late to test the resume"
         return self._judge_fit(case, self._run(self._fit_command(case), log), log)
 
-    def _analysis(self, case: Case, log: Path, out: Path, output: Path) -> str | None:
+    def _analyze(self, case: Case, log: Path) -> str | None:
         """``sinklab analyze`` or ``stream-ppl`` (the case's kind) of the checkpoint the case reads."""
+        out = self.root / (case.name if case.kind == "analyze" else f"{case.name}.json")
+        output = out / "report.json" if case.kind == "analyze" else out
         source, data = self._final_checkpoint(self.cases[case.reads]), self.data[case.data]
         command = [*SINKLAB, case.kind, str(source), "--dataset", str(data), "--out", str(out), *case.args]
         code = self._run(command, log)
@@ -172,12 +174,7 @@ class Matrix:
             return first_error_line(log.read_text(errors="replace"), code)
         return None if output.exists() else f"wrote no {output.name}"
 
-    def _analyze(self, case: Case, log: Path) -> str | None:
-        return self._analysis(case, log, self.root / case.name, self.root / case.name / "report.json")
-
-    def _stream_ppl(self, case: Case, log: Path) -> str | None:
-        out = self.root / f"{case.name}.json"
-        return self._analysis(case, log, out, out)
+    _stream_ppl = _analyze
 
     def _command(self, case: Case, log: Path) -> str | None:
         code = self._run([sys.executable, *case.args], log)
@@ -238,14 +235,6 @@ def prepare(key: str, path: Path, seconds: float) -> None:
         )
 
 
-def interrupt(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM (a job's end): the table is still printed
-
-
-def context_of(dataset: Path) -> int:
-    return json.loads((dataset / "manifest.json").read_text())["context_length"]
-
-
 def names_of(text: str | None) -> list[str]:
     return [name.strip() for name in (text or "").split(",") if name.strip()]
 
@@ -300,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cases: {', '.join(missing)} must run too (the analysis cases read its checkpoint)")
     if args.device == "cpu":
         prepare("cpu", data["cpu"], args.budget)
-        every = cpu_cases(context_of(data["cpu"]))
+        every = cpu_cases(json.loads((data["cpu"] / "manifest.json").read_text())["context_length"])
     cases = [c for c in every if c.name in wanted]
     if groups:  # the plan's own order and minimums (a profiled case's raised)
         every, cases = every + [c for group in groups for c in group], [c for group in groups for c in group]
@@ -313,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     versions += f", backward compiled {'with the forward' if BACKWARD_WITH_FORWARD else 'by a zero-gradient pass'}"
     print(f"gpu-check: {len(cases)} cases on {device}; {versions}; {args.budget:.0f} s; logs in {root}", flush=True)
     matrix, results = Matrix(every, root, data, shlex.split(args.extra_args), args.timeout, profile), []
-    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a job's end: the table is still printed
     try:
         if groups:
             before, cells, after = groups

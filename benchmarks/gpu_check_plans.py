@@ -118,14 +118,13 @@ PLANS = {"causes": causes}
 PREPARATION_SECONDS = 6  # both datasets on the H200
 
 
-def with_profile(case: Case) -> Case:
-    return replace(case, minimum=case.minimum + PROFILE_SECONDS)
-
-
 def plan_cases(name: str) -> tuple[list[Case], list[Case], list[Case], Plan]:
     """(required cases before the grid, the grid's cells, those after it), the profiled ones' minimums raised."""
     plan, every = PLANS[name](), {c.name: c for c in gpu_cases()}
-    pick = [with_profile(every[n]) if n in plan.profile else every[n] for n in plan.required if n != "1b-grid"]
+    raised = {
+        n: replace(every[n], minimum=every[n].minimum + PROFILE_SECONDS) for n in plan.required if n in plan.profile
+    }
+    pick = [raised.get(n, every[n]) for n in plan.required if n != "1b-grid"]
     split = plan.required.index("1b-grid") if "1b-grid" in plan.required else len(plan.required)
     before = pick[:split]
     after = pick[split:] + [every[n] for n in plan.extra]

@@ -29,7 +29,6 @@ class StepProfile(Callback):
         self.dirpath, self.steps = Path(dirpath), steps
         self.prof, self.mark, self.wrapped, self.first = None, None, [], 0
 
-    # ---- the phases ----
     def _enter(self, phase: str | None) -> None:
         if self.prof is None:
             return
@@ -67,7 +66,6 @@ class StepProfile(Callback):
     def on_exception(self, trainer, pl_module, exception) -> None:
         self._stop(trainer)
 
-    # ---- the profiler ----
     def _start(self, trainer) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if trainer.strategy.root_device.type == "cuda":

@@ -7,10 +7,10 @@ What is carried and left out, and why: docs/cluster.md.
 from __future__ import annotations
 
 import configparser
+import importlib.metadata
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cluster import wheel_args
 from cluster.wheel_args import ASSETS, PIN, PROG, WheelhouseError, normalise
+from sinklab_io.outputs import Additions
 
 REPO = Path(__file__).resolve().parents[1]
 TORCH_ONLY = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$")  # the node's torch brings these
@@ -196,37 +197,6 @@ def plan(resolved: list[dict], roots: list[str], have: dict, python_version: str
     return carry
 
 
-def installed_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        raise WheelhouseError(f"{name} is not installed here; give its version (--{name} X.Y.Z)") from None
-
-
-def created_by(out: Path) -> tuple[Path | None, set[Path]]:
-    """The top folder ``out.mkdir(parents=True)`` would create (None: ``out`` is there), and what ``out`` holds."""
-    top = None
-    for folder in (out, *out.parents):
-        if folder.exists():
-            break
-        top = folder
-    return top, set(out.iterdir()) if top is None and out.is_dir() else set()
-
-
-def undo(out: Path, top: Path | None, before: set[Path]) -> None:
-    """Remove what a failed run wrote: its files in ``out``, and the folders it created."""
-    for path in set(out.iterdir()) - before if out.is_dir() else ():
-        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-    folder = out
-    while top is not None and folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
-        if folder == top:
-            break
-        folder = folder.parent
-
-
 def build(
     out: Path,
     python_version: str,
@@ -250,42 +220,41 @@ def build(
     node = have_versions(have)  # before anything is written: a bad --have file is refused
     if out.exists() and not out.is_dir():
         raise WheelhouseError(f"--out {out}: a file is there; give a folder (new or holding wheels)")
-    top, before = created_by(out)
+    additions = Additions(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise WheelhouseError(f"--out {out}: cannot be created ({err.strerror}); give a writable folder") from None
     try:
-        return fill(out, python_version, platform, torch, only, extras, node, assets, deepspeed, add, trusted)
+        pinned = [PIN.fullmatch(asset) for asset in assets]
+        target = ["--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
+        target += platform_tags(platform)
+        reqs = requirements([*FIT, *add] if only is None else only, list(extras))
+        if any(name(r) == "deepspeed" for r in reqs):
+            try:
+                version = deepspeed or importlib.metadata.version("deepspeed")
+            except importlib.metadata.PackageNotFoundError:
+                raise WheelhouseError("deepspeed is not installed here; give its version (--deepspeed X.Y.Z)") from None
+            if not any(out.glob(f"deepspeed-{version}-py3-none-any.whl")):
+                build_wheel(out, f"deepspeed=={version}")
+            reqs = [f"deepspeed=={version}" if name(r) == "deepspeed" else r for r in reqs]
+        roots = [*reqs, *BUILD]
+        resolved = resolve(roots, target, out, torch)
+        machine = re.search(r"(x86_64|aarch64|ppc64le|s390x|i686)$", platform)
+        carry = plan(resolved, roots, node, python_version, machine.group(1) if machine else "x86_64", trusted)
+        carry |= {normalise(pin.group(1)): pin.group(2) for pin in pinned if normalise(pin.group(1)) not in node}
+        if only is None:
+            build_wheel(out, str(REPO))
+            carry["sinklab"] = cfg["metadata"]["version"]
+        wanted = [f"{key}=={version}" for key, version in sorted(carry.items()) if key not in ("deepspeed", "sinklab")]
+        if wanted:
+            pip("download", "--no-deps", "--quiet", "--dest", str(out), *target, *wanted)
+        return sorted(
+            p for p in out.glob("*.whl") if carry.get(normalise(p.name.split("-")[0])) == p.name.split("-")[1]
+        )
     except BaseException:
-        undo(out, top, before)
+        additions.remove()
         raise
-
-
-def fill(out, python_version, platform, torch, only, extras, node, assets, deepspeed, add, trusted) -> list[Path]:
-    pinned = [PIN.fullmatch(asset) for asset in assets]
-    target = ["--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
-    target += platform_tags(platform)
-    reqs = requirements([*FIT, *add] if only is None else only, list(extras))
-    if any(name(r) == "deepspeed" for r in reqs):
-        version = deepspeed or installed_version("deepspeed")
-        if not any(out.glob(f"deepspeed-{version}-py3-none-any.whl")):
-            build_wheel(out, f"deepspeed=={version}")
-        reqs = [f"deepspeed=={version}" if name(r) == "deepspeed" else r for r in reqs]
-    roots = [*reqs, *BUILD]
-    resolved = resolve(roots, target, out, torch)
-    machine = re.search(r"(x86_64|aarch64|ppc64le|s390x|i686)$", platform)
-    carry = plan(resolved, roots, node, python_version, machine.group(1) if machine else "x86_64", trusted)
-    carry |= {normalise(pin.group(1)): pin.group(2) for pin in pinned if normalise(pin.group(1)) not in node}
-    if only is None:
-        cfg = configparser.ConfigParser()
-        cfg.read(REPO / "setup.cfg")
-        build_wheel(out, str(REPO))
-        carry["sinklab"] = cfg["metadata"]["version"]
-    wanted = [f"{key}=={version}" for key, version in sorted(carry.items()) if key not in ("deepspeed", "sinklab")]
-    if wanted:
-        pip("download", "--no-deps", "--quiet", "--dest", str(out), *target, *wanted)
-    return sorted(p for p in out.glob("*.whl") if carry.get(normalise(p.name.split("-")[0])) == p.name.split("-")[1])
 
 
 def name(requirement: str) -> str:
@@ -296,19 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = wheel_args.parser(__doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
     try:
-        wheels = build(
-            args.out,
-            args.python_version,
-            args.platform,
-            args.torch,
-            args.only,
-            tuple(args.extras),
-            args.have,
-            tuple(args.assets),
-            args.deepspeed,
-            tuple(args.add),
-            trusted := {},
-        )
+        wheels = build(**vars(args), trusted=(trusted := {}))
     except (WheelhouseError, KeyError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2

@@ -13,14 +13,16 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from data_prep.embedded import build_raw
-from data_prep.errors import DataPrepError
-from data_prep.invocation import run_into
-from data_prep.prepare import PrepConfig, PrepResult, default_workers, prepare
+from data_prep.errors import DataPrepError, os_error_line
+from data_prep.prepare import STAGING, PrepConfig, PrepResult, claim_output_dir, default_workers, prepare
 from data_prep.readers import FORMATS, TEXT_UNITS, ReaderOptions
 from data_prep.synthetic_bb import BBConfig, prepare_bb
 from sinklab_io.mappings import settings_of
+from sinklab_io.outputs import Additions
 
 SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
@@ -211,20 +213,11 @@ def embedded_config(args: argparse.Namespace, argv: list[str]) -> PrepConfig:
     raw = os.path.join(args.out, "raw")
     build_raw(raw, seed=args.seed, domain_chars=args.domain_chars)
     return PrepConfig(
+        **{key: value for key, value in vars(args).items() if key != "domain_chars"},
         inputs=[os.path.join(raw, "train", "*.jsonl.zst")],
         val_inputs=[os.path.join(raw, "val.jsonl.zst")],
-        out=args.out,
         val_fraction=0.0,
-        vocab_size=args.vocab_size,
-        context_length=args.context_length,
-        bos=args.bos,
-        max_tokens=args.max_tokens,
-        probe_sequences=args.probe_sequences,
-        probe_length=args.probe_length,
-        workers=args.workers,
-        seed=args.seed,
         chunk_chars=1 << 20,
-        progress=args.progress,
         command=shlex.join(["sinklab", "prep", *argv]),
     )
 
@@ -256,6 +249,40 @@ def summary(result: PrepResult) -> str:
             f"took       {result.elapsed_s:.1f} s  (chunks tokenized {result.chunks_tokenized}, resumed {result.chunks_resumed})"
         )
     return "\n".join(lines)
+
+
+def run_into(out: str, work: Callable[[], Any], resumable: bool) -> tuple[int, Any]:
+    """``work()`` writing into ``out``: (0, its result), or (exit status, None) after one line on stderr."""
+    additions = Additions(out)
+    try:
+        claim_output_dir(out)
+        return 0, work()
+    except (DataPrepError, OSError) as exc:
+        if isinstance(exc, OSError) and _inside(exc.filename, out):  # that file is removed below: name the folder
+            exc = OSError(exc.errno, exc.strerror)
+        line = str(exc) if isinstance(exc, DataPrepError) else os_error_line(exc, writing=out)
+        undone = additions.remove()
+        print(f"sinklab prep: error: {line}" + (f"; {undone}" if undone else ""), file=sys.stderr)
+        return 2, None
+    except KeyboardInterrupt:
+        staging = os.path.join(out, STAGING)
+        if resumable and os.path.isdir(staging):
+            print(
+                "sinklab prep: interrupted; run the same command again to resume from the chunks already "
+                f"finished (kept in {staging})",
+                file=sys.stderr,
+            )
+        else:
+            undone = additions.remove()
+            print("sinklab prep: interrupted" + (f"; {undone}" if undone else ""), file=sys.stderr)
+        return 130, None
+    except BaseException:
+        additions.remove()
+        raise
+
+
+def _inside(path: object, folder: str) -> bool:
+    return isinstance(path, str | os.PathLike) and os.path.abspath(path).startswith(os.path.abspath(folder) + os.sep)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,14 +92,9 @@ class Manifest:
         return None if ids is None else [int(i) for i in ids]
 
 
-def _dataset_dir(path: str | Path) -> Path:
-    path = Path(path)
-    return path.parent if path.name == MANIFEST_NAME else path
-
-
 def load_manifest(path: str | Path) -> Manifest:
     """Load and check `<dataset>/manifest.json` (`path` is the directory or the file)."""
-    root = _dataset_dir(path)
+    root = Path(path).parent if Path(path).name == MANIFEST_NAME else Path(path)
     file = root / MANIFEST_NAME
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
@@ -237,10 +232,8 @@ def verify(path: str | Path) -> Manifest:
     files = [(s.path, s.sha256) for split in manifest.splits.values() for s in split.shards]
     files.append((manifest.probe.path, manifest.probe.sha256))
     for rel, expected in files:
-        digest = hashlib.sha256()
         with open(_existing(manifest.root / rel), "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != expected:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        if digest != expected:
             raise DatasetError(f"{manifest.root / rel}: sha256 differs from the manifest; the file is corrupt")
     return manifest

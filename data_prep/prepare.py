@@ -11,20 +11,19 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
 
-from data_prep.chunks import Chunk, iter_chunks
 from data_prep.dataset import MANIFEST_NAME
 from data_prep.errors import DataPrepError
 from data_prep.manifest import ProbeReservoir, existing_dataset, finalize, spec_differences, spec_hash
 from data_prep.pack import PackConfig, val_mask
 from data_prep.readers import ByteCounter, ReaderOptions, expand_inputs
-from data_prep.runner import ChunkRunner
+from data_prep.runner import Chunk, ChunkRunner, iter_chunks
 from data_prep.tokenizer import LoadedTokenizer, load_tokenizer, token_dtype, train_bpe, trained_tokenizer
 from sinklab_io.atomic import atomic_write
 from sinklab_io.outputs import Additions
@@ -163,10 +162,9 @@ def claim_output_dir(out: str | Path) -> None:
 
 
 class Preparation:
-    def __init__(self, cfg: PrepConfig, on_chunk: Callable[[dict[str, Any]], None] | None = None):
+    def __init__(self, cfg: PrepConfig):
         _validate(cfg)
         self.cfg = cfg = replace(cfg, reader=replace(cfg.reader, fmt=cfg.fmt))
-        self.on_chunk = on_chunk
         self.out = Path(cfg.out)
         self.staging = self.out / STAGING
         self.inputs = expand_inputs(cfg.inputs, cfg.fmt)
@@ -233,23 +231,19 @@ class Preparation:
     def check_output_dir(self) -> dict[str, Any] | None:
         """The existing manifest when `out` already holds this dataset; errors for anything else."""
         existing = existing_dataset(self.out, self.spec, staged=self.staging.exists())
-        if existing is not None:
+        spec_file, done = self.staging / "spec.json", self.staging / "done"
+        if existing is not None or not spec_file.is_file():
             return existing
-        spec_file = self.staging / "spec.json"
-        staged = json.loads(spec_file.read_text(encoding="utf-8")) if spec_file.is_file() else self.spec
-        if staged != self.spec and not self._staged_work():
+        staged = json.loads(spec_file.read_text(encoding="utf-8"))
+        if staged == self.spec:
+            return None
+        if not (self.staging / "tokenizer.json").is_file() and not (done.is_dir() and any(done.iterdir())):
             shutil.rmtree(self.staging)  # an earlier attempt that died before any work: nothing to keep
-        elif staged != self.spec:
-            raise DataPrepError(
-                f"{self.staging}: an unfinished preparation with other settings ({spec_differences(staged, self.spec)}); "
-                "delete it or use the same settings"
-            )
-        return None
-
-    def _staged_work(self) -> bool:
-        """Whether the staging directory holds work worth resuming: a trained tokenizer or a finished chunk."""
-        done = self.staging / "done"
-        return (self.staging / "tokenizer.json").is_file() or (done.is_dir() and any(done.iterdir()))
+            return None
+        raise DataPrepError(
+            f"{self.staging}: an unfinished preparation with other settings ({spec_differences(staged, self.spec)}); "
+            "delete it or use the same settings"
+        )
 
     def run(self, undo: bool = True) -> PrepResult:
         start = time.perf_counter()
@@ -309,6 +303,6 @@ class Preparation:
         return runner.used, runner.tokenized, runner.resumed
 
 
-def prepare(cfg: PrepConfig, on_chunk: Callable[[dict[str, Any]], None] | None = None, undo: bool = True) -> PrepResult:
+def prepare(cfg: PrepConfig, undo: bool = True) -> PrepResult:
     """Prepare (or find already prepared) the dataset `cfg` describes; ``undo``: remove what it added on an error."""
-    return Preparation(cfg, on_chunk).run(undo)
+    return Preparation(cfg).run(undo)

@@ -1,22 +1,93 @@
-"""Run chunks through N worker processes with bounded look-ahead, account for them in input
-order (so the token budget cuts at the same place however many workers run), and reuse the
-done markers of an interrupted run."""
+"""Group a document stream into chunks (the unit of parallel work and of resumption), run them through N worker
+processes with bounded look-ahead, account for them in input order (so the token budget cuts at the same place
+however many workers run), reuse the done markers of an interrupted run, and show a progress bar on stderr."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
-from collections import deque
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from data_prep.chunks import Chunk
-from data_prep.pack import PackConfig, init_worker, marker_file, process_chunk
-from data_prep.progress import PrepProgress
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from data_prep.pack import ChunkTask, PackConfig, init_worker, marker_file, process_chunk
+from data_prep.readers import ByteCounter, ReaderOptions, read_documents
 
 if TYPE_CHECKING:
     from data_prep.prepare import Preparation
+
+
+@dataclass
+class Chunk:
+    task: ChunkTask
+    # documents_read, empty_documents, invalid_utf8_documents, filtered_documents
+    counts: Counter = field(default_factory=Counter)
+    text_chars: int = 0
+
+
+def iter_chunks(
+    stream: str,
+    inputs: list[str],
+    options: ReaderOptions,
+    chunk_chars: int,
+    domains: frozenset[str] | None = None,
+    counter: ByteCounter | None = None,
+    seen_domains: set[str] | None = None,
+) -> Iterator[Chunk]:
+    """Chunks of at least `chunk_chars` characters of kept documents (the last may be smaller)."""
+    chunk = Chunk(ChunkTask(stream, 0, [], []))
+    for doc in read_documents(inputs, options, counter):
+        chunk.counts["documents_read"] += 1
+        if seen_domains is not None:
+            seen_domains.add(doc.domain)
+        if domains is not None and doc.domain not in domains:
+            chunk.counts["filtered_documents"] += 1
+            continue
+        if not doc.text.strip():
+            chunk.counts["empty_documents"] += 1
+            continue
+        if doc.invalid_utf8:
+            chunk.counts["invalid_utf8_documents"] += 1
+        chunk.task.texts.append(doc.text)
+        chunk.task.domains.append(doc.domain)
+        chunk.text_chars += len(doc.text)
+        if chunk.text_chars >= chunk_chars:
+            yield chunk
+            chunk = Chunk(ChunkTask(stream, chunk.task.index + 1, [], []))
+    if chunk.task.texts or chunk.counts:
+        yield chunk
+
+
+class PrepProgress(Progress):
+    def __init__(self, total_bytes: int | None, enabled: bool = True):
+        super().__init__(
+            TextColumn("[bold]prep"),
+            BarColumn(),
+            DownloadColumn(),
+            TextColumn("{task.fields[tokens]:,} tokens ({task.fields[rate]})"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            disable=not (enabled and sys.stderr.isatty()),
+            transient=False,
+        )
+        self.tokens = 0
+        self.began = time.perf_counter()
+        self.task = self.add_task("prep", total=total_bytes, tokens=0, rate="-")
+
+    def record(self, bytes_read: int, result: dict[str, Any]) -> None:
+        """One packed chunk's tokens, and the input read so far."""
+        self.tokens += sum(info["document_tokens"] for info in result["splits"].values())
+        elapsed = max(time.perf_counter() - self.began, 1e-9)
+        rate = f"{self.tokens / elapsed / 1e3:,.0f}k tok/s"
+        self.update(self.task, completed=bytes_read, tokens=self.tokens, rate=rate)
 
 
 class ChunkRunner:
@@ -84,6 +155,4 @@ class ChunkRunner:
         self.used.append((chunk, {k: v for k, v in result.items() if k != "probe_candidates"}))
         chunk.task.texts, chunk.task.domains = [], []  # memory must not grow with the corpus
         self.progress.record(self.prep.counter.value, result)
-        if self.prep.on_chunk is not None:
-            self.prep.on_chunk(result)
         return stop

@@ -175,19 +175,15 @@ def long_sequences(manifest: dict[str, Any], n: int, length: int) -> np.ndarray 
     return _split_sequences(source.transitions(), marginal, cfg, bos_id, "length", n, length).astype(np.int64)
 
 
-def build_spec(cfg: BBConfig) -> dict[str, Any]:
-    spec = {k: v for k, v in asdict(cfg).items() if k not in ("out", "command")}
-    return spec | {"task": DOMAIN, "generator_version": GENERATOR_VERSION, "source": "embedded Shakespeare characters"}
-
-
-def prepare_bb(cfg: BBConfig, texts: list[str] | None = None) -> tuple[dict[str, Any], bool]:
+def prepare_bb(cfg: BBConfig) -> tuple[dict[str, Any], bool]:
     """Write (or find already written) the BB dataset ``cfg`` describes: (manifest, reused)."""
     cfg.validate()
-    out, spec = Path(cfg.out), build_spec(cfg)
+    out, spec = Path(cfg.out), {k: v for k, v in asdict(cfg).items() if k not in ("out", "command")}
+    spec |= {"task": DOMAIN, "generator_version": GENERATOR_VERSION, "source": "embedded Shakespeare characters"}
     existing = existing_dataset(out, spec)
     if existing is not None:
         return existing, True
-    source = bigram_source(cfg.vocab_size - 2, texts)
+    source = bigram_source(cfg.vocab_size - 2)
     P, marginal = source.transitions(), source.unigrams / source.unigrams.sum()
     n = len(source.chars)
     bos_id, eos_id = n, n + 1

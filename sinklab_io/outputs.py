@@ -61,15 +61,12 @@ def _outside_fingerprint(path: Path, keep: list[str]) -> dict:
 
 
 def _ours(path: Path, entry: dict | None, by: str | None = None) -> bool:
-    if entry is None or (by is not None and entry.get("by") != by):
+    if entry is None or (by is not None and entry.get("by") != by) or not path.is_file() or path.is_symlink():
         return False
     if "keep" in entry:
-        if not path.is_file() or path.is_symlink() or entry.get("outside_sha256") is None:
-            return False
-        return _outside_fingerprint(path, entry["keep"]) == {k: entry[k] for k in ("keep", "outside_sha256")}
-    if not path.is_file() or path.is_symlink() or path.stat().st_size != entry.get("size"):
-        return False
-    return all(entry.get(k) == v for k, v in _fingerprint(path).items())
+        expected = {"keep": entry["keep"], "outside_sha256": entry.get("outside_sha256")}
+        return expected["outside_sha256"] is not None and _outside_fingerprint(path, entry["keep"]) == expected
+    return path.stat().st_size == entry.get("size") and all(entry.get(k) == v for k, v in _fingerprint(path).items())
 
 
 def theirs(directory: str | os.PathLike, names: Iterable[str], by: str | None = None) -> list[str]:

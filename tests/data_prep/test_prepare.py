@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 from data_prep.dataset import DatasetError, PackedSplit, load_manifest, load_probe, verify
 from data_prep.errors import DataPrepError
 from data_prep.prepare import prepare
+from data_prep.runner import ChunkRunner
 
 C = 32
 
@@ -118,20 +119,23 @@ def test_second_run_reuses_and_a_different_dataset_is_refused(tmp_path, corpus, 
     assert all_files(out) == before
 
 
-def test_interrupted_run_resumes_to_identical_bytes(tmp_path, corpus, tokenizer_file):
+def test_interrupted_run_resumes_to_identical_bytes(tmp_path, corpus, tokenizer_file, monkeypatch):
     reference = tmp_path / "uninterrupted"
     prepare(config(corpus, reference, tokenizer_file, workers=2))
 
     out = tmp_path / "interrupted"
-    done = []
+    done, consume = [], ChunkRunner._consume
 
-    def interrupt_after_three(result):
+    def interrupt_after_three(runner, chunk, result):
+        stop = consume(runner, chunk, result)
         done.append(result["name"])
         if len(done) == 3:
             raise KeyboardInterrupt
+        return stop
 
-    with pytest.raises(KeyboardInterrupt):
-        prepare(config(corpus, out, tokenizer_file), on_chunk=interrupt_after_three)
+    with pytest.raises(KeyboardInterrupt), monkeypatch.context() as patch:
+        patch.setattr(ChunkRunner, "_consume", interrupt_after_three)
+        prepare(config(corpus, out, tokenizer_file))
     assert not (out / "manifest.json").exists()
     markers = sorted(p.stem for p in (out / ".partial" / "done").glob("*.json"))
     assert done[:3] == markers[:3]
@@ -198,9 +202,12 @@ import sys, time
 sys.path.insert(0, sys.argv[1])
 from dp_helpers import config
 from data_prep.prepare import prepare
+from data_prep.runner import ChunkRunner
 from pathlib import Path
+consume = ChunkRunner._consume
+ChunkRunner._consume = lambda runner, chunk, result: time.sleep(0.25) or consume(runner, chunk, result)
 corpus = {"train": Path(sys.argv[2]), "val": Path(sys.argv[3])}
-prepare(config(corpus, Path(sys.argv[4]), Path(sys.argv[5])), on_chunk=lambda result: time.sleep(0.25))
+prepare(config(corpus, Path(sys.argv[4]), Path(sys.argv[5])))
 """
 
 
