@@ -15,7 +15,8 @@ def micro_model(**overrides):
     return Transformer(ModelConfig.from_preset("micro", **overrides)).eval()
 
 
-MLP_KERNEL = {"op": "kernel", "feature_map": "mlp", "normalizer": "none"}  # per-head linears: [B, H, T, d_h] inputs
+# per-head linears: [B, H, T, d_h] inputs
+MLP_FEATURE_MAP = {"op": "kernel", "feature_map": "mlp", "normalizer": "none"}
 
 
 BOS = 1  # the planted model's "BOS": the only token whose embedding has channel 0

@@ -1,4 +1,4 @@
-"""Tiled attention for element-wise similarities (sigmoid, elu+1, kernel dot products), no T x T
+"""Tiled attention for element-wise similarities (sigmoid, elu+1, the kernel op's dot products), no T x T
 tensor forward or backward: tiles are recomputed in backward, as in FlashAttention (docs/gpu.md).
 
     y_i = sum_j sim_ij v_j / Z_i,   sim_ij = f(q_i k_j^T * scale + b_ij) on admitted pairs, else 0

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from pipeline.kernels import blocked_attention
 
-from .attention_ops import blocked_spec, build_kernel, op_spec
+from .attention_ops import blocked_spec, build_feature_map, op_spec
 from .config import ModelConfig
 from .masks import AttentionContext
 from .positional import apply_rotary
@@ -92,7 +92,7 @@ class Attention(nn.Module):
         self.slot_logit = nn.Parameter(torch.zeros(H)) if b.slot_logit else None
         self.op = op_spec(a.op)
         self.length_scale = nn.Parameter(torch.full((H,), length_scale_init(cfg))) if self.op.length_scale else None
-        self.kernel = build_kernel(a, dh)
+        self.feature_map = build_feature_map(a, dh)
         self.blocked_spec = blocked_spec(cfg)  # None: the op has no blocked path
 
     def _slots(self, k: Tensor, v: Tensor) -> tuple[list[Tensor], list[Tensor]]:
@@ -177,12 +177,13 @@ class Attention(nn.Module):
             slot_k = slot_v = None
             if self.kv_slot is not None:
                 slot_k, slot_v = (t.to(q.dtype) for t in self.kv_slot.keys_values(B, self.n_heads))
+            spec, phi = self.blocked_spec, self.feature_map
             y = blocked_attention(
-                q, k, v, self.blocked_spec, kernel=self.kernel, slot_k=slot_k, slot_v=slot_v, score_bias=ctx.score_bias
+                q, k, v, spec, feature_map=phi, slot_k=slot_k, slot_v=slot_v, score_bias=ctx.score_bias
             )
         else:
             keys, values, mask = self._with_slots(k, v, ctx)
-            result = self.op.fn(q, keys, mask, self.cfg.attention, self.kernel)
+            result = self.op.fn(q, keys, mask, self.cfg.attention, self.feature_map)
             y = result.weights.to(values.dtype) @ values
             weights = result.reported if need_weights else None
         if self.cfg.attention.alpha != 1.0:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from analysis_helpers import BOS, MLP_KERNEL, greedy_windows, micro_model, planted_model
+from analysis_helpers import BOS, MLP_FEATURE_MAP, greedy_windows, micro_model, planted_model
 
 from pipeline.analysis import quant_eval
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized, quantize_activation, quantize_weight
@@ -39,14 +39,15 @@ def test_a_per_head_input_has_one_scale_per_sequence_over_its_heads_and_position
         quantize_activation(x[0, 0], "tensor")
 
 
-def test_the_mlp_kernel_s_per_head_linears_are_quantized_too_and_intact_keeps_the_first_position():
-    model = micro_model(attention=MLP_KERNEL)
+def test_the_mlp_feature_map_s_per_head_linears_are_quantized_too_and_intact_keeps_the_first_position():
+    model = micro_model(attention=MLP_FEATURE_MAP)
     ids = torch.randint(3, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         before = model(ids).logits
         with fake_quantized(model.blocks, SETTINGS["w8a8-tensor-intact"], lead=1) as n:
             intact = model(ids).logits
-        assert n == 2 * 6  # per block: attn.qkv, attn.out, attn.kernel.fc1, attn.kernel.fc2, ffn.gate_up, ffn.down
+        # per block: attn.qkv, attn.out, attn.feature_map.fc1, attn.feature_map.fc2, ffn.gate_up, ffn.down
+        assert n == 2 * 6
         with fake_quantized(model.blocks, SETTINGS["w8a8-tensor"]):
             quantized = model(ids).logits
     torch.testing.assert_close(intact[:, 0], before[:, 0])  # position 0: every linear input kept

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.model import ModelConfig, Transformer
-from pipeline.model.attention_ops import OPS, SCORE_KINDS, build_kernel
+from pipeline.model.attention_ops import OPS, SCORE_KINDS, build_feature_map
 from pipeline.model.positional import apply_rotary
 
 
@@ -297,12 +297,12 @@ def test_op_table_covers_every_registered_op_and_what_it_accepts():
 @pytest.mark.parametrize("acfg", OP_CONFIGS, ids=lambda a: "-".join(map(str, a.values())))
 def test_every_operation_passes_gradcheck(acfg):
     a = ModelConfig.from_preset("micro", attention=acfg).attention
-    kernel = build_kernel(a, 4)
-    if kernel is not None:
-        kernel.double()
+    phi = build_feature_map(a, 4)
+    if phi is not None:
+        phi.double()
     q, k, v, mask = _qkvm()
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-    fn = lambda q, k, v: OPS[a.op].fn(q, k, mask, a, kernel).weights @ v
+    fn = lambda q, k, v: OPS[a.op].fn(q, k, mask, a, phi).weights @ v
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-5)
 
 
@@ -407,8 +407,8 @@ def test_each_op_reports_what_its_entry_claims(acfg):
     sim / sum sim); sim_signed may be negative (|sim| / sum |sim|). Masked pairs report 0."""
     q, k, v, mask = _qkvm(slots=1)
     a = ModelConfig.from_preset("micro", attention=acfg).attention
-    kernel = build_kernel(a, q.shape[-1])
-    result = OPS[a.op].fn(q, k, mask, a, None if kernel is None else kernel.double())
+    phi = build_feature_map(a, q.shape[-1])
+    result = OPS[a.op].fn(q, k, mask, a, None if phi is None else phi.double())
     kind, reported = OPS[a.op].kind(a), result.reported
     assert kind in SCORE_KINDS
     if kind == "probs":
