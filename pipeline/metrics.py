@@ -140,7 +140,7 @@ def attention_entropy(attn: Tensor, admitted: Tensor | None = None) -> Tensor:
 def max_attention_logit(queries: Tensor, keys: Tensor, admitted: Tensor | None = None) -> Tensor:
     """The largest pre-softmax logit q_i·k_j/√d_h over the pairs ``admitted [T, T]`` lets a query
     see (default causal), per sequence and head: ``[B, H, T, dh] x2 -> [B, H]`` (QK-clip's
-    quantity; positional biases and the op's own scale are not part of it)."""
+    quantity; positional biases and the op's own factor are not part of it)."""
     q, k = queries.float(), keys.float()
     logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if admitted is None:

@@ -257,7 +257,7 @@ def summary_table(summaries: dict[str, dict]) -> list[str]:
 
     lines = [
         "| activations | residual ‖h‖∞ (layer) | pooled kurtosis (layer) | lead token-wise, % of sequences (layer) "
-        "| linear input ‖x‖∞ (where) | scale inflation by the lead (where) |",
+        "| linear input ‖x‖∞ (where) | step inflation by the lead (where) |",
         "|---|---|---|---|---|---|",
     ]
     lines += [

@@ -30,7 +30,7 @@ def blocked_attention(
     query_block: int | None = None,
     impl: str = "auto",
 ) -> Tensor:
-    """Attention output [B, H, Tq, d_h] before the alpha scale: chunked linear attention for a linear
+    """Attention output [B, H, Tq, d_h] before the factor α: chunked linear attention for a linear
     similarity under a causal or prefix mask, else tiles (fused Triton or torch, the same numbers).
 
     q [B, H, Tq, d_h], k/v [B, H, Tk, d_h]: rotated, queries the last Tq key slots. feature_map: φ.
@@ -52,7 +52,7 @@ def blocked_attention(
             k,
             v,
             normalizer=spec.normalizer,
-            scale=spec.scale,
+            score_factor=spec.score_factor,
             prefix=mask.prefix if mask.kind == "prefix" else 0,
             slot_k=slot_k,
             slot_v=slot_v,

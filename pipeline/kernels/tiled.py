@@ -1,12 +1,12 @@
 """Tiled attention for element-wise similarities (sigmoid, elu+1, the kernel op's dot products), no T x T
 tensor forward or backward: tiles are recomputed in backward, as in FlashAttention (docs/gpu.md).
 
-    y_i = sum_j sim_ij v_j / Z_i,   sim_ij = f(q_i k_j^T * scale + b_ij) on admitted pairs, else 0
+    y_i = sum_j sim_ij v_j / Z_i,   sim_ij = f(c q_i k_j^T + b_ij) on admitted pairs, else 0
 
-with Z_i = sum_j sim_ij (or its p-norm), max(|sum_j sim_ij|, 1), or 1. Backward, with u_i = Z_i y_i
+with c the score factor, Z_i = sum_j sim_ij (or its p-norm), max(|sum_j sim_ij|, 1), or 1. Backward, with u_i = Z_i y_i
 and D_i = dZ_i = -(dy_i . y_i) / Z_i:
     dsim_ij = dy_i . v_j / Z_i + D_i dZ_i/dsim_ij    (1 | sign(S_i) [|S_i| > 1] | (sim_ij/Z_i)^(p-1) | 0)
-    ds_ij   = dsim_ij f'(s_ij) on admitted pairs;   dq = ds k scale,  dk = ds^T q scale,  dv = sim^T dy / Z
+    ds_ij   = dsim_ij f'(s_ij) on admitted pairs;   dq = c ds k,  dk = c ds^T q,  dv = sim^T dy / Z
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class AttentionSpec:
     similarity: Similarity  # f, a key of SIMILARITIES ("identity" after phi: linear attention)
     normalizer: Normalizer = "sum"  # Z_i: sum_j sim_ij (its p-norm when p != 1), max(|sum_j sim_ij|, 1), or 1
     p: float = 1.0
-    scale: float = 1.0  # of the scores q_i k_j^T
+    score_factor: float = 1.0  # of the scores q_i k_j^T
     mask: MaskSpec = MaskSpec()  # blocked_attention sets q_offset per call
 
     def __post_init__(self) -> None:
@@ -146,7 +146,7 @@ class _Tiles:
         """sim = f(s) and f'(s), in the accumulation dtype, zero off the mask."""
         spec = self.spec
         keys, _ = self.keys(tile)
-        s = (self.q[:, :, q_lo:q_hi] @ keys.transpose(-2, -1)).to(self.acc) * spec.scale
+        s = (self.q[:, :, q_lo:q_hi] @ keys.transpose(-2, -1)).to(self.acc) * spec.score_factor
         admitted = None
         if tile is not None:
             q_idx = torch.arange(q_lo, q_hi, device=s.device) + spec.mask.q_offset
@@ -218,7 +218,7 @@ class TiledAttention(torch.autograd.Function):
                 dsim = dsim + dz_blk * torch.where(sim > 0, ratio.pow(spec.p - 1.0), 0.0)
             else:
                 dsim = dsim + dz_blk
-            ds = dsim * dsim_ds * spec.scale
+            ds = dsim * dsim_ds * spec.score_factor
             dq[:, :, q_lo:q_hi] += mm(ds, keys)
             dk_tile, dv_tile = mm(ds.transpose(-2, -1), q_blk), mm(sim.transpose(-2, -1), du_blk)
             if tile is None:

@@ -164,7 +164,7 @@ class Attention(nn.Module):
         if ctx.rotary_q is not None:
             q = apply_rotary(q, *ctx.rotary_q)
             k = apply_rotary(k, *ctx.rotary_k)
-        if self.length_scale is not None:  # SSMax: row i's logits times s_h log n_i, as a scale of q_i
+        if self.length_scale is not None:  # SSMax: row i's logits times s_h log n_i, as a factor of q_i
             n_keys = ctx.n_admitted() + self.cfg.n_bias_slots  # [Tq]
             q = q * (self.length_scale[:, None, None] * n_keys.to(q.dtype).log()[:, None]).to(q.dtype)
 
@@ -213,18 +213,18 @@ class Attention(nn.Module):
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, n_slots: int, mask: Tensor | None) -> Tensor:
         """Softmax attention over n_slots leading slot keys and the token keys; [B, H, Tq, d_h]. No mask:
         causal, by flash-attn's lower-right mask or SDPA's upper-left one with n_slots dummy query rows."""
-        scale, dh, gqa = self.head_dim**-0.5, self.head_dim, k.shape[1] != q.shape[1]
+        factor, dh, gqa = self.head_dim**-0.5, self.head_dim, k.shape[1] != q.shape[1]
         if mask is not None:
             mask = F.pad(mask.to(q.dtype), (n_slots, 0))  # the slots: admitted, no positional bias
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)[..., :dh]
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=factor, enable_gqa=gqa)[..., :dh]
         if flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
             out = flash_attn_func(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, causal=True
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=factor, causal=True
             )
             return out.transpose(1, 2)[..., :dh]
         if n_slots:  # laid out [B, T, H, d_h], as the projection lays q out: SDPA's output follows
             q = F.pad(q.transpose(1, 2), (0, 0, 0, 0, n_slots, 0)).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=factor, enable_gqa=gqa)
         return out[:, :, n_slots:, :dh]
 
     def _merge(self, y: Tensor) -> Tensor:

@@ -154,7 +154,7 @@ class OpSpec:
     normalizers: tuple[str, ...] = ("sum",)  # the values of attention.normalizer it accepts
     p_norm: bool = False  # accepts attention.p != 1 (Eq. 43-44)
     sdpa: bool = False  # at p = 1 the training path may run F.scaled_dot_product_attention
-    # the similarity f of f(q k^T * scale + b) / Z (a key of tiled.SIMILARITIES): the blocked kernels
+    # the similarity f of f(c q k^T + b) / Z, c the score factor (a key of tiled.SIMILARITIES): the blocked kernels
     # then run the training path; "identity" with phi is linear attention
     tiles: str | None = None
     zero_logit: bool = False  # one more logit fixed at 0 in the denominator (a key slot, like the sink logit)
@@ -197,7 +197,7 @@ def register(spec: OpSpec) -> None:
         "about is empty (give fn a docstring)": not spec.about,
         f"tiles must be one of {', '.join(SIMILARITIES)}": spec.tiles is not None and spec.tiles not in SIMILARITIES,
         "sdpa and zero_logit need a softmax op": (spec.sdpa or spec.zero_logit) and not spec.softmax,
-        "length_scale needs score_biases=False (a bias would escape the scale)": spec.length_scale
+        "length_scale needs score_biases=False (a bias would escape the factor)": spec.length_scale
         and spec.score_biases,
     }
     if any(broken.values()):
@@ -223,7 +223,7 @@ def blocked_spec(cfg: ModelConfig) -> AttentionSpec | None:
     if tiles is None:
         return None
     mask = MaskSpec(kind=cfg.mask, window=cfg.window, prefix=cfg.sink_tokens + cfg.prefix_len)
-    return AttentionSpec(similarity=tiles, normalizer=a.normalizer, p=a.p, scale=cfg.head_dim**-0.5, mask=mask)
+    return AttentionSpec(similarity=tiles, normalizer=a.normalizer, p=a.p, score_factor=cfg.head_dim**-0.5, mask=mask)
 
 
 def proxy_label(a: AttentionConfig) -> str | None:
@@ -263,9 +263,9 @@ register(
 register(OpSpec(name="clipped_softmax", fn=clipped_softmax_op, scores="probs", softmax=True))
 # no tiles: softpick's denominator sums |e^x - 1|
 register(OpSpec(name="softpick", fn=softpick_op, scores="probs"))
-# the sink metrics read ReLU(s) / sum ReLU(s): the 1/n_i scale cancels
+# the sink metrics read ReLU(s) / sum ReLU(s): the factor 1/n_i cancels
 register(OpSpec(name="relu", fn=relu_op, scores="sim_nonneg"))
-# a sink logit is added after the scale
+# a sink logit is added after the score factor
 register(
     OpSpec(
         name="ssmax",
