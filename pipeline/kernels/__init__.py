@@ -33,7 +33,7 @@ def blocked_attention(
     """Attention output [B, H, Tq, d_h] before the factor α: chunked linear attention for a linear
     similarity under a causal or prefix mask, else tiles (fused Triton or torch, the same numbers).
 
-    q [B, H, Tq, d_h], k/v [B, H, Tk, d_h]: rotated, queries the last Tq key slots. feature_map: φ.
+    q [B, H, Tq, d_h], k/v [B, H, Tk, d_h]: rotated, queries the last Tq key positions. feature_map: φ.
     slot_k/slot_v [B, H, S, d_h]: the bias slots. score_bias: a fixed positional bias, a function
     (q_idx, k_idx) -> [1|H, bq, bk] or the model's [1|H, Tq, Tk] tensor. block_size / query_block:
     keys / queries per tile (None: 128 / all torch, autotuned fused; the linear chunk is at most 64).

@@ -1,7 +1,7 @@
 """Causal linear attention in chunked prefix-sum form, O(T c d_h + T d_h^2), no T x T matrix.
 
 With phi applied (``q``, ``k`` = phi(q), phi(k)) and sim_ij = c q_i k_j^T (c the score factor) on admitted pairs,
-y_i = u_i / Z(S_i), u_i = sum_j sim_ij v_j, S_i = sum_j sim_ij. A chunk of c slots is masked causally;
+y_i = u_i / Z(S_i), u_i = sum_j sim_ij v_j, S_i = sum_j sim_ij. A chunk of ``chunk`` positions is masked causally;
 the state sum_j k_j^T v_j and sum_j k_j of earlier chunks, seeded by the bias slots, holds the rest.
 """
 
@@ -26,7 +26,7 @@ def chunked_linear_attention(
     slot_v: Tensor | None = None,
     chunk: int = 64,
 ) -> Tensor:
-    """[B, H, T, d_v] for queries and keys of the same T slots (training; no cache offset)."""
+    """[B, H, T, d_v] for queries and keys of the same T positions (training; no cache offset)."""
     B, H, T, dh = q.shape
     if k.shape[2] != T:
         raise ValueError(f"chunked_linear_attention: needs as many keys as queries, got {k.shape[2]} and {T}")

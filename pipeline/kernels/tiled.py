@@ -22,13 +22,13 @@ from torch import Tensor
 Similarity = str  # a key of SIMILARITIES
 Normalizer = Literal["sum", "abs_clamp", "none"]
 MaskKind = Literal["causal", "prefix", "sliding"]
-ScoreBias = Callable[[Tensor, Tensor], Tensor]  # (query slot idx [bq], key slot idx [bk]) -> [1|H, bq, bk]
+ScoreBias = Callable[[Tensor, Tensor], Tensor]  # (query position idx [bq], key position idx [bk]) -> [1|H, bq, bk]
 
 
 @dataclass(frozen=True)
 class MaskSpec:
-    """The admitted (query, key) slot pairs: causal j <= i; prefix: also i, j < prefix; sliding: j <= i
-    and i - j < window. Queries are slots q_offset .. q_offset + Tq - 1; keys are slots 0 .. Tk - 1."""
+    """The admitted (query, key) position pairs: causal j <= i; prefix: also i, j < prefix; sliding: j <= i
+    and i - j < window. Queries are positions q_offset .. q_offset + Tq - 1; keys are positions 0 .. Tk - 1."""
 
     kind: MaskKind = "causal"
     window: int = 0
@@ -45,7 +45,7 @@ class MaskSpec:
         return causal
 
     def key_range(self, q_lo: int, q_hi: int, n_keys: int) -> tuple[int, int]:
-        """Keys [lo, hi) that some query slot in [q_lo, q_hi) may see."""
+        """Keys [lo, hi) that some query position in [q_lo, q_hi) may see."""
         hi = q_hi
         if self.kind == "prefix" and q_lo < self.prefix:
             hi = max(hi, self.prefix)
@@ -53,7 +53,7 @@ class MaskSpec:
         return lo, min(hi, n_keys)
 
     def query_range(self, k_lo: int, k_hi: int, q_lo: int, q_hi: int) -> tuple[int, int]:
-        """The part of query slots [q_lo, q_hi) that sees some key in [k_lo, k_hi)."""
+        """The part of query positions [q_lo, q_hi) that sees some key in [k_lo, k_hi)."""
         lo = q_lo if self.kind == "prefix" and k_lo < self.prefix else max(q_lo, k_lo)
         hi = min(q_hi, k_hi + self.window - 1) if self.kind == "sliding" else q_hi
         return lo, max(lo, hi)

@@ -36,9 +36,9 @@ if triton is not None:
         return sim, grad
 
     @triton.jit
-    def _admitted(q_slot, k_slot, Tq_end, Tk, window, prefix, MASK: tl.constexpr):
-        """The model's mask (masks.admitted_pairs) for query slots x key slots, inside bounds."""
-        qi, kj = q_slot[:, None], k_slot[None, :]
+    def _admitted(q_pos, k_pos, Tq_end, Tk, window, prefix, MASK: tl.constexpr):
+        """The model's mask (masks.admitted_pairs) for query positions x key positions, inside bounds."""
+        qi, kj = q_pos[:, None], k_pos[None, :]
         ok = kj <= qi
         if MASK == 1:
             ok = ok | ((qi < prefix) & (kj < prefix))
@@ -48,7 +48,7 @@ if triton is not None:
 
     @triton.jit
     def _key_range(q_lo, q_hi, Tk, window, prefix, MASK: tl.constexpr):
-        """Key slots [lo, hi) that some query slot in [q_lo, q_hi) sees (MaskSpec.key_range)."""
+        """Key positions [lo, hi) that some query position in [q_lo, q_hi) sees (MaskSpec.key_range)."""
         hi = q_hi
         if MASK == 1:
             hi = tl.maximum(hi, prefix)
@@ -59,7 +59,7 @@ if triton is not None:
 
     @triton.jit
     def _query_range(k_lo, k_hi, q_offset, Tk, window, prefix, MASK: tl.constexpr):
-        """Query slots [lo, hi) that see some key slot in [k_lo, k_hi) (MaskSpec.query_range)."""
+        """Query positions [lo, hi) that see some key position in [k_lo, k_hi) (MaskSpec.query_range)."""
         lo = tl.maximum(k_lo, q_offset)
         if MASK == 1:
             lo = tl.where(k_lo < prefix, q_offset, lo)
@@ -70,7 +70,7 @@ if triton is not None:
 
     @triton.jit
     def _block_key_range(pid_m, BLOCK_M: tl.constexpr, Tq, Tk, q_offset, window, prefix, MASK: tl.constexpr):
-        """Key slots [lo, hi) that query block ``pid_m`` sees."""
+        """Key positions [lo, hi) that query block ``pid_m`` sees."""
         q_lo = pid_m * BLOCK_M
         return _key_range(q_lo + q_offset, tl.minimum(q_lo + BLOCK_M, Tq) + q_offset, Tk, window, prefix, MASK)
 

@@ -1,5 +1,5 @@
-"""Multi-head self-attention with the paper's biases (Tables 4, 5, 12, 13) and operations. Key slots
-that are not tokens come first: the k*/v* slot, then the sink-logit column (a zero key and value
+"""Multi-head self-attention with the paper's biases (Tables 4, 5, 12, 13) and operations. The slots,
+key columns that are not tokens, come first: the k*/v* slot, then the sink-logit column (a zero key and value
 whose logit is learned per query head, or 0); ``Attention._path`` picks SDPA, blocked kernels or eager. Under
 grouped-query attention keys, values, the cache and the k*/v* slot are per key/value head (docs/model.md)."""
 
@@ -96,7 +96,7 @@ class Attention(nn.Module):
         self.blocked_spec = blocked_spec(cfg)  # None: the op has no blocked path
 
     def _slots(self, k: Tensor, v: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        """Keys and values [B, H, 1, d_h] (H: the heads of k) of the non-token key slots, in order."""
+        """Keys and values [B, H, 1, d_h] (H: the heads of k) of the slots, in order."""
         B, H = k.shape[:2]
         keys, values = [], []
         if self.kv_slot is not None:

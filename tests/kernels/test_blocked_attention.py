@@ -147,7 +147,7 @@ def test_score_bias_given_as_the_models_tensor():
 
 
 def test_sink_tokens_shift_the_prefix_and_queries_may_be_a_suffix():
-    """Prefix = sink tokens + prefix_len; Tq < Tk (a cached step) offsets the query slots."""
+    """Prefix = sink tokens + prefix_len; Tq < Tk (a cached step) offsets the query positions."""
     cfg = _config(dict(op="sigmoid"), dict(mask="prefix", prefix_len=3), sink_tokens=2)
     _compare(cfg, None, *_inputs(3))
     _compare(cfg, None, *_inputs(4, tq=7), query_block=None)
@@ -187,7 +187,7 @@ def test_fused_triton_tiles_match_eager(attention, mask, n_slots):
 @pytest.mark.parametrize("positional", ["alibi", "relative"])
 def test_fused_triton_tiles_take_the_models_bias_tensor_and_a_query_suffix(positional):
     """A fixed positional bias as the model passes it ([1|H, Tq, Tk]), sink tokens in the
-    prefix, and Tq < Tk (queries are the last Tq slots), with a sliding window."""
+    prefix, and Tq < Tk (queries are the last Tq positions), with a sliding window."""
     for mask, tq in ((dict(mask="sliding", window=7), T), (dict(mask="prefix", prefix_len=3), 7)):
         cfg = _config(dict(op="sigmoid"), mask, sink_tokens=2, positional=positional)
         module = {"alibi": ALiBi, "relative": RelativeBucket}[positional](cfg)

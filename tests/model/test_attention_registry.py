@@ -32,7 +32,7 @@ from pipeline.probe import ATTENTION_KINDS, run_probe
 BUILT_IN = tuple(OPS)
 
 
-def softplus_op(q, k, mask, a, kernel):
+def softplus_op(q, k, mask, a, feature_map):
     """softplus(s) / Z_i."""
     admitted = _admitted(mask)
     sim = torch.where(admitted, F.softplus(scaled_scores(q, k, mask.masked_fill(~admitted, 0.0))), 0.0)
