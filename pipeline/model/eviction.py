@@ -72,7 +72,7 @@ class SnapKV(Policy):
 
     window: int = 32
     """The observation window: the last queries whose attention ranks the entries."""
-    pool_width: int = 5
+    kernel: int = 5
     """Width of the average pooling over neighbouring keys."""
 
     def recent(self, capacity):
@@ -80,7 +80,7 @@ class SnapKV(Policy):
 
     def scores(self, history, row, keys):
         votes = history.window[row].sum(dim=-2)  # [Hkv, n]
-        return F.avg_pool1d(votes[:, None], self.pool_width, stride=1, padding=self.pool_width // 2)[:, 0]
+        return F.avg_pool1d(votes[:, None], self.kernel, stride=1, padding=self.kernel // 2)[:, 0]
 
 
 @register(name="keynorm")

@@ -36,7 +36,7 @@ def kept(rows, secondary=None):
 
 
 def test_each_policy_keeps_its_entries_with_the_first_token_kept_or_dropped():
-    snap = SnapKV(window=2, pool_width=1)
+    snap = SnapKV(window=2, kernel=1)
     rows = [Row(p, first=1, sinks=s) for p in (StreamingLLM(), H2O(), snap, KeyNorm()) for s in ("keep", "drop")]
     assert kept(rows) == [
         [0, 3, 4, 5],  # StreamingLLM 1+4: the first, then the most recent
@@ -55,15 +55,15 @@ def test_without_sinks_h2o_keeps_the_heavy_first_token_on_its_own():
 
 
 def test_snapkv_pools_the_window_votes_over_neighbouring_keys():
-    # pool width 3 (zero padded): the pooled votes of 0..3 are .18, .27, .43, .38
-    assert kept([Row(SnapKV(window=2, pool_width=3))]) == [[2, 3, 4, 5]]
+    # kernel 3 (zero padded): the pooled votes of 0..3 are .18, .27, .43, .38
+    assert kept([Row(SnapKV(window=2, kernel=3))]) == [[2, 3, 4, 5]]
 
 
 def test_a_policy_is_registered_by_name_with_its_settings_as_keyword_only_fields():
     assert list(eviction.POLICIES) == ["streaming", "h2o", "snapkv", "keynorm"]
     assert [(f.name, f.default) for f in dataclasses.fields(eviction.POLICIES["snapkv"])] == [
         ("window", 32),
-        ("pool_width", 5),
+        ("kernel", 5),
     ]
     assert SnapKV.needs_attention and not KeyNorm.needs_attention and H2O().name == "h2o"
     with pytest.raises(TypeError):
