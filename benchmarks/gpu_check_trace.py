@@ -124,10 +124,10 @@ def summarize(trace: dict, top: int = 15) -> str:
             lines.append(f"  {label}: none in the trace")
             continue
         # the first profiled batch's loading came before the profile: data per batch, times batches
-        scale = len(phases["forward"]) / len(ranges) if ranges is phases["data"] else 1
-        wall = scale * sum(r["dur"] for r in ranges) / 1e3 / steps
+        factor = len(phases["forward"]) / len(ranges) if ranges is phases["data"] else 1
+        wall = factor * sum(r["dur"] for r in ranges) / 1e3 / steps
         device = device_in(ranges)
-        text = f"{scale * device / 1e3 / steps:.3f} ms device" if device is not None else "no device activity"
+        text = f"{factor * device / 1e3 / steps:.3f} ms device" if device is not None else "no device activity"
         lines.append(f"  {label}: {wall:.3f} ms wall, {text}")
     nccl = [k for k in kernels if "nccl" in k["name"].lower()]
     lines.append(

@@ -2,8 +2,8 @@
 
 Conventions (Gu et al. 2025, section 3.2): an attention map ``A`` has shape ``[..., T, T]`` with
 rows = queries and columns = keys, causal. Positions ``k`` are 1-based as in the paper.
-Leading "slots" (learnable sink tokens, K/KV bias columns) are split off with
-:func:`split_slots` before the real-token metrics are formed, so ``Sink_1`` always refers to
+Leading extra rows and columns (learnable sink tokens; the slots: K/KV bias, sink logit) are split off with
+:func:`split_extra` before the real-token metrics are formed, so ``Sink_1`` always refers to
 the first *real* token.
 """
 
@@ -40,24 +40,24 @@ def sink_rate(alpha: Tensor, eps: float = DEFAULT_EPS) -> float:
     return 100.0 * (alpha > eps).double().mean().item()
 
 
-def split_slots(attn: Tensor, n_query_slots: int, n_key_slots: int) -> tuple[Tensor, Tensor]:
-    """Separate bias slots from real tokens: ``attn [..., n_query_slots + T, n_key_slots + T]`` -> ``(slot_mass
-    [..., T, S], real [..., T, T])``, S = n_key_slots, the real queries' rows only; ``slot_mass[..., i, s]`` is the
-    attention query ``i`` gives slot ``s``, ``real`` the block among real tokens."""
-    rows = attn[..., n_query_slots:, :]
-    slot_mass, real = rows[..., :n_key_slots], rows[..., n_key_slots:]
+def split_extra(attn: Tensor, n_extra_queries: int, n_extra_keys: int) -> tuple[Tensor, Tensor]:
+    """Separate sink tokens and slots from real tokens: ``attn [..., n_extra_queries + T, n_extra_keys + T]`` ->
+    ``(extra_mass [..., T, S], real [..., T, T])``, S = n_extra_keys, the real queries' rows only;
+    ``extra_mass[..., i, s]`` is the attention query ``i`` gives extra key ``s``, ``real`` the real block."""
+    rows = attn[..., n_extra_queries:, :]
+    extra_mass, real = rows[..., :n_extra_keys], rows[..., n_extra_keys:]
     if real.shape[-1] != real.shape[-2]:
         raise ValueError(
-            f"after removing {n_query_slots} query / {n_key_slots} key slots the map is "
-            f"{tuple(real.shape[-2:])}, not square: slot counts do not match the attention shape"
+            f"after removing {n_extra_queries} query / {n_extra_keys} extra keys the map is "
+            f"{tuple(real.shape[-2:])}, not square: extra counts do not match the attention shape"
         )
-    return slot_mass, real
+    return extra_mass, real
 
 
-def slot_importance(slot_mass: Tensor) -> Tensor:
-    """Sink_* importance of each slot: mean over all real queries of the mass given to it.
-    ``[..., T, S] -> [..., S]`` (every query sees every slot, so the mean runs over all T)."""
-    return slot_mass.mean(dim=-2)
+def extra_importance(extra_mass: Tensor) -> Tensor:
+    """Sink_* importance of each extra key (slot or sink token): mean over all real queries of the mass given to it.
+    ``[..., T, S] -> [..., S]`` (every query sees every extra key, so the mean runs over all T)."""
+    return extra_mass.mean(dim=-2)
 
 
 def proxy_scores(sim: Tensor, signed: bool) -> Tensor:
@@ -111,7 +111,7 @@ DORMANT_OUTPUT_RATIO = 0.5
 
 
 def causal_admitted(n_queries: int, n_keys: int, device=None) -> Tensor:
-    """Bool [Tq, Tk]: the last Tq key columns causal, every leading column (a bias slot) seen by
+    """Bool [Tq, Tk]: the last Tq key columns causal, every leading column (a slot or sink token) seen by
     every query. The default pattern of :func:`attention_entropy`."""
     offset = n_keys - n_queries
     return torch.arange(n_keys, device=device)[None, :] <= torch.arange(n_queries, device=device)[:, None] + offset
@@ -140,7 +140,7 @@ def attention_entropy(attn: Tensor, admitted: Tensor | None = None) -> Tensor:
 def max_attention_logit(queries: Tensor, keys: Tensor, admitted: Tensor | None = None) -> Tensor:
     """The largest pre-softmax logit q_i·k_j/√d_h over the pairs ``admitted [T, T]`` lets a query
     see (default causal), per sequence and head: ``[B, H, T, dh] x2 -> [B, H]`` (QK-clip's
-    quantity; positional biases and the op's own scale are not part of it)."""
+    quantity; positional biases and the op's own factor are not part of it)."""
     q, k = queries.float(), keys.float()
     logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if admitted is None:
@@ -186,14 +186,14 @@ def uniform_alpha1(T: int) -> float:
     return sum(1.0 / i for i in range(1, T + 1)) / T
 
 
-def uniform_alpha1_masked(admitted: Tensor, n_query_slots: int = 0, n_key_slots: int = 0) -> float:
+def uniform_alpha1_masked(admitted: Tensor, n_extra_queries: int = 0, n_extra_keys: int = 0) -> float:
     """α_1 of the first real token when every query spreads its attention evenly over the keys ``admitted [Q, K]``
-    lets it see (bias slots included, as :func:`split_slots` lays them out)."""
+    lets it see (slots and sink tokens included, as :func:`split_extra` lays them out)."""
     allowed = admitted.double()
     counts = allowed.sum(dim=-1, keepdim=True)
     if (counts == 0).any():
         raise ValueError("uniform_alpha1_masked: a query row admits no key")
-    _, real = split_slots(allowed / counts, n_query_slots, n_key_slots)
+    _, real = split_extra(allowed / counts, n_extra_queries, n_extra_keys)
     return importance(real, 1).item()
 
 

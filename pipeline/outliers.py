@@ -211,7 +211,7 @@ def _capture_input(acc: OutlierAccumulator, layer: int, name: str, _module: nn.M
 
 
 def linear_input(x: Tensor) -> Tensor:
-    """A linear layer's input, checked: ``[B, T, d]``, or ``[B, H, T, d_h]`` for a per-head one (the MLP kernel)."""
+    """A linear layer's input, checked: ``[B, T, d]``, or ``[B, H, T, d_h]`` for a per-head one (the MLP feature map)."""
     if x.dim() not in (3, 4):
         raise ValueError(f"linear inputs must be [B, T, d] or [B, H, T, d_h], got {tuple(x.shape)}")
     return x
@@ -257,7 +257,7 @@ def summary_table(summaries: dict[str, dict]) -> list[str]:
 
     lines = [
         "| activations | residual ‖h‖∞ (layer) | pooled kurtosis (layer) | lead token-wise, % of sequences (layer) "
-        "| linear input ‖x‖∞ (where) | scale inflation by the lead (where) |",
+        "| linear input ‖x‖∞ (where) | step inflation by the lead (where) |",
         "|---|---|---|---|---|---|",
     ]
     lines += [

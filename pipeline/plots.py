@@ -62,14 +62,14 @@ def alpha1_heatmap(
 ) -> Path:
     """Layer × head map of the first token's importance α_1 (mean over sequences), with a panel each of
     ``entropy`` / ``out_norm`` / ``max_logit`` ([L, H]) beside it and ``dormant`` (bool [L, H]) crossed on
-    every panel; with ``uniform`` (α_1 under uniform attention) the α_1 scale is diverging, white there."""
-    scale = (0.0, 1.0)
+    every panel; with ``uniform`` (α_1 under uniform attention) the α_1 colour map is diverging, white there."""
+    colours = (0.0, 1.0)
     if uniform is not None and 0.0 < uniform < 1.0:
         from matplotlib.colors import TwoSlopeNorm
 
-        scale = TwoSlopeNorm(vmin=0.0, vcenter=uniform, vmax=1.0)
+        colours = TwoSlopeNorm(vmin=0.0, vcenter=uniform, vmax=1.0)
     label = f"α₁ (white: uniform {uniform:.3f})" if uniform else "α₁"
-    panels = [(label, _matrix(alpha1), "RdBu_r" if uniform else "viridis", scale)]
+    panels = [(label, _matrix(alpha1), "RdBu_r" if uniform else "viridis", colours)]
     if entropy is not None:
         panels.append(("row entropy / log n", _matrix(entropy), "magma", (0.0, 1.0)))
     if out_norm is not None:
@@ -80,8 +80,8 @@ def alpha1_heatmap(
     fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False, layout="constrained")
     crossed = _matrix(dormant) if dormant is not None else []
     marks = [(h, layer) for layer, row in enumerate(crossed) for h, v in enumerate(row) if v]
-    for ax, (label, data, cmap, scale) in zip(axes[0], panels):
-        limits = {"vmin": scale[0], "vmax": scale[1]} if isinstance(scale, tuple) else {"norm": scale}
+    for ax, (label, data, cmap, colours) in zip(axes[0], panels):
+        limits = {"vmin": colours[0], "vmax": colours[1]} if isinstance(colours, tuple) else {"norm": colours}
         im = ax.imshow(data, aspect="auto", cmap=cmap, origin="lower", **limits)
         _layer_head_axes(ax, data, ".2f")
         if marks:

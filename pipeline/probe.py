@@ -12,7 +12,7 @@ from torch import Tensor
 from pipeline import metrics, probe_metrics
 from pipeline.flow import FlowAccumulator, capturing_inputs, probe_batches
 from pipeline.model.attention_ops import SCORE_KINDS
-from pipeline.model.masks import admitted_with_slots
+from pipeline.model.masks import admitted_with_extra
 from pipeline.outliers import OutlierAccumulator, capturing_linear_inputs
 from pipeline.probe_metrics import ProbeBatch
 from pipeline.sink_measures import SinkMeasures
@@ -34,9 +34,9 @@ class SinkAccumulator:
         self.outliers = outliers  # fed the hidden states here; linear inputs come from hooks
         self.flow = flow  # fed by the caller, which runs the perturbed pass
         self.alphas: list[Tensor] = []  # [B, L, H, P]
-        self.slots: list[Tensor] = []  # [B, L, H, S]
+        self.extra: list[Tensor] = []  # [B, L, H, S]: Sink_* inputs of each slot and sink token
         self.values: dict[str, list[Tensor]] = {}  # registered key -> [[B, L(, H)]]
-        self.slot_massive: list[Tensor] = []  # [B, L, Q]
+        self.sink_token_massive: list[Tensor] = []  # [B, L, Q]
         self.qk: list[Tensor] = []  # [L, 4] per batch, weighted by batch size
         self.qk_weights: list[int] = []
         self.kinds: set[str] = set()
@@ -46,8 +46,8 @@ class SinkAccumulator:
         self,
         attentions: Sequence[Tensor],
         attention_kind: str = "probs",
-        n_query_slots: int = 0,
-        n_key_slots: int = 0,
+        n_extra_queries: int = 0,
+        n_extra_keys: int = 0,
         hidden_states: Sequence[Tensor] | None = None,
         keys: Sequence[Tensor] | None = None,
         values: Sequence[Tensor] | None = None,
@@ -58,8 +58,8 @@ class SinkAccumulator:
         qkv: bool = True,
         max_logit: bool = False,
     ) -> None:
-        """One batch: ``attentions``/``hidden_states`` of every layer with the slot rows/columns, ``admitted`` what each
-        row may see (default causal, slots seen by all); ``queries``/``keys``/``values``/``head_outputs``
+        """One batch: ``attentions``/``hidden_states`` of every layer with the extra rows and columns, ``admitted`` what
+        each row may see (default causal, extra columns seen by all); ``queries``/``keys``/``values``/``head_outputs``
         ([B, H, T, dh]) and ``trigger_queries`` ([B, T] bool, a Bigram-Backcopy probe's) real tokens only; ``qkv``
         measures the key/value norm ratios and QK decomposition, ``max_logit`` the largest q·k/√d_h."""
         if attention_kind not in ATTENTION_KINDS:
@@ -69,18 +69,18 @@ class SinkAccumulator:
         self.kinds.add(attention_kind)
         if admitted is None:
             admitted = metrics.causal_admitted(*attentions[0].shape[-2:], attentions[0].device)
-        alphas, slots, measured = [], [], []
+        alphas, extra, measured = [], [], []
         for l, a in enumerate(attentions):  # one layer at a time: its tensors stay in cache
             one = lambda xs: None if not xs else xs[l].detach().float()[:, None]  # noqa: B023, E731
-            maps = a.detach()[:, None, :, n_query_slots:].float()  # [B, 1, H, T, S + T]
+            maps = a.detach()[:, None, :, n_extra_queries:].float()  # [B, 1, H, T, S + T]
             if attention_kind != "probs":
                 maps = metrics.proxy_scores(maps, signed=attention_kind == "sim_signed")
             hidden = one(hidden_states)
             batch = ProbeBatch(
                 maps=maps,
-                admitted=admitted[n_query_slots:].to(maps.device),
-                n_key_slots=n_key_slots,
-                hidden=None if hidden is None else hidden[:, :, n_query_slots:],
+                admitted=admitted[n_extra_queries:].to(maps.device),
+                n_extra_keys=n_extra_keys,
+                hidden=None if hidden is None else hidden[:, :, n_extra_queries:],
                 queries=one(queries),
                 keys=one(keys),
                 values=one(values),
@@ -89,21 +89,21 @@ class SinkAccumulator:
                 qkv=qkv,
                 logits=max_logit,
             )
-            slot_mass, real = metrics.split_slots(maps, 0, n_key_slots)
+            extra_mass, real = metrics.split_extra(maps, 0, n_extra_keys)
             alphas.append(metrics.importance_profile(real, self.positions))
-            slots.append(metrics.slot_importance(slot_mass))
+            extra.append(metrics.extra_importance(extra_mass))
             measured.append(probe_metrics.measure(batch))
         self.seq_len = real.shape[-1]
         self.alphas.append(torch.cat(alphas, dim=1).cpu())
-        self.slots.append(torch.cat(slots, dim=1).cpu())
+        self.extra.append(torch.cat(extra, dim=1).cpu())
         for key in measured[0]:
             self.values.setdefault(key, []).append(torch.cat([m[key] for m in measured], dim=1))
         if hidden_states and self.outliers is not None:
             self.outliers.add_hidden(hidden_states)
-        if hidden_states and n_query_slots:
+        if hidden_states and n_extra_queries:
             norms = [h.detach().float().norm(dim=-1) for h in hidden_states]
-            ratios = [n[:, :n_query_slots] / n[:, n_query_slots:].mean(dim=-1, keepdim=True) for n in norms]
-            self.slot_massive.append(torch.stack(ratios, dim=1).cpu())
+            ratios = [n[:, :n_extra_queries] / n[:, n_extra_queries:].mean(dim=-1, keepdim=True) for n in norms]
+            self.sink_token_massive.append(torch.stack(ratios, dim=1).cpu())
         if qkv and queries and keys:
             pairs = (metrics.qk_decomposition(q.detach().float(), k.detach().float()) for q, k in zip(queries, keys))
             rows = [[*metrics.first_key_vs_rest(cos), *metrics.first_key_vs_rest(norm)] for cos, norm in pairs]
@@ -114,14 +114,14 @@ class SinkAccumulator:
         if not self.alphas:
             raise ValueError("no batches were added to the sink accumulator")
         alphas = torch.cat(self.alphas)  # [N, L, H, P]
-        slots = torch.cat(self.slots)  # [N, L, H, S]
+        extra = torch.cat(self.extra)  # [N, L, H, S]
         values = probe_metrics.reduced(self.values)
         for key, m in probe_metrics.REGISTRY.items():
             if m.nan_when_unmeasured:
                 values.setdefault(key, torch.full(alphas.shape[1 : 2 if m.per == "layer" else 3], float("nan")))
         return SinkMeasures(
             sink1=metrics.sink_rate(alphas[..., 0], self.eps),
-            sink_star={str(s): metrics.sink_rate(slots[..., s], self.eps) for s in range(slots.shape[-1])},
+            sink_star={str(s): metrics.sink_rate(extra[..., s], self.eps) for s in range(extra.shape[-1])},
             profile=[metrics.sink_rate(alphas[..., p], self.eps) for p in range(alphas.shape[-1])],
             alpha_profile=alphas.mean(dim=(0, 1, 2)).tolist(),
             alpha1=alphas[..., 0].mean(dim=0),
@@ -130,7 +130,9 @@ class SinkAccumulator:
             eps=self.eps,
             n_sequences=alphas.shape[0],
             seq_len=self.seq_len,
-            slot_massive_ratio=torch.cat(self.slot_massive).mean(dim=0) if self.slot_massive else None,
+            sink_token_massive_ratio=torch.cat(self.sink_token_massive).mean(dim=0)
+            if self.sink_token_massive
+            else None,
             qk_decomposition=torch.stack(self.qk).sum(0) / sum(self.qk_weights) if self.qk else None,
             alpha1_all=alphas[..., 0],
             outliers=None if self.outliers is None else self.outliers.measures(),
@@ -164,7 +166,9 @@ def run_probe(
     "`run_probe` and `SinkMeasures`"); eval mode, no grad, fp32 maps, the training mode restored."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     tokens = as_token_tensor(tokens, device)
-    admitted = admitted_with_slots(model.config, tokens.shape[1])  # the maps' mask pattern (windows, prefixes, slots)
+    admitted = admitted_with_extra(
+        model.config, tokens.shape[1]
+    )  # the maps' mask pattern (windows, prefixes, extra columns)
     acc = SinkAccumulator(
         eps,
         positions,
@@ -185,8 +189,8 @@ def run_probe(
                 acc.add(
                     out.attentions,
                     attention_kind=out.attention_kind,
-                    n_query_slots=out.n_query_slots,
-                    n_key_slots=out.n_key_slots,
+                    n_extra_queries=out.n_extra_queries,
+                    n_extra_keys=out.n_extra_keys,
                     hidden_states=out.hidden_states,
                     keys=out.keys,
                     values=out.values,

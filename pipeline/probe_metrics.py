@@ -26,9 +26,9 @@ Reduce = Literal["mean", "nanmean", "max"]
 class ProbeBatch:
     """One probe batch, its layers (one or more) on dim 1; real tokens only unless said otherwise."""
 
-    maps: Tensor  # [B, L, H, T, S + T] the real queries' rows: key slots first (proxy scores for a similarity op)
+    maps: Tensor  # [B, L, H, T, S + T] the real queries' rows: extra keys first (proxy scores for a similarity op)
     admitted: Tensor  # [T, S + T] bool: what each real query may see
-    n_key_slots: int
+    n_extra_keys: int
     hidden: Tensor | None = None  # [B, L, T, d] block outputs
     queries: Tensor | None = None  # [B, L, H, T, dh] (rotated)
     keys: Tensor | None = None
@@ -41,7 +41,7 @@ class ProbeBatch:
     @property
     def real(self) -> Tensor:
         """[B, L, H, T, T] the maps among real tokens."""
-        return self.maps[..., self.n_key_slots :]
+        return self.maps[..., self.n_extra_keys :]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +133,7 @@ def max_logit(b: ProbeBatch) -> Tensor | None:
     """The largest admitted q·k/√d_h per head (metrics.max_attention_logit)."""
     if not b.logits or b.queries is None or b.keys is None:
         return None
-    return metrics.max_attention_logit(b.queries, b.keys, b.admitted[:, b.n_key_slots :])
+    return metrics.max_attention_logit(b.queries, b.keys, b.admitted[:, b.n_extra_keys :])
 
 
 @register(per="head", over_sequences="nanmean", namespace=N.SINK, extreme_token=True)

@@ -27,7 +27,7 @@ class SinkMeasures:
     n_sequences: int = 0
     seq_len: int = 0
     alpha_profile: list[float] = field(default_factory=list)  # mean α_1..α_P over sequences, layers, heads
-    slot_massive_ratio: Tensor | None = None  # [L, n_query_slots]: ‖h_slot‖ / mean ‖h_real‖
+    sink_token_massive_ratio: Tensor | None = None  # [L, n_extra_queries]: ‖h_sink_token‖ / mean ‖h_real‖
     # [L, 4]: cos(q_i, k_1), cos(q_i, k_j≥2), ‖q_i‖‖k_1‖, ‖q_i‖‖k_j≥2‖ (Figure 2 bottom)
     qk_decomposition: Tensor | None = None
     alpha1_all: Tensor | None = field(default=None, repr=False)  # [N, L, H]

@@ -15,7 +15,8 @@ def micro_model(**overrides):
     return Transformer(ModelConfig.from_preset("micro", **overrides)).eval()
 
 
-MLP_KERNEL = {"op": "kernel", "feature_map": "mlp", "normalizer": "none"}  # per-head linears: [B, H, T, d_h] inputs
+# per-head linears: [B, H, T, d_h] inputs
+MLP_FEATURE_MAP = {"op": "kernel", "feature_map": "mlp", "normalizer": "none"}
 
 
 BOS = 1  # the planted model's "BOS": the only token whose embedding has channel 0
@@ -25,7 +26,7 @@ def planted_model(magnitude: float = 1000.0):
     """A micro SinkLab model with ONE planted massive activation: unit 0 of layer 0's FFN reads
     residual channel 0, which only the BOS embedding has (100.0; layer 0's attention writes none
     into it), so that unit's output, the down projection's input, is ≈ ``magnitude`` at BOS and 0
-    elsewhere. Its down column is zero: the full-precision model does not use it; only a scale
+    elsewhere. Its down column is zero: the full-precision model does not use it; only an int8 step
     computed over that input sees it. Weights are drawn larger than at init (std 0.1, layer 0's
     FFN output x10, logits x3) so that predictions are confident and lean on layer 0's FFN."""
     from pipeline.model import ModelConfig, Transformer

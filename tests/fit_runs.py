@@ -67,7 +67,7 @@ def built_fit(args: list[str]):
     try:
         yield cli
     finally:
-        release_lock(cli.run)
+        release_lock(cli.run_dir)
 
 
 def fit_command(args: list[str]) -> list[str]:

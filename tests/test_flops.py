@@ -37,7 +37,7 @@ def test_masks_sink_tokens_and_slots_hand_count():
     assert admitted_pairs_count(cfg, 8) == 1 + 2 + 3 * 6  # rows see 1, 2, 3, 3, ...
     cfg = micro(mask="prefix", prefix_len=3)
     assert admitted_pairs_count(cfg, 8) == 36 + 3  # pairs (0,1) (0,2) (1,2)
-    # one sink token: 9 slots through the blocks, 8 through the head, 45 pairs + 9 k* columns
+    # one sink token: 9 positions through the blocks, 8 through the head, 45 pairs + 9 k* columns
     cfg = micro(sink_tokens=1, biases=dict(kind="kv"))
     assert admitted_pairs_count(cfg, 8) == 45 + 9
     expected = (6 * 9 * 20480 + 6 * 8 * 2048 + 12 * 2 * 32 * 54) / 8

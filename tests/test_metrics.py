@@ -39,8 +39,8 @@ def test_sink_rate_strict_threshold_and_counting():
     assert metrics.sink_rate(a, 0.5) == pytest.approx(100 * 32 / 2000)
 
 
-def test_split_slots_and_slot_importance():
-    # 1 sink token (query slot) + 1 K-bias column, then 2 real tokens: map is [3 queries, 4 keys]
+def test_split_extra_and_extra_importance():
+    # 1 sink token (an extra query and key) + 1 K-bias slot, then 2 real tokens: map is [3 queries, 4 keys]
     attn = torch.tensor(
         [
             [0.7, 0.3, 0.0, 0.0],  # the sink token's own row: dropped
@@ -48,14 +48,14 @@ def test_split_slots_and_slot_importance():
             [0.1, 0.3, 0.4, 0.2],  # real query 2
         ]
     )
-    slot_mass, real = metrics.split_slots(attn, n_query_slots=1, n_key_slots=2)
+    extra_mass, real = metrics.split_extra(attn, n_extra_queries=1, n_extra_keys=2)
     assert torch.allclose(real, torch.tensor([[0.3, 0.0], [0.4, 0.2]]))
-    star = metrics.slot_importance(slot_mass)
+    star = metrics.extra_importance(extra_mass)
     assert star.tolist() == pytest.approx([(0.5 + 0.1) / 2, (0.2 + 0.3) / 2])
     # Sink_1 refers to the first real token: alpha_1 = (0.3 + 0.4) / 2
     assert metrics.importance(real, 1).item() == pytest.approx(0.35)
     with pytest.raises(ValueError, match="not square"):
-        metrics.split_slots(attn, 1, 1)
+        metrics.split_extra(attn, 1, 1)
 
 
 def test_proxy_scores():

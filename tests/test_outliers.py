@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from analysis_helpers import MLP_KERNEL, greedy_windows, micro_model, planted_model
+from analysis_helpers import MLP_FEATURE_MAP, greedy_windows, micro_model, planted_model
 
 from pipeline.outliers import (
     OutlierAccumulator,
@@ -117,11 +117,13 @@ def test_with_a_sink_token_the_lead_is_the_sink_token_and_the_first_token():
     assert measures.outliers.lead == 2 and not math.isnan(measures.outliers.lead_scale_ratio["attn.qkv"][0])
 
 
-def test_the_mlp_kernel_s_per_head_linears_are_read_per_sequence_over_heads():
-    model = micro_model(attention=MLP_KERNEL)
+def test_the_mlp_feature_map_s_per_head_linears_are_read_per_sequence_over_heads():
+    model = micro_model(attention=MLP_FEATURE_MAP)
     tokens = torch.randint(3, 64, (4, 12), generator=torch.Generator().manual_seed(0))
     seen = []  # fc1's inputs in layer 0: phi(q), then phi(k), each [B, H, T, d_h]
-    handle = model.blocks[0].attn.kernel.fc1.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
+    handle = model.blocks[0].attn.feature_map.fc1.register_forward_pre_hook(
+        lambda _m, args: seen.append(args[0].detach())
+    )
     try:
         measures = run_probe(model, tokens, positions=4)
     finally:
@@ -130,9 +132,9 @@ def test_the_mlp_kernel_s_per_head_linears_are_read_per_sequence_over_heads():
     whole = torch.cat([x.abs().amax(dim=(1, 2, 3)) for x in seen])
     rest = torch.cat([x[:, :, 1:].abs().amax(dim=(1, 2, 3)) for x in seen])
     out = measures.outliers
-    assert out.linear_max["attn.kernel.fc1"][0].item() == pytest.approx(whole.mean().item())
-    assert out.lead_scale_ratio["attn.kernel.fc1"][0].item() == pytest.approx((whole / rest).mean().item())
-    assert "act/linear_max_l1_attn.kernel.fc2" in measures.to_metrics()
+    assert out.linear_max["attn.feature_map.fc1"][0].item() == pytest.approx(whole.mean().item())
+    assert out.lead_scale_ratio["attn.feature_map.fc1"][0].item() == pytest.approx((whole / rest).mean().item())
+    assert "act/linear_max_l1_attn.feature_map.fc2" in measures.to_metrics()
 
 
 def test_the_hf_path_reports_the_same_quantities(tiny_llama_dir):

@@ -56,8 +56,8 @@ class FakeModel(torch.nn.Module):
             logits=None,
             attentions=attns,
             attention_kind=self.kind,
-            n_query_slots=0,
-            n_key_slots=self.n_slots,
+            n_extra_queries=0,
+            n_extra_keys=self.n_slots,
             hidden_states=[hidden] * L,
         )
 
@@ -180,8 +180,8 @@ class ActiveDormantModel(torch.nn.Module):
             logits=None,
             attentions=[a],
             attention_kind="probs",
-            n_query_slots=0,
-            n_key_slots=0,
+            n_extra_queries=0,
+            n_extra_keys=0,
             hidden_states=[torch.ones(B, T_, 4)],
             **qkv,
         )

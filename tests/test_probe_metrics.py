@@ -8,7 +8,7 @@ from pipeline import metric_names as N
 from pipeline import metrics, outliers, probe_metrics, secondary_sinks
 from pipeline.flow import TRAINING_MIXING_SEQUENCES, matrix_entropy
 from pipeline.model import ModelConfig, Transformer
-from pipeline.model.masks import admitted_with_slots
+from pipeline.model.masks import admitted_with_extra
 from pipeline.probe import SinkAccumulator, run_probe
 from pipeline.probe_metrics import ProbeBatch
 
@@ -29,14 +29,14 @@ def _by_layer(model, tokens, triggers):
     pure functions: the reference the stacked, registered computation must equal."""
     with torch.no_grad():
         out = model(tokens, output_attentions=True, output_hidden_states=True, output_qkv=True)
-    nq, nk, T = out.n_query_slots, out.n_key_slots, tokens.shape[1]
-    admitted = admitted_with_slots(model.config, T)
+    nq, nk, T = out.n_extra_queries, out.n_extra_keys, tokens.shape[1]
+    admitted = admitted_with_extra(model.config, T)
     expect, alphas = {}, []
     for l, a in enumerate(out.attentions):
         a = a.float()
         if out.attention_kind != "probs":
             a = metrics.proxy_scores(a, signed=out.attention_kind == "sim_signed")
-        _, real = metrics.split_slots(a, nq, nk)
+        _, real = metrics.split_extra(a, nq, nk)
         alphas.append(metrics.importance_profile(real, 10))
         entropy = metrics.attention_entropy(a[..., nq:, :], admitted[nq:]).nanmean(0)
         logit = metrics.max_attention_logit(out.queries[l], out.keys[l], admitted[-T:, -T:]).amax(0)
@@ -81,7 +81,7 @@ def test_every_logged_value_equals_the_pure_functions_layer_by_layer(overrides):
 def _batch(hidden):
     B, L, T, _ = hidden.shape
     maps = torch.eye(T).expand(B, L, 1, T, T)
-    return ProbeBatch(maps=maps, admitted=metrics.causal_admitted(T, T), n_key_slots=0, hidden=hidden)
+    return ProbeBatch(maps=maps, admitted=metrics.causal_admitted(T, T), n_extra_keys=0, hidden=hidden)
 
 
 def test_kaul_kurtosis_is_per_token_over_the_channels_first_token_apart():

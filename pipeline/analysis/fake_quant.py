@@ -2,9 +2,9 @@
 decoder blocks, SinkLab and Hugging Face models alike.
 
 Weights: symmetric int8 per output channel, s_o = max_i |W_oi| / 127, Ŵ = clamp(round(W / s_o), −127, 127) · s_o.
-Activations (a linear layer's input): symmetric int8 with a dynamic absmax scale per sequence ("tensor") or per
+Activations (a linear layer's input): symmetric int8 with a dynamic absmax step per sequence ("tensor") or per
 position and head ("token"). The ``lead`` positions may be *intact* (full precision, weights included, and out of
-the scale: IntactKV, Liu et al. 2024) or *excluded* (out of the scale but quantized with it, so they saturate).
+the step: IntactKV, Liu et al. 2024) or *excluded* (out of the step but quantized with it, so they saturate).
 Embeddings, the LM head, norms and the attention products stay at full precision."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ _TINY = torch.finfo(torch.float32).tiny
 @dataclass(frozen=True)
 class QuantSetting:
     name: str
-    activations: str | None  # None: full precision; "tensor" or "token": the activation scale
+    activations: str | None  # None: full precision; "tensor" or "token": the activation step
     lead: str = "none"  # the leading positions: "none" (as every other), "intact" or "exclude"
     description: str = ""
 
@@ -40,19 +40,19 @@ SETTINGS = {
         ("w8a8-token", "token", "none", "int8 weights per channel, activations per token"),
         ("w8a8-tensor-intact", "tensor", "intact", "per tensor; leading positions at full precision (IntactKV)"),
         ("w8a8-token-intact", "token", "intact", "per token; leading positions at full precision (IntactKV)"),
-        ("w8a8-tensor-exclude", "tensor", "exclude", "per tensor; scale without the leading positions, which saturate"),
+        ("w8a8-tensor-exclude", "tensor", "exclude", "per tensor; step without the leading positions, which saturate"),
     )
 }
 
 
 def quantize_weight(weight: Tensor) -> Tensor:
     """Symmetric int8 per output channel (row), de-quantized."""
-    scale = weight.abs().amax(dim=1, keepdim=True).clamp_min(_TINY) / QMAX
-    return (weight / scale).round().clamp(-QMAX, QMAX) * scale
+    step = weight.abs().amax(dim=1, keepdim=True).clamp_min(_TINY) / QMAX
+    return (weight / step).round().clamp(-QMAX, QMAX) * step
 
 
 def quantize_activation(x: Tensor, granularity: str, skip: int = 0) -> Tensor:
-    """Symmetric int8 of a linear input ``x [B, (H,) T, d]``, de-quantized: one scale per sequence from positions
+    """Symmetric int8 of a linear input ``x [B, (H,) T, d]``, de-quantized: one step per sequence from positions
     ``skip..`` ("tensor"), or one per row ("token")."""
     linear_input(x)
     if granularity == "tensor":
@@ -61,8 +61,8 @@ def quantize_activation(x: Tensor, granularity: str, skip: int = 0) -> Tensor:
         amax = x.abs().amax(dim=-1, keepdim=True)
     else:
         raise ValueError(f"activation granularity {granularity!r}; expected 'tensor' or 'token'")
-    scale = amax.clamp_min(_TINY) / QMAX
-    return (x / scale).round().clamp(-QMAX, QMAX) * scale
+    step = amax.clamp_min(_TINY) / QMAX
+    return (x / step).round().clamp(-QMAX, QMAX) * step
 
 
 def _fake_quant_forward(module: nn.Linear, setting: QuantSetting, lead: int, weight_q: Tensor, x: Tensor) -> Tensor:

@@ -30,7 +30,7 @@ from pipeline.analysis.subject import (
     log_results_of,
     save_results,
 )
-from pipeline.metrics import split_slots
+from pipeline.metrics import split_extra
 from pipeline.model.eviction import POLICIES, Evictor, Policy, Row
 from pipeline.model.eviction import SINKS as MODES
 from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
@@ -176,8 +176,8 @@ def full_pass(subject, ids: torch.Tensor, eps: float, first: int) -> tuple[torch
         window = ids[start : start + limit]
         if subject.kind == "sinklab":
             out = subject.model(window[None], output_attentions=True)
-            maps = [split_slots(a, out.n_query_slots, out.n_key_slots)[1] for a in out.attentions]
-            offset = out.n_query_slots
+            maps = [split_extra(a, out.n_extra_queries, out.n_extra_keys)[1] for a in out.attentions]
+            offset = out.n_extra_queries
         else:
             subject.model.set_attn_implementation("eager")
             out = subject.model(input_ids=window[None], output_attentions=True, use_cache=False)

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lead",
         type=int,
-        help="leading positions kept intact / left out of the scale "
+        help="leading positions kept intact / left out of the int8 step "
         "(default: the model's sink tokens + the first token)",
     )
     p.add_argument("--batch-size", type=int, default=1, help="windows per forward (results do not depend on it)")
@@ -139,7 +139,7 @@ class Evaluator:
 
 def add_gaps(results: dict[str, dict]) -> None:
     """``gap_pct``: perplexity over fp's, in %; ``recovered_pct``: the share of its base setting's gap (the same
-    activation scale, no lead treatment) an intact or exclude setting closes."""
+    activation step, no lead treatment) an intact or exclude setting closes."""
     fp = results["fp"]["perplexity"]
     for name, r in results.items():
         r["gap_pct"] = 100.0 * (r["perplexity"] / fp - 1.0)

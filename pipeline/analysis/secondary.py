@@ -12,7 +12,7 @@ from pipeline import metric_names as N
 from pipeline import plots
 from pipeline import probe_metrics as P
 from pipeline.analysis.inputs import ProbeSettings
-from pipeline.metrics import split_slots
+from pipeline.metrics import split_extra
 from pipeline.secondary_sinks import MIN_QUERIES, judged_keys, layer_stats
 
 FIGURE = "secondary_sinks.png"
@@ -24,8 +24,8 @@ def maps_and_states(subject, ids: torch.Tensor) -> tuple[list[torch.Tensor], lis
     """Per layer the real-token attention [B, H, T, T] and block output [B, T, d]."""
     if subject.kind == "sinklab":
         out = subject.model(ids, output_attentions=True, output_hidden_states=True)
-        maps = [split_slots(a.float(), out.n_query_slots, out.n_key_slots)[1] for a in out.attentions]
-        return maps, [h[:, out.n_query_slots :] for h in out.hidden_states]
+        maps = [split_extra(a.float(), out.n_extra_queries, out.n_extra_keys)[1] for a in out.attentions]
+        return maps, [h[:, out.n_extra_queries :] for h in out.hidden_states]
     from pipeline.analysis.hf_capture import capture
 
     c = capture(subject.model, ids, qkv=False)

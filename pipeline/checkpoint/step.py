@@ -60,7 +60,7 @@ class StepCheckpoint(Checkpoint):
     """``step-NNNNNN.ckpt`` every ``every`` optimizer steps and at the end, renamed into place; keeps ``keep_last``."""
 
     def __init__(self, run_dir: Path, every: int, keep_last: int = 3):
-        self.run = RunDir(run_dir)
+        self.run_dir = RunDir(run_dir)
         self.every, self.keep_last = every, keep_last
         self.last_saved = -1
         self.uploader = None  # a remote_checkpoints.CheckpointUploader under run.log_checkpoints
@@ -73,11 +73,11 @@ class StepCheckpoint(Checkpoint):
         ):
             raise NonFiniteLossError(
                 f"non-finite weights or optimizer state after step {step}: stopping without writing that "
-                f"checkpoint; the ones in {self.run.checkpoints} are kept. Start a new run directory with a "
+                f"checkpoint; the ones in {self.run_dir.checkpoints} are kept. Start a new run directory with a "
                 "lower optim.lr or a longer warm-up, or check the data."
             )
-        final = self.run.checkpoints / checkpoint_name(step)
-        tmp = self.run.checkpoints / f".{final.name}.partial"
+        final = self.run_dir.checkpoints / checkpoint_name(step)
+        tmp = self.run_dir.checkpoints / f".{final.name}.partial"
         if trainer.is_global_zero:
             remove(tmp)
         trainer.strategy.barrier("sinklab_ckpt_pre")
@@ -91,9 +91,9 @@ class StepCheckpoint(Checkpoint):
         if trainer.is_global_zero:
             remove(final)
             os.replace(tmp, final)
-            self.run.prune(self.keep_last)
+            self.run_dir.prune(self.keep_last)
             if self.uploader is not None:
-                self.uploader.upload(final, keep={p.name for _, p in self.run.step_checkpoints()})
+                self.uploader.upload(final, keep={p.name for _, p in self.run_dir.step_checkpoints()})
         trainer.strategy.barrier("sinklab_ckpt_done")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

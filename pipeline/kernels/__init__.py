@@ -22,7 +22,7 @@ def blocked_attention(
     v: Tensor,
     spec: AttentionSpec,
     *,
-    kernel: nn.Module | None = None,
+    feature_map: nn.Module | None = None,
     slot_k: Tensor | None = None,
     slot_v: Tensor | None = None,
     score_bias: ScoreBias | Tensor | None = None,
@@ -30,10 +30,10 @@ def blocked_attention(
     query_block: int | None = None,
     impl: str = "auto",
 ) -> Tensor:
-    """Attention output [B, H, Tq, d_h] before the alpha scale: chunked linear attention for a linear
-    kernel under a causal or prefix mask, else tiles (fused Triton or torch, the same numbers).
+    """Attention output [B, H, Tq, d_h] before the factor α: chunked linear attention for a linear
+    similarity under a causal or prefix mask, else tiles (fused Triton or torch, the same numbers).
 
-    q [B, H, Tq, d_h], k/v [B, H, Tk, d_h]: rotated, queries the last Tq key slots. kernel: phi.
+    q [B, H, Tq, d_h], k/v [B, H, Tk, d_h]: rotated, queries the last Tq key positions. feature_map: φ.
     slot_k/slot_v [B, H, S, d_h]: the bias slots. score_bias: a fixed positional bias, a function
     (q_idx, k_idx) -> [1|H, bq, bk] or the model's [1|H, Tq, Tk] tensor. block_size / query_block:
     keys / queries per tile (None: 128 / all torch, autotuned fused; the linear chunk is at most 64).
@@ -41,9 +41,9 @@ def blocked_attention(
     """
     if impl not in IMPLS:
         raise ValueError(f"blocked_attention: impl={impl!r}; allowed {', '.join(IMPLS)}")
-    if kernel is not None:
-        q, k = kernel(q), kernel(k)
-        slot_k = None if slot_k is None else kernel(slot_k)
+    if feature_map is not None:
+        q, k = feature_map(q), feature_map(k)
+        slot_k = None if slot_k is None else feature_map(slot_k)
     mask, q_offset = spec.mask, k.shape[2] - q.shape[2]
     linear = spec.similarity == "identity" and spec.p == 1.0 and score_bias is None
     if linear and mask.kind in ("causal", "prefix") and q_offset == 0:
@@ -52,7 +52,7 @@ def blocked_attention(
             k,
             v,
             normalizer=spec.normalizer,
-            scale=spec.scale,
+            score_factor=spec.score_factor,
             prefix=mask.prefix if mask.kind == "prefix" else 0,
             slot_k=slot_k,
             slot_v=slot_v,

@@ -1,7 +1,7 @@
 """Causal linear attention in chunked prefix-sum form, O(T c d_h + T d_h^2), no T x T matrix.
 
-With phi applied (``q``, ``k`` = phi(q), phi(k)) and sim_ij = q_i k_j^T * scale on admitted pairs,
-y_i = u_i / Z(S_i), u_i = sum_j sim_ij v_j, S_i = sum_j sim_ij. A chunk of c slots is masked causally;
+With phi applied (``q``, ``k`` = phi(q), phi(k)) and sim_ij = c q_i k_j^T (c the score factor) on admitted pairs,
+y_i = u_i / Z(S_i), u_i = sum_j sim_ij v_j, S_i = sum_j sim_ij. A chunk of ``chunk`` positions is masked causally;
 the state sum_j k_j^T v_j and sum_j k_j of earlier chunks, seeded by the bias slots, holds the rest.
 """
 
@@ -20,18 +20,18 @@ def chunked_linear_attention(
     v: Tensor,
     *,
     normalizer: Normalizer = "sum",
-    scale: float = 1.0,
+    score_factor: float = 1.0,
     prefix: int = 0,
     slot_k: Tensor | None = None,
     slot_v: Tensor | None = None,
     chunk: int = 64,
 ) -> Tensor:
-    """[B, H, T, d_v] for queries and keys of the same T slots (training; no cache offset)."""
+    """[B, H, T, d_v] for queries and keys of the same T positions (training; no cache offset)."""
     B, H, T, dh = q.shape
     if k.shape[2] != T:
         raise ValueError(f"chunked_linear_attention: needs as many keys as queries, got {k.shape[2]} and {T}")
     dtype, acc = q.dtype, accumulator(q)
-    q, k, v = q.to(acc) * scale, k.to(acc), v.to(acc)
+    q, k, v = q.to(acc) * score_factor, k.to(acc), v.to(acc)
     n = -(-T // chunk)
     pad = n * chunk - T
     qc, kc, vc = (F.pad(x, (0, 0, 0, pad)).view(B, H, n, chunk, x.shape[-1]) for x in (q, k, v))

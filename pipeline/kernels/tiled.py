@@ -1,12 +1,12 @@
-"""Tiled attention for element-wise similarities (sigmoid, elu+1, kernel dot products), no T x T
+"""Tiled attention for element-wise similarities (sigmoid, elu+1, the kernel op's dot products), no T x T
 tensor forward or backward: tiles are recomputed in backward, as in FlashAttention (docs/gpu.md).
 
-    y_i = sum_j sim_ij v_j / Z_i,   sim_ij = f(q_i k_j^T * scale + b_ij) on admitted pairs, else 0
+    y_i = sum_j sim_ij v_j / Z_i,   sim_ij = f(c q_i k_j^T + b_ij) on admitted pairs, else 0
 
-with Z_i = sum_j sim_ij (or its p-norm), max(|sum_j sim_ij|, 1), or 1. Backward, with u_i = Z_i y_i
+with c the score factor, Z_i = sum_j sim_ij (or its p-norm), max(|sum_j sim_ij|, 1), or 1. Backward, with u_i = Z_i y_i
 and D_i = dZ_i = -(dy_i . y_i) / Z_i:
     dsim_ij = dy_i . v_j / Z_i + D_i dZ_i/dsim_ij    (1 | sign(S_i) [|S_i| > 1] | (sim_ij/Z_i)^(p-1) | 0)
-    ds_ij   = dsim_ij f'(s_ij) on admitted pairs;   dq = ds k scale,  dk = ds^T q scale,  dv = sim^T dy / Z
+    ds_ij   = dsim_ij f'(s_ij) on admitted pairs;   dq = c ds k,  dk = c ds^T q,  dv = sim^T dy / Z
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from torch import Tensor
 Similarity = str  # a key of SIMILARITIES
 Normalizer = Literal["sum", "abs_clamp", "none"]
 MaskKind = Literal["causal", "prefix", "sliding"]
-ScoreBias = Callable[[Tensor, Tensor], Tensor]  # (query slot idx [bq], key slot idx [bk]) -> [1|H, bq, bk]
+ScoreBias = Callable[[Tensor, Tensor], Tensor]  # (query position idx [bq], key position idx [bk]) -> [1|H, bq, bk]
 
 
 @dataclass(frozen=True)
 class MaskSpec:
-    """The admitted (query, key) slot pairs: causal j <= i; prefix: also i, j < prefix; sliding: j <= i
-    and i - j < window. Queries are slots q_offset .. q_offset + Tq - 1; keys are slots 0 .. Tk - 1."""
+    """The admitted (query, key) position pairs: causal j <= i; prefix: also i, j < prefix; sliding: j <= i
+    and i - j < window. Queries are positions q_offset .. q_offset + Tq - 1; keys are positions 0 .. Tk - 1."""
 
     kind: MaskKind = "causal"
     window: int = 0
@@ -45,7 +45,7 @@ class MaskSpec:
         return causal
 
     def key_range(self, q_lo: int, q_hi: int, n_keys: int) -> tuple[int, int]:
-        """Keys [lo, hi) that some query slot in [q_lo, q_hi) may see."""
+        """Keys [lo, hi) that some query position in [q_lo, q_hi) may see."""
         hi = q_hi
         if self.kind == "prefix" and q_lo < self.prefix:
             hi = max(hi, self.prefix)
@@ -53,7 +53,7 @@ class MaskSpec:
         return lo, min(hi, n_keys)
 
     def query_range(self, k_lo: int, k_hi: int, q_lo: int, q_hi: int) -> tuple[int, int]:
-        """The part of query slots [q_lo, q_hi) that sees some key in [k_lo, k_hi)."""
+        """The part of query positions [q_lo, q_hi) that sees some key in [k_lo, k_hi)."""
         lo = q_lo if self.kind == "prefix" and k_lo < self.prefix else max(q_lo, k_lo)
         hi = min(q_hi, k_hi + self.window - 1) if self.kind == "sliding" else q_hi
         return lo, max(lo, hi)
@@ -66,7 +66,7 @@ class AttentionSpec:
     similarity: Similarity  # f, a key of SIMILARITIES ("identity" after phi: linear attention)
     normalizer: Normalizer = "sum"  # Z_i: sum_j sim_ij (its p-norm when p != 1), max(|sum_j sim_ij|, 1), or 1
     p: float = 1.0
-    scale: float = 1.0  # of the scores q_i k_j^T
+    score_factor: float = 1.0  # of the scores q_i k_j^T
     mask: MaskSpec = MaskSpec()  # blocked_attention sets q_offset per call
 
     def __post_init__(self) -> None:
@@ -146,7 +146,7 @@ class _Tiles:
         """sim = f(s) and f'(s), in the accumulation dtype, zero off the mask."""
         spec = self.spec
         keys, _ = self.keys(tile)
-        s = (self.q[:, :, q_lo:q_hi] @ keys.transpose(-2, -1)).to(self.acc) * spec.scale
+        s = (self.q[:, :, q_lo:q_hi] @ keys.transpose(-2, -1)).to(self.acc) * spec.score_factor
         admitted = None
         if tile is not None:
             q_idx = torch.arange(q_lo, q_hi, device=s.device) + spec.mask.q_offset
@@ -218,7 +218,7 @@ class TiledAttention(torch.autograd.Function):
                 dsim = dsim + dz_blk * torch.where(sim > 0, ratio.pow(spec.p - 1.0), 0.0)
             else:
                 dsim = dsim + dz_blk
-            ds = dsim * dsim_ds * spec.scale
+            ds = dsim * dsim_ds * spec.score_factor
             dq[:, :, q_lo:q_hi] += mm(ds, keys)
             dk_tile, dv_tile = mm(ds.transpose(-2, -1), q_blk), mm(sim.transpose(-2, -1), du_blk)
             if tile is None:

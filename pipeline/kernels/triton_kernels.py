@@ -2,9 +2,9 @@
 the arguments of ``triton_tiles._launch_args`` after their pointers.
 
 Forward, one program per (query block, batch x head) over key blocks: u_i = sum_j sim_ij v_j and
-S_i = sum_j sim_ij on admitted keys, sim_ij = f(q_i k_j^T * scale + b_ij). Backward recomputes each
+S_i = sum_j sim_ij on admitted keys, sim_ij = f(c q_i k_j^T + b_ij), c the score factor. Backward recomputes each
 tile, one kernel over key blocks for dk and dv, one over query blocks for dq (no atomics):
-dsim_ij = du_i . v_j + dS_i,  ds_ij = dsim_ij f'(s_ij),  dq = scale ds k,  dk = scale ds^T q,  dv = sim^T du.
+dsim_ij = du_i . v_j + dS_i,  ds_ij = dsim_ij f'(s_ij),  dq = c ds k,  dk = c ds^T q,  dv = sim^T du.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ if triton is not None:
         return sim, grad
 
     @triton.jit
-    def _admitted(q_slot, k_slot, Tq_end, Tk, window, prefix, MASK: tl.constexpr):
-        """The model's mask (masks.admitted_pairs) for query slots x key slots, inside bounds."""
-        qi, kj = q_slot[:, None], k_slot[None, :]
+    def _admitted(q_pos, k_pos, Tq_end, Tk, window, prefix, MASK: tl.constexpr):
+        """The model's mask (masks.admitted_pairs) for query positions x key positions, inside bounds."""
+        qi, kj = q_pos[:, None], k_pos[None, :]
         ok = kj <= qi
         if MASK == 1:
             ok = ok | ((qi < prefix) & (kj < prefix))
@@ -48,7 +48,7 @@ if triton is not None:
 
     @triton.jit
     def _key_range(q_lo, q_hi, Tk, window, prefix, MASK: tl.constexpr):
-        """Key slots [lo, hi) that some query slot in [q_lo, q_hi) sees (MaskSpec.key_range)."""
+        """Key positions [lo, hi) that some query position in [q_lo, q_hi) sees (MaskSpec.key_range)."""
         hi = q_hi
         if MASK == 1:
             hi = tl.maximum(hi, prefix)
@@ -59,7 +59,7 @@ if triton is not None:
 
     @triton.jit
     def _query_range(k_lo, k_hi, q_offset, Tk, window, prefix, MASK: tl.constexpr):
-        """Query slots [lo, hi) that see some key slot in [k_lo, k_hi) (MaskSpec.query_range)."""
+        """Query positions [lo, hi) that see some key position in [k_lo, k_hi) (MaskSpec.query_range)."""
         lo = tl.maximum(k_lo, q_offset)
         if MASK == 1:
             lo = tl.where(k_lo < prefix, q_offset, lo)
@@ -70,7 +70,7 @@ if triton is not None:
 
     @triton.jit
     def _block_key_range(pid_m, BLOCK_M: tl.constexpr, Tq, Tk, q_offset, window, prefix, MASK: tl.constexpr):
-        """Key slots [lo, hi) that query block ``pid_m`` sees."""
+        """Key positions [lo, hi) that query block ``pid_m`` sees."""
         q_lo = pid_m * BLOCK_M
         return _key_range(q_lo + q_offset, tl.minimum(q_lo + BLOCK_M, Tq) + q_offset, Tk, window, prefix, MASK)
 
@@ -83,12 +83,12 @@ if triton is not None:
         offs_m,
         offs_n,
         ok,
-        scale: tl.constexpr,
+        score_factor: tl.constexpr,
         sbq,
         HAS_BIAS: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_factor
         if HAS_BIAS:
             s += tl.load(BIAS + bias_off + offs_m[:, None] * sbq + offs_n[None, :], mask=ok, other=0.0).to(s.dtype)
         return s
@@ -129,14 +129,14 @@ if triton is not None:
         offs_m,
         offs_n,
         ok,
-        scale: tl.constexpr,
+        score_factor: tl.constexpr,
         sbq,
         SIM: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
         """A tile's sim and ds = (du v^T + dS) f'(s), both zero off the mask."""
-        s = _scores(q, k, BIAS, bias_off, offs_m, offs_n, ok, scale, sbq, HAS_BIAS, PRECISION)
+        s = _scores(q, k, BIAS, bias_off, offs_m, offs_n, ok, score_factor, sbq, HAS_BIAS, PRECISION)
         sim, grad = _sim(s, SIM)
         dsim = tl.dot(du, tl.trans(v), input_precision=PRECISION) + d_row[:, None]
         return tl.where(ok, sim, 0.0), tl.where(ok, dsim * grad, 0.0)
@@ -177,7 +177,7 @@ if triton is not None:
         HAS_BIAS: tl.constexpr,
         PRECISION: tl.constexpr,
         ACC: tl.constexpr,
-        SCALE: tl.constexpr,
+        SCORE_FACTOR: tl.constexpr,
     ):
         """u [B*H*Tq, D] and S [B*H*Tq] of one query block."""
         pid_m, bh = tl.program_id(0), tl.program_id(1)
@@ -192,7 +192,7 @@ if triton is not None:
             offs_n = start + tl.arange(0, BLOCK_N)
             k, v = _load_kv(K, V, b, h, offs_n, Tk, offs_d, D, skb, skh, skt, svb, svh, svt)
             ok = _admitted(offs_m + q_offset, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
-            s = _scores(q, k, BIAS, h * sbh, offs_m, offs_n, ok, SCALE, sbq, HAS_BIAS, PRECISION)
+            s = _scores(q, k, BIAS, h * sbh, offs_m, offs_n, ok, SCORE_FACTOR, sbq, HAS_BIAS, PRECISION)
             sim, _ = _sim(s, SIM)
             sim = tl.where(ok, sim, 0.0)
             u += tl.dot(sim.to(v.dtype), v, input_precision=PRECISION)
@@ -237,7 +237,7 @@ if triton is not None:
         HAS_BIAS: tl.constexpr,
         PRECISION: tl.constexpr,
         ACC: tl.constexpr,
-        SCALE: tl.constexpr,
+        SCORE_FACTOR: tl.constexpr,
     ):
         """dk and dv of one key block."""
         pid_n, bh = tl.program_id(0), tl.program_id(1)
@@ -255,13 +255,13 @@ if triton is not None:
             q, du, d_row = _load_q_grads(Q, DU, DS, b, h, bh, offs_m, Tq, offs_d, D, sqb, sqh, sqt)
             ok = _admitted(offs_m + q_offset, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
             sim, ds = _tile_grads(
-                q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, SCALE, sbq, SIM, HAS_BIAS, PRECISION
+                q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, SCORE_FACTOR, sbq, SIM, HAS_BIAS, PRECISION
             )
             dv += tl.dot(tl.trans(sim.to(q.dtype)), du, input_precision=PRECISION)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
         kv_ok = (offs_n[:, None] < Tk) & (offs_d[None, :] < D)
         out = bh * Tk + offs_n
-        tl.store(DK + out[:, None] * D + offs_d[None, :], dk * SCALE, mask=kv_ok)
+        tl.store(DK + out[:, None] * D + offs_d[None, :], dk * SCORE_FACTOR, mask=kv_ok)
         tl.store(DV + out[:, None] * D + offs_d[None, :], dv, mask=kv_ok)
 
     @triton.jit
@@ -299,7 +299,7 @@ if triton is not None:
         HAS_BIAS: tl.constexpr,
         PRECISION: tl.constexpr,
         ACC: tl.constexpr,
-        SCALE: tl.constexpr,
+        SCORE_FACTOR: tl.constexpr,
     ):
         """dq of one query block."""
         pid_m, bh = tl.program_id(0), tl.program_id(1)
@@ -314,10 +314,12 @@ if triton is not None:
             k, v = _load_kv(K, V, b, h, offs_n, Tk, offs_d, D, skb, skh, skt, svb, svh, svt)
             ok = _admitted(offs_m + q_offset, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
             _, ds = _tile_grads(
-                q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, SCALE, sbq, SIM, HAS_BIAS, PRECISION
+                q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, SCORE_FACTOR, sbq, SIM, HAS_BIAS, PRECISION
             )
             dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         rows = bh * Tq + offs_m
         tl.store(
-            DQ + rows[:, None] * D + offs_d[None, :], dq * SCALE, mask=(offs_m[:, None] < Tq) & (offs_d[None, :] < D)
+            DQ + rows[:, None] * D + offs_d[None, :],
+            dq * SCORE_FACTOR,
+            mask=(offs_m[:, None] < Tq) & (offs_d[None, :] < D),
         )

@@ -94,7 +94,7 @@ def _launch_args(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, spec: Til
         HAS_BIAS=bias is not None,
         PRECISION="ieee" if wide else "tf32",
         ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
-        SCALE=spec.scale,
+        SCORE_FACTOR=spec.score_factor,
     )
     return scalars, meta
 
@@ -106,9 +106,9 @@ def default_blocks(head_dim: int, itemsize: int = 2) -> tuple[int, int]:
 
 def _prepare(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, *spec_and_blocks):
     """q, k, v with unit stride in their rows, bias contiguous, and the kernels' shared arguments."""
-    # a TileSpec crosses the custom ops as (similarity, mask kind, window, prefix, q_offset, scale)
-    similarity, mask, window, prefix, q_offset, scale, block_q, block_k = spec_and_blocks
-    spec = TileSpec(similarity=similarity, scale=scale, mask=MaskSpec(mask, window, prefix, q_offset))
+    # a TileSpec crosses the custom ops as (similarity, mask kind, window, prefix, q_offset, score_factor)
+    similarity, mask, window, prefix, q_offset, score_factor, block_q, block_k = spec_and_blocks
+    spec = TileSpec(similarity=similarity, score_factor=score_factor, mask=MaskSpec(mask, window, prefix, q_offset))
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     bias = None if bias is None else bias.contiguous()
     return q, k, v, bias, *_launch_args(q, k, v, bias, spec)
@@ -129,12 +129,12 @@ def _fused_tiles(
     window: int,
     prefix: int,
     q_offset: int,
-    scale: float,
+    score_factor: float,
     block_q: int,
     block_k: int,
 ) -> tuple[Tensor, Tensor]:
     """(u, S) over the token keys."""
-    spec_and_blocks = (similarity, mask, window, prefix, q_offset, scale, block_q, block_k)
+    spec_and_blocks = (similarity, mask, window, prefix, q_offset, score_factor, block_q, block_k)
     q, k, v, bias, scalars, meta = _prepare(q, k, v, bias, *spec_and_blocks)
     B, H, Tq, D = q.shape
     u = q.new_empty(B, H, Tq, D, dtype=accumulator(q))
@@ -162,12 +162,12 @@ def _fused_tiles_backward(
     window: int,
     prefix: int,
     q_offset: int,
-    scale: float,
+    score_factor: float,
     block_q: int,
     block_k: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (contiguous) from du and dS."""
-    spec_and_blocks = (similarity, mask, window, prefix, q_offset, scale, block_q, block_k)
+    spec_and_blocks = (similarity, mask, window, prefix, q_offset, score_factor, block_q, block_k)
     q, k, v, bias, scalars, meta = _prepare(q, k, v, bias, *spec_and_blocks)
     B, H, Tq, D = q.shape
     acc = accumulator(q)
@@ -221,10 +221,10 @@ def fused_tiled_attention(
     blocks = (TUNED, TUNED) if tuned else (blocks[0] or default_q, blocks[1] or default_k)
     m = spec.mask
     u, row_sum = _fused_tiles(
-        q, k, v, score_bias, spec.similarity, m.kind, m.window, m.prefix, m.q_offset, spec.scale, *blocks
+        q, k, v, score_bias, spec.similarity, m.kind, m.window, m.prefix, m.q_offset, spec.score_factor, *blocks
     )
     if slot_k is not None:  # bias slots: admitted for every query, no positional bias
-        sim, _ = similarity_and_grad((q @ slot_k.transpose(-2, -1)).to(u.dtype) * spec.scale, spec.similarity)
+        sim, _ = similarity_and_grad((q @ slot_k.transpose(-2, -1)).to(u.dtype) * spec.score_factor, spec.similarity)
         u = u + sim @ slot_v.to(u.dtype)
         row_sum = row_sum + sim.sum(-1)
     return (u / normaliser(row_sum, spec.normalizer)[..., None]).to(q.dtype)

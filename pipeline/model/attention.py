@@ -1,5 +1,5 @@
-"""Multi-head self-attention with the paper's biases (Tables 4, 5, 12, 13) and operations. Key slots
-that are not tokens come first: the k*/v* slot, then the sink-logit column (a zero key and value
+"""Multi-head self-attention with the paper's biases (Tables 4, 5, 12, 13) and operations. The slots,
+key columns that are not tokens, come first: the k*/v* slot, then the sink-logit column (a zero key and value
 whose logit is learned per query head, or 0); ``Attention._path`` picks SDPA, blocked kernels or eager. Under
 grouped-query attention keys, values, the cache and the k*/v* slot are per key/value head (docs/model.md)."""
 
@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from pipeline.kernels import blocked_attention
 
-from .attention_ops import blocked_spec, build_kernel, op_spec
+from .attention_ops import blocked_spec, build_feature_map, op_spec
 from .config import ModelConfig
 from .masks import AttentionContext
 from .positional import apply_rotary
@@ -92,11 +92,11 @@ class Attention(nn.Module):
         self.slot_logit = nn.Parameter(torch.zeros(H)) if b.slot_logit else None
         self.op = op_spec(a.op)
         self.length_scale = nn.Parameter(torch.full((H,), length_scale_init(cfg))) if self.op.length_scale else None
-        self.kernel = build_kernel(a, dh)
+        self.feature_map = build_feature_map(a, dh)
         self.blocked_spec = blocked_spec(cfg)  # None: the op has no blocked path
 
     def _slots(self, k: Tensor, v: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        """Keys and values [B, H, 1, d_h] (H: the heads of k) of the non-token key slots, in order."""
+        """Keys and values [B, H, 1, d_h] (H: the heads of k) of the slots, in order."""
         B, H = k.shape[:2]
         keys, values = [], []
         if self.kv_slot is not None:
@@ -164,7 +164,7 @@ class Attention(nn.Module):
         if ctx.rotary_q is not None:
             q = apply_rotary(q, *ctx.rotary_q)
             k = apply_rotary(k, *ctx.rotary_k)
-        if self.length_scale is not None:  # SSMax: row i's logits times s_h log n_i, as a scale of q_i
+        if self.length_scale is not None:  # SSMax: row i's logits times s_h log n_i, as a factor of q_i
             n_keys = ctx.n_admitted() + self.cfg.n_bias_slots  # [Tq]
             q = q * (self.length_scale[:, None, None] * n_keys.to(q.dtype).log()[:, None]).to(q.dtype)
 
@@ -177,12 +177,13 @@ class Attention(nn.Module):
             slot_k = slot_v = None
             if self.kv_slot is not None:
                 slot_k, slot_v = (t.to(q.dtype) for t in self.kv_slot.keys_values(B, self.n_heads))
+            spec, phi = self.blocked_spec, self.feature_map
             y = blocked_attention(
-                q, k, v, self.blocked_spec, kernel=self.kernel, slot_k=slot_k, slot_v=slot_v, score_bias=ctx.score_bias
+                q, k, v, spec, feature_map=phi, slot_k=slot_k, slot_v=slot_v, score_bias=ctx.score_bias
             )
         else:
             keys, values, mask = self._with_slots(k, v, ctx)
-            result = self.op.fn(q, keys, mask, self.cfg.attention, self.kernel)
+            result = self.op.fn(q, keys, mask, self.cfg.attention, self.feature_map)
             y = result.weights.to(values.dtype) @ values
             weights = result.reported if need_weights else None
         if self.cfg.attention.alpha != 1.0:
@@ -212,18 +213,18 @@ class Attention(nn.Module):
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, n_slots: int, mask: Tensor | None) -> Tensor:
         """Softmax attention over n_slots leading slot keys and the token keys; [B, H, Tq, d_h]. No mask:
         causal, by flash-attn's lower-right mask or SDPA's upper-left one with n_slots dummy query rows."""
-        scale, dh, gqa = self.head_dim**-0.5, self.head_dim, k.shape[1] != q.shape[1]
+        factor, dh, gqa = self.head_dim**-0.5, self.head_dim, k.shape[1] != q.shape[1]
         if mask is not None:
             mask = F.pad(mask.to(q.dtype), (n_slots, 0))  # the slots: admitted, no positional bias
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)[..., :dh]
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=factor, enable_gqa=gqa)[..., :dh]
         if flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
             out = flash_attn_func(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, causal=True
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=factor, causal=True
             )
             return out.transpose(1, 2)[..., :dh]
         if n_slots:  # laid out [B, T, H, d_h], as the projection lays q out: SDPA's output follows
             q = F.pad(q.transpose(1, 2), (0, 0, 0, 0, n_slots, 0)).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=factor, enable_gqa=gqa)
         return out[:, :, n_slots:, :dh]
 
     def _merge(self, y: Tensor) -> Tensor:

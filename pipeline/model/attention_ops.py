@@ -53,14 +53,16 @@ def _admitted(mask: Tensor) -> Tensor:
     return mask > float("-inf")
 
 
-def softmax_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
+def softmax_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, feature_map: nn.Module | None) -> OpResult:
     """Softmax; with p != 1 the p-normalised softmax of Eq. 44: softmax(p s)^(1/p)."""
     s = scaled_scores(q, k, mask)
     w = torch.softmax(s, dim=-1) if a.p == 1.0 else torch.softmax(a.p * s, dim=-1).pow(1.0 / a.p)
     return OpResult(w, w)
 
 
-def clipped_softmax_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
+def clipped_softmax_op(
+    q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, feature_map: nn.Module | None
+) -> OpResult:
     """Clipped softmax (Bondarenko et al. 2023): clip((ζ − γ) softmax(s) + γ, 0, 1), 0 where the mask forbids a pair."""
     s = scaled_scores(q, k, mask)
     w = ((a.clip_zeta - a.clip_gamma) * torch.softmax(s, dim=-1) + a.clip_gamma).clamp(0.0, 1.0)
@@ -68,7 +70,7 @@ def clipped_softmax_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, k
     return OpResult(w, w)
 
 
-def softpick_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
+def softpick_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, feature_map: nn.Module | None) -> OpResult:
     """Softpick (Zuhri et al. 2025): ReLU(e^x - 1) / sum_j |e^x_j - 1| over admitted pairs."""
     admitted = _admitted(mask)
     x = torch.where(admitted, scaled_scores(q, k, mask.masked_fill(~admitted, 0.0)), 0.0)  # masked: e^0 - 1 = 0
@@ -80,7 +82,7 @@ def softpick_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: 
     return OpResult(w, w)
 
 
-def relu_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
+def relu_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, feature_map: nn.Module | None) -> OpResult:
     """ReLU attention (Guo et al. 2024, Bigram-Backcopy): ReLU(s_ij) / n_i, n_i the keys query i may see."""
     admitted = _admitted(mask)
     s = scaled_scores(q, k, mask.masked_fill(~admitted, 0.0))
@@ -90,7 +92,7 @@ def relu_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.M
 
 def _elementwise(fn: Callable[[Tensor], Tensor], doc: str):
 
-    def op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
+    def op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, feature_map: nn.Module | None) -> OpResult:
         admitted = _admitted(mask)
         s = scaled_scores(q, k, mask.masked_fill(~admitted, 0.0))
         sim = torch.where(admitted, fn(s), torch.zeros_like(s))
@@ -106,11 +108,11 @@ elu1_op = _elementwise(
 )
 
 
-def kernel_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, kernel: nn.Module | None) -> OpResult:
-    """sim = phi(q_i) phi(k_j)^T / sqrt(d_h) (linear-attention kernels of Table 15)."""
-    assert kernel is not None
+def kernel_op(q: Tensor, k: Tensor, mask: Tensor, a: AttentionConfig, feature_map: nn.Module | None) -> OpResult:
+    """sim = phi(q_i) phi(k_j)^T / sqrt(d_h) (the feature maps of Table 15)."""
+    assert feature_map is not None
     admitted = _admitted(mask)
-    s = (kernel(q) @ kernel(k).transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    s = (feature_map(q) @ feature_map(k).transpose(-2, -1)) / math.sqrt(q.shape[-1])
     sim = torch.where(admitted, s, torch.zeros_like(s))
     return OpResult(normalize(sim, a.normalizer, 1.0), sim)
 
@@ -120,7 +122,7 @@ class Elu1(nn.Module):
         return F.elu(x) + 1.0
 
 
-class KernelMLP(nn.Module):
+class MLPFeatureMap(nn.Module):
     """phi = a two-layer MLP on each head's vectors, shared by the heads of a layer."""
 
     def __init__(self, head_dim: int):
@@ -132,8 +134,8 @@ class KernelMLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-def _kernel_phi(a: AttentionConfig, head_dim: int) -> nn.Module:
-    return {"identity": nn.Identity, "elu1": Elu1}.get(a.feature_map, lambda: KernelMLP(head_dim))()
+def _feature_map(a: AttentionConfig, head_dim: int) -> nn.Module:
+    return {"identity": nn.Identity, "elu1": Elu1}.get(a.feature_map, lambda: MLPFeatureMap(head_dim))()
 
 
 OpFn = Callable[[Tensor, Tensor, Tensor, "AttentionConfig", "nn.Module | None"], OpResult]
@@ -152,7 +154,7 @@ class OpSpec:
     normalizers: tuple[str, ...] = ("sum",)  # the values of attention.normalizer it accepts
     p_norm: bool = False  # accepts attention.p != 1 (Eq. 43-44)
     sdpa: bool = False  # at p = 1 the training path may run F.scaled_dot_product_attention
-    # the similarity f of f(q k^T * scale + b) / Z (a key of tiled.SIMILARITIES): the blocked kernels
+    # the similarity f of f(c q k^T + b) / Z, c the score factor (a key of tiled.SIMILARITIES): the blocked kernels
     # then run the training path; "identity" with phi is linear attention
     tiles: str | None = None
     zero_logit: bool = False  # one more logit fixed at 0 in the denominator (a key slot, like the sink logit)
@@ -195,7 +197,7 @@ def register(spec: OpSpec) -> None:
         "about is empty (give fn a docstring)": not spec.about,
         f"tiles must be one of {', '.join(SIMILARITIES)}": spec.tiles is not None and spec.tiles not in SIMILARITIES,
         "sdpa and zero_logit need a softmax op": (spec.sdpa or spec.zero_logit) and not spec.softmax,
-        "length_scale needs score_biases=False (a bias would escape the scale)": spec.length_scale
+        "length_scale needs score_biases=False (a bias would escape the factor)": spec.length_scale
         and spec.score_biases,
     }
     if any(broken.values()):
@@ -209,7 +211,7 @@ def op_spec(name: str) -> OpSpec:
     return OPS[name]
 
 
-def build_kernel(a: AttentionConfig, head_dim: int) -> nn.Module | None:
+def build_feature_map(a: AttentionConfig, head_dim: int) -> nn.Module | None:
     phi = op_spec(a.op).phi
     return None if phi is None else phi(a, head_dim)
 
@@ -221,7 +223,7 @@ def blocked_spec(cfg: ModelConfig) -> AttentionSpec | None:
     if tiles is None:
         return None
     mask = MaskSpec(kind=cfg.mask, window=cfg.window, prefix=cfg.sink_tokens + cfg.prefix_len)
-    return AttentionSpec(similarity=tiles, normalizer=a.normalizer, p=a.p, scale=cfg.head_dim**-0.5, mask=mask)
+    return AttentionSpec(similarity=tiles, normalizer=a.normalizer, p=a.p, score_factor=cfg.head_dim**-0.5, mask=mask)
 
 
 def proxy_label(a: AttentionConfig) -> str | None:
@@ -243,7 +245,7 @@ register(
         normalizers=NORMALIZERS,
         tiles="identity",
         score_biases=False,
-        phi=_kernel_phi,
+        phi=_feature_map,
     )
 )
 # beyond the paper: Gu et al. 2025, appendix A.3
@@ -261,9 +263,9 @@ register(
 register(OpSpec(name="clipped_softmax", fn=clipped_softmax_op, scores="probs", softmax=True))
 # no tiles: softpick's denominator sums |e^x - 1|
 register(OpSpec(name="softpick", fn=softpick_op, scores="probs"))
-# the sink metrics read ReLU(s) / sum ReLU(s): the 1/n_i scale cancels
+# the sink metrics read ReLU(s) / sum ReLU(s): the factor 1/n_i cancels
 register(OpSpec(name="relu", fn=relu_op, scores="sim_nonneg"))
-# a sink logit is added after the scale
+# a sink logit is added after the score factor
 register(
     OpSpec(
         name="ssmax",

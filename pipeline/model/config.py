@@ -87,7 +87,7 @@ class AttentionConfig:
     feature_map: FeatureMap = "identity"
     """φ of op kernel: identity, elu+1 or a two-layer MLP per layer (Table 15)."""
     alpha: float = 1.0
-    """The normalisation scale α: Z becomes Z / α (Table 14 left)."""
+    """The normalisation factor α: Z becomes Z / α (Table 14 left)."""
     p: float = 1.0
     """p-normalisation (Eq. 43-44); for softmax, softmax(p s)^(1/p)."""
     clip_gamma: float = -0.03

@@ -92,7 +92,7 @@ class SinkLabForCausalLM(PreTrainedModel, GenerationMixin):
         output_attentions: bool | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Logits of the real tokens; rows of equal length (no padding); attentions with the key slots first."""
+        """Logits of the real tokens; rows of equal length (no padding); attentions with the extra keys first."""
         if attention_mask is not None and not bool(attention_mask.bool().all()):
             raise ValueError("SinkLab models take no padding: pass rows of equal length (attention_mask all ones)")
         cache = cache if cache is not None else past_key_values

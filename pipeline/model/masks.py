@@ -14,12 +14,12 @@ from .config import ModelConfig
 
 
 def admitted_pairs(cfg: ModelConfig, q_idx: Tensor, k_idx: Tensor) -> Tensor:
-    """Bool [Tq, Tk] over slot indices (sink tokens first, inside the prefix of a prefix mask)."""
+    """Bool [Tq, Tk] over position indices (sink tokens first, inside the prefix of a prefix mask)."""
     return MaskSpec(cfg.mask, cfg.window, cfg.sink_tokens + cfg.prefix_len).admitted(q_idx, k_idx)
 
 
-def admitted_with_slots(cfg: ModelConfig, T: int) -> Tensor:
-    """Bool [S + T, n_bias + S + T]: the admitted pairs of a full attention map, bias-slot columns first."""
+def admitted_with_extra(cfg: ModelConfig, T: int) -> Tensor:
+    """Bool [S + T, n_bias + S + T]: the admitted pairs of a full attention map, slot columns first."""
     idx = torch.arange(cfg.sink_tokens + T)
     admitted = admitted_pairs(cfg, idx, idx)
     if cfg.n_bias_slots:
@@ -36,7 +36,7 @@ class AttentionContext:
     rotary_q: tuple[Tensor, Tensor] | None
     rotary_k: tuple[Tensor, Tensor] | None
     config: ModelConfig
-    q_idx: Tensor  # slot index of each query (cache offset included)
+    q_idx: Tensor  # position index of each query (cache offset included)
     k_idx: Tensor
     score_bias: Tensor | None  # float [1|H, Tq, Tk] positional bias
     plain_causal: bool  # SDPA may use is_causal=True and no mask

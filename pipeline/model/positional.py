@@ -1,4 +1,4 @@
-"""Positional embeddings (Table 3, Appendix A) over 0-based slot indices (sink tokens first), each a
+"""Positional embeddings (Table 3, Appendix A) over 0-based position indices (sink tokens first), each a
 module with three hooks that may return None: ``input_embedding(pos)``, P added to the token
 embeddings; ``rotary(pos)``, (cos, sin) for queries and keys; ``score_bias(q_pos, k_pos)``, g(i - j)
 added to the logits, [H|1, Tq, Tk]."""
@@ -44,7 +44,7 @@ class Sinusoidal(Positional):
 
 
 class Learned(Positional):
-    """Learnable P (GPT-2 style), one vector per slot."""
+    """Learnable P (GPT-2 style), one vector per position."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -22,8 +22,8 @@ class ModelOutput:
     logits: Tensor | None  # [B, T, V], real tokens only (None: skip_head)
     attentions: list[Tensor] | None = None  # per layer [B, H, Tq, Tk]
     attention_kind: str = "probs"  # "probs" | "sim_nonneg" | "sim_signed"
-    n_query_slots: int = 0  # leading rows that are sink tokens
-    n_key_slots: int = 0  # leading columns that are not real tokens
+    n_extra_queries: int = 0  # leading rows that are sink tokens
+    n_extra_keys: int = 0  # leading columns that are not real tokens
     # per block [B, Tq, d]: its output (the last before the final norm); post-norm: its sum before the last LN
     hidden_states: list[Tensor] | None = None
     queries: list[Tensor] | None = None  # per layer [B, H, T, dh], real tokens, rotated
@@ -165,8 +165,8 @@ class Transformer(nn.Module):
         out = ModelOutput(
             logits=None if skip_head else self.lm_head(final),
             final_hidden=final if skip_head else None,
-            n_query_slots=n_sinks,
-            n_key_slots=cfg.n_bias_slots + (cache.sinks_kept if cache is not None else n_sinks),
+            n_extra_queries=n_sinks,
+            n_extra_keys=cfg.n_bias_slots + (cache.sinks_kept if cache is not None else n_sinks),
             hidden_states=hidden if output_hidden_states else None,
         )
         out.attention_kind = op_spec(cfg.attention.op).kind(cfg.attention)

@@ -99,9 +99,9 @@ def final_weights(module, checkpoint: str | os.PathLike | None = None):
 
 def log_run_model(cli) -> None:
     """Rank 0, after the final checkpoint: the final weights as the run's model; an outage costs a warning."""
-    if not cli.opts.log_model or not cli.run_id:
+    if not cli.options.log_model or not cli.mlflow_run_id:
         return
-    newest = cli.run.newest_checkpoint()
+    newest = cli.run_dir.newest_checkpoint()
     try:
         weights = final_weights(cli.model, newest)
         if weights is None:
@@ -113,7 +113,7 @@ def log_run_model(cli) -> None:
             )
             return
         logged = log_final_model(
-            tracking_uri(), cli.run_id, *weights, manifest=cli.datamodule.manifest, step=cli.trainer.global_step
+            tracking_uri(), cli.mlflow_run_id, *weights, manifest=cli.datamodule.manifest, step=cli.trainer.global_step
         )
     except Exception as exc:  # noqa: BLE001 - the checkpoint is on disk; MLflow may be away
         print(
@@ -124,7 +124,7 @@ def log_run_model(cli) -> None:
         return
     if logged:
         print(
-            f"sinklab: final model logged to MLflow as runs:/{cli.run_id}/model ({logged['megabytes']:.1f} MB "
+            f"sinklab: final model logged to MLflow as runs:/{cli.mlflow_run_id}/model ({logged['megabytes']:.1f} MB "
             f"in {logged['seconds']:.1f} s)",
             flush=True,
         )

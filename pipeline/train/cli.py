@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         if not _PEER_LOST.search(str(exc)):
             raise
         trainer = getattr(cli, "trainer", None)
-        newest = cli.run.newest_checkpoint() if cli is not None else None
+        newest = cli.run_dir.newest_checkpoint() if cli is not None else None
         at = f" at step {trainer.global_step}" if trainer is not None else ""
         return _failed(
             f"{_lost_peer(trainer)} ended during training{at}, so this one stopped too; the newest "
@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             1,
         )
     except OSError as exc:  # a full disk or a file-size limit while writing a checkpoint: older ones are kept
-        kept = cli is not None and cli.run.step_checkpoints()
-        line = os_error_line(exc, writing=str(cli.run.checkpoints) if cli else None)
+        kept = cli is not None and cli.run_dir.step_checkpoints()
+        line = os_error_line(exc, writing=str(cli.run_dir.checkpoints) if cli else None)
         return _failed(
             line + ("; the checkpoints already written are kept (continue with --resume auto)" if kept else ""), 2
         )

@@ -22,9 +22,9 @@ def head_metric(layer: int, head: int) -> str:
 def probe_uniform_alpha1(cfg: ModelConfig, T: int) -> float:
     """α_1 of the first real token under uniform attention over what this model admits:
     its mask (causal, prefix, sliding window), its sink tokens and bias columns."""
-    from pipeline.model.masks import admitted_with_slots
+    from pipeline.model.masks import admitted_with_extra
 
-    return M.uniform_alpha1_masked(admitted_with_slots(cfg, T), cfg.sink_tokens, cfg.n_bias_slots + cfg.sink_tokens)
+    return M.uniform_alpha1_masked(admitted_with_extra(cfg, T), cfg.sink_tokens, cfg.n_bias_slots + cfg.sink_tokens)
 
 
 def emerged_so_far(

@@ -110,29 +110,29 @@ class SinkLabCLI(LightningCLI):
     # ---- before any class exists: run dir and lock; nothing is written yet --------------------
     def before_instantiate_classes(self) -> None:
         cfg = self.config
-        self.opts = RunOptions(**dict(cfg["run"]))
-        self.opts.validate()
-        self.run = RunDir(Path(cfg.get("run_dir") or cfg.get("run-dir") or f"runs/{self.opts.name}"))
-        if self.run.root.exists() and not self.run.root.is_dir():
-            raise RunDirError(f"--run-dir {self.run.root}: is a file; name a directory (new, or a run to continue)")
-        self.resume_from = resume_path(self.run, cfg.get("resume", "never"))
+        self.options = RunOptions(**dict(cfg["run"]))
+        self.options.validate()
+        self.run_dir = RunDir(Path(cfg.get("run_dir") or cfg.get("run-dir") or f"runs/{self.options.name}"))
+        if self.run_dir.root.exists() and not self.run_dir.root.is_dir():
+            raise RunDirError(f"--run-dir {self.run_dir.root}: is a file; name a directory (new, or a run to continue)")
+        self.resume_from = resume_path(self.run_dir, cfg.get("resume", "never"))
         # --resume auto found checkpoints but passed over every one: this start begins again at step 0
-        self.start_over = self.resume_from is None and bool(self.run.step_checkpoints())
+        self.start_over = self.resume_from is None and bool(self.run_dir.step_checkpoints())
         self.rank0 = rank_zero_only.rank == 0
-        self.run_id = None
+        self.mlflow_run_id = None
         if not self.rank0:
-            self.run_id = self.run.mlflow_run_id()
+            self.mlflow_run_id = self.run_dir.mlflow_run_id()
             return
-        if not self.run.root.exists():
-            _CREATED.append(self.run.root)
-        acquire_lock(self.run)
-        _LOCKED.append(self.run)
+        if not self.run_dir.root.exists():
+            _CREATED.append(self.run_dir.root)
+        acquire_lock(self.run_dir)
+        _LOCKED.append(self.run_dir)
 
     # ---- every class built and checked: only now the config and the MLflow run are recorded ----
     def after_instantiate_classes(self) -> None:
         self.model.optim.validate(self.trainer.max_steps)
         refuse_zero_optimizer(self.model.optim.name, self.trainer.strategy)
-        self.model.spike_guard = self.opts.spike_guard(self.trainer.strategy, self.trainer.max_steps)
+        self.model.spike_guard = self.options.spike_guard(self.trainer.strategy, self.trainer.max_steps)
         manifest = self.datamodule.manifest
         self.model.set_vocab(manifest.vocab_size, manifest.context_length, manifest.tokenizer_sha256)  # max_seq_len too
         if self.model.init:  # a pretrained HF source sets the shape; the run may add slots
@@ -141,7 +141,7 @@ class SinkLabCLI(LightningCLI):
             with torch.device("meta"):
                 trainable_names(Transformer(self.model.arch), self.model.trainable)
         set_arch(self.config, self.model.arch)  # config.yaml and the MLflow params: the vocabulary it trains
-        if self.opts.sink_every > 0 and manifest.probe.length > self.model.arch.max_seq_len:
+        if self.options.sink_every > 0 and manifest.probe.length > self.model.arch.max_seq_len:
             raise DatasetError(
                 f"{manifest.root}/manifest.json: its probe set has sequences of {manifest.probe.length} tokens, more "
                 f"than the model's {self.model.arch.max_seq_len} positions; prepare it with a probe length of "
@@ -163,23 +163,23 @@ class SinkLabCLI(LightningCLI):
                 self.model.init, self.model.arch, probe, self.model.slot_margin, self.model.slot_quantile
             )
         # only now, every setting accepted: a refused start creates no MLflow store
-        self.trainer.logger = RunLogger(str(self.run.root), self.opts.experiment, self.run_id)
+        self.trainer.logger = RunLogger(str(self.run_dir.root), self.options.experiment, self.mlflow_run_id)
         if not self.rank0:
             return
-        cfg, opts = self.config, self.opts
-        previous_id = start_over(self.run) if self.start_over else None
+        cfg, options = self.config, self.options
+        previous_id = start_over(self.run_dir) if self.start_over else None
         previous = {TAG_PREVIOUS_RUN: previous_id} if previous_id else {}
-        self.run.create()
+        self.run_dir.create()
         stored = cfg.clone()
         stored["resume"] = None  # how this start was resumed is not part of the run's config
-        config_file = self.run.save_config(self.parser.dump(stored, skip_validation=True))
+        config_file = self.run_dir.save_config(self.parser.dump(stored, skip_validation=True))
         tags = {
-            TAG_EXPERIMENT: opts.experiment,
-            TAG_VARIANT: opts.variant or variant_summary(cfg),
+            TAG_EXPERIMENT: options.experiment,
+            TAG_VARIANT: options.variant or variant_summary(cfg),
             TAG_SEED: str(cfg.get("seed_everything")),
             TAG_CODE_VERSION: code_version(),
             "sinklab.dataset_hash": self.datamodule.manifest.hash,
-            TAG_RUN_DIR: str(self.run.root.resolve()),
+            TAG_RUN_DIR: str(self.run_dir.root.resolve()),
             TAG_STATUS: "running",
             **previous,
         }
@@ -188,38 +188,38 @@ class SinkLabCLI(LightningCLI):
         tags.update(init_tags)
         if os.environ.get(PARENT_ENV):  # set by `sinklab sweep`: the experiment's parent run
             tags[TAG_PARENT] = os.environ[PARENT_ENV]
-        self.run_id = open_run(
-            self.run,
-            opts.experiment,
-            opts.name,
+        self.mlflow_run_id = open_run(
+            self.run_dir,
+            options.experiment,
+            options.name,
             tags,
             as_params(as_plain(cfg)) | self.model.optimizer_split(),
             [config_file],
             manifest=self.datamodule.manifest,
         )
-        self.trainer.logger.attach_run(self.run_id, self.resume_step)
-        print(f"sinklab: run dir {self.run.root}; batch: {self.plan.describe()}", flush=True)  # every check passed
-        if opts.system_metrics:
+        self.trainer.logger.attach_run(self.mlflow_run_id, self.resume_step)
+        print(f"sinklab: run dir {self.run_dir.root}; batch: {self.plan.describe()}", flush=True)  # every check passed
+        if options.system_metrics:
             self.trainer.logger.start_system_metrics()
-        if opts.log_checkpoints and self.run_id:
-            self.ckpt_cb.uploader = CheckpointUploader(tracking_uri(), self.run_id)
+        if options.log_checkpoints and self.mlflow_run_id:
+            self.ckpt_cb.uploader = CheckpointUploader(tracking_uri(), self.mlflow_run_id)
 
     # ---- the trainer: logger, callbacks, SLURM, derived batch settings -------------------------
     def instantiate_trainer(self, **kwargs: Any):
-        opts, data = self.opts, self.datamodule
+        options, data = self.options, self.datamodule
         trainer_cfg = self._get(self.config_init, "trainer", default={})
         if trainer_cfg.get("accumulate_grad_batches", 1) != 1:
             raise ConfigError(
                 "trainer.accumulate_grad_batches is derived from data.global_batch_tokens, "
                 "data.micro_batch_size and the world size; leave it unset"
             )
-        self.sink_cb = SinkMetrics(opts.sink_every, opts.plot_every, self.run.root, flow=opts.flow)
-        self.ckpt_cb = StepCheckpoint(self.run.root, opts.checkpoint_every, opts.keep_last)
+        self.sink_cb = SinkMetrics(options.sink_every, options.plot_every, self.run_dir.root, flow=options.flow)
+        self.ckpt_cb = StepCheckpoint(self.run_dir.root, options.checkpoint_every, options.keep_last)
         self.preemption_cb = Preemption(self.ckpt_cb)
         callbacks = list(trainer_cfg.get("callbacks") or []) + [
             self.ckpt_cb,
             self.sink_cb,
-            Throughput(data.global_batch_tokens, data.manifest.context_length, opts.throughput_window),
+            Throughput(data.global_batch_tokens, data.manifest.context_length, options.throughput_window),
             self.preemption_cb,
         ]
         if trainer_cfg.get("enable_progress_bar", True) is not False and not any(
@@ -229,7 +229,7 @@ class SinkLabCLI(LightningCLI):
         extra: dict[str, Any] = {
             "logger": False,  # the RunLogger comes once every setting is checked (after_instantiate_classes)
             "callbacks": callbacks,
-            "default_root_dir": str(self.run.root),
+            "default_root_dir": str(self.run_dir.root),
             "use_distributed_sampler": False,
             "check_val_every_n_epoch": None,
             "max_epochs": -1,
@@ -244,8 +244,8 @@ class SinkLabCLI(LightningCLI):
             raise ConfigError(f"trainer.max_steps={trainer.max_steps}: must be >= 1 (the number of optimizer steps)")
         plan = self.plan = data.make_plan(trainer.world_size)
         trainer.accumulate_grad_batches = plan.grad_accum
-        trainer.val_check_interval = max(1, opts.val_every) * plan.grad_accum
-        if opts.val_every <= 0:  # 0 turns validation off, as 0 turns off the other periodic work
+        trainer.val_check_interval = max(1, options.val_every) * plan.grad_accum
+        if options.val_every <= 0:  # 0 turns validation off, as 0 turns off the other periodic work
             trainer.limit_val_batches = 0
         if isinstance(trainer.strategy, DeepSpeedStrategy) and trainer.strategy.config is not None:
             trainer.strategy.config.setdefault("train_micro_batch_size_per_gpu", plan.micro_batch_size)

@@ -40,10 +40,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         grad_h, grad_w = ctx.saved_tensors
-        scale = grad_out / ctx.n
+        factor = grad_out / ctx.n
         return (
-            None if grad_h is None else (grad_h * scale).to(ctx.dtypes[0]),
-            None if grad_w is None else (grad_w * scale).to(ctx.dtypes[1]),
+            None if grad_h is None else (grad_h * factor).to(ctx.dtypes[0]),
+            None if grad_w is None else (grad_w * factor).to(ctx.dtypes[1]),
             None,
             None,
         )

@@ -11,9 +11,9 @@ from pipeline import metric_names as N
 
 
 def _si(value: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f}{unit}"
+    for unit, size in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.1f}{unit}"
     return f"{value:.0f}"
 
 

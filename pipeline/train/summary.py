@@ -68,8 +68,8 @@ def print_summary(cli, train_s: float) -> None:
     """The summary of this start, whose fit took ``train_s`` seconds."""
     trainer, plan = cli.trainer, cli.plan
     steps = trainer.global_step
-    vals = metric_rows(cli.run.metrics_path, N.VAL_LOSS)
-    sinks = metric_rows(cli.run.metrics_path, N.SINK1, N.ALPHA1_MEAN)
+    vals = metric_rows(cli.run_dir.metrics_path, N.VAL_LOSS)
+    sinks = metric_rows(cli.run_dir.metrics_path, N.SINK1, N.ALPHA1_MEAN)
     proxy = proxy_label(cli.model.arch.attention)
     sink_s, figure_s = cli.sink_cb.seconds, cli.sink_cb.figure_seconds
     share = lambda part, whole: f"{100 * part / whole if whole else 0:.2f}%"  # noqa: E731
@@ -77,7 +77,7 @@ def print_summary(cli, train_s: float) -> None:
     lines = [
         "",
         "── sinklab fit: summary " + "─" * 40,
-        f"run dir      {cli.run.root}",
+        f"run dir      {cli.run_dir.root}",
         f"steps        {steps}  ({plan.describe()})",
         f"tokens       {steps * plan.global_batch_tokens:,}",
         "val loss     " + ("  ".join(f"{s}:{v:.3f}" for s, v in vals[-6:]) if vals else "(none)"),
@@ -92,7 +92,7 @@ def print_summary(cli, train_s: float) -> None:
     if getattr(logger, "_run_id", None) and getattr(logger, "offline", False):
         lines.append(
             f"MLflow       run {logger._run_id} at {logger._tracking_uri}, unreachable: what it lacks waits in "
-            f"{cli.run.metrics_path} for the next start (--resume auto)"
+            f"{cli.run_dir.metrics_path} for the next start (--resume auto)"
         )
     elif getattr(logger, "_run_id", None):
         lines.append(f"MLflow       run {logger._run_id} in experiment '{logger.name}' at {logger._tracking_uri}")
@@ -101,5 +101,5 @@ def print_summary(cli, train_s: float) -> None:
         served = "" if logger._tracking_uri.startswith("http") else "`make ui`, then "
         lines.append(f"             open it: {served}{run_experiment_url(logger._tracking_uri, logger._run_id)}")
     else:
-        lines.append(f"MLflow       offline; metrics in {cli.run.metrics_path}")
+        lines.append(f"MLflow       offline; metrics in {cli.run_dir.metrics_path}")
     print("\n".join(lines), flush=True)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from analysis_helpers import BOS, MLP_KERNEL, greedy_windows, micro_model, planted_model
+from analysis_helpers import BOS, MLP_FEATURE_MAP, greedy_windows, micro_model, planted_model
 
 from pipeline.analysis import quant_eval
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized, quantize_activation, quantize_weight
@@ -12,7 +12,7 @@ from pipeline.analysis.fake_quant import SETTINGS, fake_quantized, quantize_acti
 
 def test_weights_per_output_channel_by_hand():
     w = torch.tensor([[1.27, -0.5, 0.004], [0.0, 2.54, -1.0]])
-    # row scales 0.01 and 0.02: -0.5 -> -50 steps, 0.004 -> 0; -1.0 -> -50 steps
+    # row steps 0.01 and 0.02: -0.5 -> -50 steps, 0.004 -> 0; -1.0 -> -50 steps
     expected = torch.tensor([[1.27, -0.5, 0.0], [0.0, 2.54, -1.0]])
     torch.testing.assert_close(quantize_weight(w), expected)
 
@@ -24,12 +24,12 @@ def test_activations_per_tensor_per_token_and_without_the_lead():
     # per token: token 2 gets a step of 1/127 and keeps its values to within half a step
     per_token = quantize_activation(x, "token")
     assert per_token[0, 0].tolist() == [127.0, 0.0] and (per_token[0, 1] - x[0, 1]).abs().max() <= 0.5 / 127
-    # the scale from position 2 on: the first token saturates at ±127 steps of 1/127
+    # the step from position 2 on: the first token saturates at ±127 steps of 1/127
     excluded = quantize_activation(x, "tensor", skip=1)
     assert excluded[0, 0, 0].item() == pytest.approx(1.0) and (excluded[0, 1] - x[0, 1]).abs().max() <= 0.5 / 127
 
 
-def test_a_per_head_input_has_one_scale_per_sequence_over_its_heads_and_positions_on_dim_minus_2():
+def test_a_per_head_input_has_one_step_per_sequence_over_its_heads_and_positions_on_dim_minus_2():
     x = torch.tensor([[[[127.0, 0.4], [1.0, -0.6]], [[2.0, 0.0], [0.3, 0.0]]]])  # [B=1, H=2, T=2, d=2]
     # per tensor: one step of 1.0 for both heads, so head 2's 0.3 -> 0
     torch.testing.assert_close(quantize_activation(x, "tensor")[0, 1], torch.tensor([[2.0, 0.0], [0.0, 0.0]]))
@@ -39,14 +39,15 @@ def test_a_per_head_input_has_one_scale_per_sequence_over_its_heads_and_position
         quantize_activation(x[0, 0], "tensor")
 
 
-def test_the_mlp_kernel_s_per_head_linears_are_quantized_too_and_intact_keeps_the_first_position():
-    model = micro_model(attention=MLP_KERNEL)
+def test_the_mlp_feature_map_s_per_head_linears_are_quantized_too_and_intact_keeps_the_first_position():
+    model = micro_model(attention=MLP_FEATURE_MAP)
     ids = torch.randint(3, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         before = model(ids).logits
         with fake_quantized(model.blocks, SETTINGS["w8a8-tensor-intact"], lead=1) as n:
             intact = model(ids).logits
-        assert n == 2 * 6  # per block: attn.qkv, attn.out, attn.kernel.fc1, attn.kernel.fc2, ffn.gate_up, ffn.down
+        # per block: attn.qkv, attn.out, attn.feature_map.fc1, attn.feature_map.fc2, ffn.gate_up, ffn.down
+        assert n == 2 * 6
         with fake_quantized(model.blocks, SETTINGS["w8a8-tensor"]):
             quantized = model(ids).logits
     torch.testing.assert_close(intact[:, 0], before[:, 0])  # position 0: every linear input kept
@@ -90,7 +91,7 @@ def test_one_planted_massive_activation_breaks_per_tensor_w8a8_and_keeping_that_
     windows = greedy_windows(model, 8, 32)
     ppl, results = perplexities(model, windows)
     fp = ppl["fp"]
-    assert ppl["w8a8-tensor"] > 10 * fp  # the BOS's ~1000 sets the scale: everything else rounds to 0
+    assert ppl["w8a8-tensor"] > 10 * fp  # the BOS's ~1000 sets the step: everything else rounds to 0
     for name in ("w8a8-token", "w8a8-tensor-intact", "w8a8-token-intact", "w8a8-tensor-exclude"):
         assert ppl[name] < 1.05 * fp, name
     assert results["w8a8-tensor-intact"]["recovered_pct"] > 99 and results["w8a8-tensor-exclude"]["recovered_pct"] > 99

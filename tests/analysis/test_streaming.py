@@ -91,7 +91,7 @@ def test_sinklab_micro_full_cache_equals_full_context():
 def test_sinklab_micro_eviction_with_sink_token():
     model = micro_model(sink_tokens=1, n_layers=1)
     ids = torch.randint(0, 64, (14,), generator=torch.Generator().manual_seed(3))
-    spec = CacheSpec(1, 5)  # x counts the sink token: it stays, real tokens use the other 5 slots
+    spec = CacheSpec(1, 5)  # x counts the sink token: it stays, real tokens use the other 5 entries
     assert_equals_fresh_forwards(model, ids, SinkLabStreamer(model).nll(ids, [spec])[0], spec, extra_initial=1)
 
 

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from pipeline.kernels import AttentionSpec, blocked_attention, chunked_linear_attention, triton_tiles
 from pipeline.kernels.tiled import similarity_and_grad
 from pipeline.model import ModelConfig, Transformer
-from pipeline.model.attention_ops import OPS, blocked_spec, build_kernel
+from pipeline.model.attention_ops import OPS, blocked_spec, build_feature_map
 from pipeline.model.masks import admitted_pairs
 from pipeline.model.positional import ALiBi, RelativeBucket, T5Bias
 
@@ -54,7 +54,7 @@ def _config(attention, mask, sink_tokens=0, positional="nope"):
     )
 
 
-def _eager(cfg, q, k, v, kernel, slot_k=None, slot_v=None, score_bias=None):
+def _eager(cfg, q, k, v, phi, slot_k=None, slot_v=None, score_bias=None):
     """The model's eager path: attention_ops on [slots | tokens] with the additive mask."""
     Tq, Tk = q.shape[2], k.shape[2]
     idx_q, idx_k = torch.arange(Tk - Tq, Tk), torch.arange(Tk)
@@ -63,7 +63,7 @@ def _eager(cfg, q, k, v, kernel, slot_k=None, slot_v=None, score_bias=None):
     if slot_k is not None:
         mask = torch.cat((torch.zeros(1, mask.shape[1], Tq, slot_k.shape[2], dtype=q.dtype), mask), -1)
         k, v = torch.cat((slot_k, k), 2), torch.cat((slot_v, v), 2)
-    return OPS[cfg.attention.op].fn(q, k, mask, cfg.attention, kernel).weights @ v
+    return OPS[cfg.attention.op].fn(q, k, mask, cfg.attention, phi).weights @ v
 
 
 def _blocked(q, k, v, cfg, **kwargs):
@@ -81,7 +81,7 @@ def _inputs(seed, n_slots=0, dtype=torch.float64, tq=T):
 
 def _compare(
     cfg,
-    kernel,
+    phi,
     q,
     k,
     v,
@@ -95,14 +95,14 @@ def _compare(
     bias_tensor=None,
 ):
     """bias_tensor: score_bias as the model's [1|H, Tq, Tk] tensor for the blocked path."""
-    leaves = [t for t in (q, k, v, slot_k, slot_v) if t is not None] + (list(kernel.parameters()) if kernel else [])
-    ref = _eager(cfg, q, k, v, kernel, slot_k, slot_v, score_bias)
+    leaves = [t for t in (q, k, v, slot_k, slot_v) if t is not None] + (list(phi.parameters()) if phi else [])
+    ref = _eager(cfg, q, k, v, phi, slot_k, slot_v, score_bias)
     out = _blocked(
         q,
         k,
         v,
         cfg,
-        kernel=kernel,
+        feature_map=phi,
         slot_k=slot_k,
         slot_v=slot_v,
         score_bias=score_bias if bias_tensor is None else bias_tensor,
@@ -123,10 +123,10 @@ def _compare(
 def test_blocked_matches_eager_forward_and_backward(attention, mask, n_slots):
     torch.manual_seed(0)
     cfg = _config(attention, mask)
-    kernel = build_kernel(cfg.attention, DH)
-    if kernel is not None:
-        kernel = kernel.double()
-    _compare(cfg, kernel, *_inputs(1, n_slots))
+    phi = build_feature_map(cfg.attention, DH)
+    if phi is not None:
+        phi = phi.double()
+    _compare(cfg, phi, *_inputs(1, n_slots))
 
 
 @pytest.mark.parametrize("positional", ["alibi", "relative"])
@@ -147,7 +147,7 @@ def test_score_bias_given_as_the_models_tensor():
 
 
 def test_sink_tokens_shift_the_prefix_and_queries_may_be_a_suffix():
-    """Prefix = sink tokens + prefix_len; Tq < Tk (a cached step) offsets the query slots."""
+    """Prefix = sink tokens + prefix_len; Tq < Tk (a cached step) offsets the query positions."""
     cfg = _config(dict(op="sigmoid"), dict(mask="prefix", prefix_len=3), sink_tokens=2)
     _compare(cfg, None, *_inputs(3))
     _compare(cfg, None, *_inputs(4, tq=7), query_block=None)
@@ -177,17 +177,17 @@ FUSED_CASES = [
 def test_fused_triton_tiles_match_eager(attention, mask, n_slots):
     """16 x 16 tiles (the smallest tl.dot) over T = 19: a partial tile in both directions."""
     cfg = _config(attention, mask)
-    kernel = build_kernel(cfg.attention, DH)
-    if kernel is not None:
-        kernel = kernel.double()
-    _compare(cfg, kernel, *_inputs(1, n_slots), block=16, query_block=16, impl="triton")
+    phi = build_feature_map(cfg.attention, DH)
+    if phi is not None:
+        phi = phi.double()
+    _compare(cfg, phi, *_inputs(1, n_slots), block=16, query_block=16, impl="triton")
 
 
 @needs_triton
 @pytest.mark.parametrize("positional", ["alibi", "relative"])
 def test_fused_triton_tiles_take_the_models_bias_tensor_and_a_query_suffix(positional):
     """A fixed positional bias as the model passes it ([1|H, Tq, Tk]), sink tokens in the
-    prefix, and Tq < Tk (queries are the last Tq slots), with a sliding window."""
+    prefix, and Tq < Tk (queries are the last Tq positions), with a sliding window."""
     for mask, tq in ((dict(mask="sliding", window=7), T), (dict(mask="prefix", prefix_len=3), 7)):
         cfg = _config(dict(op="sigmoid"), mask, sink_tokens=2, positional=positional)
         module = {"alibi": ALiBi, "relative": RelativeBucket}[positional](cfg)
@@ -290,10 +290,10 @@ def test_no_tensor_of_t_by_t_elements_is_allocated(attention):
         attention=attention,
         positional="nope",
     )
-    kernel = build_kernel(cfg.attention, dh)
+    phi = build_feature_map(cfg.attention, dh)
     q, k, v = (torch.randn(1, 1, t, dh, requires_grad=True) for _ in range(3))
     with _LargestAllocation() as probe:
-        out = _blocked(q, k, v, cfg, kernel=kernel, block_size=32)
+        out = _blocked(q, k, v, cfg, feature_map=phi, block_size=32)
         out.square().sum().backward()
     assert probe.largest <= t * 32 == t * t // 32, probe.largest
     assert math.isfinite(q.grad.sum().item())

@@ -52,7 +52,9 @@ def _cases():
         for bias in (None, torch.empty(1, H, T, T, dtype=torch.float32)):
             for similarity in tt.SIMILARITIES:
                 for mask in ("causal", "prefix", "sliding"):
-                    spec = TileSpec(similarity=similarity, scale=D**-0.5, mask=MaskSpec(mask, window=4, prefix=3))
+                    spec = TileSpec(
+                        similarity=similarity, score_factor=D**-0.5, mask=MaskSpec(mask, window=4, prefix=3)
+                    )
                     scalars, meta = tt._launch_args(q, k, v, bias, spec)
                     meta = dict(meta, BLOCK_M=64, BLOCK_N=64)
                     pointers = {

@@ -33,7 +33,7 @@ def test_tuned_tiles_give_the_explicit_tiles_numbers_and_are_reported(head_dim, 
     monkeypatch.setenv("SINKLAB_REPORT_TILES", "1")
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 1, 9, head_dim, requires_grad=True) for _ in range(3))
-    spec = TileSpec(similarity="sigmoid", normalizer="none", scale=head_dim**-0.5, mask=MaskSpec("causal"))
+    spec = TileSpec(similarity="sigmoid", normalizer="none", score_factor=head_dim**-0.5, mask=MaskSpec("causal"))
     grads = []
     for blocks in ((None, None), triton_tiles.default_blocks(head_dim, 4)):
         out = triton_tiles.fused_tiled_attention(q, k, v, spec, blocks=blocks)

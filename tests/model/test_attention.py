@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.model import ModelConfig, Transformer
-from pipeline.model.attention_ops import OPS, SCORE_KINDS, build_kernel
+from pipeline.model.attention_ops import OPS, SCORE_KINDS, build_feature_map
 from pipeline.model.positional import apply_rotary
 
 
@@ -44,7 +44,7 @@ def test_k_bias_with_zero_value_changes_scores_but_adds_nothing_to_values():
         m.blocks[0].attn.kv_slot.key.normal_(0, 2.0)
     out = m(idx, output_attentions=True)
     attn = out.attentions[0][0]  # [H, T, 1 + T]
-    assert out.n_key_slots == 1 and torch.all(attn[:, :, 0] > 0.01)
+    assert out.n_extra_keys == 1 and torch.all(attn[:, :, 0] > 0.01)
     q, k, v = _layer0_qkv(m, idx)
     kstar = m.blocks[0].attn.kv_slot.key[:, None, :]  # [H, 1, dh]
     scores = torch.cat([q[0] @ kstar.transpose(-1, -2), q[0] @ k[0].transpose(-1, -2)], -1) / math.sqrt(q.shape[-1])
@@ -101,7 +101,7 @@ def test_sink_tokens_shift_every_real_position_by_their_count(n_sinks):
     cos, sin = m.positional.rotary(torch.arange(n_sinks, n_sinks + 7))
     torch.testing.assert_close(out.keys[0], apply_rotary(k, cos, sin), atol=1e-6, rtol=1e-5)
     assert out.logits.shape == (1, 7, 64)  # never predicted
-    assert (out.n_query_slots, out.n_key_slots) == (n_sinks, n_sinks)
+    assert (out.n_extra_queries, out.n_extra_keys) == (n_sinks, n_sinks)
     assert out.attentions[0].shape[-2:] == (7 + n_sinks, 7 + n_sinks)
 
 
@@ -297,12 +297,12 @@ def test_op_table_covers_every_registered_op_and_what_it_accepts():
 @pytest.mark.parametrize("acfg", OP_CONFIGS, ids=lambda a: "-".join(map(str, a.values())))
 def test_every_operation_passes_gradcheck(acfg):
     a = ModelConfig.from_preset("micro", attention=acfg).attention
-    kernel = build_kernel(a, 4)
-    if kernel is not None:
-        kernel.double()
+    phi = build_feature_map(a, 4)
+    if phi is not None:
+        phi.double()
     q, k, v, mask = _qkvm()
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-    fn = lambda q, k, v: OPS[a.op].fn(q, k, mask, a, kernel).weights @ v
+    fn = lambda q, k, v: OPS[a.op].fn(q, k, mask, a, phi).weights @ v
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-5)
 
 
@@ -407,8 +407,8 @@ def test_each_op_reports_what_its_entry_claims(acfg):
     sim / sum sim); sim_signed may be negative (|sim| / sum |sim|). Masked pairs report 0."""
     q, k, v, mask = _qkvm(slots=1)
     a = ModelConfig.from_preset("micro", attention=acfg).attention
-    kernel = build_kernel(a, q.shape[-1])
-    result = OPS[a.op].fn(q, k, mask, a, None if kernel is None else kernel.double())
+    phi = build_feature_map(a, q.shape[-1])
+    result = OPS[a.op].fn(q, k, mask, a, None if phi is None else phi.double())
     kind, reported = OPS[a.op].kind(a), result.reported
     assert kind in SCORE_KINDS
     if kind == "probs":
@@ -445,13 +445,13 @@ def test_ssmax_multiplies_each_rows_logits_by_s_log_n_by_hand():
 
 
 @pytest.mark.parametrize("weights", [False, True], ids=["sdpa", "eager"])
-def test_ssmax_scale_passes_gradcheck_on_both_paths(weights):
+def test_ssmax_length_scale_passes_gradcheck_on_both_paths(weights):
     model = _model(attention={"op": "ssmax"}).double()
     idx = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
     name = "blocks.1.attn.length_scale"
-    scale = dict(model.named_parameters())[name].detach().clone().requires_grad_()
+    s_h = dict(model.named_parameters())[name].detach().clone().requires_grad_()
     fn = lambda s: torch.func.functional_call(model, {name: s}, (idx,), {"output_attentions": weights}).logits  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (scale,), eps=1e-6, atol=1e-5)
+    assert torch.autograd.gradcheck(fn, (s_h,), eps=1e-6, atol=1e-5)
 
 
 # ---- grouped-query attention ----------------------------------------------------------------

@@ -17,7 +17,7 @@ from pipeline.model.attention_ops import (
     OpResult,
     OpSpec,
     _admitted,
-    build_kernel,
+    build_feature_map,
     normalize,
     op_spec,
     proxy_label,
@@ -32,7 +32,7 @@ from pipeline.probe import ATTENTION_KINDS, run_probe
 BUILT_IN = tuple(OPS)
 
 
-def softplus_op(q, k, mask, a, kernel):
+def softplus_op(q, k, mask, a, feature_map):
     """softplus(s) / Z_i."""
     admitted = _admitted(mask)
     sim = torch.where(admitted, F.softplus(scaled_scores(q, k, mask.masked_fill(~admitted, 0.0))), 0.0)
@@ -112,7 +112,7 @@ def test_the_config_checks_a_registered_op_against_its_entry(dummies):
         with pytest.raises(ConfigError, match=f"arch.attention.{field}"):
             ModelConfig.from_preset("micro", attention=attention)
     assert ModelConfig.from_preset("micro", attention={"op": "test_softmax_sdpa", "sink_logit": True}).n_bias_slots == 1
-    assert build_kernel(ModelConfig.from_preset("micro", attention={"op": "test_softplus"}).attention, 16) is None
+    assert build_feature_map(ModelConfig.from_preset("micro", attention={"op": "test_softplus"}).attention, 16) is None
 
 
 def test_unknown_and_unregistered_ops_are_refused_everywhere(dummies):

@@ -51,7 +51,7 @@ def test_eviction_keeps_first_x_and_most_recent_entries_unrotated():
     kept = [0, 1, 8, 9, 10]  # sink token + first real token, then the 3 most recent
     torch.testing.assert_close(cache.layers[0].k, k[:, :, kept])
     assert cache.length == 5 and cache.sinks_kept == 1
-    assert out.n_key_slots == 1 and out.logits.shape == (1, 1, 64)
+    assert out.n_extra_keys == 1 and out.logits.shape == (1, 1, 64)
 
 
 def test_evicted_cache_rerotates_keys_by_their_cache_index():
@@ -78,7 +78,7 @@ def test_zero_initial_entries_drop_the_sink_token():
     with torch.no_grad():
         for t in range(6):
             out = model(torch.tensor([[t]]), cache=cache)
-    assert cache.sinks_kept == 0 and out.n_key_slots == 0
+    assert cache.sinks_kept == 0 and out.n_extra_keys == 0
 
 
 def test_bad_cache_sizes():

@@ -155,7 +155,7 @@ from pipeline.kernels.tiled import TileSpec, tiled_attention
 AutoModelForCausalLM.from_pretrained({str(root / "op_sigmoid")!r}, trust_remote_code=True)
 gc.collect()
 q, k, v = torch.randn(3, 1, 2, 19, 16, dtype=torch.float64)
-spec = TileSpec(similarity="sigmoid", scale=0.25)
+spec = TileSpec(similarity="sigmoid", score_factor=0.25)
 gap = (triton_tiles.fused_tiled_attention(q, k, v, spec, blocks=(16, 16)) - tiled_attention(q, k, v, spec)).abs().max()
 assert gap < 1e-12, gap
 """

@@ -93,8 +93,8 @@ def test_the_variant_tag_names_the_attention_op_even_the_default():
 
     softmax = {"arch": {"preset": "micro"}, "optim": {"lr": 0.002, "weight_decay": 0.5}}
     assert _variant_summary(softmax) == "softmax, lr=0.002, wd=0.5"
-    kernel = {
+    kernel_op = {
         "arch": {"attention": {"op": "kernel", "feature_map": "elu1"}},
         "optim": {"lr": 0.002, "weight_decay": 0.1},
     }
-    assert _variant_summary(kernel) == "kernel(elu1), lr=0.002, wd=0.1"
+    assert _variant_summary(kernel_op) == "kernel(elu1), lr=0.002, wd=0.1"

@@ -34,7 +34,7 @@ from pipeline.train.sharding import DeepSpeedStrategy
 
 STEPS = 12
 # micro 2 x accum 2 x world 2 = the recipe's 8 sequences. AdamW's eps is raised so that a
-# gradient on the wrong scale (loss divided by the accumulation twice) changes the losses.
+# gradient of the wrong magnitude (loss divided by the accumulation twice) changes the losses.
 ARGS = [
     "--trainer.max_steps",
     str(STEPS),

@@ -31,9 +31,9 @@ def _leaves(n=37, d=12, vocab=50, seed=0):
     return hidden, weight, torch.randint(0, vocab, (n,), generator=g)
 
 
-def _grads(loss_fn, hidden, weight, targets, scale):
+def _grads(loss_fn, hidden, weight, targets, factor):
     loss = loss_fn(hidden, weight, targets)
-    grads = torch.autograd.grad(loss * scale, (hidden, weight))
+    grads = torch.autograd.grad(loss * factor, (hidden, weight))
     return loss.detach(), grads
 
 
@@ -42,8 +42,8 @@ def test_fused_loss_and_gradients_equal_the_logits_path(rows):
     hidden, weight, targets = _leaves()
     plain = lambda h, w, t: F.cross_entropy(h @ w.T, t)
     fused = lambda h, w, t: linear_cross_entropy(h, w, t, rows=rows)
-    ref_loss, ref_grads = _grads(plain, hidden, weight, targets, scale=3.0)
-    loss, grads = _grads(fused, hidden, weight, targets, scale=3.0)
+    ref_loss, ref_grads = _grads(plain, hidden, weight, targets, factor=3.0)
+    loss, grads = _grads(fused, hidden, weight, targets, factor=3.0)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
