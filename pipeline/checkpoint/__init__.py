@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .integrity import NonFiniteLossError, checkpoint_problem, nonfinite_state
 from .resume import check_resume, resume_path, start_over
-from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, checkpoint_name, release_lock
+from .rundir import CKPT_RE, RunDir, RunDirError, acquire_lock, release_lock
 from .step import BesideTargetIO, StepCheckpoint, at_step_end, merge_zero_checkpoint
 
 __all__ = [
@@ -18,7 +18,6 @@ __all__ = [
     "acquire_lock",
     "at_step_end",
     "check_resume",
-    "checkpoint_name",
     "checkpoint_problem",
     "merge_zero_checkpoint",
     "nonfinite_state",

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from sinklab_io.atomic import atomic_write, remove
 
 CKPT_RE = re.compile(r"^step-(\d{6,})\.ckpt$")
@@ -113,16 +115,6 @@ def _holder(run: RunDir) -> dict:
         return {}
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def acquire_lock(run: RunDir) -> dict:
     """Claim the run directory for this job, or raise if another live job holds it; a dead process on
     this host or the same SLURM job id (a requeued job) is taken over."""
@@ -137,7 +129,7 @@ def acquire_lock(run: RunDir) -> dict:
             dead_local = (
                 holder.get("host") == me["host"]
                 and isinstance(holder.get("pid"), int)
-                and not _pid_alive(holder["pid"])
+                and not psutil.pid_exists(holder["pid"])
             )
             if not (same_job or dead_local or not holder):
                 raise RunDirError(

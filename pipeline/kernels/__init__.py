@@ -8,7 +8,7 @@ import dataclasses
 from torch import Tensor, nn
 
 from .linear import chunked_linear_attention
-from .tiled import SIMILARITIES, AttentionSpec, MaskSpec, ScoreBias, TileSpec, refuse_learned_bias, tiled_attention
+from .tiled import AttentionSpec, ScoreBias, TileSpec, refuse_learned_bias, tiled_attention
 from .triton_tiles import SIMILARITIES as FUSED_SIMILARITIES
 from .triton_tiles import fused_tiled_attention
 from .triton_tiles import supports as fused_supports
@@ -81,11 +81,7 @@ def _tile_slicer(bias: Tensor, q_offset: int) -> ScoreBias:
 
 
 __all__ = [
-    "SIMILARITIES",
     "AttentionSpec",
-    "MaskSpec",
-    "TileSpec",
     "blocked_attention",
     "chunked_linear_attention",
-    "tiled_attention",
 ]

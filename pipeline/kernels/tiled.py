@@ -251,8 +251,6 @@ def tiled_attention(
 ) -> Tensor:
     """[B, H, Tq, d_h] over bias slots ``slot_k``/``slot_v`` [B, H, S, d_h] (admitted for every query)
     and token keys ``k``/``v`` [B, H, Tk, d_h]; ``score_bias``, evaluated per tile, must need no gradients."""
-    if (slot_k is None) != (slot_v is None):
-        raise ValueError("tiled_attention: pass slot_k and slot_v together")
     if score_bias is not None and torch.is_grad_enabled():
         probe = torch.zeros(1, dtype=torch.long, device=q.device)
         refuse_learned_bias("tiled_attention", score_bias(probe, probe))

@@ -1,15 +1,12 @@
 """SinkLab's model: one LLaMA-style decoder whose every paper factor is a config field (torch only)."""
 
 from .cache import StreamingCache
-from .config import PRESETS, AttentionConfig, BiasConfig, ConfigError, ModelConfig
+from .config import PRESETS, ConfigError, ModelConfig
 from .loading import load_pretrained, save_pretrained
 from .sharded import has_sharded, is_sharded, local_part
-from .transformer import Block, ModelOutput, Transformer
+from .transformer import ModelOutput, Transformer
 
 __all__ = [
-    "AttentionConfig",
-    "BiasConfig",
-    "Block",
     "ConfigError",
     "ModelConfig",
     "ModelOutput",

@@ -62,25 +62,16 @@ def bundle_modules() -> list[str]:
     return order
 
 
-def bundle_source(module: str) -> str:
-    """``module``'s source with its SinkLab imports made flat and relative."""
-    lines = _file(module).read_text().splitlines(keepends=True)
-    for node, target in _sinklab_imports(module):
-        i = node.lineno - 1
-        flat = _flat_name(target).removesuffix(".py")
-        lines[i] = re.sub(r"^(\s*)from\s+\S+\s+import", rf"\1from .{flat} import", lines[i], count=1)
-    return "".join(lines)
-
-
 def bundle() -> dict[str, str]:
-    """file name -> source, for every file of the export's code."""
-    return {_flat_name(m): bundle_source(m) for m in bundle_modules()}
-
-
-def write_bundle(directory: Path) -> None:
-    """Write the bundle into ``directory``."""
-    for name, text in bundle().items():
-        (directory / name).write_text(text)
+    """file name -> source, for every file of the export's code, its SinkLab imports made flat and relative."""
+    files = {}
+    for module in bundle_modules():
+        lines = _file(module).read_text().splitlines(keepends=True)
+        for node, target in _sinklab_imports(module):
+            i, flat = node.lineno - 1, _flat_name(target).removesuffix(".py")
+            lines[i] = re.sub(r"^(\s*)from\s+\S+\s+import", rf"\1from .{flat} import", lines[i], count=1)
+        files[_flat_name(module)] = "".join(lines)
+    return files
 
 
 def entry_class(name: str) -> str:

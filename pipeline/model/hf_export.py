@@ -15,7 +15,7 @@ from sinklab_io.mappings import flatten
 from sinklab_io.outputs import atomic_directory
 
 from .config import SHAPE_FIELDS, ModelConfig
-from .hf_bundle import entry_class, write_bundle
+from .hf_bundle import bundle, entry_class
 from .hf_native import native_architecture, to_hf
 from .transformer import Transformer
 
@@ -60,7 +60,8 @@ def export_hf(
     with atomic_directory(out_dir, kind=KIND) as tmp:
         hf.save_pretrained(tmp, safe_serialization=True)
         if architecture is None:
-            write_bundle(tmp)
+            for name, text in bundle().items():
+                (tmp / name).write_text(text)
         if hasattr(tokenizer, "save_pretrained"):
             tokenizer.save_pretrained(tmp)
         elif tokenizer is not None:

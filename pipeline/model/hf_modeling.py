@@ -39,10 +39,6 @@ class SinkLabConfig(PretrainedConfig):
             kwargs["tie_word_embeddings"] = cfg.tie_embeddings
         super().__init__(**kwargs)
 
-    @property
-    def model_config(self) -> ModelConfig:
-        return ModelConfig.from_dict(self.sinklab)
-
 
 class SinkLabCache(StreamingCache):
     """Every key and value of the sequence so far (no eviction), and how many tokens it holds."""
@@ -65,7 +61,7 @@ class SinkLabForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: SinkLabConfig):
         super().__init__(config)
-        self.model = Transformer(config.model_config)
+        self.model = Transformer(ModelConfig.from_dict(config.sinklab))
         self.post_init()
 
     def _init_weights(self, module: torch.nn.Module) -> None:

@@ -107,22 +107,17 @@ def _weight_names(cfg: ModelConfig) -> tuple[dict[str, str], dict[str, tuple[str
     return single, fused
 
 
-def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    sd = model.state_dict()
-    single, fused = _weight_names(model.config)
-    out = {theirs: sd[ours] for ours, theirs in single.items()}
-    modules = dict(model.named_modules())
-    for ours, theirs in fused.items():
-        out |= dict(zip(theirs, sd[ours].split(modules[ours.removesuffix(".weight")].fused_rows, dim=0)))
-    return {k: v.detach().clone() for k, v in out.items()}
-
-
 def to_hf(model: Transformer):
     """A ``LlamaForCausalLM`` (or ``Qwen3ForCausalLM`` with qk-norm) with this model's weights (fp32)."""
     import transformers
 
     hf = getattr(transformers, check_native(model.config))(hf_config(model.config))
-    hf.load_state_dict(to_hf_state_dict(model), strict=not model.config.tie_embeddings)
+    sd, modules = model.state_dict(), dict(model.named_modules())
+    single, fused = _weight_names(model.config)
+    out = {theirs: sd[ours] for ours, theirs in single.items()}
+    for ours, theirs in fused.items():
+        out |= dict(zip(theirs, sd[ours].split(modules[ours.removesuffix(".weight")].fused_rows, dim=0)))
+    hf.load_state_dict({k: v.detach().clone() for k, v in out.items()}, strict=not model.config.tie_embeddings)
     return hf.eval()
 
 

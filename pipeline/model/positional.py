@@ -14,6 +14,8 @@ from .config import ModelConfig
 
 
 class Positional(nn.Module):
+    """The hooks' defaults: no positional information at all (NoPE, P = 0)."""
+
     def input_embedding(self, pos: Tensor) -> Tensor | None:
         return None
 
@@ -22,10 +24,6 @@ class Positional(nn.Module):
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         return None
-
-
-class NoPE(Positional):
-    """No positional information at all (P = 0)."""
 
 
 class Sinusoidal(Positional):
@@ -133,7 +131,7 @@ class ALiBi(Positional):
 
 
 POSITIONAL: dict[str, type[Positional]] = {
-    "nope": NoPE,
+    "nope": Positional,
     "sinusoidal": Sinusoidal,
     "learned": Learned,
     "rope": Rotary,
@@ -145,4 +143,4 @@ POSITIONAL: dict[str, type[Positional]] = {
 
 def build_positional(cfg: ModelConfig) -> Positional:
     cls = POSITIONAL[cfg.positional]
-    return cls() if cls is NoPE else cls(cfg)
+    return cls() if cls is Positional else cls(cfg)

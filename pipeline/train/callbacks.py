@@ -125,9 +125,8 @@ class SinkMetrics(Callback):
             measures = sink_probe.run_probe(model, self._probe.to(pl_module.device), **self._probe_args)
         if not trainer.is_global_zero:
             return
-        metrics = (
-            measures.to_metrics() | measures.head_metrics()
-        )  # heads/entropy_*, heads/out_norm_*, heads/dormant_pct
+        # beside the sink measures, heads/entropy_*, heads/out_norm_*, heads/dormant_pct
+        metrics = measures.to_metrics() | measures.head_metrics()
         self._last, self._uniform = measures, emergence.probe_uniform_alpha1(pl_module.arch, measures.seq_len)
         metrics |= emergence.step_metrics(
             measures.alpha1, measures.sink1, metrics[N.ALPHA1_MEAN], step, self.metrics_path, self._uniform

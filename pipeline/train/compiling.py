@@ -66,8 +66,7 @@ def compile_blocks(blocks: Sequence[nn.Module], on_failure: Callable[[BaseExcept
 
 def uncompiled():
     """Compiled blocks run eager inside this context (the sink probe, which would compile graphs of its own)."""
-    set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
-    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
+    return torch.compiler.set_stance("force_eager")
 
 
 def failure_line(exc: BaseException) -> str:

@@ -62,15 +62,9 @@ def tags_of(logged: dict[str, float]) -> dict[str, str]:
 
 def head_trajectories(metrics_path: Path, n_layers: int, n_heads: int):
     """(steps, {(layer, head): [α_1 at each step]}) from metrics.jsonl, all starts of the run."""
-    keys = [head_metric(layer, head) for layer in range(n_layers) for head in range(n_heads)]
-    rows = metric_rows(metrics_path, *keys)
-    steps = [row[0] for row in rows]
-    series = {
-        (layer, head): [row[1 + layer * n_heads + head] for row in rows]
-        for layer in range(n_layers)
-        for head in range(n_heads)
-    }
-    return steps, series
+    heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+    rows = metric_rows(metrics_path, *(head_metric(*h) for h in heads))
+    return [row[0] for row in rows], {h: [row[1 + i] for row in rows] for i, h in enumerate(heads)}
 
 
 def draw_trajectory(

@@ -3,6 +3,7 @@ errors as one line, the `--check-only` check (which instantiates nothing), and t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from functools import lru_cache
@@ -137,18 +138,8 @@ def parse_error_line(message: str) -> str:
 
 
 def as_plain(cfg) -> dict:
-    """The parsed config as plain values (the run's MLflow params are made of it)."""
-
-    def plain(v):
-        if isinstance(v, Namespace):
-            return {k: plain(x) for k, x in vars(v).items()}
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [plain(x) for x in v]
-        return v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
-
-    out = plain(cfg)
+    """The parsed config as plain values, anything else as its str (the run's MLflow params are made of it)."""
+    out = json.loads(json.dumps(cfg.as_dict(), default=str))
     out.pop("config", None)
     for target in (ARCH_TARGET, OPTIM_TARGET):  # the links' copies of `arch` and `optim`
         out.get("model", {}).pop(target.split(".")[1], None)

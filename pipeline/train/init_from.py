@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 
 from pipeline.model import ConfigError, ModelConfig, Transformer
+from pipeline.model.config import SHAPE_FIELDS
+from sinklab_io.mappings import flatten
 
 # what a run may add to its source: a sink logit, a K/KV-bias slot (with or without its logit)
 SLOT_FIELDS = ("attention.sink_logit", "biases")
@@ -37,10 +39,7 @@ def is_pretrained_hf(spec: str) -> bool:
 
 
 def _flat(cfg: ModelConfig) -> dict:
-    out = {}
-    for key, value in cfg.to_dict().items():
-        out |= {f"{key}.{k}": v for k, v in value.items()} if isinstance(value, dict) else {key: value}
-    return out
+    return flatten(cfg.to_dict())
 
 
 def _adds_slot(path: str) -> bool:
@@ -70,16 +69,9 @@ def init_arch(spec: str, cfg: ModelConfig, vocab_size: int) -> ModelConfig:
         )
     run = _flat(cfg)
     arch = ModelConfig.from_dict(source.to_dict())
-    added = {path: value for path, value in run.items() if _adds_slot(path)}
-    nested: dict = {}
-    for path, value in added.items():
-        section, _, name = path.partition(".")
-        nested.setdefault(section, {})[name] = value
-    arch = arch.replace(**{f"{s}__{n}": v for s, fields in nested.items() for n, v in fields.items()})
+    arch = arch.replace(**{path.replace(".", "__"): value for path, value in run.items() if _adds_slot(path)})
     default = _flat(ModelConfig())
-    from_source = {k for k, v in _flat(source).items() if v != default.get(k)} | {
-        "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ffn", "max_seq_len", "preset",
-    }  # fmt: skip
+    from_source = {k for k, v in _flat(source).items() if v != default.get(k)} | {*SHAPE_FIELDS, "n_kv_heads", "preset"}
     for path, value in run.items():
         if path not in from_source and not _adds_slot(path) and value != _flat(arch)[path]:
             raise ConfigError(

@@ -49,10 +49,6 @@ class Interventions:
             return int(special_ids[key])
         return int(token)
 
-    @property
-    def active(self) -> bool:
-        return bool(self.resample or self.fix_position)
-
 
 VAL_STREAM = 1  # validation rows draw from their own random stream, never a training row's
 
@@ -69,7 +65,7 @@ def apply_interventions(
 ) -> np.ndarray:
     """tokens [B, C] int64 (modified copy); sample_ids / epoch_ids [B] identify each row.
     ``validation``: rows of the held-out split, changed the same way from a separate stream."""
-    if not cfg.active:
+    if not (cfg.resample or cfg.fix_position):
         return tokens
     out = tokens.copy()
     if cfg.resample:

@@ -102,8 +102,7 @@ class SinkLabModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:
             return
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if dm is not None and hasattr(dm, "manifest"):
+        if hasattr(dm := getattr(self._trainer, "datamodule", None), "manifest"):
             self.set_vocab(dm.manifest.vocab_size, dm.manifest.context_length)
         self.model = Transformer(self.arch)
         if self._trainer is not None and getattr(self.trainer.strategy, "zero_stage_3", False):

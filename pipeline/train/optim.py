@@ -80,8 +80,7 @@ def _no_decay(name: str, p: torch.nn.Parameter, decay_on: DecayOn) -> bool:
         return False
     if p.ndim < 2:
         return True
-    leaf = name.rsplit(".", 2)
-    return decay_on == "matrices_no_embeddings" and (name.endswith("embed.weight") or leaf[-1] == "sink_tokens")
+    return decay_on == "matrices_no_embeddings" and name.endswith(("embed.weight", "sink_tokens"))
 
 
 def param_groups(model: torch.nn.Module, cfg: OptimConfig, skip: frozenset[str] = frozenset()) -> list[dict]:

@@ -10,13 +10,9 @@ from pathlib import Path
 import lightning as L
 import torch
 
-REDUCTIONS = ("mean", "sum")
-
 
 def reduced(trainer: L.Trainer, value: torch.Tensor | float, reduce: str = "mean") -> float:
-    """``value`` reduced over the ranks (a collective: every rank calls it)."""
-    if reduce not in REDUCTIONS:
-        raise ValueError(f"reduce={reduce!r}: expected one of {REDUCTIONS}")
+    """``value`` reduced over the ranks by ``reduce`` ("mean" or "sum"; a collective: every rank calls it)."""
     if trainer.world_size > 1:
         tensor = torch.as_tensor(value, dtype=torch.float32, device=trainer.strategy.root_device)
         value = trainer.strategy.reduce(tensor, reduce_op=reduce)
