@@ -107,7 +107,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sinklab export-hf: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -301,7 +301,3 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
