@@ -55,13 +55,6 @@ def natural_windows(token_stream: list[int] | torch.Tensor, n: int, seq_len: int
     return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
 
 
-def drawn_tokens(ids: torch.Tensor, n: int, seq_len: int, seed: int, repeat: bool) -> torch.Tensor:
-    """``n`` sequences of ``seq_len`` tokens drawn uniformly from ``ids``; with ``repeat``, one token repeated."""
-    g = torch.Generator().manual_seed(seed + 1 if repeat else seed)
-    drawn = ids[torch.randint(0, ids.numel(), (n, 1 if repeat else seq_len), generator=g)]
-    return drawn.expand(n, seq_len).contiguous()
-
-
 def _open_text(path: Path):
     if path.suffix == ".zst":
         import zstandard
@@ -222,8 +215,11 @@ def probe_sets(subject, probe: ProbeSettings) -> dict[str, torch.Tensor]:
     for kind in probe.inputs:
         if kind == "natural":
             sets[kind] = natural_tokens(subject, probe)
-        else:  # random, or repeat
-            sets[kind] = drawn_tokens(ids, probe.num_sequences, probe.seq_len, probe.seed, repeat=kind == "repeat")
+        else:  # drawn uniformly from the vocabulary: a token per position, or one repeated
+            repeat, n = kind == "repeat", probe.num_sequences
+            g = torch.Generator().manual_seed(probe.seed + 1 if repeat else probe.seed)
+            drawn = ids[torch.randint(0, ids.numel(), (n, 1 if repeat else probe.seq_len), generator=g)]
+            sets[kind] = drawn.expand(n, probe.seq_len).contiguous()
     if probe.bos:
         bos = getattr(subject.tokenizer, "bos_token_id", None)
         if bos is None:
