@@ -1,5 +1,4 @@
-"""`sinklab analyze`'s figures: Sink_k by position, α₁ per layer and head, the first-token norm
-ratios, the QK decomposition and the information flow per layer."""
+"""`sinklab analyze`'s figures (docs/analysis.md lists them)."""
 
 from __future__ import annotations
 

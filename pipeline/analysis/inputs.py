@@ -136,8 +136,7 @@ def dataset_manifest(path: Path, command: str):
 
 
 def check_dataset_tokenizer(subject, path: Path, manifest=None) -> None:
-    """Refuse a dataset (``manifest``: its manifest, read when None) of another vocabulary size than ``subject``'s
-    model, or another tokenizer hash where the model's training recorded one."""
+    """Refuse a dataset whose vocabulary size, or recorded tokenizer hash, is not the model's."""
     manifest = manifest or dataset_manifest(path, subject.command)
     trained = trained_tokenizer(subject.path) if subject.kind == "sinklab" else None
     used = manifest.tokenizer_sha256

@@ -190,8 +190,7 @@ def log_run(
 
 @dataclass(frozen=True)
 class Survey:
-    """`sinklab survey`'s settings: the models, what each is fed (``probe``), the BOS modes and ε sweep, where the
-    results go; ``options``: the command line as parsed, written into survey.json and logged."""
+    """`sinklab survey`'s settings; ``options``: the command line as parsed, written into survey.json and logged."""
 
     models: list[str]
     kind: str

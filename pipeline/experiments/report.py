@@ -1,5 +1,4 @@
-"""`sinklab report EXPERIMENT`: the paper's table with the measured values over seeds beside it (docs/experiments.md,
-Reports)."""
+"""`sinklab report EXPERIMENT`: the paper's table beside the values measured over seeds (docs/experiments.md)."""
 
 from __future__ import annotations
 

@@ -34,8 +34,7 @@ class RunSummary:
 
 
 def config_hash(params: dict[str, str]) -> str | None:
-    """The first 12 hex digits of the sha256 of a run's logged config less :data:`RUN_PARAMS` (so the seeds of one
-    variant share it); None where it logged none."""
+    """sha256 (12 hex digits) of a run's logged config less :data:`RUN_PARAMS`; None where it logged none."""
     kept = {k: v for k, v in params.items() if k not in RUN_PARAMS}
     if not kept:
         return None
