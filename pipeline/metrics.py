@@ -178,14 +178,6 @@ def first_key_share(attn: Tensor, queries: Tensor) -> Tensor:
 # ---- uniform reference and emergence --------------------------------------------------------
 
 
-def uniform_alpha1(T: int) -> float:
-    """α_1 under uniform causal attention over ``T`` tokens: query i gives key 1 the weight 1/i,
-    so α_1 = 1/T · Σ_{i=1..T} 1/i = H(T)/T (0.0741 for T = 64)."""
-    if T < 1:
-        raise ValueError(f"uniform_alpha1 needs T >= 1, got {T}")
-    return sum(1.0 / i for i in range(1, T + 1)) / T
-
-
 def uniform_alpha1_masked(admitted: Tensor, n_query_slots: int = 0, n_key_slots: int = 0) -> float:
     """α_1 of the first real token when every query spreads its attention evenly over the keys ``admitted [Q, K]``
     lets it see (bias slots included, as :func:`split_slots` lays them out)."""

@@ -91,12 +91,15 @@ def test_qk_decomposition():
 
 
 def test_uniform_alpha1_is_the_harmonic_mean_over_queries():
-    assert metrics.uniform_alpha1(1) == 1.0
-    assert metrics.uniform_alpha1(2) == pytest.approx(0.75)
-    assert metrics.uniform_alpha1(4) == pytest.approx(25 / 48)
-    assert metrics.uniform_alpha1(64) == pytest.approx(0.074123, abs=1e-6)  # docs/training.md's 0.074
-    with pytest.raises(ValueError):
-        metrics.uniform_alpha1(0)
+    def causal(T: int) -> torch.Tensor:
+        return torch.ones(T, T, dtype=torch.bool).tril()
+
+    assert metrics.uniform_alpha1_masked(causal(1)) == 1.0
+    assert metrics.uniform_alpha1_masked(causal(2)) == pytest.approx(0.75)
+    assert metrics.uniform_alpha1_masked(causal(4)) == pytest.approx(25 / 48)
+    assert metrics.uniform_alpha1_masked(causal(64)) == pytest.approx(0.074123, abs=1e-6)  # docs/training.md's 0.074
+    with pytest.raises(ValueError):  # a query that admits no key
+        metrics.uniform_alpha1_masked(torch.zeros(2, 2, dtype=torch.bool))
 
 
 def test_uniform_alpha1_under_masks_and_slots():
