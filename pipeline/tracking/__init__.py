@@ -27,7 +27,6 @@ _EXPORTS = {
     "run_models": ("CARD_METRICS", "RunModelError", "final_metrics", "is_model_uri", "resolve_model"),
     "results": ("log_new_run", "log_results"),
     "views": ("dataset_name", "experiment_url", "home_url", "run_experiment_url", "sent_to_mlflow"),
-    "images": ("logged_image_keys",),
     "summaries": ("RunSummary", "best_runs", "config_hash"),
     "runs": ("client", "log_report", "metric_history", "parent_run", "variant_runs"),
 }
