@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.analysis.hf_models import package_dir
+from pipeline.model.hf_sources import package_dir
 
 _MARKDOWN = re.compile(r"[#*_]+")
 INPUT_KINDS = ("natural", "random", "repeat")
