@@ -46,10 +46,6 @@ RANGES = (
 )
 
 
-def declared(metric: str) -> bool:
-    return any(metric.startswith(start) for start, _ in RANGES)
-
-
 def bounds(metric: str) -> tuple[float, float]:
     """The range a metric's values (and an interval of their mean) can take; unbounded where none is declared."""
     return next((r for start, r in RANGES if metric.startswith(start)), REAL)
