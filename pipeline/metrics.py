@@ -81,12 +81,6 @@ def first_token_norm_ratio(x: Tensor) -> Tensor:
     return norms[..., 0] / norms[..., 1:].mean(dim=-1)
 
 
-def massive_activation_ratio(hidden: Tensor) -> Tensor:
-    """Massive activations of one layer: ``hidden [B, T, d] -> [B]``, ‖h_1‖ / mean_{t≠1} ‖h_t‖.
-    For the last layer pass the hidden states *before* the final norm."""
-    return first_token_norm_ratio(hidden)
-
-
 def qk_decomposition(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
     """Split q_i·k_j = ‖q_i‖‖k_j‖ cos(q_i, k_j) (Gu et al. 2025, Figure 2 bottom): ``queries, keys [..., T, dh]``
     (rotated) -> ``(cosine, norm_product)``, each ``[..., T, T]`` with the non-causal entries (j > i) NaN."""

@@ -69,9 +69,9 @@ def test_proxy_scores():
     assert metrics.proxy_scores(masked, signed=True).tolist() == [[1.0, 0.0], [0.0, 0.0]]
 
 
-def test_massive_activation_ratio():
+def test_first_token_norm_ratio_of_hidden_states_and_keys():
     hidden = torch.tensor([[[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]], [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]])
-    assert metrics.massive_activation_ratio(hidden).tolist() == pytest.approx([5 / 1.5, 1.0])
+    assert metrics.first_token_norm_ratio(hidden).tolist() == pytest.approx([5 / 1.5, 1.0])
     keys = hidden.unsqueeze(1).expand(2, 3, 3, 2)  # [B, H, T, dh]
     assert metrics.first_token_norm_ratio(keys).shape == (2, 3)
 
