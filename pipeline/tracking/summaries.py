@@ -41,17 +41,10 @@ def config_hash(params: dict[str, str]) -> str | None:
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def best_run(runs: list[RunSummary]) -> RunSummary | None:
-    """The run a report shows for a variant's seed: the newest finished one, else the newest."""
-    if not runs:
-        return None
-    finished = [r for r in runs if r.finished]
-    return (finished or runs)[0]
-
-
 def best_runs(runs: list[RunSummary]) -> dict[int | None, RunSummary]:
-    """A variant's runs, one per seed (:func:`best_run` of each), in seed order."""
+    """The run a report shows for each seed of a variant (its newest finished, else its newest), in seed order."""
     by_seed: dict[int | None, list[RunSummary]] = {}
     for run in runs:
         by_seed.setdefault(run.seed, []).append(run)
-    return {seed: best_run(by_seed[seed]) for seed in sorted(by_seed, key=lambda s: (s is None, s or 0))}
+    shown = {seed: next((r for r in seeded if r.finished), seeded[0]) for seed, seeded in by_seed.items()}
+    return {seed: shown[seed] for seed in sorted(shown, key=lambda s: (s is None, s or 0))}
