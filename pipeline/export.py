@@ -19,16 +19,12 @@ from sinklab_io.third_party import quiet_third_party
 _RUN_DEPTH = 3  # how far above a checkpoint its run's metrics.jsonl is looked for
 
 
-def _run_root(path: Path) -> Path | None:
-    """The run directory that holds ``path`` (its metrics.jsonl), if any."""
-    here = path.resolve() if path.is_dir() else path.resolve().parent
-    return next((d for d in [here, *here.parents][:_RUN_DEPTH] if (d / "metrics.jsonl").is_file()), None)
-
-
 def _local_facts(path: Path) -> dict[str, Any]:
+    """The card's metrics from the metrics.jsonl of the run directory that holds ``path``, if any."""
     from pipeline.tracking import CARD_METRICS, MetricsFile
 
-    root = _run_root(path)
+    here = path.resolve() if path.is_dir() else path.resolve().parent
+    root = next((d for d in [here, *here.parents][:_RUN_DEPTH] if (d / "metrics.jsonl").is_file()), None)
     if root is None:
         return {"metrics": dict.fromkeys(CARD_METRICS)}
     last = MetricsFile(root).last(list(CARD_METRICS.values()))
@@ -107,7 +103,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sinklab export-hf: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -104,8 +104,7 @@ class FlowMeasures:
         return out
 
     def landmarks(self, massive_ratio: Tensor) -> dict[str, int | None]:
-        """The 0-based block where ‖h_1‖ / mean_{t≠1} ‖h_t‖ (``massive_ratio`` [L], from the input embeddings on)
-        rises most, and where the entropy falls most."""
+        """The 0-based block where the ‖h_1‖ ratio ``massive_ratio [L]`` rises most, and where the entropy falls."""
         return {
             N.NORM_JUMP_LAYER: largest_step(massive_ratio.tolist(), self.norm_ratio_input, rise=True),
             N.ENTROPY_DROP_LAYER: largest_step(self.entropy.tolist(), self.entropy_input, rise=False),
@@ -137,8 +136,7 @@ def probe_batches(n: int, batch_size: int, mixing_sequences: int | None = None) 
 
 
 class FlowAccumulator:
-    """Collects per-sequence entropies and sensitivities over batches; :meth:`measures` averages.
-    Only the first ``mixing_sequences`` get the perturbed pass (None: all)."""
+    """Per-sequence entropies and sensitivities over batches, the first ``mixing_sequences`` perturbed (None: all)."""
 
     def __init__(self, rho: float = DEFAULT_RHO, mixing_sequences: int | None = None) -> None:
         if mixing_sequences is not None and mixing_sequences < 1:
@@ -163,8 +161,7 @@ class FlowAccumulator:
         perturbed: Sequence[Tensor] | None = None,
         embeddings: Tensor | None = None,
     ) -> None:
-        """One batch of real-token states ``[B, T, d]`` per layer: the clean pass, the perturbed
-        pass (same layers) and the clean input embeddings, the last two where measured."""
+        """One batch of real-token states ``[B, T, d]`` per layer: clean, perturbed, input embeddings where measured."""
         self.entropy.append(torch.stack([matrix_entropy(h.detach().float()) for h in hidden_states], 1).cpu())
         if embeddings is not None:
             e = embeddings.detach().float()
@@ -187,8 +184,7 @@ class FlowAccumulator:
         embedded: Sequence[Tensor],
         seq_len: int,
     ) -> None:
-        """One batch of ``seq_len`` real tokens: the clean pass's ``hidden_states`` (sink-token rows cut off here)
-        and, where ``model`` has an embedding module, ``forward()`` (the same pass) rerun with position p perturbed."""
+        """One batch: the clean ``hidden_states`` and, given an embedding module, ``forward()`` rerun perturbed."""
         lead, rows = hidden_states[0].shape[1] - seq_len, hidden_states[0].shape[0]
         perturbed, embed = None, embedding_module(model)
         if embed is not None and self.perturbs(rows):

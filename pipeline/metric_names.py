@@ -39,7 +39,7 @@ FLOW_MIXING = FLOW + "mixing"  # over-mixing sensitivity
 FLOW_MIXING_LAST = FLOW + "mixing_last"  # the last layer's
 NORM_JUMP_LAYER = FLOW + "norm_jump_layer"  # where ‖h₁‖ / mean ‖hₜ‖ rises most
 ENTROPY_DROP_LAYER = FLOW + "entropy_drop_layer"  # where the matrix entropy falls most
-# MLflow image keys (pipeline.tracking.images)
+# MLflow image keys (RunLogger.log_image)
 ALPHA1_IMAGE = HEADS + "alpha1"  # layer x head heat map, one image per probe step
 TRAJECTORY_IMAGE = HEADS + "alpha1_trajectory"  # α₁ of every head over the run, at the last step
 MAX_LOGIT_IMAGE = HEADS + "max_logit"  # layer x head heat map of the largest q·k/√d_h, per probe step

@@ -81,12 +81,6 @@ def first_token_norm_ratio(x: Tensor) -> Tensor:
     return norms[..., 0] / norms[..., 1:].mean(dim=-1)
 
 
-def massive_activation_ratio(hidden: Tensor) -> Tensor:
-    """Massive activations of one layer: ``hidden [B, T, d] -> [B]``, ‖h_1‖ / mean_{t≠1} ‖h_t‖.
-    For the last layer pass the hidden states *before* the final norm."""
-    return first_token_norm_ratio(hidden)
-
-
 def qk_decomposition(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
     """Split q_i·k_j = ‖q_i‖‖k_j‖ cos(q_i, k_j) (Gu et al. 2025, Figure 2 bottom): ``queries, keys [..., T, dh]``
     (rotated) -> ``(cosine, norm_product)``, each ``[..., T, T]`` with the non-causal entries (j > i) NaN."""
@@ -176,14 +170,6 @@ def first_key_share(attn: Tensor, queries: Tensor) -> Tensor:
 
 
 # ---- uniform reference and emergence --------------------------------------------------------
-
-
-def uniform_alpha1(T: int) -> float:
-    """α_1 under uniform causal attention over ``T`` tokens: query i gives key 1 the weight 1/i,
-    so α_1 = 1/T · Σ_{i=1..T} 1/i = H(T)/T (0.0741 for T = 64)."""
-    if T < 1:
-        raise ValueError(f"uniform_alpha1 needs T >= 1, got {T}")
-    return sum(1.0 / i for i in range(1, T + 1)) / T
 
 
 def uniform_alpha1_masked(admitted: Tensor, n_extra_queries: int = 0, n_extra_keys: int = 0) -> float:

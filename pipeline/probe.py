@@ -162,8 +162,7 @@ def run_probe(
     flow: bool = True,
     mixing_sequences: int | None = None,
 ) -> SinkMeasures:
-    """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]``, every sequence counted (docs/analysis.md,
-    "`run_probe` and `SinkMeasures`"); eval mode, no grad, fp32 maps, the training mode restored."""
+    """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (docs/analysis.md: `run_probe`)."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     tokens = as_token_tensor(tokens, device)
     admitted = admitted_with_extra(

@@ -151,7 +151,7 @@ def bos_share_other(b: ProbeBatch) -> Tensor | None:
 @register(per="layer", namespace=N.ACT, extreme_token=True, nan_when_unmeasured=True)
 def massive_ratio(b: ProbeBatch) -> Tensor | None:
     """Guo et al.'s residual-state peak: ‖h_1‖ / mean_{t≠1} ‖h_t‖ per layer."""
-    return None if b.hidden is None else metrics.massive_activation_ratio(b.hidden)
+    return None if b.hidden is None else metrics.first_token_norm_ratio(b.hidden)
 
 
 @register(per="layer")

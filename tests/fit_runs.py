@@ -97,3 +97,14 @@ def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: flo
         assert time.time() < deadline, "the training processes made no progress"
         time.sleep(0.05)
     return max(losses(run_dir))
+
+
+def logged_image_keys(client, run_id: str) -> dict[str, list[int]]:
+    """Image key -> sorted steps of the run's logged images (MLflow keeps them under ``images/``)."""
+    found: dict[str, set[int]] = {}
+    for item in client.list_artifacts(run_id, "images"):
+        name = Path(item.path).name
+        if name.endswith(".png"):
+            key, _, step, *_ = name.split("+")
+            found.setdefault(key.replace("~", "/"), set()).add(int(step))
+    return {key: sorted(steps) for key, steps in found.items()}

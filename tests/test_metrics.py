@@ -69,9 +69,9 @@ def test_proxy_scores():
     assert metrics.proxy_scores(masked, signed=True).tolist() == [[1.0, 0.0], [0.0, 0.0]]
 
 
-def test_massive_activation_ratio():
+def test_first_token_norm_ratio_of_hidden_states_and_keys():
     hidden = torch.tensor([[[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]], [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]])
-    assert metrics.massive_activation_ratio(hidden).tolist() == pytest.approx([5 / 1.5, 1.0])
+    assert metrics.first_token_norm_ratio(hidden).tolist() == pytest.approx([5 / 1.5, 1.0])
     keys = hidden.unsqueeze(1).expand(2, 3, 3, 2)  # [B, H, T, dh]
     assert metrics.first_token_norm_ratio(keys).shape == (2, 3)
 
@@ -91,12 +91,15 @@ def test_qk_decomposition():
 
 
 def test_uniform_alpha1_is_the_harmonic_mean_over_queries():
-    assert metrics.uniform_alpha1(1) == 1.0
-    assert metrics.uniform_alpha1(2) == pytest.approx(0.75)
-    assert metrics.uniform_alpha1(4) == pytest.approx(25 / 48)
-    assert metrics.uniform_alpha1(64) == pytest.approx(0.074123, abs=1e-6)  # docs/training.md's 0.074
-    with pytest.raises(ValueError):
-        metrics.uniform_alpha1(0)
+    def causal(T: int) -> torch.Tensor:
+        return torch.ones(T, T, dtype=torch.bool).tril()
+
+    assert metrics.uniform_alpha1_masked(causal(1)) == 1.0
+    assert metrics.uniform_alpha1_masked(causal(2)) == pytest.approx(0.75)
+    assert metrics.uniform_alpha1_masked(causal(4)) == pytest.approx(25 / 48)
+    assert metrics.uniform_alpha1_masked(causal(64)) == pytest.approx(0.074123, abs=1e-6)  # docs/training.md's 0.074
+    with pytest.raises(ValueError):  # a query that admits no key
+        metrics.uniform_alpha1_masked(torch.zeros(2, 2, dtype=torch.bool))
 
 
 def test_uniform_alpha1_under_masks_and_slots():

@@ -46,7 +46,7 @@ def _by_layer(model, tokens, triggers):
             expect[N.head("heads/out_norm", l, h)] = out_norm[h]
         expect[N.layer("attn/max_logit", l)] = logit.max()
         hidden = out.hidden_states[l].float()
-        expect[N.layer("act/massive_ratio", l)] = metrics.massive_activation_ratio(hidden[:, nq:]).mean()
+        expect[N.layer("act/massive_ratio", l)] = metrics.first_token_norm_ratio(hidden[:, nq:]).mean()
         expect[N.layer("act/value_norm_ratio", l)] = metrics.first_token_norm_ratio(out.values[l]).mean()
         for name, chosen in (("sink/bos_share_trigger", triggers), ("sink/bos_share_other", ~triggers)):
             expect[N.layer(name, l)] = metrics.first_key_share(real, chosen).nanmean(0).mean()

@@ -159,14 +159,6 @@ def result_metrics(result: dict) -> dict[str, float]:
     return metrics | result.get("secondary_sinks", {}).get("metrics", {})
 
 
-def log_mlflow(uri: str, experiment: str, result: dict, out: Path) -> str:
-    from pipeline.tracking import log_new_run
-
-    tags = {"sinklab.kind": "analysis", "sinklab.model": result["model"]}
-    params = {k: result["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")}
-    return log_new_run(uri, experiment, f"analyze-{result['model']}", tags, params, result_metrics(result), out)
-
-
 def log_on_run(subject: Subject, result: dict, out: Path) -> str:
     """The metrics (and mean α₁ per input kind) on the training run, the output directory under ``analysis/``."""
     values = {N.analysis(k): v for k, v in result_metrics(result).items()}
@@ -250,6 +242,11 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
         result["mlflow_run_id"] = log_on_run(subject, result, out)
         write_json(result, out / "report.json", by)
     elif uri:
-        result["mlflow_run_id"] = log_mlflow(uri, a.experiment, result, out)
+        from pipeline.tracking import log_new_run
+
+        tags = {"sinklab.kind": "analysis", "sinklab.model": result["model"]}
+        params = {k: result["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")}
+        metrics = result_metrics(result)
+        result["mlflow_run_id"] = log_new_run(uri, a.experiment, f"analyze-{name}", tags, params, metrics, out)
         write_json(result, out / "report.json", by)
     return result

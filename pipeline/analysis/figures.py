@@ -1,5 +1,4 @@
-"""`sinklab analyze`'s figures: Sink_k by position, α₁ per layer and head, the first-token norm
-ratios, the QK decomposition and the information flow per layer."""
+"""`sinklab analyze`'s figures (docs/analysis.md lists them)."""
 
 from __future__ import annotations
 
@@ -14,12 +13,7 @@ def write_plots(name: str, measures_of: dict[str, SinkMeasures], out: Path, eps:
     profiles = {k: r.profile for k, r in measures_of.items()}
     paths = [plots.sink_profile(profiles, out / "sink_profile.png", f"{name}: Sink_k by position", eps, by)]
     for kind, measures in measures_of.items():
-        panels = {
-            "entropy": measures.entropy,
-            "out_norm": measures.out_norm,
-            "dormant": measures.dormant,
-            "max_logit": measures.max_logit,
-        }
+        panels = {key: getattr(measures, key) for key in ("entropy", "out_norm", "dormant", "max_logit")}
         title = f"{name} ({kind}): α₁ per layer and head"
         paths.append(plots.alpha1_heatmap(measures.alpha1, out / f"alpha1_{kind}.png", title, **panels, by=by))
     first = measures_of.get("natural") or next(iter(measures_of.values()))

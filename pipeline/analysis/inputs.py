@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.analysis.hf_models import package_dir
+from pipeline.model.hf_sources import package_dir
 
 _MARKDOWN = re.compile(r"[#*_]+")
 INPUT_KINDS = ("natural", "random", "repeat")
@@ -53,13 +53,6 @@ def natural_windows(token_stream: list[int] | torch.Tensor, n: int, seq_len: int
         raise ValueError(f"the text has {stream.numel()} tokens; {n} windows of {seq_len} need {n * seq_len}")
     starts = torch.linspace(0, stream.numel() - seq_len, n).long()
     return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
-
-
-def drawn_tokens(ids: torch.Tensor, n: int, seq_len: int, seed: int, repeat: bool) -> torch.Tensor:
-    """``n`` sequences of ``seq_len`` tokens drawn uniformly from ``ids``; with ``repeat``, one token repeated."""
-    g = torch.Generator().manual_seed(seed + 1 if repeat else seed)
-    drawn = ids[torch.randint(0, ids.numel(), (n, 1 if repeat else seq_len), generator=g)]
-    return drawn.expand(n, seq_len).contiguous()
 
 
 def _open_text(path: Path):
@@ -143,8 +136,7 @@ def dataset_manifest(path: Path, command: str):
 
 
 def check_dataset_tokenizer(subject, path: Path, manifest=None) -> None:
-    """Refuse a dataset (``manifest``: its manifest, read when None) of another vocabulary size than ``subject``'s
-    model, or another tokenizer hash where the model's training recorded one."""
+    """Refuse a dataset whose vocabulary size, or recorded tokenizer hash, is not the model's."""
     manifest = manifest or dataset_manifest(path, subject.command)
     trained = trained_tokenizer(subject.path) if subject.kind == "sinklab" else None
     used = manifest.tokenizer_sha256
@@ -222,8 +214,11 @@ def probe_sets(subject, probe: ProbeSettings) -> dict[str, torch.Tensor]:
     for kind in probe.inputs:
         if kind == "natural":
             sets[kind] = natural_tokens(subject, probe)
-        else:  # random, or repeat
-            sets[kind] = drawn_tokens(ids, probe.num_sequences, probe.seq_len, probe.seed, repeat=kind == "repeat")
+        else:  # drawn uniformly from the vocabulary: a token per position, or one repeated
+            repeat, n = kind == "repeat", probe.num_sequences
+            g = torch.Generator().manual_seed(probe.seed + 1 if repeat else probe.seed)
+            drawn = ids[torch.randint(0, ids.numel(), (n, 1 if repeat else probe.seq_len), generator=g)]
+            sets[kind] = drawn.expand(n, probe.seq_len).contiguous()
     if probe.bos:
         bos = getattr(subject.tokenizer, "bos_token_id", None)
         if bos is None:

@@ -25,8 +25,7 @@ def add_passkey_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_passkey_args(passkey: str, depths: str, keys: int) -> tuple[list[int], list[float]]:
-    """The factors and the depths (none without factors) of --passkey, --depths; --keys checked where there are
-    factors."""
+    """The factors of --passkey and the depths of --depths (none without factors), --keys checked."""
     factors = pk.parse_factors(passkey, BY)
     if not factors:
         return [], []

@@ -221,8 +221,7 @@ def make_trials(
 
 
 def cache_configs(specs: list[CacheSpec], full: bool, subject, trials: list[Trial]) -> dict[CacheSpec, str]:
-    """Each config to run and its name (``full``: room for the longest prompt and answer); refused past the model's
-    positions."""
+    """Each config to run and its name (``full``: the longest prompt and answer), within the model's positions."""
     caches = {spec: str(spec) for spec in specs}
     if full:
         caches[CacheSpec(0, max(len(t.ids) + answer_length(subject.tokenizer, t.key) for t in trials))] = "full"

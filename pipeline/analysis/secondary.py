@@ -1,5 +1,4 @@
-"""`sinklab analyze`'s secondary-sink section: the tracker (pipeline.secondary_sinks) on the
-natural probe set of a SinkLab or HF model, per layer, with one figure."""
+"""`sinklab analyze`'s secondary-sink section (pipeline.secondary_sinks per layer) and its figure."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def maps_and_states(subject, ids: torch.Tensor) -> tuple[list[torch.Tensor], lis
 
 
 def secondary_section(subject, tokens: torch.Tensor, probe: ProbeSettings, out: Path | None, name: str) -> dict:
-    """Per layer: secondary sinks per (sequence, head), their attention share and norm ratio; the most frequent sink
-    tokens; the figure where ``out`` is given."""
+    """Per layer the secondary sinks, their attention share and norm ratio; the commonest sink tokens; the figure."""
     device = next(subject.model.parameters()).device
     n, layers = 0, None
     for start in range(0, tokens.shape[0], probe.batch_size):

@@ -60,12 +60,6 @@ def check_args(args: argparse.Namespace) -> StreamPpl:
     return settings_of(StreamPpl, args, reading=settings_of(Reading, args), caches=caches)
 
 
-def markdown_table(model: str, n_tokens: int, results: dict[str, float]) -> str:
-    head, row = " | ".join(results), " | ".join(f"{v:.2f}" for v in results.values())
-    separator = "|---" * (len(results) + 1) + "|"
-    return f"Streaming perplexity, {n_tokens} tokens\n\n| model | {head} |\n{separator}\n| {model} | {row} |"
-
-
 def main(argv: list[str] | None = None) -> int:
     s = check_args(build_parser().parse_args(argv))
     specs, r = s.caches, s.reading
@@ -100,8 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ({label}: one batch of {len(group)}, {seconds[label]} s)", file=sys.stderr)
     if s.full:
         results["full"] = perplexity(streamer.full_nll(ids))
-    name = model_name(s.model)
-    print(markdown_table(name, ids.numel(), results))
+    head, row = " | ".join(results), " | ".join(f"{v:.2f}" for v in results.values())
+    separator = "|---" * (len(results) + 1) + "|"
+    print(
+        f"Streaming perplexity, {ids.numel()} tokens\n\n| model | {head} |\n{separator}\n| {model_name(s.model)} | {row} |"
+    )
     if subject.run_id is not None:
         text = f"dataset {r.dataset} (val)" if r.dataset else str(r.text or default_text())
         values = {N.stream_perplexity(key.replace("+", "_")): value for key, value in results.items()}

@@ -1,5 +1,4 @@
-"""What the streaming commands share: the text read (--text, --dataset, --bos), the model loaded with it, the
-``x + y`` caches (--cache) checked against the model's positions."""
+"""What the streaming commands share: --text, --dataset, --bos and --cache, read and checked."""
 
 from __future__ import annotations
 
@@ -70,8 +69,7 @@ def parse_caches(texts: list[str] | None, command: str, default: Sequence[str] =
 
 
 def check_positions(subject, caches: dict[CacheSpec, str], hint: str, option: str | None = None) -> None:
-    """Refuse a cache wider than the model's positions, named as ``option`` (default: ``--cache x+y``, or ``--full``
-    for a cache named ``full``)."""
+    """Refuse a cache wider than the model's positions (``option``: the flag named, default from the cache)."""
     limit = subject.max_positions()
     for spec, name in caches.items():
         if limit is not None and spec.n_initial + spec.n_recent > limit:
@@ -95,8 +93,7 @@ def bos_id(subject, mode: str) -> int | None:
 
 
 def load_subject(spec: str, r: Reading, max_tokens: int, command: str = "stream-ppl", text=None) -> tuple:
-    """The streamer, the token ids (of a dataset: ``max_tokens``) and the subject of ``spec``; ``text``: the file read
-    without --text (default: Hamlet)."""
+    """The streamer, the token ids (of a dataset: ``max_tokens``) and the subject of ``spec``."""
     if r.dataset is not None and r.text is not None:
         raise SystemExit(f"sinklab {command}: give --text or --dataset, not both")
     subject = Subject(spec, r.kind, r.tokenizer_file, command, device=r.device)

@@ -1,7 +1,4 @@
-"""The model an analysis command works on (``sinklab analyze``, ``survey``, ``stream-ppl``,
-``passkey``, ``quant-eval``): a SinkLab checkpoint or export, an HF model (directory, hub id,
-GGUF, a shortcut) or an MLflow run's logged model (``runs:/<id>``), loaded on its device with its
-tokenizer, and the sink measures of a batch of tokens."""
+"""The model an analysis command works on: a SinkLab checkpoint, an HF model or an MLflow run's logged model."""
 
 from __future__ import annotations
 
@@ -30,8 +27,7 @@ MODEL_HELP = "smollm2 | gemma3-270m | .gguf file | HF model dir or hub id | Sink
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, many: bool = False, logged: bool = False) -> None:
-    """MODEL (or MODEL ... with ``many``) and ``--kind``, as every analysis command reads them; with ``logged``,
-    ``--device`` and where each model's results are logged (``--mlflow-uri``, ``--experiment``)."""
+    """MODEL (``many``: MODEL ...) and ``--kind``; with ``logged``, ``--device``, ``--mlflow-uri``, ``--experiment``."""
     if many:
         parser.add_argument("models", nargs="+", metavar="MODEL", help=MODEL_HELP)
     else:
@@ -183,8 +179,7 @@ def sinklab_tokenizer(path: Path, command: str):
 
 @dataclass(frozen=True)
 class Destination:
-    """Where a command of many models writes and logs: its MODELs, --out, its options as parsed (written into
-    ``<stem>.json``), --mlflow-uri and --experiment."""
+    """Where a command of many models writes and logs (``options``: as parsed, written into ``<stem>.json``)."""
 
     models: list[str]
     out: Path | None
@@ -194,8 +189,7 @@ class Destination:
 
 
 def save_results(out: Path, stem: str, table: str, options: dict, results: dict, by: str, figure) -> None:
-    """``<stem>.md`` (the table, also printed), ``<stem>.json`` (options, results) and ``<stem>.png`` in ``out``
-    (``figure(path, by)``)."""
+    """``<stem>.md`` (the table, also printed), ``<stem>.json`` and ``<stem>.png`` (``figure(path, by)``) in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     write_output(out / f"{stem}.md", table + "\n", by)
     record = {"settings": options | {"out": str(out)}, "models": results}

@@ -149,15 +149,6 @@ def markdown(rows: list[dict], columns: list[str], probe: ProbeSettings, bos_mod
     return "\n".join(lines)
 
 
-def sweep_rows(results: list[dict], sweep: list[float]) -> list[dict]:
-    return [
-        {"model": rec["model"], "input": cell["input"], "bos": int(cell["bos"]), "eps": eps, "sink1": value}
-        for rec in results
-        for cell in rec["cells"].values()
-        for eps, value in zip(sweep, cell["sweep"])
-    ]
-
-
 def draw(
     results: list[dict], columns: list[str], sweep: list[float], probe: ProbeSettings, bos_modes, path: Path, by: str
 ) -> Path:
@@ -199,8 +190,7 @@ def log_run(
 
 @dataclass(frozen=True)
 class Survey:
-    """`sinklab survey`'s settings: the models, what each is fed (``probe``), the BOS modes and ε sweep, where the
-    results go; ``options``: the command line as parsed, written into survey.json and logged."""
+    """`sinklab survey`'s settings; ``options``: the command line as parsed, written into survey.json and logged."""
 
     models: list[str]
     kind: str
@@ -243,7 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(rows, columns, probe, bos_modes)
     write_output(s.out / "survey.md", table + "\n", by)
     write_output(s.out / "survey.csv", csv_text(rows), by)
-    write_output(s.out / "sweep.csv", csv_text(sweep_rows(results, sweep)), by)
+    sweep_rows = [
+        {"model": rec["model"], "input": cell["input"], "bos": int(cell["bos"]), "eps": eps, "sink1": value}
+        for rec in results
+        for cell in rec["cells"].values()
+        for eps, value in zip(sweep, cell["sweep"])
+    ]
+    write_output(s.out / "sweep.csv", csv_text(sweep_rows), by)
     draw(results, columns, sweep, probe, bos_modes, s.out / "survey.png", by)
     saved = {"settings": s.options, "eps_sweep": sweep, "table": rows, "models": results}
     write_json(saved, s.out / "survey.json", by)

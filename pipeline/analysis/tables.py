@@ -1,5 +1,4 @@
-"""`sinklab analyze`'s printed tables, from its JSON result (Table 1, activation outliers, the
-extreme-token phenomena and the information flow per layer, domains, learned-position edits)."""
+"""`sinklab analyze`'s printed tables, from its JSON result."""
 
 from __future__ import annotations
 

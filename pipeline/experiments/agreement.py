@@ -45,10 +45,6 @@ def fmt_holm(value: float | None) -> str:
     return stats.MISSING if value is None else stats.show_p(value, stats.ALPHA / 2)
 
 
-def fmt_defined(interval: Interval | None) -> str:
-    return stats.MISSING if interval is None else f"{interval.defined}/{interval.resamples}"
-
-
 @dataclass
 class Agreement:
     """Rank agreement of per-variant means with one paper column over the variants with both (None: undefined)."""
@@ -166,7 +162,8 @@ def agreement_markdown(found: list[Agreement]) -> list[str]:
     for a in found:
         rho, tau = fmt_corr(a.rho) + fmt_interval(a.rho_interval), fmt_corr(a.tau) + fmt_interval(a.tau_interval)
         p, holm = fmt_p(a.rho, a.p), fmt_holm(a.p_holm)
-        cells = [a.label, a.n, a.min_seeds, rho, p, holm, fmt_defined(a.rho_interval), tau, a.distinct, a.verdict]
+        defined = stats.MISSING if a.rho_interval is None else f"{a.rho_interval.defined}/{a.rho_interval.resamples}"
+        cells = [a.label, a.n, a.min_seeds, rho, p, holm, defined, tau, a.distinct, a.verdict]
         lines.append(table_row(cells))
     lines += ["", "Verdict: " + "; ".join(f"{a.label}: {a.verdict}" for a in found) + "."]
     return lines

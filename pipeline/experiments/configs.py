@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pipeline.experiments.spec import REPO, Experiment, ExperimentError, Variant
 from pipeline.model.config import ConfigError, refuse_old_layout
-from sinklab_io.atomic import atomic_write
 
 DEFAULT_SEED = 1234  # `sinklab fit`'s seed_everything where a recipe gives none
 
@@ -92,7 +90,3 @@ def variant_config(experiment: Experiment, variant: Variant, scale: str, seed: i
             f"{experiment.path}: variant {variant.name!r} at scale {scale} (recipe {recipe}): {err}"
         ) from None
     return config
-
-
-def write_config(config: dict[str, Any], path: Path) -> Path:
-    return atomic_write(path, yaml.safe_dump(config, sort_keys=False))

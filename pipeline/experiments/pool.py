@@ -113,7 +113,3 @@ def serve() -> None:
             _run_child(request)
         _, status = os.waitpid(pid, 0)
         print(json.dumps({"code": os.waitstatus_to_exitcode(status)}), flush=True)
-
-
-if __name__ == "__main__":
-    serve()

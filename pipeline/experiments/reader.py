@@ -1,5 +1,4 @@
-"""Reading an experiment file: type-checked access to its parsed YAML, with errors that name
-the file, the line and the field."""
+"""Type-checked reading of an experiment file, errors naming the file, line and field."""
 
 from __future__ import annotations
 

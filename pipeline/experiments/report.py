@@ -1,5 +1,4 @@
-"""`sinklab report EXPERIMENT`: the paper's table with the measured values over seeds beside it (docs/experiments.md,
-Reports)."""
+"""`sinklab report EXPERIMENT`: the paper's table beside the values measured over seeds (docs/experiments.md)."""
 
 from __future__ import annotations
 
@@ -141,22 +140,10 @@ def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
     ] + [f"- {label}: {text}" for label, text in found]
 
 
-def memorising_notes(rows: list[Row]) -> list[str]:
-    """One line per run whose validation loss turned upward for good."""
-    return [f"{row.label} (seed {run.seed}): {run.memorising}" for row in rows for run in row.runs if run.memorising]
-
-
-def steps_run(rows: list[Row]) -> dict[str, list[int]]:
-    """Variant label -> the last step each of its runs logged (the final sink probe runs at the last step)."""
-    out = {}
-    for row in rows:
-        for run in row.runs:
-            if run.steps is not None:
-                out.setdefault(row.label, []).append(run.steps)
-    return out
-
-
-def steps_line(steps: dict[str, list[int]]) -> list[str]:
+def steps_line(rows: list[Row]) -> list[str]:
+    """The last step each run logged (the final sink probe runs at the last step), per variant."""
+    steps = {row.label: [r.steps for r in row.runs if r.steps is not None] for row in rows}
+    steps = {label: n for label, n in steps.items() if n}
     every = {n for runs in steps.values() for n in runs}
     if not every:
         return []
@@ -166,9 +153,7 @@ def steps_line(steps: dict[str, list[int]]) -> list[str]:
     return ["", f"Steps actually run: {shown}."]
 
 
-def to_markdown(
-    experiment: Experiment, scale: str, rows: list[Row], notes: list[str] = (), steps: dict | None = None
-) -> str:
+def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
     # a column the paper has no number for (e.g. mean alpha_1) gets no "paper" sub-column
     in_paper = [any(r.paper[i] is not None for r in rows) for i in range(len(experiment.columns))]
     header = ["variant", "seeds"]
@@ -200,7 +185,8 @@ def to_markdown(
         "not logged). Emergence: the first probe step above the threshold, median (range) over the seeds, and how "
         "many emerged; a run that never did counts as later than every step.",
     ]
-    lines += steps_line(steps or {})
+    lines += steps_line(rows)
+    notes = [f"{row.label} (seed {run.seed}): {run.memorising}" for row in rows for run in row.runs if run.memorising]
     if notes:
         lines += ["", "Warnings:", ""] + [f"- {note}" for note in notes]
     lines += orderings_markdown(experiment, rows)
@@ -285,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     mlflow = None if table else tracking.client()
     table = table or run_table.from_mlflow(experiment, scale, mlflow)
     rows = build_rows(experiment, table.runs, scale)
-    markdown = to_markdown(experiment, scale, rows, memorising_notes(rows), steps_run(rows))
+    markdown = to_markdown(experiment, scale, rows)
     files = [
         write_output(out / "report.md", markdown, by),
         write_output(out / "report.json", to_json(experiment, scale, rows), by),
@@ -312,7 +298,3 @@ def main(argv: list[str] | None = None) -> int:
         run_id = tracking.log_report(mlflow, experiment, scale, files, logged)
         print(f"logged to MLflow run {run_id} ({experiment.mlflow_experiment})")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,4 @@
-"""What a report reads from training runs and writes to the experiment's parent run, NaN where undefined
-(the names: docs/experiments.md, Reports)."""
+"""What a report reads from training runs and logs to the experiment's parent run (docs/experiments.md)."""
 
 from __future__ import annotations
 
@@ -47,13 +46,8 @@ RANGES = (
 )
 
 
-def declared(metric: str) -> bool:
-    return any(metric.startswith(start) for start, _ in RANGES)
-
-
 def bounds(metric: str) -> tuple[float, float]:
-    """The range a metric (so the mean of its values) can take, unbounded where none is declared; an interval is
-    clipped to it."""
+    """The range a metric's values (and an interval of their mean) can take; unbounded where none is declared."""
     return next((r for start, r in RANGES if metric.startswith(start)), REAL)
 
 

@@ -66,8 +66,7 @@ def write_index(out: Path) -> Path:
 def write_page(
     out: Path, experiment: str, generated: str, found: list[Agreement] = (), *, data: str | None = None
 ) -> list[Path]:
-    """The data file (``data``: its CSV text, where given), the page (``generated``, the line of its agreement rows
-    ``found`` for the index, and the prose it held) and the index; call :func:`claim_pages` first."""
+    """The data file (where ``data`` is given), the page (agreement rows ``found``, its prose kept) and the index."""
     table = [write_output(out / DATA / f"{experiment}.csv", data, data_by(experiment))] if data is not None else []
     page = out / f"{experiment}.md"
     generated = f"{generated.rstrip()}\n\n{data_line(found)}\n" if found else generated

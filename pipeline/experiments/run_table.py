@@ -1,6 +1,4 @@
-"""The runs a report renders, as one table read either from MLflow or from the study's data file
-(``DIR/data/<experiment>.csv``, written by ``sinklab report --docs``): one row per run, one column per
-value the report reads (docs/experiments.md, Results as data)."""
+"""The runs a report renders, one table read from MLflow or from a data file (docs/experiments.md, Results as data)."""
 
 from __future__ import annotations
 
@@ -47,8 +45,7 @@ def header(experiment: Experiment, scale: str) -> list[str]:
 
 
 def from_mlflow(experiment: Experiment, scale: str, mlflow) -> RunTable:
-    """The runs a report shows (per variant and seed the newest finished, else the newest), with their last step
-    and valid-loss warning read from their metric histories and only the metrics the report reads."""
+    """Per variant and seed the run a report shows, with its last step, valid-loss warning and the metrics read."""
     from pipeline import metrics as M
 
     known = tracking.variant_runs(mlflow, experiment.mlflow_experiment, scale)
@@ -128,8 +125,7 @@ def _one(path: Path, rows: list[tuple[int, dict[str, str]]], column: str) -> str
 
 
 def from_csv(path: Path, experiment: Experiment, scale: str | None = None) -> RunTable:
-    """The table a data file holds, checked against ``experiment`` (its study, scale, variants and the columns the
-    report reads) before anything is rendered; :class:`DataFileError` with one line naming the file otherwise."""
+    """The table a data file holds, checked against ``experiment`` before anything is rendered (DataFileError)."""
     path = Path(path)
     columns, rows = _rows(path)
     missing = [c for c in FIXED if c not in columns]

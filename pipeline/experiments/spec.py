@@ -43,10 +43,6 @@ class Variant:
     paper_status: str | None = None  # e.g. "training failure" where the paper reports "-"
     note: str | None = None
 
-    def overrides_for(self, scale: str) -> dict[str, Any]:
-        extra = {"cpu": self.cpu_overrides, "paper": self.paper_overrides, "gpu": self.gpu_overrides}[scale]
-        return {**self.overrides, **extra}
-
 
 @dataclass(frozen=True)
 class ScaleSetup:
@@ -104,8 +100,9 @@ class Experiment:
         return self.setup(scale).metrics.get(column.metric, column.metric)
 
     def overrides(self, variant: Variant, scale: str) -> dict[str, Any]:
-        """The scale's base overrides, then the variant's (the variant wins)."""
-        return {**self.setup(scale).overrides, **variant.overrides_for(scale)}
+        """The scale's base overrides, then the variant's, then its own at this scale (the last wins)."""
+        at_scale = {"cpu": variant.cpu_overrides, "paper": variant.paper_overrides, "gpu": variant.gpu_overrides}
+        return {**self.setup(scale).overrides, **variant.overrides, **at_scale[scale]}
 
 
 # the fields of a variant, a column and a scale are what their entries may set

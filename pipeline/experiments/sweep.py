@@ -16,12 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from cluster.jobs import JobError
 from pipeline import tracking
-from pipeline.experiments.configs import seeds, variant_config, write_config
+from pipeline.experiments.configs import seeds, variant_config
 from pipeline.experiments.pool import ForkServer, WorkerError, subprocess_runner
 from pipeline.experiments.spec import MAX_SEEDS, SCALES, Experiment, ExperimentError, load_experiment
 from pipeline.tracking import PARENT_ENV
+from sinklab_io.atomic import atomic_write
 
 RESERVED_NAMES = {"slurm", "runs.tsv", "array.sbatch"}
 DATA_ENV = "SINKLAB_DATA_PATH"
@@ -109,7 +112,8 @@ def fit_command(run: PlannedRun, extra: list[str] = ()) -> list[str]:
 def write_configs(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> None:
     for run in planned:
         if run.to_run:
-            write_config(variant_config(experiment, experiment.variant(run.variant), scale, run.seed), run.config_path)
+            config = variant_config(experiment, experiment.variant(run.variant), scale, run.seed)
+            atomic_write(run.config_path, yaml.safe_dump(config, sort_keys=False))
 
 
 Runner = Callable[[PlannedRun, list[str]], int]
@@ -301,7 +305,3 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -45,8 +45,7 @@ def prepare_store(uri: str) -> str:
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
-    """Where a new experiment keeps its artifacts: beside a sqlite store (not MLflow's ``./mlruns`` of the
-    working directory); None where the store decides itself."""
+    """Where a new experiment keeps its artifacts: beside a sqlite store; None where the store decides."""
     if not uri.startswith("sqlite:///"):
         return None
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment).strip("._") or "experiment"

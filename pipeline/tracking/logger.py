@@ -262,10 +262,14 @@ class RunLogger(MLFlowLogger):
 
     @rank_zero_only
     def log_image(self, path: Path, key: str, step: int) -> None:
-        """The figure at ``path`` as MLflow image ``key`` at ``step`` (pipeline.tracking.images)."""
-        from .images import log_image_file
+        """The PNG at ``path`` as MLflow image ``key`` at ``step``, sent synchronously."""
+        from PIL import Image
 
-        self._send(lambda: log_image_file(self.experiment, self._run_id, path, key, step), f"image {path}")
+        def send() -> None:
+            with Image.open(path) as image:
+                self.experiment.log_image(self._run_id, image.convert("RGB"), key=key, step=int(step), synchronous=True)
+
+        self._send(send, f"image {path}")
 
     @rank_zero_only
     def set_tag(self, key: str, value: str) -> None:

@@ -20,9 +20,7 @@ def log_results(
     out: Path | None,
     artifact_path: str,
 ) -> str:
-    """An analysis of a training run's model back on that run: ``values`` as metrics (step 0),
-    ``tags`` (JSON, at most 5,000 characters each) and ``out`` (the output directory, or one
-    file; None: no artifact) as artifacts under ``artifact_path``. Returns the run id."""
+    """``values`` (step 0), ``tags`` (JSON) and ``out``'s files under ``artifact_path`` on a training run; its id."""
     from mlflow.entities import Metric, RunTag
     from mlflow.tracking import MlflowClient
 
@@ -49,9 +47,7 @@ def log_new_run(
     out: Path,
     curves: list[tuple[str, float, int]] = (),
 ) -> str:
-    """An analysis as a run of its own in ``experiment`` (created where missing): ``tags``,
-    ``params``, ``metrics`` (step 0), ``curves`` as (key, value, step) points, and the output
-    directory ``out`` (what sinklab wrote there) as its artifacts. Returns the new run's id."""
+    """An analysis as a new run of ``experiment``: tags, params, metrics, ``curves`` and ``out``'s files; its id."""
     import mlflow
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient

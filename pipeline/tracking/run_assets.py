@@ -183,8 +183,7 @@ def logged_model(client, run_id: str):
 def log_final_model(
     tracking_uri: str, run_id: str, config, state: dict, manifest=None, step: int = 0
 ) -> dict[str, Any] | None:
-    """Log the weights as the run's one model, unless it has one of this ``step`` already; returns
-    {model_id, seconds, megabytes}, or None when nothing was logged."""
+    """Log the weights as the run's one model unless it has one of ``step``: {model_id, seconds, megabytes}, or None."""
     from mlflow.entities import LoggedModelOutput
     from mlflow.tracking import MlflowClient
 

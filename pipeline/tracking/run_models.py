@@ -31,10 +31,6 @@ def is_model_uri(spec) -> bool:
     return str(spec).startswith(PREFIXES)
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("SINKLAB_CACHE") or Path.home() / ".cache" / "sinklab") / "mlflow"
-
-
 @dataclass(frozen=True)
 class ResolvedModel:
     uri: str  # what was asked for, e.g. runs:/<run_id>
@@ -87,7 +83,7 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
             )
     except MlflowException as exc:
         raise RunModelError(f"{spec}: not found in the MLflow store at {uri} ({exc.message[:200]})") from None
-    target = cache_root() / key
+    target = Path(os.environ.get("SINKLAB_CACHE") or Path.home() / ".cache" / "sinklab") / "mlflow" / key
     if not ((target / CONFIG_NAME).is_file() and (target / WEIGHTS_NAME).is_file()):
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))

@@ -93,8 +93,7 @@ def metric_history(mlflow: MlflowClient, run_id: str, metric: str) -> list[tuple
 
 
 def parent_run(mlflow: MlflowClient, experiment: Grouped, scale: str) -> str:
-    """The run that groups the variants of one experiment at one scale (their mlflow.parentRunId, where
-    `sinklab report` logs), found again or created."""
+    """The run grouping an experiment's variants at one scale (`sinklab report` logs there), found or created."""
     from .views import mark_training_experiment
 
     exp_id = experiment_id(mlflow, experiment.mlflow_experiment)

@@ -34,25 +34,17 @@ class RunSummary:
 
 
 def config_hash(params: dict[str, str]) -> str | None:
-    """The first 12 hex digits of the sha256 of a run's logged config less :data:`RUN_PARAMS` (so the seeds of one
-    variant share it); None where it logged none."""
+    """sha256 (12 hex digits) of a run's logged config less :data:`RUN_PARAMS`; None where it logged none."""
     kept = {k: v for k, v in params.items() if k not in RUN_PARAMS}
     if not kept:
         return None
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def best_run(runs: list[RunSummary]) -> RunSummary | None:
-    """The run a report shows for a variant's seed: the newest finished one, else the newest."""
-    if not runs:
-        return None
-    finished = [r for r in runs if r.finished]
-    return (finished or runs)[0]
-
-
 def best_runs(runs: list[RunSummary]) -> dict[int | None, RunSummary]:
-    """A variant's runs, one per seed (:func:`best_run` of each), in seed order."""
+    """The run a report shows for each seed of a variant (its newest finished, else its newest), in seed order."""
     by_seed: dict[int | None, list[RunSummary]] = {}
     for run in runs:
         by_seed.setdefault(run.seed, []).append(run)
-    return {seed: best_run(by_seed[seed]) for seed in sorted(by_seed, key=lambda s: (s is None, s or 0))}
+    shown = {seed: next((r for r in seeded if r.finished), seeded[0]) for seed, seeded in by_seed.items()}
+    return {seed: shown[seed] for seed in sorted(shown, key=lambda s: (s is None, s or 0))}

@@ -36,8 +36,7 @@ def why(error: Exception) -> str:
 
 
 def install_views(uri: str, named: list[str]) -> list[tuple[str, str, bool]]:
-    """(name, id, holds the view) of the named experiments (created) and of each one holding a training
-    run, SinkLab's view written on each of them."""
+    """(name, id, holds the view) of the named and the training experiments, SinkLab's view written on each."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)

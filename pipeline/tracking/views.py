@@ -45,8 +45,7 @@ MAX_FACTOR_COLUMNS = 6
 
 
 def sent_to_mlflow(name: str) -> bool:
-    """Whether a metric of metrics.jsonl goes to MLflow as a metric: not a per-head scalar (metrics.jsonl and the
-    heat-map images only, not dozens of charts)."""
+    """Whether a metrics.jsonl metric goes to MLflow: not a per-head scalar (those stay in the file and images)."""
     per_head = "|".join(map(re.escape, (N.HEAD_ALPHA1, *probe_metrics.head_names())))
     return not re.fullmatch(rf"({per_head})_l\d+_h\d+", name)
 
@@ -185,8 +184,7 @@ def seeded(runs_params: list[dict[str, str]]) -> bool:
 
 
 def mark_training_experiment(client, experiment_id: str) -> None:
-    """Tag the experiment as model training and (re)write SinkLab's view where it is missing or
-    its factor columns (of the training runs' params) changed."""
+    """Tag the experiment as model training and (re)write SinkLab's view where missing or its factors changed."""
     tags = client.get_experiment(experiment_id).tags
     if tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)

@@ -31,7 +31,7 @@ def test_post_norm_records_the_residual_sum_before_the_blocks_last_norm(norm):
             assert not torch.allclose(recorded, block.ffn_norm(expected), atol=1e-3)
         torch.testing.assert_close(out.logits, model.lm_head(model.blocks[-1].ffn_norm(sums[-1])))
         measures = run_probe(model, idx, outliers=False, flow=False)
-    ratios = torch.stack([metrics.massive_activation_ratio(h).mean() for h in sums])
+    ratios = torch.stack([metrics.first_token_norm_ratio(h).mean() for h in sums])
     torch.testing.assert_close(measures.massive_ratio, ratios)
 
 

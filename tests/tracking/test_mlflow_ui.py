@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
-from fit_runs import fit_in_process, lean_tracking, paths
+from fit_runs import fit_in_process, lean_tracking, logged_image_keys, paths
 from mlflow.tracking import MlflowClient
 from packed_datasets import make_dataset
 
 from pipeline import metric_names as N
-from pipeline.tracking import logged_image_keys, views
+from pipeline.tracking import views
 
 CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 EXPERIMENT = "ui-compare"

@@ -23,7 +23,7 @@ def _write(path, rows):
 
 def test_uniform_reference_follows_mask_and_slots():
     cfg = ModelConfig.from_dict({"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ffn": 64, "max_seq_len": 64})
-    assert E.probe_uniform_alpha1(cfg, 64) == pytest.approx(M.uniform_alpha1(64))
+    assert E.probe_uniform_alpha1(cfg, 64) == pytest.approx(sum(1 / i for i in range(1, 65)) / 64)  # H(T) / T
     one_sink = cfg.replace(sink_tokens=1)  # the sink token is one more key every query sees
     assert E.probe_uniform_alpha1(one_sink, 4) == pytest.approx((1 / 2 + 1 / 3 + 1 / 4 + 1 / 5) / 4)
     window = cfg.replace(mask="sliding", window=2)
@@ -138,7 +138,7 @@ def test_fit_logs_emergence_tags_and_trajectory_and_survives_resume(tiny_ds, tmp
     rows = read_metrics(ref_dir)
     probes = [r for r in rows if "sink/sink1" in r]
     assert [r["step"] for r in probes] == [0, 2, 4, 6, 8]
-    uniform = M.uniform_alpha1(12)  # the tiny probe set: T = 12, causal, no slots
+    uniform = sum(1 / i for i in range(1, 13)) / 12  # H(T) / T: the tiny probe set, T = 12, causal, no slots
     assert all(r[N.ALPHA1_UNIFORM] == pytest.approx(uniform) for r in probes)
     assert all(
         r["sink/alpha1_mean"]

@@ -13,14 +13,24 @@ import threading
 import numpy as np
 import pytest
 import torch
-from fit_runs import TINY, built_fit, fit_command, fit_in_process, lean_tracking, losses, paths, read_metrics
+from fit_runs import (
+    TINY,
+    built_fit,
+    fit_command,
+    fit_in_process,
+    lean_tracking,
+    logged_image_keys,
+    losses,
+    paths,
+    read_metrics,
+)
 from mlflow.tracking import MlflowClient
 from packed_datasets import make_dataset
 
 from data_prep.dataset import PackedSplit, load_manifest
 from pipeline.flops import flops_per_token
 from pipeline.model import load_pretrained
-from pipeline.tracking import logged_image_keys, sent_to_mlflow
+from pipeline.tracking import sent_to_mlflow
 from pipeline.train import module as module_mod
 
 
