@@ -12,9 +12,9 @@ import time
 import torch
 
 from pipeline.model import ModelConfig, Transformer
-from pipeline.train.optim import OptimConfig, build_optimizer, optimizer_split
+from pipeline.train.optim import OPTIMIZERS, OptimConfig, build_optimizer, optimizer_split
 
-NAMES = ("adamw", "muon", "orthoadam")
+NAMES = tuple(name for name in OPTIMIZERS if name != "sgd")  # the adaptive ones, side by side
 
 
 def step_seconds(preset: str, repeats: int) -> dict[str, float]:
