@@ -132,8 +132,8 @@ def build_raw(raw_dir: str | Path, seed: int = 0, domain_chars: int | None = Non
         ("Python-stdlib", stdlib_documents(stdlib_chars)),
     ):
         for doc_id, text in docs:
-            record = {"text": text, "meta": {"pile_set_name": domain, "id": doc_id}}
-            (val if _is_val(f"{domain}/{doc_id}") else train).append(record)
+            doc = {"text": text, "meta": {"pile_set_name": domain, "id": doc_id}}
+            (val if _is_val(f"{domain}/{doc_id}") else train).append(doc)
             counts.setdefault(domain, Counter()).update(documents=1, chars=len(text))
     order = np.random.default_rng(seed).permutation(len(train))  # mix the domains across shards
     for shard in range(TRAIN_SHARDS):

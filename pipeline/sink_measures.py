@@ -75,11 +75,13 @@ class SinkMeasures:
         return probe_metrics.to_metrics(extreme)
 
     def to_json(self) -> dict:
-        """A JSON-ready record (lists, not tensors) of every field but ``alpha1_all``."""
+        """A JSON-ready dict (lists, not tensors) of every field but ``alpha1_all``."""
 
         def plain(value):
             return value.tolist() if isinstance(value, Tensor) else getattr(value, "to_json", lambda: value)()
 
-        record = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name not in ("alpha1_all", "values")}
+        plain_fields = {
+            f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name not in ("alpha1_all", "values")
+        }
         registered = {key: plain(getattr(self, key)) for key in probe_metrics.REGISTRY}
-        return record | registered | {"dormant_pct": self.dormant_pct}
+        return plain_fields | registered | {"dormant_pct": self.dormant_pct}

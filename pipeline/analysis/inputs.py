@@ -74,9 +74,7 @@ def pile_domains(tokenizer, shard: Path, n: int, seq_len: int) -> dict[str, torc
                 doc = json.loads(line)
                 text, domain = doc["text"], doc.get("meta", {}).get("pile_set_name", "unknown")
             except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-                raise ValueError(
-                    f"{shard}:{line_no}: not a Pile record with 'text' and meta.pile_set_name ({e})"
-                ) from e
+                raise ValueError(f"{shard}:{line_no}: not a Pile line with 'text' and meta.pile_set_name ({e})") from e
             seqs = by_domain.setdefault(domain, [])
             if len(seqs) < n:
                 ids = encode(tokenizer, text[: seq_len * 16])

@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     given |= {f"{p.name}.{k}": v for p in s.policies for k, v in asdict(p).items()}
 
     def settings(result: KvResult) -> dict:
-        r = result.record
+        r = result.entry
         return {"tokens": r["tokens"], "first": s.first, "eps": s.eps, "budgets": list(r["budgets"])} | given
 
     log_results_of(subjects, "kv", results, settings, out, d)

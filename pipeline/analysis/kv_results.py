@@ -20,21 +20,21 @@ def row_key(policy: str, sinks: str) -> str:
 
 @dataclass(frozen=True)
 class KvResult:
-    """One model's kv-eval result: ``rows``, the (policy, sink setting) pairs streamed; ``record``, its entry in
+    """One model's kv-eval result: ``rows``, the (policy, sink setting) pairs streamed; ``entry``, its object in
     kv_eval.json (perplexities keyed by :func:`row_key`)."""
 
     rows: list[tuple[str, str]]
-    record: dict
+    entry: dict
 
     def to_json(self) -> dict:
-        return self.record
+        return self.entry
 
     def names(self) -> dict[str, str]:
         """Each row's name in the figure, ``h2o, sinks kept``; ``full cache``."""
         return {row_key(p, m): f"{p}, {LABELS[m]}" for p, m in self.rows} | {"full": "full cache"}
 
     def metrics(self) -> dict[str, float]:
-        r = self.record
+        r = self.entry
         out = {} if r["full"] is None else {N.stream_perplexity("full"): r["full"]}
         for budget, b in r["budgets"].items():
             out |= {N.kv_perplexity(p, m, float(budget)): b["perplexity"][row_key(p, m)] for p, m in self.rows}
@@ -49,7 +49,7 @@ class KvResult:
 
 
 def markdown(results: dict[str, KvResult], first: int) -> str:
-    budgets = [b for r in results.values() for b in r.record["budgets"].values()]
+    budgets = [b for r in results.values() for b in r.entry["budgets"].values()]
     factors = list(dict.fromkeys(f for b in budgets for f in b.get("passkey", {})))
     modes = [m for m in MODES if any(sinks == m for r in results.values() for _, sinks in r.rows)]
     ratio = "keep" in modes and "drop" in modes
@@ -73,7 +73,7 @@ def markdown(results: dict[str, KvResult], first: int) -> str:
         "|---|---|---|---|---|" + "---|" * (len(modes) + ("policy" in modes) + ratio + len(factors) * len(modes)),
     ]
     for name, result in results.items():
-        r = result.record
+        r = result.entry
         full = "n/a" if r["full"] is None else f"{r['full']:.2f}"
         tokens = r["tokens"] if r["sequences"] == 1 else f"{r['sequences']} seqs, {r['tokens']}"
         for budget, b in r["budgets"].items():
@@ -99,7 +99,7 @@ def markdown(results: dict[str, KvResult], first: int) -> str:
 def figure(results: dict[str, KvResult], path: Path, by: str) -> Path:
     panels, perplexity = {}, [f"perplexity: {name}" for name in results]
     for name, result in results.items():
-        r, label = result.record, result.names()
+        r, label = result.entry, result.names()
         budgets = sorted(r["budgets"], key=float)
         keys = [row_key(p, m) for p, m in result.rows]
         x = [float(b) for b in budgets]

@@ -105,6 +105,6 @@ def main(argv: list[str] | None = None) -> int:
         log_back(subject, "stream", values, {"text": text, "tokens": ids.numel(), "bos_first": first_is_bos}, None)
         print(f"logged to MLflow run {subject.run_id} as stream/ppl_<x>_<y>", file=sys.stderr)
     if s.out:
-        record = {"tokens": ids.numel(), "bos_first": first_is_bos, "perplexity": results, "seconds": seconds}
-        write_json(subject.header() | record, s.out, by)
+        entry = {"tokens": ids.numel(), "bos_first": first_is_bos, "perplexity": results, "seconds": seconds}
+        write_json(subject.header() | entry, s.out, by)
     return 0

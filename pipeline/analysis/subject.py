@@ -112,7 +112,7 @@ class Subject:
         return "sinklab"
 
     def header(self, out: Path | None = None) -> dict:
-        """The fields every analysis record starts with."""
+        """The fields every analysis JSON starts with."""
         head = {"model": model_name(self.spec), "source": self.source, "kind": self.kind}
         return head if out is None else head | {"out": str(out)}
 
@@ -192,8 +192,8 @@ def save_results(out: Path, stem: str, table: str, options: dict, results: dict,
     """``<stem>.md`` (the table, also printed), ``<stem>.json`` and ``<stem>.png`` (``figure(path, by)``) in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     write_output(out / f"{stem}.md", table + "\n", by)
-    record = {"settings": options | {"out": str(out)}, "models": results}
-    write_output(out / f"{stem}.json", json.dumps(record, indent=2, default=str), by)
+    entry = {"settings": options | {"out": str(out)}, "models": results}
+    write_output(out / f"{stem}.json", json.dumps(entry, indent=2, default=str), by)
     figure(out / f"{stem}.png", by)
     print(table)
 
@@ -224,8 +224,8 @@ def log_results_of(subjects: dict, key: str, results: dict, settings_for, out: P
             print(f"{name}: logged to MLflow run {run_id}", file=sys.stderr)
 
 
-def write_json(record: dict, path: Path, by: str) -> None:
-    write_output(path, json.dumps(record, indent=2), by)
+def write_json(entry: dict, path: Path, by: str) -> None:
+    write_output(path, json.dumps(entry, indent=2), by)
 
 
 def csv_text(rows: list[dict]) -> str:

@@ -1,5 +1,5 @@
 """`sinklab analyze`'s secondary-sink section: batches add up to one pass over every sequence, for
-SinkLab and HF models; the record, metrics and figure of a whole analysis."""
+SinkLab and HF models; the JSON, metrics and figure of a whole analysis."""
 
 import json
 from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""A run directory's record is written from that directory only: a copy, a start over
+"""A run directory's metrics are written from that directory only: a copy, a start over
 and a run deleted in the MLflow UI each get a new MLflow run linked by a tag, never a second
 history in the old one; --resume auto passes over a checkpoint whose stored step is not its name."""
 
