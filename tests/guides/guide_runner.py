@@ -183,10 +183,13 @@ class GuideShell:
             self.stop(pgid)
 
 
-def run_guide(guide: str, shell: GuideShell, until_line: int | None = None) -> list[Step]:
-    """Run the guide's blocks (but those marked skip) in order; return the steps skipped."""
+def run_guide(guide: str, shell: GuideShell, until_line: int | None = None, after_line: int = 0) -> list[Step]:
+    """Run the guide's blocks (but those marked skip) in order, those from ``after_line`` (exclusive) to
+    ``until_line`` (inclusive) where given; return the steps skipped."""
     skipped = []
     for step in steps(guide):
+        if step.line <= after_line:
+            continue
         if until_line is not None and step.line > until_line:
             break
         if step.skip:

@@ -1,7 +1,7 @@
 """docs/guides/cluster.md, run as written against real SLURM daemons and a basic-auth MLflow server it
 starts itself: a tiny Pile prepared, one run submitted, preempted with SIGUSR1 and resumed, a sweep of
-two variants as an array, its report; then a job with a wrong password, and the password searched for
-in every script, log and MLflow param."""
+two variants as an array, its report; beside them a job with a wrong password; then the password searched
+for in every script, log and MLflow param."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import zstandard
 from guide_runner import GuideShell, guide_env, run_guide
+from guide_runner import steps as guide_steps
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
@@ -66,18 +67,21 @@ def test_cluster_guide_runs_as_written(slurm, tmp_path):
     password = env["GUIDE_USER_PASSWORD"]
     shell = GuideShell(work, env, poll=lambda: release_requeued(slurm))
     try:
-        skipped = run_guide("cluster.md", shell)
-        assert [s.skip.split()[0] for s in skipped] == ["installs", "needs"], skipped
+        submitted = next(s.line for s in guide_steps("cluster.md") if s.command.startswith("sinklab submit"))
+        skipped = run_guide("cluster.md", shell, until_line=submitted)
+        # A job whose password is wrong, run beside the guide's: the server refuses it, nothing of it logged.
         uri = shell.exported("MLFLOW_TRACKING_URI")
-        env_user = {**env, "MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": password}
-
-        # A job whose password is wrong: the server refuses it and nothing of it is logged.
-        wrong = dict(env_user, MLFLOW_TRACKING_URI=uri, MLFLOW_TRACKING_PASSWORD="not-" + password)
+        wrong = dict(
+            env, MLFLOW_TRACKING_URI=uri, MLFLOW_TRACKING_USERNAME="alice", MLFLOW_TRACKING_PASSWORD="not-" + password
+        )
         submit = ["sinklab", "submit", "configs/recipes/cpu-tiny.yaml", "--gpus-per-node", "0", "--cpus-per-task", "1"]
         submit += ["--run-dir", "runs/wrong", "--", "--data.path", "data/pile", "--trainer.max_steps", "4"]
         done = subprocess.run(submit, cwd=work, env=wrong, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         job = done.stdout.split()[2].rstrip(":")
+        skipped += run_guide("cluster.md", shell, after_line=submitted)
+        assert [s.skip.split()[0] for s in skipped] == ["installs", "needs"], skipped
+
         assert slurm.wait_for(job, {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED"
         log = (work / "runs" / "wrong" / "slurm" / f"{job}.out").read_text()
         assert "error code 401" in log and "training goes on" in log, log[-3000:]

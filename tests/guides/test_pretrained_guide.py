@@ -1,11 +1,12 @@
 """docs/guides/pretrained.md, run as written with a tiny random Llama (its tokenizer with a BOS) in place
-of SmolLM2: every command runs and prints the tables the guide shows."""
+of SmolLM2 and *Hamlet* alone as its natural text: every command runs and prints the tables the guide shows."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
+from analysis_helpers import HAMLET
 from guide_runner import GuideShell, guide_env, run_guide
 
 
@@ -16,7 +17,10 @@ def test_pretrained_guide_runs_as_written(tiny_llama_dir, tmp_path):
     config.write_text(json.dumps({**json.loads(config.read_text()), "bos_token": "<|endoftext|>"}))
     work = tmp_path / "work"
     work.mkdir()
-    shell = GuideShell(work, guide_env(tmp_path / "home", tmp_path / "bin", model=str(model)))
+    env = guide_env(
+        tmp_path / "home", tmp_path / "bin", model=str(model), text=str(HAMLET)
+    )  # one play: shapes, not values
+    shell = GuideShell(work, env)
     try:
         skipped = run_guide("pretrained.md", shell)
     finally:
