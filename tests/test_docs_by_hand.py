@@ -12,6 +12,12 @@ DATA = RESULTS / "data" / "retrofit-evals"
 # table name -> the JSON file of a row's variant and the path of each column's figure in it
 TABLES = {
     "bb-stream": ("bb-{}.json", [("perplexity", "1+15"), ("perplexity", "0+16")], "{:.2f}"),
+    "smollm2-stream": ("smollm2-{}-stream.json", [("perplexity", "4+124"), ("perplexity", "0+128")], "{:.1f}"),
+    "smollm2-quant": (
+        "smollm2-{}-quant.json",
+        [("results", s, "perplexity") for s in ("fp", "w8a8-tensor", "w8a8-tensor-intact")],
+        "{:.1f}",
+    ),
 }
 
 

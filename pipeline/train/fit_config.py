@@ -138,8 +138,8 @@ def parse_error_line(message: str) -> str:
 
 
 def as_plain(cfg) -> dict:
-    """The parsed config as plain values, anything else as its str (the run's MLflow params are made of it)."""
-    out = json.loads(json.dumps(cfg.as_dict(), default=str))
+    """The parsed config (or a dict of it) as plain values, anything else as its str (the run's MLflow params)."""
+    out = json.loads(json.dumps(cfg.as_dict() if isinstance(cfg, Namespace) else cfg, default=str))
     out.pop("config", None)
     for target in (ARCH_TARGET, OPTIM_TARGET):  # the links' copies of `arch` and `optim`
         out.get("model", {}).pop(target.split(".")[1], None)
