@@ -111,10 +111,10 @@ def _source_model(spec: str) -> tuple[Transformer, dict[str, str]]:
 def _added_logits(
     model: Transformer, new: list[str], tokens: torch.Tensor, margin: float, quantile: float
 ) -> dict[str, torch.Tensor]:
-    """Per new logit parameter, ``margin`` below the ``quantile`` (0: the smallest) of the log-sum-exps over the
-    existing keys of its head's rows on ``tokens``, read in float64 from the share of a new column whose logit is L: 1/p = n_new + e^(lse - L)
-    (L moves down where e^(lse - L) is lost to rounding); repeated until each layer's L holds with the layers
-    below it at theirs."""
+    """Per new logit parameter, ``margin`` below the ``quantile`` (0: the smallest) of the log-sum-exps over
+    the existing keys of its head's rows on ``tokens``, read in float64 from the share of a new column whose
+    logit is L: 1/p = n_new + e^(lse - L) (L moves down where e^(lse - L) is lost to rounding); repeated
+    until each layer's L holds with the layers below it at theirs."""
     model = model.double().eval()
     params = dict(model.named_parameters())
     layers = sorted({name.split(".")[1] for name in new})
