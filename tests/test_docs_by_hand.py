@@ -53,13 +53,10 @@ def test_the_bb_quantization_sentence_is_its_json():
 
 def test_the_smollm2_outlier_sentence_is_its_json():
     text = " ".join(PAGE.read_text().split())
-    layer11 = {
-        v: json.loads((DATA / f"smollm2-{v}-quant.json").read_text())["outliers"]
+    retrofit, control = (
+        json.loads((DATA / f"smollm2-{v}-quant.json").read_text())["outliers"]
         for v in ("sink-logit-all-open", "control")
-    }
-    retrofit, control = layer11["sink-logit-all-open"], layer11["control"]
-    assert f"‖h‖∞ {retrofit['max_abs'][11]:.0f} against the control's {control['max_abs'][11]:.0f}" in text
-    assert (
-        f"at {retrofit['token_positions'][11]:.1f} token positions a sequence where the control has {control['token_positions'][11]:.1f}"
-        in text
     )
+    assert f"‖h‖∞ {retrofit['max_abs'][11]:.0f} against the control's {control['max_abs'][11]:.0f}" in text
+    positions = f"at {retrofit['token_positions'][11]:.1f} token positions a sequence"
+    assert f"{positions} where the control has {control['token_positions'][11]:.1f}" in text

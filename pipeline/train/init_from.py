@@ -72,10 +72,11 @@ def init_arch(spec: str, cfg: ModelConfig, vocab_size: int) -> ModelConfig:
     arch = arch.replace(**{path.replace(".", "__"): value for path, value in run.items() if _adds_slot(path)})
     default = _flat(ModelConfig())
     from_source = {k for k, v in _flat(source).items() if v != default.get(k)} | {*SHAPE_FIELDS, "n_kv_heads", "preset"}
+    have = _flat(arch)
     for path, value in run.items():
-        if path not in from_source and not _adds_slot(path) and value != _flat(arch)[path]:
+        if path not in from_source and not _adds_slot(path) and value != have[path]:
             raise ConfigError(
-                f"model.init={spec}: arch.{path}={value!r}, the source has {_flat(arch)[path]!r}; a pretrained "
+                f"model.init={spec}: arch.{path}={value!r}, the source has {have[path]!r}; a pretrained "
                 "source keeps its architecture (a sink logit or a K/KV-bias slot may be added)"
             )
     return arch
