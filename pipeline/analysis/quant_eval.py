@@ -96,13 +96,8 @@ class Evaluator:
         self.model, self.kind, self.windows, self.batch_size = model.eval(), kind, windows, batch_size
         self.blocks = model.blocks if kind == "sinklab" else decoder_blocks(model)
         self.sink_tokens = model.config.sink_tokens if kind == "sinklab" else 0
-        self.lead = lead
+        self.lead, self.kwargs = lead, {} if kind == "sinklab" else {"use_cache": False}
         self.skip = max(1, lead - self.sink_tokens)  # predictions made at these real positions are not scored
-
-    def logits(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.kind == "sinklab":
-            return self.model(ids).logits
-        return self.model(input_ids=ids, use_cache=False).logits
 
     @torch.no_grad()
     def nll(self, setting: str, outliers: OutlierAccumulator | None = None) -> torch.Tensor:
@@ -112,10 +107,10 @@ class Evaluator:
             for start in range(0, len(self.windows), self.batch_size):
                 ids = self.windows[start : start + self.batch_size]
                 if outliers is None:
-                    logits = self.logits(ids)
+                    logits = self.model(ids, **self.kwargs).logits
                 else:
                     with capturing_linear_inputs(self.blocks, outliers), capturing_block_outputs(self.blocks) as hidden:
-                        logits = self.logits(ids)
+                        logits = self.model(ids, **self.kwargs).logits
                     outliers.add_hidden(hidden)
                 scored = logits[:, self.skip : -1].float()
                 rows.append(F.cross_entropy(scored.transpose(1, 2), ids[:, self.skip + 1 :], reduction="none"))
@@ -186,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     q = check_args(build_parser().parse_args(argv))
     claimed(q.out, ("quant_eval.md", "quant_eval.json"), BY, [q.model])
     result = run(Subject(q.model, q.kind, q.tokenizer_file, "quant-eval"), q)
-    print(result["table"])
+    print(markdown(result))
     if "mlflow_run_id" in result:
         print(f"logged to MLflow run {result['mlflow_run_id']} as quant/perplexity_<setting>")
     print(f"wrote {result['out']}/quant_eval.json")
@@ -234,10 +229,9 @@ def run(subject, q: QuantEval) -> dict:
         "results": results,
         "outliers": measures.to_json() if measures is not None else None,
     }
-    result["table"] = markdown(result)
     by = writer(BY, [subject.spec])
-    write_output(q.out / "quant_eval.md", result["table"] + "\n", by)
-    write_json({k: v for k, v in result.items() if k != "table"}, q.out / "quant_eval.json", by)
+    write_output(q.out / "quant_eval.md", markdown(result) + "\n", by)
+    write_json(result, q.out / "quant_eval.json", by)
     if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/
         values = {
             N.quant(f"{key}_{n.replace('-', '_')}"): r[key]
@@ -248,5 +242,5 @@ def run(subject, q: QuantEval) -> dict:
         if measures is not None:
             values.update({N.quant(N.act(k)): v for k, v in measures.summary().items() if not k.endswith("_at")})
         result["mlflow_run_id"] = log_back(subject, "quant", values, result["settings"], q.out)
-        write_json({k: v for k, v in result.items() if k != "table"}, q.out / "quant_eval.json", by)
+        write_json(result, q.out / "quant_eval.json", by)
     return result
