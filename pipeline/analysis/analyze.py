@@ -17,14 +17,6 @@ from pipeline import metric_names as N
 from pipeline import probe_metrics
 from pipeline.analysis import inputs, secondary
 from pipeline.analysis.figures import write_plots
-from pipeline.analysis.inputs import (
-    INPUT_KINDS,
-    ProbeSettings,
-    comma_choices,
-    natural_tokens,
-    probe_sets,
-    tokenizer_file,
-)
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
 from pipeline.analysis.tables import format_table
 from sinklab_io.mappings import settings_of
@@ -61,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclass(frozen=True)
-class Analysis(ProbeSettings):
+class Analysis(inputs.ProbeSettings):
     """`sinklab analyze`'s settings: the probe, the model to load and where its results go."""
 
     model: str
@@ -82,14 +74,13 @@ def check_args(args: argparse.Namespace) -> Analysis:
         raise SystemExit("sinklab analyze: --num-sequences must be >= 1 and --seq-len >= 2")
     if not 0 <= args.eps < 1:
         raise SystemExit(f"sinklab analyze: --eps {args.eps}: α lies in [0, 1], so ε must be in [0, 1) (paper: 0.3)")
-    kinds = tuple(comma_choices(args.inputs, "--inputs", INPUT_KINDS, BY))
+    kinds = tuple(inputs.comma_choices(args.inputs, "--inputs", inputs.INPUT_KINDS, BY))
     edits = parse_position_edits(args.gpt2_positions)
     if outside := [t for _, t in edits if not 2 <= t <= args.seq_len]:
         raise SystemExit(f"sinklab analyze: --gpt2-positions position {outside[0]} outside 2..{args.seq_len}")
     out = args.out or Path("analysis") / model_name(args.model)
-    return settings_of(
-        Analysis, args, inputs=kinds, edits=edits, tokenizer=tokenizer_file(args.tokenizer, args.dataset), out=out
-    )
+    tokenizer = inputs.tokenizer_file(args.tokenizer, args.dataset)
+    return settings_of(Analysis, args, inputs=kinds, edits=edits, tokenizer=tokenizer, out=out)
 
 
 def parse_position_edits(specs: list[str] | None) -> list[tuple[str, int]]:
@@ -137,7 +128,7 @@ def output_names(a: Analysis) -> list[str]:
     return ["report.json", "sink_profile.png", *alpha1, "norm_ratio.png", "qk_decomposition.png", "flow.png", *natural]
 
 
-def probe_bos(probe: ProbeSettings) -> bool:
+def probe_bos(probe: inputs.ProbeSettings) -> bool:
     """Whether the natural inputs are ``--dataset``'s probe sequences written BOS first (a Bigram-Backcopy dataset's)."""
     if probe.dataset is None or probe.bos or "natural" not in probe.inputs:
         return False
@@ -203,7 +194,7 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
             "sinklab analyze: --pile on a SinkLab checkpoint needs its tokenizer: --tokenizer "
             "<dataset>/tokenizer.json or --dataset DIR"
         )
-    sets = probe_sets(subject, a)
+    sets = inputs.probe_sets(subject, a)
     out.mkdir(parents=True, exist_ok=True)
     measures_of = {kind: subject.measure(tokens, a) for kind, tokens in sets.items()}
     result = {
@@ -231,22 +222,21 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
         domains = inputs.pile_domains(subject.tokenizer, a.pile, a.num_sequences, a.seq_len)
         result["domains"] = {d: subject.measure(toks, a).sink1 for d, toks in domains.items()}
     if a.edits:
-        tokens = sets["natural"] if "natural" in sets else natural_tokens(subject, a)
+        tokens = sets["natural"] if "natural" in sets else inputs.natural_tokens(subject, a)
         result["learned_positions"] = learned_position_table(subject, tokens, a)
     if not a.no_plots:
         result["plots"] = [p.name for p in write_plots(name, measures_of, out, a.eps, by)]
     result["seconds"] = {"load": round(load_seconds, 2), "analysis": round(time.perf_counter() - started, 2)}
     write_json(result, out / "report.json", by)
-    uri = a.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if getattr(subject, "run_id", None) is not None:  # runs:/<id>: on the training run itself, under analysis/
         result["mlflow_run_id"] = log_on_run(subject, result, out)
-        write_json(result, out / "report.json", by)
-    elif uri:
+    elif uri := a.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI"):
         from pipeline.tracking import log_new_run
 
         tags = {"sinklab.kind": "analysis", "sinklab.model": result["model"]}
         params = {k: result["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")}
         metrics = result_metrics(result)
         result["mlflow_run_id"] = log_new_run(uri, a.experiment, f"analyze-{name}", tags, params, metrics, out)
+    if "mlflow_run_id" in result:
         write_json(result, out / "report.json", by)
     return result
