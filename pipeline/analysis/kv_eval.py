@@ -10,7 +10,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
-from functools import partial
 from pathlib import Path
 from typing import get_type_hints
 
@@ -315,8 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         sequences = [torch.tensor(c, dtype=torch.long, device=streamer.device) for c in chunks]
         print(f"{name}: {len(sequences)} sequences, {sum(map(len, chunks))} tokens", file=sys.stderr)
         results[name] = evaluate(subjects[name], streamer, sequences, s)
-    records = {name: r.to_json() for name, r in results.items()}
-    save_results(out, "kv_eval", markdown(results, s.first), d.options, records, by, partial(figure, results))
+    save_results(out, "kv_eval", markdown(results, s.first), d.options, results, by, figure)
     given = {k: d.options[k] for k in ("passkey", "depths", "keys")} if s.passkey else {}
     given |= {f"{p.name}.{k}": v for p in s.policies for k, v in asdict(p).items()}
 

@@ -9,7 +9,6 @@ import argparse
 import sys
 import time
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -263,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             check_dataset_tokenizer(subjects[name], s.dataset)
         print(f"{name}: evaluating", file=sys.stderr)
         results[name] = evaluate(subjects[name], s)
-    records = {name: r.to_json() for name, r in results.items()}
-    save_results(out, "length", markdown(results), d.options, records, by, partial(figure, results))
+    save_results(out, "length", markdown(results), d.options, results, by, figure)
     log_results_of(subjects, "length", results, LengthResult.settings, out, d)
     print(f"wrote {out}/{', '.join(OUTPUTS)}", file=sys.stderr)
     return 0
