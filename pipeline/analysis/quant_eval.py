@@ -12,16 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from pipeline import metric_names as N
+from pipeline.analysis import inputs
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.hf_capture import decoder_blocks
-from pipeline.analysis.inputs import (
-    check_dataset_tokenizer,
-    comma_choices,
-    default_text,
-    encode,
-    held_out_stream,
-    read_text,
-)
 from pipeline.analysis.streamers import perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, bos_id
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
@@ -70,8 +63,7 @@ class QuantEval(Reading):
 
 
 def check_args(args: argparse.Namespace) -> QuantEval:
-    """The settings, checked before anything is loaded (SystemExit: one line); on the CPU."""
-    names = comma_choices(args.settings, "--settings", SETTINGS, BY)
+    names = inputs.comma_choices(args.settings, "--settings", SETTINGS, BY)
     if args.dataset is not None and args.text is not None:
         raise SystemExit("sinklab quant-eval: give --text or --dataset, not both")
     if args.seq_len < 3 or args.batch_size < 1:
@@ -90,8 +82,6 @@ def make_windows(ids: list[int], seq_len: int, bos: int | None) -> torch.Tensor:
 
 
 class Evaluator:
-    """One model (SinkLab ``Transformer`` or HF causal LM) and the windows it is scored on."""
-
     def __init__(self, model: torch.nn.Module, kind: str, windows: torch.Tensor, lead: int, batch_size: int = 1):
         self.model, self.kind, self.windows, self.batch_size = model.eval(), kind, windows, batch_size
         self.blocks = model.blocks if kind == "sinklab" else decoder_blocks(model)
@@ -166,15 +156,15 @@ def load_tokens(subject, q: QuantEval) -> tuple[list[int], int | None, str]:
     """The token stream, the BOS id to start each window with (or None) and a label of the text."""
     bos = bos_id(subject, q.bos)
     if q.dataset is not None:
-        check_dataset_tokenizer(subject, q.dataset)
-        return held_out_stream(q.dataset, q.max_tokens, "quant-eval"), bos, f"dataset {q.dataset} (val)"
+        inputs.check_dataset_tokenizer(subject, q.dataset)
+        return inputs.held_out_stream(q.dataset, q.max_tokens, "quant-eval"), bos, f"dataset {q.dataset} (val)"
     if subject.tokenizer is None:
         raise SystemExit(
             f"sinklab quant-eval: {q.model}: no tokenizer.json beside it; pass --tokenizer "
             "<dataset>/tokenizer.json or --dataset DIR"
         )
-    text = q.text or default_text()
-    return encode(subject.tokenizer, read_text(text))[: q.max_tokens], bos, str(text)
+    text = q.text or inputs.default_text()
+    return inputs.encode(subject.tokenizer, inputs.read_text(text))[: q.max_tokens], bos, str(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,7 +192,6 @@ def lead_of(subject, q: QuantEval) -> int:
 
 
 def run(subject, q: QuantEval) -> dict:
-    """Everything after loading the model: windows, the settings, outputs, MLflow. Returns the result."""
     subject.check_seq_len(q.seq_len)
     lead = lead_of(subject, q)
     ids, bos, text = load_tokens(subject, q)
