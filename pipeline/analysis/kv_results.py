@@ -18,7 +18,6 @@ def row_key(policy: str, sinks: str) -> str:
 
 
 def passkey_cell(passkey: dict | None, key: str) -> str:
-    """Right answers / trials; n/a where not measured."""
     right = None if passkey is None else passkey["right"].get(key)
     return "n/a" if right is None else f"{right}/{len(passkey['trials'])}"
 

@@ -222,8 +222,6 @@ def make_trials(
 
 @dataclass(frozen=True)
 class PasskeyEval:
-    """`sinklab passkey`'s settings: the model and its tokenizer, the caches, the trials, --out."""
-
     model: str
     kind: str
     tokenizer: Path | None

@@ -77,7 +77,13 @@ class Subject:
             inside, beside = Path(spec) / "tokenizer.json", Path(spec).with_name("tokenizer.json")
             beside = inside if inside.is_file() else beside
             if tokenizer is not None or beside.exists():
-                self.tokenizer = sinklab_tokenizer(tokenizer or beside, command)
+                from data_prep.errors import DataPrepError
+                from data_prep.tokenizer import load_tokenizer
+
+                try:  # a SinkLab dataset's tokenizer.json, with its BOS/EOS/PAD roles
+                    self.tokenizer = load_tokenizer(str(tokenizer or beside)).as_transformers()
+                except DataPrepError as e:
+                    raise SystemExit(f"sinklab {command}: --tokenizer: {e}") from None
         else:  # a shortcut, a .gguf file, an HF model directory or a hub name, in fp32
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -127,7 +133,6 @@ class Subject:
         return getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
 
     def check_seq_len(self, seq_len: int) -> None:
-        """Refuse ``-T`` beyond :meth:`max_positions`."""
         limit = self.max_positions()
         if limit is not None and seq_len > limit:
             raise SystemExit(
@@ -136,7 +141,6 @@ class Subject:
             )
 
     def require_tokenizer(self):
-        """The tokenizer; refused (one line) where a SinkLab checkpoint has none."""
         if self.tokenizer is None:
             raise SystemExit(
                 f"sinklab {self.command}: {self.spec}: no tokenizer.json beside it; "
@@ -168,17 +172,6 @@ def writer(command: str, specs: list[str]) -> str:
 def model_name(spec: str) -> str:
     """A name safe in file and metric names: a path's stem, else the spec itself."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", Path(spec).stem if Path(spec).exists() else spec)
-
-
-def sinklab_tokenizer(path: Path, command: str):
-    """A SinkLab dataset's tokenizer.json as a transformers tokenizer with its BOS/EOS/PAD roles."""
-    from data_prep.errors import DataPrepError
-    from data_prep.tokenizer import load_tokenizer
-
-    try:
-        return load_tokenizer(str(path)).as_transformers()
-    except DataPrepError as e:
-        raise SystemExit(f"sinklab {command}: --tokenizer: {e}") from None
 
 
 @dataclass(frozen=True)
