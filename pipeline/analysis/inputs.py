@@ -98,10 +98,8 @@ def held_out_sequences(dataset: Path, max_tokens: int, command: str = "stream-pp
             f"sinklab {command}: --dataset {dataset}: not a prepared dataset with a val split ({e})"
         ) from None
     sequences, total = [], 0
-    for i in range(len(split)):
-        if total >= max_tokens:
-            break
-        sequences.append(split[i].tolist())
+    while total < max_tokens and len(sequences) < len(split):
+        sequences.append(split[len(sequences)].tolist())
         total += len(sequences[-1])
     return sequences
 
