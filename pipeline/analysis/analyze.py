@@ -14,19 +14,11 @@ from pathlib import Path
 import torch
 
 from pipeline import metric_names as N
-from pipeline import probe_metrics
+from pipeline import plots, probe_metrics
 from pipeline.analysis import inputs, secondary
-from pipeline.analysis.figures import write_plots
-from pipeline.analysis.inputs import (
-    INPUT_KINDS,
-    ProbeSettings,
-    comma_choices,
-    natural_tokens,
-    probe_sets,
-    tokenizer_file,
-)
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
 from pipeline.analysis.tables import format_table
+from pipeline.sink_measures import SinkMeasures
 from sinklab_io.mappings import settings_of
 
 BY = "sinklab analyze"
@@ -61,9 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclass(frozen=True)
-class Analysis(ProbeSettings):
-    """`sinklab analyze`'s settings: the probe, the model to load and where its results go."""
-
+class Analysis(inputs.ProbeSettings):
     model: str
     kind: str
     tokenizer: Path | None
@@ -77,19 +67,17 @@ class Analysis(ProbeSettings):
 
 
 def check_args(args: argparse.Namespace) -> Analysis:
-    """The settings, checked before anything is loaded (SystemExit: one line)."""
     if args.num_sequences < 1 or args.seq_len < 2:
         raise SystemExit("sinklab analyze: --num-sequences must be >= 1 and --seq-len >= 2")
     if not 0 <= args.eps < 1:
         raise SystemExit(f"sinklab analyze: --eps {args.eps}: α lies in [0, 1], so ε must be in [0, 1) (paper: 0.3)")
-    kinds = tuple(comma_choices(args.inputs, "--inputs", INPUT_KINDS, BY))
+    kinds = tuple(inputs.comma_choices(args.inputs, "--inputs", inputs.INPUT_KINDS, BY))
     edits = parse_position_edits(args.gpt2_positions)
     if outside := [t for _, t in edits if not 2 <= t <= args.seq_len]:
         raise SystemExit(f"sinklab analyze: --gpt2-positions position {outside[0]} outside 2..{args.seq_len}")
     out = args.out or Path("analysis") / model_name(args.model)
-    return settings_of(
-        Analysis, args, inputs=kinds, edits=edits, tokenizer=tokenizer_file(args.tokenizer, args.dataset), out=out
-    )
+    tokenizer = inputs.tokenizer_file(args.tokenizer, args.dataset)
+    return settings_of(Analysis, args, inputs=kinds, edits=edits, tokenizer=tokenizer, out=out)
 
 
 def parse_position_edits(specs: list[str] | None) -> list[tuple[str, int]]:
@@ -137,13 +125,54 @@ def output_names(a: Analysis) -> list[str]:
     return ["report.json", "sink_profile.png", *alpha1, "norm_ratio.png", "qk_decomposition.png", "flow.png", *natural]
 
 
-def probe_bos(probe: ProbeSettings) -> bool:
+def probe_bos(probe: inputs.ProbeSettings) -> bool:
     """Whether the natural inputs are ``--dataset``'s probe sequences written BOS first (a Bigram-Backcopy dataset's)."""
     if probe.dataset is None or probe.bos or "natural" not in probe.inputs:
         return False
     from data_prep.dataset import load_manifest
 
     return load_manifest(probe.dataset).probe.bos
+
+
+def write_plots(name: str, measures_of: dict[str, SinkMeasures], out: Path, eps: float, by: str) -> list[Path]:
+    profiles = {k: r.profile for k, r in measures_of.items()}
+    paths = [plots.sink_profile(profiles, out / "sink_profile.png", f"{name}: Sink_k by position", eps, by)]
+    for kind, measures in measures_of.items():
+        panels = {key: getattr(measures, key) for key in ("entropy", "out_norm", "dormant", "max_logit")}
+        title = f"{name} ({kind}): α₁ per layer and head"
+        paths.append(plots.alpha1_heatmap(measures.alpha1, out / f"alpha1_{kind}.png", title, **panels, by=by))
+    first = measures_of.get("natural") or next(iter(measures_of.values()))
+    curves = {"hidden states": first.massive_ratio.tolist()}
+    for label, t in (("keys", first.key_norm_ratio), ("values", first.value_norm_ratio)):
+        if t is not None:
+            curves[label] = t.tolist()
+    paths.append(plots.norm_ratio_curves(curves, out / "norm_ratio.png", f"{name}: first-token ℓ2-norm ratio", by))
+    if first.qk_decomposition is not None:
+        title = f"{name}: QK decomposition"
+        paths.append(plots.qk_decomposition(first.qk_decomposition, out / "qk_decomposition.png", title, by))
+    if any(measures.flow is not None for measures in measures_of.values()):
+        paths.append(flow_figure(name, measures_of, out / "flow.png", by))
+    return paths
+
+
+def flow_figure(name: str, measures_of: dict[str, SinkMeasures], path: Path, by: str) -> Path:
+    """Per layer and input kind: the norm ratio, matrix entropy and over-mixing sensitivity (−1: the embeddings)."""
+    panels = {"‖h₁‖ / mean ‖h_t≠1‖": {}, "matrix entropy (normalised)": {}, "over-mixing sensitivity": {}}
+    for kind, measures in measures_of.items():
+        if measures.flow is None:
+            continue
+        layers = list(range(len(measures.flow.entropy)))
+        lead = [-1] if measures.flow.entropy_input is not None else []
+        first = [measures.flow.norm_ratio_input] if lead else []
+        panels["‖h₁‖ / mean ‖h_t≠1‖"][kind] = (lead + layers, first + measures.massive_ratio.tolist())
+        entropy = ([measures.flow.entropy_input] if lead else []) + measures.flow.entropy.tolist()
+        panels["matrix entropy (normalised)"][kind] = (lead + layers, entropy)
+        if measures.flow.mixing is not None:
+            panels["over-mixing sensitivity"][kind] = (layers, measures.flow.mixing.tolist())
+    panels = {k: v for k, v in panels.items() if v}
+    return plots.curve_panels(
+        panels, path, f"{name}: information flow (layer −1: embeddings)", log_panels=panels, by=by
+    )
 
 
 def result_metrics(result: dict) -> dict[str, float]:
@@ -189,7 +218,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
-    """Everything after loading: probe sets, sink measures, plots, JSON, MLflow. Returns the result."""
     started = time.perf_counter()
     name, by, out = model_name(a.model), writer(BY, [subject.spec]), a.out
     # refusals before any work, and before the output folder exists: a refused input leaves none
@@ -203,7 +231,7 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
             "sinklab analyze: --pile on a SinkLab checkpoint needs its tokenizer: --tokenizer "
             "<dataset>/tokenizer.json or --dataset DIR"
         )
-    sets = probe_sets(subject, a)
+    sets = inputs.probe_sets(subject, a)
     out.mkdir(parents=True, exist_ok=True)
     measures_of = {kind: subject.measure(tokens, a) for kind, tokens in sets.items()}
     result = {
@@ -231,22 +259,21 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
         domains = inputs.pile_domains(subject.tokenizer, a.pile, a.num_sequences, a.seq_len)
         result["domains"] = {d: subject.measure(toks, a).sink1 for d, toks in domains.items()}
     if a.edits:
-        tokens = sets["natural"] if "natural" in sets else natural_tokens(subject, a)
+        tokens = sets["natural"] if "natural" in sets else inputs.natural_tokens(subject, a)
         result["learned_positions"] = learned_position_table(subject, tokens, a)
     if not a.no_plots:
         result["plots"] = [p.name for p in write_plots(name, measures_of, out, a.eps, by)]
     result["seconds"] = {"load": round(load_seconds, 2), "analysis": round(time.perf_counter() - started, 2)}
     write_json(result, out / "report.json", by)
-    uri = a.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if getattr(subject, "run_id", None) is not None:  # runs:/<id>: on the training run itself, under analysis/
         result["mlflow_run_id"] = log_on_run(subject, result, out)
-        write_json(result, out / "report.json", by)
-    elif uri:
+    elif uri := a.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI"):
         from pipeline.tracking import log_new_run
 
         tags = {"sinklab.kind": "analysis", "sinklab.model": result["model"]}
         params = {k: result["settings"][k] for k in ("num_sequences", "seq_len", "eps", "seed")}
         metrics = result_metrics(result)
         result["mlflow_run_id"] = log_new_run(uri, a.experiment, f"analyze-{name}", tags, params, metrics, out)
+    if "mlflow_run_id" in result:
         write_json(result, out / "report.json", by)
     return result

@@ -26,15 +26,14 @@ _TINY = torch.finfo(torch.float32).tiny
 
 @dataclass(frozen=True)
 class QuantSetting:
-    name: str
     activations: str | None  # None: full precision; "tensor" or "token": the activation step
     lead: str = "none"  # the leading positions: "none" (as every other), "intact" or "exclude"
     description: str = ""
 
 
 SETTINGS = {
-    row[0]: QuantSetting(*row)
-    for row in (
+    name: QuantSetting(*row)
+    for name, *row in (
         ("fp", None, "none", "full precision (fp32)"),
         ("w8a8-tensor", "tensor", "none", "int8 weights per channel, activations per tensor"),
         ("w8a8-token", "token", "none", "int8 weights per channel, activations per token"),
@@ -57,10 +56,8 @@ def quantize_activation(x: Tensor, granularity: str, skip: int = 0) -> Tensor:
     linear_input(x)
     if granularity == "tensor":
         amax = x[..., skip:, :].abs().amax(dim=tuple(range(1, x.dim())), keepdim=True)
-    elif granularity == "token":
+    else:  # "token"
         amax = x.abs().amax(dim=-1, keepdim=True)
-    else:
-        raise ValueError(f"activation granularity {granularity!r}; expected 'tensor' or 'token'")
     step = amax.clamp_min(_TINY) / QMAX
     return (x / step).round().clamp(-QMAX, QMAX) * step
 

@@ -5,7 +5,6 @@ its inputs; hooks on the blocks read the hidden states before the final norm."""
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -57,23 +56,18 @@ class Captured:
     head_outputs: list[Tensor] | None = None  # [B, H, T, dh] A·V per head, before o_proj
 
 
-@contextmanager
-def _capturing_qkv():
-    global _qkv_calls
-    _qkv_calls = []
-    try:
-        yield _qkv_calls
-    finally:
-        _qkv_calls = None
-
-
 def capture(model: torch.nn.Module, ids: Tensor, qkv: bool = True) -> Captured:
     """One no-grad forward pass of ``ids [B, T]`` collecting everything the metrics need."""
+    global _qkv_calls
     if qkv and model.config._attn_implementation != IMPLEMENTATION:
         ensure_registered()
         model.set_attn_implementation(IMPLEMENTATION)
-    with torch.no_grad(), _capturing_qkv() as calls, capturing_block_outputs(decoder_blocks(model)) as hidden:
-        out = model(input_ids=ids, output_attentions=True, use_cache=False, logits_to_keep=1)
+    calls = _qkv_calls = []
+    try:
+        with torch.no_grad(), capturing_block_outputs(decoder_blocks(model)) as hidden:
+            out = model(input_ids=ids, output_attentions=True, use_cache=False, logits_to_keep=1)
+    finally:
+        _qkv_calls = None
     captured = Captured(attentions=[a.float() for a in out.attentions], hidden_states=hidden)
     if qkv and calls:
         captured.queries, captured.keys, captured.values, captured.head_outputs = map(list, zip(*calls))
@@ -81,16 +75,11 @@ def capture(model: torch.nn.Module, ids: Tensor, qkv: bool = True) -> Captured:
 
 
 def hf_sink_measures(
-    model: torch.nn.Module,
-    tokens,
-    eps: float = 0.3,
-    positions: int = 10,
-    batch_size: int = 25,
-    flow: bool = True,
+    model: torch.nn.Module, tokens, eps: float = 0.3, positions: int = 10, batch_size: int = 25
 ) -> SinkMeasures:
-    """Sink metrics, activation outliers and (with ``flow``) the information flow of a HF model on ``tokens [N, T]``."""
+    """Sink metrics, activation outliers and the information flow of a HF model on ``tokens [N, T]``."""
     tokens = as_token_tensor(tokens, next(model.parameters()).device)
-    acc = SinkAccumulator(eps, positions, OutlierAccumulator(lead=1), FlowAccumulator() if flow else None)
+    acc = SinkAccumulator(eps, positions, OutlierAccumulator(lead=1), FlowAccumulator())
     model.eval()
     for start in range(0, tokens.shape[0], batch_size):
         ids = tokens[start : start + batch_size]
@@ -100,7 +89,6 @@ def hf_sink_measures(
         ):
             c = capture(model, ids)
         acc.add(**vars(c))  # each field of Captured is an argument of add
-        if acc.flow is not None:  # the same eager path again: the untouched positions match exactly
-            perturbed = lambda: capture(model, ids, qkv=False).hidden_states  # noqa: B023, E731
-            acc.flow.add_pass(model, c.hidden_states, perturbed, embedded, ids.shape[1])
+        perturbed = lambda: capture(model, ids, qkv=False).hidden_states  # noqa: B023, E731
+        acc.flow.add_pass(model, c.hidden_states, perturbed, embedded, ids.shape[1])  # the same eager path again
     return acc.measures()

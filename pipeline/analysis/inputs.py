@@ -19,7 +19,6 @@ INPUT_KINDS = ("natural", "random", "repeat")
 
 
 def comma_choices(text: str, option: str, allowed, prog: str) -> list[str]:
-    """The comma list ``text``, each item one of ``allowed``; refused (one line) otherwise."""
     items = [x.strip() for x in text.split(",") if x.strip()]
     if bad := [x for x in items if x not in allowed]:
         raise SystemExit(f"{prog}: {option} {','.join(bad)} unknown; choose from {','.join(allowed)}")
@@ -99,10 +98,8 @@ def held_out_sequences(dataset: Path, max_tokens: int, command: str = "stream-pp
             f"sinklab {command}: --dataset {dataset}: not a prepared dataset with a val split ({e})"
         ) from None
     sequences, total = [], 0
-    for i in range(len(split)):
-        if total >= max_tokens:
-            break
-        sequences.append(split[i].tolist())
+    while total < max_tokens and len(sequences) < len(split):
+        sequences.append(split[len(sequences)].tolist())
         total += len(sequences[-1])
     return sequences
 
@@ -124,7 +121,6 @@ def trained_tokenizer(path: Path) -> str | None:
 
 
 def dataset_manifest(path: Path, command: str):
-    """--dataset's manifest; refused (one line) where it is none."""
     from data_prep.dataset import DatasetError, load_manifest
 
     try:

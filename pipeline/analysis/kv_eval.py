@@ -8,8 +8,8 @@ import argparse
 import re
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
-from functools import partial
 from pathlib import Path
 from typing import get_type_hints
 
@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from docstring_parser import parse_from_object
 
+from pipeline.analysis import passkey as pk
 from pipeline.analysis.inputs import comma_choices, default_text, held_out_sequences
-from pipeline.analysis.kv_passkey import BY, add_passkey_arguments, check_passkey_args, passkey_at
 from pipeline.analysis.kv_results import KvResult, figure, markdown, row_key
-from pipeline.analysis.streamers import CacheSpec, kv_heads, perplexity
-from pipeline.analysis.streaming import Reading, add_text_arguments, check_positions, load_subject
+from pipeline.analysis.streamers import CacheSpec, Streamer, kv_heads, perplexity
+from pipeline.analysis.streaming import Reading, add_text_arguments, bos_id, check_positions, load_subject
 from pipeline.analysis.subject import (
     Destination,
     add_model_arguments,
@@ -36,6 +36,7 @@ from pipeline.model.eviction import SINKS as MODES
 from pipeline.secondary_sinks import MIN_QUERIES, secondary_sink_mask
 from sinklab_io.mappings import settings_of
 
+BY = "sinklab kv-eval"
 OUTPUTS = ("kv_eval.md", "kv_eval.json", "kv_eval.png")
 SINKS = dict(zip(("policy", "kept", "dropped"), MODES))  # --sinks name -> a row's sink setting
 MIN_TOKENS = 3  # a budget of 2 entries and one token past it
@@ -43,6 +44,52 @@ MIN_TOKENS = 3  # a budget of 2 entries and one token past it
 
 def refuse(message: str) -> SystemExit:
     return SystemExit(f"{BY}: {message}")
+
+
+def passkey_at(
+    subject,
+    streamer: Streamer,
+    rows: Sequence[Row],
+    entries: int,
+    factors: Sequence[int],
+    depths: Sequence[float],
+    keys: int,
+    bos_mode: str,
+    secondary: Callable[[torch.Tensor], list[torch.Tensor]] | None = None,
+) -> dict[str, dict | None]:
+    """``<f>x`` -> the passkey on prompts of f x ``entries`` tokens (None where they cannot hold it): each trial one
+    batch of the rows (sinks: their first entries and ``secondary(ids)``), and all trials with the whole prompt
+    cached (``full``; None past the model's positions)."""
+    tokenizer, bos = subject.tokenizer, bos_id(subject, bos_mode)
+    layers, heads = kv_heads(subject)
+    out: dict[str, dict | None] = {}
+    for f in factors:
+        try:
+            trials = pk.make_trials(tokenizer, f * entries, list(depths), keys, bos=bos)
+        except ValueError as e:
+            print(f"  passkey at {f}x{entries} tokens: skipped ({e})", file=sys.stderr)
+            out[f"{f}x"] = None
+            continue
+        new = max(pk.answer_length(tokenizer, t.key) for t in trials)
+        got: dict[str, list | None] = {row_key(r.policy.name, r.sinks): [] for r in rows} | {"full": None}
+        for t in trials:
+            found = None if secondary is None else secondary(torch.tensor(t.ids, device=streamer.device))
+            evictor = Evictor(rows, entries, layers, heads, found, device=streamer.device)
+            (tokens,) = pk.answer(streamer, [t.ids], [CacheSpec(0, entries)] * len(rows), new, evictor)
+            for key, row_tokens in zip(got, tokens):
+                got[key].append(pk.check(tokenizer, row_tokens, t.key))
+        whole, limit = len(trials[0].ids) + new + streamer.sink_tokens, subject.max_positions()
+        if limit is None or whole <= limit:
+            full = pk.answer(streamer, [t.ids for t in trials], [CacheSpec(0, whole)], new)
+            got["full"] = [pk.check(tokenizer, tokens, t.key) for t, (tokens,) in zip(trials, full)]
+        out[f"{f}x"] = {
+            "tokens": len(trials[0].ids),
+            "trials": [{"depth": t.depth, "key": t.key} for t in trials],
+            "right": {k: None if v is None else sum(ok for _, ok in v) for k, v in got.items()},
+            "accuracy": {k: None if v is None else 100 * sum(ok for _, ok in v) / len(v) for k, v in got.items()},
+            "answers": {k: None if v is None else [text for text, _ in v] for k, v in got.items()},
+        }
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --dataset: each val sequence alone, from an empty cache; --budget a share of its length",
     )
-    add_passkey_arguments(p)
+    p.add_argument(
+        "--passkey", default="1,2", help="comma list of f: passkey prompts of f x the budget's entries ('': none)"
+    )
+    p.add_argument("--depths", default="0,0.5,1", help=f"passkey depths in [0, 1] (passkey's: {pk.DEFAULT_DEPTHS})")
+    p.add_argument("--keys", type=int, default=1, help="passkey keys (trials) per depth")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma list of {','.join(POLICIES)} (below)")
     p.add_argument(
         "--sinks",
@@ -159,7 +210,10 @@ def check_args(args) -> KvEval:
             check_first(args.first, text, entries)
     if args.per_sequence and args.dataset is None:
         raise refuse("--per-sequence reads a prepared dataset's val split: add --dataset DIR")
-    factors, depths = check_passkey_args(args.passkey, args.depths, args.keys)
+    factors = pk.parse_factors(args.passkey, BY)
+    if factors and args.keys < 1:
+        raise refuse(f"--keys {args.keys}: must be >= 1 (no passkey: --passkey '')")
+    depths = pk.parse_depths(args.depths, BY) if factors else []
     options = vars(args) | {f"{p.name}.{k}": v for p in policies for k, v in asdict(p).items()}
     given = dict(policies=policies, sinks=sinks, budget=args.budget or ["25%"], passkey=factors, depths=depths)
     destination = settings_of(Destination, args, options=options)
@@ -260,8 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         sequences = [torch.tensor(c, dtype=torch.long, device=streamer.device) for c in chunks]
         print(f"{name}: {len(sequences)} sequences, {sum(map(len, chunks))} tokens", file=sys.stderr)
         results[name] = evaluate(subjects[name], streamer, sequences, s)
-    records = {name: r.to_json() for name, r in results.items()}
-    save_results(out, "kv_eval", markdown(results, s.first), d.options, records, by, partial(figure, results))
+    save_results(out, "kv_eval", markdown(results, s.first), d.options, results, by, figure)
     given = {k: d.options[k] for k in ("passkey", "depths", "keys")} if s.passkey else {}
     given |= {f"{p.name}.{k}": v for p in s.policies for k, v in asdict(p).items()}
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from pipeline import metric_names as N
 from pipeline import plots
-from pipeline.analysis.kv_passkey import passkey_cell
 from pipeline.model.eviction import SINKS as MODES
 
 LABELS = {"policy": "own scores", "keep": "sinks kept", "drop": "sinks dropped"}
@@ -16,6 +15,11 @@ LABELS = {"policy": "own scores", "keep": "sinks kept", "drop": "sinks dropped"}
 def row_key(policy: str, sinks: str) -> str:
     """A row's name in kv_eval.json: ``h2o/keep``."""
     return f"{policy}/{sinks}"
+
+
+def passkey_cell(passkey: dict | None, key: str) -> str:
+    right = None if passkey is None else passkey["right"].get(key)
+    return "n/a" if right is None else f"{right}/{len(passkey['trials'])}"
 
 
 @dataclass(frozen=True)

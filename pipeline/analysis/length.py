@@ -9,23 +9,14 @@ import argparse
 import sys
 import time
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
 
 from pipeline import metric_names as N
 from pipeline import plots
+from pipeline.analysis import inputs
 from pipeline.analysis import passkey as pk
-from pipeline.analysis.inputs import (
-    check_dataset_tokenizer,
-    dataset_manifest,
-    default_text,
-    encode,
-    held_out_stream,
-    natural_windows,
-    read_text,
-)
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import Reading, add_cache_argument, add_text_arguments, bos_id, parse_caches
 from pipeline.analysis.subject import (
@@ -84,7 +75,6 @@ class LengthEval(Reading):
 
 
 def check_args(args: argparse.Namespace) -> LengthEval:
-    """The settings, every number checked before anything is loaded."""
     for name, least in (("factor", 1), ("windows", 1), ("keys", 1), ("train_len", 2), ("bucket", 2)):
         value = getattr(args, name)
         if value is not None and value < least:
@@ -101,8 +91,6 @@ def check_args(args: argparse.Namespace) -> LengthEval:
 
 @dataclass(frozen=True)
 class LengthResult:
-    """One model's length-eval result; its entry in length.json is :meth:`to_json`."""
-
     train_len: int  # C
     bucket: int  # target positions per loss bucket
     tokens: int  # per window
@@ -126,25 +114,17 @@ class LengthResult:
         return loss | {name: v for name, v in keys.items() if v is not None}
 
 
-def train_len(subject, s: LengthEval) -> int:
-    if s.train_len is not None:
-        return s.train_len
-    if subject.kind != "sinklab":
-        raise refuse(f"{subject.spec}: --train-len is needed for a Hugging Face model (its training length)")
-    return subject.model.config.max_seq_len
-
-
 def windows(subject, s: LengthEval, length: int, bos: int | None) -> torch.Tensor:
     """``s.windows`` windows [W, length]: BOS (when given) and length (−1) tokens of the text."""
     if s.dataset is not None and (bb := bb_windows(s, length)) is not None:
         return bb
     body = length - (bos is not None)
     if s.dataset is not None:
-        stream = held_out_stream(s.dataset, s.windows * body, "length-eval")
+        stream = inputs.held_out_stream(s.dataset, s.windows * body, "length-eval")
     else:
-        stream = encode(subject.require_tokenizer(), read_text(s.text or default_text()))
+        stream = inputs.encode(subject.require_tokenizer(), inputs.read_text(s.text or inputs.default_text()))
     try:
-        ids = natural_windows(stream, s.windows, body)
+        ids = inputs.natural_windows(stream, s.windows, body)
     except ValueError as e:
         raise refuse(f"{e}; give a longer --text or lower --windows / --factor") from None
     return ids if bos is None else torch.cat([torch.full((len(ids), 1), bos), ids], 1)
@@ -154,7 +134,7 @@ def bb_windows(s: LengthEval, length: int) -> torch.Tensor | None:
     """A Bigram-Backcopy dataset's windows: fresh sequences of ``length`` tokens, BOS first; None for another."""
     from data_prep.synthetic_bb import long_sequences
 
-    ids = long_sequences(dataset_manifest(s.dataset, "length-eval").raw, s.windows, length)
+    ids = long_sequences(inputs.dataset_manifest(s.dataset, "length-eval").raw, s.windows, length)
     if ids is not None and s.bos == "no":
         raise refuse(f"--dataset {s.dataset}: a Bigram-Backcopy sequence starts with BOS; drop --bos no")
     return None if ids is None else torch.from_numpy(ids)
@@ -193,7 +173,9 @@ def passkey_by_length(streamer, subject, s: LengthEval, C, specs, bos) -> dict[s
 
 
 def evaluate(subject, s: LengthEval) -> LengthResult:
-    C = train_len(subject, s)
+    if s.train_len is None and subject.kind != "sinklab":
+        raise refuse(f"{subject.spec}: --train-len is needed for a Hugging Face model (its training length)")
+    C = s.train_len or subject.model.config.max_seq_len
     bucket = s.bucket or max(1, C // 2)
     specs = parse_caches(s.cache, "length-eval", (f"0+{C}", f"1+{C - 1}"))
     bos = bos_id(subject, s.bos)
@@ -260,11 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     for spec, name in zip(d.models, names):
         subjects[name] = Subject(spec, s.kind, s.tokenizer_file, "length-eval", device=s.device)
         if s.dataset is not None:
-            check_dataset_tokenizer(subjects[name], s.dataset)
+            inputs.check_dataset_tokenizer(subjects[name], s.dataset)
         print(f"{name}: evaluating", file=sys.stderr)
         results[name] = evaluate(subjects[name], s)
-    records = {name: r.to_json() for name, r in results.items()}
-    save_results(out, "length", markdown(results), d.options, records, by, partial(figure, results))
+    save_results(out, "length", markdown(results), d.options, results, by, figure)
     log_results_of(subjects, "length", results, LengthResult.settings, out, d)
     print(f"wrote {out}/{', '.join(OUTPUTS)}", file=sys.stderr)
     return 0

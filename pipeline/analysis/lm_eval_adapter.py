@@ -57,12 +57,6 @@ class SinkLabLM(LM):
         return self.tok.encode(text, add_special_tokens=False).ids
 
     @torch.no_grad()
-    def _logprobs(self, tokens: list[int]) -> torch.Tensor:
-        """log p(tokens[i+1] | tokens[..i]) over the vocabulary: [len-1, V]."""
-        idx = torch.tensor(tokens[-(self.max_length + 1) :][:-1], device=self.device_)[None]
-        return F.log_softmax(self.model(idx).logits[0].float(), dim=-1)
-
-    @torch.no_grad()
     def _score_many(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         """(sum log p(continuation | context), greedy?) per pair, in batches of batch_size."""
         wholes = []
@@ -118,7 +112,8 @@ class SinkLabLM(LM):
             generated: list[int] = []
             text = ""
             for _ in range(int(kwargs.get("max_gen_toks", self.max_gen_toks))):
-                nxt = int(self._logprobs(tokens + generated + [0])[-1].argmax())
+                idx = torch.tensor((tokens + generated)[-self.max_length :], device=self.device_)[None]
+                nxt = int(F.log_softmax(self.model(idx).logits[0, -1].float(), dim=-1).argmax())
                 if nxt == self.eot_id:
                     break
                 generated.append(nxt)

@@ -220,19 +220,8 @@ def make_trials(
     return [build_trial(tokenizer, length, d, k, bos) for d in depths for k in drawn]
 
 
-def cache_configs(specs: list[CacheSpec], full: bool, subject, trials: list[Trial]) -> dict[CacheSpec, str]:
-    """Each config to run and its name (``full``: the longest prompt and answer), within the model's positions."""
-    caches = {spec: str(spec) for spec in specs}
-    if full:
-        caches[CacheSpec(0, max(len(t.ids) + answer_length(subject.tokenizer, t.key) for t in trials))] = "full"
-    check_positions(subject, caches, "keep x+y (and --length for --full) within it")
-    return caches
-
-
 @dataclass(frozen=True)
 class PasskeyEval:
-    """`sinklab passkey`'s settings: the model and its tokenizer, the caches, the trials, --out."""
-
     model: str
     kind: str
     tokenizer: Path | None
@@ -257,8 +246,8 @@ def check_args(args: argparse.Namespace) -> PasskeyEval:
 
 def main(argv: list[str] | None = None) -> int:
     s = check_args(build_parser().parse_args(argv))
-    depths = s.depths
-    out = s.out or Path("analysis") / "passkey" / model_name(s.model)
+    depths, name = s.depths, model_name(s.model)
+    out = s.out or Path("analysis") / "passkey" / name
     by = claimed(out, OUTPUTS, BY, [s.model])
     subject = Subject(s.model, s.kind, s.tokenizer, "passkey")
     tokenizer, bos = subject.require_tokenizer(), bos_id(subject, s.bos)
@@ -266,13 +255,14 @@ def main(argv: list[str] | None = None) -> int:
         trials = make_trials(tokenizer, s.length, depths, s.keys, s.digits, s.seed, bos)
     except ValueError as e:
         raise SystemExit(f"sinklab passkey: {e}") from None
-    caches = cache_configs(s.cache, s.full, subject, trials)
-    streamer = streamer_for(subject)
+    caches = {spec: str(spec) for spec in s.cache}
+    if s.full:  # the longest prompt and answer
+        caches[CacheSpec(0, max(len(t.ids) + answer_length(tokenizer, t.key) for t in trials))] = "full"
+    check_positions(subject, caches, "keep x+y (and --length for --full) within it")
     started = time.perf_counter()
-    results = run_trials(streamer, subject.tokenizer, trials, caches)
+    results = run_trials(streamer_for(subject), tokenizer, trials, caches)
     seconds = round(time.perf_counter() - started, 1)
     table = accuracy(results, list(dict.fromkeys(caches.values())), depths)
-    name = model_name(s.model)
     settings = {
         "length": s.length,
         "tokens": len(trials[0].ids),

@@ -12,16 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from pipeline import metric_names as N
+from pipeline.analysis import inputs
 from pipeline.analysis.fake_quant import SETTINGS, fake_quantized
 from pipeline.analysis.hf_capture import decoder_blocks
-from pipeline.analysis.inputs import (
-    check_dataset_tokenizer,
-    comma_choices,
-    default_text,
-    encode,
-    held_out_stream,
-    read_text,
-)
 from pipeline.analysis.streamers import perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, bos_id
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, log_back, model_name, write_json, writer
@@ -70,8 +63,7 @@ class QuantEval(Reading):
 
 
 def check_args(args: argparse.Namespace) -> QuantEval:
-    """The settings, checked before anything is loaded (SystemExit: one line); on the CPU."""
-    names = comma_choices(args.settings, "--settings", SETTINGS, BY)
+    names = inputs.comma_choices(args.settings, "--settings", SETTINGS, BY)
     if args.dataset is not None and args.text is not None:
         raise SystemExit("sinklab quant-eval: give --text or --dataset, not both")
     if args.seq_len < 3 or args.batch_size < 1:
@@ -90,19 +82,12 @@ def make_windows(ids: list[int], seq_len: int, bos: int | None) -> torch.Tensor:
 
 
 class Evaluator:
-    """One model (SinkLab ``Transformer`` or HF causal LM) and the windows it is scored on."""
-
     def __init__(self, model: torch.nn.Module, kind: str, windows: torch.Tensor, lead: int, batch_size: int = 1):
         self.model, self.kind, self.windows, self.batch_size = model.eval(), kind, windows, batch_size
         self.blocks = model.blocks if kind == "sinklab" else decoder_blocks(model)
         self.sink_tokens = model.config.sink_tokens if kind == "sinklab" else 0
-        self.lead = lead
+        self.lead, self.kwargs = lead, {} if kind == "sinklab" else {"use_cache": False}
         self.skip = max(1, lead - self.sink_tokens)  # predictions made at these real positions are not scored
-
-    def logits(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.kind == "sinklab":
-            return self.model(ids).logits
-        return self.model(input_ids=ids, use_cache=False).logits
 
     @torch.no_grad()
     def nll(self, setting: str, outliers: OutlierAccumulator | None = None) -> torch.Tensor:
@@ -112,10 +97,10 @@ class Evaluator:
             for start in range(0, len(self.windows), self.batch_size):
                 ids = self.windows[start : start + self.batch_size]
                 if outliers is None:
-                    logits = self.logits(ids)
+                    logits = self.model(ids, **self.kwargs).logits
                 else:
                     with capturing_linear_inputs(self.blocks, outliers), capturing_block_outputs(self.blocks) as hidden:
-                        logits = self.logits(ids)
+                        logits = self.model(ids, **self.kwargs).logits
                     outliers.add_hidden(hidden)
                 scored = logits[:, self.skip : -1].float()
                 rows.append(F.cross_entropy(scored.transpose(1, 2), ids[:, self.skip + 1 :], reduction="none"))
@@ -171,22 +156,22 @@ def load_tokens(subject, q: QuantEval) -> tuple[list[int], int | None, str]:
     """The token stream, the BOS id to start each window with (or None) and a label of the text."""
     bos = bos_id(subject, q.bos)
     if q.dataset is not None:
-        check_dataset_tokenizer(subject, q.dataset)
-        return held_out_stream(q.dataset, q.max_tokens, "quant-eval"), bos, f"dataset {q.dataset} (val)"
+        inputs.check_dataset_tokenizer(subject, q.dataset)
+        return inputs.held_out_stream(q.dataset, q.max_tokens, "quant-eval"), bos, f"dataset {q.dataset} (val)"
     if subject.tokenizer is None:
         raise SystemExit(
             f"sinklab quant-eval: {q.model}: no tokenizer.json beside it; pass --tokenizer "
             "<dataset>/tokenizer.json or --dataset DIR"
         )
-    text = q.text or default_text()
-    return encode(subject.tokenizer, read_text(text))[: q.max_tokens], bos, str(text)
+    text = q.text or inputs.default_text()
+    return inputs.encode(subject.tokenizer, inputs.read_text(text))[: q.max_tokens], bos, str(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     q = check_args(build_parser().parse_args(argv))
     claimed(q.out, ("quant_eval.md", "quant_eval.json"), BY, [q.model])
     result = run(Subject(q.model, q.kind, q.tokenizer_file, "quant-eval"), q)
-    print(result["table"])
+    print(markdown(result))
     if "mlflow_run_id" in result:
         print(f"logged to MLflow run {result['mlflow_run_id']} as quant/perplexity_<setting>")
     print(f"wrote {result['out']}/quant_eval.json")
@@ -207,7 +192,6 @@ def lead_of(subject, q: QuantEval) -> int:
 
 
 def run(subject, q: QuantEval) -> dict:
-    """Everything after loading the model: windows, the settings, outputs, MLflow. Returns the result."""
     subject.check_seq_len(q.seq_len)
     lead = lead_of(subject, q)
     ids, bos, text = load_tokens(subject, q)
@@ -234,10 +218,9 @@ def run(subject, q: QuantEval) -> dict:
         "results": results,
         "outliers": measures.to_json() if measures is not None else None,
     }
-    result["table"] = markdown(result)
     by = writer(BY, [subject.spec])
-    write_output(q.out / "quant_eval.md", result["table"] + "\n", by)
-    write_json({k: v for k, v in result.items() if k != "table"}, q.out / "quant_eval.json", by)
+    write_output(q.out / "quant_eval.md", markdown(result) + "\n", by)
+    write_json(result, q.out / "quant_eval.json", by)
     if subject.run_id is not None:  # runs:/<id>: back on the training run, under quant/
         values = {
             N.quant(f"{key}_{n.replace('-', '_')}"): r[key]
@@ -248,5 +231,5 @@ def run(subject, q: QuantEval) -> dict:
         if measures is not None:
             values.update({N.quant(N.act(k)): v for k, v in measures.summary().items() if not k.endswith("_at")})
         result["mlflow_run_id"] = log_back(subject, "quant", values, result["settings"], q.out)
-        write_json({k: v for k, v in result.items() if k != "table"}, q.out / "quant_eval.json", by)
+        write_json(result, q.out / "quant_eval.json", by)
     return result

@@ -11,17 +11,9 @@ from pathlib import Path
 import torch
 
 from pipeline import metric_names as N
+from pipeline.analysis import streaming
 from pipeline.analysis.inputs import default_text
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity
-from pipeline.analysis.streaming import (
-    DEFAULT_CACHES,
-    Reading,
-    add_cache_argument,
-    add_text_arguments,
-    check_positions,
-    load_subject,
-    parse_caches,
-)
 from pipeline.analysis.subject import add_model_arguments, log_back, model_name, write_json, writer
 from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import NotOurs, claim_file
@@ -31,10 +23,8 @@ BY = "sinklab stream-ppl"
 
 @dataclass(frozen=True)
 class StreamPpl:
-    """`sinklab stream-ppl`'s settings: the model and its reading, the caches, the tokens, --full, --out."""
-
     model: str
-    reading: Reading
+    reading: streaming.Reading
     caches: list[CacheSpec]
     max_tokens: int
     full: bool
@@ -44,9 +34,9 @@ class StreamPpl:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab stream-ppl", description=__doc__.split("\n\n")[0])
     add_model_arguments(p)
-    add_text_arguments(p)
+    streaming.add_text_arguments(p)
     p.add_argument("--max-tokens", type=int, default=2048, help="evaluate on the first N tokens of the text")
-    add_cache_argument(p, " ".join(DEFAULT_CACHES))
+    streaming.add_cache_argument(p, " ".join(streaming.DEFAULT_CACHES))
     p.add_argument("--full", action="store_true", help="also report the full-context perplexity (one forward pass)")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (auto: the GPU when one is visible)")
@@ -54,10 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> StreamPpl:
-    caches = parse_caches(args.cache, "stream-ppl")
+    caches = streaming.parse_caches(args.cache, "stream-ppl")
     if args.max_tokens < 2:
         raise SystemExit("sinklab stream-ppl: --max-tokens must be >= 2")
-    return settings_of(StreamPpl, args, reading=settings_of(Reading, args), caches=caches)
+    return settings_of(StreamPpl, args, reading=settings_of(streaming.Reading, args), caches=caches)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             claim_file(s.out, "sinklab stream-ppl: --out", by)
         except NotOurs as error:
             raise SystemExit(str(error)) from None
-    streamer, ids, subject = load_subject(s.model, r, s.max_tokens)
+    streamer, ids, subject = streaming.load_subject(s.model, r, s.max_tokens)
     ids = torch.tensor(ids[: s.max_tokens], dtype=torch.long, device=streamer.device)
     if ids.numel() < 2:
         raise SystemExit("sinklab stream-ppl: the text has fewer than 2 tokens")
@@ -80,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             "or a smaller --cache"
         )
     caches = {spec: str(spec) for spec in specs} | ({CacheSpec(0, ids.numel()): "full"} if s.full else {})
-    check_positions(subject, caches, "keep x+y (and --max-tokens for --full) within it")
+    streaming.check_positions(subject, caches, "keep x+y (and --max-tokens for --full) within it")
     first_is_bos = ids[0].item() == getattr(subject.tokenizer, "bos_token_id", None)
     results, seconds = {}, {}
     for group in group_by_capacity(specs):

@@ -37,17 +37,11 @@ class CacheSpec:
         return f"{self.n_initial}+{self.n_recent}"
 
 
-def _progress(total: int, label: str):
-    """A token counter on a terminal's stderr, silent elsewhere."""
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=label, unit="tok", leave=False, disable=not sys.stderr.isatty())
-
-
 class Streamer(abc.ABC):
     """Decoding through one x + y cache per batch row (`stream-ppl`, `passkey`)."""
 
     sink_tokens = 0  # learnable sink tokens: the first cache entries, counted in x
+    whole_kwargs: dict = {}  # what the model's forward takes beside the ids for one pass without a cache
     model: torch.nn.Module
 
     @property
@@ -64,12 +58,15 @@ class Streamer(abc.ABC):
         self, feed, ids: torch.Tensor, specs: Sequence[CacheSpec], label: str = ""
     ) -> Iterator[tuple[int, torch.Tensor]]:
         """Feed ids [rows, T] through a stream of ``specs``; yield (t, logits of tokens t..t+n-1): in chunks until the
-        cache is full (nothing is evicted), then one token at a time."""
+        cache is full (nothing is evicted), then one token at a time; a token counter on a terminal's stderr."""
+        from tqdm.auto import tqdm
+
         rows, total = ids.shape
         fill = min(total, _batch_shape(specs)[1] - self.sink_tokens)
         chunk = max(1, PREFILL_TOKENS // rows)
         t = 0
-        with _progress(total, label or " ".join(map(str, specs))) as bar:
+        label = label or " ".join(map(str, specs))
+        with tqdm(total=total, desc=label, unit="tok", leave=False, disable=not sys.stderr.isatty()) as bar:
             while t < total:
                 n = min(chunk, fill - t) if t < fill else 1
                 yield t, feed(ids[:, t : t + n])
@@ -87,10 +84,18 @@ class Streamer(abc.ABC):
             out_nll[:, t : t + n] = -picked[..., 0]
         return out_nll
 
+    @torch.no_grad()
+    def full_nll(self, ids: torch.Tensor) -> torch.Tensor:
+        """The NLL of ids[1:] under full attention, one forward pass."""
+        logits = self.model(ids[None], **self.whole_kwargs).logits[0, :-1]
+        return F.cross_entropy(logits.float(), ids[1:], reduction="none")
+
 
 class HFRotaryStreamer(Streamer):
     """Streaming for a HF decoder with one rotary module ``model.rotary_emb`` (llama family, Gemma-3): a
     ``DynamicCache`` rebuilt from the kept pre-rotary keys at every step."""
+
+    whole_kwargs = {"use_cache": False}
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -168,11 +173,6 @@ class HFRotaryStreamer(Streamer):
 
         return feed
 
-    @torch.no_grad()
-    def full_nll(self, ids: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids=ids[None], use_cache=False).logits[0, :-1]
-        return F.cross_entropy(logits.float(), ids[1:], reduction="none")
-
 
 class SinkLabStreamer(Streamer):
     """Streaming for a SinkLab ``Transformer`` through its ``StreamingCache``."""
@@ -203,11 +203,6 @@ class SinkLabStreamer(Streamer):
             return out.logits
 
         return feed
-
-    @torch.no_grad()
-    def full_nll(self, ids: torch.Tensor) -> torch.Tensor:
-        logits = self.model(ids[None]).logits[0, :-1]
-        return F.cross_entropy(logits.float(), ids[1:], reduction="none")
 
 
 def _batch_shape(specs: Sequence[CacheSpec]) -> tuple[list[int], int]:

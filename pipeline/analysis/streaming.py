@@ -7,14 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.analysis.inputs import (
-    check_dataset_tokenizer,
-    default_text,
-    encode,
-    held_out_stream,
-    read_text,
-    tokenizer_file,
-)
+from pipeline.analysis import inputs
 from pipeline.analysis.streamers import CacheSpec, streamer_for
 from pipeline.analysis.subject import Subject
 
@@ -54,7 +47,7 @@ class Reading:
 
     @property
     def tokenizer_file(self) -> Path | None:
-        return tokenizer_file(self.tokenizer, self.dataset)
+        return inputs.tokenizer_file(self.tokenizer, self.dataset)
 
 
 def add_cache_argument(parser: argparse.ArgumentParser, default: str) -> None:
@@ -102,9 +95,11 @@ def load_subject(spec: str, r: Reading, max_tokens: int, command: str = "stream-
             raise SystemExit(
                 f"sinklab {command}: --bos applies to --text; a prepared dataset's sequences carry their own BOS"
             )
-        check_dataset_tokenizer(subject, r.dataset)
-        ids = held_out_stream(r.dataset, max_tokens, command)
+        inputs.check_dataset_tokenizer(subject, r.dataset)
+        ids = inputs.held_out_stream(r.dataset, max_tokens, command)
     else:
         tokenizer, bos = subject.require_tokenizer(), bos_id(subject, r.bos)
-        ids = ([] if bos is None else [bos]) + encode(tokenizer, read_text(r.text or text or default_text()))
+        ids = ([] if bos is None else [bos]) + inputs.encode(
+            tokenizer, inputs.read_text(r.text or text or inputs.default_text())
+        )
     return streamer_for(subject), ids, subject

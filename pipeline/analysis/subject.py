@@ -14,10 +14,9 @@ from pathlib import Path
 
 import torch
 
-from pipeline.analysis.hf_capture import hf_sink_measures
-from pipeline.analysis.hf_models import load_hf_model
+from pipeline.analysis.hf_capture import ensure_registered, hf_sink_measures
 from pipeline.analysis.inputs import ProbeSettings
-from pipeline.model.hf_sources import hub_name
+from pipeline.model.hf_sources import hf_directory, hub_name
 from pipeline.model.loading import exported_config
 from pipeline.probe import run_probe
 from pipeline.sink_measures import SinkMeasures
@@ -73,25 +72,36 @@ class Subject:
                     f"sinklab {command}: {error}; give a SinkLab checkpoint (.ckpt), export directory, "
                     ".gguf file or HF model directory"
                 ) from None
-            self.model.eval()
             self.vocab_size = self.model.config.vocab_size
             self.source, self.path = self.spec, Path(spec)  # path: the local copy of a run's model
             inside, beside = Path(spec) / "tokenizer.json", Path(spec).with_name("tokenizer.json")
             beside = inside if inside.is_file() else beside
             if tokenizer is not None or beside.exists():
-                self.tokenizer = sinklab_tokenizer(tokenizer or beside, command)
-        else:
+                from data_prep.errors import DataPrepError
+                from data_prep.tokenizer import load_tokenizer
+
+                try:  # a SinkLab dataset's tokenizer.json, with its BOS/EOS/PAD roles
+                    self.tokenizer = load_tokenizer(str(tokenizer or beside)).as_transformers()
+                except DataPrepError as e:
+                    raise SystemExit(f"sinklab {command}: --tokenizer: {e}") from None
+        else:  # a shortcut, a .gguf file, an HF model directory or a hub name, in fp32
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            ensure_registered()
             try:
-                loaded = load_hf_model(spec)
+                self.source, directory = hf_directory(spec)
+                self.model = AutoModelForCausalLM.from_pretrained(
+                    str(directory), dtype=torch.float32, attn_implementation="eager"
+                )
+                self.tokenizer = AutoTokenizer.from_pretrained(str(directory))
             except OSError as error:  # a hub id that is neither cached nor reachable (or HF_HUB_OFFLINE=1)
                 offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
                 raise SystemExit(
                     f"sinklab {command}: {spec}: cannot load it{offline}: {str(error).splitlines()[0]}"
                 ) from None
-            self.model, self.tokenizer, self.source = loaded.model, loaded.tokenizer, loaded.source
             self.vocab_size = min(len(self.tokenizer), self.model.config.get_text_config().vocab_size)
         self.special_ids: set[int] = set(self.tokenizer.all_special_ids) if self.tokenizer is not None else set()
-        self.model.to(device_of(device, command))
+        self.model.eval().to(device_of(device, command))
 
     def _detect(self, spec: str) -> str:
         path = Path(spec)
@@ -123,7 +133,6 @@ class Subject:
         return getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
 
     def check_seq_len(self, seq_len: int) -> None:
-        """Refuse ``-T`` beyond :meth:`max_positions`."""
         limit = self.max_positions()
         if limit is not None and seq_len > limit:
             raise SystemExit(
@@ -132,7 +141,6 @@ class Subject:
             )
 
     def require_tokenizer(self):
-        """The tokenizer; refused (one line) where a SinkLab checkpoint has none."""
         if self.tokenizer is None:
             raise SystemExit(
                 f"sinklab {self.command}: {self.spec}: no tokenizer.json beside it; "
@@ -166,17 +174,6 @@ def model_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", Path(spec).stem if Path(spec).exists() else spec)
 
 
-def sinklab_tokenizer(path: Path, command: str):
-    """A SinkLab dataset's tokenizer.json as a transformers tokenizer with its BOS/EOS/PAD roles."""
-    from data_prep.errors import DataPrepError
-    from data_prep.tokenizer import load_tokenizer
-
-    try:
-        return load_tokenizer(str(path)).as_transformers()
-    except DataPrepError as e:
-        raise SystemExit(f"sinklab {command}: --tokenizer: {e}") from None
-
-
 @dataclass(frozen=True)
 class Destination:
     """Where a command of many models writes and logs (``options``: as parsed, written into ``<stem>.json``)."""
@@ -189,12 +186,13 @@ class Destination:
 
 
 def save_results(out: Path, stem: str, table: str, options: dict, results: dict, by: str, figure) -> None:
-    """``<stem>.md`` (the table, also printed), ``<stem>.json`` and ``<stem>.png`` (``figure(path, by)``) in ``out``."""
+    """``<stem>.md`` (the table, also printed), ``<stem>.json`` (each result's ``to_json()``) and ``<stem>.png``
+    (``figure(results, path, by)``) in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     write_output(out / f"{stem}.md", table + "\n", by)
-    entry = {"settings": options | {"out": str(out)}, "models": results}
+    entry = {"settings": options | {"out": str(out)}, "models": {name: r.to_json() for name, r in results.items()}}
     write_output(out / f"{stem}.json", json.dumps(entry, indent=2, default=str), by)
-    figure(out / f"{stem}.png", by)
+    figure(results, out / f"{stem}.png", by)
     print(table)
 
 

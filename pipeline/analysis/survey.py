@@ -67,7 +67,6 @@ def column(kind: str, bos: bool) -> str:
 def survey_model(
     spec: str, kind: str, tokenizer: Path | None, probe: ProbeSettings, bos_modes: list[bool], sweep: list[float]
 ) -> dict:
-    """Load one model, measure every (input, BOS) cell, and free it again."""
     started = time.perf_counter()
     subject = Subject(spec, kind, tokenizer, "survey")
     subject.check_seq_len(probe.seq_len)

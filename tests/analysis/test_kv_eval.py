@@ -13,7 +13,7 @@ from analysis_helpers import HAMLET, micro_model
 
 from pipeline import metric_names as N
 from pipeline.analysis import kv_eval, passkey
-from pipeline.analysis.kv_passkey import passkey_at
+from pipeline.analysis.kv_eval import passkey_at
 from pipeline.analysis.passkey import first_number
 from pipeline.analysis.streamers import CacheSpec, HFRotaryStreamer, SinkLabStreamer, Streamer
 from pipeline.model.eviction import POLICIES, Evictor, Row, StreamingLLM
