@@ -10,6 +10,7 @@ the first *real* token.
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
 from torch import Tensor
@@ -240,17 +241,10 @@ def _paired(x, y) -> tuple[list[float], list[float]]:
 def spearman_rho(x, y) -> float | None:
     """Spearman's ρ: the Pearson correlation of the average ranks of the pairs where both values
     are known. None (undefined) with fewer than 2 pairs or when either side is constant."""
-    x, y = _paired(x, y)
-    if len(x) < 2:
+    try:
+        return statistics.correlation(*map(average_ranks, _paired(x, y)))
+    except statistics.StatisticsError:
         return None
-    rx, ry = average_ranks(x), average_ranks(y)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sxx = sum((a - mx) ** 2 for a in rx)
-    syy = sum((b - my) ** 2 for b in ry)
-    if sxx == 0 or syy == 0:
-        return None
-    return sxy / (sxx * syy) ** 0.5
 
 
 def kendall_tau_b(x, y) -> float | None:
