@@ -4,7 +4,7 @@ matrix entropy of the token representations (Queipo-de-Llano et al. 2025); defin
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, fields
 
 import torch
@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from pipeline import metric_names as N
 from pipeline.metrics import first_token_norm_ratio
+from pipeline.outliers import capturing_block_outputs
 
 DEFAULT_RHO = 0.01  # perturbation size relative to ‖e_p‖: small enough to read the linear response
 DIRECTION_SEED = 0  # the perturbation directions are drawn from this seed, batch after batch
@@ -115,15 +116,10 @@ class FlowMeasures:
         return {name: v.tolist() if isinstance(v, Tensor) else v for name, v in values.items()}
 
 
-@contextmanager
-def capturing_inputs(model: nn.Module, flow: FlowAccumulator | None) -> Iterator[list[Tensor]]:
+def capturing_inputs(model: nn.Module, flow: FlowAccumulator | None) -> AbstractContextManager[list[Tensor]]:
     """While inside, ``model``'s input embeddings are appended, detached, to the list it yields (none without flow)."""
-    outputs: list[Tensor] = []
     embed = embedding_module(model) if flow is not None else None
-    with ExitStack() as hooks:
-        if embed is not None:
-            hooks.enter_context(embed.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach())))
-        yield outputs
+    return capturing_block_outputs([] if embed is None else [embed])
 
 
 def probe_batches(n: int, batch_size: int, mixing_sequences: int | None = None) -> list[tuple[int, int]]:
@@ -149,33 +145,6 @@ class FlowAccumulator:
         self.ratio_input: list[Tensor] = []  # [B]
         self.mixing: list[Tensor] = []  # [B, L]
 
-    def perturbation_for(self, seq_len: int) -> Perturbation:
-        """The one perturbation of this probe (its generator runs on across batches)."""
-        if self.perturbation is None:
-            self.perturbation = Perturbation(seq_len // 2, self.rho)  # the middle: half the tokens after it
-        return self.perturbation
-
-    def add(
-        self,
-        hidden_states: Sequence[Tensor],
-        perturbed: Sequence[Tensor] | None = None,
-        embeddings: Tensor | None = None,
-    ) -> None:
-        """One batch of real-token states ``[B, T, d]`` per layer: clean, perturbed, input embeddings where measured."""
-        self.entropy.append(torch.stack([matrix_entropy(h.detach().float()) for h in hidden_states], 1).cpu())
-        if embeddings is not None:
-            e = embeddings.detach().float()
-            self.entropy_input.append(matrix_entropy(e).cpu())
-            self.ratio_input.append(first_token_norm_ratio(e).cpu())
-        if perturbed is not None:
-            if self.perturbation is None:
-                raise ValueError("perturbed states given before perturbation_for() chose the position")
-            p = self.perturbation.position
-            spread = [
-                perturbation_spread(h.detach(), q.detach(), p, self.rho) for h, q in zip(hidden_states, perturbed)
-            ]
-            self.mixing.append(torch.stack(spread, 1).cpu())
-
     def add_pass(
         self,
         model: nn.Module,
@@ -186,12 +155,22 @@ class FlowAccumulator:
     ) -> None:
         """One batch: the clean ``hidden_states`` and, given an embedding module, ``forward()`` rerun perturbed."""
         lead, rows = hidden_states[0].shape[1] - seq_len, hidden_states[0].shape[0]
-        perturbed, embed = None, embedding_module(model)
+        clean = [h[:, lead:].detach() for h in hidden_states]
+        self.entropy.append(torch.stack([matrix_entropy(h.float()) for h in clean], 1).cpu())
+        if embedded:
+            e = embedded[0].detach().float()
+            self.entropy_input.append(matrix_entropy(e).cpu())
+            self.ratio_input.append(first_token_norm_ratio(e).cpu())
+        embed = embedding_module(model)
         if embed is not None and self.perturbs(rows):
-            with self.perturbation_for(seq_len).applied(embed):
-                perturbed = [h[:, lead:] for h in forward()]
+            if self.perturbation is None:  # one per probe, its generator running on across batches
+                self.perturbation = Perturbation(seq_len // 2, self.rho)  # the middle: half the tokens after it
+            with self.perturbation.applied(embed):
+                perturbed = [h[:, lead:].detach() for h in forward()]
+            p = self.perturbation.position
+            spread = [perturbation_spread(h, q, p, self.rho) for h, q in zip(clean, perturbed)]
+            self.mixing.append(torch.stack(spread, 1).cpu())
             self.perturbed_rows += rows
-        self.add([h[:, lead:] for h in hidden_states], perturbed, embedded[0] if embedded else None)
 
     def perturbs(self, rows: int) -> bool:
         """Whether the next batch of ``rows`` sequences gets the perturbed pass (batches: :func:`probe_batches`)."""
