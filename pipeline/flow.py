@@ -19,22 +19,17 @@ DIRECTION_SEED = 0  # the perturbation directions are drawn from this seed, batc
 TRAINING_MIXING_SEQUENCES = 25  # training's probe perturbs its first 25 sequences: one batch, not four
 
 
-def matrix_entropy(x: Tensor, order: float = 1.0) -> Tensor:
+def matrix_entropy(x: Tensor) -> Tensor:
     """Normalised matrix entropy of each ``x [..., T, d] -> [...]``: λ = eigenvalues of X Xᵀ / tr(X Xᵀ) (σ_j² / ‖X‖²_F,
-    summing to 1); S_α = log Σ λ^α / (1 − α), the von Neumann −Σ λ log λ at α = 1; the result is S_α / log min(T, d):
-    0 for a rank-1 X, 1 for orthogonal rows of equal norm, NaN for an all-zero X."""
+    summing to 1); the von Neumann S = −Σ λ log λ over log min(T, d): 0 for a rank-1 X, 1 for orthogonal rows of equal
+    norm, NaN for an all-zero X."""
     if x.dim() < 2 or min(x.shape[-2:]) < 2:
         raise ValueError(f"matrix_entropy needs [..., T, d] with T, d >= 2, got {tuple(x.shape)}")
-    if order < 0:
-        raise ValueError(f"matrix_entropy order must be >= 0, got {order}")
     x = x.double()
     gram = x @ x.transpose(-1, -2) if x.shape[-2] <= x.shape[-1] else x.transpose(-1, -2) @ x  # the smaller one
     s2 = torch.linalg.eigvalsh(gram).clamp_min(0.0)  # the squared singular values of x
     lam = s2 / s2.sum(dim=-1, keepdim=True)
-    if order == 1.0:
-        h = torch.special.entr(lam).sum(dim=-1)  # −λ log λ, 0 at λ = 0
-    else:
-        h = torch.where(lam > 0, lam.pow(order), 0.0).sum(dim=-1).log() / (1.0 - order)
+    h = torch.special.entr(lam).sum(dim=-1)  # −λ log λ, 0 at λ = 0
     return (h / torch.tensor(float(min(x.shape[-2:]))).log()).clamp_min(0.0).float()
 
 
@@ -64,11 +59,11 @@ class Perturbation:
     """Adds δ_b = rho ‖e_{b,p}‖ u_b to the embedding of position p of every sequence b, u_b a unit
     vector drawn from ``DIRECTION_SEED`` (the same draws for the same batches)."""
 
-    def __init__(self, position: int, rho: float = DEFAULT_RHO, seed: int = DIRECTION_SEED) -> None:
+    def __init__(self, position: int, rho: float = DEFAULT_RHO) -> None:
         if rho <= 0:
             raise ValueError(f"perturbation size rho must be > 0, got {rho}")
         self.position, self.rho = position, rho
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(DIRECTION_SEED)
 
     @contextmanager
     def applied(self, module: nn.Module) -> Iterator[None]:

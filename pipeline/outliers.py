@@ -66,16 +66,14 @@ class OutlierSplit:
     channels: Tensor  # [B, d] bool: a channel-wise outlier channel
 
 
-def outlier_split(
-    x: Tensor, token_factor: float = TOKEN_FACTOR, channel_factor: float = CHANNEL_FACTOR, share: float = CHANNEL_SHARE
-) -> OutlierSplit:
+def outlier_split(x: Tensor) -> OutlierSplit:
     """Per sequence of ``x [B, T, d]``, with m the median |x| of that sequence's tensor: a channel with |x| >
-    ``channel_factor`` · m at ``share`` of the positions or more is *channel-wise*; an entry outside those channels with
-    |x| > ``token_factor`` · m is a *token-wise* outlier, and its position a token-wise outlier position."""
+    ``CHANNEL_FACTOR`` · m at ``CHANNEL_SHARE`` of the positions or more is *channel-wise*; an entry outside those
+    channels with |x| > ``TOKEN_FACTOR`` · m is a *token-wise* outlier, and its position a token-wise outlier position."""
     a = _as_sequences(x).abs()
     median = lower_median(a.flatten(1)).clamp_min(torch.finfo(torch.float32).tiny)[:, None, None]
-    channels = (a > channel_factor * median).float().mean(dim=1) >= share
-    token_entries = (a > token_factor * median) & ~channels[:, None, :]
+    channels = (a > CHANNEL_FACTOR * median).float().mean(dim=1) >= CHANNEL_SHARE
+    token_entries = (a > TOKEN_FACTOR * median) & ~channels[:, None, :]
     return OutlierSplit(token_positions=token_entries.any(dim=-1), channels=channels)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -142,8 +141,6 @@ class SinkAccumulator:
 
 def as_token_tensor(tokens, device: torch.device | str = "cpu") -> Tensor:
     """``tokens`` (tensor, numpy array or nested lists) of shape [N, T] -> LongTensor."""
-    if isinstance(tokens, np.ndarray):
-        tokens = torch.from_numpy(tokens.astype(np.int64, copy=False))
     tokens = torch.as_tensor(tokens, dtype=torch.long, device=device)
     if tokens.dim() != 2 or tokens.shape[1] < 2:
         raise ValueError(f"probe tokens must have shape [N, T] with T >= 2, got {tuple(tokens.shape)}")
