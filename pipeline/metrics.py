@@ -251,13 +251,7 @@ def kendall_tau_b(x, y) -> float | None:
     """Kendall's τ-b over the pairs where both values are known:
     (concordant − discordant) / √((n0 − ties in x)(n0 − ties in y)), n0 = n(n−1)/2 and the tie
     counts being the pairs tied in that variable. None with fewer than 2 pairs or a constant side."""
-    x, y = _paired(x, y)
-    n = len(x)
-    if n < 2:
-        return None
-    steps = [(x[i] - x[j], y[i] - y[j]) for i in range(n) for j in range(i + 1, n)]
-    concordant_minus_discordant = sum((dx * dy > 0) - (dx * dy < 0) for dx, dy in steps)
-    tied_x, tied_y = sum(dx == 0 for dx, _ in steps), sum(dy == 0 for _, dy in steps)
-    n0 = n * (n - 1) // 2
-    denominator = ((n0 - tied_x) * (n0 - tied_y)) ** 0.5
-    return concordant_minus_discordant / denominator if denominator else None
+    xs, ys = (torch.tensor(v, dtype=torch.float64) for v in _paired(x, y))
+    dx, dy = (xs[:, None] - xs).sign(), (ys[:, None] - ys).sign()  # over ordered pairs: each pair twice
+    untied = dx.count_nonzero().item() * dy.count_nonzero().item()
+    return (dx * dy).sum().item() / math.sqrt(untied) if untied else None

@@ -17,6 +17,9 @@ from pipeline.probe_metrics import ProbeBatch
 from pipeline.sink_measures import SinkMeasures
 
 ATTENTION_KINDS = tuple(SCORE_KINDS)
+# the fields of a model's output that SinkAccumulator.add reads
+CAPTURED = ("attentions", "attention_kind", "n_extra_queries", "n_extra_keys", "hidden_states")
+CAPTURED += ("queries", "keys", "values", "head_outputs")
 
 
 class SinkAccumulator:
@@ -162,9 +165,8 @@ def run_probe(
     """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (docs/analysis.md: `run_probe`)."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     tokens = as_token_tensor(tokens, device)
-    admitted = admitted_with_extra(
-        model.config, tokens.shape[1]
-    )  # the maps' mask pattern (windows, prefixes, extra columns)
+    # the maps' mask pattern (windows, prefixes, extra columns)
+    admitted = admitted_with_extra(model.config, tokens.shape[1])
     acc = SinkAccumulator(
         eps,
         positions,
@@ -183,15 +185,7 @@ def run_probe(
                 with capturing_linear_inputs(model.blocks, acc.outliers), capturing_inputs(model, acc.flow) as embedded:
                     out = model(batch, **kwargs, output_qkv=True)  # queries and keys for the max logit
                 acc.add(
-                    out.attentions,
-                    attention_kind=out.attention_kind,
-                    n_extra_queries=out.n_extra_queries,
-                    n_extra_keys=out.n_extra_keys,
-                    hidden_states=out.hidden_states,
-                    keys=out.keys,
-                    values=out.values,
-                    queries=out.queries,
-                    head_outputs=out.head_outputs,
+                    **{name: getattr(out, name) for name in CAPTURED},
                     admitted=admitted,
                     trigger_queries=None if triggers is None else torch.isin(batch, triggers),
                     qkv=output_qkv,
