@@ -3,8 +3,8 @@ matrix entropy of the token representations (Queipo-de-Llano et al. 2025); defin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 
 import torch
@@ -53,29 +53,6 @@ def embedding_module(model: nn.Module) -> nn.Module | None:
         return model.embed
     get = getattr(model, "get_input_embeddings", None)
     return get() if callable(get) else None
-
-
-class Perturbation:
-    """Adds δ_b = rho ‖e_{b,p}‖ u_b to the embedding of position p of every sequence b, u_b a unit
-    vector drawn from ``DIRECTION_SEED`` (the same draws for the same batches)."""
-
-    def __init__(self, position: int, rho: float = DEFAULT_RHO) -> None:
-        if rho <= 0:
-            raise ValueError(f"perturbation size rho must be > 0, got {rho}")
-        self.position, self.rho = position, rho
-        self.generator = torch.Generator().manual_seed(DIRECTION_SEED)
-
-    @contextmanager
-    def applied(self, module: nn.Module) -> Iterator[None]:
-        def add(_module, _inputs, out: Tensor) -> Tensor:
-            u = torch.randn(out.shape[0], out.shape[-1], generator=self.generator, dtype=torch.float64)
-            u = (u / u.norm(dim=-1, keepdim=True)).to(out.device, out.dtype)
-            moved = out.clone()
-            moved[:, self.position] += self.rho * out[:, self.position].norm(dim=-1, keepdim=True) * u
-            return moved
-
-        with module.register_forward_hook(add):
-            yield
 
 
 @dataclass
@@ -127,14 +104,18 @@ def probe_batches(n: int, batch_size: int, mixing_sequences: int | None = None) 
 
 
 class FlowAccumulator:
-    """Per-sequence entropies and sensitivities over batches, the first ``mixing_sequences`` perturbed (None: all)."""
+    """Per-sequence entropies and sensitivities over batches, the first ``mixing_sequences`` perturbed (None: all):
+    δ_b = rho ‖e_{b,p}‖ u_b added to the embedding of position p of every sequence b, u_b a unit vector drawn from
+    ``DIRECTION_SEED`` (the same draws for the same batches)."""
 
     def __init__(self, rho: float = DEFAULT_RHO, mixing_sequences: int | None = None) -> None:
+        if rho <= 0:
+            raise ValueError(f"perturbation size rho must be > 0, got {rho}")
         if mixing_sequences is not None and mixing_sequences < 1:
             raise ValueError(f"mixing_sequences must be >= 1 or None, got {mixing_sequences}")
         self.rho, self.mixing_sequences = rho, mixing_sequences
-        self.perturbed_rows = 0
-        self.perturbation: Perturbation | None = None
+        self.perturbed_rows, self.position = 0, None  # the perturbed position, set by the first perturbed batch
+        self.generator = torch.Generator().manual_seed(DIRECTION_SEED)
         self.entropy: list[Tensor] = []  # [B, L]
         self.entropy_input: list[Tensor] = []  # [B]
         self.ratio_input: list[Tensor] = []  # [B]
@@ -158,14 +139,19 @@ class FlowAccumulator:
             self.ratio_input.append(first_token_norm_ratio(e).cpu())
         embed = embedding_module(model)
         if embed is not None and self.perturbs(rows):
-            if self.perturbation is None:  # one per probe, its generator running on across batches
-                self.perturbation = Perturbation(seq_len // 2, self.rho)  # the middle: half the tokens after it
-            with self.perturbation.applied(embed):
+            self.position = seq_len // 2  # the middle: half the tokens after it
+            with embed.register_forward_hook(self._perturb):
                 perturbed = [h[:, lead:].detach() for h in forward()]
-            p = self.perturbation.position
-            spread = [perturbation_spread(h, q, p, self.rho) for h, q in zip(clean, perturbed)]
+            spread = [perturbation_spread(h, q, self.position, self.rho) for h, q in zip(clean, perturbed)]
             self.mixing.append(torch.stack(spread, 1).cpu())
             self.perturbed_rows += rows
+
+    def _perturb(self, _module, _inputs, out: Tensor) -> Tensor:
+        u = torch.randn(out.shape[0], out.shape[-1], generator=self.generator, dtype=torch.float64)
+        u = (u / u.norm(dim=-1, keepdim=True)).to(out.device, out.dtype)
+        moved = out.clone()
+        moved[:, self.position] += self.rho * out[:, self.position].norm(dim=-1, keepdim=True) * u
+        return moved
 
     def perturbs(self, rows: int) -> bool:
         """Whether the next batch of ``rows`` sequences gets the perturbed pass (batches: :func:`probe_batches`)."""
@@ -183,7 +169,7 @@ class FlowAccumulator:
             entropy_input=mean(self.entropy_input),
             norm_ratio_input=mean(self.ratio_input),
             mixing=torch.cat(self.mixing).mean(dim=0) if self.mixing else None,
-            position=None if self.perturbation is None else self.perturbation.position,
+            position=self.position,
             rho=self.rho,
         )
 
