@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 
 import numpy as np
@@ -130,14 +130,10 @@ class OutlierMeasures:
         return out
 
     def to_json(self) -> dict:
-        return {
-            "lead": self.lead,
-            **{key: getattr(self, key).tolist() for key in LAYER_METRICS},
-            "channel_ids": self.channel_ids,
-            "linear_max": {k: v.tolist() for k, v in self.linear_max.items()},
-            "lead_scale_ratio": {k: v.tolist() for k, v in self.lead_scale_ratio.items()},
-            "summary": self.summary(),
-        }
+        plain = lambda v: v.tolist() if isinstance(v, Tensor) else v
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        tables = {k: {n: t.tolist() for n, t in v.items()} for k, v in values.items() if isinstance(v, dict)}
+        return {k: plain(v) for k, v in values.items()} | tables | {"summary": self.summary()}
 
 
 class OutlierAccumulator:
@@ -153,19 +149,17 @@ class OutlierAccumulator:
         """One batch of residual-stream states, per layer ``[B, T, d]`` (leading positions included)."""
         if not hidden_states:
             return
-        stats = {k: [] for k in self.rows}
-        hits = []
-        for h in hidden_states:
-            split = outlier_split(h)
-            stats["max_abs"].append(max_abs(h))
-            stats["kurtosis_pooled"].append(kurtosis(h))
-            stats["token_positions"].append(split.token_positions.sum(dim=-1).float())
-            stats["lead_pct"].append(split.token_positions[:, : self.lead].any(dim=-1).float())
-            stats["outlier_channels"].append(split.channels.sum(dim=-1).float())
-            hits.append(split.channels.sum(dim=0))
+        splits = [outlier_split(h) for h in hidden_states]
+        stats = {
+            "max_abs": [max_abs(h) for h in hidden_states],
+            "kurtosis_pooled": [kurtosis(h) for h in hidden_states],
+            "token_positions": [s.token_positions.sum(dim=-1).float() for s in splits],
+            "lead_pct": [s.token_positions[:, : self.lead].any(dim=-1).float() for s in splits],
+            "outlier_channels": [s.channels.sum(dim=-1).float() for s in splits],
+        }
         for key, per_layer in stats.items():
             self.rows[key].append(torch.stack(per_layer, dim=1).cpu())  # [B, L]
-        hits = torch.stack(hits).cpu()
+        hits = torch.stack([s.channels.sum(dim=0) for s in splits]).cpu()
         self.channel_hits = hits if self.channel_hits is None else self.channel_hits + hits
 
     def add_linear(self, layer: int, name: str, x: Tensor) -> None:

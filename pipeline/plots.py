@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import Normalize, TwoSlopeNorm  # noqa: E402
 
 from sinklab_io.outputs import output_path  # noqa: E402
 
@@ -63,26 +64,22 @@ def alpha1_heatmap(
     """Layer × head map of the first token's importance α_1 (mean over sequences), with a panel each of
     ``entropy`` / ``out_norm`` / ``max_logit`` ([L, H]) beside it and ``dormant`` (bool [L, H]) crossed on
     every panel; with ``uniform`` (α_1 under uniform attention) the α_1 colour map is diverging, white there."""
-    colours = (0.0, 1.0)
-    if uniform is not None and 0.0 < uniform < 1.0:
-        from matplotlib.colors import TwoSlopeNorm
-
-        colours = TwoSlopeNorm(vmin=0.0, vcenter=uniform, vmax=1.0)
+    diverging = uniform is not None and 0.0 < uniform < 1.0
+    colours = TwoSlopeNorm(vmin=0.0, vcenter=uniform, vmax=1.0) if diverging else Normalize(0.0, 1.0)
     label = f"α₁ (white: uniform {uniform:.3f})" if uniform else "α₁"
     panels = [(label, _matrix(alpha1), "RdBu_r" if uniform else "viridis", colours)]
     if entropy is not None:
-        panels.append(("row entropy / log n", _matrix(entropy), "magma", (0.0, 1.0)))
+        panels.append(("row entropy / log n", _matrix(entropy), "magma", Normalize(0.0, 1.0)))
     if out_norm is not None:
-        panels.append(("mean ‖A·V‖ per token", _matrix(out_norm), "cividis", (None, None)))
+        panels.append(("mean ‖A·V‖ per token", _matrix(out_norm), "cividis", Normalize()))
     if max_logit is not None:
-        panels.append(("max q·k/√d_h", _matrix(max_logit), "inferno", (None, None)))
+        panels.append(("max q·k/√d_h", _matrix(max_logit), "inferno", Normalize()))
     width, height = _map_size(len(panels[0][1]), len(panels[0][1][0]))
     fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False, layout="constrained")
     crossed = _matrix(dormant) if dormant is not None else []
     marks = [(h, layer) for layer, row in enumerate(crossed) for h, v in enumerate(row) if v]
     for ax, (label, data, cmap, colours) in zip(axes[0], panels):
-        limits = {"vmin": colours[0], "vmax": colours[1]} if isinstance(colours, tuple) else {"norm": colours}
-        im = ax.imshow(data, aspect="auto", cmap=cmap, origin="lower", **limits)
+        im = ax.imshow(data, aspect="auto", cmap=cmap, origin="lower", norm=colours)
         _layer_head_axes(ax, data, ".2f")
         if marks:
             ax.scatter(*zip(*marks), marker="x", color="red", s=18, linewidths=1.0, label="dormant")
@@ -132,7 +129,7 @@ def sink_profile(profiles: Curves, path: str | Path, title: str = "", eps: float
 
 def qk_decomposition(rows, path: str | Path, title: str = "", by: str = "sinklab") -> Path:
     """Per layer: cos(q, k_1) vs cos(q, k_other) and ‖q‖‖k_1‖ vs ‖q‖‖k_other‖."""
-    rows = [list(map(float, r)) for r in rows]
+    rows = _matrix(rows)
     layers = range(1, len(rows) + 1)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for ax, first, ylabel in zip(axes, (0, 2), ("mean cos(q_t, k_j)", "mean ‖q_t‖·‖k_j‖")):

@@ -105,9 +105,7 @@ def name(key: str) -> str:
 
 
 def reduce(values: Tensor, how: Reduce, dim: int) -> Tensor:
-    if how == "max":
-        return values.amax(dim=dim)
-    return values.nanmean(dim=dim) if how == "nanmean" else values.mean(dim=dim)
+    return {"mean": Tensor.mean, "nanmean": Tensor.nanmean, "max": Tensor.amax}[how](values, dim=dim)
 
 
 def _flat_heads(fn: Callable[..., Tensor], x: Tensor, *args) -> Tensor:
