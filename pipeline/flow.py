@@ -98,9 +98,7 @@ def probe_batches(n: int, batch_size: int, mixing_sequences: int | None = None) 
     """``[start, stop)`` of each probe batch of ``n`` sequences: ``batch_size`` at a time, with a
     batch boundary after the first ``mixing_sequences`` (the ones perturbed; None: all)."""
     split = n if mixing_sequences is None else min(mixing_sequences, n)
-    return [(s, min(s + batch_size, split)) for s in range(0, split, batch_size)] + [
-        (s, min(s + batch_size, n)) for s in range(split, n, batch_size)
-    ]
+    return [(s, min(s + batch_size, end)) for lo, end in ((0, split), (split, n)) for s in range(lo, end, batch_size)]
 
 
 class FlowAccumulator:

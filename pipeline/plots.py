@@ -34,7 +34,6 @@ def _matrix(values) -> list[list[float]]:
 
 
 def _map_size(n_layers: int, n_heads: int) -> tuple[float, float]:
-    """The figure size of one layer × head panel."""
     return max(4.0, 0.35 * n_heads + 2), max(3.0, 0.25 * n_layers + 1.5)
 
 
