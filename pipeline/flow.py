@@ -67,7 +67,6 @@ class FlowMeasures:
     rho: float = DEFAULT_RHO
 
     def to_metrics(self) -> dict[str, float]:
-        """``flow/entropy_l{l}``, ``flow/mixing_l{l}`` (0-based) and ``flow/mixing_last``."""
         out = {N.layer(N.FLOW_ENTROPY, l): float(v) for l, v in enumerate(self.entropy)}
         if self.entropy_input is not None:
             out[N.FLOW_ENTROPY_INPUT] = self.entropy_input

@@ -231,7 +231,6 @@ def average_ranks(values) -> list[float]:
 
 
 def _paired(x, y) -> tuple[list[float], list[float]]:
-    """Pairs where both values are known (None and NaN dropped)."""
     pairs = [
         (float(a), float(b)) for a, b in zip(x, y, strict=True) if a is not None and b is not None and a == a and b == b
     ]

@@ -25,7 +25,6 @@ TOKEN_FACTOR = 100.0
 
 
 def _as_sequences(x: Tensor) -> Tensor:
-    """``[B, T, d]`` (or ``[T, d]``) as float ``[B, T, d]``."""
     if x.dim() == 2:
         x = x[None]
     if x.dim() != 3:
@@ -210,7 +209,6 @@ def linear_input(x: Tensor) -> Tensor:
 
 
 def linear_layers(blocks: Sequence[nn.Module]) -> Iterator[tuple[int, str, nn.Linear]]:
-    """(layer, name inside the block, module) of every ``nn.Linear`` in the decoder blocks."""
     for layer, block in enumerate(blocks):
         for name, module in block.named_modules():
             if isinstance(module, nn.Linear):

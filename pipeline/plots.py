@@ -104,8 +104,7 @@ def norm_ratio_curves(curves: Curves, path: str | Path, title: str = "", by: str
     """One line per quantity: ‖x_1‖ / mean_{t≠1} ‖x_t‖ against the layer index."""
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     for label, values in curves.items():
-        values = [float(v) for v in values]
-        ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3, label=label)
+        ax.plot(range(1, len(values) + 1), [float(v) for v in values], marker="o", markersize=3, label=label)
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax.set(yscale="log", xlabel="layer l", ylabel="‖x₁‖ / mean ‖x_t≠1‖", title=title or "first-token norm ratio")
     ax.legend()

@@ -183,7 +183,6 @@ def secondary_share(b: ProbeBatch) -> Tensor:
 
 
 def head_names() -> tuple[str, ...]:
-    """The per-head names (``<name>_l{l}_h{h}``) of the registered metrics."""
     return tuple(m.head_name for m in REGISTRY.values() if m.head_name)
 
 
@@ -218,5 +217,4 @@ def measure(batch: ProbeBatch) -> dict[str, Tensor]:
 
 
 def reduced(rows: dict[str, list[Tensor]]) -> dict[str, Tensor]:
-    """Per-batch values (key -> list of ``[B, ...]``) reduced over sequences."""
     return {k: reduce(torch.cat(v), REGISTRY[k].over_sequences, 0) for k, v in rows.items() if v}
