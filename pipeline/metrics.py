@@ -20,18 +20,20 @@ DEFAULT_EPS = 0.3
 
 def importance(attn: Tensor, k: int) -> Tensor:
     """α_k = 1/(T−k+1) · Σ_{i=k..T} A_{i,k} for ``attn [..., T, T]``; ``k`` is 1-based."""
+    if not 1 <= k <= attn.shape[-1]:
+        raise ValueError(f"position k={k} outside 1..{attn.shape[-1]}")
+    return importance_profile(attn, k)[..., k - 1]
+
+
+def importance_profile(attn: Tensor, positions: int | None = None) -> Tensor:
+    """α_1..α_P on a new last dim, every key's without ``positions``: ``[..., T, T] -> [..., P]``."""
     T = attn.shape[-1]
     if attn.shape[-2] != T:
         raise ValueError(f"importance needs square [..., T, T] maps, got {tuple(attn.shape)}")
-    if not 1 <= k <= T:
-        raise ValueError(f"position k={k} outside 1..{T}")
-    return attn[..., k - 1 :, k - 1].mean(dim=-1)
-
-
-def importance_profile(attn: Tensor, positions: int) -> Tensor:
-    """α_1..α_P stacked on a new last dim: ``[..., T, T] -> [..., P]``."""
-    positions = min(positions, attn.shape[-1])
-    return torch.stack([importance(attn, k) for k in range(1, positions + 1)], dim=-1)
+    P = T if positions is None else min(positions, T)
+    seen = torch.ones(T, P, dtype=torch.bool, device=attn.device).tril()  # query i sees key k <= i
+    received = attn[..., :P].masked_fill(~seen, 0).sum(dim=-2)
+    return received / torch.arange(T, T - P, -1, device=attn.device, dtype=received.dtype)
 
 
 def sink_rate(alpha: Tensor, eps: float = DEFAULT_EPS) -> float:
