@@ -91,8 +91,7 @@ def qk_decomposition(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
     dots = queries.float() @ keys.float().transpose(-1, -2)
     norm_product = qn.unsqueeze(-1) * kn.unsqueeze(-2)
     cosine = dots / norm_product.clamp_min(1e-12)
-    T = queries.shape[-2]
-    future = torch.ones(T, T, dtype=torch.bool, device=queries.device).triu(1)
+    future = ~causal_admitted(queries.shape[-2], queries.shape[-2], queries.device)
     return cosine.masked_fill(future, math.nan), norm_product.masked_fill(future, math.nan)
 
 

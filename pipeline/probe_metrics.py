@@ -204,9 +204,8 @@ def head_metrics(values: dict[str, Tensor]) -> dict[str, float]:
     """Per head ``<head_name>_l{l}_h{h}`` (0-based) of the head metrics that have one."""
     out: dict[str, float] = {}
     for key, v in values.items():
-        name = REGISTRY[key].head_name
-        if name is not None:
-            out.update({N.head(name, l, h): float(v[l, h]) for l in range(v.shape[0]) for h in range(v.shape[1])})
+        if (name := REGISTRY[key].head_name) is not None:
+            out.update({N.head(name, l, h): x for l, row in enumerate(v.tolist()) for h, x in enumerate(row)})
     return out
 
 
