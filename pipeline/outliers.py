@@ -68,7 +68,7 @@ class OutlierSplit:
 def outlier_split(x: Tensor) -> OutlierSplit:
     """Per sequence of ``x [B, T, d]``, with m the median |x| of that sequence's tensor: a channel with |x| >
     ``CHANNEL_FACTOR`` · m at ``CHANNEL_SHARE`` of the positions or more is *channel-wise*; an entry outside those
-    channels with |x| > ``TOKEN_FACTOR`` · m is a *token-wise* outlier, and its position a token-wise outlier position."""
+    channels with |x| > ``TOKEN_FACTOR`` · m is a *token-wise* outlier, its position a token-wise outlier position."""
     a = _as_sequences(x).abs()
     median = lower_median(a.flatten(1)).clamp_min(torch.finfo(torch.float32).tiny)[:, None, None]
     channels = (a > CHANNEL_FACTOR * median).float().mean(dim=1) >= CHANNEL_SHARE
@@ -161,9 +161,11 @@ class OutlierAccumulator:
         hits = torch.stack([s.channels.sum(dim=0) for s in splits]).cpu()
         self.channel_hits = hits if self.channel_hits is None else self.channel_hits + hits
 
-    def add_linear(self, layer: int, name: str, x: Tensor) -> None:
-        """One batch's input to one linear layer: its ‖x‖∞ per sequence, with and without the leading positions."""
-        a = linear_input(x).detach().float().abs()
+    def add_linear(self, layer: int, name: str, _module: nn.Module, args: tuple) -> None:
+        """Forward pre-hook: ‖x‖∞ per sequence of a linear layer's input, with and without the leading positions."""
+        if not args or not isinstance(args[0], Tensor):
+            return
+        a = linear_input(args[0]).detach().float().abs()
         per_sequence = tuple(range(1, a.dim()))
         rest = (
             a[..., self.lead :, :].amax(dim=per_sequence)
@@ -196,11 +198,6 @@ class OutlierAccumulator:
         )
 
 
-def _capture_input(acc: OutlierAccumulator, layer: int, name: str, _module: nn.Module, args: tuple) -> None:
-    if args and isinstance(args[0], Tensor):
-        acc.add_linear(layer, name, args[0])
-
-
 def linear_input(x: Tensor) -> Tensor:
     """A linear layer's input, checked: ``[B, T, d]``, or ``[B, H, T, d_h]`` for a per-head one (the MLP feature map)."""
     if x.dim() not in (3, 4):
@@ -221,7 +218,7 @@ def capturing_linear_inputs(blocks: Sequence[nn.Module], acc: OutlierAccumulator
     layers = linear_layers(blocks) if acc is not None else ()
     with ExitStack() as hooks:
         for l, name, module in layers:
-            hooks.enter_context(module.register_forward_pre_hook(partial(_capture_input, acc, l, name)))
+            hooks.enter_context(module.register_forward_pre_hook(partial(acc.add_linear, l, name)))
         yield
 
 
