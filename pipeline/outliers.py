@@ -238,18 +238,14 @@ def capturing_block_outputs(blocks: Sequence[nn.Module]) -> Iterator[list[Tensor
 
 def summary_table(summaries: dict[str, dict]) -> list[str]:
     """Markdown rows of :meth:`OutlierMeasures.summary` records, one per label (an input kind, a model)."""
-
-    def cell(s: dict, key: str, fmt: str) -> str:
-        return "n/a" if key not in s else f"{s[key]:{fmt}} ({s[key + '_at']})"
-
-    lines = [
-        "| activations | residual ‖h‖∞ (layer) | pooled kurtosis (layer) | lead token-wise, % of sequences (layer) "
-        "| linear input ‖x‖∞ (where) | step inflation by the lead (where) |",
-        "|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {label} | {cell(s, 'max_abs', '.1f')} | {cell(s, 'kurtosis_pooled', '.1f')} | {cell(s, 'lead_pct', '.0f')} "
-        f"| {cell(s, 'linear_max', '.1f')} | {cell(s, 'lead_scale_ratio', '.2f')} |"
-        for label, s in summaries.items()
-    ]
-    return lines
+    columns = {  # summary key -> (header, format)
+        "max_abs": ("residual ‖h‖∞ (layer)", ".1f"),
+        "kurtosis_pooled": ("pooled kurtosis (layer)", ".1f"),
+        "lead_pct": ("lead token-wise, % of sequences (layer)", ".0f"),
+        "linear_max": ("linear input ‖x‖∞ (where)", ".1f"),
+        "lead_scale_ratio": ("step inflation by the lead (where)", ".2f"),
+    }
+    cell = lambda s, key, fmt: "n/a" if key not in s else f"{s[key]:{fmt}} ({s[key + '_at']})"
+    rows = [[label, *(cell(s, key, fmt) for key, (_, fmt) in columns.items())] for label, s in summaries.items()]
+    line = lambda cells: f"| {' | '.join(cells)} |"
+    return [line(["activations", *(h for h, _ in columns.values())]), "|---" * 6 + "|", *map(line, rows)]
