@@ -188,8 +188,7 @@ def uniform_alpha1_masked(admitted: Tensor, n_extra_queries: int = 0, n_extra_ke
 def first_step_above(history, threshold: float) -> int | None:
     """The first step of ``history`` ((step, value) pairs, any order) whose value is strictly above ``threshold``
     (NaN never is), or None."""
-    steps = [step for step, value in history if value == value and value > threshold]
-    return min(steps) if steps else None
+    return min((step for step, value in history if value > threshold), default=None)  # NaN is above nothing
 
 
 # Emergence thresholds: Sink_1 above 1 % and 10 %, mean α_1 above 1.25 x uniform.
@@ -232,9 +231,7 @@ def average_ranks(values) -> list[float]:
 
 
 def _paired(x, y) -> tuple[list[float], list[float]]:
-    pairs = [
-        (float(a), float(b)) for a, b in zip(x, y, strict=True) if a is not None and b is not None and a == a and b == b
-    ]
+    pairs = [(float(a), float(b)) for a, b in zip(x, y, strict=True) if None not in (a, b) and a == a and b == b]
     return [a for a, _ in pairs], [b for _, b in pairs]
 
 

@@ -98,10 +98,9 @@ def register(*, per: Literal["layer", "head"], **fields) -> Callable[[Callable],
 
 def name(key: str) -> str:
     """The per-layer MLflow name (without ``_l{l}``) of registered metric ``key``."""
-    metric = REGISTRY[key]
-    if metric.name is None:
+    if (found := REGISTRY[key].name) is None:
         raise ValueError(f"probe metric {key!r} is not logged per layer")
-    return metric.name
+    return found
 
 
 def reduce(values: Tensor, how: Reduce, dim: int) -> Tensor:
