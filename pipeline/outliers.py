@@ -181,20 +181,17 @@ class OutlierAccumulator:
         mean["lead_pct"] = 100.0 * mean["lead_pct"]  # a share until here
         n_seq = sum(len(t) for t in self.rows["max_abs"])
         n_layers = mean["max_abs"].shape[0]
-        linear_max: dict[str, Tensor] = {}
-        ratio: dict[str, Tensor] = {}
+        linear: dict[str, Tensor] = {}  # name -> [L, 2]: mean ‖x‖∞, and mean ‖x‖∞ over it without the lead
         for (layer, name), chunks in self.linear.items():
             m = torch.cat(chunks)  # [N, 2]
-            linear_max.setdefault(name, torch.full((n_layers,), math.nan))[layer] = m[:, 0].mean()
-            ratio.setdefault(name, torch.full((n_layers,), math.nan))[layer] = (
-                m[:, 0] / m[:, 1].clamp_min(torch.finfo(torch.float32).tiny)
-            ).mean()
+            both = torch.stack((m[:, 0], m[:, 0] / m[:, 1].clamp_min(torch.finfo(torch.float32).tiny))).mean(dim=1)
+            linear.setdefault(name, torch.full((n_layers, 2), math.nan))[layer] = both
         return OutlierMeasures(
             lead=self.lead,
             **mean,
             channel_ids=[torch.nonzero(row >= n_seq / 2).flatten().tolist() for row in self.channel_hits],
-            linear_max=linear_max,
-            lead_scale_ratio=ratio,
+            linear_max={name: v[:, 0] for name, v in linear.items()},
+            lead_scale_ratio={name: v[:, 1] for name, v in linear.items()},
         )
 
 

@@ -150,11 +150,10 @@ def alpha1_trajectories(
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     layers = sorted({layer for layer, _ in series})
     cmap = plt.get_cmap("viridis", max(2, len(layers)))
-    labelled: set[int] = set()
+    lowest_head = {layer: head for layer, head in sorted(series, reverse=True)}  # the one that names its layer
     for (layer, head), values in sorted(series.items()):
         colour = cmap(layers.index(layer) / max(1, len(layers) - 1))
-        label = None if layer in labelled else f"layer {layer}"
-        labelled.add(layer)
+        label = f"layer {layer}" if head == lowest_head[layer] else None
         ys = [float(v) for v in values]
         ax.plot(list(steps), ys, color=colour, linewidth=1.0, alpha=0.8, marker="o", markersize=2, label=label)
         if len(series) <= 64 and ys:  # each line named at its end

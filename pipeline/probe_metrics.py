@@ -109,8 +109,7 @@ def reduce(values: Tensor, how: Reduce, dim: int) -> Tensor:
 
 def _flat_heads(fn: Callable[..., Tensor], x: Tensor, *args) -> Tensor:
     """``fn`` of per-head ``[B, H', ...]`` inputs applied to ``x [B, L, H, ...]``: layers folded into heads."""
-    L, H = x.shape[1:3]
-    return fn(x.flatten(1, 2), *args).unflatten(1, (L, H))
+    return fn(x.flatten(1, 2), *args).unflatten(1, x.shape[1:3])
 
 
 @register(per="head", over_sequences="nanmean", per_head=True)
@@ -189,8 +188,7 @@ def to_metrics(values: dict[str, Tensor]) -> dict[str, float]:
     """Reduced ``values`` (key -> ``[L]`` or ``[L, H]``) as MLflow names, per layer and over layers."""
     out: dict[str, float] = {}
     for key, v in values.items():
-        m = REGISTRY[key]
-        if m.name is None:
+        if (m := REGISTRY[key]).name is None:
             continue
         per_layer = reduce(v.float(), m.over_heads, -1) if m.per == "head" else v.float()
         out.update({N.layer(m.name, l): float(x) for l, x in enumerate(per_layer)})

@@ -20,9 +20,8 @@ MIN_QUERIES = 8  # default: keys followed by fewer queries are not judged
 def secondary_sink_mask(attn: Tensor, eps: float, first: int = 1, min_queries: int = 1) -> Tensor:
     """Bool ``[..., T]``: key k (1-based) is a secondary sink: k > first, α_k > ε and T−k+1 >= min_queries."""
     T = attn.shape[-1]
-    alpha = importance_profile(attn)
     k = torch.arange(1, T + 1, device=attn.device)
-    return (alpha > eps) & (k > first) & (T - k + 1 >= min_queries)
+    return (importance_profile(attn) > eps) & (k > first) & (T - k + 1 >= min_queries)
 
 
 def judged_keys(T: int, first: int = 1, min_queries: int = 1) -> int:
