@@ -39,8 +39,7 @@ class SinkAccumulator:
         self.extra: list[Tensor] = []  # [B, L, H, S]: Sink_* inputs of each slot and sink token
         self.values: dict[str, list[Tensor]] = {}  # registered key -> [[B, L(, H)]]
         self.sink_token_massive: list[Tensor] = []  # [B, L, Q]
-        self.qk: list[Tensor] = []  # [L, 4] per batch, weighted by batch size
-        self.qk_weights: list[int] = []
+        self.qk: list[Tensor] = []  # [B, L, 4]: a batch's means, once for each of its sequences
         self.kinds: set[str] = set()
         self.seq_len = 0
 
@@ -109,8 +108,7 @@ class SinkAccumulator:
         if qkv and queries and keys:
             pairs = (metrics.qk_decomposition(q.detach().float(), k.detach().float()) for q, k in zip(queries, keys))
             rows = [[*metrics.first_key_vs_rest(cos), *metrics.first_key_vs_rest(norm)] for cos, norm in pairs]
-            self.qk.append(torch.tensor(rows) * queries[0].shape[0])
-            self.qk_weights.append(queries[0].shape[0])
+            self.qk.append(torch.tensor(rows).expand(queries[0].shape[0], -1, -1))
 
     def measures(self) -> SinkMeasures:
         if not self.alphas:
@@ -135,7 +133,7 @@ class SinkAccumulator:
             sink_token_massive_ratio=torch.cat(self.sink_token_massive).mean(dim=0)
             if self.sink_token_massive
             else None,
-            qk_decomposition=torch.stack(self.qk).sum(0) / sum(self.qk_weights) if self.qk else None,
+            qk_decomposition=torch.cat(self.qk).mean(dim=0) if self.qk else None,
             alpha1_all=alphas[..., 0],
             outliers=None if self.outliers is None else self.outliers.measures(),
             flow=None if self.flow is None or not self.flow.entropy else self.flow.measures(),
