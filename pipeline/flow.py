@@ -173,9 +173,8 @@ class FlowAccumulator:
 
 def largest_step(values: Sequence[float], start: float | None, rise: bool) -> int | None:
     """The layer l whose value rises (``rise=False``: falls) most from layer l − 1's (``start`` before layer 0, unless
-    None); None when nothing moves that way."""
+    None); None when nothing moves that way (a NaN step never does)."""
     previous = [start] + list(values[:-1])
     sign = 1.0 if rise else -1.0
-    steps = [(sign * (v - p), l) for l, (v, p) in enumerate(zip(values, previous)) if p is not None]
-    steps = [(s, l) for s, l in steps if s > 0]  # NaN and flat or wrong-way steps never count
+    steps = [(s, l) for l, (v, p) in enumerate(zip(values, previous)) if p is not None and (s := sign * (v - p)) > 0]
     return max(steps)[1] if steps else None
