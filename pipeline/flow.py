@@ -105,12 +105,10 @@ class FlowAccumulator:
     δ_b = rho ‖e_{b,p}‖ u_b added to the embedding of position p of every sequence b, u_b a unit vector drawn from
     ``DIRECTION_SEED`` (the same draws for the same batches)."""
 
-    def __init__(self, rho: float = DEFAULT_RHO, mixing_sequences: int | None = None) -> None:
-        if rho <= 0:
-            raise ValueError(f"perturbation size rho must be > 0, got {rho}")
+    def __init__(self, mixing_sequences: int | None = None) -> None:
         if mixing_sequences is not None and mixing_sequences < 1:
             raise ValueError(f"mixing_sequences must be >= 1 or None, got {mixing_sequences}")
-        self.rho, self.mixing_sequences = rho, mixing_sequences
+        self.rho, self.mixing_sequences = DEFAULT_RHO, mixing_sequences
         self.perturbed_rows, self.position = 0, None  # the perturbed position, set by the first perturbed batch
         self.generator = torch.Generator().manual_seed(DIRECTION_SEED)
         self.entropy: list[Tensor] = []  # [B, L]

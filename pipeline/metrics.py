@@ -149,15 +149,13 @@ def head_output_norm(head_out: Tensor) -> Tensor:
     return head_out.float().norm(dim=-1).mean(dim=-1)
 
 
-def dormant_heads(
-    alpha1: Tensor, out_norm: Tensor, eps: float = DEFAULT_EPS, ratio: float = DORMANT_OUTPUT_RATIO
-) -> Tensor:
+def dormant_heads(alpha1: Tensor, out_norm: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
     """Bool [L, H]: heads that park on the first token (α_1 > ε) and whose output norm is below
-    ``ratio`` × the mean output norm of the heads of their layer."""
+    ``DORMANT_OUTPUT_RATIO`` × the mean output norm of the heads of their layer."""
     if alpha1.shape != out_norm.shape or alpha1.dim() != 2:
         raise ValueError(f"alpha1 {tuple(alpha1.shape)} and out_norm {tuple(out_norm.shape)} must both be [L, H]")
     relative = out_norm / out_norm.mean(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
-    return (alpha1 > eps) & (relative < ratio)
+    return (alpha1 > eps) & (relative < DORMANT_OUTPUT_RATIO)
 
 
 def first_key_share(attn: Tensor, queries: Tensor) -> Tensor:
