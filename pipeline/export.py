@@ -34,24 +34,16 @@ def _local_facts(path: Path) -> dict[str, Any]:
     }
 
 
-def _tokenizer_beside(path: Path) -> Path | None:
-    found = [path / "tokenizer.json"] if path.is_dir() else []
-    return next((f for f in found + [path.with_name("tokenizer.json")] if f.is_file()), None)
-
-
 def _check_tokenizer(tokenizer, file: Path, vocab_size: int, trained: str | None) -> None:
     """Refuse a tokenizer that is not the model's: another sha256 than `sinklab fit` recorded, or too many ids."""
     if trained and tokenizer.sha256 != trained:
-        raise ValueError(
-            f"tokenizer {file}: not the model's (sha256 {tokenizer.sha256[:12]}, {tokenizer.vocab_size} ids; the "
-            f"model's: sha256 {trained[:12]}, vocabulary {vocab_size}); give the tokenizer.json of the dataset it "
-            "was trained on"
-        )
-    if tokenizer.vocab_size > vocab_size:
-        raise ValueError(
-            f"tokenizer {file}: holds {tokenizer.vocab_size} ids, more than the model's vocabulary of {vocab_size}; "
-            "give the tokenizer.json of the dataset it was trained on"
-        )
+        ours = f"sha256 {tokenizer.sha256[:12]}, {tokenizer.vocab_size} ids"
+        what = f"not the model's ({ours}; the model's: sha256 {trained[:12]}, vocabulary {vocab_size})"
+    elif tokenizer.vocab_size > vocab_size:
+        what = f"holds {tokenizer.vocab_size} ids, more than the model's vocabulary of {vocab_size}"
+    else:
+        return
+    raise ValueError(f"tokenizer {file}: {what}; give the tokenizer.json of the dataset it was trained on")
 
 
 def export(args: argparse.Namespace) -> None:
@@ -71,7 +63,8 @@ def export(args: argparse.Namespace) -> None:
         facts |= {"metrics": final_metrics(resolved), "metrics_from": f"the MLflow run {resolved.run_id}"}
     else:
         path = Path(args.checkpoint)
-        tokenizer = tokenizer or _tokenizer_beside(path)
+        beside = ([path / "tokenizer.json"] if path.is_dir() else []) + [path.with_name("tokenizer.json")]
+        tokenizer = tokenizer or next((f for f in beside if f.is_file()), None)
         facts |= _local_facts(path)
     dataset = (path if path.is_dir() else path.parent) / "dataset.json"
     if dataset.is_file():

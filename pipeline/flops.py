@@ -69,8 +69,7 @@ def flops_per_token(arch: ModelConfig, context_length: int, convention: Conventi
         return 6.0 * (n_blocks + n_head) + 12.0 * L * d * C
     if convention != "exact":
         raise ValueError(f"convention={convention!r}: allowed 'exact' or 'palm'")
-    S = arch.sink_tokens
-    per_sequence = 6.0 * (C + S) * n_blocks + 6.0 * C * n_head
+    per_sequence = 6.0 * (C + arch.sink_tokens) * n_blocks + 6.0 * C * n_head
     per_sequence += 12.0 * L * d * admitted_pairs_count(arch, C)
     return per_sequence / C
 

@@ -3,8 +3,8 @@ matrix entropy of the token representations (Queipo-de-Llano et al. 2025); defin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 
 import torch
@@ -12,28 +12,24 @@ from torch import Tensor, nn
 
 from pipeline import metric_names as N
 from pipeline.metrics import first_token_norm_ratio
+from pipeline.outliers import capturing_block_outputs
 
 DEFAULT_RHO = 0.01  # perturbation size relative to ‖e_p‖: small enough to read the linear response
 DIRECTION_SEED = 0  # the perturbation directions are drawn from this seed, batch after batch
 TRAINING_MIXING_SEQUENCES = 25  # training's probe perturbs its first 25 sequences: one batch, not four
 
 
-def matrix_entropy(x: Tensor, order: float = 1.0) -> Tensor:
+def matrix_entropy(x: Tensor) -> Tensor:
     """Normalised matrix entropy of each ``x [..., T, d] -> [...]``: λ = eigenvalues of X Xᵀ / tr(X Xᵀ) (σ_j² / ‖X‖²_F,
-    summing to 1); S_α = log Σ λ^α / (1 − α), the von Neumann −Σ λ log λ at α = 1; the result is S_α / log min(T, d):
-    0 for a rank-1 X, 1 for orthogonal rows of equal norm, NaN for an all-zero X."""
+    summing to 1); the von Neumann S = −Σ λ log λ over log min(T, d): 0 for a rank-1 X, 1 for orthogonal rows of equal
+    norm, NaN for an all-zero X."""
     if x.dim() < 2 or min(x.shape[-2:]) < 2:
         raise ValueError(f"matrix_entropy needs [..., T, d] with T, d >= 2, got {tuple(x.shape)}")
-    if order < 0:
-        raise ValueError(f"matrix_entropy order must be >= 0, got {order}")
     x = x.double()
     gram = x @ x.transpose(-1, -2) if x.shape[-2] <= x.shape[-1] else x.transpose(-1, -2) @ x  # the smaller one
     s2 = torch.linalg.eigvalsh(gram).clamp_min(0.0)  # the squared singular values of x
     lam = s2 / s2.sum(dim=-1, keepdim=True)
-    if order == 1.0:
-        h = torch.special.entr(lam).sum(dim=-1)  # −λ log λ, 0 at λ = 0
-    else:
-        h = torch.where(lam > 0, lam.pow(order), 0.0).sum(dim=-1).log() / (1.0 - order)
+    h = torch.special.entr(lam).sum(dim=-1)  # −λ log λ, 0 at λ = 0
     return (h / torch.tensor(float(min(x.shape[-2:]))).log()).clamp_min(0.0).float()
 
 
@@ -59,29 +55,6 @@ def embedding_module(model: nn.Module) -> nn.Module | None:
     return get() if callable(get) else None
 
 
-class Perturbation:
-    """Adds δ_b = rho ‖e_{b,p}‖ u_b to the embedding of position p of every sequence b, u_b a unit
-    vector drawn from ``DIRECTION_SEED`` (the same draws for the same batches)."""
-
-    def __init__(self, position: int, rho: float = DEFAULT_RHO, seed: int = DIRECTION_SEED) -> None:
-        if rho <= 0:
-            raise ValueError(f"perturbation size rho must be > 0, got {rho}")
-        self.position, self.rho = position, rho
-        self.generator = torch.Generator().manual_seed(seed)
-
-    @contextmanager
-    def applied(self, module: nn.Module) -> Iterator[None]:
-        def add(_module, _inputs, out: Tensor) -> Tensor:
-            u = torch.randn(out.shape[0], out.shape[-1], generator=self.generator, dtype=torch.float64)
-            u = (u / u.norm(dim=-1, keepdim=True)).to(out.device, out.dtype)
-            moved = out.clone()
-            moved[:, self.position] += self.rho * out[:, self.position].norm(dim=-1, keepdim=True) * u
-            return moved
-
-        with module.register_forward_hook(add):
-            yield
-
-
 @dataclass
 class FlowMeasures:
     """Per layer (block outputs, 0-based; the last before the final norm), means over sequences."""
@@ -94,7 +67,6 @@ class FlowMeasures:
     rho: float = DEFAULT_RHO
 
     def to_metrics(self) -> dict[str, float]:
-        """``flow/entropy_l{l}``, ``flow/mixing_l{l}`` (0-based) and ``flow/mixing_last``."""
         out = {N.layer(N.FLOW_ENTROPY, l): float(v) for l, v in enumerate(self.entropy)}
         if self.entropy_input is not None:
             out[N.FLOW_ENTROPY_INPUT] = self.entropy_input
@@ -115,66 +87,34 @@ class FlowMeasures:
         return {name: v.tolist() if isinstance(v, Tensor) else v for name, v in values.items()}
 
 
-@contextmanager
-def capturing_inputs(model: nn.Module, flow: FlowAccumulator | None) -> Iterator[list[Tensor]]:
+def capturing_inputs(model: nn.Module, flow: FlowAccumulator | None) -> AbstractContextManager[list[Tensor]]:
     """While inside, ``model``'s input embeddings are appended, detached, to the list it yields (none without flow)."""
-    outputs: list[Tensor] = []
     embed = embedding_module(model) if flow is not None else None
-    with ExitStack() as hooks:
-        if embed is not None:
-            hooks.enter_context(embed.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach())))
-        yield outputs
+    return capturing_block_outputs([] if embed is None else [embed])
 
 
 def probe_batches(n: int, batch_size: int, mixing_sequences: int | None = None) -> list[tuple[int, int]]:
     """``[start, stop)`` of each probe batch of ``n`` sequences: ``batch_size`` at a time, with a
     batch boundary after the first ``mixing_sequences`` (the ones perturbed; None: all)."""
     split = n if mixing_sequences is None else min(mixing_sequences, n)
-    return [(s, min(s + batch_size, split)) for s in range(0, split, batch_size)] + [
-        (s, min(s + batch_size, n)) for s in range(split, n, batch_size)
-    ]
+    return [(s, min(s + batch_size, end)) for lo, end in ((0, split), (split, n)) for s in range(lo, end, batch_size)]
 
 
 class FlowAccumulator:
-    """Per-sequence entropies and sensitivities over batches, the first ``mixing_sequences`` perturbed (None: all)."""
+    """Per-sequence entropies and sensitivities over batches, the first ``mixing_sequences`` perturbed (None: all):
+    δ_b = rho ‖e_{b,p}‖ u_b added to the embedding of position p of every sequence b, u_b a unit vector drawn from
+    ``DIRECTION_SEED`` (the same draws for the same batches)."""
 
-    def __init__(self, rho: float = DEFAULT_RHO, mixing_sequences: int | None = None) -> None:
+    def __init__(self, mixing_sequences: int | None = None) -> None:
         if mixing_sequences is not None and mixing_sequences < 1:
             raise ValueError(f"mixing_sequences must be >= 1 or None, got {mixing_sequences}")
-        self.rho, self.mixing_sequences = rho, mixing_sequences
-        self.perturbed_rows = 0
-        self.perturbation: Perturbation | None = None
+        self.rho, self.mixing_sequences = DEFAULT_RHO, mixing_sequences
+        self.perturbed_rows, self.position = 0, None  # the perturbed position, set by the first perturbed batch
+        self.generator = torch.Generator().manual_seed(DIRECTION_SEED)
         self.entropy: list[Tensor] = []  # [B, L]
         self.entropy_input: list[Tensor] = []  # [B]
         self.ratio_input: list[Tensor] = []  # [B]
         self.mixing: list[Tensor] = []  # [B, L]
-
-    def perturbation_for(self, seq_len: int) -> Perturbation:
-        """The one perturbation of this probe (its generator runs on across batches)."""
-        if self.perturbation is None:
-            self.perturbation = Perturbation(seq_len // 2, self.rho)  # the middle: half the tokens after it
-        return self.perturbation
-
-    def add(
-        self,
-        hidden_states: Sequence[Tensor],
-        perturbed: Sequence[Tensor] | None = None,
-        embeddings: Tensor | None = None,
-    ) -> None:
-        """One batch of real-token states ``[B, T, d]`` per layer: clean, perturbed, input embeddings where measured."""
-        self.entropy.append(torch.stack([matrix_entropy(h.detach().float()) for h in hidden_states], 1).cpu())
-        if embeddings is not None:
-            e = embeddings.detach().float()
-            self.entropy_input.append(matrix_entropy(e).cpu())
-            self.ratio_input.append(first_token_norm_ratio(e).cpu())
-        if perturbed is not None:
-            if self.perturbation is None:
-                raise ValueError("perturbed states given before perturbation_for() chose the position")
-            p = self.perturbation.position
-            spread = [
-                perturbation_spread(h.detach(), q.detach(), p, self.rho) for h, q in zip(hidden_states, perturbed)
-            ]
-            self.mixing.append(torch.stack(spread, 1).cpu())
 
     def add_pass(
         self,
@@ -186,12 +126,27 @@ class FlowAccumulator:
     ) -> None:
         """One batch: the clean ``hidden_states`` and, given an embedding module, ``forward()`` rerun perturbed."""
         lead, rows = hidden_states[0].shape[1] - seq_len, hidden_states[0].shape[0]
-        perturbed, embed = None, embedding_module(model)
+        clean = [h[:, lead:].detach() for h in hidden_states]
+        self.entropy.append(torch.stack([matrix_entropy(h.float()) for h in clean], 1).cpu())
+        if embedded:
+            e = embedded[0].detach().float()
+            self.entropy_input.append(matrix_entropy(e).cpu())
+            self.ratio_input.append(first_token_norm_ratio(e).cpu())
+        embed = embedding_module(model)
         if embed is not None and self.perturbs(rows):
-            with self.perturbation_for(seq_len).applied(embed):
-                perturbed = [h[:, lead:] for h in forward()]
+            self.position = seq_len // 2  # the middle: half the tokens after it
+            with embed.register_forward_hook(self._perturb):
+                perturbed = [h[:, lead:].detach() for h in forward()]
+            spread = [perturbation_spread(h, q, self.position, self.rho) for h, q in zip(clean, perturbed)]
+            self.mixing.append(torch.stack(spread, 1).cpu())
             self.perturbed_rows += rows
-        self.add([h[:, lead:] for h in hidden_states], perturbed, embedded[0] if embedded else None)
+
+    def _perturb(self, _module, _inputs, out: Tensor) -> Tensor:
+        u = torch.randn(out.shape[0], out.shape[-1], generator=self.generator, dtype=torch.float64)
+        u = (u / u.norm(dim=-1, keepdim=True)).to(out.device, out.dtype)
+        moved = out.clone()
+        moved[:, self.position] += self.rho * out[:, self.position].norm(dim=-1, keepdim=True) * u
+        return moved
 
     def perturbs(self, rows: int) -> bool:
         """Whether the next batch of ``rows`` sequences gets the perturbed pass (batches: :func:`probe_batches`)."""
@@ -209,16 +164,15 @@ class FlowAccumulator:
             entropy_input=mean(self.entropy_input),
             norm_ratio_input=mean(self.ratio_input),
             mixing=torch.cat(self.mixing).mean(dim=0) if self.mixing else None,
-            position=None if self.perturbation is None else self.perturbation.position,
+            position=self.position,
             rho=self.rho,
         )
 
 
 def largest_step(values: Sequence[float], start: float | None, rise: bool) -> int | None:
     """The layer l whose value rises (``rise=False``: falls) most from layer l − 1's (``start`` before layer 0, unless
-    None); None when nothing moves that way."""
+    None); None when nothing moves that way (a NaN step never does)."""
     previous = [start] + list(values[:-1])
     sign = 1.0 if rise else -1.0
-    steps = [(sign * (v - p), l) for l, (v, p) in enumerate(zip(values, previous)) if p is not None]
-    steps = [(s, l) for s, l in steps if s > 0]  # NaN and flat or wrong-way steps never count
+    steps = [(s, l) for l, (v, p) in enumerate(zip(values, previous)) if p is not None and (s := sign * (v - p)) > 0]
     return max(steps)[1] if steps else None

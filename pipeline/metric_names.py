@@ -45,111 +45,36 @@ TRAJECTORY_IMAGE = HEADS + "alpha1_trajectory"  # α₁ of every head over the r
 MAX_LOGIT_IMAGE = HEADS + "max_logit"  # layer x head heat map of the largest q·k/√d_h, per probe step
 
 
-def sink_k(k: int) -> str:
-    return f"{SINK}sink_k{k}"
-
-
-def sink_star(name: str) -> str:
-    return f"{SINK}sink_star_{name}"
-
-
-def alpha_k_mean(k: int) -> str:
-    return f"{SINK}alpha{k}_mean"
-
-
-def emerged_step(name: str) -> str:
-    return EMERGED_STEP + name
-
-
-def act(name: str) -> str:
-    """An activation-outlier figure (pipeline.outliers): ``act/<name>``."""
-    return ACT + name
-
-
-def layer(name: str, l: int) -> str:
-    """``<name>_l<l>``, e.g. ``layer(FLOW_ENTROPY, 0)`` = ``flow/entropy_l0``."""
-    return f"{name}_l{l}"
-
-
-def head(name: str, l: int, h: int) -> str:
-    return f"{name}_l{l}_h{h}"
-
+# ---- name templates, filled in order: sink_k(1) is sink/sink_k1, layer(FLOW_ENTROPY, 0) flow/entropy_l0 ----
+sink_k = (SINK + "sink_k{}").format
+sink_star = (SINK + "sink_star_{}").format
+alpha_k_mean = (SINK + "alpha{}_mean").format
+emerged_step = (EMERGED_STEP + "{}").format
+act = (ACT + "{}").format  # an activation-outlier figure (pipeline.outliers)
+layer = "{}_l{}".format
+head = "{}_l{}_h{}".format
 
 # ---- analysis (pipeline.analysis) and reports (pipeline.experiments.report) ----------------------
-def analysis(name: str) -> str:
-    """A ``sinklab analyze`` metric logged on the training run it analysed."""
-    return ANALYSIS + name
-
-
-def table1(name: str) -> str:
-    return TABLE1 + name
-
-
-def of_input(kind: str, name: str) -> str:
-    """``name`` measured on one kind of probe input (``natural``, ``random``, ...)."""
-    return f"{kind}/{name}"
-
-
-def input_sink_k(kind: str, k: int) -> str:
-    return f"{kind}/sink_k{k}"
-
-
-def domain(name: str) -> str:
-    return DOMAIN + name
-
-
-def passkey_accuracy(cache: str) -> str:
-    return f"{PASSKEY}acc_{cache}"
-
-
-def length_loss(mode: str, bucket: int) -> str:
-    """`sinklab length-eval`: the mean loss of position bucket ``bucket`` under ``mode`` (full, 0_128, ...)."""
-    return f"{LENGTH}loss_{mode}_b{bucket}"
-
-
-def length_passkey(mode: str, factor: int | str) -> str:
-    """`sinklab length-eval`: passkey accuracy (%) at ``factor`` x the training length under ``mode``."""
-    return f"{LENGTH}passkey_{mode}_x{factor}"
-
-
-def stream_perplexity(cache: str) -> str:
-    return f"{STREAM}ppl_{cache}"
-
-
-def kv_perplexity(policy: str, sinks: str, budget: float) -> str:
-    """`sinklab kv-eval`: perplexity under eviction ``policy`` with the sinks ``keep``, ``drop`` or ``policy`` (its own
-    scores), the cache ``budget`` percent of the text, e.g. ``stream/kv_h2o_keep_b25``."""
-    return f"{STREAM}kv_{policy}_{sinks}_b{budget:g}"
-
-
-def kv_first_kept(policy: str, budget: float) -> str:
-    """`sinklab kv-eval`: the share (%) of evictions, layers and kv heads where ``policy`` on its own scores kept the
-    first entry, the cache ``budget`` percent of the text, e.g. ``stream/kv_first_kept_h2o_b25``."""
-    return f"{STREAM}kv_first_kept_{policy}_b{budget:g}"
-
-
-def kv_passkey(row: str, budget: float, factor: int | str) -> str:
-    """`sinklab kv-eval`: passkey accuracy (%) on prompts of ``factor`` x the cache's entries, ``row`` a policy and
-    sink setting (``h2o_keep``) or ``full``, e.g. ``stream/kv_passkey_h2o_drop_b25_x2``."""
-    return f"{STREAM}kv_passkey_{row}_b{budget:g}_x{factor}"
-
+analysis = (ANALYSIS + "{}").format  # a `sinklab analyze` metric logged on the training run it analysed
+table1 = (TABLE1 + "{}").format
+of_input = "{}/{}".format  # (kind, name): name measured on one kind of probe input (natural, random, ...)
+input_sink_k = "{}/sink_k{}".format
+domain = (DOMAIN + "{}").format
+passkey_accuracy = (PASSKEY + "acc_{}").format
+length_loss = (LENGTH + "loss_{}_b{}").format  # (mode: full, 0_128, ..., bucket): a position bucket's mean loss
+length_passkey = (LENGTH + "passkey_{}_x{}").format  # (mode, factor): passkey accuracy at factor x the training length
+stream_perplexity = (STREAM + "ppl_{}").format
+# `sinklab kv-eval`, the cache budget in percent of the text
+kv_perplexity = (STREAM + "kv_{}_{}_b{:g}").format  # (policy, sinks: keep, drop or policy, budget)
+kv_first_kept = (STREAM + "kv_first_kept_{}_b{:g}").format  # (policy, budget): % of evictions that kept the first
+kv_passkey = (STREAM + "kv_passkey_{}_b{:g}_x{}").format  # (policy_sinks or full, budget, factor x the cache)
 
 # secondary sinks per layer (pipeline.secondary_sinks), with layer(): count per head and ‖h‖ ratio (the
 # attention share is the probe's registered secondary_share)
 SECONDARY_COUNT, SECONDARY_NORM = SINK + "secondary_count", SINK + "secondary_norm_ratio"
-
-
-def quant(name: str) -> str:
-    return QUANT + name
-
-
-def agreement(key: str, statistic: str) -> str:
-    return f"{AGREEMENT}{key}/{statistic}"
-
-
-def over_seeds(variant: str, key: str, statistic: str) -> str:
-    """A report's ``statistic`` (n, mean, std, lo, hi) of column ``key`` over a variant's seeds."""
-    return f"{SEEDS}{variant}/{key}/{statistic}"
+quant = (QUANT + "{}").format
+agreement = (AGREEMENT + "{}/{}").format  # (key, statistic): a report's rank agreement
+over_seeds = (SEEDS + "{}/{}/{}").format  # (variant, key, statistic: n, mean, std, lo, hi) over a variant's seeds
 
 
 def is_metric(name: str) -> bool:

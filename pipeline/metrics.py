@@ -10,6 +10,7 @@ the first *real* token.
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
 from torch import Tensor
@@ -19,18 +20,20 @@ DEFAULT_EPS = 0.3
 
 def importance(attn: Tensor, k: int) -> Tensor:
     """α_k = 1/(T−k+1) · Σ_{i=k..T} A_{i,k} for ``attn [..., T, T]``; ``k`` is 1-based."""
+    if not 1 <= k <= attn.shape[-1]:
+        raise ValueError(f"position k={k} outside 1..{attn.shape[-1]}")
+    return importance_profile(attn, k)[..., k - 1]
+
+
+def importance_profile(attn: Tensor, positions: int | None = None) -> Tensor:
+    """α_1..α_P on a new last dim, every key's without ``positions``: ``[..., T, T] -> [..., P]``."""
     T = attn.shape[-1]
     if attn.shape[-2] != T:
         raise ValueError(f"importance needs square [..., T, T] maps, got {tuple(attn.shape)}")
-    if not 1 <= k <= T:
-        raise ValueError(f"position k={k} outside 1..{T}")
-    return attn[..., k - 1 :, k - 1].mean(dim=-1)
-
-
-def importance_profile(attn: Tensor, positions: int) -> Tensor:
-    """α_1..α_P stacked on a new last dim: ``[..., T, T] -> [..., P]``."""
-    positions = min(positions, attn.shape[-1])
-    return torch.stack([importance(attn, k) for k in range(1, positions + 1)], dim=-1)
+    P = T if positions is None else min(positions, T)
+    seen = torch.ones(T, P, dtype=torch.bool, device=attn.device).tril()  # query i sees key k <= i
+    received = attn[..., :P].masked_fill(~seen, 0).sum(dim=-2)
+    return received / torch.arange(T, T - P, -1, device=attn.device, dtype=received.dtype)
 
 
 def sink_rate(alpha: Tensor, eps: float = DEFAULT_EPS) -> float:
@@ -88,8 +91,7 @@ def qk_decomposition(queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
     dots = queries.float() @ keys.float().transpose(-1, -2)
     norm_product = qn.unsqueeze(-1) * kn.unsqueeze(-2)
     cosine = dots / norm_product.clamp_min(1e-12)
-    T = queries.shape[-2]
-    future = torch.ones(T, T, dtype=torch.bool, device=queries.device).triu(1)
+    future = ~causal_admitted(queries.shape[-2], queries.shape[-2], queries.device)
     return cosine.masked_fill(future, math.nan), norm_product.masked_fill(future, math.nan)
 
 
@@ -147,15 +149,13 @@ def head_output_norm(head_out: Tensor) -> Tensor:
     return head_out.float().norm(dim=-1).mean(dim=-1)
 
 
-def dormant_heads(
-    alpha1: Tensor, out_norm: Tensor, eps: float = DEFAULT_EPS, ratio: float = DORMANT_OUTPUT_RATIO
-) -> Tensor:
+def dormant_heads(alpha1: Tensor, out_norm: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
     """Bool [L, H]: heads that park on the first token (α_1 > ε) and whose output norm is below
-    ``ratio`` × the mean output norm of the heads of their layer."""
+    ``DORMANT_OUTPUT_RATIO`` × the mean output norm of the heads of their layer."""
     if alpha1.shape != out_norm.shape or alpha1.dim() != 2:
         raise ValueError(f"alpha1 {tuple(alpha1.shape)} and out_norm {tuple(out_norm.shape)} must both be [L, H]")
     relative = out_norm / out_norm.mean(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
-    return (alpha1 > eps) & (relative < ratio)
+    return (alpha1 > eps) & (relative < DORMANT_OUTPUT_RATIO)
 
 
 def first_key_share(attn: Tensor, queries: Tensor) -> Tensor:
@@ -186,8 +186,7 @@ def uniform_alpha1_masked(admitted: Tensor, n_extra_queries: int = 0, n_extra_ke
 def first_step_above(history, threshold: float) -> int | None:
     """The first step of ``history`` ((step, value) pairs, any order) whose value is strictly above ``threshold``
     (NaN never is), or None."""
-    steps = [step for step, value in history if value == value and value > threshold]
-    return min(steps) if steps else None
+    return min((step for step, value in history if value > threshold), default=None)  # NaN is above nothing
 
 
 # Emergence thresholds: Sink_1 above 1 % and 10 %, mean α_1 above 1.25 x uniform.
@@ -230,40 +229,24 @@ def average_ranks(values) -> list[float]:
 
 
 def _paired(x, y) -> tuple[list[float], list[float]]:
-    """Pairs where both values are known (None and NaN dropped)."""
-    pairs = [
-        (float(a), float(b)) for a, b in zip(x, y, strict=True) if a is not None and b is not None and a == a and b == b
-    ]
+    pairs = [(float(a), float(b)) for a, b in zip(x, y, strict=True) if None not in (a, b) and a == a and b == b]
     return [a for a, _ in pairs], [b for _, b in pairs]
 
 
 def spearman_rho(x, y) -> float | None:
     """Spearman's ρ: the Pearson correlation of the average ranks of the pairs where both values
     are known. None (undefined) with fewer than 2 pairs or when either side is constant."""
-    x, y = _paired(x, y)
-    if len(x) < 2:
+    try:
+        return statistics.correlation(*map(average_ranks, _paired(x, y)))
+    except statistics.StatisticsError:
         return None
-    rx, ry = average_ranks(x), average_ranks(y)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sxx = sum((a - mx) ** 2 for a in rx)
-    syy = sum((b - my) ** 2 for b in ry)
-    if sxx == 0 or syy == 0:
-        return None
-    return sxy / (sxx * syy) ** 0.5
 
 
 def kendall_tau_b(x, y) -> float | None:
     """Kendall's τ-b over the pairs where both values are known:
     (concordant − discordant) / √((n0 − ties in x)(n0 − ties in y)), n0 = n(n−1)/2 and the tie
     counts being the pairs tied in that variable. None with fewer than 2 pairs or a constant side."""
-    x, y = _paired(x, y)
-    n = len(x)
-    if n < 2:
-        return None
-    steps = [(x[i] - x[j], y[i] - y[j]) for i in range(n) for j in range(i + 1, n)]
-    concordant_minus_discordant = sum((dx * dy > 0) - (dx * dy < 0) for dx, dy in steps)
-    tied_x, tied_y = sum(dx == 0 for dx, _ in steps), sum(dy == 0 for _, dy in steps)
-    n0 = n * (n - 1) // 2
-    denominator = ((n0 - tied_x) * (n0 - tied_y)) ** 0.5
-    return concordant_minus_discordant / denominator if denominator else None
+    xs, ys = (torch.tensor(v, dtype=torch.float64) for v in _paired(x, y))
+    dx, dy = (xs[:, None] - xs).sign(), (ys[:, None] - ys).sign()  # over ordered pairs: each pair twice
+    untied = dx.count_nonzero().item() * dy.count_nonzero().item()
+    return (dx * dy).sum().item() / math.sqrt(untied) if untied else None

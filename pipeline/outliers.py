@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 
 import numpy as np
@@ -25,7 +25,6 @@ TOKEN_FACTOR = 100.0
 
 
 def _as_sequences(x: Tensor) -> Tensor:
-    """``[B, T, d]`` (or ``[T, d]``) as float ``[B, T, d]``."""
     if x.dim() == 2:
         x = x[None]
     if x.dim() != 3:
@@ -66,16 +65,14 @@ class OutlierSplit:
     channels: Tensor  # [B, d] bool: a channel-wise outlier channel
 
 
-def outlier_split(
-    x: Tensor, token_factor: float = TOKEN_FACTOR, channel_factor: float = CHANNEL_FACTOR, share: float = CHANNEL_SHARE
-) -> OutlierSplit:
+def outlier_split(x: Tensor) -> OutlierSplit:
     """Per sequence of ``x [B, T, d]``, with m the median |x| of that sequence's tensor: a channel with |x| >
-    ``channel_factor`` · m at ``share`` of the positions or more is *channel-wise*; an entry outside those channels with
-    |x| > ``token_factor`` · m is a *token-wise* outlier, and its position a token-wise outlier position."""
+    ``CHANNEL_FACTOR`` · m at ``CHANNEL_SHARE`` of the positions or more is *channel-wise*; an entry outside those
+    channels with |x| > ``TOKEN_FACTOR`` · m is a *token-wise* outlier, its position a token-wise outlier position."""
     a = _as_sequences(x).abs()
     median = lower_median(a.flatten(1)).clamp_min(torch.finfo(torch.float32).tiny)[:, None, None]
-    channels = (a > channel_factor * median).float().mean(dim=1) >= share
-    token_entries = (a > token_factor * median) & ~channels[:, None, :]
+    channels = (a > CHANNEL_FACTOR * median).float().mean(dim=1) >= CHANNEL_SHARE
+    token_entries = (a > TOKEN_FACTOR * median) & ~channels[:, None, :]
     return OutlierSplit(token_positions=token_entries.any(dim=-1), channels=channels)
 
 
@@ -132,14 +129,10 @@ class OutlierMeasures:
         return out
 
     def to_json(self) -> dict:
-        return {
-            "lead": self.lead,
-            **{key: getattr(self, key).tolist() for key in LAYER_METRICS},
-            "channel_ids": self.channel_ids,
-            "linear_max": {k: v.tolist() for k, v in self.linear_max.items()},
-            "lead_scale_ratio": {k: v.tolist() for k, v in self.lead_scale_ratio.items()},
-            "summary": self.summary(),
-        }
+        plain = lambda v: v.tolist() if isinstance(v, Tensor) else v
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        tables = {k: {n: t.tolist() for n, t in v.items()} for k, v in values.items() if isinstance(v, dict)}
+        return {k: plain(v) for k, v in values.items()} | tables | {"summary": self.summary()}
 
 
 class OutlierAccumulator:
@@ -155,24 +148,24 @@ class OutlierAccumulator:
         """One batch of residual-stream states, per layer ``[B, T, d]`` (leading positions included)."""
         if not hidden_states:
             return
-        stats = {k: [] for k in self.rows}
-        hits = []
-        for h in hidden_states:
-            split = outlier_split(h)
-            stats["max_abs"].append(max_abs(h))
-            stats["kurtosis_pooled"].append(kurtosis(h))
-            stats["token_positions"].append(split.token_positions.sum(dim=-1).float())
-            stats["lead_pct"].append(split.token_positions[:, : self.lead].any(dim=-1).float())
-            stats["outlier_channels"].append(split.channels.sum(dim=-1).float())
-            hits.append(split.channels.sum(dim=0))
+        splits = [outlier_split(h) for h in hidden_states]
+        stats = {
+            "max_abs": [max_abs(h) for h in hidden_states],
+            "kurtosis_pooled": [kurtosis(h) for h in hidden_states],
+            "token_positions": [s.token_positions.sum(dim=-1).float() for s in splits],
+            "lead_pct": [s.token_positions[:, : self.lead].any(dim=-1).float() for s in splits],
+            "outlier_channels": [s.channels.sum(dim=-1).float() for s in splits],
+        }
         for key, per_layer in stats.items():
             self.rows[key].append(torch.stack(per_layer, dim=1).cpu())  # [B, L]
-        hits = torch.stack(hits).cpu()
+        hits = torch.stack([s.channels.sum(dim=0) for s in splits]).cpu()
         self.channel_hits = hits if self.channel_hits is None else self.channel_hits + hits
 
-    def add_linear(self, layer: int, name: str, x: Tensor) -> None:
-        """One batch's input to one linear layer: its ‖x‖∞ per sequence, with and without the leading positions."""
-        a = linear_input(x).detach().float().abs()
+    def add_linear(self, layer: int, name: str, _module: nn.Module, args: tuple) -> None:
+        """Forward pre-hook: ‖x‖∞ per sequence of a linear layer's input, with and without the leading positions."""
+        if not args or not isinstance(args[0], Tensor):
+            return
+        a = linear_input(args[0]).detach().float().abs()
         per_sequence = tuple(range(1, a.dim()))
         rest = (
             a[..., self.lead :, :].amax(dim=per_sequence)
@@ -188,26 +181,18 @@ class OutlierAccumulator:
         mean["lead_pct"] = 100.0 * mean["lead_pct"]  # a share until here
         n_seq = sum(len(t) for t in self.rows["max_abs"])
         n_layers = mean["max_abs"].shape[0]
-        linear_max: dict[str, Tensor] = {}
-        ratio: dict[str, Tensor] = {}
+        linear: dict[str, Tensor] = {}  # name -> [L, 2]: mean ‖x‖∞, and mean ‖x‖∞ over it without the lead
         for (layer, name), chunks in self.linear.items():
             m = torch.cat(chunks)  # [N, 2]
-            linear_max.setdefault(name, torch.full((n_layers,), math.nan))[layer] = m[:, 0].mean()
-            ratio.setdefault(name, torch.full((n_layers,), math.nan))[layer] = (
-                m[:, 0] / m[:, 1].clamp_min(torch.finfo(torch.float32).tiny)
-            ).mean()
+            both = torch.stack((m[:, 0], m[:, 0] / m[:, 1].clamp_min(torch.finfo(torch.float32).tiny))).mean(dim=1)
+            linear.setdefault(name, torch.full((n_layers, 2), math.nan))[layer] = both
         return OutlierMeasures(
             lead=self.lead,
             **mean,
             channel_ids=[torch.nonzero(row >= n_seq / 2).flatten().tolist() for row in self.channel_hits],
-            linear_max=linear_max,
-            lead_scale_ratio=ratio,
+            linear_max={name: v[:, 0] for name, v in linear.items()},
+            lead_scale_ratio={name: v[:, 1] for name, v in linear.items()},
         )
-
-
-def _capture_input(acc: OutlierAccumulator, layer: int, name: str, _module: nn.Module, args: tuple) -> None:
-    if args and isinstance(args[0], Tensor):
-        acc.add_linear(layer, name, args[0])
 
 
 def linear_input(x: Tensor) -> Tensor:
@@ -218,7 +203,6 @@ def linear_input(x: Tensor) -> Tensor:
 
 
 def linear_layers(blocks: Sequence[nn.Module]) -> Iterator[tuple[int, str, nn.Linear]]:
-    """(layer, name inside the block, module) of every ``nn.Linear`` in the decoder blocks."""
     for layer, block in enumerate(blocks):
         for name, module in block.named_modules():
             if isinstance(module, nn.Linear):
@@ -231,7 +215,7 @@ def capturing_linear_inputs(blocks: Sequence[nn.Module], acc: OutlierAccumulator
     layers = linear_layers(blocks) if acc is not None else ()
     with ExitStack() as hooks:
         for l, name, module in layers:
-            hooks.enter_context(module.register_forward_pre_hook(partial(_capture_input, acc, l, name)))
+            hooks.enter_context(module.register_forward_pre_hook(partial(acc.add_linear, l, name)))
         yield
 
 
@@ -251,18 +235,14 @@ def capturing_block_outputs(blocks: Sequence[nn.Module]) -> Iterator[list[Tensor
 
 def summary_table(summaries: dict[str, dict]) -> list[str]:
     """Markdown rows of :meth:`OutlierMeasures.summary` records, one per label (an input kind, a model)."""
-
-    def cell(s: dict, key: str, fmt: str) -> str:
-        return "n/a" if key not in s else f"{s[key]:{fmt}} ({s[key + '_at']})"
-
-    lines = [
-        "| activations | residual ‖h‖∞ (layer) | pooled kurtosis (layer) | lead token-wise, % of sequences (layer) "
-        "| linear input ‖x‖∞ (where) | step inflation by the lead (where) |",
-        "|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {label} | {cell(s, 'max_abs', '.1f')} | {cell(s, 'kurtosis_pooled', '.1f')} | {cell(s, 'lead_pct', '.0f')} "
-        f"| {cell(s, 'linear_max', '.1f')} | {cell(s, 'lead_scale_ratio', '.2f')} |"
-        for label, s in summaries.items()
-    ]
-    return lines
+    columns = {  # summary key -> (header, format)
+        "max_abs": ("residual ‖h‖∞ (layer)", ".1f"),
+        "kurtosis_pooled": ("pooled kurtosis (layer)", ".1f"),
+        "lead_pct": ("lead token-wise, % of sequences (layer)", ".0f"),
+        "linear_max": ("linear input ‖x‖∞ (where)", ".1f"),
+        "lead_scale_ratio": ("step inflation by the lead (where)", ".2f"),
+    }
+    cell = lambda s, key, fmt: "n/a" if key not in s else f"{s[key]:{fmt}} ({s[key + '_at']})"
+    rows = [[label, *(cell(s, key, fmt) for key, (_, fmt) in columns.items())] for label, s in summaries.items()]
+    line = lambda cells: f"| {' | '.join(cells)} |"
+    return [line(["activations", *(h for h, _ in columns.values())]), "|---" * 6 + "|", *map(line, rows)]

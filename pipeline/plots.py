@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import Normalize, TwoSlopeNorm  # noqa: E402
 
 from sinklab_io.outputs import output_path  # noqa: E402
 
@@ -33,7 +34,6 @@ def _matrix(values) -> list[list[float]]:
 
 
 def _map_size(n_layers: int, n_heads: int) -> tuple[float, float]:
-    """The figure size of one layer × head panel."""
     return max(4.0, 0.35 * n_heads + 2), max(3.0, 0.25 * n_layers + 1.5)
 
 
@@ -63,26 +63,22 @@ def alpha1_heatmap(
     """Layer × head map of the first token's importance α_1 (mean over sequences), with a panel each of
     ``entropy`` / ``out_norm`` / ``max_logit`` ([L, H]) beside it and ``dormant`` (bool [L, H]) crossed on
     every panel; with ``uniform`` (α_1 under uniform attention) the α_1 colour map is diverging, white there."""
-    colours = (0.0, 1.0)
-    if uniform is not None and 0.0 < uniform < 1.0:
-        from matplotlib.colors import TwoSlopeNorm
-
-        colours = TwoSlopeNorm(vmin=0.0, vcenter=uniform, vmax=1.0)
+    diverging = uniform is not None and 0.0 < uniform < 1.0
+    colours = TwoSlopeNorm(vmin=0.0, vcenter=uniform, vmax=1.0) if diverging else Normalize(0.0, 1.0)
     label = f"α₁ (white: uniform {uniform:.3f})" if uniform else "α₁"
     panels = [(label, _matrix(alpha1), "RdBu_r" if uniform else "viridis", colours)]
     if entropy is not None:
-        panels.append(("row entropy / log n", _matrix(entropy), "magma", (0.0, 1.0)))
+        panels.append(("row entropy / log n", _matrix(entropy), "magma", Normalize(0.0, 1.0)))
     if out_norm is not None:
-        panels.append(("mean ‖A·V‖ per token", _matrix(out_norm), "cividis", (None, None)))
+        panels.append(("mean ‖A·V‖ per token", _matrix(out_norm), "cividis", Normalize()))
     if max_logit is not None:
-        panels.append(("max q·k/√d_h", _matrix(max_logit), "inferno", (None, None)))
+        panels.append(("max q·k/√d_h", _matrix(max_logit), "inferno", Normalize()))
     width, height = _map_size(len(panels[0][1]), len(panels[0][1][0]))
     fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False, layout="constrained")
     crossed = _matrix(dormant) if dormant is not None else []
     marks = [(h, layer) for layer, row in enumerate(crossed) for h, v in enumerate(row) if v]
     for ax, (label, data, cmap, colours) in zip(axes[0], panels):
-        limits = {"vmin": colours[0], "vmax": colours[1]} if isinstance(colours, tuple) else {"norm": colours}
-        im = ax.imshow(data, aspect="auto", cmap=cmap, origin="lower", **limits)
+        im = ax.imshow(data, aspect="auto", cmap=cmap, origin="lower", norm=colours)
         _layer_head_axes(ax, data, ".2f")
         if marks:
             ax.scatter(*zip(*marks), marker="x", color="red", s=18, linewidths=1.0, label="dormant")
@@ -108,8 +104,7 @@ def norm_ratio_curves(curves: Curves, path: str | Path, title: str = "", by: str
     """One line per quantity: ‖x_1‖ / mean_{t≠1} ‖x_t‖ against the layer index."""
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     for label, values in curves.items():
-        values = [float(v) for v in values]
-        ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3, label=label)
+        ax.plot(range(1, len(values) + 1), [float(v) for v in values], marker="o", markersize=3, label=label)
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax.set(yscale="log", xlabel="layer l", ylabel="‖x₁‖ / mean ‖x_t≠1‖", title=title or "first-token norm ratio")
     ax.legend()
@@ -132,7 +127,7 @@ def sink_profile(profiles: Curves, path: str | Path, title: str = "", eps: float
 
 def qk_decomposition(rows, path: str | Path, title: str = "", by: str = "sinklab") -> Path:
     """Per layer: cos(q, k_1) vs cos(q, k_other) and ‖q‖‖k_1‖ vs ‖q‖‖k_other‖."""
-    rows = [list(map(float, r)) for r in rows]
+    rows = _matrix(rows)
     layers = range(1, len(rows) + 1)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for ax, first, ylabel in zip(axes, (0, 2), ("mean cos(q_t, k_j)", "mean ‖q_t‖·‖k_j‖")):
@@ -155,11 +150,10 @@ def alpha1_trajectories(
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     layers = sorted({layer for layer, _ in series})
     cmap = plt.get_cmap("viridis", max(2, len(layers)))
-    labelled: set[int] = set()
+    lowest_head = {layer: head for layer, head in sorted(series, reverse=True)}  # the one that names its layer
     for (layer, head), values in sorted(series.items()):
         colour = cmap(layers.index(layer) / max(1, len(layers) - 1))
-        label = None if layer in labelled else f"layer {layer}"
-        labelled.add(layer)
+        label = f"layer {layer}" if head == lowest_head[layer] else None
         ys = [float(v) for v in values]
         ax.plot(list(steps), ys, color=colour, linewidth=1.0, alpha=0.8, marker="o", markersize=2, label=label)
         if len(series) <= 64 and ys:  # each line named at its end

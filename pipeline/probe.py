@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -18,6 +17,9 @@ from pipeline.probe_metrics import ProbeBatch
 from pipeline.sink_measures import SinkMeasures
 
 ATTENTION_KINDS = tuple(SCORE_KINDS)
+# the fields of a model's output that SinkAccumulator.add reads
+CAPTURED = ("attentions", "attention_kind", "n_extra_queries", "n_extra_keys", "hidden_states")
+CAPTURED += ("queries", "keys", "values", "head_outputs")
 
 
 class SinkAccumulator:
@@ -37,8 +39,7 @@ class SinkAccumulator:
         self.extra: list[Tensor] = []  # [B, L, H, S]: Sink_* inputs of each slot and sink token
         self.values: dict[str, list[Tensor]] = {}  # registered key -> [[B, L(, H)]]
         self.sink_token_massive: list[Tensor] = []  # [B, L, Q]
-        self.qk: list[Tensor] = []  # [L, 4] per batch, weighted by batch size
-        self.qk_weights: list[int] = []
+        self.qk: list[Tensor] = []  # [B, L, 4]: a batch's means, once for each of its sequences
         self.kinds: set[str] = set()
         self.seq_len = 0
 
@@ -107,8 +108,7 @@ class SinkAccumulator:
         if qkv and queries and keys:
             pairs = (metrics.qk_decomposition(q.detach().float(), k.detach().float()) for q, k in zip(queries, keys))
             rows = [[*metrics.first_key_vs_rest(cos), *metrics.first_key_vs_rest(norm)] for cos, norm in pairs]
-            self.qk.append(torch.tensor(rows) * queries[0].shape[0])
-            self.qk_weights.append(queries[0].shape[0])
+            self.qk.append(torch.tensor(rows).expand(queries[0].shape[0], -1, -1))
 
     def measures(self) -> SinkMeasures:
         if not self.alphas:
@@ -133,7 +133,7 @@ class SinkAccumulator:
             sink_token_massive_ratio=torch.cat(self.sink_token_massive).mean(dim=0)
             if self.sink_token_massive
             else None,
-            qk_decomposition=torch.stack(self.qk).sum(0) / sum(self.qk_weights) if self.qk else None,
+            qk_decomposition=torch.cat(self.qk).mean(dim=0) if self.qk else None,
             alpha1_all=alphas[..., 0],
             outliers=None if self.outliers is None else self.outliers.measures(),
             flow=None if self.flow is None or not self.flow.entropy else self.flow.measures(),
@@ -142,8 +142,6 @@ class SinkAccumulator:
 
 def as_token_tensor(tokens, device: torch.device | str = "cpu") -> Tensor:
     """``tokens`` (tensor, numpy array or nested lists) of shape [N, T] -> LongTensor."""
-    if isinstance(tokens, np.ndarray):
-        tokens = torch.from_numpy(tokens.astype(np.int64, copy=False))
     tokens = torch.as_tensor(tokens, dtype=torch.long, device=device)
     if tokens.dim() != 2 or tokens.shape[1] < 2:
         raise ValueError(f"probe tokens must have shape [N, T] with T >= 2, got {tuple(tokens.shape)}")
@@ -165,9 +163,8 @@ def run_probe(
     """Sink metrics of a SinkLab ``Transformer`` on ``tokens [N, T]`` (docs/analysis.md: `run_probe`)."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     tokens = as_token_tensor(tokens, device)
-    admitted = admitted_with_extra(
-        model.config, tokens.shape[1]
-    )  # the maps' mask pattern (windows, prefixes, extra columns)
+    # the maps' mask pattern (windows, prefixes, extra columns)
+    admitted = admitted_with_extra(model.config, tokens.shape[1])
     acc = SinkAccumulator(
         eps,
         positions,
@@ -186,15 +183,7 @@ def run_probe(
                 with capturing_linear_inputs(model.blocks, acc.outliers), capturing_inputs(model, acc.flow) as embedded:
                     out = model(batch, **kwargs, output_qkv=True)  # queries and keys for the max logit
                 acc.add(
-                    out.attentions,
-                    attention_kind=out.attention_kind,
-                    n_extra_queries=out.n_extra_queries,
-                    n_extra_keys=out.n_extra_keys,
-                    hidden_states=out.hidden_states,
-                    keys=out.keys,
-                    values=out.values,
-                    queries=out.queries,
-                    head_outputs=out.head_outputs,
+                    **{name: getattr(out, name) for name in CAPTURED},
                     admitted=admitted,
                     trigger_queries=None if triggers is None else torch.isin(batch, triggers),
                     qkv=output_qkv,

@@ -98,22 +98,18 @@ def register(*, per: Literal["layer", "head"], **fields) -> Callable[[Callable],
 
 def name(key: str) -> str:
     """The per-layer MLflow name (without ``_l{l}``) of registered metric ``key``."""
-    metric = REGISTRY[key]
-    if metric.name is None:
+    if (found := REGISTRY[key].name) is None:
         raise ValueError(f"probe metric {key!r} is not logged per layer")
-    return metric.name
+    return found
 
 
 def reduce(values: Tensor, how: Reduce, dim: int) -> Tensor:
-    if how == "max":
-        return values.amax(dim=dim)
-    return values.nanmean(dim=dim) if how == "nanmean" else values.mean(dim=dim)
+    return {"mean": Tensor.mean, "nanmean": Tensor.nanmean, "max": Tensor.amax}[how](values, dim=dim)
 
 
 def _flat_heads(fn: Callable[..., Tensor], x: Tensor, *args) -> Tensor:
     """``fn`` of per-head ``[B, H', ...]`` inputs applied to ``x [B, L, H, ...]``: layers folded into heads."""
-    L, H = x.shape[1:3]
-    return fn(x.flatten(1, 2), *args).unflatten(1, (L, H))
+    return fn(x.flatten(1, 2), *args).unflatten(1, x.shape[1:3])
 
 
 @register(per="head", over_sequences="nanmean", per_head=True)
@@ -185,7 +181,6 @@ def secondary_share(b: ProbeBatch) -> Tensor:
 
 
 def head_names() -> tuple[str, ...]:
-    """The per-head names (``<name>_l{l}_h{h}``) of the registered metrics."""
     return tuple(m.head_name for m in REGISTRY.values() if m.head_name)
 
 
@@ -193,8 +188,7 @@ def to_metrics(values: dict[str, Tensor]) -> dict[str, float]:
     """Reduced ``values`` (key -> ``[L]`` or ``[L, H]``) as MLflow names, per layer and over layers."""
     out: dict[str, float] = {}
     for key, v in values.items():
-        m = REGISTRY[key]
-        if m.name is None:
+        if (m := REGISTRY[key]).name is None:
             continue
         per_layer = reduce(v.float(), m.over_heads, -1) if m.per == "head" else v.float()
         out.update({N.layer(m.name, l): float(x) for l, x in enumerate(per_layer)})
@@ -207,9 +201,8 @@ def head_metrics(values: dict[str, Tensor]) -> dict[str, float]:
     """Per head ``<head_name>_l{l}_h{h}`` (0-based) of the head metrics that have one."""
     out: dict[str, float] = {}
     for key, v in values.items():
-        name = REGISTRY[key].head_name
-        if name is not None:
-            out.update({N.head(name, l, h): float(v[l, h]) for l in range(v.shape[0]) for h in range(v.shape[1])})
+        if (name := REGISTRY[key].head_name) is not None:
+            out.update({N.head(name, l, h): x for l, row in enumerate(v.tolist()) for h, x in enumerate(row)})
     return out
 
 
@@ -220,5 +213,4 @@ def measure(batch: ProbeBatch) -> dict[str, Tensor]:
 
 
 def reduced(rows: dict[str, list[Tensor]]) -> dict[str, Tensor]:
-    """Per-batch values (key -> list of ``[B, ...]``) reduced over sequences."""
     return {k: reduce(torch.cat(v), REGISTRY[k].over_sequences, 0) for k, v in rows.items() if v}

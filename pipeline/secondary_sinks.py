@@ -12,25 +12,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from pipeline.metrics import importance_profile
+
 MIN_QUERIES = 8  # default: keys followed by fewer queries are not judged
-
-
-def key_importance(attn: Tensor) -> Tensor:
-    """α_k for every key: ``[..., T, T] -> [..., T]``, the mean of column k over rows i >= k."""
-    T = attn.shape[-1]
-    if attn.shape[-2] != T:
-        raise ValueError(f"key_importance needs square [..., T, T] maps, got {tuple(attn.shape)}")
-    below = torch.tril(torch.ones(T, T, dtype=torch.bool, device=attn.device))
-    received = attn.masked_fill(~below, 0).sum(dim=-2)
-    return received / torch.arange(T, 0, -1, device=attn.device, dtype=received.dtype)
 
 
 def secondary_sink_mask(attn: Tensor, eps: float, first: int = 1, min_queries: int = 1) -> Tensor:
     """Bool ``[..., T]``: key k (1-based) is a secondary sink: k > first, α_k > ε and T−k+1 >= min_queries."""
     T = attn.shape[-1]
-    alpha = key_importance(attn)
     k = torch.arange(1, T + 1, device=attn.device)
-    return (alpha > eps) & (k > first) & (T - k + 1 >= min_queries)
+    return (importance_profile(attn) > eps) & (k > first) & (T - k + 1 >= min_queries)
 
 
 def judged_keys(T: int, first: int = 1, min_queries: int = 1) -> int:

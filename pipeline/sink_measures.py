@@ -46,8 +46,7 @@ class SinkMeasures:
 
     @property
     def dormant_pct(self) -> float | None:
-        dormant = self.dormant
-        return None if dormant is None else 100.0 * dormant.double().mean().item()
+        return None if self.out_norm is None else 100.0 * self.dormant.double().mean().item()
 
     def head_metrics(self) -> dict[str, float]:
         """Per head ``heads/{entropy,out_norm,max_logit}_l{l}_h{h}`` and ``heads/dormant_pct``, where measured."""
@@ -76,10 +75,7 @@ class SinkMeasures:
 
     def to_json(self) -> dict:
         """A JSON-ready dict (lists, not tensors) of every field but ``alpha1_all``."""
-
-        def plain(value):
-            return value.tolist() if isinstance(value, Tensor) else getattr(value, "to_json", lambda: value)()
-
+        plain = lambda v: v.tolist() if isinstance(v, Tensor) else getattr(v, "to_json", lambda: v)()
         plain_fields = {
             f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name not in ("alpha1_all", "values")
         }

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.secondary_sinks import attention_share, key_importance, layer_stats, secondary_sink_mask
+from pipeline.metrics import importance_profile
+from pipeline.secondary_sinks import attention_share, layer_stats, secondary_sink_mask
 
 # rows = queries, causal; key 2 draws 0.5, 0.6, 0.6 from queries 2..4
 SECOND = torch.tensor(
@@ -19,7 +20,7 @@ SECOND = torch.tensor(
 
 
 def test_importance_is_the_mean_over_the_queries_from_k_on():
-    alpha = key_importance(SECOND)
+    alpha = importance_profile(SECOND)
     assert alpha.tolist() == pytest.approx([1.9 / 4, 1.7 / 3, 0.3 / 2, 0.1])
 
 
