@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.kernels.tiled import SIMILARITIES, AttentionSpec, MaskSpec
+from pipeline.kernels.tiled import SIMILARITIES, AttentionSpec, MaskSpec, Normalizer
 
 if TYPE_CHECKING:
     from .config import AttentionConfig, ModelConfig
@@ -26,7 +26,7 @@ SCORE_KINDS = {
     "sim_nonneg": "proxy scores sim/Σ sim",
     "sim_signed": "proxy scores |sim|/Σ|sim|",
 }
-NORMALIZERS = ("sum", "abs_clamp", "none")
+NORMALIZERS = get_args(Normalizer)
 
 
 class OpResult(NamedTuple):

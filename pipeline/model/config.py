@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from types import NoneType, UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from .attention_ops import NORMALIZERS, OPS, op_spec
+from pipeline.kernels.tiled import MaskKind, Normalizer
+
+from .attention_ops import OPS, op_spec
 
 # the one place each named shape is written down (docs/model.md, "Presets")
 PRESETS: dict[str, dict[str, int]] = {
@@ -29,21 +31,8 @@ RENAMED = {"attention.kernel": "attention.feature_map", "attention.scale": "atte
 OLD_PATHS = {f"{ARCH}.{old}": f"{ARCH}.{new}" for old, new in RENAMED.items()} | {"model.optim": "optim"}
 # The format of the config a remote-code export writes (config.json); code of a lower format refuses it.
 EXPORT_FORMAT = 1
-Preset = Literal[tuple(PRESETS)]
-
-Positional = Literal["rope", "nope", "sinusoidal", "learned", "relative", "t5", "alibi"]
-NormPosition = Literal["pre", "post"]
-NormKind = Literal["rmsnorm", "layernorm"]
-FFNKind = Literal["swiglu", "geglu", "reglu", "relu", "gelu", "swish"]
-HeadMerge = Literal["concat", "sum"]
-MaskKind = Literal["causal", "prefix", "sliding"]
 # the ops registered in attention_ops.py, so that the CLI lists them; validation reads OPS itself
 AttentionOp = Literal[tuple(OPS)]
-FeatureMap = Literal["identity", "elu1", "mlp"]
-Normalizer = Literal[NORMALIZERS]
-BiasKind = Literal["none", "kv", "k", "v"]
-FixedValue = Literal["onehot", "uniform"]
-GateGranularity = Literal["headwise", "elementwise"]
 
 
 class ConfigError(ValueError):
@@ -84,7 +73,7 @@ class AttentionConfig:
     """The attention operation, a name registered in attention_ops.OPS (docs/model.md's table)."""
     normalizer: Normalizer = "sum"
     """Z_i of a non-softmax op: sum (Σ_j sim, or its p-norm), abs_clamp (max(|Σ_j sim|, 1)) or none (1)."""
-    feature_map: FeatureMap = "identity"
+    feature_map: Literal["identity", "elu1", "mlp"] = "identity"
     """φ of op kernel: identity, elu+1 or a two-layer MLP per layer (Table 15)."""
     alpha: float = 1.0
     """The normalisation factor α: Z becomes Z / α (Table 14 left)."""
@@ -98,7 +87,7 @@ class AttentionConfig:
     """A learned per-head logit in the softmax denominator (a key slot of value 0)."""
     gated: bool = False
     """A sigmoid gate on the attention output before W_O, from its input x (Qiu et al. 2025, G1)."""
-    gate_granularity: GateGranularity = "headwise"
+    gate_granularity: Literal["headwise", "elementwise"] = "headwise"
     """headwise: one score per head, σ(x W), W ∈ R^{d×H}; elementwise: σ(x W_g), W_g ∈ R^{d×d}."""
     qk_norm: bool = False
     """RMSNorm on each head's queries and keys before the rotation (Dehghani et al.)."""
@@ -108,7 +97,7 @@ class AttentionConfig:
 class BiasConfig:
     """Explicit attention biases (Tables 4, 5, 12 right, 13)."""
 
-    kind: BiasKind = "none"
+    kind: Literal["none", "kv", "k", "v"] = "none"
     """kv: learnable k* and v* as a key/value slot; k: learnable k*, fixed v*; v: learnable v* added to each head."""
     shared_heads: bool = False
     """One bias for all heads of a layer (Table 12 right)."""
@@ -116,7 +105,7 @@ class BiasConfig:
     """d_a, the learnable leading dimensions of k* (the rest zero); 0: all (Table 13)."""
     value_norm: float = 0.0
     """m of kind k's fixed v* = m v' (onehot) or m v'' (uniform)."""
-    value_direction: FixedValue = "onehot"
+    value_direction: Literal["onehot", "uniform"] = "onehot"
     """v' = [1, 0, .., 0] (onehot) or v'' = [1, .., 1] / √d_h (uniform) of kind k's fixed v* (Table 5)."""
     slot_logit: bool = False
     """A learned per-query-head logit added to the k*/v* slot's scores (0 at a fresh start; an added slot starts far below)."""
@@ -126,7 +115,7 @@ class BiasConfig:
 class ModelConfig:
     """One LLaMA-style decoder; every default is the paper's block."""
 
-    preset: Preset | None = None
+    preset: Literal[tuple(PRESETS)] | None = None
     """A named shape (docs/model.md, "Presets") that fills each shape field left null; null: llama-60m."""
     vocab_size: int | None = None
     """Token vocabulary; the trainer sets the dataset's."""
@@ -148,7 +137,7 @@ class ModelConfig:
     """Standard deviation of the normal initialisation of the weights."""
     tie_embeddings: bool = False
     """Share the token embedding with the LM head."""
-    positional: Positional = "rope"
+    positional: Literal["rope", "nope", "sinusoidal", "learned", "relative", "t5", "alibi"] = "rope"
     """The positional encoding (docs/model.md; Table 3)."""
     rope_theta: float = 10000.0
     """RoPE's base θ."""
@@ -156,13 +145,13 @@ class ModelConfig:
     """B, the buckets of relative and T5 position biases (Eq. 6)."""
     relative_max_distance: int = 128
     """D, the distance the last relative bucket starts at (Eq. 6)."""
-    norm_position: NormPosition = "pre"
+    norm_position: Literal["pre", "post"] = "pre"
     """Norms before each sublayer (pre) or after its residual sum (post)."""
-    norm: NormKind = "rmsnorm"
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     """The norm of the blocks and the final norm; layernorm has its bias (GPT-2)."""
-    ffn: FFNKind = "swiglu"
+    ffn: Literal["swiglu", "geglu", "reglu", "relu", "gelu", "swish"] = "swiglu"
     """The feed-forward block's activation; the three *glu are gated."""
-    head_merge: HeadMerge = "concat"
+    head_merge: Literal["concat", "sum"] = "concat"
     """How the heads' outputs meet W_O: concatenated, or summed with W_O ∈ R^{d_h×d} (Table 12 left)."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     """The attention operation and its mitigations."""
