@@ -173,10 +173,17 @@ class RunLogger(MLFlowLogger):
         """Rank 0: MLflow's system metrics (CPU, RAM, GPU where present) on this run until :meth:`finalize`."""
         if self._run_id is None or self.system_metrics is not None:
             return
-        from .run_assets import system_metrics_monitor
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-        try:
-            self.system_metrics = system_metrics_monitor(self._tracking_uri, self._run_id)
+        try:  # a sample every 15 s, one averaged point a minute; a resumed run continues its step count
+            self.system_metrics = SystemMetricsMonitor(
+                self._run_id,
+                sampling_interval=15,
+                samples_before_logging=4,
+                resume_logging=True,
+                tracking_uri=self._tracking_uri,
+            )
+            self.system_metrics.start()
         except Exception as exc:  # noqa: BLE001
             notice(f"MLflow system metrics off ({why(exc)})")
 
