@@ -14,7 +14,7 @@ from .cache import StreamingCache
 from .config import ModelConfig
 from .ffn import build_ffn
 from .masks import AttentionContext
-from .positional import build_positional
+from .positional import POSITIONAL
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Transformer(nn.Module):
         self.config = config  # checked when it was built (ModelConfig.__post_init__)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.sink_tokens = nn.Parameter(torch.zeros(config.sink_tokens, config.d_model)) if config.sink_tokens else None
-        self.positional = build_positional(config)
+        self.positional = POSITIONAL[config.positional](config)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         # post-norm blocks already end in a norm
         self.norm = build_norm(config) if config.norm_position == "pre" else nn.Identity()
