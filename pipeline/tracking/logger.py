@@ -300,6 +300,3 @@ class RunLogger(MLFlowLogger):
             )
             return
         self._send(lambda: self.experiment.set_terminated(self._run_id, _MLFLOW_STATUS.get(status, "FINISHED")))
-
-    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
-        pass
