@@ -270,29 +270,23 @@ class ModelConfig:
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
         """A preset with overrides, nested as dicts (``attention={"op": "sigmoid"}``) or as ``attention__op``."""
-        return cls.from_dict({**_unflatten(overrides), "preset": name})
+        return cls.from_dict({**_overridden({}, overrides), "preset": name})
 
     def replace(self, **overrides: Any) -> ModelConfig:
-        return ModelConfig.from_dict(_deep_merge(self.to_dict(), _unflatten(overrides)))
+        return ModelConfig.from_dict(_overridden(self.to_dict(), overrides))
 
 
-def _unflatten(overrides: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _overridden(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with each override set, given nested as dicts (merged into base's) or as ``attention__op``."""
     for key, value in overrides.items():
-        parts = key.split("__")
-        node = out
-        for part in parts[:-1]:
+        *parents, leaf = key.split("__")
+        node = base
+        for part in parents:
             node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return out
-
-
-def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in extra.items():
-        nested = isinstance(value, dict) and isinstance(merged.get(key), dict)
-        merged[key] = _deep_merge(merged[key], value) if nested else value
-    return merged
+        node[leaf] = (
+            _overridden(node[leaf], value) if isinstance(value, dict) and isinstance(node.get(leaf), dict) else value
+        )
+    return base
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
