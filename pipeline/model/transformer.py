@@ -12,7 +12,7 @@ from .attention import Attention, length_scale_init
 from .attention_ops import op_spec
 from .cache import StreamingCache
 from .config import ModelConfig
-from .ffn import build_ffn
+from .ffn import FFN
 from .masks import AttentionContext
 from .positional import POSITIONAL
 
@@ -49,7 +49,7 @@ class Block(nn.Module):
         self.attn_norm = build_norm(cfg)
         self.attn = Attention(cfg)
         self.ffn_norm = build_norm(cfg)
-        self.ffn = build_ffn(cfg)
+        self.ffn = FFN(cfg)
 
     def forward(self, x: Tensor, ctx: AttentionContext, layer_cache=None, need_weights=False, need_qkv=False):
         if self.pre_norm:
