@@ -1,5 +1,5 @@
-"""What a run leaves in MLflow beyond metrics: its dataset input, its final logged model ``model``, system
-metrics (docs/training.md, "Metrics and MLflow")."""
+"""What a run leaves in MLflow beyond metrics: its dataset input and its final logged model ``model``
+(docs/training.md, "Metrics and MLflow")."""
 
 from __future__ import annotations
 
