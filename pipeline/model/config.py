@@ -322,6 +322,3 @@ def _check_literals(obj: Any, prefix: str) -> None:
             raise ConfigError(f"arch.{prefix}{f.name}={value!r}: expected {hint.__name__}")
         elif hint is float and isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"arch.{prefix}{f.name}={value!r}: must be finite")
-
-
-__all__ = ["AttentionConfig", "BiasConfig", "ModelConfig", "ConfigError", "PRESETS", "SHAPE_FIELDS"]
