@@ -168,8 +168,8 @@ class Transformer(nn.Module):
             n_extra_queries=n_sinks,
             n_extra_keys=cfg.n_bias_slots + (cache.sinks_kept if cache is not None else n_sinks),
             hidden_states=hidden if output_hidden_states else None,
+            attention_kind=op_spec(cfg.attention.op).kind(cfg.attention),
         )
-        out.attention_kind = op_spec(cfg.attention.op).kind(cfg.attention)
         if output_attentions:
             out.attentions = [r.weights for r in captures]
             out.head_outputs = [r.head_out[:, :, n_sinks:] for r in captures]

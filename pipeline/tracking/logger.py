@@ -85,8 +85,7 @@ def open_run(
             run_id = None
         if run_id is None:
             exp_id = experiment_id(client, experiment)
-            created = client.create_run(exp_id, run_name=run_name, tags=tags)
-            run_id = created.info.run_id
+            run_id = client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id
             MetricsFile(run.root).mark_sent(0)  # a new run: all of metrics.jsonl is still to send
             run.save_mlflow_run_id(run_id)
             items = [Param(k, v[:6000]) for k, v in params.items()]
