@@ -23,7 +23,6 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 # What a preset sets; the trainer replaces vocab_size by the dataset's.
 SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_seq_len")
-DEFAULT_PRESET = "llama-60m"
 # The section that holds a ModelConfig: a run config's `arch:` and a checkpoint's hyper_parameters["arch"]
 ARCH = "arch"
 # Older names, refused with today's: fields under `arch`, and every run-config path that moved
@@ -169,7 +168,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.preset is not None and self.preset not in PRESETS:
             raise ConfigError(f"arch.preset={self.preset!r}: unknown preset; allowed: {', '.join(PRESETS)}")
-        shape = PRESETS[self.preset or DEFAULT_PRESET]
+        shape = PRESETS[self.preset or "llama-60m"]
         for name in SHAPE_FIELDS:
             if getattr(self, name) is None:
                 setattr(self, name, shape[name])
