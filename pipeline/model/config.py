@@ -184,7 +184,6 @@ class ModelConfig:
 
     @property
     def kv_heads(self) -> int:
-        """Key/value heads: n_kv_heads, or n_heads where it is None."""
         return self.n_kv_heads or self.n_heads
 
     @property

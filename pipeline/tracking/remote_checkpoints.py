@@ -74,7 +74,6 @@ class CheckpointUploader:
 
 
 def logged_checkpoints(client, run_id: str) -> list[str]:
-    """Names of the step checkpoints logged to the run, oldest first."""
     names = [Path(a.path).name for a in client.list_artifacts(run_id, ARTIFACT_DIR)]
     return sorted((n for n in names if CKPT_RE.match(n)), key=lambda n: int(CKPT_RE.match(n).group(1)))
 

@@ -45,7 +45,6 @@ def manifest_summary(manifest) -> dict[str, Any]:
 
 
 def dataset_input(manifest):
-    """The dataset as an ``mlflow.entities.DatasetInput`` (context: training)."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     summary = manifest_summary(manifest)

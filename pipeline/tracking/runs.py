@@ -76,7 +76,6 @@ def run_seed(tags: dict[str, str]) -> int | None:
 
 
 def metric_history(mlflow: MlflowClient, run_id: str, metric: str) -> list[tuple[int, float]]:
-    """(step, value) pairs of one metric, in step order."""
     return sorted((m.step, m.value) for m in mlflow.get_metric_history(run_id, metric))
 
 
