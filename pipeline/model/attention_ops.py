@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.kernels.tiled import SIMILARITIES, AttentionSpec, MaskSpec
+from pipeline.kernels.tiled import SIMILARITIES, AttentionSpec, MaskSpec, Normalizer
 
 if TYPE_CHECKING:
     from .config import AttentionConfig, ModelConfig
@@ -26,7 +26,7 @@ SCORE_KINDS = {
     "sim_nonneg": "proxy scores sim/Σ sim",
     "sim_signed": "proxy scores |sim|/Σ|sim|",
 }
-NORMALIZERS = ("sum", "abs_clamp", "none")
+NORMALIZERS = get_args(Normalizer)
 
 
 class OpResult(NamedTuple):
@@ -138,15 +138,13 @@ def _feature_map(a: AttentionConfig, head_dim: int) -> nn.Module:
     return {"identity": nn.Identity, "elu1": Elu1}.get(a.feature_map, lambda: MLPFeatureMap(head_dim))()
 
 
-OpFn = Callable[[Tensor, Tensor, Tensor, "AttentionConfig", "nn.Module | None"], OpResult]
-
-
 @dataclass(frozen=True, kw_only=True)
 class OpSpec:
     """One attention operation and every fact the rest of SinkLab needs about it (docs/model.md's table reads it)."""
 
     name: str
-    fn: OpFn  # the eager form (q, k, mask, attention config, phi) -> OpResult; every path is checked against it
+    # the eager form (q, k, mask, attention config, phi) -> OpResult; every path is checked against it
+    fn: Callable[..., OpResult]
     # what ``reported`` holds (a key of SCORE_KINDS), or a function of the attention config;
     # with p != 1 "probs" becomes "sim_nonneg" (a row's p-norm, not its sum, is one)
     scores: str | Callable[[AttentionConfig], str]

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from types import NoneType, UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from .attention_ops import NORMALIZERS, OPS, op_spec
+from pipeline.kernels.tiled import MaskKind, Normalizer
+
+from .attention_ops import OPS, op_spec
 
 # the one place each named shape is written down (docs/model.md, "Presets")
 PRESETS: dict[str, dict[str, int]] = {
@@ -21,7 +23,6 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 # What a preset sets; the trainer replaces vocab_size by the dataset's.
 SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ffn", "max_seq_len")
-DEFAULT_PRESET = "llama-60m"
 # The section that holds a ModelConfig: a run config's `arch:` and a checkpoint's hyper_parameters["arch"]
 ARCH = "arch"
 # Older names, refused with today's: fields under `arch`, and every run-config path that moved
@@ -29,21 +30,8 @@ RENAMED = {"attention.kernel": "attention.feature_map", "attention.scale": "atte
 OLD_PATHS = {f"{ARCH}.{old}": f"{ARCH}.{new}" for old, new in RENAMED.items()} | {"model.optim": "optim"}
 # The format of the config a remote-code export writes (config.json); code of a lower format refuses it.
 EXPORT_FORMAT = 1
-Preset = Literal[tuple(PRESETS)]
-
-Positional = Literal["rope", "nope", "sinusoidal", "learned", "relative", "t5", "alibi"]
-NormPosition = Literal["pre", "post"]
-NormKind = Literal["rmsnorm", "layernorm"]
-FFNKind = Literal["swiglu", "geglu", "reglu", "relu", "gelu", "swish"]
-HeadMerge = Literal["concat", "sum"]
-MaskKind = Literal["causal", "prefix", "sliding"]
 # the ops registered in attention_ops.py, so that the CLI lists them; validation reads OPS itself
 AttentionOp = Literal[tuple(OPS)]
-FeatureMap = Literal["identity", "elu1", "mlp"]
-Normalizer = Literal[NORMALIZERS]
-BiasKind = Literal["none", "kv", "k", "v"]
-FixedValue = Literal["onehot", "uniform"]
-GateGranularity = Literal["headwise", "elementwise"]
 
 
 class ConfigError(ValueError):
@@ -84,7 +72,7 @@ class AttentionConfig:
     """The attention operation, a name registered in attention_ops.OPS (docs/model.md's table)."""
     normalizer: Normalizer = "sum"
     """Z_i of a non-softmax op: sum (Σ_j sim, or its p-norm), abs_clamp (max(|Σ_j sim|, 1)) or none (1)."""
-    feature_map: FeatureMap = "identity"
+    feature_map: Literal["identity", "elu1", "mlp"] = "identity"
     """φ of op kernel: identity, elu+1 or a two-layer MLP per layer (Table 15)."""
     alpha: float = 1.0
     """The normalisation factor α: Z becomes Z / α (Table 14 left)."""
@@ -98,7 +86,7 @@ class AttentionConfig:
     """A learned per-head logit in the softmax denominator (a key slot of value 0)."""
     gated: bool = False
     """A sigmoid gate on the attention output before W_O, from its input x (Qiu et al. 2025, G1)."""
-    gate_granularity: GateGranularity = "headwise"
+    gate_granularity: Literal["headwise", "elementwise"] = "headwise"
     """headwise: one score per head, σ(x W), W ∈ R^{d×H}; elementwise: σ(x W_g), W_g ∈ R^{d×d}."""
     qk_norm: bool = False
     """RMSNorm on each head's queries and keys before the rotation (Dehghani et al.)."""
@@ -108,7 +96,7 @@ class AttentionConfig:
 class BiasConfig:
     """Explicit attention biases (Tables 4, 5, 12 right, 13)."""
 
-    kind: BiasKind = "none"
+    kind: Literal["none", "kv", "k", "v"] = "none"
     """kv: learnable k* and v* as a key/value slot; k: learnable k*, fixed v*; v: learnable v* added to each head."""
     shared_heads: bool = False
     """One bias for all heads of a layer (Table 12 right)."""
@@ -116,7 +104,7 @@ class BiasConfig:
     """d_a, the learnable leading dimensions of k* (the rest zero); 0: all (Table 13)."""
     value_norm: float = 0.0
     """m of kind k's fixed v* = m v' (onehot) or m v'' (uniform)."""
-    value_direction: FixedValue = "onehot"
+    value_direction: Literal["onehot", "uniform"] = "onehot"
     """v' = [1, 0, .., 0] (onehot) or v'' = [1, .., 1] / √d_h (uniform) of kind k's fixed v* (Table 5)."""
     slot_logit: bool = False
     """A learned per-query-head logit added to the k*/v* slot's scores (0 at a fresh start; an added slot starts far below)."""
@@ -126,7 +114,7 @@ class BiasConfig:
 class ModelConfig:
     """One LLaMA-style decoder; every default is the paper's block."""
 
-    preset: Preset | None = None
+    preset: Literal[tuple(PRESETS)] | None = None
     """A named shape (docs/model.md, "Presets") that fills each shape field left null; null: llama-60m."""
     vocab_size: int | None = None
     """Token vocabulary; the trainer sets the dataset's."""
@@ -148,7 +136,7 @@ class ModelConfig:
     """Standard deviation of the normal initialisation of the weights."""
     tie_embeddings: bool = False
     """Share the token embedding with the LM head."""
-    positional: Positional = "rope"
+    positional: Literal["rope", "nope", "sinusoidal", "learned", "relative", "t5", "alibi"] = "rope"
     """The positional encoding (docs/model.md; Table 3)."""
     rope_theta: float = 10000.0
     """RoPE's base θ."""
@@ -156,13 +144,13 @@ class ModelConfig:
     """B, the buckets of relative and T5 position biases (Eq. 6)."""
     relative_max_distance: int = 128
     """D, the distance the last relative bucket starts at (Eq. 6)."""
-    norm_position: NormPosition = "pre"
+    norm_position: Literal["pre", "post"] = "pre"
     """Norms before each sublayer (pre) or after its residual sum (post)."""
-    norm: NormKind = "rmsnorm"
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     """The norm of the blocks and the final norm; layernorm has its bias (GPT-2)."""
-    ffn: FFNKind = "swiglu"
+    ffn: Literal["swiglu", "geglu", "reglu", "relu", "gelu", "swish"] = "swiglu"
     """The feed-forward block's activation; the three *glu are gated."""
-    head_merge: HeadMerge = "concat"
+    head_merge: Literal["concat", "sum"] = "concat"
     """How the heads' outputs meet W_O: concatenated, or summed with W_O ∈ R^{d_h×d} (Table 12 left)."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     """The attention operation and its mitigations."""
@@ -180,7 +168,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.preset is not None and self.preset not in PRESETS:
             raise ConfigError(f"arch.preset={self.preset!r}: unknown preset; allowed: {', '.join(PRESETS)}")
-        shape = PRESETS[self.preset or DEFAULT_PRESET]
+        shape = PRESETS[self.preset or "llama-60m"]
         for name in SHAPE_FIELDS:
             if getattr(self, name) is None:
                 setattr(self, name, shape[name])
@@ -196,7 +184,6 @@ class ModelConfig:
 
     @property
     def kv_heads(self) -> int:
-        """Key/value heads: n_kv_heads, or n_heads where it is None."""
         return self.n_kv_heads or self.n_heads
 
     @property
@@ -281,29 +268,23 @@ class ModelConfig:
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
         """A preset with overrides, nested as dicts (``attention={"op": "sigmoid"}``) or as ``attention__op``."""
-        return cls.from_dict({**_unflatten(overrides), "preset": name})
+        return cls.from_dict({**_overridden({}, overrides), "preset": name})
 
     def replace(self, **overrides: Any) -> ModelConfig:
-        return ModelConfig.from_dict(_deep_merge(self.to_dict(), _unflatten(overrides)))
+        return ModelConfig.from_dict(_overridden(self.to_dict(), overrides))
 
 
-def _unflatten(overrides: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _overridden(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with each override set, given nested as dicts (merged into base's) or as ``attention__op``."""
     for key, value in overrides.items():
-        parts = key.split("__")
-        node = out
-        for part in parts[:-1]:
+        *parents, leaf = key.split("__")
+        node = base
+        for part in parents:
             node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return out
-
-
-def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in extra.items():
-        nested = isinstance(value, dict) and isinstance(merged.get(key), dict)
-        merged[key] = _deep_merge(merged[key], value) if nested else value
-    return merged
+        node[leaf] = (
+            _overridden(node[leaf], value) if isinstance(value, dict) and isinstance(node.get(leaf), dict) else value
+        )
+    return base
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
@@ -339,6 +320,3 @@ def _check_literals(obj: Any, prefix: str) -> None:
             raise ConfigError(f"arch.{prefix}{f.name}={value!r}: expected {hint.__name__}")
         elif hint is float and isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"arch.{prefix}{f.name}={value!r}: must be finite")
-
-
-__all__ = ["AttentionConfig", "BiasConfig", "ModelConfig", "ConfigError", "PRESETS", "SHAPE_FIELDS"]

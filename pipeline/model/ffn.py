@@ -11,33 +11,21 @@ ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu, "reglu": F.relu,
 GATED = {"reglu", "geglu", "swiglu"}
 
 
-class MLP(nn.Module):
-    """F(h) = act(h W1) W2."""
+class FFN(nn.Module):
+    """F(h) = act(h W1) W2; gated (*glu): F(h) = (act(h W1) * h W2) W3."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.act = ACTIVATIONS[cfg.ffn]
-        self.up = nn.Linear(cfg.d_model, cfg.d_ffn, bias=False)
+        self.act, self.gated = ACTIVATIONS[cfg.ffn], cfg.ffn in GATED
+        if self.gated:
+            self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ffn, bias=False)
+            self.gate_up.fused_rows = (cfg.d_ffn, cfg.d_ffn)  # W1 and W2 stacked: optimisers may treat each apart
+        else:
+            self.up = nn.Linear(cfg.d_model, cfg.d_ffn, bias=False)
         self.down = nn.Linear(cfg.d_ffn, cfg.d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gated:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            return self.down(self.act(gate) * up)
         return self.down(self.act(self.up(x)))
-
-
-class GatedMLP(nn.Module):
-    """F(h) = (act(h W1) * h W2) W3, with [W1 W2] as one fused matmul."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.act = ACTIVATIONS[cfg.ffn]
-        self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ffn, bias=False)
-        self.gate_up.fused_rows = (cfg.d_ffn, cfg.d_ffn)  # W1 and W2 stacked: optimisers may treat each apart
-        self.down = nn.Linear(cfg.d_ffn, cfg.d_model, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(self.act(gate) * up)
-
-
-def build_ffn(cfg: ModelConfig) -> nn.Module:
-    return GatedMLP(cfg) if cfg.ffn in GATED else MLP(cfg)

@@ -116,6 +116,3 @@ class SinkLabForCausalLM(PreTrainedModel, GenerationMixin):
         if cache is not None:
             input_ids = input_ids[:, cache.get_seq_length() :]
         return {"input_ids": input_ids, CACHE_FIELD: cache, "attention_mask": attention_mask, "use_cache": use_cache}
-
-
-__all__ = ["SinkLabCache", "SinkLabConfig", "SinkLabForCausalLM"]

@@ -70,7 +70,6 @@ def check_native(cfg: ModelConfig) -> str:
 
 
 def hf_config(cfg: ModelConfig):
-    """The LlamaConfig or Qwen3Config of a model that one of them expresses."""
     from transformers import LlamaConfig, Qwen3Config
 
     architecture = check_native(cfg)

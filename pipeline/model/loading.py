@@ -58,7 +58,7 @@ def load_pretrained(
         for f in (cfg_file, weights):
             if not f.exists():
                 raise FileNotFoundError(f"{p}: not a SinkLab export dir, missing {f.name}")
-        arch = _as_config(config) if config is not None else read_config(cfg_file)
+        arch = _as_config(cfg_file if config is None else config)
         return _build(arch, load_file(str(weights), device=map_location), str(weights))
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such checkpoint")
@@ -95,16 +95,19 @@ def exported_config(directory: Path) -> ModelConfig | None:
     return ModelConfig.from_dict(data.get("sinklab") or {})
 
 
-def read_config(path: str | os.PathLike) -> ModelConfig:
-    """A ModelConfig from sinklab_config.json, or from the model section of a run config."""
-    p = Path(path)
-    text = p.read_text()
+def _as_config(config: str | os.PathLike | ModelConfig | dict) -> ModelConfig:
+    """``config`` as it is, from a dict, or from sinklab_config.json or the model section of a run config."""
+    if isinstance(config, ModelConfig):
+        return config
+    if isinstance(config, dict):
+        return ModelConfig.from_dict(config)
+    p = Path(config)
     if p.suffix in (".yaml", ".yml"):
         import yaml
 
-        data = yaml.safe_load(text)
+        data = yaml.safe_load(p.read_text())
     else:
-        data = json.loads(text)
+        data = json.loads(p.read_text())
     found = _find_model_section(data)
     if found is None:
         raise ValueError(f"{p}: no model config found (a mapping with a preset, or d_model, n_layers, n_heads)")
@@ -119,14 +122,6 @@ def _find_model_section(data: Any) -> dict | None:
             if (found := _find_model_section(value)) is not None:
                 return found
     return None
-
-
-def _as_config(config: str | os.PathLike | ModelConfig | dict) -> ModelConfig:
-    if isinstance(config, ModelConfig):
-        return config
-    if isinstance(config, dict):
-        return ModelConfig.from_dict(config)
-    return read_config(config)
 
 
 def _strip_prefixes(state: dict[str, Any], expected: set[str]) -> dict[str, torch.Tensor]:

@@ -3,7 +3,8 @@ mask shared by all layers of one forward pass."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -40,15 +41,11 @@ class AttentionContext:
     k_idx: Tensor
     score_bias: Tensor | None  # float [1|H, Tq, Tk] positional bias
     plain_causal: bool  # SDPA may use is_causal=True and no mask
-    _admitted: Tensor | None = field(default=None, repr=False)
-    _mask: Tensor | None = field(default=None, repr=False)
 
-    @property
+    @cached_property
     def admitted(self) -> Tensor:
         """Bool [Tq, Tk]."""
-        if self._admitted is None:
-            self._admitted = admitted_pairs(self.config, self.q_idx, self.k_idx)
-        return self._admitted
+        return admitted_pairs(self.config, self.q_idx, self.k_idx)
 
     def n_admitted(self) -> Tensor:
         """Int [Tq]: the token keys each query sees (no [Tq, Tk] tensor for a causal mask)."""
@@ -56,11 +53,10 @@ class AttentionContext:
             return self.q_idx + 1
         return self.admitted.sum(-1)
 
+    @cached_property
     def additive_mask(self) -> Tensor:
         """Float [1, 1|H, Tq, Tk]: positional bias where admitted, -inf elsewhere."""
-        if self._mask is None:
-            bias = self.score_bias
-            if bias is None:
-                bias = torch.zeros(1, *self.admitted.shape, device=self.admitted.device)
-            self._mask = bias.masked_fill(~self.admitted, float("-inf"))[None]
-        return self._mask
+        bias = self.score_bias
+        if bias is None:
+            bias = torch.zeros(1, *self.admitted.shape, device=self.admitted.device)
+        return bias.masked_fill(~self.admitted, float("-inf"))[None]

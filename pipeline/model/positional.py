@@ -16,6 +16,10 @@ from .config import ModelConfig
 class Positional(nn.Module):
     """The hooks' defaults: no positional information at all (NoPE, P = 0)."""
 
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+
     def input_embedding(self, pos: Tensor) -> Tensor | None:
         return None
 
@@ -30,13 +34,10 @@ class Sinusoidal(Positional):
     """Eq. 5: p_t = [sin(w_1 t), cos(w_1 t), ..., sin(w_{d/2} t), cos(w_{d/2} t)],
     w_i = 1 / 10000^{2(i-1)/d}; interleaved as written in the paper."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.d_model = cfg.d_model
-
     def input_embedding(self, pos: Tensor) -> Tensor:
-        i = torch.arange(self.d_model // 2, device=pos.device, dtype=torch.float32)
-        omega = 1.0 / (10000.0 ** (2 * i / self.d_model))
+        d = self.cfg.d_model
+        i = torch.arange(d // 2, device=pos.device, dtype=torch.float32)
+        omega = 1.0 / (10000.0 ** (2 * i / d))
         angles = pos.float()[:, None] * omega[None, :]
         return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
 
@@ -45,7 +46,7 @@ class Learned(Positional):
     """Learnable P (GPT-2 style), one vector per position."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
+        super().__init__(cfg)
         self.table = nn.Embedding(cfg.max_seq_len + cfg.sink_tokens, cfg.d_model)
 
     def input_embedding(self, pos: Tensor) -> Tensor:
@@ -55,14 +56,10 @@ class Learned(Positional):
 class Rotary(Positional):
     """RoPE (Eq. 8) in HF Llama's half-split layout (dims i and i + d_h/2 form a pair)."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.head_dim = cfg.head_dim
-        self.theta = cfg.rope_theta
-
     def rotary(self, pos: Tensor) -> tuple[Tensor, Tensor]:
-        i = torch.arange(0, self.head_dim, 2, device=pos.device, dtype=torch.float32)
-        inv_freq = 1.0 / (self.theta ** (i / self.head_dim))
+        dh = self.cfg.head_dim
+        i = torch.arange(0, dh, 2, device=pos.device, dtype=torch.float32)
+        inv_freq = 1.0 / (self.cfg.rope_theta ** (i / dh))
         angles = pos.float()[:, None] * inv_freq[None, :]
         angles = torch.cat((angles, angles), dim=-1)
         return angles.cos(), angles.sin()
@@ -90,14 +87,13 @@ def relative_bucket(distance: Tensor, n_buckets: int, max_distance: int) -> Tens
 class RelativeBucket(Positional):
     """The paper's relative PE taken literally: the bucket index g(i - j) itself (Eq. 6) added to the logits."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.n_buckets = cfg.relative_buckets
-        self.max_distance = cfg.relative_max_distance
+    def bucket(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        return relative_bucket(
+            q_pos[:, None] - k_pos[None, :], self.cfg.relative_buckets, self.cfg.relative_max_distance
+        )
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        distance = q_pos[:, None] - k_pos[None, :]
-        return relative_bucket(distance, self.n_buckets, self.max_distance).float()[None]
+        return self.bucket(q_pos, k_pos).float()[None]
 
 
 class T5Bias(RelativeBucket):
@@ -108,8 +104,7 @@ class T5Bias(RelativeBucket):
         self.table = nn.Embedding(cfg.relative_buckets, cfg.n_heads)
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        bucket = relative_bucket(q_pos[:, None] - k_pos[None, :], self.n_buckets, self.max_distance)
-        return self.table(bucket).permute(2, 0, 1)
+        return self.table(self.bucket(q_pos, k_pos)).permute(2, 0, 1)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -121,13 +116,9 @@ def alibi_slopes(n_heads: int) -> Tensor:
 class ALiBi(Positional):
     """g(i - j) = -(i - j) m_h with Eq. 7's slopes, computed per call (no state a loader could leave unset)."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.n_heads = cfg.n_heads
-
     def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         distance = (q_pos[:, None] - k_pos[None, :]).float()
-        return -distance[None] * alibi_slopes(self.n_heads).to(q_pos.device)[:, None, None]
+        return -distance[None] * alibi_slopes(self.cfg.n_heads).to(q_pos.device)[:, None, None]
 
 
 POSITIONAL: dict[str, type[Positional]] = {
@@ -139,8 +130,3 @@ POSITIONAL: dict[str, type[Positional]] = {
     "t5": T5Bias,
     "alibi": ALiBi,
 }
-
-
-def build_positional(cfg: ModelConfig) -> Positional:
-    cls = POSITIONAL[cfg.positional]
-    return cls() if cls is Positional else cls(cfg)

@@ -13,7 +13,6 @@ def is_sharded(t: Tensor) -> bool:
 
 
 def has_sharded(module: nn.Module) -> bool:
-    """Whether any of ``module``'s parameters is sharded (:func:`is_sharded`)."""
     return any(is_sharded(p) for p in module.parameters())
 
 

@@ -12,9 +12,9 @@ from .attention import Attention, length_scale_init
 from .attention_ops import op_spec
 from .cache import StreamingCache
 from .config import ModelConfig
-from .ffn import build_ffn
+from .ffn import FFN
 from .masks import AttentionContext
-from .positional import build_positional
+from .positional import POSITIONAL
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Block(nn.Module):
         self.attn_norm = build_norm(cfg)
         self.attn = Attention(cfg)
         self.ffn_norm = build_norm(cfg)
-        self.ffn = build_ffn(cfg)
+        self.ffn = FFN(cfg)
 
     def forward(self, x: Tensor, ctx: AttentionContext, layer_cache=None, need_weights=False, need_qkv=False):
         if self.pre_norm:
@@ -69,7 +69,7 @@ class Transformer(nn.Module):
         self.config = config  # checked when it was built (ModelConfig.__post_init__)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.sink_tokens = nn.Parameter(torch.zeros(config.sink_tokens, config.d_model)) if config.sink_tokens else None
-        self.positional = build_positional(config)
+        self.positional = POSITIONAL[config.positional](config)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         # post-norm blocks already end in a norm
         self.norm = build_norm(config) if config.norm_position == "pre" else nn.Identity()
@@ -168,8 +168,8 @@ class Transformer(nn.Module):
             n_extra_queries=n_sinks,
             n_extra_keys=cfg.n_bias_slots + (cache.sinks_kept if cache is not None else n_sinks),
             hidden_states=hidden if output_hidden_states else None,
+            attention_kind=op_spec(cfg.attention.op).kind(cfg.attention),
         )
-        out.attention_kind = op_spec(cfg.attention.op).kind(cfg.attention)
         if output_attentions:
             out.attentions = [r.weights for r in captures]
             out.head_outputs = [r.head_out[:, :, n_sinks:] for r in captures]

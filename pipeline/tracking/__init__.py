@@ -40,7 +40,3 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
     globals()[name] = value
     return value
-
-
-def __dir__() -> list[str]:
-    return __all__

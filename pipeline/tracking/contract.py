@@ -38,7 +38,6 @@ def tracking_uri() -> str:
 
 
 def prepare_store(uri: str) -> str:
-    """``uri``, with the folder of a sqlite store made."""
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     return uri

@@ -85,8 +85,7 @@ def open_run(
             run_id = None
         if run_id is None:
             exp_id = experiment_id(client, experiment)
-            created = client.create_run(exp_id, run_name=run_name, tags=tags)
-            run_id = created.info.run_id
+            run_id = client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id
             MetricsFile(run.root).mark_sent(0)  # a new run: all of metrics.jsonl is still to send
             run.save_mlflow_run_id(run_id)
             items = [Param(k, v[:6000]) for k, v in params.items()]
@@ -173,10 +172,17 @@ class RunLogger(MLFlowLogger):
         """Rank 0: MLflow's system metrics (CPU, RAM, GPU where present) on this run until :meth:`finalize`."""
         if self._run_id is None or self.system_metrics is not None:
             return
-        from .run_assets import system_metrics_monitor
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-        try:
-            self.system_metrics = system_metrics_monitor(self._tracking_uri, self._run_id)
+        try:  # a sample every 15 s, one averaged point a minute; a resumed run continues its step count
+            self.system_metrics = SystemMetricsMonitor(
+                self._run_id,
+                sampling_interval=15,
+                samples_before_logging=4,
+                resume_logging=True,
+                tracking_uri=self._tracking_uri,
+            )
+            self.system_metrics.start()
         except Exception as exc:  # noqa: BLE001
             notice(f"MLflow system metrics off ({why(exc)})")
 
@@ -293,6 +299,3 @@ class RunLogger(MLFlowLogger):
             )
             return
         self._send(lambda: self.experiment.set_terminated(self._run_id, _MLFLOW_STATUS.get(status, "FINISHED")))
-
-    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
-        pass

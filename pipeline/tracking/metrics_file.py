@@ -23,13 +23,6 @@ class MetricsFile:
             f.write((json.dumps(row) + "\n").encode())
             return row, f.tell()
 
-    def sent(self) -> int | None:
-        """The offset sent so far; None where no start has recorded one (everything counts as sent)."""
-        try:
-            return int(self.sent_path.read_text())
-        except (OSError, ValueError):
-            return None
-
     def last(self, keys) -> dict[str, float | None]:
         """The last value of each key over the whole file (None: never logged)."""
         found: dict[str, float | None] = dict.fromkeys(keys)
@@ -45,8 +38,12 @@ class MetricsFile:
     def backlog(self, resume_step: int | None) -> tuple[list[dict], int]:
         """The rows past the sent offset that a start resumed at ``resume_step`` will not log again (its
         training metrics from that step on, anything after it), and the offset where the file ends."""
-        start, end = self.sent(), self.path.stat().st_size if self.path.exists() else 0
-        if start is None or start >= end or resume_step is None:
+        end = self.path.stat().st_size if self.path.exists() else 0
+        try:
+            start = int(self.sent_path.read_text())
+        except (OSError, ValueError):  # no start has recorded how far it sent: everything counts as sent
+            return [], end
+        if start >= end or resume_step is None:
             return [], end
         with open(self.path, "rb") as f:
             f.seek(start)

@@ -20,6 +20,10 @@ from .contract import TAG_RUN_DIR
 ARTIFACT_DIR = "checkpoints"
 
 
+def _warn(message: str) -> None:
+    print(f"sinklab fit: warning: {message}", file=sys.stderr, flush=True)
+
+
 class CheckpointUploader:
     def __init__(self, tracking_uri: str, run_id: str) -> None:
         from mlflow.tracking import MlflowClient
@@ -49,11 +53,7 @@ class CheckpointUploader:
         except Exception as exc:  # noqa: BLE001 - some stores cannot delete: keep it, say so once
             if not self.cannot_delete:
                 self.cannot_delete = True
-                print(
-                    f"sinklab fit: warning: pruned checkpoints stay in MLflow ({type(exc).__name__}: {str(exc)[:150]})",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _warn(f"pruned checkpoints stay in MLflow ({type(exc).__name__}: {str(exc)[:150]})")
 
     def close(self) -> None:
         """Wait for the queued uploads (the end of fit); a failed one costs a warning."""
@@ -62,11 +62,7 @@ class CheckpointUploader:
             try:
                 job.result()
             except Exception as exc:  # noqa: BLE001 - the checkpoint is on disk; MLflow may be away
-                print(
-                    f"sinklab fit: warning: a checkpoint was not uploaded to MLflow ({why(exc)})",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _warn(f"a checkpoint was not uploaded to MLflow ({why(exc)})")
         self.pool.shutdown(wait=True)
         if self.pending:
             print(
@@ -78,7 +74,6 @@ class CheckpointUploader:
 
 
 def logged_checkpoints(client, run_id: str) -> list[str]:
-    """Names of the step checkpoints logged to the run, oldest first."""
     names = [Path(a.path).name for a in client.list_artifacts(run_id, ARTIFACT_DIR)]
     return sorted((n for n in names if CKPT_RE.match(n)), key=lambda n: int(CKPT_RE.match(n).group(1)))
 

@@ -1,5 +1,5 @@
-"""What a run leaves in MLflow beyond metrics: its dataset input, its final logged model ``model``, system
-metrics (docs/training.md, "Metrics and MLflow")."""
+"""What a run leaves in MLflow beyond metrics: its dataset input and its final logged model ``model``
+(docs/training.md, "Metrics and MLflow")."""
 
 from __future__ import annotations
 
@@ -18,10 +18,6 @@ from .contract import MODEL_NAME, TAG_MODEL_ID, tracking_uri
 from .views import HEADLINE, dataset_name
 
 DIGEST_LIMIT = 36  # mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE
-
-# System metrics: a sample every 15 s, one averaged point a minute (2 days: ~2,900 points a metric).
-SYSTEM_SAMPLING_S = 15
-SYSTEM_SAMPLES_PER_POINT = 4
 
 
 # ---- dataset -------------------------------------------------------------------------------
@@ -49,7 +45,6 @@ def manifest_summary(manifest) -> dict[str, Any]:
 
 
 def dataset_input(manifest):
-    """The dataset as an ``mlflow.entities.DatasetInput`` (context: training)."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     summary = manifest_summary(manifest)
@@ -233,19 +228,3 @@ def _log_model_metrics(client, run, model_id: str, manifest) -> None:
     metrics = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id, **data) for m in final]
     if metrics:
         client.log_batch(run.info.run_id, metrics=metrics)
-
-
-# ---- system metrics ------------------------------------------------------------------------
-def system_metrics_monitor(tracking_uri: str, run_id: str):
-    """MLflow's SystemMetricsMonitor on a run, started, continuing its step count on a resumed run."""
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-    monitor = SystemMetricsMonitor(
-        run_id,
-        sampling_interval=SYSTEM_SAMPLING_S,
-        samples_before_logging=SYSTEM_SAMPLES_PER_POINT,
-        resume_logging=True,
-        tracking_uri=tracking_uri,
-    )
-    monitor.start()
-    return monitor

@@ -61,6 +61,7 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    from pipeline.model.hf_sources import cache_dir
     from pipeline.model.loading import CONFIG_NAME, WEIGHTS_NAME
 
     uri = uri or tracking_uri()
@@ -83,7 +84,7 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
             )
     except MlflowException as exc:
         raise RunModelError(f"{spec}: not found in the MLflow store at {uri} ({exc.message[:200]})") from None
-    target = Path(os.environ.get("SINKLAB_CACHE") or Path.home() / ".cache" / "sinklab") / "mlflow" / key
+    target = cache_dir() / "mlflow" / key
     if not ((target / CONFIG_NAME).is_file() and (target / WEIGHTS_NAME).is_file()):
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
@@ -24,16 +22,6 @@ from .contract import (
     tracking_uri,
 )
 from .summaries import RunSummary, config_hash
-
-
-class Grouped(Protocol):
-    """What this module reads of an experiment (tracking does not import the experiments layer)."""
-
-    name: str
-    title: str
-    paper_ref: str
-    mlflow_experiment: str
-    variants: Sequence[Any]  # each with a .name
 
 
 def client(uri: str | None = None) -> MlflowClient:
@@ -88,12 +76,12 @@ def run_seed(tags: dict[str, str]) -> int | None:
 
 
 def metric_history(mlflow: MlflowClient, run_id: str, metric: str) -> list[tuple[int, float]]:
-    """(step, value) pairs of one metric, in step order."""
     return sorted((m.step, m.value) for m in mlflow.get_metric_history(run_id, metric))
 
 
-def parent_run(mlflow: MlflowClient, experiment: Grouped, scale: str) -> str:
-    """The run grouping an experiment's variants at one scale (`sinklab report` logs there), found or created."""
+def parent_run(mlflow: MlflowClient, experiment, scale: str) -> str:
+    """The run grouping an experiment's (pipeline.experiments.spec.Experiment) variants at one scale (`sinklab
+    report` logs there), found or created."""
     from .views import mark_training_experiment
 
     exp_id = experiment_id(mlflow, experiment.mlflow_experiment)
@@ -120,9 +108,7 @@ def parent_run(mlflow: MlflowClient, experiment: Grouped, scale: str) -> str:
     return run.info.run_id
 
 
-def log_report(
-    mlflow, experiment: Grouped, scale: str, files: list[Path], metrics: dict[str, float] | None = None
-) -> str:
+def log_report(mlflow, experiment, scale: str, files: list[Path], metrics: dict[str, float] | None = None) -> str:
     """Log the files and the metrics (the agreement) to the experiment's :func:`parent_run` at this scale."""
     run_id = parent_run(mlflow, experiment, scale)
     for f in files:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from sinklab_io.notices import why
+
 from .contract import TAG_RUN_DIR, experiment_id, prepare_store, tracking_uri
 from .views import VIEW_TAG, experiment_url, home_url, mark_training_experiment
 
@@ -27,12 +29,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="also this experiment, created where missing (before its first job); repeatable",
     )
     return parser.parse_args(argv)
-
-
-def why(error: Exception) -> str:
-    """One line of an MLflow or connection error."""
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else type(error).__name__
 
 
 def install_views(uri: str, named: list[str]) -> list[tuple[str, str, bool]]:

@@ -18,10 +18,9 @@ from .contract import TAG_KIND, TAG_SEED, TAG_VARIANT
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 WORKFLOW_TYPE = "machine_learning"
-SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
 SHARED_VIEW_KEY = "sinklab-view-v4"
 VIEW_NAME = "SinkLab: sink and loss first"
-VIEW_TAG = SHARED_VIEW_PREFIX + SHARED_VIEW_KEY
+VIEW_TAG = "mlflow.sharedViewState." + SHARED_VIEW_KEY
 
 HEADLINE = (N.SINK1, N.ALPHA1_MEAN, N.VAL_LOSS, N.TRAIN_LOSS)
 HEADLINE_SECTION = "Sink and loss"
@@ -94,15 +93,15 @@ def section_uuid(name: str) -> str:
 def chart_cards() -> list[dict]:
     """The headline, stability and α₁ image rows, and hidden placeholders for flat series."""
     head, stable, heads = (section_uuid(s) for s in (HEADLINE_SECTION, STABILITY_SECTION, HEADS_SECTION))
-    cards = (
+    # generated + deleted: the UI keeps a hidden metric hidden and adds no chart for it
+    hidden = {"deleted": True, "isGenerated": True}
+    return (
         [line_card(m, head) for m in HEADLINE]
         + [line_card(m, stable) for m in STABILITY]
         + [image_card(MAX_LOGIT_IMAGE, stable)]
         + [image_card(key, heads) for key in (ALPHA1_IMAGE, TRAJECTORY_IMAGE)]
+        + [line_card(m, section_uuid(m.rsplit("/", 1)[0])) | hidden for m in HIDDEN]
     )
-    for metric in HIDDEN:  # generated + deleted: the UI keeps it hidden and adds no chart for it
-        cards.append(line_card(metric, section_uuid(metric.rsplit("/", 1)[0])) | {"deleted": True, "isGenerated": True})
-    return cards
 
 
 def section(name: str, expanded: bool, **layout) -> dict:
