@@ -53,10 +53,6 @@ class Bench:
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
         self.peak = device_peak_flops() if self.cuda else None
 
-    def _sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
     def _free(self) -> None:
         gc.collect()
         if self.cuda:
@@ -85,15 +81,7 @@ class Bench:
                         block.compile()
                 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=self.cuda)
                 tokens = torch.randint(0, model.config.vocab_size, (batch, self.context + 1), device=self.device)
-                step = lambda: self._step(model, optimizer, loss_fn, tokens)
-                for _ in range(self.warmup):
-                    step()
-                self._sync()
-                start = time.perf_counter()
-                for _ in range(self.steps):
-                    step()
-                self._sync()
-                elapsed = time.perf_counter() - start
+                elapsed = self._seconds(lambda: self._step(model, optimizer, loss_fn, tokens))
             except torch.cuda.OutOfMemoryError:
                 del model, optimizer
                 batch //= 2
@@ -103,6 +91,18 @@ class Bench:
             peak = torch.cuda.max_memory_allocated() if self.cuda else None
             return Result(name, batch, tokens_per_s, mfu(tokens_per_s, flops_token, self.peak), peak)
         raise RuntimeError(f"{name}: even micro-batch 1 does not fit at context {self.context}")
+
+    def _seconds(self, step: Callable[[], object]) -> float:
+        """Seconds of ``steps`` calls of ``step`` after ``warmup`` untimed ones."""
+        sync = torch.cuda.synchronize if self.cuda else lambda: None
+        for _ in range(self.warmup):
+            step()
+        sync()
+        start = time.perf_counter()
+        for _ in range(self.steps):
+            step()
+        sync()
+        return time.perf_counter() - start
 
     def _step(self, model, optimizer, loss_fn, tokens) -> None:
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.cuda):
@@ -119,16 +119,11 @@ class Bench:
             for _ in range(3)
         )
         try:
-            for i in range(self.warmup + self.steps):
-                if i == self.warmup:
-                    self._sync()
-                    start = time.perf_counter()
-                fn(q, k, v).float().square().mean().backward()
-            self._sync()
+            elapsed = self._seconds(lambda: fn(q, k, v).float().square().mean().backward())
         except torch.cuda.OutOfMemoryError:
             return Result(name + " (OOM)", batch, 0.0, None, None)
-        tokens_per_s = batch * self.context * self.steps / (time.perf_counter() - start)
-        return Result(name, batch, tokens_per_s, None, torch.cuda.max_memory_allocated() if self.cuda else None)
+        peak = torch.cuda.max_memory_allocated() if self.cuda else None
+        return Result(name, batch, batch * self.context * self.steps / elapsed, None, peak)
 
 
 def ours_loss(model, tokens):
@@ -148,8 +143,7 @@ def hf_llama(cfg: ModelConfig):
 
     from pipeline.model.hf_native import hf_config
 
-    hf_cfg = hf_config(cfg)
-    return lambda: LlamaForCausalLM._from_config(hf_cfg, attn_implementation="sdpa")
+    return lambda: LlamaForCausalLM._from_config(hf_config(cfg), attn_implementation="sdpa")
 
 
 def preset(name: str, tiny: bool, context: int, **overrides) -> ModelConfig:
