@@ -6,6 +6,7 @@ Budget, limits, how a case is judged and the table: docs/gpu.md; `--device cpu` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -36,10 +37,8 @@ PLAN_BUDGET = 420  # a 15-minute window less the carry, the install and the star
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # else nothing of it is left
         os.killpg(proc.pid, signal.SIGKILL)  # started in a session of its own: its group is its pid
-    except (ProcessLookupError, PermissionError):
-        pass  # nothing of it is left
     proc.wait()
 
 
@@ -129,7 +128,8 @@ class Matrix:
             lines += summary.read_text().splitlines() if summary.exists() else ["profile: no summary written"]
         return [f"    {line}" for line in lines]
 
-    def _judge_fit(self, case: Case, code: int, log: Path) -> str | None:
+    def _fit(self, case: Case, log: Path) -> str | None:
+        code = self._run(self._fit_command(case), log)
         if code != 0:
             return first_error_line(log.read_text(errors="replace"), code)
         final = self._final_checkpoint(case)
@@ -140,9 +140,6 @@ class Matrix:
 
     def _final_checkpoint(self, case: Case) -> Path:
         return self.root / case.name / "checkpoints" / f"step-{case.steps:06d}.ckpt"
-
-    def _fit(self, case: Case, log: Path) -> str | None:
-        return self._judge_fit(case, self._run(self._fit_command(case), log), log)
 
     def _preempt(self, case: Case, log: Path) -> str | None:
         """A SLURM job told to stop: SIGUSR1 once a third of the steps are logged, then --resume auto to the end."""
@@ -161,7 +158,7 @@ class Matrix:
             return "first start: " + first_error_line(log.read_text(errors="replace"), code)
         if "stopped by SIGUSR1" not in log.read_text(errors="replace"):
             return "the first start ran to the end: SIGUSR1 came too late to test the resume"
-        return self._judge_fit(case, self._run(self._fit_command(case), log), log)
+        return self._fit(case, log)
 
     def _analyze(self, case: Case, log: Path) -> str | None:
         """``sinklab analyze`` or ``stream-ppl`` (the case's kind) of the checkpoint the case reads."""
@@ -303,15 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-check: {len(cases)} cases on {device}; {versions}; {args.budget:.0f} s; logs in {root}", flush=True)
     matrix, results = Matrix(every, root, data, shlex.split(args.extra_args), args.timeout, profile), []
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a job's end: the table is still printed
+    before, cells, after = groups or ([], [], cases)
     try:
-        if groups:
-            before, cells, after = groups
-            run_within(matrix, before, args.budget, start, results)
-            left = args.budget - (time.monotonic() - start)
-            run_within(matrix, cells, min(GRID_SECONDS, left), time.monotonic(), results)
-            run_within(matrix, after, args.budget, start, results)
-        else:
-            run_within(matrix, cases, args.budget, start, results)
+        run_within(matrix, before, args.budget, start, results)
+        left = args.budget - (time.monotonic() - start)
+        run_within(matrix, cells, min(GRID_SECONDS, left), time.monotonic(), results)
+        run_within(matrix, after, args.budget, start, results)
     except KeyboardInterrupt:
         print("gpu-check: interrupted; the table of what ran", flush=True)
     finally:
