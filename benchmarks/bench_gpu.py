@@ -153,15 +153,14 @@ def preset(name: str, tiny: bool, context: int, **overrides) -> ModelConfig:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--tiny", action="store_true", help="toy shapes (default on CPU)")
-    parser.add_argument("--context", type=int, default=None, help="C (default 2048; 64 when tiny)")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 30; 6 when tiny)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5; 3 when tiny)")
+    parser.add_argument("--context", type=int, help="C (default 2048; 64 when tiny)")
+    parser.add_argument("--steps", type=int, help="timed steps (default 30; 6 when tiny)")
+    parser.add_argument("--warmup", type=int, help="untimed steps first (default 5; 3 when tiny)")
     parser.add_argument(
         "--max-batch",
         type=int,
-        default=None,
         help="first micro-batch tried (default 64 for 60M, 16 for 1B; 4 when tiny)",
     )
     parser.add_argument("--skip-1b", action="store_true", help="only the 60M cases")

@@ -13,17 +13,16 @@ from pathlib import Path
 import torch
 from side_by_side import interleaved
 
+from data_prep.dataset import load_probe
 from pipeline.analysis.fake_quant import SETTINGS
 from pipeline.analysis.quant_eval import Evaluator, build_parser, check_args, lead_of, load_tokens, make_windows
 from pipeline.analysis.subject import Subject
+from pipeline.model import ModelConfig, Transformer
 from pipeline.outliers import OutlierAccumulator
+from pipeline.probe import run_probe
 
 
 def probe_ratio(dataset: Path) -> float:
-    from data_prep.dataset import load_probe
-    from pipeline.model import ModelConfig, Transformer
-    from pipeline.probe import run_probe
-
     torch.manual_seed(0)
     model = Transformer(ModelConfig.from_preset("tiny", vocab_size=4096))
     tokens = torch.from_numpy(load_probe(dataset)).long()
