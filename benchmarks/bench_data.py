@@ -17,6 +17,9 @@ from pathlib import Path
 import psutil
 import zstandard
 
+from data_prep.embedded import shakespeare_documents, stdlib_documents
+from data_prep.tokenizer import train_bpe
+
 RAW_SNIPPET = r"""
 import json, os, sys, time, glob
 from tokenizers import Tokenizer
@@ -83,10 +86,6 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,10", help="corpus multiples to measure (default 1,10)")
     parser.add_argument("--base-chars", type=int, default=3_000_000, help="characters of the 1x corpus (default 3M)")
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from data_prep.embedded import shakespeare_documents, stdlib_documents
-    from data_prep.tokenizer import train_bpe
-
     texts = [("Shakespeare", t) for _, t in shakespeare_documents(args.base_chars // 2)]
     texts += [("Python-stdlib", t) for _, t in stdlib_documents(args.base_chars // 2)]
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.workers), TOKENIZERS_PARALLELISM="true")

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers import LlamaForCausalLM
 
 from pipeline.flops import device_peak_flops, flops_per_token, mfu
 from pipeline.kernels import blocked_attention, triton_tiles
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.attention_ops import OPS, blocked_spec
+from pipeline.model.hf_native import hf_config
 from pipeline.train.loss import linear_cross_entropy
 
 TINY_SHAPES = {  # stand-ins for the presets on a CPU
@@ -83,10 +85,10 @@ class Bench:
                 tokens = torch.randint(0, model.config.vocab_size, (batch, self.context + 1), device=self.device)
                 elapsed = self._seconds(lambda: self._step(model, optimizer, loss_fn, tokens))
             except torch.cuda.OutOfMemoryError:
-                del model, optimizer
                 batch //= 2
                 continue
-            del model, optimizer
+            finally:
+                del model, optimizer
             tokens_per_s = batch * self.context * self.steps / elapsed
             peak = torch.cuda.max_memory_allocated() if self.cuda else None
             return Result(name, batch, tokens_per_s, mfu(tokens_per_s, flops_token, self.peak), peak)
@@ -139,10 +141,6 @@ def hf_loss(model, tokens):
 
 def hf_llama(cfg: ModelConfig):
     """HF's LlamaForCausalLM of the same shape (the export's config), on SDPA."""
-    from transformers import LlamaForCausalLM
-
-    from pipeline.model.hf_native import hf_config
-
     return lambda: LlamaForCausalLM._from_config(hf_config(cfg), attn_implementation="sdpa")
 
 
