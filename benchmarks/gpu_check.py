@@ -193,8 +193,7 @@ class Matrix:
             return statistics.median(values) if values else None
 
         result.tokens_per_s, result.mfu = typical(N.TOKENS_PER_S), typical(N.MFU)
-        peaks = [row[1] for row in metric_rows(metrics, N.MAX_MEMORY_GIB)]
-        result.peak_gib = max(peaks) if peaks else None
+        result.peak_gib = max((row[1] for row in metric_rows(metrics, N.MAX_MEMORY_GIB)), default=None)
 
 
 def run_within(matrix: Matrix, cases: list[Case], budget: float, start: float, results: list[Result]) -> None:

@@ -57,6 +57,11 @@ def fit_case(
     return Case(name, kind, common + overrides, steps, data, log_every, minimum=minimum, limit=limit)
 
 
+def reader(kind: str, reads: str, device: str, *args: str, **fields) -> Case:
+    """``sinklab analyze`` or ``stream-ppl`` (the case's name too) of the final checkpoint of case ``reads``."""
+    return Case(kind, kind, (*args, "--device", device), reads=reads, **fields)
+
+
 def zero(stage: int) -> tuple[str, ...]:
     return ("--trainer.strategy.init_args.config", f"configs/deepspeed/zero{stage}.json")
 
@@ -93,7 +98,7 @@ TUNING_SECONDS = 15  # the sigmoid case's extra: autotuning the Triton tiles onc
 def gpu_cases() -> list[Case]:
     onebn = ("--data.global_batch_tokens", "16384", "--trainer.devices", "1")
     small = {"limit": 120}  # minimums: an H200's times (docs/gpu.md) and 10%
-    slots = "tests/model/test_attention_slots_cuda.py"
+    slots, read = "tests/model/test_attention_slots_cuda.py", "60m-compiled"  # read: the analyses' checkpoint
 
     def p60(name: str, steps: int, *overrides: str, minimum: float, kind: str = "fit", limit: float = 150) -> Case:
         shape = ("--data.global_batch_tokens", "32768", "--data.micro_batch_size", "16", "--trainer.devices", "1")
@@ -115,14 +120,8 @@ def gpu_cases() -> list[Case]:
         p60("60m-fsdp2", 40, "--trainer.strategy", "fsdp2", minimum=37),
         fit_case("small-elu1-kernel", "gpu-small", "c512", 60, *ELU1_KERNEL, minimum=45, **small),
         fit_case("small-softpick", "gpu-small", "c512", 60, *SOFTPICK, minimum=47, **small),
-        Case("analyze", "analyze", ("-n", "20", "--no-plots", "--device", "cuda"), reads="60m-compiled", minimum=11),
-        Case(
-            "stream-ppl",
-            "stream-ppl",
-            ("--max-tokens", "2048", "--cache", "0+512", "--cache", "4+508", "--device", "cuda"),
-            reads="60m-compiled",
-            minimum=30,
-        ),
+        reader("analyze", read, "cuda", "-n", "20", "--no-plots", minimum=11),
+        reader("stream-ppl", read, "cuda", "--max-tokens", "2048", "--cache", "0+512", "--cache", "4+508", minimum=30),
         Case("slots-cuda", "pytest", (slots, "-q", "-p", "no:cacheprovider", "-rs"), minimum=30, limit=120),
         Case(
             "bench-slots-1b",
@@ -148,14 +147,6 @@ def cpu_cases(context: int = CONTEXT["cpu"]) -> list[Case]:
         fit_case("zero2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "deepspeed_stage_2", **toy),
         fit_case("fsdp2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "fsdp2", **toy),
         fit_case("preempt", "cpu-tiny", "cpu", 60, *tiny, kind="preempt", **toy),
-        Case(
-            "analyze", "analyze", ("-n", "8", "-T", "12", "--no-plots", "--device", "cpu"), data="cpu", reads="softmax"
-        ),
-        Case(
-            "stream-ppl",
-            "stream-ppl",
-            ("--max-tokens", "256", "--cache", "2+30", "--device", "cpu"),
-            data="cpu",
-            reads="softmax",
-        ),
+        reader("analyze", "softmax", "cpu", "-n", "8", "-T", "12", "--no-plots", data="cpu"),
+        reader("stream-ppl", "softmax", "cpu", "--max-tokens", "256", "--cache", "2+30", data="cpu"),
     ]
