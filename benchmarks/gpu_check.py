@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -40,13 +42,6 @@ def kill_group(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):  # else nothing of it is left
         os.killpg(proc.pid, signal.SIGKILL)  # started in a session of its own: its group is its pid
     proc.wait()
-
-
-def recipe_compiles(case: Case) -> bool:
-    import yaml
-
-    config = dict(zip(case.args, case.args[1:])).get("--config")
-    return bool(config and (yaml.safe_load((REPO / config).read_text()).get("model") or {}).get("compile"))
 
 
 def first_error_line(log: str, code: int | None) -> str:
@@ -85,7 +80,9 @@ class Matrix:
         if case.kind in ("fit", "preempt"):
             self._speed(result, self.root / case.name / "metrics.jsonl")
             text = log.read_text(errors="replace") if log.exists() else ""
-            compiled = dict(zip(case.args, case.args[1:])).get("--model.compile", str(recipe_compiles(case)).lower())
+            flags = dict(zip(case.args, case.args[1:]))
+            recipe = yaml.safe_load((REPO / flags["--config"]).read_text()) if "--config" in flags else {}
+            compiled = flags.get("--model.compile", str(bool((recipe.get("model") or {}).get("compile"))).lower())
             result.mode = "eager" if compiled != "true" else "compiled"
             result.mode = "eager (compile failed)" if "torch.compile failed" in text else result.mode
             result.mode += ", resumed" if "Restored all states" in text else ""
@@ -112,16 +109,13 @@ class Matrix:
         data, run_dir = str(self.data[case.data]), str(self.root / case.name)
         command = [*SINKLAB, "fit", *case.args, "--data.path", data, "--run-dir", run_dir, "--resume", "auto"]
         if case.name in self.profile:
-            profiler = {"class_path": PROFILER, "init_args": {"dirpath": str(self.profile_dir(case))}}
+            profiler = {"class_path": PROFILER, "init_args": {"dirpath": str(self.root / f"{case.name}-profile")}}
             command.append("--trainer.callbacks+=" + json.dumps(profiler))
         return command + self.extra
 
-    def profile_dir(self, case: Case) -> Path:
-        return self.root / f"{case.name}-profile"
-
     def notes(self, case: Case) -> list[str]:
         """What the case's log says of the tuned tiles, and its profile's summary."""
-        log, summary = self.root / f"{case.name}.log", self.profile_dir(case) / "summary.txt"
+        log, summary = self.root / f"{case.name}.log", self.root / f"{case.name}-profile" / "summary.txt"
         text = log.read_text(errors="replace") if log.exists() else ""
         lines = sorted({line for line in text.splitlines() if line.startswith("sinklab tiles: ")})
         if case.name in self.profile:
