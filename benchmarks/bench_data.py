@@ -17,6 +17,9 @@ from pathlib import Path
 import psutil
 import zstandard
 
+from data_prep.embedded import shakespeare_documents, stdlib_documents
+from data_prep.tokenizer import train_bpe
+
 RAW_SNIPPET = r"""
 import json, os, sys, time, glob
 from tokenizers import Tokenizer
@@ -35,22 +38,19 @@ for name in ("encode_batch_fast", "encode_batch"):
     encode = getattr(tok, name)
     start = time.perf_counter()
     tokens = sum(len(e.ids) for b in batches for e in encode(b, add_special_tokens=False))
-    out[name] = {"tokens": tokens, "seconds": time.perf_counter() - start}
+    out[name] = tokens / (time.perf_counter() - start)
 print(json.dumps(out))
 """
 
 PREP_SNIPPET = r"""
-import json, sys, resource
+import json, sys
 from data_prep.prepare import PrepConfig, prepare
 inputs, out, tokenizer, workers, chunk = sys.argv[1:6]
 cfg = PrepConfig(inputs=[inputs], out=out, tokenizer=tokenizer, context_length=128, val_fraction=0.01,
                  workers=int(workers), chunk_chars=int(chunk), progress=False, probe_sequences=100)
 r = prepare(cfg)
-m = r.manifest
-text_tokens = sum(s["document_tokens"] - 2 * s["documents"] for s in m["splits"].values())
-print(json.dumps({"seconds": r.elapsed_s, "text_tokens": text_tokens,
-                  "main_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                  "workers_maxrss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
+text_tokens = sum(s["document_tokens"] - 2 * s["documents"] for s in r.manifest["splits"].values())
+print(json.dumps({"seconds": r.elapsed_s, "text_tokens": text_tokens}))
 """
 
 
@@ -59,13 +59,10 @@ def run_sampled(cmd: list[str], env: dict[str, str]) -> tuple[dict, int]:
     proc = psutil.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
     while proc.poll() is None:
-        total = 0
         try:
-            for p in [proc, *proc.children(recursive=True)]:
-                total += p.memory_info().rss
+            peak = max(peak, sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]))
         except psutil.Error:
-            pass
-        peak = max(peak, total)
+            pass  # a process of the tree ended while sampled
         time.sleep(0.02)
     stdout, stderr = proc.communicate()
     if proc.returncode != 0:
@@ -76,9 +73,8 @@ def run_sampled(cmd: list[str], env: dict[str, str]) -> tuple[dict, int]:
 def write_corpus(texts: list[tuple[str, str]], directory: Path, copies: int) -> None:
     directory.mkdir(parents=True)
     with open(directory / "00.jsonl.zst", "wb") as fh, zstandard.ZstdCompressor(level=3).stream_writer(fh) as writer:
-        for _ in range(copies):
-            for domain, text in texts:
-                writer.write((json.dumps({"text": text, "meta": {"pile_set_name": domain}}) + "\n").encode())
+        for domain, text in texts * copies:
+            writer.write((json.dumps({"text": text, "meta": {"pile_set_name": domain}}) + "\n").encode())
 
 
 def main() -> None:
@@ -90,10 +86,6 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,10", help="corpus multiples to measure (default 1,10)")
     parser.add_argument("--base-chars", type=int, default=3_000_000, help="characters of the 1x corpus (default 3M)")
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from data_prep.embedded import shakespeare_documents, stdlib_documents
-    from data_prep.tokenizer import train_bpe
-
     texts = [("Shakespeare", t) for _, t in shakespeare_documents(args.base_chars // 2)]
     texts += [("Python-stdlib", t) for _, t in stdlib_documents(args.base_chars // 2)]
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.workers), TOKENIZERS_PARALLELISM="true")
@@ -117,8 +109,7 @@ def main() -> None:
             )
             prep_args = (corpus / "*.jsonl.zst", tmp / f"out{copies}", tokenizer, args.workers, args.chunk_chars)
             prep, peak = run_sampled([sys.executable, "-c", PREP_SNIPPET, *map(str, prep_args)], env)
-            fast = raw["encode_batch_fast"]["tokens"] / raw["encode_batch_fast"]["seconds"]
-            slow = raw["encode_batch"]["tokens"] / raw["encode_batch"]["seconds"]
+            fast, slow = raw["encode_batch_fast"], raw["encode_batch"]
             prep_rate = prep["text_tokens"] / prep["seconds"]
             ratio = prep_rate / max(fast, slow)
             peaks.append(peak)

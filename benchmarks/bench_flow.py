@@ -6,11 +6,10 @@ are upper bounds (docs/analysis.md).
 
 from __future__ import annotations
 
-import argparse
 import timeit
 
 import torch
-import torch.nn.functional as F
+from side_by_side import arguments, interleaved, train_step
 
 from data_prep.dataset import load_manifest, load_probe
 from pipeline.flow import TRAINING_MIXING_SEQUENCES
@@ -19,13 +18,10 @@ from pipeline.probe import run_probe
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = arguments(__doc__, preset="tiny", repeats=3, steps=10)
     p.add_argument("--data", required=True, help="prepared dataset (its probe set and vocabulary)")
-    p.add_argument("--preset", default="tiny")
     p.add_argument("--every", type=int, default=200, help="run.sink_every (the default 200; embedded: 500)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step (embedded: 8 of C)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--steps", type=int, default=10)
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     manifest = load_manifest(args.data)
@@ -34,23 +30,14 @@ def main() -> None:
     model = Transformer(cfg)
     probe = torch.from_numpy(load_probe(args.data)).long()
     run_probe(model, probe[:4])  # warm-up
-    plain = training = every_sequence = float("inf")
-    for _ in range(args.repeats):  # alternated, so that a busy machine weighs on all alike
-        plain = min(plain, timeit.timeit(lambda: run_probe(model, probe, flow=False), number=1))
-        training = min(
-            training,
-            timeit.timeit(lambda: run_probe(model, probe, mixing_sequences=TRAINING_MIXING_SEQUENCES), number=1),
-        )
-        every_sequence = min(every_sequence, timeit.timeit(lambda: run_probe(model, probe, flow=True), number=1))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    tokens = torch.randint(0, manifest.vocab_size, (args.batch, manifest.context_length + 1))
-
-    def step() -> None:
-        logits = model(tokens[:, :-1]).logits
-        F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    works = {
+        "plain": lambda: run_probe(model, probe, flow=False),
+        "training": lambda: run_probe(model, probe, mixing_sequences=TRAINING_MIXING_SEQUENCES),
+        "every sequence": lambda: run_probe(model, probe, flow=True),
+    }
+    seconds, _ = interleaved(works, args.repeats)
+    plain, training, every_sequence = (min(seconds[name]) for name in works)
+    step = train_step(model, torch.randint(0, manifest.vocab_size, (args.batch, manifest.context_length + 1)), lr=1e-3)
     step()
     step_s = min(timeit.repeat(step, number=args.steps, repeat=args.repeats)) / args.steps
     extra, extra_all = training - plain, every_sequence - plain

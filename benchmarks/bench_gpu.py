@@ -16,11 +16,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers import LlamaForCausalLM
 
 from pipeline.flops import device_peak_flops, flops_per_token, mfu
 from pipeline.kernels import blocked_attention, triton_tiles
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.attention_ops import OPS, blocked_spec
+from pipeline.model.hf_native import hf_config
 from pipeline.train.loss import linear_cross_entropy
 
 TINY_SHAPES = {  # stand-ins for the presets on a CPU
@@ -53,10 +55,6 @@ class Bench:
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
         self.peak = device_peak_flops() if self.cuda else None
 
-    def _sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
     def _free(self) -> None:
         gc.collect()
         if self.cuda:
@@ -85,24 +83,28 @@ class Bench:
                         block.compile()
                 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=self.cuda)
                 tokens = torch.randint(0, model.config.vocab_size, (batch, self.context + 1), device=self.device)
-                step = lambda: self._step(model, optimizer, loss_fn, tokens)
-                for _ in range(self.warmup):
-                    step()
-                self._sync()
-                start = time.perf_counter()
-                for _ in range(self.steps):
-                    step()
-                self._sync()
-                elapsed = time.perf_counter() - start
+                elapsed = self._seconds(lambda: self._step(model, optimizer, loss_fn, tokens))
             except torch.cuda.OutOfMemoryError:
-                del model, optimizer
                 batch //= 2
                 continue
-            del model, optimizer
+            finally:
+                del model, optimizer
             tokens_per_s = batch * self.context * self.steps / elapsed
             peak = torch.cuda.max_memory_allocated() if self.cuda else None
             return Result(name, batch, tokens_per_s, mfu(tokens_per_s, flops_token, self.peak), peak)
         raise RuntimeError(f"{name}: even micro-batch 1 does not fit at context {self.context}")
+
+    def _seconds(self, step: Callable[[], object]) -> float:
+        """Seconds of ``steps`` calls of ``step`` after ``warmup`` untimed ones."""
+        sync = torch.cuda.synchronize if self.cuda else lambda: None
+        for _ in range(self.warmup):
+            step()
+        sync()
+        start = time.perf_counter()
+        for _ in range(self.steps):
+            step()
+        sync()
+        return time.perf_counter() - start
 
     def _step(self, model, optimizer, loss_fn, tokens) -> None:
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.cuda):
@@ -119,16 +121,11 @@ class Bench:
             for _ in range(3)
         )
         try:
-            for i in range(self.warmup + self.steps):
-                if i == self.warmup:
-                    self._sync()
-                    start = time.perf_counter()
-                fn(q, k, v).float().square().mean().backward()
-            self._sync()
+            elapsed = self._seconds(lambda: fn(q, k, v).float().square().mean().backward())
         except torch.cuda.OutOfMemoryError:
             return Result(name + " (OOM)", batch, 0.0, None, None)
-        tokens_per_s = batch * self.context * self.steps / (time.perf_counter() - start)
-        return Result(name, batch, tokens_per_s, None, torch.cuda.max_memory_allocated() if self.cuda else None)
+        peak = torch.cuda.max_memory_allocated() if self.cuda else None
+        return Result(name, batch, batch * self.context * self.steps / elapsed, None, peak)
 
 
 def ours_loss(model, tokens):
@@ -144,12 +141,7 @@ def hf_loss(model, tokens):
 
 def hf_llama(cfg: ModelConfig):
     """HF's LlamaForCausalLM of the same shape (the export's config), on SDPA."""
-    from transformers import LlamaForCausalLM
-
-    from pipeline.model.hf_native import hf_config
-
-    hf_cfg = hf_config(cfg)
-    return lambda: LlamaForCausalLM._from_config(hf_cfg, attn_implementation="sdpa")
+    return lambda: LlamaForCausalLM._from_config(hf_config(cfg), attn_implementation="sdpa")
 
 
 def preset(name: str, tiny: bool, context: int, **overrides) -> ModelConfig:
@@ -159,15 +151,14 @@ def preset(name: str, tiny: bool, context: int, **overrides) -> ModelConfig:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--tiny", action="store_true", help="toy shapes (default on CPU)")
-    parser.add_argument("--context", type=int, default=None, help="C (default 2048; 64 when tiny)")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 30; 6 when tiny)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5; 3 when tiny)")
+    parser.add_argument("--context", type=int, help="C (default 2048; 64 when tiny)")
+    parser.add_argument("--steps", type=int, help="timed steps (default 30; 6 when tiny)")
+    parser.add_argument("--warmup", type=int, help="untimed steps first (default 5; 3 when tiny)")
     parser.add_argument(
         "--max-batch",
         type=int,
-        default=None,
         help="first micro-batch tried (default 64 for 60M, 16 for 1B; 4 when tiny)",
     )
     parser.add_argument("--skip-1b", action="store_true", help="only the 60M cases")

@@ -6,12 +6,12 @@ slow-down against softmax; the last line is ``ratio=<ours over HF>``.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
+from side_by_side import arguments, interleaved, train_step
 
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.hf_native import to_hf
@@ -35,48 +35,25 @@ def logits_loss(model: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), idx[:, 1:].reshape(-1))
 
 
-def make_step(model: torch.nn.Module, idx: torch.Tensor, loss_fn):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-
-    def step() -> None:
-        loss = loss_fn(model, idx)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    return step
-
-
+ADAMW = {"lr": 1e-4, "weight_decay": 0.1}
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
 def compare(steps: dict, tokens: int, warmup: int, repeats: int, n_steps: int, clock) -> dict[str, float]:
-    """Median tokens/s per entry; repeats interleaved, order alternating, so drift hits all alike."""
+    """Median tokens/s per entry."""
     for step in steps.values():
         for _ in range(warmup):
             step()
-    seconds: dict[str, list[float]] = {name: [] for name in steps}
-    for r in range(repeats):
-        for name in list(steps) if r % 2 == 0 else list(steps)[::-1]:
-            start = clock()
-            for _ in range(n_steps):
-                steps[name]()
-            seconds[name].append(clock() - start)
+    runs = {name: lambda step=step: [step() for _ in range(n_steps)] for name, step in steps.items()}
+    seconds, _ = interleaved(runs, repeats, clock)
     return {name: tokens * n_steps / statistics.median(s) for name, s in seconds.items()}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=256)
+    parser = arguments(__doc__, preset="tiny", vocab=8192, batch=8, seq=256, warmup=3, repeats=5, steps=3)
     parser.add_argument(
         "--threads", type=int, default=1, help="the same for both models; 1 is steadiest on a shared machine"
     )
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     parser.add_argument("--kv-heads", type=int, help="key/value heads of the GQA comparison (default: heads / 2)")
     parser.add_argument("--skip-ops", action="store_true", help="only the HF and GQA comparisons")
@@ -101,7 +78,7 @@ def main() -> None:
     twin.load_state_dict(ours.state_dict())
     alone = "sinklab, hf's loss"
     losses = {"sinklab": (ours, next_token_loss), alone: (twin, logits_loss), "hf-llama": (hf, logits_loss)}
-    steps = {name: make_step(model, idx, loss) for name, (model, loss) in losses.items()}
+    steps = {name: train_step(model, idx, loss, **ADAMW) for name, (model, loss) in losses.items()}
     speeds = compare(steps, tokens, args.warmup, args.repeats, args.steps, clock)
     for name, tps in speeds.items():
         print(f"{name:18s} {tps:10.0f} tokens/s (train step: fwd+bwd+AdamW)")
@@ -111,7 +88,7 @@ def main() -> None:
     torch.manual_seed(0)
     gqa = {
         "full heads": steps["sinklab"],
-        "gqa": make_step(Transformer(cfg.replace(n_kv_heads=kv)), idx, next_token_loss),
+        "gqa": train_step(Transformer(cfg.replace(n_kv_heads=kv)), idx, next_token_loss, **ADAMW),
     }
     gqa_speeds = compare(gqa, tokens, 1, max(3, args.repeats - 2), args.steps, clock)
     print(
@@ -121,10 +98,10 @@ def main() -> None:
 
     if not args.skip_ops:
         print("attention operations, training-step slow-down relative to softmax (SDPA):")
-        op_steps = {"softmax": make_step(ours, idx, next_token_loss)}
+        op_steps = {"softmax": train_step(ours, idx, next_token_loss, **ADAMW)}
         for name, acfg in OPS.items():
             torch.manual_seed(0)
-            op_steps[name] = make_step(Transformer(cfg.replace(attention=acfg)).train(), idx, next_token_loss)
+            op_steps[name] = train_step(Transformer(cfg.replace(attention=acfg)).train(), idx, next_token_loss, **ADAMW)
         op_speeds = compare(op_steps, tokens, 1, max(3, args.repeats - 2), args.steps, clock)
         for name, tps in op_speeds.items():
             print(f"  {name:34s} {tps:9.0f} tokens/s  slow-down x{op_speeds['softmax'] / tps:.2f}")

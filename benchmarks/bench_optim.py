@@ -5,11 +5,11 @@ The last line is ``ratio muon=<x> orthoadam=<y>``, seconds per step over AdamW's
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
+from side_by_side import arguments, interleaved
 
 from pipeline.model import ModelConfig, Transformer
 from pipeline.train.optim import OPTIMIZERS, OptimConfig, build_optimizer, optimizer_split
@@ -22,27 +22,19 @@ def step_seconds(preset: str, repeats: int) -> dict[str, float]:
     model = Transformer(ModelConfig(preset=preset))
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
-    optimizers = {}
+    steps = {}
     for name in NAMES:
         cfg = OptimConfig(name=name, lr=4e-4)
         for half, line in optimizer_split(model, cfg).items():
             print(f"{name:10s} {half.rsplit('.', 1)[1]:9s} {line}", flush=True)
-        optimizers[name] = build_optimizer(model, cfg)
-        optimizers[name].step()  # state, and OrthoAdam's rotations, before timing
-    seconds: dict[str, list[float]] = {name: [] for name in NAMES}
-    for r in range(repeats):
-        for name in NAMES if r % 2 == 0 else NAMES[::-1]:
-            start = time.process_time()
-            optimizers[name].step()
-            seconds[name].append(time.process_time() - start)
+        steps[name] = build_optimizer(model, cfg).step
+        steps[name]()  # state, and OrthoAdam's rotations, before timing
+    seconds, _ = interleaved(steps, repeats, time.process_time)
     return {name: statistics.median(s) for name, s in seconds.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="llama-60m")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, preset="llama-60m", repeats=3).parse_args(argv)
     print(f"preset {args.preset}, CPU, {torch.get_num_threads()} thread(s), median of {args.repeats}", flush=True)
     seconds = step_seconds(args.preset, args.repeats)
     for name, s in seconds.items():

@@ -6,7 +6,6 @@ wall time (docs/training.md).
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import math
 import pstats
@@ -14,22 +13,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
-import torch.nn.functional as F
+from side_by_side import arguments, interleaved, train_step
 
 from data_prep.dataset import load_manifest, load_probe
 from pipeline.flow import TRAINING_MIXING_SEQUENCES
 from pipeline.model import ModelConfig, Transformer
 from pipeline.probe import run_probe
 from pipeline.train.callbacks import probe_figures
-
-
-def timed(fn) -> tuple[float, float]:
-    """Wall and CPU seconds of ``fn()`` (CPU time: the figure a shared machine disturbs least)."""
-    start, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - start, time.process_time() - cpu
-
 
 # parts of one probe, by the (file, function) whose cumulative time is theirs
 PARTS = {
@@ -61,16 +53,13 @@ def profile(fn) -> dict[str, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = arguments(__doc__, preset="tiny", context=128, repeats=3)
     p.add_argument("--data", default="data/embedded", help="prepared dataset (its probe set and vocabulary)")
-    p.add_argument("--preset", default="tiny")
     p.add_argument("--op", default="kernel", help="arch.attention.op (make run: kernel)")
     p.add_argument("--feature-map", default="elu1", help="arch.attention.feature_map, for --op kernel")
     p.add_argument("--every", type=int, default=500, help="run.sink_every (embedded: 500; paper-60m: 200)")
     p.add_argument("--plot-every", type=int, default=1000, help="run.plot_every (embedded: 1000; paper-60m: 2000)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step (embedded: 8 of 128)")
-    p.add_argument("--context", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=5, help="optimizer steps timed per round")
     args = p.parse_args()
     manifest = load_manifest(args.data)
@@ -79,14 +68,7 @@ def main() -> None:
     model = Transformer(ModelConfig.from_preset(args.preset, vocab_size=manifest.vocab_size, attention=attention))
     probe = torch.from_numpy(load_probe(args.data)).long()
     plot_dir = Path(tempfile.mkdtemp(prefix="bench-probe-"))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randint(0, manifest.vocab_size, (args.batch, args.context + 1))
-
-    def step() -> None:
-        logits = model(x[:, :-1]).logits
-        F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    step = train_step(model, torch.randint(0, manifest.vocab_size, (args.batch, args.context + 1)), lr=1e-4)
 
     def probe_as_trained():
         measures = run_probe(model, probe, mixing_sequences=TRAINING_MIXING_SEQUENCES)
@@ -95,13 +77,15 @@ def main() -> None:
 
     step()
     measures = probe_as_trained()  # warm-up
-    best = {k: (float("inf"), float("inf")) for k in ("probe", "figures", "step")}
-    pick = lambda old, new: tuple(map(min, old, new))  # noqa: E731
-    for _ in range(args.repeats):  # alternated, so that a busy machine weighs on all alike
-        best["probe"] = pick(best["probe"], timed(probe_as_trained))
-        best["figures"] = pick(best["figures"], timed(lambda: probe_figures(measures, 0, plot_dir, None)))
-        wall, cpu = timed(lambda: [step() for _ in range(args.steps)])
-        best["step"] = pick(best["step"], (wall / args.steps, cpu / args.steps))
+    works = {
+        "probe": probe_as_trained,
+        "figures": lambda: probe_figures(measures, 0, plot_dir, None),
+        "step": lambda: [step() for _ in range(args.steps)],
+    }
+    both = lambda: np.array([time.perf_counter(), time.process_time()])  # wall and CPU seconds
+    seconds, _ = interleaved(works, args.repeats, both)
+    best = {name: np.min(s, axis=0) for name, s in seconds.items()}
+    best["step"] /= args.steps
     for name, seconds in profile(probe_as_trained).items():
         print(f"profile: {name:56s} {seconds * 1000:9.1f} ms")
     for name, (wall, cpu) in best.items():

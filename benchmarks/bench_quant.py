@@ -8,43 +8,26 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+from side_by_side import interleaved
 
+from data_prep.dataset import load_probe
 from pipeline.analysis.fake_quant import SETTINGS
 from pipeline.analysis.quant_eval import Evaluator, build_parser, check_args, lead_of, load_tokens, make_windows
 from pipeline.analysis.subject import Subject
+from pipeline.model import ModelConfig, Transformer
 from pipeline.outliers import OutlierAccumulator
-
-
-def interleaved_best(repeat: int, works: dict) -> tuple[dict, dict[str, float]]:
-    """Each work's last result and best time, the works run in turn in every repeat."""
-    results, times = {}, {name: [] for name in works}
-    for _ in range(repeat):
-        for name, work in works.items():
-            start = time.perf_counter()
-            results[name] = work()
-            times[name].append(time.perf_counter() - start)
-    return results, {name: min(t) for name, t in times.items()}
+from pipeline.probe import run_probe
 
 
 def probe_ratio(dataset: Path) -> float:
-    from data_prep.dataset import load_probe
-    from pipeline.model import ModelConfig, Transformer
-    from pipeline.probe import run_probe
-
     torch.manual_seed(0)
     model = Transformer(ModelConfig.from_preset("tiny", vocab_size=4096))
     tokens = torch.from_numpy(load_probe(dataset)).long()
     run_probe(model, tokens[:10])
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(8):
-        for outliers in (False, True):
-            start = time.perf_counter()
-            run_probe(model, tokens, outliers=outliers)
-            times[outliers].append(time.perf_counter() - start)
+    times, _ = interleaved({o: lambda o=o: run_probe(model, tokens, outliers=o) for o in (False, True)}, 8)
     with_, without = statistics.median(times[True]), statistics.median(times[False])
     print(
         f"sink probe of the embedded model, {tokens.shape[0]} x {tokens.shape[1]} tokens: {without:.3f} s without "
@@ -66,17 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     windows = make_windows(ids, q.seq_len, bos)
     lead = lead_of(subject, q)
     evaluator = Evaluator(subject.model, subject.kind, windows, lead, q.batch_size)
-    out, best = interleaved_best(
-        args.repeat,
-        {
-            "plain": lambda: evaluator.nll("fp"),
-            "w8a8": lambda: evaluator.nll("w8a8-tensor"),
-            "recorded": lambda: evaluator.nll("fp", OutlierAccumulator(lead)),
-            "all": lambda: evaluator.run(q.settings),
-        },
-    )
+    works = {
+        "plain": lambda: evaluator.nll("fp"),
+        "w8a8": lambda: evaluator.nll("w8a8-tensor"),
+        "recorded": lambda: evaluator.nll("fp", OutlierAccumulator(lead)),
+        "all": lambda: evaluator.run(q.settings),
+    }
+    times, out = interleaved(works, args.repeat)
     plain, recorded, (results, _) = out["plain"], out["recorded"], out["all"]
-    t_plain, t_w8a8, t_recorded, t_all = best["plain"], best["w8a8"], best["recorded"], best["all"]
+    t_plain, t_w8a8, t_recorded, t_all = (min(times[name]) for name in works)
 
     same = torch.equal(plain, recorded) and abs(results["fp"]["nll"] - plain.double().mean().item()) < 1e-9
     print(

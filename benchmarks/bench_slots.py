@@ -6,12 +6,12 @@ The last line is ``ratio=<the lowest speed ratio of any variant and T>`` (docs/g
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 import weakref
 
 import torch
+from side_by_side import arguments, interleaved
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -76,9 +76,6 @@ def make_step(layer: Attention, ctx: AttentionContext, x: torch.Tensor, grad: to
 def measure(steps: dict, repeats: int, device: str) -> tuple[dict[str, float], dict[str, int]]:
     """Median seconds per step and peak bytes per variant, variants interleaved in alternating order."""
     cuda = device == "cuda"
-    clock = time.perf_counter if cuda else time.process_time
-    sync = torch.cuda.synchronize if cuda else lambda: None
-    times: dict[str, list[float]] = {name: [] for name in steps}
     peaks = {}
     for name, step in steps.items():  # warm-up and peak memory
         step()
@@ -93,14 +90,9 @@ def measure(steps: dict, repeats: int, device: str) -> tuple[dict[str, float], d
             with LivePeak() as probe:
                 step()
             peaks[name] = probe.peak
-    for r in range(repeats):
-        for name in steps if r % 2 == 0 else reversed(steps):
-            sync()
-            t0 = clock()
-            steps[name]()
-            sync()
-            times[name].append(clock() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}, peaks
+    clock, sync = (time.perf_counter, torch.cuda.synchronize) if cuda else (time.process_time, lambda: None)
+    seconds, _ = interleaved(steps, repeats, clock, sync)
+    return {name: statistics.median(ts) for name, ts in seconds.items()}, peaks
 
 
 def run(device: str, seqs: list[int], d: int, heads: int, repeats: int) -> float:
@@ -126,14 +118,8 @@ def run(device: str, seqs: list[int], d: int, heads: int, repeats: int) -> float
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = arguments(__doc__, d_model=128, heads=2, cuda_d_model=2048, cuda_heads=32, repeats=3, threads=1)
     ap.add_argument("--seqs", type=int, nargs="+", default=[1024, 4096, 16384])
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=2)
-    ap.add_argument("--cuda-d-model", type=int, default=2048)
-    ap.add_argument("--cuda-heads", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
     only = ap.add_mutually_exclusive_group()
     only.add_argument("--cpu-only", action="store_true", help="skip CUDA even when a GPU is present")
     only.add_argument("--cuda-only", action="store_true", help="skip the CPU part (gpu-check's bench-slots case)")

@@ -8,14 +8,15 @@ line is ``ratio=<token-by-token s / chunked s>``, after ``batch_ratio=<one-at-a-
 from __future__ import annotations
 
 import sys
-import time
+from unittest import mock
 
 import torch
+from side_by_side import interleaved
 
 from pipeline.analysis import streamers
-from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity
-from pipeline.analysis.streaming import Reading, build_parser, load_subject
-from sinklab_io.mappings import settings_of
+from pipeline.analysis.stream_ppl import build_parser, check_args
+from pipeline.analysis.streamers import group_by_capacity, perplexity
+from pipeline.analysis.streaming import load_subject
 
 DEFAULT = ("0+128", "1+127", "4+124")
 
@@ -25,19 +26,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.prog = "bench_stream.py"
     parser.set_defaults(max_tokens=512)
     args = parser.parse_args(argv)
-    specs = [CacheSpec.parse(c) for c in (args.cache or DEFAULT)]
+    args.cache = args.cache or list(DEFAULT)
+    settings = check_args(args)
+    specs = settings.caches
     if len(group_by_capacity(specs)) != 1:
         raise SystemExit("bench_stream.py: --cache configs must share x+y to stream as one batch")
-    streamer, ids, _ = load_subject(args.model, settings_of(Reading, args), args.max_tokens)
-    ids = torch.tensor(ids[: args.max_tokens], dtype=torch.long)
+    streamer, ids, _ = load_subject(settings.model, settings.reading, settings.max_tokens)
+    ids = torch.tensor(ids[: settings.max_tokens], dtype=torch.long)
 
-    batched, t_batched = timed(lambda: streamer.nll(ids, specs))
-    single, t_single = timed(lambda: torch.stack([streamer.nll(ids, [spec])[0] for spec in specs]))
-    chunk, streamers.PREFILL_TOKENS = streamers.PREFILL_TOKENS, 1
-    try:
-        stepwise, t_stepwise = timed(lambda: streamer.nll(ids, specs))
-    finally:
-        streamers.PREFILL_TOKENS = chunk
+    def token_by_token():
+        with mock.patch.object(streamers, "PREFILL_TOKENS", 1):
+            return streamer.nll(ids, specs)
+
+    works = {
+        "batched": lambda: streamer.nll(ids, specs),
+        "single": lambda: torch.stack([streamer.nll(ids, [spec])[0] for spec in specs]),
+        "stepwise": token_by_token,
+    }
+    times, out = interleaved(works, 1)
+    batched, single, stepwise = (out[name] for name in works)
+    t_batched, t_single, t_stepwise = (times[name][0] for name in works)
+    chunk = streamers.PREFILL_TOKENS
 
     print(f"{args.model}: {ids.numel()} tokens, {torch.get_num_threads()} threads")
     print(f"{'config':>8} {'batched ppl':>12} {'one-at-a-time ppl':>18}")
@@ -53,12 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"batch_ratio={t_single / t_batched:.2f}")
     print(f"ratio={t_stepwise / t_batched:.2f}")
     return 0 if same and same_prefill else 1
-
-
-def timed(work):
-    start = time.perf_counter()
-    result = work()
-    return result, time.perf_counter() - start
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Budget, limits, how a case is judged and the table: docs/gpu.md; `--device cpu` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -36,18 +39,9 @@ PLAN_BUDGET = 420  # a 15-minute window less the carry, the install and the star
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # else nothing of it is left
         os.killpg(proc.pid, signal.SIGKILL)  # started in a session of its own: its group is its pid
-    except (ProcessLookupError, PermissionError):
-        pass  # nothing of it is left
     proc.wait()
-
-
-def recipe_compiles(case: Case) -> bool:
-    import yaml
-
-    config = dict(zip(case.args, case.args[1:])).get("--config")
-    return bool(config and (yaml.safe_load((REPO / config).read_text()).get("model") or {}).get("compile"))
 
 
 def first_error_line(log: str, code: int | None) -> str:
@@ -86,7 +80,9 @@ class Matrix:
         if case.kind in ("fit", "preempt"):
             self._speed(result, self.root / case.name / "metrics.jsonl")
             text = log.read_text(errors="replace") if log.exists() else ""
-            compiled = dict(zip(case.args, case.args[1:])).get("--model.compile", str(recipe_compiles(case)).lower())
+            flags = dict(zip(case.args, case.args[1:]))
+            recipe = yaml.safe_load((REPO / flags["--config"]).read_text()) if "--config" in flags else {}
+            compiled = flags.get("--model.compile", str(bool((recipe.get("model") or {}).get("compile"))).lower())
             result.mode = "eager" if compiled != "true" else "compiled"
             result.mode = "eager (compile failed)" if "torch.compile failed" in text else result.mode
             result.mode += ", resumed" if "Restored all states" in text else ""
@@ -113,23 +109,21 @@ class Matrix:
         data, run_dir = str(self.data[case.data]), str(self.root / case.name)
         command = [*SINKLAB, "fit", *case.args, "--data.path", data, "--run-dir", run_dir, "--resume", "auto"]
         if case.name in self.profile:
-            profiler = {"class_path": PROFILER, "init_args": {"dirpath": str(self.profile_dir(case))}}
+            profiler = {"class_path": PROFILER, "init_args": {"dirpath": str(self.root / f"{case.name}-profile")}}
             command.append("--trainer.callbacks+=" + json.dumps(profiler))
         return command + self.extra
 
-    def profile_dir(self, case: Case) -> Path:
-        return self.root / f"{case.name}-profile"
-
     def notes(self, case: Case) -> list[str]:
         """What the case's log says of the tuned tiles, and its profile's summary."""
-        log, summary = self.root / f"{case.name}.log", self.profile_dir(case) / "summary.txt"
+        log, summary = self.root / f"{case.name}.log", self.root / f"{case.name}-profile" / "summary.txt"
         text = log.read_text(errors="replace") if log.exists() else ""
         lines = sorted({line for line in text.splitlines() if line.startswith("sinklab tiles: ")})
         if case.name in self.profile:
             lines += summary.read_text().splitlines() if summary.exists() else ["profile: no summary written"]
         return [f"    {line}" for line in lines]
 
-    def _judge_fit(self, case: Case, code: int, log: Path) -> str | None:
+    def _fit(self, case: Case, log: Path) -> str | None:
+        code = self._run(self._fit_command(case), log)
         if code != 0:
             return first_error_line(log.read_text(errors="replace"), code)
         final = self._final_checkpoint(case)
@@ -140,9 +134,6 @@ class Matrix:
 
     def _final_checkpoint(self, case: Case) -> Path:
         return self.root / case.name / "checkpoints" / f"step-{case.steps:06d}.ckpt"
-
-    def _fit(self, case: Case, log: Path) -> str | None:
-        return self._judge_fit(case, self._run(self._fit_command(case), log), log)
 
     def _preempt(self, case: Case, log: Path) -> str | None:
         """A SLURM job told to stop: SIGUSR1 once a third of the steps are logged, then --resume auto to the end."""
@@ -161,7 +152,7 @@ class Matrix:
             return "first start: " + first_error_line(log.read_text(errors="replace"), code)
         if "stopped by SIGUSR1" not in log.read_text(errors="replace"):
             return "the first start ran to the end: SIGUSR1 came too late to test the resume"
-        return self._judge_fit(case, self._run(self._fit_command(case), log), log)
+        return self._fit(case, log)
 
     def _analyze(self, case: Case, log: Path) -> str | None:
         """``sinklab analyze`` or ``stream-ppl`` (the case's kind) of the checkpoint the case reads."""
@@ -196,8 +187,7 @@ class Matrix:
             return statistics.median(values) if values else None
 
         result.tokens_per_s, result.mfu = typical(N.TOKENS_PER_S), typical(N.MFU)
-        peaks = [row[1] for row in metric_rows(metrics, N.MAX_MEMORY_GIB)]
-        result.peak_gib = max(peaks) if peaks else None
+        result.peak_gib = max((row[1] for row in metric_rows(metrics, N.MAX_MEMORY_GIB)), default=None)
 
 
 def run_within(matrix: Matrix, cases: list[Case], budget: float, start: float, results: list[Result]) -> None:
@@ -303,15 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-check: {len(cases)} cases on {device}; {versions}; {args.budget:.0f} s; logs in {root}", flush=True)
     matrix, results = Matrix(every, root, data, shlex.split(args.extra_args), args.timeout, profile), []
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a job's end: the table is still printed
+    before, cells, after = groups or ([], [], cases)
     try:
-        if groups:
-            before, cells, after = groups
-            run_within(matrix, before, args.budget, start, results)
-            left = args.budget - (time.monotonic() - start)
-            run_within(matrix, cells, min(GRID_SECONDS, left), time.monotonic(), results)
-            run_within(matrix, after, args.budget, start, results)
-        else:
-            run_within(matrix, cases, args.budget, start, results)
+        run_within(matrix, before, args.budget, start, results)
+        left = args.budget - (time.monotonic() - start)
+        run_within(matrix, cells, min(GRID_SECONDS, left), time.monotonic(), results)
+        run_within(matrix, after, args.budget, start, results)
     except KeyboardInterrupt:
         print("gpu-check: interrupted; the table of what ran", flush=True)
     finally:

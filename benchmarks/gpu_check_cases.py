@@ -57,6 +57,11 @@ def fit_case(
     return Case(name, kind, common + overrides, steps, data, log_every, minimum=minimum, limit=limit)
 
 
+def reader(kind: str, reads: str, device: str, *args: str, **fields) -> Case:
+    """``sinklab analyze`` or ``stream-ppl`` (the case's name too) of the final checkpoint of case ``reads``."""
+    return Case(kind, kind, (*args, "--device", device), reads=reads, **fields)
+
+
 def zero(stage: int) -> tuple[str, ...]:
     return ("--trainer.strategy.init_args.config", f"configs/deepspeed/zero{stage}.json")
 
@@ -91,43 +96,32 @@ TUNING_SECONDS = 15  # the sigmoid case's extra: autotuning the Triton tiles onc
 
 
 def gpu_cases() -> list[Case]:
-    p60 = ("--data.global_batch_tokens", "32768", "--data.micro_batch_size", "16", "--trainer.devices", "1")
     onebn = ("--data.global_batch_tokens", "16384", "--trainer.devices", "1")
-    run, small = {"limit": 150}, {"limit": 120}  # minimums: an H200's times (docs/gpu.md) and 10%
-    slots = "tests/model/test_attention_slots_cuda.py"
+    small = {"limit": 120}  # minimums: an H200's times (docs/gpu.md) and 10%
+    slots, read = "tests/model/test_attention_slots_cuda.py", "60m-compiled"  # read: the analyses' checkpoint
+
+    def p60(name: str, steps: int, *overrides: str, minimum: float, kind: str = "fit", limit: float = 150) -> Case:
+        shape = ("--data.global_batch_tokens", "32768", "--data.micro_batch_size", "16", "--trainer.devices", "1")
+        return fit_case(name, "paper-60m", "c2048", steps, *shape, *overrides, kind=kind, minimum=minimum, limit=limit)
+
     return [
-        fit_case("60m-shipped", "paper-60m", "c2048", 40, *p60, minimum=AS_SHIPPED.get(shipped_stage(), 52), **run),
-        fit_case("60m-compiled", "paper-60m", "c2048", 60, *p60, "--trainer.strategy", "auto", minimum=45, **run),
+        p60("60m-shipped", 40, minimum=AS_SHIPPED.get(shipped_stage(), 52)),
+        p60("60m-compiled", 60, "--trainer.strategy", "auto", minimum=45),
         fit_case("small-softmax", "gpu-small", "c512", 60, minimum=37, **small),
         fit_case("small-sigmoid", "gpu-small", "c512", 60, *SIGMOID, minimum=45 + TUNING_SECONDS, **small),
-        fit_case("preempt", "paper-60m", "c2048", 60, *p60, kind="preempt", minimum=76, limit=180),
+        p60("preempt", 60, kind="preempt", minimum=76, limit=180),
         fit_case("small-sink-logit", "gpu-small", "c512", 60, *SINK_LOGIT, minimum=44, **small),
         fit_case("1b-shipped", "paper-1b", "c2048", 20, *onebn, window=5, minimum=83, limit=240),
-        fit_case("60m-zero2", "paper-60m", "c2048", 60, *p60, *zero(2), minimum=52, **run),
-        fit_case("60m-eager", "paper-60m", "c2048", 60, *p60, *EAGER, minimum=35, **run),
-        fit_case("60m-zero1", "paper-60m", "c2048", 40, *p60, *zero(1), minimum=33, **run),
-        fit_case(
-            "60m-zero2-serial",
-            "paper-60m",
-            "c2048",
-            40,
-            *p60,
-            *zero2_without("overlap_comm", "contiguous_gradients"),
-            minimum=37,
-            **run,
-        ),
-        fit_case("60m-zero3", "paper-60m", "c2048", 40, *p60, *zero(3), minimum=52, **run),
-        fit_case("60m-fsdp2", "paper-60m", "c2048", 40, *p60, "--trainer.strategy", "fsdp2", minimum=37, **run),
+        p60("60m-zero2", 60, *zero(2), minimum=52),
+        p60("60m-eager", 60, *EAGER, minimum=35),
+        p60("60m-zero1", 40, *zero(1), minimum=33),
+        p60("60m-zero2-serial", 40, *zero2_without("overlap_comm", "contiguous_gradients"), minimum=37),
+        p60("60m-zero3", 40, *zero(3), minimum=52),
+        p60("60m-fsdp2", 40, "--trainer.strategy", "fsdp2", minimum=37),
         fit_case("small-elu1-kernel", "gpu-small", "c512", 60, *ELU1_KERNEL, minimum=45, **small),
         fit_case("small-softpick", "gpu-small", "c512", 60, *SOFTPICK, minimum=47, **small),
-        Case("analyze", "analyze", ("-n", "20", "--no-plots", "--device", "cuda"), reads="60m-compiled", minimum=11),
-        Case(
-            "stream-ppl",
-            "stream-ppl",
-            ("--max-tokens", "2048", "--cache", "0+512", "--cache", "4+508", "--device", "cuda"),
-            reads="60m-compiled",
-            minimum=30,
-        ),
+        reader("analyze", read, "cuda", "-n", "20", "--no-plots", minimum=11),
+        reader("stream-ppl", read, "cuda", "--max-tokens", "2048", "--cache", "0+512", "--cache", "4+508", minimum=30),
         Case("slots-cuda", "pytest", (slots, "-q", "-p", "no:cacheprovider", "-rs"), minimum=30, limit=120),
         Case(
             "bench-slots-1b",
@@ -153,14 +147,6 @@ def cpu_cases(context: int = CONTEXT["cpu"]) -> list[Case]:
         fit_case("zero2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "deepspeed_stage_2", **toy),
         fit_case("fsdp2", "cpu-tiny", "cpu", 8, *tiny, *two, "--trainer.strategy", "fsdp2", **toy),
         fit_case("preempt", "cpu-tiny", "cpu", 60, *tiny, kind="preempt", **toy),
-        Case(
-            "analyze", "analyze", ("-n", "8", "-T", "12", "--no-plots", "--device", "cpu"), data="cpu", reads="softmax"
-        ),
-        Case(
-            "stream-ppl",
-            "stream-ppl",
-            ("--max-tokens", "256", "--cache", "2+30", "--device", "cpu"),
-            data="cpu",
-            reads="softmax",
-        ),
+        reader("analyze", "softmax", "cpu", "-n", "8", "-T", "12", "--no-plots", data="cpu"),
+        reader("stream-ppl", "softmax", "cpu", "--max-tokens", "256", "--cache", "2+30", data="cpu"),
     ]

@@ -121,37 +121,31 @@ PREPARATION_SECONDS = 6  # both datasets on the H200
 def plan_cases(name: str) -> tuple[list[Case], list[Case], list[Case], Plan]:
     """(required cases before the grid, the grid's cells, those after it), the profiled ones' minimums raised."""
     plan, every = PLANS[name](), {c.name: c for c in gpu_cases()}
-    raised = {
-        n: replace(every[n], minimum=every[n].minimum + PROFILE_SECONDS) for n in plan.required if n in plan.profile
-    }
+    raised = {n: replace(every[n], minimum=every[n].minimum + PROFILE_SECONDS) for n in plan.profile}
     pick = [raised.get(n, every[n]) for n in plan.required if n != "1b-grid"]
-    split = plan.required.index("1b-grid") if "1b-grid" in plan.required else len(plan.required)
-    before = pick[:split]
-    after = pick[split:] + [every[n] for n in plan.extra]
-    return before, grid_cases() if "1b-grid" in plan.required else [], after, plan
+    split = plan.required.index("1b-grid")
+    return pick[:split], grid_cases(), pick[split:] + [every[n] for n in plan.extra], plan
 
 
 def dry_run(name: str, budget: float) -> str:
     """The plan's cases, their minimums and the total against ``budget``."""
-    before, cells, after, plan = plan_cases(name)
+    before, _, after, plan = plan_cases(name)
     required = [c for c in after if c.name in plan.required]
     lines = [f"plan {name}: budget {budget:.0f} s", f"  {'data preparation':<24} {PREPARATION_SECONDS:>4} s"]
     for c in before + required:
         lines.append(f"  {c.name:<24} {c.minimum:>4.0f} s{'  (profiled)' if c.name in plan.profile else ''}")
-    if cells:
-        lines.append(
-            f"  {'1b-grid':<24} {GRID_SECONDS:>4} s  (cells in this order while its time lasts, about the first "
-            f"{cells_within()} at their minimums of {FIRST_CELL} s, then {NEXT_CELL} s:)"
-        )
-        for cell, peak in grid()[0]:
-            lines.append(f"    {cell.name:<22} predicted peak {peak:5.1f} GiB")
-        for cell, peak in grid()[1]:
-            lines.append(f"    {cell.name:<22} predicted peak {peak:5.1f} GiB: pruned (> {HEADROOM * DEVICE_GIB:.0f})")
-    total = PREPARATION_SECONDS + sum(c.minimum for c in before + required) + (GRID_SECONDS if cells else 0)
+    lines.append(
+        f"  {'1b-grid':<24} {GRID_SECONDS:>4} s  (cells in this order while its time lasts, about the first "
+        f"{cells_within()} at their minimums of {FIRST_CELL} s, then {NEXT_CELL} s:)"
+    )
+    kept, pruned = grid()
+    lines += [f"    {cell.name:<22} predicted peak {peak:5.1f} GiB" for cell, peak in kept]
+    lines += [
+        f"    {c.name:<22} predicted peak {peak:5.1f} GiB: pruned (> {HEADROOM * DEVICE_GIB:.0f})" for c, peak in pruned
+    ]
+    total = PREPARATION_SECONDS + sum(c.minimum for c in before + required) + GRID_SECONDS
     lines.append(f"  total {total:.0f} s of {budget:.0f} s{'' if total <= budget else ': OVER the budget'}")
-    for c in after:
-        if c.name not in plan.required:
-            lines.append(f"  then, if time is left: {c.name} ({c.minimum:.0f} s)")
+    lines += [f"  then, if time is left: {c.name} ({c.minimum:.0f} s)" for c in after if c.name not in plan.required]
     return "\n".join(lines)
 
 

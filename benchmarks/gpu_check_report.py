@@ -30,11 +30,11 @@ def goal_lines(results: list[Result]) -> list[str]:
     ones = [r for r in results if r.case.startswith("1b-") and r.mfu is not None and not r.problem]
     if ones:
         by_name["1b-"] = max(ones, key=lambda r: r.mfu)
+    asked = set(by_name) | {"1b-" for r in results if r.case.startswith("1b-")}
     for what, case, base, goal in GOALS:
-        if case not in by_name and base not in by_name:
-            if case != "1b-" or not any(r.case.startswith("1b-") for r in results):
-                continue
-        top, bottom = by_name.get(case), by_name.get(base) if base else None
+        if not {case, base} & asked:
+            continue
+        top, bottom = by_name.get(case), by_name.get(base)
         if base is None:
             value = top.mfu if top else None
             what += f" ({top.case})" if top else ""

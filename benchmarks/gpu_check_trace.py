@@ -29,12 +29,10 @@ def write_trace(trace: dict, path: Path, limit: int = TRACE_LIMIT) -> str | None
     if len(data) > limit:
         kept = [e for e in trace.get("traceEvents", []) if e.get("cat") in (*DEVICE_CATS, "user_annotation")]
         data = gzip.compress(json.dumps({**trace, "traceEvents": kept}).encode(), compresslevel=9)
-        note = f"trace: over {limit / 2**20:.0f} MiB compressed; kept its device events and phase marks only"
         if len(data) > limit:
-            data = data[:0]
-            note = f"trace: not written, over {limit / 2**20:.0f} MiB compressed even without its CPU ops"
-    if data:
-        path.write_bytes(data)
+            return f"trace: not written, over {limit / 2**20:.0f} MiB compressed even without its CPU ops"
+        note = f"trace: over {limit / 2**20:.0f} MiB compressed; kept its device events and phase marks only"
+    path.write_bytes(data)
     return note
 
 
