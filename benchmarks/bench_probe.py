@@ -26,13 +26,13 @@ from pipeline.train.callbacks import probe_figures
 # parts of one probe, by the (file, function) whose cumulative time is theirs
 PARTS = {
     "perturbed forward and flow entropies (flow.add_pass)": ("flow.py", "add_pass"),
-    "  flow entropies (flow.add)": ("flow.py", "add"),
+    "  flow entropies (flow.matrix_entropy)": ("flow.py", "matrix_entropy"),
     "metrics of the forward's tensors (SinkAccumulator.add)": ("probe.py", "add"),
     "  registered metrics (probe_metrics.measure)": ("probe_metrics.py", "measure"),
     "    of which the largest logit": ("probe_metrics.py", "max_logit"),
     "    of which the attention entropy": ("probe_metrics.py", "entropy"),
     "  outlier statistics of the states (add_hidden)": ("outliers.py", "add_hidden"),
-    "outlier hooks on the linear inputs (_capture_input)": ("outliers.py", "_capture_input"),
+    "outlier hooks on the linear inputs (add_linear)": ("outliers.py", "add_linear"),
     "reductions over sequences (SinkAccumulator.measures)": ("probe.py", "measures"),
     "MLflow names (to_metrics, head_metrics)": ("sink_measures.py", "to_metrics"),
 }
