@@ -28,9 +28,9 @@ class DatasetError(ValueError):
     """A dataset directory that cannot be read as a SinkLab packed dataset."""
 
 
-def content_hash(manifest: dict[str, Any]) -> str:
-    """sha256 of the manifest's canonical JSON, leaving out `UNHASHED_KEYS`."""
-    content = {k: v for k, v in manifest.items() if k not in UNHASHED_KEYS}
+def content_hash(manifest: dict[str, Any], unhashed: tuple[str, ...] = UNHASHED_KEYS) -> str:
+    """sha256 of the manifest's canonical JSON, leaving out ``unhashed``."""
+    content = {k: v for k, v in manifest.items() if k not in unhashed}
     canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 

@@ -26,10 +26,6 @@ if TYPE_CHECKING:
     from data_prep.tokenizer import LoadedTokenizer
 
 
-def spec_hash(spec: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def spec_differences(old: dict[str, Any], new: dict[str, Any]) -> str:
     """'context_length: 256 there, 128 here; inputs differ' for an error message."""
     parts = []
@@ -62,6 +58,22 @@ class ProbeReservoir:
 
     def array(self, dtype: str) -> np.ndarray:
         return np.array([w for _, w in sorted(self.items, key=lambda item: item[0])], dtype=dtype)
+
+
+def probe_entry(probe: np.ndarray, bos: bool, source: str) -> dict[str, Any]:
+    """The manifest's entry of the probe set ``probe`` (N, T), written as probe.bin."""
+    n, length = probe.shape
+    digest = hashlib.sha256(probe.tobytes()).hexdigest()
+    return {"path": "probe.bin", "sequences": n, "length": length, "bos": bos, "source": source, "sha256": digest}
+
+
+def write_manifest(out: Path, content: dict[str, Any], command: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Write ``out/manifest.json``: ``content``, how it was made and the content hash."""
+    manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **content}
+    manifest |= {"command": command or " ".join(sys.argv), "spec": spec, "spec_hash": content_hash(spec, ())}
+    manifest["hash"] = content_hash(manifest)
+    atomic_write(out / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
+    return manifest
 
 
 def finalize(
@@ -110,9 +122,7 @@ def finalize(
     for chunk, result in used:
         counts.update(chunk.counts)
         counts["invalid_utf8_documents"] += result["invalid_utf8"]
-    manifest: dict[str, Any] = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+    content = {
         "tokenizer": {"source": tok.source, "sha256": tok.sha256, "file": "tokenizer.json"},
         "vocab_size": tok.vocab_size,
         "special_ids": dict(sorted(tok.special_ids.items())),
@@ -121,14 +131,7 @@ def finalize(
         "dtype": dtype,
         "packing": "[BOS] tokens EOS per document, concatenated, cut into sequences of context_length; tail dropped",
         "splits": splits,
-        "probe": {
-            "path": "probe.bin",
-            "sequences": int(probe.shape[0]),
-            "length": int(probe.shape[1]),
-            "bos": False,
-            "source": "held-out validation documents, windows inside one document",
-            "sha256": hashlib.sha256(probe.tobytes()).hexdigest(),
-        },
+        "probe": probe_entry(probe, False, "held-out validation documents, windows inside one document"),
         "documents": {
             key: counts[key]
             for key in ("documents_read", "empty_documents", "invalid_utf8_documents", "filtered_documents")
@@ -136,12 +139,8 @@ def finalize(
         "invalid_utf8": "undecodable bytes replaced by U+FFFD and counted",
         "max_tokens": cfg.max_tokens,
         "seed": cfg.seed,
-        "command": cfg.command or " ".join(sys.argv),
-        "spec": prep.spec,
-        "spec_hash": prep.spec_hash,
     }
-    manifest["hash"] = content_hash(manifest)
-    atomic_write(out / MANIFEST_NAME, (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
+    manifest = write_manifest(out, content, cfg.command, prep.spec)
     shutil.rmtree(staging, ignore_errors=True)
     return manifest
 
@@ -154,7 +153,7 @@ def existing_dataset(out: Path, spec: dict[str, Any], staged: bool = False) -> d
             existing = json.loads(manifest_file.read_text(encoding="utf-8"))
         except json.JSONDecodeError:
             raise DataPrepError(f"{manifest_file}: not valid JSON; delete {out} or choose another --out") from None
-        if existing.get("spec_hash") == spec_hash(spec):
+        if existing.get("spec_hash") == content_hash(spec, ()):
             return existing
         diff = spec_differences(existing.get("spec", {}), spec)
         raise DataPrepError(f"{out}: already holds a different dataset ({diff}); choose another --out or delete it")

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from data_prep.dataset import MANIFEST_NAME
 from data_prep.errors import DataPrepError
-from data_prep.manifest import ProbeReservoir, existing_dataset, finalize, spec_differences, spec_hash
+from data_prep.manifest import ProbeReservoir, existing_dataset, finalize, spec_differences
 from data_prep.pack import PackConfig, val_mask
 from data_prep.readers import ByteCounter, ReaderOptions, expand_inputs
 from data_prep.runner import Chunk, ChunkRunner, iter_chunks
@@ -170,7 +170,6 @@ class Preparation:
         self.inputs = expand_inputs(cfg.inputs, cfg.fmt)
         self.val_inputs = expand_inputs(cfg.val_inputs, cfg.fmt) if cfg.val_inputs else []
         self.spec = build_spec(cfg, self.inputs, self.val_inputs)
-        self.spec_hash = spec_hash(self.spec)
         self.counter = ByteCounter()
         self.seen_domains: set[str] = set()
         self.warnings: list[str] = []
