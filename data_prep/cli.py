@@ -200,7 +200,6 @@ def config_from_args(args: argparse.Namespace, argv: list[str]) -> PrepConfig:
         PrepConfig,
         args,
         inputs=args.input,
-        fmt=args.format,
         val_inputs=args.val_input,
         val_fraction=val_fraction,
         domains=[d.strip() for d in args.domains.split(",") if d.strip()] if args.domains else None,

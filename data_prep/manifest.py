@@ -101,7 +101,6 @@ def finalize(
             if info["sequences"]:
                 rel = f"{split}/{len(shards):05d}.bin"
                 target = out / rel
-                target.unlink(missing_ok=True)
                 source = shard_file(staging, chunk.task.name, split)
                 try:
                     os.link(source, target)  # same file system: free

@@ -25,8 +25,7 @@ SPLITS = ("train", "val")
 
 @dataclass(frozen=True)
 class PackConfig:
-    staging: str  # directory holding shards/ and done/
-    tokenizer_file: str
+    staging: str  # directory holding tokenizer.json, shards/ and done/
     context_length: int
     bos_id: int | None  # None: documents get no BOS
     eos_id: int
@@ -121,7 +120,7 @@ def init_worker(config: PackConfig) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer
 
-    _tokenizer = Tokenizer.from_file(config.tokenizer_file)
+    _tokenizer = Tokenizer.from_file(str(Path(config.staging) / "tokenizer.json"))
     _config = config
 
 

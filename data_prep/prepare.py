@@ -42,7 +42,6 @@ class PrepConfig:
 
     inputs: list[str]
     out: str
-    fmt: str = "pile"
     val_inputs: list[str] = field(default_factory=list)
     val_fraction: float = 0.01
     tokenizer: str | None = None  # tokenizer.json or HF dir; None: train one
@@ -119,7 +118,7 @@ def build_spec(cfg: PrepConfig, inputs: list[str], val_inputs: list[str]) -> dic
         digest = hashlib.sha256(tok.read_bytes()).hexdigest() if tok.is_file() else None
         tokenizer = {"file_sha256": digest, "roles": [cfg.bos_token, cfg.eos_token, cfg.pad_token]}
     return {
-        "format": cfg.fmt,
+        "format": cfg.reader.fmt,
         "inputs": _input_entries(inputs, out),
         "val_inputs": _input_entries(val_inputs, out),
         "reader": asdict(cfg.reader) | {"hf_val_split": cfg.hf_val_split},
@@ -164,11 +163,11 @@ def claim_output_dir(out: str | Path) -> None:
 class Preparation:
     def __init__(self, cfg: PrepConfig):
         _validate(cfg)
-        self.cfg = cfg = replace(cfg, reader=replace(cfg.reader, fmt=cfg.fmt))
+        self.cfg = cfg
         self.out = Path(cfg.out)
         self.staging = self.out / STAGING
-        self.inputs = expand_inputs(cfg.inputs, cfg.fmt)
-        self.val_inputs = expand_inputs(cfg.val_inputs, cfg.fmt) if cfg.val_inputs else []
+        self.inputs = expand_inputs(cfg.inputs, cfg.reader.fmt)
+        self.val_inputs = expand_inputs(cfg.val_inputs, cfg.reader.fmt) if cfg.val_inputs else []
         self.spec = build_spec(cfg, self.inputs, self.val_inputs)
         self.counter = ByteCounter()
         self.seen_domains: set[str] = set()
@@ -179,7 +178,7 @@ class Preparation:
         streams = [("main", self.inputs, self.cfg.reader)]
         if self.val_inputs:
             streams.append(("val", self.val_inputs, self.cfg.reader))
-        elif self.cfg.fmt == "hf" and self.cfg.hf_val_split:
+        elif self.cfg.reader.fmt == "hf" and self.cfg.hf_val_split:
             streams.append(("val", self.inputs, replace(self.cfg.reader, hf_split=self.cfg.hf_val_split)))
         return streams
 
@@ -282,7 +281,6 @@ class Preparation:
         cfg = self.cfg
         pack_config = PackConfig(
             staging=str(self.staging),
-            tokenizer_file=str(self.staging / "tokenizer.json"),
             context_length=cfg.context_length,
             bos_id=tok.special_ids["bos"] if cfg.bos else None,
             eos_id=tok.special_ids["eos"],

@@ -37,16 +37,15 @@ def iter_chunks(
     inputs: list[str],
     options: ReaderOptions,
     chunk_chars: int,
-    domains: frozenset[str] | None = None,
-    counter: ByteCounter | None = None,
-    seen_domains: set[str] | None = None,
+    domains: frozenset[str] | None,
+    counter: ByteCounter,
+    seen_domains: set[str],
 ) -> Iterator[Chunk]:
     """Chunks of at least `chunk_chars` characters of kept documents (the last may be smaller)."""
     chunk = Chunk(ChunkTask(stream, 0, [], []))
     for doc in read_documents(inputs, options, counter):
         chunk.counts["documents_read"] += 1
-        if seen_domains is not None:
-            seen_domains.add(doc.domain)
+        seen_domains.add(doc.domain)
         if domains is not None and doc.domain not in domains:
             chunk.counts["filtered_documents"] += 1
             continue
@@ -99,8 +98,6 @@ class ChunkRunner:
         self.look_ahead = 2 * cfg.workers  # chunks read ahead of the oldest unfinished one
         self.used: list[tuple[Chunk, dict[str, Any]]] = []
         self.train_sequences = self.tokenized = self.resumed = 0
-        self.executor: ProcessPoolExecutor | None = None
-        self.progress: PrepProgress | None = None
 
     def run(self) -> None:
         cfg = self.prep.cfg
