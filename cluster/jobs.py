@@ -48,14 +48,10 @@ def time_limit_seconds(text: str) -> int:
     match = _TIME.match(text.strip())
     if not match:
         raise JobError(f"--time {text!r}: expected minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]")
-    days, a, b, c = (int(g) if g is not None else None for g in match.groups())
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        return days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
-    if c is not None:
-        return a * 3600 + b * 60 + c
-    if b is not None:
-        return a * 60 + b
-    return a * 60
+    days, *parts = match.groups()
+    numbers = [int(p) for p in parts if p is not None]
+    units = (3600, 60, 1) if days is not None or len(numbers) == 3 else (60, 1)  # hours lead after a day
+    return int(days or 0) * 86400 + sum(n * u for n, u in zip(numbers, units))
 
 
 @dataclass

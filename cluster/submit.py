@@ -24,8 +24,6 @@ from cluster.jobs import (
 from sinklab_io.atomic import atomic_write
 from sinklab_io.mappings import settings_of
 
-__all__ = ["JobError", "JobSpec", "render_job", "render_array", "submit_job", "submit_array", "write_run_list", "main"]
-
 _LIGHTNING_CKPT_SCAN = re.compile(r"^hpc_ckpt_\d+\.ckpt$")
 
 

@@ -197,13 +197,6 @@ def atomic_directory(out_dir: str | os.PathLike, kind: str) -> Iterator[Path]:
         raise
 
 
-def _entries(directory: Path) -> set[Path]:
-    found = set()
-    for root, dirs, files in os.walk(directory):
-        found.update(Path(root, name).relative_to(directory) for name in dirs + files)
-    return found
-
-
 class Additions:
     """What one command adds under ``out`` from now on, to remove when it fails: the highest folder it creates as a
     whole, else each new entry in ``out``; what stood there before is never touched."""
@@ -214,7 +207,9 @@ class Additions:
         while not top.parent.exists() and top.parent != top:
             top = top.parent
         self.created = None if os.path.lexists(self.out) else top
-        self.before = _entries(self.out) if self.created is None and self.out.is_dir() else set()
+        self.before = {
+            Path(root, n).relative_to(self.out) for root, dirs, files in os.walk(self.out) for n in dirs + files
+        }
 
     def new(self) -> list[Path]:
         """The added entries, outermost only (a new folder stands for what it holds)."""
