@@ -82,12 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="pile",
         help="pile: JSON lines (.jsonl, .jsonl.zst); text; hf: Hugging Face dataset",
     )
-    tok = parser.add_mutually_exclusive_group()
-    tok.add_argument("--tokenizer", help="tokenizer.json or a local HF tokenizer directory")
-    tok.add_argument(
-        "--train-tokenizer",
-        action="store_true",
-        help="train a byte-level BPE of --vocab-size on the corpus (the default)",
+    parser.add_argument(
+        "--tokenizer", help="tokenizer.json or a local HF tokenizer directory (default: train a BPE of --vocab-size)"
     )
     parser.add_argument(
         "--tokenizer-train-chars",
