@@ -72,7 +72,7 @@ class JobSpec:
     job_name: str = "sinklab"
     sbatch_options: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
-    sinklab: str = field(default_factory=sinklab_command)
+    sinklab: str | None = None  # None: `sinklab_command()` when rendered
     fit_args: list[str] = field(default_factory=list)
 
     @property
@@ -137,7 +137,7 @@ def _render(spec: JobSpec, *, log_file: str, select_run: list[str], array_line: 
         "setup": spec.setup.strip(),
         "select_run": "\n".join(select_run),
         "environment": "\n".join(environment),
-        "sinklab": spec.sinklab,
+        "sinklab": spec.sinklab or sinklab_command(),
         "fit_overrides": shlex.join(spec.fit_overrides()),
     }
     lines = []

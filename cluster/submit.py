@@ -11,16 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from cluster.jobs import (
-    JobError,
-    JobSpec,
-    check_path,
-    render_array,
-    render_job,
-    sinklab_argv,
-    sinklab_command,
-    write_run_list,
-)
+from cluster.jobs import JobError, JobSpec, check_path, render_array, render_job, sinklab_argv, write_run_list
 from sinklab_io.atomic import atomic_write
 from sinklab_io.mappings import settings_of
 
@@ -183,7 +174,6 @@ def main(argv: list[str] | None = None) -> int:
             sbatch_options=args.sbatch_option,
             fit_args=fit_args,
             environment={"MLFLOW_TRACKING_URI": uri} if uri else {},
-            sinklab=args.sinklab or sinklab_command(),
         )
         spec.validate()
         check_with_fit(config, spec.fit_overrides())  # the exact arguments the job passes to fit
