@@ -187,10 +187,6 @@ class Preparation:
         """Fraction of main-stream documents held out: none when validation has its own stream."""
         return 0.0 if len(self.streams()) > 1 else self.cfg.val_fraction
 
-    def chunks(self, stream: str, inputs: list[str], options: ReaderOptions) -> Iterator[Chunk]:
-        domains = frozenset(self.cfg.domains) if self.cfg.domains else None
-        return iter_chunks(stream, inputs, options, self.cfg.chunk_chars, domains, self.counter, self.seen_domains)
-
     def tokenizer(self) -> LoadedTokenizer:
         file = self.staging / "tokenizer.json"
         cfg = self.cfg
@@ -216,7 +212,7 @@ class Preparation:
         """Train-split documents of the main stream, up to `tokenizer_train_chars`."""
         budget = self.cfg.tokenizer_train_chars
         name, inputs, options = self.streams()[0]
-        for chunk in self.chunks(name, inputs, options):
+        for chunk in iter_chunks(self, name, inputs, options):
             is_val = val_mask(self.cfg.seed, name, chunk.task.index, len(chunk.task.texts), self.carve_fraction)
             for text, held_out in zip(chunk.task.texts, is_val):
                 if held_out:

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from data_prep.pack import ChunkTask, PackConfig, init_worker, marker_file, process_chunk
-from data_prep.readers import ByteCounter, ReaderOptions, read_documents
+from data_prep.readers import ReaderOptions, read_documents
 
 if TYPE_CHECKING:
     from data_prep.prepare import Preparation
@@ -32,21 +32,13 @@ class Chunk:
     text_chars: int = 0
 
 
-def iter_chunks(
-    stream: str,
-    inputs: list[str],
-    options: ReaderOptions,
-    chunk_chars: int,
-    domains: frozenset[str] | None,
-    counter: ByteCounter,
-    seen_domains: set[str],
-) -> Iterator[Chunk]:
+def iter_chunks(prep: Preparation, stream: str, inputs: list[str], options: ReaderOptions) -> Iterator[Chunk]:
     """Chunks of at least `chunk_chars` characters of kept documents (the last may be smaller)."""
     chunk = Chunk(ChunkTask(stream, 0, [], []))
-    for doc in read_documents(inputs, options, counter):
+    for doc in read_documents(inputs, options, prep.counter):
         chunk.counts["documents_read"] += 1
-        seen_domains.add(doc.domain)
-        if domains is not None and doc.domain not in domains:
+        prep.seen_domains.add(doc.domain)
+        if prep.cfg.domains and doc.domain not in prep.cfg.domains:
             chunk.counts["filtered_documents"] += 1
             continue
         if not doc.text.strip():
@@ -57,7 +49,7 @@ def iter_chunks(
         chunk.task.texts.append(doc.text)
         chunk.task.domains.append(doc.domain)
         chunk.text_chars += len(doc.text)
-        if chunk.text_chars >= chunk_chars:
+        if chunk.text_chars >= prep.cfg.chunk_chars:
             yield chunk
             chunk = Chunk(ChunkTask(stream, chunk.task.index + 1, [], []))
     if chunk.task.texts or chunk.counts:
@@ -109,7 +101,7 @@ class ChunkRunner:
         try:
             with PrepProgress(total_bytes, enabled=cfg.progress) as self.progress:
                 for stream, inputs, options in self.prep.streams():
-                    self._run_stream(self.prep.chunks(stream, inputs, options))
+                    self._run_stream(iter_chunks(self.prep, stream, inputs, options))
         except BaseException:
             self.executor.shutdown(wait=True, cancel_futures=True)
             raise
