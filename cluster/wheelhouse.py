@@ -262,8 +262,7 @@ def name(requirement: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = wheel_args.parser(__doc__.split("\n\n")[0])
-    args = parser.parse_args(argv)
+    args = wheel_args.parser(__doc__.split("\n\n")[0]).parse_args(argv)
     try:
         wheels = build(**vars(args), trusted=(trusted := {}))
     except (WheelhouseError, KeyError) as err:

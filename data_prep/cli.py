@@ -176,7 +176,7 @@ def bb_main(argv: list[str]) -> int:
     )
     print(
         f"task       Bigram-Backcopy  vocab {manifest['vocab_size']} ({len(bb['chars'])} characters + BOS + EOS)  "
-        f"triggers {bb['trigger_ids']} = {[c for c in bb['trigger_chars']]}"
+        f"triggers {bb['trigger_ids']} = {bb['trigger_chars']}"
     )
     for name, split in manifest["splits"].items():
         print(
@@ -219,12 +219,11 @@ def embedded_config(args: argparse.Namespace, argv: list[str]) -> PrepConfig:
 
 def summary(result: PrepResult) -> str:
     m = result.manifest
-    special = m["special_ids"]
     lines = [
         f"dataset    {result.out}  hash {m['hash'][:16]}"
         + ("  (already prepared; nothing to do)" if result.reused else ""),
         f"tokenizer  {m['tokenizer']['source']}  sha256 {m['tokenizer']['sha256'][:16]}  vocab {m['vocab_size']}",
-        f"packing    C={m['context_length']}  {m['dtype']}  BOS {'on' if m['bos'] else 'off'} (id {special['bos']})  EOS id {special['eos']}",
+        f"packing    C={m['context_length']}  {m['dtype']}  BOS {'on' if m['bos'] else 'off'} (id {m['special_ids']['bos']})  EOS id {m['special_ids']['eos']}",
     ]
     for name, split in m["splits"].items():
         lines.append(
