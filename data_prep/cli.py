@@ -62,19 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sinklab prep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    paths = {"action": "append", "metavar": "PATH_OR_GLOB"}
+    parser.add_argument("--input", required=True, help="input files, directories or globs (repeatable)", **paths)
     parser.add_argument(
-        "--input",
-        action="append",
-        required=True,
-        metavar="PATH_OR_GLOB",
-        help="input files, directories or globs (repeatable)",
-    )
-    parser.add_argument(
-        "--val-input",
-        action="append",
-        default=[],
-        metavar="PATH_OR_GLOB",
-        help="validation inputs (default: --val-fraction of --input)",
+        "--val-input", default=[], help="validation inputs (default: --val-fraction of --input)", **paths
     )
     parser.add_argument(
         "--format",
