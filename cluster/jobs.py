@@ -171,11 +171,6 @@ def render_array(
 
 
 def write_run_list(runs: list[tuple[str | Path, str | Path]], list_file: str | Path) -> Path:
-    """Write `CONFIG<TAB>RUN_DIR` lines (absolute paths) for `render_array`, atomically."""
-    lines = []
-    for config, run_dir in runs:
-        config = check_path(config, "config")
-        if not config.is_file():
-            raise JobError(f"config {config} does not exist")
-        lines.append(f"{config}\t{check_path(run_dir, 'run directory')}")
+    """Write `CONFIG<TAB>RUN_DIR` lines (absolute paths) for `render_array`; the caller checks the configs."""
+    lines = [f"{check_path(config, 'config')}\t{check_path(run_dir, 'run directory')}" for config, run_dir in runs]
     return atomic_write(list_file, "\n".join(lines) + "\n")
