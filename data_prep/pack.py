@@ -61,8 +61,6 @@ def val_mask(seed: int, stream: str, index: int, n_docs: int, fraction: float) -
     """Which documents of a chunk are validation: all of a "val" stream, else a seeded draw."""
     if stream == "val":
         return np.ones(n_docs, dtype=bool)
-    if fraction <= 0:
-        return np.zeros(n_docs, dtype=bool)
     return np.random.default_rng([seed, index, 17]).random(n_docs) < fraction
 
 

@@ -125,9 +125,7 @@ def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> 
             )
     if "eos" not in ids:
         raise DataPrepError(f"{file}: no EOS token found (tried {', '.join(KNOWN_NAMES['eos'])}); pass --eos-token")
-    ids.setdefault("bos", ids["eos"])
-    ids.setdefault("pad", ids["eos"])
-    return LoadedTokenizer(tokenizer, json_text, str(file), ids)
+    return LoadedTokenizer(tokenizer, json_text, str(file), {"bos": ids["eos"], "pad": ids["eos"]} | ids)
 
 
 def token_dtype(vocab_size: int, forced: str | None = None) -> str:
