@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import sys
-import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -70,13 +69,12 @@ class PrepProgress(Progress):
             transient=False,
         )
         self.tokens = 0
-        self.began = time.perf_counter()
         self.task = self.add_task("prep", total=total_bytes, tokens=0, rate="-")
 
     def record(self, bytes_read: int, result: dict[str, Any]) -> None:
         """One packed chunk's tokens, and the input read so far."""
         self.tokens += sum(info["document_tokens"] for info in result["splits"].values())
-        elapsed = max(time.perf_counter() - self.began, 1e-9)
+        elapsed = max(self.tasks[0].elapsed or 0, 1e-9)
         rate = f"{self.tokens / elapsed / 1e3:,.0f}k tok/s"
         self.update(self.task, completed=bytes_read, tokens=self.tokens, rate=rate)
 
@@ -102,10 +100,8 @@ class ChunkRunner:
             with PrepProgress(total_bytes, enabled=cfg.progress) as self.progress:
                 for stream, inputs, options in self.prep.streams():
                     self._run_stream(iter_chunks(self.prep, stream, inputs, options))
-        except BaseException:
+        finally:  # chunks read ahead of a reached budget are not packed
             self.executor.shutdown(wait=True, cancel_futures=True)
-            raise
-        self.executor.shutdown(wait=True)
 
     def _run_stream(self, chunks) -> None:
         pending: deque[tuple[Chunk, Future]] = deque()  # a resumed chunk's result is a finished Future
