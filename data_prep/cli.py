@@ -275,13 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "bb":
         return bb_main(argv)
     embedded = bool(argv) and argv[0] == "embedded"
-    parser = build_embedded_parser() if embedded else build_parser()
-    args = parser.parse_args(argv[1:] if embedded else argv)
-
-    def work() -> PrepResult:
-        return prepare(embedded_config(args, argv) if embedded else config_from_args(args, argv), undo=False)
-
-    status, result = run_into(args.out, work, resumable=True)
+    args = (build_embedded_parser() if embedded else build_parser()).parse_args(argv[1:] if embedded else argv)
+    make_config = embedded_config if embedded else config_from_args
+    status, result = run_into(args.out, lambda: prepare(make_config(args, argv), undo=False), resumable=True)
     if result is None:
         return status
     for warning in result.warnings:

@@ -136,13 +136,12 @@ def _record(directory: Path, entries: dict[str, str], keep: list[str] | None = N
 
 
 @contextmanager
-def output_path(path: str | os.PathLike, by: str, keep: list[str] | None = None) -> Iterator[Path]:
-    """A temporary sibling of ``path`` to write, renamed into place and recorded as ``by``'s (with ``keep``: told by
-    what lies outside that region); refused (:class:`NotOurs`) where ``path`` is not ``by``'s."""
+def output_path(path: str | os.PathLike, by: str) -> Iterator[Path]:
+    """A temporary sibling of ``path`` to write, renamed into place as ``by``'s (:func:`claim_file`'s rule)."""
     path = claim_file(path, by, by)
     with atomic_path(path) as tmp:
         yield tmp
-    _record(path.parent, {path.name: by}, keep)
+    _record(path.parent, {path.name: by})
 
 
 def write_output(
@@ -218,10 +217,9 @@ class Additions:
         added = []
         for root, dirs, files in os.walk(self.out):
             here = Path(root).relative_to(self.out)
-            added += [Path(root, name) for name in files if here / name not in self.before]
-            for name in [name for name in dirs if here / name not in self.before]:
-                added.append(Path(root, name))
-                dirs.remove(name)
+            fresh = [name for name in dirs + files if here / name not in self.before]
+            added += [Path(root, name) for name in fresh]
+            dirs[:] = [name for name in dirs if name not in fresh]  # a new folder stands for what it holds
         return added
 
     def remove(self) -> str:
