@@ -63,7 +63,6 @@ def check_run_dir(run_dir: Path) -> None:
 
 
 def sbatch(script: Path) -> str:
-    """Submit a batch script; return the job id."""
     try:
         done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
     except FileNotFoundError:

@@ -19,6 +19,7 @@ from data_prep.pack import SPLITS, shard_file
 from sinklab_io.atomic import atomic_write
 
 COUNTS = ("sequences", "documents", "document_tokens", "dropped_tail_tokens")  # a split's, summed over its chunks
+DOCUMENT_COUNTS = ("documents_read", "empty_documents", "invalid_utf8_documents", "filtered_documents")
 
 if TYPE_CHECKING:
     from data_prep.prepare import Preparation
@@ -131,13 +132,9 @@ def finalize(
         "packing": "[BOS] tokens EOS per document, concatenated, cut into sequences of context_length; tail dropped",
         "splits": splits,
         "probe": probe_entry(probe, False, "held-out validation documents, windows inside one document"),
-        "documents": {
-            key: counts[key]
-            for key in ("documents_read", "empty_documents", "invalid_utf8_documents", "filtered_documents")
-        },
+        "documents": {key: counts[key] for key in DOCUMENT_COUNTS},
         "invalid_utf8": "undecodable bytes replaced by U+FFFD and counted",
-        "max_tokens": cfg.max_tokens,
-        "seed": cfg.seed,
+        **{key: getattr(cfg, key) for key in ("max_tokens", "seed")},
     }
     manifest = write_manifest(out, content, cfg.command, prep.spec)
     shutil.rmtree(staging, ignore_errors=True)

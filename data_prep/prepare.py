@@ -124,14 +124,9 @@ def build_spec(cfg: PrepConfig, inputs: list[str], val_inputs: list[str]) -> dic
         "reader": asdict(cfg.reader) | {"hf_val_split": cfg.hf_val_split},
         "domains": sorted(cfg.domains) if cfg.domains else None,
         "tokenizer": tokenizer,
-        "context_length": cfg.context_length,
-        "bos": cfg.bos,
-        "dtype": cfg.dtype,
-        "max_tokens": cfg.max_tokens,
-        "val_fraction": cfg.val_fraction,
+        **{key: getattr(cfg, key) for key in ("context_length", "bos", "dtype", "max_tokens", "val_fraction")},
         "probe": [cfg.probe_sequences, cfg.probe_length],
-        "seed": cfg.seed,
-        "chunk_chars": cfg.chunk_chars,
+        **{key: getattr(cfg, key) for key in ("seed", "chunk_chars")},
     }
 
 

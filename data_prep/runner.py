@@ -26,8 +26,7 @@ if TYPE_CHECKING:
 @dataclass
 class Chunk:
     task: ChunkTask
-    # documents_read, empty_documents, invalid_utf8_documents, filtered_documents
-    counts: Counter = field(default_factory=Counter)
+    counts: Counter = field(default_factory=Counter)  # of manifest.DOCUMENT_COUNTS
     text_chars: int = 0
 
 
