@@ -126,10 +126,8 @@ def _render(spec: JobSpec, *, log_file: str, select_run: list[str], array_line: 
     spec.validate()
     environment = [f"export {key}={shlex.quote(value)}" for key, value in spec.environment.items()]
     values = {
-        "job_name": spec.job_name,
-        "nodes": str(spec.nodes),
-        "tasks_per_node": str(spec.devices),
-        "cpus_per_task": str(spec.cpus_per_task),
+        **{name: getattr(spec, name) for name in ("job_name", "nodes", "cpus_per_task")},
+        "tasks_per_node": spec.devices,
         "resource_lines": "\n".join(spec.resource_lines()),
         "log_file": log_file,
         "signal": f"USR1@{spec.signal_seconds}",

@@ -272,14 +272,11 @@ class Preparation:
         cfg = self.cfg
         pack_config = PackConfig(
             staging=str(self.staging),
-            context_length=cfg.context_length,
             bos_id=tok.special_ids["bos"] if cfg.bos else None,
             eos_id=tok.special_ids["eos"],
             dtype=dtype,
             val_fraction=self.carve_fraction,
-            probe_length=cfg.probe_length,
-            probe_sequences=cfg.probe_sequences,
-            seed=cfg.seed,
+            **{key: getattr(cfg, key) for key in ("context_length", "probe_length", "probe_sequences", "seed")},
         )
         runner = ChunkRunner(self, pack_config)
         runner.run()
