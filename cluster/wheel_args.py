@@ -58,11 +58,7 @@ def check(python_version, platform, torch, only, extras, assets, deepspeed, add,
         except InvalidRequirement:
             return None
 
-    try:
-        release = Version(python_version).release
-    except InvalidVersion:
-        release = ()
-    if len(release) != 2 or release[0] != 3 or not re.fullmatch(r"[\d.]+", python_version):
+    if not re.fullmatch(r"3\.\d+", python_version):
         raise WheelhouseError(f"--python-version {python_version!r}: give the node's Python as 3.MINOR, e.g. 3.12")
     if not LINUX.fullmatch(platform):
         raise WheelhouseError(f"--platform {platform!r}: give the node's Linux wheel tag, e.g. manylinux_2_28_x86_64")
