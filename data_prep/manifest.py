@@ -68,9 +68,12 @@ def probe_entry(probe: np.ndarray, bos: bool, source: str) -> dict[str, Any]:
     return {"path": "probe.bin", "sequences": n, "length": length, "bos": bos, "source": source, "sha256": digest}
 
 
-def write_manifest(out: Path, content: dict[str, Any], command: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """Write ``out/manifest.json``: ``content``, how it was made and the content hash."""
-    manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **content}
+def write_manifest(out: Path, tokenizer: tuple[str, str], content: dict, command: str, spec: dict) -> dict[str, Any]:
+    """Write ``out/tokenizer.json`` (``tokenizer``: source, text), then ``out/manifest.json`` with the content hash."""
+    source, text = tokenizer
+    atomic_write(out / "tokenizer.json", text)
+    entry = {"source": source, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "file": "tokenizer.json"}
+    manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "tokenizer": entry, **content}
     manifest |= {"command": command or " ".join(sys.argv), "spec": spec, "spec_hash": content_hash(spec, ())}
     manifest["hash"] = content_hash(manifest)
     atomic_write(out / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
@@ -117,13 +120,11 @@ def finalize(
         }
     probe = pool.array(dtype)
     atomic_write(out / "probe.bin", memoryview(probe).cast("B"))
-    atomic_write(out / "tokenizer.json", tok.json_text.encode("utf-8"))
     counts: Counter = Counter()
     for chunk, result in used:
         counts.update(chunk.counts)
         counts["invalid_utf8_documents"] += result["invalid_utf8"]
     content = {
-        "tokenizer": {"source": tok.source, "sha256": tok.sha256, "file": "tokenizer.json"},
         "vocab_size": tok.vocab_size,
         "special_ids": dict(sorted(tok.special_ids.items())),
         "bos": cfg.bos,
@@ -136,7 +137,7 @@ def finalize(
         "invalid_utf8": "undecodable bytes replaced by U+FFFD and counted",
         **{key: getattr(cfg, key) for key in ("max_tokens", "seed")},
     }
-    manifest = write_manifest(out, content, cfg.command, prep.spec)
+    manifest = write_manifest(out, (tok.source, tok.json_text), content, cfg.command, prep.spec)
     shutil.rmtree(staging, ignore_errors=True)
     return manifest
 

@@ -202,14 +202,7 @@ def prepare_bb(cfg: BBConfig) -> tuple[dict[str, Any], bool]:
     probe = _split_sequences(source, cfg, bos_id, "probe", cfg.probe_sequences, cfg.probe_length)
     atomic_write(staging / "probe.bin", memoryview(np.ascontiguousarray(probe)).cast("B"))
     probe_source = "Bigram-Backcopy sequences from their own seeded stream, BOS at position 1"
-    tokenizer = char_tokenizer_json(source.chars)
-    atomic_write(staging / "tokenizer.json", tokenizer)
     content = {
-        "tokenizer": {
-            "source": f"characters: the {n} most frequent of the embedded Shakespeare plays",
-            "sha256": hashlib.sha256(tokenizer.encode("utf-8")).hexdigest(),
-            "file": "tokenizer.json",
-        },
         "vocab_size": n + 2,
         "special_ids": {"bos": bos_id, "eos": eos_id, "pad": eos_id},
         "bos": True,
@@ -233,8 +226,12 @@ def prepare_bb(cfg: BBConfig) -> tuple[dict[str, Any], bool]:
         },
         "seed": cfg.seed,
     }
-    for name in ("train", "val", "probe.bin", "tokenizer.json"):
+    for name in ("train", "val", "probe.bin"):
         (staging / name).rename(out / name)
-    manifest = write_manifest(out, content, cfg.command, spec)
+    tokenizer = (
+        f"characters: the {n} most frequent of the embedded Shakespeare plays",
+        char_tokenizer_json(source.chars),
+    )
+    manifest = write_manifest(out, tokenizer, content, cfg.command, spec)
     staging.rmdir()
     return manifest, False
