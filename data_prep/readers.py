@@ -21,6 +21,7 @@ PILE_SUFFIXES = (".jsonl", ".jsonl.zst", ".json", ".json.zst")
 TEXT_UNITS = ("file", "paragraph", "line")
 COMPRESSED_BLOCK = 1 << 18  # bytes of compressed input per decompression step
 MAX_TEXT_FILE_DOCUMENT = 256 << 20
+HF_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}  # by suffix
 PILE_LINE_HINT = 'each line must be one JSON object like {"text": "...", "meta": {"pile_set_name": "..."}}'
 
 
@@ -179,9 +180,7 @@ def _open_hf(ref: str, split: str):
             ds = ds[split]
         return ds
     if path.is_file():
-        builder = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}.get(
-            path.suffix
-        )
+        builder = HF_BUILDERS.get(path.suffix)
         if builder is None:
             raise DataPrepError(
                 f"{ref}: cannot tell the file type; a local file for --format hf ends in .json, .jsonl, .csv, .parquet or .txt"
