@@ -124,7 +124,6 @@ def check_path(path: Path, what: str) -> Path:
 
 def _render(spec: JobSpec, *, log_file: str, select_run: list[str], array_line: str = "") -> str:
     spec.validate()
-    environment = [f"export {key}={shlex.quote(value)}" for key, value in spec.environment.items()]
     values = {
         **{name: getattr(spec, name) for name in ("job_name", "nodes", "cpus_per_task")},
         "tasks_per_node": spec.devices,
@@ -134,16 +133,12 @@ def _render(spec: JobSpec, *, log_file: str, select_run: list[str], array_line: 
         "array_line": array_line,
         "setup": spec.setup.strip(),
         "select_run": "\n".join(select_run),
-        "environment": "\n".join(environment),
+        "environment": "\n".join(f"export {key}={shlex.quote(value)}" for key, value in spec.environment.items()),
         "sinklab": spec.sinklab or sinklab_command(),
         "fit_overrides": shlex.join(spec.fit_overrides()),
     }
-    lines = []
-    for line in TEMPLATE.read_text().splitlines():
-        rendered = _Template(line).substitute(values)
-        if rendered.strip() or not line.strip().startswith("@{"):
-            lines.append(rendered)
-    return "\n".join(lines) + "\n"
+    rendered = [(line, _Template(line).substitute(values)) for line in TEMPLATE.read_text().splitlines()]
+    return "".join(f"{text}\n" for line, text in rendered if text.strip() or not line.strip().startswith("@{"))
 
 
 def render_job(config: str | Path, run_dir: str | Path, spec: JobSpec) -> str:
