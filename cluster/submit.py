@@ -147,7 +147,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument(
         "--sinklab",
-        default=None,
         help="command that runs sinklab inside the job (default: SINKLAB_COMMAND or the sinklab of this Python)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
