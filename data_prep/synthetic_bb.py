@@ -168,8 +168,7 @@ def long_sequences(manifest: dict[str, Any], n: int, length: int) -> np.ndarray 
         return None
     source = BigramSource(bb["chars"], np.asarray(bb["unigram_counts"]), np.asarray(bb["bigram_counts"]), "")
     cfg = BBConfig(out="", triggers=len(bb["trigger_ids"]), seed=manifest["seed"])
-    bos_id = manifest["special_ids"]["bos"]
-    return _split_sequences(source, cfg, bos_id, "length", n, length).astype(np.int64)
+    return _split_sequences(source, cfg, manifest["special_ids"]["bos"], "length", n, length).astype(np.int64)
 
 
 def prepare_bb(cfg: BBConfig) -> tuple[dict[str, Any], bool]:
