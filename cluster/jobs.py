@@ -48,14 +48,10 @@ def time_limit_seconds(text: str) -> int:
     match = _TIME.match(text.strip())
     if not match:
         raise JobError(f"--time {text!r}: expected minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]")
-    days, a, b, c = (int(g) if g is not None else None for g in match.groups())
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        return days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
-    if c is not None:
-        return a * 3600 + b * 60 + c
-    if b is not None:
-        return a * 60 + b
-    return a * 60
+    days, *parts = match.groups()
+    numbers = [int(p) for p in parts if p is not None]
+    units = (3600, 60, 1) if days is not None or len(numbers) == 3 else (60, 1)  # hours lead after a day
+    return int(days or 0) * 86400 + sum(n * u for n, u in zip(numbers, units))
 
 
 @dataclass
@@ -76,7 +72,7 @@ class JobSpec:
     job_name: str = "sinklab"
     sbatch_options: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
-    sinklab: str = field(default_factory=sinklab_command)
+    sinklab: str | None = None  # None: `sinklab_command()` when rendered
     fit_args: list[str] = field(default_factory=list)
 
     @property
@@ -128,28 +124,21 @@ def check_path(path: Path, what: str) -> Path:
 
 def _render(spec: JobSpec, *, log_file: str, select_run: list[str], array_line: str = "") -> str:
     spec.validate()
-    environment = [f"export {key}={shlex.quote(value)}" for key, value in spec.environment.items()]
     values = {
-        "job_name": spec.job_name,
-        "nodes": str(spec.nodes),
-        "tasks_per_node": str(spec.devices),
-        "cpus_per_task": str(spec.cpus_per_task),
+        **{name: getattr(spec, name) for name in ("job_name", "nodes", "cpus_per_task")},
+        "tasks_per_node": spec.devices,
         "resource_lines": "\n".join(spec.resource_lines()),
         "log_file": log_file,
         "signal": f"USR1@{spec.signal_seconds}",
         "array_line": array_line,
         "setup": spec.setup.strip(),
         "select_run": "\n".join(select_run),
-        "environment": "\n".join(environment),
-        "sinklab": spec.sinklab,
+        "environment": "\n".join(f"export {key}={shlex.quote(value)}" for key, value in spec.environment.items()),
+        "sinklab": spec.sinklab or sinklab_command(),
         "fit_overrides": shlex.join(spec.fit_overrides()),
     }
-    lines = []
-    for line in TEMPLATE.read_text().splitlines():
-        rendered = _Template(line).substitute(values)
-        if rendered.strip() or not line.strip().startswith("@{"):
-            lines.append(rendered)
-    return "\n".join(lines) + "\n"
+    rendered = [(line, _Template(line).substitute(values)) for line in TEMPLATE.read_text().splitlines()]
+    return "".join(f"{text}\n" for line, text in rendered if text.strip() or not line.strip().startswith("@{"))
 
 
 def render_job(config: str | Path, run_dir: str | Path, spec: JobSpec) -> str:
@@ -175,11 +164,6 @@ def render_array(
 
 
 def write_run_list(runs: list[tuple[str | Path, str | Path]], list_file: str | Path) -> Path:
-    """Write `CONFIG<TAB>RUN_DIR` lines (absolute paths) for `render_array`, atomically."""
-    lines = []
-    for config, run_dir in runs:
-        config = check_path(config, "config")
-        if not config.is_file():
-            raise JobError(f"config {config} does not exist")
-        lines.append(f"{config}\t{check_path(run_dir, 'run directory')}")
+    """Write `CONFIG<TAB>RUN_DIR` lines (absolute paths) for `render_array`; the caller checks the configs."""
+    lines = [f"{check_path(config, 'config')}\t{check_path(run_dir, 'run directory')}" for config, run_dir in runs]
     return atomic_write(list_file, "\n".join(lines) + "\n")

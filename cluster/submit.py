@@ -11,20 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from cluster.jobs import (
-    JobError,
-    JobSpec,
-    check_path,
-    render_array,
-    render_job,
-    sinklab_argv,
-    sinklab_command,
-    write_run_list,
-)
+from cluster.jobs import JobError, JobSpec, check_path, render_array, render_job, sinklab_argv, write_run_list
 from sinklab_io.atomic import atomic_write
 from sinklab_io.mappings import settings_of
-
-__all__ = ["JobError", "JobSpec", "render_job", "render_array", "submit_job", "submit_array", "write_run_list", "main"]
 
 _LIGHTNING_CKPT_SCAN = re.compile(r"^hpc_ckpt_\d+\.ckpt$")
 
@@ -74,7 +63,6 @@ def check_run_dir(run_dir: Path) -> None:
 
 
 def sbatch(script: Path) -> str:
-    """Submit a batch script; return the job id."""
     try:
         done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
     except FileNotFoundError:
@@ -159,7 +147,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument(
         "--sinklab",
-        default=None,
         help="command that runs sinklab inside the job (default: SINKLAB_COMMAND or the sinklab of this Python)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
@@ -185,7 +172,6 @@ def main(argv: list[str] | None = None) -> int:
             sbatch_options=args.sbatch_option,
             fit_args=fit_args,
             environment={"MLFLOW_TRACKING_URI": uri} if uri else {},
-            sinklab=args.sinklab or sinklab_command(),
         )
         spec.validate()
         check_with_fit(config, spec.fit_overrides())  # the exact arguments the job passes to fit

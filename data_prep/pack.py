@@ -25,8 +25,7 @@ SPLITS = ("train", "val")
 
 @dataclass(frozen=True)
 class PackConfig:
-    staging: str  # directory holding shards/ and done/
-    tokenizer_file: str
+    staging: str  # directory holding tokenizer.json, shards/ and done/
     context_length: int
     bos_id: int | None  # None: documents get no BOS
     eos_id: int
@@ -62,8 +61,6 @@ def val_mask(seed: int, stream: str, index: int, n_docs: int, fraction: float) -
     """Which documents of a chunk are validation: all of a "val" stream, else a seeded draw."""
     if stream == "val":
         return np.ones(n_docs, dtype=bool)
-    if fraction <= 0:
-        return np.zeros(n_docs, dtype=bool)
     return np.random.default_rng([seed, index, 17]).random(n_docs) < fraction
 
 
@@ -121,7 +118,7 @@ def init_worker(config: PackConfig) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer
 
-    _tokenizer = Tokenizer.from_file(config.tokenizer_file)
+    _tokenizer = Tokenizer.from_file(str(Path(config.staging) / "tokenizer.json"))
     _config = config
 
 

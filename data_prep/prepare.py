@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from data_prep.dataset import MANIFEST_NAME
 from data_prep.errors import DataPrepError
-from data_prep.manifest import ProbeReservoir, existing_dataset, finalize, spec_differences, spec_hash
+from data_prep.manifest import ProbeReservoir, existing_dataset, finalize, spec_differences
 from data_prep.pack import PackConfig, val_mask
 from data_prep.readers import ByteCounter, ReaderOptions, expand_inputs
 from data_prep.runner import Chunk, ChunkRunner, iter_chunks
@@ -42,7 +42,6 @@ class PrepConfig:
 
     inputs: list[str]
     out: str
-    fmt: str = "pile"
     val_inputs: list[str] = field(default_factory=list)
     val_fraction: float = 0.01
     tokenizer: str | None = None  # tokenizer.json or HF dir; None: train one
@@ -119,20 +118,15 @@ def build_spec(cfg: PrepConfig, inputs: list[str], val_inputs: list[str]) -> dic
         digest = hashlib.sha256(tok.read_bytes()).hexdigest() if tok.is_file() else None
         tokenizer = {"file_sha256": digest, "roles": [cfg.bos_token, cfg.eos_token, cfg.pad_token]}
     return {
-        "format": cfg.fmt,
+        "format": cfg.reader.fmt,
         "inputs": _input_entries(inputs, out),
         "val_inputs": _input_entries(val_inputs, out),
         "reader": asdict(cfg.reader) | {"hf_val_split": cfg.hf_val_split},
         "domains": sorted(cfg.domains) if cfg.domains else None,
         "tokenizer": tokenizer,
-        "context_length": cfg.context_length,
-        "bos": cfg.bos,
-        "dtype": cfg.dtype,
-        "max_tokens": cfg.max_tokens,
-        "val_fraction": cfg.val_fraction,
+        **{key: getattr(cfg, key) for key in ("context_length", "bos", "dtype", "max_tokens", "val_fraction")},
         "probe": [cfg.probe_sequences, cfg.probe_length],
-        "seed": cfg.seed,
-        "chunk_chars": cfg.chunk_chars,
+        **{key: getattr(cfg, key) for key in ("seed", "chunk_chars")},
     }
 
 
@@ -164,13 +158,12 @@ def claim_output_dir(out: str | Path) -> None:
 class Preparation:
     def __init__(self, cfg: PrepConfig):
         _validate(cfg)
-        self.cfg = cfg = replace(cfg, reader=replace(cfg.reader, fmt=cfg.fmt))
+        self.cfg = cfg
         self.out = Path(cfg.out)
         self.staging = self.out / STAGING
-        self.inputs = expand_inputs(cfg.inputs, cfg.fmt)
-        self.val_inputs = expand_inputs(cfg.val_inputs, cfg.fmt) if cfg.val_inputs else []
+        self.inputs = expand_inputs(cfg.inputs, cfg.reader.fmt)
+        self.val_inputs = expand_inputs(cfg.val_inputs, cfg.reader.fmt) if cfg.val_inputs else []
         self.spec = build_spec(cfg, self.inputs, self.val_inputs)
-        self.spec_hash = spec_hash(self.spec)
         self.counter = ByteCounter()
         self.seen_domains: set[str] = set()
         self.warnings: list[str] = []
@@ -180,7 +173,7 @@ class Preparation:
         streams = [("main", self.inputs, self.cfg.reader)]
         if self.val_inputs:
             streams.append(("val", self.val_inputs, self.cfg.reader))
-        elif self.cfg.fmt == "hf" and self.cfg.hf_val_split:
+        elif self.cfg.reader.fmt == "hf" and self.cfg.hf_val_split:
             streams.append(("val", self.inputs, replace(self.cfg.reader, hf_split=self.cfg.hf_val_split)))
         return streams
 
@@ -188,10 +181,6 @@ class Preparation:
     def carve_fraction(self) -> float:
         """Fraction of main-stream documents held out: none when validation has its own stream."""
         return 0.0 if len(self.streams()) > 1 else self.cfg.val_fraction
-
-    def chunks(self, stream: str, inputs: list[str], options: ReaderOptions) -> Iterator[Chunk]:
-        domains = frozenset(self.cfg.domains) if self.cfg.domains else None
-        return iter_chunks(stream, inputs, options, self.cfg.chunk_chars, domains, self.counter, self.seen_domains)
 
     def tokenizer(self) -> LoadedTokenizer:
         file = self.staging / "tokenizer.json"
@@ -218,7 +207,7 @@ class Preparation:
         """Train-split documents of the main stream, up to `tokenizer_train_chars`."""
         budget = self.cfg.tokenizer_train_chars
         name, inputs, options = self.streams()[0]
-        for chunk in self.chunks(name, inputs, options):
+        for chunk in iter_chunks(self, name, inputs, options):
             is_val = val_mask(self.cfg.seed, name, chunk.task.index, len(chunk.task.texts), self.carve_fraction)
             for text, held_out in zip(chunk.task.texts, is_val):
                 if held_out:
@@ -283,15 +272,11 @@ class Preparation:
         cfg = self.cfg
         pack_config = PackConfig(
             staging=str(self.staging),
-            tokenizer_file=str(self.staging / "tokenizer.json"),
-            context_length=cfg.context_length,
             bos_id=tok.special_ids["bos"] if cfg.bos else None,
             eos_id=tok.special_ids["eos"],
             dtype=dtype,
             val_fraction=self.carve_fraction,
-            probe_length=cfg.probe_length,
-            probe_sequences=cfg.probe_sequences,
-            seed=cfg.seed,
+            **{key: getattr(cfg, key) for key in ("context_length", "probe_length", "probe_sequences", "seed")},
         )
         runner = ChunkRunner(self, pack_config)
         runner.run()

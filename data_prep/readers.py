@@ -21,6 +21,7 @@ PILE_SUFFIXES = (".jsonl", ".jsonl.zst", ".json", ".json.zst")
 TEXT_UNITS = ("file", "paragraph", "line")
 COMPRESSED_BLOCK = 1 << 18  # bytes of compressed input per decompression step
 MAX_TEXT_FILE_DOCUMENT = 256 << 20
+HF_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}  # by suffix
 PILE_LINE_HINT = 'each line must be one JSON object like {"text": "...", "meta": {"pile_set_name": "..."}}'
 
 
@@ -28,7 +29,6 @@ PILE_LINE_HINT = 'each line must be one JSON object like {"text": "...", "meta":
 class Document:
     text: str
     domain: str
-    source: str  # file path or dataset name
     line: int  # 1-based line (Pile, text) or row (HF) where the document starts
     invalid_utf8: bool = False  # undecodable bytes were replaced by U+FFFD
 
@@ -136,7 +136,7 @@ def read_pile(path: str, default_domain: str = "unknown", counter: ByteCounter |
             raise DataPrepError(f"{path}: line {line_no}: has no string field 'text'; {PILE_LINE_HINT}")
         meta = obj.get("meta")
         domain = meta.get("pile_set_name") if isinstance(meta, dict) else None
-        yield Document(obj["text"], str(domain) if domain else default_domain, path, line_no, invalid)
+        yield Document(obj["text"], str(domain) if domain else default_domain, line_no, invalid)
 
 
 def read_text(
@@ -153,19 +153,19 @@ def read_text(
         if counter is not None:
             counter.value += len(raw)
         text, invalid = _decode(raw)
-        yield Document(text, domain, path, 1, invalid)
+        yield Document(text, domain, 1, invalid)
         return
     numbered = enumerate(iter_raw_lines(path, counter), 1)
     if unit == "line":
         for line_no, raw in numbered:
             text, invalid = _decode(raw)
-            yield Document(text, domain, path, line_no, invalid)
+            yield Document(text, domain, line_no, invalid)
         return
     for has_text, run in itertools.groupby(numbered, key=lambda item: bool(item[1].strip())):
         if has_text:
             paragraph = list(run)
             text, invalid = _decode(b"\n".join(raw for _, raw in paragraph))
-            yield Document(text, domain, path, paragraph[0][0], invalid)
+            yield Document(text, domain, paragraph[0][0], invalid)
 
 
 def _open_hf(ref: str, split: str):
@@ -180,9 +180,7 @@ def _open_hf(ref: str, split: str):
             ds = ds[split]
         return ds
     if path.is_file():
-        builder = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}.get(
-            path.suffix
-        )
+        builder = HF_BUILDERS.get(path.suffix)
         if builder is None:
             raise DataPrepError(
                 f"{ref}: cannot tell the file type; a local file for --format hf ends in .json, .jsonl, .csv, .parquet or .txt"
@@ -212,7 +210,7 @@ def read_hf(ref: str, split: str = "train", text_field: str = "text", domain: st
             except json.JSONDecodeError:
                 meta = None
         name = meta.get("pile_set_name") if isinstance(meta, dict) else None
-        yield Document(text, str(name) if name else fallback, ref, row_no)
+        yield Document(text, str(name) if name else fallback, row_no)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import sys
-import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -18,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from data_prep.pack import ChunkTask, PackConfig, init_worker, marker_file, process_chunk
-from data_prep.readers import ByteCounter, ReaderOptions, read_documents
+from data_prep.readers import ReaderOptions, read_documents
 
 if TYPE_CHECKING:
     from data_prep.prepare import Preparation
@@ -27,27 +26,17 @@ if TYPE_CHECKING:
 @dataclass
 class Chunk:
     task: ChunkTask
-    # documents_read, empty_documents, invalid_utf8_documents, filtered_documents
-    counts: Counter = field(default_factory=Counter)
+    counts: Counter = field(default_factory=Counter)  # of manifest.DOCUMENT_COUNTS
     text_chars: int = 0
 
 
-def iter_chunks(
-    stream: str,
-    inputs: list[str],
-    options: ReaderOptions,
-    chunk_chars: int,
-    domains: frozenset[str] | None = None,
-    counter: ByteCounter | None = None,
-    seen_domains: set[str] | None = None,
-) -> Iterator[Chunk]:
+def iter_chunks(prep: Preparation, stream: str, inputs: list[str], options: ReaderOptions) -> Iterator[Chunk]:
     """Chunks of at least `chunk_chars` characters of kept documents (the last may be smaller)."""
     chunk = Chunk(ChunkTask(stream, 0, [], []))
-    for doc in read_documents(inputs, options, counter):
+    for doc in read_documents(inputs, options, prep.counter):
         chunk.counts["documents_read"] += 1
-        if seen_domains is not None:
-            seen_domains.add(doc.domain)
-        if domains is not None and doc.domain not in domains:
+        prep.seen_domains.add(doc.domain)
+        if prep.cfg.domains and doc.domain not in prep.cfg.domains:
             chunk.counts["filtered_documents"] += 1
             continue
         if not doc.text.strip():
@@ -58,7 +47,7 @@ def iter_chunks(
         chunk.task.texts.append(doc.text)
         chunk.task.domains.append(doc.domain)
         chunk.text_chars += len(doc.text)
-        if chunk.text_chars >= chunk_chars:
+        if chunk.text_chars >= prep.cfg.chunk_chars:
             yield chunk
             chunk = Chunk(ChunkTask(stream, chunk.task.index + 1, [], []))
     if chunk.task.texts or chunk.counts:
@@ -79,13 +68,12 @@ class PrepProgress(Progress):
             transient=False,
         )
         self.tokens = 0
-        self.began = time.perf_counter()
         self.task = self.add_task("prep", total=total_bytes, tokens=0, rate="-")
 
     def record(self, bytes_read: int, result: dict[str, Any]) -> None:
         """One packed chunk's tokens, and the input read so far."""
         self.tokens += sum(info["document_tokens"] for info in result["splits"].values())
-        elapsed = max(time.perf_counter() - self.began, 1e-9)
+        elapsed = max(self.tasks[0].elapsed or 0, 1e-9)
         rate = f"{self.tokens / elapsed / 1e3:,.0f}k tok/s"
         self.update(self.task, completed=bytes_read, tokens=self.tokens, rate=rate)
 
@@ -99,8 +87,6 @@ class ChunkRunner:
         self.look_ahead = 2 * cfg.workers  # chunks read ahead of the oldest unfinished one
         self.used: list[tuple[Chunk, dict[str, Any]]] = []
         self.train_sequences = self.tokenized = self.resumed = 0
-        self.executor: ProcessPoolExecutor | None = None
-        self.progress: PrepProgress | None = None
 
     def run(self) -> None:
         cfg = self.prep.cfg
@@ -112,11 +98,9 @@ class ChunkRunner:
         try:
             with PrepProgress(total_bytes, enabled=cfg.progress) as self.progress:
                 for stream, inputs, options in self.prep.streams():
-                    self._run_stream(self.prep.chunks(stream, inputs, options))
-        except BaseException:
+                    self._run_stream(iter_chunks(self.prep, stream, inputs, options))
+        finally:  # chunks read ahead of a reached budget are not packed
             self.executor.shutdown(wait=True, cancel_futures=True)
-            raise
-        self.executor.shutdown(wait=True)
 
     def _run_stream(self, chunks) -> None:
         pending: deque[tuple[Chunk, Future]] = deque()  # a resumed chunk's result is a finished Future

@@ -12,19 +12,16 @@ Triggers are the ``k`` most frequent kept characters (ids 0..k-1); each sequence
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from data_prep.dataset import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, content_hash
 from data_prep.embedded import shakespeare_documents
 from data_prep.errors import DataPrepError
-from data_prep.manifest import existing_dataset, spec_hash
+from data_prep.manifest import existing_dataset, probe_entry, write_manifest
 from data_prep.prepare import STAGING
 from sinklab_io.atomic import atomic_write
 
@@ -155,7 +152,8 @@ def char_tokenizer_json(chars: list[str]) -> str:
     return tokenizer.to_str()
 
 
-def _split_sequences(P, marginal, cfg: BBConfig, bos_id: int, stream: str, n: int, length: int) -> np.ndarray:
+def _split_sequences(source: BigramSource, cfg: BBConfig, bos_id: int, stream: str, n: int, length: int) -> np.ndarray:
+    P, marginal = source.transitions(), source.unigrams / source.unigrams.sum()
     blocks = []
     for start in range(0, n, BLOCK):  # each block from its own generator: the bytes depend on the settings only
         rng = np.random.default_rng([cfg.seed, STREAMS[stream], start // BLOCK])
@@ -170,9 +168,7 @@ def long_sequences(manifest: dict[str, Any], n: int, length: int) -> np.ndarray 
         return None
     source = BigramSource(bb["chars"], np.asarray(bb["unigram_counts"]), np.asarray(bb["bigram_counts"]), "")
     cfg = BBConfig(out="", triggers=len(bb["trigger_ids"]), seed=manifest["seed"])
-    marginal = source.unigrams / source.unigrams.sum()
-    bos_id = manifest["special_ids"]["bos"]
-    return _split_sequences(source.transitions(), marginal, cfg, bos_id, "length", n, length).astype(np.int64)
+    return _split_sequences(source, cfg, manifest["special_ids"]["bos"], "length", n, length).astype(np.int64)
 
 
 def prepare_bb(cfg: BBConfig) -> tuple[dict[str, Any], bool]:
@@ -184,14 +180,13 @@ def prepare_bb(cfg: BBConfig) -> tuple[dict[str, Any], bool]:
     if existing is not None:
         return existing, True
     source = bigram_source(cfg.vocab_size - 2)
-    P, marginal = source.transitions(), source.unigrams / source.unigrams.sum()
     n = len(source.chars)
     bos_id, eos_id = n, n + 1
     staging = out / STAGING
     shutil.rmtree(staging, ignore_errors=True)  # an interrupted earlier run of this command
     splits: dict[str, Any] = {}
     for split, count in (("train", cfg.sequences), ("val", cfg.val_sequences)):
-        tokens = _split_sequences(P, marginal, cfg, bos_id, split, count, cfg.context_length)
+        tokens = _split_sequences(source, cfg, bos_id, split, count, cfg.context_length)
         view = memoryview(np.ascontiguousarray(tokens)).cast("B")
         atomic_write(staging / split / "00000.bin", view)
         splits[split] = {
@@ -203,18 +198,10 @@ def prepare_bb(cfg: BBConfig) -> tuple[dict[str, Any], bool]:
             "domains": {DOMAIN: {"documents": count, "tokens": tokens.size}},
             "shards": [{"path": f"{split}/00000.bin", "sequences": count, "sha256": hashlib.sha256(view).hexdigest()}],
         }
-    probe = _split_sequences(P, marginal, cfg, bos_id, "probe", cfg.probe_sequences, cfg.probe_length)
+    probe = _split_sequences(source, cfg, bos_id, "probe", cfg.probe_sequences, cfg.probe_length)
     atomic_write(staging / "probe.bin", memoryview(np.ascontiguousarray(probe)).cast("B"))
-    tokenizer = char_tokenizer_json(source.chars)
-    atomic_write(staging / "tokenizer.json", tokenizer)
-    manifest: dict[str, Any] = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "tokenizer": {
-            "source": f"characters: the {n} most frequent of the embedded Shakespeare plays",
-            "sha256": hashlib.sha256(tokenizer.encode("utf-8")).hexdigest(),
-            "file": "tokenizer.json",
-        },
+    probe_source = "Bigram-Backcopy sequences from their own seeded stream, BOS at position 1"
+    content = {
         "vocab_size": n + 2,
         "special_ids": {"bos": bos_id, "eos": eos_id, "pad": eos_id},
         "bos": True,
@@ -222,14 +209,7 @@ def prepare_bb(cfg: BBConfig) -> tuple[dict[str, Any], bool]:
         "dtype": "uint16",
         "packing": "one generated Bigram-Backcopy sequence per row, BOS first; no EOS, nothing dropped",
         "splits": splits,
-        "probe": {
-            "path": "probe.bin",
-            "sequences": cfg.probe_sequences,
-            "length": cfg.probe_length,
-            "bos": True,
-            "source": "Bigram-Backcopy sequences from their own seeded stream, BOS at position 1",
-            "sha256": hashlib.sha256(probe.tobytes()).hexdigest(),
-        },
+        "probe": probe_entry(probe, True, probe_source),
         "synthetic": {
             "task": DOMAIN,
             "reference": "Guo et al. 2024, arXiv 2410.13835, section 2",
@@ -244,13 +224,13 @@ def prepare_bb(cfg: BBConfig) -> tuple[dict[str, Any], bool]:
             "generator_version": GENERATOR_VERSION,
         },
         "seed": cfg.seed,
-        "command": cfg.command or " ".join(sys.argv),
-        "spec": spec,
-        "spec_hash": spec_hash(spec),
     }
-    manifest["hash"] = content_hash(manifest)
-    for name in ("train", "val", "probe.bin", "tokenizer.json"):
+    for name in ("train", "val", "probe.bin"):
         (staging / name).rename(out / name)
-    atomic_write(out / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
+    tokenizer = (
+        f"characters: the {n} most frequent of the embedded Shakespeare plays",
+        char_tokenizer_json(source.chars),
+    )
+    manifest = write_manifest(out, tokenizer, content, cfg.command, spec)
     staging.rmdir()
     return manifest, False

@@ -79,14 +79,6 @@ def trained_tokenizer(tokenizer: Tokenizer, vocab_size: int, json_text: str | No
     return LoadedTokenizer(tokenizer, text, f"trained: byte-level BPE, vocab {vocab_size}", ids)
 
 
-def _config_token(value) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):  # {"content": "<s>", ...} in tokenizer_config.json
-        return value.get("content")
-    return None
-
-
 def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> LoadedTokenizer:
     """Load a tokenizer.json or local HF tokenizer directory; roles from `overrides`, its configs, or `KNOWN_NAMES`."""
     path = Path(ref)
@@ -114,7 +106,10 @@ def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> 
             if not isinstance(config, dict):
                 raise DataPrepError(f"{config_file}: holds no JSON object; fix or remove it")
             for role in ("bos", "eos", "pad"):
-                names.setdefault(role, _config_token(config.get(f"{role}_token")))
+                value = config.get(f"{role}_token")
+                if isinstance(value, dict):  # {"content": "<s>", ...} in tokenizer_config.json
+                    value = value.get("content")
+                names.setdefault(role, value if isinstance(value, str) else None)
     for role, value in (overrides or {}).items():
         if value:
             names[role] = value
@@ -130,9 +125,7 @@ def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> 
             )
     if "eos" not in ids:
         raise DataPrepError(f"{file}: no EOS token found (tried {', '.join(KNOWN_NAMES['eos'])}); pass --eos-token")
-    ids.setdefault("bos", ids["eos"])
-    ids.setdefault("pad", ids["eos"])
-    return LoadedTokenizer(tokenizer, json_text, str(file), ids)
+    return LoadedTokenizer(tokenizer, json_text, str(file), {"bos": ids["eos"], "pad": ids["eos"]} | ids)
 
 
 def token_dtype(vocab_size: int, forced: str | None = None) -> str:

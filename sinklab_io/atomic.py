@@ -36,8 +36,5 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 def atomic_write(path: str | os.PathLike, data: str | bytes | memoryview) -> Path:
     """``data`` (text as UTF-8) at ``path``, whole or not at all."""
     with atomic_path(path) as tmp:
-        if isinstance(data, str):
-            tmp.write_text(data, encoding="utf-8")
-        else:
-            tmp.write_bytes(data)
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
     return Path(path)

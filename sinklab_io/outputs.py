@@ -136,13 +136,12 @@ def _record(directory: Path, entries: dict[str, str], keep: list[str] | None = N
 
 
 @contextmanager
-def output_path(path: str | os.PathLike, by: str, keep: list[str] | None = None) -> Iterator[Path]:
-    """A temporary sibling of ``path`` to write, renamed into place and recorded as ``by``'s (with ``keep``: told by
-    what lies outside that region); refused (:class:`NotOurs`) where ``path`` is not ``by``'s."""
+def output_path(path: str | os.PathLike, by: str) -> Iterator[Path]:
+    """A temporary sibling of ``path`` to write, renamed into place as ``by``'s (:func:`claim_file`'s rule)."""
     path = claim_file(path, by, by)
     with atomic_path(path) as tmp:
         yield tmp
-    _record(path.parent, {path.name: by}, keep)
+    _record(path.parent, {path.name: by})
 
 
 def write_output(
@@ -197,13 +196,6 @@ def atomic_directory(out_dir: str | os.PathLike, kind: str) -> Iterator[Path]:
         raise
 
 
-def _entries(directory: Path) -> set[Path]:
-    found = set()
-    for root, dirs, files in os.walk(directory):
-        found.update(Path(root, name).relative_to(directory) for name in dirs + files)
-    return found
-
-
 class Additions:
     """What one command adds under ``out`` from now on, to remove when it fails: the highest folder it creates as a
     whole, else each new entry in ``out``; what stood there before is never touched."""
@@ -214,7 +206,9 @@ class Additions:
         while not top.parent.exists() and top.parent != top:
             top = top.parent
         self.created = None if os.path.lexists(self.out) else top
-        self.before = _entries(self.out) if self.created is None and self.out.is_dir() else set()
+        self.before = {
+            Path(root, n).relative_to(self.out) for root, dirs, files in os.walk(self.out) for n in dirs + files
+        }
 
     def new(self) -> list[Path]:
         """The added entries, outermost only (a new folder stands for what it holds)."""
@@ -223,10 +217,9 @@ class Additions:
         added = []
         for root, dirs, files in os.walk(self.out):
             here = Path(root).relative_to(self.out)
-            added += [Path(root, name) for name in files if here / name not in self.before]
-            for name in [name for name in dirs if here / name not in self.before]:
-                added.append(Path(root, name))
-                dirs.remove(name)
+            fresh = [name for name in dirs + files if here / name not in self.before]
+            added += [Path(root, name) for name in fresh]
+            dirs[:] = [name for name in dirs if name not in fresh]  # a new folder stands for what it holds
         return added
 
     def remove(self) -> str:
