@@ -157,7 +157,7 @@ class Matrix:
     def _analyze(self, case: Case, log: Path) -> str | None:
         """``sinklab analyze`` or ``stream-ppl`` (the case's kind) of the checkpoint the case reads."""
         out = self.root / (case.name if case.kind == "analyze" else f"{case.name}.json")
-        output = out / "report.json" if case.kind == "analyze" else out
+        output = out / "measures.json" if case.kind == "analyze" else out
         source, data = self._final_checkpoint(self.cases[case.reads]), self.data[case.data]
         command = [*SINKLAB, case.kind, str(source), "--dataset", str(data), "--out", str(out), *case.args]
         code = self._run(command, log)

@@ -119,10 +119,10 @@ def learned_position_table(subject: Subject, tokens: torch.Tensor, a: Analysis) 
 def output_names(a: Analysis) -> list[str]:
     """What `sinklab analyze` writes into --out (checked before any work)."""
     if a.no_plots:
-        return ["report.json"]
+        return ["measures.json"]
     alpha1 = [f"alpha1_{k}.png" for k in a.inputs]
     natural = [secondary.FIGURE] if "natural" in a.inputs else []
-    return ["report.json", "sink_profile.png", *alpha1, "norm_ratio.png", "qk_decomposition.png", "flow.png", *natural]
+    return ["measures.json", "sink_profile.png", *alpha1, "norm_ratio.png", "qk_decomposition.png", "flow.png", *natural]
 
 
 def probe_bos(probe: inputs.ProbeSettings) -> bool:
@@ -178,7 +178,7 @@ def flow_figure(name: str, measures_of: dict[str, SinkMeasures], path: Path, by:
 def result_metrics(result: dict) -> dict[str, float]:
     """The analysis as MLflow metrics: per input kind and per Pile domain, and the secondary sinks."""
     metrics = {N.table1(k): v for k, v in result["table1"].items()}
-    for kind, measures in result["reports"].items():
+    for kind, measures in result["measures"].items():
         metrics |= {N.input_sink_k(kind, k): v for k, v in enumerate(measures["profile"], start=1)}
         summary = (measures.get("outliers") or {}).get("summary", {})
         metrics |= {N.of_input(kind, N.act(k)): v for k, v in summary.items() if not k.endswith("_at")}
@@ -192,7 +192,7 @@ def log_on_run(subject: Subject, result: dict, out: Path) -> str:
     """The metrics (and mean α₁ per input kind) on the training run, the output directory under ``analysis/``."""
     values = {N.analysis(k): v for k, v in result_metrics(result).items()}
     alpha1 = {
-        kind: measures["alpha1"] for kind, measures in result["reports"].items() if measures.get("alpha1") is not None
+        kind: measures["alpha1"] for kind, measures in result["measures"].items() if measures.get("alpha1") is not None
     }
     values |= {N.analysis(N.of_input(kind, "alpha1_mean")): float(torch.tensor(a).mean()) for kind, a in alpha1.items()}
     return log_back(subject, "analysis", values, result["settings"], out)
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(subject, a, load_seconds=time.perf_counter() - started)
     print(format_table(result))
     print(
-        f"wrote {result['out']}/report.json"
+        f"wrote {result['out']}/measures.json"
         + (f"; MLflow run {result['mlflow_run_id']}" if "mlflow_run_id" in result else "")
     )
     return 0
@@ -239,7 +239,7 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
         "settings": {k: getattr(a, k) for k in ("num_sequences", "seq_len", "eps", "seed", "positions", "bos")}
         | {"probe_bos": probe_bos(a)},
         "table1": {kind: measures.sink1 for kind, measures in measures_of.items()},
-        "reports": {kind: measures.to_json() for kind, measures in measures_of.items()},
+        "measures": {kind: measures.to_json() for kind, measures in measures_of.items()},
         # per layer: residual-state peak, value-state drain, BOS share by query kind (Guo et al. 2024)
         "extreme_tokens": {kind: measures.extreme_token_metrics() for kind, measures in measures_of.items()},
         # every registered probe metric (pipeline.probe_metrics) under its MLflow name
@@ -264,7 +264,7 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
     if not a.no_plots:
         result["plots"] = [p.name for p in write_plots(name, measures_of, out, a.eps, by)]
     result["seconds"] = {"load": round(load_seconds, 2), "analysis": round(time.perf_counter() - started, 2)}
-    write_json(result, out / "report.json", by)
+    write_json(result, out / "measures.json", by)
     if getattr(subject, "run_id", None) is not None:  # runs:/<id>: on the training run itself, under analysis/
         result["mlflow_run_id"] = log_on_run(subject, result, out)
     elif uri := a.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI"):
@@ -275,5 +275,5 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
         metrics = result_metrics(result)
         result["mlflow_run_id"] = log_new_run(uri, a.experiment, f"analyze-{name}", tags, params, metrics, out)
     if "mlflow_run_id" in result:
-        write_json(result, out / "report.json", by)
+        write_json(result, out / "measures.json", by)
     return result

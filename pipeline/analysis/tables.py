@@ -9,7 +9,7 @@ from pipeline.outliers import summary_table
 
 def format_table(result: dict) -> str:
     s = result["settings"]
-    proxy = any(measures.get("is_proxy") for measures in result.get("reports", {}).values())
+    proxy = any(measures.get("is_proxy") for measures in result.get("measures", {}).values())
     scores = " on proxy scores (attention without softmax)" if proxy else ""
     bos = "no BOS"
     if s.get("bos") or s.get("probe_bos"):
@@ -23,7 +23,7 @@ def format_table(result: dict) -> str:
     ]
     outliers = {
         kind: measures["outliers"]["summary"]
-        for kind, measures in result.get("reports", {}).items()
+        for kind, measures in result.get("measures", {}).items()
         if measures.get("outliers")
     }
     if outliers:

@@ -29,9 +29,9 @@ def _independent_alpha1(model, tokens):
 def test_smollm2_table1_and_plots(smollm2, tmp_path):
     rec = analyze.run(smollm2, _args("smollm2", "-n", "3", "-T", "16", "--out", str(tmp_path)))
     assert set(rec["table1"]) == {"natural", "random", "repeat"}
-    on_disk = json.loads((tmp_path / "report.json").read_text())
+    on_disk = json.loads((tmp_path / "measures.json").read_text())
     assert on_disk["table1"] == rec["table1"]
-    nat = rec["reports"]["natural"]
+    nat = rec["measures"]["natural"]
     assert len(nat["alpha1"]) == 30 and len(nat["alpha1"][0]) == 9  # 30 layers x 9 heads
     assert nat["profile"][0] == nat["sink1"] and len(nat["profile"]) == 10
     # the massive-activation curve and the key/value ratios cover every layer
@@ -84,9 +84,9 @@ def test_smollm2_metrics_match_eager_attention(smollm2):
 
 def test_gemma3_cli(tmp_path, capsys):
     assert analyze.main(["gemma3-270m", "-n", "2", "-T", "12", "--out", str(tmp_path), "--no-plots"]) == 0
-    rec = json.loads((tmp_path / "report.json").read_text())
+    rec = json.loads((tmp_path / "measures.json").read_text())
     assert rec["kind"] == "hf" and rec["source"].endswith("gemma-3-270m-q4_k_m.gguf")
-    assert len(rec["reports"]["natural"]["alpha1"]) == 18  # Gemma-3-270M: 18 layers, 4 heads
+    assert len(rec["measures"]["natural"]["alpha1"]) == 18  # Gemma-3-270M: 18 layers, 4 heads
     assert "| natural | random | repeat |" in capsys.readouterr().out
 
 
@@ -159,7 +159,7 @@ def test_pile_domains_and_mlflow(tiny_llama_dir, tmp_path, mlflow_server):
         ]
     )
     assert rec == 0
-    out = json.loads((tmp_path / "o" / "report.json").read_text())
+    out = json.loads((tmp_path / "o" / "measures.json").read_text())
     assert set(out["domains"]) == {"Pile-CC", "ArXiv", "Github"}
     import mlflow
 
@@ -167,8 +167,8 @@ def test_pile_domains_and_mlflow(tiny_llama_dir, tmp_path, mlflow_server):
     run = client.get_run(out["mlflow_run_id"])
     assert run.data.metrics["table1/natural"] == pytest.approx(out["table1"]["natural"])
     assert "domain/Pile-CC" in run.data.metrics
-    assert run.data.metrics["natural/flow/mixing_l1"] == pytest.approx(out["reports"]["natural"]["flow"]["mixing"][1])
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"report.json", "sink_profile.png"}
+    assert run.data.metrics["natural/flow/mixing_l1"] == pytest.approx(out["measures"]["natural"]["flow"]["mixing"][1])
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"measures.json", "sink_profile.png"}
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "a"}\nnot json\n')
     with pytest.raises(ValueError, match="bad.jsonl:2"):
@@ -184,9 +184,9 @@ def test_sinklab_checkpoint(tmp_path):
     assert (
         analyze.main([str(ckpt), "--inputs", "random,repeat", "-n", "5", "-T", "12", "--out", str(tmp_path / "o")]) == 0
     )
-    rec = json.loads((tmp_path / "o" / "report.json").read_text())
-    assert rec["kind"] == "sinklab" and set(rec["reports"]["random"]["sink_star"]) == {"0"}
-    assert len(rec["reports"]["repeat"]["flow"]["mixing"]) == 2 and "flow/entropy_drop_layer" in rec["flow"]["random"]
+    rec = json.loads((tmp_path / "o" / "measures.json").read_text())
+    assert rec["kind"] == "sinklab" and set(rec["measures"]["random"]["sink_star"]) == {"0"}
+    assert len(rec["measures"]["repeat"]["flow"]["mixing"]) == 2 and "flow/entropy_drop_layer" in rec["flow"]["random"]
     with pytest.raises(SystemExit, match="--dataset"):
         analyze.main([str(ckpt), "--inputs", "natural", "-n", "2", "-T", "8", "--out", str(tmp_path / "o2")])
 
@@ -194,18 +194,18 @@ def test_sinklab_checkpoint(tmp_path):
     again = [str(ckpt), "--inputs", "random", "-n", "2", "-T", "8", "--no-plots", "--out", str(tmp_path / "o")]
     (tmp_path / "o" / "notes.txt").write_text("mine")
     assert analyze.main(again) == 0 and (tmp_path / "o" / "notes.txt").read_text() == "mine"
-    assert set(json.loads((tmp_path / "o" / "report.json").read_text())["reports"]) == {"random"}
-    (tmp_path / "o" / "report.json").write_text("edited by hand")
-    with pytest.raises(SystemExit, match="--out .*o: already holds report.json, which sinklab did not write"):
+    assert set(json.loads((tmp_path / "o" / "measures.json").read_text())["measures"]) == {"random"}
+    (tmp_path / "o" / "measures.json").write_text("edited by hand")
+    with pytest.raises(SystemExit, match="--out .*o: already holds measures.json, which sinklab did not write"):
         analyze.main(again)
-    assert (tmp_path / "o" / "report.json").read_text() == "edited by hand"
+    assert (tmp_path / "o" / "measures.json").read_text() == "edited by hand"
     # nor one that another command, or this one for another model, wrote into the same --out
     for other in ("sinklab report of sweep at scale cpu", f"sinklab analyze of {tmp_path / 'other.ckpt'}"):
-        write_output(tmp_path / "r" / "report.json", "{}", other)
-        with pytest.raises(SystemExit, match=f"already holds report.json, which {other} wrote"):
+        write_output(tmp_path / "r" / "measures.json", "{}", other)
+        with pytest.raises(SystemExit, match=f"already holds measures.json, which {other} wrote"):
             analyze.main([*again[:-1], str(tmp_path / "r")])
-        assert (tmp_path / "r" / "report.json").read_text() == "{}"
-        (tmp_path / "r" / "report.json").unlink()
+        assert (tmp_path / "r" / "measures.json").read_text() == "{}"
+        (tmp_path / "r" / "measures.json").unlink()
     (tmp_path / "file").write_text("mine")
     with pytest.raises(SystemExit, match="--out .*file: is a file; name a directory"):
         analyze.main([*again[:-1], str(tmp_path / "file")])
@@ -228,7 +228,7 @@ def test_sinklab_checkpoint_with_its_tokenizer_reads_text_pile_and_bos(sinklab_c
     tokenizer = str(sinklab_ckpt_with_tokenizer.with_name("tokenizer.json"))
     common = [str(sinklab_ckpt_with_tokenizer), "-n", "2", "-T", "8", "--no-plots", "--tokenizer", tokenizer]
     assert analyze.main([*common, "--text", str(text), "--pile", str(shard), "--out", str(tmp_path / "o")]) == 0
-    rec = json.loads((tmp_path / "o" / "report.json").read_text())
+    rec = json.loads((tmp_path / "o" / "measures.json").read_text())
     assert set(rec["domains"]) == {"Pile-CC", "Github"} and set(rec["table1"]) == {"natural", "random", "repeat"}
     subject = analyze.Subject(str(sinklab_ckpt_with_tokenizer), "auto")  # tokenizer.json beside it is found
     sets = inputs.probe_sets(subject, _args(*common, "--text", str(text), "--bos"))

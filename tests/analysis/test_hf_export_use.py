@@ -60,13 +60,13 @@ def test_analyze_and_stream_ppl_read_the_export_back(exported, name, tmp_path):
             str(out / "ppl.json"),
         ]
         assert stream_ppl.main([model, *ppl]) == 0
-        found[which] = (json.loads((out / "report.json").read_text()), json.loads((out / "ppl.json").read_text()))
+        found[which] = (json.loads((out / "measures.json").read_text()), json.loads((out / "ppl.json").read_text()))
     (ckpt_report, ckpt_ppl), (hf_report, hf_ppl) = found["ckpt"], found["hf"]
     assert hf_report["kind"] == ("sinklab" if name == "remote" else "hf")
     assert hf_report["table1"] == pytest.approx(ckpt_report["table1"], abs=1e-9)
     assert 0 < max(ckpt_report["table1"].values()) < 100  # a Sink_1 that could differ
     for kind in ("random", "repeat"):
-        assert hf_report["reports"][kind]["profile"] == pytest.approx(ckpt_report["reports"][kind]["profile"])
+        assert hf_report["measures"][kind]["profile"] == pytest.approx(ckpt_report["measures"][kind]["profile"])
     assert hf_ppl["perplexity"] == pytest.approx(ckpt_ppl["perplexity"], rel=1e-5)
     card = (paths.hf / "README.md").read_text()
     assert "attention.sink_logit=True" in card if name == "remote" else "default block" in card

@@ -44,7 +44,7 @@ def test_hf_model_through_analyze_and_mlflow(tiny_llama_dir, tmp_path, mlflow_se
     argv = [str(tiny_llama_dir), "--inputs", "natural,random", "-n", "3", "-T", "32", "--eps", "0.05"]
     logging = ["--mlflow-uri", mlflow_server, "--experiment", "analysis-secondary-test"]
     assert analyze.main([*argv, "--text", str(HAMLET), "--out", str(out), *logging]) == 0
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((out / "measures.json").read_text())
     rec = report["secondary_sinks"]
     client = mlflow.MlflowClient(tracking_uri=mlflow_server)
     run = client.get_run(report["mlflow_run_id"])
@@ -61,7 +61,7 @@ def test_hf_model_through_analyze_and_mlflow(tiny_llama_dir, tmp_path, mlflow_se
 
 def test_a_probe_too_short_to_judge_reports_not_judged_not_zero(sinklab_ckpt_with_tokenizer, tmp_path, mlflow_server):
     """At T = 8 no key past the first has the 8 queries that judge it: the count and share are null in
-    report.json and NaN in MLflow, and the printed table says why; at T = 9 the second key is judged."""
+    measures.json and NaN in MLflow, and the printed table says why; at T = 9 the second key is judged."""
     import math
 
     import mlflow
@@ -71,7 +71,7 @@ def test_a_probe_too_short_to_judge_reports_not_judged_not_zero(sinklab_ckpt_wit
     argv = [str(sinklab_ckpt_with_tokenizer), "--inputs", "natural", "-n", "2", "--no-plots", "--eps", "0.05"]
     logging = ["--mlflow-uri", mlflow_server, "--experiment", "analysis-not-judged"]
     assert analyze.main([*argv, "-T", "8", "--out", str(tmp_path / "t8"), *logging]) == 0
-    report = json.loads((tmp_path / "t8" / "report.json").read_text())
+    report = json.loads((tmp_path / "t8" / "measures.json").read_text())
     rec = report["secondary_sinks"]
     assert rec["count"] == rec["share"] == [None, None] and "-T 9 or more judges them" in rec["not_judged"]
     metrics = mlflow.MlflowClient(mlflow_server).get_run(report["mlflow_run_id"]).data.metrics

@@ -128,10 +128,10 @@ def test_report_command_writes_logs_and_plots(tmp_path, mlflow_env, unique_name,
     assert report.main([str(path), "--scale", "cpu", "--plot", "--out", str(mine)]) == 2
     assert "already holds report.md, which sinklab did not write" in capsys.readouterr().err
     assert [p.name for p in mine.iterdir()] == ["report.md"] and (mine / "report.md").read_text() == "my notes"
-    # nor one that another command wrote: `sinklab analyze ... --out res` then `sinklab report ... --out res`
-    write_output(tmp_path / "res" / "report.json", "{}", "sinklab analyze of runs:/abc")
+    # nor one that the command wrote for another subject
+    write_output(tmp_path / "res" / "report.json", "{}", "sinklab report of other at scale cpu")
     assert report.main([str(path), "--scale", "cpu", "--out", str(tmp_path / "res")]) == 2
-    assert "already holds report.json, which sinklab analyze of runs:/abc wrote" in capsys.readouterr().err
+    assert "already holds report.json, which sinklab report of other at scale cpu wrote" in capsys.readouterr().err
     assert (tmp_path / "res" / "report.json").read_text() == "{}" and not (tmp_path / "res" / "report.md").exists()
 
 

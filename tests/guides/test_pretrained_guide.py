@@ -26,5 +26,5 @@ def test_pretrained_guide_runs_as_written(tiny_llama_dir, tmp_path):
     finally:
         shell.close()
     assert [s.command.split()[0] for s in skipped] == ["pip"]
-    assert json.loads((work / "analysis" / "smollm2-bos" / "report.json").read_text())["table1"]
+    assert json.loads((work / "analysis" / "smollm2-bos" / "measures.json").read_text())["table1"]
     assert (work / "analysis" / "tiny-llama" / "quant" / "quant_eval.json").exists()

@@ -9,13 +9,13 @@ from sinklab_io.outputs import MARKER, NotOurs, atomic_directory
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
-    target = atomic_write(tmp_path / "sub" / "report.json", "old")
+    target = atomic_write(tmp_path / "sub" / "measures.json", "old")
     with pytest.raises(RuntimeError):
         with atomic_path(target) as tmp:
             assert tmp.parent == target.parent and tmp.suffix == ".json" and tmp.name.startswith(".")
             tmp.write_text("half")
             raise RuntimeError("crash")
-    assert target.read_text() == "old" and sorted(p.name for p in target.parent.iterdir()) == ["report.json"]
+    assert target.read_text() == "old" and sorted(p.name for p in target.parent.iterdir()) == ["measures.json"]
     assert atomic_write(target, b"new").read_bytes() == b"new"
 
 

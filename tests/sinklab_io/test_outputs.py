@@ -22,38 +22,38 @@ from sinklab_io.outputs import (
 
 def test_a_file_is_rewritten_only_while_it_is_what_sinklab_wrote(tmp_path):
     out = tmp_path / "out"
-    report = write_output(out / "report.json", "1", "sinklab analyze")
-    assert theirs(out, ["report.json", "new.png"]) == [] and written(out) == [report]
+    report = write_output(out / "measures.json", "1", "sinklab analyze")
+    assert theirs(out, ["measures.json", "new.png"]) == [] and written(out) == [report]
     write_output(report, "2", "sinklab analyze")  # its own earlier output
     assert report.read_text() == "2"
     (out / "notes.txt").write_text("mine")  # other files in --out are left alone, and not counted as output
-    assert claim(out, ["report.json"]) == out and written(out) == [report]
+    assert claim(out, ["measures.json"]) == out and written(out) == [report]
     report.write_text("edited")  # now partly the user's
     os.utime(report, ns=(1, 1))
-    assert theirs(out, ["report.json"]) == ["report.json"] and written(out) == []
-    with pytest.raises(NotOurs, match="already holds report.json, which sinklab did not write .*nothing was changed"):
-        claim(out, ["report.json", "plot.png"])
-    with pytest.raises(NotOurs, match="report.json exists, which sinklab did not write"):
+    assert theirs(out, ["measures.json"]) == ["measures.json"] and written(out) == []
+    with pytest.raises(NotOurs, match="already holds measures.json, which sinklab did not write .*nothing was changed"):
+        claim(out, ["measures.json", "plot.png"])
+    with pytest.raises(NotOurs, match="measures.json exists, which sinklab did not write"):
         write_output(report, "3", "sinklab analyze")
     assert report.read_text() == "edited"
-    assert sorted(p.name for p in out.iterdir()) == [MARKER, "notes.txt", "report.json"]  # no temporary left
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "measures.json", "notes.txt"]  # no temporary left
     with pytest.raises(NotOurs, match="is a file; name a directory"):
         claim(report, ["x"])
 
 
-@pytest.mark.parametrize("marker", ["[1, 2]", '"files"', "null", '{"files": 3}', '{"files": {"report.json": "x"}}'])
+@pytest.mark.parametrize("marker", ["[1, 2]", '"files"', "null", '{"files": 3}', '{"files": {"measures.json": "x"}}'])
 def test_a_marker_of_any_other_shape_vouches_for_nothing(marker, tmp_path):
     """A marker that is valid JSON of the wrong shape crashed every command that claims an output."""
-    (tmp_path / "report.json").write_text("mine")
+    (tmp_path / "measures.json").write_text("mine")
     (tmp_path / MARKER).write_text(marker)
-    assert theirs(tmp_path, ["report.json"]) == ["report.json"] and written(tmp_path) == []
-    with pytest.raises(NotOurs, match="already holds report.json, which sinklab did not write"):
-        claim(tmp_path, ["report.json"])
-    with pytest.raises(NotOurs, match="report.json exists, which sinklab did not write"):
-        write_output(tmp_path / "report.json", "1", "sinklab analyze")
-    with pytest.raises(NotOurs, match="holds report.json, which this command did not write"):
+    assert theirs(tmp_path, ["measures.json"]) == ["measures.json"] and written(tmp_path) == []
+    with pytest.raises(NotOurs, match="already holds measures.json, which sinklab did not write"):
+        claim(tmp_path, ["measures.json"])
+    with pytest.raises(NotOurs, match="measures.json exists, which sinklab did not write"):
+        write_output(tmp_path / "measures.json", "1", "sinklab analyze")
+    with pytest.raises(NotOurs, match="holds measures.json, which this command did not write"):
         claim_directory(tmp_path, "sinklab export-hf")
-    assert (tmp_path / "report.json").read_text() == "mine"
+    assert (tmp_path / "measures.json").read_text() == "mine"
 
 
 def test_a_file_in_a_first_format_marker_is_the_users(tmp_path):
@@ -68,13 +68,13 @@ def test_a_file_in_a_first_format_marker_is_the_users(tmp_path):
 
 
 def test_a_command_replaces_only_its_own_output_for_the_same_subject(tmp_path):
-    report = write_output(tmp_path / "report.json", "1", "sinklab analyze of a")
+    report = write_output(tmp_path / "measures.json", "1", "sinklab analyze of a")
     write_output(report, "2", "sinklab analyze of a")
     for other in ("sinklab report of e at scale cpu", "sinklab analyze of b"):
-        assert theirs(tmp_path, ["report.json"], other) == ["report.json"]
-        with pytest.raises(NotOurs, match="already holds report.json, which sinklab analyze of a wrote"):
-            claim(tmp_path, ["report.json"], by=other)
-        with pytest.raises(NotOurs, match="report.json exists, which sinklab analyze of a wrote"):
+        assert theirs(tmp_path, ["measures.json"], other) == ["measures.json"]
+        with pytest.raises(NotOurs, match="already holds measures.json, which sinklab analyze of a wrote"):
+            claim(tmp_path, ["measures.json"], by=other)
+        with pytest.raises(NotOurs, match="measures.json exists, which sinklab analyze of a wrote"):
             write_output(report, "3", other)
     assert report.read_text() == "2" and written(tmp_path) == [report]
 

@@ -184,15 +184,15 @@ def test_analyze_of_the_run_equals_analyze_of_its_checkpoint(fitted, tmp_path):
     assert analyze.main([str(ckpt), *common, "--out", str(tmp_path / "ckpt")]) == 0
     fitted.mp.setenv("MLFLOW_TRACKING_URI", fitted.uri)
     assert analyze.main([f"runs:/{fitted.run_id}", *common, "--out", str(tmp_path / "run")]) == 0
-    by_ckpt = json.loads((tmp_path / "ckpt" / "report.json").read_text())
-    by_run = json.loads((tmp_path / "run" / "report.json").read_text())
+    by_ckpt = json.loads((tmp_path / "ckpt" / "measures.json").read_text())
+    by_run = json.loads((tmp_path / "run" / "measures.json").read_text())
     assert by_run["table1"] == by_ckpt["table1"] and set(by_run["table1"]) == {"natural", "random", "repeat"}
-    assert by_run["reports"] == by_ckpt["reports"]
+    assert by_run["measures"] == by_ckpt["measures"]
     assert by_run["source"] == f"runs:/{fitted.run_id}" and by_run["mlflow_run_id"] == fitted.run_id
     run = fitted.client.get_run(fitted.run_id)  # logged back to the training run, under analysis/
     assert run.data.metrics["analysis/table1/natural"] == by_ckpt["table1"]["natural"]
-    assert run.data.metrics["analysis/random/sink_k4"] == by_ckpt["reports"]["random"]["profile"][3]
-    assert "analysis/report.json" in {a.path for a in fitted.client.list_artifacts(fitted.run_id, "analysis")}
+    assert run.data.metrics["analysis/random/sink_k4"] == by_ckpt["measures"]["random"]["profile"][3]
+    assert "analysis/measures.json" in {a.path for a in fitted.client.list_artifacts(fitted.run_id, "analysis")}
 
 
 def test_stream_ppl_lm_eval_and_export_hf_take_the_run(fitted, tmp_path, capsys):

@@ -151,7 +151,7 @@ def test_softmax_sink_emerges_with_value_drain_and_analyze_reads_it_back(
     assert "Extreme-token phenomena per layer (natural" in printed and "BOS share, other queries" in printed
     header = next(line for line in printed.splitlines() if "Sink_1^ε" in line)
     assert "natural BOS first (the dataset's probe set)" in header  # not "no BOS"
-    layers = json.loads((out / "report.json").read_text())["extreme_tokens"]["natural"]
+    layers = json.loads((out / "measures.json").read_text())["extreme_tokens"]["natural"]
     for key in (
         "sink/bos_share_trigger_l0",
         "sink/bos_share_other_l0",

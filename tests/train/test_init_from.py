@@ -105,9 +105,9 @@ def test_fit_continues_a_pretrained_model_with_a_sink_logit_training_alone(
     first = {r["step"]: r for r in read_metrics(run) if "sink/sink1" in r}[0]
     argv = [str(tiny_llama_dir), "--dataset", str(llama_ds), "-n", "8", "-T", "12", "--inputs", "natural"]
     assert analyze.main([*argv, "--no-plots", "--out", str(tmp_path / "a")]) == 0
-    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    report = json.loads((tmp_path / "a" / "measures.json").read_text())
     assert first["sink/sink1"] == pytest.approx(report["table1"]["natural"], abs=1e-9)
-    alpha1 = torch.tensor(report["reports"]["natural"]["alpha1"]).mean().item()  # [L, H]: per query head
+    alpha1 = torch.tensor(report["measures"]["natural"]["alpha1"]).mean().item()  # [L, H]: per query head
     assert first["sink/alpha1_mean"] == pytest.approx(alpha1, abs=1e-6)
     ckpt = torch.load(run / "checkpoints" / "step-000002.ckpt", weights_only=False)
     source = from_hf(str(tiny_llama_dir)).state_dict()
