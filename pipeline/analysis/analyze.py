@@ -122,7 +122,8 @@ def output_names(a: Analysis) -> list[str]:
         return ["measures.json"]
     alpha1 = [f"alpha1_{k}.png" for k in a.inputs]
     natural = [secondary.FIGURE] if "natural" in a.inputs else []
-    return ["measures.json", "sink_profile.png", *alpha1, "norm_ratio.png", "qk_decomposition.png", "flow.png", *natural]
+    figures = ["sink_profile.png", *alpha1, "norm_ratio.png", "qk_decomposition.png", "flow.png", *natural]
+    return ["measures.json", *figures]
 
 
 def probe_bos(probe: inputs.ProbeSettings) -> bool:
