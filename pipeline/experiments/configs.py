@@ -65,22 +65,18 @@ def run_name(experiment: Experiment, variant: Variant, scale: str, seed: int) ->
     return f"{variant.name} s{seed} ({experiment.name}/{scale})"
 
 
-def identity(experiment: Experiment, variant: Variant, scale: str, seed: int) -> dict[str, Any]:
-    """Settings of `sinklab fit` that tie a run to its experiment, variant, scale and seed (initialisation and data)."""
-    return {
+def variant_config(experiment: Experiment, variant: Variant, scale: str, seed: int | None = None) -> dict[str, Any]:
+    """The recipe with the scale's and the variant's overrides and the run's identity (`seed` default: the first)."""
+    config = load_recipe(experiment, scale)
+    seed = seeds(experiment, scale, 1)[0] if seed is None else seed
+    settings = {  # the run's identity: its experiment, variant, scale and seed (initialisation and data)
+        **experiment.overrides(variant, scale),
         "run.experiment": experiment.mlflow_experiment,
         "run.variant": variant.name,
         "run.name": run_name(experiment, variant, scale, seed),
         "seed_everything": seed,
         "data.seed": seed,
     }
-
-
-def variant_config(experiment: Experiment, variant: Variant, scale: str, seed: int | None = None) -> dict[str, Any]:
-    """The recipe with the scale's and the variant's overrides and the run's identity (`seed` default: the first)."""
-    config = load_recipe(experiment, scale)
-    seed = seeds(experiment, scale, 1)[0] if seed is None else seed
-    settings = {**experiment.overrides(variant, scale), **identity(experiment, variant, scale, seed)}
     try:
         for key, value in settings.items():
             set_dotted(config, key, value)

@@ -16,6 +16,7 @@ SCALES = ("paper", "cpu", "gpu")
 REQUIRED_SCALES = ("paper", "cpu")  # gpu (one lent GPU) is opt-in per file
 MAX_SEEDS = 1000  # runs per variant: a larger count is a slip (the plan lists every run)
 TOP_KEYS = set("name title group paper_ref description scale columns variants cpu_notes paper_notes plot".split())
+TEXT_KEYS = ("title", "group", "paper_ref", "description", "cpu_notes", "paper_notes")
 PLOT_KEYS = {"kind", "metric", "x", "title"}
 PLOT_KINDS = ("curve", "bar")
 
@@ -101,8 +102,7 @@ class Experiment:
 
     def overrides(self, variant: Variant, scale: str) -> dict[str, Any]:
         """The scale's base overrides, then the variant's, then its own at this scale (the last wins)."""
-        at_scale = {"cpu": variant.cpu_overrides, "paper": variant.paper_overrides, "gpu": variant.gpu_overrides}
-        return {**self.setup(scale).overrides, **variant.overrides, **at_scale[scale]}
+        return {**self.setup(scale).overrides, **variant.overrides, **getattr(variant, f"{scale}_overrides")}
 
 
 # the fields of a variant, a column and a scale are what their entries may set
@@ -211,20 +211,9 @@ def _parse(raw: Any, r: Reader, path: Path) -> Experiment:
             r.text(p.get("title"), ("plot", "title"), optional=True) or top["title"],
         )
 
-    return Experiment(
-        name=name,
-        title=r.text(top["title"], ("title",)),
-        group=r.text(top.get("group"), ("group",), optional=True) or path.parent.name,
-        paper_ref=r.text(top["paper_ref"], ("paper_ref",)),
-        description=r.text(top.get("description"), ("description",), optional=True) or "",
-        scales=scales,
-        columns=columns,
-        variants=variants,
-        path=path,
-        cpu_notes=r.text(top.get("cpu_notes"), ("cpu_notes",), optional=True),
-        paper_notes=r.text(top.get("paper_notes"), ("paper_notes",), optional=True),
-        plot=plot,
-    )
+    texts = {k: r.text(top.get(k), (k,), optional=k not in ("title", "paper_ref")) for k in TEXT_KEYS}
+    texts |= {"group": texts["group"] or path.parent.name, "description": texts["description"] or ""}
+    return Experiment(name=name, scales=scales, columns=columns, variants=variants, path=path, plot=plot, **texts)
 
 
 def _parse_variant(raw: Any, i: int, r: Reader, column_keys: list[str]) -> Variant:
@@ -237,15 +226,10 @@ def _parse_variant(raw: Any, i: int, r: Reader, column_keys: list[str]) -> Varia
         if key not in column_keys:
             raise r.fail(at + ("paper", key), f"no column {key!r}; columns: {', '.join(column_keys)}")
         paper[key] = r.number_or_null(value, at + ("paper", key))
-    return Variant(
-        name=name,
-        label=r.text(v.get("label"), at + ("label",), optional=True) or name,
-        overrides=r.overrides(v.get("overrides"), at + ("overrides",)),
-        cpu_overrides=r.overrides(v.get("cpu_overrides"), at + ("cpu_overrides",)),
-        paper_overrides=r.overrides(v.get("paper_overrides"), at + ("paper_overrides",)),
-        gpu_overrides=r.overrides(v.get("gpu_overrides"), at + ("gpu_overrides",)),
-        paper=paper,
-        paper_source=r.text(v.get("paper_source"), at + ("paper_source",), optional=True),
-        paper_status=r.text(v.get("paper_status"), at + ("paper_status",), optional=True),
-        note=r.text(v.get("note"), at + ("note",), optional=True),
-    )
+    parsed = {}
+    for key in (f.name for f in fields(Variant) if f.name not in ("name", "paper")):
+        if key.endswith("overrides"):
+            parsed[key] = r.overrides(v.get(key), at + (key,))
+        else:
+            parsed[key] = r.text(v.get(key), at + (key,), optional=True)
+    return Variant(**parsed | {"name": name, "label": parsed["label"] or name, "paper": paper})

@@ -69,16 +69,12 @@ class PlannedRun:
         return self.run_dir / "sweep.log"
 
 
-def sweep_dir(experiment: Experiment, scale: str, runs_root: Path) -> Path:
-    return runs_root / experiment.name / scale
-
-
 def plan(
     experiment: Experiment, scale: str, runs_root: Path, mlflow: Any | None, n_seeds: int | None = None
 ) -> list[PlannedRun]:
     """One PlannedRun per (variant, seed), its state from MLflow (None: all pending); `n_seeds` overrides the file's."""
     known = tracking.variant_runs(mlflow, experiment.mlflow_experiment, scale) if mlflow else {}
-    root = sweep_dir(experiment, scale, runs_root)
+    root = runs_root / experiment.name / scale
     planned = []
     for variant in experiment.variants:
         if variant.name in RESERVED_NAMES:
@@ -119,51 +115,41 @@ def write_configs(experiment: Experiment, scale: str, planned: list[PlannedRun])
 Runner = Callable[[PlannedRun, list[str]], int]
 
 
-def run_local(
-    planned: list[PlannedRun], runner: Runner = subprocess_runner, extra: list[str] = (), out=None
-) -> dict[str, int]:
+def run_local(planned: list[PlannedRun], runner: Runner = subprocess_runner, extra: list[str] = ()) -> dict[str, int]:
     """Run every (variant, seed) that has not finished, one after another; exit codes by run name."""
-    out = out or sys.stdout
     todo = [r for r in planned if r.to_run]
     codes = {}
     for i, run in enumerate(todo, 1):
         command = fit_command(run, list(extra))
-        print(f"[{i}/{len(todo)}] {run.name}: {' '.join(command)}", file=out, flush=True)
+        print(f"[{i}/{len(todo)}] {run.name}: {' '.join(command)}", flush=True)
         start = time.monotonic()
         codes[run.name] = code = runner(run, command)
         verdict = "done" if code == 0 else f"FAILED (exit {code}; see {run.log})"
-        print(f"[{i}/{len(todo)}] {run.name}: {verdict} in {time.monotonic() - start:.0f} s", file=out, flush=True)
+        print(f"[{i}/{len(todo)}] {run.name}: {verdict} in {time.monotonic() - start:.0f} s", flush=True)
         if code != 0 and run.log.exists():
             with open(run.log, errors="replace") as f:
-                print("".join("    | " + line for line in deque(f, maxlen=6)), end="", file=out)
+                print("".join("    | " + line for line in deque(f, maxlen=6)), end="")
     return codes
 
 
 def submit(
-    experiment: Experiment,
-    scale: str,
-    todo: list[PlannedRun],
-    runs_root: Path,
-    job_args: argparse.Namespace,
-    extra: list[str],
-    parent: str | None = None,
+    experiment: Experiment, todo: list[PlannedRun], args: argparse.Namespace, extra: list[str], parent: str
 ) -> str:
-    """Submit the runs ``todo`` as one SLURM job array, one task each; return its id."""
+    """Submit the runs ``todo`` as one SLURM job array, one task each, into the sweep's directory; return its id."""
     from cluster.submit import JobSpec, submit_array
 
     spec = JobSpec(
-        nodes=job_args.nodes,
-        gpus_per_node=job_args.gpus_per_node,
-        time=job_args.time or os.environ.get("SINKLAB_TIME"),
-        job_name=f"sweep-{experiment.name}-{scale}",
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        time=args.time or os.environ.get("SINKLAB_TIME"),
+        job_name=f"sweep-{experiment.name}-{args.scale}",
         fit_args=list(extra),
     )
     if os.environ.get("MLFLOW_TRACKING_URI"):
         spec.environment["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
-    if parent:
-        spec.environment[PARENT_ENV] = parent
+    spec.environment[PARENT_ENV] = parent
     tasks = [(r.config_path, r.run_dir) for r in todo]
-    return submit_array(tasks, sweep_dir(experiment, scale, runs_root), spec, max_parallel=job_args.max_parallel)
+    return submit_array(tasks, args.runs_root / experiment.name / args.scale, spec, max_parallel=args.max_parallel)
 
 
 def plural(n: int, word: str) -> str:
@@ -252,9 +238,8 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
                     f"--variants {args.variants!r}: names no variant; give some of "
                     f"{', '.join(v.name for v in experiment.variants)}, or leave --variants out for all"
                 )
-            for name in wanted:
-                experiment.variant(name)  # raises with the list of known variants
-            experiment = dataclasses.replace(experiment, variants=[v for v in experiment.variants if v.name in wanted])
+            kept = {experiment.variant(name).name for name in wanted}  # raises with the list of known variants
+            experiment = dataclasses.replace(experiment, variants=[v for v in experiment.variants if v.name in kept])
         experiment.setup(args.scale)  # refuses a scale the file does not have
         extra = data_args(args.data_path, args.scale) + extra
         mlflow = tracking.client()
@@ -279,10 +264,10 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
         parent = tracking.parent_run(mlflow, experiment, args.scale)
         print(f"MLflow parent run {parent} ({experiment.name}/{args.scale})")
         if args.submit:
-            job_id = submit(experiment, args.scale, todo, args.runs_root, args, extra, parent)
+            job_id = submit(experiment, todo, args, extra, parent)
             print(
                 f"submitted job array {job_id} with {len(todo)} tasks; logs in "
-                f"{sweep_dir(experiment, args.scale, args.runs_root) / 'slurm'}"
+                f"{args.runs_root / experiment.name / args.scale / 'slurm'}"
             )
             return 0
         previous = os.environ.get(PARENT_ENV)
