@@ -40,8 +40,6 @@ def line_map(text: str) -> dict[tuple, int]:
 
 
 class Reader:
-    """Type-checked access to the parsed YAML with errors that name file, line and field."""
-
     def __init__(self, path: Path, text: str):
         self.path = path
         self.lines = line_map(text)

@@ -27,8 +27,6 @@ from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_
 from pipeline.experiments.stats import MISSING, Spread, spread
 from sinklab_io.outputs import NotOurs, claim, write_output
 
-BY = "sinklab report"
-
 
 @dataclass
 class Row:
@@ -177,7 +175,7 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
         cells += [stats.emergence(row.emerged.get(key, [])) for key, _ in EMERGENCE_SHOWN]
         cells.append(row.status)
         lines.append(table_row(cells))
-    done = sum(r.status != "missing" and "finished" in r.status for r in rows)
+    done = sum("finished" in r.status for r in rows)
     lines += [
         "",
         f"Finished runs for {done} of {len(rows)} variants. Ours: the mean over seeds and its 95% t-interval "
@@ -249,8 +247,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         experiment = load_experiment(args.experiment)
         table = run_table.from_csv(args.data, experiment, args.scale) if args.data else None
@@ -261,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--plot: {experiment.name}'s figure is a metric over steps, which --from does not hold"
             )
         out = args.out or Path("runs") / experiment.name / scale / "report"
-        by = f"{BY} of {experiment.name} at scale {scale}"  # the output marker's writer
+        by = f"sinklab report of {experiment.name} at scale {scale}"  # the output marker's writer
         claim(out, ["report.md", "report.json", *([f"{experiment.name}-{scale}.png"] if args.plot else [])], by=by)
         if args.docs:
             results_page.claim_pages(args.docs, experiment.name)

@@ -36,12 +36,7 @@ class RunTable:
 
 def metrics_read(experiment: Experiment, scale: str) -> list[str]:
     """Every final metric the report (table, agreement, emergence, figure) reads of a run, sorted."""
-    found = {experiment.metric(c, scale) for c in experiment.columns} | {ALPHA1, UNIFORM, *EMERGED.values()}
-    return sorted(found)
-
-
-def header(experiment: Experiment, scale: str) -> list[str]:
-    return [*FIXED, *metrics_read(experiment, scale), WARNING]
+    return sorted({experiment.metric(c, scale) for c in experiment.columns} | {ALPHA1, UNIFORM, *EMERGED.values()})
 
 
 def from_mlflow(experiment: Experiment, scale: str, mlflow) -> RunTable:
@@ -72,14 +67,14 @@ def _cell(value) -> str:
 
 def to_csv(table: RunTable, experiment: Experiment) -> str:
     """The table as CSV text, one line per run in the report's order; a value the run did not log is empty."""
-    columns = header(experiment, table.scale)
+    metrics = metrics_read(experiment, table.scale)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
+    writer.writerow([*FIXED, *metrics, WARNING])
     for runs in table.runs.values():
         for r in runs:
             fixed = [table.study, table.scale, table.read_on, r.variant, r.seed, r.run_id, r.status, r.steps]
-            values = [*fixed, r.commit, r.config_hash, *(r.metrics.get(m) for m in columns[len(FIXED) : -1])]
+            values = [*fixed, r.commit, r.config_hash, *(r.metrics.get(m) for m in metrics)]
             writer.writerow([_cell(v) for v in values] + [r.memorising or ""])
     return out.getvalue()
 
@@ -144,7 +139,8 @@ def from_csv(path: Path, experiment: Experiment, scale: str | None = None) -> Ru
             f"{path}: holds the {found} scale's runs, not the {scale} scale's; drop --scale or match it"
         )
     experiment.setup(found)
-    expected = header(experiment, found)
+    read = metrics_read(experiment, found)
+    expected = [*FIXED, *read, WARNING]
     if columns != expected:
         lacking = [c for c in expected if c not in columns]
         extra = [c for c in columns if c not in expected]
@@ -165,7 +161,7 @@ def from_csv(path: Path, experiment: Experiment, scale: str | None = None) -> Ru
         seen.add((variant, seed))
         if not row["run_id"] or not row["status"]:
             raise DataFileError(f"{path}:{line}: run_id and status must not be empty")
-        metrics = {m: _number(path, line, m, row[m], float) for m in expected[len(FIXED) : -1]}
+        metrics = {m: _number(path, line, m, row[m], float) for m in read}
         runs.setdefault(variant, []).append(
             tracking.RunSummary(
                 run_id=row["run_id"],

@@ -7,6 +7,7 @@ Definitions and their rationale: docs/experiments.md (Reports).
 from __future__ import annotations
 
 import math
+import statistics
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,11 +53,9 @@ def spread(
     pairs = [(float(v), s) for v, s in zip(values, seeds or [None] * len(values)) if v is not None and v == v]
     xs, kept = tuple(v for v, _ in pairs), tuple(s for _, s in pairs) if seeds is not None else ()
     n = len(xs)
-    if n == 0:
-        return Spread(xs, None, None, None, None, kept)
+    if n < 2:
+        return Spread(xs, xs[0] if xs else None, None, None, None, kept)
     mean = sum(xs) / n
-    if n == 1:
-        return Spread(xs, mean, None, None, None, kept)
     std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = float(scipy_stats.t.ppf(0.5 + LEVEL / 2, n - 1)) * std / math.sqrt(n)
     return Spread(xs, mean, std, max(mean - half, bounds[0]), min(mean + half, bounds[1]), kept)
@@ -208,16 +207,11 @@ def emergence(steps: Sequence[float | None]) -> str:
     if not steps:
         return MISSING
     values = sorted(math.inf if s is None else float(s) for s in steps)
-    n = len(values)
-    median = (values[(n - 1) // 2] + values[n // 2]) / 2
-
-    def show(v: float) -> str:
-        return NEVER if math.isinf(v) else f"{v:.0f}"
-
-    emerged = sum(s is not None for s in steps)
-    if values[0] == values[-1]:
-        return f"{show(median)}, {emerged}/{n}"
-    return f"{show(median)} ({show(values[0])}–{show(values[-1])}), {emerged}/{n}"
+    median, first, last = (
+        NEVER if math.isinf(v) else f"{v:.0f}" for v in (statistics.median(values), values[0], values[-1])
+    )
+    counted = f"{sum(s is not None for s in steps)}/{len(values)}"
+    return f"{median}, {counted}" if values[0] == values[-1] else f"{median} ({first}–{last}), {counted}"
 
 
 def welch(a: Spread, b: Spread) -> float:
