@@ -37,15 +37,6 @@ class ForkServer:
     def __init__(self) -> None:
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> None:
-        boot = (
-            f"import sys; sys.path.insert(0, {str(CODE_ROOT)!r}); from pipeline.experiments.pool import serve; serve()"
-        )
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        self._answer()  # the "ready" line
-
     def _answer(self) -> dict:
         line = self.process.stdout.readline()
         if not line:
@@ -55,8 +46,11 @@ class ForkServer:
 
     def __call__(self, run, command: list[str]) -> int:
         if self.process is None:
-            self.start()
-        run.run_dir.mkdir(parents=True, exist_ok=True)
+            boot = f"import sys; sys.path.insert(0, {str(CODE_ROOT)!r}); from pipeline.experiments.pool import serve"
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", f"{boot}; serve()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+            self._answer()  # the "ready" line
         request = {"argv": command[command.index("fit") + 1 :], "log": str(run.log), "env": dict(os.environ)}
         print(json.dumps(request), file=self.process.stdin, flush=True)
         return int(self._answer()["code"])
@@ -97,7 +91,7 @@ def _run_child(request: dict) -> None:
 
 
 def serve() -> None:
-    """The worker's loop: import once, then fork one child per request and wait for it."""
+    """The worker's loop: import once, then fork one child per request (its run dir made first) and wait for it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the running child's; stdin's end stops us
     started = time.perf_counter()
     import importlib

@@ -140,8 +140,7 @@ def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
 
 def steps_line(rows: list[Row]) -> list[str]:
     """The last step each run logged (the final sink probe runs at the last step), per variant."""
-    steps = {row.label: [r.steps for r in row.runs if r.steps is not None] for row in rows}
-    steps = {label: n for label, n in steps.items() if n}
+    steps = {row.label: n for row in rows if (n := [r.steps for r in row.runs if r.steps is not None])}
     every = {n for runs in steps.values() for n in runs}
     if not every:
         return []

@@ -82,8 +82,9 @@ def plot(experiment: Experiment, rows, mlflow, path: Path, by: str) -> Path | No
         ours = [r.measured[column] if column is not None else spread([]) for r in rows]
         paper = [r.paper[column] if column is not None else None for r in rows]
         labelled_bars(ax, [x - 0.2 for x in xs], paper, "paper")
-        ours_label = "ours (mean, 95% interval, seeds)"
-        labelled_bars(ax, [x + 0.2 for x in xs], [s.mean for s in ours], ours_label, spreads=ours)
+        labelled_bars(
+            ax, [x + 0.2 for x in xs], [s.mean for s in ours], "ours (mean, 95% interval, seeds)", spreads=ours
+        )
         ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=8)
         ax.legend(fontsize=8)
         if with_alpha1:

@@ -39,7 +39,6 @@ def prose_of(path: Path) -> str:
 
 
 def with_prose(generated: str, prose: str, tail: str = "") -> str:
-    """``generated``, then the prose region, then ``tail`` (generated too)."""
     body = f"{prose}\n" if prose else ""
     return f"{generated.rstrip()}\n\n{PROSE[0]}\n{body}{PROSE[1]}\n" + (f"\n{tail.rstrip()}\n" if tail else "")
 

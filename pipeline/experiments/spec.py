@@ -97,7 +97,6 @@ class Experiment:
         return self.scales[scale]
 
     def metric(self, column: Column, scale: str) -> str:
-        """The MLflow metric that fills ``column`` at ``scale``."""
         return self.setup(scale).metrics.get(column.metric, column.metric)
 
     def overrides(self, variant: Variant, scale: str) -> dict[str, Any]:
@@ -132,7 +131,6 @@ def experiment_files() -> list[Path]:
 
 
 def load_experiment(name_or_path: str | Path) -> Experiment:
-    """Load and validate one experiment by name (file stem) or path."""
     path = _find_file(name_or_path)
     text = path.read_text()
     try:

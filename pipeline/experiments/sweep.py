@@ -20,7 +20,7 @@ import yaml
 
 from cluster.jobs import JobError
 from pipeline import tracking
-from pipeline.experiments.configs import seeds, variant_config
+from pipeline.experiments.configs import check_variant, seeds, variant_config
 from pipeline.experiments.pool import ForkServer, WorkerError, subprocess_runner
 from pipeline.experiments.spec import MAX_SEEDS, SCALES, Experiment, ExperimentError, load_experiment
 from pipeline.tracking import PARENT_ENV
@@ -246,8 +246,6 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
         planned = plan(experiment, args.scale, args.runs_root, mlflow, args.seeds)
         todo = [r for r in planned if r.to_run]
         if todo and not args.no_check:  # with `sinklab fit`'s parser, before the plan: a refusal is one line
-            from pipeline.experiments.validate import check_variant
-
             for run in todo:
                 check_variant(experiment, experiment.variant(run.variant), args.scale, run.seed, extra)
         print(format_plan(experiment, args.scale, planned))
