@@ -171,9 +171,8 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
             if published:
                 cells.append(row.paper_status if row.paper_status else fmt(paper, c.digits))
             cells.append(fmt_spread(measured, c.digits))
-        cells += [stats.emergence(row.emerged.get(key, [])) for key, _ in EMERGENCE_SHOWN]
-        cells.append(row.status)
-        lines.append(table_row(cells))
+        emerged = [stats.emergence(row.emerged.get(key, [])) for key, _ in EMERGENCE_SHOWN]
+        lines.append(table_row([*cells, *emerged, row.status]))
     done = sum("finished" in r.status for r in rows)
     lines += [
         "",
@@ -201,20 +200,18 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
 
 def to_json(experiment: Experiment, scale: str, rows: list[Row]) -> str:
     """The report's numbers for machines: per variant, column and seed, and the agreement."""
-    variants = []
-    for row in rows:
-        columns = {c.key: asdict(s) for c, s in zip(experiment.columns, row.measured)}
-        columns[ALPHA1_COLUMN] = asdict(row.alpha1)
-        variants.append(
-            {
-                "variant": row.variant,
-                "seeds": [r.seed for r in row.runs],
-                "runs": [r.run_id for r in row.runs],
-                "status": row.status,
-                "columns": columns,
-                "emerged": row.emerged,
-            }
-        )
+    variants = [
+        {
+            "variant": row.variant,
+            "seeds": [r.seed for r in row.runs],
+            "runs": [r.run_id for r in row.runs],
+            "status": row.status,
+            "columns": {c.key: asdict(s) for c, s in zip(experiment.columns, row.measured)}
+            | {ALPHA1_COLUMN: asdict(row.alpha1)},
+            "emerged": row.emerged,
+        }
+        for row in rows
+    ]
     found = [asdict(a) | {"verdict": a.verdict} for a in agreement(experiment, rows)]
     return json.dumps({"experiment": experiment.name, "scale": scale, "variants": variants, "agreement": found})
 

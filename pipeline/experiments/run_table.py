@@ -150,15 +150,13 @@ def from_csv(path: Path, experiment: Experiment, scale: str | None = None) -> Ru
         raise DataFileError(f"{path}: {what}; `sinklab report {study} --scale {found} --docs DIR` writes the columns")
     variants = [v.name for v in experiment.variants]
     runs: dict[str, list[tracking.RunSummary]] = {}
-    seen = set()
     for line, row in rows:
         variant = row["variant"]
         if variant not in variants:
             raise DataFileError(f"{path}:{line}: variant {variant!r} is not one of {study}'s ({', '.join(variants)})")
         seed = _number(path, line, "seed", row["seed"], int)
-        if (variant, seed) in seen:
+        if any(r.seed == seed for r in runs.get(variant, [])):
             raise DataFileError(f"{path}:{line}: a second run of {variant} seed {seed}; a report shows one per seed")
-        seen.add((variant, seed))
         if not row["run_id"] or not row["status"]:
             raise DataFileError(f"{path}:{line}: run_id and status must not be empty")
         metrics = {m: _number(path, line, m, row[m], float) for m in read}

@@ -152,10 +152,9 @@ def _parse(raw: Any, r: Reader, path: Path) -> Experiment:
     for scale in (s for s in SCALES if s in scale_raw):
         at = ("scale", scale)
         s = r.mapping(scale_raw[scale], at, SCALE_KEYS, required=("recipe",))
-        recipe = r.text(s["recipe"], at + ("recipe",))
         metrics = r.mapping(s.get("metrics"), at + ("metrics",))
         scales[scale] = ScaleSetup(
-            recipe,
+            r.text(s["recipe"], at + ("recipe",)),
             r.overrides(s.get("overrides"), at + ("overrides",)),
             {k: r.metric(v, at + ("metrics", k)) for k, v in metrics.items()},
             r.count(s.get("seeds"), at + ("seeds",), 1, MAX_SEEDS),

@@ -94,15 +94,12 @@ def plan(
     return planned
 
 
-def sinklab_command() -> list[str]:
-    """The `sinklab` entry point of this Python (the same one a user types)."""
-    beside = Path(sys.executable).with_name("sinklab")
-    return [str(beside)] if beside.exists() else [sys.executable, "-m", "pipeline.cli"]
-
-
 def fit_command(run: PlannedRun, extra: list[str] = ()) -> list[str]:
+    """`sinklab fit` of ``run``, by the `sinklab` entry point of this Python (the same one a user types)."""
+    beside = Path(sys.executable).with_name("sinklab")
+    sinklab = [str(beside)] if beside.exists() else [sys.executable, "-m", "pipeline.cli"]
     fit = ["fit", "--config", str(run.config_path), "--run-dir", str(run.run_dir), "--resume", "auto"]
-    return [*sinklab_command(), *fit, *extra]
+    return [*sinklab, *fit, *extra]
 
 
 def write_configs(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> None:
