@@ -44,19 +44,13 @@ class Reader:
         self.path = path
         self.lines = line_map(text)
 
-    def where(self, path: tuple) -> str:
+    def fail(self, path: tuple, message: str) -> ExperimentError:
+        """`file:line: field: message`, the line of the field or of its nearest enclosing one in the file."""
         probe = path
         while probe and probe not in self.lines:
             probe = probe[:-1]
-        line = self.lines.get(probe, 1)
-        dotted = (
-            "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(path))
-            or "<top>"
-        )
-        return f"{self.path}:{line}: {dotted}"
-
-    def fail(self, path: tuple, message: str) -> ExperimentError:
-        return ExperimentError(f"{self.where(path)}: {message}")
+        dotted = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(path))
+        return ExperimentError(f"{self.path}:{self.lines.get(probe, 1)}: {dotted or '<top>'}: {message}")
 
     def mapping(self, value: Any, path: tuple, allowed: set[str] | None = None, required: tuple[str, ...] = ()) -> dict:
         value = {} if value is None else value
