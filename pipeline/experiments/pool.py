@@ -34,8 +34,7 @@ def subprocess_runner(run, command: list[str]) -> int:
 class ForkServer:
     """A sweep's runner (`sweep.Runner`): one `sinklab fit` per call in a child of the worker, started lazily."""
 
-    def __init__(self) -> None:
-        self.process: subprocess.Popen | None = None
+    process: subprocess.Popen | None = None
 
     def _answer(self) -> dict:
         line = self.process.stdout.readline()

@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pipeline import metric_names as N
 from pipeline import tracking
 from pipeline.experiments import results_page, run_table, stats
-from pipeline.experiments.agreement import agreement, agreement_markdown, table_row
-from pipeline.experiments.report_names import (
-    ALPHA1,
-    ALPHA1_COLUMN,
-    EMERGED,
-    EMERGENCE_SHOWN,
-    UNIFORM,
-    agreement_metrics,
-    bounds,
-    spread_metrics,
-)
+from pipeline.experiments.agreement import Agreement, agreement, agreement_markdown, table_row
+from pipeline.experiments.report_names import ALPHA1, ALPHA1_COLUMN, EMERGED, EMERGENCE_SHOWN, UNIFORM, bounds
 from pipeline.experiments.run_table import DataFileError
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 from pipeline.experiments.stats import MISSING, Spread, spread
@@ -214,6 +207,41 @@ def to_json(experiment: Experiment, scale: str, rows: list[Row]) -> str:
     ]
     found = [asdict(a) | {"verdict": a.verdict} for a in agreement(experiment, rows)]
     return json.dumps({"experiment": experiment.name, "scale": scale, "variants": variants, "agreement": found})
+
+
+# each agreement metric of the permutation p and the Permutation field it reports
+PERMUTATION_FIELDS = (("spearman_p", "p"), ("spearman_p_reversed", "p_reversed"), ("permutations", "permutations"))
+
+
+def _number(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def agreement_metrics(found: list[Agreement]) -> dict[str, float]:
+    """The agreement rows as MLflow metrics."""
+    out = {}
+    for a in found:  # getattr(None, field, None): None where there is no permutation p or no interval
+        values = {"n": a.n, "min_seeds": a.min_seeds, "distinct": a.distinct, "family": a.family}
+        values["spearman_p_holm"] = a.p_holm
+        values |= {name: getattr(a.p, field, None) for name, field in PERMUTATION_FIELDS}
+        for name, value, interval in (("spearman", a.rho, a.rho_interval), ("kendall", a.tau, a.tau_interval)):
+            values[name] = value
+            values |= {f"{name}_{part}": getattr(interval, part, None) for part in ("lo", "hi", "defined")}
+        values["resamples"] = getattr(a.rho_interval, "resamples", None)
+        out |= {N.agreement(a.key, name): _number(value) for name, value in values.items()}
+    return out
+
+
+def spread_metrics(experiment: Experiment, rows: list[Row]) -> dict[str, float]:
+    """Each variant's metrics over its seeds as MLflow metrics."""
+    out = {}
+    for row in rows:
+        columns = [(c.key, s) for c, s in zip(experiment.columns, row.measured)] + [(ALPHA1_COLUMN, row.alpha1)]
+        for key, s in columns:
+            for statistic, value in (("n", s.n), ("mean", s.mean), ("std", s.std), ("lo", s.lo), ("hi", s.hi)):
+                name = re.sub(r"[^\w./ -]", "_", N.over_seeds(row.variant, key, statistic))  # MLflow's characters
+                out[name] = _number(value)
+    return out
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

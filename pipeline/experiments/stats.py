@@ -197,7 +197,6 @@ def verdict(
     return "ordering reproduced" if up else "ordering reversed"
 
 
-NEVER = "never"
 MISSING = "—"  # no value, in every table of a report
 
 
@@ -208,7 +207,7 @@ def emergence(steps: Sequence[float | None]) -> str:
         return MISSING
     values = sorted(math.inf if s is None else float(s) for s in steps)
     median, first, last = (
-        NEVER if math.isinf(v) else f"{v:.0f}" for v in (statistics.median(values), values[0], values[-1])
+        "never" if math.isinf(v) else f"{v:.0f}" for v in (statistics.median(values), values[0], values[-1])
     )
     counted = f"{sum(s is not None for s in steps)}/{len(values)}"
     return f"{median}, {counted}" if values[0] == values[-1] else f"{median} ({first}–{last}), {counted}"
