@@ -15,6 +15,7 @@ from pipeline import tracking
 from pipeline.experiments import results_page, run_table, stats
 from pipeline.experiments.agreement import Agreement, agreement, agreement_markdown, table_row
 from pipeline.experiments.report_names import ALPHA1, ALPHA1_COLUMN, EMERGED, EMERGENCE_SHOWN, UNIFORM, bounds
+from pipeline.experiments.report_plot import plot
 from pipeline.experiments.run_table import DataFileError
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 from pipeline.experiments.stats import MISSING, Spread, spread
@@ -304,8 +305,6 @@ def main(argv: list[str] | None = None) -> int:
         ):
             print(f"wrote {f}")
     if args.plot:
-        from pipeline.experiments.report_plot import plot
-
         figure = plot(experiment, rows, mlflow, out / f"{experiment.name}-{scale}.png", by)
         if figure is None:
             print(f"sinklab report: {experiment.name} defines no plot", file=sys.stderr)

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline import metric_names as N
+from pipeline import metrics as M
 from pipeline import tracking
 from pipeline.experiments import results_page
 from pipeline.experiments.report_names import ALPHA1, EMERGED, SINK1, UNIFORM
@@ -41,8 +42,6 @@ def metrics_read(experiment: Experiment, scale: str) -> list[str]:
 
 def from_mlflow(experiment: Experiment, scale: str, mlflow) -> RunTable:
     """Per variant and seed the run a report shows, with its last step, valid-loss warning and the metrics read."""
-    from pipeline import metrics as M
-
     known = tracking.variant_runs(mlflow, experiment.mlflow_experiment, scale)
     read = set(metrics_read(experiment, scale))
     runs = {}
@@ -50,13 +49,11 @@ def from_mlflow(experiment: Experiment, scale: str, mlflow) -> RunTable:
         shown = list(tracking.best_runs(known.get(variant.name, [])).values())
         for run in shown:
             histories = {key: tracking.metric_history(mlflow, run.run_id, key) for key in STEP_KEYS}
-            steps = [step for history in histories.values() for step, _ in history]
-            run.steps = max(steps) if steps else None
+            run.steps = max((step for history in histories.values() for step, _ in history), default=None)
             run.memorising = M.memorising(histories[N.VAL_LOSS])
             run.metrics = {k: v for k, v in run.metrics.items() if k in read}
         runs[variant.name] = shown
-    today = datetime.now(timezone.utc).date().isoformat()
-    return RunTable(experiment.name, scale, today, runs)
+    return RunTable(experiment.name, scale, datetime.now(timezone.utc).date().isoformat(), runs)
 
 
 def _cell(value) -> str:

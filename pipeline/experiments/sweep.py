@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from cluster.jobs import JobError
+from cluster.submit import JobSpec, submit_array
 from pipeline import tracking
 from pipeline.experiments.configs import check_variant, seeds, variant_config
 from pipeline.experiments.pool import ForkServer, WorkerError, subprocess_runner
@@ -133,8 +134,6 @@ def submit(
     experiment: Experiment, todo: list[PlannedRun], args: argparse.Namespace, extra: list[str], parent: str
 ) -> str:
     """Submit the runs ``todo`` as one SLURM job array, one task each, into the sweep's directory; return its id."""
-    from cluster.submit import JobSpec, submit_array
-
     spec = JobSpec(
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
@@ -181,10 +180,8 @@ def seed_count(text: str) -> int:
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1 :]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    argv, extra = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(
         prog="sinklab sweep",
         description="Train every variant of a paper experiment (configs/experiments/**/<EXPERIMENT>.yaml) "
