@@ -12,11 +12,10 @@ from pathlib import Path
 
 from pipeline import metric_names as N
 from pipeline import tracking
-from pipeline.experiments import results_page, run_table, stats
+from pipeline.experiments import run_table, stats
 from pipeline.experiments.agreement import Agreement, agreement, agreement_markdown, table_row
 from pipeline.experiments.report_names import ALPHA1, ALPHA1_COLUMN, EMERGED, EMERGENCE_SHOWN, UNIFORM, bounds
 from pipeline.experiments.report_plot import plot
-from pipeline.experiments.run_table import DataFileError
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 from pipeline.experiments.stats import MISSING, Spread, spread
 from sinklab_io.outputs import NotOurs, claim, write_output
@@ -279,15 +278,15 @@ def main(argv: list[str] | None = None) -> int:
         scale = table.scale if table else args.scale or "cpu"
         experiment.setup(scale)
         if args.data and args.plot and experiment.plot is not None and experiment.plot.kind == "curve":
-            raise DataFileError(
+            raise run_table.DataFileError(
                 f"--plot: {experiment.name}'s figure is a metric over steps, which --from does not hold"
             )
         out = args.out or Path("runs") / experiment.name / scale / "report"
         by = f"sinklab report of {experiment.name} at scale {scale}"  # the output marker's writer
         claim(out, ["report.md", "report.json", *([f"{experiment.name}-{scale}.png"] if args.plot else [])], by=by)
         if args.docs:
-            results_page.claim_pages(args.docs, experiment.name)
-    except (ExperimentError, NotOurs, DataFileError) as error:
+            run_table.claim_pages(args.docs, experiment.name)
+    except (ExperimentError, NotOurs, run_table.DataFileError) as error:
         print(f"sinklab report: {error}", file=sys.stderr)
         return 2
     mlflow = None if table else tracking.client()
@@ -300,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.docs:
         data = run_table.to_csv(table, experiment)
-        for f in results_page.write_page(
+        for f in run_table.write_page(
             args.docs, experiment.name, run_table.page_top(table) + markdown, agreement(experiment, rows), data=data
         ):
             print(f"wrote {f}")
