@@ -7,6 +7,7 @@ stdout (`{"code": EXIT_STATUS}`), after a first line `{"ready": SECONDS_OF_IMPOR
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
 import signal
@@ -68,9 +69,8 @@ def _run_child(request: dict) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C interrupts the run, as in fit
         os.environ.clear()
         os.environ.update(request["env"])
-        null = os.open(os.devnull, os.O_RDONLY)
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(null, 0)  # not the worker's request pipe
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # not the worker's request pipe
         os.dup2(log, 1)  # not the worker's answer pipe
         os.dup2(log, 2)
         from pipeline.cli import main
@@ -93,8 +93,6 @@ def serve() -> None:
     """The worker's loop: import once, then fork one child per request (its run dir made first) and wait for it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the running child's; stdin's end stops us
     started = time.perf_counter()
-    import importlib
-
     for name in WARM_MODULES:
         importlib.import_module(name)
     print(json.dumps({"ready": round(time.perf_counter() - started, 2)}), flush=True)
