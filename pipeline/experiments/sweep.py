@@ -262,17 +262,13 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
                 f"{args.runs_root / experiment.name / args.scale / 'slurm'}"
             )
             return 0
-        previous = os.environ.get(PARENT_ENV)
-        os.environ[PARENT_ENV] = parent  # each `sinklab fit` tags its run as a child of it
+        os.environ[PARENT_ENV] = parent  # each `sinklab fit` tags its run as a child of it, until the sweep ends
         pool = ForkServer()  # started on its first run only
         try:
             codes = run_local(planned, runner=runner or pool, extra=extra)
         finally:
             pool.close()
-            if previous is None:
-                os.environ.pop(PARENT_ENV, None)
-            else:
-                os.environ[PARENT_ENV] = previous
+            os.environ.pop(PARENT_ENV, None)
         mlflow.set_terminated(parent, "FINISHED" if all(c == 0 for c in codes.values()) else "FAILED")
     except (WorkerError, ExperimentError, JobError) as error:
         print(f"sinklab sweep: {error}", file=sys.stderr)
