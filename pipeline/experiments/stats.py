@@ -184,12 +184,10 @@ def verdict(
         failed.append(f"too few distinct values: {distinct_means}")
     if (interval.lo <= 0) if up else (interval.hi >= 0):
         failed.append(f"the interval [{interval.lo:+.2f}, {interval.hi:+.2f}] includes 0")
-    tail = directional(rho, p)
-    held = tail if adjusted is None else adjusted
-    if tail is None or held >= ALPHA / 2:
-        which = "" if up else " for a reversal"
-        shown = f"p = {tail:.2g}{which}" + ("" if adjusted is None else f", Holm {adjusted:.2g}")
-        failed.append("no permutation p" if tail is None else f"{shown}: not below {ALPHA / 2}")
+    tail = directional(rho, p)  # defined wherever rho is
+    if (tail if adjusted is None else adjusted) >= ALPHA / 2:
+        holm_p = "" if adjusted is None else f", Holm {adjusted:.2g}"
+        failed.append(f"p = {tail:.2g}{'' if up else ' for a reversal'}{holm_p}: not below {ALPHA / 2}")
     if tau is None or (tau > 0) != up or tau == 0:
         failed.append(f"rho and tau disagree in sign (tau {'—' if tau is None else f'{tau:+.2f}'})")
     if failed:
