@@ -116,10 +116,8 @@ def spread_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
 
 def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
     names = [r.variant for r in rows]
-    found = [
-        (label, stats.ordering(names, spreads, digits)) for label, digits, spreads in metric_columns(experiment, rows)
-    ]
-    found = [(label, text) for label, text in found if text]
+    columns = metric_columns(experiment, rows)
+    found = [(label, text) for label, digits, spreads in columns if (text := stats.ordering(names, spreads, digits))]
     if not found:
         return []
     return [
