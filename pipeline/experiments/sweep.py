@@ -153,10 +153,9 @@ def plural(n: int, word: str) -> str:
 
 
 def format_plan(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> str:
-    n_seeds = len({r.seed for r in planned})
     lines = [
         f"{experiment.name} ({experiment.paper_ref}), scale {scale}: {plural(len(experiment.variants), 'variant')} x "
-        f"{plural(n_seeds, 'seed')} -> MLflow experiment {experiment.mlflow_experiment}"
+        f"{plural(len({r.seed for r in planned}), 'seed')} -> MLflow experiment {experiment.mlflow_experiment}"
     ]
     for run in planned:
         action = {
