@@ -23,26 +23,12 @@ def table_row(cells) -> str:
     return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
 
-def fmt_corr(value: float | None) -> str:
-    return stats.MISSING if value is None else f"{value:+.2f}"
-
-
-def fmt_interval(interval: Interval | None) -> str:
+def fmt_corr(value: float | None, interval: Interval | None = None) -> str:
+    """ "+0.80 [+0.75, +0.85]": a correlation, then its resampled range where there is one."""
+    shown = stats.MISSING if value is None else f"{value:+.2f}"
     if interval is None or interval.lo is None:
-        return ""
-    return f" [{interval.lo:+.2f}, {interval.hi:+.2f}]"
-
-
-def fmt_p(rho: float | None, p: Permutation | None) -> str:
-    """ "0.0014 (all 720)": the one-sided p in rho's direction and the permutations behind it."""
-    tail = stats.directional(rho, p)
-    if tail is None:
-        return stats.MISSING
-    return f"{stats.show_p(tail, stats.ALPHA / 2)} ({f'all {p.permutations:,}' if p.exact else f'{p.permutations:,} drawn'})"
-
-
-def fmt_holm(value: float | None) -> str:
-    return stats.MISSING if value is None else stats.show_p(value, stats.ALPHA / 2)
+        return shown
+    return f"{shown} [{interval.lo:+.2f}, {interval.hi:+.2f}]"
 
 
 @dataclass
@@ -66,6 +52,15 @@ class Agreement:
     def verdict(self) -> str:
         args = (self.rho, self.tau, self.rho_interval, self.p, self.distinct, self.min_seeds)
         return stats.verdict(*args, self.p_holm if self.family else None)
+
+    def shown(self) -> list[str]:
+        """rho [range], p ("0.0014 (all 720)": one-sided in rho's direction, of so many permutations) and Holm p."""
+        tail, level = stats.directional(self.rho, self.p), stats.ALPHA / 2
+        holm = stats.MISSING if self.p_holm is None else stats.show_p(self.p_holm, level)
+        if tail is None:
+            return [fmt_corr(self.rho, self.rho_interval), stats.MISSING, holm]
+        drawn = f"all {self.p.permutations:,}" if self.p.exact else f"{self.p.permutations:,} drawn"
+        return [fmt_corr(self.rho, self.rho_interval), f"{stats.show_p(tail, level)} ({drawn})", holm]
 
 
 def adjust(found: list[Agreement]) -> list[Agreement]:
@@ -122,13 +117,6 @@ def agreement(experiment: Experiment, rows: list[Row]) -> list[Agreement]:
     return adjust(out)
 
 
-UNDEFINED = (
-    f"{stats.MISSING} for rho, tau and p: not defined, as fewer than 2 variants have both values or the means (at the "
-    "printed precision) or the paper's values are all equal: there is no ordering to rank, so no range and no "
-    "verdict; a resampled range needs 2 seeds of every variant"
-)
-
-
 def legend(family: list[str], rows_of: str) -> str:
     """What p, Holm p and the verdict are, naming the `family` (its rows' names) that the rows of `rows_of` form."""
     rows = f"{len(family)} row{'s' if len(family) > 1 else ''}"
@@ -138,7 +126,9 @@ def legend(family: list[str], rows_of: str) -> str:
         f"{stats.EXACT_UP_TO} variants, else {stats.PERMUTATIONS:,} drawn). Holm p: p after Holm's step-down "
         f"adjustment over the family of {rows_of}, {named}. A verdict needs rho's range to exclude 0, Holm p < "
         f"{stats.ALPHA / 2} (two-sided {stats.ALPHA}), tau of rho's sign and {stats.MIN_DISTINCT} distinct means. "
-        f"{UNDEFINED}."
+        f"{stats.MISSING} for rho, tau and p: not defined, as fewer than 2 variants have both values or the means (at "
+        "the printed precision) or the paper's values are all equal: there is no ordering to rank, so no range and no "
+        "verdict; a resampled range needs 2 seeds of every variant."
     )
 
 
@@ -160,10 +150,8 @@ def agreement_markdown(found: list[Agreement]) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for a in found:
-        rho, tau = fmt_corr(a.rho) + fmt_interval(a.rho_interval), fmt_corr(a.tau) + fmt_interval(a.tau_interval)
-        p, holm = fmt_p(a.rho, a.p), fmt_holm(a.p_holm)
         defined = stats.MISSING if a.rho_interval is None else f"{a.rho_interval.defined}/{a.rho_interval.resamples}"
-        cells = [a.label, a.n, a.min_seeds, rho, p, holm, defined, tau, a.distinct, a.verdict]
+        cells = [a.label, a.n, a.min_seeds, *a.shown(), defined, fmt_corr(a.tau, a.tau_interval), a.distinct, a.verdict]
         lines.append(table_row(cells))
     lines += ["", "Verdict: " + "; ".join(f"{a.label}: {a.verdict}" for a in found) + "."]
     return lines
@@ -204,8 +192,5 @@ def index_markdown(pages: list[tuple[str, list[Agreement]]]) -> list[str]:
         "| distinct | verdict |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for page, rows in pages:
-        for a in rows:
-            rho, p, holm = fmt_corr(a.rho) + fmt_interval(a.rho_interval), fmt_p(a.rho, a.p), fmt_holm(a.p_holm)
-            lines.append(table_row([page, a.label, a.n, a.min_seeds, rho, p, holm, a.distinct, a.verdict]))
-    return lines
+    cells = [[page, a.label, a.n, a.min_seeds, *a.shown(), a.distinct, a.verdict] for page, rows in pages for a in rows]
+    return lines + [table_row(row) for row in cells]

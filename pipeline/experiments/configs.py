@@ -1,4 +1,5 @@
-"""One training config per (variant, seed): the scale's recipe with the variant's dotted overrides applied."""
+"""One training config per (variant, seed): the scale's recipe with the variant's dotted overrides applied, checked
+with `sinklab fit`'s own parser and ModelConfig's validation (instantiating nothing)."""
 
 from __future__ import annotations
 
@@ -65,22 +66,18 @@ def run_name(experiment: Experiment, variant: Variant, scale: str, seed: int) ->
     return f"{variant.name} s{seed} ({experiment.name}/{scale})"
 
 
-def identity(experiment: Experiment, variant: Variant, scale: str, seed: int) -> dict[str, Any]:
-    """Settings of `sinklab fit` that tie a run to its experiment, variant, scale and seed (initialisation and data)."""
-    return {
+def variant_config(experiment: Experiment, variant: Variant, scale: str, seed: int | None = None) -> dict[str, Any]:
+    """The recipe with the scale's and the variant's overrides and the run's identity (`seed` default: the first)."""
+    config = load_recipe(experiment, scale)
+    seed = seeds(experiment, scale, 1)[0] if seed is None else seed
+    settings = {  # the run's identity: its experiment, variant, scale and seed (initialisation and data)
+        **experiment.overrides(variant, scale),
         "run.experiment": experiment.mlflow_experiment,
         "run.variant": variant.name,
         "run.name": run_name(experiment, variant, scale, seed),
         "seed_everything": seed,
         "data.seed": seed,
     }
-
-
-def variant_config(experiment: Experiment, variant: Variant, scale: str, seed: int | None = None) -> dict[str, Any]:
-    """The recipe with the scale's and the variant's overrides and the run's identity (`seed` default: the first)."""
-    config = load_recipe(experiment, scale)
-    seed = seeds(experiment, scale, 1)[0] if seed is None else seed
-    settings = {**experiment.overrides(variant, scale), **identity(experiment, variant, scale, seed)}
     try:
         for key, value in settings.items():
             set_dotted(config, key, value)
@@ -90,3 +87,32 @@ def variant_config(experiment: Experiment, variant: Variant, scale: str, seed: i
             f"{experiment.path}: variant {variant.name!r} at scale {scale} (recipe {recipe}): {err}"
         ) from None
     return config
+
+
+def check_config(config: dict[str, Any], where: str, extra: list[str] = ()) -> None:
+    """Raise ExperimentError (starting with `where`) unless `sinklab fit` accepts `config`, then ``extra``."""
+    import tempfile
+
+    from pipeline.train.fit_config import check_fit, parse_error_line
+
+    try:
+        if extra:  # as each job gets them: the config file, then the arguments
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+                yaml.safe_dump(config, f)
+                f.flush()
+                check_fit(["--config", f.name, *extra])
+        else:
+            check_fit(config)
+    except (ConfigError, TypeError) as error:  # the model cannot be built
+        raise ExperimentError(f"{where}: {error}") from None
+    except Exception as error:  # jsonargparse's ArgumentError or a type error
+        raise ExperimentError(f"{where}: `sinklab fit` rejects it: {parse_error_line(str(error))}") from None
+
+
+def check_variant(
+    experiment: Experiment, variant: Variant, scale: str, seed: int | None = None, extra: list[str] = ()
+) -> None:
+    where = f"{experiment.path}: variant {variant.name!r} at scale {scale}" + (
+        f" with {' '.join(extra)}" if extra else ""
+    )
+    check_config(variant_config(experiment, variant, scale, seed), where, extra)

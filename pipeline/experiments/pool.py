@@ -7,6 +7,7 @@ stdout (`{"code": EXIT_STATUS}`), after a first line `{"ready": SECONDS_OF_IMPOR
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
 import signal
@@ -34,17 +35,7 @@ def subprocess_runner(run, command: list[str]) -> int:
 class ForkServer:
     """A sweep's runner (`sweep.Runner`): one `sinklab fit` per call in a child of the worker, started lazily."""
 
-    def __init__(self) -> None:
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        boot = (
-            f"import sys; sys.path.insert(0, {str(CODE_ROOT)!r}); from pipeline.experiments.pool import serve; serve()"
-        )
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        self._answer()  # the "ready" line
+    process: subprocess.Popen | None = None
 
     def _answer(self) -> dict:
         line = self.process.stdout.readline()
@@ -55,8 +46,11 @@ class ForkServer:
 
     def __call__(self, run, command: list[str]) -> int:
         if self.process is None:
-            self.start()
-        run.run_dir.mkdir(parents=True, exist_ok=True)
+            boot = f"import sys; sys.path.insert(0, {str(CODE_ROOT)!r}); from pipeline.experiments.pool import serve"
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", f"{boot}; serve()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+            self._answer()  # the "ready" line
         request = {"argv": command[command.index("fit") + 1 :], "log": str(run.log), "env": dict(os.environ)}
         print(json.dumps(request), file=self.process.stdin, flush=True)
         return int(self._answer()["code"])
@@ -75,9 +69,8 @@ def _run_child(request: dict) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C interrupts the run, as in fit
         os.environ.clear()
         os.environ.update(request["env"])
-        null = os.open(os.devnull, os.O_RDONLY)
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(null, 0)  # not the worker's request pipe
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # not the worker's request pipe
         os.dup2(log, 1)  # not the worker's answer pipe
         os.dup2(log, 2)
         from pipeline.cli import main
@@ -97,11 +90,9 @@ def _run_child(request: dict) -> None:
 
 
 def serve() -> None:
-    """The worker's loop: import once, then fork one child per request and wait for it."""
+    """The worker's loop: import once, then fork one child per request (its run dir made first) and wait for it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the running child's; stdin's end stops us
     started = time.perf_counter()
-    import importlib
-
     for name in WARM_MODULES:
         importlib.import_module(name)
     print(json.dumps({"ready": round(time.perf_counter() - started, 2)}), flush=True)

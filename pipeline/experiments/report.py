@@ -4,30 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pipeline import metric_names as N
 from pipeline import tracking
-from pipeline.experiments import results_page, run_table, stats
-from pipeline.experiments.agreement import agreement, agreement_markdown, table_row
-from pipeline.experiments.report_names import (
-    ALPHA1,
-    ALPHA1_COLUMN,
-    EMERGED,
-    EMERGENCE_SHOWN,
-    UNIFORM,
-    agreement_metrics,
-    bounds,
-    spread_metrics,
-)
-from pipeline.experiments.run_table import DataFileError
+from pipeline.experiments import run_table, stats
+from pipeline.experiments.agreement import Agreement, agreement, agreement_markdown, table_row
+from pipeline.experiments.report_names import ALPHA1, ALPHA1_COLUMN, EMERGED, EMERGENCE_SHOWN, UNIFORM, bounds
+from pipeline.experiments.report_plot import plot
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 from pipeline.experiments.stats import MISSING, Spread, spread
 from sinklab_io.outputs import NotOurs, claim, write_output
-
-BY = "sinklab report"
 
 
 @dataclass
@@ -125,10 +116,8 @@ def spread_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
 
 def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
     names = [r.variant for r in rows]
-    found = [
-        (label, stats.ordering(names, spreads, digits)) for label, digits, spreads in metric_columns(experiment, rows)
-    ]
-    found = [(label, text) for label, text in found if text]
+    columns = metric_columns(experiment, rows)
+    found = [(label, text) for label, digits, spreads in columns if (text := stats.ordering(names, spreads, digits))]
     if not found:
         return []
     return [
@@ -142,8 +131,7 @@ def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
 
 def steps_line(rows: list[Row]) -> list[str]:
     """The last step each run logged (the final sink probe runs at the last step), per variant."""
-    steps = {row.label: [r.steps for r in row.runs if r.steps is not None] for row in rows}
-    steps = {label: n for label, n in steps.items() if n}
+    steps = {row.label: n for row in rows if (n := [r.steps for r in row.runs if r.steps is not None])}
     every = {n for runs in steps.values() for n in runs}
     if not every:
         return []
@@ -174,10 +162,9 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
             if published:
                 cells.append(row.paper_status if row.paper_status else fmt(paper, c.digits))
             cells.append(fmt_spread(measured, c.digits))
-        cells += [stats.emergence(row.emerged.get(key, [])) for key, _ in EMERGENCE_SHOWN]
-        cells.append(row.status)
-        lines.append(table_row(cells))
-    done = sum(r.status != "missing" and "finished" in r.status for r in rows)
+        emerged = [stats.emergence(row.emerged.get(key, [])) for key, _ in EMERGENCE_SHOWN]
+        lines.append(table_row([*cells, *emerged, row.status]))
+    done = sum("finished" in r.status for r in rows)
     lines += [
         "",
         f"Finished runs for {done} of {len(rows)} variants. Ours: the mean over seeds and its 95% t-interval "
@@ -204,22 +191,55 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
 
 def to_json(experiment: Experiment, scale: str, rows: list[Row]) -> str:
     """The report's numbers for machines: per variant, column and seed, and the agreement."""
-    variants = []
-    for row in rows:
-        columns = {c.key: asdict(s) for c, s in zip(experiment.columns, row.measured)}
-        columns[ALPHA1_COLUMN] = asdict(row.alpha1)
-        variants.append(
-            {
-                "variant": row.variant,
-                "seeds": [r.seed for r in row.runs],
-                "runs": [r.run_id for r in row.runs],
-                "status": row.status,
-                "columns": columns,
-                "emerged": row.emerged,
-            }
-        )
+    variants = [
+        {
+            "variant": row.variant,
+            "seeds": [r.seed for r in row.runs],
+            "runs": [r.run_id for r in row.runs],
+            "status": row.status,
+            "columns": {c.key: asdict(s) for c, s in zip(experiment.columns, row.measured)}
+            | {ALPHA1_COLUMN: asdict(row.alpha1)},
+            "emerged": row.emerged,
+        }
+        for row in rows
+    ]
     found = [asdict(a) | {"verdict": a.verdict} for a in agreement(experiment, rows)]
     return json.dumps({"experiment": experiment.name, "scale": scale, "variants": variants, "agreement": found})
+
+
+# each agreement metric of the permutation p and the Permutation field it reports
+PERMUTATION_FIELDS = (("spearman_p", "p"), ("spearman_p_reversed", "p_reversed"), ("permutations", "permutations"))
+
+
+def _number(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def agreement_metrics(found: list[Agreement]) -> dict[str, float]:
+    """The agreement rows as MLflow metrics."""
+    out = {}
+    for a in found:  # getattr(None, field, None): None where there is no permutation p or no interval
+        values = {"n": a.n, "min_seeds": a.min_seeds, "distinct": a.distinct, "family": a.family}
+        values["spearman_p_holm"] = a.p_holm
+        values |= {name: getattr(a.p, field, None) for name, field in PERMUTATION_FIELDS}
+        for name, value, interval in (("spearman", a.rho, a.rho_interval), ("kendall", a.tau, a.tau_interval)):
+            values[name] = value
+            values |= {f"{name}_{part}": getattr(interval, part, None) for part in ("lo", "hi", "defined")}
+        values["resamples"] = getattr(a.rho_interval, "resamples", None)
+        out |= {N.agreement(a.key, name): _number(value) for name, value in values.items()}
+    return out
+
+
+def spread_metrics(experiment: Experiment, rows: list[Row]) -> dict[str, float]:
+    """Each variant's metrics over its seeds as MLflow metrics."""
+    out = {}
+    for row in rows:
+        columns = [(c.key, s) for c, s in zip(experiment.columns, row.measured)] + [(ALPHA1_COLUMN, row.alpha1)]
+        for key, s in columns:
+            for statistic, value in (("n", s.n), ("mean", s.mean), ("std", s.std), ("lo", s.lo), ("hi", s.hi)):
+                name = re.sub(r"[^\w./ -]", "_", N.over_seeds(row.variant, key, statistic))  # MLflow's characters
+                out[name] = _number(value)
+    return out
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -249,23 +269,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         experiment = load_experiment(args.experiment)
         table = run_table.from_csv(args.data, experiment, args.scale) if args.data else None
         scale = table.scale if table else args.scale or "cpu"
         experiment.setup(scale)
         if args.data and args.plot and experiment.plot is not None and experiment.plot.kind == "curve":
-            raise DataFileError(
+            raise run_table.DataFileError(
                 f"--plot: {experiment.name}'s figure is a metric over steps, which --from does not hold"
             )
         out = args.out or Path("runs") / experiment.name / scale / "report"
-        by = f"{BY} of {experiment.name} at scale {scale}"  # the output marker's writer
+        by = f"sinklab report of {experiment.name} at scale {scale}"  # the output marker's writer
         claim(out, ["report.md", "report.json", *([f"{experiment.name}-{scale}.png"] if args.plot else [])], by=by)
         if args.docs:
-            results_page.claim_pages(args.docs, experiment.name)
-    except (ExperimentError, NotOurs, DataFileError) as error:
+            run_table.claim_pages(args.docs, experiment.name)
+    except (ExperimentError, NotOurs, run_table.DataFileError) as error:
         print(f"sinklab report: {error}", file=sys.stderr)
         return 2
     mlflow = None if table else tracking.client()
@@ -278,13 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.docs:
         data = run_table.to_csv(table, experiment)
-        for f in results_page.write_page(
+        for f in run_table.write_page(
             args.docs, experiment.name, run_table.page_top(table) + markdown, agreement(experiment, rows), data=data
         ):
             print(f"wrote {f}")
     if args.plot:
-        from pipeline.experiments.report_plot import plot
-
         figure = plot(experiment, rows, mlflow, out / f"{experiment.name}-{scale}.png", by)
         if figure is None:
             print(f"sinklab report: {experiment.name} defines no plot", file=sys.stderr)

@@ -1,9 +1,8 @@
-"""What a report reads from training runs and logs to the experiment's parent run (docs/experiments.md)."""
+"""What a report reads from training runs: metric names and their ranges (docs/experiments.md)."""
 
 from __future__ import annotations
 
 import math
-import re
 
 from pipeline import metric_names as N
 from pipeline import metrics as M
@@ -16,7 +15,6 @@ EMERGED = {name: N.emerged_step(name) for name in (*M.EMERGENCE_SINK1, *M.EMERGE
 EMERGENCE_SHOWN = (("sink1_10pct", "emerged: Sink_1 > 10%"), ("alpha1_125pct", "emerged: alpha_1 > 1.25 x uniform"))
 ALPHA1_KEY = "alpha1_vs_sink1"
 ALPHA1_COLUMN = "alpha1_mean"
-NAN = float("nan")
 
 
 PERCENT, SHARE, NONNEGATIVE, REAL = (0.0, 100.0), (0.0, 1.0), (0.0, math.inf), (-math.inf, math.inf)
@@ -49,38 +47,3 @@ RANGES = (
 def bounds(metric: str) -> tuple[float, float]:
     """The range a metric's values (and an interval of their mean) can take; unbounded where none is declared."""
     return next((r for start, r in RANGES if metric.startswith(start)), REAL)
-
-
-# each agreement metric of the permutation p and the Permutation field it reports
-PERMUTATION_FIELDS = (("spearman_p", "p"), ("spearman_p_reversed", "p_reversed"), ("permutations", "permutations"))
-
-
-def _number(value: float | None) -> float:
-    return NAN if value is None else float(value)
-
-
-def agreement_metrics(found) -> dict[str, float]:
-    """The agreement rows (report.Agreement) as MLflow metrics."""
-    out = {}
-    for a in found:  # getattr(None, field, None): None where there is no permutation p or no interval
-        values = {"n": a.n, "min_seeds": a.min_seeds, "distinct": a.distinct, "family": a.family}
-        values["spearman_p_holm"] = a.p_holm
-        values |= {name: getattr(a.p, field, None) for name, field in PERMUTATION_FIELDS}
-        for name, value, interval in (("spearman", a.rho, a.rho_interval), ("kendall", a.tau, a.tau_interval)):
-            values[name] = value
-            values |= {f"{name}_{part}": getattr(interval, part, None) for part in ("lo", "hi", "defined")}
-        values["resamples"] = getattr(a.rho_interval, "resamples", None)
-        out |= {N.agreement(a.key, name): _number(value) for name, value in values.items()}
-    return out
-
-
-def spread_metrics(experiment, rows) -> dict[str, float]:
-    """Each variant's metrics over its seeds (report.Row) as MLflow metrics."""
-    out = {}
-    for row in rows:
-        columns = [(c.key, s) for c, s in zip(experiment.columns, row.measured)] + [(ALPHA1_COLUMN, row.alpha1)]
-        for key, s in columns:
-            for statistic, value in (("n", s.n), ("mean", s.mean), ("std", s.std), ("lo", s.lo), ("hi", s.hi)):
-                name = re.sub(r"[^\w./ -]", "_", N.over_seeds(row.variant, key, statistic))  # MLflow's characters
-                out[name] = _number(value)
-    return out

@@ -28,16 +28,15 @@ def labelled_bars(ax, xs, values, label: str, digits: int = 2, spreads: list[Spr
     heights = [v if v is not None else 0.0 for v in values]
     bars = ax.bar(xs, heights, 0.4, label=label)
     top = max([abs(h) for h in heights] + [1e-9])
-    for i, (x, value, bar) in enumerate(zip(xs, values, bars)):
+    for x, value, bar, s in zip(xs, values, bars, spreads or [spread([])] * len(values)):
         if value == 0:
             ax.bar([x], [top * 0.01], 0.4, color=bar.get_facecolor(), edgecolor="black", linewidth=0.6)
-        s = spreads[i] if spreads else None
-        if s is not None and s.lo is not None:
+        if s.lo is not None:
             ax.errorbar([x], [s.mean], yerr=[[s.mean - s.lo], [s.hi - s.mean]], color="black", capsize=3, lw=0.8)
-        if s is not None and s.n:
+        if s.n:
             offsets = [(j - (s.n - 1) / 2) * 0.06 for j in range(s.n)]
             ax.scatter([x + o for o in offsets], s.values, s=9, color="black", zorder=3)
-        above = max([value or 0.0, 0.0] + ([s.hi] if s is not None and s.hi is not None else []))
+        above = max([value or 0.0, 0.0] + ([s.hi] if s.hi is not None else []))
         text = MISSING if value is None else f"{value:.{digits}f}"
         ax.annotate(text, (x, above), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7)
 

@@ -1,23 +1,127 @@
-"""Experiment files, configs/experiments/<group>/<name>.yaml (docs/experiments.md), loaded into typed specs."""
+"""Experiment files, configs/experiments/<group>/<name>.yaml (docs/experiments.md), loaded into typed specs by a
+type-checked reading whose errors name the file, line and field."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pipeline.experiments.reader import ExperimentError, Reader
+from pipeline import metric_names as N
+from pipeline.model.config import ConfigError, refuse_renamed
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS_DIR = REPO / "configs" / "experiments"
 SCALES = ("paper", "cpu", "gpu")
 REQUIRED_SCALES = ("paper", "cpu")  # gpu (one lent GPU) is opt-in per file
 MAX_SEEDS = 1000  # runs per variant: a larger count is a slip (the plan lists every run)
-TOP_KEYS = set("name title group paper_ref description scale columns variants cpu_notes paper_notes plot".split())
+TEXT_KEYS = ("title", "group", "paper_ref", "description", "cpu_notes", "paper_notes")
+TOP_KEYS = {*TEXT_KEYS, "name", "scale", "columns", "variants", "plot"}
 PLOT_KEYS = {"kind", "metric", "x", "title"}
 PLOT_KINDS = ("curve", "bar")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
+SEED_KEYS = ("seed_everything", "data.seed")  # set per run by the sweep's seed axis
+
+
+class ExperimentError(ValueError):
+    """A malformed experiment file; the message starts with `file:line: field:`."""
+
+
+def line_map(text: str) -> dict[tuple, int]:
+    """Map each YAML path (tuple of keys / indices) to its 1-based line number."""
+    lines: dict[tuple, int] = {}
+
+    def walk(node: yaml.Node, path: tuple) -> None:
+        lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                walk(value_node, path + (key_node.value,))
+                lines[path + (key_node.value,)] = key_node.start_mark.line + 1  # the key's line, not the value's
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, path + (i,))
+
+    root = yaml.compose(text)
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+class Reader:
+    def __init__(self, path: Path, text: str):
+        self.path = path
+        self.lines = line_map(text)
+
+    def fail(self, path: tuple, message: str) -> ExperimentError:
+        """`file:line: field: message`, the line of the field or of its nearest enclosing one in the file."""
+        probe = path
+        while probe and probe not in self.lines:
+            probe = probe[:-1]
+        dotted = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(path))
+        return ExperimentError(f"{self.path}:{self.lines.get(probe, 1)}: {dotted or '<top>'}: {message}")
+
+    def mapping(self, value: Any, path: tuple, allowed: set[str] | None = None, required: tuple[str, ...] = ()) -> dict:
+        value = {} if value is None else value
+        if not isinstance(value, dict):
+            raise self.fail(path, f"expected a mapping, got {type(value).__name__}")
+        if allowed is not None:
+            for key in value:
+                if key not in allowed:
+                    raise self.fail(path + (key,), f"unknown field {key!r}; allowed: " + ", ".join(sorted(allowed)))
+        for key in required:
+            if key not in value:
+                raise self.fail(path, f"missing required field {key!r}")
+        return value
+
+    def text(self, value: Any, path: tuple, optional: bool = False) -> str | None:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(path, f"expected a non-empty string, got {value!r}")
+        return value.strip()
+
+    def metric(self, value: Any, path: tuple) -> str:
+        value = self.text(value, path)
+        if not N.is_metric(value):
+            raise self.fail(
+                path, f"{value!r} is not a metric name; SinkLab's start with one of {', '.join(N.NAMESPACES)}"
+            )
+        return value
+
+    def name(self, value: Any, path: tuple) -> str:
+        value = self.text(value, path)
+        if not NAME_RE.match(value):
+            raise self.fail(
+                path,
+                f"{value!r} is not a valid name (lowercase letters, digits, and . _ + - ; it becomes a directory name)",
+            )
+        return value
+
+    def overrides(self, value: Any, path: tuple) -> dict[str, Any]:
+        value = self.mapping(value, path)
+        for key, item in value.items():
+            if not isinstance(key, str) or not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$", key):
+                raise self.fail(
+                    path + (key,), f"override key {key!r} must be a dotted config path such as arch.n_heads"
+                )
+            try:
+                refuse_renamed(key, "")
+            except ConfigError as err:
+                raise self.fail(path + (key,), str(err)) from None
+            if key in SEED_KEYS:
+                raise self.fail(
+                    path + (key,),
+                    f"{key} is set by the sweep: seeds are an axis of their own (scale.<scale>.seeds: N, "
+                    "or `sinklab sweep --seeds N`); remove this override",
+                )
+            if isinstance(item, dict):
+                raise self.fail(
+                    path + (key,), "override values must be scalars or lists; write nested fields as dotted keys"
+                )
+        return dict(value)
 
 
 @dataclass(frozen=True)
@@ -96,13 +200,11 @@ class Experiment:
         return self.scales[scale]
 
     def metric(self, column: Column, scale: str) -> str:
-        """The MLflow metric that fills ``column`` at ``scale``."""
         return self.setup(scale).metrics.get(column.metric, column.metric)
 
     def overrides(self, variant: Variant, scale: str) -> dict[str, Any]:
         """The scale's base overrides, then the variant's, then its own at this scale (the last wins)."""
-        at_scale = {"cpu": variant.cpu_overrides, "paper": variant.paper_overrides, "gpu": variant.gpu_overrides}
-        return {**self.setup(scale).overrides, **variant.overrides, **at_scale[scale]}
+        return {**self.setup(scale).overrides, **variant.overrides, **getattr(variant, f"{scale}_overrides")}
 
 
 # the fields of a variant, a column and a scale are what their entries may set
@@ -132,7 +234,6 @@ def experiment_files() -> list[Path]:
 
 
 def load_experiment(name_or_path: str | Path) -> Experiment:
-    """Load and validate one experiment by name (file stem) or path."""
     path = _find_file(name_or_path)
     text = path.read_text()
     try:
@@ -154,13 +255,15 @@ def _parse(raw: Any, r: Reader, path: Path) -> Experiment:
     for scale in (s for s in SCALES if s in scale_raw):
         at = ("scale", scale)
         s = r.mapping(scale_raw[scale], at, SCALE_KEYS, required=("recipe",))
-        recipe = r.text(s["recipe"], at + ("recipe",))
         metrics = r.mapping(s.get("metrics"), at + ("metrics",))
+        seeds = 1 if s.get("seeds") is None else s["seeds"]
+        if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
+            raise r.fail(at + ("seeds",), f"expected a whole number in 1..{MAX_SEEDS}, got {seeds!r}")
         scales[scale] = ScaleSetup(
-            recipe,
+            r.text(s["recipe"], at + ("recipe",)),
             r.overrides(s.get("overrides"), at + ("overrides",)),
             {k: r.metric(v, at + ("metrics", k)) for k, v in metrics.items()},
-            r.count(s.get("seeds"), at + ("seeds",), 1, MAX_SEEDS),
+            seeds,
         )
 
     columns_raw = top["columns"]
@@ -211,20 +314,9 @@ def _parse(raw: Any, r: Reader, path: Path) -> Experiment:
             r.text(p.get("title"), ("plot", "title"), optional=True) or top["title"],
         )
 
-    return Experiment(
-        name=name,
-        title=r.text(top["title"], ("title",)),
-        group=r.text(top.get("group"), ("group",), optional=True) or path.parent.name,
-        paper_ref=r.text(top["paper_ref"], ("paper_ref",)),
-        description=r.text(top.get("description"), ("description",), optional=True) or "",
-        scales=scales,
-        columns=columns,
-        variants=variants,
-        path=path,
-        cpu_notes=r.text(top.get("cpu_notes"), ("cpu_notes",), optional=True),
-        paper_notes=r.text(top.get("paper_notes"), ("paper_notes",), optional=True),
-        plot=plot,
-    )
+    texts = {k: r.text(top.get(k), (k,), optional=k not in ("title", "paper_ref")) for k in TEXT_KEYS}
+    texts |= {"group": texts["group"] or path.parent.name, "description": texts["description"] or ""}
+    return Experiment(name=name, scales=scales, columns=columns, variants=variants, path=path, plot=plot, **texts)
 
 
 def _parse_variant(raw: Any, i: int, r: Reader, column_keys: list[str]) -> Variant:
@@ -236,16 +328,15 @@ def _parse_variant(raw: Any, i: int, r: Reader, column_keys: list[str]) -> Varia
     for key, value in paper_raw.items():
         if key not in column_keys:
             raise r.fail(at + ("paper", key), f"no column {key!r}; columns: {', '.join(column_keys)}")
-        paper[key] = r.number_or_null(value, at + ("paper", key))
-    return Variant(
-        name=name,
-        label=r.text(v.get("label"), at + ("label",), optional=True) or name,
-        overrides=r.overrides(v.get("overrides"), at + ("overrides",)),
-        cpu_overrides=r.overrides(v.get("cpu_overrides"), at + ("cpu_overrides",)),
-        paper_overrides=r.overrides(v.get("paper_overrides"), at + ("paper_overrides",)),
-        gpu_overrides=r.overrides(v.get("gpu_overrides"), at + ("gpu_overrides",)),
-        paper=paper,
-        paper_source=r.text(v.get("paper_source"), at + ("paper_source",), optional=True),
-        paper_status=r.text(v.get("paper_status"), at + ("paper_status",), optional=True),
-        note=r.text(v.get("note"), at + ("note",), optional=True),
-    )
+        if isinstance(value, bool) or not isinstance(value, (int, float, type(None))):
+            raise r.fail(
+                at + ("paper", key), f"expected a number or null (null where the paper gives no number), got {value!r}"
+            )
+        paper[key] = None if value is None else float(value)
+    parsed = {}
+    for key in (f.name for f in fields(Variant) if f.name not in ("name", "paper")):
+        if key.endswith("overrides"):
+            parsed[key] = r.overrides(v.get(key), at + (key,))
+        else:
+            parsed[key] = r.text(v.get(key), at + (key,), optional=True)
+    return Variant(**parsed | {"name": name, "label": parsed["label"] or name, "paper": paper})

@@ -7,6 +7,7 @@ Definitions and their rationale: docs/experiments.md (Reports).
 from __future__ import annotations
 
 import math
+import statistics
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,11 +53,9 @@ def spread(
     pairs = [(float(v), s) for v, s in zip(values, seeds or [None] * len(values)) if v is not None and v == v]
     xs, kept = tuple(v for v, _ in pairs), tuple(s for _, s in pairs) if seeds is not None else ()
     n = len(xs)
-    if n == 0:
-        return Spread(xs, None, None, None, None, kept)
+    if n < 2:
+        return Spread(xs, xs[0] if xs else None, None, None, None, kept)
     mean = sum(xs) / n
-    if n == 1:
-        return Spread(xs, mean, None, None, None, kept)
     std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = float(scipy_stats.t.ppf(0.5 + LEVEL / 2, n - 1)) * std / math.sqrt(n)
     return Spread(xs, mean, std, max(mean - half, bounds[0]), min(mean + half, bounds[1]), kept)
@@ -185,12 +184,10 @@ def verdict(
         failed.append(f"too few distinct values: {distinct_means}")
     if (interval.lo <= 0) if up else (interval.hi >= 0):
         failed.append(f"the interval [{interval.lo:+.2f}, {interval.hi:+.2f}] includes 0")
-    tail = directional(rho, p)
-    held = tail if adjusted is None else adjusted
-    if tail is None or held >= ALPHA / 2:
-        which = "" if up else " for a reversal"
-        shown = f"p = {tail:.2g}{which}" + ("" if adjusted is None else f", Holm {adjusted:.2g}")
-        failed.append("no permutation p" if tail is None else f"{shown}: not below {ALPHA / 2}")
+    tail = directional(rho, p)  # defined wherever rho is
+    if (tail if adjusted is None else adjusted) >= ALPHA / 2:
+        holm_p = "" if adjusted is None else f", Holm {adjusted:.2g}"
+        failed.append(f"p = {tail:.2g}{'' if up else ' for a reversal'}{holm_p}: not below {ALPHA / 2}")
     if tau is None or (tau > 0) != up or tau == 0:
         failed.append(f"rho and tau disagree in sign (tau {'—' if tau is None else f'{tau:+.2f}'})")
     if failed:
@@ -198,7 +195,6 @@ def verdict(
     return "ordering reproduced" if up else "ordering reversed"
 
 
-NEVER = "never"
 MISSING = "—"  # no value, in every table of a report
 
 
@@ -208,16 +204,11 @@ def emergence(steps: Sequence[float | None]) -> str:
     if not steps:
         return MISSING
     values = sorted(math.inf if s is None else float(s) for s in steps)
-    n = len(values)
-    median = (values[(n - 1) // 2] + values[n // 2]) / 2
-
-    def show(v: float) -> str:
-        return NEVER if math.isinf(v) else f"{v:.0f}"
-
-    emerged = sum(s is not None for s in steps)
-    if values[0] == values[-1]:
-        return f"{show(median)}, {emerged}/{n}"
-    return f"{show(median)} ({show(values[0])}–{show(values[-1])}), {emerged}/{n}"
+    median, first, last = (
+        "never" if math.isinf(v) else f"{v:.0f}" for v in (statistics.median(values), values[0], values[-1])
+    )
+    counted = f"{sum(s is not None for s in steps)}/{len(values)}"
+    return f"{median}, {counted}" if values[0] == values[-1] else f"{median} ({first}–{last}), {counted}"
 
 
 def welch(a: Spread, b: Spread) -> float:

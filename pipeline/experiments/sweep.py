@@ -19,8 +19,9 @@ from typing import Any
 import yaml
 
 from cluster.jobs import JobError
+from cluster.submit import JobSpec, submit_array
 from pipeline import tracking
-from pipeline.experiments.configs import seeds, variant_config
+from pipeline.experiments.configs import check_variant, seeds, variant_config
 from pipeline.experiments.pool import ForkServer, WorkerError, subprocess_runner
 from pipeline.experiments.spec import MAX_SEEDS, SCALES, Experiment, ExperimentError, load_experiment
 from pipeline.tracking import PARENT_ENV
@@ -69,16 +70,12 @@ class PlannedRun:
         return self.run_dir / "sweep.log"
 
 
-def sweep_dir(experiment: Experiment, scale: str, runs_root: Path) -> Path:
-    return runs_root / experiment.name / scale
-
-
 def plan(
     experiment: Experiment, scale: str, runs_root: Path, mlflow: Any | None, n_seeds: int | None = None
 ) -> list[PlannedRun]:
     """One PlannedRun per (variant, seed), its state from MLflow (None: all pending); `n_seeds` overrides the file's."""
     known = tracking.variant_runs(mlflow, experiment.mlflow_experiment, scale) if mlflow else {}
-    root = sweep_dir(experiment, scale, runs_root)
+    root = runs_root / experiment.name / scale
     planned = []
     for variant in experiment.variants:
         if variant.name in RESERVED_NAMES:
@@ -98,15 +95,12 @@ def plan(
     return planned
 
 
-def sinklab_command() -> list[str]:
-    """The `sinklab` entry point of this Python (the same one a user types)."""
-    beside = Path(sys.executable).with_name("sinklab")
-    return [str(beside)] if beside.exists() else [sys.executable, "-m", "pipeline.cli"]
-
-
 def fit_command(run: PlannedRun, extra: list[str] = ()) -> list[str]:
+    """`sinklab fit` of ``run``, by the `sinklab` entry point of this Python (the same one a user types)."""
+    beside = Path(sys.executable).with_name("sinklab")
+    sinklab = [str(beside)] if beside.exists() else [sys.executable, "-m", "pipeline.cli"]
     fit = ["fit", "--config", str(run.config_path), "--run-dir", str(run.run_dir), "--resume", "auto"]
-    return [*sinklab_command(), *fit, *extra]
+    return [*sinklab, *fit, *extra]
 
 
 def write_configs(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> None:
@@ -119,51 +113,39 @@ def write_configs(experiment: Experiment, scale: str, planned: list[PlannedRun])
 Runner = Callable[[PlannedRun, list[str]], int]
 
 
-def run_local(
-    planned: list[PlannedRun], runner: Runner = subprocess_runner, extra: list[str] = (), out=None
-) -> dict[str, int]:
+def run_local(planned: list[PlannedRun], runner: Runner = subprocess_runner, extra: list[str] = ()) -> dict[str, int]:
     """Run every (variant, seed) that has not finished, one after another; exit codes by run name."""
-    out = out or sys.stdout
     todo = [r for r in planned if r.to_run]
     codes = {}
     for i, run in enumerate(todo, 1):
         command = fit_command(run, list(extra))
-        print(f"[{i}/{len(todo)}] {run.name}: {' '.join(command)}", file=out, flush=True)
+        print(f"[{i}/{len(todo)}] {run.name}: {' '.join(command)}", flush=True)
         start = time.monotonic()
         codes[run.name] = code = runner(run, command)
         verdict = "done" if code == 0 else f"FAILED (exit {code}; see {run.log})"
-        print(f"[{i}/{len(todo)}] {run.name}: {verdict} in {time.monotonic() - start:.0f} s", file=out, flush=True)
+        print(f"[{i}/{len(todo)}] {run.name}: {verdict} in {time.monotonic() - start:.0f} s", flush=True)
         if code != 0 and run.log.exists():
             with open(run.log, errors="replace") as f:
-                print("".join("    | " + line for line in deque(f, maxlen=6)), end="", file=out)
+                print("".join("    | " + line for line in deque(f, maxlen=6)), end="")
     return codes
 
 
 def submit(
-    experiment: Experiment,
-    scale: str,
-    todo: list[PlannedRun],
-    runs_root: Path,
-    job_args: argparse.Namespace,
-    extra: list[str],
-    parent: str | None = None,
+    experiment: Experiment, todo: list[PlannedRun], args: argparse.Namespace, extra: list[str], parent: str
 ) -> str:
-    """Submit the runs ``todo`` as one SLURM job array, one task each; return its id."""
-    from cluster.submit import JobSpec, submit_array
-
+    """Submit the runs ``todo`` as one SLURM job array, one task each, into the sweep's directory; return its id."""
     spec = JobSpec(
-        nodes=job_args.nodes,
-        gpus_per_node=job_args.gpus_per_node,
-        time=job_args.time or os.environ.get("SINKLAB_TIME"),
-        job_name=f"sweep-{experiment.name}-{scale}",
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        time=args.time or os.environ.get("SINKLAB_TIME"),
+        job_name=f"sweep-{experiment.name}-{args.scale}",
         fit_args=list(extra),
     )
     if os.environ.get("MLFLOW_TRACKING_URI"):
         spec.environment["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
-    if parent:
-        spec.environment[PARENT_ENV] = parent
+    spec.environment[PARENT_ENV] = parent
     tasks = [(r.config_path, r.run_dir) for r in todo]
-    return submit_array(tasks, sweep_dir(experiment, scale, runs_root), spec, max_parallel=job_args.max_parallel)
+    return submit_array(tasks, args.runs_root / experiment.name / args.scale, spec, max_parallel=args.max_parallel)
 
 
 def plural(n: int, word: str) -> str:
@@ -171,10 +153,9 @@ def plural(n: int, word: str) -> str:
 
 
 def format_plan(experiment: Experiment, scale: str, planned: list[PlannedRun]) -> str:
-    n_seeds = len({r.seed for r in planned})
     lines = [
         f"{experiment.name} ({experiment.paper_ref}), scale {scale}: {plural(len(experiment.variants), 'variant')} x "
-        f"{plural(n_seeds, 'seed')} -> MLflow experiment {experiment.mlflow_experiment}"
+        f"{plural(len({r.seed for r in planned}), 'seed')} -> MLflow experiment {experiment.mlflow_experiment}"
     ]
     for run in planned:
         action = {
@@ -198,10 +179,8 @@ def seed_count(text: str) -> int:
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1 :]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    argv, extra = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(
         prog="sinklab sweep",
         description="Train every variant of a paper experiment (configs/experiments/**/<EXPERIMENT>.yaml) "
@@ -252,17 +231,14 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
                     f"--variants {args.variants!r}: names no variant; give some of "
                     f"{', '.join(v.name for v in experiment.variants)}, or leave --variants out for all"
                 )
-            for name in wanted:
-                experiment.variant(name)  # raises with the list of known variants
-            experiment = dataclasses.replace(experiment, variants=[v for v in experiment.variants if v.name in wanted])
+            kept = {experiment.variant(name).name for name in wanted}  # raises with the list of known variants
+            experiment = dataclasses.replace(experiment, variants=[v for v in experiment.variants if v.name in kept])
         experiment.setup(args.scale)  # refuses a scale the file does not have
         extra = data_args(args.data_path, args.scale) + extra
         mlflow = tracking.client()
         planned = plan(experiment, args.scale, args.runs_root, mlflow, args.seeds)
         todo = [r for r in planned if r.to_run]
         if todo and not args.no_check:  # with `sinklab fit`'s parser, before the plan: a refusal is one line
-            from pipeline.experiments.validate import check_variant
-
             for run in todo:
                 check_variant(experiment, experiment.variant(run.variant), args.scale, run.seed, extra)
         print(format_plan(experiment, args.scale, planned))
@@ -279,23 +255,19 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
         parent = tracking.parent_run(mlflow, experiment, args.scale)
         print(f"MLflow parent run {parent} ({experiment.name}/{args.scale})")
         if args.submit:
-            job_id = submit(experiment, args.scale, todo, args.runs_root, args, extra, parent)
+            job_id = submit(experiment, todo, args, extra, parent)
             print(
                 f"submitted job array {job_id} with {len(todo)} tasks; logs in "
-                f"{sweep_dir(experiment, args.scale, args.runs_root) / 'slurm'}"
+                f"{args.runs_root / experiment.name / args.scale / 'slurm'}"
             )
             return 0
-        previous = os.environ.get(PARENT_ENV)
-        os.environ[PARENT_ENV] = parent  # each `sinklab fit` tags its run as a child of it
+        os.environ[PARENT_ENV] = parent  # each `sinklab fit` tags its run as a child of it, until the sweep ends
         pool = ForkServer()  # started on its first run only
         try:
             codes = run_local(planned, runner=runner or pool, extra=extra)
         finally:
             pool.close()
-            if previous is None:
-                os.environ.pop(PARENT_ENV, None)
-            else:
-                os.environ[PARENT_ENV] = previous
+            os.environ.pop(PARENT_ENV, None)
         mlflow.set_terminated(parent, "FINISHED" if all(c == 0 for c in codes.values()) else "FAILED")
     except (WorkerError, ExperimentError, JobError) as error:
         print(f"sinklab sweep: {error}", file=sys.stderr)

@@ -9,8 +9,8 @@ from pathlib import Path
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+from pipeline.experiments.configs import check_variant
 from pipeline.experiments.spec import Experiment, ExperimentError, experiment_files, load_experiment
-from pipeline.experiments.validate import check_variant
 
 
 def write_experiment(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from experiment_helpers import log_training_run, write_experiment
 
-from pipeline.experiments import report, report_plot, results_page
+from pipeline.experiments import report, report_plot, run_table
 from pipeline.experiments.agreement import compare
 from pipeline.experiments.report import Row
 from pipeline.experiments.spec import load_experiment
@@ -466,7 +466,7 @@ def test_the_results_page_keeps_its_prose_and_refuses_a_page_it_did_not_write(
     assert f"| [{unique_name}]({unique_name}.md) |" in (docs / "README.md").read_text()
 
     # a person writes inside the prose region; a run with new values replaces the tables and keeps the prose
-    start, end = results_page.PROSE
+    start, end = run_table.PROSE
     page.write_text(text.replace(f"{start}\n{end}", f"{start}\nWhy a leads.\n{end}"))
     log_training_run(mlflow_env, unique_name, "a", "cpu", status="finished", metrics={"sink/sink1": 40.0}, seed=1235)
     assert report.main(argv) == 0

@@ -1,5 +1,5 @@
-"""Results as data: a report's runs as one table, read from MLflow or from the study's data file, and the same
-page from either."""
+"""Results as data: a report's runs as one table, read from MLflow or from the study's data file, the same page
+from either, and the results pages in docs/results that `sinklab report --docs` may regenerate."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 from experiment_helpers import log_training_run, write_experiment
 
-from pipeline.experiments import report, results_page, run_table
+from pipeline.experiments import report, run_table
+from pipeline.experiments.agreement import Agreement, adjust, from_data
 from pipeline.experiments.spec import load_experiment
+from pipeline.experiments.stats import Interval, Permutation
 from pipeline.tracking import RunSummary
-from sinklab_io.outputs import MARKER
+from sinklab_io.outputs import MARKER, theirs
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "results"
-DATA = sorted((RESULTS / results_page.DATA).glob("*.csv"))
+DATA = sorted((RESULTS / run_table.DATA).glob("*.csv"))
 AS_PRINTED = "## As printed when the study ran (cannot be regenerated: its MLflow store is gone)"
 
 # the --from path in a process of its own: MLflow's store unreachable, and MLflow never imported
@@ -57,7 +59,7 @@ def test_the_page_from_its_data_file_is_the_page_from_mlflow_byte_for_byte(tmp_p
     common = [str(path), "--docs", str(docs), "--no-log"]
     assert report.main([*common, "--scale", "cpu", "--out", str(tmp_path / "a")]) == 0
     page, data = docs / f"{unique_name}.md", docs / "data" / f"{unique_name}.csv"
-    start, end = results_page.PROSE
+    start, end = run_table.PROSE
     page.write_text(page.read_text().replace(f"{start}\n{end}", f"{start}\nWhy a leads.\n{end}"))
     before = {p: p.read_bytes() for p in (page, data)}
 
@@ -148,14 +150,56 @@ def test_every_committed_page_regenerates_from_its_data_file(tmp_path, data):
 
 
 def test_a_page_without_a_data_file_keeps_its_numbers_only_under_the_heading_that_says_so():
-    pages = sorted(p for p in RESULTS.glob("*.md") if p.name not in (results_page.INDEX, "cpu-scale.md"))
+    pages = sorted(p for p in RESULTS.glob("*.md") if p.name not in (run_table.INDEX, "cpu-scale.md"))
     assert len(pages) >= 17
     for page in pages:
-        if (RESULTS / results_page.DATA / f"{page.stem}.csv").exists():
+        if (RESULTS / run_table.DATA / f"{page.stem}.csv").exists():
             continue
         text = page.read_text()
-        generated, prose = text.split(results_page.PROSE[0])
+        generated, prose = text.split(run_table.PROSE[0])
         assert not any(line.startswith("|") for line in generated.splitlines()), page.name
         assert AS_PRINTED in prose, page.name
         before = prose[: prose.index(AS_PRINTED)]
         assert not any(line.startswith("|") for line in before.splitlines()), page.name
+
+
+def test_every_results_page_is_the_commands_own_outside_its_prose():
+    pages = sorted(p.stem for p in RESULTS.glob("*.md") if p.name not in (run_table.INDEX, "cpu-scale.md"))
+    assert len(pages) >= 17
+    # an edit outside a page's prose region would make the command refuse to regenerate it
+    for name in pages:
+        assert theirs(RESULTS, [f"{name}.md"], run_table.page_by(name)) == [], name
+    assert theirs(RESULTS, [run_table.INDEX], run_table.INDEX_BY) == []
+    assert all(f"[{name}]({name}.md)" in (RESULTS / run_table.INDEX).read_text() for name in pages)
+
+
+def test_the_index_judges_every_page_s_agreement_rows_over_one_holm_family(tmp_path):
+    """Two pages whose rows pass alone (p 0.02 and 0.015 in rho's direction, each page a family of one): over the
+    index's family of both, Holm gives 2 · 0.015 = 0.03 to both, and neither keeps its verdict."""
+
+    def row(key, rho, p, p_reversed):
+        interval = Interval(0.5, 1.0, 2000, 2000) if rho > 0 else Interval(-1.0, -0.5, 2000, 2000)
+        found = Agreement(key, key, 6, rho, rho, interval, interval, 3, Permutation(p, p_reversed, 720, True), 6)
+        return adjust([found])[0]
+
+    undefined = adjust([Agreement("val_loss", "valid loss", 1, None, None, min_seeds=3, distinct=1)])[0]
+    pages = {"one": [row("sink1", 0.9, 0.02, 0.99), undefined], "two": [row("sink1", -0.9, 0.99, 0.015)]}
+    assert [rows[0].verdict for rows in pages.values()] == ["ordering reproduced", "ordering reversed"]
+    for name, rows in pages.items():
+        run_table.write_page(tmp_path, name, f"## {name}: study {name}\n\nits report\n", rows)
+    assert from_data((tmp_path / "one.md").read_text())[0] == pages["one"][0]
+    index = (tmp_path / run_table.INDEX).read_text()
+    assert "over the family of this index, its 2 rows with a p (one: sink1, two: sink1)" in index
+    assert (
+        "| one | sink1 | 6 | 3 | +0.90 [+0.50, +1.00] | 0.02 (all 720) | 0.03 | 6 | no verdict: p = 0.02, Holm "
+        in index
+    )
+    assert (
+        "| two | sink1 | 6 | 3 | -0.90 [-1.00, -0.50] | 0.015 (all 720) | 0.03 | 6 | no verdict: p = 0.015 for a "
+        in index
+    )
+    assert "| one | valid loss | 1 | 3 | — | — | — | 1 | undefined |" in index
+    assert "ordering re" not in index
+    # a page with no agreement rows leaves the family empty
+    run_table.write_page(tmp_path / "bare", "bb", "## bb: a study\n\nno paper values\n")
+    assert "the index's family is empty" in (tmp_path / "bare" / run_table.INDEX).read_text()

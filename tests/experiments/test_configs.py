@@ -7,9 +7,8 @@ import copy
 import pytest
 from experiment_helpers import check_experiment, load_all
 
-from pipeline.experiments.configs import variant_config
+from pipeline.experiments.configs import check_config, variant_config
 from pipeline.experiments.spec import ExperimentError, load_experiment
-from pipeline.experiments.validate import check_config
 from pipeline.model import ModelConfig
 
 
