@@ -161,18 +161,16 @@ def add_hf_export(model_dir: Path) -> str:
 
 def logged_model(client, run_id: str):
     """The READY logged model named ``model`` of this run, or None."""
+    from mlflow.utils import get_results_from_paginated_fn
+
     experiment_id = client.get_run(run_id).info.experiment_id
-    page_token = None
-    while True:
-        page = client.search_logged_models(
-            experiment_ids=[experiment_id], filter_string=f"name = '{MODEL_NAME}'", page_token=page_token
-        )
-        for model in page:
-            if model.source_run_id == run_id and str(model.status).endswith("READY"):
-                return model
-        page_token = page.token
-        if not page_token:
-            return None
+    models = get_results_from_paginated_fn(
+        lambda n, token: client.search_logged_models(
+            experiment_ids=[experiment_id], filter_string=f"name = '{MODEL_NAME}'", max_results=n, page_token=token
+        ),
+        100,
+    )
+    return next((m for m in models if m.source_run_id == run_id and str(m.status).endswith("READY")), None)
 
 
 def log_final_model(
