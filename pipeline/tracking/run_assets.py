@@ -177,7 +177,7 @@ def log_final_model(
     tracking_uri: str, run_id: str, config, state: dict, manifest=None, step: int = 0
 ) -> dict[str, Any] | None:
     """Log the weights as the run's one model unless it has one of ``step``: {model_id, seconds, megabytes}, or None."""
-    from mlflow.entities import LoggedModelOutput
+    from mlflow.entities import LoggedModelOutput, Metric
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -204,25 +204,21 @@ def log_final_model(
             client.finalize_logged_model(model.model_id, "FAILED")
             raise
         client.finalize_logged_model(model.model_id, "READY")
-    _log_model_metrics(client, run, model.model_id, manifest)
-    if previous is not None:  # a finished run trained further: its model is the newest weights, one per run
-        client.delete_logged_model(previous.model_id)
-    seconds = time.perf_counter() - started
-    client.set_tag(run_id, TAG_MODEL_ID, model.model_id)
-    return {"model_id": model.model_id, "seconds": seconds, "megabytes": size / 2**20}
-
-
-def _log_model_metrics(client, run, model_id: str, manifest) -> None:
-    """The run's final headline values on its logged model, measured on its dataset (the Models tab)."""
-    from mlflow.entities import Metric
-
-    histories = [client.get_metric_history(run.info.run_id, key) for key in HEADLINE]
+    # the run's final headline values on its logged model, measured on its dataset (the Models tab)
+    histories = [client.get_metric_history(run_id, key) for key in HEADLINE]
     final = [max(history, key=lambda m: (m.step, m.timestamp)) for history in histories if history]
     data = (
         {}
         if manifest is None
         else {"dataset_name": dataset_name(manifest), "dataset_digest": manifest.hash[:DIGEST_LIMIT]}
     )
-    metrics = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id, **data) for m in final]
-    if metrics:
-        client.log_batch(run.info.run_id, metrics=metrics)
+    if final:
+        client.log_batch(
+            run_id,
+            metrics=[Metric(m.key, m.value, m.timestamp, m.step, model_id=model.model_id, **data) for m in final],
+        )
+    if previous is not None:  # a finished run trained further: its model is the newest weights, one per run
+        client.delete_logged_model(previous.model_id)
+    seconds = time.perf_counter() - started
+    client.set_tag(run_id, TAG_MODEL_ID, model.model_id)
+    return {"model_id": model.model_id, "seconds": seconds, "megabytes": size / 2**20}
