@@ -159,33 +159,29 @@ def add_hf_export(model_dir: Path) -> str:
     return f"hf/ ({export_hf(model, model_dir / 'hf', tokenizer=tokenizer, facts=facts)})"
 
 
-def logged_model(client, run_id: str):
-    """The READY logged model named ``model`` of this run, or None."""
-    from mlflow.utils import get_results_from_paginated_fn
-
-    experiment_id = client.get_run(run_id).info.experiment_id
-    models = get_results_from_paginated_fn(
-        lambda n, token: client.search_logged_models(
-            experiment_ids=[experiment_id], filter_string=f"name = '{MODEL_NAME}'", max_results=n, page_token=token
-        ),
-        100,
-    )
-    return next((m for m in models if m.source_run_id == run_id and str(m.status).endswith("READY")), None)
-
-
 def log_final_model(
     tracking_uri: str, run_id: str, config, state: dict, manifest=None, step: int = 0
 ) -> dict[str, Any] | None:
     """Log the weights as the run's one model unless it has one of ``step``: {model_id, seconds, megabytes}, or None."""
     from mlflow.entities import LoggedModelOutput, Metric
     from mlflow.tracking import MlflowClient
+    from mlflow.utils import get_results_from_paginated_fn
 
     client = MlflowClient(tracking_uri)
-    previous = logged_model(client, run_id)
+    run = client.get_run(run_id)
+    models = get_results_from_paginated_fn(
+        lambda n, token: client.search_logged_models(
+            experiment_ids=[run.info.experiment_id],
+            filter_string=f"name = '{MODEL_NAME}'",
+            max_results=n,
+            page_token=token,
+        ),
+        100,
+    )
+    previous = next((m for m in models if m.source_run_id == run_id and str(m.status).endswith("READY")), None)
     if previous is not None and previous.tags.get("sinklab.step") == str(step):
         return None  # this run's model at this step is logged already (a repeated or resumed start)
     started = time.perf_counter()
-    run = client.get_run(run_id)
     with tempfile.TemporaryDirectory(prefix="sinklab-model-") as tmp:
         local = write_model_dir(Path(tmp) / MODEL_NAME, config, state, manifest)
         hf = add_hf_export(local)
