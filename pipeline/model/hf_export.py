@@ -25,22 +25,6 @@ AUTO_MAP = {"AutoConfig": entry_class("SinkLabConfig"), "AutoModelForCausalLM": 
 _NOT_VARIANT = {"preset", "init_std", *SHAPE_FIELDS}  # shape and initialisation name no variant
 
 
-def remote_model(model: Transformer):
-    """The model inside ``SinkLabForCausalLM`` (the remote-code class), weights shared."""
-    from .hf_modeling import SinkLabConfig, SinkLabForCausalLM
-
-    hf = SinkLabForCausalLM(SinkLabConfig(sinklab=model.config.to_dict()))
-    hf.model.load_state_dict(model.state_dict())
-    hf.config.auto_map = dict(AUTO_MAP)
-    return hf.eval()
-
-
-def variant_fields(cfg: ModelConfig) -> dict[str, Any]:
-    """The fields where ``cfg`` differs from the default block (dotted paths), shape aside."""
-    default = flatten(ModelConfig(**{name: getattr(cfg, name) for name in SHAPE_FIELDS}).to_dict())
-    return {k: v for k, v in flatten(cfg.to_dict()).items() if k not in _NOT_VARIANT and v != default[k]}
-
-
 def export_hf(
     model: Transformer,
     out_dir: str | os.PathLike,
@@ -52,8 +36,16 @@ def export_hf(
     tokenizer or a tokenizer.json path; ``facts``: what the model card reports beyond the config."""
     from transformers import GenerationConfig
 
+    from .hf_modeling import SinkLabConfig, SinkLabForCausalLM
+
     architecture = native_architecture(model.config)
-    hf = (to_hf(model) if architecture else remote_model(model)).to(dtype)
+    if architecture:
+        hf = to_hf(model).to(dtype)
+    else:  # the model inside the remote-code class
+        hf = SinkLabForCausalLM(SinkLabConfig(sinklab=model.config.to_dict()))
+        hf.model.load_state_dict(model.state_dict())
+        hf.config.auto_map = dict(AUTO_MAP)
+        hf = hf.eval().to(dtype)
     for role in ("bos", "eos", "pad"):  # the tokenizer's, else none (not a Llama's defaults)
         setattr(hf.config, f"{role}_token_id", getattr(tokenizer, f"{role}_token_id", None))
     hf.generation_config = GenerationConfig.from_model_config(hf.config)
@@ -83,10 +75,9 @@ def model_card(
     ({label: value}: Sink_1, alpha_1, val loss), ``metrics_from`` (where they were read)."""
     facts = facts or {}
     cfg = model.config
-    variant = variant_fields(cfg)
-    described = (
-        ", ".join(f"`{k}={v}`" for k, v in variant.items()) or "the default block (RoPE, pre-norm RMSNorm, SwiGLU)"
-    )
+    default = flatten(ModelConfig(**{name: getattr(cfg, name) for name in SHAPE_FIELDS}).to_dict())
+    variant = [f"`{k}={v}`" for k, v in flatten(cfg.to_dict()).items() if k not in _NOT_VARIANT and v != default[k]]
+    described = ", ".join(variant) or "the default block (RoPE, pre-norm RMSNorm, SwiGLU)"
     remote = architecture is None
     trust = ", trust_remote_code=True" if remote else ""
     how = (

@@ -47,6 +47,21 @@ _FUSED_WEIGHTS = {
 }
 
 
+# ModelConfig field -> the HF config's name for it
+HF_NAMES = {
+    "vocab_size": "vocab_size",
+    "d_model": "hidden_size",
+    "d_ffn": "intermediate_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "max_seq_len": "max_position_embeddings",
+    "norm_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+    "tie_embeddings": "tie_word_embeddings",
+}
+
+
 class NotNative(ValueError):
     """A model config no HF architecture here expresses, or an HF config SinkLab does not import."""
 
@@ -73,22 +88,8 @@ def hf_config(cfg: ModelConfig):
     from transformers import LlamaConfig, Qwen3Config
 
     architecture = check_native(cfg)
-    shape = dict(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.d_ffn,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.kv_heads,
-        head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_seq_len,
-        rms_norm_eps=cfg.norm_eps,
-        rope_theta=cfg.rope_theta,
-        tie_word_embeddings=cfg.tie_embeddings,
-        initializer_range=cfg.init_std,
-        hidden_act="silu",
-        attention_bias=False,
-    )
+    shape = {theirs: getattr(cfg, ours) for ours, theirs in HF_NAMES.items()}
+    shape |= dict(head_dim=cfg.head_dim, initializer_range=cfg.init_std, hidden_act="silu", attention_bias=False)
     if architecture == "Qwen3ForCausalLM":
         return Qwen3Config(**shape, use_sliding_window=False)
     return LlamaConfig(**shape, mlp_bias=False)
@@ -135,17 +136,11 @@ def config_from_hf(c) -> ModelConfig:
     rope = getattr(c, "rope_parameters", None) or {"rope_type": "default", "rope_theta": getattr(c, "rope_theta", 1e4)}
     if rope.get("rope_type", "default") != "default":
         raise NotNative(f"HF config rope_type={rope['rope_type']!r}: SinkLab imports only 'default'")
+    read = {ours: getattr(c, theirs) for ours, theirs in HF_NAMES.items() if ours not in ("kv_heads", "rope_theta")}
     cfg = ModelConfig(
-        vocab_size=c.vocab_size,
-        d_model=c.hidden_size,
-        n_layers=c.num_hidden_layers,
-        n_heads=c.num_attention_heads,
+        **read | {"tie_embeddings": bool(c.tie_word_embeddings)},
         n_kv_heads=None if c.num_key_value_heads == c.num_attention_heads else c.num_key_value_heads,
-        d_ffn=c.intermediate_size,
-        max_seq_len=c.max_position_embeddings,
-        norm_eps=c.rms_norm_eps,
         rope_theta=float(rope["rope_theta"]),
-        tie_embeddings=bool(c.tie_word_embeddings),
         attention=AttentionConfig(qk_norm=c.model_type == "qwen3"),
     )
     if cfg.head_dim != getattr(c, "head_dim", cfg.head_dim):

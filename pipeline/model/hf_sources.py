@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -86,15 +87,26 @@ def converted_gguf_dir(gguf: Path) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     del loaded
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
+
+    def save(tmp: Path) -> Path:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        return tmp
+
+    return publish(target, save)
+
+
+def publish(target: Path, fill: Callable[[Path], Path]) -> Path:
+    """``target`` whole or not at all: what ``fill(tmp)`` writes and returns (a file or folder) inside a temporary
+    sibling folder of ``target``, renamed into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        made = fill(tmp)
         try:
-            os.replace(tmp, target)
+            os.replace(made, target)
         except OSError:  # another process published it first
-            if not (target / "config.json").exists():
+            if not target.exists():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

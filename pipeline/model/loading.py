@@ -124,23 +124,18 @@ def _find_model_section(data: Any) -> dict | None:
     return None
 
 
-def _strip_prefixes(state: dict[str, Any], expected: set[str]) -> dict[str, torch.Tensor]:
+def _build(config: ModelConfig, state: dict[str, Any], source: str) -> Transformer:
+    model = Transformer(config)
+    shapes = model.state_dict()
+    expected = set(shapes)
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
-    for _ in range(3):
+    for _ in range(3):  # up to three wrappers' prefixes, outermost first
         if set(tensors) & expected:
             break
         for prefix in _PREFIXES:
             if any(k.startswith(prefix) for k in tensors):
                 tensors = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
                 break
-    return tensors
-
-
-def _build(config: ModelConfig, state: dict[str, Any], source: str) -> Transformer:
-    model = Transformer(config)
-    shapes = model.state_dict()
-    expected = set(shapes)
-    tensors = _strip_prefixes(state, expected)
     if config.tie_embeddings:
         tensors.setdefault("lm_head.weight", tensors.get("embed.weight"))
     missing = sorted(expected - set(tensors))

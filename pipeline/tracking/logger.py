@@ -88,9 +88,7 @@ def open_run(
             run_id = client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id
             MetricsFile(run.root).mark_sent(0)  # a new run: all of metrics.jsonl is still to send
             run.save_mlflow_run_id(run_id)
-            items = [Param(k, v[:6000]) for k, v in params.items()]
-            for i in range(0, len(items), 100):
-                client.log_batch(run_id, params=items[i : i + 100])
+            client.log_batch(run_id, params=[Param(k, v[:6000]) for k, v in params.items()])  # sent 100 a request
             if manifest is not None:
                 client.log_inputs(run_id, datasets=[dataset_input(manifest)])
             mark_training_experiment(client, exp_id)  # after the params: the view's columns are the varied ones
@@ -228,8 +226,7 @@ class RunLogger(MLFlowLogger):
         try:
             while self._pending:
                 metrics, end = self._pending[0]
-                for i in range(0, len(metrics), 1000):  # the REST API takes at most 1000 a request
-                    self.experiment.log_batch(self._run_id, metrics=metrics[i : i + 1000])
+                self.experiment.log_batch(self._run_id, metrics=metrics)  # sent 1000 a request
                 self._pending.pop(0)
                 self.sent_batches += 1
                 sent_to = end

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -115,6 +113,8 @@ def pull_run(spec: str, run_dir: Path | None, tracking_uri: str, download: bool 
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    from pipeline.model.hf_sources import publish
+
     m = re.fullmatch(r"runs:/([0-9A-Za-z_-]+)/?", spec)
     if not m:
         raise RunDirError(f"--resume {spec}: expected runs:/<run_id>")
@@ -137,22 +137,12 @@ def pull_run(spec: str, run_dir: Path | None, tracking_uri: str, download: bool 
     if not download:
         return run.root
     run.create()
-    config = run.root / "config.yaml"
-    if not config.exists():
-        _download(client, run_id, "config/config.yaml", config)
-    newest = names[-1]
-    if not (run.checkpoints / newest).exists():
-        _download(client, run_id, f"{ARTIFACT_DIR}/{newest}", run.checkpoints / newest)
+    for artifact, target in (
+        ("config/config.yaml", run.root / "config.yaml"),
+        (f"{ARTIFACT_DIR}/{names[-1]}", run.checkpoints / names[-1]),
+    ):
+        if not target.exists():  # the file or folder whole, or not at all
+            publish(target, lambda tmp, artifact=artifact: Path(client.download_artifacts(run_id, artifact, str(tmp))))
     run.save_mlflow_run_id(run_id)
     client.set_tag(run_id, TAG_RUN_DIR, str(run.root.resolve()))  # the run continues from here now, not as a copy
     return run.root
-
-
-def _download(client, run_id: str, artifact: str, target: Path) -> None:
-    """One artifact (file or folder) to ``target``, complete or not at all."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        local = Path(client.download_artifacts(run_id, artifact, str(tmp)))
-        os.replace(local, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

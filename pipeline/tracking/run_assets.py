@@ -159,35 +159,29 @@ def add_hf_export(model_dir: Path) -> str:
     return f"hf/ ({export_hf(model, model_dir / 'hf', tokenizer=tokenizer, facts=facts)})"
 
 
-def logged_model(client, run_id: str):
-    """The READY logged model named ``model`` of this run, or None."""
-    experiment_id = client.get_run(run_id).info.experiment_id
-    page_token = None
-    while True:
-        page = client.search_logged_models(
-            experiment_ids=[experiment_id], filter_string=f"name = '{MODEL_NAME}'", page_token=page_token
-        )
-        for model in page:
-            if model.source_run_id == run_id and str(model.status).endswith("READY"):
-                return model
-        page_token = page.token
-        if not page_token:
-            return None
-
-
 def log_final_model(
     tracking_uri: str, run_id: str, config, state: dict, manifest=None, step: int = 0
 ) -> dict[str, Any] | None:
     """Log the weights as the run's one model unless it has one of ``step``: {model_id, seconds, megabytes}, or None."""
-    from mlflow.entities import LoggedModelOutput
+    from mlflow.entities import LoggedModelOutput, Metric
     from mlflow.tracking import MlflowClient
+    from mlflow.utils import get_results_from_paginated_fn
 
     client = MlflowClient(tracking_uri)
-    previous = logged_model(client, run_id)
+    run = client.get_run(run_id)
+    models = get_results_from_paginated_fn(
+        lambda n, token: client.search_logged_models(
+            experiment_ids=[run.info.experiment_id],
+            filter_string=f"name = '{MODEL_NAME}'",
+            max_results=n,
+            page_token=token,
+        ),
+        100,
+    )
+    previous = next((m for m in models if m.source_run_id == run_id and str(m.status).endswith("READY")), None)
     if previous is not None and previous.tags.get("sinklab.step") == str(step):
         return None  # this run's model at this step is logged already (a repeated or resumed start)
     started = time.perf_counter()
-    run = client.get_run(run_id)
     with tempfile.TemporaryDirectory(prefix="sinklab-model-") as tmp:
         local = write_model_dir(Path(tmp) / MODEL_NAME, config, state, manifest)
         hf = add_hf_export(local)
@@ -206,25 +200,21 @@ def log_final_model(
             client.finalize_logged_model(model.model_id, "FAILED")
             raise
         client.finalize_logged_model(model.model_id, "READY")
-    _log_model_metrics(client, run, model.model_id, manifest)
-    if previous is not None:  # a finished run trained further: its model is the newest weights, one per run
-        client.delete_logged_model(previous.model_id)
-    seconds = time.perf_counter() - started
-    client.set_tag(run_id, TAG_MODEL_ID, model.model_id)
-    return {"model_id": model.model_id, "seconds": seconds, "megabytes": size / 2**20}
-
-
-def _log_model_metrics(client, run, model_id: str, manifest) -> None:
-    """The run's final headline values on its logged model, measured on its dataset (the Models tab)."""
-    from mlflow.entities import Metric
-
-    histories = [client.get_metric_history(run.info.run_id, key) for key in HEADLINE]
+    # the run's final headline values on its logged model, measured on its dataset (the Models tab)
+    histories = [client.get_metric_history(run_id, key) for key in HEADLINE]
     final = [max(history, key=lambda m: (m.step, m.timestamp)) for history in histories if history]
     data = (
         {}
         if manifest is None
         else {"dataset_name": dataset_name(manifest), "dataset_digest": manifest.hash[:DIGEST_LIMIT]}
     )
-    metrics = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id, **data) for m in final]
-    if metrics:
-        client.log_batch(run.info.run_id, metrics=metrics)
+    if final:
+        client.log_batch(
+            run_id,
+            metrics=[Metric(m.key, m.value, m.timestamp, m.step, model_id=model.model_id, **data) for m in final],
+        )
+    if previous is not None:  # a finished run trained further: its model is the newest weights, one per run
+        client.delete_logged_model(previous.model_id)
+    seconds = time.perf_counter() - started
+    client.set_tag(run_id, TAG_MODEL_ID, model.model_id)
+    return {"model_id": model.model_id, "seconds": seconds, "megabytes": size / 2**20}

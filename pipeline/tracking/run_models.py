@@ -3,14 +3,12 @@ SinkLab resolves MLflow model URIs (cached under ``$SINKLAB_CACHE/mlflow``)."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import metric_names as N
+from sinklab_io.atomic import remove
 
 from .contract import MODEL_NAME, TAG_MODEL_ID, tracking_uri
 
@@ -61,7 +59,7 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from pipeline.model.hf_sources import cache_dir
+    from pipeline.model.hf_sources import cache_dir, publish
     from pipeline.model.loading import CONFIG_NAME, WEIGHTS_NAME
 
     uri = uri or tracking_uri()
@@ -86,9 +84,8 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
         raise RunModelError(f"{spec}: not found in the MLflow store at {uri} ({exc.message[:200]})") from None
     target = cache_dir() / "mlflow" / key
     if not ((target / CONFIG_NAME).is_file() and (target / WEIGHTS_NAME).is_file()):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
+
+        def download(tmp: Path) -> Path:
             try:
                 local = Path(download_artifacts(artifact_uri=location, dst_path=str(tmp), tracking_uri=uri))
             except MlflowException as exc:
@@ -98,11 +95,10 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
                 ) from None
             if not (local / CONFIG_NAME).is_file():
                 raise RunModelError(f"{spec}: the downloaded model holds no {CONFIG_NAME}: not a SinkLab model")
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(local, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            return local
+
+        remove(target)
+        publish(target, download)
     return ResolvedModel(uri=spec, path=target, run_id=run_id, tracking_uri=uri)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
+from mlflow.utils import get_results_from_paginated_fn
 
 from .contract import (
     TAG_CODE_VERSION,
@@ -33,31 +34,29 @@ def variant_runs(mlflow: MlflowClient, experiment_name: str, scale: str) -> dict
     experiment = mlflow.get_experiment_by_name(experiment_name)
     if experiment is None:
         return {}
+    found = get_results_from_paginated_fn(
+        lambda n, token: mlflow.search_runs(
+            [experiment.experiment_id], max_results=n, page_token=token, order_by=["attributes.start_time DESC"]
+        ),
+        1000,
+    )
     runs: dict[str, list[RunSummary]] = {}
-    page_token = None
-    while True:
-        page = mlflow.search_runs(
-            [experiment.experiment_id], max_results=1000, page_token=page_token, order_by=["attributes.start_time DESC"]
-        )
-        for run in page:
-            tags = run.data.tags
-            if TAG_VARIANT not in tags or run_scale(run.info.run_name) != scale:  # a sweep's parent has no variant
-                continue
-            runs.setdefault(tags[TAG_VARIANT], []).append(
-                RunSummary(
-                    run_id=run.info.run_id,
-                    variant=tags[TAG_VARIANT],
-                    status=tags.get(TAG_STATUS) or run.info.status.lower(),
-                    start_time=run.info.start_time or 0,
-                    metrics=dict(run.data.metrics),
-                    seed=run_seed(tags),
-                    commit=tags.get(TAG_CODE_VERSION),
-                    config_hash=config_hash(dict(run.data.params)),
-                )
+    for run in found:
+        tags = run.data.tags
+        if TAG_VARIANT not in tags or run_scale(run.info.run_name) != scale:  # a sweep's parent has no variant
+            continue
+        runs.setdefault(tags[TAG_VARIANT], []).append(
+            RunSummary(
+                run_id=run.info.run_id,
+                variant=tags[TAG_VARIANT],
+                status=tags.get(TAG_STATUS) or run.info.status.lower(),
+                start_time=run.info.start_time or 0,
+                metrics=dict(run.data.metrics),
+                seed=run_seed(tags),
+                commit=tags.get(TAG_CODE_VERSION),
+                config_hash=config_hash(dict(run.data.params)),
             )
-        page_token = page.token
-        if not page_token:
-            break
+        )
     return runs
 
 
