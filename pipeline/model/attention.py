@@ -111,7 +111,7 @@ class Attention(nn.Module):
     def _with_slots(self, k: Tensor, v: Tensor, ctx: AttentionContext):
         """The eager reference: the slots prepended; keys, values, additive mask [1, 1|H, Tq, S + Tk]."""
         keys, values = self._slots(k, v)
-        base = ctx.additive_mask.to(k.dtype)
+        base = ctx.additive_mask().to(k.dtype)
         if not keys:
             return k, v, base
         Tq = base.shape[2]
@@ -172,7 +172,7 @@ class Attention(nn.Module):
         if path != "sdpa":  # SDPA and flash-attn share each key/value head themselves
             k, v = expand_heads(k, H), expand_heads(v, H)
         if path == "sdpa":
-            y = self._sdpa(*self._augmented(q, k, v), None if ctx.plain_causal else ctx.additive_mask)
+            y = self._sdpa(*self._augmented(q, k, v), None if ctx.plain_causal else ctx.additive_mask())
         elif path == "blocked":
             slot_k = slot_v = None
             if self.kv_slot is not None:

@@ -3,8 +3,7 @@ mask shared by all layers of one forward pass."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -41,11 +40,15 @@ class AttentionContext:
     k_idx: Tensor
     score_bias: Tensor | None  # float [1|H, Tq, Tk] positional bias
     plain_causal: bool  # SDPA may use is_causal=True and no mask
+    _admitted: Tensor | None = field(default=None, repr=False)
+    _mask: Tensor | None = field(default=None, repr=False)
 
-    @cached_property
+    @property
     def admitted(self) -> Tensor:
         """Bool [Tq, Tk]."""
-        return admitted_pairs(self.config, self.q_idx, self.k_idx)
+        if self._admitted is None:
+            self._admitted = admitted_pairs(self.config, self.q_idx, self.k_idx)
+        return self._admitted
 
     def n_admitted(self) -> Tensor:
         """Int [Tq]: the token keys each query sees (no [Tq, Tk] tensor for a causal mask)."""
@@ -53,10 +56,11 @@ class AttentionContext:
             return self.q_idx + 1
         return self.admitted.sum(-1)
 
-    @cached_property
     def additive_mask(self) -> Tensor:
         """Float [1, 1|H, Tq, Tk]: positional bias where admitted, -inf elsewhere."""
-        bias = self.score_bias
-        if bias is None:
-            bias = torch.zeros(1, *self.admitted.shape, device=self.admitted.device)
-        return bias.masked_fill(~self.admitted, float("-inf"))[None]
+        if self._mask is None:
+            bias = self.score_bias
+            if bias is None:
+                bias = torch.zeros(1, *self.admitted.shape, device=self.admitted.device)
+            self._mask = bias.masked_fill(~self.admitted, float("-inf"))[None]
+        return self._mask
