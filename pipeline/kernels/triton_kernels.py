@@ -47,9 +47,10 @@ if triton is not None:
         return ok & (qi < Tq_end) & (kj < Tk)
 
     @triton.jit
-    def _key_range(q_lo, q_hi, Tk, window, prefix, MASK: tl.constexpr):
-        """Key positions [lo, hi) that some query position in [q_lo, q_hi) sees (MaskSpec.key_range)."""
-        hi = q_hi
+    def _block_key_range(pid_m, BLOCK_M: tl.constexpr, Tq, Tk, q_offset, window, prefix, MASK: tl.constexpr):
+        """Key positions [lo, hi) that some query of query block ``pid_m`` sees (MaskSpec.key_range)."""
+        q_lo = pid_m * BLOCK_M + q_offset
+        hi = tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq) + q_offset
         if MASK == 1:
             hi = tl.maximum(hi, prefix)
         lo = q_lo * 0
@@ -58,21 +59,16 @@ if triton is not None:
         return lo, tl.minimum(hi, Tk)
 
     @triton.jit
-    def _query_range(k_lo, k_hi, q_offset, Tk, window, prefix, MASK: tl.constexpr):
-        """Query positions [lo, hi) that see some key position in [k_lo, k_hi) (MaskSpec.query_range)."""
+    def _block_query_range(pid_n, BLOCK_N: tl.constexpr, Tk, q_offset, window, prefix, MASK: tl.constexpr):
+        """Query positions [lo, hi) that see some key of key block ``pid_n`` (MaskSpec.query_range)."""
+        k_lo = pid_n * BLOCK_N
         lo = tl.maximum(k_lo, q_offset)
         if MASK == 1:
             lo = tl.where(k_lo < prefix, q_offset, lo)
         hi = Tk
         if MASK == 2:
-            hi = tl.minimum(Tk, k_hi + window - 1)
+            hi = tl.minimum(Tk, tl.minimum(k_lo + BLOCK_N, Tk) + window - 1)
         return lo, hi
-
-    @triton.jit
-    def _block_key_range(pid_m, BLOCK_M: tl.constexpr, Tq, Tk, q_offset, window, prefix, MASK: tl.constexpr):
-        """Key positions [lo, hi) that query block ``pid_m`` sees."""
-        q_lo = pid_m * BLOCK_M
-        return _key_range(q_lo + q_offset, tl.minimum(q_lo + BLOCK_M, Tq) + q_offset, Tk, window, prefix, MASK)
 
     @triton.jit
     def _scores(
@@ -101,6 +97,11 @@ if triton is not None:
             mask=(offs[:, None] < n) & (offs_d[None, :] < D),
             other=0.0,
         )
+
+    @triton.jit
+    def _store_rows(P, base, offs, n, offs_d, D, x):
+        """x into rows ``offs`` (< n) of a contiguous [n, D] matrix at P + base."""
+        tl.store(P + base + offs[:, None] * D + offs_d[None, :], x, mask=(offs[:, None] < n) & (offs_d[None, :] < D))
 
     @triton.jit
     def _load_kv(K, V, b, h, offs_n, Tk, offs_d, D, skb, skh, skt, svb, svh, svt):
@@ -197,9 +198,8 @@ if triton is not None:
             sim = tl.where(ok, sim, 0.0)
             u += tl.dot(sim.to(v.dtype), v, input_precision=PRECISION)
             row_sum += tl.sum(sim, 1)
-        out = bh * Tq + offs_m
-        tl.store(U + out[:, None] * D + offs_d[None, :], u, mask=(offs_m[:, None] < Tq) & (offs_d[None, :] < D))
-        tl.store(S + out, row_sum, mask=offs_m < Tq)
+        _store_rows(U, bh * Tq * D, offs_m, Tq, offs_d, D, u)
+        tl.store(S + bh * Tq + offs_m, row_sum, mask=offs_m < Tq)
 
     @triton.jit
     def backward_kv(
@@ -245,9 +245,7 @@ if triton is not None:
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         k, v = _load_kv(K, V, b, h, offs_n, Tk, offs_d, D, skb, skh, skt, svb, svh, svt)
-        lo, hi = _query_range(
-            pid_n * BLOCK_N, tl.minimum(pid_n * BLOCK_N + BLOCK_N, Tk), q_offset, Tk, window, prefix, MASK
-        )
+        lo, hi = _block_query_range(pid_n, BLOCK_N, Tk, q_offset, window, prefix, MASK)
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         for start in range(lo - q_offset, hi - q_offset, BLOCK_M):
@@ -259,10 +257,8 @@ if triton is not None:
             )
             dv += tl.dot(tl.trans(sim.to(q.dtype)), du, input_precision=PRECISION)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-        kv_ok = (offs_n[:, None] < Tk) & (offs_d[None, :] < D)
-        out = bh * Tk + offs_n
-        tl.store(DK + out[:, None] * D + offs_d[None, :], dk * SCORE_FACTOR, mask=kv_ok)
-        tl.store(DV + out[:, None] * D + offs_d[None, :], dv, mask=kv_ok)
+        _store_rows(DK, bh * Tk * D, offs_n, Tk, offs_d, D, dk * SCORE_FACTOR)
+        _store_rows(DV, bh * Tk * D, offs_n, Tk, offs_d, D, dv)
 
     @triton.jit
     def backward_q(
@@ -317,9 +313,4 @@ if triton is not None:
                 q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, SCORE_FACTOR, sbq, SIM, HAS_BIAS, PRECISION
             )
             dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-        rows = bh * Tq + offs_m
-        tl.store(
-            DQ + rows[:, None] * D + offs_d[None, :],
-            dq * SCORE_FACTOR,
-            mask=(offs_m[:, None] < Tq) & (offs_d[None, :] < D),
-        )
+        _store_rows(DQ, bh * Tq * D, offs_m, Tq, offs_d, D, dq * SCORE_FACTOR)
