@@ -238,6 +238,4 @@ def tiled_attention(
     if score_bias is not None and torch.is_grad_enabled():
         probe = torch.zeros(1, dtype=torch.long, device=q.device)
         refuse_learned_bias("tiled_attention", score_bias(probe, probe))
-    if spec.mask.kind == "sliding" and spec.mask.window < 1:
-        raise ValueError(f"tiled_attention: mask sliding needs window >= 1, got {spec.mask.window}")
     return TiledAttention.apply(q, k, v, slot_k, slot_v, score_bias, spec)

@@ -81,18 +81,17 @@ def supports(spec: TileSpec, score_bias) -> bool:
 def _launch_args(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, spec: TileSpec):
     """Arguments shared by the three kernels (after the pointers)."""
     B, H, Tq, D = q.shape
-    mask: MaskSpec = spec.mask
+    mask = spec.mask
     strides = [s for t in (q, k, v) for s in t.stride()[:3]]
     bias_strides = [0, 0] if bias is None else [bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1)]
     scalars = [H, Tq, k.shape[2], mask.q_offset, mask.window, mask.prefix, *strides, *bias_strides]
-    wide = q.dtype in (torch.float32, torch.float64)
     meta = dict(
         D=D,
         BLOCK_D=max(16, triton.next_power_of_2(D)),
         SIM=SIMILARITIES[spec.similarity],
         MASK=MASKS[mask.kind],
         HAS_BIAS=bias is not None,
-        PRECISION="ieee" if wide else "tf32",
+        PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
         ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
         SCORE_FACTOR=spec.score_factor,
     )
