@@ -216,9 +216,9 @@ class TiledAttention(torch.autograd.Function):
         return (*grads, None, None)
 
 
-def refuse_learned_bias(caller: str, bias: Tensor) -> None:
+def refuse_learned_bias(caller: str, bias: Tensor | None) -> None:
     """Tiles take fixed positional biases only; a learned one (T5's) takes the eager path."""
-    if bias.requires_grad and torch.is_grad_enabled():
+    if bias is not None and bias.requires_grad and torch.is_grad_enabled():
         raise ValueError(
             f"{caller}: score_bias needs gradients (a learned bias such as T5's); use the eager attention path for it"
         )

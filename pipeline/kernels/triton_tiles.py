@@ -204,8 +204,7 @@ def fused_tiled_attention(
     """``tiled_attention``'s [B, H, Tq, d_h] from the fused kernels; blocks: (queries, keys) per tile; both None: autotuned, one None: today's default."""
     if not supports(spec, score_bias):
         raise ValueError("fused_tiled_attention: needs triton, p = 1 and score_bias None or a tensor")
-    if score_bias is not None:
-        refuse_learned_bias("fused_tiled_attention", score_bias)
+    refuse_learned_bias("fused_tiled_attention", score_bias)
     defaults = (TUNED, TUNED) if blocks == (None, None) else default_blocks(q.shape[-1], q.element_size())
     blocks = tuple(given or default for given, default in zip(blocks, defaults))
     m = spec.mask
