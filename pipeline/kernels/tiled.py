@@ -45,9 +45,7 @@ class MaskSpec:
 
     def key_range(self, q_lo: int, q_hi: int, n_keys: int) -> tuple[int, int]:
         """Keys [lo, hi) that some query position in [q_lo, q_hi) may see."""
-        hi = q_hi
-        if self.kind == "prefix" and q_lo < self.prefix:
-            hi = max(hi, self.prefix)
+        hi = max(q_hi, self.prefix) if self.kind == "prefix" and q_lo < self.prefix else q_hi
         lo = max(0, q_lo - self.window + 1) if self.kind == "sliding" else 0
         return lo, min(hi, n_keys)
 
@@ -109,7 +107,6 @@ class _Tiles:
 
     def __init__(self, q, k, v, slot_k, slot_v, bias, spec: TileSpec):
         self.q, self.k, self.v, self.slot_k, self.slot_v, self.bias, self.spec = q, k, v, slot_k, slot_v, bias, spec
-        self.n_slots = 0 if slot_k is None else slot_k.shape[2]
         self.acc = accumulator(q)
 
     def blocks(self):
@@ -120,7 +117,7 @@ class _Tiles:
         block_q = spec.block_q or Tq
         for q_lo in range(0, Tq, block_q):
             q_hi = min(Tq, q_lo + block_q)
-            if self.n_slots:
+            if self.slot_k is not None:
                 yield q_lo, q_hi, None
             lo, hi = mask.key_range(q_lo + off, q_hi + off, Tk)
             for k_lo in range(lo, hi, spec.block_k):

@@ -35,13 +35,9 @@ if triton is not None:
     @triton.jit
     def _block_key_range(pid_m, BLOCK_M: tl.constexpr, Tq, Tk, q_offset, window, prefix, MASK: tl.constexpr):
         """Key positions [lo, hi) that some query of query block ``pid_m`` sees (MaskSpec.key_range)."""
-        q_lo = pid_m * BLOCK_M + q_offset
-        hi = tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq) + q_offset
-        if MASK == 1:
-            hi = tl.maximum(hi, prefix)
-        lo = q_lo * 0
-        if MASK == 2:
-            lo = tl.maximum(q_lo - window + 1, 0)
+        q_lo, q_hi = pid_m * BLOCK_M + q_offset, tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq) + q_offset
+        hi = tl.maximum(q_hi, prefix) if MASK == 1 else q_hi
+        lo = tl.maximum(q_lo - window + 1, 0) if MASK == 2 else q_lo * 0
         return lo, tl.minimum(hi, Tk)
 
     @triton.jit
@@ -49,11 +45,8 @@ if triton is not None:
         """Query positions [lo, hi) that see some key of key block ``pid_n`` (MaskSpec.query_range)."""
         k_lo = pid_n * BLOCK_N
         lo = tl.maximum(k_lo, q_offset)
-        if MASK == 1:
-            lo = tl.where(k_lo < prefix, q_offset, lo)
-        hi = Tk
-        if MASK == 2:
-            hi = tl.minimum(Tk, tl.minimum(k_lo + BLOCK_N, Tk) + window - 1)
+        lo = tl.where(k_lo < prefix, q_offset, lo) if MASK == 1 else lo
+        hi = tl.minimum(Tk, tl.minimum(k_lo + BLOCK_N, Tk) + window - 1) if MASK == 2 else Tk
         return lo, hi
 
     @triton.jit

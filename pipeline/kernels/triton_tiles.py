@@ -37,14 +37,12 @@ if triton is not None:  # one config under the interpreter (no timing there); ke
 
     from .triton_kernels import backward_kv, backward_q, forward
 
-    _TUNING = dict(
+    tune = triton.autotune(
         configs=tile_configs(full=os.environ.get("TRITON_INTERPRET") != "1"),
         key=["Tq", "Tk", "D"],
         prune_configs_by={"early_config_prune": _prune},
     )
-    forward_tuned, backward_kv_tuned, backward_q_tuned = (
-        triton.autotune(**_TUNING)(kernel) for kernel in (forward, backward_kv, backward_q)
-    )
+    forward_tuned, backward_kv_tuned, backward_q_tuned = map(tune, (forward, backward_kv, backward_q))
 _REPORTED: set[tuple] = set()
 
 
@@ -57,8 +55,7 @@ def _launch(tuned, blocks: tuple[int, int], q: Tensor, k: Tensor, *args, **meta)
         tuned.fn[grid](*args, **meta, BLOCK_M=blocks[0], BLOCK_N=blocks[1])
         return
     tuned[grid](*args, **meta)
-    named = dict(zip(tuned.arg_names, args))
-    key = (tuned.base_fn.__name__, named["Tq"], named["Tk"], meta["D"], str(args[0].dtype))
+    key = (tuned.base_fn.__name__, q.shape[2], k.shape[2], meta["D"], str(q.dtype))
     if os.environ.get("SINKLAB_REPORT_TILES") == "1" and key not in _REPORTED:  # gpu-check prints it
         _REPORTED.add(key)
         print(f"sinklab tiles: {key[0]} at T {key[1]} x {key[2]}, head dim {key[3]}, {key[4]}: {tuned.best_config}")
