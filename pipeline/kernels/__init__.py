@@ -70,18 +70,9 @@ def blocked_attention(
         return fused_tiled_attention(
             q, k, v, tiles, slot_k=slot_k, slot_v=slot_v, score_bias=score_bias, blocks=(query_block, block_size)
         )
-    if isinstance(score_bias, Tensor):
-        score_bias = _tile_slicer(score_bias, q_offset)
+    if isinstance(bias := score_bias, Tensor):
+        refuse_learned_bias("blocked_attention", bias)
+        score_bias = lambda q_idx, k_idx: bias[
+            :, q_idx[0] - q_offset : q_idx[-1] + 1 - q_offset, k_idx[0] : k_idx[-1] + 1
+        ]
     return tiled_attention(q, k, v, tiles, slot_k=slot_k, slot_v=slot_v, score_bias=score_bias)
-
-
-def _tile_slicer(bias: Tensor, q_offset: int) -> ScoreBias:
-    refuse_learned_bias("blocked_attention", bias)
-    return lambda q_idx, k_idx: bias[:, q_idx[0] - q_offset : q_idx[-1] + 1 - q_offset, k_idx[0] : k_idx[-1] + 1]
-
-
-__all__ = [
-    "AttentionSpec",
-    "blocked_attention",
-    "chunked_linear_attention",
-]

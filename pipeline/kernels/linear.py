@@ -52,11 +52,8 @@ def chunked_linear_attention(
 
     if prefix > 1:  # queries inside the prefix see every prefix key (and the bias slots)
         P = min(prefix, T)
-        kv_prefix = k[:, :, :P].transpose(-2, -1) @ v[:, :, :P]
-        k_prefix = k[:, :, :P].sum(2)
-        if slot_k is not None:
-            kv_prefix = kv_prefix + slot_kv
-            k_prefix = k_prefix + slot_ksum
+        kv_prefix = kv_before[:, :, 0] + k[:, :, :P].transpose(-2, -1) @ v[:, :, :P]  # state before chunk 0: the slots
+        k_prefix = k_before[:, :, 0] + k[:, :, :P].sum(2)
         u = torch.cat((q[:, :, :P] @ kv_prefix, u[:, :, P:]), dim=2)
         row_sum = torch.cat(((q[:, :, :P] @ k_prefix[..., None]).squeeze(-1), row_sum[:, :, P:]), dim=2)
     return (u / normaliser(row_sum, normalizer)[..., None]).to(dtype)

@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-Similarity = str  # a key of SIMILARITIES
 Normalizer = Literal["sum", "abs_clamp", "none"]
 MaskKind = Literal["causal", "prefix", "sliding"]
 ScoreBias = Callable[[Tensor, Tensor], Tensor]  # (query position idx [bq], key position idx [bk]) -> [1|H, bq, bk]
@@ -46,9 +45,7 @@ class MaskSpec:
 
     def key_range(self, q_lo: int, q_hi: int, n_keys: int) -> tuple[int, int]:
         """Keys [lo, hi) that some query position in [q_lo, q_hi) may see."""
-        hi = q_hi
-        if self.kind == "prefix" and q_lo < self.prefix:
-            hi = max(hi, self.prefix)
+        hi = max(q_hi, self.prefix) if self.kind == "prefix" and q_lo < self.prefix else q_hi
         lo = max(0, q_lo - self.window + 1) if self.kind == "sliding" else 0
         return lo, min(hi, n_keys)
 
@@ -63,7 +60,7 @@ class MaskSpec:
 class AttentionSpec:
     """What the blocked kernels compute for one layer; built by ``attention_ops.blocked_spec``."""
 
-    similarity: Similarity  # f, a key of SIMILARITIES ("identity" after phi: linear attention)
+    similarity: str  # f, a key of SIMILARITIES ("identity" after phi: linear attention)
     normalizer: Normalizer = "sum"  # Z_i: sum_j sim_ij (its p-norm when p != 1), max(|sum_j sim_ij|, 1), or 1
     p: float = 1.0
     score_factor: float = 1.0  # of the scores q_i k_j^T
@@ -100,13 +97,6 @@ SIMILARITIES: dict[str, Callable[[Tensor], tuple[Tensor, Tensor]]] = {
 }
 
 
-def similarity_and_grad(s: Tensor, kind: Similarity) -> tuple[Tensor, Tensor]:
-    """f(s) and f'(s)."""
-    if kind not in SIMILARITIES:
-        raise ValueError(f"tiled attention: similarity {kind!r}; allowed {', '.join(SIMILARITIES)}")
-    return SIMILARITIES[kind](s)
-
-
 def accumulator(t: Tensor) -> torch.dtype:
     """fp32 sums for fp32/bf16/fp16 inputs; fp64 stays fp64 (tests compare to 1e-9)."""
     return torch.promote_types(t.dtype, torch.float32)
@@ -117,7 +107,6 @@ class _Tiles:
 
     def __init__(self, q, k, v, slot_k, slot_v, bias, spec: TileSpec):
         self.q, self.k, self.v, self.slot_k, self.slot_v, self.bias, self.spec = q, k, v, slot_k, slot_v, bias, spec
-        self.n_slots = 0 if slot_k is None else slot_k.shape[2]
         self.acc = accumulator(q)
 
     def blocks(self):
@@ -128,7 +117,7 @@ class _Tiles:
         block_q = spec.block_q or Tq
         for q_lo in range(0, Tq, block_q):
             q_hi = min(Tq, q_lo + block_q)
-            if self.n_slots:
+            if self.slot_k is not None:
                 yield q_lo, q_hi, None
             lo, hi = mask.key_range(q_lo + off, q_hi + off, Tk)
             for k_lo in range(lo, hi, spec.block_k):
@@ -137,15 +126,10 @@ class _Tiles:
                 if b > a:
                     yield a - off, b - off, (k_lo, k_hi)
 
-    def keys(self, tile):
-        if tile is None:
-            return self.slot_k, self.slot_v
-        return self.k[:, :, tile[0] : tile[1]], self.v[:, :, tile[0] : tile[1]]
-
     def scores(self, q_lo: int, q_hi: int, tile):
-        """sim = f(s) and f'(s), in the accumulation dtype, zero off the mask."""
+        """The tile's keys and values, sim = f(s) and f'(s), in the accumulation dtype, zero off the mask."""
         spec = self.spec
-        keys, _ = self.keys(tile)
+        keys, values = (self.slot_k, self.slot_v) if tile is None else (t[:, :, slice(*tile)] for t in (self.k, self.v))
         s = (self.q[:, :, q_lo:q_hi] @ keys.transpose(-2, -1)).to(self.acc) * spec.score_factor
         admitted = None
         if tile is not None:
@@ -154,11 +138,11 @@ class _Tiles:
             admitted = spec.mask.admitted(q_idx, k_idx)
             if self.bias is not None:
                 s = s + self.bias(q_idx, k_idx).to(self.acc)[None]
-        sim, dsim_ds = similarity_and_grad(s, spec.similarity)
+        sim, dsim_ds = SIMILARITIES[spec.similarity](s)
         if admitted is not None:  # always masked: testing admitted.all() would sync a GPU per tile
             sim = sim.masked_fill(~admitted, 0.0)
             dsim_ds = dsim_ds.masked_fill(~admitted, 0.0)
-        return sim, dsim_ds
+        return keys, values, sim, dsim_ds
 
 
 def normaliser(row_sum: Tensor, normalizer: Normalizer, row_pow: Tensor | None = None, p: float = 1.0) -> Tensor:
@@ -174,14 +158,12 @@ class TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, slot_k, slot_v, bias, spec: TileSpec):
         tiles = _Tiles(q, k, v, slot_k, slot_v, bias, spec)
-        B, H, Tq, dh = q.shape
-        acc = tiles.acc
-        u = q.new_zeros(B, H, Tq, v.shape[-1], dtype=acc)
-        row_sum = q.new_zeros(B, H, Tq, dtype=acc)
-        row_pow = q.new_zeros(B, H, Tq, dtype=acc) if spec.p != 1.0 else None
+        acc, rows = tiles.acc, q.shape[:3]
+        u = q.new_zeros(*rows, v.shape[-1], dtype=acc)
+        row_sum = q.new_zeros(rows, dtype=acc)
+        row_pow = q.new_zeros(rows, dtype=acc) if spec.p != 1.0 else None
         for q_lo, q_hi, tile in tiles.blocks():
-            sim, _ = tiles.scores(q_lo, q_hi, tile)
-            _, values = tiles.keys(tile)
+            _, values, sim, _ = tiles.scores(q_lo, q_hi, tile)
             u[:, :, q_lo:q_hi] += (sim.to(values.dtype) @ values).to(acc)
             row_sum[:, :, q_lo:q_hi] += sim.sum(-1)
             if row_pow is not None:
@@ -210,8 +192,7 @@ class TiledAttention(torch.autograd.Function):
         mm = lambda a, b: (a.to(q.dtype) @ b.to(q.dtype)).to(acc)  # tensor-core dtype in, fp32 out
         for q_lo, q_hi, tile in tiles.blocks():
             q_blk, du_blk, dz_blk = q[:, :, q_lo:q_hi], du[:, :, q_lo:q_hi], dz[:, :, q_lo:q_hi, None]
-            sim, dsim_ds = tiles.scores(q_lo, q_hi, tile)
-            keys, values = tiles.keys(tile)
+            keys, values, sim, dsim_ds = tiles.scores(q_lo, q_hi, tile)
             dsim = mm(du_blk, values.transpose(-2, -1))
             if spec.p != 1.0:  # dZ/dsim = (sim / Z)^(p-1); zero off the mask even for p < 1
                 ratio = (sim / z[:, :, q_lo:q_hi, None]).clamp(min=torch.finfo(sim.dtype).tiny)
@@ -232,9 +213,9 @@ class TiledAttention(torch.autograd.Function):
         return (*grads, None, None)
 
 
-def refuse_learned_bias(caller: str, bias: Tensor) -> None:
+def refuse_learned_bias(caller: str, bias: Tensor | None) -> None:
     """Tiles take fixed positional biases only; a learned one (T5's) takes the eager path."""
-    if bias.requires_grad and torch.is_grad_enabled():
+    if bias is not None and bias.requires_grad and torch.is_grad_enabled():
         raise ValueError(
             f"{caller}: score_bias needs gradients (a learned bias such as T5's); use the eager attention path for it"
         )
@@ -254,6 +235,4 @@ def tiled_attention(
     if score_bias is not None and torch.is_grad_enabled():
         probe = torch.zeros(1, dtype=torch.long, device=q.device)
         refuse_learned_bias("tiled_attention", score_bias(probe, probe))
-    if spec.mask.kind == "sliding" and spec.mask.window < 1:
-        raise ValueError(f"tiled_attention: mask sliding needs window >= 1, got {spec.mask.window}")
     return TiledAttention.apply(q, k, v, slot_k, slot_v, score_bias, spec)

@@ -22,20 +22,6 @@ MASKS = {"causal": 0, "prefix": 1, "sliding": 2}
 if triton is not None:
 
     @triton.jit
-    def _sim(s, SIM: tl.constexpr):
-        """f(s) and f'(s) in fp32."""
-        if SIM == 0:
-            sim = tl.sigmoid(s)
-            grad = sim * (1.0 - sim)
-        elif SIM == 1:
-            sim = tl.where(s > 0, s + 1.0, tl.exp(tl.minimum(s, 0.0)))
-            grad = tl.where(s > 0, 1.0, sim)
-        else:
-            sim = s
-            grad = s * 0.0 + 1.0
-        return sim, grad
-
-    @triton.jit
     def _admitted(q_pos, k_pos, Tq_end, Tk, window, prefix, MASK: tl.constexpr):
         """The model's mask (masks.admitted_pairs) for query positions x key positions, inside bounds."""
         qi, kj = q_pos[:, None], k_pos[None, :]
@@ -47,83 +33,26 @@ if triton is not None:
         return ok & (qi < Tq_end) & (kj < Tk)
 
     @triton.jit
-    def _key_range(q_lo, q_hi, Tk, window, prefix, MASK: tl.constexpr):
-        """Key positions [lo, hi) that some query position in [q_lo, q_hi) sees (MaskSpec.key_range)."""
-        hi = q_hi
-        if MASK == 1:
-            hi = tl.maximum(hi, prefix)
-        lo = q_lo * 0
-        if MASK == 2:
-            lo = tl.maximum(q_lo - window + 1, 0)
+    def _block_key_range(pid_m, BLOCK_M: tl.constexpr, Tq, Tk, q_offset, window, prefix, MASK: tl.constexpr):
+        """Key positions [lo, hi) that some query of query block ``pid_m`` sees (MaskSpec.key_range)."""
+        q_lo, q_hi = pid_m * BLOCK_M + q_offset, tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq) + q_offset
+        hi = tl.maximum(q_hi, prefix) if MASK == 1 else q_hi
+        lo = tl.maximum(q_lo - window + 1, 0) if MASK == 2 else q_lo * 0
         return lo, tl.minimum(hi, Tk)
 
     @triton.jit
-    def _query_range(k_lo, k_hi, q_offset, Tk, window, prefix, MASK: tl.constexpr):
-        """Query positions [lo, hi) that see some key position in [k_lo, k_hi) (MaskSpec.query_range)."""
+    def _block_query_range(pid_n, BLOCK_N: tl.constexpr, Tk, q_offset, window, prefix, MASK: tl.constexpr):
+        """Query positions [lo, hi) that see some key of key block ``pid_n`` (MaskSpec.query_range)."""
+        k_lo = pid_n * BLOCK_N
         lo = tl.maximum(k_lo, q_offset)
-        if MASK == 1:
-            lo = tl.where(k_lo < prefix, q_offset, lo)
-        hi = Tk
-        if MASK == 2:
-            hi = tl.minimum(Tk, k_hi + window - 1)
+        lo = tl.where(k_lo < prefix, q_offset, lo) if MASK == 1 else lo
+        hi = tl.minimum(Tk, tl.minimum(k_lo + BLOCK_N, Tk) + window - 1) if MASK == 2 else Tk
         return lo, hi
 
     @triton.jit
-    def _block_key_range(pid_m, BLOCK_M: tl.constexpr, Tq, Tk, q_offset, window, prefix, MASK: tl.constexpr):
-        """Key positions [lo, hi) that query block ``pid_m`` sees."""
-        q_lo = pid_m * BLOCK_M
-        return _key_range(q_lo + q_offset, tl.minimum(q_lo + BLOCK_M, Tq) + q_offset, Tk, window, prefix, MASK)
-
-    @triton.jit
-    def _scores(
+    def _tile_sim(
         q,
         k,
-        BIAS,
-        bias_off,
-        offs_m,
-        offs_n,
-        ok,
-        score_factor: tl.constexpr,
-        sbq,
-        HAS_BIAS: tl.constexpr,
-        PRECISION: tl.constexpr,
-    ):
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_factor
-        if HAS_BIAS:
-            s += tl.load(BIAS + bias_off + offs_m[:, None] * sbq + offs_n[None, :], mask=ok, other=0.0).to(s.dtype)
-        return s
-
-    @triton.jit
-    def _load_rows(P, base, offs, stride, n, offs_d, D):
-        """Rows ``offs`` (< n) of a [n, D] matrix at P + base with row stride ``stride``; zeros outside."""
-        return tl.load(
-            P + base + offs[:, None] * stride + offs_d[None, :],
-            mask=(offs[:, None] < n) & (offs_d[None, :] < D),
-            other=0.0,
-        )
-
-    @triton.jit
-    def _load_kv(K, V, b, h, offs_n, Tk, offs_d, D, skb, skh, skt, svb, svh, svt):
-        """The key and value rows ``offs_n`` of head (b, h)."""
-        k = _load_rows(K, b * skb + h * skh, offs_n, skt, Tk, offs_d, D)
-        v = _load_rows(V, b * svb + h * svh, offs_n, svt, Tk, offs_d, D)
-        return k, v
-
-    @triton.jit
-    def _load_q_grads(Q, DU, DS, b, h, bh, offs_m, Tq, offs_d, D, sqb, sqh, sqt):
-        """The query rows ``offs_m`` of head (b, h) with their du and dS."""
-        q = _load_rows(Q, b * sqb + h * sqh, offs_m, sqt, Tq, offs_d, D)
-        du = _load_rows(DU, bh * Tq * D, offs_m, D, Tq, offs_d, D).to(q.dtype)
-        d_row = tl.load(DS + bh * Tq + offs_m, mask=offs_m < Tq, other=0.0)
-        return q, du, d_row
-
-    @triton.jit
-    def _tile_grads(
-        q,
-        k,
-        v,
-        du,
-        d_row,
         BIAS,
         bias_off,
         offs_m,
@@ -135,11 +64,40 @@ if triton is not None:
         HAS_BIAS: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
-        """A tile's sim and ds = (du v^T + dS) f'(s), both zero off the mask."""
-        s = _scores(q, k, BIAS, bias_off, offs_m, offs_n, ok, score_factor, sbq, HAS_BIAS, PRECISION)
-        sim, grad = _sim(s, SIM)
-        dsim = tl.dot(du, tl.trans(v), input_precision=PRECISION) + d_row[:, None]
-        return tl.where(ok, sim, 0.0), tl.where(ok, dsim * grad, 0.0)
+        """A tile's sim = f(s), zero off the mask, and f'(s), in fp32."""
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_factor
+        if HAS_BIAS:
+            s += tl.load(BIAS + bias_off + offs_m[:, None] * sbq + offs_n[None, :], mask=ok, other=0.0).to(s.dtype)
+        if SIM == 0:
+            sim = tl.sigmoid(s)
+            grad = sim * (1.0 - sim)
+        elif SIM == 1:
+            sim = tl.where(s > 0, s + 1.0, tl.exp(tl.minimum(s, 0.0)))
+            grad = tl.where(s > 0, 1.0, sim)
+        else:
+            sim = s
+            grad = s * 0.0 + 1.0
+        return tl.where(ok, sim, 0.0), grad
+
+    @triton.jit
+    def _program(H, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+        """This program's block index, batch x head (and b, h), the block's rows and the head-dim offsets."""
+        pid, bh = tl.program_id(0), tl.program_id(1)
+        return pid, bh, bh // H, bh % H, pid * BLOCK + tl.arange(0, BLOCK), tl.arange(0, BLOCK_D)
+
+    @triton.jit
+    def _load_rows(P, base, offs, stride, n, offs_d, D):
+        """Rows ``offs`` (< n) of a [n, D] matrix at P + base with row stride ``stride``; zeros outside."""
+        return tl.load(
+            P + base + offs[:, None] * stride + offs_d[None, :],
+            mask=(offs[:, None] < n) & (offs_d[None, :] < D),
+            other=0.0,
+        )
+
+    @triton.jit
+    def _store_rows(P, rows, offs, n, offs_d, D, x):
+        """x into ``rows`` of a contiguous [*, D] matrix at P, where ``offs`` (their block's rows) < n."""
+        tl.store(P + rows[:, None] * D + offs_d[None, :], x, mask=(offs[:, None] < n) & (offs_d[None, :] < D))
 
     # The kernels' shared arguments after the pointers: H, Tq, Tk, q_offset, window, prefix,
     # the (batch, head, row) strides of q, k, v, the (head, row) strides of the bias, then meta.
@@ -180,25 +138,21 @@ if triton is not None:
         SCORE_FACTOR: tl.constexpr,
     ):
         """u [B*H*Tq, D] and S [B*H*Tq] of one query block."""
-        pid_m, bh = tl.program_id(0), tl.program_id(1)
-        b, h = bh // H, bh % H
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
+        pid_m, bh, b, h, offs_m, offs_d = _program(H, BLOCK_M, BLOCK_D)
         q = _load_rows(Q, b * sqb + h * sqh, offs_m, sqt, Tq, offs_d, D)
         lo, hi = _block_key_range(pid_m, BLOCK_M, Tq, Tk, q_offset, window, prefix, MASK)
         u = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
         row_sum = tl.zeros([BLOCK_M], dtype=ACC)
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            k, v = _load_kv(K, V, b, h, offs_n, Tk, offs_d, D, skb, skh, skt, svb, svh, svt)
+            k = _load_rows(K, b * skb + h * skh, offs_n, skt, Tk, offs_d, D)
+            v = _load_rows(V, b * svb + h * svh, offs_n, svt, Tk, offs_d, D)
             ok = _admitted(offs_m + q_offset, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
-            s = _scores(q, k, BIAS, h * sbh, offs_m, offs_n, ok, SCORE_FACTOR, sbq, HAS_BIAS, PRECISION)
-            sim, _ = _sim(s, SIM)
-            sim = tl.where(ok, sim, 0.0)
+            sim, _ = _tile_sim(q, k, BIAS, h * sbh, offs_m, offs_n, ok, SCORE_FACTOR, sbq, SIM, HAS_BIAS, PRECISION)
             u += tl.dot(sim.to(v.dtype), v, input_precision=PRECISION)
             row_sum += tl.sum(sim, 1)
         out = bh * Tq + offs_m
-        tl.store(U + out[:, None] * D + offs_d[None, :], u, mask=(offs_m[:, None] < Tq) & (offs_d[None, :] < D))
+        _store_rows(U, out, offs_m, Tq, offs_d, D, u)
         tl.store(S + out, row_sum, mask=offs_m < Tq)
 
     @triton.jit
@@ -240,29 +194,25 @@ if triton is not None:
         SCORE_FACTOR: tl.constexpr,
     ):
         """dk and dv of one key block."""
-        pid_n, bh = tl.program_id(0), tl.program_id(1)
-        b, h = bh // H, bh % H
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        k, v = _load_kv(K, V, b, h, offs_n, Tk, offs_d, D, skb, skh, skt, svb, svh, svt)
-        lo, hi = _query_range(
-            pid_n * BLOCK_N, tl.minimum(pid_n * BLOCK_N + BLOCK_N, Tk), q_offset, Tk, window, prefix, MASK
-        )
+        pid_n, bh, b, h, offs_n, offs_d = _program(H, BLOCK_N, BLOCK_D)
+        k = _load_rows(K, b * skb + h * skh, offs_n, skt, Tk, offs_d, D)
+        v = _load_rows(V, b * svb + h * svh, offs_n, svt, Tk, offs_d, D)
+        lo, hi = _block_query_range(pid_n, BLOCK_N, Tk, q_offset, window, prefix, MASK)
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC)
         for start in range(lo - q_offset, hi - q_offset, BLOCK_M):
             offs_m = start + tl.arange(0, BLOCK_M)
-            q, du, d_row = _load_q_grads(Q, DU, DS, b, h, bh, offs_m, Tq, offs_d, D, sqb, sqh, sqt)
+            q = _load_rows(Q, b * sqb + h * sqh, offs_m, sqt, Tq, offs_d, D)
+            du = _load_rows(DU, bh * Tq * D, offs_m, D, Tq, offs_d, D).to(q.dtype)
+            d_row = tl.load(DS + bh * Tq + offs_m, mask=offs_m < Tq, other=0.0)
             ok = _admitted(offs_m + q_offset, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
-            sim, ds = _tile_grads(
-                q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, SCORE_FACTOR, sbq, SIM, HAS_BIAS, PRECISION
-            )
+            sim, grad = _tile_sim(q, k, BIAS, h * sbh, offs_m, offs_n, ok, SCORE_FACTOR, sbq, SIM, HAS_BIAS, PRECISION)
+            dsim = tl.dot(du, tl.trans(v), input_precision=PRECISION) + d_row[:, None]
+            ds = tl.where(ok, dsim * grad, 0.0)
             dv += tl.dot(tl.trans(sim.to(q.dtype)), du, input_precision=PRECISION)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-        kv_ok = (offs_n[:, None] < Tk) & (offs_d[None, :] < D)
-        out = bh * Tk + offs_n
-        tl.store(DK + out[:, None] * D + offs_d[None, :], dk * SCORE_FACTOR, mask=kv_ok)
-        tl.store(DV + out[:, None] * D + offs_d[None, :], dv, mask=kv_ok)
+        _store_rows(DK, bh * Tk + offs_n, offs_n, Tk, offs_d, D, dk * SCORE_FACTOR)
+        _store_rows(DV, bh * Tk + offs_n, offs_n, Tk, offs_d, D, dv)
 
     @triton.jit
     def backward_q(
@@ -302,24 +252,19 @@ if triton is not None:
         SCORE_FACTOR: tl.constexpr,
     ):
         """dq of one query block."""
-        pid_m, bh = tl.program_id(0), tl.program_id(1)
-        b, h = bh // H, bh % H
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        q, du, d_row = _load_q_grads(Q, DU, DS, b, h, bh, offs_m, Tq, offs_d, D, sqb, sqh, sqt)
+        pid_m, bh, b, h, offs_m, offs_d = _program(H, BLOCK_M, BLOCK_D)
+        q = _load_rows(Q, b * sqb + h * sqh, offs_m, sqt, Tq, offs_d, D)
+        du = _load_rows(DU, bh * Tq * D, offs_m, D, Tq, offs_d, D).to(q.dtype)
+        d_row = tl.load(DS + bh * Tq + offs_m, mask=offs_m < Tq, other=0.0)
         lo, hi = _block_key_range(pid_m, BLOCK_M, Tq, Tk, q_offset, window, prefix, MASK)
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC)
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            k, v = _load_kv(K, V, b, h, offs_n, Tk, offs_d, D, skb, skh, skt, svb, svh, svt)
+            k = _load_rows(K, b * skb + h * skh, offs_n, skt, Tk, offs_d, D)
+            v = _load_rows(V, b * svb + h * svh, offs_n, svt, Tk, offs_d, D)
             ok = _admitted(offs_m + q_offset, offs_n, Tq + q_offset, Tk, window, prefix, MASK)
-            _, ds = _tile_grads(
-                q, k, v, du, d_row, BIAS, h * sbh, offs_m, offs_n, ok, SCORE_FACTOR, sbq, SIM, HAS_BIAS, PRECISION
-            )
+            _, grad = _tile_sim(q, k, BIAS, h * sbh, offs_m, offs_n, ok, SCORE_FACTOR, sbq, SIM, HAS_BIAS, PRECISION)
+            dsim = tl.dot(du, tl.trans(v), input_precision=PRECISION) + d_row[:, None]
+            ds = tl.where(ok, dsim * grad, 0.0)
             dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-        rows = bh * Tq + offs_m
-        tl.store(
-            DQ + rows[:, None] * D + offs_d[None, :],
-            dq * SCORE_FACTOR,
-            mask=(offs_m[:, None] < Tq) & (offs_d[None, :] < D),
-        )
+        _store_rows(DQ, bh * Tq + offs_m, offs_m, Tq, offs_d, D, dq * SCORE_FACTOR)

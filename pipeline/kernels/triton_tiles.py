@@ -10,13 +10,9 @@ import uuid
 import torch
 from torch import Tensor
 
-from .tiled import MaskSpec, TileSpec, accumulator, normaliser, refuse_learned_bias, similarity_and_grad
+from .tiled import SIMILARITIES as TORCH_SIMILARITIES
+from .tiled import MaskSpec, TileSpec, accumulator, normaliser, refuse_learned_bias
 from .triton_kernels import MASKS, SIMILARITIES, triton
-
-if triton is not None:
-    import triton.language as tl
-
-    from .triton_kernels import backward_kv, backward_q, forward
 
 # block_q = block_k = 0 across the custom ops: the autotuned kernels pick the tiles
 TUNED = 0
@@ -33,32 +29,33 @@ def tile_configs(full: bool) -> list:
 def _prune(configs, named_args, **kwargs):
     """Rows wider than 256 bytes keep today's 32 x 32 only; narrow rows drop it (docs/gpu.md)."""
     wide = kwargs["D"] * named_args["Q"].element_size() > 256
-    kept = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) != (32, 32)]
-    return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) == (32, 32)] if wide else kept
+    return [c for c in configs if ((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) == (32, 32)) == wide]
 
 
 if triton is not None:  # one config under the interpreter (no timing there); keyed on (T, head dim, dtypes)
-    _TUNING = dict(
+    import triton.language as tl
+
+    from .triton_kernels import backward_kv, backward_q, forward
+
+    tune = triton.autotune(
         configs=tile_configs(full=os.environ.get("TRITON_INTERPRET") != "1"),
         key=["Tq", "Tk", "D"],
         prune_configs_by={"early_config_prune": _prune},
     )
-    forward_tuned, backward_kv_tuned, backward_q_tuned = (
-        triton.autotune(**_TUNING)(kernel) for kernel in (forward, backward_kv, backward_q)
-    )
+    forward_tuned, backward_kv_tuned, backward_q_tuned = map(tune, (forward, backward_kv, backward_q))
 _REPORTED: set[tuple] = set()
 
 
-def _launch(kernel, tuned, blocks: tuple[int, int], rows: int, BH: int, *args, **meta) -> None:
-    """The kernel over ``rows`` (queries or keys) in tiles of ``blocks``, or its autotuned twin when TUNED."""
+def _launch(tuned, blocks: tuple[int, int], q: Tensor, k: Tensor, *args, **meta) -> None:
+    """The kernel over the queries (the keys for backward_kv) in tiles of ``blocks``, autotuned when TUNED."""
+    along, rows = ("BLOCK_N", k.shape[2]) if tuned is backward_kv_tuned else ("BLOCK_M", q.shape[2])
+    grid = lambda config: (triton.cdiv(rows, config[along]), q.shape[0] * q.shape[1])
+    args = (q, k, *args)
     if blocks[0] != TUNED:
-        by_rows = blocks[0] if kernel is not backward_kv else blocks[1]
-        kernel[(triton.cdiv(rows, by_rows), BH)](*args, **meta, BLOCK_M=blocks[0], BLOCK_N=blocks[1])
+        tuned.fn[grid](*args, **meta, BLOCK_M=blocks[0], BLOCK_N=blocks[1])
         return
-    along = "BLOCK_N" if kernel is backward_kv else "BLOCK_M"
-    tuned[lambda config: (triton.cdiv(rows, config[along]), BH)](*args, **meta)
-    named = dict(zip(tuned.arg_names, args))
-    key = (tuned.base_fn.__name__, named["Tq"], named["Tk"], meta["D"], str(args[0].dtype))
+    tuned[grid](*args, **meta)
+    key = (tuned.base_fn.__name__, q.shape[2], k.shape[2], meta["D"], str(q.dtype))
     if os.environ.get("SINKLAB_REPORT_TILES") == "1" and key not in _REPORTED:  # gpu-check prints it
         _REPORTED.add(key)
         print(f"sinklab tiles: {key[0]} at T {key[1]} x {key[2]}, head dim {key[3]}, {key[4]}: {tuned.best_config}")
@@ -81,18 +78,17 @@ def supports(spec: TileSpec, score_bias) -> bool:
 def _launch_args(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, spec: TileSpec):
     """Arguments shared by the three kernels (after the pointers)."""
     B, H, Tq, D = q.shape
-    mask: MaskSpec = spec.mask
+    mask = spec.mask
     strides = [s for t in (q, k, v) for s in t.stride()[:3]]
     bias_strides = [0, 0] if bias is None else [bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1)]
     scalars = [H, Tq, k.shape[2], mask.q_offset, mask.window, mask.prefix, *strides, *bias_strides]
-    wide = q.dtype in (torch.float32, torch.float64)
     meta = dict(
         D=D,
         BLOCK_D=max(16, triton.next_power_of_2(D)),
         SIM=SIMILARITIES[spec.similarity],
         MASK=MASKS[mask.kind],
         HAS_BIAS=bias is not None,
-        PRECISION="ieee" if wide else "tf32",
+        PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
         ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
         SCORE_FACTOR=spec.score_factor,
     )
@@ -104,10 +100,9 @@ def default_blocks(head_dim: int, itemsize: int = 2) -> tuple[int, int]:
     return (64, 64) if head_dim * itemsize <= 256 else (32, 32)
 
 
-def _prepare(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, *spec_and_blocks):
+def _prepare(q, k, v, bias, similarity, mask, window, prefix, q_offset, score_factor):
     """q, k, v with unit stride in their rows, bias contiguous, and the kernels' shared arguments."""
     # a TileSpec crosses the custom ops as (similarity, mask kind, window, prefix, q_offset, score_factor)
-    similarity, mask, window, prefix, q_offset, score_factor, block_q, block_k = spec_and_blocks
     spec = TileSpec(similarity=similarity, score_factor=score_factor, mask=MaskSpec(mask, window, prefix, q_offset))
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     bias = None if bias is None else bias.contiguous()
@@ -134,19 +129,15 @@ def _fused_tiles(
     block_k: int,
 ) -> tuple[Tensor, Tensor]:
     """(u, S) over the token keys."""
-    spec_and_blocks = (similarity, mask, window, prefix, q_offset, score_factor, block_q, block_k)
-    q, k, v, bias, scalars, meta = _prepare(q, k, v, bias, *spec_and_blocks)
-    B, H, Tq, D = q.shape
-    u = q.new_empty(B, H, Tq, D, dtype=accumulator(q))
-    row_sum = q.new_empty(B, H, Tq, dtype=accumulator(q))
-    _launch(forward, forward_tuned, (block_q, block_k), Tq, B * H, q, k, v, bias, u, row_sum, *scalars, **meta)
+    q, k, v, bias, scalars, meta = _prepare(q, k, v, bias, similarity, mask, window, prefix, q_offset, score_factor)
+    u, row_sum = _fused_tiles_fake(q)
+    _launch(forward_tuned, (block_q, block_k), q, k, v, bias, u, row_sum, *scalars, **meta)
     return u, row_sum
 
 
 @_fused_tiles.register_fake
-def _(q, k, v, bias, *spec_and_blocks):
-    B, H, Tq, D = q.shape
-    return q.new_empty(B, H, Tq, D, dtype=accumulator(q)), q.new_empty(B, H, Tq, dtype=accumulator(q))
+def _fused_tiles_fake(q, *rest):
+    return q.new_empty(q.shape, dtype=accumulator(q)), q.new_empty(q.shape[:3], dtype=accumulator(q))
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::fused_tiles_backward", mutates_args=())
@@ -167,20 +158,16 @@ def _fused_tiles_backward(
     block_k: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (contiguous) from du and dS."""
-    spec_and_blocks = (similarity, mask, window, prefix, q_offset, score_factor, block_q, block_k)
-    q, k, v, bias, scalars, meta = _prepare(q, k, v, bias, *spec_and_blocks)
-    B, H, Tq, D = q.shape
-    acc = accumulator(q)
-    du, d_row = du.to(acc).contiguous(), d_row.to(acc).contiguous()
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    blocks, Tk = (block_q, block_k), k.shape[2]
-    _launch(backward_kv, backward_kv_tuned, blocks, Tk, B * H, q, k, v, bias, du, d_row, dk, dv, *scalars, **meta)
-    _launch(backward_q, backward_q_tuned, blocks, Tq, B * H, q, k, v, bias, du, d_row, dq, *scalars, **meta)
+    q, k, v, bias, scalars, meta = _prepare(q, k, v, bias, similarity, mask, window, prefix, q_offset, score_factor)
+    du, d_row = (t.to(accumulator(q)).contiguous() for t in (du, d_row))
+    dq, dk, dv = _fused_tiles_backward_fake(q, k, v)
+    _launch(backward_kv_tuned, (block_q, block_k), q, k, v, bias, du, d_row, dk, dv, *scalars, **meta)
+    _launch(backward_q_tuned, (block_q, block_k), q, k, v, bias, du, d_row, dq, *scalars, **meta)
     return dq, dk, dv
 
 
 @_fused_tiles_backward.register_fake
-def _(q, k, v, *rest):
+def _fused_tiles_backward_fake(q, k, v, *rest):
     return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
 
 
@@ -214,17 +201,15 @@ def fused_tiled_attention(
     """``tiled_attention``'s [B, H, Tq, d_h] from the fused kernels; blocks: (queries, keys) per tile; both None: autotuned, one None: today's default."""
     if not supports(spec, score_bias):
         raise ValueError("fused_tiled_attention: needs triton, p = 1 and score_bias None or a tensor")
-    if score_bias is not None:
-        refuse_learned_bias("fused_tiled_attention", score_bias)
-    default_q, default_k = default_blocks(q.shape[-1], q.element_size())
-    tuned = blocks == (None, None)
-    blocks = (TUNED, TUNED) if tuned else (blocks[0] or default_q, blocks[1] or default_k)
+    refuse_learned_bias("fused_tiled_attention", score_bias)
+    defaults = (TUNED, TUNED) if blocks == (None, None) else default_blocks(q.shape[-1], q.element_size())
+    blocks = tuple(given or default for given, default in zip(blocks, defaults))
     m = spec.mask
     u, row_sum = _fused_tiles(
         q, k, v, score_bias, spec.similarity, m.kind, m.window, m.prefix, m.q_offset, spec.score_factor, *blocks
     )
     if slot_k is not None:  # bias slots: admitted for every query, no positional bias
-        sim, _ = similarity_and_grad((q @ slot_k.transpose(-2, -1)).to(u.dtype) * spec.score_factor, spec.similarity)
+        sim, _ = TORCH_SIMILARITIES[spec.similarity]((q @ slot_k.transpose(-2, -1)).to(u.dtype) * spec.score_factor)
         u = u + sim @ slot_v.to(u.dtype)
         row_sum = row_sum + sim.sum(-1)
     return (u / normaliser(row_sum, spec.normalizer)[..., None]).to(q.dtype)
