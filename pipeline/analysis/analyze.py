@@ -188,16 +188,6 @@ def result_metrics(result: dict) -> dict[str, float]:
     return metrics | result.get("secondary_sinks", {}).get("metrics", {})
 
 
-def log_on_run(subject: Subject, result: dict, out: Path) -> str:
-    """The metrics (and mean α₁ per input kind) on the training run, the output directory under ``analysis/``."""
-    values = {N.analysis(k): v for k, v in result_metrics(result).items()}
-    alpha1 = {
-        kind: measures["alpha1"] for kind, measures in result["reports"].items() if measures.get("alpha1") is not None
-    }
-    values |= {N.analysis(N.of_input(kind, "alpha1_mean")): float(torch.tensor(a).mean()) for kind, a in alpha1.items()}
-    return log_back(subject, "analysis", values, result["settings"], out)
-
-
 def main(argv: list[str] | None = None) -> int:
     a = check_args(build_parser().parse_args(argv))
     claimed(a.out, output_names(a), BY, [a.model])
@@ -265,8 +255,13 @@ def run(subject: Subject, a: Analysis, load_seconds: float = 0.0) -> dict:
         result["plots"] = [p.name for p in write_plots(name, measures_of, out, a.eps, by)]
     result["seconds"] = {"load": round(load_seconds, 2), "analysis": round(time.perf_counter() - started, 2)}
     write_json(result, out / "report.json", by)
-    if getattr(subject, "run_id", None) is not None:  # runs:/<id>: on the training run itself, under analysis/
-        result["mlflow_run_id"] = log_on_run(subject, result, out)
+    if getattr(subject, "run_id", None) is not None:  # runs:/<id>: on the training run, with mean α₁ per input kind
+        values = {N.analysis(k): v for k, v in result_metrics(result).items()}
+        alpha1 = {kind: r["alpha1"] for kind, r in result["reports"].items() if r.get("alpha1") is not None}
+        values |= {
+            N.analysis(N.of_input(kind, "alpha1_mean")): float(torch.tensor(a).mean()) for kind, a in alpha1.items()
+        }
+        result["mlflow_run_id"] = log_back(subject, "analysis", values, result["settings"], out)
     elif uri := a.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI"):
         from pipeline.tracking import log_new_run
 
