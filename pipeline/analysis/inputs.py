@@ -4,7 +4,6 @@ token streams of the streaming commands (the default text, a prepared dataset's 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import re
 from dataclasses import dataclass
@@ -54,31 +53,24 @@ def natural_windows(token_stream: list[int] | torch.Tensor, n: int, seq_len: int
     return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
 
 
-def _open_text(path: Path):
-    if path.suffix == ".zst":
-        import zstandard
-
-        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(path.open("rb")), encoding="utf-8")
-    return path.open(encoding="utf-8")
-
-
 def pile_domains(tokenizer, shard: Path, n: int, seq_len: int) -> dict[str, torch.Tensor]:
     """First ``seq_len`` tokens of up to ``n`` documents (no shorter ones) per ``meta.pile_set_name`` of a shard."""
+    from data_prep.readers import iter_raw_lines
+
     by_domain: dict[str, list[list[int]]] = {}
-    with _open_text(Path(shard)) as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-                text, domain = doc["text"], doc.get("meta", {}).get("pile_set_name", "unknown")
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-                raise ValueError(f"{shard}:{line_no}: not a Pile line with 'text' and meta.pile_set_name ({e})") from e
-            seqs = by_domain.setdefault(domain, [])
-            if len(seqs) < n:
-                ids = encode(tokenizer, text[: seq_len * 16])
-                if len(ids) >= seq_len:
-                    seqs.append(ids[:seq_len])
+    for line_no, line in enumerate(iter_raw_lines(str(shard)), start=1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+            text, domain = doc["text"], doc.get("meta", {}).get("pile_set_name", "unknown")
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{shard}:{line_no}: not a Pile line with 'text' and meta.pile_set_name ({e})") from e
+        seqs = by_domain.setdefault(domain, [])
+        if len(seqs) < n:
+            ids = encode(tokenizer, text[: seq_len * 16])
+            if len(ids) >= seq_len:
+                seqs.append(ids[:seq_len])
     return {d: torch.tensor(s, dtype=torch.long) for d, s in sorted(by_domain.items()) if s}
 
 

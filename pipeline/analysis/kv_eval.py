@@ -61,7 +61,6 @@ def passkey_at(
     batch of the rows (sinks: their first entries and ``secondary(ids)``), and all trials with the whole prompt
     cached (``full``; None past the model's positions)."""
     tokenizer, bos = subject.tokenizer, bos_id(subject, bos_mode)
-    layers, heads = kv_heads(subject)
     out: dict[str, dict | None] = {}
     for f in factors:
         try:
@@ -74,7 +73,7 @@ def passkey_at(
         got: dict[str, list | None] = {row_key(r.policy.name, r.sinks): [] for r in rows} | {"full": None}
         for t in trials:
             found = None if secondary is None else secondary(torch.tensor(t.ids, device=streamer.device))
-            evictor = Evictor(rows, entries, layers, heads, found, device=streamer.device)
+            evictor = Evictor(rows, entries, *kv_heads(subject.model), found, device=streamer.device)
             (tokens,) = pk.answer(streamer, [t.ids], [CacheSpec(0, entries)] * len(rows), new, evictor)
             for key, row_tokens in zip(got, tokens):
                 got[key].append(pk.check(tokenizer, row_tokens, t.key))
@@ -248,9 +247,8 @@ def full_pass(subject, ids: torch.Tensor, eps: float, first: int) -> tuple[torch
 def stream_evicting(subject, streamer, ids, rows: list[Row], entries: int, secondary) -> tuple[torch.Tensor, Evictor]:
     """(rows, len(ids) - 1) NLL, ids streamed once per row through a cache of ``entries`` entries, and the evictor that
     chose them (what it kept of the first token)."""
-    layers, heads = kv_heads(subject)
     specs = [CacheSpec(0, entries)] * len(rows)
-    evictor = Evictor(rows, entries, layers, heads, secondary, device=ids.device)
+    evictor = Evictor(rows, entries, *kv_heads(subject.model), secondary, device=ids.device)
     return streamer.nll(ids, specs, label=f"{entries} entries x {len(rows)} rows", evictor=evictor), evictor
 
 

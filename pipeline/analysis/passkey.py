@@ -263,15 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     results = run_trials(streamer_for(subject), tokenizer, trials, caches)
     seconds = round(time.perf_counter() - started, 1)
     table = accuracy(results, list(dict.fromkeys(caches.values())), depths)
-    settings = {
-        "length": s.length,
-        "tokens": len(trials[0].ids),
-        "depths": depths,
-        "keys": s.keys,
-        "digits": s.digits,
-        "seed": s.seed,
-        "bos": bos is not None,
-    }
+    named = {k: getattr(s, k) for k in ("depths", "keys", "digits", "seed")}
+    settings = {"length": s.length, "tokens": len(trials[0].ids)} | named | {"bos": bos is not None}
     text = markdown(name, table, settings["tokens"], s.keys)
     write_output(out / "passkey.md", text + "\n", by)
     write_output(out / "passkey.csv", csv_text(results), by)

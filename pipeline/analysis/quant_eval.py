@@ -118,22 +118,17 @@ class Evaluator:
                 "perplexity": perplexity(nll),
                 "seconds": round(time.perf_counter() - start, 3),
             }
-        add_gaps(results)
+        # gap_pct and recovered_pct as docs/analysis.md ("sinklab quant-eval") defines them
+        fp = results["fp"]["perplexity"]
+        for name, r in results.items():
+            r["gap_pct"] = 100.0 * (r["perplexity"] / fp - 1.0)
+            setting = SETTINGS[name]
+            base = results.get(f"w8a8-{setting.activations}") if setting.lead != "none" else None
+            recoverable = base is not None and base["gap_pct"] >= RECOVERY_MIN_GAP_PCT
+            r["recovered_pct"] = (
+                100.0 * (base["perplexity"] - r["perplexity"]) / (base["perplexity"] - fp) if recoverable else None
+            )
         return results, outliers
-
-
-def add_gaps(results: dict[str, dict]) -> None:
-    """``gap_pct``: perplexity over fp's, in %; ``recovered_pct``: the share of its base setting's gap (the same
-    activation step, no lead treatment) an intact or exclude setting closes."""
-    fp = results["fp"]["perplexity"]
-    for name, r in results.items():
-        r["gap_pct"] = 100.0 * (r["perplexity"] / fp - 1.0)
-        setting = SETTINGS[name]
-        base = results.get(f"w8a8-{setting.activations}") if setting.lead != "none" else None
-        recoverable = base is not None and base["gap_pct"] >= RECOVERY_MIN_GAP_PCT
-        r["recovered_pct"] = (
-            100.0 * (base["perplexity"] - r["perplexity"]) / (base["perplexity"] - fp) if recoverable else None
-        )
 
 
 def markdown(result: dict) -> str:

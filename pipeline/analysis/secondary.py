@@ -65,7 +65,14 @@ def secondary_section(subject, tokens: torch.Tensor, probe: ProbeSettings, out: 
     everywhere = sum((acc["tokens"] for acc in layers), Counter())
     text = (lambda t: subject.tokenizer.decode([t])) if subject.tokenizer is not None else str
     section["tokens"] = {text(t): c for t, c in everywhere.most_common(TOP_TOKENS)}
-    section["metrics"] = metrics_of(section)
+    # per layer: NaN where nothing could be judged, none where no sink was found to take a norm of
+    names = {"count": N.SECONDARY_COUNT, "share": P.name("secondary_share"), "norm_ratio": N.SECONDARY_NORM}
+    metrics = {
+        N.layer(metric, l): float("nan") if v is None and not judged and key != "norm_ratio" else v
+        for key, metric in names.items()
+        for l, v in enumerate(section[key])
+    }
+    section["metrics"] = {k: v for k, v in metrics.items() if v is not None}
     if out is not None:
         layer_ids, nan = list(range(len(layers))), float("nan")
         norms = [(l, v) for l, v in enumerate(section["norm_ratio"]) if v is not None]
@@ -77,15 +84,3 @@ def secondary_section(subject, tokens: torch.Tensor, probe: ProbeSettings, out: 
             panels["their ‖h_k‖ / mean ‖h_t‖"] = {"natural": tuple(zip(*norms))}
         plots.curve_panels(panels, out / FIGURE, f"{name}: secondary sinks (α_k > {probe.eps:g}, k > 1)")
     return section
-
-
-def metrics_of(section: dict) -> dict[str, float]:
-    """The section per layer; NaN where nothing could be judged, none where no sink was found to take a norm of."""
-    out = {}
-    names = {"count": N.SECONDARY_COUNT, "share": P.name("secondary_share"), "norm_ratio": N.SECONDARY_NORM}
-    for key, name in names.items():
-        judged = key == "norm_ratio" or "not_judged" not in section
-        out.update(
-            {N.layer(name, l): float("nan") if v is None and not judged else v for l, v in enumerate(section[key])}
-        )
-    return {k: v for k, v in out.items() if v is not None}

@@ -166,8 +166,7 @@ def log_run(
 
     safe = lambda s: re.sub(r"[^A-Za-z0-9_.-]", "_", s)  # noqa: E731
     tags = {"sinklab.kind": "analysis-survey", "sinklab.models": ",".join(r["spec"] for r in results)[:5000]}
-    sources = [r["run_id"] for r in results if r.get("run_id")]
-    if sources:
+    if sources := [r["run_id"] for r in results if r.get("run_id")]:
         tags["sinklab.source_runs"] = ",".join(sources)
     params = {k: settings[k] for k in ("num_sequences", "seq_len", "eps", "seed", "inputs", "bos", "eps_sweep")}
     values = {
