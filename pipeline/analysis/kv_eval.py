@@ -73,7 +73,7 @@ def passkey_at(
         got: dict[str, list | None] = {row_key(r.policy.name, r.sinks): [] for r in rows} | {"full": None}
         for t in trials:
             found = None if secondary is None else secondary(torch.tensor(t.ids, device=streamer.device))
-            evictor = Evictor(rows, entries, *kv_heads(subject.model), found, device=streamer.device)
+            evictor = Evictor(rows, entries, *kv_heads(subject), found, device=streamer.device)
             (tokens,) = pk.answer(streamer, [t.ids], [CacheSpec(0, entries)] * len(rows), new, evictor)
             for key, row_tokens in zip(got, tokens):
                 got[key].append(pk.check(tokenizer, row_tokens, t.key))
@@ -248,7 +248,7 @@ def stream_evicting(subject, streamer, ids, rows: list[Row], entries: int, secon
     """(rows, len(ids) - 1) NLL, ids streamed once per row through a cache of ``entries`` entries, and the evictor that
     chose them (what it kept of the first token)."""
     specs = [CacheSpec(0, entries)] * len(rows)
-    evictor = Evictor(rows, entries, *kv_heads(subject.model), secondary, device=ids.device)
+    evictor = Evictor(rows, entries, *kv_heads(subject), secondary, device=ids.device)
     return streamer.nll(ids, specs, label=f"{entries} entries x {len(rows)} rows", evictor=evictor), evictor
 
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pipeline.model.cache import gather_entries
-from pipeline.model.eviction import Evictor, Row, StreamingLLM
+from pipeline.model.cache import eviction_index, gather_entries
 
 PREFILL_TOKENS = 2048  # rows x tokens per forward while the cache fills: bounds the logits' memory
 
@@ -63,7 +62,7 @@ class Streamer(abc.ABC):
         from tqdm.auto import tqdm
 
         rows, total = ids.shape
-        fill = min(total, _capacity(specs) - self.sink_tokens)
+        fill = min(total, _batch_shape(specs)[1] - self.sink_tokens)
         chunk = max(1, PREFILL_TOKENS // rows)
         t = 0
         label = label or " ".join(map(str, specs))
@@ -123,10 +122,8 @@ class HFRotaryStreamer(Streamer):
     def stream(self, specs: Sequence[CacheSpec], evictor=None) -> Callable[[torch.Tensor], torch.Tensor]:
         from transformers import DynamicCache
 
-        if evictor is None:  # x + y: StreamingLLM's recency, the first x kept as sinks
-            x_plus_y = [Row(StreamingLLM(), first=s.n_initial) for s in specs]
-            evictor = Evictor(x_plus_y, _capacity(specs), *kv_heads(self.model), device=self.device)
-        weights = evictor.needs_attention
+        n_initial, capacity = _batch_shape(specs)
+        weights = evictor is not None and evictor.needs_attention
         if weights:
             self.model.set_attn_implementation("eager")  # attention weights for the policies
         keys: list[torch.Tensor] = []  # per layer, pre-rotary [rows, Hkv, n, dh] ([1, ...] while shared)
@@ -137,14 +134,16 @@ class HFRotaryStreamer(Streamer):
         def feed(tokens: torch.Tensor) -> torch.Tensor:
             nonlocal keys, values, shared
             rows, n_new = tokens.shape
-            if shared and (
-                (keys and keys[0].shape[2] + n_new > evictor.capacity) or not bool((tokens == tokens[:1]).all())
-            ):
+            if shared and ((keys and keys[0].shape[2] + n_new > capacity) or not bool((tokens == tokens[:1]).all())):
                 shared = False
                 keys = [k.expand(rows, -1, -1, -1) for k in keys]
                 values = [v.expand(rows, -1, -1, -1) for v in values]
             run = tokens[:1] if shared else tokens
-            indices = evictor.indices(keys, n_new) if keys else None
+            if evictor is None:
+                index = eviction_index(keys[0].shape[2] if keys else 0, n_new, n_initial, capacity)
+                indices = None if index is None else [index] * len(keys)
+            else:
+                indices = evictor.indices(keys, n_new) if keys else None
             if indices is not None:
                 keys = [gather_entries(k, index) for k, index in zip(keys, indices)]
                 values = [gather_entries(v, index) for v, index in zip(values, indices)]
@@ -166,9 +165,10 @@ class HFRotaryStreamer(Streamer):
             ]
             keys = [torch.cat((k, nk), 2) for k, (nk, _) in zip(keys, new)] if keys else [nk for nk, _ in new]
             values = [torch.cat((v, nv), 2) for v, (_, nv) in zip(values, new)] if values else [nv for _, nv in new]
-            evictor.append(n_new)
-            if weights:
-                evictor.observe([w.expand(rows, -1, -1, -1) for w in out.attentions])
+            if evictor is not None:
+                evictor.append(n_new)
+                if weights:
+                    evictor.observe([w.expand(rows, -1, -1, -1) for w in out.attentions])
             return out.logits.expand(rows, -1, -1)
 
         return feed
@@ -185,7 +185,7 @@ class SinkLabStreamer(Streamer):
     def stream(self, specs: Sequence[CacheSpec], evictor=None) -> Callable[[torch.Tensor], torch.Tensor]:
         from pipeline.model import StreamingCache
 
-        _capacity(specs)
+        _batch_shape(specs)
         cache = StreamingCache(
             self.model.config,
             n_initial=[s.n_initial for s in specs],
@@ -205,11 +205,11 @@ class SinkLabStreamer(Streamer):
         return feed
 
 
-def _capacity(specs: Sequence[CacheSpec]) -> int:
+def _batch_shape(specs: Sequence[CacheSpec]) -> tuple[list[int], int]:
     capacities = {s.n_initial + s.n_recent for s in specs}
     if len(capacities) != 1:
         raise ValueError(f"cache configs {[str(s) for s in specs]}: one batch needs one x+y; use group_by_capacity")
-    return capacities.pop()
+    return [s.n_initial for s in specs], capacities.pop()
 
 
 def group_by_capacity(specs: Sequence[CacheSpec]) -> list[list[CacheSpec]]:
@@ -224,11 +224,11 @@ def perplexity(nll: torch.Tensor) -> float:
     return math.exp(nll.double().mean().item())
 
 
-def kv_heads(model) -> tuple[int, int]:
-    """(layers, kv heads): the shape of an evictor for ``model``, a SinkLab or HF one."""
-    if not hasattr(model.config, "get_text_config"):
-        return model.config.n_layers, model.config.kv_heads
-    text = model.config.get_text_config()
+def kv_heads(subject) -> tuple[int, int]:
+    """(layers, kv heads): the shape of an evictor for ``subject``'s model."""
+    if subject.kind == "sinklab":
+        return subject.model.config.n_layers, subject.model.config.kv_heads
+    text = subject.model.config.get_text_config()
     return text.num_hidden_layers, getattr(text, "num_key_value_heads", None) or text.num_attention_heads
 
 

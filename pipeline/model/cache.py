@@ -9,12 +9,25 @@ import torch
 from torch import Tensor
 
 from .config import ModelConfig
-from .eviction import Evictor, Row, StreamingLLM
+from .eviction import Evictor
+
+
+def eviction_index(length: int, n_new: int, n_initial: Sequence[int], capacity: int) -> Tensor | None:
+    """Per row, the cached entries to keep (the first x, then the most recent) so that n_new more fit; None: all fit."""
+    overflow = length + n_new - capacity
+    if overflow <= 0:
+        return None
+    if n_new > capacity:
+        raise ValueError(f"{n_new} new tokens exceed the cache capacity {capacity}")
+    firsts = [min(x, length) for x in n_initial]
+    return torch.stack([torch.cat((torch.arange(f), torch.arange(f + overflow, length))) for f in firsts])
 
 
 def gather_entries(t: Tensor, index: Tensor) -> Tensor:
-    """t [B, H, n, dh] -> [B, H, m, dh]: the entries at index [B, H, m]."""
-    return t.gather(2, index[..., None].expand(-1, -1, -1, t.shape[3]))
+    """t [B, H, n, dh] -> [B, H, m, dh]: the entries of each row at index [B or 1, m] (or per head [B, H, m])."""
+    idx = index.to(t.device)
+    idx = (idx[:, None] if idx.dim() == 2 else idx)[..., None]
+    return t.gather(2, idx.expand(t.shape[0], t.shape[1], -1, t.shape[3]))
 
 
 class LayerCache:
@@ -28,7 +41,8 @@ class LayerCache:
         return self.k, self.v
 
     def keep(self, index: Tensor) -> None:
-        self.k, self.v = gather_entries(self.k, index), gather_entries(self.v, index)
+        if self.k is not None:
+            self.k, self.v = gather_entries(self.k, index), gather_entries(self.v, index)
 
 
 class StreamingCache:
@@ -72,20 +86,24 @@ class StreamingCache:
 
     def make_room(self, n_new: int) -> None:
         """Evict the middle so that length + n_new <= x + y (called before a forward)."""
-        if n_new > self.capacity:
-            raise ValueError(f"{n_new} new tokens exceed the cache capacity {self.capacity}")
-        indices = self.evictor.indices([layer.k for layer in self.layers], n_new) if self.length else None
-        for layer, index in zip(self.layers, indices or []):
-            layer.keep(index)
-        if indices:
-            self.length = indices[0].shape[2]
+        if self.evictor is not None:
+            indices = self.evictor.indices([layer.k for layer in self.layers], n_new) if self.length else None
+            for layer, index in zip(self.layers, indices or []):
+                layer.keep(index)
+            self.length = indices[0].shape[2] if indices else self.length
             self.sinks_kept = min(self.sinks_kept, self.evictor.sinks_held(self.sink_tokens))
+            return
+        index = eviction_index(self.length, n_new, self.n_initial, self.capacity)
+        if index is None:
+            return
+        for layer in self.layers:
+            layer.keep(index)
+        self.sinks_kept = min(self.sinks_kept, *(min(x, self.length) for x in self.n_initial))
+        self.length = index.shape[1]
 
     def advance(self, n_new: int, n_sinks: int) -> None:
-        if self.evictor is None:  # x + y: StreamingLLM's recency, the first x kept as sinks
-            k, rows = self.layers[0].k, [Row(StreamingLLM(), first=x) for x in self.n_initial]
-            self.evictor = Evictor(rows, self.capacity, len(self.layers), k.shape[1], device=k.device)
-        self.evictor.append(n_new)
+        if self.evictor is not None:
+            self.evictor.append(n_new)
         self.length += n_new
         self.seen += n_new
         self.sinks_kept += n_sinks
