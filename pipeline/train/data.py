@@ -98,9 +98,6 @@ class PackedTrainSet(Dataset):
             "epoch": torch.from_numpy(epochs),
         }
 
-    def __getitem__(self, g: int):
-        return self.__getitems__([g])
-
     def __len__(self) -> int:  # samples are drawn by global index, not enumerated
         return 2**62
 
@@ -138,21 +135,6 @@ class StatefulLoader(DataLoader):
 
 def _identity(batch):
     return batch
-
-
-class EvalSet(Dataset):
-    """The first ``n`` held-out sequences, with the training interventions applied."""
-
-    def __init__(self, split: PackedSplit, n: int, intervene: Callable[..., np.ndarray]):
-        self.split, self.n, self.intervene = split, min(n, len(split)), intervene
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        row = check_token_ids(np.asarray(self.split[i], dtype=np.int64)[None], self.split, [i])
-        row = self.intervene(row, np.array([i]), np.array([0]), validation=True)
-        return torch.from_numpy(row[0])
 
 
 class SinkDataModule(L.LightningDataModule):
@@ -233,15 +215,11 @@ class SinkDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader:
+        """The first held-out sequences, with the training interventions applied; the same on every rank."""
         split = PackedSplit(self.path, "val", self.manifest)
-        n = self.val_batches * self.micro_batch_size
-        # every rank evaluates the same sequences; the loss is averaged over ranks
-        return DataLoader(
-            EvalSet(split, n, self.intervene()),
-            batch_size=self.micro_batch_size,
-            shuffle=False,
-            num_workers=self.num_workers,
-        )
+        rows = np.arange(min(self.val_batches * self.micro_batch_size, len(split)))
+        tokens = self.intervene()(check_token_ids(split.take(rows), split, rows), rows, 0 * rows, validation=True)
+        return DataLoader(torch.from_numpy(tokens), batch_size=self.micro_batch_size, num_workers=self.num_workers)
 
     def order(self) -> dict:
         """What fixes the sequence of training samples (and so what a resume may not change)."""
