@@ -168,7 +168,6 @@ class SinkLabCLI(LightningCLI):
             return
         cfg, options = self.config, self.options
         previous_id = start_over(self.run_dir) if self.start_over else None
-        previous = {TAG_PREVIOUS_RUN: previous_id} if previous_id else {}
         self.run_dir.create()
         stored = cfg.clone()
         stored["resume"] = None  # how this start was resumed is not part of the run's config
@@ -181,18 +180,16 @@ class SinkLabCLI(LightningCLI):
             "sinklab.dataset_hash": self.datamodule.manifest.hash,
             TAG_RUN_DIR: str(self.run_dir.root.resolve()),
             TAG_STATUS: "running",
-            **previous,
+            TAG_PREVIOUS_RUN: previous_id,
+            "sinklab.slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            TAG_PARENT: os.environ.get(PARENT_ENV),  # set by `sinklab sweep`: the experiment's parent run
+            **init_tags,
         }
-        if os.environ.get("SLURM_JOB_ID"):
-            tags["sinklab.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
-        tags.update(init_tags)
-        if os.environ.get(PARENT_ENV):  # set by `sinklab sweep`: the experiment's parent run
-            tags[TAG_PARENT] = os.environ[PARENT_ENV]
         self.mlflow_run_id = open_run(
             self.run_dir,
             options.experiment,
             options.name,
-            tags,
+            {k: v for k, v in tags.items() if v},
             as_params(as_plain(cfg)) | self.model.optimizer_split(),
             [config_file],
             manifest=self.datamodule.manifest,
