@@ -108,20 +108,13 @@ def optimizer_split(model: torch.nn.Module, cfg: OptimConfig) -> dict[str, str]:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    betas = (cfg.beta1, cfg.beta2)
     if cfg.name == "sgd":
         return torch.optim.SGD(param_groups(model, cfg), lr=cfg.lr, momentum=cfg.momentum)
+    adam = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
     if cfg.name == "orthoadam":
-        return OrthoAdam(
-            param_groups(model, cfg),
-            lr=cfg.lr,
-            betas=betas,
-            eps=cfg.eps,
-            seed=cfg.rotation_seed,
-            token_rows=token_matrices(model),
-        )
+        return OrthoAdam(param_groups(model, cfg), **adam, seed=cfg.rotation_seed, token_rows=token_matrices(model))
     fused = cfg.fused if cfg.fused is not None else all(p.is_cuda for p in model.parameters())
-    adamw = {"lr": cfg.lr, "betas": betas, "eps": cfg.eps, "fused": fused or None}
+    adamw = adam | {"fused": fused or None}
     if cfg.name == "muon":
         hidden = muon_split(model)[0]
         params = dict(model.named_parameters())
