@@ -64,10 +64,7 @@ def _deepspeed_problem(path: Path) -> str | None:
 def model_states_file(path: Path) -> Path:
     """A DeepSpeed checkpoint directory's model-states file (rank 0's tensors, Lightning's training state)."""
     tag_dir = Path(path) / (Path(path) / "latest").read_text().strip()
-    found = sorted(tag_dir.glob("*model_states.pt"))
-    if not found:
-        raise FileNotFoundError(f"{tag_dir}: holds no model_states.pt")
-    return found[0]
+    return sorted(tag_dir.glob("*model_states.pt"))[0]  # checkpoint_problem refuses a directory without one
 
 
 def checkpoint_problem(path: Path) -> str | None:
