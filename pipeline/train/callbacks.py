@@ -35,10 +35,7 @@ class Preemption(Callback):
         self.stopped_at: int | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        signal.signal(signal.SIGUSR1, self._on_signal)
-
-    def _on_signal(self, signum, frame) -> None:
-        self.received = True
+        signal.signal(signal.SIGUSR1, lambda signum, frame: setattr(self, "received", True))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not at_step_end(trainer, batch_idx):
