@@ -20,7 +20,7 @@ from pipeline.model.config import ARCH
 from .compiling import compile_blocks, failure_line
 from .init_from import SLOT_MARGIN, freeze_all_but
 from .loss import next_token_loss
-from .optim import OptimConfig, build_optimizer, build_scheduler, optimizer_split
+from .optim import OptimConfig, build_optimizer, build_scheduler
 from .recording import record_metrics, reduced, set_tag
 from .sharding import shard_model
 from .spikes import SpikeGuard, drop_gradients, grad_norm, with_grads
@@ -98,7 +98,6 @@ class SinkLabModule(L.LightningModule):
         self._step_value = math.nan  # the step's mean loss, for the guard
         self.save_hyperparameters({ARCH: self.arch.to_dict(), "optim": vars(self.optim).copy()})
 
-    # ---- model ----------------------------------------------------------------------------
     def configure_model(self) -> None:
         if self.model is not None:
             return
@@ -199,7 +198,6 @@ class SinkLabModule(L.LightningModule):
         if self.spike_guard is not None and "spike_guard" in checkpoint:
             self.spike_guard.load_state_dict(checkpoint["spike_guard"])
 
-    # ---- loss and validation -------------------------------------------------------------
     def loss_start(self) -> int:
         """Index of the first logit that counts: the prefix-LM loss starts at token p+1
         (section 6; p = 1 is ordinary LM), i.e. at logit p-1 (0-based)."""
@@ -219,12 +217,6 @@ class SinkLabModule(L.LightningModule):
         if not self._val or self.trainer.sanity_checking:
             return
         record_metrics(self, {N.VAL_LOSS: torch.stack(self._val).mean()}, reduce="mean", bar=True)
-
-    # ---- optimiser ------------------------------------------------------------------------
-    def optimizer_split(self) -> dict[str, str]:
-        """:func:`optimizer_split` of a model built on the meta device (no memory, no initialisation)."""
-        with torch.device("meta"):
-            return optimizer_split(Transformer(self.arch), self.optim)
 
     def configure_optimizers(self):
         optimizer = build_optimizer(self.model, self.optim)
