@@ -15,10 +15,6 @@ from pipeline.model.config import ModelConfig
 from .summary import metric_rows
 
 
-def head_metric(layer: int, head: int) -> str:
-    return N.head(N.HEAD_ALPHA1, layer, head)
-
-
 def probe_uniform_alpha1(cfg: ModelConfig, T: int) -> float:
     """α_1 of the first real token under uniform attention over what this model admits:
     its mask (causal, prefix, sliding window), its sink tokens and bias columns."""
@@ -33,8 +29,7 @@ def emerged_so_far(
     """Metric name -> step for every threshold crossed up to and including ``step``."""
     earlier = [row for row in metric_rows(metrics_path, N.SINK1, N.ALPHA1_MEAN) if row[0] < step]
     rows = earlier + [(step, sink1, alpha1_mean)]
-    found = M.emergence_steps(rows, alpha1_uniform)
-    return {N.emerged_step(name): at for name, at in found.items() if at is not None}
+    return {N.emerged_step(name): at for name, at in M.emergence_steps(rows, alpha1_uniform).items() if at is not None}
 
 
 def step_metrics(
@@ -43,7 +38,7 @@ def step_metrics(
     """What a probe at ``step`` logs beyond ``SinkMeasures.to_metrics()``: per-head α_1, the
     uniform reference, and the emergence steps first reached at this very step."""
     out = {
-        head_metric(layer, head): float(alpha1[layer, head])
+        N.head(N.HEAD_ALPHA1, layer, head): float(alpha1[layer, head])
         for layer in range(alpha1.shape[0])
         for head in range(alpha1.shape[1])
     }
@@ -63,7 +58,7 @@ def tags_of(logged: dict[str, float]) -> dict[str, str]:
 def head_trajectories(metrics_path: Path, n_layers: int, n_heads: int):
     """(steps, {(layer, head): [α_1 at each step]}) from metrics.jsonl, all starts of the run."""
     heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
-    rows = metric_rows(metrics_path, *(head_metric(*h) for h in heads))
+    rows = metric_rows(metrics_path, *(N.head(N.HEAD_ALPHA1, *h) for h in heads))
     return [row[0] for row in rows], {h: [row[1 + i] for row in rows] for i, h in enumerate(heads)}
 
 
