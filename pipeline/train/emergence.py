@@ -3,6 +3,7 @@ metrics.jsonl (docs/analysis.md, "During training"); the decisions are ``pipelin
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
@@ -37,11 +38,7 @@ def step_metrics(
 ) -> dict[str, float]:
     """What a probe at ``step`` logs beyond ``SinkMeasures.to_metrics()``: per-head α_1, the
     uniform reference, and the emergence steps first reached at this very step."""
-    out = {
-        N.head(N.HEAD_ALPHA1, layer, head): float(alpha1[layer, head])
-        for layer in range(alpha1.shape[0])
-        for head in range(alpha1.shape[1])
-    }
+    out = {N.head(N.HEAD_ALPHA1, *at): float(alpha1[at]) for at in itertools.product(*map(range, alpha1.shape))}
     out[N.ALPHA1_UNIFORM] = alpha1_uniform
     for name, at in emerged_so_far(metrics_path, step, sink1, alpha1_mean, alpha1_uniform).items():
         # a resumed start probes its checkpoint's step again: what is logged there stays once
