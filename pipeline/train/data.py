@@ -87,19 +87,14 @@ class PackedTrainSet(Dataset):
         self.split, self.order, self.intervene = split, order, intervene
 
     def __getitems__(self, samples: list[int]) -> dict[str, torch.Tensor]:
-        looked = [self.order.lookup(g) for g in samples]
-        indices = [i for _, i in looked]
+        epochs, indices = map(np.array, zip(*(self.order.lookup(g) for g in samples)))
         tokens = check_token_ids(self.split.take(indices), self.split, indices)
-        epochs = np.array([e for e, _ in looked])
         tokens = self.intervene(tokens, np.asarray(samples), epochs)
         return {
             "input_ids": torch.from_numpy(tokens),
             "sample": torch.tensor(samples),
             "epoch": torch.from_numpy(epochs),
         }
-
-    def __len__(self) -> int:  # samples are drawn by global index, not enumerated
-        return 2**62
 
 
 class StatefulLoader(DataLoader):
@@ -111,25 +106,16 @@ class StatefulLoader(DataLoader):
         super().__init__(dataset, batch_sampler=sampler, collate_fn=_identity, **kwargs)
         self._consumed_samples = consumed_samples
 
-    def _must_match(self) -> dict[str, int]:
-        """What a resume must share with the checkpoint's loader."""
+    def state_dict(self) -> dict:
         order = self.dataset.order
         return {
+            "consumed_samples": int(self._consumed_samples()),
             "global_batch_seqs": self.batch_sampler.plan.global_batch_seqs,
             "seed": order.seed,
             "n_sequences": order.n,
         }
 
-    def state_dict(self) -> dict:
-        return {"consumed_samples": int(self._consumed_samples()), **self._must_match()}
-
-    def load_state_dict(self, state: dict) -> None:
-        for key, mine in self._must_match().items():
-            if state.get(key) != mine:
-                raise ValueError(
-                    f"resume: the checkpoint's data {key}={state.get(key)} differs from this "
-                    f"run's {mine}; resume with the same data settings or start a new run"
-                )
+    def load_state_dict(self, state: dict) -> None:  # check_resume has compared the data order
         self.batch_sampler.start_sample = int(state["consumed_samples"])
 
 
@@ -169,19 +155,12 @@ class SinkDataModule(L.LightningDataModule):
         if not (self.path / "manifest.json").is_file():
             raise FileNotFoundError(f"data.path={path}: no manifest.json there; prepare it with `sinklab prep`")
         self.manifest = verify_dataset(self.path) if verify else load_manifest(self.path)
+        self.special_ids = self.manifest.special_ids  # role (bos, eos, pad) -> id
         self.global_batch_tokens, self.micro_batch_size = global_batch_tokens, micro_batch_size
         self.token_budget, self.val_batches, self.num_workers, self.seed = token_budget, val_batches, num_workers, seed
         self.interventions = interventions if isinstance(interventions, Interventions) else Interventions()
         self.interventions.validate(self.manifest.context_length, self.special_ids)
         self.plan: BatchPlan | None = None
-
-    @property
-    def special_ids(self) -> dict[str, int]:
-        ids = {k.lower(): int(v) for k, v in (self.manifest.special_ids or {}).items()}
-        for name in ("bos", "eos"):
-            if (value := getattr(self.manifest, f"{name}_id")) is not None:
-                ids.setdefault(name, int(value))
-        return ids
 
     def intervene(self) -> Callable[..., np.ndarray]:
         """``apply_interventions`` bound to this run's settings: ``(tokens, samples, epochs[, validation])``."""
@@ -238,8 +217,7 @@ class SinkDataModule(L.LightningDataModule):
     def probe_tokens(self) -> torch.Tensor:
         """The probe set, carrying the training's fixed token at its position (Table 10 right)."""
         probe = load_probe(self.path)
-        fix = self.interventions.fix_position
-        if fix and fix <= probe.shape[1]:
+        if (fix := self.interventions.fix_position) and fix <= probe.shape[1]:
             probe = probe.copy()
             probe[:, fix - 1] = self.interventions.resolve_fix_token(self.special_ids)
         return torch.as_tensor(probe, dtype=torch.long)
