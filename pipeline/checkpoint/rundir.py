@@ -50,9 +50,7 @@ class RunDir:
 
     def prune(self, keep_last: int) -> None:
         """Delete all but the newest `keep_last` step checkpoints (0 keeps all)."""
-        if keep_last <= 0:
-            return
-        for _, p in self.step_checkpoints()[:-keep_last]:
+        for _, p in self.step_checkpoints()[:-keep_last] if keep_last > 0 else []:
             remove(p)
 
     def mlflow_run_id(self) -> str | None:
@@ -64,8 +62,7 @@ class RunDir:
 
     def set_aside(self) -> Path:
         """Move what the run recorded so far into ``restart-N/``, for a start over from step 0."""
-        n = 1 + sum(1 for _ in self.root.glob("restart-*"))
-        aside = self.root / f"restart-{n}"
+        aside = self.root / f"restart-{1 + sum(1 for _ in self.root.glob('restart-*'))}"
         aside.mkdir()
         for name in ("checkpoints", "metrics.jsonl", "mlflow_sent", "mlflow_run_id"):
             if (self.root / name).exists():
@@ -76,14 +73,11 @@ class RunDir:
         """config.yaml for the first start; config.<n>.yaml for a resume whose config changed."""
         first = self.root / "config.yaml"
         if not first.exists():
-            atomic_write(first, text)
-            return first
+            return atomic_write(first, text)
         versions = sorted(self.root.glob("config*.yaml"), key=lambda p: p.stat().st_mtime_ns)
         if versions[-1].read_text() == text:
             return versions[-1]
-        path = self.root / f"config.{len(versions)}.yaml"
-        atomic_write(path, text)
-        return path
+        return atomic_write(self.root / f"config.{len(versions)}.yaml", text)
 
 
 def _holder(run: RunDir) -> dict:
