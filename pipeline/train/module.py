@@ -173,8 +173,7 @@ class SinkLabModule(L.LightningModule):
         # the step's mean over micro-batches and ranks, of step s (the weights after s updates)
         record_metrics(self, {N.TRAIN_LOSS: value}, bar=True, log=False)
         if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
-            lr = self.trainer.optimizers[0].param_groups[0]["lr"]
-            record_metrics(self, {N.TRAIN_LOSS: value, N.TRAIN_LR: lr})
+            record_metrics(self, {N.TRAIN_LOSS: value, N.TRAIN_LR: self.trainer.optimizers[0].param_groups[0]["lr"]})
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's clipping, except under bf16 (no loss scaler), where torch's clips a fused AdamW that
@@ -188,8 +187,7 @@ class SinkLabModule(L.LightningModule):
         else:
             torch.nn.utils.clip_grad_norm_(with_grads(optimizer), gradient_clip_val)
         if norm is not None:  # after the clip, before the update: a spike's gradients are dropped (no update)
-            skip = self.spike_guard.check(self.global_step, self._step_value, norm)
-            if skip:
+            if skip := self.spike_guard.check(self.global_step, self._step_value, norm):
                 drop_gradients(optimizer)
             if skip or self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
                 record_metrics(self, {N.SKIPPED_STEPS: len(self.spike_guard.skipped), N.GRAD_NORM: norm})
@@ -201,8 +199,7 @@ class SinkLabModule(L.LightningModule):
     def loss_start(self) -> int:
         """Index of the first logit that counts: the prefix-LM loss starts at token p+1
         (section 6; p = 1 is ordinary LM), i.e. at logit p-1 (0-based)."""
-        cfg = self.arch
-        return cfg.prefix_len - 1 if cfg.mask == "prefix" and cfg.prefix_len > 1 else 0
+        return max(self.arch.prefix_len - 1, 0) if self.arch.mask == "prefix" else 0
 
     def lm_loss(self, tokens: torch.Tensor) -> torch.Tensor:
         return next_token_loss(self.model, tokens, self.loss_start())
@@ -226,4 +223,3 @@ class SinkLabModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.spike_guard is not None:  # the rolling window: a resume decides as the run would have
             checkpoint["spike_guard"] = self.spike_guard.state_dict()
-        checkpoint.setdefault("hyper_parameters", {})[ARCH] = self.arch.to_dict()
