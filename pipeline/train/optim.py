@@ -175,5 +175,4 @@ class Schedule(LambdaLR):
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> Schedule:
     """Step-wise: lr(s) = lr * (s+1)/W for s < W, then min_lr + (lr-min_lr)(1+cos(pi (s-W)/(S-W)))/2."""
-    cfg.validate(max_steps)
     return Schedule(optimizer, WarmupCosine(cfg.warmup_steps, cfg.warmup_steps, 1.0, max_steps, cfg.min_lr / cfg.lr))
