@@ -55,8 +55,7 @@ def _deepspeed_problem(path: Path) -> str | None:
     if world is None:
         return f"{tag}/ holds no model_states.pt"
     expected = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)]
-    missing = [e for e in expected if not any(n.endswith(e) for n in names)]
-    if missing:
+    if missing := [e for e in expected if not any(n.endswith(e) for n in names)]:
         return f"written by {world} ranks but {', '.join(missing)} is missing"
     return None
 

@@ -17,8 +17,7 @@ def sink_trajectory(
     """`step:value` pairs of one column of the sink history, thinned to about `width` of them."""
     if not history:
         return "(no sink measurements)"
-    stride = max(1, len(history) // width)
-    picked = history[::stride]
+    picked = history[:: max(1, len(history) // width)]
     if picked[-1] != history[-1]:
         picked.append(history[-1])
     return "  ".join(f"{row[0]}:" + fmt.format(row[column]) for row in picked)
