@@ -55,8 +55,7 @@ def _deepspeed_problem(path: Path) -> str | None:
     if world is None:
         return f"{tag}/ holds no model_states.pt"
     expected = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)]
-    missing = [e for e in expected if not any(n.endswith(e) for n in names)]
-    if missing:
+    if missing := [e for e in expected if not any(n.endswith(e) for n in names)]:
         return f"written by {world} ranks but {', '.join(missing)} is missing"
     return None
 
@@ -64,10 +63,7 @@ def _deepspeed_problem(path: Path) -> str | None:
 def model_states_file(path: Path) -> Path:
     """A DeepSpeed checkpoint directory's model-states file (rank 0's tensors, Lightning's training state)."""
     tag_dir = Path(path) / (Path(path) / "latest").read_text().strip()
-    found = sorted(tag_dir.glob("*model_states.pt"))
-    if not found:
-        raise FileNotFoundError(f"{tag_dir}: holds no model_states.pt")
-    return found[0]
+    return sorted(tag_dir.glob("*model_states.pt"))[0]  # checkpoint_problem refuses a directory without one
 
 
 def checkpoint_problem(path: Path) -> str | None:

@@ -9,7 +9,6 @@ import os
 import re
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -27,43 +26,23 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:06d}.ckpt"
 
 
-def _complete(path: Path) -> bool:
-    """A file once renamed into place; a DeepSpeed directory once its ``latest`` file (written last) exists."""
-    return path.is_file() or (path.is_dir() and (path / "latest").is_file())
-
-
-@dataclass
 class RunDir:
-    root: Path
-
-    def __post_init__(self) -> None:
-        self.root = Path(self.root)
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def lock_path(self) -> Path:
-        return self.root / "lock"
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.root / "metrics.jsonl"
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.checkpoints = self.root / "checkpoints"
+        self.lock_path = self.root / "lock"
+        self.metrics_path = self.root / "metrics.jsonl"
 
     def create(self) -> None:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
 
     def step_checkpoints(self) -> list[tuple[int, Path]]:
-        """Complete `step-N.ckpt` checkpoints, oldest first."""
+        """Complete `step-N.ckpt` checkpoints, oldest first: a file once renamed into place, a DeepSpeed
+        directory once its ``latest`` file (written last) exists."""
         if not self.checkpoints.is_dir():
             return []
-        found = []
-        for p in self.checkpoints.iterdir():
-            m = CKPT_RE.match(p.name)
-            if m and _complete(p):
-                found.append((int(m.group(1)), p))
-        return sorted(found)
+        names = ((CKPT_RE.match(p.name), p) for p in self.checkpoints.iterdir())
+        return sorted((int(m.group(1)), p) for m, p in names if m and (p.is_file() or (p / "latest").is_file()))
 
     def newest_checkpoint(self, usable: Callable[[Path], bool] = lambda path: True) -> Path | None:
         """The newest complete step checkpoint that ``usable`` accepts."""
@@ -71,9 +50,7 @@ class RunDir:
 
     def prune(self, keep_last: int) -> None:
         """Delete all but the newest `keep_last` step checkpoints (0 keeps all)."""
-        if keep_last <= 0:
-            return
-        for _, p in self.step_checkpoints()[:-keep_last]:
+        for _, p in self.step_checkpoints()[:-keep_last] if keep_last > 0 else []:
             remove(p)
 
     def mlflow_run_id(self) -> str | None:
@@ -85,8 +62,7 @@ class RunDir:
 
     def set_aside(self) -> Path:
         """Move what the run recorded so far into ``restart-N/``, for a start over from step 0."""
-        n = 1 + sum(1 for _ in self.root.glob("restart-*"))
-        aside = self.root / f"restart-{n}"
+        aside = self.root / f"restart-{1 + sum(1 for _ in self.root.glob('restart-*'))}"
         aside.mkdir()
         for name in ("checkpoints", "metrics.jsonl", "mlflow_sent", "mlflow_run_id"):
             if (self.root / name).exists():
@@ -97,14 +73,11 @@ class RunDir:
         """config.yaml for the first start; config.<n>.yaml for a resume whose config changed."""
         first = self.root / "config.yaml"
         if not first.exists():
-            atomic_write(first, text)
-            return first
+            return atomic_write(first, text)
         versions = sorted(self.root.glob("config*.yaml"), key=lambda p: p.stat().st_mtime_ns)
         if versions[-1].read_text() == text:
             return versions[-1]
-        path = self.root / f"config.{len(versions)}.yaml"
-        atomic_write(path, text)
-        return path
+        return atomic_write(self.root / f"config.{len(versions)}.yaml", text)
 
 
 def _holder(run: RunDir) -> dict:

@@ -22,8 +22,6 @@ class BesideTargetIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, writing beside its target and renaming, never under $TMPDIR."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        if storage_options is not None:
-            raise TypeError("storage_options is not supported when writing a local checkpoint")
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             sink = _Writes(f)
             try:

@@ -35,19 +35,13 @@ class Preemption(Callback):
         self.stopped_at: int | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        signal.signal(signal.SIGUSR1, self._on_signal)
-
-    def _on_signal(self, signum, frame) -> None:
-        self.received = True
+        signal.signal(signal.SIGUSR1, lambda signum, frame: setattr(self, "received", True))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not at_step_end(trainer, batch_idx):
-            return
-        step = trainer.global_step
-        if trainer.strategy.reduce_boolean_decision(self.received, all=False):
-            if self.checkpoint.last_saved != step:
+        if at_step_end(trainer, batch_idx) and trainer.strategy.reduce_boolean_decision(self.received, all=False):
+            if self.checkpoint.last_saved != trainer.global_step:
                 self.checkpoint.save(trainer)
-            self.stopped_at = step
+            self.stopped_at = trainer.global_step
             trainer.should_stop = True
 
     def requeue(self) -> None:
@@ -92,9 +86,8 @@ class SinkMetrics(Callback):
                 ),
                 emergence.draw_extreme_tokens(self.metrics_path, shape[0], self.plot_dir / "extreme_tokens.png"),
             )
-            for path in figures:
-                if path is not None:
-                    log_artifact(trainer, path, "plots")
+            for path in filter(None, figures):
+                log_artifact(trainer, path, "plots")
             if figures[0] is not None:
                 log_image(trainer, figures[0], N.TRAJECTORY_IMAGE, trainer.global_step)
 
@@ -183,10 +176,6 @@ class Throughput(Callback):
 
     def __init__(self, tokens_per_step: int, context_length: int, window: int = 10):
         self.tokens_per_step, self.context_length, self.window = tokens_per_step, context_length, window
-        self._t_window: float | None = None
-        self._step_window = 0
-        self._flops_token: float | None = None
-        self._peak: float | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._flops_token = flops_per_token(pl_module.arch, self.context_length)
@@ -202,8 +191,7 @@ class Throughput(Callback):
         now = time.perf_counter()
         tokens_per_s = (step - self._step_window) * self.tokens_per_step / (now - self._t_window)
         metrics = {N.TOKENS_PER_S: tokens_per_s}
-        value = mfu(tokens_per_s / trainer.world_size, self._flops_token or 0.0, self._peak)
-        if value is not None:
+        if (value := mfu(tokens_per_s / trainer.world_size, self._flops_token, self._peak)) is not None:
             metrics[N.MFU] = value
         if pl_module.device.type == "cuda":  # this rank's high-water mark of allocated memory
             metrics[N.MAX_MEMORY_GIB] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30

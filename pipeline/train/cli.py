@@ -61,8 +61,7 @@ def _leave_process_group() -> None:
 
 def _finish(cli, trainer, status: str) -> None:
     """Rank 0: the run's final sinklab.status tag and MLflow status; locks released."""
-    uploader = getattr(getattr(cli, "ckpt_cb", None), "uploader", None)
-    if uploader is not None:
+    if (uploader := getattr(getattr(cli, "ckpt_cb", None), "uploader", None)) is not None:
         uploader.close()
     if trainer is not None and trainer.is_global_zero and isinstance(trainer.logger, RunLogger):
         trainer.logger.set_tag(TAG_STATUS, status)

@@ -11,7 +11,6 @@ from torch import nn
 from torch._dynamo.utils import counters
 from torch.utils._pytree import tree_leaves
 
-COMPILE_FAILURES = (torch._dynamo.exc.TorchDynamoException,)
 BACKWARD_WITH_FORWARD = hasattr(torch._functorch.config, "force_non_lazy_backward_lowering")  # not in every torch
 
 
@@ -56,7 +55,7 @@ def compile_blocks(blocks: Sequence[nn.Module], on_failure: Callable[[BaseExcept
                 raise
             except Exception as exc:
                 lazy_backward = with_forward is None and out is not None  # raises the compiler's own error
-                if not (isinstance(exc, COMPILE_FAILURES) or lazy_backward):
+                if not (isinstance(exc, torch._dynamo.exc.TorchDynamoException) or lazy_backward):
                     raise
                 fall_back(exc)
                 return _block._call_impl(*args, **kwargs)

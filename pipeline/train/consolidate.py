@@ -84,6 +84,5 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a full disk, a file-size limit: nothing half-written is left at OUT
         print(f"sinklab consolidate: {os_error_line(exc, writing=args.out)}", file=sys.stderr)
         return 2
-    n = sum(v.numel() for v in result["state_dict"].values())
-    print(f"wrote {args.out} ({n:,} fp32 values)")
+    print(f"wrote {args.out} ({sum(v.numel() for v in result['state_dict'].values()):,} fp32 values)")
     return 0

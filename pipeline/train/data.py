@@ -87,22 +87,14 @@ class PackedTrainSet(Dataset):
         self.split, self.order, self.intervene = split, order, intervene
 
     def __getitems__(self, samples: list[int]) -> dict[str, torch.Tensor]:
-        looked = [self.order.lookup(g) for g in samples]
-        indices = [i for _, i in looked]
+        epochs, indices = map(np.array, zip(*(self.order.lookup(g) for g in samples)))
         tokens = check_token_ids(self.split.take(indices), self.split, indices)
-        epochs = np.array([e for e, _ in looked])
         tokens = self.intervene(tokens, np.asarray(samples), epochs)
         return {
             "input_ids": torch.from_numpy(tokens),
             "sample": torch.tensor(samples),
             "epoch": torch.from_numpy(epochs),
         }
-
-    def __getitem__(self, g: int):
-        return self.__getitems__([g])
-
-    def __len__(self) -> int:  # samples are drawn by global index, not enumerated
-        return 2**62
 
 
 class StatefulLoader(DataLoader):
@@ -114,45 +106,21 @@ class StatefulLoader(DataLoader):
         super().__init__(dataset, batch_sampler=sampler, collate_fn=_identity, **kwargs)
         self._consumed_samples = consumed_samples
 
-    def _must_match(self) -> dict[str, int]:
-        """What a resume must share with the checkpoint's loader."""
+    def state_dict(self) -> dict:
         order = self.dataset.order
         return {
+            "consumed_samples": int(self._consumed_samples()),
             "global_batch_seqs": self.batch_sampler.plan.global_batch_seqs,
             "seed": order.seed,
             "n_sequences": order.n,
         }
 
-    def state_dict(self) -> dict:
-        return {"consumed_samples": int(self._consumed_samples()), **self._must_match()}
-
-    def load_state_dict(self, state: dict) -> None:
-        for key, mine in self._must_match().items():
-            if state.get(key) != mine:
-                raise ValueError(
-                    f"resume: the checkpoint's data {key}={state.get(key)} differs from this "
-                    f"run's {mine}; resume with the same data settings or start a new run"
-                )
+    def load_state_dict(self, state: dict) -> None:  # check_resume has compared the data order
         self.batch_sampler.start_sample = int(state["consumed_samples"])
 
 
 def _identity(batch):
     return batch
-
-
-class EvalSet(Dataset):
-    """The first ``n`` held-out sequences, with the training interventions applied."""
-
-    def __init__(self, split: PackedSplit, n: int, intervene: Callable[..., np.ndarray]):
-        self.split, self.n, self.intervene = split, min(n, len(split)), intervene
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        row = check_token_ids(np.asarray(self.split[i], dtype=np.int64)[None], self.split, [i])
-        row = self.intervene(row, np.array([i]), np.array([0]), validation=True)
-        return torch.from_numpy(row[0])
 
 
 class SinkDataModule(L.LightningDataModule):
@@ -187,19 +155,12 @@ class SinkDataModule(L.LightningDataModule):
         if not (self.path / "manifest.json").is_file():
             raise FileNotFoundError(f"data.path={path}: no manifest.json there; prepare it with `sinklab prep`")
         self.manifest = verify_dataset(self.path) if verify else load_manifest(self.path)
+        self.special_ids = self.manifest.special_ids  # role (bos, eos, pad) -> id
         self.global_batch_tokens, self.micro_batch_size = global_batch_tokens, micro_batch_size
         self.token_budget, self.val_batches, self.num_workers, self.seed = token_budget, val_batches, num_workers, seed
         self.interventions = interventions if isinstance(interventions, Interventions) else Interventions()
         self.interventions.validate(self.manifest.context_length, self.special_ids)
         self.plan: BatchPlan | None = None
-
-    @property
-    def special_ids(self) -> dict[str, int]:
-        ids = {k.lower(): int(v) for k, v in (self.manifest.special_ids or {}).items()}
-        for name in ("bos", "eos"):
-            if (value := getattr(self.manifest, f"{name}_id")) is not None:
-                ids.setdefault(name, int(value))
-        return ids
 
     def intervene(self) -> Callable[..., np.ndarray]:
         """``apply_interventions`` bound to this run's settings: ``(tokens, samples, epochs[, validation])``."""
@@ -233,15 +194,11 @@ class SinkDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader:
+        """The first held-out sequences, with the training interventions applied; the same on every rank."""
         split = PackedSplit(self.path, "val", self.manifest)
-        n = self.val_batches * self.micro_batch_size
-        # every rank evaluates the same sequences; the loss is averaged over ranks
-        return DataLoader(
-            EvalSet(split, n, self.intervene()),
-            batch_size=self.micro_batch_size,
-            shuffle=False,
-            num_workers=self.num_workers,
-        )
+        rows = np.arange(min(self.val_batches * self.micro_batch_size, len(split)))
+        tokens = self.intervene()(check_token_ids(split.take(rows), split, rows), rows, 0 * rows, validation=True)
+        return DataLoader(torch.from_numpy(tokens), batch_size=self.micro_batch_size, num_workers=self.num_workers)
 
     def order(self) -> dict:
         """What fixes the sequence of training samples (and so what a resume may not change)."""
@@ -260,8 +217,7 @@ class SinkDataModule(L.LightningDataModule):
     def probe_tokens(self) -> torch.Tensor:
         """The probe set, carrying the training's fixed token at its position (Table 10 right)."""
         probe = load_probe(self.path)
-        fix = self.interventions.fix_position
-        if fix and fix <= probe.shape[1]:
+        if (fix := self.interventions.fix_position) and fix <= probe.shape[1]:
             probe = probe.copy()
             probe[:, fix - 1] = self.interventions.resolve_fix_token(self.special_ids)
         return torch.as_tensor(probe, dtype=torch.long)

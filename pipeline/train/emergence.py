@@ -3,6 +3,7 @@ metrics.jsonl (docs/analysis.md, "During training"); the decisions are ``pipelin
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
@@ -13,10 +14,6 @@ from pipeline import probe_metrics as P
 from pipeline.model.config import ModelConfig
 
 from .summary import metric_rows
-
-
-def head_metric(layer: int, head: int) -> str:
-    return N.head(N.HEAD_ALPHA1, layer, head)
 
 
 def probe_uniform_alpha1(cfg: ModelConfig, T: int) -> float:
@@ -33,8 +30,7 @@ def emerged_so_far(
     """Metric name -> step for every threshold crossed up to and including ``step``."""
     earlier = [row for row in metric_rows(metrics_path, N.SINK1, N.ALPHA1_MEAN) if row[0] < step]
     rows = earlier + [(step, sink1, alpha1_mean)]
-    found = M.emergence_steps(rows, alpha1_uniform)
-    return {N.emerged_step(name): at for name, at in found.items() if at is not None}
+    return {N.emerged_step(name): at for name, at in M.emergence_steps(rows, alpha1_uniform).items() if at is not None}
 
 
 def step_metrics(
@@ -42,11 +38,7 @@ def step_metrics(
 ) -> dict[str, float]:
     """What a probe at ``step`` logs beyond ``SinkMeasures.to_metrics()``: per-head α_1, the
     uniform reference, and the emergence steps first reached at this very step."""
-    out = {
-        head_metric(layer, head): float(alpha1[layer, head])
-        for layer in range(alpha1.shape[0])
-        for head in range(alpha1.shape[1])
-    }
+    out = {N.head(N.HEAD_ALPHA1, *at): float(alpha1[at]) for at in itertools.product(*map(range, alpha1.shape))}
     out[N.ALPHA1_UNIFORM] = alpha1_uniform
     for name, at in emerged_so_far(metrics_path, step, sink1, alpha1_mean, alpha1_uniform).items():
         # a resumed start probes its checkpoint's step again: what is logged there stays once
@@ -63,7 +55,7 @@ def tags_of(logged: dict[str, float]) -> dict[str, str]:
 def head_trajectories(metrics_path: Path, n_layers: int, n_heads: int):
     """(steps, {(layer, head): [α_1 at each step]}) from metrics.jsonl, all starts of the run."""
     heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
-    rows = metric_rows(metrics_path, *(head_metric(*h) for h in heads))
+    rows = metric_rows(metrics_path, *(N.head(N.HEAD_ALPHA1, *h) for h in heads))
     return [row[0] for row in rows], {h: [row[1 + i] for row in rows] for i, h in enumerate(heads)}
 
 

@@ -65,22 +65,11 @@ def fit_parser():
 
     from .lightning_cli import SinkLabCLI
 
-    class ParseOnly(SinkLabCLI):
-        def _set_seed(self) -> None:
-            pass
-
-        def before_instantiate_classes(self) -> None:
-            pass
-
-        def instantiate_classes(self) -> None:
-            pass
-
-        def after_instantiate_classes(self) -> None:
-            pass
-
+    skipped = ("_set_seed", "before_instantiate_classes", "instantiate_classes", "after_instantiate_classes")
+    parse_only = type("ParseOnly", (SinkLabCLI,), dict.fromkeys(skipped, lambda self: None))
     with warnings.catch_warnings():  # "args given while sys.argv has arguments": intended here
         warnings.simplefilter("ignore", UserWarning)
-        return ParseOnly.build([]).parser
+        return parse_only.build([]).parser
 
 
 def check_fit(args: list[str] | dict[str, Any]) -> Namespace:

@@ -90,8 +90,7 @@ def _source_model(spec: str) -> tuple[Transformer, dict[str, str]]:
         from pipeline.model.hf_sources import hf_directory
 
         source, directory = hf_directory(spec)
-        tokenizer = Path(directory) / "tokenizer.json"
-        if tokenizer.is_file():
+        if (tokenizer := Path(directory) / "tokenizer.json").is_file():
             tags["sinklab.init_tokenizer_sha256"] = hashlib.sha256(tokenizer.read_bytes()).hexdigest()
         return from_hf(directory), tags | {"sinklab.init_source": source}
     from pipeline.model import load_pretrained
@@ -154,15 +153,13 @@ def read_init(
         raise ConfigError(f"model.slot_quantile={quantile}: must be in [0, 1] (0: the smallest row, 0.5: the median)")
     source, tags = _source_model(spec)
     have, want = _flat(source.config), _flat(cfg)
-    differ = sorted(k for k in want if k != "preset" and not _adds_slot(k) and want[k] != have.get(k))
-    if differ:
+    if differ := sorted(k for k in want if k != "preset" and not _adds_slot(k) and want[k] != have.get(k)):
         raise ConfigError(
             f"model.init={spec}: its model differs in {', '.join(differ)} "
             f"({', '.join(f'{k}={have.get(k)!r}' for k in differ)}); set arch to match"
         )
     ours, theirs = Transformer(cfg).state_dict(), source.state_dict()
-    dropped = sorted(set(theirs) - set(ours))
-    if dropped:
+    if dropped := sorted(set(theirs) - set(ours)):
         raise ConfigError(f"model.init={spec}: the run's model lacks its {dropped[0]}; keep the source's slots in arch")
     if cfg.biases.kind in ("k", "kv") and not cfg.biases.slot_logit and not any("kv_slot" in n for n in theirs):
         raise ConfigError(

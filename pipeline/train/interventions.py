@@ -40,8 +40,7 @@ class Interventions:
     def resolve_fix_token(self, special_ids: dict[str, int]) -> int:
         token = self.fix_token
         if isinstance(token, str) and not token.isdigit():
-            key = token.lower()
-            if key not in special_ids:
+            if (key := token.lower()) not in special_ids:
                 raise ConfigError(
                     f"data.interventions.fix_token={token!r}: the dataset's special tokens are "
                     f"{sorted(special_ids)}; or give a token id"
@@ -72,8 +71,7 @@ def apply_interventions(
         cols = np.asarray(cfg.resample) - 1
         for row, (sample, epoch) in enumerate(zip(sample_ids, epoch_ids)):
             key = [seed, 0x5EED, int(epoch), int(sample)] + ([VAL_STREAM] if validation else [])
-            rng = np.random.default_rng(key)
-            out[row, cols] = rng.integers(0, vocab_size, size=len(cols))
+            out[row, cols] = np.random.default_rng(key).integers(0, vocab_size, size=len(cols))
     if cfg.fix_position:
         out[:, cfg.fix_position - 1] = cfg.resolve_fix_token(special_ids)
     return out

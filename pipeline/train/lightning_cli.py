@@ -53,13 +53,12 @@ from .data import SinkDataModule
 from .fit_config import ARCH_TARGET, OPTIM, OPTIM_TARGET, PARSER_MODE, as_plain, parse_fit, set_arch, variant_summary
 from .init_from import init_arch, read_init, trainable_names
 from .module import SinkLabModule
-from .optim import OptimConfig
+from .optim import OptimConfig, optimizer_split
 from .progress import StepProgressBar
 from .run_options import RunOptions
 from .sharding import refuse_zero_optimizer  # also registers the strategy names fsdp2, deepspeed_stage_N
 
-_LOCKED: list[RunDir] = []  # run dirs this process locked, released on the way out
-_CREATED: list[Path] = []  # run dirs this process created, removed again if a failed start left them empty
+_TAKEN: list[tuple[RunDir, bool]] = []  # run dirs this process locks, and whether it creates them
 
 
 class SinkLabCLI(LightningCLI):
@@ -84,14 +83,12 @@ class SinkLabCLI(LightningCLI):
         return super().init_parser(**{"parser_mode": PARSER_MODE, **kwargs})
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_class_arguments(ModelConfig, ARCH)
-        parser.link_arguments(ARCH, ARCH_TARGET, apply_on="parse")
-        parser.add_class_arguments(OptimConfig, OPTIM)
-        parser.link_arguments(OPTIM, OPTIM_TARGET, apply_on="parse")
+        for config, key, target in ((ModelConfig, ARCH, ARCH_TARGET), (OptimConfig, OPTIM, OPTIM_TARGET)):
+            parser.add_class_arguments(config, key)
+            parser.link_arguments(key, target, apply_on="parse")
         hidden = {ARCH_TARGET, OPTIM_TARGET, f"{ARCH_TARGET}.help", f"{OPTIM_TARGET}.help"}
-        for group in parser._action_groups:  # the links' targets: set from `arch` and `optim`, never given
-            for action in group._group_actions:
-                action.help = SUPPRESS if action.dest in hidden else action.help
+        for action in parser._actions:  # the links' targets: set from `arch` and `optim`, never given
+            action.help = SUPPRESS if action.dest in hidden else action.help
         parser.add_class_arguments(RunOptions, "run")
         parser.add_argument("--run-dir", type=str | None, default=None, help="run directory (default runs/<run.name>)")
         parser.add_argument(
@@ -119,14 +116,11 @@ class SinkLabCLI(LightningCLI):
         # --resume auto found checkpoints but passed over every one: this start begins again at step 0
         self.start_over = self.resume_from is None and bool(self.run_dir.step_checkpoints())
         self.rank0 = rank_zero_only.rank == 0
-        self.mlflow_run_id = None
+        self.mlflow_run_id = None if self.rank0 else self.run_dir.mlflow_run_id()
         if not self.rank0:
-            self.mlflow_run_id = self.run_dir.mlflow_run_id()
             return
-        if not self.run_dir.root.exists():
-            _CREATED.append(self.run_dir.root)
+        _TAKEN.append((self.run_dir, not self.run_dir.root.exists()))
         acquire_lock(self.run_dir)
-        _LOCKED.append(self.run_dir)
 
     # ---- every class built and checked: only now the config and the MLflow run are recorded ----
     def after_instantiate_classes(self) -> None:
@@ -137,9 +131,10 @@ class SinkLabCLI(LightningCLI):
         self.model.set_vocab(manifest.vocab_size, manifest.context_length, manifest.tokenizer_sha256)  # max_seq_len too
         if self.model.init:  # a pretrained HF source sets the shape; the run may add slots
             self.model.use_arch(init_arch(self.model.init, self.model.arch, manifest.vocab_size))
+        with torch.device("meta"):  # its parameters' names and sizes: no memory, no initialisation
+            meta = Transformer(self.model.arch)
         if self.model.trainable is not None:
-            with torch.device("meta"):
-                trainable_names(Transformer(self.model.arch), self.model.trainable)
+            trainable_names(meta, self.model.trainable)
         set_arch(self.config, self.model.arch)  # config.yaml and the MLflow params: the vocabulary it trains
         if self.options.sink_every > 0 and manifest.probe.length > self.model.arch.max_seq_len:
             raise DatasetError(
@@ -168,7 +163,6 @@ class SinkLabCLI(LightningCLI):
             return
         cfg, options = self.config, self.options
         previous_id = start_over(self.run_dir) if self.start_over else None
-        previous = {TAG_PREVIOUS_RUN: previous_id} if previous_id else {}
         self.run_dir.create()
         stored = cfg.clone()
         stored["resume"] = None  # how this start was resumed is not part of the run's config
@@ -181,19 +175,17 @@ class SinkLabCLI(LightningCLI):
             "sinklab.dataset_hash": self.datamodule.manifest.hash,
             TAG_RUN_DIR: str(self.run_dir.root.resolve()),
             TAG_STATUS: "running",
-            **previous,
+            TAG_PREVIOUS_RUN: previous_id,
+            "sinklab.slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            TAG_PARENT: os.environ.get(PARENT_ENV),  # set by `sinklab sweep`: the experiment's parent run
+            **init_tags,
         }
-        if os.environ.get("SLURM_JOB_ID"):
-            tags["sinklab.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
-        tags.update(init_tags)
-        if os.environ.get(PARENT_ENV):  # set by `sinklab sweep`: the experiment's parent run
-            tags[TAG_PARENT] = os.environ[PARENT_ENV]
         self.mlflow_run_id = open_run(
             self.run_dir,
             options.experiment,
             options.name,
-            tags,
-            as_params(as_plain(cfg)) | self.model.optimizer_split(),
+            {k: v for k, v in tags.items() if v},
+            as_params(as_plain(cfg)) | optimizer_split(meta, self.model.optim),
             [config_file],
             manifest=self.datamodule.manifest,
         )
@@ -233,8 +225,8 @@ class SinkLabCLI(LightningCLI):
             "use_distributed_sampler": False,
             "check_val_every_n_epoch": None,
             "max_epochs": -1,
+            "plugins": [*(trainer_cfg.get("plugins") or []), BesideTargetIO()],
         }
-        extra["plugins"] = list(trainer_cfg.get("plugins") or []) + [BesideTargetIO()]
         if SLURMEnvironment.detect():  # requeue is ours (Preemption), at a step boundary
             extra["plugins"].append(SLURMEnvironment(auto_requeue=False))
         trainer = super().instantiate_trainer(**extra)
@@ -254,9 +246,8 @@ class SinkLabCLI(LightningCLI):
 
 def release_run_dirs() -> None:
     """Unlock the run dirs this process locked; remove those it created and left empty."""
-    while _LOCKED:
-        release_lock(_LOCKED.pop())
-    while _CREATED:  # a start that failed before writing anything leaves no empty run dir behind
-        root = _CREATED.pop()
-        if root.is_dir() and not any(root.iterdir()):
-            root.rmdir()
+    while _TAKEN:
+        run, created = _TAKEN.pop()
+        release_lock(run)  # only a lock this process holds
+        if created and run.root.is_dir() and not any(run.root.iterdir()):  # a start that wrote nothing
+            run.root.rmdir()

@@ -39,14 +39,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        grad_h, grad_w = ctx.saved_tensors
         factor = grad_out / ctx.n
-        return (
-            None if grad_h is None else (grad_h * factor).to(ctx.dtypes[0]),
-            None if grad_w is None else (grad_w * factor).to(ctx.dtypes[1]),
-            None,
-            None,
-        )
+        grads = [None if g is None else (g * factor).to(dtype) for g, dtype in zip(ctx.saved_tensors, ctx.dtypes)]
+        return *grads, None, None
 
 
 def _chunks(hidden: Tensor, weight: Tensor, targets: Tensor, rows: int, want_h: bool, want_w: bool):

@@ -20,7 +20,7 @@ from pipeline.model.config import ARCH
 from .compiling import compile_blocks, failure_line
 from .init_from import SLOT_MARGIN, freeze_all_but
 from .loss import next_token_loss
-from .optim import OptimConfig, build_optimizer, build_scheduler, optimizer_split
+from .optim import OptimConfig, build_optimizer, build_scheduler
 from .recording import record_metrics, reduced, set_tag
 from .sharding import shard_model
 from .spikes import SpikeGuard, drop_gradients, grad_norm, with_grads
@@ -98,7 +98,6 @@ class SinkLabModule(L.LightningModule):
         self._step_value = math.nan  # the step's mean loss, for the guard
         self.save_hyperparameters({ARCH: self.arch.to_dict(), "optim": vars(self.optim).copy()})
 
-    # ---- model ----------------------------------------------------------------------------
     def configure_model(self) -> None:
         if self.model is not None:
             return
@@ -152,21 +151,6 @@ class SinkLabModule(L.LightningModule):
         self.hparams[ARCH] = cfg.to_dict()
 
     # ---- one optimizer step -------------------------------------------------------------------
-    # Lightning's automatic optimisation runs step s (weights after s updates -> after s + 1) as:
-    #
-    #   for each of A micro-batches    A = trainer.accumulate_grad_batches (lightning_cli.py, from the batch plan)
-    #       training_step              forward and next-token loss of one micro-batch (loss.py)
-    #       (Lightning) backward       of loss / A; under DeepSpeed engine.backward (sharding.py: divided once)
-    #   _end_of_step                   on the last micro-batch (at_step_end, the one boundary rule): the
-    #                                  step's loss, mean over micro-batches and ranks, recorded as step s;
-    #                                  a non-finite one stops every rank before the update
-    #   configure_gradient_clipping    clip to trainer.gradient_clip_val; the spike guard (run.skip_spikes,
-    #                                  spikes.py) at its end, after the clip and before the update
-    #                                  (DeepSpeed calls it on every micro-batch; its engine clips and steps
-    #                                  at the boundary)
-    #   (Lightning) optimizer.step, zero_grad, lr_scheduler.step; global_step becomes s + 1
-    #   on_train_batch_end where at_step_end: the callbacks in lightning_cli.py's order, StepCheckpoint,
-    #                                  SinkMetrics, Throughput, Preemption (callbacks.py)
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         """One micro-batch: forward and loss (Lightning then runs backward); the step's end on the last."""
         loss = self.lm_loss(batch["input_ids"])
@@ -189,8 +173,7 @@ class SinkLabModule(L.LightningModule):
         # the step's mean over micro-batches and ranks, of step s (the weights after s updates)
         record_metrics(self, {N.TRAIN_LOSS: value}, bar=True, log=False)
         if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
-            lr = self.trainer.optimizers[0].param_groups[0]["lr"]
-            record_metrics(self, {N.TRAIN_LOSS: value, N.TRAIN_LR: lr})
+            record_metrics(self, {N.TRAIN_LOSS: value, N.TRAIN_LR: self.trainer.optimizers[0].param_groups[0]["lr"]})
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's clipping, except under bf16 (no loss scaler), where torch's clips a fused AdamW that
@@ -204,8 +187,7 @@ class SinkLabModule(L.LightningModule):
         else:
             torch.nn.utils.clip_grad_norm_(with_grads(optimizer), gradient_clip_val)
         if norm is not None:  # after the clip, before the update: a spike's gradients are dropped (no update)
-            skip = self.spike_guard.check(self.global_step, self._step_value, norm)
-            if skip:
+            if skip := self.spike_guard.check(self.global_step, self._step_value, norm):
                 drop_gradients(optimizer)
             if skip or self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
                 record_metrics(self, {N.SKIPPED_STEPS: len(self.spike_guard.skipped), N.GRAD_NORM: norm})
@@ -214,15 +196,10 @@ class SinkLabModule(L.LightningModule):
         if self.spike_guard is not None and "spike_guard" in checkpoint:
             self.spike_guard.load_state_dict(checkpoint["spike_guard"])
 
-    def on_train_epoch_start(self) -> None:
-        self._step_loss, self._micro = 0.0, 0
-
-    # ---- loss and validation -------------------------------------------------------------
     def loss_start(self) -> int:
         """Index of the first logit that counts: the prefix-LM loss starts at token p+1
         (section 6; p = 1 is ordinary LM), i.e. at logit p-1 (0-based)."""
-        cfg = self.arch
-        return cfg.prefix_len - 1 if cfg.mask == "prefix" and cfg.prefix_len > 1 else 0
+        return max(self.arch.prefix_len - 1, 0) if self.arch.mask == "prefix" else 0
 
     def lm_loss(self, tokens: torch.Tensor) -> torch.Tensor:
         return next_token_loss(self.model, tokens, self.loss_start())
@@ -238,12 +215,6 @@ class SinkLabModule(L.LightningModule):
             return
         record_metrics(self, {N.VAL_LOSS: torch.stack(self._val).mean()}, reduce="mean", bar=True)
 
-    # ---- optimiser ------------------------------------------------------------------------
-    def optimizer_split(self) -> dict[str, str]:
-        """:func:`optimizer_split` of a model built on the meta device (no memory, no initialisation)."""
-        with torch.device("meta"):
-            return optimizer_split(Transformer(self.arch), self.optim)
-
     def configure_optimizers(self):
         optimizer = build_optimizer(self.model, self.optim)
         scheduler = build_scheduler(optimizer, self.optim, self.trainer.max_steps)
@@ -252,4 +223,3 @@ class SinkLabModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.spike_guard is not None:  # the rolling window: a resume decides as the run would have
             checkpoint["spike_guard"] = self.spike_guard.state_dict()
-        checkpoint.setdefault("hyper_parameters", {})[ARCH] = self.arch.to_dict()

@@ -108,20 +108,13 @@ def optimizer_split(model: torch.nn.Module, cfg: OptimConfig) -> dict[str, str]:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    betas = (cfg.beta1, cfg.beta2)
     if cfg.name == "sgd":
         return torch.optim.SGD(param_groups(model, cfg), lr=cfg.lr, momentum=cfg.momentum)
+    adam = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
     if cfg.name == "orthoadam":
-        return OrthoAdam(
-            param_groups(model, cfg),
-            lr=cfg.lr,
-            betas=betas,
-            eps=cfg.eps,
-            seed=cfg.rotation_seed,
-            token_rows=token_matrices(model),
-        )
+        return OrthoAdam(param_groups(model, cfg), **adam, seed=cfg.rotation_seed, token_rows=token_matrices(model))
     fused = cfg.fused if cfg.fused is not None else all(p.is_cuda for p in model.parameters())
-    adamw = {"lr": cfg.lr, "betas": betas, "eps": cfg.eps, "fused": fused or None}
+    adamw = adam | {"fused": fused or None}
     if cfg.name == "muon":
         hidden = muon_split(model)[0]
         params = dict(model.named_parameters())
@@ -182,5 +175,4 @@ class Schedule(LambdaLR):
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> Schedule:
     """Step-wise: lr(s) = lr * (s+1)/W for s < W, then min_lr + (lr-min_lr)(1+cos(pi (s-W)/(S-W)))/2."""
-    cfg.validate(max_steps)
     return Schedule(optimizer, WarmupCosine(cfg.warmup_steps, cfg.warmup_steps, 1.0, max_steps, cfg.min_lr / cfg.lr))

@@ -111,12 +111,6 @@ def random_orthogonal(n: int, generator: torch.Generator) -> Tensor:
     return (q * torch.sign(torch.diagonal(r))).float()
 
 
-def _blocks(n: int, block: int) -> list[int]:
-    """``n`` split into the fewest near-equal blocks of at most ``block``."""
-    count = math.ceil(n / block)
-    return [n // count + (i < n % count) for i in range(count)]
-
-
 class _Rotation:
     """Block-diagonal orthogonal matrices for the rows (``left``, unless not ``rows``) and columns (``right``) of
     a parameter viewed as ``[m, n]``; a dimension of size 1 is not rotated."""
@@ -130,9 +124,11 @@ class _Rotation:
         def side(size: int) -> list[Tensor]:
             if size == 1:
                 return []
+            count = math.ceil(size / block)  # the fewest near-equal blocks of at most `block`
+            sizes = [size // count + (i < size % count) for i in range(count)]
             if generator is None:
-                return [torch.eye(b, device=device) for b in _blocks(size, block)]
-            return [random_orthogonal(b, generator).to(device) for b in _blocks(size, block)]
+                return [torch.eye(b, device=device) for b in sizes]
+            return [random_orthogonal(b, generator).to(device) for b in sizes]
 
         self.shape, self.left, self.right = (m, n), side(m) if rows else [], side(n)
 
@@ -211,9 +207,9 @@ class OrthoAdam(torch.optim.Optimizer):
                 grad = _placed_like(rotation.forward(_full(p.grad)), p)
                 state = self.state[p]
                 if not state:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(grad)
-                    state["exp_avg_sq"] = torch.zeros_like(grad)
+                    state.update(
+                        step=torch.tensor(0.0), exp_avg=torch.zeros_like(grad), exp_avg_sq=torch.zeros_like(grad)
+                    )
                 exp_avg, exp_avg_sq, step_t = state["exp_avg"], state["exp_avg_sq"], state["step"]
                 # torch's single-tensor AdamW, operation for operation
                 step_t += 1

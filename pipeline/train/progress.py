@@ -32,18 +32,9 @@ SHOWN = {
 
 
 class StepProgressBar(RichProgressBar):
-    description = "train"
-
-    @property
-    def total_train_batches(self) -> int:
-        return self.trainer.max_steps
-
-    def _get_train_description(self, current_epoch: int) -> str:
-        return self.description
-
     def _initialize_train_progress_bar_id(self) -> None:
         self.train_progress_bar_id = self.progress.add_task(
-            self.description, total=self.trainer.max_steps, completed=self.trainer.global_step
+            "train", total=self.trainer.max_steps, completed=self.trainer.global_step
         )
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:

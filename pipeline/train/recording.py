@@ -42,8 +42,7 @@ def run_logger(trainer: L.Trainer | None):
     """The trainer's RunLogger (the MLflow run), or None (no trainer, or a run without MLflow)."""
     from pipeline.tracking import RunLogger
 
-    loggers = trainer.loggers if trainer is not None else []
-    return next((logger for logger in loggers if isinstance(logger, RunLogger)), None)
+    return next((logger for logger in (trainer.loggers if trainer else []) if isinstance(logger, RunLogger)), None)
 
 
 def set_tag(trainer: L.Trainer | None, key: str, value: str) -> None:

@@ -107,8 +107,7 @@ def refuse_zero_optimizer(name: str, strategy) -> None:
 def shard_model(model: Transformer, mesh: DeviceMesh) -> None:
     """``fully_shard`` each block, then the root, over ``mesh``'s data-parallel dimension."""
     names = mesh.mesh_dim_names or ()
-    tp = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
-    if tp > 1:
+    if (tp := mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1) > 1:
         raise ConfigError(
             f"trainer.strategy: tensor_parallel_size={tp}, but SinkLab "
             "has no tensor-parallel plan; use --trainer.strategy fsdp2 "

@@ -52,10 +52,7 @@ def with_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 def grad_norm(optimizer: torch.optim.Optimizer) -> float:
     """The global L2 norm of the optimizer's gradients (over the mesh, for FSDP2's DTensors)."""
-    params = with_grads(optimizer)
-    if not params:
-        return 0.0
-    total = torch.nn.utils.get_total_norm([p.grad for p in params])
+    total = torch.nn.utils.get_total_norm([p.grad for p in with_grads(optimizer)])  # no gradients: 0
     return float(total.full_tensor() if hasattr(total, "full_tensor") else total)
 
 

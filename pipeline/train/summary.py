@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -16,8 +17,7 @@ def sink_trajectory(
     """`step:value` pairs of one column of the sink history, thinned to about `width` of them."""
     if not history:
         return "(no sink measurements)"
-    stride = max(1, len(history) // width)
-    picked = history[::stride]
+    picked = history[:: max(1, len(history) // width)]
     if picked[-1] != history[-1]:
         picked.append(history[-1])
     return "  ".join(f"{row[0]}:" + fmt.format(row[column]) for row in picked)
@@ -27,14 +27,11 @@ def metric_rows(metrics_path, *keys: str) -> list[tuple]:
     """``(step, value of each key)`` for the rows of metrics.jsonl (every start) that have ``keys[0]``, by
     step; a step logged twice keeps its last value."""
     by_step = {}
-    try:
-        with open(metrics_path) as f:
-            for line in f:
-                row = json.loads(line)
-                if keys[0] in row:
-                    by_step[row["step"]] = (row["step"], *(row.get(k, float("nan")) for k in keys))
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(metrics_path) as f:  # no file yet: no rows
+        for line in f:
+            row = json.loads(line)
+            if keys[0] in row:
+                by_step[row["step"]] = (row["step"], *(row.get(k, float("nan")) for k in keys))
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -42,9 +39,8 @@ def health_problems(metrics_path, max_steps: int, log_every: int, first_step: in
     """What is wrong with a finished run's metrics.jsonl, as lines: train/loss missing where due (every
     ``log_every`` steps from ``first_step``), or a train or validation loss that is not finite."""
     losses = dict(metric_rows(metrics_path, N.TRAIN_LOSS))
-    due = [s for s in range(first_step, max_steps) if s % max(1, log_every) == 0]
     problems = []
-    if missing := [s for s in due if s not in losses]:
+    if missing := [s for s in range(first_step, max_steps) if s % max(1, log_every) == 0 and s not in losses]:
         shown = ", ".join(map(str, missing[:5])) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
         problems.append(f"{N.TRAIN_LOSS} missing at step {shown} (due every {log_every} steps from {first_step})")
     for key, rows in ((N.TRAIN_LOSS, sorted(losses.items())), (N.VAL_LOSS, metric_rows(metrics_path, N.VAL_LOSS))):

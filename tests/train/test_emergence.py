@@ -67,7 +67,10 @@ def test_head_trajectories_read_every_start(tmp_path):
     path = tmp_path / "metrics.jsonl"
     _write(
         path,
-        [{"step": s, **{E.head_metric(l, h): s + 10 * l + h for l in range(2) for h in range(3)}} for s in (8, 0, 4)],
+        [
+            {"step": s, **{N.head(N.HEAD_ALPHA1, l, h): s + 10 * l + h for l in range(2) for h in range(3)}}
+            for s in (8, 0, 4)
+        ],
     )
     steps, series = E.head_trajectories(path, 2, 3)
     assert steps == [0, 4, 8] and series[(1, 2)] == [12, 16, 20] and series[(0, 0)] == [0, 4, 8]
@@ -142,7 +145,7 @@ def test_fit_logs_emergence_tags_and_trajectory_and_survives_resume(tiny_ds, tmp
     assert all(r[N.ALPHA1_UNIFORM] == pytest.approx(uniform) for r in probes)
     assert all(
         r["sink/alpha1_mean"]
-        == pytest.approx(sum(r[E.head_metric(l, h)] for l in range(2) for h in range(2)) / 4, rel=1e-5)
+        == pytest.approx(sum(r[N.head(N.HEAD_ALPHA1, l, h)] for l in range(2) for h in range(2)) / 4, rel=1e-5)
         for r in probes
     )
     expected = M.emergence_steps([(r["step"], r["sink/sink1"], r["sink/alpha1_mean"]) for r in probes], uniform)
