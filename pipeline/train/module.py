@@ -151,6 +151,21 @@ class SinkLabModule(L.LightningModule):
         self.hparams[ARCH] = cfg.to_dict()
 
     # ---- one optimizer step -------------------------------------------------------------------
+    # Lightning's automatic optimisation runs step s (weights after s updates -> after s + 1) as:
+    #
+    #   for each of A micro-batches    A = trainer.accumulate_grad_batches (lightning_cli.py, from the batch plan)
+    #       training_step              forward and next-token loss of one micro-batch (loss.py)
+    #       (Lightning) backward       of loss / A; under DeepSpeed engine.backward (sharding.py: divided once)
+    #   _end_of_step                   on the last micro-batch (at_step_end, the one boundary rule): the
+    #                                  step's loss, mean over micro-batches and ranks, recorded as step s;
+    #                                  a non-finite one stops every rank before the update
+    #   configure_gradient_clipping    clip to trainer.gradient_clip_val; the spike guard (run.skip_spikes,
+    #                                  spikes.py) at its end, after the clip and before the update
+    #                                  (DeepSpeed calls it on every micro-batch; its engine clips and steps
+    #                                  at the boundary)
+    #   (Lightning) optimizer.step, zero_grad, lr_scheduler.step; global_step becomes s + 1
+    #   on_train_batch_end where at_step_end: the callbacks in lightning_cli.py's order, StepCheckpoint,
+    #                                  SinkMetrics, Throughput, Preemption (callbacks.py)
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         """One micro-batch: forward and loss (Lightning then runs backward); the step's end on the last."""
         loss = self.lm_loss(batch["input_ids"])
