@@ -1,12 +1,13 @@
 """An export is usable where users are: `sinklab analyze` and `sinklab stream-ppl` read it
 back with the checkpoint's Sink_1 and perplexity, and lm-evaluation-harness's own HF backend
 (``--model hf --model_args pretrained=DIR,trust_remote_code=True``) scores a remote-code export
-as SinkLab's adapter scores the checkpoint."""
+as the checkpoint's own forward does."""
 
 import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 from analysis_helpers import micro_model
 
 VOCAB = ["<|bos|>", "<|eos|>", "<|pad|>", *(f"w{i}" for i in range(61))]  # the micro model's 64 ids
@@ -72,19 +73,32 @@ def test_analyze_and_stream_ppl_read_the_export_back(exported, name, tmp_path):
     assert "attention.sink_logit=True" in card if name == "remote" else "default block" in card
 
 
+def checkpoint_loglikelihood(paths, context: str, continuation: str) -> tuple[float, bool]:
+    """log p(continuation | context) and whether it is the greedy one, by the SinkLab checkpoint's forward."""
+    from tokenizers import Tokenizer
+
+    from pipeline.model import load_pretrained
+
+    tok = Tokenizer.from_file(str(paths.root / "tokenizer.json"))
+    ctx, cont = (tok.encode(t, add_special_tokens=False).ids for t in (context, continuation))
+    with torch.no_grad():
+        logits = load_pretrained(paths.ckpt).eval()(torch.tensor([ctx + cont[:-1]])).logits[0].float()
+    rows = torch.log_softmax(logits, -1)[len(ctx) - 1 :]
+    target = torch.tensor(cont)
+    return rows.gather(-1, target[:, None]).sum().item(), bool((rows.argmax(-1) == target).all())
+
+
 def test_lm_eval_hf_backend_scores_a_remote_code_export(exported, tmp_path):
     lm_eval = pytest.importorskip("lm_eval")  # the `eval` extra
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from pipeline.analysis.lm_eval_adapter import SinkLabLM
-
     paths = exported["remote"]
     hf = HFLM(pretrained=str(paths.hf), trust_remote_code=True, batch_size=2, device="cpu")
-    ours = SinkLabLM(pretrained=str(paths.ckpt), tokenizer=str(paths.root / "tokenizer.json"))
     assert type(hf.model).__name__ == "SinkLabForCausalLM"
-    requests = [SimpleNamespace(args=(c, " " + t)) for c, t in [("w1 w2 w3", "w4 w5"), ("w9", "w10"), ("w7 w7", "w8")]]
-    got, expected = hf.loglikelihood(requests), ours.loglikelihood(requests)
+    pairs = [("w1 w2 w3", " w4 w5"), ("w9", " w10"), ("w7 w7", " w8")]
+    got = hf.loglikelihood([SimpleNamespace(args=pair) for pair in pairs])
+    expected = [checkpoint_loglikelihood(paths, *pair) for pair in pairs]
     assert [g for _, g in got] == [g for _, g in expected]
     assert [ll for ll, _ in got] == pytest.approx([ll for ll, _ in expected], abs=1e-4)
     data = tmp_path / "toy.jsonl"
@@ -102,9 +116,6 @@ def test_lm_eval_hf_backend_scores_a_remote_code_export(exported, tmp_path):
         task_manager=TaskManager(include_path=str(tmp_path)),
         device="cpu",
     )
-    scores = [
-        [ll for ll, _ in ours.loglikelihood([SimpleNamespace(args=(d["q"], " " + c)) for c in d["choices"]])]
-        for d in docs
-    ]
+    scores = [[checkpoint_loglikelihood(paths, d["q"], " " + c)[0] for c in d["choices"]] for d in docs]
     accuracy = sum(max(range(2), key=s.__getitem__) == d["label"] for s, d in zip(scores, docs)) / len(docs)
     assert result["results"]["sinklab_export_toy"]["acc,none"] == pytest.approx(accuracy)

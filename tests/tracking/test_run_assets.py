@@ -195,7 +195,7 @@ def test_analyze_of_the_run_equals_analyze_of_its_checkpoint(fitted, tmp_path):
     assert "analysis/measures.json" in {a.path for a in fitted.client.list_artifacts(fitted.run_id, "analysis")}
 
 
-def test_stream_ppl_lm_eval_and_export_hf_take_the_run(fitted, tmp_path, capsys):
+def test_stream_ppl_and_export_hf_take_the_run(fitted, tmp_path, capsys):
     from pipeline.analysis import stream_ppl
     from pipeline.cli import main as sinklab
 
@@ -270,10 +270,6 @@ def test_stream_ppl_lm_eval_and_export_hf_take_the_run(fitted, tmp_path, capsys)
     assert logged["passkey/acc_2_30"] == pytest.approx(sum(c["accuracy"] for c in accuracy["2+30"].values()) / 2)
     assert "passkey/acc_full" in logged
     assert "passkey/passkey.png" in {a.path for a in fitted.client.list_artifacts(fitted.run_id, "passkey")}
-    from pipeline.analysis.lm_eval_adapter import SinkLabLM
-
-    lm = SinkLabLM(pretrained=f"runs:/{fitted.run_id}")  # lm-eval's model_args pretrained=runs:/<id>
-    assert lm.encode("w4 w63") == [4, 63] and lm.model.config.vocab_size == 64
     assert sinklab(["export-hf", f"runs:/{fitted.run_id}", "--out", str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "tokenizer.json").exists() and (tmp_path / "hf" / "config.json").exists()
     card = (tmp_path / "hf" / "README.md").read_text()  # the model card: data, final metrics from the run
