@@ -120,15 +120,13 @@ def run(device: str, seqs: list[int], d: int, heads: int, repeats: int) -> float
 def main() -> None:
     ap = arguments(__doc__, d_model=128, heads=2, cuda_d_model=2048, cuda_heads=32, repeats=3, threads=1)
     ap.add_argument("--seqs", type=int, nargs="+", default=[1024, 4096, 16384])
-    only = ap.add_mutually_exclusive_group()
-    only.add_argument("--cpu-only", action="store_true", help="skip CUDA even when a GPU is present")
-    only.add_argument("--cuda-only", action="store_true", help="skip the CPU part (gpu-check's bench-slots case)")
+    ap.add_argument("--cuda-only", action="store_true", help="skip the CPU part (gpu-check's bench-slots case)")
     args = ap.parse_args()
     if args.cuda_only and not torch.cuda.is_available():
         ap.error("--cuda-only: no CUDA device (torch.cuda.is_available() is False)")
     torch.set_num_threads(args.threads)
     worst = float("inf") if args.cuda_only else run("cpu", args.seqs, args.d_model, args.heads, args.repeats)
-    if torch.cuda.is_available() and not args.cpu_only:
+    if torch.cuda.is_available():
         worst = min(worst, run("cuda", args.seqs, args.cuda_d_model, args.cuda_heads, args.repeats))
     print(f"ratio={worst:.3f}")
 

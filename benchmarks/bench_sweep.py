@@ -45,10 +45,9 @@ def measure(mode: str, work: Path, data: Path, steps: int) -> tuple[float, list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=400, help="steps per run (the recipe's 400 by default)")
-    parser.add_argument("--keep", type=Path, help="work here and keep the runs (default: a temporary directory)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        work = args.keep or Path(tmp)
+        work = Path(tmp)
         data = work / "bb-tiny"
         prep = [sys.executable, "-m", "pipeline.cli", "prep", "bb", "--out", str(data), "--context-length", "32"]
         prep += ["--sequences", "4000", "--val-sequences", "64", "--probe-sequences", "50", "--probe-length", "32"]
