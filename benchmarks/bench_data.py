@@ -5,7 +5,6 @@ The last line is `ratio=<prep tokens/s / raw tokens/s>` for the 10x corpus (docs
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import zstandard
+from side_by_side import arguments
 
 from data_prep.embedded import shakespeare_documents, stdlib_documents
 from data_prep.tokenizer import train_bpe
@@ -78,8 +78,7 @@ def write_corpus(texts: list[tuple[str, str]], directory: Path, copies: int) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser = arguments(__doc__, workers=len(os.sched_getaffinity(0)))
     parser.add_argument(
         "--chunk-chars", type=int, default=1 << 18, help="prep unit of work, also the raw batch size (default 256Ki)"
     )

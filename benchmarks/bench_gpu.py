@@ -133,11 +133,6 @@ def hf_loss(model, tokens):
     return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
 
 
-def hf_llama(cfg: ModelConfig):
-    """HF's LlamaForCausalLM of the same shape (the export's config), on SDPA."""
-    return lambda: LlamaForCausalLM._from_config(hf_config(cfg), attn_implementation="sdpa")
-
-
 def preset(name: str, tiny: bool, context: int, **overrides) -> ModelConfig:
     shape = TINY_SHAPES[name] if tiny else {}
     return ModelConfig.from_preset(name, vocab_size=512 if tiny else 32000, max_seq_len=context, **shape, **overrides)
@@ -185,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             f"sinklab {name}", lambda: Transformer(cfg), ours_loss, flops, first_batch[name], args.compile
         )
         print(ours.line(), flush=True)
-        hf = bench.train(f"hf-llama {name}", hf_llama(cfg), hf_loss, flops, first_batch[name], args.compile)
+        hf_llama = lambda: LlamaForCausalLM._from_config(hf_config(cfg), attn_implementation="sdpa")  # same shape
+        hf = bench.train(f"hf-llama {name}", hf_llama, hf_loss, flops, first_batch[name], args.compile)
         print(hf.line(), flush=True)
         ratios[f"ours/hf {name}"] = ours.tokens_per_s / hf.tokens_per_s
         if name == "llama-60m":

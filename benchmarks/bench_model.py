@@ -41,9 +41,7 @@ CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 def compare(steps: dict, tokens: int, warmup: int, repeats: int, n_steps: int, clock) -> dict[str, float]:
     """Median tokens/s per entry."""
-    for step in steps.values():
-        for _ in range(warmup):
-            step()
+    interleaved(steps, warmup)
     runs = {name: lambda step=step: [step() for _ in range(n_steps)] for name, step in steps.items()}
     seconds, _ = interleaved(runs, repeats, clock)
     return {name: tokens * n_steps / statistics.median(s) for name, s in seconds.items()}
