@@ -10,8 +10,7 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
-from side_by_side import arguments, interleaved, train_step
+from side_by_side import arguments, interleaved, logits_loss, train_step
 
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.hf_native import to_hf
@@ -27,12 +26,6 @@ OPS = {
     "p-softmax (p=0.5)": dict(op="softmax", p=0.5),
     "clipped softmax": dict(op="clipped_softmax"),
 }
-
-
-def logits_loss(model: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
-    """Full logits, then F.cross_entropy in fp32 (HF's ForCausalLMLoss)."""
-    logits = model(idx).logits[:, :-1]
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), idx[:, 1:].reshape(-1))
 
 
 ADAMW = {"lr": 1e-4, "weight_decay": 0.1}
