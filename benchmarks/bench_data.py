@@ -5,7 +5,6 @@ The last line is `ratio=<prep tokens/s / raw tokens/s>` for the 10x corpus (docs
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import zstandard
+from side_by_side import arguments
 
 from data_prep.embedded import shakespeare_documents, stdlib_documents
 from data_prep.tokenizer import train_bpe
@@ -78,16 +78,13 @@ def write_corpus(texts: list[tuple[str, str]], directory: Path, copies: int) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser = arguments(__doc__, workers=len(os.sched_getaffinity(0)))
     parser.add_argument(
         "--chunk-chars", type=int, default=1 << 18, help="prep unit of work, also the raw batch size (default 256Ki)"
     )
-    parser.add_argument("--sizes", default="1,10", help="corpus multiples to measure (default 1,10)")
-    parser.add_argument("--base-chars", type=int, default=3_000_000, help="characters of the 1x corpus (default 3M)")
     args = parser.parse_args()
-    texts = [("Shakespeare", t) for _, t in shakespeare_documents(args.base_chars // 2)]
-    texts += [("Python-stdlib", t) for _, t in stdlib_documents(args.base_chars // 2)]
+    texts = [("Shakespeare", t) for _, t in shakespeare_documents(1_500_000)]
+    texts += [("Python-stdlib", t) for _, t in stdlib_documents(1_500_000)]
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.workers), TOKENIZERS_PARALLELISM="true")
     with tempfile.TemporaryDirectory(prefix="bench_data_") as tmp:
         tmp = Path(tmp)
@@ -101,7 +98,7 @@ def main() -> None:
             f"{'size':>5} {'tokens':>12} {'raw fast tok/s':>15} {'raw tok/s':>12} {'prep tok/s':>12} {'ratio':>13} {'prep peak RSS':>14}"
         )
         ratio, peaks = 0.0, []
-        for copies in (int(s) for s in args.sizes.split(",")):
+        for copies in (1, 10):
             corpus = tmp / f"corpus{copies}"
             write_corpus(texts, corpus, copies)
             raw, _ = run_sampled(
@@ -117,8 +114,7 @@ def main() -> None:
             print(
                 f"{copies:>4}x {prep['text_tokens']:>12,} {fast:>15,.0f} {slow:>12,.0f} {prep_rate:>12,.0f} {both:>13} {peak / 2**20:>11,.0f} MiB"
             )
-        if len(peaks) > 1:
-            print(f"peak RSS {peaks[-1] / peaks[0]:.2f}x from the smallest to the largest corpus")
+        print(f"peak RSS {peaks[-1] / peaks[0]:.2f}x from the smallest to the largest corpus")
         print(f"ratio={ratio:.2f}")
 
 

@@ -26,8 +26,7 @@ def main() -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     manifest = load_manifest(args.data)
     torch.manual_seed(0)
-    cfg = ModelConfig.from_preset(args.preset, vocab_size=manifest.vocab_size)
-    model = Transformer(cfg)
+    model = Transformer(ModelConfig.from_preset(args.preset, vocab_size=manifest.vocab_size))
     probe = torch.from_numpy(load_probe(args.data)).long()
     run_probe(model, probe[:4])  # warm-up
     works = {

@@ -5,17 +5,16 @@ The last line is ``ratio=<SinkLab tokens/s over HF tokens/s, 1B>`` (docs/gpu.md)
 
 from __future__ import annotations
 
-import argparse
 import gc
 import math
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from side_by_side import arguments, interleaved, train_step
 from transformers import LlamaForCausalLM
 
 from pipeline.flops import device_peak_flops, flops_per_token, mfu
@@ -74,21 +73,21 @@ class Bench:
         batch = max_batch or self.max_batch
         while batch >= 1:
             self._free()
-            model = optimizer = None
+            model = step = None
             try:
                 with self.device:  # parameters are created (and initialised) on the device
                     model = build()
                 if compile:  # each block, in place, as `sinklab fit --model.compile true` does
                     for block in getattr(model, "blocks", None) or model.model.layers:
                         block.compile()
-                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=self.cuda)
                 tokens = torch.randint(0, model.config.vocab_size, (batch, self.context + 1), device=self.device)
-                elapsed = self._seconds(lambda: self._step(model, optimizer, loss_fn, tokens))
+                step = train_step(model, tokens, self._autocast(loss_fn), lr=1e-4, fused=self.cuda)
+                elapsed = self._seconds(step)
             except torch.cuda.OutOfMemoryError:
                 batch //= 2
                 continue
             finally:
-                del model, optimizer
+                del model, step
             tokens_per_s = batch * self.context * self.steps / elapsed
             peak = torch.cuda.max_memory_allocated() if self.cuda else None
             return Result(name, batch, tokens_per_s, mfu(tokens_per_s, flops_token, self.peak), peak)
@@ -96,22 +95,17 @@ class Bench:
 
     def _seconds(self, step: Callable[[], object]) -> float:
         """Seconds of ``steps`` calls of ``step`` after ``warmup`` untimed ones."""
-        sync = torch.cuda.synchronize if self.cuda else lambda: None
-        for _ in range(self.warmup):
-            step()
-        sync()
-        start = time.perf_counter()
-        for _ in range(self.steps):
-            step()
-        sync()
-        return time.perf_counter() - start
+        runs = {
+            name: lambda n=n: [step() for _ in range(n)] for name, n in [("warmup", self.warmup), ("timed", self.steps)]
+        }
+        return interleaved(runs, 1, sync=torch.cuda.synchronize if self.cuda else lambda: None)[0]["timed"][0]
 
-    def _step(self, model, optimizer, loss_fn, tokens) -> None:
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.cuda):
-            loss = loss_fn(model, tokens)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def _autocast(self, loss_fn: Callable) -> Callable:
+        def loss(model, tokens):
+            with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.cuda):
+                return loss_fn(model, tokens)
+
+        return loss
 
     def attention_only(self, name: str, fn: Callable, heads: int, head_dim: int, batch: int) -> Result:
         """Forward + backward of one attention layer's core (no projections); tokens/s and memory."""
@@ -139,18 +133,13 @@ def hf_loss(model, tokens):
     return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
 
 
-def hf_llama(cfg: ModelConfig):
-    """HF's LlamaForCausalLM of the same shape (the export's config), on SDPA."""
-    return lambda: LlamaForCausalLM._from_config(hf_config(cfg), attn_implementation="sdpa")
-
-
 def preset(name: str, tiny: bool, context: int, **overrides) -> ModelConfig:
     shape = TINY_SHAPES[name] if tiny else {}
     return ModelConfig.from_preset(name, vocab_size=512 if tiny else 32000, max_seq_len=context, **shape, **overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--tiny", action="store_true", help="toy shapes (default on CPU)")
     parser.add_argument("--context", type=int, help="C (default 2048; 64 when tiny)")
@@ -191,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             f"sinklab {name}", lambda: Transformer(cfg), ours_loss, flops, first_batch[name], args.compile
         )
         print(ours.line(), flush=True)
-        hf = bench.train(f"hf-llama {name}", hf_llama(cfg), hf_loss, flops, first_batch[name], args.compile)
+        hf_llama = lambda: LlamaForCausalLM._from_config(hf_config(cfg), attn_implementation="sdpa")  # same shape
+        hf = bench.train(f"hf-llama {name}", hf_llama, hf_loss, flops, first_batch[name], args.compile)
         print(hf.line(), flush=True)
         ratios[f"ours/hf {name}"] = ours.tokens_per_s / hf.tokens_per_s
         if name == "llama-60m":

@@ -10,8 +10,7 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
-from side_by_side import arguments, interleaved, train_step
+from side_by_side import arguments, interleaved, logits_loss, train_step
 
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.hf_native import to_hf
@@ -29,21 +28,13 @@ OPS = {
 }
 
 
-def logits_loss(model: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
-    """Full logits, then F.cross_entropy in fp32 (HF's ForCausalLMLoss)."""
-    logits = model(idx).logits[:, :-1]
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), idx[:, 1:].reshape(-1))
-
-
 ADAMW = {"lr": 1e-4, "weight_decay": 0.1}
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
 def compare(steps: dict, tokens: int, warmup: int, repeats: int, n_steps: int, clock) -> dict[str, float]:
     """Median tokens/s per entry."""
-    for step in steps.values():
-        for _ in range(warmup):
-            step()
+    interleaved(steps, warmup)
     runs = {name: lambda step=step: [step() for _ in range(n_steps)] for name, step in steps.items()}
     seconds, _ = interleaved(runs, repeats, clock)
     return {name: tokens * n_steps / statistics.median(s) for name, s in seconds.items()}

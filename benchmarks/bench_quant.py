@@ -40,8 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     parser.prog = "bench_quant.py"
     parser.set_defaults(max_tokens=512)
-    parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--probe-dataset", type=Path, default=Path("data/embedded"))
     args = parser.parse_args(argv)
     q = check_args(args)
     subject = Subject(q.model, q.kind, q.tokenizer_file, "quant-eval")
@@ -55,14 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         "recorded": lambda: evaluator.nll("fp", OutlierAccumulator(lead)),
         "all": lambda: evaluator.run(q.settings),
     }
-    times, out = interleaved(works, args.repeat)
+    times, out = interleaved(works, 2)
     plain, recorded, (results, _) = out["plain"], out["recorded"], out["all"]
     t_plain, t_w8a8, t_recorded, t_all = (min(times[name]) for name in works)
 
     same = torch.equal(plain, recorded) and abs(results["fp"]["nll"] - plain.double().mean().item()) < 1e-9
     print(
         f"{args.model}: {len(windows)} windows of {args.seq_len} tokens, {torch.get_num_threads()} threads, "
-        f"best of {args.repeat}, interleaved"
+        f"best of 2, interleaved"
     )
     print(
         f"plain full-precision pass {t_plain:.2f} s; one W8A8 pass {t_w8a8:.2f} s; "
@@ -71,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     shown = [setting for setting in ("fp", "w8a8-tensor") if setting in results]
     print("perplexity " + ", ".join(f"{setting} {results[setting]['perplexity']:.3f}" for setting in shown))
     print(f"same full-precision nll: {same}; settings: {', '.join(s for s in q.settings if s in SETTINGS)}")
-    if (args.probe_dataset / "probe.bin").is_file():
-        print(f"probe_ratio={probe_ratio(args.probe_dataset):.2f}")
+    if Path("data/embedded/probe.bin").is_file():
+        print(f"probe_ratio={probe_ratio(Path('data/embedded')):.2f}")
     print(f"pass_ratio={t_w8a8 / t_plain:.2f}")
     print(f"ratio={t_all / t_plain:.2f}")
     return 0 if same else 1

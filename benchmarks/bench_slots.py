@@ -52,18 +52,17 @@ class LivePeak(TorchDispatchMode):
         return out
 
 
-def layer_and_context(overrides: dict, T: int, d: int, heads: int, device: str, dtype: torch.dtype):
+def make_step(overrides: dict, heads: int, x: torch.Tensor, grad: torch.Tensor):
+    """Forward + backward of an attention layer with ``overrides`` on ``x`` (1, T, d), of output gradient ``grad``."""
+    T, d = x.shape[1:]
     cfg = ModelConfig.from_preset(
         "micro", d_model=d, n_heads=heads, n_layers=1, max_seq_len=T, positional="nope", **overrides
     )
     torch.manual_seed(0)
-    layer = Attention(cfg).to(device, dtype)
-    idx = torch.arange(T, device=device)
+    layer = Attention(cfg).to(x.device, x.dtype)
+    idx = torch.arange(T, device=x.device)
     ctx = AttentionContext(idx, idx, None, None, cfg, idx, idx, None, plain_causal=True)
-    return layer, ctx
 
-
-def make_step(layer: Attention, ctx: AttentionContext, x: torch.Tensor, grad: torch.Tensor):
     def step() -> None:
         y, _ = layer(x, ctx)
         y.backward(grad)
@@ -103,9 +102,7 @@ def run(device: str, seqs: list[int], d: int, heads: int, repeats: int) -> float
     for T in seqs:
         x = torch.randn(1, T, d, device=device, dtype=dtype, requires_grad=True)
         grad = torch.randn_like(x)  # the output's gradient, the same for every variant
-        steps = {
-            name: make_step(*layer_and_context(o, T, d, heads, device, dtype), x, grad) for name, o in VARIANTS.items()
-        }
+        steps = {name: make_step(o, heads, x, grad) for name, o in VARIANTS.items()}
         secs, peaks = measure(steps, repeats, device)
         for name in VARIANTS:
             speed, memory = secs["softmax"] / secs[name], peaks[name] / peaks["softmax"]
@@ -120,15 +117,13 @@ def run(device: str, seqs: list[int], d: int, heads: int, repeats: int) -> float
 def main() -> None:
     ap = arguments(__doc__, d_model=128, heads=2, cuda_d_model=2048, cuda_heads=32, repeats=3, threads=1)
     ap.add_argument("--seqs", type=int, nargs="+", default=[1024, 4096, 16384])
-    only = ap.add_mutually_exclusive_group()
-    only.add_argument("--cpu-only", action="store_true", help="skip CUDA even when a GPU is present")
-    only.add_argument("--cuda-only", action="store_true", help="skip the CPU part (gpu-check's bench-slots case)")
+    ap.add_argument("--cuda-only", action="store_true", help="skip the CPU part (gpu-check's bench-slots case)")
     args = ap.parse_args()
     if args.cuda_only and not torch.cuda.is_available():
         ap.error("--cuda-only: no CUDA device (torch.cuda.is_available() is False)")
     torch.set_num_threads(args.threads)
     worst = float("inf") if args.cuda_only else run("cpu", args.seqs, args.d_model, args.heads, args.repeats)
-    if torch.cuda.is_available() and not args.cpu_only:
+    if torch.cuda.is_available():
         worst = min(worst, run("cuda", args.seqs, args.cuda_d_model, args.cuda_heads, args.repeats))
     print(f"ratio={worst:.3f}")
 

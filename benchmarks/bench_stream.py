@@ -46,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     times, out = interleaved(works, 1)
     batched, single, stepwise = (out[name] for name in works)
     t_batched, t_single, t_stepwise = (times[name][0] for name in works)
-    chunk = streamers.PREFILL_TOKENS
 
     print(f"{args.model}: {ids.numel()} tokens, {torch.get_num_threads()} threads")
     print(f"{'config':>8} {'batched ppl':>12} {'one-at-a-time ppl':>18}")
@@ -56,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     same_prefill = torch.allclose(batched, stepwise, atol=1e-4, rtol=1e-4)
     print(f"one at a time {t_single:.1f} s, one batch of {len(specs)} {t_batched:.1f} s, same nll: {same}")
     print(
-        f"token by token {t_stepwise:.1f} s, prefill in chunks of {chunk} (rows x tokens) {t_batched:.1f} s, "
+        f"token by token {t_stepwise:.1f} s, prefill in chunks of {streamers.PREFILL_TOKENS} (rows x tokens) {t_batched:.1f} s, "
         f"same nll: {same_prefill}"
     )
     print(f"batch_ratio={t_single / t_batched:.2f}")

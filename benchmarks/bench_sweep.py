@@ -5,7 +5,6 @@ The last line is `ratio=<per-run wall / worker wall>` (docs/experiments.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -13,6 +12,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from side_by_side import arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT, SEEDS = "bb-norm", 3
@@ -43,12 +44,9 @@ def measure(mode: str, work: Path, data: Path, steps: int) -> tuple[float, list[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=400, help="steps per run (the recipe's 400 by default)")
-    parser.add_argument("--keep", type=Path, help="work here and keep the runs (default: a temporary directory)")
-    args = parser.parse_args()
+    args = arguments(__doc__, steps=400).parse_args()  # steps per run, the recipe's
     with tempfile.TemporaryDirectory() as tmp:
-        work = args.keep or Path(tmp)
+        work = Path(tmp)
         data = work / "bb-tiny"
         prep = [sys.executable, "-m", "pipeline.cli", "prep", "bb", "--out", str(data), "--context-length", "32"]
         prep += ["--sequences", "4000", "--val-sequences", "64", "--probe-sequences", "50", "--probe-length", "32"]

@@ -33,8 +33,9 @@ def interleaved(works: dict, repeats: int, clock=time.perf_counter, sync=lambda:
 
 
 def logits_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens[:, :-1]).logits
-    return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    """Full logits, then F.cross_entropy in fp32 (HF's ForCausalLMLoss)."""
+    logits = model(tokens).logits[:, :-1]
+    return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
 
 
 def train_step(model: torch.nn.Module, tokens: torch.Tensor, loss_fn: Callable = logits_loss, **adamw) -> Callable:

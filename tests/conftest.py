@@ -153,8 +153,12 @@ def tiny_ds(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def load_benchmark():
-    """``load_benchmark("bench_gpu")``: a script of benchmarks/ as a module (they are not a package)."""
+    """``load_benchmark("bench_gpu")``: a script of benchmarks/ as a module (they are not a package), with
+    benchmarks/ on sys.path as when the script runs, for its ``side_by_side`` import."""
     import importlib.util
+
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO / "benchmarks"))
 
     def load(name: str):
         spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
