@@ -22,6 +22,7 @@ from data_prep.prepare import STAGING, PrepConfig, PrepResult, claim_output_dir,
 from data_prep.readers import FORMATS, TEXT_UNITS, ReaderOptions
 from data_prep.synthetic_bb import BBConfig, prepare_bb
 from sinklab_io.mappings import settings_of
+from sinklab_io.notices import warn
 from sinklab_io.outputs import Additions
 
 SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
@@ -281,6 +282,6 @@ def main(argv: list[str] | None = None) -> int:
     if result is None:
         return status
     for warning in result.warnings:
-        print(f"sinklab prep: warning: {warning}", file=sys.stderr)
+        warn("prep", warning)
     print(summary(result))
     return 0
