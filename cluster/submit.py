@@ -101,7 +101,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" in argv:
         cut = argv.index("--")
         argv, fit_args = argv[:cut], argv[cut + 1 :]
-    env = os.environ.get
     parser = argparse.ArgumentParser(
         prog="sinklab submit",
         description="Render and submit a SLURM job that runs `sinklab fit`.",
@@ -117,25 +116,20 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "read DIR (the job script runs this at every start); submits nothing",
     )
     parser.add_argument("--run-dir", help="run directory (default: runs/<run.name of the config>)")
-    parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--gpus-per-node", type=int, default=1, help="0 for a CPU job")
-    parser.add_argument("--tasks-per-node", type=int, default=1, help="processes per node of a CPU job")
-    parser.add_argument("--cpus-per-task", type=int, default=8)
+    parser.add_argument("--nodes", type=int)
+    parser.add_argument("--gpus-per-node", type=int, help="0 for a CPU job")
+    parser.add_argument("--tasks-per-node", type=int, help="processes per node of a CPU job")
+    parser.add_argument("--cpus-per-task", type=int)
     parser.add_argument("--mem", help="memory per node, e.g. 200G")
-    parser.add_argument("--time", default=env("SINKLAB_TIME"), help="time limit, e.g. 2-00:00:00")
-    parser.add_argument("--partition", default=env("SINKLAB_PARTITION"))
-    parser.add_argument("--account", default=env("SINKLAB_ACCOUNT"))
-    parser.add_argument("--qos", default=env("SINKLAB_QOS"))
+    parser.add_argument("--time", help="time limit, e.g. 2-00:00:00")
+    parser.add_argument("--partition")
+    parser.add_argument("--account")
+    parser.add_argument("--qos")
     parser.add_argument(
-        "--setup",
-        default=env("SINKLAB_SETUP", ""),
-        help="shell lines run before training, e.g. 'module load cuda; source venv/bin/activate'",
+        "--setup", help="shell lines run before training, e.g. 'module load cuda; source venv/bin/activate'"
     )
     parser.add_argument(
-        "--signal-seconds",
-        type=int,
-        default=180,
-        help="send SIGUSR1 this many seconds before the time limit (checkpoint + requeue)",
+        "--signal-seconds", type=int, help="send SIGUSR1 this many seconds before the time limit (checkpoint + requeue)"
     )
     parser.add_argument("--job-name", help="default: the run name")
     parser.add_argument(
@@ -150,6 +144,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help="command that runs sinklab inside the job (default: SINKLAB_COMMAND or the sinklab of this Python)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    parser.set_defaults(**vars(JobSpec(job_name=None)))  # the job's defaults, site settings included, are JobSpec's
     return parser.parse_args(argv), fit_args
 
 
