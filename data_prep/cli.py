@@ -244,7 +244,8 @@ def run_into(out: str, work: Callable[[], Any], resumable: bool) -> tuple[int, A
         claim_output_dir(out)
         return 0, work()
     except (DataPrepError, OSError) as exc:
-        if isinstance(exc, OSError) and _inside(exc.filename, out):  # that file is removed below: name the folder
+        inside = isinstance(exc, OSError) and isinstance(exc.filename, str | os.PathLike)
+        if inside and os.path.abspath(exc.filename).startswith(os.path.abspath(out) + os.sep):  # removed below
             exc = OSError(exc.errno, exc.strerror)
         line = str(exc) if isinstance(exc, DataPrepError) else os_error_line(exc, writing=out)
         undone = additions.remove()
@@ -265,10 +266,6 @@ def run_into(out: str, work: Callable[[], Any], resumable: bool) -> tuple[int, A
     except BaseException:
         additions.remove()
         raise
-
-
-def _inside(path: object, folder: str) -> bool:
-    return isinstance(path, str | os.PathLike) and os.path.abspath(path).startswith(os.path.abspath(folder) + os.sep)
 
 
 def main(argv: list[str] | None = None) -> int:
