@@ -122,9 +122,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--cpus-per-task", type=int)
     parser.add_argument("--mem", help="memory per node, e.g. 200G")
     parser.add_argument("--time", help="time limit, e.g. 2-00:00:00")
-    parser.add_argument("--partition")
-    parser.add_argument("--account")
-    parser.add_argument("--qos")
+    for site in ("--partition", "--account", "--qos"):
+        parser.add_argument(site)
     parser.add_argument(
         "--setup", help="shell lines run before training, e.g. 'module load cuda; source venv/bin/activate'"
     )
