@@ -43,13 +43,6 @@ def check_with_fit(config: Path, fit_args: list[str]) -> None:
         raise JobError(f"config {config}: `sinklab fit` rejects it: {said[-1].removeprefix('sinklab fit: ')}")
 
 
-def run_name(config: Path, settings: dict) -> str:
-    """The run's name as `sinklab fit` derives it: `run.name` in the config, else the file name."""
-    run = settings.get("run")
-    name = run.get("name") if isinstance(run, dict) else None
-    return str(name) if name else config.stem
-
-
 def check_run_dir(run_dir: Path) -> None:
     """Refuse a run directory that would break Lightning's requeue scan of ``ckpt_`` names (docs/cluster.md)."""
     if not run_dir.is_dir():
@@ -156,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.config:
             raise JobError("give the training recipe YAML to submit (or --check-run-dir DIR)")
         config, settings = load_config(args.config)
-        name = run_name(config, settings)
+        run = settings.get("run")  # the run's name as `sinklab fit` derives it: run.name, else the file name
+        name = str(run["name"]) if isinstance(run, dict) and run.get("name") else config.stem
         run_dir = check_path(args.run_dir or Path("runs") / name, "run directory")
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         spec = settings_of(
