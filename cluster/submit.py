@@ -45,9 +45,8 @@ def check_with_fit(config: Path, fit_args: list[str]) -> None:
 
 def check_run_dir(run_dir: Path) -> None:
     """Refuse a run directory that would break Lightning's requeue scan of ``ckpt_`` names (docs/cluster.md)."""
-    if not run_dir.is_dir():
-        return
-    stray = sorted(p.name for p in run_dir.iterdir() if "ckpt_" in p.name and not _LIGHTNING_CKPT_SCAN.match(p.name))
+    names = [p.name for p in run_dir.iterdir()] if run_dir.is_dir() else []
+    stray = sorted(name for name in names if "ckpt_" in name and not _LIGHTNING_CKPT_SCAN.match(name))
     if stray:
         raise JobError(
             f"run directory {run_dir} holds {', '.join(stray)}: Lightning numbers its "
