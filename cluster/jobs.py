@@ -62,7 +62,7 @@ class JobSpec:
     gpus_per_node: int = 1
     tasks_per_node: int = 1  # used only when gpus_per_node == 0 (CPU jobs)
     cpus_per_task: int = 8
-    time: str | None = None
+    time: str | None = field(default_factory=lambda: os.environ.get("SINKLAB_TIME"))
     partition: str | None = field(default_factory=lambda: os.environ.get("SINKLAB_PARTITION"))
     account: str | None = field(default_factory=lambda: os.environ.get("SINKLAB_ACCOUNT"))
     qos: str | None = field(default_factory=lambda: os.environ.get("SINKLAB_QOS"))

@@ -43,18 +43,10 @@ def check_with_fit(config: Path, fit_args: list[str]) -> None:
         raise JobError(f"config {config}: `sinklab fit` rejects it: {said[-1].removeprefix('sinklab fit: ')}")
 
 
-def run_name(config: Path, settings: dict) -> str:
-    """The run's name as `sinklab fit` derives it: `run.name` in the config, else the file name."""
-    run = settings.get("run")
-    name = run.get("name") if isinstance(run, dict) else None
-    return str(name) if name else config.stem
-
-
 def check_run_dir(run_dir: Path) -> None:
     """Refuse a run directory that would break Lightning's requeue scan of ``ckpt_`` names (docs/cluster.md)."""
-    if not run_dir.is_dir():
-        return
-    stray = sorted(p.name for p in run_dir.iterdir() if "ckpt_" in p.name and not _LIGHTNING_CKPT_SCAN.match(p.name))
+    names = [p.name for p in run_dir.iterdir()] if run_dir.is_dir() else []
+    stray = sorted(name for name in names if "ckpt_" in name and not _LIGHTNING_CKPT_SCAN.match(name))
     if stray:
         raise JobError(
             f"run directory {run_dir} holds {', '.join(stray)}: Lightning numbers its "
@@ -101,7 +93,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" in argv:
         cut = argv.index("--")
         argv, fit_args = argv[:cut], argv[cut + 1 :]
-    env = os.environ.get
     parser = argparse.ArgumentParser(
         prog="sinklab submit",
         description="Render and submit a SLURM job that runs `sinklab fit`.",
@@ -117,25 +108,19 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "read DIR (the job script runs this at every start); submits nothing",
     )
     parser.add_argument("--run-dir", help="run directory (default: runs/<run.name of the config>)")
-    parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--gpus-per-node", type=int, default=1, help="0 for a CPU job")
-    parser.add_argument("--tasks-per-node", type=int, default=1, help="processes per node of a CPU job")
-    parser.add_argument("--cpus-per-task", type=int, default=8)
+    parser.add_argument("--nodes", type=int)
+    parser.add_argument("--gpus-per-node", type=int, help="0 for a CPU job")
+    parser.add_argument("--tasks-per-node", type=int, help="processes per node of a CPU job")
+    parser.add_argument("--cpus-per-task", type=int)
     parser.add_argument("--mem", help="memory per node, e.g. 200G")
-    parser.add_argument("--time", default=env("SINKLAB_TIME"), help="time limit, e.g. 2-00:00:00")
-    parser.add_argument("--partition", default=env("SINKLAB_PARTITION"))
-    parser.add_argument("--account", default=env("SINKLAB_ACCOUNT"))
-    parser.add_argument("--qos", default=env("SINKLAB_QOS"))
+    parser.add_argument("--time", help="time limit, e.g. 2-00:00:00")
+    for site in ("--partition", "--account", "--qos"):
+        parser.add_argument(site)
     parser.add_argument(
-        "--setup",
-        default=env("SINKLAB_SETUP", ""),
-        help="shell lines run before training, e.g. 'module load cuda; source venv/bin/activate'",
+        "--setup", help="shell lines run before training, e.g. 'module load cuda; source venv/bin/activate'"
     )
     parser.add_argument(
-        "--signal-seconds",
-        type=int,
-        default=180,
-        help="send SIGUSR1 this many seconds before the time limit (checkpoint + requeue)",
+        "--signal-seconds", type=int, help="send SIGUSR1 this many seconds before the time limit (checkpoint + requeue)"
     )
     parser.add_argument("--job-name", help="default: the run name")
     parser.add_argument(
@@ -150,6 +135,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help="command that runs sinklab inside the job (default: SINKLAB_COMMAND or the sinklab of this Python)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    parser.set_defaults(**vars(JobSpec(job_name=None)))  # the job's defaults, site settings included, are JobSpec's
     return parser.parse_args(argv), fit_args
 
 
@@ -162,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.config:
             raise JobError("give the training recipe YAML to submit (or --check-run-dir DIR)")
         config, settings = load_config(args.config)
-        name = run_name(config, settings)
+        run = settings.get("run")  # the run's name as `sinklab fit` derives it: run.name, else the file name
+        name = str(run["name"]) if isinstance(run, dict) and run.get("name") else config.stem
         run_dir = check_path(args.run_dir or Path("runs") / name, "run directory")
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         spec = settings_of(

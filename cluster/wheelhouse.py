@@ -87,14 +87,10 @@ LEGACY = {"manylinux2014": 17, "manylinux2010": 12, "manylinux1": 5}
 
 def platform_tags(platform: str) -> list[str]:
     """``--platform`` options for a target: its manylinux tag and every older one its glibc also runs."""
-    legacy = re.fullmatch(r"(manylinux2014|manylinux2010|manylinux1)_(\w+)", platform)
-    match = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", platform)
-    if legacy:
-        glibc, arch = LEGACY[legacy.group(1)], legacy.group(2)
-    elif match:
-        glibc, arch = int(match.group(1)), match.group(2)
-    else:
+    match = re.fullmatch(r"manylinux(?:_2_(\d+)|(2014|2010|1))_(\w+)", platform)
+    if not match:
         return ["--platform", platform]
+    glibc, arch = int(match.group(1) or LEGACY[f"manylinux{match.group(2)}"]), match.group(3)
     tags = [f"manylinux_2_{minor}_{arch}" for minor in range(glibc, 4, -1)]
     tags += [f"{name}_{arch}" for name, minor in LEGACY.items() if minor <= glibc]
     return [option for tag in tags for option in ("--platform", tag)]

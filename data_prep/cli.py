@@ -22,6 +22,7 @@ from data_prep.prepare import STAGING, PrepConfig, PrepResult, claim_output_dir,
 from data_prep.readers import FORMATS, TEXT_UNITS, ReaderOptions
 from data_prep.synthetic_bb import BBConfig, prepare_bb
 from sinklab_io.mappings import settings_of
+from sinklab_io.notices import warn
 from sinklab_io.outputs import Additions
 
 SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
@@ -243,7 +244,8 @@ def run_into(out: str, work: Callable[[], Any], resumable: bool) -> tuple[int, A
         claim_output_dir(out)
         return 0, work()
     except (DataPrepError, OSError) as exc:
-        if isinstance(exc, OSError) and _inside(exc.filename, out):  # that file is removed below: name the folder
+        inside = isinstance(exc, OSError) and isinstance(exc.filename, str | os.PathLike)
+        if inside and os.path.abspath(exc.filename).startswith(os.path.abspath(out) + os.sep):  # removed below
             exc = OSError(exc.errno, exc.strerror)
         line = str(exc) if isinstance(exc, DataPrepError) else os_error_line(exc, writing=out)
         undone = additions.remove()
@@ -266,10 +268,6 @@ def run_into(out: str, work: Callable[[], Any], resumable: bool) -> tuple[int, A
         raise
 
 
-def _inside(path: object, folder: str) -> bool:
-    return isinstance(path, str | os.PathLike) and os.path.abspath(path).startswith(os.path.abspath(folder) + os.sep)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bb":
@@ -281,6 +279,6 @@ def main(argv: list[str] | None = None) -> int:
     if result is None:
         return status
     for warning in result.warnings:
-        print(f"sinklab prep: warning: {warning}", file=sys.stderr)
+        warn("prep", warning)
     print(summary(result))
     return 0

@@ -221,11 +221,9 @@ def load_probe(path: str | Path) -> np.ndarray:
 def verify(path: str | Path) -> Manifest:
     """Check every shard and the probe against the manifest's sha256 checksums."""
     manifest = load_manifest(path)
-    files = [(s.path, s.sha256) for split in manifest.splits.values() for s in split.shards]
-    files.append((manifest.probe.path, manifest.probe.sha256))
-    for rel, expected in files:
-        with open(_existing(manifest.root / rel), "rb") as fh:
+    for entry in [*(s for split in manifest.splits.values() for s in split.shards), manifest.probe]:
+        with open(_existing(manifest.root / entry.path), "rb") as fh:
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
-        if digest != expected:
-            raise DatasetError(f"{manifest.root / rel}: sha256 differs from the manifest; the file is corrupt")
+        if digest != entry.sha256:
+            raise DatasetError(f"{manifest.root / entry.path}: sha256 differs from the manifest; the file is corrupt")
     return manifest

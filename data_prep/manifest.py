@@ -31,8 +31,8 @@ def spec_differences(old: dict[str, Any], new: dict[str, Any]) -> str:
     """'context_length: 256 there, 128 here; inputs differ' for an error message."""
     parts = []
     for key in sorted(set(old) | set(new)):
-        if old.get(key) != new.get(key):
-            a, b = old.get(key), new.get(key)
+        a, b = old.get(key), new.get(key)
+        if a != b:
             short = all(not isinstance(v, (list, dict)) for v in (a, b))
             parts.append(f"{key}: {a!r} there, {b!r} here" if short else f"{key} differ")
     return "; ".join(parts) or "same settings, different manifest"

@@ -199,9 +199,8 @@ def read_hf(ref: str, split: str = "train", text_field: str = "text", domain: st
     for row_no, row in enumerate(ds, 1):
         text = row.get(text_field)
         if not isinstance(text, str):
-            columns = ", ".join(row)
             raise DataPrepError(
-                f"{ref}: row {row_no}: no string field {text_field!r} (columns: {columns}); choose one with --text-field"
+                f"{ref}: row {row_no}: no string field {text_field!r} (columns: {', '.join(row)}); choose one with --text-field"
             )
         meta = row.get("meta")
         if isinstance(meta, str):

@@ -4,6 +4,7 @@ however many workers run), reuse the done markers of an interrupted run, and sho
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import sys
@@ -104,24 +105,18 @@ class ChunkRunner:
 
     def _run_stream(self, chunks) -> None:
         pending: deque[tuple[Chunk, Future]] = deque()  # a resumed chunk's result is a finished Future
-        for chunk in chunks:
-            marker = marker_file(self.prep.staging, chunk.task.name)
-            if marker.is_file():
-                result = Future()
-                result.set_result(json.loads(marker.read_text(encoding="utf-8")))
+        for chunk in itertools.chain(chunks, [None]):  # None: the stream ended, all pending are consumed
+            if chunk is not None and (marker := marker_file(self.prep.staging, chunk.task.name)).is_file():
+                pending.append((chunk, Future()))
+                pending[-1][1].set_result(json.loads(marker.read_text(encoding="utf-8")))
                 self.resumed += 1
-            else:
-                result = self.executor.submit(process_chunk, chunk.task)
+            elif chunk is not None:
+                pending.append((chunk, self.executor.submit(process_chunk, chunk.task)))
                 self.tokenized += 1
-            pending.append((chunk, result))
-            while pending and (len(pending) > self.look_ahead or pending[0][1].done()):
+            while pending and (chunk is None or len(pending) > self.look_ahead or pending[0][1].done()):
                 oldest, future = pending.popleft()
                 if self._consume(oldest, future.result()):
                     return  # budget reached: chunks read ahead are dropped
-        while pending:
-            oldest, future = pending.popleft()
-            if self._consume(oldest, future.result()):
-                return
 
     def _consume(self, chunk: Chunk, result: dict[str, Any]) -> bool:
         """Account one chunk, in input order; True when the token budget is reached."""

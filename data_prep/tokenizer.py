@@ -110,9 +110,7 @@ def load_tokenizer(ref: str, overrides: dict[str, str | None] | None = None) -> 
                 if isinstance(value, dict):  # {"content": "<s>", ...} in tokenizer_config.json
                     value = value.get("content")
                 names.setdefault(role, value if isinstance(value, str) else None)
-    for role, value in (overrides or {}).items():
-        if value:
-            names[role] = value
+    names |= {role: value for role, value in (overrides or {}).items() if value}
     ids: dict[str, int] = {}
     for role in ("bos", "eos", "pad"):
         candidates = [names[role]] if names.get(role) else list(KNOWN_NAMES[role])

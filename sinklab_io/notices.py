@@ -18,6 +18,11 @@ def notice(message: str, once: bool = False) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def warn(command: str, text: str) -> None:
+    """``sinklab <command>: warning: <text>``: the command goes on."""
+    print(f"sinklab {command}: warning: {text}", file=sys.stderr, flush=True)
+
+
 def why(exc: Exception) -> str:
     """An exception as part of one line: its type and the first line of its message."""
     return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"

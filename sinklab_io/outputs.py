@@ -38,8 +38,12 @@ def _recorded(directory: Path) -> dict[str, dict]:
     return {name: entry for name, entry in files.items() if isinstance(entry, dict)}
 
 
-def _fingerprint(path: Path) -> dict:
-    """Size and content hash (a copy keeps both); above HASHED, size and modification time."""
+def _fingerprint(path: Path, keep: list[str] | None = None) -> dict:
+    """Size and content hash (a copy keeps both); above HASHED, size and modification time; with ``keep``, the hash
+    of what lies outside that region (None where it is not one)."""
+    if keep:
+        rest = outside(path.read_bytes(), keep)
+        return {"keep": list(keep), "outside_sha256": None if rest is None else hashlib.sha256(rest).hexdigest()}
     stat = path.stat()
     if stat.st_size > HASHED:
         return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
@@ -55,18 +59,11 @@ def outside(data: bytes, keep: list[str]) -> bytes | None:
     return data[: data.index(start) + len(start)] + data[data.index(end) :]
 
 
-def _outside_fingerprint(path: Path, keep: list[str]) -> dict:
-    rest = outside(path.read_bytes(), keep)
-    return {"keep": list(keep), "outside_sha256": None if rest is None else hashlib.sha256(rest).hexdigest()}
-
-
 def _ours(path: Path, entry: dict | None, by: str | None = None) -> bool:
     if entry is None or (by is not None and entry.get("by") != by) or not path.is_file() or path.is_symlink():
         return False
-    if "keep" in entry:
-        expected = {"keep": entry["keep"], "outside_sha256": entry.get("outside_sha256")}
-        return expected["outside_sha256"] is not None and _outside_fingerprint(path, entry["keep"]) == expected
-    return path.stat().st_size == entry.get("size") and all(entry.get(k) == v for k, v in _fingerprint(path).items())
+    found = _fingerprint(path, entry.get("keep"))
+    return None not in found.values() and all(entry.get(k) == v for k, v in found.items())
 
 
 def theirs(directory: str | os.PathLike, names: Iterable[str], by: str | None = None) -> list[str]:
@@ -130,8 +127,7 @@ def claim_file(path: str | os.PathLike, what: str, by: str | None = None) -> Pat
 def _record(directory: Path, entries: dict[str, str], keep: list[str] | None = None) -> None:
     recorded = _recorded(directory)
     for name, by in entries.items():
-        found = _outside_fingerprint(directory / name, keep) if keep else _fingerprint(directory / name)
-        recorded[name] = {"by": by, **found}
+        recorded[name] = {"by": by, **_fingerprint(directory / name, keep)}
     atomic_write(directory / MARKER, json.dumps({"files": recorded}, indent=1) + "\n")
 
 

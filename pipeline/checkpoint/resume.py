@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from pipeline.model.config import ARCH
 from pipeline.model.loading import checkpoint_arch
 from sinklab_io.mappings import flatten
+from sinklab_io.notices import warn
 
 from .integrity import checkpoint_problem, model_states_file
 from .rundir import CKPT_RE, RunDir, RunDirError
@@ -113,5 +114,5 @@ def _intact(path: Path) -> bool:
         if named != stored:
             problem = f"it holds step {stored}, not step {named} as its name says (copied in from another run?)"
     if problem and rank_zero_only.rank == 0:
-        print(f"sinklab fit: warning: passing over {path}: {problem}", file=sys.stderr, flush=True)
+        warn("fit", f"passing over {path}: {problem}")
     return problem is None

@@ -5,21 +5,16 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.checkpoint import CKPT_RE, RunDir, RunDirError
-from sinklab_io.notices import why
+from sinklab_io.notices import warn, why
 
 from .contract import TAG_RUN_DIR
 
 ARTIFACT_DIR = "checkpoints"
-
-
-def _warn(message: str) -> None:
-    print(f"sinklab fit: warning: {message}", file=sys.stderr, flush=True)
 
 
 class CheckpointUploader:
@@ -51,7 +46,7 @@ class CheckpointUploader:
         except Exception as exc:  # noqa: BLE001 - some stores cannot delete: keep it, say so once
             if not self.cannot_delete:
                 self.cannot_delete = True
-                _warn(f"pruned checkpoints stay in MLflow ({type(exc).__name__}: {str(exc)[:150]})")
+                warn("fit", f"pruned checkpoints stay in MLflow ({type(exc).__name__}: {str(exc)[:150]})")
 
     def close(self) -> None:
         """Wait for the queued uploads (the end of fit); a failed one costs a warning."""
@@ -60,7 +55,7 @@ class CheckpointUploader:
             try:
                 job.result()
             except Exception as exc:  # noqa: BLE001 - the checkpoint is on disk; MLflow may be away
-                _warn(f"a checkpoint was not uploaded to MLflow ({why(exc)})")
+                warn("fit", f"a checkpoint was not uploaded to MLflow ({why(exc)})")
         self.pool.shutdown(wait=True)
         if self.pending:
             print(

@@ -4,7 +4,6 @@ next-token loss, the optimizer and its schedule; checkpoints carry ``hyper_param
 from __future__ import annotations
 
 import math
-import sys
 import warnings
 
 import lightning as L
@@ -16,6 +15,7 @@ from pipeline import metric_names as N
 from pipeline.checkpoint import NonFiniteLossError, at_step_end
 from pipeline.model import ConfigError, ModelConfig, Transformer
 from pipeline.model.config import ARCH
+from sinklab_io.notices import warn
 
 from .compiling import compile_blocks, failure_line
 from .init_from import SLOT_MARGIN, freeze_all_but
@@ -124,11 +124,10 @@ class SinkLabModule(L.LightningModule):
         if trainer is not None and not trainer.is_global_zero:
             return
         line = failure_line(exc)
-        print(
-            f"sinklab fit: warning: torch.compile failed ({line}); training uncompiled, which is slower "
+        warn(
+            "fit",
+            f"torch.compile failed ({line}); training uncompiled, which is slower "
             "(docs/gpu.md). --model.compile false skips the attempt.",
-            file=sys.stderr,
-            flush=True,
         )
         set_tag(trainer, "sinklab.compile", f"failed, trained eager: {line}")
 

@@ -1,4 +1,4 @@
-from sinklab_io.notices import notice, why
+from sinklab_io.notices import notice, warn, why
 
 
 def test_a_notice_is_one_line_from_rank_zero_and_once_when_asked(capsys, monkeypatch):
@@ -21,3 +21,8 @@ def test_why_is_the_type_and_the_first_line_of_the_message():
     assert why(OSError("disk full\nmore detail")) == "OSError: disk full"
     assert why(ValueError()) == "ValueError: "
     assert len(why(RuntimeError("x" * 500))) == len("RuntimeError: ") + 200
+
+
+def test_a_warning_names_its_command(capsys):
+    warn("prep", "3 files skipped")
+    assert capsys.readouterr().err == "sinklab prep: warning: 3 files skipped\n"
