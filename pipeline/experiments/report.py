@@ -13,12 +13,15 @@ from pathlib import Path
 from pipeline import metric_names as N
 from pipeline import tracking
 from pipeline.experiments import run_table, stats
-from pipeline.experiments.agreement import Agreement, agreement, agreement_markdown, table_row
-from pipeline.experiments.report_names import ALPHA1, ALPHA1_COLUMN, EMERGED, EMERGENCE_SHOWN, UNIFORM, bounds
+from pipeline.experiments.agreement import EMERGED, Agreement, agreement, agreement_markdown, bounds, table_row
 from pipeline.experiments.report_plot import plot
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 from pipeline.experiments.stats import MISSING, Spread, spread
 from sinklab_io.outputs import NotOurs, claim, write_output
+
+ALPHA1_COLUMN = "alpha1_mean"  # the mean alpha_1's key among a row's columns
+# the emergence steps a report shows: Sink_1 above 10%, and the alpha_1 version
+EMERGENCE_SHOWN = (("sink1_10pct", "emerged: Sink_1 > 10%"), ("alpha1_125pct", "emerged: alpha_1 > 1.25 x uniform"))
 
 
 @dataclass
@@ -50,7 +53,7 @@ def build_rows(
     for variant in experiment.variants:
         best = list(tracking.best_runs(runs_by_variant.get(variant.name, [])).values())
         used = [r for r in best if r.finished] or best
-        tracked = [r for r in used if UNIFORM in r.metrics]  # runs that log emergence
+        tracked = [r for r in used if N.ALPHA1_UNIFORM in r.metrics]  # runs that log emergence
         names = [experiment.metric(c, scale) for c in experiment.columns]
         seeds = [r.seed for r in used]
         rows.append(
@@ -62,7 +65,7 @@ def build_rows(
                 status_of(best),
                 variant.paper_status,
                 used,
-                alpha1=spread([r.metrics.get(ALPHA1) for r in used], seeds, bounds(ALPHA1)),
+                alpha1=spread([r.metrics.get(N.ALPHA1_MEAN) for r in used], seeds, bounds(N.ALPHA1_MEAN)),
                 emerged={k: [r.metrics.get(m) for r in tracked] for k, m in EMERGED.items()},
             )
         )
@@ -85,7 +88,7 @@ def fmt_spread(s: Spread, digits: int = 2) -> str:
 def metric_columns(experiment: Experiment, rows: list[Row]) -> list[tuple[str, int, list[Spread]]]:
     """(label, digits, each row's spread) of every column, then of the mean alpha_1 where it is none."""
     found = [(c.label, c.digits, [r.measured[i] for r in rows]) for i, c in enumerate(experiment.columns)]
-    if not any(c.metric == ALPHA1 for c in experiment.columns):
+    if not any(c.metric == N.ALPHA1_MEAN for c in experiment.columns):
         found.append(("mean alpha_1", 3, [r.alpha1 for r in rows]))
     return found
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline import metric_names as N
 from pipeline import tracking
-from pipeline.experiments.agreement import agreement, fmt_corr
-from pipeline.experiments.report_names import ALPHA1_KEY, EMERGED, SINK1
+from pipeline.experiments.agreement import ALPHA1_KEY, EMERGED, agreement, fmt_corr
 from pipeline.experiments.spec import Experiment
 from pipeline.experiments.stats import MISSING, Spread, spread
 from sinklab_io.outputs import output_path
@@ -52,7 +52,7 @@ def _curves(ax, experiment: Experiment, rows, mlflow) -> None:
             shown = f"{label} ({len(runs)} seeds)" if len(runs) > 1 else label
             ax.plot(*zip(*history), marker="o", markersize=2, lw=1, color=colour, label=shown if j == 0 else None)
             at = emerged.get((label, seed))
-            if experiment.plot.metric == SINK1 and at is not None:  # where Sink_1 first passed 1%
+            if experiment.plot.metric == N.SINK1 and at is not None:  # where Sink_1 first passed 1%
                 ax.axvline(at, color=colour, linewidth=0.6, linestyle=":")
     ax.set_xlabel("step")
     if ax.get_legend_handles_labels()[0]:
@@ -69,7 +69,7 @@ def plot(experiment: Experiment, rows, mlflow, path: Path, by: str) -> Path | No
     import matplotlib.pyplot as plt
 
     spec = experiment.plot
-    with_alpha1 = spec.kind == "bar" and spec.metric == SINK1 and any(r.alpha1.n for r in rows)
+    with_alpha1 = spec.kind == "bar" and spec.metric == N.SINK1 and any(r.alpha1.n for r in rows)
     fig, axes = plt.subplots(1, 2 if with_alpha1 else 1, figsize=(13 if with_alpha1 else 8, 4.5), squeeze=False)
     ax = axes[0][0]
     column = next((i for i, c in enumerate(experiment.columns) if c.metric == spec.metric), None)

@@ -14,15 +14,14 @@ from pathlib import Path
 from pipeline import metric_names as N
 from pipeline import metrics as M
 from pipeline import tracking
-from pipeline.experiments.agreement import Agreement, data_line, from_data, index_markdown
-from pipeline.experiments.report_names import ALPHA1, EMERGED, SINK1, UNIFORM
+from pipeline.experiments.agreement import EMERGED, Agreement, data_line, from_data, index_markdown
 from pipeline.experiments.spec import Experiment
 from sinklab_io.outputs import claim, outside, write_output, written
 
 # the columns before the metrics; then one per metric the report reads, by name
 FIXED = ("study", "scale", "read_on", "variant", "seed", "run_id", "status", "steps", "commit", "config_hash")
 WARNING = "memorising"  # the last column: the run's valid-loss warning, "" where none
-STEP_KEYS = (SINK1, N.TRAIN_LOSS, N.VAL_LOSS)  # the last step any of these was logged at is the run's last step
+STEP_KEYS = (N.SINK1, N.TRAIN_LOSS, N.VAL_LOSS)  # the last step any of these was logged at is the run's last step
 PROSE = ["<!-- prose: kept as it stands when this page is regenerated -->", "<!-- /prose -->"]
 INDEX = "README.md"
 INDEX_BY = "sinklab report --docs (the index)"
@@ -45,7 +44,9 @@ class RunTable:
 
 def metrics_read(experiment: Experiment, scale: str) -> list[str]:
     """Every final metric the report (table, agreement, emergence, figure) reads of a run, sorted."""
-    return sorted({experiment.metric(c, scale) for c in experiment.columns} | {ALPHA1, UNIFORM, *EMERGED.values()})
+    return sorted(
+        {experiment.metric(c, scale) for c in experiment.columns} | {N.ALPHA1_MEAN, N.ALPHA1_UNIFORM, *EMERGED.values()}
+    )
 
 
 def from_mlflow(experiment: Experiment, scale: str, mlflow) -> RunTable:
