@@ -38,13 +38,6 @@ class Row:
     emerged: dict[str, list[float | None]] = field(default_factory=dict)
 
 
-def status_of(runs: list[tracking.RunSummary]) -> str:
-    if not runs:
-        return "missing"
-    counts = Counter(r.status for r in runs)
-    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=lambda kv: kv[0] != "finished"))
-
-
 def build_rows(
     experiment: Experiment, runs_by_variant: dict[str, list[tracking.RunSummary]], scale: str = "cpu"
 ) -> list[Row]:
@@ -56,13 +49,14 @@ def build_rows(
         tracked = [r for r in used if N.ALPHA1_UNIFORM in r.metrics]  # runs that log emergence
         names = [experiment.metric(c, scale) for c in experiment.columns]
         seeds = [r.seed for r in used]
+        counts = sorted(Counter(r.status for r in best).items(), key=lambda kv: kv[0] != "finished")
         rows.append(
             Row(
                 variant.name,
                 variant.label,
                 [variant.paper[c.key] for c in experiment.columns],
                 [spread([r.metrics.get(name) for r in used], seeds, bounds(name)) for name in names],
-                status_of(best),
+                ", ".join(f"{n} {status}" for status, n in counts) or "missing",
                 variant.paper_status,
                 used,
                 alpha1=spread([r.metrics.get(N.ALPHA1_MEAN) for r in used], seeds, bounds(N.ALPHA1_MEAN)),

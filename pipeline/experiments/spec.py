@@ -211,19 +211,6 @@ class Experiment:
 VARIANT_KEYS, COLUMN_KEYS, SCALE_KEYS = ({f.name for f in fields(kind)} for kind in (Variant, Column, ScaleSetup))
 
 
-def _find_file(name_or_path: str | Path) -> Path:
-    candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
-        return candidate
-    matches = [p for p in experiment_files() if p.stem == str(name_or_path)]
-    if len(matches) == 1:
-        return matches[0]
-    if len(matches) > 1:
-        raise ExperimentError(f"experiment name {name_or_path!r} is ambiguous: " + ", ".join(map(str, matches)))
-    known = ", ".join(p.stem for p in experiment_files()) or "(none)"
-    raise ExperimentError(f"no experiment {name_or_path!r} under {EXPERIMENTS_DIR}; known: {known}")
-
-
 def experiment_files() -> list[Path]:
     """Every experiment file; folders whose name starts with `_` hold shared recipes."""
     return sorted(
@@ -234,17 +221,21 @@ def experiment_files() -> list[Path]:
 
 
 def load_experiment(name_or_path: str | Path) -> Experiment:
-    path = _find_file(name_or_path)
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml") or not path.exists():
+        matches = [p for p in experiment_files() if p.stem == str(name_or_path)]
+        if len(matches) > 1:
+            raise ExperimentError(f"experiment name {name_or_path!r} is ambiguous: " + ", ".join(map(str, matches)))
+        if not matches:
+            known = ", ".join(p.stem for p in experiment_files()) or "(none)"
+            raise ExperimentError(f"no experiment {name_or_path!r} under {EXPERIMENTS_DIR}; known: {known}")
+        path = matches[0]
     text = path.read_text()
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ExperimentError(f"{path}: not valid YAML: {err}") from None
-    shown = path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path
-    return _parse(raw, Reader(shown, text), path)
-
-
-def _parse(raw: Any, r: Reader, path: Path) -> Experiment:
+    r = Reader(path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path, text)
     top = r.mapping(raw, (), TOP_KEYS, required=("name", "title", "paper_ref", "scale", "columns", "variants"))
     name = r.name(top["name"], ("name",))
     if name != path.stem:
