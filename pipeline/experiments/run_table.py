@@ -26,6 +26,8 @@ PROSE = ["<!-- prose: kept as it stands when this page is regenerated -->", "<!-
 INDEX = "README.md"
 INDEX_BY = "sinklab report --docs (the index)"
 DATA = "data"  # DIR/data/<experiment>.csv: the runs a page renders
+page_by = "sinklab report --docs of {}".format  # the writer of an experiment's page, then of its data file
+data_by = "sinklab report --docs of {} (its runs)".format
 
 
 class DataFileError(ValueError):
@@ -65,12 +67,6 @@ def from_mlflow(experiment: Experiment, scale: str, mlflow) -> RunTable:
     return RunTable(experiment.name, scale, datetime.now(timezone.utc).date().isoformat(), runs)
 
 
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    return repr(float(value)) if isinstance(value, float) else str(value)
-
-
 def to_csv(table: RunTable, experiment: Experiment) -> str:
     """The table as CSV text, one line per run in the report's order; a value the run did not log is empty."""
     metrics = metrics_read(experiment, table.scale)
@@ -81,7 +77,8 @@ def to_csv(table: RunTable, experiment: Experiment) -> str:
         for r in runs:
             fixed = [table.study, table.scale, table.read_on, r.variant, r.seed, r.run_id, r.status, r.steps]
             values = [*fixed, r.commit, r.config_hash, *(r.metrics.get(m) for m in metrics)]
-            writer.writerow([_cell(v) for v in values] + [r.memorising or ""])
+            cells = ["" if v is None else repr(float(v)) if isinstance(v, float) else str(v) for v in values]
+            writer.writerow(cells + [r.memorising or ""])
     return out.getvalue()
 
 
@@ -192,14 +189,6 @@ def page_top(table: RunTable) -> str:
         f"as read on {table.read_on}, which [{data}]({data}) holds: `sinklab report {name} --from DIR/{data} "
         "--docs DIR` writes this page again from that file alone.\n\n"
     )
-
-
-def page_by(experiment: str) -> str:
-    return f"sinklab report --docs of {experiment}"
-
-
-def data_by(experiment: str) -> str:
-    return f"sinklab report --docs of {experiment} (its runs)"
 
 
 def claim_pages(out: Path, experiment: str) -> None:

@@ -37,17 +37,6 @@ EMBEDDED_AT_GPU_SCALE = (
 )
 
 
-def data_args(path: Path | None, scale: str) -> list[str]:
-    """`--data.path` for every variant's `sinklab fit`, checked; a note at the gpu scale where none is given."""
-    if path is None:
-        if scale == "gpu":
-            print(EMBEDDED_AT_GPU_SCALE, file=sys.stderr)
-        return []
-    if not (path / "manifest.json").is_file():
-        raise ExperimentError(f"--data-path {path}: no manifest.json there; prepare it with `sinklab prep`")
-    return ["--data.path", str(path)]
-
-
 @dataclass
 class PlannedRun:
     variant: str
@@ -234,7 +223,13 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
             kept = {experiment.variant(name).name for name in wanted}  # raises with the list of known variants
             experiment = dataclasses.replace(experiment, variants=[v for v in experiment.variants if v.name in kept])
         experiment.setup(args.scale)  # refuses a scale the file does not have
-        extra = data_args(args.data_path, args.scale) + extra
+        if args.data_path is None and args.scale == "gpu":
+            print(EMBEDDED_AT_GPU_SCALE, file=sys.stderr)
+        if args.data_path is not None and not (args.data_path / "manifest.json").is_file():
+            raise ExperimentError(
+                f"--data-path {args.data_path}: no manifest.json there; prepare it with `sinklab prep`"
+            )
+        extra = (["--data.path", str(args.data_path)] if args.data_path else []) + extra  # for every `sinklab fit`
         mlflow = tracking.client()
         planned = plan(experiment, args.scale, args.runs_root, mlflow, args.seeds)
         todo = [r for r in planned if r.to_run]
