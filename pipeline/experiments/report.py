@@ -126,18 +126,6 @@ def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
     ] + [f"- {label}: {text}" for label, text in found]
 
 
-def steps_line(rows: list[Row]) -> list[str]:
-    """The last step each run logged (the final sink probe runs at the last step), per variant."""
-    steps = {row.label: n for row in rows if (n := [r.steps for r in row.runs if r.steps is not None])}
-    every = {n for runs in steps.values() for n in runs}
-    if not every:
-        return []
-    if len(every) == 1:
-        return ["", f"Steps actually run: {next(iter(every))} (every run)."]
-    shown = ", ".join(f"{label} {'/'.join(map(str, sorted(set(n))))}" for label, n in steps.items())
-    return ["", f"Steps actually run: {shown}."]
-
-
 def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
     # a column the paper has no number for (e.g. mean alpha_1) gets no "paper" sub-column
     in_paper = [any(r.paper[i] is not None for r in rows) for i in range(len(experiment.columns))]
@@ -169,7 +157,14 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
         "not logged). Emergence: the first probe step above the threshold, median (range) over the seeds, and how "
         "many emerged; a run that never did counts as later than every step.",
     ]
-    lines += steps_line(rows)
+    # the last step each run logged (the final sink probe runs at the last step), per variant
+    steps = {row.label: n for row in rows if (n := [r.steps for r in row.runs if r.steps is not None])}
+    every = {n for runs in steps.values() for n in runs}
+    if len(every) == 1:
+        lines += ["", f"Steps actually run: {next(iter(every))} (every run)."]
+    elif every:
+        shown = ", ".join(f"{label} {'/'.join(map(str, sorted(set(n))))}" for label, n in steps.items())
+        lines += ["", f"Steps actually run: {shown}."]
     notes = [f"{row.label} (seed {run.seed}): {run.memorising}" for row in rows for run in row.runs if run.memorising]
     if notes:
         lines += ["", "Warnings:", ""] + [f"- {note}" for note in notes]

@@ -41,24 +41,6 @@ def labelled_bars(ax, xs, values, label: str, digits: int = 2, spreads: list[Spr
         ax.annotate(text, (x, above), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7)
 
 
-def _curves(ax, experiment: Experiment, rows, mlflow) -> None:
-    import matplotlib.pyplot as plt
-
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    emerged = {(row.label, run.seed): run.metrics.get(EMERGED["sink1_1pct"]) for row in rows for run in row.runs}
-    for i, (label, runs) in enumerate(curve_series(experiment, rows, mlflow).items()):
-        colour = colours[i % len(colours)]
-        for j, (seed, history) in enumerate(runs):
-            shown = f"{label} ({len(runs)} seeds)" if len(runs) > 1 else label
-            ax.plot(*zip(*history), marker="o", markersize=2, lw=1, color=colour, label=shown if j == 0 else None)
-            at = emerged.get((label, seed))
-            if experiment.plot.metric == N.SINK1 and at is not None:  # where Sink_1 first passed 1%
-                ax.axvline(at, color=colour, linewidth=0.6, linestyle=":")
-    ax.set_xlabel("step")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-
-
 def plot(experiment: Experiment, rows, mlflow, path: Path, by: str) -> Path | None:
     """The experiment's figure: a metric over steps per run (curve) or per variant (bar), written as ``by``'s."""
     if experiment.plot is None:
@@ -74,7 +56,19 @@ def plot(experiment: Experiment, rows, mlflow, path: Path, by: str) -> Path | No
     ax = axes[0][0]
     column = next((i for i, c in enumerate(experiment.columns) if c.metric == spec.metric), None)
     if spec.kind == "curve":
-        _curves(ax, experiment, rows, mlflow)
+        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        emerged = {(row.label, run.seed): run.metrics.get(EMERGED["sink1_1pct"]) for row in rows for run in row.runs}
+        for i, (label, runs) in enumerate(curve_series(experiment, rows, mlflow).items()):
+            colour = colours[i % len(colours)]
+            for j, (seed, history) in enumerate(runs):
+                shown = f"{label} ({len(runs)} seeds)" if len(runs) > 1 else label
+                ax.plot(*zip(*history), marker="o", markersize=2, lw=1, color=colour, label=shown if j == 0 else None)
+                at = emerged.get((label, seed))
+                if experiment.plot.metric == N.SINK1 and at is not None:  # where Sink_1 first passed 1%
+                    ax.axvline(at, color=colour, linewidth=0.6, linestyle=":")
+        ax.set_xlabel("step")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     else:
         labels = [r.label for r in rows]
         xs = range(len(rows))
