@@ -30,30 +30,22 @@ class ExperimentError(ValueError):
     """A malformed experiment file; the message starts with `file:line: field:`."""
 
 
-def line_map(text: str) -> dict[tuple, int]:
-    """Map each YAML path (tuple of keys / indices) to its 1-based line number."""
-    lines: dict[tuple, int] = {}
-
-    def walk(node: yaml.Node, path: tuple) -> None:
-        lines[path] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                walk(value_node, path + (key_node.value,))
-                lines[path + (key_node.value,)] = key_node.start_mark.line + 1  # the key's line, not the value's
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                walk(item, path + (i,))
-
-    root = yaml.compose(text)
-    if root is not None:
-        walk(root, ())
-    return lines
-
-
 class Reader:
     def __init__(self, path: Path, text: str):
-        self.path = path
-        self.lines = line_map(text)
+        self.path, self.lines = path, {}  # each YAML path (tuple of keys / indices) to its 1-based line
+        root = yaml.compose(text)
+        if root is not None:
+            self._walk(root, ())
+
+    def _walk(self, node: yaml.Node, path: tuple) -> None:
+        self.lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                self._walk(value_node, path + (key_node.value,))
+                self.lines[path + (key_node.value,)] = key_node.start_mark.line + 1  # the key's line, not the value's
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._walk(item, path + (i,))
 
     def fail(self, path: tuple, message: str) -> ExperimentError:
         """`file:line: field: message`, the line of the field or of its nearest enclosing one in the file."""
