@@ -206,12 +206,9 @@ def from_data(text: str) -> list[Agreement]:
     line = next((line for line in text.splitlines() if line.startswith(DATA)), None)
     if line is None:
         return []
-    found = []
-    for row in json.loads(line.removeprefix(DATA).removesuffix(" -->")):
-        for name, kind in (("rho_interval", Interval), ("tau_interval", Interval), ("p", Permutation)):
-            row[name] = None if row[name] is None else kind(**row[name])
-        found.append(Agreement(**row))
-    return found
+    kinds = {"rho_interval": Interval, "tau_interval": Interval, "p": Permutation}
+    rows = json.loads(line.removeprefix(DATA).removesuffix(" -->"))
+    return [Agreement(**row | {k: kind(**row[k]) for k, kind in kinds.items() if row[k] is not None}) for row in rows]
 
 
 def index_markdown(pages: list[tuple[str, list[Agreement]]]) -> list[str]:

@@ -199,10 +199,6 @@ def to_json(experiment: Experiment, scale: str, rows: list[Row]) -> str:
     return json.dumps({"experiment": experiment.name, "scale": scale, "variants": variants, "agreement": found})
 
 
-# each agreement metric of the permutation p and the Permutation field it reports
-PERMUTATION_FIELDS = (("spearman_p", "p"), ("spearman_p_reversed", "p_reversed"), ("permutations", "permutations"))
-
-
 def _number(value: float | None) -> float:
     return float("nan") if value is None else float(value)
 
@@ -213,7 +209,8 @@ def agreement_metrics(found: list[Agreement]) -> dict[str, float]:
     for a in found:  # getattr(None, field, None): None where there is no permutation p or no interval
         values = {"n": a.n, "min_seeds": a.min_seeds, "distinct": a.distinct, "family": a.family}
         values["spearman_p_holm"] = a.p_holm
-        values |= {name: getattr(a.p, field, None) for name, field in PERMUTATION_FIELDS}
+        permutation = (("spearman_p", "p"), ("spearman_p_reversed", "p_reversed"), ("permutations", "permutations"))
+        values |= {name: getattr(a.p, field, None) for name, field in permutation}
         for name, value, interval in (("spearman", a.rho, a.rho_interval), ("kendall", a.tau, a.tau_interval)):
             values[name] = value
             values |= {f"{name}_{part}": getattr(interval, part, None) for part in ("lo", "hi", "defined")}
@@ -234,7 +231,7 @@ def spread_metrics(experiment: Experiment, rows: list[Row]) -> dict[str, float]:
     return out
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="sinklab report",
         description="The paper's table beside the measured values over seeds, from MLflow or a data file (--from).",
@@ -257,11 +254,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "nothing is read from or logged to MLflow",
     )
     parser.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         experiment = load_experiment(args.experiment)
         table = run_table.from_csv(args.data, experiment, args.scale) if args.data else None
