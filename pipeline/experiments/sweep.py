@@ -72,12 +72,8 @@ def plan(
         done = tracking.best_runs(known.get(variant.name, []))
         for seed in seeds(experiment, scale, n_seeds):
             best = done.get(seed)
-            if best is None:
-                state = "pending"
-            elif best.finished:
-                state = "finished"
-            else:
-                state = "failed" if best.status in ("failed", "nonfinite", "killed") else "incomplete"
+            failed = best is not None and best.status in ("failed", "nonfinite", "killed")
+            state = "pending" if best is None else "finished" if best.finished else "failed" if failed else "incomplete"
             run_dir = root / variant.name / f"s{seed}"
             previous = best.run_id if best else None
             planned.append(PlannedRun(variant.name, seed, run_dir, run_dir.with_suffix(".yaml"), state, previous))
