@@ -16,23 +16,6 @@ import torch
 from data_prep.errors import DataPrepError
 from sinklab_io.third_party import quiet_third_party
 
-_RUN_DEPTH = 3  # how far above a checkpoint its run's metrics.jsonl is looked for
-
-
-def _local_facts(path: Path) -> dict[str, Any]:
-    """The card's metrics from the metrics.jsonl of the run directory that holds ``path``, if any."""
-    from pipeline.tracking import CARD_METRICS, MetricsFile
-
-    here = path.resolve() if path.is_dir() else path.resolve().parent
-    root = next((d for d in [here, *here.parents][:_RUN_DEPTH] if (d / "metrics.jsonl").is_file()), None)
-    if root is None:
-        return {"metrics": dict.fromkeys(CARD_METRICS)}
-    last = MetricsFile(root).last(list(CARD_METRICS.values()))
-    return {
-        "metrics": {label: last[key] for label, key in CARD_METRICS.items()},
-        "metrics_from": str(root / "metrics.jsonl"),
-    }
-
 
 def _check_tokenizer(tokenizer, file: Path, vocab_size: int, trained: str | None) -> None:
     """Refuse a tokenizer that is not the model's: another sha256 than `sinklab fit` recorded, or too many ids."""
@@ -51,7 +34,7 @@ def export(args: argparse.Namespace) -> None:
     from pipeline.analysis.inputs import trained_tokenizer
     from pipeline.model import load_pretrained
     from pipeline.model.hf_export import KIND, export_hf
-    from pipeline.tracking import final_metrics, is_model_uri, resolve_model
+    from pipeline.tracking import CARD_METRICS, MetricsFile, final_metrics, is_model_uri, resolve_model
     from sinklab_io.outputs import claim_directory
 
     claim_directory(args.out, KIND)  # before a run is downloaded or a model loaded
@@ -65,7 +48,13 @@ def export(args: argparse.Namespace) -> None:
         path = Path(args.checkpoint)
         beside = ([path / "tokenizer.json"] if path.is_dir() else []) + [path.with_name("tokenizer.json")]
         tokenizer = tokenizer or next((f for f in beside if f.is_file()), None)
-        facts |= _local_facts(path)
+        here = path.resolve() if path.is_dir() else path.resolve().parent
+        # the card's metrics from the run directory that holds the checkpoint (up to 2 levels above it), if any
+        root = next((d for d in [here, *here.parents][:3] if (d / "metrics.jsonl").is_file()), None)
+        last = MetricsFile(root).last(list(CARD_METRICS.values())) if root else dict.fromkeys(CARD_METRICS.values())
+        facts["metrics"] = {label: last[key] for label, key in CARD_METRICS.items()}
+        if root:
+            facts["metrics_from"] = str(root / "metrics.jsonl")
     dataset = (path if path.is_dir() else path.parent) / "dataset.json"
     if dataset.is_file():
         facts["dataset"] = json.loads(dataset.read_text())

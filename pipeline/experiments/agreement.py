@@ -5,17 +5,53 @@ adjustment over a family of rows, and a verdict in words."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from pipeline import metric_names as N
 from pipeline import metrics as M
+from pipeline import probe_metrics as P
 from pipeline.experiments import stats
-from pipeline.experiments.report_names import ALPHA1, ALPHA1_KEY, SINK1, bounds
 from pipeline.experiments.spec import Experiment
 from pipeline.experiments.stats import Interval, Permutation, Spread
 
 if TYPE_CHECKING:
     from pipeline.experiments.report import Row
+
+
+EMERGED = {name: N.emerged_step(name) for name in (*M.EMERGENCE_SINK1, *M.EMERGENCE_ALPHA1)}
+ALPHA1_KEY = "alpha1_vs_sink1"  # the row of the mean alpha_1 against the paper's Sink_1
+PERCENT, SHARE, NONNEGATIVE = (0.0, 100.0), (0.0, 1.0), (0.0, math.inf)
+# a metric's range by how its name starts; a family's start is its name without the example's tail
+RANGES = (
+    (N.SINK1, PERCENT),
+    (N.sink_k(1).removesuffix("1"), PERCENT),
+    (N.sink_star("0").removesuffix("0"), PERCENT),
+    (N.DORMANT_PCT, PERCENT),
+    (N.passkey_accuracy("x").removesuffix("x"), PERCENT),
+    (N.length_passkey("m", 1).removesuffix("m_x1"), PERCENT),
+    (N.EVAL, PERCENT),  # lm-eval's accuracies: a share in [0, 1], or a percentage
+    (N.alpha_k_mean(1).removesuffix("1_mean"), SHARE),  # alpha_k means and the uniform alpha_1
+    (P.name("bos_share_trigger"), SHARE),
+    (P.name("bos_share_other"), SHARE),
+    (N.FLOW_ENTROPY, SHARE),  # normalised: 0 for rank 1, 1 at most
+    (N.TRAIN_LOSS, NONNEGATIVE),
+    (N.VAL_LOSS, NONNEGATIVE),
+    (N.length_loss("m", 0).removesuffix("m_b0"), NONNEGATIVE),
+    (P.name("massive_ratio"), NONNEGATIVE),
+    (P.name("value_norm_ratio"), NONNEGATIVE),
+    (N.SKIPPED_STEPS, NONNEGATIVE),
+    (N.FLOW_MIXING, NONNEGATIVE),
+    (N.stream_perplexity("x").removesuffix("x"), (1.0, math.inf)),
+    (N.act("kurtosis"), (1.0, math.inf)),  # Pearson's form, E[z⁴] >= E[z²]² = 1
+    (P.name("max_logit"), stats.UNBOUNDED),  # q·k/√d_h takes either sign
+)
+
+
+def bounds(metric: str) -> tuple[float, float]:
+    """The range a metric's values (and an interval of their mean) can take; unbounded where none is declared."""
+    return next((r for start, r in RANGES if metric.startswith(start)), stats.UNBOUNDED)
 
 
 def table_row(cells) -> str:
@@ -109,11 +145,11 @@ def agreement(experiment: Experiment, rows: list[Row]) -> list[Agreement]:
         if any(v is not None for v in paper):
             measured = [r.measured[i] for r in rows]
             out.append(compare(column.key, column.label, measured, paper, column.digits, bounds(column.metric)))
-    sink1 = next((i for i, c in enumerate(experiment.columns) if c.metric == SINK1), None)
+    sink1 = next((i for i, c in enumerate(experiment.columns) if c.metric == N.SINK1), None)
     if sink1 is not None and any(r.paper[sink1] is not None for r in rows):
         label = "mean alpha_1 (ours) vs Sink_1 (paper)"
         paper = [r.paper[sink1] for r in rows]
-        out.append(compare(ALPHA1_KEY, label, [r.alpha1 for r in rows], paper, 3, bounds(ALPHA1)))
+        out.append(compare(ALPHA1_KEY, label, [r.alpha1 for r in rows], paper, 3, bounds(N.ALPHA1_MEAN)))
     return adjust(out)
 
 
@@ -170,12 +206,9 @@ def from_data(text: str) -> list[Agreement]:
     line = next((line for line in text.splitlines() if line.startswith(DATA)), None)
     if line is None:
         return []
-    found = []
-    for row in json.loads(line.removeprefix(DATA).removesuffix(" -->")):
-        for name, kind in (("rho_interval", Interval), ("tau_interval", Interval), ("p", Permutation)):
-            row[name] = None if row[name] is None else kind(**row[name])
-        found.append(Agreement(**row))
-    return found
+    kinds = {"rho_interval": Interval, "tau_interval": Interval, "p": Permutation}
+    rows = json.loads(line.removeprefix(DATA).removesuffix(" -->"))
+    return [Agreement(**row | {k: kind(**row[k]) for k, kind in kinds.items() if row[k] is not None}) for row in rows]
 
 
 def index_markdown(pages: list[tuple[str, list[Agreement]]]) -> list[str]:

@@ -13,12 +13,15 @@ from pathlib import Path
 from pipeline import metric_names as N
 from pipeline import tracking
 from pipeline.experiments import run_table, stats
-from pipeline.experiments.agreement import Agreement, agreement, agreement_markdown, table_row
-from pipeline.experiments.report_names import ALPHA1, ALPHA1_COLUMN, EMERGED, EMERGENCE_SHOWN, UNIFORM, bounds
+from pipeline.experiments.agreement import EMERGED, Agreement, agreement, agreement_markdown, bounds, table_row
 from pipeline.experiments.report_plot import plot
 from pipeline.experiments.spec import SCALES, Experiment, ExperimentError, load_experiment
 from pipeline.experiments.stats import MISSING, Spread, spread
 from sinklab_io.outputs import NotOurs, claim, write_output
+
+ALPHA1_COLUMN = "alpha1_mean"  # the mean alpha_1's key among a row's columns
+# the emergence steps a report shows: Sink_1 above 10%, and the alpha_1 version
+EMERGENCE_SHOWN = (("sink1_10pct", "emerged: Sink_1 > 10%"), ("alpha1_125pct", "emerged: alpha_1 > 1.25 x uniform"))
 
 
 @dataclass
@@ -35,13 +38,6 @@ class Row:
     emerged: dict[str, list[float | None]] = field(default_factory=dict)
 
 
-def status_of(runs: list[tracking.RunSummary]) -> str:
-    if not runs:
-        return "missing"
-    counts = Counter(r.status for r in runs)
-    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=lambda kv: kv[0] != "finished"))
-
-
 def build_rows(
     experiment: Experiment, runs_by_variant: dict[str, list[tracking.RunSummary]], scale: str = "cpu"
 ) -> list[Row]:
@@ -50,19 +46,20 @@ def build_rows(
     for variant in experiment.variants:
         best = list(tracking.best_runs(runs_by_variant.get(variant.name, [])).values())
         used = [r for r in best if r.finished] or best
-        tracked = [r for r in used if UNIFORM in r.metrics]  # runs that log emergence
+        tracked = [r for r in used if N.ALPHA1_UNIFORM in r.metrics]  # runs that log emergence
         names = [experiment.metric(c, scale) for c in experiment.columns]
         seeds = [r.seed for r in used]
+        counts = sorted(Counter(r.status for r in best).items(), key=lambda kv: kv[0] != "finished")
         rows.append(
             Row(
                 variant.name,
                 variant.label,
                 [variant.paper[c.key] for c in experiment.columns],
                 [spread([r.metrics.get(name) for r in used], seeds, bounds(name)) for name in names],
-                status_of(best),
+                ", ".join(f"{n} {status}" for status, n in counts) or "missing",
                 variant.paper_status,
                 used,
-                alpha1=spread([r.metrics.get(ALPHA1) for r in used], seeds, bounds(ALPHA1)),
+                alpha1=spread([r.metrics.get(N.ALPHA1_MEAN) for r in used], seeds, bounds(N.ALPHA1_MEAN)),
                 emerged={k: [r.metrics.get(m) for r in tracked] for k, m in EMERGED.items()},
             )
         )
@@ -85,7 +82,7 @@ def fmt_spread(s: Spread, digits: int = 2) -> str:
 def metric_columns(experiment: Experiment, rows: list[Row]) -> list[tuple[str, int, list[Spread]]]:
     """(label, digits, each row's spread) of every column, then of the mean alpha_1 where it is none."""
     found = [(c.label, c.digits, [r.measured[i] for r in rows]) for i, c in enumerate(experiment.columns)]
-    if not any(c.metric == ALPHA1 for c in experiment.columns):
+    if not any(c.metric == N.ALPHA1_MEAN for c in experiment.columns):
         found.append(("mean alpha_1", 3, [r.alpha1 for r in rows]))
     return found
 
@@ -129,18 +126,6 @@ def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
     ] + [f"- {label}: {text}" for label, text in found]
 
 
-def steps_line(rows: list[Row]) -> list[str]:
-    """The last step each run logged (the final sink probe runs at the last step), per variant."""
-    steps = {row.label: n for row in rows if (n := [r.steps for r in row.runs if r.steps is not None])}
-    every = {n for runs in steps.values() for n in runs}
-    if not every:
-        return []
-    if len(every) == 1:
-        return ["", f"Steps actually run: {next(iter(every))} (every run)."]
-    shown = ", ".join(f"{label} {'/'.join(map(str, sorted(set(n))))}" for label, n in steps.items())
-    return ["", f"Steps actually run: {shown}."]
-
-
 def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
     # a column the paper has no number for (e.g. mean alpha_1) gets no "paper" sub-column
     in_paper = [any(r.paper[i] is not None for r in rows) for i in range(len(experiment.columns))]
@@ -172,7 +157,14 @@ def to_markdown(experiment: Experiment, scale: str, rows: list[Row]) -> str:
         "not logged). Emergence: the first probe step above the threshold, median (range) over the seeds, and how "
         "many emerged; a run that never did counts as later than every step.",
     ]
-    lines += steps_line(rows)
+    # the last step each run logged (the final sink probe runs at the last step), per variant
+    steps = {row.label: n for row in rows if (n := [r.steps for r in row.runs if r.steps is not None])}
+    every = {n for runs in steps.values() for n in runs}
+    if len(every) == 1:
+        lines += ["", f"Steps actually run: {next(iter(every))} (every run)."]
+    elif every:
+        shown = ", ".join(f"{label} {'/'.join(map(str, sorted(set(n))))}" for label, n in steps.items())
+        lines += ["", f"Steps actually run: {shown}."]
     notes = [f"{row.label} (seed {run.seed}): {run.memorising}" for row in rows for run in row.runs if run.memorising]
     if notes:
         lines += ["", "Warnings:", ""] + [f"- {note}" for note in notes]
@@ -207,10 +199,6 @@ def to_json(experiment: Experiment, scale: str, rows: list[Row]) -> str:
     return json.dumps({"experiment": experiment.name, "scale": scale, "variants": variants, "agreement": found})
 
 
-# each agreement metric of the permutation p and the Permutation field it reports
-PERMUTATION_FIELDS = (("spearman_p", "p"), ("spearman_p_reversed", "p_reversed"), ("permutations", "permutations"))
-
-
 def _number(value: float | None) -> float:
     return float("nan") if value is None else float(value)
 
@@ -221,7 +209,8 @@ def agreement_metrics(found: list[Agreement]) -> dict[str, float]:
     for a in found:  # getattr(None, field, None): None where there is no permutation p or no interval
         values = {"n": a.n, "min_seeds": a.min_seeds, "distinct": a.distinct, "family": a.family}
         values["spearman_p_holm"] = a.p_holm
-        values |= {name: getattr(a.p, field, None) for name, field in PERMUTATION_FIELDS}
+        permutation = (("spearman_p", "p"), ("spearman_p_reversed", "p_reversed"), ("permutations", "permutations"))
+        values |= {name: getattr(a.p, field, None) for name, field in permutation}
         for name, value, interval in (("spearman", a.rho, a.rho_interval), ("kendall", a.tau, a.tau_interval)):
             values[name] = value
             values |= {f"{name}_{part}": getattr(interval, part, None) for part in ("lo", "hi", "defined")}
@@ -242,7 +231,7 @@ def spread_metrics(experiment: Experiment, rows: list[Row]) -> dict[str, float]:
     return out
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="sinklab report",
         description="The paper's table beside the measured values over seeds, from MLflow or a data file (--from).",
@@ -265,11 +254,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "nothing is read from or logged to MLflow",
     )
     parser.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         experiment = load_experiment(args.experiment)
         table = run_table.from_csv(args.data, experiment, args.scale) if args.data else None

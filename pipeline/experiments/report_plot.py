@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline import metric_names as N
 from pipeline import tracking
-from pipeline.experiments.agreement import agreement, fmt_corr
-from pipeline.experiments.report_names import ALPHA1_KEY, EMERGED, SINK1
+from pipeline.experiments.agreement import ALPHA1_KEY, EMERGED, agreement, fmt_corr
 from pipeline.experiments.spec import Experiment
 from pipeline.experiments.stats import MISSING, Spread, spread
 from sinklab_io.outputs import output_path
@@ -41,24 +41,6 @@ def labelled_bars(ax, xs, values, label: str, digits: int = 2, spreads: list[Spr
         ax.annotate(text, (x, above), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7)
 
 
-def _curves(ax, experiment: Experiment, rows, mlflow) -> None:
-    import matplotlib.pyplot as plt
-
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    emerged = {(row.label, run.seed): run.metrics.get(EMERGED["sink1_1pct"]) for row in rows for run in row.runs}
-    for i, (label, runs) in enumerate(curve_series(experiment, rows, mlflow).items()):
-        colour = colours[i % len(colours)]
-        for j, (seed, history) in enumerate(runs):
-            shown = f"{label} ({len(runs)} seeds)" if len(runs) > 1 else label
-            ax.plot(*zip(*history), marker="o", markersize=2, lw=1, color=colour, label=shown if j == 0 else None)
-            at = emerged.get((label, seed))
-            if experiment.plot.metric == SINK1 and at is not None:  # where Sink_1 first passed 1%
-                ax.axvline(at, color=colour, linewidth=0.6, linestyle=":")
-    ax.set_xlabel("step")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-
-
 def plot(experiment: Experiment, rows, mlflow, path: Path, by: str) -> Path | None:
     """The experiment's figure: a metric over steps per run (curve) or per variant (bar), written as ``by``'s."""
     if experiment.plot is None:
@@ -69,12 +51,24 @@ def plot(experiment: Experiment, rows, mlflow, path: Path, by: str) -> Path | No
     import matplotlib.pyplot as plt
 
     spec = experiment.plot
-    with_alpha1 = spec.kind == "bar" and spec.metric == SINK1 and any(r.alpha1.n for r in rows)
+    with_alpha1 = spec.kind == "bar" and spec.metric == N.SINK1 and any(r.alpha1.n for r in rows)
     fig, axes = plt.subplots(1, 2 if with_alpha1 else 1, figsize=(13 if with_alpha1 else 8, 4.5), squeeze=False)
     ax = axes[0][0]
     column = next((i for i, c in enumerate(experiment.columns) if c.metric == spec.metric), None)
     if spec.kind == "curve":
-        _curves(ax, experiment, rows, mlflow)
+        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        emerged = {(row.label, run.seed): run.metrics.get(EMERGED["sink1_1pct"]) for row in rows for run in row.runs}
+        for i, (label, runs) in enumerate(curve_series(experiment, rows, mlflow).items()):
+            colour = colours[i % len(colours)]
+            for j, (seed, history) in enumerate(runs):
+                shown = f"{label} ({len(runs)} seeds)" if len(runs) > 1 else label
+                ax.plot(*zip(*history), marker="o", markersize=2, lw=1, color=colour, label=shown if j == 0 else None)
+                at = emerged.get((label, seed))
+                if experiment.plot.metric == N.SINK1 and at is not None:  # where Sink_1 first passed 1%
+                    ax.axvline(at, color=colour, linewidth=0.6, linestyle=":")
+        ax.set_xlabel("step")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     else:
         labels = [r.label for r in rows]
         xs = range(len(rows))

@@ -14,19 +14,20 @@ from pathlib import Path
 from pipeline import metric_names as N
 from pipeline import metrics as M
 from pipeline import tracking
-from pipeline.experiments.agreement import Agreement, data_line, from_data, index_markdown
-from pipeline.experiments.report_names import ALPHA1, EMERGED, SINK1, UNIFORM
+from pipeline.experiments.agreement import EMERGED, Agreement, data_line, from_data, index_markdown
 from pipeline.experiments.spec import Experiment
 from sinklab_io.outputs import claim, outside, write_output, written
 
 # the columns before the metrics; then one per metric the report reads, by name
 FIXED = ("study", "scale", "read_on", "variant", "seed", "run_id", "status", "steps", "commit", "config_hash")
 WARNING = "memorising"  # the last column: the run's valid-loss warning, "" where none
-STEP_KEYS = (SINK1, N.TRAIN_LOSS, N.VAL_LOSS)  # the last step any of these was logged at is the run's last step
+STEP_KEYS = (N.SINK1, N.TRAIN_LOSS, N.VAL_LOSS)  # the last step any of these was logged at is the run's last step
 PROSE = ["<!-- prose: kept as it stands when this page is regenerated -->", "<!-- /prose -->"]
 INDEX = "README.md"
 INDEX_BY = "sinklab report --docs (the index)"
 DATA = "data"  # DIR/data/<experiment>.csv: the runs a page renders
+page_by = "sinklab report --docs of {}".format  # the writer of an experiment's page, then of its data file
+data_by = "sinklab report --docs of {} (its runs)".format
 
 
 class DataFileError(ValueError):
@@ -45,7 +46,9 @@ class RunTable:
 
 def metrics_read(experiment: Experiment, scale: str) -> list[str]:
     """Every final metric the report (table, agreement, emergence, figure) reads of a run, sorted."""
-    return sorted({experiment.metric(c, scale) for c in experiment.columns} | {ALPHA1, UNIFORM, *EMERGED.values()})
+    return sorted(
+        {experiment.metric(c, scale) for c in experiment.columns} | {N.ALPHA1_MEAN, N.ALPHA1_UNIFORM, *EMERGED.values()}
+    )
 
 
 def from_mlflow(experiment: Experiment, scale: str, mlflow) -> RunTable:
@@ -64,12 +67,6 @@ def from_mlflow(experiment: Experiment, scale: str, mlflow) -> RunTable:
     return RunTable(experiment.name, scale, datetime.now(timezone.utc).date().isoformat(), runs)
 
 
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    return repr(float(value)) if isinstance(value, float) else str(value)
-
-
 def to_csv(table: RunTable, experiment: Experiment) -> str:
     """The table as CSV text, one line per run in the report's order; a value the run did not log is empty."""
     metrics = metrics_read(experiment, table.scale)
@@ -80,7 +77,8 @@ def to_csv(table: RunTable, experiment: Experiment) -> str:
         for r in runs:
             fixed = [table.study, table.scale, table.read_on, r.variant, r.seed, r.run_id, r.status, r.steps]
             values = [*fixed, r.commit, r.config_hash, *(r.metrics.get(m) for m in metrics)]
-            writer.writerow([_cell(v) for v in values] + [r.memorising or ""])
+            cells = ["" if v is None else repr(float(v)) if isinstance(v, float) else str(v) for v in values]
+            writer.writerow(cells + [r.memorising or ""])
     return out.getvalue()
 
 
@@ -191,14 +189,6 @@ def page_top(table: RunTable) -> str:
         f"as read on {table.read_on}, which [{data}]({data}) holds: `sinklab report {name} --from DIR/{data} "
         "--docs DIR` writes this page again from that file alone.\n\n"
     )
-
-
-def page_by(experiment: str) -> str:
-    return f"sinklab report --docs of {experiment}"
-
-
-def data_by(experiment: str) -> str:
-    return f"sinklab report --docs of {experiment} (its runs)"
 
 
 def claim_pages(out: Path, experiment: str) -> None:

@@ -30,30 +30,22 @@ class ExperimentError(ValueError):
     """A malformed experiment file; the message starts with `file:line: field:`."""
 
 
-def line_map(text: str) -> dict[tuple, int]:
-    """Map each YAML path (tuple of keys / indices) to its 1-based line number."""
-    lines: dict[tuple, int] = {}
-
-    def walk(node: yaml.Node, path: tuple) -> None:
-        lines[path] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                walk(value_node, path + (key_node.value,))
-                lines[path + (key_node.value,)] = key_node.start_mark.line + 1  # the key's line, not the value's
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                walk(item, path + (i,))
-
-    root = yaml.compose(text)
-    if root is not None:
-        walk(root, ())
-    return lines
-
-
 class Reader:
     def __init__(self, path: Path, text: str):
-        self.path = path
-        self.lines = line_map(text)
+        self.path, self.lines = path, {}  # each YAML path (tuple of keys / indices) to its 1-based line
+        root = yaml.compose(text)
+        if root is not None:
+            self._walk(root, ())
+
+    def _walk(self, node: yaml.Node, path: tuple) -> None:
+        self.lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                self._walk(value_node, path + (key_node.value,))
+                self.lines[path + (key_node.value,)] = key_node.start_mark.line + 1  # the key's line, not the value's
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._walk(item, path + (i,))
 
     def fail(self, path: tuple, message: str) -> ExperimentError:
         """`file:line: field: message`, the line of the field or of its nearest enclosing one in the file."""
@@ -211,19 +203,6 @@ class Experiment:
 VARIANT_KEYS, COLUMN_KEYS, SCALE_KEYS = ({f.name for f in fields(kind)} for kind in (Variant, Column, ScaleSetup))
 
 
-def _find_file(name_or_path: str | Path) -> Path:
-    candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
-        return candidate
-    matches = [p for p in experiment_files() if p.stem == str(name_or_path)]
-    if len(matches) == 1:
-        return matches[0]
-    if len(matches) > 1:
-        raise ExperimentError(f"experiment name {name_or_path!r} is ambiguous: " + ", ".join(map(str, matches)))
-    known = ", ".join(p.stem for p in experiment_files()) or "(none)"
-    raise ExperimentError(f"no experiment {name_or_path!r} under {EXPERIMENTS_DIR}; known: {known}")
-
-
 def experiment_files() -> list[Path]:
     """Every experiment file; folders whose name starts with `_` hold shared recipes."""
     return sorted(
@@ -234,17 +213,21 @@ def experiment_files() -> list[Path]:
 
 
 def load_experiment(name_or_path: str | Path) -> Experiment:
-    path = _find_file(name_or_path)
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml") or not path.exists():
+        matches = [p for p in experiment_files() if p.stem == str(name_or_path)]
+        if len(matches) > 1:
+            raise ExperimentError(f"experiment name {name_or_path!r} is ambiguous: " + ", ".join(map(str, matches)))
+        if not matches:
+            known = ", ".join(p.stem for p in experiment_files()) or "(none)"
+            raise ExperimentError(f"no experiment {name_or_path!r} under {EXPERIMENTS_DIR}; known: {known}")
+        path = matches[0]
     text = path.read_text()
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ExperimentError(f"{path}: not valid YAML: {err}") from None
-    shown = path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path
-    return _parse(raw, Reader(shown, text), path)
-
-
-def _parse(raw: Any, r: Reader, path: Path) -> Experiment:
+    r = Reader(path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path, text)
     top = r.mapping(raw, (), TOP_KEYS, required=("name", "title", "paper_ref", "scale", "columns", "variants"))
     name = r.name(top["name"], ("name",))
     if name != path.stem:

@@ -106,14 +106,6 @@ class Permutation:
     exact: bool
 
 
-def all_permutations(k: int) -> np.ndarray:
-    """Every permutation of range(k): [k!, k] int8."""
-    perms = np.zeros((1, 0), dtype=np.int8)
-    for m in range(k):  # insert m at every position of each permutation of range(m)
-        perms = np.concatenate([np.insert(perms, i, m, axis=1) for i in range(m + 1)])
-    return perms
-
-
 def permutation(
     means: Sequence[float], paper: Sequence[float], draws: int = PERMUTATIONS, seed: int = BOOTSTRAP_SEED
 ) -> Permutation | None:
@@ -130,7 +122,9 @@ def permutation(
         return int((scores >= observed - tolerance).sum()), int((scores <= observed + tolerance).sum())
 
     if len(x) <= EXACT_UP_TO:
-        perms = all_permutations(len(x))
+        perms = np.zeros((1, 0), dtype=np.int8)  # every permutation of range(len(x)), [k!, k]
+        for m in range(len(x)):  # insert m at every position of each permutation of range(m)
+            perms = np.concatenate([np.insert(perms, i, m, axis=1) for i in range(m + 1)])
         chunks = [tails(x[perms[start : start + (1 << 18)]] @ y) for start in range(0, len(perms), 1 << 18)]
         above, below = map(sum, zip(*chunks))
         return Permutation(above / len(perms), below / len(perms), len(perms), True)

@@ -37,17 +37,6 @@ EMBEDDED_AT_GPU_SCALE = (
 )
 
 
-def data_args(path: Path | None, scale: str) -> list[str]:
-    """`--data.path` for every variant's `sinklab fit`, checked; a note at the gpu scale where none is given."""
-    if path is None:
-        if scale == "gpu":
-            print(EMBEDDED_AT_GPU_SCALE, file=sys.stderr)
-        return []
-    if not (path / "manifest.json").is_file():
-        raise ExperimentError(f"--data-path {path}: no manifest.json there; prepare it with `sinklab prep`")
-    return ["--data.path", str(path)]
-
-
 @dataclass
 class PlannedRun:
     variant: str
@@ -83,12 +72,8 @@ def plan(
         done = tracking.best_runs(known.get(variant.name, []))
         for seed in seeds(experiment, scale, n_seeds):
             best = done.get(seed)
-            if best is None:
-                state = "pending"
-            elif best.finished:
-                state = "finished"
-            else:
-                state = "failed" if best.status in ("failed", "nonfinite", "killed") else "incomplete"
+            failed = best is not None and best.status in ("failed", "nonfinite", "killed")
+            state = "pending" if best is None else "finished" if best.finished else "failed" if failed else "incomplete"
             run_dir = root / variant.name / f"s{seed}"
             previous = best.run_id if best else None
             planned.append(PlannedRun(variant.name, seed, run_dir, run_dir.with_suffix(".yaml"), state, previous))
@@ -234,7 +219,13 @@ def main(argv: list[str] | None = None, runner: Runner | None = None) -> int:
             kept = {experiment.variant(name).name for name in wanted}  # raises with the list of known variants
             experiment = dataclasses.replace(experiment, variants=[v for v in experiment.variants if v.name in kept])
         experiment.setup(args.scale)  # refuses a scale the file does not have
-        extra = data_args(args.data_path, args.scale) + extra
+        if args.data_path is None and args.scale == "gpu":
+            print(EMBEDDED_AT_GPU_SCALE, file=sys.stderr)
+        if args.data_path is not None and not (args.data_path / "manifest.json").is_file():
+            raise ExperimentError(
+                f"--data-path {args.data_path}: no manifest.json there; prepare it with `sinklab prep`"
+            )
+        extra = (["--data.path", str(args.data_path)] if args.data_path else []) + extra  # for every `sinklab fit`
         mlflow = tracking.client()
         planned = plan(experiment, args.scale, args.runs_root, mlflow, args.seeds)
         todo = [r for r in planned if r.to_run]

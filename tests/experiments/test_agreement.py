@@ -1,4 +1,4 @@
-"""What a report reads: every metric it reports has a declared range, and its intervals stay inside it."""
+"""Agreement's metric ranges: every metric it reports has a declared range, and its intervals stay inside it."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from pipeline.experiments import report_names
-from pipeline.experiments.report_names import ALPHA1, RANGES, bounds
+from pipeline import metric_names as N
+from pipeline.experiments.agreement import RANGES, bounds
 from pipeline.experiments.spec import experiment_files, load_experiment
-from pipeline.experiments.stats import spread
+from pipeline.experiments.stats import UNBOUNDED, spread
 
 
 def declared(metric: str) -> bool:
@@ -21,9 +21,9 @@ def test_every_metric_an_experiment_reports_has_a_declared_range():
     for path in experiment_files():
         experiment = load_experiment(path)
         for scale in experiment.scales:
-            metrics = {experiment.metric(c, scale) for c in experiment.columns} | {ALPHA1}
+            metrics = {experiment.metric(c, scale) for c in experiment.columns} | {N.ALPHA1_MEAN}
             undeclared += [f"{path.name} ({scale}): {m}" for m in sorted(metrics) if not declared(m)]
-    assert undeclared == [], "add each metric's range to report_names.RANGES"
+    assert undeclared == [], "add each metric's range to pipeline.experiments.agreement.RANGES"
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_ranges_by_metric(metric, expected):
 
 
 def test_an_undeclared_metric_is_unbounded_and_said_to_be():
-    assert not declared("my/metric") and bounds("my/metric") == report_names.REAL
+    assert not declared("my/metric") and bounds("my/metric") == UNBOUNDED
 
 
 def test_a_kurtosis_interval_never_goes_below_one():
