@@ -67,11 +67,10 @@ class Analysis(inputs.ProbeSettings):
 
 
 def check_args(args: argparse.Namespace) -> Analysis:
-    if args.num_sequences < 1 or args.seq_len < 2:
-        raise SystemExit("sinklab analyze: --num-sequences must be >= 1 and --seq-len >= 2")
+    inputs.at_least(args, BY, num_sequences=1, seq_len=2)
     if not 0 <= args.eps < 1:
         raise SystemExit(f"sinklab analyze: --eps {args.eps}: α lies in [0, 1], so ε must be in [0, 1) (paper: 0.3)")
-    kinds = tuple(inputs.comma_choices(args.inputs, "--inputs", inputs.INPUT_KINDS, BY))
+    kinds = tuple(inputs.comma_list(args.inputs, "--inputs", BY, allowed=inputs.INPUT_KINDS))
     edits = parse_position_edits(args.gpt2_positions)
     if outside := [t for _, t in edits if not 2 <= t <= args.seq_len]:
         raise SystemExit(f"sinklab analyze: --gpt2-positions position {outside[0]} outside 2..{args.seq_len}")

@@ -17,11 +17,33 @@ _MARKDOWN = re.compile(r"[#*_]+")
 INPUT_KINDS = ("natural", "random", "repeat")
 
 
-def comma_choices(text: str, option: str, allowed, prog: str) -> list[str]:
+def comma_list(
+    text: str, option: str, prog: str, parse=str, allowed=(), check=None, refusal="{item!r}: not a number", empty=False
+) -> list:
+    """``option``'s comma list: each item among ``allowed`` (if given), through ``parse`` and passing ``check``; a
+    failing item refuses with ``refusal``, formatted with it (``item``) and the whole ``text``."""
     items = [x.strip() for x in text.split(",") if x.strip()]
-    if bad := [x for x in items if x not in allowed]:
+    if not items and not empty:
+        raise SystemExit(f"{prog}: {option} {text!r}: name at least one")
+    if bad := [x for x in items if allowed and x not in allowed]:
         raise SystemExit(f"{prog}: {option} {','.join(bad)} unknown; choose from {','.join(allowed)}")
-    return items
+    values = []
+    for item in items:
+        try:
+            value = parse(item)
+        except (ValueError, KeyError):
+            value = None
+        if value is None or (check and not check(value)):
+            raise SystemExit(f"{prog}: {option} " + refusal.format(item=item, text=text))
+        values.append(value)
+    return values
+
+
+def at_least(args: argparse.Namespace, prog: str, **least: int) -> None:
+    """Refuse an option below its least value (None: not given)."""
+    for name, n in least.items():
+        if (value := getattr(args, name)) is not None and value < n:
+            raise SystemExit(f"{prog}: --{name.replace('_', '-')} {value}: must be >= {n}")
 
 
 def tokenizer_file(tokenizer: Path | None, dataset: Path | None) -> Path | None:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from docstring_parser import parse_from_object
 
 from pipeline.analysis import passkey as pk
-from pipeline.analysis.inputs import comma_choices, default_text, held_out_sequences
+from pipeline.analysis.inputs import at_least, comma_list, default_text, held_out_sequences
 from pipeline.analysis.kv_results import KvResult, figure, markdown, row_key
 from pipeline.analysis.streamers import CacheSpec, Streamer, kv_heads, perplexity
 from pipeline.analysis.streaming import Reading, add_text_arguments, bos_id, check_positions, load_subject
@@ -138,11 +138,6 @@ def parse_budget(text: str, n_tokens: int | None = None) -> tuple[float, int]:
         raise refuse(f"--budget {text}: a cache needs at least 2 entries")
     if n_tokens is None:
         return 0.0, 0 if m.group(2) else int(float(m.group(1)))
-    if n_tokens < MIN_TOKENS:
-        raise refuse(
-            f"the text has {n_tokens} token{'s' * (n_tokens != 1)}: too short for any budget (at least {MIN_TOKENS}: "
-            "a cache of 2 entries and a token past it)"
-        )
     entries = round(float(m.group(1)) / 100 * n_tokens) if m.group(2) else int(float(m.group(1)))
     if entries < 2:
         raise refuse(f"--budget {text}: {entries} entries of a {n_tokens}-token text; a cache needs at least 2")
@@ -184,10 +179,8 @@ class KvEval:
 
 
 def check_args(args) -> KvEval:
-    names = comma_choices(args.policies, "--policies", POLICIES, BY)
-    sinks = [SINKS[x] for x in comma_choices(args.sinks, "--sinks", SINKS, BY)]
-    if not names or not sinks:
-        raise refuse(f"--policies {args.policies!r} --sinks {args.sinks!r}: name at least one of each")
+    names = comma_list(args.policies, "--policies", BY, allowed=POLICIES)
+    sinks = comma_list(args.sinks, "--sinks", BY, SINKS.__getitem__, allowed=SINKS)
     chosen = {
         n: {f.name: v for f in fields(c) if (v := getattr(args, f"{n}.{f.name}")) is not None}
         for n, c in POLICIES.items()
@@ -198,12 +191,9 @@ def check_args(args) -> KvEval:
         policies = [POLICIES[n](**chosen[n]) for n in names]
     except ValueError as e:
         raise refuse(f"--{e}") from None
-    if args.first < 0:
-        raise refuse(f"--first {args.first}: must be >= 0 (StreamingLLM: 4)")
+    at_least(args, BY, first=0, max_tokens=8)
     if not 0 <= args.eps < 1:
         raise refuse(f"--eps {args.eps}: α lies in [0, 1], so ε must be in [0, 1) (default 0.3)")
-    if args.max_tokens < 8:
-        raise refuse(f"--max-tokens {args.max_tokens}: must be >= 8")
     for text in args.budget or []:  # the form and a number of entries now, a share once the text's length is known
         if entries := parse_budget(text)[1]:
             check_first(args.first, text, entries)

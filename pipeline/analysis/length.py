@@ -75,10 +75,7 @@ class LengthEval(Reading):
 
 
 def check_args(args: argparse.Namespace) -> LengthEval:
-    for name, least in (("factor", 1), ("windows", 1), ("keys", 1), ("train_len", 2), ("bucket", 2)):
-        value = getattr(args, name)
-        if value is not None and value < least:
-            raise refuse(f"--{name.replace('_', '-')} {value}: must be >= {least}")
+    inputs.at_least(args, BY, factor=1, windows=1, keys=1, train_len=2, bucket=2)
     if args.text is not None and args.dataset is not None:
         raise refuse("give --text or --dataset, not both")
     factors = pk.parse_factors(args.passkey, BY)

@@ -9,11 +9,13 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from pipeline import metric_names as N
+from pipeline.analysis.inputs import comma_list, encode
 from pipeline.analysis.streamers import CacheSpec, Streamer, group_by_capacity, streamer_for
 from pipeline.analysis.streaming import add_cache_argument, add_text_arguments, bos_id, check_positions, parse_caches
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, csv_text, log_back, model_name, write_json
@@ -46,10 +48,7 @@ class Trial:
 def build_trial(tokenizer, length: int, depth: float, key: str, bos: int | None = None) -> Trial:
     """About ``length`` tokens: instruction, filler with the needle after ``round(depth * n)`` of its ``n`` repeats,
     question; encoded piece by piece, so trials of one length and key width share a token count."""
-
-    def enc(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
+    enc = partial(encode, tokenizer)
     head = ([bos] if bos is not None else []) + enc(INSTRUCTION)
     unit, question = enc(FILLER), enc(QUESTION)
     pieces = [enc(piece.format(key=key)) for piece in NEEDLE]
@@ -86,7 +85,7 @@ def first_number(text: str) -> str | None:
 
 def answer_length(tokenizer, key: str) -> int:
     """Tokens decoded for an answer: the key's, plus two for what follows it."""
-    return len(tokenizer(" " + key, add_special_tokens=False)["input_ids"]) + 2
+    return len(encode(tokenizer, " " + key)) + 2
 
 
 def check(tokenizer, tokens: list[int], key: str) -> tuple[str, bool]:
@@ -191,24 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_depths(text: str, prog: str = BY) -> list[float]:
-    try:
-        depths = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        depths = []
-    if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
-        raise SystemExit(f"{prog}: --depths {text!r}: expected a comma list of numbers in [0, 1]")
-    return list(dict.fromkeys(depths))
+    why = "{text!r}: expected a comma list of numbers in [0, 1]"
+    return list(dict.fromkeys(comma_list(text, "--depths", prog, float, check=lambda d: 0 <= d <= 1, refusal=why)))
 
 
 def parse_factors(text: str, prog: str) -> list[int]:
     """``--passkey``'s comma list of prompt lengths in multiples of a command's unit ('': none)."""
-    try:
-        factors = [int(f) for f in text.split(",") if f.strip()]
-    except ValueError:
-        raise SystemExit(f"{prog}: --passkey {text!r}: expected a comma list of whole numbers, e.g. 1,2,4,8") from None
-    if any(f < 1 for f in factors):
-        raise SystemExit(f"{prog}: --passkey {text!r}: each factor must be >= 1")
-    return factors
+    why = "{text!r}: expected a comma list of whole numbers >= 1, e.g. 1,2,4,8"
+    return comma_list(text, "--passkey", prog, int, check=lambda f: f >= 1, refusal=why, empty=True)
 
 
 def make_trials(

@@ -63,11 +63,10 @@ class QuantEval(Reading):
 
 
 def check_args(args: argparse.Namespace) -> QuantEval:
-    names = inputs.comma_choices(args.settings, "--settings", SETTINGS, BY)
+    names = inputs.comma_list(args.settings, "--settings", BY, allowed=SETTINGS, empty=True)
     if args.dataset is not None and args.text is not None:
         raise SystemExit("sinklab quant-eval: give --text or --dataset, not both")
-    if args.seq_len < 3 or args.batch_size < 1:
-        raise SystemExit("sinklab quant-eval: --seq-len must be >= 3 and --batch-size >= 1")
+    inputs.at_least(args, BY, seq_len=3, batch_size=1)
     out = args.out or Path("analysis") / model_name(args.model) / "quant"
     settings = ["fp"] + [s for s in dict.fromkeys(names) if s != "fp"]
     return settings_of(QuantEval, args, settings=settings, out=out, device="cpu")

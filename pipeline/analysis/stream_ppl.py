@@ -12,7 +12,7 @@ import torch
 
 from pipeline import metric_names as N
 from pipeline.analysis import streaming
-from pipeline.analysis.inputs import default_text
+from pipeline.analysis.inputs import at_least, default_text
 from pipeline.analysis.streamers import CacheSpec, group_by_capacity, perplexity
 from pipeline.analysis.subject import add_model_arguments, log_back, model_name, write_json, writer
 from sinklab_io.mappings import settings_of
@@ -45,8 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> StreamPpl:
     caches = streaming.parse_caches(args.cache, "stream-ppl")
-    if args.max_tokens < 2:
-        raise SystemExit("sinklab stream-ppl: --max-tokens must be >= 2")
+    at_least(args, BY, max_tokens=2)
     return settings_of(StreamPpl, args, reading=settings_of(streaming.Reading, args), caches=caches)
 
 

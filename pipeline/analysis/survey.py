@@ -14,7 +14,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline import metrics, plots
-from pipeline.analysis.inputs import INPUT_KINDS, ProbeSettings, add_probe_arguments, probe_sets, tokenizer_file
+from pipeline.analysis.inputs import (
+    INPUT_KINDS,
+    ProbeSettings,
+    add_probe_arguments,
+    at_least,
+    comma_list,
+    probe_sets,
+    tokenizer_file,
+)
 from pipeline.analysis.subject import Subject, add_model_arguments, claimed, csv_text, write_json
 from sinklab_io.mappings import settings_of
 from sinklab_io.outputs import write_output
@@ -43,21 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", default="sinklab-analysis", help="MLflow experiment name")
     p.add_argument("--no-mlflow", action="store_true", help="write the files only")
     return p
-
-
-def parse_list(text: str, option: str, parse, allowed=None) -> list:
-    values = []
-    for item in (x.strip() for x in text.split(",") if x.strip()):
-        try:
-            value = parse(item)
-        except ValueError:
-            raise SystemExit(f"sinklab survey: {option} {item!r}: not a number") from None
-        if allowed is not None and value not in allowed:
-            raise SystemExit(f"sinklab survey: {option} {item!r}: choose from {','.join(allowed)}")
-        values.append(value)
-    if not values:
-        raise SystemExit(f"sinklab survey: {option} is empty")
-    return values
 
 
 def column(kind: str, bos: bool) -> str:
@@ -204,11 +197,10 @@ class Survey:
 
 
 def check_args(args: argparse.Namespace) -> Survey:
-    if args.num_sequences < 1 or args.seq_len < 2:
-        raise SystemExit("sinklab survey: --num-sequences must be >= 1 and --seq-len >= 2")
-    kinds = parse_list(args.inputs, "--inputs", str, INPUT_KINDS)
-    bos_modes = [BOS_MODES[m] for m in parse_list(args.bos, "--bos", str, tuple(BOS_MODES))]
-    sweep = sorted(set(parse_list(args.eps_sweep, "--eps-sweep", float) + [args.eps]))
+    at_least(args, BY, num_sequences=1, seq_len=2)
+    kinds = comma_list(args.inputs, "--inputs", BY, allowed=INPUT_KINDS)
+    bos_modes = comma_list(args.bos, "--bos", BY, BOS_MODES.__getitem__, refusal="{item!r}: choose from no,yes")
+    sweep = sorted(set(comma_list(args.eps_sweep, "--eps-sweep", BY, float) + [args.eps]))
     if any(not 0.0 <= e < 1.0 for e in sweep):
         raise SystemExit(f"sinklab survey: --eps/--eps-sweep {sweep}: every ε must lie in [0, 1)")
     probe = settings_of(ProbeSettings, args, inputs=tuple(kinds), positions=1, bos=False)  # only Sink_1 is surveyed
