@@ -101,7 +101,7 @@ def default_text(play: str = "hamlet") -> Path:
     return next(f for f in shakespeare_files() if f.stem == play)
 
 
-def held_out_sequences(dataset: Path, max_tokens: int, command: str = "stream-ppl") -> list[list[int]]:
+def held_out_sequences(dataset: Path, max_tokens: int, command: str) -> list[list[int]]:
     """The val split's sequences, in order, that start within its first ``max_tokens`` tokens."""
     from data_prep.dataset import PackedSplit
 
@@ -118,9 +118,12 @@ def held_out_sequences(dataset: Path, max_tokens: int, command: str = "stream-pp
     return sequences
 
 
-def held_out_stream(dataset: Path, max_tokens: int, command: str = "stream-ppl") -> list[int]:
-    """The first ``max_tokens`` tokens of a prepared dataset's val split, its sequences in order."""
-    return [t for s in held_out_sequences(dataset, max_tokens, command) for t in s][:max_tokens]
+def text_stream(subject, text: Path | None, dataset: Path | None, max_tokens: int) -> list[int]:
+    """The first ``max_tokens`` tokens of ``dataset``'s val split, its sequences in order; else all of ``text``'s
+    (default: Hamlet)."""
+    if dataset is not None:
+        return [t for s in held_out_sequences(dataset, max_tokens, subject.command) for t in s][:max_tokens]
+    return encode(subject.require_tokenizer(), read_text(text or default_text()))
 
 
 def trained_tokenizer(path: Path) -> str | None:

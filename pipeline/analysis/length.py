@@ -116,10 +116,7 @@ def windows(subject, s: LengthEval, length: int, bos: int | None) -> torch.Tenso
     if s.dataset is not None and (bb := bb_windows(s, length)) is not None:
         return bb
     body = length - (bos is not None)
-    if s.dataset is not None:
-        stream = inputs.held_out_stream(s.dataset, s.windows * body, "length-eval")
-    else:
-        stream = inputs.encode(subject.require_tokenizer(), inputs.read_text(s.text or inputs.default_text()))
+    stream = inputs.text_stream(subject, s.text, s.dataset, s.windows * body)
     try:
         ids = inputs.natural_windows(stream, s.windows, body)
     except ValueError as e:

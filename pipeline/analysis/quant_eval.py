@@ -148,17 +148,11 @@ def markdown(result: dict) -> str:
 
 def load_tokens(subject, q: QuantEval) -> tuple[list[int], int | None, str]:
     """The token stream, the BOS id to start each window with (or None) and a label of the text."""
-    bos = bos_id(subject, q.bos)
     if q.dataset is not None:
         inputs.check_dataset_tokenizer(subject, q.dataset)
-        return inputs.held_out_stream(q.dataset, q.max_tokens, "quant-eval"), bos, f"dataset {q.dataset} (val)"
-    if subject.tokenizer is None:
-        raise SystemExit(
-            f"sinklab quant-eval: {q.model}: no tokenizer.json beside it; pass --tokenizer "
-            "<dataset>/tokenizer.json or --dataset DIR"
-        )
-    text = q.text or inputs.default_text()
-    return inputs.encode(subject.tokenizer, inputs.read_text(text))[: q.max_tokens], bos, str(text)
+    text = f"dataset {q.dataset} (val)" if q.dataset else str(q.text or inputs.default_text())
+    ids = inputs.text_stream(subject, q.text, q.dataset, q.max_tokens)[: q.max_tokens]
+    return ids, bos_id(subject, q.bos), text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -96,10 +96,6 @@ def load_subject(spec: str, r: Reading, max_tokens: int, command: str = "stream-
                 f"sinklab {command}: --bos applies to --text; a prepared dataset's sequences carry their own BOS"
             )
         inputs.check_dataset_tokenizer(subject, r.dataset)
-        ids = inputs.held_out_stream(r.dataset, max_tokens, command)
-    else:
-        tokenizer, bos = subject.require_tokenizer(), bos_id(subject, r.bos)
-        ids = ([] if bos is None else [bos]) + inputs.encode(
-            tokenizer, inputs.read_text(r.text or text or inputs.default_text())
-        )
+    bos = None if r.dataset is not None else bos_id(subject, r.bos)
+    ids = ([] if bos is None else [bos]) + inputs.text_stream(subject, r.text or text, r.dataset, max_tokens)
     return streamer_for(subject), ids, subject
