@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -157,20 +156,19 @@ def log_run(
     """The survey's MLflow run: ``settings`` (as survey.json records them) give its parameters and --out."""
     from pipeline.tracking import log_new_run
 
-    safe = lambda s: re.sub(r"[^A-Za-z0-9_.-]", "_", s)  # noqa: E731
     tags = {"sinklab.kind": "analysis-survey", "sinklab.models": ",".join(r["spec"] for r in results)[:5000]}
     if sources := [r["run_id"] for r in results if r.get("run_id")]:
         tags["sinklab.source_runs"] = ",".join(sources)
     params = {k: settings[k] for k in ("num_sequences", "seq_len", "eps", "seed", "inputs", "bos", "eps_sweep")}
     values = {
-        f"{safe(row['model'])}/{k}": v
+        f"{row['model']}/{k}": v
         for row in rows
         for k, v in row.items()
         if k not in ("model", "layers", "heads") and isinstance(v, (int, float))
     }
     # the ε sweep as a curve: step = 100 ε
     curve = [
-        (f"{safe(rec['model'])}/sweep_{name}", value, round(100 * eps))
+        (f"{rec['model']}/sweep_{name}", value, round(100 * eps))
         for rec in results
         for name, cell in rec["cells"].items()
         for eps, value in zip(sweep, cell["sweep"])
