@@ -2,7 +2,7 @@
 FLOPs torch counts in the model's forward, for every registered attention op."""
 
 import dataclasses
-from typing import get_args
+from typing import get_args, get_type_hints
 
 import pytest
 import torch
@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from pipeline.flops import admitted_pairs_count, device_peak_flops, flops_per_token, matmul_params_per_token, mfu
 from pipeline.model import ModelConfig, Transformer
 from pipeline.model.attention_ops import OPS, register
-from pipeline.model.config import FeatureMap
+from pipeline.model.config import AttentionConfig
 from pipeline.model.masks import admitted_pairs
 
 
@@ -103,7 +103,7 @@ def test_kernel_mlp_counts_each_use_per_head():
 def _every_op():
     """Each registered op with a normaliser it takes, under every feature map where it has one."""
     for name, spec in OPS.items():
-        for feature_map in get_args(FeatureMap) if spec.phi else ("identity",):
+        for feature_map in get_args(get_type_hints(AttentionConfig)["feature_map"]) if spec.phi else ("identity",):
             yield dict(op=name, normalizer=spec.normalizers[0], feature_map=feature_map)
 
 
