@@ -117,10 +117,9 @@ class SinkLabCLI(LightningCLI):
         self.start_over = self.resume_from is None and bool(self.run_dir.step_checkpoints())
         self.rank0 = rank_zero_only.rank == 0
         self.mlflow_run_id = None if self.rank0 else self.run_dir.mlflow_run_id()
-        if not self.rank0:
-            return
-        _TAKEN.append((self.run_dir, not self.run_dir.root.exists()))
-        acquire_lock(self.run_dir)
+        if self.rank0:
+            _TAKEN.append((self.run_dir, not self.run_dir.root.exists()))
+            acquire_lock(self.run_dir)
 
     # ---- every class built and checked: only now the config and the MLflow run are recorded ----
     def after_instantiate_classes(self) -> None:

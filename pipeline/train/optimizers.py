@@ -79,10 +79,8 @@ class MuonAdamW(torch.optim.Optimizer):
     dicts (marked ``muon: True`` or ``False``) and state, so a scheduler and a checkpoint see every group."""
 
     def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict, adamw: dict, rows: dict):
-        for group in muon_groups:
-            group["muon"] = True
-        for group in adamw_groups:
-            group["muon"] = False
+        for group in muon_groups + adamw_groups:
+            group["muon"] = any(group is muon_group for muon_group in muon_groups)
         self._muon = SplitMuon(muon_groups, rows, **muon)
         self._adamw = torch.optim.AdamW(adamw_groups, **adamw)
         super().__init__(muon_groups + adamw_groups, {})
