@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from functools import lru_cache
 from typing import Any
 
@@ -61,8 +62,6 @@ def _namespace(data: dict[str, Any]) -> Namespace:
 @lru_cache(maxsize=1)
 def fit_parser():
     """`sinklab fit`'s parser, built once (building it costs about a second)."""
-    import warnings
-
     from .lightning_cli import SinkLabCLI
 
     skipped = ("_set_seed", "before_instantiate_classes", "instantiate_classes", "after_instantiate_classes")
