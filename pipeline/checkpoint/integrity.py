@@ -70,8 +70,6 @@ def checkpoint_problem(path: Path) -> str | None:
     if not path.is_file():
         return "not there"
     blob, problem = _load(path)
-    if problem:
-        return problem
-    if not isinstance(blob, dict) or "state_dict" not in blob:
-        return "not a Lightning checkpoint (no state_dict)"
-    return None
+    if problem is None and not (isinstance(blob, dict) and "state_dict" in blob):
+        problem = "not a Lightning checkpoint (no state_dict)"
+    return problem

@@ -13,6 +13,7 @@ from argparse import ArgumentError
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch.distributed as dist
 from lightning.pytorch.trainer.states import TrainerStatus
 
 from data_prep.dataset import DatasetError
@@ -52,8 +53,6 @@ def _lost_peer(trainer) -> str:
 def _leave_process_group() -> None:
     """After a fit that returned on every rank: leave the process group together (a gloo group left to the
     interpreter's shutdown can abort the process, and srun then ends the whole step)."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
