@@ -141,15 +141,14 @@ class SinkLabCLI(LightningCLI):
                 f"than the model's {self.model.arch.max_seq_len} positions; prepare it with a probe length of "
                 f"at most {manifest.context_length}, or turn the sink probe off (run.sink_every 0)"
             )
-        self.resume_step = None
-        if self.resume_from:  # before anything of this start is written: nothing to undo on a refusal
-            self.resume_step = check_resume(
-                Path(self.resume_from),
-                self.model.arch.to_dict(),
-                vars(self.model.optim),
-                self.datamodule.order(),
-                self.trainer.max_steps,
-            )
+        # before anything of this start is written: nothing to undo on a refusal
+        self.resume_step = self.resume_from and check_resume(
+            Path(self.resume_from),
+            self.model.arch.to_dict(),
+            vars(self.model.optim),
+            self.datamodule.order(),
+            self.trainer.max_steps,
+        )
         init_tags = {}
         if self.model.init and not self.resume_from:
             probe = self.datamodule.probe_tokens()
