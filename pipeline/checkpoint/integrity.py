@@ -60,12 +60,6 @@ def _deepspeed_problem(path: Path) -> str | None:
     return None
 
 
-def model_states_file(path: Path) -> Path:
-    """A DeepSpeed checkpoint directory's model-states file (rank 0's tensors, Lightning's training state)."""
-    tag_dir = Path(path) / (Path(path) / "latest").read_text().strip()
-    return sorted(tag_dir.glob("*model_states.pt"))[0]  # checkpoint_problem refuses a directory without one
-
-
 def checkpoint_problem(path: Path) -> str | None:
     """What is wrong with a step checkpoint (a file, or a DeepSpeed directory), or None."""
     path = Path(path)
@@ -76,8 +70,6 @@ def checkpoint_problem(path: Path) -> str | None:
     if not path.is_file():
         return "not there"
     blob, problem = _load(path)
-    if problem:
-        return problem
-    if not isinstance(blob, dict) or "state_dict" not in blob:
-        return "not a Lightning checkpoint (no state_dict)"
-    return None
+    if problem is None and not (isinstance(blob, dict) and "state_dict" in blob):
+        problem = "not a Lightning checkpoint (no state_dict)"
+    return problem

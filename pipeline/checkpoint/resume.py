@@ -15,7 +15,7 @@ from pipeline.model.loading import checkpoint_arch
 from sinklab_io.mappings import flatten
 from sinklab_io.notices import warn
 
-from .integrity import checkpoint_problem, model_states_file
+from .integrity import checkpoint_problem
 from .rundir import CKPT_RE, RunDir, RunDirError
 
 # how a run is carried out, not what it is: a resume may change these optimiser fields
@@ -26,8 +26,9 @@ NEW_RUN = "to train those weights under new settings, start a new run with --mod
 def checkpoint_meta(path: Path) -> dict[str, Any]:
     """The checkpoint's step, hyper-parameters, data order and lr schedules, read memory-mapped."""
     path = Path(path)
-    source = model_states_file(path) if path.is_dir() else path
-    blob = torch.load(source, map_location="cpu", mmap=True, weights_only=False)
+    if path.is_dir():  # DeepSpeed's: the model-states file (rank 0's tensors, Lightning's training state)
+        path = sorted((path / (path / "latest").read_text().strip()).glob("*model_states.pt"))[0]
+    blob = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     return {
         "global_step": int(blob.get("global_step", 0)),
         "hyper_parameters": blob.get("hyper_parameters") or {},

@@ -22,10 +22,6 @@ class RunDirError(RuntimeError):
     """The run directory cannot be used as asked."""
 
 
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:06d}.ckpt"
-
-
 class RunDir:
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)

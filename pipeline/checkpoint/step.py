@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from sinklab_io.atomic import atomic_path, remove
 
 from .integrity import NonFiniteLossError, nonfinite_state
-from .rundir import RunDir, checkpoint_name
+from .rundir import RunDir
 
 
 class BesideTargetIO(TorchCheckpointIO):
@@ -74,7 +74,7 @@ class StepCheckpoint(Checkpoint):
                 f"checkpoint; the ones in {self.run_dir.checkpoints} are kept. Start a new run directory with a "
                 "lower optim.lr or a longer warm-up, or check the data."
             )
-        final = self.run_dir.checkpoints / checkpoint_name(step)
+        final = self.run_dir.checkpoints / f"step-{step:06d}.ckpt"
         tmp = self.run_dir.checkpoints / f".{final.name}.partial"
         if trainer.is_global_zero:
             remove(tmp)

@@ -101,21 +101,22 @@ class SinkMetrics(Callback):
         t0 = time.perf_counter()
         if self._probe is None:
             self._probe = trainer.datamodule.probe_tokens()
-            # a Bigram-Backcopy dataset's triggers: the active/dormant split and the value-state drain
-            triggers = getattr(trainer.datamodule.manifest, "trigger_ids", None)
-            self._probe_args = {
-                "trigger_ids": triggers,
-                "output_qkv": triggers is not None,
-                "flow": self.flow,
-                "mixing_sequences": TRAINING_MIXING_SEQUENCES,
-            }
+        # a Bigram-Backcopy dataset's triggers: the active/dormant split and the value-state drain
+        triggers = getattr(trainer.datamodule.manifest, "trigger_ids", None)
         model, gathered = pl_module.model, contextlib.nullcontext()  # FSDP2 gathers each block in its forward
         if getattr(trainer.strategy, "zero_stage_3", False):
             import deepspeed
 
             gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
         with gathered, uncompiled():
-            measures = sink_probe.run_probe(model, self._probe.to(pl_module.device), **self._probe_args)
+            measures = sink_probe.run_probe(
+                model,
+                self._probe.to(pl_module.device),
+                trigger_ids=triggers,
+                output_qkv=triggers is not None,
+                flow=self.flow,
+                mixing_sequences=TRAINING_MIXING_SEQUENCES,
+            )
         if not trainer.is_global_zero:
             return
         # beside the sink measures, heads/entropy_*, heads/out_norm_*, heads/dormant_pct

@@ -13,6 +13,7 @@ from argparse import ArgumentError
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch.distributed as dist
 from lightning.pytorch.trainer.states import TrainerStatus
 
 from data_prep.dataset import DatasetError
@@ -52,8 +53,6 @@ def _lost_peer(trainer) -> str:
 def _leave_process_group() -> None:
     """After a fit that returned on every rank: leave the process group together (a gloo group left to the
     interpreter's shutdown can abort the process, and srun then ends the whole step)."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
@@ -73,30 +72,24 @@ def _finish(cli, trainer, status: str) -> None:
         cli.preemption_cb.requeue()
 
 
-class _Held(logging.Handler):
-    def __init__(self, held: list, handlers: list[logging.Handler]):
-        super().__init__()
-        self.held, self.handlers = held, handlers
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.held += [(handler, record) for handler in self.handlers]
-
-
 @contextmanager
 def _start_up_notes_held() -> Iterator[None]:
     """Lightning's start-up notes held until the config is accepted: a refused start prints one line."""
     held: list[tuple[logging.Handler, logging.LogRecord]] = []
-    saved = {logging.getLogger(name): None for name in ("lightning", "lightning.pytorch", "lightning.fabric")}
-    for logger in saved:
-        saved[logger], logger.handlers = logger.handlers, [_Held(held, logger.handlers)]
+    holds = {  # a filter that keeps the record and lets nothing through
+        handler: lambda record, handler=handler: held.append((handler, record))
+        for name in ("lightning", "lightning.pytorch", "lightning.fabric")
+        for handler in logging.getLogger(name).handlers
+    }
+    for handler, hold in holds.items():
+        handler.addFilter(hold)
     try:
         yield
     finally:
-        for logger, handlers in saved.items():
-            logger.handlers = handlers
+        for handler, hold in holds.items():
+            handler.removeFilter(hold)
     for handler, record in held:
-        if record.levelno >= handler.level:
-            handler.handle(record)
+        handler.handle(record)
 
 
 def _failed(line: str, code: int) -> int:

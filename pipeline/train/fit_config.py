@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from functools import lru_cache
 from typing import Any
 
@@ -61,8 +62,6 @@ def _namespace(data: dict[str, Any]) -> Namespace:
 @lru_cache(maxsize=1)
 def fit_parser():
     """`sinklab fit`'s parser, built once (building it costs about a second)."""
-    import warnings
-
     from .lightning_cli import SinkLabCLI
 
     skipped = ("_set_seed", "before_instantiate_classes", "instantiate_classes", "after_instantiate_classes")
@@ -100,14 +99,7 @@ def check_batch(config: Namespace) -> None:
     plan_batch(config.data.global_batch_tokens, context, config.data.micro_batch_size, int(devices) * int(nodes))
 
 
-_NOISE = (
-    "NoneType",
-    "Does not validate against",
-    "Subtypes:",
-    "Errors:",
-    "Given value",
-    "Problem with given class_path",
-)
+_NOISE = re.compile("NoneType|Does not validate against|Subtypes:|Errors:|Given value|Problem with given class_path")
 
 
 def parse_error_line(message: str) -> str:
@@ -118,7 +110,7 @@ def parse_error_line(message: str) -> str:
             key, _, rest = line[len('Parser key "') :].partition('":')
             keys.append(key)
             line = rest.strip()
-        if line and not any(noise in line for noise in _NOISE):
+        if line and not _NOISE.search(line):
             reasons.append(line)
     where = ".".join(keys)
     if where == OPTIM_TARGET or where.startswith(OPTIM_TARGET + "."):  # the link's copy of `optim`

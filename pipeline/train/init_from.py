@@ -199,12 +199,3 @@ def trainable_names(model: torch.nn.Module, globs: str) -> set[str]:
             raise ConfigError(f"model.trainable: {glob!r} matches no parameter (names look like {example!r})")
         chosen.update(hits)
     return chosen
-
-
-def freeze_all_but(model: torch.nn.Module, globs: str | None) -> None:
-    """requires_grad only on the parameters ``globs`` matches (None: all train)."""
-    if globs is None:
-        return
-    chosen = trainable_names(model, globs)
-    for name, p in model.named_parameters():
-        p.requires_grad_(name in chosen)

@@ -49,9 +49,6 @@ class Interventions:
         return int(token)
 
 
-VAL_STREAM = 1  # validation rows draw from their own random stream, never a training row's
-
-
 def apply_interventions(
     tokens: np.ndarray,
     sample_ids: np.ndarray,
@@ -70,7 +67,8 @@ def apply_interventions(
     if cfg.resample:
         cols = np.asarray(cfg.resample) - 1
         for row, (sample, epoch) in enumerate(zip(sample_ids, epoch_ids)):
-            key = [seed, 0x5EED, int(epoch), int(sample)] + ([VAL_STREAM] if validation else [])
+            # a validation row draws from a random stream of its own, never a training row's
+            key = [seed, 0x5EED, int(epoch), int(sample)] + ([1] if validation else [])
             out[row, cols] = np.random.default_rng(key).integers(0, vocab_size, size=len(cols))
     if cfg.fix_position:
         out[:, cfg.fix_position - 1] = cfg.resolve_fix_token(special_ids)

@@ -117,10 +117,9 @@ class SinkLabCLI(LightningCLI):
         self.start_over = self.resume_from is None and bool(self.run_dir.step_checkpoints())
         self.rank0 = rank_zero_only.rank == 0
         self.mlflow_run_id = None if self.rank0 else self.run_dir.mlflow_run_id()
-        if not self.rank0:
-            return
-        _TAKEN.append((self.run_dir, not self.run_dir.root.exists()))
-        acquire_lock(self.run_dir)
+        if self.rank0:
+            _TAKEN.append((self.run_dir, not self.run_dir.root.exists()))
+            acquire_lock(self.run_dir)
 
     # ---- every class built and checked: only now the config and the MLflow run are recorded ----
     def after_instantiate_classes(self) -> None:
@@ -142,15 +141,14 @@ class SinkLabCLI(LightningCLI):
                 f"than the model's {self.model.arch.max_seq_len} positions; prepare it with a probe length of "
                 f"at most {manifest.context_length}, or turn the sink probe off (run.sink_every 0)"
             )
-        self.resume_step = None
-        if self.resume_from:  # before anything of this start is written: nothing to undo on a refusal
-            self.resume_step = check_resume(
-                Path(self.resume_from),
-                self.model.arch.to_dict(),
-                vars(self.model.optim),
-                self.datamodule.order(),
-                self.trainer.max_steps,
-            )
+        # before anything of this start is written: nothing to undo on a refusal
+        self.resume_step = self.resume_from and check_resume(
+            Path(self.resume_from),
+            self.model.arch.to_dict(),
+            vars(self.model.optim),
+            self.datamodule.order(),
+            self.trainer.max_steps,
+        )
         init_tags = {}
         if self.model.init and not self.resume_from:
             probe = self.datamodule.probe_tokens()

@@ -18,7 +18,7 @@ from pipeline.model.config import ARCH
 from sinklab_io.notices import warn
 
 from .compiling import compile_blocks, failure_line
-from .init_from import SLOT_MARGIN, freeze_all_but
+from .init_from import SLOT_MARGIN, trainable_names
 from .loss import next_token_loss
 from .optim import OptimConfig, build_optimizer, build_scheduler
 from .recording import record_metrics, reduced, set_tag
@@ -109,7 +109,10 @@ class SinkLabModule(L.LightningModule):
         elif self.init_state is not None:
             self.model.load_state_dict(self.init_state)
         self.init_state = None
-        freeze_all_but(self.model, self.trainable)
+        if self.trainable is not None:  # requires_grad only on the parameters it names
+            chosen = trainable_names(self.model, self.trainable)
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(name in chosen)
         for block in self.model.blocks:
             if self.activation_checkpointing:
                 block.forward = _recomputed(block.forward)

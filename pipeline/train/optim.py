@@ -59,8 +59,9 @@ class OptimConfig:
         for name in ("beta1", "beta2", "momentum", "muon_momentum"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"optim.{name}={getattr(self, name)}: must be in [0, 1)")
-        if not self.eps >= 0:
-            raise ConfigError(f"optim.eps={self.eps}: must be >= 0")
+        for name in ("eps", "weight_decay"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"optim.{name}={getattr(self, name)}: must be >= 0")
         if not 0 <= self.min_lr < self.lr:
             raise ConfigError(f"optim.min_lr={self.min_lr}: must be >= 0 and below lr={self.lr}")
         if not 0 <= self.warmup_steps < max_steps:
@@ -69,8 +70,6 @@ class OptimConfig:
             raise ConfigError(f"optim.name={self.name!r}: allowed values are {', '.join(OPTIMIZERS)}")
         if self.muon_lr is not None and not self.muon_lr > 0:
             raise ConfigError(f"optim.muon_lr={self.muon_lr}: must be positive (or null: optim.lr)")
-        if self.weight_decay < 0:
-            raise ConfigError(f"optim.weight_decay={self.weight_decay}: must be >= 0")
         if not 0 <= self.rotation_seed < 2**32:  # OrthoAdam derives a torch seed per parameter from it
             raise ConfigError(f"optim.rotation_seed={self.rotation_seed}: must be in 0..{2**32 - 1} (32 bits)")
 

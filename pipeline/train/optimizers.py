@@ -79,10 +79,8 @@ class MuonAdamW(torch.optim.Optimizer):
     dicts (marked ``muon: True`` or ``False``) and state, so a scheduler and a checkpoint see every group."""
 
     def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict, adamw: dict, rows: dict):
-        for group in muon_groups:
-            group["muon"] = True
-        for group in adamw_groups:
-            group["muon"] = False
+        for group in muon_groups + adamw_groups:
+            group["muon"] = any(group is muon_group for muon_group in muon_groups)
         self._muon = SplitMuon(muon_groups, rows, **muon)
         self._adamw = torch.optim.AdamW(adamw_groups, **adamw)
         super().__init__(muon_groups + adamw_groups, {})
@@ -196,29 +194,25 @@ class OrthoAdam(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = _evaluate(closure)
-        index = -1
-        for group in self.param_groups:
+        pairs = ((group, p) for group in self.param_groups for p in group["params"])
+        for index, (group, p) in enumerate(pairs):  # index: the parameter's place, stable across resumes
+            if p.grad is None:
+                continue
             lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                index += 1  # the parameter's place in the optimizer, stable across resumes
-                if p.grad is None:
-                    continue
-                rotation = self._rotation(index, p)
-                grad = _placed_like(rotation.forward(_full(p.grad)), p)
-                state = self.state[p]
-                if not state:
-                    state.update(
-                        step=torch.tensor(0.0), exp_avg=torch.zeros_like(grad), exp_avg_sq=torch.zeros_like(grad)
-                    )
-                exp_avg, exp_avg_sq, step_t = state["exp_avg"], state["exp_avg_sq"], state["step"]
-                # torch's single-tensor AdamW, operation for operation
-                step_t += 1
-                p.mul_(1 - lr * wd)
-                exp_avg.lerp_(grad, 1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                step = step_t.item()
-                step_size = lr / (1 - beta1**step)
-                denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
-                update = (exp_avg * -step_size) / denom  # addcdiv_'s order: (value * t1) / t2
-                p.add_(_placed_like(rotation.back(_full(update)), p))
+            rotation = self._rotation(index, p)
+            grad = _placed_like(rotation.forward(_full(p.grad)), p)
+            state = self.state[p]
+            if not state:
+                state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(grad), exp_avg_sq=torch.zeros_like(grad))
+            exp_avg, exp_avg_sq, step_t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+            # torch's single-tensor AdamW, operation for operation
+            step_t += 1
+            p.mul_(1 - lr * wd)
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            step = step_t.item()
+            step_size = lr / (1 - beta1**step)
+            denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
+            update = (exp_avg * -step_size) / denom  # addcdiv_'s order: (value * t1) / t2
+            p.add_(_placed_like(rotation.back(_full(update)), p))
         return loss

@@ -42,7 +42,17 @@ class DeepSpeedStrategy(LightningDeepSpeedStrategy):
     def setup_environment(self) -> None:
         if not self._on_cpu():
             return super().setup_environment()
-        _use_deepspeed_cpu()
+        # DeepSpeed's CPU accelerator, without its optional shared-memory all-reduce op (a build of minutes)
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed.ops
+        from deepspeed.accelerator import get_accelerator
+
+        if get_accelerator().device_name() != "cpu":
+            raise RuntimeError(
+                f"the trainer runs on CPU but DeepSpeed chose its '{get_accelerator().device_name()}' "
+                "accelerator; set DS_ACCELERATOR=cpu in the job's environment"
+            )
+        deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
         DDPStrategy.setup_environment(self)
 
     def setup_distributed(self) -> None:
@@ -61,20 +71,6 @@ class DeepSpeedStrategy(LightningDeepSpeedStrategy):
 
     def backward(self, closure_loss, optimizer, *args, **kwargs):
         return super().backward(closure_loss, optimizer, *args, scale_wrt_gas=False, **kwargs)
-
-
-def _use_deepspeed_cpu() -> None:
-    """DeepSpeed's CPU accelerator, without its optional shared-memory all-reduce op (a build of minutes)."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed.ops
-    from deepspeed.accelerator import get_accelerator
-
-    if get_accelerator().device_name() != "cpu":
-        raise RuntimeError(
-            f"the trainer runs on CPU but DeepSpeed chose its '{get_accelerator().device_name()}' "
-            "accelerator; set DS_ACCELERATOR=cpu in the job's environment"
-        )
-    deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
 
 
 for _stage in (None, 1, 2, 3):
