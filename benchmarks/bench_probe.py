@@ -1,7 +1,8 @@
-"""One live sink probe against the training steps between two probes, measured side by side.
+"""One live sink probe against the training steps between two probes, measured side by side, and what its
+information-flow metrics add (the probe without them and with every sequence perturbed, docs/analysis.md).
 
 The last line, ``ratio=<probe seconds / (every x step seconds)>``, is the probe's share of training in
-wall time (docs/training.md).
+wall time (docs/training.md); ``overhead=`` and ``overhead_all=`` before it, the flow metrics' share.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ def main() -> None:
     plot_dir = Path(tempfile.mkdtemp(prefix="bench-probe-"))
     step = train_step(model, torch.randint(0, manifest.vocab_size, (args.batch, args.context + 1)), lr=1e-4)
 
-    def probe_as_trained():
-        measures = run_probe(model, probe, mixing_sequences=TRAINING_MIXING_SEQUENCES)
+    def probe_as_trained(**flow):
+        measures = run_probe(model, probe, **(flow or {"mixing_sequences": TRAINING_MIXING_SEQUENCES}))
         measures.to_metrics() | measures.head_metrics()
         return measures
 
@@ -78,6 +79,8 @@ def main() -> None:
     measures = probe_as_trained()  # warm-up
     works = {
         "probe": probe_as_trained,
+        "probe without flow": lambda: probe_as_trained(flow=False),
+        "probe, every sequence perturbed": lambda: probe_as_trained(flow=True),
         "figures": lambda: probe_figures(measures, 0, plot_dir, None),
         "step": lambda: [step() for _ in range(args.steps)],
     }
@@ -90,6 +93,11 @@ def main() -> None:
     for name, (wall, cpu) in best.items():
         print(f"{name:40s} {wall * 1000:9.1f} ms wall {cpu * 1000:9.1f} ms cpu")
     step_wall, step_cpu = best["step"]
+    plain, every = best["probe without flow"][0], best["probe, every sequence perturbed"][0]
+    extra, extra_all = best["probe"][0] - plain, every - plain
+    print(f"flow per probe, training ({TRAINING_MIXING_SEQUENCES} sequences perturbed) / every sequence: ", end="")
+    print(f"{extra:.3f} / {extra_all:.3f} s; flow_ratio={extra / extra_all:.3f}")
+    print(f"overhead={extra / (args.every * step_wall):.4f} overhead_all={extra_all / (args.every * step_wall):.4f}")
     print(f"figures_ratio={best['figures'][0] / (args.plot_every * step_wall):.4f}")
     print(f"cpu_ratio={best['probe'][1] / (args.every * step_cpu):.4f}")
     print(f"every_for_1pct={math.ceil(best['probe'][1] / (0.01 * step_cpu))}  (the least sink_every at 1% in CPU time)")
