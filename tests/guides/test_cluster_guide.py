@@ -107,9 +107,9 @@ def test_cluster_guide_runs_as_written(slurm, tmp_path):
             patch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
             patch.setenv("MLFLOW_TRACKING_PASSWORD", password)
             steps = sorted(m.step for m in MlflowClient(uri).get_metric_history(single.info.run_id, "train/loss"))
-        assert steps == list(range(steps[0], steps[0] + 40)) and steps[0] in (0, 1), (
+        assert steps == list(range(steps[0], steps[0] + 160)) and steps[0] in (0, 1), (
             steps
-        )  # 40 steps, none lost or twice
+        )  # 160 steps, none lost or twice
         assert single.info.status == "FINISHED"
         # The sweep: both variants finished, as children of its parent run.
         sweep = [r for r in runs.values() if r.data.params.get("run.variant") in ("wd-0.0", "wd-0.5")]
