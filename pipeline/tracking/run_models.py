@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import metric_names as N
-from sinklab_io.atomic import remove
+from sinklab_io.atomic import publish, remove
 
 from .contract import MODEL_NAME, TAG_MODEL_ID, tracking_uri
 
@@ -59,7 +59,7 @@ def resolve_model(spec: str, uri: str | None = None) -> ResolvedModel:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from pipeline.model.hf_sources import cache_dir, publish
+    from pipeline.model.hf_sources import cache_dir
     from pipeline.model.loading import CONFIG_NAME, WEIGHTS_NAME
 
     uri = uri or tracking_uri()

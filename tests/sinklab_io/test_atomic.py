@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sinklab_io.atomic import atomic_path, atomic_write
+from sinklab_io.atomic import atomic_path, atomic_write, publish
 from sinklab_io.outputs import MARKER, NotOurs, atomic_directory
 
 
@@ -59,3 +59,21 @@ def test_the_current_directory_and_its_parents_are_refused(tmp_path, monkeypatch
             with atomic_directory(target, kind="test"):
                 pytest.fail("refused before any work")
     assert work.is_dir() and not any(work.iterdir())
+
+
+def test_publish_moves_a_filled_folder_into_place_or_leaves_nothing(tmp_path):
+    def fill(tmp):
+        (tmp / "model").mkdir()
+        (tmp / "model" / "config.json").write_text("{}")
+        return tmp / "model"
+
+    target = publish(tmp_path / "cache" / "model", fill)
+    assert (target / "config.json").read_text() == "{}" and sorted(p.name for p in target.parent.iterdir()) == ["model"]
+
+    def broken(tmp):
+        (tmp / "half").write_text("x")
+        raise OSError("download cut")
+
+    with pytest.raises(OSError, match="download cut"):
+        publish(tmp_path / "cache" / "other", broken)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["model"]  # no temporary, no half target
