@@ -70,8 +70,8 @@ def main() -> None:
     plot_dir = Path(tempfile.mkdtemp(prefix="bench-probe-"))
     step = train_step(model, torch.randint(0, manifest.vocab_size, (args.batch, args.context + 1)), lr=1e-4)
 
-    def probe_as_trained(**flow):
-        measures = run_probe(model, probe, **(flow or {"mixing_sequences": TRAINING_MIXING_SEQUENCES}))
+    def probe_as_trained(flow: bool = True, mixing_sequences: int | None = TRAINING_MIXING_SEQUENCES):
+        measures = run_probe(model, probe, flow=flow, mixing_sequences=mixing_sequences)
         measures.to_metrics() | measures.head_metrics()
         return measures
 
@@ -80,7 +80,7 @@ def main() -> None:
     works = {
         "probe": probe_as_trained,
         "probe without flow": lambda: probe_as_trained(flow=False),
-        "probe, every sequence perturbed": lambda: probe_as_trained(flow=True),
+        "probe, every sequence perturbed": lambda: probe_as_trained(mixing_sequences=None),
         "figures": lambda: probe_figures(measures, 0, plot_dir, None),
         "step": lambda: [step() for _ in range(args.steps)],
     }
