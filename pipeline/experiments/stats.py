@@ -1,5 +1,5 @@
 """Statistics over seeds: spreads, the rank agreement's interval and permutation p, Holm's adjustment, verdicts,
-emergence steps and Welch orderings.
+emergence steps and orderings by pairwise tests.
 
 Definitions and their rationale: docs/experiments.md (Reports).
 """
@@ -205,12 +205,21 @@ def emergence(steps: Sequence[float | None]) -> str:
     return f"{median}, {counted}" if values[0] == values[-1] else f"{median} ({first}–{last}), {counted}"
 
 
-def welch(a: Spread, b: Spread) -> float:
-    """Two-sided p of Welch's t-test of a's seeds against b's; 1 where it is undefined (both constant and equal)."""
-    with warnings.catch_warnings():  # constant seeds: scipy warns of precision loss, its p is still 0 or NaN
-        warnings.simplefilter("ignore", RuntimeWarning)
-        p = float(scipy_stats.ttest_ind(a.values, b.values, equal_var=False).pvalue)
-    return 1.0 if p != p else p
+def pair_test(a: Spread, b: Spread) -> tuple[str, float]:
+    """The test that compares a's seeds with b's and its two-sided p: Welch's t-test, or where both are constant
+    over seeds (Welch's t infinite or undefined) the exact permutation test of the difference in means."""
+    if len(set(a.values)) > 1 or len(set(b.values)) > 1:
+        with warnings.catch_warnings():  # a constant group: scipy warns of precision loss, its variance is still 0
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return "Welch", float(scipy_stats.ttest_ind(a.values, b.values, equal_var=False).pvalue)
+    p = scipy_stats.permutation_test(
+        (a.values, b.values), _mean_difference, permutation_type="independent", n_resamples=math.inf
+    ).pvalue
+    return "exact permutation", min(float(p), 1.0)
+
+
+def _mean_difference(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(x, axis=axis) - np.mean(y, axis=axis)
 
 
 def show_p(p: float, level: float = ALPHA) -> str:
@@ -222,7 +231,7 @@ def show_p(p: float, level: float = ALPHA) -> str:
 
 
 def ordering(names: Sequence[str], spreads: Sequence[Spread], digits: int = 2) -> str | None:
-    """The variants by mean, highest first, then every pair Welch's t-test tells apart, Holm-adjusted over all
+    """The variants by mean, highest first, then every pair its `pair_test` tells apart, Holm-adjusted over all
     pairs ("a > b (Welch, Holm p = 0.012)"), and the rest as not resolved; None unless every variant has 2
     seeds or more. Means equal at `digits` decimals are never told apart."""
     pairs = [(name, s) for name, s in zip(names, spreads) if s.mean is not None]
@@ -231,10 +240,11 @@ def ordering(names: Sequence[str], spreads: Sequence[Spread], digits: int = 2) -
     pairs.sort(key=lambda p: -p[1].mean)
     means = ", ".join(f"{name} {s.mean:.{digits}f}" for name, s in pairs)
     tested = [(a, sa, b, sb) for i, (a, sa) in enumerate(pairs) for b, sb in pairs[i + 1 :]]
-    adjusted = holm([welch(sa, sb) for _, sa, _, sb in tested])
+    tests = [pair_test(sa, sb) for _, sa, _, sb in tested]
+    adjusted = holm([p for _, p in tests])
     resolved = [
-        f"{a} > {b} (Welch, Holm p = {show_p(q)})"
-        for (a, sa, b, sb), q in zip(tested, adjusted)
+        f"{a} > {b} ({test}, Holm p = {show_p(q)})"
+        for (a, sa, b, sb), (test, _), q in zip(tested, tests, adjusted)
         if q < ALPHA and distinct([sa.mean, sb.mean], digits) == 2
     ]
     counts = sorted({s.n for _, s in pairs})

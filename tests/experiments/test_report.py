@@ -238,11 +238,8 @@ def test_agreement_and_emergence_of_a_synthetic_experiment_with_known_rho(tmp_pa
     assert "| valid loss | 1 | 2 | — | — | — | — | — | 1 | undefined |" in md
     assert "| mean alpha_1 (ours) vs Sink_1 (paper) | 4 | 2 | +0.95 [+0.95, +0.95] | 0.083 (all 24) | 0.17 |" in md
     assert "family of this report, its 2 rows with a p (Sink_1 (%), mean alpha_1 (ours) vs Sink_1 (paper))" in md
-    # seeds that agree: Welch's t is infinite for every pair of different means
-    assert (
-        "- Sink_1 (%): d 4.00, b 3.00, c 2.00, a 1.00; d > b (Welch, Holm p = 0); d > c (Welch, Holm p = 0); "
-        "d > a (Welch, Holm p = 0); b > c (Welch, Holm p = 0); b > a (Welch, Holm p = 0); c > a (Welch, Holm p = 0)\n"
-    ) in md
+    # seeds that agree: Welch's t is infinite, and the exact permutation p of 2 seeds against 2 is at least 2/6
+    assert "- Sink_1 (%): d 4.00, b 3.00, c 2.00, a 1.00; every pair not resolved at 2 seeds\n" in md
 
     exp = mlflow_env.get_experiment_by_name(f"sinklab/{unique_name}")
     (logged,) = mlflow_env.search_runs([exp.experiment_id], "tags.`sinklab.kind` = 'sweep'")

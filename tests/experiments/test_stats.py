@@ -212,7 +212,7 @@ def test_emergence_counts_runs_that_never_emerged():
     assert stats.emergence([]) == "—"
 
 
-def test_ordering_names_the_pairs_welch_resolves_after_holm():
+def test_ordering_names_the_pairs_its_tests_resolve_after_holm():
     a, b, c = stats.spread([10.0, 11.0, 12.0]), stats.spread([0.0, 1.0, 2.0]), stats.spread([0.5, 1.5, 1.0])
     wide = stats.spread([-20.0, 5.0, 30.0])  # resolves from nothing
     # a vs b: t = 10 / sqrt(1/3 + 1/3) on 4 df; a vs c: t = 10 / sqrt(1/3 + 1/12) on Welch's
@@ -233,21 +233,33 @@ def test_ordering_names_the_pairs_welch_resolves_after_holm():
     assert stats.ordering(["b", "two"], [b, two]) == "b 1.00, two 0.50; every pair not resolved at 2–3 seeds"
     assert stats.ordering(["a", "two"], [a, two]) == "a 11.00, two 0.50; a > two (Welch, Holm p = 0.001)"
     same = [stats.spread([1.0, 1.0]), stats.spread([1.0, 1.0]), stats.spread([2.0, 2.0])]  # constant seeds
-    assert stats.ordering(["x", "y", "z"], same) == (
-        "z 2.00, x 1.00, y 1.00; z > x (Welch, Holm p = 0); z > y (Welch, Holm p = 0); "
-        "every other pair not resolved at 2 seeds"
-    )
+    assert stats.ordering(["x", "y", "z"], same) == "z 2.00, x 1.00, y 1.00; every pair not resolved at 2 seeds"
 
 
 def test_the_welch_p_is_scipys_and_holm_spans_the_pairs_of_a_column():
     a, b = stats.spread([1.0, 2.0, 3.5]), stats.spread([3.0, 4.5, 6.0, 5.0])
-    assert stats.welch(a, b) == scipy_stats.ttest_ind([1.0, 2.0, 3.5], [3.0, 4.5, 6.0, 5.0], equal_var=False).pvalue
+    welch = scipy_stats.ttest_ind([1.0, 2.0, 3.5], [3.0, 4.5, 6.0, 5.0], equal_var=False).pvalue
+    assert stats.pair_test(a, b) == ("Welch", welch)
     # 0.021 alone; the smallest of three pairs' p, it is scaled by 3 and no longer resolves
-    p = stats.welch(stats.spread([0.0, 0.5, 1.0]), stats.spread([1.5, 2.0, 2.5]))
+    _, p = stats.pair_test(stats.spread([0.0, 0.5, 1.0]), stats.spread([1.5, 2.0, 2.5]))
     assert p < stats.ALPHA < 3 * p
     pair = [stats.spread([0.0, 0.5, 1.0]), stats.spread([1.5, 2.0, 2.5])]
     assert "y > x (Welch, Holm p = 0.021)" in stats.ordering(["x", "y"], pair)
     assert "y > x" not in stats.ordering(["x", "y", "z"], [*pair, stats.spread([-9.0, 0.0, 9.0])])
+
+
+def test_a_pair_constant_over_seeds_gets_the_exact_permutation_p_not_welch_s_zero():
+    hundred, zero = stats.spread([100.0] * 3), stats.spread([0.0] * 3)
+    # 2 of the C(6, 3) = 20 splits are as far apart as the one seen: the least p 3 against 3 seeds can give
+    assert stats.pair_test(hundred, zero) == ("exact permutation", 2 / 20)
+    assert stats.pair_test(hundred, stats.spread([98.0] * 3)) == ("exact permutation", 2 / 20)
+    assert stats.pair_test(hundred, stats.spread([100.0] * 3)) == ("exact permutation", 1.0)
+    assert stats.ordering(["a", "b"], [zero, hundred]) == "b 100.00, a 0.00; every pair not resolved at 3 seeds"
+    four = [stats.spread([1.0] * 4), stats.spread([0.0] * 4)]  # 2 of C(8, 4) = 70
+    assert stats.ordering(["a", "b"], four) == "a 1.00, b 0.00; a > b (exact permutation, Holm p = 0.029)"
+    # one constant group and one that varies: Welch, on the varying group's n - 1 = 2 df
+    test, p = stats.pair_test(hundred, stats.spread([98.0, 99.0, 97.0]))
+    assert test == "Welch" and p == pytest.approx(2 * scipy_stats.t.sf(2 / (1 / math.sqrt(3)), 2))
 
 
 def test_show_p_never_rounds_a_p_below_its_level_up_to_it():
