@@ -121,9 +121,9 @@ def orderings_markdown(experiment: Experiment, rows: list[Row]) -> list[str]:
         "",
         "Orderings over seeds: the variants by mean, then each pair that Welch's t-test tells apart at two-sided "
         f"{stats.ALPHA} after Holm over the pairs of its column (`a > b (Welch, Holm p = ...)`); a pair constant "
-        "over its seeds, where Welch's t is infinite, is compared by the exact permutation test of the means, "
-        "whose least p at 3 seeds against 3 is 0.1; the other pairs are not resolved at the seeds run, which "
-        "says nothing of whether they differ:",
+        "over its seeds, where Welch's t is infinite, by the permutation test of the means (`a > b (permutation, "
+        "Holm p = ...)`), whose least p at 3 seeds against 3 is 0.1; the other pairs are not resolved at the "
+        "seeds run, which says nothing of whether they differ:",
         "",
     ] + [f"- {label}: {text}" for label, text in found]
 

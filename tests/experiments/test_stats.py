@@ -251,12 +251,14 @@ def test_the_welch_p_is_scipys_and_holm_spans_the_pairs_of_a_column():
 def test_a_pair_constant_over_seeds_gets_the_exact_permutation_p_not_welch_s_zero():
     hundred, zero = stats.spread([100.0] * 3), stats.spread([0.0] * 3)
     # 2 of the C(6, 3) = 20 splits are as far apart as the one seen: the least p 3 against 3 seeds can give
-    assert stats.pair_test(hundred, zero) == ("exact permutation", 2 / 20)
-    assert stats.pair_test(hundred, stats.spread([98.0] * 3)) == ("exact permutation", 2 / 20)
-    assert stats.pair_test(hundred, stats.spread([100.0] * 3)) == ("exact permutation", 1.0)
+    assert stats.pair_test(hundred, zero) == ("permutation", 2 / 20)
+    assert stats.pair_test(hundred, stats.spread([98.0] * 3)) == ("permutation", 2 / 20)
+    assert stats.pair_test(hundred, stats.spread([100.0] * 3)) == ("permutation", 1.0)
     assert stats.ordering(["a", "b"], [zero, hundred]) == "b 100.00, a 0.00; every pair not resolved at 3 seeds"
     four = [stats.spread([1.0] * 4), stats.spread([0.0] * 4)]  # 2 of C(8, 4) = 70
-    assert stats.ordering(["a", "b"], four) == "a 1.00, b 0.00; a > b (exact permutation, Holm p = 0.029)"
+    assert stats.ordering(["a", "b"], four) == "a 1.00, b 0.00; a > b (permutation, Holm p = 0.029)"
+    many = [stats.spread([1.0] * 10), stats.spread([0.0] * 10)]  # C(20, 10) > PERMUTATIONS: random splits, seeded
+    assert stats.pair_test(*many) == stats.pair_test(*many) and stats.pair_test(*many)[1] < 1e-4
     # one constant group and one that varies: Welch, on the varying group's n - 1 = 2 df
     test, p = stats.pair_test(hundred, stats.spread([98.0, 99.0, 97.0]))
     assert test == "Welch" and p == pytest.approx(2 * scipy_stats.t.sf(2 / (1 / math.sqrt(3)), 2))
