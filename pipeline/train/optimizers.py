@@ -79,8 +79,9 @@ class MuonAdamW(torch.optim.Optimizer):
     dicts (marked ``muon: True`` or ``False``) and state, so a scheduler and a checkpoint see every group."""
 
     def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], muon: dict, adamw: dict, rows: dict):
-        for group in muon_groups + adamw_groups:
-            group["muon"] = any(group is muon_group for muon_group in muon_groups)
+        for groups, muon_marked in ((muon_groups, True), (adamw_groups, False)):
+            for group in groups:
+                group["muon"] = muon_marked
         self._muon = SplitMuon(muon_groups, rows, **muon)
         self._adamw = torch.optim.AdamW(adamw_groups, **adamw)
         super().__init__(muon_groups + adamw_groups, {})
